@@ -1,0 +1,5 @@
+import sys
+
+from torchdoctor._cli import main
+
+sys.exit(main())
