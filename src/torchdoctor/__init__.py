@@ -53,7 +53,7 @@ _LAZY = {
     "guard": "_guard",
     "simulate": "_simulate",
     "SimulationReport": "_simulate",
-    "DeviceProfile": "_simulate",
+    "DeviceProfile": "_profile",
     "explain": "_explain",
     "install_excepthook": "_explain",
     "Diagnosis": "_explain",
@@ -95,4 +95,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._move import MoveReport, move
     from torchdoctor._report import PlacementError, PlacementWarning, Problem, ScanReport, Target, TensorInfo
     from torchdoctor._scan import assert_placement, scan
-    from torchdoctor._simulate import DeviceProfile, SimulationReport, simulate
+    from torchdoctor._profile import DeviceProfile
+    from torchdoctor._simulate import SimulationReport, simulate
