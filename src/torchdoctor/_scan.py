@@ -1,0 +1,350 @@
+"""``scan``: which tensors sit on the wrong device or in the wrong dtype, by path.
+
+The placement policy (DESIGN.md) is here and only here: correct real-world models differ on purpose (fp32 peft
+adapters over a bf16 base, ``_keep_in_fp32_modules``, fp32 norms, rotary buffers computed in fp32, scheduler
+tensors, quantization metadata), and scan must stay quiet on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchdoctor._report import (
+    Problem,
+    ScanReport,
+    Target,
+    compact,
+    device_str,
+    dtype_str,
+    parse_device,
+    parse_dtype,
+    same_device,
+    summarize,
+)
+from torchdoctor._walk import Entry, Walk, walk
+
+_LOW_PRECISION = frozenset({torch.float16, torch.bfloat16})
+# Packed / quantized storage dtypes: no dtype expectation (a float8 weight with a bf16 compute dtype is by design).
+_STORAGE_DTYPES = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                         "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2")
+                            if hasattr(torch, n))
+_FIX_MOVE = "torchdoctor.move(obj, device={device!r}, dtype={dtype})"
+
+
+@dataclass
+class _Component:
+    path: str
+    module: nn.Module
+    device: torch.device | None
+    dtype: torch.dtype | None
+
+
+def _is_norm(module: nn.Module | None) -> bool:
+    return module is not None and "norm" in type(module).__name__.lower()
+
+
+def _judged_float(t: torch.Tensor) -> bool:
+    return t.is_floating_point() and t.dtype not in _STORAGE_DTYPES
+
+
+def _under(path: str, prefix: str) -> bool:
+    return not prefix or path == prefix or path.startswith(prefix + ".")
+
+
+class _Policy:
+    """Computes expectations for one walk and judges every canonical entry."""
+
+    def __init__(self, w: Walk, device: torch.device | None, dtype: torch.dtype | None, strict: bool) -> None:
+        self.w, self.device, self.dtype, self.strict = w, device, dtype, strict
+        self.adapter_of: dict[str, tuple[str, str]] = {}  # tensor path -> (peft layer path, adapter name)
+        self.base_device: dict[str, torch.device] = {}  # peft layer path -> its base layer's weight device
+        self.fp32_prefixes: list[str] = []
+        self.hook_device: list[tuple[str, torch.device]] = []
+        self.nonpersistent: set[str] = set()
+        self._index_modules()
+        self.components = self._components()
+
+    # -- structure ---------------------------------------------------------------------------------------
+    def _index_modules(self) -> None:
+        for path, mod in self.w.modules:
+            d = mod.__dict__
+            for name in d.get("_non_persistent_buffers_set", ()):
+                self.nonpersistent.add(f"{path}.{name}" if path else name)
+            for attr in ("_keep_in_fp32_modules", "_keep_in_fp32_modules_strict"):
+                names = getattr(type(mod), attr, None) or d.get(attr)
+                if isinstance(names, (list, tuple, set)):
+                    for n in names:
+                        if isinstance(n, str):
+                            self.fp32_prefixes.append(f".{n}.")
+            subs = d.get("_modules") or {}
+            if "base_layer" in subs and type(mod).__module__.startswith("peft."):
+                base = subs["base_layer"]
+                w = base._parameters.get("weight") if isinstance(base, nn.Module) else None
+                if isinstance(w, torch.Tensor):
+                    self.base_device[path] = w.device
+                for pname, _ in mod.named_parameters(remove_duplicate=False):
+                    parts = pname.split(".")
+                    if parts[0] != "base_layer" and len(parts) >= 2:
+                        full = f"{path}.{pname}" if path else pname
+                        self.adapter_of[full] = (path, parts[1])
+            hook = d.get("_hf_hook")
+            if hook is not None:
+                for h in (hook.__dict__.get("hooks") or [hook]):
+                    dev = getattr(h, "__dict__", {}).get("execution_device")
+                    if dev is not None and not getattr(h, "__dict__", {}).get("offload", False):
+                        try:
+                            self.hook_device.append((path, torch.device(dev)))
+                        except (RuntimeError, TypeError):
+                            pass
+        self.hook_device.sort(key=lambda x: -len(x[0]))
+
+    def _components(self) -> list[_Component]:
+        comps = []
+        roots = list(self.w.roots)
+        for path, mod in roots:
+            dev, dt = self._majority(path, roots)
+            comps.append(_Component(path, mod, self.device or dev, self.dtype or dt))
+        comps.sort(key=lambda c: -len(c.path))
+        return comps
+
+    def _majority(self, path: str, roots: list[tuple[str, nn.Module]]) -> tuple[torch.device | None, torch.dtype | None]:
+        devs: dict[torch.device, int] = {}
+        dts: dict[torch.dtype, int] = {}
+        inner = [p for p, _ in roots if p != path and _under(p, path)]
+        for e in self.w.canonical():
+            if e.role not in ("parameter", "buffer") or not _under(e.path, path) or any(_under(e.path, p) for p in inner):
+                continue
+            t = e.tensor
+            if not _judged_float(t) or e.path in self.adapter_of or self._fp32_kept(e.path):
+                continue
+            n = t.nelement() * t.element_size() + 1
+            if t.device.type != "meta":
+                devs[t.device] = devs.get(t.device, 0) + n
+            if e.path not in self.nonpersistent and not (_is_norm(e.module) and t.dtype == torch.float32):
+                dts[t.dtype] = dts.get(t.dtype, 0) + n
+        dev = max(devs, key=lambda d: devs[d]) if devs else None
+        dt = max(dts, key=lambda d: dts[d]) if dts else None
+        return dev, dt
+
+    def _fp32_kept(self, path: str) -> bool:
+        dotted = f".{path}."
+        return any(p in dotted for p in self.fp32_prefixes)
+
+    def component_of(self, path: str) -> _Component | None:
+        for c in self.components:
+            if _under(path, c.path):
+                return c
+        return None
+
+    def expected_device(self, e: Entry, comp: _Component | None) -> torch.device | None:
+        if self.device is not None:
+            return self.device
+        for p, dev in self.hook_device:
+            if _under(e.path, p):
+                return dev
+        return comp.device if comp else None
+
+    # -- judging -----------------------------------------------------------------------------------------
+    def judge(self) -> list[Problem]:
+        problems: list[Problem] = []
+        for e in self.w.canonical():
+            comp = self.component_of(e.path) if e.module is not None else None
+            p = self._judge_entry(e, comp)
+            if p is not None:
+                problems.append(p)
+        problems.extend(self._judge_adapters())
+        return problems
+
+    def _judge_entry(self, e: Entry, comp: _Component | None) -> Problem | None:
+        t, role = e.tensor, e.role
+        in_module = comp is not None
+        judged = role in ("parameter", "buffer", "quant_state") and in_module
+        if role in ("attribute", "container", "subclass_inner") and (self.device or self.dtype):
+            judged = in_module or self.strict
+        if role == "offloaded" or not judged:
+            return None
+        exp_dev = self.expected_device(e, comp)
+        if t.device.type == "meta" and (exp_dev is None or exp_dev.type != "meta"):
+            where = device_str(exp_dev) if exp_dev is not None else "a real device"
+            return self._problem("meta", e, "meta", where,
+                                 f"{e.info().compact} holds no data (meta) but should be on {where}; a forward on CPU "
+                                 "may silently return garbage. Load or materialise it (load_state_dict(..., assign=True) "
+                                 "or to_empty() then load).")
+        if e.path in self.adapter_of:
+            layer, _ = self.adapter_of[e.path]
+            base = self.base_device.get(layer)
+            if base is not None and base.type != "meta" and not same_device(t.device, base) and self.device is None:
+                return None  # reported per adapter by _judge_adapters
+            exp_dev = self.device
+            if exp_dev is not None and not same_device(t.device, exp_dev):
+                return self._device_problem(e, exp_dev)
+            return None
+        if exp_dev is not None and not same_device(t.device, exp_dev):
+            return self._device_problem(e, exp_dev)
+        exp_dt = comp.dtype if comp is not None else self.dtype
+        if exp_dt is None or role == "quant_state" or not _judged_float(t) or t.dtype == exp_dt:
+            return None
+        if self._fp32_kept(e.path) and t.dtype == torch.float32:
+            return None
+        if self.dtype is None:
+            if e.path in self.nonpersistent:
+                return None
+            if _is_norm(e.module) and t.dtype == torch.float32 and exp_dt in _LOW_PRECISION:
+                return None  # fp32 norm params accept a low-precision input (directional rule)
+        if role == "attribute" and not self.dtype:
+            return None
+        return self._problem("dtype", e, dtype_str(t.dtype), dtype_str(exp_dt),
+                             f"{e.info().compact} is {dtype_str(t.dtype)} but {self._whose(comp)} is {dtype_str(exp_dt)}")
+
+    def _whose(self, comp: _Component | None) -> str:
+        return f"'{comp.path}'" if comp and comp.path else "the model"
+
+    def _device_problem(self, e: Entry, exp: torch.device) -> Problem:
+        why = "" if e.moved_by_module_to else " (Module.to never moves it: it is not a parameter or buffer of the tree)"
+        return self._problem("device", e, device_str(e.tensor.device), device_str(exp),
+                             f"{e.info().compact} is on {device_str(e.tensor.device)}, expected {device_str(exp)}{why}")
+
+    def _judge_adapters(self) -> list[Problem]:
+        groups: dict[tuple[str, str], list[Entry]] = {}
+        for e in self.w.canonical():
+            key = self.adapter_of.get(e.path)
+            if key is not None:
+                groups.setdefault(key, []).append(e)
+        problems = []
+        for (layer, name), entries in groups.items():
+            floats = [e for e in entries if e.tensor.is_floating_point()]
+            base = self.base_device.get(layer)
+            for e in floats:
+                if base is not None and base.type != "meta" and e.tensor.device.type != "meta" \
+                        and not same_device(e.tensor.device, base) and self.device is None:
+                    problems.append(self._problem(
+                        "device", e, device_str(e.tensor.device), device_str(base),
+                        f"adapter '{name}' tensor {e.info().compact} is on {device_str(e.tensor.device)} but its "
+                        f"base layer '{layer}.base_layer' is on {device_str(base)}"))
+            if self.dtype is None or True:
+                counts: dict[torch.dtype, int] = {}
+                for e in floats:
+                    counts[e.tensor.dtype] = counts.get(e.tensor.dtype, 0) + 1
+                if len(counts) > 1:
+                    # the adapter's own majority wins; lora_A's dtype breaks ties (peft casts the input to it)
+                    a_dtype = next((e.tensor.dtype for e in floats if ".lora_A." in f".{e.path}."), None)
+                    major = max(counts, key=lambda d: (counts[d], d == a_dtype))
+                    for e in floats:
+                        if e.tensor.dtype != major:
+                            problems.append(self._problem(
+                                "dtype", e, dtype_str(e.tensor.dtype), dtype_str(major),
+                                f"adapter '{name}' of '{layer}' mixes dtypes: {e.info().compact} while the rest of the "
+                                f"adapter is {dtype_str(major)}"))
+        return problems
+
+    def _problem(self, kind: str, e: Entry, found: str, expected: str, message: str) -> Problem:
+        return Problem(kind, e.path, e.role, found, expected, message, module_path=e.module_path,
+                       module_type=type(e.module).__name__ if e.module is not None else None,
+                       tensors=(e.info().compact,))
+
+
+def scan(obj: Any, *, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+         strict: bool = False) -> ScanReport:
+    """Every tensor reachable from ``obj`` and the ones on the wrong device or in the wrong dtype, by path.
+
+    ``obj`` is a module, a pipeline-like object, a dict/list of them, a ``Target``, or a checkpoint path.
+    Without ``device``/``dtype`` the expectation is each component's majority by bytes. ``strict`` also judges
+    tensors of non-module objects (e.g. a scheduler's) against ``device``/``dtype``. Read-only.
+
+    >>> m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    >>> m[1].bias.data = m[1].bias.data.double()
+    >>> [(p.kind, p.path) for p in scan(m).problems]
+    [('dtype', '1.bias')]
+    """
+    if isinstance(obj, Target):
+        obj = obj.obj
+    dev = parse_device(device) if device is not None else None
+    dt = parse_dtype(dtype) if dtype is not None else None
+    if isinstance(obj, (str, os.PathLike)):
+        from torchdoctor._checkpoint import scan_checkpoint
+
+        return scan_checkpoint(obj, device=dev, dtype=dt)
+    w = walk(obj)
+    policy = _Policy(w, dev, dt, strict)
+    problems = policy.judge() + list(w.problems)
+    rows = [e.info() for e in w.entries]
+    expected = {c.path: {"device": device_str(c.device) if c.device else "none",
+                         "dtype": dtype_str(c.dtype) if c.dtype else "none"} for c in reversed(policy.components)}
+    return ScanReport(
+        tensors=tuple(rows),
+        problems=tuple(problems),
+        expected=expected,
+        source=type(obj).__name__,
+        truncated=bool(w.problems),
+        summary=summarize(zip(rows, (e.tensor for e in w.entries))),
+    )
+
+
+def assert_placement(obj: Any, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> None:
+    """Fail with the paths found and expected, like pytest's own assertion explanations.
+
+    >>> assert_placement(torch.nn.Linear(2, 2), device="cpu", dtype=torch.float32)
+    """
+    report = scan(obj, device=device, dtype=dtype)
+    if report.ok:
+        return
+    raise AssertionError(placement_failure_text(report, device, dtype))
+
+
+def placement_failure_text(report: ScanReport, device: Any = None, dtype: Any = None) -> str:
+    want = ", ".join(x for x in (f"device={device_str(device)}" if device else "",
+                                  f"dtype={dtype_str(parse_dtype(dtype))}" if dtype else "") if x) or "consistent"
+    lines = [f"placement is not {want}: {len(report.problems)} problem(s)"]
+    for p in sorted(report.problems, key=lambda p: p.path)[:40]:
+        lines.append(f"  {p.path}: found {p.found}, expected {p.expected}  ({p.kind}, {p.role})")
+    if len(report.problems) > 40:
+        lines.append(f"  ... and {len(report.problems) - 40} more")
+    return "\n".join(lines)
+
+
+def _plan_lines(items: Iterable[Any]) -> list[str]:
+    return [str(i) for i in items]
+
+
+def cli(args: argparse.Namespace) -> int:
+    from torchdoctor._cli import parse_common, print_json, resolve_target
+
+    device, dtype = parse_common(args)
+    target = resolve_target(args.target)
+    if isinstance(target, str):
+        from torchdoctor._checkpoint import cli_scan_path
+
+        return cli_scan_path(target, args)
+    if args.plan:
+        from torchdoctor._cli import UsageError
+        from torchdoctor._move import plan
+
+        if device is None and dtype is None:
+            raise UsageError("--plan needs --device and/or --dtype: the plan is what move(obj, device, dtype) would do")
+        steps = plan(target.obj if isinstance(target, Target) else target, device=device, dtype=dtype)
+        if args.json:
+            print_json({"schema": "torchdoctor/plan/1", "ok": not steps, "steps": [s.to_dict() for s in steps]})
+        else:
+            print(f"{len(steps)} tensor(s) would move:" if steps else "nothing to move")
+            for line in _plan_lines(steps[: args.limit]):
+                print(f"  {line}")
+            if len(steps) > args.limit:
+                print(f"  ... and {len(steps) - args.limit} more (use --json for all)")
+        return 1 if steps else 0
+    report = scan(target, device=device, dtype=dtype)
+    report.source = args.target
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print(report.text(limit=args.limit))
+    return 0 if report.ok else 1
+
+
+__all__ = ["assert_placement", "cli", "compact", "scan"]
