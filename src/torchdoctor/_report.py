@@ -7,6 +7,7 @@ Device and dtype meaning lives here too (STYLE 11): ``cuda`` is ``cuda:0``, dtyp
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,6 +107,9 @@ for _alias, _name in {
 _INDEXED_TYPES = frozenset({"cuda", "xpu", "mps", "hpu", "npu", "mtia", "privateuseone", "xla"})
 
 
+_DEVICE_STR: dict[object, str] = {}
+
+
 def schema(verb: str) -> str:
     """The ``schema`` value of a verb's JSON document.
 
@@ -134,10 +138,14 @@ def device_str(device: torch.device | str | int | None) -> str:
     """
     if device is None:
         return "none"
+    cached = _DEVICE_STR.get(device)  # type: ignore[call-overload]
+    if cached is not None:
+        return cached
     d = device if isinstance(device, torch.device) else torch.device(device)
-    if d.index is None and d.type in _INDEXED_TYPES:
-        return f"{d.type}:0"
-    return str(d)
+    text = f"{d.type}:0" if d.index is None and d.type in _INDEXED_TYPES else str(d)
+    if len(_DEVICE_STR) < 4096:
+        _DEVICE_STR[device] = text
+    return text
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -187,8 +195,8 @@ def compact(dtype: torch.dtype | None, shape: Sequence[int] | None, device: torc
     >>> compact(torch.float32, (), "cpu")
     'f32[]@cpu'
     """
-    short = _DTYPE_SHORT.get(dtype, dtype_str(dtype)) if dtype is not None else "?"
-    dims = "" if shape is None else ",".join(str(int(s)) for s in shape)
+    short = _DTYPE_SHORT.get(dtype, dtype_str(dtype)) if dtype is not None else "?"  # type: ignore[arg-type]
+    dims = "" if shape is None else ",".join(map(str, shape))
     return f"{short}[{dims}]@{device_str(device)}"
 
 
@@ -217,7 +225,7 @@ class TensorInfo:
     moved_by_module_to: bool
     alias_of: str | None = None
 
-    @property
+    @functools.cached_property
     def compact(self) -> str:
         return compact(self.dtype, self.shape, self.device)
 

@@ -58,6 +58,22 @@ def _under(path: str, prefix: str) -> bool:
     return not prefix or path == prefix or path.startswith(prefix + ".")
 
 
+_TYPE_FACTS: dict[type, tuple[tuple[str, ...], bool]] = {}
+
+
+def _type_facts(tp: type) -> tuple[tuple[str, ...], bool]:
+    """(``_keep_in_fp32_modules`` names as ``.name.`` fragments, is a peft tuner layer) of a module class."""
+    hit = _TYPE_FACTS.get(tp)
+    if hit is None:
+        kept: list[str] = []
+        for attr in ("_keep_in_fp32_modules", "_keep_in_fp32_modules_strict"):
+            names = getattr(tp, attr, None)
+            if isinstance(names, (list, tuple, set)):
+                kept.extend(f".{n}." for n in names if isinstance(n, str))
+        hit = _TYPE_FACTS[tp] = (tuple(kept), (tp.__module__ or "").startswith("peft.tuners"))
+    return hit
+
+
 class _Policy:
     """Computes expectations for one walk and judges every canonical entry."""
 
@@ -69,31 +85,20 @@ class _Policy:
         self.hook_device: list[tuple[str, torch.device]] = []
         self.nonpersistent: set[str] = set()
         self._index_modules()
-        self.components = self._components()
+        self._components()
 
     # -- structure ---------------------------------------------------------------------------------------
     def _index_modules(self) -> None:
         for path, mod in self.w.modules:
             d = mod.__dict__
-            for name in d.get("_non_persistent_buffers_set", ()):
-                self.nonpersistent.add(f"{path}.{name}" if path else name)
-            for attr in ("_keep_in_fp32_modules", "_keep_in_fp32_modules_strict"):
-                names = getattr(type(mod), attr, None) or d.get(attr)
-                if isinstance(names, (list, tuple, set)):
-                    for n in names:
-                        if isinstance(n, str):
-                            self.fp32_prefixes.append(f".{n}.")
-            subs = d.get("_modules") or {}
-            if "base_layer" in subs and type(mod).__module__.startswith("peft."):
-                base = subs["base_layer"]
-                w = base._parameters.get("weight") if isinstance(base, nn.Module) else None
-                if isinstance(w, torch.Tensor):
-                    self.base_device[path] = w.device
-                for pname, _ in mod.named_parameters(remove_duplicate=False):
-                    parts = pname.split(".")
-                    if parts[0] != "base_layer" and len(parts) >= 2:
-                        full = f"{path}.{pname}" if path else pname
-                        self.adapter_of[full] = (path, parts[1])
+            nps = d.get("_non_persistent_buffers_set")
+            if nps:
+                self.nonpersistent.update(f"{path}.{name}" if path else name for name in nps)
+            kept, is_peft = _type_facts(type(mod))
+            if kept:
+                self.fp32_prefixes.extend(kept)
+            if is_peft:
+                self._index_adapter(path, mod)
             hook = d.get("_hf_hook")
             if hook is not None:
                 for h in (hook.__dict__.get("hooks") or [hook]):
@@ -105,57 +110,78 @@ class _Policy:
                             pass
         self.hook_device.sort(key=lambda x: -len(x[0]))
 
+    def _index_adapter(self, path: str, mod: nn.Module) -> None:
+        subs = mod.__dict__.get("_modules") or {}
+        base = subs.get("base_layer")
+        if base is None:
+            return
+        w = base.__dict__.get("_parameters", {}).get("weight") if isinstance(base, nn.Module) else None
+        if isinstance(w, torch.Tensor):
+            self.base_device[path] = w.device
+        for pname, _ in mod.named_parameters(remove_duplicate=False):
+            parts = pname.split(".")
+            if parts[0] != "base_layer" and len(parts) >= 2:
+                self.adapter_of[f"{path}.{pname}" if path else pname] = (path, parts[1])
+
     def _components(self) -> list[_Component]:
-        comps = []
-        roots = list(self.w.roots)
-        for path, mod in roots:
-            dev, dt = self._majority(path, roots)
-            comps.append(_Component(path, mod, self.device or dev, self.dtype or dt))
+        comps = [_Component(path, mod, None, None) for path, mod in self.w.roots]
         comps.sort(key=lambda c: -len(c.path))
+        self.components = comps
+        self._ctx_cache: dict[str, tuple[_Component | None, bool, torch.device | None]] = {}
+        devs: list[dict[torch.device, int]] = [{} for _ in comps]
+        dts: list[dict[torch.dtype, int]] = [{} for _ in comps]
+        index = {id(c): i for i, c in enumerate(comps)}
+        adapters, nonpersistent, storage = self.adapter_of, self.nonpersistent, _STORAGE_DTYPES
+        for e in self.w.canonical():
+            info = e.info()
+            dt = info.dtype
+            if info.role not in ("parameter", "buffer") or not dt.is_floating_point or dt in storage \
+                    or info.path in adapters:
+                continue
+            comp, kept, _ = self.ctx(e.module_path)
+            if comp is None or kept:
+                continue
+            i = index[id(comp)]
+            n = info.nbytes + 1
+            if info.device.type != "meta":
+                devs[i][info.device] = devs[i].get(info.device, 0) + n
+            if info.path not in nonpersistent and not (dt == torch.float32 and _is_norm(e.module)):
+                dts[i][dt] = dts[i].get(dt, 0) + n
+        for i, c in enumerate(comps):
+            c.device = self.device or (max(devs[i], key=devs[i].__getitem__) if devs[i] else None)
+            c.dtype = self.dtype or (max(dts[i], key=dts[i].__getitem__) if dts[i] else None)
         return comps
 
-    def _majority(self, path: str, roots: list[tuple[str, nn.Module]]) -> tuple[torch.device | None, torch.dtype | None]:
-        devs: dict[torch.device, int] = {}
-        dts: dict[torch.dtype, int] = {}
-        inner = [p for p, _ in roots if p != path and _under(p, path)]
-        for e in self.w.canonical():
-            if e.role not in ("parameter", "buffer") or not _under(e.path, path) or any(_under(e.path, p) for p in inner):
-                continue
-            t = e.tensor
-            if not _judged_float(t) or e.path in self.adapter_of or self._fp32_kept(e.path):
-                continue
-            n = t.nelement() * t.element_size() + 1
-            if t.device.type != "meta":
-                devs[t.device] = devs.get(t.device, 0) + n
-            if e.path not in self.nonpersistent and not (_is_norm(e.module) and t.dtype == torch.float32):
-                dts[t.dtype] = dts.get(t.dtype, 0) + n
-        dev = max(devs, key=lambda d: devs[d]) if devs else None
-        dt = max(dts, key=lambda d: dts[d]) if dts else None
-        return dev, dt
+    def ctx(self, module_path: str) -> tuple[_Component | None, bool, torch.device | None]:
+        """(component, kept in fp32, accelerate hook device) of a module path, cached."""
+        hit = self._ctx_cache.get(module_path)
+        if hit is None:
+            comp = next((c for c in self.components if _under(module_path, c.path)), None)
+            dotted = f".{module_path}."
+            kept = any(p in dotted for p in self.fp32_prefixes)
+            hook = next((dev for p, dev in self.hook_device if _under(module_path, p)), None)
+            hit = self._ctx_cache[module_path] = (comp, kept, hook)
+        return hit
 
-    def _fp32_kept(self, path: str) -> bool:
-        dotted = f".{path}."
-        return any(p in dotted for p in self.fp32_prefixes)
-
-    def component_of(self, path: str) -> _Component | None:
-        for c in self.components:
-            if _under(path, c.path):
-                return c
-        return None
-
-    def expected_device(self, e: Entry, comp: _Component | None) -> torch.device | None:
-        if self.device is not None:
-            return self.device
-        for p, dev in self.hook_device:
-            if _under(e.path, p):
-                return dev
-        return comp.device if comp else None
+    def _fp32_kept(self, e: Entry) -> bool:
+        return self.ctx(e.module_path)[1]
 
     # -- judging -----------------------------------------------------------------------------------------
     def judge(self) -> list[Problem]:
         problems: list[Problem] = []
+        fixed_dev, adapters = self.device, self.adapter_of
         for e in self.w.canonical():
-            comp = self.component_of(e.path) if e.module is not None else None
+            if e.module is None:
+                comp = None
+            else:
+                comp, _, hook_dev = self.ctx(e.module_path)
+                info = e.info()
+                exp = fixed_dev or hook_dev or (comp.device if comp else None)
+                dt = info.dtype
+                # fast path: where it should be, and in the component dtype (or not judged for dtype)
+                if info.device == exp and (dt == comp.dtype or not dt.is_floating_point) \
+                        and info.role != "offloaded" and info.path not in adapters:  # type: ignore[union-attr]
+                    continue
             p = self._judge_entry(e, comp)
             if p is not None:
                 problems.append(p)
@@ -170,7 +196,7 @@ class _Policy:
             judged = in_module or self.strict
         if role == "offloaded" or not judged:
             return None
-        exp_dev = self.expected_device(e, comp)
+        exp_dev = self.device or self.ctx(e.module_path)[2] or (comp.device if comp else None)
         if t.device.type == "meta" and (exp_dev is None or exp_dev.type != "meta"):
             where = device_str(exp_dev) if exp_dev is not None else "a real device"
             return self._problem("meta", e, "meta", where,
@@ -191,7 +217,7 @@ class _Policy:
         exp_dt = comp.dtype if comp is not None else self.dtype
         if exp_dt is None or role == "quant_state" or not _judged_float(t) or t.dtype == exp_dt:
             return None
-        if self._fp32_kept(e.path) and t.dtype == torch.float32:
+        if t.dtype == torch.float32 and self._fp32_kept(e):
             return None
         if self.dtype is None:
             if e.path in self.nonpersistent:

@@ -45,6 +45,7 @@ _QUANT_PREFIXES = ("bitsandbytes", "torchao", "optimum.quanto", "optimum_quanto"
                    "gptqmodel", "awq", "hqq", "quanto", "fp8", "transformer_engine")
 
 _KIND_CACHE: dict[type, int] = {}
+_FAST_ATOMS = frozenset({str, int, float, bool, type(None), torch.dtype, torch.device})
 
 
 def _classify(tp: type) -> int:
@@ -107,7 +108,7 @@ class Entry:
     """One tensor at one path, with what is needed to put a replacement back (``set_tensor``)."""
 
     __slots__ = ("path", "role", "tensor", "owner", "key", "slot", "module", "module_path", "moved_by_module_to",
-                 "alias_of")
+                 "alias_of", "_info")
 
     def __init__(self, path: str, role: str, tensor: torch.Tensor, owner: Any, key: Any, slot: str,
                  module: nn.Module | None, module_path: str, moved: bool) -> None:
@@ -121,15 +122,20 @@ class Entry:
         self.module_path = module_path
         self.moved_by_module_to = moved
         self.alias_of: str | None = None
+        self._info: TensorInfo | None = None
 
     def info(self) -> TensorInfo:
-        t = self.tensor
-        try:
-            nbytes = t.nelement() * t.element_size()
-        except Exception:
-            nbytes = 0
-        return TensorInfo(self.path, self.role, t.device, t.dtype, tuple(t.shape), nbytes, self.moved_by_module_to,
-                          self.alias_of)
+        """The entry as a ``TensorInfo`` (computed once; a walk describes one moment)."""
+        info = self._info
+        if info is None or info.role != self.role:
+            t = self.tensor
+            try:
+                nbytes = t.nelement() * t.element_size()
+            except Exception:
+                nbytes = 0
+            info = self._info = TensorInfo(self.path, self.role, t.device, t.dtype, tuple(t.shape), nbytes,
+                                           self.moved_by_module_to, self.alias_of)
+        return info
 
     def __repr__(self) -> str:
         return f"Entry({self.path!r}, {self.role}, {self.info().compact})"
@@ -188,26 +194,35 @@ class _Walker:
     def expand(self, root_path: str, root: nn.Module, moved: bool) -> list[tuple[str, nn.Module, bool]]:
         """Modules of one tree in ``named_modules(remove_duplicate=False)`` order; cycles are cut."""
         order: list[tuple[str, nn.Module, bool]] = []
-        stack: list[tuple[str, nn.Module, frozenset[int]]] = [(root_path, root, frozenset())]
+        # depth-first, preorder; `None` entries pop the ancestor set so cycles are cut without copying sets
+        stack: list[tuple[str, nn.Module] | None] = [(root_path, root)]
+        ancestors: list[int] = []
+        on_path: set[int] = set()
         while stack:
-            path, mod, ancestors = stack.pop()
+            item = stack.pop()
+            if item is None:
+                on_path.discard(ancestors.pop())
+                continue
+            path, mod = item
             self.nodes += 1
             if self.nodes > MAX_NODES:
                 self.truncate(path, f"more than {MAX_NODES} module paths")
                 break
             order.append((path, mod, moved))
-            if id(mod) not in self.module_set:
-                self.module_set.add(id(mod))
+            mid = id(mod)
+            if mid not in self.module_set:
+                self.module_set.add(mid)
                 self.w.modules.append((path, mod))
-                self.w.module_paths[id(mod)] = path
-            d = _instance_dict(mod)
-            sub = d.get("_modules") if d else None
+                self.w.module_paths[mid] = path
+            sub = mod.__dict__.get("_modules")
             if not sub:
                 continue
-            inner = ancestors | {id(mod)}
+            ancestors.append(mid)
+            on_path.add(mid)
+            stack.append(None)
             for name, child in reversed(list(dict.items(sub))):
-                if isinstance(child, nn.Module) and id(child) not in inner:
-                    stack.append((_join(path, name), child, inner))
+                if isinstance(child, nn.Module) and id(child) not in on_path:
+                    stack.append((f"{path}.{name}" if path else name, child))
         return order
 
     def run_modules(self) -> None:
@@ -219,33 +234,42 @@ class _Walker:
                     continue
                 (self.w.roots if moved else self.w.detached).append((path, mod))
                 tree.extend(self.expand(path, mod, moved))
-            start = len(self.w.entries)
+            entries = self.w.entries
+            start = len(entries)
+            dicts = [(path, mod, moved, mod.__dict__) for path, mod, moved in tree]
             for attr, role, slot in (("_parameters", "parameter", "param"), ("_buffers", "buffer", "buffer")):
-                for path, mod, moved in tree:
-                    store = _instance_dict(mod)
-                    tensors = store.get(attr) if store else None
+                for path, mod, moved, d in dicts:
+                    tensors = d.get(attr)
                     if not tensors:
                         continue
                     for name, t in dict.items(tensors):
                         if isinstance(t, torch.Tensor):
-                            self.w.entries.append(Entry(_join(path, name), role, t, mod, name, slot, mod, path, moved))
+                            entries.append(Entry(f"{path}.{name}" if path else name, role, t, mod, name, slot, mod,
+                                                 path, moved))
             # tensor-attached attributes (quant_state, SCB, subclass inners) of what was just found
-            for e in self.w.entries[start:]:
-                self.attached(e.tensor, e.path, e.module, e.module_path, e.moved_by_module_to, 0)
+            plain = (torch.Tensor, nn.Parameter)
+            for e in entries[start:]:
+                t = e.tensor
+                if type(t) in plain and not t.__dict__:
+                    continue
+                self.attached(t, e.path, e.module, e.module_path, e.moved_by_module_to, 0)
             # module attributes: plain tensors, objects, containers, list-held modules (never moved by Module.to)
             done: set[int] = set()
-            for path, mod, _moved in tree:
+            internals = _MODULE_INTERNALS
+            for path, mod, _moved, d in dicts:
                 if id(mod) in done:
                     continue
                 done.add(id(mod))
-                d = _instance_dict(mod)
-                if not d:
+                if "_hf_hook" in d:
+                    self.w.hooks.append((path, mod, d["_hf_hook"]))
+                extra = d.keys() - internals
+                if not extra:
                     continue
-                for key in sorted(d.keys() - _MODULE_INTERNALS):
-                    self.value(d[key], _join(path, key), mod, key, "attr", mod, path, "attribute", 0)
-                hook = d.get("_hf_hook")
-                if hook is not None:
-                    self.w.hooks.append((path, mod, hook))
+                for key in sorted(extra):
+                    v = d[key]
+                    if type(v) in _FAST_ATOMS:
+                        continue
+                    self.value(v, f"{path}.{key}" if path else key, mod, key, "attr", mod, path, "attribute", 0)
 
     # -- tensors --------------------------------------------------------------------------------------
     def attached(self, t: torch.Tensor, path: str, module: nn.Module | None, mpath: str, moved: bool, depth: int) -> None:

@@ -1,0 +1,64 @@
+"""scan speed on Llama-3-8B- and 70B-shaped transformers models built on meta.
+
+Prints the median time of `torchdoctor.scan` and of `walk` alone, against a bare
+`named_parameters()+named_buffers()` loop measured in the same process, interleaved.
+Targets (issue 2): ratio <= 3 and < 0.5 s for the 70B shape.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.utils import logging
+
+import torchdoctor
+from torchdoctor._walk import walk
+
+logging.set_verbosity_error()
+
+SHAPES = {
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256),
+    "llama3-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                       num_key_value_heads=8, vocab_size=128256),
+}
+
+
+def bare(model: torch.nn.Module) -> int:
+    n = 0
+    for _, p in model.named_parameters(remove_duplicate=False):
+        n += p.dtype.itemsize
+    for _, b in model.named_buffers(remove_duplicate=False):
+        n += b.dtype.itemsize
+    return n
+
+
+def main(rounds: int = 15) -> None:
+    print(f"torch {torch.__version__}, {rounds} interleaved rounds, medians")
+    for name, cfg in SHAPES.items():
+        with torch.device("meta"):
+            model = LlamaForCausalLM(LlamaConfig(**cfg))
+        times: dict[str, list[float]] = {"bare": [], "walk": [], "scan": []}
+        fns = {"bare": lambda: bare(model), "walk": lambda: walk(model), "scan": lambda: torchdoctor.scan(model)}
+        for _ in range(3):
+            for fn in fns.values():
+                fn()
+        for _ in range(rounds):
+            for key, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                times[key].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        n = len(torchdoctor.scan(model).tensors)
+        print(f"{name}: {n} tensor paths; bare {med['bare'] * 1e3:.2f} ms, walk {med['walk'] * 1e3:.2f} ms "
+              f"(x{med['walk'] / med['bare']:.2f}), scan {med['scan'] * 1e3:.2f} ms (x{med['scan'] / med['bare']:.2f})")
+
+
+if __name__ == "__main__":
+    main()
