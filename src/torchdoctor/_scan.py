@@ -136,10 +136,10 @@ class _Policy:
             info = e.info()
             dt = info.dtype
             if info.role not in ("parameter", "buffer") or not dt.is_floating_point or dt in storage \
-                    or info.path in adapters:
+                    or not info.moved_by_module_to or info.path in adapters:
                 continue
             comp, kept, _ = self.ctx(e.module_path)
-            if comp is None or kept:
+            if comp is None or kept or (dt == torch.float32 and self.fp32_prefixes and self._fp32_kept(e)):
                 continue
             i = index[id(comp)]
             n = info.nbytes + 1
@@ -164,7 +164,11 @@ class _Policy:
         return hit
 
     def _fp32_kept(self, e: Entry) -> bool:
-        return self.ctx(e.module_path)[1]
+        # names in _keep_in_fp32_modules may be modules ("wo") or tensors ("scale_shift_table")
+        if self.ctx(e.module_path)[1]:
+            return True
+        dotted = f".{e.path}."
+        return any(p in dotted for p in self.fp32_prefixes)
 
     # -- judging -----------------------------------------------------------------------------------------
     def judge(self) -> list[Problem]:

@@ -363,7 +363,7 @@ class _Walker:
             items = list(d.items()) if d else []
             if hasattr(type(v), "__slots__"):
                 items.extend(_slot_items(v))
-            child_role = role
+            child_role = "quant_state" if role == "quant_state" else "attribute"
         for i, (ck, cv) in enumerate(items):
             if i >= MAX_ITEMS:
                 self.truncate(path, f"more than {MAX_ITEMS} items in one container")
