@@ -354,10 +354,11 @@ def cli(args: argparse.Namespace) -> int:
         return cli_scan_path(target, args)
     if args.plan:
         from torchdoctor._cli import UsageError
-        from torchdoctor._move import plan
 
         if device is None and dtype is None:
             raise UsageError("--plan needs --device and/or --dtype: the plan is what move(obj, device, dtype) would do")
+        from torchdoctor._move import plan
+
         steps = plan(target.obj if isinstance(target, Target) else target, device=device, dtype=dtype)
         if args.json:
             print_json({"schema": "torchdoctor/plan/1", "ok": not steps, "steps": [s.to_dict() for s in steps]})
