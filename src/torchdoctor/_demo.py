@@ -45,7 +45,7 @@ def build_broken_unet() -> tuple[nn.Module, dict[str, torch.Tensor]]:
         from peft import LoraConfig
 
         torch.manual_seed(0)
-        unet = UNet2DConditionModel(
+        unet: Any = UNet2DConditionModel(
             block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=4, sample_size=8, in_channels=4,
             out_channels=4, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
             up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=8, attention_head_dim=2,

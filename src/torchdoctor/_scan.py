@@ -183,8 +183,8 @@ class _Policy:
                 exp = fixed_dev or hook_dev or (comp.device if comp else None)
                 dt = info.dtype
                 # fast path: where it should be, and in the component dtype (or not judged for dtype)
-                if info.device == exp and (dt == comp.dtype or not dt.is_floating_point) \
-                        and info.role != "offloaded" and info.path not in adapters:  # type: ignore[union-attr]
+                if comp is not None and info.device == exp and (dt == comp.dtype or not dt.is_floating_point) \
+                        and info.role != "offloaded" and info.path not in adapters:
                     continue
             p = self._judge_entry(e, comp)
             if p is not None:

@@ -287,7 +287,7 @@ class _Walker:
         flatten = getattr(tp, "__tensor_flatten__", None)
         if flatten is not None and tp not in (torch.Tensor, nn.Parameter):
             try:
-                names = list(t.__tensor_flatten__()[0])  # the subclass protocol, side-effect free by contract
+                names = list(flatten(t)[0])  # the subclass protocol, side-effect free by contract
             except Exception:
                 names = []
             inner_role = "quant_state" if quant else "subclass_inner"
