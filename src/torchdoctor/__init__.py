@@ -42,6 +42,7 @@ __all__ = [
     "Diagnosis",
     "EnvReport",
     "DeviceChoice",
+    "DeviceUnavailableError",
 ]
 
 # public name -> private module that defines it
@@ -65,6 +66,7 @@ _LAZY = {
     "capabilities": "_devices",
     "recommend_dtype": "_devices",
     "DeviceChoice": "_devices",
+    "DeviceUnavailableError": "_devices",
     "TensorInfo": "_report",
     "Problem": "_report",
     "PlacementError": "_report",
@@ -88,7 +90,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torchdoctor._devices import DeviceChoice, capabilities, choose_device, pick_device, recommend_dtype
+    from torchdoctor._devices import DeviceChoice, DeviceUnavailableError, capabilities, choose_device, pick_device, recommend_dtype
     from torchdoctor._env import EnvReport, collect_facts, env_report
     from torchdoctor._explain import Diagnosis, explain, install_excepthook
     from torchdoctor._guard import guard

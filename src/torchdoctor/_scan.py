@@ -223,9 +223,9 @@ class _Policy:
             return None
         if t.dtype == torch.float32 and self._fp32_kept(e):
             return None
+        if e.path in self.nonpersistent:
+            return None  # computed state (rotary inv_freq): libraries pick its precision on purpose
         if self.dtype is None:
-            if e.path in self.nonpersistent:
-                return None
             if _is_norm(e.module) and t.dtype == torch.float32 and exp_dt in _LOW_PRECISION:
                 return None  # fp32 norm params accept a low-precision input (directional rule)
         if role == "attribute" and not self.dtype:
