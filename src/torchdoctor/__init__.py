@@ -43,6 +43,7 @@ __all__ = [
     "EnvReport",
     "DeviceChoice",
     "DeviceUnavailableError",
+    "CheckpointError",
 ]
 
 # public name -> private module that defines it
@@ -67,6 +68,7 @@ _LAZY = {
     "recommend_dtype": "_devices",
     "DeviceChoice": "_devices",
     "DeviceUnavailableError": "_devices",
+    "CheckpointError": "_checkpoint",
     "TensorInfo": "_report",
     "Problem": "_report",
     "PlacementError": "_report",
@@ -90,6 +92,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from torchdoctor._checkpoint import CheckpointError
     from torchdoctor._devices import DeviceChoice, DeviceUnavailableError, capabilities, choose_device, pick_device, recommend_dtype
     from torchdoctor._env import EnvReport, collect_facts, env_report
     from torchdoctor._explain import Diagnosis, explain, install_excepthook

@@ -391,3 +391,4 @@ def recommend_dtype(device: torch.device | str = "cpu") -> torch.dtype:
     import torch
 
     return getattr(torch, capabilities(device)["recommended"])  # type: ignore[no-any-return]
+DeviceUnavailableError.__module__ = "torchdoctor"

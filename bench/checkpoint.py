@@ -1,0 +1,95 @@
+"""Checkpoint inspection cost: a 2 GB safetensors file is scanned from its header alone.
+
+The file is sparse (header written, then ``truncate`` to full size), so it costs no disk and any accidental
+read of tensor data would show up as time and RSS. Run: ``python bench/checkpoint.py [--gib 2] [--tensors 4000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import struct
+import tempfile
+import time
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def timed(fn, repeat: int) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds per call: the machine is shared, so CPU time is the steadier figure."""
+    wall, cpu = [], []
+    for _ in range(repeat):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    return wall, cpu
+
+
+def write_sparse_safetensors(path: str, total_bytes: int, n_tensors: int) -> int:
+    per = (total_bytes // n_tensors) // 2 * 2  # bf16 elements
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for i in range(n_tensors):
+        layer, kind = divmod(i, 8)
+        header[f"model.layers.{layer}.block.{kind}.weight"] = {
+            "dtype": "BF16",
+            "shape": [per // 2],
+            "data_offsets": [offset, offset + per],
+        }
+        offset += per
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        f.truncate(8 + len(raw) + offset)
+    return 8 + len(raw) + offset
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, default=2.0)
+    ap.add_argument("--tensors", type=int, default=4000)
+    ap.add_argument("--repeat", type=int, default=7)
+    opts = ap.parse_args()
+
+    import torch  # noqa: F401  (import cost is not part of the scan)
+
+    from torchdoctor._checkpoint import scan_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "big.safetensors")
+        size = write_sparse_safetensors(path, int(opts.gib * 1024**3), opts.tensors)
+        disk = os.stat(path).st_blocks * 512
+        rss_before = peak_rss_mib()
+        times, cpu = timed(lambda: scan_checkpoint(path), opts.repeat)
+        report = scan_checkpoint(path)
+        rss_after = peak_rss_mib()
+        assert len(report.tensors) == opts.tensors and report.ok
+        print(f"file: {size / 1024**3:.2f} GiB apparent, {disk / 1024**2:.2f} MiB on disk, {opts.tensors} tensors")
+        print(f"scan_checkpoint: wall median {statistics.median(times) * 1000:.1f} ms (min {min(times) * 1000:.1f}), "
+              f"CPU median {statistics.median(cpu) * 1000:.1f} ms, over {opts.repeat} runs (target < 100 ms)")
+        print(f"peak RSS: {rss_before:.0f} MiB before, {rss_after:.0f} MiB after (+{rss_after - rss_before:.1f} MiB)")
+        print(f"bytes of the file per ms of scanning: {size / 1024**2 / (statistics.median(times) * 1000):.0f} MiB/ms")
+
+        # The pickle path: a torch.save zip with as many (tiny) tensors, walked by the restricted unpickler.
+        import torch
+
+        pt = os.path.join(tmp, "many.pt")
+        torch.save({f"model.layers.{i // 8}.block.{i % 8}.weight": torch.zeros(1, dtype=torch.bfloat16)
+                    for i in range(opts.tensors)}, pt)
+        times, cpu = timed(lambda: scan_checkpoint(pt), opts.repeat)
+        assert len(scan_checkpoint(pt).tensors) == opts.tensors
+        print(f"torch.save zip with {opts.tensors} tensors: wall median {statistics.median(times) * 1000:.1f} ms, "
+              f"CPU median {statistics.median(cpu) * 1000:.1f} ms "
+              f"({statistics.median(cpu) * 1e6 / opts.tensors:.1f} us per tensor)")
+
+
+if __name__ == "__main__":
+    main()
