@@ -1,0 +1,89 @@
+"""Throughput of ``torchdoctor.explain`` on a large synthetic log, and on adversarial text.
+
+Prints MB/s for: a 50 MB training/inference log with a few hundred real errors spread through it (as a str,
+and streamed from a file through the CLI path), and for strings built to trip regex engines (runs of "(", ":",
+spaces, repeated anchors). Target: >= 20 MB/s on the log.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+import sys
+import tempfile
+import time
+
+from torchdoctor import _explain
+from torchdoctor._explain import explain
+
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "explain"
+NOISE = [
+    "Epoch 3/10:  41%|████      | 412/1000 [02:13<03:10,  3.09it/s, loss=0.4121, lr=2.0e-05]",
+    '  File "/opt/conda/lib/python3.10/site-packages/torch/nn/modules/module.py", line 1553, in _wrapped_call_impl',
+    "    return self._call_impl(*args, **kwargs)",
+    "2025-01-26T17:16:01.147679 - model weight dtype torch.bfloat16, manual cast: None",
+    "INFO:root:Loading checkpoint shards: 100%|████████| 2/2 [00:28<00:00, 14.45s/it] device=cuda:0",
+    "\x1b[32m[rank0]\x1b[0m step 1200 tokens/s 18233.2 mem 21.3GiB (expected all good)",
+    "WARNING: some weights of the model checkpoint were not used when initializing the model",
+    "Requested to load FluxClipModel_ ... loaded completely 9.5367431640625e+25 4213.80517578125 True",
+]
+
+
+def synthetic_log(size: int, errors: int = 300, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    bodies = [p.read_text(encoding="utf-8").partition("\n---\n")[2] for p in sorted(FIXTURES.glob("*.txt"))]
+    parts: list[str] = []
+    total = 0
+    every = max(1, size // (errors * 100))
+    i = 0
+    while total < size:
+        line = bodies[rng.randrange(len(bodies))] if i % every == 0 and i else NOISE[rng.randrange(len(NOISE))]
+        parts.append(line)
+        total += len(line) + 1
+        i += 1
+    return "\n".join(parts)[:size]
+
+
+def rate(label: str, text_len: int, fn) -> float:  # type: ignore[no-untyped-def]
+    t = time.perf_counter()
+    out = fn()
+    dt = time.perf_counter() - t
+    mbs = text_len / 1e6 / dt
+    print(f"{label:<44} {text_len / 1e6:7.1f} MB {dt:7.2f} s {mbs:8.1f} MB/s  diagnoses={len(out)}")
+    return mbs
+
+
+def main() -> int:
+    size = int(float(sys.argv[1]) * 1e6) if len(sys.argv) > 1 else 50_000_000
+    log = synthetic_log(size)
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus")
+    best = rate("synthetic log (str)", len(log), lambda: explain(log))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "train.log")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(log)
+
+        def from_file():  # type: ignore[no-untyped-def]
+            with open(path, encoding="utf-8", errors="replace", newline=None) as fh:
+                return _explain._explain_blocks(_explain._blocks(fh), None)
+
+        rate("synthetic log (streamed from file)", len(log), from_file)
+    n = 5_000_000
+    for label, text in [
+        ("adversarial: '(' * 5M", "(" * n),
+        ("adversarial: ':' * 5M", ":" * n),
+        ("adversarial: ' ' * 5M", " " * n),
+        ("adversarial: 'Input type (' repeated", ("Input type (" * (n // 12))),
+        ("adversarial: anchor lines repeated", ("Expected all tensors to be on the same device, but found at least "
+                                                "two devices, cuda:0 and \n") * (n // 80)),
+        ("adversarial: 'must have the same dtype' no spaces", ("a" * 200 + " and must have the same dtype") * (n // 230)),
+    ]:
+        rate(label, len(text), lambda t=text: explain(t))  # type: ignore[misc]
+    target = 20.0
+    print(f"log throughput {best:.1f} MB/s (target >= {target:.0f} MB/s): {'OK' if best >= target else 'BELOW TARGET'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
