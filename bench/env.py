@@ -39,13 +39,13 @@ def main() -> None:
     cli = cli_seconds()
     import torch
 
-    from torchdoctor import _devices, _env, _env_rules
+    from torchdoctor import _devices, _env, _env_facts, _env_rules
 
     facts = _env.collect_facts()
     cases: dict[str, Callable[[], object]] = {
         "collect_facts()": _env.collect_facts,
-        "  installed distributions": _env._packages,
-        "  device inventory": lambda: _env._inventory("/", [], False),
+        "  installed distributions": _env_facts._packages,
+        "  device inventory": lambda: _env_facts._inventory("/", [], False),
         "run_rules(facts)": lambda: _env_rules.run_rules(facts),
         "choose_device() (live)": _devices.choose_device,
         "choose_device(facts=...)": lambda: _devices.choose_device(facts=facts),
