@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from torchdoctor._checkpoint import CheckpointError, cli_scan_path, render_checkpoint, role_of, scan_checkpoint
 from torchdoctor._cli import UsageError, main
-from torchdoctor._unpickle import safe_loads
+from torchdoctor._torchfile import safe_loads
 
 import zoo
 
