@@ -1,0 +1,84 @@
+"""Simulation cost on realistic shapes: Llama-3-8B and 70B built on meta, 128 tokens, virtual cuda:1.
+
+Run: ``python bench/simulate.py [8b|70b|both]``. Each size runs in a fresh subprocess, so peak RSS is per size.
+Prints the wall time of ``torchdoctor.simulate`` (median of 5 after a first call, interleaved with a plain forward
+of the same meta model as the baseline), the number of aten ops checked, and the process's peak RSS.
+Targets (issue 5): 8B < 2 s, 70B < 10 s, peak RSS < 1 GB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+SHAPES = {
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32),
+    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64),
+}
+TOKENS = 128
+
+
+def one(size: str) -> dict[str, object]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import torchdoctor
+
+    cfg = LlamaConfig(vocab_size=128256, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
+                      **SHAPES[size])
+    t0 = time.perf_counter()
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg).eval()
+    build = time.perf_counter() - t0
+    ids = torch.randint(0, 128256, (1, TOKENS))
+    times, plain, report = [], [], None
+    first = time.perf_counter()
+    for i in range(6):  # interleaved with the baseline: a plain forward of the meta model (no checks, no copy)
+        t0 = time.perf_counter()
+        report = torchdoctor.simulate(model, {"input_ids": ids}, device="cuda:1", assume_device="cpu")
+        if i:
+            times.append(time.perf_counter() - t0)
+        else:
+            first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model(input_ids=ids.to("meta"))
+        plain.append(time.perf_counter() - t0)
+    assert report is not None and report.ok, report
+    return {
+        "size": size,
+        "params": sum(p.numel() for p in model.parameters()),
+        "build_s": round(build, 3),
+        "simulate_s": round(statistics.median(times), 3),
+        "simulate_min_s": round(min(times), 3),
+        "first_s": round(first, 3),
+        "plain_meta_forward_s": round(statistics.median(plain), 3),
+        "ops": report.ops,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--one":
+        print(json.dumps(one(sys.argv[2])))
+        return
+    which = sys.argv[1] if len(sys.argv) > 1 else "both"
+    sizes = list(SHAPES) if which == "both" else [which]
+    for size in sizes:
+        out = subprocess.run([sys.executable, __file__, "--one", size], capture_output=True, text=True, check=True)
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        ratio = row["simulate_s"] / row["plain_meta_forward_s"]
+        print(f"Llama-3-{size.upper()}-shaped ({row['params'] / 1e9:.2f} B params on meta), {TOKENS} tokens, virtual "
+              f"cuda:1: simulate {row['simulate_s']} s median (min {row['simulate_min_s']} s, first call "
+              f"{row['first_s']} s), {row['ops']} ops checked; plain meta forward {row['plain_meta_forward_s']} s "
+              f"(x{ratio:.2f}); peak RSS {row['peak_rss_mb']} MB")
+
+
+if __name__ == "__main__":
+    main()
