@@ -4,6 +4,8 @@
 - fixture ``placement_guard``: a guard around the test, mode set by ``@pytest.mark.placement_guard(mode=...)``;
 - marker ``@pytest.mark.simulate(device="cuda:1", dtype="bfloat16", profile=...)``: the test body runs on
   virtual devices, so ``model.to("cuda:1")`` works on a CPU runner and placement problems fail the test;
+  fixture ``simulated_device`` is the marker's device;
+- ``torchdoctor.assert_placement(obj, device=, dtype=)`` fails with the paths found and expected;
 - a failing test shows the ``PlacementError`` (module path, tensors, fix), not a wall of internals.
 
 Nothing heavy is imported at collection: torch and torchdoctor load only when a test needs them.
@@ -11,6 +13,7 @@ Nothing heavy is imported at collection: torch and torchdoctor load only when a 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Generator
 from typing import Any
 
@@ -18,6 +21,8 @@ import pytest
 
 _MODES = ("off", "explain", "strict")
 _KEY = pytest.StashKey[str]()
+_FIXTURE_GUARD = pytest.StashKey[Any]()
+_SIM_KEYS = ("device", "dtype", "profile", "count", "data", "limit")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,8 +35,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_KEY] = config.getoption("torchdoctor", "off") or "off"
     config.addinivalue_line("markers", "placement_guard(mode='explain'): mode of the placement_guard fixture "
                             "(explain, strict, fix, warn)")
-    config.addinivalue_line("markers", "simulate(device='cuda:1', dtype=None, profile=None, count=None): run the "
-                            "test body on torchdoctor's virtual devices; placement problems fail the test")
+    config.addinivalue_line("markers", "simulate(device='cuda:1', dtype=None, profile=None, count=None, data='cpu'): "
+                            "run the test body on torchdoctor's virtual devices; placement problems fail the test")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -45,43 +50,71 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     mode = item.config.stash.get(_KEY, "off")
     marker = item.get_closest_marker("simulate")
-    if mode == "off" and marker is None:
+    own = item.stash.get(_FIXTURE_GUARD, None)
+    if mode == "off" and marker is None and own is None:
         return (yield)
-    import contextlib
-
     with contextlib.ExitStack() as stack:
-        if marker is not None:
+        if marker is not None:  # simulate checks every op with guard's strict rules already
             stack.enter_context(_simulated(item, marker))
-        if mode != "off":
+        elif own is not None:  # entered here, not in the fixture, so the test's own error passes through it
+            stack.enter_context(own)
+        else:
             from torchdoctor._guard import guard
 
             stack.enter_context(guard(mode=mode))
         return (yield)
 
 
-def _simulated(item: pytest.Item, marker: pytest.Mark) -> Any:
-    from torchdoctor._simulate import virtual_devices
-
+def _marker_kwargs(item: pytest.Item, marker: pytest.Mark) -> dict[str, Any]:
     kwargs = dict(marker.kwargs)
     if marker.args:
         kwargs.setdefault("device", marker.args[0])
+    unknown = sorted(set(kwargs) - set(_SIM_KEYS))
+    if unknown:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.simulate got unknown argument(s) {unknown}; "
+                                f"it takes {', '.join(_SIM_KEYS)}")
     if "device" not in kwargs:
         raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.simulate needs device=, e.g. device='cuda:1'")
-    return virtual_devices(**kwargs)
+    return kwargs
+
+
+def _simulated(item: pytest.Item, marker: pytest.Mark) -> Any:
+    from torchdoctor._virtual_session import virtual_devices
+
+    kwargs = _marker_kwargs(item, marker)
+    return virtual_devices(kwargs.pop("device"), kwargs.pop("dtype", None), **kwargs)
+
+
+@pytest.fixture()
+def simulated_device(request: pytest.FixtureRequest) -> Any:
+    """The ``torch.device`` of the test's ``@pytest.mark.simulate`` marker (``cuda`` means ``cuda:0``)."""
+    marker = request.node.get_closest_marker("simulate")
+    if marker is None:
+        raise pytest.UsageError(f"{request.node.nodeid}: the simulated_device fixture needs "
+                                "@pytest.mark.simulate(device=...) on the test")
+    import torch
+
+    device = torch.device(_marker_kwargs(request.node, marker)["device"])
+    return torch.device(device.type, device.index or 0)
 
 
 @pytest.fixture()
 def placement_guard(request: pytest.FixtureRequest) -> Generator[Any, None, None]:
-    """A ``torchdoctor.guard`` around the test (mode from ``@pytest.mark.placement_guard(mode=...)``); yields it,
-    so ``placement_guard.fixes`` / ``.problems`` can be asserted."""
+    """A ``torchdoctor.guard`` around the test body (mode from ``@pytest.mark.placement_guard(mode=...)``);
+    yields it, so ``placement_guard.fixes`` / ``.problems`` can be asserted after the code under test ran."""
     from torchdoctor._guard import guard
 
     marker = request.node.get_closest_marker("placement_guard")
     mode = "explain"
     if marker is not None:
         mode = marker.kwargs.get("mode", marker.args[0] if marker.args else "explain")
-    with guard(mode=mode) as g:
-        yield g
+    try:
+        g = guard(mode=mode)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{request.node.nodeid}: @pytest.mark.placement_guard: {exc}") from None
+    request.node.stash[_FIXTURE_GUARD] = g
+    yield g
+    del request.node.stash[_FIXTURE_GUARD]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -91,13 +124,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if excinfo is None or report.passed or not _is_placement_error(excinfo.value):
         return report
     try:
-        # the user's frames only, and no chained torch internals: the PlacementError says it all
-        tb = excinfo.traceback.filter(lambda entry: not _internal(str(entry.path)))
-        excinfo.traceback = tb if len(tb) else excinfo.traceback[:1]
-        report.longrepr = excinfo.getrepr(style="short", chain=False, funcargs=False, showlocals=False)
+        report.longrepr = _short(excinfo)
     except Exception:  # STYLE 6: a diagnostic must not break the program it watches
         pass
     return report
+
+
+def _short(excinfo: pytest.ExceptionInfo[BaseException]) -> Any:
+    """The PlacementError over the test's own frames: those of the error it explains (its ``__cause__``), where
+    the test's line is, without torch's, the simulator's or pytest's frames and without the chained original."""
+    exc = excinfo.value
+    cause = exc.__cause__
+    tb = cause.__traceback__ if cause is not None and cause.__traceback__ is not None else exc.__traceback__
+    info = pytest.ExceptionInfo.from_exc_info((type(exc), exc, tb)) if tb is not None else excinfo
+    frames = info.traceback.filter(lambda entry: not _internal(str(entry.path)))
+    if not len(frames):  # recorded on the way (simulate): the report is the whole story
+        text = f"torchdoctor.PlacementError: {exc}"
+        return "\n".join(f"E   {line}" if line else "E" for line in text.splitlines())
+    info.traceback = frames
+    return info.getrepr(style="short", chain=False, funcargs=False, showlocals=False)
 
 
 def _is_placement_error(exc: BaseException) -> bool:
@@ -106,7 +151,8 @@ def _is_placement_error(exc: BaseException) -> bool:
 
 def _internal(path: str) -> bool:
     p = path.replace("\\", "/")
-    return "/torchdoctor/" in p and "/tests/" not in p or "/site-packages/" in p or "/torch/" in p
+    return ("/torchdoctor/" in p and "/tests/" not in p) or "/site-packages/" in p or "/torch/" in p \
+        or "/_pytest/" in p or "/pluggy/" in p or p.endswith("/contextlib.py")
 
 
 def pytest_assertrepr_compare(config: pytest.Config, op: str, left: Any, right: Any) -> list[str] | None:
