@@ -394,6 +394,77 @@ def test_whole_module_pickle_and_lightning_style_ckpt(tmp_path):
     assert "usually harmless" in p.message
 
 
+def test_real_lightning_sd_ckpt_layout(tmp_path, monkeypatch):
+    """An SD 1.x / Lightning 1.x ``.ckpt``: callbacks keyed by a Lightning class, numpy scalars and arrays in the
+    loop state. Every global is named once (numpy's ndarray/dtype inside its rebuild call are folded into that
+    call's entry), no module is imported, and every tensor is still reported."""
+    import types
+
+    import numpy as np
+
+    fake = types.ModuleType("pytorch_lightning.callbacks.model_checkpoint")
+
+    class ModelCheckpoint:
+        pass
+
+    ModelCheckpoint.__module__, ModelCheckpoint.__qualname__ = fake.__name__, "ModelCheckpoint"
+    fake.ModelCheckpoint = ModelCheckpoint  # type: ignore[attr-defined]
+    for name in ("pytorch_lightning", "pytorch_lightning.callbacks"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    w = torch.randn(4, 4)
+    ckpt = {"epoch": 6, "global_step": 470000, "pytorch-lightning_version": "1.4.2",
+            "state_dict": {"model.diffusion_model.input_blocks.0.0.weight": torch.randn(8, 4, 3, 3),
+                           "cond_stage_model.transformer.embeddings.token_embedding.weight": w,
+                           "first_stage_model.encoder.conv_in.weight": torch.randn(8, 3, 3, 3).half()},
+            "callbacks": {ModelCheckpoint: {"best_model_score": torch.tensor(0.3), "best_k_models": {}}},
+            "loops": {"fit_loop": {"epoch_progress": {"current": {"completed": np.int64(6)}}}},
+            "optimizer_states": [], "np_score": np.float32(1.5), "arr": np.zeros(3)}
+    torch.save(ckpt, tmp_path / "sd-v1.ckpt")
+    monkeypatch.undo()  # the scan must not find (or import) pytorch_lightning
+    modules_before = set(sys.modules)
+    report = scan_checkpoint(tmp_path / "sd-v1.ckpt")
+    assert set(sys.modules) == modules_before
+    assert sorted(paths(report)) == sorted([f"state_dict.{k}" for k in ckpt["state_dict"]] +
+                                           ["callbacks.ModelCheckpoint.best_model_score"])
+    by_global = {p.found: p for p in report.problems}
+    assert all(p.kind == "unsafe_global" for p in report.problems) and len(by_global) == len(report.problems)
+    lightning = by_global["pytorch_lightning.callbacks.model_checkpoint.ModelCheckpoint"]
+    assert lightning.path == "callbacks" and "library class, harmless to import" in lightning.message
+    numpy_calls = {g for g in by_global if g.startswith("numpy")}
+    assert numpy_calls and all("plain data type, usually harmless" in by_global[g].message for g in numpy_calls)
+    assert "numpy.ndarray" not in by_global and "numpy.dtype" not in by_global  # folded, still named:
+    assert any("(with numpy.ndarray)" in by_global[g].message for g in numpy_calls)
+    assert any("(with numpy.dtype)" in by_global[g].message for g in numpy_calls)
+    assert not any("do not load" in p.message for p in report.problems)
+
+
+def test_dangerous_global_is_never_folded_into_a_harmless_one(tmp_path):
+    import numpy as np
+
+    marker = tmp_path / "PWNED"
+    torch.save({"w": torch.zeros(1), "arr": np.array([_Evil(marker)], dtype=object)}, tmp_path / "mixed.pt")
+    report = scan_checkpoint(tmp_path / "mixed.pt")
+    assert not marker.exists() and paths(report) == ["w"]
+    evil = [p for p in report.problems if p.found == f"{os.system.__module__}.system"]
+    assert len(evil) == 1 and "do not load this file" in evil[0].message
+
+
+def test_safetensors_with_pt_metadata_and_tied_bin(tmp_path):
+    """The two most common real layouts: safetensors with ``__metadata__ {"format": "pt"}`` and a GPT-2 style
+    ``pytorch_model.bin`` whose lm_head shares the embedding's storage."""
+    from safetensors.torch import save_file
+
+    emb = torch.randn(16, 4)
+    save_file({"wte.weight": emb, "ln.bias": torch.zeros(4)}, str(tmp_path / "m.safetensors"), metadata={"format": "pt"})
+    st = scan_checkpoint(tmp_path / "m.safetensors")
+    assert st.ok and st.extra["metadata"] == {"format": "pt"} and paths(st) == ["ln.bias", "wte.weight"]
+    torch.save({"transformer.wte.weight": emb, "lm_head.weight": emb}, tmp_path / "pytorch_model.bin")
+    tied = scan_checkpoint(tmp_path / "pytorch_model.bin")
+    assert tied.ok and {t.path: t.alias_of for t in tied.tensors} == {
+        "transformer.wte.weight": None, "lm_head.weight": "transformer.wte.weight"}
+
+
 def test_shared_storage_is_an_alias(tmp_path):
     w = torch.randn(4, 4)
     torch.save({"embed.weight": w, "lm_head.weight": w, "row": w[1]}, tmp_path / "tied.pt")

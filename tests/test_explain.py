@@ -105,6 +105,7 @@ PAIRS = [
      IPEX, BNB, "device_mismatch", "quantization_device"),
     ("RuntimeError: Input type (c10::BFloat16) and bias type (float) should be the same", PEFT, ACCEL,
      "input_weight_type_mismatch", "input_weight_type_mismatch"),
+    ("ValueError: Expected a cuda device, but got: cpu", BNB, ACCEL, "quantization_device", "device_mismatch"),
 ]
 
 
@@ -279,3 +280,19 @@ def test_evidence_quotes_the_original_line() -> None:
     assert d.category == "quantization_device"
     assert d.evidence[0].startswith("RuntimeError: Expected all tensors")
     assert frame.strip() in d.evidence
+
+
+def test_fp8_weights_and_cuda_only_calls() -> None:
+    """float8 weights in a plain matmul are an fp8-storage problem whatever the frames; a CUDA-only call that got
+    the CPU is a device problem, and a bitsandbytes one when its frames are in the traceback."""
+    fp8 = "RuntimeError: mat1 and mat2 must have the same dtype, but got Float and Float8_e4m3fn"
+    for frames in ("", BNB, PEFT, ACCEL):
+        d = explain(f"{frames}\n{fp8}")[0]
+        assert d.category == "dtype_mismatch" and "stored in float8_e4m3fn" in d.likely_causes[0], frames
+        assert "self.weight.to(x.dtype)" in d.fixes[0][1]
+    plain = explain("ValueError: Expected a cuda device, but got: cpu")[0]
+    assert plain.category == "device_mismatch" and "CUDA-only call" in plain.likely_causes[0]
+    assert "cuda" in plain.what_happened and "cpu" in plain.what_happened
+    gen = explain("RuntimeError: Expected a 'cuda' device type for generator but found 'cpu'")[0]
+    assert gen.category == "device_mismatch" and "torch.Generator(device=" in fixes_text(gen)
+    assert explain(f"{BNB}\nValueError: Expected a cuda device, but got: cpu")[0].category == "quantization_device"

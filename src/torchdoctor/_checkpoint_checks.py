@@ -326,12 +326,30 @@ def _short_repr(obj: Any) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
+def _inside(path: str, outer: str) -> bool:
+    return path.startswith(outer + ".") if outer else bool(path)
+
+
 def _unsafe_problems(group: Group, fs: FileScan) -> list[Problem]:
+    """One problem per global; a harmless global that only serves as an argument of another one (numpy's
+    ``ndarray`` / ``dtype`` inside ``_reconstruct`` / ``scalar``) is named in that one's message instead."""
+    where_of = {name: where for name, where, _ in fs.unsafe}
+    folded: dict[str, list[str]] = {}
+    for name, where, _ in fs.unsafe:
+        if where is None or name.split(".", 1)[0] not in _DATA_MODULES:
+            continue
+        outers = [o for o, w in where_of.items() if o != name and w is not None and _inside(where, w)]
+        if outers:  # the nearest enclosing global names it
+            folded.setdefault(max(outers, key=lambda o: len(where_of[o] or "")), []).append(name)
+    hidden = {n for names in folded.values() for n in names}
     out = []
     for name, where, args in fs.unsafe:
+        if name in hidden:
+            continue
         path = group.path_of(where) if where is not None else fs.label
         call = f" called with {_short_repr(args)}" if args else ""
-        msg = f"pickle global {name}{call} in {fs.label} was not imported (placeholder); {_verdict(name)}"
+        also = f" (with {', '.join(sorted(folded[name]))})" if name in folded else ""
+        msg = f"pickle global {name}{call}{also} in {fs.label} was not imported (placeholder); {_verdict(name)}"
         out.append(Problem("unsafe_global", path, "container", name, "an allow-listed global", msg))
     return out
 

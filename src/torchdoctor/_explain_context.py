@@ -110,6 +110,7 @@ def derive(sig_name: str, fields: dict[str, str], message: str) -> tuple[dict[st
     f.setdefault("low", low if low and not low.startswith("float8") else "float16")
     f.setdefault("high", high or "float32")
     f.setdefault("other_dtype", next((d for d in dtypes if not d.startswith("float8")), "another dtype"))
+    f.setdefault("fp_eight", next((d for d in dtypes if d.startswith("float8")), "float8"))
 
     if "method" in f:
         op = re.sub(r"^wrapper_+(?:CUDA_+|XPU_+|MPS_+|CPU_+)?", "", f["method"])
@@ -192,6 +193,7 @@ _rule("aten_backend_absent", flags=("backend_absent",), applies_to=(_BO,), categ
 _rule("ipex_op", flags=("op_ipex",), applies_to=(_BO,), bo__ipex_xpu_op_on_cpu=4.0)
 _rule("torchvision_op", flags=("op_torchvision",), applies_to=(_BO,), unless=("mps",), bo__torchvision_mismatch=4.0)
 _rule("scaled_mm_op", flags=("op_scaled_mm",), applies_to=(_BO,), bo__scaled_mm_cpu=4.0)
+_rule("fp8_dtype", flags=("fp8",), applies_to=(_DT, _IW), dt__fp8_storage=4.0)
 _rule("bnb_dtype", BNB, (), (_DT, _IW), dt__bnb_compute_dtype=3.0)
 _rule("peft_device", PEFT, (), (_DEV, _Q), dev__peft_adapter_device=2.5)
 _rule("peft_dtype", PEFT, (), (_DT, _IW), dt__peft_adapter_dtype=3.0)

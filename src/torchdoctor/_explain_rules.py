@@ -140,6 +140,15 @@ _c("dev.comfy_custom_node",
     "import comfy.model_management as mm\nmodule.to(mm.get_torch_device())"),
    ("Rule out partial loading", "python main.py --highvram"))
 
+_c("dev.cuda_api_on_cpu",
+   "A CUDA-only call (torch.cuda.set_device, a CUDA generator or stream, a library's CUDA kernel path) got a CPU "
+   "device or tensor: the run (or this part of the model, after offloading) is on the CPU while this code path "
+   "assumes CUDA.", _GUARD,
+   ("Call CUDA-only APIs only for CUDA devices", 'if device.type == "cuda":\n    torch.cuda.set_device(device)'),
+   ("Or create the generator on the device the tensors use",
+    "generator = torch.Generator(device=latents.device).manual_seed(seed)"),
+   ("Or move the model to the GPU before calling it", 'model.to("{target}")'))
+
 # --- dtype ----------------------------------------------------------------------------------------------------
 _c("dt.input_not_cast",
    "The model (or this layer) was cast to {low}, the input was not (or the other way round).",
@@ -147,6 +156,13 @@ _c("dt.input_not_cast",
    ("Cast the input to the layer's dtype", "x = x.to(next(model.parameters()).dtype)"),
    ("Or run the forward under autocast",
     'with torch.autocast("{device_type}", dtype=torch.{low}):\n    out = model(x)'))
+_c("dt.fp8_storage",
+   "The weights are stored in {fp_eight} (an fp8 base model: --fp8_base, weight_dtype fp8_e4m3fn, a float8 "
+   "checkpoint) and reached a plain matmul without being upcast: float8 is a storage dtype, every layer must "
+   "cast its weight to the compute dtype (or use a scaled fp8 matmul).", 'torchdoctor.scan(model, dtype="bfloat16")',
+   ("Upcast the fp8 weight to the input's dtype inside the layer",
+    "w = self.weight.to(x.dtype)\nout = torch.nn.functional.linear(x, w, self.bias)"),
+   ("Or load this model (or the layer that failed) in bf16 instead of fp8", "model.to(torch.bfloat16)"))
 _c("dt.module_partially_cast",
    "Part of the model is {low} and part is {high}: a submodule loaded or created after the cast, or one kept in "
    "float32 on purpose whose output feeds a {low} layer.", 'torchdoctor.scan(model, dtype="{low}")',
@@ -309,6 +325,14 @@ _c("na.ordinal",
    "than the GPU count, or CUDA_VISIBLE_DEVICES limiting the list.", "torchdoctor env",
    ("Use an index that exists", 'device = torch.device("cuda:0")'),
    ("Or see how many GPUs this process has", 'python -c "import torch; print(torch.cuda.device_count())"'))
+_c("na.arch_not_in_build",
+   "The installed torch (or xformers / flash-attention / another compiled extension) was built without kernels "
+   "for this GPU's compute capability: a new GPU (RTX 50xx, sm_120) with a wheel for an older CUDA, or an old "
+   "GPU (GTX 10xx, sm_61) that a newer wheel dropped.", "torchdoctor env --probe",
+   ("Compare the GPU's capability with the architectures the build has",
+    'python -c "import torch; print(torch.cuda.get_device_capability(), torch.cuda.get_arch_list())"'),
+   ("Install a build that covers this GPU (CUDA 12.8+ wheels for RTX 50xx)",
+    "pip install --force-reinstall torch torchvision torchaudio --index-url https://download.pytorch.org/whl/cu128"))
 _c("na.not_linked",
    "This torch has no {backend} backend: install a {backend} build of torch, or (older Intel setups) import "
    "intel_extension_for_pytorch before using 'xpu'.", "torchdoctor env",

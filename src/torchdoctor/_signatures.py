@@ -119,6 +119,12 @@ _sig("device.legacy", "device_mismatch", "Tensors on two devices met in one oper
      rf"All input tensors must be on the same device\. Received (?P<a>{DEV}) and (?P<b>{DEV})",
      rf"found input tensor at (?P<a>{DEV}) and hidden tensor at (?P<b>{DEV})",
      r"tensor for argument #\d{1,2} '(?P<arg>\w{1,40})' to have the same device as tensor", require_pattern=True)
+_sig("device.cuda_api", "device_mismatch", "A CUDA-only call got a CPU device",
+     ("Expected a cuda device, but got:", "device type for generator but found"),
+     "A call that only works on {b} was given {a}.",
+     (("dev.cuda_api_on_cpu", 2.5), ("dev.module_not_moved", 1.0)),
+     rf"Expected a (?P<b>cuda|xpu) device, but got: (?P<a>{DEV})",
+     r"Expected a '(?P<b>\w{1,10})' device type for generator but found '(?P<a>\w{1,10})'", require_pattern=True)
 _sig("indexing.cpu_gpu", "cpu_gpu_indexing", "A CPU tensor was indexed with a GPU index",
      ("indices should be either on cpu or on the same device as the indexed tensor",),
      "A tensor on {a} was indexed with an index tensor on another device. Indices may live on the CPU or on "
@@ -239,6 +245,10 @@ _sig("no_accel.ordinal", "no_accelerator", "A GPU index that does not exist",
      ("invalid device ordinal",),
      "Code asked for a GPU index this process does not have.",
      (("na.ordinal", 3.0),), confidence=0.9)
+_sig("no_accel.arch", "no_accelerator", "This PyTorch has no kernels for this GPU",
+     ("no kernel image is available for execution on the device",),
+     "The GPU is there, but the installed PyTorch (or an extension) was not compiled for its architecture.",
+     (("na.arch_not_in_build", 3.0),), confidence=0.9)
 _sig("no_accel.not_linked", "no_accelerator", "This PyTorch has no support for that device type",
      ("is not linked with support for",),
      "Code used '{backend}' tensors, but this PyTorch build has no {backend} backend.",

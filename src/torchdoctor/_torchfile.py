@@ -282,6 +282,8 @@ def walk(root: Any, max_nodes: int = 5_000_000, max_depth: int = 200) -> WalkRes
     truncated = False
 
     def join(path: str, key: Any) -> str:
+        if isinstance(key, Placeholder) or (isinstance(key, type) and issubclass(key, Placeholder)):
+            key = key._td_global.rsplit(".", 1)[-1]  # a class as a dict key: its name, as the user wrote it
         k = key if isinstance(key, str) else repr(key) if not isinstance(key, int) else str(key)
         return f"{path}.{k}" if path else k
 
@@ -305,6 +307,9 @@ def walk(root: Any, max_nodes: int = 5_000_000, max_depth: int = 200) -> WalkRes
         if isinstance(obj, TensorStub):
             children = ((join(path, k), v) for k, v in obj.attrs.items())
         elif isinstance(obj, dict):
+            for k in obj:  # Lightning 1.x keys its callbacks by class: a global in key position sits here
+                if isinstance(k, Placeholder) or (isinstance(k, type) and issubclass(k, Placeholder)):
+                    holders.setdefault(k._td_global, (path, ()))
             children = ((join(path, k), v) for k, v in obj.items())
         elif isinstance(obj, (list, tuple, set, frozenset)):
             children = ((join(path, i), v) for i, v in enumerate(obj))
