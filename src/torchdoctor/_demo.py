@@ -138,11 +138,23 @@ def _run() -> tuple[int, dict[str, Any]]:
     with _quiet():
         sim = torchdoctor.simulate(unet, inputs, device="cuda:1", dtype=torch.bfloat16)
     steps["simulate_ok"] = sim.ok
-    print("would run on cuda:1: " + ("yes" if sim.ok else "no\n" + sim.text()))
+    print("unet.to('cuda:1') then forward, would it run? " + ("yes" if sim.ok else "no\n" + sim.text()))
+
+    _section("6. simulate again, with torchdoctor.move(unet, 'cuda:1') instead of .to()")
+
+    def with_move(copy: Any) -> Any:
+        torchdoctor.move(copy, "cuda:1")  # also moves the list-held refiner and the plain attribute
+        return copy(**{k: v.to("cuda:1") for k, v in inputs.items()})
+
+    with _quiet():
+        sim2 = torchdoctor.simulate(unet, device="cuda:1", dtype=torch.bfloat16, call=with_move)
+    steps["simulate_after_move_ok"] = sim2.ok
+    print("would it run? " + ("yes: " + sim2.text() if sim2.ok else "no\n" + sim2.text()))
 
     elapsed = time.perf_counter() - t0
     steps["seconds"] = round(elapsed, 2)
-    ok = bool(steps["scan"]) and steps.get("scan_after") is True and original is not None
+    ok = bool(steps["scan"]) and steps.get("scan_after") is True and original is not None \
+        and steps.get("simulate_after_move_ok") is True
     print(f"\ndemo finished in {elapsed:.1f} s")
     return (0 if ok else 1), steps
 
