@@ -108,6 +108,20 @@ def test_optimizer_built_before_a_cast_keeps_training_the_moved_parameters() -> 
     assert opt.param_groups[0]["params"][2] is model.blocks[0].weight
 
 
+def test_optimizer_over_a_transformers_model_updates_every_moved_parameter() -> None:
+    model = zoo.tiny_llama()
+    model.train()
+    params = dict(model.named_parameters())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    move(model, dtype=BF16, keep_fp32=False)
+    assert all(p is params[n] and p.dtype == BF16 for n, p in model.named_parameters())
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model(input_ids=torch.randint(3, 100, (1, 8)), labels=torch.randint(3, 100, (1, 8))).loss.backward()
+    opt.step()
+    stale = [n for n, p in model.named_parameters() if torch.equal(p.detach(), before[n])]
+    assert stale == [], stale  # Adam moves every parameter that got a gradient: all of them here
+
+
 def test_gradients_follow_their_parameters_as_with_module_to() -> None:
     model = nn.Linear(3, 3)
     model(torch.randn(2, 3)).sum().backward()
@@ -630,10 +644,16 @@ def test_report_fields_text_and_json() -> None:
 
 def test_cli_scan_plan_exit_codes(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "target.py"
-    target.write_text("import torch\nmodel = torch.nn.Linear(2, 2)\nhalf = torch.nn.Linear(2, 2).to(torch.bfloat16)\n")
+    target.write_text("import torch\nmodel = torch.nn.Linear(2, 2)\nhalf = torch.nn.Linear(2, 2).to(torch.bfloat16)\n"
+                      "model.extra = [torch.nn.Linear(2, 2)]\n")
+    assert main(["scan", f"{target}:model", "--device", "cuda:1", "--plan"]) == 1  # no GPU needed: a plan reads only
+    out = capsys.readouterr().out
+    assert "4 tensor(s) would move" in out and "extra.0.bias  f32[2]@cpu -> f32[2]@cuda:1  (parameter)" in out
+    assert main(["scan", f"{target}:model", "--device", "cpu", "--plan"]) == 0
+    assert "nothing to move" in capsys.readouterr().out
     assert main(["scan", f"{target}:model", "--dtype", "bf16", "--plan"]) == 1
     out = capsys.readouterr().out
-    assert "2 tensor(s) would move" in out and "weight  f32[2,2]@cpu -> bf16[2,2]@cpu  (parameter)" in out
+    assert "4 tensor(s) would move" in out and "weight  f32[2,2]@cpu -> bf16[2,2]@cpu  (parameter)" in out
     assert main(["scan", f"{target}:half", "--dtype", "bf16", "--plan"]) == 0
     assert "nothing to move" in capsys.readouterr().out
     assert main(["scan", f"{target}:model", "--device", "meta", "--plan", "--json"]) == 1

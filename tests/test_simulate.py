@@ -65,6 +65,7 @@ def test_nothing_leaks_out_of_a_simulation() -> None:
     assert torch.equal(torch.get_rng_state(), rng)
     assert not torch.cuda.is_available() and not torch.backends.mps.is_available()
     assert torch.Generator is torch._C.Generator and "_make_subclass" not in torch.Tensor.__dict__
+    assert torch.Event.__module__ == torch.Stream.__module__ == "torch"
     assert not torch._C._is_torch_function_mode_enabled()
     assert torch.ones(2).device.type == "cpu"
 
@@ -216,19 +217,31 @@ def test_autocast_region_over_fp32_weights_runs_clean() -> None:
 
 def test_stable_diffusion_pipeline_call() -> None:
     pipe = zoo.tiny_sd_pipeline()
+    latents: list[Any] = []
+
     def run(p: Any) -> None:
         p.to("cuda:1")
-        p("a cat", num_inference_steps=2, height=16, width=16, output_type="latent")
+        latents.append(p("a cat", num_inference_steps=2, height=16, width=16, output_type="latent").images)
 
     report = assert_unchanged(pipe, torchdoctor.simulate, pipe, device="cuda:1", call=run)
     assert report.ok, report.problems
+    assert report.ops > 100 and latents[0].device == torch.device("cuda:1") and latents[0].shape == (1, 4, 8, 8)
 
 
-def test_llama_generate_with_cpu_data() -> None:
+@pytest.mark.parametrize("device", ["cuda:1", "xpu:0", "mps"])
+def test_llama_generate_with_cpu_data(device: str) -> None:
     model = zoo.tiny_llama()
-    run = lambda m: (m.to("cuda:1"), m.generate(IDS.to("cuda:1"), max_new_tokens=3, do_sample=False))  # noqa: E731
-    report = assert_unchanged(model, torchdoctor.simulate, model, device="cuda:1", data="cpu", call=run)
+    out: list[Any] = []
+
+    def run(m: Any) -> None:  # on mps, generate records a torch.Event per step (DeferredStopCheck)
+        m.to(device)
+        ids = m.generate(IDS.to(device), max_new_tokens=3, do_sample=False)
+        out.extend((ids.device.type, ids.cpu().tolist()))
+
+    report = assert_unchanged(model, torchdoctor.simulate, model, device=device, data="cpu", call=run)
     assert report.ok, report.problems
+    with torch.no_grad():  # real values underneath: the same tokens as on the CPU
+        assert out == [device.split(":")[0], model.generate(IDS, max_new_tokens=3, do_sample=False).tolist()]
 
 
 def test_data_dependent_code_needs_cpu_data() -> None:
@@ -245,11 +258,32 @@ def test_accelerate_dispatch_over_two_virtual_gpus() -> None:
 
     device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0, "model.layers.1": 1,
                   "model.norm": 1, "lm_head": 1}
-    run = lambda m: dispatch_model(m, device_map=device_map)(input_ids=IDS.to("cuda:0"))  # noqa: E731
+    seen: list[str] = []
+
+    def run(m: Any) -> None:
+        out = dispatch_model(m, device_map=device_map)(input_ids=IDS.to("cuda:0"))
+        seen.extend(str(t.device) for t in (m.model.embed_tokens.weight, m.model.layers[1].mlp.up_proj.weight,
+                                             m.lm_head.weight, out.logits))
+
     model = zoo.tiny_llama()
     report = assert_unchanged(model, torchdoctor.simulate, model, device="cuda:0", call=run,
                               profile=DeviceProfile.for_device("cuda:1"))
     assert report.ok, report.problems
+    assert seen == ["cuda:0", "cuda:1", "cuda:1", "cuda:0"]  # io_same_device: outputs come back to cuda:0
+
+    wrong = dict(device_map, **{"model.norm": 0})  # accelerate moves activations between the layers: still fine
+    bad = lambda m: dispatch_model(m, device_map=wrong)(input_ids=IDS.to("cuda:0"))  # noqa: E731
+    assert torchdoctor.simulate(zoo.tiny_llama(), device="cuda:0", call=bad,
+                                profile=DeviceProfile.for_device("cuda:1")).ok
+
+    def broken(m: Any) -> None:  # a weight moved by hand after dispatch: its hook no longer matches
+        dispatch_model(m, device_map=device_map)
+        m.model.layers[1].mlp.up_proj.weight.data = m.model.layers[1].mlp.up_proj.weight.data.to("cuda:0")
+        m(input_ids=IDS.to("cuda:0"))
+
+    report = torchdoctor.simulate(zoo.tiny_llama(), device="cuda:0", call=broken,
+                                  profile=DeviceProfile.for_device("cuda:1"))
+    assert _found(report) == [("device", "model.layers.1.mlp.up_proj.weight")]
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -336,6 +370,16 @@ class Table(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.lin(self.table[idx])
+
+
+def test_conv_input_in_another_dtype_than_its_bias_is_reported_not_raised() -> None:
+    # torch.conv2d's C++ composite compares input and bias dtypes before any aten op is dispatched
+    for layer, x in ((nn.Conv2d(4, 4, 2), torch.randn(1, 4, 8, 8)), (nn.ConvTranspose1d(4, 4, 2), torch.randn(1, 4, 8))):
+        model = nn.Sequential(layer).to(torch.bfloat16)
+        report = assert_unchanged(model, torchdoctor.simulate, model, (x,), device="cuda:1")
+        assert _found(report) == [("dtype", "input 0")], report.problems
+        assert (report.problems[0].found, report.problems[0].expected) == ("float32", "bfloat16")
+        assert torchdoctor.simulate(model, (x,), device="cuda:1", dtype="bf16").ok
 
 
 def test_cpu_tensor_indexed_with_device_indices() -> None:

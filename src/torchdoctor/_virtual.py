@@ -293,6 +293,30 @@ def _autocast(func: Any, args: list[Any], kind: str, low_dtype: torch.dtype) -> 
     return autocast_args(args, kind, torch.float32) if packet in _AUTOCAST_FP32 else args
 
 
+# C++ conv composites compare input and bias dtypes before dispatch ("Input type (float) and bias type
+# (c10::BFloat16) should be the same"): the rules must see these calls first, or the error escapes unrecorded
+_CONV_NAMES = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
+CONV_ENTRY = {getattr(torch, n): getattr(getattr(aten, n), getattr(aten, n).overloads()[0]) for n in _CONV_NAMES}
+
+
+def conv_precheck(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """Input, weight and bias of a conv call checked (and fixed) by the space's hooks when input and bias differ."""
+    names = ("input", "weight", "bias")
+    vals = [args[i] if i < len(args) else kwargs.get(n) for i, n in enumerate(names)]
+    x, _, b = vals
+    if not (isinstance(x, VirtualTensor) and isinstance(b, VirtualTensor) and isinstance(vals[1], VirtualTensor)) \
+            or x.dtype == b.dtype:
+        return args, kwargs
+    fixed, _ = space.hooks.check(CONV_ENTRY[func], tuple(vals), {})
+    out, kw = list(args), dict(kwargs)
+    for i, (n, v) in enumerate(zip(names, fixed)):
+        if i < len(out):
+            out[i] = v
+        else:
+            kw[n] = v
+    return tuple(out), kw
+
+
 def _pairs(before: Any, after: Any, back: dict[int, VirtualTensor]) -> None:
     """Which original argument each replaced one stands for (an in-place op returns the original)."""
     for b, a in zip(before, after):

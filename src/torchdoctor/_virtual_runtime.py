@@ -160,6 +160,8 @@ class VirtualMode(TorchFunctionMode):
             return handler(space, func, args, kwargs)
         if space.autocast is not None and func in _AUTOCAST_ENTRY:  # before the composite's own dtype checks
             args = tuple(autocast_args(args, space.vtype, space.autocast))
+        if func in V.CONV_ENTRY:
+            args, kwargs = V.conv_precheck(space, func, args, kwargs)
         name = getattr(func, "__name__", "")
         if name == "__get__" or name == "__set__":  # attributes of the object itself, never of a copy
             return func(*args, **kwargs)
@@ -412,6 +414,9 @@ def virtual_world(space: Space, profile: DeviceProfile) -> Iterator[None]:
     try:
         if profile.type not in ("cpu", "meta"):
             _device_api(p, profile, space)
+            # device-generic torch.Event / torch.Stream (transformers' generate on mps records one per step)
+            p.set(torch, "Event", type("Event", (VirtualStream,), {}))
+            p.set(torch, "Stream", type("Stream", (VirtualStream,), {}))
         p.set(torch, "Generator", VirtualGenerator)
         p.set(torch.Tensor, "_make_subclass", staticmethod(_make_subclass))
         with VirtualMode(space):
