@@ -235,13 +235,22 @@ class _Recorder(Hooks):
         for k in list(f.considered) or offenders:
             groups.setdefault(value(call.get(k)), []).append(k)
         # for devices, weights are the usual culprits: activations follow the inputs, placed where asked
+        # ... unless the weights sit where the run was asked to go (and no accelerate hook spreads the model over
+        # devices): then a tensor made on the wrong device is the culprit (a bare ``.cuda()`` meeting cuda:1 weights)
         with_entries = [v for v, ks in groups.items() if any(_is_entry(call.get(k)) for k in ks)]
         if p.kind == "device" and len(groups) == 2 and len(with_entries) == 1:
-            return groups[with_entries[0]], next(v for v in groups if v != with_entries[0])
+            other = next(v for v in groups if v != with_entries[0])
+            if with_entries[0] == self.device and not self._dispatched():
+                return groups[other], self.device
+            return groups[with_entries[0]], other
         prefer = self.device if p.kind == "device" else self.dtype or self.model_dtype()
         if prefer is not None and prefer in groups:  # the requested device / dtype, else the model's own dtype
             return [k for v, ks in groups.items() if v != prefer for k in ks], prefer
         return offenders, f.target
+
+    def _dispatched(self) -> bool:
+        """A running module under an accelerate hook: its device comes from the hook, not from ``device=``."""
+        return any("_hf_hook" in getattr(m, "__dict__", {}) for m in self.modules.stack)
 
     def model_dtype(self) -> torch.dtype | None:
         """The floating dtype holding most parameter bytes of the copy (looked up once, at the first dtype problem)."""
