@@ -224,3 +224,161 @@ def test_assert_placement_lists_paths() -> None:
     with pytest.raises(AssertionError) as info:
         torchdoctor.assert_placement(m, device="cpu", dtype=torch.float32)
     assert "1.bias: found float64, expected float32" in str(info.value)
+
+
+# -- read-only beyond the zoo ---------------------------------------------------------------------------------
+def _offloaded_llama() -> nn.Module:
+    from accelerate import cpu_offload
+
+    model = zoo.tiny_llama(torch.float32)
+    cpu_offload(model, execution_device=torch.device("cpu"))
+    return model
+
+
+@pytest.mark.parametrize("make", [
+    zoo.bnb_linear4bit,
+    lambda: zoo.bnb_linear8bit(forward=True),
+    lambda: zoo.lora_llama(torch.bfloat16),
+    _offloaded_llama,
+    lambda: _Holder().to(torch.bfloat16),
+], ids=["bnb4", "bnb8_after_forward", "peft_default", "cpu_offload", "list_held"])
+def test_scan_is_read_only_on_quantized_adapted_offloaded_objects(make) -> None:
+    obj = make()
+    for kwargs in ({}, {"device": "cpu", "dtype": torch.bfloat16, "strict": True}):
+        assert_unchanged(obj, torchdoctor.scan, obj, **kwargs)
+
+
+def test_bnb_8bit_state_left_behind_by_module_to_is_reported() -> None:
+    model = zoo.bnb_linear8bit(forward=True)
+    report = torchdoctor.scan(model, device="meta")  # as if the model had been moved and layer.state had not
+    p = next(p for p in report.problems if p.path == "proj.state.SCB")
+    assert (p.kind, p.role, p.found, p.expected) == ("device", "quant_state", "cpu", "meta")
+    assert "Module.to never moves it" in p.message
+
+
+# -- CLI JSON fields (issue 2: schema, ok, problems with kind/path/role/found/expected/message, tensors) --------
+def test_cli_scan_json_has_every_documented_field(tmp_path, capsys) -> None:
+    import json
+
+    from torchdoctor._cli import main
+
+    (tmp_path / "m.py").write_text(
+        "import torch\n"
+        "def broken():\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))\n"
+        "    m[1].weight = torch.nn.Parameter(m[1].weight.to('meta'))\n"
+        "    m.extra = torch.zeros(2)\n"
+        "    return m\n")
+    assert main(["scan", f"{tmp_path / 'm.py'}:broken", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert {"schema", "ok", "problems", "tensors", "summary"} <= set(doc)
+    assert doc["schema"] == "torchdoctor/scan/1" and doc["ok"] is False
+    (p,) = doc["problems"]
+    assert {k: p[k] for k in ("kind", "path", "role", "found", "expected")} == {
+        "kind": "meta", "path": "1.weight", "role": "parameter", "found": "meta", "expected": "cpu"}
+    assert p["message"].startswith("f32[4,4]@meta holds no data (meta)")
+    rows = {t["path"]: t for t in doc["tensors"]}
+    assert rows["extra"] == {"path": "extra", "role": "attribute", "device": "cpu", "dtype": "float32", "shape": [2],
+                             "nbytes": 8, "moved_by_module_to": False, "alias_of": None}
+    assert main(["scan", f"{tmp_path / 'm.py'}:broken", "--json", "--device", "cpu", "--dtype", "bf16"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert {p["path"] for p in doc["problems"]} == {"0.weight", "0.bias", "1.weight", "1.bias", "extra"}
+
+
+# -- torch >= 2.4: a feature on a newer API says so ---------------------------------------------------------
+def test_a_feature_needing_a_newer_torch_says_so() -> None:
+    from torchdoctor._report import require_torch
+
+    require_torch("scan", "2.4")  # the package minimum: always fine
+    with pytest.raises(RuntimeError, match=r"^frobnicate needs torch 99\.1 or newer; this is torch 2\.") as info:
+        require_torch("frobnicate", "99.1")
+    assert "works on torch >= 2.4" in str(info.value)
+    with pytest.raises(RuntimeError, match="needs torch 2.9"):
+        require_torch("x", "2.9", available=False)  # what the build has wins over its version number
+    require_torch("x", "99.0", available=True)
+
+
+# -- generality: architectures and wrappers beyond the zoo, built tiny from configs ----------------------------
+_SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+
+
+def _tf(config: str, model: str, **overrides):
+    def build() -> nn.Module:
+        import transformers
+
+        return getattr(transformers, model)(getattr(transformers, config)(**{**_SMALL, **overrides}))
+    return build
+
+
+def _peft(**cfg):
+    def build() -> nn.Module:
+        import peft
+
+        return peft.get_peft_model(zoo.tiny_llama(torch.bfloat16), peft.LoraConfig(r=4, **cfg))
+    return build
+
+
+def _sd3() -> nn.Module:
+    from diffusers import SD3Transformer2DModel
+
+    return SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
+                                 num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
+                                 pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16)
+
+
+def _dispatched_to_disk(tmp: str) -> nn.Module:
+    from accelerate import dispatch_model
+
+    model = zoo.tiny_llama(torch.float32)
+    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk", "model.norm": "cpu",
+                  "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    return dispatch_model(model, device_map=device_map, offload_dir=tmp)
+
+
+_CASTABLE = {
+    "qwen3": _tf("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen3_moe": _tf("Qwen3MoeConfig", "Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
+                     moe_intermediate_size=32),
+    "gemma2": _tf("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3": _tf("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "deepseek_v3": _tf("DeepseekV3Config", "DeepseekV3ForCausalLM", n_routed_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+                       qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1, n_group=1, topk_group=1),
+    "sd3_transformer": _sd3,
+}
+_WRAPPED = {
+    "lora_dora": _peft(target_modules=["q_proj", "v_proj"], use_dora=True),
+    "lora_modules_to_save": _peft(target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]),
+    "cpu_offload": _offloaded_llama,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("name", sorted(_CASTABLE))
+def test_more_architectures_are_clean(name: str, dtype: torch.dtype) -> None:
+    model = _CASTABLE[name]().to(dtype)
+    report = torchdoctor.scan(model)
+    assert report.ok, report.text()
+    assert torchdoctor.scan(model, device="cpu", dtype=dtype).ok
+    assert {t.path for t in report.tensors if t.role in ("parameter", "buffer")} == {
+        n for n, _ in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]}
+
+
+@pytest.mark.parametrize("name", sorted(_WRAPPED))
+def test_adapters_and_offload_wrappers_are_clean(name: str) -> None:
+    model = _WRAPPED[name]()
+    assert torchdoctor.scan(model).ok, torchdoctor.scan(model).text()
+    assert torchdoctor.scan(model, device="cpu").ok
+
+
+def test_second_adapter_and_disk_dispatch_are_clean(tmp_path) -> None:
+    import peft
+
+    model = _peft(target_modules=["q_proj", "v_proj"])()
+    model.add_adapter("b", peft.LoraConfig(r=2, target_modules=["q_proj", "k_proj"]))
+    assert torchdoctor.scan(model).ok
+    dispatched = _dispatched_to_disk(str(tmp_path))
+    report = torchdoctor.scan(dispatched)
+    assert report.ok, report.text()
+    assert {t.role for t in report.tensors if t.path.startswith("model.layers.1.")} == {"offloaded"}

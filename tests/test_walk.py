@@ -165,6 +165,54 @@ def test_million_element_list_is_truncated() -> None:
     w = _run_guarded(lambda: walk(m))
     assert any(e.path == "big.5" for e in w.entries)
     assert [p.found for p in w.problems] == [f"more than {MAX_ITEMS} items in one container"]
+    report = _run_guarded(lambda: torchdoctor.scan(m))
+    assert report.truncated and [(p.kind, p.path) for p in report.problems] == [("truncated", "big")]
+    assert report.to_dict()["truncated"] is True
+
+
+def test_scan_survives_the_big_shapes() -> None:
+    siblings = nn.ModuleList(nn.Linear(1, 1, bias=False) for _ in range(10_000))
+    siblings[9_999].weight = nn.Parameter(siblings[9_999].weight.to("meta"))
+    report = _run_guarded(lambda: torchdoctor.scan(siblings))
+    assert [p.path for p in report.problems] == ["9999.weight"] and len(report.tensors) == 10_000
+    root = cur = nn.Module()
+    for _ in range(1000):
+        cur.add_module("c", nn.Module())
+        cur = cur.c
+    cur.register_buffer("leaf", torch.ones(1, dtype=torch.float64))
+    cur.lin = nn.Linear(1, 1)
+    for kwargs in ({}, {"dtype": torch.float32}):  # the majority by bytes is float32: the buffer is the odd one
+        report = _run_guarded(lambda: torchdoctor.scan(root, **kwargs))
+        assert [p.path for p in report.problems] == [".".join(["c"] * 1000) + ".leaf"]
+
+
+class Slotted:
+    """A plain object (no ``__dict__``) with a raising property, a side-effect property and slots."""
+
+    __slots__ = ("weight", "missing")
+    calls: list[str] = []
+
+    def __init__(self) -> None:
+        self.weight = torch.ones(2)
+
+    @property
+    def boom(self) -> torch.Tensor:
+        Slotted.calls.append("boom")
+        raise RuntimeError("property evaluated")
+
+    @property
+    def counter(self) -> torch.Tensor:
+        Slotted.calls.append("counter")
+        return torch.zeros(1)
+
+
+def test_plain_object_roots_never_run_properties() -> None:
+    Slotted.calls.clear()
+    Fabricator.calls.clear()
+    obj = {"slotted": Slotted(), "fab": Fabricator(), "evil": EvilDict(t=torch.ones(1))}
+    report = torchdoctor.scan(obj, device="cpu", strict=True)
+    assert {t.path for t in report.tensors} == {"slotted.weight", "fab.real", "evil.t"}
+    assert report.ok and Slotted.calls == [] and Fabricator.calls == []
 
 
 @dataclasses.dataclass
@@ -227,16 +275,20 @@ def test_import_is_cheap_and_initialises_no_device() -> None:
         import sys, torch
         def boom(*a, **k):
             raise AssertionError("device initialised")
-        torch.cuda._lazy_init = boom
-        torch.cuda.init = boom
-        if hasattr(torch, "xpu"):
-            torch.xpu._lazy_init = boom
+        # every way a device gets initialised: the Python lazy-init entry points and the C hooks behind them
+        for ns, names in ((torch.cuda, ("_lazy_init", "init")), (getattr(torch, "xpu", None), ("_lazy_init", "init")),
+                          (torch._C, ("_cuda_init", "_xpu_init", "_mps_init"))):
+            for name in names:
+                if ns is not None and hasattr(ns, name):
+                    setattr(ns, name, boom)
         import torchdoctor
-        assert "rich" not in sys.modules and "transformers" not in sys.modules, sorted(sys.modules)
-        assert "diffusers" not in sys.modules and "bitsandbytes" not in sys.modules
-        m = torch.nn.Linear(2, 2)
-        assert torchdoctor.scan(m).ok
-        assert "transformers" not in sys.modules and "rich" not in sys.modules
+        heavy = {"rich", "transformers", "diffusers", "bitsandbytes", "peft", "accelerate"}
+        assert not heavy & set(sys.modules), sorted(heavy & set(sys.modules))
+        m = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        m[0].bias.data = m[0].bias.data.double()
+        report = torchdoctor.scan(m, device="cpu")
+        assert not report.ok and report.text() and report.to_dict()["problems"]
+        assert not heavy & set(sys.modules), sorted(heavy & set(sys.modules))
         print("ok", sorted(torchdoctor.__all__) == sorted(set(torchdoctor.__all__)))
         """
     )

@@ -7,32 +7,17 @@ Device and dtype meaning lives here too (STYLE 11): ``cuda`` is ``cuda:0``, dtyp
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 __all__ = [
-    "EXIT_OK",
-    "EXIT_PROBLEMS",
-    "EXIT_USAGE",
-    "KINDS",
-    "ROLES",
-    "PlacementError",
-    "PlacementWarning",
-    "Problem",
-    "ScanReport",
-    "Target",
-    "TensorInfo",
-    "compact",
-    "device_str",
-    "dtype_str",
-    "format_error",
-    "parse_device",
-    "parse_dtype",
-    "schema",
+    "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "KINDS", "ROLES", "PlacementError", "PlacementWarning", "Problem",
+    "ScanReport", "Target", "TensorInfo", "compact", "device_str", "dtype_str", "format_error", "parse_device",
+    "parse_dtype", "require_torch", "schema",
 ]
 
 EXIT_OK = 0
@@ -40,44 +25,16 @@ EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
 
 ROLES = ("parameter", "buffer", "attribute", "quant_state", "subclass_inner", "container", "offloaded")
-KINDS = (
-    "device",
-    "dtype",
-    "meta",
-    "saved_device",
-    "quant_incomplete",
-    "unsafe_global",
-    "unsupported_dtype",
-    "unsupported_op",
-    "truncated",
-)
+KINDS = ("device", "dtype", "meta", "saved_device", "quant_incomplete", "unsafe_global", "unsupported_dtype",
+         "unsupported_op", "truncated")
 
 # One table: dtype name -> short form. Built with getattr so older torch builds without float8 still import.
 _SHORT_NAMES = {
-    "float32": "f32",
-    "float16": "f16",
-    "bfloat16": "bf16",
-    "float64": "f64",
-    "float8_e4m3fn": "f8e4m3",
-    "float8_e5m2": "f8e5m2",
-    "float8_e4m3fnuz": "f8e4m3fnuz",
-    "float8_e5m2fnuz": "f8e5m2fnuz",
-    "float8_e8m0fnu": "f8e8m0",
-    "float4_e2m1fn_x2": "f4x2",
-    "complex64": "c64",
-    "complex128": "c128",
-    "complex32": "c32",
-    "int8": "i8",
-    "uint8": "u8",
-    "int16": "i16",
-    "uint16": "u16",
-    "int32": "i32",
-    "uint32": "u32",
-    "int64": "i64",
-    "uint64": "u64",
-    "bool": "bool",
-    "quint8": "qu8",
-    "qint8": "qi8",
+    "float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "float8_e4m3fn": "f8e4m3",
+    "float8_e5m2": "f8e5m2", "float8_e4m3fnuz": "f8e4m3fnuz", "float8_e5m2fnuz": "f8e5m2fnuz",
+    "float8_e8m0fnu": "f8e8m0", "float4_e2m1fn_x2": "f4x2", "complex64": "c64", "complex128": "c128",
+    "complex32": "c32", "int8": "i8", "uint8": "u8", "int16": "i16", "uint16": "u16", "int32": "i32",
+    "uint32": "u32", "int64": "i64", "uint64": "u64", "bool": "bool", "quint8": "qu8", "qint8": "qi8",
     "qint32": "qi32",
 }
 _DTYPE_SHORT: dict[torch.dtype, str] = {}
@@ -89,16 +46,8 @@ for _name, _short in _SHORT_NAMES.items():
         _DTYPE_BY_NAME[_name] = _dt
         _DTYPE_BY_NAME[_short] = _dt
 for _alias, _name in {
-    "float": "float32",
-    "fp32": "float32",
-    "half": "float16",
-    "fp16": "float16",
-    "bf16": "bfloat16",
-    "double": "float64",
-    "fp64": "float64",
-    "fp8": "float8_e4m3fn",
-    "long": "int64",
-    "int": "int32",
+    "float": "float32", "fp32": "float32", "half": "float16", "fp16": "float16", "bf16": "bfloat16",
+    "double": "float64", "fp64": "float64", "fp8": "float8_e4m3fn", "long": "int64", "int": "int32",
 }.items():
     if _name in _DTYPE_BY_NAME:
         _DTYPE_BY_NAME[_alias] = _DTYPE_BY_NAME[_name]
@@ -108,6 +57,44 @@ _INDEXED_TYPES = frozenset({"cuda", "xpu", "mps", "hpu", "npu", "mtia", "private
 
 
 _DEVICE_STR: dict[object, str] = {}
+_META = torch.device("meta")
+_COMPACT: dict[tuple[Any, ...], str] = {}  # (dtype, shape, device) -> compact form; shapes repeat across layers
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"2.5.0a0+git1"`` -> ``(2, 5, 0)``: the numeric release, pre-release tags dropped."""
+    out = []
+    for part in version.split("+")[0].split("."):
+        m = re.match(r"\d+", part)
+        if m is None:
+            break
+        out.append(int(m.group()))
+        if m.end() != len(part):
+            break
+    return tuple(out)
+
+
+def require_torch(feature: str, minimum: str, *, available: bool | None = None) -> None:
+    """Raise a clear error when ``feature`` needs a newer torch than the installed one.
+
+    The package supports torch >= 2.4; a feature built on a newer API calls this before using it. ``available``
+    (for example ``hasattr(torch.utils, "module_tracker")``) wins over the version comparison when given, so
+    backports and nightly builds are judged by what they have.
+
+    >>> require_torch("scan", "2.4")
+    >>> require_torch("time travel", "99.0")
+    Traceback (most recent call last):
+    ...
+    RuntimeError: time travel needs torch 99.0 or newer; this is torch ...
+    """
+    have = str(torch.__version__)
+    ok = available if available is not None else _release(have) >= _release(minimum)
+    if not ok:
+        raise RuntimeError(
+            f"{feature} needs torch {minimum} or newer; this is torch {have}. The rest of torchdoctor works on "
+            f"torch >= 2.4. To use {feature}, install a newer torch build for your accelerator first "
+            "(https://pytorch.org/get-started/locally/), then reinstall torchdoctor."
+        )
 
 
 def schema(verb: str) -> str:
@@ -204,14 +191,6 @@ def short_dtype(dtype: torch.dtype) -> str:
     return _DTYPE_SHORT.get(dtype, dtype_str(dtype))
 
 
-def _safe_repr(obj: Any, limit: int = 80) -> str:
-    try:
-        text = repr(obj)
-    except Exception:  # a failing repr must not break a diagnostic (STYLE 9)
-        text = f"<{type(obj).__name__} object>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor reachable from an object, at one path."""
@@ -225,9 +204,24 @@ class TensorInfo:
     moved_by_module_to: bool
     alias_of: str | None = None
 
-    @functools.cached_property
+    def __init__(self, path: str, role: str, device: torch.device, dtype: torch.dtype, shape: tuple[int, ...],
+                 nbytes: int, moved_by_module_to: bool, alias_of: str | None = None) -> None:
+        # One dict store instead of eight frozen __setattr__ calls: scan builds one row per tensor path, and on a
+        # 70B-shaped model the generated __init__ alone cost a third of a bare named_parameters() loop.
+        object.__setattr__(self, "__dict__", {
+            "path": path, "role": role, "device": device, "dtype": dtype, "shape": shape, "nbytes": nbytes,
+            "moved_by_module_to": moved_by_module_to, "alias_of": alias_of})
+
+    @property
     def compact(self) -> str:
-        return compact(self.dtype, self.shape, self.device)
+        key = (self.dtype, self.shape, self.device)
+        text = _COMPACT.get(key)
+        if text is None:
+            text = compact(self.dtype, self.shape, self.device)
+            if len(_COMPACT) > 8192:
+                _COMPACT.clear()
+            _COMPACT[key] = text
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -268,6 +262,13 @@ class Problem:
     module_path: str | None = None
     module_type: str | None = None
     tensors: tuple[str, ...] = ()
+
+    def __init__(self, kind: str, path: str, role: str, found: str, expected: str, message: str, op: str | None = None,
+                 module_path: str | None = None, module_type: str | None = None, tensors: tuple[str, ...] = ()) -> None:
+        # see TensorInfo.__init__: a model built on meta gives one Problem per tensor
+        object.__setattr__(self, "__dict__", {
+            "kind": kind, "path": path, "role": role, "found": found, "expected": expected, "message": message,
+            "op": op, "module_path": module_path, "module_type": module_type, "tensors": tensors})
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -336,11 +337,11 @@ Target.__module__ = "torchdoctor"
 
 
 def _storage_key(info: TensorInfo, tensor: torch.Tensor | None) -> Any:
-    if tensor is None or tensor.device.type == "meta":
+    if tensor is None or info.device == _META:
         return None
     try:
         st = tensor.untyped_storage()
-        return (str(tensor.device), st.data_ptr(), st.nbytes())
+        return (info.device, st.data_ptr(), st.nbytes())
     except Exception:
         return None
 
@@ -388,23 +389,29 @@ class ScanReport:
 
 def summarize(rows: Iterable[tuple[TensorInfo, torch.Tensor | None]]) -> tuple[dict[str, Any], ...]:
     """Group by (device, dtype), counting each storage once (tied weights, views, aliases)."""
-    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}  # -> [tensors, nbytes]
     seen: set[Any] = set()
     for info, tensor in rows:
         if info.alias_of is not None:
             continue
-        key = _storage_key(info, tensor)
-        if key is not None:
-            if key in seen:
-                continue
-            seen.add(key)
-        g = groups.setdefault(
-            (device_str(info.device), dtype_str(info.dtype)),
-            {"device": device_str(info.device), "dtype": dtype_str(info.dtype), "tensors": 0, "nbytes": 0},
-        )
-        g["tensors"] += 1
-        g["nbytes"] += info.nbytes
-    return tuple(sorted(groups.values(), key=lambda g: -g["nbytes"]))
+        if tensor is not None and info.device != _META:  # not ``.type``: it builds a new string per call
+            key = _storage_key(info, tensor)
+            if key is not None:
+                if key in seen:
+                    continue
+                seen.add(key)
+        g = groups.get((info.device, info.dtype))
+        if g is None:
+            g = groups[(info.device, info.dtype)] = [0, 0]
+        g[0] += 1
+        g[1] += info.nbytes
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for (dev, dt), (n, nbytes) in groups.items():
+        key = (device_str(dev), dtype_str(dt))  # cuda and cuda:0 are one group
+        m = merged.setdefault(key, {"device": key[0], "dtype": key[1], "tensors": 0, "nbytes": 0})
+        m["tensors"] += n
+        m["nbytes"] += nbytes
+    return tuple(sorted(merged.values(), key=lambda g: -g["nbytes"]))
 
 
 def human_bytes(n: int) -> str:
@@ -452,10 +459,3 @@ def render_report(report: ScanReport, limit: int = 40) -> str:
     if len(report.summary) > limit:
         lines.append(f"  ... and {len(report.summary) - limit} more groups")
     return "\n".join(lines)
-
-
-def problems_by_kind(problems: Iterable[Problem]) -> Mapping[str, list[Problem]]:
-    out: dict[str, list[Problem]] = {}
-    for p in problems:
-        out.setdefault(p.kind, []).append(p)
-    return out

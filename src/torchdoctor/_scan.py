@@ -8,6 +8,7 @@ tensors, quantization metadata), and scan must stay quiet on them.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from torchdoctor._report import (
     Problem,
     ScanReport,
     Target,
+    TensorInfo,
     compact,
     device_str,
     dtype_str,
@@ -35,7 +37,10 @@ _LOW_PRECISION = frozenset({torch.float16, torch.bfloat16})
 _STORAGE_DTYPES = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
                                                          "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2")
                             if hasattr(torch, n))
-_FIX_MOVE = "torchdoctor.move(obj, device={device!r}, dtype={dtype})"
+# a tensor's device on meta never has an index; comparing with it is 25x cheaper than ``device.type``
+_META = torch.device("meta")
+_OWN_ROLES = frozenset({"parameter", "buffer", "quant_state"})  # judged when they belong to a component
+_ATTR_ROLES = frozenset({"attribute", "container", "subclass_inner"})  # judged only against an explicit device/dtype
 
 
 @dataclass
@@ -46,8 +51,17 @@ class _Component:
     dtype: torch.dtype | None
 
 
+_IS_NORM: dict[type, bool] = {}
+
+
 def _is_norm(module: nn.Module | None) -> bool:
-    return module is not None and "norm" in type(module).__name__.lower()
+    if module is None:
+        return False
+    tp = type(module)
+    hit = _IS_NORM.get(tp)
+    if hit is None:
+        hit = _IS_NORM[tp] = "norm" in tp.__name__.lower()
+    return hit
 
 
 def _judged_float(t: torch.Tensor) -> bool:
@@ -79,6 +93,7 @@ class _Policy:
 
     def __init__(self, w: Walk, device: torch.device | None, dtype: torch.dtype | None, strict: bool) -> None:
         self.w, self.device, self.dtype, self.strict = w, device, dtype, strict
+        self.canon = [(e, e.info()) for e in w.entries if e.alias_of is None]
         self.adapter_of: dict[str, tuple[str, str]] = {}  # tensor path -> (peft layer path, adapter name)
         self.base_device: dict[str, torch.device] = {}  # peft layer path -> its base layer's weight device
         self.fp32_prefixes: list[str] = []
@@ -89,25 +104,26 @@ class _Policy:
 
     # -- structure ---------------------------------------------------------------------------------------
     def _index_modules(self) -> None:
-        for path, mod in self.w.modules:
-            d = mod.__dict__
-            nps = d.get("_non_persistent_buffers_set")
-            if nps:
-                self.nonpersistent.update(f"{path}.{name}" if path else name for name in nps)
-            kept, is_peft = _type_facts(type(mod))
+        facts, w = _TYPE_FACTS, self.w
+        for path, mod in w.modules:
+            kept, is_peft = facts.get(type(mod)) or _type_facts(type(mod))
             if kept:
                 self.fp32_prefixes.extend(kept)
             if is_peft:
                 self._index_adapter(path, mod)
-            hook = d.get("_hf_hook")
-            if hook is not None:
-                for h in (hook.__dict__.get("hooks") or [hook]):
-                    dev = getattr(h, "__dict__", {}).get("execution_device")
-                    if dev is not None and not getattr(h, "__dict__", {}).get("offload", False):
-                        try:
-                            self.hook_device.append((path, torch.device(dev)))
-                        except (RuntimeError, TypeError):
-                            pass
+        for e, info in self.canon:  # only a module holding buffers can have non-persistent ones
+            if info.role == "buffer" and e.key in (e.owner.__dict__.get("_non_persistent_buffers_set") or ()):
+                self.nonpersistent.add(info.path)
+        for path, mod, hook in w.hooks:
+            if w.module_paths.get(id(mod)) != path:
+                continue  # a shared module: judged at its first path
+            for h in (hook.__dict__.get("hooks") or [hook]):
+                dev = getattr(h, "__dict__", {}).get("execution_device")
+                if dev is not None and not getattr(h, "__dict__", {}).get("offload", False):
+                    try:
+                        self.hook_device.append((path, torch.device(dev)))
+                    except (RuntimeError, TypeError):
+                        pass
         self.hook_device.sort(key=lambda x: -len(x[0]))
 
     def _index_adapter(self, path: str, mod: nn.Module) -> None:
@@ -130,23 +146,33 @@ class _Policy:
         self._ctx_cache: dict[str, tuple[_Component | None, bool, torch.device | None]] = {}
         devs: list[dict[torch.device, int]] = [{} for _ in comps]
         dts: list[dict[torch.dtype, int]] = [{} for _ in comps]
+        # one root component, no fp32-kept names, no accelerate hooks: every module has the same context
+        self._const_ctx = (comps[0], False, None) if len(comps) == 1 and not comps[0].path \
+            and not self.fp32_prefixes and not self.hook_device else None
         index = {id(c): i for i, c in enumerate(comps)}
         adapters, nonpersistent, storage = self.adapter_of, self.nonpersistent, _STORAGE_DTYPES
-        for e in self.w.canonical():
-            info = e.info()
+        const, cache, ctx, prefixes, norms = self._const_ctx, self._ctx_cache, self.ctx, self.fp32_prefixes, _IS_NORM
+        f32 = torch.float32
+        for e, info in self.canon:
             dt = info.dtype
-            if info.role not in ("parameter", "buffer") or not dt.is_floating_point or dt in storage \
-                    or not info.moved_by_module_to or info.path in adapters:
+            if (info.role != "parameter" and info.role != "buffer") or not dt.is_floating_point or dt in storage \
+                    or not info.moved_by_module_to or (adapters and info.path in adapters):
                 continue
-            comp, kept, _ = self.ctx(e.module_path)
-            if comp is None or kept or (dt == torch.float32 and self.fp32_prefixes and self._fp32_kept(e)):
+            comp, kept, _ = const or cache.get(e.module_path) or ctx(e.module_path)
+            if comp is None or kept or (dt == f32 and prefixes and self._fp32_kept(e)):
                 continue
             i = index[id(comp)]
             n = info.nbytes + 1
-            if info.device.type != "meta":
-                devs[i][info.device] = devs[i].get(info.device, 0) + n
-            if info.path not in nonpersistent and not (dt == torch.float32 and _is_norm(e.module)):
-                dts[i][dt] = dts[i].get(dt, 0) + n
+            dev = info.device
+            if dev != _META:
+                devs[i][dev] = devs[i].get(dev, 0) + n
+            if nonpersistent and info.path in nonpersistent:
+                continue
+            if dt == f32:
+                norm = norms.get(type(e.module))
+                if norm or (norm is None and _is_norm(e.module)):
+                    continue
+            dts[i][dt] = dts[i].get(dt, 0) + n
         for i, c in enumerate(comps):
             c.device = self.device or (max(devs[i], key=devs[i].__getitem__) if devs[i] else None)
             c.dtype = self.dtype or (max(dts[i], key=dts[i].__getitem__) if dts[i] else None)
@@ -156,10 +182,12 @@ class _Policy:
         """(component, kept in fp32, accelerate hook device) of a module path, cached."""
         hit = self._ctx_cache.get(module_path)
         if hit is None:
-            comp = next((c for c in self.components if _under(module_path, c.path)), None)
-            dotted = f".{module_path}."
-            kept = any(p in dotted for p in self.fp32_prefixes)
-            hook = next((dev for p, dev in self.hook_device if _under(module_path, p)), None)
+            comps = self.components
+            comp = comps[0] if len(comps) == 1 and not comps[0].path else \
+                next((c for c in comps if _under(module_path, c.path)), None)
+            kept = bool(self.fp32_prefixes) and any(p in f".{module_path}." for p in self.fp32_prefixes)
+            hook = next((dev for p, dev in self.hook_device if _under(module_path, p)), None) \
+                if self.hook_device else None
             hit = self._ctx_cache[module_path] = (comp, kept, hook)
         return hit
 
@@ -173,40 +201,41 @@ class _Policy:
     # -- judging -----------------------------------------------------------------------------------------
     def judge(self) -> list[Problem]:
         problems: list[Problem] = []
-        fixed_dev, adapters = self.device, self.adapter_of
-        for e in self.w.canonical():
+        fixed_dev, adapters, const, cache, ctx = self.device, self.adapter_of, self._const_ctx, self._ctx_cache, self.ctx
+        for e, info in self.canon:
             if e.module is None:
-                comp = None
+                comp, hook_dev = None, None
             else:
-                comp, _, hook_dev = self.ctx(e.module_path)
-                info = e.info()
+                comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
                 exp = fixed_dev or hook_dev or (comp.device if comp else None)
                 dt = info.dtype
                 # fast path: where it should be, and in the component dtype (or not judged for dtype)
                 if comp is not None and info.device == exp and (dt == comp.dtype or not dt.is_floating_point) \
-                        and info.role != "offloaded" and info.path not in adapters:
+                        and info.role != "offloaded" and not (adapters and info.path in adapters):
                     continue
-            p = self._judge_entry(e, comp)
+            p = self._judge_entry(e, info, comp, hook_dev)
             if p is not None:
                 problems.append(p)
-        problems.extend(self._judge_adapters())
+        if adapters:
+            problems.extend(self._judge_adapters())
         return problems
 
-    def _judge_entry(self, e: Entry, comp: _Component | None) -> Problem | None:
-        t, role = e.tensor, e.role
-        in_module = comp is not None
-        judged = role in ("parameter", "buffer", "quant_state") and in_module
-        if role in ("attribute", "container", "subclass_inner") and (self.device or self.dtype):
-            judged = in_module or self.strict
-        if role == "offloaded" or not judged:
-            return None
-        exp_dev = self.device or self.ctx(e.module_path)[2] or (comp.device if comp else None)
-        if t.device.type == "meta" and (exp_dev is None or exp_dev.type != "meta"):
+    def _judge_entry(self, e: Entry, info: TensorInfo, comp: _Component | None, hook_dev: torch.device | None
+                     ) -> Problem | None:
+        t, role = e.tensor, info.role
+        if role in _OWN_ROLES:
+            if comp is None:
+                return None
+        elif role not in _ATTR_ROLES or not (self.device or self.dtype) or (comp is None and not self.strict):
+            return None  # offloaded (judged by its weights_map copy), or a free attribute nobody asked about
+        exp_dev = self.device or hook_dev or (comp.device if comp else None)
+        if info.device == _META and (exp_dev is None or exp_dev.type != "meta"):
             where = device_str(exp_dev) if exp_dev is not None else "a real device"
-            return self._problem("meta", e, "meta", where,
-                                 f"{e.info().compact} holds no data (meta) but should be on {where}; a forward on CPU "
-                                 "may silently return garbage. Load or materialise it (load_state_dict(..., assign=True) "
-                                 "or to_empty() then load).")
+            text = info.compact
+            return Problem("meta", e.path, role, "meta", where,
+                           f"{text} holds no data (meta) but should be on {where}; a forward on CPU may silently return "
+                           "garbage. Load or materialise it (load_state_dict(..., assign=True) or to_empty() then load).",
+                           None, e.module_path, type(e.module).__name__ if e.module is not None else None, (text,))
         if e.path in self.adapter_of:
             layer, _ = self.adapter_of[e.path]
             base = self.base_device.get(layer)
@@ -243,7 +272,7 @@ class _Policy:
 
     def _judge_adapters(self) -> list[Problem]:
         groups: dict[tuple[str, str], list[Entry]] = {}
-        for e in self.w.canonical():
+        for e, _ in self.canon:
             key = self.adapter_of.get(e.path)
             if key is not None:
                 groups.setdefault(key, []).append(e)
@@ -258,26 +287,25 @@ class _Policy:
                         "device", e, device_str(e.tensor.device), device_str(base),
                         f"adapter '{name}' tensor {e.info().compact} is on {device_str(e.tensor.device)} but its "
                         f"base layer '{layer}.base_layer' is on {device_str(base)}"))
-            if self.dtype is None or True:
-                counts: dict[torch.dtype, int] = {}
+            counts: dict[torch.dtype, int] = {}
+            for e in floats:
+                counts[e.tensor.dtype] = counts.get(e.tensor.dtype, 0) + 1
+            if len(counts) > 1:
+                # the adapter's own majority wins; lora_A's dtype breaks ties (peft casts the input to it)
+                a_dtype = next((e.tensor.dtype for e in floats if ".lora_A." in f".{e.path}."), None)
+                major = max(counts, key=lambda d: (counts[d], d == a_dtype))
                 for e in floats:
-                    counts[e.tensor.dtype] = counts.get(e.tensor.dtype, 0) + 1
-                if len(counts) > 1:
-                    # the adapter's own majority wins; lora_A's dtype breaks ties (peft casts the input to it)
-                    a_dtype = next((e.tensor.dtype for e in floats if ".lora_A." in f".{e.path}."), None)
-                    major = max(counts, key=lambda d: (counts[d], d == a_dtype))
-                    for e in floats:
-                        if e.tensor.dtype != major:
-                            problems.append(self._problem(
-                                "dtype", e, dtype_str(e.tensor.dtype), dtype_str(major),
-                                f"adapter '{name}' of '{layer}' mixes dtypes: {e.info().compact} while the rest of the "
-                                f"adapter is {dtype_str(major)}"))
+                    if e.tensor.dtype != major:
+                        problems.append(self._problem(
+                            "dtype", e, dtype_str(e.tensor.dtype), dtype_str(major),
+                            f"adapter '{name}' of '{layer}' mixes dtypes: {e.info().compact} while the rest of the "
+                            f"adapter is {dtype_str(major)}"))
         return problems
 
-    def _problem(self, kind: str, e: Entry, found: str, expected: str, message: str) -> Problem:
-        return Problem(kind, e.path, e.role, found, expected, message, module_path=e.module_path,
-                       module_type=type(e.module).__name__ if e.module is not None else None,
-                       tensors=(e.info().compact,))
+    def _problem(self, kind: str, e: Entry, found: str, expected: str, message: str, text: str | None = None
+                 ) -> Problem:
+        return Problem(kind, e.path, e.role, found, expected, message, None, e.module_path,
+                       type(e.module).__name__ if e.module is not None else None, (text or e.info().compact,))
 
 
 def scan(obj: Any, *, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
@@ -301,20 +329,28 @@ def scan(obj: Any, *, device: str | torch.device | None = None, dtype: str | tor
         from torchdoctor._checkpoint import scan_checkpoint
 
         return scan_checkpoint(obj, device=dev, dtype=dt)
-    w = walk(obj)
-    policy = _Policy(w, dev, dt, strict)
-    problems = policy.judge() + list(w.problems)
-    rows = [e.info() for e in w.entries]
-    expected = {c.path: {"device": device_str(c.device) if c.device else "none",
-                         "dtype": dtype_str(c.dtype) if c.dtype else "none"} for c in reversed(policy.components)}
-    return ScanReport(
-        tensors=tuple(rows),
-        problems=tuple(problems),
-        expected=expected,
-        source=type(obj).__name__,
-        truncated=bool(w.problems),
-        summary=summarize(zip(rows, (e.tensor for e in w.entries))),
-    )
+    # Every object scan allocates (entries, rows, problems) survives into the report; pausing the cyclic GC
+    # (restored after, as the checkpoint reader does) keeps a collection of the user's whole heap out of the scan.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        w = walk(obj)
+        policy = _Policy(w, dev, dt, strict)
+        problems = policy.judge() + list(w.problems)
+        rows = [e.info() for e in w.entries]
+        expected = {c.path: {"device": device_str(c.device) if c.device else "none",
+                             "dtype": dtype_str(c.dtype) if c.dtype else "none"} for c in reversed(policy.components)}
+        return ScanReport(
+            tensors=tuple(rows),
+            problems=tuple(problems),
+            expected=expected,
+            source=type(obj).__name__,
+            truncated=bool(w.problems),
+            summary=summarize(zip(rows, (e.tensor for e in w.entries))),
+        )
+    finally:
+        if gc_was_enabled:
+            gc.enable()
 
 
 def assert_placement(obj: Any, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> None:

@@ -45,6 +45,7 @@ _QUANT_PREFIXES = ("bitsandbytes", "torchao", "optimum.quanto", "optimum_quanto"
                    "gptqmodel", "awq", "hqq", "quanto", "fp8", "transformer_engine")
 
 _KIND_CACHE: dict[type, int] = {}
+_ATTR_KEYS: dict[type, tuple[frozenset[str], tuple[str, ...], bool]] = {}  # module class -> (keys, extra, hooked)
 _FAST_ATOMS = frozenset({str, int, float, bool, type(None), torch.dtype, torch.device})
 
 
@@ -130,7 +131,7 @@ class Entry:
         if info is None or info.role != self.role:
             t = self.tensor
             try:
-                nbytes = t.nelement() * t.element_size()
+                nbytes = t.nbytes  # numel * itemsize, one call
             except Exception:
                 nbytes = 0
             info = self._info = TensorInfo(self.path, self.role, t.device, t.dtype, tuple(t.shape), nbytes,
@@ -191,61 +192,66 @@ class _Walker:
             self.w.problems.append(Problem("truncated", path or "<root>", "container", why, "", f"walk stopped here: {why}"))
 
     # -- module tree ----------------------------------------------------------------------------------
-    def expand(self, root_path: str, root: nn.Module, moved: bool) -> list[tuple[str, nn.Module, bool]]:
-        """Modules of one tree in ``named_modules(remove_duplicate=False)`` order; cycles are cut."""
-        order: list[tuple[str, nn.Module, bool]] = []
-        # depth-first, preorder; `None` entries pop the ancestor set so cycles are cut without copying sets
-        stack: list[tuple[str, nn.Module] | None] = [(root_path, root)]
+    def expand(self, root_path: str, root: nn.Module, moved: bool, order: list[tuple[str, nn.Module, bool, Any]]) -> None:
+        """Append ``(path, module, moved, __dict__)`` in ``named_modules(remove_duplicate=False)`` order; cycles are
+        cut."""
+        # depth-first, preorder. A cycle can only lead back to a module already seen, so only those are checked
+        # against the ancestors of the current path (kept by depth: no per-module set bookkeeping).
+        stack: list[tuple[str, nn.Module, int]] = [(root_path, root, 0)]
         ancestors: list[int] = []
-        on_path: set[int] = set()
+        module_set, modules, module_paths = self.module_set, self.w.modules, self.w.module_paths
+        nodes = self.nodes
         while stack:
-            item = stack.pop()
-            if item is None:
-                on_path.discard(ancestors.pop())
-                continue
-            path, mod = item
-            self.nodes += 1
-            if self.nodes > MAX_NODES:
+            path, mod, depth = stack.pop()
+            nodes += 1
+            if nodes > MAX_NODES:
                 self.truncate(path, f"more than {MAX_NODES} module paths")
                 break
-            order.append((path, mod, moved))
             mid = id(mod)
-            if mid not in self.module_set:
-                self.module_set.add(mid)
-                self.w.modules.append((path, mod))
-                self.w.module_paths[mid] = path
-            sub = mod.__dict__.get("_modules")
+            if mid not in module_set:
+                module_set.add(mid)
+                modules.append((path, mod))
+                module_paths[mid] = path
+            d = mod.__dict__
+            order.append((path, mod, moved, d))
+            sub = d.get("_modules")
             if not sub:
                 continue
+            del ancestors[depth:]
             ancestors.append(mid)
-            on_path.add(mid)
-            stack.append(None)
-            for name, child in reversed(list(dict.items(sub))):
-                if isinstance(child, nn.Module) and id(child) not in on_path:
-                    stack.append((f"{path}.{name}" if path else name, child))
-        return order
+            depth += 1
+            for name, child in reversed(dict.items(sub)):
+                if isinstance(child, nn.Module) and (id(child) not in module_set or id(child) not in ancestors):
+                    stack.append((f"{path}.{name}" if path else name, child, depth))
+        self.nodes = nodes
 
     def run_modules(self) -> None:
         while self.pending:
             batch, self.pending = self.pending, []
-            tree: list[tuple[str, nn.Module, bool]] = []
+            tree: list[tuple[str, nn.Module, bool, Any]] = []
             for path, mod, moved in batch:
                 if id(mod) in self.module_set:
                     continue
                 (self.w.roots if moved else self.w.detached).append((path, mod))
-                tree.extend(self.expand(path, mod, moved))
+                self.expand(path, mod, moved, tree)
             entries = self.w.entries
             start = len(entries)
-            dicts = [(path, mod, moved, mod.__dict__) for path, mod, moved in tree]
-            for attr, role, slot in (("_parameters", "parameter", "param"), ("_buffers", "buffer", "buffer")):
-                for path, mod, moved, d in dicts:
-                    tensors = d.get(attr)
-                    if not tensors:
-                        continue
+            buffers: list[Entry] = []
+            tensor_type = torch.Tensor
+            for path, mod, moved, d in tree:
+                tensors = d.get("_parameters")
+                if tensors:
                     for name, t in dict.items(tensors):
-                        if isinstance(t, torch.Tensor):
-                            entries.append(Entry(f"{path}.{name}" if path else name, role, t, mod, name, slot, mod,
-                                                 path, moved))
+                        if isinstance(t, tensor_type):
+                            entries.append(Entry(f"{path}.{name}" if path else name, "parameter", t, mod, name, "param",
+                                                 mod, path, moved))
+                tensors = d.get("_buffers")
+                if tensors:
+                    for name, t in dict.items(tensors):
+                        if isinstance(t, tensor_type):
+                            buffers.append(Entry(f"{path}.{name}" if path else name, "buffer", t, mod, name, "buffer",
+                                                 mod, path, moved))
+            entries.extend(buffers)  # canonical order: every parameter, then every buffer
             # tensor-attached attributes (quant_state, SCB, subclass inners) of what was just found
             plain = (torch.Tensor, nn.Parameter)
             for e in entries[start:]:
@@ -254,20 +260,26 @@ class _Walker:
                     continue
                 self.attached(t, e.path, e.module, e.module_path, e.moved_by_module_to, 0)
             # module attributes: plain tensors, objects, containers, list-held modules (never moved by Module.to)
-            done: set[int] = set()
-            internals = _MODULE_INTERNALS
-            for path, mod, _moved, d in dicts:
+            atoms, hooks, attr_keys = _FAST_ATOMS, self.w.hooks, _ATTR_KEYS
+            done: set[int] = set()  # a module shared within this batch: its attributes once, at its first path
+            for path, mod, _moved, d in tree:
                 if id(mod) in done:
                     continue
                 done.add(id(mod))
-                if "_hf_hook" in d:
-                    self.w.hooks.append((path, mod, d["_hf_hook"]))
-                extra = d.keys() - internals
-                if not extra:
-                    continue
-                for key in sorted(extra):
+                # modules of one class nearly always have the same __dict__ keys: comparing them with the last
+                # key set seen for the class is half the cost of a set difference and a sort per module
+                tp = type(mod)
+                hit = attr_keys.get(tp)
+                if hit is None or d.keys() != hit[0]:
+                    if len(attr_keys) > 4096:  # fx GraphModules make a class per instance
+                        attr_keys.clear()
+                    keys = frozenset(d)
+                    hit = attr_keys[tp] = (keys, tuple(sorted(keys - _MODULE_INTERNALS)), "_hf_hook" in keys)
+                if hit[2]:
+                    hooks.append((path, mod, d["_hf_hook"]))
+                for key in hit[1]:
                     v = d[key]
-                    if type(v) in _FAST_ATOMS:
+                    if type(v) in atoms:
                         continue
                     self.value(v, f"{path}.{key}" if path else key, mod, key, "attr", mod, path, "attribute", 0)
 
@@ -296,7 +308,7 @@ class _Walker:
                 inner = d.get(n)
                 if isinstance(inner, torch.Tensor):
                     p = _join(path, n)
-                    self.out_entry(Entry(p, inner_role, inner, t, n, "inner", module, mpath, moved))
+                    self.out.append(Entry(p, inner_role, inner, t, n, "inner", module, mpath, moved))
                     self.attached(inner, p, module, mpath, moved, depth + 1)
         d = _instance_dict(t)
         if d:
@@ -305,9 +317,6 @@ class _Walker:
                     continue
                 self.value(d[key], _join(path, key), t, key, "attr", module, mpath, role, depth + 1,
                            moved=custom_to)
-
-    def out_entry(self, e: Entry) -> None:
-        self.out.append(e)
 
     # -- everything else ------------------------------------------------------------------------------
     def value(self, v: Any, path: str, owner: Any, key: Any, slot: str, module: nn.Module | None, mpath: str,
@@ -321,7 +330,7 @@ class _Walker:
                 self.truncate(path, f"more than {MAX_NODES} objects visited")
             return
         if k == _TENSOR:
-            self.out_entry(Entry(path, role, v, owner, key, slot, module, mpath, moved))
+            self.out.append(Entry(path, role, v, owner, key, slot, module, mpath, moved))
             self.attached(v, path, module, mpath, moved, depth + 1)
             return
         if k == _MODULE:
@@ -342,7 +351,7 @@ class _Walker:
                 old, lst, start, end = rec
                 for e in lst[start:end]:
                     if e.path.startswith(old):
-                        self.out_entry(Entry(path + e.path[len(old):], e.role, e.tensor, e.owner, e.key, e.slot,
+                        self.out.append(Entry(path + e.path[len(old):], e.role, e.tensor, e.owner, e.key, e.slot,
                                              e.module, e.module_path, e.moved_by_module_to))
             return
         self.seen_obj[oid] = None
@@ -392,7 +401,7 @@ class _Walker:
                         offloaded.add(id(t))
                         copy = dict.get(store, f"{prefix}{name}") if isinstance(store, dict) else None
                         if isinstance(copy, torch.Tensor):
-                            self.out_entry(Entry(_join(mpath, f"_hf_hook.weights_map.{name}"), "offloaded", copy, wm,
+                            self.out.append(Entry(_join(mpath, f"_hf_hook.weights_map.{name}"), "offloaded", copy, wm,
                                                  f"{prefix}{name}", "item", mod, mpath, False))
         if offloaded:
             for e in self.w.entries:
