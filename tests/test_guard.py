@@ -14,6 +14,7 @@ import torch
 import zoo
 from helpers import assert_unchanged
 from torch import nn
+from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import torchdoctor
@@ -43,7 +44,7 @@ def nothing_left_behind() -> None:
     mm = torch.nn.modules.module
     assert not mm._global_forward_pre_hooks and not mm._global_forward_hooks
     assert not mm._global_forward_hooks_always_called and not mm._global_backward_hooks
-    assert _get_current_dispatch_mode_stack() == []
+    assert _get_current_dispatch_mode_stack() == [] and _get_current_function_mode_stack() == []
 
 
 @pytest.fixture(autouse=True)
@@ -121,6 +122,22 @@ def test_lora_warn_mode_warns_once_across_three_forwards() -> None:
         f"torchdoctor.guard: dtype problem in `{LORA}.lora_B.default` at aten.mm.default: "
         f"{LORA}.lora_B.default.weight is float32, expected bfloat16; aligned for this call")
     assert len(g.problems) == 1 and len(g.fixes) == 1
+
+
+def test_warn_mode_warns_once_per_distinct_problem() -> None:
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4))
+    net[0].bias.data = net[0].bias.data.double()
+    net[2].weight.data = net[2].weight.data.double()
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad(), torchdoctor.guard(net, mode="warn") as g:
+        warnings.simplefilter("always")
+        outs = [net(torch.ones(1, 4)) for _ in range(3)]
+    ours = sorted(str(w.message) for w in caught if issubclass(w.category, PlacementWarning))
+    assert ours == [
+        "torchdoctor.guard: dtype problem in `0` at aten.addmm.default: 0.bias is float64, expected float32; "
+        "aligned for this call",
+        "torchdoctor.guard: dtype problem in `2` at aten.addmm.default: 2.weight is float64, expected float32; "
+        "aligned for this call"]
+    assert [f.path for f in g.fixes] == ["0.bias", "2.weight"] and all(o.dtype == torch.float32 for o in outs)
 
 
 # --- conv bias, meta weights -------------------------------------------------------------------------------
@@ -241,6 +258,9 @@ def test_mismatch_only_in_backward() -> None:
             torchdoctor.guard(net, mode="strict"):
         net(x).sum().backward()
     assert not out._backward_hooks  # the guard's grad hooks were removed on exit
+    with pytest.raises(PlacementError) as info, torchdoctor.guard():  # relative to the outermost module entered
+        net(x).sum().backward()
+    assert info.value.module_path == "2" and info.value.fix == "model[2].w.data = model[2].w.data.to(torch.float32)"
 
 
 class Trainer(nn.Module):
@@ -526,3 +546,204 @@ def test_torch_compile_warns_once_that_compiled_code_is_not_checked() -> None:
     ours = [str(w.message) for w in caught if issubclass(w.category, PlacementWarning)]
     assert ours == ["torchdoctor.guard(mode='strict') does not check inside torch.compile'd regions; only code "
                     "that runs eagerly is checked"]
+
+
+# --- real-world error texts: the explanation path on the messages real GPUs print ---------------------------
+# On a CPU build a CUDA error cannot happen, so a module raises the real text from its forward and the tensors
+# carry the simulator's virtual device (``_td_device``): this tests the message parsing and the culprit search
+# only. The errors a CPU does raise are tested on real ops further down.
+
+
+def on(device: str, *tensors: torch.Tensor) -> None:
+    for t in tensors:
+        t._td_device = torch.device(device)  # type: ignore[attr-defined]
+
+
+class Raises(nn.Linear):
+    """A Linear whose forward raises the message a real GPU would print for its placement."""
+
+    message = ""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError(self.message)
+
+
+def mostly_on(device: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Sequential, torch.Tensor]:
+    """A model whose tensors are all on ``device`` (virtually), ``0`` raising, and an input there too."""
+    net = nn.Sequential(Raises(16, 16), nn.Linear(16, 64), nn.Linear(64, 16)).to(dtype)
+    on(device, *net.parameters())
+    x = torch.ones(1, 16, dtype=dtype)
+    on(device, x)
+    return net, x
+
+
+DEVICE_TEXTS = [
+    "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!",
+    "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu! (when checking "
+    "argument for argument mat1 in method wrapper_CUDA_addmm)",
+    "Expected all tensors to be on the same device, but got mat1 is on cpu, different from other tensors on cuda:0 "
+    "(when checking argument in method wrapper_CUDA_addmm)",
+    "Input type (CUDABFloat16Type) and bias type (CPUBFloat16Type) should be the same",
+    "Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the same",
+    "Input type (torch.FloatTensor) and weight type (torch.cuda.FloatTensor) should be the same or input should be "
+    "a MKLDNN tensor and weight is a dense tensor",
+    "Tensor for argument #2 'mat1' is on CPU, but expected it to be on GPU (while checking arguments for addmm)",
+    "Expected object of device type cuda but got device type cpu for argument #1 'self' in call to _th_addmm",
+    "expected device cuda:0 but got device cpu",
+]
+
+
+@pytest.mark.parametrize("text", DEVICE_TEXTS)
+def test_gpu_device_texts_name_the_one_tensor_on_the_odd_device(text: str) -> None:
+    net, x = mostly_on("cuda:0")
+    net[0].message = text
+    on("cpu", net[0].bias)  # the one tensor left behind
+    with pytest.raises(PlacementError) as info, torchdoctor.guard(net):
+        net(x)
+    e = info.value
+    assert type(e.__cause__) is RuntimeError and str(e.__cause__) == text
+    assert e.module_path == "0" and e.module_type == "Raises"
+    assert [(p.kind, p.path, p.role, p.found, p.expected) for p in e.problems] == [
+        ("device", "0.bias", "parameter", "cpu", "cuda:0")]
+    assert str(e).startswith("device mismatch in `0` (Raises): cpu where cuda:0 was expected")
+    assert "  0.bias: f32[16]@cpu  (expected cuda:0)" in str(e)
+    assert e.fix == "model[0].bias.data = model[0].bias.data.to('cuda:0')"
+
+
+def test_a_bias_on_the_wrong_device_and_dtype_gets_one_fix_for_both() -> None:
+    net, x = mostly_on("cuda:0", bf)
+    net[0].message = "Input type (CUDABFloat16Type) and bias type (CPUFloatType) should be the same"
+    net[0].bias.data = net[0].bias.data.float()
+    on("cpu", net[0].bias)
+    with pytest.raises(PlacementError) as info, torchdoctor.guard(net):
+        net(x)
+    assert [(p.path, p.found, p.expected) for p in info.value.problems] == [("0.bias", "cpu", "cuda:0")]
+    assert info.value.fix == "model[0].bias.data = model[0].bias.data.to('cuda:0', torch.bfloat16)"
+
+
+def test_an_input_left_on_the_cpu_is_the_culprit_when_the_model_is_on_the_gpu() -> None:
+    net, x = mostly_on("cuda:0")
+    net[0].message = DEVICE_TEXTS[0]
+    with pytest.raises(PlacementError) as info, torchdoctor.guard(net):
+        net(torch.ones(1, 16))
+    assert [(p.path, p.role, p.found, p.expected) for p in info.value.problems] == [
+        ("input 0", "input", "cpu", "cuda:0")]
+    assert info.value.fix == "# pass input 0 as tensor.to('cuda:0')"
+
+
+@pytest.mark.parametrize(("device", "odd", "text"), [
+    ("cuda:0", "cuda:1", "Expected all tensors to be on the same device, but found at least two devices, cuda:1 and "
+                         "cuda:0!"),
+    ("xpu:0", "cpu", "Expected all tensors to be on the same device, but found at least two devices, xpu:0 and cpu!"),
+    ("mps:0", "cpu", "Input type (MPSFloatType) and weight type (torch.FloatTensor) should be the same"),
+])
+def test_other_accelerators_and_a_second_gpu(device: str, odd: str, text: str) -> None:
+    net, x = mostly_on(device)
+    net[0].message = text
+    on(odd, net[0].weight)
+    with pytest.raises(PlacementError) as info, torchdoctor.guard(net):
+        net(x)
+    assert [(p.path, p.found, p.expected) for p in info.value.problems] == [("0.weight", odd, device)]
+
+
+def test_old_style_dtype_text_names_the_weight() -> None:
+    net, x = mostly_on("cuda:0", torch.float16)
+    net[0].message = "Input type (torch.cuda.HalfTensor) and weight type (torch.cuda.FloatTensor) should be the same"
+    net[0].weight.data = net[0].weight.data.float()
+    on("cuda:0", net[0].weight)
+    with pytest.raises(PlacementError) as info, torchdoctor.guard(net):
+        net(x)
+    assert [(p.kind, p.path, p.found, p.expected) for p in info.value.problems] == [
+        ("dtype", "0.weight", "float32", "float16")]
+
+
+class Lookup(nn.Module):
+    """Indexes a plain tensor attribute, which ``Module.to`` never moves (a common real-world leftover)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.table = torch.arange(32.0)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
+
+
+def test_cpu_gpu_indexing_text_names_the_attribute_left_on_the_cpu() -> None:
+    net = nn.Sequential(Lookup(), nn.Linear(16, 64))
+    on("cuda:0", *net.parameters())
+    idx = torch.arange(4)
+    on("cuda:0", idx)
+    with pytest.raises(PlacementError) as info, torchdoctor.guard(net):
+        net(idx)
+    assert [(p.path, p.role, p.found, p.expected) for p in info.value.problems] == [
+        ("0.table", "attribute", "cpu", "cuda:0")]
+
+
+# The placement errors a CPU build raises for real: meta tensors met by real ops.
+
+
+def test_meta_norm_weight_raises_on_cpu_and_explain_names_it() -> None:
+    b = zoo.build("llama")
+    norm = b.obj.model.layers[0].input_layernorm
+    norm.weight = nn.Parameter(torch.empty_like(norm.weight, device="meta"))
+    with pytest.raises(PlacementError) as info, torch.no_grad(), torchdoctor.guard(b.obj):
+        b.run()
+    e = info.value
+    assert str(e.__cause__) == "Tensor on device cpu is not on the expected device meta!"
+    assert e.module_path == "model.layers.0.input_layernorm" and e.module_type == "LlamaRMSNorm"
+    assert [(p.kind, p.path, p.found) for p in e.problems] == [
+        ("meta", "model.layers.0.input_layernorm.weight", "meta")]
+    assert str(e).startswith("meta mismatch in `model.layers.0.input_layernorm` (LlamaRMSNorm): meta where cpu was "
+                             "expected")
+    assert e.fix == ("# model.model.layers[0].input_layernorm.weight is on meta (no data): load its weights, e.g.\n"
+                     "model.load_state_dict(state_dict, strict=False, assign=True)")
+
+
+def test_cannot_copy_out_of_meta_is_a_placement_error_naming_the_buffer() -> None:
+    b = zoo.build("llama")
+    rotary = b.obj.model.rotary_emb
+    rotary.inv_freq = rotary.inv_freq.to("meta")
+    with pytest.raises(PlacementError) as info, torch.no_grad(), torchdoctor.guard(b.obj):
+        b.run()
+    e = info.value
+    assert type(e.__cause__) is NotImplementedError and "Cannot copy out of meta tensor" in str(e.__cause__)
+    assert e.module_path == "model.rotary_emb"
+    assert [(p.kind, p.path, p.role) for p in e.problems] == [("meta", "model.rotary_emb.inv_freq", "buffer")]
+
+
+def test_explain_does_no_per_op_work() -> None:
+    net = nn.Sequential(nn.Linear(4, 4))
+    seen: list[Any] = []
+    net.register_forward_pre_hook(lambda m, a: seen.append(list(_get_current_dispatch_mode_stack())))
+    with torchdoctor.guard(net):
+        net(torch.ones(1, 4))
+    assert seen == [[]]  # no dispatch mode (or anything else per op) on the happy path
+    with torchdoctor.guard(net, mode="strict"):
+        net(torch.ones(1, 4))
+    assert len(seen[1]) == 1
+
+
+class ThreeLayers(nn.Module):
+    """Six parameters used through ``F.linear`` in one forward: one module, many culprits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.ParameterList([nn.Parameter(torch.randn(8, 8)) for _ in range(3)])
+        self.b = nn.ParameterList([nn.Parameter(torch.zeros(8)) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w, b in zip(self.w, self.b):
+            x = torch.nn.functional.linear(x, w, b)
+        return x
+
+
+def test_many_culprits_in_one_module_get_one_move_call() -> None:
+    net = nn.Sequential(nn.Linear(8, 64), nn.Linear(64, 8), ThreeLayers())
+    net[2].double()
+    with pytest.raises(PlacementError) as info, torchdoctor.guard(net):
+        net(torch.ones(1, 8))
+    e = info.value
+    assert e.module_path == "2" and len(e.problems) == 6
+    assert {(p.found, p.expected) for p in e.problems} == {("float64", "float32")}
+    assert e.fix == "torchdoctor.move(model, dtype=torch.float32)"

@@ -277,3 +277,19 @@ def test_describe_args_and_fast_path() -> None:
         "arg 0 (tensors[0]): f32[1]@cpu", "arg 0 (tensors[1]): f32[1]@cpu"]
     assert find(aten.mm.default, (torch.ones(2, 2), torch.ones(2, 2)), None) == []
     assert _rules.label(aten.scaled_dot_product_attention.default, ("attn_mask", -1)) == "kwarg attn_mask"
+
+
+def test_fast_path_skips_mixed_dtypes_only_where_no_dtype_rule_looks(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[Any] = []
+    real = _rules._Call
+    monkeypatch.setattr(_rules, "_Call", lambda *a: built.append(a[0]) or real(*a))
+    mask, x = torch.ones(2, dtype=torch.bool), torch.ones(2)
+    assert find(aten.where.self, (mask, x, x.to(bf))) == []  # one device, no dtype rule: no slow path
+    assert find(aten.masked_fill.Scalar, (x, mask, 0.0)) == [] and built == []
+    assert [f.problem.kind for f in find(aten.mm.default, (torch.ones(2, 2), torch.ones(2, 2, dtype=bf)))] == ["dtype"]
+    assert [f.problem.kind for f in find(aten.where.self, (mask, on("cuda:0", x), x))] == ["device"]
+    mps = DeviceProfile.for_device("mps")
+    mx = on("mps:0", torch.ones(2, dtype=f64))
+    assert [f.problem.kind for f in find(aten.where.self, (on("mps:0", mask), mx, on("mps:0", x)), profile=mps)] == [
+        "unsupported_dtype"]  # the profile sees every dtype, not only the first
+    assert [str(op) for op in built] == ["aten.mm.default", "aten.where.self", "aten.where.self"]

@@ -182,7 +182,19 @@ _PLACEMENT = re.compile(
     r"must have the same (?:scalar )?type|expected both vectors|with arguments from the '\w+' backend|"
     r"not implemented for '(?:BFloat16|Half|Float8\w*|Double|ComplexHalf)'|FakeTensor Device|"
     r"deserialize object on a CUDA device|Expected all tensors", re.IGNORECASE)
-_DEVICE_TOKEN = re.compile(r"\b(cuda(?::\d+)?|cpu|xpu(?::\d+)?|mps(?::\d+)?)\b|\b(CUDA|CPU|XPU|MPS)\w*Type\b")
+# How real messages name devices: ``cuda:0 and cpu``, ``CUDABFloat16Type`` / ``CPUFloatType``,
+# ``torch.cuda.HalfTensor`` / ``torch.FloatTensor`` (older conv messages), ``is on CPU, but expected ... GPU``.
+_DEVICE_TOKEN = re.compile(
+    r"\b(?P<dev>cuda|xpu|mps|hpu|npu|cpu)(?::(?P<idx>\d{1,3}))?\b(?!\.\w)"
+    r"|\b(?P<typ>CUDA|CPU|XPU|MPS)"
+    r"(?:BFloat16|Float8\w*|Float|Half|Double|Long|Int|Short|Char|Byte|Bool|Complex\w*)Type\b"
+    r"|\btorch\.(?:(?P<legacy>cuda|xpu|mps)\.)?(?:BFloat16|Float|Half|Double|Long|Int|Short|Char|Byte|Bool)Tensor\b"
+    r"|\b(?:on|to be on) (?P<word>CPU|GPU)\b")
+_DTYPE_TOKEN = re.compile(
+    r"\b(?:c10::)?(BFloat16|Half|Float|Double|float|double|half|bfloat16|float16|float32|float64)\b"
+    r"|(?:\bCUDA|\bCPU|\bXPU|\bMPS|\btorch\.(?:cuda\.|xpu\.|mps\.)?)(BFloat16|Half|Float|Double)(?:Type|Tensor)\b")
+_C10_DTYPES = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16",
+               "float16": "float16", "float32": "float32", "float64": "float64"}
 
 
 def placement_category(message: str) -> str | None:
@@ -200,12 +212,32 @@ def placement_category(message: str) -> str | None:
     return "placement" if _PLACEMENT.search(message) else None
 
 
+def _devices_named(message: str) -> list[torch.device]:
+    """Devices a message names, in order: ``cuda:0 and cpu``, ``CUDABFloat16Type``, ``torch.cuda.FloatTensor``
+    (``torch.FloatTensor`` is cpu), ``on CPU, but expected it to be on GPU``."""
+    out: list[torch.device] = []
+    for m in _DEVICE_TOKEN.finditer(message):
+        if m.group("dev"):
+            name = m.group("dev") + (f":{m.group('idx')}" if m.group("idx") else "")
+        elif m.group("typ"):
+            name = m.group("typ").lower()
+        elif m.group("word"):
+            name = "cpu" if m.group("word") == "CPU" else "cuda"
+        else:
+            name = m.group("legacy") or "cpu"
+        try:
+            out.append(_rules._norm(torch.device(name)))
+        except (RuntimeError, ValueError):  # a device type this build does not know (npu, hpu)
+            continue
+    return out
+
+
 def _kind_of(message: str) -> str:
     low = message.lower()
-    if "meta" in low and re.search(r"\bmeta\b", low):
+    if re.search(r"\bmeta\b", low):
         return "meta"
-    found = {(m.group(1) or m.group(2)).split(":")[0].lower() for m in _DEVICE_TOKEN.finditer(message)}
-    if len(found) > 1 or "device" in low or "not compiled with" in low or "not linked with" in low:
+    types_named = {d.type for d in _devices_named(message)}
+    if len(types_named) > 1 or re.search(r"\bdevices?\b|not compiled with|not linked with", low):
         return "device"
     return "dtype"
 
@@ -270,11 +302,14 @@ def _explain_error(session: Session, exc: BaseException, tb: types.TracebackType
     mod, frame, backward = _innermost(session, exc.__traceback__ or tb)
     if mod is None:  # raised outside any module: nothing to add to the user's own message
         return None
-    root = session.g.model if session.g.model is not None else (session.stack[0][0] if session.stack else mod)
+    root = session.g.model  # else the outermost module entered: of the forward, or of the backward
+    if root is None:
+        root = session.stack[0][0] if session.stack else session.bw[0] if backward and session.bw else mod
     maps = session.maps_for(root)
     mpath = maps.modules.get(id(mod)) if maps is not None and mod is not None else None
     mtype = type(mod).__name__ if mod is not None else None
     cands: list[tuple[str | None, str, torch.Tensor]] = []  # (model path, label, tensor)
+    roles: dict[str, str] = {}
     if mod is not None:
         from torchdoctor._walk import walk
 
@@ -282,8 +317,10 @@ def _explain_error(session: Session, exc: BaseException, tb: types.TracebackType
             if e.alias_of is None and e.role in ("parameter", "buffer", "quant_state", "attribute"):
                 path = f"{mpath}.{e.path}" if mpath else e.path
                 cands.append((path, path, e.tensor))
+                roles[path] = e.role
         cands += [(None, label, t) for label, t in _inputs(session, mod, frame)]
-    value = (lambda t: t.dtype) if kind in ("dtype", "unsupported_dtype") else (lambda t: _rules._norm(_rules.tensor_device(t)))
+    value: Callable[[torch.Tensor], Any] = (lambda t: t.dtype) if kind in ("dtype", "unsupported_dtype") else (
+        lambda t: _rules._norm(_rules.tensor_device(t)))
     pool = [c for c in cands if kind not in ("dtype", "unsupported_dtype") or c[2].is_floating_point()]
     ref = _reference(pool, kind, value, maps, _mentioned(message, kind))
     if kind == "meta":
@@ -306,33 +343,26 @@ def _explain_error(session: Session, exc: BaseException, tb: types.TracebackType
     if not bad:
         lines += [f"{c[1]}: {_rules._compact(c[2])}" for c in cands[:8]]
     lines.append(f"original error: {type(exc).__name__}: {first_line}")
-    culprits = [(c[0], c[1], kind, None if kind == "meta" else ref) for c in bad]
+    culprits = [(c[0], c[1], kind, None if kind == "meta" else _also_dtype(ref, c[2], kind, message, maps))
+                for c in bad]
     fix = fix_code(culprits)
-    problems = [Problem(kind, c[1], "parameter" if c[0] else "input", _show(value(c[2]), kind), expected,
+    problems = [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,
                         f"{c[1]} is {_show(value(c[2]), kind)} in {where}, expected {expected}", op=op,
                         module_path=mpath, module_type=mtype) for c in bad]
     session.g._record_problems(problems)
-    infos = [TensorInfo.of(c[1], c[2], role="parameter" if c[0] else "input") for c in bad]
+    infos = [TensorInfo.of(c[1], c[2], role=roles.get(c[1], "input")) for c in bad]
     return PlacementError(format_error(head, lines, fix), module_path=mpath, module_type=mtype, op=op,
                           tensors=infos, problems=problems, fix=fix)
 
 
-_C10_DTYPES = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16",
-               "float16": "float16", "float32": "float32", "float64": "float64"}
-_DTYPE_TOKEN = re.compile(r"\b(?:c10::)?(BFloat16|Half|Float|Double|float|double|half|bfloat16|float16|float32|float64)"
-                          r"\b")
-
-
 def _mentioned(message: str, kind: str) -> set[Any]:
     """Dtypes or devices an error message names (``c10::BFloat16 != float``, ``cuda:0 and cpu``)."""
+    if kind == "device":
+        return set(_devices_named(message))
     out: set[Any] = set()
     if kind == "dtype":
         for m in _DTYPE_TOKEN.finditer(message):
-            out.add(getattr(torch, _C10_DTYPES[m.group(1).lower()]))
-    elif kind == "device":
-        for m in _DEVICE_TOKEN.finditer(message):
-            if m.group(1):
-                out.add(_rules._norm(torch.device(m.group(1))))
+            out.add(getattr(torch, _C10_DTYPES[(m.group(1) or m.group(2)).lower()]))
     return out
 
 
@@ -355,6 +385,15 @@ def _reference(pool: list[tuple[str | None, str, torch.Tensor]], kind: str, valu
         if v in real:
             weight[v] = weight.get(v, 0) + c[2].nelement() * c[2].element_size()
     return max(weight, key=weight.__getitem__) if weight else None
+
+
+def _also_dtype(ref: Any, t: torch.Tensor, kind: str, message: str, maps: Maps | None) -> Any:
+    """A tensor on the wrong device whose dtype the message also names as wrong (``Input type
+    (CUDABFloat16Type) and bias type (CPUFloatType)``): fix both at once, ``(device, dtype)``."""
+    if kind != "device" or maps is None or maps.dtype is None or not t.is_floating_point() or t.dtype == maps.dtype:
+        return ref
+    named = _mentioned(message, "dtype")
+    return (ref, maps.dtype) if maps.dtype in named and t.dtype in named else ref
 
 
 def _show(v: Any, kind: str) -> str:

@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("torchdoctor.guard")
 _Tensor = torch.Tensor
+_get_ident = threading.get_ident  # module globals: the hooks run on every module call (FIELD-NOTES §7)
+_grad_enabled = torch.is_grad_enabled
 
 
 class Maps:
@@ -95,6 +97,9 @@ def code_path(path: str, var: str = "model") -> str:
 
 
 def value_code(v: Any) -> str:
+    """``torch.bfloat16``, ``'cuda:0'``, or both for a (device, dtype) pair."""
+    if isinstance(v, tuple):
+        return ", ".join(value_code(x) for x in v)
     if isinstance(v, torch.dtype):
         return f"torch.{dtype_str(v)}"
     return repr(device_str(v))
@@ -105,8 +110,10 @@ def fix_code(culprits: Sequence[tuple[str | None, str, str, Any]]) -> str | None
     lines: list[str] = []
     params = [c for c in culprits if c[0] is not None]
     if len(params) > 4:
-        kw = ", ".join(f"{'dtype' if isinstance(t, torch.dtype) else 'device'}={value_code(t)}"
-                       for t in {c[3] for c in params if c[3] is not None})
+        targets = sorted(dict.fromkeys(t for c in params if c[3] is not None
+                                       for t in (c[3] if isinstance(c[3], tuple) else (c[3],))),
+                         key=lambda t: isinstance(t, torch.dtype))  # device=..., then dtype=...
+        kw = ", ".join(f"{'dtype' if isinstance(t, torch.dtype) else 'device'}={value_code(t)}" for t in targets)
         lines.append(f"torchdoctor.move(model, {kw})")
     else:
         for path, _label, kind, target in params:
@@ -158,7 +165,8 @@ class Session:
     # -- lifetime -------------------------------------------------------------------------------------------
     def start(self) -> None:
         try:
-            self.handles.append(register_module_forward_pre_hook(self._pre))
+            self.handles.append(register_module_forward_pre_hook(self._pre_explain if self.mode == "explain"
+                                                                 else self._pre))
             self.handles.append(register_module_forward_hook(self._post))
             if self.mode != "explain":
                 if torch.compiler.is_compiling():
@@ -186,24 +194,39 @@ class Session:
             self.grad_handles.clear()
 
     # -- module stack ---------------------------------------------------------------------------------------
-    def _pre(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
-        if threading.get_ident() != self.tid:
+    def _new_forward(self) -> None:
+        """The outermost module starts: the last backward is over; forget hooks of freed graphs."""
+        self.bw.clear()
+        if len(self.grad_handles) > 1024:
+            self.grad_handles = [h for h in self.grad_handles if _alive(h)]
+
+    def _pre_explain(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
+        """``_pre`` without the strict / fix / warn work: the only per-call cost of ``explain``."""
+        if _get_ident() != self.tid:
             return
         stack = self.stack
-        if not stack:  # a new forward: the last backward is over; forget hooks of freed graphs
-            self.bw.clear()
-            if len(self.grad_handles) > 1024:
-                self.grad_handles = [h for h in self.grad_handles if _alive(h)]
+        if not stack:
+            self._new_forward()
+        stack.append((mod, args))
+        if _grad_enabled():
+            self._track([t for a in args for t in _tensors_of(a)], self._bw_leave, mod)
+
+    def _pre(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
+        if _get_ident() != self.tid:
+            return
+        stack = self.stack
+        if not stack:
+            self._new_forward()
         if self.mode != "explain" and type(mod).__name__ == "OptimizedModule":
             self.g._warn_compiled()
         stack.append((mod, args))
         if self.mode != "explain" and isinstance(mod, _ConvNd) and args:
             self._conv_pre(mod, args[0])
-        if torch.is_grad_enabled():
+        if _grad_enabled():
             self._track([t for a in args for t in _tensors_of(a)], self._bw_leave, mod)
 
     def _post(self, mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
-        if threading.get_ident() != self.tid:
+        if _get_ident() != self.tid:
             return
         stack = self.stack
         if self.conv_modes and self.conv_modes[-1][0] is mod:
@@ -215,7 +238,7 @@ class Session:
                 if stack[i][0] is mod:
                     del stack[i:]
                     break
-        if torch.is_grad_enabled():
+        if _grad_enabled():
             self._track(_tensors_of(out), self._bw_enter, mod)
 
     def _track(self, tensors: list[torch.Tensor], fn: Any, mod: nn.Module) -> None:
