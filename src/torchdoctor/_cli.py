@@ -111,23 +111,25 @@ def load_target(spec: str) -> Any:
         sys.path.insert(0, os.path.dirname(os.path.abspath(where)))
         try:
             spec_obj.loader.exec_module(module)
-        except Exception as exc:
-            raise UsageError(f"importing {where!r} failed: {type(exc).__name__}: {exc}") from exc
+        except (Exception, SystemExit) as exc:  # a script that exits on import must not set our exit code
+            raise UsageError(f"importing {where!r} failed: {failure(exc)}") from exc
         finally:
             sys.path.pop(0)
     else:
         try:
             module = importlib.import_module(where)
-        except Exception as exc:
-            raise UsageError(f"cannot import module {where!r}: {type(exc).__name__}: {exc}") from exc
+        except (Exception, SystemExit) as exc:
+            raise UsageError(f"cannot import module {where!r}: {failure(exc)}") from exc
     if not hasattr(module, name):
         raise UsageError(f"{where!r} has no attribute {name!r}")
     obj = getattr(module, name)
     if isinstance(obj, type) or (callable(obj) and type(obj).__name__ in ("function", "builtin_function_or_method")):
         try:
             obj = obj()
-        except Exception as exc:
-            raise UsageError(f"calling {spec} with no arguments failed: {type(exc).__name__}: {exc}") from exc
+        except (Exception, SystemExit) as exc:
+            raise UsageError(f"calling {spec} with no arguments failed: {failure(exc)}") from exc
+    if obj is None:
+        raise UsageError(f"{spec} is None (a function that returns nothing?): there is nothing to check")
     if isinstance(obj, Target):
         return obj
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], (tuple, dict)):
@@ -136,6 +138,12 @@ def load_target(spec: str) -> Any:
             return Target(obj[0], (), dict(inputs))
         return Target(obj[0], tuple(inputs), {})
     return obj
+
+
+def failure(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
 
 
 def resolve_target(spec: str) -> Any:

@@ -52,7 +52,21 @@ def complete_facts(facts: Any) -> dict[str, Any]:
         full[key] = {normalize_name(str(k)): v for k, v in full[key].items()}
     full["env"] = {str(k): str(v) for k, v in full["env"].items() if v is not None}
     full["devices"] = [d for d in full["devices"] if isinstance(d, dict)]
+    flags = full["platform"]["cpu_flags"]
+    full["platform"]["cpu_flags"] = [str(x) for x in flags if isinstance(x, (str, int))] if isinstance(flags, list) else []
     return full
+
+
+def _recorded(caps: Any) -> dict[str, Any] | None:
+    """Capabilities saved with ``env --json``, if they have the shape ``render`` reads (a table of dicts)."""
+    if not isinstance(caps, dict) or not caps.get("probed"):
+        return caps if isinstance(caps, dict) else None
+    rows = caps.get("dtypes")
+    keys = {"device", "recommended", "recommended_reason"} <= caps.keys()
+    if not keys or not isinstance(rows, dict) or not all(
+            isinstance(r, dict) and all(isinstance(k, str) for k in r) for r in rows.values()):
+        return None
+    return caps
 
 
 # --- the report ------------------------------------------------------------------------------------------
@@ -109,7 +123,7 @@ def env_report(facts: dict[str, Any] | None = None, *, probe: bool = False) -> E
         full, source = complete_facts(collect_facts(probe=probe)), "this machine"
     else:
         if isinstance(facts, dict) and str(facts.get("schema", "")).startswith("torchdoctor/env/") and "facts" in facts:
-            recorded = facts.get("capabilities") if isinstance(facts.get("capabilities"), dict) else None
+            recorded = _recorded(facts.get("capabilities"))
             facts = facts["facts"]
         full, source = complete_facts(facts), "saved facts"
     findings = run_rules(full)

@@ -163,6 +163,25 @@ _c("dt.fp8_storage",
    ("Upcast the fp8 weight to the input's dtype inside the layer",
     "w = self.weight.to(x.dtype)\nout = torch.nn.functional.linear(x, w, self.bias)"),
    ("Or load this model (or the layer that failed) in bf16 instead of fp8", "model.to(torch.bfloat16)"))
+_c("dt.mask_dtype",
+   "The attention mask was passed as it came from the tokenizer (int64) or was built in another float dtype than "
+   "the query.", _GUARD, ("Give sdpa a bool mask", "attn_mask = attention_mask.bool()"),
+   ("Or an additive mask in the query's dtype", "attn_mask = attn_mask.to(query.dtype)"))
+_c("dev.numpy_on_gpu",
+   "Code passed a GPU tensor to numpy (t.numpy(), np.asarray(t), matplotlib, scikit-learn, PIL): numpy needs a "
+   "CPU copy.", _GUARD, ("Copy to the CPU first", "arr = t.detach().cpu().numpy()"))
+_c("dt.index_cast",
+   "Token ids, labels or positions were made floating point: a blanket cast of the inputs (inputs.to(dtype), "
+   "batch.half(), a collate that builds one float tensor) also cast the integer indices, or they were computed "
+   "with float arithmetic.", _GUARD,
+   ("Cast only the floating-point inputs",
+    "inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}"),
+   ("Or make the indices integer again where they are built", "input_ids = input_ids.long()"))
+_c("dt.write_source",
+   "A tensor kept in one dtype (a KV cache, an fp32 buffer, a preallocated output) is filled with values "
+   "computed in another: the model or a layer was cast after the buffer was made, or the other way round.",
+   _GUARD, ("Cast the values to the destination's dtype", "dest[index] = values.to(dest.dtype)"),
+   ("Or create the buffer in the model's dtype", "buf = torch.zeros(shape, dtype=x.dtype, device=x.device)"))
 _c("dt.module_partially_cast",
    "Part of the model is {low} and part is {high}: a submodule loaded or created after the cast, or one kept in "
    "float32 on purpose whose output feeds a {low} layer.", 'torchdoctor.scan(model, dtype="{low}")',

@@ -120,11 +120,23 @@ _sig("device.legacy", "device_mismatch", "Tensors on two devices met in one oper
      rf"found input tensor at (?P<a>{DEV}) and hidden tensor at (?P<b>{DEV})",
      r"tensor for argument #\d{1,2} '(?P<arg>\w{1,40})' to have the same device as tensor", require_pattern=True)
 _sig("device.cuda_api", "device_mismatch", "A CUDA-only call got a CPU device",
-     ("Expected a cuda device, but got:", "device type for generator but found"),
+     ("Expected a cuda device, but got:", "device type for generator but found", "generator device but found"),
      "A call that only works on {b} was given {a}.",
      (("dev.cuda_api_on_cpu", 2.5), ("dev.module_not_moved", 1.0)),
      rf"Expected a (?P<b>cuda|xpu) device, but got: (?P<a>{DEV})",
-     r"Expected a '(?P<b>\w{1,10})' device type for generator but found '(?P<a>\w{1,10})'", require_pattern=True)
+     r"Expected a '(?P<b>\w{1,10})' device type for generator but found '(?P<a>\w{1,10})'",
+     rf"Expected a '(?P<b>{DEV})' generator device but found '(?P<a>{DEV})'", require_pattern=True)
+_sig("device.mps_placeholder", "device_mismatch", "An MPS operation got a tensor that is not on mps",
+     ("Placeholder storage has not been allocated on MPS device",),
+     "An operation running on {b} got a tensor that is still on another device (usually the CPU). Every tensor of "
+     "one op must sit on the same device.",
+     (("dev.inputs_not_moved", 2.0), ("dev.module_not_moved", 1.8), ("dev.created_inside", 0.8)),
+     r"allocated on (?P<b>MPS) device", confidence=0.9)
+_sig("device.numpy", "device_mismatch", "A GPU tensor was converted to numpy",
+     ("device type tensor to numpy",),
+     "A tensor on {a} was converted to numpy, which only reads CPU memory.",
+     (("dev.numpy_on_gpu", 3.0),),
+     rf"can't convert (?P<a>{DEV}) device type tensor to numpy", confidence=0.95)
 _sig("indexing.cpu_gpu", "cpu_gpu_indexing", "A CPU tensor was indexed with a GPU index",
      ("indices should be either on cpu or on the same device as the indexed tensor",),
      "A tensor on {a} was indexed with an index tensor on another device. Indices may live on the CPU or on "
@@ -158,12 +170,36 @@ _sig("dtype.scalar_type", "dtype_mismatch", "An operation expected another dtype
      r"Expected object of scalar type (?P<b>\w{1,20}) but got scalar type (?P<a>\w{1,20})"
      r"(?: for argument #\d{1,2} '(?P<arg>\w{1,40})')?",
      r"Found dtype (?P<a>\w{1,20}) but expected (?P<b>\w{1,20})", require_pattern=True)
+_sig("dtype.attn_mask", "dtype_mismatch", "An attention mask in the wrong dtype",
+     ("Expected attn_mask dtype to be bool or float",),
+     "scaled_dot_product_attention got a mask of dtype {a}[ with a {b} query]; it needs a bool mask or one in the "
+     "query's dtype.",
+     (("dt.mask_dtype", 3.0),),
+     rf"attn_mask\.dtype: (?P<a>[\w: ]{{1,30}}?) and +query\.dtype: (?P<b>{_DT})", confidence=0.9)
 _sig("dtype.mixed_cpu", "dtype_mismatch", "Normalization on the CPU with mixed dtypes",
      ("mixed dtype (CPU)",),
      "A normalization layer on the CPU got its input and parameters in different dtypes[ (it expected the "
      "{what} to be {b})]. On the CPU, LayerNorm/GroupNorm need them in one dtype.",
      (("dt.cpu_norm_mixed", 2.5), ("dt.module_partially_cast", 1.0)),
      r"expect (?P<what>parameter|input) to have scalar type of (?P<b>\w{1,20})")
+
+_sig("dtype.index_type", "dtype_mismatch", "Indices in a floating-point (or wrong integer) dtype",
+     ("'indices' to have", "tensors used as indices must be long"),
+     "The indices of an indexing op[ ({op})] must be integer[ ({want})][, but they were {got}].",
+     (("dt.index_cast", 3.0), ("dt.input_not_cast", 0.5)),
+     r"'indices' to have (?:one of the following scalar types: |scalar type )(?P<want>[\w, ]{1,30});? but got "
+     r"(?P<got>[\w.]{1,40}) instead(?: \(while checking arguments for (?P<op>\w{1,40})\))?",
+     r"tensors used as indices must be (?P<want>long, int)", require_pattern=True, confidence=0.9)
+_sig("dtype.write_source", "dtype_mismatch", "Values written into a tensor of another dtype",
+     ("Index put requires the source and destination dtypes match", "Expected self.dtype to be equal to src.dtype",
+      "must have the same scalar type", "to have same dtypes but got"),
+     "An in-place write ({op}) got values in another dtype than the tensor written to[: {a} destination, {b} "
+     "source].",
+     (("dt.write_source", 3.0), ("dt.module_partially_cast", 1.0)),
+     r"got (?P<a>\w{1,20}) for the destination and (?P<b>\w{1,20}) for the source",
+     r"(?P<op>\w{1,40})\(\): (?:Expected self\.dtype|self \((?P<a>\w{1,20})\) and source \((?P<b>\w{1,20})\))",
+     r"(?P<op>\w{1,40}): expected self and source to have same dtypes", r"(?P<op>Index put) requires",
+     require_pattern=True, confidence=0.9)
 
 # --- dtype not supported on the device ---------------------------------------------------------------------
 _sig("unsupported.kernel", "unsupported_dtype_on_device", "No kernel for this dtype on this device",
@@ -255,7 +291,8 @@ _sig("no_accel.not_linked", "no_accelerator", "This PyTorch has no support for t
      (("na.not_linked", 3.0),),
      r"not linked with support for (?P<backend>\w{1,20}) devices", confidence=0.9)
 _sig("no_accel.backend_absent", "no_accelerator", "The device backend is not available in this build",
-     ("not built with MPS enabled", "MPS backend is supported on MacOS", "has no attribute 'xpu'"),
+     ("not built with MPS enabled", "MPS backend is supported on MacOS", "has no attribute 'xpu'",
+      "Cannot access accelerator device when none is available"),
      "Code asked for a device backend this PyTorch install does not provide.",
      (("na.not_linked", 3.0),), confidence=0.85)
 

@@ -455,7 +455,7 @@ def _api_name(exc: BaseException) -> str:
 def cli(args: argparse.Namespace) -> int:
     import os
 
-    from torchdoctor._cli import UsageError, parse_common, print_json, resolve_target
+    from torchdoctor._cli import UsageError, failure, parse_common, print_json, resolve_target
 
     device, dtype = parse_common(args)
     target = resolve_target(args.target)
@@ -465,11 +465,15 @@ def cli(args: argparse.Namespace) -> int:
     try:
         assume = parse_device(args.assume_device) if getattr(args, "assume_device", None) else None
         profile = DeviceProfile.for_device(device if is_virtual(device) else "cuda")
-        if getattr(args, "count", None):
+        if getattr(args, "count", None) is not None:
+            if args.count < 1:
+                raise ValueError(f"--count {args.count}: the number of virtual devices must be at least 1")
             profile = profile.with_count(int(args.count))
         report = simulate(target, device=device, dtype=dtype, assume_device=assume, profile=profile)
     except (ValueError, TypeError) as exc:  # bad arguments, or an object that cannot be copied
         raise UsageError(str(exc)) from exc
+    except Exception as exc:  # the target's own code failed before any placement problem was seen
+        raise UsageError(f"running {args.target} failed before any placement problem: {failure(exc)}") from exc
     if getattr(args, "json", False):
         print_json(report.to_dict())
     else:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.utils._device as _device_mod
 from torch.overrides import TorchFunctionMode
 
 from torchdoctor import _virtual as V
@@ -106,6 +107,15 @@ def _host(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     return {"is_pinned": False, "record_stream": None}.get(name, self)
 
 
+def _parse_to(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``Module.to(1)`` / ``Module.to(device=...)``: parsed, not a factory; an int is the accelerator's device."""
+    if args and type(args[0]) is int:
+        args = (space.norm(args[0]), *args[1:])
+    if type(kwargs.get("device")) is int:
+        kwargs = dict(kwargs, device=space.norm(kwargs["device"]))
+    return func(*args, **kwargs)
+
+
 def _device_ctor(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if len(args) == 1 and not kwargs and type(args[0]) is int:  # torch.device(0): the accelerator's device 0
         return torch.device(space.vtype, args[0])
@@ -115,6 +125,7 @@ def _device_ctor(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[st
 T = torch.Tensor
 _HANDLERS: dict[Any, Callable[..., Any]] = {
     T.to: _to, T.cuda: _to_kind("cuda"), T.cpu: _to_kind("cpu"), torch.device: _device_ctor,
+    torch._C._nn._parse_to: _parse_to,
     T.numpy: _values, T.tolist: _values, T.__array__: _values,
     T.data_ptr: _host, T.pin_memory: _host, T.is_pinned: _host, T.record_stream: _host, T.share_memory_: _host,
 }
@@ -170,6 +181,8 @@ class VirtualMode(TorchFunctionMode):
         if kwargs and any(plain(v) for v in kwargs.values()):
             kwargs = dict(zip(kwargs, lift_all(kwargs.values(), space, None)))
         dev = kwargs.get("device")
+        if dev is None and _device_mod.CURRENT_DEVICE is not None and func in _device_mod._device_constructors():
+            dev = kwargs["device"] = _device_mod.CURRENT_DEVICE  # torch.set_default_device: its mode is below ours
         target = space.norm(dev) if dev is not None else None
         if target is None or not is_virtual(target):
             return _own(func(*args, **kwargs), space, target)
@@ -190,6 +203,17 @@ def _make_subclass(cls: type[Any], data: torch.Tensor, requires_grad: bool = Fal
         v: VirtualTensor = data if isinstance(data, VirtualTensor) else lift_all([data], V._SPACE, None)[0]
         return make(virtual_class(cls), v._td_elem, v._td_device, v._td_path, requires_grad)
     return _ORIG_MAKE_SUBCLASS(cls, data, requires_grad, **kwargs)  # type: ignore[type-var]
+
+
+_ORIG_PARAM_NEW = torch.nn.Parameter.__new__
+
+
+def _param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> Any:
+    """``Parameter(virtual)`` is a (virtual) ``Parameter``, as ``Parameter(tensor)`` is: accelerate's offload hooks
+    rebuild weights with ``type(param)(value)``, which a plain tensor with ``_is_param`` cannot do."""
+    if isinstance(data, VirtualTensor) and type(data) in (VirtualTensor, virtual_class(torch.nn.Parameter)):
+        return _make_subclass(cls, data, requires_grad)
+    return _ORIG_PARAM_NEW(cls, data, requires_grad)
 
 
 # -- the device runtime APIs ---------------------------------------------------------------------------------------
@@ -220,6 +244,11 @@ class _Patcher:
 
 def _nothing(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+def _eager(model: Any = None, **kwargs: Any) -> Any:
+    """``torch.compile`` while simulating: the model itself (also as ``@torch.compile(...)``)."""
+    return model if model is not None else (lambda fn: fn)
 
 
 def _fresh(value: Any) -> Any:
@@ -319,6 +348,7 @@ def _device_api(p: _Patcher, profile: DeviceProfile, space: Space) -> None:
             is_tf32_supported=lambda: kind == "cuda" and (major, minor) >= (8, 0), manual_seed_all=_nothing,
             seed_all=_nothing, initial_seed=lambda: 0, get_rng_state_all=lambda: [rng() for _ in range(profile.count)],
             set_rng_state_all=_nothing, default_stream=stream, stream=lambda s=None: contextlib.nullcontext(s),
+            ipc_collect=_nothing, memory_summary=lambda device=None, abbreviated=False: "",
             Stream=stream_cls))
     if kind == "cuda":
         p.set(torch.backends.cuda, "is_built", lambda: True)
@@ -403,6 +433,16 @@ class ModuleStack:
                 h.remove()
 
 
+def _restore_default_device(before: Any) -> None:
+    glob = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    if glob is None or getattr(glob, "device_context", None) is before:
+        return
+    with contextlib.suppress(Exception):
+        torch.set_default_device(None)
+        if before is not None:
+            torch.set_default_device(before.device)
+
+
 @contextlib.contextmanager
 def virtual_world(space: Space, profile: DeviceProfile) -> Iterator[None]:
     """Make ``space`` the active simulation on ``profile``'s hardware; everything is restored on exit."""
@@ -419,8 +459,14 @@ def virtual_world(space: Space, profile: DeviceProfile) -> Iterator[None]:
             p.set(torch, "Stream", type("Stream", (VirtualStream,), {}))
         p.set(torch, "Generator", VirtualGenerator)
         p.set(torch.Tensor, "_make_subclass", staticmethod(_make_subclass))
+        p.set(torch.nn.Parameter, "__new__", staticmethod(_param_new))
+        p.set(torch, "compile", _eager)  # compiled code places tensors as eager code does; inductor needs the GPU
+        before = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
         with VirtualMode(space):
-            yield
+            try:
+                yield
+            finally:  # a set_default_device("cuda:1") of the run must not outlive it (and its mode sits above ours)
+                _restore_default_device(before)
     finally:
         p.restore()
         V._SPACE = None
