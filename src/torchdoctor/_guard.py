@@ -318,11 +318,19 @@ def _explain_error(session: Session, exc: BaseException, tb: types.TracebackType
                 path = f"{mpath}.{e.path}" if mpath else e.path
                 cands.append((path, path, e.tensor))
                 roles[path] = e.role
-        cands += [(None, label, t) for label, t in _inputs(session, mod, frame)]
+        seen = {id(c[2]) for c in cands}
+        for label, t in _inputs(session, mod, frame):
+            hit = maps.tensor_path(t) if maps is not None else None
+            if hit is not None and not hit[1]:  # the model's own tensor passed in (parametrize's original0/1)
+                if id(t) not in seen:
+                    cands.append((hit[0], hit[0], t))
+                    roles[hit[0]] = "parameter" if isinstance(t, nn.Parameter) else "buffer"
+            else:
+                cands.append((None, label, t))
     value: Callable[[torch.Tensor], Any] = (lambda t: t.dtype) if kind in ("dtype", "unsupported_dtype") else (
         lambda t: _rules._norm(_rules.tensor_device(t)))
     pool = [c for c in cands if kind not in ("dtype", "unsupported_dtype") or c[2].is_floating_point()]
-    ref = _reference(pool, kind, value, maps, _mentioned(message, kind))
+    ref = _reference(pool, kind, value, maps, _mentioned(message, kind), mpath)
     if kind == "meta":
         bad = [c for c in pool if c[2].device.type == "meta"]
     elif kind == "unsupported_dtype":
@@ -345,7 +353,7 @@ def _explain_error(session: Session, exc: BaseException, tb: types.TracebackType
     lines.append(f"original error: {type(exc).__name__}: {first_line}")
     culprits = [(c[0], c[1], kind, None if kind == "meta" else _also_dtype(ref, c[2], kind, message, maps))
                 for c in bad]
-    fix = fix_code(culprits)
+    fix = fix_code(culprits, maps.dicts if maps is not None else ())
     problems = [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,
                         f"{c[1]} is {_show(value(c[2]), kind)} in {where}, expected {expected}", op=op,
                         module_path=mpath, module_type=mtype) for c in bad]
@@ -367,14 +375,15 @@ def _mentioned(message: str, kind: str) -> set[Any]:
 
 
 def _reference(pool: list[tuple[str | None, str, torch.Tensor]], kind: str, value: Callable[[torch.Tensor], Any],
-               maps: Maps | None, mentioned: set[Any]) -> Any:
-    """What the culprits disagree with: the model's majority when present here or named by the error, else the
-    first input, else the bytes-majority of the module's own tensors."""
+               maps: Maps | None, mentioned: set[Any], mpath: str | None = None) -> Any:
+    """What the culprits disagree with: the model's majority (for dtypes as scan sees it: the component's, the peft
+    adapter's) when present here or named by the error, else the first input, else the bytes-majority of the
+    module's own tensors."""
     if not pool:
         return None
     values = [value(c[2]) for c in pool]
     real = [v for v in values if not (isinstance(v, torch.device) and v.type == "meta")]
-    majority = (maps.dtype if kind == "dtype" else maps.device) if maps is not None else None
+    majority = (maps.dtype_for(mpath) if kind == "dtype" else maps.device) if maps is not None else None
     if majority is not None and (majority in real or majority in mentioned):
         return majority
     inputs = [value(c[2]) for c in pool if c[0] is None and value(c[2]) in real]

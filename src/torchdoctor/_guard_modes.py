@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,7 @@ class Maps:
 
         w = walk(root)
         self.modules = {id(m): p for p, m in w.modules}
+        self.dicts = frozenset(p for p, m in w.modules if isinstance(m, nn.ModuleDict))
         self.tensors: dict[int, str] = {}
         self.starts: dict[tuple[str, int], str] = {}
         self.keep = [e.tensor for e in w.entries]  # ids stay unique while the map lives
@@ -65,6 +66,13 @@ class Maps:
                 continue
         self.dtype = max(dtype_bytes, key=dtype_bytes.__getitem__) if dtype_bytes else None
         self.device = max(device_bytes, key=device_bytes.__getitem__) if device_bytes else None
+        from torchdoctor._scan import Expectations
+
+        self.expect = Expectations(w)
+
+    def dtype_for(self, module_path: str | None) -> torch.dtype | None:
+        """The dtype a module's ops should agree on, as scan sees it (its component, its peft adapter ...)."""
+        return (self.expect.dtype(module_path) if module_path is not None else None) or self.dtype
 
     def tensor_path(self, t: torch.Tensor) -> tuple[str, str] | None:
         """(path, how) of a model tensor, its view, or a tensor starting at its memory."""
@@ -88,11 +96,16 @@ def module_label(path: str | None, mod: Any) -> str:
     return f"`{path or '<root>'}`" if path is not None else f"`<{type(mod).__name__} outside the guarded model>`"
 
 
-def code_path(path: str, var: str = "model") -> str:
-    """``layers.0.mlp.weight`` -> ``model.layers[0].mlp.weight`` (Python you can paste)."""
-    out = var
+def code_path(path: str, var: str = "model", dicts: Collection[str] = ()) -> str:
+    """``layers.0.mlp.weight`` -> ``model.layers[0].mlp.weight`` (Python you can paste); under the ``nn.ModuleDict``
+    paths in ``dicts`` a digit key stays a string (``model.heads['0']``)."""
+    out, prefix = var, None
     for part in path.split(".") if path else []:
-        out += f"[{part}]" if part.isdigit() else f".{part}" if part.isidentifier() else f"[{part!r}]"
+        if part.isdigit() and prefix not in dicts:
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if part.isidentifier() else f"[{part!r}]"
+        prefix = part if prefix is None else f"{prefix}.{part}"
     return out
 
 
@@ -105,8 +118,8 @@ def value_code(v: Any) -> str:
     return repr(device_str(v))
 
 
-def fix_code(culprits: Sequence[tuple[str | None, str, str, Any]]) -> str | None:
-    """Culprits as (model path or None, label, kind, target) -> code to paste."""
+def fix_code(culprits: Sequence[tuple[str | None, str, str, Any]], dicts: Collection[str] = ()) -> str | None:
+    """Culprits as (model path or None, label, kind, target) -> code to paste (``dicts``: see ``code_path``)."""
     lines: list[str] = []
     params = [c for c in culprits if c[0] is not None]
     if len(params) > 4:
@@ -117,7 +130,7 @@ def fix_code(culprits: Sequence[tuple[str | None, str, str, Any]]) -> str | None
         lines.append(f"torchdoctor.move(model, {kw})")
     else:
         for path, _label, kind, target in params:
-            expr = code_path(path or "")
+            expr = code_path(path or "", dicts=dicts)
             if kind == "meta":
                 lines.append(f"# {expr} is on meta (no data): load its weights, e.g.")
                 lines.append("model.load_state_dict(state_dict, strict=False, assign=True)")
@@ -326,8 +339,8 @@ class Session:
         plan: list[tuple[_rules.Finding, Any, list[_rules.Key]]] = []
         for f in findings:
             target, offenders = f.target, list(f.offenders)
-            if self.mode in ("fix", "warn") and f.target is not None and maps is not None:
-                target, offenders = _retarget(f, tensors, maps)
+            if f.target is not None and maps is not None:  # strict too: blame the fp32 input, not the bf16 model
+                target, offenders = _retarget(f, tensors, maps, mpath)
             plan.append((f, target, offenders))
             for k in offenders:
                 t = tensors[k]
@@ -345,12 +358,18 @@ class Session:
         first = problems[0] if problems else findings[0].problem
         if self.mode == "strict" or (self.mode == "fix" and not fixable):
             where = module_label(mpath, mod) + (f" ({mtype})" if mtype else "") if mod is not None else "no module"
-            head = f"{first.kind} problem in {where} at {op}: {findings[0].problem.message.split(': ', 1)[-1]}"
+            f0, t0, ks0 = plan[0]
+            detail = findings[0].problem.message.split(": ", 1)[-1]
+            if ks0 and (t0 != f0.target or ks0 != list(f0.offenders)):  # aligned on the model, not on an operand
+                detail = (f"{', '.join(_rules.label(op, k) for k in ks0)} {'is' if len(ks0) == 1 else 'are'} "
+                          f"{_value_str(tensors[ks0[0]], f0.attr)}, expected {_value_str_of(t0)} like the model")
+            head = f"{first.kind} problem in {where} at {op}: {detail}"
             others = [d for d in findings[0].problem.tensors if not any(d.startswith(_rules.label(op, k) + ":")
                                                                         for f, _, ks in plan for k in ks)]
-            raise PlacementError(format_error(head, lines + [f"other operand {d}" for d in others], fix_code(culprits)),
+            fix = fix_code(culprits, maps.dicts if maps is not None else ())
+            raise PlacementError(format_error(head, lines + [f"other operand {d}" for d in others], fix),
                                  module_path=mpath, module_type=mtype, op=str(op),
-                                 tensors=tuple(findings[0].problem.tensors), problems=problems, fix=fix_code(culprits))
+                                 tensors=tuple(findings[0].problem.tensors), problems=problems, fix=fix)
         if self.mode == "warn":
             for p in problems:
                 if self.g._first_time((p.module_path, p.op, p.kind)):
@@ -370,12 +389,14 @@ class Session:
         return func(*new_args, **new_kwargs)
 
 
-def _retarget(f: _rules.Finding, tensors: Mapping[Any, torch.Tensor], maps: Maps) -> tuple[Any, list[Any]]:
-    """Align to the model's majority when it is among the values at hand (a wrong input is cast, not the model)."""
+def _retarget(f: _rules.Finding, tensors: Mapping[Any, torch.Tensor], maps: Maps, mpath: str | None
+              ) -> tuple[Any, list[Any]]:
+    """Align to the model's majority (its adapter's dtype inside a peft adapter) when it is among the values at
+    hand (a wrong input is cast, not the model)."""
     keys = list(f.considered or f.offenders)
     want: Any
     if f.attr == "dtype":
-        want, value = maps.dtype, (lambda t: t.dtype)
+        want, value = maps.dtype_for(mpath), (lambda t: t.dtype)
     else:
         want, value = maps.device, (lambda t: _rules._norm(_rules.tensor_device(t)))
     target = want if want is not None and any(value(tensors[k]) == want for k in keys) else f.target

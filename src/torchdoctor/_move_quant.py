@@ -24,6 +24,17 @@ STORAGE_DTYPES = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_
                            if hasattr(torch, n))
 
 
+def packed_scale(e: Entry) -> bool:
+    """A ``*scale*`` tensor of a module that holds float8/float4 storage (transformers ``FP8Linear.weight_scale_inv``,
+    ``FP8Embedding.weight_scale``): quantization metadata in its own precision, not the model's dtype."""
+    key, mod = e.key, e.module
+    if not isinstance(key, str) or "scale" not in key.lower() or mod is None or e.owner is not mod:
+        return False
+    d = mod.__dict__
+    return any(isinstance(v, torch.Tensor) and v.dtype in STORAGE_DTYPES
+               for v in (*(d.get("_parameters") or {}).values(), *(d.get("_buffers") or {}).values()))
+
+
 def _dict(obj: Any) -> dict[str, Any]:
     try:
         d = object.__getattribute__(obj, "__dict__")
@@ -178,6 +189,8 @@ def target_dtype(e: Entry, dtype: torch.dtype | None, fp32: Any, adapters: dict[
         return t.dtype, "quantization metadata"
     if t.dtype in STORAGE_DTYPES:
         return t.dtype, "packed storage dtype"
+    if packed_scale(e):
+        return t.dtype, "scale of packed storage"
     if e.role == "attribute" and (e.module is None or isinstance(e.owner, torch.Tensor)):
         return t.dtype, "tensor of a non-module object"
     if fp32 is not None:

@@ -153,6 +153,11 @@ def parse_device(value: str | torch.device | int) -> torch.device:
     try:
         return torch.device(value)
     except (RuntimeError, TypeError, ValueError) as exc:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            raise ValueError(
+                f"device index {value} means device {value} of the current accelerator, and torch sees no accelerator "
+                f"here; name the device instead, e.g. 'cuda:{value}', 'xpu:{value}' or 'mps'."
+            ) from exc
         raise ValueError(
             f"not a device: {value!r}. Use a torch device string such as 'cpu', 'cuda:0', 'cuda:1', 'xpu', 'mps' or 'meta'."
         ) from exc

@@ -30,6 +30,7 @@ from torchdoctor._report import (
     same_device,
     summarize,
 )
+from torchdoctor._move_quant import packed_scale
 from torchdoctor._walk import Entry, Walk, walk
 
 _LOW_PRECISION = frozenset({torch.float16, torch.bfloat16})
@@ -60,7 +61,9 @@ def _is_norm(module: nn.Module | None) -> bool:
     tp = type(module)
     hit = _IS_NORM.get(tp)
     if hit is None:
-        hit = _IS_NORM[tp] = "norm" in tp.__name__.lower()
+        # a normalization layer, not a parametrization of weights (_WeightNorm, _SpectralNorm and their vectors)
+        name = tp.__name__.lower()
+        hit = _IS_NORM[tp] = "norm" in name and "weightnorm" not in name and "spectralnorm" not in name
     return hit
 
 
@@ -166,7 +169,7 @@ class _Policy:
             dev = info.device
             if dev != _META:
                 devs[i][dev] = devs[i].get(dev, 0) + n
-            if nonpersistent and info.path in nonpersistent:
+            if nonpersistent and info.path in nonpersistent or packed_scale(e):
                 continue
             if dt == f32:
                 norm = norms.get(type(e.module))
@@ -252,8 +255,8 @@ class _Policy:
             return None
         if t.dtype == torch.float32 and self._fp32_kept(e):
             return None
-        if e.path in self.nonpersistent:
-            return None  # computed state (rotary inv_freq): libraries pick its precision on purpose
+        if e.path in self.nonpersistent or packed_scale(e):
+            return None  # computed state (rotary inv_freq), FP8 scales: libraries pick their precision on purpose
         if self.dtype is None:
             if _is_norm(e.module) and t.dtype == torch.float32 and exp_dt in _LOW_PRECISION:
                 return None  # fp32 norm params accept a low-precision input (directional rule)
@@ -287,13 +290,8 @@ class _Policy:
                         "device", e, device_str(e.tensor.device), device_str(base),
                         f"adapter '{name}' tensor {e.info().compact} is on {device_str(e.tensor.device)} but its "
                         f"base layer '{layer}.base_layer' is on {device_str(base)}"))
-            counts: dict[torch.dtype, int] = {}
-            for e in floats:
-                counts[e.tensor.dtype] = counts.get(e.tensor.dtype, 0) + 1
-            if len(counts) > 1:
-                # the adapter's own majority wins; lora_A's dtype breaks ties (peft casts the input to it)
-                a_dtype = next((e.tensor.dtype for e in floats if ".lora_A." in f".{e.path}."), None)
-                major = max(counts, key=lambda d: (counts[d], d == a_dtype))
+            if len({e.tensor.dtype for e in floats}) > 1:
+                major = _adapter_dtype(floats)
                 for e in floats:
                     if e.tensor.dtype != major:
                         problems.append(self._problem(
@@ -306,6 +304,42 @@ class _Policy:
                  ) -> Problem:
         return Problem(kind, e.path, e.role, found, expected, message, None, e.module_path,
                        type(e.module).__name__ if e.module is not None else None, (text or e.info().compact,))
+
+
+def _adapter_dtype(floats: list[Entry]) -> torch.dtype:
+    """An adapter's dtype: its own majority; lora_A's dtype breaks ties (peft casts the input to it)."""
+    counts: dict[torch.dtype, int] = {}
+    for e in floats:
+        counts[e.tensor.dtype] = counts.get(e.tensor.dtype, 0) + 1
+    a_dtype = next((e.tensor.dtype for e in floats if ".lora_A." in f".{e.path}."), None)
+    return max(counts, key=lambda d: (counts[d], d == a_dtype))
+
+
+class Expectations:
+    """The dtype guard aligns one op's tensors to, per module path, as scan judges them: the component's majority
+    (a pipeline's fp32 VAE next to a bf16 UNet), fp32 in ``_keep_in_fp32_modules``, and inside a peft adapter the
+    adapter's own dtype (fp32 activations over a bf16 base are right there). Devices stay guard's own: it reads
+    virtual devices (``simulate``) that scan does not."""
+
+    def __init__(self, w: Walk) -> None:
+        self._policy = policy = _Policy(w, None, None, False)
+        groups: dict[tuple[str, str], list[Entry]] = {}
+        for e, _ in policy.canon if policy.adapter_of else ():
+            key = policy.adapter_of.get(e.path)
+            if key is not None and e.tensor.is_floating_point():
+                groups.setdefault(key, []).append(e)
+        self._adapters = {e.module_path: _adapter_dtype(floats) for floats in groups.values() for e in floats}
+
+    def dtype(self, module_path: str) -> torch.dtype | None:
+        hit = self._adapters.get(module_path)
+        if hit is not None:
+            return hit
+        comp, kept, _ = self._policy.ctx(module_path)
+        if kept:  # fp32 in fp16 models, the model's dtype in bf16 ones (non-strict): the module's own, when uniform
+            own = {e.tensor.dtype for e, info in self._policy.canon
+                   if e.module_path == module_path and info.role == "parameter" and _judged_float(e.tensor)}
+            return own.pop() if len(own) == 1 else None
+        return comp.dtype if comp is not None else None
 
 
 def scan(obj: Any, *, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
