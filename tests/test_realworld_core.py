@@ -248,3 +248,22 @@ def test_scan_with_a_dtype_names_tensors_module_to_left_in_dataclasses_and_dicts
     model = _Tied().to(bf)
     assert torchdoctor.scan(model).problems == ()  # attributes have no expectation unless asked
     assert sorted(p.path for p in torchdoctor.scan(model, dtype="bf16").problems) == ["rope.cache.k.v", "rope.cos"]
+
+
+@pytest.mark.parametrize("dtype", ["int8", torch.bool, "int64"])
+def test_scan_refuses_a_non_floating_dtype_like_move(dtype: object) -> None:
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="must be a floating dtype"):
+        torchdoctor.scan(model, dtype=dtype)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="floating dtype"):
+        torchdoctor.move(model, dtype=dtype)  # type: ignore[arg-type]
+
+
+def test_cli_refuses_a_non_floating_dtype_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from torchdoctor._cli import main
+
+    for verb in ("scan", "simulate"):
+        extra = ["--device", "cuda:1"] if verb == "simulate" else []
+        assert main([verb, "torch.nn:Identity", "--dtype", "int8", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "a floating dtype is expected" in err and "Traceback" not in err

@@ -162,6 +162,9 @@ def parse_common(args: argparse.Namespace) -> tuple[Any, Any]:
         dtype = parse_dtype(args.dtype) if getattr(args, "dtype", None) else None
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+        raise UsageError(f"--dtype {args.dtype}: a floating dtype is expected (e.g. bfloat16, float16, float32); "
+                         "integer and bool tensors are never cast or judged by dtype")
     return device, dtype
 
 

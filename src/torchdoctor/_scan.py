@@ -359,6 +359,9 @@ def scan(obj: Any, *, device: str | torch.device | None = None, dtype: str | tor
         obj = obj.obj
     dev = parse_device(device) if device is not None else None
     dt = parse_dtype(dtype) if dtype is not None else None
+    if dt is not None and not (dt.is_floating_point or dt.is_complex):
+        raise ValueError(f"scan judges floating-point tensors against dtype=, so it must be a floating dtype such as "
+                         f"torch.bfloat16, not {dt} (integer and bool tensors never have a dtype expectation)")
     if isinstance(obj, (str, os.PathLike)):
         from torchdoctor._checkpoint import scan_checkpoint
 
