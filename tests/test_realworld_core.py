@@ -267,3 +267,16 @@ def test_cli_refuses_a_non_floating_dtype_in_one_line(capsys: pytest.CaptureFixt
         assert main([verb, "torch.nn:Identity", "--dtype", "int8", *extra]) == 2
         err = capsys.readouterr().err
         assert "a floating dtype is expected" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("mode", ["strict", "fix"])
+def test_a_simulation_inside_a_strict_guard_is_judged_by_the_simulation_only(mode: str) -> None:
+    """``pytest --torchdoctor=strict`` around a test that calls ``simulate``: the planted conv input dtype is the
+    simulation's finding (reported, run continued), not an error of the outer guard; a clean run stays clean."""
+    conv = nn.Sequential(nn.Conv2d(4, 4, 2)).to(torch.bfloat16)
+    with torchdoctor.guard(mode=mode):
+        clean = torchdoctor.simulate(conv, (torch.randn(1, 4, 8, 8),), device="cuda:1", dtype=torch.bfloat16)
+        planted = torchdoctor.simulate(conv, device="cuda:1",
+                                       call=lambda m: (m.to("cuda:1"), m(torch.randn(1, 4, 8, 8, device="cuda:1"))))
+    assert clean.ok, clean.problems
+    assert [(p.kind, p.found, p.expected) for p in planted.problems] == [("dtype", "float32", "bfloat16")]

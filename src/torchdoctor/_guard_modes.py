@@ -10,6 +10,7 @@ uses tensor grad hooks on module inputs and outputs, as ``torch.utils.module_tra
 from __future__ import annotations
 
 import logging
+from sys import modules as _modules
 import threading
 import warnings
 from collections.abc import Collection, Mapping, Sequence
@@ -33,6 +34,12 @@ log = logging.getLogger("torchdoctor.guard")
 _Tensor = torch.Tensor
 _get_ident = threading.get_ident  # module globals: the hooks run on every module call (FIELD-NOTES §7)
 _grad_enabled = torch.is_grad_enabled
+
+
+def _simulating() -> bool:
+    """A ``simulate`` / ``virtual_devices`` run is active in this process (it checks its own ops)."""
+    sim = _modules.get("torchdoctor._virtual")
+    return sim is not None and sim._SPACE is not None
 
 
 class Maps:
@@ -233,7 +240,7 @@ class Session:
         if self.mode != "explain" and type(mod).__name__ == "OptimizedModule":
             self.g._warn_compiled()
         stack.append((mod, args))
-        if self.mode != "explain" and isinstance(mod, _ConvNd) and args:
+        if self.mode != "explain" and isinstance(mod, _ConvNd) and args and not _simulating():
             self._conv_pre(mod, args[0])
         if _grad_enabled():
             self._track([t for a in args for t in _tensors_of(a)], self._bw_leave, mod)
@@ -459,6 +466,8 @@ class CheckMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: Mapping[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if _simulating():  # a simulation checks its own ops with the same rules
+            return func(*args, **kwargs)
         found = _rules.find(func, args, kwargs, self.profile)
         if found:
             return self.session.on_problem(func, args, kwargs, found)
