@@ -259,6 +259,13 @@ _c("ud.mps_bf16",
    'torchdoctor.simulate(model, device="mps")',
    ("Use float16 on MPS", 'model = model.to("mps", torch.float16)'),
    ("Pick a dtype the device supports", 'torchdoctor.recommend_dtype("mps")'))
+_c("ud.bf16_old_gpu",
+   "The model computes in bfloat16 on a GPU below compute capability 8.0, which has no bf16 matmul kernels; "
+   "float16 (with fp32 norms) or float32 runs there.",
+   'torchdoctor.simulate(model, device="cuda", dtype="bfloat16", profile=torchdoctor.DeviceProfile('
+   'type="cuda", capability=(7, 5)))',
+   ("Compute in float16 on pre-Ampere GPUs", "model = model.to(torch.float16)"),
+   ("Pick a dtype the device supports", 'torchdoctor.recommend_dtype("cuda")'))
 _c("ud.scaled_mm_capability",
    "An fp8 'fast' / scaled-matmul mode is on, but torch._scaled_mm needs compute capability 8.9+ (RTX 40xx, "
    "H100); older GPUs can store fp8 weights but must compute in bf16/fp16.", "torchdoctor env",

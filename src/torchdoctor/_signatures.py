@@ -221,6 +221,13 @@ _sig("unsupported.scaled_mm", "unsupported_dtype_on_device", "fp8 scaled matmul 
      "An fp8 matmul (torch._scaled_mm) ran on a GPU below compute capability[ {need}] 8.9.",
      (("ud.scaled_mm_capability", 3.0),),
      r"compute capability >= (?P<need>[\d.]{1,4})", confidence=0.95)
+_sig("unsupported.cublas_bf16", "unsupported_dtype_on_device", "This GPU has no bfloat16 matrix multiply",
+     ("CUBLAS_STATUS_NOT_SUPPORTED", "Bfloat16 is only supported on GPUs", "does not support bfloat16"),
+     "A bfloat16 matrix multiply ran on a GPU[ of compute capability {cap}] below 8.0 (P100, V100, T4, "
+     "GTX/RTX 20xx, M40), which has no bf16 GEMM in cuBLAS.",
+     (("ud.bf16_old_gpu", 3.0),),
+     r"CUDA_R_16BF", r"compute capability (?:of at least 8\.0\. .{0,60}?has compute capability )?(?P<cap>\d\.\d)",
+     r"Current CUDA Device does not support bfloat16", require_pattern=True, confidence=0.85, follow=3)
 _sig("unsupported.fp8_promotion", "unsupported_dtype_on_device", "float8 cannot be mixed with other dtypes",
      ("Promotion for Float8 Types is not supported",),
      "A float8 tensor met a tensor of another dtype ({a} and {b}); PyTorch does not promote float8.",
