@@ -261,7 +261,8 @@ def _profile_findings(c: _Call, r: Rule, profile: DeviceProfile) -> list[Finding
 def _unsupported(c: _Call, k: Key, dt: torch.dtype, family: str, profile: DeviceProfile) -> Finding:
     where = f"{profile.type} (capability {profile.capability[0]}.{profile.capability[1]})" if profile.type == "cuda" \
         else profile.type
-    msg = f"{c.label(k)}: {where} cannot run {family} in {dtype_str(dt)}"
+    what = f"hold {dtype_str(dt)} tensors" if family == "storage" else f"run {family} in {dtype_str(dt)}"
+    msg = f"{c.label(k)}: {where} cannot {what}"
     return Finding(_problem(c, "unsupported_dtype", [k], dtype_str(dt), f"a dtype {profile.type} supports", msg),
                    "", None, (k,))
 
