@@ -232,18 +232,14 @@ class Session:
             self._track([t for a in args for t in _tensors_of(a)], self._bw_leave, mod)
 
     def _pre(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
+        """``_pre_explain`` plus the strict / fix / warn work around it."""
         if _get_ident() != self.tid:
             return
-        stack = self.stack
-        if not stack:
-            self._new_forward()
         if self.mode != "explain" and type(mod).__name__ == "OptimizedModule":
             self.g._warn_compiled()
-        stack.append((mod, args))
+        self._pre_explain(mod, args)
         if self.mode != "explain" and isinstance(mod, _ConvNd) and args and not _simulating():
             self._conv_pre(mod, args[0])
-        if _grad_enabled():
-            self._track([t for a in args for t in _tensors_of(a)], self._bw_leave, mod)
 
     def _post(self, mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
         if _get_ident() != self.tid:

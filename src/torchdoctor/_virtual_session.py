@@ -70,21 +70,28 @@ class VirtualSession:
 
 
 def _fix(problems: list[Problem], device: torch.device, dtype: torch.dtype | None) -> str:
-    kinds = {p.kind for p in problems}
-    where = repr(device_str(device))
-    lines = []
-    first = next((p for p in problems if p.kind in ("device", "meta") and p.module_path), None)
-    if first is not None:
-        lines.append(f"model.get_submodule({first.module_path!r}).to({where})  # the first module found off {where}")
-    if kinds & {"device", "meta", "dtype"}:
-        args = where + (f", torch.{dtype_str(dtype)}" if dtype is not None and "dtype" in kinds else "")
-        lines.append(f"torchdoctor.move(model, {args})  # moves what Module.to misses, verified, or names the path")
-    if "unsupported_dtype" in kinds:
-        lines.append(f"model.to(torch.float32)  # {device.type} cannot compute in "
-                     + ", ".join(sorted({p.found for p in problems if p.kind == "unsupported_dtype"})))
-    if "unsupported_op" in kinds:
+    """The fix as code, from guard's generator: the named tensors cast or moved (``torchdoctor.move`` for many),
+    tensors the test made passed on the right device; then what no cast of a tensor fixes."""
+    from torchdoctor._guard_modes import fix_code
+
+    culprits: list[tuple[str | None, str, str, Any]] = []
+    for p in problems:
+        if p.kind not in ("device", "meta", "dtype"):
+            continue
+        try:
+            target: Any = parse_dtype(p.expected) if p.kind == "dtype" else parse_device(p.expected)
+        except (ValueError, TypeError, RuntimeError):
+            target = dtype if p.kind == "dtype" else device
+        named = p.role in ("parameter", "buffer", "quant_state", "attribute", "container")
+        culprits.append((p.path if named else None, p.path if named else f"the tensors made on {p.found}",
+                         p.kind, target))
+    lines = [fix_code(culprits) or ""]
+    unsupported = sorted({p.found for p in problems if p.kind == "unsupported_dtype"})
+    if unsupported:
+        lines.append(f"model.to(torch.float32)  # {device.type} cannot compute in {', '.join(unsupported)}")
+    if any(p.kind == "unsupported_op" for p in problems):
         lines.append("# an op without a meta/fake kernel ran: it cannot be simulated; skip it under the marker")
-    return "\n".join(lines) or f"model.to({where})"
+    return "\n".join(line for line in lines if line) or f"torchdoctor.move(model, {device_str(device)!r})"
 
 
 # libraries that look at the hardware when first imported (bitsandbytes binds CUDA stream functions once

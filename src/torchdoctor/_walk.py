@@ -238,19 +238,15 @@ class _Walker:
             start = len(entries)
             buffers: list[Entry] = []
             tensor_type = torch.Tensor
+            stores = (("_parameters", "parameter", "param", entries), ("_buffers", "buffer", "buffer", buffers))
             for path, mod, moved, d in tree:
-                tensors = d.get("_parameters")
-                if tensors:
-                    for name, t in dict.items(tensors):
-                        if isinstance(t, tensor_type):
-                            entries.append(Entry(f"{path}.{name}" if path else name, "parameter", t, mod, name, "param",
-                                                 mod, path, moved))
-                tensors = d.get("_buffers")
-                if tensors:
-                    for name, t in dict.items(tensors):
-                        if isinstance(t, tensor_type):
-                            buffers.append(Entry(f"{path}.{name}" if path else name, "buffer", t, mod, name, "buffer",
-                                                 mod, path, moved))
+                for key, role, kind, sink in stores:
+                    tensors = d.get(key)
+                    if tensors:
+                        for name, t in dict.items(tensors):
+                            if isinstance(t, tensor_type):
+                                sink.append(Entry(f"{path}.{name}" if path else name, role, t, mod, name, kind,
+                                                  mod, path, moved))
             entries.extend(buffers)  # canonical order: every parameter, then every buffer
             # tensor-attached attributes (quant_state, SCB, subclass inners) of what was just found
             plain = (torch.Tensor, nn.Parameter)
