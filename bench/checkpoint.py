@@ -61,7 +61,7 @@ def main() -> None:
 
     import torch  # noqa: F401  (import cost is not part of the scan)
 
-    from torchdoctor._checkpoint import scan_checkpoint
+    from torchdoctor._checkpoint.scan import scan_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "big.safetensors")

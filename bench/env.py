@@ -39,7 +39,10 @@ def main() -> None:
     cli = cli_seconds()
     import torch
 
-    from torchdoctor import _devices, _env, _env_facts, _env_rules
+    from torchdoctor._env import devices as _devices
+    from torchdoctor._env import report as _env
+    from torchdoctor._env import facts as _env_facts
+    from torchdoctor._env.rules import registry as _env_rules
 
     facts = _env.collect_facts()
     cases: dict[str, Callable[[], object]] = {

@@ -14,8 +14,8 @@ import sys
 import tempfile
 import time
 
-from torchdoctor import _explain
-from torchdoctor._explain import explain
+from torchdoctor._explain import api as _explain
+from torchdoctor._explain.api import explain
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "explain"
 NOISE = [

@@ -63,8 +63,8 @@ def _status(field: str) -> int:
 
 
 def rss_child(variant: str) -> None:
-    import torchdoctor._move  # noqa: F401  one-time imports are not part of a cast (torch's own are loaded too)
-    import torchdoctor._scan  # noqa: F401
+    import torchdoctor._move.plan  # noqa: F401  one-time imports are not part of a cast (torch's own are loaded too)
+    import torchdoctor._scan.scan  # noqa: F401
 
     model = build()
     gc.collect()

@@ -11,78 +11,48 @@ True
 
 from __future__ import annotations
 
+import ast
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "scan",
-    "move",
-    "guard",
-    "simulate",
-    "explain",
-    "install_excepthook",
-    "collect_facts",
-    "env_report",
-    "pick_device",
-    "choose_device",
-    "capabilities",
-    "recommend_dtype",
-    "assert_placement",
-    "TensorInfo",
-    "Problem",
-    "PlacementError",
-    "PlacementWarning",
-    "Target",
-    "ScanReport",
-    "MoveReport",
-    "SimulationReport",
-    "DeviceProfile",
-    "Diagnosis",
-    "EnvReport",
-    "DeviceChoice",
-    "DeviceUnavailableError",
-    "CheckpointError",
-]
+# The one table of public names is the ``if TYPE_CHECKING:`` block at the end of this file: type checkers read it
+# as imports, and at run time ``_public_table`` reads the same block to build ``__all__`` and the lazy loader.
+# A public name is added by adding one import there. Public classes carry ``__module__ == "torchdoctor"`` through
+# ``torchdoctor._report.text.public`` where they are defined, so errors print as ``torchdoctor.PlacementError``.
 
-# public name -> private module that defines it
-_LAZY = {
-    "scan": "_scan",
-    "assert_placement": "_scan",
-    "move": "_move",
-    "MoveReport": "_move",
-    "guard": "_guard",
-    "simulate": "_simulate",
-    "SimulationReport": "_simulate",
-    "DeviceProfile": "_profile",
-    "explain": "_explain",
-    "install_excepthook": "_explain",
-    "Diagnosis": "_explain",
-    "collect_facts": "_env",
-    "env_report": "_env",
-    "EnvReport": "_env",
-    "pick_device": "_devices",
-    "choose_device": "_devices",
-    "capabilities": "_devices",
-    "recommend_dtype": "_devices",
-    "DeviceChoice": "_devices",
-    "DeviceUnavailableError": "_devices",
-    "CheckpointError": "_checkpoint",
-    "TensorInfo": "_report",
-    "Problem": "_report",
-    "PlacementError": "_report",
-    "PlacementWarning": "_report",
-    "Target": "_report",
-    "ScanReport": "_report",
-}
+
+def _public_table() -> dict[str, tuple[str, str | None]]:
+    """public name -> (private module, attribute); attribute ``None`` for a module exported whole."""
+    with open(os.path.join(os.path.dirname(__file__), "__init__.py"), encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+    table: dict[str, tuple[str, str | None]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for imp in node.body:
+                if not isinstance(imp, ast.ImportFrom) or imp.module is None:
+                    continue
+                for alias in imp.names:
+                    public = alias.asname or alias.name
+                    if imp.module == "torchdoctor":  # ``from torchdoctor import _x as x``: a module exported whole
+                        table[public] = (f"torchdoctor.{alias.name}", None)
+                    else:
+                        table[public] = (imp.module, alias.name)
+    return table
+
+
+_TABLE = _public_table()
+__all__ = list(_TABLE)
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    entry = _TABLE.get(name)
+    if entry is None:
         raise AttributeError(f"module 'torchdoctor' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"torchdoctor.{module}"), name)
+    module = importlib.import_module(entry[0])
+    value = module if entry[1] is None else getattr(module, entry[1])
     globals()[name] = value
     return value
 
@@ -91,14 +61,21 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-if TYPE_CHECKING:  # pragma: no cover
-    from torchdoctor._checkpoint import CheckpointError
-    from torchdoctor._devices import DeviceChoice, DeviceUnavailableError, capabilities, choose_device, pick_device, recommend_dtype
-    from torchdoctor._env import EnvReport, collect_facts, env_report
-    from torchdoctor._explain import Diagnosis, explain, install_excepthook
-    from torchdoctor._guard import guard
-    from torchdoctor._move import MoveReport, move
-    from torchdoctor._report import PlacementError, PlacementWarning, Problem, ScanReport, Target, TensorInfo
-    from torchdoctor._scan import assert_placement, scan
-    from torchdoctor._profile import DeviceProfile
-    from torchdoctor._simulate import SimulationReport, simulate
+if TYPE_CHECKING:  # pragma: no cover  (the public table: see above)
+    from torchdoctor._scan.scan import scan, assert_placement
+    from torchdoctor._move.apply import move
+    from torchdoctor._guard.api import guard
+    from torchdoctor._virtual.simulate import simulate
+    from torchdoctor._explain.api import explain, install_excepthook
+    from torchdoctor._env.report import collect_facts, env_report
+    from torchdoctor._env.devices import pick_device, choose_device, capabilities, recommend_dtype
+    from torchdoctor._report.model import TensorInfo, Problem, PlacementError, PlacementWarning, Target, ScanReport
+    from torchdoctor._move.plan import MoveReport, PlanStep
+    from torchdoctor._guard.api import Fix
+    from torchdoctor._virtual.simulate import SimulationReport
+    from torchdoctor._rules.profile import DeviceProfile
+    from torchdoctor._explain.api import Diagnosis
+    from torchdoctor._env.report import EnvReport
+    from torchdoctor._env.rules.registry import EnvFinding
+    from torchdoctor._env.devices import DeviceChoice, DeviceUnavailableError
+    from torchdoctor._checkpoint.unpickle import CheckpointError

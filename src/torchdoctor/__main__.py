@@ -1,5 +1,5 @@
 import sys
 
-from torchdoctor._cli import main
+from torchdoctor._cli.main import main
 
 sys.exit(main())

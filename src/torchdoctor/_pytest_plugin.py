@@ -59,7 +59,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         elif own is not None:  # entered here, not in the fixture, so the test's own error passes through it
             stack.enter_context(own)
         else:
-            from torchdoctor._guard import guard
+            from torchdoctor._guard.api import guard
 
             stack.enter_context(guard(mode=mode))
         return (yield)
@@ -79,7 +79,7 @@ def _marker_kwargs(item: pytest.Item, marker: pytest.Mark) -> dict[str, Any]:
 
 
 def _simulated(item: pytest.Item, marker: pytest.Mark) -> Any:
-    from torchdoctor._virtual_session import virtual_devices
+    from torchdoctor._virtual.session import virtual_devices
 
     kwargs = _marker_kwargs(item, marker)
     return virtual_devices(kwargs.pop("device"), kwargs.pop("dtype", None), **kwargs)
@@ -102,7 +102,7 @@ def simulated_device(request: pytest.FixtureRequest) -> Any:
 def placement_guard(request: pytest.FixtureRequest) -> Generator[Any, None, None]:
     """A ``torchdoctor.guard`` around the test body (mode from ``@pytest.mark.placement_guard(mode=...)``);
     yields it, so ``placement_guard.fixes`` / ``.problems`` can be asserted after the code under test ran."""
-    from torchdoctor._guard import guard
+    from torchdoctor._guard.api import guard
 
     marker = request.node.get_closest_marker("placement_guard")
     mode = "explain"
@@ -125,7 +125,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return report
     try:
         report.longrepr = _short(excinfo)
-    except Exception:  # STYLE 6: a diagnostic must not break the program it watches
+    except Exception:  # a diagnostic must not break the program it watches
         pass
     return report
 

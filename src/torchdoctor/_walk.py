@@ -1,6 +1,6 @@
 """The walker: every tensor reachable from an object, with the dotted path a user would type.
 
-One walker serves every verb (STYLE 3). It never runs user code: it reads ``__dict__`` and slots, iterates
+One walker serves every verb. It never runs user code: it reads ``__dict__`` and slots, iterates
 dicts and lists through the builtin methods, tracks visits by ``id()`` and skips Python modules, classes,
 functions and descriptors, so properties, ``__getattr__`` and ``__iter__`` of user types are never called.
 Canonical order: parameters, buffers, tensor-attached attributes (``weight.quant_state.*``), module attributes,
@@ -19,13 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdoctor._report import Problem, TensorInfo
+from torchdoctor._report.model import Problem, TensorInfo
 
 MAX_DEPTH = 64  # nesting of plain objects / containers below a module attribute
 MAX_ITEMS = 100_000  # items read from one container
 MAX_NODES = 5_000_000  # objects visited in one walk
 
-# nn.Module bookkeeping: never user data (FIELD-NOTES §8: skipping these by a frozen set is what makes the walk fast).
+# nn.Module bookkeeping: never user data (skipping these by a frozen set is what makes the walk cost about a bare named_parameters() loop).
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "__dict__"}
 
 _ATOM, _TENSOR, _MODULE, _MAPPING, _SEQ, _SKIP, _OBJ, _HOOK = range(8)

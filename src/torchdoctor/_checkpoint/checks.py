@@ -1,0 +1,374 @@
+"""What is wrong with a checkpoint, from its records alone: saved devices, dtypes, quantization state,
+unsafe pickle globals.
+
+:mod:`torchdoctor._checkpoint` reads the files into the records defined here (:class:`Entry` per tensor,
+:class:`FileScan` per file, :class:`Group` per checkpoint) and asks :func:`group_problems` for the findings.
+Quantization checks are data: one function per family in a registry that refuses duplicates.
+
+>>> group = Group("", [FileScan("m.pt", "m.pt", "torch-zip", [
+...     Entry("w", "parameter", torch.float16, (2,), 4, "cpu", "0", 4)])])
+>>> [p.kind for p in group_problems(group, None, torch.float32)]
+['dtype']
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+import torch
+
+from torchdoctor._report.model import Problem
+from torchdoctor._placement import device_str, dtype_str, same_device
+from torchdoctor._report.text import human_bytes
+
+__all__ = ["Entry", "FileScan", "Group", "as_device", "group_problems", "loc_str", "role_of", "truncated_problem"]
+
+
+# Last key component -> quantization family; these keys are metadata, not weights (role ``quant_state``).
+_QUANT_NAMES = {
+    "absmax": "bnb4", "quant_map": "bnb4", "nested_absmax": "bnb4", "nested_quant_map": "bnb4",
+    "SCB": "bnb8", "weight_format": "bnb8",
+    "qzeros": "gptq", "scales": "gptq", "g_idx": "gptq",
+    "weight_scale": "fp8", "weight_scale_inv": "fp8", "input_scale": "fp8", "output_scale": "fp8",
+    "weight_zero_point": "fp8", "input_zero_point": "fp8",
+}  # fmt: skip
+
+
+def role_of(key: str) -> str:
+    """A key's role, from its suffix: bitsandbytes / GPTQ / FP8 metadata is ``quant_state``.
+
+    >>> role_of("model.layers.0.mlp.down_proj.weight"), role_of("fc.weight.absmax"), role_of("fc.SCB")
+    ('parameter', 'quant_state', 'quant_state')
+    >>> role_of("fc.weight.quant_state.bitsandbytes__nf4")
+    'quant_state'
+    """
+    if ".quant_state." in f".{key}.":
+        return "quant_state"
+    return "quant_state" if key.rsplit(".", 1)[-1] in _QUANT_NAMES else "parameter"
+
+
+class Entry(NamedTuple):
+    """One tensor in one file, as the file describes it (a tuple: thousands are built per scan)."""
+
+    key: str
+    role: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+    location: str
+    storage: str  # identity of the bytes within the file: shared storages are counted once
+    storage_nbytes: int
+    view: tuple[Any, ...] = ()
+
+
+@dataclass
+class FileScan:
+    """What one file holds; ``path`` is the file system path, ``label`` how messages name it."""
+
+    path: str
+    label: str
+    format: str
+    entries: list[Entry]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    unsafe: list[tuple[str, str | None, tuple[Any, ...]]] = field(default_factory=list)  # (global, where, call args)
+    notes: list[str] = field(default_factory=list)
+    truncated: bool = False
+    small: Callable[[str], bytes | None] = lambda key: None
+
+
+@dataclass
+class Group:
+    """One checkpoint: a single file, or the shards of one index. ``prefix`` is prepended to its keys."""
+
+    prefix: str
+    files: list[FileScan]
+    index: str | None = None
+    index_missing: list[str] = field(default_factory=list)
+    index_extra: list[str] = field(default_factory=list)
+
+    def path_of(self, key: str) -> str:
+        key = key or "<root>"
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+
+@lru_cache(maxsize=256)
+def loc_str(location: str) -> str:
+    """A saved location as device text (``cuda`` reads ``cuda:0``); one torch cannot parse stays as saved."""
+    try:
+        return device_str(location)
+    except (RuntimeError, ValueError, TypeError):
+        return location
+
+
+@lru_cache(maxsize=256)
+def as_device(location: str) -> torch.device:
+    try:
+        return torch.device(location)
+    except (RuntimeError, ValueError, TypeError):
+        return torch.device("meta")  # an unparseable location is reported by a saved_device problem
+
+
+def _device_count(kind: str) -> int:
+    """Devices of one type on this machine, asked without initialising them (device_count uses NVML first)."""
+    if kind in ("cpu", "meta"):
+        return 1
+    try:
+        if kind == "mps":
+            return int(torch.backends.mps.is_available())
+        module = getattr(torch, kind, None)
+        return int(module.device_count()) if module is not None and hasattr(module, "device_count") else 0
+    except Exception:  # a broken driver means "not here", never a crash
+        return 0
+
+
+def _map_location(dev: torch.device | None, want: torch.device | None) -> str:
+    if want is not None:
+        return json.dumps(device_str(want))
+    if dev is not None and _device_count(dev.type) > 0:  # e.g. saved on cuda:1, this machine has only cuda:0
+        return json.dumps({device_str(dev): f"{dev.type}:0"})
+    return '"cpu"'
+
+
+def _saved_device_problems(group: Group, fs: FileScan, want: torch.device | None) -> list[Problem]:
+    by_loc: dict[str, list[Entry]] = {}
+    for e in fs.entries:
+        by_loc.setdefault(e.location, []).append(e)
+    out = []
+    for loc, entries in by_loc.items():
+        try:
+            dev: torch.device | None = torch.device(loc)
+        except (RuntimeError, ValueError, TypeError):
+            dev = None
+        if dev is not None and dev.type != "meta":
+            loads_as_saved = same_device(dev, want) if want else (dev.index or 0) < _device_count(dev.type)
+            if dev.type == "cpu" or loads_as_saved:  # cpu storages load anywhere
+                continue
+        paths = tuple(group.path_of(e.key) for e in entries)
+        size = human_bytes(sum({e.storage: e.storage_nbytes for e in entries}.values()))
+        if dev is not None and dev.type == "meta":
+            msg = (f"{len(paths)} tensor(s) in {fs.label} were saved on meta and hold no data; "
+                   "re-save from a model with real weights")
+            out.append(Problem("meta", paths[0], entries[0].role, "meta", "a real device", msg, tensors=paths))
+            continue
+        where = loc_str(loc)
+        if want is not None:
+            why = f"you would load on {device_str(want)}, but torch.load restores them on {where}"
+        else:
+            n = _device_count(dev.type) if dev is not None else 0
+            kind = dev.type.upper() if dev is not None else repr(loc)
+            have = f"no {kind} device" if n == 0 else f"{n} {kind} device(s)"
+            why = f"this machine has {have}, so torch.load fails (\"Attempting to deserialize object on ...\")"
+        fix = f"torch.load({json.dumps(fs.path)}, map_location={_map_location(dev, want)})"
+        msg = f"{len(paths)} tensor(s) ({size}) in {fs.label} were saved on {where}; {why}. Fix: {fix}"
+        expected = device_str(want) if want is not None else "a device this machine has"
+        out.append(Problem("saved_device", paths[0], entries[0].role, where, expected, msg, tensors=paths))
+    return out
+
+
+def _dtype_problems(
+    group: Group, entries: list[Entry], want: torch.device | None, want_dtype: torch.dtype | None
+) -> list[Problem]:
+    out = []
+    by_dtype: dict[torch.dtype, list[Entry]] = {}
+    for e in entries:
+        by_dtype.setdefault(e.dtype, []).append(e)
+    for dt, es in by_dtype.items():
+        if want is not None:
+            from torchdoctor._rules.profile import DeviceProfile
+
+            if not DeviceProfile.for_device(want).supports(dt, "storage"):
+                paths = tuple(group.path_of(e.key) for e in es)
+                msg = (f"{len(paths)} tensor(s) are {dtype_str(dt)}, which {want.type} cannot hold; "
+                       "convert before moving them there")
+                expected = f"a dtype {want.type} supports"
+                found = dtype_str(dt)
+                out.append(Problem("unsupported_dtype", paths[0], es[0].role, found, expected, msg, tensors=paths))
+        if want_dtype is None or dt == want_dtype or not dt.is_floating_point:
+            continue
+        floats = tuple(group.path_of(e.key) for e in es if e.role == "parameter")
+        if floats:
+            size = human_bytes(sum(e.nbytes for e in es if e.role == "parameter"))
+            name = dtype_str(want_dtype)
+            msg = (f"{len(floats)} floating tensor(s) ({size}) are {dtype_str(dt)}, expected {name}; "
+                   f"cast when loading: from_pretrained(..., dtype=torch.{name}) or model.to(torch.{name})")
+            out.append(Problem("dtype", floats[0], "parameter", dtype_str(dt), name, msg, tensors=floats))
+    return out
+
+
+# family -> check(group, entries by key, read small tensor bytes by key); a decorator refuses duplicates.
+_QUANT_CHECKS: dict[str, Callable[[Group, dict[str, Entry], Callable[[str], bytes | None]], list[Problem]]] = {}
+
+
+def _quant_check(family: str) -> Callable[[Any], Any]:
+    def register(fn: Any) -> Any:
+        if family in _QUANT_CHECKS:
+            raise ValueError(f"quantization check {family!r} is already registered")
+        _QUANT_CHECKS[family] = fn
+        return fn
+
+    return register
+
+
+def _incomplete(group: Group, base: str, found: list[str], expected: list[str], what: str) -> Problem:
+    missing = [k for k in expected if k not in found]
+    msg = f"{what}: missing {', '.join(missing)}; loading fails or dequantizes garbage. Re-save the full state_dict"
+    found_text = ", ".join(found) or "nothing"
+    return Problem("quant_incomplete", group.path_of(base), "quant_state", found_text, ", ".join(expected), msg)
+
+
+@_quant_check("bnb4")
+def _bnb4(group: Group, by_key: dict[str, Entry], small: Callable[[str], bytes | None]) -> list[Problem]:
+    states: dict[str, str] = {}
+    companions: dict[str, set[str]] = {}
+    for key in by_key:
+        if ".quant_state.bitsandbytes__" in key:
+            states[key.split(".quant_state.bitsandbytes__")[0]] = key
+        elif key.rsplit(".", 1)[-1] in ("absmax", "quant_map", "nested_absmax", "nested_quant_map") and "." in key:
+            base, name = key.rsplit(".", 1)
+            companions.setdefault(base, set()).add(name)
+    out = []
+    for base, qkey in states.items():
+        raw, nested = small(qkey), None
+        try:
+            nested = "nested_blocksize" in json.loads(raw.decode("utf-8")) if raw else None
+        except (UnicodeDecodeError, ValueError, TypeError):
+            pass
+        have = companions.get(base, set())
+        if nested is None:  # the JSON was not readable: trust the companions that are there
+            nested = any(n.startswith("nested") for n in have)
+        names = ["absmax", "quant_map"] + (["nested_absmax", "nested_quant_map"] if nested else [])
+        expected = [base] + [f"{base}.{n}" for n in names]
+        found = [k for k in expected if k in by_key]
+        if found != expected:
+            what = f"bitsandbytes 4-bit {qkey.rsplit('__', 1)[-1]} weight {base}"
+            out.append(_incomplete(group, base, found, expected, what))
+    for base, have in companions.items():
+        if base not in states:
+            found = [f"{base}.{n}" for n in sorted(have)]
+            what = f"bitsandbytes 4-bit state of {base} without its packed quant_state"
+            out.append(_incomplete(group, base, found, [f"{base}.quant_state.bitsandbytes__nf4|fp4"], what))
+    return out
+
+
+@_quant_check("bnb8")
+def _bnb8(group: Group, by_key: dict[str, Entry], small: Callable[[str], bytes | None]) -> list[Problem]:
+    def base_of(key: str, name: str) -> str | None:
+        return "" if key == name else key[: -len(name) - 1] if key.endswith("." + name) else None
+
+    if not any(k.endswith(("SCB", "weight_format")) for k in by_key):  # an int8 weight alone is not bitsandbytes
+        return []
+    scb = {b for k in by_key if (b := base_of(k, "SCB")) is not None}
+    fmt = {b for k in by_key if (b := base_of(k, "weight_format")) is not None}
+    int8 = {b for k, e in by_key.items() if (b := base_of(k, "weight")) is not None and e.dtype == torch.int8}
+    out = []
+    for base in sorted(scb | fmt | int8):
+        w, s = f"{base}.weight" if base else "weight", f"{base}.SCB" if base else "SCB"
+        found = [k for k in (w, s) if k in by_key]
+        if len(found) < 2:
+            out.append(_incomplete(group, base or w, found, [w, s], f"bitsandbytes 8-bit layer {base or '<root>'}"))
+    return out
+
+
+@_quant_check("gptq")
+def _gptq(group: Group, by_key: dict[str, Entry], small: Callable[[str], bytes | None]) -> list[Problem]:
+    parts: dict[str, set[str]] = {}
+    for key in by_key:
+        base, _, name = key.rpartition(".")
+        if name in ("qweight", "qzeros", "scales"):
+            parts.setdefault(base, set()).add(name)
+    if not any("qweight" in p for p in parts.values()):
+        return []
+    out = []
+    for base, have in parts.items():
+        expected = [f"{base}.{n}" for n in ("qweight", "qzeros", "scales")]
+        found = [f"{base}.{n}" for n in ("qweight", "qzeros", "scales") if n in have]
+        if len(found) < 3:
+            out.append(_incomplete(group, base, found, expected, f"GPTQ/AWQ layer {base}"))
+    return out
+
+
+_SCRIPT_MODULES = frozenset(
+    "os posix nt subprocess sys shutil socket importlib runpy pty webbrowser pickle _pickle marshal ctypes code codeop "
+    "types operator functools pdb timeit multiprocessing threading signal asyncio urllib http requests ftplib smtplib "
+    "tempfile io _io _posixsubprocess builtins dill cloudpickle".split()
+)
+_DATA_MODULES = frozenset(
+    "numpy pathlib argparse collections datetime enum decimal fractions uuid omegaconf typing copyreg".split()
+)
+_LIBRARY_MODULES = frozenset(
+    "torch __torch__ pytorch_lightning lightning transformers diffusers accelerate peft tokenizers".split()
+)
+
+
+def _verdict(name: str) -> str:
+    top = name.split(".", 1)[0]
+    if top in _SCRIPT_MODULES or name.startswith(("torch.hub", "numpy.testing")):
+        return "can run code or touch the system: torch.load(weights_only=False) would run it; do not load this file"
+    if top in _LIBRARY_MODULES:
+        return "a library class, harmless to import, that torch.load(weights_only=True) refuses (save a state_dict)"
+    if top in _DATA_MODULES:
+        return "a plain data type, usually harmless, that torch.load(weights_only=True) refuses"
+    return f"code from module {name.rsplit('.', 1)[0]!r}: torch.load(weights_only=False) would import and run it"
+
+
+def _short_repr(obj: Any) -> str:
+    """Bounded by depth and length: pickle arguments can be deep or huge on purpose."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother, r.maxtuple, r.maxlist, r.maxdict = 3, 100, 60, 4, 4, 4
+    try:
+        text = r.repr(obj)
+    except Exception:  # a hostile object must not break the report
+        text = "<unprintable arguments>"
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _inside(path: str, outer: str) -> bool:
+    return path.startswith(outer + ".") if outer else bool(path)
+
+
+def _unsafe_problems(group: Group, fs: FileScan) -> list[Problem]:
+    """One problem per global; a harmless global that only serves as an argument of another one (numpy's
+    ``ndarray`` / ``dtype`` inside ``_reconstruct`` / ``scalar``) is named in that one's message instead."""
+    where_of = {name: where for name, where, _ in fs.unsafe}
+    folded: dict[str, list[str]] = {}
+    for name, where, _ in fs.unsafe:
+        if where is None or name.split(".", 1)[0] not in _DATA_MODULES:
+            continue
+        outers = [o for o, w in where_of.items() if o != name and w is not None and _inside(where, w)]
+        if outers:  # the nearest enclosing global names it
+            folded.setdefault(max(outers, key=lambda o: len(where_of[o] or "")), []).append(name)
+    hidden = {n for names in folded.values() for n in names}
+    out = []
+    for name, where, args in fs.unsafe:
+        if name in hidden:
+            continue
+        path = group.path_of(where) if where is not None else fs.label
+        call = f" called with {_short_repr(args)}" if args else ""
+        also = f" (with {', '.join(sorted(folded[name]))})" if name in folded else ""
+        msg = f"pickle global {name}{call}{also} in {fs.label} was not imported (placeholder); {_verdict(name)}"
+        out.append(Problem("unsafe_global", path, "container", name, "an allow-listed global", msg))
+    return out
+
+
+def truncated_problem(root: str) -> Problem:
+    msg = "the pickle is too deep or too large to walk completely; some tensors are not listed"
+    return Problem("truncated", root, "container", "walk limit", "complete walk", msg)
+
+
+def group_problems(group: Group, want: torch.device | None, want_dtype: torch.dtype | None) -> list[Problem]:
+    entries = [e for fs in group.files for e in fs.entries]
+    owner = {e.key: fs for fs in group.files for e in fs.entries}
+    by_key = {e.key: e for e in entries}
+    out: list[Problem] = []
+    for fs in group.files:
+        out += _saved_device_problems(group, fs, want) + _unsafe_problems(group, fs)
+    out += _dtype_problems(group, entries, want, want_dtype)
+    for check in _QUANT_CHECKS.values():
+        out += check(group, by_key, lambda key: owner[key].small(key) if key in owner else None)
+    return out

@@ -1,0 +1,106 @@
+"""What every verb's command shares: usage errors, TARGET resolution, ``--device``/``--dtype`` parsing, JSON output.
+
+Verbs never import this package; the command handlers in ``torchdoctor._cli`` call the verbs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Any
+
+
+class UsageError(Exception):
+    """Bad input from the command line: printed as one line, exit 2."""
+
+
+def load_target(spec: str) -> Any:
+    """Resolve ``path/to/file.py:name`` or ``package.module:name`` (split on the last ``:``).
+
+    A function or class is called with no arguments; the result (or the object itself) is returned. A 2-tuple
+    whose second item is a tuple or dict becomes a ``Target(obj, args/kwargs)``.
+    """
+    from torchdoctor._report.model import Target
+
+    if ":" not in spec or spec.endswith(":"):
+        raise UsageError(
+            f"TARGET {spec!r} is neither an existing file or directory nor 'path/to/file.py:name' or 'package.module:name'"
+        )
+    where, name = spec.rsplit(":", 1)
+    if where.endswith(".py") or os.sep in where or "/" in where:
+        if not os.path.isfile(where):
+            raise UsageError(f"no such file: {where!r} (TARGET {spec!r})")
+        mod_name = "_torchdoctor_target_" + os.path.splitext(os.path.basename(where))[0].replace("-", "_")
+        spec_obj = importlib.util.spec_from_file_location(mod_name, where)
+        if spec_obj is None or spec_obj.loader is None:
+            raise UsageError(f"cannot import {where!r}")
+        module = importlib.util.module_from_spec(spec_obj)
+        sys.modules[mod_name] = module
+        sys.path.insert(0, os.path.dirname(os.path.abspath(where)))
+        try:
+            spec_obj.loader.exec_module(module)
+        except (Exception, SystemExit) as exc:  # a script that exits on import must not set our exit code
+            raise UsageError(f"importing {where!r} failed: {failure(exc)}") from exc
+        finally:
+            sys.path.pop(0)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except (Exception, SystemExit) as exc:
+            raise UsageError(f"cannot import module {where!r}: {failure(exc)}") from exc
+    if not hasattr(module, name):
+        raise UsageError(f"{where!r} has no attribute {name!r}")
+    obj = getattr(module, name)
+    if isinstance(obj, type) or (callable(obj) and type(obj).__name__ in ("function", "builtin_function_or_method")):
+        try:
+            obj = obj()
+        except (Exception, SystemExit) as exc:
+            raise UsageError(f"calling {spec} with no arguments failed: {failure(exc)}") from exc
+    if obj is None:
+        raise UsageError(f"{spec} is None (a function that returns nothing?): there is nothing to check")
+    if isinstance(obj, Target):
+        return obj
+    if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], (tuple, dict)):
+        inputs = obj[1]
+        if isinstance(inputs, dict):
+            return Target(obj[0], (), dict(inputs))
+        return Target(obj[0], tuple(inputs), {})
+    return obj
+
+
+def failure(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+
+
+def resolve_target(spec: str) -> Any:
+    """A TARGET from the command line: an existing path is returned as a path string (a checkpoint)."""
+    if os.path.exists(spec):
+        return spec
+    return load_target(spec)
+
+
+def parse_common(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``--device`` / ``--dtype`` parsed, with usage errors instead of tracebacks."""
+    from torchdoctor._placement import parse_device, parse_dtype
+
+    try:
+        device = parse_device(args.device) if getattr(args, "device", None) else None
+        dtype = parse_dtype(args.dtype) if getattr(args, "dtype", None) else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+        raise UsageError(f"--dtype {args.dtype}: a floating dtype is expected (e.g. bfloat16, float16, float32); "
+                         "integer and bool tensors are never cast or judged by dtype")
+    return device, dtype
+
+
+def print_json(doc: Any) -> None:
+    import json
+
+    json.dump(doc, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")

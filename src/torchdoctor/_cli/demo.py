@@ -1,0 +1,163 @@
+"""``torchdoctor demo``: diagnose and fix a small broken diffusion model, end to end, on CPU.
+
+The model is a tiny diffusers ``UNet2DConditionModel`` in bf16 with LoRA adapters and three bugs planted the way
+they happen in real stacks: one adapter's ``lora_B`` left in float32 while its ``lora_A`` is bf16 (a partial
+LoRA load), a refiner conv kept in a plain Python list (``Module.to`` never reaches it), and a plain tensor
+attribute left behind by ``.to()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import logging
+import os
+import time
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+ADAPTER_LAYER = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """Library chatter (diffusers' fp32 notice, peft's warnings) is not what the demo is about."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                yield
+        finally:
+            logging.disable(logging.NOTSET)
+
+
+def build_broken_unet() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """The broken model and inputs for its forward."""
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "DIFFUSERS_OFFLINE"):
+        os.environ.setdefault(var, "1")
+    with _quiet():
+        from diffusers import UNet2DConditionModel
+        from peft import LoraConfig
+
+        torch.manual_seed(0)
+        unet: Any = UNet2DConditionModel(
+            block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=4, sample_size=8, in_channels=4,
+            out_channels=4, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=8, attention_head_dim=2,
+        )
+        unet.add_adapter(LoraConfig(r=4, lora_alpha=4, init_lora_weights=False,
+                                    target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+        unet.refiners = [nn.Conv2d(4, 4, 1)]  # bug 2: a submodule in a plain list
+        unet.latent_scale = torch.full((1, 4, 1, 1), 0.18215)  # bug 3: a plain tensor attribute
+        unet.to(torch.bfloat16)
+        layer = unet.get_submodule(ADAPTER_LAYER)
+        name = next(iter(layer.lora_B))
+        layer.lora_B[name].weight.data = layer.lora_B[name].weight.data.float()  # bug 1: lora_B fp32, lora_A bf16
+    g = torch.Generator().manual_seed(1)
+    inputs = {
+        "sample": torch.randn(1, 4, 8, 8, generator=g).to(torch.bfloat16),
+        "timestep": torch.tensor([10]),
+        "encoder_hidden_states": torch.randn(1, 4, 8, generator=g).to(torch.bfloat16),
+    }
+    return unet, inputs
+
+
+def _section(title: str) -> None:
+    print(f"\n== {title} ==")
+
+
+def run(as_json: bool = False) -> int:
+    if as_json:
+        import json
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            code, steps = _run()
+        print(json.dumps({"schema": "torchdoctor/demo/1", "ok": code == 0, **steps}))
+        return code
+    code, _ = _run()
+    return code
+
+
+def _run() -> tuple[int, dict[str, Any]]:
+    import torchdoctor
+
+    t0 = time.perf_counter()
+    unet, inputs = build_broken_unet()
+    steps: dict[str, Any] = {}
+    print("A tiny diffusers UNet in bf16 with LoRA adapters and three planted placement bugs.")
+
+    _section("1. scan(unet, device='cpu', dtype=torch.bfloat16): what is wrong, by path")
+    report = torchdoctor.scan(unet, device="cpu", dtype=torch.bfloat16)
+    steps["scan"] = [p.path for p in report.problems]
+    print(report.text(limit=10))
+
+    _section("2. the forward fails; explain() says why")
+    try:
+        with _quiet(), torch.no_grad():
+            unet(**inputs)
+        print("forward ran (unexpected)")
+        original: BaseException | None = None
+    except RuntimeError as exc:
+        original = exc
+        print(f"RuntimeError: {str(exc).splitlines()[0]}")
+        diagnoses = torchdoctor.explain(exc)
+        if diagnoses:
+            d = diagnoses[0]
+            steps["explain"] = d.category
+            print(f"explain -> [{d.category}] {d.title}")
+            if d.fixes:
+                print(f"  fix: {d.fixes[0][0]}: {d.fixes[0][1].splitlines()[0]}")
+
+    _section("3. guard() names the module and the tensor")
+    try:
+        with _quiet(), torch.no_grad(), torchdoctor.guard(unet):
+            unet(**inputs)
+    except torchdoctor.PlacementError as exc:
+        steps["guard"] = exc.module_path
+        print(str(exc))
+
+    _section("4. move(unet, 'cpu', torch.bfloat16): fix everything, verified")
+    with _quiet():
+        moved = torchdoctor.move(unet, device="cpu", dtype=torch.bfloat16)
+    steps["moved"] = len(moved.moved)
+    print(moved.text() if hasattr(moved, "text") else moved)
+    after = torchdoctor.scan(unet, device="cpu", dtype=torch.bfloat16)
+    steps["scan_after"] = after.ok
+    print(f"scan after move: {'ok' if after.ok else after.text()}")
+    with _quiet(), torch.no_grad():
+        out = unet(**inputs).sample
+    print(f"forward now runs: {tuple(out.shape)} {out.dtype}")
+
+    _section("5. simulate on cuda:1 (no GPU here)")
+    with _quiet():
+        sim = torchdoctor.simulate(unet, inputs, device="cuda:1", dtype=torch.bfloat16)
+    steps["simulate_ok"] = sim.ok
+    print("unet.to('cuda:1') then forward, would it run? " + ("yes" if sim.ok else "no\n" + sim.text()))
+
+    _section("6. simulate again, with torchdoctor.move(unet, 'cuda:1') instead of .to()")
+
+    def with_move(copy: Any) -> Any:
+        torchdoctor.move(copy, "cuda:1")  # also moves the list-held refiner and the plain attribute
+        return copy(**{k: v.to("cuda:1") for k, v in inputs.items()})
+
+    with _quiet():
+        sim2 = torchdoctor.simulate(unet, device="cuda:1", dtype=torch.bfloat16, call=with_move)
+    steps["simulate_after_move_ok"] = sim2.ok
+    print("would it run? " + ("yes: " + sim2.text() if sim2.ok else "no\n" + sim2.text()))
+
+    elapsed = time.perf_counter() - t0
+    steps["seconds"] = round(elapsed, 2)
+    ok = bool(steps["scan"]) and steps.get("scan_after") is True and original is not None \
+        and steps.get("simulate_after_move_ok") is True
+    print(f"\ndemo finished in {elapsed:.1f} s")
+    return (0 if ok else 1), steps
+
+
+def command(args: argparse.Namespace) -> int:
+    return run(as_json=bool(getattr(args, "json", False)))

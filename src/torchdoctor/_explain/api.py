@@ -1,0 +1,301 @@
+"""``explain``: from a device/dtype error message, an exception or a whole log to causes and fixes.
+
+The log is read in blocks; every signature anchor is found with ``str.find`` (no regex over the whole text),
+and only the lines around a hit are looked at, so time is linear in the input and memory is bounded by the
+block size. Identical errors (a ComfyUI ``!!! Exception during processing !!!`` line and its traceback's last
+line, or the same failure repeated) become one diagnosis.
+
+>>> d = explain("RuntimeError: Expected all tensors to be on the same device, but found at least two "
+...             "devices, cuda:0 and cpu! (when checking argument for argument mat1 in method wrapper_CUDA_addmm)")
+>>> d[0].category, d[0].fixes[0][1]
+('device_mismatch', 'model.to("cuda:0")')
+>>> classify("Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the same")
+'input_weight_type_mismatch'
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from torchdoctor._explain.context import derive, rank
+from torchdoctor._explain.causes import causes, context_rules
+from torchdoctor._explain.scanner import BLOCK, Group, Scanner, clean
+
+__all__ = ["Diagnosis", "best_fix", "classify", "explain", "install_excepthook"]
+
+SCHEMA = "torchdoctor/explain/1"  # torchdoctor._report.schema("explain"), without importing torch
+_FIELD = re.compile(r"\{([a-z_]{1,20})\}")
+_OPTIONAL = re.compile(r"\[([^\[\]]{0,400})\]")
+_DEFAULTS = {"a": "one device", "b": "another device", "op": "an operator", "backend": "this", "dtype": "this dtype",
+             "kernel": "this kernel", "saved": "a GPU", "param": "weight", "input": "?", "weight": "?",
+             "input_device": "one device", "weight_device": "another", "count": "fewer", "arg": "?",
+             "available_device": "cuda"}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """One recognised error: what happened, why (ranked), how to fix it (code), how to confirm it.
+
+    >>> d = explain("Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the same")[0]
+    >>> d.what_happened.endswith("the input is on cuda, the weight on cpu.")
+    True
+    >>> d.to_dict()["fixes"][0]
+    {'title': "Move the model to the input's device", 'code': 'model.to("cuda:0")'}
+    """
+
+    category: str
+    title: str
+    what_happened: str
+    likely_causes: tuple[str, ...]
+    fixes: tuple[tuple[str, str], ...]
+    confirm_with: str
+    confidence: float
+    evidence: tuple[str, ...]
+    signature: str = ""
+    count: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"category": self.category, "title": self.title, "what_happened": self.what_happened,
+                "likely_causes": list(self.likely_causes),
+                "fixes": [{"title": t, "code": c} for t, c in self.fixes], "confirm_with": self.confirm_with,
+                "confidence": round(self.confidence, 3), "evidence": list(self.evidence),
+                "signature": self.signature, "count": self.count}
+
+    def text(self) -> str:
+        lines = [f"{self.category} ({self.confidence:.2f}): {self.title}", f"  what happened: {self.what_happened}",
+                 "  likely causes:"]
+        lines += [f"    {i}. {c}" for i, c in enumerate(self.likely_causes, 1)]
+        lines.append("  fixes:")
+        for title, code in self.fixes:
+            lines.append(f"    - {title}:")
+            lines += [f"        {ln}" for ln in code.splitlines()]
+        lines.append(f"  confirm with: {self.confirm_with.splitlines()[0]}"
+                     + ("" if "\n" not in self.confirm_with else " ..."))
+        lines += [f"  > {e}" for e in self.evidence]
+        if self.count > 1:
+            lines.append(f"  (seen {self.count} times)")
+        return "\n".join(lines)
+
+
+def _render(template: str, fields: dict[str, str], prose: bool = True) -> str:
+    def sub(m: re.Match[str]) -> str:
+        return fields.get(m.group(1)) or _DEFAULTS.get(m.group(1), m.group(0))
+
+    if prose:
+        def opt(m: re.Match[str]) -> str:
+            inner = m.group(1)
+            return _FIELD.sub(sub, inner) if all(fields.get(n) for n in _FIELD.findall(inner)) else ""
+
+        template = _OPTIONAL.sub(opt, template)
+    return _FIELD.sub(sub, template)
+
+
+def _diagnose(group: Group) -> Diagnosis:
+    sig = group.sig
+    fields, flags = derive(sig.name, group.fields, group.message)
+    original = "\n".join(group.contexts) or group.message
+    context = original.lower().replace("\\", "/")
+    category, ranked, fired = rank(sig.category, sig.causes, context, flags, context_rules())
+    table = causes()
+    ranked = [(c, s) for c, s in ranked if c in table][:4]
+    likely = tuple(_render(table[c].text, fields) for c, _ in ranked)
+    fixes: list[tuple[str, str]] = []
+    for cid, _ in ranked:
+        for title, code in table[cid].fixes:
+            fix = (title, _render(code, fields, prose=False))
+            if fix not in fixes and len(fixes) < 6:
+                fixes.append(fix)
+    top = table[ranked[0][0]] if ranked else None
+    confidence = sig.confidence - (0.15 if not group.fields and sig.patterns else 0.0)
+    if category != sig.category:
+        confidence -= 0.05
+    if top and any(top.id == c for rule, _ in fired for c, w in rule.boosts if w > 0):
+        confidence += 0.05
+    evidence = list(group.evidence)
+    for rule, word in fired:
+        if word and len(evidence) < len(group.evidence) + 3:
+            line = _context_line(original, context, word)
+            if line and not any(line[:60] in e or e[:60] in line for e in evidence):
+                evidence.append(line)
+    return Diagnosis(category=category, title=sig.title, what_happened=_render(sig.what, fields),
+                     likely_causes=likely, fixes=tuple(fixes),
+                     confirm_with=_render(top.confirm, fields, prose=False) if top else "torchdoctor env",
+                     confidence=round(min(0.99, max(0.05, confidence)), 3), evidence=tuple(evidence),
+                     signature=sig.name, count=group.count)
+
+
+def _context_line(original: str, context: str, word: str) -> str:
+    """The line of the original text (not the lower-cased copy) where a context word was found."""
+    p = context.find(word)
+    if p == -1:
+        return ""
+    lines = original.split("\n")
+    n = context.count("\n", 0, p)
+    return clean(lines[n], 200) if n < len(lines) else ""
+
+
+def _exception_text(exc: BaseException) -> str:
+    """The chain oldest first, like Python prints it: frames (file, function, class of ``self``), then the message."""
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen and len(chain) < 16:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ if e.__cause__ is not None else (None if e.__suppress_context__ else e.__context__)
+    parts: list[str] = []
+    for e in reversed(chain):
+        tb, n = e.__traceback__, 0
+        parts.append("Traceback (most recent call last):")
+        while tb is not None and n < 200:
+            code = tb.tb_frame.f_code
+            owner = ""
+            try:
+                obj = tb.tb_frame.f_locals.get("self")
+                if obj is not None:
+                    owner = f"  [{type(obj).__module__}.{type(obj).__qualname__}]"
+            except Exception:  # a frame we cannot look at is no reason to fail
+                owner = ""
+            parts.append(f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}{owner}')
+            tb, n = tb.tb_next, n + 1
+        try:
+            message = str(e)
+        except Exception:
+            message = "<unprintable message>"
+        parts.append(f"{type(e).__qualname__}: {message}")
+        parts.extend(str(note) for note in getattr(e, "__notes__", ()) or ())
+    return "\n".join(parts)
+
+
+def _blocks(source: str | IO[str]) -> Iterator[str]:
+    if isinstance(source, str):
+        for i in range(0, len(source), BLOCK):
+            yield source[i: i + BLOCK]
+        return
+    while True:
+        block = source.read(BLOCK)
+        if not block:
+            return
+        yield block
+
+
+def _explain_blocks(blocks: Iterable[str], limit: int | None) -> list[Diagnosis]:
+    scanner = Scanner()
+    for block in blocks:
+        scanner.feed(block)
+    scanner.feed("", final=True)
+    order = sorted(scanner.groups.values(), key=lambda g: -g.last)
+    out = [_diagnose(g) for g in order[:1000]]
+    out.sort(key=lambda d: -d.confidence)  # stable: equally sure errors keep "latest first"
+    return out[:limit] if limit is not None else out
+
+
+def explain(text_or_exception: object, *, limit: int | None = None) -> list[Diagnosis]:
+    """Diagnoses for an error message, a whole log or an exception, best first. Never raises.
+
+    An exception contributes its message, its ``__cause__``/``__context__`` chain and its traceback frames;
+    frames and words around an error (bitsandbytes, peft, IPEX, accelerate, offloading, ComfyUI ...) rank causes.
+
+    >>> log = '''  File "/site-packages/bitsandbytes/autograd/_functions.py", line 462, in forward
+    ... RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!'''
+    >>> d = explain(log)[0]
+    >>> d.category, d.confirm_with
+    ('quantization_device', 'torchdoctor.scan(model, device="cuda:0")')
+    >>> explain("all fine")
+    []
+    """
+    try:
+        if isinstance(text_or_exception, BaseException):
+            text = _exception_text(text_or_exception)
+        elif isinstance(text_or_exception, (bytes, bytearray)):
+            text = bytes(text_or_exception).decode("utf-8", errors="replace")
+        elif isinstance(text_or_exception, str):
+            text = text_or_exception
+        else:
+            text = str(text_or_exception)
+        return _explain_blocks(_blocks(text), limit)
+    except Exception:  # explaining must never crash the caller
+        return []
+
+
+def classify(message: str) -> str | None:
+    """The category of one error message, or None. Cheap; for ``guard``.
+
+    >>> classify("RuntimeError: mixed dtype (CPU): expect parameter to have scalar type of Float")
+    'dtype_mismatch'
+    """
+    try:
+        found = _explain_blocks([message[:20_000]], 1)
+        return found[0].category if found else None
+    except Exception:
+        return None
+
+
+def best_fix(message: str) -> tuple[str, str] | None:
+    """``(title, code)`` of the best fix for one error message, or None.
+
+    >>> best_fix("TypeError: Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't "
+    ...          "support float64. Please use float32 instead.")
+    ('Cast to float32 before moving to mps', 't = t.to(torch.float32).to("mps")')
+    """
+    try:
+        found = _explain_blocks([message[:20_000]], 1)
+        return found[0].fixes[0] if found and found[0].fixes else None
+    except Exception:
+        return None
+
+
+def render(diagnoses: list[Diagnosis]) -> str:
+    if not diagnoses:
+        return "torchdoctor explain: no known device/dtype error found"
+    head = f"torchdoctor explain: {len(diagnoses)} error(s) recognised, best first"
+    return "\n\n".join([head] + [f"[{i}] {d.text()}" for i, d in enumerate(diagnoses, 1)])
+
+
+def to_json(diagnoses: list[Diagnosis], source: str | None = None) -> dict[str, Any]:
+    return {"schema": SCHEMA, "source": source, "diagnoses": [d.to_dict() for d in diagnoses]}
+
+
+def _report(exc: BaseException, stream: IO[str] | None = None) -> None:
+    found = explain(exc, limit=3)
+    if found:
+        out = stream or sys.stderr
+        print("\n" + render(found), file=out)
+
+
+def install_excepthook() -> None:
+    """Add the explanation to uncaught exceptions (``sys.excepthook``, and IPython's when it is running).
+
+    Installing twice is harmless; the previous hook still prints the traceback first.
+
+    >>> saved = sys.excepthook
+    >>> install_excepthook()
+    >>> sys.excepthook is not saved
+    True
+    >>> sys.excepthook = saved
+    """
+    previous = sys.excepthook
+    if not getattr(previous, "_torchdoctor", False):
+        def hook(etype: type[BaseException], value: BaseException, tb: Any) -> None:
+            previous(etype, value, tb)
+            try:
+                _report(value)
+            except Exception:
+                pass
+
+        hook._torchdoctor = True  # type: ignore[attr-defined]
+        sys.excepthook = hook
+    ipython_mod = sys.modules.get("IPython")
+    shell = getattr(ipython_mod, "get_ipython", lambda: None)() if ipython_mod else None
+    if shell is not None and not getattr(shell, "_torchdoctor_hooked", False):
+        def custom(self: Any, etype: type[BaseException], value: BaseException, tb: Any,
+                   tb_offset: int | None = None) -> None:
+            self.showtraceback((etype, value, tb), tb_offset=tb_offset)
+            _report(value, sys.stdout)
+
+        shell.set_custom_exc((Exception,), custom)
+        shell._torchdoctor_hooked = True

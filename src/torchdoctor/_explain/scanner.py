@@ -1,0 +1,195 @@
+"""The scanner behind ``explain``: finds error lines in a stream of text and the context around them.
+
+Every signature anchor is found with ``str.find`` on blocks of text (no regex runs over the whole log); only
+the window around a hit is matched against the signature's bounded patterns, and only a bounded number of
+lines around it is kept as context. Time is linear in the input, memory bounded by the block size. Identical
+errors (a ComfyUI ``!!! Exception during processing !!!`` line and its traceback's last line, or one failure
+repeated every step) become one group.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchdoctor._explain.signatures import Signature, signatures
+
+__all__ = ["BLOCK", "Group", "Scanner", "clean"]
+
+BLOCK = 1 << 20          # characters read per block
+_LEAD, _TRAIL = 120, 40   # lines of context before / after an error line
+_SPAN = 1 << 16           # at most this many characters of context on each side
+_LINE_MAX = 4000          # a "line" is cut to this many characters around the anchor
+_MAX_HITS = 100_000       # error lines examined in full; beyond that a log is only counted
+_CONTEXT_BUDGET = 64 << 20  # characters of context examined overall
+_PER_KEY = 4              # occurrences of one error whose context is examined
+_STOP = ("traceback (most recent call last)", "exception during processing", "during handling of the above",
+         "the above exception was the direct cause")
+_ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)|[@-Z\\-_])")
+
+
+@dataclass
+class Group:
+    sig: Signature
+    fields: dict[str, str]
+    message: str
+    evidence: list[str]
+    contexts: list[str] = field(default_factory=list)
+    count: int = 0
+    last: int = 0
+
+
+def _anchor_table() -> list[tuple[str, tuple[Signature, ...]]]:
+    global _ANCHORS
+    if _ANCHORS is None:
+        table: dict[str, list[Signature]] = {}
+        for sig in signatures():
+            for a in sig.anchors:
+                table.setdefault(a, []).append(sig)
+        _ANCHORS = [(a, tuple(s)) for a, s in table.items()]
+    return _ANCHORS
+
+
+_ANCHORS: list[tuple[str, tuple[Signature, ...]]] | None = None
+
+
+def clean(line: str, limit: int = 300) -> str:
+    line = line.strip().strip("│|").strip()
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+class Scanner:
+    """Feeds blocks of text; keeps just enough of the previous block for leading context."""
+
+    def __init__(self) -> None:
+        self.buf = ""
+        self.groups: dict[tuple[Any, ...], Group] = {}
+        self.hits = 0
+        self.budget = _CONTEXT_BUDGET
+        self.seq = 0
+        self.scan_from = 0  # in buf: where the previous block stopped looking for anchors
+        self.floor = 0  # in buf: leading context never reaches before the previous (different) error line
+        self.prev_end = 0
+        self.prev_key: tuple[Any, ...] | None = None
+        self.until: dict[str, int] = {}  # per signature, in buf: end of the last window examined
+        self.cache: dict[tuple[str, str], tuple[dict[str, str], bool]] = {}  # repeated lines
+
+    def feed(self, block: str, final: bool = False) -> None:
+        if "\x1b" in block:
+            block = _ANSI.sub("", block)
+        if "\r" in block:
+            block = block.replace("\r\n", "\n").replace("\r", "\n")
+        text = self.buf + block
+        cut = len(text)
+        if not final:  # hits need _TRAIL lines after them; keep the rest for the next block
+            p = len(text)
+            for _ in range(_TRAIL + 1):
+                p = text.rfind("\n", max(0, p - _SPAN), p)
+                if p <= 0:
+                    break
+            cut = max(p, 0)
+            if len(text) - cut > 4 * BLOCK:  # one enormous line: cut it anyway
+                cut = len(text) - _SPAN
+        start = self.scan_from
+        found: list[tuple[int, Signature]] = []
+        for anchor, sigs in _anchor_table():
+            p = text.find(anchor, start, cut)
+            while p != -1:
+                found.extend((p, s) for s in sigs)
+                # one look per line is enough (and bounds the work on a line made of anchors)
+                nl = text.find("\n", p, p + 2000)
+                p = text.find(anchor, nl + 1 if nl != -1 else p + 2000, cut)
+        found.sort(key=lambda ps: ps[0])
+        seen: set[tuple[int, str]] = set()
+        for pos, sig in found:
+            nl = text.rfind("\n", max(0, pos - _LINE_MAX), pos)
+            ls = nl + 1 if nl != -1 or pos < _LINE_MAX else pos - 300  # an enormous line: look near the anchor
+            if (ls, sig.name) in seen:
+                continue
+            seen.add((ls, sig.name))
+            self._hit(text, pos, ls, sig)
+        keep = cut
+        for _ in range(_LEAD):
+            keep = text.rfind("\n", max(0, keep - _SPAN), keep)
+            if keep <= 0:
+                keep = 0
+                break
+        keep = max(keep, cut - 4 * _SPAN, 0)
+        self.buf = text[keep:]
+        self.scan_from = cut - keep
+        self.floor = max(0, self.floor - keep)
+        self.prev_end = max(0, self.prev_end - keep)
+        self.until = {k: v - keep for k, v in self.until.items() if v > keep}
+
+    def _hit(self, text: str, pos: int, ls: int, sig: Signature) -> None:
+        self.hits += 1
+        if self.hits > _MAX_HITS:
+            return
+        le = text.find("\n", pos, pos + _LINE_MAX)
+        le = min(len(text), pos + _LINE_MAX) if le == -1 else le
+        msg_end = le
+        for _ in range(sig.follow):
+            nxt = text.find("\n", msg_end + 1, msg_end + 1 + _LINE_MAX)
+            if nxt == -1:
+                break
+            msg_end = nxt
+        lo, hi = max(ls, pos - sig.before), min(msg_end, pos + sig.after + 200 * sig.follow)
+        if pos < self.until.get(sig.name, -1):  # already inside the window looked at for this signature
+            return
+        self.until[sig.name] = hi
+        window = text[lo:hi]
+        got = self.cache.get((sig.name, window))
+        if got is None:
+            fields: dict[str, str] = {}
+            matched = False
+            for rx in sig.compiled():
+                m = rx.search(window)
+                if m:
+                    matched = True
+                    for k, v in m.groupdict().items():
+                        if v and k not in fields:
+                            fields[k] = v
+            if len(self.cache) > 512:
+                self.cache.clear()
+            got = self.cache[(sig.name, window)] = (fields, matched)
+        fields, matched = dict(got[0]), got[1]
+        if sig.require_pattern and not matched:
+            return
+        key = (sig.name, tuple(sorted(fields.items())))
+        if key != self.prev_key:  # a different error: its context starts after the previous one
+            self.floor = self.prev_end
+        group = self.groups.get(key)
+        if group is None:
+            message = text[ls:msg_end]
+            evidence = [clean(x) for x in message.split("\n") if x.strip()][: 1 + sig.follow]
+            group = self.groups[key] = Group(sig, fields, message[:_LINE_MAX], evidence)
+        group.count += 1
+        self.seq += 1
+        group.last = self.seq
+        if group.count <= _PER_KEY and self.budget > 0:
+            group.contexts.append(self._context(text, ls, msg_end))
+        self.prev_key, self.prev_end = key, msg_end
+
+    def _context(self, text: str, ls: int, le: int) -> str:
+        lead = ls
+        for _ in range(_LEAD):
+            if lead <= self.floor or lead <= 0:
+                break
+            lead = text.rfind("\n", max(self.floor, ls - _SPAN), lead - 1) + 1
+        lead = max(lead, self.floor, ls - _SPAN)
+        trail_end = le
+        for _ in range(_TRAIL):
+            nxt = text.find("\n", trail_end + 1, le + _SPAN)
+            if nxt == -1:
+                break
+            trail_end = nxt
+        trail = text[le:trail_end].lower()
+        # "!!! Exception during processing !!! <message>" (ComfyUI) is followed by its own traceback
+        skip = trail.find("\n", 1) + 1 if "exception during processing" in text[ls:le].lower() else 0
+        stops = [i for i in (trail.find(s, skip) for s in _STOP) if i != -1]
+        if stops:
+            trail = trail[: min(stops)]
+        ctx = text[lead:le] + text[le: le + len(trail)]
+        self.budget -= len(ctx)
+        return ctx

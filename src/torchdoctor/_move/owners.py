@@ -1,0 +1,341 @@
+"""``move``'s owners: putting moved tensors back where they belong, and what quantized owners forbid.
+
+Parameters stay the same objects wherever ``Module.to`` keeps them; Parameter subclasses (bitsandbytes
+``Params4bit`` / ``Int8Params``) are rebuilt whole where it replaces them; wrapper subclasses go through their
+own ``.to``; every change leaves an undo record. Nothing here imports bitsandbytes or accelerate: owners are
+recognised by class name and module, so a missing or broken install costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchdoctor._walk import Entry, _is_quant_type, set_tensor
+
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass as _is_wrapper
+
+# Packed / quantized storage dtypes: a bf16 cast must never touch them (same set scan uses).
+STORAGE_DTYPES = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                        "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2")
+                           if hasattr(torch, n))
+
+
+def packed_scale(e: Entry) -> bool:
+    """A ``*scale*`` tensor of a module that holds float8/float4 storage (transformers ``FP8Linear.weight_scale_inv``,
+    ``FP8Embedding.weight_scale``): quantization metadata in its own precision, not the model's dtype."""
+    key, mod = e.key, e.module
+    if not isinstance(key, str) or "scale" not in key.lower() or mod is None or e.owner is not mod:
+        return False
+    d = mod.__dict__
+    return any(isinstance(v, torch.Tensor) and v.dtype in STORAGE_DTYPES
+               for v in (*(d.get("_parameters") or {}).values(), *(d.get("_buffers") or {}).values()))
+
+
+def _dict(obj: Any) -> dict[str, Any]:
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except Exception:
+        return {}
+    return d if type(d) is dict else {}
+
+
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
+def is_wrapper(t: Any) -> bool:
+    """A ``__tensor_flatten__`` wrapper (torchao, TwoTensor ...): only its own ``.to`` keeps outer and inners agreeing."""
+    if type(t) in _PLAIN:
+        return False
+    try:
+        return bool(_is_wrapper(t))
+    except Exception:
+        return False
+
+
+def real_storage(t: torch.Tensor) -> bool:
+    """A strided tensor whose storage is its own bytes (plain tensors, Parameters, bitsandbytes parameters), so
+    views of one storage can be found and moved once; not fake / virtual / wrapper tensors."""
+    return (type(t) in _PLAIN or _bnb_kind(t) is not None) and t.layout == torch.strided
+
+
+def is_quantized_owner(t: torch.Tensor) -> bool:
+    return _is_quant_type(type(t))
+
+
+def _bnb_kind(t: torch.Tensor) -> str | None:
+    tp = type(t)
+    if not (getattr(tp, "__module__", "") or "").startswith("bitsandbytes"):
+        return None
+    return tp.__name__
+
+
+def refusal(e: Entry, device: torch.device | None) -> tuple[str, str] | None:
+    """Why ``move`` must not touch this parameter (reason, fix), or None.
+
+    * A 4-bit weight repacked for CPU kernels (bitsandbytes repacks in place on the first eval forward on
+      AVX512-BF16 CPUs) is in a layout only the CPU path reads; ``Params4bit.to`` keeps that
+      layout, only ``.cuda()`` / ``.xpu()`` undo it.
+    * A bitsandbytes weight not quantized yet is quantized by its own ``.to(device)``; moving its float data
+      instead would give a layer that has no quant_state on the new device.
+    """
+    if device is None or device.type in ("meta",):
+        return None
+    kind = _bnb_kind(e.tensor)
+    if kind is None or e.slot != "param":
+        return None
+    d = _dict(e.tensor)
+    qs = d.get("quant_state")
+    if kind == "Params4bit":
+        if qs is not None and _dict(qs).get("packing_format_for_cpu") and device.type != "cpu":
+            return ("4-bit weight repacked for bitsandbytes' CPU kernels (quant_state.packing_format_for_cpu)",
+                    f"model.{device.type}()  # Params4bit.{device.type}() undoes the CPU repacking, then\n"
+                    f"torchdoctor.move(model, device={str(device)!r})")
+        if not d.get("bnb_quantized", True):
+            return ("4-bit weight not quantized yet (bitsandbytes quantizes it in Params4bit.to)",
+                    f"model.to({str(device)!r})  # quantizes; then torchdoctor.move(model, device={str(device)!r})")
+    if kind == "Int8Params" and e.tensor.dtype != torch.int8 and not d.get("has_fp16_weights", False):
+        return ("8-bit weight not quantized yet (bitsandbytes quantizes it in Int8Params.to)",
+                f"model.to({str(device)!r})  # quantizes; then torchdoctor.move(model, device={str(device)!r})")
+    return None
+
+
+def new_parameter(old: nn.Parameter, data: torch.Tensor) -> nn.Parameter:
+    """A Parameter of the same class as ``old`` holding ``data``, with ``old``'s attributes.
+
+    ``Module._apply`` builds ``Parameter(applied)`` when ``.data =`` cannot cross the tensor types (cpu -> meta),
+    which fails for Params4bit / Int8Params ("requires that detach() returns an instance of the same type") after
+    Params4bit.to has already moved the shared quant_state in place. Building the subclass directly and
+    copying its ``__dict__`` (quant_state, blocksize, CB/SCB, module ...) keeps it whole; the quant_state tensors
+    are moved by the caller as their own entries.
+    """
+    cls = type(old)
+    if cls is nn.Parameter:
+        return nn.Parameter(data, requires_grad=old.requires_grad)
+    new = torch.Tensor._make_subclass(cls, data, old.requires_grad)
+    d = _dict(old)
+    if d:
+        _dict(new).update(d)
+    return new  # type: ignore[return-value]
+
+
+def hook_refusal(hook: Any, device: torch.device | None) -> str | None:
+    """Why an accelerate hook forbids moving the module it sits on, or None."""
+    hooks = _dict(hook).get("hooks")
+    chain = list(hooks) if isinstance(hooks, (list, tuple)) else [hook]
+    for h in chain:
+        hd = _dict(h)
+        name = type(h).__name__
+        if hd.get("offload") or hd.get("weights_map") is not None:
+            return f"{name}(offload=True): its weights live in the hook's weights_map and are loaded per forward"
+        if name in ("CpuOffload", "UserCpuOffloadHook"):
+            return f"{name}: the hook moves the model to its execution device on every forward"
+        dev = hd.get("execution_device")
+        if dev is not None and device is not None:
+            try:
+                hook_dev = torch.device(dev)
+            except (RuntimeError, TypeError):
+                continue
+            if hook_dev.type != device.type or (hook_dev.index or 0) != (device.index or 0):
+                return f"{name}(execution_device={hook_dev}): the hook would move the inputs back to {hook_dev}"
+    return None
+
+
+HOOK_FIX = ("from accelerate.hooks import remove_hook_from_module\n"
+            "remove_hook_from_module(model, recurse=True)  # then torchdoctor.move(model, device=...)\n"
+            "# or keep the hooks and let them place the weights (pipe.enable_model_cpu_offload(device=...))")
+
+
+# --- what a cast may touch (the placement policy) ----------------------------------------------------------------------
+
+
+def fp32_scopes(w: Any, dtype: torch.dtype) -> list[tuple[str, list[str]]]:
+    """``(module path, patterns)`` kept fp32 for ``dtype``, matched as from_pretrained matches them."""
+    scopes = []
+    for path, mod in w.modules:
+        tp = type(mod)
+        if not (getattr(tp, "_keep_in_fp32_modules", None) or getattr(tp, "_keep_in_fp32_modules_strict", None)
+                or mod.__dict__.get("_keep_in_fp32_modules") or mod.__dict__.get("_keep_in_fp32_modules_strict")):
+            continue
+        dtype_plan = getattr(tp, "_get_dtype_plan", None)  # transformers: non-strict for fp16 only
+        try:
+            names = list(dtype_plan(mod, dtype)) if callable(dtype_plan) else list(
+                getattr(tp, "_keep_in_fp32_modules", None) or mod.__dict__.get("_keep_in_fp32_modules") or [])
+        except Exception:  # a library change must not break a move: fall back to the declared names
+            names = list(getattr(tp, "_keep_in_fp32_modules", None) or [])
+        if names:
+            scopes.append((path, [n for n in names if isinstance(n, str)]))
+    return scopes
+
+
+def kept_fp32(path: str, scopes: list[tuple[str, list[str]]]) -> bool:
+    for scope, names in scopes:
+        if scope and not path.startswith(scope + "."):
+            continue
+        rel = f".{path[len(scope) + 1:] if scope else path}."
+        if any(f".{n}." in rel for n in names):
+            return True
+    return False
+
+
+def target_dtype(e: Entry, dtype: torch.dtype | None, fp32: Any, adapters: dict[str, bool]) -> tuple[torch.dtype, str | None]:
+    t = e.tensor
+    if dtype is None or not (t.is_floating_point() or t.is_complex()) or (t.is_complex() and not dtype.is_complex):
+        return t.dtype, None
+    if e.role in ("quant_state", "offloaded", "subclass_inner") or (is_wrapper(t) and is_quantized_owner(t)):
+        return t.dtype, "quantization metadata"
+    if t.dtype in STORAGE_DTYPES:
+        return t.dtype, "packed storage dtype"
+    if packed_scale(e):
+        return t.dtype, "scale of packed storage"
+    if e.role == "attribute" and (e.module is None or isinstance(e.owner, torch.Tensor)):
+        return t.dtype, "tensor of a non-module object"
+    if fp32 is not None:
+        if adapters.get(e.path):
+            return t.dtype, "peft adapter kept float32"
+        if kept_fp32(e.path, fp32):
+            return torch.float32, "_keep_in_fp32_modules"
+    return dtype, None
+
+
+def adapters_kept_fp32(w: Any) -> dict[str, bool]:
+    """Path -> True for tensors of peft adapters that are float32 throughout (kept as peft made them)."""
+    if not any(type(m).__module__.startswith("peft.") for _, m in w.modules):
+        return {}
+    from torchdoctor._scan.scan import _Policy
+
+    adapter_of = _Policy(w, None, None, False).adapter_of
+    groups: dict[tuple[str, str], list[torch.Tensor]] = {}
+    for e in w.canonical():
+        key = adapter_of.get(e.path)
+        if key is not None and e.tensor.is_floating_point():
+            groups.setdefault(key, []).append(e.tensor)
+    fp32 = {k for k, ts in groups.items() if all(t.dtype == torch.float32 for t in ts)}
+    return {p: k in fp32 for p, k in adapter_of.items()}
+
+
+# --- moving, and putting moved tensors back into their owners, with undo records ------------------------------------------
+
+_LOSSLESS = {(a, b) for a in (torch.float16, torch.bfloat16) for b in (torch.float32, torch.float64)} | {
+    (torch.float32, torch.float64)}
+
+
+class UndoLog:
+    """Undo records, newest last. Whether an original stays referenced is decided per tensor (``keeps``)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode  # "auto" | "exact" | "off"
+        self.undo: list[Callable[[], None]] = []
+        self.lossy: list[str] = []
+
+    def keeps(self, cross_device: bool) -> bool:
+        # a cross-device original stays on the source device: keeping it costs the target nothing
+        return self.mode == "exact" or (self.mode == "auto" and cross_device)
+
+    def add(self, fn: Callable[[], None]) -> None:
+        if self.mode != "off":
+            self.undo.append(fn)
+
+    def rollback(self) -> None:
+        while self.undo:
+            self.undo.pop()()
+
+
+def data_of(t: torch.Tensor) -> torch.Tensor:
+    return t.data if isinstance(t, nn.Parameter) and not is_wrapper(t) else t
+
+
+def convert(t: torch.Tensor, device: torch.device, dtype: torch.dtype, non_blocking: bool) -> torch.Tensor:
+    """``t.to`` with only what changes (so ``cuda`` never re-targets a tensor already on ``cuda:0``)."""
+    same = t.device.type == device.type and (t.device.index or 0) == (device.index or 0)
+    return t.to(device=None if same else device, dtype=None if t.dtype == dtype else dtype,
+                non_blocking=non_blocking)
+
+
+def new_tensors(unit: list[tuple[torch.Tensor, torch.device, torch.dtype]], non_blocking: bool) -> list[torch.Tensor]:
+    """The moved data of one unit (tensor, target device, target dtype): one tensor, or views of one storage moved
+    once, each view rebuilt at its offset and strides (a storage shared by several tensors is copied once)."""
+    t0, device, dtype = unit[0]
+    if len(unit) == 1:
+        return [convert(t0 if is_wrapper(t0) else data_of(t0), device, dtype, non_blocking)]
+    datas = [data_of(t) for t, _, _ in unit]
+    cast = datas[0].dtype != dtype
+    st = datas[0].untyped_storage()
+    flat = torch.empty(0, dtype=datas[0].dtype if cast else torch.uint8, device=datas[0].device)
+    flat.set_(st, 0, (st.nbytes() // flat.element_size(),), (1,))
+    moved = convert(flat, device, dtype if cast else flat.dtype, non_blocking).untyped_storage()
+    return [torch.empty(0, dtype=dt, device=moved.device).set_(moved, d.storage_offset(), d.size(), d.stride())
+            for (_, _, dt), d in zip(unit, datas)]
+
+
+def compatible(old: torch.Tensor, new: torch.Tensor) -> bool:
+    """Whether ``param.data = new`` works, decided as ``Module._apply`` decides it."""
+    return (torch._has_compatible_shallow_copy_type(old, new) and not _is_fake(new)
+            and not torch.__future__.get_overwrite_module_params_on_conversion())
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    if type(t) in _PLAIN:
+        return False
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def install(e: Entry, aliases: list[Entry], new: torch.Tensor, device: torch.device, dtype: torch.dtype,
+            log: UndoLog, swapped: dict[int, torch.Tensor], non_blocking: bool) -> None:
+    """Put ``new`` where ``e`` (and its aliases) were, keeping Parameter objects where Module.to keeps them."""
+    slots = [e, *aliases]
+    for x in slots:
+        if x.slot != "param" and id(x.owner) in swapped:  # attributes of a Parameter replaced just before
+            x.owner = swapped[id(x.owner)]
+    t = e.tensor
+    old_device, old_dtype = t.device, t.dtype
+    cross = not (old_device.type == device.type and (old_device.index or 0) == (device.index or 0))
+    keep = log.keeps(cross)
+    lossy = e.path if not cross and not keep and (old_dtype, dtype) not in _LOSSLESS else None
+    if isinstance(t, nn.Parameter) and is_wrapper(t):
+        holder = nn.Parameter(new, requires_grad=t.requires_grad)
+        torch.utils.swap_tensors(t, holder)  # as Module._apply does for wrapper subclasses: same object
+        log.add(lambda: torch.utils.swap_tensors(t, holder))
+        return
+    if isinstance(t, nn.Parameter) and compatible(t, new):
+        old = t.data if keep else None
+        grad = t.grad
+        old_grad = grad.data if grad is not None and keep else None
+        t.data = new
+        if grad is not None:
+            grad.data = convert(grad.data, device, dtype if grad.is_floating_point() else grad.dtype, non_blocking)
+
+        def undo_data() -> None:
+            if grad is not None:
+                grad.data = old_grad if old_grad is not None else grad.data.to(old_device, old_dtype)
+            t.data = old if old is not None else t.data.to(old_device, old_dtype)
+            if lossy:
+                log.lossy.append(lossy)
+
+        log.add(undo_data)
+        return
+    original: torch.Tensor | None
+    if isinstance(t, nn.Parameter):
+        replacement: torch.Tensor = new_parameter(t, new)
+        if t.grad is not None:
+            replacement.grad = convert(t.grad, device, dtype, non_blocking)
+        swapped[id(t)] = replacement
+        original, lossy = t, None  # the old Parameter object comes back whole
+    else:
+        replacement, original = new, (t if keep else None)
+    for x in slots:
+        set_tensor(x, replacement)
+
+    def undo_slot() -> None:
+        back = original if original is not None else e.tensor.to(old_device, old_dtype)
+        for x in reversed(slots):
+            set_tensor(x, back)
+        if lossy:
+            log.lossy.append(lossy)
+
+    log.add(undo_slot)

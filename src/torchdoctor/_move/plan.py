@@ -1,0 +1,291 @@
+"""``move``: put every tensor of an object on one device / dtype, in place, verified, never half-moved.
+
+``Module.to`` moves parameters and buffers only: it leaves plain tensor attributes, list-held modules,
+bitsandbytes ``quant_state`` (before 0.45.3) and ``Linear8bitLt.state.CB/SCB`` behind, and
+``Linear4bit.to("meta")`` fails after moving the shared quant_state in place. ``move`` takes its
+tensors from the walker instead, keeps ``Parameter`` objects wherever ``Module.to`` would, moves shared storage
+once, casts only what a cast is meant for, verifies the result with ``scan``, and undoes everything when a
+tensor fails part-way.
+
+Dtype policy (``torchdoctor._scan.policy``): floating parameters, buffers and module attributes are cast;
+integer/bool tensors, packed storage, quantization metadata, tensors hanging off other tensors and tensors of
+plain objects (a scheduler's ``alphas_cumprod``, which ``pipe.to`` keeps fp32 too) are moved, never cast. With
+``keep_fp32=True`` the ``_keep_in_fp32_modules`` of transformers (non-strict for fp16 only, strict for fp16 and
+bf16, as ``from_pretrained`` applies them) and diffusers (any dtype) become fp32, and a peft adapter that is fp32
+throughout stays fp32 (peft's own default, ``autocast_adapter_dtype=True``); an adapter that would otherwise be
+mixed within itself is cast whole. ``keep_fp32=False`` casts exactly what ``Module.to`` casts.
+
+Rollback: ``"auto"`` keeps an original only where undoing needs it without costing the filling device memory:
+cross-device moves keep it on the source device; a same-device cast is undone by casting back, exact for
+widening casts, and for narrowing ones (fp32 -> bf16) the error names every tensor that lost precision.
+``"exact"`` (or True) keeps every original until the end (peak memory old + new for a cast); ``False`` undoes
+nothing and lists what moved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+from torchdoctor._move import owners as q
+from torchdoctor._report.model import PlacementError, Target
+from torchdoctor._placement import compact, device_str, parse_device, parse_dtype, same_device
+from torchdoctor._report.text import format_error, human_bytes, schema
+from torchdoctor._walk import Entry, walk
+
+__all__ = ["MoveReport", "Moved", "PlanStep", "plan"]
+
+_QUIET_VIA = frozenset({"param.data", "assign"})
+_MUTABLE = (dict, list)
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    """One thing ``move`` would do: ``path``, ``role``, ``found`` and ``expected`` (compact forms), ``via``.
+
+    ``via``: ``param.data`` (same Parameter object), ``new parameter`` (a new object of the same class, where
+    ``Module.to`` replaces it too), ``assign``, ``own .to`` (wrapper subclasses), or ``refused: <why>``.
+    """
+
+    path: str
+    role: str
+    found: str
+    expected: str
+    via: str
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        how = "" if self.via in _QUIET_VIA else f", {self.via}"
+        arrow = f" -> {self.expected}" if self.expected else ""
+        return f"{self.path}  {self.found}{arrow}  ({self.role}{how})"
+
+
+class Moved(NamedTuple):
+    """One path ``move`` changed: compact forms before and after, and the bytes it holds now."""
+
+    path: str
+    src: str
+    dst: str
+    nbytes: int
+
+
+@dataclass
+class MoveReport:
+    """What ``move`` did: ``moved`` rows (path, from, to, nbytes), ``kept`` (path, why not cast), ``bytes``."""
+
+    moved: list[Moved]
+    device: str | None
+    dtype: str | None
+    kept: list[tuple[str, str]] = field(default_factory=list)
+    storage_bytes: int = 0
+    seconds: float = 0.0
+    problems: tuple[Any, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def bytes(self) -> int:
+        """Bytes the moved tensors hold now, each storage once (tied weights, shared views)."""
+        return self.storage_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": schema("move"), "ok": self.ok, "device": self.device, "dtype": self.dtype,
+            "bytes": self.bytes, "seconds": round(self.seconds, 6),
+            "moved": [{"path": m.path, "from": m.src, "to": m.dst, "nbytes": m.nbytes} for m in self.moved],
+            "kept": [{"path": p, "reason": r} for p, r in self.kept],
+        }
+
+    def text(self, limit: int = 40) -> str:
+        where = " ".join(x for x in (self.device, self.dtype) if x)
+        lines = [f"moved {len(self.moved)} tensor(s), {human_bytes(self.bytes)}, to {where} in {self.seconds:.3f} s"]
+        lines.extend(f"  {m.path}  {m.src} -> {m.dst}" for m in self.moved[:limit])
+        if len(self.moved) > limit:
+            lines.append(f"  ... and {len(self.moved) - limit} more")
+        reasons: dict[str, int] = {}
+        for _, r in self.kept:
+            reasons[r] = reasons.get(r, 0) + 1
+        if reasons:
+            lines.append("not cast, on purpose: " + "; ".join(f"{n} x {r}" for r, n in reasons.items()))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+MoveReport.__module__ = "torchdoctor"
+
+
+# --- planning: what moves where, and what is refused (read-only) ------------------------------------------------
+
+
+@dataclass
+class _Step:
+    entry: Entry
+    aliases: list[Entry]
+    device: torch.device
+    dtype: torch.dtype
+    via: str
+    refused: tuple[str, str, str] | None = None  # (kind, why, fix)
+    group: Any = None
+
+    def public(self) -> PlanStep:
+        t = self.entry.tensor
+        via = f"refused: {self.refused[1]}" if self.refused else self.via
+        return PlanStep(self.entry.path, self.entry.role, self.entry.info().compact,
+                        compact(self.dtype, tuple(t.shape), self.device), via)
+
+
+@dataclass
+class _Plan:
+    steps: list[_Step]
+    refusals: list[tuple[str, str, str, str, str]]  # (kind, path, found, why, fix)
+    kept: list[tuple[str, str]]
+
+    def public(self) -> list[PlanStep]:
+        out = [PlanStep(path, kind, found, "", f"refused: {why}") for kind, path, found, why, _ in self.refusals
+               if kind in ("hook", "truncated")]
+        return out + [s.public() for s in self.steps]
+
+    def units(self) -> list[list[_Step]]:
+        """Steps in canonical order; views of one storage form one unit, moved once where its first member is."""
+        groups: dict[Any, list[_Step]] = {}
+        for s in self.steps:
+            if s.group is not None:
+                groups.setdefault(s.group, []).append(s)
+        units, done = [], set()
+        for s in self.steps:
+            if s.group is None or len(groups[s.group]) == 1:
+                units.append([s])
+            elif s.group not in done:
+                done.add(s.group)
+                units.append(groups[s.group])
+        return units
+
+    def raise_refusals(self) -> None:
+        if not self.refusals:
+            return
+        rows = [f"{path}  {found}  {why}" for _, path, found, why, _ in self.refusals]
+        kinds = {r[0] for r in self.refusals}
+        fixes = "\n".join(dict.fromkeys(r[4] for r in self.refusals if r[4]))
+        if kinds == {"immutable"}:
+            raise TypeError(format_error(
+                f"move changes objects in place, and {len(rows)} tensor(s) sit in immutable tuples; nothing was "
+                "moved", rows, fixes))
+        heads = {"meta": "hold no data (meta)", "hook": "are managed by accelerate hooks", "immutable":
+                 "sit in immutable tuples", "quant": "are quantized weights move cannot carry as they are",
+                 "truncated": "may be missed (the walk hit a bound)"}
+        head = "; ".join(f"{sum(1 for r in self.refusals if r[0] == k)} {heads[k]}" for k in sorted(kinds))
+        raise PlacementError(format_error(f"move refused, nothing was moved: {head}", rows, fixes), fix=fixes)
+
+
+def _storage_key(t: torch.Tensor) -> Any:
+    try:
+        st = t.untyped_storage()
+        return (t.device, st._cdata) if st.nbytes() else None
+    except Exception:  # wrapper subclasses and sparse layouts have no single storage
+        return None
+
+
+def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep_fp32: bool) -> _Plan:
+    if isinstance(obj, Target):
+        obj = obj.obj
+    if isinstance(obj, torch.Tensor):
+        raise TypeError("move changes objects in place, and a tensor cannot change its device in place: use "
+                        "t = t.to(device, dtype), or put tensors in a dict or module and move that")
+    if isinstance(obj, (str, bytes, os.PathLike)):
+        raise TypeError(f"move works on objects in memory, not on files ({obj!r}): load the checkpoint first "
+                        "(torchdoctor scan FILE says what it holds)")
+    w = walk(obj)
+    refusals = [("truncated", p.path, p.found, p.message, "") for p in w.problems]
+    for mpath, _mod, hook in w.hooks:
+        why = q.hook_refusal(hook, device)
+        if why:
+            refusals.append(("hook", f"{mpath}._hf_hook" if mpath else "_hf_hook", type(hook).__name__, why, q.HOOK_FIX))
+    aliases: dict[str, list[Entry]] = {}
+    for e in w.entries:
+        if e.alias_of is not None:
+            aliases.setdefault(e.alias_of, []).append(e)
+    fp32 = q.fp32_scopes(w, dtype) if dtype is not None and keep_fp32 else None
+    adapters = q.adapters_kept_fp32(w) if dtype is not None and keep_fp32 else {}
+    steps, kept = [], []
+    keys: dict[Any, list[_Step]] = {}
+    for e in w.canonical():
+        t = e.tensor
+        if (e.slot == "inner" and q.is_wrapper(e.owner)) or e.role == "offloaded":
+            continue  # moved by the wrapper's own .to; offloaded weights belong to their (refused) hook
+        target_dt, reason = q.target_dtype(e, dtype, fp32, adapters)
+        if reason and target_dt != dtype:
+            kept.append((e.path, reason))
+        target_dev = device if device is not None else t.device
+        if same_device(t.device, target_dev) and t.dtype == target_dt:
+            continue
+        if q.is_wrapper(t):
+            via = "own .to"
+        elif isinstance(t, torch.nn.Parameter):
+            via = "param.data" if (t.device.type == "meta") == (target_dev.type == "meta") else "new parameter"
+        else:
+            via = "assign"
+        s = _Step(e, aliases.get(e.path, []), target_dev, target_dt, via)
+        if t.device.type == "meta" and target_dev.type != "meta":
+            s.refused = ("meta", "on meta: no data to move",
+                         f"model.to_empty(device={device_str(target_dev)!r})  # allocate, then load the weights:\n"
+                         "model.load_state_dict(state_dict)  # or load_state_dict(state_dict, assign=True)")
+        elif via != "param.data" and any(x.slot == "item" and not isinstance(x.owner, _MUTABLE) for x in [e, *s.aliases]):
+            where = e.path if not isinstance(e.owner, _MUTABLE) else next(x.path for x in s.aliases)
+            s.refused = ("immutable", f"held in an immutable {type(e.owner).__name__} ({where})",
+                         "keep such tensors in a list or dict, or rebuild the tuple yourself: "
+                         "obj.x = tuple(t.to(device) for t in obj.x)")
+        elif not same_device(t.device, target_dev):
+            bnb = q.refusal(e, target_dev)
+            if bnb:
+                s.refused = ("quant", bnb[0], bnb[1])
+        if s.refused:
+            refusals.append((s.refused[0], e.path, e.info().compact, s.refused[1], s.refused[2]))
+        if via != "own .to" and q.real_storage(t):
+            key = _storage_key(t)
+            if key is not None:
+                keys.setdefault(key, []).append(s)
+        steps.append(s)
+    for key, members in keys.items():
+        if len(members) > 1 and _groupable(members):
+            for s in members:
+                s.group = key
+    return _Plan(steps, refusals, kept)
+
+
+def _groupable(members: list[_Step]) -> bool:
+    """Views of one storage move as one flat copy when they agree on where to go (and, if cast, on dtypes)."""
+    first = members[0]
+    src = q.data_of(first.entry.tensor)
+    if any(not same_device(s.device, first.device) for s in members):
+        return False
+    if all(q.data_of(s.entry.tensor).dtype == s.dtype for s in members):
+        return True  # device only: the bytes move once, every view keeps its own dtype
+    return (all(q.data_of(s.entry.tensor).dtype == src.dtype and s.dtype == first.dtype for s in members)
+            and src.untyped_storage().nbytes() % src.element_size() == 0)
+
+
+def plan(obj: Any, *, device: str | torch.device | int | None = None, dtype: str | torch.dtype | None = None,
+         keep_fp32: bool = True) -> list[PlanStep]:
+    """What ``move(obj, device, dtype)`` would do, one step per tensor that would change; read-only.
+
+    >>> m = torch.nn.Linear(2, 2)
+    >>> print(plan(m, dtype="bf16")[0])
+    weight  f32[2,2]@cpu -> bf16[2,2]@cpu  (parameter)
+    """
+    dev = parse_device(device) if device is not None else None
+    dt = parse_dtype(dtype) if dtype is not None else None
+    return build(obj, dev, dt, keep_fp32).public()
+
+
+
+

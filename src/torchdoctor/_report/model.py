@@ -1,0 +1,262 @@
+"""The one result model every verb speaks: tensors, problems, errors, targets and the scan report.
+
+Results are frozen dataclasses with fields; rendering is separate (``torchdoctor._report.text``) and every
+device or dtype in them is printed by ``torchdoctor._placement``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from torchdoctor._placement import compact, device_str, dtype_str
+from torchdoctor._report.text import human_bytes, render_problems, schema
+
+_META = torch.device("meta")
+_COMPACT: dict[tuple[Any, ...], str] = {}  # (dtype, shape, device) -> compact form; shapes repeat across layers
+
+ROLES = ("parameter", "buffer", "attribute", "quant_state", "subclass_inner", "container", "offloaded")
+KINDS = ("device", "dtype", "meta", "saved_device", "quant_incomplete", "unsafe_global", "unsupported_dtype",
+         "unsupported_op", "truncated")
+
+
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor reachable from an object, at one path."""
+
+    path: str
+    role: str
+    device: torch.device
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+    moved_by_module_to: bool
+    alias_of: str | None = None
+
+    def __init__(self, path: str, role: str, device: torch.device, dtype: torch.dtype, shape: tuple[int, ...],
+                 nbytes: int, moved_by_module_to: bool, alias_of: str | None = None) -> None:
+        # One dict store instead of eight frozen __setattr__ calls: scan builds one row per tensor path, and on a
+        # 70B-shaped model the generated __init__ alone cost a third of a bare named_parameters() loop.
+        object.__setattr__(self, "__dict__", {
+            "path": path, "role": role, "device": device, "dtype": dtype, "shape": shape, "nbytes": nbytes,
+            "moved_by_module_to": moved_by_module_to, "alias_of": alias_of})
+
+    @property
+    def compact(self) -> str:
+        key = (self.dtype, self.shape, self.device)
+        text = _COMPACT.get(key)
+        if text is None:
+            text = compact(self.dtype, self.shape, self.device)
+            if len(_COMPACT) > 8192:
+                _COMPACT.clear()
+            _COMPACT[key] = text
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "role": self.role,
+            "device": device_str(self.device),
+            "dtype": dtype_str(self.dtype),
+            "shape": list(self.shape),
+            "nbytes": self.nbytes,
+            "moved_by_module_to": self.moved_by_module_to,
+            "alias_of": self.alias_of,
+        }
+
+    @classmethod
+    def of(cls, path: str, tensor: torch.Tensor, role: str = "attribute", moved_by_module_to: bool = False) -> TensorInfo:
+        return cls(
+            path,
+            role,
+            tensor.device,
+            tensor.dtype,
+            tuple(tensor.shape),
+            tensor.nelement() * tensor.element_size(),
+            moved_by_module_to,
+        )
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding. ``found`` / ``expected`` are short strings (``cuda:0``, ``bfloat16``, compact forms)."""
+
+    kind: str
+    path: str
+    role: str
+    found: str
+    expected: str
+    message: str
+    op: str | None = None
+    module_path: str | None = None
+    module_type: str | None = None
+    tensors: tuple[str, ...] = ()
+
+    def __init__(self, kind: str, path: str, role: str, found: str, expected: str, message: str, op: str | None = None,
+                 module_path: str | None = None, module_type: str | None = None, tensors: tuple[str, ...] = ()) -> None:
+        # see TensorInfo.__init__: a model built on meta gives one Problem per tensor
+        object.__setattr__(self, "__dict__", {
+            "kind": kind, "path": path, "role": role, "found": found, "expected": expected, "message": message,
+            "op": op, "module_path": module_path, "module_type": module_type, "tensors": tensors})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["tensors"] = list(self.tensors)
+        return d
+
+    def __str__(self) -> str:
+        return f"{self.kind:<8} {self.path}: {self.message}"
+
+
+
+class PlacementError(RuntimeError):
+    """A tensor is on the wrong device or in the wrong dtype; says which module, which tensors and the fix."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        module_path: str | None = None,
+        module_type: str | None = None,
+        op: str | None = None,
+        tensors: Sequence[Any] = (),
+        problems: Sequence[Problem] = (),
+        fix: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.module_path = module_path
+        self.module_type = module_type
+        self.op = op
+        self.tensors = tuple(tensors)
+        self.problems = tuple(problems)
+        self.fix = fix
+
+
+class PlacementWarning(UserWarning):
+    """A placement problem that was reported and then let through (guard ``warn`` mode, soft findings)."""
+
+
+PlacementError.__module__ = "torchdoctor"
+PlacementWarning.__module__ = "torchdoctor"
+
+
+@dataclass
+class Target:
+    """What a CLI target or a test hands to the verbs: the object and, optionally, call arguments."""
+
+    obj: Any
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+Target.__module__ = "torchdoctor"
+
+
+def _storage_key(info: TensorInfo, tensor: torch.Tensor | None) -> Any:
+    if tensor is None or info.device == _META:
+        return None
+    try:
+        st = tensor.untyped_storage()
+        return (info.device, st.data_ptr(), st.nbytes())
+    except Exception:
+        return None
+
+
+@dataclass
+class ScanReport:
+    """What ``scan`` found: ``.ok``, ``.problems``, ``.tensors`` (one row per path), ``.summary``, ``.to_dict()``."""
+
+    tensors: tuple[TensorInfo, ...]
+    problems: tuple[Problem, ...]
+    expected: dict[str, dict[str, str]] = field(default_factory=dict)
+    source: str | None = None
+    truncated: bool = False
+    summary: tuple[dict[str, Any], ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+    verb: str = "scan"
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __bool__(self) -> bool:  # ``if report:`` reads as "is it fine"
+        return self.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "schema": schema(self.verb),
+            "ok": self.ok,
+            "source": self.source,
+            "truncated": self.truncated,
+            "expected": self.expected,
+            "problems": [p.to_dict() for p in self.problems],
+            "summary": list(self.summary),
+            "tensors": [t.to_dict() for t in self.tensors],
+        }
+        doc.update(self.extra)
+        return doc
+
+    def text(self, limit: int = 40) -> str:
+        return render_report(self, limit=limit)
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+def summarize(rows: Iterable[tuple[TensorInfo, torch.Tensor | None]]) -> tuple[dict[str, Any], ...]:
+    """Group by (device, dtype), counting each storage once (tied weights, views, aliases)."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}  # -> [tensors, nbytes]
+    seen: set[Any] = set()
+    for info, tensor in rows:
+        if info.alias_of is not None:
+            continue
+        if tensor is not None and info.device != _META:  # not ``.type``: it builds a new string per call
+            key = _storage_key(info, tensor)
+            if key is not None:
+                if key in seen:
+                    continue
+                seen.add(key)
+        g = groups.get((info.device, info.dtype))
+        if g is None:
+            g = groups[(info.device, info.dtype)] = [0, 0]
+        g[0] += 1
+        g[1] += info.nbytes
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for (dev, dt), (n, nbytes) in groups.items():
+        key = (device_str(dev), dtype_str(dt))  # cuda and cuda:0 are one group
+        m = merged.setdefault(key, {"device": key[0], "dtype": key[1], "tensors": 0, "nbytes": 0})
+        m["tensors"] += n
+        m["nbytes"] += nbytes
+    return tuple(sorted(merged.values(), key=lambda g: -g["nbytes"]))
+
+
+
+
+def render_report(report: ScanReport, limit: int = 40) -> str:
+    """Problems first, by path, then the compact summary."""
+    lines: list[str] = []
+    head = report.source or "object"
+    n_alias = sum(1 for t in report.tensors if t.alias_of)
+    if report.problems:
+        lines.append(f"{len(report.problems)} problem(s) in {head}:")
+        lines.extend(render_problems(report.problems, limit))
+    else:
+        lines.append(f"ok: no placement problems in {head}")
+    if report.expected:
+        exp = ", ".join(
+            f"{name or '<root>'}: {e.get('device', '?')} {e.get('dtype', '?')}" for name, e in list(report.expected.items())[:8]
+        )
+        more = f" (+{len(report.expected) - 8} more)" if len(report.expected) > 8 else ""
+        lines.append(f"expected: {exp}{more}")
+    lines.append(f"{len(report.tensors)} tensor paths ({n_alias} aliases); by device and dtype, each storage once:")
+    for g in report.summary[:limit]:
+        lines.append(f"  {g['device']:<8} {g['dtype']:<14} {g['tensors']:>7} tensors  {human_bytes(g['nbytes']):>11}")
+    if len(report.summary) > limit:
+        lines.append(f"  ... and {len(report.summary) - limit} more groups")
+    return "\n".join(lines)

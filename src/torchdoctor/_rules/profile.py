@@ -1,0 +1,77 @@
+"""What a target device can do: the profile the strict rules and the simulator consult.
+
+A profile is data. ``DeviceProfile.for_device("cuda:1")`` gives sensible defaults (an 80 GB capability-9.0
+GPU, enough devices for the index asked); pass your own to ask "would this run on a T4 (7.5)?".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from torchdoctor._placement import parse_device
+
+_GIB = 1024**3
+
+# Dtypes a device type cannot compute in, whatever its capability (MPS has no float64 kernels).
+_NEVER = {
+    "mps": frozenset({"float64", "complex128"}),
+}
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """A virtual device type: how many, which capability, how much memory, which dtypes it cannot run.
+
+    >>> DeviceProfile.for_device("cuda:1").count
+    2
+    >>> DeviceProfile(type="cuda", capability=(7, 5)).supports("bfloat16", "matmul")
+    False
+    """
+
+    type: str = "cuda"
+    count: int = 1
+    capability: tuple[int, int] = (9, 0)
+    memory: int = 80 * _GIB
+    name: str = ""
+    unsupported_dtypes: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"DeviceProfile.count must be >= 1, got {self.count}")
+        if self.type not in ("cuda", "xpu", "mps", "cpu", "meta", "hpu", "npu"):
+            raise ValueError(f"DeviceProfile.type {self.type!r} is not a device type (cuda, xpu, mps, cpu)")
+
+    @classmethod
+    def for_device(cls, device: str | torch.device, **overrides: object) -> DeviceProfile:
+        d = parse_device(device)
+        defaults: dict[str, object] = {"type": d.type, "count": (d.index or 0) + 1}
+        if d.type == "mps":
+            defaults.update(capability=(0, 0), memory=32 * _GIB, name="Apple M-series (virtual)")
+        elif d.type == "xpu":
+            defaults.update(capability=(0, 0), memory=48 * _GIB, name="Intel Data Center GPU (virtual)")
+        elif d.type == "cuda":
+            defaults.update(name="NVIDIA H100 (virtual)")
+        defaults.update(overrides)
+        return cls(**defaults)  # type: ignore[arg-type]
+
+    def with_count(self, count: int) -> DeviceProfile:
+        return replace(self, count=max(count, self.count))
+
+    def supports(self, dtype: torch.dtype | str, family: str = "compute") -> bool:
+        """Can this device run ``family`` (matmul, conv, norm, sdpa, scaled_mm, storage, compute) in ``dtype``?"""
+        name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+        if name in self.unsupported_dtypes or name in _NEVER.get(self.type, frozenset()):
+            return family == "storage" and self.type != "mps"
+        if name.startswith("float8") and family in ("matmul", "conv", "norm", "sdpa") and self.type != "cpu":
+            return False  # GPUs compute float8 only through _scaled_mm ("addmm_cuda" not implemented for 'Float8_e4m3fn')
+        if self.type == "cuda":
+            major_minor = self.capability
+            if name == "bfloat16" and family in ("matmul", "conv", "sdpa", "compute") and major_minor < (8, 0):
+                return False
+            if name.startswith("float8") and family in ("matmul", "scaled_mm", "compute") and major_minor < (8, 9):
+                return False
+        if self.type == "mps" and name.startswith("float8") and family != "storage":
+            return False
+        return True

@@ -1,0 +1,376 @@
+"""The strict rules: which devices and dtypes an aten op accepts together, as data.
+
+``check(op, args, kwargs, profile)`` judges one op call before it runs, as ``guard(mode="strict")`` and
+``simulate`` see it from a ``TorchDispatchMode``. The rules are directional: a norm accepts a bf16 input
+with fp32 weight and bias but not the reverse; mm/linear/conv need equal dtypes; a CPU 0-dim scalar may join
+a device op; indexing accepts CPU indices; copies cross devices. A meta tensor meeting real data is always a
+problem: on CPU, linear/matmul/conv with a meta weight silently return uninitialised memory.
+
+The table itself lives in ``_rules_table`` (registered on import); this module is the machinery. Rules are
+registered per op family by ``@rule`` (which refuses duplicates); ``RULES.merged({...})`` gives a
+copy with per-call overrides. Cost matters (a dispatch mode pays this on every aten op): one level over args and kwargs, a dict lookup
+keyed by the ``OpOverload``, and a fast path that returns at once when every tensor shares device and dtype.
+
+>>> import torch
+>>> a, b = torch.ones(2, 2), torch.ones(2, 2, dtype=torch.bfloat16)
+>>> check(torch.ops.aten.mm.default, (a, b), {}).kind
+'dtype'
+>>> check(torch.ops.aten.native_layer_norm.default, (b, [2], a[0], a[0], 1e-5), {}) is None
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchdoctor._report.model import Problem
+from torchdoctor._placement import compact, device_str, dtype_str
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchdoctor._rules.profile import DeviceProfile
+
+__all__ = ["RULES", "Finding", "Rule", "Rules", "check", "check_all", "describe_args", "find", "rule", "tensor_device"]
+
+_Tensor = torch.Tensor
+Key = tuple[Any, int]  # (position or kwarg name, index in a list argument or -1)
+
+
+def tensor_device(t: torch.Tensor) -> torch.device:
+    """The device a tensor stands for: a simulator's virtual ``_td_device``, a FakeTensor's ``fake_device``,
+    else ``t.device``. Every rule sees devices through this one function."""
+    d = getattr(t, "_td_device", None)
+    if d is not None:
+        return d if isinstance(d, torch.device) else torch.device(d)
+    d = getattr(t, "fake_device", None)
+    if d is not None:
+        return d
+    return t.device
+
+
+def _norm(d: torch.device) -> torch.device:
+    # cuda == cuda:0; cpu stays bare
+    if d.index is None and d.type not in ("cpu", "meta"):
+        return torch.device(d.type, 0)
+    return d
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A problem plus what a fixer needs: which arguments to move (``offenders``) and where (``target``).
+
+    ``considered`` are the arguments that take part in the agreement; a fixer may pick another ``target``
+    among their values (the model's majority) and move every considered argument that differs.
+    """
+
+    problem: Problem
+    attr: str  # "device" | "dtype" | ""
+    target: Any  # torch.device | torch.dtype | None
+    offenders: tuple[Key, ...]
+    considered: tuple[Key, ...] = ()
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One op family: its device policy, its dtype check and the profile family for dtype support."""
+
+    family: str
+    ops: tuple[str, ...]
+    device: str  # "same" | "index" | "copy" | "free"
+    dtype: Check | None
+    support: str = "storage"  # DeviceProfile.supports family (matmul, conv, norm, sdpa, scaled_mm, storage)
+    uniform_too: bool = False  # judge even when every tensor shares device and dtype (float embedding indices)
+
+
+Check = Callable[["_Call"], "list[Finding]"]
+
+
+@dataclass
+class _Call:
+    """One op call, tensors gathered once (slow path only)."""
+
+    op: Any
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any]
+    tensors: list[tuple[Key, torch.Tensor]]
+    names: tuple[str, ...]
+
+    def name_of(self, key: Key) -> str:
+        pos = key[0]
+        if isinstance(pos, str):
+            return pos
+        return self.names[pos] if pos < len(self.names) else f"arg{pos}"
+
+    def label(self, key: Key) -> str:
+        pos, j = key
+        item = f"[{j}]" if j >= 0 else ""
+        if isinstance(pos, str):
+            return f"kwarg {pos}{item}"
+        return f"arg {pos} ({self.name_of(key)}{item})"
+
+    def get(self, pos: Any) -> Any:
+        if isinstance(pos, str):
+            return self.kwargs.get(pos)
+        if pos < len(self.args):
+            return self.args[pos]
+        name = self.names[pos] if pos < len(self.names) else None
+        return self.kwargs.get(name) if name else None
+
+    def tensor(self, pos: Any) -> torch.Tensor | None:
+        v = self.get(pos)
+        return v if isinstance(v, _Tensor) else None
+
+    def key_of(self, pos: int) -> Key:
+        return (pos, -1) if pos < len(self.args) else (self.names[pos], -1)
+
+
+class Rules:
+    """The registry: family name -> ``Rule``; op name (``aten::mm``) -> family. Lookups cached per OpOverload."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, Rule] = {}
+        self.by_name: dict[str, str] = {}
+        self._by_op: dict[Any, Rule] = {}
+
+    def add(self, r: Rule) -> None:
+        if r.family in self.families:
+            raise ValueError(f"rule family {r.family!r} is registered twice")
+        for name in r.ops:
+            if name in self.by_name:
+                raise ValueError(f"op {name!r} already belongs to rule family {self.by_name[name]!r}")
+        self.families[r.family] = r
+        for name in r.ops:
+            self.by_name[name] = r.family
+
+    def merged(self, overrides: Mapping[str, str | Rule]) -> Rules:
+        """A copy where each ``op name -> family name`` (or ``-> Rule``) override applies; the global table stays."""
+        new = Rules()
+        new.families = dict(self.families)
+        new.by_name = dict(self.by_name)
+        for name, target in overrides.items():
+            name = _qualified(name)
+            if isinstance(target, Rule):
+                new.families[target.family] = target
+                target = target.family
+            if target not in new.families:
+                raise ValueError(f"unknown rule family {target!r}; known: {', '.join(new.families)}")
+            new.by_name[name] = target
+        return new
+
+    def for_op(self, op: Any) -> Rule:
+        r = self._by_op.get(op)
+        if r is None:
+            r = self._by_op[op] = self._lookup(op)
+        return r
+
+    def _lookup(self, op: Any) -> Rule:
+        schema = getattr(op, "_schema", None)
+        name = schema.name if schema is not None else str(op)
+        fam = self.by_name.get(name)
+        if fam is None:
+            base = name.split("::")[-1]
+            if base.startswith(("_foreach_", "_fused_")):
+                fam = "multi_tensor"
+            elif "scaled_dot_product" in base or base in ("_flash_attention_forward", "_efficient_attention_forward"):
+                fam = "attention"
+            else:
+                fam = "elementwise"
+        return self.families[fam]
+
+
+def _qualified(name: str) -> str:
+    return name if "::" in name else f"aten::{name}"
+
+
+RULES = Rules()
+DEVICE_POLICIES: dict[str, Check] = {}  # "same" | "index" | "copy" | "free" -> device check (``_rules_table``)
+
+
+def rule(family: str, ops: Sequence[str] = (), *, device: str = "same", support: str = "storage",
+         uniform_too: bool = False) -> Callable[[Check | None], Check | None]:
+    """Register the dtype check of an op family (``None`` for families with a device policy only)."""
+
+    def register(fn: Check | None) -> Check | None:
+        RULES.add(Rule(family, tuple(_qualified(o) for o in ops), device, fn, support, uniform_too))
+        return fn
+
+    return register
+
+
+# --- calls ---------------------------------------------------------------------------------------------------
+
+
+def _gather(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[tuple[Key, torch.Tensor]]:
+    out: list[tuple[Key, torch.Tensor]] = []
+    for i, a in enumerate(args):
+        if isinstance(a, _Tensor):
+            out.append(((i, -1), a))
+        elif type(a) is list or type(a) is tuple:
+            out.extend(((i, j), b) for j, b in enumerate(a) if isinstance(b, _Tensor))
+    for k, a in kwargs.items():
+        if isinstance(a, _Tensor):
+            out.append(((k, -1), a))
+        elif type(a) is list or type(a) is tuple:
+            out.extend(((k, j), b) for j, b in enumerate(a) if isinstance(b, _Tensor))
+    return out
+
+
+def label(op: Any, key: Key) -> str:
+    """How messages name one argument of ``op``: ``arg 1 (mat2)``, ``arg 1 (indices[0])``, ``kwarg attn_mask``."""
+    return _Call(op, (), {}, [], _arg_names(op)).label(key)
+
+
+def _problem(c: _Call, kind: str, offenders: Sequence[Key], found: str, expected: str, message: str) -> Problem:
+    return Problem(kind, c.label(offenders[0]) if offenders else str(c.op), "argument", found, expected,
+                   f"{c.op}: {message}", op=str(c.op), tensors=tuple(describe_call(c)))
+
+
+# --- profile limits ------------------------------------------------------------------------------------------
+
+_SUPPORT_CACHE: dict[tuple[int, torch.dtype, str], tuple[Any, bool]] = {}
+
+
+def _supports(profile: DeviceProfile, dtype: torch.dtype, family: str) -> bool:
+    key = (id(profile), dtype, family)
+    hit = _SUPPORT_CACHE.get(key)
+    if hit is None or hit[0] is not profile:
+        hit = _SUPPORT_CACHE[key] = (profile, profile.supports(dtype, family))
+    return hit[1]
+
+
+def _profile_findings(c: _Call, r: Rule, profile: DeviceProfile) -> list[Finding]:
+    out: list[Finding] = []
+    seen: set[torch.dtype] = set()
+    for k, t in c.tensors:
+        dt = t.dtype
+        if dt in seen or not (dt.is_floating_point or dt.is_complex):
+            continue
+        if tensor_device(t).type != profile.type or _supports(profile, dt, r.support):
+            continue
+        seen.add(dt)
+        out.append(_unsupported(c, k, dt, r.support, profile))
+    want_dt, want_dev = c.kwargs.get("dtype"), c.kwargs.get("device")
+    if isinstance(want_dt, torch.dtype) and want_dt not in seen and want_dev is not None:
+        if torch.device(want_dev).type == profile.type and not _supports(profile, want_dt, "storage"):
+            out.append(_unsupported(c, ("dtype", -1), want_dt, "storage", profile))
+    return out
+
+
+def _unsupported(c: _Call, k: Key, dt: torch.dtype, family: str, profile: DeviceProfile) -> Finding:
+    where = f"{profile.type} (capability {profile.capability[0]}.{profile.capability[1]})" if profile.type == "cuda" \
+        else profile.type
+    what = f"hold {dtype_str(dt)} tensors" if family == "storage" else f"run {family} in {dtype_str(dt)}"
+    msg = f"{c.label(k)}: {where} cannot {what}"
+    return Finding(_problem(c, "unsupported_dtype", [k], dtype_str(dt), f"a dtype {profile.type} supports", msg),
+                   "", None, (k,))
+
+
+# --- entry points --------------------------------------------------------------------------------------------
+
+
+_NAMES: dict[Any, tuple[str, ...]] = {}
+
+
+def _arg_names(op: Any) -> tuple[str, ...]:
+    names = _NAMES.get(op)
+    if names is None:
+        schema = getattr(op, "_schema", None)
+        names = _NAMES[op] = tuple(a.name for a in schema.arguments) if schema is not None else ()
+    return names
+
+
+def _uniform(seq: Any, state: list[Any]) -> bool:
+    """One level over ``seq``; ``state`` is [device, dtype, dtypes differ] of the tensors so far. False as soon as
+    two devices differ; differing dtypes only set ``state[2]`` (most ops have no dtype rule: ``where`` with a
+    bool mask, ``embedding`` with int64 indices)."""
+    for a in seq:
+        if isinstance(a, _Tensor):
+            if state[1] is None:
+                state[0], state[1] = tensor_device(a), a.dtype
+            else:
+                if tensor_device(a) != state[0]:
+                    return False
+                if a.dtype is not state[1]:
+                    state[2] = True
+        elif type(a) is list or type(a) is tuple:
+            if not _uniform(a, state):
+                return False
+    return True
+
+
+def find(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
+         profile: DeviceProfile | None = None, rules: Rules | None = None) -> list[Finding]:
+    """Every finding of one op call, device/meta problems first (the machinery behind ``check``)."""
+    kwargs = kwargs or {}
+    table = rules or RULES
+    r = table._by_op.get(op) or table.for_op(op)
+    state: list[Any] = [None, None, False]  # fast path (runs per aten op): one device and no dtype rule to judge
+    if _uniform(args, state) and (not kwargs or _uniform(kwargs.values(), state)) and not r.uniform_too:
+        if state[0] is not None and state[0].type == "meta" and "device" in kwargs:
+            pass  # a copy out of meta: let the copy rule look
+        elif state[2] and (r.dtype is not None or profile is not None):
+            pass  # dtypes differ: the family's dtype rule or the profile's limits must look
+        elif profile is None:
+            return []
+        elif state[1] is None:
+            if "dtype" not in kwargs or "device" not in kwargs:
+                return []
+        elif state[0].type != profile.type or _supports(profile, state[1], r.support):
+            return []
+    c = _Call(op, args, kwargs, _gather(args, kwargs), _arg_names(op))
+    out = DEVICE_POLICIES[r.device](c)
+    if r.dtype is not None:
+        out.extend(r.dtype(c))
+    if profile is not None:
+        out.extend(_profile_findings(c, r, profile))
+    return out
+
+
+def check(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
+          profile: DeviceProfile | None = None, rules: Rules | None = None) -> Problem | None:
+    """The first problem of one op call, or None. ``op`` is an aten ``OpOverload``; ``args``/``kwargs`` as a
+    ``TorchDispatchMode`` receives them. ``Problem.path`` names the argument (``arg 1 (mat2)``); callers that
+    know parameter paths fill in ``module_path`` and replace it.
+
+    >>> import torch
+    >>> x = torch.ones(2, 2)
+    >>> p = check(torch.ops.aten.mm.default, (x, x.to("meta")), {})
+    >>> p.kind, p.path, p.found, p.expected
+    ('meta', 'arg 1 (mat2)', 'meta', 'cpu')
+    >>> check(torch.ops.aten.add.Tensor, (x, torch.tensor(2.0, dtype=torch.float64)), {}) is None
+    True
+    """
+    found = find(op, args, kwargs, profile, rules)
+    return found[0].problem if found else None
+
+
+def check_all(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
+              profile: DeviceProfile | None = None, rules: Rules | None = None) -> list[Problem]:
+    """Every problem of one op call (``check`` returns the first)."""
+    return [f.problem for f in find(op, args, kwargs, profile, rules)]
+
+
+def _compact(t: torch.Tensor) -> str:
+    try:
+        return compact(t.dtype, tuple(int(s) for s in t.shape), tensor_device(t))
+    except Exception:  # symbolic shapes, odd subclasses: never break a diagnostic
+        return f"{dtype_str(t.dtype)}[?]@{device_str(tensor_device(t))}"
+
+
+def describe_call(c: _Call) -> list[str]:
+    return [f"{c.label(k)}: {_compact(t)}" for k, t in c.tensors]
+
+
+def describe_args(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> list[str]:
+    """``['arg 0 (self): f32[2,2]@cpu', 'arg 1 (mat2): bf16[2,2]@cpu']``, one line per tensor argument.
+
+    >>> import torch
+    >>> describe_args(torch.ops.aten.mm.default, (torch.ones(2, 3), torch.ones(3, 1, dtype=torch.bfloat16)))
+    ['arg 0 (self): f32[2,3]@cpu', 'arg 1 (mat2): bf16[3,1]@cpu']
+    """
+    kwargs = kwargs or {}
+    return describe_call(_Call(op, args, kwargs, _gather(args, kwargs), _arg_names(op)))
+

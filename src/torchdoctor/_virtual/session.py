@@ -1,0 +1,157 @@
+"""Virtual devices around a block of the user's own code: what ``@pytest.mark.simulate`` runs a test body under.
+
+``simulate`` copies one object and drives it; a test builds its own objects and moves them itself. Here nothing is
+copied: inside ``virtual_devices(...)`` the runtime answers for the profile's hardware (``torch.cuda.is_available()``
+is True, ``device_count()`` is the profile's count), ``tensor.to("cuda:1")`` and factories with ``device="cuda:1"``
+give virtual tensors, and every aten op on them is checked by the strict rules. Problems are recorded by module and
+tensor path and the run goes on as if each were fixed; on exit they are raised together as one ``PlacementError``.
+Values are real (``data="cpu"``), so the test's own assertions on numbers still hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from torchdoctor._rules.profile import DeviceProfile
+from torchdoctor._report.model import PlacementError, Problem
+from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
+from torchdoctor._report.text import render_problems
+from torchdoctor._virtual.simulate import LIMIT, _Recorder, _Stop
+from torchdoctor._virtual.tensor import Space, is_virtual
+from torchdoctor._virtual.runtime import ModuleStack, virtual_world
+
+__all__ = ["VirtualSession", "virtual_devices"]
+
+
+class _OwnStack(ModuleStack):
+    """Modules the test built have no path from a walk: the outermost one entered names its submodules."""
+
+    def _pre(self, mod: torch.nn.Module, args: Any) -> None:
+        if not self.stack and id(mod) not in self.paths:
+            try:
+                for name, sub in mod.named_modules(remove_duplicate=False):
+                    self.paths.setdefault(id(sub), name)
+            except Exception:  # a strange module tree must not break the test it watches
+                pass
+        super()._pre(mod, args)
+
+
+@dataclass
+class VirtualSession:
+    """The running simulation of a block: ``device``, ``dtype``, ``profile`` and the ``problems`` recorded so far."""
+
+    device: torch.device
+    dtype: torch.dtype | None
+    profile: DeviceProfile
+    data: str = "cpu"
+    problems: list[Problem] = field(default_factory=list)
+    stopped: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def error(self) -> PlacementError:
+        """One ``PlacementError`` for everything recorded: headline, culprits by path, then the fix."""
+        where = device_str(self.device) + (f" in {dtype_str(self.dtype)}" if self.dtype is not None else "")
+        first = self.problems[0]
+        lines = [f"{len(self.problems)} placement problem(s) on virtual {where}"
+                 + (f", first in {first.module_path or '<root>'} ({first.module_type})" if first.module_type else "")
+                 + ":", *render_problems(tuple(self.problems), 40)]
+        if self.stopped:
+            lines.append(f"stopped early: {self.stopped}")
+        fix = _fix(self.problems, self.device, self.dtype)
+        lines += ["fix:", *(f"    {line}" for line in fix.splitlines())]
+        return PlacementError("\n".join(lines), module_path=first.module_path, module_type=first.module_type,
+                              op=first.op, tensors=first.tensors, problems=tuple(self.problems), fix=fix)
+
+
+def _fix(problems: list[Problem], device: torch.device, dtype: torch.dtype | None) -> str:
+    """The fix as code, from guard's generator: the named tensors cast or moved (``torchdoctor.move`` for many),
+    tensors the test made passed on the right device; then what no cast of a tensor fixes."""
+    from torchdoctor._guard.session import fix_code
+
+    culprits: list[tuple[str | None, str, str, Any]] = []
+    for p in problems:
+        if p.kind not in ("device", "meta", "dtype"):
+            continue
+        try:
+            target: Any = parse_dtype(p.expected) if p.kind == "dtype" else parse_device(p.expected)
+        except (ValueError, TypeError, RuntimeError):
+            target = dtype if p.kind == "dtype" else device
+        named = p.role in ("parameter", "buffer", "quant_state", "attribute", "container")
+        culprits.append((p.path if named else None, p.path if named else f"the tensors made on {p.found}",
+                         p.kind, target))
+    lines = [fix_code(culprits) or ""]
+    unsupported = sorted({p.found for p in problems if p.kind == "unsupported_dtype"})
+    if unsupported:
+        lines.append(f"model.to(torch.float32)  # {device.type} cannot compute in {', '.join(unsupported)}")
+    if any(p.kind == "unsupported_op" for p in problems):
+        lines.append("# an op without a meta/fake kernel ran: it cannot be simulated; skip it under the marker")
+    return "\n".join(line for line in lines if line) or f"torchdoctor.move(model, {device_str(device)!r})"
+
+
+# libraries that look at the hardware when first imported (bitsandbytes binds CUDA stream functions once
+# ``torch.cuda.is_available()`` says True): imported, when installed, before the runtime starts answering "yes"
+_PROBE_AT_IMPORT = ("bitsandbytes",)
+
+
+def _import_probers() -> None:
+    import importlib
+    import importlib.util
+    import sys
+
+    for name in _PROBE_AT_IMPORT:
+        if name not in sys.modules:
+            with contextlib.suppress(Exception):
+                if importlib.util.find_spec(name) is not None:
+                    importlib.import_module(name)
+
+
+@contextlib.contextmanager
+def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dtype | None = None, *,
+                    profile: DeviceProfile | None = None, count: int | None = None, data: str = "cpu",
+                    limit: int = LIMIT, raise_on_exit: bool = True) -> Iterator[VirtualSession]:
+    """Run a block on virtual ``device`` hardware; placement problems are raised together on exit.
+
+    >>> import torch
+    >>> with virtual_devices("cuda:1") as sim:
+    ...     model = torch.nn.Linear(4, 2).to("cuda:1")
+    ...     y = model(torch.ones(3, 4, device="cuda:1"))
+    >>> y.device, sim.ok
+    (device(type='cuda', index=1), True)
+    """
+    dev = parse_device(device)
+    if not is_virtual(dev):
+        raise ValueError(f"virtual devices are cuda, xpu or mps devices, not {device_str(dev)!r}; "
+                         "e.g. device='cuda:1'")
+    dt = parse_dtype(dtype) if dtype is not None else None
+    profile = profile or DeviceProfile.for_device(dev)
+    if profile.type != dev.type:
+        raise ValueError(f"device {device_str(dev)} is not of the profile's type {profile.type!r}")
+    profile = profile.with_count(max(count or 1, (dev.index or 0) + 1))
+    dev = torch.device(dev.type, dev.index or 0)
+    _import_probers()
+    rec = _Recorder(profile, dev, dt, limit, {})
+    rec.modules = _OwnStack(rec.roles)
+    rec.where = rec.modules.where
+    session = VirtualSession(dev, dt, profile, data, rec.problems)
+    space = Space(data, profile.type, rec)
+    failure: BaseException | None = None
+    with torch.no_grad(), virtual_world(space, profile), rec.modules.tracking():
+        try:
+            yield session
+        except _Stop:
+            pass
+        except Exception as exc:
+            if not rec.problems:
+                raise
+            failure = exc  # most likely a consequence of the problems: report them, chained to it
+    session.stopped = rec.stopped
+    if raise_on_exit and rec.problems:
+        raise session.error() from failure

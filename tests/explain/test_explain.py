@@ -1,0 +1,299 @@
+"""explain: real error texts from public issue threads -> category, causes, fixes.
+
+Each fixture in ``tests/fixtures/explain`` quotes only the error text / traceback of one thread, with a header:
+source (``owner/repo#N``), category, the cause the thread established (or "not settled"), and a fragment the
+fixes must contain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections import Counter
+
+import pytest
+
+import torchdoctor
+from torchdoctor._explain import api as _explain
+from torchdoctor._explain.api import Diagnosis, best_fix, classify, explain
+from torchdoctor._explain.signatures import CATEGORIES
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+
+
+def load(path: pathlib.Path) -> tuple[dict[str, str], str]:
+    head, _, body = path.read_text(encoding="utf-8").partition("\n---\n")
+    meta = {}
+    for line in head.splitlines():
+        key, _, value = line[2:].partition(": ")
+        meta[key] = value
+    return meta, body
+
+
+CASES = sorted(FIXTURES.glob("*.txt"))
+
+
+def fixes_text(d: Diagnosis) -> str:
+    return "\n".join(f"{t}\n{c}" for t, c in d.fixes)
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_fixture(path: pathlib.Path) -> None:
+    meta, body = load(path)
+    found = explain(body)
+    assert found, f"nothing recognised in {meta['source']}"
+    top = found[0]
+    assert top.category == meta["category"], (meta["source"], top.category, top.likely_causes[:1])
+    assert meta["fix"] in fixes_text(top), (meta["source"], top.fixes)
+    assert top.likely_causes and top.confirm_with.startswith(("torchdoctor", "with torchdoctor"))
+    assert 0.0 <= top.confidence <= 1.0 and top.evidence
+
+
+def test_fixture_coverage() -> None:
+    """At least 4 fixtures per category from at least 3 repositories, 60+ in all, each citing owner/repo#N."""
+    by_cat: dict[str, set[str]] = {c: set() for c in CATEGORIES}
+    count: Counter[str] = Counter()
+    for path in CASES:
+        meta, body = load(path)
+        repo, _, number = meta["source"].partition("#")
+        assert "/" in repo and number.isdigit(), meta["source"]
+        assert meta["category"] in CATEGORIES and meta["cause"] and meta["fix"] and body.strip()
+        by_cat[meta["category"]].add(repo)
+        count[meta["category"]] += 1
+    assert len(CASES) >= 60
+    for cat in CATEGORIES:
+        assert count[cat] >= 4 and len(by_cat[cat]) >= 3, (cat, count[cat], by_cat[cat])
+
+
+# Frames quoted from the fixtures (bitsandbytes: trl#2760, peft: transformers#34695, accelerate: accelerate#1613,
+# IPEX: intel-extension-for-pytorch#722 and ipex-llm#11234, Module.to: cabrita#9).
+BNB = '''  File "/envs/trl/lib/python3.11/site-packages/bitsandbytes/nn/modules.py", line 484, in forward
+    return bnb.matmul_4bit(x, self.weight.t(), bias=bias, quant_state=self.weight.quant_state).to(inp_dtype)
+  File "/envs/trl/lib/python3.11/site-packages/bitsandbytes/autograd/_functions.py", line 462, in forward
+    output = torch.nn.functional.linear(A, F.dequantize_4bit(B, quant_state).to(A.dtype).t(), bias)'''
+PEFT = '''File ~/second/lib/python3.10/site-packages/peft/peft_model.py:1644, in PeftModelForCausalLM.forward(self, input_ids)
+-> 1644         return self.base_model(
+File ~/second/lib/python3.10/site-packages/peft/tuners/lora/layer.py:497, in Linear.forward(self, x)'''
+ACCEL = '''/venv/lib64/python3.7/site-packages/accelerate/hooks.py in new_forward(*args, **kwargs)
+--> 165             output = old_forward(*args, **kwargs)
+    166         return module._hf_hook.post_forward(module, output)'''
+IPEX = '''  File "C:\\Users\\wincg\\miniforge3\\envs\\video\\lib\\site-packages\\bigdl\\llm\\transformers\\models\\chatglm2.py", line 167, in chatglm2_model_forward
+  File "C:\\Users\\clear\\miniconda3\\envs\\pytorch\\lib\\site-packages\\intel_extension_for_pytorch\\frontend.py", line 353, in optimize'''
+MODULE_TO = '''│   1145 │   │   return self._apply(convert)                                                       │
+  File "/usr/lib/python3.10/site-packages/torch/nn/modules/module.py", line 1143, in convert
+    return t.to(device, dtype if t.is_floating_point() or t.is_complex() else None, non_blocking)'''
+
+CPU_GPU = "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
+TWO_GPUS = "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:1 and cuda:0!"
+ADDMM = ("RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cpu and cuda:0! "
+         "(when checking argument for argument mat1 in method wrapper_CUDA_addmm)")
+PAIRS = [
+    (CPU_GPU, BNB, PEFT, "quantization_device", "device_mismatch"),
+    (CPU_GPU, ACCEL, IPEX, "device_mismatch", "device_mismatch"),
+    (CPU_GPU, BNB, ACCEL, "quantization_device", "device_mismatch"),
+    (TWO_GPUS, BNB, ACCEL, "quantization_device", "device_mismatch"),
+    (TWO_GPUS, PEFT, BNB, "device_mismatch", "quantization_device"),
+    (ADDMM, PEFT, ACCEL, "device_mismatch", "device_mismatch"),
+    ("RuntimeError: Tensor on device meta is not on the expected device cuda:0!", ACCEL, PEFT,
+     "mixed_device_model", "mixed_device_model"),
+    ("NotImplementedError: Cannot copy out of meta tensor; no data!", ACCEL, MODULE_TO,
+     "mixed_device_model", "mixed_device_model"),
+    ("RuntimeError: expected scalar type Half but found Float", PEFT, BNB, "dtype_mismatch", "dtype_mismatch"),
+    ("RuntimeError: mat1 and mat2 must have the same dtype", ACCEL, PEFT, "dtype_mismatch", "dtype_mismatch"),
+    ("RuntimeError: Expected all tensors to be on the same device, but found at least two devices, xpu:0 and cpu!",
+     IPEX, BNB, "device_mismatch", "quantization_device"),
+    ("RuntimeError: Input type (c10::BFloat16) and bias type (float) should be the same", PEFT, ACCEL,
+     "input_weight_type_mismatch", "input_weight_type_mismatch"),
+    ("ValueError: Expected a cuda device, but got: cpu", BNB, ACCEL, "quantization_device", "device_mismatch"),
+]
+
+
+@pytest.mark.parametrize("final,frames_a,frames_b,cat_a,cat_b", PAIRS)
+def test_same_error_different_frames(final: str, frames_a: str, frames_b: str, cat_a: str, cat_b: str) -> None:
+    a = explain(f"Traceback (most recent call last):\n{frames_a}\n{final}")[0]
+    b = explain(f"Traceback (most recent call last):\n{frames_b}\n{final}")[0]
+    assert (a.category, b.category) == (cat_a, cat_b)
+    assert a.likely_causes[0] != b.likely_causes[0]
+    assert len(PAIRS) >= 10
+
+
+def test_context_words_decide() -> None:
+    bnb = explain(f"{BNB}\n{CPU_GPU}")[0]
+    assert "quant_state" in bnb.likely_causes[0] and "device_map" in fixes_text(bnb)
+    assert any("bitsandbytes" in e for e in bnb.evidence)  # the frame that decided is shown
+    ipex = explain(f"{IPEX}\n{CPU_GPU.replace('cuda:0', 'xpu:0')}")[0]
+    assert "xpu" in ipex.likely_causes[0]
+    offload = explain("pipe.enable_model_cpu_offload()\n" + CPU_GPU)[0]
+    assert "enable_model_cpu_offload" in offload.likely_causes[0]
+
+
+def test_fields_are_pulled_from_the_message() -> None:
+    d = explain(ADDMM)[0]
+    assert "addmm" in d.what_happened and "cuda:0" in d.what_happened and "mat1" in d.what_happened
+    new = explain("RuntimeError: Expected all tensors to be on the same device, but got mat1 is on cpu, different "
+                  "from other tensors on cuda:0 (when checking argument in method wrapper_CUDA_addmm)")[0]
+    assert new.category == "device_mismatch" and "'mat1'" in new.what_happened and "addmm" in new.what_happened
+    iw = explain("Input type (CUDABFloat16Type) and weight type (torch.FloatTensor) should be the same")[0]
+    assert iw.category == "input_weight_type_mismatch" and "cuda" in iw.what_happened
+    assert 'model.to("cuda:0")' in fixes_text(iw)
+    dt = explain("RuntimeError: Input type (float) and bias type (c10::Half) should be the same")[0]
+    assert "float16" in dt.what_happened and "float32" in dt.what_happened
+    assert "torch.float16" in fixes_text(dt)
+    mps = explain("RuntimeError: Expected all tensors to be on the same device, but found at least two devices, "
+                  "mps:0 and cpu!")[0]
+    assert 'model.to("mps:0")' in fixes_text(mps)
+    ds = explain("RuntimeError: Attempting to deserialize object on CUDA device 1 but torch.cuda.device_count() is 1. "
+                 "Please use torch.load with map_location to map your storages to an existing device.")[0]
+    assert ds.category == "deserialize_device" and "cuda:1" in ds.what_happened
+    assert 'map_location="cpu"' in fixes_text(ds)
+    old = explain("RuntimeError: Expected object of device type cuda but got device type cpu for argument #1 'self' "
+                  "in call to _th_addmm")[0]
+    assert old.category == "device_mismatch" and "'self'" in old.what_happened
+
+
+def test_more_families() -> None:
+    cases = {
+        "RuntimeError: CUDA error: invalid device ordinal": "no_accelerator",
+        "RuntimeError: PyTorch is not linked with support for xpu devices": "no_accelerator",
+        "NotImplementedError: Could not run 'aten::empty_strided' with arguments from the 'CUDA' backend. "
+        "'aten::empty_strided' is only available for these backends: [CPU, Meta, QuantizedCPU, BackendSelect].":
+            "no_accelerator",
+        "RuntimeError: operator torchvision::nms does not exist": "backend_op_missing",
+        "ValueError: weight is on the meta device, we need a `value` to put in on 0.": "mixed_device_model",
+        "RuntimeError: Tensor on device xpu:0 is not on the expected device cpu!": "device_mismatch",
+        "RuntimeError: Tensor on device cpu is not on the expected device meta!": "mixed_device_model",
+        'RuntimeError: "LayerNormKernelImpl" not implemented for \'Half\'': "unsupported_dtype_on_device",
+        "RuntimeError: Expected query, key, and value to have the same dtype, but got query.dtype: c10::BFloat16 "
+        "key.dtype: float and value.dtype: float instead.": "dtype_mismatch",
+        "RuntimeError: Creating a Parameter from an instance of type Params4bit requires that detach() returns an "
+        "instance of the same type": "quantization_device",
+    }
+    for text, category in cases.items():
+        assert classify(text) == category, text
+
+
+def test_log_with_noise() -> None:
+    """ANSI colours, Windows paths, ComfyUI prefixes and mixed-language text; each error once."""
+    comfy = load(FIXTURES / "quant__ComfyUI_bitsandbytes_NF4-Lora_2.txt")[1]
+    log = "\n".join([
+        "\x1b[32m2025-01-26 17:16:01 INFO\x1b[0m 正在加载模型 (loading model) ...",
+        "got prompt",
+        comfy,
+        "Prompt executed in 3.76 seconds",
+        "\x1b[1;31mTraceback (most recent call last):\x1b[0m",
+        '  File "C:\\Users\\me\\ComfyUI\\custom_nodes\\ComfyUI-PuLID-Flux\\encoders_flux.py", line 53, in forward',
+        "\x1b[31mRuntimeError\x1b[0m: mixed dtype (CPU): expect parameter to have scalar type of Float",
+        "这个报错是为什么 / なぜ",
+        "!!! Exception during processing !!! Torch not compiled with CUDA enabled",
+        "Traceback (most recent call last):",
+        '  File "/Users/me/ComfyUI/execution.py", line 327, in execute',
+        "AssertionError: Torch not compiled with CUDA enabled",
+    ])
+    found = explain(log)
+    cats = Counter(d.category for d in found)
+    assert cats == Counter({"quantization_device": 1, "dtype_mismatch": 1, "no_accelerator": 1}), found
+    nf4 = next(d for d in found if d.category == "quantization_device")
+    assert nf4.count == 2 and "cuda:0" in nf4.what_happened and "cpu" in nf4.what_happened
+    mac = next(d for d in found if d.category == "no_accelerator")
+    assert "mps" in fixes_text(mac)  # the /Users/ frame after the ComfyUI prefix line was seen
+    assert all("\x1b" not in e for d in found for e in d.evidence)
+
+
+def test_exception_chain_and_frames() -> None:
+    """An exception's frames (file names) are context: a frame in bitsandbytes/functional.py re-files it."""
+    namespace: dict[str, object] = {}
+    code = compile("def dequantize(x):\n    raise RuntimeError(" + repr(CPU_GPU[len('RuntimeError: '):]) + ")\n",
+                   "/site-packages/bitsandbytes/functional.py", "exec")
+    exec(code, namespace)
+    try:
+        try:
+            namespace["dequantize"](1)  # type: ignore[operator]
+        except RuntimeError as inner:
+            raise ValueError("generation failed") from inner
+    except ValueError as exc:
+        outer = exc
+    found = explain(outer)
+    assert found[0].category == "quantization_device"
+    assert not getattr(outer, "__notes__", None)  # read-only: the exception is not changed
+    plain = explain(RuntimeError(CPU_GPU))
+    assert plain[0].category == "device_mismatch"
+
+
+def test_classify_and_best_fix() -> None:
+    assert classify("nothing to see here") is None
+    assert classify("") is None
+    assert classify(CPU_GPU) == "device_mismatch"
+    assert best_fix(CPU_GPU) == ("Move the whole model after everything is attached", 'model.to("cuda:0")')
+    assert best_fix("hello") is None
+    assert explain("hello", limit=3) == []
+    assert len(explain(CPU_GPU + "\n" + TWO_GPUS + "\n" + ADDMM, limit=2)) == 2
+
+
+def test_diagnosis_json_and_public_names() -> None:
+    d = explain(CPU_GPU)[0]
+    with pytest.raises(Exception):
+        d.category = "x"  # type: ignore[misc]
+    doc = _explain.to_json([d])
+    assert doc["schema"] == "torchdoctor/explain/1"
+    item = json.loads(json.dumps(doc))["diagnoses"][0]
+    assert list(item)[:8] == ["category", "title", "what_happened", "likely_causes", "fixes", "confirm_with",
+                              "confidence", "evidence"]
+    assert item["fixes"][0] == {"title": d.fixes[0][0], "code": d.fixes[0][1]}
+    assert torchdoctor.explain is explain and torchdoctor.Diagnosis is Diagnosis
+    assert torchdoctor.install_excepthook is _explain.install_excepthook
+
+
+def test_registries_refuse_duplicates() -> None:
+    from torchdoctor._explain import causes as _explain_rules
+    from torchdoctor._explain import signatures as _signatures
+
+    sig = _signatures.signatures()[0]
+    with pytest.raises(ValueError, match="duplicate"):
+        _signatures.register(sig)
+    with pytest.raises(ValueError, match="category"):
+        _signatures.register(_signatures.Signature("x.new", "no_such", "t", ("a",), "w", ()))
+    with pytest.raises(ValueError, match="duplicate"):
+        _explain_rules.register_cause(next(iter(_explain_rules.causes().values())))
+    with pytest.raises(ValueError, match="duplicate"):
+        _explain_rules.register_rule(_explain_rules.context_rules()[0])
+    with pytest.raises(ValueError, match="unknown causes"):
+        _explain_rules.register_rule(_explain_rules.ContextRule("x.rule", boosts=(("no.such", 1.0),)))
+    cause_ids = set(_explain_rules.causes())
+    for s in _signatures.signatures():
+        assert {c for c, _ in s.causes} <= cause_ids, s.name
+
+
+def test_import_is_light() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, torchdoctor._explain.api as e; e.explain('x'); "
+            "print(sorted(m for m in ('torch', 'rich', 'transformers', 'IPython') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_evidence_quotes_the_original_line() -> None:
+    """Windows paths are matched with / but quoted as written."""
+    frame = '  File "C:\\ComfyUI\\custom_nodes\\ComfyUI_BitsAndBytes_NF4\\__init__.py", line 1, in forward'
+    d = explain(frame + "\n" + CPU_GPU)[0]
+    assert d.category == "quantization_device"
+    assert d.evidence[0].startswith("RuntimeError: Expected all tensors")
+    assert frame.strip() in d.evidence
+
+
+def test_fp8_weights_and_cuda_only_calls() -> None:
+    """float8 weights in a plain matmul are an fp8-storage problem whatever the frames; a CUDA-only call that got
+    the CPU is a device problem, and a bitsandbytes one when its frames are in the traceback."""
+    fp8 = "RuntimeError: mat1 and mat2 must have the same dtype, but got Float and Float8_e4m3fn"
+    for frames in ("", BNB, PEFT, ACCEL):
+        d = explain(f"{frames}\n{fp8}")[0]
+        assert d.category == "dtype_mismatch" and "stored in float8_e4m3fn" in d.likely_causes[0], frames
+        assert "self.weight.to(x.dtype)" in d.fixes[0][1]
+    plain = explain("ValueError: Expected a cuda device, but got: cpu")[0]
+    assert plain.category == "device_mismatch" and "CUDA-only call" in plain.likely_causes[0]
+    assert "cuda" in plain.what_happened and "cpu" in plain.what_happened
+    gen = explain("RuntimeError: Expected a 'cuda' device type for generator but found 'cpu'")[0]
+    assert gen.category == "device_mismatch" and "torch.Generator(device=" in fixes_text(gen)
+    assert explain(f"{BNB}\nValueError: Expected a cuda device, but got: cpu")[0].category == "quantization_device"

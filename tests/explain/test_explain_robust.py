@@ -1,0 +1,136 @@
+"""explain never raises and stays linear: fuzzing, adversarial strings, a 50 MB log, block boundaries.
+
+Speed targets live in bench/explain.py; the timeouts here are only hang guards.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from torchdoctor._explain import api as _explain
+from torchdoctor._explain import scanner as _explain_scan
+from torchdoctor._explain.api import Diagnosis, classify, explain
+from torchdoctor._explain.signatures import CATEGORIES, signatures
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+ANCHORS = sorted({a for s in signatures() for a in s.anchors})
+BNB_FRAME = '  File "/site-packages/bitsandbytes/autograd/_functions.py", line 462, in forward'
+CPU_GPU = "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
+
+
+def body(name: str) -> str:
+    return (FIXTURES / name).read_text(encoding="utf-8").partition("\n---\n")[2]
+
+
+def run_guarded(fn: Callable[[], Any], timeout: float = 120.0) -> Any:
+    """Run fn in a thread; fail (instead of hanging the suite) if it does not finish in time."""
+    box: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: box.setdefault("out", fn()), daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"explain did not finish within {timeout} s"
+    return box.get("out")
+
+
+def check(result: object) -> None:
+    assert isinstance(result, list)
+    for d in result:
+        assert isinstance(d, Diagnosis) and d.category in CATEGORIES and 0.0 <= d.confidence <= 1.0
+        assert d.fixes and d.likely_causes and d.evidence
+
+
+pieces = st.one_of(st.sampled_from(ANCHORS), st.text(max_size=40),
+                   st.sampled_from(["(", ")", ":", " ", "\n", "\r", "\x1b[31m", "cuda:0", "cpu", "meta", "'", "`",
+                                    "c10::Half", "torch.cuda.FloatTensor", "[", "]", "!", "\\", "\x00", "é字"]))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(pieces, max_size=60).map("".join))
+def test_fuzz_never_raises(text: str) -> None:
+    check(explain(text))
+    classify(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=2000))
+def test_fuzz_bytes(data: bytes) -> None:
+    check(explain(data))
+
+
+def test_odd_inputs() -> None:
+    class Broken:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    class BrokenExc(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    a, b = RuntimeError(CPU_GPU[14:]), ValueError("loop")
+    a.__context__, b.__context__ = b, a  # a cycle
+    for obj in (None, 12, Broken(), BrokenExc(), a, b"\xff\xfe\x00", bytearray(b"Input type ("), "", "\n" * 1000):
+        check(explain(obj))
+    assert explain(a)[0].category == "device_mismatch"
+    assert classify(None) is None  # type: ignore[arg-type]
+
+
+def test_adversarial_strings_are_linear() -> None:
+    n = 5_000_000
+    cases = ["(" * n, ":" * n, " " * n, "Input type (" * (n // 12), "\n" * n, "cuda:0 and " * (n // 11),
+             ("x" * 200 + " and must have the same dtype") * (n // 230), "'" * n + "arguments from the '" * 1000,
+             ("Could not run '" + "a" * 119) * (n // 134), "[" * n + "is only available for these backends: [",
+             "".join(a + " " for a in ANCHORS) * (n // 1500), "\x1b[" * (n // 2)]
+    for text in cases:
+        check(run_guarded(functools.partial(explain, text), timeout=60))
+
+
+def test_fifty_megabyte_log() -> None:
+    noise = ("Epoch 3/10:  41%|████      | 412/1000 [02:13<03:10,  3.09it/s, loss=0.4121]\n"
+             '  File "/opt/conda/lib/python3.10/site-packages/torch/nn/modules/module.py", line 1553, in _call_impl\n'
+             "2025-01-26T17:16:01.147679 - model weight dtype torch.bfloat16, manual cast: None\n") * 2000
+    errors = [body(n) for n in ("quant__trl_2760.txt", "no_accel__nanoGPT_281.txt", "indexing__PET_4.txt",
+                                "deserialize__Cutie_37.txt", "backend_op__InvokeAI_232.txt")]
+    parts, size, i = [], 0, 0
+    while size < 50_000_000:
+        chunk = noise if i % 2 else errors[(i // 2) % len(errors)] + "\n" + noise
+        parts.append(chunk)
+        size += len(chunk)
+        i += 1
+    log = "".join(parts)
+    found = run_guarded(lambda: explain(log), timeout=300)
+    assert {d.category for d in found} == {"quantization_device", "no_accelerator", "cpu_gpu_indexing",
+                                           "deserialize_device", "backend_op_missing"}
+    assert all(d.count >= 5 for d in found)  # each error once, with how often it was seen
+
+
+def test_error_across_block_boundary() -> None:
+    """Frames in one block and the error line in the next (or the line cut in two) are still one error."""
+    block = _explain_scan.BLOCK
+    frames = BNB_FRAME + "\n"
+    for split in (len(frames), len(frames) + 20):  # between frames and message / inside the message
+        pad = "x" * 70 + "\n"
+        head = pad * ((block - split) // len(pad))
+        head += "y" * (block - split - len(head) - 1) + "\n"
+        text = head + frames + CPU_GPU + "\n" + pad * 10
+        assert text.index(CPU_GPU) == block - (split - len(frames))
+        found = explain(text)
+        assert [d.category for d in found] == ["quantization_device"], split
+
+
+def test_file_stream_equals_string(tmp_path: pathlib.Path) -> None:
+    text = "\n".join(body(p.name) for p in sorted(FIXTURES.glob("*.txt"))) * 3
+    path = tmp_path / "all.log"
+    path.write_text(text, encoding="utf-8")
+    with open(path, encoding="utf-8", newline=None) as fh:
+        streamed = _explain._explain_blocks(_explain._blocks(fh), None)
+    direct = explain(text)
+    assert [(d.category, d.what_happened, d.count) for d in streamed] == \
+        [(d.category, d.what_happened, d.count) for d in direct]
+    assert len(direct) >= 60

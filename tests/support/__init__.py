@@ -1,0 +1,1 @@
+"""Test support: the zoo of tiny real models (``zoo``) and the read-only invariant (``helpers``)."""
