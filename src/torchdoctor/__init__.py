@@ -69,6 +69,7 @@ if TYPE_CHECKING:  # pragma: no cover  (the public table: see above)
     from torchdoctor._explain.api import explain, install_excepthook
     from torchdoctor._env.report import collect_facts, env_report
     from torchdoctor._env.devices import pick_device, choose_device, capabilities, recommend_dtype
+    from torchdoctor import _distributed as distributed
     from torchdoctor._report.model import TensorInfo, Problem, PlacementError, PlacementWarning, Target, ScanReport
     from torchdoctor._move.plan import MoveReport, PlanStep
     from torchdoctor._guard.api import Fix

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torchdoctor._checkpoint.scan import CheckpointError, render_checkpoint, role_of, scan_checkpoint
-from torchdoctor._cli.scan import scan_path as cli_scan_path
+from torchdoctor._cli.checkpoint import scan_path as cli_scan_path
 from torchdoctor._cli.common import UsageError
 from torchdoctor._cli.main import main
 from torchdoctor._checkpoint.torchfile import safe_loads

@@ -3,7 +3,7 @@
 Every entry is a real class from transformers / diffusers / peft, shrunk to hidden 8-64, 1-2 layers and
 vocab 128. ``build(name, dtype)`` gives a fresh object plus inputs that run its forward on CPU:
 
->>> import torch, zoo
+>>> import torch; from support import zoo
 >>> b = zoo.build("llama", dtype=torch.bfloat16)
 >>> b.kind, b.obj.model.embed_tokens.weight.dtype
 ('transformers', torch.bfloat16)

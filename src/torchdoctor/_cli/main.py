@@ -31,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.add_argument("--plan", action="store_true", help="list what torchdoctor.move would do (needs --device or --dtype)")
     s.add_argument("--limit", type=int, default=40, help="rows shown per section in text output (default 40)")
+    s.add_argument("--distributed", action="store_true",
+                   help="under torchrun: every rank scans, rank 0 prints one report of all ranks")
 
     m = sub.add_parser("simulate", help="would TARGET run on cuda:N / xpu / mps? (no hardware needed)")
     m.add_argument("target", metavar="TARGET")
@@ -39,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--assume-device", dest="assume_device", help="treat tensors on meta as holding data on this device")
     m.add_argument("--count", type=int, default=None, help="number of virtual devices (default: enough for --device)")
     m.add_argument("--json", action="store_true")
+    m.add_argument("--distributed", action="store_true",
+                   help="under torchrun: every rank simulates on virtual cuda:LOCAL_RANK, rank 0 prints one report")
 
     e = sub.add_parser("explain", help="explain a device/dtype error message or a whole log")
     e.add_argument("file", nargs="?", default="-", metavar="FILE", help="log file, or - for standard input (default)")
@@ -48,6 +52,14 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true")
     v.add_argument("--facts", metavar="FILE", help="diagnose facts saved by `torchdoctor env --json` (offline)")
     v.add_argument("--probe", action="store_true", help="also ask torch's device APIs (may initialise a device)")
+    v.add_argument("--markdown", action="store_true", help="print a Markdown block to paste into a bug report")
+
+    t = sub.add_parser("trace", help="run a script and record every device/dtype change of its tensors, with the call and line")
+    t.add_argument("--moves", action="store_true", help="record moves and casts (default when neither is given)")
+    t.add_argument("--lora", action="store_true", help="record LoRA load/fuse/unfuse/unload and adapter changes")
+    t.add_argument("--file", metavar="OUT", help="also write JSON lines to OUT")
+    t.add_argument("script", metavar="SCRIPT", help="the Python script to run (as `python SCRIPT ARGS...` would)")
+    t.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
 
     d = sub.add_parser("demo", help="diagnose and fix a small broken diffusion-style model")
     d.add_argument("--json", action="store_true")
@@ -60,6 +72,7 @@ _VERB_MODULES = {
     "explain": "torchdoctor._cli.explain",
     "env": "torchdoctor._cli.env",
     "demo": "torchdoctor._cli.demo",
+    "trace": "torchdoctor._cli.trace",
 }
 
 

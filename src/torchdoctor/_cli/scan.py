@@ -16,9 +16,15 @@ def _plan_lines(items: Iterable[Any]) -> list[str]:
 
 
 def command(args: argparse.Namespace) -> int:
+    if getattr(args, "distributed", False):
+        from torchdoctor._distributed.cli import command as distributed_command
+
+        return distributed_command("scan", args)
     device, dtype = parse_common(args)
     target = resolve_target(args.target)
     if isinstance(target, str):
+        from torchdoctor._cli.checkpoint import scan_path
+
         return scan_path(target, args)
     if args.plan:
         if device is None and dtype is None:
@@ -41,22 +47,4 @@ def command(args: argparse.Namespace) -> int:
         print_json(report.to_dict())
     else:
         print(report.text(limit=args.limit))
-    return 0 if report.ok else 1
-
-
-def scan_path(path: str, args: Any) -> int:
-    """``torchdoctor scan FILE|DIR``: print the report (text or ``--json``); exit 0 clean, 1 problems, 2 unreadable."""
-    from torchdoctor._checkpoint.scan import CheckpointError, render_checkpoint, scan_checkpoint
-
-    device, dtype = parse_common(args)
-    if getattr(args, "plan", False):
-        raise UsageError(f"--plan lists moves of live objects; {path} is a checkpoint file, drop --plan")
-    try:
-        report = scan_checkpoint(path, device=device, dtype=dtype)
-    except CheckpointError as exc:
-        raise UsageError(str(exc)) from None
-    if getattr(args, "json", False):
-        print_json(report.to_dict())
-    else:
-        print(render_checkpoint(report, limit=getattr(args, "limit", 40) or 40))
     return 0 if report.ok else 1

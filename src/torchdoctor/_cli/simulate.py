@@ -12,6 +12,10 @@ from torchdoctor._virtual.tensor import is_virtual
 
 
 def command(args: argparse.Namespace) -> int:
+    if getattr(args, "distributed", False):
+        from torchdoctor._distributed.cli import command as distributed_command
+
+        return distributed_command("simulate", args)
     import os
 
     device, dtype = parse_common(args)

@@ -19,22 +19,6 @@ from torchdoctor._walk import Entry, _is_quant_type, set_tensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass as _is_wrapper
 
 # Packed / quantized storage dtypes: a bf16 cast must never touch them (same set scan uses).
-STORAGE_DTYPES = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-                                                        "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2")
-                           if hasattr(torch, n))
-
-
-def packed_scale(e: Entry) -> bool:
-    """A ``*scale*`` tensor of a module that holds float8/float4 storage (transformers ``FP8Linear.weight_scale_inv``,
-    ``FP8Embedding.weight_scale``): quantization metadata in its own precision, not the model's dtype."""
-    key, mod = e.key, e.module
-    if not isinstance(key, str) or "scale" not in key.lower() or mod is None or e.owner is not mod:
-        return False
-    d = mod.__dict__
-    return any(isinstance(v, torch.Tensor) and v.dtype in STORAGE_DTYPES
-               for v in (*(d.get("_parameters") or {}).values(), *(d.get("_buffers") or {}).values()))
-
-
 def _dict(obj: Any) -> dict[str, Any]:
     try:
         d = object.__getattribute__(obj, "__dict__")
@@ -147,74 +131,6 @@ def hook_refusal(hook: Any, device: torch.device | None) -> str | None:
 HOOK_FIX = ("from accelerate.hooks import remove_hook_from_module\n"
             "remove_hook_from_module(model, recurse=True)  # then torchdoctor.move(model, device=...)\n"
             "# or keep the hooks and let them place the weights (pipe.enable_model_cpu_offload(device=...))")
-
-
-# --- what a cast may touch (the placement policy) ----------------------------------------------------------------------
-
-
-def fp32_scopes(w: Any, dtype: torch.dtype) -> list[tuple[str, list[str]]]:
-    """``(module path, patterns)`` kept fp32 for ``dtype``, matched as from_pretrained matches them."""
-    scopes = []
-    for path, mod in w.modules:
-        tp = type(mod)
-        if not (getattr(tp, "_keep_in_fp32_modules", None) or getattr(tp, "_keep_in_fp32_modules_strict", None)
-                or mod.__dict__.get("_keep_in_fp32_modules") or mod.__dict__.get("_keep_in_fp32_modules_strict")):
-            continue
-        dtype_plan = getattr(tp, "_get_dtype_plan", None)  # transformers: non-strict for fp16 only
-        try:
-            names = list(dtype_plan(mod, dtype)) if callable(dtype_plan) else list(
-                getattr(tp, "_keep_in_fp32_modules", None) or mod.__dict__.get("_keep_in_fp32_modules") or [])
-        except Exception:  # a library change must not break a move: fall back to the declared names
-            names = list(getattr(tp, "_keep_in_fp32_modules", None) or [])
-        if names:
-            scopes.append((path, [n for n in names if isinstance(n, str)]))
-    return scopes
-
-
-def kept_fp32(path: str, scopes: list[tuple[str, list[str]]]) -> bool:
-    for scope, names in scopes:
-        if scope and not path.startswith(scope + "."):
-            continue
-        rel = f".{path[len(scope) + 1:] if scope else path}."
-        if any(f".{n}." in rel for n in names):
-            return True
-    return False
-
-
-def target_dtype(e: Entry, dtype: torch.dtype | None, fp32: Any, adapters: dict[str, bool]) -> tuple[torch.dtype, str | None]:
-    t = e.tensor
-    if dtype is None or not (t.is_floating_point() or t.is_complex()) or (t.is_complex() and not dtype.is_complex):
-        return t.dtype, None
-    if e.role in ("quant_state", "offloaded", "subclass_inner") or (is_wrapper(t) and is_quantized_owner(t)):
-        return t.dtype, "quantization metadata"
-    if t.dtype in STORAGE_DTYPES:
-        return t.dtype, "packed storage dtype"
-    if packed_scale(e):
-        return t.dtype, "scale of packed storage"
-    if e.role == "attribute" and (e.module is None or isinstance(e.owner, torch.Tensor)):
-        return t.dtype, "tensor of a non-module object"
-    if fp32 is not None:
-        if adapters.get(e.path):
-            return t.dtype, "peft adapter kept float32"
-        if kept_fp32(e.path, fp32):
-            return torch.float32, "_keep_in_fp32_modules"
-    return dtype, None
-
-
-def adapters_kept_fp32(w: Any) -> dict[str, bool]:
-    """Path -> True for tensors of peft adapters that are float32 throughout (kept as peft made them)."""
-    if not any(type(m).__module__.startswith("peft.") for _, m in w.modules):
-        return {}
-    from torchdoctor._scan.scan import _Policy
-
-    adapter_of = _Policy(w, None, None, False).adapter_of
-    groups: dict[tuple[str, str], list[torch.Tensor]] = {}
-    for e in w.canonical():
-        key = adapter_of.get(e.path)
-        if key is not None and e.tensor.is_floating_point():
-            groups.setdefault(key, []).append(e.tensor)
-    fp32 = {k for k, ts in groups.items() if all(t.dtype == torch.float32 for t in ts)}
-    return {p: k in fp32 for p, k in adapter_of.items()}
 
 
 # --- moving, and putting moved tensors back into their owners, with undo records ------------------------------------------

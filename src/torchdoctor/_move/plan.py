@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import torch
 
 from torchdoctor._move import owners as q
+from torchdoctor._scan.policy import adapters_kept_fp32, fp32_scopes, target_dtype
 from torchdoctor._report.model import PlacementError, Target
 from torchdoctor._placement import compact, device_str, parse_device, parse_dtype, same_device
 from torchdoctor._report.text import format_error, human_bytes, schema
@@ -214,15 +215,15 @@ def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep
     for e in w.entries:
         if e.alias_of is not None:
             aliases.setdefault(e.alias_of, []).append(e)
-    fp32 = q.fp32_scopes(w, dtype) if dtype is not None and keep_fp32 else None
-    adapters = q.adapters_kept_fp32(w) if dtype is not None and keep_fp32 else {}
+    fp32 = fp32_scopes(w, dtype) if dtype is not None and keep_fp32 else None
+    adapters = adapters_kept_fp32(w) if dtype is not None and keep_fp32 else {}
     steps, kept = [], []
     keys: dict[Any, list[_Step]] = {}
     for e in w.canonical():
         t = e.tensor
         if (e.slot == "inner" and q.is_wrapper(e.owner)) or e.role == "offloaded":
             continue  # moved by the wrapper's own .to; offloaded weights belong to their (refused) hook
-        target_dt, reason = q.target_dtype(e, dtype, fp32, adapters)
+        target_dt, reason = target_dtype(e, dtype, fp32, adapters)
         if reason and target_dt != dtype:
             kept.append((e.path, reason))
         target_dev = device if device is not None else t.device

@@ -23,7 +23,8 @@ from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dt
 from torchdoctor._report.text import render_problems
 from torchdoctor._virtual.simulate import LIMIT, _Recorder, _Stop
 from torchdoctor._virtual.tensor import Space, is_virtual
-from torchdoctor._virtual.runtime import ModuleStack, virtual_world
+from torchdoctor._tracker import ModuleStack
+from torchdoctor._virtual.runtime import virtual_world
 
 __all__ = ["VirtualSession", "virtual_devices"]
 

@@ -23,7 +23,8 @@ from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, render_
 from torchdoctor._report.model import Problem, Target, summarize
 from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._virtual.tensor import Hooks, Space, VirtualTensor, is_virtual, make, virtual_copy
-from torchdoctor._virtual.runtime import ModuleStack, virtual_world
+from torchdoctor._tracker import ModuleStack
+from torchdoctor._virtual.runtime import virtual_world
 
 __all__ = ["SimulationReport", "simulate"]
 

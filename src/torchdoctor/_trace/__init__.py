@@ -1,0 +1,1 @@
+"""``trace``: who moved or cast which tensor, with the call and the source line."""
