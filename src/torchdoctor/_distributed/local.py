@@ -130,7 +130,7 @@ def checksum(t: torch.Tensor) -> str | None:
             x = x.cpu()
         raw = x.contiguous().reshape(-1).view(torch.uint8)
         try:
-            data: Any = memoryview(raw.numpy())
+            data: Any = raw.numpy()  # hashed through the buffer protocol, no copy
         except Exception:  # no numpy: the storage's bytes
             data = bytes(raw.untyped_storage())
         h = hashlib.blake2b(data, digest_size=16)
@@ -182,7 +182,7 @@ def scan_payload(model: Any, device: Any, dtype: Any, checksums: bool, rank: int
                 mesh.append((path, device_str(local.device), m.device_type))
         elif type(t).__name__ == "FlatParameter":
             layout = "flat"
-        replicated = layout is None or all(type(pl).__name__ == "Replicate" for pl in t.placements)
+        replicated = layout is None or all(type(pl).__name__ == "Replicate" for pl in getattr(t, "placements", ()))
         digest = checksum(local) if checksums and replicated else None
         tensors[path] = (device_str(local.device), dtype_str(t.dtype), tuple(t.shape), bool(t.requires_grad),
                          layout, digest)

@@ -1,4 +1,4 @@
-"""Parsing without ``packaging``: distribution names (PEP 503), versions, requirement specifiers, and the values of
+"""Parsing without depending on ``packaging``: distribution names (PEP 503), versions, requirement specifiers, and the values of
 the device-list variables (``CUDA_VISIBLE_DEVICES``, ``ONEAPI_DEVICE_SELECTOR``) that decide which GPUs torch sees.
 
 Pure functions of strings (``pins`` reads the ``requires`` part of the facts), shared by the facts collector
@@ -84,33 +84,123 @@ def compare(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 
 def satisfies(version: str, spec: str) -> bool:
-    """Does ``version`` meet a specifier set such as ``==2.13.0``, ``>=2.4,<3``, ``==2.1.*`` (release parts only)?
+    """Does the installed ``version`` meet a specifier set such as ``==2.13.0``, ``>=2.4,<3``, ``==2.1.*``? (PEP 440)
+
+    ``packaging`` decides when it is importable (torchdoctor itself depends only on torch), else ``pep440_satisfies``
+    with the same rules. Pre-releases count as installed versions do for pip: ``2.5.0rc1`` is below ``2.5``, a
+    nightly ``2.7.0a0+git...`` is not ``==2.7.0``, and ``===`` compares the strings.
 
     >>> satisfies("2.13.0+cpu", "==2.13.0"), satisfies("2.5.1", ">=2.4,<3"), satisfies("2.3.0", "==2.1.*")
     (True, True, False)
+    >>> satisfies("2.5.0rc1", ">=2.5"), satisfies("2.6.0.dev20241112", "==2.6.0"), satisfies("2.0.0", "===2.0")
+    (False, False, False)
     """
-    v = release(version)
+    spec = spec.strip().strip("()").strip()
+    try:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        return pep440_satisfies(version, spec)
+    try:
+        return SpecifierSet(spec).contains(Version(version.strip()), prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        # a legacy version or an odd pin: ``===`` still compares strings, the rest by release numbers
+        return pep440_satisfies(version, spec)
+
+
+# PEP 440's own pattern (Appendix B), for the fallback comparison.
+_PEP440 = re.compile(r"""
+    v?(?:(?P<epoch>[0-9]+)!)?(?P<release>[0-9]+(?:\.[0-9]+)*)
+    (?P<pre>[-_.]?(?P<pre_l>alpha|a|beta|b|preview|pre|c|rc)[-_.]?(?P<pre_n>[0-9]+)?)?
+    (?P<post>(?:-(?P<post_n1>[0-9]+))|(?:[-_.]?(?P<post_l>post|rev|r)[-_.]?(?P<post_n2>[0-9]+)?))?
+    (?P<dev>[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>[0-9]+)?)?
+    (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?""", re.VERBOSE | re.IGNORECASE)
+_PRE = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
+_INF = float("inf")
+
+
+def pep440_key(version: str) -> tuple[Any, ...] | None:
+    """A sort key with PEP 440's order (dev < a < b < rc < final < post; local after public); None if unparsable.
+
+    >>> pep440_key("2.5.0rc1") < pep440_key("2.5") < pep440_key("2.5.0.post1") < pep440_key("2.6.0.dev0")
+    True
+    """
+    m = _PEP440.fullmatch(version.strip())
+    if m is None:
+        return None
+    rel = tuple(int(x) for x in m.group("release").split("."))
+    while len(rel) > 1 and rel[-1] == 0:
+        rel = rel[:-1]
+    pre = (_PRE[m.group("pre_l").lower()], int(m.group("pre_n") or 0)) if m.group("pre") else None
+    post = int(m.group("post_n1") or m.group("post_n2") or 0) if m.group("post") else None
+    dev = int(m.group("dev_n") or 0) if m.group("dev") else None
+    # as packaging orders them: a dev release of a final sorts before its pre-releases
+    pre_key: tuple[Any, ...] = (-_INF,) if pre is None and post is None and dev is not None else (pre or (_INF,))
+    local = tuple((0, int(p)) if p.isdigit() else (-1, p.lower()) for p in re.split(r"[-_.]", m.group("local"))) \
+        if m.group("local") else ()
+    return (int(m.group("epoch") or 0), rel, pre_key, -_INF if post is None else post,
+            _INF if dev is None else dev, local)
+
+
+def _public_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    return key[:5] + ((),)
+
+
+def _is_pre(key: tuple[Any, ...]) -> bool:
+    return key[2] != (_INF,) or key[4] != _INF
+
+
+def _base(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    return key[0], key[1]
+
+
+def _one(version: str, op: str, target: str) -> bool:
+    if op == "===":
+        return version.strip().lower() == target.strip().lower()
+    v = pep440_key(version)
+    if target.endswith(".*") and op in ("==", "!="):
+        if v is None:
+            return op == "!="
+        epoch, _, rest = target[:-2].rpartition("!")
+        prefix = tuple(int(x) for x in re.findall(r"\d+", rest))
+        rel = v[1] + (0,) * max(0, len(prefix) - len(v[1]))
+        return (v[0] == int(epoch or 0) and rel[: len(prefix)] == prefix) == (op == "==")
+    t = pep440_key(target)
+    if v is None or t is None:  # legacy versions: release numbers only
+        c = compare(release(version), release(target))
+        return {"==": c == 0, "!=": c != 0, ">=": c >= 0, "<=": c <= 0, ">": c > 0, "<": c < 0, "~=": c >= 0}[op]
+    pv = v if op in ("==", "!=") and t[5] else _public_key(v)
+    if op == "==":
+        return pv == t
+    if op == "!=":
+        return pv != t
+    if op == ">=":
+        return pv >= t
+    if op == "<=":
+        return pv <= t
+    if op == "<":  # ``<2.5`` excludes 2.5's own pre-releases
+        return pv < t and (_is_pre(t) or not _is_pre(pv) or _base(pv) != _base(t))
+    if op == ">":  # ``>2.5`` excludes 2.5's post-releases and local builds
+        post_of_t = v[3] != -_INF and t[3] == -_INF and t[4] == _INF and _base(v) == _base(t) and v[2] == t[2]
+        return pv > t and not post_of_t and not (v[5] and _public_key(v) == t)
+    if op == "~=":
+        epoch, _, parts = target.split("+")[0].rpartition("!")
+        rel = re.findall(r"\d+", re.split(r"[a-zA-Z]", parts, maxsplit=1)[0])
+        return pv >= t and _one(version, "==", (f"{epoch}!" if epoch else "") + ".".join(rel[:-1]) + ".*")
+    return False
+
+
+def pep440_satisfies(version: str, spec: str) -> bool:
+    """``satisfies`` without ``packaging``: PEP 440's comparison rules, pre-releases allowed (installed versions).
+
+    >>> pep440_satisfies("2.5.0rc1", ">=2.5"), pep440_satisfies("2.7.0a0+git1e2f3a4", "==2.7.0")
+    (False, False)
+    >>> pep440_satisfies("2.0", "===2.0"), pep440_satisfies("2.13.0+cpu", "==2.13.0"), pep440_satisfies("1.4.5", "~=1.4.2")
+    (True, True, True)
+    """
     for part in filter(None, (p.strip() for p in spec.strip("() ").split(","))):
         m = re.match(r"(===|==|!=|>=|<=|~=|>|<)\s*(\S+)", part)
-        if not m:
-            continue
-        op, target = m.groups()
-        if target.endswith(".*"):
-            prefix = release(target[:-2])
-            ok = v[: len(prefix)] == prefix
-            if (op == "==" and not ok) or (op == "!=" and ok):
-                return False
-            continue
-        if op in ("==", "===") and "+" in target:  # a local pin (`2.1.10+xpu`) means that exact wheel
-            if version.strip() != target:
-                return False
-            continue
-        c = compare(v, release(target))
-        if op == "~=":
-            t = release(target)
-            if c < 0 or v[: max(len(t) - 1, 1)] != t[: max(len(t) - 1, 1)]:
-                return False
-        elif not {"==": c == 0, "===": c == 0, "!=": c != 0, ">=": c >= 0, "<=": c <= 0, ">": c > 0, "<": c < 0}[op]:
+        if m and not _one(version, m.group(1), m.group(2)):
             return False
     return True
 

@@ -130,7 +130,7 @@ def _triton(f: Facts) -> list[EnvFinding]:
 def _bnb_multi(f: Facts) -> list[EnvFinding]:
     bnb = pkg(f, "bitsandbytes")
     count = f["cuda_device_count"]  # visible devices: inferred from the inventory and CUDA_VISIBLE_DEVICES, or probed
-    if not bnb or not release(bnb) or compare(release(bnb), (0, 45, 3)) >= 0 or count < 2:
+    if not bnb or not release(bnb) or satisfies(bnb, ">=0.45.3") or count < 2:  # 0.45.3.dev0 still has the bug
         return []
     return hit("bnb_old_multi_gpu", WARNING,
                f"bitsandbytes {bnb} with {count} GPUs: before 0.45.3, Params4bit.to() leaves quant_state.code on the first GPU, "
