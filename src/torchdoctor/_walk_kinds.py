@@ -1,0 +1,254 @@
+"""What the walker meets, classified: object kinds, tensor forms, and how to read either without running user code.
+
+Objects are read through the builtin methods of their base type (``dict.items``, ``set.__iter__``,
+``deque.__iter__``, the member descriptors of ``functools.partial`` and functions), so a subclass's ``__iter__``,
+``__eq__``, ``__hash__`` or properties never run. Tensors of every layout are described by shape and bytes even
+where ``Tensor.shape`` refuses (strided nested tensors) or holds symbolic sizes (jagged nested tensors: ragged
+dimensions are ``-1``).
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import functools
+import types
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+ATOM, TENSOR, MODULE, MAPPING, SEQ, SKIP, OBJ, HOOK, SET, DEQUE, PARTIAL, FUNC = range(12)
+# kinds whose children are read by ``members`` (each child with its own slot for ``set_tensor``)
+MEMBER_KINDS = frozenset({SET, DEQUE, PARTIAL, FUNC})
+
+_ATOM_TYPES = (str, bytes, bytearray, int, float, complex, bool, type(None), range, enum.Enum, torch.dtype,
+               torch.device, torch.Size, memoryview, slice)
+_SKIP_TYPES = (type, types.ModuleType, types.BuiltinFunctionType, types.MethodType, property, staticmethod,
+               classmethod, weakref.ref, weakref.ProxyType, types.GeneratorType, types.CoroutineType, types.FrameType,
+               types.CodeType, types.TracebackType, types.MappingProxyType, types.MethodWrapperType,
+               types.WrapperDescriptorType)
+# Objects that hold global or enormous state and never own model tensors.
+_SKIP_MODULE_PREFIXES = ("logging", "threading", "multiprocessing", "asyncio", "concurrent", "socket", "ssl", "_io",
+                         "io", "typing", "numpy", "tokenizers", "PIL", "queue", "subprocess", "sqlite3", "_thread")
+_SKIP_BASE_NAMES = frozenset({"PreTrainedTokenizerBase", "ImageProcessingMixin", "FeatureExtractionMixin",
+                              "ProcessorMixin", "Logger", "Handler"})
+# Owners whose tensors are quantization metadata (role quant_state).
+_QUANT_PREFIXES = ("bitsandbytes", "torchao", "optimum.quanto", "optimum_quanto", "compressed_tensors", "auto_gptq",
+                   "gptqmodel", "awq", "hqq", "quanto", "fp8", "transformer_engine")
+FAST_ATOMS = frozenset({str, int, float, bool, type(None), torch.dtype, torch.device})
+PLAIN = (torch.Tensor, nn.Parameter)
+
+_KIND_CACHE: dict[type, int] = {}
+
+
+def _classify(tp: type) -> int:
+    if issubclass(tp, torch.Tensor):
+        return TENSOR
+    if issubclass(tp, nn.Module):
+        return MODULE
+    if issubclass(tp, _ATOM_TYPES):
+        return ATOM
+    if issubclass(tp, (set, frozenset)):
+        return SET
+    if issubclass(tp, collections.deque):
+        return DEQUE
+    if issubclass(tp, functools.partial):
+        return PARTIAL
+    if tp is types.FunctionType:
+        return FUNC
+    if issubclass(tp, _SKIP_TYPES):
+        return SKIP
+    if issubclass(tp, dict):
+        return MAPPING
+    if issubclass(tp, (list, tuple)):
+        return SEQ
+    mod = getattr(tp, "__module__", "") or ""
+    if mod.startswith("accelerate.hooks"):
+        return HOOK
+    if mod.split(".")[0] in _SKIP_MODULE_PREFIXES or any(b.__name__ in _SKIP_BASE_NAMES for b in tp.__mro__):
+        return SKIP
+    return OBJ
+
+
+def kind(obj: Any) -> int:
+    tp = type(obj)
+    k = _KIND_CACHE.get(tp)
+    if k is None:
+        k = _KIND_CACHE[tp] = _classify(tp)
+    return k
+
+
+def is_quant_type(tp: type) -> bool:
+    """Is ``tp`` a class of a quantization library (its tensors are quantization metadata)?
+
+    >>> is_quant_type(torch.Tensor)
+    False
+    """
+    mod = getattr(tp, "__module__", "") or ""
+    return mod.startswith(_QUANT_PREFIXES)
+
+
+def is_jagged_type(tp: type) -> bool:
+    """A jagged nested tensor class: one tensor to the user, its ``_values``/``_offsets``/caches are internals."""
+    return tp.__name__ == "NestedTensor" and (getattr(tp, "__module__", "") or "").startswith("torch.nested")
+
+
+def instance_dict(obj: Any) -> dict[str, Any] | None:
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except Exception:
+        return None
+    return d if type(d) is dict else None
+
+
+def slot_items(obj: Any) -> Iterator[tuple[str, Any]]:
+    for klass in type(obj).__mro__:
+        slots = klass.__dict__.get("__slots__")
+        if not slots:
+            continue
+        for name in (slots,) if isinstance(slots, str) else slots:
+            desc = klass.__dict__.get(name)
+            if type(desc) is types.MemberDescriptorType:
+                try:
+                    yield name, desc.__get__(obj, type(obj))
+                except AttributeError:
+                    continue
+
+
+def inner_value(obj: Any, name: str) -> Any:
+    """A tensor subclass's inner by name: from ``__dict__``, else from a slot (``DTensor._local_tensor``)."""
+    d = instance_dict(obj)
+    if d is not None and name in d:
+        return d[name]
+    for klass in type(obj).__mro__:
+        desc = klass.__dict__.get(name)
+        if type(desc) is types.MemberDescriptorType:
+            try:
+                return desc.__get__(obj, type(obj))
+            except AttributeError:
+                return None
+    return None
+
+
+_PARTIAL_FUNC = functools.partial.__dict__["func"]
+_PARTIAL_ARGS = functools.partial.__dict__["args"]
+_PARTIAL_KW = functools.partial.__dict__["keywords"]
+_FN_CLOSURE: Any = types.FunctionType.__dict__["__closure__"]
+_FN_CODE: Any = types.FunctionType.__dict__["__code__"]
+_FN_DEFAULTS: Any = types.FunctionType.__dict__["__defaults__"]
+_FN_KWDEFAULTS: Any = types.FunctionType.__dict__["__kwdefaults__"]
+
+
+def members(v: Any, k: int) -> list[tuple[Any, Any, str, Any]]:
+    """Children of a set, deque, ``functools.partial`` or function as ``(key, value, slot, owner)``, read through
+    the builtin types' own methods and descriptors (never the object's Python-level overrides)."""
+    out: list[tuple[Any, Any, str, Any]] = []
+    if k == SET:
+        it = set.__iter__(v) if isinstance(v, set) else frozenset.__iter__(v)
+        out.extend((i, x, "member", v) for i, x in enumerate(it))
+    elif k == DEQUE:
+        out.extend((i, x, "item", v) for i, x in enumerate(collections.deque.__iter__(v)))
+    elif k == PARTIAL:
+        out.append(("func", _PARTIAL_FUNC.__get__(v), "func", v))
+        out.extend((f"args.{i}", x, "arg", v) for i, x in enumerate(_PARTIAL_ARGS.__get__(v)))
+        kw = _PARTIAL_KW.__get__(v)
+        if type(kw) is dict and kw:
+            out.append(("keywords", kw, "attr", v))
+    elif k == FUNC:
+        cells = _FN_CLOSURE.__get__(v)
+        if cells:
+            names = _FN_CODE.__get__(v).co_freevars
+            for name, cell in zip(names, cells):
+                try:
+                    out.append((f"__closure__.{name}", cell.cell_contents, "cell", cell))
+                except ValueError:  # an empty cell: the variable is not bound yet
+                    continue
+        defaults = _FN_DEFAULTS.__get__(v)
+        if defaults:
+            out.extend((f"__defaults__.{i}", x, "default", v) for i, x in enumerate(defaults))
+        kwd = _FN_KWDEFAULTS.__get__(v)
+        if type(kwd) is dict and kwd:
+            out.append(("__kwdefaults__", kwd, "attr", v))
+    return out
+
+
+def has_members(v: Any, k: int) -> bool:
+    """Cheap test before any bookkeeping: most functions on modules close over nothing."""
+    if k != FUNC:
+        return True
+    return bool(_FN_CLOSURE.__get__(v) or _FN_DEFAULTS.__get__(v)
+                or _FN_KWDEFAULTS.__get__(v))  # type: ignore[attr-defined]
+
+
+# -- tensors -------------------------------------------------------------------------------------------------------
+
+
+def form_of(t: torch.Tensor) -> str:
+    """The tensor's form: ``dense``, ``nested``, ``sparse``, ``quantized``, ``dtensor`` or ``subclass``.
+
+    >>> form_of(torch.zeros(2)), form_of(torch.zeros(2, 2).to_sparse())
+    ('dense', 'sparse')
+    """
+    tp = type(t)
+    if tp is not torch.Tensor and tp is not nn.Parameter:
+        if is_jagged_type(tp):
+            return "nested"
+        if tp.__name__ == "DTensor" and (tp.__module__ or "").startswith("torch.distributed"):
+            return "dtensor"
+    if t.is_nested:
+        return "nested"
+    if t.layout != torch.strided:
+        return "sparse"
+    if t.is_quantized:
+        return "quantized"
+    return "dense" if tp is torch.Tensor or tp is nn.Parameter else "subclass"
+
+
+def describe(t: torch.Tensor) -> tuple[tuple[int, ...], int]:
+    """``(shape, nbytes)`` for any tensor form: ragged dimensions of nested tensors are ``-1``; sparse tensors
+    count their indices and values."""
+    try:
+        shape: tuple[int, ...] = tuple(d if type(d) is int else -1 for d in t.shape)
+    except Exception:
+        shape = _nested_shape(t)
+    try:
+        nbytes = int(t.nbytes)
+    except Exception:
+        nbytes = _sparse_nbytes(t)
+    return shape, nbytes
+
+
+def _nested_shape(t: torch.Tensor) -> tuple[int, ...]:
+    try:
+        rows = t._nested_tensor_size().tolist()  # one row of sizes per component
+    except Exception:
+        return ()
+    if not rows:
+        return (0,)
+    cols = list(zip(*rows))
+    return (len(rows), *(c[0] if all(x == c[0] for x in c) else -1 for c in cols))
+
+
+def _sparse_nbytes(t: torch.Tensor) -> int:
+    try:
+        return int(t._indices().nbytes + t._values().nbytes)  # COO: nbytes refuses, its parts do not
+    except Exception:
+        try:
+            return int(t.numel() * t.element_size())
+        except Exception:
+            return 0
+
+
+def unreadable(t: torch.Tensor) -> str | None:
+    """Why a tensor of an unusual class cannot be described (its ``device``, ``dtype`` or shape raise), or None."""
+    try:
+        t.device  # noqa: B018  # the verbs read these: a class where they raise is reported, not handed on
+        t.dtype  # noqa: B018
+        t.is_floating_point()
+        describe(t)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+    return None
