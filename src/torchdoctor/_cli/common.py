@@ -20,7 +20,7 @@ class UsageError(Exception):
 def load_target(spec: str) -> Any:
     """Resolve ``path/to/file.py:name`` or ``package.module:name`` (split on the last ``:``).
 
-    A function or class is called with no arguments; the result (or the object itself) is returned. A 2-tuple
+    A function, class or ``functools.partial`` is called with no arguments (again, if it returns one); the result (or the object itself) is returned. A 2-tuple
     whose second item is a tuple or dict becomes a ``Target(obj, args/kwargs)``.
     """
     from torchdoctor._report.model import Target
@@ -54,7 +54,9 @@ def load_target(spec: str) -> Any:
     if not hasattr(module, name):
         raise UsageError(f"{where!r} has no attribute {name!r}")
     obj = getattr(module, name)
-    if isinstance(obj, type) or (callable(obj) and type(obj).__name__ in ("function", "builtin_function_or_method")):
+    for _ in range(8):  # a factory may return another factory (a function returning a functools.partial)
+        if not is_factory(obj):
+            break
         try:
             obj = obj()
         except (Exception, SystemExit) as exc:
@@ -69,6 +71,15 @@ def load_target(spec: str) -> Any:
             return Target(obj[0], (), dict(inputs))
         return Target(obj[0], tuple(inputs), {})
     return obj
+
+
+def is_factory(obj: Any) -> bool:
+    """Called to get the object: functions, methods, builtins, classes and ``functools.partial``; never an
+    instance with ``__call__`` (a module or a pipeline would run its forward)."""
+    import functools
+    import inspect
+
+    return isinstance(obj, (type, functools.partial)) or inspect.isroutine(obj)
 
 
 def failure(exc: BaseException) -> str:
@@ -104,3 +115,75 @@ def print_json(doc: Any) -> None:
 
     json.dump(doc, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+GUARD_MODES = ("off", "explain", "strict", "fix", "warn")
+CONFIG_KEYS = {"device": str, "dtype": str, "profile": str, "assume_device": str, "mode": str, "limit": int}
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts and limits: a whole number >= 1 (``--limit -1`` is refused, not ignored)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def find_pyproject(start: str | None = None) -> str | None:
+    """The nearest ``pyproject.toml`` from ``start`` (default: the current directory) upward."""
+    here = os.path.abspath(start or os.getcwd())
+    while True:
+        candidate = os.path.join(here, "pyproject.toml")
+        if os.path.isfile(candidate):
+            return candidate
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+
+
+def read_config(start: str | None = None) -> tuple[str | None, dict[str, Any]]:
+    """``[tool.torchdoctor]`` of the nearest ``pyproject.toml``: (its path, the validated table).
+
+    Keys: ``device``, ``dtype``, ``profile``, ``assume_device``, ``mode`` (the pytest plugin's guard mode) and
+    ``limit``. The command line's own options win over it. An unknown key or a wrong type is a usage error.
+    """
+    path = find_pyproject(start)
+    if path is None:
+        return None, {}
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if b"tool.torchdoctor" not in raw:
+        return path, {}
+    try:
+        import tomllib as toml
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as toml  # type: ignore[no-redef]
+        except ImportError:
+            raise UsageError(f"{path} has [tool.torchdoctor]; reading it on Python 3.10 needs `pip install tomli`") \
+                from None
+    try:
+        doc = toml.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}") from exc
+    table = doc.get("tool", {}).get("torchdoctor", {})
+    if not isinstance(table, dict):
+        raise UsageError(f"{path}: [tool.torchdoctor] must be a table")
+    for key, value in table.items():
+        want = CONFIG_KEYS.get(key)
+        if want is None:
+            raise UsageError(f"{path}: [tool.torchdoctor] has no key {key!r}; known keys: {', '.join(CONFIG_KEYS)}")
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise UsageError(f"{path}: [tool.torchdoctor] {key} must be a {want.__name__}, got {value!r}")
+    if "mode" in table and table["mode"] not in GUARD_MODES:
+        raise UsageError(f"{path}: [tool.torchdoctor] mode {table['mode']!r} is not one of {', '.join(GUARD_MODES)}")
+    if "limit" in table and table["limit"] < 1:
+        raise UsageError(f"{path}: [tool.torchdoctor] limit must be >= 1, got {table['limit']}")
+    return path, dict(table)

@@ -1,50 +1,135 @@
-"""``torchdoctor scan TARGET``: live objects (``--plan`` lists what ``move`` would do) and checkpoint files."""
+"""``torchdoctor scan TARGET...``: live objects (``--plan`` lists what ``move`` would do) and checkpoint files.
+
+Several TARGETs are scanned one after the other (what a pre-commit hook passes); the exit code is the worst
+of them, and a TARGET that cannot be checked is reported on stderr without stopping the others.
+"""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+import dataclasses
+import sys
 from typing import Any
 
 from torchdoctor._cli.common import UsageError, parse_common, print_json, resolve_target
-from torchdoctor._report.model import Target
-from torchdoctor._scan.scan import scan
+from torchdoctor._report.model import ScanReport, Target
+from torchdoctor._report.progress import progress
+from torchdoctor._report.terminal import emit
+from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, schema
 
 
-def _plan_lines(items: Iterable[Any]) -> list[str]:
-    return [str(i) for i in items]
+def single(args: argparse.Namespace, target: str) -> argparse.Namespace:
+    """``args`` for one TARGET, as the per-target handlers (checkpoint, distributed) expect."""
+    one = argparse.Namespace(**vars(args))
+    one.target = target
+    return one
 
 
-def command(args: argparse.Namespace) -> int:
-    if getattr(args, "distributed", False):
-        from torchdoctor._distributed.cli import command as distributed_command
+def write_html(report: Any, path: str) -> None:
+    """The device map of any report with ``to_dict()`` (its own ``to_html`` when it has one)."""
+    try:
+        if hasattr(report, "to_html"):
+            report.to_html(path)
+        else:
+            from torchdoctor._report.html import render_html
 
-        return distributed_command("scan", args)
-    device, dtype = parse_common(args)
-    target = resolve_target(args.target)
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(render_html(report.to_dict()))
+    except OSError as exc:
+        raise UsageError(f"cannot write the map to {path!r}: {exc.strerror or exc}") from exc
+    print(f"device map written to {path}", file=sys.stderr)
+
+
+def _plan(spec: str, obj: Any, args: argparse.Namespace, device: Any, dtype: Any) -> tuple[int, dict[str, Any], str]:
+    if device is None and dtype is None:
+        raise UsageError("--plan needs --device and/or --dtype: the plan is what move(obj, device, dtype) would do")
+    from torchdoctor._move.plan import plan
+
+    steps = plan(obj.obj if isinstance(obj, Target) else obj, device=device, dtype=dtype)
+    # a plan is a scan's answer to "what would move(...) change?": the scan schema, with the steps under "plan"
+    doc = {"schema": schema("scan"), "ok": not steps, "source": spec, "plan": [s.to_dict() for s in steps]}
+    lines = [f"{len(steps)} tensor(s) would move:" if steps else "nothing to move"]
+    lines += [f"  {s}" for s in steps[: args.limit]]
+    if len(steps) > args.limit:
+        lines.append(f"  ... and {len(steps) - args.limit} more (use --json for all)")
+    return (EXIT_PROBLEMS if steps else EXIT_OK), doc, "\n".join(lines)
+
+
+def _one(spec: str, args: argparse.Namespace, device: Any, dtype: Any, docs: list[Any]) -> int:
+    from torchdoctor._scan.scan import scan
+
+    with progress(f"loading {spec}", quiet=args.quiet):
+        target = resolve_target(spec)
     if isinstance(target, str):
         from torchdoctor._cli.checkpoint import scan_path
 
-        return scan_path(target, args)
-    if args.plan:
-        if device is None and dtype is None:
-            raise UsageError("--plan needs --device and/or --dtype: the plan is what move(obj, device, dtype) would do")
-        from torchdoctor._move.plan import plan
+        if args.html or (args.json and len(args.target) > 1):  # the report itself is needed: a map, one list
+            from torchdoctor._checkpoint.scan import CheckpointError, scan_checkpoint
 
-        steps = plan(target.obj if isinstance(target, Target) else target, device=device, dtype=dtype)
+            try:
+                with progress(f"reading {spec}", quiet=args.quiet):
+                    report = scan_checkpoint(target, device=device, dtype=dtype)
+            except CheckpointError as exc:
+                raise UsageError(str(exc)) from None
+            return _finish(report, args, docs)
+        with progress(f"reading {spec}", quiet=args.quiet):
+            return scan_path(target, single(args, spec))
+    if args.plan:
+        code, doc, text = _plan(spec, target, args, device, dtype)
         if args.json:
-            print_json({"schema": "torchdoctor/plan/1", "ok": not steps, "steps": [s.to_dict() for s in steps]})
+            docs.append(doc)
         else:
-            print(f"{len(steps)} tensor(s) would move:" if steps else "nothing to move")
-            for line in _plan_lines(steps[: args.limit]):
-                print(f"  {line}")
-            if len(steps) > args.limit:
-                print(f"  ... and {len(steps) - args.limit} more (use --json for all)")
-        return 1 if steps else 0
-    report = scan(target, device=device, dtype=dtype)
-    report.source = args.target
+            emit(text)
+        return code
+    with progress(f"scanning {spec}", quiet=args.quiet):
+        report = scan(target, device=device, dtype=dtype)
+    report = dataclasses.replace(report, source=spec)
+    if not report.tensors:
+        raise UsageError(f"nothing to check: {spec} holds no tensors (a {type(target).__name__}); "
+                         "point TARGET at a model, a pipeline or a checkpoint")
+    return _finish(report, args, docs)
+
+
+def _finish(report: ScanReport, args: argparse.Namespace, docs: list[Any]) -> int:
+    if args.html:
+        write_html(report, args.html)
     if args.json:
-        print_json(report.to_dict())
+        docs.append(report.to_dict())
+    elif report.extra.get("groups") is not None:
+        from torchdoctor._checkpoint.scan import render_checkpoint
+
+        emit(render_checkpoint(report, limit=args.limit))
     else:
-        print(report.text(limit=args.limit))
-    return 0 if report.ok else 1
+        emit(report.text(limit=args.limit))
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+def command(args: argparse.Namespace) -> int:
+    targets: list[str] = list(args.target) if isinstance(args.target, (list, tuple)) else [args.target]
+    if getattr(args, "distributed", False):
+        if len(targets) != 1:
+            raise UsageError("--distributed checks one TARGET per run")
+        from torchdoctor._distributed.cli import command as distributed_command
+
+        return distributed_command("scan", single(args, targets[0]))
+    if args.html and len(targets) > 1:
+        raise UsageError("--html writes the map of one TARGET; give one TARGET (or run once per TARGET)")
+    if args.html and args.plan:
+        raise UsageError("--html draws a scan; drop --plan")
+    device, dtype = parse_common(args)
+    docs: list[Any] = []
+    worst = EXIT_OK
+    for i, spec in enumerate(targets):
+        if len(targets) > 1 and not args.json and i:
+            print()
+        try:
+            code = _one(spec, args, device, dtype, docs)
+        except UsageError as exc:
+            if len(targets) == 1:
+                raise
+            print(f"torchdoctor scan: {spec}: {exc}", file=sys.stderr)
+            code = EXIT_USAGE
+        worst = max(worst, code)
+    if args.json and docs:
+        print_json(docs[0] if len(targets) == 1 else docs)
+    return worst

@@ -1,42 +1,105 @@
-"""``torchdoctor simulate TARGET --device D``: would it run there, without the hardware?"""
+"""``torchdoctor simulate TARGET... --device D | --profile NAME``: would it run there, without the hardware?"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from typing import Any
 
 from torchdoctor._cli.common import UsageError, failure, parse_common, print_json, resolve_target
+from torchdoctor._cli.scan import single, write_html
 from torchdoctor._placement import parse_device
+from torchdoctor._report.progress import progress
+from torchdoctor._report.terminal import emit
+from torchdoctor._report.text import EXIT_OK, EXIT_USAGE
+from torchdoctor._rules.presets import describe, preset
 from torchdoctor._rules.profile import DeviceProfile
-from torchdoctor._virtual.simulate import simulate
-from torchdoctor._virtual.tensor import is_virtual
 
 
-def command(args: argparse.Namespace) -> int:
-    if getattr(args, "distributed", False):
-        from torchdoctor._distributed.cli import command as distributed_command
+def _profile(args: argparse.Namespace) -> tuple[Any, DeviceProfile]:
+    """The virtual device and its profile from ``--device``, ``--profile`` and ``--count``, checked together."""
+    from torchdoctor._virtual.tensor import is_virtual
 
-        return distributed_command("simulate", args)
-    import os
+    named = None
+    if getattr(args, "profile", None):
+        try:
+            named = preset(args.profile)
+        except ValueError as exc:
+            raise UsageError(f"--profile: {exc}") from None
+    if not args.device and named is None:
+        raise UsageError("simulate needs --device (e.g. cuda:1, mps, xpu) or --profile (e.g. t4, a100, m2)")
+    device, _ = parse_common(args) if args.device else (parse_device(named.type if named else "cpu"), None)
+    if named is not None and device.type != named.type:
+        raise UsageError(f"--profile {args.profile} is a {named.type} device ({named.name}); --device {args.device} "
+                         f"is {device.type}: drop one of them")
+    profile = named or DeviceProfile.for_device(device if is_virtual(device) else "cuda")
+    need = (device.index or 0) + 1
+    if args.count is not None:
+        if args.count < need:
+            raise UsageError(f"--count {args.count} gives {device.type}:0..{args.count - 1}, but --device "
+                             f"{args.device} needs at least {need} devices: raise --count or pick a lower index")
+        profile = profile.with_count(args.count)
+    return device, profile.with_count(need)
 
-    device, dtype = parse_common(args)
-    target = resolve_target(args.target)
+
+def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfile, docs: list[Any]) -> int:
+    from torchdoctor._virtual.simulate import simulate
+
+    _, dtype = parse_common(argparse.Namespace(device=None, dtype=args.dtype))
+    with progress(f"loading {spec}", quiet=args.quiet):
+        target = resolve_target(spec)
     if isinstance(target, (str, os.PathLike)):
-        raise UsageError(f"simulate needs an object (path/to/file.py:name or package.module:name); {args.target!r} is "
+        raise UsageError(f"simulate needs an object (path/to/file.py:name or package.module:name); {spec!r} is "
                          "a file or directory: use `torchdoctor scan` for checkpoints")
     try:
         assume = parse_device(args.assume_device) if getattr(args, "assume_device", None) else None
-        profile = DeviceProfile.for_device(device if is_virtual(device) else "cuda")
-        if getattr(args, "count", None) is not None:
-            if args.count < 1:
-                raise ValueError(f"--count {args.count}: the number of virtual devices must be at least 1")
-            profile = profile.with_count(int(args.count))
-        report = simulate(target, device=device, dtype=dtype, assume_device=assume, profile=profile)
+        where = f"{device}" + (f" ({profile.name})" if profile.name else "")
+        with progress(f"simulating {spec} on virtual {where}", quiet=args.quiet):
+            report = simulate(target, device=device, dtype=dtype, assume_device=assume, profile=profile)
     except (ValueError, TypeError) as exc:  # bad arguments, or an object that cannot be copied
         raise UsageError(str(exc)) from exc
     except Exception as exc:  # the target's own code failed before any placement problem was seen
-        raise UsageError(f"running {args.target} failed before any placement problem: {failure(exc)}") from exc
-    if getattr(args, "json", False):
-        print_json(report.to_dict())
+        raise UsageError(f"running {spec} failed before any placement problem: {failure(exc)}") from exc
+    if report.ok and report.ops == 0 and not report.summary:
+        raise UsageError(f"nothing to check: {spec} holds no tensors and ran no tensor op "
+                         f"(a {type(getattr(target, 'obj', target)).__name__})")
+    if args.html:
+        write_html(report, args.html)
+    if args.json:
+        docs.append(report.to_dict())
     else:
-        print(report.text())
-    return report.exit_code()
+        emit(report.text(limit=args.limit))
+    return int(report.exit_code())
+
+
+def command(args: argparse.Namespace) -> int:
+    targets: list[str] = list(args.target) if isinstance(args.target, (list, tuple)) else [args.target]
+    if getattr(args, "profile", None) in ("help", "list"):
+        print("\n".join(describe()))
+        return EXIT_OK
+    if getattr(args, "distributed", False):
+        if len(targets) != 1:
+            raise UsageError("--distributed simulates one TARGET per run")
+        from torchdoctor._distributed.cli import command as distributed_command
+
+        return distributed_command("simulate", single(args, targets[0]))
+    if args.html and len(targets) > 1:
+        raise UsageError("--html writes the map of one TARGET; give one TARGET (or run once per TARGET)")
+    device, profile = _profile(args)
+    docs: list[Any] = []
+    worst = EXIT_OK
+    for i, spec in enumerate(targets):
+        if len(targets) > 1 and not args.json and i:
+            print()
+        try:
+            code = _one(spec, args, device, profile, docs)
+        except UsageError as exc:
+            if len(targets) == 1:
+                raise
+            print(f"torchdoctor simulate: {spec}: {exc}", file=sys.stderr)
+            code = EXIT_USAGE
+        worst = max(worst, code)
+    if args.json and docs:
+        print_json(docs[0] if len(targets) == 1 else docs)
+    return worst

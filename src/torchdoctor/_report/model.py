@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from torchdoctor._placement import compact, device_str, dtype_str
+from torchdoctor._report.html import HtmlMapMixin
 from torchdoctor._report.text import human_bytes, render_problems, schema
 
 _META = torch.device("meta")
@@ -168,9 +169,15 @@ def _storage_key(info: TensorInfo, tensor: torch.Tensor | None) -> Any:
         return None
 
 
-@dataclass
-class ScanReport:
-    """What ``scan`` found: ``.ok``, ``.problems``, ``.tensors`` (one row per path), ``.summary``, ``.to_dict()``."""
+@dataclass(frozen=True)
+class ScanReport(HtmlMapMixin):
+    """What ``scan`` found: ``.ok``, ``.problems``, ``.tensors`` (one row per path), ``.summary``, ``.to_dict()``,
+    ``.to_html()`` (the device map; shown by notebooks through ``_repr_html_``).
+
+    Frozen: ``dataclasses.replace(report, source=...)`` gives a relabelled copy. The JSON document's keys are
+    the field names (``verb`` is the ``schema``; ``extra`` holds the keys of a checkpoint scan: ``files``,
+    ``layout``, ``groups``, ``metadata``, merged at the top level) plus ``schema`` and ``ok``.
+    """
 
     tensors: tuple[TensorInfo, ...]
     problems: tuple[Problem, ...]

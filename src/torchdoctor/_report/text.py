@@ -2,19 +2,31 @@
 
 ``torchdoctor._env`` and ``torchdoctor._explain`` import only this from the report layer, so they stay usable
 when ``import torch`` itself is broken (which ``torchdoctor env`` must diagnose).
+
+Problem lists are grouped: many tensors with the same finding under one numbered container (``model.layers.*``)
+print as one line with a count, as a checkpoint scan's groups do, and every line stays within the output width
+(set by the command line with :func:`line_width`; library text is not wrapped unless asked).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from torchdoctor._report.model import Problem
+import contextlib
+import contextvars
+import re
+import textwrap
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
+
+GROUP_MIN = 4  # this many tensors with one finding under one numbered container print as one line
+
+_WIDTH: contextvars.ContextVar[int | None] = contextvars.ContextVar("torchdoctor_line_width", default=None)
+_COMPACT = re.compile(r"[a-z0-9_]+\[[0-9, ]*\]@\S+ ")  # bf16[4,4]@cuda:0 at the start of a message
+
 
 def schema(verb: str) -> str:
     """The ``schema`` value of a verb's JSON document.
@@ -38,6 +50,20 @@ def human_bytes(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+@contextlib.contextmanager
+def line_width(width: int | None) -> Iterator[None]:
+    """Problem lists rendered inside wrap at ``width`` columns (``None``: no wrapping)."""
+    token = _WIDTH.set(max(40, width) if width else None)
+    try:
+        yield
+    finally:
+        _WIDTH.reset(token)
+
+
+def current_width() -> int | None:
+    return _WIDTH.get()
+
+
 def format_error(headline: str, culprits: Iterable[str] = (), fix: str | None = None, limit: int = 20) -> str:
     """Errors have one shape: headline, culprits, then the fix as code to paste."""
     lines = [headline]
@@ -52,13 +78,169 @@ def format_error(headline: str, culprits: Iterable[str] = (), fix: str | None = 
     return "\n".join(lines)
 
 
-def render_problems(problems: Sequence[Problem], limit: int = 40) -> list[str]:
-    lines = []
-    ordered = sorted(problems, key=lambda p: (p.kind == "truncated", p.path))
-    for p in ordered[:limit]:
-        lines.append(f"  {p.kind:<16} {p.path}  {p.message}")
-    if len(ordered) > limit:
-        lines.append(f"  ... and {len(ordered) - limit} more problems (use --json for all)")
+def _get(p: Any, name: str) -> Any:
+    return p.get(name) if isinstance(p, Mapping) else getattr(p, name, None)
+
+
+def reason(p: Any) -> str:
+    """A problem's message without its own path and compact tensor text in front (what a group shares).
+
+    >>> reason({"path": "a.w", "message": "a.w f32[4]@cpu is on cpu while aten.mm runs on cuda:1"})
+    'is on cpu while aten.mm runs on cuda:1'
+    """
+    msg = str(_get(p, "message") or "")
+    path = str(_get(p, "path") or "")
+    if path and msg.startswith(path + " "):
+        msg = msg[len(path) + 1:]
+    m = _COMPACT.match(msg)
+    return msg[m.end():] if m else msg
+
+
+def _pattern(path: str) -> list[str]:
+    return ["*" if part.isdigit() else part for part in path.split(".")]
+
+
+@dataclass(frozen=True)
+class ProblemGroup:
+    """Problems sharing kind, found, expected and reason; ``under`` is the numbered container they sit in
+    (``model.layers.*``), or ``None`` for a single problem printed as is."""
+
+    kind: str
+    under: str | None
+    members: tuple[Any, ...]
+
+    @property
+    def first(self) -> Any:
+        return self.members[0]
+
+    @property
+    def sort_key(self) -> tuple[bool, str]:
+        return (self.kind == "truncated", self.under or str(_get(self.first, "path")))
+
+
+def group_problems(problems: Sequence[Any], min_size: int = GROUP_MIN) -> list[ProblemGroup]:
+    """Group problem records (``Problem`` objects or their ``to_dict()``), sorted by path.
+
+    >>> ps = [{"kind": "meta", "path": f"layers.{i}.w", "found": "meta", "expected": "cpu",
+    ...        "message": f"layers.{i}.w f32[2]@meta holds no data"} for i in range(5)]
+    >>> [(g.under, len(g.members)) for g in group_problems(ps + [dict(ps[0], path="head.w")])]
+    [(None, 1), ('layers.*.w', 5)]
+    """
+    families: dict[tuple[Any, ...], list[Any]] = {}
+    for p in problems:
+        path = str(_get(p, "path") or "")
+        parts = _pattern(path)
+        star = parts.index("*") + 1 if "*" in parts else 0
+        key = (_get(p, "kind"), _get(p, "found"), _get(p, "expected"), reason(p), ".".join(parts[:star]))
+        families.setdefault(key, []).append(p)
+    out: list[ProblemGroup] = []
+    for (kind, _f, _e, _r, container), members in families.items():
+        if container and len(members) >= min_size:
+            common = _pattern(str(_get(members[0], "path")))
+            for m in members[1:]:
+                other = _pattern(str(_get(m, "path")))
+                n = 0
+                while n < min(len(common), len(other)) and common[n] == other[n]:
+                    n += 1
+                common = common[:n]
+            out.append(ProblemGroup(str(kind), ".".join(common), tuple(members)))
+        else:
+            out.extend(ProblemGroup(str(kind), None, (m,)) for m in members)
+    out.sort(key=lambda g: g.sort_key)
+    return out
+
+
+def _wrap(head: str, body: str, indent: int, width: int | None, sep: str = "  ") -> list[str]:
+    line = f"{head}{sep}{body}" if body else head
+    if width is None or len(line) <= width:
+        return [line]
+    pad = " " * indent
+    return [head, *textwrap.wrap(body, width=width, initial_indent=pad, subsequent_indent=pad,
+                                 break_long_words=False, break_on_hyphens=False)]
+
+
+def render_problems(problems: Sequence[Any], limit: int = 40, width: int | None = None) -> list[str]:
+    """One line per problem or per group of alike problems (see :func:`group_problems`), kind column sized to
+    the kinds shown, wrapped at ``width`` (default: the :func:`line_width` in force, else no wrapping)."""
+    width = width or _WIDTH.get()
+    groups = group_problems(problems)
+    shown = groups[:limit]
+    kw = max((len(g.kind) for g in shown), default=4)
+    lines: list[str] = []
+    for g in shown:
+        lead = f"  {g.kind:<{kw}} "
+        p = g.first
+        if g.under is not None:
+            found = _get(p, "found")
+            at = "at" if _pattern(str(_get(p, "path"))) == g.under.split(".") else "under"
+            head = f"{lead}{len(g.members)} tensors {at} {g.under}" + (f" on {found}" if g.kind in ("meta", "device")
+                                                                       and found else "") + ":"
+            lines.extend(_wrap(head, reason(p), len(lead) + 2, width, sep=" "))
+            example = f"{_get(p, 'path')}" + (f" ({_get(p, 'found')} -> {_get(p, 'expected')})"
+                                                if g.kind not in ("meta", "device") else "")
+            lines.extend(_wrap(f"{' ' * len(lead)}e.g.", example, len(lead) + 2, width, sep=" "))
+            continue
+        path, msg = str(_get(p, "path") or ""), str(_get(p, "message") or "")
+        if path and msg.startswith(path + " "):  # the message names the path itself: print it once
+            lines.extend(_wrap(f"{lead}{path}", msg[len(path) + 1:], len(lead) + 2, width, sep=" "))
+        else:
+            lines.extend(_wrap(f"{lead}{path}", msg, len(lead) + 2, width))
+    if len(groups) > limit:
+        rest = sum(len(g.members) for g in groups[limit:])
+        lines.append(f"  ... and {rest} more problems (use --json for all)")
     return lines
 
 
+def code_path(path: str, var: str = "model") -> str:
+    """A dotted path as Python to paste: ``layers.0.mlp.weight`` -> ``model.layers[0].mlp.weight``.
+
+    >>> code_path("blocks.0.attn-1.weight")
+    "model.blocks[0]['attn-1'].weight"
+    """
+    out = var
+    for part in path.split(".") if path else []:
+        if part.isdigit():
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if part.isidentifier() else f"[{part!r}]"
+    return out
+
+
+def _value(text: str, kind: str) -> str:
+    if kind in ("dtype", "unsupported_dtype"):
+        return f"torch.{text}" if text.isidentifier() else repr(text)
+    return repr(text)
+
+
+def problem_fix(p: Any, source: str | None = None) -> str | None:
+    """The fix for one problem record as code to paste, or ``None`` when no line of code fixes it.
+
+    >>> problem_fix({"kind": "dtype", "path": "lm_head.weight", "role": "parameter", "expected": "bfloat16"})
+    'model.lm_head.weight.data = model.lm_head.weight.data.to(torch.bfloat16)'
+    """
+    own = _get(p, "fix")
+    if own:
+        return str(own)
+    kind, path, expected = _get(p, "kind"), str(_get(p, "path") or ""), str(_get(p, "expected") or "")
+    if kind == "meta":
+        return (f"# {code_path(path)} is on meta (no data): load its weights, e.g.\n"
+                "model.load_state_dict(state_dict, strict=False, assign=True)")
+    if kind in ("device", "dtype") and expected and path and "/" not in path and not path.startswith("<"):
+        expr = code_path(path)
+        return f"{expr}.data = {expr}.data.to({_value(expected, kind)})"
+    if kind == "saved_device" and expected:
+        where = repr(source) if source else "path"
+        return f"torch.load({where}, map_location={expected!r}, weights_only=True)"
+    if kind == "unsupported_dtype":
+        return f"model.to(torch.float32)  # {_get(p, 'found')} cannot run here"
+    return None
+
+
+def group_fix(group: ProblemGroup, source: str | None = None) -> str | None:
+    """One fix for a group: ``torchdoctor.move`` for many tensors on one wrong device/dtype."""
+    p = group.first
+    kind, expected = _get(p, "kind"), _get(p, "expected")
+    if len(group.members) > 4 and kind in ("device", "dtype") and expected:
+        key = "dtype" if kind == "dtype" else "device"
+        return f"torchdoctor.move(model, {key}={_value(str(expected), kind)})"
+    return problem_fix(p, source)

@@ -1,0 +1,262 @@
+"""The HTML device map: one self-contained page (no network, works from ``file://``) built from a report's
+``to_dict()``, so scan, move and simulate reports share it.
+
+The page shows a legend (a colour per device and per dtype), totals by device x dtype with bytes, one card per
+problem or per group of alike problems (path, found, expected, why, where it surfaced, the fix with a copy
+button) and the module tree. The tree is rendered lazily from JSON embedded in the page: only opened nodes get
+DOM, siblings come in chunks, so a 70B-shaped model stays responsive. Text from the report (paths can hold
+anything) reaches the page escaped (cards) or through ``textContent`` (tree).
+
+>>> doc = {"schema": "torchdoctor/scan/1", "ok": True, "source": "<m>", "problems": [],
+...        "tensors": [{"path": "w", "role": "parameter", "device": "cpu", "dtype": "float32", "shape": [2],
+...                     "nbytes": 8, "alias_of": None}]}
+>>> page = render_html(doc)
+>>> page.startswith("<!DOCTYPE html>") and "&lt;m&gt;" in page and "<m>" not in page
+True
+"""
+
+from __future__ import annotations
+
+import colorsys
+import hashlib
+import html
+import json
+import os
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from torchdoctor._report.html_assets import CSS, JS
+from torchdoctor._report.text import group_fix, group_problems, human_bytes, reason
+
+MAX_TENSORS = 200_000  # rows embedded in one page (a 70B Llama has about 720); more are counted, not drawn
+MAX_CARDS = 300  # problem cards (groups of alike problems count once)
+
+_DEVICE_COLORS = {"cpu": "#6b7a8f", "meta": "#9c6b3c", "mps": "#b0459b", "xpu": "#2f6fd6", "disk": "#8a8a2e",
+                  "hpu": "#7a4fd0", "npu": "#c4572a"}
+_CUDA = ["#2e9e44", "#0f8a83", "#7cb82f", "#116149", "#4fc08d", "#1f6f5c", "#98c13d", "#2b8c6b"]
+_DTYPE_COLORS = {"float32": "#3a78d8", "bfloat16": "#f08a24", "float16": "#f2c12e", "float64": "#8e44ad",
+                 "complex64": "#00a7c4", "complex128": "#00788c", "int8": "#7d8a96", "uint8": "#5f6b75",
+                 "int32": "#a0a8b0", "int64": "#8c949c", "int16": "#b4bbc2", "bool": "#cfd4d9",
+                 "float8_e4m3fn": "#e0457b", "float8_e5m2": "#c2185b", "mixed": "#ffffff"}
+
+
+def _hashed(name: str) -> str:
+    h = int(hashlib.sha1(name.encode("utf-8", "replace")).hexdigest()[:6], 16)
+    r, g, b = colorsys.hls_to_rgb((h % 360) / 360, 0.5, 0.55)
+    return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
+
+
+def device_color(name: str) -> str:
+    """A stable colour for a device (``cuda:N`` take greens by index; unknown names a hashed hue).
+
+    >>> device_color("cuda:0"), device_color("cpu")
+    ('#2e9e44', '#6b7a8f')
+    """
+    if name in _DEVICE_COLORS:
+        return _DEVICE_COLORS[name]
+    kind, _, index = name.partition(":")
+    if kind == "cuda":
+        return _CUDA[int(index) % len(_CUDA)] if index.isdigit() else _CUDA[0]
+    if kind in _DEVICE_COLORS and index.isdigit() and index == "0":
+        return _DEVICE_COLORS[kind]
+    return "#9e9e9e" if name == "mixed" else _hashed(name)
+
+
+def dtype_color(name: str) -> str:
+    return _DTYPE_COLORS.get(name) or _hashed("dtype:" + name)
+
+
+def _script_json(value: Any) -> str:
+    """JSON safe inside ``<script>``: no ``</script>``, no ``<!--``, no HTML-significant characters."""
+    text = json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=str)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _compact_device(text: str) -> tuple[str, str]:
+    """``bf16[4]@cuda:0`` -> (``cuda:0``, ``bf16``): move reports carry compact forms."""
+    dtype, _, rest = text.partition("[")
+    return rest.rpartition("@")[2] or "?", dtype or "?"
+
+
+def _rows(doc: Mapping[str, Any]) -> tuple[list[list[Any]], list[str], list[str], list[str], int]:
+    devices: dict[str, int] = {}
+    dtypes: dict[str, int] = {}
+    roles: dict[str, int] = {}
+    rows: list[list[Any]] = []
+
+    def idx(table: dict[str, int], key: Any) -> int:
+        return table.setdefault(str(key), len(table))
+
+    tensors = doc.get("tensors") or []
+    total = len(tensors)
+    for t in tensors[:MAX_TENSORS]:
+        rows.append([str(t.get("path", "")), idx(devices, t.get("device")), idx(dtypes, t.get("dtype")),
+                     idx(roles, t.get("role", "")), list(t.get("shape") or []), int(t.get("nbytes") or 0),
+                     t.get("alias_of") or 0])
+    for m in (doc.get("moved") or [])[:MAX_TENSORS]:  # a move report: where each tensor went
+        dev, dt = _compact_device(str(m.get("to", "")))
+        rows.append([str(m.get("path", "")), idx(devices, dev), idx(dtypes, dt), idx(roles, "moved"), [],
+                     int(m.get("nbytes") or 0), 0, f"{m.get('from')} -> {m.get('to')}"])
+        total += 1
+    return rows, list(devices), list(dtypes), list(roles), total
+
+
+def _totals(doc: Mapping[str, Any], rows: list[list[Any]], devices: list[str], dtypes: list[str]) -> list[dict[str, Any]]:
+    summary = [dict(g) for g in doc.get("summary") or [] if isinstance(g, Mapping) and "device" in g and "dtype" in g]
+    if summary:
+        return summary
+    acc: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        if r[6]:
+            continue
+        key = (devices[r[1]], dtypes[r[2]])
+        g = acc.setdefault(key, {"device": key[0], "dtype": key[1], "tensors": 0, "nbytes": 0})
+        g["tensors"] += 1
+        g["nbytes"] += r[5]
+    return list(acc.values())
+
+
+def _totals_table(groups: list[dict[str, Any]]) -> str:
+    e = html.escape
+    devs = list(dict.fromkeys(str(g["device"]) for g in groups))
+    dts = list(dict.fromkeys(str(g["dtype"]) for g in groups))
+    cell = {(str(g["device"]), str(g["dtype"])): g for g in groups}
+    head = "".join(f'<th><span class="sw" style="background:{dtype_color(d)}"></span>{e(d)}</th>' for d in dts)
+    out = [f'<table class="totals"><tr><th>device \\ dtype</th>{head}<th>total</th></tr>']
+    col_bytes = dict.fromkeys(dts, 0)
+    for dev in devs:
+        tds, row_bytes = [], 0
+        for d in dts:
+            g = cell.get((dev, d))
+            if g is None:
+                tds.append("<td></td>")
+                continue
+            nbytes = int(g.get("nbytes") or 0)
+            row_bytes += nbytes
+            col_bytes[d] += nbytes
+            tds.append(f'<td data-device="{e(dev)}" data-dtype="{e(d)}">{int(g.get("tensors") or 0)} tensors<br>'
+                       f"{e(human_bytes(nbytes))}</td>")
+        out.append(f'<tr><th><span class="sw" style="background:{device_color(dev)}"></span>{e(dev)}</th>'
+                   f'{"".join(tds)}<td>{e(human_bytes(row_bytes))}</td></tr>')
+    foot = "".join(f"<td>{e(human_bytes(col_bytes[d]))}</td>" for d in dts)
+    out.append(f"<tr><th>total</th>{foot}<td>{e(human_bytes(sum(col_bytes.values())))}</td></tr></table>")
+    return "".join(out)
+
+
+def _cards(problems: list[Mapping[str, Any]], source: str | None) -> str:
+    e = html.escape
+    groups = group_problems(problems)
+    out = []
+    for g in groups[:MAX_CARDS]:
+        p = g.first
+        path = str(p.get("path", ""))
+        title = f"{len(g.members)} tensors under {g.under}" if g.under is not None else path
+        rows = [("found", p.get("found")), ("expected", p.get("expected")),
+                ("why", reason(p) if g.under is not None else p.get("message"))]
+        if p.get("op"):  # simulate: the op and module where the problem surfaced
+            where = f"op {p.get('op')}"
+            if p.get("module_path") is not None:
+                where += f" in module {p.get('module_path') or '<root>'}"
+                where += f" ({p.get('module_type')})" if p.get("module_type") else ""
+            rows.append(("surfaced", where))
+        dl = "".join(f"<dt>{e(k)}</dt><dd>{e(str(v))}</dd>" for k, v in rows if v not in (None, ""))
+        members = ""
+        if g.under is not None:
+            items = "".join(f'<li><code>{e(str(m.get("path")))}</code></li>' for m in g.members[:500])
+            more = f"<li>... and {len(g.members) - 500} more</li>" if len(g.members) > 500 else ""
+            members = f'<details class="members"><summary>all {len(g.members)} paths</summary><ul>{items}{more}</ul></details>'
+        fix = group_fix(g, source)
+        fix_html = (f'<div class="fix"><pre><code>{e(fix)}</code></pre><button class="copy" type="button">copy</button>'
+                    "</div>") if fix else ""
+        out.append(f'<div class="card" data-kind="{e(g.kind)}" data-path="{e(path)}"><div>'
+                   f'<span class="kind">{e(g.kind)}</span><code class="path">{e(title)}</code> '
+                   f'<button class="goto" type="button" data-path="{e(path)}">show in tree</button></div>'
+                   f"<dl>{dl}</dl>{members}{fix_html}</div>")
+    if len(groups) > MAX_CARDS:
+        rest = sum(len(g.members) for g in groups[MAX_CARDS:])
+        out.append(f'<p class="note">... and {rest} more problems (all are marked in the tree)</p>')
+    return '<div class="cards">' + "".join(out) + "</div>"
+
+
+def _heading(doc: Mapping[str, Any], n_problems: int) -> str:
+    e = html.escape
+    verb = str(doc.get("schema", "torchdoctor/scan/1")).split("/")[1:2] or ["scan"]
+    bits = [f"{verb[0]} of {doc.get('source') or doc.get('device') or 'an object'}"]
+    if doc.get("device") and verb[0] != "scan":
+        bits.append(f"on {'virtual ' if verb[0] == 'simulate' else ''}{doc.get('device')}"
+                    + (f" in {doc.get('dtype')}" if doc.get("dtype") else ""))
+    if doc.get("ops"):
+        bits.append(f"{doc.get('ops')} ops")
+    if doc.get("stopped"):
+        bits.append(f"stopped early: {doc.get('stopped')}")
+    status = ('<span class="ok">ok: no placement problems</span>' if not n_problems
+              else f'<span class="bad-count">{n_problems} problem(s)</span>')
+    return f'<div class="meta">{e(" · ".join(str(b) for b in bits))} — {status}</div>'
+
+
+def render_html(doc: Mapping[str, Any], *, title: str | None = None, full: bool = True) -> str:
+    """The device map of a report document (``report.to_dict()``): a whole page, or (``full=False``) a
+    fragment for a notebook cell. Self-contained and escaped."""
+    e = html.escape
+    problems = [p for p in doc.get("problems") or [] if isinstance(p, Mapping)]
+    rows, devices, dtypes, roles, total = _rows(doc)
+    totals = _totals(doc, rows, devices, dtypes)
+    for g in totals:  # the legend and colours also cover what only the totals name
+        if str(g["device"]) not in devices:
+            devices.append(str(g["device"]))
+        if str(g["dtype"]) not in dtypes:
+            dtypes.append(str(g["dtype"]))
+    payload = {
+        "tensors": rows, "devices": devices, "dtypes": dtypes, "roles": roles,
+        "problems": [{k: p.get(k) for k in ("kind", "path", "message", "found", "expected")} for p in problems],
+        "colors": {"device": {d: device_color(d) for d in [*devices, "mixed"]},
+                   "dtype": {d: dtype_color(d) for d in [*dtypes, "mixed"]}},
+    }
+    source = doc.get("source")
+    root_id = "tdm-" + secrets.token_hex(6)
+    legend = ('<div class="legend"><b>devices</b> ' + "".join(
+        f'<span class="item" data-device="{e(d)}"><span class="sw" style="background:{device_color(d)}"></span>{e(d)}</span>'
+        for d in devices) + " <b>dtypes</b> " + "".join(
+        f'<span class="item" data-dtype="{e(d)}"><span class="sw" style="background:{dtype_color(d)}"></span>{e(d)}</span>'
+        for d in dtypes) + "</div>")
+    cut = (f'<p class="note">{total - len(rows)} more tensors are counted in the totals but not drawn '
+           "(use --json for all)</p>") if total > len(rows) else ""
+    body = (
+        f'<div class="tdmap" id="{root_id}"><style>{CSS}</style>'
+        f"<h1>torchdoctor device map</h1>{_heading(doc, len(problems))}{legend}"
+        f"<h2>Totals by device and dtype</h2>{_totals_table(totals) if totals else '<p class=note>no tensors</p>'}"
+        + (f"<h2>Problems</h2>{_cards(problems, str(source) if source else None)}" if problems else "")
+        + f'<h2>Tensors by path ({total})</h2><div class="searchbar"><input class="q" type="search" '
+        f'placeholder="search paths, e.g. layers.3.mlp" aria-label="search paths"><span class="hitcount"></span></div>'
+        f'<div class="hits"></div>{cut}<div class="tree"></div>'
+        '<noscript><p class="note">The tree needs JavaScript; totals and problems above are complete.</p></noscript>'
+        f'<script type="application/json" class="td-data">{_script_json(payload)}</script>'
+        f"<script>{JS.replace('ROOT_ID', json.dumps(root_id))}</script></div>"
+    )
+    if not full:
+        return body
+    head_title = e(title or f"torchdoctor map: {source or doc.get('schema', '')}")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+            "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">"
+            f"<meta name=\"viewport\" content=\"width=device-width\"><title>{head_title}</title></head>"
+            f"<body>{body}</body></html>\n")
+
+
+class HtmlMapMixin:
+    """``to_html()`` and ``_repr_html_`` for any report with ``to_dict()`` (scan, move, simulate)."""
+
+    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - provided by the report
+        raise NotImplementedError
+
+    def to_html(self, path: str | os.PathLike[str] | None = None) -> str:
+        """The device map as one self-contained HTML page; also written to ``path`` when given."""
+        page = render_html(self.to_dict())
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(page)
+        return page
+
+    def _repr_html_(self) -> str:
+        return render_html(self.to_dict(), full=False)
