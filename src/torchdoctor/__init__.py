@@ -80,3 +80,4 @@ if TYPE_CHECKING:  # pragma: no cover  (the public table: see above)
     from torchdoctor._env.rules.registry import EnvFinding
     from torchdoctor._env.devices import DeviceChoice, DeviceUnavailableError
     from torchdoctor._checkpoint.unpickle import CheckpointError
+    from torchdoctor._trace.api import trace, TraceRecord

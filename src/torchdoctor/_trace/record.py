@@ -1,0 +1,195 @@
+"""One trace record, its text and JSON forms, and where in the user's code a call came from.
+
+Torch-free: devices and dtypes arrive here as the strings every report uses (``cuda:0``, ``bfloat16``).
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from torchdoctor._report.text import schema
+
+# Frames of these packages are "the libraries": the user's line is the first frame outside them.
+LIBRARY_PACKAGES = frozenset({
+    "torch", "torchdoctor", "transformers", "diffusers", "peft", "accelerate", "bitsandbytes", "safetensors",
+    "huggingface_hub", "torchao", "optimum", "compressed_tensors", "functorch", "torchvision", "timm",
+    "runpy", "contextlib", "functools", "importlib", "threading", "concurrent", "abc", "typing",
+    "typing_extensions", "unittest", "_pytest", "pytest", "pluggy",
+})
+_CALL_FRAMES = ("_wrapped_call_impl", "_call_impl", "__call__")  # a module called: name it by its forward
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    """One change of the tensor at ``path`` (relative to the traced object ``root``).
+
+    ``kind`` is ``move`` (device and/or dtype changed), ``add`` (a tensor appeared at ``path``) or ``remove``.
+    ``call`` is the library call the user's code made (``unload_lora_weights()``), ``qualname`` the same with
+    its receiver (``StableDiffusionPipeline.unload_lora_weights``), ``via`` the choke point that saw the change
+    (``Module._apply``, ``Tensor.data``), ``file``/``line`` the user's source line, ``time`` seconds since the epoch.
+    """
+
+    path: str
+    kind: str
+    from_device: str | None
+    from_dtype: str | None
+    to_device: str | None
+    to_dtype: str | None
+    call: str
+    qualname: str
+    via: str
+    file: str | None
+    line: int | None
+    time: float
+    root: str = ""
+    shape: tuple[int, ...] | None = None
+    lora: bool = False
+    thread: str = ""
+
+    @property
+    def where(self) -> str:
+        """``app.py:42`` (relative to the working directory when below it), or ``an unknown line``."""
+        if self.file is None:
+            return "an unknown line"
+        return f"{short_file(self.file)}:{self.line}"
+
+    @property
+    def placement(self) -> str:
+        """What the change left: ``on cpu``, ``float32``, ``float32 on cpu`` (only the parts that changed)."""
+        if self.kind == "remove":
+            return "removed"
+        if self.kind == "add":
+            return f"{self.to_dtype} on {self.to_device}"
+        parts = []
+        if self.to_dtype != self.from_dtype:
+            parts.append(str(self.to_dtype))
+        if self.to_device != self.from_device:
+            parts.append(f"on {self.to_device}")
+        return " ".join(parts) or f"{self.to_dtype} on {self.to_device}"
+
+    def note(self) -> str:
+        """The sentence guard and scan append: ``on cpu since `unfuse_lora()` at app.py:42``."""
+        verb = "created by" if self.kind == "add" else "since"
+        if self.file is None and self.via == "snapshot":
+            return f"{self.placement}, changed by code the trace did not see (no call or line known)"
+        if self.kind == "remove":
+            return f"removed by `{self.call}` at {self.where}"
+        return f"{self.placement} {verb} `{self.call}` at {self.where}"
+
+    def line_text(self) -> str:
+        """One readable log line."""
+        frm = _side(self.from_dtype, self.from_device)
+        to = _side(self.to_dtype, self.to_device)
+        change = {"add": f"added {to}", "remove": f"removed (was {frm})"}.get(self.kind, f"{frm} -> {to}")
+        root = f"[{self.root}] " if self.root else ""
+        return f"{root}{self.path}: {change} by {self.qualname}() at {self.where}"
+
+    def __str__(self) -> str:
+        return self.line_text()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": schema("trace"), "path": self.path, "kind": self.kind, "root": self.root,
+            "from": {"device": self.from_device, "dtype": self.from_dtype},
+            "to": {"device": self.to_device, "dtype": self.to_dtype},
+            "shape": None if self.shape is None else list(self.shape), "call": self.call, "qualname": self.qualname,
+            "via": self.via, "file": self.file, "line": self.line, "time": self.time, "lora": self.lora,
+            "thread": self.thread,
+        }
+
+
+def _side(dtype: str | None, device: str | None) -> str:
+    return f"{dtype}@{device}" if dtype is not None else "nothing"
+
+
+def short_file(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive on Windows
+        return path
+    return path if rel.startswith("..") else rel
+
+
+# -- where a call came from ---------------------------------------------------------------------------------
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.add(os.path.normcase(os.path.realpath(path)) + os.sep)
+    return tuple(sorted(dirs, key=len, reverse=True))
+
+
+_LIB_DIRS = _library_dirs()
+_FILE_IS_LIB: dict[str, bool] = {}
+
+
+def is_library(frame: types.FrameType) -> bool:
+    """True for frames of torch, torchdoctor, the model libraries, the standard library and site-packages."""
+    filename = frame.f_code.co_filename
+    if filename.startswith("<") and not filename.startswith("<frozen "):
+        return False  # typed or exec'd code: a doctest, the REPL, ``python -c``
+    name = frame.f_globals.get("__name__") or ""
+    if type(name) is str and name.partition(".")[0] in LIBRARY_PACKAGES:
+        return True
+    hit = _FILE_IS_LIB.get(filename)
+    if hit is None:
+        real = os.path.normcase(os.path.realpath(filename)) if os.path.isabs(filename) else filename
+        hit = filename.startswith("<frozen ") or real.startswith(_LIB_DIRS)
+        if len(_FILE_IS_LIB) < 65536:
+            _FILE_IS_LIB[filename] = hit
+    return hit
+
+
+def _receiver(frame: types.FrameType) -> Any:
+    code = frame.f_code
+    if not code.co_argcount or code.co_varnames[0] not in ("self", "cls"):
+        return None
+    try:
+        return frame.f_locals.get(code.co_varnames[0])
+    except Exception:  # a diagnostic never breaks the program it watches
+        return None
+
+
+def describe_frame(frame: types.FrameType) -> tuple[str, str]:
+    """``(call, qualname)`` of the function running in ``frame``: ``("unfuse_lora()", "Pipe.unfuse_lora")``."""
+    code = frame.f_code
+    name = code.co_name
+    recv = _receiver(frame)
+    owner = None
+    if recv is not None:
+        owner = recv.__name__ if isinstance(recv, type) else type(recv).__name__
+    if name in _CALL_FRAMES and owner is not None:
+        return f"{owner}.forward()", f"{owner}.forward"
+    qual = getattr(code, "co_qualname", name)
+    return f"{name}()", f"{owner}.{name}" if owner else qual
+
+
+def user_site(frame: types.FrameType | None) -> tuple[types.FrameType | None, types.FrameType | None]:
+    """``(user frame, the library frame it called)`` walking outwards from ``frame``.
+
+    The library frame is the outermost library frame below the user's frame (the call the user's line made);
+    it is None when the user's frame called the choke point directly.
+    """
+    callee = None
+    f = frame
+    while f is not None:
+        if not is_library(f):
+            return f, callee
+        if (f.f_globals.get("__name__") or "").partition(".")[0] != "torchdoctor":
+            callee = f
+        f = f.f_back
+    return None, callee
+
+
+def this_thread() -> str:
+    import threading
+
+    return threading.current_thread().name
+
+

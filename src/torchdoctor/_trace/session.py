@@ -1,0 +1,354 @@
+"""What a trace knows: the traced roots, their last seen placement per path, and the diff around each call.
+
+A *call* is the outermost patched function running in a thread. The first time a call touches an object of a
+traced root (the module whose method runs, a tensor whose ``.data`` is set, a hook's module...), the trace walks
+that object's subtree (the *scope*) before anything changes; when the outermost call returns it walks the scopes
+again and records every path whose device or dtype differs, appeared or disappeared. So whatever the call did
+inside (direct ``_parameters`` writes included) is seen, and nothing runs between calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import types
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from torchdoctor._placement import device_str, dtype_str
+from torchdoctor._trace.record import TraceRecord, describe_frame, this_thread, user_site
+from torchdoctor._walk import walk
+
+log = logging.getLogger("torchdoctor.trace")
+
+# path -> (weakref to the tensor, id, device, dtype)
+Snap = dict[str, tuple[Any, int, torch.device, torch.dtype]]
+_LORA_WORDS = ("lora", "adapter", "merge", "unload", "fuse")
+UNSEEN = "(code the trace did not see)"
+
+
+class Call:
+    """The outermost patched call running in one thread."""
+
+    __slots__ = ("via", "name", "subject", "frame", "scopes")
+
+    def __init__(self, via: str, name: str, subject: Any, frame: types.FrameType | None) -> None:
+        self.via = via
+        self.name = name
+        self.subject = subject
+        self.frame = frame
+        self.scopes: dict[int, tuple[Root, list[Scope]]] = {}
+
+
+class Scope:
+    __slots__ = ("path", "before", "objects", "modules")
+
+    def __init__(self, path: str, before: Snap, objects: dict[int, tuple[str, Any]], modules: dict[str, Any]) -> None:
+        self.path = path
+        self.before = before
+        self.objects = objects
+        self.modules = modules
+
+
+def _under(path: str, scope: str) -> bool:
+    """``path`` is ``scope`` or below it (the root scope ``""`` holds everything)."""
+    return scope == "" or path == scope or path.startswith(scope + ".")
+
+
+def _ref(obj: Any) -> Any:
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
+
+
+def snapshot(obj: Any, prefix: str) -> tuple[Snap, dict[int, tuple[str, Any]], dict[str, Any]]:
+    """Walk ``obj`` (found at ``prefix``): placement per tensor path, ``id -> (scope, ref)`` of the modules,
+    tensors and tensor owners met, and ``path -> ref`` of the modules."""
+    w = walk(obj)
+    join = prefix + "." if prefix else ""
+    snap: Snap = {}
+    objects: dict[int, tuple[str, Any]] = {}
+    modules: dict[str, Any] = {}
+    for mpath, mod in w.modules:
+        full = join + mpath if mpath else prefix
+        ref = _ref(mod)
+        objects[id(mod)] = (full, ref)
+        modules[full] = ref
+    for e in w.entries:
+        if e.alias_of is not None:
+            continue
+        t = e.tensor
+        ref = _ref(t)
+        if ref is None:
+            continue
+        path = join + e.path
+        snap[path] = (ref, id(t), t.device, t.dtype)
+        scope = join + e.module_path if e.module_path else prefix
+        objects[id(t)] = (scope, ref)
+        owner = e.owner
+        if owner is not None and not isinstance(owner, (nn.Module, dict, list, tuple)) and id(owner) not in objects:
+            oref = _ref(owner)
+            if oref is not None:
+                objects[id(owner)] = (scope, oref)
+    return snap, objects, modules
+
+
+def diff(before: Snap, after: Snap) -> list[tuple[str, str, Any, Any]]:
+    """``(kind, path, before entry | None, after entry | None)``; a tensor found again under a new path (a layer
+    wrapped by a LoRA layer) is the same tensor: recorded only if its placement changed."""
+    out: list[tuple[str, str, Any, Any]] = []
+    by_id: dict[int, Any] | None = None
+    for path, a in after.items():
+        b = before.get(path)
+        if b is not None:  # the same slot, whatever object fills it now
+            if b[2] != a[2] or b[3] != a[3]:
+                out.append(("move", path, b, a))
+            continue
+        if by_id is None:
+            by_id = {v[1]: v for v in before.values()}
+        old = by_id.get(a[1])
+        if old is not None and old[0]() is a[0]():
+            if old[2] != a[2] or old[3] != a[3]:
+                out.append(("move", path, old, a))
+            continue
+        out.append(("add", path, None, a))
+    if len(after) != len(before) or out:
+        after_ids = {v[1] for v in after.values()}
+        for path, b in before.items():
+            if path not in after and not (b[1] in after_ids and b[0]() is not None):
+                out.append(("remove", path, b, None))
+    return out
+
+
+def _navigate(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        if isinstance(obj, nn.Module):
+            nxt = obj.__dict__.get("_modules", {}).get(part)
+            obj = nxt if nxt is not None else obj.__dict__.get(part)
+        elif isinstance(obj, dict):
+            obj = dict.get(obj, part)
+        elif isinstance(obj, (list, tuple)):
+            obj = obj[int(part)] if part.isdigit() and int(part) < len(obj) else None
+        else:
+            d = getattr(obj, "__dict__", None)
+            obj = d.get(part) if isinstance(d, dict) else None
+        if obj is None:
+            return None
+    return obj
+
+
+class Root:
+    """One traced object: its last seen placement per path and the scope of every object met."""
+
+    def __init__(self, obj: Any, label: str, strong: bool) -> None:
+        self.strong = obj if strong else None
+        self.ref = _ref(obj) if not strong else None
+        self.label = label
+        self.state: Snap = {}
+        self.modules: dict[str, Any] = {}
+
+    @property
+    def obj(self) -> Any:
+        return self.strong if self.ref is None else self.ref()
+
+    def resolve(self, path: str) -> Any:
+        root = self.obj
+        if not path or root is None:
+            return root
+        hit = _navigate(root, path)
+        if hit is None:
+            ref = self.modules.get(path)
+            hit = ref() if ref is not None else None
+        return hit
+
+
+class Session:
+    """The machinery behind one ``trace``: roots, records and the emit callback."""
+
+    def __init__(self, obj: Any, adopt: bool, emit: Callable[[TraceRecord], None]) -> None:
+        self.lock = threading.RLock()
+        self.adopting = adopt
+        self.emit = emit
+        self.roots: list[Root] = []
+        self.objects: dict[int, tuple[Root, str, Any]] = {}  # id -> (root, scope path, ref)
+        self.records: list[TraceRecord] = []
+        self.by_path: dict[str, list[TraceRecord]] = {}
+        if obj is not None:
+            self._add_root(obj, type(obj).__name__ if adopt else "", strong=True)
+
+    # -- roots ----------------------------------------------------------------------------------------------
+    def _add_root(self, obj: Any, label: str, strong: bool) -> Root:
+        root = Root(obj, label, strong)
+        snap, objects, modules = snapshot(obj, "")
+        root.state, root.modules = snap, modules
+        with self.lock:
+            contained = set()
+            for r in self.roots:
+                o = r.obj
+                hit = objects.get(id(o)) if o is not None else None
+                if o is None or (hit is not None and hit[1] is not None and hit[1]() is o):
+                    contained.add(id(r))
+            if contained:  # an adopted pipeline swallows the components adopted before it
+                self.roots = [r for r in self.roots if id(r) not in contained]
+                self.objects = {k: v for k, v in self.objects.items() if id(v[0]) not in contained}
+            self.roots.append(root)
+            for oid, (scope, ref) in objects.items():
+                self.objects[oid] = (root, scope, ref)
+            rref = _ref(obj)
+            self.objects[id(obj)] = (root, "", rref)
+        return root
+
+    def find(self, obj: Any) -> tuple[Root, str] | None:
+        hit = self.objects.get(id(obj))
+        if hit is None:
+            return None
+        ref = hit[2]
+        if ref is not None and ref() is not obj:
+            return None
+        return hit[0], hit[1]
+
+    # -- one call -------------------------------------------------------------------------------------------
+    def contact(self, call: Call, candidates: tuple[Any, ...], adopt: bool) -> None:
+        for obj in candidates:
+            hit = self.find(obj)
+            if hit is not None:
+                break
+        else:
+            obj = candidates[0] if candidates else None
+            if not (adopt and self.adopting and obj is not None and not isinstance(obj, torch.Tensor)):
+                return
+            root = self._add_root(obj, type(obj).__name__, strong=False)
+            hit = (root, "")
+        root, path = hit
+        with self.lock:
+            entry = call.scopes.get(id(root))
+            scopes = entry[1] if entry is not None else []
+            if any(_under(path, s.path) for s in scopes):
+                return
+            target = root.resolve(path)
+            if target is None:
+                return
+            before, objects, modules = snapshot(target, path)
+            narrower = [s for s in scopes if _under(s.path, path)]
+            self._unobserved(root, before, narrower)
+            for s in narrower:
+                for p in [p for p in before if _under(p, s.path)]:
+                    if p not in s.before:
+                        del before[p]  # appeared during this call: the final diff shows it as added
+                before.update(s.before)
+                objects.update(s.objects)
+            scopes = [s for s in scopes if s not in narrower] + [Scope(path, before, objects, modules)]
+            call.scopes[id(root)] = (root, scopes)
+
+    def _unobserved(self, root: Root, before: Snap, narrower: list[Scope]) -> None:
+        """Changes made since the last look by code no patch saw (a direct ``_parameters`` write...)."""
+        changes = []
+        for p, v in before.items():
+            old = root.state.get(p)
+            if old is not None and (old[2] != v[2] or old[3] != v[3]) and not any(_under(p, s.path) for s in narrower):
+                changes.append(("move", p, old, v))
+        if changes:
+            self._record(root, changes, (UNSEEN, UNSEEN), "snapshot", None, None)
+
+    def finish(self, call: Call, site: list[Any]) -> None:
+        for root, scopes in list(call.scopes.values()):
+            changes = []
+            with self.lock:
+                for s in scopes:
+                    target = root.resolve(s.path)
+                    if target is None:
+                        continue
+                    after, objects, modules = snapshot(target, s.path)
+                    changes.extend(diff(s.before, after))
+                    for p in s.before:
+                        root.state.pop(p, None)
+                    root.state.update(after)
+                    for oid in s.objects:
+                        self.objects.pop(oid, None)
+                    for oid, (scope, ref) in objects.items():
+                        self.objects[oid] = (root, scope, ref)
+                    root.modules.update(modules)
+            if changes:
+                if not site:
+                    site.extend(_site(call))
+                self._record(root, changes, site[0], call.via, site[1], site[2])
+
+    def final_check(self) -> None:
+        """At exit: changes made since the last call by code no patch saw."""
+        for root in list(self.roots):
+            obj = root.obj
+            if obj is None:
+                continue
+            with self.lock:
+                snap, _, _ = snapshot(obj, "")
+                self._unobserved(root, snap, [])
+                root.state = snap
+
+    def _record(self, root: Root, changes: list[tuple[str, str, Any, Any]], label: tuple[str, str], via: str,
+                file: str | None, line: int | None) -> None:
+        now = time.time()
+        lora_call = any(w in label[1].lower() for w in _LORA_WORDS)
+        thread = this_thread()
+        for kind, path, b, a in changes:
+            t = a[0]() if a is not None else b[0]()
+            rec = TraceRecord(
+                path=path, kind=kind,
+                from_device=device_str(b[2]) if b is not None else None,
+                from_dtype=dtype_str(b[3]) if b is not None else None,
+                to_device=device_str(a[2]) if a is not None else None,
+                to_dtype=dtype_str(a[3]) if a is not None else None,
+                call=label[0], qualname=label[1], via=via, file=file, line=line, time=now, root=root.label,
+                shape=tuple(t.shape) if t is not None else None,
+                lora=lora_call or "lora_" in path, thread=thread)
+            with self.lock:
+                self.records.append(rec)
+                self.by_path.setdefault(path, []).append(rec)
+            try:
+                self.emit(rec)
+            except Exception:  # a diagnostic never breaks the program it watches
+                log.debug("torchdoctor.trace: emitting a record failed", exc_info=True)
+
+    # -- queries --------------------------------------------------------------------------------------------
+    def path_of(self, t: torch.Tensor) -> str | None:
+        hit = self.find(t)
+        if hit is None:
+            return None
+        root = hit[0]
+        for p, v in root.state.items():
+            if v[1] == id(t) and v[0]() is t:
+                return p
+        return None
+
+    def history(self, path: str) -> list[TraceRecord]:
+        with self.lock:
+            exact = self.by_path.get(path)
+            if exact:
+                return list(exact)
+            suffix = "." + path
+            return [r for r in self.records if r.path.endswith(suffix)]
+
+
+def _site(call: Call) -> tuple[tuple[str, str], str | None, int | None]:
+    """((call, qualname), file, line) of the user's line that made ``call``."""
+    user, callee = user_site(call.frame)
+    if callee is not None:
+        label = describe_frame(callee)
+    else:
+        owner = type(call.subject).__name__ if call.subject is not None else ""
+        name = call.name
+        if name == "__setattr__":
+            label = ("setattr()", f"{owner}.__setattr__")
+        elif name == "data":
+            label = (".data =", "Tensor.data")
+        else:
+            label = (f"{name}()", f"{owner}.{name}" if owner else name)
+    if user is None:
+        return label, None, None
+    return label, user.f_code.co_filename, user.f_lineno
+
+
