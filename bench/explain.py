@@ -17,7 +17,7 @@ import time
 from torchdoctor._explain import api as _explain
 from torchdoctor._explain.api import explain
 
-FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "explain"
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "tests" / "explain" / "fixtures"
 NOISE = [
     "Epoch 3/10:  41%|████      | 412/1000 [02:13<03:10,  3.09it/s, loss=0.4121, lr=2.0e-05]",
     '  File "/opt/conda/lib/python3.10/site-packages/torch/nn/modules/module.py", line 1553, in _wrapped_call_impl',

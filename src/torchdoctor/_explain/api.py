@@ -3,12 +3,14 @@
 The log is read in blocks; every signature anchor is found with ``str.find`` (no regex over the whole text),
 and only the lines around a hit are looked at, so time is linear in the input and memory is bounded by the
 block size. Identical errors (a ComfyUI ``!!! Exception during processing !!!`` line and its traceback's last
-line, or the same failure repeated) become one diagnosis.
+line, or the same failure repeated) become one diagnosis. Torch-free: nothing here imports torch.
 
->>> d = explain("RuntimeError: Expected all tensors to be on the same device, but found at least two "
-...             "devices, cuda:0 and cpu! (when checking argument for argument mat1 in method wrapper_CUDA_addmm)")
->>> d[0].category, d[0].fixes[0][1]
+>>> report = explain("RuntimeError: Expected all tensors to be on the same device, but found at least two "
+...                  "devices, cuda:0 and cpu! (when checking argument for argument mat1 in method wrapper_CUDA_addmm)")
+>>> report[0].category, report[0].fixes[0][1]
 ('device_mismatch', 'model.to("cuda:0")')
+>>> [a.category for a in report[0].alternatives]
+['quantization_device', 'mixed_device_model']
 >>> classify("Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the same")
 'input_weight_type_mismatch'
 """
@@ -18,114 +20,97 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import IO, Any
 
+from torchdoctor._explain.catalog import causes, context_rules
 from torchdoctor._explain.context import derive, rank
-from torchdoctor._explain.causes import causes, context_rules
+from torchdoctor._explain.report import SCHEMA, Alternative, Diagnosis, ExplainReport, render, to_json
 from torchdoctor._explain.scanner import BLOCK, Group, Scanner, clean
 
-__all__ = ["Diagnosis", "best_fix", "classify", "explain", "install_excepthook"]
+__all__ = ["Alternative", "Diagnosis", "ExplainReport", "SCHEMA", "best_fix", "classify", "explain",
+           "explain_stream", "install_excepthook", "render", "to_json"]
 
-SCHEMA = "torchdoctor/explain/1"  # torchdoctor._report.schema("explain"), without importing torch
 _FIELD = re.compile(r"\{([a-z_]{1,20})\}")
 _OPTIONAL = re.compile(r"\[([^\[\]]{0,400})\]")
-_DEFAULTS = {"a": "one device", "b": "another device", "op": "an operator", "backend": "this", "dtype": "this dtype",
-             "kernel": "this kernel", "saved": "a GPU", "param": "weight", "input": "?", "weight": "?",
-             "input_device": "one device", "weight_device": "another", "count": "fewer", "arg": "?",
-             "available_device": "cuda"}
+_OPTIONAL_CODE = re.compile(r"\u00ab([^\u00ab\u00bb]{0,400})\u00bb")
+# Neutral words for fields a text may not give; a field without one leaves its sentence or fix out.
+_DEFAULTS = {"a": "one device", "b": "another device", "op": "an operator", "kernel": "this kernel",
+             "saved": "a GPU", "param": "weight", "input_device": "one device", "weight_device": "another",
+             "count": "fewer", "target": "the GPU", "backend_name": "that device", "low": "half precision",
+             "high": "float32", "other_dtype": "another dtype", "fp_eight": "float8", "dtype": "this dtype"}
+_CODE_DEFAULTS = {"available_device": "cpu"}
 
 
-@dataclass(frozen=True)
-class Diagnosis:
-    """One recognised error: what happened, why (ranked), how to fix it (code), how to confirm it.
-
-    >>> d = explain("Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the same")[0]
-    >>> d.what_happened.endswith("the input is on cuda, the weight on cpu.")
-    True
-    >>> d.to_dict()["fixes"][0]
-    {'title': "Move the model to the input's device", 'code': 'model.to("cuda:0")'}
-    """
-
-    category: str
-    title: str
-    what_happened: str
-    likely_causes: tuple[str, ...]
-    fixes: tuple[tuple[str, str], ...]
-    confirm_with: str
-    confidence: float
-    evidence: tuple[str, ...]
-    signature: str = ""
-    count: int = 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"category": self.category, "title": self.title, "what_happened": self.what_happened,
-                "likely_causes": list(self.likely_causes),
-                "fixes": [{"title": t, "code": c} for t, c in self.fixes], "confirm_with": self.confirm_with,
-                "confidence": round(self.confidence, 3), "evidence": list(self.evidence),
-                "signature": self.signature, "count": self.count}
-
-    def text(self) -> str:
-        lines = [f"{self.category} ({self.confidence:.2f}): {self.title}", f"  what happened: {self.what_happened}",
-                 "  likely causes:"]
-        lines += [f"    {i}. {c}" for i, c in enumerate(self.likely_causes, 1)]
-        lines.append("  fixes:")
-        for title, code in self.fixes:
-            lines.append(f"    - {title}:")
-            lines += [f"        {ln}" for ln in code.splitlines()]
-        lines.append(f"  confirm with: {self.confirm_with.splitlines()[0]}"
-                     + ("" if "\n" not in self.confirm_with else " ..."))
-        lines += [f"  > {e}" for e in self.evidence]
-        if self.count > 1:
-            lines.append(f"  (seen {self.count} times)")
-        return "\n".join(lines)
+class _Missing(Exception):
+    pass
 
 
 def _render(template: str, fields: dict[str, str], prose: bool = True) -> str:
+    """Fill ``{field}``; drop optional parts whose fields are unknown; raise ``_Missing`` when a required field is
+    unknown and has no neutral default (code never gets a default: it would name something the text did not)."""
+    defaults = _DEFAULTS if prose else _CODE_DEFAULTS
+
     def sub(m: re.Match[str]) -> str:
-        return fields.get(m.group(1)) or _DEFAULTS.get(m.group(1), m.group(0))
+        value = fields.get(m.group(1)) or defaults.get(m.group(1))
+        if value is None:
+            raise _Missing(m.group(1))
+        return value
 
-    if prose:
-        def opt(m: re.Match[str]) -> str:
-            inner = m.group(1)
-            return _FIELD.sub(sub, inner) if all(fields.get(n) for n in _FIELD.findall(inner)) else ""
+    def opt(m: re.Match[str]) -> str:
+        inner = m.group(1)
+        return _FIELD.sub(sub, inner) if all(fields.get(n) for n in _FIELD.findall(inner)) else ""
 
-        template = _OPTIONAL.sub(opt, template)
+    template = (_OPTIONAL if prose else _OPTIONAL_CODE).sub(opt, template)
     return _FIELD.sub(sub, template)
+
+
+def _try(template: str, fields: dict[str, str], prose: bool = True) -> str | None:
+    try:
+        return _render(template, fields, prose)
+    except _Missing:
+        return None
 
 
 def _diagnose(group: Group) -> Diagnosis:
     sig = group.sig
-    fields, flags = derive(sig.name, group.fields, group.message)
     original = "\n".join(group.contexts) or group.message
     context = original.lower().replace("\\", "/")
-    category, ranked, fired = rank(sig.category, sig.causes, context, flags, context_rules())
+    fields, flags = derive(sig.name, group.fields, group.message, context)
+    categories, ranked, fired = rank(sig.category, sig.causes, sig.alternatives, context, flags, context_rules())
+    category = categories[0][0]
     table = causes()
-    ranked = [(c, s) for c, s in ranked if c in table][:4]
-    likely = tuple(_render(table[c].text, fields) for c, _ in ranked)
+    usable = [(c, s) for c, s in ranked if c in table and _try(table[c].text, fields) is not None]
+    if not usable:  # the winning category has no cause of its own here: keep the signature's
+        usable = [(c, w) for c, w in sig.causes if c in table and _try(table[c].text, fields) is not None]
+    usable = usable[:4]
+    likely = tuple(_render(table[c].text, fields) for c, _ in usable)
     fixes: list[tuple[str, str]] = []
-    for cid, _ in ranked:
+    for cid, _ in usable:
         for title, code in table[cid].fixes:
-            fix = (title, _render(code, fields, prose=False))
-            if fix not in fixes and len(fixes) < 6:
-                fixes.append(fix)
-    top = table[ranked[0][0]] if ranked else None
+            t, c = _try(title, fields), _try(code, fields, prose=False)
+            if t is not None and c is not None and (t, c) not in fixes and len(fixes) < 6:
+                fixes.append((t, c))
+    top = table[usable[0][0]] if usable else None
     confidence = sig.confidence - (0.15 if not group.fields and sig.patterns else 0.0)
     if category != sig.category:
         confidence -= 0.05
     if top and any(top.id == c for rule, _ in fired for c, w in rule.boosts if w > 0):
         confidence += 0.05
+    confidence = round(min(0.99, max(0.05, confidence)), 3)
+    best = categories[0][1] or 1.0
+    alternatives = tuple(Alternative(c, round(min(confidence - 0.01, confidence * s / best), 3),
+                                     why or f"the message also fits {c.replace('_', ' ')}")
+                         for c, s, why in categories[1:4] if s > 0)
     evidence = list(group.evidence)
     for rule, word in fired:
         if word and len(evidence) < len(group.evidence) + 3:
             line = _context_line(original, context, word)
             if line and not any(line[:60] in e or e[:60] in line for e in evidence):
                 evidence.append(line)
+    confirm = (_try(top.confirm, fields, prose=False) if top else None) or "torchdoctor env"
     return Diagnosis(category=category, title=sig.title, what_happened=_render(sig.what, fields),
-                     likely_causes=likely, fixes=tuple(fixes),
-                     confirm_with=_render(top.confirm, fields, prose=False) if top else "torchdoctor env",
-                     confidence=round(min(0.99, max(0.05, confidence)), 3), evidence=tuple(evidence),
-                     signature=sig.name, count=group.count)
+                     likely_causes=likely, fixes=tuple(fixes), confirm_with=confirm, confidence=confidence,
+                     evidence=tuple(evidence), signature=sig.name, count=group.count, alternatives=alternatives)
 
 
 def _context_line(original: str, context: str, word: str) -> str:
@@ -194,8 +179,9 @@ def _explain_blocks(blocks: Iterable[str], limit: int | None) -> list[Diagnosis]
     return out[:limit] if limit is not None else out
 
 
-def explain(text_or_exception: object, *, limit: int | None = None) -> list[Diagnosis]:
-    """Diagnoses for an error message, a whole log or an exception, best first. Never raises.
+def explain(text_or_exception: object, *, limit: int | None = None) -> ExplainReport:
+    """Diagnoses for an error message, a whole log or an exception, best first, as an ``ExplainReport`` (a
+    sequence of ``Diagnosis``; false when nothing was recognised). Never raises.
 
     An exception contributes its message, its ``__cause__``/``__context__`` chain and its traceback frames;
     frames and words around an error (bitsandbytes, peft, IPEX, accelerate, offloading, ComfyUI ...) rank causes.
@@ -205,8 +191,11 @@ def explain(text_or_exception: object, *, limit: int | None = None) -> list[Diag
     >>> d = explain(log)[0]
     >>> d.category, d.confirm_with
     ('quantization_device', 'torchdoctor.scan(model, device="cuda:0")')
-    >>> explain("all fine")
-    []
+    >>> d.alternatives[0].category
+    'device_mismatch'
+    >>> report = explain("all fine")
+    >>> report.ok, len(report), bool(report)
+    (True, 0, False)
     """
     try:
         if isinstance(text_or_exception, BaseException):
@@ -217,9 +206,19 @@ def explain(text_or_exception: object, *, limit: int | None = None) -> list[Diag
             text = text_or_exception
         else:
             text = str(text_or_exception)
-        return _explain_blocks(_blocks(text), limit)
+        return ExplainReport(tuple(_explain_blocks(_blocks(text), limit)))
     except Exception:  # explaining must never crash the caller
-        return []
+        return ExplainReport()
+
+
+def explain_stream(source: IO[str], name: str | None = None) -> ExplainReport:
+    """``explain`` over a text stream read in blocks (a file, stdin): memory stays bounded by the block size."""
+    try:
+        return ExplainReport(tuple(_explain_blocks(_blocks(source), None)), name)
+    except OSError:  # an unreadable file is the caller's to report
+        raise
+    except Exception:  # a stream that fails half-way still must not crash the caller
+        return ExplainReport((), name)
 
 
 def classify(message: str) -> str | None:
@@ -247,17 +246,6 @@ def best_fix(message: str) -> tuple[str, str] | None:
         return found[0].fixes[0] if found and found[0].fixes else None
     except Exception:
         return None
-
-
-def render(diagnoses: list[Diagnosis]) -> str:
-    if not diagnoses:
-        return "torchdoctor explain: no known device/dtype error found"
-    head = f"torchdoctor explain: {len(diagnoses)} error(s) recognised, best first"
-    return "\n\n".join([head] + [f"[{i}] {d.text()}" for i, d in enumerate(diagnoses, 1)])
-
-
-def to_json(diagnoses: list[Diagnosis], source: str | None = None) -> dict[str, Any]:
-    return {"schema": SCHEMA, "source": source, "diagnoses": [d.to_dict() for d in diagnoses]}
 
 
 def _report(exc: BaseException, stream: IO[str] | None = None) -> None:

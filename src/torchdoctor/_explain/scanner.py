@@ -13,9 +13,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdoctor._explain.signatures import Signature, signatures
+from torchdoctor._explain.catalog import signatures
+from torchdoctor._explain.signatures import Signature
 
-__all__ = ["BLOCK", "Group", "Scanner", "clean"]
+__all__ = ["BLOCK", "Group", "Scanner", "clean", "normalise"]
 
 BLOCK = 1 << 20          # characters read per block
 _LEAD, _TRAIL = 120, 40   # lines of context before / after an error line
@@ -26,7 +27,31 @@ _CONTEXT_BUDGET = 64 << 20  # characters of context examined overall
 _PER_KEY = 4              # occurrences of one error whose context is examined
 _STOP = ("traceback (most recent call last)", "exception during processing", "during handling of the above",
          "the above exception was the direct cause")
+_NOT_CONTINUED = ("File ", "Traceback", "During handling", "The above exception", "!!!", "\n", "#", "[")
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)|[@-Z\\-_])")
+# Pasted text: full-width punctuation (CJK input methods), typographic quotes, no-break spaces, box-drawing
+# borders (rich tracebacks). Each maps to one character, so positions in the text do not move.
+_FOLD = {0xFF08: "(", 0xFF09: ")", 0xFF1A: ":", 0xFF0C: ",", 0xFF01: "!", 0xFF07: "'", 0xFF02: '"', 0xFF3B: "[",
+         0xFF3D: "]", 0xFF1B: ";", 0xFF0E: ".", 0x3001: ",", 0x3002: ".", 0x2018: "'", 0x2019: "'", 0x201C: '"',
+         0x201D: '"', 0x00A0: " ", 0x3000: " ", 0x2502: " ", 0x2503: " ", 0x2551: " ", 0x0130: "I", 0xFEFF: " "}
+_FOLD_RX = re.compile("[" + "".join(chr(c) for c in _FOLD) + "]")
+# A message wrapped over lines (terminal width, rich boxes, quoted replies) reads as one line for the patterns.
+_WRAP = re.compile(r"[ \t]*(?:\r?\n[ \t>|]*)+[ \t]*|[ \t]{2,}")
+
+
+def normalise(block: str) -> str:
+    """ANSI colours, Windows line ends and the paste noise above removed; the length of each line kept.
+
+    >>> normalise("\x1b[31mRuntimeError\x1b[0m\uff1a Input type\uff08float\uff09\r\n")
+    'RuntimeError: Input type(float)\n'
+    """
+    if "\x1b" in block:
+        block = _ANSI.sub("", block)
+    if "\r" in block:
+        block = block.replace("\r\n", "\n").replace("\r", "\n")
+    if not block.isascii():
+        block = _FOLD_RX.sub(lambda m: _FOLD[ord(m.group(0))], block)
+    return block
 
 
 @dataclass
@@ -76,10 +101,7 @@ class Scanner:
         self.cache: dict[tuple[str, str], tuple[dict[str, str], bool]] = {}  # repeated lines
 
     def feed(self, block: str, final: bool = False) -> None:
-        if "\x1b" in block:
-            block = _ANSI.sub("", block)
-        if "\r" in block:
-            block = block.replace("\r\n", "\n").replace("\r", "\n")
+        block = normalise(block)
         text = self.buf + block
         cut = len(text)
         if not final:  # hits need _TRAIL lines after them; keep the rest for the next block
@@ -92,14 +114,15 @@ class Scanner:
             if len(text) - cut > 4 * BLOCK:  # one enormous line: cut it anyway
                 cut = len(text) - _SPAN
         start = self.scan_from
+        low = text.lower()  # same length: _FOLD replaced the one character whose lower case is longer
         found: list[tuple[int, Signature]] = []
         for anchor, sigs in _anchor_table():
-            p = text.find(anchor, start, cut)
+            p = low.find(anchor, start, cut)
             while p != -1:
                 found.extend((p, s) for s in sigs)
                 # one look per line is enough (and bounds the work on a line made of anchors)
-                nl = text.find("\n", p, p + 2000)
-                p = text.find(anchor, nl + 1 if nl != -1 else p + 2000, cut)
+                nl = low.find("\n", p, p + 2000)
+                p = low.find(anchor, nl + 1 if nl != -1 else p + 2000, cut)
         found.sort(key=lambda ps: ps[0])
         seen: set[tuple[int, str]] = set()
         for pos, sig in found:
@@ -134,11 +157,17 @@ class Scanner:
             if nxt == -1:
                 break
             msg_end = nxt
-        lo, hi = max(ls, pos - sig.before), min(msg_end, pos + sig.after + 200 * sig.follow)
+        # a wrapped message: the patterns also see the line before and a continuation line after
+        start = text.rfind("\n", max(0, ls - 400), ls - 1) + 1 if ls > 0 and sig.before else ls
+        end = msg_end
+        nxt = text.find("\n", msg_end + 1, msg_end + 401)
+        if nxt != -1 and not text[msg_end + 1: nxt].lstrip().startswith(_NOT_CONTINUED):
+            end = nxt
+        lo, hi = max(start, pos - sig.before), min(end, pos + sig.after + 200 * sig.follow)
         if pos < self.until.get(sig.name, -1):  # already inside the window looked at for this signature
             return
         self.until[sig.name] = hi
-        window = text[lo:hi]
+        window = _WRAP.sub(" ", text[lo:hi])
         got = self.cache.get((sig.name, window))
         if got is None:
             fields: dict[str, str] = {}

@@ -1,0 +1,16 @@
+"""The assembled tables of ``explain``: importing this module registers every signature, cause and context rule.
+
+Registries (``signatures``, ``causes``) sit below their tables (``sigs_device``, ``sigs_dtype``,
+``causes_device``, ``causes_dtype``, ``rules``); this module sits above both, and the scanner and the API read the
+tables only through it.
+"""
+
+from __future__ import annotations
+
+from torchdoctor._explain import causes_device, causes_dtype, rules, sigs_device, sigs_dtype
+from torchdoctor._explain.causes import Cause, ContextRule, causes, context_rules
+from torchdoctor._explain.signatures import CATEGORIES, Signature, signatures
+
+__all__ = ["CATEGORIES", "Cause", "ContextRule", "Signature", "causes", "context_rules", "signatures"]
+
+_TABLES = (sigs_device, sigs_dtype, causes_device, causes_dtype, rules)  # imported for their registrations

@@ -1,0 +1,168 @@
+"""Signatures of placement errors: two devices in one op, input vs weight, checkpoints, meta, quantized weights.
+
+Data only (see ``signatures`` for the fields). Alternatives name the other categories the same words fit, with
+why; the context rules (``rules``) can then promote one of them.
+"""
+
+from __future__ import annotations
+
+from torchdoctor._explain.signatures import DEV
+from torchdoctor._explain.signatures import define as _sig
+
+__all__: list[str] = []
+
+_Q_ALT = ("quantization_device", 0.45, "a quantized layer (bitsandbytes, GPTQ, AWQ) whose packed weights or "
+          "quant_state stayed on another device raises the same message")
+_MIX_ALT = ("mixed_device_model", 0.3, "a model partly offloaded or dispatched over devices (device_map, "
+            "offload hooks) raises the same message")
+_DEV_ALT = ("device_mismatch", 0.4, "the same message comes from a plain op whose tensors sit on two devices")
+
+# --- device ------------------------------------------------------------------------------------------------
+_sig("device.expected_same", "device_mismatch", "Tensors on two devices met in one operation",
+     ("Expected all tensors to be on the same device", "found at least two devices",
+      "different from other tensors on"),
+     "An operation[ ({op})] got tensors on two devices, {a} and {b}[; the argument on the odd device is "
+     "'{arg}']. Every tensor of one op must sit on the same device.",
+     (("dev.module_not_moved", 2.0), ("dev.inputs_not_moved", 1.5), ("dev.created_inside", 0.5)),
+     rf"found at least two devices,? (?P<a>{DEV}) and (?P<b>{DEV})",
+     rf"but got (?P<arg>\w{{1,40}}) is on (?P<a>{DEV}),? different from other tensors on (?P<b>{DEV})",
+     r"for argument (?P<arg>\w{1,40}) in method (?P<method>\w{1,80})",
+     r"in method (?P<method>\w{1,80})", before=0, after=400, alternatives=(_Q_ALT, _MIX_ALT))
+_sig("device.expected_device", "device_mismatch", "A tensor is not on the device the op expected",
+     ("is not on the expected device",),
+     "A tensor on {a} reached an operation that runs on {b}.",
+     (("dev.module_not_moved", 2.0), ("dev.inputs_not_moved", 1.0), ("dev.created_inside", 1.0)),
+     rf"Tensor on device (?P<a>{DEV}) is not on the expected device (?P<b>{DEV})", require_pattern=True,
+     alternatives=(_MIX_ALT, _Q_ALT))
+_sig("device.legacy", "device_mismatch", "Tensors on two devices met in one operation (older PyTorch wording)",
+     ("Expected object of device type", "expected device", "but expected it to be on", "at the same device",
+      "must be on the same device", "to have the same device as tensor", "Expected object of backend"),
+     "An operation got tensors on two devices, {a} and {b}[; the argument on the odd device is '{arg}'].",
+     (("dev.module_not_moved", 2.0), ("dev.inputs_not_moved", 1.5)),
+     r"Expected object of (?:device type|backend) (?P<b>\w{1,10}) but got (?:device type|backend) (?P<a>\w{1,10})"
+     r"(?: for argument #\d{1,2} '?(?P<arg>\w{1,40})'?)?",
+     rf"expected device (?P<b>{DEV}) but got device (?P<a>{DEV})",
+     r"argument #\d{1,2} '?(?P<arg>\w{1,40})'? is on (?P<a>CPU|GPU),? but expected it to be on (?P<b>CPU|GPU)",
+     rf"All input tensors must be on the same device\. Received (?P<a>{DEV}) and (?P<b>{DEV})",
+     rf"found input tensor at (?P<a>{DEV}) and hidden tensor at (?P<b>{DEV})",
+     r"tensor for argument #\d{1,2} '?(?P<arg>\w{1,40})'? to have the same device as tensor",
+     require_pattern=True, alternatives=(_Q_ALT,))
+_sig("device.first_device", "device_mismatch", "A multi-GPU wrapper got tensors away from its first device",
+     ("must be on devices[0]", "(device_ids[0]) but found"),
+     "A multi-GPU wrapper (tensor_parallel, DataParallel) needs its inputs and parameters on its first device"
+     "[ ({b})], but found one on another device[ ({a})].",
+     (("dev.first_device", 3.0), ("dev.module_not_moved", 1.0)),
+     rf"on device (?P<b>{DEV}) \(device_ids\[0\]\) but found one of them on device:? (?P<a>{DEV})",
+     r"must be on devices\[0\]:? ?(?P<index>\d{1,3})", require_pattern=True, alternatives=(_MIX_ALT,))
+_sig("device.cuda_api", "device_mismatch", "A CUDA-only call got a CPU device",
+     ("Expected a cuda device, but got:", "device type for generator but found", "generator device but found",
+      "from a generator of type"),
+     "A call that only works on {b} was given {a}.",
+     (("dev.cuda_api_on_cpu", 2.5), ("dev.module_not_moved", 1.0)),
+     rf"Expected a (?P<b>cuda|xpu) device, but got:? (?P<a>{DEV})",
+     r"Expected a '?(?P<b>\w{1,10})'? device type for generator but found '?(?P<a>\w{1,10})'?",
+     rf"Expected a '?(?P<b>{DEV})'? generator device but found '?(?P<a>{DEV})'?",
+     r"Cannot generate a (?P<a>\w{1,10}) tensor from a generator of type (?P<b>\w{1,10})", require_pattern=True,
+     alternatives=(_Q_ALT,))
+_sig("device.mps_placeholder", "device_mismatch", "An MPS operation got a tensor that is not on mps",
+     ("Placeholder storage has not been allocated on MPS device",),
+     "An operation running on {b} got a tensor that is still on another device (usually the CPU). Every tensor of "
+     "one op must sit on the same device.",
+     (("dev.inputs_not_moved", 2.0), ("dev.module_not_moved", 1.8), ("dev.created_inside", 0.8)),
+     r"allocated on (?P<b>MPS) device", confidence=0.9,
+     alternatives=(("backend_op_missing", 0.25, "an op that falls back to the CPU on MPS leaves a CPU tensor"),))
+_sig("device.numpy", "device_mismatch", "A GPU tensor was converted to numpy",
+     ("device type tensor to numpy",),
+     "A tensor on {a} was converted to numpy, which only reads CPU memory.",
+     (("dev.numpy_on_gpu", 3.0),),
+     rf"can't convert (?P<a>{DEV}) device type tensor to numpy", confidence=0.95)
+_sig("indexing.cpu_gpu", "cpu_gpu_indexing", "A CPU tensor was indexed with a GPU index",
+     ("indices should be either on cpu or on the same device as the indexed tensor",
+      "indices should be either on cpu or on the same device"),
+     "A tensor on {a} was indexed with an index tensor on another device. Indices may live on the CPU or on "
+     "the indexed tensor's device, not on a GPU when the tensor is on the CPU.",
+     (("ix.table_on_cpu", 3.0),),
+     rf"indexed tensor \((?P<a>{DEV})\)", alternatives=(_DEV_ALT,))
+
+# --- conv / linear input vs weight -------------------------------------------------------------------------
+_sig("input_weight.types", "input_weight_type_mismatch", "Layer input and its weights differ in device or dtype",
+     ("Input type (", "and weight type (", "and bias type ("),
+     "A conv/linear layer got an input of type {input} but its {param} is {weight}[: {diff}].",
+     (("iw.model_not_on_device", 2.0), ("dt.input_not_cast", 1.5)),
+     r"Input type \(?(?P<input>[^()\n]{1,60}?)\)? and (?P<param>weight|bias) type \(?(?P<weight>[^()\n]{1,60}?)\)?"
+     r" should be the same",
+     r"Input type \((?P<input>[^()\n]{1,60})\) and (?P<param>weight|bias) type \((?P<weight>[^()\n]{1,60})\)",
+     require_pattern=True, before=20, after=300)
+_sig("input_weight.legacy", "input_weight_type_mismatch", "Layer input and its weights differ (older wording)",
+     ("to have the same type as tensor for argument",),
+     "A conv/linear layer (or its backward) got '{arg}' of type {input} but its {param} is {weight}[: {diff}].",
+     (("iw.model_not_on_device", 2.0), ("dt.input_not_cast", 1.5)),
+     r"argument #\d{1,2} '?(?P<arg>\w{1,40})'? to have the same type as tensor for argument #\d{1,2} "
+     r"'?(?P<param>\w{1,40})'?;? but type (?P<input>[\w.:]{1,40}) does not equal (?P<weight>[\w.:]{1,40})",
+     require_pattern=True, before=200, after=500)
+
+# --- loading a checkpoint saved on a device this machine lacks ---------------------------------------------
+_sig("deserialize.device", "deserialize_device", "A checkpoint saved on a GPU was loaded where that GPU is missing",
+     ("Attempting to deserialize object on",),
+     "torch.load found tensors saved on {saved} but this process cannot use that device[ (it sees {count} "
+     "device(s))].",
+     (("ds.cpu_only_load", 3.0), ("ds.gpu_invisible", 1.5)),
+     r"object on a (?P<backend>\w{1,10}) device but torch\.\w{1,10}\.is_available\(\) is False",
+     r"object on (?P<backend>\w{1,10}) device (?P<index>\d{1,3}) but torch\.\w{1,10}\.device_count\(\) is "
+     r"(?P<count>\d{1,3})", confidence=0.95,
+     alternatives=(("no_accelerator", 0.35, "this torch sees no GPU at all: a CPU-only build or a missing driver"),))
+_sig("deserialize.restore_location", "deserialize_device", "A checkpoint names a device this torch cannot restore",
+     ("don't know how to restore data location",),
+     "torch.load found storages tagged with {saved}, a device this PyTorch build cannot restore.",
+     (("ds.cpu_only_load", 3.0),),
+     r"tagged with (?P<saved>[^)\s]{1,40})\)",
+     alternatives=(("no_accelerator", 0.35, "the build lacks the device the checkpoint names"),))
+
+# --- a model spread over devices, or still on meta ---------------------------------------------------------
+_sig("mixed.ipex_optimize", "mixed_device_model", "ipex.optimize got a model spread over devices",
+     ("The model is mixed with different device type",),
+     "ipex.optimize / torch.xpu.optimize needs the whole model on one device type, but parameters are on "
+     "several (xpu and cpu).",
+     (("md.ipex_optimize_mixed", 3.0),), confidence=0.95, alternatives=(_DEV_ALT,))
+_sig("mixed.meta_copy", "mixed_device_model", "A meta tensor (no data) was copied",
+     ("Cannot copy out of meta tensor",),
+     "A tensor on the meta device (a placeholder without data) was copied to a real device.",
+     (("md.meta_to", 2.0), ("md.offload_meta", 1.5)), confidence=0.9,
+     alternatives=(("quantization_device", 0.25, "quantized weights (bitsandbytes) moved while still on meta"),))
+_sig("mixed.fake_tensor", "mixed_device_model", "FakeTensor tracing met two devices",
+     ("Unhandled FakeTensor Device Propagation",),
+     "While tracing with fake tensors (torch.compile / export / FakeTensorMode), {op} got tensors on {a} and {b}.",
+     (("md.fake_tensor", 3.0),),
+     rf"Propagation for (?P<op>[\w.]{{1,80}}), found two different devices (?P<a>{DEV}), (?P<b>{DEV})",
+     alternatives=(_DEV_ALT,))
+_sig("mixed.meta_value", "mixed_device_model", "A weight is still on meta when it was needed",
+     ("is on the meta device, we need a", "is on the meta device"),
+     "accelerate found {param} on the meta device with no value to load into it[ (target {target})].",
+     (("md.offload_meta", 2.5), ("md.meta_to", 1.0)),
+     r"(?P<param>[\w.]{1,120}) is on the meta device", rf"to put in on (?P<b>{DEV}|\d{{1,3}})",
+     alternatives=(("quantization_device", 0.3, "quantized checkpoints whose weights were not loaded leave meta "
+                    "placeholders"),))
+_sig("mixed.offloaded_move", "mixed_device_model", "A model with offloaded modules was moved",
+     ("You can't move a model that has some modules offloaded",),
+     "A model dispatched with some modules offloaded to cpu/disk was moved with .to().",
+     (("md.offload_meta", 3.0),), alternatives=(_Q_ALT,))
+_sig("mixed.meta_item", "mixed_device_model", "A meta tensor was read",
+     ("cannot be called on meta tensors", "meta tensors do not support"),
+     "Code read the value of a tensor on the meta device, which has no data.",
+     (("md.meta_to", 2.0), ("md.offload_meta", 1.5)), alternatives=(_DEV_ALT,))
+
+# --- quantized weights ---------------------------------------------------------------------------------------
+_sig("quant.bnb_same_gpu", "quantization_device", "bitsandbytes got tensors on the CPU and the GPU",
+     ("All input tensors need to be on the same GPU", "tensors need to be on the same GPU",
+      "following tensor and device combinations"),
+     "A bitsandbytes kernel got some tensors on the GPU and some on the CPU[ ({devices})].",
+     (("q.bnb_state_cpu", 3.0), ("q.bnb_input_cpu", 1.0)), follow=2, confidence=0.9,
+     alternatives=(_DEV_ALT,))
+_sig("quant.bnb_to", "quantization_device", ".to() is refused on a bitsandbytes model",
+     ("is not supported for `4-bit` or `8-bit`", "is not supported for 4-bit or 8-bit"),
+     "`.to()` / `.cuda()` was called on a model quantized with bitsandbytes.",
+     (("q.bnb_to", 3.0),), confidence=0.95, alternatives=(_MIX_ALT,))
+_sig("quant.params_swap", "quantization_device", "A quantized parameter cannot be moved this way",
+     ("Creating a Parameter from an instance of type Params4bit", "from an instance of type Int8Params"),
+     "Module.to could not re-create a bitsandbytes parameter (typically a move to meta).",
+     (("q.bnb_to", 2.5),), confidence=0.85, alternatives=(_MIX_ALT,))

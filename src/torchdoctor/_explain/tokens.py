@@ -1,0 +1,145 @@
+"""Device and dtype tokens in error text: the one parser for how PyTorch messages (of every version) name them.
+
+Torch-free: ``explain`` reads logs on machines without torch, and ``guard`` reuses these two functions. Their
+names and signatures are stable:
+
+>>> devices_in("Expected all tensors to be on the same device, but found at least two devices, CPU and CUDA:0!")
+['cpu', 'cuda:0']
+>>> devices_in("Input type (CUDABFloat16Type) and weight type (torch.FloatTensor) should be the same")
+['cuda:0', 'cpu']
+>>> dtypes_in("Input type (CUDABFloat16Type) and weight type (torch.FloatTensor) should be the same")
+['bfloat16', 'float32']
+>>> dtypes_in("expected m1 and m2 to have the same dtype, but got: struct c10::Half != float")
+['float16', 'float32']
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["ACCELERATORS", "devices_in", "dtype_name", "device_name", "dtypes_in", "type_name"]
+
+ACCELERATORS = ("cuda", "xpu", "mps", "hpu", "npu", "xla", "mtia", "privateuseone")
+_LIMIT = 20_000  # characters of one message looked at; a token list is about one error, not a whole log
+
+# dtype spellings in messages -> torch names (keys lower-case, without "torch." / "c10::" / "struct ")
+DTYPES = {
+    "float": "float32", "float32": "float32", "single": "float32", "half": "float16", "float16": "float16",
+    "bfloat16": "bfloat16", "double": "float64", "float64": "float64", "long": "int64", "int64": "int64",
+    "long int": "int64", "int": "int32", "int32": "int32", "bool": "bool", "byte": "uint8", "uint8": "uint8",
+    "char": "int8", "int8": "int8", "short": "int16", "int16": "int16", "complexfloat": "complex64",
+    "complexdouble": "complex128", "complex64": "complex64", "complex128": "complex128",
+    "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2", "float8_e4m3fnuz": "float8_e4m3fnuz",
+    "float8_e5m2fnuz": "float8_e5m2fnuz", "complexhalf": "complex32", "fp16": "float16", "bf16": "bfloat16",
+    "fp32": "float32",
+}
+_LEGACY = r"BFloat16|Float8_?\w{0,12}|Float|Half|Double|Long|Int|Short|Char|Byte|Bool|ComplexFloat|ComplexDouble"
+# One pass finds both kinds, so the order of appearance is kept across spellings.
+_TOKEN = re.compile(
+    # legacy tensor type names: torch.cuda.HalfTensor, torch.FloatTensor (cpu), CUDABFloat16Type, CPUFloatType
+    rf"\btorch\.(?:(?P<ldev>cuda|xpu|mps)\.)?(?P<ldt>{_LEGACY})Tensor\b"
+    rf"|\b(?P<pdev>CUDA|CPU|XPU|MPS)(?P<pdt>{_LEGACY})Type\b"
+    # device(type='cuda', index=1)
+    r"|device\(type=['\"](?P<rdev>\w{1,12})['\"](?:, ?index=(?P<ridx>\d{1,3}))?\)"
+    # "is on CPU, but expected it to be on GPU" (older messages)
+    r"|\b(?:on|to be on) (?P<word>CPU|GPU)\b"
+    # cuda, cuda:1, CUDA:0, cpu, mps, meta (torch prints the device lower-case; "Meta" is a backend name)
+    r"|(?<![\w.])(?P<dev>cuda|CUDA|Cuda|cpu|CPU|xpu|XPU|mps|MPS|meta|hpu|HPU|npu|NPU|xla|XLA)"
+    r"(?::(?P<idx>\d{1,3}))?(?![\w.]|:\w)"
+    # torch.float16, c10::BFloat16, struct c10::Half, long int, Half, float
+    r"|(?:\btorch\.|\bc10::|\b)(?P<dt>bfloat16|BFloat16|float8_e4m3fnuz|float8_e5m2fnuz|float8_e4m3fn|"
+    r"float8_e5m2|Float8_e4m3fnuz|Float8_e5m2fnuz|Float8_e4m3fn|Float8_e5m2|float16|float32|float64|"
+    r"complex64|complex128|ComplexFloat|ComplexDouble|ComplexHalf|int64|int32|int16|int8|uint8|long int|"
+    r"Half|half|Float|float|Double|double|Long|Int|Short|Char|Byte|Bool|fp16|bf16|fp32)\b(?![.(])")
+_DEVICE_WORD = {"gpu": "cuda"}
+
+
+def dtype_name(text: str) -> str | None:
+    """``c10::BFloat16`` / ``Half`` / ``torch.float16`` / ``struct c10::Half`` -> torch dtype name, else None.
+
+    >>> dtype_name("struct c10::Half"), dtype_name("torch.bfloat16"), dtype_name("cuda")
+    ('float16', 'bfloat16', None)
+    """
+    t = text.strip().lower().replace("struct ", "").replace("c10::", "").replace("torch.", "")
+    return DTYPES.get(t)
+
+
+def device_name(text: str) -> str | None:
+    """A device as messages spell it -> ``cuda:0`` / ``cpu`` / ``meta`` (bare accelerators get index 0).
+
+    >>> device_name("CUDA"), device_name("GPU"), device_name("mps:1"), device_name("float")
+    ('cuda:0', 'cuda:0', 'mps:1', None)
+    """
+    t = text.strip().lower()
+    t = _DEVICE_WORD.get(t, t)
+    kind, _, index = t.partition(":")
+    if kind in ACCELERATORS:
+        return f"{kind}:{index or 0}" if not index or index.isdigit() else None
+    return kind if kind in ("cpu", "meta") and not index else None
+
+
+def type_name(text: str) -> tuple[str | None, str | None]:
+    """One type as a conv message prints it -> (device or None, dtype or None).
+
+    >>> type_name("torch.cuda.FloatTensor"), type_name("c10::Half"), type_name("CPUBFloat16Type")
+    (('cuda:0', 'float32'), (None, 'float16'), ('cpu', 'bfloat16'))
+    """
+    t = text.strip().replace("struct ", "")
+    plain = dtype_name(t)
+    if plain:
+        return None, plain
+    devices, dtypes = devices_in(t), dtypes_in(t)
+    return (devices[0] if devices else None), (dtypes[0] if dtypes else None)
+
+
+def _scan(text: str) -> tuple[list[str], list[str]]:
+    devices: list[str] = []
+    dtypes: list[str] = []
+    for m in _TOKEN.finditer(text[:_LIMIT]):
+        dev: str | None = None
+        dt: str | None = None
+        if m.group("ldt"):
+            dev, dt = m.group("ldev") or "cpu", m.group("ldt")
+        elif m.group("pdt"):
+            dev, dt = m.group("pdev"), m.group("pdt")
+        elif m.group("rdev"):
+            dev = m.group("rdev") + (f":{m.group('ridx')}" if m.group("ridx") else "")
+        elif m.group("word"):
+            dev = m.group("word")
+        elif m.group("dev"):
+            dev = m.group("dev") + (f":{m.group('idx')}" if m.group("idx") else "")
+        else:
+            dt = m.group("dt")
+        d = device_name(dev) if dev else None
+        if d and d not in devices:
+            devices.append(d)
+        t = dtype_name(dt) if dt else None
+        if t is None and dt and dt.lower().startswith("float8"):
+            t = dt.lower()
+        if t and t not in dtypes:
+            dtypes.append(t)
+    return devices, dtypes
+
+
+def devices_in(text: str) -> list[str]:
+    """The devices an error text names, normalised (``cuda:0``, ``cpu``, ``mps:0``, ``xpu:0``, ``meta``), in order of
+    first appearance, without repeats.
+
+    >>> devices_in("RuntimeError: Tensor on device meta is not on the expected device cuda:1!")
+    ['meta', 'cuda:1']
+    >>> devices_in("argument #1 'self' is on CPU, but expected it to be on GPU; torch.cuda.is_available()")
+    ['cpu', 'cuda:0']
+    """
+    return _scan(text)[0]
+
+
+def dtypes_in(text: str) -> list[str]:
+    """The dtypes an error text names, as torch names (``bfloat16``, ``float16``, ``float32``, ``int64`` ...), in
+    order of first appearance, without repeats.
+
+    >>> dtypes_in("result type Float can't be cast to the desired output type long int")
+    ['float32', 'int64']
+    >>> dtypes_in("Expected object of scalar type torch.float16 but got c10::BFloat16 (CUDAHalfType)")
+    ['float16', 'bfloat16']
+    """
+    return _scan(text)[1]
