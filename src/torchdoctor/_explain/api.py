@@ -38,7 +38,7 @@ _DEFAULTS = {"a": "one device", "b": "another device", "op": "an operator", "ker
              "saved": "a GPU", "param": "weight", "input_device": "one device", "weight_device": "another",
              "count": "fewer", "target": "the GPU", "backend_name": "that device", "low": "half precision",
              "high": "float32", "other_dtype": "another dtype", "fp_eight": "float8", "dtype": "this dtype"}
-_CODE_DEFAULTS = {"available_device": "cpu"}
+_CODE_DEFAULTS: dict[str, str] = {}
 
 
 class _Missing(Exception):
@@ -51,7 +51,8 @@ def _render(template: str, fields: dict[str, str], prose: bool = True) -> str:
     defaults = _DEFAULTS if prose else _CODE_DEFAULTS
 
     def sub(m: re.Match[str]) -> str:
-        value = fields.get(m.group(1)) or defaults.get(m.group(1))
+        name = m.group(1)
+        value = fields[name] if name in fields else defaults.get(name)
         if value is None:
             raise _Missing(m.group(1))
         return value
@@ -88,7 +89,7 @@ def _diagnose(group: Group) -> Diagnosis:
     for cid, _ in usable:
         for title, code in table[cid].fixes:
             t, c = _try(title, fields), _try(code, fields, prose=False)
-            if t is not None and c is not None and (t, c) not in fixes and len(fixes) < 6:
+            if t is not None and c is not None and all(c != code for _, code in fixes) and len(fixes) < 6:
                 fixes.append((t, c))
     top = table[usable[0][0]] if usable else None
     confidence = sig.confidence - (0.15 if not group.fields and sig.patterns else 0.0)

@@ -35,7 +35,8 @@ _c("dev.two_gpus_device_map",
    "The model is split over several GPUs (device_map), and a tensor crossed a layer boundary without being "
    "moved: custom code mixing outputs of two layers, a cached tensor on the first GPU, or .to()/.cuda() "
    "called on a dispatched model.", _GUARD,
-   ("Put the inputs on the first layer's device", "inputs = inputs.to(model.get_input_embeddings().weight.device)"),
+   ("Put the inputs on the device of the model's first layer",
+    "inputs = inputs.to(next(model.parameters()).device)  # transformers: model.get_input_embeddings().weight.device"),
    ("Or keep the whole model on one GPU", 'model = AutoModelForCausalLM.from_pretrained(name, device_map={"": 0})'),
    ("Never call .to()/.cuda() on a model loaded with device_map",
     "print(model.hf_device_map)  # and drop model.to(...) / model.cuda()"),

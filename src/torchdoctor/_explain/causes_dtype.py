@@ -103,8 +103,8 @@ _c("dt.pipeline_latents",
     'pipe = DiffusionPipeline.from_pretrained(name, torch_dtype={low_t})'),
    ("Cast inputs to the component's dtype", "latents = latents.to(pipe.unet.dtype)"))
 _c("dt.vae_dtype",
-   "The VAE's weights are in another dtype than the latents it decodes or the images it encodes[ ({input} input, "
-   "{weight} {param})]: the VAE was loaded, upcast (force_upcast, --no-half-vae) or cast separately from the rest "
+   "The VAE's weights are in another dtype than the latents it decodes or the images it encodes[ ({a} input, "
+   "{b} {param})]: the VAE was loaded, upcast (force_upcast, --no-half-vae) or cast separately from the rest "
    "of the pipeline.", "torchdoctor.scan(pipe.vae«, dtype=\"{a}\"»)",
    ("Give the VAE the latents' dtype«: {a}»", "pipe.vae.to({a_t})"),
    ("Or cast the latents to the VAE's dtype before decoding",
@@ -178,9 +178,10 @@ _c("ud.fp8_promotion",
 
 # --- backend op missing ---------------------------------------------------------------------------------------
 _c("bo.kernel_device_only",
-   "{op} has kernels only for other backends; its {backend} inputs must move to a device that implements it.",
+   "{op} has kernels only for other backends; its[ {backend}] inputs must move to a device that implements it.",
    'torchdoctor.simulate(model, device={tq})',
-   ("Run this op where it has a kernel", 'x = x.to("{available_device}")'))
+   ("Run this op where it has a kernel", 'x = x.to("{available_device}")'),
+   ("See which device backends this torch build has", "torchdoctor env"))
 _c("bo.ipex_xpu_op_on_cpu",
    "An IPEX fused op registered only for XPU ({op}) ran on CPU tensors: the model or inputs are on the CPU "
    "(or partly offloaded) while intel_extension_for_pytorch's XPU fusions are active; importing the XPU "

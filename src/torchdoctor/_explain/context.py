@@ -115,9 +115,10 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
     if available:
         names = [a.strip() for a in available.split(",")]
         f["available_short"] = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-        accel = next((n.lower() for n in names if n.lower() in ACCELERATORS), None)
+        usable = [d for d in (device_name(n) for n in names) if d and d != "meta"]
+        accel = next((d for d in usable if d != "cpu"), None) or next(iter(usable), None)
         if accel:
-            f["available_device"] = accel
+            f["available_device"] = accel.split(":")[0]
         if (op.startswith("aten::") and backend.split("_")[0] in ACCELERATORS + ("hip",)
                 and backend.upper() not in (n.upper() for n in names)):
             flags.add("backend_absent")
@@ -145,6 +146,8 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
         f["target"] = accels[0]
     elif "op_ipex" in flags:
         f["target"] = "xpu:0"
+    elif sig_name.startswith("quant.bnb") and "gpu" in message.lower():  # bitsandbytes says GPU for CUDA
+        f["target"] = "cuda:0"
     f["tq"] = f'"{f["target"]}"' if "target" in f else "device"
     if "b" in f and device_name(f["b"]):
         f["bq"] = f'"{f["b"]}"'
@@ -157,7 +160,8 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
         high = next((t for t in dtypes if t != low and not t.startswith("float8")), None)
         if high:
             f["high"] = high
-    f["low_t"] = f"torch.{low}" if low else "model_dtype"
+    if low:
+        f["low_t"] = f"torch.{low}"
     if fp8:
         f["fp_eight"] = fp8
     other = next((t for t in dtypes if not t.startswith("float8")), None)

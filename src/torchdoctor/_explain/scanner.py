@@ -161,6 +161,8 @@ class Scanner:
         start = text.rfind("\n", max(0, ls - 400), ls - 1) + 1 if ls > 0 and sig.before else ls
         end = msg_end
         nxt = text.find("\n", msg_end + 1, msg_end + 401)
+        if nxt == -1 and msg_end < len(text) <= msg_end + 401:  # the last line of the text
+            nxt = len(text)
         if nxt != -1 and not text[msg_end + 1: nxt].lstrip().startswith(_NOT_CONTINUED):
             end = nxt
         lo, hi = max(start, pos - sig.before), min(end, pos + sig.after + 200 * sig.follow)

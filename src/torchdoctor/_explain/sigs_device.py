@@ -24,7 +24,7 @@ _sig("device.expected_same", "device_mismatch", "Tensors on two devices met in o
      "An operation[ ({op})] got tensors on two devices, {a} and {b}[; the argument on the odd device is "
      "'{arg}']. Every tensor of one op must sit on the same device.",
      (("dev.module_not_moved", 2.0), ("dev.inputs_not_moved", 1.5), ("dev.created_inside", 0.5)),
-     rf"found at least two devices,? (?P<a>{DEV}) and (?P<b>{DEV})",
+     rf"found at least two devices,? (?P<a>{DEV})(?: and (?P<b>{DEV}))?",
      rf"but got (?P<arg>\w{{1,40}}) is on (?P<a>{DEV}),? different from other tensors on (?P<b>{DEV})",
      r"for argument (?P<arg>\w{1,40}) in method (?P<method>\w{1,80})",
      r"in method (?P<method>\w{1,80})", before=0, after=400, alternatives=(_Q_ALT, _MIX_ALT))
