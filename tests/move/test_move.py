@@ -504,7 +504,7 @@ def test_failure_in_bnb_quant_state_rolls_back_the_shared_state(monkeypatch: pyt
 
 
 def test_left_behind_is_reported_by_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchdoctor._move import owners as _move_quant
+    from torchdoctor._move import owners as _move_quant  # the forward write; rollback writes through undo
 
     real = _move_quant.set_tensor
 

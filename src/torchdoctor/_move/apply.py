@@ -1,11 +1,12 @@
 """``move``: carry out a plan unit by unit, with an undo log, then verify nothing was left behind.
 
-``torchdoctor._move.plan`` decides what moves where (and what is refused); this module changes the object. Rollback
-modes are described in ``move``'s docstring and in ``torchdoctor._move.plan``.
+``torchdoctor._move.plan`` decides what moves where (and what is refused); this module changes the object, and
+``torchdoctor._move.undo`` puts it back when anything fails: a tensor part-way, an interrupt, or the verification.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import traceback
 from typing import Any
@@ -14,11 +15,14 @@ import torch
 
 from torchdoctor._move import owners as q
 from torchdoctor._move.plan import MoveReport, Moved, _Plan, build
-from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype
+from torchdoctor._move.undo import Outcome, UndoLog, Unit, owns_storage
+from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype, same_device
 from torchdoctor._report.model import PlacementError
-from torchdoctor._report.text import format_error
+from torchdoctor._report.text import format_error, human_bytes
 
 __all__ = ["move"]
+
+log_ = logging.getLogger("torchdoctor.move")
 
 
 def _mode(rollback: bool | str) -> str:
@@ -31,26 +35,28 @@ def _mode(rollback: bool | str) -> str:
     raise ValueError(f"rollback must be 'auto', 'exact' (or True) or False, not {rollback!r}")
 
 
-def _failure(exc: BaseException, path: str, done: list[Moved], log: q.UndoLog, total: int) -> PlacementError:
-    n = len(done)
-    what = type(exc).__name__ + (f": {str(exc).splitlines()[0]}" if str(exc).strip() else "")
-    rows = [f"{m.path}  {m.src} -> {m.dst}" for m in done]
+def _claim(out: Outcome) -> tuple[str, list[str], str | None]:
+    """What the rollback achieved, as the object shows it: (headline part, rows, fix)."""
+    if out.differs:
+        rows = out.differs + [f"{p}  (restored, lost precision)" for p in out.lossy]
+        return (f"rolling back could not restore everything: the object IS half-moved; these {len(out.differs)} "
+                "differ from before", rows, None)
+    if out.lossy:
+        return (f"rolled back: every tensor has its old device and dtype again, but these {len(out.lossy)} were cast "
+                "down and back and lost precision", out.lossy,
+                "torchdoctor.move(obj, ..., rollback='exact')  # keeps the originals until the move is done")
+    return "rolled back: the object is as before", [], None
+
+
+def _failure(head: str, log: UndoLog, done: list[Moved], total: int) -> tuple[str, Outcome | None]:
+    """Roll back (unless rollback=False) and say what the object is now."""
     if log.mode == "off":
-        return PlacementError(format_error(
-            f"move failed at {path} after {n} tensor(s) ({what}); NOT rolled back (rollback=False): these {n} of "
-            f"{total} moved, the rest are where they were", rows))
-    try:
-        log.rollback()
-    except Exception as undo_exc:  # the loudest case: say exactly that the object is half-moved
-        return PlacementError(format_error(
-            f"move failed at {path} after {n} tensor(s) ({what}), and rolling back failed too "
-            f"({type(undo_exc).__name__}: {undo_exc}): the object IS half-moved; these moved:", rows))
-    if log.lossy:
-        return PlacementError(format_error(
-            f"move failed at {path} after {n} tensor(s) ({what}); rolled back: every tensor has its old device "
-            f"and dtype again, but these {len(log.lossy)} were cast down and back and lost precision",
-            log.lossy[::-1], "torchdoctor.move(obj, ..., rollback='exact')  # keeps the originals until the move is done"))
-    return PlacementError(f"move failed at {path} after {n} tensor(s) ({what}); rolled back: the object is as before")
+        n = len(done)
+        return format_error(f"{head}; NOT rolled back (rollback=False): these {n} of {total} moved, the rest are "
+                            "where they were", [f"{m.path}  {m.src} -> {m.dst}" for m in done]), None
+    out = log.rollback()
+    claim, rows, fix = _claim(out)
+    return format_error(f"{head}; {claim}", rows, fix), out
 
 
 def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | torch.dtype | None = None, *,
@@ -61,7 +67,14 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     containers), keeps ``Parameter`` objects and tied weights, never casts integer / packed / quantization
     tensors, keeps ``_keep_in_fp32_modules`` and fp32 peft adapters in fp32 (``keep_fp32=False`` casts what
     ``Module.to`` casts), verifies with ``scan``. Refuses up front (nothing moved) under accelerate offload
-    hooks or with meta tensors to materialise; undoes everything when a tensor fails part-way.
+    hooks or with meta tensors to materialise.
+
+    When anything fails part-way (an error, an out-of-memory, a ``KeyboardInterrupt``) or the verification finds a
+    tensor left behind, everything is undone: the same objects come back, views share their storage again, grads
+    come back with their parameters. ``rollback="auto"`` keeps no second copy on the filling device, so a narrowing
+    same-device cast is undone by casting back, and the error names every tensor that lost precision;
+    ``rollback="exact"`` (or True) keeps the originals until the move is done; ``False`` undoes nothing and lists
+    what moved. An interrupt is re-raised as it is, with a note saying what the object is now.
 
     >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2))
     >>> m.scale = torch.ones(2)            # Module.to leaves this behind
@@ -78,45 +91,101 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
         raise ValueError("move needs device= and/or dtype=, e.g. torchdoctor.move(model, 'cuda:0', torch.bfloat16)")
     if dt is not None and not (dt.is_floating_point or dt.is_complex):
         raise TypeError(f"move casts floating-point tensors only: dtype must be a floating dtype, not {dt}")
-    log = q.UndoLog(_mode(rollback))
+    log = UndoLog(_mode(rollback))
     p = build(obj, dev, dt, keep_fp32)
     p.raise_refusals()
     done: list[Moved] = []
     cursor = [""]
+    total, left = 0, []
     try:
         total = _apply(p, log, done, cursor, non_blocking)
+        cursor[0] = ""
+        left = _verify(obj, dev, dt, keep_fp32)
     except BaseException as exc:
-        err = _failure(exc, cursor[0], done, log, len(p.steps))
+        where = f"at {cursor[0]}" if cursor[0] else "while verifying the result"
+        what = type(exc).__name__ + (f": {str(exc).splitlines()[0]}" if str(exc).strip() else "")
+        text, out = _failure(f"move failed {where} after {len(done)} tensor(s) ({what})", log, done, len(p.steps))
         # the traceback's frames hold the new copies (on the target device): drop them with the failed move
         traceback.clear_frames(exc.__traceback__)
-        if not isinstance(exc, Exception):
+        log_.warning("%s", text)
+        if not isinstance(exc, Exception):  # an interrupt stays an interrupt; the note says what the object is now
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"torchdoctor: {text}")
             raise
-        raise err from exc
-    kept = p.kept
-    log.undo.clear()  # undo closures point back at the log: clearing frees kept originals now, not at the next gc
-    del p, log
-    left = _verify(obj, dev, dt, keep_fp32)
+        if out is not None and out.interrupt is not None:
+            raise out.interrupt from exc
+        raise PlacementError(text) from exc
     if left:
-        raise PlacementError(format_error(f"move finished but {len(left)} tensor(s) were left behind", left,
+        text, out = _failure(f"move finished but {len(left)} tensor(s) were left behind", log, done, len(p.steps))
+        log_.warning("%s", text)
+        rows = text.splitlines()
+        raise PlacementError(format_error(rows[0], left + rows[1:],
                                           "torchdoctor.scan(obj, device=..., dtype=...)  # for the details"))
+    kept = p.kept
+    log.clear()  # frees kept originals now, not at the next gc
+    del p, log
+    seconds = time.perf_counter() - t0
+    log_.info("moved %d tensor(s), %s, to %s in %.3f s", len(done), human_bytes(total),
+              " ".join(x for x in (device_str(dev) if dev is not None else None,
+                                   dtype_str(dt) if dt is not None else None) if x), seconds)
     return MoveReport(done, device_str(dev) if dev is not None else None, dtype_str(dt) if dt is not None else None,
-                      kept=kept, storage_bytes=total, seconds=time.perf_counter() - t0)
+                      kept=kept, storage_bytes=total, seconds=seconds)
 
 
-def _apply(p: _Plan, log: q.UndoLog, done: list[Moved], cursor: list[str], non_blocking: bool) -> int:
-    """Move unit by unit, recording undo steps; returns the bytes now held (each storage once)."""
+def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blocking: bool) -> int:
+    """Move unit by unit, each change after its undo record; returns the bytes now held (each storage once)."""
     swapped: dict[int, torch.Tensor] = {}
     total = 0
-    for unit in p.units():
+    units = p.units()
+    shared = _shared_storages(units) if log.mode == "auto" else set()
+    debug = log_.isEnabledFor(logging.DEBUG)
+    for unit in units:
         cursor[0] = unit[0].entry.path
-        before = [compact(t.dtype, tuple(t.shape), t.device) for t in (s.entry.tensor for s in unit)]
+        olds = [s.entry.tensor for s in unit]
+        datas = [o if q.is_wrapper(o) else q.data_of(o) for o in olds]
+        before = [compact(t.dtype, tuple(t.shape), t.device) for t in olds]
+        back = Unit(olds, datas, _keeps(log, unit, datas, shared))
         news = q.new_tensors([(s.entry.tensor, s.device, s.dtype) for s in unit], non_blocking)
+        back.news = news
         total += news[0].untyped_storage().nbytes() if len(unit) > 1 else _nbytes(news[0])
-        for s, new, src in zip(unit, news, before):
+        for i, (s, new, src) in enumerate(zip(unit, news, before)):
             cursor[0] = s.entry.path
-            q.install(s.entry, s.aliases, new, s.device, s.dtype, log, swapped, non_blocking)
+            q.install(s.entry, s.aliases, new, s.device, s.dtype, log, back, i, swapped, non_blocking)
             done.append(Moved(s.entry.path, src, compact(s.dtype, tuple(new.shape), s.device), _nbytes(new)))
+        if debug:
+            log_.debug("moved %s", "; ".join(f"{m.path} {m.src} -> {m.dst}" for m in done[-len(unit):]))
+        del olds, datas, back, news  # a same-device cast must not keep the originals alive past their unit
     return total
+
+
+def _keeps(log: UndoLog, unit: list[Any], datas: list[torch.Tensor], shared: set[int]) -> bool:
+    """Whether the unit's originals stay referenced until the move is done (see ``torchdoctor._move.undo``)."""
+    if log.keeps(not same_device(datas[0].device, unit[0].device)):
+        return True
+    if log.mode != "auto":
+        return False
+    sid = _storage_id(datas[0])
+    return sid is not None and (sid in shared or not any(owns_storage(d) for d in datas))
+
+
+def _storage_id(t: torch.Tensor) -> int | None:
+    if not q.real_storage(t):
+        return None
+    try:
+        return int(t.untyped_storage()._cdata)
+    except Exception:
+        return None
+
+
+def _shared_storages(units: list[list[Any]]) -> set[int]:
+    """Storages reached by more than one unit (views the plan could not move as one)."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    for unit in units:
+        sid = _storage_id(unit[0].entry.tensor)
+        if sid is not None:
+            (shared if sid in seen else seen).add(sid)
+    return shared
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -8,17 +8,18 @@ recognised by class name and module, so a missing or broken install costs nothin
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from torchdoctor._walk import Entry, _is_quant_type, set_tensor
-
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass as _is_wrapper
 
-# Packed / quantized storage dtypes: a bf16 cast must never touch them (same set scan uses).
+from torchdoctor._move.undo import SetData, SetSlots, Swap, UndoLog, Unit, grad_restore
+from torchdoctor._placement import same_device
+from torchdoctor._walk import Entry, _is_quant_type, set_tensor
+
+
 def _dict(obj: Any) -> dict[str, Any]:
     try:
         d = object.__getattribute__(obj, "__dict__")
@@ -133,32 +134,7 @@ HOOK_FIX = ("from accelerate.hooks import remove_hook_from_module\n"
             "# or keep the hooks and let them place the weights (pipe.enable_model_cpu_offload(device=...))")
 
 
-# --- moving, and putting moved tensors back into their owners, with undo records ------------------------------------------
-
-_LOSSLESS = {(a, b) for a in (torch.float16, torch.bfloat16) for b in (torch.float32, torch.float64)} | {
-    (torch.float32, torch.float64)}
-
-
-class UndoLog:
-    """Undo records, newest last. Whether an original stays referenced is decided per tensor (``keeps``)."""
-
-    def __init__(self, mode: str) -> None:
-        self.mode = mode  # "auto" | "exact" | "off"
-        self.undo: list[Callable[[], None]] = []
-        self.lossy: list[str] = []
-
-    def keeps(self, cross_device: bool) -> bool:
-        # a cross-device original stays on the source device: keeping it costs the target nothing
-        return self.mode == "exact" or (self.mode == "auto" and cross_device)
-
-    def add(self, fn: Callable[[], None]) -> None:
-        if self.mode != "off":
-            self.undo.append(fn)
-
-    def rollback(self) -> None:
-        while self.undo:
-            self.undo.pop()()
-
+# --- moving, and putting moved tensors back into their owners, each change after its undo record -------------------
 
 def data_of(t: torch.Tensor) -> torch.Tensor:
     return t.data if isinstance(t, nn.Parameter) and not is_wrapper(t) else t
@@ -202,56 +178,48 @@ def _is_fake(t: torch.Tensor) -> bool:
 
 
 def install(e: Entry, aliases: list[Entry], new: torch.Tensor, device: torch.device, dtype: torch.dtype,
-            log: UndoLog, swapped: dict[int, torch.Tensor], non_blocking: bool) -> None:
-    """Put ``new`` where ``e`` (and its aliases) were, keeping Parameter objects where Module.to keeps them."""
+            log: UndoLog, unit: Unit, i: int, swapped: dict[int, torch.Tensor], non_blocking: bool) -> None:
+    """Put ``new`` where ``e`` (and its aliases) were, keeping Parameter objects where Module.to keeps them.
+
+    Everything that can fail for want of memory (the grad's conversion, a new Parameter) is built first; then each
+    change is made right after its undo record is written.
+    """
     slots = [e, *aliases]
     for x in slots:
         if x.slot != "param" and id(x.owner) in swapped:  # attributes of a Parameter replaced just before
             x.owner = swapped[id(x.owner)]
     t = e.tensor
-    old_device, old_dtype = t.device, t.dtype
-    cross = not (old_device.type == device.type and (old_device.index or 0) == (device.index or 0))
-    keep = log.keeps(cross)
-    lossy = e.path if not cross and not keep and (old_dtype, dtype) not in _LOSSLESS else None
+    grad = t.grad if isinstance(t, nn.Parameter) else None
+    keep_grad = log.keeps(not same_device(t.device, device))
     if isinstance(t, nn.Parameter) and is_wrapper(t):
+        new_grad = convert(grad, device, dtype if grad.is_floating_point() else grad.dtype, non_blocking) \
+            if grad is not None else None
         holder = nn.Parameter(new, requires_grad=t.requires_grad)
+        log.add(Swap(t, holder, e.path))  # swapping back restores the old grad too: it went with the old impl
         torch.utils.swap_tensors(t, holder)  # as Module._apply does for wrapper subclasses: same object
-        log.add(lambda: torch.utils.swap_tensors(t, holder))
+        if new_grad is not None:
+            t.grad = new_grad
         return
     if isinstance(t, nn.Parameter) and compatible(t, new):
-        old = t.data if keep else None
-        grad = t.grad
-        old_grad = grad.data if grad is not None and keep else None
+        new_grad = convert(grad.data, device, dtype if grad.is_floating_point() else grad.dtype, non_blocking) \
+            if grad is not None else None
+        log.add(SetData(t, new, e.path, lambda: unit.data(i)))
         t.data = new
-        if grad is not None:
-            grad.data = convert(grad.data, device, dtype if grad.is_floating_point() else grad.dtype, non_blocking)
-
-        def undo_data() -> None:
-            if grad is not None:
-                grad.data = old_grad if old_grad is not None else grad.data.to(old_device, old_dtype)
-            t.data = old if old is not None else t.data.to(old_device, old_dtype)
-            if lossy:
-                log.lossy.append(lossy)
-
-        log.add(undo_data)
+        if grad is not None and new_grad is not None:
+            log.add(SetData(grad, new_grad, f"{e.path}.grad", grad_restore(grad, new_grad, keep_grad)))
+            grad.data = new_grad
         return
-    original: torch.Tensor | None
+    original: torch.Tensor | None = None
     if isinstance(t, nn.Parameter):
         replacement: torch.Tensor = new_parameter(t, new)
-        if t.grad is not None:
-            replacement.grad = convert(t.grad, device, dtype, non_blocking)
+        if grad is not None:
+            replacement.grad = convert(grad, device, dtype if grad.is_floating_point() else grad.dtype, non_blocking)
         swapped[id(t)] = replacement
-        original, lossy = t, None  # the old Parameter object comes back whole
+        original = t  # the old Parameter object comes back whole
     else:
-        replacement, original = new, (t if keep else None)
+        replacement = new
+    rec = SetSlots(slots, replacement, unit, i, original)
+    log.add(rec)
     for x in slots:
+        rec.reached += 1  # before the write: a write that lands and then raises is still undone
         set_tensor(x, replacement)
-
-    def undo_slot() -> None:
-        back = original if original is not None else e.tensor.to(old_device, old_dtype)
-        for x in reversed(slots):
-            set_tensor(x, back)
-        if lossy:
-            log.lossy.append(lossy)
-
-    log.add(undo_slot)

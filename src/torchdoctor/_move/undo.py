@@ -1,0 +1,297 @@
+"""``move``'s undo log: every change is recorded *before* it is made, and undone by what the object really shows.
+
+A record restores state, not history: when it runs it looks at the object, so a change that was interrupted half-way
+(an exception, an out-of-memory, a ``KeyboardInterrupt`` between two slots of a tied weight) is undone as far as it
+went and no further. After undoing, each record checks its target again; what still differs is reported by path,
+so the error's claim ("as before", "lost precision", "these differ") is what the object shows.
+
+Originals: ``rollback="exact"`` keeps every original until the move is done. ``"auto"`` keeps one only where that
+costs the filling device nothing (a cross-device move keeps it on the source device) or where a copy could not stand
+in for it (a view of a storage the move does not own whole, a storage other units share). Otherwise it holds a weak
+reference: a tensor somebody else still holds is alive and comes back itself, exactly; one nobody holds any more is
+rebuilt from the moved data (views of one storage from one conversion, so they still share it), and a rebuild through
+a narrowing cast is named as having lost precision.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchdoctor._placement import compact, same_device
+from torchdoctor._walk import Entry, set_tensor
+
+__all__ = ["Outcome", "SetData", "SetSlots", "Swap", "UndoLog", "Unit", "exact_cast", "grad_restore", "owns_storage",
+           "read_slot"]
+
+_LOSSLESS = {(a, b) for a in (torch.float16, torch.bfloat16) for b in (torch.float32, torch.float64)} | {
+    (torch.float32, torch.float64)}
+
+
+def exact_cast(old: torch.dtype, new: torch.dtype) -> bool:
+    """Whether casting ``old`` to ``new`` and back gives the same bits."""
+    return old == new or (old, new) in _LOSSLESS
+
+
+def _storage_id(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.untyped_storage()._cdata)
+    except Exception:  # wrapper subclasses and sparse layouts have no single storage
+        return None
+
+
+def owns_storage(t: torch.Tensor) -> bool:
+    """Whether ``t`` covers its whole storage (so a rebuilt copy aliases nothing ``t`` aliased)."""
+    try:
+        return t.storage_offset() == 0 and t.nbytes == t.untyped_storage().nbytes()
+    except Exception:
+        return True
+
+
+class Unit:
+    """A unit's way back: its members' old layouts, originals (strong or weak) and moved data.
+
+    ``data(i)`` gives member ``i``'s old data and whether it is exact: a kept original, the storage of an original
+    that is still alive, or one conversion of the moved storage back (cached, so views keep sharing it).
+    """
+
+    def __init__(self, olds: list[torch.Tensor], datas: list[torch.Tensor], keep: bool) -> None:
+        self.keep = keep
+        self.layouts = [(d.dtype, d.device, d.storage_offset(), d.size(), d.stride()) if d.layout == torch.strided
+                        else (d.dtype, d.device, 0, d.size(), None) for d in datas]
+        self.grads = [o.requires_grad and o.is_leaf for o in olds]
+        self.kept: list[torch.Tensor] | None = list(datas) if keep else None
+        self.objs: list[Any] = list(olds) if keep else [_weak(o) for o in olds]
+        self.news: list[torch.Tensor] = []
+        self._storage: Any = None
+        self._fresh: dict[int, torch.Tensor] = {}
+
+    def original(self, i: int) -> torch.Tensor | None:
+        o = self.objs[i]
+        return o if self.keep else (o() if o is not None else None)
+
+    def data(self, i: int) -> tuple[torch.Tensor, bool]:
+        if self.kept is not None:
+            return self.kept[i], True
+        dt, dev, off, size, stride = self.layouts[i]
+        new = self.news[i]
+        if len(self.news) == 1 or stride is None:
+            return new.to(dev, dt), exact_cast(dt, new.dtype)
+        if self._storage is None:
+            self._storage = self._old_storage()
+        st, exact = self._storage
+        return torch.empty(0, dtype=dt, device=dev).set_(st, off, size, stride), exact
+
+    def fresh(self, i: int) -> tuple[torch.Tensor, bool]:
+        """A new object for member ``i`` (one per member, so aliased slots get one object)."""
+        if i in self._fresh:
+            return self._fresh[i], True
+        data, exact = self.data(i)
+        t = data.detach()
+        if self.grads[i]:
+            t.requires_grad_(True)
+        self._fresh[i] = t
+        return t, exact
+
+    def _old_storage(self) -> tuple[Any, bool]:
+        for i, ref in enumerate(self.objs):  # an original still alive holds the old storage itself
+            o = ref() if ref is not None else None
+            if o is not None and not isinstance(o, nn.Parameter) and o.dtype == self.layouts[i][0]:
+                return o.untyped_storage(), True
+        dt, dev = self.layouts[0][0], self.layouts[0][1]
+        new = self.news[0]
+        cast = new.dtype != dt
+        st = new.untyped_storage()
+        flat_new = new.dtype if cast else torch.uint8
+        flat = torch.empty(0, dtype=flat_new, device=new.device)
+        flat.set_(st, 0, (st.nbytes() // flat.element_size(),), (1,))
+        back = flat.to(dev, dt if cast else torch.uint8)
+        return back.untyped_storage(), exact_cast(dt, new.dtype)
+
+
+def _weak(t: torch.Tensor) -> Any:
+    if isinstance(t, nn.Parameter):
+        return None  # Parameters are kept as objects anyway; a weak reference would forbid swap_tensors
+    try:
+        return weakref.ref(t)
+    except TypeError:
+        return None
+
+
+def read_slot(e: Entry) -> Any:
+    """What ``e``'s slot holds now (parameter/buffer slot, dict or list item, ``__dict__`` or ``__slots__``)."""
+    owner, key = e.owner, e.key
+    try:
+        if e.slot == "param":
+            return owner._parameters.get(key)
+        if e.slot == "buffer":
+            return owner._buffers.get(key)
+        if e.slot == "item":
+            return owner[key] if isinstance(owner, (dict, list)) else None
+        d = object.__getattribute__(owner, "__dict__") if hasattr(type(owner), "__dict__") else {}
+        return d[key] if type(d) is dict and key in d else object.__getattribute__(owner, key)
+    except Exception:
+        return None
+
+
+class Outcome:
+    """What a rollback achieved: paths restored through a lossy cast, and rows of what still differs."""
+
+    def __init__(self) -> None:
+        self.lossy: list[str] = []
+        self.differs: list[str] = []
+        self.interrupt: BaseException | None = None
+
+    @property
+    def exact(self) -> bool:
+        return not self.lossy and not self.differs
+
+
+class _Record:
+    path = ""
+
+    def undo(self, out: Outcome) -> None:
+        raise NotImplementedError
+
+    def check(self) -> str | None:
+        """A row if the target still differs from before, else None."""
+        raise NotImplementedError
+
+
+class SetData(_Record):
+    """``target.data = new`` (a Parameter's data, or a grad's): undone while the target still holds ``new``;
+    ``restore()`` gives the old data and whether it is exact."""
+
+    def __init__(self, target: torch.Tensor, new: torch.Tensor, path: str,
+                 restore: Callable[[], tuple[torch.Tensor, bool]]) -> None:
+        self.target, self.new, self.path, self.restore = target, new, path, restore
+        self.was = compact(target.dtype, tuple(target.shape), target.device)
+        self.new_id = _storage_id(new)
+
+    def moved(self) -> bool:
+        return self.new_id is not None and _storage_id(self.target) == self.new_id
+
+    def undo(self, out: Outcome) -> None:
+        if not self.moved():
+            return  # the change never landed
+        data, exact = self.restore()
+        self.target.data = data
+        if not exact:
+            out.lossy.append(self.path)
+
+    def check(self) -> str | None:
+        t = self.target
+        now = compact(t.dtype, tuple(t.shape), t.device)
+        return f"{self.path}  now {now}, was {self.was}" if self.moved() or now != self.was else None
+
+
+def grad_restore(grad: torch.Tensor, new: torch.Tensor, keep: bool) -> Callable[[], tuple[torch.Tensor, bool]]:
+    """The way back for a grad's data: the kept original, or the moved grad converted back."""
+    if keep:
+        old = grad.data
+        return lambda: (old, True)
+    dt, dev = grad.dtype, grad.device
+    return lambda: (new.to(dev, dt), exact_cast(dt, new.dtype))
+
+
+class SetSlots(_Record):
+    """Every slot of one tensor (aliases and tied weights included) gets ``new``; undone slot by slot as far as
+    ``reached`` went, with the original object where it is alive, else one rebuilt object for all slots."""
+
+    def __init__(self, slots: list[Entry], new: torch.Tensor, unit: Unit, i: int, original: torch.Tensor | None) -> None:
+        self.slots, self.new, self.unit, self.i = slots, new, unit, i
+        self.path = slots[0].path
+        self.strong = original  # a replaced Parameter: kept whole, it is the object users hold
+        t = slots[0].tensor
+        self.was = compact(t.dtype, tuple(t.shape), t.device)
+        self.reached = 0
+        self.back: torch.Tensor | None = None
+
+    def undo(self, out: Outcome) -> None:
+        back = self.strong if self.strong is not None else self.unit.original(self.i)
+        exact = True
+        if back is None:
+            back, exact = self.unit.fresh(self.i)
+        self.back = back
+        failed: BaseException | None = None
+        for x in reversed(self.slots[:self.reached]):
+            try:
+                set_tensor(x, back)
+            except BaseException as exc:  # the other slots are still put back
+                failed = exc
+        if not exact:
+            out.lossy.append(self.path)
+        if failed is not None:
+            raise failed
+
+    def check(self) -> str | None:
+        rows = []
+        for x in self.slots[:self.reached]:
+            now = read_slot(x)
+            if self.back is not None and now is self.back:
+                continue
+            desc = compact(now.dtype, tuple(now.shape), now.device) if isinstance(now, torch.Tensor) else repr(now)
+            rows.append(f"{x.path}  now {desc}{' (a new object)' if now is not self.new else ''}, was {self.was}")
+        return "\n  ".join(rows) or None
+
+
+class Swap(_Record):
+    """``torch.utils.swap_tensors(t, holder)`` for wrapper Parameters: swapped back while ``t`` shows the move."""
+
+    def __init__(self, t: torch.Tensor, holder: torch.Tensor, path: str) -> None:
+        self.t, self.holder, self.path = t, holder, path
+        self.device, self.dtype = t.device, t.dtype
+        self.was = compact(t.dtype, tuple(t.shape), t.device)
+
+    def moved(self) -> bool:
+        return not (same_device(self.t.device, self.device) and self.t.dtype == self.dtype)
+
+    def undo(self, out: Outcome) -> None:
+        if self.moved():
+            torch.utils.swap_tensors(self.t, self.holder)
+
+    def check(self) -> str | None:
+        t = self.t
+        return f"{self.path}  now {compact(t.dtype, tuple(t.shape), t.device)}, was {self.was}" if self.moved() else None
+
+
+class UndoLog:
+    """Undo records, newest last, each added before its change."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode  # "auto" | "exact" | "off"
+        self.records: list[_Record] = []
+
+    def keeps(self, cross_device: bool) -> bool:
+        return self.mode == "exact" or (self.mode == "auto" and cross_device)
+
+    def add(self, rec: _Record) -> None:
+        if self.mode != "off":
+            self.records.append(rec)
+
+    def clear(self) -> None:
+        self.records.clear()
+
+    def rollback(self) -> Outcome:
+        """Undo every record, newest first, even past a failing one; then say what still differs."""
+        out = Outcome()
+        while self.records:
+            rec = self.records.pop()
+            try:
+                rec.undo(out)
+            except BaseException as exc:  # an interrupt here must not leave the older records undone
+                if not isinstance(exc, Exception) and out.interrupt is None:
+                    out.interrupt = exc
+            try:
+                row = rec.check()
+            except Exception as exc:
+                row = f"{rec.path}  cannot be read back ({type(exc).__name__})"
+            if row:
+                out.differs.append(row)
+        out.lossy.reverse()
+        out.differs.reverse()
+        return out
