@@ -89,11 +89,12 @@ class trace(contextlib.ContextDecorator):  # noqa: N801 - reads like torch.no_gr
                         self._fh = None
         return False
 
-    def _selected(self, rec: TraceRecord) -> bool:
+    def selected(self, rec: TraceRecord) -> bool:
+        """Does ``moves``/``lora`` select this record for the log and the file?"""
         return (self.moves and rec.kind == "move") or (self.lora and rec.lora)
 
     def _emit(self, rec: TraceRecord) -> None:
-        if not self._selected(rec):
+        if not self.selected(rec):
             return
         if self.logger.isEnabledFor(logging.INFO):
             self.logger.info("%s", rec.line_text())

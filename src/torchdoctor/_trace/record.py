@@ -86,7 +86,8 @@ class TraceRecord:
         to = _side(self.to_dtype, self.to_device)
         change = {"add": f"added {to}", "remove": f"removed (was {frm})"}.get(self.kind, f"{frm} -> {to}")
         root = f"[{self.root}] " if self.root else ""
-        return f"{root}{self.path}: {change} by {self.qualname}() at {self.where}"
+        by = f"{self.qualname}()" if self.call.endswith("()") else self.qualname
+        return f"{root}{self.path}: {change} by {by} at {self.where}"
 
     def __str__(self) -> str:
         return self.line_text()

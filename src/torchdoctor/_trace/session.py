@@ -344,7 +344,7 @@ def _site(call: Call) -> tuple[tuple[str, str], str | None, int | None]:
         if name == "__setattr__":
             label = ("setattr()", f"{owner}.__setattr__")
         elif name == "data":
-            label = (".data =", "Tensor.data")
+            label = (".data =", "assignment to .data")
         else:
             label = (f"{name}()", f"{owner}.{name}" if owner else name)
     if user is None:
