@@ -128,7 +128,8 @@ def _wrap(orig: Callable[..., Any], via: str, name: str, kind: str) -> Callable[
             return orig(*args, **kwargs)
         if kind == ASSIGN and not _relevant_assign(args):
             return orig(*args, **kwargs)
-        return _run(via, name, adopt, args, orig, args, kwargs)
+        label = f".{args[1]} =" if kind == ASSIGN and len(args) > 1 and isinstance(args[1], str) else name
+        return _run(via, label, adopt, args, orig, args, kwargs)
 
     wrapper.__torchdoctor_original__ = orig  # type: ignore[attr-defined]
     return wrapper

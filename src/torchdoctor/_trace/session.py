@@ -41,7 +41,7 @@ class Call:
         self.name = name
         self.subject = subject
         self.frame = frame
-        self.scopes: dict[int, tuple[Root, list[Scope]]] = {}
+        self.scopes: dict[int, tuple[Session, Root, list[Scope]]] = {}  # id(root) -> ...
 
 
 class Scope:
@@ -227,7 +227,7 @@ class Session:
         root, path = hit
         with self.lock:
             entry = call.scopes.get(id(root))
-            scopes = entry[1] if entry is not None else []
+            scopes = entry[2] if entry is not None else []
             if any(_under(path, s.path) for s in scopes):
                 return
             target = root.resolve(path)
@@ -243,7 +243,7 @@ class Session:
                 before.update(s.before)
                 objects.update(s.objects)
             scopes = [s for s in scopes if s not in narrower] + [Scope(path, before, objects, modules)]
-            call.scopes[id(root)] = (root, scopes)
+            call.scopes[id(root)] = (self, root, scopes)
 
     def _unobserved(self, root: Root, before: Snap, narrower: list[Scope]) -> None:
         """Changes made since the last look by code no patch saw (a direct ``_parameters`` write...)."""
@@ -256,7 +256,9 @@ class Session:
             self._record(root, changes, (UNSEEN, UNSEEN), "snapshot", None, None)
 
     def finish(self, call: Call, site: list[Any]) -> None:
-        for root, scopes in list(call.scopes.values()):
+        for session, root, scopes in list(call.scopes.values()):
+            if session is not self:
+                continue
             changes = []
             with self.lock:
                 for s in scopes:
@@ -341,8 +343,8 @@ def _site(call: Call) -> tuple[tuple[str, str], str | None, int | None]:
     else:
         owner = type(call.subject).__name__ if call.subject is not None else ""
         name = call.name
-        if name == "__setattr__":
-            label = ("setattr()", f"{owner}.__setattr__")
+        if name.endswith(" ="):  # an assignment to a module attribute: ``.bias =``
+            label = (name, f"assignment to {owner}{name[:-2]}")
         elif name == "data":
             label = (".data =", "assignment to .data")
         else:
