@@ -198,8 +198,10 @@ def test_index_problems(tmp_path, hf_dir):
     assert report.extra["groups"][0]["index_missing"] == ["ghost.weight"]
     assert "model.embed_tokens.weight" in report.extra["groups"][0]["index_extra"]
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00002.safetensors"}}))
-    with pytest.raises(CheckpointError, match="shard 'model-00002.safetensors' listed in the index is missing"):
-        scan_checkpoint(d)
+    report = scan_checkpoint(d)  # the index is reported, the rest of the directory still read
+    (p,) = [p for p in report.problems if p.kind == "unreadable"]
+    assert p.path == "model-00002.safetensors" and "missing: listed in model.safetensors.index.json" in p.message
+    assert "model.safetensors/model.norm.weight" in paths(report)
 
 
 # --- diffusers -------------------------------------------------------------------------------------------------
@@ -667,7 +669,9 @@ def test_public_scan_takes_a_path(tmp_path):
 def test_index_cannot_point_outside_its_directory(tmp_path):
     (tmp_path / "m.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "../../etc/passwd"}}))
     with pytest.raises(CheckpointError, match="points outside the checkpoint directory"):
-        scan_checkpoint(tmp_path)
+        scan_checkpoint(tmp_path / "m.safetensors.index.json")
+    (p,) = scan_checkpoint(tmp_path).problems
+    assert p.kind == "unreadable" and "points outside the checkpoint directory" in p.message
 
 
 def test_plain_pickle_of_a_state_dict(tmp_path):

@@ -7,7 +7,8 @@ Quantization checks are data: one function per family in a registry that refuses
 
 >>> group = Group("", [FileScan("m.pt", "m.pt", "torch-zip", [
 ...     Entry("w", "parameter", torch.float16, (2,), 4, "cpu", "0", 4)])])
->>> [p.kind for p in group_problems(group, None, torch.float32)]
+>>> from torchdoctor._checkpoint.expect import expectation
+>>> [p.kind for p in group_problems(group, None, expectation(None, torch.float32))]
 ['dtype']
 """
 
@@ -24,6 +25,7 @@ import torch
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import device_str, dtype_str, same_device
 from torchdoctor._report.text import human_bytes
+from torchdoctor._checkpoint.unsafe import unsafe_problems
 
 __all__ = ["Entry", "FileScan", "Group", "as_device", "group_problems", "loc_str", "role_of", "truncated_problem"]
 
@@ -78,6 +80,7 @@ class FileScan:
     notes: list[str] = field(default_factory=list)
     truncated: bool = False
     small: Callable[[str], bytes | None] = lambda key: None
+    sharding: dict[str, list[dict[str, list[int]]]] = field(default_factory=dict)  # distributed: key -> chunks
 
 
 @dataclass
@@ -169,33 +172,56 @@ def _saved_device_problems(group: Group, fs: FileScan, want: torch.device | None
     return out
 
 
-def _dtype_problems(
-    group: Group, entries: list[Entry], want: torch.device | None, want_dtype: torch.dtype | None
-) -> list[Problem]:
+def _unsupported_problems(group: Group, entries: list[Entry], want: torch.device | None) -> list[Problem]:
+    if want is None:
+        return []
+    from torchdoctor._rules.profile import DeviceProfile
+
+    profile = DeviceProfile.for_device(want)
     out = []
     by_dtype: dict[torch.dtype, list[Entry]] = {}
     for e in entries:
         by_dtype.setdefault(e.dtype, []).append(e)
     for dt, es in by_dtype.items():
-        if want is not None:
-            from torchdoctor._rules.profile import DeviceProfile
+        if not profile.supports(dt, "storage"):
+            paths = tuple(group.path_of(e.key) for e in es)
+            msg = (f"{len(paths)} tensor(s) are {dtype_str(dt)}, which {want.type} cannot hold; "
+                   "convert before moving them there")
+            out.append(Problem("unsupported_dtype", paths[0], es[0].role, dtype_str(dt), f"a dtype {want.type} supports",
+                               msg, tensors=paths))
+    return out
 
-            if not DeviceProfile.for_device(want).supports(dt, "storage"):
-                paths = tuple(group.path_of(e.key) for e in es)
-                msg = (f"{len(paths)} tensor(s) are {dtype_str(dt)}, which {want.type} cannot hold; "
-                       "convert before moving them there")
-                expected = f"a dtype {want.type} supports"
-                found = dtype_str(dt)
-                out.append(Problem("unsupported_dtype", paths[0], es[0].role, found, expected, msg, tensors=paths))
-        if want_dtype is None or dt == want_dtype or not dt.is_floating_point:
-            continue
-        floats = tuple(group.path_of(e.key) for e in es if e.role == "parameter")
-        if floats:
-            size = human_bytes(sum(e.nbytes for e in es if e.role == "parameter"))
-            name = dtype_str(want_dtype)
-            msg = (f"{len(floats)} floating tensor(s) ({size}) are {dtype_str(dt)}, expected {name}; "
-                   f"cast when loading: from_pretrained(..., dtype=torch.{name}) or model.to(torch.{name})")
-            out.append(Problem("dtype", floats[0], "parameter", dtype_str(dt), name, msg, tensors=floats))
+
+def _dtype_problems(group: Group, entries: list[Entry], exp: Any) -> list[Problem]:
+    """Floating weights off the expected dtype (``exp``: a DtypeExpectation or None), one problem per dtype
+    found. Float8 storage and quantization metadata are never judged; modules the model class keeps in
+    float32 are expected float32."""
+    if exp is None:
+        return []
+    want = exp.dtype
+    off = [e for e in entries if e.role == "parameter" and e.dtype != want and e.dtype.is_floating_point
+           and e.dtype.itemsize > 1]
+    if not off:
+        return []
+    if want in (torch.float16, torch.bfloat16) and any(e.dtype == torch.float32 for e in off):
+        exp = exp.with_kept(exp.architecture)  # imports transformers only now, when it can change the verdict
+    kept = [e for e in off if e.dtype == torch.float32 and exp.keeps(e.key)]
+    by_dtype: dict[torch.dtype, list[Entry]] = {}
+    for e in off:
+        if not (e.dtype == torch.float32 and exp.keeps(e.key)):
+            by_dtype.setdefault(e.dtype, []).append(e)
+    name = dtype_str(want)
+    out = []
+    for dt, es in by_dtype.items():
+        paths = tuple(group.path_of(e.key) for e in es)
+        size = human_bytes(sum(e.nbytes for e in es))
+        where = f"{paths[0]}" if len(paths) == 1 else f"{paths[0]} and {len(paths) - 1} more"
+        msg = (f"{where}: {len(paths)} floating tensor(s) ({size}) are {dtype_str(dt)}, expected {name} because "
+               f"{exp.why}")
+        if exp.kept_why:
+            msg += f" ({exp.kept_why}{f': {len(kept)} such tensor(s) are float32 as expected' if kept else ''})"
+        msg += f"; cast when loading: from_pretrained(..., dtype=torch.{name}) or model.to(torch.{name})"
+        out.append(Problem("dtype", paths[0], "parameter", dtype_str(dt), name, msg, tensors=paths))
     return out
 
 
@@ -291,84 +317,20 @@ def _gptq(group: Group, by_key: dict[str, Entry], small: Callable[[str], bytes |
     return out
 
 
-_SCRIPT_MODULES = frozenset(
-    "os posix nt subprocess sys shutil socket importlib runpy pty webbrowser pickle _pickle marshal ctypes code codeop "
-    "types operator functools pdb timeit multiprocessing threading signal asyncio urllib http requests ftplib smtplib "
-    "tempfile io _io _posixsubprocess builtins dill cloudpickle".split()
-)
-_DATA_MODULES = frozenset(
-    "numpy pathlib argparse collections datetime enum decimal fractions uuid omegaconf typing copyreg".split()
-)
-_LIBRARY_MODULES = frozenset(
-    "torch __torch__ pytorch_lightning lightning transformers diffusers accelerate peft tokenizers".split()
-)
-
-
-def _verdict(name: str) -> str:
-    top = name.split(".", 1)[0]
-    if top in _SCRIPT_MODULES or name.startswith(("torch.hub", "numpy.testing")):
-        return "can run code or touch the system: torch.load(weights_only=False) would run it; do not load this file"
-    if top in _LIBRARY_MODULES:
-        return "a library class, harmless to import, that torch.load(weights_only=True) refuses (save a state_dict)"
-    if top in _DATA_MODULES:
-        return "a plain data type, usually harmless, that torch.load(weights_only=True) refuses"
-    return f"code from module {name.rsplit('.', 1)[0]!r}: torch.load(weights_only=False) would import and run it"
-
-
-def _short_repr(obj: Any) -> str:
-    """Bounded by depth and length: pickle arguments can be deep or huge on purpose."""
-    import reprlib
-
-    r = reprlib.Repr()
-    r.maxlevel, r.maxstring, r.maxother, r.maxtuple, r.maxlist, r.maxdict = 3, 100, 60, 4, 4, 4
-    try:
-        text = r.repr(obj)
-    except Exception:  # a hostile object must not break the report
-        text = "<unprintable arguments>"
-    return text if len(text) <= 160 else text[:157] + "..."
-
-
-def _inside(path: str, outer: str) -> bool:
-    return path.startswith(outer + ".") if outer else bool(path)
-
-
-def _unsafe_problems(group: Group, fs: FileScan) -> list[Problem]:
-    """One problem per global; a harmless global that only serves as an argument of another one (numpy's
-    ``ndarray`` / ``dtype`` inside ``_reconstruct`` / ``scalar``) is named in that one's message instead."""
-    where_of = {name: where for name, where, _ in fs.unsafe}
-    folded: dict[str, list[str]] = {}
-    for name, where, _ in fs.unsafe:
-        if where is None or name.split(".", 1)[0] not in _DATA_MODULES:
-            continue
-        outers = [o for o, w in where_of.items() if o != name and w is not None and _inside(where, w)]
-        if outers:  # the nearest enclosing global names it
-            folded.setdefault(max(outers, key=lambda o: len(where_of[o] or "")), []).append(name)
-    hidden = {n for names in folded.values() for n in names}
-    out = []
-    for name, where, args in fs.unsafe:
-        if name in hidden:
-            continue
-        path = group.path_of(where) if where is not None else fs.label
-        call = f" called with {_short_repr(args)}" if args else ""
-        also = f" (with {', '.join(sorted(folded[name]))})" if name in folded else ""
-        msg = f"pickle global {name}{call}{also} in {fs.label} was not imported (placeholder); {_verdict(name)}"
-        out.append(Problem("unsafe_global", path, "container", name, "an allow-listed global", msg))
-    return out
-
-
 def truncated_problem(root: str) -> Problem:
     msg = "the pickle is too deep or too large to walk completely; some tensors are not listed"
     return Problem("truncated", root, "container", "walk limit", "complete walk", msg)
 
 
-def group_problems(group: Group, want: torch.device | None, want_dtype: torch.dtype | None) -> list[Problem]:
+def group_problems(group: Group, want: torch.device | None, exp: Any = None) -> list[Problem]:
+    """Everything wrong with one checkpoint; ``exp`` is its dtype expectation (see ``expect.py``) or None."""
     entries = [e for fs in group.files for e in fs.entries]
     owner = {e.key: fs for fs in group.files for e in fs.entries}
     by_key = {e.key: e for e in entries}
     out: list[Problem] = []
     for fs in group.files:
-        out += _saved_device_problems(group, fs, want) + _unsafe_problems(group, fs)
-    out += _dtype_problems(group, entries, want, want_dtype)
+        out += _saved_device_problems(group, fs, want) + unsafe_problems(group.path_of, fs.label, fs.unsafe)
+    out += _unsupported_problems(group, entries, want) + _dtype_problems(group, entries, exp)
     for check in _QUANT_CHECKS.values():
         out += check(group, by_key, lambda key: owner[key].small(key) if key in owner else None)
     return out

@@ -4,13 +4,14 @@ Both container formats are read here: the zip format (``archive/data.pkl`` plus 
 taken from the zip directory) and the legacy stream (magic number, protocol, sys info, the main pickle, the
 storage keys, then raw storage data that is skipped by arithmetic, never read). Plain pickles
 (``pickle.dump(state_dict)``) work too: each storage inside is a small embedded legacy stream, read the same way.
-Every pickle goes through the restricted unpickler of :mod:`torchdoctor._checkpoint.unpickle`; :func:`walk` then follows
-the records it built (stubs, placeholders, containers), which the object walker of :mod:`torchdoctor._walk`
-never sees.
+Every pickle is first walked by :func:`torchdoctor._checkpoint.bounds.prescan` (memo, opcode and nesting limits)
+and only then built by the restricted unpickler of :mod:`torchdoctor._checkpoint.unpickle`. Every failure of a
+format read here becomes a one-line :class:`CheckpointError`.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import io
 import itertools
@@ -22,22 +23,31 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
+from torchdoctor._checkpoint.bounds import (
+    MAX_EMBEDDED,
+    MAX_PICKLE_BYTES,
+    MAX_SMALL_MEMBER,
+    BoundedFile,
+    Budget,
+    prescan,
+)
 from torchdoctor._checkpoint.unpickle import (
     CheckpointError,
     Placeholder,
     SafeUnpickler,
     StorageRef,
-    TensorStub,
-    _placeholder_class,
-    _StorageType,
+    StorageType,
+    placeholder_class,
 )
 
-__all__ = ["SMALL_READ", "PickleFile", "WalkResult", "gc_paused", "read_torch_file", "safe_loads", "walk"]
+__all__ = ["SMALL_READ", "PickleFile", "gc_paused", "read_torch_file", "safe_loads"]
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
-_MAX_PICKLE_BYTES = 1 << 30  # a data.pkl larger than this is not a state dict anyone can inspect usefully
 SMALL_READ = 4096  # the only tensor bytes ever read: bitsandbytes' packed JSON quant_state
+_LEGACY_WINDOW = 4 * 1024 * 1024  # first read of a legacy file's pickles; grown x16 while a pickle runs past it
+_ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}  # what torch.load can read
+_MAX_ZIP_VERSION = 63
 
 
 @dataclass
@@ -57,7 +67,7 @@ class PickleFile:
             return None
         try:
             return self._small(ref)
-        except (OSError, ValueError, zipfile.BadZipFile):
+        except Exception:  # a storage that cannot be read is simply not inspected further
             return None
 
 
@@ -66,8 +76,8 @@ def _decode(value: Any) -> str:
 
 
 def _storage_ref(storages: dict[str, StorageRef], stype: Any, key: Any, location: Any, numel: Any) -> StorageRef:
-    if not isinstance(stype, _StorageType) or not isinstance(numel, int) or numel < 0:
-        raise pickle.UnpicklingError(f"malformed storage record for key {key!r}")
+    if not isinstance(stype, StorageType) or type(numel) is not int or numel < 0:
+        raise pickle.UnpicklingError(f"malformed storage record for key {str(key)[:40]!r}")
     key = _decode(key)
     ref = storages.get(key)
     if ref is None:
@@ -75,24 +85,49 @@ def _storage_ref(storages: dict[str, StorageRef], stype: Any, key: Any, location
     return ref
 
 
-def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]]) -> PickleFile:
+def _check_member(info: zipfile.ZipInfo, label: str, limit: int | None) -> None:
+    """Refuse a zip member before reading it: what zipfile would raise on, or more bytes than ``limit``."""
+    name = info.filename
+    if info.flag_bits & 0x1:
+        raise CheckpointError(f"{label}: zip member {name} is encrypted; torch.load cannot read it")
+    if info.compress_type not in _ZIP_METHODS:
+        raise CheckpointError(
+            f"{label}: zip member {name} uses compression method {info.compress_type}; torch.load reads only "
+            "stored or deflated members"
+        )
+    if info.extract_version > _MAX_ZIP_VERSION:
+        raise CheckpointError(f"{label}: corrupted zip: member {name} needs zip version {info.extract_version / 10}")
+    if limit is not None and info.file_size > limit:
+        raise CheckpointError(
+            f"{label}: refused: zip member {name} declares {info.file_size:,} bytes, more than the {limit:,} "
+            "such a member can hold"
+        )
+
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, label: str, limit: int) -> bytes:
+    _check_member(info, label, limit)
     try:
-        zf = zipfile.ZipFile(fh)
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise CheckpointError(f"{label}: truncated or corrupted zip archive, no readable directory ({exc})") from None
-    names = zf.namelist()
-    pkl = [n for n in names if n.endswith("data.pkl") and n.count("/") == 1]
+        with zf.open(info) as member:
+            return member.read(limit + 1)[:limit]
+    except Exception as exc:  # zipfile, zlib and OS errors of a damaged archive: all one line
+        raise CheckpointError(f"{label}: corrupted zip member {info.filename} ({type(exc).__name__}: "
+                              f"{str(exc)[:100]})") from None
+
+
+def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]], budget: Budget) -> PickleFile:
+    try:
+        zf = zipfile.ZipFile(BoundedFile(fh, size))  # type: ignore[arg-type]
+        infos = zf.infolist()
+    except Exception as exc:  # BadZipFile, but also ValueError/UnicodeDecodeError/struct.error on odd directories
+        raise CheckpointError(f"{label}: truncated or corrupted zip archive, no readable directory "
+                              f"({type(exc).__name__}: {str(exc)[:100]})") from None
+    entries = {i.filename: i for i in infos}
+    pkl = [n for n in entries if n.endswith("data.pkl") and n.count("/") == 1]
     if not pkl:
         raise CheckpointError(f"{label}: zip archive without <archive>/data.pkl: not a torch.save file")
     prefix = pkl[0][: -len("data.pkl")]
-    fmt = "torchscript" if any(n.startswith(prefix + "code/") for n in names) else "torch-zip"
-    info = zf.getinfo(pkl[0])
-    if info.file_size > _MAX_PICKLE_BYTES:
-        raise CheckpointError(f"{label}: data.pkl is {info.file_size} bytes, too large to inspect")
-    try:
-        data = zf.read(info)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise CheckpointError(f"{label}: corrupted data.pkl ({exc})") from None
+    fmt = "torchscript" if any(n.startswith(prefix + "code/") for n in entries) else "torch-zip"
+    data = _read_member(zf, entries[pkl[0]], label, MAX_PICKLE_BYTES)
     storages: dict[str, StorageRef] = {}
 
     def persistent(pid: Any) -> Any:
@@ -100,33 +135,39 @@ def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[byte
             raise pickle.UnpicklingError(f"unexpected persistent id {str(pid)[:60]}")
         return _storage_ref(storages, *pid[1:])
 
-    root, unknown = _unpickle(data, persistent, label)
+    root, unknown, _ = _unpickle(data, 0, persistent, label, budget)
     notes = []
-    if prefix + "byteorder" in names and zf.read(prefix + "byteorder").strip() == b"big":
-        notes.append("saved on a big-endian machine")
-    entries = {i.filename: i for i in zf.infolist()}
+    for small in ("byteorder", "version", ".format_version", ".storage_alignment"):
+        if prefix + small in entries:
+            value = _read_member(zf, entries[prefix + small], label, MAX_SMALL_MEMBER)
+            if small == "byteorder" and value.strip() == b"big":
+                notes.append("saved on a big-endian machine")
     for ref in storages.values():
         entry = entries.get(f"{prefix}data/{ref.key}")
         if entry is None:
             raise CheckpointError(f"{label}: corrupted: storage {prefix}data/{ref.key} is missing from the archive")
-        if entry.file_size < ref.nbytes or entry.header_offset + entry.file_size > size:
+        _check_member(entry, label, None)
+        if entry.file_size < ref.nbytes or entry.header_offset + entry.compress_size > size:
             raise CheckpointError(
                 f"{label}: truncated or corrupted: storage data/{ref.key} has {entry.file_size} bytes, "
                 f"needs {ref.nbytes}"
             )
 
-    def small(ref: StorageRef) -> bytes | None:
-        with reopen() as f, zipfile.ZipFile(f) as z:  # the scan's own handle is closed by now
-            return z.read(f"{prefix}data/{ref.key}")[: ref.nbytes]
+    def read_small(ref: StorageRef) -> bytes | None:
+        with reopen() as f, zipfile.ZipFile(BoundedFile(f, size)) as z:  # type: ignore[arg-type]
+            return _read_member(z, z.getinfo(f"{prefix}data/{ref.key}"), label, SMALL_READ)[: ref.nbytes]
 
-    return PickleFile(fmt, root, storages, unknown, notes, small)
+    return PickleFile(fmt, root, storages, unknown, notes, read_small)
 
 
 def _unpickle(
-    data: bytes | IO[bytes], persistent: Callable[[Any], Any] | None, label: str
-) -> tuple[Any, tuple[str, ...]]:
-    fh = io.BytesIO(data) if isinstance(data, bytes) else data
-    unpickler = SafeUnpickler(fh, persistent, _load_from_bytes)
+    data: bytes, start: int, persistent: Callable[[Any], Any] | None, label: str, budget: Budget
+) -> tuple[Any, tuple[str, ...], int]:
+    """One pickle of ``data`` from ``start``: checked by :func:`prescan`, then built; also where it ends."""
+    end = prescan(data, start, budget, label)
+    fh = io.BytesIO(data)
+    fh.seek(start)
+    unpickler = SafeUnpickler(fh, persistent, functools.partial(_load_from_bytes, budget), budget.hashes)
     try:
         root = unpickler.load()
     except CheckpointError:
@@ -135,18 +176,39 @@ def _unpickle(
         raise CheckpointError(f"{label}: truncated pickle (ran out of data)") from None
     except Exception as exc:  # any failure inside a hostile or damaged pickle is "corrupted", never a traceback
         raise CheckpointError(f"{label}: corrupted pickle ({type(exc).__name__}: {str(exc)[:120]})") from None
-    return root, tuple(unpickler.unknown)
+    return root, tuple(unpickler.unknown), end
 
 
-def _read_legacy(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]]) -> PickleFile:
-    first, unknown = _unpickle(fh, None, label)
+def _read_legacy(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]], budget: Budget) -> PickleFile:
+    """Only the head of the file holding its pickles is read, never the storage data behind them: a window
+    that grows x16 while a pickle runs past it."""
+    window = _LEGACY_WINDOW
+    while True:
+        fh.seek(0)
+        data = fh.read(min(size, window))
+        attempt = replace(budget)
+        try:
+            result = _parse_legacy(data, size, label, reopen, attempt)
+        except CheckpointError as exc:
+            if len(data) >= size or "truncated pickle" not in str(exc):
+                raise
+            if window >= MAX_PICKLE_BYTES:
+                raise CheckpointError(f"{label}: refused: the pickles of this legacy file run past "
+                                      f"{MAX_PICKLE_BYTES:,} bytes") from None
+            window *= 16
+            continue
+        budget.ops = attempt.ops
+        return result
+
+
+def _parse_legacy(data: bytes, size: int, label: str, reopen: Callable[[], IO[bytes]], budget: Budget) -> PickleFile:
+    first, unknown, pos = _unpickle(data, 0, None, label, budget)
     if first != _LEGACY_MAGIC:  # a plain pickle (pickle.dump of a dict): no storages can follow
-        fmt = "pickle"
-        return PickleFile(fmt, first, {}, unknown, ["plain pickle, not torch.save"])
-    protocol, _ = _unpickle(fh, None, label)
+        return PickleFile("pickle", first, {}, unknown, ["plain pickle, not torch.save"])
+    protocol, _, pos = _unpickle(data, pos, None, label, budget)
     if protocol != _LEGACY_PROTOCOL:
-        raise CheckpointError(f"{label}: legacy torch file with unknown protocol {protocol!r}")
-    sys_info, _ = _unpickle(fh, None, label)
+        raise CheckpointError(f"{label}: legacy torch file with unknown protocol {str(protocol)[:40]}")
+    sys_info, _, pos = _unpickle(data, pos, None, label, budget)
     storages: dict[str, StorageRef] = {}
     views: dict[str, StorageRef] = {}
 
@@ -166,14 +228,22 @@ def _read_legacy(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[b
         key = _decode(view_key)
         return views.setdefault(key, StorageRef(key, ref.location, ref.dtype, int(view_size)))
 
-    root, unknown2 = _unpickle(fh, persistent, label)
-    keys, _ = _unpickle(fh, None, label)
-    if not isinstance(keys, list) or any(_decode(k) not in storages for k in keys):
-        raise CheckpointError(f"{label}: corrupted legacy torch file (storage key list does not match)")
+    root, unknown2, pos = _unpickle(data, pos, persistent, label, budget)
+    keys, _, end = _unpickle(data, pos, None, label, budget)
+    if not isinstance(keys, list) or not all(isinstance(k, (str, bytes)) for k in keys):
+        raise CheckpointError(f"{label}: corrupted legacy torch file (the storage key list is not a list of keys)")
+    listed = [_decode(k) for k in keys]
+    if sorted(listed) != sorted(storages):
+        missing = sorted(set(storages) - set(listed))[:3]
+        extra = sorted(set(listed) - set(storages))[:3]
+        raise CheckpointError(
+            f"{label}: corrupted legacy torch file: its storage key list does not match the storages its pickle "
+            f"uses (not listed: {missing or 'none'}; listed but unused or twice: {extra or 'none'})"
+        )
     offsets: dict[str, int] = {}
-    pos = fh.tell()
-    for k in keys:  # each storage: 8-byte element count, then its bytes; skipped by arithmetic
-        ref = storages[_decode(k)]
+    pos = end
+    for key in listed:  # each storage: 8-byte element count, then its bytes; skipped by arithmetic
+        ref = storages[key]
         offsets[ref.key] = pos + 8
         pos += 8 + ref.nbytes
     if pos > size:
@@ -195,34 +265,40 @@ def read_torch_file(path: str | os.PathLike[str], fh: IO[bytes], size: int, labe
     fh.seek(0)
     head = fh.read(512)
     fh.seek(0)
+
     def reopen() -> IO[bytes]:
         return open(path, "rb")
 
+    budget = Budget(label=label)
     if head.startswith(b"PK"):
-        return _read_zip(fh, size, label, reopen)
+        return _read_zip(fh, size, label, reopen, budget)
     if head[257:262] == b"ustar":
         raise CheckpointError(f"{label}: tar-format checkpoint from torch < 0.4: unsupported, re-save with torch.save")
     if head[:1] == b"\x80":
-        return _read_legacy(fh, size, label, reopen)
+        return _read_legacy(fh, size, label, reopen, budget)
     raise CheckpointError(f"{label}: not a checkpoint (unknown format, starts with {head[:8]!r})")
 
 
 _PICKLED_STORAGES = itertools.count()
 
 
-def _load_from_bytes(unknown: dict[str, type[Placeholder]], data: Any) -> Any:
-    """``pickle.dumps(tensor)`` embeds each storage as a small ``torch.save`` stream: read it the same way.
-    Globals the embedded pickle names are recorded in the outer unpickler's ``unknown``."""
+def _load_from_bytes(budget: Budget, unknown: dict[str, type[Placeholder]], data: Any) -> Any:
+    """``pickle.dumps(tensor)`` embeds each storage as a small ``torch.save`` stream: read it the same way,
+    on the same budget, one level deeper. Globals it names are recorded in the outer unpickler's ``unknown``."""
     if not isinstance(data, (bytes, bytearray)):
         raise pickle.UnpicklingError("_load_from_bytes without bytes")
+    if budget.depth >= MAX_EMBEDDED:
+        raise CheckpointError(f"{budget.label}: refused: storage blobs (torch.storage._load_from_bytes) nested more than "
+                              f"{MAX_EMBEDDED} deep; pickle.dumps of a tensor needs one level")
     raw = bytes(data)
-    try:
+    budget.depth += 1
+    try:  # a damaged or refused blob is reported as such (its CheckpointError names the file)
         reader = _read_zip if raw.startswith(b"PK") else _read_legacy
-        inner = reader(io.BytesIO(raw), len(raw), "embedded storage", lambda: io.BytesIO(raw))
-    except CheckpointError as exc:
-        raise pickle.UnpicklingError(str(exc)) from None
+        inner = reader(io.BytesIO(raw), len(raw), f"{budget.label}: embedded storage", lambda: io.BytesIO(raw), budget)
+    finally:
+        budget.depth -= 1
     for name in inner.unknown_globals:
-        unknown.setdefault(name, _placeholder_class(name))
+        unknown.setdefault(name, placeholder_class(name))
     if isinstance(inner.root, StorageRef):
         return replace(inner.root, key=f"pickled-{next(_PICKLED_STORAGES)}")  # each blob is its own storage
     return inner.root
@@ -241,7 +317,7 @@ def safe_loads(data: bytes) -> Any:
     >>> safe_loads(pickle.dumps(Evil()))._td_args
     ('echo never runs',)
     """
-    return SafeUnpickler(io.BytesIO(data), nested=_load_from_bytes).load()
+    return _unpickle(bytes(data), 0, None, "pickle", Budget(label="pickle"))[0]
 
 
 @contextmanager
@@ -255,81 +331,3 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-# Keys of a pickled nn.Module's __dict__ that are containers, not names a user types.
-_TRANSPARENT = frozenset({"_parameters", "_buffers", "_modules"})
-
-
-@dataclass
-class WalkResult:
-    tensors: list[tuple[str, TensorStub]]
-    placeholders: dict[str, tuple[str, tuple[Any, ...]]]  # global -> (first path, call arguments)
-    truncated: bool
-
-
-def walk(root: Any, max_nodes: int = 5_000_000, max_depth: int = 200) -> WalkResult:
-    """Tensors reachable from an unpickled object, with dotted paths; also where each placeholder sits.
-
-    >>> walk({"model": {"w": 1, "layers": [{"b": 2}]}}).tensors
-    []
-    """
-    tensors: list[tuple[str, TensorStub]] = []
-    holders: dict[str, tuple[str, tuple[Any, ...]]] = {}
-    seen: set[int] = set()
-    stack: list[tuple[Any, str, int]] = [(root, "", 0)]
-    nodes = 0
-    truncated = False
-
-    def join(path: str, key: Any) -> str:
-        if isinstance(key, Placeholder) or (isinstance(key, type) and issubclass(key, Placeholder)):
-            key = key._td_global.rsplit(".", 1)[-1]  # a class as a dict key: its name, as the user wrote it
-        k = key if isinstance(key, str) else repr(key) if not isinstance(key, int) else str(key)
-        return f"{path}.{k}" if path else k
-
-    while stack:
-        obj, path, depth = stack.pop()
-        nodes += 1
-        if nodes > max_nodes:
-            truncated = True
-            break
-        if depth > max_depth:  # skip this branch only
-            truncated = True
-            continue
-        if type(obj) in (str, bytes, int, float, bool, type(None)):
-            continue
-        if isinstance(obj, TensorStub):  # the same tensor under a second key is reported (as an alias)
-            tensors.append((path, obj))
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        children: Iterator[tuple[str, Any]]
-        if isinstance(obj, TensorStub):
-            children = ((join(path, k), v) for k, v in obj.attrs.items())
-        elif isinstance(obj, dict):
-            for k in obj:  # Lightning 1.x keys its callbacks by class: a global in key position sits here
-                if isinstance(k, Placeholder) or (isinstance(k, type) and issubclass(k, Placeholder)):
-                    holders.setdefault(k._td_global, (path, ()))
-            children = ((join(path, k), v) for k, v in obj.items())
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            children = ((join(path, i), v) for i, v in enumerate(obj))
-        elif isinstance(obj, Placeholder):
-            holders.setdefault(obj._td_global, (path, obj._td_args))
-            state = obj.__dict__.get("_td_state")
-            parts: list[tuple[str, Any]] = [(join(path, i), v) for i, v in enumerate(obj._td_args)]
-            if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict):  # (dict, slots)
-                state = {**state[0], **(state[1] or {})}
-            if isinstance(state, dict):
-                parts += [(path if k in _TRANSPARENT else join(path, k), v) for k, v in state.items()]
-            elif state is not None:
-                parts.append((path, state))
-            parts += [(join(path, k), v) for k, v in obj._td_items.items()]
-            parts += [(join(path, k), v) for k, v in obj.__dict__.get("_td_attrs", {}).items()]
-            children = iter(parts)
-        elif isinstance(obj, type) and issubclass(obj, Placeholder):
-            holders.setdefault(obj._td_global, (path, ()))
-            continue
-        else:
-            continue
-        stack.extend(reversed([(v, p, depth + 1) for p, v in children]))
-    return WalkResult(tensors, holders, truncated)

@@ -21,7 +21,9 @@ from typing import IO, Any
 
 import torch
 
-__all__ = ["CheckpointError", "Placeholder", "SafeUnpickler", "StorageRef", "TensorStub"]
+__all__ = [
+    "CheckpointError", "Placeholder", "SafeUnpickler", "StorageRef", "StorageType", "TensorStub", "placeholder_class",
+]
 
 
 class CheckpointError(ValueError):
@@ -92,7 +94,8 @@ class Placeholder(metaclass=_PlaceholderType):
         pass
 
     def __call__(self, *args: Any, **kwargs: Any) -> Placeholder:
-        return _placeholder_class(f"{self._td_global}()")(*args, **kwargs)
+        name = self._td_global if self._td_global.endswith("()") else f"{self._td_global}()"  # x()() is x()
+        return placeholder_class(name)(*args, **kwargs)
 
     def __setstate__(self, state: Any) -> None:
         self.__dict__["_td_state"] = state
@@ -117,7 +120,8 @@ class Placeholder(metaclass=_PlaceholderType):
         return f"<not imported: {self._td_global}>"
 
 
-def _placeholder_class(name: str) -> type[Placeholder]:
+@functools.lru_cache(maxsize=4096)  # a placeholder called a million times through the memo makes one class
+def placeholder_class(name: str) -> type[Placeholder]:
     return type(name.rsplit(".", 1)[-1], (Placeholder,), {"_td_global": name, "__module__": "torchdoctor._checkpoint.unpickle"})
 
 
@@ -142,7 +146,7 @@ class _Safe:
         raise pickle.UnpicklingError(f"pickle tried to BUILD on {self.name}")
 
 
-class _StorageType(_Safe):
+class StorageType(_Safe):
     __slots__ = ("dtype",)
     dtype: torch.dtype
 
@@ -166,7 +170,7 @@ def _refuse(name: str) -> Callable[..., Any]:
 
 def _stub(storage: Any, offset: Any, size: Any, stride: Any, dtype: torch.dtype | None = None) -> Any:
     if isinstance(storage, Placeholder):  # keep walking into it: it may hide the globals to report
-        return _placeholder_class("torch._utils._rebuild_tensor")(storage)
+        return placeholder_class("torch._utils._rebuild_tensor")(storage)
     if not isinstance(storage, StorageRef):
         raise pickle.UnpicklingError("tensor rebuilt from something that is not a storage")
     shape = tuple(int(s) for s in size)
@@ -230,7 +234,7 @@ def _rebuild_qtensor(storage: Any, offset: Any, size: Any, stride: Any, *rest: A
 
 def _opaque(name: str) -> Callable[..., Any]:
     """A known torch rebuild function we do not model: keep its arguments so tensors inside are still found."""
-    cls = _placeholder_class(name)
+    cls = placeholder_class(name)
     return lambda *args, **kwargs: cls(*args, **kwargs)
 
 
@@ -261,6 +265,13 @@ def _bytes_like(kind: type) -> Callable[..., Any]:
         return kind(data)
 
     return make
+
+
+def _complex(hashes: Any, re: Any = 0.0, im: Any = 0.0) -> complex:
+    value = complex(float(re), float(im))
+    if hashes is not None and not hashes.add(value):  # complex(k * 1000003, -k) all share one hash
+        raise pickle.UnpicklingError("too many complex numbers sharing one hash value")
+    return value
 
 
 def _collection(kind: Callable[..., Any]) -> Callable[..., Any]:
@@ -300,7 +311,6 @@ def _safe_table() -> dict[str, Any]:
         "builtins.tuple": _collection(tuple),
         "builtins.dict": _collection(dict),
         "builtins.slice": slice,
-        "builtins.complex": lambda re=0.0, im=0.0: complex(float(re), float(im)),
         "builtins.bytes": _bytes_like(bytes),
         "builtins.bytearray": _bytes_like(bytearray),
         "_codecs.encode": _encode,
@@ -310,11 +320,11 @@ def _safe_table() -> dict[str, Any]:
         safe[name] = _Marker(name, _refuse(name))
     for dtype, storage_name in torch.storage._dtype_to_storage_type_map().items():
         for module in ("torch", "torch.cuda"):
-            safe[f"{module}.{storage_name}"] = _StorageType(f"{module}.{storage_name}", dtype)
+            safe[f"{module}.{storage_name}"] = StorageType(f"{module}.{storage_name}", dtype)
     for name in ("torch.UntypedStorage", "torch.storage.UntypedStorage", "torch.storage.TypedStorage"):
-        safe[name] = _StorageType(name, torch.uint8)
+        safe[name] = StorageType(name, torch.uint8)
     for attr, value in vars(torch).items():  # dtypes, memory formats and qschemes are plain values
-        if not attr.startswith("_") and isinstance(value, (torch.dtype, torch.memory_format, torch.qscheme)):
+        if not attr.startswith("_") and isinstance(value, (torch.dtype, torch.memory_format, torch.qscheme, torch.layout)):
             safe[f"torch.{attr}"] = value
     return safe
 
@@ -336,6 +346,7 @@ class SafeUnpickler(pickle.Unpickler):
         file: IO[bytes],
         persistent: Callable[[Any], Any] | None = None,
         nested: Callable[[dict[str, type[Placeholder]], Any], Any] | None = None,
+        hashes: Any = None,
     ) -> None:
         super().__init__(file, encoding="latin1")
         if not _SAFE:
@@ -343,6 +354,7 @@ class SafeUnpickler(pickle.Unpickler):
         self.unknown: dict[str, type[Placeholder]] = {}
         self._persistent = persistent
         self._nested = nested
+        self._complex = _Safe("builtins.complex", functools.partial(_complex, hashes))
 
     def find_class(self, module: str, name: str) -> Any:
         module = _MODULE_ALIASES.get(module, module)
@@ -350,10 +362,12 @@ class SafeUnpickler(pickle.Unpickler):
         safe = _SAFE.get(full)
         if safe is not None:
             return safe
+        if full == "builtins.complex":
+            return self._complex
         if full == "torch.storage._load_from_bytes" and self._nested is not None:
             return _Safe(full, functools.partial(self._nested, self.unknown))
         if full not in self.unknown:
-            self.unknown[full] = _placeholder_class(full)
+            self.unknown[full] = placeholder_class(full)
         return self.unknown[full]
 
     def persistent_load(self, pid: Any) -> Any:

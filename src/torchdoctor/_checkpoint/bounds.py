@@ -1,0 +1,169 @@
+"""Limits that keep a checkpoint read bounded in memory, time and nesting, whatever the file says.
+
+Every pickle is walked opcode by opcode (:func:`prescan`, pure Python, no object is built) *before* the C
+unpickler sees it. The walk refuses what would make the C unpickler allocate or loop out of proportion to the
+file: a memo index far beyond the objects made so far (the C memo is an array sized to the largest index, so
+a 12-byte pickle naming index 10**9 asks for 16 GB), more opcodes than a :class:`Budget` allows (shared by a
+file and every storage blob embedded in it, so a blob referenced a million times through the memo is paid a
+million times), marks nested deeper than any state dict needs, and many distinct numbers with one hash (a
+dict keyed by them is built in quadratic time). Embedded ``torch.save`` streams may nest only
+:data:`MAX_EMBEDDED` deep.
+
+>>> import pickle
+>>> prescan(pickle.dumps({"w": [1, 2.5]}), 0, Budget(), "ok.pkl") > 0
+True
+>>> prescan(b"\\x80\\x02Nr\\x00\\xca\\x9a;.", 0, Budget(), "bomb.pkl")
+Traceback (most recent call last):
+torchdoctor.CheckpointError: bomb.pkl: refused: pickle memo index 1000000000 at byte 3, but only 0 objects were memoized before it (torch.load(weights_only=True) refuses this file too)
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import pickletools
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from torchdoctor._checkpoint.unpickle import CheckpointError
+
+__all__ = [
+    "MAX_EMBEDDED", "MAX_MARKS", "MAX_OPS", "MAX_PICKLE_BYTES", "MAX_SMALL_MEMBER", "BoundedFile", "Budget",
+    "HashGuard", "prescan",
+]  # fmt: skip
+
+MAX_OPS = 5_000_000  # ~30 opcodes per tensor: room for 160k tensors; at worst ~3 s and ~500 MB of built objects
+MAX_PICKLE_BYTES = 256 * 1024 * 1024  # a data.pkl (or legacy header) larger than this describes no real model
+MAX_MARKS = 1_000  # open MARKs at once; a state dict nests a few levels
+MAX_EMBEDDED = 2  # torch.storage._load_from_bytes inside one: pickle.dumps(tensor) needs 1
+MAX_SMALL_MEMBER = 64  # archive/byteorder, archive/version and friends hold a few bytes
+MAX_SAME_HASH = 1_000  # distinct numbers sharing one hash; real files have none
+_MEMO_SLACK = 1_024  # a pickler numbers memo entries 0, 1, 2, ...; allow a little disorder
+
+_PUT = frozenset("pqr")
+_GET = frozenset("ghj")
+_MEMOIZE = "\x94"
+_MARK = "("
+_POPS_MARK = frozenset(["e", "u", "l", "t", "d", "o", "i", "1", "\x90", "\x91"])  # APPENDS, SETITEMS, LIST, ...
+_NUMBERS = frozenset(["I", "L", "\x8a", "\x8b", "F", "G"])
+
+
+class HashGuard:
+    """Counts distinct numbers per hash value; refuses a collision flood (quadratic dict/set building)."""
+
+    __slots__ = ("_buckets",)
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, set[Any]] = {}
+
+    def add(self, value: Any) -> bool:
+        """True while the value is harmless; numbers whose hash an attacker can choose are counted."""
+        if isinstance(value, bool):
+            return True
+        if isinstance(value, int):
+            if -(1 << 61) < value < (1 << 61) - 1:  # small ints hash to themselves: no two collide
+                return True
+        elif isinstance(value, float):
+            if not math.isfinite(value) or abs(value) < 2.0**53 and (value == 0 or abs(value) > 2.0**-60):
+                return True
+        elif not isinstance(value, complex):
+            return True
+        bucket = self._buckets.setdefault(hash(value), set())
+        bucket.add(value)
+        return len(bucket) <= MAX_SAME_HASH
+
+
+@dataclass
+class Budget:
+    """What one file may still spend: opcodes (its own and those of every embedded blob) and nesting."""
+
+    ops: int = MAX_OPS
+    depth: int = 0
+    label: str = ""
+    hashes: HashGuard = field(default_factory=HashGuard)
+
+
+def _refuse(label: str, what: str) -> CheckpointError:
+    return CheckpointError(f"{label}: refused: {what} (torch.load(weights_only=True) refuses this file too)")
+
+
+def prescan(data: bytes, start: int, budget: Budget, label: str) -> int:
+    """Walk one pickle of ``data`` from ``start`` without building anything; return where it ends.
+
+    Raises :class:`CheckpointError` for a damaged pickle (truncated, unknown opcode) or one over a limit.
+    """
+    f = io.BytesIO(data)
+    f.seek(start)
+    puts = marks = ops = 0
+    limit = budget.ops
+    hashes = budget.hashes
+    try:
+        for op, arg, pos in pickletools.genops(f):
+            ops += 1
+            if ops > limit:
+                raise CheckpointError(
+                    f"{label}: refused: more than {MAX_OPS:,} pickle opcodes in this file and the storages embedded "
+                    "in it (a pickle that repeats work through its memo)"
+                )
+            code = op.code
+            if code in _PUT:
+                if int(arg) > puts + _MEMO_SLACK:  # type: ignore[arg-type]
+                    raise _refuse(label, f"pickle memo index {arg} at byte {pos}, but only {puts} objects were "
+                                         "memoized before it")
+                puts += 1
+            elif code == _MEMOIZE:
+                puts += 1
+            elif code in _GET:
+                if int(arg) > puts + _MEMO_SLACK:  # type: ignore[arg-type]
+                    raise CheckpointError(f"{label}: corrupted pickle (memo index {arg} at byte {pos} was never set)")
+            elif code == _MARK:
+                marks += 1
+                if marks > MAX_MARKS:
+                    raise _refuse(label, f"pickle nests more than {MAX_MARKS} marks")
+            elif code in _POPS_MARK:
+                marks -= 1
+            elif code in _NUMBERS and not hashes.add(arg):
+                raise _refuse(label, f"more than {MAX_SAME_HASH} distinct numbers share one hash value "
+                                     "(building a dict of them takes quadratic time)")
+    except CheckpointError:
+        raise
+    except (ValueError, EOFError, OverflowError, UnicodeDecodeError) as exc:  # genops' own damage reports
+        text = str(exc)
+        kind = "truncated pickle" if "exhausted" in text or "remain" in text else "corrupted pickle"
+        raise CheckpointError(f"{label}: {kind} ({text[:120]})") from None
+    budget.ops -= ops
+    return f.tell()
+
+
+class BoundedFile(io.RawIOBase):
+    """A read-only view of a binary file that never asks the OS for more than what remains.
+
+    ``read(n)`` of a buffered file allocates ``n`` bytes before reading; a zip directory declaring a 4 GiB
+    central directory in a 1 KiB file would otherwise allocate 4 GiB.
+    """
+
+    def __init__(self, fh: IO[bytes], size: int) -> None:
+        super().__init__()
+        self._fh = fh
+        self._size = size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._fh.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._fh.tell()
+
+    def read(self, n: int | None = -1) -> bytes:
+        left = max(self._size - self._fh.tell(), 0)
+        return self._fh.read(left if n is None or n < 0 else min(n, left))
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)

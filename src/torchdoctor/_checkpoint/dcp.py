@@ -1,0 +1,144 @@
+"""Distributed checkpoints (``torch.distributed.checkpoint``): a directory of ``.metadata`` plus ``*.distcp`` files.
+
+``FileSystemReader(path).read_metadata()`` would answer the same question, but it calls plain ``pickle.load`` on
+``.metadata``: any global in that file would be imported and run. So ``.metadata`` goes through the same bounded,
+restricted unpickler as every other pickle; the classes of ``torch.distributed.checkpoint`` become records
+(never imported), read here by field name: per key its dtype, global shape and chunks (the sharding), and where
+each chunk's bytes sit, which is checked against the ``.distcp`` files without reading them. accelerate's and
+FSDP's sharded state dicts (``pytorch_model_fsdp_0/``) are such directories.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from typing import Any
+
+import torch
+
+from torchdoctor._checkpoint.bounds import MAX_PICKLE_BYTES, Budget, prescan
+from torchdoctor._checkpoint.checks import Entry, FileScan, role_of
+from torchdoctor._checkpoint.records import walk
+from torchdoctor._checkpoint.unpickle import CheckpointError, Placeholder, SafeUnpickler
+
+__all__ = ["DCP_GLOBALS", "read_dcp"]
+
+_M = "torch.distributed.checkpoint.metadata."
+DCP_GLOBALS = frozenset({
+    _M + "Metadata", _M + "TensorStorageMetadata", _M + "BytesStorageMetadata", _M + "ChunkStorageMetadata",
+    _M + "TensorProperties", _M + "MetadataIndex", _M + "StorageMeta", _M + "_MEM_FORMAT_ENCODING",
+    "torch.distributed.checkpoint.filesystem._StorageInfo", "pathlib.PosixPath", "pathlib.PurePosixPath",
+    "pathlib.WindowsPath", "pathlib.PureWindowsPath",
+})  # fmt: skip  -- plain records of torch's own format: read by field, never imported
+
+
+def _is(obj: Any, name: str) -> bool:
+    return isinstance(obj, Placeholder) and obj._td_global == _M + name
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """The fields a dataclass record was rebuilt with (BUILD state, or (dict, slots))."""
+    state = obj.__dict__.get("_td_state") if isinstance(obj, Placeholder) else None
+    if isinstance(state, tuple) and len(state) == 2 and (state[0] is None or isinstance(state[0], dict)):
+        state = {**(state[0] or {}), **(state[1] or {})}
+    return state if isinstance(state, dict) else {}
+
+
+def _ints(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)) or not all(type(v) is int and v >= 0 for v in value):
+        raise CheckpointError(f"corrupted .metadata: {what} is not a list of sizes")
+    return tuple(value)
+
+
+def _load(path: str, label: str) -> tuple[Any, tuple[str, ...]]:
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"{label}: .metadata is not a regular file")
+        if st.st_size > MAX_PICKLE_BYTES:
+            raise CheckpointError(f"{label}: refused: .metadata holds {st.st_size:,} bytes")
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise CheckpointError(f"{label}: cannot read .metadata ({exc.strerror or exc})") from None
+    budget = Budget(label=label)
+    prescan(data, 0, budget, f"{label}/.metadata")
+    unpickler = SafeUnpickler(io.BytesIO(data), None, None, budget.hashes)
+    try:
+        root = unpickler.load()
+    except Exception as exc:  # a damaged or hostile pickle is one line, never a traceback
+        raise CheckpointError(f"{label}: corrupted .metadata ({type(exc).__name__}: {str(exc)[:100]})") from None
+    return root, tuple(unpickler.unknown)
+
+
+def read_dcp(dirpath: str, label: str) -> FileScan:
+    """The tensors a distributed checkpoint holds, from ``.metadata`` alone (dtype, shape, chunks)."""
+    root, unknown = _load(os.path.join(dirpath, ".metadata"), label)
+    if not _is(root, "Metadata"):
+        raise CheckpointError(f"{label}: .metadata does not hold torch.distributed.checkpoint Metadata")
+    fields = _fields(root)
+    sd_meta = fields.get("state_dict_metadata")
+    if not isinstance(sd_meta, dict):
+        raise CheckpointError(f"{label}: corrupted .metadata (no state_dict_metadata)")
+    entries: list[Entry] = []
+    sharding: dict[str, list[dict[str, list[int]]]] = {}
+    values: list[str] = []
+    for key, meta in sd_meta.items():
+        key = str(key)
+        if _is(meta, "BytesStorageMetadata"):
+            values.append(key)
+            continue
+        if not _is(meta, "TensorStorageMetadata"):
+            raise CheckpointError(f"{label}: corrupted .metadata: {key!r} is neither a tensor nor a value")
+        f = _fields(meta)
+        props = f.get("properties")
+        pstate = props.__dict__.get("_td_state") if isinstance(props, Placeholder) else None
+        dtype = pstate[0] if isinstance(pstate, tuple) and pstate else _fields(props).get("dtype")
+        if not isinstance(dtype, torch.dtype):
+            raise CheckpointError(f"{label}: corrupted .metadata: {key!r} has no dtype")
+        try:
+            shape = _ints(f.get("size"), f"the size of {key!r}")
+            chunks = [(_ints(_fields(c).get("offsets"), "a chunk offset"), _ints(_fields(c).get("sizes"), "a chunk size"))
+                      for c in f.get("chunks") or []]
+        except CheckpointError as exc:
+            raise CheckpointError(f"{label}: {exc}") from None
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * dtype.itemsize
+        entries.append(Entry(key, role_of(key), dtype, shape, nbytes, "cpu", key, nbytes))
+        if len(chunks) != 1 or chunks[0][1] != shape:
+            sharding[key] = [{"offsets": list(o), "sizes": list(s)} for o, s in chunks]
+    _check_storage(dirpath, label, fields.get("storage_data"))
+    unsafe_names = tuple(g for g in unknown if g not in DCP_GLOBALS)
+    placeholders = walk(root).placeholders if unsafe_names else {}
+    unsafe = [(g, *placeholders.get(g, (None, ()))) for g in unsafe_names]
+    notes = ["distributed checkpoint: tensors load onto the devices of the state_dict passed to dcp.load"]
+    if values:
+        notes.append(f"{len(values)} non-tensor value(s): {', '.join(values[:5])}{' ...' if len(values) > 5 else ''}")
+    meta = {"version": str(fields.get("version", ""))[:40]} if fields.get("version") else {}
+    return FileScan(dirpath, label, "torch-dcp", entries, meta, unsafe, notes, sharding=sharding)
+
+
+def _check_storage(dirpath: str, label: str, storage: Any) -> None:
+    """Every chunk's bytes must lie inside a ``.distcp`` file of this directory (sizes only, nothing is read)."""
+    if not isinstance(storage, dict):
+        return
+    sizes: dict[str, int] = {}
+    for info in storage.values():
+        f = _fields(info)
+        rel, offset, length = f.get("relative_path"), f.get("offset"), f.get("length")
+        if not isinstance(rel, str) or type(offset) is not int or type(length) is not int:
+            raise CheckpointError(f"{label}: corrupted .metadata (a storage entry without path, offset or length)")
+        if os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
+            raise CheckpointError(f"{label}: .metadata points outside the checkpoint directory ({rel!r})")
+        if rel not in sizes:
+            try:
+                sizes[rel] = os.stat(os.path.join(dirpath, rel)).st_size
+            except OSError:
+                raise CheckpointError(f"{label}: {rel} is listed in .metadata but missing") from None
+        if offset < 0 or length < 0 or offset + length > sizes[rel]:
+            raise CheckpointError(f"{label}: truncated: {rel} has {sizes[rel]} bytes, .metadata reads up to "
+                                  f"{offset + length}")
+
