@@ -37,7 +37,7 @@ _OPTIONAL_CODE = re.compile(r"\u00ab([^\u00ab\u00bb]{0,400})\u00bb")
 _DEFAULTS = {"a": "one device", "b": "another device", "op": "an operator", "kernel": "this kernel",
              "saved": "a GPU", "param": "weight", "input_device": "one device", "weight_device": "another",
              "count": "fewer", "target": "the GPU", "backend_name": "that device", "low": "half precision",
-             "high": "float32", "other_dtype": "another dtype", "fp_eight": "float8", "dtype": "this dtype"}
+             "high": "another dtype", "other_dtype": "another dtype", "fp_eight": "float8"}
 _CODE_DEFAULTS: dict[str, str] = {}
 
 

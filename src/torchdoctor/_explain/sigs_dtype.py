@@ -129,7 +129,7 @@ _sig("unsupported.fp8_promotion", "unsupported_dtype_on_device", "float8 cannot 
      r"attempted to promote (?P<a>\w{1,30}) and (?P<b>\w{1,30})", alternatives=(_DT_ALT,))
 
 # --- an op without a kernel for that backend ---------------------------------------------------------------
-_sig("backend.could_not_run", "backend_op_missing", "An operator has no kernel for this backend",
+_sig("backend.could_not_run", "backend_op_missing", "An operator has no kernel for the backend it was called with",
      ("arguments from the '", "is only available for these backends", "with arguments from the "),
      "The operator {op} was called with {backend} tensors but has kernels only for other backends[ "
      "({available_short})].",
