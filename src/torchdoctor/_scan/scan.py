@@ -50,19 +50,33 @@ def scan(obj: Any, *, device: str | torch.device | None = None, dtype: str | tor
         policy = Policy(w, dev, dt, strict)
         problems = policy.judge() + list(w.problems)
         rows = [e.info() for e in w.entries]
-        expected = {c.path: {"device": device_str(c.device) if c.device else "none",
-                             "dtype": dtype_str(c.dtype) if c.dtype else "none"} for c in reversed(policy.components)}
+        expected = {c.path: _expected_row(c) for c in reversed(policy.components)}
+        with torch._C.DisableTorchFunction():  # storage keys of real tensors, also inside a virtual-device run
+            summary = summarize(zip(rows, (_real(e.tensor) for e in w.entries)))
         return ScanReport(
             tensors=tuple(rows),
             problems=tuple(problems),
             expected=expected,
             source=type(obj).__name__,
             truncated=bool(w.problems),
-            summary=summarize(zip(rows, (e.tensor for e in w.entries))),
+            summary=summary,
         )
     finally:
         if gc_was_enabled:
             gc.enable()
+
+
+def _real(t: torch.Tensor) -> torch.Tensor | None:
+    """The tensor when its storage can be read (a virtual tensor's cannot: it is counted without dedup)."""
+    return None if hasattr(type(t), "_td_device") else t
+
+
+def _expected_row(c: Any) -> dict[str, str]:
+    row = {"device": device_str(c.device) if c.device else "none", "dtype": dtype_str(c.dtype) if c.dtype else "none",
+           "device_rule": c.device_rule, "dtype_rule": c.dtype_rule}
+    if c.offload is not None:
+        row["offloaded"] = f"moved to {device_str(c.offload)} at call by accelerate"
+    return row
 
 
 def assert_placement(obj: Any, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> None:

@@ -1,0 +1,188 @@
+"""What correct real-world models do on purpose, read from the objects themselves (never by running user code).
+
+The placement policy (``torchdoctor._scan.policy``) asks these questions before calling anything a problem:
+which dtypes are storage or metadata, which modules are normalisation layers, which names a class keeps in fp32,
+which modules are peft adapters, which modules sit under an accelerate offload hook, whether a bitsandbytes model
+keeps its other weights in fp32 (``prepare_model_for_kbit_training``), what a transformers model declares as its
+dtype, and whether a module's own code moves or rebuilds a plain tensor attribute before using it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchdoctor._walk import Entry
+
+# Packed / quantized storage dtypes: no dtype expectation (a float8 weight with a bf16 compute dtype is by design),
+# and a cast never touches them.
+STORAGE_DTYPES = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                        "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2")
+                           if hasattr(torch, n))
+LOW_PRECISION = frozenset({torch.float16, torch.bfloat16})
+
+# accelerate hooks that keep a module at rest on the CPU and move it to ``execution_device`` for each call
+# (``enable_model_cpu_offload``, ``cpu_offload_with_hook``): at rest on cpu is their design, not a leftover.
+_OFFLOAD_HOOKS = frozenset({"CpuOffload", "UserCpuOffloadHook"})
+# Plain attributes real libraries keep on the construction device and move at use (transformers' rotary
+# ``original_inv_freq`` before it became a buffer: ``dynamic_rope_update`` calls ``.to(device)`` on it).
+_MOVED_AT_USE = re.compile(r"(^|_)original_inv_freq$")
+
+_IS_NORM: dict[type, bool] = {}
+_TYPE_FACTS: dict[type, tuple[tuple[str, ...], bool]] = {}
+_SELF_MANAGED: dict[type, frozenset[str]] = {}
+
+
+def is_norm(module: nn.Module | None) -> bool:
+    """A normalisation layer (fp32 weights accept low-precision inputs), not a weight parametrisation."""
+    if module is None:
+        return False
+    tp = type(module)
+    hit = _IS_NORM.get(tp)
+    if hit is None:
+        name = tp.__name__.lower()
+        hit = _IS_NORM[tp] = "norm" in name and "weightnorm" not in name and "spectralnorm" not in name
+    return hit
+
+
+def judged_float(t: torch.Tensor) -> bool:
+    """A floating tensor whose dtype has an expectation (not packed float8/float4 storage)."""
+    return t.is_floating_point() and t.dtype not in STORAGE_DTYPES
+
+
+def type_facts(tp: type) -> tuple[tuple[str, ...], bool]:
+    """(``_keep_in_fp32_modules`` names as ``.name.`` fragments, is a peft tuner layer) of a module class."""
+    hit = _TYPE_FACTS.get(tp)
+    if hit is None:
+        kept: list[str] = []
+        for attr in ("_keep_in_fp32_modules", "_keep_in_fp32_modules_strict"):
+            names = getattr(tp, attr, None)
+            if isinstance(names, (list, tuple, set)):
+                kept.extend(f".{n}." for n in names if isinstance(n, str))
+        hit = _TYPE_FACTS[tp] = (tuple(kept), (tp.__module__ or "").startswith("peft.tuners"))
+    return hit
+
+
+def packed_scale(e: Entry) -> bool:
+    """A ``*scale*`` tensor of a module that holds float8/float4 storage (transformers ``FP8Linear.weight_scale_inv``,
+    ``FP8Embedding.weight_scale``): quantization metadata in its own precision, not the model's dtype."""
+    key, mod = e.key, e.module
+    if not isinstance(key, str) or "scale" not in key.lower() or mod is None or e.owner is not mod:
+        return False
+    d = mod.__dict__
+    return any(isinstance(v, torch.Tensor) and v.dtype in STORAGE_DTYPES
+               for v in (*(d.get("_parameters") or {}).values(), *(d.get("_buffers") or {}).values()))
+
+
+def is_bnb_layer(module: nn.Module | None) -> bool:
+    """A bitsandbytes quantized layer (``Linear4bit``, ``Linear8bitLt``, their subclasses)."""
+    return module is not None and (type(module).__module__ or "").startswith("bitsandbytes")
+
+
+def follows_input(e: Entry) -> bool:
+    """The bias of a bitsandbytes layer: cast to the input's dtype by the layer's own forward."""
+    return e.key == "bias" and e.role == "parameter" and is_bnb_layer(e.module)
+
+
+def offload_device(hook: Any) -> torch.device | None:
+    """The execution device of an accelerate hook that keeps its module at rest elsewhere (None otherwise)."""
+    d = _dict(hook)
+    chain = d.get("hooks")
+    for h in (chain if isinstance(chain, (list, tuple)) else [hook]):
+        hd = _dict(h)
+        if type(h).__name__ in _OFFLOAD_HOOKS or hd.get("offload"):
+            dev = hd.get("execution_device")
+            try:
+                return torch.device(dev) if dev is not None else torch.device("cpu")
+            except (RuntimeError, TypeError):
+                return torch.device("cpu")
+    return None
+
+
+def dispatch_device(hook: Any) -> torch.device | None:
+    """Where a dispatching accelerate hook (``device_map``, no offload) keeps its module's weights."""
+    d = _dict(hook)
+    chain = d.get("hooks")
+    for h in (chain if isinstance(chain, (list, tuple)) else [hook]):
+        hd = _dict(h)
+        if type(h).__name__ in _OFFLOAD_HOOKS or hd.get("offload"):
+            return None
+        dev = hd.get("execution_device")
+        if dev is not None:
+            try:
+                return torch.device(dev)
+            except (RuntimeError, TypeError):
+                return None
+    return None
+
+
+def declared_dtype(module: nn.Module) -> torch.dtype | None:
+    """The dtype a transformers model declares (``config.dtype`` / ``torch_dtype``, set by ``from_pretrained``)."""
+    config = module.__dict__.get("config")
+    if config is None:
+        return None
+    cd = _dict(config)
+    for key in ("dtype", "torch_dtype", "_dtype"):
+        value = cd.get(key)
+        if isinstance(value, torch.dtype):
+            return value if value.is_floating_point else None
+        if isinstance(value, str) and value not in ("auto", ""):
+            dt = getattr(torch, value.removeprefix("torch."), None)
+            if isinstance(dt, torch.dtype) and dt.is_floating_point:
+                return dt
+    return None
+
+
+def kbit_model(modules: list[tuple[str, nn.Module]]) -> bool:
+    """A model with bitsandbytes layers: its other weights may be fp32 on purpose (``prepare_model_for_kbit_training``
+    upcasts them; bitsandbytes casts at forward)."""
+    return any(is_bnb_layer(m) for _, m in modules)
+
+
+def self_managed(module: nn.Module, name: str) -> bool:
+    """The module's own code moves or rebuilds attribute ``name`` when it runs (``self.pe = self.pe.to(x.device)``,
+    a cache rebuilt when the input's device or dtype changes), so where it sits between calls is intended."""
+    if _MOVED_AT_USE.search(name):
+        return True
+    tp = type(module)
+    names = _SELF_MANAGED.get(tp)
+    if names is None:
+        names = _SELF_MANAGED[tp] = _managed_names(tp)
+    return name in names
+
+
+# ``self.x.to(`` / ``self.x.type_as(`` / ``self.x.cuda(`` ... at use, or ``self.x = ...`` outside __init__.
+_MOVED = re.compile(r"self\.(\w+)\s*(?:\[[^\]]*\]\s*)?\.(?:to|type_as|cuda|cpu|xpu|half|float|bfloat16|double)\s*\(")
+_ASSIGNED = re.compile(r"self\.(\w+)\s*=(?!=)")
+_DEF = re.compile(r"^\s*def\s+(\w+)", re.M)
+
+
+def _managed_names(tp: type) -> frozenset[str]:
+    names: set[str] = set()
+    for klass in tp.__mro__:
+        mod = klass.__module__ or ""
+        if klass is nn.Module or mod.startswith("torch.nn") or klass is object:
+            continue
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        names.update(_MOVED.findall(source))
+        # assignments outside __init__ rebuild the attribute at run time (a cache compared with the input)
+        parts = _DEF.split(source)
+        for i in range(1, len(parts) - 1, 2):
+            if parts[i] != "__init__":
+                names.update(_ASSIGNED.findall(parts[i + 1]))
+    return frozenset(names)
+
+
+def _dict(obj: Any) -> dict[str, Any]:
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return {}
+    return d if isinstance(d, dict) else {}

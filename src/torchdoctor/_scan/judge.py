@@ -1,0 +1,127 @@
+"""Judging: the problems of one walk under one policy, with messages that say what was found, what was expected,
+and why it was expected. A fast path skips tensors that are where their component expects them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from torchdoctor._placement import device_str, dtype_str, same_device
+from torchdoctor._report.model import Problem
+from torchdoctor._scan.intent import judged_float
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchdoctor._scan.policy import Decision, Policy
+    from torchdoctor._walk import Entry
+
+_META = torch.device("meta")
+_ATTR_ROLES = frozenset({"attribute", "container", "subclass_inner"})
+
+
+def judge(policy: Policy) -> list[Problem]:
+    problems: list[Problem] = []
+    fixed_dev, adapters, const, cache, ctx = policy.device, policy.adapter_of, policy._const_ctx, \
+        policy._ctx_cache, policy.ctx
+    for e, info in policy.canon:
+        if e.module is not None and info.role != "offloaded" and info.role not in _ATTR_ROLES:
+            comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
+            exp = fixed_dev or hook_dev or (comp.device if comp else None)
+            dt = info.dtype
+            # fast path: where it should be, and in the component dtype (or not judged for dtype)
+            if comp is not None and info.device == exp and (dt == comp.dtype or not dt.is_floating_point) \
+                    and not (adapters and info.path in adapters) and not policy.offloaded:
+                continue
+        elif e.module is None and not policy.strict:
+            continue  # a tensor of a plain object (a scheduler's): no expectation unless strict
+        p = _judge_entry(policy, e)
+        if p is not None:
+            problems.append(p)
+    if adapters:
+        problems.extend(_judge_adapters(policy))
+    return problems
+
+
+def _judge_entry(policy: Policy, e: Entry) -> Problem | None:
+    d = policy.decide(e)
+    t = e.tensor
+    if t.device == _META and d.device is not None and d.device.type != "meta" and d.rule != "offloaded":
+        where = device_str(d.device)
+        text = e.info().compact
+        return Problem("meta", e.path, e.role, "meta", where,
+                       f"{text} holds no data (meta) but should be on {where}; a forward on CPU may silently return "
+                       "garbage. Load or materialise it (load_state_dict(..., assign=True) or to_empty() then load).",
+                       None, e.module_path, type(e.module).__name__ if e.module is not None else None, (text,))
+    if e.path in policy.adapter_of and d.rule == "adapter":
+        layer, _ = policy.adapter_of[e.path]
+        base = policy.base_device.get(layer)
+        if base is not None and base.type != "meta" and not same_device(t.device, base) and policy.device is None:
+            return None  # reported per adapter by _judge_adapters
+        if policy.device is not None and not same_device(t.device, policy.device):
+            return _device_problem(e, policy.device, d)
+        return None
+    if not d.device_ok(t.device) and t.device != _META:
+        assert d.device is not None
+        return _device_problem(e, d.device, d)
+    if d.dtype is None or not judged_float(t) or d.dtype_ok(t.dtype):
+        return None
+    if d.rule == "owner-module" and torch.promote_types(t.dtype, d.dtype) == d.dtype:
+        return None  # a narrower attribute is promoted to the module's dtype when it meets its activations
+    comp = policy.ctx(e.module_path)[0] if e.module is not None else None
+    found, want = dtype_str(t.dtype), dtype_str(d.dtype)
+    c = e.info().compact
+    where = f"'{comp.path}'" if comp and comp.path else "the model"
+    msg = {
+        "explicit": f"{c} is {found}, but dtype={want} was asked for",
+        "declared-dtype": f"{c} is {found} but {where} is {want} (its config.dtype declares it)",
+        "owner-module": f"{c} is {found} but its module '{e.module_path or '<root>'}' computes in {want}: the "
+                        f"module's own code uses it as it is (Module.to never casts a plain attribute), so it promotes "
+                        f"or breaks the forward",
+        "keep_in_fp32": f"{c} is {found} but _keep_in_fp32_modules keeps it in {want}",
+    }.get(d.rule, f"{c} is {found} but {where} is {want}")
+    return _problem("dtype", e, found, want, msg)
+
+
+def _device_problem(e: Entry, exp: torch.device, d: Decision) -> Problem:
+    why = ""
+    if not e.moved_by_module_to:
+        why = " (Module.to never moves it: it is not a parameter or buffer of the tree)"
+    elif d.rule == "hook-device":
+        why = " (its accelerate hook runs it there: device_map)"
+    elif d.rule == "explicit":
+        why = " (device= asked for)"
+    found = device_str(e.tensor.device)
+    return _problem("device", e, found, device_str(exp), f"{e.info().compact} is on {found}, expected {device_str(exp)}{why}")
+
+
+def _judge_adapters(policy: Policy) -> list[Problem]:
+    groups: dict[tuple[str, str], list[Entry]] = {}
+    for e, _ in policy.canon:
+        key = policy.adapter_of.get(e.path)
+        if key is not None:
+            groups.setdefault(key, []).append(e)
+    problems = []
+    for (layer, name), entries in groups.items():
+        floats = [e for e in entries if e.tensor.is_floating_point()]
+        base = policy.base_device.get(layer)
+        for e in floats:
+            if base is not None and base.type != "meta" and e.tensor.device.type != "meta" \
+                    and not same_device(e.tensor.device, base) and policy.device is None:
+                problems.append(_problem(
+                    "device", e, device_str(e.tensor.device), device_str(base),
+                    f"adapter '{name}' tensor {e.info().compact} is on {device_str(e.tensor.device)} but its "
+                    f"base layer '{layer}.base_layer' is on {device_str(base)}"))
+        if len({e.tensor.dtype for e in floats}) > 1:
+            major = policy.adapter_dtype(floats[0].path) or floats[0].tensor.dtype
+            for e in floats:
+                if e.tensor.dtype != major:
+                    problems.append(_problem(
+                        "dtype", e, dtype_str(e.tensor.dtype), dtype_str(major),
+                        f"adapter '{name}' of '{layer}' mixes dtypes: {e.info().compact} while the rest of the "
+                        f"adapter is {dtype_str(major)}"))
+    return problems
+
+
+def _problem(kind: str, e: Entry, found: str, expected: str, message: str) -> Problem:
+    return Problem(kind, e.path, e.role, found, expected, message, None, e.module_path,
+                   type(e.module).__name__ if e.module is not None else None, (e.info().compact,))
