@@ -130,6 +130,10 @@ def command(verb: str, args: argparse.Namespace) -> int:
             else:
                 print(report.text(limit=getattr(args, "limit", 40)))
             sys.stdout.flush()
+        # torchrun stops the other ranks as soon as one exits non-zero: nobody leaves before rank 0 has printed
+        import torch.distributed as dist
+
+        dist.barrier()
         return code
     except UsageError:
         raise

@@ -70,11 +70,13 @@ def disagreements(payloads: Sequence[dict[str, Any]]) -> list[Disagreement]:
         rows = {r: t[path] for r, t in tables.items() if path in t}
         if len(rows) < len(tables):
             absent = tuple(r for r in tables if r not in rows)
-            if all(missing_shown.get(r, 0) < MAX_MISSING_PER_RANK for r in absent):
-                for r in absent:
+            odd = tuple(rows) if len(rows) < len(absent) else absent  # an extra tensor on one rank blames that rank
+            if all(missing_shown.get(r, 0) < MAX_MISSING_PER_RANK for r in odd):
+                for r in odd:
                     missing_shown[r] = missing_shown.get(r, 0) + 1
                 out.append(Disagreement(
-                    "missing", path, absent, (("present", tuple(rows)), ("absent", absent)), "present",
+                    "missing", path, odd, (("present", tuple(rows)), ("absent", absent)),
+                    "absent" if odd == tuple(rows) else "present",
                     f"{path} exists on {_rank_list(tuple(rows))} but not on {_rank_list(absent)} (a rank built "
                     "or loaded a different model; pipeline stages differ on purpose: pass group= of the replicas)"))
         if len(rows) < 2:

@@ -112,7 +112,8 @@ def _fsdp2_intent(w: Any) -> tuple[set[str], dict[str, torch.dtype]]:
                     path = f"{mpath}.{info.param_name}" if mpath else info.param_name
                     if getattr(fp, "offload_to_cpu", False):
                         offloaded.add(path)
-                    dt = getattr(fp, "param_dtype", None)
+                    # set at FSDP's lazy init (first forward); the group's policy says it before that
+                    dt = getattr(fp, "param_dtype", None) or getattr(getattr(group, "mp_policy", None), "param_dtype", None)
                     if isinstance(dt, torch.dtype):
                         param_dtype[path] = dt
         except Exception:

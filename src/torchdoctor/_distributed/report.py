@@ -124,7 +124,7 @@ def render(report: DistributedReport, limit: int = 40) -> str:
     for r in report.ranks:
         where = f"{r.host} local_rank {r.local_rank}, judged against {r.device or 'its majority device'}"
         if r.error is not None:
-            lines.append(f"rank {r.rank} ({where}): FAILED: {r.error}")
+            lines.append(f"rank {r.rank} ({r.host} local_rank {r.local_rank}): FAILED: {r.error}")
         elif r.problems:
             lines.append(f"rank {r.rank} ({where}): {len(r.problems)} problem(s) in {r.tensors} tensor paths")
             lines.extend("  " + line for line in render_problems(r.problems, limit))

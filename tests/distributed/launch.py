@@ -1,0 +1,19 @@
+"""Launch real ranks with ``python -m torch.distributed.run --standalone`` under a timeout (nothing may hang)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+WORKERS = Path(__file__).parent / "workers"
+TIMEOUT = 240  # seconds per launch; a 4-rank launch takes about 15 s here
+
+
+def torchrun(nproc: int, *argv: str, env: dict[str, str] | None = None, timeout: float = TIMEOUT,
+             cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
+                "TORCHELASTIC_ERROR_FILE": "", **(env or {})}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd, check=False)
