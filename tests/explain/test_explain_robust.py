@@ -138,3 +138,14 @@ def test_file_stream_equals_string(tmp_path: pathlib.Path) -> None:
     assert [(d.category, d.what_happened, d.count) for d in streamed] == \
         [(d.category, d.what_happened, d.count) for d in direct]
     assert len(direct) >= 60
+
+
+def test_every_signature_reads_without_fields() -> None:
+    """A message cut before its fields (a truncated paste) still gets a sentence: every field of ``what`` is
+    optional or has a neutral default, and one failing diagnosis never hides the others in a log."""
+    for sig in signatures():
+        assert _explain._try(sig.what, {}) is not None, sig.name
+    log = "\n".join(a for a in ANCHORS) + "\n" + CPU_GPU
+    found = explain(log)
+    check(found)
+    assert "device_mismatch" in {d.category for d in found}

@@ -17,6 +17,7 @@ line, or the same failure repeated) become one diagnosis. Torch-free: nothing he
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from collections.abc import Iterable, Iterator
@@ -30,6 +31,7 @@ from torchdoctor._explain.scanner import BLOCK, Group, Scanner, clean
 __all__ = ["Alternative", "Diagnosis", "ExplainReport", "SCHEMA", "best_fix", "classify", "explain",
            "explain_stream", "install_excepthook", "render", "to_json"]
 
+log = logging.getLogger("torchdoctor.explain")
 _FIELD = re.compile(r"\{([a-z_]{1,20})\}")
 _OPTIONAL = re.compile(r"\[([^\[\]]{0,400})\]")
 _OPTIONAL_CODE = re.compile(r"\u00ab([^\u00ab\u00bb]{0,400})\u00bb")
@@ -91,6 +93,10 @@ def _diagnose(group: Group) -> Diagnosis:
             t, c = _try(title, fields), _try(code, fields, prose=False)
             if t is not None and c is not None and all(c != code for _, code in fixes) and len(fixes) < 6:
                 fixes.append((t, c))
+    if not fixes:  # never a diagnosis without something to do
+        fixes.append(("Check what this environment provides", "torchdoctor env"))
+    if not likely:
+        likely = (f"{sig.title}.",)
     top = table[usable[0][0]] if usable else None
     confidence = sig.confidence - (0.15 if not group.fields and sig.patterns else 0.0)
     if category != sig.category:
@@ -175,7 +181,12 @@ def _explain_blocks(blocks: Iterable[str], limit: int | None) -> list[Diagnosis]
         scanner.feed(block)
     scanner.feed("", final=True)
     order = sorted(scanner.groups.values(), key=lambda g: -g.last)
-    out = [_diagnose(g) for g in order[:1000]]
+    out: list[Diagnosis] = []
+    for group in order[:1000]:
+        try:
+            out.append(_diagnose(group))
+        except Exception:  # one confusing error must not hide the others
+            log.debug("explain: could not diagnose %s", group.sig.name, exc_info=True)
     out.sort(key=lambda d: -d.confidence)  # stable: equally sure errors keep "latest first"
     return out[:limit] if limit is not None else out
 

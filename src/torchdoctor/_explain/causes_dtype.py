@@ -189,8 +189,8 @@ _c("bo.ipex_xpu_op_on_cpu",
    ("Run the model and inputs on xpu", 'model = model.to("xpu")\ninputs = inputs.to("xpu")'),
    ("For a CPU-only run, drop the XPU build of IPEX", "# remove: import intel_extension_for_pytorch as ipex"))
 _c("bo.torchvision_mismatch",
-   "torchvision (or another extension) was built for a different torch or without {backend} kernels: a CPU "
-   "or mismatched torchvision next to a {backend} torch.", "torchdoctor env",
+   "torchvision (or another extension) was built for a different torch or without[ {backend}] GPU kernels: a CPU "
+   "or mismatched torchvision next to a GPU build of torch.", "torchdoctor env",
    ("Reinstall torch and torchvision together from one index",
     "pip install --force-reinstall torch torchvision --index-url https://download.pytorch.org/whl/cu124"),
    ("Check the versions", "torchdoctor env"))

@@ -196,22 +196,21 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
             return None
         return next((w for w in rule.words if w in present), None) if rule.words else ""
 
-    cats: dict[str, list[object]] = {category: [1.0, ""]}
-    for cat, weight, why in alternatives:
-        entry = cats.setdefault(cat, [0.0, why])
-        entry[0] = float(entry[0]) + weight  # type: ignore[arg-type]
+    score: dict[str, float] = {category: 1.0}
+    why: dict[str, str] = {category: ""}
+    for cat, weight, reason in alternatives:
+        score[cat] = score.get(cat, 0.0) + weight
+        why.setdefault(cat, reason)
     for rule in rules:
         if rule.category is None:
             continue
         word = fires(rule, (category,))
         if word is None:
             continue
-        entry = cats.setdefault(rule.category, [0.0, ""])
-        entry[0] = float(entry[0]) + rule.weight  # type: ignore[arg-type]
+        score[rule.category] = score.get(rule.category, 0.0) + rule.weight
         reason = rule.why or f"the text mentions '{word}'"
-        entry[1] = reason + (f" ('{word}')" if word and rule.why else "")
-    ordered = sorted(((c, float(s), str(w)) for c, (s, w) in cats.items()),  # type: ignore[misc]
-                     key=lambda x: (-x[1], x[0] != category))
+        why[rule.category] = reason + (f" ('{word}')" if word and rule.why else "")
+    ordered = sorted(((c, s, why.get(c, "")) for c, s in score.items()), key=lambda x: (-x[1], x[0] != category))
     top = ordered[0][0]
 
     scores: dict[str, float] = {}
@@ -221,8 +220,6 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     for rule in rules:
         word = fires(rule, (category, top))
         if word is None:
-            continue
-        if rule.category and rule.category not in (top,) and not rule.boosts:
             continue
         if rule.category and rule.category != top:
             continue  # its causes belong to a category that did not win

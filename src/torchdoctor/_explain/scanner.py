@@ -40,7 +40,7 @@ _WRAP = re.compile(r"[ \t]*(?:\r?\n[ \t>|]*)+[ \t]*|[ \t]{2,}")
 
 
 def normalise(block: str) -> str:
-    """ANSI colours, Windows line ends and the paste noise above removed; the length of each line kept.
+    r"""ANSI colours, Windows line ends and the paste noise above removed; the length of each line kept.
 
     >>> normalise("\x1b[31mRuntimeError\x1b[0m\uff1a Input type\uff08float\uff09\r\n")
     'RuntimeError: Input type(float)\n'

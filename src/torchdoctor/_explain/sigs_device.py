@@ -87,7 +87,7 @@ _sig("indexing.cpu_gpu", "cpu_gpu_indexing", "A CPU tensor was indexed with a GP
 # --- conv / linear input vs weight -------------------------------------------------------------------------
 _sig("input_weight.types", "input_weight_type_mismatch", "Layer input and its weights differ in device or dtype",
      ("Input type (", "and weight type (", "and bias type ("),
-     "A conv/linear layer got an input of type {input} but its {param} is {weight}[: {diff}].",
+     "A conv/linear layer got an input[ of type {input}] but its {param}[ is {weight}][: {diff}].",
      (("iw.model_not_on_device", 2.0), ("dt.input_not_cast", 1.5)),
      r"Input type \(?(?P<input>[^()\n]{1,60}?)\)? and (?P<param>weight|bias) type \(?(?P<weight>[^()\n]{1,60}?)\)?"
      r" should be the same",
@@ -95,7 +95,7 @@ _sig("input_weight.types", "input_weight_type_mismatch", "Layer input and its we
      require_pattern=True, before=20, after=300)
 _sig("input_weight.legacy", "input_weight_type_mismatch", "Layer input and its weights differ (older wording)",
      ("to have the same type as tensor for argument",),
-     "A conv/linear layer (or its backward) got '{arg}' of type {input} but its {param} is {weight}[: {diff}].",
+     "A conv/linear layer (or its backward) got[ '{arg}'][ of type {input}] but its {param}[ is {weight}][: {diff}].",
      (("iw.model_not_on_device", 2.0), ("dt.input_not_cast", 1.5)),
      r"argument #\d{1,2} '?(?P<arg>\w{1,40})'? to have the same type as tensor for argument #\d{1,2} "
      r"'?(?P<param>\w{1,40})'?;? but type (?P<input>[\w.:]{1,40}) does not equal (?P<weight>[\w.:]{1,40})",

@@ -84,7 +84,7 @@ _sig("dtype.write_source", "dtype_mismatch", "Values written into a tensor of an
 # --- dtype not supported on the device ---------------------------------------------------------------------
 _sig("unsupported.kernel", "unsupported_dtype_on_device", "No kernel for this dtype on this device",
      ("not implemented for '",),
-     "The kernel {kernel} has no {dtype} implementation[ on {device}].",
+     "The kernel {kernel} has no implementation[ for {dtype}][ on {device}].",
      (("ud.half_on_cpu", 2.0), ("ud.kernel_missing", 1.0)),
      r"\"?(?P<kernel>\w{1,80})\"? not implemented for '?(?P<dtype>\w{1,30})'?", require_pattern=True,
      alternatives=(_DT_ALT, ("backend_op_missing", 0.25, "the op has no kernel for this device at all")))
@@ -106,7 +106,7 @@ _sig("unsupported.mps_fp64", "unsupported_dtype_on_device", "MPS has no float64"
      (("ud.mps_fp64", 3.0),), confidence=0.95)
 _sig("unsupported.mps_bf16", "unsupported_dtype_on_device", "bfloat16 is not available on this MPS setup",
      ("BFloat16 is not supported on MPS", "to the MPS backend but it does not have support for that dtype"),
-     "A {dtype} tensor was sent to mps, which does not support it on this macOS / chip / PyTorch.",
+     "A[ {dtype}] tensor was sent to mps, which does not support it on this macOS / chip / PyTorch.",
      (("ud.mps_bf16", 3.0),),
      r"Trying to convert (?P<dtype>\w{1,20}) to the MPS backend", confidence=0.95)
 _sig("unsupported.scaled_mm", "unsupported_dtype_on_device", "fp8 scaled matmul needs a newer GPU",
@@ -131,7 +131,7 @@ _sig("unsupported.fp8_promotion", "unsupported_dtype_on_device", "float8 cannot 
 # --- an op without a kernel for that backend ---------------------------------------------------------------
 _sig("backend.could_not_run", "backend_op_missing", "An operator has no kernel for the backend it was called with",
      ("arguments from the '", "is only available for these backends", "with arguments from the "),
-     "The operator {op} was called with {backend} tensors but has kernels only for other backends[ "
+     "The operator {op} was called with[ {backend}] tensors but has kernels only for other backends[ "
      "({available_short})].",
      (("bo.kernel_device_only", 1.5),),
      r"Could not run '?(?P<op>[^'\s]{1,120}?)'? with arguments from the '?(?P<backend>\w{1,40})'? backend",
@@ -192,7 +192,7 @@ _sig("no_accel.arch", "no_accelerator", "This PyTorch has no kernels for this GP
      (("na.arch_not_in_build", 3.0),), confidence=0.9, alternatives=(_BO_ALT,))
 _sig("no_accel.not_linked", "no_accelerator", "This PyTorch has no support for that device type",
      ("is not linked with support for",),
-     "Code used '{backend}' tensors, but this PyTorch build has no {backend} backend.",
+     "Code used tensors on a device[ ('{backend}')] that this PyTorch build has no backend for.",
      (("na.not_linked", 3.0),),
      r"not linked with support for (?P<backend>\w{1,20}) devices", confidence=0.9, alternatives=(_BO_ALT,))
 _sig("no_accel.backend_absent", "no_accelerator", "The device backend is not available in this build",
