@@ -55,7 +55,7 @@ function el(tag,cls,text){var e=document.createElement(tag); if(cls) e.className
 function human(n){var u=["B","KiB","MiB","GiB","TiB"],i=0; while(n>=1024&&i<4){n/=1024;i++;} return i?n.toFixed(1)+" "+u[i]:n+" B";}
 function Node(name,full,parent){this.name=name;this.full=full;this.parent=parent;this.kids=[];this.byName=new Map();
   this.t=null;this.dev=new Map();this.dt=new Map();this.np=0;this.el=null;this.kidsEl=null;this.open=false;this.shown=0;}
-var top=new Node("","",null), byPath=new Map(), paths=[];
+var top=new Node("","",null), byPath=new Map(), paths=[], lastHit=null;
 function child(n,name){var c=n.byName.get(name); if(!c){c=new Node(name,n.full?n.full+"."+name:name,n);
   n.byName.set(name,c); n.kids.push(c); byPath.set(c.full,c); paths.push(c.full);} return c;}
 function add(m,k,v){m.set(k,(m.get(k)||0)+v);}
@@ -67,7 +67,11 @@ D.tensors.forEach(function(r){  // [path, device, dtype, role, shape, nbytes, al
 D.problems.forEach(function(p){ var n=byPath.get(p.path)||nodeFor(p.path);
   n.bad=(n.bad||[]).concat([p]); for(var a=n;a;a=a.parent) a.np++; });
 function dominant(m){var best=null,bv=-1; m.forEach(function(v,k){if(v>bv){bv=v;best=k;}}); return best;}
-function swatch(kind,name){var s=el("span","sw "+kind); var c=(kind==="dev"?devC:dtC)[name];
+function swatch(kind,name,mix){var s=el("span","sw "+kind), C=kind==="dev"?devC:dtC, c=C[name];
+  if(name==="mixed"&&mix){var stops=[],i=0,n=mix.size; mix.forEach(function(v,k){  // one stripe per member
+      stops.push((C[k]||"#999")+" "+(100*i/n)+"% "+(100*(i+1)/n)+"%"); i++;});
+    s.style.background="linear-gradient(90deg,"+stops.join(",")+")";
+    s.setAttribute("title",(kind==="dev"?"devices ":"dtypes ")+Array.from(mix.keys()).join(", ")); return s;}
   if(c) s.style.backgroundColor=c; s.setAttribute("title",(kind==="dev"?"device ":"dtype ")+name); return s;}
 function bar(n){var b=el("span","bar"), total=0; n.dev.forEach(function(v){total+=v;});
   n.dev.forEach(function(v,k){var s=el("span"); s.style.width=(100*v/total)+"%"; s.style.backgroundColor=devC[k]||"#999";
@@ -78,8 +82,8 @@ function render(n){
   var tw=el("span","tw",n.kids.length?"\u25b8":"\u00a0"); row.appendChild(tw);
   var dev=n.t&&!n.t[6]?D.devices[n.t[1]]:(n.dev.size>1?"mixed":dominant(n.dev));
   var dt=n.t&&!n.t[6]?D.dtypes[n.t[2]]:(n.dt.size>1?"mixed":dominant(n.dt));
-  if(dev){row.setAttribute("data-device",dev); row.appendChild(swatch("dev",dev));}
-  if(dt){row.setAttribute("data-dtype",dt); row.appendChild(swatch("dt",dt));}
+  if(dev){row.setAttribute("data-device",dev); row.appendChild(swatch("dev",dev,n.dev));}
+  if(dt){row.setAttribute("data-dtype",dt); row.appendChild(swatch("dt",dt,n.dt));}
   row.appendChild(el("span","nm",n.name));
   if(n.t){var r=n.t; var txt=r[6]?"alias of "+r[6]:(r[7]||(D.dtypes[r[2]]+"["+r[4].join(",")+"] @ "+D.devices[r[1]]))+
       " \u00b7 "+D.roles[r[3]]+" \u00b7 "+human(r[5]); row.appendChild(el("span","info",txt));}
@@ -107,7 +111,8 @@ for(var n=top; n.kids.length===1; n=n.kids[0]) expand(n.kids[0]);  // a lone roo
 function reveal(path){ var n=byPath.get(path); if(!n) return false; var chain=[];
   for(var a=n;a&&a!==top;a=a.parent) chain.unshift(a);
   chain.forEach(function(a){ var p=a.parent; while(!a.el&&p.shown<p.kids.length) more(p); if(a!==n) expand(a); });
-  var row=n.el.firstChild; row.classList.remove("hit"); void row.offsetWidth; row.classList.add("hit");
+  var row=n.el.firstChild; if(lastHit) lastHit.classList.remove("hit"); void row.offsetWidth; row.classList.add("hit");
+  lastHit=row;
   row.scrollIntoView({block:"center"}); return true;}
 root.revealPath=reveal;
 var q=root.querySelector("input.q"), hits=root.querySelector(".hits"), count=root.querySelector(".hitcount"), timer=null;
