@@ -3,10 +3,10 @@
 ``VirtualMode`` (a ``TorchFunctionMode``) routes ``.to`` / ``.cuda()`` / ``.xpu()`` and ``device=`` arguments to
 virtual devices (factories land on the inner device and are relabelled; a bare ``"cuda"`` is the current virtual
 device), turns plain tensors of Python code into virtual ones on their real device, and guards data access.
-``torch.cuda`` / ``torch.xpu`` / ``torch.mps`` / ``torch.accelerator`` answer availability, count, current device,
-capability, properties, ``mem_get_info``, streams, events, synchronize and seeding; ``torch.Generator(device)``
-works; ``autocast`` for the virtual type is enabled (a CPU build switches ``autocast("cuda")`` off because
-``torch.cuda.is_available()`` is False). ``virtual_world`` installs all of it and restores it all.
+Legacy type strings answer as the device would (``Tensor.type()`` is ``torch.cuda.FloatTensor``, and
+``.type('torch.cuda.HalfTensor')`` moves and casts). ``virtual_world`` makes a ``Space`` this thread's simulation,
+installs the runtime APIs of ``devices_api`` for it (and for the threads it starts), and on exit restores
+everything, process-wide settings such as the default dtype included.
 """
 
 from __future__ import annotations
@@ -21,21 +21,13 @@ import torch
 import torch.utils._device as _device_mod
 from torch.overrides import TorchFunctionMode
 
-from torchdoctor._virtual import tensor as V
 from torchdoctor._rules.profile import DeviceProfile
-from torchdoctor._virtual.tensor import (
-    SMALL,
-    Space,
-    VirtualTensor,
-    autocast_args,
-    is_virtual,
-    lift_all,
-    make,
-    plain,
-    virtual_class,
-)
+from torchdoctor._virtual import devices_api as api
+from torchdoctor._virtual import dispatch as D
+from torchdoctor._virtual import tensor as V
+from torchdoctor._virtual.dispatch import autocast_args, lift_all, plain
+from torchdoctor._virtual.tensor import SMALL, Space, VirtualTensor, is_virtual, make, virtual_class
 
-_MISSING = object()
 _CPU = torch.device("cpu")
 
 
@@ -49,6 +41,8 @@ def _device_of(t: torch.Tensor) -> torch.device:
 def move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: torch.dtype | None,
          memory_format: Any = None, copy: bool = False) -> Any:
     """``t.to(device, dtype)`` with virtual semantics: the same object when nothing changes, else a new one."""
+    if not isinstance(t, VirtualTensor) and id(t) in space.foreign:
+        D.foreign(space, t)
     src = _device_of(t)
     target = src if device is None else device
     want = t.dtype if dtype is None else dtype
@@ -131,12 +125,37 @@ def _device_ctor(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[st
     return func(*args, **kwargs)
 
 
+def _type(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``t.type()`` -> ``'torch.cuda.FloatTensor'``; ``t.type('torch.cuda.HalfTensor')`` / ``t.type(torch.cuda.
+    HalfTensor)`` / ``t.type(torch.float16)`` move and cast as on the device."""
+    self, want = args[0], args[1] if len(args) > 1 else kwargs.get("dtype")
+    if want is None:
+        if not isinstance(self, VirtualTensor):
+            return func(*args, **kwargs)
+        name = api.legacy_name(self.dtype) or self._td_elem.type().rpartition(".")[2]
+        kind = self._td_device.type
+        return f"torch.{name}" if kind == "cpu" else f"torch.{kind}.{name}"
+    if isinstance(want, torch.dtype):
+        return move(space, self, None, want) if isinstance(self, VirtualTensor) else func(*args, **kwargs)
+    parsed = api.parse_legacy(want if isinstance(want, str) else
+                              f"{getattr(want, '__module__', 'torch')}.{getattr(want, '__name__', '')}")
+    if parsed is None:
+        return func(*args, **kwargs)
+    kind, dtype = parsed
+    src = _device_of(self)
+    # a type of the device type the tensor is on keeps its index, as on the device
+    target = _CPU if kind is None else src if src.type == kind else space.norm(kind)
+    if not isinstance(self, VirtualTensor) and not is_virtual(target):
+        return func(*args, **kwargs)
+    return move(space, self, target, dtype)
+
+
 T = torch.Tensor
 _HANDLERS: dict[Any, Callable[..., Any]] = {
     T.to: _to, T.cuda: _to_kind("cuda"), T.cpu: _to_kind("cpu"), torch.device: _device_ctor,
     torch._C._nn._parse_to: _parse_to,
     T.numpy: _values, T.tolist: _values, T.__array__: _values,
-    T.data_ptr: _host, T.pin_memory: _host, T.is_pinned: _host, T.record_stream: _host, T.share_memory_: _host,
+    T.type: _type, T.data_ptr: _host, T.pin_memory: _host, T.is_pinned: _host, T.record_stream: _host, T.share_memory_: _host,
 }
 if hasattr(T, "xpu"):
     _HANDLERS[T.xpu] = _to_kind("xpu")
@@ -180,8 +199,8 @@ class VirtualMode(TorchFunctionMode):
             return handler(space, func, args, kwargs)
         if space.autocast is not None and func in _AUTOCAST_ENTRY:  # before the composite's own dtype checks
             args = tuple(autocast_args(args, space.vtype, space.autocast))
-        if func in V.CONV_ENTRY:
-            args, kwargs = V.conv_precheck(space, func, args, kwargs)
+        if func in D.CONV_ENTRY:
+            args, kwargs = D.conv_precheck(space, func, args, kwargs)
         name = getattr(func, "__name__", "")
         if name == "__get__" or name == "__set__":  # attributes of the object itself, never of a copy
             return func(*args, **kwargs)
@@ -209,7 +228,7 @@ _ORIG_MAKE_SUBCLASS = torch.Tensor._make_subclass
 def _make_subclass(cls: type[Any], data: torch.Tensor, requires_grad: bool = False, **kwargs: Any) -> Any:
     """``Parameter`` / ``Params4bit`` built around a virtual tensor stay virtual (the library's ``__new__`` runs)."""
     if isinstance(data, VirtualTensor) or issubclass(cls, VirtualTensor):
-        v: VirtualTensor = data if isinstance(data, VirtualTensor) else lift_all([data], V._SPACE, None)[0]
+        v: VirtualTensor = data if isinstance(data, VirtualTensor) else lift_all([data], V.current_space(), None)[0]
         return make(virtual_class(cls), v._td_elem, v._td_device, v._td_path, requires_grad)
     return _ORIG_MAKE_SUBCLASS(cls, data, requires_grad, **kwargs)  # type: ignore[type-var]
 
@@ -225,176 +244,9 @@ def _param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> 
     return _ORIG_PARAM_NEW(cls, data, requires_grad)
 
 
-# -- the device runtime APIs ---------------------------------------------------------------------------------------
-
-
-class _Patcher:
-    def __init__(self) -> None:
-        self.saved: list[tuple[Any, str, Any]] = []
-
-    def set(self, owner: Any, name: str, value: Any) -> None:
-        self.saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
-        setattr(owner, name, value)
-
-    def many(self, owner: Any, values: dict[str, Any]) -> None:
-        for name, value in values.items():
-            if hasattr(owner, name):
-                self.set(owner, name, _fresh(value))
-
-    def restore(self) -> None:
-        for owner, name, old in reversed(self.saved):
-            if old is _MISSING:
-                with contextlib.suppress(AttributeError):
-                    delattr(owner, name)
-            else:
-                setattr(owner, name, old)
-        self.saved.clear()
-
-
-def _nothing(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
 def _eager(model: Any = None, **kwargs: Any) -> Any:
     """``torch.compile`` while simulating: the model itself (also as ``@torch.compile(...)``)."""
     return model if model is not None else (lambda fn: fn)
-
-
-def _fresh(value: Any) -> Any:
-    """A distinct function per patched name: torch._dynamo, if first imported meanwhile, maps torch's functions by
-    identity and refuses one object under two names."""
-    return value if isinstance(value, type) else lambda *args, **kwargs: value(*args, **kwargs)
-
-
-class VirtualStream:
-    """A stream or event on a virtual device: work is ordered already, so waiting and syncing do nothing."""
-
-    def __init__(self, device: Any = None, priority: int = 0, **_: Any) -> None:
-        space = V._SPACE
-        kind = space.vtype if space is not None else "cuda"
-        self.device = space.norm(kind if device is None else device) if space is not None else torch.device(kind, 0)
-        self.priority, self.cuda_stream, self.sycl_queue = priority, 0, 0
-
-    wait_stream = wait_event = synchronize = record = wait = _nothing
-
-    def record_event(self, event: Any = None) -> Any:
-        return event if event is not None else VirtualStream()
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, end_event: Any) -> float:
-        return 0.0
-
-    def __enter__(self) -> VirtualStream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-def _check_index(profile: DeviceProfile, space: Space, device: Any) -> int:
-    d = space.norm(profile.type if device is None else device)
-    if (d.index or 0) >= profile.count:
-        raise RuntimeError(f"invalid device ordinal: {d} (the simulated profile has {profile.count} {profile.type} "
-                           "device(s); pass DeviceProfile(count=...))")
-    return d.index or 0
-
-
-def _device_api(p: _Patcher, profile: DeviceProfile, space: Space) -> None:
-    """``torch.cuda`` / ``torch.xpu`` (and the matching parts of ``torch.accelerator``) answered from the profile."""
-    kind = profile.type
-    major, minor = profile.capability
-    props = types.SimpleNamespace(
-        name=profile.name or f"virtual {kind}", total_memory=profile.memory, major=major, minor=minor,
-        multi_processor_count=132, is_integrated=False, type=kind, max_compute_units=64, gpu_eu_count=512,
-        driver_version="virtual", has_fp16=True, has_fp64=profile.supports(torch.float64, "compute"))
-
-    def current() -> int:
-        return space.current.get(kind, 0)
-
-    def set_device(device: Any) -> None:
-        if not (isinstance(device, int) and device < 0):
-            space.current[kind] = _check_index(profile, space, device)
-
-    def exchange(device: int) -> int:
-        prev = current()
-        set_device(device)
-        return prev
-
-    @contextlib.contextmanager
-    def device_index(device: Any) -> Iterator[None]:
-        prev = current()
-        if device is not None:
-            set_device(device)
-        try:
-            yield
-        finally:
-            space.current[kind] = prev
-
-    rng = lambda device=None: torch.zeros(16, dtype=torch.uint8)  # noqa: E731
-    stream_cls = type("Stream", (VirtualStream,), {})
-    stream = lambda device=None: stream_cls(device)  # noqa: E731
-    common = {
-        "is_available": lambda *a, **k: True, "device_count": lambda: profile.count, "synchronize": _nothing,
-        "empty_cache": _nothing, "memory_allocated": lambda device=None: 0,
-        "max_memory_allocated": lambda device=None: 0,
-        "memory_reserved": lambda device=None: 0, "max_memory_reserved": lambda device=None: 0,
-        "memory_stats": lambda device=None: {}, "reset_peak_memory_stats": _nothing, "manual_seed": _nothing,
-        "seed": _nothing, "get_rng_state": rng, "set_rng_state": _nothing, "current_stream": stream,
-        "set_stream": _nothing, "Event": type("Event", (VirtualStream,), {}),
-        "set_per_process_memory_fraction": _nothing,
-    }
-    if kind in ("cuda", "xpu"):
-        p.many(getattr(torch, kind), dict(
-            common, is_initialized=lambda: True, init=_nothing, _lazy_init=_nothing, current_device=current,
-            set_device=set_device, _exchange_device=exchange, _maybe_exchange_device=exchange,
-            get_device_name=lambda device=None: props.name, get_device_capability=lambda device=None: (major, minor),
-            get_device_properties=lambda device=None: (_check_index(profile, space, device), props)[1],
-            mem_get_info=lambda device=None: (profile.memory, profile.memory), reset_max_memory_allocated=_nothing,
-            reset_accumulated_memory_stats=_nothing, is_current_stream_capturing=lambda: False, get_arch_list=list,
-            is_bf16_supported=lambda including_emulation=True: profile.supports(torch.bfloat16, "matmul"),
-            is_tf32_supported=lambda: kind == "cuda" and (major, minor) >= (8, 0), manual_seed_all=_nothing,
-            seed_all=_nothing, initial_seed=lambda: 0, get_rng_state_all=lambda: [rng() for _ in range(profile.count)],
-            set_rng_state_all=_nothing, default_stream=stream, stream=lambda s=None: contextlib.nullcontext(s),
-            ipc_collect=_nothing, memory_summary=lambda device=None, abbreviated=False: "",
-            Stream=stream_cls))
-    if kind == "cuda":
-        p.set(torch.backends.cuda, "is_built", lambda: True)
-    if kind == "mps":
-        p.many(torch.backends.mps, {"is_available": lambda: True, "is_built": lambda: True})
-        p.many(torch.mps, dict(common, current_allocated_memory=lambda: 0, driver_allocated_memory=lambda: 0,
-                               recommended_max_memory=lambda: profile.memory))
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None:
-        p.many(acc, dict(
-            common, current_accelerator=lambda check_available=False: torch.device(kind), current_device_index=current,
-            current_device_idx=current, set_device_index=set_device, set_device_idx=set_device,
-            device_index=device_index, get_memory_info=lambda device=None: (profile.memory, profile.memory),
-            get_device_capability=lambda device=None: {"capability": (major, minor)}))
-
-
-class _GeneratorMeta(type(torch._C.Generator)):  # type: ignore[misc]
-    def __instancecheck__(cls, obj: Any) -> bool:
-        return isinstance(obj, torch._C.Generator)
-
-    def __subclasscheck__(cls, sub: type) -> bool:
-        return issubclass(sub, torch._C.Generator)
-
-
-class VirtualGenerator(torch._C.Generator, metaclass=_GeneratorMeta):
-    """``torch.Generator("cuda:1")``: a CPU generator underneath, labelled with the virtual device."""
-
-    def __new__(cls, device: Any = "cpu") -> VirtualGenerator:
-        g = super().__new__(cls, "cpu")  # type: ignore[call-arg]
-        space = V._SPACE
-        g.__dict__["_td_device"] = space.norm(device) if space is not None else torch.device(device)
-        return g
-
-    def __init__(self, device: Any = "cpu") -> None:
-        pass
-
-    device = property(lambda self: self.__dict__["_td_device"])  # type: ignore[assignment]
 
 
 def _restore_default_device(before: Any) -> None:
@@ -409,22 +261,27 @@ def _restore_default_device(before: Any) -> None:
 
 @contextlib.contextmanager
 def virtual_world(space: Space, profile: DeviceProfile) -> Iterator[None]:
-    """Make ``space`` the active simulation on ``profile``'s hardware; everything is restored on exit."""
-    if V._SPACE is not None:
-        raise RuntimeError("a simulation is already running in this process")
-    p = _Patcher()
+    """Make ``space`` this thread's simulation on ``profile``'s hardware (and of the threads it starts); other
+    threads keep the real machine; everything is restored on exit."""
+    if V.current_space() is not None:
+        raise RuntimeError("a simulation is already running in this thread; run another one in its own thread")
+    installs = api.Installs(space)
+    restore_settings = api.snapshot()
+    autocast = (torch.is_autocast_enabled(profile.type), torch.get_autocast_dtype(profile.type)) \
+        if profile.type not in ("cpu", "meta") else None
+    space.grad = torch.is_grad_enabled()
+    V.swap_space(space)
     V._SPACE = space
     had_dynamo = "torch._dynamo" in sys.modules
     try:
         if profile.type not in ("cpu", "meta"):
-            _device_api(p, profile, space)
-            # device-generic torch.Event / torch.Stream (transformers' generate on mps records one per step)
-            p.set(torch, "Event", type("Event", (VirtualStream,), {}))
-            p.set(torch, "Stream", type("Stream", (VirtualStream,), {}))
-        p.set(torch, "Generator", VirtualGenerator)
-        p.set(torch.Tensor, "_make_subclass", staticmethod(_make_subclass))
-        p.set(torch.nn.Parameter, "__new__", staticmethod(_param_new))
-        p.set(torch, "compile", _eager)  # compiled code places tensors as eager code does; inductor needs the GPU
+            api.device_api(installs, profile, space)
+        installs.set(torch, "Generator", api.VirtualGenerator, shared=True)
+        # pass-through for anything that is not virtual: one wrapper serves every run
+        installs.set(torch.Tensor, "_make_subclass", staticmethod(_make_subclass), shared=True)
+        installs.set(torch.nn.Parameter, "__new__", staticmethod(_param_new), shared=True)
+        installs.set(torch, "compile", _eager)  # compiled code places tensors as eager code does; inductor needs the GPU
+        api.follow_threads(installs)
         before = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
         with VirtualMode(space):
             try:
@@ -432,8 +289,24 @@ def virtual_world(space: Space, profile: DeviceProfile) -> Iterator[None]:
             finally:  # a set_default_device("cuda:1") of the run must not outlive it (and its mode sits above ours)
                 _restore_default_device(before)
     finally:
-        p.restore()
-        V._SPACE = None
+        space.closed = True
+        installs.release()
+        V.swap_space(None)
+        if api.active_runs() == 0:
+            V._SPACE = None
+        restore_settings()
+        if autocast is not None:
+            with contextlib.suppress(Exception):
+                torch.set_autocast_enabled(profile.type, autocast[0])
+                torch.set_autocast_dtype(profile.type, autocast[1])
         if not had_dynamo and "torch._dynamo.trace_rules" in sys.modules:  # it cached our answers: forget them
             with contextlib.suppress(Exception):
                 sys.modules["torch._dynamo.trace_rules"].get_torch_obj_rule_map.cache_clear()
+
+
+def _enter_thread(space: Space) -> Any:
+    return VirtualMode(space)
+
+
+api.ENTER[:] = [_enter_thread]
+api.MOVE[:] = [move]

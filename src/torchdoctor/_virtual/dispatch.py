@@ -1,0 +1,302 @@
+"""The op path of virtual tensors: every aten op with a virtual argument is checked, run on the inner tensors and
+its outputs labelled.
+
+The active ``Space``'s hooks see each op first (the strict rules); plain tensors joining an op become virtual;
+autocast for the virtual type is emulated (real autocast keys follow the C++ device, which is meta); a kernel that
+refuses its arguments' dtypes, as the real device would, reaches the hooks as ``refused`` with the culprits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from torchdoctor._virtual import tensor as V
+from torchdoctor._virtual.tensor import Space, VirtualTensor, make
+
+aten = torch.ops.aten
+_CPU = torch.device("cpu")
+_META = torch.device("meta")
+
+
+
+
+def plain(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and not isinstance(x, VirtualTensor)
+
+
+def lift_all(items: Any, space: Space | None, follow: torch.device | None) -> list[Any]:
+    """Plain tensors in one level of ``items`` (and lists) become virtual. With ``follow``, tensors a C++ composite
+    made from a wrapper's options (on the inner device) belong to the op and take that label; others keep their
+    real device and are copied (they belong to someone else)."""
+
+    def one(x: Any) -> Any:
+        if not plain(x):
+            return x
+        if space is not None and id(x) in space.foreign:
+            foreign(space, x)
+        if follow is not None and (x.device.type == "meta" or space is None or x.device == space.inner):
+            return make(VirtualTensor, x, follow)
+        return make(VirtualTensor, space.inner_of(x) if space is not None else x, x.device)
+
+    return [one(a) if not isinstance(a, (list, tuple)) else type(a)(one(x) for x in a)
+            if any(plain(x) for x in a) else a for a in items]
+
+
+def tensors_of(args: Any, kwargs: dict[str, Any]) -> Iterator[VirtualTensor]:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, VirtualTensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (x for x in a if isinstance(x, VirtualTensor))
+
+
+def out_device(args: Any, kwargs: dict[str, Any]) -> torch.device:
+    """Where an op's outputs live: an explicit ``device=``, else the first tensor that is not a CPU scalar."""
+    dev = kwargs.get("device")
+    # C++ composites pass the wrapper's own C++ device (meta / cpu), which means "like the inputs"
+    space = V.current_space()
+    if dev is not None and torch.device(dev) != (space.inner if space is not None else _META):
+        return torch.device(dev)
+    first = None
+    for t in tensors_of(args, kwargs):
+        if first is None:
+            first = t._td_device
+        if t._td_device.type != "cpu" or t.dim() > 0:
+            return t._td_device
+    return first if first is not None else _CPU
+
+
+def _ops(*names: str) -> frozenset[Any]:
+    return frozenset(getattr(aten, n) for n in names if hasattr(aten, n))
+
+
+# Autocast for a virtual type, emulated: real autocast keys follow the C++ device, which is meta. CUDA's lists, as
+# seen below CompositeImplicit decomposition: these run in the autocast dtype, those in float32.
+_AUTOCAST_LOW = _ops("mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "addr", "convolution", "_convolution",
+                     "prelu", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "linear",
+                     "matmul", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
+_AUTOCAST_FP32 = _ops("native_layer_norm", "native_group_norm", "exp", "log", "log1p", "pow", "rsqrt", "softplus",
+                      "mse_loss", "l1_loss", "smooth_l1_loss", "nll_loss", "binary_cross_entropy_with_logits", "cdist")
+_CASTABLE = (torch.float32, torch.float16, torch.bfloat16)
+# a view or copy of a named tensor keeps its name, so a problem in a later op still points at the weight
+_KEEP_PATH = _ops("clone", "_to_copy", "contiguous", "detach", "alias", "lift_fresh", "_unsafe_view", "view",
+                  "reshape", "t", "transpose", "permute")
+
+
+def autocast_args(args: Any, kind: str, want: torch.dtype) -> list[Any]:
+    """Floating virtual tensors on the autocast device type, cast to ``want`` (one level, lists included)."""
+
+    def cast(x: Any) -> Any:
+        if isinstance(x, VirtualTensor) and x.dtype != want and x.dtype in _CASTABLE and x._td_device.type == kind:
+            return make(VirtualTensor, x._td_elem.to(want), x._td_device, x._td_path)
+        return x
+
+    return [cast(a) if not isinstance(a, (list, tuple)) else type(a)(cast(x) for x in a) for a in args]
+
+
+def _autocast(func: Any, args: list[Any], kind: str, low_dtype: torch.dtype) -> list[Any]:
+    packet = func.overloadpacket
+    if packet in _AUTOCAST_LOW:
+        return autocast_args(args, kind, low_dtype)
+    return autocast_args(args, kind, torch.float32) if packet in _AUTOCAST_FP32 else args
+
+
+# C++ conv composites compare input and bias dtypes before dispatch ("Input type (float) and bias type
+# (c10::BFloat16) should be the same"): the rules must see these calls first, or the error escapes unrecorded
+_CONV_NAMES = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
+CONV_ENTRY = {getattr(torch, n): getattr(getattr(aten, n), getattr(aten, n).overloads()[0]) for n in _CONV_NAMES}
+
+
+def conv_precheck(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """Input, weight and bias of a conv call checked (and fixed) by the space's hooks when input and bias differ."""
+    names = ("input", "weight", "bias")
+    vals = [args[i] if i < len(args) else kwargs.get(n) for i, n in enumerate(names)]
+    x, _, b = vals
+    if not (isinstance(x, VirtualTensor) and isinstance(b, VirtualTensor) and isinstance(vals[1], VirtualTensor)) \
+            or x.dtype == b.dtype:
+        return args, kwargs
+    fixed, _ = space.hooks.check(CONV_ENTRY[func], tuple(vals), {})
+    out, kw = list(args), dict(kwargs)
+    for i, (n, v) in enumerate(zip(names, fixed)):
+        if i < len(out):
+            out[i] = v
+        else:
+            kw[n] = v
+    return tuple(out), kw
+
+
+def _pairs(before: Any, after: Any, back: dict[int, VirtualTensor]) -> None:
+    """Which original argument each replaced one stands for (an in-place op returns the original)."""
+    for b, a in zip(before, after):
+        if a is not b and isinstance(a, VirtualTensor) and isinstance(b, VirtualTensor):
+            back[id(a)] = back.get(id(b), b)
+        elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and a is not b:
+            _pairs(b, a, back)
+
+
+def _grouped_mm(func: Any, a: torch.Tensor, b: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    # the meta kernel mirrors the CUDA bf16 fast path only; eager CUDA falls back to a loop for other dtypes
+    if a.dtype == torch.bfloat16 or a.dtype != b.dtype or kwargs.get("out_dtype") not in (None, a.dtype):
+        return func(a, b, *args, **kwargs)  # type: ignore[no-any-return]
+    bf = torch.bfloat16
+    rest = [x.to(bf) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in args]
+    return func(a.to(bf), b.to(bf), *rest, **kwargs).to(a.dtype)  # type: ignore[no-any-return]
+
+
+# ops whose meta kernel is stricter than the device kernels it stands for
+_META_OVERRIDES: dict[Any, Callable[..., Any]] = {p: _grouped_mm for p in _ops("_grouped_mm")}
+
+
+_FAKE_OK: dict[Any, bool] = {}
+
+
+def has_fake(func: Any) -> bool:
+    """Can ``func`` run without its device: an aten op, a composite, or a custom op with a fake/meta kernel?"""
+    hit = _FAKE_OK.get(func)
+    if hit is None:
+        name = getattr(getattr(func, "_schema", None), "name", "aten::?")
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        opdef = torch._library.custom_ops.OPDEFS.get(name)
+        hit = _FAKE_OK[func] = name.split("::")[0] in ("aten", "prims") or any(
+            has(name, k) for k in ("CompositeImplicitAutograd", "CompositeExplicitAutograd")) or (
+            opdef._abstract_fn is not None if opdef is not None else has(name, "Meta")
+            or torch._library.simple_registry.singleton.find(name).fake_impl.kernel is not None)
+    return hit
+
+
+def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    with torch._C.DisableTorchFunction():  # VirtualMode is for the user's Python, not for this machinery
+        return _dispatch_op(func, args, kwargs)
+
+
+V._DISPATCH[:] = [dispatch]
+
+
+def foreign(space: Space, t: torch.Tensor) -> None:
+    """A copied tensor no virtual twin stands in for is used or moved: the hooks hear of it, by path."""
+    path, why = space.foreign.get(id(t), (None, "it cannot be simulated"))
+    from torchdoctor._placement import compact
+    from torchdoctor._walk_kinds import describe
+
+    shape = describe(t)[0]
+    what = f"{path or 'a tensor'} {compact(t.dtype, shape, t.device)}"
+    space.hooks.unsupported(path, what, why)
+    raise TypeError(f"{what} cannot be simulated: {why}")
+
+
+def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    space = V.current_space()
+    if space is not None and not has_fake(func):  # even with CPU values: its device kernel is unknown here
+        space.hooks.failed(str(func), None, "it is a custom op with no fake/meta kernel (register_fake), so "
+                                            "it cannot run without the hardware")
+    follow = out_device(args, kwargs)
+    largs = lift_all(args, space, follow)
+    if kwargs and any(plain(v) for v in kwargs.values()):
+        kwargs = dict(zip(kwargs, lift_all(kwargs.values(), space, follow)))
+    back: dict[int, VirtualTensor] = {}
+    if space is not None:
+        space.ops += 1
+        if space.autocast is not None:  # autocast casts before the kernel checks anything
+            cast = _autocast(func, largs, space.vtype, space.autocast)
+            _pairs(largs, cast, back)
+            largs = cast
+        checked, kwargs = space.hooks.check(func, tuple(largs), kwargs)
+        _pairs(largs, checked, back)
+        largs = list(checked)
+    dev = out_device(largs, kwargs)
+    first = largs[0] if largs else None
+    path = first._td_path if isinstance(first, VirtualTensor) and first._td_path is not None and (
+        getattr(func, "is_view", False) or func.overloadpacket in _KEEP_PATH) else None
+    on_meta = any(t._td_elem.device.type == "meta" for t in tensors_of(largs, kwargs))
+    owner: dict[int, VirtualTensor] = {}
+
+    def unwrap(x: Any) -> Any:
+        if isinstance(x, VirtualTensor):
+            e = x._td_elem
+            if on_meta and e.device.type != "meta":
+                e = torch.empty_strided(e.size(), e.stride(), dtype=e.dtype, device=_META)
+            owner[id(e)] = back.get(id(x), x)
+            return e
+        if isinstance(x, (list, tuple)) and any(isinstance(y, VirtualTensor) for y in x):
+            return type(x)(unwrap(y) for y in x)
+        return x
+
+    uargs = [unwrap(a) for a in largs]
+    ukwargs = {k: unwrap(v) for k, v in kwargs.items()} if kwargs else {}
+    override = _META_OVERRIDES.get(func.overloadpacket) if on_meta else None
+    try:
+        out = override(func, *uargs, **ukwargs) if override is not None else func(*uargs, **ukwargs)
+    except (NotImplementedError, RuntimeError, TypeError) as exc:
+        if space is None:
+            raise
+        retry = _refused(space, func, largs, uargs, ukwargs, owner, exc)
+        if retry is None:
+            space.hooks.failed(str(func), exc)
+            raise
+        uargs, ukwargs = retry
+        try:
+            out = override(func, *uargs, **ukwargs) if override is not None else func(*uargs, **ukwargs)
+        except (NotImplementedError, RuntimeError, TypeError) as again:
+            space.hooks.failed(str(func), again)
+            raise again from exc
+    wrapped = _wrap(out, dev, owner, path)
+    if path is None and isinstance(wrapped, VirtualTensor) and wrapped._td_origin is None \
+            and wrapped.dtype not in _LOW and (wrapped.is_floating_point() or wrapped.is_complex()):
+        for t in tensors_of(largs, kwargs):  # an unusual dtype keeps the name of the model tensor it came from
+            if t.dtype == wrapped.dtype and (t._td_path or t._td_origin):
+                wrapped._td_origin = t._td_path or t._td_origin
+                break
+    return wrapped
+
+
+# what kernels say when they refuse a dtype (on every device: the simulation reports what the hardware would)
+_REFUSALS = ("Promotion for Float8 Types is not supported", "not implemented for '", "expected scalar type",
+             "must have the same dtype", "expected both inputs to have same dtype", "should be the same",
+             "is not supported for", "does not support", "Expected all tensors to have the same dtype")
+_LOW = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _refused(space: Space, func: Any, largs: list[Any], uargs: list[Any], ukwargs: dict[str, Any],
+             owner: dict[int, VirtualTensor], exc: BaseException) -> tuple[list[Any], dict[str, Any]] | None:
+    """A dtype refusal of the kernel: the odd-dtype tensors, the dtype the others compute in, and (when the hooks
+    accept) the inner arguments with the culprits cast to it."""
+    text = str(exc)
+    if not any(r in text for r in _REFUSALS):
+        return None
+    inner = [x for a in (*uargs, *ukwargs.values()) for x in (a if isinstance(a, (list, tuple)) else (a,))
+             if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())]
+    dtypes = {x.dtype for x in inner}
+    if len(dtypes) < 2:
+        return None
+    counts = {d: sum(x.dtype == d for x in inner) for d in dtypes}
+    # the expected dtype: a common compute dtype present, the most frequent one first; culprits are the others
+    expected = max(dtypes, key=lambda d: (d in _LOW, counts[d], d.itemsize))
+    culprits = [owner.get(id(x), x) for x in inner if x.dtype != expected]
+    if not space.hooks.refused(getattr(func, "__name__", str(func)), culprits, expected, exc):
+        return None
+
+    def cast(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) and x.dtype != expected:
+            return x.to(expected)
+        if isinstance(x, (list, tuple)):
+            return type(x)(cast(y) for y in x)
+        return x
+
+    return [cast(a) for a in uargs], {k: cast(v) for k, v in ukwargs.items()}
+
+
+def _wrap(out: Any, dev: torch.device, owner: dict[int, VirtualTensor], path: str | None) -> Any:
+    if isinstance(out, torch.Tensor):
+        same = owner.get(id(out))
+        if same is None:
+            return make(VirtualTensor, out, dev, path)
+        if same._td_elem is not out:  # an in-place op ran on the meta twin of a small real tensor
+            same._td_elem = out
+        return same
+    if isinstance(out, (tuple, list)):
+        return type(out)(_wrap(o, dev, owner, path) for o in out)
+    return out
