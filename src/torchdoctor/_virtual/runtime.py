@@ -133,8 +133,8 @@ def _type(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
         if not isinstance(self, VirtualTensor):
             return func(*args, **kwargs)
         name = api.legacy_name(self.dtype) or self._td_elem.type().rpartition(".")[2]
-        kind = self._td_device.type
-        return f"torch.{name}" if kind == "cpu" else f"torch.{kind}.{name}"
+        here = self._td_device.type
+        return f"torch.{name}" if here == "cpu" else f"torch.{here}.{name}"
     if isinstance(want, torch.dtype):
         return move(space, self, None, want) if isinstance(self, VirtualTensor) else func(*args, **kwargs)
     parsed = api.parse_legacy(want if isinstance(want, str) else
