@@ -1,6 +1,8 @@
 """pytest plugin: keep placement right in a test suite, on CPU-only CI (registered through ``pytest11``).
 
-- ``--torchdoctor=off|explain|strict`` wraps every test in ``torchdoctor.guard`` with that mode (default off);
+- ``--torchdoctor=off|explain|strict|fix|warn`` wraps every test in ``torchdoctor.guard`` with that mode; without
+  the option the ini value ``torchdoctor_mode`` decides, then ``mode`` of ``[tool.torchdoctor]`` in
+  pyproject.toml, else off;
 - fixture ``placement_guard``: a guard around the test, mode set by ``@pytest.mark.placement_guard(mode=...)``;
 - marker ``@pytest.mark.simulate(device="cuda:1", dtype="bfloat16", profile=...)``: the test body runs on
   virtual devices, so ``model.to("cuda:1")`` works on a CPU runner and placement problems fail the test;
@@ -19,20 +21,44 @@ from typing import Any
 
 import pytest
 
-_MODES = ("off", "explain", "strict")
+_MODES = ("off", "explain", "strict", "fix", "warn")  # every guard mode
 _KEY = pytest.StashKey[str]()
+_WHY = pytest.StashKey[str]()
 _FIXTURE_GUARD = pytest.StashKey[Any]()
 _SIM_KEYS = ("device", "dtype", "profile", "count", "data", "limit")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("torchdoctor", "device and dtype placement checks (torchdoctor)")
-    group.addoption("--torchdoctor", action="store", default="off", choices=_MODES, dest="torchdoctor",
-                    help="wrap every test in torchdoctor.guard with this mode (default: off)")
+    group.addoption("--torchdoctor", action="store", default=None, choices=_MODES, dest="torchdoctor",
+                    help="wrap every test in torchdoctor.guard with this mode (default: the ini value "
+                         "torchdoctor_mode, else [tool.torchdoctor] mode, else off)")
+    parser.addini("torchdoctor_mode", "guard mode for every test: off, explain, strict, fix or warn", default="")
+
+
+def _mode(config: pytest.Config) -> tuple[str, str]:
+    """(mode, where it came from): the option, then the ini value, then ``[tool.torchdoctor]``."""
+    option = config.getoption("torchdoctor", None)
+    if option:
+        return str(option), "--torchdoctor"
+    ini = str(config.getini("torchdoctor_mode") or "").strip()
+    if ini:
+        if ini not in _MODES:
+            raise pytest.UsageError(f"ini option torchdoctor_mode = {ini!r}: expected one of {', '.join(_MODES)}")
+        return ini, "ini torchdoctor_mode"
+    from torchdoctor._cli.common import UsageError, read_config
+
+    try:
+        path, table = read_config(str(config.rootpath))
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if "mode" in table:
+        return str(table["mode"]), f"[tool.torchdoctor] in {path}"
+    return "off", ""
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[_KEY] = config.getoption("torchdoctor", "off") or "off"
+    config.stash[_KEY], config.stash[_WHY] = _mode(config)
     config.addinivalue_line("markers", "placement_guard(mode='explain'): mode of the placement_guard fixture "
                             "(explain, strict, fix, warn)")
     config.addinivalue_line("markers", "simulate(device='cuda:1', dtype=None, profile=None, count=None, data='cpu'): "
@@ -41,9 +67,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     mode = config.stash.get(_KEY, "off")
+    why = config.stash.get(_WHY, "")
     if mode == "off":
-        return "torchdoctor: off (--torchdoctor=explain|strict guards every test)"
-    return f"torchdoctor: every test runs under guard(mode={mode!r})"
+        return "torchdoctor: off (--torchdoctor=explain|strict|fix|warn guards every test)" + (f", from {why}"
+                                                                                              if why else "")
+    return f"torchdoctor: every test runs under guard(mode={mode!r})" + (f", from {why}" if why != "--torchdoctor"
+                                                                          else "")
 
 
 @pytest.hookimpl(wrapper=True)
