@@ -28,13 +28,14 @@ from typing import IO, Any
 from torchdoctor._checkpoint.unpickle import CheckpointError
 
 __all__ = [
-    "MAX_EMBEDDED", "MAX_MARKS", "MAX_OPS", "MAX_PICKLE_BYTES", "MAX_SMALL_MEMBER", "BoundedFile", "Budget",
+    "BLOB_COST", "MAX_EMBEDDED", "MAX_MARKS", "MAX_OPS", "MAX_PICKLE_BYTES", "MAX_SMALL_MEMBER", "BoundedFile", "Budget",
     "HashGuard", "prescan",
 ]  # fmt: skip
 
 MAX_OPS = 5_000_000  # ~30 opcodes per tensor: room for 160k tensors; at worst ~3 s and ~500 MB of built objects
 MAX_PICKLE_BYTES = 256 * 1024 * 1024  # a data.pkl (or legacy header) larger than this describes no real model
 MAX_MARKS = 1_000  # open MARKs at once; a state dict nests a few levels
+BLOB_COST = 250  # opcodes charged per embedded blob (its own setup costs ~100 us): at most 20,000 blobs a file
 MAX_EMBEDDED = 2  # torch.storage._load_from_bytes inside one: pickle.dumps(tensor) needs 1
 MAX_SMALL_MEMBER = 64  # archive/byteorder, archive/version and friends hold a few bytes
 MAX_SAME_HASH = 1_000  # distinct numbers sharing one hash; real files have none
@@ -80,6 +81,7 @@ class Budget:
     ops: int = MAX_OPS
     depth: int = 0
     label: str = ""
+    blobs: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id(blob bytes) -> (bytes, what they held)
     hashes: HashGuard = field(default_factory=HashGuard)
 
 

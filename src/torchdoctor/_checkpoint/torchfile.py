@@ -24,7 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from torchdoctor._checkpoint.bounds import (
+    BLOB_COST,
     MAX_EMBEDDED,
+    MAX_OPS,
     MAX_PICKLE_BYTES,
     MAX_SMALL_MEMBER,
     BoundedFile,
@@ -290,6 +292,13 @@ def _load_from_bytes(budget: Budget, unknown: dict[str, type[Placeholder]], data
     if budget.depth >= MAX_EMBEDDED:
         raise CheckpointError(f"{budget.label}: refused: storage blobs (torch.storage._load_from_bytes) nested more than "
                               f"{MAX_EMBEDDED} deep; pickle.dumps of a tensor needs one level")
+    cached = budget.blobs.get(id(data))
+    if cached is not None and cached[0] is data:  # the same blob again through the memo: the same storage
+        return cached[1]
+    budget.ops -= BLOB_COST  # parsing a blob costs far more than its opcodes: bound the count of blobs too
+    if budget.ops < 0:
+        raise CheckpointError(f"{budget.label}: refused: more storage blobs (torch.storage._load_from_bytes) "
+                              f"than {MAX_OPS // BLOB_COST:,}; a pickle that repeats work through its memo")
     raw = bytes(data)
     budget.depth += 1
     try:  # a damaged or refused blob is reported as such (its CheckpointError names the file)
@@ -299,9 +308,11 @@ def _load_from_bytes(budget: Budget, unknown: dict[str, type[Placeholder]], data
         budget.depth -= 1
     for name in inner.unknown_globals:
         unknown.setdefault(name, placeholder_class(name))
-    if isinstance(inner.root, StorageRef):
-        return replace(inner.root, key=f"pickled-{next(_PICKLED_STORAGES)}")  # each blob is its own storage
-    return inner.root
+    result = inner.root
+    if isinstance(result, StorageRef):
+        result = replace(result, key=f"pickled-{next(_PICKLED_STORAGES)}")  # each blob is its own storage
+    budget.blobs[id(data)] = (data, result)  # keeps ``data`` alive, so its id is not reused
+    return result
 
 
 def safe_loads(data: bytes) -> Any:
