@@ -124,7 +124,10 @@ def command(verb: str, args: argparse.Namespace) -> int:
         payloads = gather(local)
         report = build_report(verb, payloads)
         code = report.exit_code()
-        if rank == 0:
+        same = {(p.get("error_type"), p.get("error_message")) for p in payloads}
+        if rank == 0 and len(same) == 1 and next(iter(same))[0] == "UsageError":
+            print(f"torchdoctor {verb}: {next(iter(same))[1]} (on every rank)", file=sys.stderr)
+        elif rank == 0:
             if getattr(args, "json", False):
                 print_json(report.to_dict())
             else:

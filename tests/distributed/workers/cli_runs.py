@@ -1,0 +1,50 @@
+"""Run under torchrun: several ``torchdoctor ... --distributed`` command lines in one launch, in-process, recording
+per rank what each printed and returned (``OUTDIR/rank<R>.json``). The process group is initialised here once (a
+group created by the program is used as is); the command creating its own is tested by a real ``-m torchdoctor``
+launch."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+
+import torch.distributed as dist
+
+from torchdoctor._cli.main import main as cli
+
+TARGETS = os.path.join(os.path.dirname(__file__), "targets.py")
+RUNS = {
+    "scan_clean": ({}, ["scan", f"{TARGETS}:model", "--distributed"]),
+    "scan_float64_on_rank_1": ({"TD_BUG_RANK": "1", "TD_BUG": "float64"}, ["scan", f"{TARGETS}:model", "--distributed"]),
+    "scan_json_raise_on_rank_0": ({"TD_BUG_RANK": "0", "TD_BUG": "raise"},
+                                  ["scan", f"{TARGETS}:model", "--distributed", "--json"]),
+    "simulate_clean": ({}, ["simulate", f"{TARGETS}:target", "--distributed", "--device", "cuda"]),
+    "scan_checkpoint_path": ({}, ["scan", TARGETS, "--distributed"]),
+}
+
+
+def main() -> None:
+    out = sys.argv[1]
+    rank = int(os.environ["RANK"])
+    results = {}
+    dist.init_process_group("gloo")
+    for name, (env, argv) in RUNS.items():
+        os.environ.pop("TD_BUG_RANK", None)
+        os.environ.pop("TD_BUG", None)
+        os.environ.update(env)
+        sys.modules.pop("_torchdoctor_target_targets", None)  # each run imports the target afresh
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = cli(argv)
+        results[name] = {"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+    with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as fh:
+        json.dump(results, fh, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
