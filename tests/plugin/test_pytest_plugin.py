@@ -257,3 +257,41 @@ def test_this_suite_runs_under_the_marker_too(simulated_device: object) -> None:
     layer = torch.nn.Linear(8, 8).to(simulated_device, torch.bfloat16)
     out = layer(torch.ones(2, 8, device="cuda:1", dtype=torch.bfloat16))
     assert out.device == torch.device("cuda:1") and sys.modules["torchdoctor._virtual.session"]
+
+
+BROKEN_SUITE = BROKEN_LINEAR + """
+def test_broken():
+    out = build(True)(torch.ones(2, 4, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16
+"""
+
+
+@pytest.mark.parametrize(("mode", "outcome"), [("fix", "passed"), ("warn", "passed"), ("strict", "failed")])
+def test_ini_option_sets_the_mode(pytester: pytest.Pytester, mode: str, outcome: str) -> None:
+    pytester.makeini(f"[pytest]\ntorchdoctor_mode = {mode}\n")
+    result = _run(pytester, BROKEN_SUITE)
+    result.assert_outcomes(**{outcome: 1})
+    result.stdout.fnmatch_lines([f"torchdoctor: every test runs under guard(mode='{mode}'), from ini torchdoctor_mode"])
+    if mode == "warn":  # the fp32 bias was let through, with one PlacementWarning naming it
+        result.stdout.fnmatch_lines(["*PlacementWarning*0.bias*"])
+
+
+def test_command_line_option_wins_over_the_ini(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\ntorchdoctor_mode = fix\n")
+    result = _run(pytester, BROKEN_SUITE, "--torchdoctor=strict")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["torchdoctor: every test runs under guard(mode='strict')"])
+
+
+def test_bad_ini_mode_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\ntorchdoctor_mode = loud\n")
+    result = _run(pytester, "def test_ok():\n    pass\n")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*torchdoctor_mode = 'loud': expected one of off, explain, strict, fix, warn*"])
+
+
+def test_pyproject_tool_table_sets_the_mode(pytester: pytest.Pytester) -> None:
+    pytester.makepyprojecttoml("[tool.torchdoctor]\nmode = \"fix\"\n")
+    result = _run(pytester, BROKEN_SUITE)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["torchdoctor: every test runs under guard(mode='fix'), from ?tool.torchdoctor? in *"])
