@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pathlib
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -54,11 +55,34 @@ def rate(label: str, text_len: int, fn) -> float:  # type: ignore[no-untyped-def
     return mbs
 
 
+def grep_baseline(text: str) -> list[str]:
+    """The cheapest useful pass over a log in Python: the lines that mention an error (what `grep Error` does)."""
+    return [ln for ln in text.split("\n") if "Error" in ln]
+
+
+def interleaved(log: str, rounds: int) -> tuple[float, float]:
+    """Median seconds of explain and of the grep baseline, run alternately so machine noise hits both alike."""
+    ex: list[float] = []
+    base: list[float] = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        grep_baseline(log)
+        base.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        explain(log)
+        ex.append(time.perf_counter() - t)
+    return statistics.median(ex), statistics.median(base)
+
+
 def main() -> int:
     size = int(float(sys.argv[1]) * 1e6) if len(sys.argv) > 1 else 50_000_000
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     log = synthetic_log(size)
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus")
-    best = rate("synthetic log (str)", len(log), lambda: explain(log))
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}")
+    ex, base = interleaved(log, rounds)
+    best = len(log) / 1e6 / ex
+    print(f"synthetic log: explain {best:.1f} MB/s, grep-like baseline {len(log) / 1e6 / base:.1f} MB/s, "
+          f"explain/baseline time ratio {ex / base:.2f} (median of {rounds} interleaved rounds)")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "train.log")
         with open(path, "w", encoding="utf-8") as fh:
@@ -66,7 +90,7 @@ def main() -> int:
 
         def from_file():  # type: ignore[no-untyped-def]
             with open(path, encoding="utf-8", errors="replace", newline=None) as fh:
-                return _explain._explain_blocks(_explain._blocks(fh), None)
+                return _explain.explain_stream(fh)
 
         rate("synthetic log (streamed from file)", len(log), from_file)
     n = 5_000_000
@@ -81,7 +105,8 @@ def main() -> int:
     ]:
         rate(label, len(text), lambda t=text: explain(t))  # type: ignore[misc]
     target = 20.0
-    print(f"log throughput {best:.1f} MB/s (target >= {target:.0f} MB/s): {'OK' if best >= target else 'BELOW TARGET'}")
+    print(f"log throughput {best:.1f} MB/s (target >= {target:.0f} MB/s on an idle machine): "
+          f"{'OK' if best >= target else 'BELOW TARGET (see the load average and the baseline ratio)'}")
     return 0
 
 

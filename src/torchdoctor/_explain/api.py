@@ -32,6 +32,7 @@ __all__ = ["Alternative", "Diagnosis", "ExplainReport", "SCHEMA", "best_fix", "c
            "explain_stream", "install_excepthook", "render", "to_json"]
 
 log = logging.getLogger("torchdoctor.explain")
+_RULE_SPAN = 12_000  # characters of context (before and after the error line) the rules read, per occurrence
 _FIELD = re.compile(r"\{([a-z_]{1,20})\}")
 _OPTIONAL = re.compile(r"\[([^\[\]]{0,400})\]")
 _OPTIONAL_CODE = re.compile(r"\u00ab([^\u00ab\u00bb]{0,400})\u00bb")
@@ -76,7 +77,8 @@ def _try(template: str, fields: dict[str, str], prose: bool = True) -> str | Non
 
 def _diagnose(group: Group) -> Diagnosis:
     sig = group.sig
-    original = "\n".join(group.contexts) or group.message
+    # the first occurrence is enough (repeats bring the same frames); the frames that decide sit near the error
+    original = "\n".join(c[-_RULE_SPAN:] for c in group.contexts[:1]) or group.message
     context = original.lower().replace("\\", "/")
     fields, flags = derive(sig.name, group.fields, group.message, context)
     categories, ranked, fired = rank(sig.category, sig.causes, sig.alternatives, context, flags, context_rules())

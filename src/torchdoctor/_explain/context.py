@@ -18,7 +18,18 @@ _LOW = ("float16", "bfloat16")
 _METHOD = {"float32": ".float()", "float16": ".half()", "bfloat16": ".bfloat16()", "float64": ".double()",
            "int64": ".long()", "int32": ".int()", "bool": ".bool()"}
 _TRANSFORMERS = re.compile(r"transformers(?:`|\*\*)?(?:==|>=|~=| version:? ?|: ?|-| v| )v?(\d{1,2})\.(\d{1,3})")
-_WINDOWS = re.compile(r"\b[a-z]:/")
+
+
+def _windows(context: str) -> bool:
+    """A Windows path (``c:/users/...``; the context is lower-cased with ``\\`` read as ``/``) in the context."""
+    p = context.find(":/")
+    for _ in range(1000):
+        if p == -1:
+            return False
+        if p >= 1 and "a" <= context[p - 1] <= "z" and (p < 2 or not context[p - 2].isalnum()):
+            return True
+        p = context.find(":/", p + 2)
+    return False
 
 
 def transformers_version(context: str) -> tuple[int, int] | None:
@@ -174,7 +185,7 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
         if dtype_name(t) or t.startswith("float8"):
             f[f"{key}_t"] = f"torch.{t}"
 
-    if context and _WINDOWS.search(context[:200_000]):
+    if context and _windows(context):
         flags.add("windows")
     version = transformers_version(context) if context else None
     f["dtype_kw"] = "torch_dtype" if version and version < (4, 56) else "dtype"

@@ -34,7 +34,6 @@ _ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(
 _FOLD = {0xFF08: "(", 0xFF09: ")", 0xFF1A: ":", 0xFF0C: ",", 0xFF01: "!", 0xFF07: "'", 0xFF02: '"', 0xFF3B: "[",
          0xFF3D: "]", 0xFF1B: ";", 0xFF0E: ".", 0x3001: ",", 0x3002: ".", 0x2018: "'", 0x2019: "'", 0x201C: '"',
          0x201D: '"', 0x00A0: " ", 0x3000: " ", 0x2502: " ", 0x2503: " ", 0x2551: " ", 0x0130: "I", 0xFEFF: " "}
-_FOLD_RX = re.compile("[" + "".join(chr(c) for c in _FOLD) + "]")
 # A message wrapped over lines (terminal width, rich boxes, quoted replies) reads as one line for the patterns.
 _WRAP = re.compile(r"[ \t]*(?:\r?\n[ \t>|]*)+[ \t]*|[ \t]{2,}")
 
@@ -50,7 +49,10 @@ def normalise(block: str) -> str:
     if "\r" in block:
         block = block.replace("\r\n", "\n").replace("\r", "\n")
     if not block.isascii():
-        block = _FOLD_RX.sub(lambda m: _FOLD[ord(m.group(0))], block)
+        for code, ascii_char in _FOLD.items():  # a few scans of the block beat a regex callback per character
+            char = chr(code)
+            if char in block:
+                block = block.replace(char, ascii_char)
     return block
 
 
@@ -169,9 +171,10 @@ class Scanner:
         if pos < self.until.get(sig.name, -1):  # already inside the window looked at for this signature
             return
         self.until[sig.name] = hi
-        window = _WRAP.sub(" ", text[lo:hi])
-        got = self.cache.get((sig.name, window))
+        raw = text[lo:hi]
+        got = self.cache.get((sig.name, raw))
         if got is None:
+            window = _WRAP.sub(" ", raw)
             fields: dict[str, str] = {}
             matched = False
             for rx in sig.compiled():
@@ -183,7 +186,7 @@ class Scanner:
                             fields[k] = v
             if len(self.cache) > 512:
                 self.cache.clear()
-            got = self.cache[(sig.name, window)] = (fields, matched)
+            got = self.cache[(sig.name, raw)] = (fields, matched)
         fields, matched = dict(got[0]), got[1]
         if sig.require_pattern and not matched:
             return

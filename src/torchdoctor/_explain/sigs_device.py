@@ -77,8 +77,7 @@ _sig("device.numpy", "device_mismatch", "A GPU tensor was converted to numpy",
      (("dev.numpy_on_gpu", 3.0),),
      rf"can't convert (?P<a>{DEV}) device type tensor to numpy", confidence=0.95)
 _sig("indexing.cpu_gpu", "cpu_gpu_indexing", "A CPU tensor was indexed with a GPU index",
-     ("indices should be either on cpu or on the same device as the indexed tensor",
-      "indices should be either on cpu or on the same device"),
+     ("indices should be either on cpu or on the same device",),
      "A tensor on {a} was indexed with an index tensor on another device. Indices may live on the CPU or on "
      "the indexed tensor's device, not on a GPU when the tensor is on the CPU.",
      (("ix.table_on_cpu", 3.0),),
@@ -136,7 +135,7 @@ _sig("mixed.fake_tensor", "mixed_device_model", "FakeTensor tracing met two devi
      rf"Propagation for (?P<op>[\w.]{{1,80}}), found two different devices (?P<a>{DEV}), (?P<b>{DEV})",
      alternatives=(_DEV_ALT,))
 _sig("mixed.meta_value", "mixed_device_model", "A weight is still on meta when it was needed",
-     ("is on the meta device, we need a", "is on the meta device"),
+     ("is on the meta device",),
      "accelerate found {param} on the meta device with no value to load into it[ (target {target})].",
      (("md.offload_meta", 2.5), ("md.meta_to", 1.0)),
      r"(?P<param>[\w.]{1,120}) is on the meta device", rf"to put in on (?P<b>{DEV}|\d{{1,3}})",
@@ -153,7 +152,7 @@ _sig("mixed.meta_item", "mixed_device_model", "A meta tensor was read",
 
 # --- quantized weights ---------------------------------------------------------------------------------------
 _sig("quant.bnb_same_gpu", "quantization_device", "bitsandbytes got tensors on the CPU and the GPU",
-     ("All input tensors need to be on the same GPU", "tensors need to be on the same GPU",
+     ("tensors need to be on the same GPU",
       "following tensor and device combinations"),
      "A bitsandbytes kernel got some tensors on the GPU and some on the CPU[ ({devices})].",
      (("q.bnb_state_cpu", 3.0), ("q.bnb_input_cpu", 1.0)), follow=2, confidence=0.9,

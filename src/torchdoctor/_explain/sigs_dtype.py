@@ -40,7 +40,7 @@ _sig("dtype.scalar_type", "dtype_mismatch", "An operation expected another dtype
      r"Found dtype (?P<a>\w{1,20}) but expected (?P<b>\w{1,20})", require_pattern=True,
      alternatives=(_IW_ALT, _UD_ALT))
 _sig("dtype.out_cast", "dtype_mismatch", "A result cannot be written into a tensor of a narrower dtype",
-     ("can't be cast to the desired output type", "to the desired output type"),
+     ("to the desired output type",),
      "An in-place op or an out= tensor would store a {a} result in a {b} tensor[ ({op})], which PyTorch refuses "
      "(in-place ops keep the left side's dtype).",
      (("dt.out_cast", 3.0), ("dt.input_not_cast", 0.5)),
@@ -170,7 +170,7 @@ _sig("backend.op_not_exist", "backend_op_missing", "A compiled extension operato
 
 # --- no accelerator ------------------------------------------------------------------------------------------
 _sig("no_accel.not_compiled", "no_accelerator", "This PyTorch has no CUDA",
-     ("Torch not compiled with CUDA enabled", "not compiled with cuda", "torch not compiled with"),
+     ("not compiled with cuda", "torch not compiled with"),
      "Code asked for {backend_name}, but the installed PyTorch was built without {backend_name} support.",
      (("na.cpu_build", 2.0), ("na.hardcoded_cuda", 1.8)), r"not compiled with (?P<backend>\w{1,10}) enabled",
      confidence=0.95, alternatives=(("backend_op_missing", 0.2, "a library calls CUDA-only code paths"),
