@@ -3,7 +3,10 @@
 One child runs several scans (importing torch costs seconds on a loaded machine); each scan's exit code,
 output, wall time and peak-RSS growth come back as one record. Going over the cap makes allocations fail
 inside the child: a scan whose output mentions ``MemoryError`` or that grows the peak RSS past its allowance
-is a failure, and so is a child that dies or outlives the timeout.
+is a failure, and so is a child that dies or outlives the timeout. An audit hook in the child records every
+call that would run code or change files (``os.system``, ``subprocess.Popen``, the default
+``pickle.find_class``, ``os.remove``):
+any of them during a scan is a failure, whatever the file's payload.
 """
 
 from __future__ import annotations
@@ -22,10 +25,15 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 _CHILD = r"""
 import contextlib, io, json, resource, sys, time
 from torchdoctor._cli.main import main
+WATCH = ("os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "subprocess.Popen", "pickle.find_class",
+         "os.remove", "os.rename", "shutil.rmtree", "os.chmod", "os.truncate")  # (imports exec and compile)
+events = []
+sys.addaudithook(lambda event, args: events.append(event) if event.startswith(WATCH) else None)
 for line in sys.stdin:
     argv = json.loads(line)
     out, err = io.StringIO(), io.StringIO()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    del events[:]
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -38,7 +46,8 @@ for line in sys.stdin:
             rc = -1
     grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     print(json.dumps({"argv": argv, "rc": rc, "out": out.getvalue(), "err": err.getvalue(),
-                      "seconds": time.perf_counter() - t0, "rss_growth_mb": grew / 1024}), flush=True)
+                      "seconds": time.perf_counter() - t0, "rss_growth_mb": grew / 1024,
+                      "events": sorted(set(events))}), flush=True)
 """
 
 
@@ -50,6 +59,7 @@ class Run:
     err: str
     seconds: float
     rss_growth_mb: float
+    events: list[str]  # audited calls that run code (os.system, pickle.find_class, exec, ...) during the scan
 
     @property
     def text(self) -> str:
@@ -84,6 +94,7 @@ def run_scans(argvs: list[list[str]], *, cap: int = CAP, timeout: float = 300, h
 def assert_bounded(run: Run, seconds: float = 30, rss_mb: float = 400) -> None:
     """No traceback, no MemoryError, one-line error, and time and memory within their allowance."""
     assert run.rc in (0, 1, 2), run
+    assert not run.events, (run.argv, run.events)  # no pickle code, no process, no exec: ever
     assert "Traceback" not in run.text and "MemoryError" not in run.text, run.text[-2000:]
     assert run.seconds < seconds, (run.argv, run.seconds)
     assert run.rss_growth_mb < rss_mb, (run.argv, run.rss_growth_mb)
