@@ -179,8 +179,10 @@ def test_simulate_map_shows_op_and_module(browser: Any, tmp_path: Path) -> None:
     page = tmp_path / "sim.html"
     page.write_text(render_html(report.to_dict()), encoding="utf-8")
     _open(browser, page)
+    first = sorted(report.problems, key=lambda p: p.path)[0]
+    assert first.op and first.module_type  # where it surfaced: the op and the module running it
     card = browser.find_element("css selector", ".card")
-    assert "surfaced\nop aten.addmm.default in module extra.0 (Linear)" in card.text
+    assert f"surfaced\nop {first.op} in module {first.module_path or '<root>'} ({first.module_type})" in card.text
     assert "virtual cuda:1" in browser.find_element("css selector", ".meta").text
     row = _reveal(browser, "extra.0.weight")
     assert row is not None and "bad" in row.get_attribute("class").split()
