@@ -59,7 +59,7 @@ class Hooks:
     def unsupported(self, path: str | None, what: str, why: str) -> None:
         """A tensor the virtual machinery cannot stand in for (nested, sparse, torch.ao quantized, DTensor ...);
         may raise to end the simulation. This default reports it as an op that cannot be simulated."""
-        self.failed(f"{what} at {path}" if path else what, None, why)
+        self.failed(what, None, why)
 
     def reading(self, tensor: torch.Tensor, what: str) -> None:
         """Host code reads a tensor that is not on the CPU (``numpy()``)."""
@@ -252,7 +252,8 @@ def virtual_copy(obj: Any, tensors: list[tuple[torch.Tensor, torch.device, str]]
     for t, device, path in tensors:
         if id(t) not in memo:
             why = unsupported_form(t)
-            if why is not None:  # copied as it is; the run reports it where it is used or moved
+            if why is not None:  # copied as it is (outside any mode); the run reports it where used or moved
+                memo[id(t)] = _copy_foreign(t, memo, path, why)
                 foreign.append((t, path, why))
                 continue
             memo[id(t)] = v = make(virtual_class(type(t)), space.inner_of(t), device, path, t.requires_grad)
@@ -282,3 +283,27 @@ def virtual_copy(obj: Any, tensors: list[tuple[torch.Tensor, torch.device, str]]
     return clone, memo
 
 
+def _copy_foreign(t: torch.Tensor, memo: dict[int, Any], path: str, why: str) -> torch.Tensor:
+    """A private copy of a tensor no twin stands in for, made outside every mode (strided nested tensors cannot be
+    deep-copied at all: ``new_empty`` has no nested kernel, so they are cloned)."""
+    from torchdoctor._walk_kinds import is_jagged_type
+
+    with torch._C.DisableTorchFunction():
+        d = getattr(t, "__dict__", {})
+        if is_jagged_type(type(t)) and isinstance(d.get("_values"), torch.Tensor):
+            # from its parts: torch's own clone/deepcopy of a jagged tensor rewrites the original's size caches
+            lengths = d.get("_lengths")
+            return torch.nested.nested_tensor_from_jagged(  # type: ignore[no-any-return]
+                d["_values"].detach().clone(), d["_offsets"].clone(),
+                lengths.clone() if isinstance(lengths, torch.Tensor) else None)
+        try:
+            return copy.deepcopy(t, memo)  # type: ignore[no-any-return]
+        except Exception:
+            pass
+        try:
+            c = t.detach().clone()
+            return torch.nn.Parameter(c, t.requires_grad) if isinstance(t, torch.nn.Parameter) else c
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise TypeError(f"{path}: a {type(t).__name__} ({why}) could not be copied for the simulation: "
+                            f"{type(exc).__name__}: {first}") from exc
