@@ -6,14 +6,14 @@ through NVML / ``nvidia-smi`` / ``/proc`` / sysfs, unless ``probe=True`` asks to
 
 - ``torch``: installed, importable, error, version, build (``cpu``/``cuda``/``rocm``/``xpu``/``mps``), cuda, hip, xpu,
   mps_built, accelerator, path, import_seconds.
-- ``cuda_available``, ``xpu_available``, ``mps_available``, ``cuda_device_count``, ``xpu_device_count`` and
-  ``availability_source`` (``inferred`` or ``probe``); ``probed`` holds what the device APIs said under probe.
-- ``devices``: ``[{vendor, index, name, memory_mib, capability, source}]``; ``drivers``: nvidia / intel / amdgpu / rocm
-  (a version or module name when present, else None); ``tools``: vendor tools found on PATH.
-- ``packages``: every installed distribution, name normalised as PEP 503 says (lower case, runs of ``-_.`` become
-  ``-``: ``intel-extension-for-pytorch``), to its version; ``duplicates`` (installed twice); ``requires``: the
-  ``Requires-Dist`` lines on torch/triton/IPEX of the packages that pin them (torchvision, xformers, ipex-llm, ...).
-- ``env``: the variables that change device behaviour, when set; ``platform``, ``python``, ``errors``, ``seconds``.
+- ``cuda_available``, ``xpu_available``, ``mps_available``, ``cuda_device_count``, ``xpu_device_count``,
+  ``availability_source`` (``inferred`` or ``probe``); ``probed``: what the device APIs said under probe.
+- ``devices``: ``[{vendor, index, name, memory_mib, capability, source}]``; ``drivers`` (nvidia / intel / amdgpu /
+  rocm: a version or module name, else None); ``tools``: vendor tools on PATH.
+- ``packages``: every installed distribution, name normalised as PEP 503 says (``intel-extension-for-pytorch``), to
+  its version; ``duplicates`` (installed twice); ``requires``: pins on torch/triton/IPEX (torchvision, xformers...).
+- ``env``: device and rank variables when set (``RANK``, ``NCCL_*``...); ``distributed``: ``available``, ``backends``;
+  ``platform``, ``python``, ``errors``, ``seconds``.
 
 >>> facts = collect_facts()
 >>> facts["schema"], facts["torch"]["importable"]
@@ -34,6 +34,7 @@ import sys
 import time
 from typing import Any
 
+from torchdoctor._env.launch import LAUNCH_VARS, distributed_facts, env_facts
 from torchdoctor._env.versions import normalize_name, oneapi_hides_gpus, visible_count
 
 FACTS_SCHEMA = "torchdoctor/facts/1"
@@ -43,7 +44,7 @@ ENV_VARS = (
     "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "HSA_OVERRIDE_GFX_VERSION",
     "PYTORCH_HIP_ALLOC_CONF", "ZE_AFFINITY_MASK", "ZE_FLAT_DEVICE_HIERARCHY", "ONEAPI_DEVICE_SELECTOR",
     "SYCL_DEVICE_FILTER", "TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTORCH_ENABLE_MPS_FALLBACK",
-    "PYTORCH_MPS_HIGH_WATERMARK_RATIO", "ACCELERATE_USE_CPU", "ACCELERATE_USE_XPU", "ACCELERATE_MIXED_PRECISION",
+    "PYTORCH_MPS_HIGH_WATERMARK_RATIO", "ACCELERATE_USE_CPU", "ACCELERATE_USE_XPU", "ACCELERATE_MIXED_PRECISION", *LAUNCH_VARS,
 )
 # Packages whose Requires-Dist on these targets decide whether they fit the installed torch.
 _PINNERS = ("torch", "torchvision", "torchaudio", "xformers", "ipex-llm", "intel-extension-for-pytorch", "torchao")
@@ -64,7 +65,7 @@ def blank_facts() -> dict[str, Any]:
         "cuda_available": False, "xpu_available": False, "mps_available": False,
         "cuda_device_count": 0, "xpu_device_count": 0, "availability_source": "inferred", "probed": {},
         "devices": [], "drivers": {"nvidia": None, "intel": None, "amdgpu": None, "rocm": None}, "tools": {},
-        "packages": {}, "duplicates": {}, "requires": {}, "env": {}, "errors": [],
+        "packages": {}, "duplicates": {}, "requires": {}, "env": {}, "errors": [], "distributed": {"available": None, "backends": []},
     }
 
 
@@ -334,11 +335,12 @@ def collect_facts(*, probe: bool = False, _root: str = "/") -> dict[str, Any]:
     errors: list[str] = []
     f = blank_facts()
     f.update(probe=bool(probe), python={"version": platform.python_version(), "executable": sys.executable},
-             env={k: os.environ[k] for k in ENV_VARS if k in os.environ})
+             env=env_facts(ENV_VARS))
     steps = (
         ("platform", lambda: f.update(platform=_platform(errors))),
         ("packages", lambda: f.update(zip(("packages", "duplicates", "requires"), _packages()))),
         ("torch", lambda: f.update(torch=_torch(f["packages"]))),
+        ("distributed", lambda: f.update(distributed=distributed_facts()) if f["torch"]["importable"] else None),
         ("inventory", lambda: f.update(zip(("devices", "drivers", "tools"), _inventory(_root, errors, _apple(f))))),
         ("availability", lambda: _infer_availability(f)),
         ("probe", lambda: _probe(f, errors) if probe and f["torch"]["importable"] else None),
@@ -354,8 +356,7 @@ def collect_facts(*, probe: bool = False, _root: str = "/") -> dict[str, Any]:
 
 
 def _apple(f: dict[str, Any]) -> bool:
-    p = f["platform"]
-    return p["system"] == "Darwin" and (p["machine"] == "arm64" or bool(p["rosetta"]))
+    return f["platform"]["system"] == "Darwin" and (f["platform"]["machine"] == "arm64" or bool(f["platform"]["rosetta"]))
 
 
 def device_facts() -> dict[str, Any]:
@@ -366,7 +367,7 @@ def device_facts() -> dict[str, Any]:
     """
     errors: list[str] = []
     f = blank_facts()
-    f["env"] = {k: os.environ[k] for k in ENV_VARS if k in os.environ}
+    f["env"] = env_facts(ENV_VARS)
     try:
         f["platform"] = _platform(errors)
         version = _dist_version("torch")

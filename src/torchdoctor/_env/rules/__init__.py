@@ -1,6 +1,7 @@
-"""Environment rules: ``registry`` (EnvFinding, rule, run_rules) and the rule tables ``builds`` and ``packages``.
+"""Environment rules: ``registry`` (EnvFinding, rule, run_rules) and the rule tables ``builds``, ``packages`` and
+``ranks`` (launched ranks: a device per rank, collective backends).
 
 Importing this package registers every rule; the registry never imports its tables.
 """
 
-from torchdoctor._env.rules import builds, packages, registry  # noqa: F401
+from torchdoctor._env.rules import builds, packages, ranks, registry  # noqa: F401
