@@ -208,7 +208,11 @@ def collect(root: str) -> tuple[list[Group], str | None, list[Skipped]]:
             continue
         names = {e.name for e in listing}
         if ".metadata" in names and any(n.endswith(".distcp") for n in names):
-            group = _dcp_unit(dirpath, rel, rel or name, skipped)
+            if not rel:  # the directory asked for is itself one checkpoint: unreadable means exit 2, one line
+                from torchdoctor._checkpoint.dcp import read_dcp
+
+                return [Group("", [read_dcp(dirpath, name)])], None, skipped
+            group = _dcp_unit(dirpath, rel, rel, skipped)
             groups += [group] if group else []
             continue
         files: list[str] = []

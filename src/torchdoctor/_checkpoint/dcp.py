@@ -76,7 +76,9 @@ def read_dcp(dirpath: str, label: str) -> FileScan:
     """The tensors a distributed checkpoint holds, from ``.metadata`` alone (dtype, shape, chunks)."""
     root, unknown = _load(os.path.join(dirpath, ".metadata"), label)
     if not _is(root, "Metadata"):
-        raise CheckpointError(f"{label}: .metadata does not hold torch.distributed.checkpoint Metadata")
+        odd = [g for g in unknown if g not in DCP_GLOBALS]
+        named = f" (it names {', '.join(odd[:3])} instead: not imported, never run)" if odd else ""
+        raise CheckpointError(f"{label}: .metadata does not hold torch.distributed.checkpoint Metadata{named}")
     fields = _fields(root)
     sd_meta = fields.get("state_dict_metadata")
     if not isinstance(sd_meta, dict):
