@@ -35,8 +35,12 @@ def load_facts(path: str) -> dict[str, Any]:
 def command(args: Any) -> int:
     if args.facts and args.probe:
         raise UsageError("--probe asks this machine's devices; it cannot be combined with --facts")
+    if getattr(args, "markdown", False) and args.json:
+        raise UsageError("--markdown and --json are two forms of the same report: choose one")
     report = env_report(load_facts(args.facts) if args.facts else None, probe=bool(args.probe))
-    if args.json:
+    if getattr(args, "markdown", False):
+        print(report.markdown())
+    elif args.json:
         print_json(report.to_dict())
     else:
         print(report.text())

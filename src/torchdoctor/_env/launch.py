@@ -46,7 +46,7 @@ def _int(value: Any) -> int | None:
 def launch_view(facts: Mapping[str, Any]) -> dict[str, Any]:
     """``rank``, ``local_rank``, ``world_size``, ``local_world_size`` (ints or None), ``launched`` and ``master``."""
     env = facts.get("env") or {}
-    view = {k: _int(env.get(k.upper())) for k in ("rank", "local_rank", "world_size", "local_world_size")}
+    view: dict[str, Any] = {k: _int(env.get(k.upper())) for k in ("rank", "local_rank", "world_size", "local_world_size")}
     view["launched"] = view["world_size"] is not None or view["rank"] is not None or view["local_rank"] is not None
     addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
     view["master"] = f"{addr or '?'}:{port or '?'}" if addr or port else None
@@ -57,8 +57,8 @@ def collective_vars(facts: Mapping[str, Any], *prefixes: str) -> list[str]:
     return sorted(k for k in (facts.get("env") or {}) if k.startswith(prefixes))
 
 
-def describe(facts: Mapping[str, Any]) -> str:
-    """One line for the report: this process's rank, the launch and the build's backends."""
+def describe(facts: Mapping[str, Any], *, master: bool = True) -> str:
+    """One line for the report: this process's rank, the launch (``master=False`` hides the host) and the backends."""
     v, d = launch_view(facts), facts.get("distributed") or {}
     backends = ", ".join(d.get("backends") or []) or ("none" if d.get("available") is False else "unknown")
     if not v["launched"]:
@@ -67,6 +67,7 @@ def describe(facts: Mapping[str, Any]) -> str:
     def of(a: Any, b: Any) -> str:
         return f"{'?' if a is None else a}/{'?' if b is None else b}"
 
-    master = f", master {v['master']}" if v["master"] else ""
+    where = v["master"] if master else f"<set>:{(facts.get('env') or {}).get('MASTER_PORT') or '?'}"
+    where = f", master {where}" if v["master"] else ""
     return (f"rank {of(v['rank'], v['world_size'])}, local rank {of(v['local_rank'], v['local_world_size'])}"
-            f"{master}; backends: {backends}")
+            f"{where}; backends: {backends}")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchdoctor._env.complete import complete_facts
 from torchdoctor._env.facts import collect_facts
+from torchdoctor._env.launch import describe
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._env.devices import DeviceChoice
@@ -64,6 +65,10 @@ class EnvReport:
 
     def text(self) -> str:
         return render(self)
+
+    def markdown(self) -> str:
+        """A block to paste into a bug report (``torchdoctor env --markdown``)."""
+        return render_markdown(self)
 
     def __str__(self) -> str:
         return self.text()
@@ -147,6 +152,7 @@ def render(report: EnvReport) -> str:
     shown = [f"{n} {f['packages'][n]}" for n in SHOWN_PACKAGES if n in f["packages"]]
     lines.append(f"  packages      {', '.join(shown) if shown else 'none of the packages that matter'}")
     lines.append(f"  environment   {', '.join(f'{k}={v!r}' for k, v in f['env'].items()) or 'no device variable set'}")
+    lines.append(f"  distributed   {describe(f)}")
     caps = report.capabilities
     if caps.get("probed"):
         fams = list(dict.fromkeys(k for row in caps["dtypes"].values() for k in row))
@@ -166,3 +172,50 @@ def render(report: EnvReport) -> str:
             lines.append(f"      fix: {x.fix}")
     return "\n".join(lines)
 
+
+
+_PRIVATE_VARS = frozenset({"MASTER_ADDR"})  # a host name or address: not for a public issue
+
+
+def _md(text: Any) -> str:
+    return str(text).replace("`", "'")
+
+
+def render_markdown(report: EnvReport) -> str:
+    """Key facts in a fenced block, then the findings as a list: what ``accelerate env`` / ``diffusers-cli env``
+    print for issues. Paths (the Python executable, torch's directory) and MASTER_ADDR are left out."""
+    import torchdoctor
+
+    f, c = report.facts, report.choice
+    t, p = f["torch"], f["platform"]
+    build = t["build"] or "?"
+    extra = ", ".join(f"{k} {t[k]}" for k in ("cuda", "hip", "xpu") if t[k])
+    torch_line = (f"{t['version']} (build {build}{', ' + extra if extra else ''})" if t["importable"]
+                  else f"{t['version'] or 'not installed'} (does not import: {t['error']})")
+    devs = "; ".join(f"{d['vendor']} {d.get('name') or '?'}" + (f" ({d['memory_mib']} MiB)" if d.get("memory_mib") else "")
+                     + (f" capability {d['capability']}" if d.get("capability") else "") for d in f["devices"])
+    rows = [
+        ("torchdoctor", torchdoctor.__version__),
+        ("Python", f["python"]["version"]),
+        ("Platform", f"{p['system']} {p['machine']} {p['release'] or ''}".strip() + (f", {p['cpu']}" if p["cpu"] else "")),
+        ("torch", torch_line),
+        ("Accelerators", devs or "none found"),
+        ("Drivers", ", ".join(f"{k} {v}" for k, v in f["drivers"].items() if v) or "none"),
+        ("Available", ", ".join(k for k in ("cuda", "xpu", "mps") if f[f"{k}_available"]) or "no accelerator"),
+        ("Device choice", f"{c['device'] or 'none'} ({c['reason']})"),
+        ("Distributed", describe(f, master=False)),
+        ("Packages", ", ".join(f"{n} {f['packages'][n]}" for n in SHOWN_PACKAGES if n in f["packages"]) or "none"),
+        ("Variables", ", ".join(f"{k}={'<set>' if k in _PRIVATE_VARS else v}" for k, v in f["env"].items()) or "none"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    counts = {s: sum(1 for x in report.findings if x.severity == s) for s in ("error", "warning", "info")}
+    lines = ["### Environment (`torchdoctor env --markdown`)", "", "```text"]
+    lines.extend(f"{k + ':':<{width + 1}} {v}" for k, v in rows)
+    lines += ["```", "", f"**Findings**: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"]
+    if not report.findings:
+        lines.append("- none")
+    for x in report.findings:
+        lines.append(f"- **{x.severity}** `{x.code}`: {_md(x.message)}")
+        if x.fix:
+            lines.append(f"  - fix: `{_md(x.fix)}`")
+    return "\n".join(lines)
