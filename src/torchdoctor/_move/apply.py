@@ -17,7 +17,7 @@ from torchdoctor._move import owners as q
 from torchdoctor._move.plan import MoveReport, Moved, _Plan, build
 from torchdoctor._move.undo import Outcome, UndoLog, Unit, owns_storage
 from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype, same_device
-from torchdoctor._report.model import PlacementError
+from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._report.text import format_error, human_bytes
 
 __all__ = ["move"]
@@ -35,28 +35,34 @@ def _mode(rollback: bool | str) -> str:
     raise ValueError(f"rollback must be 'auto', 'exact' (or True) or False, not {rollback!r}")
 
 
-def _claim(out: Outcome) -> tuple[str, list[str], str | None]:
-    """What the rollback achieved, as the object shows it: (headline part, rows, fix)."""
+def _claim(out: Outcome) -> tuple[str, list[str], str | None, list[Problem]]:
+    """What the rollback achieved, as the object shows it: (headline part, rows, fix, one problem per tensor)."""
+    problems = [Problem("not_restored", path, "", now, was, f"{path} is {now} after the rollback, was {was}")
+                for path, now, was in out.differs]
+    problems += [Problem("lost_precision", path, "", was, was, f"{path} was cast down and back: it lost precision")
+                 for path, was in out.lossy]
     if out.differs:
-        rows = out.differs + [f"{p}  (restored, lost precision)" for p in out.lossy]
+        rows = [f"{path}  now {now}, was {was}" for path, now, was in out.differs]
+        rows += [f"{path}  restored, lost precision" for path, _ in out.lossy]
         return (f"rolling back could not restore everything: the object IS half-moved; these {len(out.differs)} "
-                "differ from before", rows, None)
+                "differ from before", rows, None, problems)
     if out.lossy:
         return (f"rolled back: every tensor has its old device and dtype again, but these {len(out.lossy)} were cast "
-                "down and back and lost precision", out.lossy,
-                "torchdoctor.move(obj, ..., rollback='exact')  # keeps the originals until the move is done")
-    return "rolled back: the object is as before", [], None
+                "down and back and lost precision", [path for path, _ in out.lossy],
+                "torchdoctor.move(obj, ..., rollback='exact')  # keeps the originals until the move is done", problems)
+    return "rolled back: the object is as before", [], None, problems
 
 
-def _failure(head: str, log: UndoLog, done: list[Moved], total: int) -> tuple[str, Outcome | None]:
+def _failure(head: str, log: UndoLog, done: list[Moved], total: int, limit: int = 20
+             ) -> tuple[str, Outcome | None, list[Problem], str | None]:
     """Roll back (unless rollback=False) and say what the object is now."""
     if log.mode == "off":
         n = len(done)
         return format_error(f"{head}; NOT rolled back (rollback=False): these {n} of {total} moved, the rest are "
-                            "where they were", [f"{m.path}  {m.src} -> {m.dst}" for m in done]), None
+                            "where they were", [f"{m.path}  {m.src} -> {m.dst}" for m in done], limit=limit), None, [], None
     out = log.rollback()
-    claim, rows, fix = _claim(out)
-    return format_error(f"{head}; {claim}", rows, fix), out
+    claim, rows, fix, problems = _claim(out)
+    return format_error(f"{head}; {claim}", rows, fix, limit=limit), out, problems, fix
 
 
 def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | torch.dtype | None = None, *,
@@ -104,23 +110,28 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     except BaseException as exc:
         where = f"at {cursor[0]}" if cursor[0] else "while verifying the result"
         what = type(exc).__name__ + (f": {str(exc).splitlines()[0]}" if str(exc).strip() else "")
-        text, out = _failure(f"move failed {where} after {len(done)} tensor(s) ({what})", log, done, len(p.steps))
+        interrupted = not isinstance(exc, Exception)
+        text, out, problems, fix = _failure(f"move failed {where} after {len(done)} tensor(s) ({what})", log, done,
+                                       len(p.steps), limit=10**9 if interrupted else 20)
         # the traceback's frames hold the new copies (on the target device): drop them with the failed move
         traceback.clear_frames(exc.__traceback__)
-        log_.warning("%s", text)
-        if not isinstance(exc, Exception):  # an interrupt stays an interrupt; the note says what the object is now
+        log_.info("%s", text)
+        if interrupted:  # an interrupt stays an interrupt; its note says (in full) what the object is now
             if hasattr(exc, "add_note"):
                 exc.add_note(f"torchdoctor: {text}")
             raise
         if out is not None and out.interrupt is not None:
             raise out.interrupt from exc
-        raise PlacementError(text) from exc
+        raise PlacementError(text, problems=problems, fix=fix) from exc
     if left:
-        text, out = _failure(f"move finished but {len(left)} tensor(s) were left behind", log, done, len(p.steps))
-        log_.warning("%s", text)
-        rows = text.splitlines()
-        raise PlacementError(format_error(rows[0], left + rows[1:],
-                                          "torchdoctor.scan(obj, device=..., dtype=...)  # for the details"))
+        text, _, problems, _ = _failure(f"move finished but {len(left)} tensor(s) were left behind", log, done,
+                                     len(p.steps))
+        log_.info("%s", text)
+        head, *rows = text.split("\nFix:")[0].splitlines()
+        rows = [r.strip() for r in rows]
+        fix = "torchdoctor.scan(obj, device=..., dtype=...)  # for the details"
+        raise PlacementError(format_error(head, rows + ["left behind:"] + [f"  {x}" for x in left] if rows else left,
+                                          fix), problems=problems, fix=fix)
     kept = p.kept
     log.clear()  # frees kept originals now, not at the next gc
     del p, log

@@ -218,6 +218,10 @@ def install(e: Entry, aliases: list[Entry], new: torch.Tensor, device: torch.dev
         original = t  # the old Parameter object comes back whole
     else:
         replacement = new
+        d = _dict(t)
+        if d and replacement is not t:  # attributes a library set on the tensor (transformers' _is_buffer ...)
+            _dict(replacement).update(d)
+            swapped[id(t)] = replacement
     rec = SetSlots(slots, replacement, unit, i, original)
     log.add(rec)
     for x in slots:

@@ -64,6 +64,7 @@ class Unit:
         self.layouts = [(d.dtype, d.device, d.storage_offset(), d.size(), d.stride()) if d.layout == torch.strided
                         else (d.dtype, d.device, 0, d.size(), None) for d in datas]
         self.grads = [o.requires_grad and o.is_leaf for o in olds]
+        self.dicts = [_attrs(o) for o in olds]  # the attribute dicts, not the tensors: rebuilt objects get them back
         self.kept: list[torch.Tensor] | None = list(datas) if keep else None
         self.objs: list[Any] = list(olds) if keep else [_weak(o) for o in olds]
         self.news: list[torch.Tensor] = []
@@ -94,6 +95,8 @@ class Unit:
         t = data.detach()
         if self.grads[i]:
             t.requires_grad_(True)
+        if self.dicts[i]:
+            t.__dict__.update(self.dicts[i])
         self._fresh[i] = t
         return t, exact
 
@@ -111,6 +114,14 @@ class Unit:
         flat.set_(st, 0, (st.nbytes() // flat.element_size(),), (1,))
         back = flat.to(dev, dt if cast else torch.uint8)
         return back.untyped_storage(), exact_cast(dt, new.dtype)
+
+
+def _attrs(t: torch.Tensor) -> dict[str, Any]:
+    try:
+        d = object.__getattribute__(t, "__dict__")
+    except Exception:
+        return {}
+    return d if type(d) is dict else {}
 
 
 def _weak(t: torch.Tensor) -> Any:
@@ -142,8 +153,8 @@ class Outcome:
     """What a rollback achieved: paths restored through a lossy cast, and rows of what still differs."""
 
     def __init__(self) -> None:
-        self.lossy: list[str] = []
-        self.differs: list[str] = []
+        self.lossy: list[tuple[str, str]] = []  # (path, what it is again)
+        self.differs: list[tuple[str, str, str]] = []  # (path, what it is now, what it was)
         self.interrupt: BaseException | None = None
 
     @property
@@ -157,8 +168,8 @@ class _Record:
     def undo(self, out: Outcome) -> None:
         raise NotImplementedError
 
-    def check(self) -> str | None:
-        """A row if the target still differs from before, else None."""
+    def check(self) -> list[tuple[str, str, str]]:
+        """(path, now, was) for every slot of the target that still differs from before."""
         raise NotImplementedError
 
 
@@ -181,12 +192,12 @@ class SetData(_Record):
         data, exact = self.restore()
         self.target.data = data
         if not exact:
-            out.lossy.append(self.path)
+            out.lossy.append((self.path, self.was))
 
-    def check(self) -> str | None:
+    def check(self) -> list[tuple[str, str, str]]:
         t = self.target
         now = compact(t.dtype, tuple(t.shape), t.device)
-        return f"{self.path}  now {now}, was {self.was}" if self.moved() or now != self.was else None
+        return [(self.path, now, self.was)] if self.moved() or now != self.was else []
 
 
 def grad_restore(grad: torch.Tensor, new: torch.Tensor, keep: bool) -> Callable[[], tuple[torch.Tensor, bool]]:
@@ -224,19 +235,21 @@ class SetSlots(_Record):
             except BaseException as exc:  # the other slots are still put back
                 failed = exc
         if not exact:
-            out.lossy.append(self.path)
+            out.lossy.append((self.path, self.was))
         if failed is not None:
             raise failed
 
-    def check(self) -> str | None:
+    def check(self) -> list[tuple[str, str, str]]:
         rows = []
+        expected = self.back if self.back is not None else self.strong if self.strong is not None else \
+            self.unit.original(self.i)
         for x in self.slots[:self.reached]:
             now = read_slot(x)
-            if self.back is not None and now is self.back:
+            if expected is not None and now is expected:
                 continue
             desc = compact(now.dtype, tuple(now.shape), now.device) if isinstance(now, torch.Tensor) else repr(now)
-            rows.append(f"{x.path}  now {desc}{' (a new object)' if now is not self.new else ''}, was {self.was}")
-        return "\n  ".join(rows) or None
+            rows.append((x.path, desc if now is self.new else f"{desc} (another object)", self.was))
+        return rows
 
 
 class Swap(_Record):
@@ -254,9 +267,9 @@ class Swap(_Record):
         if self.moved():
             torch.utils.swap_tensors(self.t, self.holder)
 
-    def check(self) -> str | None:
+    def check(self) -> list[tuple[str, str, str]]:
         t = self.t
-        return f"{self.path}  now {compact(t.dtype, tuple(t.shape), t.device)}, was {self.was}" if self.moved() else None
+        return [(self.path, compact(t.dtype, tuple(t.shape), t.device), self.was)] if self.moved() else []
 
 
 class UndoLog:
@@ -287,11 +300,9 @@ class UndoLog:
                 if not isinstance(exc, Exception) and out.interrupt is None:
                     out.interrupt = exc
             try:
-                row = rec.check()
+                out.differs.extend(rec.check())
             except Exception as exc:
-                row = f"{rec.path}  cannot be read back ({type(exc).__name__})"
-            if row:
-                out.differs.append(row)
+                out.differs.append((rec.path, f"unreadable ({type(exc).__name__})", "?"))
         out.lossy.reverse()
         out.differs.reverse()
         return out
