@@ -73,7 +73,7 @@ class trace(contextlib.ContextDecorator):  # noqa: N801 - reads like torch.no_gr
                 patches.start(session)
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> None:
         with self._lock:
             self._depth -= 1
             if self._depth == 0 and self._session is not None:
@@ -87,7 +87,6 @@ class trace(contextlib.ContextDecorator):  # noqa: N801 - reads like torch.no_gr
                     if self._fh is not None:
                         self._fh.close()
                         self._fh = None
-        return False
 
     def selected(self, rec: TraceRecord) -> bool:
         """Does ``moves``/``lora`` select this record for the log and the file?"""

@@ -83,6 +83,7 @@ _finder: _PostImportFinder | None = None
 
 def _run(via: str, name: str, adopt: bool, args: Sequence[Any], orig: Callable[..., Any], call_args: tuple[Any, ...],
          kwargs: dict[str, Any]) -> Any:
+    """Call ``orig``; ``args`` are the candidates for the object it acts on (checked against the traces)."""
     st = STATE
     call = st.call
     if call is not None:
@@ -128,8 +129,12 @@ def _wrap(orig: Callable[..., Any], via: str, name: str, kind: str) -> Callable[
             return orig(*args, **kwargs)
         if kind == ASSIGN and not _relevant_assign(args):
             return orig(*args, **kwargs)
-        label = f".{args[1]} =" if kind == ASSIGN and len(args) > 1 and isinstance(args[1], str) else name
-        return _run(via, label, adopt, args, orig, args, kwargs)
+        if kind == ASSIGN:
+            # the module assigned into is the subject; a traced module stored into a new container (a
+            # ModuleList sliced in forward) changes nothing of the traced object
+            label = f".{args[1]} =" if len(args) > 1 and isinstance(args[1], str) else name
+            return _run(via, label, adopt, args[:1], orig, args, kwargs)
+        return _run(via, name, adopt, args, orig, args, kwargs)
 
     wrapper.__torchdoctor_original__ = orig  # type: ignore[attr-defined]
     return wrapper

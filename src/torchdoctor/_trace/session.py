@@ -34,7 +34,7 @@ UNSEEN = "(code the trace did not see)"
 class Call:
     """The outermost patched call running in one thread."""
 
-    __slots__ = ("via", "name", "subject", "frame", "scopes")
+    __slots__ = ("via", "name", "subject", "frame", "scopes", "covered")
 
     def __init__(self, via: str, name: str, subject: Any, frame: types.FrameType | None) -> None:
         self.via = via
@@ -42,6 +42,7 @@ class Call:
         self.subject = subject
         self.frame = frame
         self.scopes: dict[int, tuple[Session, Root, list[Scope]]] = {}  # id(root) -> ...
+        self.covered: set[int] = set()  # sessions whose only root is watched whole by this call: nothing to add
 
 
 class Scope:
@@ -214,6 +215,8 @@ class Session:
 
     # -- one call -------------------------------------------------------------------------------------------
     def contact(self, call: Call, candidates: tuple[Any, ...], adopt: bool) -> None:
+        if id(self) in call.covered:  # the common case inside a whole-model .to(): one check per submodule
+            return
         for obj in candidates:
             hit = self.find(obj)
             if hit is not None:
@@ -244,6 +247,8 @@ class Session:
                 objects.update(s.objects)
             scopes = [s for s in scopes if s not in narrower] + [Scope(path, before, objects, modules)]
             call.scopes[id(root)] = (self, root, scopes)
+            if path == "" and len(self.roots) == 1 and not self.adopting:
+                call.covered.add(id(self))
 
     def _unobserved(self, root: Root, before: Snap, narrower: list[Scope]) -> None:
         """Changes made since the last look by code no patch saw (a direct ``_parameters`` write...)."""
