@@ -204,7 +204,7 @@ def _dtype_problems(group: Group, entries: list[Entry], exp: Any) -> list[Proble
     if not off:
         return []
     if want in (torch.float16, torch.bfloat16) and any(e.dtype == torch.float32 for e in off):
-        exp = exp.with_kept(exp.architecture)  # imports transformers only now, when it can change the verdict
+        exp = exp.with_kept()  # asks transformers only now, when it can change the verdict
     kept = [e for e in off if e.dtype == torch.float32 and exp.keeps(e.key)]
     by_dtype: dict[torch.dtype, list[Entry]] = {}
     for e in off:
