@@ -57,14 +57,14 @@ FAULTS = {"RuntimeError": lambda: InjectedError("injected fault"),
 
 
 class Injector:
-    """Counts the points a move passes; raises ``fault`` at point ``n`` (once)."""
+    """Counts the points a move passes; raises ``fault`` at each point in ``at`` (once each)."""
 
     AFTER = {"convert": False, "view": False, "new parameter": False, "data": True, "grad": True, "slot": True,
              "swap": True, "verify": True}
 
     def __init__(self) -> None:
         self.armed = False
-        self.n = -1
+        self.at: set[int] = set()
         self.fault: Callable[[], BaseException] | None = None
         self.points: list[str] = []
         self.fired = ""
@@ -73,8 +73,9 @@ class Injector:
         if not self.armed:
             return
         self.points.append(f"{kind} {phase}")
-        if len(self.points) - 1 == self.n and self.fault is not None:
-            self.n, self.fired = -1, f"{kind} {phase}"
+        if len(self.points) - 1 in self.at and self.fault is not None:
+            self.at.discard(len(self.points) - 1)
+            self.fired = self.fired or f"{kind} {phase}"
             raise self.fault()
 
     def wrap(self, kind: str, real: Callable[..., Any]) -> Callable[..., Any]:
@@ -109,13 +110,14 @@ class Injector:
             mp.setattr(cls, name, lambda t, *a, _w=wrapped, **k: _w(t, *a, **k))
         mp.setattr(move_owners, "new_parameter", self.wrap("new parameter", move_owners.new_parameter))
         mp.setattr(move_owners, "set_tensor", self.wrap("slot", move_owners.set_tensor))
+        mp.setattr(move_undo, "set_tensor", self.wrap("slot", move_undo.set_tensor))  # the writes of a rollback
         mp.setattr(torch.utils, "swap_tensors", self.wrap("swap", torch.utils.swap_tensors))
         mp.setattr(move_apply, "_verify", self.wrap("verify", move_apply._verify))
 
-    def run(self, obj: Any, target: dict[str, Any], n: int = -1, fault: Callable[[], BaseException] | None = None
-            ) -> BaseException | None:
+    def run(self, obj: Any, target: dict[str, Any], at: tuple[int, ...] = (),
+            fault: Callable[[], BaseException] | None = None) -> BaseException | None:
         """``move(obj, **target)`` with the points patched (only meanwhile: copies and snapshots run unpatched)."""
-        self.n, self.fault, self.points, self.fired = n, fault, [], ""
+        self.at, self.fault, self.points, self.fired = set(at), fault, [], ""
         with pytest.MonkeyPatch.context() as mp:
             self.install(mp)
             self.armed = True
@@ -154,12 +156,14 @@ class Snapshot:
             fp.keep = None  # type: ignore[attr-defined]
         self._fp = fp
 
-    def differences(self, obj: Any, lossy: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+    def differences(self, obj: Any, lossy: set[str] = frozenset(),  # type: ignore[assignment]
+                    named: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+        """What differs from the snapshot, but the values of ``lossy`` paths and anything at ``named`` paths."""
         now = _records(fingerprint(obj, torch_state=False))
         out = []
         for path in sorted(self.records.keys() | now.keys()):
             a, b = self.records.get(path), now.get(path)
-            if a == b:
+            if a == b or path in named:
                 continue
             if a is not None and b is not None and a[0] == b[0] == "tensor":
                 skip = {12} if path in lossy else set()
@@ -168,38 +172,54 @@ class Snapshot:
                 if all(x == y for i, (x, y) in enumerate(zip(a, b)) if i not in skip):
                     continue
             out.append(f"{path}: {a} -> {b}")
-        if _sharing(obj) != self.sharing:
-            out.append(f"storage sharing: {sorted(map(sorted, self.sharing))} -> {sorted(map(sorted, _sharing(obj)))}")
+        before = {(k, g - named) for k, g in self.sharing if len(g - named) > 1}
+        if _sharing(obj, named) != before:
+            out.append(f"sharing: {sorted(before)} -> {sorted(_sharing(obj, named))}")
         return out
 
 
 def _records(fp: Any) -> dict[str, Any]:
+    """Record by path; an alias record becomes the record it points to (which paths share an object is compared
+    by ``_sharing``), so a path that stops being the first to reach an object does not look changed."""
     out: dict[str, Any] = {}
+    aliases = []
     for path, rec in fp:
         key, n = _norm(path), 1
         while key in out:
             n += 1
             key = f"{_norm(path)}#{n}"
+        if rec[0] == "alias":
+            aliases.append((key, _norm(rec[1])))
+            rec = out.get(_norm(rec[1]), rec)
         out[key] = rec
+    for key, first in aliases:  # what lies under an object (its grad, its attributes) lies under every path to it
+        out.update({key + k[len(first):]: r for k, r in list(out.items()) if k.startswith(f"{first}.")})
     return out
 
 
-def _sharing(obj: Any) -> set[frozenset[str]]:
-    groups: dict[int, set[str]] = {}
+def _sharing(obj: Any, named: set[str] = frozenset()) -> set[tuple[str, frozenset[str]]]:  # type: ignore[assignment]
+    """Groups of paths holding one object, and groups holding one storage (``named`` paths left out)."""
+    groups: dict[tuple[str, int], set[str]] = {}
     for e in walk(obj).entries:
-        t = e.tensor
-        if type(t) is TwoTensor or t.layout != torch.strided:
+        if e.path in named:
             continue
-        groups.setdefault(int(t.untyped_storage()._cdata), set()).add(e.path)
-    return {frozenset(g) for g in groups.values() if len(g) > 1}
+        t = e.tensor
+        groups.setdefault(("object", id(t)), set()).add(e.path)
+        if type(t) is not TwoTensor and t.layout == torch.strided:
+            groups.setdefault(("storage", int(t.untyped_storage()._cdata)), set()).add(e.path)
+    return {(k[0], frozenset(g)) for k, g in groups.items() if len(g) > 1}
 
 
 def _every_path_of(obj: Any, paths: set[str]) -> set[str]:
-    """The named tensors under every path that holds them (an alias is named once), and their grads."""
+    """The named tensors under every path that holds them (an alias is named once), the inner tensors of named
+    wrapper subclasses, and their grads."""
     entries = walk(obj).entries
+    grads = {p[:-len(".grad")] for p in paths if p.endswith(".grad")}
     named = {id(e.tensor) for e in entries if e.path in paths}
     out = set(paths) | {e.path for e in entries if id(e.tensor) in named}
-    return out | {f"{p}.grad" for p in out}
+    out |= {e.path for e in entries if e.slot == "inner" and any(e.path.startswith(f"{p}.") for p in out)}
+    of_grads = {id(e.tensor) for e in entries if e.path in grads}
+    return out | {f"{p}.grad" for p in out} | {f"{e.path}.grad" for e in entries if id(e.tensor) in of_grads}
 
 
 def claim(exc: BaseException) -> tuple[str, set[str]]:
@@ -332,7 +352,7 @@ def test_every_fault_point_rolls_back_to_the_snapshot_or_says_what_differs(name:
             for fname, fault in FAULTS.items() if every else [list(FAULTS.items())[k % len(FAULTS)]]:
                 obj = fresh(template)
                 snap = Snapshot(obj, weak=mode == "auto")
-                exc = inj.run(obj, target, n, fault)
+                exc = inj.run(obj, target, (n,), fault)
                 where = f"{name} {target} point {n} ({inj.fired}) {fname}"
                 kinds.add(inj.fired)
                 runs += 1
@@ -342,3 +362,35 @@ def test_every_fault_point_rolls_back_to_the_snapshot_or_says_what_differs(name:
                     failures.append(str(err))
     assert not failures, f"{len(failures)} of {runs} faults:\n" + "\n\n".join(failures[:5])
     assert must | {"convert before", "verify before", "verify after"} <= kinds
+
+
+# --- a second fault while rolling back: the error names exactly what differs ----------------------------------------
+
+
+@pytest.mark.parametrize("second", ["RuntimeError", "KeyboardInterrupt"])
+@pytest.mark.parametrize("target", [dict(dtype=BF16, rollback="exact"), dict(device="meta", rollback="auto")])
+def test_a_fault_while_rolling_back_is_reported_as_exactly_what_differs(target: dict[str, Any], second: str) -> None:
+    template = hand()
+    inj = Injector()
+    assert inj.run(fresh(template), target) is None
+    first = max(i for i, p in enumerate(inj.points) if p == "convert before")  # the last tensor: much to undo
+    assert inj.run(fresh(template), target, (first,), FAULTS["RuntimeError"]) is not None
+    undo_points = range(first + 1, len(inj.points))
+    assert len(undo_points) > 10
+    kinds = []
+    for m in undo_points:
+        obj = fresh(template)
+        snap = Snapshot(obj, weak=False)
+        exc = inj.run(obj, target, (first, m), lambda: FAULTS["RuntimeError" if inj.fired == "" else second]())
+        assert exc is not None
+        kind, paths = claim(exc)
+        kinds.append(kind)
+        if second == "KeyboardInterrupt":
+            assert isinstance(exc, KeyboardInterrupt) and "torchdoctor: move failed" in exc.__notes__[0]
+        named = _every_path_of(obj, paths)
+        diffs = snap.differences(obj, named, named if kind == "differs" else set())
+        assert not diffs, f"point {m} ({inj.points[m]}): the error says {kind} {sorted(paths)}, but:\n" + "\n".join(diffs)
+        if kind == "differs":  # and nothing is named that is as before
+            for p in paths:
+                assert snap.differences(obj, set(), named - _every_path_of(obj, {p})), (m, p, sorted(paths))
+    assert "differs" in kinds

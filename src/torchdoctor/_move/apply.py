@@ -53,16 +53,22 @@ def _claim(out: Outcome) -> tuple[str, list[str], str | None, list[Problem]]:
     return "rolled back: the object is as before", [], None, problems
 
 
-def _failure(head: str, log: UndoLog, done: list[Moved], total: int, limit: int = 20
-             ) -> tuple[str, Outcome | None, list[Problem], str | None]:
-    """Roll back (unless rollback=False) and say what the object is now."""
+def _undo(head: str, log: UndoLog, done: list[Moved], total: int
+          ) -> tuple[str, list[str], str | None, list[Problem], BaseException | None]:
+    """Roll back (unless rollback=False): (headline, rows, fix, problems, an interrupt met while rolling back)."""
     if log.mode == "off":
-        n = len(done)
-        return format_error(f"{head}; NOT rolled back (rollback=False): these {n} of {total} moved, the rest are "
-                            "where they were", [f"{m.path}  {m.src} -> {m.dst}" for m in done], limit=limit), None, [], None
+        return (f"{head}; NOT rolled back (rollback=False): these {len(done)} of {total} moved, the rest are where "
+                "they were", [f"{m.path}  {m.src} -> {m.dst}" for m in done], None, [], None)
     out = log.rollback()
     claim, rows, fix, problems = _claim(out)
-    return format_error(f"{head}; {claim}", rows, fix, limit=limit), out, problems, fix
+    return f"{head}; {claim}", rows, fix, problems, out.interrupt
+
+
+def _interrupt(stop: BaseException, text: str) -> BaseException:
+    """An interrupt stays an interrupt; its note says, in full, what the object is now."""
+    if hasattr(stop, "add_note"):
+        stop.add_note(f"torchdoctor: {text}")
+    return stop
 
 
 def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | torch.dtype | None = None, *,
@@ -110,28 +116,26 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     except BaseException as exc:
         where = f"at {cursor[0]}" if cursor[0] else "while verifying the result"
         what = type(exc).__name__ + (f": {str(exc).splitlines()[0]}" if str(exc).strip() else "")
-        interrupted = not isinstance(exc, Exception)
-        text, out, problems, fix = _failure(f"move failed {where} after {len(done)} tensor(s) ({what})", log, done,
-                                       len(p.steps), limit=10**9 if interrupted else 20)
+        head, rows, fix, problems, stop = _undo(f"move failed {where} after {len(done)} tensor(s) ({what})", log,
+                                                done, len(p.steps))
         # the traceback's frames hold the new copies (on the target device): drop them with the failed move
         traceback.clear_frames(exc.__traceback__)
-        log_.info("%s", text)
-        if interrupted:  # an interrupt stays an interrupt; its note says (in full) what the object is now
-            if hasattr(exc, "add_note"):
-                exc.add_note(f"torchdoctor: {text}")
-            raise
-        if out is not None and out.interrupt is not None:
-            raise out.interrupt from exc
-        raise PlacementError(text, problems=problems, fix=fix) from exc
+        full = format_error(head, rows, fix, limit=len(rows))
+        log_.info("%s", full)
+        if not isinstance(exc, Exception):
+            raise _interrupt(exc, full)
+        if stop is not None:
+            raise _interrupt(stop, full) from exc
+        raise PlacementError(format_error(head, rows, fix), problems=problems, fix=fix) from exc
     if left:
-        text, _, problems, _ = _failure(f"move finished but {len(left)} tensor(s) were left behind", log, done,
-                                     len(p.steps))
-        log_.info("%s", text)
-        head, *rows = text.split("\nFix:")[0].splitlines()
-        rows = [r.strip() for r in rows]
+        head, rows, _, problems, stop = _undo(f"move finished but {len(left)} tensor(s) were left behind", log, done,
+                                              len(p.steps))
+        rows = [*rows, "left behind:", *(f"  {x}" for x in left)] if rows else left
         fix = "torchdoctor.scan(obj, device=..., dtype=...)  # for the details"
-        raise PlacementError(format_error(head, rows + ["left behind:"] + [f"  {x}" for x in left] if rows else left,
-                                          fix), problems=problems, fix=fix)
+        log_.info("%s", format_error(head, rows, fix, limit=len(rows)))
+        if stop is not None:
+            raise _interrupt(stop, format_error(head, rows, fix, limit=len(rows)))
+        raise PlacementError(format_error(head, rows, fix), problems=problems, fix=fix)
     kept = p.kept
     log.clear()  # frees kept originals now, not at the next gc
     del p, log
