@@ -4,7 +4,6 @@ one 4-rank launch (a tiny transformers Llama with a bug planted on one rank), ea
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,6 +75,12 @@ def test_a_buffer_sharded_on_one_rank_and_replicated_on_another(small: list[dict
     d = report["disagreements"][0]
     assert set(d["values"]) == {"dtensor cpu(2,) (Shard(dim=0),)", "dtensor cpu(2,) (Replicate(),)"}
     assert not _problems(report)
+
+
+def test_a_tensor_parallel_model_is_quiet_and_described_by_its_mesh(small: list[dict[str, Any]]) -> None:
+    report = small[0]["tensor_parallel_clean"]
+    assert report["ok"], report.get("traceback") or (_problems(report), _disagreements(report))
+    assert [r["tensors"] for r in report["ranks"]] == [4, 4]
 
 
 def test_check_is_read_only(small: list[dict[str, Any]]) -> None:

@@ -6,6 +6,11 @@ per-rank problems and cross-rank disagreements.
 """
 
 from torchdoctor._distributed.check import check
-from torchdoctor._distributed.report import SCHEMA, Disagreement, DistributedReport, RankReport
+from torchdoctor._distributed.report import (
+    SCHEMA,
+    Disagreement,
+    DistributedReport,
+    RankReport,
+)
 
 __all__ = ["SCHEMA", "Disagreement", "DistributedReport", "RankReport", "check"]

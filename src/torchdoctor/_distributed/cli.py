@@ -18,10 +18,21 @@ import sys
 from datetime import timedelta
 from typing import Any
 
-from torchdoctor._cli.common import UsageError, failure, parse_common, print_json, resolve_target
+from torchdoctor._cli.common import (
+    UsageError,
+    failure,
+    parse_common,
+    print_json,
+    resolve_target,
+)
 from torchdoctor._distributed.check import gather, local_rank_of
 from torchdoctor._distributed.compare import build_report
-from torchdoctor._distributed.local import error_payload, fill_device, host, scan_payload
+from torchdoctor._distributed.local import (
+    error_payload,
+    fill_device,
+    host,
+    scan_payload,
+)
 from torchdoctor._report.text import EXIT_USAGE
 
 _LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

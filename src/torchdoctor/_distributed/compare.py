@@ -81,6 +81,10 @@ def disagreements(payloads: Sequence[dict[str, Any]]) -> list[Disagreement]:
                     "or loaded a different model; pipeline stages differ on purpose: pass group= of the replicas)"))
         if len(rows) < 2:
             continue
+        values_iter = iter(rows.values())
+        first = next(values_iter)
+        if all(row == first for row in values_iter):
+            continue  # the common case: every rank holds the same tensor
         layouts = {row[LAYOUT] for row in rows.values()}
         for kind, col, show, what in compared:
             if kind == "shape" and "flat" in layouts:

@@ -170,10 +170,13 @@ def scan_payload(model: Any, device: Any, dtype: Any, checksums: bool, rank: int
                         dataclasses.replace(p, path=path, module_path=mpath))
     tensors: dict[str, tuple[Any, ...]] = {}
     mesh: list[tuple[str, str, str]] = []
+    strip = wrapped or any(seg in e.path for e in w.entries for seg in WRAPPER_SEGMENTS)
+    names: dict[Any, str] = {}  # device / dtype -> its string: a 70B model has a handful of them for 725 tensors
     for e in w.entries:
         if e.alias_of is not None or e.path in internal:
             continue
-        t, path = e.tensor, strip_wrappers(e.path, wrapped)
+        t = e.tensor
+        path = strip_wrappers(e.path, wrapped) if strip else e.path
         layout, local = None, t
         if dtensor is not None and isinstance(t, dtensor):
             m = t.device_mesh
@@ -185,8 +188,10 @@ def scan_payload(model: Any, device: Any, dtype: Any, checksums: bool, rank: int
             layout = "flat"
         replicated = layout is None or all(type(pl).__name__ == "Replicate" for pl in getattr(t, "placements", ()))
         digest = checksum(local) if checksums and replicated else None
-        tensors[path] = (device_str(local.device), dtype_str(t.dtype), tuple(t.shape), bool(t.requires_grad),
-                         layout, digest)
+        dev_, dt_ = local.device, t.dtype
+        dev_s = names.get(dev_) or names.setdefault(dev_, device_str(dev_))
+        dt_s = names.get(dt_) or names.setdefault(dt_, dtype_str(dt_))
+        tensors[path] = (dev_s, dt_s, tuple(t.shape), bool(t.requires_grad), layout, digest)
     comp = expected_dt.get("") or next(iter(expected_dt.values()), None) if expected_dt else None
     majority = comp.get("device") if comp else None
     judged = device_str(dev) if dev is not None else (majority if majority not in (None, "none") else None)
@@ -195,6 +200,6 @@ def scan_payload(model: Any, device: Any, dtype: Any, checksums: bool, rank: int
 
 
 def _plain(p: Problem) -> dict[str, Any]:
-    d = p.to_dict()
+    d = dict(vars(p))  # the dataclass fields (Problem keeps them in its __dict__); asdict deep-copies, 10x slower
     d["tensors"] = list(p.tensors)
     return d

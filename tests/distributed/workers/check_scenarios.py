@@ -19,10 +19,10 @@ from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/ for ``support``
 
-import torchdoctor  # noqa: E402
+import torchdoctor
 
-RANK = int(os.environ["RANK"])
-WORLD = int(os.environ["WORLD_SIZE"])
+RANK = int(os.environ.get("RANK", "0"))  # importable outside a launch (doctest collection)
+WORLD = int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def small(seed: int = 0) -> nn.Sequential:
@@ -92,6 +92,21 @@ def dtensor_sharded_here_replicated_there() -> Any:
     return torchdoctor.distributed.check(model, device="cpu")
 
 
+def tensor_parallel_clean() -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))  # Megatron-style: column- then row-sharded
+    model = parallelize_module(mlp, init_device_mesh("cpu", (WORLD,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    model(torch.randn(2, 8))
+    return torchdoctor.distributed.check(model, device="cpu", checksums=True)
+
+
 def read_only_fsdp2_with_checksums() -> Any:
     from support.helpers import assert_unchanged
     from torch.distributed.fsdp import fully_shard
@@ -107,7 +122,7 @@ def same_bad_argument_everywhere() -> Any:
 
 SMALL: dict[str, Callable[[], Any]] = {f.__name__: f for f in (
     ddp_clean, fsdp2_clean, fsdp2_cpu_offload_against_accelerator, plain_cpu_against_accelerator,
-    fsdp2_mixed_precision, dtensor_sharded_here_replicated_there, read_only_fsdp2_with_checksums,
+    fsdp2_mixed_precision, dtensor_sharded_here_replicated_there, tensor_parallel_clean, read_only_fsdp2_with_checksums,
     same_bad_argument_everywhere)}
 
 

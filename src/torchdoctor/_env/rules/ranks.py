@@ -13,7 +13,17 @@ They read the launch variables and the visible device count of the facts, as eve
 from __future__ import annotations
 
 from torchdoctor._env.launch import collective_vars, launch_view
-from torchdoctor._env.rules.registry import ERROR, WARNING, EnvFinding, Facts, env_var, hit, rule, torch_v, wheel_index
+from torchdoctor._env.rules.registry import (
+    ERROR,
+    WARNING,
+    EnvFinding,
+    Facts,
+    env_var,
+    hit,
+    rule,
+    torch_v,
+    wheel_index,
+)
 
 
 def _visible(f: Facts) -> tuple[int, str, str] | None:
