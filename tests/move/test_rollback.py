@@ -190,3 +190,44 @@ def test_failed_verification_without_rollback_says_not_rolled_back() -> None:
         move(model, "meta", rollback=False)
     assert "left behind" in str(info.value) and "NOT rolled back" in str(info.value)
     assert model.weight.is_meta
+
+
+# --- interrupts and logging -------------------------------------------------------------------------------------------
+
+
+def test_an_interrupt_stays_an_interrupt_and_its_note_says_the_object_is_as_before(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _trained_linear()
+    before = _fp(model)
+    _fail_at(monkeypatch, 3, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt) as info:
+        move(model, "meta", rollback="exact")
+    monkeypatch.undo()
+    note = info.value.__notes__[-1]
+    assert note.startswith("torchdoctor: move failed at 0.bias after 1 tensor(s) (KeyboardInterrupt)")
+    assert note.endswith("rolled back: the object is as before")
+    assert _fp(model) == before, "\n".join(diff(before, _fp(model)))
+
+
+def test_lost_precision_comes_as_problems_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = zoo.tiny_unet()
+    _fail_at(monkeypatch, 40)
+    with pytest.raises(PlacementError) as info:
+        move(model, dtype=BF16)
+    monkeypatch.undo()
+    problems = info.value.problems
+    assert len(problems) > 20 and "... and" in str(info.value)  # the text is cut, the problems are not
+    assert {p.kind for p in problems} == {"lost_precision"} and problems[0].path == "conv_in.weight"
+    assert problems[0].found == problems[0].expected == "f32[4,4,3,3]@cpu"
+    assert info.value.fix is not None and "rollback='exact'" in info.value.fix
+
+
+def test_one_info_line_per_move_and_debug_per_unit(caplog: pytest.LogCaptureFixture) -> None:
+    model = Views()
+    with caplog.at_level("DEBUG", logger="torchdoctor.move"):
+        move(model, dtype=BF16)
+    infos = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+    debugs = [r.getMessage() for r in caplog.records if r.levelname == "DEBUG"]
+    assert len(infos) == 1 and infos[0].startswith("moved 6 tensor(s), ") and " to bfloat16 in " in infos[0]
+    assert len(debugs) == 4  # lin.weight, lin.bias, the three views as one unit, last
+    assert any("base f32[12]@cpu -> bf16[12]@cpu; head" in d for d in debugs)

@@ -69,7 +69,7 @@ class Unit:
         self.objs: list[Any] = list(olds) if keep else [_weak(o) for o in olds]
         self.news: list[torch.Tensor] = []
         self._storage: Any = None
-        self._fresh: dict[int, torch.Tensor] = {}
+        self._fresh: dict[int, tuple[torch.Tensor, bool]] = {}
 
     def original(self, i: int) -> torch.Tensor | None:
         o = self.objs[i]
@@ -90,14 +90,14 @@ class Unit:
     def fresh(self, i: int) -> tuple[torch.Tensor, bool]:
         """A new object for member ``i`` (one per member, so aliased slots get one object)."""
         if i in self._fresh:
-            return self._fresh[i], True
+            return self._fresh[i]
         data, exact = self.data(i)
         t = data.detach()
         if self.grads[i]:
             t.requires_grad_(True)
         if self.dicts[i]:
             t.__dict__.update(self.dicts[i])
-        self._fresh[i] = t
+        self._fresh[i] = t, exact
         return t, exact
 
     def _old_storage(self) -> tuple[Any, bool]:
@@ -116,9 +116,9 @@ class Unit:
         return back.untyped_storage(), exact_cast(dt, new.dtype)
 
 
-def _attrs(t: torch.Tensor) -> dict[str, Any]:
+def _attrs(obj: Any) -> dict[str, Any]:
     try:
-        d = object.__getattribute__(t, "__dict__")
+        d = object.__getattribute__(obj, "__dict__")
     except Exception:
         return {}
     return d if type(d) is dict else {}
@@ -143,8 +143,8 @@ def read_slot(e: Entry) -> Any:
             return owner._buffers.get(key)
         if e.slot == "item":
             return owner[key] if isinstance(owner, (dict, list)) else None
-        d = object.__getattribute__(owner, "__dict__") if hasattr(type(owner), "__dict__") else {}
-        return d[key] if type(d) is dict and key in d else object.__getattribute__(owner, key)
+        d = _attrs(owner)
+        return d[key] if key in d else object.__getattribute__(owner, key)
     except Exception:
         return None
 
@@ -156,10 +156,6 @@ class Outcome:
         self.lossy: list[tuple[str, str]] = []  # (path, what it is again)
         self.differs: list[tuple[str, str, str]] = []  # (path, what it is now, what it was)
         self.interrupt: BaseException | None = None
-
-    @property
-    def exact(self) -> bool:
-        return not self.lossy and not self.differs
 
 
 class _Record:
