@@ -109,6 +109,29 @@ def device_str(device: torch.device | str | int | None) -> str:
     return text
 
 
+def tensor_device(t: torch.Tensor) -> torch.device:
+    """The device a tensor stands for: a virtual tensor's ``_td_device``, a FakeTensor's ``fake_device``, else
+    ``t.device``. Every checker reads devices through this one function."""
+    d = getattr(t, "_td_device", None)
+    if d is not None:
+        return d if isinstance(d, torch.device) else torch.device(d)
+    d = getattr(t, "fake_device", None)
+    if d is not None:
+        return d
+    return t.device
+
+
+def norm_device(d: torch.device) -> torch.device:
+    """``cuda`` is ``cuda:0`` (as torch means the current device); ``cpu`` and ``meta`` stay bare.
+
+    >>> norm_device(torch.device("cuda")), norm_device(torch.device("cpu"))
+    (device(type='cuda', index=0), device(type='cpu'))
+    """
+    if d.index is None and d.type not in ("cpu", "meta"):
+        return torch.device(d.type, 0)
+    return d
+
+
 def same_device(a: torch.device, b: torch.device) -> bool:
     """``cuda`` and ``cuda:0`` are the same device; ``cpu`` and ``cpu:0`` too."""
     if a.type != b.type:

@@ -11,13 +11,39 @@ from typing import Any
 import torch
 
 class ModuleStack:
-    """The innermost running module of the copy (global forward hooks, removed by handle), so a problem names
-    its module; parameters put on a module during the run (an adapter loaded in ``call``) get their path too."""
+    """The innermost running module (global forward hooks, removed by handle), so a problem names its module;
+    parameters put on a module during the run (an adapter loaded in ``call``) get their path too. Paths are
+    resolved when needed: a module injected after the run started (LoRA layers added after ``.to()``) is found
+    under the outermost running module. ``on_enter(module, path, args)`` runs when a module with a path starts."""
 
     def __init__(self, roles: dict[str, str]) -> None:
         self.stack: list[torch.nn.Module] = []
-        self.paths: dict[int, str] = {}  # id(module of the copy) -> its path ("" for the root)
+        self.paths: dict[int, str] = {}  # id(module) -> its path ("" for the root)
         self.roles = roles
+        self.on_enter: Any = None
+        self._missed: set[int] = set()
+        self._keep: list[torch.nn.Module] = []  # ids in ``paths`` stay unique while the stack lives
+        self.outermost: list[torch.nn.Module] = []  # the modules that started a forward, first first
+
+    def path_of(self, mod: torch.nn.Module) -> str | None:
+        """``mod``'s path; unknown modules are looked up under the outermost running module (once per module)."""
+        path = self.paths.get(id(mod))
+        if path is None and self.stack and id(mod) not in self._missed:
+            self._missed.add(id(mod))
+            root = self.stack[0]
+            base = self.paths.get(id(root))
+            if base is None and root is mod:
+                base = ""  # the outermost module of a run: it names its own tree
+            if base is not None:
+                try:
+                    for name, sub in root.named_modules(remove_duplicate=False):
+                        if id(sub) not in self.paths:
+                            self.paths[id(sub)] = f"{base}.{name}" if base and name else (name or base)
+                            self._keep.append(sub)
+                except Exception:  # a strange module tree must not break the run it watches
+                    pass
+            path = self.paths.get(id(mod))
+        return path
 
     def where(self) -> tuple[str | None, str | None]:
         """(path, type name) of the innermost running module with a known path."""
@@ -28,15 +54,21 @@ class ModuleStack:
         return None, None
 
     def _pre(self, mod: torch.nn.Module, args: Any) -> None:
+        if not self.stack and not any(m is mod for m in self.outermost):
+            self.outermost.append(mod)
         self.stack.append(mod)
         path = self.paths.get(id(mod))
         if path is None:
-            return
+            path = self.path_of(mod)
+            if path is None:
+                return
         for store, role in ((mod._parameters, "parameter"), (mod._buffers, "buffer")):
             for name, t in store.items():
                 if getattr(t, "_td_path", False) is None:  # a virtual tensor not named yet
                     t._td_path = f"{path}.{name}" if path else name
                     self.roles.setdefault(t._td_path, role)
+        if self.on_enter is not None:
+            self.on_enter(mod, path, args)
 
     def _post(self, mod: torch.nn.Module, args: Any, out: Any) -> None:
         if self.stack and self.stack[-1] is mod:

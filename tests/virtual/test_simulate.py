@@ -316,9 +316,9 @@ def test_bnb_8bit_state_left_behind_after_first_forward() -> None:
     report = assert_unchanged(model, torchdoctor.simulate, model, (torch.randn(2, 64),), device="cuda:1")
     assert ("device", "proj.state.SCB") in _found(report)
     scb = next(p for p in report.problems if p.path == "proj.state.SCB")
-    assert scb.op == "bitsandbytes.int8_scaled_mm.default" and scb.module_path == "proj"
-    assert "proj.state.SCB f32[128]@cpu is on cpu while bitsandbytes.int8_scaled_mm.default runs on cuda:1" \
-        in scb.message
+    # found when the layer starts, whatever kernel path runs later
+    assert scb.op == "Linear8bitLt.forward" and scb.module_path == "proj"
+    assert "proj.state.SCB f32[128]@cpu is on cpu when proj (Linear8bitLt) starts on cuda:1" in scb.message
 
 
 # --- planted bugs, each reported by path ------------------------------------------------------------------------------
@@ -350,7 +350,7 @@ def test_conv_weight_and_bias_on_other_devices() -> None:
     model = ListHeld()
     report = assert_unchanged(model, torchdoctor.simulate, model, (torch.randn(1, 3, 8, 8),), device="cuda:1")
     assert _found(report) == [("device", "extra.0.bias"), ("device", "extra.0.weight")]
-    assert all(p.op == "aten.convolution.default" for p in report.problems)
+    assert all(p.op == "ListHeld.forward" for p in report.problems)  # found when the module starts
 
     def bias_elsewhere(m: nn.Module) -> None:
         m.to("cuda:1")
@@ -385,7 +385,7 @@ def test_conv_input_in_another_dtype_than_its_bias_is_reported_not_raised() -> N
 def test_cpu_tensor_indexed_with_device_indices() -> None:
     report = torchdoctor.simulate(Table(), (torch.tensor([1, 2]),), device="cuda:1")
     assert _found(report) == [("device", "table")]
-    assert report.problems[0].op == "aten.index.Tensor"
+    assert report.problems[0].op == "Table.forward"  # found when the module starts
 
 
 def test_device_tensor_indexed_with_cpu_indices_is_legal() -> None:
@@ -515,7 +515,7 @@ def test_report_json_and_text() -> None:
     assert doc["problems"][0]["path"] == "table" and doc["problems"][0]["tensors"]  # in the order found
     text = report.text()
     assert re.match(r"2 problem\(s\) \(\d+ ops on virtual cuda:1 in bfloat16, [\d.]+ s\):$", text.splitlines()[0])
-    assert "table f32[10,4]@cpu is on cpu while aten.index.Tensor runs on cuda:1 (in <root>, Table)" in text
+    assert "table f32[10,4]@cpu is on cpu when <root> (Table) starts on cuda:1" in text
     assert str(torchdoctor.simulate(Net(), device="xpu")).startswith("ok: no placement problems")
 
 
@@ -567,7 +567,7 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert sorted(p["path"] for p in doc["problems"]) == ["extra.0.bias", "extra.0.weight"]
     assert main(["simulate", f"{path}:custom", "--device", "xpu"]) == 2
     assert "unsupported_op" in capsys.readouterr().out
-    assert main(["simulate", f"{path}:fine", "--device", "cuda:3", "--count", "2"]) == 0  # count grows to fit
+    assert main(["simulate", f"{path}:fine", "--device", "cuda:3", "--count", "2"]) == 2  # no cuda:3 among 2
     assert main(["simulate", f"{path}:on_meta", "--device", "mps"]) == 1
     assert "holds no data (meta)" in capsys.readouterr().out
     assert main(["simulate", f"{path}:on_meta", "--device", "mps", "--assume-device", "cpu"]) == 0

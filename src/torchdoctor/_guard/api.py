@@ -24,13 +24,14 @@ import threading
 import types
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
 
 from torchdoctor._rules import registry as _rules
+from torchdoctor._guard import provenance
 from torchdoctor._guard.session import Maps, Session, fix_code, module_label
 from torchdoctor._placement import device_str, dtype_str
 from torchdoctor._report.model import PlacementError, PlacementWarning, Problem, TensorInfo
@@ -344,24 +345,48 @@ def _explain_error(session: Session, exc: BaseException, tb: types.TracebackType
     found = ", ".join(dict.fromkeys(_show(value(c[2]), kind) for c in bad)) if bad else None
     expected = _show(ref, kind) if ref is not None else "?"
     phase = " during backward" if backward else ""
-    if found:
+    # the model's own tensors that caused it (the policy's view), best first; the failing op comes second
+    own = {c[0] for c in bad if c[0] is not None}
+    blamed = [s for s in _suspects(session, maps, kind, bad, value, mpath) if s.problem.path not in own][:4]
+    surfaced = f"{found} where {expected} was expected" if found else "see the original error"
+    if blamed and blamed[0].matches:
+        head = provenance.headline(blamed[0], kind, where + phase, surfaced)
+    elif found:
         head = f"{kind} mismatch in {where}{phase}: {found} where {expected} was expected"
     else:
         head = f"{kind} problem in {where}{phase}"
-    lines = [f"{c[1]}: {_rules._compact(c[2])}  (expected {expected})" for c in bad]
+    lines = [f"culprit {b.line()}" for b in blamed]
+    lines += [f"{c[1]}: {_rules._compact(c[2])}  (expected {expected})" for c in bad]
     if not bad:
         lines += [f"{c[1]}: {_rules._compact(c[2])}" for c in cands[:8]]
     lines.append(f"original error: {type(exc).__name__}: {first_line}")
-    culprits = [(c[0], c[1], kind, None if kind == "meta" else _also_dtype(ref, c[2], kind, message, maps))
-                for c in bad]
+    culprits = [(b.problem.path, b.problem.path, b.problem.kind,
+                 None if b.problem.kind == "meta" else provenance.target_of(b.problem)) for b in blamed]
+    victims = [c for c in bad if not (blamed and blamed[0].matches and c[0] is None)]
+    culprits += [(c[0], c[1], kind, None if kind == "meta" else _also_dtype(ref, c[2], kind, message, maps))
+                 for c in victims]
     fix = fix_code(culprits, maps.dicts if maps is not None else ())
-    problems = [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,
-                        f"{c[1]} is {_show(value(c[2]), kind)} in {where}, expected {expected}", op=op,
-                        module_path=mpath, module_type=mtype) for c in bad]
+    problems = [replace(b.problem, op=op) for b in blamed]
+    problems += [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,
+                         f"{c[1]} is {_show(value(c[2]), kind)} in {where}, expected {expected}", op=op,
+                         module_path=mpath, module_type=mtype) for c in bad]
     session.g._record_problems(problems)
     infos = [TensorInfo.of(c[1], c[2], role=roles.get(c[1], "input")) for c in bad]
     return PlacementError(format_error(head, lines, fix), module_path=mpath, module_type=mtype, op=op,
                           tensors=infos, problems=problems, fix=fix)
+
+
+def _suspects(session: Session, maps: Maps | None, kind: str, bad: list[Any], value: Callable[[torch.Tensor], Any],
+              mpath: str | None) -> list[provenance.Suspect]:
+    if maps is None or kind == "unsupported_dtype":
+        return []
+    try:
+        values = {_show(value(c[2]), kind) for c in bad}
+        ran = provenance.ran_paths(maps.modules, session.ran)
+        return provenance.suspects(maps.policy_problems(), kind, values, ran, mpath)
+    except Exception:  # provenance is extra: the failure is still explained without it
+        log.debug("provenance failed", exc_info=True)
+        return []
 
 
 def _mentioned(message: str, kind: str) -> set[Any]:

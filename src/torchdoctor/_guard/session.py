@@ -52,6 +52,8 @@ class Maps:
         from torchdoctor._walk import walk
 
         w = walk(root)
+        self.walk = w
+        self._policy_problems: list[Problem] | None = None
         self.modules = {id(m): p for p, m in w.modules}
         self.dicts = frozenset(p for p, m in w.modules if isinstance(m, nn.ModuleDict))
         self.tensors: dict[int, str] = {}
@@ -79,6 +81,14 @@ class Maps:
         from torchdoctor._scan.policy import Expectations
 
         self.expect = Expectations(w)
+
+    def policy_problems(self) -> list[Problem]:
+        """The model's off-policy tensors (what scan reports), computed at the first failure that asks."""
+        if self._policy_problems is None:
+            from torchdoctor._guard.provenance import policy_problems
+
+            self._policy_problems = policy_problems(self.walk)
+        return self._policy_problems
 
     def dtype_for(self, module_path: str | None) -> torch.dtype | None:
         """The dtype a module's ops should agree on, as scan sees it (its component, its peft adapter ...)."""
@@ -178,6 +188,7 @@ class Session:
         self.mode = g.mode
         self.tid = threading.get_ident()
         self.stack: list[tuple[nn.Module, tuple[Any, ...]]] = []
+        self.ran: list[nn.Module] = []  # modules started in this forward, in order (provenance at a failure)
         self.bw: list[nn.Module] = []  # modules whose backward is running (autograd may use other threads)
         self.handles: list[Any] = []
         self.grad_handles: list[Any] = []
@@ -220,6 +231,7 @@ class Session:
     def _new_forward(self) -> None:
         """The outermost module starts: the last backward is over; forget hooks of freed graphs."""
         self.bw.clear()
+        self.ran.clear()
         if len(self.grad_handles) > 1024:
             self.grad_handles = [h for h in self.grad_handles if _alive(h)]
 
@@ -231,6 +243,7 @@ class Session:
         if not stack:
             self._new_forward()
         stack.append((mod, args))
+        self.ran.append(mod)
         if _grad_enabled():
             self._track([t for a in args for t in _tensors_of(a)], self._bw_leave, mod)
 
@@ -328,6 +341,19 @@ class Session:
                 return None
         return m
 
+    def _blame(self, maps: Maps | None, kind: str, bad: set[str], mpath: str | None, own: set[Any]) -> list[Any]:
+        """The model's off-policy tensors that may have caused a ``kind`` problem at the current op, best first."""
+        if maps is None:
+            return []
+        try:
+            from torchdoctor._guard.provenance import ran_paths, suspects
+
+            found = suspects(maps.policy_problems(), kind, bad, ran_paths(maps.modules, self.ran), mpath)
+            return [s for s in found if s.problem.path not in own][:4]
+        except Exception:  # provenance is extra: the problem is still reported without it
+            log.debug("provenance failed", exc_info=True)
+            return []
+
     # -- strict / fix / warn --------------------------------------------------------------------------------
     def on_problem(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
                    findings: list[_rules.Finding], schema_op: Any = None) -> Any:
@@ -370,6 +396,15 @@ class Session:
                 detail = (f"{', '.join(_rules.label(op, k) for k in ks0)} {'is' if len(ks0) == 1 else 'are'} "
                           f"{_value_str(tensors[ks0[0]], f0.attr)}, expected {_value_str_of(t0)} like the model")
             head = f"{first.kind} problem in {where} at {op}: {detail}"
+            blamed = self._blame(maps, first.kind, {p.found for p in problems}, mpath, {c[0] for c in culprits})
+            if blamed and blamed[0].matches:
+                from torchdoctor._guard.provenance import headline, target_of
+
+                head = headline(blamed[0], first.kind, where, f"at {op}: {detail}")
+                lines = [f"culprit {b.line()}" for b in blamed] + lines
+                culprits = [(b.problem.path, b.problem.path, b.problem.kind, target_of(b.problem))
+                            for b in blamed] + [c for c in culprits if c[0] is not None]
+                problems = [replace(b.problem, op=str(op)) for b in blamed] + problems
             others = [d for d in findings[0].problem.tensors if not any(d.startswith(_rules.label(op, k) + ":")
                                                                         for f, _, ks in plan for k in ks)]
             fix = fix_code(culprits, maps.dicts if maps is not None else ())

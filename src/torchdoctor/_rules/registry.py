@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchdoctor import _placement
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import compact, device_str, dtype_str
 
@@ -39,23 +40,9 @@ _Tensor = torch.Tensor
 Key = tuple[Any, int]  # (position or kwarg name, index in a list argument or -1)
 
 
-def tensor_device(t: torch.Tensor) -> torch.device:
-    """The device a tensor stands for: a simulator's virtual ``_td_device``, a FakeTensor's ``fake_device``,
-    else ``t.device``. Every rule sees devices through this one function."""
-    d = getattr(t, "_td_device", None)
-    if d is not None:
-        return d if isinstance(d, torch.device) else torch.device(d)
-    d = getattr(t, "fake_device", None)
-    if d is not None:
-        return d
-    return t.device
-
-
-def _norm(d: torch.device) -> torch.device:
-    # cuda == cuda:0; cpu stays bare
-    if d.index is None and d.type not in ("cpu", "meta"):
-        return torch.device(d.type, 0)
-    return d
+# one device vocabulary: every rule reads devices through torchdoctor._placement
+tensor_device = _placement.tensor_device
+_norm = _placement.norm_device
 
 
 @dataclass(frozen=True)

@@ -113,8 +113,8 @@ def dispatch_device(hook: Any) -> torch.device | None:
             return None
         dev = hd.get("execution_device")
         if dev is not None:
-            try:
-                return torch.device(dev)
+            try:  # accelerate's integer device is an index of the accelerator
+                return torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
             except (RuntimeError, TypeError):
                 return None
     return None
@@ -172,11 +172,14 @@ def _managed_names(tp: type) -> frozenset[str]:
         except (OSError, TypeError):
             continue
         names.update(_MOVED.findall(source))
-        # assignments outside __init__ rebuild the attribute at run time (a cache compared with the input)
+        # an assignment outside __init__ rebuilds the attribute at run time, but only a rebuild that looks at
+        # the attribute's device or dtype follows the input (a cache built once on the first forward does not)
         parts = _DEF.split(source)
         for i in range(1, len(parts) - 1, 2):
             if parts[i] != "__init__":
-                names.update(_ASSIGNED.findall(parts[i + 1]))
+                body = parts[i + 1]
+                names.update(n for n in _ASSIGNED.findall(body)
+                             if re.search(rf"self\.{n}\s*\.\s*(?:device|dtype|is_cuda)\b", body))
     return frozenset(names)
 
 

@@ -20,8 +20,7 @@ import torch
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
-from torchdoctor._report.text import render_problems
-from torchdoctor._virtual.simulate import LIMIT, _Recorder, _Stop
+from torchdoctor._virtual.simulate import _culprits_then_rest, LIMIT, _Recorder, _Stop
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._tracker import ModuleStack
 from torchdoctor._virtual.runtime import virtual_world
@@ -52,6 +51,7 @@ class VirtualSession:
     data: str = "cpu"
     problems: list[Problem] = field(default_factory=list)
     stopped: str | None = None
+    culprits: int = 0  # the first ``culprits`` problems caused the ones after them
 
     @property
     def ok(self) -> bool:
@@ -63,7 +63,7 @@ class VirtualSession:
         first = self.problems[0]
         lines = [f"{len(self.problems)} placement problem(s) on virtual {where}"
                  + (f", first in {first.module_path or '<root>'} ({first.module_type})" if first.module_type else "")
-                 + ":", *render_problems(tuple(self.problems), 40)]
+                 + ":", *_culprits_then_rest(tuple(self.problems), self.culprits, 40)]
         if self.stopped:
             lines.append(f"stopped early: {self.stopped}")
         fix = _fix(self.problems, self.device, self.dtype)
@@ -139,8 +139,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     dev = torch.device(dev.type, dev.index or 0)
     _import_probers()
     rec = _Recorder(profile, dev, dt, limit, {})
-    rec.modules = _OwnStack(rec.roles)
-    rec.where = rec.modules.where
+    rec.use_stack(_OwnStack(rec.roles))
     session = VirtualSession(dev, dt, profile, data, rec.problems)
     space = Space(data, profile.type, rec)
     failure: BaseException | None = None
@@ -154,5 +153,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
                 raise
             failure = exc  # most likely a consequence of the problems: report them, chained to it
     session.stopped = rec.stopped
+    session.problems[:] = rec.culprits_first(list(rec.problems), rec.modules.outermost)
+    session.culprits = rec.blamed
     if raise_on_exit and rec.problems:
         raise session.error() from failure

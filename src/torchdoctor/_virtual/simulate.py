@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ from torch import nn
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, render_problems, schema
 from torchdoctor._report.model import Problem, Target, summarize
-from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype
+from torchdoctor._placement import norm_device, compact, device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._virtual.tensor import Hooks, Space, VirtualTensor, is_virtual, make, virtual_copy
 from torchdoctor._tracker import ModuleStack
 from torchdoctor._virtual.runtime import virtual_world
@@ -53,6 +53,7 @@ class SimulationReport:
     seconds: float = 0.0
     stopped: str | None = None  # why the run ended early, if it did
     summary: tuple[dict[str, Any], ...] = ()  # tensors by device and dtype after the move
+    culprits: int = 0  # the first ``culprits`` problems are model tensors that caused the ones after them
 
     @property
     def ok(self) -> bool:
@@ -81,7 +82,7 @@ class SimulationReport:
         where = self.device + (f" in {self.dtype}" if self.dtype else "")
         head = f"{self.ops} ops on virtual {where}, {self.seconds:.2f} s"
         lines = [f"ok: no placement problems ({head})"] if self.ok else \
-            [f"{len(self.problems)} problem(s) ({head}):", *render_problems(self.problems, limit)]
+            [f"{len(self.problems)} problem(s) ({head}):", *_culprits_then_rest(self.problems, self.culprits, limit)]
         if self.stopped:
             lines.append(f"stopped early: {self.stopped}")
         lines.extend(f"  {g['device']:<8} {g['dtype']:<14} {g['tensors']:>7} tensors" for g in self.summary[:limit])
@@ -89,6 +90,22 @@ class SimulationReport:
 
     def __str__(self) -> str:
         return self.text()
+
+
+def _from_origin(p: Problem, origin: dict[tuple[str, ...], str]) -> Problem:
+    """A tensor made in forward names the model tensor its wrong dtype or device came from."""
+    src = origin.get((p.kind, p.found)) or origin.get((p.kind, p.found, p.module_path or ""))
+    if src is None or "a tensor made in forward" not in p.message:
+        return p
+    return replace(p, message=p.message.replace("a tensor made in forward",
+                                                f"a tensor made in forward from {src} ({p.found})", 1))
+
+
+def _culprits_then_rest(problems: tuple[Problem, ...], n: int, limit: int) -> list[str]:
+    if not n:
+        return render_problems(problems, limit)
+    return [*render_problems(problems[:n], limit), "  where they surfaced:",
+            *render_problems(problems[n:], max(1, limit - n))]
 
 
 class _Recorder(Hooks):
@@ -104,9 +121,52 @@ class _Recorder(Hooks):
         self._model_dtype: torch.dtype | None = None
         self.problems: list[Problem] = []
         self.seen: set[tuple[str, ...]] = set()
-        self.modules = ModuleStack(roles)
-        self.where = self.modules.where
         self.stopped: str | None = None
+        self.blamed = 0
+        self.use_stack(ModuleStack(roles))
+
+    def use_stack(self, stack: ModuleStack) -> None:
+        """Track modules with ``stack``; owned tensors are checked when each module starts."""
+        from torchdoctor._virtual.entry import EntryCheck
+
+        self.modules = stack
+        self.where = stack.where
+        stack.on_enter = EntryCheck(self.device, self._entry_note, self._dispatched)
+
+    def _entry_note(self, kind: str, path: str, found: str, expected: str, message: str, op: str, role: str,
+                    shown: str) -> None:
+        mpath, mtype = self.where()
+        self._add(Problem(kind, path, self.roles.get(path, role), found, expected, message, op=op,
+                          module_path=mpath, module_type=mtype, tensors=(f"{path}: {shown}",)), key=(kind, path))
+
+    def culprits_first(self, problems: list[Problem], roots: list[Any]) -> list[Problem]:
+        """The model tensors the policy finds off (what scan reports on the run's own objects), matching what the
+        ops found wrong, go first: the op where a problem surfaced comes second."""
+        from torchdoctor._guard.provenance import policy_problems, suspects
+        from torchdoctor._walk import walk
+
+        bad = {p.found for p in problems if p.kind in ("dtype", "device")}
+        kinds = {p.kind for p in problems} & {"dtype", "device"}
+        if not bad:
+            return problems
+        have = {p.path for p in problems}
+        blamed: list[Problem] = []
+        try:
+            for root in roots:
+                found = policy_problems(walk(root))
+                for kind in sorted(kinds):
+                    for sus in suspects(found, kind, bad, [], None):
+                        if sus.matches and sus.problem.path not in have:
+                            have.add(sus.problem.path)
+                            blamed.append(replace(sus.problem, message=f"culprit: {sus.problem.message}"))
+        except Exception:  # provenance is extra: the problems stand without it
+            return problems
+        self.blamed = len(blamed)
+        origin: dict[tuple[str, ...], str] = {(b.kind, b.found): b.path for b in blamed}
+        for p in problems:  # a module-entry finding is the origin of what its module's ops then meet
+            if p.op is not None and p.op.endswith(".forward") and p.module_path is not None:
+                origin.setdefault((p.kind, p.found, p.module_path), p.path)
+        return blamed + [_from_origin(p, origin) for p in problems]
 
     # -- Hooks --------------------------------------------------------------------------------------------------
     def check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -254,14 +314,14 @@ class _Recorder(Hooks):
         return any("_hf_hook" in getattr(m, "__dict__", {}) for m in self.modules.stack)
 
     def model_dtype(self) -> torch.dtype | None:
-        """The floating dtype holding most parameter bytes of the copy (looked up once, at the first dtype problem)."""
+        """The model's dtype as the placement policy decides it for the first root (looked up once, at the first
+        dtype problem): declared, else a vote no single large tensor can swing."""
         if self._model_dtype is None and self.roots:
-            sizes: dict[torch.dtype, int] = {}
-            for root in self.roots:
-                for t in root.parameters():
-                    if t.is_floating_point():
-                        sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel() * t.element_size()
-            self._model_dtype = max(sizes, key=sizes.__getitem__) if sizes else torch.float32
+            from torchdoctor._scan.policy import Policy
+            from torchdoctor._walk import walk
+
+            comps = Policy(walk(self.roots[0]), None, None, False).components
+            self._model_dtype = next((c.dtype for c in reversed(comps) if c.dtype is not None), torch.float32)
         return self._model_dtype
 
 
@@ -291,8 +351,7 @@ class _Args:
             self.args[pos] = value
 
 
-def _norm(d: torch.device) -> torch.device:
-    return torch.device(d.type, d.index or 0) if is_virtual(d) else d
+_norm = norm_device  # cuda is cuda:0 (virtual devices never carry a bare type)
 
 
 def _parse(parser: Callable[[str], Any], text: str) -> Any:
@@ -429,7 +488,7 @@ def simulate(
                 rec.stopped = f"the run ended after the problems above: {text}"  # most likely a consequence
             else:
                 raise
-    problems = list(rec.problems)
+    problems = rec.culprits_first(list(rec.problems), rec.roots)
     if placed is not None:
         # what the move left behind; with inputs, the forward's checks judge the rest
         seen = {(p.kind, p.path) for p in problems}
@@ -440,7 +499,8 @@ def simulate(
     # virtual tensors have no storage to share: each canonical path counts once
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
     return SimulationReport(device_str(dev), dtype_str(dt) if dt is not None else None, data, profile,
-                            tuple(problems), space.ops, time.perf_counter() - start, rec.stopped, summary)
+                            tuple(problems), space.ops, time.perf_counter() - start, rec.stopped, summary,
+                            rec.blamed)
 
 
 def _api_name(exc: BaseException) -> str:

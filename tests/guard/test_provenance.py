@@ -1,0 +1,84 @@
+"""Blame the culprit: guard names the model tensor that caused a failure, by path, before the op where it
+surfaced (explain and strict modes, real transformers models on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torchdoctor
+from support import zoo
+
+BF = torch.bfloat16
+
+
+def _fail(model: nn.Module, call: object, mode: str) -> torchdoctor.PlacementError:
+    with pytest.raises(torchdoctor.PlacementError) as info:
+        with torchdoctor.guard(model, mode=mode):
+            call()  # type: ignore[operator]
+    return info.value
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict"])
+def test_tied_lm_head_upcast_names_the_embedding_first(mode: str) -> None:
+    b = zoo.build("llama", BF)
+    b.obj.get_input_embeddings().to(torch.float32)  # the LlamaFactory#5583 pattern: tied lm_head follows
+    err = _fail(b.obj, lambda: b.call(b.obj), mode)
+    first = str(err).splitlines()[0]
+    assert err.problems[0].path == "model.embed_tokens.weight"
+    assert first.index("`model.embed_tokens.weight`") < first.index("model.layers.0.self_attn.q_proj")
+    assert "float32 entered at `model.embed_tokens`" in first
+    assert "model.model.embed_tokens.weight.data = model.model.embed_tokens.weight.data.to(torch.bfloat16)" \
+        in (err.fix or "")
+
+
+class _Encoder(nn.Module):
+    """RT-DETR style: the positional embedding is a plain attribute set with setattr, added to queries/keys."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.norm = nn.LayerNorm(8)
+        setattr(self, "pos_embed", torch.randn(1, 4, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = k = x + getattr(self, "pos_embed")
+        return self.norm(self.self_attn(q, k, x)[0])
+
+
+class _Detr(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.encoder = _Encoder()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(self.proj(x))
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict"])
+def test_attribute_left_fp32_after_half_is_named_not_the_attention_inputs(mode: str) -> None:
+    model = _Detr().to(BF)  # pos_embed stays float32: Module.to never casts a plain attribute
+    x = torch.randn(2, 4, 8, dtype=BF)
+    err = _fail(model, lambda: model(x), mode)
+    assert err.problems[0].path == "encoder.pos_embed"
+    assert str(err).splitlines()[0].startswith("dtype mismatch caused by `encoder.pos_embed`")
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict"])
+def test_clip_position_embedding_upcast_is_named_before_layer_norm1(mode: str) -> None:
+    b = zoo.build("clip_text", BF)
+    emb = b.obj.embeddings.position_embedding
+    emb.to(torch.float32)
+    err = _fail(b.obj, lambda: b.call(b.obj), mode)
+    assert err.problems[0].path == "embeddings.position_embedding.weight"
+    assert "encoder.layers.0" in str(err).splitlines()[0]
+
+
+def test_a_correct_model_with_a_wrong_input_still_blames_the_input() -> None:
+    b = zoo.build("llama", BF)
+    model = torch.nn.Linear(4, 4).to(BF)
+    err = _fail(model, lambda: model(torch.randn(2, 4)), "explain")
+    assert err.problems[0].path == "input 0" and "caused by" not in str(err)
+    assert b.obj is not None

@@ -1,0 +1,194 @@
+"""Blame the culprit in virtual runs: simulate(call=...), the virtual session behind ``@pytest.mark.simulate``, and
+module-entry checks that catch a leftover whatever kernel path runs later."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import torchdoctor
+from support import zoo
+from torchdoctor._virtual.session import virtual_devices
+
+BF = torch.bfloat16
+
+
+def _paths(problems: Any) -> list[str]:
+    return [p.path for p in problems]
+
+
+def test_simulate_names_the_upcast_embedding_first() -> None:
+    b = zoo.build("llama", BF)
+    b.obj.get_input_embeddings().to(torch.float32)
+    report = torchdoctor.simulate(b.obj, b.inputs, device="cuda:1")
+    assert report.problems[0].path == "model.embed_tokens.weight" and report.culprits == 1
+    later = report.problems[1]
+    assert "from model.embed_tokens.weight (float32)" in later.message  # the victim op names its origin
+    text = report.text()
+    assert text.index("model.embed_tokens.weight") < text.index("where they surfaced")
+
+
+def _marker_run(body: Any) -> torchdoctor.PlacementError:
+    """What ``@pytest.mark.simulate(device="cuda:1")`` does around a test body: the user's own code, no copy."""
+    with pytest.raises(torchdoctor.PlacementError) as info:
+        with virtual_devices("cuda:1"):
+            body()
+    return info.value
+
+
+def test_lora_injected_after_to_is_named_by_path() -> None:
+    import peft
+
+    def body() -> None:
+        model = zoo.tiny_llama().to("cuda:1")  # AstrAI#19 / diffusers#5897: adapters added after the move
+        model = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+        for layer in model.base_model.model.model.layers:  # peft made them where the base is; the report
+            for m in layer.self_attn.q_proj.lora_A.values():  # pattern: created before, left on the CPU
+                m.to("cpu")
+        model(input_ids=torch.ones(1, 4, dtype=torch.long, device="cuda:1"))
+
+    err = _marker_run(body)
+    paths = _paths(err.problems)
+    assert paths[0] == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight", paths
+    assert "a tensor made in forward" not in str(err).splitlines()[1]
+
+
+class _Cached(nn.Module):
+    """darts#3052: a cache built on the first forward and reused after ``.to()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.cache: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cache is None:
+            self.cache = torch.ones(4, device=x.device)
+        return self.proj(x) * self.cache
+
+
+def test_cache_built_before_to_is_named() -> None:
+    def body() -> None:
+        m = _Cached()
+        m(torch.ones(2, 4))  # cache made on cpu
+        m.to("cuda:1")
+        m(torch.ones(2, 4, device="cuda:1"))
+
+    err = _marker_run(body)
+    assert _paths(err.problems)[0] == "cache"
+
+
+class _ListOfBuffers(nn.Module):
+    """pytorch#29807: a list holding registered buffers that ``.to()`` replaced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("a", torch.ones(4))
+        self.register_buffer("b", torch.ones(4))
+        self.both = [self.a, self.b]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.both[0] + self.both[1]
+
+
+def test_list_of_replaced_buffers_is_named() -> None:
+    def body() -> None:
+        m = _ListOfBuffers().to("cuda:1")
+        m(torch.ones(4, device="cuda:1"))
+
+    err = _marker_run(body)
+    assert _paths(err.problems)[:2] == ["both.0", "both.1"]
+
+
+def test_adalora_ranknum_left_on_cpu_is_named() -> None:
+    import peft
+
+    def body() -> None:
+        model = zoo.tiny_llama().to("cuda:1")
+        cfg = peft.AdaLoraConfig(init_r=2, target_r=1, target_modules=["q_proj"], total_step=10)
+        model = peft.get_peft_model(model, cfg)
+        layer = model.base_model.model.model.layers[0].self_attn.q_proj
+        layer.ranknum["default"].data = torch.ones_like(layer.ranknum["default"], device="cpu")  # peft#581
+        model(input_ids=torch.ones(1, 4, dtype=torch.long, device="cuda:1"))
+
+    err = _marker_run(body)
+    assert _paths(err.problems)[0] == "base_model.model.model.layers.0.self_attn.q_proj.ranknum.default"
+
+
+def test_plain_attribute_and_list_held_module_are_named() -> None:
+    class Holder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.scale = torch.ones(4)
+            self.refiners = [nn.Linear(4, 4)]
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.refiners[0](self.proj(x) * self.scale)
+
+    def body() -> None:
+        m = Holder().to("cuda:1")
+        m(torch.ones(2, 4, device="cuda:1"))
+
+    err = _marker_run(body)
+    assert {"scale", "refiners.0.weight"} <= set(_paths(err.problems))
+
+
+# --- the seed scenario: 4-bit layer moved to cuda:1 with quant_state.code left behind -----------------------------
+
+
+@pytest.fixture
+def old_quant_state_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bitsandbytes.functional import QuantState
+
+    real_to = QuantState.to
+
+    def old_to(self: Any, device: Any) -> None:  # bitsandbytes < 0.45.3 did not move the code
+        code = self.code
+        real_to(self, device)
+        self.code = code
+
+    monkeypatch.setattr(QuantState, "to", old_to)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("nested", [True, False], ids=["nested", "plain"])
+def test_seed_quant_state_code_left_behind_in_call(old_quant_state_to: None, rows: int, nested: bool) -> None:
+    model = zoo.bnb_linear4bit(compress_statistics=nested)
+
+    def run(m: nn.Module) -> None:
+        m.to("cuda:1")  # the user's own code moves it
+        m(torch.randn(rows, 64, device="cuda:1"))
+
+    report = torchdoctor.simulate(model, device="cuda:1", call=run)
+    assert report.problems and report.problems[0].path == "proj.weight.quant_state.code", report.text()
+    assert report.problems[0].found == "cpu" and report.problems[0].expected == "cuda:1"
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_seed_quant_state_code_left_behind_under_the_marker_session(old_quant_state_to: None, rows: int) -> None:
+    def body() -> None:
+        model = zoo.bnb_linear4bit()
+        model.to("cuda:1")
+        model(torch.randn(rows, 64, device="cuda:1"))
+
+    err = _marker_run(body)
+    assert err.problems[0].path == "proj.weight.quant_state.code"
+
+
+def test_entry_checks_add_nothing_on_correct_models() -> None:
+    for name in ("llama", "unet", "llama_lora"):
+        b = zoo.build(name, BF)
+        assert torchdoctor.simulate(b.obj, b.inputs, device="cuda:1").ok, name
+
+    def body() -> None:
+        b = zoo.build("llama", BF)
+        m = b.obj.to("cuda:1")
+        m(input_ids=b.inputs["input_ids"].to("cuda:1"))
+
+    with virtual_devices("cuda:1") as sim:
+        body()
+    assert sim.ok
