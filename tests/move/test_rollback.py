@@ -231,3 +231,22 @@ def test_one_info_line_per_move_and_debug_per_unit(caplog: pytest.LogCaptureFixt
     assert len(infos) == 1 and infos[0].startswith("moved 6 tensor(s), ") and " to bfloat16 in " in infos[0]
     assert len(debugs) == 4  # lin.weight, lin.bias, the three views as one unit, last
     assert any("base f32[12]@cpu -> bf16[12]@cpu; head" in d for d in debugs)
+
+
+def test_auto_keeps_what_a_copy_could_not_replace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-leaf tensor (autograd history) and a tensor with a hook come back as themselves, held by nobody else."""
+    model = nn.Linear(2, 2)
+    model.derived = model.weight.sum(0) * 2  # carries a grad_fn
+    model.hooked = torch.ones(2, requires_grad=True)
+    seen: list[Any] = []
+    model.hooked.register_hook(seen.append)
+    model.zlast = torch.ones(2)
+    ids, fn = (id(model.derived), id(model.hooked)), model.derived.grad_fn
+    _fail_at(monkeypatch, 5)  # weight, bias, derived, hooked, then zlast fails
+    with pytest.raises(PlacementError):
+        move(model, dtype=BF16)
+    monkeypatch.undo()
+    assert (id(model.derived), id(model.hooked)) == ids
+    assert model.derived.grad_fn is fn and model.derived.dtype == torch.float32
+    model.hooked.sum().backward()
+    assert len(seen) == 1

@@ -15,7 +15,7 @@ import torch
 
 from torchdoctor._move import owners as q
 from torchdoctor._move.plan import MoveReport, Moved, _Plan, build
-from torchdoctor._move.undo import Outcome, UndoLog, Unit, owns_storage
+from torchdoctor._move.undo import Outcome, UndoLog, Unit, irreplaceable, owns_storage
 from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype, same_device
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._report.text import format_error, human_bytes
@@ -159,7 +159,7 @@ def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blo
         olds = [s.entry.tensor for s in unit]
         datas = [o if q.is_wrapper(o) else q.data_of(o) for o in olds]
         before = [compact(t.dtype, tuple(t.shape), t.device) for t in olds]
-        back = Unit(olds, datas, _keeps(log, unit, datas, shared))
+        back = Unit(olds, datas, _keeps(log, unit, olds, datas, shared))
         news = q.new_tensors([(s.entry.tensor, s.device, s.dtype) for s in unit], non_blocking)
         back.news = news
         total += news[0].untyped_storage().nbytes() if len(unit) > 1 else _nbytes(news[0])
@@ -173,12 +173,15 @@ def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blo
     return total
 
 
-def _keeps(log: UndoLog, unit: list[Any], datas: list[torch.Tensor], shared: set[int]) -> bool:
+def _keeps(log: UndoLog, unit: list[Any], olds: list[torch.Tensor], datas: list[torch.Tensor], shared: set[int]
+           ) -> bool:
     """Whether the unit's originals stay referenced until the move is done (see ``torchdoctor._move.undo``)."""
     if log.keeps(not same_device(datas[0].device, unit[0].device)):
         return True
     if log.mode != "auto":
         return False
+    if any(irreplaceable(o) for o in olds):
+        return True
     sid = _storage_id(datas[0])
     return sid is not None and (sid in shared or not any(owns_storage(d) for d in datas))
 

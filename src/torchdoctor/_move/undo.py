@@ -25,8 +25,8 @@ from torch import nn
 from torchdoctor._placement import compact, same_device
 from torchdoctor._walk import Entry, set_tensor
 
-__all__ = ["Outcome", "SetData", "SetSlots", "Swap", "UndoLog", "Unit", "exact_cast", "grad_restore", "owns_storage",
-           "read_slot"]
+__all__ = ["Outcome", "SetData", "SetSlots", "Swap", "UndoLog", "Unit", "exact_cast", "grad_restore", "irreplaceable",
+           "owns_storage", "read_slot"]
 
 _LOSSLESS = {(a, b) for a in (torch.float16, torch.bfloat16) for b in (torch.float32, torch.float64)} | {
     (torch.float32, torch.float64)}
@@ -42,6 +42,25 @@ def _storage_id(t: torch.Tensor) -> int | None:
         return int(t.untyped_storage()._cdata)
     except Exception:  # wrapper subclasses and sparse layouts have no single storage
         return None
+
+
+def _layout(d: torch.Tensor) -> tuple[torch.dtype, torch.device, Any, Any, Any]:
+    """(dtype, device, storage offset, size, stride); stride None where there is no plain strided storage."""
+    try:
+        if d.layout == torch.strided:
+            return d.dtype, d.device, d.storage_offset(), d.size(), d.stride()
+    except Exception:  # nested tensors and other kinds without one storage
+        pass
+    return d.dtype, d.device, 0, None, None
+
+
+def irreplaceable(t: torch.Tensor) -> bool:
+    """Whether a rebuilt copy could not stand in for ``t``: it carries autograd history or tensor hooks."""
+    try:
+        return bool((t.requires_grad and not t.is_leaf) or t._backward_hooks
+                    or getattr(t, "_post_accumulate_grad_hooks", None))
+    except Exception:
+        return True
 
 
 def owns_storage(t: torch.Tensor) -> bool:
@@ -61,8 +80,7 @@ class Unit:
 
     def __init__(self, olds: list[torch.Tensor], datas: list[torch.Tensor], keep: bool) -> None:
         self.keep = keep
-        self.layouts = [(d.dtype, d.device, d.storage_offset(), d.size(), d.stride()) if d.layout == torch.strided
-                        else (d.dtype, d.device, 0, d.size(), None) for d in datas]
+        self.layouts = [_layout(d) for d in datas]
         self.grads = [o.requires_grad and o.is_leaf for o in olds]
         self.dicts = [_attrs(o) for o in olds]  # the attribute dicts, not the tensors: rebuilt objects get them back
         self.kept: list[torch.Tensor] | None = list(datas) if keep else None
