@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import functools
 import re
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +27,6 @@ from support.helpers import fingerprint
 from torch import nn
 from torch.testing._internal.two_tensor import TwoTensor
 
-import torchdoctor
 from torchdoctor import PlacementError
 from torchdoctor._move import apply as move_apply
 from torchdoctor._move import owners as move_owners
@@ -133,7 +131,7 @@ class Injector:
 # --- what the object is, and what the error claims ------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _norm(path: str) -> str:
     if "[" not in path and "<" not in path:
         return path

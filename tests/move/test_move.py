@@ -417,107 +417,6 @@ def test_virtual_cuda1_llama_with_attributes() -> None:
     assert _on_virtual_cuda1(model, lambda m: move(m, "cuda:1", BF16)) == []
 
 
-# --- rollback ----------------------------------------------------------------------------------------------------
-
-
-class _FailAt:
-    """Wraps ``torch.Tensor.to``; the n-th call raises, as an out-of-memory would."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.calls, self.real = n, 0, torch.Tensor.to
-
-    def __call__(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        if self.calls == self.n:
-            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB (simulated)")
-        return self.real(t, *args, **kwargs)
-
-
-def _fail_at(monkeypatch: pytest.MonkeyPatch, n: int) -> _FailAt:
-    fail = _FailAt(n)
-
-    def to(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # a function, so it binds as a method
-        return fail(t, *args, **kwargs)
-
-    monkeypatch.setattr(torch.Tensor, "to", to)
-    return fail
-
-
-@pytest.mark.parametrize("target", [dict(device="meta"), dict(dtype=BF16, rollback="exact"),
-                                    dict(device="meta", dtype=BF16)])
-def test_failure_at_the_37th_tensor_rolls_back_to_exactly_before(monkeypatch: pytest.MonkeyPatch,
-                                                                target: dict[str, Any]) -> None:
-    model = zoo.tiny_unet()
-    before = _fp(model)
-    fail = _fail_at(monkeypatch, 37)
-    with pytest.raises(PlacementError) as info:
-        move(model, **target)
-    monkeypatch.undo()
-    assert fail.calls >= 37
-    assert "after 36 tensor(s)" in str(info.value) and "rolled back: the object is as before" in str(info.value)
-    assert "out of memory" in str(info.value) and isinstance(info.value.__cause__, RuntimeError)
-    assert _fp(model) == before, "\n".join(diff(before, _fp(model)))
-
-
-def test_widening_cast_rolls_back_exactly_without_keeping_originals(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = zoo.tiny_unet(BF16)
-    before = _fp(model)
-    _fail_at(monkeypatch, 37)
-    with pytest.raises(PlacementError, match="the object is as before"):
-        move(model, dtype=torch.float32)
-    monkeypatch.undo()
-    assert _fp(model) == before
-
-
-def test_narrowing_cast_rolls_back_dtypes_and_names_the_precision_lost(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = zoo.tiny_unet()
-    params = list(model.parameters())
-    _fail_at(monkeypatch, 37)
-    with pytest.raises(PlacementError) as info:
-        move(model, dtype=BF16)
-    monkeypatch.undo()
-    text = str(info.value)
-    assert "lost precision" in text and "rollback='exact'" in text and "conv_in.weight" in text
-    assert all(p.dtype == torch.float32 for p in model.parameters())
-    assert all(a is b for a, b in zip(params, model.parameters()))  # the same Parameter objects
-    assert torchdoctor.scan(model, dtype=torch.float32).ok
-
-
-def test_rollback_false_says_what_moved(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = zoo.tiny_unet()
-    _fail_at(monkeypatch, 3)
-    with pytest.raises(PlacementError) as info:
-        move(model, dtype=BF16, rollback=False)
-    monkeypatch.undo()
-    assert "NOT rolled back" in str(info.value) and "conv_in.weight" in str(info.value)
-    assert model.conv_in.weight.dtype == BF16 and model.time_embedding.linear_1.weight.dtype == torch.float32
-
-
-def test_failure_in_bnb_quant_state_rolls_back_the_shared_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = zoo.bnb_linear4bit()
-    before = _fp(model)
-    _fail_at(monkeypatch, 5)  # weight, bias, absmax, code done; offset fails
-    with pytest.raises(PlacementError, match="quant_state.offset after 4"):
-        move(model, "meta")
-    monkeypatch.undo()
-    assert _fp(model) == before
-
-
-def test_left_behind_is_reported_by_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchdoctor._move import owners as _move_quant  # the forward write; rollback writes through undo
-
-    real = _move_quant.set_tensor
-
-    def lossy_set(entry: Any, new: torch.Tensor) -> None:
-        if entry.path != "scale":  # an owner that silently ignores the assignment
-            real(entry, new)
-
-    monkeypatch.setattr(_move_quant, "set_tensor", lossy_set)
-    with pytest.raises(PlacementError, match="left behind") as info:
-        move(Holder(), dtype=BF16)
-    assert "scale  f32[4]@cpu -> bf16[4]@cpu" in str(info.value)
-
-
 # --- refusals: nothing moved ---------------------------------------------------------------------------------
 
 
@@ -632,7 +531,7 @@ def test_plan_shows_refusals() -> None:
 def test_report_fields_text_and_json() -> None:
     model = Holder()
     report = move(model, "meta", BF16)
-    assert isinstance(report, MoveReport) and report.ok and report.device == "meta" and report.dtype == "bfloat16"
+    assert isinstance(report, MoveReport) and report.ok and report.device == torch.device("meta") and report.dtype == torch.bfloat16
     doc = json.loads(json.dumps(report.to_dict()))
     assert doc["schema"] == "torchdoctor/move/1"
     assert doc["moved"][0] == {"path": "lin.weight", "from": "f32[4,4]@cpu", "to": "bf16[4,4]@meta", "nbytes": 32}
@@ -668,19 +567,3 @@ def test_move_touches_nothing_but_its_object() -> None:
     before = _fp(twin)
     move(model, "meta", BF16)
     assert _fp(twin) == before
-
-
-def test_a_failed_move_keeps_no_copies_alive_in_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gc
-
-    def bf16_alive() -> set[int]:
-        gc.collect()
-        return {id(o) for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.dtype == BF16}
-
-    model = zoo.tiny_unet()
-    before = bf16_alive()
-    _fail_at(monkeypatch, 37)
-    with pytest.raises(PlacementError) as info:
-        move(model, dtype=BF16, rollback="exact")
-    monkeypatch.undo()
-    assert info.value.__cause__ is not None and bf16_alive() - before == set()

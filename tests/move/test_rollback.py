@@ -12,6 +12,7 @@ from support import zoo
 from support.helpers import diff, fingerprint
 from torch import nn
 
+import torchdoctor
 from torchdoctor import PlacementError
 from torchdoctor._move.apply import move
 
@@ -52,6 +53,103 @@ def _trained_linear() -> nn.Module:
     model(torch.randn(3, 4)).sum().backward()
     assert all(p.grad is not None for p in model.parameters())
     return model
+
+
+# --- a failure part-way ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", [dict(device="meta"), dict(dtype=BF16, rollback="exact"),
+                                    dict(device="meta", dtype=BF16)])
+def test_failure_at_the_37th_tensor_rolls_back_to_exactly_before(monkeypatch: pytest.MonkeyPatch,
+                                                                target: dict[str, Any]) -> None:
+    model = zoo.tiny_unet()
+    before = _fp(model)
+    fail = _fail_at(monkeypatch, 37)
+    with pytest.raises(PlacementError) as info:
+        move(model, **target)
+    monkeypatch.undo()
+    assert fail.calls >= 37
+    assert "after 36 tensor(s)" in str(info.value) and "rolled back: the object is as before" in str(info.value)
+    assert "out of memory" in str(info.value) and isinstance(info.value.__cause__, RuntimeError)
+    assert _fp(model) == before, "\n".join(diff(before, _fp(model)))
+
+
+def test_widening_cast_rolls_back_exactly_without_keeping_originals(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = zoo.tiny_unet(BF16)
+    before = _fp(model)
+    _fail_at(monkeypatch, 37)
+    with pytest.raises(PlacementError, match="the object is as before"):
+        move(model, dtype=torch.float32)
+    monkeypatch.undo()
+    assert _fp(model) == before
+
+
+def test_narrowing_cast_rolls_back_dtypes_and_names_the_precision_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = zoo.tiny_unet()
+    params = list(model.parameters())
+    _fail_at(monkeypatch, 37)
+    with pytest.raises(PlacementError) as info:
+        move(model, dtype=BF16)
+    monkeypatch.undo()
+    text = str(info.value)
+    assert "lost precision" in text and "rollback='exact'" in text and "conv_in.weight" in text
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(a is b for a, b in zip(params, model.parameters()))  # the same Parameter objects
+    assert torchdoctor.scan(model, dtype=torch.float32).ok
+
+
+def test_rollback_false_says_what_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = zoo.tiny_unet()
+    _fail_at(monkeypatch, 3)
+    with pytest.raises(PlacementError) as info:
+        move(model, dtype=BF16, rollback=False)
+    monkeypatch.undo()
+    assert "NOT rolled back" in str(info.value) and "conv_in.weight" in str(info.value)
+    assert model.conv_in.weight.dtype == BF16 and model.time_embedding.linear_1.weight.dtype == torch.float32
+
+
+def test_failure_in_bnb_quant_state_rolls_back_the_shared_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = zoo.bnb_linear4bit()
+    before = _fp(model)
+    _fail_at(monkeypatch, 5)  # weight, bias, absmax, code done; offset fails
+    with pytest.raises(PlacementError, match="quant_state.offset after 4"):
+        move(model, "meta")
+    monkeypatch.undo()
+    assert _fp(model) == before
+
+
+def test_left_behind_is_reported_by_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchdoctor._move import (
+        owners as _move_owners,  # the forward write; rollback writes through undo
+    )
+
+    real = _move_owners.set_tensor
+
+    def lossy_set(entry: Any, new: torch.Tensor) -> None:
+        if entry.path != "scale":  # an owner that silently ignores the assignment
+            real(entry, new)
+
+    monkeypatch.setattr(_move_owners, "set_tensor", lossy_set)
+    model = nn.Linear(4, 4)
+    model.scale = torch.full((4,), 2.0)
+    with pytest.raises(PlacementError, match="left behind") as info:
+        move(model, dtype=BF16)
+    assert "scale  f32[4]@cpu -> bf16[4]@cpu" in str(info.value)
+
+
+def test_a_failed_move_keeps_no_copies_alive_in_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+
+    def bf16_alive() -> set[int]:
+        gc.collect()
+        return {id(o) for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.dtype == BF16}
+
+    model = zoo.tiny_unet()
+    before = bf16_alive()
+    _fail_at(monkeypatch, 37)
+    with pytest.raises(PlacementError) as info:
+        move(model, dtype=BF16, rollback="exact")
+    monkeypatch.undo()
+    assert info.value.__cause__ is not None and bf16_alive() - before == set()
 
 
 # --- (a) a Parameter with a .grad: the grad conversion fails after .data was replaced ------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from torchdoctor._move import owners as q
-from torchdoctor._move.plan import MoveReport, Moved, _Plan, build
+from torchdoctor._move.plan import Moved, MoveReport, _Plan, build
 from torchdoctor._move.undo import Outcome, UndoLog, Unit, irreplaceable, owns_storage
 from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype, same_device
 from torchdoctor._report.model import PlacementError, Problem
@@ -143,8 +143,7 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     log_.info("moved %d tensor(s), %s, to %s in %.3f s", len(done), human_bytes(total),
               " ".join(x for x in (device_str(dev) if dev is not None else None,
                                    dtype_str(dt) if dt is not None else None) if x), seconds)
-    return MoveReport(done, device_str(dev) if dev is not None else None, dtype_str(dt) if dt is not None else None,
-                      kept=kept, storage_bytes=total, seconds=seconds)
+    return MoveReport(tuple(done), dev, dt, kept=tuple(kept), storage_bytes=total, seconds=seconds)
 
 
 def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blocking: bool) -> int:

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 from torch import nn
-
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass as _is_wrapper
 
 from torchdoctor._move.undo import SetData, SetSlots, Swap, UndoLog, Unit, grad_restore
