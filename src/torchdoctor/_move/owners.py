@@ -185,14 +185,12 @@ def install(e: Entry, aliases: list[Entry], new: torch.Tensor, device: torch.dev
     """
     slots = [e, *aliases]
     for x in slots:
-        if x.slot != "param" and id(x.owner) in swapped:  # attributes of a Parameter replaced just before
+        if x.slot != "param" and id(x.owner) in swapped:  # attributes of a tensor replaced just before
             x.owner = swapped[id(x.owner)]
     t = e.tensor
     grad = t.grad if isinstance(t, nn.Parameter) else None
-    keep_grad = log.keeps(not same_device(t.device, device))
     if isinstance(t, nn.Parameter) and is_wrapper(t):
-        new_grad = convert(grad, device, dtype if grad.is_floating_point() else grad.dtype, non_blocking) \
-            if grad is not None else None
+        new_grad = _moved_grad(grad, device, dtype, non_blocking)
         holder = nn.Parameter(new, requires_grad=t.requires_grad)
         log.add(Swap(t, holder, e.path))  # swapping back restores the old grad too: it went with the old impl
         torch.utils.swap_tensors(t, holder)  # as Module._apply does for wrapper subclasses: same object
@@ -200,19 +198,19 @@ def install(e: Entry, aliases: list[Entry], new: torch.Tensor, device: torch.dev
             t.grad = new_grad
         return
     if isinstance(t, nn.Parameter) and compatible(t, new):
-        new_grad = convert(grad.data, device, dtype if grad.is_floating_point() else grad.dtype, non_blocking) \
-            if grad is not None else None
+        new_grad = _moved_grad(grad, device, dtype, non_blocking)
         log.add(SetData(t, new, e.path, lambda: unit.data(i)))
         t.data = new
         if grad is not None and new_grad is not None:
-            log.add(SetData(grad, new_grad, f"{e.path}.grad", grad_restore(grad, new_grad, keep_grad)))
+            keep = log.keeps(not same_device(grad.device, device))
+            log.add(SetData(grad, new_grad, f"{e.path}.grad", grad_restore(grad, new_grad, keep)))
             grad.data = new_grad
         return
     original: torch.Tensor | None = None
     if isinstance(t, nn.Parameter):
         replacement: torch.Tensor = new_parameter(t, new)
         if grad is not None:
-            replacement.grad = convert(grad, device, dtype if grad.is_floating_point() else grad.dtype, non_blocking)
+            replacement.grad = _moved_grad(grad, device, dtype, non_blocking)
         swapped[id(t)] = replacement
         original = t  # the old Parameter object comes back whole
     else:
@@ -226,3 +224,11 @@ def install(e: Entry, aliases: list[Entry], new: torch.Tensor, device: torch.dev
     for x in slots:
         rec.reached += 1  # before the write: a write that lands and then raises is still undone
         set_tensor(x, replacement)
+
+
+def _moved_grad(grad: torch.Tensor | None, device: torch.device, dtype: torch.dtype, non_blocking: bool
+                ) -> torch.Tensor | None:
+    """The grad as ``Module._apply`` moves it: with its parameter, cast only if floating."""
+    if grad is None:
+        return None
+    return convert(grad, device, dtype if grad.is_floating_point() else grad.dtype, non_blocking)
