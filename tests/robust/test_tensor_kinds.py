@@ -110,8 +110,6 @@ def test_a_tensor_whose_device_cannot_be_read_is_reported_unsupported_by_path() 
     assert not walk(m).truncated
 
 
-@pytest.mark.xfail(strict=True, reason="_scan/scan.py sets ScanReport.truncated from bool(w.problems); it needs "
-                                       "w.truncated now that the walk also reports 'unsupported' tensors")
 def test_an_unsupported_tensor_does_not_mark_the_scan_truncated() -> None:
     class Broken(torch.Tensor):
         @property
@@ -132,12 +130,7 @@ def test_simulate_reports_forms_it_cannot_stand_in_for_by_path(kind: str) -> Non
     assert all("NestedIntNode" not in p.message and "doesn't support sizes" not in p.message for p in r.problems)
 
 
-_PLAN_NESTED = pytest.mark.xfail(strict=True, reason="_move/plan.py _Step.public reads tuple(t.shape), which a strided "
-                                                    "nested tensor refuses; it should use entry.info().shape")
-
-
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=_PLAN_NESTED) if k == "nested_strided" else k
-                                  for k in sorted(TENSORS)])
+@pytest.mark.parametrize("kind", sorted(TENSORS))
 def test_scan_plan_and_move_answer_for_every_form(kind: str) -> None:
     m, path = holder(kind, "buffer")
     torchdoctor.scan(m, device="cpu", dtype="bfloat16")
@@ -149,8 +142,6 @@ def test_scan_plan_and_move_answer_for_every_form(kind: str) -> None:
         assert str(exc)
 
 
-@pytest.mark.xfail(strict=True, reason="the recorder (_virtual/simulate.py) does not implement Hooks.refused yet: "
-                                       "the kernel's refusal still propagates raw")
 def test_fp8_table_in_bf16_math_is_a_problem_with_the_table_path() -> None:
     class Fp8Embed(nn.Module):
         def __init__(self) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchdoctor._env.complete import complete_facts
 from torchdoctor._env.versions import oneapi_hides_gpus, visible_count
+from torchdoctor._report.text import public_types
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -70,7 +71,7 @@ class DeviceChoice:
         return cls(torch.device(doc["device"]), doc["reason"], cands, doc.get("source", "priority"))
 
 
-DeviceChoice.__module__ = "torchdoctor"
+public_types(DeviceChoice)
 
 
 # --- the decision, from facts only -----------------------------------------------------------------------
@@ -392,4 +393,4 @@ def recommend_dtype(device: torch.device | str = "cpu") -> torch.dtype:
     import torch
 
     return getattr(torch, capabilities(device)["recommended"])  # type: ignore[no-any-return]
-DeviceUnavailableError.__module__ = "torchdoctor"
+public_types(DeviceUnavailableError)

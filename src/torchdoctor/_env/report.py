@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from torchdoctor._env.complete import complete_facts
 from torchdoctor._env.facts import collect_facts
 from torchdoctor._env.launch import describe
+from torchdoctor._report.text import public_types
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._env.devices import DeviceChoice
@@ -74,7 +75,7 @@ class EnvReport:
         return self.text()
 
 
-EnvReport.__module__ = "torchdoctor"
+public_types(EnvReport)
 
 
 def env_report(facts: dict[str, Any] | None = None, *, probe: bool = False) -> EnvReport:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
+from torchdoctor._report.text import public_types
 
 __all__ = ["Alternative", "Diagnosis", "ExplainReport", "SCHEMA", "render", "to_json"]
 
@@ -134,7 +135,7 @@ class ExplainReport(Sequence[Diagnosis]):
         return f"ExplainReport({len(self.diagnoses)} diagnoses: [{cats}])"
 
 
-Diagnosis.__module__ = ExplainReport.__module__ = "torchdoctor"  # shown as the public names
+public_types(Diagnosis, ExplainReport)
 
 
 def render(diagnoses: Sequence[Diagnosis]) -> str:

@@ -31,11 +31,13 @@ import torch
 from torch import nn
 
 from torchdoctor._rules import registry as _rules
+from torchdoctor._explain.tokens import devices_in, dtypes_in
 from torchdoctor._guard import provenance
 from torchdoctor._guard.session import Maps, Session, fix_code, module_label
-from torchdoctor._placement import device_str, dtype_str
+from torchdoctor._placement import device_str, dtype_str, norm_device
 from torchdoctor._report.model import PlacementError, PlacementWarning, Problem, TensorInfo
 from torchdoctor._report.text import format_error
+from torchdoctor._report.text import public_types
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._rules.profile import DeviceProfile
@@ -184,21 +186,6 @@ _PLACEMENT = re.compile(
     r"must have the same (?:scalar )?type|expected both vectors|with arguments from the '\w+' backend|"
     r"not implemented for '(?:BFloat16|Half|Float8\w*|Double|ComplexHalf)'|FakeTensor Device|"
     r"deserialize object on a CUDA device|Expected all tensors", re.IGNORECASE)
-# How real messages name devices: ``cuda:0 and cpu``, ``CUDABFloat16Type`` / ``CPUFloatType``,
-# ``torch.cuda.HalfTensor`` / ``torch.FloatTensor`` (older conv messages), ``is on CPU, but expected ... GPU``.
-_DEVICE_TOKEN = re.compile(
-    r"\b(?P<dev>cuda|xpu|mps|hpu|npu|cpu)(?::(?P<idx>\d{1,3}))?\b(?!\.\w)"
-    r"|\b(?P<typ>CUDA|CPU|XPU|MPS)"
-    r"(?:BFloat16|Float8\w*|Float|Half|Double|Long|Int|Short|Char|Byte|Bool|Complex\w*)Type\b"
-    r"|\btorch\.(?:(?P<legacy>cuda|xpu|mps)\.)?(?:BFloat16|Float|Half|Double|Long|Int|Short|Char|Byte|Bool)Tensor\b"
-    r"|\b(?:on|to be on) (?P<word>CPU|GPU)\b")
-_DTYPE_TOKEN = re.compile(
-    r"\b(?:c10::)?(BFloat16|Half|Float|Double|float|double|half|bfloat16|float16|float32|float64)\b"
-    r"|(?:\bCUDA|\bCPU|\bXPU|\bMPS|\btorch\.(?:cuda\.|xpu\.|mps\.)?)(BFloat16|Half|Float|Double)(?:Type|Tensor)\b")
-_C10_DTYPES = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16",
-               "float16": "float16", "float32": "float32", "float64": "float64"}
-
-
 def placement_category(message: str) -> str | None:
     """The explain category of a placement error message (``torchdoctor._explain``), ``"placement"`` when only
     the guard's own short list knows it, None when it is not a placement error."""
@@ -215,20 +202,12 @@ def placement_category(message: str) -> str | None:
 
 
 def _devices_named(message: str) -> list[torch.device]:
-    """Devices a message names, in order: ``cuda:0 and cpu``, ``CUDABFloat16Type``, ``torch.cuda.FloatTensor``
-    (``torch.FloatTensor`` is cpu), ``on CPU, but expected it to be on GPU``."""
+    """Devices a message names, in order (``cuda:0 and cpu``, ``CUDABFloat16Type``, ``torch.cuda.FloatTensor``,
+    ``on CPU, but expected it to be on GPU``), read by explain's one token parser."""
     out: list[torch.device] = []
-    for m in _DEVICE_TOKEN.finditer(message):
-        if m.group("dev"):
-            name = m.group("dev") + (f":{m.group('idx')}" if m.group("idx") else "")
-        elif m.group("typ"):
-            name = m.group("typ").lower()
-        elif m.group("word"):
-            name = "cpu" if m.group("word") == "CPU" else "cuda"
-        else:
-            name = m.group("legacy") or "cpu"
+    for name in devices_in(message):
         try:
-            out.append(_rules._norm(torch.device(name)))
+            out.append(norm_device(torch.device(name)))
         except (RuntimeError, ValueError):  # a device type this build does not know (npu, hpu)
             continue
     return out
@@ -355,8 +334,10 @@ def _explain_error(session: Session, exc: BaseException, tb: types.TracebackType
         head = f"{kind} mismatch in {where}{phase}: {found} where {expected} was expected"
     else:
         head = f"{kind} problem in {where}{phase}"
-    lines = [f"culprit {b.line()}" for b in blamed]
-    lines += [f"{c[1]}: {_rules._compact(c[2])}  (expected {expected})" for c in bad]
+    by_path = {e.path: e.tensor for e in maps.walk.entries} if blamed and maps is not None else {}
+    lines = [f"culprit {b.line()}" + (_trace_note(by_path[b.problem.path]) if b.problem.path in by_path else "")
+             for b in blamed]
+    lines += [f"{c[1]}: {_rules._compact(c[2])}  (expected {expected}){_trace_note(c[2])}" for c in bad]
     if not bad:
         lines += [f"{c[1]}: {_rules._compact(c[2])}" for c in cands[:8]]
     lines.append(f"original error: {type(exc).__name__}: {first_line}")
@@ -374,6 +355,17 @@ def _explain_error(session: Session, exc: BaseException, tb: types.TracebackType
     infos = [TensorInfo.of(c[1], c[2], role=roles.get(c[1], "input")) for c in bad]
     return PlacementError(format_error(head, lines, fix), module_path=mpath, module_type=mtype, op=op,
                           tensors=infos, problems=problems, fix=fix)
+
+
+def _trace_note(t: torch.Tensor) -> str:
+    """What an active ``torchdoctor.trace`` knows of how this tensor got where it is (the call and line)."""
+    try:
+        from torchdoctor import _trace
+
+        note = _trace.note_for(t) if _trace.active() else None
+    except Exception:  # the trace is extra: the culprit stands without it
+        note = None
+    return f"  ({note})" if note else ""
 
 
 def _suspects(session: Session, maps: Maps | None, kind: str, bad: list[Any], value: Callable[[torch.Tensor], Any],
@@ -395,8 +387,10 @@ def _mentioned(message: str, kind: str) -> set[Any]:
         return set(_devices_named(message))
     out: set[Any] = set()
     if kind == "dtype":
-        for m in _DTYPE_TOKEN.finditer(message):
-            out.add(getattr(torch, _C10_DTYPES[(m.group(1) or m.group(2)).lower()]))
+        for name in dtypes_in(message):
+            dt = getattr(torch, name, None)
+            if isinstance(dt, torch.dtype):
+                out.add(dt)
     return out
 
 
@@ -433,3 +427,5 @@ def _also_dtype(ref: Any, t: torch.Tensor, kind: str, message: str, maps: Maps |
 
 def _show(v: Any, kind: str) -> str:
     return dtype_str(v) if isinstance(v, torch.dtype) else device_str(v)
+
+public_types(guard, Fix)

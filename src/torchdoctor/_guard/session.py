@@ -40,9 +40,9 @@ _grad_enabled = torch.is_grad_enabled
 
 
 def _simulating() -> bool:
-    """A ``simulate`` / ``virtual_devices`` run is active in this process (it checks its own ops)."""
+    """A ``simulate`` / ``virtual_devices`` run is active in this thread (it checks its own ops)."""
     sim = _modules.get("torchdoctor._virtual.tensor")
-    return sim is not None and sim._SPACE is not None
+    return sim is not None and sim.current_space() is not None
 
 
 class Maps:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -34,8 +34,9 @@ import torch
 from torchdoctor._move import owners as q
 from torchdoctor._scan.policy import adapters_kept_fp32, fp32_scopes, target_dtype
 from torchdoctor._report.model import PlacementError, Target
-from torchdoctor._placement import compact, device_str, parse_device, parse_dtype, same_device
-from torchdoctor._report.text import format_error, human_bytes, schema
+from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype, same_device
+from torchdoctor._report.html import HtmlMapMixin
+from torchdoctor._report.text import format_error, human_bytes, schema, public_types
 from torchdoctor._walk import Entry, walk
 
 __all__ = ["MoveReport", "Moved", "PlanStep", "plan"]
@@ -76,17 +77,26 @@ class Moved(NamedTuple):
     nbytes: int
 
 
-@dataclass
-class MoveReport:
-    """What ``move`` did: ``moved`` rows (path, from, to, nbytes), ``kept`` (path, why not cast), ``bytes``."""
+@dataclass(frozen=True)
+class MoveReport(HtmlMapMixin):
+    """What ``move`` did: ``moved`` rows (path, from, to, nbytes), ``kept`` (path, why not cast), ``storage_bytes``.
+    ``device``/``dtype`` are torch objects here and strings in ``to_dict()``."""
 
-    moved: list[Moved]
-    device: str | None
-    dtype: str | None
-    kept: list[tuple[str, str]] = field(default_factory=list)
+    moved: tuple[Moved, ...]
+    device: torch.device | None
+    dtype: torch.dtype | None
+    kept: tuple[tuple[str, str], ...] = ()
     storage_bytes: int = 0
     seconds: float = 0.0
     problems: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:  # accept the strings and lists ``move`` builds it from
+        if isinstance(self.device, str):
+            object.__setattr__(self, "device", parse_device(self.device))
+        if isinstance(self.dtype, str):
+            object.__setattr__(self, "dtype", parse_dtype(self.dtype))
+        object.__setattr__(self, "moved", tuple(self.moved))
+        object.__setattr__(self, "kept", tuple(self.kept))
 
     @property
     def ok(self) -> bool:
@@ -99,14 +109,16 @@ class MoveReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": schema("move"), "ok": self.ok, "device": self.device, "dtype": self.dtype,
-            "bytes": self.bytes, "seconds": round(self.seconds, 6),
+            "schema": schema("move"), "ok": self.ok, "device": device_str(self.device) if self.device else None,
+            "dtype": dtype_str(self.dtype) if self.dtype else None, "storage_bytes": self.storage_bytes,
+            "seconds": round(self.seconds, 6),
             "moved": [{"path": m.path, "from": m.src, "to": m.dst, "nbytes": m.nbytes} for m in self.moved],
             "kept": [{"path": p, "reason": r} for p, r in self.kept],
         }
 
     def text(self, limit: int = 40) -> str:
-        where = " ".join(x for x in (self.device, self.dtype) if x)
+        where = " ".join(x for x in (device_str(self.device) if self.device else "",
+                                     dtype_str(self.dtype) if self.dtype else "") if x)
         lines = [f"moved {len(self.moved)} tensor(s), {human_bytes(self.bytes)}, to {where} in {self.seconds:.3f} s"]
         lines.extend(f"  {m.path}  {m.src} -> {m.dst}" for m in self.moved[:limit])
         if len(self.moved) > limit:
@@ -122,7 +134,7 @@ class MoveReport:
         return self.text()
 
 
-MoveReport.__module__ = "torchdoctor"
+public_types(MoveReport, PlanStep)
 
 
 # --- planning: what moves where, and what is refused (read-only) ------------------------------------------------
@@ -139,10 +151,9 @@ class _Step:
     group: Any = None
 
     def public(self) -> PlanStep:
-        t = self.entry.tensor
         via = f"refused: {self.refused[1]}" if self.refused else self.via
         return PlanStep(self.entry.path, self.entry.role, self.entry.info().compact,
-                        compact(self.dtype, tuple(t.shape), self.device), via)
+                        compact(self.dtype, self.entry.info().shape, self.device), via)
 
 
 @dataclass

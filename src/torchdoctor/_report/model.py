@@ -16,6 +16,7 @@ import torch
 from torchdoctor._placement import compact, device_str, dtype_str
 from torchdoctor._report.html import HtmlMapMixin
 from torchdoctor._report.text import human_bytes, render_problems, schema
+from torchdoctor._report.text import public_types
 
 _META = torch.device("meta")
 _COMPACT: dict[tuple[Any, ...], str] = {}  # (dtype, shape, device) -> compact form; shapes repeat across layers
@@ -143,8 +144,7 @@ class PlacementWarning(UserWarning):
     """A placement problem that was reported and then let through (guard ``warn`` mode, soft findings)."""
 
 
-PlacementError.__module__ = "torchdoctor"
-PlacementWarning.__module__ = "torchdoctor"
+public_types(PlacementError, PlacementWarning)
 
 
 @dataclass
@@ -156,7 +156,7 @@ class Target:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-Target.__module__ = "torchdoctor"
+public_types(Target)
 
 
 def _storage_key(info: TensorInfo, tensor: torch.Tensor | None) -> Any:
@@ -267,3 +267,5 @@ def render_report(report: ScanReport, limit: int = 40) -> str:
     if len(report.summary) > limit:
         lines.append(f"  ... and {len(report.summary) - limit} more groups")
     return "\n".join(lines)
+
+public_types(TensorInfo, Problem, ScanReport)

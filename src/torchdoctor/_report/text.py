@@ -244,3 +244,9 @@ def group_fix(group: ProblemGroup, source: str | None = None) -> str | None:
         key = "dtype" if kind == "dtype" else "device"
         return f"torchdoctor.move(model, {key}={_value(str(expected), kind)})"
     return problem_fix(p, source)
+
+
+def public_types(*classes: type) -> None:
+    """Public result and error types print as ``torchdoctor.Name``, not by their private module (one place)."""
+    for cls in classes:
+        cls.__module__ = "torchdoctor"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from torchdoctor._placement import parse_device
+from torchdoctor._report.text import public_types
 
 _GIB = 1024**3
 
@@ -75,3 +76,5 @@ class DeviceProfile:
         if self.type == "mps" and name.startswith("float8") and family != "storage":
             return False
         return True
+
+public_types(DeviceProfile)

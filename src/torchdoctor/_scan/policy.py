@@ -134,11 +134,15 @@ class Policy:
         self._ctx_cache: dict[str, tuple[Component | None, bool, torch.device | None]] = {}
         self._const_ctx = (comps[0], False, None) if len(comps) == 1 and not comps[0].path \
             and not self.fp32_prefixes and not self.hook_device and not self.offloaded else None
-        devs: list[dict[torch.device, list[int]]] = [{} for _ in comps]
-        dts: list[dict[torch.dtype, list[int]]] = [{} for _ in comps]
+        devs: list[dict[torch.device, list[float]]] = [{} for _ in comps]
+        dts: list[dict[torch.dtype, list[float]]] = [{} for _ in comps]
         index = {id(c): i for i, c in enumerate(comps)}
         adapters, nonpersistent, storage, norms = self.adapter_of, self.nonpersistent, STORAGE_DTYPES, intent._IS_NORM
         const, cache, ctx, prefixes = self._const_ctx, self._ctx_cache, self.ctx, self.fp32_prefixes
+        per_module: dict[int, int] = {}  # compute weights per module: each module (layer) has one vote in all
+        for e, info in self.canon:
+            if info.role == "parameter" and len(info.shape) >= 2 and info.dtype.is_floating_point:
+                per_module[id(e.module)] = per_module.get(id(e.module), 0) + 1
         for e, info in self.canon:
             dt = info.dtype
             if (info.role != "parameter" and info.role != "buffer") or not dt.is_floating_point or dt in storage \
@@ -148,9 +152,9 @@ class Policy:
             if comp is None or kept or (dt == _F32 and prefixes and self._fp32_kept(e)):
                 continue
             i = index[id(comp)]
-            # one vote per compute weight (>= 2 dims), bytes only break ties: a single large tensor (an upcast
-            # tied embedding) cannot swing a component; vectors (biases, norms) vote only where nothing else does
-            weight = 1 if len(info.shape) >= 2 else 0
+            # one vote per layer, shared by its compute weights (>= 2 dims); bytes only break ties: a single large
+            # tensor (an upcast tied embedding) cannot swing a component; vectors vote only where nothing else does
+            weight = 1 / per_module.get(id(e.module), 1) if len(info.shape) >= 2 and info.role == "parameter" else 0
             dev = info.device
             if dev != _META:
                 v = devs[i].setdefault(dev, [0, 0, 0])

@@ -7,7 +7,9 @@ asks the policy, and builds the report.
 from __future__ import annotations
 
 import gc
+import logging
 import os
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -17,12 +19,16 @@ from torchdoctor._placement import compact, device_str, dtype_str, parse_device,
 from torchdoctor._scan.policy import Policy
 from torchdoctor._walk import walk
 
-def scan(obj: Any, *, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+log = logging.getLogger("torchdoctor.scan")
+
+
+def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | torch.dtype | None = None, *,
          strict: bool = False) -> ScanReport:
     """Every tensor reachable from ``obj`` and the ones on the wrong device or in the wrong dtype, by path.
 
     ``obj`` is a module, a pipeline-like object, a dict/list of them, a ``Target``, or a checkpoint path.
-    Without ``device``/``dtype`` the expectation is each component's majority by bytes. ``strict`` also judges
+    Without ``device``/``dtype`` each component's expectation is what it declares (transformers ``config.dtype``)
+    or a vote of its layers (``report.expected`` says which rule decided). ``strict`` also judges
     tensors of non-module objects (e.g. a scheduler's) against ``device``/``dtype``. Read-only.
 
     >>> m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
@@ -48,7 +54,7 @@ def scan(obj: Any, *, device: str | torch.device | None = None, dtype: str | tor
     try:
         w = walk(obj)
         policy = Policy(w, dev, dt, strict)
-        problems = policy.judge() + list(w.problems)
+        problems = _with_trace_notes(policy.judge(), w) + list(w.problems)
         rows = [e.info() for e in w.entries]
         expected = {c.path: _expected_row(c) for c in reversed(policy.components)}
         with torch._C.DisableTorchFunction():  # storage keys of real tensors, also inside a virtual-device run
@@ -58,12 +64,34 @@ def scan(obj: Any, *, device: str | torch.device | None = None, dtype: str | tor
             problems=tuple(problems),
             expected=expected,
             source=type(obj).__name__,
-            truncated=bool(w.problems),
+            truncated=w.truncated,
             summary=summary,
         )
     finally:
         if gc_was_enabled:
             gc.enable()
+        if log.isEnabledFor(logging.INFO) and "w" in locals() and "problems" in locals():
+            log.info("scanned %s: %d tensor paths, %d problem(s)", type(obj).__name__, len(w.entries), len(problems))
+
+
+def _with_trace_notes(problems: list[Any], w: Any) -> list[Any]:
+    """When a ``torchdoctor.trace`` is recording, each problem says which call last moved or cast its tensor."""
+    if not problems:
+        return problems
+    try:
+        from torchdoctor import _trace
+
+        if not _trace.active():
+            return problems
+        tensors = {e.path: e.tensor for e in w.entries}
+        out = []
+        for p in problems:
+            note = _trace.note_for(tensors[p.path]) if p.path in tensors else None
+            out.append(replace(p, message=f"{p.message} ({note})") if note else p)
+        return out
+    except Exception:  # the trace is extra: the problems stand without it
+        log.debug("trace notes failed", exc_info=True)
+        return problems
 
 
 def _real(t: torch.Tensor) -> torch.Tensor | None:

@@ -25,6 +25,7 @@ import torch
 from torchdoctor._trace import patches
 from torchdoctor._trace.record import TraceRecord
 from torchdoctor._trace.session import Session
+from torchdoctor._report.text import public_types
 
 log = logging.getLogger("torchdoctor.trace")
 
@@ -164,3 +165,5 @@ def note_for(tensor_or_path: torch.Tensor | str) -> str | None:
 
 
 __all__ = ["TraceRecord", "active", "note_for", "trace"]
+
+public_types(trace)

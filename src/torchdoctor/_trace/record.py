@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor._report.text import schema
+from torchdoctor._report.text import public_types
 
 # Frames of these packages are "the libraries": the user's line is the first frame outside them.
 LIBRARY_PACKAGES = frozenset({
@@ -193,4 +194,4 @@ def this_thread() -> str:
 
     return threading.current_thread().name
 
-
+public_types(TraceRecord)

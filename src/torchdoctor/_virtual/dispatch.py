@@ -180,7 +180,7 @@ def foreign(space: Space, t: torch.Tensor) -> None:
     """A copied tensor no virtual twin stands in for is used or moved: the hooks hear of it, by path."""
     path, why = space.foreign.get(id(t), (None, "it cannot be simulated"))
     from torchdoctor._placement import compact
-    from torchdoctor._walk_kinds import describe
+    from torchdoctor._walk.kinds import describe
 
     shape = describe(t)[0]
     what = f"{path or 'a tensor'} {compact(t.dtype, shape, t.device)}"

@@ -10,6 +10,7 @@ fixed (the culprits relabelled or cast), so one run reports every problem, not o
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -20,14 +21,17 @@ from torch import nn
 
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, render_problems, schema
+from torchdoctor._report.html import HtmlMapMixin
 from torchdoctor._report.model import Problem, Target, summarize
 from torchdoctor._placement import norm_device, compact, device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._virtual.tensor import Hooks, Space, VirtualTensor, is_virtual, make, virtual_copy
 from torchdoctor._tracker import ModuleStack
 from torchdoctor._virtual.runtime import virtual_world
+from torchdoctor._report.text import public_types
 
 __all__ = ["SimulationReport", "simulate"]
 
+log = logging.getLogger("torchdoctor.simulate")
 LIMIT = 100  # problems recorded before the run stops
 # what a device runtime call this simulator does not answer raises: a cannot-check, not a finding about the model
 _NO_RUNTIME = ("not compiled with", "not linked with support", "Cannot access accelerator", "no CUDA GPUs",
@@ -40,12 +44,13 @@ class _Stop(BaseException):
     """Ends a simulation early; a BaseException, so ``except Exception`` in user code does not swallow it."""
 
 
-@dataclass
-class SimulationReport:
-    """What ``simulate`` found: ``.ok``, ``.problems`` (every problem, not only the first), ``.to_dict()``."""
+@dataclass(frozen=True)
+class SimulationReport(HtmlMapMixin):
+    """What ``simulate`` found: ``.ok``, ``.problems`` (every problem, not only the first), ``.to_dict()``.
+    ``device``/``dtype`` are torch objects here and strings in ``to_dict()``."""
 
-    device: str
-    dtype: str | None
+    device: torch.device
+    dtype: torch.dtype | None
     data: str
     profile: DeviceProfile
     problems: tuple[Problem, ...]
@@ -71,7 +76,8 @@ class SimulationReport:
     def to_dict(self) -> dict[str, Any]:
         p = self.profile
         return {
-            "schema": schema("simulate"), "ok": self.ok, "device": self.device, "dtype": self.dtype, "data": self.data,
+            "schema": schema("simulate"), "ok": self.ok, "device": device_str(self.device),
+            "dtype": dtype_str(self.dtype) if self.dtype is not None else None, "data": self.data,
             "profile": {"type": p.type, "count": p.count, "capability": list(p.capability), "memory": p.memory,
                         "name": p.name},
             "problems": [q.to_dict() for q in self.problems], "ops": self.ops, "seconds": round(self.seconds, 4),
@@ -79,7 +85,7 @@ class SimulationReport:
         }
 
     def text(self, limit: int = 40) -> str:
-        where = self.device + (f" in {self.dtype}" if self.dtype else "")
+        where = device_str(self.device) + (f" in {dtype_str(self.dtype)}" if self.dtype else "")
         head = f"{self.ops} ops on virtual {where}, {self.seconds:.2f} s"
         lines = [f"ok: no placement problems ({head})"] if self.ok else \
             [f"{len(self.problems)} problem(s) ({head}):", *_culprits_then_rest(self.problems, self.culprits, limit)]
@@ -184,7 +190,7 @@ class _Recorder(Hooks):
                        f"{device_str(target)} does not exist (invalid device ordinal): the simulated profile has "
                        f"{self.profile.count} {self.profile.type} device(s)", op=op, key=device_str(target))
 
-    def moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
+    def _moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
         src = getattr(tensor, "_td_device", tensor.device)
         path = getattr(tensor, "_td_path", None)
         self.exists(target, path, "Tensor.to")
@@ -222,6 +228,36 @@ class _Recorder(Hooks):
             hint = "it needs tensor values; simulate with data='cpu'"
         hint = hint or "it has no meta/fake kernel, so it cannot run without the hardware"
         self.stop_unsupported(what, f"{what} cannot be simulated: {hint}" + (f" ({text})" if text else ""))
+
+    def refused(self, op: str, culprits: list[torch.Tensor], expected: torch.dtype, exc: BaseException) -> bool:
+        """The kernel refused the odd-dtype tensors (fp8 promotion and kin): a problem by path, then go on cast."""
+        text = (str(exc).strip().splitlines() or [""])[0]
+        for t in culprits:
+            path = getattr(t, "_td_path", None) or getattr(t, "_td_origin", None)
+            dev = getattr(t, "_td_device", t.device)
+            self._note("dtype", path, dtype_str(t.dtype), dtype_str(expected),
+                       f"{path or 'a tensor'} {compact(t.dtype, tuple(t.shape), dev)} meets {dtype_str(expected)} in "
+                       f"{op}: the kernel refuses ({text}); cast it to {dtype_str(expected)} before use", op=op,
+                       key=f"{path}:{t.dtype}")
+        return True
+
+    def unsupported(self, path: str | None, what: str, why: str) -> None:
+        """A tensor no virtual twin can stand in for: reported at its path, the run goes on without it."""
+        self._note("unsupported", path, what, "", f"{path or 'a tensor'} cannot be simulated: {why}", op=what,
+                   role="attribute", key=f"{path}:{what}")
+
+    def moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
+        # a model tensor cast with loss (a complex freqs_cis under dtype=bf16); computations that round on purpose
+        # (T5's position buckets: float -> long) are activations, not model tensors
+        if _is_entry(tensor) and ((tensor.is_complex() and not dtype.is_complex) or (tensor.is_floating_point() and not (
+                dtype.is_floating_point or dtype.is_complex) and dtype != torch.bool)):
+            path = getattr(tensor, "_td_path", None)
+            src = getattr(tensor, "_td_device", tensor.device)
+            self._note("dtype", path, dtype_str(tensor.dtype), dtype_str(tensor.dtype),
+                       f"{path or 'a tensor'} {compact(tensor.dtype, tuple(tensor.shape), src)} is cast to "
+                       f"{dtype_str(dtype)}: the cast loses data (complex to real drops the imaginary part, float to "
+                       "int the fraction); keep it or cast the result instead", key=f"lossy:{path}:{dtype}")
+        return self._moving(tensor, target, dtype)
 
     def stop_unsupported(self, op: str, message: str) -> None:
         self._note("unsupported_op", None, op, "", message, op=op, role="op")
@@ -400,11 +436,11 @@ def _place_inputs(space: Space, value: Any, device: torch.device, dtype: torch.d
 
 
 def simulate(
-    target: Any,
+    obj: Any,
     inputs: tuple[Any, ...] | dict[str, Any] | None = None,
-    *,
-    device: str | torch.device,
+    device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    *,
     call: Callable[[Any], Any] | None = None,
     assume_device: str | torch.device | None = None,
     profile: DeviceProfile | None = None,
@@ -413,7 +449,7 @@ def simulate(
 ) -> SimulationReport:
     """Would ``target`` run on ``device`` (``cuda:1``, ``xpu``, ``mps``) in ``dtype``? Answered without the hardware.
 
-    A copy of ``target`` (an object or a ``Target``) is moved with ``.to(device, dtype)`` as a user would, then
+    A copy of ``obj`` (an object or a ``Target``) is moved with ``.to(device, dtype)`` as a user would, then
     called on ``inputs`` (a tuple of positional or a dict of keyword arguments, placed on ``device``), or
     ``call(copy)`` does its own moving and calling. Without either: the move and a placement report. Autograd
     stays off and the user's objects are never modified. ``data="cpu"`` keeps real values (``.item()``,
@@ -430,10 +466,12 @@ def simulate(
     """
     from torchdoctor._walk import walk
 
-    if isinstance(target, Target):
-        obj, args, kwargs = target.obj, tuple(target.args), dict(target.kwargs)
+    if device is None:
+        raise TypeError("simulate needs device=, the device to simulate, e.g. simulate(model, inputs, 'cuda:1')")
+    if isinstance(obj, Target):
+        obj, args, kwargs = obj.obj, tuple(obj.args), dict(obj.kwargs)
     else:
-        obj, args, kwargs = target, (), {}
+        args, kwargs = (), {}
     if inputs is not None:
         args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else \
             ((inputs,), {}) if isinstance(inputs, torch.Tensor) else (tuple(inputs), {})
@@ -451,6 +489,12 @@ def simulate(
                              f"{profile.type} device(s); pass profile=DeviceProfile(..., count=N)")
     start = time.perf_counter()
     found = walk(obj)
+    from torchdoctor._scan.policy import Policy
+
+    comps = Policy(found, None, None, False).components if dt is not None and (args or kwargs) else []
+    model_dt = next((c.dtype for c in reversed(comps) if c.dtype is not None), None)
+    # inputs are cast only where simulate itself converts the model: a model already in ``dtype`` gets them as given
+    in_dt = None if model_dt == dt else dt
     rec = _Recorder(profile, dev, dt, limit, {e.path: e.role for e in found.entries})
     space = Space(data, profile.type, rec)
     listed = [(e.tensor, assume if assume is not None and e.tensor.device.type == "meta" else e.tensor.device, e.path)
@@ -475,8 +519,8 @@ def simulate(
 
                 placed = scan(clone, device=dev, dtype=None if args or kwargs else dt)
                 if args or kwargs:
-                    clone(*(_place_inputs(space, a, dev, dt, f"input {i}") for i, a in enumerate(args)),
-                          **{k: _place_inputs(space, v, dev, dt, f"kwarg {k}") for k, v in kwargs.items()})
+                    clone(*(_place_inputs(space, a, dev, in_dt, f"input {i}") for i, a in enumerate(args)),
+                          **{k: _place_inputs(space, v, dev, in_dt, f"kwarg {k}") for k, v in kwargs.items()})
         except _Stop:
             pass
         except Exception as exc:
@@ -498,7 +542,9 @@ def simulate(
         problems, rec.stopped = problems[:limit], f"{limit} problems recorded (the limit)"
     # virtual tensors have no storage to share: each canonical path counts once
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
-    return SimulationReport(device_str(dev), dtype_str(dt) if dt is not None else None, data, profile,
+    log.info("simulated %s on %s: %d op(s), %d problem(s)", type(obj).__name__, device_str(dev), space.ops,
+             len(problems))
+    return SimulationReport(dev, dt, data, profile,
                             tuple(problems), space.ops, time.perf_counter() - start, rec.stopped, summary,
                             rec.blamed)
 
@@ -512,3 +558,4 @@ def _api_name(exc: BaseException) -> str:
         tb = tb.tb_next
     return name
 
+public_types(SimulationReport)

@@ -286,7 +286,7 @@ def virtual_copy(obj: Any, tensors: list[tuple[torch.Tensor, torch.device, str]]
 def _copy_foreign(t: torch.Tensor, memo: dict[int, Any], path: str, why: str) -> torch.Tensor:
     """A private copy of a tensor no twin stands in for, made outside every mode (strided nested tensors cannot be
     deep-copied at all: ``new_empty`` has no nested kernel, so they are cloned)."""
-    from torchdoctor._walk_kinds import is_jagged_type
+    from torchdoctor._walk.kinds import is_jagged_type
 
     with torch._C.DisableTorchFunction():
         d = getattr(t, "__dict__", {})

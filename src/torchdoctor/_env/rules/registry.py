@@ -19,12 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor._env.complete import complete_facts
-# release, satisfies and requirement are also read from here by callers that predate _env_versions
-from torchdoctor._env.versions import (
-    local,
-    normalize_name,
-    tag_family,
-)
+from torchdoctor._env.versions import local, normalize_name, tag_family
+from torchdoctor._report.text import public_types
 
 INFO, WARNING, ERROR = "info", "warning", "error"
 SEVERITIES = (ERROR, WARNING, INFO)
@@ -134,3 +130,5 @@ def hit(code: str, severity: str, message: str, fix: str | None = None) -> list[
 def env_var(facts: Facts, name: str) -> str | None:
     value = facts["env"].get(name)
     return None if value is None else str(value)
+
+public_types(EnvFinding)

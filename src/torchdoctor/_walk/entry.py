@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from torchdoctor._report.model import Problem, TensorInfo
-from torchdoctor._walk_kinds import describe, form_of, instance_dict
+from torchdoctor._walk.kinds import describe, form_of, instance_dict
 
 
 class Entry:

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from torchdoctor._report.model import Problem
-from torchdoctor._walk_entry import Entry, Walk, join_path, set_tensor
-from torchdoctor._walk_kinds import (
+from torchdoctor._walk.entry import Entry, Walk, join_path, set_tensor
+from torchdoctor._walk.kinds import (
     ATOM,
     FAST_ATOMS,
     FUNC,
