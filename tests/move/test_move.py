@@ -558,7 +558,7 @@ def test_cli_scan_plan_exit_codes(tmp_path: Any, capsys: pytest.CaptureFixture[s
     assert "nothing to move" in capsys.readouterr().out
     assert main(["scan", f"{target}:model", "--device", "meta", "--plan", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert doc["steps"][0]["via"] == "new parameter" and doc["steps"][0]["expected"] == "f32[2,2]@meta"
+    assert doc["plan"][0]["via"] == "new parameter" and doc["plan"][0]["expected"] == "f32[2,2]@meta"
 
 
 def test_move_touches_nothing_but_its_object() -> None:
