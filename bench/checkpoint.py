@@ -2,6 +2,7 @@
 
 The file is sparse (header written, then ``truncate`` to full size), so it costs no disk and any accidental
 read of tensor data would show up as time and RSS. Run: ``python bench/checkpoint.py [--gib 2] [--tensors 4000]``.
+``--bombs [--src OLD/src]`` times the hostile files of ``tests/checkpoint/hostile.py`` in capped child processes.
 """
 
 from __future__ import annotations
@@ -57,7 +58,15 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=2.0)
     ap.add_argument("--tensors", type=int, default=4000)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--bombs", action="store_true", help="time the hostile files instead (child processes)")
+    ap.add_argument("--src", help="with --bombs: the src/ directory whose torchdoctor is measured")
+    ap.add_argument("--cap-gib", type=float, default=4.0, help="with --bombs: address-space cap per child")
+    ap.add_argument("--timeout", type=float, default=120.0, help="with --bombs: seconds before a child is killed")
     opts = ap.parse_args()
+    if opts.bombs:
+        bombs(opts)
+        return
 
     import torch  # noqa: F401  (import cost is not part of the scan)
 
@@ -89,6 +98,67 @@ def main() -> None:
         print(f"torch.save zip with {opts.tensors} tensors: wall median {statistics.median(times) * 1000:.1f} ms, "
               f"CPU median {statistics.median(cpu) * 1000:.1f} ms "
               f"({statistics.median(cpu) * 1e6 / opts.tensors:.1f} us per tensor)")
+        # Against a baseline in the same process, interleaved: torch's own weights_only load of the same file
+        # (mmap, no data copied). The machine is shared, so the ratio of medians over many rounds is the figure.
+        ratios = []
+        for _ in range(opts.rounds):
+            (t_scan,), _c = timed(lambda: scan_checkpoint(pt), 1)
+            (t_load,), _c = timed(lambda: torch.load(pt, weights_only=True, mmap=True), 1)
+            ratios.append(t_scan / t_load)
+        print(f"scan_checkpoint / torch.load(weights_only=True, mmap=True), {opts.rounds} interleaved rounds: "
+              f"median x{statistics.median(ratios):.2f} (quartiles x{statistics.quantiles(ratios, n=4)[0]:.2f}"
+              f"..x{statistics.quantiles(ratios, n=4)[2]:.2f})")
+
+
+def bombs(opts: argparse.Namespace) -> None:
+    """Each hostile file of the test suite, scanned by ``python -m torchdoctor scan`` in a child process under an
+    address-space cap and a timeout; wall time, peak RSS and exit code per file. ``--src`` picks the code."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("hostile", root / "tests" / "checkpoint" / "hostile.py")
+    assert spec is not None and spec.loader is not None
+    hostile = importlib.util.module_from_spec(spec)  # the same builders the tests use
+    spec.loader.exec_module(hostile)
+
+    src = opts.src or str(root / "src")
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        files = {"memo-12-bytes.pkl": hostile.memo_bomb(), "nested-blobs.pkl": hostile.nested_bomb(6, 8),
+                 "wide-blobs.pkl": hostile.wide_blob_bomb(100_000)}
+        for name, data in files.items():
+            (d / name).write_bytes(data)
+        hostile.zip_declaring(d / "zip-byteorder-3gib.pt")
+        for path in sorted(d.iterdir()):
+            cap = int(opts.cap_gib * 1024**3)
+
+            def limit() -> None:
+                resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+            env = {**os.environ, "PYTHONPATH": src}
+            t0 = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, "-m", "torchdoctor", "scan", str(path)], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=limit)
+            status, usage, timed_out = None, None, False
+            while status is None:
+                pid, st, ru = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    status, usage = st, ru
+                elif time.perf_counter() - t0 > opts.timeout:
+                    proc.kill()
+                    _, status, usage = os.wait4(proc.pid, 0)
+                    timed_out = True
+                else:
+                    time.sleep(0.05)
+            wall = time.perf_counter() - t0
+            err = proc.stderr.read().decode(errors="replace").strip().splitlines() if proc.stderr else []
+            code = "killed at timeout" if timed_out else f"exit {os.waitstatus_to_exitcode(status)}"
+            print(f"{path.name:24} {wall:7.1f} s  peak RSS {usage.ru_maxrss / 1024:7.0f} MiB  {code}  "
+                  f"{(err[-1] if err else '')[:110]}")
 
 
 if __name__ == "__main__":

@@ -74,6 +74,15 @@ def _load(path: str, label: str) -> tuple[Any, tuple[str, ...]]:
 
 def read_dcp(dirpath: str, label: str) -> FileScan:
     """The tensors a distributed checkpoint holds, from ``.metadata`` alone (dtype, shape, chunks)."""
+    try:
+        return _read(dirpath, label)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # records shaped in ways torch never writes: unreadable, one line
+        raise CheckpointError(f"{label}: unreadable .metadata ({type(exc).__name__}: {str(exc)[:100]})") from None
+
+
+def _read(dirpath: str, label: str) -> FileScan:
     root, unknown = _load(os.path.join(dirpath, ".metadata"), label)
     if not _is(root, "Metadata"):
         odd = [g for g in unknown if g not in DCP_GLOBALS]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from functools import lru_cache
 from typing import IO, Any
@@ -99,25 +100,28 @@ def _depth(doc: Any) -> int:
 
 def _size(value: Any) -> int | None:
     """A JSON integer safetensors accepts as ``usize``, else None."""
-    if type(value) is not int or value >= _U64:  # bool, float, _Int (negative) and strings are refused
+    if type(value) is not int or not 0 <= value < _U64:  # bool, float, _Int ("-0"), negatives, strings
         return None
     return value
+
+
+_ODD = re.compile(rb"[\[,:]\s*-|\\u[dD][89a-fA-F]")  # a negative number literal, or a surrogate escape
 
 
 def _parse_header(raw: bytes, label: str) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
-        header = json.loads(text, parse_constant=_no_constant, parse_float=_float, parse_int=_int,
-                            object_pairs_hook=_pairs)
+        if _ODD.search(raw):  # rare: parse with the hooks that tell "-0" from 0 and a lone surrogate from a pair
+            header = json.loads(text, parse_constant=_no_constant, parse_float=_float, parse_int=_int,
+                                object_pairs_hook=_pairs)
+        else:
+            header = json.loads(text, parse_constant=_no_constant, parse_float=_float)
     except UnicodeDecodeError:
         raise CheckpointError(f"{label}: corrupted safetensors header (not UTF-8); safe_open refuses it") from None
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and _Refused are ValueErrors
         raise CheckpointError(f"{label}: corrupted safetensors header ({str(exc)[:100]}); safe_open refuses it") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{label}: corrupted safetensors header (not a JSON object); safe_open refuses it")
-    if _depth(header) > _MAX_JSON_DEPTH:
-        raise CheckpointError(f"{label}: corrupted safetensors header (nested deeper than {_MAX_JSON_DEPTH}); "
-                              "safe_open refuses it")
     return header
 
 
@@ -147,6 +151,9 @@ def read_safetensors(path: str, fh: IO[bytes], size: int, label: str) -> FileSca
     for key, info in header.items():
         if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
             raise _bad(label, key, "needs dtype, shape and data_offsets")
+        if len(info) > 3 and _depth(info) > _MAX_JSON_DEPTH - 1:  # extra fields are free-form JSON
+            raise CheckpointError(f"{label}: corrupted safetensors header (nested deeper than {_MAX_JSON_DEPTH}); "
+                                  "safe_open refuses it")
         dtype_name, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
         if not isinstance(dtype_name, str) or dtype_name not in _DTYPES:
             raise _bad(label, key, f"has unknown dtype {str(dtype_name)[:20]!r}")
