@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass as _is_wr
 
 from torchdoctor._move.undo import SetData, SetSlots, Swap, UndoLog, Unit, grad_restore
 from torchdoctor._placement import same_device
-from torchdoctor._walk import Entry, _is_quant_type, set_tensor
+from torchdoctor._walk import Entry, is_quant_type, set_tensor
 
 
 def _dict(obj: Any) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def real_storage(t: torch.Tensor) -> bool:
 
 
 def is_quantized_owner(t: torch.Tensor) -> bool:
-    return _is_quant_type(type(t))
+    return is_quant_type(type(t))
 
 
 def _bnb_kind(t: torch.Tensor) -> str | None:
