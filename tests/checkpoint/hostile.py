@@ -122,6 +122,18 @@ def zip_patched(state: object, field: str, value: int) -> bytes:
     return bytes(raw)
 
 
+def zip_directory_claiming(size: int = 1 << 30) -> bytes:
+    """A torch.save zip (rewritten without zip64 records) whose end record claims a ``size``-byte directory."""
+    z = zipfile.ZipFile(io.BytesIO(torch_zip({"w": torch.zeros(2)})))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as w:
+        for info in z.infolist():
+            w.writestr(info.filename, z.read(info))
+    raw = bytearray(out.getvalue())
+    struct.pack_into("<I", raw, raw.rindex(b"PK\x05\x06") + 12, size)
+    return bytes(raw)
+
+
 def legacy_missing_key() -> bytes:
     """A legacy torch.save file whose storage-key list omits one of the two storages its pickle uses."""
     raw = torch_legacy({"a": torch.ones(2), "b": torch.zeros(3)})

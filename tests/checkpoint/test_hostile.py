@@ -69,6 +69,7 @@ def test_damaged_zip_headers_and_legacy_key_list(tmp_path):
         "method-99.pt": (hostile.zip_patched(state, "method", 99), "compression method 99"),
         "version-99.pt": (hostile.zip_patched(state, "version", 99), "zip file version 9.9"),
         "legacy-missing-key.pt": (hostile.legacy_missing_key(), "storage key list does not match"),
+        "directory-1gib.pt": (hostile.zip_directory_claiming(), "refused: a zip directory of 1,073,741,824 bytes"),
     }
     for name, (data, _) in cases.items():
         (tmp_path / name).write_bytes(data)

@@ -50,6 +50,7 @@ SMALL_READ = 4096  # the only tensor bytes ever read: bitsandbytes' packed JSON 
 _LEGACY_WINDOW = 4 * 1024 * 1024  # first read of a legacy file's pickles; grown x16 while a pickle runs past it
 _ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}  # what torch.load can read
 _MAX_ZIP_VERSION = 63
+MAX_ZIP_DIRECTORY = 32 * 1024 * 1024  # ~300,000 storages; torch.save writes one entry per storage
 
 
 @dataclass
@@ -116,7 +117,21 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, label: str, limit: 
                               f"{str(exc)[:100]})") from None
 
 
+def _check_directory(fh: IO[bytes], label: str) -> None:
+    """zipfile builds one object per directory entry (~0.5 kB each): refuse a directory larger than any
+    torch.save writes before it is parsed. Read from the end record alone."""
+    end_record = getattr(zipfile, "_EndRecData", None)
+    try:
+        record = end_record(fh) if end_record is not None else None
+    except Exception:  # zipfile itself will say what is wrong with the archive
+        return
+    if record and (record[5] > MAX_ZIP_DIRECTORY or record[4] > MAX_ZIP_DIRECTORY // 46):
+        raise CheckpointError(f"{label}: refused: a zip directory of {record[5]:,} bytes and {record[4]:,} entries, "
+                              f"more than a torch.save archive holds (at most {MAX_ZIP_DIRECTORY:,} bytes)")
+
+
 def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]], budget: Budget) -> PickleFile:
+    _check_directory(BoundedFile(fh, size), label)  # type: ignore[arg-type]
     try:
         zf = zipfile.ZipFile(BoundedFile(fh, size))  # type: ignore[arg-type]
         infos = zf.infolist()
