@@ -348,3 +348,28 @@ def test_auto_keeps_what_a_copy_could_not_replace(monkeypatch: pytest.MonkeyPatc
     assert model.derived.grad_fn is fn and model.derived.dtype == torch.float32
     model.hooked.sum().backward()
     assert len(seen) == 1
+
+
+# --- tensor forms --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged])
+def test_nested_tensors_are_cast_as_one_tensor(layout: torch.layout) -> None:
+    model = nn.Linear(2, 2)
+    model.nt = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], layout=layout)
+    report = move(model, dtype=BF16)
+    assert model.nt.dtype == BF16 and model.nt.is_nested
+    row = next(r for r in report.moved if r.path == "nt")
+    assert row.src.startswith("f32[2,") and row.dst.startswith("bf16[2,") and row.dst.endswith(",3]@cpu")
+
+
+def test_a_conversion_torch_refuses_part_way_is_rolled_back() -> None:
+    """torch has no meta kernel for strided nested tensors: the error comes after other tensors moved."""
+    model = nn.Linear(2, 2)
+    model.nt = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)])
+    before = _fp(model)
+    with pytest.raises(PlacementError) as info:
+        move(model, "meta")
+    assert "move failed at nt after 2 tensor(s)" in str(info.value)
+    assert "rolled back: the object is as before" in str(info.value)
+    assert _fp(model) == before, "\n".join(diff(before, _fp(model)))

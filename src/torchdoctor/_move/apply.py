@@ -15,8 +15,8 @@ import torch
 
 from torchdoctor._move import owners as q
 from torchdoctor._move.plan import Moved, MoveReport, _Plan, build
-from torchdoctor._move.undo import Outcome, UndoLog, Unit, irreplaceable, owns_storage
-from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype, same_device
+from torchdoctor._move.undo import Outcome, UndoLog, Unit, compact_of, irreplaceable, owns_storage
+from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype, same_device
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._report.text import format_error, human_bytes
 
@@ -157,7 +157,7 @@ def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blo
         cursor[0] = unit[0].entry.path
         olds = [s.entry.tensor for s in unit]
         datas = [o if q.is_wrapper(o) else q.data_of(o) for o in olds]
-        before = [compact(t.dtype, tuple(t.shape), t.device) for t in olds]
+        before = [compact_of(t) for t in olds]
         back = Unit(olds, datas, _keeps(log, unit, olds, datas, shared))
         news = q.new_tensors([(s.entry.tensor, s.device, s.dtype) for s in unit], non_blocking)
         back.news = news
@@ -165,7 +165,7 @@ def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blo
         for i, (s, new, src) in enumerate(zip(unit, news, before)):
             cursor[0] = s.entry.path
             q.install(s.entry, s.aliases, new, s.device, s.dtype, log, back, i, swapped, non_blocking)
-            done.append(Moved(s.entry.path, src, compact(s.dtype, tuple(new.shape), s.device), _nbytes(new)))
+            done.append(Moved(s.entry.path, src, compact_of(new), _nbytes(new)))
         if debug:
             log_.debug("moved %s", "; ".join(f"{m.path} {m.src} -> {m.dst}" for m in done[-len(unit):]))
         del olds, datas, back, news  # a same-device cast must not keep the originals alive past their unit

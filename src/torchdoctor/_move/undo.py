@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from torchdoctor._placement import compact, same_device
-from torchdoctor._walk import Entry, set_tensor
+from torchdoctor._walk import Entry, describe, set_tensor
 
-__all__ = ["Outcome", "SetData", "SetSlots", "Swap", "UndoLog", "Unit", "exact_cast", "grad_restore", "irreplaceable",
-           "owns_storage", "read_slot"]
+__all__ = ["Outcome", "SetData", "SetSlots", "Swap", "UndoLog", "Unit", "compact_of", "exact_cast", "grad_restore",
+           "irreplaceable", "owns_storage", "read_slot"]
 
 _LOSSLESS = {(a, b) for a in (torch.float16, torch.bfloat16) for b in (torch.float32, torch.float64)} | {
     (torch.float32, torch.float64)}
@@ -42,6 +42,15 @@ def _storage_id(t: torch.Tensor) -> int | None:
         return int(t.untyped_storage()._cdata)
     except Exception:  # wrapper subclasses and sparse layouts have no single storage
         return None
+
+
+def compact_of(t: torch.Tensor) -> str:
+    """``bf16[4,4]@cpu`` for any tensor form (nested tensors have no sizes: ragged dimensions show as -1)."""
+    try:
+        shape = tuple(t.shape)
+    except Exception:
+        shape = describe(t)[0]
+    return compact(t.dtype, shape, t.device)
 
 
 def _layout(d: torch.Tensor) -> tuple[torch.dtype, torch.device, Any, Any, Any]:
@@ -194,7 +203,7 @@ class SetData(_Record):
     def __init__(self, target: torch.Tensor, new: torch.Tensor, path: str,
                  restore: Callable[[], tuple[torch.Tensor, bool]]) -> None:
         self.target, self.new, self.path, self.restore = target, new, path, restore
-        self.was = compact(target.dtype, tuple(target.shape), target.device)
+        self.was = compact_of(target)
         self.new_id = _storage_id(new)
 
     def moved(self) -> bool:
@@ -210,7 +219,7 @@ class SetData(_Record):
 
     def check(self) -> list[tuple[str, str, str]]:
         t = self.target
-        now = compact(t.dtype, tuple(t.shape), t.device)
+        now = compact_of(t)
         return [(self.path, now, self.was)] if self.moved() or now != self.was else []
 
 
@@ -232,7 +241,7 @@ class SetSlots(_Record):
         self.path = slots[0].path
         self.strong = original  # a replaced Parameter: kept whole, it is the object users hold
         t = slots[0].tensor
-        self.was = compact(t.dtype, tuple(t.shape), t.device)
+        self.was = compact_of(t)
         self.reached = 0
         self.back: torch.Tensor | None = None
 
@@ -261,7 +270,7 @@ class SetSlots(_Record):
             now = read_slot(x)
             if expected is not None and now is expected:
                 continue
-            desc = compact(now.dtype, tuple(now.shape), now.device) if isinstance(now, torch.Tensor) else repr(now)
+            desc = compact_of(now) if isinstance(now, torch.Tensor) else repr(now)
             rows.append((x.path, desc if now is self.new else f"{desc} (another object)", self.was))
         return rows
 
@@ -272,7 +281,7 @@ class Swap(_Record):
     def __init__(self, t: torch.Tensor, holder: torch.Tensor, path: str) -> None:
         self.t, self.holder, self.path = t, holder, path
         self.device, self.dtype = t.device, t.dtype
-        self.was = compact(t.dtype, tuple(t.shape), t.device)
+        self.was = compact_of(t)
 
     def moved(self) -> bool:
         return not (same_device(self.t.device, self.device) and self.t.dtype == self.dtype)
@@ -283,7 +292,7 @@ class Swap(_Record):
 
     def check(self) -> list[tuple[str, str, str]]:
         t = self.t
-        return [(self.path, compact(t.dtype, tuple(t.shape), t.device), self.was)] if self.moved() else []
+        return [(self.path, compact_of(t), self.was)] if self.moved() else []
 
 
 class UndoLog:
