@@ -23,6 +23,7 @@ from torchdoctor._report.text import format_error, human_bytes
 __all__ = ["move"]
 
 log_ = logging.getLogger("torchdoctor.move")
+_VERIFYING = "\0verifying"  # the cursor's value once every unit is in place (no path looks like it)
 
 
 def _mode(rollback: bool | str) -> str:
@@ -111,10 +112,11 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     total, left = 0, []
     try:
         total = _apply(p, log, done, cursor, non_blocking)
-        cursor[0] = ""
+        cursor[0] = _VERIFYING
         left = _verify(obj, dev, dt, keep_fp32)
     except BaseException as exc:
-        where = f"at {cursor[0]}" if cursor[0] else "while verifying the result"
+        where = {_VERIFYING: "while verifying the result", "": "before the first tensor"}.get(cursor[0],
+                                                                                             f"at {cursor[0]}")
         what = type(exc).__name__ + (f": {str(exc).splitlines()[0]}" if str(exc).strip() else "")
         head, rows, fix, problems, stop = _undo(f"move failed {where} after {len(done)} tensor(s) ({what})", log,
                                                 done, len(p.steps))
