@@ -109,6 +109,10 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 6, bias=False))
 fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
 dcp.save({"model": model.state_dict()}, checkpoint_id=sys.argv[1])
+rank_file = f"{sys.argv[1]}/../model_rank{dist.get_rank()}.pt"
+torch.save(model.state_dict(), rank_file)  # the other sharded form: one torch.save of DTensors per rank
+dist.barrier()
+assert type(torch.load(rank_file, weights_only=True)["0.weight"]).__name__ == "DTensor"  # torch accepts it
 dist.destroy_process_group()
 """
 
@@ -134,8 +138,15 @@ def test_fsdp2_sharded_checkpoint_over_two_ranks(tmp_path):
     doc = json.loads(run.out)
     assert run.rc == 0, doc["problems"]
     prefix = "pytorch_model_fsdp_0/"
-    assert {t["path"]: tuple(t["shape"]) for t in doc["tensors"]} == {prefix + k: v[1] for k, v in ref.items()}
-    (f,) = doc["files"]
+    shapes = {t["path"]: tuple(t["shape"]) for t in doc["tensors"]}
+    assert {k: v for k, v in shapes.items() if k.startswith(prefix)} == {prefix + k: v[1] for k, v in ref.items()}
+    for rank in (0, 1):  # per-rank DTensor files: global shapes, no false "unsafe global", the local bytes
+        assert {k: v for k, v in shapes.items() if k.startswith(f"model_rank{rank}.pt/")} == {
+            f"model_rank{rank}.pt/{k[len('model.'):]}": v[1] for k, v in ref.items()}
+    by_file = {f["file"]: f for f in doc["files"]}
+    assert by_file["model_rank0.pt"]["nbytes"] == (16 * 8 + 16 + 16 + 16 + 6 * 16) * 4 // 2
+    assert "this file holds one rank's local shards" in by_file["model_rank1.pt"]["notes"][0]
+    f = by_file["pytorch_model_fsdp_0"]
     assert f["format"] == "torch-dcp"
     sharding = f["sharding"]
     assert set(sharding) == {k for k, v in ref.items() if v[2] > 1} == {

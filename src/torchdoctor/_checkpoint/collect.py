@@ -20,7 +20,7 @@ from torchdoctor._checkpoint.checks import Entry, FileScan, Group, role_of
 from torchdoctor._checkpoint.records import walk
 from torchdoctor._checkpoint.safetensors import read_safetensors
 from torchdoctor._checkpoint.torchfile import read_torch_file
-from torchdoctor._checkpoint.unpickle import CheckpointError
+from torchdoctor._checkpoint.unpickle import DTENSOR, CheckpointError
 
 __all__ = ["EXTENSIONS", "Skipped", "collect", "file_kind", "read_file", "read_json"]
 
@@ -66,11 +66,15 @@ def _read_pickled(path: str, fh: Any, size: int, label: str) -> FileScan:
         if ref is not None:
             refs.setdefault(key, ref)
     unsafe = [(g, *result.placeholders.get(g, (None, ()))) for g in pf.unknown_globals]
+    notes = list(pf.notes)
+    shards = sum(1 for _, stub in result.tensors if stub.subclass == DTENSOR)
+    if shards:
+        notes.append(f"{shards} DTensor(s): this file holds one rank's local shards; shapes are the global ones")
 
     def small(key: str) -> bytes | None:
         return pf.read_small(refs[key]) if key in refs else None
 
-    return FileScan(path, label, pf.format, entries, {}, unsafe, list(pf.notes), result.truncated, small)
+    return FileScan(path, label, pf.format, entries, {}, unsafe, notes, result.truncated, small)
 
 
 def read_file(path: str, label: str) -> FileScan:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from torchdoctor._checkpoint.unpickle import Placeholder, TensorStub
+from torchdoctor._checkpoint.unpickle import DTENSOR, Placeholder, TensorStub
 
 __all__ = ["WalkResult", "walk"]
 
@@ -61,8 +61,8 @@ def walk(root: Any, max_nodes: int = 5_000_000, max_depth: int = 200) -> WalkRes
             continue
         seen.add(id(obj))
         children: Iterator[tuple[str, Any]]
-        if isinstance(obj, TensorStub):
-            children = ((join(path, k), v) for k, v in obj.attrs.items())
+        if isinstance(obj, TensorStub):  # a DTensor's spec (mesh, placements) is metadata, not the model's tensors
+            children = ((join(path, k), v) for k, v in obj.attrs.items() if k != "_spec" or obj.subclass != DTENSOR)
         elif isinstance(obj, dict):
             for k in obj:  # Lightning 1.x keys its callbacks by class: a global in key position sits here
                 if isinstance(k, Placeholder) or (isinstance(k, type) and issubclass(k, Placeholder)):

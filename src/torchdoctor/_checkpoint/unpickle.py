@@ -22,7 +22,8 @@ from typing import IO, Any
 import torch
 
 __all__ = [
-    "CheckpointError", "Placeholder", "SafeUnpickler", "StorageRef", "StorageType", "TensorStub", "placeholder_class",
+    "CheckpointError", "DTENSOR", "Placeholder", "SafeUnpickler", "StorageRef", "StorageType", "TORCH_RECORDS",
+    "TensorStub", "placeholder_class",
 ]
 
 
@@ -201,9 +202,29 @@ def _rebuild_from_type(func: Any, new_type: Any, args: Any, state: Any = None) -
     if isinstance(obj, TensorStub):
         if isinstance(new_type, type) and issubclass(new_type, Placeholder):
             obj.subclass = new_type._td_global
+        if isinstance(state, tuple) and len(state) == 2 and all(p is None or isinstance(p, dict) for p in state):
+            state = {**(state[0] or {}), **(state[1] or {})}  # (dict, slots): DTensor keeps its fields in slots
         if isinstance(state, dict):
             obj.attrs.update({str(k): v for k, v in state.items()})
+        local = obj.attrs.get("_local_tensor")
+        if obj.subclass == DTENSOR and isinstance(local, TensorStub):  # a rank's shard: its bytes are the local
+            del obj.attrs["_local_tensor"]  # tensor's; shape and dtype stay the global tensor's
+            obj.storage, obj.offset, obj.stride, obj.location = local.storage, local.offset, local.stride, local.location
+            obj.attrs["__local_shape__"] = local.shape
     return obj
+
+
+DTENSOR = "torch.distributed.tensor.DTensor"
+# Records of torch's own distributed tensors: torch.load(weights_only=True) accepts them; they stay placeholders
+# (never imported) but are not reported as unknown globals.
+TORCH_RECORDS = frozenset({
+    DTENSOR, "torch.distributed.tensor._api.DTensor", "torch.distributed.tensor._dtensor_spec.DTensorSpec",
+    "torch.distributed.tensor._dtensor_spec.TensorMeta", "torch.distributed.tensor._dtensor_spec.ShardOrderEntry",
+    "torch.distributed.device_mesh.DeviceMesh", "torch.distributed._mesh_layout._MeshLayout",
+    "torch.distributed._mesh_layout._FlatLayout", "torch.distributed.tensor.placement_types.Shard",
+    "torch.distributed.tensor.placement_types.Replicate", "torch.distributed.tensor.placement_types.Partial",
+    "torch.distributed.tensor.placement_types._StridedShard",
+})  # fmt: skip
 
 
 def _rebuild_no_storage(dtype: Any, size: Any, stride: Any, *rest: Any) -> TensorStub:
@@ -366,6 +387,8 @@ class SafeUnpickler(pickle.Unpickler):
             return self._complex
         if full == "torch.storage._load_from_bytes" and self._nested is not None:
             return _Safe(full, functools.partial(self._nested, self.unknown))
+        if full in TORCH_RECORDS:
+            return placeholder_class(full)
         if full not in self.unknown:
             self.unknown[full] = placeholder_class(full)
         return self.unknown[full]
