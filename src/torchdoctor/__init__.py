@@ -75,7 +75,7 @@ if TYPE_CHECKING:  # pragma: no cover  (the public table: see above)
     from torchdoctor._guard.api import Fix
     from torchdoctor._virtual.simulate import SimulationReport
     from torchdoctor._rules.profile import DeviceProfile
-    from torchdoctor._explain.api import Diagnosis
+    from torchdoctor._explain.api import Diagnosis, ExplainReport
     from torchdoctor._env.report import EnvReport
     from torchdoctor._env.rules.registry import EnvFinding
     from torchdoctor._env.devices import DeviceChoice, DeviceUnavailableError

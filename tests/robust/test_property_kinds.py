@@ -67,10 +67,7 @@ def _in_guard(m: Any, mode: str) -> Any:
 
 
 # verb x kind pairs that fail in code this folder's owner does not own; strict xfail turns green when fixed
-KNOWN: dict[tuple[str, str], str] = {
-    ("move", "nested_strided"): "_move/apply.py reads tuple(t.shape) of a strided nested tensor: PlacementError "
-                                "quoting 'NestedTensorImpl doesn't support sizes'",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def _check(verb: str, kind: str, place: str) -> None:
@@ -89,7 +86,7 @@ def _check(verb: str, kind: str, place: str) -> None:
 @given(verb=st.sampled_from(sorted(VERBS)), kind=st.sampled_from(sorted(TENSORS)),
        place=st.sampled_from(sorted(PLACES)))
 def test_only_documented_errors_leave_torchdoctor(verb: str, kind: str, place: str) -> None:
-    if (verb, kind) in KNOWN or (verb, kind) == ("move", "nested_strided") and place != "buffer":
+    if (verb, kind) in KNOWN:
         return  # pinned below, as strict xfails
     _check(verb, kind, place)
 

@@ -5,7 +5,6 @@ Data only (see ``signatures`` for the fields).
 
 from __future__ import annotations
 
-from torchdoctor._explain.signatures import DEV
 from torchdoctor._explain.signatures import DT as _DT
 from torchdoctor._explain.signatures import define as _sig
 

@@ -11,10 +11,9 @@ inplace"). Nothing here runs per op in ``explain`` mode.
 from __future__ import annotations
 
 import logging
-from sys import modules as _modules
 import threading
 import warnings
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -22,12 +21,12 @@ import torch
 from torch import nn
 from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchdoctor._rules import registry as _rules
 from torchdoctor._report.model import PlacementError, PlacementWarning, Problem
 from torchdoctor._placement import device_str, dtype_str
+from torchdoctor._guard.dispatch import _CONV, CheckMode, ConvCheck, _put, _simulating
+from torchdoctor._guard.maps import Maps, fix_code, module_label
 from torchdoctor._report.text import format_error
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,129 +36,6 @@ log = logging.getLogger("torchdoctor.guard")
 _Tensor = torch.Tensor
 _get_ident = threading.get_ident  # module globals: the hooks run on every module call
 _grad_enabled = torch.is_grad_enabled
-
-
-def _simulating() -> bool:
-    """A ``simulate`` / ``virtual_devices`` run is active in this thread (it checks its own ops)."""
-    sim = _modules.get("torchdoctor._virtual.tensor")
-    return sim is not None and sim.current_space() is not None
-
-
-class Maps:
-    """Paths of one root's modules and tensors (walked once, only after something went wrong or needs a name)."""
-
-    def __init__(self, root: Any) -> None:
-        from torchdoctor._walk import walk
-
-        w = walk(root)
-        self.walk = w
-        self._policy_problems: list[Problem] | None = None
-        self.modules = {id(m): p for p, m in w.modules}
-        self.dicts = frozenset(p for p, m in w.modules if isinstance(m, nn.ModuleDict))
-        self.tensors: dict[int, str] = {}
-        self.starts: dict[tuple[str, int], str] = {}
-        self.keep = [e.tensor for e in w.entries]  # ids stay unique while the map lives
-        dtype_bytes: dict[torch.dtype, int] = {}
-        device_bytes: dict[torch.device, int] = {}
-        for e in w.entries:
-            t = e.tensor
-            self.tensors.setdefault(id(t), e.path)
-            if e.alias_of is not None or e.role not in ("parameter", "buffer"):
-                continue
-            try:
-                if t.device.type != "meta":
-                    self.starts.setdefault((str(t.device), t.data_ptr()), e.path)
-                if t.is_floating_point():
-                    n = t.nelement() * t.element_size()
-                    dtype_bytes[t.dtype] = dtype_bytes.get(t.dtype, 0) + n
-                    d = _rules._norm(_rules.tensor_device(t))
-                    device_bytes[d] = device_bytes.get(d, 0) + n
-            except Exception:  # odd subclasses: skip, a diagnostic must not break
-                continue
-        self.dtype = max(dtype_bytes, key=dtype_bytes.__getitem__) if dtype_bytes else None
-        self.device = max(device_bytes, key=device_bytes.__getitem__) if device_bytes else None
-        from torchdoctor._scan.policy import Expectations
-
-        self.expect = Expectations(w)
-
-    def policy_problems(self) -> list[Problem]:
-        """The model's off-policy tensors (what scan reports), computed at the first failure that asks."""
-        if self._policy_problems is None:
-            from torchdoctor._guard.provenance import policy_problems
-
-            self._policy_problems = policy_problems(self.walk)
-        return self._policy_problems
-
-    def dtype_for(self, module_path: str | None) -> torch.dtype | None:
-        """The dtype a module's ops should agree on, as scan sees it (its component, its peft adapter ...)."""
-        return (self.expect.dtype(module_path) if module_path is not None else None) or self.dtype
-
-    def tensor_path(self, t: torch.Tensor) -> tuple[str, str] | None:
-        """(path, how) of a model tensor, its view, or a tensor starting at its memory."""
-        p = self.tensors.get(id(t))
-        if p is not None:
-            return p, ""
-        try:
-            base = t._base
-            if base is not None and id(base) in self.tensors:
-                return self.tensors[id(base)], " (a view)"
-            if t.device.type != "meta":
-                p = self.starts.get((str(t.device), t.data_ptr()))
-                if p is not None:
-                    return p, " (same memory)"
-        except Exception:
-            pass
-        return None
-
-
-def module_label(path: str | None, mod: Any) -> str:
-    return f"`{path or '<root>'}`" if path is not None else f"`<{type(mod).__name__} outside the guarded model>`"
-
-
-def code_path(path: str, var: str = "model", dicts: Collection[str] = ()) -> str:
-    """``layers.0.mlp.weight`` -> ``model.layers[0].mlp.weight`` (Python you can paste); under the ``nn.ModuleDict``
-    paths in ``dicts`` a digit key stays a string (``model.heads['0']``)."""
-    out, prefix = var, None
-    for part in path.split(".") if path else []:
-        if part.isdigit() and prefix not in dicts:
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if part.isidentifier() else f"[{part!r}]"
-        prefix = part if prefix is None else f"{prefix}.{part}"
-    return out
-
-
-def value_code(v: Any) -> str:
-    """``torch.bfloat16``, ``'cuda:0'``, or both for a (device, dtype) pair."""
-    if isinstance(v, tuple):
-        return ", ".join(value_code(x) for x in v)
-    if isinstance(v, torch.dtype):
-        return f"torch.{dtype_str(v)}"
-    return repr(device_str(v))
-
-
-def fix_code(culprits: Sequence[tuple[str | None, str, str, Any]], dicts: Collection[str] = ()) -> str | None:
-    """Culprits as (model path or None, label, kind, target) -> code to paste (``dicts``: see ``code_path``)."""
-    lines: list[str] = []
-    params = [c for c in culprits if c[0] is not None]
-    if len(params) > 4:
-        targets = sorted(dict.fromkeys(t for c in params if c[3] is not None
-                                       for t in (c[3] if isinstance(c[3], tuple) else (c[3],))),
-                         key=lambda t: isinstance(t, torch.dtype))  # device=..., then dtype=...
-        kw = ", ".join(f"{'dtype' if isinstance(t, torch.dtype) else 'device'}={value_code(t)}" for t in targets)
-        lines.append(f"torchdoctor.move(model, {kw})")
-    else:
-        for path, _label, kind, target in params:
-            expr = code_path(path or "", dicts=dicts)
-            if kind == "meta":
-                lines.append(f"# {expr} is on meta (no data): load its weights, e.g.")
-                lines.append("model.load_state_dict(state_dict, strict=False, assign=True)")
-            elif target is not None:
-                lines.append(f"{expr}.data = {expr}.data.to({value_code(target)})")
-    for path, label, kind, target in culprits:
-        if path is None and target is not None and kind != "meta":
-            lines.append(f"# pass {label} as tensor.to({value_code(target)})")
-    return "\n".join(dict.fromkeys(lines)) or None
 
 
 def _tensors_of(value: Any) -> list[torch.Tensor]:
@@ -453,56 +329,3 @@ def _value_str(t: torch.Tensor, attr: str) -> str:
 def _value_str_of(v: Any) -> str:
     return dtype_str(v) if isinstance(v, torch.dtype) else device_str(v)
 
-
-def _put(args: list[Any], kwargs: dict[str, Any], key: Any, t: torch.Tensor) -> None:
-    pos, j = key
-    holder: Any = kwargs if isinstance(pos, str) else args
-    if j < 0:
-        holder[pos] = t
-    else:
-        seq = list(holder[pos])
-        seq[j] = t
-        holder[pos] = type(holder[pos])(seq) if isinstance(holder[pos], tuple) else seq
-
-
-_CONV = torch.ops.aten.convolution.default
-_CONV_FUNCS = frozenset({torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_transpose1d, torch.conv_transpose2d,
-                         torch.conv_transpose3d})
-
-
-class ConvCheck(TorchFunctionMode):
-    """Active only during the forward of a conv module whose bias disagrees with its input (see ``_conv_pre``)."""
-
-    def __init__(self, session: Session) -> None:
-        super().__init__()
-        self.session = session
-
-    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
-                           kwargs: Mapping[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func in _CONV_FUNCS and len(args) >= 2:
-            args = (*args[:2], kwargs.get("bias") if len(args) < 3 else args[2], *args[3:])
-            kwargs = {k: v for k, v in kwargs.items() if k != "bias"}
-            found = _rules.find(_CONV, args[:3], {}, self.session.g.profile)
-            if found:
-                return self.session.on_problem(func, args, kwargs, found, schema_op=_CONV)
-        return func(*args, **kwargs)
-
-
-class CheckMode(TorchDispatchMode):
-    """Checks every op against the strict rules before it runs; problems go to the session."""
-
-    def __init__(self, session: Session) -> None:
-        super().__init__()
-        self.session = session
-        self.profile = session.g.profile
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (),
-                           kwargs: Mapping[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        if _simulating():  # a simulation checks its own ops with the same rules
-            return func(*args, **kwargs)
-        found = _rules.find(func, args, kwargs, self.profile)
-        if found:
-            return self.session.on_problem(func, args, kwargs, found)
-        return func(*args, **kwargs)

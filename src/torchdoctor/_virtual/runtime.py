@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import types
 from collections.abc import Callable, Iterator
 from typing import Any
 

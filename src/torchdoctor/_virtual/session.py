@@ -20,7 +20,7 @@ import torch
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
-from torchdoctor._virtual.simulate import _culprits_then_rest, LIMIT, _Recorder, _Stop
+from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._tracker import ModuleStack
 from torchdoctor._virtual.runtime import virtual_world
@@ -75,7 +75,7 @@ class VirtualSession:
 def _fix(problems: list[Problem], device: torch.device, dtype: torch.dtype | None) -> str:
     """The fix as code, from guard's generator: the named tensors cast or moved (``torchdoctor.move`` for many),
     tensors the test made passed on the right device; then what no cast of a tensor fixes."""
-    from torchdoctor._guard.session import fix_code
+    from torchdoctor._guard.maps import fix_code
 
     culprits: list[tuple[str | None, str, str, Any]] = []
     for p in problems:

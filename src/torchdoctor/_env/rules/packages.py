@@ -26,7 +26,7 @@ from torchdoctor._env.rules.registry import (
     torch_v,
     wheel_index,
 )
-from torchdoctor._env.versions import compare, local, pins, public, release, satisfies, tag_family
+from torchdoctor._env.versions import local, pins, public, release, satisfies, tag_family
 
 
 @rule("ipex_beside_ipex_llm")
