@@ -16,7 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdoctor._walk import Entry
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from torchdoctor._walk import Entry, is_quant_type
 
 # Packed / quantized storage dtypes: no dtype expectation (a float8 weight with a bf16 compute dtype is by design),
 # and a cast never touches them.
@@ -76,6 +78,17 @@ def packed_scale(e: Entry) -> bool:
     d = mod.__dict__
     return any(isinstance(v, torch.Tensor) and v.dtype in STORAGE_DTYPES
                for v in (*(d.get("_parameters") or {}).values(), *(d.get("_buffers") or {}).values()))
+
+
+def quantized_wrapper(t: torch.Tensor) -> bool:
+    """A ``__tensor_flatten__`` wrapper of a quantization library (torchao, optimum-quanto): its own metadata."""
+    tp = type(t)
+    if tp is torch.Tensor or tp is nn.Parameter or not is_quant_type(tp):
+        return False
+    try:
+        return bool(is_traceable_wrapper_subclass(t))
+    except Exception:
+        return False
 
 
 def is_bnb_layer(module: nn.Module | None) -> bool:

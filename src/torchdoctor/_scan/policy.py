@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdoctor._move.owners import is_quantized_owner, is_wrapper
 from torchdoctor._placement import device_str, dtype_str, same_device
 from torchdoctor._scan import intent
 from torchdoctor._scan.casts import fp32_scopes, kept_fp32, target_dtype
@@ -237,7 +236,7 @@ class Policy:
             return Decision(dev, None, "quant-metadata")
         if not t.is_floating_point() and not (t.is_complex() and self.dtype is not None and self.dtype.is_complex):
             return Decision(dev, None, dev_rule, alt_dev)
-        if role == "quant_state" or (is_wrapper(t) and is_quantized_owner(t)):
+        if role == "quant_state" or intent.quantized_wrapper(t):
             return Decision(dev, None, "quant-metadata", alt_dev)
         if t.dtype in STORAGE_DTYPES:
             return Decision(dev, None, "quant-storage", alt_dev)
