@@ -713,3 +713,29 @@ def test_gptq_layer_without_scales(tmp_path):
     del state["l.scales"]
     (p,) = scan_checkpoint(save_safetensors(state, tmp_path / "bad.safetensors")).problems
     assert (p.kind, p.path) == ("quant_incomplete", "l") and "missing l.scales" in p.message
+
+
+# --- tensor kinds: one row each, internals hidden, nothing reported that torch.load(weights_only=True) accepts --
+
+
+def test_sparse_nested_quantized_and_float8_are_one_row_each(tmp_path):
+    import importlib
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the nested tensor API's prototype warning
+        kinds = {
+            "coo": (torch.eye(3).to_sparse(), "f32[3,3]@cpu"),
+            "csr": (torch.eye(3).to_sparse_csr(), "f32[3,3]@cpu"),
+            "strided_nested": (torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "f32[5]@cpu"),
+            "jagged": (torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged), "f32[5]@cpu"),
+            "q": (torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.quint8), "qu8[4]@cpu"),
+            "f8": (torch.zeros(2, dtype=torch.float8_e4m3fn), "f8e4m3[2]@cpu"),
+            "c": (torch.ones(2, dtype=torch.complex64), "c64[2]@cpu"),
+        }
+    torch.save({k: v for k, (v, _) in kinds.items()}, tmp_path / "kinds.pt")
+    importlib.import_module("torch._dynamo")  # torch's own condition for loading jagged tensors weights-only
+    torch.load(tmp_path / "kinds.pt", weights_only=True)  # torch accepts every one of them
+    report = scan_checkpoint(tmp_path / "kinds.pt")
+    assert report.ok, report.problems
+    assert {t.path: t.compact for t in report.tensors} == {k: compact for k, (_, compact) in kinds.items()}

@@ -20,7 +20,8 @@ from torchdoctor._checkpoint.checks import Entry, FileScan, Group, role_of
 from torchdoctor._checkpoint.records import walk
 from torchdoctor._checkpoint.safetensors import read_safetensors
 from torchdoctor._checkpoint.torchfile import read_torch_file
-from torchdoctor._checkpoint.unpickle import DTENSOR, CheckpointError
+from torchdoctor._checkpoint.known import DTENSOR
+from torchdoctor._checkpoint.unpickle import CheckpointError
 
 __all__ = ["EXTENSIONS", "Skipped", "collect", "file_kind", "read_file", "read_json"]
 

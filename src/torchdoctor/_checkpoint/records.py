@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from torchdoctor._checkpoint.unpickle import DTENSOR, Placeholder, TensorStub
+from torchdoctor._checkpoint.known import DTENSOR
+from torchdoctor._checkpoint.unpickle import Placeholder, TensorStub
 
 __all__ = ["WalkResult", "walk"]
 

@@ -5,9 +5,8 @@ stand-ins that build :class:`TensorStub` records (dtype, shape, stride, the stor
 never touch storage data. Any other global is never imported: it becomes a :class:`Placeholder` class that
 records how the pickle tried to use it, so the tensors around it are still found and the global is named.
 
-The container formats around the pickle (zip, legacy stream, plain pickle) and the walk over the records
-built here live in :mod:`torchdoctor._checkpoint.torchfile`, which hands this unpickler its storage records and its
-reader for storages embedded as small streams.
+The container formats around the pickle live in :mod:`torchdoctor._checkpoint.torchfile`, which hands this
+unpickler its storage records and its reader for storages embedded as small streams.
 """
 
 from __future__ import annotations
@@ -21,9 +20,10 @@ from typing import IO, Any
 
 import torch
 
+from torchdoctor._checkpoint.known import DTENSOR, NJT_REBUILD, TORCH_RECORDS, torch_allows
+
 __all__ = [
-    "CheckpointError", "DTENSOR", "Placeholder", "SafeUnpickler", "StorageRef", "StorageType", "TORCH_RECORDS",
-    "TensorStub", "placeholder_class",
+    "CheckpointError", "Placeholder", "SafeUnpickler", "StorageRef", "StorageType", "TensorStub", "placeholder_class",
 ]
 
 
@@ -196,8 +196,14 @@ def _rebuild_parameter(data: Any, *rest: Any) -> Any:
 
 
 def _rebuild_from_type(func: Any, new_type: Any, args: Any, state: Any = None) -> Any:
-    if not callable(func) or not isinstance(func, _Safe) or not isinstance(args, tuple):
+    is_record = isinstance(func, type) and issubclass(func, Placeholder)  # e.g. torch's _rebuild_njt: recorded
+    if not (isinstance(func, _Safe) or is_record) or not isinstance(args, tuple):
         raise pickle.UnpicklingError("_rebuild_from_type_v2 with an unexpected rebuild function")
+    if is_record and func._td_global == NJT_REBUILD and args and isinstance(args[0], dict):
+        values = args[0].get("values")  # a nested jagged tensor is one tensor: its packed values, internals hidden
+        if isinstance(values, TensorStub):
+            values.subclass = "torch.nested._internal.nested_tensor.NestedTensor"
+            return values
     obj = func(*args)
     if isinstance(obj, TensorStub):
         if isinstance(new_type, type) and issubclass(new_type, Placeholder):
@@ -213,18 +219,6 @@ def _rebuild_from_type(func: Any, new_type: Any, args: Any, state: Any = None) -
             obj.attrs["__local_shape__"] = local.shape
     return obj
 
-
-DTENSOR = "torch.distributed.tensor.DTensor"
-# Records of torch's own distributed tensors: torch.load(weights_only=True) accepts them; they stay placeholders
-# (never imported) but are not reported as unknown globals.
-TORCH_RECORDS = frozenset({
-    DTENSOR, "torch.distributed.tensor._api.DTensor", "torch.distributed.tensor._dtensor_spec.DTensorSpec",
-    "torch.distributed.tensor._dtensor_spec.TensorMeta", "torch.distributed.tensor._dtensor_spec.ShardOrderEntry",
-    "torch.distributed.device_mesh.DeviceMesh", "torch.distributed._mesh_layout._MeshLayout",
-    "torch.distributed._mesh_layout._FlatLayout", "torch.distributed.tensor.placement_types.Shard",
-    "torch.distributed.tensor.placement_types.Replicate", "torch.distributed.tensor.placement_types.Partial",
-    "torch.distributed.tensor.placement_types._StridedShard",
-})  # fmt: skip
 
 
 def _rebuild_no_storage(dtype: Any, size: Any, stride: Any, *rest: Any) -> TensorStub:
@@ -249,14 +243,17 @@ def _rebuild_on_device(data: Any, dtype: Any, device: Any, *rest: Any) -> Any:
     return data
 
 
-def _rebuild_qtensor(storage: Any, offset: Any, size: Any, stride: Any, *rest: Any) -> TensorStub:
-    return _stub(storage, offset, size, stride)
-
-
-def _opaque(name: str) -> Callable[..., Any]:
-    """A known torch rebuild function we do not model: keep its arguments so tensors inside are still found."""
-    cls = placeholder_class(name)
-    return lambda *args, **kwargs: cls(*args, **kwargs)
+def _packed(name: str, layout: str, data: Any, *rest: Any) -> Any:
+    """A sparse or strided-nested tensor is one tensor: its values buffer (the last tensor of its parts) with
+    the dense size when the record has one; indices and offsets are internals, not listed."""
+    parts = data if isinstance(data, tuple) else (data, *rest)
+    stubs = [p for p in parts if isinstance(p, TensorStub)]
+    if not stubs:  # keep walking into it: it may hide the globals to report
+        return placeholder_class(name)(data, *rest)
+    values = stubs[-1] if layout != "nested" else stubs[0]
+    size = next((p for p in parts if isinstance(p, torch.Size)), None)
+    return TensorStub(values.storage, values.offset, tuple(size) if size is not None else values.shape,
+                      values.stride, values.dtype, values.location, subclass=f"{layout} tensor")
 
 
 def _device(*args: Any) -> torch.device:
@@ -312,12 +309,12 @@ def _safe_table() -> dict[str, Any]:
         u + "_rebuild_tensor_v3": _rebuild_v3,
         u + "_rebuild_parameter": _rebuild_parameter,
         u + "_rebuild_parameter_with_state": _rebuild_parameter,
-        u + "_rebuild_qtensor": _rebuild_qtensor,
+        u + "_rebuild_qtensor": _rebuild_v2,
         u + "_rebuild_meta_tensor_no_storage": _rebuild_no_storage,
         u + "_rebuild_wrapper_subclass": _rebuild_wrapper_subclass,
         u + "_rebuild_device_tensor_from_cpu_tensor": _rebuild_on_device,
-        u + "_rebuild_sparse_tensor": _opaque(u + "_rebuild_sparse_tensor"),
-        u + "_rebuild_nested_tensor": _opaque(u + "_rebuild_nested_tensor"),
+        u + "_rebuild_sparse_tensor": lambda layout, data, *r: _packed(u + "_rebuild_sparse_tensor", str(layout), data),
+        u + "_rebuild_nested_tensor": lambda *parts: _packed(u + "_rebuild_nested_tensor", "nested", parts),
         "torch._tensor._rebuild_from_type_v2": _rebuild_from_type,
         "torch._tensor._rebuild_from_type": _rebuild_from_type,
         "torch.serialization._get_layout": lambda name: str(name),
@@ -387,7 +384,7 @@ class SafeUnpickler(pickle.Unpickler):
             return self._complex
         if full == "torch.storage._load_from_bytes" and self._nested is not None:
             return _Safe(full, functools.partial(self._nested, self.unknown))
-        if full in TORCH_RECORDS:
+        if full in TORCH_RECORDS or torch_allows(full):  # read as a record, not reported: torch loads it
             return placeholder_class(full)
         if full not in self.unknown:
             self.unknown[full] = placeholder_class(full)
