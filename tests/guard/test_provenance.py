@@ -82,3 +82,35 @@ def test_a_correct_model_with_a_wrong_input_still_blames_the_input() -> None:
     err = _fail(model, lambda: model(torch.randn(2, 4)), "explain")
     assert err.problems[0].path == "input 0" and "caused by" not in str(err)
     assert b.obj is not None
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scale = torch.ones(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x * self.scale)
+
+
+def test_compiled_model_first_compiled_outside_the_guard_names_the_model_path() -> None:
+    model = _Scaled().to(BF)
+    model.scale = torch.ones(4, dtype=BF)
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(2, 4, dtype=BF)
+    compiled(x)  # the first compile happens outside the guard (scale is bf16 yet)
+    model.scale = torch.ones(4)  # then a float32 attribute replaces it: the recompiled graph holds it as a constant
+    err = _fail(compiled, lambda: compiled(x), "explain")
+    text = str(err)
+    assert "GraphModule outside the guarded model" not in text and "_tensor_constant" not in text
+    assert err.problems[0].path == "scale"
+    assert "model.scale.data = model.scale.data.to(torch.bfloat16)" in (err.fix or "")
+
+
+def test_scan_of_a_compiled_model_has_the_models_paths() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    model[0].bias.data = model[0].bias.data.double()
+    report = torchdoctor.scan(torch.compile(model, backend="eager"))
+    assert [p.path for p in report.problems] == ["0.bias"]
+    assert not any("_orig_mod" in t.path for t in report.tensors)

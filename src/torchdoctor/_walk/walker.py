@@ -113,9 +113,11 @@ class _Walker:
             del ancestors[depth:]
             ancestors.append(mid)
             depth += 1
+            compiled = type(mod).__name__ == "OptimizedModule"  # torch.compile's wrapper: its paths are the model's
             for name, child in reversed(dict.items(sub)):
                 if isinstance(child, nn.Module) and (id(child) not in module_set or id(child) not in ancestors):
-                    stack.append((f"{path}.{name}" if path else name, child, depth))
+                    child_path = path if compiled and name == "_orig_mod" else f"{path}.{name}" if path else name
+                    stack.append((child_path, child, depth))
         self.nodes = nodes
 
     def run_modules(self) -> None:

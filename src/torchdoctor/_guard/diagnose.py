@@ -1,0 +1,284 @@
+"""Explaining an error that escaped a guarded forward: the innermost module, the culprits by path (the policy's
+off-policy tensors first, then the operands), the original error and the fix."""
+
+from __future__ import annotations
+
+import logging
+import re
+import types
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchdoctor._rules import registry as _rules
+from torchdoctor._explain.tokens import devices_in, dtypes_in
+from torchdoctor._guard import provenance
+from torchdoctor._guard.session import Maps, Session, fix_code, module_label
+from torchdoctor._placement import device_str, dtype_str, norm_device
+from torchdoctor._report.model import PlacementError, Problem, TensorInfo
+from torchdoctor._report.text import format_error
+
+
+log = logging.getLogger("torchdoctor.guard")
+
+_PLACEMENT = re.compile(
+    r"same device|two devices|expected device|is on the expected device|should be the same|same dtype|"
+    r"expected scalar type|mixed dtype|expected m1 and m2|Input type \(|indices should be either on cpu|"
+    r"meta tensor|not compiled with|is not linked with support|found at least two devices|to match query dtype|"
+    r"must have the same (?:scalar )?type|expected both vectors|with arguments from the '\w+' backend|"
+    r"not implemented for '(?:BFloat16|Half|Float8\w*|Double|ComplexHalf)'|FakeTensor Device|"
+    r"deserialize object on a CUDA device|Expected all tensors", re.IGNORECASE)
+
+
+def placement_category(message: str) -> str | None:
+    """The explain category of a placement error message (``torchdoctor._explain``), ``"placement"`` when only
+    the guard's own short list knows it, None when it is not a placement error."""
+    try:
+        from torchdoctor._explain.api import classify
+
+        category = classify(message)
+    except Exception:  # explain missing or confused: the short list below still knows the common messages
+        log.debug("classify failed", exc_info=True)
+        category = None
+    if category:
+        return category
+    return "placement" if _PLACEMENT.search(message) else None
+
+
+def _devices_named(message: str) -> list[torch.device]:
+    """Devices a message names, in order (``cuda:0 and cpu``, ``CUDABFloat16Type``, ``torch.cuda.FloatTensor``,
+    ``on CPU, but expected it to be on GPU``), read by explain's one token parser."""
+    out: list[torch.device] = []
+    for name in devices_in(message):
+        try:
+            out.append(norm_device(torch.device(name)))
+        except (RuntimeError, ValueError):  # a device type this build does not know (npu, hpu)
+            continue
+    return out
+
+
+def _kind_of(message: str) -> str:
+    low = message.lower()
+    if re.search(r"\bmeta\b", low):
+        return "meta"
+    types_named = {d.type for d in _devices_named(message)}
+    if len(types_named) > 1 or re.search(r"\bdevices?\b|not compiled with|not linked with", low):
+        return "device"
+    return "dtype"
+
+
+def _innermost(session: Session, tb: types.TracebackType | None) -> tuple[nn.Module | None, Any, bool]:
+    """(module, its forward frame or None, in_backward) from the traceback, else from the module stacks.
+
+    Frames before the autograd engine call are the caller's (a LightningModule calling backward), not the
+    culprit's: from there on, the module whose backward was running comes from the backward stack."""
+    mod, frame, backward = None, None, False
+    while tb is not None:
+        f = tb.tb_frame
+        if f.f_code.co_name == "_engine_run_backward" or f.f_code.co_name in ("backward", "grad") and \
+                f.f_code.co_filename.endswith(("autograd/__init__.py", "_tensor.py")):
+            mod, frame, backward = None, None, True
+        s = f.f_locals.get("self")
+        if isinstance(s, nn.Module):
+            if s is not mod:
+                frame = None
+            mod = s
+            if f.f_code.co_name == "forward":
+                frame = f
+        tb = tb.tb_next
+    if mod is not None:
+        return mod, frame, backward
+    if session.bw:
+        return session.bw[-1], None, True
+    if session.stack and not backward:
+        return session.stack[-1][0], None, False
+    return None, None, backward
+
+
+def _inputs(session: Session, mod: nn.Module, frame: Any) -> list[tuple[str, torch.Tensor]]:
+    out: list[tuple[str, torch.Tensor]] = []
+    args: tuple[Any, ...] = ()
+    for m, a in reversed(session.stack):
+        if m is mod:
+            args = a
+            break
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            out.append((f"input {i}", a))
+        elif type(a) in (list, tuple):
+            out.extend((f"input {i}[{j}]", t) for j, t in enumerate(a) if isinstance(t, torch.Tensor))
+    if frame is not None:  # keyword inputs: the forward's parameters after the positional ones
+        code, loc = frame.f_code, frame.f_locals
+        names = list(code.co_varnames[1 + len(args):code.co_argcount + code.co_kwonlyargcount])
+        if code.co_flags & 0x08:  # CO_VARKEYWORDS
+            extra = loc.get(code.co_varnames[code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04)])
+            names += [k for k in (extra or {}) if isinstance(k, str)]
+            loc = {**loc, **(extra or {})}
+        out.extend((f"kwarg {n}", loc[n]) for n in names if isinstance(loc.get(n), torch.Tensor))
+    return out
+
+
+def explain_error(session: Session, exc: BaseException, tb: types.TracebackType | None) -> PlacementError | None:
+    message = str(exc)
+    category = placement_category(message)
+    if category is None:
+        return None
+    kind = "unsupported_dtype" if category == "unsupported_dtype_on_device" else _kind_of(message)
+    mod, frame, backward = _innermost(session, exc.__traceback__ or tb)
+    if mod is None:  # raised outside any module: nothing to add to the user's own message
+        return None
+    root = session.g.model  # else the outermost module entered: of the forward, or of the backward
+    if root is None:
+        root = session.stack[0][0] if session.stack else session.bw[0] if backward and session.bw else mod
+    maps = session.maps_for(root)
+    mpath = maps.modules.get(id(mod)) if maps is not None and mod is not None else None
+    mtype = type(mod).__name__ if mod is not None else None
+    compiled = mpath is None and maps is not None and mtype == "GraphModule"  # torch.compile's graph of the model
+    if compiled:
+        mpath, mtype = "", type(getattr(root, "_orig_mod", root)).__name__ + " compiled by torch.compile"
+    cands: list[tuple[str | None, str, torch.Tensor]] = []  # (model path, label, tensor)
+    roles: dict[str, str] = {}
+    if mod is not None:
+        from torchdoctor._walk import walk
+
+        for e in walk(mod).entries:
+            if e.alias_of is None and e.role in ("parameter", "buffer", "quant_state", "attribute"):
+                path = f"{mpath}.{e.path}" if mpath else e.path
+                if compiled:  # graph constants and lifted parameters are the model's own tensors: their paths
+                    hit = maps.tensor_path(e.tensor) if maps is not None else None
+                    if hit is None:
+                        continue
+                    path = hit[0]
+                cands.append((path, path, e.tensor))
+                roles[path] = e.role
+        seen = {id(c[2]) for c in cands}
+        for label, t in _inputs(session, mod, frame):
+            hit = maps.tensor_path(t) if maps is not None else None
+            if hit is not None and not hit[1]:  # the model's own tensor passed in (parametrize's original0/1)
+                if id(t) not in seen:
+                    cands.append((hit[0], hit[0], t))
+                    roles[hit[0]] = "parameter" if isinstance(t, nn.Parameter) else "buffer"
+            else:
+                cands.append((None, label, t))
+    value: Callable[[torch.Tensor], Any] = (lambda t: t.dtype) if kind in ("dtype", "unsupported_dtype") else (
+        lambda t: _rules._norm(_rules.tensor_device(t)))
+    pool = [c for c in cands if kind not in ("dtype", "unsupported_dtype") or c[2].is_floating_point()]
+    ref = _reference(pool, kind, value, maps, _mentioned(message, kind), mpath)
+    if kind == "meta":
+        bad = [c for c in pool if c[2].device.type == "meta"]
+    elif kind == "unsupported_dtype":
+        bad, ref = [], None  # every tensor may share the dtype the device cannot run: name the module only
+    else:
+        bad = [c for c in pool if ref is not None and value(c[2]) != ref]
+    first_line = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
+    op = m.group(1) if (m := re.search(r"in method (\w+)", message)) else None
+    where = (module_label(mpath, mod) + f" ({mtype})") if mod is not None else "an unknown module"
+    found = ", ".join(dict.fromkeys(_show(value(c[2]), kind) for c in bad)) if bad else None
+    expected = _show(ref, kind) if ref is not None else "?"
+    phase = " during backward" if backward else ""
+    # the model's own tensors that caused it (the policy's view), best first; the failing op comes second
+    own = {c[0] for c in bad if c[0] is not None}
+    blamed = [s for s in _suspects(session, maps, kind, bad, value, mpath) if s.problem.path not in own][:4]
+    surfaced = f"{found} where {expected} was expected" if found else "see the original error"
+    if blamed and blamed[0].matches:
+        head = provenance.headline(blamed[0], kind, where + phase, surfaced)
+    elif found:
+        head = f"{kind} mismatch in {where}{phase}: {found} where {expected} was expected"
+    else:
+        head = f"{kind} problem in {where}{phase}"
+    by_path = {e.path: e.tensor for e in maps.walk.entries} if blamed and maps is not None else {}
+    lines = [f"culprit {b.line()}" + (_trace_note(by_path[b.problem.path]) if b.problem.path in by_path else "")
+             for b in blamed]
+    lines += [f"{c[1]}: {_rules._compact(c[2])}  (expected {expected}){_trace_note(c[2])}" for c in bad]
+    if not bad:
+        lines += [f"{c[1]}: {_rules._compact(c[2])}" for c in cands[:8]]
+    lines.append(f"original error: {type(exc).__name__}: {first_line}")
+    culprits = [(b.problem.path, b.problem.path, b.problem.kind,
+                 None if b.problem.kind == "meta" else provenance.target_of(b.problem)) for b in blamed]
+    victims = [c for c in bad if not (blamed and blamed[0].matches and c[0] is None)]
+    culprits += [(c[0], c[1], kind, None if kind == "meta" else _also_dtype(ref, c[2], kind, message, maps))
+                 for c in victims]
+    fix = fix_code(culprits, maps.dicts if maps is not None else ())
+    problems = [replace(b.problem, op=op) for b in blamed]
+    problems += [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,
+                         f"{c[1]} is {_show(value(c[2]), kind)} in {where}, expected {expected}", op=op,
+                         module_path=mpath, module_type=mtype) for c in bad]
+    session.g._record_problems(problems)
+    infos = [TensorInfo.of(c[1], c[2], role=roles.get(c[1], "input")) for c in bad]
+    return PlacementError(format_error(head, lines, fix), module_path=mpath, module_type=mtype, op=op,
+                          tensors=infos, problems=problems, fix=fix)
+
+
+def _trace_note(t: torch.Tensor) -> str:
+    """What an active ``torchdoctor.trace`` knows of how this tensor got where it is (the call and line)."""
+    try:
+        from torchdoctor import _trace
+
+        note = _trace.note_for(t) if _trace.active() else None
+    except Exception:  # the trace is extra: the culprit stands without it
+        note = None
+    return f"  ({note})" if note else ""
+
+
+def _suspects(session: Session, maps: Maps | None, kind: str, bad: list[Any], value: Callable[[torch.Tensor], Any],
+              mpath: str | None) -> list[provenance.Suspect]:
+    if maps is None or kind == "unsupported_dtype":
+        return []
+    try:
+        values = {_show(value(c[2]), kind) for c in bad}
+        ran = provenance.ran_paths(maps.modules, session.ran)
+        return provenance.suspects(maps.policy_problems(), kind, values, ran, mpath)
+    except Exception:  # provenance is extra: the failure is still explained without it
+        log.debug("provenance failed", exc_info=True)
+        return []
+
+
+def _mentioned(message: str, kind: str) -> set[Any]:
+    """Dtypes or devices an error message names (``c10::BFloat16 != float``, ``cuda:0 and cpu``)."""
+    if kind == "device":
+        return set(_devices_named(message))
+    out: set[Any] = set()
+    if kind == "dtype":
+        for name in dtypes_in(message):
+            dt = getattr(torch, name, None)
+            if isinstance(dt, torch.dtype):
+                out.add(dt)
+    return out
+
+
+def _reference(pool: list[tuple[str | None, str, torch.Tensor]], kind: str, value: Callable[[torch.Tensor], Any],
+               maps: Maps | None, mentioned: set[Any], mpath: str | None = None) -> Any:
+    """What the culprits disagree with: the model's majority (for dtypes as scan sees it: the component's, the peft
+    adapter's) when present here or named by the error, else the first input, else the bytes-majority of the
+    module's own tensors."""
+    if not pool:
+        return None
+    values = [value(c[2]) for c in pool]
+    real = [v for v in values if not (isinstance(v, torch.device) and v.type == "meta")]
+    majority = (maps.dtype_for(mpath) if kind == "dtype" else maps.device) if maps is not None else None
+    if majority is not None and (majority in real or majority in mentioned):
+        return majority
+    inputs = [value(c[2]) for c in pool if c[0] is None and value(c[2]) in real]
+    if inputs:
+        return inputs[0]
+    weight: dict[Any, int] = {}
+    for c, v in zip(pool, values):
+        if v in real:
+            weight[v] = weight.get(v, 0) + c[2].nelement() * c[2].element_size()
+    return max(weight, key=weight.__getitem__) if weight else None
+
+
+def _also_dtype(ref: Any, t: torch.Tensor, kind: str, message: str, maps: Maps | None) -> Any:
+    """A tensor on the wrong device whose dtype the message also names as wrong (``Input type
+    (CUDABFloat16Type) and bias type (CPUFloatType)``): fix both at once, ``(device, dtype)``."""
+    if kind != "device" or maps is None or maps.dtype is None or not t.is_floating_point() or t.dtype == maps.dtype:
+        return ref
+    named = _mentioned(message, "dtype")
+    return (ref, maps.dtype) if maps.dtype in named and t.dtype in named else ref
+
+
+def _show(v: Any, kind: str) -> str:
+    return dtype_str(v) if isinstance(v, torch.dtype) else device_str(v)
