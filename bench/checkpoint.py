@@ -128,7 +128,10 @@ def bombs(opts: argparse.Namespace) -> None:
     src = opts.src or str(root / "src")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        files = {"memo-12-bytes.pkl": hostile.memo_bomb(), "nested-blobs.pkl": hostile.nested_bomb(6, 8),
+        import torch
+
+        files = {"baseline-good.pt": hostile.torch_zip({"w": torch.zeros(2)}),  # start-up cost of the child
+                 "memo-12-bytes.pkl": hostile.memo_bomb(), "nested-blobs.pkl": hostile.nested_bomb(6, 8),
                  "wide-blobs.pkl": hostile.wide_blob_bomb(100_000)}
         for name, data in files.items():
             (d / name).write_bytes(data)
