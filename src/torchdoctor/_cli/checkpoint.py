@@ -24,6 +24,9 @@ def scan_path(path: str, args: Any) -> int:
         report = scan_checkpoint(path, device=device, dtype=dtype)
     except CheckpointError as exc:
         raise UsageError(escape(str(exc))) from None
+    except Exception as exc:  # a file shaped in a way no reader foresaw: one line and exit 2, never a traceback
+        text = f"{path}: could not be checked ({type(exc).__name__}: {str(exc)[:160]}); please report this file's shape"
+        raise UsageError(escape(text)) from None
     if getattr(args, "json", False):
         print_json(report.to_dict())
     else:
