@@ -1,1 +1,1 @@
-"""Move: ``plan`` (what would move where, and what is refused), ``apply`` (the move, its undo log, verification) and ``owners`` (quantized owners and write-back)."""
+"""Move: ``plan`` (what would move where, and what is refused), ``apply`` (the move and its verification), ``owners`` (quantized owners, putting tensors back) and ``undo`` (the undo log, written before each change)."""

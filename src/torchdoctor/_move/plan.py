@@ -15,11 +15,13 @@ bf16, as ``from_pretrained`` applies them) and diffusers (any dtype) become fp32
 throughout stays fp32 (peft's own default, ``autocast_adapter_dtype=True``); an adapter that would otherwise be
 mixed within itself is cast whole. ``keep_fp32=False`` casts exactly what ``Module.to`` casts.
 
-Rollback: ``"auto"`` keeps an original only where undoing needs it without costing the filling device memory:
-cross-device moves keep it on the source device; a same-device cast is undone by casting back, exact for
-widening casts, and for narrowing ones (fp32 -> bf16) the error names every tensor that lost precision.
-``"exact"`` (or True) keeps every original until the end (peak memory old + new for a cast); ``False`` undoes
-nothing and lists what moved.
+Rollback (``torchdoctor._move.undo``): every change gets its undo record before it is made. ``"auto"`` keeps
+weak references to the originals, so a tensor someone else still holds comes back as itself; tensors nobody holds are
+rebuilt from the moved data (views of one storage from one conversion, so they still share it), and a narrowing
+same-device cast (fp32 -> bf16) comes back rounded and is named as ``lost_precision``. What a copy cannot stand in
+for (cross-device originals, storages shared by several units, tensors with autograd history or hooks) is kept
+strongly. ``"exact"`` (or True) keeps every original until the end; ``False`` undoes nothing and lists what moved.
+Rollback also follows a failed verification; an interrupt stays a ``KeyboardInterrupt`` with a note of the outcome.
 """
 
 from __future__ import annotations
