@@ -140,20 +140,6 @@ def test_plain_attribute_and_list_held_module_are_named() -> None:
 # --- the seed scenario: 4-bit layer moved to cuda:1 with quant_state.code left behind -----------------------------
 
 
-@pytest.fixture
-def old_quant_state_to(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bitsandbytes.functional import QuantState
-
-    real_to = QuantState.to
-
-    def old_to(self: Any, device: Any) -> None:  # bitsandbytes < 0.45.3 did not move the code
-        code = self.code
-        real_to(self, device)
-        self.code = code
-
-    monkeypatch.setattr(QuantState, "to", old_to)
-
-
 @pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("nested", [True, False], ids=["nested", "plain"])
 def test_seed_quant_state_code_left_behind_in_call(old_quant_state_to: None, rows: int, nested: bool) -> None:

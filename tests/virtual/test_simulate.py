@@ -295,17 +295,7 @@ def test_bnb_linear4bit_on_cuda1(rows: int, dtype: torch.dtype | None) -> None:
     assert report.ok, report.problems
 
 
-def test_bnb_old_quant_state_to_leaves_code_behind(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bitsandbytes.functional import QuantState
-
-    real_to = QuantState.to
-
-    def old_to(self: Any, device: Any) -> None:  # bitsandbytes < 0.45.3 did not move the code
-        code = self.code
-        real_to(self, device)
-        self.code = code
-
-    monkeypatch.setattr(QuantState, "to", old_to)
+def test_bnb_old_quant_state_to_leaves_code_behind(old_quant_state_to: None) -> None:
     report = torchdoctor.simulate(zoo.bnb_linear4bit(), (torch.randn(1, 64),), device="cuda:1")
     assert _found(report) == [("device", "proj.weight.quant_state.code")]
     assert report.problems[0].found == "cpu" and report.problems[0].expected == "cuda:1"

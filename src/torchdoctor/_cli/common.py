@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -187,3 +188,24 @@ def read_config(start: str | None = None) -> tuple[str | None, dict[str, Any]]:
     if "limit" in table and table["limit"] < 1:
         raise UsageError(f"{path}: [tool.torchdoctor] limit must be >= 1, got {table['limit']}")
     return path, dict(table)
+
+
+def each_target(verb: str, targets: list[str], args: Any, one: Callable[[str, list[Any]], int]) -> int:
+    """Run ``one(spec, docs)`` for every TARGET: one usage error ends a single-target run; with several, it is
+    reported and the others still run. The exit code is the worst; ``--json`` prints one document or a list."""
+    docs: list[Any] = []
+    worst = 0
+    for i, spec in enumerate(targets):
+        if len(targets) > 1 and not getattr(args, "json", False) and i:
+            print()
+        try:
+            code = one(spec, docs)
+        except UsageError as exc:
+            if len(targets) == 1:
+                raise
+            print(f"torchdoctor {verb}: {spec}: {exc}", file=sys.stderr)
+            code = 2
+        worst = max(worst, code)
+    if getattr(args, "json", False) and docs:
+        print_json(docs[0] if len(targets) == 1 else docs)
+    return worst

@@ -11,11 +11,11 @@ import dataclasses
 import sys
 from typing import Any
 
-from torchdoctor._cli.common import UsageError, parse_common, print_json, resolve_target
+from torchdoctor._cli.common import each_target, UsageError, parse_common, resolve_target
 from torchdoctor._report.model import ScanReport, Target
 from torchdoctor._report.progress import progress
 from torchdoctor._report.terminal import emit
-from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, schema
+from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, schema
 
 
 def single(args: argparse.Namespace, target: str) -> argparse.Namespace:
@@ -117,19 +117,4 @@ def command(args: argparse.Namespace) -> int:
     if args.html and args.plan:
         raise UsageError("--html draws a scan; drop --plan")
     device, dtype = parse_common(args)
-    docs: list[Any] = []
-    worst = EXIT_OK
-    for i, spec in enumerate(targets):
-        if len(targets) > 1 and not args.json and i:
-            print()
-        try:
-            code = _one(spec, args, device, dtype, docs)
-        except UsageError as exc:
-            if len(targets) == 1:
-                raise
-            print(f"torchdoctor scan: {spec}: {exc}", file=sys.stderr)
-            code = EXIT_USAGE
-        worst = max(worst, code)
-    if args.json and docs:
-        print_json(docs[0] if len(targets) == 1 else docs)
-    return worst
+    return each_target("scan", targets, args, lambda spec, docs: _one(spec, args, device, dtype, docs))

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
-from torchdoctor._cli.common import UsageError, failure, parse_common, print_json, resolve_target
+from torchdoctor._cli.common import each_target, UsageError, failure, parse_common, resolve_target
 from torchdoctor._cli.scan import single, write_html
 from torchdoctor._placement import parse_device
 from torchdoctor._report.progress import progress
 from torchdoctor._report.terminal import emit
-from torchdoctor._report.text import EXIT_OK, EXIT_USAGE
+from torchdoctor._report.text import EXIT_OK
 from torchdoctor._rules.presets import describe, preset
 from torchdoctor._rules.profile import DeviceProfile
 
@@ -87,19 +86,4 @@ def command(args: argparse.Namespace) -> int:
     if args.html and len(targets) > 1:
         raise UsageError("--html writes the map of one TARGET; give one TARGET (or run once per TARGET)")
     device, profile = _profile(args)
-    docs: list[Any] = []
-    worst = EXIT_OK
-    for i, spec in enumerate(targets):
-        if len(targets) > 1 and not args.json and i:
-            print()
-        try:
-            code = _one(spec, args, device, profile, docs)
-        except UsageError as exc:
-            if len(targets) == 1:
-                raise
-            print(f"torchdoctor simulate: {spec}: {exc}", file=sys.stderr)
-            code = EXIT_USAGE
-        worst = max(worst, code)
-    if args.json and docs:
-        print_json(docs[0] if len(targets) == 1 else docs)
-    return worst
+    return each_target("simulate", targets, args, lambda spec, docs: _one(spec, args, device, profile, docs))

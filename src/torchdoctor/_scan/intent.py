@@ -101,13 +101,20 @@ def follows_input(e: Entry) -> bool:
     return e.key == "bias" and e.role == "parameter" and is_bnb_layer(e.module)
 
 
+def _chain(hook: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """An accelerate hook, or each hook of a ``SequentialHook``, with its ``__dict__``."""
+    chain = _dict(hook).get("hooks")
+    return [(h, _dict(h)) for h in (chain if isinstance(chain, (list, tuple)) else [hook])]
+
+
+def _offloads(h: Any, hd: dict[str, Any]) -> bool:
+    return type(h).__name__ in _OFFLOAD_HOOKS or bool(hd.get("offload"))
+
+
 def offload_device(hook: Any) -> torch.device | None:
     """The execution device of an accelerate hook that keeps its module at rest elsewhere (None otherwise)."""
-    d = _dict(hook)
-    chain = d.get("hooks")
-    for h in (chain if isinstance(chain, (list, tuple)) else [hook]):
-        hd = _dict(h)
-        if type(h).__name__ in _OFFLOAD_HOOKS or hd.get("offload"):
+    for h, hd in _chain(hook):
+        if _offloads(h, hd):
             dev = hd.get("execution_device")
             try:
                 return torch.device(dev) if dev is not None else torch.device("cpu")
@@ -118,11 +125,8 @@ def offload_device(hook: Any) -> torch.device | None:
 
 def dispatch_device(hook: Any) -> torch.device | None:
     """Where a dispatching accelerate hook (``device_map``, no offload) keeps its module's weights."""
-    d = _dict(hook)
-    chain = d.get("hooks")
-    for h in (chain if isinstance(chain, (list, tuple)) else [hook]):
-        hd = _dict(h)
-        if type(h).__name__ in _OFFLOAD_HOOKS or hd.get("offload"):
+    for h, hd in _chain(hook):
+        if _offloads(h, hd):
             return None
         dev = hd.get("execution_device")
         if dev is not None:
