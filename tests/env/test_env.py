@@ -279,7 +279,7 @@ def test_saved_facts_of_a_broken_machine(capsys: pytest.CaptureFixture[str]) -> 
     assert "findings: 1 error(s), 1 warning(s), 0 info" in out
     assert "  [error] torchvision_torch_mismatch: torchvision 0.28.0+cu130 does not match torch 2.13.0+cpu" in out
     assert "  [warning] cpu_torch_with_nvidia: torch 2.13.0+cpu is a CPU-only build" in out
-    assert "      fix: pip install --force-reinstall torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" in out
+    assert "      Fix: pip install --force-reinstall torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" in out
     assert "capabilities: facts from another run" in out
 
 

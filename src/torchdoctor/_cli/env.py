@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any
 
+from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS
 from torchdoctor._cli.common import UsageError, print_json
 from torchdoctor._env.facts import FACTS_SCHEMA
 from torchdoctor._env.report import env_report
@@ -44,4 +45,4 @@ def command(args: Any) -> int:
         print_json(report.to_dict())
     else:
         print(report.text())
-    return 0 if report.ok else 1
+    return EXIT_OK if report.ok else EXIT_PROBLEMS

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import IO
 
+from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS
 from torchdoctor._cli.common import UsageError, print_json
 from torchdoctor._explain.api import explain_stream
 
@@ -31,4 +32,4 @@ def command(args: argparse.Namespace) -> int:
         print_json(report.to_dict())
     else:
         print(report)
-    return 1 if report else 0
+    return EXIT_PROBLEMS if report else EXIT_OK

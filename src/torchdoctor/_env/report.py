@@ -170,7 +170,7 @@ def render(report: EnvReport) -> str:
     for x in report.findings:
         lines.append(f"  [{x.severity}] {x.code}: {x.message}")
         if x.fix:
-            lines.append(f"      fix: {x.fix}")
+            lines.append(f"      Fix: {x.fix}")
     return "\n".join(lines)
 
 

@@ -25,7 +25,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torchdoctor._rules import registry as _rules
 from torchdoctor._report.model import PlacementError, PlacementWarning, Problem
 from torchdoctor._placement import device_str, dtype_str
-from torchdoctor._guard.dispatch import _CONV, CheckMode, ConvCheck, _put, _simulating
+from torchdoctor._guard.dispatch import _CONV, CheckMode, ConvCheck, _simulating
 from torchdoctor._guard.maps import Maps, fix_code, module_label
 from torchdoctor._report.text import format_error
 
@@ -301,7 +301,7 @@ class Session:
             for k in offenders:
                 t = tensors[k].to(target)
                 tensors[k] = t
-                _put(new_args, new_kwargs, k, t)
+                _rules.OpArgs(new_args, new_kwargs).put(k, t)
         self.g._record_fixes(problems)
         return func(*new_args, **new_kwargs)
 

@@ -75,8 +75,33 @@ class Rule:
 Check = Callable[["_Call"], "list[Finding]"]
 
 
+class OpArgs:
+    """An op's arguments, addressed by the rules' keys ``(position or kwarg name, index in a list or -1)``: the one
+    way the rules, guard's fixer and the simulator read and replace an argument."""
+
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any]
+
+    def __init__(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        self.args, self.kwargs = args, kwargs
+
+    def at(self, key: Key) -> Any:
+        pos, j = key
+        v: Any = self.kwargs.get(pos) if isinstance(pos, str) else self.args[pos]
+        return v[j] if j >= 0 else v
+
+    def put(self, key: Key, value: Any) -> None:
+        """Replace one argument in place (``args`` a list, ``kwargs`` a dict); a list item keeps its sequence type."""
+        pos, j = key
+        holder: Any = self.kwargs if isinstance(pos, str) else self.args
+        if j >= 0:
+            seq = holder[pos]
+            value = type(seq)(value if i == j else x for i, x in enumerate(seq))
+        holder[pos] = value
+
+
 @dataclass
-class _Call:
+class _Call(OpArgs):
     """One op call, tensors gathered once (slow path only)."""
 
     op: Any

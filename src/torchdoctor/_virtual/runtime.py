@@ -20,6 +20,7 @@ import torch
 import torch.utils._device as _device_mod
 from torch.overrides import TorchFunctionMode
 
+from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api
 from torchdoctor._virtual import dispatch as D
@@ -33,8 +34,7 @@ _CPU = torch.device("cpu")
 # -- moves, factories and data access (a TorchFunctionMode) --------------------------------------------------------
 
 
-def _device_of(t: torch.Tensor) -> torch.device:
-    return t._td_device if isinstance(t, VirtualTensor) else t.device
+_device_of = tensor_device  # the one device reading (a virtual tensor's label, else its device)
 
 
 def move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: torch.dtype | None,

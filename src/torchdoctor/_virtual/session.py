@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from torchdoctor._rules.profile import DeviceProfile
+from torchdoctor._report.text import format_error
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
@@ -61,14 +62,16 @@ class VirtualSession:
         """One ``PlacementError`` for everything recorded: headline, culprits by path, then the fix."""
         where = device_str(self.device) + (f" in {dtype_str(self.dtype)}" if self.dtype is not None else "")
         first = self.problems[0]
-        lines = [f"{len(self.problems)} placement problem(s) on virtual {where}"
-                 + (f", first in {first.module_path or '<root>'} ({first.module_type})" if first.module_type else "")
-                 + ":", *_culprits_then_rest(tuple(self.problems), self.culprits, 40)]
+        head = (f"{len(self.problems)} placement problem(s) on virtual {where}"
+                + (f", first in {first.module_path or '<root>'} ({first.module_type})" if first.module_type else "")
+                + ":")
+        rows = [line[2:] if line.startswith("  ") else line
+                for line in _culprits_then_rest(tuple(self.problems), self.culprits, 40)]
         if self.stopped:
-            lines.append(f"stopped early: {self.stopped}")
+            rows.append(f"stopped early: {self.stopped}")
         fix = _fix(self.problems, self.device, self.dtype)
-        lines += ["fix:", *(f"    {line}" for line in fix.splitlines())]
-        return PlacementError("\n".join(lines), module_path=first.module_path, module_type=first.module_type,
+        return PlacementError(format_error(head, rows, fix, limit=len(rows)), module_path=first.module_path,
+                              module_type=first.module_type,
                               op=first.op, tensors=first.tensors, problems=tuple(self.problems), fix=fix)
 
 

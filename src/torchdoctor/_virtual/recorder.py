@@ -1,0 +1,328 @@
+"""The recorder of a virtual run: the strict rules on every op, module-entry checks, problems by path with the
+culprits first, and the op going on as if fixed so one run finds every problem."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchdoctor._rules.profile import DeviceProfile
+from torchdoctor._rules.registry import OpArgs
+from torchdoctor._report.text import render_problems
+from torchdoctor._report.model import Problem
+from torchdoctor._placement import norm_device, compact, device_str, dtype_str, parse_device
+from torchdoctor._virtual.tensor import Hooks, VirtualTensor, make
+from torchdoctor._tracker import ModuleStack
+
+
+LIMIT = 100  # problems recorded before the run stops
+
+
+_DATA_OPS = ("_local_scalar_dense", "nonzero", "item", "tolist", "numpy", "masked_select", "unique", "equal",
+             "is_nonzero", "repeat_interleave", "__array__")
+
+
+class _Stop(BaseException):
+    """Ends a simulation early; a BaseException, so ``except Exception`` in user code does not swallow it."""
+
+
+def _from_origin(p: Problem, origin: dict[tuple[str, ...], str]) -> Problem:
+    """A tensor made in forward names the model tensor its wrong dtype or device came from."""
+    src = origin.get((p.kind, p.found)) or origin.get((p.kind, p.found, p.module_path or ""))
+    if src is None or "a tensor made in forward" not in p.message:
+        return p
+    return replace(p, message=p.message.replace("a tensor made in forward",
+                                                f"a tensor made in forward from {src} ({p.found})", 1))
+
+
+def _culprits_then_rest(problems: tuple[Problem, ...], n: int, limit: int) -> list[str]:
+    if not n:
+        return render_problems(problems, limit)
+    return [*render_problems(problems[:n], limit), "  where they surfaced:",
+            *render_problems(problems[n:], max(1, limit - n))]
+
+
+class _Recorder(Hooks):
+    """Runs the strict rules on every op, records problems by path, and lets the op go on as if fixed."""
+
+    def __init__(self, profile: DeviceProfile, device: torch.device, dtype: torch.dtype | None, limit: int,
+                 roles: dict[str, str]) -> None:
+        from torchdoctor._rules import registry as _rules
+
+        self.rules, self.profile, self.device, self.dtype, self.limit = _rules, profile, device, dtype, limit
+        self.roles = roles
+        self.roots: list[nn.Module] = []
+        self._model_dtype: torch.dtype | None = None
+        self.problems: list[Problem] = []
+        self.seen: set[tuple[str, ...]] = set()
+        self.stopped: str | None = None
+        self.blamed = 0
+        self.use_stack(ModuleStack(roles))
+
+    def use_stack(self, stack: ModuleStack) -> None:
+        """Track modules with ``stack``; owned tensors are checked when each module starts."""
+        from torchdoctor._virtual.entry import EntryCheck
+
+        self.modules = stack
+        self.where = stack.where
+        stack.on_enter = EntryCheck(self.device, self._entry_note, self._dispatched)
+
+    def _entry_note(self, kind: str, path: str, found: str, expected: str, message: str, op: str, role: str,
+                    shown: str) -> None:
+        mpath, mtype = self.where()
+        self._add(Problem(kind, path, self.roles.get(path, role), found, expected, message, op=op,
+                          module_path=mpath, module_type=mtype, tensors=(f"{path}: {shown}",)), key=(kind, path))
+
+    def culprits_first(self, problems: list[Problem], roots: list[Any]) -> list[Problem]:
+        """The model tensors the policy finds off (what scan reports on the run's own objects), matching what the
+        ops found wrong, go first: the op where a problem surfaced comes second."""
+        from torchdoctor._guard.provenance import policy_problems, suspects
+        from torchdoctor._walk import walk
+
+        bad = {p.found for p in problems if p.kind in ("dtype", "device")}
+        kinds = {p.kind for p in problems} & {"dtype", "device"}
+        if not bad:
+            return problems
+        have = {p.path for p in problems}
+        blamed: list[Problem] = []
+        try:
+            for root in roots:
+                found = policy_problems(walk(root))
+                for kind in sorted(kinds):
+                    for sus in suspects(found, kind, bad, [], None):
+                        if sus.matches and sus.problem.path not in have:
+                            have.add(sus.problem.path)
+                            blamed.append(replace(sus.problem, message=f"culprit: {sus.problem.message}"))
+        except Exception:  # provenance is extra: the problems stand without it
+            return problems
+        self.blamed = len(blamed)
+        origin: dict[tuple[str, ...], str] = {(b.kind, b.found): b.path for b in blamed}
+        for p in problems:  # a module-entry finding is the origin of what its module's ops then meet
+            if p.op is not None and p.op.endswith(".forward") and p.module_path is not None:
+                origin.setdefault((p.kind, p.found, p.module_path), p.path)
+        return blamed + [_from_origin(p, origin) for p in problems]
+
+    # -- Hooks --------------------------------------------------------------------------------------------------
+    def check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        findings = self.rules.find(func, args, kwargs, self.profile)
+        if not findings:
+            return args, kwargs
+        call = OpArgs(list(args), dict(kwargs))
+        for f in findings:  # device and meta first, then dtype, then what the profile cannot run
+            self._handle(func, f, call)
+        return tuple(call.args), call.kwargs
+
+    def exists(self, target: torch.device, path: str | None, op: str) -> None:
+        if target.type == self.profile.type and (target.index or 0) >= self.profile.count:
+            self._note("device", path, device_str(target), f"{self.profile.type}:0..{self.profile.count - 1}",
+                       f"{device_str(target)} does not exist (invalid device ordinal): the simulated profile has "
+                       f"{self.profile.count} {self.profile.type} device(s)", op=op, key=device_str(target))
+
+    def _moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
+        src = getattr(tensor, "_td_device", tensor.device)
+        path = getattr(tensor, "_td_path", None)
+        self.exists(target, path, "Tensor.to")
+        what = f"{path or 'a tensor'} {compact(tensor.dtype, tuple(tensor.shape), src)}"
+        if src.type == "meta" and target.type != "meta":
+            self._note("meta", path, "meta", device_str(target), f"{what} holds no data (meta): moving it to "
+                       f"{device_str(target)} raises 'Cannot copy out of meta tensor'. Load or materialise it first, "
+                       "or pass assume_device= if the model is built on meta on purpose")
+        if target.type == self.profile.type and not self.profile.supports(dtype, "storage"):
+            self._note("unsupported_dtype", path, dtype_str(dtype), f"a dtype {target.type} supports",
+                       f"{what} moved to {device_str(target)} as {dtype_str(dtype)}: {target.type} cannot hold "
+                       f"{dtype_str(dtype)} tensors, so this raises; cast to float32 first", key=dtype_str(dtype))
+        return dtype
+
+    def creating(self, name: str, device: torch.device, kwargs: dict[str, Any]) -> None:
+        self.exists(device, None, f"torch.{name}")
+        gdev = getattr(kwargs.get("generator"), "device", None)
+        if isinstance(gdev, torch.device) and gdev.type != device.type:
+            self._note("device", None, device_str(gdev), device_str(device), f"torch.{name}(device="
+                       f"{device_str(device)!r}) got a generator on {device_str(gdev)}; real PyTorch expects a "
+                       f"'{device.type}' generator: torch.Generator({device.type!r})", f"torch.{name}", "generator")
+
+    def reading(self, tensor: torch.Tensor, what: str) -> None:
+        path, dev = getattr(tensor, "_td_path", None), getattr(tensor, "_td_device", tensor.device)
+        self._note("device", path, device_str(dev), "cpu", f"{what}() of {path or 'a tensor'} "
+                   f"{compact(tensor.dtype, tuple(tensor.shape), dev)}: can't convert {device_str(dev)} device type "
+                   "tensor to numpy; call .cpu() first", op=what)
+
+    def failed(self, what: str, exc: BaseException | None, hint: str = "") -> None:
+        text = str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else ""
+        if exc is not None and not isinstance(exc, NotImplementedError) and "meta" not in text.lower() \
+                and "fake impl" not in text:
+            return  # a genuine error of the user's code: it propagates
+        if not hint and (any(n in what for n in _DATA_OPS) or "cannot be called on meta" in text):
+            hint = "it needs tensor values; simulate with data='cpu'"
+        hint = hint or "it has no meta/fake kernel, so it cannot run without the hardware"
+        self.stop_unsupported(what, f"{what} cannot be simulated: {hint}" + (f" ({text})" if text else ""))
+
+    def refused(self, op: str, culprits: list[torch.Tensor], expected: torch.dtype, exc: BaseException) -> bool:
+        """The kernel refused the odd-dtype tensors (fp8 promotion and kin): a problem by path, then go on cast."""
+        text = (str(exc).strip().splitlines() or [""])[0]
+        for t in culprits:
+            path = getattr(t, "_td_path", None) or getattr(t, "_td_origin", None)
+            dev = getattr(t, "_td_device", t.device)
+            self._note("dtype", path, dtype_str(t.dtype), dtype_str(expected),
+                       f"{path or 'a tensor'} {compact(t.dtype, tuple(t.shape), dev)} meets {dtype_str(expected)} in "
+                       f"{op}: the kernel refuses ({text}); cast it to {dtype_str(expected)} before use", op=op,
+                       key=f"{path}:{t.dtype}")
+        return True
+
+    def unsupported(self, path: str | None, what: str, why: str) -> None:
+        """A tensor no virtual twin can stand in for: reported at its path, the run goes on without it."""
+        self._note("unsupported", path, what, "", f"{path or 'a tensor'} cannot be simulated: {why}", op=what,
+                   role="attribute", key=f"{path}:{what}")
+
+    def moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
+        # a model tensor cast with loss (a complex freqs_cis under dtype=bf16); computations that round on purpose
+        # (T5's position buckets: float -> long) are activations, not model tensors
+        if _is_entry(tensor) and ((tensor.is_complex() and not dtype.is_complex) or (tensor.is_floating_point() and not (
+                dtype.is_floating_point or dtype.is_complex) and dtype != torch.bool)):
+            path = getattr(tensor, "_td_path", None)
+            src = getattr(tensor, "_td_device", tensor.device)
+            self._note("dtype", path, dtype_str(tensor.dtype), dtype_str(tensor.dtype),
+                       f"{path or 'a tensor'} {compact(tensor.dtype, tuple(tensor.shape), src)} is cast to "
+                       f"{dtype_str(dtype)}: the cast loses data (complex to real drops the imaginary part, float to "
+                       "int the fraction); keep it or cast the result instead", key=f"lossy:{path}:{dtype}")
+        return self._moving(tensor, target, dtype)
+
+    def stop_unsupported(self, op: str, message: str) -> None:
+        self._note("unsupported_op", None, op, "", message, op=op, role="op")
+        self.stopped = message
+        raise _Stop()
+
+    # -- recording and fixing -----------------------------------------------------------------------------------
+    def _note(self, kind: str, path: str | None, found: str, expected: str, message: str, op: str = "Tensor.to",
+              role: str = "activation", key: str | None = None) -> None:
+        mpath, mtype = self.where()
+        place = path or ((mpath or "<root>") if mtype else "<top level>")
+        self._add(Problem(kind, place, self.roles.get(path or "", role), found, expected, message, op=op,
+                          module_path=mpath, module_type=mtype), key=(kind, key) if key else (kind, place, op))
+
+    def _add(self, problem: Problem, key: tuple[Any, ...]) -> None:
+        key = tuple(str(k) for k in key)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        self.problems.append(problem)
+        if len(self.problems) >= self.limit:
+            self.stopped = f"{self.limit} problems recorded (the limit)"
+            raise _Stop()
+
+    def _handle(self, func: Any, f: Any, call: OpArgs) -> None:
+        p = f.problem
+        culprits, anchor = self._culprits(func, f, call)
+        tensors = [call.at(k) for k in culprits]
+        mpath, mtype = self.where()
+        place = (mpath or "<root>") if mtype else "<top level>"
+        where = f" (in {place}, {mtype})" if mtype else ""
+        listed = tuple(f"{d} ({t._td_path})" if getattr(t, "_td_path", None) else d
+                       for d, t in zip(self.rules.describe_args(func, call.args, call.kwargs), _op_tensors(call)))
+        op, on_device = p.op or str(func), p.kind in ("device", "meta")
+        # one problem per named tensor (weights, buffers, quant_state); activations share one
+        named = [t for t in tensors if _is_entry(t)]
+        for t in named or [t for t in tensors if t._td_path][:1] or tensors[:1] or [None]:
+            path = t._td_path if t is not None else None
+            found, expected, message = p.found, p.expected, p.message
+            if anchor is not None:
+                expected = device_str(anchor) if on_device else dtype_str(anchor)
+            if t is not None and p.kind != "unsupported_dtype":
+                found = device_str(t._td_device) if on_device else dtype_str(t.dtype)
+                what = f"{path or 'a tensor made in forward'} {compact(t.dtype, tuple(t.shape), t._td_device)}"
+                message = {"device": f"{what} is on {found} while {op} runs on {expected}",
+                           "meta": f"{what} holds no data (meta) and meets real tensors on {expected} in {op}",
+                           "dtype": f"{what} is {found} while {op} computes in {expected}"}.get(p.kind, message)
+            entry = _is_entry(t)
+            key = (p.kind, found) if p.kind == "unsupported_dtype" else \
+                (p.kind, path) if entry else (p.kind, place, op, found)
+            self._add(Problem(p.kind, path or place, self.roles.get(path or "", "activation"), found, expected,
+                              message + where, op=op, module_path=mpath, module_type=mtype, tensors=listed), key)
+        if anchor is not None:
+            for k, t in zip(culprits, tensors):
+                call.put(k, _fixed(t, anchor))
+
+    def _culprits(self, func: Any, f: Any, call: OpArgs) -> tuple[list[Any], Any]:
+        """Which arguments to blame and fix, and the value that fixes them (a device or a dtype)."""
+        p, offenders = f.problem, list(f.offenders)
+        if p.kind == "unsupported_dtype":
+            return offenders, None  # reported; the kernel runs anyway, and casting would invent dtype problems
+        if p.kind == "meta":
+            real = _parse(parse_device, p.expected)
+            return offenders, real if real is not None and real.type != "meta" else self.device
+        name = getattr(getattr(func, "_schema", None), "name", "")
+        if p.kind == "device" and name in _INDEX_OPS and offenders and offenders[0][0] != 0:
+            table = call.at((0, -1))  # a table left behind, indexed with indices on the device
+            if _is_entry(table) and not any(_is_entry(call.at(k)) for k in offenders):
+                return [(0, -1)], call.at(offenders[0])._td_device
+        value = (lambda t: _norm(t._td_device)) if p.kind == "device" else (lambda t: t.dtype)
+        groups: dict[Any, list[Any]] = {}
+        for k in list(f.considered) or offenders:
+            groups.setdefault(value(call.at(k)), []).append(k)
+        # for devices, weights are the usual culprits: activations follow the inputs, placed where asked
+        # ... unless the weights sit where the run was asked to go (and no accelerate hook spreads the model over
+        # devices): then a tensor made on the wrong device is the culprit (a bare ``.cuda()`` meeting cuda:1 weights)
+        with_entries = [v for v, ks in groups.items() if any(_is_entry(call.at(k)) for k in ks)]
+        if p.kind == "device" and len(groups) == 2 and len(with_entries) == 1:
+            other = next(v for v in groups if v != with_entries[0])
+            if with_entries[0] == self.device and not self._dispatched():
+                return groups[other], self.device
+            return groups[with_entries[0]], other
+        prefer = self.device if p.kind == "device" else self.dtype or self.model_dtype()
+        if prefer is not None and prefer in groups:  # the requested device / dtype, else the model's own dtype
+            return [k for v, ks in groups.items() if v != prefer for k in ks], prefer
+        return offenders, f.target
+
+    def _dispatched(self) -> bool:
+        """A running module under an accelerate hook: its device comes from the hook, not from ``device=``."""
+        return any("_hf_hook" in getattr(m, "__dict__", {}) for m in self.modules.stack)
+
+    def model_dtype(self) -> torch.dtype | None:
+        """The model's dtype as the placement policy decides it for the first root (looked up once, at the first
+        dtype problem): declared, else a vote no single large tensor can swing."""
+        if self._model_dtype is None and self.roots:
+            from torchdoctor._scan.policy import Policy
+            from torchdoctor._walk import walk
+
+            comps = Policy(walk(self.roots[0]), None, None, False).components
+            self._model_dtype = next((c.dtype for c in reversed(comps) if c.dtype is not None), torch.float32)
+        return self._model_dtype
+
+
+_INDEX_OPS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put", "aten::index_put_",
+                        "aten::_index_put_impl_", "aten::_unsafe_index_put"})
+
+
+_norm = norm_device  # cuda is cuda:0 (virtual devices never carry a bare type)
+
+
+def _parse(parser: Callable[[str], Any], text: str) -> Any:
+    try:
+        return parser(text)
+    except (ValueError, TypeError, RuntimeError):
+        return None
+
+
+def _is_entry(t: Any) -> bool:
+    """A tensor of the user's object (a weight, buffer, quant_state ...), not an input or an activation."""
+    path = getattr(t, "_td_path", None)
+    return isinstance(path, str) and bool(path) and not path.startswith(("input ", "kwarg "))
+
+
+def _op_tensors(call: OpArgs) -> list[Any]:
+    out: list[Any] = []
+    for a in (*call.args, *call.kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif type(a) is list or type(a) is tuple:
+            out.extend(x for x in a if isinstance(x, torch.Tensor))
+    return out
+
+
+def _fixed(t: VirtualTensor, anchor: Any) -> Any:
+    if isinstance(anchor, torch.device):
+        return make(VirtualTensor, t._td_elem, anchor, t._td_path)
+    return make(VirtualTensor, t._td_elem.to(anchor), t._td_device, t._td_path)
