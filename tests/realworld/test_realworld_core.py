@@ -276,7 +276,8 @@ def test_a_simulation_inside_a_strict_guard_is_judged_by_the_simulation_only(mod
     simulation's finding (reported, run continued), not an error of the outer guard; a clean run stays clean."""
     conv = nn.Sequential(nn.Conv2d(4, 4, 2)).to(torch.bfloat16)
     with torchdoctor.guard(mode=mode):
-        clean = torchdoctor.simulate(conv, (torch.randn(1, 4, 8, 8),), device="cuda:1", dtype=torch.bfloat16)
+        clean = torchdoctor.simulate(conv, (torch.randn(1, 4, 8, 8, dtype=torch.bfloat16),), device="cuda:1",
+                                     dtype=torch.bfloat16)
         planted = torchdoctor.simulate(conv, device="cuda:1",
                                        call=lambda m: (m.to("cuda:1"), m(torch.randn(1, 4, 8, 8, device="cuda:1"))))
     assert clean.ok, clean.problems
