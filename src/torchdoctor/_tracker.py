@@ -65,8 +65,9 @@ class ModuleStack:
         for store, role in ((mod._parameters, "parameter"), (mod._buffers, "buffer")):
             for name, t in store.items():
                 if getattr(t, "_td_path", False) is None:  # a virtual tensor not named yet
-                    t._td_path = f"{path}.{name}" if path else name
-                    self.roles.setdefault(t._td_path, role)
+                    named = f"{path}.{name}" if path else name
+                    t._td_path = named  # type: ignore[union-attr]
+                    self.roles.setdefault(named, role)
         if self.on_enter is not None:
             self.on_enter(mod, path, args)
 

@@ -196,7 +196,7 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     if not bad:
         lines += [f"{c[1]}: {_rules._compact(c[2])}" for c in cands[:8]]
     lines.append(f"original error: {type(exc).__name__}: {first_line}")
-    culprits = [(b.problem.path, b.problem.path, b.problem.kind,
+    culprits: list[tuple[str | None, str, str, Any]] = [(b.problem.path, b.problem.path, b.problem.kind,
                  None if b.problem.kind == "meta" else provenance.target_of(b.problem)) for b in blamed]
     victims = [c for c in bad if not (blamed and blamed[0].matches and c[0] is None)]
     culprits += [(c[0], c[1], kind, None if kind == "meta" else _also_dtype(ref, c[2], kind, message, maps))

@@ -110,10 +110,11 @@ class _Recorder(Hooks):
         findings = self.rules.find(func, args, kwargs, self.profile)
         if not findings:
             return args, kwargs
-        call = OpArgs(list(args), dict(kwargs))
+        new_args, new_kwargs = list(args), dict(kwargs)
+        call = OpArgs(new_args, new_kwargs)
         for f in findings:  # device and meta first, then dtype, then what the profile cannot run
             self._handle(func, f, call)
-        return tuple(call.args), call.kwargs
+        return tuple(new_args), new_kwargs
 
     def exists(self, target: torch.device, path: str | None, op: str) -> None:
         if target.type == self.profile.type and (target.index or 0) >= self.profile.count:
