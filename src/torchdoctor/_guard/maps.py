@@ -1,0 +1,131 @@
+"""Names for what guard reports: paths of the guarded model's modules and tensors (walked only after something went
+wrong), module labels, and the fix as code to paste."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchdoctor._rules import registry as _rules
+from torchdoctor._report.model import Problem
+from torchdoctor._placement import device_str, dtype_str
+
+
+class Maps:
+    """Paths of one root's modules and tensors (walked once, only after something went wrong or needs a name)."""
+
+    def __init__(self, root: Any) -> None:
+        from torchdoctor._walk import walk
+
+        w = walk(root)
+        self.walk = w
+        self._policy_problems: list[Problem] | None = None
+        self.modules = {id(m): p for p, m in w.modules}
+        self.dicts = frozenset(p for p, m in w.modules if isinstance(m, nn.ModuleDict))
+        self.tensors: dict[int, str] = {}
+        self.starts: dict[tuple[str, int], str] = {}
+        self.keep = [e.tensor for e in w.entries]  # ids stay unique while the map lives
+        dtype_bytes: dict[torch.dtype, int] = {}
+        device_bytes: dict[torch.device, int] = {}
+        for e in w.entries:
+            t = e.tensor
+            self.tensors.setdefault(id(t), e.path)
+            if e.alias_of is not None or e.role not in ("parameter", "buffer"):
+                continue
+            try:
+                if t.device.type != "meta":
+                    self.starts.setdefault((str(t.device), t.data_ptr()), e.path)
+                if t.is_floating_point():
+                    n = t.nelement() * t.element_size()
+                    dtype_bytes[t.dtype] = dtype_bytes.get(t.dtype, 0) + n
+                    d = _rules._norm(_rules.tensor_device(t))
+                    device_bytes[d] = device_bytes.get(d, 0) + n
+            except Exception:  # odd subclasses: skip, a diagnostic must not break
+                continue
+        self.dtype = max(dtype_bytes, key=dtype_bytes.__getitem__) if dtype_bytes else None
+        self.device = max(device_bytes, key=device_bytes.__getitem__) if device_bytes else None
+        from torchdoctor._scan.policy import Expectations
+
+        self.expect = Expectations(w)
+
+    def policy_problems(self) -> list[Problem]:
+        """The model's off-policy tensors (what scan reports), computed at the first failure that asks."""
+        if self._policy_problems is None:
+            from torchdoctor._guard.provenance import policy_problems
+
+            self._policy_problems = policy_problems(self.walk)
+        return self._policy_problems
+
+    def dtype_for(self, module_path: str | None) -> torch.dtype | None:
+        """The dtype a module's ops should agree on, as scan sees it (its component, its peft adapter ...)."""
+        return (self.expect.dtype(module_path) if module_path is not None else None) or self.dtype
+
+    def tensor_path(self, t: torch.Tensor) -> tuple[str, str] | None:
+        """(path, how) of a model tensor, its view, or a tensor starting at its memory."""
+        p = self.tensors.get(id(t))
+        if p is not None:
+            return p, ""
+        try:
+            base = t._base
+            if base is not None and id(base) in self.tensors:
+                return self.tensors[id(base)], " (a view)"
+            if t.device.type != "meta":
+                p = self.starts.get((str(t.device), t.data_ptr()))
+                if p is not None:
+                    return p, " (same memory)"
+        except Exception:
+            pass
+        return None
+
+
+def module_label(path: str | None, mod: Any) -> str:
+    return f"`{path or '<root>'}`" if path is not None else f"`<{type(mod).__name__} outside the guarded model>`"
+
+
+def code_path(path: str, var: str = "model", dicts: Collection[str] = ()) -> str:
+    """``layers.0.mlp.weight`` -> ``model.layers[0].mlp.weight`` (Python you can paste); under the ``nn.ModuleDict``
+    paths in ``dicts`` a digit key stays a string (``model.heads['0']``)."""
+    out, prefix = var, None
+    for part in path.split(".") if path else []:
+        if part.isdigit() and prefix not in dicts:
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if part.isidentifier() else f"[{part!r}]"
+        prefix = part if prefix is None else f"{prefix}.{part}"
+    return out
+
+
+def value_code(v: Any) -> str:
+    """``torch.bfloat16``, ``'cuda:0'``, or both for a (device, dtype) pair."""
+    if isinstance(v, tuple):
+        return ", ".join(value_code(x) for x in v)
+    if isinstance(v, torch.dtype):
+        return f"torch.{dtype_str(v)}"
+    return repr(device_str(v))
+
+
+def fix_code(culprits: Sequence[tuple[str | None, str, str, Any]], dicts: Collection[str] = ()) -> str | None:
+    """Culprits as (model path or None, label, kind, target) -> code to paste (``dicts``: see ``code_path``)."""
+    lines: list[str] = []
+    params = [c for c in culprits if c[0] is not None]
+    if len(params) > 4:
+        targets = sorted(dict.fromkeys(t for c in params if c[3] is not None
+                                       for t in (c[3] if isinstance(c[3], tuple) else (c[3],))),
+                         key=lambda t: isinstance(t, torch.dtype))  # device=..., then dtype=...
+        kw = ", ".join(f"{'dtype' if isinstance(t, torch.dtype) else 'device'}={value_code(t)}" for t in targets)
+        lines.append(f"torchdoctor.move(model, {kw})")
+    else:
+        for path, _label, kind, target in params:
+            expr = code_path(path or "", dicts=dicts)
+            if kind == "meta":
+                lines.append(f"# {expr} is on meta (no data): load its weights, e.g.")
+                lines.append("model.load_state_dict(state_dict, strict=False, assign=True)")
+            elif target is not None:
+                lines.append(f"{expr}.data = {expr}.data.to({value_code(target)})")
+    for path, label, kind, target in culprits:
+        if path is None and target is not None and kind != "meta":
+            lines.append(f"# pass {label} as tensor.to({value_code(target)})")
+    return "\n".join(dict.fromkeys(lines)) or None
