@@ -1,5 +1,6 @@
-"""The one module stack: which module is running right now, in this thread (global forward hooks, removed by
-handle; ``module.forward`` is never rewritten). guard's session and the virtual-device runtime both build on it.
+"""The one module stack: which module is running right now, with its inputs, the modules that started in this
+forward, and whose backward is running (global forward hooks, removed by handle; ``module.forward`` is never
+rewritten). guard's session (one stack per ``with guard`` per thread) and the virtual-device runtime both use it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ class ModuleStack:
     resolved when needed: a module injected after the run started (LoRA layers added after ``.to()``) is found
     under the outermost running module. ``on_enter(module, path, args)`` runs when a module with a path starts."""
 
-    def __init__(self, roles: dict[str, str]) -> None:
+    def __init__(self, roles: dict[str, str] | None = None) -> None:
         self.stack: list[torch.nn.Module] = []
+        self.inputs: list[Any] = []  # the positional inputs of each running module, parallel to ``stack``
+        self.ran: list[torch.nn.Module] = []  # modules started in this forward, first first
+        self.bw: list[torch.nn.Module] = []  # modules whose backward is running
         self.paths: dict[int, str] = {}  # id(module) -> its path ("" for the root)
-        self.roles = roles
+        self.roles = roles if roles is not None else {}
         self.on_enter: Any = None
         self._missed: set[int] = set()
         self._keep: list[torch.nn.Module] = []  # ids in ``paths`` stay unique while the stack lives
@@ -53,10 +57,59 @@ class ModuleStack:
                 return path, type(mod).__name__
         return None, None
 
+    # -- the stack itself (guard drives it from its own hooks) ---------------------------------------------------
+    def push(self, mod: torch.nn.Module, args: Any) -> bool:
+        """``mod`` starts; True when it is the outermost (a new forward: the last backward is over)."""
+        stack = self.stack
+        first = not stack
+        if first:
+            self.ran.clear()
+            self.bw.clear()
+        stack.append(mod)
+        self.inputs.append(args)
+        self.ran.append(mod)
+        return first
+
+    def pop(self, mod: torch.nn.Module) -> None:
+        """``mod`` returned; after an exception caught inside a forward, the stale entries above it go too."""
+        stack = self.stack
+        if stack and stack[-1] is mod:
+            stack.pop()
+            self.inputs.pop()
+            return
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is mod:
+                del stack[i:], self.inputs[i:]
+                return
+
+    def enter_backward(self, mod: torch.nn.Module) -> None:
+        self.bw.append(mod)
+
+    def leave_backward(self, mod: torch.nn.Module) -> None:
+        for i in range(len(self.bw) - 1, -1, -1):
+            if self.bw[i] is mod:
+                del self.bw[i]
+                return
+
+    def current(self, root: Any = None) -> tuple[torch.nn.Module | None, Any]:
+        """(innermost module, root) right now; in a backward, the module whose backward is running."""
+        if root is None and self.stack:
+            root = self.stack[0]
+        if self.bw and torch._C._current_graph_task_id() != -1:
+            return self.bw[-1], root if root is not None else self.bw[0]
+        return (self.stack[-1] if self.stack else None), root
+
+    def inputs_of(self, mod: torch.nn.Module) -> Any:
+        for m, a in zip(reversed(self.stack), reversed(self.inputs)):
+            if m is mod:
+                return a
+        return ()
+
+    # -- global hooks (the virtual runtime) --------------------------------------------------------------------
     def _pre(self, mod: torch.nn.Module, args: Any) -> None:
         if not self.stack and not any(m is mod for m in self.outermost):
             self.outermost.append(mod)
-        self.stack.append(mod)
+        self.push(mod, args)
         path = self.paths.get(id(mod))
         if path is None:
             path = self.path_of(mod)
@@ -72,8 +125,7 @@ class ModuleStack:
             self.on_enter(mod, path, args)
 
     def _post(self, mod: torch.nn.Module, args: Any, out: Any) -> None:
-        if self.stack and self.stack[-1] is mod:
-            self.stack.pop()
+        self.pop(mod)
 
     @contextlib.contextmanager
     def tracking(self) -> Iterator[None]:

@@ -91,20 +91,17 @@ def _innermost(session: Session, tb: types.TracebackType | None) -> tuple[nn.Mod
         tb = tb.tb_next
     if mod is not None:
         return mod, frame, backward
-    if session.bw:
-        return session.bw[-1], None, True
-    if session.stack and not backward:
-        return session.stack[-1][0], None, False
+    frames = session.frames
+    if frames.bw:
+        return frames.bw[-1], None, True
+    if frames.stack and not backward:
+        return frames.stack[-1], None, False
     return None, None, backward
 
 
 def _inputs(session: Session, mod: nn.Module, frame: Any) -> list[tuple[str, torch.Tensor]]:
     out: list[tuple[str, torch.Tensor]] = []
-    args: tuple[Any, ...] = ()
-    for m, a in reversed(session.stack):
-        if m is mod:
-            args = a
-            break
+    args: tuple[Any, ...] = tuple(session.frames.inputs_of(mod))
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
             out.append((f"input {i}", a))
@@ -132,7 +129,8 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
         return None
     root = session.g.model  # else the outermost module entered: of the forward, or of the backward
     if root is None:
-        root = session.stack[0][0] if session.stack else session.bw[0] if backward and session.bw else mod
+        frames = session.frames
+        root = frames.stack[0] if frames.stack else frames.bw[0] if backward and frames.bw else mod
     maps = session.maps_for(root)
     mpath = maps.modules.get(id(mod)) if maps is not None and mod is not None else None
     mtype = type(mod).__name__ if mod is not None else None
@@ -229,7 +227,7 @@ def _suspects(session: Session, maps: Maps | None, kind: str, bad: list[Any], va
         return []
     try:
         values = {_show(value(c[2]), kind) for c in bad}
-        ran = provenance.ran_paths(maps.modules, session.ran)
+        ran = provenance.ran_paths(maps.modules, session.frames.ran)
         return provenance.suspects(maps.policy_problems(), kind, values, ran, mpath)
     except Exception:  # provenance is extra: the failure is still explained without it
         log.debug("provenance failed", exc_info=True)

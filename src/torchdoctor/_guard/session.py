@@ -28,6 +28,7 @@ from torchdoctor._placement import device_str, dtype_str
 from torchdoctor._guard.dispatch import _CONV, CheckMode, ConvCheck, _simulating
 from torchdoctor._guard.maps import Maps, fix_code, module_label
 from torchdoctor._report.text import format_error
+from torchdoctor._tracker import ModuleStack
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._guard.api import guard
@@ -63,9 +64,7 @@ class Session:
         self.g = g
         self.mode = g.mode
         self.tid = threading.get_ident()
-        self.stack: list[tuple[nn.Module, tuple[Any, ...]]] = []
-        self.ran: list[nn.Module] = []  # modules started in this forward, in order (provenance at a failure)
-        self.bw: list[nn.Module] = []  # modules whose backward is running (autograd may use other threads)
+        self.frames = ModuleStack()  # this thread's modules, their inputs, what ran, whose backward runs
         self.handles: list[Any] = []
         self.grad_handles: list[Any] = []
         self.dispatch: CheckMode | None = None
@@ -105,9 +104,7 @@ class Session:
 
     # -- module stack ---------------------------------------------------------------------------------------
     def _new_forward(self) -> None:
-        """The outermost module starts: the last backward is over; forget hooks of freed graphs."""
-        self.bw.clear()
-        self.ran.clear()
+        """The outermost module started (the stack forgot the last backward): forget hooks of freed graphs."""
         if len(self.grad_handles) > 1024:
             self.grad_handles = [h for h in self.grad_handles if _alive(h)]
 
@@ -115,11 +112,8 @@ class Session:
         """``_pre`` without the strict / fix / warn work: the only per-call cost of ``explain``."""
         if _get_ident() != self.tid:
             return
-        stack = self.stack
-        if not stack:
+        if self.frames.push(mod, args):
             self._new_forward()
-        stack.append((mod, args))
-        self.ran.append(mod)
         if _grad_enabled():
             self._track([t for a in args for t in _tensors_of(a)], self._bw_leave, mod)
 
@@ -136,16 +130,9 @@ class Session:
     def _post(self, mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
         if _get_ident() != self.tid:
             return
-        stack = self.stack
         if self.conv_modes and self.conv_modes[-1][0] is mod:
             self.conv_modes.pop()[1].__exit__(None, None, None)
-        if stack and stack[-1][0] is mod:
-            stack.pop()
-        else:  # an exception was caught inside a forward: drop the stale entries above this module
-            for i in range(len(stack) - 1, -1, -1):
-                if stack[i][0] is mod:
-                    del stack[i:]
-                    break
+        self.frames.pop(mod)
         if _grad_enabled():
             self._track(_tensors_of(out), self._bw_enter, mod)
 
@@ -186,24 +173,14 @@ class Session:
         self.conv_modes.append((mod, check))
 
     def _bw_enter(self, mod: nn.Module) -> None:
-        self.bw.append(mod)
+        self.frames.enter_backward(mod)
 
     def _bw_leave(self, mod: nn.Module) -> None:
-        for i in range(len(self.bw) - 1, -1, -1):
-            if self.bw[i] is mod:
-                del self.bw[i]
-                break
+        self.frames.leave_backward(mod)
 
     def current(self) -> tuple[nn.Module | None, Any]:
         """(innermost module, root) right now; in backward the module whose backward is running."""
-        root = self.g.model
-        if root is None and self.stack:
-            root = self.stack[0][0]
-        if torch._C._current_graph_task_id() != -1 and self.bw:
-            return self.bw[-1], root if root is not None else self.bw[0]
-        if self.stack:
-            return self.stack[-1][0], root
-        return None, root
+        return self.frames.current(self.g.model)
 
     def maps_for(self, root: Any) -> Maps | None:
         if root is None:
@@ -224,7 +201,7 @@ class Session:
         try:
             from torchdoctor._guard.provenance import ran_paths, suspects
 
-            found = suspects(maps.policy_problems(), kind, bad, ran_paths(maps.modules, self.ran), mpath)
+            found = suspects(maps.policy_problems(), kind, bad, ran_paths(maps.modules, self.frames.ran), mpath)
             return [s for s in found if s.problem.path not in own][:4]
         except Exception:  # provenance is extra: the problem is still reported without it
             log.debug("provenance failed", exc_info=True)
