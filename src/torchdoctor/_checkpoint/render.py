@@ -10,29 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 from torchdoctor._report.model import Problem, ScanReport
-from torchdoctor._report.text import human_bytes, render_problems
+from torchdoctor._report.text import human_bytes, render_problems, escape
 
 __all__ = ["escape", "render_checkpoint"]
-
-
-def escape(text: str) -> str:
-    r"""``text`` with every non-printable character (controls, bidi marks, lone surrogates) escaped.
-
-    >>> escape("ok.weight"), escape("a\r\x1b[2Kb")
-    ('ok.weight', 'a\\r\\x1b[2Kb')
-    """
-    if text.isprintable():
-        return text
-    out = []
-    for c in text:
-        if c.isprintable():
-            out.append(c)
-        elif c in "\r\n\t":
-            out.append({"\r": "\\r", "\n": "\\n", "\t": "\\t"}[c])
-        else:
-            o = ord(c)
-            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
-    return "".join(out)
 
 
 def _escaped(p: Problem) -> Problem:

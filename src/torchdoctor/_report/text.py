@@ -180,7 +180,7 @@ def render_problems(problems: Sequence[Any], limit: int = 40, width: int | None 
                                                 if g.kind not in ("meta", "device") else "")
             lines.extend(_wrap(f"{' ' * len(lead)}e.g.", example, len(lead) + 2, width, sep=" "))
             continue
-        path, msg = str(_get(p, "path") or ""), str(_get(p, "message") or "")
+        path, msg = escape(str(_get(p, "path") or "")), escape(str(_get(p, "message") or ""))
         if path and msg.startswith(path + " "):  # the message names the path itself: print it once
             lines.extend(_wrap(f"{lead}{path}", msg[len(path) + 1:], len(lead) + 2, width, sep=" "))
         else:
@@ -250,3 +250,23 @@ def public_types(*classes: type) -> None:
     """Public result and error types print as ``torchdoctor.Name``, not by their private module (one place)."""
     for cls in classes:
         cls.__module__ = "torchdoctor"
+
+
+def escape(text: str) -> str:
+    r"""``text`` with every non-printable character (controls, bidi marks, lone surrogates) escaped.
+
+    >>> escape("ok.weight"), escape("a\r\x1b[2Kb")
+    ('ok.weight', 'a\\r\\x1b[2Kb')
+    """
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        if c.isprintable():
+            out.append(c)
+        elif c in "\r\n\t":
+            out.append({"\r": "\\r", "\n": "\\n", "\t": "\\t"}[c])
+        else:
+            o = ord(c)
+            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
+    return "".join(out)
