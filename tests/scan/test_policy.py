@@ -240,8 +240,11 @@ def test_explicit_dtype_message_says_it_was_asked() -> None:
 # --- one policy: scan, move's plan, guard and simulate agree -------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["llama", "t5", "whisper", "unet", "llama_lora", "unet_lora", "clip_text"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+_AGREE = [pytest.param(n, torch.bfloat16, id=f"{n}-bf16") for n in zoo.NAMES] + [
+    pytest.param(n, torch.float32, id=f"{n}-fp32") for n in ("llama", "t5", "whisper", "unet", "llama_lora", "clip_text")]
+
+
+@pytest.mark.parametrize(("name", "dtype"), _AGREE)
 def test_scan_plan_guard_and_simulate_agree(name: str, dtype: torch.dtype) -> None:
     from torchdoctor._move.plan import plan
     from torchdoctor._scan.policy import Expectations
