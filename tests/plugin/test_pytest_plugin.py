@@ -295,3 +295,37 @@ def test_pyproject_tool_table_sets_the_mode(pytester: pytest.Pytester) -> None:
     result = _run(pytester, BROKEN_SUITE)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["torchdoctor: every test runs under guard(mode='fix'), from ?tool.torchdoctor? in *"])
+
+
+SEED = f"""
+import sys
+sys.path.insert(0, {TESTS!r})
+import pytest, torch
+from support import zoo
+
+@pytest.fixture
+def old_quant_state_to(monkeypatch):
+    from bitsandbytes.functional import QuantState
+    real_to = QuantState.to
+    def old_to(self, device):  # bitsandbytes < 0.45.3 did not move the code
+        code = self.code
+        real_to(self, device)
+        self.code = code
+    monkeypatch.setattr(QuantState, "to", old_to)
+
+@pytest.mark.simulate(device="cuda:1")
+@pytest.mark.parametrize("rows", [1, 2])
+def test_flux_like_4bit_layer_on_second_gpu(old_quant_state_to, rows):
+    model = zoo.bnb_linear4bit()
+    model.to("cuda:1")
+    model(torch.randn(rows, 64, device="cuda:1"))
+"""
+
+
+def test_simulate_marker_seed_quant_state_code_left_behind(pytester: pytest.Pytester) -> None:
+    """The seed report: a 4-bit layer moved to cuda:1 with quant_state.code left behind fails under the marker with
+    1-row and 2-row inputs (the CPU kernel path does not read the code; the module-entry check does)."""
+    result = _run(pytester, SEED)
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert out.count("proj.weight.quant_state.code") >= 2, out
