@@ -109,9 +109,15 @@ def device_str(device: torch.device | str | int | None) -> str:
     return text
 
 
+_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+
+
 def tensor_device(t: torch.Tensor) -> torch.device:
     """The device a tensor stands for: a virtual tensor's ``_td_device``, a FakeTensor's ``fake_device``, else
-    ``t.device``. Every checker reads devices through this one function."""
+    ``t.device``. Every checker reads devices through this one function (per aten op in strict mode: plain
+    tensors and parameters take the short way)."""
+    if type(t) in _PLAIN_TENSORS:
+        return t.device
     d = getattr(t, "_td_device", None)
     if d is not None:
         return d if isinstance(d, torch.device) else torch.device(d)

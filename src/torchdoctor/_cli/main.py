@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from torchdoctor._cli.common import UsageError, positive_int, read_config
 from torchdoctor._report.terminal import output_width
@@ -31,8 +31,15 @@ def _version() -> str:
     return f"torchdoctor {__version__} (torch {torch_version}, Python {sys.version.split()[0]})"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line (``torchdoctor simulate: argument --count: ...``), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="torchdoctor",
         description="Find, explain and fix device and dtype placement bugs in PyTorch.",
         epilog="Exit codes: 0 nothing found, 1 problems found, 2 bad usage or cannot check. Defaults for "
@@ -149,7 +156,10 @@ class _Stdout:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse printed the usage error (or --help / --version): a code, not an exit
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if not args.verb:
         parser.print_help()
         return EXIT_USAGE
