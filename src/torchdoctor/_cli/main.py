@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="verb", metavar="VERB")
-    quiet = argparse.ArgumentParser(add_help=False)
+    quiet = _Parser(add_help=False)
     quiet.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
 
     s = sub.add_parser("scan", parents=[quiet],
