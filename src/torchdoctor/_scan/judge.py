@@ -23,7 +23,16 @@ def judge(policy: Policy) -> list[Problem]:
     problems: list[Problem] = []
     fixed_dev, adapters, const, cache, ctx = policy.device, policy.adapter_of, policy._const_ctx, \
         policy._ctx_cache, policy.ctx
+    meta_ok = fixed_dev is not None and fixed_dev.type == "meta"
     for e, info in policy.canon:
+        if info.device == _META and not meta_ok and info.role != "offloaded" and not policy.offloaded \
+                and (e.module is not None or policy.strict):
+            where = fixed_dev
+            if where is None and e.module is not None:
+                comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
+                where = hook_dev or (comp.device if comp else None)
+            problems.append(_meta_problem(e, where))  # no data: a problem whatever else is expected of it
+            continue
         if e.module is not None and info.role != "offloaded" and info.role not in _ATTR_ROLES:
             comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
             exp = fixed_dev or hook_dev or (comp.device if comp else None)
@@ -45,13 +54,8 @@ def judge(policy: Policy) -> list[Problem]:
 def _judge_entry(policy: Policy, e: Entry) -> Problem | None:
     d = policy.decide(e)
     t = e.tensor
-    if t.device == _META and d.device is not None and d.device.type != "meta" and d.rule != "offloaded":
-        where = device_str(d.device)
-        text = e.info().compact
-        return Problem("meta", e.path, e.role, "meta", where,
-                       f"{text} holds no data (meta) but should be on {where}; a forward on CPU may silently return "
-                       "garbage. Load or materialise it (load_state_dict(..., assign=True) or to_empty() then load).",
-                       None, e.module_path, type(e.module).__name__ if e.module is not None else None, (text,))
+    if t.device == _META and (d.device is None or d.device.type != "meta") and d.rule != "offloaded":
+        return _meta_problem(e, d.device)
     if e.path in policy.adapter_of and d.rule == "adapter":
         layer, _ = policy.adapter_of[e.path]
         base = policy.base_device.get(layer)
@@ -80,6 +84,15 @@ def _judge_entry(policy: Policy, e: Entry) -> Problem | None:
         "keep_in_fp32": f"{c} is {found} but _keep_in_fp32_modules keeps it in {want}",
     }.get(d.rule, f"{c} is {found} but {where} is {want}")
     return _problem("dtype", e, found, want, msg)
+
+
+def _meta_problem(e: Entry, expected: torch.device | None) -> Problem:
+    where = device_str(expected) if expected is not None else "a real device"
+    text = e.info().compact
+    return Problem("meta", e.path, e.role, "meta", where,
+                   f"{text} holds no data (meta) but should be on {where}; a forward on CPU may silently return "
+                   "garbage. Load or materialise it (load_state_dict(..., assign=True) or to_empty() then load).",
+                   None, e.module_path, type(e.module).__name__ if e.module is not None else None, (text,))
 
 
 def _device_problem(e: Entry, exp: torch.device, d: Decision) -> Problem:
