@@ -116,7 +116,7 @@ def tensor_device(t: torch.Tensor) -> torch.device:
     """The device a tensor stands for: a virtual tensor's ``_td_device``, a FakeTensor's ``fake_device``, else
     ``t.device``. Every checker reads devices through this one function (per aten op in strict mode: plain
     tensors and parameters take the short way)."""
-    if type(t) in _PLAIN_TENSORS:
+    if type(t) in _PLAIN_TENSORS and "_td_device" not in t.__dict__:
         return t.device
     d = getattr(t, "_td_device", None)
     if d is not None:

@@ -294,6 +294,26 @@ def _arg_names(op: Any) -> tuple[str, ...]:
     return names
 
 
+_NO_KWARGS: Mapping[str, Any] = {}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _plain_agree(args: Sequence[Any], any_dtype: bool) -> bool:
+    """Top-level plain tensors share one device (and one dtype unless ``any_dtype``); anything else: False (the
+    general path decides)."""
+    dev = dt = None
+    for a in args:
+        tp = type(a)
+        if (tp is _PLAIN[0] or tp is _PLAIN[1]) and "_td_device" not in a.__dict__:
+            if dev is None:
+                dev, dt = a.device, a.dtype
+            elif a.device != dev or (not any_dtype and a.dtype is not dt):
+                return False
+        elif tp is list or tp is tuple or isinstance(a, _Tensor):
+            return False
+    return True
+
+
 def _uniform(seq: Any, state: list[Any]) -> bool:
     """One level over ``seq``; ``state`` is [device, dtype, dtypes differ] of the tensors so far. False as soon as
     two devices differ; differing dtypes only set ``state[2]`` (most ops have no dtype rule: ``where`` with a
@@ -316,9 +336,12 @@ def _uniform(seq: Any, state: list[Any]) -> bool:
 def find(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
          profile: DeviceProfile | None = None, rules: Rules | None = None) -> list[Finding]:
     """Every finding of one op call, device/meta problems first (the machinery behind ``check``)."""
-    kwargs = kwargs or {}
+    if kwargs is None:
+        kwargs = _NO_KWARGS
     table = rules or RULES
     r = table._by_op.get(op) or table.for_op(op)
+    if profile is None and not kwargs and not r.uniform_too and _plain_agree(args, r.dtype is None):
+        return []  # fastest path (per aten op): plain tensors on one device, nothing to judge
     state: list[Any] = [None, None, False]  # fast path (runs per aten op): one device and no dtype rule to judge
     if _uniform(args, state) and (not kwargs or _uniform(kwargs.values(), state)) and not r.uniform_too:
         if state[0] is not None and state[0].type == "meta" and "device" in kwargs:
