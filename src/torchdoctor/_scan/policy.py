@@ -138,7 +138,7 @@ class Policy:
         dts: list[dict[torch.dtype, list[float]]] = [{} for _ in comps]
         index = {id(c): i for i, c in enumerate(comps)}
         adapters, nonpersistent, storage, norms = self.adapter_of, self.nonpersistent, STORAGE_DTYPES, intent._IS_NORM
-        const, cache, ctx, prefixes = self._const_ctx, self._ctx_cache, self.ctx, self.fp32_prefixes
+        const, cache, ctx, prefixes, kbit = self._const_ctx, self._ctx_cache, self.ctx, self.fp32_prefixes, self.kbit
         per_module: dict[int, int] = {}  # compute weights per module: each module (layer) has one vote in all
         for e, info in self.canon:
             if info.role == "parameter" and len(info.shape) >= 2 and info.dtype.is_floating_point:
@@ -161,7 +161,9 @@ class Policy:
                 v[0] += weight
                 v[1] += 1
                 v[2] += info.nbytes
-            if nonpersistent and info.path in nonpersistent or packed_scale(e) or intent.follows_input(e):
+            key = e.key
+            if nonpersistent and info.path in nonpersistent or (type(key) is str and "scale" in key.lower()
+                                                                and packed_scale(e)) or (kbit and intent.follows_input(e)):
                 continue
             if dt == _F32:
                 norm = norms.get(type(e.module))
