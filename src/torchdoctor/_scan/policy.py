@@ -134,15 +134,11 @@ class Policy:
         self._ctx_cache: dict[str, tuple[Component | None, bool, torch.device | None]] = {}
         self._const_ctx = (comps[0], False, None) if len(comps) == 1 and not comps[0].path \
             and not self.fp32_prefixes and not self.hook_device and not self.offloaded else None
-        devs: list[dict[torch.device, list[float]]] = [{} for _ in comps]
-        dts: list[dict[torch.dtype, list[float]]] = [{} for _ in comps]
+        devs: list[dict[torch.device, list[Any]]] = [{} for _ in comps]  # -> [layers, tensors, bytes]
+        dts: list[dict[torch.dtype, list[Any]]] = [{} for _ in comps]
         index = {id(c): i for i, c in enumerate(comps)}
         adapters, nonpersistent, storage, norms = self.adapter_of, self.nonpersistent, STORAGE_DTYPES, intent._IS_NORM
         const, cache, ctx, prefixes, kbit = self._const_ctx, self._ctx_cache, self.ctx, self.fp32_prefixes, self.kbit
-        per_module: dict[int, int] = {}  # compute weights per module: each module (layer) has one vote in all
-        for e, info in self.canon:
-            if info.role == "parameter" and len(info.shape) >= 2 and info.dtype.is_floating_point:
-                per_module[id(e.module)] = per_module.get(id(e.module), 0) + 1
         for e, info in self.canon:
             dt = info.dtype
             if (info.role != "parameter" and info.role != "buffer") or not dt.is_floating_point or dt in storage \
@@ -152,13 +148,16 @@ class Policy:
             if comp is None or kept or (dt == _F32 and prefixes and self._fp32_kept(e)):
                 continue
             i = index[id(comp)]
-            # one vote per layer, shared by its compute weights (>= 2 dims); bytes only break ties: a single large
-            # tensor (an upcast tied embedding) cannot swing a component; vectors vote only where nothing else does
-            weight = 1 / per_module.get(id(e.module), 1) if len(info.shape) >= 2 and info.role == "parameter" else 0
+            # one vote per layer (module) holding compute weights (>= 2 dims), then tensors, then bytes: a single
+            # large tensor (an upcast tied embedding) cannot swing a component; vectors decide only where no layer does
+            layer = id(e.module) if len(info.shape) >= 2 and info.role == "parameter" else None
             dev = info.device
             if dev != _META:
-                v = devs[i].setdefault(dev, [0, 0, 0])
-                v[0] += weight
+                v = devs[i].get(dev)
+                if v is None:
+                    v = devs[i][dev] = [set(), 0, 0]
+                if layer is not None:
+                    v[0].add(layer)
                 v[1] += 1
                 v[2] += info.nbytes
             key = e.key
@@ -169,8 +168,11 @@ class Policy:
                 norm = norms.get(type(e.module))
                 if norm or (norm is None and intent.is_norm(e.module)):
                     continue
-            v = dts[i].setdefault(dt, [0, 0, 0])
-            v[0] += weight
+            v = dts[i].get(dt)
+            if v is None:
+                v = dts[i][dt] = [set(), 0, 0]
+            if layer is not None:
+                v[0].add(layer)
             v[1] += 1
             v[2] += info.nbytes
         for i, c in enumerate(comps):
@@ -178,14 +180,14 @@ class Policy:
             if self.device is not None:
                 c.device, c.device_rule = self.device, "explicit"
             elif devs[i]:
-                c.device = max(devs[i], key=lambda k: tuple(devs[i][k]))
+                c.device = max(devs[i], key=lambda k: (len(devs[i][k][0]), devs[i][k][1], devs[i][k][2]))
             declared = intent.declared_dtype(c.module)
             if self.dtype is not None:
                 c.dtype, c.dtype_rule = self.dtype, "explicit"
             elif declared is not None and declared in dts[i]:
                 c.dtype, c.dtype_rule = declared, "declared-dtype"
             elif dts[i]:
-                c.dtype = max(dts[i], key=lambda k: tuple(dts[i][k]))
+                c.dtype = max(dts[i], key=lambda k: (len(dts[i][k][0]), dts[i][k][1], dts[i][k][2]))
 
     def ctx(self, module_path: str) -> tuple[Component | None, bool, torch.device | None]:
         """(component, kept in fp32, dispatch hook device) of a module path, cached."""
