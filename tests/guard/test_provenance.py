@@ -114,3 +114,37 @@ def test_scan_of_a_compiled_model_has_the_models_paths() -> None:
     report = torchdoctor.scan(torch.compile(model, backend="eager"))
     assert [p.path for p in report.problems] == ["0.bias"]
     assert not any("_orig_mod" in t.path for t in report.tensors)
+
+
+class _Fp8Embed(nn.Module):
+    """An fp8 embedding table used in bf16 math: torch refuses the promotion on every device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(16, 4)
+        self.emb.weight.data = self.emb.weight.data.to(torch.float8_e4m3fn)
+        self.scale = nn.Parameter(torch.ones(4, dtype=BF))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.emb(ids) * self.scale
+
+
+def test_fp8_table_in_bf16_math_is_a_problem_by_path_and_fix_mode_runs() -> None:
+    m = _Fp8Embed()
+    ids = torch.tensor([1, 2])
+    err = _fail(m, lambda: m(ids), "explain")
+    assert [(p.path, p.found, p.expected) for p in err.problems] == [("emb.weight", "float8_e4m3fn", "bfloat16")]
+    assert "model.emb.weight.data = model.emb.weight.data.to(torch.bfloat16)" in (err.fix or "")
+    strict = _fail(m, lambda: m(ids), "strict")
+    assert strict.problems and "Promotion for Float8" in str(strict)
+    with torchdoctor.guard(m, mode="fix") as g:
+        out = m(ids)
+    assert out.dtype == BF and g.fixes
+
+
+def test_warn_mode_points_at_the_users_line() -> None:
+    b = zoo.build("llama", BF)
+    b.obj.get_input_embeddings().to(torch.float32)
+    with pytest.warns(torchdoctor.PlacementWarning) as record, torchdoctor.guard(b.obj, mode="warn"):
+        b.obj(**b.inputs)  # the line the warning names
+    assert record[0].filename == __file__, record[0].filename

@@ -31,7 +31,7 @@ from torch import nn
 from torchdoctor._guard.diagnose import explain_error
 from torchdoctor._guard.session import Session
 from torchdoctor._report.model import PlacementError, PlacementWarning, Problem
-from torchdoctor._report.text import public_types
+from torchdoctor._report.text import public_types, user_stacklevel
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._rules.profile import DeviceProfile
@@ -63,22 +63,22 @@ class guard:  # noqa: N801 - reads like torch.no_grad
     ``with guard(model, mode="fix") as g:`` / ``@guard`` / ``@guard(mode="strict")`` / ``@guard(model)``.
     Modes: ``explain`` (default, no per-op cost: explains an error that escapes), ``strict`` (checks every op
     against the rules before it runs), ``fix`` (aligns the values passed to an op, records ``g.fixes``),
-    ``warn`` (like fix, with one ``PlacementWarning`` per distinct problem). Paths are relative to ``model``,
-    or to the outermost module entered when ``model`` is None.
+    ``warn`` (like fix, with one ``PlacementWarning`` per distinct problem). Paths are relative to ``obj``,
+    or to the outermost module entered when ``obj`` is None.
     """
 
     fixes: list[Fix]
     problems: list[Problem]
 
-    def __new__(cls, model: Any = None, *, mode: str = "explain", profile: DeviceProfile | None = None) -> Any:
-        if _is_plain_callable(model):  # bare @guard on a function
-            return cls(None, mode=mode, profile=profile)(model)
+    def __new__(cls, obj: Any = None, *, mode: str = "explain", profile: DeviceProfile | None = None) -> Any:
+        if _is_plain_callable(obj):  # bare @guard on a function
+            return cls(None, mode=mode, profile=profile)(obj)
         return super().__new__(cls)
 
-    def __init__(self, model: Any = None, *, mode: str = "explain", profile: DeviceProfile | None = None) -> None:
+    def __init__(self, obj: Any = None, *, mode: str = "explain", profile: DeviceProfile | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"guard mode must be one of {', '.join(MODES)}, not {mode!r}")
-        self.model = model
+        self.model = obj  # the guarded object (a module, a pipeline): paths are relative to it
         self.mode = mode
         self.profile = profile
         self.fixes = []
@@ -163,7 +163,7 @@ class guard:  # noqa: N801 - reads like torch.no_grad
                 return
             self._compiled_warned = True
         warnings.warn(f"torchdoctor.guard(mode={self.mode!r}) does not check inside torch.compile'd regions; "
-                      "only code that runs eagerly is checked", PlacementWarning, stacklevel=3)
+                      "only code that runs eagerly is checked", PlacementWarning, stacklevel=user_stacklevel())
 
 
 def _is_plain_callable(obj: Any) -> bool:

@@ -124,6 +124,8 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     if category is None:
         return None
     kind = "unsupported_dtype" if category == "unsupported_dtype_on_device" else _kind_of(message)
+    if "Promotion for Float8" in message:  # a float8 tensor met another floating dtype: it is the odd operand
+        kind = "dtype"
     mod, frame, backward = _innermost(session, exc.__traceback__ or tb)
     if mod is None:  # raised outside any module: nothing to add to the user's own message
         return None

@@ -27,7 +27,7 @@ from torchdoctor._report.model import PlacementError, PlacementWarning, Problem
 from torchdoctor._placement import device_str, dtype_str
 from torchdoctor._guard.dispatch import _CONV, CheckMode, ConvCheck, _simulating
 from torchdoctor._guard.maps import Maps, fix_code, module_label
-from torchdoctor._report.text import format_error
+from torchdoctor._report.text import format_error, user_stacklevel
 from torchdoctor._tracker import ModuleStack
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -270,7 +270,7 @@ class Session:
                     where = module_label(p.module_path, mod)
                     warnings.warn(f"torchdoctor.guard: {p.kind} problem in {where} at {p.op}: {p.path} is "
                                   f"{p.found}, expected {p.expected}" + ("; aligned for this call" if fixable else ""),
-                                  PlacementWarning, stacklevel=2)
+                                  PlacementWarning, stacklevel=user_stacklevel())
         if not fixable:
             return func(*args, **kwargs)
         new_args, new_kwargs = list(args), dict(kwargs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import re
+import sys
 import textwrap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -270,3 +271,19 @@ def escape(text: str) -> str:
             o = ord(c)
             out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
     return "".join(out)
+
+
+_LIBRARIES = ("torchdoctor", "torch", "transformers", "diffusers", "peft", "accelerate", "bitsandbytes", "pluggy",
+              "_pytest", "contextlib", "functools")
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning point at the user's line (the first frame outside torchdoctor, torch
+    and the model libraries), for a ``warnings.warn`` made by the caller of this function."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        name = str(frame.f_globals.get("__name__", ""))
+        if not name.split(".", 1)[0] in _LIBRARIES:
+            return level
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return 1

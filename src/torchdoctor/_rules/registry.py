@@ -295,6 +295,12 @@ def _arg_names(op: Any) -> tuple[str, ...]:
 
 
 _NO_KWARGS: Mapping[str, Any] = {}
+# float8 storage never takes part in type promotion ("Promotion for Float8 Types is not supported"): an op that
+# mixes it with another floating dtype fails on every device, whatever its family's rule says
+_FLOAT8 = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                                                "float8_e8m0fnu") if hasattr(torch, n))
+_CASTS = frozenset({"aten::_to_copy", "aten::copy_", "aten::to", "aten::_copy_from", "aten::_copy_from_and_resize",
+                    "aten::clone", "aten::view", "aten::_scaled_mm", "aten::detach", "aten::alias"})
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -307,7 +313,7 @@ def _plain_agree(args: Sequence[Any], any_dtype: bool) -> bool:
         if (tp is _PLAIN[0] or tp is _PLAIN[1]) and "_td_device" not in a.__dict__:
             if dev is None:
                 dev, dt = a.device, a.dtype
-            elif a.device != dev or (not any_dtype and a.dtype is not dt):
+            elif a.device != dev or (a.dtype is not dt and (not any_dtype or a.dtype in _FLOAT8 or dt in _FLOAT8)):
                 return False
         elif tp is list or tp is tuple or isinstance(a, _Tensor):
             return False
@@ -346,8 +352,9 @@ def find(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
     if _uniform(args, state) and (not kwargs or _uniform(kwargs.values(), state)) and not r.uniform_too:
         if state[0] is not None and state[0].type == "meta" and "device" in kwargs:
             pass  # a copy out of meta: let the copy rule look
-        elif state[2] and (r.dtype is not None or profile is not None):
-            pass  # dtypes differ: the family's dtype rule or the profile's limits must look
+        elif state[2] and (r.dtype is not None or profile is not None or any(
+                isinstance(a, _Tensor) and a.dtype in _FLOAT8 for a in args)):
+            pass  # dtypes differ: the family's dtype rule, the profile's limits or the float8 check must look
         elif profile is None:
             return []
         elif state[1] is None:
@@ -359,9 +366,27 @@ def find(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
     out = DEVICE_POLICIES[r.device](c)
     if r.dtype is not None:
         out.extend(r.dtype(c))
+    elif _FLOAT8:
+        out.extend(_float8_mixed(c))
     if profile is not None:
         out.extend(_profile_findings(c, r, profile))
     return out
+
+
+def _float8_mixed(c: _Call) -> list[Finding]:
+    """A float8 tensor meeting another floating dtype in an op that promotes: it is the operand to cast."""
+    floats = [(k, t) for k, t in c.tensors if t.is_floating_point()]
+    f8 = [(k, t) for k, t in floats if t.dtype in _FLOAT8]
+    rest = [t.dtype for _, t in floats if t.dtype not in _FLOAT8]
+    if not f8 or not rest or getattr(getattr(c.op, "_schema", None), "name", "") in _CASTS:
+        return []
+    want = rest[0]
+    bad = [k for k, _ in f8]
+    found = dtype_str(f8[0][1].dtype)
+    msg = (f"{c.label(bad[0])} is {found}, which takes part in no type promotion (torch refuses: Promotion for Float8 "
+           f"Types is not supported); cast it to {dtype_str(want)} before the op")
+    return [Finding(_problem(c, "dtype", bad, found, dtype_str(want), msg), "dtype", want, tuple(bad),
+                    tuple(k for k, _ in floats))]
 
 
 def check(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
