@@ -26,7 +26,7 @@ def test_simulate_names_the_upcast_embedding_first() -> None:
     report = torchdoctor.simulate(b.obj, b.inputs, device="cuda:1")
     assert report.problems[0].path == "model.embed_tokens.weight" and report.culprits == 1
     later = report.problems[1]
-    assert "from model.embed_tokens.weight (float32)" in later.message  # the victim op names its origin
+    assert "a tensor made in forward from model.embed_tokens.weight" in later.message  # the victim names its origin
     text = report.text()
     assert text.index("model.embed_tokens.weight") < text.index("where they surfaced")
 

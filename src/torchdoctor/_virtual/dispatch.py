@@ -245,9 +245,11 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             raise again from exc
     wrapped = _wrap(out, dev, owner, path)
     if path is None and isinstance(wrapped, VirtualTensor) and wrapped._td_origin is None \
-            and wrapped.dtype not in _LOW and (wrapped.is_floating_point() or wrapped.is_complex()):
-        for t in tensors_of(largs, kwargs):  # an unusual dtype keeps the name of the model tensor it came from
-            if t.dtype == wrapped.dtype and (t._td_path or t._td_origin):
+            and (wrapped.is_floating_point() or wrapped.is_complex()):
+        # provenance: a result keeps the name of the model tensor it took its dtype and device from (transitively,
+        # one name per tensor), so a problem far downstream names where its float32 or its cpu entered
+        for t in tensors_of(largs, kwargs):
+            if t.dtype == wrapped.dtype and t._td_device == wrapped._td_device and (t._td_path or t._td_origin):
                 wrapped._td_origin = t._td_path or t._td_origin
                 break
     return wrapped

@@ -32,7 +32,7 @@ class _Stop(BaseException):
 def _from_origin(p: Problem, origin: dict[tuple[str, ...], str]) -> Problem:
     """A tensor made in forward names the model tensor its wrong dtype or device came from."""
     src = origin.get((p.kind, p.found)) or origin.get((p.kind, p.found, p.module_path or ""))
-    if src is None or "a tensor made in forward" not in p.message:
+    if src is None or "a tensor made in forward" not in p.message or "a tensor made in forward from" in p.message:
         return p
     return replace(p, message=p.message.replace("a tensor made in forward",
                                                 f"a tensor made in forward from {src} ({p.found})", 1))
@@ -228,15 +228,21 @@ class _Recorder(Hooks):
         named = [t for t in tensors if _is_entry(t)]
         for t in named or [t for t in tensors if t._td_path][:1] or tensors[:1] or [None]:
             path = t._td_path if t is not None else None
+            if path is None and t is not None and t.dtype in _FLOAT8 and getattr(t, "_td_origin", None):
+                path = t._td_origin  # float8 flows unchanged from its table: the table is the culprit, by path
             found, expected, message = p.found, p.expected, p.message
             if anchor is not None:
                 expected = device_str(anchor) if on_device else dtype_str(anchor)
             if t is not None and p.kind != "unsupported_dtype":
                 found = device_str(t._td_device) if on_device else dtype_str(t.dtype)
-                what = f"{path or 'a tensor made in forward'} {compact(t.dtype, tuple(t.shape), t._td_device)}"
+                origin = getattr(t, "_td_origin", None)
+                made = f"a tensor made in forward from {origin}" if origin else "a tensor made in forward"
+                what = f"{path or made} {compact(t.dtype, tuple(t.shape), t._td_device)}"
                 message = {"device": f"{what} is on {found} while {op} runs on {expected}",
                            "meta": f"{what} holds no data (meta) and meets real tensors on {expected} in {op}",
                            "dtype": f"{what} is {found} while {op} computes in {expected}"}.get(p.kind, message)
+                if t.dtype in _FLOAT8 and p.kind == "dtype":
+                    message += " (torch refuses: Promotion for Float8 Types is not supported; cast it first)"
             entry = _is_entry(t)
             key = (p.kind, found) if p.kind == "unsupported_dtype" else \
                 (p.kind, path) if entry else (p.kind, place, op, found)
@@ -297,6 +303,8 @@ _INDEX_OPS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put",
                         "aten::_index_put_impl_", "aten::_unsafe_index_put"})
 
 
+_FLOAT8 = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                "float8_e5m2fnuz") if hasattr(torch, n))
 _norm = norm_device  # cuda is cuda:0 (virtual devices never carry a bare type)
 
 
