@@ -178,3 +178,22 @@ def test_entry_checks_add_nothing_on_correct_models() -> None:
     with virtual_devices("cuda:1") as sim:
         body()
     assert sim.ok
+
+
+class _Rotary(nn.Module):
+    """llama-style complex ``freqs_cis`` buffer: ``Module.to(bf16)`` drops its imaginary part."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.register_buffer("freqs_cis", torch.polar(torch.ones(4), torch.randn(4)), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) * self.freqs_cis.real.repeat(2).to(x.dtype)
+
+
+def test_lossy_cast_of_a_complex_buffer_is_a_problem() -> None:
+    model = _Rotary()
+    report = torchdoctor.simulate(model, (torch.randn(2, 8),), device="cuda:1", dtype=torch.bfloat16)
+    assert any(p.path == "freqs_cis" and "loses data" in p.message for p in report.problems), report.text()
+    assert torchdoctor.simulate(model, (torch.randn(2, 8),), device="cuda:1").ok  # no cast: nothing lost
