@@ -154,10 +154,21 @@ def declared_dtype(module: nn.Module) -> torch.dtype | None:
     return None
 
 
+_BNB: dict[type, bool] = {}
+
+
 def kbit_model(modules: list[tuple[str, nn.Module]]) -> bool:
     """A model with bitsandbytes layers: its other weights may be fp32 on purpose (``prepare_model_for_kbit_training``
     upcasts them; bitsandbytes casts at forward)."""
-    return any(is_bnb_layer(m) for _, m in modules)
+    cache = _BNB
+    for _, m in modules:
+        tp = type(m)
+        hit = cache.get(tp)
+        if hit is None:
+            hit = cache[tp] = (tp.__module__ or "").startswith("bitsandbytes")
+        if hit:
+            return True
+    return False
 
 
 def self_managed(module: nn.Module, name: str) -> bool:

@@ -31,7 +31,7 @@ def judge(policy: Policy) -> list[Problem]:
             if where is None and e.module is not None:
                 comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
                 where = hook_dev or (comp.device if comp else None)
-            problems.append(_meta_problem(e, where))  # no data: a problem whatever else is expected of it
+            problems.append(_meta_problem(e, where, info.compact))  # no data: a problem whatever else is expected
             continue
         if e.module is not None and info.role != "offloaded" and info.role not in _ATTR_ROLES:
             comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
@@ -86,9 +86,9 @@ def _judge_entry(policy: Policy, e: Entry) -> Problem | None:
     return _problem("dtype", e, found, want, msg)
 
 
-def _meta_problem(e: Entry, expected: torch.device | None) -> Problem:
+def _meta_problem(e: Entry, expected: torch.device | None, text: str | None = None) -> Problem:
     where = device_str(expected) if expected is not None else "a real device"
-    text = e.info().compact
+    text = text or e.info().compact
     return Problem("meta", e.path, e.role, "meta", where,
                    f"{text} holds no data (meta) but should be on {where}; a forward on CPU may silently return "
                    "garbage. Load or materialise it (load_state_dict(..., assign=True) or to_empty() then load).",
