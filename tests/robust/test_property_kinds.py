@@ -3,7 +3,6 @@ message) ever leaves torchdoctor. Bounded: few examples, no deadline, each call 
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -14,27 +13,14 @@ from hypothesis import strategies as st
 import torchdoctor
 from torchdoctor._move.plan import plan
 from robust.kinds import PLACES, TENSORS, holder
+from support.guarded import guarded
 
 ALLOWED = (torchdoctor.PlacementError, ValueError, TypeError)
 INTERNAL = ("NestedTensorImpl doesn't support", "NestedIntNode", "Please file an issue")
 
 
 def _guarded(fn: Any, timeout: float = 60.0) -> Any:
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # examined by the caller
-            box["error"] = exc
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    th.join(timeout)
-    assert not th.is_alive(), "hung"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    return guarded(fn, timeout)
 
 
 def _forward(m: Any) -> Any:

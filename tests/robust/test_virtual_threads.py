@@ -14,24 +14,11 @@ from torch import nn
 import torchdoctor
 from torchdoctor._virtual.session import virtual_devices
 from support import zoo
+from support.guarded import guarded
 
 
 def _guarded(fn: Any, timeout: float = 300.0) -> Any:
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed back to the test below
-            box["error"] = exc
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    th.join(timeout)
-    assert not th.is_alive(), "hung"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return guarded(fn, timeout)
 
 
 def test_other_threads_see_the_real_machine_while_threads_started_by_the_run_see_the_simulation() -> None:

@@ -6,7 +6,6 @@ import dataclasses
 import subprocess
 import sys
 import textwrap
-import threading
 from typing import Any
 
 import pytest
@@ -15,25 +14,12 @@ from torch import nn
 
 import torchdoctor
 from torchdoctor._walk import MAX_DEPTH, MAX_ITEMS, set_tensor, walk
+from support.guarded import guarded
 
 
 def _run_guarded(fn: Any, timeout: float = 120.0) -> Any:
     """A generous hang guard: the walk must finish (speed targets live in bench/)."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # pragma: no cover - reported below
-            box["error"] = exc
-
-    th = threading.Thread(target=target, daemon=True)
-    th.start()
-    th.join(timeout)
-    assert not th.is_alive(), "walk did not finish"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return guarded(fn, timeout, "walk did not finish")
 
 
 class Trap(nn.Module):

@@ -66,6 +66,17 @@ class Component:
     offload: torch.device | None = None  # execution device of an accelerate offload hook on the whole component
 
 
+def _vote(table: dict[Any, list[Any]], value: Any, layer: int | None, nbytes: int) -> None:
+    """One tensor's vote for ``value``: its layer (once per layer), one tensor, its bytes."""
+    v = table.get(value)
+    if v is None:
+        v = table[value] = [set(), 0, 0]
+    if layer is not None:
+        v[0].add(layer)
+    v[1] += 1
+    v[2] += nbytes
+
+
 def _under(path: str, prefix: str) -> bool:
     return not prefix or path == prefix or path.startswith(prefix + ".")
 
@@ -153,13 +164,7 @@ class Policy:
             layer = id(e.module) if len(info.shape) >= 2 and info.role == "parameter" else None
             dev = info.device
             if dev != _META:
-                v = devs[i].get(dev)
-                if v is None:
-                    v = devs[i][dev] = [set(), 0, 0]
-                if layer is not None:
-                    v[0].add(layer)
-                v[1] += 1
-                v[2] += info.nbytes
+                _vote(devs[i], dev, layer, info.nbytes)
             key = e.key
             if nonpersistent and info.path in nonpersistent or (type(key) is str and "scale" in key.lower()
                                                                 and packed_scale(e)) or (kbit and intent.follows_input(e)):
@@ -168,13 +173,7 @@ class Policy:
                 norm = norms.get(type(e.module))
                 if norm or (norm is None and intent.is_norm(e.module)):
                     continue
-            v = dts[i].get(dt)
-            if v is None:
-                v = dts[i][dt] = [set(), 0, 0]
-            if layer is not None:
-                v[0].add(layer)
-            v[1] += 1
-            v[2] += info.nbytes
+            _vote(dts[i], dt, layer, info.nbytes)
         for i, c in enumerate(comps):
             c.offload = next((d for p, d in self.offloaded if _under(c.path, p)), None)
             if self.device is not None:
