@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from torchdoctor._env.rules import registry as _env_rules
 from torchdoctor._env.rules.registry import RULES, EnvFinding as Finding, rule, run_rules
 from torchdoctor._env import versions as _env_versions
 from torchdoctor._env.versions import release, satisfies

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import pathlib
 from collections import Counter
 
@@ -18,7 +17,7 @@ import pytest
 
 import torchdoctor
 from torchdoctor._explain import api as _explain
-from torchdoctor._explain.api import Diagnosis, ExplainReport, best_fix, classify, explain
+from torchdoctor._explain.api import Diagnosis, best_fix, classify, explain
 from torchdoctor._explain.catalog import CATEGORIES
 
 HERE = pathlib.Path(__file__).parent

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from support import zoo
-from support.helpers import assert_unchanged, diff, fingerprint
+from support.helpers import assert_unchanged, fingerprint
 from torch import nn
 
 import torchdoctor

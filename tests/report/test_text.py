@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import time
 
 import pytest

@@ -121,7 +121,7 @@ def test_logging_and_json_lines(tmp_path, caplog) -> None:
             m.to(torch.float16)
     lines = [r.getMessage() for r in caplog.records if r.name == "torchdoctor.trace"]
     assert len(lines) == 4
-    assert f"fc.weight: float32@cpu -> float16@cpu by Sequential.to() at " in lines[0]
+    assert "fc.weight: float32@cpu -> float16@cpu by Sequential.to() at " in lines[0]
     assert lines[0].endswith(f"test_trace.py:{line}")
     docs = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(docs) == 4 and docs[0]["schema"] == "torchdoctor/trace/1"

@@ -65,6 +65,7 @@ def test_unet_bf16_lora_load_fuse_unfuse_unload_each_change_has_its_call_and_lin
         pipe.unload_lora_weights()
     lines = _by_line(t.records)
     assert set(lines) == {load, device, unload}, "fuse/unfuse change values in place, never a placement"
+    assert fuse not in lines and unfuse not in lines
     assert {r.file for r in t.records} == {HERE}
     added = {r.path for r in lines[load]}
     assert len(added) == 64 and all(ADAPTER.match(p) for p in added), sorted(added)[:4]
@@ -98,6 +99,7 @@ def test_peft_llama_add_set_delete_adapter(caplog: pytest.LogCaptureFixture) -> 
         model.base_model.model.model.layers[1].self_attn.q_proj.lora_B["b"].to(torch.bfloat16)
     lines = _by_line(t.records)
     assert set(lines) == {add, delete, cast}, "set_adapter changes which adapter runs, not where tensors are"
+    assert set_ not in lines
     prefix = "base_model.model.model.layers"
     assert {(r.path, r.kind, r.call, r.qualname, r.to_dtype) for r in lines[add]} == {
         (f"{prefix}.{i}.self_attn.q_proj.lora_{ab}.b.weight", "add", "add_adapter()", "PeftModel.add_adapter",

@@ -27,7 +27,7 @@ _sig("dtype.same_dtype", "dtype_mismatch", "Matrix multiply with two different d
      rf"(?:,? but got (?P<a>{_DT}) and (?P<b>{_DT}))?",
      rf"expected (?P<lhs>\w{{1,10}}) and (?P<rhs>\w{{1,10}}) to have the same dtype, "
      rf"but got:? ?(?P<a>{_DT}) ?!= ?(?P<b>{_DT})",
-     rf"expected (?P<lhs>\w{{1,10}}) and (?P<rhs>\w{{1,10}}) to have the same dtype",
+     r"expected (?P<lhs>\w{1,10}) and (?P<rhs>\w{1,10}) to have the same dtype",
      rf"query\.dtype: (?P<a>{_DT}) key\.dtype: (?P<b>{_DT})", before=40, after=300, alternatives=(_IW_ALT, _UD_ALT))
 _sig("dtype.scalar_type", "dtype_mismatch", "An operation expected another dtype",
      ("expected scalar type", "Expected object of scalar type", "Found dtype "),
@@ -97,7 +97,7 @@ _sig("unsupported.flash_attn", "unsupported_dtype_on_device", "FlashAttention ru
      ("FlashAttention only support fp16 and bf16", "FlashAttention only supports fp16 and bf16",
       "flash attention only supports fp16"),
      "FlashAttention got inputs in another dtype[ ({a})]: its kernels exist only for float16 and bfloat16.",
-     (("ud.flash_fp32", 3.0),), rf"dtype[=: ]{{1,2}}(?:torch\.)?(?P<a>float32|float64)", confidence=0.9,
+     (("ud.flash_fp32", 3.0),), r"dtype[=: ]{1,2}(?:torch\.)?(?P<a>float32|float64)", confidence=0.9,
      alternatives=(_DT_ALT, ("backend_op_missing", 0.2, "the flash-attn build has no kernel for these inputs")))
 _sig("unsupported.mps_fp64", "unsupported_dtype_on_device", "MPS has no float64",
      ("Cannot convert a MPS Tensor to float64",),
