@@ -102,13 +102,18 @@ class Policy:
     # -- structure ---------------------------------------------------------------------------------------
     def _index_modules(self) -> None:
         facts, w = intent._TYPE_FACTS, self.w
+        bnb, kbit = intent._BNB, False
         for path, mod in w.modules:
-            kept, is_peft = facts.get(type(mod)) or intent.type_facts(type(mod))
+            tp = type(mod)
+            kept, is_peft = facts.get(tp) or intent.type_facts(tp)
             if kept:
                 self.fp32_prefixes.extend(kept)
             if is_peft:
                 self._index_adapter(path, mod)
-        self.kbit = intent.kbit_model(w.modules)
+            if not kbit:  # bitsandbytes layers: the model's other fp32 weights may be on purpose (kbit training)
+                hit = bnb.get(tp)
+                kbit = hit if hit is not None else intent.kbit_model([(path, mod)])
+        self.kbit = kbit
         for e, info in self.canon:  # only a module holding buffers can have non-persistent ones
             if info.role == "buffer" and e.key in (e.owner.__dict__.get("_non_persistent_buffers_set") or ()):
                 self.nonpersistent.add(info.path)

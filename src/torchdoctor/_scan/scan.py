@@ -96,7 +96,10 @@ def _with_trace_notes(problems: list[Any], w: Any) -> list[Any]:
 
 def _real(t: torch.Tensor) -> torch.Tensor | None:
     """The tensor when its storage can be read (a virtual tensor's cannot: it is counted without dedup)."""
-    return None if hasattr(type(t), "_td_device") else t
+    tp = type(t)
+    if tp is torch.Tensor or tp is torch.nn.Parameter:
+        return t
+    return None if hasattr(tp, "_td_device") else t
 
 
 def _expected_row(c: Any) -> dict[str, str]:
