@@ -62,7 +62,11 @@ def _plain_agree(args: Sequence[Any], any_dtype: bool) -> bool:
                 dev, dt = a.device, a.dtype
             elif a.device != dev or (a.dtype is not dt and (not any_dtype or a.dtype in _FLOAT8 or dt in _FLOAT8)):
                 return False
-        elif tp is list or tp is tuple or isinstance(a, _Tensor):
+        elif tp is list or tp is tuple:
+            for x in a:  # a shape or a dim list is fine; tensors in a list go the general way
+                if isinstance(x, _Tensor):
+                    return False
+        elif isinstance(a, _Tensor):
             return False
     return True
 

@@ -279,7 +279,8 @@ def find(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
         kwargs = _NO_KWARGS
     table = rules or RULES
     r = table._by_op.get(op) or table.for_op(op)
-    if profile is None and not kwargs and not r.uniform_too and _plain_agree(args, r.dtype is None):
+    if profile is None and not r.uniform_too and _plain_agree(args, r.dtype is None) and (
+            not kwargs or _inert(kwargs)):
         return []  # fastest path (per aten op): plain tensors on one device, nothing to judge
     state: list[Any] = [None, None, False]  # fast path (runs per aten op): one device and no dtype rule to judge
     if _uniform(args, state) and (not kwargs or _uniform(kwargs.values(), state)) and not r.uniform_too:
@@ -304,6 +305,16 @@ def find(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
     if profile is not None:
         out.extend(_profile_findings(c, r, profile))
     return out
+
+
+def _inert(kwargs: Mapping[str, Any]) -> bool:
+    """Keyword arguments no rule looks at: no tensors, no ``device``/``dtype`` (``alpha=1``, ``dim=-1``)."""
+    if "device" in kwargs or "dtype" in kwargs:
+        return False
+    for v in kwargs.values():
+        if isinstance(v, _Tensor) or ((type(v) is list or type(v) is tuple) and any(isinstance(x, _Tensor) for x in v)):
+            return False
+    return True
 
 
 def _float8_mixed(c: _Call) -> list[Finding]:
