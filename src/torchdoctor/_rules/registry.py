@@ -131,6 +131,7 @@ class Rules:
         self.families[r.family] = r
         for name in r.ops:
             self.by_name[name] = r.family
+        _FAST.clear()  # the per-op fast-path facts are read from the rules
 
     def merged(self, overrides: Mapping[str, str | Rule]) -> Rules:
         """A copy where each ``op name -> family name`` (or ``-> Rule``) override applies; the global table stays."""
@@ -277,11 +278,15 @@ def find(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
     """Every finding of one op call, device/meta problems first (the machinery behind ``check``)."""
     if kwargs is None:
         kwargs = _NO_KWARGS
+    if profile is None and rules is None:  # fastest path (per aten op): plain tensors on one device, nothing to judge
+        fast = _FAST.get(op)
+        if fast is None:
+            r = RULES._by_op.get(op) or RULES.for_op(op)
+            fast = _FAST[op] = (not r.uniform_too, r.dtype is None)
+        if fast[0] and _plain_agree(args, fast[1]) and (not kwargs or _inert(kwargs)):
+            return []
     table = rules or RULES
     r = table._by_op.get(op) or table.for_op(op)
-    if profile is None and not r.uniform_too and _plain_agree(args, r.dtype is None) and (
-            not kwargs or _inert(kwargs)):
-        return []  # fastest path (per aten op): plain tensors on one device, nothing to judge
     state: list[Any] = [None, None, False]  # fast path (runs per aten op): one device and no dtype rule to judge
     if _uniform(args, state) and (not kwargs or _uniform(kwargs.values(), state)) and not r.uniform_too:
         if state[0] is not None and state[0].type == "meta" and "device" in kwargs:
@@ -305,6 +310,9 @@ def find(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
     if profile is not None:
         out.extend(_profile_findings(c, r, profile))
     return out
+
+
+_FAST: dict[Any, tuple[bool, bool]] = {}  # op -> (may take the fastest path, any dtype mix allowed)
 
 
 def _inert(kwargs: Mapping[str, Any]) -> bool:
