@@ -39,12 +39,14 @@ MODULES = _modules()
 
 
 def _imports(path: pathlib.Path, name: str) -> list[tuple[str, list[str], int]]:
-    """(imported module, names, line) of every torchdoctor import, outside ``if TYPE_CHECKING:`` blocks."""
+    """(imported module, names, line) of every torchdoctor import, function-level and ``TYPE_CHECKING`` ones too
+    (except the package facade's public table, which imports nothing at run time)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            skip.update(id(n) for child in node.body for n in ast.walk(child))
+    if name == "torchdoctor":
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+                skip.update(id(n) for child in node.body for n in ast.walk(child))
     out = []
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(tree):

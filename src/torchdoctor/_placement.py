@@ -36,6 +36,11 @@ for _alias, _name in {
     if _name in _DTYPE_BY_NAME:
         _DTYPE_BY_NAME[_alias] = _DTYPE_BY_NAME[_name]
 
+# float8 storage: never part of type promotion; with float4, packed storage that has no dtype expectation
+FLOAT8_DTYPES = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                       "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n))
+PACKED_DTYPES = FLOAT8_DTYPES | frozenset(getattr(torch, n) for n in ("float4_e2m1fn_x2",) if hasattr(torch, n))
+
 # Device types whose bare name means index 0 in every message (as torch does for the current device).
 _INDEXED_TYPES = frozenset({"cuda", "xpu", "mps", "hpu", "npu", "mtia", "privateuseone", "xla"})
 

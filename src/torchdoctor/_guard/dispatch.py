@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from sys import modules as _modules
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -15,8 +15,7 @@ from torchdoctor._rules import registry as _rules
 
 _find = _rules.find
 
-if TYPE_CHECKING:  # pragma: no cover
-    from torchdoctor._guard.session import Session
+Session = Any  # the guard session that owns these modes (torchdoctor._guard.session; it imports this module)
 
 
 def _simulating() -> bool:

@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass as _is_wr
 
 from torchdoctor._move.undo import SetData, SetSlots, Swap, UndoLog, Unit, grad_restore
 from torchdoctor._placement import same_device
-from torchdoctor._walk import Entry, is_quant_type, set_tensor
+from torchdoctor._walk import Entry, is_quant_type, set_tensor, hook_chain
 
 
 def _dict(obj: Any) -> dict[str, Any]:
@@ -108,9 +108,7 @@ def new_parameter(old: nn.Parameter, data: torch.Tensor) -> nn.Parameter:
 
 def hook_refusal(hook: Any, device: torch.device | None) -> str | None:
     """Why an accelerate hook forbids moving the module it sits on, or None."""
-    hooks = _dict(hook).get("hooks")
-    chain = list(hooks) if isinstance(hooks, (list, tuple)) else [hook]
-    for h in chain:
+    for h in hook_chain(hook):
         hd = _dict(h)
         name = type(h).__name__
         if hd.get("offload") or hd.get("weights_map") is not None:

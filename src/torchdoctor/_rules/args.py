@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from torchdoctor._placement import tensor_device
+from torchdoctor._placement import FLOAT8_DTYPES, tensor_device
 
 _Tensor = torch.Tensor
 
@@ -40,8 +40,7 @@ class OpArgs:
         holder[pos] = value
 
 
-_FLOAT8 = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-                                                "float8_e8m0fnu") if hasattr(torch, n))
+_FLOAT8 = FLOAT8_DTYPES
 
 
 _CASTS = frozenset({"aten::_to_copy", "aten::copy_", "aten::to", "aten::_copy_from", "aten::_copy_from_and_resize",

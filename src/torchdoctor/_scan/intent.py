@@ -18,13 +18,12 @@ from torch import nn
 
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from torchdoctor._walk import Entry, is_quant_type
+from torchdoctor._placement import PACKED_DTYPES
+from torchdoctor._walk import Entry, hook_chain, is_quant_type
 
 # Packed / quantized storage dtypes: no dtype expectation (a float8 weight with a bf16 compute dtype is by design),
 # and a cast never touches them.
-STORAGE_DTYPES = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-                                                        "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2")
-                           if hasattr(torch, n))
+STORAGE_DTYPES = PACKED_DTYPES
 LOW_PRECISION = frozenset({torch.float16, torch.bfloat16})
 
 # accelerate hooks that keep a module at rest on the CPU and move it to ``execution_device`` for each call
@@ -102,9 +101,7 @@ def follows_input(e: Entry) -> bool:
 
 
 def _chain(hook: Any) -> list[tuple[Any, dict[str, Any]]]:
-    """An accelerate hook, or each hook of a ``SequentialHook``, with its ``__dict__``."""
-    chain = _dict(hook).get("hooks")
-    return [(h, _dict(h)) for h in (chain if isinstance(chain, (list, tuple)) else [hook])]
+    return [(h, _dict(h)) for h in hook_chain(hook)]
 
 
 def _offloads(h: Any, hd: dict[str, Any]) -> bool:

@@ -13,7 +13,7 @@ from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.text import render_problems
 from torchdoctor._report.model import Problem
-from torchdoctor._placement import norm_device, compact, device_str, dtype_str, parse_device
+from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, make
 from torchdoctor._tracker import ModuleStack
 
@@ -303,8 +303,7 @@ _INDEX_OPS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put",
                         "aten::_index_put_impl_", "aten::_unsafe_index_put"})
 
 
-_FLOAT8 = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-                                                "float8_e5m2fnuz") if hasattr(torch, n))
+_FLOAT8 = FLOAT8_DTYPES
 _norm = norm_device  # cuda is cuda:0 (virtual devices never carry a bare type)
 
 

@@ -53,7 +53,7 @@ _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward
 _ATTR_KEYS: dict[type, tuple[frozenset[str], tuple[str, ...], bool]] = {}  # module class -> (keys, extra, hooked)
 _is_quant_type = is_quant_type  # the former private name, kept for importers that have not switched yet
 
-__all__ = ["MAX_DEPTH", "MAX_ITEMS", "Entry", "Walk", "form_of", "is_quant_type", "set_tensor", "walk"]
+__all__ = ["MAX_DEPTH", "MAX_ITEMS", "Entry", "Walk", "form_of", "hook_chain", "is_quant_type", "set_tensor", "walk"]
 
 
 class _Walker:
@@ -288,7 +288,7 @@ class _Walker:
     def offload_hooks(self) -> None:
         offloaded: set[int] = set()
         for mpath, mod, hook in self.w.hooks:
-            for h in _hook_chain(hook):
+            for h in hook_chain(hook):
                 hd = instance_dict(h) or {}
                 wm = hd.get("weights_map")
                 if not hd.get("offload") or wm is None:
@@ -312,7 +312,8 @@ class _Walker:
                     e.role = "offloaded"
 
 
-def _hook_chain(hook: Any) -> list[Any]:
+def hook_chain(hook: Any) -> list[Any]:
+    """An accelerate hook, or each hook of a ``SequentialHook`` (read from ``__dict__``, no user code run)."""
     hd = instance_dict(hook) or {}
     inner = hd.get("hooks")
     if isinstance(inner, (list, tuple)):
