@@ -26,7 +26,8 @@ def test_simulate_names_the_upcast_embedding_first() -> None:
     report = torchdoctor.simulate(b.obj, b.inputs, device="cuda:1")
     assert report.problems[0].path == "model.embed_tokens.weight" and report.culprits == 1
     later = report.problems[1]
-    assert "a tensor made in forward from model.embed_tokens.weight" in later.message  # the victim names its origin
+    # the victim names its origin: the op and module that made it from the culprit
+    assert "aten.embedding in `model.embed_tokens` from model.embed_tokens.weight" in later.message
     text = report.text()
     assert text.index("model.embed_tokens.weight") < text.index("where they surfaced")
 
@@ -197,3 +198,77 @@ def test_lossy_cast_of_a_complex_buffer_is_a_problem() -> None:
     report = torchdoctor.simulate(model, (torch.randn(2, 8),), device="cuda:1", dtype=torch.bfloat16)
     assert any(p.path == "freqs_cis" and "loses data" in p.message for p in report.problems), report.text()
     assert torchdoctor.simulate(model, (torch.randn(2, 8),), device="cuda:1").ok  # no cast: nothing lost
+
+
+# --- provenance of tensors made in the run: op, module, sources --------------------------------------------------
+
+
+class _CatOfLeftovers(nn.Module):
+    """pytorch#29807 with the list joined in forward: the cat's result carries the list's cpu device downstream."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for i in range(4):
+            self.register_buffer(f"b{i}", torch.ones(2))
+        self.params = [getattr(self, f"b{i}") for i in range(4)]
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * torch.cat(self.params)
+
+
+def test_made_tensor_names_op_module_and_sources() -> None:
+    report = torchdoctor.simulate(_CatOfLeftovers(), (torch.randn(2, 8),), device="cuda:1")
+    assert _paths(report.problems)[:4] == [f"params.{i}" for i in range(4)] and report.culprits == 4
+    victim = report.problems[4]
+    assert victim.path == "<root>" and victim.role == "activation"
+    assert victim.message.startswith("a tensor made by aten.cat in `<root>` from params.0 … params.3 f32[8]@cpu is "
+                                     "on cpu while aten.mul.Tensor runs on cuda:1"), victim.message
+    text = report.text()
+    assert text.index("params.*") < text.index("where they surfaced") < text.index("aten.cat in `<root>`")
+
+
+def test_made_tensor_fix_targets_its_sources_under_the_marker() -> None:
+    def body() -> None:
+        m = _CatOfLeftovers().to("cuda:1")
+        m(torch.randn(2, 8, device="cuda:1"))
+
+    err = _marker_run(body)
+    assert "model.params[3].data = model.params[3].data.to('cuda:1')" in err.fix
+    assert "tensors made on" not in err.fix  # fixing the sources fixes what was made from them
+
+
+class _Masked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * torch.ones(8)  # made on the default device, not x.device
+
+
+def test_factory_made_tensor_names_the_factory_and_module() -> None:
+    report = torchdoctor.simulate(nn.Sequential(_Masked()), (torch.randn(2, 8),), device="cuda:1")
+    [p] = report.problems
+    assert p.message.startswith("a tensor made by torch.ones in `0` f32[8]@cpu is on cpu while aten.mul"), p.message
+
+
+class _Chain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.l1 = nn.Linear(8, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids) * 2
+        return self.l1((h + 1).relu())
+
+
+def test_chain_of_made_tensors_names_the_first_op_and_its_source() -> None:
+    model = _Chain().to(BF)
+    model.emb.float()  # the upcast embedding of LlamaFactory#5583
+    report = torchdoctor.simulate(model, (torch.tensor([[1, 2]]),), device="cuda:1")
+    assert report.problems[0].path == "emb.weight" and report.culprits == 1
+    msg = report.problems[1].message
+    assert msg.startswith("a tensor made by aten.view in `l1`, ") and \
+        " ops after aten.embedding in `emb` from emb.weight f32[2,8]@cuda:1 is float32 while aten." in msg, msg

@@ -500,7 +500,8 @@ def test_report_json_and_text() -> None:
     report = torchdoctor.simulate(Table(), (torch.tensor([1]),), device="cuda:1", dtype="bfloat16")
     # the table stays float32 on cpu: indexing it on cuda:1 fails, and its float32 rows meet bf16 weights
     assert _found(report) == [("device", "table"), ("dtype", "lin")]
-    assert report.problems[1].message.startswith("a tensor made in forward from table f32[1,4]@cuda:1 is float32 while")
+    assert report.problems[1].message.startswith(
+        "a tensor made by aten.index in `<root>` from table f32[1,4]@cuda:1 is float32 while")
     doc = json.loads(json.dumps(report.to_dict()))
     assert doc["schema"] == "torchdoctor/simulate/1" and doc["ok"] is False
     assert (doc["device"], doc["dtype"], doc["data"], doc["profile"]["type"]) == ("cuda:1", "bfloat16", "meta", "cuda")

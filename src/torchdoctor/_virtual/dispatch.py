@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from torchdoctor._virtual import tensor as V
+from torchdoctor._virtual.origin import made_from
 from torchdoctor._virtual.tensor import Space, VirtualTensor, make
 
 aten = torch.ops.aten
@@ -244,14 +245,12 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             space.hooks.failed(str(func), again)
             raise again from exc
     wrapped = _wrap(out, dev, owner, path)
-    if path is None and isinstance(wrapped, VirtualTensor) and wrapped._td_origin is None \
+    if space is not None and path is None and isinstance(wrapped, VirtualTensor) and wrapped._td_origin is None \
             and (wrapped.is_floating_point() or wrapped.is_complex()):
-        # provenance: a result keeps the name of the model tensor it took its dtype and device from (transitively,
-        # one name per tensor), so a problem far downstream names where its float32 or its cpu entered
-        for t in tensors_of(largs, kwargs):
-            if t.dtype == wrapped.dtype and t._td_device == wrapped._td_device and (t._td_path or t._td_origin):
-                wrapped._td_origin = t._td_path or t._td_origin
-                break
+        # provenance: a result records the op, its module and the named tensors it took its dtype and device from
+        # (or the made tensor it came from), so a problem far downstream names where its float32 or its cpu entered
+        wrapped._td_origin = made_from(func.overloadpacket, space.hooks.running(), tensors_of(largs, kwargs),
+                                       wrapped.dtype, wrapped._td_device)
     return wrapped
 
 

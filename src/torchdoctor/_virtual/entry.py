@@ -88,6 +88,8 @@ class EntryCheck:
                       f"{path or '<root>'} ({type(mod).__name__}) starts on {device_str(ref)}: a {role} the forward "
                       f"reads (Module.to moved the rest, not this)", f"{type(mod).__name__}.forward", role,
                       compact(t.dtype, tuple(t.shape), dev))
+            if "_td_path" in dir(type(t)):  # a virtual twin: later ops name it where it was found, not where it was
+                t._td_path = full  # type: ignore[attr-defined]  # lifted (a list still holding the buffer ``.to()`` replaced)
 
     def _reference(self, mod: nn.Module, tensors: list[tuple[str, torch.Tensor, str]], args: Any) -> Any:
         """Where the module computes: the run's device when its input is there (and no accelerate hook spreads the

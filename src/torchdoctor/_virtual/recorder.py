@@ -38,8 +38,13 @@ def _from_origin(p: Problem, origin: dict[tuple[str, ...], str]) -> Problem:
                                                 f"a tensor made in forward from {src} ({p.found})", 1))
 
 
+def _at_entry(p: Problem) -> bool:
+    """Found by a module-entry check: a tensor the module owns, by path."""
+    return p.op is not None and p.op.endswith(".forward") and p.module_path is not None and p.role != "activation"
+
+
 def _culprits_then_rest(problems: tuple[Problem, ...], n: int, limit: int) -> list[str]:
-    if not n:
+    if not n or n >= len(problems):
         return render_problems(problems, limit)
     return [*render_problems(problems[:n], limit), "  where they surfaced:",
             *render_problems(problems[n:], max(1, limit - n))]
@@ -60,6 +65,8 @@ class _Recorder(Hooks):
         self.seen: set[tuple[str, ...]] = set()
         self.stopped: str | None = None
         self.blamed = 0
+        # (kind, path, op, found) of a problem on a tensor made in the run -> the named tensors it was made from
+        self.sources: dict[tuple[str, ...], tuple[str, ...]] = {}
         self.use_stack(ModuleStack(roles))
 
     def use_stack(self, stack: ModuleStack) -> None:
@@ -77,15 +84,26 @@ class _Recorder(Hooks):
                           module_path=mpath, module_type=mtype, tensors=(f"{path}: {shown}",)), key=(kind, path))
 
     def culprits_first(self, problems: list[Problem], roots: list[Any]) -> list[Problem]:
-        """The model tensors the policy finds off (what scan reports on the run's own objects), matching what the
-        ops found wrong, go first: the op where a problem surfaced comes second."""
+        """Culprits go first, the ops where problems surfaced second: the model tensors the policy finds off (what
+        scan reports on the run's own objects) that match what the ops found wrong, then what module-entry checks
+        found by path (a leftover the module owns)."""
+        entry = [p for p in problems if _at_entry(p)]
+        rest = [p for p in problems if not _at_entry(p)]
+        blamed = self._policy_blamed(problems, roots)
+        self.blamed = len(blamed) + len(entry)
+        origin: dict[tuple[str, ...], str] = {(b.kind, b.found): b.path for b in blamed}
+        for p in entry:  # a module-entry finding is the origin of what its module's ops then meet
+            origin.setdefault((p.kind, p.found, p.module_path or ""), p.path)
+        return blamed + entry + [_from_origin(p, origin) for p in rest]
+
+    def _policy_blamed(self, problems: list[Problem], roots: list[Any]) -> list[Problem]:
         from torchdoctor._guard.provenance import policy_problems, suspects
         from torchdoctor._walk import walk
 
         bad = {p.found for p in problems if p.kind in ("dtype", "device")}
         kinds = {p.kind for p in problems} & {"dtype", "device"}
         if not bad:
-            return problems
+            return []
         have = {p.path for p in problems}
         blamed: list[Problem] = []
         try:
@@ -97,15 +115,14 @@ class _Recorder(Hooks):
                             have.add(sus.problem.path)
                             blamed.append(replace(sus.problem, message=f"culprit: {sus.problem.message}"))
         except Exception:  # provenance is extra: the problems stand without it
-            return problems
-        self.blamed = len(blamed)
-        origin: dict[tuple[str, ...], str] = {(b.kind, b.found): b.path for b in blamed}
-        for p in problems:  # a module-entry finding is the origin of what its module's ops then meet
-            if p.op is not None and p.op.endswith(".forward") and p.module_path is not None:
-                origin.setdefault((p.kind, p.found, p.module_path), p.path)
-        return blamed + [_from_origin(p, origin) for p in problems]
+            return []
+        return blamed
 
     # -- Hooks --------------------------------------------------------------------------------------------------
+    def running(self) -> Any:
+        stack = self.modules.stack
+        return stack[-1] if stack else None
+
     def check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         findings = self.rules.find(func, args, kwargs, self.profile)
         if not findings:
@@ -165,7 +182,8 @@ class _Recorder(Hooks):
         """The kernel refused the odd-dtype tensors (fp8 promotion and kin): a problem by path, then go on cast."""
         text = (str(exc).strip().splitlines() or [""])[0]
         for t in culprits:
-            path = getattr(t, "_td_path", None) or getattr(t, "_td_origin", None)
+            origin = getattr(t, "_td_origin", None)
+            path = getattr(t, "_td_path", None) or (origin.first_path if origin is not None else None)
             dev = getattr(t, "_td_device", t.device)
             self._note("dtype", path, dtype_str(t.dtype), dtype_str(expected),
                        f"{path or 'a tensor'} {compact(t.dtype, tuple(t.shape), dev)} meets {dtype_str(expected)} in "
@@ -228,15 +246,15 @@ class _Recorder(Hooks):
         named = [t for t in tensors if _is_entry(t)]
         for t in named or [t for t in tensors if t._td_path][:1] or tensors[:1] or [None]:
             path = t._td_path if t is not None else None
-            if path is None and t is not None and t.dtype in _FLOAT8 and getattr(t, "_td_origin", None):
-                path = t._td_origin  # float8 flows unchanged from its table: the table is the culprit, by path
+            origin = getattr(t, "_td_origin", None)
+            if path is None and t is not None and t.dtype in _FLOAT8 and origin is not None and origin.first_path:
+                path = origin.first_path  # float8 flows unchanged from its table: the table is the culprit, by path
             found, expected, message = p.found, p.expected, p.message
             if anchor is not None:
                 expected = device_str(anchor) if on_device else dtype_str(anchor)
             if t is not None and p.kind != "unsupported_dtype":
                 found = device_str(t._td_device) if on_device else dtype_str(t.dtype)
-                origin = getattr(t, "_td_origin", None)
-                made = f"a tensor made in forward from {origin}" if origin else "a tensor made in forward"
+                made = origin.describe(self.modules.path_of) if origin is not None else "a tensor made in forward"
                 what = f"{path or made} {compact(t.dtype, tuple(t.shape), t._td_device)}"
                 message = {"device": f"{what} is on {found} while {op} runs on {expected}",
                            "meta": f"{what} holds no data (meta) and meets real tensors on {expected} in {op}",
@@ -248,6 +266,8 @@ class _Recorder(Hooks):
                 (p.kind, path) if entry else (p.kind, place, op, found)
             self._add(Problem(p.kind, path or place, self.roles.get(path or "", "activation"), found, expected,
                               message + where, op=op, module_path=mpath, module_type=mtype, tensors=listed), key)
+            if path is None and origin is not None and origin.source.paths:
+                self.sources.setdefault((p.kind, place, op, found), origin.source.paths)
         if anchor is not None:
             for k, t in zip(culprits, tensors):
                 call.put(k, _fixed(t, anchor))

@@ -26,6 +26,7 @@ from torchdoctor._virtual import devices_api as api
 from torchdoctor._virtual import dispatch as D
 from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.dispatch import autocast_args, lift_all, plain
+from torchdoctor._virtual.origin import Made
 from torchdoctor._virtual.tensor import SMALL, Space, VirtualTensor, is_virtual, make, virtual_class
 
 _CPU = torch.device("cpu")
@@ -212,13 +213,22 @@ class VirtualMode(TorchFunctionMode):
             dev = kwargs["device"] = _device_mod.CURRENT_DEVICE  # torch.set_default_device: its mode is below ours
         target = space.norm(dev) if dev is not None else None
         if target is None or not is_virtual(target):
-            return _own(func(*args, **kwargs), space, target)
+            return _made(_own(func(*args, **kwargs), space, target), func, space)
         space.hooks.creating(name, target, kwargs)
         out = func(*args, **dict(kwargs, device=space.inner))
         if space.data == "meta" and all(not isinstance(o, torch.Tensor) or plain(o) and o.numel() <= SMALL
                                         for o in (out if isinstance(out, (tuple, list)) else (out,))):
             out = func(*args, **dict(kwargs, device=_CPU))  # small: worth real values, make it again on cpu
-        return _own(out, space, target)
+        return _made(_own(out, space, target), func, space)
+
+
+def _made(out: Any, func: Any, space: Space) -> Any:
+    """A factory's result records which factory made it in which module (a mask made on the wrong device is
+    named by where it was made)."""
+    if isinstance(out, VirtualTensor) and out._td_origin is None and out._td_path is None \
+            and func in _device_mod._device_constructors():
+        out._td_origin = Made(f"torch.{getattr(func, '__name__', 'tensor')}", space.hooks.running())
+    return out
 
 
 _ORIG_MAKE_SUBCLASS = torch.Tensor._make_subclass

@@ -64,6 +64,10 @@ class Hooks:
     def reading(self, tensor: torch.Tensor, what: str) -> None:
         """Host code reads a tensor that is not on the CPU (``numpy()``)."""
 
+    def running(self) -> Any:
+        """The innermost running module (provenance of the tensors made now), or None."""
+        return None
+
 
 class Space:
     """The active simulation: where values live (``meta`` or ``cpu``), the virtual device type, current indices."""
@@ -157,7 +161,7 @@ class VirtualTensor(torch.Tensor):
     _td_elem: torch.Tensor
     _td_device: torch.device
     _td_path: str | None
-    _td_origin: str | None  # the model tensor an fp8 / complex / float64 result took its dtype from
+    _td_origin: Any  # a tensor made in the run: its ``origin.Made`` record (op, module, source paths), or None
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
