@@ -272,3 +272,16 @@ def test_chain_of_made_tensors_names_the_first_op_and_its_source() -> None:
     msg = report.problems[1].message
     assert msg.startswith("a tensor made by aten.view in `l1`, ") and \
         " ops after aten.embedding in `emb` from emb.weight f32[2,8]@cuda:1 is float32 while aten." in msg, msg
+
+
+def test_provenance_survives_the_fix_the_run_goes_on_with() -> None:
+    class Twice(_CatOfLeftovers):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(self.lin(x) * torch.cat(self.params))
+
+    model = Twice().to(BF)  # the list keeps the float32 cpu originals
+    report = torchdoctor.simulate(model, (torch.randn(2, 8, dtype=BF),), device="cuda:1")
+    last = report.problems[-1]
+    assert last.kind == "dtype" and last.path == "lin", report.text()
+    assert last.message.startswith("a tensor made by aten.mul in `<root>` from a tensor made by aten.cat in `<root>` "
+                                   "from params.0 … params.3 f32[2,8]@cuda:1 is float32"), last.message

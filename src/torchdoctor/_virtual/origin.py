@@ -52,7 +52,7 @@ class Made:
             return head
         here = f"a tensor made by {self.op} in {_where(self.module, module_path)}"
         if self.depth == 2:
-            return f"{here} from {head[2:]}"
+            return f"{here} from {head}"
         return f"{here}, {self.depth - 1} ops after {_link(src, module_path)}"
 
 

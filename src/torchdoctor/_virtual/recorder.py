@@ -351,6 +351,10 @@ def _op_tensors(call: OpArgs) -> list[Any]:
 
 
 def _fixed(t: VirtualTensor, anchor: Any) -> Any:
+    """The run goes on as if ``t`` had been moved or cast; the stand-in keeps its name and its provenance."""
     if isinstance(anchor, torch.device):
-        return make(VirtualTensor, t._td_elem, anchor, t._td_path)
-    return make(VirtualTensor, t._td_elem.to(anchor), t._td_device, t._td_path)
+        new = make(VirtualTensor, t._td_elem, anchor, t._td_path)
+    else:
+        new = make(VirtualTensor, t._td_elem.to(anchor), t._td_device, t._td_path)
+    new._td_origin = t._td_origin
+    return new
