@@ -285,3 +285,34 @@ def test_provenance_survives_the_fix_the_run_goes_on_with() -> None:
     assert last.kind == "dtype" and last.path == "lin", report.text()
     assert last.message.startswith("a tensor made by aten.mul in `<root>` from a tensor made by aten.cat in `<root>` "
                                    "from params.0 … params.3 f32[2,8]@cuda:1 is float32"), last.message
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.scale = torch.ones(8)  # a plain attribute: Module.to never moves it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale
+
+
+def test_model_compiled_before_the_run_is_simulated_eagerly_by_its_paths(recwarn: Any) -> None:
+    import torch._dynamo
+
+    compiled = torch.compile(_Scaled(), backend="eager")
+    x = torch.randn(2, 8)
+    compiled(x)  # the first compile happened outside any simulation
+    report = torchdoctor.simulate(compiled, (x,), device="cuda:1")
+    assert [(p.kind, p.path) for p in report.problems] == [("device", "scale")], report.text()
+    assert "plain tensor attribute" in report.problems[0].message
+    assert not [w for w in recwarn if "global hooks" in str(w.message)]  # the hooks are the run's own
+    assert torch._dynamo.eval_frame._stance.stance == "default"  # the compiler is left as it was
+    assert torch.equal(compiled(x), compiled._orig_mod(x))
+
+    def body() -> None:
+        m = compiled.to("cuda:1")
+        m(torch.randn(2, 8, device="cuda:1"))
+
+    err = _marker_run(body)
+    assert _paths(err.problems) == ["scale", "<root>"] and err.problems[1].role == "activation"

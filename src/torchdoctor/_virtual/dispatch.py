@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from torchdoctor._placement import tensor_device
 from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.origin import made_from
 from torchdoctor._virtual.tensor import Space, VirtualTensor, make
@@ -40,7 +41,7 @@ def lift_all(items: Any, space: Space | None, follow: torch.device | None) -> li
             foreign(space, x)
         if follow is not None and (x.device.type == "meta" or space is None or x.device == space.inner):
             return make(VirtualTensor, x, follow)
-        return make(VirtualTensor, space.inner_of(x) if space is not None else x, x.device)
+        return make(VirtualTensor, space.inner_of(x) if space is not None else x, tensor_device(x))
 
     return [one(a) if not isinstance(a, (list, tuple)) else type(a)(one(x) for x in a)
             if any(plain(x) for x in a) else a for a in items]

@@ -34,7 +34,8 @@ def owned(mod: nn.Module) -> list[tuple[str, torch.Tensor, str]]:
     d = mod.__dict__
     holder: dict[str, Any] = {}
     holder.update(d.get("_parameters") or {})
-    holder.update(d.get("_buffers") or {})
+    buffers = d.get("_buffers") or {}
+    holder.update(buffers)
     for k, v in (d.get("_modules") or {}).items():
         if isinstance(v, _HOLDERS):
             holder[k] = v
@@ -49,7 +50,9 @@ def owned(mod: nn.Module) -> list[tuple[str, torch.Tensor, str]]:
                 len(parts) > 2 and parts[0] in via_tensor and isinstance(getattr(holder[parts[0]], "__dict__", {})
                                                                          .get(parts[1]), nn.Module)):
             continue  # e.g. bitsandbytes' ``weight.module``: the layer itself again
-        best[id(e.tensor)] = (e.path, e.tensor, "parameter" if isinstance(e.tensor, nn.Parameter) else e.role)
+        role = "parameter" if isinstance(e.tensor, nn.Parameter) else "buffer" if e.path in buffers else \
+            "attribute" if e.path in d else e.role  # the walk saw a dict: name what the module holds directly
+        best[id(e.tensor)] = (e.path, e.tensor, role)
     return list(best.values())
 
 
@@ -64,6 +67,8 @@ class EntryCheck:
         self.seen: dict[int, tuple[Any, ...]] = {}
 
     def __call__(self, mod: nn.Module, path: str, args: Any) -> None:
+        if "_orig_mod" in mod.__dict__.get("_modules", ()):
+            return  # a torch.compile wrapper: the module it wraps starts next and is checked then
         key = _signature(mod)
         if self.seen.get(id(mod)) == key:
             return
@@ -85,8 +90,8 @@ class EntryCheck:
             full = f"{path}.{rel}" if path else rel
             self.note("device", full, device_str(dev), device_str(ref),
                       f"{full} {compact(t.dtype, tuple(t.shape), dev)} is on {device_str(dev)} when "
-                      f"{path or '<root>'} ({type(mod).__name__}) starts on {device_str(ref)}: a {role} the forward "
-                      f"reads (Module.to moved the rest, not this)", f"{type(mod).__name__}.forward", role,
+                      f"{path or '<root>'} ({type(mod).__name__}) starts on {device_str(ref)}: "
+                      f"{_WHY.get(role, f'a {role} the forward reads')}", f"{type(mod).__name__}.forward", role,
                       compact(t.dtype, tuple(t.shape), dev))
             if "_td_path" in dir(type(t)):  # a virtual twin: later ops name it where it was found, not where it was
                 t._td_path = full  # type: ignore[attr-defined]  # lifted (a list still holding the buffer ``.to()`` replaced)
@@ -104,6 +109,15 @@ class EntryCheck:
                 d = norm_device(tensor_device(t))
                 counts[d] = counts.get(d, 0) + 1
         return max(counts, key=counts.__getitem__) if counts else None
+
+
+_WHY = {  # why a tensor the module owns can sit elsewhere than the rest
+    "parameter": "a parameter the forward reads (Module.to moves parameters: it was moved or replaced after)",
+    "buffer": "a buffer the forward reads (Module.to moves buffers: it was moved or replaced after)",
+    "attribute": "a plain tensor attribute the forward reads (Module.to moves parameters and buffers only)",
+    "container": "a tensor in a list or dict the forward reads (Module.to moves parameters and buffers only)",
+    "quant_state": "quantization state the kernel reads (Module.to moved the weight, not the state hanging off it)",
+}
 
 
 def _signature(mod: nn.Module) -> tuple[Any, ...]:

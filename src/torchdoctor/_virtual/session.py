@@ -36,7 +36,8 @@ class _OwnStack(ModuleStack):
         if not self.stack and id(mod) not in self.paths:
             try:
                 for name, sub in mod.named_modules(remove_duplicate=False):
-                    self.paths.setdefault(id(sub), name)
+                    # a torch.compile wrapper and the module it wraps are one path (as scan names them)
+                    self.paths.setdefault(id(sub), ".".join(p for p in name.split(".") if p != "_orig_mod"))
             except Exception:  # a strange module tree must not break the test it watches
                 pass
         super()._pre(mod, args)

@@ -1,0 +1,87 @@
+"""Objects built before a virtual run and moved inside it (a pytest fixture's model under
+``@pytest.mark.simulate``): ``Module.to`` and ``param.data = ...to(device)`` must neither crash the interpreter nor
+hide a leftover, and the real tensors carry no virtual label once the run is over."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+import torchdoctor
+from torchdoctor._placement import tensor_device
+from torchdoctor._virtual.session import virtual_devices
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.scale = torch.ones(8)  # a plain attribute: Module.to never moves it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale
+
+
+def _run(body: str) -> subprocess.CompletedProcess[str]:
+    """In a child: a crash of the interpreter must fail this test, not end the test session."""
+    code = textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+def test_module_to_of_a_model_built_before_the_run_finds_the_leftover() -> None:
+    out = _run("""
+        import torch, torchdoctor
+        from torch import nn
+        from torchdoctor._virtual.session import virtual_devices
+        class S(nn.Module):
+            def __init__(self):
+                super().__init__(); self.lin = nn.Linear(8, 8); self.scale = torch.ones(8)
+            def forward(self, x): return self.lin(x) * self.scale
+        m = S()
+        try:
+            with virtual_devices("cuda:1"):
+                m.to("cuda:1")
+                m(torch.randn(2, 8, device="cuda:1"))
+        except torchdoctor.PlacementError as e:
+            print([p.path for p in e.problems][:1])
+    """)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "['scale']"
+
+
+@pytest.mark.parametrize("data", ["cpu", "meta"])
+def test_data_assignment_of_a_real_tensor_takes_the_device_for_the_run(data: str) -> None:
+    m = _Scaled()
+    with virtual_devices("cuda:1", data=data) as sim:
+        m.to("cuda:1")
+        m.scale.data = m.scale.data.to("cuda:1")  # the fix torchdoctor suggests, on a tensor made before the run
+        assert m.scale.device == torch.device("cuda:1") and m.scale.is_cuda
+        y = m(torch.randn(2, 8, device="cuda:1"))
+        assert y.device == torch.device("cuda:1")
+    assert sim.ok, sim.problems
+    assert m.scale.device.type == "cpu" and tensor_device(m.scale).type == "cpu"  # no label outlives the run
+    assert torch.equal(m.scale, torch.ones(8))
+
+
+def test_data_assignment_of_a_real_parameter_in_another_dtype() -> None:
+    lin = nn.Linear(8, 8)
+    with virtual_devices("cuda:1") as sim:
+        lin.weight.data = lin.weight.data.to("cuda:1", torch.bfloat16)
+        lin.bias.data = lin.bias.data.to("cuda:1", torch.bfloat16)
+        assert lin.weight.dtype == torch.bfloat16 and lin.weight.device == torch.device("cuda:1")
+        lin(torch.randn(2, 8, device="cuda:1", dtype=torch.bfloat16))
+    assert sim.ok, sim.problems
+
+
+def test_a_real_tensor_left_on_cpu_is_still_reported() -> None:
+    lin = nn.Linear(8, 8)
+    with pytest.raises(torchdoctor.PlacementError) as info:
+        with virtual_devices("cuda:1"):
+            lin.weight.data = lin.weight.data.to("cuda:1")  # the bias stays behind
+            lin(torch.randn(2, 8, device="cuda:1"))
+    assert [p.path for p in info.value.problems][:1] == ["bias"]
