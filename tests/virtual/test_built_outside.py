@@ -85,3 +85,12 @@ def test_a_real_tensor_left_on_cpu_is_still_reported() -> None:
             lin.weight.data = lin.weight.data.to("cuda:1")  # the bias stays behind
             lin(torch.randn(2, 8, device="cuda:1"))
     assert [p.path for p in info.value.problems][:1] == ["bias"]
+
+
+def test_real_tensors_left_behind_are_named_once_by_path() -> None:
+    m = _Scaled()  # built before the run and never moved: every tensor is a leftover, each named once
+    with pytest.raises(torchdoctor.PlacementError) as info:
+        with virtual_devices("cuda:1"):
+            m(torch.randn(2, 8, device="cuda:1"))
+    assert sorted(p.path for p in info.value.problems) == ["lin.bias", "lin.weight", "scale"]
+    assert all("made in forward" not in p.message for p in info.value.problems)

@@ -315,4 +315,4 @@ def test_model_compiled_before_the_run_is_simulated_eagerly_by_its_paths(recwarn
         m(torch.randn(2, 8, device="cuda:1"))
 
     err = _marker_run(body)
-    assert _paths(err.problems) == ["scale", "<root>"] and err.problems[1].role == "activation"
+    assert _paths(err.problems) == ["scale"]  # the op that meets it names the same tensor: one problem

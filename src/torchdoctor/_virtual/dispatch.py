@@ -41,7 +41,11 @@ def lift_all(items: Any, space: Space | None, follow: torch.device | None) -> li
             foreign(space, x)
         if follow is not None and (x.device.type == "meta" or space is None or x.device == space.inner):
             return make(VirtualTensor, x, follow)
-        return make(VirtualTensor, space.inner_of(x) if space is not None else x, tensor_device(x))
+        if space is None:
+            return make(VirtualTensor, x, tensor_device(x))
+        hit = space.named.get(id(x))
+        return make(VirtualTensor, space.inner_of(x), tensor_device(x), hit[1] if hit is not None and hit[0] is x
+                    else None)
 
     return [one(a) if not isinstance(a, (list, tuple)) else type(a)(one(x) for x in a)
             if any(plain(x) for x in a) else a for a in items]

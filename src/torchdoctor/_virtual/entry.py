@@ -22,6 +22,7 @@ from torch import nn
 
 from torchdoctor._placement import compact, device_str, norm_device, tensor_device
 from torchdoctor._scan import intent
+from torchdoctor._virtual.tensor import VirtualTensor, current_space
 from torchdoctor._walk import walk
 
 _SKIP = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "config", "generation_config"}
@@ -76,6 +77,11 @@ class EntryCheck:
         tensors = owned(mod)
         if not tensors:
             return
+        space = current_space()
+        if space is not None:  # real tensors (a model built before the run) are lifted per op: name them
+            for rel, t, _ in tensors:
+                if not isinstance(t, VirtualTensor):
+                    space.named[id(t)] = (t, f"{path}.{rel}" if path else rel)
         ref = self._reference(mod, tensors, args)
         if ref is None:
             return
@@ -112,8 +118,8 @@ class EntryCheck:
 
 
 _WHY = {  # why a tensor the module owns can sit elsewhere than the rest
-    "parameter": "a parameter the forward reads (Module.to moves parameters: it was moved or replaced after)",
-    "buffer": "a buffer the forward reads (Module.to moves buffers: it was moved or replaced after)",
+    "parameter": "a parameter the forward reads (not moved with its input, or moved or replaced after the model's .to)",
+    "buffer": "a buffer the forward reads (not moved with its input, or moved or replaced after the model's .to)",
     "attribute": "a plain tensor attribute the forward reads (Module.to moves parameters and buffers only)",
     "container": "a tensor in a list or dict the forward reads (Module.to moves parameters and buffers only)",
     "quant_state": "quantization state the kernel reads (Module.to moved the weight, not the state hanging off it)",

@@ -85,6 +85,7 @@ class Space:
         self.grad = False  # the grad mode the run started in (threads it starts take it too)
         # copies of tensors no virtual twin can stand in for (nested, sparse, quantized ...) -> (path, why)
         self.foreign: dict[int, tuple[str, str]] = {}
+        self.named: dict[int, tuple[torch.Tensor, str]] = {}  # real tensors a module-entry check named, by id
         self.relabelled: list[Any] = []  # weak references to real tensors given a device label by ``.data =``
 
     def norm(self, device: Any) -> torch.device:
