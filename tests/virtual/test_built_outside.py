@@ -94,3 +94,34 @@ def test_real_tensors_left_behind_are_named_once_by_path() -> None:
             m(torch.randn(2, 8, device="cuda:1"))
     assert sorted(p.path for p in info.value.problems) == ["lin.bias", "lin.weight", "scale"]
     assert all("made in forward" not in p.message for p in info.value.problems)
+
+
+def test_compiler_stance_is_restored_when_runs_in_threads_end_out_of_order() -> None:
+    import threading
+
+    import torch._dynamo
+
+    torch.compile(nn.Linear(2, 2), backend="eager")  # dynamo is loaded: runs switch compiled code to eager
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    stances: list[str] = []
+
+    def run_a() -> None:
+        with virtual_devices("cuda:1", raise_on_exit=False):
+            a_in.set()
+            b_in.wait(60)
+        a_out.set()
+
+    def run_b() -> None:
+        a_in.wait(60)
+        with virtual_devices("cuda:1", raise_on_exit=False):
+            b_in.set()
+            a_out.wait(60)  # the first run ends while this one still runs
+            stances.append(torch._dynamo.eval_frame._stance.stance)
+
+    threads = [threading.Thread(target=run_a), threading.Thread(target=run_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert stances == ["force_eager"]  # still eager for the run that goes on
+    assert torch._dynamo.eval_frame._stance.stance == "default"  # the last run to end restored it

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +25,7 @@ from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api
 from torchdoctor._virtual import dispatch as D
+from torchdoctor._virtual import outside
 from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.dispatch import autocast_args, lift_all, plain
 from torchdoctor._virtual.origin import Made
@@ -205,7 +205,7 @@ class VirtualMode(TorchFunctionMode):
             args, kwargs = D.conv_precheck(space, func, args, kwargs)
         name = getattr(func, "__name__", "")
         if name == "__get__" or name == "__set__":  # attributes of the object itself, never of a copy
-            return _attribute(space, func, name, args, kwargs)
+            return outside.attribute(space, func, name, args, kwargs)
         if any(plain(a) or isinstance(a, (list, tuple)) and any(plain(x) for x in a) for a in args):
             args = tuple(lift_all(args, space, None))
         if kwargs and any(plain(v) for v in kwargs.values()):
@@ -233,37 +233,6 @@ def _made(out: Any, func: Any, space: Space) -> Any:
     return out
 
 
-_LABELLED = {"device": lambda d: d, "is_cuda": lambda d: d.type == "cuda", "is_xpu": lambda d: d.type == "xpu",
-             "is_mps": lambda d: d.type == "mps", "is_cpu": lambda d: d.type == "cpu"}
-
-
-def _attribute(space: Space, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    attr = getattr(getattr(func, "__self__", None), "__name__", "")
-    if attr == "data" and name == "__set__" and len(args) == 2 and plain(args[0]) \
-            and isinstance(args[1], VirtualTensor):
-        return _relabel(space, args[0], args[1])
-    if name == "__get__" and attr in _LABELLED and args and plain(args[0]):
-        label = args[0].__dict__.get("_td_device")
-        if label is not None:
-            return _LABELLED[attr](label)
-    return func(*args, **kwargs)
-
-
-def _relabel(space: Space, t: torch.Tensor, v: VirtualTensor) -> None:
-    """``real.data = virtual`` (``p.data = p.data.to("cuda:1")`` on a tensor made before the run): a real tensor
-    cannot become a twin, and sharing the twin's storage-less C++ tensor crashes the interpreter; it takes the
-    twin's values and its device label for the rest of the run (the label goes when the run ends)."""
-    elem: torch.Tensor | None = v._td_elem
-    with torch._C.DisableTorchFunction():
-        if elem is not None and elem.device.type == "meta":  # values are never read in a meta run
-            elem = None if elem.dtype == t.dtype and elem.shape == t.shape else \
-                torch.zeros(elem.shape, dtype=elem.dtype)
-        if elem is not None:
-            t.data = elem
-    t.__dict__["_td_device"] = v._td_device
-    space.relabelled.append(weakref.ref(t))
-
-
 _ORIG_MAKE_SUBCLASS = torch.Tensor._make_subclass
 
 
@@ -275,18 +244,6 @@ def _make_subclass(cls: type[Any], data: torch.Tensor, requires_grad: bool = Fal
     return _ORIG_MAKE_SUBCLASS(cls, data, requires_grad, **kwargs)  # type: ignore[type-var]
 
 
-_ORIG_COMPATIBLE = torch._has_compatible_shallow_copy_type
-
-
-def _compatible(a: Any, b: Any) -> bool:
-    """``Module.to`` of a model built before the run: a real parameter and its virtual twin must not share one
-    C++ tensor (with ``data="cpu"`` torch would call them compatible and copy the twin's storage-less impl into
-    the real ``Parameter``, which then crashes the interpreter); ``Module._apply`` makes a new ``Parameter``."""
-    if isinstance(a, VirtualTensor) is not isinstance(b, VirtualTensor):
-        return False
-    return bool(_ORIG_COMPATIBLE(a, b))
-
-
 _ORIG_PARAM_NEW = torch.nn.Parameter.__new__
 
 
@@ -296,29 +253,6 @@ def _param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> 
     if isinstance(data, VirtualTensor) and type(data) in (VirtualTensor, virtual_class(torch.nn.Parameter)):
         return _make_subclass(cls, data, requires_grad)
     return _ORIG_PARAM_NEW(cls, data, requires_grad)
-
-
-def _eager(model: Any = None, **kwargs: Any) -> Any:
-    """``torch.compile`` while simulating: the model itself (also as ``@torch.compile(...)``)."""
-    return model if model is not None else (lambda fn: fn)
-
-
-def _compiled_run_eagerly(had_dynamo: bool) -> Any:
-    """Code compiled before the run (``torch.compile(model)`` then ``simulate``) runs as eager code: dynamo would
-    trace the run's own hooks and the virtual tensors, and inductor needs the hardware. Process-wide while the run
-    lasts (the compiler's stance is global); nothing compiled, nothing to do."""
-    stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
-    if not had_dynamo:
-        return contextlib.nullcontext()
-    if stance is not None:
-        try:
-            return stance("force_eager")
-        except Exception:  # called from inside a compiled region: leave the compiler alone
-            return contextlib.nullcontext()
-    try:  # torch < 2.6: no stances; dynamo's off switch
-        return sys.modules["torch._dynamo"].config.patch(disable=True)
-    except Exception:
-        return contextlib.nullcontext()
 
 
 def _restore_default_device(before: Any) -> None:
@@ -352,11 +286,11 @@ def virtual_world(space: Space, profile: DeviceProfile) -> Iterator[None]:
         # pass-through for anything that is not virtual: one wrapper serves every run
         installs.set(torch.Tensor, "_make_subclass", staticmethod(_make_subclass), shared=True)
         installs.set(torch.nn.Parameter, "__new__", staticmethod(_param_new), shared=True)
-        installs.set(torch, "_has_compatible_shallow_copy_type", _compatible, shared=True)
-        installs.set(torch, "compile", _eager)  # compiled code places tensors as eager code does; inductor needs the GPU
+        installs.set(torch, "_has_compatible_shallow_copy_type", outside.compatible, shared=True)
+        installs.set(torch, "compile", outside.eager)  # compiled code places tensors as eager code does; inductor needs the GPU
         api.follow_threads(installs)
         before = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
-        with _compiled_run_eagerly(had_dynamo), warnings.catch_warnings(), VirtualMode(space):
+        with outside.compiled_run_eagerly(had_dynamo), warnings.catch_warnings(), VirtualMode(space):
             # torch warns that global module hooks fire twice around a compiled module: they are the run's own
             warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
             try:

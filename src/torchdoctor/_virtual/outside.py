@@ -1,0 +1,106 @@
+"""Where a virtual run meets what was made outside it: tensors built before the run (a pytest fixture's model moved
+inside ``@pytest.mark.simulate``), and code compiled before it."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from torchdoctor._virtual.dispatch import plain
+from torchdoctor._virtual.tensor import Space, VirtualTensor
+
+
+_LABELLED = {"device": lambda d: d, "is_cuda": lambda d: d.type == "cuda", "is_xpu": lambda d: d.type == "xpu",
+             "is_mps": lambda d: d.type == "mps", "is_cpu": lambda d: d.type == "cpu"}
+
+
+def attribute(space: Space, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A tensor attribute read or written (``__get__`` / ``__set__``): on the object itself, never on a copy."""
+    attr = getattr(getattr(func, "__self__", None), "__name__", "")
+    if attr == "data" and name == "__set__" and len(args) == 2 and plain(args[0]) \
+            and isinstance(args[1], VirtualTensor):
+        return _relabel(space, args[0], args[1])
+    if name == "__get__" and attr in _LABELLED and args and plain(args[0]):
+        label = args[0].__dict__.get("_td_device")
+        if label is not None:
+            return _LABELLED[attr](label)
+    return func(*args, **kwargs)
+
+
+def _relabel(space: Space, t: torch.Tensor, v: VirtualTensor) -> None:
+    """``real.data = virtual`` (``p.data = p.data.to("cuda:1")`` on a tensor made before the run): a real tensor
+    cannot become a twin, and sharing the twin's storage-less C++ tensor crashes the interpreter; it takes the
+    twin's values and its device label for the rest of the run (the label goes when the run ends)."""
+    elem: torch.Tensor | None = v._td_elem
+    with torch._C.DisableTorchFunction():
+        if elem is not None and elem.device.type == "meta":  # values are never read in a meta run
+            elem = None if elem.dtype == t.dtype and elem.shape == t.shape else \
+                torch.zeros(elem.shape, dtype=elem.dtype)
+        if elem is not None:
+            t.data = elem
+    t.__dict__["_td_device"] = v._td_device
+    space.relabelled.append(weakref.ref(t))
+
+
+_ORIG_COMPATIBLE = torch._has_compatible_shallow_copy_type
+
+
+def compatible(a: Any, b: Any) -> bool:
+    """``Module.to`` of a model built before the run: a real parameter and its virtual twin must not share one
+    C++ tensor (with ``data="cpu"`` torch would call them compatible and copy the twin's storage-less impl into
+    the real ``Parameter``, which then crashes the interpreter); ``Module._apply`` makes a new ``Parameter``."""
+    if isinstance(a, VirtualTensor) is not isinstance(b, VirtualTensor):
+        return False
+    return bool(_ORIG_COMPATIBLE(a, b))
+
+
+def eager(model: Any = None, **kwargs: Any) -> Any:
+    """``torch.compile`` while simulating: the model itself (also as ``@torch.compile(...)``)."""
+    return model if model is not None else (lambda fn: fn)
+
+
+_EAGER_LOCK = threading.Lock()
+_EAGER: list[Any] = [0, None]  # runs (any thread) that hold the eager stance; how to restore the stance before
+
+
+@contextlib.contextmanager
+def compiled_run_eagerly(had_dynamo: bool) -> Iterator[None]:
+    """Code compiled before the run (``torch.compile(model)`` then ``simulate``) runs as eager code: dynamo would
+    trace the run's own hooks and the virtual tensors, and inductor needs the hardware. The compiler's stance is
+    process-wide, so runs in several threads share it: the first to start sets it, the last to end restores it.
+    Nothing compiled (dynamo never imported), nothing to do."""
+    if not had_dynamo:
+        yield
+        return
+    with _EAGER_LOCK:
+        if _EAGER[0] == 0:
+            _EAGER[1] = _eager_stance()
+        _EAGER[0] += 1
+    try:
+        yield
+    finally:
+        with _EAGER_LOCK:
+            _EAGER[0] -= 1
+            restore, _EAGER[1] = (_EAGER[1], None) if _EAGER[0] == 0 else (None, _EAGER[1])
+        if restore is not None:
+            with contextlib.suppress(Exception):
+                restore.__exit__(None, None, None)
+
+
+def _eager_stance() -> Any:
+    """Enter ``force_eager`` (torch >= 2.6; dynamo's off switch before); the entered object, or None."""
+    stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    try:
+        if stance is not None:
+            return stance("force_eager")  # set now; its __exit__ restores the stance before
+        patch = sys.modules["torch._dynamo"].config.patch(disable=True)
+        patch.__enter__()
+        return patch
+    except Exception:  # inside a compiled region, or no dynamo: leave the compiler alone
+        return None
