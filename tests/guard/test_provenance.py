@@ -148,3 +148,37 @@ def test_warn_mode_points_at_the_users_line() -> None:
     with pytest.warns(torchdoctor.PlacementWarning) as record, torchdoctor.guard(b.obj, mode="warn"):
         b.obj(**b.inputs)  # the line the warning names
     assert record[0].filename == __file__, record[0].filename
+
+
+def test_fix_mode_aligns_attention_the_composite_would_refuse() -> None:
+    """scaled_dot_product_attention compares q/k/v dtypes in C++ before any aten op is dispatched: fix and warn
+    align it one level up, so the run goes on (transformers' sdpa attention, fp32 embedding in a bf16 Llama)."""
+    b = zoo.build("llama", BF)
+    b.obj.get_input_embeddings().to(torch.float32)
+    with torch.no_grad(), torchdoctor.guard(b.obj, mode="fix") as g:
+        out = b.obj(**b.inputs)
+    assert out.logits.dtype == BF
+    sdpa = [p for p in g.fixes if p.op == "aten.scaled_dot_product_attention.default"]
+    assert [(p.module_path, p.found, p.expected) for p in sdpa[:2]] == [
+        ("model.layers.0.self_attn", "float32", "bfloat16")] * 2
+    assert {p.path.split(": ")[-1] for p in sdpa} == {"arg 0 (query)", "arg 1 (key)"}
+
+
+class _Attn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.v = nn.Parameter(torch.ones(1, 2, 4, 8, dtype=BF))
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, q, value=self.v)
+
+
+def test_warn_mode_aligns_sdpa_called_with_keywords() -> None:
+    m = _Attn()
+    q = torch.ones(1, 2, 4, 8)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        m(q)
+    with pytest.warns(torchdoctor.PlacementWarning, match=r"scaled_dot_product_attention.*aligned for this call"), \
+            torchdoctor.guard(m, mode="warn"):
+        out = m(q)
+    assert out.shape == (1, 2, 4, 8)

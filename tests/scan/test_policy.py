@@ -247,7 +247,7 @@ _AGREE = [pytest.param(n, torch.bfloat16, id=f"{n}-bf16") for n in zoo.NAMES] + 
 @pytest.mark.parametrize(("name", "dtype"), _AGREE)
 def test_scan_plan_guard_and_simulate_agree(name: str, dtype: torch.dtype) -> None:
     from torchdoctor._move.plan import plan
-    from torchdoctor._scan.policy import Expectations
+    from torchdoctor._scan.expect import Expectations
 
     b = zoo.build(name, dtype)
     w = walk(b.obj)

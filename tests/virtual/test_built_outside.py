@@ -125,3 +125,27 @@ def test_compiler_stance_is_restored_when_runs_in_threads_end_out_of_order() -> 
         t.join(120)
     assert stances == ["force_eager"]  # still eager for the run that goes on
     assert torch._dynamo.eval_frame._stance.stance == "default"  # the last run to end restored it
+
+
+def test_dynamo_first_imported_during_a_run_leaves_the_process_working() -> None:
+    """accelerate's hooks and ``torch.arange(..., device=x.device)`` import ``torch._dynamo`` lazily: when that
+    first happens inside a run, dynamo checks the signatures of the functions it replaces in graphs, including
+    the one the run patches; a mismatch left dynamo half-imported and every later ``torch.compile`` broken."""
+    out = _run("""
+        import sys, torch, torchdoctor
+        from torch import nn
+        assert "torch._dynamo" not in sys.modules
+        m = nn.Linear(4, 4)
+        def call(model):
+            import torch._dynamo  # first import, inside the run
+            x = torch.randn(2, 4, device="cuda:1")
+            model.to("cuda:1")
+            return model(x)
+        print(torchdoctor.simulate(m, device="cuda:1", call=call).ok)
+        f = torch.compile(lambda x: x * 2, backend="eager")
+        print(f(torch.ones(2)).tolist())
+        print(torch._has_compatible_shallow_copy_type.__qualname__)  # torch's own again
+    """)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "[2.0,", "2.0]",
+                                  "_VariableFunctionsClass._has_compatible_shallow_copy_type"], out.stdout + out.stderr[-2000:]

@@ -1,5 +1,6 @@
 """strict / fix / warn per op: a dispatch mode that checks every aten op against the rules, and a function mode
-for convolutions, whose C++ composite compares input and bias dtypes before any aten op is dispatched."""
+for the composites whose C++ code compares dtypes before any aten op is dispatched (convolution: input and bias;
+scaled_dot_product_attention: query, key and value), so the dispatch mode never sees the call."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torchdoctor._rules import registry as _rules
 
 _find = _rules.find
+_quiet = _rules.quiet
+_NO_KWARGS: Mapping[str, Any] = {}  # never written: on_problem copies before it aligns
 
 Session = Any  # the guard session that owns these modes (torchdoctor._guard.session; it imports this module)
 
@@ -29,10 +32,14 @@ _CONV = torch.ops.aten.convolution.default
 
 _CONV_FUNCS = frozenset({torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_transpose1d, torch.conv_transpose2d,
                          torch.conv_transpose3d})
+_SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_SDPA_FUNC = torch._C._nn.scaled_dot_product_attention
+_SDPA_NAMES = ("query", "key", "value", "attn_mask")
 
 
-class ConvCheck(TorchFunctionMode):
-    """Active only during the forward of a conv module whose bias disagrees with its input (see ``_conv_pre``)."""
+class CompositeCheck(TorchFunctionMode):
+    """fix / warn: the whole guarded run, so that a dtype mix a composite would refuse is aligned first. strict
+    needs none: the composite's own error is explained like any other (conv biases are checked at module entry)."""
 
     def __init__(self, session: Session) -> None:
         super().__init__()
@@ -44,9 +51,18 @@ class ConvCheck(TorchFunctionMode):
         if func in _CONV_FUNCS and len(args) >= 2:
             args = (*args[:2], kwargs.get("bias") if len(args) < 3 else args[2], *args[3:])
             kwargs = {k: v for k, v in kwargs.items() if k != "bias"}
-            found = _rules.find(_CONV, args[:3], {}, self.session.g.profile)
+            if isinstance(args[2], torch.Tensor) and not _simulating():
+                found = _rules.find(_CONV, args[:3], {}, self.session.g.profile)
+                if found:
+                    return self.session.on_problem(func, args, kwargs, found, schema_op=_CONV)
+        elif func is _SDPA_FUNC and not _simulating():
+            # query, key, value and the mask positional (the schema's order), the rest as given
+            n = len(args)
+            head = [args[i] if i < n else kwargs.get(name) for i, name in enumerate(_SDPA_NAMES)]
+            args, kwargs = (*head, *args[4:]), {k: v for k, v in kwargs.items() if k not in _SDPA_NAMES}
+            found = _rules.find(_SDPA, args[:4], {}, self.session.g.profile)
             if found:
-                return self.session.on_problem(func, args, kwargs, found, schema_op=_CONV)
+                return self.session.on_problem(func, args, kwargs, found, schema_op=_SDPA)
         return func(*args, **kwargs)
 
 
@@ -57,13 +73,15 @@ class CheckMode(TorchDispatchMode):
         super().__init__()
         self.session = session
         self.profile = session.g.profile
+        self.quick = self.profile is None  # the schema-based fast path knows no profile limits
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: Mapping[str, Any] | None = None) -> Any:
         if kwargs is None:
-            kwargs = {}
-        sim = _modules.get("torchdoctor._virtual.tensor")
-        if sim is not None and sim.current_space() is not None:  # a simulation checks its own ops with these rules
+            kwargs = _NO_KWARGS
+        if self.quick and _quiet(func, args, kwargs):  # most ops: one device, nothing to judge
+            return func(*args, **kwargs)
+        if _simulating():  # a simulation checks its own ops with these rules
             return func(*args, **kwargs)
         found = _find(func, args, kwargs, self.profile)
         if found:

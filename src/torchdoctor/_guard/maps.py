@@ -47,7 +47,7 @@ class Maps:
                 continue
         self.dtype = max(dtype_bytes, key=dtype_bytes.__getitem__) if dtype_bytes else None
         self.device = max(device_bytes, key=device_bytes.__getitem__) if device_bytes else None
-        from torchdoctor._scan.policy import Expectations
+        from torchdoctor._scan.expect import Expectations
 
         self.expect = Expectations(w)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +25,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torchdoctor._rules import registry as _rules
 from torchdoctor._report.model import PlacementError, PlacementWarning, Problem
 from torchdoctor._placement import device_str, dtype_str
-from torchdoctor._guard.dispatch import _CONV, CheckMode, ConvCheck, _simulating
+from torchdoctor._guard.dispatch import _CONV, CheckMode, CompositeCheck, _simulating
 from torchdoctor._guard.maps import Maps, fix_code, module_label
 from torchdoctor._report.text import format_error, user_stacklevel
 from torchdoctor._tracker import ModuleStack
@@ -48,6 +48,12 @@ def _tensors_of(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def _module_kind(tp: type, strict: bool) -> int:
+    """What strict / fix / warn do when a module of this type starts: 1 warn (a compiled module: its ops are not
+    checked), 2 check a convolution's bias (strict; fix and warn align it in ``CompositeCheck``), 0 nothing."""
+    return 1 if tp.__name__ == "OptimizedModule" else 2 if strict and issubclass(tp, _ConvNd) else 0
+
+
 def _alive(handle: Any) -> bool:
     """Does a tensor-hook handle still point at a live tensor or graph node? (it holds its dict weakly)"""
     try:
@@ -67,29 +73,33 @@ class Session:
         self.handles: list[Any] = []
         self.grad_handles: list[Any] = []
         self.dispatch: CheckMode | None = None
-        self.conv_modes: list[tuple[nn.Module, ConvCheck]] = []
+        self.composite: CompositeCheck | None = None
         self.maps: dict[int, Maps] = {}
 
     # -- lifetime -------------------------------------------------------------------------------------------
     def start(self) -> None:
         try:
-            self.handles.append(register_module_forward_pre_hook(self._pre_explain if self.mode == "explain"
-                                                                 else self._pre))
-            self.handles.append(register_module_forward_hook(self._post))
+            pre, post = self._hooks()
+            self.handles.append(register_module_forward_pre_hook(pre))
+            self.handles.append(register_module_forward_hook(post))
             if self.mode != "explain":
                 if torch.compiler.is_compiling():
                     self.g._warn_compiled()
                 self.dispatch = CheckMode(self)
                 self.dispatch.__enter__()
+                if self.mode != "strict":
+                    self.composite = CompositeCheck(self)
+                    self.composite.__enter__()
         except BaseException:
             self.stop()
             raise
 
     def stop(self) -> None:
         mode, self.dispatch = self.dispatch, None
+        composite, self.composite = self.composite, None
         try:
-            while self.conv_modes:  # left by a conv forward that raised
-                self.conv_modes.pop()[1].__exit__(None, None, None)
+            if composite is not None:
+                composite.__exit__(None, None, None)
             if mode is not None:
                 mode.__exit__(None, None, None)
         finally:
@@ -107,33 +117,50 @@ class Session:
         if len(self.grad_handles) > 1024:
             self.grad_handles = [h for h in self.grad_handles if _alive(h)]
 
-    def _pre_explain(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
-        """``_pre`` without the strict / fix / warn work: the only per-call cost of ``explain``."""
-        if _get_ident() != self.tid:
-            return
-        if self.frames.push(mod, args):
-            self._new_forward()
-        if _grad_enabled():
-            self._track([t for a in args for t in _tensors_of(a)], self._bw_leave, mod)
+    def _hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
+        """The global forward pre and post hooks. They run on every module call in every thread (in ``explain``
+        mode the only per-call cost): closures over this session's lists, so a call does the thread check, the
+        stack push or pop and the grad check, and looks nothing else up. ``strict`` / ``fix`` / ``warn`` add a
+        per-module-type lookup: compiled modules warn, convolutions check their bias."""
+        tid, frames, strict = self.tid, self.frames, self.mode == "strict"
+        stack, inputs, ran, push, pop = frames.stack, frames.inputs, frames.ran, frames.push, frames.pop
+        kinds: dict[type, int] | None = None if self.mode == "explain" else {}
+        get_ident, grad_enabled, track = _get_ident, _grad_enabled, self._track
+        bw_enter, bw_leave = self._bw_enter, self._bw_leave
 
-    def _pre(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
-        """``_pre_explain`` plus the strict / fix / warn work around it."""
-        if _get_ident() != self.tid:
-            return
-        if self.mode != "explain" and type(mod).__name__ == "OptimizedModule":
-            self.g._warn_compiled()
-        self._pre_explain(mod, args)
-        if self.mode != "explain" and isinstance(mod, _ConvNd) and args and not _simulating():
-            self._conv_pre(mod, args[0])
+        def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
+            if get_ident() != tid:
+                return
+            kind = 0
+            if kinds is not None:
+                kind = kinds.get(type(mod), -1)
+                if kind < 0:
+                    kind = kinds[type(mod)] = _module_kind(type(mod), strict)
+                if kind == 1:
+                    self.g._warn_compiled()
+            if stack:
+                stack.append(mod)
+                inputs.append(args)
+                ran.append(mod)
+            elif push(mod, args):
+                self._new_forward()
+            if grad_enabled():
+                track([t for a in args for t in _tensors_of(a)], bw_leave, mod)
+            if kind == 2 and args and not _simulating():
+                self._conv_pre(mod, args[0])
 
-    def _post(self, mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
-        if _get_ident() != self.tid:
-            return
-        if self.conv_modes and self.conv_modes[-1][0] is mod:
-            self.conv_modes.pop()[1].__exit__(None, None, None)
-        self.frames.pop(mod)
-        if _grad_enabled():
-            self._track(_tensors_of(out), self._bw_enter, mod)
+        def post(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+            if get_ident() != tid:
+                return
+            if stack and stack[-1] is mod:
+                stack.pop()
+                inputs.pop()
+            else:
+                pop(mod)
+            if grad_enabled():
+                track(_tensors_of(out), bw_enter, mod)
+
+        return pre, post
 
     def _track(self, tensors: list[torch.Tensor], fn: Any, mod: nn.Module) -> None:
         """Backward tracking: ``fn(mod)`` when the first grad of ``tensors`` arrives in a backward. Plain tensor
@@ -157,19 +184,14 @@ class Session:
                 log.debug("backward tracking skipped for %s", type(mod).__name__, exc_info=True)
 
     def _conv_pre(self, mod: nn.Module, x: Any) -> None:
-        """``conv2d`` checks the bias dtype before any aten op is dispatched, so the dispatch mode never sees
-        it: look here, and for fix / warn align it one level up, in a function mode scoped to this forward."""
+        """strict: ``conv2d`` checks the bias dtype before any aten op is dispatched, so the dispatch mode never
+        sees it: look here (fix / warn align it in ``CompositeCheck``)."""
         bias = mod.bias
         if not isinstance(x, _Tensor) or not isinstance(bias, _Tensor) or bias.dtype == x.dtype:
             return
-        if self.mode == "strict":
-            found = _rules.find(_CONV, (x, mod.weight, bias), {}, self.g.profile)
-            if found:
-                self.on_problem(_CONV, (x, mod.weight, bias), {}, found)
-            return
-        check = ConvCheck(self)
-        check.__enter__()
-        self.conv_modes.append((mod, check))
+        found = _rules.find(_CONV, (x, mod.weight, bias), {}, self.g.profile)
+        if found:
+            self.on_problem(_CONV, (x, mod.weight, bias), {}, found)
 
     def _bw_enter(self, mod: nn.Module) -> None:
         self.frames.enter_backward(mod)

@@ -34,7 +34,8 @@ from typing import Any, NamedTuple
 import torch
 
 from torchdoctor._move import owners as q
-from torchdoctor._scan.policy import adapters_kept_fp32, fp32_scopes, target_dtype
+from torchdoctor._scan.expect import adapters_kept_fp32
+from torchdoctor._scan.policy import fp32_scopes, target_dtype
 from torchdoctor._report.model import PlacementError, Target
 from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype, same_device
 from torchdoctor._report.html import HtmlMapMixin

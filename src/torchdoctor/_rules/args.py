@@ -4,6 +4,7 @@ fast checks that run on every aten op before any rule looks (one device, one dty
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,7 +41,82 @@ class OpArgs:
         holder[pos] = value
 
 
+@dataclass
+class _Call(OpArgs):
+    """One op call, tensors gathered once (slow path only)."""
+
+    op: Any
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any]
+    tensors: list[tuple[Key, torch.Tensor]]
+    names: tuple[str, ...]
+
+    def name_of(self, key: Key) -> str:
+        pos = key[0]
+        if isinstance(pos, str):
+            return pos
+        return self.names[pos] if pos < len(self.names) else f"arg{pos}"
+
+    def label(self, key: Key) -> str:
+        pos, j = key
+        item = f"[{j}]" if j >= 0 else ""
+        if isinstance(pos, str):
+            return f"kwarg {pos}{item}"
+        return f"arg {pos} ({self.name_of(key)}{item})"
+
+    def get(self, pos: Any) -> Any:
+        if isinstance(pos, str):
+            return self.kwargs.get(pos)
+        if pos < len(self.args):
+            return self.args[pos]
+        name = self.names[pos] if pos < len(self.names) else None
+        return self.kwargs.get(name) if name else None
+
+    def tensor(self, pos: Any) -> torch.Tensor | None:
+        v = self.get(pos)
+        return v if isinstance(v, _Tensor) else None
+
+    def key_of(self, pos: int) -> Key:
+        return (pos, -1) if pos < len(self.args) else (self.names[pos], -1)
+
+
+_NAMES: dict[Any, tuple[str, ...]] = {}
+
+
+def _arg_names(op: Any) -> tuple[str, ...]:
+    names = _NAMES.get(op)
+    if names is None:
+        schema = getattr(op, "_schema", None)
+        names = _NAMES[op] = tuple(a.name for a in schema.arguments) if schema is not None else ()
+    return names
+
+
 _FLOAT8 = FLOAT8_DTYPES
+
+
+def _gather(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[tuple[Key, torch.Tensor]]:
+    out: list[tuple[Key, torch.Tensor]] = []
+    for i, a in enumerate(args):
+        if isinstance(a, _Tensor):
+            out.append(((i, -1), a))
+        elif type(a) is list or type(a) is tuple:
+            out.extend(((i, j), b) for j, b in enumerate(a) if isinstance(b, _Tensor))
+    for k, a in kwargs.items():
+        if isinstance(a, _Tensor):
+            out.append(((k, -1), a))
+        elif type(a) is list or type(a) is tuple:
+            out.extend(((k, j), b) for j, b in enumerate(a) if isinstance(b, _Tensor))
+    return out
+
+
+def _inert(kwargs: Mapping[str, Any]) -> bool:
+    """Keyword arguments no rule looks at: no tensors, no ``device``/``dtype`` (``alpha=1``, ``dim=-1``)."""
+    if "device" in kwargs or "dtype" in kwargs:
+        return False
+    for v in kwargs.values():
+        if isinstance(v, _Tensor) or ((type(v) is list or type(v) is tuple) and any(isinstance(x, _Tensor) for x in v)):
+            return False
+    return True
 
 
 _CASTS = frozenset({"aten::_to_copy", "aten::copy_", "aten::to", "aten::_copy_from", "aten::_copy_from_and_resize",
@@ -87,3 +163,61 @@ def _uniform(seq: Any, state: list[Any]) -> bool:
             if not _uniform(a, state):
                 return False
     return True
+
+
+# schema types that never hold a tensor when a dispatch mode sees the call (ScalarType, Layout and MemoryFormat
+# print as int; a Scalar arrives as a Python number)
+_NO_TENSOR = frozenset({"int", "float", "bool", "str", "complex", "number", "Device", "Generator", "Storage",
+                        "AnyEnumType", "SymInt", "SymFloat", "SymBool", "Layout", "ScalarType", "MemoryFormat"})
+
+
+def tensor_kind(schema_type: Any) -> int:
+    """What an argument of this schema type may hold: 0 no tensor, 1 one tensor, 2 a list of tensors, -1 unknown
+    (``Dict``, ``List[t]``, script classes: no fast path for the op)."""
+    s = str(schema_type)
+    if s.startswith("Optional["):
+        s = s[9:-1]
+    if s in _NO_TENSOR:
+        return 0
+    if s == "Tensor":
+        return 1
+    if s.startswith("List["):
+        s = s[5:-1]
+        if s.startswith("Optional["):
+            s = s[9:-1]
+        return 0 if s in _NO_TENSOR else 2 if s == "Tensor" else -1
+    return -1
+
+
+def dispatch_slots(op: Any) -> tuple[tuple[int, ...], tuple[int, ...], bool, bool] | None:
+    """Where the tensors of ``op`` can be as a dispatch mode receives it (positional arguments in ``args``, the
+    keyword-only ones in ``kwargs``): (positions of single tensors, positions of tensor lists, every positional
+    argument may be a tensor, a keyword-only argument may be a tensor or name a ``device``/``dtype``). None:
+    the schema is unknown. One possible tensor and no list: positions are () (nothing to compare)."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return None
+    pos: list[int] = []
+    lists: list[int] = []
+    n_pos = 0
+    kw = False
+    for i, a in enumerate(schema.arguments):
+        kind = tensor_kind(a.type)
+        if kind < 0:
+            return None
+        if a.kwarg_only:
+            kw = kw or kind > 0 or a.name in ("device", "dtype")
+            continue
+        n_pos += 1
+        if kind == 1:
+            pos.append(i)
+        elif kind == 2:
+            lists.append(i)
+    if not lists and len(pos) <= 1:
+        return (), (), False, kw
+    return tuple(pos), tuple(lists), not lists and len(pos) == n_pos, kw
+
+
+# a plain tensor carries a simulation's device label (``_td_device`` in its ``__dict__``) only in a process where
+# the virtual runtime, which puts it there, is loaded
+LABELLER = "torchdoctor._virtual"

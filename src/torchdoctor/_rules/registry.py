@@ -23,21 +23,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from sys import modules as _modules
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchdoctor import _placement
 from torchdoctor._report.model import Problem
-from torchdoctor._rules.args import _CASTS, _FLOAT8, Key, OpArgs, _plain_agree, _uniform
+from torchdoctor._rules.args import (_CASTS, _FLOAT8, LABELLER, Key, _arg_names, _Call, _gather, _inert,
+                                     _plain_agree, _uniform, dispatch_slots)
 from torchdoctor._placement import compact, device_str, dtype_str
+from torchdoctor._rules.args import OpArgs as OpArgs  # guard's fixer reads it here
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._rules.profile import DeviceProfile
 
-__all__ = ["RULES", "Finding", "Rule", "Rules", "check", "check_all", "describe_args", "find", "rule", "tensor_device"]
+__all__ = ["RULES", "Finding", "Rule", "Rules", "check", "check_all", "describe_args", "find", "quiet", "rule",
+           "tensor_device"]
 
 _Tensor = torch.Tensor
+_T, _P = torch.Tensor, torch.nn.Parameter
 
 
 # one device vocabulary: every rule reads devices through torchdoctor._placement
@@ -75,45 +80,6 @@ class Rule:
 Check = Callable[["_Call"], "list[Finding]"]
 
 
-@dataclass
-class _Call(OpArgs):
-    """One op call, tensors gathered once (slow path only)."""
-
-    op: Any
-    args: Sequence[Any]
-    kwargs: Mapping[str, Any]
-    tensors: list[tuple[Key, torch.Tensor]]
-    names: tuple[str, ...]
-
-    def name_of(self, key: Key) -> str:
-        pos = key[0]
-        if isinstance(pos, str):
-            return pos
-        return self.names[pos] if pos < len(self.names) else f"arg{pos}"
-
-    def label(self, key: Key) -> str:
-        pos, j = key
-        item = f"[{j}]" if j >= 0 else ""
-        if isinstance(pos, str):
-            return f"kwarg {pos}{item}"
-        return f"arg {pos} ({self.name_of(key)}{item})"
-
-    def get(self, pos: Any) -> Any:
-        if isinstance(pos, str):
-            return self.kwargs.get(pos)
-        if pos < len(self.args):
-            return self.args[pos]
-        name = self.names[pos] if pos < len(self.names) else None
-        return self.kwargs.get(name) if name else None
-
-    def tensor(self, pos: Any) -> torch.Tensor | None:
-        v = self.get(pos)
-        return v if isinstance(v, _Tensor) else None
-
-    def key_of(self, pos: int) -> Key:
-        return (pos, -1) if pos < len(self.args) else (self.names[pos], -1)
-
-
 class Rules:
     """The registry: family name -> ``Rule``; op name (``aten::mm``) -> family. Lookups cached per OpOverload."""
 
@@ -132,6 +98,7 @@ class Rules:
         for name in r.ops:
             self.by_name[name] = r.family
         _FAST.clear()  # the per-op fast-path facts are read from the rules
+        _SLOTS.clear()
 
     def merged(self, overrides: Mapping[str, str | Rule]) -> Rules:
         """A copy where each ``op name -> family name`` (or ``-> Rule``) override applies; the global table stays."""
@@ -191,21 +158,6 @@ def rule(family: str, ops: Sequence[str] = (), *, device: str = "same", support:
 # --- calls ---------------------------------------------------------------------------------------------------
 
 
-def _gather(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[tuple[Key, torch.Tensor]]:
-    out: list[tuple[Key, torch.Tensor]] = []
-    for i, a in enumerate(args):
-        if isinstance(a, _Tensor):
-            out.append(((i, -1), a))
-        elif type(a) is list or type(a) is tuple:
-            out.extend(((i, j), b) for j, b in enumerate(a) if isinstance(b, _Tensor))
-    for k, a in kwargs.items():
-        if isinstance(a, _Tensor):
-            out.append(((k, -1), a))
-        elif type(a) is list or type(a) is tuple:
-            out.extend(((k, j), b) for j, b in enumerate(a) if isinstance(b, _Tensor))
-    return out
-
-
 def label(op: Any, key: Key) -> str:
     """How messages name one argument of ``op``: ``arg 1 (mat2)``, ``arg 1 (indices[0])``, ``kwarg attn_mask``."""
     return _Call(op, (), {}, [], _arg_names(op)).label(key)
@@ -259,17 +211,6 @@ def _unsupported(c: _Call, k: Key, dt: torch.dtype, family: str, profile: Device
 # --- entry points --------------------------------------------------------------------------------------------
 
 
-_NAMES: dict[Any, tuple[str, ...]] = {}
-
-
-def _arg_names(op: Any) -> tuple[str, ...]:
-    names = _NAMES.get(op)
-    if names is None:
-        schema = getattr(op, "_schema", None)
-        names = _NAMES[op] = tuple(a.name for a in schema.arguments) if schema is not None else ()
-    return names
-
-
 _NO_KWARGS: Mapping[str, Any] = {}
 # float8 storage never takes part in type promotion ("Promotion for Float8 Types is not supported"): an op that
 # mixes it with another floating dtype fails on every device, whatever its family's rule says
@@ -313,16 +254,56 @@ def find(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
 
 
 _FAST: dict[Any, tuple[bool, bool]] = {}  # op -> (may take the fastest path, any dtype mix allowed)
+_SLOTS: dict[int, tuple[Any, ...]] = {}  # id(op) -> (op, how to look, positions, lists, any dtype, kwargs to look at)
 
 
-def _inert(kwargs: Mapping[str, Any]) -> bool:
-    """Keyword arguments no rule looks at: no tensors, no ``device``/``dtype`` (``alpha=1``, ``dim=-1``)."""
-    if "device" in kwargs or "dtype" in kwargs:
+def quiet(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """True when ``find(op, args, kwargs)`` (global rules, no profile) surely finds nothing, for a call as a
+    dispatch mode receives it (keyword-only arguments in ``kwargs``, the rest in ``args``): the op's schema says
+    where tensors can be, so shape lists and scalars are skipped and a one-tensor op is quiet at once. False
+    means "ask ``find``", never "a problem". Runs per aten op: keyed by id (an OpOverload hashes in Python)."""
+    f = _SLOTS.get(id(op))
+    if f is None or f[0] is not op:
+        f = _SLOTS[id(op)] = (op, *_slots_of(op))
+    _, how, pos, lists, any_dtype, kw = f
+    if how == 0:
         return False
-    for v in kwargs.values():
-        if isinstance(v, _Tensor) or ((type(v) is list or type(v) is tuple) and any(isinstance(x, _Tensor) for x in v)):
+    if kw and kwargs and not _inert(kwargs):
+        return False
+    if how == 1:  # at most one tensor: nothing to disagree with
+        return True
+    if how == 2:  # every positional argument may be a tensor
+        seq = args
+    else:
+        n = len(args)
+        seq = [args[i] for i in pos if i < n]
+        for i in lists:
+            if i < n and args[i] is not None:
+                seq.extend(args[i])
+    labels = LABELLER in _modules
+    dev = dt = None
+    for a in seq:
+        tp = type(a)
+        if tp is _T or tp is _P:
+            if labels and "_td_device" in a.__dict__:  # relabelled by a simulation: the rules read the label
+                return False
+            if dev is None:
+                dev, dt = a.device, a.dtype
+            elif a.device != dev or (a.dtype is not dt and (not any_dtype or a.dtype in _FLOAT8 or dt in _FLOAT8)):
+                return False
+        elif isinstance(a, _Tensor):  # subclasses, virtual tensors: the rules decide
             return False
     return True
+
+
+def _slots_of(op: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], bool, bool]:
+    r = RULES._by_op.get(op) or RULES.for_op(op)
+    slots = None if r.uniform_too else dispatch_slots(op)
+    if slots is None:
+        return 0, (), (), False, False
+    pos, lists, whole, kw = slots
+    how = 1 if not pos and not lists else 2 if whole else 3
+    return how, pos, lists, r.dtype is None, kw
 
 
 def _float8_mixed(c: _Call) -> list[Finding]:

@@ -162,10 +162,18 @@ def kbit_model(modules: list[tuple[str, nn.Module]]) -> bool:
         tp = type(m)
         hit = cache.get(tp)
         if hit is None:
-            hit = cache[tp] = (tp.__module__ or "").startswith("bitsandbytes")
+            hit = bnb_type(tp)
         if hit:
             return True
     return False
+
+
+def bnb_type(tp: type) -> bool:
+    """A bitsandbytes module class (cached per class)."""
+    hit = _BNB.get(tp)
+    if hit is None:
+        hit = _BNB[tp] = (tp.__module__ or "").startswith("bitsandbytes")
+    return hit
 
 
 def self_managed(module: nn.Module, name: str) -> bool:

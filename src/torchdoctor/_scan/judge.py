@@ -27,25 +27,36 @@ def judge(policy: Policy) -> list[Problem]:
     problems: list[Problem] = []
     fixed_dev, adapters, const, cache, ctx = policy.device, policy.adapter_of, policy._const_ctx, \
         policy._ctx_cache, policy.ctx
+    offloaded, strict = policy.offloaded, policy.strict
     meta_ok = fixed_dev is not None and fixed_dev.type == "meta"
+    meta_judged = not meta_ok and not offloaded
+    texts: dict[tuple[Any, ...], tuple[str, str, tuple[str, ...]]] = {}  # meta problems: shapes repeat across layers
     for e, info in policy.canon:
-        if info.device == _META and not meta_ok and info.role != "offloaded" and not policy.offloaded \
-                and (e.module is not None or policy.strict):
+        module = e.module
+        if meta_judged and info.device == _META and info.role != "offloaded" and (module is not None or strict):
             where = fixed_dev
-            if where is None and e.module is not None:
+            if where is None and module is not None:
                 comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
                 where = hook_dev or (comp.device if comp else None)
-            problems.append(_meta_problem(e, where, info.compact))  # no data: a problem whatever else is expected
+            key = (info.dtype, info.shape, where)
+            hit = texts.get(key)
+            if hit is None:
+                text = info.compact
+                where_text = device_str(where) if where is not None else "a real device"
+                hit = texts[key] = (where_text, _meta_message(text, where_text), (text,))
+            # no data: a problem whatever else is expected
+            problems.append(Problem("meta", e.path, e.role, "meta", hit[0], hit[1], None, e.module_path,
+                                    type(module).__name__ if module is not None else None, hit[2]))
             continue
-        if e.module is not None and info.role != "offloaded" and info.role not in _ATTR_ROLES:
+        if module is not None and info.role != "offloaded" and info.role not in _ATTR_ROLES:
             comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
             exp = fixed_dev or hook_dev or (comp.device if comp else None)
             dt = info.dtype
             # fast path: where it should be, and in the component dtype (or not judged for dtype)
             if comp is not None and info.device == exp and (dt == comp.dtype or not dt.is_floating_point) \
-                    and not (adapters and info.path in adapters) and not policy.offloaded:
+                    and not (adapters and info.path in adapters) and not offloaded:
                 continue
-        elif e.module is None and not policy.strict:
+        elif module is None and not strict:
             continue  # a tensor of a plain object (a scheduler's): no expectation unless strict
         p = _judge_entry(policy, e)
         if p is not None:
@@ -93,10 +104,13 @@ def _judge_entry(policy: Policy, e: Entry) -> Problem | None:
 def _meta_problem(e: Entry, expected: torch.device | None, text: str | None = None) -> Problem:
     where = device_str(expected) if expected is not None else "a real device"
     text = text or e.info().compact
-    return Problem("meta", e.path, e.role, "meta", where,
-                   f"{text} holds no data (meta) but should be on {where}; a forward on CPU may silently return "
-                   "garbage. Load or materialise it (load_state_dict(..., assign=True) or to_empty() then load).",
-                   None, e.module_path, type(e.module).__name__ if e.module is not None else None, (text,))
+    return Problem("meta", e.path, e.role, "meta", where, _meta_message(text, where), None, e.module_path,
+                   type(e.module).__name__ if e.module is not None else None, (text,))
+
+
+def _meta_message(text: str, where: str) -> str:
+    return (f"{text} holds no data (meta) but should be on {where}; a forward on CPU may silently return "
+            "garbage. Load or materialise it (load_state_dict(..., assign=True) or to_empty() then load).")
 
 
 def _device_problem(e: Entry, exp: torch.device, d: Decision) -> Problem:

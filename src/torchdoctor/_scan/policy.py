@@ -23,7 +23,7 @@ from torch import nn
 from torchdoctor._placement import device_str, dtype_str, same_device
 from torchdoctor._scan import intent
 from torchdoctor._scan.casts import fp32_scopes, kept_fp32, target_dtype
-from torchdoctor._scan.intent import STORAGE_DTYPES, judged_float, packed_scale
+from torchdoctor._scan.intent import STORAGE_DTYPES, packed_scale
 from torchdoctor._scan.judge import judge
 from torchdoctor._walk import Entry, Walk
 
@@ -34,6 +34,9 @@ _META = torch.device("meta")
 _F32 = torch.float32
 _OWN_ROLES = frozenset({"parameter", "buffer", "quant_state"})
 _ATTR_ROLES = frozenset({"attribute", "container"})
+_VOTABLE: dict[torch.dtype, bool] = {}  # dtype -> floating and not packed storage (dtypes are few)
+_SCALE_KEYS: dict[str, bool] = {}  # tensor name -> has "scale" in it (names repeat across layers)
+_PLAIN_TYPES: set[type] = set()  # module classes without fp32-kept names that are neither peft nor bitsandbytes
 
 
 @dataclass(frozen=True)
@@ -66,17 +69,6 @@ class Component:
     offload: torch.device | None = None  # execution device of an accelerate offload hook on the whole component
 
 
-def _vote(table: dict[Any, list[Any]], value: Any, layer: int | None, nbytes: int) -> None:
-    """One tensor's vote for ``value``: its layer (once per layer), one tensor, its bytes."""
-    v = table.get(value)
-    if v is None:
-        v = table[value] = [set(), 0, 0]
-    if layer is not None:
-        v[0].add(layer)
-    v[1] += 1
-    v[2] += nbytes
-
-
 def _under(path: str, prefix: str) -> bool:
     return not prefix or path == prefix or path.startswith(prefix + ".")
 
@@ -103,7 +95,19 @@ class Policy:
     def _index_modules(self) -> None:
         facts, w = intent._TYPE_FACTS, self.w
         bnb, kbit = intent._BNB, False
-        for path, mod in w.modules:
+        # a model has a few dozen classes: the per-module loop runs only when one of them keeps fp32 names, is a
+        # peft layer or a bitsandbytes layer
+        types = {type(mod) for _, mod in w.modules}
+        plain = types <= _PLAIN_TYPES
+        if not plain:
+            if len(_PLAIN_TYPES) > 4096:  # fx GraphModules make a class per instance
+                _PLAIN_TYPES.clear()
+            for tp in types - _PLAIN_TYPES:
+                kept, is_peft = facts.get(tp) or intent.type_facts(tp)
+                if not kept and not is_peft and not intent.bnb_type(tp):
+                    _PLAIN_TYPES.add(tp)
+            plain = types <= _PLAIN_TYPES
+        for path, mod in w.modules if not plain else ():
             tp = type(mod)
             kept, is_peft = facts.get(tp) or intent.type_facts(tp)
             if kept:
@@ -153,12 +157,18 @@ class Policy:
         devs: list[dict[torch.device, list[Any]]] = [{} for _ in comps]  # -> [layers, tensors, bytes]
         dts: list[dict[torch.dtype, list[Any]]] = [{} for _ in comps]
         index = {id(c): i for i, c in enumerate(comps)}
-        adapters, nonpersistent, storage, norms = self.adapter_of, self.nonpersistent, STORAGE_DTYPES, intent._IS_NORM
+        adapters, nonpersistent, norms, votable = self.adapter_of, self.nonpersistent, intent._IS_NORM, _VOTABLE
         const, cache, ctx, prefixes, kbit = self._const_ctx, self._ctx_cache, self.ctx, self.fp32_prefixes, self.kbit
+        scaled = _SCALE_KEYS
         for e, info in self.canon:
+            role = info.role
+            if role != "parameter" and role != "buffer":
+                continue
             dt = info.dtype
-            if (info.role != "parameter" and info.role != "buffer") or not dt.is_floating_point or dt in storage \
-                    or not info.moved_by_module_to or (adapters and info.path in adapters):
+            ok = votable.get(dt)
+            if ok is None:
+                ok = votable[dt] = dt.is_floating_point and dt not in STORAGE_DTYPES
+            if not ok or not info.moved_by_module_to or (adapters and info.path in adapters):
                 continue
             comp, kept, _ = const or cache.get(e.module_path) or ctx(e.module_path)
             if comp is None or kept or (dt == _F32 and prefixes and self._fp32_kept(e)):
@@ -166,19 +176,40 @@ class Policy:
             i = index[id(comp)]
             # one vote per layer (module) holding compute weights (>= 2 dims), then tensors, then bytes: a single
             # large tensor (an upcast tied embedding) cannot swing a component; vectors decide only where no layer does
-            layer = id(e.module) if len(info.shape) >= 2 and info.role == "parameter" else None
-            dev = info.device
-            if dev != _META:
-                _vote(devs[i], dev, layer, info.nbytes)
-            key = e.key
-            if nonpersistent and info.path in nonpersistent or (type(key) is str and "scale" in key.lower()
-                                                                and packed_scale(e)) or (kbit and intent.follows_input(e)):
+            layer = id(e.module) if len(info.shape) >= 2 and role == "parameter" else None
+            dev, nbytes = info.device, info.nbytes
+            if dev != _META:  # votes inlined: once or twice per tensor
+                table = devs[i]
+                v = table.get(dev)
+                if v is None:
+                    v = table[dev] = [set(), 0, 0]
+                if layer is not None:
+                    v[0].add(layer)
+                v[1] += 1
+                v[2] += nbytes
+            if nonpersistent and info.path in nonpersistent or (kbit and intent.follows_input(e)):
                 continue
+            key = e.key
+            if type(key) is str:
+                scale = scaled.get(key)
+                if scale is None:
+                    if len(scaled) > 4096:
+                        scaled.clear()
+                    scale = scaled[key] = "scale" in key.lower()
+                if scale and packed_scale(e):
+                    continue
             if dt == _F32:
                 norm = norms.get(type(e.module))
                 if norm or (norm is None and intent.is_norm(e.module)):
                     continue
-            _vote(dts[i], dt, layer, info.nbytes)
+            dtable = dts[i]
+            v = dtable.get(dt)
+            if v is None:
+                v = dtable[dt] = [set(), 0, 0]
+            if layer is not None:
+                v[0].add(layer)
+            v[1] += 1
+            v[2] += nbytes
         for i, c in enumerate(comps):
             c.offload = next((d for p, d in self.offloaded if _under(c.path, p)), None)
             if self.device is not None:
@@ -332,42 +363,6 @@ def adapter_majority(floats: list[Entry]) -> torch.dtype:
         counts[e.tensor.dtype] = counts.get(e.tensor.dtype, 0) + 1
     a_dtype = next((e.tensor.dtype for e in floats if ".lora_A." in f".{e.path}."), None)
     return max(counts, key=lambda d: (counts[d], d == a_dtype))
-
-
-class Expectations:
-    """The dtype guard aligns one op's tensors to, per module path, as the policy decides it for that module's
-    weights. Devices stay guard's own: it reads virtual devices (``simulate``) that scan does not."""
-
-    def __init__(self, w: Walk) -> None:
-        self.policy = Policy(w, None, None, False)
-        self._by_module: dict[str, torch.dtype | None] = {}
-        for e, info in self.policy.canon:
-            if info.role == "parameter" and judged_float(e.tensor) and e.module_path not in self._by_module:
-                d = self.policy.decide(e)
-                self._by_module[e.module_path] = d.dtype if d.dtype_ok(e.tensor.dtype) else d.dtype
-
-    def dtype(self, module_path: str) -> torch.dtype | None:
-        hit = self._by_module.get(module_path, False)
-        if hit is not False:
-            return hit  # type: ignore[return-value]
-        comp = self.policy.ctx(module_path)[0]
-        return comp.dtype if comp is not None else None
-
-
-
-
-def adapters_kept_fp32(w: Any) -> dict[str, bool]:
-    """Path -> True for tensors of peft adapters that are float32 throughout (kept as peft made them)."""
-    if not any(type(m).__module__.startswith("peft.") for _, m in w.modules):
-        return {}
-    policy = Policy(w, None, None, False)
-    groups: dict[tuple[str, str], list[torch.Tensor]] = {}
-    for e in w.canonical():
-        key = policy.adapter_of.get(e.path)
-        if key is not None and e.tensor.is_floating_point():
-            groups.setdefault(key, []).append(e.tensor)
-    fp32 = {k for k, ts in groups.items() if all(t.dtype == _F32 for t in ts)}
-    return {p: k in fp32 for p, k in policy.adapter_of.items()}
 
 
 def describe(d: Decision) -> dict[str, str]:

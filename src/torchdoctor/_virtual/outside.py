@@ -51,13 +51,15 @@ def _relabel(space: Space, t: torch.Tensor, v: VirtualTensor) -> None:
 _ORIG_COMPATIBLE = torch._has_compatible_shallow_copy_type
 
 
-def compatible(a: Any, b: Any) -> bool:
+def compatible(input: Any, from_: Any) -> bool:  # noqa: A002 - torch's own parameter names
     """``Module.to`` of a model built before the run: a real parameter and its virtual twin must not share one
     C++ tensor (with ``data="cpu"`` torch would call them compatible and copy the twin's storage-less impl into
-    the real ``Parameter``, which then crashes the interpreter); ``Module._apply`` makes a new ``Parameter``."""
-    if isinstance(a, VirtualTensor) is not isinstance(b, VirtualTensor):
+    the real ``Parameter``, which then crashes the interpreter); ``Module._apply`` makes a new ``Parameter``.
+    The parameter names are torch's: dynamo, when first imported during a run, checks that the function it
+    replaces in graphs has the signature of its stand-in, and a mismatch leaves it half-imported for good."""
+    if isinstance(input, VirtualTensor) is not isinstance(from_, VirtualTensor):
         return False
-    return bool(_ORIG_COMPATIBLE(a, b))
+    return bool(_ORIG_COMPATIBLE(input, from_))
 
 
 def eager(model: Any = None, **kwargs: Any) -> Any:
