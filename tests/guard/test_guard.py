@@ -60,11 +60,29 @@ LORA = "base_model.model.down_blocks.0.attentions.0.transformer_blocks.0.attn1.t
 
 
 def broken_lora_unet() -> Any:
+    """peft adapters cast to bf16 (as ``autocast_adapter_dtype=False`` leaves them), then one lora_B in float32:
+    the odd one among all adapters."""
+    model = zoo.lora_unet(bf, via="peft")
+    for name, p in model.named_parameters():
+        if ".lora_" in name:
+            p.data = p.data.to(bf)
+    layer = model.get_submodule(LORA)
+    layer.lora_B["default"].weight.data = layer.lora_B["default"].weight.data.float()
+    return model
+
+
+def test_lora_a_cast_alone_among_fp32_adapters_is_named_first() -> None:
+    """peft's default fp32 adapters, one lora_A cast to bf16: a 1-1 tie inside the adapter that the other layers'
+    adapters break; the culprit is the lora_A weight, the lora_B input where it surfaced comes second."""
     model = zoo.lora_unet(bf, via="peft")
     layer = model.get_submodule(LORA)
     layer.lora_A["default"].weight.data = layer.lora_A["default"].weight.data.to(bf)
-    layer.lora_B["default"].weight.data = layer.lora_B["default"].weight.data.float()
-    return model
+    with pytest.raises(PlacementError) as info, torch.no_grad(), torchdoctor.guard(model):
+        model(**unet_inputs())
+    assert [(p.path, p.found, p.expected) for p in info.value.problems][0] == (
+        f"{LORA}.lora_A.default.weight", "bfloat16", "float32")
+    code = "model.base_model.model.down_blocks[0].attentions[0].transformer_blocks[0].attn1.to_q.lora_A.default.weight"
+    assert f"{code}.data = {code}.data.to(torch.float32)" in (info.value.fix or "")
 
 
 @functools.cache

@@ -279,3 +279,34 @@ def zoo_short(dt: torch.dtype) -> str:
     from torchdoctor._placement import short_dtype
 
     return short_dtype(dt) + "["
+
+
+# --- float8 storage: intended behind a casting layer, a leftover in a layer that computes with it -------------------
+
+
+def _bf16_mlp() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 8), nn.Embedding(4, 8)).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("index", [0, 3], ids=["linear", "embedding"])
+def test_float8_weight_in_a_plain_torch_layer_is_a_problem(index: int) -> None:
+    m = _bf16_mlp()
+    m[index].weight.data = m[index].weight.data.to(torch.float8_e4m3fn)
+    with pytest.raises(RuntimeError):  # what the forward does with it
+        m[2](m[0](torch.ones(1, 8, dtype=torch.bfloat16))) if index == 0 else m[3](torch.tensor([1])) + m[0].weight
+    report = torchdoctor.scan(m)
+    assert [(p.path, p.found, p.expected) for p in report.problems] == [
+        (f"{index}.weight", "float8_e4m3fn", "bfloat16")]
+    assert "own forward computes with it" in report.problems[0].message
+    assert "enable_layerwise_casting" in report.problems[0].message
+
+
+def test_float8_storage_behind_layerwise_casting_is_intended() -> None:
+    unet = zoo.build("unet", torch.bfloat16).obj
+    unet.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+    assert any(p.dtype == torch.float8_e4m3fn for p in unet.parameters())
+    assert torchdoctor.scan(unet).ok
+    m = _bf16_mlp()
+    m[0].register_forward_pre_hook(lambda mod, args: None)  # someone upcasts before the forward: not judged
+    m[0].weight.data = m[0].weight.data.to(torch.float8_e4m3fn)
+    assert torchdoctor.scan(m).ok

@@ -74,6 +74,17 @@ def test_lora_b_in_fp32_is_reported_by_exact_path(make) -> None:
     assert f"adapter '{name}'" in p.message and "mixes dtypes" in p.message
 
 
+def test_lora_a_cast_alone_is_the_culprit_not_its_partner() -> None:
+    """A 1-1 tie inside one adapter is broken by what the same adapter is in the other layers."""
+    model = zoo.lora_llama(torch.bfloat16, autocast_adapter_dtype=False)
+    path, layer = _first_lora(model)
+    name = next(iter(layer.lora_A))
+    layer.lora_A[name].weight.data = layer.lora_A[name].weight.data.to(torch.float16)
+    report = torchdoctor.scan(model)
+    assert [(p.path, p.found, p.expected) for p in report.problems] == [
+        (f"{path}.lora_A.{name}.weight", "float16", "bfloat16")]
+
+
 def test_adapter_on_other_device_than_base_layer() -> None:
     model = zoo.lora_llama(torch.float32)
     path, layer = _first_lora(model)

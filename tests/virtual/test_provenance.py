@@ -32,6 +32,19 @@ def test_simulate_names_the_upcast_embedding_first() -> None:
     assert text.index("model.embed_tokens.weight") < text.index("where they surfaced")
 
 
+def test_simulate_goes_past_attention_the_composite_would_refuse() -> None:
+    """sdpa compares q/k/v dtypes before dispatch: the run aligns them like any op and goes on to the lm_head; the
+    rotary chain (float32 by design, cast to the float32 activation) points at the culprit too."""
+    b = zoo.build("llama", BF)
+    b.obj.get_input_embeddings().to(torch.float32)
+    report = torchdoctor.simulate(b.obj, b.inputs, device="cuda:1")
+    assert "stopped early" not in report.text()
+    attn = [p for p in report.problems if p.op == "aten.scaled_dot_product_attention.default"]
+    assert [p.module_path for p in attn] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    assert all("(the float32 culprit: model.embed_tokens.weight)" in p.message for p in attn)
+    assert "lm_head" in _paths(report.problems)
+
+
 def _marker_run(body: Any) -> torchdoctor.PlacementError:
     """What ``@pytest.mark.simulate(device="cuda:1")`` does around a test body: the user's own code, no copy."""
     with pytest.raises(torchdoctor.PlacementError) as info:

@@ -189,6 +189,8 @@ class Session:
         bias = mod.bias
         if not isinstance(x, _Tensor) or not isinstance(bias, _Tensor) or bias.dtype == x.dtype:
             return
+        if "forward" in mod.__dict__:  # a hook wrapper (diffusers layerwise casting, accelerate) runs first and
+            return  # may cast or move the weights: the composite's own error is explained if it still fails
         found = _rules.find(_CONV, (x, mod.weight, bias), {}, self.g.profile)
         if found:
             self.on_problem(_CONV, (x, mod.weight, bias), {}, found)

@@ -115,6 +115,10 @@ def hook_refusal(hook: Any, device: torch.device | None) -> str | None:
             return f"{name}(offload=True): its weights live in the hook's weights_map and are loaded per forward"
         if name in ("CpuOffload", "UserCpuOffloadHook"):
             return f"{name}: the hook moves the model to its execution device on every forward"
+        if name == "GroupOffloadingHook":
+            group = _dict(hd.get("group"))
+            return (f"{name} (diffusers group offloading): the weights rest on {group.get('offload_device')} and "
+                    f"are onloaded to {group.get('onload_device')} per call; diffusers refuses .to() on them")
         dev = hd.get("execution_device")
         if dev is not None and device is not None:
             try:
@@ -126,6 +130,8 @@ def hook_refusal(hook: Any, device: torch.device | None) -> str | None:
     return None
 
 
+GROUP_FIX = ("# diffusers group offloading places the weights itself: apply it again with the onload_device you\n"
+             "# want (apply_group_offloading(model, onload_device=..., ...)), or rebuild the model without it")
 HOOK_FIX = ("from accelerate.hooks import remove_hook_from_module\n"
             "remove_hook_from_module(model, recurse=True)  # then torchdoctor.move(model, device=...)\n"
             "# or keep the hooks and let them place the weights (pipe.enable_model_cpu_offload(device=...))")

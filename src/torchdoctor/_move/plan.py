@@ -195,7 +195,7 @@ class _Plan:
             raise TypeError(format_error(
                 f"move changes objects in place, and {len(rows)} tensor(s) sit in immutable tuples; nothing was "
                 "moved", rows, fixes))
-        heads = {"meta": "hold no data (meta)", "hook": "are managed by accelerate hooks", "immutable":
+        heads = {"meta": "hold no data (meta)", "hook": "are managed by accelerate or diffusers hooks", "immutable":
                  "sit in immutable tuples", "quant": "are quantized weights move cannot carry as they are",
                  "truncated": "may be missed (the walk hit a bound)"}
         head = "; ".join(f"{sum(1 for r in self.refusals if r[0] == k)} {heads[k]}" for k in sorted(kinds))
@@ -224,7 +224,10 @@ def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep
     for mpath, _mod, hook in w.hooks:
         why = q.hook_refusal(hook, device)
         if why:
-            refusals.append(("hook", f"{mpath}._hf_hook" if mpath else "_hf_hook", type(hook).__name__, why, q.HOOK_FIX))
+            grouped = why.startswith("GroupOffloadingHook")
+            attr = "_diffusers_hook" if grouped else "_hf_hook"
+            refusals.append(("hook", f"{mpath}.{attr}" if mpath else attr, type(hook).__name__, why,
+                             q.GROUP_FIX if grouped else q.HOOK_FIX))
     aliases: dict[str, list[Entry]] = {}
     for e in w.entries:
         if e.alias_of is not None:

@@ -55,6 +55,24 @@ def judged_float(t: torch.Tensor) -> bool:
     return t.is_floating_point() and t.dtype not in STORAGE_DTYPES
 
 
+_TORCH_FORWARD: dict[type, bool] = {}
+
+
+def computes_in_storage(module: nn.Module | None) -> bool:
+    """A module whose forward is torch's own (``nn.Linear``, ``nn.Conv2d``, ``nn.Embedding``, ...) with nothing
+    that could upcast its weights first: no forward replaced on the instance (accelerate's and diffusers' hooks,
+    diffusers ``enable_layerwise_casting``) and no forward pre-hook. float8/float4 storage there is used as it is,
+    which torch refuses ("Promotion for Float8 Types is not supported", no float8 matmul without scales)."""
+    if module is None or "forward" in module.__dict__ or module._forward_pre_hooks:
+        return False
+    tp = type(module)
+    hit = _TORCH_FORWARD.get(tp)
+    if hit is None:
+        fwd = getattr(tp, "forward", None)
+        hit = _TORCH_FORWARD[tp] = (getattr(fwd, "__module__", "") or "").startswith("torch.nn.modules.")
+    return hit
+
+
 def type_facts(tp: type) -> tuple[tuple[str, ...], bool]:
     """(``_keep_in_fp32_modules`` names as ``.name.`` fragments, is a peft tuner layer) of a module class."""
     hit = _TYPE_FACTS.get(tp)
@@ -105,14 +123,23 @@ def _chain(hook: Any) -> list[tuple[Any, dict[str, Any]]]:
 
 
 def _offloads(h: Any, hd: dict[str, Any]) -> bool:
-    return type(h).__name__ in _OFFLOAD_HOOKS or bool(hd.get("offload"))
+    return type(h).__name__ in _OFFLOAD_HOOKS or bool(hd.get("offload")) or type(h).__name__ == "GroupOffloadingHook"
+
+
+def offload_owner(hook: Any) -> str:
+    """Who moves an offloaded module at call, as the scan summary names it."""
+    grouped = any(type(h).__name__ == "GroupOffloadingHook" for h in hook_chain(hook))
+    return "diffusers group offloading" if grouped else "accelerate"
 
 
 def offload_device(hook: Any) -> torch.device | None:
-    """The execution device of an accelerate hook that keeps its module at rest elsewhere (None otherwise)."""
+    """The execution device of an accelerate hook (or the onload device of a diffusers group offloading hook)
+    that keeps its module at rest elsewhere (None otherwise)."""
     for h, hd in _chain(hook):
         if _offloads(h, hd):
             dev = hd.get("execution_device")
+            if dev is None and hd.get("group") is not None:
+                dev = _dict(hd["group"]).get("onload_device")
             try:
                 return torch.device(dev) if dev is not None else torch.device("cpu")
             except (RuntimeError, TypeError):

@@ -82,7 +82,7 @@ def _judge_entry(policy: Policy, e: Entry) -> Problem | None:
     if not d.device_ok(t.device) and t.device != _META:
         assert d.device is not None
         return _device_problem(e, d.device, d)
-    if d.dtype is None or not judged_float(t) or d.dtype_ok(t.dtype):
+    if d.dtype is None or (not judged_float(t) and d.rule != "storage-computed") or d.dtype_ok(t.dtype):
         return None
     if d.rule == "owner-module" and torch.promote_types(t.dtype, d.dtype) == d.dtype:
         return None  # a narrower attribute is promoted to the module's dtype when it meets its activations
@@ -97,6 +97,9 @@ def _judge_entry(policy: Policy, e: Entry) -> Problem | None:
                         f"module's own code uses it as it is (Module.to never casts a plain attribute), so it promotes "
                         f"or breaks the forward",
         "keep_in_fp32": f"{c} is {found} but _keep_in_fp32_modules keeps it in {want}",
+        "storage-computed": f"{c} is {found} storage but {type(e.module).__name__}'s own forward computes with it "
+                            f"as it is (torch has no {found} math here; {where} is {want}): cast it to {want}, or "
+                            f"keep {found} storage behind a layer that upcasts it (diffusers enable_layerwise_casting)",
     }.get(d.rule, f"{c} is {found} but {where} is {want}")
     return _problem("dtype", e, found, want, msg)
 

@@ -8,8 +8,8 @@ tensor — an upcast tied embedding — can swing it). What correct models do on
 ``torchdoctor._scan.intent``.
 
 Rule names (stable, shown in reports): ``explicit``, ``declared-dtype``, ``vote``, ``keep_in_fp32``, ``adapter``,
-``offloaded``, ``hook-device``, ``norm-fp32``, ``quant-storage``, ``quant-metadata``, ``kbit-fp32``,
-``follows-input``, ``computed-buffer``, ``self-managed``, ``owner-module``, ``no-expectation``.
+``offloaded``, ``hook-device``, ``norm-fp32``, ``quant-storage``, ``storage-computed``, ``quant-metadata``,
+``kbit-fp32``, ``follows-input``, ``computed-buffer``, ``self-managed``, ``owner-module``, ``no-expectation``.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ class Component:
     device_rule: str = "vote"
     dtype_rule: str = "vote"
     offload: torch.device | None = None  # execution device of an accelerate offload hook on the whole component
+    offload_by: str = "accelerate"  # who moves it there at call
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -84,6 +85,7 @@ class Policy:
         self.fp32_prefixes: list[str] = []
         self.hook_device: list[tuple[str, torch.device]] = []  # dispatched modules (device_map)
         self.offloaded: list[tuple[str, torch.device]] = []  # modules an offload hook keeps at rest elsewhere
+        self.offload_by: dict[str, str] = {}  # their paths -> who moves them at call
         self.nonpersistent: set[str] = set()
         self.kbit = False
         self._index_modules()
@@ -127,6 +129,7 @@ class Policy:
             off = intent.offload_device(hook)
             if off is not None:
                 self.offloaded.append((path, off))
+                self.offload_by[path] = intent.offload_owner(hook)
                 continue
             dev = intent.dispatch_device(hook)
             if dev is not None:
@@ -211,7 +214,9 @@ class Policy:
             v[1] += 1
             v[2] += nbytes
         for i, c in enumerate(comps):
-            c.offload = next((d for p, d in self.offloaded if _under(c.path, p)), None)
+            hit = next(((p, d) for p, d in self.offloaded if _under(c.path, p)), None)
+            if hit is not None:
+                c.offload, c.offload_by = hit[1], self.offload_by.get(hit[0], "accelerate")
             if self.device is not None:
                 c.device, c.device_rule = self.device, "explicit"
             elif devs[i]:
@@ -258,7 +263,13 @@ class Policy:
                 k = self.adapter_of.get(e.path)
                 if k is not None and e.tensor.is_floating_point():
                     groups.setdefault(k, []).append(e)
-            self._adapter_dtypes = {k: adapter_majority(v) for k, v in groups.items()}
+            # a tie inside one adapter (lora_A bf16, lora_B fp32) is broken by what the same adapter is elsewhere
+            overall: dict[tuple[str, torch.dtype], int] = {}
+            for (_, name), es in groups.items():
+                for e in es:
+                    overall[name, e.tensor.dtype] = overall.get((name, e.tensor.dtype), 0) + 1
+            self._adapter_dtypes = {k: adapter_majority(v, {dt: n for (a, dt), n in overall.items() if a == k[1]})
+                                    for k, v in groups.items()}
         return self._adapter_dtypes.get(key)
 
     # -- decisions ---------------------------------------------------------------------------------------
@@ -278,6 +289,9 @@ class Policy:
         if role == "quant_state" or intent.quantized_wrapper(t):
             return Decision(dev, None, "quant-metadata", alt_dev)
         if t.dtype in STORAGE_DTYPES:
+            base = comp.dtype if comp is not None else self.dtype
+            if base is not None and role == "parameter" and intent.computes_in_storage(e.module):
+                return Decision(dev, base, "storage-computed", alt_dev)
             return Decision(dev, None, "quant-storage", alt_dev)
         if packed_scale(e):
             return Decision(dev, None, "quant-metadata", alt_dev)
@@ -356,13 +370,15 @@ class Policy:
         }.get(d.rule, f"{where} is (most of its weights)")
 
 
-def adapter_majority(floats: list[Entry]) -> torch.dtype:
-    """An adapter's dtype: its own majority; lora_A's dtype breaks ties (peft casts the input to it)."""
+def adapter_majority(floats: list[Entry], elsewhere: dict[torch.dtype, int] | None = None) -> torch.dtype:
+    """An adapter's dtype: its own majority; a tie goes to the dtype the same adapter has in the other layers
+    (one cast tensor among many adapters), then to lora_A's (peft casts the input to it)."""
     counts: dict[torch.dtype, int] = {}
     for e in floats:
         counts[e.tensor.dtype] = counts.get(e.tensor.dtype, 0) + 1
     a_dtype = next((e.tensor.dtype for e in floats if ".lora_A." in f".{e.path}."), None)
-    return max(counts, key=lambda d: (counts[d], d == a_dtype))
+    other = elsewhere or {}
+    return max(counts, key=lambda d: (counts[d], other.get(d, 0) - counts[d], d == a_dtype))
 
 
 def describe(d: Decision) -> dict[str, str]:

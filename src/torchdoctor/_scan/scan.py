@@ -106,7 +106,7 @@ def _expected_row(c: Any) -> dict[str, str]:
     row = {"device": device_str(c.device) if c.device else "none", "dtype": dtype_str(c.dtype) if c.dtype else "none",
            "device_rule": c.device_rule, "dtype_rule": c.dtype_rule}
     if c.offload is not None:
-        row["offloaded"] = f"moved to {device_str(c.offload)} at call by accelerate"
+        row["offloaded"] = f"moved to {device_str(c.offload)} at call by {c.offload_by}"
     return row
 
 

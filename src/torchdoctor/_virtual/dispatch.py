@@ -135,6 +135,28 @@ def conv_precheck(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[s
     return tuple(out), kw
 
 
+SDPA_ENTRY = torch._C._nn.scaled_dot_product_attention
+_SDPA = aten.scaled_dot_product_attention.default
+_SDPA_NAMES = ("query", "key", "value", "attn_mask")
+
+
+def sdpa_precheck(space: Space, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """Query, key, value and mask of ``scaled_dot_product_attention`` checked (and fixed) by the space's hooks
+    when their dtypes differ: the composite refuses the mix before any aten op is dispatched."""
+    vals = [args[i] if i < len(args) else kwargs.get(n) for i, n in enumerate(_SDPA_NAMES)]
+    if not all(isinstance(v, VirtualTensor) for v in vals[:3]) or (
+            len({v.dtype for v in vals[:3]}) == 1 and not isinstance(vals[3], VirtualTensor)):
+        return args, kwargs
+    fixed, _ = space.hooks.check(_SDPA, tuple(vals), {})
+    out, kw = list(args), dict(kwargs)
+    for i, (n, v) in enumerate(zip(_SDPA_NAMES, fixed)):
+        if i < len(out):
+            out[i] = v
+        elif n in kw:
+            kw[n] = v
+    return tuple(out), kw
+
+
 def _pairs(before: Any, after: Any, back: dict[int, VirtualTensor]) -> None:
     """Which original argument each replaced one stands for (an in-place op returns the original)."""
     for b, a in zip(before, after):

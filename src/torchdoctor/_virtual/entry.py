@@ -25,7 +25,8 @@ from torchdoctor._scan import intent
 from torchdoctor._virtual.tensor import VirtualTensor, current_space
 from torchdoctor._walk import walk
 
-_SKIP = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "config", "generation_config"}
+_SKIP = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "config", "generation_config",
+                                           "_diffusers_hook"}
 _HOLDERS = (nn.ParameterDict, nn.ParameterList)
 _CODE = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
 
@@ -70,6 +71,8 @@ class EntryCheck:
     def __call__(self, mod: nn.Module, path: str, args: Any) -> None:
         if "_orig_mod" in mod.__dict__.get("_modules", ()):
             return  # a torch.compile wrapper: the module it wraps starts next and is checked then
+        if "forward" in mod.__dict__:  # a hook wrapper (accelerate, diffusers group offloading / layerwise casting)
+            return  # runs after this and may onload or cast the module's tensors; its ops are still checked
         key = _signature(mod)
         if self.seen.get(id(mod)) == key:
             return

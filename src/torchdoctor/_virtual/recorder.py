@@ -32,6 +32,10 @@ class _Stop(BaseException):
 def _from_origin(p: Problem, origin: dict[tuple[str, ...], str]) -> Problem:
     """A tensor made in forward names the model tensor its wrong dtype or device came from."""
     src = origin.get((p.kind, p.found)) or origin.get((p.kind, p.found, p.module_path or ""))
+    if src is not None and "a tensor made by " in p.message and f" {src} " not in p.message:
+        # the chain ends at a tensor that is right as it is (a rotary buffer kept float32, cast with
+        # ``.to(x.dtype)`` where x came from the culprit): the data flow cannot see a dtype read from another tensor
+        return replace(p, message=f"{p.message} (the {p.found} culprit: {src})")
     if src is None or "a tensor made in forward" not in p.message or "a tensor made in forward from" in p.message:
         return p
     return replace(p, message=p.message.replace("a tensor made in forward",

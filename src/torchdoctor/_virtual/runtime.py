@@ -203,6 +203,8 @@ class VirtualMode(TorchFunctionMode):
             args = tuple(autocast_args(args, space.vtype, space.autocast))
         if func in D.CONV_ENTRY:
             args, kwargs = D.conv_precheck(space, func, args, kwargs)
+        elif func is D.SDPA_ENTRY:
+            args, kwargs = D.sdpa_precheck(space, args, kwargs)
         name = getattr(func, "__name__", "")
         if name == "__get__" or name == "__set__":  # attributes of the object itself, never of a copy
             return outside.attribute(space, func, name, args, kwargs)

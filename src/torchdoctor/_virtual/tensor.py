@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -245,7 +246,36 @@ def make(cls: type, elem: torch.Tensor, device: torch.device, path: str | None =
 
 
 # process state held by user objects: the copy shares it rather than failing to copy it
-_SHARED = (type(threading.Lock()), type(threading.RLock()), threading.Thread, threading.Event, threading.Condition)
+_SHARED = (type(threading.Lock()), type(threading.RLock()), threading.Thread, threading.Event, threading.Condition,
+           types.ModuleType)
+_COPYING: set[int] = set()  # threads inside virtual_copy (the deepcopy dispatch table is process-wide)
+_SAVED: dict[type, Any] = {}  # the table's entries before the first of them started
+_COPY_LOCK = threading.Lock()
+
+
+def _copy_function(f: types.FunctionType, memo: dict[int, Any]) -> Any:
+    """A closure copied with its cells: hook chains that replace ``module.forward`` with a closure over the module
+    and the next forward (diffusers' ``HookRegistry``: layerwise casting, group offloading) would otherwise run the
+    user's modules and hooks from inside the copy, and cast or move the user's weights. What cannot be copied is
+    shared, as deepcopy's own ``functools.partial`` support would fail on it."""
+    cells = f.__closure__
+    if not cells or threading.get_ident() not in _COPYING:
+        return f
+    new_cells = tuple(types.CellType() for _ in cells)
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, new_cells)
+    g.__kwdefaults__, g.__qualname__ = f.__kwdefaults__, f.__qualname__
+    g.__dict__.update(f.__dict__)
+    memo[id(f)] = g  # before the cells: a closure may reach itself
+    for old, new in zip(cells, new_cells):
+        try:
+            value = old.cell_contents
+        except ValueError:  # an empty cell (a name assigned later in the enclosing function)
+            continue
+        try:
+            new.cell_contents = copy.deepcopy(value, memo)
+        except Exception:
+            new.cell_contents = value
+    return g
 
 
 def virtual_copy(obj: Any, tensors: list[tuple[torch.Tensor, torch.device, str]],
@@ -266,19 +296,27 @@ def virtual_copy(obj: Any, tensors: list[tuple[torch.Tensor, torch.device, str]]
             made.append((t, v))
     memo[id(memo)] = [t for t, _ in made]  # keep-alive, as copy.deepcopy does
     dispatch = copy._deepcopy_dispatch  # type: ignore[attr-defined]
-    saved = {tp: dispatch.get(tp) for tp in _SHARED}
-    dispatch.update({tp: copy._deepcopy_atomic for tp in _SHARED})  # type: ignore[attr-defined]
+    with _COPY_LOCK:
+        if not _COPYING:
+            _SAVED.clear()
+            _SAVED.update({tp: dispatch.get(tp) for tp in (*_SHARED, types.FunctionType)})
+            dispatch.update({tp: copy._deepcopy_atomic for tp in _SHARED})  # type: ignore[attr-defined]
+            dispatch[types.FunctionType] = _copy_function
+        _COPYING.add(threading.get_ident())
     try:
         clone = copy.deepcopy(obj, memo)
     except Exception as exc:
         raise TypeError(f"simulate works on a deep copy, and {type(obj).__name__} could not be copied: "
                         f"{type(exc).__name__}: {exc}") from exc
     finally:
-        for tp, old in saved.items():
-            if old is None:
-                dispatch.pop(tp, None)
-            else:
-                dispatch[tp] = old
+        with _COPY_LOCK:
+            _COPYING.discard(threading.get_ident())
+            if not _COPYING:  # the last copy running restores the table
+                for tp, old in _SAVED.items():
+                    if old is None:
+                        dispatch.pop(tp, None)
+                    else:
+                        dispatch[tp] = old
     for t, v in made:  # library attributes of tensors (bnb: quant_state, module, blocksize, CB, SCB)
         for k, val in (getattr(t, "__dict__", None) or {}).items():
             v.__dict__[k] = copy.deepcopy(val, memo)

@@ -49,7 +49,8 @@ MAX_ITEMS = 100_000  # items read from one container
 MAX_NODES = 5_000_000  # objects visited in one walk
 
 # nn.Module bookkeeping: never user data (skipping these by a frozen set is what makes the walk cost about a bare named_parameters() loop).
-_MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "__dict__"}
+_MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "__dict__",
+                                                       "_diffusers_hook"}
 _ATTR_KEYS: dict[type, tuple[frozenset[str], tuple[str, ...], bool]] = {}  # module class -> (keys, extra, hooked)
 _is_quant_type = is_quant_type  # the former private name, kept for importers that have not switched yet
 
@@ -166,9 +167,13 @@ class _Walker:
                     if len(attr_keys) > 4096:  # fx GraphModules make a class per instance
                         attr_keys.clear()
                     keys = frozenset(d)
-                    hit = attr_keys[tp] = (keys, tuple(sorted(keys - _MODULE_INTERNALS)), "_hf_hook" in keys)
+                    hit = attr_keys[tp] = (keys, tuple(sorted(keys - _MODULE_INTERNALS)),
+                                           "_hf_hook" in keys or "_diffusers_hook" in keys)
                 if hit[2]:
-                    hooks.append((path, mod, d["_hf_hook"]))
+                    if "_hf_hook" in d:
+                        hooks.append((path, mod, d["_hf_hook"]))
+                    if group_offloading(d.get("_diffusers_hook")):
+                        hooks.append((path, mod, d["_diffusers_hook"]))
                 for key in hit[1]:
                     v = d[key]
                     if type(v) in atoms:
@@ -313,12 +318,24 @@ class _Walker:
 
 
 def hook_chain(hook: Any) -> list[Any]:
-    """An accelerate hook, or each hook of a ``SequentialHook`` (read from ``__dict__``, no user code run)."""
+    """An accelerate hook, each hook of a ``SequentialHook``, or each hook of a diffusers ``HookRegistry`` (read
+    from ``__dict__``, no user code run)."""
     hd = instance_dict(hook) or {}
     inner = hd.get("hooks")
     if isinstance(inner, (list, tuple)):
         return [h for h in inner]
+    if isinstance(inner, dict):
+        return list(inner.values())
     return [hook]
+
+
+def group_offloading(registry: Any) -> bool:
+    """A diffusers ``HookRegistry`` holding a group offloading hook (``apply_group_offloading``,
+    ``enable_group_offload``): the module rests on the offload device and is onloaded per call."""
+    if registry is None:
+        return False
+    inner = (instance_dict(registry) or {}).get("hooks")
+    return isinstance(inner, dict) and any(type(h).__name__ == "GroupOffloadingHook" for h in inner.values())
 
 
 def walk(obj: Any) -> Walk:
