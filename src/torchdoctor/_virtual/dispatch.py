@@ -144,8 +144,8 @@ def sdpa_precheck(space: Space, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     """Query, key, value and mask of ``scaled_dot_product_attention`` checked (and fixed) by the space's hooks
     when their dtypes differ: the composite refuses the mix before any aten op is dispatched."""
     vals = [args[i] if i < len(args) else kwargs.get(n) for i, n in enumerate(_SDPA_NAMES)]
-    if not all(isinstance(v, VirtualTensor) for v in vals[:3]) or (
-            len({v.dtype for v in vals[:3]}) == 1 and not isinstance(vals[3], VirtualTensor)):
+    qkv = [v for v in vals[:3] if isinstance(v, VirtualTensor)]
+    if len(qkv) < 3 or (len({v.dtype for v in qkv}) == 1 and not isinstance(vals[3], VirtualTensor)):
         return args, kwargs
     fixed, _ = space.hooks.check(_SDPA, tuple(vals), {})
     out, kw = list(args), dict(kwargs)
