@@ -329,3 +329,23 @@ def test_model_compiled_before_the_run_is_simulated_eagerly_by_its_paths(recwarn
 
     err = _marker_run(body)
     assert _paths(err.problems) == ["scale"]  # the op that meets it names the same tensor: one problem
+
+
+class _PosEnc(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.pe = torch.zeros(4)  # a plain attribute: Module.to never moves it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.pe
+
+
+def test_simulation_report_carries_the_fix_and_the_lasting_one() -> None:
+    report = torchdoctor.simulate(_PosEnc(), (torch.ones(2, 4),), device="cuda:1")
+    assert _paths(report.problems) == ["pe"]
+    assert report.fix is not None and report.fix.splitlines()[0] == "model.pe.data = model.pe.data.to('cuda:1')"
+    assert "register pe as a buffer" in report.fix and "register_buffer(name, tensor, persistent=False)" in report.fix
+    assert report.text().endswith("\n".join(f"    {line}" for line in report.fix.splitlines()))
+    assert report.to_dict()["fix"] == report.fix
+    assert torchdoctor.simulate(nn.Linear(4, 4), (torch.ones(2, 4),), device="cuda:1").fix is None

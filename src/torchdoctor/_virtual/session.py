@@ -21,6 +21,7 @@ from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._report.text import format_error
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
+from torchdoctor._virtual.fixes import fix_for
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._tracker import ModuleStack
@@ -72,50 +73,12 @@ class VirtualSession:
                 for line in _culprits_then_rest(tuple(self.problems), self.culprits, 40)]
         if self.stopped:
             rows.append(f"stopped early: {self.stopped}")
-        fix = _fix(self.problems, self.device, self.dtype, self.sources)
+        fix = fix_for(self.problems, self.device, self.dtype, self.sources)
         return PlacementError(format_error(head, rows, fix, limit=len(rows)), module_path=first.module_path,
                               module_type=first.module_type,
                               op=first.op, tensors=first.tensors, problems=tuple(self.problems), fix=fix)
 
 
-def _fix(problems: list[Problem], device: torch.device, dtype: torch.dtype | None,
-         sources: dict[tuple[str, ...], tuple[str, ...]] | None = None) -> str:
-    """The fix as code, from guard's generator: the named tensors cast or moved (``torchdoctor.move`` for many),
-    the model tensors a wrong tensor made in the run came from, tensors the test made passed on the right device;
-    then what no cast of a tensor fixes."""
-    from torchdoctor._guard.maps import fix_code
-
-    culprits: list[tuple[str | None, str, str, Any]] = []
-    named = {p.path for p in problems if p.role in _NAMED}
-    for p in problems:
-        if p.kind not in ("device", "meta", "dtype"):
-            continue
-        try:
-            target: Any = parse_dtype(p.expected) if p.kind == "dtype" else parse_device(p.expected)
-        except (ValueError, TypeError, RuntimeError):
-            target = dtype if p.kind == "dtype" else device
-        if p.role in _NAMED:
-            culprits.append((p.path, p.path, p.kind, target))
-            continue
-        made_from = (sources or {}).get((p.kind, p.path, p.op or "", p.found), ())
-        if made_from:  # fix the source: the tensor made from it follows
-            for src in made_from:
-                if src not in named:
-                    named.add(src)
-                    culprits.append((None, src, p.kind, target) if src.startswith(("input ", "kwarg "))
-                                    else (src, src, p.kind, target))
-            continue
-        culprits.append((None, f"the tensors made on {p.found}", p.kind, target))
-    lines = [fix_code(culprits) or ""]
-    unsupported = sorted({p.found for p in problems if p.kind == "unsupported_dtype"})
-    if unsupported:
-        lines.append(f"model.to(torch.float32)  # {device.type} cannot compute in {', '.join(unsupported)}")
-    if any(p.kind == "unsupported_op" for p in problems):
-        lines.append("# an op without a meta/fake kernel ran: it cannot be simulated; skip it under the marker")
-    return "\n".join(line for line in lines if line) or f"torchdoctor.move(model, {device_str(device)!r})"
-
-
-_NAMED = ("parameter", "buffer", "quant_state", "attribute", "container")
 
 
 # libraries that look at the hardware when first imported (bitsandbytes binds CUDA stream functions once

@@ -27,6 +27,7 @@ from torchdoctor._virtual.tensor import Space, VirtualTensor, is_virtual, make, 
 from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
 
+from torchdoctor._virtual.fixes import fix_for
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop, _norm
 
 __all__ = ["SimulationReport", "simulate"]
@@ -50,6 +51,7 @@ class SimulationReport(HtmlMapMixin):
     stopped: str | None = None  # why the run ended early, if it did
     summary: tuple[dict[str, Any], ...] = ()  # tensors by device and dtype after the move
     culprits: int = 0  # the first ``culprits`` problems are model tensors that caused the ones after them
+    fix: str | None = None  # the fix as code, on the user's model (paths are the same as the copy's)
 
     @property
     def ok(self) -> bool:
@@ -72,7 +74,7 @@ class SimulationReport(HtmlMapMixin):
             "profile": {"type": p.type, "count": p.count, "capability": list(p.capability), "memory": p.memory,
                         "name": p.name},
             "problems": [q.to_dict() for q in self.problems], "ops": self.ops, "seconds": round(self.seconds, 4),
-            "stopped": self.stopped, "summary": list(self.summary),
+            "stopped": self.stopped, "summary": list(self.summary), "fix": self.fix,
         }
 
     def text(self, limit: int = 40) -> str:
@@ -83,6 +85,8 @@ class SimulationReport(HtmlMapMixin):
         if self.stopped:
             lines.append(f"stopped early: {self.stopped}")
         lines.extend(f"  {g['device']:<8} {g['dtype']:<14} {g['tensors']:>7} tensors" for g in self.summary[:limit])
+        if self.fix:
+            lines.extend(["Fix:", *(f"    {line}" for line in self.fix.splitlines())])
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -214,9 +218,10 @@ def simulate(
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
     log.info("simulated %s on %s: %d op(s), %d problem(s)", type(obj).__name__, device_str(dev), space.ops,
              len(problems))
+    fix = fix_for(problems, dev, dt, rec.sources) if problems else None
     return SimulationReport(dev, dt, data, profile,
                             tuple(problems), space.ops, time.perf_counter() - start, rec.stopped, summary,
-                            rec.blamed)
+                            rec.blamed, fix)
 
 
 def _api_name(exc: BaseException) -> str:

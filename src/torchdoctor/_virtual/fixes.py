@@ -1,0 +1,56 @@
+"""The fix of a virtual run as code (``simulate``'s report and the pytest marker's error): guard's generator over
+the tensors found by path and the sources of tensors made in the run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchdoctor._placement import device_str, parse_device, parse_dtype
+from torchdoctor._report.model import Problem
+
+_NAMED = ("parameter", "buffer", "quant_state", "attribute", "container")
+
+
+def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtype | None,
+            sources: dict[tuple[str, ...], tuple[str, ...]] | None = None) -> str:
+    """The fix as code, from guard's generator: the named tensors cast or moved (``torchdoctor.move`` for many),
+    the model tensors a wrong tensor made in the run came from, tensors the test made passed on the right device;
+    then what no cast of a tensor fixes."""
+    from torchdoctor._guard.maps import fix_code
+
+    culprits: list[tuple[str | None, str, str, Any]] = []
+    named = {p.path for p in problems if p.role in _NAMED}
+    for p in problems:
+        if p.kind not in ("device", "meta", "dtype"):
+            continue
+        try:
+            target: Any = parse_dtype(p.expected) if p.kind == "dtype" else parse_device(p.expected)
+        except (ValueError, TypeError, RuntimeError):
+            target = dtype if p.kind == "dtype" else device
+        if p.role in _NAMED:
+            culprits.append((p.path, p.path, p.kind, target))
+            continue
+        made_from = (sources or {}).get((p.kind, p.path, p.op or "", p.found), ())
+        if made_from:  # fix the source: the tensor made from it follows
+            for src in made_from:
+                if src not in named:
+                    named.add(src)
+                    culprits.append((None, src, p.kind, target) if src.startswith(("input ", "kwarg "))
+                                    else (src, src, p.kind, target))
+            continue
+        culprits.append((None, f"the tensors made on {p.found}", p.kind, target))
+    lines = [fix_code(culprits) or ""]
+    unsupported = sorted({p.found for p in problems if p.kind == "unsupported_dtype"})
+    if unsupported:
+        lines.append(f"model.to(torch.float32)  # {device.type} cannot compute in {', '.join(unsupported)}")
+    if any(p.kind == "unsupported_op" for p in problems):
+        lines.append("# an op without a meta/fake kernel ran: it cannot be simulated; skip it under the marker")
+    attrs = sorted({p.path for p in problems if p.role == "attribute" and p.kind == "device"})
+    if attrs:  # the cast above fixes this model; a buffer is moved by every later .to()
+        lines.append(f"# lasting fix: register {', '.join(attrs[:3])}{' …' if len(attrs) > 3 else ''} as a buffer "
+                     "in its module's __init__ (self.register_buffer(name, tensor, persistent=False)): Module.to "
+                     "moves buffers, never plain attributes")
+    return "\n".join(line for line in lines if line) or f"torchdoctor.move(model, {device_str(device)!r})"
