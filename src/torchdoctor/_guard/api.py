@@ -32,6 +32,7 @@ from torchdoctor._guard.diagnose import explain_error
 from torchdoctor._guard.session import Session
 from torchdoctor._report.model import PlacementError, PlacementWarning, Problem
 from torchdoctor._report.text import public_types, user_stacklevel
+from torchdoctor._rules.presets import as_profile
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._rules.profile import DeviceProfile
@@ -70,17 +71,17 @@ class guard:  # noqa: N801 - reads like torch.no_grad
     fixes: list[Fix]
     problems: list[Problem]
 
-    def __new__(cls, obj: Any = None, *, mode: str = "explain", profile: DeviceProfile | None = None) -> Any:
+    def __new__(cls, obj: Any = None, *, mode: str = "explain", profile: DeviceProfile | str | None = None) -> Any:
         if _is_plain_callable(obj):  # bare @guard on a function
             return cls(None, mode=mode, profile=profile)(obj)
         return super().__new__(cls)
 
-    def __init__(self, obj: Any = None, *, mode: str = "explain", profile: DeviceProfile | None = None) -> None:
+    def __init__(self, obj: Any = None, *, mode: str = "explain", profile: DeviceProfile | str | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"guard mode must be one of {', '.join(MODES)}, not {mode!r}")
         self.model = obj  # the guarded object (a module, a pipeline): paths are relative to it
         self.mode = mode
-        self.profile = profile
+        self.profile = as_profile(profile)  # a preset name ("t4") or a DeviceProfile
         self.fixes = []
         self.problems = []
         self._lock = threading.Lock()

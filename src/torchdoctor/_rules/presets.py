@@ -56,6 +56,16 @@ def preset(name: str) -> DeviceProfile:
     return found
 
 
+def as_profile(value: DeviceProfile | str | None) -> DeviceProfile | None:
+    """A ``profile=`` argument: a ``DeviceProfile``, a preset name (``"t4"``, ``"a100"``, ``"m2"``) or None."""
+    if value is None or isinstance(value, DeviceProfile):
+        return value
+    if isinstance(value, str):
+        return preset(value)
+    raise TypeError(f"profile must be a DeviceProfile or a preset name ({', '.join(PRESETS)}), "
+                    f"not {type(value).__name__}")
+
+
 def describe() -> list[str]:
     """One line per preset, for ``--profile help``."""
     out = []

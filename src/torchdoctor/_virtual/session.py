@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from torchdoctor._rules.presets import as_profile
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._report.text import format_error
 from torchdoctor._report.model import PlacementError, Problem
@@ -100,7 +101,7 @@ def _import_probers() -> None:
 
 @contextlib.contextmanager
 def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dtype | None = None, *,
-                    profile: DeviceProfile | None = None, count: int | None = None, data: str = "cpu",
+                    profile: DeviceProfile | str | None = None, count: int | None = None, data: str = "cpu",
                     limit: int = LIMIT, raise_on_exit: bool = True) -> Iterator[VirtualSession]:
     """Run a block on virtual ``device`` hardware; placement problems are raised together on exit.
 
@@ -116,7 +117,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
         raise ValueError(f"virtual devices are cuda, xpu or mps devices, not {device_str(dev)!r}; "
                          "e.g. device='cuda:1'")
     dt = parse_dtype(dtype) if dtype is not None else None
-    profile = profile or DeviceProfile.for_device(dev)
+    profile = as_profile(profile) or DeviceProfile.for_device(dev)
     if profile.type != dev.type:
         raise ValueError(f"device {device_str(dev)} is not of the profile's type {profile.type!r}")
     profile = profile.with_count(max(count or 1, (dev.index or 0) + 1))

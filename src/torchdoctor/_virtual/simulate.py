@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from torchdoctor._rules.presets import as_profile
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, schema
 from torchdoctor._report.html import HtmlMapMixin
@@ -117,7 +118,7 @@ def simulate(
     *,
     call: Callable[[Any], Any] | None = None,
     assume_device: str | torch.device | None = None,
-    profile: DeviceProfile | None = None,
+    profile: DeviceProfile | str | None = None,
     data: str = "meta",
     limit: int = LIMIT,
 ) -> SimulationReport:
@@ -153,7 +154,7 @@ def simulate(
     assume = parse_device(assume_device) if assume_device is not None else None
     if call is not None and (args or kwargs):
         raise ValueError("give inputs or call, not both: call(copy) does its own moving and calling")
-    profile = profile or DeviceProfile.for_device(dev if is_virtual(dev) else "cuda")
+    profile = as_profile(profile) or DeviceProfile.for_device(dev if is_virtual(dev) else "cuda")
     if is_virtual(dev):
         if profile.type != dev.type:
             raise ValueError(f"device {device_str(dev)} is not of the profile's type {profile.type!r}")
