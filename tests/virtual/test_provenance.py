@@ -364,3 +364,47 @@ def test_profiles_by_preset_name_in_the_python_api() -> None:
     with virtual_devices("cuda:0", profile="a100") as sim:
         assert torch.cuda.get_device_capability(0) == (8, 0)
     assert sim.ok
+
+
+class _Tagger(nn.Module):
+    """An LSTM tagger whose input projection stayed float32 in a bf16 model: nn.LSTM compares dtypes in Python
+    (a ValueError) before any op runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 8)
+        self.rnn = nn.LSTM(8, 8, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(self.proj(x))[0]
+
+
+def _tagger() -> _Tagger:
+    m = _Tagger().to(BF)
+    m.proj.to(torch.float32)
+    return m
+
+
+def test_python_level_dtype_check_is_a_problem_not_a_traceback() -> None:
+    m = _tagger()
+    with pytest.raises(ValueError, match="RNN input dtype|input must have the type"):
+        m(torch.ones(1, 3, 4))
+    report = torchdoctor.simulate(m, (torch.ones(1, 3, 4),), device="cuda:1")
+    assert _paths(report.problems) == ["proj.bias", "proj.weight", "rnn"], report.text()
+    assert report.culprits == 2
+    rnn = report.problems[2]
+    assert (rnn.kind, rnn.found, rnn.expected, rnn.module_type) == ("dtype", "float32", "bfloat16", "LSTM")
+    assert "the run ended at a check torch makes before any op" in (report.stopped or "")
+    assert report.fix is not None and "tensors made" not in report.fix
+    assert "model.proj.weight.data = model.proj.weight.data.to(torch.bfloat16)" in report.fix
+    err = _marker_run(lambda: _tagger().to("cuda:1")(torch.ones(1, 3, 4, device="cuda:1")))
+    assert [p.path for p in err.problems] == ["proj.bias", "proj.weight", "rnn"], str(err)
+
+
+def test_guard_notes_the_culprit_on_a_python_level_dtype_check() -> None:
+    m = _tagger()
+    with pytest.raises(ValueError) as info, torchdoctor.guard(m):
+        m(torch.ones(1, 3, 4))
+    note = "\n".join(getattr(info.value, "__notes__", []))
+    assert note.startswith("dtype mismatch caused by `proj.bias` (float32, expected bfloat16)")
+    assert "it surfaced in `rnn` (LSTM)" in note

@@ -61,6 +61,14 @@ _sig("dtype.mixed_cpu", "dtype_mismatch", "Normalization on the CPU with mixed d
      alternatives=(("unsupported_dtype_on_device", 0.45, "the CPU runs this norm only with matching dtypes: a "
                     "half-precision model that landed on the CPU"), _IW_ALT))
 
+_sig("dtype.rnn_input", "dtype_mismatch", "An RNN/LSTM/GRU input in another dtype than its weights",
+     ("RNN input dtype", "input must have the type "),
+     "An RNN layer (nn.RNN / LSTM / GRU) got its input in {a} while its weights are {b}; torch checks this in "
+     "Python before any kernel runs.",
+     (("dt.input_not_cast", 3.0), ("dt.module_partially_cast", 1.0)),
+     r"RNN input dtype \((?:torch\.)?(?P<a>\w{1,20})\) does not match weight dtype \((?:torch\.)?(?P<b>\w{1,20})\)",
+     r"input must have the type (?:torch\.)?(?P<b>\w{1,20}), got type (?:torch\.)?(?P<a>\w{1,20})",
+     require_pattern=True, confidence=0.9, alternatives=(_UD_ALT,))
 _sig("dtype.index_type", "dtype_mismatch", "Indices in a floating-point (or wrong integer) dtype",
      ("'indices' to have", "tensors used as indices must be long"),
      "The indices of an indexing op[ ({op})] must be integer[ ({want})][, but they were {got}].",

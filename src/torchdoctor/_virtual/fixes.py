@@ -41,7 +41,10 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
                     culprits.append((None, src, p.kind, target) if src.startswith(("input ", "kwarg "))
                                     else (src, src, p.kind, target))
             continue
-        culprits.append((None, f"the tensors made on {p.found}", p.kind, target))
+        if any(q.role in _NAMED and q.kind == p.kind and q.found == p.found for q in problems):
+            continue  # a named culprit above holds this value: fixing it fixes what was made from it
+        where = "on" if p.kind in ("device", "meta") else "in"
+        culprits.append((None, f"the tensors made {where} {p.found}", p.kind, target))
     lines = [fix_code(culprits) or ""]
     unsupported = sorted({p.found for p in problems if p.kind == "unsupported_dtype"})
     if unsupported:

@@ -2,6 +2,8 @@
 culprits first, and the op going on as if fixed so one run finds every problem."""
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -212,6 +214,35 @@ class _Recorder(Hooks):
                        f"{dtype_str(dtype)}: the cast loses data (complex to real drops the imaginary part, float to "
                        "int the fraction); keep it or cast the result instead", key=f"lossy:{path}:{dtype}")
         return self._moving(tensor, target, dtype)
+
+    def escaped(self, exc: BaseException) -> bool:
+        """A placement error raised by a check in Python before any op ran (``nn.LSTM`` compares its input's dtype
+        with its weights' in Python): recorded at the running module, and the run ends there. False when the
+        exception is not about placement (it is the user's own, and propagates)."""
+        from torchdoctor._explain.tokens import devices_in, dtypes_in
+        from torchdoctor._guard.diagnose import placement_category
+
+        first = (str(exc).strip().splitlines() or [""])[0]
+        if not first or placement_category(first) is None:
+            return False
+        kind = "device" if re.search(r"\bdevices?\b", first, re.IGNORECASE) else "dtype"
+        names = [*(devices_in(first) if kind == "device" else dtypes_in(first)), "?", "?"]
+        found, expected = (names[1], names[0]) if "got type" in first else (names[0], names[1])
+        mpath, mtype, tb = None, None, exc.__traceback__
+        while tb is not None:  # the innermost module whose code raised (the stack unwound with the exception)
+            obj = tb.tb_frame.f_locals.get("self")
+            if isinstance(obj, nn.Module) and id(obj) in self.modules.paths:
+                mpath, mtype = self.modules.paths[id(obj)], type(obj).__name__
+            tb = tb.tb_next
+        self.stopped = f"the run ended at a check torch makes before any op: {type(exc).__name__}: {first}"
+        place = (mpath or "<root>") if mtype else "<top level>"
+        with contextlib.suppress(_Stop):
+            self._add(Problem(kind, place, "activation", found, expected,
+                              f"input 0 is {found} where {place} ({mtype}) expects {expected}: {type(exc).__name__}: "
+                              f"{first}" if mtype else f"{type(exc).__name__}: {first}",
+                              op=f"{mtype}.forward" if mtype else "forward", module_path=mpath, module_type=mtype),
+                      key=(kind, place, "escaped"))
+        return True
 
     def stop_unsupported(self, op: str, message: str) -> None:
         self._note("unsupported_op", None, op, "", message, op=op, role="op")

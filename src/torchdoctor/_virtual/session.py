@@ -134,7 +134,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
         except _Stop:
             pass
         except Exception as exc:
-            if not rec.problems:
+            if not rec.problems and not rec.escaped(exc):
                 raise
             failure = exc  # most likely a consequence of the problems: report them, chained to it
     session.stopped = rec.stopped

@@ -205,7 +205,7 @@ def simulate(
                     rec.stop_unsupported(_api_name(exc), f"a device runtime call is not simulated: {text}")
             elif rec.problems:
                 rec.stopped = f"the run ended after the problems above: {text}"  # most likely a consequence
-            else:
+            elif not rec.escaped(exc):
                 raise
     problems = rec.culprits_first(list(rec.problems), rec.roots)
     if placed is not None:
