@@ -408,3 +408,21 @@ def test_guard_notes_the_culprit_on_a_python_level_dtype_check() -> None:
     note = "\n".join(getattr(info.value, "__notes__", []))
     assert note.startswith("dtype mismatch caused by `proj.bias` (float32, expected bfloat16)")
     assert "it surfaced in `rnn` (LSTM)" in note
+
+
+class _Float64Positions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[-1], dtype=torch.float64, device=x.device)  # mps has no float64
+        return self.lin(x) * pos.float()
+
+
+def test_factory_of_a_dtype_the_device_cannot_hold_is_named_at_the_factory() -> None:
+    report = torchdoctor.simulate(_Float64Positions(), (torch.ones(2, 8),), device="mps")
+    first = report.problems[0]
+    assert (first.kind, first.op, first.found) == ("unsupported_dtype", "torch.arange", "float64")
+    assert "torch.arange(dtype=float64, device='mps:0'): mps cannot hold float64 tensors" in first.message
+    assert torchdoctor.simulate(_Float64Positions(), (torch.ones(2, 8),), device="cuda:0").ok

@@ -162,6 +162,12 @@ class _Recorder(Hooks):
 
     def creating(self, name: str, device: torch.device, kwargs: dict[str, Any]) -> None:
         self.exists(device, None, f"torch.{name}")
+        dt = kwargs.get("dtype")
+        if isinstance(dt, torch.dtype) and device.type == self.profile.type and not self.profile.supports(dt, "storage"):
+            self._note("unsupported_dtype", None, dtype_str(dt), f"a dtype {device.type} supports",
+                       f"torch.{name}(dtype={dtype_str(dt)}, device={device_str(device)!r}): {device.type} cannot hold "
+                       f"{dtype_str(dt)} tensors, so the factory raises; make it float32", f"torch.{name}", "factory",
+                       key=f"{name}:{dtype_str(dt)}")
         gdev = getattr(kwargs.get("generator"), "device", None)
         if isinstance(gdev, torch.device) and gdev.type != device.type:
             self._note("device", None, device_str(gdev), device_str(device), f"torch.{name}(device="
