@@ -301,6 +301,19 @@ def test_float8_weight_in_a_plain_torch_layer_is_a_problem(index: int) -> None:
     assert "enable_layerwise_casting" in report.problems[0].message
 
 
+def test_move_casts_float8_weights_that_a_torch_layer_computes_with() -> None:
+    m = _bf16_mlp()
+    m[0].weight.data = m[0].weight.data.to(torch.float8_e4m3fn)
+    torchdoctor.move(m, dtype=torch.bfloat16)
+    assert m[0].weight.dtype == torch.bfloat16 and torchdoctor.scan(m).ok
+    assert m[2](m[0](torch.ones(1, 8, dtype=torch.bfloat16))).dtype == torch.bfloat16
+    unet = zoo.build("unet", torch.bfloat16).obj
+    unet.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+    stored = {n for n, p in unet.named_parameters() if p.dtype == torch.float8_e4m3fn}
+    torchdoctor.move(unet, dtype=torch.bfloat16)  # storage behind a casting layer stays storage
+    assert stored and stored == {n for n, p in unet.named_parameters() if p.dtype == torch.float8_e4m3fn}
+
+
 def test_float8_storage_behind_layerwise_casting_is_intended() -> None:
     unet = zoo.build("unet", torch.bfloat16).obj
     unet.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)

@@ -54,8 +54,8 @@ def target_dtype(e: Entry, dtype: torch.dtype | None, fp32: Any, adapters: dict[
         return t.dtype, None
     if e.role in ("quant_state", "offloaded", "subclass_inner") or intent.quantized_wrapper(t):
         return t.dtype, "quantization metadata"
-    if t.dtype in STORAGE_DTYPES:
-        return t.dtype, "packed storage dtype"
+    if t.dtype in STORAGE_DTYPES and not (e.role == "parameter" and intent.computes_in_storage(e.module)):
+        return t.dtype, "packed storage dtype"  # (in a torch layer that computes with it, it is cast like the rest)
     if packed_scale(e):
         return t.dtype, "scale of packed storage"
     if e.role == "attribute" and (e.module is None or isinstance(e.owner, torch.Tensor)):
