@@ -426,3 +426,19 @@ def test_factory_of_a_dtype_the_device_cannot_hold_is_named_at_the_factory() -> 
     assert (first.kind, first.op, first.found) == ("unsupported_dtype", "torch.arange", "float64")
     assert "torch.arange(dtype=float64, device='mps:0'): mps cannot hold float64 tensors" in first.message
     assert torchdoctor.simulate(_Float64Positions(), (torch.ones(2, 8),), device="cuda:0").ok
+
+
+@pytest.mark.parametrize("name", ["gpt2", "opt", "falcon", "bart", "whisper"])
+def test_upcast_embedding_is_the_culprit_first_across_architectures(name: str) -> None:
+    """Tied heads read the culprit itself in an op and norms meet its float32 first: the culprit still leads,
+    once, and guard agrees."""
+    b = zoo.build(name, BF)
+    emb = b.obj.get_input_embeddings()
+    emb.to(torch.float32)
+    path = next(n for n, m in b.obj.named_modules() if m is emb) + ".weight"
+    report = torchdoctor.simulate(b.obj, b.inputs, device="cuda:1")
+    assert report.problems[0].path == path and report.culprits >= 1, report.text()
+    assert _paths(report.problems).count(path) == 1
+    with pytest.raises(torchdoctor.PlacementError) as info, torch.no_grad(), torchdoctor.guard(b.obj):
+        b.run()
+    assert info.value.problems[0].path == path

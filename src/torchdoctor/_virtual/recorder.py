@@ -95,14 +95,17 @@ class _Recorder(Hooks):
         found by path (a leftover the module owns)."""
         entry = [p for p in problems if _at_entry(p)]
         rest = [p for p in problems if not _at_entry(p)]
-        blamed = self._policy_blamed(problems, roots)
+        blamed = self._policy_blamed(problems, roots, {p.path for p in entry})
+        # an op that met the culprit itself (a tied lm_head reading the upcast embedding) is said by its line
+        named = {(b.path, b.kind, b.found) for b in blamed}
+        rest = [p for p in rest if (p.path, p.kind, p.found) not in named]
         self.blamed = len(blamed) + len(entry)
         origin: dict[tuple[str, ...], str] = {(b.kind, b.found): b.path for b in blamed}
         for p in entry:  # a module-entry finding is the origin of what its module's ops then meet
             origin.setdefault((p.kind, p.found, p.module_path or ""), p.path)
         return blamed + entry + [_from_origin(p, origin) for p in rest]
 
-    def _policy_blamed(self, problems: list[Problem], roots: list[Any]) -> list[Problem]:
+    def _policy_blamed(self, problems: list[Problem], roots: list[Any], have: set[str]) -> list[Problem]:
         from torchdoctor._guard.provenance import policy_problems, suspects
         from torchdoctor._walk import walk
 
@@ -110,7 +113,6 @@ class _Recorder(Hooks):
         kinds = {p.kind for p in problems} & {"dtype", "device"}
         if not bad:
             return []
-        have = {p.path for p in problems}
         blamed: list[Problem] = []
         try:
             for root in roots:
