@@ -567,3 +567,27 @@ def test_move_touches_nothing_but_its_object() -> None:
     before = _fp(twin)
     move(model, "meta", BF16)
     assert _fp(twin) == before
+
+
+def test_packed_4bit_stored_in_bf16_is_never_cast() -> None:
+    """QLoRA with FSDP builds Linear4bit with ``quant_storage=torch.bfloat16``: the packed 4-bit bytes live in a
+    bf16 tensor. Casting them scrambles the weights (Module.to does); move keeps them, scan does not ask for it."""
+    import bitsandbytes as bnb
+
+    torch.manual_seed(0)
+    dense = nn.Linear(64, 128)
+    layer = bnb.nn.Linear4bit(64, 128, compute_dtype=torch.bfloat16, quant_type="nf4", quant_storage=torch.bfloat16)
+    layer.load_state_dict(dense.state_dict())
+    m = nn.Sequential(OrderedDict(proj=layer.to("cpu"))).eval()
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        ref = m(x).float()
+    packed = m.proj.weight
+    assert type(packed).__name__ == "Params4bit" and packed.dtype == torch.bfloat16
+    assert torchdoctor.scan(m, "cpu", torch.float16).ok
+    for dt in (torch.float16, torch.float32):
+        report = torchdoctor.move(m, "cpu", dt)
+        assert "proj.weight" not in [r.path for r in report.moved]
+        assert m.proj.weight.dtype == torch.bfloat16 and m.proj.bias.dtype == dt
+        with torch.no_grad():
+            assert torch.allclose(m(x).float(), ref, atol=2e-2)

@@ -52,7 +52,8 @@ def target_dtype(e: Entry, dtype: torch.dtype | None, fp32: Any, adapters: dict[
     t = e.tensor
     if dtype is None or not (t.is_floating_point() or t.is_complex()) or (t.is_complex() and not dtype.is_complex):
         return t.dtype, None
-    if e.role in ("quant_state", "offloaded", "subclass_inner") or intent.quantized_wrapper(t):
+    if e.role in ("quant_state", "offloaded", "subclass_inner") or intent.quantized_wrapper(t) \
+            or intent.packed_param(t):
         return t.dtype, "quantization metadata"
     if t.dtype in STORAGE_DTYPES and not (e.role == "parameter" and intent.computes_in_storage(e.module)):
         return t.dtype, "packed storage dtype"  # (in a torch layer that computes with it, it is cast like the rest)

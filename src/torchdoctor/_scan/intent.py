@@ -51,8 +51,20 @@ def is_norm(module: nn.Module | None) -> bool:
 
 
 def judged_float(t: torch.Tensor) -> bool:
-    """A floating tensor whose dtype has an expectation (not packed float8/float4 storage)."""
-    return t.is_floating_point() and t.dtype not in STORAGE_DTYPES
+    """A floating tensor whose dtype has an expectation (not packed float8/float4 storage, not packed 4-bit
+    data stored in a float dtype)."""
+    return t.is_floating_point() and t.dtype not in STORAGE_DTYPES and not packed_param(t)
+
+
+def packed_param(t: torch.Tensor) -> bool:
+    """A bitsandbytes ``Params4bit`` already quantized: packed 4-bit data whatever dtype stores it
+    (``quant_storage=torch.bfloat16`` for QLoRA with FSDP keeps the packed bytes in a bf16 tensor). Casting it
+    scrambles the weights."""
+    tp = type(t)
+    if tp is torch.Tensor or tp is nn.Parameter or tp.__name__ != "Params4bit":
+        return False
+    d = t.__dict__
+    return bool(d.get("bnb_quantized")) or d.get("quant_state") is not None
 
 
 _TORCH_FORWARD: dict[type, bool] = {}

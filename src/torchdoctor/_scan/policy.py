@@ -32,6 +32,7 @@ __all__ = ["Decision", "Expectations", "Policy", "STORAGE_DTYPES", "adapters_kep
 
 _META = torch.device("meta")
 _F32 = torch.float32
+_PARAM = nn.Parameter
 _OWN_ROLES = frozenset({"parameter", "buffer", "quant_state"})
 _ATTR_ROLES = frozenset({"attribute", "container"})
 _VOTABLE: dict[torch.dtype, bool] = {}  # dtype -> floating and not packed storage (dtypes are few)
@@ -173,6 +174,8 @@ class Policy:
                 ok = votable[dt] = dt.is_floating_point and dt not in STORAGE_DTYPES
             if not ok or not info.moved_by_module_to or (adapters and info.path in adapters):
                 continue
+            if type(e.tensor) is not _PARAM and intent.packed_param(e.tensor):
+                continue  # packed 4-bit data stored in a float dtype: no vote
             comp, kept, _ = const or cache.get(e.module_path) or ctx(e.module_path)
             if comp is None or kept or (dt == _F32 and prefixes and self._fp32_kept(e)):
                 continue
@@ -288,6 +291,8 @@ class Policy:
             return Decision(dev, None, dev_rule, alt_dev)
         if role == "quant_state" or intent.quantized_wrapper(t):
             return Decision(dev, None, "quant-metadata", alt_dev)
+        if intent.packed_param(t):
+            return Decision(dev, None, "quant-storage", alt_dev)
         if t.dtype in STORAGE_DTYPES:
             base = comp.dtype if comp is not None else self.dtype
             if base is not None and role == "parameter" and intent.computes_in_storage(e.module):
