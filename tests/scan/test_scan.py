@@ -393,3 +393,27 @@ def test_second_adapter_and_disk_dispatch_are_clean(tmp_path) -> None:
     report = torchdoctor.scan(dispatched)
     assert report.ok, report.text()
     assert {t.role for t in report.tensors if t.path.startswith("model.layers.1.")} == {"offloaded"}
+
+
+def test_plain_containers_are_judged_against_what_was_asked() -> None:
+    """A batch dict, a state_dict, a list or an optimizer holds no module: with device=/dtype= its tensors are
+    judged (assert_placement(batch, device="cuda:0") must not pass a cpu batch); scalars (AdamW's step) are not."""
+    model = nn.Linear(4, 4)
+    batch = {"pixel_values": torch.ones(2, 4), "input_ids": torch.ones(2, 3, dtype=torch.long)}
+    for obj in (batch, model.state_dict(), [torch.ones(2), torch.ones(3)]):
+        assert not torchdoctor.scan(obj, "cuda:0").ok
+        with pytest.raises(AssertionError, match="placement is not device=cuda:0"):
+            torchdoctor.assert_placement(obj, device="cuda:0")
+        assert torchdoctor.scan(obj).ok  # nothing asked, nothing to compare with
+        torchdoctor.assert_placement(obj, device="cpu")
+    report = torchdoctor.scan(batch, dtype=torch.bfloat16)
+    assert [(p.path, p.found) for p in report.problems] == [("pixel_values", "float32")]  # ids stay integers
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    for state in opt.state.values():
+        state["exp_avg"] = state["exp_avg"].to(torch.bfloat16)
+    report = torchdoctor.scan(opt, dtype=torch.float32)
+    assert report.problems and all(p.path.endswith("exp_avg") for p in report.problems)  # not the fp32 step
+    pipe = zoo.tiny_sd_pipeline()  # a pipeline's scheduler keeps its fp32 tables on the cpu by design
+    assert not [p for p in torchdoctor.scan(pipe, "cpu", torch.bfloat16).problems if p.path.startswith("scheduler")]

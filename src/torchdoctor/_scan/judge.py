@@ -56,8 +56,8 @@ def judge(policy: Policy) -> list[Problem]:
             if comp is not None and info.device == exp and (dt == comp.dtype or not dt.is_floating_point) \
                     and not (adapters and info.path in adapters) and not offloaded:
                 continue
-        elif module is None and not strict:
-            continue  # a tensor of a plain object (a scheduler's): no expectation unless strict
+        elif module is None and not strict and not (policy.plain_root and (fixed_dev is not None or policy.dtype)):
+            continue  # a tensor of a plain object (a scheduler's): no expectation unless strict or asked for
         p = _judge_entry(policy, e)
         if p is not None:
             problems.append(p)

@@ -87,6 +87,7 @@ class Policy:
         self.hook_device: list[tuple[str, torch.device]] = []  # dispatched modules (device_map)
         self.offloaded: list[tuple[str, torch.device]] = []  # modules an offload hook keeps at rest elsewhere
         self.offload_by: dict[str, str] = {}  # their paths -> who moves them at call
+        self.plain_root = not w.modules  # a batch, a state_dict, an optimizer: no module anywhere
         self.nonpersistent: set[str] = set()
         self.kbit = False
         self._index_modules()
@@ -284,6 +285,12 @@ class Policy:
         if role == "offloaded":
             return Decision(None, None, "offloaded")
         if role in _ATTR_ROLES and e.module is None:
+            # a tensor of a plain object: judged when strict, or when what was scanned holds no module at all (a
+            # batch dict, a state_dict, an optimizer) and device=/dtype= was asked for; a pipeline's scheduler
+            # keeps its fp32 tables on the cpu by design. Scalars (AdamW's step, a loss scale) stay where made.
+            asked = self.plain_root and (self.device is not None or self.dtype is not None) and t.dim() > 0
+            if asked and not self.strict:
+                return Decision(self.device, self.dtype, "explicit")
             return Decision(dev if self.strict else None, self.dtype if self.strict else None, "no-expectation")
         if role == "subclass_inner" or (role in _ATTR_ROLES and isinstance(e.owner, torch.Tensor)):
             return Decision(dev, None, "quant-metadata")
