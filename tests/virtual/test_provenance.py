@@ -442,3 +442,17 @@ def test_upcast_embedding_is_the_culprit_first_across_architectures(name: str) -
     with pytest.raises(torchdoctor.PlacementError) as info, torch.no_grad(), torchdoctor.guard(b.obj):
         b.run()
     assert info.value.problems[0].path == path
+
+
+def test_backward_is_said_not_simulated_not_a_traceback() -> None:
+    m = nn.Linear(4, 4)
+
+    def step(model: nn.Module) -> None:
+        model.to("cuda:1")
+        model(torch.ones(2, 4, device="cuda:1")).sum().backward()
+
+    report = torchdoctor.simulate(m, call=step, device="cuda:1")
+    assert [(p.kind, p.found) for p in report.problems] == [("unsupported_op", "Tensor.backward")]
+    assert "backward() is not simulated" in (report.fix or "") and report.exit_code() == 2
+    err = _marker_run(lambda: step(nn.Linear(4, 4)))
+    assert "Tensor.backward cannot be simulated: a virtual run checks forwards with autograd off" in str(err)

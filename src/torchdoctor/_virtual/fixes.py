@@ -49,7 +49,11 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
     unsupported = sorted({p.found for p in problems if p.kind == "unsupported_dtype"})
     if unsupported:
         lines.append(f"model.to(torch.float32)  # {device.type} cannot compute in {', '.join(unsupported)}")
-    if any(p.kind == "unsupported_op" for p in problems):
+    ops = {p.found for p in problems if p.kind == "unsupported_op"}
+    if "Tensor.backward" in ops:
+        lines.append("# backward() is not simulated: simulate the forward and its loss; run the training step on "
+                     "the real device")
+    if ops - {"Tensor.backward"}:
         lines.append("# an op without a meta/fake kernel ran: it cannot be simulated; skip it under the marker")
     attrs = sorted({p.path for p in problems if p.role == "attribute" and p.kind == "device"})
     if attrs:  # the cast above fixes this model; a buffer is moved by every later .to()

@@ -127,6 +127,15 @@ def _device_ctor(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[st
     return func(*args, **kwargs)
 
 
+_BACKWARD = ("a virtual run checks forwards with autograd off (no graph is built on virtual tensors); simulate "
+             "the forward (a loss included), or keep training steps out of @pytest.mark.simulate")
+
+
+def _backward(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    space.hooks.failed("Tensor.backward", None, _BACKWARD)  # a recorder ends the run here, said as a problem
+    return func(*args, **kwargs)
+
+
 def _type(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``t.type()`` -> ``'torch.cuda.FloatTensor'``; ``t.type('torch.cuda.HalfTensor')`` / ``t.type(torch.cuda.
     HalfTensor)`` / ``t.type(torch.float16)`` move and cast as on the device."""
@@ -154,6 +163,7 @@ def _type(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 T = torch.Tensor
 _HANDLERS: dict[Any, Callable[..., Any]] = {
+    T.backward: _backward,
     T.to: _to, T.cuda: _to_kind("cuda"), T.cpu: _to_kind("cpu"), torch.device: _device_ctor,
     torch._C._nn._parse_to: _parse_to,
     T.numpy: _values, T.tolist: _values, T.__array__: _values,
