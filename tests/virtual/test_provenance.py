@@ -456,3 +456,29 @@ def test_backward_is_said_not_simulated_not_a_traceback() -> None:
     assert "backward() is not simulated" in (report.fix or "") and report.exit_code() == 2
     err = _marker_run(lambda: step(nn.Linear(4, 4)))
     assert "Tensor.backward cannot be simulated: a virtual run checks forwards with autograd off" in str(err)
+
+
+class _CpuPositions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[1]).float()  # no device=: on cpu, on any GPU this fails
+        return self.lin(x) + pos[None, :, None]
+
+
+def test_factory_without_device_is_traced_through_casts_and_fixed_at_the_call() -> None:
+    report = torchdoctor.simulate(_CpuPositions(), (torch.randn(1, 4, 8),), device="cuda:0")
+    assert "torch.arange in `<root>`" in report.problems[0].message, report.text()
+    assert report.fix == ("# torch.arange in `<root>` made it on cpu: pass device= the input's device "
+                          "(torch.arange(..., device=x.device))")
+
+
+def test_no_forward_is_not_an_unqualified_ok() -> None:
+    report = torchdoctor.simulate(_CpuPositions(), device="cuda:0")
+    assert report.ok and not report.forward and not report.to_dict()["forward"]
+    assert report.text().startswith("ok: the move left nothing behind (no forward ran: pass inputs, or from the "
+                                    "command line return torchdoctor.Target(model, args), to check the forward)")
+    assert torchdoctor.simulate(nn.Linear(8, 8), (torch.ones(1, 8),), device="cuda:0").text().startswith(
+        "ok: no placement problems")

@@ -22,6 +22,7 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
     from torchdoctor._guard.maps import fix_code
 
     culprits: list[tuple[str | None, str, str, Any]] = []
+    factories: list[str] = []
     named = {p.path for p in problems if p.role in _NAMED}
     for p in problems:
         if p.kind not in ("device", "meta", "dtype"):
@@ -34,6 +35,12 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
             culprits.append((p.path, p.path, p.kind, target))
             continue
         made_from = (sources or {}).get((p.kind, p.path, p.op or "", p.found), ())
+        if made_from and made_from[0].startswith("factory "):
+            if made_from[0] not in named:
+                named.add(made_from[0])
+                factories.append(f"# {made_from[0][8:]} made it on {p.found}: pass device= the input's device "
+                                 f"({made_from[0][8:].split(' ', 1)[0]}(..., device=x.device))")
+            continue
         if made_from:  # fix the source: the tensor made from it follows
             for src in made_from:
                 if src not in named:
@@ -45,7 +52,7 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
             continue  # a named culprit above holds this value: fixing it fixes what was made from it
         where = "on" if p.kind in ("device", "meta") else "in"
         culprits.append((None, f"the tensors made {where} {p.found}", p.kind, target))
-    lines = [fix_code(culprits) or ""]
+    lines = [fix_code(culprits) or "", *factories]
     unsupported = sorted({p.found for p in problems if p.kind == "unsupported_dtype"})
     if unsupported:
         lines.append(f"model.to(torch.float32)  # {device.type} cannot compute in {', '.join(unsupported)}")

@@ -80,8 +80,11 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
     paths: list[str] = []
     count = 0
     via = None
+    cast = None  # a cast's source (``torch.arange(n).float()``): same device, the dtype set by the op
     for t in tensors:
         if t.dtype != dtype or t._td_device != device:
+            if cast is None and t._td_device == device:
+                cast = t
             continue
         path = t._td_path
         if path is not None:
@@ -92,6 +95,10 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
             via = t._td_origin
     if count:
         return Made(op, module, tuple(paths), count)
+    if via is None and cast is not None:
+        if cast._td_path is not None:
+            return Made(op, module, (cast._td_path,), 1)
+        via = cast._td_origin
     if via is None:
         return None
     if via.depth >= DEPTH:

@@ -311,6 +311,12 @@ class _Recorder(Hooks):
                               message + where, op=op, module_path=mpath, module_type=mtype, tensors=listed), key)
             if path is None and origin is not None and origin.source.paths:
                 self.sources.setdefault((p.kind, place, op, found), origin.source.paths)
+            elif path is None and origin is not None and origin.source.op.startswith("torch.") and p.kind == "device":
+                src = origin.source  # a factory without device= (``torch.arange(n)``): the fix is at that call
+                mp = self.modules.paths.get(id(src.module)) if src.module is not None else None
+                self.sources.setdefault((p.kind, place, op, found),
+                                        (f"factory {src.op} in `{mp or '<root>'}`" if src.module is not None
+                                         else f"factory {src.op}",))
         if anchor is not None:
             for k, t in zip(culprits, tensors):
                 call.put(k, _fixed(t, anchor))

@@ -53,6 +53,7 @@ class SimulationReport(HtmlMapMixin):
     summary: tuple[dict[str, Any], ...] = ()  # tensors by device and dtype after the move
     culprits: int = 0  # the first ``culprits`` problems are model tensors that caused the ones after them
     fix: str | None = None  # the fix as code, on the user's model (paths are the same as the copy's)
+    forward: bool = True  # a forward (or the user's call) ran; False: only the move was checked
 
     @property
     def ok(self) -> bool:
@@ -75,13 +76,16 @@ class SimulationReport(HtmlMapMixin):
             "profile": {"type": p.type, "count": p.count, "capability": list(p.capability), "memory": p.memory,
                         "name": p.name},
             "problems": [q.to_dict() for q in self.problems], "ops": self.ops, "seconds": round(self.seconds, 4),
-            "stopped": self.stopped, "summary": list(self.summary), "fix": self.fix,
+            "stopped": self.stopped, "summary": list(self.summary), "fix": self.fix, "forward": self.forward,
         }
 
     def text(self, limit: int = 40) -> str:
         where = device_str(self.device) + (f" in {dtype_str(self.dtype)}" if self.dtype else "")
         head = f"{self.ops} ops on virtual {where}, {self.seconds:.2f} s"
-        lines = [f"ok: no placement problems ({head})"] if self.ok else \
+        ok = "ok: no placement problems" if self.forward else \
+            "ok: the move left nothing behind (no forward ran: pass inputs, or from the command line return " \
+            "torchdoctor.Target(model, args), to check the forward)"
+        lines = [f"{ok} ({head})"] if self.ok else \
             [f"{len(self.problems)} problem(s) ({head}):", *_culprits_then_rest(self.problems, self.culprits, limit)]
         if self.stopped:
             lines.append(f"stopped early: {self.stopped}")
@@ -222,7 +226,7 @@ def simulate(
     fix = fix_for(problems, dev, dt, rec.sources) if problems else None
     return SimulationReport(dev, dt, data, profile,
                             tuple(problems), space.ops, time.perf_counter() - start, rec.stopped, summary,
-                            rec.blamed, fix)
+                            rec.blamed, fix, bool(args or kwargs or call is not None))
 
 
 def _api_name(exc: BaseException) -> str:
