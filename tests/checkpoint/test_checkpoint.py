@@ -224,11 +224,13 @@ def test_diffusers_variant_and_bin_components(tmp_path):
     d = tmp_path / "unet"
     unet.save_pretrained(d)
     unet.to(torch.float16).save_pretrained(d, variant="fp16", safe_serialization=False)
-    report = scan_checkpoint(tmp_path)
+    report = scan_checkpoint(tmp_path)  # the folder: what from_pretrained loads (the variant only when asked)
     groups = {g["group"]: g for g in report.extra["groups"]}
-    assert set(groups) == {"unet/diffusion_pytorch_model.safetensors", "unet/diffusion_pytorch_model.fp16.bin"}
-    assert groups["unet/diffusion_pytorch_model.fp16.bin"]["dtypes"] == {"float16": len(unet.state_dict())}
-    assert "unet/diffusion_pytorch_model.fp16.bin/conv_in.weight" in paths(report)
+    assert set(groups) == {"unet"} and report.ok
+    assert [s["path"] for s in report.extra["skipped"]] == ["unet/diffusion_pytorch_model.fp16.bin"]
+    alone = scan_checkpoint(d / "diffusion_pytorch_model.fp16.bin")  # the variant, scanned by itself
+    assert [g["dtypes"] for g in alone.extra["groups"]] == [{"float16": len(unet.state_dict())}]
+    assert "conv_in.weight" in paths(alone)
 
 
 # --- bitsandbytes ---------------------------------------------------------------------------------------------

@@ -97,3 +97,33 @@ def test_no_config_no_dtype_judgement_but_the_majority_is_named(t5_fp16, tmp_pat
     assert report.ok and report.expected == {}
     (group,) = report.extra["groups"]
     assert group["majority_dtype"]["dtype"] == "float16"
+
+
+def test_a_model_folder_is_judged_by_the_files_from_pretrained_loads(tmp_path: Path) -> None:
+    """A Hub snapshot often holds a .bin beside model.safetensors, or fp16 variants beside the full weights:
+    from_pretrained loads one of them, so the others are listed as not loaded, never judged as the model."""
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "llm"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "bfloat16"}))
+    save_file({"w": torch.ones(4, 4, dtype=torch.bfloat16)}, str(folder / "model.safetensors"))
+    torch.save({"w": torch.ones(4, 4)}, folder / "pytorch_model.bin")
+    report = torchdoctor.scan(str(folder), dtype=torch.bfloat16)
+    assert report.ok, report.problems
+    assert [s["path"] for s in report.extra["skipped"]] == ["pytorch_model.bin"]
+    assert "from_pretrained loads instead" in report.extra["skipped"][0]["reason"]
+    unet = tmp_path / "pipe" / "unet"
+    unet.mkdir(parents=True)
+    (unet / "config.json").write_text(json.dumps({"_class_name": "UNet2DConditionModel"}))
+    save_file({"w": torch.ones(4, 4)}, str(unet / "diffusion_pytorch_model.safetensors"))
+    save_file({"w": torch.ones(4, 4, dtype=torch.float16)}, str(unet / "diffusion_pytorch_model.fp16.safetensors"))
+    report = torchdoctor.scan(str(tmp_path / "pipe"), dtype=torch.float32)
+    assert report.ok, report.problems
+    assert "variant='fp16'" in report.extra["skipped"][0]["reason"]
+    assert not torchdoctor.scan(str(unet / "diffusion_pytorch_model.fp16.safetensors"), dtype=torch.float32).ok
+    only = tmp_path / "only_variant"
+    only.mkdir()
+    (only / "config.json").write_text("{}")
+    save_file({"w": torch.ones(2, dtype=torch.float16)}, str(only / "model.fp16.safetensors"))
+    assert not torchdoctor.scan(str(only), dtype=torch.float32).ok  # only variants: they are what is there

@@ -32,10 +32,12 @@ _MAX_JSON = 64 * 1024 * 1024  # an index or config.json larger than this is not 
 
 @dataclass(frozen=True)
 class Skipped:
-    """A directory entry that was not checked, and why (shown as an ``unreadable`` problem)."""
+    """A directory entry that was not checked, and why (shown as an ``unreadable`` problem, unless ``loaded`` is
+    False: a file ``from_pretrained`` does not load, listed in the report's ``skipped`` and not judged)."""
 
     label: str
     reason: str
+    loaded: bool = True
 
 
 def file_kind(mode: int) -> str:
@@ -185,6 +187,45 @@ def _dcp_unit(dirpath: str, prefix: str, label: str, skipped: list[Skipped]) -> 
         return None
 
 
+_HF_BASES = {"model": "model", "pytorch_model": "model", "diffusion_pytorch_model": "diffusion_pytorch_model"}
+
+
+def _hf_name(unit: str) -> tuple[str, str | None, str] | None:
+    """(weights family, variant, format) of a Hugging Face weights file or shard index
+    (``diffusion_pytorch_model.fp16.safetensors``, ``model.safetensors.index.json``), None for other names."""
+    name = unit[: -len(".index.json")] if unit.endswith(".index.json") else unit
+    stem, _, ext = name.rpartition(".")
+    if ext not in ("safetensors", "bin"):
+        return None
+    base, _, variant = stem.partition(".")
+    family = _HF_BASES.get(base)
+    return (family, variant or None, ext) if family is not None else None
+
+
+def _what_loads(units: list[str], rel: str, skipped: list[Skipped]) -> list[str]:
+    """In a Hugging Face model folder, the files ``from_pretrained`` loads: no variant unless only variants are
+    there (``*.fp16.safetensors`` beside the full files is another copy of the same model), and safetensors over
+    a ``.bin`` of the same weights. The others are listed as not checked, never judged as part of the model."""
+    named = {u: _hf_name(u) for u in units}
+    plain = [u for u, n in named.items() if n is not None and n[1] is None]
+    keep = []
+    for u in units:
+        n = named[u]
+        label = f"{rel}/{u}" if rel else u
+        if n is None:
+            keep.append(u)
+        elif n[1] is not None and plain:
+            skipped.append(Skipped(label, f"a {n[1]!r} variant of the weights beside it: from_pretrained loads it "
+                                          f"only with variant={n[1]!r} (scan it alone to check it)", False))
+        elif n[2] == "bin" and any(m is not None and m[0] == n[0] and m[1] == n[1] and m[2] == "safetensors"
+                                   for m in named.values()):
+            skipped.append(Skipped(label, "a .bin copy beside the .safetensors weights, which from_pretrained loads "
+                                          "instead (scan it alone to check it)", False))
+        else:
+            keep.append(u)
+    return keep
+
+
 def collect(root: str) -> tuple[list[Group], str | None, list[Skipped]]:
     """The checkpoints in a file or directory, the directory layout, and the entries that were not checked."""
     name = os.path.basename(os.path.normpath(root)) or root
@@ -252,6 +293,8 @@ def collect(root: str) -> tuple[list[Group], str | None, list[Skipped]]:
         indexes = [f for f in files if f.endswith(".index.json")]
         sharded = set().union(*(_shards_of(os.path.join(dirpath, i)) for i in indexes)) if indexes else set()
         units = indexes + [f for f in files if f.endswith(EXTENSIONS) and f not in sharded]
+        if "config.json" in names and len(units) > 1:  # a Hugging Face model (or pipeline component) folder
+            units = _what_loads(units, rel, skipped)
         for unit in units:
             prefix = rel if len(units) == 1 else f"{rel}/{unit}" if rel else unit
             label = f"{rel}/{unit}" if rel else unit

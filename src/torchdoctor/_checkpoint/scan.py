@@ -61,7 +61,7 @@ def scan_checkpoint(
         if exp is not None and exp.rule != "explicit":
             expected[group.prefix or "."] = {"dtype": dtype_str(exp.dtype), "rule": exp.rule, "why": exp.why}
         problems += group_problems(group, want, exp)
-    problems += [_unreadable(s) for s in skipped]
+    problems += [_unreadable(s) for s in skipped if s.loaded]
     truncated = any(fs.truncated for g in groups for fs in g.files)
     if truncated:
         problems.append(truncated_problem(root))
