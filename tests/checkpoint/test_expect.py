@@ -127,3 +127,18 @@ def test_a_model_folder_is_judged_by_the_files_from_pretrained_loads(tmp_path: P
     (only / "config.json").write_text("{}")
     save_file({"w": torch.ones(2, dtype=torch.float16)}, str(only / "model.fp16.safetensors"))
     assert not torchdoctor.scan(str(only), dtype=torch.float32).ok  # only variants: they are what is there
+
+
+def test_training_state_keeps_float32_by_design(tmp_path: Path) -> None:
+    """A training checkpoint: a bf16 model beside AdamW's state (``step`` is float32 in torch) and a loss scale."""
+    model = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 4, dtype=torch.bfloat16)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": {"scale": torch.tensor(65536.0)}}
+    torch.save(state, tmp_path / "train.pt")
+    assert torchdoctor.scan(str(tmp_path / "train.pt"), dtype=torch.bfloat16).ok
+    state["model"]["bias"] = state["model"]["bias"].float()  # a real leftover in the model's own weights
+    torch.save(state, tmp_path / "train.pt")
+    report = torchdoctor.scan(str(tmp_path / "train.pt"), dtype=torch.bfloat16)
+    assert [p.path for p in report.problems] == ["model.bias"]

@@ -15,6 +15,7 @@ Quantization checks are data: one function per family in a registry that refuses
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -192,6 +193,16 @@ def _unsupported_problems(group: Group, entries: list[Entry], want: torch.device
     return out
 
 
+# a training checkpoint's own state: optimizer moments and steps, loss scales, schedulers keep float32 whatever
+# the model's dtype (torch's AdamW keeps ``step`` float32; GradScaler's ``scale`` is float32)
+_TRAINING_STATE = re.compile(r"(^|\.)(optimizer|optimizers|optimizer_states|optim|scaler|grad_scaler|lr_scheduler|"
+                             r"lr_schedulers|scheduler)(\.|$)")
+
+
+def _training_state(key: str) -> bool:
+    return _TRAINING_STATE.search(key) is not None
+
+
 def _dtype_problems(group: Group, entries: list[Entry], exp: Any) -> list[Problem]:
     """Floating weights off the expected dtype (``exp``: a DtypeExpectation or None), one problem per dtype
     found. Float8 storage and quantization metadata are never judged; modules the model class keeps in
@@ -200,7 +211,7 @@ def _dtype_problems(group: Group, entries: list[Entry], exp: Any) -> list[Proble
         return []
     want = exp.dtype
     off = [e for e in entries if e.role == "parameter" and e.dtype != want and e.dtype.is_floating_point
-           and e.dtype.itemsize > 1]
+           and e.dtype.itemsize > 1 and not _training_state(e.key)]
     if not off:
         return []
     if want in (torch.float16, torch.bfloat16) and any(e.dtype == torch.float32 for e in off):
