@@ -3,7 +3,6 @@ culprits first, and the op going on as if fixed so one run finds every problem."
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -16,6 +15,7 @@ from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.text import render_problems
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
+from torchdoctor._virtual.escaped import escaped_problem
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, make
 from torchdoctor._tracker import ModuleStack
 
@@ -96,7 +96,10 @@ class _Recorder(Hooks):
         entry = [p for p in problems if _at_entry(p)]
         rest = [p for p in problems if not _at_entry(p)]
         blamed = self._policy_blamed(problems, roots, {p.path for p in entry})
-        # an op that met the culprit itself (a tied lm_head reading the upcast embedding) is said by its line
+        # an op that met the culprit itself (a tied lm_head reading the upcast embedding) joins the culprit's line
+        met = {(p.path, p.kind, p.found): p for p in reversed(rest)}
+        blamed = [replace(b, message=f"{b.message}; it surfaced at {m.op}: {m.message}", op=m.op)
+                  if (m := met.get((b.path, b.kind, b.found))) is not None else b for b in blamed]
         named = {(b.path, b.kind, b.found) for b in blamed}
         rest = [p for p in rest if (p.path, p.kind, p.found) not in named]
         self.blamed = len(blamed) + len(entry)
@@ -225,31 +228,14 @@ class _Recorder(Hooks):
 
     def escaped(self, exc: BaseException) -> bool:
         """A placement error raised by a check in Python before any op ran (``nn.LSTM`` compares its input's dtype
-        with its weights' in Python): recorded at the running module, and the run ends there. False when the
-        exception is not about placement (it is the user's own, and propagates)."""
-        from torchdoctor._explain.tokens import devices_in, dtypes_in
-        from torchdoctor._guard.diagnose import placement_category
-
-        first = (str(exc).strip().splitlines() or [""])[0]
-        if not first or placement_category(first) is None:
+        with its weights' in Python): recorded at the module whose code raised, and the run ends there. False when
+        the exception is not about placement (it is the user's own, and propagates)."""
+        found = escaped_problem(exc, self.modules.paths)
+        if found is None:
             return False
-        kind = "device" if re.search(r"\bdevices?\b", first, re.IGNORECASE) else "dtype"
-        names = [*(devices_in(first) if kind == "device" else dtypes_in(first)), "?", "?"]
-        found, expected = (names[1], names[0]) if "got type" in first else (names[0], names[1])
-        mpath, mtype, tb = None, None, exc.__traceback__
-        while tb is not None:  # the innermost module whose code raised (the stack unwound with the exception)
-            obj = tb.tb_frame.f_locals.get("self")
-            if isinstance(obj, nn.Module) and id(obj) in self.modules.paths:
-                mpath, mtype = self.modules.paths[id(obj)], type(obj).__name__
-            tb = tb.tb_next
-        self.stopped = f"the run ended at a check torch makes before any op: {type(exc).__name__}: {first}"
-        place = (mpath or "<root>") if mtype else "<top level>"
+        problem, self.stopped = found
         with contextlib.suppress(_Stop):
-            self._add(Problem(kind, place, "activation", found, expected,
-                              f"input 0 is {found} where {place} ({mtype}) expects {expected}: {type(exc).__name__}: "
-                              f"{first}" if mtype else f"{type(exc).__name__}: {first}",
-                              op=f"{mtype}.forward" if mtype else "forward", module_path=mpath, module_type=mtype),
-                      key=(kind, place, "escaped"))
+            self._add(problem, key=(problem.kind, problem.path, "escaped"))
         return True
 
     def stop_unsupported(self, op: str, message: str) -> None:
