@@ -208,6 +208,15 @@ def test_prepare_model_for_kbit_training_fp32_is_intended(kbit_llama) -> None:
     assert torchdoctor.scan(kbit_llama).ok
 
 
+def test_move_plan_agrees_with_scan_on_kbit_fp32(kbit_llama) -> None:
+    """move(dtype=bf16) keeps what prepare_model_for_kbit_training made float32, as scan calls it intended."""
+    from torchdoctor._move.plan import build, plan
+
+    built = build(kbit_llama, None, torch.bfloat16, True)
+    assert dict(built.kept).get("model.norm.weight") == "prepare_model_for_kbit_training keeps it float32"
+    assert "model.norm.weight" not in [s.path for s in plan(kbit_llama, dtype=torch.bfloat16)]
+
+
 def test_kbit_model_with_a_planted_leftover(kbit_llama) -> None:
     w = kbit_llama.model.layers[1].input_layernorm.weight
     saved = w.data

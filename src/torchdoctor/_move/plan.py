@@ -35,6 +35,7 @@ import torch
 
 from torchdoctor._move import owners as q
 from torchdoctor._scan.expect import adapters_kept_fp32
+from torchdoctor._scan.intent import LOW_PRECISION, is_bnb_layer, kbit_model
 from torchdoctor._scan.policy import fp32_scopes, target_dtype
 from torchdoctor._report.model import PlacementError, Target
 from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype, same_device
@@ -234,6 +235,8 @@ def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep
             aliases.setdefault(e.alias_of, []).append(e)
     fp32 = fp32_scopes(w, dtype) if dtype is not None and keep_fp32 else None
     adapters = adapters_kept_fp32(w) if dtype is not None and keep_fp32 else {}
+    # a bitsandbytes model's other float32 weights are on purpose (prepare_model_for_kbit_training), as scan says
+    kbit = keep_fp32 and dtype in LOW_PRECISION and kbit_model(w.modules)
     steps, kept = [], []
     keys: dict[Any, list[_Step]] = {}
     for e in w.canonical():
@@ -241,6 +244,9 @@ def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep
         if (e.slot == "inner" and q.is_wrapper(e.owner)) or e.role == "offloaded":
             continue  # moved by the wrapper's own .to; offloaded weights belong to their (refused) hook
         target_dt, reason = target_dtype(e, dtype, fp32, adapters)
+        if kbit and reason is None and t.dtype == torch.float32 and e.role == "parameter" \
+                and not is_bnb_layer(e.module):  # (a bitsandbytes layer's own bias is cast like Module.to does)
+            target_dt, reason = t.dtype, "prepare_model_for_kbit_training keeps it float32"
         if reason and target_dt != dtype:
             kept.append((e.path, reason))
         target_dev = device if device is not None else t.device
