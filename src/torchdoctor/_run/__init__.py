@@ -1,0 +1,1 @@
+"""``torchdoctor run``: an unmodified program, watched (and with ``--device``, on virtual devices)."""
