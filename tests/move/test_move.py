@@ -569,25 +569,74 @@ def test_move_touches_nothing_but_its_object() -> None:
     assert _fp(twin) == before
 
 
+def _cpu_repacked(layer: nn.Module) -> bool:
+    """Whether bitsandbytes repacked this 4-bit layer into its CPU layout (on CPUs with AVX512-BF16 the first eval
+    forward without grad does; elsewhere the portable layout stays)."""
+    return bool(getattr(layer.weight.quant_state, "packing_format_for_cpu", False))
+
+
 def test_packed_4bit_stored_in_bf16_is_never_cast() -> None:
     """QLoRA with FSDP builds Linear4bit with ``quant_storage=torch.bfloat16``: the packed 4-bit bytes live in a
-    bf16 tensor. Casting them scrambles the weights (Module.to does); move keeps them, scan does not ask for it."""
+    bf16 tensor. Casting them scrambles the weights (Module.to does); move keeps them, scan does not ask for it.
+    The forward below takes the branch this CPU takes: with AVX512-BF16 bitsandbytes repacks the weight into its
+    uint8 CPU layout; without, the bf16 storage stays. Either way nothing packed is cast."""
     import bitsandbytes as bnb
+    from bitsandbytes.functional import has_avx512bf16
 
     torch.manual_seed(0)
     dense = nn.Linear(64, 128)
     layer = bnb.nn.Linear4bit(64, 128, compute_dtype=torch.bfloat16, quant_type="nf4", quant_storage=torch.bfloat16)
     layer.load_state_dict(dense.state_dict())
     m = nn.Sequential(OrderedDict(proj=layer.to("cpu"))).eval()
+    assert m.proj.weight.dtype == torch.bfloat16  # before any forward: the stored form, on every CPU
     x = torch.randn(2, 64)
     with torch.no_grad():
         ref = m(x).float()
     packed = m.proj.weight
-    assert type(packed).__name__ == "Params4bit" and packed.dtype == torch.bfloat16
+    repacked = _cpu_repacked(m.proj)
+    assert repacked == bool(has_avx512bf16())
+    assert type(packed).__name__ == "Params4bit" and packed.dtype == (torch.uint8 if repacked else torch.bfloat16)
+    stored = packed.dtype
     assert torchdoctor.scan(m, "cpu", torch.float16).ok
     for dt in (torch.float16, torch.float32):
         report = torchdoctor.move(m, "cpu", dt)
         assert "proj.weight" not in [r.path for r in report.moved]
-        assert m.proj.weight.dtype == torch.bfloat16 and m.proj.bias.dtype == dt
+        assert m.proj.weight.dtype == stored and m.proj.bias.dtype == dt
         with torch.no_grad():
             assert torch.allclose(m(x).float(), ref, atol=2e-2)
+
+
+@pytest.mark.parametrize("storage", [torch.uint8, torch.bfloat16])
+def test_cpu_packed_4bit_layout_is_never_cast(storage: torch.dtype) -> None:
+    """The CPU layout bitsandbytes makes on AVX512-BF16 CPUs, made here on any CPU with bitsandbytes' own converter
+    (plain torch ops): weight uint8 [out, in/2], absmax dequantized to bf16 and transposed, ``state2`` gone. scan
+    calls it intended, move casts only the bias and the plain layers, and the numbers are unchanged where this CPU
+    can run the packed kernel (elsewhere the forward is not compared: the kernel needs AVX512-BF16)."""
+    import bitsandbytes as bnb
+    from bitsandbytes.functional import _convert_weight_packed_for_cpu, has_avx512bf16
+
+    torch.manual_seed(0)
+    layer = bnb.nn.Linear4bit(64, 128, compute_dtype=torch.bfloat16, quant_type="nf4", quant_storage=storage)
+    layer.load_state_dict(nn.Linear(64, 128).state_dict())
+    m = nn.Sequential(OrderedDict(proj=layer.to("cpu"), head=nn.Linear(128, 8))).eval()
+    w = m.proj.weight
+    w.data, w.quant_state = _convert_weight_packed_for_cpu(w.data, w.quant_state)
+    assert _cpu_repacked(m.proj) and w.dtype == torch.uint8 and tuple(w.shape) == (128, 32)
+    data, absmax = w.data.clone(), w.quant_state.absmax.clone()
+    x = torch.randn(2, 64)
+    ref = None
+    if has_avx512bf16():
+        with torch.no_grad():
+            ref = m(x).float()
+    assert torchdoctor.scan(m).ok
+    report = torchdoctor.move(m, "cpu", torch.float16)
+    moved = {r.path for r in report.moved}
+    assert {"proj.bias", "head.weight", "head.bias"} <= moved and "proj.weight" not in moved
+    assert not [p for p in moved if "quant_state" in p]
+    assert torch.equal(m.proj.weight.data, data) and torch.equal(m.proj.weight.quant_state.absmax, absmax)
+    assert torchdoctor.scan(m, "cpu", torch.float16).ok
+    if ref is not None:
+        with torch.no_grad():
+            assert torch.allclose(m(x.half()).float(), ref, atol=5e-2)
+
+

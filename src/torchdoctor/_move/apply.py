@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from torchdoctor._move import optim as opt_state
 from torchdoctor._move import owners as q
 from torchdoctor._move.plan import Moved, MoveReport, _Plan, build
 from torchdoctor._move.undo import Outcome, UndoLog, Unit, compact_of, irreplaceable, owns_storage
@@ -73,7 +74,8 @@ def _interrupt(stop: BaseException, text: str) -> BaseException:
 
 
 def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | torch.dtype | None = None, *,
-         non_blocking: bool = False, keep_fp32: bool = True, rollback: bool | str = "auto") -> MoveReport:
+         non_blocking: bool = False, keep_fp32: bool = True, rollback: bool | str = "auto",
+         optimizer: Any = None) -> MoveReport:
     """Move every tensor reachable from ``obj`` to ``device`` and cast its floating tensors to ``dtype``, in place.
 
     Reaches what ``Module.to`` misses (tensor attributes, list-held modules, quant_state, 8-bit state,
@@ -81,6 +83,11 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     tensors, keeps ``_keep_in_fp32_modules`` and fp32 peft adapters in fp32 (``keep_fp32=False`` casts what
     ``Module.to`` casts), verifies with ``scan``. Refuses up front (nothing moved) under accelerate offload
     hooks or with meta tensors to materialise.
+
+    ``optimizer=opt`` (or a list of optimizers) moves their state with the parameters: a state tensor that sat on
+    its parameter's device, or had its parameter's dtype, follows it (Adam's ``exp_avg`` after a cast to float64);
+    state kept apart on purpose (``step`` on cpu, fp32 state of a bf16 parameter, 8-bit optimizer state) stays.
+    It is verified and rolled back with the model.
 
     When anything fails part-way (an error, an out-of-memory, a ``KeyboardInterrupt``) or the verification finds a
     tensor left behind, everything is undone: the same objects come back, views share their storage again, grads
@@ -105,15 +112,23 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     if dt is not None and not (dt.is_floating_point or dt.is_complex):
         raise TypeError(f"move casts floating-point tensors only: dtype must be a floating dtype, not {dt}")
     log = UndoLog(_mode(rollback))
+    opts = opt_state.optimizers(optimizer)
+    was = opt_state.before(opts)
     p = build(obj, dev, dt, keep_fp32)
     p.raise_refusals()
     done: list[Moved] = []
     cursor = [""]
     total, left = 0, []
     try:
-        total = _apply(p, log, done, cursor, non_blocking)
+        swapped: dict[int, torch.Tensor] = {}
+        total = _apply(p, log, done, cursor, non_blocking, swapped)
+        opt_state.rekey(opts, swapped, log, was)
+        for path, src, dst, nbytes in opt_state.apply(opt_state.plan(obj, opts, was), log, non_blocking):
+            cursor[0] = path
+            done.append(Moved(path, src, dst, nbytes))
+            total += nbytes
         cursor[0] = _VERIFYING
-        left = _verify(obj, dev, dt, keep_fp32)
+        left = _verify(obj, dev, dt, keep_fp32) + opt_state.left_behind(obj, opts, was)
     except BaseException as exc:
         where = {_VERIFYING: "while verifying the result", "": "before the first tensor"}.get(cursor[0],
                                                                                              f"at {cursor[0]}")
@@ -148,9 +163,10 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     return MoveReport(tuple(done), dev, dt, kept=tuple(kept), storage_bytes=total, seconds=seconds)
 
 
-def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blocking: bool) -> int:
-    """Move unit by unit, each change after its undo record; returns the bytes now held (each storage once)."""
-    swapped: dict[int, torch.Tensor] = {}
+def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blocking: bool,
+           swapped: dict[int, torch.Tensor]) -> int:
+    """Move unit by unit, each change after its undo record; returns the bytes now held (each storage once).
+    ``swapped`` collects the objects replaced by new ones (old id -> new), for the optimizers that hold them."""
     total = 0
     units = p.units()
     shared = _shared_storages(units) if log.mode == "auto" else set()
