@@ -351,11 +351,16 @@ def test_bnb_half_moved_layer_cannot_go_back_and_says_why() -> None:
 
 
 def test_bnb_cpu_repacked_4bit_is_refused_for_another_device() -> None:
+    """On AVX512-BF16 CPUs the first eval forward repacks in place; elsewhere the same layout is made with
+    bitsandbytes' own converter (plain torch ops), so the refusal is tested on every CPU."""
+    from bitsandbytes.functional import _convert_weight_packed_for_cpu
+
     model = zoo.bnb_linear4bit()
     with torch.no_grad():
         model(torch.randn(2, 64))  # eval + no_grad: repacks in place on AVX512-BF16 CPUs
-    if not getattr(model.proj.weight.quant_state, "packing_format_for_cpu", False):
-        pytest.skip("this CPU does not repack bitsandbytes 4-bit weights")
+    w = model.proj.weight
+    if not _cpu_repacked(model.proj):  # this CPU took the portable branch
+        w.data, w.quant_state = _convert_weight_packed_for_cpu(w.data, w.quant_state)
     with pytest.raises(PlacementError) as info:
         assert_unchanged(model, move, model, "cuda:1")
     assert "packing_format_for_cpu" in str(info.value) and "model.cuda()" in str(info.value)
