@@ -10,8 +10,8 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 
 class UsageError(Exception):
@@ -90,10 +90,36 @@ def failure(exc: BaseException) -> str:
 
 
 def resolve_target(spec: str) -> Any:
-    """A TARGET from the command line: an existing path is returned as a path string (a checkpoint)."""
+    """A TARGET from the command line: an existing path is returned as a path string (a checkpoint); a Python
+    file without ``:name`` is a usage error that says what to type."""
+    if os.path.isfile(spec) and spec.endswith(".py"):
+        raise UsageError(python_file_hint(spec))
     if os.path.exists(spec):
         return spec
     return load_target(spec)
+
+
+def python_file_hint(path: str) -> str:
+    """What to type for ``scan my_app.py``: the names the file defines at top level, read without running it."""
+    import ast
+
+    names: list[str] = []
+    try:
+        with open(path, "rb") as fh:
+            tree = ast.parse(fh.read())
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.append(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.extend(t.id for t in targets if isinstance(t, ast.Name))
+    except (OSError, SyntaxError, ValueError):
+        pass
+    names = [n for n in dict.fromkeys(names) if not n.startswith("_") and not n.isupper()]
+    example = names[0] if names else "model"
+    listed = f"; it defines {', '.join(names[:8])}" + (", ..." if len(names) > 8 else "") if names else ""
+    return (f"{path} is a Python file, not a checkpoint: name the object to check as {path}:{example} (a model, "
+            f"a pipeline, or a function that returns one, called with no arguments){listed}")
 
 
 def parse_common(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -190,6 +216,12 @@ def read_config(start: str | None = None) -> tuple[str | None, dict[str, Any]]:
     return path, dict(table)
 
 
+def schema_id(verb: str) -> str:
+    from torchdoctor._report.text import schema
+
+    return schema(verb)
+
+
 def each_target(verb: str, targets: list[str], args: Any, one: Callable[[str, list[Any]], int]) -> int:
     """Run ``one(spec, docs)`` for every TARGET: one usage error ends a single-target run; with several, it is
     reported and the others still run. The exit code is the worst; ``--json`` prints one document or a list."""
@@ -198,6 +230,7 @@ def each_target(verb: str, targets: list[str], args: Any, one: Callable[[str, li
     for i, spec in enumerate(targets):
         if len(targets) > 1 and not getattr(args, "json", False) and i:
             print()
+        _tell_parent(f"target {spec}")
         try:
             code = one(spec, docs)
         except UsageError as exc:
@@ -205,7 +238,132 @@ def each_target(verb: str, targets: list[str], args: Any, one: Callable[[str, li
                 raise
             print(f"torchdoctor {verb}: {spec}: {exc}", file=sys.stderr)
             code = 2
+            if getattr(args, "json", False):  # a failed TARGET is an entry of the list, not a gap in it
+                docs.append({"schema": schema_id(verb), "ok": False, "source": spec, "error": str(exc)})
         worst = max(worst, code)
     if getattr(args, "json", False) and docs:
         print_json(docs[0] if len(targets) == 1 else docs)
     return worst
+
+
+def positive_float(text: str) -> float:
+    """argparse type for ``--timeout``: seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
+    return value
+
+
+# A verb that runs the user's code runs it in a child process: ``os._exit`` in a TARGET kills the process that
+# called it, and a TARGET that never returns can only be stopped from outside. The child reports, in a small
+# status file named by this variable, the TARGET it is working on and its exit code just before it ends.
+CHILD_ENV = "TORCHDOCTOR_CLI_CHILD"
+_STATE = {"status": ""}
+
+
+def in_child() -> bool:
+    """True in the child process of :func:`run_in_child` (the variable is removed, so the user's code never
+    sees it and a ``torchdoctor`` the user's code starts is a parent again)."""
+    path = os.environ.pop(CHILD_ENV, None)
+    if path:
+        _STATE["status"] = path
+    return bool(_STATE["status"])
+
+
+def _tell_parent(line: str) -> None:
+    path = _STATE["status"]
+    if path:
+        try:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+        except OSError:
+            pass
+
+
+def child_exit(code: int) -> NoReturn:
+    """The child's end: output flushed, the code written for the parent, then gone (a thread the TARGET
+    started and never stopped must not keep a finished check alive)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    _tell_parent(f"exit {code}")
+    os._exit(code)
+
+
+def _status(path: str) -> tuple[str | None, int | None]:
+    target, code = None, None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                word, _, rest = line.rstrip("\n").partition(" ")
+                if word == "target":
+                    target = rest
+                elif word == "exit" and rest.lstrip("-").isdigit():
+                    code = int(rest)
+    except OSError:
+        pass
+    return target, code
+
+
+def _stop(proc: Any) -> None:
+    proc.kill()
+    try:
+        proc.wait(timeout=10)
+    except Exception:  # pragma: no cover - a process that survives SIGKILL is the kernel's business
+        pass
+
+
+def run_in_child(argv: Sequence[str], verb: str, first: str, timeout: float | None) -> int:
+    """Run ``torchdoctor ARGV`` in a child Python with this interpreter's flags, ``sys.path`` and ``sys.argv``
+    (so TARGET resolves exactly as it would here), sharing stdout and stderr. Returns the child's exit code, or
+    2 with one line when the child ended without finishing (``os._exit``, a signal) or outlived ``timeout``."""
+    import json
+    import signal
+    import subprocess
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="torchdoctor-", suffix=".status")
+    os.close(fd)
+    env = dict(os.environ)
+    env[CHILD_ENV] = path
+    env["TORCHDOCTOR_CLI_STATE"] = json.dumps({"path": sys.path, "argv": [sys.argv[0] if sys.argv else "torchdoctor",
+                                                                         *argv]})
+    boot = ("import json, os, sys; s = json.loads(os.environ.pop('TORCHDOCTOR_CLI_STATE')); sys.path[:] = s['path']; "
+            "sys.argv[:] = s['argv']; from torchdoctor._cli.main import main; sys.exit(main())")
+    cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", boot]  # type: ignore[attr-defined]
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            target, _ = _status(path)
+            print(f"torchdoctor {verb}: {target or first}: still running after {timeout:g} s (--timeout); "
+                  "stopped, nothing was checked", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            try:
+                proc.wait(timeout=5)  # the child got the same Ctrl-C
+            except BaseException:
+                _stop(proc)
+            return 130
+        target, code = _status(path)
+        if code is not None:
+            return code
+        rc = proc.returncode
+        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in set(signal.Signals) else f"exit code {rc}"
+        print(f"torchdoctor {verb}: {target or first}: the TARGET ended the process ({how}; os._exit or "
+              "sys.exit in its code?) before the check finished: nothing was checked", file=sys.stderr)
+        return 2
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

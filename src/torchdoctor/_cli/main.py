@@ -1,8 +1,12 @@
-"""Command line: ``torchdoctor scan|simulate|explain|env|demo``.
+"""Command line: ``torchdoctor scan|simulate|explain|env|trace|demo|run``.
 
 Each verb's command lives in its own module here and exposes ``command(args) -> int``; this module only parses
 arguments and turns bad input into one clear line and exit code 2 (never a traceback). The verbs never import
-the command line.
+the command line. Nothing here imports torch: ``scan`` of checkpoint files runs without it.
+
+From the real command line, verbs that run the user's code (``scan``/``simulate`` of ``file.py:name``) run in a
+child process (``run_in_child`` in ``_cli/common.py``): a TARGET that calls ``os._exit`` or outlives ``--timeout`` ends the child,
+not the verdict, and the parent prints one line and exits 2.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from torchdoctor._cli.common import UsageError, positive_int, read_config
-from torchdoctor._report.terminal import output_width
+from torchdoctor._cli.common import (UsageError, child_exit, in_child, positive_float, positive_int, read_config,
+                                    run_in_child)
+from torchdoctor._report.terminal import output_width, set_color
 from torchdoctor._report.text import EXIT_USAGE, line_width
 
 
@@ -48,10 +53,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="verb", metavar="VERB")
-    quiet = _Parser(add_help=False)
+    shared = _Parser(add_help=False)
+    shared.add_argument("--color", choices=("auto", "always", "never"), default=None,
+                        help="colour the output: auto (a terminal, unless NO_COLOR is set; FORCE_COLOR forces it, "
+                             "e.g. in CI logs), always or never")
+    quiet = _Parser(add_help=False, parents=[shared])
     quiet.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
+    limit = _Parser(add_help=False)
+    limit.add_argument("--timeout", type=positive_float, default=None, metavar="SECONDS",
+                       help="stop a TARGET that is still loading or running after SECONDS (exit 2)")
 
-    s = sub.add_parser("scan", parents=[quiet],
+    s = sub.add_parser("scan", parents=[quiet, limit],
                        help="list tensors on the wrong device/dtype, by path (objects, checkpoint files, dirs)")
     s.add_argument("target", metavar="TARGET", nargs="+",
                    help="checkpoint file or dir, or path/to/file.py:name, or package.module:name (several allowed)")
@@ -64,8 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--distributed", action="store_true",
                    help="under torchrun: every rank scans, rank 0 prints one report of all ranks")
 
-    m = sub.add_parser("simulate", parents=[quiet], help="would TARGET run on cuda:N / xpu / mps? (no hardware needed)")
-    m.add_argument("target", metavar="TARGET", nargs="+", help="path/to/file.py:name or package.module:name (several allowed)")
+    m = sub.add_parser("simulate", parents=[quiet, limit],
+                       help="would TARGET run on cuda:N / xpu / mps? (no hardware needed)")
+    m.add_argument("target", metavar="TARGET", nargs="*", help="path/to/file.py:name or package.module:name (several allowed)")
     m.add_argument("--device", help="the virtual device, e.g. cuda:1, mps, xpu (default: the profile's type)")
     m.add_argument("--dtype")
     m.add_argument("--profile", metavar="NAME",
@@ -79,26 +92,45 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--distributed", action="store_true",
                    help="under torchrun: every rank simulates on virtual cuda:LOCAL_RANK, rank 0 prints one report")
 
-    e = sub.add_parser("explain", help="explain a device/dtype error message or a whole log")
+    e = sub.add_parser("explain", parents=[shared], help="explain a device/dtype error message or a whole log")
     e.add_argument("file", nargs="?", default="-", metavar="FILE", help="log file, or - for standard input (default)")
     e.add_argument("--json", action="store_true")
 
-    v = sub.add_parser("env", help="environment doctor: torch build, drivers, IPEX/bnb conflicts, device choice")
+    v = sub.add_parser("env", parents=[shared], help="environment doctor: torch build, drivers, IPEX/bnb conflicts, device choice")
     v.add_argument("--json", action="store_true")
     v.add_argument("--facts", metavar="FILE", help="diagnose facts saved by `torchdoctor env --json` (offline)")
     v.add_argument("--probe", action="store_true", help="also ask torch's device APIs (may initialise a device)")
     v.add_argument("--markdown", action="store_true", help="print a Markdown block to paste into a bug report")
 
-    t = sub.add_parser("trace", help="run a script and record every device/dtype change of its tensors, with the call and line")
+    t = sub.add_parser("trace", parents=[shared],
+                       help="run a script and record every device/dtype change of its tensors, with the call and line",
+                       epilog="Exit codes: the script's own, as `python SCRIPT` would give it (0 when it returns, "
+                              "sys.exit's code, 1 for an uncaught exception after its traceback or for sys.exit with "
+                              "a message); the changes recorded never set it. 2 for bad usage (no such script, "
+                              "--file not writable).")
     t.add_argument("--moves", action="store_true", help="record moves and casts (default when neither is given)")
     t.add_argument("--lora", action="store_true", help="record LoRA load/fuse/unfuse/unload and adapter changes")
     t.add_argument("--file", metavar="OUT", help="also write JSON lines to OUT")
     t.add_argument("script", metavar="SCRIPT", help="the Python script to run (as `python SCRIPT ARGS...` would)")
     t.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
 
-    d = sub.add_parser("demo", help="diagnose and fix a small broken diffusion-style model")
+    d = sub.add_parser("demo", parents=[shared], help="diagnose and fix a small broken model (a diffusers UNet when "
+                                                       "diffusers and peft are installed, else a plain torch model)")
     d.add_argument("--json", action="store_true")
+    _optional_verbs(sub)
     return p
+
+
+def _optional_verbs(sub: Any) -> None:
+    """Verbs whose module may not be installed yet in this tree (``run``): wired when present."""
+    for verb in _OPTIONAL:
+        try:
+            module = importlib.import_module(_VERB_MODULES[verb])
+        except ImportError:
+            continue
+        add = getattr(module, "add_parser", None)
+        if add is not None:
+            add(sub)
 
 
 _VERB_MODULES = {
@@ -108,7 +140,10 @@ _VERB_MODULES = {
     "env": "torchdoctor._cli.env",
     "demo": "torchdoctor._cli.demo",
     "trace": "torchdoctor._cli.trace",
+    "run": "torchdoctor._cli.run",
 }
+_OPTIONAL = ("run",)
+_ISOLATED = ("scan", "simulate")  # verbs that run a TARGET's code (``run`` watches a whole program itself)
 
 
 _CONFIGURED = ("device", "dtype", "profile", "assume_device", "limit")
@@ -154,7 +189,31 @@ class _Stdout:
         return getattr(self._stream, name)
 
 
+def _all_paths(targets: Sequence[str]) -> bool:
+    """Every TARGET is an existing file or directory that is not Python source: checkpoints only, no user code
+    runs and torch is never imported (``my_app.py`` goes on to TARGET resolution, which says what to type)."""
+    return bool(targets) and all(os.path.exists(t) and not t.endswith(".py") for t in targets)
+
+
+def _checkpoint_command(args: argparse.Namespace) -> Any:
+    """``torchdoctor._cli.checkpoint.command`` when that module has it (checkpoints read without torch)."""
+    try:
+        module = importlib.import_module("torchdoctor._cli.checkpoint")
+    except ImportError:
+        return None
+    return getattr(module, "command", None)
+
+
+def _runs_user_code(args: argparse.Namespace) -> bool:
+    if args.verb not in _ISOLATED or getattr(args, "distributed", False):
+        return False
+    if args.verb == "simulate" and getattr(args, "profile", None) in ("help", "list"):
+        return False
+    return not _all_paths(list(args.target or []))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    child = in_child()
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -163,13 +222,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verb:
         parser.print_help()
         return EXIT_USAGE
+    if getattr(args, "color", None):
+        set_color(args.color)
+    if args.verb == "simulate" and not args.target and getattr(args, "profile", None) not in ("help", "list"):
+        print("torchdoctor simulate: the following arguments are required: TARGET", file=sys.stderr)
+        return EXIT_USAGE
+    if argv is None and not child and _runs_user_code(args):
+        sys.stdout.flush()
+        return run_in_child(sys.argv[1:], args.verb, (args.target or ["TARGET"])[0], getattr(args, "timeout", None))
+    code = _command(args)
+    if child:
+        child_exit(code)
+    return code
+
+
+def _command(args: argparse.Namespace) -> int:
     real, out = sys.stdout, _Stdout(sys.stdout)
     sys.stdout = out  # type: ignore[assignment]
     try:
         _apply_config(args)
-        module = importlib.import_module(_VERB_MODULES[args.verb])
+        handler = _checkpoint_command(args) if args.verb == "scan" and _all_paths(args.target) \
+            and not getattr(args, "distributed", False) else None
+        if handler is None:
+            handler = importlib.import_module(_VERB_MODULES[args.verb]).command
         with line_width(output_width(real)):
-            code = int(module.command(args))
+            code = int(handler(args))
     except UsageError as exc:
         print(f"torchdoctor {args.verb}: {exc}", file=sys.stderr)
         code = EXIT_USAGE
@@ -184,4 +261,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError, AttributeError):
             pass
     return code
-

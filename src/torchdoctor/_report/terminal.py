@@ -1,5 +1,6 @@
 """Printing reports to a terminal: rich colours when rich is installed and the stream is a terminal (and
-``NO_COLOR`` is unset), plain text otherwise; the width problem lists wrap at.
+``NO_COLOR`` is unset) or ``FORCE_COLOR`` asks for it (CI logs), plain text otherwise; the width problem lists
+wrap at. ``--color always|never|auto`` sets these variables, so a child process the command starts agrees.
 
 The text is always the same plain rendering; rich only colours it (kinds, compact tensor forms, ok and problem
 headlines), so what a terminal shows and what a pipe gets never differ in content.
@@ -30,11 +31,30 @@ def _is_tty(stream: Any) -> bool:
         return False
 
 
+def set_color(choice: str) -> None:
+    """``--color``: ``always`` sets ``FORCE_COLOR`` (and drops ``NO_COLOR``), ``never`` sets ``NO_COLOR``,
+    ``auto`` leaves the environment's choice."""
+    if choice == "always":
+        os.environ.pop("NO_COLOR", None)
+        os.environ["FORCE_COLOR"] = "1"
+    elif choice == "never":
+        os.environ.pop("FORCE_COLOR", None)
+        os.environ["NO_COLOR"] = "1"
+
+
+def _forced() -> bool:
+    value = os.environ.get("FORCE_COLOR")
+    return value is not None and value.lower() not in ("0", "false", "no")
+
+
 def use_color(stream: Any = None) -> bool:
-    """Colour only for a terminal, only with rich installed, never with ``NO_COLOR`` set (any value) or a
-    ``dumb`` terminal."""
+    """Colour for a terminal, or anywhere with ``FORCE_COLOR`` set (not ``0``); only with rich installed; never
+    with ``NO_COLOR`` set (any non-empty value, it wins over ``FORCE_COLOR`` as no-color.org asks) or a ``dumb``
+    terminal that was not forced."""
     stream = sys.stdout if stream is None else stream
-    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb" or not _is_tty(stream):
+    if os.environ.get("NO_COLOR"):
+        return False
+    if not _forced() and (os.environ.get("TERM") == "dumb" or not _is_tty(stream)):
         return False
     try:
         import rich  # noqa: F401
@@ -83,7 +103,9 @@ def emit(text: str, stream: TextIO | None = None) -> None:
     styled = Text(text)
     for pattern, style in _STYLES:
         styled.highlight_regex(_multiline(pattern), style)
-    Console(file=out, highlight=False, emoji=False, markup=False, soft_wrap=True).print(styled)
+    forced = _forced() and not _is_tty(out)
+    Console(file=out, highlight=False, emoji=False, markup=False, soft_wrap=True, force_terminal=True,
+            color_system="standard" if forced else "auto").print(styled)
 
 
 def _multiline(pattern: str) -> str:

@@ -1,0 +1,178 @@
+"""The command line as a process: a TARGET that ends the process or never returns is exit 2 with one line;
+checkpoints are read without importing torch; the CLI items of a new user's first hour (issue 27, point 8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from torchdoctor._cli.main import main
+
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
+ENV.pop("NO_COLOR", None)
+ENV.pop("FORCE_COLOR", None)
+
+APP = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    from torch import nn
+
+    def model():
+        return nn.Linear(2, 2)
+
+    def broken():
+        m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+        m[1].bias.data = m[1].bias.data.double()
+        return m
+
+    def hard_exit():
+        os._exit(0)
+
+    class Exits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            os._exit(0)
+
+    def exits_in_forward():
+        import torch
+        return Exits(), (torch.ones(1, 2),)
+
+    def never_returns():
+        time.sleep(600)
+
+    def leaves_a_thread():
+        threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: would keep a process alive
+        return nn.Linear(2, 2)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("app") / "my_app.py"
+    path.write_text(APP)
+    return path
+
+
+def cli(*argv: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torchdoctor", *argv], capture_output=True, text=True,
+                          env=env or ENV, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_os_exit_in_a_target_is_exit_2_with_one_line(app: Path) -> None:
+    out = cli("scan", f"{app}:hard_exit")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"torchdoctor scan: {app}:hard_exit: the TARGET ended the process (exit code 0; os._exit or sys.exit in its "
+        "code?) before the check finished: nothing was checked"]
+
+
+def test_os_exit_in_a_simulated_forward_is_exit_2(app: Path) -> None:
+    out = cli("simulate", f"{app}:exits_in_forward", "--device", "cuda:0")
+    assert out.returncode == 2 and "the TARGET ended the process" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_the_failing_target_of_several_is_named(app: Path) -> None:
+    out = cli("scan", f"{app}:model", f"{app}:hard_exit", "--json")
+    assert out.returncode == 2
+    assert f"{app}:hard_exit: the TARGET ended the process" in out.stderr
+
+
+def test_timeout_stops_a_target_that_never_returns(app: Path) -> None:
+    t0 = time.monotonic()
+    out = cli("scan", f"{app}:never_returns", "--timeout", "4", timeout=60)
+    assert time.monotonic() - t0 < 40
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"torchdoctor scan: {app}:never_returns: still running after 4 s (--timeout); stopped, nothing was checked"]
+
+
+def test_a_finished_check_does_not_wait_for_threads_the_target_left(app: Path) -> None:
+    out = cli("scan", f"{app}:leaves_a_thread", timeout=90)
+    assert out.returncode == 0 and out.stdout.startswith("ok: no placement problems")
+
+
+def test_output_and_codes_are_those_of_the_in_process_run(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for name, code in (("model", 0), ("broken", 1)):
+        out = cli("scan", f"{app}:{name}")
+        assert main(["scan", f"{app}:{name}"]) == code == out.returncode
+        assert capsys.readouterr().out == out.stdout
+
+
+def test_timeout_must_be_positive(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scan", f"{app}:model", "--timeout", "0"]) == 2
+    assert "--timeout: expected a number of seconds > 0, got 0" in capsys.readouterr().err
+
+
+def test_checkpoint_scan_never_imports_torch(tmp_path: Path) -> None:
+    """The scan of files goes to the checkpoint command before anything imports torch (checked by blocking it)."""
+    (tmp_path / "not_weights.bin").write_bytes(b"\x00\x01 not a checkpoint")
+    code = ("import sys; sys.modules['torch'] = None\n"  # any `import torch` now raises ImportError
+            "from torchdoctor._cli.main import main, _all_paths, _checkpoint_command\n"
+            f"import argparse; assert _all_paths([{str(tmp_path / 'not_weights.bin')!r}])\n"
+            "print('routed' if _checkpoint_command(argparse.Namespace()) is not None else 'no command yet')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in ("routed", "no command yet")
+
+
+def test_python_file_without_name_says_what_to_type(app: Path) -> None:
+    out = cli("scan", str(app))
+    assert out.returncode == 2 and "not a checkpoint (unknown format" not in out.stderr
+    assert out.stderr.strip() == (
+        f"torchdoctor scan: {app} is a Python file, not a checkpoint: name the object to check as {app}:model "
+        "(a model, a pipeline, or a function that returns one, called with no arguments); it defines model, "
+        "broken, hard_exit, Exits, exits_in_forward, never_returns, leaves_a_thread")
+
+
+def test_simulate_profile_help_needs_no_target(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--profile", "help"]) == 0
+    out = capsys.readouterr().out
+    assert "t4" in out and "a100" in out
+    assert main(["simulate", "--device", "cuda:0"]) == 2
+    assert capsys.readouterr().err.strip() == "torchdoctor simulate: the following arguments are required: TARGET"
+
+
+def test_several_targets_json_keeps_a_failed_target_as_an_error_entry(app: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scan", f"{app}:model", f"{app}:nope", f"{app}:broken", "--json"]) == 2
+    docs = json.loads(capsys.readouterr().out)
+    assert [d["source"] for d in docs] == [f"{app}:model", f"{app}:nope", f"{app}:broken"]
+    assert docs[1] == {"schema": "torchdoctor/scan/1", "ok": False, "source": f"{app}:nope",
+                       "error": f"{str(app)!r} has no attribute 'nope'"}
+    assert docs[2]["problems"][0]["path"] == "1.bias"
+
+
+@pytest.mark.parametrize(("flag", "env", "coloured"), [
+    (None, {}, False),                                  # a pipe: plain
+    (None, {"FORCE_COLOR": "1"}, True),                 # CI logs
+    (None, {"FORCE_COLOR": "1", "NO_COLOR": "1"}, False),  # NO_COLOR wins over the environment's FORCE_COLOR
+    ("always", {"NO_COLOR": "1"}, True),                # the flag wins over both
+    ("never", {"FORCE_COLOR": "1"}, False),
+    (None, {"FORCE_COLOR": "0"}, False),
+])
+def test_color_flag_and_environment(app: Path, flag: str | None, env: dict[str, str], coloured: bool) -> None:
+    pytest.importorskip("rich")
+    argv = ["scan", f"{app}:broken"] + (["--color", flag] if flag else [])
+    out = cli(*argv, env={**ENV, **env})
+    assert out.returncode == 1
+    assert ("\x1b[" in out.stdout) is coloured
+    assert "1.bias" in out.stdout
+
+
+def test_trace_exit_codes_are_documented(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["trace", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Exit codes: the script's own, as `python SCRIPT` would give it" in text
+    assert "the changes recorded never set it. 2 for bad usage" in text
