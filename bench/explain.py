@@ -2,7 +2,8 @@
 
 Prints MB/s for: a 50 MB training/inference log with a few hundred real errors spread through it (as a str,
 and streamed from a file through the CLI path), and for strings built to trip regex engines (runs of "(", ":",
-spaces, repeated anchors). Target: >= 20 MB/s on the log.
+spaces, repeated anchors). Target (issue 28): >= 80 MB/s in process on the log, linear on adversarial input.
+The machine is shared: the grep-like baseline, run interleaved, shows how busy it was.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def main() -> int:
         ("adversarial: 'must have the same dtype' no spaces", ("a" * 200 + " and must have the same dtype") * (n // 230)),
     ]:
         rate(label, len(text), lambda t=text: explain(t))  # type: ignore[misc]
-    target = 20.0
+    target = 80.0
     print(f"log throughput {best:.1f} MB/s (target >= {target:.0f} MB/s on an idle machine): "
           f"{'OK' if best >= target else 'BELOW TARGET (see the load average and the baseline ratio)'}")
     return 0

@@ -149,3 +149,21 @@ def test_every_signature_reads_without_fields() -> None:
     found = explain(log)
     check(found)
     assert "device_mismatch" in {d.category for d in found}
+
+
+def test_one_pass_prefilter_finds_what_every_anchor_finds() -> None:
+    """The fast path (a log: keys on the raw text) finds every anchor a plain lower-cased search finds, on every
+    real text, also in title case and in capitals for the anchors written so (identifiers, titles)."""
+    from torchdoctor._explain.prefilter import _BACK, EXACT_BELOW, key_of
+
+    prefilter, _ = _explain_scan._anchor_table()
+    assert all(a.find(key_of(a)) < _BACK for a in prefilter.anchors if key_of(a))
+    texts = [_explain_scan.normalise(body(p.name)) for p in sorted(FIXTURES.glob("*.txt"))]
+    texts += ["RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasGemmEx`",
+              "RuntimeError: Unhandled FakeTensor Device Propagation for aten.mm.default, found two different devices"]
+    pad = "." * EXACT_BELOW + "\n"  # long enough to take the fast path
+    for text in texts:
+        low = text.lower()
+        want = {i for i, a in enumerate(prefilter.anchors) if a in low}
+        got = {i for _, i in prefilter.hits(pad + text, len(pad), len(pad) + len(text))}
+        assert want <= got, (text[:200], {prefilter.anchors[i] for i in want - got})

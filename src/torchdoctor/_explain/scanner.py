@@ -1,6 +1,7 @@
 """The scanner behind ``explain``: finds error lines in a stream of text and the context around them.
 
-Every signature anchor is found with ``str.find`` on blocks of text (no regex runs over the whole log); only
+Every signature anchor is found in one pass over each block (``prefilter``: the anchors' keys as one trie-shaped
+pattern, then the anchors themselves on the lines it marks); only
 the window around a hit is matched against the signature's bounded patterns, and only a bounded number of
 lines around it is kept as context. Time is linear in the input, memory bounded by the block size. Identical
 errors (a ComfyUI ``!!! Exception during processing !!!`` line and its traceback's last line, or one failure
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor._explain.catalog import signatures
+from torchdoctor._explain.prefilter import Prefilter
 from torchdoctor._explain.signatures import Signature
 
 __all__ = ["BLOCK", "Group", "Scanner", "clean", "normalise"]
@@ -67,18 +69,18 @@ class Group:
     last: int = 0
 
 
-def _anchor_table() -> list[tuple[str, tuple[Signature, ...]]]:
+def _anchor_table() -> tuple[Prefilter, list[tuple[Signature, ...]]]:
     global _ANCHORS
     if _ANCHORS is None:
         table: dict[str, list[Signature]] = {}
         for sig in signatures():
             for a in sig.anchors:
                 table.setdefault(a, []).append(sig)
-        _ANCHORS = [(a, tuple(s)) for a, s in table.items()]
+        _ANCHORS = (Prefilter(list(table)), [tuple(s) for s in table.values()])
     return _ANCHORS
 
 
-_ANCHORS: list[tuple[str, tuple[Signature, ...]]] | None = None
+_ANCHORS: tuple[Prefilter, list[tuple[Signature, ...]]] | None = None
 
 
 def clean(line: str, limit: int = 300) -> str:
@@ -115,16 +117,10 @@ class Scanner:
             cut = max(p, 0)
             if len(text) - cut > 4 * BLOCK:  # one enormous line: cut it anyway
                 cut = len(text) - _SPAN
-        start = self.scan_from
-        low = text.lower()  # same length: _FOLD replaced the one character whose lower case is longer
+        prefilter, sigs_of = _anchor_table()
         found: list[tuple[int, Signature]] = []
-        for anchor, sigs in _anchor_table():
-            p = low.find(anchor, start, cut)
-            while p != -1:
-                found.extend((p, s) for s in sigs)
-                # one look per line is enough (and bounds the work on a line made of anchors)
-                nl = low.find("\n", p, p + 2000)
-                p = low.find(anchor, nl + 1 if nl != -1 else p + 2000, cut)
+        for p, i in prefilter.hits(text, self.scan_from, cut):
+            found.extend((p, s) for s in sigs_of[i])
         found.sort(key=lambda ps: ps[0])
         seen: set[tuple[int, str]] = set()
         for pos, sig in found:
