@@ -15,7 +15,7 @@ from torchdoctor._cli.common import each_target, UsageError, parse_common, resol
 from torchdoctor._report.model import ScanReport, Target
 from torchdoctor._report.progress import progress
 from torchdoctor._report.terminal import emit
-from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, schema
+from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, exit_code, schema
 
 
 def single(args: argparse.Namespace, target: str) -> argparse.Namespace:
@@ -101,7 +101,7 @@ def _finish(report: ScanReport, args: argparse.Namespace, docs: list[Any]) -> in
         emit(render_checkpoint(report, limit=args.limit))
     else:
         emit(report.text(limit=args.limit))
-    return EXIT_OK if report.ok else EXIT_PROBLEMS
+    return exit_code(report.problems)
 
 
 def command(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from torchdoctor._env.complete import complete_facts
 from torchdoctor._env.facts import collect_facts
 from torchdoctor._env.launch import describe
 from torchdoctor._report.text import public_types
+from torchdoctor._report.views import ResultViews
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._env.devices import DeviceChoice
@@ -41,8 +42,8 @@ def _recorded(caps: Any) -> dict[str, Any] | None:
 # --- the report ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class EnvReport:
+@dataclass(frozen=True, repr=False)
+class EnvReport(ResultViews):
     """What ``torchdoctor env`` says: ``.facts``, ``.findings``, ``.device`` (a ``DeviceChoice`` or None),
     ``.choice`` (the device decision as JSON), ``.capabilities``, ``.ok`` (no warning or error), ``.to_dict()``."""
 

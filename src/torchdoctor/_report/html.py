@@ -28,6 +28,7 @@ from typing import Any
 
 from torchdoctor._report.html_assets import CSS, JS
 from torchdoctor._report.text import group_fix, group_problems, human_bytes, reason
+from torchdoctor._report.views import ResultViews
 
 MAX_TENSORS = 200_000  # rows embedded in one page (a 70B Llama has about 720); more are counted, not drawn
 MAX_CARDS = 300  # problem cards (groups of alike problems count once)
@@ -244,19 +245,22 @@ def render_html(doc: Mapping[str, Any], *, title: str | None = None, full: bool 
             f"<body>{body}</body></html>\n")
 
 
-class HtmlMapMixin:
-    """``to_html()`` and ``_repr_html_`` for any report with ``to_dict()`` (scan, move, simulate)."""
+class HtmlMapMixin(ResultViews):
+    """``to_html()`` and the notebook views for any report with ``to_dict()`` (scan, move, simulate); the one-line
+    ``repr()`` of :class:`ResultViews` (declare the dataclass with ``repr=False``)."""
 
     def to_dict(self) -> dict[str, Any]:  # pragma: no cover - provided by the report
         raise NotImplementedError
 
     def to_html(self, path: str | os.PathLike[str] | None = None) -> str:
-        """The device map as one self-contained HTML page; also written to ``path`` when given."""
+        """The device map as one self-contained HTML page; with ``path``, the page is written there and the path
+        is returned (a REPL or a notebook then shows the file name, not the page)."""
         page = render_html(self.to_dict())
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(page)
-        return page
+        if path is None:
+            return page
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(page)
+        return os.fspath(path)
 
     def _repr_html_(self) -> str:
         return render_html(self.to_dict(), full=False)

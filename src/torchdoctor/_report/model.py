@@ -183,7 +183,7 @@ def _storage_key(info: TensorInfo, tensor: torch.Tensor | None) -> Any:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ScanReport(HtmlMapMixin):
     """What ``scan`` found: ``.ok``, ``.problems``, ``.tensors`` (one row per path), ``.summary``, ``.to_dict()``,
     ``.to_html()`` (the device map; shown by notebooks through ``_repr_html_``).

@@ -23,6 +23,10 @@ EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
 
+# kinds that say "this could not be checked" (a nested tensor, an op the simulator cannot run, an unreadable
+# file): exit 2 wherever they appear, never 1 ("problems found"), whatever else was found
+CANNOT_CHECK = frozenset({"unsupported", "unsupported_op", "unreadable"})
+
 GROUP_MIN = 4  # this many tensors with one finding under one numbered container print as one line
 
 _WIDTH: contextvars.ContextVar[int | None] = contextvars.ContextVar("torchdoctor_line_width", default=None)
@@ -36,6 +40,18 @@ def schema(verb: str) -> str:
     'torchdoctor/scan/1'
     """
     return f"torchdoctor/{verb}/1"
+
+
+def exit_code(problems: Iterable[Any]) -> int:
+    """The exit code of a list of problem records: 0 none, 2 when one says something could not be checked, else 1.
+
+    >>> exit_code([]), exit_code([{"kind": "dtype"}]), exit_code([{"kind": "dtype"}, {"kind": "unsupported"}])
+    (0, 1, 2)
+    """
+    kinds = {_get(p, "kind") for p in problems}
+    if not kinds:
+        return EXIT_OK
+    return EXIT_USAGE if kinds & CANNOT_CHECK else EXIT_PROBLEMS
 
 
 def human_bytes(n: int) -> str:
