@@ -27,7 +27,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchdoctor._report.html_assets import CSS, JS
-from torchdoctor._report.text import group_fix, group_problems, human_bytes, reason
+from torchdoctor._report.text import (Relocation, by_urgency, group_fix, group_problems, human_bytes, reason,
+                                      split_relocations)
 from torchdoctor._report.views import ResultViews
 
 MAX_TENSORS = 200_000  # rows embedded in one page (a 70B Llama has about 720); more are counted, not drawn
@@ -147,7 +148,7 @@ def _totals_table(groups: list[dict[str, Any]]) -> str:
 
 def _cards(problems: list[Mapping[str, Any]], source: str | None) -> str:
     e = html.escape
-    groups = group_problems(problems)
+    groups = by_urgency(group_problems(problems))
     out = []
     for g in groups[:MAX_CARDS]:
         p = g.first
@@ -177,6 +178,23 @@ def _cards(problems: list[Mapping[str, Any]], source: str | None) -> str:
     if len(groups) > MAX_CARDS:
         rest = sum(len(g.members) for g in groups[MAX_CARDS:])
         out.append(f'<p class="note">... and {rest} more problems (all are marked in the tree)</p>')
+    return '<div class="cards">' + "".join(out) + "</div>"
+
+
+def _relocation_cards(moves: list[Relocation]) -> str:
+    """One card per component not yet on the device asked for, with the one move that fixes it."""
+    e = html.escape
+    out = []
+    for m in sorted(moves, key=lambda m: m.component):
+        name = m.component or "<root>"
+        items = "".join(f'<li><code>{e(str(p.get("path")))}</code></li>' for p in m.members[:500])
+        more = f"<li>... and {len(m.members) - 500} more</li>" if len(m.members) > 500 else ""
+        out.append(f'<div class="card move" data-kind="relocation" data-path="{e(m.component)}"><div>'
+                   f'<span class="kind">not yet moved</span><code class="path">{e(name)}: {len(m.members)} tensors '
+                   f'on {e(m.found)}, {e(m.expected)} asked for</code></div>'
+                   f'<details class="members"><summary>all {len(m.members)} paths</summary><ul>{items}{more}</ul>'
+                   f'</details><div class="fix"><pre><code>{e(m.fix())}</code></pre>'
+                   '<button class="copy" type="button">copy</button></div></div>')
     return '<div class="cards">' + "".join(out) + "</div>"
 
 
@@ -215,6 +233,9 @@ def render_html(doc: Mapping[str, Any], *, title: str | None = None, full: bool 
                    "dtype": {d: dtype_color(d) for d in [*dtypes, "mixed"]}},
     }
     source = doc.get("source")
+    expected = doc.get("expected")
+    real, moves = split_relocations(problems, expected if isinstance(expected, Mapping) else None,
+                                    doc.get("tensors") or ())
     root_id = "tdm-" + secrets.token_hex(6)
     legend = ('<div class="legend"><b>devices</b> ' + "".join(
         f'<span class="item" data-device="{e(d)}"><span class="sw" style="background:{device_color(d)}"></span>{e(d)}</span>'
@@ -227,7 +248,8 @@ def render_html(doc: Mapping[str, Any], *, title: str | None = None, full: bool 
         f'<div class="tdmap" id="{root_id}"><style>{CSS}</style>'
         f"<h1>torchdoctor device map</h1>{_heading(doc, len(problems))}{legend}"
         f"<h2>Totals by device and dtype</h2>{_totals_table(totals) if totals else '<p class=note>no tensors</p>'}"
-        + (f"<h2>Problems</h2>{_cards(problems, str(source) if source else None)}" if problems else "")
+        + (f"<h2>Problems</h2>{_cards(real, str(source) if source else None)}" if real else "")
+        + (f"<h2>Not yet on the device asked for</h2>{_relocation_cards(moves)}" if moves else "")
         + f'<h2>Tensors by path ({total})</h2><div class="searchbar"><input class="q" type="search" '
         f'placeholder="search paths, e.g. layers.3.mlp" aria-label="search paths"><span class="hitcount"></span></div>'
         f'<div class="hits"></div>{cut}<div class="tree"></div>'

@@ -19,6 +19,7 @@ CSS = r"""
 .tdmap .cards{display:flex;flex-direction:column;gap:8px}
 .tdmap .card{border:1px solid #e3b4b0;border-left:5px solid #b3261e;background:#fff7f6;padding:6px 10px;border-radius:4px}
 .tdmap .card .kind{font-weight:700;color:#b3261e;margin-right:6px}
+.tdmap .card.move{border-color:#c9cfdb;border-left-color:#5b6b86;background:#f6f8fb}.tdmap .card.move .kind{color:#3d4a60}
 .tdmap .card dl{display:grid;grid-template-columns:max-content 1fr;gap:1px 10px;margin:4px 0}
 .tdmap .card dt{color:#667}.tdmap .card dd{margin:0;overflow-wrap:anywhere}
 .tdmap .fix{position:relative}.tdmap .fix pre{background:#1e2430;color:#e8ecf3;padding:6px 8px;border-radius:4px;

@@ -15,7 +15,7 @@ import torch
 
 from torchdoctor._placement import compact, device_str, dtype_str
 from torchdoctor._report.html import HtmlMapMixin
-from torchdoctor._report.text import human_bytes, render_problems, schema
+from torchdoctor._report.text import human_bytes, render_problems, render_relocations, schema, split_relocations
 from torchdoctor._report.text import public_types
 
 _META = torch.device("meta")
@@ -190,7 +190,8 @@ class ScanReport(HtmlMapMixin):
 
     Frozen: ``dataclasses.replace(report, source=...)`` gives a relabelled copy. The JSON document's keys are
     the field names (``verb`` is the ``schema``; ``extra`` holds the keys of a checkpoint scan: ``files``,
-    ``layout``, ``groups``, ``metadata``, merged at the top level) plus ``schema`` and ``ok``.
+    ``layout``, ``groups``, ``metadata``, merged at the top level) plus ``schema``, ``ok`` and ``relocations``
+    (components not yet on the device asked for, with the move that fixes each: :meth:`relocations`).
     """
 
     tensors: tuple[TensorInfo, ...]
@@ -217,11 +218,17 @@ class ScanReport(HtmlMapMixin):
             "truncated": self.truncated,
             "expected": self.expected,
             "problems": [p.to_dict() for p in self.problems],
+            "relocations": [m.to_dict() for m in self.relocations()[1]],
             "summary": list(self.summary),
             "tensors": [t.to_dict() for t in self.tensors],
         }
         doc.update(self.extra)
         return doc
+
+    def relocations(self) -> tuple[list[Problem], list[Any]]:
+        """(the problems to act on, the components not yet on the device asked for: ``Relocation`` objects, one
+        move each)."""
+        return split_relocations(self.problems, self.expected, self.tensors)
 
     def text(self, limit: int = 40) -> str:
         return render_report(self, limit=limit)
@@ -264,9 +271,17 @@ def render_report(report: ScanReport, limit: int = 40) -> str:
     lines: list[str] = []
     head = report.source or "object"
     n_alias = sum(1 for t in report.tensors if t.alias_of)
-    if report.problems:
-        lines.append(f"{len(report.problems)} problem(s) in {head}:")
-        lines.extend(render_problems(report.problems, limit))
+    real, moves = report.relocations()
+    if real:
+        moved = sum(len(m.members) for m in moves)
+        rest = f"; first the {len(real)} to fix, then {moved} not yet on the device asked for" if moves else ""
+        lines.append(f"{len(report.problems)} problem(s) in {head}{rest}:")
+        lines.extend(render_problems(real, limit, urgent_first=True))
+        lines.extend(render_relocations(moves))
+    elif moves:
+        lines.append(f"{len(report.problems)} problem(s) in {head}, every one a tensor not yet on the device "
+                     "asked for:")
+        lines.extend(render_relocations(moves))
     else:
         lines.append(f"ok: no placement problems in {head}")
     if report.expected:

@@ -1,0 +1,63 @@
+"""Problems ordered by what the user must act on (issue 27, point 3): the README's first call on a CPU machine,
+``scan(pipe, "cuda:0", torch.bfloat16)``, puts the real problems first and summarises "you asked for cuda:0,
+it is on cpu" per component with the one move that fixes it, in text, JSON and the HTML map."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torchdoctor
+from support import zoo
+from torchdoctor._report.html import render_html
+
+
+@pytest.fixture(scope="module")
+def report() -> torchdoctor.ScanReport:
+    pipe = zoo.tiny_sd_pipeline(torch.bfloat16)
+    pipe.unet.extra = [nn.Linear(2, 2).to(torch.bfloat16)]  # a list-held module: .to() never moves it
+    pipe.unet.latent_scale = torch.ones(1, dtype=torch.bfloat16)  # a plain attribute: .to() never moves it either
+    return torchdoctor.scan(pipe, "cuda:0", torch.bfloat16)
+
+
+def test_text_puts_real_problems_first_and_one_line_per_component(report: torchdoctor.ScanReport) -> None:
+    lines = report.text().splitlines()
+    real, moves = report.relocations()
+    assert {p.path for p in real} == {"unet.extra.0.weight", "unet.extra.0.bias", "unet.latent_scale"}
+    assert sorted(m.component for m in moves) == ["text_encoder", "unet", "vae"]
+    assert sum(len(m.members) for m in moves) + len(real) == len(report.problems) > 300
+    assert lines[0] == (f"{len(report.problems)} problem(s) in StableDiffusionPipeline; first the {len(real)} to fix, "
+                        f"then {len(report.problems) - len(real)} not yet on the device asked for:")
+    assert "unet.extra.0.bias" in lines[1] and "Module.to never moves it" in lines[1]
+    i = lines.index("not yet on the device you asked for (cuda:0): one move per component fixes them")
+    assert i <= len(real) + 1  # the real problems fill the lines before it
+    unet = next(m for m in moves if m.component == "unet")
+    assert lines[i + 2] == f"  unet          {len(unet.members)} tensors on cpu  ->  model.unet.to('cuda:0')"
+    assert lines[i + 4] == "  or all at once: torchdoctor.move(model, device='cuda:0')"
+    assert len(lines) < 20
+
+
+def test_json_carries_the_relocations(report: torchdoctor.ScanReport) -> None:
+    doc = report.to_dict()
+    assert {r["component"]: r["fix"] for r in doc["relocations"]} == {
+        "text_encoder": "model.text_encoder.to('cuda:0')", "unet": "model.unet.to('cuda:0')",
+        "vae": "model.vae.to('cuda:0')"}
+    assert len(doc["problems"]) == len(report.problems)  # every finding is still there, by path
+
+
+def test_html_map_has_a_card_per_real_problem_and_per_component(report: torchdoctor.ScanReport) -> None:
+    page = render_html(report.to_dict())
+    assert page.count('class="card move"') == 3
+    real_cards = page.count('<div class="card" ')
+    assert 0 < real_cards <= 4
+    assert page.index("unet.extra.0") < page.index("Not yet on the device asked for")
+
+
+def test_a_component_left_on_another_device_is_not_a_relocation() -> None:
+    """Everything else on meta (a device the rest sits on): a lone cpu weight is a problem, not a move."""
+    model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(6)]).to("meta")
+    model[3].weight = nn.Parameter(torch.ones(2, 2))
+    report = torchdoctor.scan(model, device="meta")
+    real, moves = report.relocations()
+    assert [p.path for p in real] == ["3.weight"] and moves == []
