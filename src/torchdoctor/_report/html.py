@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchdoctor._report.html_assets import CSS, JS
-from torchdoctor._report.text import (Relocation, by_urgency, group_fix, group_problems, human_bytes, reason,
-                                      split_relocations)
+from torchdoctor._report.order import Relocation, split_relocations
+from torchdoctor._report.text import by_urgency, group_fix, group_problems, human_bytes, reason
 from torchdoctor._report.views import ResultViews
 
 MAX_TENSORS = 200_000  # rows embedded in one page (a 70B Llama has about 720); more are counted, not drawn

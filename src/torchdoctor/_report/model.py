@@ -15,7 +15,8 @@ import torch
 
 from torchdoctor._placement import compact, device_str, dtype_str
 from torchdoctor._report.html import HtmlMapMixin
-from torchdoctor._report.text import human_bytes, render_problems, render_relocations, schema, split_relocations
+from torchdoctor._report.order import render_relocations, split_relocations
+from torchdoctor._report.text import human_bytes, render_problems, schema
 from torchdoctor._report.text import public_types
 
 _META = torch.device("meta")
