@@ -50,6 +50,7 @@ KNOWN_MISSES = {
 TOP2_ONLY = {
     "quant__AutoAWQ_558": "an AWQ calibration pass; the traceback shows only qwen2_vl rotary frames",
     "quant__MiniGPT-4_44": "an 8-bit model over two GPUs; the text is only 'cuda:0 and cuda:1'",
+    "quant__AutoAWQ_667": "the title says only 'quant has error' beside 'cuda:0 and cuda:1'",
 }
 
 
@@ -73,7 +74,8 @@ def test_fixture(path: pathlib.Path) -> None:
         assert top.alternatives[0].category == meta["category"], (meta["source"], top.alternatives)
         return
     assert top.category == meta["category"], (meta["source"], top.category, top.likely_causes[:1])
-    assert meta["fix"] in fixes_text(top), (meta["source"], top.fixes)
+    if meta["fix"] != "-":  # "-": the thread established no fix (third collection)
+        assert meta["fix"] in fixes_text(top), (meta["source"], top.fixes)
     assert top.likely_causes and top.confirm_with.startswith(("torchdoctor", "with torchdoctor"))
     assert 0.0 <= top.confidence <= 1.0 and top.evidence
 
@@ -82,12 +84,20 @@ def _source(path: pathlib.Path) -> str:
     return next(ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.startswith("# source:"))
 
 
+def _collection(path: pathlib.Path) -> str:
+    return load(path)[0].get("collection", "1-2")
+
+
 def test_holdout_is_the_fixed_fifth() -> None:
-    """The holdout is the fifth of all texts (rounded up) with the lowest sha256 of their source line: the rule
-    fixed before tuning, so no text can be moved in or out by hand."""
-    every = CASES + HELD
-    ranked = sorted(every, key=lambda p: hashlib.sha256(_source(p).encode()).hexdigest())
-    assert {p.name for p in ranked[: math.ceil(len(every) / 5)]} == {p.name for p in HELD}
+    """Rules fixed before tuning, so no text can be moved in or out by hand (see holdout/README.md): of the first
+    two collections, the fifth (rounded up) with the lowest sha256 of the source line; of the third, every text
+    whose source line's sha256 starts below "33" (a fifth of the hash space, stable as the collection grows)."""
+    old = [p for p in CASES + HELD if _collection(p) == "1-2"]
+    ranked = sorted(old, key=lambda p: hashlib.sha256(_source(p).encode()).hexdigest())
+    assert {p.name for p in ranked[: math.ceil(len(old) / 5)]} == {p.name for p in HELD if _collection(p) == "1-2"}
+    third = [p for p in CASES + HELD if _collection(p) == "3"]
+    assert {p.name for p in third if hashlib.sha256(_source(p).encode()).hexdigest()[:2] < "33"} == \
+        {p.name for p in HELD if _collection(p) == "3"}
 
 
 def _accuracy(paths: list[pathlib.Path]) -> tuple[float, float]:
@@ -102,10 +112,14 @@ def _accuracy(paths: list[pathlib.Path]) -> tuple[float, float]:
 
 
 def test_holdout_accuracy() -> None:
-    """Measured only, never tuned on: the top category is right for >= 90 %, the top two for >= 97 %."""
+    """Measured only, never tuned on; pinned at the measured figures (bench/RESULTS.md): 92 of 93 held-out texts
+    right first and in the top two, every category at least 85 % right first."""
     top1, top2 = _accuracy(HELD)
-    assert len(HELD) >= 40
-    assert top1 >= 0.90 and top2 >= 0.97, (top1, top2)
+    assert len(HELD) >= 90
+    assert top1 >= 0.989 and top2 >= 0.989, (top1, top2)
+    for cat in CATEGORIES:
+        of_cat = [p for p in HELD if load(p)[0]["category"] == cat]
+        assert of_cat and _accuracy(of_cat)[0] >= 0.85, cat
 
 
 def test_tuning_accuracy() -> None:
@@ -114,19 +128,24 @@ def test_tuning_accuracy() -> None:
 
 
 def test_fixture_coverage() -> None:
-    """200+ real texts from 120+ repositories, 12+ per category, each citing owner/repo#N (tuning + holdout)."""
+    """400+ real texts from 250+ repositories and forums, 12+ per category, each citing owner/repo#N or the page's
+    address (tuning + holdout)."""
     by_cat: dict[str, set[str]] = {c: set() for c in CATEGORIES}
     count: Counter[str] = Counter()
     repos: set[str] = set()
     for path in CASES + HELD:
         meta, body = load(path)
-        repo, _, number = meta["source"].partition("#")
-        assert "/" in repo and number.isdigit(), meta["source"]
+        if meta["source"].startswith(("https://", "http://")):  # a forum or blog page: the site counts once
+            repo, number = meta["source"].split("/")[2], "0"
+        else:
+            repo, _, number = meta["source"].partition("#")
+        assert "/" in repo or "." in repo, meta["source"]
+        assert number.isdigit(), meta["source"]
         assert meta["category"] in CATEGORIES and meta["cause"] and meta["fix"] and body.strip()
         by_cat[meta["category"]].add(repo)
         repos.add(repo)
         count[meta["category"]] += 1
-    assert len(CASES) + len(HELD) >= 200 and len(repos) >= 120
+    assert len(CASES) + len(HELD) >= 400 and len(repos) >= 250
     for cat in CATEGORIES:
         assert count[cat] >= 12 and len(by_cat[cat]) >= 6, (cat, count[cat], by_cat[cat])
 

@@ -26,9 +26,19 @@ def ranked(d: Diagnosis) -> list[str]:
 
 # (text, category, a fragment the fixes must contain)
 CASES = {
+    # issue 29: the direction decides. A float32 input meeting fp16/bf16 weights is the operand not cast ...
     "input/weight, only the dtype differs":
-        ("RuntimeError: Input type (float) and bias type (c10::Half) should be the same", "input_weight_type_mismatch",
+        ("RuntimeError: Input type (float) and bias type (c10::Half) should be the same", "dtype_mismatch",
          "x = x.to(next(model.parameters()).dtype)"),
+    "input/weight, fp32 input into bf16 weights":
+        ("RuntimeError: Input type (torch.cuda.FloatTensor) and weight type (CUDABFloat16Type) should be the same",
+         "dtype_mismatch", "x = x.to(next(model.parameters()).dtype)"),
+    "input/weight, uint8 image into float weights":
+        ("RuntimeError: Input type (Byte) and weight type (Float) should be the same", "dtype_mismatch", ".to("),
+    # ... a reduced-precision input meeting a layer left in float32 is the layer the cast left behind
+    "input/weight, bf16 input into a float32 layer":
+        ("RuntimeError: Input type (c10::BFloat16) and bias type (float) should be the same",
+         "input_weight_type_mismatch", ".dtype"),
     "device mismatch through bitsandbytes": (BNB_FRAME + CPU_GPU, "quantization_device", "quantization_config"),
     "device mismatch through GPTQ": (GPTQ_FRAME + CPU_GPU.replace("cpu", "cuda:1"), "quantization_device",
                                      'device_map={"": 0}'),
@@ -115,7 +125,9 @@ def test_measured_text(name: str) -> None:
 
 def test_close_calls_offer_the_other_category() -> None:
     only_dtype = explain(CASES["input/weight, only the dtype differs"][0])[0]
-    assert ranked(only_dtype)[:2] == ["input_weight_type_mismatch", "dtype_mismatch"]
+    assert ranked(only_dtype)[:2] == ["dtype_mismatch", "input_weight_type_mismatch"]
+    layer_left = explain(CASES["input/weight, bf16 input into a float32 layer"][0])[0]
+    assert ranked(layer_left)[:2] == ["input_weight_type_mismatch", "dtype_mismatch"]
     only_device = explain("Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the same")[0]
     assert ranked(only_device)[:2] == ["input_weight_type_mismatch", "device_mismatch"]
     bnb = explain(BNB_FRAME + CPU_GPU)[0]

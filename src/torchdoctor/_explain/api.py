@@ -23,10 +23,12 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from torchdoctor._explain.apps import app_fixes
 from torchdoctor._explain.catalog import causes, context_rules
 from torchdoctor._explain.context import derive, rank
 from torchdoctor._explain.report import SCHEMA, Alternative, Diagnosis, ExplainReport, render, to_json
 from torchdoctor._explain.scanner import BLOCK, Group, Scanner, clean
+from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
 
 __all__ = ["Alternative", "Diagnosis", "ExplainReport", "SCHEMA", "best_fix", "classify", "explain",
            "explain_stream", "install_excepthook", "render", "to_json"]
@@ -97,6 +99,9 @@ def _diagnose(group: Group) -> Diagnosis:
                 fixes.append((t, c))
     if not fixes:  # never a diagnosis without something to do
         fixes.append(("Check what this environment provides", "torchdoctor env"))
+    # an app's user rarely edits the app's code: its own flag or setting comes first, the generic fix after it
+    _app, own = app_fixes(category, context)
+    fixes[:0] = [f for f in own if f not in fixes]
     if not likely:
         likely = (f"{sig.title}.",)
     top = table[usable[0][0]] if usable else None
@@ -182,7 +187,10 @@ def _explain_blocks(blocks: Iterable[str], limit: int | None) -> list[Diagnosis]
     for block in blocks:
         scanner.feed(block)
     scanner.feed("", final=True)
-    order = sorted(scanner.groups.values(), key=lambda g: -g.last)
+    groups = list(scanner.groups.values())
+    if any(not g.sig.name.startswith(WEAK_PREFIXES) for g in groups):  # frames speak only when no message does
+        groups = [g for g in groups if not g.sig.name.startswith(WEAK_PREFIXES)]
+    order = sorted(groups, key=lambda g: -g.last)
     out: list[Diagnosis] = []
     for group in order[:1000]:
         try:

@@ -44,6 +44,11 @@ def transformers_version(context: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+_MPS_DT = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64", "i32": "int32"}
+_WIDE = ("float32", "float64")
+_REDUCED = ("float16", "bfloat16")
+
+
 def derive(sig_name: str, fields: dict[str, str], message: str,
            context: str = "") -> tuple[dict[str, str], frozenset[str]]:
     """Normalise the extracted fields, add derived ones (``target``, ``low``, ``devices``, ``dtype_kw`` ...) and flags.
@@ -84,6 +89,12 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
             add(dtypes, ti)
             add(dtypes, tw)
             f.setdefault("diff", f"the input is {ti}, the {f.get('param', 'weight')} is {tw}")
+            # the direction decides: a full-precision (or integer) input meeting reduced-precision weights is the
+            # operand not cast; a reduced input meeting float32 weights is a layer the cast left behind
+            if not (di and dw and di != dw) and (ti in _WIDE or not ti.startswith(("float", "bfloat"))) \
+                    and (tw in _REDUCED or tw.startswith("float8") or not ti.startswith(("float", "bfloat"))
+                         or (ti == "float64" and tw == "float32")):
+                flags.add("iw_operand")
     if sig_name.startswith("deserialize"):
         backend = f.get("backend", "cuda").lower()
         f.setdefault("saved", f"{backend}:{f['index']}" if "index" in f else backend)
@@ -137,6 +148,13 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
         flags.add("have_cpu")
     if sig_name == "dtype.out_cast":
         flags.add("out_cast")
+    if sig_name.startswith(("frames.", "partial.")):
+        flags.add("frames_only")
+    if sig_name == "dtype.mps_broadcast":  # MPSGraph spells dtypes f32 / f16 / i64
+        for key in ("a", "b"):
+            if key in f:
+                f[key] = _MPS_DT.get(f[key], f[key])
+                add(dtypes, f[key])
 
     accels = [d for d in devices if d.split(":")[0] in ACCELERATORS]
     if "meta" in devices:

@@ -80,7 +80,8 @@ def _plain_keys(anchors: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
                 if not all(ok[i:j]):
                     break
                 pieces.setdefault(a[i:j], set()).add(a)
-    left, out = set(anchors), []
+    left: set[str] = set(anchors)
+    out: list[tuple[str, tuple[str, ...]]] = []
     while left:
         best = max(pieces, key=lambda p: (len(pieces[p] & left), len(p)))
         if not pieces[best] & left:  # an anchor without an 8-character stable piece: itself

@@ -112,6 +112,9 @@ _rule("iw_device_alt", flags=("iw_device",), applies_to=(_IW,), unless=("iw_dtyp
 _rule("iw_dtype", flags=("iw_dtype",), applies_to=(_IW,), dt__input_not_cast=1.0, iw__model_not_on_device=-2.0)
 _rule("iw_dtype_alt", flags=("iw_dtype",), applies_to=(_IW,), unless=("iw_device",), category=_DT, weight=0.7,
       why="only the dtypes differ: the plain dtype-mismatch family")
+_rule("iw_operand", flags=("iw_operand",), applies_to=(_IW,), category=_DT, weight=1.6,
+      why="the layer's weights were cast and its input was not: a float32 (or integer) input met reduced-precision "
+      "weights", dt__input_not_cast=4.0)
 _rule("operand_cast", flags=("ab_dtypes",), applies_to=(_DT,), dt__operand_cast=2.2)
 _rule("out_cast", flags=("out_cast",), applies_to=(_DT,), dt__out_cast=5.0)
 _rule("cpu_half_kernel", flags=("cpu", "half"), applies_to=(_DT,), category=_UD, weight=0.5,
@@ -133,3 +136,7 @@ _rule("gpu_kernel", flags=("kernel_cuda",), applies_to=(_UD,), ud__kernel_missin
 _rule("fp8_block_swap", ("block swap", "swapping", "cpu donor", "distorch", "donor"), (), (_BO,), bo__scaled_mm_cpu=1.0)
 _rule("ordinal_launch", ("torchrun", "local_rank", "world_size", "nproc", "launch", "rank"), (), (_NA,),
       na__ordinal=1.0)
+_rule("stft_window", ("stft", "hann_window", "window"), (), (_DEV,), dev__stft_window=3.5)
+_rule("mps_fp8", flags=("fp8", "mps"), applies_to=(_UD,), ud__mps_fp8=6.0, ud__mps_bf16=-4.0)
+_rule("frames_to_mps", ("mps", "/users/", "macos", "apple"), ("frames_only",), (_MIX,), _UD, weight=1.6,
+      why="Module.to() on a Mac: float64 / bfloat16 / float8 tensors cannot move to mps", ud__mps_fp64=2.0)

@@ -16,6 +16,7 @@ from typing import Any
 
 from torchdoctor._explain.catalog import signatures
 from torchdoctor._explain.prefilter import Prefilter
+from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
 from torchdoctor._explain.signatures import Signature
 
 __all__ = ["BLOCK", "Group", "Scanner", "clean", "normalise"]
@@ -187,7 +188,8 @@ class Scanner:
         if sig.require_pattern and not matched:
             return
         key = (sig.name, tuple(sorted(fields.items())))
-        if key != self.prev_key:  # a different error: its context starts after the previous one
+        weak = sig.name.startswith(WEAK_PREFIXES)  # frames-only evidence never moves the context of real errors
+        if key != self.prev_key and not weak:  # a different error: its context starts after the previous one
             self.floor = self.prev_end
         group = self.groups.get(key)
         if group is None:
@@ -199,7 +201,8 @@ class Scanner:
         group.last = self.seq
         if group.count <= _PER_KEY and self.budget > 0:
             group.contexts.append(self._context(text, ls, msg_end))
-        self.prev_key, self.prev_end = key, msg_end
+        if not weak:
+            self.prev_key, self.prev_end = key, msg_end
 
     def _context(self, text: str, ls: int, le: int) -> str:
         lead = ls

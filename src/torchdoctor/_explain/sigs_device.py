@@ -46,6 +46,7 @@ _sig("device.legacy", "device_mismatch", "Tensors on two devices met in one oper
      rf"All input tensors must be on the same device\. Received (?P<a>{DEV}) and (?P<b>{DEV})",
      rf"found input tensor at (?P<a>{DEV}) and hidden tensor at (?P<b>{DEV})",
      r"tensor for argument #\d{1,2} '?(?P<arg>\w{1,40})'? to have the same device as tensor",
+     rf"must be on the same device but got self on (?P<a>{DEV}) and window on (?P<b>{DEV})",
      require_pattern=True, alternatives=(_Q_ALT,))
 _sig("device.first_device", "device_mismatch", "A multi-GPU wrapper got tensors away from its first device",
      ("must be on devices[0]", "(device_ids[0]) but found"),
@@ -102,7 +103,7 @@ _sig("input_weight.legacy", "input_weight_type_mismatch", "Layer input and its w
 
 # --- loading a checkpoint saved on a device this machine lacks ---------------------------------------------
 _sig("deserialize.device", "deserialize_device", "A checkpoint saved on a GPU was loaded where that GPU is missing",
-     ("Attempting to deserialize object on",),
+     ("Attempting to deserialize object on", "deserialize object on a cuda device"),
      "torch.load found tensors saved on {saved} but this process cannot use that device[ (it sees {count} "
      "device(s))].",
      (("ds.cpu_only_load", 3.0), ("ds.gpu_invisible", 1.5)),

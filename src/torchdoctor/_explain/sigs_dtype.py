@@ -208,3 +208,15 @@ _sig("no_accel.backend_absent", "no_accelerator", "The device backend is not ava
      "Code asked for a device backend this PyTorch install does not provide.",
      (("na.not_linked", 3.0),), confidence=0.85, alternatives=(_BO_ALT,))
 
+_sig("dtype.half_overflow", "dtype_mismatch", "A value does not fit in float16",
+     ("cannot be converted to type at::Half without overflow",),
+     "A Python number (a mask value such as -1e10, float(2**30) or torch.finfo(torch.float32).min) was written "
+     "into a float16 tensor, whose range ends at 65504.",
+     (("dt.half_overflow", 3.0),), confidence=0.9,
+     alternatives=(("unsupported_dtype_on_device", 0.3, "a GPU without bfloat16 forces float16 here"),))
+_sig("dtype.mps_broadcast", "dtype_mismatch", "Two dtypes met in one MPS graph operation",
+     ("are not broadcast compatible",),
+     "An operation on mps got a {a} and a {b} tensor; MPS graphs do not mix dtypes.",
+     (("dt.operand_cast", 2.0), ("dt.input_not_cast", 1.5)),
+     r"tensor<[\dx]{0,40}x?(?P<a>[fi]\d{1,2})> *'? and '?tensor<[\dx]{0,40}x?(?P<b>[fi]\d{1,2})>",
+     require_pattern=True)

@@ -83,13 +83,22 @@ def type_name(text: str) -> tuple[str | None, str | None]:
 
     >>> type_name("torch.cuda.FloatTensor"), type_name("c10::Half"), type_name("CPUBFloat16Type")
     (('cuda:0', 'float32'), (None, 'float16'), ('cpu', 'bfloat16'))
+    >>> type_name("CUDAHalfTensor")
+    ('cuda:0', 'float16')
     """
     t = text.strip().replace("struct ", "")
     plain = dtype_name(t)
     if plain:
         return None, plain
     devices, dtypes = devices_in(t), dtypes_in(t)
+    if not dtypes:  # 2018-era "CUDAFloatTensor" / "CPUHalfTensor": the legacy name without its dots
+        m = _DOTLESS.fullmatch(t)
+        if m:
+            return ("cuda:0" if m.group(1) == "CUDA" else "cpu"), dtype_name(m.group(2))
     return (devices[0] if devices else None), (dtypes[0] if dtypes else None)
+
+
+_DOTLESS = re.compile(r"(CUDA|CPU)(\w{1,12})Tensor")
 
 
 def _scan(text: str) -> tuple[list[str], list[str]]:

@@ -1,0 +1,118 @@
+"""The app's own fix (issue 26, point 5): when the text or its stack shows ComfyUI, SD.Next, Forge, AUTOMATIC1111,
+kohya sd-scripts or InvokeAI, the diagnosis also names the flag or setting of that app, beside the generic fix.
+
+People who hit these errors in an app rarely edit its code: "--disable-ipex-optimize" helps a ComfyUI user where
+"call model.to('xpu') before ipex.optimize" cannot. Flags and setting names were read from the apps' own
+argument parsers and settings tables (ComfyUI ``comfy/cli_args.py``; SD.Next ``modules/cmd_args.py`` and its
+options table; Forge's backend arguments; sd-scripts' training arguments; InvokeAI's ``invokeai.yaml``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["APPS", "app_fixes", "app_of"]
+
+# Words that show the app in a lower-cased text whose backslashes were turned into slashes; first match wins,
+# so Forge (a webui fork) comes before AUTOMATIC1111.
+APPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ComfyUI", ("comfyui", "comfy/", "custom_nodes/", "!!! exception during processing", "comfy.", "ksampler",
+                 "python_embeded")),
+    ("SD.Next", ("sdnext", "sd.next", "vladmandic", "| sd |")),
+    ("Forge", ("webui-forge", "modules_forge", "forge-neo", "forge-classic", "sd-webui-forge")),
+    ("AUTOMATIC1111", ("stable-diffusion-webui", "commandline_args", "webui-user", "extensions-builtin",
+                       "modules/processing.py", "sd_hijack")),
+    ("sd-scripts", ("sd-scripts", "kohya", "train_network.py", "sdxl_train", "library/train_util.py")),
+    ("InvokeAI", ("invokeai", "invoke-ai", "/api/v1/sessions")),
+)
+
+_DEV, _MIX, _Q = "device_mismatch", "mixed_device_model", "quantization_device"
+_DT, _IW, _UD = "dtype_mismatch", "input_weight_type_mismatch", "unsupported_dtype_on_device"
+_BO, _NA = "backend_op_missing", "no_accelerator"
+
+# (app, categories) -> fixes (title, code); the code is what the user types or sets, not Python.
+_FIXES: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, str], ...]] = {
+    ("ComfyUI", (_MIX,)): (
+        ("ComfyUI: do not run IPEX's optimize on a model that lowvram loaded partly",
+         "python main.py --disable-ipex-optimize"),
+        ("ComfyUI: or keep whole models on the GPU (no partial loading)", "python main.py --highvram  # or --gpu-only")),
+    ("ComfyUI", (_DEV, _Q)): (
+        ("ComfyUI: keep every model on the GPU (no partial loading or offload)",
+         "python main.py --gpu-only  # or --highvram"),
+        ("ComfyUI: find the custom node that left a tensor behind", "python main.py --disable-all-custom-nodes")),
+    ("ComfyUI", (_DT, _IW)): (
+        ("ComfyUI: compute in one precision", "python main.py --force-fp32  # or --fp32-vae / --bf16-vae for the VAE"),),
+    ("ComfyUI", (_UD,)): (
+        ("ComfyUI: run in a precision this device has",
+         "python main.py --force-fp32  # on a Mac: --force-fp16 and an fp16 (not fp8) checkpoint"),),
+    ("ComfyUI", (_BO,)): (
+        ("ComfyUI: use PyTorch's attention instead of xformers",
+         "python main.py --use-pytorch-cross-attention  # or --disable-xformers"),),
+    ("ComfyUI", (_NA,)): (
+        ("ComfyUI portable: install a CUDA build of torch into ComfyUI's own Python",
+         "python_embeded\\python.exe -m pip install torch torchvision torchaudio --index-url "
+         "https://download.pytorch.org/whl/cu124"),
+        ("ComfyUI: or run on the CPU", "python main.py --cpu")),
+    ("SD.Next", (_DEV, _MIX, _Q)): (
+        ("SD.Next: turn model offloading off",
+         'Settings > Model Offloading > Model offload mode: none  (config.json "diffusers_offload_mode": "none")'),),
+    ("SD.Next", (_DT, _IW, _UD)): (
+        ("SD.Next: full precision for the model and the VAE",
+         'Settings > Compute Settings: no-half, no-half VAE  (config.json "no_half": true, "no_half_vae": true)'),),
+    ("SD.Next", (_BO,)): (
+        ("SD.Next: use PyTorch's scaled-dot-product attention",
+         'Settings > Compute Settings > Attention: Scaled-Dot-Product  (config.json '
+         '"cross_attention_optimization": "Scaled-Dot-Product")'),),
+    ("SD.Next", (_NA,)): (
+        ("SD.Next: reinstall torch for your GPU", "./webui.sh --reinstall --use-cuda  # or --use-ipex / --use-rocm"),),
+    ("Forge", (_DEV, _MIX, _Q)): (
+        ("Forge: keep models on the GPU", "--always-gpu  # or --always-high-vram (COMMANDLINE_ARGS)"),),
+    ("Forge", (_DT, _IW, _UD)): (
+        ("Forge: compute in full precision", "--all-in-fp32  # or --vae-in-fp32 for the VAE (COMMANDLINE_ARGS)"),),
+    ("Forge", (_BO,)): (
+        ("Forge: use PyTorch's attention", "--attention-pytorch  # or --disable-xformers (COMMANDLINE_ARGS)"),),
+    ("AUTOMATIC1111", (_DT, _IW, _UD)): (
+        ("AUTOMATIC1111: full precision", "set COMMANDLINE_ARGS=--no-half --no-half-vae  # or --upcast-sampling"),),
+    ("AUTOMATIC1111", (_DEV, _MIX)): (
+        ("AUTOMATIC1111: keep models on the GPU", "remove --medvram / --lowvram from COMMANDLINE_ARGS"),),
+    ("AUTOMATIC1111", (_BO,)): (
+        ("AUTOMATIC1111: PyTorch attention instead of xformers", "set COMMANDLINE_ARGS=--opt-sdp-attention"),),
+    ("AUTOMATIC1111", (_NA,)): (
+        ("AUTOMATIC1111: --skip-torch-cuda-test only hides this; reinstall the CUDA torch",
+         "set COMMANDLINE_ARGS=--reinstall-torch"),),
+    ("sd-scripts", (_DT, _IW)): (
+        ("sd-scripts: one training precision, VAE in float32", "--mixed_precision bf16 --no_half_vae"),),
+    ("sd-scripts", (_UD,)): (
+        ("sd-scripts: bf16 needs an Ampere (8.0+) GPU; use fp16 there", "--mixed_precision fp16 --no_half_vae"),),
+    ("sd-scripts", (_BO,)): (("sd-scripts: PyTorch attention instead of xformers", "--sdpa"),),
+    ("InvokeAI", (_DT, _IW, _UD)): (("InvokeAI: full precision", "invokeai.yaml:  precision: float32"),),
+    ("InvokeAI", (_DEV, _MIX, _Q)): (("InvokeAI: name the device explicitly", "invokeai.yaml:  device: cuda"),),
+    ("InvokeAI", (_BO,)): (("InvokeAI: attention without xformers", "invokeai.yaml:  attention_type: torch-sdp"),),
+    ("InvokeAI", (_NA,)): (("InvokeAI: run on the CPU, or reinstall with the CUDA torch",
+                            "invokeai.yaml:  device: cpu"),),
+}
+
+
+def app_of(context: str) -> str | None:
+    """The app a lower-cased text (``\\`` read as ``/``) shows, or None.
+
+    >>> app_of('file "c:/comfyui_windows_portable/comfyui/execution.py", line 327, in execute')
+    'ComfyUI'
+    >>> app_of("06:13:46-025320 error    exception: input type ... | sd | info | launch | starting sd.next") is None
+    False
+    >>> app_of("plain traceback") is None
+    True
+    """
+    for app, words in APPS:
+        if any(w in context for w in words):
+            return app
+    return None
+
+
+def app_fixes(category: str, context: str) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """The app shown in ``context`` and its own fixes for ``category`` (none when no app shows)."""
+    app = app_of(context)
+    if app is None:
+        return None, ()
+    for (name, cats), fixes in _FIXES.items():
+        if name == app and category in cats:
+            return app, fixes
+    return app, ()

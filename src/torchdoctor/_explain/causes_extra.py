@@ -1,0 +1,29 @@
+"""Causes added for issue 29's misses: float16 overflow, an stft window left behind, float8 on MPS."""
+
+from __future__ import annotations
+
+from torchdoctor._explain.causes import define_cause as _c
+
+__all__: list[str] = []
+
+_c("dt.half_overflow",
+   "A number outside float16's range (about ±65504) was written into a float16 tensor — a mask fill such as "
+   "-1e10 or torch.finfo(torch.float32).min, or a constant like float(2**30): the model runs in float16 (often "
+   "because the GPU has no bfloat16, or autocast chose it).",
+   "torchdoctor env",
+   ("Fill with the limit of the tensor's own dtype", "x = x.masked_fill(mask, torch.finfo(x.dtype).min)"),
+   ("Or run the model in bfloat16 (float32 on GPUs without bf16)", "model = model.to(torch.bfloat16)"))
+_c("dev.stft_window",
+   "The stft window (torch.hann_window(...)) was made on the CPU, or kept as a plain attribute that "
+   ".to() / .cuda() does not move, while the signal is on the GPU (or the other way round).",
+   "with torchdoctor.guard(model): model(x)",
+   ("Make the window on the signal's device", "window = torch.hann_window(win_length, device=x.device)"),
+   ("Or register it as a buffer so that .to() moves it",
+    'self.register_buffer("window", torch.hann_window(win_length), persistent=False)'))
+_c("ud.mps_fp8",
+   "float8 weights (Float8_e4m3fn / e5m2, the 'fp8' checkpoints) cannot be placed on MPS: Metal has no float8 "
+   "type on any macOS or chip. This is not the bfloat16 / macOS 14 limit; a newer macOS does not help.",
+   'torchdoctor.simulate(model, device="mps")',
+   ("Load an fp16 (or bf16) checkpoint instead of the fp8 one, or upcast before moving",
+    'model = model.to(torch.float16).to("mps")'),
+   ("Pick a dtype the device supports", 'torchdoctor.recommend_dtype("mps")'))
