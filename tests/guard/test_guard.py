@@ -105,7 +105,7 @@ def test_lora_explain_names_module_dtypes_and_fix() -> None:
         (f"{LORA}.lora_B.default.weight", "float32", "bfloat16")]
     text = str(e)
     assert text.startswith(f"dtype mismatch in `{LORA}.lora_B.default` (Linear): float32 where bfloat16 was expected")
-    assert f"  {LORA}.lora_B.default.weight: f32[4,4]@cpu  (expected bfloat16)" in text
+    assert f"  culprit {LORA}.lora_B.default.weight: f32[4,4]@cpu  (expected bfloat16)" in text
     assert "original error: RuntimeError: expected m1 and m2 to have the same dtype" in text
     code = ("model.base_model.model.down_blocks[0].attentions[0].transformer_blocks[0].attn1.to_q.lora_B.default"
             ".weight")
@@ -224,7 +224,7 @@ def test_meta_weight_is_silent_garbage_but_strict_names_it() -> None:
         ("meta", "model.layers.0.mlp.down_proj.weight", "meta", "cpu")]
     assert str(e).startswith("meta problem in `model.layers.0.mlp.down_proj` (Linear) at aten.mm.default: "
                              "arg 1 (mat2) is on meta (no data) and meets real tensors on cpu")
-    assert "model.layers.0.mlp.down_proj.weight (a view) = arg 1 (mat2): f32[128,64]@meta" in str(e)
+    assert "culprit model.layers.0.mlp.down_proj.weight (a view) = arg 1 (mat2): f32[128,64]@meta" in str(e)
     with pytest.raises(PlacementError, match="meta problem"), torch.no_grad(), torchdoctor.guard(model, mode="fix"):
         model(**b.inputs)  # no data to align: fix mode refuses
     with pytest.warns(PlacementWarning, match="meta problem"), torch.no_grad(), torchdoctor.guard(model, mode="warn"):
@@ -495,8 +495,9 @@ def test_module_inputs_are_named_input_i_and_kwarg_name() -> None:
     with pytest.raises(PlacementError) as info, torchdoctor.guard(net):
         net(torch.ones(1, 4, dtype=torch.float64))
     e = info.value
-    assert e.module_path == "0" and [(p.path, p.role) for p in e.problems] == [("input 0", "input")]
-    assert e.fix == "# pass input 0 as tensor.to(torch.float32)"
+    # the module's input 0 is the caller's argument: named as the caller passed it (Sequential.forward(input))
+    assert e.module_path == "0" and [(p.path, p.role) for p in e.problems] == [("input", "input")]
+    assert e.fix == "# pass input as tensor.to(torch.float32)"
     holder = nn.ModuleDict({"proj": KwargBias(), "big": nn.Linear(64, 64)})
     with pytest.raises(PlacementError) as info, torchdoctor.guard(holder):
         holder["proj"](torch.ones(2, 4), bias=torch.zeros(3, dtype=torch.float64))
@@ -504,11 +505,17 @@ def test_module_inputs_are_named_input_i_and_kwarg_name() -> None:
     assert "  kwarg bias: f64[3]@cpu  (expected float32)" in str(info.value)
 
 
-def test_errors_outside_any_module_are_left_alone() -> None:
+def test_errors_outside_any_module_are_explained_at_the_users_line() -> None:
     net = nn.Linear(4, 4)
-    with pytest.raises(RuntimeError) as info, torchdoctor.guard(net):
+    with pytest.raises(PlacementError) as info, torchdoctor.guard(net):
         net(torch.ones(1, 4)) @ torch.ones(4, 4, dtype=torch.float64)
-    assert type(info.value) is RuntimeError and "same dtype" in str(info.value)
+    e = info.value
+    assert type(e.__cause__) is RuntimeError and "same dtype" in str(e.__cause__)
+    assert str(e).startswith("dtype mismatch outside the guarded model, at test_guard.py:")
+    assert "line: net(torch.ones(1, 4)) @ torch.ones(4, 4, dtype=torch.float64)" in str(e)
+    with pytest.raises(RuntimeError) as plain, torchdoctor.guard(net):  # not a placement error: left alone
+        net(torch.ones(1, 4)) @ torch.ones(3, 3)
+    assert type(plain.value) is RuntimeError
 
 
 # --- decorator forms, compile, arguments ---------------------------------------------------------------------
@@ -624,7 +631,7 @@ def test_gpu_device_texts_name_the_one_tensor_on_the_odd_device(text: str) -> No
     assert [(p.kind, p.path, p.role, p.found, p.expected) for p in e.problems] == [
         ("device", "0.bias", "parameter", "cpu", "cuda:0")]
     assert str(e).startswith("device mismatch in `0` (Raises): cpu where cuda:0 was expected")
-    assert "  0.bias: f32[16]@cpu  (expected cuda:0)" in str(e)
+    assert "  culprit 0.bias: f32[16]@cpu  (expected cuda:0)" in str(e)
     assert e.fix == "model[0].bias.data = model[0].bias.data.to('cuda:0')"
 
 
@@ -645,8 +652,9 @@ def test_an_input_left_on_the_cpu_is_the_culprit_when_the_model_is_on_the_gpu() 
     with pytest.raises(PlacementError) as info, torchdoctor.guard(net):
         net(torch.ones(1, 16))
     assert [(p.path, p.role, p.found, p.expected) for p in info.value.problems] == [
-        ("input 0", "input", "cpu", "cuda:0")]
-    assert info.value.fix == "# pass input 0 as tensor.to('cuda:0')"
+        ("input", "input", "cpu", "cuda:0")]
+    assert info.value.fix == "# pass input as tensor.to('cuda:0')"
+    assert "culprit input (an argument of the call): f32[1,16]@cpu" in str(info.value)
 
 
 @pytest.mark.parametrize(("device", "odd", "text"), [

@@ -16,6 +16,7 @@ from torch import nn
 from torchdoctor._rules import registry as _rules
 from torchdoctor._explain.tokens import devices_in, dtypes_in
 from torchdoctor._guard import provenance
+from torchdoctor._guard.maps import component_fix
 from torchdoctor._guard.session import Maps, Session, fix_code, module_label
 from torchdoctor._placement import device_str, dtype_str, norm_device
 from torchdoctor._report.model import PlacementError, Problem, TensorInfo
@@ -127,8 +128,15 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     if "Promotion for Float8" in message:  # a float8 tensor met another floating dtype: it is the odd operand
         kind = "dtype"
     mod, frame, backward = _innermost(session, exc.__traceback__ or tb)
-    if mod is None:  # raised outside any module: nothing to add to the user's own message
-        return None
+    if mod is None:  # raised in the user's code outside any module: explained at the user's line
+        from torchdoctor._guard.outside import explain_outside
+
+        root = session.g.model if session.g.model is not None else (
+            session.frames.ran[0] if session.frames.ran else None)
+        out = explain_outside(exc, tb, kind, session.maps_for(root), _mentioned(message, kind))
+        if out is not None:
+            session.g._record_problems(list(out.problems))
+        return out
     root = session.g.model  # else the outermost module entered: of the forward, or of the backward
     if root is None:
         frames = session.frames
@@ -141,6 +149,7 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
         mpath, mtype = "", type(getattr(root, "_orig_mod", root)).__name__ + " compiled by torch.compile"
     cands: list[tuple[str | None, str, torch.Tensor]] = []  # (model path, label, tensor)
     roles: dict[str, str] = {}
+    owners: dict[str, str | None] = {}  # model path -> path of the module that owns it
     if mod is not None:
         from torchdoctor._walk import walk
 
@@ -154,6 +163,7 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
                     path = hit[0]
                 cands.append((path, path, e.tensor))
                 roles[path] = e.role
+                owners[path] = ".".join(x for x in (mpath, e.module_path) if x) if not compiled else None
         seen = {id(c[2]) for c in cands}
         for label, t in _inputs(session, mod, frame):
             hit = maps.tensor_path(t) if maps is not None else None
@@ -176,32 +186,63 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     first_line = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
     op = m.group(1) if (m := re.search(r"in method (\w+)", message)) else None
     where = (module_label(mpath, mod) + f" ({mtype})") if mod is not None else "an unknown module"
+    phase = " during backward" if backward else ""
+    # data flow: which of the off-policy tensors reached the failing op (own tensors its code reads, modules
+    # that ran before it, autograd's record behind its inputs, the caller's arguments)
+    run_frames = provenance.running_frames(exc.__traceback__ or tb)
+    fl = _flow(session, maps, run_frames, [c[2] for c in bad if c[0] is None], mpath) if not compiled else None
+    off = [c for c in bad if fl is not None and c[0] is not None and not fl.reached(c[0], owners.get(c[0]), c[2])]
+    if off and len(off) < len(bad):  # an own tensor its code never reads is not what the op met
+        bad = [c for c in bad if c not in off]
+    else:
+        off = []
+    args = provenance.call_arguments(run_frames, root)
+    bad = [(p, args[id(t)][0] if p is None and id(t) in args else lbl, t) for p, lbl, t in bad]
+    passed = {c[1] for c in bad if c[0] is None and id(c[2]) in args}  # the caller's own arguments
+    if bad and all(c[0] is None and c[1] not in passed for c in bad):
+        # made in forward from something that held the wrong value: the caller's arguments that hold it (no
+        # model tensor does, or it would be a suspect below) are where it entered
+        wrong = {value(c[2]) for c in bad}
+        held = [(n, t) for n, t in args.values() if (t.is_floating_point() or kind != "dtype") and value(t) in wrong]
+        if held and not any(s.culprit for s in _suspects(session, maps, kind, bad, value, mpath, fl)):
+            passed |= {n for n, _ in held}
+            bad = [(None, n, t) for n, t in held] + bad
     found = ", ".join(dict.fromkeys(_show(value(c[2]), kind) for c in bad)) if bad else None
     expected = _show(ref, kind) if ref is not None else "?"
-    phase = " during backward" if backward else ""
     # the model's own tensors that caused it (the policy's view), best first; the failing op comes second
-    own = {c[0] for c in bad if c[0] is not None}
-    blamed = [s for s in _suspects(session, maps, kind, bad, value, mpath) if s.problem.path not in own][:4]
+    own = {c[0] for c in bad if c[0] is not None} | {c[0] for c in off}
+    found_all = _suspects(session, maps, kind, bad, value, mpath, fl)
+    blamed = [s for s in found_all if s.problem.path not in own and s.culprit][:4]
+    also = [s for s in found_all if s.problem.path not in own and not s.culprit][:3]
     surfaced = f"{found} where {expected} was expected" if found else "see the original error"
-    if blamed and blamed[0].matches:
+    if blamed:
         head = provenance.headline(blamed[0], kind, where + phase, surfaced)
     elif found:
         head = f"{kind} mismatch in {where}{phase}: {found} where {expected} was expected"
     else:
         head = f"{kind} problem in {where}{phase}"
     by_path = {e.path: e.tensor for e in maps.walk.entries} if blamed and maps is not None else {}
-    lines = [f"culprit {b.line()}" + (_trace_note(by_path[b.problem.path]) if b.problem.path in by_path else "")
-             for b in blamed]
-    lines += [f"{c[1]}: {_rules._compact(c[2])}  (expected {expected}){_trace_note(c[2])}" for c in bad]
+    lines = [b.line() + (_trace_note(by_path[b.problem.path]) if b.problem.path in by_path else "") for b in blamed]
+    lines += [("culprit " if c[0] is not None or c[1] in passed else "") + f"{c[1]}" +
+              (" (an argument of the call)" if c[1] in passed else "") +
+              f": {_rules._compact(c[2])}  (expected {expected}){_trace_note(c[2])}" for c in bad]
     if not bad:
         lines += [f"{c[1]}: {_rules._compact(c[2])}" for c in cands[:8]]
+    lines += [f"also off-policy, not involved in this failure: {c[1]}: {_rules._compact(c[2])}" for c in off]
+    lines += [s.line() for s in also]
     lines.append(f"original error: {type(exc).__name__}: {first_line}")
     culprits: list[tuple[str | None, str, str, Any]] = [(b.problem.path, b.problem.path, b.problem.kind,
                  None if b.problem.kind == "meta" else provenance.target_of(b.problem)) for b in blamed]
-    victims = [c for c in bad if not (blamed and blamed[0].matches and c[0] is None)]
+    victims = [c for c in bad if not ((blamed or passed) and c[0] is None and c[1] not in passed)]
     culprits += [(c[0], c[1], kind, None if kind == "meta" else _also_dtype(ref, c[2], kind, message, maps))
                  for c in victims]
     fix = fix_code(culprits, maps.dicts if maps is not None else ())
+    if not blamed and bad and all(c[0] is None for c in bad) and kind == "dtype" and maps is not None:
+        odd = provenance.odd_component(maps.walk, mpath, [c[2] for c in bad], ref)
+        if odd is not None:  # the component is the odd one out, not the data the rest of the model feeds it
+            head = (f"{kind} mismatch in {where}{phase}: `{odd[0] or '<root>'}` runs in float32 while the data "
+                    f"flowing in is {dtype_str(odd[1])}")
+            fix = component_fix(odd[0], odd[1], maps.dicts)
     problems = [replace(b.problem, op=op) for b in blamed]
     problems += [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,
                          f"{c[1]} is {_show(value(c[2]), kind)} in {where}, expected {expected}", op=op,
@@ -223,14 +264,26 @@ def _trace_note(t: torch.Tensor) -> str:
     return f"  ({note})" if note else ""
 
 
+def _flow(session: Session, maps: Maps | None, frames: list[Any], inputs: list[torch.Tensor], mpath: str | None
+          ) -> provenance.Flow | None:
+    if maps is None:
+        return None
+    try:
+        return provenance.flow(maps.walk.modules, session.frames.ran, frames, inputs, mpath)
+    except Exception:  # the data flow is extra: without it every suspect of a module that ran is kept
+        log.debug("flow failed", exc_info=True)
+        return None
+
+
 def _suspects(session: Session, maps: Maps | None, kind: str, bad: list[Any], value: Callable[[torch.Tensor], Any],
-              mpath: str | None) -> list[provenance.Suspect]:
+              mpath: str | None, fl: provenance.Flow | None = None) -> list[provenance.Suspect]:
     if maps is None or kind == "unsupported_dtype":
         return []
     try:
         values = {_show(value(c[2]), kind) for c in bad}
         ran = provenance.ran_paths(maps.modules, session.frames.ran)
-        return provenance.suspects(maps.policy_problems(), kind, values, ran, mpath)
+        tensors = {e.path: e.tensor for e in maps.walk.entries} if fl is not None and fl.leaves else None
+        return provenance.suspects(maps.policy_problems(), kind, values, ran, mpath, fl, tensors)
     except Exception:  # provenance is extra: the failure is still explained without it
         log.debug("provenance failed", exc_info=True)
         return []

@@ -129,3 +129,10 @@ def fix_code(culprits: Sequence[tuple[str | None, str, str, Any]], dicts: Collec
         if path is None and target is not None and kind != "meta":
             lines.append(f"# pass {label} as tensor.to({value_code(target)})")
     return "\n".join(dict.fromkeys(lines)) or None
+
+
+def component_fix(comp: str, want: torch.dtype, dicts: Collection[str] = ()) -> str:
+    """Cast (or load) a whole component in the dtype the data flowing into it has."""
+    expr = code_path(comp, dicts=dicts)
+    return (f"{expr}.to({value_code(want)})  # or load it with torch_dtype={value_code(want)}\n"
+            f"# (to run it in float32 instead, pass its inputs as tensor.to(torch.float32))")

@@ -217,15 +217,22 @@ class Session:
                 return None
         return m
 
-    def _blame(self, maps: Maps | None, kind: str, bad: set[str], mpath: str | None, own: set[Any]) -> list[Any]:
-        """The model's off-policy tensors that may have caused a ``kind`` problem at the current op, best first."""
+    def _blame(self, maps: Maps | None, kind: str, bad: set[str], mpath: str | None, own: set[Any],
+               inputs: list[torch.Tensor]) -> list[Any]:
+        """The model's off-policy tensors that may have caused a ``kind`` problem at the current op, best first;
+        the data flow (the running forwards' code, the modules that ran, autograd's record behind ``inputs``) says
+        which reached it."""
         if maps is None:
             return []
         try:
-            from torchdoctor._guard.provenance import ran_paths, suspects
+            from torchdoctor._guard import provenance as pv
 
-            found = suspects(maps.policy_problems(), kind, bad, ran_paths(maps.modules, self.frames.ran), mpath)
-            return [s for s in found if s.problem.path not in own][:4]
+            fl = pv.flow(maps.walk.modules, self.frames.ran, pv.running_frames(), inputs, mpath)
+            tensors = {e.path: e.tensor for e in maps.walk.entries} if fl.leaves else None
+            found = pv.suspects(maps.policy_problems(), kind, bad, pv.ran_paths(maps.modules, self.frames.ran),
+                                mpath, fl, tensors)
+            found = [s for s in found if s.problem.path not in own]
+            return [s for s in found if s.culprit][:4] + [s for s in found if not s.culprit][:3]
         except Exception:  # provenance is extra: the problem is still reported without it
             log.debug("provenance failed", exc_info=True)
             return []
@@ -245,6 +252,7 @@ class Session:
         culprits: list[tuple[str | None, str, str, Any]] = []
         lines: list[str] = []
         plan: list[tuple[_rules.Finding, Any, list[_rules.Key]]] = []
+        loose: list[torch.Tensor] = []  # offenders that are no model tensor: where did they come from?
         for f in findings:
             target, offenders = f.target, list(f.offenders)
             if f.target is not None and maps is not None:  # strict too: blame the fp32 input, not the bf16 model
@@ -261,7 +269,9 @@ class Session:
                 problems.append(replace(f.problem, path=path or label, role="parameter" if path else "argument",
                                         found=found, expected=expected, module_path=mpath, module_type=mtype))
                 culprits.append((path, label, f.problem.kind, target))
-                lines.append(f"{shown}: {_rules._compact(t)}  (expected {expected})")
+                lines.append(f"{'culprit ' if hit else ''}{shown}: {_rules._compact(t)}  (expected {expected})")
+                if not hit:
+                    loose.append(t)
         self.g._record_problems(problems)
         first = problems[0] if problems else findings[0].problem
         if self.mode == "strict" or (self.mode == "fix" and not fixable):
@@ -272,15 +282,18 @@ class Session:
                 detail = (f"{', '.join(_rules.label(op, k) for k in ks0)} {'is' if len(ks0) == 1 else 'are'} "
                           f"{_value_str(tensors[ks0[0]], f0.attr)}, expected {_value_str_of(t0)} like the model")
             head = f"{first.kind} problem in {where} at {op}: {detail}"
-            blamed = self._blame(maps, first.kind, {p.found for p in problems}, mpath, {c[0] for c in culprits})
-            if blamed and blamed[0].matches:
+            sus = self._blame(maps, first.kind, {p.found for p in problems}, mpath, {c[0] for c in culprits},
+                                loose)
+            blamed = [b for b in sus if b.culprit]
+            if blamed:
                 from torchdoctor._guard.provenance import headline, target_of
 
                 head = headline(blamed[0], first.kind, where, f"at {op}: {detail}")
-                lines = [f"culprit {b.line()}" for b in blamed] + lines
+                lines = [b.line() for b in blamed] + lines
                 culprits = [(b.problem.path, b.problem.path, b.problem.kind, target_of(b.problem))
                             for b in blamed] + [c for c in culprits if c[0] is not None]
                 problems = [replace(b.problem, op=str(op)) for b in blamed] + problems
+            lines += [b.line() for b in sus if not b.culprit]
             others = [d for d in findings[0].problem.tensors if not any(d.startswith(_rules.label(op, k) + ":")
                                                                         for f, _, ks in plan for k in ks)]
             fix = fix_code(culprits, maps.dicts if maps is not None else ())
