@@ -44,6 +44,7 @@ _MEMO_SLACK = 1_024  # a pickler numbers memo entries 0, 1, 2, ...; allow a litt
 
 _MEMO_OPS = frozenset(b"pqrghj\x94")  # PUT, BINPUT, LONG_BINPUT, GET, BINGET, LONG_BINGET, MEMOIZE
 _NUMBER_OPS = frozenset(b"IL\x8a\x8bFG")
+_EXT_OPS = frozenset(b"\x82\x83\x84")  # EXT1, EXT2, EXT4
 _MARK = ord("(")
 _POPS_MARK = frozenset(b"eultdoi1\x90\x91")  # APPENDS, SETITEMS, LIST, TUPLE, DICT, OBJ, INST, POP_MARK, ...
 
@@ -103,6 +104,7 @@ class Budget:
     label: str = ""
     blobs: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id(blob bytes) -> (bytes, what they held)
     hashes: HashGuard = field(default_factory=HashGuard)
+    ext: bool = False  # a copyreg extension code was seen: the pickle needs the unpickler that resolves them
 
 
 def _refuse(label: str, what: str) -> CheckpointError:
@@ -168,6 +170,8 @@ def prescan(data: bytes, start: int, budget: Budget, label: str) -> int:
             elif code in _NUMBER_OPS and end - pos >= 8 and not hashes.add(_number(code, data[pos:end])):
                 raise _refuse(label, f"more than {MAX_SAME_HASH} distinct numbers share one hash value "
                                      "(building a dict of them takes quadratic time)")
+            elif code in _EXT_OPS:
+                budget.ext = True
             pos = end
     except CheckpointError:
         raise

@@ -5,10 +5,11 @@ unsafe pickle globals.
 :class:`FileScan` per file, :class:`Group` per checkpoint) and asks :func:`group_problems` for the findings.
 Quantization checks are data: one function per family in a registry that refuses duplicates.
 
+>>> from torchdoctor._checkpoint.dtypes import FLOAT16, FLOAT32
 >>> group = Group("", [FileScan("m.pt", "m.pt", "torch-zip", [
-...     Entry("w", "parameter", torch.float16, (2,), 4, "cpu", "0", 4)])])
+...     Entry("w", "parameter", FLOAT16, (2,), 4, "cpu", "0", 4)])])
 >>> from torchdoctor._checkpoint.expect import expectation
->>> [p.kind for p in group_problems(group, None, expectation(None, torch.float32))]
+>>> [p.kind for p in group_problems(group, None, expectation(None, FLOAT32))]
 ['dtype']
 """
 
@@ -18,17 +19,17 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, NamedTuple
 
-import torch
-
-from torchdoctor._report.model import Problem
-from torchdoctor._placement import device_str, dtype_str, same_device
-from torchdoctor._report.text import human_bytes
+from torchdoctor._checkpoint.devices import device_count
+from torchdoctor._checkpoint.dtypes import BFLOAT16, FLOAT16, FLOAT32, INT8, DType, location_str, parse_location
+from torchdoctor._checkpoint.result import Finding as Problem
 from torchdoctor._checkpoint.unsafe import unsafe_problems
+from torchdoctor._report.text import human_bytes
 
-__all__ = ["Entry", "FileScan", "Group", "as_device", "group_problems", "loc_str", "role_of", "truncated_problem"]
+__all__ = ["Entry", "FileScan", "Group", "group_problems", "loc_str", "role_of", "truncated_problem"]
+
+loc_str = location_str
 
 
 # Last key component -> quantization family; these keys are metadata, not weights (role ``quant_state``).
@@ -59,7 +60,7 @@ class Entry(NamedTuple):
 
     key: str
     role: str
-    dtype: torch.dtype
+    dtype: DType
     shape: tuple[int, ...]
     nbytes: int
     location: str
@@ -82,6 +83,7 @@ class FileScan:
     truncated: bool = False
     small: Callable[[str], bytes | None] = lambda key: None
     sharding: dict[str, list[dict[str, list[int]]]] = field(default_factory=dict)  # distributed: key -> chunks
+    failure: str = ""  # why the pickle stopped loading after naming its globals (then it holds no entries)
 
 
 @dataclass
@@ -99,97 +101,71 @@ class Group:
         return f"{self.prefix}/{key}" if self.prefix else key
 
 
-@lru_cache(maxsize=256)
-def loc_str(location: str) -> str:
-    """A saved location as device text (``cuda`` reads ``cuda:0``); one torch cannot parse stays as saved."""
-    try:
-        return device_str(location)
-    except (RuntimeError, ValueError, TypeError):
-        return location
-
-
-@lru_cache(maxsize=256)
-def as_device(location: str) -> torch.device:
-    try:
-        return torch.device(location)
-    except (RuntimeError, ValueError, TypeError):
-        return torch.device("meta")  # an unparseable location is reported by a saved_device problem
-
-
-def _device_count(kind: str) -> int:
-    """Devices of one type on this machine, asked without initialising them (device_count uses NVML first)."""
-    if kind in ("cpu", "meta"):
-        return 1
-    try:
-        if kind == "mps":
-            return int(torch.backends.mps.is_available())
-        module = getattr(torch, kind, None)
-        return int(module.device_count()) if module is not None and hasattr(module, "device_count") else 0
-    except Exception:  # a broken driver means "not here", never a crash
-        return 0
-
-
-def _map_location(dev: torch.device | None, want: torch.device | None) -> str:
+def _map_location(dev: tuple[str, int | None] | None, want: str | None) -> str:
     if want is not None:
-        return json.dumps(device_str(want))
-    if dev is not None and _device_count(dev.type) > 0:  # e.g. saved on cuda:1, this machine has only cuda:0
-        return json.dumps({device_str(dev): f"{dev.type}:0"})
+        return json.dumps(want)
+    if dev is not None and device_count(dev[0]) > 0:  # e.g. saved on cuda:1, this machine has only cuda:0
+        return json.dumps({location_str(f"{dev[0]}:{dev[1] or 0}"): f"{dev[0]}:0"})
     return '"cpu"'
 
 
-def _saved_device_problems(group: Group, fs: FileScan, want: torch.device | None) -> list[Problem]:
+def _same(dev: tuple[str, int | None], want: str) -> bool:
+    other = parse_location(want)
+    return other is not None and other[0] == dev[0] and (other[1] or 0) == (dev[1] or 0)
+
+
+def _saved_device_problems(group: Group, fs: FileScan, want: str | None) -> list[Problem]:
     by_loc: dict[str, list[Entry]] = {}
     for e in fs.entries:
         by_loc.setdefault(e.location, []).append(e)
     out = []
     for loc, entries in by_loc.items():
-        try:
-            dev: torch.device | None = torch.device(loc)
-        except (RuntimeError, ValueError, TypeError):
-            dev = None
-        if dev is not None and dev.type != "meta":
-            loads_as_saved = same_device(dev, want) if want else (dev.index or 0) < _device_count(dev.type)
-            if dev.type == "cpu" or loads_as_saved:  # cpu storages load anywhere
+        dev = parse_location(loc)
+        if dev is not None and dev[0] != "meta":
+            loads_as_saved = _same(dev, want) if want else (dev[1] or 0) < device_count(dev[0])
+            if dev[0] == "cpu" or loads_as_saved:  # cpu storages load anywhere
                 continue
         paths = tuple(group.path_of(e.key) for e in entries)
         size = human_bytes(sum({e.storage: e.storage_nbytes for e in entries}.values()))
-        if dev is not None and dev.type == "meta":
+        if dev is not None and dev[0] == "meta":
             msg = (f"{len(paths)} tensor(s) in {fs.label} were saved on meta and hold no data; "
                    "re-save from a model with real weights")
             out.append(Problem("meta", paths[0], entries[0].role, "meta", "a real device", msg, tensors=paths))
             continue
         where = loc_str(loc)
         if want is not None:
-            why = f"you would load on {device_str(want)}, but torch.load restores them on {where}"
+            why = f"you would load on {want}, but torch.load restores them on {where}"
         else:
-            n = _device_count(dev.type) if dev is not None else 0
-            kind = dev.type.upper() if dev is not None else repr(loc)
+            n = device_count(dev[0]) if dev is not None else 0
+            kind = dev[0].upper() if dev is not None else repr(loc)
             have = f"no {kind} device" if n == 0 else f"{n} {kind} device(s)"
             why = f"this machine has {have}, so torch.load fails (\"Attempting to deserialize object on ...\")"
         fix = f"torch.load({json.dumps(fs.path)}, map_location={_map_location(dev, want)})"
         msg = f"{len(paths)} tensor(s) ({size}) in {fs.label} were saved on {where}; {why}. Fix: {fix}"
-        expected = device_str(want) if want is not None else "a device this machine has"
+        expected = want if want is not None else "a device this machine has"
         out.append(Problem("saved_device", paths[0], entries[0].role, where, expected, msg, tensors=paths))
     return out
 
 
-def _unsupported_problems(group: Group, entries: list[Entry], want: torch.device | None) -> list[Problem]:
-    if want is None:
-        return []
-    from torchdoctor._rules.profile import DeviceProfile
+# dtypes a device cannot even hold (the storage rule of torchdoctor._rules.profile.DeviceProfile.supports)
+_NO_STORAGE = {"mps": frozenset({"float64", "complex128"})}
 
-    profile = DeviceProfile.for_device(want)
+
+def _unsupported_problems(group: Group, entries: list[Entry], want: str | None) -> list[Problem]:
+    parsed = parse_location(want) if want is not None else None
+    kind = parsed[0] if parsed is not None else None
+    never = _NO_STORAGE.get(kind or "", frozenset())
     out = []
-    by_dtype: dict[torch.dtype, list[Entry]] = {}
+    by_dtype: dict[DType, list[Entry]] = {}
     for e in entries:
-        by_dtype.setdefault(e.dtype, []).append(e)
+        if e.dtype.name in never:
+            by_dtype.setdefault(e.dtype, []).append(e)
     for dt, es in by_dtype.items():
-        if not profile.supports(dt, "storage"):
-            paths = tuple(group.path_of(e.key) for e in es)
-            msg = (f"{len(paths)} tensor(s) are {dtype_str(dt)}, which {want.type} cannot hold; "
-                   "convert before moving them there")
-            out.append(Problem("unsupported_dtype", paths[0], es[0].role, dtype_str(dt), f"a dtype {want.type} supports",
-                               msg, tensors=paths))
+        paths = tuple(group.path_of(e.key) for e in es)
+        msg = (f"{len(paths)} tensor(s) are {dt.name}, which {kind} cannot hold; "
+               "convert before moving them there")
+        out.append(Problem("unsupported_dtype", paths[0], es[0].role, dt.name, f"a dtype {kind} supports",
+                           msg, tensors=paths))
     return out
 
 
@@ -214,25 +190,25 @@ def _dtype_problems(group: Group, entries: list[Entry], exp: Any) -> list[Proble
            and e.dtype.itemsize > 1 and not _training_state(e.key)]
     if not off:
         return []
-    if want in (torch.float16, torch.bfloat16) and any(e.dtype == torch.float32 for e in off):
+    if want in (FLOAT16, BFLOAT16) and any(e.dtype is FLOAT32 for e in off):
         exp = exp.with_kept()  # asks transformers only now, when it can change the verdict
-    kept = [e for e in off if e.dtype == torch.float32 and exp.keeps(e.key)]
-    by_dtype: dict[torch.dtype, list[Entry]] = {}
+    kept = [e for e in off if e.dtype is FLOAT32 and exp.keeps(e.key)]
+    by_dtype: dict[DType, list[Entry]] = {}
     for e in off:
-        if not (e.dtype == torch.float32 and exp.keeps(e.key)):
+        if not (e.dtype is FLOAT32 and exp.keeps(e.key)):
             by_dtype.setdefault(e.dtype, []).append(e)
-    name = dtype_str(want)
+    name = want.name
     out = []
     for dt, es in by_dtype.items():
         paths = tuple(group.path_of(e.key) for e in es)
         size = human_bytes(sum(e.nbytes for e in es))
         where = f"{paths[0]}" if len(paths) == 1 else f"{paths[0]} and {len(paths) - 1} more"
-        msg = (f"{where}: {len(paths)} floating tensor(s) ({size}) are {dtype_str(dt)}, expected {name} because "
+        msg = (f"{where}: {len(paths)} floating tensor(s) ({size}) are {dt.name}, expected {name} because "
                f"{exp.why}")
         if exp.kept_why:
             msg += f" ({exp.kept_why}{f': {len(kept)} such tensor(s) are float32 as expected' if kept else ''})"
         msg += f"; cast when loading: from_pretrained(..., dtype=torch.{name}) or model.to(torch.{name})"
-        out.append(Problem("dtype", paths[0], "parameter", dtype_str(dt), name, msg, tensors=paths))
+        out.append(Problem("dtype", paths[0], "parameter", dt.name, name, msg, tensors=paths))
     return out
 
 
@@ -300,7 +276,7 @@ def _bnb8(group: Group, by_key: dict[str, Entry], small: Callable[[str], bytes |
         return []
     scb = {b for k in by_key if (b := base_of(k, "SCB")) is not None}
     fmt = {b for k in by_key if (b := base_of(k, "weight_format")) is not None}
-    int8 = {b for k, e in by_key.items() if (b := base_of(k, "weight")) is not None and e.dtype == torch.int8}
+    int8 = {b for k, e in by_key.items() if (b := base_of(k, "weight")) is not None and e.dtype is INT8}
     out = []
     for base in sorted(scb | fmt | int8):
         w, s = f"{base}.weight" if base else "weight", f"{base}.SCB" if base else "SCB"
@@ -333,14 +309,14 @@ def truncated_problem(root: str) -> Problem:
     return Problem("truncated", root, "container", "walk limit", "complete walk", msg)
 
 
-def group_problems(group: Group, want: torch.device | None, exp: Any = None) -> list[Problem]:
+def group_problems(group: Group, want: str | None, exp: Any = None) -> list[Problem]:
     """Everything wrong with one checkpoint; ``exp`` is its dtype expectation (see ``expect.py``) or None."""
     entries = [e for fs in group.files for e in fs.entries]
     owner = {e.key: fs for fs in group.files for e in fs.entries}
     by_key = {e.key: e for e in entries}
     out: list[Problem] = []
     for fs in group.files:
-        out += _saved_device_problems(group, fs, want) + unsafe_problems(group.path_of, fs.label, fs.unsafe)
+        out += _saved_device_problems(group, fs, want) + unsafe_problems(group.path_of, fs.label, fs.unsafe, fs.failure)
     out += _unsupported_problems(group, entries, want) + _dtype_problems(group, entries, exp)
     for check in _QUANT_CHECKS.values():
         out += check(group, by_key, lambda key: owner[key].small(key) if key in owner else None)

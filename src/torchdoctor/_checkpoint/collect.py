@@ -19,9 +19,9 @@ from typing import Any
 from torchdoctor._checkpoint.checks import Entry, FileScan, Group, role_of
 from torchdoctor._checkpoint.records import walk
 from torchdoctor._checkpoint.safetensors import read_safetensors
-from torchdoctor._checkpoint.torchfile import read_torch_file
+from torchdoctor._checkpoint.torchfile import LFS_POINTER, read_torch_file
 from torchdoctor._checkpoint.known import DTENSOR
-from torchdoctor._checkpoint.unpickle import CheckpointError
+from torchdoctor._checkpoint.unpickle import CheckpointError, UnsafePickle
 
 __all__ = ["EXTENSIONS", "Skipped", "collect", "file_kind", "read_file", "read_json"]
 
@@ -56,7 +56,12 @@ def file_kind(mode: int) -> str:
 
 
 def _read_pickled(path: str, fh: Any, size: int, label: str) -> FileScan:
-    pf = read_torch_file(path, fh, size, label)
+    try:
+        pf = read_torch_file(path, fh, size, label)
+    except UnsafePickle as exc:  # it fails to load, but only after importing what it names: that is the finding
+        why = str(exc).removeprefix(f"{label}: ")
+        notes = [f"the pickle fails to load ({why}) after naming the globals listed; no tensor was read"]
+        return FileScan(path, label, "pickle", [], {}, [(g, None, ()) for g in exc.globals], notes, failure=why)
     result = walk(pf.root)
     entries: list[Entry] = []
     refs: dict[str, Any] = {}
@@ -94,8 +99,10 @@ def read_file(path: str, label: str) -> FileScan:
         if size == 0:
             raise CheckpointError(f"{label}: empty file (0 bytes)")
         with os.fdopen(fd, "rb", closefd=False) as fh:
-            head = fh.read(9)
+            head = fh.read(len(LFS_POINTER))
             fh.seek(0)
+            if head == LFS_POINTER:
+                raise CheckpointError(f"{label}: a git-LFS pointer, not the checkpoint itself: run `git lfs pull`")
             if head[8:9] == b"{" or path.endswith(".safetensors"):
                 return read_safetensors(path, fh, size, label)
             if head.startswith(b"GGUF"):

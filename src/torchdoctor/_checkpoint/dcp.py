@@ -15,12 +15,12 @@ import os
 import stat
 from typing import Any
 
-import torch
-
-from torchdoctor._checkpoint.bounds import MAX_PICKLE_BYTES, Budget, prescan
+from torchdoctor._checkpoint.bounds import MAX_PICKLE_BYTES, Budget
 from torchdoctor._checkpoint.checks import Entry, FileScan, role_of
+from torchdoctor._checkpoint.dtypes import DType
 from torchdoctor._checkpoint.records import walk
-from torchdoctor._checkpoint.unpickle import CheckpointError, Placeholder, SafeUnpickler
+from torchdoctor._checkpoint.torchfile import unpickle_one
+from torchdoctor._checkpoint.unpickle import CheckpointError, Placeholder, UnsafePickle, placeholder_class
 
 __all__ = ["DCP_GLOBALS", "read_dcp"]
 
@@ -62,14 +62,11 @@ def _load(path: str, label: str) -> tuple[Any, tuple[str, ...]]:
             data = f.read()
     except OSError as exc:
         raise CheckpointError(f"{label}: cannot read .metadata ({exc.strerror or exc})") from None
-    budget = Budget(label=label)
-    prescan(data, 0, budget, f"{label}/.metadata")
-    unpickler = SafeUnpickler(io.BytesIO(data), None, None, budget.hashes)
     try:
-        root = unpickler.load()
-    except Exception as exc:  # a damaged or hostile pickle is one line, never a traceback
-        raise CheckpointError(f"{label}: corrupted .metadata ({type(exc).__name__}: {str(exc)[:100]})") from None
-    return root, tuple(unpickler.unknown)
+        root, unknown, _ = unpickle_one(data, 0, None, f"{label}/.metadata", Budget(label=label))
+    except UnsafePickle as exc:  # names what it would import before failing: reported as such
+        return placeholder_class(_M + "Unreadable")(), exc.globals
+    return root, unknown
 
 
 def read_dcp(dirpath: str, label: str) -> FileScan:
@@ -86,8 +83,10 @@ def _read(dirpath: str, label: str) -> FileScan:
     root, unknown = _load(os.path.join(dirpath, ".metadata"), label)
     if not _is(root, "Metadata"):
         odd = [g for g in unknown if g not in DCP_GLOBALS]
-        named = f" (it names {', '.join(odd[:3])} instead: not imported, never run)" if odd else ""
-        raise CheckpointError(f"{label}: .metadata does not hold torch.distributed.checkpoint Metadata{named}")
+        if odd:  # what dcp.load's plain pickle.load would import and call: the finding, not an unreadable file
+            note = ".metadata does not hold torch.distributed.checkpoint Metadata; it calls the globals listed"
+            return FileScan(dirpath, label, "torch-dcp", [], {}, [(g, None, ()) for g in odd], [note])
+        raise CheckpointError(f"{label}: .metadata does not hold torch.distributed.checkpoint Metadata")
     fields = _fields(root)
     sd_meta = fields.get("state_dict_metadata")
     if not isinstance(sd_meta, dict):
@@ -106,7 +105,7 @@ def _read(dirpath: str, label: str) -> FileScan:
         props = f.get("properties")
         pstate = props.__dict__.get("_td_state") if isinstance(props, Placeholder) else None
         dtype = pstate[0] if isinstance(pstate, tuple) and pstate else _fields(props).get("dtype")
-        if not isinstance(dtype, torch.dtype):
+        if not isinstance(dtype, DType):
             raise CheckpointError(f"{label}: corrupted .metadata: {key!r} has no dtype")
         try:
             shape = _ints(f.get("size"), f"the size of {key!r}")

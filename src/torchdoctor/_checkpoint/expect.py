@@ -24,22 +24,17 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from torchdoctor._checkpoint.collect import read_json
+from torchdoctor._checkpoint.dtypes import BFLOAT16, FLOAT16, DType, parse_dtype
 from torchdoctor._checkpoint.unpickle import CheckpointError
-from torchdoctor._placement import dtype_str, parse_dtype
 
 __all__ = ["DtypeExpectation", "expectation", "majority_dtype"]
-
-_F32 = torch.float32
-
 
 @dataclass(frozen=True)
 class DtypeExpectation:
     """What dtype a group of tensors should hold and why; ``kept`` patterns are float32 by design."""
 
-    dtype: torch.dtype
+    dtype: DType
     rule: str  # "explicit" or "declared-dtype"
     why: str
     architecture: str | None = None
@@ -53,7 +48,7 @@ class DtypeExpectation:
 
     def with_kept(self) -> DtypeExpectation:
         """The same expectation with the kept-fp32 patterns of its transformers class filled in."""
-        if self.architecture is None or self.dtype not in (torch.float16, torch.bfloat16):
+        if self.architecture is None or self.dtype not in (FLOAT16, BFLOAT16):
             return self
         kept, why = _kept_fp32(self.architecture, self.model_type, self.dtype)
         return dataclasses.replace(self, kept=kept, kept_why=why)
@@ -70,7 +65,7 @@ def _config(folder: str) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _declared(config: dict[str, Any]) -> tuple[torch.dtype | None, str]:
+def _declared(config: dict[str, Any]) -> tuple[DType | None, str]:
     for field in ("dtype", "torch_dtype"):
         value = config.get(field)
         if isinstance(value, str) and value != "auto":
@@ -157,7 +152,7 @@ def _static_attrs(cls_name: str, model_type: str | None) -> dict[str, list[str]]
     return None
 
 
-def _kept_fp32(cls_name: str, model_type: str | None, dtype: torch.dtype) -> tuple[tuple[str, ...], str]:
+def _kept_fp32(cls_name: str, model_type: str | None, dtype: DType) -> tuple[tuple[str, ...], str]:
     attrs = _static_attrs(cls_name, model_type) if importlib.util.find_spec("transformers") else None
     if attrs is None:
         try:
@@ -172,39 +167,44 @@ def _kept_fp32(cls_name: str, model_type: str | None, dtype: torch.dtype) -> tup
             return (), f"transformers {transformers.__version__} has no class {cls_name}"
         attrs = {a: list(getattr(cls, a, None) or []) for a in _ATTRS}
     keep, strict = attrs.get(_ATTRS[0], []), attrs.get(_ATTRS[1], [])
-    names = (keep if dtype == torch.float16 else []) + (strict if dtype in (torch.float16, torch.bfloat16) else [])
+    names = (keep if dtype is FLOAT16 else []) + (strict if dtype in (FLOAT16, BFLOAT16) else [])
     names = [n for n in dict.fromkeys(names) if isinstance(n, str)]
     if not names:
-        return (), f"{cls_name} keeps no module in float32 for {dtype_str(dtype)}"
+        return (), f"{cls_name} keeps no module in float32 for {_name(dtype)}"
     attr = "_keep_in_fp32_modules_strict" if set(names) <= set(strict) else "_keep_in_fp32_modules"
-    return tuple(names), f"{cls_name}.{attr} keeps {', '.join(names)} in float32 when loaded in {dtype_str(dtype)}"
+    return tuple(names), f"{cls_name}.{attr} keeps {', '.join(names)} in float32 when loaded in {_name(dtype)}"
 
 
-def expectation(folder: str | None, want_dtype: torch.dtype | None) -> DtypeExpectation | None:
+def expectation(folder: str | None, want_dtype: DType | None) -> DtypeExpectation | None:
     """The dtype expectation for a checkpoint in ``folder`` (its ``config.json``), or None when nothing says."""
     config = _config(folder) if folder else {}
     arch = _architecture(config)
     model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else None
     if want_dtype is not None:
-        return DtypeExpectation(want_dtype, "explicit", f"you asked for {dtype_str(want_dtype)}", arch, model_type)
+        return DtypeExpectation(want_dtype, "explicit", f"you asked for {_name(want_dtype)}", arch, model_type)
     declared, field = _declared(config)
     if declared is None:
         return None
-    why = f"config.json declares {field} {dtype_str(declared)}"
+    why = f"config.json declares {field} {_name(declared)}"
     return DtypeExpectation(declared, "declared-dtype", why, arch, model_type)
 
 
-def majority_dtype(dtypes: Sequence[torch.dtype]) -> tuple[torch.dtype, int, int] | None:
+def majority_dtype(dtypes: Sequence[DType]) -> tuple[DType, int, int] | None:
     """The most common floating dtype among ``dtypes`` by count (float8 storage excluded), with counts.
 
-    >>> majority_dtype([torch.bfloat16, torch.bfloat16, torch.float32, torch.int64])
+    >>> from torchdoctor._checkpoint.dtypes import DTYPES as D
+    >>> majority_dtype([D["bfloat16"], D["bfloat16"], D["float32"], D["int64"]])
     (torch.bfloat16, 2, 3)
     """
     floats = [d for d in dtypes if d.is_floating_point and d.itemsize > 1]
     if not floats:
         return None
-    counts: dict[torch.dtype, int] = {}
+    counts: dict[DType, int] = {}
     for d in floats:
         counts[d] = counts.get(d, 0) + 1
     best = max(counts, key=lambda d: counts[d])
     return best, counts[best], len(floats)
+
+
+def _name(dtype: DType) -> str:
+    return dtype.name

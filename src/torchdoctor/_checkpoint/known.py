@@ -6,7 +6,9 @@ say-so), but does not report them as unsafe: torch itself would load them.
 
 from __future__ import annotations
 
-from functools import lru_cache
+import sys
+
+from torchdoctor._checkpoint.names import WEIGHTS_ONLY
 
 __all__ = ["DTENSOR", "NJT_REBUILD", "TORCH_RECORDS", "torch_allows"]
 
@@ -26,21 +28,13 @@ TORCH_RECORDS = frozenset({
 })  # fmt: skip
 
 
-@lru_cache(maxsize=1)
-def _defaults() -> frozenset[str]:
-    try:
-        from torch import _weights_only_unpickler
-
-        return frozenset(_weights_only_unpickler._get_allowed_globals())
-    except Exception:  # another torch: only the fixed set above is known
-        return frozenset()
-
-
 def _registered() -> set[str]:
-    """Globals registered with ``torch.serialization.add_safe_globals`` so far (by torch or by the user)."""
+    """Globals registered with ``torch.serialization.add_safe_globals`` in this process (only when torch is
+    already imported: reading a checkpoint never imports it)."""
+    serialization = sys.modules.get("torch.serialization")
+    if serialization is None:
+        return set()
     try:
-        from torch import serialization
-
         objs = [g[0] if isinstance(g, tuple) else g for g in serialization.get_safe_globals()]
     except Exception:  # another torch
         return set()
@@ -48,9 +42,9 @@ def _registered() -> set[str]:
 
 
 def torch_allows(name: str) -> bool:
-    """True when torch's weights-only unpickler accepts the global ``name`` (``module.qualname``).
+    """True when torch's weights-only unpickler accepts the global ``name`` (``module.qualname``), exactly.
 
-    >>> torch_allows("collections.OrderedDict"), torch_allows("posix.system")
-    (True, False)
+    >>> torch_allows("collections.OrderedDict"), torch_allows("posix.system"), torch_allows("torch.os.system")
+    (True, False, False)
     """
-    return name in _defaults() or name in _registered()
+    return name in WEIGHTS_ONLY or name in _registered()

@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchdoctor._report.model import Problem, ScanReport
+from typing import Any
+
 from torchdoctor._report.text import human_bytes, render_problems, escape
 
 __all__ = ["escape", "render_checkpoint"]
 
 
-def _escaped(p: Problem) -> Problem:
+def _escaped(p: Any) -> Any:
     if p.path.isprintable() and p.message.isprintable():
         return p
     return dataclasses.replace(p, path=escape(p.path), message=escape(p.message))
 
 
-def render_checkpoint(report: ScanReport, limit: int = 40) -> str:
+def render_checkpoint(report: Any, limit: int = 40) -> str:
     """Text form for the CLI: one line per checkpoint group, then problems and the device/dtype summary."""
     groups = report.extra.get("groups", [])
     layout = report.extra.get("layout")

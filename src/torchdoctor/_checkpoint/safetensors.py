@@ -21,11 +21,9 @@ import json
 import math
 import re
 import struct
-from functools import lru_cache
 from typing import IO, Any
 
-import torch
-
+from torchdoctor._checkpoint.dtypes import DTYPES, UINT8, DType
 from torchdoctor._checkpoint.checks import Entry, FileScan, role_of
 from torchdoctor._checkpoint.torchfile import SMALL_READ
 from torchdoctor._checkpoint.unpickle import CheckpointError
@@ -47,10 +45,8 @@ _DTYPES: dict[str, tuple[int, str | None]] = {
 }  # fmt: skip
 
 
-@lru_cache(maxsize=64)
-def _torch_dtype(name: str) -> torch.dtype | None:
-    dtype = getattr(torch, _DTYPES[name][1] or "", None)
-    return dtype if isinstance(dtype, torch.dtype) else None
+def _torch_dtype(name: str) -> DType | None:
+    return DTYPES.get(_DTYPES[name][1] or "")
 
 
 class _Refused(ValueError):
@@ -180,7 +176,7 @@ def read_safetensors(path: str, fh: IO[bytes], size: int, label: str) -> FileSca
         dtype = _torch_dtype(dtype_name)
         if dtype is None:
             notes.append(f"{key}: dtype {dtype_name} has no torch dtype; shown as uint8")
-            dtype = torch.uint8
+            dtype = UINT8
         spans[key] = (8 + n + begin, end - begin)
         entries.append(Entry(key, role_of(key), dtype, shape, end - begin, "cpu", key, end - begin))
     if start != data_size:

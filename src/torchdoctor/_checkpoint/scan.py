@@ -20,47 +20,79 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
-
-from torchdoctor._checkpoint.checks import FileScan, Group, as_device, group_problems, loc_str, role_of, truncated_problem
+from torchdoctor._checkpoint.checks import FileScan, Group, group_problems, loc_str, role_of, truncated_problem
 from torchdoctor._checkpoint.collect import Skipped, collect
+from torchdoctor._checkpoint.dtypes import DType, from_torch, to_torch
 from torchdoctor._checkpoint.expect import expectation, majority_dtype
 from torchdoctor._checkpoint.render import render_checkpoint
+from torchdoctor._checkpoint.result import CheckpointReport, Finding, Row
 from torchdoctor._checkpoint.torchfile import gc_paused
 from torchdoctor._checkpoint.unpickle import CheckpointError
-from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
-from torchdoctor._report.model import Problem, ScanReport, TensorInfo
 
-__all__ = ["CheckpointError", "render_checkpoint", "role_of", "scan_checkpoint"]
+__all__ = ["CheckpointError", "check_checkpoint", "render_checkpoint", "role_of", "scan_checkpoint", "to_scan_report"]
 
-def scan_checkpoint(
-    path: str | os.PathLike[str],
-    *,
-    device: str | torch.device | None = None,
-    dtype: str | torch.dtype | None = None,
-) -> ScanReport:
+
+def scan_checkpoint(path: str | os.PathLike[str], *, device: Any = None, dtype: Any = None) -> Any:
     """Inspect a checkpoint file or directory without running its pickle code or reading tensor data.
 
     ``device=`` asks "would it load there?" (saved locations needing ``map_location`` are problems even if
     this machine has them); without it, locations this machine lacks are. ``dtype=`` adds dtype problems
-    for floating weights. Unreadable input raises :class:`CheckpointError` (a ``ValueError``).
+    for floating weights. Unreadable input raises :class:`CheckpointError` (a ``ValueError``). Returns a
+    :class:`torchdoctor.ScanReport` (torch types: the command line uses :func:`check_checkpoint` instead).
     """
-    want = parse_device(device) if device is not None else None
-    want_dtype = parse_dtype(dtype) if dtype is not None else None
+    from torchdoctor._placement import device_str, parse_device, parse_dtype
+
+    want = device_str(parse_device(device)) if device is not None else None
+    want_dtype = from_torch(parse_dtype(dtype)) if dtype is not None else None
+    return to_scan_report(check_checkpoint(path, device=want, dtype=want_dtype))
+
+
+def to_scan_report(report: CheckpointReport) -> Any:
+    """The Python API's :class:`torchdoctor.ScanReport` of a torch-free report: ``torch.device`` / ``torch.dtype``."""
+    import torch
+
+    from torchdoctor._report.model import Problem, ScanReport, TensorInfo
+
+    devices: dict[str, Any] = {}
+    dtypes: dict[DType, Any] = {}
+
+    def device(location: str) -> Any:
+        if location not in devices:
+            try:
+                devices[location] = torch.device(location)
+            except (RuntimeError, ValueError, TypeError):
+                devices[location] = torch.device("meta")  # an unparseable location is reported by a saved_device problem
+        return devices[location]
+
+    rows = []
+    for r in report.tensors:
+        dt = dtypes.get(r.dtype)
+        if dt is None:
+            dt = dtypes[r.dtype] = to_torch(r.dtype)
+        rows.append(TensorInfo(r.path, r.role, device(r.location), dt, r.shape, r.nbytes, False, r.alias_of))
+    problems = tuple(Problem(p.kind, p.path, p.role, p.found, p.expected, p.message, p.op, p.module_path,
+                             p.module_type, p.tensors) for p in report.problems)
+    return ScanReport(tensors=tuple(rows), problems=problems, expected=report.expected, source=report.source,
+                      truncated=report.truncated, summary=report.summary, extra=report.extra)
+
+
+def check_checkpoint(path: str | os.PathLike[str], *, device: str | None = None,
+                     dtype: DType | None = None) -> CheckpointReport:
+    """:func:`scan_checkpoint` without torch: ``device`` is a device string as ``device_str`` writes it
+    (``cuda:1``, ``cpu``), ``dtype`` a :class:`DType`. What the command line and the pre-commit hook call."""
     root = os.fspath(path)
     with gc_paused():
         groups, layout, skipped = collect(root)
         rows, summary = _rows(groups)
-    problems: list[Problem] = []
+    problems: list[Finding] = []
     expected: dict[str, dict[str, str]] = {}
-    if want is not None or want_dtype is not None:
-        expected[""] = {k: v for k, v in (("device", device_str(want) if want else ""),
-                                          ("dtype", dtype_str(want_dtype) if want_dtype else "")) if v}
+    if device is not None or dtype is not None:
+        expected[""] = {k: v for k, v in (("device", device or ""), ("dtype", dtype.name if dtype else "")) if v}
     for group in groups:
-        exp = expectation(_folder(group), want_dtype)
+        exp = expectation(_folder(group), dtype)
         if exp is not None and exp.rule != "explicit":
-            expected[group.prefix or "."] = {"dtype": dtype_str(exp.dtype), "rule": exp.rule, "why": exp.why}
-        problems += group_problems(group, want, exp)
+            expected[group.prefix or "."] = {"dtype": exp.dtype.name, "rule": exp.rule, "why": exp.why}
+        problems += group_problems(group, device, exp)
     problems += [_unreadable(s) for s in skipped if s.loaded]
     truncated = any(fs.truncated for g in groups for fs in g.files)
     if truncated:
@@ -73,15 +105,8 @@ def scan_checkpoint(
     }
     if len(groups) == 1 and len(groups[0].files) == 1 and groups[0].files[0].metadata:
         extra["metadata"] = groups[0].files[0].metadata
-    return ScanReport(
-        tensors=tuple(rows),
-        problems=tuple(problems),
-        expected=expected,
-        source=root,
-        truncated=truncated,
-        summary=summary,
-        extra=extra,
-    )
+    return CheckpointReport(tensors=tuple(rows), problems=tuple(problems), expected=expected, source=root,
+                            truncated=truncated, summary=summary, extra=extra)
 
 
 def _folder(group: Group) -> str | None:
@@ -92,16 +117,16 @@ def _folder(group: Group) -> str | None:
     return path if group.files[0].format == "torch-dcp" else os.path.dirname(path)
 
 
-def _unreadable(entry: Skipped) -> Problem:
+def _unreadable(entry: Skipped) -> Finding:
     msg = f"{entry.label}: {entry.reason}; the rest of the directory was checked without it"
-    return Problem("unreadable", entry.label, "container", entry.reason, "a readable checkpoint", msg)
+    return Finding("unreadable", entry.label, "container", entry.reason, "a readable checkpoint", msg)
 
 
-def _rows(groups: list[Group]) -> tuple[list[TensorInfo], tuple[dict[str, Any], ...]]:
+def _rows(groups: list[Group]) -> tuple[list[Row], tuple[dict[str, Any], ...]]:
     """One TensorInfo per key (a second key on the same view is an alias), and the summary by saved device
     and dtype, counting each storage once."""
-    rows: list[TensorInfo] = []
-    summary: dict[tuple[str, torch.dtype], dict[str, Any]] = {}
+    rows: list[Row] = []
+    summary: dict[tuple[str, DType], dict[str, Any]] = {}
     seen_storage: set[tuple[str, str]] = set()
     for group in groups:
         first: dict[tuple[str, str, tuple[Any, ...]], str] = {}
@@ -110,13 +135,12 @@ def _rows(groups: list[Group]) -> tuple[list[TensorInfo], tuple[dict[str, Any], 
             for e in fs.entries:
                 p = prefix + (e.key or "<root>")
                 alias = first.setdefault((fs.label, e.storage, e.view), p) if e.view else p
-                rows.append(TensorInfo(p, e.role, as_device(e.location), e.dtype, e.shape, e.nbytes, False,
-                                       alias if alias != p else None))
+                rows.append(Row(p, e.role, e.location, e.dtype, e.shape, e.nbytes, alias if alias != p else None))
                 if alias != p:
                     continue
                 g = summary.get((e.location, e.dtype))
                 if g is None:
-                    g = summary[(e.location, e.dtype)] = {"device": loc_str(e.location), "dtype": dtype_str(e.dtype),
+                    g = summary[(e.location, e.dtype)] = {"device": loc_str(e.location), "dtype": e.dtype.name,
                                                          "tensors": 0, "nbytes": 0}
                 g["tensors"] += 1
                 sid = (fs.label, e.storage)
@@ -147,7 +171,7 @@ def _group_docs(groups: list[Group]) -> list[dict[str, Any]]:
         entries = [e for fs in g.files for e in fs.entries]
         dtypes: dict[str, int] = {}
         for e in entries:
-            name = str(e.dtype).removeprefix("torch.")
+            name = e.dtype.name
             dtypes[name] = dtypes.get(name, 0) + 1
         doc: dict[str, Any] = {
             "group": g.prefix or ".",
@@ -159,7 +183,7 @@ def _group_docs(groups: list[Group]) -> list[dict[str, Any]]:
         }
         major = majority_dtype([e.dtype for e in entries])
         if major is not None:
-            doc["majority_dtype"] = {"dtype": dtype_str(major[0]), "tensors": major[1], "of": major[2]}
+            doc["majority_dtype"] = {"dtype": major[0].name, "tensors": major[1], "of": major[2]}
         if g.index_missing or g.index_extra:
             doc["index_missing"] = g.index_missing[:100]
             doc["index_extra"] = g.index_extra[:100]

@@ -29,6 +29,7 @@ from torchdoctor._checkpoint.bounds import (
     MAX_OPS,
     MAX_PICKLE_BYTES,
     MAX_SMALL_MEMBER,
+    _KINDS,
     BoundedFile,
     Budget,
     prescan,
@@ -37,20 +38,22 @@ from torchdoctor._checkpoint.unpickle import (
     CheckpointError,
     Placeholder,
     SafeUnpickler,
+    SlowUnpickler,
     StorageRef,
     StorageType,
+    UnsafePickle,
     placeholder_class,
 )
+from torchdoctor._checkpoint.names import DATA_TYPES, LIBRARY_CLASSES
+from torchdoctor._checkpoint.zipcheck import check_directory, check_member, read_member
 
-__all__ = ["SMALL_READ", "PickleFile", "gc_paused", "read_torch_file", "safe_loads"]
+__all__ = ["LFS_POINTER", "SMALL_READ", "PickleFile", "gc_paused", "read_torch_file", "safe_loads", "unpickle_one"]
 
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
 SMALL_READ = 4096  # the only tensor bytes ever read: bitsandbytes' packed JSON quant_state
 _LEGACY_WINDOW = 4 * 1024 * 1024  # first read of a legacy file's pickles; grown x16 while a pickle runs past it
-_ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}  # what torch.load can read
-_MAX_ZIP_VERSION = 63
-MAX_ZIP_DIRECTORY = 32 * 1024 * 1024  # ~300,000 storages; torch.save writes one entry per storage
 
 
 @dataclass
@@ -88,50 +91,8 @@ def _storage_ref(storages: dict[str, StorageRef], stype: Any, key: Any, location
     return ref
 
 
-def _check_member(info: zipfile.ZipInfo, label: str, limit: int | None) -> None:
-    """Refuse a zip member before reading it: what zipfile would raise on, or more bytes than ``limit``."""
-    name = info.filename
-    if info.flag_bits & 0x1:
-        raise CheckpointError(f"{label}: zip member {name} is encrypted; torch.load cannot read it")
-    if info.compress_type not in _ZIP_METHODS:
-        raise CheckpointError(
-            f"{label}: zip member {name} uses compression method {info.compress_type}; torch.load reads only "
-            "stored or deflated members"
-        )
-    if info.extract_version > _MAX_ZIP_VERSION:
-        raise CheckpointError(f"{label}: corrupted zip: member {name} needs zip version {info.extract_version / 10}")
-    if limit is not None and info.file_size > limit:
-        raise CheckpointError(
-            f"{label}: refused: zip member {name} declares {info.file_size:,} bytes, more than the {limit:,} "
-            "such a member can hold"
-        )
-
-
-def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, label: str, limit: int) -> bytes:
-    _check_member(info, label, limit)
-    try:
-        with zf.open(info) as member:
-            return member.read(limit + 1)[:limit]
-    except Exception as exc:  # zipfile, zlib and OS errors of a damaged archive: all one line
-        raise CheckpointError(f"{label}: corrupted zip member {info.filename} ({type(exc).__name__}: "
-                              f"{str(exc)[:100]})") from None
-
-
-def _check_directory(fh: IO[bytes], label: str) -> None:
-    """zipfile builds one object per directory entry (~0.5 kB each): refuse a directory larger than any
-    torch.save writes before it is parsed. Read from the end record alone."""
-    end_record = getattr(zipfile, "_EndRecData", None)
-    try:
-        record = end_record(fh) if end_record is not None else None
-    except Exception:  # zipfile itself will say what is wrong with the archive
-        return
-    if record and (record[5] > MAX_ZIP_DIRECTORY or record[4] > MAX_ZIP_DIRECTORY // 46):
-        raise CheckpointError(f"{label}: refused: a zip directory of {record[5]:,} bytes and {record[4]:,} entries, "
-                              f"more than a torch.save archive holds (at most {MAX_ZIP_DIRECTORY:,} bytes)")
-
-
 def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]], budget: Budget) -> PickleFile:
-    _check_directory(BoundedFile(fh, size), label)  # type: ignore[arg-type]
+    check_directory(BoundedFile(fh, size), label)  # type: ignore[arg-type]
     try:
         zf = zipfile.ZipFile(BoundedFile(fh, size))  # type: ignore[arg-type]
         infos = zf.infolist()
@@ -144,7 +105,7 @@ def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[byte
         raise CheckpointError(f"{label}: zip archive without <archive>/data.pkl: not a torch.save file")
     prefix = pkl[0][: -len("data.pkl")]
     fmt = "torchscript" if any(n.startswith(prefix + "code/") for n in entries) else "torch-zip"
-    data = _read_member(zf, entries[pkl[0]], label, MAX_PICKLE_BYTES)
+    data = read_member(zf, entries[pkl[0]], label, MAX_PICKLE_BYTES)
     storages: dict[str, StorageRef] = {}
 
     def persistent(pid: Any) -> Any:
@@ -153,17 +114,23 @@ def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[byte
         return _storage_ref(storages, *pid[1:])
 
     root, unknown, _ = _unpickle(data, 0, persistent, label, budget)
+    for name in entries:  # TorchScript archives hold constants.pkl too: every pickle is read the same way
+        if name.endswith(".pkl") and name != pkl[0] and name.count("/") == 1:
+            _, more, _ = _unpickle(read_member(zf, entries[name], label, MAX_PICKLE_BYTES), 0, persistent,
+                                   f"{label}: {name}", budget)
+            unknown += more
+    unknown = tuple(dict.fromkeys(unknown))
     notes = []
     for small in ("byteorder", "version", ".format_version", ".storage_alignment"):
         if prefix + small in entries:
-            value = _read_member(zf, entries[prefix + small], label, MAX_SMALL_MEMBER)
+            value = read_member(zf, entries[prefix + small], label, MAX_SMALL_MEMBER)
             if small == "byteorder" and value.strip() == b"big":
                 notes.append("saved on a big-endian machine")
     for ref in storages.values():
         entry = entries.get(f"{prefix}data/{ref.key}")
         if entry is None:
             raise CheckpointError(f"{label}: corrupted: storage {prefix}data/{ref.key} is missing from the archive")
-        _check_member(entry, label, None)
+        check_member(entry, label, None)
         if entry.file_size < ref.nbytes or entry.header_offset + entry.compress_size > size:
             raise CheckpointError(
                 f"{label}: truncated or corrupted: storage data/{ref.key} has {entry.file_size} bytes, "
@@ -172,7 +139,7 @@ def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[byte
 
     def read_small(ref: StorageRef) -> bytes | None:
         with reopen() as f, zipfile.ZipFile(BoundedFile(f, size)) as z:  # type: ignore[arg-type]
-            return _read_member(z, z.getinfo(f"{prefix}data/{ref.key}"), label, SMALL_READ)[: ref.nbytes]
+            return read_member(z, z.getinfo(f"{prefix}data/{ref.key}"), label, SMALL_READ)[: ref.nbytes]
 
     return PickleFile(fmt, root, storages, unknown, notes, read_small)
 
@@ -182,18 +149,30 @@ def _unpickle(
 ) -> tuple[Any, tuple[str, ...], int]:
     """One pickle of ``data`` from ``start``: checked by :func:`prescan`, then built; also where it ends."""
     end = prescan(data, start, budget, label)
-    fh = io.BytesIO(data)
-    fh.seek(start)
-    unpickler = SafeUnpickler(fh, persistent, functools.partial(_load_from_bytes, budget), budget.hashes)
-    try:
-        root = unpickler.load()
-    except CheckpointError:
-        raise
-    except EOFError:
-        raise CheckpointError(f"{label}: truncated pickle (ran out of data)") from None
-    except Exception as exc:  # any failure inside a hostile or damaged pickle is "corrupted", never a traceback
-        raise CheckpointError(f"{label}: corrupted pickle ({type(exc).__name__}: {str(exc)[:120]})") from None
-    return root, tuple(unpickler.unknown), end
+    slow = budget.ext
+    while True:
+        fh = io.BytesIO(data)
+        fh.seek(start)
+        kind = SlowUnpickler if slow else SafeUnpickler
+        unpickler = kind(fh, persistent, functools.partial(_load_from_bytes, budget), budget.hashes)
+        try:
+            return unpickler.load(), tuple(unpickler.unknown), end
+        except CheckpointError:
+            raise
+        except EOFError:
+            failure = "truncated pickle (ran out of data)"
+        except Exception as exc:  # any failure inside a hostile or damaged pickle is "corrupted", never a traceback
+            if not slow and "STACK_GLOBAL" in str(exc):  # the C unpickler does not say what computed the name
+                slow = True
+                continue
+            failure = f"corrupted pickle ({type(exc).__name__}: {str(exc)[:160]})"
+        named = tuple(g for g in unpickler.unknown if g not in DATA_TYPES and g not in LIBRARY_CLASSES)
+        if named:  # torch.load would have imported (and called) these before failing: that is the finding
+            raise UnsafePickle(f"{label}: {failure}", tuple(unpickler.unknown))
+        raise CheckpointError(f"{label}: {failure}")
+
+
+unpickle_one = _unpickle
 
 
 def _read_legacy(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]], budget: Budget) -> PickleFile:
@@ -219,13 +198,19 @@ def _read_legacy(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[b
 
 
 def _parse_legacy(data: bytes, size: int, label: str, reopen: Callable[[], IO[bytes]], budget: Budget) -> PickleFile:
+    """All five pickles go through the restricted reader: ``torch.load(weights_only=False)`` unpickles every one,
+    so a global in the magic-number, protocol, sys-info or storage-keys pickle is found like one in the main one."""
     first, unknown, pos = _unpickle(data, 0, None, label, budget)
     if first != _LEGACY_MAGIC:  # a plain pickle (pickle.dump of a dict): no storages can follow
         return PickleFile("pickle", first, {}, unknown, ["plain pickle, not torch.save"])
-    protocol, _, pos = _unpickle(data, pos, None, label, budget)
+    protocol, more, pos = _unpickle(data, pos, None, label, budget)
+    unknown += more
     if protocol != _LEGACY_PROTOCOL:
+        if unknown:
+            return _header_payload(unknown, "protocol")
         raise CheckpointError(f"{label}: legacy torch file with unknown protocol {str(protocol)[:40]}")
-    sys_info, _, pos = _unpickle(data, pos, None, label, budget)
+    sys_info, more, pos = _unpickle(data, pos, None, label, budget)
+    unknown += more
     storages: dict[str, StorageRef] = {}
     views: dict[str, StorageRef] = {}
 
@@ -245,9 +230,13 @@ def _parse_legacy(data: bytes, size: int, label: str, reopen: Callable[[], IO[by
         key = _decode(view_key)
         return views.setdefault(key, StorageRef(key, ref.location, ref.dtype, int(view_size)))
 
-    root, unknown2, pos = _unpickle(data, pos, persistent, label, budget)
-    keys, _, end = _unpickle(data, pos, None, label, budget)
+    root, more, pos = _unpickle(data, pos, persistent, label, budget)
+    unknown += more
+    keys, more, end = _unpickle(data, pos, None, label, budget)
+    unknown += more
     if not isinstance(keys, list) or not all(isinstance(k, (str, bytes)) for k in keys):
+        if more:
+            return _header_payload(unknown, "storage-keys", root)
         raise CheckpointError(f"{label}: corrupted legacy torch file (the storage key list is not a list of keys)")
     listed = [_decode(k) for k in keys]
     if sorted(listed) != sorted(storages):
@@ -274,7 +263,14 @@ def _parse_legacy(data: bytes, size: int, label: str, reopen: Callable[[], IO[by
             f.seek(offsets[ref.key])
             return f.read(ref.nbytes)
 
-    return PickleFile("torch-legacy", root, storages, tuple(dict.fromkeys(unknown + unknown2)), notes, small)
+    return PickleFile("torch-legacy", root, storages, tuple(dict.fromkeys(unknown)), notes, small)
+
+
+def _header_payload(unknown: tuple[str, ...], which: str, root: Any = None) -> PickleFile:
+    """A legacy file whose bookkeeping pickle calls globals instead of holding its value: what it names is the
+    finding (storage data is not located)."""
+    note = f"the {which} pickle of this legacy torch.save file calls globals instead of holding its value"
+    return PickleFile("torch-legacy", root, {}, tuple(dict.fromkeys(unknown)), [note])
 
 
 def read_torch_file(path: str | os.PathLike[str], fh: IO[bytes], size: int, label: str) -> PickleFile:
@@ -293,6 +289,17 @@ def read_torch_file(path: str | os.PathLike[str], fh: IO[bytes], size: int, labe
         raise CheckpointError(f"{label}: tar-format checkpoint from torch < 0.4: unsupported, re-save with torch.save")
     if head[:1] == b"\x80":
         return _read_legacy(fh, size, label, reopen, budget)
+    if head.startswith(LFS_POINTER):
+        raise CheckpointError(f"{label}: a git-LFS pointer, not the checkpoint itself: run `git lfs pull`")
+    if _KINDS[head[0]] is not None:  # protocol 0 and 1 pickles have no PROTO opcode: read them the same way
+        try:
+            return _read_legacy(fh, size, label, reopen, budget)
+        except UnsafePickle:
+            raise
+        except CheckpointError as exc:
+            why = str(exc).removeprefix(f"{label}: ")
+            raise CheckpointError(f"{label}: not a checkpoint (unknown format, starts with {head[:8]!r}; read as a "
+                                  f"protocol 0/1 pickle: {why[:120]})") from None
     raise CheckpointError(f"{label}: not a checkpoint (unknown format, starts with {head[:8]!r})")
 
 

@@ -9,33 +9,46 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torchdoctor._report.model import Problem
+from torchdoctor._checkpoint.names import DATA_TYPES, LIBRARY_CLASSES
+from torchdoctor._checkpoint.result import Finding as Problem
 
-__all__ = ["unsafe_problems"]
+__all__ = ["CAN_RUN_CODE", "unsafe_problems", "verdict"]
 
 
-_SCRIPT_MODULES = frozenset(
-    "os posix nt subprocess sys shutil socket importlib runpy pty webbrowser pickle _pickle marshal ctypes code codeop "
-    "types operator functools pdb timeit multiprocessing threading signal asyncio urllib http requests ftplib smtplib "
-    "tempfile io _io _posixsubprocess builtins dill cloudpickle".split()
+# Modules whose attributes reach the system; a dotted name passing through one (``torch.os.system``,
+# ``argparse._os.system``) is named by what it resolves to.
+_SYSTEM_MODULES = frozenset(
+    "os posix nt subprocess sys shutil socket importlib runpy pty webbrowser pickle _pickle marshal ctypes code "
+    "codeop builtins __builtins__ io _io _posixsubprocess".split()
 )
-_DATA_MODULES = frozenset(
-    "numpy pathlib argparse collections datetime enum decimal fractions uuid omegaconf typing copyreg".split()
-)
-_LIBRARY_MODULES = frozenset(
-    "torch __torch__ pytorch_lightning lightning transformers diffusers accelerate peft tokenizers".split()
-)
+CAN_RUN_CODE = "can run code"
 
 
-def _verdict(name: str) -> str:
-    top = name.split(".", 1)[0]
-    if top in _SCRIPT_MODULES or name.startswith(("torch.hub", "numpy.testing")):
-        return "can run code or touch the system: torch.load(weights_only=False) would run it; do not load this file"
-    if top in _LIBRARY_MODULES:
+def _resolves_to(name: str) -> str:
+    """What a dotted name resolves to when it passes through a module attribute (``torch.os`` is ``os``)."""
+    parts = name.split(".")
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i].lstrip("_") in _SYSTEM_MODULES:
+            return f" ({'.'.join(parts[:i + 1])} is the {parts[i].lstrip('_')} module: this is " \
+                   f"{parts[i].lstrip('_')}.{'.'.join(parts[i + 1:])})"
+    return ""
+
+
+def verdict(name: str) -> str:
+    """What importing the global ``name`` (the full dotted name the unpickler resolves) could do: decided by exact
+    membership in an allow-list, never by a prefix; anything not on it can run code.
+
+    >>> verdict("argparse.Namespace").startswith("a plain data type")
+    True
+    >>> verdict("argparse._os.system")[:12], verdict("pathlib.Path.touch")[:12]
+    ('can run code', 'can run code')
+    """
+    if name in LIBRARY_CLASSES:
         return "a library class, harmless to import, that torch.load(weights_only=True) refuses (save a state_dict)"
-    if top in _DATA_MODULES:
+    if name in DATA_TYPES:
         return "a plain data type, usually harmless, that torch.load(weights_only=True) refuses"
-    return f"code from module {name.rsplit('.', 1)[0]!r}: torch.load(weights_only=False) would import and run it"
+    return (f"{CAN_RUN_CODE}{_resolves_to(name)}: not on the allow-list of harmless names, so "
+            "torch.load(weights_only=False) would import and call it; do not load this file")
 
 
 def _short_repr(obj: Any) -> str:
@@ -56,14 +69,14 @@ def _inside(path: str, outer: str) -> bool:
 
 
 def unsafe_problems(
-    path_of: Callable[[str], str], label: str, unsafe: list[tuple[str, str | None, tuple[Any, ...]]]
+    path_of: Callable[[str], str], label: str, unsafe: list[tuple[str, str | None, tuple[Any, ...]]], failure: str = ""
 ) -> list[Problem]:
     """One problem per global; a harmless global that only serves as an argument of another one (numpy's
     ``ndarray`` / ``dtype`` inside ``_reconstruct`` / ``scalar``) is named in that one's message instead."""
     where_of = {name: where for name, where, _ in unsafe}
     folded: dict[str, list[str]] = {}
     for name, where, _ in unsafe:
-        if where is None or name.split(".", 1)[0] not in _DATA_MODULES:
+        if where is None or name not in DATA_TYPES:
             continue
         outers = [o for o, w in where_of.items() if o != name and w is not None and _inside(where, w)]
         if outers:  # the nearest enclosing global names it
@@ -76,6 +89,8 @@ def unsafe_problems(
         path = path_of(where) if where is not None else label
         call = f" called with {_short_repr(args)}" if args else ""
         also = f" (with {', '.join(sorted(folded[name]))})" if name in folded else ""
-        msg = f"pickle global {name}{call}{also} in {label} was not imported (placeholder); {_verdict(name)}"
+        msg = f"pickle global {name}{call}{also} in {label} was not imported (placeholder); {verdict(name)}"
+        if failure:
+            msg += f" (the pickle then fails to load: {failure})"
         out.append(Problem("unsafe_global", path, "container", name, "an allow-listed global", msg))
     return out

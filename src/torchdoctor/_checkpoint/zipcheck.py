@@ -1,0 +1,57 @@
+"""Checks on a zip archive made before its members are read: what ``zipfile`` would fail on, or sizes no
+``torch.save`` archive has (one line each, as :class:`CheckpointError`)."""
+
+from __future__ import annotations
+
+import zipfile
+from typing import IO
+
+from torchdoctor._checkpoint.stubs import CheckpointError
+
+__all__ = ["MAX_ZIP_DIRECTORY", "check_directory", "check_member", "read_member"]
+
+_ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}  # what torch.load can read
+_MAX_ZIP_VERSION = 63
+MAX_ZIP_DIRECTORY = 32 * 1024 * 1024  # ~300,000 storages; torch.save writes one entry per storage
+
+
+def check_member(info: zipfile.ZipInfo, label: str, limit: int | None) -> None:
+    """Refuse a zip member before reading it: what zipfile would raise on, or more bytes than ``limit``."""
+    name = info.filename
+    if info.flag_bits & 0x1:
+        raise CheckpointError(f"{label}: zip member {name} is encrypted; torch.load cannot read it")
+    if info.compress_type not in _ZIP_METHODS:
+        raise CheckpointError(
+            f"{label}: zip member {name} uses compression method {info.compress_type}; torch.load reads only "
+            "stored or deflated members"
+        )
+    if info.extract_version > _MAX_ZIP_VERSION:
+        raise CheckpointError(f"{label}: corrupted zip: member {name} needs zip version {info.extract_version / 10}")
+    if limit is not None and info.file_size > limit:
+        raise CheckpointError(
+            f"{label}: refused: zip member {name} declares {info.file_size:,} bytes, more than the {limit:,} "
+            "such a member can hold"
+        )
+
+
+def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, label: str, limit: int) -> bytes:
+    check_member(info, label, limit)
+    try:
+        with zf.open(info) as member:
+            return member.read(limit + 1)[:limit]
+    except Exception as exc:  # zipfile, zlib and OS errors of a damaged archive: all one line
+        raise CheckpointError(f"{label}: corrupted zip member {info.filename} ({type(exc).__name__}: "
+                              f"{str(exc)[:100]})") from None
+
+
+def check_directory(fh: IO[bytes], label: str) -> None:
+    """zipfile builds one object per directory entry (~0.5 kB each): refuse a directory larger than any
+    torch.save writes before it is parsed. Read from the end record alone."""
+    end_record = getattr(zipfile, "_EndRecData", None)
+    try:
+        record = end_record(fh) if end_record is not None else None
+    except Exception:  # zipfile itself will say what is wrong with the archive
+        return
+    if record and (record[5] > MAX_ZIP_DIRECTORY or record[4] > MAX_ZIP_DIRECTORY // 46):
+        raise CheckpointError(f"{label}: refused: a zip directory of {record[5]:,} bytes and {record[4]:,} entries, "
+                              f"more than a torch.save archive holds (at most {MAX_ZIP_DIRECTORY:,} bytes)")
