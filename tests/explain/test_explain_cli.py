@@ -113,3 +113,34 @@ except RuntimeError as e:
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("TRACEBACK RuntimeError") and "device_mismatch" in proc.stdout
+
+
+def test_stdin_on_a_terminal_says_what_it_waits_for() -> None:
+    """Issue 27, point 8: `torchdoctor explain` with no FILE on a terminal prints one line on stderr saying it reads
+    standard input, then explains what was pasted once the terminal sends end-of-file (a real pty, no mock)."""
+    import os
+    import pty
+    import select
+    import time
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "torchdoctor", "explain"], stdin=follower,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(follower)
+    try:
+        err = ""
+        deadline = time.monotonic() + 60
+        while "standard input" not in err and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+            if ready:
+                err += proc.stderr.readline()  # type: ignore[union-attr]
+        assert "reading the error from standard input" in err and "Ctrl-D" in err
+        os.write(leader, (CPU_GPU + "\n").encode() + b"\x04")
+        out, rest = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        os.close(leader)
+    assert proc.returncode == 1 and "device_mismatch" in out and "standard input" not in rest
+    piped = subprocess.run([sys.executable, "-m", "torchdoctor", "explain"], input=CPU_GPU, capture_output=True,
+                           text=True, timeout=60)
+    assert piped.returncode == 1 and piped.stderr == ""  # a pipe gets no hint

@@ -13,12 +13,25 @@ from torchdoctor._cli.common import UsageError, print_json
 from torchdoctor._explain.api import explain_stream
 
 
+def _is_terminal(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError, OSError):  # closed or replaced streams are not terminals
+        return False
+
+
 def command(args: argparse.Namespace) -> int:
     path = getattr(args, "file", "-") or "-"
     if path == "-":
+        if _is_terminal(sys.stdin):  # a person at a prompt, not a pipe: say what the silence is waiting for
+            eof = "Ctrl-Z then Enter" if os.name == "nt" else "Ctrl-D"
+            print(f"torchdoctor explain: reading the error from standard input; paste it, then press {eof} "
+                  "(or give a file: torchdoctor explain error.log)", file=sys.stderr, flush=True)
         buffer = getattr(sys.stdin, "buffer", None)
         stream: IO[str] = (io.TextIOWrapper(buffer, encoding="utf-8", errors="replace", newline=None)
                            if buffer is not None else sys.stdin)
+        if _is_terminal(sys.stdin):  # one Ctrl-D ends a paste: read to that end-of-file once, not block by block
+            stream = io.StringIO(stream.read())
         report = explain_stream(stream)
     else:
         if os.path.isdir(path):

@@ -100,7 +100,9 @@ def _diagnose(group: Group) -> Diagnosis:
     if not fixes:  # never a diagnosis without something to do
         fixes.append(("Check what this environment provides", "torchdoctor env"))
     # an app's user rarely edits the app's code: its own flag or setting comes first, the generic fix after it
-    _app, own = app_fixes(category, context)
+    # a layer on another device (not another dtype) takes the app's placement fix, not its precision one
+    as_app = "device_mismatch" if "iw_device" in flags and "iw_dtype" not in flags else category
+    _app, own = app_fixes(as_app, context)
     fixes[:0] = [f for f in own if f not in fixes]
     if not likely:
         likely = (f"{sig.title}.",)

@@ -214,7 +214,8 @@ class Scanner:
         trail_end = le
         for _ in range(_TRAIL):
             nxt = text.find("\n", trail_end + 1, le + _SPAN)
-            if nxt == -1:
+            if nxt == -1:  # the text's last line has no line end of its own
+                trail_end = min(len(text), le + _SPAN) if trail_end + 1 < len(text) else trail_end
                 break
             trail_end = nxt
         trail = text[le:trail_end].lower()

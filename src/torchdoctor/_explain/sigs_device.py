@@ -159,7 +159,8 @@ _sig("quant.bnb_same_gpu", "quantization_device", "bitsandbytes got tensors on t
      (("q.bnb_state_cpu", 3.0), ("q.bnb_input_cpu", 1.0)), follow=2, confidence=0.9,
      alternatives=(_DEV_ALT,))
 _sig("quant.bnb_to", "quantization_device", ".to() is refused on a bitsandbytes model",
-     ("is not supported for `4-bit` or `8-bit`", "is not supported for 4-bit or 8-bit"),
+     ("is not supported for `4-bit` or `8-bit`", "is not supported for 4-bit or 8-bit",
+      "is not supported for `4-bit` quantized", "is not supported for `8-bit` quantized"),
      "`.to()` / `.cuda()` was called on a model quantized with bitsandbytes.",
      (("q.bnb_to", 3.0),), confidence=0.95, alternatives=(_MIX_ALT,))
 _sig("quant.params_swap", "quantization_device", "A quantized parameter cannot be moved this way",

@@ -39,11 +39,13 @@ _sig("dtype.scalar_type", "dtype_mismatch", "An operation expected another dtype
      r"Found dtype (?P<a>\w{1,20}) but expected (?P<b>\w{1,20})", require_pattern=True,
      alternatives=(_IW_ALT, _UD_ALT))
 _sig("dtype.out_cast", "dtype_mismatch", "A result cannot be written into a tensor of a narrower dtype",
-     ("to the desired output type",),
+     ("to the desired output type", "Expected out tensor to have dtype", "for `out` but got dtype"),
      "An in-place op or an out= tensor would store a {a} result in a {b} tensor[ ({op})], which PyTorch refuses "
      "(in-place ops keep the left side's dtype).",
      (("dt.out_cast", 3.0), ("dt.input_not_cast", 0.5)),
      r"result type (?P<a>[\w.:]{1,30}) can't be cast to the desired output type (?P<b>long int|[\w.:]{1,30})",
+     r"Expected out tensor to have dtype (?P<a>[\w.:]{1,30}), but got (?P<b>[\w.:]{1,30}) instead",
+     r"expected dtype (?P<a>[\w.:]{1,30}) for `out` but got dtype (?P<b>[\w.:]{1,30})",
      require_pattern=True, confidence=0.9, alternatives=(_UD_ALT,))
 _sig("dtype.attn_mask", "dtype_mismatch", "An attention mask in the wrong dtype",
      ("Expected attn_mask dtype to be bool or float",),
