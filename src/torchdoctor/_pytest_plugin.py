@@ -61,8 +61,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_KEY], config.stash[_WHY] = _mode(config)
     config.addinivalue_line("markers", "placement_guard(mode='explain'): mode of the placement_guard fixture "
                             "(explain, strict, fix, warn)")
-    config.addinivalue_line("markers", "simulate(device='cuda:1', dtype=None, profile=None, count=None, data='cpu'): "
-                            "run the test body on torchdoctor's virtual devices; placement problems fail the test")
+    # pytest splits a marker line at its first ':', so the signature holds none (device='cuda:1' printed as 'cuda: 1')
+    config.addinivalue_line("markers", "simulate(device, dtype=None, profile=None, count=None, data='cpu'): run the "
+                            "test body on torchdoctor's virtual devices, e.g. @pytest.mark.simulate(device='cuda:1', "
+                            "dtype='bfloat16'); placement problems fail the test")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -150,16 +152,42 @@ def placement_guard(request: pytest.FixtureRequest) -> Generator[Any, None, None
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
     excinfo = call.excinfo
-    if excinfo is None or report.passed or not _is_placement_error(excinfo.value):
+    if excinfo is None or report.passed or not (_is_placement_error(excinfo.value) or _from_assert_placement(excinfo)):
         return report
     try:
-        report.longrepr = _short(excinfo)
+        report.longrepr = _short(excinfo, item)
     except Exception:  # a diagnostic must not break the program it watches
         pass
     return report
 
 
-def _short(excinfo: pytest.ExceptionInfo[BaseException]) -> Any:
+def _at_test(exc: BaseException, item: pytest.Item) -> Any:
+    """A failure recorded on the way (simulate): pytest's own short entry at the test's ``def`` line, so the
+    report shows ``test_x.py:12: in test_y`` and the summary line reads ``FAILED ... - torchdoctor.PlacementError:
+    <headline>`` like any exception's."""
+    from _pytest._code.code import ReprEntry, ReprExceptionInfo, ReprFileLocation, ReprTraceback
+
+    path, lineno0, name = item.location
+    lineno = (lineno0 or 0) + 1
+    text = f"torchdoctor.PlacementError: {exc}"
+    lines = []
+    try:
+        import inspect
+
+        source, start = inspect.getsourcelines(getattr(item, "obj"))
+        i = next(i for i, ln in enumerate(source) if ln.lstrip().startswith(("def ", "async def ")))
+        lineno = start + i  # the def line, not its first decorator's
+        lines.append("    " + source[i].strip())
+    except Exception:  # no source: the location alone
+        pass
+    lines += [f"E   {line}" if line else "E" for line in text.splitlines()]
+    entry = ReprEntry(lines=lines, reprfuncargs=None, reprlocals=None,
+                      reprfileloc=ReprFileLocation(path, lineno, f"in {name.split('[')[0]}"), style="short")
+    return ReprExceptionInfo(reprtraceback=ReprTraceback(reprentries=[entry], extraline=None, style="short"),
+                             reprcrash=ReprFileLocation(path, lineno, text.splitlines()[0]))
+
+
+def _short(excinfo: pytest.ExceptionInfo[BaseException], item: pytest.Item) -> Any:
     """The PlacementError over the test's own frames: those of the error it explains (its ``__cause__``), where
     the test's line is, without torch's, the simulator's or pytest's frames and without the chained original."""
     exc = excinfo.value
@@ -167,11 +195,24 @@ def _short(excinfo: pytest.ExceptionInfo[BaseException]) -> Any:
     tb = cause.__traceback__ if cause is not None and cause.__traceback__ is not None else exc.__traceback__
     info = pytest.ExceptionInfo.from_exc_info((type(exc), exc, tb)) if tb is not None else excinfo
     frames = info.traceback.filter(lambda entry: not _internal(str(entry.path)))
-    if not len(frames):  # recorded on the way (simulate): the report is the whole story
-        text = f"torchdoctor.PlacementError: {exc}"
-        return "\n".join(f"E   {line}" if line else "E" for line in text.splitlines())
+    if not len(frames):  # recorded on the way (simulate): the report is the whole story, at the test's line
+        try:
+            return _at_test(exc, item)
+        except Exception:  # pytest's representation classes moved: the text alone
+            text = f"torchdoctor.PlacementError: {exc}"
+            return "\n".join(f"E   {line}" if line else "E" for line in text.splitlines())
     info.traceback = frames
     return info.getrepr(style="short", chain=False, funcargs=False, showlocals=False)
+
+
+def _from_assert_placement(excinfo: pytest.ExceptionInfo[BaseException]) -> bool:
+    """An AssertionError raised by ``torchdoctor.assert_placement``: shown at the test's line, without its frame."""
+    if not isinstance(excinfo.value, AssertionError):
+        return False
+    tb = excinfo.tb
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_name == "assert_placement" and _internal(tb.tb_frame.f_code.co_filename)
 
 
 def _is_placement_error(exc: BaseException) -> bool:
