@@ -2,9 +2,10 @@
 kohya sd-scripts or InvokeAI, the diagnosis also names the flag or setting of that app, beside the generic fix.
 
 People who hit these errors in an app rarely edit its code: "--disable-ipex-optimize" helps a ComfyUI user where
-"call model.to('xpu') before ipex.optimize" cannot. Flags and setting names were read from the apps' own
-argument parsers and settings tables (ComfyUI ``comfy/cli_args.py``; SD.Next ``modules/cmd_args.py`` and its
-options table; Forge's backend arguments; sd-scripts' training arguments; InvokeAI's ``invokeai.yaml``).
+"call model.to('xpu') before ipex.optimize" cannot. ComfyUI's flags were checked against its
+``comfy/cli_args.py`` and SD.Next's setting names against its ``modules/cmd_args.py`` and options table
+(2026-11); the Forge, AUTOMATIC1111, sd-scripts and InvokeAI names are their documented flags and settings, not
+re-checked against their source in that pass (docs/explain.md).
 """
 
 from __future__ import annotations
