@@ -2,10 +2,11 @@
 kohya sd-scripts or InvokeAI, the diagnosis also names the flag or setting of that app, beside the generic fix.
 
 People who hit these errors in an app rarely edit its code: "--disable-ipex-optimize" helps a ComfyUI user where
-"call model.to('xpu') before ipex.optimize" cannot. ComfyUI's flags were checked against its
-``comfy/cli_args.py`` and SD.Next's setting names against its ``modules/cmd_args.py`` and options table
-(2026-11); the Forge, AUTOMATIC1111, sd-scripts and InvokeAI names are their documented flags and settings, not
-re-checked against their source in that pass (docs/explain.md).
+"call model.to('xpu') before ipex.optimize" cannot. Checked against the apps' own argument parsers and
+settings (2026-11): ComfyUI ``comfy/cli_args.py``; SD.Next ``modules/cmd_args.py`` and its options table; Forge's
+backend arguments (``--always-gpu``, ``--always-high-vram``, ``--vae-in-fp32``, ``--attention-pytorch``);
+sd-scripts' ``--no_half_vae``; InvokeAI's ``device`` / ``precision`` / ``attention_type`` keys. The AUTOMATIC1111
+flags and Forge's ``--all-in-fp32`` are their documented names, not re-checked (docs/explain.md).
 """
 
 from __future__ import annotations
