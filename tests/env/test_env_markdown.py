@@ -32,9 +32,10 @@ def test_markdown_has_a_fenced_block_of_key_facts_and_the_findings(tmp_path: Pat
     assert lines[0] == "### Environment (`torchdoctor env --markdown`)"
     start, end = lines.index("```text"), lines.index("```")
     block = lines[start + 1:end]
-    keys = [line.split(":", 1)[0] for line in block]
-    assert keys == ["torchdoctor", "Python", "Platform", "torch", "Accelerators", "Drivers", "Available",
+    keys = [line.split(":", 1)[0] for line in block[:block.index("")]]
+    assert keys == ["torchdoctor", "Python", "Platform", "OS", "torch", "Accelerators", "Drivers", "Available",
                     "Device choice", "Distributed", "Packages", "Variables"]
+    assert block[block.index("") + 1].startswith("capabilities")  # then the dtype capability table (as the text)
     assert "torch:         2.13.0+cpu (build cpu)" in block
     assert "Distributed:   rank 0/2, local rank 0/2, master <set>:29500; backends: gloo" in block
     assert "**Findings**: 1 error(s), 0 warning(s), 1 info" in lines

@@ -13,7 +13,7 @@ through NVML / ``nvidia-smi`` / ``/proc`` / sysfs, unless ``probe=True`` asks to
 - ``packages``: every installed distribution, name normalised as PEP 503 says (``intel-extension-for-pytorch``), to
   its version; ``duplicates`` (installed twice); ``requires``: pins on torch/triton/IPEX (torchvision, xformers...).
 - ``env``: device and rank variables when set (``RANK``, ``NCCL_*``...); ``distributed``: ``available``, ``backends``;
-  ``platform``, ``python``, ``errors``, ``seconds``.
+  ``host`` (RAM, OS, the build torchvision/torchaudio files show: ``_env/host.py``); ``platform``, ``python``, ``errors``.
 
 >>> facts = collect_facts()
 >>> facts["schema"], facts["torch"]["importable"]
@@ -34,6 +34,7 @@ import sys
 import time
 from typing import Any
 
+from torchdoctor._env.host import dist_version, host_facts
 from torchdoctor._env.launch import LAUNCH_VARS, distributed_facts, env_facts
 from torchdoctor._env.versions import normalize_name, oneapi_hides_gpus, visible_count
 
@@ -62,8 +63,9 @@ def blank_facts() -> dict[str, Any]:
                      "cpu": None, "cpu_flags": []},
         "torch": {"installed": True, "importable": True, "error": None, "version": None, "build": None, "cuda": None,
                   "hip": None, "xpu": None, "mps_built": False, "accelerator": None, "path": None, "import_seconds": None},
-        "cuda_available": False, "xpu_available": False, "mps_available": False,
-        "cuda_device_count": 0, "xpu_device_count": 0, "availability_source": "inferred", "probed": {},
+        "cuda_available": False, "xpu_available": False, "mps_available": False, "cuda_device_count": 0,
+        "xpu_device_count": 0, "availability_source": "inferred", "probed": {},
+        "host": {"memory_mib": None, "os": None, "wheels": {}},
         "devices": [], "drivers": {"nvidia": None, "intel": None, "amdgpu": None, "rocm": None}, "tools": {},
         "packages": {}, "duplicates": {}, "requires": {}, "env": {}, "errors": [], "distributed": {"available": None, "backends": []},
     }
@@ -341,6 +343,7 @@ def collect_facts(*, probe: bool = False, _root: str = "/") -> dict[str, Any]:
         ("packages", lambda: f.update(zip(("packages", "duplicates", "requires"), _packages()))),
         ("torch", lambda: f.update(torch=_torch(f["packages"]))),
         ("distributed", lambda: f.update(distributed=distributed_facts()) if f["torch"]["importable"] else None),
+        ("host", lambda: f.update(host=host_facts(f["packages"], f["torch"]["build"], root=_root))),
         ("inventory", lambda: f.update(zip(("devices", "drivers", "tools"), _inventory(_root, errors, _apple(f))))),
         ("availability", lambda: _infer_availability(f)),
         ("probe", lambda: _probe(f, errors) if probe and f["torch"]["importable"] else None),
@@ -358,7 +361,6 @@ def collect_facts(*, probe: bool = False, _root: str = "/") -> dict[str, Any]:
 def _apple(f: dict[str, Any]) -> bool:
     return f["platform"]["system"] == "Darwin" and (f["platform"]["machine"] == "arm64" or bool(f["platform"]["rosetta"]))
 
-
 def device_facts() -> dict[str, Any]:
     """The cheap subset ``pick_device()`` needs, with availability from torch's own checks.
 
@@ -370,7 +372,7 @@ def device_facts() -> dict[str, Any]:
     f["env"] = env_facts(ENV_VARS)
     try:
         f["platform"] = _platform(errors)
-        version = _dist_version("torch")
+        version = dist_version("torch")
         f["torch"] = _torch({"torch": version} if version else {})
         if f["torch"]["importable"]:
             _availability_from_torch(f)
@@ -378,13 +380,6 @@ def device_facts() -> dict[str, Any]:
         errors.append(f"{type(exc).__name__}: {exc}"[:300])
     f["errors"] = errors
     return f
-
-
-def _dist_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except Exception:
-        return None
 
 
 def _availability_from_torch(f: dict[str, Any]) -> None:

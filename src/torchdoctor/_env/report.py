@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 ENV_SCHEMA = "torchdoctor/env/1"
 SHOWN_PACKAGES = (
     "intel-extension-for-pytorch", "ipex-llm", "bitsandbytes", "xformers", "triton", "transformers", "diffusers", "peft",
-    "accelerate", "torchvision", "torchaudio", "torchao", "optimum-quanto", "safetensors",
+    "accelerate", "torchvision", "torchaudio", "torchao", "optimum-quanto", "safetensors", "numpy", "huggingface-hub",
 )
 
 
@@ -137,6 +137,7 @@ def render(report: EnvReport) -> str:
     lines.append(f"  python        {f['python']['version']}  {f['python']['executable'] or ''}".rstrip())
     flags = f" ({', '.join(p['cpu_flags'])})" if p["cpu_flags"] else ""
     lines.append(f"  platform      {p['system']} {p['machine']}, {p['cpu'] or 'CPU'}{flags}")
+    lines.append(f"  os            {_os_ram(f)}")
     if t["importable"]:
         extra = ", ".join(f"{k} {t[k]}" for k in ("cuda", "hip", "xpu") if t[k]) + (", mps built" if t["mps_built"] else "")
         lines.append(f"  torch         {t['version']}  build: {t['build']}{' (' + extra + ')' if extra else ''}")
@@ -155,17 +156,7 @@ def render(report: EnvReport) -> str:
     lines.append(f"  packages      {', '.join(shown) if shown else 'none of the packages that matter'}")
     lines.append(f"  environment   {', '.join(f'{k}={v!r}' for k, v in f['env'].items()) or 'no device variable set'}")
     lines.append(f"  distributed   {describe(f)}")
-    caps = report.capabilities
-    if caps.get("probed"):
-        fams = list(dict.fromkeys(k for row in caps["dtypes"].values() for k in row))
-        origin = "small real ops run here" if report.source == "this machine" else "recorded with the saved facts"
-        lines.append(f"capabilities of {caps['device']} ({origin}):")
-        lines.append(("  " + "dtype".ljust(15) + "".join(fam.ljust(12) for fam in fams)).rstrip())
-        for name, row in caps["dtypes"].items():
-            lines.append(("  " + name.ljust(15) + "".join(_yes(row.get(fam)).ljust(12) for fam in fams)).rstrip())
-        lines.append(f"  recommended dtype: {caps['recommended']} ({caps['recommended_reason']})")
-    else:
-        lines.append(f"capabilities: {caps.get('note', 'not probed')}")
+    lines.extend(_capability_lines(report))
     counts = {s: sum(1 for x in report.findings if x.severity == s) for s in ("error", "warning", "info")}
     lines.append(f"findings: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info")
     for x in report.findings:
@@ -181,6 +172,29 @@ _PRIVATE_VARS = frozenset({"MASTER_ADDR"})  # a host name or address: not for a 
 
 def _md(text: Any) -> str:
     return str(text).replace("`", "'")
+
+
+def _os_ram(f: dict[str, Any]) -> str:
+    host, p = f.get("host") or {}, f["platform"]
+    name = host.get("os") or " ".join(x for x in (p["system"], p["release"]) if x) or "?"
+    ram = host.get("memory_mib")
+    return f"{name}, RAM {ram / 1024:.1f} GiB" if ram else f"{name}, RAM unknown"
+
+
+def _capability_lines(report: EnvReport) -> list[str]:
+    """The dtype capability table of the chosen device (text and Markdown print the same lines)."""
+    caps, lines = report.capabilities, []
+    if caps.get("probed"):
+        fams = list(dict.fromkeys(k for row in caps["dtypes"].values() for k in row))
+        origin = "small real ops run here" if report.source == "this machine" else "recorded with the saved facts"
+        lines.append(f"capabilities of {caps['device']} ({origin}):")
+        lines.append(("  " + "dtype".ljust(15) + "".join(fam.ljust(12) for fam in fams)).rstrip())
+        for name, row in caps["dtypes"].items():
+            lines.append(("  " + name.ljust(15) + "".join(_yes(row.get(fam)).ljust(12) for fam in fams)).rstrip())
+        lines.append(f"  recommended dtype: {caps['recommended']} ({caps['recommended_reason']})")
+    else:
+        lines.append(f"capabilities: {caps.get('note', 'not probed')}")
+    return lines
 
 
 def render_markdown(report: EnvReport) -> str:
@@ -199,7 +213,9 @@ def render_markdown(report: EnvReport) -> str:
     rows = [
         ("torchdoctor", torchdoctor.__version__),
         ("Python", f["python"]["version"]),
-        ("Platform", f"{p['system']} {p['machine']} {p['release'] or ''}".strip() + (f", {p['cpu']}" if p["cpu"] else "")),
+        ("Platform", f"{p['system']} {p['machine']} {p['release'] or ''}".strip() + (f", {p['cpu']}" if p["cpu"] else "")
+         + (f" ({', '.join(p['cpu_flags'])})" if p["cpu_flags"] else "")),
+        ("OS", _os_ram(f)),
         ("torch", torch_line),
         ("Accelerators", devs or "none found"),
         ("Drivers", ", ".join(f"{k} {v}" for k, v in f["drivers"].items() if v) or "none"),
@@ -213,6 +229,7 @@ def render_markdown(report: EnvReport) -> str:
     counts = {s: sum(1 for x in report.findings if x.severity == s) for s in ("error", "warning", "info")}
     lines = ["### Environment (`torchdoctor env --markdown`)", "", "```text"]
     lines.extend(f"{k + ':':<{width + 1}} {v}" for k, v in rows)
+    lines += ["", *_capability_lines(report)]
     lines += ["```", "", f"**Findings**: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"]
     if not report.findings:
         lines.append("- none")

@@ -94,7 +94,12 @@ def _companion(code: str, dist: str) -> None:
             return []
         problems = [f"it requires torch{p}" for p in pins(f, dist, "torch") if p.startswith("==") and not satisfies(tv, p)]
         mine, theirs = tag_family(local(dv)), tag_family(local(tv)) or f["torch"]["build"]
-        if mine and theirs and mine != theirs:
+        seen = (f.get("host") or {}).get("wheels", {}).get(dist) or {}
+        if mine is None and seen.get("build") in ("cuda", "rocm") and theirs and seen["build"] != theirs:
+            # PyPI wheels carry no +cuXXX tag: the files say what was built (a CUDA torchvision beside a CPU torch)
+            problems.append(f"it is a {seen['build'].upper()} build ({seen['evidence']}) and torch is a "
+                            f"{theirs.upper()} build")
+        elif mine and theirs and mine != theirs:
             problems.append(f"it is a {mine.upper()} wheel (+{local(dv)}) and torch is a {theirs.upper()} build")
         elif mine == "cuda" and f["torch"]["cuda"] and local(dv)[2:4] != "".join(f["torch"]["cuda"].split("."))[:2]:
             problems.append(f"it was built for another CUDA major version (+{local(dv)}, torch has CUDA {f['torch']['cuda']})")
