@@ -296,19 +296,11 @@ def tensor_zip(size: list[int], stride: list[int], offset: int = 0, numel: int =
     return buf.getvalue()
 
 
-def _contiguous(size: list[int]) -> list[int]:
-    out, acc = [], 1
-    for s in reversed(size):
-        out.append(acc)
-        acc *= max(s, 1)
-    return out[::-1]
-
-
 HOSTILE.update({
     "big-on-small-storage.pt": lambda: tensor_zip([1000, 1000], [1000, 1]),
     "size-10e1000.pt": lambda: tensor_zip([10**1000], [1]),
     "size-2e600.pt": lambda: tensor_zip([2**600, 1], [1, 1]),
-    "dims-60000.pt": lambda: tensor_zip([1] * 60_000, [1] * 60_000),
+    "dims-60000.pt": lambda: tensor_zip([2] * 60_000, [1] * 60_000),
     "negative-size.pt": lambda: tensor_zip([-4], [1]),
     "negative-stride.pt": lambda: tensor_zip([2], [-1], offset=1),
     "offset-past-end.pt": lambda: tensor_zip([2], [1], offset=5),
@@ -321,4 +313,5 @@ VALID_TENSORS: dict[str, Callable[[], bytes]] = {  # edge cases torch loads: nev
     "view-with-offset.pt": lambda: tensor_zip([1], [1], offset=1),
     "scalar.pt": lambda: tensor_zip([], [], numel=1),
     "zero-size-far-offset.pt": lambda: tensor_zip([0], [1], offset=2),
+    "dims-60000-of-1.pt": lambda: tensor_zip([1] * 60_000, [1] * 60_000),
 }

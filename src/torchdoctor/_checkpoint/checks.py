@@ -22,7 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from torchdoctor._checkpoint.devices import device_count
-from torchdoctor._checkpoint.dtypes import BFLOAT16, FLOAT16, FLOAT32, INT8, DType, location_str, parse_location
+from torchdoctor._checkpoint.dtypes import (
+    BFLOAT16,
+    FLOAT16,
+    FLOAT32,
+    INT8,
+    DType,
+    clipped,
+    location_str,
+    parse_location,
+)
 from torchdoctor._checkpoint.result import Finding as Problem
 from torchdoctor._checkpoint.unsafe import unsafe_problems
 from torchdoctor._report.text import human_bytes
@@ -132,7 +141,7 @@ def _saved_device_problems(group: Group, fs: FileScan, want: str | None) -> list
                    "re-save from a model with real weights")
             out.append(Problem("meta", paths[0], entries[0].role, "meta", "a real device", msg, tensors=paths))
             continue
-        where = loc_str(loc)
+        where = clipped(loc_str(loc), 60)
         if want is not None:
             why = f"you would load on {want}, but torch.load restores them on {where}"
         else:
@@ -202,7 +211,7 @@ def _dtype_problems(group: Group, entries: list[Entry], exp: Any) -> list[Proble
     for dt, es in by_dtype.items():
         paths = tuple(group.path_of(e.key) for e in es)
         size = human_bytes(sum(e.nbytes for e in es))
-        where = f"{paths[0]}" if len(paths) == 1 else f"{paths[0]} and {len(paths) - 1} more"
+        where = clipped(paths[0]) if len(paths) == 1 else f"{clipped(paths[0])} and {len(paths) - 1} more"
         msg = (f"{where}: {len(paths)} floating tensor(s) ({size}) are {dt.name}, expected {name} because "
                f"{exp.why}")
         if exp.kept_why:
@@ -227,7 +236,8 @@ def _quant_check(family: str) -> Callable[[Any], Any]:
 
 
 def _incomplete(group: Group, base: str, found: list[str], expected: list[str], what: str) -> Problem:
-    missing = [k for k in expected if k not in found]
+    missing = [clipped(k) for k in expected if k not in found][:8]
+    what, found = clipped(what, 200), [clipped(k) for k in found][:8]
     msg = f"{what}: missing {', '.join(missing)}; loading fails or dequantizes garbage. Re-save the full state_dict"
     found_text = ", ".join(found) or "nothing"
     return Problem("quant_incomplete", group.path_of(base), "quant_state", found_text, ", ".join(expected), msg)

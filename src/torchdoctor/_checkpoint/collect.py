@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor._checkpoint.checks import Entry, FileScan, Group, role_of
+from torchdoctor._checkpoint.dtypes import shown
 from torchdoctor._checkpoint.records import walk
 from torchdoctor._checkpoint.safetensors import read_safetensors
 from torchdoctor._checkpoint.torchfile import LFS_POINTER, read_torch_file
@@ -146,7 +147,7 @@ def _read_index(index_path: str, prefix: str, label: str, skipped: list[Skipped]
     files = []
     for shard in dict.fromkeys(str(v) for v in weight_map.values()):
         if os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
-            raise CheckpointError(f"{label}: shard {shard!r} points outside the checkpoint directory")
+            raise CheckpointError(f"{label}: shard {shown(shard)} points outside the checkpoint directory")
         shard_label = f"{label_dir}/{shard}" if label_dir else shard
         if not os.path.lexists(os.path.join(folder, shard)):
             skipped.append(Skipped(shard_label, f"missing: listed in {label} but not in the directory"))

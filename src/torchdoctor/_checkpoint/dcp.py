@@ -17,7 +17,8 @@ from typing import Any
 
 from torchdoctor._checkpoint.bounds import MAX_PICKLE_BYTES, Budget
 from torchdoctor._checkpoint.checks import Entry, FileScan, role_of
-from torchdoctor._checkpoint.dtypes import DType
+from torchdoctor._checkpoint.dtypes import DType, shown
+from torchdoctor._checkpoint.views import I64, BadRecord, check_sizes, dims_text
 from torchdoctor._checkpoint.records import walk
 from torchdoctor._checkpoint.torchfile import unpickle_one
 from torchdoctor._checkpoint.unpickle import CheckpointError, Placeholder, UnsafePickle, placeholder_class
@@ -46,8 +47,8 @@ def _fields(obj: Any) -> dict[str, Any]:
 
 
 def _ints(value: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(value, (tuple, list)) or not all(type(v) is int and v >= 0 for v in value):
-        raise CheckpointError(f"corrupted .metadata: {what} is not a list of sizes")
+    if not isinstance(value, (tuple, list)) or not all(type(v) is int and 0 <= v < I64 for v in value):
+        raise CheckpointError(f"corrupted .metadata: {what} is not a list of sizes (non-negative 64-bit integers)")
     return tuple(value)
 
 
@@ -100,23 +101,32 @@ def _read(dirpath: str, label: str) -> FileScan:
             values.append(key)
             continue
         if not _is(meta, "TensorStorageMetadata"):
-            raise CheckpointError(f"{label}: corrupted .metadata: {key!r} is neither a tensor nor a value")
+            raise CheckpointError(f"{label}: corrupted .metadata: {shown(key)} is neither a tensor nor a value")
         f = _fields(meta)
         props = f.get("properties")
         pstate = props.__dict__.get("_td_state") if isinstance(props, Placeholder) else None
         dtype = pstate[0] if isinstance(pstate, tuple) and pstate else _fields(props).get("dtype")
         if not isinstance(dtype, DType):
-            raise CheckpointError(f"{label}: corrupted .metadata: {key!r} has no dtype")
+            raise CheckpointError(f"{label}: corrupted .metadata: {shown(key)} has no dtype")
         try:
-            shape = _ints(f.get("size"), f"the size of {key!r}")
+            shape = _ints(f.get("size"), f"the size of {shown(key)}")
             chunks = [(_ints(_fields(c).get("offsets"), "a chunk offset"), _ints(_fields(c).get("sizes"), "a chunk size"))
                       for c in f.get("chunks") or []]
         except CheckpointError as exc:
             raise CheckpointError(f"{label}: {exc}") from None
-        numel = 1
-        for s in shape:
-            numel *= s
+        try:
+            numel = check_sizes(shape)[1]
+        except BadRecord as exc:
+            raise CheckpointError(f"{label}: refused: .metadata entry {shown(key)}: {exc}") from None
         nbytes = numel * dtype.itemsize
+        if nbytes >= I64:
+            raise CheckpointError(f"{label}: refused: .metadata entry {shown(key)} needs more than 2**63 bytes")
+        for offsets, sizes in chunks:
+            if len(offsets) != len(shape) or len(sizes) != len(shape) or any(
+                    o + n > s for o, n, s in zip(offsets, sizes, shape)):
+                raise CheckpointError(f"{label}: corrupted .metadata: a chunk of {shown(key)} (offsets "
+                                      f"{dims_text(offsets)}, sizes {dims_text(sizes)}) lies outside its shape "
+                                      f"{dims_text(shape)}")
         entries.append(Entry(key, role_of(key), dtype, shape, nbytes, "cpu", key, nbytes))
         if len(chunks) != 1 or chunks[0][1] != shape:
             sharding[key] = [{"offsets": list(o), "sizes": list(s)} for o, s in chunks]
@@ -142,13 +152,13 @@ def _check_storage(dirpath: str, label: str, storage: Any) -> None:
         if not isinstance(rel, str) or type(offset) is not int or type(length) is not int:
             raise CheckpointError(f"{label}: corrupted .metadata (a storage entry without path, offset or length)")
         if os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
-            raise CheckpointError(f"{label}: .metadata points outside the checkpoint directory ({rel!r})")
+            raise CheckpointError(f"{label}: .metadata points outside the checkpoint directory ({shown(rel)})")
         if rel not in sizes:
             try:
                 sizes[rel] = os.stat(os.path.join(dirpath, rel)).st_size
             except OSError:
                 raise CheckpointError(f"{label}: {rel} is listed in .metadata but missing") from None
-        if offset < 0 or length < 0 or offset + length > sizes[rel]:
+        if not 0 <= offset < I64 or not 0 <= length < I64 or offset + length > sizes[rel]:
             raise CheckpointError(f"{label}: truncated: {rel} has {sizes[rel]} bytes, .metadata reads up to "
                                   f"{offset + length}")
 

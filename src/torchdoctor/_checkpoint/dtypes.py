@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = [
     "BOOL", "DTYPES", "DType", "FLOAT16", "BFLOAT16", "FLOAT32", "INT8", "STORAGE_DTYPES", "UINT8", "from_torch",
-    "location_str", "location_type", "parse_dtype", "parse_location", "to_torch",
+    "clipped", "location_str", "location_type", "parse_dtype", "parse_location", "shown", "to_torch",
 ]  # fmt: skip
 
 
@@ -157,3 +157,21 @@ def parse_dtype(value: Any) -> DType:
         known = ", ".join(sorted(_NAMES)[:12])
         raise ValueError(f"not a dtype: {value!r}. Use a torch dtype name such as {known}, or bf16 / fp16 / fp32.")
     return DTYPES[name]
+
+
+def clipped(text: str, limit: int = 120) -> str:
+    """Text from a file shortened past ``limit`` characters, its length said (escaping is the renderer's)."""
+    return text if len(text) <= limit else f"{text[:60]}...({len(text):,} characters)"
+
+
+def shown(name: Any, limit: int = 120) -> str:
+    """A name from a file as messages print it: ``repr`` (escaped), shortened past ``limit`` characters.
+
+    >>> shown("model.w"), shown("x" * 10**6)[-30:]
+    ("'model.w'", "xxx...' (1,000,000 characters)")
+    """
+    text = str(name)
+    quoted = repr(text[:limit])
+    if len(text) <= limit and len(quoted) <= limit + 40:
+        return quoted
+    return repr(text[:60])[:60] + f"...' ({len(text):,} characters)"

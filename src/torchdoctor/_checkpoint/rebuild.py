@@ -12,6 +12,7 @@ from typing import Any
 
 from torchdoctor._checkpoint.dtypes import DTYPES, STORAGE_DTYPES, UINT8, DType
 from torchdoctor._checkpoint.known import DTENSOR, NJT_REBUILD
+from torchdoctor._checkpoint.views import I64, check_view
 from torchdoctor._checkpoint.stubs import (
     Marker,
     Placeholder,
@@ -31,9 +32,9 @@ def _stub(storage: Any, offset: Any, size: Any, stride: Any, dtype: DType | None
         return placeholder_class("torch._utils._rebuild_tensor")(storage)
     if not isinstance(storage, StorageRef):
         raise pickle.UnpicklingError("tensor rebuilt from something that is not a storage")
-    shape = tuple(int(s) for s in size)
-    strides = tuple(int(s) for s in stride)
-    return TensorStub(storage, int(offset), shape, strides, dtype or storage.dtype, storage.location)
+    dtype = dtype or storage.dtype
+    shape, strides, start = check_view(size, stride, offset, dtype.itemsize, storage.nbytes)
+    return TensorStub(storage, start, shape, strides, dtype, storage.location)
 
 
 def _rebuild_v2(storage: Any, offset: Any, size: Any, stride: Any, *rest: Any) -> TensorStub:
@@ -81,7 +82,8 @@ def _rebuild_from_type(func: Any, new_type: Any, args: Any, state: Any = None) -
 def _rebuild_no_storage(dtype: Any, size: Any, stride: Any, *rest: Any) -> TensorStub:
     if not isinstance(dtype, DType):
         raise pickle.UnpicklingError("meta tensor without a dtype")
-    return TensorStub(None, 0, tuple(int(s) for s in size), tuple(int(s) for s in stride), dtype, "meta")
+    shape, strides, _ = check_view(size, stride, 0, dtype.itemsize, None)
+    return TensorStub(None, 0, shape, strides, dtype, "meta")
 
 
 def _rebuild_wrapper_subclass(
@@ -131,8 +133,8 @@ def _device(*args: Any) -> str:
 
 
 def _size(dims: Any = ()) -> Size:
-    if not isinstance(dims, (tuple, list)) or not all(type(d) is int for d in dims):
-        raise pickle.UnpicklingError("torch.Size with unexpected arguments")
+    if not isinstance(dims, (tuple, list)) or not all(type(d) is int and -I64 <= d < I64 for d in dims):
+        raise pickle.UnpicklingError("torch.Size with unexpected arguments (not a list of 64-bit integers)")
     return Size(dims)
 
 

@@ -26,6 +26,25 @@ class WalkResult:
     truncated: bool
 
 
+_SCALARS = (str, bytes, int, float, bool, type(None))
+
+
+def _text(key: Any) -> str:
+    if isinstance(key, Placeholder) or (isinstance(key, type) and issubclass(key, Placeholder)):
+        return key._td_global.rsplit(".", 1)[-1]  # a class as a dict key: its name, as the user wrote it
+    return key if isinstance(key, str) else str(key) if isinstance(key, int) else repr(key)
+
+
+def _path(node: Any) -> str:
+    """A path kept as (parent, key) links until a tensor or a global needs it: a child never copies its
+    parent's key (one 8 MiB key over a million children is one string, not a million)."""
+    parts = []
+    while node:
+        node, key = node
+        parts.append(key)
+    return ".".join(reversed(parts))
+
+
 def walk(root: Any, max_nodes: int = 5_000_000, max_depth: int = 200) -> WalkResult:
     """Tensors reachable from an unpickled object, with dotted paths; also where each placeholder sits.
 
@@ -35,18 +54,16 @@ def walk(root: Any, max_nodes: int = 5_000_000, max_depth: int = 200) -> WalkRes
     tensors: list[tuple[str, TensorStub]] = []
     holders: dict[str, tuple[str, tuple[Any, ...]]] = {}
     seen: set[int] = set()
-    stack: list[tuple[Any, str, int]] = [(root, "", 0)]
+    stack: list[tuple[Any, Any, int]] = [(root, (), 0)]
     nodes = 0
     truncated = False
 
-    def join(path: str, key: Any) -> str:
-        if isinstance(key, Placeholder) or (isinstance(key, type) and issubclass(key, Placeholder)):
-            key = key._td_global.rsplit(".", 1)[-1]  # a class as a dict key: its name, as the user wrote it
-        k = key if isinstance(key, str) else repr(key) if not isinstance(key, int) else str(key)
-        return f"{path}.{k}" if path else k
+    def hold(name: str, node: Any, args: tuple[Any, ...]) -> None:
+        if name not in holders:
+            holders[name] = (_path(node), args)
 
     while stack:
-        obj, path, depth = stack.pop()
+        obj, node, depth = stack.pop()
         nodes += 1
         if nodes > max_nodes:
             truncated = True
@@ -54,38 +71,35 @@ def walk(root: Any, max_nodes: int = 5_000_000, max_depth: int = 200) -> WalkRes
         if depth > max_depth:  # skip this branch only
             truncated = True
             continue
-        if type(obj) in (str, bytes, int, float, bool, type(None)):
-            continue
         if isinstance(obj, TensorStub):  # the same tensor under a second key is reported (as an alias)
-            tensors.append((path, obj))
+            tensors.append((_path(node), obj))
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        children: Iterator[tuple[str, Any]]
+        children: list[tuple[Any, Any]]
         if isinstance(obj, TensorStub):  # a DTensor's spec (mesh, placements) is metadata, not the model's tensors
-            children = ((join(path, k), v) for k, v in obj.attrs.items() if k != "_spec" or obj.subclass != DTENSOR)
+            children = [((node, _text(k)), v) for k, v in obj.attrs.items() if k != "_spec" or obj.subclass != DTENSOR]
         elif isinstance(obj, dict):
             for k in obj:  # Lightning 1.x keys its callbacks by class: a global in key position sits here
                 if isinstance(k, Placeholder) or (isinstance(k, type) and issubclass(k, Placeholder)):
-                    holders.setdefault(k._td_global, (path, ()))
-            children = ((join(path, k), v) for k, v in obj.items())
+                    hold(k._td_global, node, ())
+            children = [((node, _text(k)), v) for k, v in obj.items() if type(v) not in _SCALARS]
         elif isinstance(obj, (list, tuple, set, frozenset)):
-            children = ((join(path, i), v) for i, v in enumerate(obj))
+            children = [((node, str(i)), v) for i, v in enumerate(obj) if type(v) not in _SCALARS]
         elif isinstance(obj, Placeholder):
-            holders.setdefault(obj._td_global, (path, obj._td_args))
+            hold(obj._td_global, node, obj._td_args)
             state = obj.__dict__.get("_td_state")
-            parts: list[tuple[str, Any]] = [(join(path, i), v) for i, v in enumerate(obj._td_args)]
+            children = [((node, str(i)), v) for i, v in enumerate(obj._td_args)]
             if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict):  # (dict, slots)
                 state = {**state[0], **(state[1] or {})}
             if isinstance(state, dict):
-                parts += [(path if k in _TRANSPARENT else join(path, k), v) for k, v in state.items()]
+                children += [(node if k in _TRANSPARENT else (node, _text(k)), v) for k, v in state.items()]
             elif state is not None:
-                parts.append((path, state))
-            parts += [(join(path, k), v) for k, v in obj._td_items.items()]
-            parts += [(join(path, k), v) for k, v in obj.__dict__.get("_td_attrs", {}).items()]
-            children = iter(parts)
+                children.append((node, state))
+            children += [((node, _text(k)), v) for k, v in obj._td_items.items()]
+            children += [((node, _text(k)), v) for k, v in obj.__dict__.get("_td_attrs", {}).items()]
         elif isinstance(obj, type) and issubclass(obj, Placeholder):
-            holders.setdefault(obj._td_global, (path, ()))
+            hold(obj._td_global, node, ())
             continue
         else:
             continue

@@ -11,15 +11,16 @@ import dataclasses
 
 from typing import Any
 
-from torchdoctor._report.text import human_bytes, render_problems, escape
+from torchdoctor._checkpoint.dtypes import clipped
+from torchdoctor._report.text import escape, human_bytes, render_problems
 
 __all__ = ["escape", "render_checkpoint"]
 
 
 def _escaped(p: Any) -> Any:
-    if p.path.isprintable() and p.message.isprintable():
+    if p.path.isprintable() and p.message.isprintable() and len(p.path) <= 120 and len(p.found) <= 120:
         return p
-    return dataclasses.replace(p, path=escape(p.path), message=escape(p.message))
+    return dataclasses.replace(p, path=escape(clipped(p.path)), message=escape(p.message), found=clipped(p.found))
 
 
 def render_checkpoint(report: Any, limit: int = 40) -> str:
@@ -27,17 +28,17 @@ def render_checkpoint(report: Any, limit: int = 40) -> str:
     groups = report.extra.get("groups", [])
     layout = report.extra.get("layout")
     total = sum(g["nbytes"] for g in groups)
-    head = escape(f"{report.source}") + (f" ({layout} layout)" if layout else "")
+    head = escape(clipped(f"{report.source}", 200)) + (f" ({layout} layout)" if layout else "")
     n_files = len(report.extra.get("files", []))
     lines = [f"{head}: {len(report.tensors)} tensors, {human_bytes(total)} in {n_files} file(s)"]
     for g in groups[:limit]:
         dts = ", ".join(f"{k} x{v}" for k, v in sorted(g["dtypes"].items(), key=lambda kv: -kv[1]))
         where = ", ".join(g["saved_on"]) or "-"
         size = human_bytes(g["nbytes"])
-        lines.append(f"  {escape(g['group']):<24} {g['tensors']:>6} tensors {size:>11}  saved on {where}  {dts}")
+        lines.append(f"  {escape(clipped(g['group'])):<24} {g['tensors']:>6} tensors {size:>11}  saved on {where}  {dts}")
         if g.get("index_missing"):
             missing = g["index_missing"]
-            lines.append(f"    index lists {len(missing)} key(s) no shard holds, e.g. {escape(missing[0])}")
+            lines.append(f"    index lists {len(missing)} key(s) no shard holds, e.g. {escape(clipped(missing[0]))}")
     if len(groups) > limit:
         lines.append(f"  ... and {len(groups) - limit} more groups")
     want = report.expected.get("", {})

@@ -23,14 +23,16 @@ import re
 import struct
 from typing import IO, Any
 
-from torchdoctor._checkpoint.dtypes import DTYPES, UINT8, DType
+from torchdoctor._checkpoint.dtypes import DTYPES, UINT8, DType, clipped, shown
+from torchdoctor._checkpoint.views import dims_text
 from torchdoctor._checkpoint.checks import Entry, FileScan, role_of
 from torchdoctor._checkpoint.torchfile import SMALL_READ
 from torchdoctor._checkpoint.unpickle import CheckpointError
 
-__all__ = ["MAX_HEADER", "read_safetensors"]
+__all__ = ["MAX_HEADER", "MAX_TENSORS", "read_safetensors"]
 
 MAX_HEADER = 100_000_000  # the safetensors library's own limit (decimal, not 100 MiB)
+MAX_TENSORS = 200_000  # per file, as a pickle's opcode budget allows ~160,000: a large model shard holds ~2,000
 _MAX_JSON_DEPTH = 127  # serde_json's recursion limit, as safe_open enforces it
 _U64 = 1 << 64
 
@@ -121,8 +123,21 @@ def _parse_header(raw: bytes, label: str) -> dict[str, Any]:
     return header
 
 
+def _bits(shape: tuple[int, ...], width: int) -> int | None:
+    """Bits a tensor of ``shape`` holds, None past what 64-bit offsets address (never a huge product: a
+    60,000-dimension shape of 2**64 - 1 each is refused at the second dimension)."""
+    if 0 in shape:
+        return 0
+    bits = width
+    for d in shape:
+        bits *= d
+        if bits >= _U64 * 8:
+            return None
+    return bits
+
+
 def _bad(label: str, key: str, why: str) -> CheckpointError:
-    return CheckpointError(f"{label}: corrupted safetensors header: tensor {key!r} {why}; safe_open refuses it")
+    return CheckpointError(f"{label}: corrupted safetensors header: tensor {shown(key)} {why}; safe_open refuses it")
 
 
 def read_safetensors(path: str, fh: IO[bytes], size: int, label: str) -> FileScan:
@@ -135,7 +150,12 @@ def read_safetensors(path: str, fh: IO[bytes], size: int, label: str) -> FileSca
                               f"{MAX_HEADER:,} safe_open accepts")
     if 8 + n > size:
         raise CheckpointError(f"{label}: truncated or corrupted safetensors: header of {n} bytes, file has {size}")
-    header = _parse_header(fh.read(n), label)
+    raw = fh.read(n)
+    count = raw.count(b'"data_offsets"')  # before parsing: JSON of a million tensors takes seconds to parse
+    if count > MAX_TENSORS:
+        raise CheckpointError(f"{label}: refused: a safetensors header of {count:,} tensors, more than the "
+                              f"{MAX_TENSORS:,} torchdoctor reads per file (no model file holds that many)")
+    header = _parse_header(raw, label)
     metadata = header.pop("__metadata__", None)
     if metadata is not None and not (
         isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
@@ -168,14 +188,15 @@ def read_safetensors(path: str, fh: IO[bytes], size: int, label: str) -> FileSca
             what = "overlaps another tensor" if begin < start else "leaves a gap before it"
             raise _bad(label, key, f"has offsets {begin}..{end}: it {what} (tensors must tile the data region)")
         start = end
-        bits = math.prod(shape) * _DTYPES[dtype_name][0]
-        if bits >= _U64 * 8:
-            raise _bad(label, key, f"{dtype_name}{list(shape)} is too large to address")
+        bits = _bits(shape, _DTYPES[dtype_name][0])
+        if bits is None:
+            raise _bad(label, key, f"{dtype_name}{dims_text(shape)} is too large to address")
         if bits % 8 or bits // 8 != end - begin:
-            raise _bad(label, key, f"{dtype_name}{list(shape)} needs {bits / 8:g} bytes, its offsets span {end - begin}")
+            raise _bad(label, key, f"{dtype_name}{dims_text(shape)} needs {bits / 8:g} bytes, its offsets span "
+                                   f"{end - begin}")
         dtype = _torch_dtype(dtype_name)
         if dtype is None:
-            notes.append(f"{key}: dtype {dtype_name} has no torch dtype; shown as uint8")
+            notes.append(f"{clipped(key)}: dtype {dtype_name} has no torch dtype; shown as uint8")
             dtype = UINT8
         spans[key] = (8 + n + begin, end - begin)
         entries.append(Entry(key, role_of(key), dtype, shape, end - begin, "cpu", key, end - begin))

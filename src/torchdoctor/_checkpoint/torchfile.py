@@ -45,6 +45,8 @@ from torchdoctor._checkpoint.unpickle import (
     placeholder_class,
 )
 from torchdoctor._checkpoint.names import DATA_TYPES, LIBRARY_CLASSES
+from torchdoctor._checkpoint.dtypes import shown
+from torchdoctor._checkpoint.views import BadRecord
 from torchdoctor._checkpoint.zipcheck import check_directory, check_member, read_member
 
 __all__ = ["LFS_POINTER", "SMALL_READ", "PickleFile", "gc_paused", "read_torch_file", "safe_loads", "unpickle_one"]
@@ -129,11 +131,12 @@ def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[byte
     for ref in storages.values():
         entry = entries.get(f"{prefix}data/{ref.key}")
         if entry is None:
-            raise CheckpointError(f"{label}: corrupted: storage {prefix}data/{ref.key} is missing from the archive")
+            raise CheckpointError(f"{label}: corrupted: storage {shown(prefix + 'data/' + ref.key)} is missing from "
+                                  "the archive")
         check_member(entry, label, None)
         if entry.file_size < ref.nbytes or entry.header_offset + entry.compress_size > size:
             raise CheckpointError(
-                f"{label}: truncated or corrupted: storage data/{ref.key} has {entry.file_size} bytes, "
+                f"{label}: truncated or corrupted: storage {shown('data/' + ref.key)} has {entry.file_size} bytes, "
                 f"needs {ref.nbytes}"
             )
 
@@ -165,7 +168,8 @@ def _unpickle(
             if not slow and "STACK_GLOBAL" in str(exc):  # the C unpickler does not say what computed the name
                 slow = True
                 continue
-            failure = f"corrupted pickle ({type(exc).__name__}: {str(exc)[:160]})"
+            failure = (f"refused: {str(exc)[:260]}" if isinstance(exc, BadRecord)
+                       else f"corrupted pickle ({type(exc).__name__}: {str(exc)[:160]})")
         named = tuple(g for g in unpickler.unknown if g not in DATA_TYPES and g not in LIBRARY_CLASSES)
         if named:  # torch.load would have imported (and called) these before failing: that is the finding
             raise UnsafePickle(f"{label}: {failure}", tuple(unpickler.unknown))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torchdoctor._checkpoint.dtypes import clipped
 from torchdoctor._checkpoint.names import DATA_TYPES, LIBRARY_CLASSES
 from torchdoctor._checkpoint.result import Finding as Problem
 
@@ -89,8 +90,9 @@ def unsafe_problems(
         path = path_of(where) if where is not None else label
         call = f" called with {_short_repr(args)}" if args else ""
         also = f" (with {', '.join(sorted(folded[name]))})" if name in folded else ""
-        msg = f"pickle global {name}{call}{also} in {label} was not imported (placeholder); {verdict(name)}"
+        msg = (f"pickle global {clipped(name)}{call}{clipped(also, 200)} in {clipped(label)} was not imported "
+               f"(placeholder); {verdict(clipped(name))}")
         if failure:
             msg += f" (the pickle then fails to load: {failure})"
-        out.append(Problem("unsafe_global", path, "container", name, "an allow-listed global", msg))
+        out.append(Problem("unsafe_global", path, "container", clipped(name, 300), "an allow-listed global", msg))
     return out
