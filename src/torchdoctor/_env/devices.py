@@ -30,6 +30,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 PRIORITY = ("cuda", "xpu", "mps", "cpu")
+# a virtual-device run answers for the hardware its thread sees (the virtual runtime registers it): None outside a
+# run, else {"type", "facts": to lay over the machine's, "run": (family, dtype) -> error or None, from its profile}
+VIRTUAL: list[Callable[[], Mapping[str, Any] | None]] = []
 _NAMES = {"cuda": "CUDA", "xpu": "XPU", "mps": "MPS", "cpu": "CPU"}
 _ORDER = "priority CUDA > XPU > MPS > CPU"
 
@@ -236,7 +239,7 @@ def choose_device(preferred: str | torch.device | None = None, *, facts: Mapping
     """
     from torchdoctor._env.facts import device_facts
 
-    f = device_facts() if facts is None else facts
+    f = {**device_facts(), **((VIRTUAL[0]() if VIRTUAL else None) or {}).get("facts", {})} if facts is None else facts
     pref = None if preferred is None else str(preferred)
     doc = decide(f, pref)
     if doc["device"] is None:
@@ -314,12 +317,14 @@ def capabilities(device: torch.device | str = "cpu") -> dict[str, Any]:
 
     from torchdoctor._placement import device_str
 
-    d = torch.device(device)
-    d = torch.device("cpu") if d.type == "cpu" else d  # one CPU, whatever index was written
+    d = torch.device("cpu") if torch.device(device).type == "cpu" else torch.device(device)  # one CPU, any index
     key = device_str(d)
     if d.type == "meta":
         raise ValueError("meta tensors have no kernels: capabilities are for real devices (cpu, cuda:N, xpu:N, mps)")
-    with _LOCK:
+    here = VIRTUAL[0]() if VIRTUAL else None
+    if here is not None and d.type == here["type"]:  # never cached: the profile's answer, not the machine's
+        return {**_probe_device(torch, d, key, here["run"]), "probed": False, "virtual": True}
+    with _LOCK, here["outside"]() if here else threading.Lock():  # the machine's probe is not the run's own ops
         if key not in _CACHE:
             try:
                 torch.zeros(1, device=d)
@@ -329,21 +334,19 @@ def capabilities(device: torch.device | str = "cpu") -> dict[str, Any]:
         return copy.deepcopy(_CACHE[key])
 
 
-def _probe_device(torch: Any, d: Any, key: str) -> dict[str, Any]:
+def _probe_device(torch: Any, d: Any, key: str, run: Callable[[str, Any], str | None] | None = None) -> dict[str, Any]:
+    """``run(family, dtype)`` -> None when it runs, else the error (default: a real op on ``d``)."""
+    run = run or (lambda fam, dt: run_op(fam, dt, d))
     table: dict[str, dict[str, bool]] = {}
     errors: dict[str, dict[str, str]] = {}
     for name in DTYPES:
         dt = getattr(torch, name, None)
         if not isinstance(dt, torch.dtype):
             continue
-        fams = FAMILIES + (("scaled_mm",) if name.startswith("float8") else ())
-        row = {}
-        for fam in fams:
-            err = run_op(fam, dt, d)
-            row[fam] = err is None
-            if err:
-                errors.setdefault(name, {})[fam] = err
-        table[name] = row
+        row = {fam: run(fam, dt) for fam in FAMILIES + (("scaled_mm",) if name.startswith("float8") else ())}
+        table[name] = {fam: err is None for fam, err in row.items()}
+        if any(row.values()):
+            errors[name] = {fam: err for fam, err in row.items() if err}
     # float8 is computed through a scaled matmul, the others through every family
     compute = [n for n, row in table.items()
                if (row.get("scaled_mm") if n.startswith("float8") else all(row[k] for k in COMPUTE_FAMILIES))]

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from torchdoctor._rules.profile import DeviceProfile
+from torchdoctor._virtual import hardware
 from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.tensor import Space
 
@@ -244,10 +245,10 @@ def device_api(p: Installs, profile: DeviceProfile, space: Space) -> None:
     """``torch.cuda`` / ``torch.xpu`` / ``torch.mps`` (and the matching parts of ``torch.accelerator``)."""
     kind = profile.type
     major, minor = profile.capability
-    props = types.SimpleNamespace(
-        name=profile.name or f"virtual {kind}", total_memory=profile.memory, major=major, minor=minor,
-        multi_processor_count=132, is_integrated=False, type=kind, max_compute_units=64, gpu_eu_count=512,
-        driver_version="virtual", has_fp16=True, has_fp64=profile.supports(torch.float64, "compute"))
+    props = hardware.properties(profile)
+    led = hardware.ledger(space, profile)
+    assert led is not None
+    mem = hardware.functions(led, lambda device=None: _check_index(profile, space, device))
 
     def current() -> int:
         return space.current.get(kind, 0)
@@ -277,10 +278,7 @@ def device_api(p: Installs, profile: DeviceProfile, space: Space) -> None:
     stream = lambda device=None: stream_cls(device)  # noqa: E731
     common = {
         "is_available": lambda *a, **k: True, "device_count": lambda: profile.count, "synchronize": _nothing,
-        "empty_cache": _nothing, "memory_allocated": lambda device=None: 0,
-        "max_memory_allocated": lambda device=None: 0,
-        "memory_reserved": lambda device=None: 0, "max_memory_reserved": lambda device=None: 0,
-        "memory_stats": lambda device=None: {}, "reset_peak_memory_stats": _nothing, "manual_seed": _nothing,
+        "empty_cache": _nothing, **mem, "manual_seed": _nothing,
         "seed": _nothing, "get_rng_state": rng, "set_rng_state": _nothing, "current_stream": stream,
         "set_stream": _nothing, "set_per_process_memory_fraction": _nothing,
     }
@@ -290,20 +288,21 @@ def device_api(p: Installs, profile: DeviceProfile, space: Space) -> None:
             set_device=set_device, _exchange_device=exchange, _maybe_exchange_device=exchange,
             get_device_name=lambda device=None: props.name, get_device_capability=lambda device=None: (major, minor),
             get_device_properties=lambda device=None: (_check_index(profile, space, device), props)[1],
-            mem_get_info=lambda device=None: (profile.memory, profile.memory), reset_max_memory_allocated=_nothing,
             reset_accumulated_memory_stats=_nothing, is_current_stream_capturing=lambda: False, get_arch_list=list,
             is_bf16_supported=lambda including_emulation=True: profile.supports(torch.bfloat16, "matmul"),
             is_tf32_supported=lambda: kind == "cuda" and (major, minor) >= (8, 0), manual_seed_all=_nothing,
             seed_all=_nothing, initial_seed=lambda: 0, get_rng_state_all=lambda: [rng() for _ in range(profile.count)],
             set_rng_state_all=_nothing, default_stream=stream, stream=lambda s=None: contextlib.nullcontext(s),
-            ipc_collect=_nothing, memory_summary=lambda device=None, abbreviated=False: "",
+            ipc_collect=_nothing,
             Stream=stream_cls, Event=stream_class("Event", getattr(mod, "Event", _MISSING)),
             **legacy_types(kind, mod)))
+        p.many(getattr(mod, "memory", None), mem)  # torch.cuda.memory.memory_stats, as some code imports it
     if kind == "cuda":
         p.set(torch.backends.cuda, "is_built", lambda: True)
     if kind == "mps":
         p.many(torch.backends.mps, {"is_available": lambda: True, "is_built": lambda: True})
-        p.many(torch.mps, dict(common, current_allocated_memory=lambda: 0, driver_allocated_memory=lambda: 0,
+        p.many(torch.mps, dict(common, current_allocated_memory=lambda: led.allocated(0),
+                               driver_allocated_memory=lambda: led.allocated(0),
                                recommended_max_memory=lambda: profile.memory,
                                Event=stream_class("Event", getattr(mod, "Event", _MISSING))))
     acc = getattr(torch, "accelerator", None)
@@ -311,7 +310,7 @@ def device_api(p: Installs, profile: DeviceProfile, space: Space) -> None:
         p.many(acc, dict(
             common, current_accelerator=lambda check_available=False: torch.device(kind), current_device_index=current,
             current_device_idx=current, set_device_index=set_device, set_device_idx=set_device,
-            device_index=device_index, get_memory_info=lambda device=None: (profile.memory, profile.memory),
+            device_index=device_index,
             get_device_capability=lambda device=None: {"capability": (major, minor)}))
     # device-generic torch.Event / torch.Stream (transformers' generate on mps records one per step)
     p.set(torch, "Event", stream_class("Event", torch.__dict__.get("Event", _MISSING)), shared=True)

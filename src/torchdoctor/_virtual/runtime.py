@@ -24,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api
+from torchdoctor._virtual import hardware
 from torchdoctor._virtual import dispatch as D
 from torchdoctor._virtual import outside
 from torchdoctor._virtual import tensor as V
@@ -59,7 +60,17 @@ def move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: torc
         elem, path = space.inner_of(t), None
     with torch._C.DisableTorchFunction():
         elem = elem.to(dtype=want, memory_format=memory_format or torch.preserve_format, copy=copy)
-    return make(VirtualTensor, elem, target, path)
+    return _placed(space, make(VirtualTensor, elem, target, path))
+
+
+def _placed(space: Space, out: Any) -> Any:
+    """A tensor now held by a virtual device counts against its memory (``torch.cuda.memory_allocated``)."""
+    led = hardware.ledger(space)
+    if led is not None:
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, VirtualTensor):
+                led.add(t)
+    return out
 
 
 def _to(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -87,6 +98,19 @@ def _to_kind(kind: str) -> Callable[..., Any]:
         if not isinstance(args[0], VirtualTensor) and not is_virtual(target):
             return _own(func(*args, **kwargs), space, None)
         return move(space, args[0], target, None, kwargs.get("memory_format"))
+
+    return handler
+
+
+def _cast_to(dtype: torch.dtype) -> Callable[..., Any]:
+    """``t.half()`` / ``.float()`` / ``.bfloat16()`` (what ``Module.half()`` calls): as ``t.to(dtype)``."""
+
+    def handler(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if len(args) > 1 or set(kwargs) - {"memory_format"} or not isinstance(args[0], torch.Tensor):
+            return _own(func(*args, **kwargs), space, None)
+        # a plain tensor of the program becomes virtual first (a private copy: never the program's storage)
+        t = args[0] if isinstance(args[0], VirtualTensor) else lift_all([args[0]], space, None)[0]
+        return move(space, t, None, dtype, kwargs.get("memory_format"))
 
     return handler
 
@@ -167,6 +191,8 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
     T.to: _to, T.cuda: _to_kind("cuda"), T.cpu: _to_kind("cpu"), torch.device: _device_ctor,
     torch._C._nn._parse_to: _parse_to,
     T.numpy: _values, T.tolist: _values, T.__array__: _values,
+    T.half: _cast_to(torch.float16), T.float: _cast_to(torch.float32), T.double: _cast_to(torch.float64),
+    T.bfloat16: _cast_to(torch.bfloat16),
     T.type: _type, T.data_ptr: _host, T.pin_memory: _host, T.is_pinned: _host, T.record_stream: _host, T.share_memory_: _host,
 }
 if hasattr(T, "xpu"):
@@ -233,7 +259,7 @@ class VirtualMode(TorchFunctionMode):
         if space.data == "meta" and all(not isinstance(o, torch.Tensor) or plain(o) and o.numel() <= SMALL
                                         for o in (out if isinstance(out, (tuple, list)) else (out,))):
             out = func(*args, **dict(kwargs, device=_CPU))  # small: worth real values, make it again on cpu
-        return _made(_own(out, space, target), func, space)
+        return _placed(space, _made(_own(out, space, target), func, space))
 
 
 def _made(out: Any, func: Any, space: Space) -> Any:

@@ -11,6 +11,7 @@ Values are real (``data="cpu"``), so the test's own assertions on numbers still 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from torchdoctor._report.text import format_error
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._virtual.fixes import fix_for
+from torchdoctor._virtual.hardware import over_memory
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._tracker import ModuleStack
@@ -45,6 +47,24 @@ class _OwnStack(ModuleStack):
         super()._pre(mod, args)
 
 
+class _Located(list):  # type: ignore[type-arg]
+    """The recorder's problem list, keeping the program's call stack when each problem was recorded (``torchdoctor
+    run`` names the first frame of the user's or plugin's code)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stacks: dict[tuple[str, str], list[tuple[str, int, str]]] = {}
+
+    def append(self, problem: Any) -> None:
+        f: Any = sys._getframe(1)
+        frames: list[tuple[str, int, str]] = []
+        while f is not None and len(frames) < 400:
+            frames.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+            f = f.f_back
+        self.stacks.setdefault((problem.kind, problem.path), frames[::-1])
+        super().append(problem)
+
+
 @dataclass
 class VirtualSession:
     """The running simulation of a block: ``device``, ``dtype``, ``profile`` and the ``problems`` recorded so far."""
@@ -58,6 +78,9 @@ class VirtualSession:
     culprits: int = 0  # the first ``culprits`` problems caused the ones after them
     # (kind, path, op, found) of a problem on a tensor made in the run -> the named tensors it was made from
     sources: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
+    # (kind, path) -> the call stack (file, line, function; outermost first) when the problem was recorded
+    stacks: dict[tuple[str, str], list[tuple[str, int, str]]] = field(default_factory=dict)
+    ops: int = 0  # aten ops the block ran on virtual tensors (known on exit)
 
     @property
     def ok(self) -> bool:
@@ -74,7 +97,8 @@ class VirtualSession:
                 for line in _culprits_then_rest(tuple(self.problems), self.culprits, 40)]
         if self.stopped:
             rows.append(f"stopped early: {self.stopped}")
-        fix = fix_for(self.problems, self.device, self.dtype, self.sources)
+        placement = [p for p in self.problems if p.kind != "memory"]  # a memory problem's message is its own fix
+        fix = fix_for(placement, self.device, self.dtype, self.sources) if placement else None
         return PlacementError(format_error(head, rows, fix, limit=len(rows)), module_path=first.module_path,
                               module_type=first.module_type,
                               op=first.op, tensors=first.tensors, problems=tuple(self.problems), fix=fix)
@@ -103,7 +127,17 @@ def _import_probers() -> None:
 def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dtype | None = None, *,
                     profile: DeviceProfile | str | None = None, count: int | None = None, data: str = "cpu",
                     limit: int = LIMIT, raise_on_exit: bool = True) -> Iterator[VirtualSession]:
-    """Run a block on virtual ``device`` hardware; placement problems are raised together on exit.
+    """Run your own code on virtual ``device`` hardware (``cuda:1``, ``xpu``, ``mps``) on any machine.
+
+    Inside the block the program sees that hardware: ``torch.cuda.is_available()``, ``device_count()``,
+    ``get_device_properties`` and the memory functions (``memory_stats`` with the real keys, ``mem_get_info``,
+    ``memory_allocated`` ...) answer from ``profile`` (a ``DeviceProfile`` or a preset name such as ``"t4"``), and so
+    do ``torchdoctor.pick_device()`` and ``env_report()``. Nothing is copied: your objects are moved by your own
+    code, every op is checked by the strict rules, and threads the block starts run on the same virtual devices.
+    Problems (placement, and memory beyond the profile's) are recorded by path and the run goes on as if each were
+    fixed; on exit they are raised together as one ``PlacementError`` (``raise_on_exit=False``: read
+    ``session.problems`` instead). ``data="cpu"`` keeps real values, so the block's own numbers still hold.
+    ``@pytest.mark.simulate`` runs a test body in this block; ``torchdoctor run --device`` a whole program.
 
     >>> import torch
     >>> with virtual_devices("cuda:1") as sim:
@@ -125,7 +159,8 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     _import_probers()
     rec = _Recorder(profile, dev, dt, limit, {})
     rec.use_stack(_OwnStack(rec.roles))
-    session = VirtualSession(dev, dt, profile, data, rec.problems)
+    rec.problems = located = _Located()
+    session = VirtualSession(dev, dt, profile, data, rec.problems, stacks=located.stacks)
     space = Space(data, profile.type, rec)
     failure: BaseException | None = None
     with torch.no_grad(), virtual_world(space, profile), rec.modules.tracking():
@@ -138,8 +173,9 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
                 raise
             failure = exc  # most likely a consequence of the problems: report them, chained to it
     session.stopped = rec.stopped
-    session.problems[:] = rec.culprits_first(list(rec.problems), rec.modules.outermost)
+    session.problems[:] = rec.culprits_first(list(rec.problems), rec.modules.outermost) + over_memory(space)
     session.culprits = rec.blamed
     session.sources = rec.sources
+    session.ops = space.ops
     if raise_on_exit and rec.problems:
         raise session.error() from failure

@@ -29,6 +29,7 @@ from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
 
 from torchdoctor._virtual.fixes import fix_for
+from torchdoctor._virtual.hardware import over_memory
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop, _norm
 
 __all__ = ["SimulationReport", "simulate"]
@@ -181,7 +182,12 @@ def simulate(
     placed: Any = None
     # fork_rng: random tensors made for a virtual device come from the CPU generator, which must not move on
     with torch.random.fork_rng(devices=[]), torch.no_grad(), virtual_world(space, profile), rec.modules.tracking():
-        clone, memo = virtual_copy(obj, listed, space)
+        try:
+            clone, memo = virtual_copy(obj, listed, space)
+        except TypeError as exc:  # ComfyUI's model configs answer None for any attribute: deepcopy calls it
+            raise TypeError(f"{exc}; run your own code on virtual devices instead, nothing is copied: `with "
+                            f"torchdoctor.virtual_devices({device_str(dev)!r}): model.to({device_str(dev)!r}); "
+                            "model(...)`") from exc
         rec.modules.paths = {id(memo[id(m)]): p for p, m in found.modules if id(m) in memo}
         rec.roots = [memo[id(m)] for _, m in found.roots if id(m) in memo]
         try:
@@ -217,13 +223,15 @@ def simulate(
         seen = {(p.kind, p.path) for p in problems}
         problems.extend(q for q in placed.problems if (q.kind, q.path) not in seen and (not (args or kwargs) or (
             q.kind == "device" and q.role in ("parameter", "buffer", "quant_state"))))
+    problems.extend(over_memory(space))
     if len(problems) > limit:
         problems, rec.stopped = problems[:limit], f"{limit} problems recorded (the limit)"
     # virtual tensors have no storage to share: each canonical path counts once
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
     log.info("simulated %s on %s: %d op(s), %d problem(s)", type(obj).__name__, device_str(dev), space.ops,
              len(problems))
-    fix = fix_for(problems, dev, dt, rec.sources) if problems else None
+    placement = [p for p in problems if p.kind != "memory"]  # a memory problem's message is its own fix
+    fix = fix_for(placement, dev, dt, rec.sources) if placement else None
     return SimulationReport(dev, dt, data, profile,
                             tuple(problems), space.ops, time.perf_counter() - start, rec.stopped, summary,
                             rec.blamed, fix, bool(args or kwargs or call is not None))
@@ -239,3 +247,52 @@ def _api_name(exc: BaseException) -> str:
     return name
 
 public_types(SimulationReport)
+
+
+def _placed_on(value: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
+    """Inputs a TARGET returned, where the user would put them: on ``device``, floating ones in ``dtype``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, dtype) if dtype is not None and value.is_floating_point() else value.to(device)
+    if isinstance(value, dict):
+        return type(value)({k: _placed_on(v, device, dtype) for k, v in value.items()})
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_placed_on(v, device, dtype) for v in value)
+    return value
+
+
+def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: str | torch.dtype | None = None, *,
+                    profile: DeviceProfile | str | None = None, limit: int = LIMIT) -> SimulationReport:
+    """``simulate`` of a TARGET whose own code must run on the virtual devices: ``load()`` (importing the file and
+    calling its factory) runs inside the virtual session, so a function that builds its model on ``cuda:N`` works
+    on any machine; then the object is moved with its own ``.to`` and called on its inputs, as ``simulate`` does.
+    Nothing is copied: the objects are the ones ``load`` made in the run."""
+    from torchdoctor._scan.scan import scan
+    from torchdoctor._virtual.session import virtual_devices
+
+    start = time.perf_counter()
+    dev, dt = parse_device(device), parse_dtype(dtype) if dtype is not None else None
+    placed: Any = None
+    forward = False
+    with virtual_devices(dev, dt, profile=profile, limit=limit, raise_on_exit=False) as session:
+        target = load()
+        obj, args, kwargs = (target.obj, tuple(target.args), dict(target.kwargs)) if isinstance(target, Target) \
+            else (target, (), {})
+        if callable(getattr(type(obj), "to", None)):
+            obj.to(*((session.device,) if dt is None else (session.device, dt)))
+        placed = scan(obj, device=session.device, dtype=None if args or kwargs else dt)
+        if args or kwargs:
+            forward = True
+            obj(*_placed_on(args, session.device, dt), **_placed_on(kwargs, session.device, dt))
+    problems = list(session.problems)
+    seen = {(p.kind, p.path) for p in problems}
+    problems.extend(q for q in (placed.problems if placed is not None else ()) if (q.kind, q.path) not in seen and (
+        not forward or (
+        q.kind == "device" and q.role in ("parameter", "buffer", "quant_state"))))
+    stopped = session.stopped
+    if len(problems) > limit:
+        problems, stopped = problems[:limit], f"{limit} problems recorded (the limit)"
+    summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
+    placement = [p for p in problems if p.kind != "memory"]
+    fix = fix_for(placement, session.device, dt, session.sources) if placement else None
+    return SimulationReport(session.device, dt, session.data, session.profile, tuple(problems), session.ops,
+                            time.perf_counter() - start, stopped, summary, session.culprits, fix, forward)
