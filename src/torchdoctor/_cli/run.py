@@ -1,0 +1,119 @@
+"""``torchdoctor run [--device D] [--dtype D] [--profile P] [--mode M] [--json] [--file OUT] script.py ARGS`` (or
+``-m module ARGS``): an unmodified program, watched; with ``--device``, on virtual devices.
+
+The program's own exit code is the command's (a summary of the placement errors it met goes to stderr, or as
+JSON to stdout with ``--json`` / to ``--file``); 2 only when torchdoctor itself was used wrongly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from torchdoctor._cli.common import GUARD_MODES, UsageError
+
+USAGE = "torchdoctor run [--device cuda:1|xpu|mps] [--dtype D] [--profile P] [--mode M] script.py ARGS | -m module ARGS"
+
+
+def add_parser(subparsers: Any, parents: list[argparse.ArgumentParser] | None = None) -> argparse.ArgumentParser:
+    r = subparsers.add_parser(
+        "run", parents=parents or [], help="run a program as python would, explaining every placement error it "
+                                           "raises, catches or logs (with --device: on virtual cuda:N / xpu / mps)")
+    add_arguments(r)
+    return r  # type: ignore[no-any-return]
+
+
+def add_arguments(r: argparse.ArgumentParser) -> None:
+    r.add_argument("--device", help="run on this virtual device (cuda:1, xpu, mps): the program sees that hardware")
+    r.add_argument("--dtype", help="the dtype the virtual run expects the model in (e.g. bfloat16)")
+    r.add_argument("--profile", metavar="NAME", help="device preset for --device (t4, a100, h100, m2, arc ...)")
+    r.add_argument("--mode", choices=[m for m in GUARD_MODES if m != "off"], default="explain",
+                   help="guard mode in the program (default explain: no per-op cost)")
+    r.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    r.add_argument("--file", metavar="OUT", help="also write the JSON summary to OUT")
+    r.add_argument("--no-trace", dest="trace", action="store_false",
+                   help="do not record moves and casts (the culprit's last move is then unknown)")
+    r.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ARGS",
+                   help="run a module as `python -m MODULE ARGS` would (everything after it is the program's)")
+    r.add_argument("program", nargs=argparse.REMAINDER, metavar="script.py ARGS")
+
+
+def command(args: argparse.Namespace) -> int:
+    from torchdoctor._placement import parse_device, parse_dtype
+
+    rest = list(args.program or [])
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    module = None
+    script = None
+    if args.module is not None:
+        if not args.module:
+            raise UsageError(f"-m needs a module name; usage: {USAGE}")
+        module, rest = args.module[0], list(args.module[1:]) + rest
+    else:
+        if not rest:
+            raise UsageError(f"run needs a program; usage: {USAGE}")
+        script, rest = rest[0], rest[1:]
+        if not os.path.isfile(script):
+            what = "is a directory" if os.path.isdir(script) else "does not exist"
+            raise UsageError(f"the script {script!r} {what}; usage: {USAGE}")
+    try:
+        device = parse_device(args.device) if args.device else None
+        dtype = parse_dtype(args.dtype) if args.dtype else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if device is not None and device.type not in ("cuda", "xpu", "mps"):
+        raise UsageError(f"--device {args.device}: a virtual device is cuda:N, xpu or mps (to run on this machine's "
+                         "own hardware, leave --device out)")
+    if (args.dtype or args.profile) and device is None:
+        raise UsageError("--dtype and --profile describe the virtual device: give --device too (e.g. --device cuda:0)")
+    if args.file:
+        try:
+            open(args.file, "w", encoding="utf-8").close()
+        except OSError as exc:
+            raise UsageError(f"cannot write --file {args.file!r}: {exc.strerror or exc}") from None
+    if args.profile:
+        from torchdoctor._rules.presets import preset
+
+        try:
+            preset(args.profile)
+        except ValueError as exc:
+            raise UsageError(f"--profile: {exc}") from None
+
+    from torchdoctor._run.program import run
+
+    try:
+        report = run(script, rest, module=module, device=args.device, dtype=dtype, profile=args.profile,
+                     mode=args.mode, trace=args.trace)
+    except ValueError as exc:  # the virtual device and the profile disagree
+        raise UsageError(str(exc)) from None
+    doc = report.to_dict()
+    if args.file:
+        with open(args.file, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2, default=str)
+    sys.stderr.flush()
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(report.text(), file=sys.stderr)
+    return report.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torchdoctor._cli.run ...`` (the same as ``torchdoctor run ...``)."""
+    parser = argparse.ArgumentParser(prog="torchdoctor run", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return command(args)
+    except UsageError as exc:
+        print(f"torchdoctor run: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,194 @@
+"""Run an unmodified program as ``python script.py ARGS`` / ``python -m module ARGS`` would, watched.
+
+The program sees its own ``sys.argv``, the current directory it was started in, ``__name__ == "__main__"`` and
+``sys.path[0]`` (the script's folder, or the current directory for ``-m``). Its exit code passes through:
+``sys.exit(3)`` is 3, an uncaught exception prints its traceback and is 1, ``sys.exit`` in a thread ends only that
+thread (as in Python). With ``device`` the whole program runs on virtual devices (``torchdoctor.virtual_devices``)
+and the placement problems the virtual run recorded join the findings.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchdoctor._run.watch import Finding, Watcher, first_own_frame
+
+
+@dataclass
+class RunReport:
+    """What ``torchdoctor run`` found: ``findings`` (each distinct placement error met), ``problems`` (a virtual
+    run's recorded placement problems), the program's ``exit_code``."""
+
+    program: list[str]
+    exit_code: int
+    findings: list[Finding] = field(default_factory=list)
+    problems: list[Any] = field(default_factory=list)
+    device: str | None = None
+    seconds: float = 0.0
+    stopped: str | None = None
+    where: dict[tuple[str, str], str | None] = field(default_factory=dict)  # (kind, path) -> the program's line
+    notes: dict[str, str] = field(default_factory=dict)  # path -> the trace's last move or cast of that tensor
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings and not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        from torchdoctor._report.text import schema
+
+        return {"schema": schema("run"), "ok": self.ok, "program": self.program, "exit_code": self.exit_code,
+                "device": self.device, "seconds": round(self.seconds, 3),
+                "findings": [f.to_dict() for f in self.findings],
+                "problems": [{**p.to_dict(), "where": self.where.get((p.kind, p.path)),
+                              "trace": self.notes.get(p.path)} for p in self.problems],
+                "stopped": self.stopped}
+
+    def text(self) -> str:
+        where = f" on virtual {self.device}" if self.device else ""
+        head = f"torchdoctor run: {' '.join(self.program)}{where} exited with {self.exit_code} ({self.seconds:.1f} s)"
+        if self.ok:
+            return f"{head}: no placement error"
+        lines = [f"{head}: {len(self.findings)} placement error(s) met, {len(self.problems)} problem(s) recorded"]
+        lines += [f.text() for f in self.findings]
+        for p in self.problems[:40]:
+            lines.append(f"[{p.kind}] {p.path}: {p.message}")
+            if self.where.get((p.kind, p.path)):
+                lines.append(f"  recorded at {self.where[(p.kind, p.path)]}")
+            if p.path in self.notes:
+                lines.append(f"  last change: {self.notes[p.path]}")
+        if self.stopped:
+            lines.append(f"  the virtual run stopped early: {self.stopped}")
+        return "\n".join(lines)
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message"), as python prints it
+    return 1
+
+
+def _own_traceback(exc: BaseException) -> Any:
+    """The traceback from the first frame that is not torchdoctor's or runpy's (what python would print)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_globals.get("__name__") or ""
+        if not (name.startswith("torchdoctor") or name in ("runpy", "contextlib")):
+            return tb
+        tb = tb.tb_next
+    return exc.__traceback__
+
+
+def execute(script: str | None, module: str | None, args: list[str], watcher: Watcher) -> int:
+    """Run the program in this process; its exit code. Exceptions that end it are explained first."""
+    saved_argv, saved_path, saved_main = sys.argv, list(sys.path), sys.modules.get("__main__")
+    if module is not None:
+        sys.argv = [module, *args]  # runpy sets argv[0] to the module's file, as python -m does
+        sys.path.insert(0, os.getcwd())
+    else:
+        assert script is not None
+        sys.argv = [script, *args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        if module is not None:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script or "", run_name="__main__")
+        return 0
+    except SystemExit as exc:
+        return _exit_code(exc.code)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the program's own error: explained, and shown as python would show it
+        watcher.see("raised", exc)
+        traceback.print_exception(type(exc), exc, _own_traceback(exc))
+        return 1
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+
+
+def _join_threads(timeout: float = 3600.0) -> None:
+    """Python waits for non-daemon threads before it exits; the summary waits too."""
+    import threading
+
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon and t.is_alive():
+            t.join(timeout)
+
+
+def run(script: str | None = None, args: list[str] | None = None, *, module: str | None = None,
+        device: str | None = None, dtype: Any = None, profile: Any = None, mode: str = "explain",
+        trace: bool = True) -> RunReport:
+    """Run a program watched (the CLI's ``torchdoctor run``); with ``device``, on virtual devices."""
+    import contextlib
+
+    from torchdoctor._guard.api import guard
+
+    args = list(args or [])
+    program = ["-m", module, *args] if module else [script or "", *args]
+    watcher = Watcher(root=os.path.dirname(os.path.abspath(script)) if script else os.getcwd())
+    start = time.perf_counter()
+    session: Any = None
+    with contextlib.ExitStack() as stack:
+        if device is not None:
+            from torchdoctor._virtual.session import virtual_devices
+
+            session = stack.enter_context(virtual_devices(device, dtype, profile=profile, raise_on_exit=False))
+        if trace:
+            from torchdoctor._trace.api import trace as trace_
+
+            stack.enter_context(trace_(None, logger=_quiet_logger()))
+        g = guard(None, mode=mode)
+        watcher.guard = g
+        watcher.install()
+        stack.callback(watcher.uninstall)
+        try:
+            with g:
+                code = execute(script, module, args, watcher)
+            _join_threads()
+        except BaseException as exc:  # guard re-raised the program's error as a PlacementError
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            watcher.see("raised", exc)
+            traceback.print_exception(type(exc), exc, _own_traceback(exc))
+            code = 1
+        notes = _notes(session.problems if session is not None else [], trace)  # while the trace is active
+    if session is None:
+        return RunReport(program, code, watcher.findings, seconds=time.perf_counter() - start)
+    where = {key: first_own_frame(frames, watcher.root) for key, frames in session.stacks.items()}
+    return RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
+                     time.perf_counter() - start, session.stopped, where, notes)
+
+
+def _notes(problems: list[Any], traced: bool) -> dict[str, str]:
+    if not traced or not problems:
+        return {}
+    from torchdoctor._trace.api import note_for
+
+    out = {}
+    for p in problems:
+        note = note_for(p.path) if p.path and not p.path.startswith("<") else None
+        if note:
+            out[p.path] = note
+    return out
+
+
+def _quiet_logger() -> Any:
+    """The trace records for the report, without a log line per move."""
+    import logging
+
+    logger = logging.getLogger("torchdoctor.run.trace")
+    logger.propagate = False
+    logger.addHandler(logging.NullHandler())
+    return logger

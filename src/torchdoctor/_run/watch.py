@@ -1,0 +1,238 @@
+"""Every placement error a program raises, catches or only logs, explained once.
+
+Apps catch their users' errors themselves: ComfyUI's executor logs "!!! Exception during processing !!!" with the
+traceback through ``logging``, SD.Next logs them, a script may ``except Exception: log.exception(...)``; an
+excepthook never sees those. So a ``Watcher`` listens where errors end up: every log record of every logger (one
+with ``exc_info``, or whose text is an error message; read in ``Logger.handle``, so the program's own logging
+configuration is untouched), ``sys.excepthook`` and ``threading.excepthook``, and the
+exception that ends the program. Each distinct error (its category and first line) becomes one ``Finding``: the
+explanation (``torchdoctor.explain``), guard's culprit when guard watched the thread that raised it, the last move
+or cast of that tensor when a trace recorded it, and the first frame in the user's or plugin's own code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+# frames in these folders are a plugin's, whatever app loaded them: ComfyUI custom nodes, SD.Next / A1111 / Forge
+# extensions, InvokeAI nodes
+PLUGIN_DIRS = ("custom_nodes", "extensions", "extensions-builtin", "nodes")
+# an app's own helper packages (the frame to name is the plugin's or the user's line that called them)
+APP_HELPERS = ("comfy", "comfy_extras", "comfy_execution", "modules", "ldm", "sgm", "repositories", "library",
+               "invokeai", "backend", "k_diffusion")
+
+
+@dataclass
+class Finding:
+    """One distinct placement error: how the program met it (``raised``, ``logged``, ``thread``), the explanation,
+    where in the user's or plugin's code it came from, and what a trace knows of the tensor."""
+
+    how: str
+    error: str  # ``RuntimeError: Expected all tensors ...`` (first line)
+    category: str
+    title: str
+    fix: str | None
+    where: str | None  # ``custom_nodes/pack/nodes.py:42 in run`` (relative to the program's folder)
+    culprit: str | None = None  # guard's headline and culprit lines, when guard saw the error
+    trace: str | None = None
+    count: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("how", "error", "category", "title", "fix", "where", "culprit", "trace",
+                                              "count")}
+
+    def text(self) -> str:
+        lines = [f"[{self.category}] {self.error}" + (f"  (x{self.count})" if self.count > 1 else ""),
+                 f"  {self.how} at {self.where or 'an unknown line'}: {self.title}"]
+        if self.culprit:
+            lines += [f"  {line}" for line in self.culprit.splitlines()[:8]]
+        if self.trace:
+            lines.append(f"  last change: {self.trace}")
+        if self.fix:
+            lines += ["  fix:", *(f"    {line}" for line in self.fix.splitlines())]
+        return "\n".join(lines)
+
+
+def _parts(path: str) -> list[str]:
+    return os.path.normcase(os.path.abspath(path)).replace("\\", "/").split("/")
+
+
+def first_own_frame(frames: list[tuple[str, int, str]], root: str) -> str | None:
+    """The frame to name, from ``(file, line, function)`` innermost last: the innermost frame of a plugin, else of
+    the user's own code (not a library, not one of the app's helper packages), else any non-library frame."""
+    from torchdoctor._trace.record import LIBRARY_PACKAGES, short_file
+
+    root_parts = _parts(root)
+    own: list[str] = []
+    helpers: list[str] = []
+    for filename, line, func in frames:
+        if filename.startswith("<") or "site-packages" in filename or "dist-packages" in filename:
+            continue
+        parts = _parts(filename)
+        if any(p in LIBRARY_PACKAGES for p in parts[-3:-1]) or filename.startswith(sys.prefix) \
+                or filename.startswith(getattr(sys, "base_prefix", sys.prefix)):
+            continue
+        rel = parts[len(root_parts):] if parts[:len(root_parts)] == root_parts else parts[-2:]
+        label = f"{short_file(filename)}:{line} in {func}"
+        if any(p in PLUGIN_DIRS for p in rel[:-1]):
+            return label
+        (helpers if rel and rel[0] in APP_HELPERS and len(rel) > 1 else own).append(label)
+    return own[-1] if own else helpers[-1] if helpers else None
+
+
+def _frames(tb: types.TracebackType | None) -> list[tuple[str, int, str]]:
+    out = []
+    while tb is not None:
+        out.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    return out
+
+
+def _frames_of_text(text: str) -> list[tuple[str, int, str]]:
+    import re
+
+    return [(m.group(1), int(m.group(2)), m.group(3))
+            for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', text)]
+
+
+@dataclass
+class Watcher:
+    """Collects findings from the places errors end up; ``install`` / ``uninstall`` around a program."""
+
+    root: str = field(default_factory=os.getcwd)
+    guard: Any = None  # a torchdoctor.guard active in the program's main thread, for its culprit
+    findings: list[Finding] = field(default_factory=list)
+    _keys: dict[tuple[str, str], Finding] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _saved: list[Any] = field(default_factory=list)
+
+    def see(self, how: str, exc: BaseException | None = None, text: str | None = None) -> Finding | None:
+        """An error met by the program (an exception, or a logged message); None when it is not about placement."""
+        try:
+            return self._see(how, exc, text)
+        except Exception:  # a diagnostic must not break the program it watches
+            logging.getLogger("torchdoctor.run").debug("could not explain", exc_info=True)
+            return None
+
+    def _see(self, how: str, exc: BaseException | None, text: str | None) -> Finding | None:
+        from torchdoctor._explain.api import explain
+
+        seen: set[int] = set()
+        if exc is not None:  # the placement error itself, where another one was raised from it
+            cur: BaseException | None = exc
+            while cur is not None and id(cur) not in seen:
+                seen.add(id(cur))
+                if type(cur).__name__ == "PlacementError":
+                    exc = cur
+                    break
+                cur = cur.__cause__ or cur.__context__
+        report = explain(exc if exc is not None else text or "", limit=1)
+        if not report:
+            return None
+        d = report[0]
+        first = (str(exc).strip().splitlines() or [""])[0] if exc is not None else \
+            next((ln.strip() for ln in (text or "").splitlines()[::-1] if "Error" in ln), (text or "").strip()[:200])
+        error = f"{type(exc).__name__}: {first}" if exc is not None else first
+        key = (d.category, error[:300])
+        with self._lock:
+            old = self._keys.get(key)
+            if old is not None:
+                old.count += 1
+                return None
+        frames = _frames(exc.__traceback__) if exc is not None else _frames_of_text(text or "")
+        culprit = self._culprit(exc)
+        finding = Finding(how, error[:500], d.category, d.title, d.fixes[0][1] if d.fixes else None,
+                          first_own_frame(frames, self.root), culprit, _trace_note(culprit))
+        with self._lock:
+            if key in self._keys:
+                self._keys[key].count += 1
+                return None
+            self._keys[key] = finding
+            self.findings.append(finding)
+        return finding
+
+    def _culprit(self, exc: BaseException | None) -> str | None:
+        """Guard's explanation of this exception (its culprits by path), when guard can give one."""
+        if exc is None:
+            return None
+        if type(exc).__name__ == "PlacementError":
+            return str(exc)
+        notes = [n for n in getattr(exc, "__notes__", ()) if "placement" in n.lower() or "culprit" in n.lower()]
+        if notes:
+            return notes[-1]
+        sessions = getattr(getattr(self.guard, "_local", None), "sessions", None)
+        if not sessions or exc.__traceback__ is None:
+            return None
+        from torchdoctor._guard.diagnose import explain_error
+
+        explained = explain_error(sessions[-1], exc, exc.__traceback__)
+        return str(explained) if explained is not None else None
+
+    # -- where errors end up -------------------------------------------------------------------------------
+    def install(self) -> None:
+        watcher = self
+        handle = logging.Logger.handle
+
+        def logged(logger: logging.Logger, record: logging.LogRecord) -> Any:
+            watcher.record(record)
+            return handle(logger, record)
+
+        # every record of every logger, before its handlers: a handler of our own on the root logger would make
+        # the program's logging.basicConfig() a no-op (it configures only a root logger without handlers)
+        logging.Logger.handle = logged  # type: ignore[method-assign,assignment]
+        prev_sys, prev_thread = sys.excepthook, threading.excepthook
+
+        def sys_hook(etype: type[BaseException], value: BaseException, tb: Any) -> None:
+            watcher.see("raised", value)
+            prev_sys(etype, value, tb)
+
+        def thread_hook(args: Any) -> None:
+            if args.exc_type is not SystemExit:
+                watcher.see(f"raised in thread {getattr(args.thread, 'name', '?')}", args.exc_value)
+            prev_thread(args)
+
+        self._saved = [handle, prev_sys, prev_thread]
+        sys.excepthook, threading.excepthook = sys_hook, thread_hook
+
+    def record(self, record: logging.LogRecord) -> None:
+        """A log record: its exception (``log.exception``), or an error message logged as text."""
+        if record.name.startswith("torchdoctor"):
+            return
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            self.see("logged", exc)
+        elif record.levelno >= logging.WARNING:
+            try:
+                msg = record.getMessage()
+            except Exception:  # a record whose arguments do not format: the program's own logging will say so
+                return
+            if "Error" in msg or "error" in msg:
+                self.see("logged", None, msg)
+
+    def uninstall(self) -> None:
+        if self._saved:
+            logging.Logger.handle, sys.excepthook, threading.excepthook = self._saved  # type: ignore[method-assign]
+            self._saved = []
+
+
+def _trace_note(culprit: str | None) -> str | None:
+    """What an active trace recorded for the first tensor path guard named (``unet.conv_in.weight``)."""
+    if not culprit:
+        return None
+    import re
+
+    from torchdoctor._trace.api import active, note_for
+
+    if not active():
+        return None
+    for path in re.findall(r"`([A-Za-z_][\w.]*\.[\w.]+)`", culprit):
+        note = note_for(path)
+        if note:
+            return f"{path}: {note}"
+    return None
