@@ -7,7 +7,8 @@ tensors from the walker instead, keeps ``Parameter`` objects wherever ``Module.t
 once, casts only what a cast is meant for, verifies the result with ``scan``, and undoes everything when a
 tensor fails part-way.
 
-Dtype policy (``torchdoctor._scan.policy``): floating parameters, buffers and module attributes are cast;
+Dtype policy: what a tensor is cast to is ``Policy.decide`` for ``dtype=`` (``torchdoctor._scan.casts.cast_target``),
+so move makes exactly what scan then expects. Floating parameters, buffers and module attributes are cast;
 integer/bool tensors, packed storage, quantization metadata, tensors hanging off other tensors and tensors of
 plain objects (a scheduler's ``alphas_cumprod``, which ``pipe.to`` keeps fp32 too) are moved, never cast. With
 ``keep_fp32=True`` the ``_keep_in_fp32_modules`` of transformers (non-strict for fp16 only, strict for fp16 and
@@ -34,9 +35,8 @@ from typing import Any, NamedTuple
 import torch
 
 from torchdoctor._move import owners as q
-from torchdoctor._scan.expect import adapters_kept_fp32
-from torchdoctor._scan.intent import LOW_PRECISION, is_bnb_layer, kbit_model
-from torchdoctor._scan.policy import fp32_scopes, target_dtype
+from torchdoctor._scan.casts import cast_target
+from torchdoctor._scan.policy import Policy
 from torchdoctor._report.model import PlacementError, Target
 from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype, same_device
 from torchdoctor._report.html import HtmlMapMixin
@@ -233,20 +233,15 @@ def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep
     for e in w.entries:
         if e.alias_of is not None:
             aliases.setdefault(e.alias_of, []).append(e)
-    fp32 = fp32_scopes(w, dtype) if dtype is not None and keep_fp32 else None
-    adapters = adapters_kept_fp32(w) if dtype is not None and keep_fp32 else {}
-    # a bitsandbytes model's other float32 weights are on purpose (prepare_model_for_kbit_training), as scan says
-    kbit = keep_fp32 and dtype in LOW_PRECISION and kbit_model(w.modules)
+    # what each tensor is cast to is the policy's decision for dtype=, the same scan verifies the move with
+    policy = Policy(w, None, dtype, False) if dtype is not None else None
     steps, kept = [], []
     keys: dict[Any, list[_Step]] = {}
     for e in w.canonical():
         t = e.tensor
         if (e.slot == "inner" and q.is_wrapper(e.owner)) or e.role == "offloaded":
             continue  # moved by the wrapper's own .to; offloaded weights belong to their (refused) hook
-        target_dt, reason = target_dtype(e, dtype, fp32, adapters)
-        if kbit and reason is None and t.dtype == torch.float32 and e.role == "parameter" \
-                and not is_bnb_layer(e.module):  # (a bitsandbytes layer's own bias is cast like Module.to does)
-            target_dt, reason = t.dtype, "prepare_model_for_kbit_training keeps it float32"
+        target_dt, reason = cast_target(policy, e, keep_fp32) if policy is not None else (t.dtype, None)
         if reason and target_dt != dtype:
             kept.append((e.path, reason))
         target_dev = device if device is not None else t.device

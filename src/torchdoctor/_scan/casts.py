@@ -1,4 +1,4 @@
-"""What ``move(obj, dtype=...)`` casts each tensor to: the same decisions as the policy, seen from the cast.
+"""What ``move(obj, dtype=...)`` casts each tensor to: the policy's decision, seen from the cast (one formulation).
 
 transformers keeps ``_keep_in_fp32_modules`` in fp32 as ``from_pretrained(dtype=...)`` does (its dtype plan:
 non-strict names for fp16 only); quantization metadata, packed storage and tensors of plain objects are never cast.
@@ -10,8 +10,6 @@ from typing import Any
 
 import torch
 
-from torchdoctor._scan import intent
-from torchdoctor._scan.intent import STORAGE_DTYPES, packed_scale
 from torchdoctor._walk import Entry
 
 _F32 = torch.float32
@@ -46,25 +44,28 @@ def kept_fp32(path: str, scopes: list[tuple[str, list[str]]]) -> bool:
     return False
 
 
-def target_dtype(e: Entry, dtype: torch.dtype | None, fp32: Any, adapters: dict[str, bool]
-                 ) -> tuple[torch.dtype, str | None]:
-    """What ``move`` casts one tensor to for ``dtype``, and the rule when it keeps another dtype."""
-    t = e.tensor
+# rules whose expected dtype is kept by design; ``move(keep_fp32=False)`` casts them as ``Module.to`` does
+_BY_DESIGN = frozenset({"keep_in_fp32", "adapter", "kbit-fp32"})
+_WHY = {"quant-metadata": "quantization metadata", "quant-storage": "packed storage dtype",
+        "no-expectation": "tensor of a non-module object", "self-managed": "its module's own code casts it",
+        "keep_in_fp32": "_keep_in_fp32_modules", "adapter": "peft adapter kept float32",
+        "kbit-fp32": "prepare_model_for_kbit_training keeps it float32"}
+
+
+def cast_target(policy: Any, e: Entry, keep_fp32: bool = True) -> tuple[torch.dtype, str | None]:
+    """What ``move`` casts one tensor to for the policy's explicit ``dtype``, and the rule's reason when it keeps
+    another dtype: read from ``policy.decide`` (``torchdoctor._scan.policy``), so that what move makes is what scan
+    then expects. The alternative a decision accepts is kept only where it is a design (peft's kbit float32);
+    elsewhere (a bitsandbytes bias that follows its input, a computed buffer) the cast goes to the decision's dtype,
+    as ``Module.to`` does."""
+    t, dtype = e.tensor, policy.dtype
     if dtype is None or not (t.is_floating_point() or t.is_complex()) or (t.is_complex() and not dtype.is_complex):
         return t.dtype, None
-    if e.role in ("quant_state", "offloaded", "subclass_inner") or intent.quantized_wrapper(t) \
-            or intent.packed_param(t):
-        return t.dtype, "quantization metadata"
-    if t.dtype in STORAGE_DTYPES and not (e.role == "parameter" and intent.computes_in_storage(e.module)):
-        return t.dtype, "packed storage dtype"  # (in a torch layer that computes with it, it is cast like the rest)
-    if packed_scale(e):
-        return t.dtype, "scale of packed storage"
-    if e.role == "attribute" and (e.module is None or isinstance(e.owner, torch.Tensor)):
-        return t.dtype, "tensor of a non-module object"
-    if fp32 is not None:
-        if adapters.get(e.path):
-            return t.dtype, "peft adapter kept float32"
-        if kept_fp32(e.path, fp32):
-            return _F32, "_keep_in_fp32_modules"
-    return dtype, None
-
+    d = policy.decide(e)
+    if d.dtype is None:
+        return t.dtype, _WHY.get(d.rule, "no dtype expectation")
+    if not keep_fp32 and d.rule in _BY_DESIGN:
+        return dtype, None
+    if d.rule == "kbit-fp32" and t.dtype == d.alt_dtype:
+        return t.dtype, _WHY[d.rule]
+    return d.dtype, (_WHY.get(d.rule, d.rule) if d.dtype != dtype else None)

@@ -1,5 +1,5 @@
-"""What other verbs read from the placement policy: the dtype guard aligns an op to per module, and which peft
-adapters are kept fp32 (move's plan leaves them so)."""
+"""What guard reads from the placement policy: the dtype it aligns an op to, per module (move reads the same
+decisions through ``torchdoctor._scan.casts.cast_target``)."""
 
 from __future__ import annotations
 
@@ -32,19 +32,3 @@ class Expectations:
             return hit  # type: ignore[return-value]
         comp = self.policy.ctx(module_path)[0]
         return comp.dtype if comp is not None else None
-
-
-
-
-def adapters_kept_fp32(w: Any) -> dict[str, bool]:
-    """Path -> True for tensors of peft adapters that are float32 throughout (kept as peft made them)."""
-    if not any(type(m).__module__.startswith("peft.") for _, m in w.modules):
-        return {}
-    policy = Policy(w, None, None, False)
-    groups: dict[tuple[str, str], list[torch.Tensor]] = {}
-    for e in w.canonical():
-        key = policy.adapter_of.get(e.path)
-        if key is not None and e.tensor.is_floating_point():
-            groups.setdefault(key, []).append(e.tensor)
-    fp32 = {k for k, ts in groups.items() if all(t.dtype == _F32 for t in ts)}
-    return {p: k in fp32 for p, k in policy.adapter_of.items()}

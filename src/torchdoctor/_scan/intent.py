@@ -194,8 +194,8 @@ _BNB: dict[type, bool] = {}
 
 
 def kbit_model(modules: list[tuple[str, nn.Module]]) -> bool:
-    """A model with bitsandbytes layers: its other weights may be fp32 on purpose (``prepare_model_for_kbit_training``
-    upcasts them; bitsandbytes casts at forward)."""
+    """A model with bitsandbytes layers (its other float32 weights are on purpose only where ``kbit_prepared`` finds
+    the marks of ``prepare_model_for_kbit_training``)."""
     cache = _BNB
     for _, m in modules:
         tp = type(m)
@@ -205,6 +205,24 @@ def kbit_model(modules: list[tuple[str, nn.Module]]) -> bool:
         if hit:
             return True
     return False
+
+
+def kbit_prepared(modules: list[tuple[str, nn.Module]], params: list[torch.Tensor]) -> bool:
+    """Marks ``peft.prepare_model_for_kbit_training`` leaves on a bitsandbytes model, the evidence that its float32
+    weights are on purpose: the input-require-grads hook (transformers ``enable_input_require_grads`` keeps it as
+    ``_require_grads_hook(s)``; older peft hooks the input embeddings with ``make_inputs_require_grad``), gradient
+    checkpointing switched on, or its cast itself (``use_gradient_checkpointing=False`` leaves only this): every
+    float parameter outside the 4-bit storage and the adapters float32 or wider, and all of them frozen.
+    ``params``: those parameters (the caller leaves out packed storage and adapters)."""
+    for _, m in modules:
+        d = m.__dict__
+        if d.get("_require_grads_hook") is not None or d.get("_require_grads_hooks") or \
+                d.get("gradient_checkpointing") is True:
+            return True
+        for h in (d.get("_forward_hooks") or {}).values():
+            if getattr(h, "__name__", "").startswith("make_inputs_require_grad"):
+                return True
+    return bool(params) and all(p.dtype not in LOW_PRECISION and not p.requires_grad for p in params)
 
 
 def bnb_type(tp: type) -> bool:
@@ -253,6 +271,17 @@ def _managed_names(tp: type) -> frozenset[str]:
                 names.update(n for n in _ASSIGNED.findall(body)
                              if re.search(rf"self\.{n}\s*\.\s*(?:device|dtype|is_cuda)\b", body))
     return frozenset(names)
+
+
+def adapter_majority(floats: list[Entry], elsewhere: dict[torch.dtype, int] | None = None) -> torch.dtype:
+    """An adapter's dtype: its own majority; a tie goes to the dtype the same adapter has in the other layers
+    (one cast tensor among many adapters), then to lora_A's (peft casts the input to it)."""
+    counts: dict[torch.dtype, int] = {}
+    for e in floats:
+        counts[e.tensor.dtype] = counts.get(e.tensor.dtype, 0) + 1
+    a_dtype = next((e.tensor.dtype for e in floats if ".lora_A." in f".{e.path}."), None)
+    other = elsewhere or {}
+    return max(counts, key=lambda d: (counts[d], other.get(d, 0) - counts[d], d == a_dtype))
 
 
 def _dict(obj: Any) -> dict[str, Any]:

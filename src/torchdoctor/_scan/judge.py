@@ -138,13 +138,15 @@ def _judge_adapters(policy: Policy) -> list[Problem]:
     for (layer, name), entries in groups.items():
         floats = [e for e in entries if e.tensor.is_floating_point()]
         base = policy.base_device.get(layer)
+        patched = layer in policy.patched  # a forward-replacing network (sd-scripts) beside the module it patches
         for e in floats:
             if base is not None and base.type != "meta" and e.tensor.device.type != "meta" \
                     and not same_device(e.tensor.device, base) and policy.device is None:
                 problems.append(_problem(
                     "device", e, device_str(e.tensor.device), device_str(base),
-                    f"adapter '{name}' tensor {e.info().compact} is on {device_str(e.tensor.device)} but its "
-                    f"base layer '{layer}.base_layer' is on {device_str(base)}"))
+                    f"adapter '{name}' tensor {e.info().compact} is on {device_str(e.tensor.device)} but " + (
+                        f"the module it patches, '{layer}'," if patched else f"its base layer '{layer}.base_layer'")
+                    + f" is on {device_str(base)}"))
         if len({e.tensor.dtype for e in floats}) > 1:
             major = policy.adapter_dtype(floats[0].path) or floats[0].tensor.dtype
             for e in floats:
@@ -152,7 +154,8 @@ def _judge_adapters(policy: Policy) -> list[Problem]:
                     problems.append(_problem(
                         "dtype", e, dtype_str(e.tensor.dtype), dtype_str(major),
                         f"adapter '{name}' of '{layer}' mixes dtypes: {e.info().compact} while the rest of the "
-                        f"adapter is {dtype_str(major)}"))
+                        f"adapter is {dtype_str(major)}" + (f" (it replaces the forward of '{layer}')" if patched
+                                                            else "")))
     return problems
 
 

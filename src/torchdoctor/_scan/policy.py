@@ -5,11 +5,12 @@ scan, move's plan, guard, simulate (and the pytest marker through them) all ask 
 disagree. The model's dtype per component comes from an explicit ``dtype=``, else what the model declares
 (transformers ``config.dtype``), else a vote over its compute weights (each weight one vote, so no single large
 tensor — an upcast tied embedding — can swing it). What correct models do on purpose is read by
-``torchdoctor._scan.intent``.
+``torchdoctor._scan.intent``; what apps do on purpose by ``torchdoctor._scan.apps`` (docs/policy.md).
 
 Rule names (stable, shown in reports): ``explicit``, ``declared-dtype``, ``vote``, ``keep_in_fp32``, ``adapter``,
 ``offloaded``, ``hook-device``, ``norm-fp32``, ``quant-storage``, ``storage-computed``, ``quant-metadata``,
-``kbit-fp32``, ``follows-input``, ``computed-buffer``, ``self-managed``, ``owner-module``, ``no-expectation``.
+``kbit-fp32``, ``follows-input``, ``computed-buffer``, ``self-managed``, ``owner-module``, ``no-expectation``,
+``casts-per-call``, ``schedule-table``, ``backup-copy``, ``app-convention``.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdoctor._placement import device_str, dtype_str, same_device
-from torchdoctor._scan import intent
-from torchdoctor._scan.casts import fp32_scopes, kept_fp32, target_dtype
-from torchdoctor._scan.intent import STORAGE_DTYPES, packed_scale
+from torchdoctor._placement import same_device
+from torchdoctor._scan import apps, intent
+from torchdoctor._scan.casts import fp32_scopes, kept_fp32
+from torchdoctor._scan.intent import STORAGE_DTYPES, adapter_majority, packed_scale
 from torchdoctor._scan.judge import judge
 from torchdoctor._walk import Entry, Walk
 
-__all__ = ["Decision", "Expectations", "Policy", "STORAGE_DTYPES", "adapters_kept_fp32", "fp32_scopes",
-           "packed_scale", "target_dtype"]
+__all__ = ["Decision", "Policy", "STORAGE_DTYPES", "fp32_scopes", "packed_scale"]
 
 _META = torch.device("meta")
 _F32 = torch.float32
@@ -71,6 +71,14 @@ class Component:
     offload_by: str = "accelerate"  # who moves it there at call
 
 
+def _dominated(votes: dict[torch.dtype, list[Any]], declared: torch.dtype) -> bool:
+    """Another dtype has at least as many layers and tensors as the declared one, and more of either: the config is
+    stale (``model.to(dtype)`` and ``move`` never rewrite ``config.dtype``), the weights decide."""
+    d = votes[declared]
+    return any(len(v[0]) >= len(d[0]) and v[1] >= d[1] and (len(v[0]), v[1]) != (len(d[0]), d[1])
+               for k, v in votes.items() if k != declared)
+
+
 def _under(path: str, prefix: str) -> bool:
     return not prefix or path == prefix or path.startswith(prefix + ".")
 
@@ -94,6 +102,7 @@ class Policy:
         self._components()
         self._scopes: dict[int, list[tuple[str, list[str]]]] = {}
         self._adapter_dtypes: dict[tuple[str, str], torch.dtype] | None = None
+        self._adapter_mixed: set[tuple[str, str]] = set()
 
     # -- structure ---------------------------------------------------------------------------------------
     def _index_modules(self) -> None:
@@ -122,6 +131,17 @@ class Policy:
                 hit = bnb.get(tp)
                 kbit = hit if hit is not None else intent.kbit_model([(path, mod)])
         self.kbit = kbit
+        self.casting = apps.casting_modules(w.modules)  # layers that cast or move their weights per call
+        self.patched = {p for p, _, _ in w.patches}
+        if w.patches:  # forward-replacing LoRA networks: adapters of the module they patch
+            of, base = apps.network_adapters(w)
+            self.adapter_of.update(of)
+            self.base_device.update(base)
+        # fp32 beside bitsandbytes layers is on purpose only with the marks of peft's kbit preparation
+        self.kbit_prepared = kbit and intent.kbit_prepared(w.modules, [
+            e.tensor for e, info in self.canon if info.role == "parameter" and info.dtype.is_floating_point
+            and info.dtype not in STORAGE_DTYPES and not intent.packed_param(e.tensor) and info.path not in
+            self.adapter_of])
         for e, info in self.canon:  # only a module holding buffers can have non-persistent ones
             if info.role == "buffer" and e.key in (e.owner.__dict__.get("_non_persistent_buffers_set") or ()):
                 self.nonpersistent.add(info.path)
@@ -165,9 +185,10 @@ class Policy:
         adapters, nonpersistent, norms, votable = self.adapter_of, self.nonpersistent, intent._IS_NORM, _VOTABLE
         const, cache, ctx, prefixes, kbit = self._const_ctx, self._ctx_cache, self.ctx, self.fp32_prefixes, self.kbit
         scaled = _SCALE_KEYS
+        casting = self.casting
         for e, info in self.canon:
             role = info.role
-            if role != "parameter" and role != "buffer":
+            if role != "parameter" and role != "buffer" or (casting and id(e.module) in casting):
                 continue
             dt = info.dtype
             ok = votable.get(dt)
@@ -228,7 +249,7 @@ class Policy:
             declared = intent.declared_dtype(c.module)
             if self.dtype is not None:
                 c.dtype, c.dtype_rule = self.dtype, "explicit"
-            elif declared is not None and declared in dts[i]:
+            elif declared is not None and declared in dts[i] and not _dominated(dts[i], declared):
                 c.dtype, c.dtype_rule = declared, "declared-dtype"
             elif dts[i]:
                 c.dtype = max(dts[i], key=lambda k: (len(dts[i][k][0]), dts[i][k][1], dts[i][k][2]))
@@ -272,6 +293,7 @@ class Policy:
             for (_, name), es in groups.items():
                 for e in es:
                     overall[name, e.tensor.dtype] = overall.get((name, e.tensor.dtype), 0) + 1
+            self._adapter_mixed = {k for k, v in groups.items() if len({e.tensor.dtype for e in v}) > 1}
             self._adapter_dtypes = {k: adapter_majority(v, {dt: n for (a, dt), n in overall.items() if a == k[1]})
                                     for k, v in groups.items()}
         return self._adapter_dtypes.get(key)
@@ -284,6 +306,9 @@ class Policy:
         dev, dev_rule, alt_dev = self._device(e, comp, hook_dev)
         if role == "offloaded":
             return Decision(None, None, "offloaded")
+        app = apps.intended(e, self.casting, self.strict)
+        if app is not None:
+            return Decision(None, None, app)
         if role in _ATTR_ROLES and e.module is None:
             # a tensor of a plain object: judged when strict, or when what was scanned holds no module at all (a
             # batch dict, a state_dict, an optimizer) and device=/dtype= was asked for; a pipeline's scheduler
@@ -309,7 +334,9 @@ class Policy:
             return Decision(dev, None, "quant-metadata", alt_dev)
         ad = self.adapter_dtype(e.path) if self.adapter_of else None
         if ad is not None:
-            want = self.dtype if self.dtype is not None and ad != _F32 else ad
+            # fp32 throughout is peft's design and stays; with dtype= a mixed adapter is expected whole in it
+            mixed = self.adapter_of[e.path] in self._adapter_mixed
+            want = self.dtype if self.dtype is not None and (ad != _F32 or mixed) else ad
             return Decision(dev, want, "adapter", alt_dev)
         base = comp.dtype if comp is not None else self.dtype
         if base is None:
@@ -323,7 +350,7 @@ class Policy:
             return Decision(dev, base, "owner-module" if self.dtype is None else "explicit", alt_dev)
         if intent.follows_input(e):
             return Decision(dev, base, "follows-input", alt_dev, t.dtype)
-        if self.kbit and t.dtype == _F32 and base in intent.LOW_PRECISION:
+        if self.kbit_prepared and t.dtype == _F32 and base in intent.LOW_PRECISION:
             return Decision(dev, base, "kbit-fp32", alt_dev, _F32)
         if e.path in self.nonpersistent:
             return Decision(dev, base, "computed-buffer", alt_dev, t.dtype)
@@ -368,32 +395,3 @@ class Policy:
     # -- judging -----------------------------------------------------------------------------------------
     def judge(self) -> list[Any]:
         return judge(self)
-
-    def whose(self, e: Entry, comp: Component | None, d: Decision) -> str:
-        """Why the expected dtype was expected, in words."""
-        if d.rule == "explicit":
-            return "dtype= asked for"
-        where = f"'{comp.path}'" if comp and comp.path else "the model"
-        return {
-            "declared-dtype": f"{where} declares (config.dtype)",
-            "owner-module": f"its module '{e.module_path or '<root>'}' computes in",
-            "keep_in_fp32": "_keep_in_fp32_modules keeps",
-            "adapter": "the rest of its adapter is",
-        }.get(d.rule, f"{where} is (most of its weights)")
-
-
-def adapter_majority(floats: list[Entry], elsewhere: dict[torch.dtype, int] | None = None) -> torch.dtype:
-    """An adapter's dtype: its own majority; a tie goes to the dtype the same adapter has in the other layers
-    (one cast tensor among many adapters), then to lora_A's (peft casts the input to it)."""
-    counts: dict[torch.dtype, int] = {}
-    for e in floats:
-        counts[e.tensor.dtype] = counts.get(e.tensor.dtype, 0) + 1
-    a_dtype = next((e.tensor.dtype for e in floats if ".lora_A." in f".{e.path}."), None)
-    other = elsewhere or {}
-    return max(counts, key=lambda d: (counts[d], other.get(d, 0) - counts[d], d == a_dtype))
-
-
-def describe(d: Decision) -> dict[str, str]:
-    """A decision as the report's ``expected`` rows show it."""
-    return {"device": device_str(d.device) if d.device else "none", "dtype": dtype_str(d.dtype) if d.dtype else "none",
-            "rule": d.rule}

@@ -71,6 +71,8 @@ class Walk:
         self.problems: list[Problem] = []
         self.module_paths: dict[int, str] = {}
         self.hooks: list[tuple[str, nn.Module, Any]] = []  # (module path, module, accelerate hook)
+        # forwards replaced by another module's method: (patched module path, patched module, its network's path)
+        self.patches: list[tuple[str, nn.Module, str]] = []
 
     @property
     def truncated(self) -> bool:

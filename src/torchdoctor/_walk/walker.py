@@ -12,6 +12,7 @@ then containers; a tensor reached again is an alias of its first path.
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
@@ -174,11 +175,23 @@ class _Walker:
                         hooks.append((path, mod, d["_hf_hook"]))
                     if group_offloading(d.get("_diffusers_hook")):
                         hooks.append((path, mod, d["_diffusers_hook"]))
+                fwd = d.get("forward")
+                if fwd is not None:
+                    self.patched_forward(fwd, path, mod)
                 for key in hit[1]:
                     v = d[key]
                     if type(v) in atoms:
                         continue
                     self.value(v, f"{path}.{key}" if path else key, mod, key, "attr", mod, path, "attribute", 0)
+
+    def patched_forward(self, fwd: Any, path: str, mod: nn.Module) -> None:
+        """A forward replaced on the instance by a method of another module (kohya sd-scripts' LoRA network:
+        ``org_module.forward = lora.forward``, the original kept as ``lora.org_forward``): that module's tensors
+        are walked at ``<path>.forward.__self__`` and the patch is recorded."""
+        owner = getattr(fwd, "__self__", None) if type(fwd) is types.MethodType else None
+        if isinstance(owner, nn.Module) and owner is not mod:
+            self.w.patches.append((path, mod, join_path(path, "forward.__self__")))
+            self.value(owner, join_path(path, "forward.__self__"), mod, "forward", "attr", mod, path, "attribute", 0)
 
     # -- tensors --------------------------------------------------------------------------------------
     def attached(self, t: torch.Tensor, path: str, module: nn.Module | None, mpath: str, moved: bool, depth: int) -> None:

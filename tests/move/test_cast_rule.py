@@ -1,0 +1,155 @@
+"""One cast rule: what ``move(dtype=...)`` casts to is ``Policy.decide`` for that dtype, and float32 kept beside
+bitsandbytes layers needs the marks of ``peft.prepare_model_for_kbit_training``. Real bitsandbytes, transformers
+and peft throughout.
+
+bitsandbytes 0.50 on CPU: on a CPU with AVX512-BF16 the first eval no_grad forward of a ``Linear4bit`` repacks its
+weight into a CPU layout (``quant_state.packing_format_for_cpu``); elsewhere (this AMD machine: AVX2 only) it keeps
+the portable layout. The layout tests build the CPU layout with bitsandbytes' own converter, so both are checked on
+any machine; a forward on that layout runs only where the CPU takes that branch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import pytest
+import torch
+from torch import nn
+
+import torchdoctor
+from support import zoo
+from torchdoctor._move.plan import build
+from torchdoctor._scan.policy import Policy
+from torchdoctor._walk import walk
+
+BF16 = torch.bfloat16
+
+
+def _bnb_next_to_linear() -> nn.Sequential:
+    """A 4-bit layer (compute bf16, fp32 bias, as bitsandbytes makes it) feeding a plain fp32 nn.Linear."""
+    q = zoo.bnb_linear4bit(64, 64).proj  # sizes bitsandbytes' CPU layout accepts (rows a multiple of 32)
+    with zoo._seeded(1):
+        return nn.Sequential(OrderedDict(q=q, head=nn.Linear(64, 8))).eval()
+
+
+def test_move_to_bf16_casts_the_plain_linear_beside_a_4bit_layer() -> None:
+    model = _bnb_next_to_linear()
+    report = torchdoctor.move(model, dtype=BF16)
+    assert model.head.weight.dtype == BF16 and model.head.bias.dtype == BF16
+    assert "head.weight" not in dict(report.kept)
+    assert report.ok and torchdoctor.scan(model).ok
+    with torch.no_grad():
+        out = model(torch.randn(2, 64, dtype=BF16))  # before the one cast rule: "mat1 and mat2 must have the same dtype"
+    assert out.dtype == BF16 and out.shape == (2, 8)
+
+
+def test_unprepared_kbit_model_fp32_linear_between_bf16_layers_is_a_problem() -> None:
+    q = zoo.bnb_linear4bit(16, 16).proj
+    model = nn.Sequential(OrderedDict(a=nn.Linear(16, 16).to(BF16), q=q, mid=nn.Linear(16, 16),
+                                      b=nn.Linear(16, 16).to(BF16), c=nn.Linear(16, 8).to(BF16))).eval()
+    with pytest.raises(RuntimeError, match="same dtype"):
+        with torch.no_grad():
+            model(torch.randn(2, 16, dtype=BF16))
+    report = torchdoctor.scan(model)
+    assert sorted(p.path for p in report.problems) == ["mid.bias", "mid.weight"]
+    assert [p.path for p in torchdoctor.scan(model, dtype=BF16).problems if not p.path.startswith("q.")] == [
+        "mid.weight", "mid.bias"]
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama4")
+    zoo.tiny_llama().save_pretrained(path)
+    return path
+
+
+def _load_4bit(path, **kw):
+    import transformers
+
+    cfg = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=BF16, bnb_4bit_quant_type="nf4")
+    with zoo._quiet():
+        return transformers.LlamaForCausalLM.from_pretrained(path, quantization_config=cfg, device_map="cpu",
+                                                             dtype=torch.float32, **kw)
+
+
+def test_4bit_llama_move_to_bf16_casts_embeddings_and_head(llama_dir) -> None:
+    model = _load_4bit(llama_dir)
+    assert model.model.embed_tokens.weight.dtype == torch.float32 and getattr(model, "is_loaded_in_4bit", False)
+    assert any(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)  # never prepared
+    report = torchdoctor.move(model, dtype=BF16)
+    assert model.model.embed_tokens.weight.dtype == BF16 and model.lm_head.weight.dtype == BF16
+    assert model.model.norm.weight.dtype == BF16
+    assert not [p for p, why in report.kept if "kbit" in why]
+    assert report.ok and torchdoctor.scan(model).ok
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 5, 7, 9]])).logits
+    assert logits.dtype == BF16 and torch.isfinite(logits.float()).all()
+
+
+def test_unprepared_4bit_llama_fp32_head_among_bf16_is_a_problem(llama_dir) -> None:
+    model = _load_4bit(llama_dir)
+    torchdoctor.move(model, dtype=BF16)
+    model.lm_head.to(torch.float32)  # a leftover: nothing prepared this model for kbit training
+    with pytest.raises(RuntimeError, match="same dtype"):
+        with torch.no_grad():
+            model(torch.tensor([[1, 5, 7, 9]]))
+    assert [p.path for p in torchdoctor.scan(model).problems] == ["lm_head.weight"]
+    assert [p.path for p in torchdoctor.scan(model, dtype=BF16).problems] == ["lm_head.weight"]
+
+
+@pytest.mark.parametrize("checkpointing", [True, False], ids=["gradient-checkpointing", "cast-only"])
+def test_prepared_kbit_model_keeps_fp32_and_scan_is_quiet(llama_dir, checkpointing: bool) -> None:
+    import peft
+
+    model = _load_4bit(llama_dir)
+    with zoo._quiet():
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing)
+    assert model.model.norm.weight.dtype == torch.float32 and model.lm_head.weight.dtype == torch.float32
+    if checkpointing:  # the marks peft leaves: the input-require-grads hook and gradient checkpointing
+        assert model.__dict__.get("_require_grads_hook") is not None and model.is_gradient_checkpointing
+    assert Policy(walk(model), None, BF16, False).kbit_prepared
+    assert torchdoctor.scan(model).ok and torchdoctor.scan(model, dtype=BF16).ok
+    built = build(model, None, BF16, True)
+    assert dict(built.kept).get("lm_head.weight") == "prepare_model_for_kbit_training keeps it float32"
+    report = torchdoctor.move(model, dtype=BF16)
+    assert report.ok and model.lm_head.weight.dtype == torch.float32
+    model.train()
+    out = model(torch.tensor([[1, 5, 7, 9]]), labels=torch.tensor([[1, 5, 7, 9]]))
+    assert torch.isfinite(out.loss)
+    # keep_fp32=False casts what Module.to casts, prepared or not
+    torchdoctor.move(model, dtype=BF16, keep_fp32=False)
+    assert model.lm_head.weight.dtype == BF16
+
+
+def _avx512_bf16() -> bool:
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags
+
+
+def test_both_4bit_cpu_layouts_are_storage_for_scan_and_move() -> None:
+    """The portable layout and bitsandbytes' AVX512-BF16 CPU layout (made with its own converter): never cast, never
+    voted, and the quant_state (absmax bf16 in the CPU layout) is metadata."""
+    import bitsandbytes.functional as F
+
+    portable = _bnb_next_to_linear()
+    packed = _bnb_next_to_linear()
+    w = packed.q.weight
+    w.data, qs = F._convert_weight_packed_for_cpu(w.data, w.quant_state)
+    assert qs.packing_format_for_cpu and qs.absmax.dtype == BF16 and w.dtype == torch.uint8
+    for model in (portable, packed):
+        assert [p.path for p in torchdoctor.scan(model).problems] == []
+        data = model.q.weight.data.clone()
+        report = torchdoctor.move(model, dtype=BF16)
+        assert report.ok and torch.equal(model.q.weight.data, data) and model.head.weight.dtype == BF16
+    assert packed.q.weight.quant_state.absmax.dtype == BF16  # metadata: left as bitsandbytes made it
+    if _avx512_bf16():  # this CPU runs the packed kernel: the forward works on the layout move left
+        with torch.no_grad():
+            assert packed(torch.randn(2, 64, dtype=BF16)).dtype == BF16
+    with torch.no_grad():  # the layout this CPU's first eval forward leaves (repacked only with AVX512-BF16)
+        assert portable(torch.randn(2, 64, dtype=BF16)).dtype == BF16
+    repacked = bool(getattr(portable.q.weight.quant_state, "packing_format_for_cpu", False))
+    assert repacked == (_avx512_bf16() and portable.q.support_avx512bf16_for_cpu)
+    assert torchdoctor.scan(portable).ok
