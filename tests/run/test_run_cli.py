@@ -22,8 +22,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHON
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    # ``python -m torchdoctor._cli.run`` is ``torchdoctor run`` (the verb table only maps the name to this module)
-    return subprocess.run([sys.executable, "-m", "torchdoctor._cli.run", *args], cwd=cwd, env=ENV,
+    return subprocess.run([sys.executable, "-m", "torchdoctor", "run", *args], cwd=cwd, env=ENV,
                           capture_output=True, text=True, timeout=TIMEOUT)
 
 
