@@ -29,3 +29,39 @@ def test_demo_text_names_paths_and_fixes(capsys: pytest.CaptureFixture[str]) -> 
     for fragment in (LORA_B, "refiners.0.weight", "latent_scale", "Fix:", "scan after move: ok",
                      "Module.to never moves it", "would it run? yes"):
         assert fragment in out, fragment
+
+
+def test_plain_demo_text_and_json_name_the_same_culprit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _demo.run(as_json=True, plain=True) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["model"] == "torch" and doc["ok"] is True
+    assert doc["culprit"] == "attn.to_q.lora_B.default.weight" and doc["guard"] == "attn.to_q.lora_B.default"
+    assert sorted(doc["scan"]) == ["attn.to_q.lora_B.default.weight", "latent_scale", "refiners.0.bias",
+                                   "refiners.0.weight"]
+    assert doc["scan_after"] is True and doc["simulate_ok"] is False and doc["simulate_after_move_ok"] is True
+    assert _demo.run(plain=True) == 0
+    text = capsys.readouterr().out
+    assert f"culprit: {doc['culprit']}" in text.splitlines()
+
+
+def test_diffusers_demo_text_and_json_name_the_same_culprit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _demo.run(as_json=True, plain=False) == 0
+    culprit = json.loads(capsys.readouterr().out)["culprit"]
+    assert culprit == LORA_B
+    assert _demo.run(plain=False) == 0
+    assert f"culprit: {culprit}" in capsys.readouterr().out.splitlines()
+
+
+def test_demo_runs_with_torch_alone() -> None:
+    """diffusers and peft made unimportable (as on a machine with torch only): the torch model, exit 0."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['diffusers'] = None; sys.modules['peft'] = None\n"
+            "from torchdoctor._cli.main import main; sys.exit(main(['demo', '--json']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)
+    assert doc["model"] == "torch" and doc["culprit"] == "attn.to_q.lora_B.default.weight"
+    assert "diffusers" not in out.stderr

@@ -117,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", parents=[shared], help="diagnose and fix a small broken model (a diffusers UNet when "
                                                        "diffusers and peft are installed, else a plain torch model)")
     d.add_argument("--json", action="store_true")
+    d.add_argument("--plain", action="store_true", help="the torch-only model even when diffusers is installed")
     _optional_verbs(sub)
     return p
 
