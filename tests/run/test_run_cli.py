@@ -192,3 +192,16 @@ def test_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> None:
         proc = run(*args, cwd=tmp_path)
         assert proc.returncode == 2 and fragment in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr and "ran" not in proc.stdout
+
+
+def test_a_virtual_run_that_cannot_go_on_says_why_and_where(tmp_path: Path) -> None:
+    script = write(tmp_path / "train.py", """
+        import torch
+        model = torch.nn.Linear(4, 4).to("cuda")
+        model(torch.ones(2, 4, device="cuda")).sum().backward()
+        print("after backward")
+    """)
+    proc = run("--device", "cuda:0", str(script), cwd=tmp_path)
+    assert proc.returncode == 1 and "after backward" not in proc.stdout
+    assert "Tensor.backward cannot be simulated" in proc.stderr and "recorded at train.py:4 in <module>" in proc.stderr
+    assert "Traceback" not in proc.stderr  # the run's own stop is not the program's error

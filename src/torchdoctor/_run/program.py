@@ -108,6 +108,8 @@ def execute(script: str | None, module: str | None, args: list[str], watcher: Wa
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # the program's own error: explained, and shown as python would show it
+        if _stopped(exc):
+            raise
         watcher.see("raised", exc)
         traceback.print_exception(type(exc), exc, _own_traceback(exc))
         return 1
@@ -116,6 +118,11 @@ def execute(script: str | None, module: str | None, args: list[str], watcher: Wa
         sys.path[:] = saved_path
         if saved_main is not None:
             sys.modules["__main__"] = saved_main
+
+
+def _stopped(exc: BaseException) -> bool:
+    """The virtual run's own stop (not an error of the program): the session ends there and says why."""
+    return type(exc).__name__ == "_Stop" and type(exc).__module__.startswith("torchdoctor.")
 
 
 def _join_threads(timeout: float = 3600.0) -> None:
@@ -140,6 +147,7 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
     watcher = Watcher(root=os.path.dirname(os.path.abspath(script)) if script else os.getcwd())
     start = time.perf_counter()
     session: Any = None
+    code, notes = 1, {}  # a virtual run that stops early (backward(), an op it cannot simulate) ends the program
     with contextlib.ExitStack() as stack:
         if device is not None:
             from torchdoctor._virtual.session import virtual_devices
@@ -158,7 +166,7 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
                 code = execute(script, module, args, watcher)
             _join_threads()
         except BaseException as exc:  # guard re-raised the program's error as a PlacementError
-            if isinstance(exc, KeyboardInterrupt):
+            if isinstance(exc, KeyboardInterrupt) or _stopped(exc):
                 raise
             watcher.see("raised", exc)
             traceback.print_exception(type(exc), exc, _own_traceback(exc))
