@@ -269,7 +269,7 @@ def _flow(session: Session, maps: Maps | None, frames: list[Any], inputs: list[t
     if maps is None:
         return None
     try:
-        return provenance.flow(maps.walk.modules, session.frames.ran, frames, inputs, mpath)
+        return provenance.flow(maps.walk, session.frames.ran, frames, inputs, mpath)
     except Exception:  # the data flow is extra: without it every suspect of a module that ran is kept
         log.debug("flow failed", exc_info=True)
         return None

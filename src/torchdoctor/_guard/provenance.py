@@ -164,6 +164,7 @@ class Flow:
     running: dict[str, frozenset[str] | None]  # path of a running module -> names its running code reads
     leaves: set[int]  # ids of the leaf tensors autograd recorded behind the failing inputs (empty: unknown)
     failing: str | None = None
+    aliases: dict[str, list[tuple[str, str]]] | None = None  # canonical path -> (alias path, its module's path)
 
     def reached(self, path: str, module_path: str | None, tensor: Any = None) -> bool:
         """Did the tensor at ``path`` (owned by the module at ``module_path``) flow into the failing op?"""
@@ -172,6 +173,9 @@ class Flow:
                 return True
             if getattr(tensor, "requires_grad", False):
                 return False  # autograd saw every tensor that requires grad behind the inputs: not this one
+        for alias, owner in (self.aliases or {}).get(path, ()):
+            if self.reached(alias, owner):
+                return True
         mp = module_path or ""
         rest = path[len(mp) + 1:] if mp and path.startswith(mp + ".") else path
         name = rest.split(".", 1)[0]
@@ -202,21 +206,26 @@ def leaves_behind(tensors: list[Any], limit: int = 20000) -> set[int]:
     return out
 
 
-def flow(walk_modules: list[tuple[str, nn.Module]], ran: list[nn.Module], frames: list[tuple[nn.Module, Any]],
-         inputs: list[Any], failing: str | None) -> Flow:
+def flow(walk: Walk, ran: list[nn.Module], frames: list[tuple[nn.Module, Any]], inputs: list[Any],
+         failing: str | None) -> Flow:
     """The data-flow view at a failure: ``frames`` are (module, its running frame or None), outermost first."""
+    walk_modules = walk.modules
     modules = {p: m for p, m in walk_modules}
-    path_of = {id(m): p for p, m in walk_modules}
+    paths_of: dict[int, list[str]] = {}  # a shared module (a tied embedding) has several paths: all of them
+    for p, m in walk_modules:
+        paths_of.setdefault(id(m), []).append(p)
     running: dict[str, frozenset[str] | None] = {}
     for mod, frame in frames:
-        p = path_of.get(id(mod))
-        if p is None:
-            continue
         names = code_names(frame.f_code, type(mod)) if frame is not None else forward_names(mod)
-        prev = running.get(p, frozenset())
-        running[p] = None if names is None or prev is None else prev | names
-    completed = {path_of[id(m)] for m in ran if id(m) in path_of} - set(running)
-    return Flow(modules, completed, running, leaves_behind(inputs), failing)
+        for p in paths_of.get(id(mod), ()):
+            prev = running.get(p, frozenset())
+            running[p] = None if names is None or prev is None else prev | names
+    completed = {p for m in ran for p in paths_of.get(id(m), ())} - set(running)
+    aliases: dict[str, list[tuple[str, str]]] = {}  # a tied weight is read through every module holding it
+    for e in walk.entries:
+        if e.alias_of is not None and e.module_path is not None:
+            aliases.setdefault(e.alias_of, []).append((e.path, e.module_path))
+    return Flow(modules, completed, running, leaves_behind(inputs), failing, aliases)
 
 
 def running_frames(tb: Any = None) -> list[tuple[nn.Module, Any]]:

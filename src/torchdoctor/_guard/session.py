@@ -227,7 +227,7 @@ class Session:
         try:
             from torchdoctor._guard import provenance as pv
 
-            fl = pv.flow(maps.walk.modules, self.frames.ran, pv.running_frames(), inputs, mpath)
+            fl = pv.flow(maps.walk, self.frames.ran, pv.running_frames(), inputs, mpath)
             tensors = {e.path: e.tensor for e in maps.walk.entries} if fl.leaves else None
             found = pv.suspects(maps.policy_problems(), kind, bad, pv.ran_paths(maps.modules, self.frames.ran),
                                 mpath, fl, tensors)

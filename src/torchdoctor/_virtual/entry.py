@@ -67,6 +67,9 @@ class EntryCheck:
         self.note = note
         self.dispatched = dispatched
         self.seen: dict[int, tuple[Any, ...]] = {}
+        # path -> the note of a plain attribute / container tensor, written when an op reads it: a tensor the
+        # forward never reads (Lightning's example_input_array, a loss history, an alias of a moved buffer) is quiet
+        self.pending: dict[str, tuple[Any, ...]] = {}
 
     def __call__(self, mod: nn.Module, path: str, args: Any) -> None:
         if "_orig_mod" in mod.__dict__.get("_modules", ()):
@@ -97,13 +100,24 @@ class EntryCheck:
                     and intent.self_managed(mod, name):
                 continue  # the module's own code moves or rebuilds it before use
             full = f"{path}.{rel}" if path else rel
-            self.note("device", full, device_str(dev), device_str(ref),
-                      f"{full} {compact(t.dtype, tuple(t.shape), dev)} is on {device_str(dev)} when "
-                      f"{path or '<root>'} ({type(mod).__name__}) starts on {device_str(ref)}: "
-                      f"{_WHY.get(role, f'a {role} the forward reads')}", f"{type(mod).__name__}.forward", role,
-                      compact(t.dtype, tuple(t.shape), dev))
+            note = ("device", full, device_str(dev), device_str(ref),
+                    f"{full} {compact(t.dtype, tuple(t.shape), dev)} is on {device_str(dev)} when "
+                    f"{path or '<root>'} ({type(mod).__name__}) starts on {device_str(ref)}: "
+                    f"{_WHY.get(role, f'a {role} the forward reads')}", f"{type(mod).__name__}.forward", role,
+                    compact(t.dtype, tuple(t.shape), dev))
+            if role in ("attribute", "container"):
+                self.pending[full] = note
+            else:
+                self.note(*note)
             if "_td_path" in dir(type(t)):  # a virtual twin: later ops name it where it was found, not where it was
                 t._td_path = full  # type: ignore[attr-defined]  # lifted (a list still holding the buffer ``.to()`` replaced)
+
+    def reached(self, tensors: list[Any]) -> None:
+        """These tensors reached an op: a pending attribute / container among them is reported now."""
+        for t in tensors:
+            note = self.pending.pop(getattr(t, "_td_path", None) or "", None)
+            if note is not None:
+                self.note(*note)
 
     def _reference(self, mod: nn.Module, tensors: list[tuple[str, torch.Tensor, str]], args: Any) -> Any:
         """Where the module computes: the run's device when its input is there (and no accelerate hook spreads the

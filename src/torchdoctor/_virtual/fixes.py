@@ -24,9 +24,11 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
     culprits: list[tuple[str | None, str, str, Any]] = []
     factories: list[str] = []
     named = {p.path for p in problems if p.role in _NAMED}
+    meta = [p for p in problems if p.kind == "meta"]
+    ran = [p for p in problems if p.role == "run"]  # the run's own weights were in another dtype than asked
     for p in problems:
-        if p.kind not in ("device", "meta", "dtype"):
-            continue
+        if p.kind not in ("device", "dtype") or p.role == "run":
+            continue  # meta: no move fixes it (below)
         try:
             target: Any = parse_dtype(p.expected) if p.kind == "dtype" else parse_device(p.expected)
         except (ValueError, TypeError, RuntimeError):
@@ -53,9 +55,15 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
         where = "on" if p.kind in ("device", "meta") else "in"
         culprits.append((None, f"the tensors made {where} {p.found}", p.kind, target))
     lines = [fix_code(culprits) or "", *factories]
+    lines += [f"model.to(torch.{p.expected})  # the code ran with {p.found} weights: cast them so the run checks "
+              f"{p.expected}" for p in ran[:1]]
+    if meta:  # moving a meta tensor raises "Cannot copy out of meta tensor": the weights must be loaded
+        lines.append(f"# {len(meta)} tensor{'s are' if len(meta) > 1 else ' is'} on meta (no data, e.g. "
+                     f"{meta[0].path}): load the weights onto the device, e.g. "
+                     "model.load_state_dict(state_dict, assign=True) or from_pretrained(..., device_map=...)")
     unsupported = sorted({p.found for p in problems if p.kind == "unsupported_dtype"})
     if unsupported:
-        lines.append(f"model.to(torch.float32)  # {device.type} cannot compute in {', '.join(unsupported)}")
+        lines.append(_instead(unsupported, device, any(p.kind == "memory" for p in problems)))
     ops = {p.found for p in problems if p.kind == "unsupported_op"}
     if "Tensor.backward" in ops:
         lines.append("# backward() is not simulated: simulate the forward and its loss; run the training step on "
@@ -68,3 +76,19 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
                      "in its module's __init__ (self.register_buffer(name, tensor, persistent=False)): Module.to "
                      "moves buffers, never plain attributes")
     return "\n".join(line for line in lines if line) or f"torchdoctor.move(model, {device_str(device)!r})"
+
+
+_SAME_SIZE = {"bfloat16": "float16", "float16": "bfloat16", "float64": "float32"}
+
+
+def _instead(unsupported: list[str], device: torch.device, over_memory: bool) -> str:
+    """The dtype to run in when the device cannot compute in ``unsupported``: one of the same size first (bf16 ->
+    fp16 on a T4), so the fix never asks a model that already exceeds the device's memory to double it."""
+    for name in unsupported:
+        other = _SAME_SIZE.get(name)
+        if other is not None and other not in unsupported:
+            return f"model.to(torch.{other})  # {device.type} cannot compute in {name}; {other} has the same size"
+    if over_memory:
+        return (f"# {device.type} cannot compute in {', '.join(unsupported)} and the model already exceeds its "
+                "memory: float32 would double it; load it quantized (bitsandbytes) or offload")
+    return f"model.to(torch.float32)  # {device.type} cannot compute in {', '.join(unsupported)}"

@@ -104,3 +104,29 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
     if via.depth >= DEPTH:
         return via
     return Made(op, module, via=via, depth=via.depth + 1)
+
+
+def ran_as_asked(dtype: Any, roots: list[Any]) -> list[Any]:
+    """A run asked for a dtype (``dtype=float16``) that the code's own weights do not have (``call=`` runs the
+    user's objects as they are): a problem saying in which dtype it ran, so the report never reads as if the run
+    checked the dtype asked for."""
+    import torch
+
+    from torchdoctor._placement import dtype_str
+    from torchdoctor._report.model import Problem
+
+    if dtype is None:
+        return []
+    sizes: dict[Any, int] = {}
+    for root in roots:
+        if isinstance(root, torch.nn.Module):
+            for t in root.parameters():
+                if t.is_floating_point():
+                    sizes[t.dtype] = sizes.get(t.dtype, 0) + t.nelement() * t.element_size()
+    ran = max(sizes, key=sizes.__getitem__) if sizes else None
+    if ran is None or ran == dtype:
+        return []
+    asked, got = dtype_str(dtype), dtype_str(ran)
+    return [Problem("dtype", "<run>", "run", got, asked, f"the code ran with {got} weights, not {asked}: this run "
+                    f"does not show whether it works in {asked} (call= runs your objects as they are; cast them "
+                    f"first, e.g. model.to(torch.{asked}))", op="simulate")]

@@ -16,6 +16,7 @@ from torchdoctor._report.text import render_problems
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
 from torchdoctor._virtual.escaped import escaped_problem
+from torchdoctor._virtual.origin import ran_as_asked
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, make
 from torchdoctor._tracker import ModuleStack
 
@@ -81,7 +82,7 @@ class _Recorder(Hooks):
 
         self.modules = stack
         self.where = stack.where
-        stack.on_enter = EntryCheck(self.device, self._entry_note, self._dispatched)
+        stack.on_enter = self.entry = EntryCheck(self.device, self._entry_note, self._dispatched)
 
     def _entry_note(self, kind: str, path: str, found: str, expected: str, message: str, op: str, role: str,
                     shown: str) -> None:
@@ -106,7 +107,7 @@ class _Recorder(Hooks):
         origin: dict[tuple[str, ...], str] = {(b.kind, b.found): b.path for b in blamed}
         for p in entry:  # a module-entry finding is the origin of what its module's ops then meet
             origin.setdefault((p.kind, p.found, p.module_path or ""), p.path)
-        return blamed + entry + [_from_origin(p, origin) for p in rest]
+        return blamed + entry + [_from_origin(p, origin) for p in rest] + ran_as_asked(self.dtype, roots)
 
     def _policy_blamed(self, problems: list[Problem], roots: list[Any], have: set[str]) -> list[Problem]:
         from torchdoctor._guard.provenance import policy_problems, suspects
@@ -116,13 +117,14 @@ class _Recorder(Hooks):
         kinds = {p.kind for p in problems} & {"dtype", "device"}
         if not bad:
             return []
-        blamed: list[Problem] = []
+        blamed: list[Problem] = []  # data flow: a tensor an op met, or one that a tensor made in the run came from
+        reached = {p.path for p in problems} | {s for v in self.sources.values() for s in v}
         try:
             for root in roots:
                 found = policy_problems(walk(root))
                 for kind in sorted(kinds):
                     for sus in suspects(found, kind, bad, [], None):
-                        if sus.matches and sus.problem.path not in have:
+                        if sus.matches and sus.problem.path not in have and sus.problem.path in reached:
                             have.add(sus.problem.path)
                             blamed.append(replace(sus.problem, message=f"culprit: {sus.problem.message}"))
         except Exception:  # provenance is extra: the problems stand without it
@@ -135,6 +137,8 @@ class _Recorder(Hooks):
         return stack[-1] if stack else None
 
     def check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if self.entry.pending:  # an attribute / container tensor reached an op: the forward read it
+            self.entry.reached(_op_tensors(OpArgs(list(args), kwargs)))
         findings = self.rules.find(func, args, kwargs, self.profile)
         if not findings:
             return args, kwargs
@@ -233,7 +237,8 @@ class _Recorder(Hooks):
         found = escaped_problem(exc, self.modules.paths)
         if found is None:
             return False
-        problem, self.stopped = found
+        problem, self.stopped, sources = found  # sources: the named tensors its input was made from
+        self.sources.setdefault((problem.kind, problem.path, problem.op or "", problem.found), sources)
         with contextlib.suppress(_Stop):
             self._add(problem, key=(problem.kind, problem.path, "escaped"))
         return True

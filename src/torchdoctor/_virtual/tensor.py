@@ -227,10 +227,27 @@ def virtual_class(cls: type) -> type:
             tf = klass.__dict__.get("__torch_function__")
             if tf is not None:
                 if klass not in (torch.Tensor, torch.nn.Parameter, torch._C.TensorBase):
-                    ns["__torch_function__"] = tf
+                    ns["__torch_function__"] = classmethod(_converting(tf))
                 break
         hit = _VCLASSES[cls] = type(f"Virtual{cls.__name__}", (VirtualTensor, cls), ns)
     return hit
+
+
+def _converting(tf: Any) -> Any:
+    """A subclass's ``__torch_function__`` that ends in torch's default one converts every result to its own
+    class (``as_subclass``), which a virtual result already bound to ``VirtualTensor`` refuses ("Creating a new
+    Tensor subclass ..."): then the op runs as a plain virtual op (values are not what a simulation checks)."""
+
+    def __torch_function__(cls: type, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        try:
+            return tf.__get__(None, cls)(func, types, args, kwargs)
+        except RuntimeError as e:
+            if "Creating a new Tensor subclass" not in str(e):
+                raise
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+    return __torch_function__
 
 
 def make(cls: type, elem: torch.Tensor, device: torch.device, path: str | None = None,

@@ -1,0 +1,110 @@
+"""Blame by evidence in virtual runs (simulate, and the virtual session behind ``call=`` and the pytest marker): a
+plain attribute or container tensor is reported only when an op read it; a report never claims a dtype the code did
+not run in; fixes never contradict each other or the profile; weights that are tensor subclasses simulate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import torchdoctor
+
+
+class _Lit(nn.Module):
+    """Lightning-style module: example_input_array, a loss history, a dict aliasing a buffer (all on cpu)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.example_input_array = torch.randn(2, 8)
+        self.loss_history = [torch.tensor(1.0), torch.randn(3)]
+        self.register_buffer("table", torch.randn(8))
+        self.aliases = {"table": self.table}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.table
+
+
+class _Reads(_Lit):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.example_input_array + self.aliases["table"]
+
+
+def test_attributes_and_containers_the_forward_never_reads_are_quiet() -> None:
+    report = torchdoctor.simulate(_Lit(), (torch.randn(2, 8),), device="cuda:0")
+    assert report.ok, report.text()
+    session = torchdoctor.simulate(_Lit(), device="cuda:0", call=lambda m: m.to("cuda:0")(
+        torch.randn(2, 8, device="cuda:0")))
+    assert session.ok, session.text()
+
+
+def test_attributes_and_containers_the_forward_reads_are_reported_by_path() -> None:
+    report = torchdoctor.simulate(_Reads(), (torch.randn(2, 8),), device="cuda:0")
+    paths = [p.path for p in report.problems]
+    assert "example_input_array" in paths and "aliases.table" in paths, report.text()
+    assert not any(p.startswith("loss_history") for p in paths)
+    assert "a plain tensor attribute the forward reads" in report.text()
+
+
+def test_a_run_with_float32_weights_never_reads_as_checked_in_float16() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    report = torchdoctor.simulate(model, device="cuda:0", dtype="float16", call=lambda m: m(torch.randn(2, 8)))
+    assert not report.ok
+    p = report.problems[0]
+    assert (p.kind, p.path, p.found, p.expected) == ("dtype", "<run>", "float32", "float16")
+    assert "the code ran with float32 weights, not float16" in p.message
+    assert (report.fix or "").startswith("model.to(torch.float16)")
+
+    def half(m: nn.Module) -> Any:
+        return m.half()(torch.randn(2, 8, dtype=torch.float16))
+
+    assert torchdoctor.simulate(model, device="cuda:0", dtype="float16", call=half).ok
+
+
+def test_t4_without_bf16_suggests_float16_never_float32() -> None:
+    """A T4 (capability 7.5) cannot compute in bf16: the fix must not double the model's memory."""
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)]).to(torch.bfloat16)
+    report = torchdoctor.simulate(model, (torch.randn(2, 64, dtype=torch.bfloat16),), "cuda:0", profile="t4")
+    assert any(p.kind == "unsupported_dtype" for p in report.problems)
+    assert "model.to(torch.float16)" in (report.fix or "") and "float32" not in (report.fix or "")
+    ok = torchdoctor.simulate(model.to(torch.float16), (torch.randn(2, 64, dtype=torch.float16),), "cuda:0",
+                              profile="t4")
+    assert ok.ok, ok.text()
+
+
+def test_meta_weights_are_never_fixed_by_a_move() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(6)])
+    report = torchdoctor.simulate(model, (torch.randn(2, 16),), "cuda:0")
+    assert any(p.kind == "meta" for p in report.problems)
+    assert "torchdoctor.move" not in (report.fix or "") and ".to('cuda:0')" not in (report.fix or "")
+    assert "load the weights" in (report.fix or "")
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass with its own __torch_function__ that ends in torch's default one (which converts results
+    with as_subclass): a weight of this type used to end a simulation in torch's internal "Creating a new Tensor
+    subclass" error."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("use_call", [False, True])
+def test_a_weight_that_is_a_tensor_subclass_simulates(use_call: bool) -> None:
+    model = nn.Linear(4, 4)
+    model.weight = nn.Parameter(model.weight.detach().as_subclass(_Tagged))
+    assert isinstance(model.weight, _Tagged)
+    if use_call:
+        report = torchdoctor.simulate(model, device="cuda:0", call=lambda m: m.to("cuda:0")(
+            torch.randn(2, 4, device="cuda:0")))
+    else:
+        report = torchdoctor.simulate(model, (torch.randn(2, 4),), "cuda:0")
+    assert report.ok, report.text()
+    model.bias.data = model.bias.data.double()  # and a real problem next to it is still found
+    bad = torchdoctor.simulate(model, (torch.randn(2, 4),), "cuda:0")
+    assert [p.path for p in bad.problems][:1] == ["bias"], bad.text()
