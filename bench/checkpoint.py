@@ -63,9 +63,13 @@ def main() -> None:
     ap.add_argument("--src", help="with --bombs: the src/ directory whose torchdoctor is measured")
     ap.add_argument("--cap-gib", type=float, default=4.0, help="with --bombs: address-space cap per child")
     ap.add_argument("--timeout", type=float, default=120.0, help="with --bombs: seconds before a child is killed")
+    ap.add_argument("--cli", action="store_true", help="whole-process `torchdoctor scan FILE` against `import torch`")
     opts = ap.parse_args()
     if opts.bombs:
         bombs(opts)
+        return
+    if opts.cli:
+        cli(opts)
         return
 
     import torch  # noqa: F401  (import cost is not part of the scan)
@@ -108,6 +112,41 @@ def main() -> None:
         print(f"scan_checkpoint / torch.load(weights_only=True, mmap=True), {opts.rounds} interleaved rounds: "
               f"median x{statistics.median(ratios):.2f} (quartiles x{statistics.quantiles(ratios, n=4)[0]:.2f}"
               f"..x{statistics.quantiles(ratios, n=4)[2]:.2f})")
+
+
+def cli(opts: argparse.Namespace) -> None:
+    """The pre-commit hook's cost: ``torchdoctor scan model.safetensors`` and a 1 MB legacy pickle as whole
+    processes, interleaved with ``python -c "import torch"`` (the anchor), ``--repeat`` pairs each; medians."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    with tempfile.TemporaryDirectory() as tmp:
+        st = os.path.join(tmp, "model.safetensors")
+        write_sparse_safetensors(st, 64 * 1024**2, 400)
+        pkl = os.path.join(tmp, "onemb.pt")
+        subprocess.run([sys.executable, "-c", "import torch, sys; torch.save({f'l{i}.w': torch.zeros(64) for i in "
+                        "range(3000)}, sys.argv[1], _use_new_zipfile_serialization=False)", pkl], check=True)
+
+        def run(cmd: list[str]) -> float:
+            t0 = time.perf_counter()
+            subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+            return time.perf_counter() - t0
+
+        torch_t, st_t, pkl_t = [], [], []
+        for _ in range(opts.repeat):
+            torch_t.append(run([sys.executable, "-c", "import torch"]))
+            st_t.append(run([sys.executable, "-m", "torchdoctor", "scan", st]))
+            pkl_t.append(run([sys.executable, "-m", "torchdoctor", "scan", pkl]))
+        ratios = [a / b for a, b in zip(st_t, torch_t)]
+        med = statistics.median
+        print(f"import torch: median {med(torch_t):.2f} s over {opts.repeat} interleaved runs")
+        print(f"torchdoctor scan model.safetensors: median {med(st_t):.3f} s; ratio to import torch median "
+              f"x{med(ratios):.3f} (min x{min(ratios):.3f}, max x{max(ratios):.3f})")
+        print(f"torchdoctor scan onemb.pt ({os.path.getsize(pkl) / 1e6:.2f} MB legacy pickle, 3,000 tensors): "
+              f"median {med(pkl_t):.3f} s (min {min(pkl_t):.3f})")
 
 
 def bombs(opts: argparse.Namespace) -> None:
