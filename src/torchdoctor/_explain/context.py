@@ -216,14 +216,20 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
          ) -> tuple[list[tuple[str, float, str]], list[tuple[str, float]], list[tuple[ContextRule, str]]]:
     """Apply the rules. Returns the categories best first as ``(category, score, why)`` (the signature's own
     category scores 1.0), the causes best first, and the rules that fired with the word that fired them."""
-    present = {w for w in {w for r in rules for w in r.words} if w in context}  # one pass per word
+    present: dict[str, bool] = {}  # a word is looked up only for a rule that could fire (one pass per word)
+
+    def has(word: str) -> bool:
+        got = present.get(word)
+        if got is None:
+            got = present[word] = word in context
+        return got
 
     def fires(rule: ContextRule, cats: tuple[str, ...]) -> str | None:
         if rule.applies_to and not any(c in rule.applies_to for c in cats):
             return None
         if not all(fl in flags for fl in rule.flags) or any(fl in flags for fl in rule.unless):
             return None
-        return next((w for w in rule.words if w in present), None) if rule.words else ""
+        return next((w for w in rule.words if has(w)), None) if rule.words else ""
 
     score: dict[str, float] = {category: 1.0}
     why: dict[str, str] = {category: ""}

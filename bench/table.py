@@ -1,0 +1,400 @@
+"""One table of torchdoctor's speed against its anchors (issue 28), every anchor run in the same process.
+
+    python bench/table.py [--pairs N] [--only simulate,scan,...]
+
+Every row runs torchdoctor and its anchor alternately (the order flips each pair), at least five pairs, and
+reports the median of the per-pair ratios with their min-max, and the absolute medians. Times are process CPU
+time (what load from other processes on a shared machine disturbs least); whole-process rows use the child's CPU
+time (user + system, from ``wait4``). Rows and anchors:
+
+- simulate, Llama-3 8B / 70B shape built on meta, 16 tokens, virtual cuda:1 in bf16, against a plain forward of
+  the same meta model, and against torch's FakeTensorMode on fake cpu (convert every tensor, then the forward
+  through ``torch.func.functional_call``; it cannot run fake cuda on a CPU build, and names no paths).
+- scan, 8B / 70B on meta, against accelerate's ``named_module_tensors`` + ``find_tied_parameters``.
+- ``torchdoctor scan model.safetensors`` as a whole process, against ``python -c "import torch"``.
+- explain on a 50 MB log (MB/s; a grep-like pass is shown for the machine's speed), and the time per MB on
+  adversarial text at 1 MB and 4 MB (linear: the ratio stays near 1).
+- move, GPT-2 110M parameters to bf16, warm and as the first call of a fresh process, against ``Module.to``.
+- the first call of scan / checkpoint scan / move in a fresh process against later calls (extra ms).
+- guard explain / strict on a GPT-2-small shape against a plain forward; strict's extra time per aten op against
+  an empty ``TorchDispatchMode``.
+- trace on, ``.to(bf16)`` of a 100M-parameter Llama shape, against the same cast untraced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]  # bench/trace.py shadows stdlib trace
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+import torchdoctor  # noqa: E402
+
+
+def bench_module(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", os.path.join(_HERE, f"{name}.py"))
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ROWS: list[dict[str, Any]] = []
+# Fresh processes read cached bytecode as an installed package does (this machine sets PYTHONDONTWRITEBYTECODE,
+# which would make every child compile torchdoctor's sources again and count that as a first-call cost).
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def pairs(ours: Callable[[], Any], anchor: Callable[[], Any], n: int, warm: int = 1,
+          clock: Callable[[], float] = time.process_time) -> dict[str, Any]:
+    """``n`` interleaved pairs; per-pair ratios ours / anchor."""
+    for _ in range(warm):
+        ours(), anchor()
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(n):
+        for fn, out in ((ours, a), (anchor, b)) if i % 2 == 0 else ((anchor, b), (ours, a)):
+            t = clock()
+            fn()
+            out.append(clock() - t)
+    return summary(a, b)
+
+
+def summary(a: list[float], b: list[float]) -> dict[str, Any]:
+    ratios = [x / y for x, y in zip(a, b) if y > 0]
+    return {"ratio": statistics.median(ratios), "lo": min(ratios), "hi": max(ratios), "n": len(ratios),
+            "ours": statistics.median(a), "anchor": statistics.median(b)}
+
+
+def row(measure: str, anchor: str, res: dict[str, Any], goal: float, unit: str = "ms",
+        note: str = "", higher_is_better: bool = False) -> None:
+    ok = res["ratio"] >= goal if higher_is_better else res["ratio"] <= goal
+    ROWS.append({"measure": measure, "anchor": anchor, **res, "goal": goal, "unit": unit, "note": note,
+                 "ok": ok, "hib": higher_is_better})
+    print(f"  .. {measure}: x{res['ratio']:.2f}", flush=True)
+
+
+def fmt(x: float, unit: str) -> str:
+    if unit == "ms":
+        return f"{x * 1e3:.1f} ms" if x < 10 else f"{x:.2f} s"
+    return f"{x:.1f} {unit}"
+
+
+def print_table() -> None:
+    print()
+    print("| measure | anchor | ratio (median, min-max, pairs) | ours / anchor (medians) | goal | holds |")
+    print("|---|---|---|---|---|---|")
+    for r in ROWS:
+        goal = f"{'≥' if r['hib'] else '≤'} {r['goal']:g}{'' if r['unit'] != 'ms' else 'x'}"
+        ratio = f"x{r['ratio']:.2f} ({r['lo']:.2f}–{r['hi']:.2f}, {r['n']})" if r["unit"] == "ms" else \
+            f"{r['ratio']:.1f} ({r['lo']:.1f}–{r['hi']:.1f}, {r['n']})"
+        absolute = f"{fmt(r['ours'], r['unit'])} / {fmt(r['anchor'], r['unit'])}" if r["anchor"] else \
+            fmt(r["ours"], r["unit"])
+        verdict = "yes" if r["ok"] else "NO" + (f": {r['note']}" if r["note"] else "")
+        print(f"| {r['measure']} | {r['anchor']} | {ratio} | {absolute} | {goal} | {verdict} |")
+
+
+# --- rows -----------------------------------------------------------------------------------------------------
+
+def llama(size: str) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    shapes = bench_module("simulate").SHAPES
+    cfg = LlamaConfig(vocab_size=128256, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
+                      **shapes[size])
+    with torch.device("meta"):
+        return LlamaForCausalLM(cfg).eval()
+
+
+def fake_forward(model: torch.nn.Module, ids: torch.Tensor) -> None:
+    """FakeTensorMode on fake cpu: every tensor converted to a bf16 fake, then the forward."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), torch.no_grad():
+        params = {n: torch.empty(t.shape, dtype=torch.bfloat16 if t.is_floating_point() else t.dtype)
+                  for n, t in [*model.named_parameters(), *model.named_buffers()]}
+        torch.func.functional_call(model, params, (), {"input_ids": torch.zeros(ids.shape, dtype=ids.dtype)})
+
+
+def simulate_rows(n: int) -> None:
+    ids = torch.randint(0, 128256, (1, 16))
+    for size in ("8b", "70b"):
+        model = llama(size)
+
+        def sim() -> None:
+            # 70B in bf16 needs 131 GiB: simulate reports that the 80 GiB virtual card would run out of memory
+            rep = torchdoctor.simulate(model, {"input_ids": ids}, device="cuda:1", dtype="bfloat16",
+                                       assume_device="cpu")
+            assert rep.ops > 1000 and all(p.kind == "memory" for p in rep.problems), rep
+
+        def meta() -> None:
+            with torch.no_grad():
+                model(input_ids=ids.to("meta"))
+
+        res = triplets(sim, meta, lambda: fake_forward(model, ids), n)
+        row(f"simulate {size.upper()}, 16 tokens, cuda:1 bf16", "plain meta forward", res[0], 1.5,
+            note="about 90 % is the checked forward: Python dispatch of every aten op (see RESULTS.md, issue 28)")
+        row(f"simulate {size.upper()}, same", "FakeTensorMode on fake cpu", res[1], 1.0,
+            note="FakeTensorMode does less (no paths, no device checks, no copy of the model)")
+        del model
+
+
+def triplets(ours: Callable[[], Any], a1: Callable[[], Any], a2: Callable[[], Any],
+             n: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One run of ``ours`` per round against two anchors, the order rotating each round."""
+    ours(), a1(), a2()
+    t: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    fns = [ours, a1, a2]
+    for i in range(n):
+        for k in [(i + j) % 3 for j in range(3)]:
+            c = time.process_time()
+            fns[k]()
+            t[k].append(time.process_time() - c)
+    return summary(t[0], t[1]), summary(t[0], t[2])
+
+
+def scan_rows(n: int) -> None:
+    from accelerate.utils import find_tied_parameters, named_module_tensors
+
+    for size in ("8b", "70b"):
+        model = llama(size)
+
+        def acc() -> None:
+            list(named_module_tensors(model, include_buffers=True, recurse=True))
+            find_tied_parameters(model)
+
+        row(f"scan {size.upper()} on meta", "accelerate named_module_tensors + find_tied_parameters",
+            pairs(lambda: torchdoctor.scan(model), acc, max(n, 15), warm=2), 1.0,
+            note="scan builds a row and a Problem per tensor (all 293/725 are meta problems) and votes per layer")
+        del model
+
+
+def _child_cpu(argv: list[str]) -> float:
+    import subprocess
+
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=CHILD_ENV)
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode not in (0, 1):
+        raise RuntimeError(f"{argv} exited {p.returncode}")
+    return ru.ru_utime + ru.ru_stime
+
+
+def checkpoint_row(n: int, tmp: str) -> None:
+    path = checkpoint_file(tmp)
+    ours = [sys.executable, "-m", "torchdoctor", "scan", path]
+    anchor = [sys.executable, "-c", "import torch"]
+    _child_cpu(ours)  # writes the bytecode cache
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(n):
+        for argv, out in ((ours, a), (anchor, b)) if i % 2 == 0 else ((anchor, b), (ours, a)):
+            out.append(_child_cpu(argv))
+    row("`torchdoctor scan model.safetensors`, whole process", '`python -c "import torch"`', summary(a, b), 0.1,
+        note="the CLI still imports torch (checkpoint helper's work)")
+
+
+def explain_rows(n: int) -> None:
+    ex = bench_module("explain")
+    log = ex.synthetic_log(50_000_000)
+    mb = len(log) / 1e6
+    ex.explain("warm up")
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(n):
+        for fn, out in ((ex.explain, a), (ex.grep_baseline, b)) if i % 2 == 0 else ((ex.grep_baseline, b),
+                                                                                      (ex.explain, a)):
+            t = time.process_time()
+            fn(log)
+            out.append(mb / (time.process_time() - t))
+    r = summary(a, b)
+    r.update(ratio=statistics.median(a), lo=min(a), hi=max(a))
+    row("explain, 50 MB log, in process (MB/s)", "grep-like pass (MB/s)", r, 80, unit="MB/s",
+        higher_is_better=True, note="under load; see the grep-like pass for the machine's speed")
+    for label, unit in (("' ' * N", " "), ("anchor line repeated", "Expected all tensors to be on the same device, "
+                                                                   "but found at least two devices, cuda:0 and \n")):
+        small, big = (unit * (size // len(unit)) for size in (1_000_000, 4_000_000))
+        per_mb = pairs(lambda: ex.explain(big), lambda: ex.explain(small), n, warm=0)
+        per_mb.update(ratio=per_mb["ratio"] / 4, lo=per_mb["lo"] / 4, hi=per_mb["hi"] / 4,
+                      ours=per_mb["ours"] / 4, anchor=per_mb["anchor"])
+        row(f"explain, adversarial {label}: time per MB at 4 MB", "at 1 MB", per_mb, 1.3,
+            note="not linear")
+
+
+def move_rows(n: int) -> None:
+    mv = bench_module("move")
+    models = {v: mv.build() for v in ("Module.to", "move")}
+    for v, m in models.items():  # first-touch page faults and allocator growth are not part of a warm cast
+        mv.cast(v, m)
+        m.to(torch.float32)
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(max(n, 9)):
+        for v, out in (("move", a), ("Module.to", b)) if i % 2 == 0 else (("Module.to", b), ("move", a)):
+            t = time.process_time()
+            mv.cast(v, models[v])
+            out.append(time.process_time() - t)
+            models[v].to(torch.float32)  # untimed: back to fp32 for the next pair
+    row("move GPT-2 110M to bf16, warm", "Module.to", summary(a, b), 1.05,
+        note="warm casts are 15-50 ms; move's walk + plan + verify is about 2 ms of fixed cost")
+    del models
+    first_call("move_cast", "move")  # writes the bytecode cache
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(n):
+        for v, out in (("move", a), ("Module.to", b)) if i % 2 == 0 else (("Module.to", b), ("move", a)):
+            out.append(first_call("move_cast", v))
+    row("move GPT-2 110M to bf16, first call (fresh process)", "Module.to", summary(a, b), 1.05,
+        note="the first call pays move's lazy imports")
+
+
+CHILD = os.path.join(_HERE, "first_call.py")
+
+
+def first_call(kind: str, arg: str = "") -> float:
+    import json
+    import subprocess
+
+    res = subprocess.run([sys.executable, CHILD, kind, arg], capture_output=True, text=True, check=True,
+                         env=CHILD_ENV)
+    return float(json.loads(res.stdout.strip().splitlines()[-1])["first"])
+
+
+def first_call_rows(n: int, tmp: str) -> None:
+    import json
+    import subprocess
+
+    path = os.path.join(tmp, "model.safetensors")
+    for kind in ("scan", "checkpoint", "move", "move_cast"):  # writes the bytecode cache
+        subprocess.run([sys.executable, CHILD, kind, path if kind != "move_cast" else "move"], capture_output=True,
+                       check=True, env=CHILD_ENV)
+    for kind, label in (("scan", "scan (tiny GPT-2)"), ("checkpoint", "checkpoint scan (safetensors)"),
+                        ("move", "move (tiny GPT-2, to bf16)")):
+        first: list[float] = []
+        later: list[float] = []
+        for _ in range(n):
+            res = subprocess.run([sys.executable, CHILD, kind, path], capture_output=True, text=True, check=True,
+                                 env=CHILD_ENV)
+            doc = json.loads(res.stdout.strip().splitlines()[-1])
+            first.append(doc["first"])
+            later.append(doc["later"])
+        r = summary(first, later)
+        extra = [f - x for f, x in zip(first, later)]
+        r.update(ratio=statistics.median(extra) * 1e3, lo=min(extra) * 1e3, hi=max(extra) * 1e3)
+        row(f"first call of {label} in a fresh process: extra ms", "later calls", r, 20, unit="ms extra",
+            note="lazy imports on the first call")
+
+
+def guard_rows(n: int) -> None:
+    gd = bench_module("guard")
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    ids = torch.randint(0, 50257, (1, 128), generator=torch.Generator().manual_seed(0))
+    big = gd.build(12, 768, 12, 50257)
+    fns = gd.variants(big, ids)
+    row("guard explain, GPT-2-small", "plain forward", pairs(fns["explain"], fns["plain"], max(n, 9)), 1.03)
+    row("guard strict, GPT-2-small", "plain forward", pairs(fns["strict"], fns["plain"], max(n, 9)), 1.1)
+    del big, fns
+    tiny = gd.build(2, 64, 4, 256)
+    tiny_ids = ids[:, :16] % 256
+    _, ops = gd.counts(tiny, tiny_ids)
+    torch.set_num_threads(1)
+    fns = gd.variants(tiny, tiny_ids, floor=True)
+
+    def many(fn: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            for _ in range(40):
+                fn()
+        return run
+
+    strict, plain, noop = ([], [], [])  # type: tuple[list[float], list[float], list[float]]
+    for i in range(max(n, 9)):
+        order = [("strict", strict), ("plain", plain), ("noop_mode", noop)]
+        for key, out in order if i % 2 == 0 else order[::-1]:
+            t = time.process_time()
+            many(fns[key])()
+            out.append((time.process_time() - t) / 40 / ops)
+    s_extra = [s - p for s, p in zip(strict, plain)]
+    n_extra = [x - p for x, p in zip(noop, plain)]
+    r = summary(s_extra, n_extra)
+    row("strict, extra per aten op (tiny GPT-2)", "an empty TorchDispatchMode", r, 1.5)
+    torch.set_num_threads(2)
+
+
+def trace_row(n: int) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=1024, hidden_size=768, intermediate_size=3072,
+                                         num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=6,
+                                         max_position_embeddings=256)).eval()
+
+    def cast(traced: bool) -> Callable[[], None]:
+        def run() -> None:
+            if traced:
+                with torchdoctor.trace(model):
+                    model.to(torch.bfloat16)
+            else:
+                model.to(torch.bfloat16)
+            model.to(torch.float32)
+        return run
+
+    nparams = sum(p.numel() for p in model.parameters()) / 1e6
+    row(f"trace on, .to(bf16) + back of a {nparams:.0f}M Llama shape", "untraced", pairs(cast(True), cast(False),
+                                                                                       max(n, 9)), 1.05,
+        note="each traced call walks the model twice")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    n = max(5, args.pairs)
+    only = set(filter(None, args.only.split(",")))
+    print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} cpus, "
+          f"load average {os.getloadavg()[0]:.1f} at start; {n} interleaved pairs per row (more where cheap)",
+          flush=True)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        CHILD_ENV["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, "pycache")
+        steps: dict[str, Callable[[], None]] = {
+            "simulate": lambda: simulate_rows(n), "scan": lambda: scan_rows(n),
+            "checkpoint": lambda: checkpoint_row(n, tmp), "explain": lambda: explain_rows(n),
+            "move": lambda: move_rows(n), "first": lambda: first_call_rows(n, tmp),
+            "guard": lambda: guard_rows(n), "trace": lambda: trace_row(n)}
+        for key, step in steps.items():
+            if not only or key in only:
+                if key == "first":
+                    checkpoint_file(tmp)
+                step()
+    print_table()
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
+    return 0
+
+
+def checkpoint_file(tmp: str) -> str:
+    """A 300-tensor bf16 safetensors file (a typical checkpoint's tensor count)."""
+    from safetensors.torch import save_file
+
+    path = os.path.join(tmp, "model.safetensors")
+    if not os.path.exists(path):
+        save_file({f"layers.{i}.weight": torch.zeros(8, 8, dtype=torch.bfloat16) for i in range(300)}, path)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())
