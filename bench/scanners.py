@@ -158,12 +158,16 @@ def main(argv: list[str] | None = None) -> int:
                str(sum(v not in ("dangerous", "suspicious") for v in pv)), f"{bv.count('dangerous')}/{len(bv)}",
                f"{hv.count('clean')}/{len(hv)}", f"{secs:.2f}")
         print("| " + " | ".join(row) + " |")
-    missed = [c.name for c in cases if results[c.name]["torchdoctor"][0] != "dangerous"
-              and any(v == "dangerous" for t, (v, _) in results[c.name].items() if t != "torchdoctor")]
-    print(f"\nflagged dangerous by an anchor but not by torchdoctor: {missed or 'none'}")
+    missed = [c.name for c in cases if c.kind != "benign" and results[c.name]["torchdoctor"][0] not in
+              ("dangerous", "refused") and any(v == "dangerous" for t, (v, _) in results[c.name].items()
+                                              if t != "torchdoctor")]
+    alarms = {t: [c.name for c in kinds["benign"] if results[c.name][t][0] == "dangerous"] for t in tools}
+    print(f"\npayloads or hostile files an anchor calls dangerous that torchdoctor neither flags nor refuses: "
+          f"{missed or 'none'}")
+    print("benign files called dangerous: " + "; ".join(f"{t}: {', '.join(v) or 'none'}" for t, v in alarms.items()))
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
-    return 1 if ran or missed else 0
+    return 1 if ran or missed or alarms["torchdoctor"] else 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from torchdoctor._checkpoint.unpickle import CheckpointError, UnsafePickle
 
 __all__ = ["EXTENSIONS", "Skipped", "collect", "file_kind", "read_file", "read_json"]
 
-EXTENSIONS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+EXTENSIONS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")  # .pkl: accelerate's random_states_0.pkl is torch.load-ed
 _MAX_DIR_DEPTH = 4
 _MAX_JSON = 64 * 1024 * 1024  # an index or config.json larger than this is not one
 
