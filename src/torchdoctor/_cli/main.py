@@ -156,9 +156,11 @@ def _apply_config(args: argparse.Namespace) -> None:
         return
     path, table = read_config()
     args.config = path if table else None
+    args.sources = {key: f"--{key.replace('_', '-')}" for key in _CONFIGURED if getattr(args, key, None) is not None}
     for key in _CONFIGURED:
         if key in table and hasattr(args, key) and getattr(args, key) is None:
             setattr(args, key, table[key])
+            args.sources[key] = f"[tool.torchdoctor] in {path}"  # reports say where an expectation came from
     if getattr(args, "limit", None) is None and hasattr(args, "limit"):
         args.limit = 40
 

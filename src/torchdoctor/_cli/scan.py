@@ -83,11 +83,37 @@ def _one(spec: str, args: argparse.Namespace, device: Any, dtype: Any, docs: lis
         return code
     with progress(f"scanning {spec}", quiet=args.quiet):
         report = scan(target, device=device, dtype=dtype)
-    report = dataclasses.replace(report, source=spec)
+    report = with_sources(dataclasses.replace(report, source=spec), getattr(args, "sources", {}))
     if not report.tensors:
         raise UsageError(f"nothing to check: {spec} holds no tensors (a {type(target).__name__}); "
                          "point TARGET at a model, a pipeline or a checkpoint")
     return _finish(report, args, docs)
+
+
+def with_sources(report: ScanReport, sources: dict[str, str]) -> ScanReport:
+    """The report with each asked-for expectation saying where it came from: ``device_source`` /
+    ``dtype_source`` in ``expected`` (rule ``config`` when ``[tool.torchdoctor]`` set it) and the messages'
+    "(device= asked for)" / "dtype=X was asked for" naming the file or the option."""
+    if not sources or not report.expected:
+        return report
+    expected: dict[str, dict[str, str]] = {}
+    for comp, e in report.expected.items():
+        e = dict(e)
+        for key in ("device", "dtype"):
+            if e.get(f"{key}_rule") == "explicit" and key in sources:
+                e[f"{key}_source"] = sources[key]
+                if sources[key].startswith("[tool.torchdoctor]"):
+                    e[f"{key}_rule"] = "config"
+        expected[comp] = e
+    problems = []
+    for p in report.problems:
+        msg = p.message
+        if "device" in sources:
+            msg = msg.replace(" (device= asked for)", f" (device= from {sources['device']})")
+        if "dtype" in sources and msg.endswith(" was asked for") and "dtype=" in msg:
+            msg = msg[: -len(" was asked for")] + f" was set by {sources['dtype']}"
+        problems.append(p if msg == p.message else dataclasses.replace(p, message=msg))
+    return dataclasses.replace(report, expected=expected, problems=tuple(problems))
 
 
 def _finish(report: ScanReport, args: argparse.Namespace, docs: list[Any]) -> int:

@@ -290,7 +290,9 @@ def render_report(report: ScanReport, limit: int = 40) -> str:
             f"{name or '<root>'}: {e.get('device', '?')} {e.get('dtype', '?')}" for name, e in list(report.expected.items())[:8]
         )
         more = f" (+{len(report.expected) - 8} more)" if len(report.expected) > 8 else ""
-        lines.append(f"expected: {exp}{more}")
+        whence = sorted({f"{k} from {e[k + '_source']}" for e in report.expected.values() for k in ("device", "dtype")
+                         if e.get(k + "_source")})
+        lines.append(f"expected: {exp}{more}" + (f" ({'; '.join(whence)})" if whence else ""))
     lines.append(f"{len(report.tensors)} tensor paths ({n_alias} aliases); by device and dtype, each storage once:")
     for g in report.summary[:limit]:
         lines.append(f"  {g['device']:<8} {g['dtype']:<14} {g['tensors']:>7} tensors  {human_bytes(g['nbytes']):>11}")
