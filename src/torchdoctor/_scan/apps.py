@@ -185,17 +185,14 @@ def convention(e: Entry) -> str | None:
 
 
 
-def casting_modules(modules: list[tuple[str, nn.Module]]) -> set[int]:
-    """ids of the modules that cast or move their own weights on their next call (per class first: one dict
-    lookup per module for ordinary models)."""
-    out: set[int] = set()
+def casting_modules(modules: list[tuple[str, nn.Module]], types_: set[type]) -> set[int]:
+    """ids of the modules that cast or move their own weights on their next call (per class first: ordinary
+    models have no casting class, and then no module is looked at)."""
     cache = _CASTS
-    for _, m in modules:
-        tp = type(m)
-        conds = cache[tp] if tp in cache else cast_conditions(tp)
-        if conds is not None and casts_per_call(m):
-            out.add(id(m))
-    return out
+    classes = {tp for tp in types_ if (cache[tp] if tp in cache else cast_conditions(tp)) is not None}
+    if not classes:
+        return set()
+    return {id(m) for _, m in modules if type(m) in classes and casts_per_call(m)}
 
 
 def network_adapters(w: Any) -> tuple[dict[str, tuple[str, str]], dict[str, torch.device]]:

@@ -31,22 +31,30 @@ def judge(policy: Policy) -> list[Problem]:
     meta_ok = fixed_dev is not None and fixed_dev.type == "meta"
     meta_judged = not meta_ok and not offloaded
     texts: dict[tuple[Any, ...], tuple[str, str, tuple[str, ...]]] = {}  # meta problems: shapes repeat across layers
+    unloaded = _unloaded(policy) if meta_judged else {}
     for e, info in policy.canon:
         module = e.module
         if meta_judged and info.device == _META and info.role != "offloaded" and (module is not None or strict):
+            comp = None
             where = fixed_dev
-            if where is None and module is not None:
+            if module is not None:
                 comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
-                where = hook_dev or (comp.device if comp else None)
-            key = (info.dtype, info.shape, where)
-            hit = texts.get(key)
-            if hit is None:
-                text = info.compact
-                where_text = device_str(where) if where is not None else "a real device"
-                hit = texts[key] = (where_text, _meta_message(text, where_text), (text,))
-            # no data: a problem whatever else is expected
-            problems.append(Problem("meta", e.path, e.role, "meta", hit[0], hit[1], None, e.module_path,
-                                    type(module).__name__ if module is not None else None, hit[2]))
+                where = where or hook_dev or (comp.device if comp else None)
+            if comp is None or id(comp) not in unloaded:
+                key = (info.dtype, info.shape, where)
+                hit = texts.get(key)
+                if hit is None:
+                    text = info.compact
+                    where_text = device_str(where) if where is not None else "a real device"
+                    hit = texts[key] = (where_text, _meta_message(text, where_text), (text,))
+                # no data: a problem whatever else is expected
+                problems.append(Problem("meta", e.path, e.role, "meta", hit[0], hit[1], None, e.module_path,
+                                        type(module).__name__ if module is not None else None, hit[2]))
+            # a tensor can carry several problems: what else is wrong with it (a planted dtype) is still named
+            if module is not None and info.dtype.is_floating_point and comp is not None and info.dtype != comp.dtype:
+                p = _judge_entry(policy, e, meta_ok=True)
+                if p is not None:
+                    problems.append(p)
             continue
         if module is not None and info.role != "offloaded" and info.role not in _ATTR_ROLES:
             comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
@@ -63,13 +71,43 @@ def judge(policy: Policy) -> list[Problem]:
             problems.append(p)
     if adapters:
         problems.extend(_judge_adapters(policy))
+    for comp, n in unloaded.values():
+        where = device_str(fixed_dev or comp.device) if (fixed_dev or comp.device) is not None else "a real device"
+        name = f"'{comp.path}'" if comp.path else "the model"
+        problems.insert(0, Problem(
+            "meta", comp.path or "<root>", "parameter", "meta", where,
+            f"weights not loaded: all {n} parameters of {name} are on meta (built on the meta device or with "
+            f"init_empty_weights); load them (from_pretrained, load_state_dict(sd, assign=True), or to_empty() then "
+            f"load), or check the structure as if loaded on {where}: simulate(..., assume_device={where!r}) / "
+            f"torchdoctor simulate ... --assume-device {where}", None, comp.path, type(comp.module).__name__,
+            (f"{n} tensors",)))
     return problems
 
 
-def _judge_entry(policy: Policy, e: Entry) -> Problem | None:
+def _unloaded(policy: Policy) -> dict[int, tuple[Any, int]]:
+    """Components whose parameters are all on meta (at least two): a model built without weights, one summary
+    each instead of a problem per tensor."""
+    counts: dict[int, list[Any]] = {}
+    const, cache, ctx = policy._const_ctx, policy._ctx_cache, policy.ctx
+    for e, info in policy.canon:
+        if info.role != "parameter" or e.module is None:
+            continue
+        comp = (const or cache.get(e.module_path) or ctx(e.module_path))[0]
+        if comp is None:
+            continue
+        c = counts.get(id(comp))
+        if c is None:
+            c = counts[id(comp)] = [comp, 0, 0]
+        c[1] += 1
+        c[2] += info.device == _META
+    return {k: (c[0], c[1]) for k, c in counts.items() if c[1] >= 2 and c[1] == c[2]}
+
+
+def _judge_entry(policy: Policy, e: Entry, meta_ok: bool = False) -> Problem | None:
     d = policy.decide(e)
     t = e.tensor
-    if t.device == _META and (d.device is None or d.device.type != "meta") and d.rule != "offloaded":
+    if t.device == _META and (d.device is None or d.device.type != "meta") and d.rule != "offloaded" \
+            and not meta_ok:
         return _meta_problem(e, d.device)
     if e.path in policy.adapter_of and d.rule == "adapter":
         layer, _ = policy.adapter_of[e.path]

@@ -131,7 +131,7 @@ class Policy:
                 hit = bnb.get(tp)
                 kbit = hit if hit is not None else intent.kbit_model([(path, mod)])
         self.kbit = kbit
-        self.casting = apps.casting_modules(w.modules)  # layers that cast or move their weights per call
+        self.casting = apps.casting_modules(w.modules, types)  # layers that cast or move their weights per call
         self.patched = {p for p, _, _ in w.patches}
         if w.patches:  # forward-replacing LoRA networks: adapters of the module they patch
             of, base = apps.network_adapters(w)

@@ -16,6 +16,7 @@ import torch
 
 from torchdoctor._report.model import ScanReport, Target, summarize
 from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype
+from torchdoctor._scan.optim import optimizer_problems
 from torchdoctor._scan.policy import Policy
 from torchdoctor._walk import walk
 
@@ -54,7 +55,7 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     try:
         w = walk(obj)
         policy = Policy(w, dev, dt, strict)
-        problems = _with_trace_notes(policy.judge(), w) + list(w.problems)
+        problems = _with_trace_notes(policy.judge() + optimizer_problems(obj, w), w) + list(w.problems)
         rows = [e.info() for e in w.entries]
         expected = {c.path: _expected_row(c) for c in reversed(policy.components)}
         with torch._C.DisableTorchFunction():  # storage keys of real tensors, also inside a virtual-device run
@@ -115,10 +116,21 @@ def assert_placement(obj: Any, device: str | torch.device | None = None, dtype: 
 
     >>> assert_placement(torch.nn.Linear(2, 2), device="cpu", dtype=torch.float32)
     """
+    _check_subject(obj, "assert_placement")
     report = scan(obj, device=device, dtype=dtype)
     if report.ok:
         return
     raise AssertionError(placement_failure_text(report, device, dtype))
+
+
+def _check_subject(obj: Any, verb: str) -> None:
+    """Wrong arguments raise (``assert_placement(None, ...)`` must never pass): what is checked must hold tensors."""
+    if obj is None or isinstance(obj, (bool, int, float, complex)) or (
+            callable(obj) and not isinstance(obj, (torch.nn.Module, torch.Tensor)) and isinstance(obj, type(_check_subject))):
+        what = "None" if obj is None else f"a {type(obj).__name__} ({obj!r:.60})"
+        raise TypeError(f"{verb} checks an object that holds tensors (a module, pipeline, tensor, optimizer, dict or "
+                        f"list of them, or a checkpoint path), but got {what}: pass the model itself"
+                        + (" (call the function first)" if callable(obj) else ""))
 
 
 def placement_failure_text(report: ScanReport, device: Any = None, dtype: Any = None) -> str:

@@ -297,9 +297,12 @@ class _Walker:
             if i >= MAX_ITEMS:
                 self.truncate(path, f"more than {MAX_ITEMS} items in one container")
                 break
+            name: Any = ck
             if k == MAPPING and type(ck) not in atoms:  # tensors and modules used as dict keys
                 self.value(ck, join_path(path, f"<key {i}>"), v, ck, "key", module, mpath, child_role, depth + 1, moved)
-            self.value(cv, join_path(path, ck), v, ck, cslot, module, mpath, child_role, depth + 1, moved)
+                if not isinstance(ck, (str, int, tuple)):  # one path per value (optimizer state keyed by parameters)
+                    name = f"<{type(ck).__name__} {i}>"
+            self.value(cv, join_path(path, name), v, ck, cslot, module, mpath, child_role, depth + 1, moved)
         self.seen_obj[oid] = (path, lst, start, len(lst))
 
     # -- accelerate offload hooks ---------------------------------------------------------------------
