@@ -29,21 +29,36 @@ def meta_llama() -> torchdoctor.ScanReport:
     return torchdoctor.scan(model, device="cpu")
 
 
+def _meta_problems(report: torchdoctor.ScanReport) -> list[torchdoctor.Problem]:
+    """One meta problem per tensor, as a verb that judges tensor by tensor reports them (the scan itself now sums a
+    model built on meta up in one line: ``test_meta_model_is_one_summary``)."""
+    why = ("holds no data (meta) but should be on cpu; a forward on CPU may silently return garbage. Load or "
+           "materialise it (load_state_dict(..., assign=True) or to_empty() then load).")
+    return [torchdoctor.Problem("meta", t.path, t.role, "meta", "cpu", f"{t.path} {t.compact} {why}")
+            for t in report.tensors if t.device.type == "meta"]
+
+
 def test_alike_problems_of_a_meta_llama_print_as_one_line(meta_llama: torchdoctor.ScanReport) -> None:
-    text = meta_llama.text()
-    lines = text.splitlines()
-    assert len(meta_llama.problems) == 24 * 9 + 5  # 24 layers, embed, norm, lm_head, two rotary buffers
+    problems = _meta_problems(meta_llama)
+    assert len(problems) == 24 * 9 + 5  # 24 layers, embed, norm, lm_head, two rotary buffers
+    lines = render_problems(problems)
     group = [ln for ln in lines if "tensors under model.layers.*" in ln]
     assert group == [f"  meta {24 * 9} tensors under model.layers.* on meta: holds no data (meta) but should be on "
                      "cpu; a forward on CPU may silently return garbage. Load or materialise it "
                      "(load_state_dict(..., assign=True) or to_empty() then load)."]
+    text = "\n".join(lines)
     assert "model.embed_tokens.weight" in text and "lm_head.weight" in text  # the lone ones stay by path
     assert len(lines) < 15
-    assert sum(len(g.members) for g in group_problems(meta_llama.problems)) == len(meta_llama.problems)
+    assert sum(len(g.members) for g in group_problems(problems)) == len(problems)
+
+
+def test_meta_model_is_one_summary(meta_llama: torchdoctor.ScanReport) -> None:
+    lines = meta_llama.text().splitlines()
+    assert len(lines) < 15 and "weights not loaded" in lines[1]
 
 
 def test_lines_bounded_by_width_and_kind_column_never_overflows(meta_llama: torchdoctor.ScanReport) -> None:
-    problems = [*meta_llama.problems[:3], torchdoctor.Problem(
+    problems = [*_meta_problems(meta_llama)[:3], torchdoctor.Problem(
         "unsupported_dtype", "lm_head.weight", "parameter", "bfloat16", "float32",
         "cuda (capability 7.5) cannot run matmul in bfloat16 " + "because cuBLAS has no kernel " * 4)]
     with line_width(80):
