@@ -248,6 +248,11 @@ def build(root: str | os.PathLike[str], marker: str, with_benign: bool = True) -
         path = base / "payload" / name
         path.write_bytes(data)
         cases.append(Case(name, str(path), "payload", names))
+    dcp = base / "payload" / "dcp-metadata"  # dcp.load calls plain pickle.load on .metadata
+    dcp.mkdir(exist_ok=True)
+    (dcp / ".metadata").write_bytes(dotted("os", "system", marker))
+    (dcp / "__0_0.distcp").write_bytes(b"")
+    cases.append(Case("dcp-metadata", str(dcp), "payload", ("os.system",)))
     cases += [Case(n, p, "hostile") for n, p in _hostile(base / "hostile").items()]
     if with_benign:
         (base / "benign").mkdir(exist_ok=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from torchdoctor._cli.common import UsageError, each_target, print_json
 from torchdoctor._report.progress import progress
-from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
+from torchdoctor._report.text import exit_code
 
 __all__ = ["command", "parse_want", "scan_path"]
 
@@ -57,9 +57,7 @@ def _check(path: str, device: str | None, dtype: Any) -> Any:
 
 
 def _code(report: Any) -> int:
-    if any(p.kind == "unreadable" for p in report.problems):
-        return EXIT_USAGE
-    return EXIT_OK if report.ok else EXIT_PROBLEMS
+    return exit_code(report.problems)  # 2 when an entry could not be checked, else 1 for problems, 0
 
 
 def scan_path(path: str, args: Any) -> int:
