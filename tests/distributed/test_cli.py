@@ -49,7 +49,8 @@ def test_the_same_usage_error_everywhere_is_one_line(runs: list[dict[str, Any]])
     run = runs[0]["scan_checkpoint_path"]
     assert not run["stdout"]
     assert run["stderr"].startswith("torchdoctor scan: ")
-    assert "is a file or directory: --distributed checks the live objects of each rank" in run["stderr"]
+    # TARGET is a .py file without ``:name``: the resolver's one line, said once for every rank
+    assert "is a Python file, not a checkpoint" in run["stderr"] and run["stderr"].endswith("(on every rank)\n")
 
 
 def test_simulate_on_four_cpu_ranks_finds_the_rank_that_computes_on_cuda_0(tmp_path: Path) -> None:

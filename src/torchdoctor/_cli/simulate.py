@@ -43,19 +43,31 @@ def _profile(args: argparse.Namespace) -> tuple[Any, DeviceProfile]:
 
 
 def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfile, docs: list[Any]) -> int:
-    from torchdoctor._virtual.simulate import simulate
+    from torchdoctor._virtual.simulate import simulate, simulate_target
 
     _, dtype = parse_common(argparse.Namespace(device=None, dtype=args.dtype))
-    with progress(f"loading {spec}", quiet=args.quiet):
-        target = resolve_target(spec)
-    if isinstance(target, (str, os.PathLike)):
+    if os.path.exists(spec):
         raise UsageError(f"simulate needs an object (path/to/file.py:name or package.module:name); {spec!r} is "
                          "a file or directory: use `torchdoctor scan` for checkpoints")
+    assume = parse_device(args.assume_device) if getattr(args, "assume_device", None) else None
+    target: Any = None
     try:
-        assume = parse_device(args.assume_device) if getattr(args, "assume_device", None) else None
         where = f"{device}" + (f" ({profile.name})" if profile.name else "")
         with progress(f"simulating {spec} on virtual {where}", quiet=args.quiet):
-            report = simulate(target, device=device, dtype=dtype, assume_device=assume, profile=profile)
+            if assume is None:  # TARGET's own code runs on the virtual devices: it may build its model on cuda:N
+                loaded: list[Any] = []
+
+                def load() -> Any:
+                    loaded.append(resolve_target(spec))
+                    return loaded[-1]
+
+                report = simulate_target(load, device, dtype, profile=profile)
+                target = loaded[-1] if loaded else None
+            else:  # a model built on meta, judged as if on ``assume``: simulate a copy of it
+                target = resolve_target(spec)
+                report = simulate(target, device=device, dtype=dtype, assume_device=assume, profile=profile)
+    except UsageError:
+        raise
     except (ValueError, TypeError) as exc:  # bad arguments, or an object that cannot be copied
         raise UsageError(str(exc)) from exc
     except Exception as exc:  # the target's own code failed before any placement problem was seen

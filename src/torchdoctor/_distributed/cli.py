@@ -77,11 +77,13 @@ def _device_template(value: str | None, verb: str) -> str | None:
     return f"{value}:{{local_rank}}"
 
 
-def _simulate_payload(target: Any, args: argparse.Namespace, template: str | None, rank: int,
+def _simulate_payload(spec: str, args: argparse.Namespace, template: str | None, rank: int,
                       local_rank: int) -> dict[str, Any]:
+    """This rank's simulation: TARGET is resolved (its file imported, its factory called) inside the virtual
+    session, so rank code that places its model on ``cuda:LOCAL_RANK`` runs as it would on the GPU node."""
     from torchdoctor._placement import device_str, parse_device
     from torchdoctor._rules.profile import DeviceProfile
-    from torchdoctor._virtual.simulate import simulate
+    from torchdoctor._virtual.simulate import simulate, simulate_target
 
     device = fill_device(template, rank, local_rank)
     assert device is not None
@@ -91,13 +93,24 @@ def _simulate_payload(target: Any, args: argparse.Namespace, template: str | Non
         count = int(args.count)
     profile = DeviceProfile.for_device(device.type).with_count(max(count, (device.index or 0) + 1))
     assume = parse_device(args.assume_device) if getattr(args, "assume_device", None) else None
-    report = simulate(target, device=device, dtype=dtype, assume_device=assume, profile=profile)
+    if assume is None:
+        report = simulate_target(lambda: _resolve(spec), device, dtype, profile=profile)
+    else:  # a model built on meta, judged as if on ``assume``: a copy of it is simulated
+        report = simulate(_resolve(spec), device=device, dtype=dtype, assume_device=assume, profile=profile)
     problems = [{**p.to_dict(), "tensors": list(p.tensors)} for p in report.problems]
     if report.stopped and not problems:
         raise RuntimeError(f"simulation stopped early: {report.stopped}")
     return {"rank": rank, "local_rank": local_rank, "host": host(), "judged": device_str(device), "error": None,
             "problems": problems, "tensors": {}, "count": sum(g.get("tensors", 0) for g in report.summary),
             "mesh": []}
+
+
+def _resolve(spec: str) -> Any:
+    target = resolve_target(spec)
+    if isinstance(target, (str, os.PathLike)):
+        raise UsageError(f"{spec!r} is a file or directory: --distributed checks the live objects of each "
+                         "rank; scan a checkpoint once, without --distributed")
+    return target
 
 
 def command(verb: str, args: argparse.Namespace) -> int:
@@ -113,10 +126,9 @@ def command(verb: str, args: argparse.Namespace) -> int:
         template = _device_template(getattr(args, "device", None), verb)
         if verb == "scan":
             parse_common(argparse.Namespace(device=None, dtype=args.dtype))
-        target = resolve_target(args.target)
-        if isinstance(target, (str, os.PathLike)):
-            raise UsageError(f"{args.target!r} is a file or directory: --distributed checks the live objects of each "
-                             "rank; scan a checkpoint once, without --distributed")
+            target = _resolve(args.target)
+        elif os.path.exists(args.target):  # simulate resolves TARGET in its virtual session, on each rank
+            _resolve(args.target)
     except UsageError as exc:
         early = exc
     except Exception as exc:  # resolve_target turns the target's failures into UsageError; anything else too
@@ -129,7 +141,12 @@ def command(verb: str, args: argparse.Namespace) -> int:
                 payload["error"] = f"UsageError: {early}"
                 return payload
             if verb == "simulate":
-                return _simulate_payload(target, args, template, r, lr)
+                try:
+                    return _simulate_payload(args.target, args, template, r, lr)
+                except UsageError as exc:  # TARGET could not be resolved on this rank: the same on every rank
+                    payload = error_payload(r, lr, exc)
+                    payload["error"] = f"UsageError: {exc}"
+                    return payload
             return scan_payload(target, template, args.dtype, False, r, lr)
 
         payloads = gather(local)
