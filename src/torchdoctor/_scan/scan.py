@@ -17,6 +17,7 @@ import torch
 from torchdoctor._report.model import ScanReport, Target, summarize
 from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._scan.optim import optimizer_problems
+from torchdoctor._scan.pipeline import pipeline_problems
 from torchdoctor._scan.policy import Policy
 from torchdoctor._walk import walk
 
@@ -55,7 +56,8 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     try:
         w = walk(obj)
         policy = Policy(w, dev, dt, strict)
-        problems = _with_trace_notes(policy.judge() + optimizer_problems(obj, w), w) + list(w.problems)
+        problems = pipeline_problems(obj, policy) + _with_trace_notes(
+            policy.judge() + optimizer_problems(obj, w), w) + list(w.problems)
         rows = [e.info() for e in w.entries]
         expected = {c.path: _expected_row(c) for c in reversed(policy.components)}
         with torch._C.DisableTorchFunction():  # storage keys of real tensors, also inside a virtual-device run
