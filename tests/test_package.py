@@ -1,6 +1,6 @@
 """Package invariants: the layout docs/architecture.md describes, no import cycles (function-level imports
 included), no private name imported across subpackages, small files, one public table, cheap import, torch-free
-``_env``/``_explain``, and no comment citing a document outside the repository."""
+``_env``/``_explain``/``_checkpoint``, and no comment citing a document outside the repository."""
 
 from __future__ import annotations
 
@@ -168,7 +168,8 @@ def test_one_public_table() -> None:
             assert value.__module__ == "torchdoctor", name  # errors print as torchdoctor.PlacementError
 
 
-@pytest.mark.parametrize("area", ["_env.report", "_env.rules", "_env.devices", "_explain.api"])
+@pytest.mark.parametrize("area", ["_env.report", "_env.rules", "_env.devices", "_explain.api", "_checkpoint.collect",
+                                  "_checkpoint.result", "_cli.checkpoint"])
 def test_env_and_explain_import_without_torch(area: str) -> None:
     code = ("import sys; sys.modules['torch'] = None\n"
             f"import torchdoctor.{area}\n"
