@@ -263,3 +263,26 @@ def test_fix_mode_aligns_float8_weights_of_a_plain_linear(f8: torch.dtype, grad:
         out = block(x)
     assert out.dtype == BF and block[0].weight.dtype == before == f8  # cast for the op, the model unchanged
     assert {(f.path, f.found, f.expected) for f in g.fixes} >= {("0.weight", str(f8).split(".")[1], "bfloat16")}
+
+
+class _ScaledAttr(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.blocks = nn.Sequential(*[nn.Linear(16, 16) for _ in range(3)])
+        self.scale = torch.ones(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.blocks(x) * self.scale)
+
+
+def test_a_model_compiled_inside_the_guard_names_the_model_path() -> None:
+    model = _ScaledAttr().to(BF)
+    model.scale = torch.ones(16)  # float32: the graph holds it as a constant
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager")
+    err = _fail(compiled, lambda: compiled(torch.randn(2, 16, dtype=BF)))
+    text = str(err)
+    assert "_tensor_constant" not in text and "outside the guarded model" not in text, text
+    assert err.problems[0].path == "scale" and "model.scale.data = model.scale.data.to(torch.bfloat16)" in (
+        err.fix or "")
