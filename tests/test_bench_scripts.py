@@ -1,0 +1,76 @@
+"""The benchmark table's arithmetic and its child process (bench/table.py, bench/first_call.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench"
+
+
+def _load(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_summary_is_the_median_of_per_pair_ratios_not_the_ratio_of_medians() -> None:
+    table = _load("table")
+    # a load burst doubles both halves of the third pair: per-pair ratios stay 2, the ratio of medians would not
+    ours = [2.0, 2.2, 8.0, 2.0, 2.4]
+    anchor = [1.0, 1.1, 4.0, 1.0, 1.2]
+    res = table.summary(ours, anchor)
+    assert res["ratio"] == pytest.approx(2.0)
+    assert (res["lo"], res["hi"], res["n"]) == (pytest.approx(2.0), pytest.approx(2.0), 5)
+    assert res["ours"] == 2.2 and res["anchor"] == 1.1
+
+
+def test_pairs_alternate_the_order() -> None:
+    table = _load("table")
+    calls: list[str] = []
+    res = table.pairs(lambda: calls.append("ours"), lambda: calls.append("anchor"), 5, warm=0,
+                      clock=iter(range(100)).__next__)
+    assert calls == ["ours", "anchor", "anchor", "ours", "ours", "anchor", "anchor", "ours", "ours", "anchor"]
+    assert res["n"] == 5
+
+
+def test_a_failed_goal_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    table = _load("table")
+    table.ROWS.clear()
+    table.row("x", "y", {"ratio": 2.0, "lo": 1.5, "hi": 2.5, "n": 5, "ours": 0.002, "anchor": 0.001}, 1.5,
+              note="because of z")
+    table.row("mbs", "", {"ratio": 90.0, "lo": 80.0, "hi": 95.0, "n": 5, "ours": 90.0, "anchor": 0},
+              80, unit="MB/s", higher_is_better=True)
+    assert [r["ok"] for r in table.ROWS] == [False, True]
+    table.print_table()
+    out = capsys.readouterr().out
+    assert "| x | y | x2.00 (1.50–2.50, 5) | 2.0 ms / 1.0 ms | ≤ 1.5x | NO: because of z |" in out
+    assert "| mbs |  | 90.0 (80.0–95.0, 5) | 90.0 MB/s | ≥ 80 | yes |" in out
+    table.ROWS.clear()
+
+
+def test_first_call_child_without_arguments_does_nothing() -> None:
+    # `make bench` used to run every script in bench/: the child must not fail there
+    out = subprocess.run([sys.executable, str(BENCH / "first_call.py")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "child of bench/table.py" in out.stdout
+
+
+def test_first_call_child_reports_first_and_later(tmp_path: pathlib.Path) -> None:
+    from safetensors.torch import save_file
+    import torch
+
+    path = tmp_path / "m.safetensors"
+    save_file({"w": torch.zeros(2, 2)}, str(path))
+    out = subprocess.run([sys.executable, str(BENCH / "first_call.py"), "checkpoint", str(path)],
+                         capture_output=True, text=True, timeout=300, check=True)
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["first"] > 0 and doc["later"] > 0
