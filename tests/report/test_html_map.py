@@ -150,7 +150,7 @@ def test_map_in_headless_chromium(browser: Any, broken_llama: Any, tmp_path: Pat
     box.clear()
     box.send_keys("onerror")
     deadline = time.monotonic() + 5
-    while f"lm_head.{HOSTILE}" not in [h.text for h in browser.find_elements("css selector", ".hits div")]:
+    while f"lm_head.{HOSTILE}" not in _texts(browser, ".hits div"):
         assert time.monotonic() < deadline, browser.find_element("css selector", ".hits").text
         time.sleep(0.05)
     assert browser.title != "pwned" and not browser.find_elements("css selector", "img[src=x]")
@@ -160,6 +160,12 @@ def test_map_in_headless_chromium(browser: Any, broken_llama: Any, tmp_path: Pat
     keep = os.environ.get("TORCHDOCTOR_SCREENSHOT")
     if keep:
         shutil.copy(shot, keep)
+
+
+def _texts(driver: Any, selector: str) -> list[str]:
+    """Texts of the elements, read in the page in one step (the search list is rebuilt while keys arrive)."""
+    return list(driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(function(e){return e.textContent;})", selector))
 
 
 def _reveal(driver: Any, path: str) -> Any:
@@ -207,7 +213,18 @@ def test_70b_shaped_map_stays_small_and_lazy(browser: Any, tmp_path: Path) -> No
     assert row is not None and row.get_attribute("data-device") == "meta"
     assert len(browser.find_elements("css selector", ".tree .row")) < 200  # only the opened path's siblings
     titles = [c.text for c in browser.find_elements("css selector", ".card code.path")]
-    assert "720 tensors under model.layers.*" in titles, titles
+    assert titles == ["<root>"], titles  # a model built on meta: one "weights not loaded" card, not 720
+
+    # the outline: 80 layers are one range row with their sizes; bars proportional to bytes (issue 27, point 7)
+    outline = browser.find_elements("css selector", "table.outline tr")
+    assert len(outline) <= 10
+    by_path = {r.get_attribute("data-path"): r for r in outline}
+    layers = by_path["model.layers.0-79"]
+    assert layers.get_attribute("data-count") == "80"
+    assert "80 \u00d7 3.2 GiB = 255.0 GiB" in layers.text, layers.text
+    bar = {p: by_path[p].find_element("css selector", ".size").size["width"] for p in ("model.layers.0-79", "lm_head")}
+    want = int(by_path["lm_head"].get_attribute("data-bytes")) / int(layers.get_attribute("data-bytes"))
+    assert abs(bar["lm_head"] / bar["model.layers.0-79"] - want) < 0.02, (bar, want)
 
 
 def test_page_is_escaped_self_contained_and_bounded(broken_llama: Any) -> None:
@@ -228,4 +245,21 @@ def test_move_report_map() -> None:
     page = render_html(moved.to_dict())
     data = json.loads(page.split('class="td-data">', 1)[1].split("</script>", 1)[0])
     assert sorted(r[0] for r in data["tensors"]) == ["0.bias", "0.weight"]
-    assert data["dtypes"] == ["bf16"] and data["devices"] == ["cpu"]
+    assert data["dtypes"] == ["bfloat16"] and data["devices"] == ["cpu"]  # one name per dtype on every map
+
+
+def test_one_name_and_one_colour_per_dtype_on_every_map(browser: Any, tmp_path: Path) -> None:
+    """A move map (compact forms, ``bf16``) and a scan map name and colour bfloat16 alike."""
+    model = nn.Sequential(nn.Linear(2, 2))
+    moved = torchdoctor.move(model, dtype=torch.bfloat16)
+    scanned = torchdoctor.scan(model)
+    seen = {}
+    for name, report in (("move", moved), ("scan", scanned)):
+        page = tmp_path / f"{name}.html"
+        report.to_html(page)
+        _open(browser, page)
+        items = browser.find_elements("css selector", ".legend [data-dtype]")
+        seen[name] = {i.get_attribute("data-dtype"): i.find_element("css selector", ".sw").value_of_css_property(
+            "background-color") for i in items}
+    assert "bf16" not in seen["move"] and seen["move"]["bfloat16"] == seen["scan"]["bfloat16"] == \
+        _rgb(dtype_color("bfloat16"))

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchdoctor._report.html_assets import CSS, JS
+from torchdoctor._report.layout import outline
 from torchdoctor._report.order import Relocation, split_relocations
 from torchdoctor._report.text import by_urgency, group_fix, group_problems, human_bytes, reason
 from torchdoctor._report.views import ResultViews
@@ -75,10 +76,24 @@ def _script_json(value: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def dtype_name(text: str) -> str:
+    """One name per dtype on every map: a compact form's ``bf16`` is ``bfloat16`` (so it gets bfloat16's colour).
+    Needs torchdoctor's dtype table, loaded whenever a report holds compact forms (move, simulate)."""
+    import sys
+
+    placement = sys.modules.get("torchdoctor._placement")
+    if placement is None:
+        return text
+    try:
+        return str(placement.dtype_str(placement.parse_dtype(text)))
+    except Exception:  # not a dtype torch knows here: keep the text
+        return text
+
+
 def _compact_device(text: str) -> tuple[str, str]:
-    """``bf16[4]@cuda:0`` -> (``cuda:0``, ``bf16``): move reports carry compact forms."""
+    """``bf16[4]@cuda:0`` -> (``cuda:0``, ``bfloat16``): move reports carry compact forms."""
     dtype, _, rest = text.partition("[")
-    return rest.rpartition("@")[2] or "?", dtype or "?"
+    return rest.rpartition("@")[2] or "?", dtype_name(dtype) if dtype else "?"
 
 
 def _rows(doc: Mapping[str, Any]) -> tuple[list[list[Any]], list[str], list[str], list[str], int]:
@@ -181,6 +196,28 @@ def _cards(problems: list[Mapping[str, Any]], source: str | None) -> str:
     return '<div class="cards">' + "".join(out) + "</div>"
 
 
+def _outline_table(rows: list[list[Any]], devices: list[str], dtypes: list[str]) -> str:
+    """Modules with their sizes, repeated blocks as one range row, bars proportional to bytes."""
+    e = html.escape
+    blocks = outline(rows, devices, dtypes)
+    if not blocks:
+        return ""
+    biggest = max(b.nbytes for b in blocks) or 1
+    out = ['<table class="outline">']
+    for b in blocks:
+        each = f"{b.count} \u00d7 {human_bytes(b.nbytes // b.count)} = " if b.count > 1 else ""
+        sw = "".join(f'<span class="sw" style="background:{device_color(d)}" title="{e(d)}"></span>' for d in b.devices)
+        st = "".join(f'<span class="sw" style="background:{dtype_color(d)}" title="{e(d)}"></span>' for d in b.dtypes)
+        width = max(0.5, 100.0 * b.nbytes / biggest)
+        out.append(f'<tr data-path="{e(b.label)}" data-count="{b.count}" data-bytes="{b.nbytes}">'
+                   f'<td style="padding-left:{6 + 14 * b.depth}px"><code>{e(b.label)}</code></td>'
+                   f'<td class="num">{e(each + human_bytes(b.nbytes))}</td>'
+                   f'<td>{sw} {e(", ".join(b.devices))}</td><td>{st} {e(", ".join(b.dtypes))}</td>'
+                   f'<td class="barcell"><span class="size" style="width:{width:.1f}%"></span></td></tr>')
+    out.append("</table>")
+    return "".join(out)
+
+
 def _relocation_cards(moves: list[Relocation]) -> str:
     """One card per component not yet on the device asked for, with the one move that fixes it."""
     e = html.escape
@@ -248,6 +285,7 @@ def render_html(doc: Mapping[str, Any], *, title: str | None = None, full: bool 
         f'<div class="tdmap" id="{root_id}"><style>{CSS}</style>'
         f"<h1>torchdoctor device map</h1>{_heading(doc, len(problems))}{legend}"
         f"<h2>Totals by device and dtype</h2>{_totals_table(totals) if totals else '<p class=note>no tensors</p>'}"
+        + (f"<h2>Modules</h2>{table}" if (table := _outline_table(rows, devices, dtypes)) else "")
         + (f"<h2>Problems</h2>{_cards(real, str(source) if source else None)}" if real else "")
         + (f"<h2>Not yet on the device asked for</h2>{_relocation_cards(moves)}" if moves else "")
         + f'<h2>Tensors by path ({total})</h2><div class="searchbar"><input class="q" type="search" '

@@ -16,6 +16,9 @@ CSS = r"""
 .tdmap .legend span.item{margin-right:12px;white-space:nowrap}
 .tdmap table.totals{border-collapse:collapse}.tdmap table.totals td,.tdmap table.totals th{border:1px solid #dde;
   padding:2px 8px;text-align:right}.tdmap table.totals th{background:#f4f5f8}
+.tdmap table.outline{border-collapse:collapse;width:100%}.tdmap table.outline td{padding:1px 6px;white-space:nowrap}
+.tdmap table.outline td.num{text-align:right;color:#445}.tdmap table.outline td.barcell{width:35%}
+.tdmap table.outline .size{display:block;height:9px;background:#7b8fb3;border-radius:2px}
 .tdmap .cards{display:flex;flex-direction:column;gap:8px}
 .tdmap .card{border:1px solid #e3b4b0;border-left:5px solid #b3261e;background:#fff7f6;padding:6px 10px;border-radius:4px}
 .tdmap .card .kind{font-weight:700;color:#b3261e;margin-right:6px}
