@@ -61,3 +61,15 @@ def test_a_component_left_on_another_device_is_not_a_relocation() -> None:
     report = torchdoctor.scan(model, device="meta")
     real, moves = report.relocations()
     assert [p.path for p in real] == ["3.weight"] and moves == []
+
+
+def test_a_tensor_in_the_wrong_dtype_is_never_folded_into_a_move() -> None:
+    """The README's planted float32 weight: on another device *and* in another dtype, a move alone would not fix
+    it, so it stays in the list (whether the scan reports its dtype apart or not)."""
+    pipe = zoo.tiny_sd_pipeline(torch.bfloat16)
+    pipe.unet.conv_in.weight.data = pipe.unet.conv_in.weight.data.float()
+    report = torchdoctor.scan(pipe, "cuda:0", torch.bfloat16)
+    real, moves = report.relocations()
+    assert "unet.conv_in.weight" in {p.path for p in real}
+    assert "unet.conv_in.weight" not in {p.path for m in moves for p in m.members}
+    assert "unet.conv_in.weight" in report.text().splitlines()[1]

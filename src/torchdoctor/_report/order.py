@@ -46,7 +46,8 @@ def split_relocations(problems: Sequence[Any], expected: Mapping[str, Mapping[st
     when its component's device was asked for (``device=``, ``[tool.torchdoctor]``) and the component as a whole
     sits where the tensor is (most of its bytes, when ``tensors`` are given): "you asked for cuda:0, it is on
     cpu" is one move, not hundreds of findings. A tensor left behind by a component that did move, or one that
-    ``Module.to`` never moves (``moved_by_module_to`` false in ``tensors``), stays a problem.
+    ``Module.to`` never moves (``moved_by_module_to`` false in ``tensors``) or that is in another floating dtype
+    than its component (a move alone would not make it right), stays a problem.
 
     >>> ps = [{"kind": "device", "path": f"unet.l{i}.w", "role": "parameter", "found": "cpu", "expected": "cuda:0"}
     ...       for i in range(3)] + [{"kind": "dtype", "path": "unet.l0.w", "role": "parameter"}]
@@ -60,6 +61,7 @@ def split_relocations(problems: Sequence[Any], expected: Mapping[str, Mapping[st
         return list(problems), []
     home: dict[str, str] = {}
     stays: set[str] = set()  # paths Module.to does not move (a list-held module, a plain attribute)
+    odd: set[str] = set()  # floating tensors in another dtype than their component's: more than a move is wrong
     if tensors:
         weight: dict[str, dict[str, int]] = {}
         for t in tensors:
@@ -67,6 +69,10 @@ def split_relocations(problems: Sequence[Any], expected: Mapping[str, Mapping[st
             if _get(t, "moved_by_module_to") is False:
                 stays.add(path)
             c = _component(path, asked)
+            dt = str(_get(t, "dtype")).removeprefix("torch.")  # a TensorInfo holds a torch.dtype, a document its name
+            want = (expected.get(c) or {}).get("dtype") if c is not None else None
+            if want and dt != want and dt.startswith(("float", "bfloat", "complex")):
+                odd.add(path)
             if c is None or _get(t, "alias_of"):
                 continue
             dev = str(_get(t, "device"))
@@ -80,7 +86,7 @@ def split_relocations(problems: Sequence[Any], expected: Mapping[str, Mapping[st
         c = _component(path, asked) if _get(p, "kind") == "device" and _get(p, "role") in ("parameter", "buffer") \
             else None
         found = str(_get(p, "found") or "")
-        if c is None or path in stays or (home and home.get(c, found) != found):
+        if c is None or path in stays or path in odd or (home and home.get(c, found) != found):
             real.append(p)
             continue
         moves.setdefault((c, found, str(_get(p, "expected") or "")), []).append(p)
