@@ -87,7 +87,7 @@ def row(measure: str, anchor: str, res: dict[str, Any], goal: float, unit: str =
 
 def fmt(x: float, unit: str) -> str:
     if unit == "ms":
-        return f"{x * 1e3:.1f} ms" if x < 10 else f"{x:.2f} s"
+        return f"{x * 1e6:.1f} µs" if x < 1e-3 else f"{x * 1e3:.1f} ms" if x < 10 else f"{x:.2f} s"
     if unit == "ms extra":
         return f"{x:.1f} ms"
     return f"{x:.1f} {unit}"
@@ -357,7 +357,7 @@ def trace_row(n: int) -> None:
 
     nparams = sum(p.numel() for p in model.parameters()) / 1e6
     row(f"trace on, .to(bf16) + back of a {nparams:.0f}M Llama shape", "untraced", pairs(cast(True), cast(False),
-                                                                                       max(n, 9)), 1.05,
+                                                                                       max(n, 15)), 1.05,
         note="each traced call walks the model twice")
 
 
