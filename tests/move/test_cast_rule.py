@@ -67,7 +67,9 @@ def _load_4bit(path, **kw):
     import transformers
 
     cfg = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=BF16, bnb_4bit_quant_type="nf4")
-    with zoo._quiet():
+    # transformers 5 loads weights in worker threads; one thread keeps a loaded 2-core machine from stalling
+    with zoo._quiet(), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_DEACTIVATE_ASYNC_LOAD", "1")
         return transformers.LlamaForCausalLM.from_pretrained(path, quantization_config=cfg, device_map="cpu",
                                                              dtype=torch.float32, **kw)
 

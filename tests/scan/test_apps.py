@@ -253,3 +253,51 @@ def test_patcher_backup_is_intended_under_strict_and_other_state_is_judged() -> 
     report = torchdoctor.scan(patcher, device="meta", strict=True)
     assert paths(report) == ["extra"]
     assert paths(torchdoctor.scan(patcher, device="meta")) == []
+
+
+# --- a ComfyUI-shaped lowvram state of a real diffusers UNet -----------------------------------------------------
+
+
+def _casting(base: type) -> type:
+    class Casting(base):  # type: ignore[misc, valid-type]
+        cast_on_call = False
+
+        def forward_cast(self, x: torch.Tensor, *rest: object) -> torch.Tensor:
+            w, b = weights_for(self, x)
+            return self._conv_forward(x, w, b) if isinstance(self, nn.Conv2d) else F.linear(x, w, b)
+
+        def forward(self, x: torch.Tensor, *rest: object) -> torch.Tensor:
+            if self.cast_on_call:
+                return self.forward_cast(x, *rest)
+            return super().forward(x, *rest)
+
+    return Casting
+
+
+def test_lowvram_unet_with_fp8_storage_schedule_and_backups_is_quiet_and_a_leftover_is_found() -> None:
+    from support import zoo
+
+    unet = zoo.tiny_unet(BF16)
+    kinds = {c: _casting(c) for c in (nn.Linear, nn.Conv2d)}
+    layers = [m for m in unet.modules() if type(m) in kinds]
+    for m in layers:
+        m.__class__ = kinds[type(m)]
+    model = Denoiser()
+    model.diffusion_model = unet
+    for i, m in enumerate(layers):
+        if i % 2:  # kept on cpu and cast per call, some stored in fp8, backups beside them
+            m.cast_on_call = True
+            m.network_weights_backup = m.weight.detach().clone()
+            if isinstance(m, nn.Linear):
+                m.weight.data = m.weight.data.to(torch.float8_e4m3fn)
+        else:
+            m.to("meta")
+    for m in unet.modules():  # everything else is loaded on the device
+        if type(m) not in kinds.values() and not any(True for _ in m.children()):
+            m.to("meta")
+    model.model_sampling.to("meta")
+    assert paths(torchdoctor.scan(model, device="meta")) == []
+    victim = next(m for i, m in enumerate(layers) if i % 2 and isinstance(m, nn.Conv2d))
+    victim.cast_on_call = False  # nothing moves it at call any more
+    path = next(p for p, m in model.named_modules() if m is victim)
+    assert paths(torchdoctor.scan(model, device="meta")) == [f"{path}.bias", f"{path}.weight"]

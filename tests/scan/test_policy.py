@@ -195,7 +195,8 @@ def kbit_llama(tmp_path_factory):
     zoo.tiny_llama().save_pretrained(path)
     cfg = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16,
                                           bnb_4bit_quant_type="nf4")
-    with zoo._quiet():
+    with zoo._quiet(), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_DEACTIVATE_ASYNC_LOAD", "1")  # weights loaded in this thread (see tests/move/test_cast_rule.py)
         model = transformers.LlamaForCausalLM.from_pretrained(path, quantization_config=cfg, device_map="cpu",
                                                               dtype=torch.bfloat16)
         model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)

@@ -106,8 +106,9 @@ def _unloaded(policy: Policy) -> dict[int, tuple[Any, int]]:
 def _judge_entry(policy: Policy, e: Entry, meta_ok: bool = False) -> Problem | None:
     d = policy.decide(e)
     t = e.tensor
+    meta_asked = policy.device is not None and policy.device.type == "meta"
     if t.device == _META and (d.device is None or d.device.type != "meta") and d.rule != "offloaded" \
-            and not meta_ok:
+            and not meta_ok and not meta_asked:
         return _meta_problem(e, d.device)
     if e.path in policy.adapter_of and d.rule == "adapter":
         layer, _ = policy.adapter_of[e.path]
