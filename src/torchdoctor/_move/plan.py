@@ -81,7 +81,7 @@ class Moved(NamedTuple):
     nbytes: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class MoveReport(HtmlMapMixin):
     """What ``move`` did: ``moved`` rows (path, from, to, nbytes), ``kept`` (path, why not cast), ``storage_bytes``.
     ``device``/``dtype`` are torch objects here and strings in ``to_dict()``."""
