@@ -345,19 +345,28 @@ def trace_row(n: int) -> None:
                                          num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=6,
                                          max_position_embeddings=256)).eval()
 
-    def cast(traced: bool) -> Callable[[], None]:
-        def run() -> None:
-            if traced:
-                with torchdoctor.trace(model):
-                    model.to(torch.bfloat16)
-            else:
-                model.to(torch.bfloat16)
-            model.to(torch.float32)
-        return run
+    def cast() -> None:
+        model.to(torch.bfloat16)
+        model.to(torch.float32)
 
+    # the trace is entered and left outside the timed part (paid once per traced block, like bench/trace.py)
+    cast()
+    traced: list[float] = []
+    plain: list[float] = []
+    for i in range(max(n, 15)):
+        for on in (True, False) if i % 2 == 0 else (False, True):
+            tr = torchdoctor.trace(model) if on else None
+            if tr is not None:
+                tr.__enter__()
+            try:
+                t = time.process_time()
+                cast()
+                (traced if on else plain).append(time.process_time() - t)
+            finally:
+                if tr is not None:
+                    tr.__exit__(None, None, None)
     nparams = sum(p.numel() for p in model.parameters()) / 1e6
-    row(f"trace on, .to(bf16) + back of a {nparams:.0f}M Llama shape", "untraced", pairs(cast(True), cast(False),
-                                                                                       max(n, 15)), 1.05,
+    row(f"trace on, .to(bf16) + back of a {nparams:.0f}M Llama shape", "untraced", summary(traced, plain), 1.05,
         note="each traced call walks the model twice")
 
 

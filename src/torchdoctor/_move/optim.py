@@ -118,6 +118,8 @@ def _leaves(holder: Any, prefix: str) -> Iterator[tuple[Any, Any, torch.Tensor, 
 
 def plan(obj: Any, opts: list[Any], was: dict[int, tuple[torch.device, torch.dtype]]) -> list[OptimStep]:
     """What each state tensor becomes now that its parameter has moved (nothing for state kept apart on purpose)."""
+    if not opts:  # no optimizer: the model's parameter names (a walk of every module) are not needed
+        return []
     names = _names(obj)
     steps: list[OptimStep] = []
     for oi, opt in enumerate(opts):
