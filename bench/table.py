@@ -5,20 +5,7 @@
 Every row runs torchdoctor and its anchor alternately (the order flips each pair), at least five pairs, and
 reports the median of the per-pair ratios with their min-max, and the absolute medians. Times are process CPU
 time (what load from other processes on a shared machine disturbs least); whole-process rows use the child's CPU
-time (user + system, from ``wait4``). Rows and anchors:
-
-- simulate, Llama-3 8B / 70B shape built on meta, 16 tokens, virtual cuda:1 in bf16, against a plain forward of
-  the same meta model, and against torch's FakeTensorMode on fake cpu (convert every tensor, then the forward
-  through ``torch.func.functional_call``; it cannot run fake cuda on a CPU build, and names no paths).
-- scan, 8B / 70B on meta, against accelerate's ``named_module_tensors`` + ``find_tied_parameters``.
-- ``torchdoctor scan model.safetensors`` as a whole process, against ``python -c "import torch"``.
-- explain on a 50 MB log (MB/s; a grep-like pass is shown for the machine's speed), and the time per MB on
-  adversarial text at 1 MB and 4 MB (linear: the ratio stays near 1).
-- move, GPT-2 110M parameters to bf16, warm and as the first call of a fresh process, against ``Module.to``.
-- the first call of scan / checkpoint scan / move in a fresh process against later calls (extra ms).
-- guard explain / strict on a GPT-2-small shape against a plain forward; strict's extra time per aten op against
-  an empty ``TorchDispatchMode``.
-- trace on, ``.to(bf16)`` of a 100M-parameter Llama shape, against the same cast untraced.
+time (user + system, from ``wait4``). The rows, their anchors and why each anchor: ``docs/bench.md``.
 """
 
 from __future__ import annotations
