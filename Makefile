@@ -14,7 +14,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchdoctor-installed
 
-.PHONY: demo test install typecheck bench clean
+.PHONY: demo test install typecheck bench bench-all clean
 
 demo: $(STAMP)
 	$(PY) -m torchdoctor demo
@@ -39,6 +39,9 @@ typecheck: $(STAMP)
 	$(PY) -m mypy src/torchdoctor
 
 bench: $(STAMP)
+	$(PY) bench/table.py
+
+bench-all: $(STAMP)
 	for f in bench/*.py; do $(PY) $$f || exit 1; done
 
 clean:
