@@ -88,7 +88,9 @@ class Ledger:
         self.profile = profile
         self._pools: dict[tuple[int, str], _Pool] = {}
         self._live: dict[int, tuple[int, int, Any]] = {}  # id(storage holder) -> (index, bytes, weakref)
-        self._lock = threading.Lock()
+        # reentrant: creating the weakref below can run the garbage collector, and with it `_dropped` of another
+        # tensor on this same thread, while `add` holds the lock (a plain Lock deadlocked the test suite there)
+        self._lock = threading.RLock()
         self.largest: dict[int, tuple[int, str]] = {}  # index -> (bytes, path) of the largest named tensor
 
     def _pool(self, index: int, name: str) -> _Pool:
