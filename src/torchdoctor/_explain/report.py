@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 from torchdoctor._report.text import public_types
+from torchdoctor._report.views import ResultViews
 
 __all__ = ["Alternative", "Diagnosis", "ExplainReport", "SCHEMA", "render", "to_json"]
 
@@ -83,7 +84,7 @@ class Diagnosis:
 
 
 @dataclass(frozen=True)
-class ExplainReport(Sequence[Diagnosis]):
+class ExplainReport(ResultViews, Sequence[Diagnosis]):
     """What ``torchdoctor.explain`` found: the diagnoses, best first. A sequence (index it, iterate it, ``len``),
     false when nothing was recognised; ``ok`` is True when nothing was found. ``str()`` renders like the CLI,
     ``to_dict()`` is the CLI's JSON document."""
