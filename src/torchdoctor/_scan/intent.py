@@ -67,6 +67,23 @@ def packed_param(t: torch.Tensor) -> bool:
     return bool(d.get("bnb_quantized")) or d.get("quant_state") is not None
 
 
+def cpu_packed(t: torch.Tensor) -> bool:
+    """A ``Params4bit`` in bitsandbytes' CPU layout (``quant_state.packing_format_for_cpu``): what its first eval
+    forward makes on a CPU with AVX512-BF16. Only the CPU kernel reads it; ``Params4bit.to()`` keeps it (only
+    ``.cuda()`` / ``.xpu()`` unpack), so on another device the layer computes garbage or fails."""
+    tp = type(t)  # (a virtual run's twin is ``VirtualParams4bit``)
+    if tp is torch.Tensor or tp is nn.Parameter or not tp.__name__.endswith("Params4bit"):
+        return False
+    return bool(getattr(t.__dict__.get("quant_state"), "packing_format_for_cpu", False))
+
+
+def unused_quant_field(e: Any) -> bool:
+    """``offset`` of a bitsandbytes QuantState that is not nested (the CPU repack un-nests it and leaves ``offset``
+    behind): nothing reads it, and ``QuantState.to`` does not move it."""
+    return e.key == "offset" and type(e.owner).__name__ == "QuantState" and \
+        getattr(e.owner, "nested", True) is False
+
+
 _TORCH_FORWARD: dict[type, bool] = {}
 
 

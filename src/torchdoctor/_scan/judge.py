@@ -9,7 +9,7 @@ import torch
 
 from torchdoctor._placement import device_str, dtype_str, same_device
 from torchdoctor._report.model import Problem
-from torchdoctor._scan.intent import judged_float
+from torchdoctor._scan.intent import cpu_packed, judged_float
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._walk import Entry
@@ -55,6 +55,10 @@ def judge(policy: Policy) -> list[Problem]:
                 p = _judge_entry(policy, e, meta_ok=True)
                 if p is not None:
                     problems.append(p)
+            continue
+        if info.role == "parameter" and info.device.type not in ("cpu", "meta") and cpu_packed(e.tensor):
+            problems.append(_problem("quant_incomplete", e, "cpu-packed", device_str(info.device), cpu_packed_message(
+                e.path, device_str(info.device))))
             continue
         if module is not None and info.role != "offloaded" and info.role not in _ATTR_ROLES:
             comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
@@ -201,3 +205,11 @@ def _judge_adapters(policy: Policy) -> list[Problem]:
 def _problem(kind: str, e: Entry, found: str, expected: str, message: str) -> Problem:
     return Problem(kind, e.path, e.role, found, expected, message, None, e.module_path,
                    type(e.module).__name__ if e.module is not None else None, (e.info().compact,))
+
+
+def cpu_packed_message(path: str, where: str) -> str:
+    """Why a CPU-packed 4-bit weight cannot compute on ``where``, and the way out (shared with virtual runs)."""
+    return (f"{path} is a bitsandbytes 4-bit weight in its CPU-packed layout (packing_format_for_cpu: made by the "
+            f"first eval forward on a CPU with AVX512-BF16) on {where}: only the CPU kernel reads that layout and "
+            f"Params4bit.to() keeps it. Move the model with model.cuda() / model.xpu() (they unpack it), or reload "
+            f"it; torchdoctor.move refuses it for the same reason")

@@ -322,6 +322,8 @@ class Policy:
         if not t.is_floating_point() and not (t.is_complex() and self.dtype is not None and self.dtype.is_complex):
             return Decision(dev, None, dev_rule, alt_dev)
         if role == "quant_state" or intent.quantized_wrapper(t):
+            if role == "quant_state" and intent.unused_quant_field(e):
+                return Decision(None, None, "quant-unused")
             return Decision(dev, None, "quant-metadata", alt_dev)
         if intent.packed_param(t):
             return Decision(dev, None, "quant-storage", alt_dev)

@@ -22,6 +22,7 @@ from torch import nn
 
 from torchdoctor._placement import compact, device_str, norm_device, tensor_device
 from torchdoctor._scan import intent
+from torchdoctor._scan.judge import cpu_packed_message
 from torchdoctor._virtual.tensor import VirtualTensor, current_space
 from torchdoctor._walk import walk
 
@@ -48,7 +49,7 @@ def owned(mod: nn.Module) -> list[tuple[str, torch.Tensor, str]]:
     via_tensor = {k for k, v in holder.items() if isinstance(v, torch.Tensor)}
     for e in walk(holder).entries:  # canonical paths first; never through a module a tensor points back to
         parts = e.path.split(".", 2)
-        if e.role == "offloaded" or id(e.tensor) in best or e.module is mod or (
+        if e.role == "offloaded" or id(e.tensor) in best or e.module is mod or intent.unused_quant_field(e) or (
                 len(parts) > 2 and parts[0] in via_tensor and isinstance(getattr(holder[parts[0]], "__dict__", {})
                                                                          .get(parts[1]), nn.Module)):
             continue  # e.g. bitsandbytes' ``weight.module``: the layer itself again
@@ -93,6 +94,12 @@ class EntryCheck:
             return
         for rel, t, role in tensors:
             dev = norm_device(tensor_device(t))
+            if role == "parameter" and dev.type not in ("cpu", "meta") and intent.cpu_packed(t):
+                full = f"{path}.{rel}" if path else rel
+                self.note("quant_incomplete", full, "cpu-packed", device_str(dev),
+                          cpu_packed_message(full, device_str(dev)), f"{type(mod).__name__}.forward", role,
+                          compact(t.dtype, tuple(t.shape), dev))
+                continue
             if dev == ref or dev.type == "meta" or (dev.type == "cpu" and t.dim() == 0):
                 continue
             name = rel.split(".", 1)[0]

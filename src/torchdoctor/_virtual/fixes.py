@@ -64,6 +64,12 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
     unsupported = sorted({p.found for p in problems if p.kind == "unsupported_dtype"})
     if unsupported:
         lines.append(_instead(unsupported, device, any(p.kind == "memory" for p in problems)))
+    packed = [p for p in problems if p.kind == "quant_incomplete" and p.found == "cpu-packed"]
+    if packed:  # Params4bit.to keeps bitsandbytes' CPU layout; only .cuda() / .xpu() unpack it (move refuses it)
+        call = {"cuda": "cuda", "xpu": "xpu"}.get(device.type)
+        lines.append(f"model.{call}({device.index or 0})  # unpacks bitsandbytes' CPU-packed 4-bit layout "
+                     f"({packed[0].path}); .to() keeps it" if call else
+                     f"# reload the model: bitsandbytes' CPU-packed 4-bit layout ({packed[0].path}) runs on cpu only")
     ops = {p.found for p in problems if p.kind == "unsupported_op"}
     if "Tensor.backward" in ops:
         lines.append("# backward() is not simulated: simulate the forward and its loss; run the training step on "
