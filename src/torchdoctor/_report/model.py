@@ -24,7 +24,7 @@ _COMPACT: dict[tuple[Any, ...], str] = {}  # (dtype, shape, device) -> compact f
 
 ROLES = ("parameter", "buffer", "attribute", "quant_state", "subclass_inner", "container", "offloaded")
 KINDS = ("device", "dtype", "meta", "saved_device", "quant_incomplete", "unsafe_global", "unsupported_dtype",
-         "unsupported_op", "truncated", "unsupported", "lost_precision", "not_restored")
+         "unsupported_op", "truncated", "unsupported", "lost_precision", "not_restored", "memory")
 
 
 

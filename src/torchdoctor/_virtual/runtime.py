@@ -60,7 +60,11 @@ def move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: torc
         elem, path = space.inner_of(t), None
     with torch._C.DisableTorchFunction():
         elem = elem.to(dtype=want, memory_format=memory_format or torch.preserve_format, copy=copy)
-    return _placed(space, make(VirtualTensor, elem, target, path))
+    out = make(VirtualTensor, elem, target, path)
+    origin = getattr(t, "_td_origin", None)  # a cast keeps where the tensor came from (a factory call, the caller)
+    if origin is not None:
+        out._td_origin = origin
+    return _placed(space, out)
 
 
 def _placed(space: Space, out: Any) -> Any:
