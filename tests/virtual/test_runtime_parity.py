@@ -111,7 +111,8 @@ def test_pick_device_and_capabilities_agree_with_the_virtual_world() -> None:
 
 def test_env_report_inside_a_block_does_not_end_it() -> None:
     with virtual_devices("cuda:0") as sim:
-        torchdoctor.env_report()
+        report = torchdoctor.env_report()
+        assert report.choice["device"] == "cuda:0" and "virtual cuda" in str(report).splitlines()[0]
         assert torch.cuda.is_available()
         y = torch.nn.Linear(4, 4).to("cuda")(torch.ones(2, 4, device="cuda"))
     assert sim.ok and sim.stopped is None and y.device == torch.device("cuda", 0)
