@@ -66,6 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover  (the public table: see above)
     from torchdoctor._move.apply import move
     from torchdoctor._guard.api import guard
     from torchdoctor._virtual.simulate import simulate
+    from torchdoctor._virtual.session import virtual_devices
     from torchdoctor._explain.api import explain, install_excepthook
     from torchdoctor._env.report import collect_facts, env_report
     from torchdoctor._env.devices import pick_device, choose_device, capabilities, recommend_dtype

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor._report.model import Problem
+from torchdoctor._report.text import exit_code as exit_code_of
 from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, render_problems
 
 SCHEMA = "torchdoctor/distributed/1"
@@ -94,7 +95,7 @@ class DistributedReport:
         return tuple((r.rank, p) for r in self.ranks for p in r.problems)
 
     def exit_code(self) -> int:
-        if self.failed or any(p.kind == "unsupported_op" for _, p in self.problems):
+        if self.failed or exit_code_of(p for _, p in self.problems) == EXIT_USAGE:
             return EXIT_USAGE
         return EXIT_OK if self.ok else EXIT_PROBLEMS
 

@@ -20,6 +20,7 @@ import torch
 
 from torchdoctor._rules.presets import as_profile
 from torchdoctor._rules.profile import DeviceProfile
+from torchdoctor._report.text import exit_code as exit_code_of
 from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, schema
 from torchdoctor._report.html import HtmlMapMixin
 from torchdoctor._report.model import Problem, Target, summarize
@@ -38,7 +39,7 @@ log = logging.getLogger("torchdoctor.simulate")
 # what a device runtime call this simulator does not answer raises: a cannot-check, not a finding about the model
 _NO_RUNTIME = ("not compiled with", "not linked with support", "Cannot access accelerator", "no CUDA GPUs",
                "Found no NVIDIA driver")
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SimulationReport(HtmlMapMixin):
     """What ``simulate`` found: ``.ok``, ``.problems`` (every problem, not only the first), ``.to_dict()``.
     ``device``/``dtype`` are torch objects here and strings in ``to_dict()``."""
@@ -64,10 +65,8 @@ class SimulationReport(HtmlMapMixin):
         return self.ok
 
     def exit_code(self) -> int:
-        """0 ok, 1 problems, 2 something could not be simulated (an ``unsupported_op``)."""
-        if any(p.kind == "unsupported_op" for p in self.problems):
-            return EXIT_USAGE
-        return EXIT_PROBLEMS if self.problems else EXIT_OK
+        """0 ok, 1 problems, 2 something could not be simulated (an ``unsupported_op``, a nested tensor ...)."""
+        return exit_code_of(self.problems)
 
     def to_dict(self) -> dict[str, Any]:
         p = self.profile
