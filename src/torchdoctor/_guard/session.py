@@ -297,6 +297,16 @@ class Session:
             others = [d for d in findings[0].problem.tensors if not any(d.startswith(_rules.label(op, k) + ":")
                                                                         for f, _, ks in plan for k in ks)]
             fix = fix_code(culprits, maps.dicts if maps is not None else ())
+            if not blamed and first.kind == "dtype" and maps is not None and all(c[0] is None for c in culprits):
+                # a float32 component fed reduced-precision data by the rest of the pipeline: cast the component
+                # (as explain mode says), not the data flowing in
+                from torchdoctor._guard.maps import component_fix
+                from torchdoctor._guard.provenance import odd_component
+
+                fed = [tensors[k] for _, _, ks in plan for k in ks if isinstance(tensors[k], torch.Tensor)]
+                odd = odd_component(maps.walk, mpath, fed, t0)
+                if odd is not None:
+                    fix = component_fix(odd[0], odd[1], maps.dicts)
             raise PlacementError(format_error(head, lines + [f"other operand {d}" for d in others], fix),
                                  module_path=mpath, module_type=mtype, op=str(op),
                                  tensors=tuple(findings[0].problem.tensors), problems=problems, fix=fix)
