@@ -24,8 +24,6 @@ from typing import Any
 # extensions, InvokeAI nodes
 PLUGIN_DIRS = ("custom_nodes", "extensions", "extensions-builtin", "nodes")
 # an app's own helper packages (the frame to name is the plugin's or the user's line that called them)
-APP_HELPERS = ("comfy", "comfy_extras", "comfy_execution", "modules", "ldm", "sgm", "repositories", "library",
-               "invokeai", "backend", "k_diffusion")
 
 
 @dataclass
@@ -66,7 +64,7 @@ def _parts(path: str) -> list[str]:
 def first_own_frame(frames: list[tuple[str, int, str]], root: str) -> str | None:
     """The frame to name, from ``(file, line, function)`` innermost last: the innermost frame of a plugin, else of
     the user's own code (not a library, not one of the app's helper packages), else any non-library frame."""
-    from torchdoctor._trace.record import LIBRARY_PACKAGES, short_file
+    from torchdoctor._trace.record import APP_HELPERS, LIBRARY_PACKAGES, short_file  # one list with trace's records
 
     root_parts = _parts(root)
     own: list[str] = []

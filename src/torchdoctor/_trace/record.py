@@ -21,6 +21,10 @@ LIBRARY_PACKAGES = frozenset({
     "runpy", "contextlib", "functools", "importlib", "threading", "concurrent", "abc", "typing",
     "typing_extensions", "unittest", "_pytest", "pytest", "pluggy",
 })
+# The apps' own helper packages (ComfyUI, SD.Next/A1111/Forge, sd-scripts, InvokeAI): a move their helper makes for a
+# custom node or an extension is credited to the plugin's line that called it, when there is one.
+APP_HELPERS = frozenset({"comfy", "comfy_extras", "comfy_execution", "modules", "ldm", "sgm", "repositories",
+                         "library", "invokeai", "backend", "k_diffusion"})
 _CALL_FRAMES = ("_wrapped_call_impl", "_call_impl", "__call__")  # a module called: name it by its forward
 
 
@@ -179,14 +183,18 @@ def user_site(frame: types.FrameType | None) -> tuple[types.FrameType | None, ty
     it is None when the user's frame called the choke point directly.
     """
     callee = None
+    helper: tuple[types.FrameType, types.FrameType | None] | None = None  # the first app-helper frame met
     f = frame
     while f is not None:
         if not is_library(f):
-            return f, callee
+            name = f.f_globals.get("__name__") or ""
+            if not (type(name) is str and "." in name and name.partition(".")[0] in APP_HELPERS):
+                return f, callee
+            helper = helper or (f, callee)  # e.g. comfy.utils.set_attr: look for the plugin that called it
         if (f.f_globals.get("__name__") or "").partition(".")[0] != "torchdoctor":
             callee = f
         f = f.f_back
-    return None, callee
+    return helper if helper is not None else (None, callee)
 
 
 def this_thread() -> str:
