@@ -108,3 +108,26 @@ def test_a_weight_that_is_a_tensor_subclass_simulates(use_call: bool) -> None:
     model.bias.data = model.bias.data.double()  # and a real problem next to it is still found
     bad = torchdoctor.simulate(model, (torch.randn(2, 4),), "cuda:0")
     assert [p.path for p in bad.problems][:1] == ["bias"], bad.text()
+
+
+def test_integer_position_ids_the_caller_built_name_the_factory_call() -> None:
+    """Issue 25: the caller's tokens made before the model ran were "a tensor made in forward". An integer tensor
+    made by a factory without device= in user code outside the model keeps its origin through ``expand``."""
+
+    class Pos(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.pos = nn.Embedding(10, 8), nn.Embedding(16, 8)
+
+        def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+            return self.emb(input_ids) + self.pos(position_ids)
+
+    def call(model: nn.Module) -> torch.Tensor:
+        input_ids = torch.randint(0, 10, (2, 5), device="cuda:1")
+        position_ids = torch.arange(5).expand(2, 5)  # the caller forgot device=
+        return model.to("cuda:1")(input_ids, position_ids=position_ids)
+
+    report = torchdoctor.simulate(Pos(), device="cuda:1", call=call)
+    [p] = report.problems
+    assert p.kind == "device" and p.found == "cpu" and "torch.arange" in p.message and "made in forward" not in p.message
+    assert "torch.arange(..., device=" in report.fix

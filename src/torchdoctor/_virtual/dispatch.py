@@ -272,8 +272,8 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             space.hooks.failed(str(func), again)
             raise again from exc
     wrapped = _wrap(out, dev, owner, path)
-    if space is not None and path is None and isinstance(wrapped, VirtualTensor) and wrapped._td_origin is None \
-            and (wrapped.is_floating_point() or wrapped.is_complex()):
+    if space is not None and path is None and isinstance(wrapped, VirtualTensor) and wrapped._td_origin is None:
+        # (integer results too: position_ids built by torch.arange(n).expand(...) name the factory call)
         # provenance: a result records the op, its module and the named tensors it took its dtype and device from
         # (or the made tensor it came from), so a problem far downstream names where its float32 or its cpu entered
         wrapped._td_origin = made_from(func.overloadpacket, space.hooks.running(), tensors_of(largs, kwargs),
