@@ -57,6 +57,7 @@ def test_a_run_with_float32_weights_never_reads_as_checked_in_float16() -> None:
     assert (p.kind, p.path, p.found, p.expected) == ("dtype", "<run>", "float32", "float16")
     assert "the code ran with float32 weights, not float16" in p.message
     assert (report.fix or "").startswith("model.to(torch.float16)")
+    assert "in float32 (float16 asked for)" in str(report).splitlines()[0]  # the headline says how it really ran
 
     def half(m: nn.Module) -> Any:
         return m.half()(torch.randn(2, 8, dtype=torch.float16))

@@ -80,7 +80,9 @@ class SimulationReport(HtmlMapMixin):
         }
 
     def text(self, limit: int = 40) -> str:
-        where = device_str(self.device) + (f" in {dtype_str(self.dtype)}" if self.dtype else "")
+        ran = next((p for p in self.problems if p.role == "run"), None)  # the code ran in another dtype than asked
+        where = device_str(self.device) + (f" in {ran.found} ({ran.expected} asked for)" if ran is not None else
+                                           f" in {dtype_str(self.dtype)}" if self.dtype else "")
         head = f"{self.ops} ops on virtual {where}, {self.seconds:.2f} s"
         ok = "ok: no placement problems" if self.forward else \
             "ok: the move left nothing behind (no forward ran: pass inputs, or from the command line return " \
