@@ -79,7 +79,7 @@ def test_t4_without_bf16_suggests_float16_never_float32() -> None:
 def test_meta_weights_are_never_fixed_by_a_move() -> None:
     with torch.device("meta"):
         model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(6)])
-    report = torchdoctor.simulate(model, (torch.randn(2, 16),), "cuda:0")
+    report = torchdoctor.simulate(model, (torch.randn(2, 16),), "cuda:0", assume_device=False)
     assert any(p.kind == "meta" for p in report.problems)
     assert "torchdoctor.move" not in (report.fix or "") and ".to('cuda:0')" not in (report.fix or "")
     assert "load the weights" in (report.fix or "")

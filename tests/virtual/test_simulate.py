@@ -98,12 +98,17 @@ def test_dict_of_modules_moves_each_component() -> None:
     assert report.ok and [(g["device"], g["dtype"], g["tensors"]) for g in report.summary] == [("xpu:0", "bfloat16", 4)]
 
 
-def test_meta_model_needs_assume_device() -> None:
+def test_meta_model_is_simulated_as_loaded_and_says_so() -> None:
+    """A model built on meta (weights not loaded) is checked as if loaded on the device, and the report says so;
+    ``assume_device=False`` checks the weights as missing."""
     with torch.device("meta"):
         model = zoo.tiny_llama()
     report = torchdoctor.simulate(model, {"input_ids": IDS}, device="cuda:1")
-    assert {p.kind for p in report.problems} == {"meta"} and len(report.problems) > 10
-    assert ("meta", "model.embed_tokens.weight") in _found(report)
+    assert report.ok and report.assumed is not None and "weights not loaded" in report.assumed
+    assert "simulated as if loaded on cuda:1" in str(report) and report.to_dict()["assumed"] == report.assumed
+    missing = torchdoctor.simulate(model, {"input_ids": IDS}, device="cuda:1", assume_device=False)
+    assert {p.kind for p in missing.problems} == {"meta"} and len(missing.problems) > 10
+    assert ("meta", "model.embed_tokens.weight") in _found(missing) and missing.assumed is None
     assert torchdoctor.simulate(model, {"input_ids": IDS}, device="cuda:1", assume_device="cpu").ok
 
 
@@ -561,6 +566,7 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["simulate", f"{path}:custom", "--device", "xpu"]) == 2
     assert "unsupported_op" in capsys.readouterr().out
     assert main(["simulate", f"{path}:fine", "--device", "cuda:3", "--count", "2"]) == 2  # no cuda:3 among 2
+    # the CLI runs the TARGET's own code in the session (it may build on cuda:N): meta weights are named as missing
     assert main(["simulate", f"{path}:on_meta", "--device", "mps"]) == 1
     assert "holds no data (meta)" in capsys.readouterr().out
     assert main(["simulate", f"{path}:on_meta", "--device", "mps", "--assume-device", "cpu"]) == 0

@@ -56,6 +56,7 @@ class SimulationReport(HtmlMapMixin):
     culprits: int = 0  # the first ``culprits`` problems are model tensors that caused the ones after them
     fix: str | None = None  # the fix as code, on the user's model (paths are the same as the copy's)
     forward: bool = True  # a forward (or the user's call) ran; False: only the move was checked
+    assumed: str | None = None  # weights on meta taken as loaded there (a model built on meta), said in the report
 
     @property
     def ok(self) -> bool:
@@ -77,6 +78,7 @@ class SimulationReport(HtmlMapMixin):
                         "name": p.name},
             "problems": [q.to_dict() for q in self.problems], "ops": self.ops, "seconds": round(self.seconds, 4),
             "stopped": self.stopped, "summary": list(self.summary), "fix": self.fix, "forward": self.forward,
+            "assumed": self.assumed,
         }
 
     def text(self, limit: int = 40) -> str:
@@ -89,6 +91,8 @@ class SimulationReport(HtmlMapMixin):
             "torchdoctor.Target(model, args), to check the forward)"
         lines = [f"{ok} ({head})"] if self.ok else \
             [f"{len(self.problems)} problem(s) ({head}):", *_culprits_then_rest(self.problems, self.culprits, limit)]
+        if self.assumed:
+            lines.append(f"note: {self.assumed}")
         if self.stopped:
             lines.append(f"stopped early: {self.stopped}")
         lines.extend(f"  {g['device']:<8} {g['dtype']:<14} {g['tensors']:>7} tensors" for g in self.summary[:limit])
@@ -123,7 +127,7 @@ def simulate(
     dtype: str | torch.dtype | None = None,
     *,
     call: Callable[[Any], Any] | None = None,
-    assume_device: str | torch.device | None = None,
+    assume_device: str | torch.device | bool | None = None,
     profile: DeviceProfile | str | None = None,
     data: str = "meta",
     limit: int = LIMIT,
@@ -134,7 +138,9 @@ def simulate(
     called on ``inputs`` (a tuple of positional or a dict of keyword arguments, placed on ``device``), or
     ``call(copy)`` does its own moving and calling. Without either: the move and a placement report. Autograd
     stays off and the user's objects are never modified. ``data="cpu"`` keeps real values (``.item()``,
-    ``generate``); ``assume_device`` treats meta tensors as holding data there; ``profile`` describes the hardware.
+    ``generate``); ``assume_device`` treats meta tensors as holding data there — by default, a model whose
+    parameters are all on meta (built on meta, weights not loaded) is taken as loaded on ``device`` and the report
+    says so (``assume_device=False`` checks them as missing); ``profile`` describes the hardware.
 
     >>> import torch, torchdoctor
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4))
@@ -157,7 +163,8 @@ def simulate(
         args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else \
             ((inputs,), {}) if isinstance(inputs, torch.Tensor) else (tuple(inputs), {})
     dev, dt = parse_device(device), parse_dtype(dtype) if dtype is not None else None
-    assume = parse_device(assume_device) if assume_device is not None else None
+    assume = parse_device(assume_device) if assume_device is not None and assume_device is not False \
+        and assume_device is not True else None
     if call is not None and (args or kwargs):
         raise ValueError("give inputs or call, not both: call(copy) does its own moving and calling")
     profile = as_profile(profile) or DeviceProfile.for_device(dev if is_virtual(dev) else "cuda")
@@ -170,6 +177,13 @@ def simulate(
                              f"{profile.type} device(s); pass profile=DeviceProfile(..., count=N)")
     start = time.perf_counter()
     found = walk(obj)
+    assumed = None
+    unloaded = not_loaded(found) if assume_device is None or assume_device is True else 0
+    if unloaded:  # weights not loaded: check the structure as if they were
+        assume = dev
+        assumed = (f"all {unloaded} parameters are on meta (weights not loaded): simulated as if loaded on "
+                   f"{device_str(dev)} (assume_device={device_str(dev)!r}; assume_device=False checks them as "
+                   "missing)")
     from torchdoctor._scan.policy import Policy
 
     comps = Policy(found, None, None, False).components if dt is not None and (args or kwargs) else []
@@ -235,7 +249,14 @@ def simulate(
     fix = fix_for(placement, dev, dt, rec.sources) if placement else None
     return SimulationReport(dev, dt, data, profile,
                             tuple(problems), space.ops, time.perf_counter() - start, rec.stopped, summary,
-                            rec.blamed, fix, bool(args or kwargs or call is not None))
+                            rec.blamed, fix, bool(args or kwargs or call is not None), assumed)
+
+
+def not_loaded(found: Any) -> int:
+    """How many parameters a walked object holds when every one of them is on meta (a model built on the meta
+    device, weights not loaded), else 0."""
+    params = [e for e in found.entries if e.role == "parameter" and e.alias_of is None]
+    return len(params) if params and all(e.tensor.device.type == "meta" for e in params) else 0
 
 
 def _api_name(exc: BaseException) -> str:
