@@ -47,3 +47,25 @@ def test_scan_of_the_packed_layout_on_cpu_is_quiet_and_move_refuses_another_devi
     assert torchdoctor.scan(m).ok
     with pytest.raises(torchdoctor.PlacementError, match="packing_format_for_cpu"):
         torchdoctor.move(m, "cuda:1")
+
+
+def test_a_4bit_model_moves_with_its_own_to_inside_virtual_devices() -> None:
+    """``Module.to`` wraps a moved ``Params4bit`` in ``Parameter(...)``; inside a virtual block that used to end in
+    torch's "Creating a Parameter from an instance of type VirtualParams4bit" error."""
+    m = _model(False)
+    with torchdoctor.virtual_devices("cuda:1") as sim:
+        m.to("cuda:1")
+        y = m(torch.randn(2, 64, device="cuda:1"))
+        assert type(m.proj.weight).__name__.endswith("Params4bit") and m.proj.weight.quant_state is not None
+    assert sim.ok, sim.problems
+    assert y.device == torch.device("cuda", 1)
+
+
+def test_scan_inside_a_block_names_the_cpu_packed_layout_moved_to_cuda() -> None:
+    m = _model(True)
+    with torchdoctor.virtual_devices("cuda:1", raise_on_exit=False):
+        m.to("cuda:1")
+        report = torchdoctor.scan(m)
+    assert [(p.kind, p.path, p.found, p.expected) for p in report.problems] == [
+        ("quant_incomplete", "proj.weight", "cpu-packed", "cuda:1")]
+    assert "model.cuda()" in report.problems[0].message

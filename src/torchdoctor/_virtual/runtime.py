@@ -294,6 +294,11 @@ def _param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> 
     rebuild weights with ``type(param)(value)``, which a plain tensor with ``_is_param`` cannot do."""
     if isinstance(data, VirtualTensor) and type(data) in (VirtualTensor, virtual_class(torch.nn.Parameter)):
         return _make_subclass(cls, data, requires_grad)
+    if isinstance(data, VirtualTensor) and isinstance(data, torch.nn.Parameter) and cls is torch.nn.Parameter:
+        # Module._apply wraps a moved Params4bit / Int8Params in Parameter(...): a real one detaches to its own class
+        # (the library's quant_state stays on it); the virtual twin's detach cannot, so it is kept as it is
+        data.requires_grad_(requires_grad)
+        return data
     return _ORIG_PARAM_NEW(cls, data, requires_grad)
 
 
