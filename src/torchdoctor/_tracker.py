@@ -47,7 +47,26 @@ class ModuleStack:
                 except Exception:  # a strange module tree must not break the run it watches
                     pass
             path = self.paths.get(id(mod))
+            if path is None and len(self.stack) >= 2 and self.stack[-1] is mod:
+                path = self._via_replaced_forward(mod, self.stack[-2])
         return path
+
+    def _via_replaced_forward(self, mod: torch.nn.Module, parent: torch.nn.Module) -> str | None:
+        """A module run by another module's replaced ``forward`` (sd-scripts' LoRA network sets
+        ``org_module.forward = lora.forward``): named under ``<parent>.forward.__self__``, as the walker names it."""
+        base = self.paths.get(id(parent))
+        owner = getattr(parent.__dict__.get("forward"), "__self__", None)
+        if base is None or not isinstance(owner, torch.nn.Module) or owner is parent:
+            return None
+        head = f"{base}.forward.__self__" if base else "forward.__self__"
+        try:
+            for name, sub in owner.named_modules(remove_duplicate=False):
+                if id(sub) not in self.paths:
+                    self.paths[id(sub)] = f"{head}.{name}" if name else head
+                    self._keep.append(sub)
+        except Exception:  # a strange module tree must not break the run it watches
+            return None
+        return self.paths.get(id(mod))
 
     def where(self) -> tuple[str | None, str | None]:
         """(path, type name) of the innermost running module with a known path."""

@@ -132,3 +132,31 @@ def test_integer_position_ids_the_caller_built_name_the_factory_call() -> None:
     [p] = report.problems
     assert p.kind == "device" and p.found == "cpu" and "torch.arange" in p.message and "made in forward" not in p.message
     assert "torch.arange(..., device=" in report.fix
+
+
+def test_a_forward_replacing_lora_network_left_on_cpu_is_named_by_its_path_in_a_virtual_run() -> None:
+    """kohya sd-scripts' LoRA modules replace the patched module's ``forward`` and hold ``lora_down`` / ``lora_up``
+    themselves (re-created here in a few lines): a network module left on cpu is named under
+    ``<patched>.forward.__self__``, as scan names it, not as "a tensor made in forward"."""
+
+    class LoRAModule(nn.Module):
+        def __init__(self, org: nn.Linear) -> None:
+            super().__init__()
+            self.lora_down = nn.Linear(org.in_features, 4, bias=False)
+            self.lora_up = nn.Linear(4, org.out_features, bias=False)
+            self.org_forward = org.forward
+            org.forward = self.forward
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.org_forward(x) + self.lora_up(self.lora_down(x))
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    network = [LoRAModule(model[0]), LoRAModule(model[2])]
+    with torchdoctor.virtual_devices("cuda:1", raise_on_exit=False) as sim:
+        model.to("cuda:1")
+        network[1].to("cuda:1")  # the first module of the network is left on cpu
+        model(torch.randn(2, 8, device="cuda:1"))
+    paths = sorted(p.path for p in sim.problems)
+    assert paths == ["0.forward.__self__.lora_down.weight", "0.forward.__self__.lora_up.weight"], sim.problems
+    assert not [p for p in sim.problems if "made in forward" in p.message]
+    assert {p.path for p in torchdoctor.scan(model).problems} == set(paths)
