@@ -70,6 +70,16 @@ class _Resolving:
     unknown: dict[str, type[Placeholder]]
     extensions: dict[int, tuple[str, str]]
 
+    def __init__(
+        self,
+        file: IO[bytes],
+        persistent: Callable[[Any], Any] | None = None,
+        nested: Callable[[dict[str, type[Placeholder]], Any], Any] | None = None,
+        hashes: Any = None,
+    ) -> None:
+        super().__init__(file, encoding="latin1")  # type: ignore[call-arg]  # the unpickler next in the MRO
+        self._setup(persistent, nested, hashes)
+
     def _setup(self, persistent: Any, nested: Any, hashes: Any) -> None:
         if not _SAFE:
             _SAFE.update(safe_table())
@@ -116,16 +126,6 @@ class SafeUnpickler(_Resolving, pickle.Unpickler):
     so this module does not depend on them. Without it that global is a placeholder like any other.
     """
 
-    def __init__(
-        self,
-        file: IO[bytes],
-        persistent: Callable[[Any], Any] | None = None,
-        nested: Callable[[dict[str, type[Placeholder]], Any], Any] | None = None,
-        hashes: Any = None,
-    ) -> None:
-        super().__init__(file, encoding="latin1")
-        self._setup(persistent, nested, hashes)
-
 
 class SlowUnpickler(_Resolving, pickle._Unpickler):  # type: ignore[name-defined,misc]
     """The pure-Python unpickler, for the two opcodes whose C implementation hides what they would import: copyreg
@@ -135,16 +135,6 @@ class SlowUnpickler(_Resolving, pickle._Unpickler):  # type: ignore[name-defined
 
     stack: list[Any]
     append: Callable[[Any], None]
-
-    def __init__(
-        self,
-        file: IO[bytes],
-        persistent: Callable[[Any], Any] | None = None,
-        nested: Callable[[dict[str, type[Placeholder]], Any], Any] | None = None,
-        hashes: Any = None,
-    ) -> None:
-        super().__init__(file, encoding="latin1")
-        self._setup(persistent, nested, hashes)
 
     def get_extension(self, code: int) -> None:
         import copyreg
