@@ -162,6 +162,10 @@ def test_one_public_table() -> None:
     block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
     imported = {a.asname or a.name for node in block.body if isinstance(node, ast.ImportFrom) for a in node.names}
     assert imported == set(torchdoctor.__all__)
+    # the package reads its table with string operations (import cost): it must read what ast reads
+    by_ast = {a.asname or a.name: (f"torchdoctor.{a.name}", None) if node.module == "torchdoctor"
+              else (node.module, a.name) for node in block.body if isinstance(node, ast.ImportFrom) for a in node.names}
+    assert torchdoctor._TABLE == by_ast
     for name in torchdoctor.__all__:
         value = getattr(torchdoctor, name)
         if inspect.isclass(value):

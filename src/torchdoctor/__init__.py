@@ -11,7 +11,6 @@ True
 
 from __future__ import annotations
 
-import ast
 import importlib
 import os
 from typing import TYPE_CHECKING, Any
@@ -25,21 +24,26 @@ __version__ = "0.1.0"
 
 
 def _public_table() -> dict[str, tuple[str, str | None]]:
-    """public name -> (private module, attribute); attribute ``None`` for a module exported whole."""
+    """public name -> (private module, attribute); attribute ``None`` for a module exported whole.
+
+    Read with string operations, not ``ast``: importing ``ast`` would double what ``import torchdoctor`` costs, and
+    the block is kept to one ``from X import a, b as c`` per line (a test compares this reading with ``ast``'s)."""
     with open(os.path.join(os.path.dirname(__file__), "__init__.py"), encoding="utf-8") as fh:
-        tree = ast.parse(fh.read())
+        text = fh.read()
     table: dict[str, tuple[str, str | None]] = {}
-    for node in tree.body:
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            for imp in node.body:
-                if not isinstance(imp, ast.ImportFrom) or imp.module is None:
-                    continue
-                for alias in imp.names:
-                    public = alias.asname or alias.name
-                    if imp.module == "torchdoctor":  # ``from torchdoctor import _x as x``: a module exported whole
-                        table[public] = (f"torchdoctor.{alias.name}", None)
-                    else:
-                        table[public] = (imp.module, alias.name)
+    block = text[text.index("\nif TYPE_CHECKING:"):]
+    for line in block.splitlines()[1:]:
+        line = line.strip()
+        if not line.startswith("from "):
+            continue
+        module, _, names = line[5:].partition(" import ")
+        for item in names.split(","):
+            name, _, asname = item.strip().partition(" as ")
+            public = asname.strip() or name.strip()
+            if module == "torchdoctor":  # ``from torchdoctor import _x as x``: a module exported whole
+                table[public] = (f"torchdoctor.{name.strip()}", None)
+            else:
+                table[public] = (module, name.strip())
     return table
 
 
