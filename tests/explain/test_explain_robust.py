@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import pathlib
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -167,3 +168,29 @@ def test_one_pass_prefilter_finds_what_every_anchor_finds() -> None:
         want = {i for i, a in enumerate(prefilter.anchors) if a in low}
         got = {i for _, i in prefilter.hits(pad + text, len(pad), len(pad) + len(text))}
         assert want <= got, (text[:200], {prefilter.anchors[i] for i in want - got})
+
+
+def _cpu_time(fn: Callable[[], Any]) -> float:
+    best = float("inf")
+    for _ in range(2):  # the shorter of two runs: a busy machine slows one run, rarely both
+        t = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t)
+    return best
+
+
+# Texts built against the prefilter's passes: keys without their anchors (near-matches), keys overlapping on one
+# endless line, every anchor at once (both sizes take the fast path: over EXACT_BELOW), anchors repeated line after line, a pass character and nothing else.
+NEAR = ["ted all tensor" * 40 + "\n", "t type (" * 500, "".join(a + " " for a in ANCHORS) + "\n",
+        CPU_GPU + "\n", "t" * 1000, "_efficient_at" * 300 + "\n", "vailable " * 200 + "\n", "oes not exis" * 400]
+
+
+def test_time_grows_linearly_on_adversarial_text() -> None:
+    """Four times the text costs about four times the time (compared in this process, so the machine's speed and
+    load cancel; the bound is generous, only a superlinear path fails it)."""
+    for unit in NEAR:
+        small = unit * (300_000 // len(unit) + 1)
+        big = small * 4
+        t1 = _cpu_time(lambda: run_guarded(functools.partial(explain, small), timeout=120))
+        t4 = _cpu_time(lambda: run_guarded(functools.partial(explain, big), timeout=240))
+        assert t4 < 4 * 2.5 * max(t1, 0.01), (unit[:40], t1, t4)

@@ -1,12 +1,12 @@
-"""One pass over a log for every signature anchor at once.
+"""A few passes over a log for every signature anchor at once.
 
 Searching each of about a hundred anchors with its own ``str.find`` costs a hundred passes over the text. Instead
-every anchor gets a short key: a piece of the anchor that real texts never re-capitalise and that starts with a
-character rare in logs (``x``, ``q``, ``v``, ``_`` ...). All keys go into one regular expression shaped as a trie,
-so the regex engine looks past every position whose character starts no key and stops only where a key begins —
-one pass in C over the raw text, with no lower-cased copy of a whole log. A line with a key is then lower-cased
-and checked for the anchors themselves, so what is found is exactly what the anchors say; the keys only decide
-which lines are worth that look.
+every anchor gets a short key: a piece of the anchor that real texts never re-capitalise and that starts with one
+of a few pass characters. The keys of one pass character go into one regular expression shaped as a trie and
+starting with that literal character, so the regex engine skips to that character's next occurrence in a tight C
+loop and tries the keys only there — a few passes in C over the raw text, with no lower-cased copy of a whole log.
+A line with a key is then lower-cased and checked for the anchors themselves, so what is found is exactly what the
+anchors say; the keys only decide which lines are worth that look.
 
 The keys assume that only some words change case in real texts (devices, dtypes, names, the first letter of a
 message). Short texts — a paste, one exception — are matched on a lower-cased copy instead, so that even an
@@ -25,9 +25,14 @@ EXACT_BELOW = 1 << 18
 _CASED = re.compile(r"(?<![a-z])(?:cuda|cpu|xpu|mps|gpu|hpu|npu|nvidia|float|half|double|long|bool|int\d|bfloat|"
                     r"bf16|fp16|fp8|flash|torch|pytorch|python|macos|c\+\+|faketensor|params|int8params|xformers|"
                     r"cublas|ipex|intel|apple|metal)")
-# Start characters, rarest in logs first: the fewer positions start a key, the faster the pass.
-_RARE = "`[_'(zqxjkvwyfb"
-_MIN, _MAX = 6, 14
+# Each pass is one regular expression that starts with one literal character: Python's ``re`` then skips to the
+# next occurrence of that character in a tight C loop (about 1 ns a character here), where a pattern that starts
+# with a character class costs about 7 ns a character whatever the class. So every key starts with one of these
+# few characters, chosen by measurement on logs (bench/explain.py): "t" starts a key in nearly every anchor (its
+# pass costs most: "t" is frequent), "v", "b", "_", "u" and "f" in most of the rest ("_" also in identifiers written
+# in capitals); an anchor with none gets a plain ``str.find`` pass of its own (about half a "v" pass each).
+_PASSES = "tvb_uf"
+_MIN, _MAX = 8, 14
 _BACK = 96  # an anchor starts at most this far before its key
 
 
@@ -40,32 +45,32 @@ def _stable(anchor: str) -> list[bool]:
 
 
 def key_of(anchor: str) -> str:
-    """The key of one anchor: a case-stable piece of it, starting at its rarest usable character, or "" when
+    """The key of one anchor: the longest case-stable piece of it that starts with a pass character, or "" when
     it has none (the anchor is then found by a plain search for its longest case-stable piece).
 
     >>> key_of("expected all tensors to be on the same device")
-    'xpected all te'
+    'ted all tensor'
     >>> key_of("and weight type (")
-    'weight type ('
+    't type ('
     >>> key_of("does not exist")
     ''
     """
-    span = _key_span(anchor)
+    span = _key_span(anchor, _stable(anchor))
     return anchor[span[0]: span[1]] if span else ""
 
 
-def _key_span(anchor: str) -> tuple[int, int] | None:
-    ok = _stable(anchor)
-    best: tuple[tuple[int, int], tuple[int, int]] | None = None
-    for i, ch in enumerate(anchor):
-        rank = _RARE.find(ch)
-        if not ok[i] or rank == -1:
+def _key_span(form: str, ok: list[bool]) -> tuple[int, int] | None:
+    best: tuple[tuple[bool, int], tuple[int, int]] | None = None
+    for i, ch in enumerate(form[:_BACK]):
+        if not ok[i] or ch not in _PASSES:
             continue
         j = i
-        while j < len(anchor) and ok[j] and j - i < _MAX:
+        while j < len(form) and ok[j] and j - i < _MAX:
             j += 1
-        if j - i >= _MIN and (best is None or (rank, i - j) < best[0]):
-            best = ((rank, i - j), (i, j))
+        # a key that starts inside a word first: real texts capitalise words at will ("Float8 Types is not ...")
+        score = (i > 0 and form[i - 1].isalpha(), j - i)
+        if j - i >= _MIN and (best is None or score > best[0]):
+            best = (score, (i, j))
     return best[1] if best else None
 
 
@@ -110,52 +115,65 @@ def _trie(words: Sequence[str]) -> str:
 
 
 class Prefilter:
-    """The anchors' keys as one pattern; ``hits`` yields where anchors are, one look per line."""
+    """The anchors' keys as one pattern per pass character; ``hits`` yields where anchors are, one look per line."""
 
     def __init__(self, anchors: Sequence[str]) -> None:
         self.anchors = tuple(anchors)
-        spans = [_key_span(a) for a in self.anchors]
-        key = [a[sp[0]: sp[1]] if sp else "" for a, sp in zip(self.anchors, spans)]
-        # identifiers and titles are written in capitals too (CUBLAS_STATUS_NOT_SUPPORTED, Unhandled FakeTensor
-        # Device Propagation): each key also in upper case and in the anchor's title case
-        forms = {f[sp[0]: sp[1]] for a, sp in zip(self.anchors, spans) if sp for f in (a, a.upper(), a.title())}
-        self.rx = re.compile(_trie(sorted(forms)))
+        keys: dict[str, set[str]] = {c: set() for c in _PASSES}
+        of_key: dict[str, set[int]] = {}
+        without: list[str] = []
+        for i, a in enumerate(self.anchors):
+            ok = _stable(a)
+            # identifiers and titles are written in capitals too (CUBLAS_STATUS_NOT_SUPPORTED, Unhandled FakeTensor
+            # Device Propagation): the upper-case and title-case forms get a key where one starts with a pass
+            # character, at no extra pass
+            for n, form in enumerate((a, a.upper(), a.title())):
+                span = _key_span(form, ok)
+                if span is None:
+                    if n == 0:
+                        without.append(a)
+                    continue
+                k = form[span[0]: span[1]]
+                keys[k[0]].add(k)
+                of_key.setdefault(k, set()).add(i)
+        self.passes: list[tuple[re.Pattern[str], dict[str, tuple[int, ...]]]] = []
+        for ch, ks in keys.items():
+            if not ks:
+                continue
+            # what the pattern matches is the shortest key at a place: it stands for every key it begins
+            by_match = {k: tuple(sorted({i for other in ks if other.startswith(k) for i in of_key[other]}))
+                        for k in ks}
+            self.passes.append((re.compile(re.escape(ch) + _trie(sorted(k[1:] for k in ks))), by_match))
         index = {a: i for i, a in enumerate(self.anchors)}
-        self.plain = [(piece, tuple(index[a] for a in of))
-                      for piece, of in _plain_keys([a for a, k in zip(self.anchors, key) if not k])]
-        # what the pattern matches is the shortest key at a place: it stands for every key it begins
-        self.by_match: dict[str, tuple[int, ...]] = {}
-        for k in set(key) - {""}:
-            self.by_match[k] = tuple(i for i, other in enumerate(key) if other.startswith(k))
+        self.plain = [(piece, tuple(index[a] for a in of)) for piece, of in _plain_keys(without)]
 
     def hits(self, text: str, start: int, cut: int) -> Iterator[tuple[int, int]]:
         """``(position, anchor index)`` of every anchor in ``text[start:cut]``, first occurrence per line."""
         exact = len(text) < EXACT_BELOW
         source = text.lower() if exact else text  # _FOLD keeps lower() length-preserving
-        search = self.rx.search
-        pos = start
-        while pos < cut:
-            m = search(source, pos, cut)
-            if m is None:
-                break
-            p = m.start()
-            ls, le = self._line(text, start, cut, p)
-            which = set(self.by_match.get(m.group().lower(), ()))
-            q = p + 1
-            while q < le:  # other keys further along the same line (keys may overlap)
-                m = search(source, q, le)
+        lines: dict[int, tuple[int, set[int]]] = {}
+        for rx, by_match in self.passes:
+            search = rx.search
+            pos = start
+            while pos < cut:
+                m = search(source, pos, cut)
                 if m is None:
                     break
-                which.update(self.by_match.get(m.group().lower(), ()))
-                q = m.start() + 1
-            yield from self._check(text, source, exact, ls, le, which)
-            pos = le + 1
+                ls, le = self._line(text, start, cut, m.start())
+                which = lines.setdefault(ls, (le, set()))[1]
+                while m is not None:  # other keys further along the same line (keys may overlap)
+                    which.update(by_match.get(m.group(), ()))
+                    m = search(source, m.start() + 1, le)
+                pos = le + 1
         for piece, which_plain in self.plain:
             p = source.find(piece, start, cut)
             while p != -1:
                 ls, le = self._line(text, start, cut, p)
-                yield from self._check(text, source, exact, ls, le, which_plain)
+                lines.setdefault(ls, (le, set()))[1].update(which_plain)
                 p = source.find(piece, le + 1, cut)
+        for ls in sorted(lines):
+            le, which = lines[ls]
+            yield from self._check(text, source, exact, ls, le, which)
 
     @staticmethod
     def _line(text: str, start: int, cut: int, p: int) -> tuple[int, int]:
