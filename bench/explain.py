@@ -1,5 +1,7 @@
 """Throughput of ``torchdoctor.explain`` on a large synthetic log, and on adversarial text.
 
+``python bench/explain.py --accuracy`` prints the held-out figures of issue 29 per category and source kind instead.
+
 Prints MB/s for: a 50 MB training/inference log with a few hundred real errors spread through it (as a str,
 and streamed from a file through the CLI path), and for strings built to trip regex engines (runs of "(", ":",
 spaces, repeated anchors). Target (issue 28): >= 80 MB/s in process on the log, linear on adversarial input.
@@ -89,7 +91,52 @@ def interleaved(log: str, rounds: int) -> tuple[float, float, float]:
     return statistics.median(ex), statistics.median(base), statistics.median(old)
 
 
+def _kind(source: str, body: str) -> str:
+    """The kind of a text's source, by keywords (rough: an app's log quoted in a GitHub issue counts as the app)."""
+    low = body.lower() + " " + source.lower()
+    if source.startswith(("http://", "https://")):
+        return "forum/blog page"
+    if any("\u4e00" <= ch <= "\u9fff" for ch in body):
+        return "Chinese paste"
+    if "comfy" in low:
+        return "ComfyUI log"
+    if any(w in low for w in ("sd.next", "automatic", "stable-diffusion-webui", "forge", "a1111")):
+        return "SD.Next/A1111/Forge"
+    if "invoke" in low:
+        return "InvokeAI"
+    return "GitHub issue"
+
+
+def accuracy() -> int:
+    """Held-out figures of issue 29, per category and per source kind (the texts are never tuned on)."""
+    from collections import defaultdict
+
+    held = sorted((FIXTURES.parent / "holdout").glob("*.txt"))
+    rows: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
+    kinds: dict[str, list[bool]] = defaultdict(list)
+    for path in held:
+        head, _, body = path.read_text(encoding="utf-8").partition("\n---\n")
+        meta = dict(line[2:].partition(": ")[::2] for line in head.splitlines())
+        found = explain(body)
+        ranked = [found[0].category] + [a.category for a in found[0].alternatives] if found else []
+        one, two = ranked[:1] == [meta["category"]], meta["category"] in ranked[:2]
+        rows[meta["category"]].append((one, two))
+        kinds[_kind(meta["source"], body)].append(one)
+        if not one:
+            print(f"  miss: {path.name}: {ranked[:2]}")
+    n = sum(len(v) for v in rows.values())
+    print(f"held-out {n} texts: top-1 {sum(o for v in rows.values() for o, _ in v) / n:.1%}, "
+          f"top-2 {sum(t for v in rows.values() for _, t in v) / n:.1%}")
+    for cat, v in sorted(rows.items()):
+        print(f"  {cat:<28} n={len(v):3d} top-1 {sum(o for o, _ in v) / len(v):6.1%} top-2 {sum(t for _, t in v) / len(v):6.1%}")
+    for kind, k in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
+        print(f"  {kind:<28} n={len(k):3d} top-1 {sum(k) / len(k):6.1%}")
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--accuracy"]:
+        return accuracy()
     size = int(float(sys.argv[1]) * 1e6) if len(sys.argv) > 1 else 50_000_000
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     log = synthetic_log(size)

@@ -1,4 +1,5 @@
-"""Causes added for issue 29's misses: float16 overflow, an stft window left behind, float8 on MPS."""
+"""Causes added for issue 29's misses: float16 overflow, an stft window left behind, float8 on MPS, quantized
+models that transformers refuses to load with modules off the GPU (GPTQ ExLlama, bitsandbytes)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,21 @@ _c("ud.mps_fp8",
    ("Load an fp16 (or bf16) checkpoint instead of the fp8 one, or upcast before moving",
     'model = model.to(torch.float16).to("mps")'),
    ("Pick a dtype the device supports", 'torchdoctor.recommend_dtype("mps")'))
+_c("q.exllama_cpu",
+   "device_map placed some modules of a GPTQ model on the CPU or the disk (no GPU visible, device_map=\"cpu\", "
+   "or \"auto\" ran out of GPU memory), while the ExLlama / ExLlamaV2 kernels, transformers' default for 4-bit "
+   "GPTQ, need the whole model on the GPU.", "torchdoctor env",
+   ("Load every module on the GPU", 'model = AutoModelForCausalLM.from_pretrained(name, device_map={"": 0})'),
+   ("Or turn the ExLlama kernels off (slower; the way to run on the CPU or with offloading)",
+    "cfg = GPTQConfig(bits=4, use_exllama=False)  # older transformers: disable_exllama=True\n"
+    'model = AutoModelForCausalLM.from_pretrained(name, quantization_config=cfg, device_map="auto")'))
+_c("q.bnb_dispatch",
+   "device_map=\"auto\" found too little GPU memory for the quantized model (or no usable GPU: a bitsandbytes or "
+   "torch build without CUDA) and put modules on the CPU or the disk, which bitsandbytes layers cannot run on.",
+   "torchdoctor env",
+   ("Keep the modules that do not fit in float32 on the CPU, on purpose",
+    "cfg = BitsAndBytesConfig(load_in_8bit=True, llm_int8_enable_fp32_cpu_offload=True)\n"
+    'model = AutoModelForCausalLM.from_pretrained(name, quantization_config=cfg, device_map="auto")'),
+   ("Or fit it on the GPU: 4-bit instead of 8-bit, or a smaller model",
+    'cfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float16)'),
+   ("Check that torch and bitsandbytes see the GPU", "torchdoctor env"))

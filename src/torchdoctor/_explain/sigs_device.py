@@ -163,6 +163,16 @@ _sig("quant.bnb_to", "quantization_device", ".to() is refused on a bitsandbytes 
       "is not supported for `4-bit` quantized", "is not supported for `8-bit` quantized"),
      "`.to()` / `.cuda()` was called on a model quantized with bitsandbytes.",
      (("q.bnb_to", 3.0),), confidence=0.95, alternatives=(_MIX_ALT,))
+_sig("quant.exllama_gpu", "quantization_device", "The GPTQ ExLlama kernels need every module on the GPU",
+     ("found modules on cpu/disk", "backend requires all the modules to be on gpu"),
+     "A GPTQ model was loaded with some modules on the CPU or disk, and the ExLlama kernels transformers picks "
+     "for it run only when every module is on the GPU.",
+     (("q.exllama_cpu", 3.0),), confidence=0.95, alternatives=(_MIX_ALT,))
+_sig("quant.bnb_dispatch", "quantization_device", "A bitsandbytes model does not fit on the GPU",
+     ("some modules are dispatched on the cpu or the disk",),
+     "transformers refused to load a bitsandbytes 8/4-bit model because device_map put some of its modules on "
+     "the CPU or the disk.",
+     (("q.bnb_dispatch", 3.0),), confidence=0.95, follow=2, alternatives=(_MIX_ALT,))
 _sig("quant.params_swap", "quantization_device", "A quantized parameter cannot be moved this way",
      ("Creating a Parameter from an instance of type Params4bit", "from an instance of type Int8Params"),
      "Module.to could not re-create a bitsandbytes parameter (typically a move to meta).",
