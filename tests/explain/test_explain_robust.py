@@ -194,3 +194,18 @@ def test_time_grows_linearly_on_adversarial_text() -> None:
         t1 = _cpu_time(lambda: run_guarded(functools.partial(explain, small), timeout=120))
         t4 = _cpu_time(lambda: run_guarded(functools.partial(explain, big), timeout=240))
         assert t4 < 4 * 2.5 * max(t1, 0.01), (unit[:40], t1, t4)
+
+
+def test_a_log_is_folded_where_it_is_examined() -> None:
+    """A log too long to be a paste is not folded whole (speed); the lines around an error are, so full-width
+    punctuation and U+0130 (whose lower case is two characters) next to an error neither shift positions nor hide
+    the fields."""
+    noise = "İstanbul  step 12 loss 0.41\uff08ok\uff09 \u3000█████\n" * 20_000
+    line = "RuntimeError\uff1aİ Expected all tensors to be on the same device\uff0c but found at least two devices\uff0c " \
+           "cuda:0 and cpu\uff01"
+    text = noise + BNB_FRAME + "\n" + line + "\n" + noise
+    assert len(text) > _explain_scan.EXACT_BELOW
+    found = explain(text)
+    assert [d.category for d in found] == ["quantization_device"]
+    assert "cuda:0 and cpu" in found[0].what_happened
+    assert all("\uff0c" not in e for e in found[0].evidence)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
-__all__ = ["EXACT_BELOW", "Prefilter", "key_of"]
+__all__ = ["EXACT_BELOW", "Prefilter", "fold", "key_of"]
 
 EXACT_BELOW = 1 << 18
 # Words real texts write in capitals anywhere (CUDA, CPU, BFloat16, PyTorch, FakeTensor ...): never part of a key.
@@ -34,6 +34,29 @@ _CASED = re.compile(r"(?<![a-z])(?:cuda|cpu|xpu|mps|gpu|hpu|npu|nvidia|float|hal
 _PASSES = "tvb_uf"
 _MIN, _MAX = 8, 14
 _BACK = 96  # an anchor starts at most this far before its key
+
+
+# Pasted text: full-width punctuation (CJK input methods), typographic quotes, no-break spaces, box-drawing
+# borders (rich tracebacks). Each maps to one character, so positions in the text do not move.
+_FOLD = {0xFF08: "(", 0xFF09: ")", 0xFF1A: ":", 0xFF0C: ",", 0xFF01: "!", 0xFF07: "'", 0xFF02: '"', 0xFF3B: "[",
+         0xFF3D: "]", 0xFF1B: ";", 0xFF0E: ".", 0x3001: ",", 0x3002: ".", 0x2018: "'", 0x2019: "'", 0x201C: '"',
+         0x201D: '"', 0x00A0: " ", 0x3000: " ", 0x2502: " ", 0x2503: " ", 0x2551: " ", 0x0130: "I", 0xFEFF: " "}
+
+
+def fold(text: str) -> str:
+    """The paste noise above as ASCII, one character for one, so positions do not move and ``lower()`` keeps the
+    length (U+0130 alone would lower to two characters).
+
+    >>> fold("RuntimeError\uff1a Input type\uff08float\uff09")
+    'RuntimeError: Input type(float)'
+    """
+    if text.isascii():
+        return text
+    for code, ascii_char in _FOLD.items():  # a few scans beat a regex callback per character
+        char = chr(code)
+        if char in text:
+            text = text.replace(char, ascii_char)
+    return text
 
 
 def _stable(anchor: str) -> list[bool]:
@@ -150,7 +173,7 @@ class Prefilter:
     def hits(self, text: str, start: int, cut: int) -> Iterator[tuple[int, int]]:
         """``(position, anchor index)`` of every anchor in ``text[start:cut]``, first occurrence per line."""
         exact = len(text) < EXACT_BELOW
-        source = text.lower() if exact else text  # _FOLD keeps lower() length-preserving
+        source = fold(text).lower() if exact else text  # fold keeps lower() length-preserving
         lines: dict[int, tuple[int, set[int]]] = {}
         for rx, by_match in self.passes:
             search = rx.search
@@ -184,7 +207,7 @@ class Prefilter:
 
     def _check(self, text: str, source: str, exact: bool, ls: int, le: int,
                which: Iterable[int]) -> Iterator[tuple[int, int]]:
-        segment = source[ls:le] if exact else text[ls:le].lower()
+        segment = source[ls:le] if exact else fold(text[ls:le]).lower()
         for i in sorted(which):
             f = segment.find(self.anchors[i])
             if f != -1:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor._explain.catalog import signatures
-from torchdoctor._explain.prefilter import Prefilter
+from torchdoctor._explain.prefilter import EXACT_BELOW, Prefilter, fold
 from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
 from torchdoctor._explain.signatures import Signature
 
@@ -32,17 +32,13 @@ _STOP = ("traceback (most recent call last)", "exception during processing", "du
          "the above exception was the direct cause")
 _NOT_CONTINUED = ("File ", "Traceback", "During handling", "The above exception", "!!!", "\n", "#", "[")
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)|[@-Z\\-_])")
-# Pasted text: full-width punctuation (CJK input methods), typographic quotes, no-break spaces, box-drawing
-# borders (rich tracebacks). Each maps to one character, so positions in the text do not move.
-_FOLD = {0xFF08: "(", 0xFF09: ")", 0xFF1A: ":", 0xFF0C: ",", 0xFF01: "!", 0xFF07: "'", 0xFF02: '"', 0xFF3B: "[",
-         0xFF3D: "]", 0xFF1B: ";", 0xFF0E: ".", 0x3001: ",", 0x3002: ".", 0x2018: "'", 0x2019: "'", 0x201C: '"',
-         0x201D: '"', 0x00A0: " ", 0x3000: " ", 0x2502: " ", 0x2503: " ", 0x2551: " ", 0x0130: "I", 0xFEFF: " "}
 # A message wrapped over lines (terminal width, rich boxes, quoted replies) reads as one line for the patterns.
 _WRAP = re.compile(r"[ \t]*(?:\r?\n[ \t>|]*)+[ \t]*|[ \t]{2,}")
 
 
-def normalise(block: str) -> str:
-    r"""ANSI colours, Windows line ends and the paste noise above removed; the length of each line kept.
+def normalise(block: str, paste: bool = True) -> str:
+    r"""ANSI colours, Windows line ends and (``paste``) the paste noise of ``fold`` removed; the length of each
+    line kept. A log too long to be a paste is folded only where it is examined (see ``prefilter.fold``).
 
     >>> normalise("\x1b[31mRuntimeError\x1b[0m\uff1a Input type\uff08float\uff09\r\n")
     'RuntimeError: Input type(float)\n'
@@ -51,12 +47,7 @@ def normalise(block: str) -> str:
         block = _ANSI.sub("", block)
     if "\r" in block:
         block = block.replace("\r\n", "\n").replace("\r", "\n")
-    if not block.isascii():
-        for code, ascii_char in _FOLD.items():  # a few scans of the block beat a regex callback per character
-            char = chr(code)
-            if char in block:
-                block = block.replace(char, ascii_char)
-    return block
+    return fold(block) if paste else block
 
 
 @dataclass
@@ -106,7 +97,8 @@ class Scanner:
         self.cache: dict[tuple[str, str], tuple[dict[str, str], bool]] = {}  # repeated lines
 
     def feed(self, block: str, final: bool = False) -> None:
-        block = normalise(block)
+        # a paste is folded whole; a log (program output: no typed full-width punctuation) where it is examined
+        block = normalise(block, paste=len(block) < EXACT_BELOW)
         text = self.buf + block
         cut = len(text)
         if not final:  # hits need _TRAIL lines after them; keep the rest for the next block
@@ -171,7 +163,7 @@ class Scanner:
         raw = text[lo:hi]
         got = self.cache.get((sig.name, raw))
         if got is None:
-            window = _WRAP.sub(" ", raw)
+            window = _WRAP.sub(" ", fold(raw))
             fields: dict[str, str] = {}
             matched = False
             for rx in sig.compiled():
@@ -193,7 +185,7 @@ class Scanner:
             self.floor = self.prev_end
         group = self.groups.get(key)
         if group is None:
-            message = text[ls:msg_end]
+            message = fold(text[ls:msg_end])
             evidence = [clean(x) for x in message.split("\n") if x.strip()][: 1 + sig.follow]
             group = self.groups[key] = Group(sig, fields, message[:_LINE_MAX], evidence)
         group.count += 1
@@ -218,12 +210,12 @@ class Scanner:
                 trail_end = min(len(text), le + _SPAN) if trail_end + 1 < len(text) else trail_end
                 break
             trail_end = nxt
-        trail = text[le:trail_end].lower()
+        trail = fold(text[le:trail_end]).lower()
         # "!!! Exception during processing !!! <message>" (ComfyUI) is followed by its own traceback
-        skip = trail.find("\n", 1) + 1 if "exception during processing" in text[ls:le].lower() else 0
+        skip = trail.find("\n", 1) + 1 if "exception during processing" in fold(text[ls:le]).lower() else 0
         stops = [i for i in (trail.find(s, skip) for s in _STOP) if i != -1]
         if stops:
             trail = trail[: min(stops)]
-        ctx = text[lead:le] + text[le: le + len(trail)]
+        ctx = fold(text[lead: le + len(trail)])
         self.budget -= len(ctx)
         return ctx
