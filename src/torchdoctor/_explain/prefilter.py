@@ -32,7 +32,7 @@ _CASED = re.compile(r"(?<![a-z])(?:cuda|cpu|xpu|mps|gpu|hpu|npu|nvidia|float|hal
 # pass costs most: "t" is frequent), "v", "b", "_", "u" and "f" in most of the rest ("_" also in identifiers written
 # in capitals); an anchor with none gets a plain ``str.find`` pass of its own (about half a "v" pass each).
 _PASSES = "tvb_uf"
-_MIN, _MAX = 8, 14
+_MIN, _MIN_INSIDE, _MAX = 8, 6, 14
 _BACK = 96  # an anchor starts at most this far before its key
 
 
@@ -69,13 +69,16 @@ def _stable(anchor: str) -> list[bool]:
 
 def key_of(anchor: str) -> str:
     """The key of one anchor: the longest case-stable piece of it that starts with a pass character, or "" when
-    it has none (the anchor is then found by a plain search for its longest case-stable piece).
+    it has none (the anchor is then found by a plain search for its longest case-stable piece). A key inside a
+    word may be shorter (``_MIN_INSIDE``) than one that starts a word (``_MIN``).
 
     >>> key_of("expected all tensors to be on the same device")
     'ted all tensor'
     >>> key_of("and weight type (")
     't type ('
     >>> key_of("does not exist")
+    't exist'
+    >>> key_of("torch.stft(")
     ''
     """
     span = _key_span(anchor, _stable(anchor))
@@ -90,9 +93,11 @@ def _key_span(form: str, ok: list[bool]) -> tuple[int, int] | None:
         j = i
         while j < len(form) and ok[j] and j - i < _MAX:
             j += 1
-        # a key that starts inside a word first: real texts capitalise words at will ("Float8 Types is not ...")
-        score = (i > 0 and form[i - 1].isalpha(), j - i)
-        if j - i >= _MIN and (best is None or score > best[0]):
+        # a key that starts inside a word first: real texts capitalise words at will ("Float8 Types is not ..."),
+        # and a piece of a word is rarer in logs than a whole common word, so it may be shorter
+        inside = i > 0 and form[i - 1].isalpha()
+        score = (inside, j - i)
+        if j - i >= (_MIN_INSIDE if inside else _MIN) and (best is None or score > best[0]):
             best = (score, (i, j))
     return best[1] if best else None
 
