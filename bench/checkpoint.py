@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--bombs", action="store_true", help="time the hostile files instead (child processes)")
-    ap.add_argument("--src", help="with --bombs: the src/ directory whose torchdoctor is measured")
+    ap.add_argument("--src", help="with --bombs or --cli: the src/ directory whose torchdoctor is measured")
     ap.add_argument("--cap-gib", type=float, default=4.0, help="with --bombs: address-space cap per child")
     ap.add_argument("--timeout", type=float, default=120.0, help="with --bombs: seconds before a child is killed")
     ap.add_argument("--cli", action="store_true", help="whole-process `torchdoctor scan FILE` against `import torch`")
@@ -115,38 +115,61 @@ def main() -> None:
 
 
 def cli(opts: argparse.Namespace) -> None:
-    """The pre-commit hook's cost: ``torchdoctor scan model.safetensors`` and a 1 MB legacy pickle as whole
-    processes, interleaved with ``python -c "import torch"`` (the anchor), ``--repeat`` pairs each; medians."""
+    """The pre-commit hook's cost: ``torchdoctor scan model.safetensors`` and a 1 MB legacy pickle (3,000 tensors)
+    as whole processes, interleaved with ``python -c "import torch"`` (the anchor), ``--repeat`` rounds; medians of
+    wall time and of the child's CPU time (user + system, what ``bench/table.py`` reads). Twice: compiling
+    torchdoctor's modules every time (``PYTHONDONTWRITEBYTECODE=1`` and no cache, as in this workplace), and with
+    bytecode cached after one warm-up run (as an installed wheel runs: pip writes the ``.pyc`` files)."""
     import subprocess
     import sys
     from pathlib import Path
 
+    import shutil
+
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
     with tempfile.TemporaryDirectory() as tmp:
+        for copy in ("src-compiled", "src-cached"):  # two copies of the code: a cache written for one never
+            shutil.copytree(opts.src or root / "src", os.path.join(tmp, copy),  # serves the other
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         st = os.path.join(tmp, "model.safetensors")
         write_sparse_safetensors(st, 64 * 1024**2, 400)
         pkl = os.path.join(tmp, "onemb.pt")
         subprocess.run([sys.executable, "-c", "import torch, sys; torch.save({f'l{i}.w': torch.zeros(64) for i in "
                         "range(3000)}, sys.argv[1], _use_new_zipfile_serialization=False)", pkl], check=True)
+        modes = {"no bytecode": {**base, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": os.path.join(tmp, "src-compiled")},
+                 "bytecode": {**base, "PYTHONPATH": os.path.join(tmp, "src-cached")}}
 
-        def run(cmd: list[str]) -> float:
+        def run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
             t0 = time.perf_counter()
-            subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-            return time.perf_counter() - t0
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            _, _status, ru = os.wait4(p.pid, 0)
+            return time.perf_counter() - t0, ru.ru_utime + ru.ru_stime
 
-        torch_t, st_t, pkl_t = [], [], []
-        for _ in range(opts.repeat):
-            torch_t.append(run([sys.executable, "-c", "import torch"]))
-            st_t.append(run([sys.executable, "-m", "torchdoctor", "scan", st]))
-            pkl_t.append(run([sys.executable, "-m", "torchdoctor", "scan", pkl]))
-        ratios = [a / b for a, b in zip(st_t, torch_t)]
+        cmds = {"import torch": [sys.executable, "-c", "import torch"],
+                "scan model.safetensors": [sys.executable, "-m", "torchdoctor", "scan", st],
+                f"scan onemb.pt ({os.path.getsize(pkl) / 1e6:.2f} MB legacy, 3,000 tensors)":
+                    [sys.executable, "-m", "torchdoctor", "scan", pkl]}
+        for cmd in cmds.values():  # warm-up: writes the bytecode cache of the "bytecode" mode
+            run(cmd, modes["bytecode"])
+        wall: dict[tuple[str, str], list[float]] = {}
+        cpu: dict[tuple[str, str], list[float]] = {}
+        for i in range(opts.repeat):
+            order = list(cmds.items()) if i % 2 == 0 else list(reversed(cmds.items()))
+            for mode, env in modes.items():
+                for name, cmd in order:
+                    w, c = run(cmd, env)
+                    wall.setdefault((mode, name), []).append(w)
+                    cpu.setdefault((mode, name), []).append(c)
         med = statistics.median
-        print(f"import torch: median {med(torch_t):.2f} s over {opts.repeat} interleaved runs")
-        print(f"torchdoctor scan model.safetensors: median {med(st_t):.3f} s; ratio to import torch median "
-              f"x{med(ratios):.3f} (min x{min(ratios):.3f}, max x{max(ratios):.3f})")
-        print(f"torchdoctor scan onemb.pt ({os.path.getsize(pkl) / 1e6:.2f} MB legacy pickle, 3,000 tensors): "
-              f"median {med(pkl_t):.3f} s (min {min(pkl_t):.3f})")
+        print(f"{opts.repeat} interleaved rounds, load average {os.getloadavg()[0]:.1f} at the end")
+        for mode in modes:
+            torch_cpu = cpu[(mode, "import torch")]
+            for name in cmds:
+                w, c = wall[(mode, name)], cpu[(mode, name)]
+                ratio = statistics.median(a / b for a, b in zip(c, torch_cpu))
+                print(f"{mode:12} {name:50} wall median {med(w):.3f} s (min {min(w):.3f}), CPU median {med(c):.3f} s "
+                      f"(min {min(c):.3f}), CPU ratio to import torch x{ratio:.3f}")
 
 
 def bombs(opts: argparse.Namespace) -> None:

@@ -85,3 +85,23 @@ def test_opcode_budget_is_shared():
     with pytest.raises(CheckpointError, match="more than .* pickle opcodes"):
         for _ in range(10):
             prescan(data, 0, budget, "x")
+
+
+def test_opcode_table_is_pickletools_own():
+    """The argument table is written out (``pickletools`` costs more to import than a small scan); it must say
+    what ``pickletools.opcodes`` says for every opcode byte."""
+    from torchdoctor._checkpoint.bounds import _KINDS
+
+    expected: list[int | None] = [None] * 256
+    prefixed = {pickletools.TAKEN_FROM_ARGUMENT1: -11, pickletools.TAKEN_FROM_ARGUMENT4: -14,
+                pickletools.TAKEN_FROM_ARGUMENT4U: -14, pickletools.TAKEN_FROM_ARGUMENT8U: -18}
+    for op in pickletools.opcodes:
+        arg = op.arg
+        if arg is None:
+            kind = 0
+        elif arg.n == pickletools.UP_TO_NEWLINE:
+            kind = -2 if arg.name == "stringnl_noescape_pair" else -1
+        else:
+            kind = prefixed.get(arg.n, arg.n)
+        expected[ord(op.code)] = kind
+    assert _KINDS == expected

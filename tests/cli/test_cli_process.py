@@ -127,6 +127,67 @@ def test_checkpoint_scan_never_imports_torch(tmp_path: Path) -> None:
     assert out.stdout.strip() in ("routed", "no command yet")
 
 
+# The real command line in a child process, which writes the modules it ended with to the file named first.
+_AUDIT = textwrap.dedent(
+    """
+    import atexit, runpy, sys
+    record = sys.argv.pop(1)
+
+    def _write():
+        names = sorted(sys.modules)
+        with open(record, "w") as f:
+            f.write("\\n".join(names))
+
+    atexit.register(_write)
+    sys.argv[0] = "torchdoctor"
+    runpy.run_module("torchdoctor", run_name="__main__", alter_sys=True)
+    """
+)
+# What the checkpoint command line must never load: torch (seconds), importlib.metadata (once built for --version
+# at every start, more than a whole scan), and the libraries a checkpoint is read without.
+_NEVER = ("torch", "importlib.metadata", "numpy", "safetensors")
+_PICKLE_READERS = ("torchdoctor._checkpoint.torchfile", "torchdoctor._checkpoint.unpickle",
+                   "torchdoctor._checkpoint.records", "torchdoctor._checkpoint.rebuild",
+                   "torchdoctor._checkpoint.stubs", "torchdoctor._checkpoint.bounds", "zipfile")
+
+
+@pytest.mark.parametrize("kind", ["legacy", "zip", "safetensors"])
+def test_checkpoint_cli_process_loads_only_what_the_format_needs(tmp_path: Path, kind: str) -> None:
+    """``torchdoctor scan FILE`` as a whole process: neither torch nor importlib.metadata, and only the readers
+    of the file's own format (a legacy pickle never loads zipfile; a safetensors header no pickle reader)."""
+    import torch
+
+    path = tmp_path / {"legacy": "m.pt", "zip": "m.pt", "safetensors": "m.safetensors"}[kind]
+    sd = {f"layers.{i}.weight": torch.zeros(4, dtype=torch.bfloat16) for i in range(50)}
+    if kind == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(sd, str(path))
+    else:
+        torch.save(sd, path, _use_new_zipfile_serialization=kind == "zip")
+    record = tmp_path / "modules.txt"
+    out = subprocess.run([sys.executable, "-c", _AUDIT, str(record), "scan", str(path), "--json"],
+                         capture_output=True, text=True, env=ENV, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)["tensors"]) == 50
+    modules = set(record.read_text().split())
+    assert "torchdoctor._checkpoint.scan" in modules  # the record is of a process that did scan
+    loaded = sorted(m for m in modules if m.split(".")[0] in _NEVER or m.startswith("importlib.metadata"))
+    assert loaded == []
+    if kind == "legacy":
+        assert "zipfile" not in modules
+    if kind == "safetensors":
+        assert [m for m in _PICKLE_READERS if m in modules] == []
+
+
+def test_version_is_built_when_asked() -> None:
+    """``--version`` still names torch's version (read from its metadata, never by importing torch)."""
+    out = subprocess.run([sys.executable, "-m", "torchdoctor", "--version"], capture_output=True, text=True, env=ENV,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("torchdoctor ") and "(torch " in out.stdout and "Python " in out.stdout
+
+
 def test_python_file_without_name_says_what_to_type(app: Path) -> None:
     out = cli("scan", str(app))
     assert out.returncode == 2 and "not a checkpoint (unknown format" not in out.stderr

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import io
 import math
-import pickletools
 import struct
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from torchdoctor._checkpoint.unpickle import CheckpointError
+from torchdoctor._checkpoint.errors import CheckpointError
 
 __all__ = [
     "BLOB_COST", "MAX_EMBEDDED", "MAX_MARKS", "MAX_OPS", "MAX_PICKLE_BYTES", "MAX_SMALL_MEMBER", "BoundedFile", "Budget",
@@ -49,25 +48,31 @@ _MARK = ord("(")
 _POPS_MARK = frozenset(b"eultdoi1\x90\x91")  # APPENDS, SETITEMS, LIST, TUPLE, DICT, OBJ, INST, POP_MARK, ...
 
 
+# Per opcode byte: None unknown, 0 no argument, n > 0 fixed size, -1 one line, -2 two lines, -11 / -14 / -18 a
+# 1-, 4- or 8-byte little-endian length then that many bytes. Written out rather than read from ``pickletools`` at
+# import (which costs more than scanning a small pickle); a test rebuilds it from ``pickletools.opcodes``.
+_BY_KIND: dict[int, bytes] = {
+    0: b"().012NQR]abdelostu}\x81\x85\x86\x87\x88\x89\x8f\x90\x91\x92\x93\x94\x97\x98",
+    1: b"Khq\x80\x82", 2: b"M\x83", 4: b"Jjr\x84", 8: b"G\x95",
+    -1: b"FILPSVgp", -2: b"ci", -11: b"CU\x8a\x8c", -14: b"BTX\x8b", -18: b"\x8d\x8e\x96",
+}  # fmt: skip
+
+
 def _arg_kinds() -> list[int | None]:
-    """Per opcode byte: None unknown, 0 no argument, n > 0 fixed size, -1 one line, -2 two lines,
-    -11 / -14 / -18 a 1-, 4- or 8-byte little-endian length then that many bytes."""
     kinds: list[int | None] = [None] * 256
-    prefixed = {pickletools.TAKEN_FROM_ARGUMENT1: -11, pickletools.TAKEN_FROM_ARGUMENT4: -14,
-                pickletools.TAKEN_FROM_ARGUMENT4U: -14, pickletools.TAKEN_FROM_ARGUMENT8U: -18}
-    for op in pickletools.opcodes:
-        arg = op.arg
-        if arg is None:
-            kind = 0
-        elif arg.n == pickletools.UP_TO_NEWLINE:
-            kind = -2 if arg.name == "stringnl_noescape_pair" else -1
-        else:
-            kind = prefixed.get(arg.n, arg.n)
-        kinds[ord(op.code)] = kind
+    for kind, codes in _BY_KIND.items():
+        for code in codes:
+            kinds[code] = kind
     return kinds
 
 
 _KINDS = _arg_kinds()
+# Opcodes whose argument needs a look: memo indices that size the C memo (BINGET's one byte never can), numbers
+# long enough to choose their hash, extension codes, the marks, STOP.
+_CHECKED = _MEMO_OPS - {ord("h")} | {ord("G")} | _EXT_OPS | _POPS_MARK | {_MARK, ord(".")}
+# Per opcode byte: its whole length when it needs no look (the common opcodes of a state dict), else 0.
+_STEPS = bytes(1 + k if k is not None and k >= 0 and c not in _CHECKED else 0 for c, k in enumerate(_KINDS))
+_LONG_BINPUT = ord("r")
 
 
 class HashGuard:
@@ -118,18 +123,32 @@ def prescan(data: bytes, start: int, budget: Budget, label: str) -> int:
     their lengths, about four times faster than ``pickletools.genops``. Raises :class:`CheckpointError` for a
     pickle that ends early, holds an unknown opcode, or goes over a limit.
     """
-    kinds, find, n = _KINDS, data.find, len(data)
+    kinds, steps, find, n = _KINDS, _STEPS, data.find, len(data)
     pos, ops, puts, marks, limit = start, 0, 0, 0, budget.ops
     hashes = budget.hashes
     try:
         while True:
-            if pos >= n:
-                raise CheckpointError(f"{label}: truncated pickle (it ends at byte {n} before its STOP opcode)")
+            step = steps[data[pos]]  # past the end: IndexError, a truncated pickle
+            if step:  # most opcodes of a state dict: nothing to look at
+                pos += step
+                ops += 1
+                continue
             code = data[pos]
-            kind = kinds[code]
             at = pos
             pos += 1
             ops += 1
+            if code == _LONG_BINPUT:  # the commonest checked opcode: inline
+                end = pos + 4
+                index = int.from_bytes(data[pos:end], "little")
+                if end > n:
+                    raise CheckpointError(f"{label}: truncated pickle (an argument at byte {at} runs past the end)")
+                if index > puts + _MEMO_SLACK:
+                    raise _refuse(label, f"pickle memo index {index} at byte {at}, but only {puts} objects "
+                                         "were memoized before it")
+                puts += 1
+                pos = end
+                continue
+            kind = kinds[code]
             if kind is None:
                 raise CheckpointError(f"{label}: corrupted pickle (unknown opcode {bytes([code])!r} at byte {at})")
             if ops > limit:
@@ -150,10 +169,12 @@ def prescan(data: bytes, start: int, budget: Budget, label: str) -> int:
                 elif code == 0x94:  # MEMOIZE
                     puts += 1
                 continue
-            if kind > 0:  # the common cases inline: this loop runs once per opcode
+            if kind > 0:
                 end = pos + kind
             elif kind == -11 and pos < n:
                 end = pos + 1 + data[pos]
+            elif kind == -14:  # BINUNICODE and friends: a 4-byte length (a short slice past the end stays short)
+                end = pos + 4 + int.from_bytes(data[pos:pos + 4], "little")
             else:
                 end = _arg_end(data, pos, kind, find)
             if end > n:
@@ -175,6 +196,8 @@ def prescan(data: bytes, start: int, budget: Budget, label: str) -> int:
             pos = end
     except CheckpointError:
         raise
+    except IndexError:  # an opcode read at or past the end of the data
+        raise CheckpointError(f"{label}: truncated pickle (it ends at byte {n} before its STOP opcode)") from None
     except (ValueError, OverflowError, struct.error) as exc:  # an argument that does not parse
         raise CheckpointError(f"{label}: corrupted pickle ({str(exc)[:120]})") from None
 

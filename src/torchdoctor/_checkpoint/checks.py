@@ -59,9 +59,9 @@ def role_of(key: str) -> str:
     >>> role_of("fc.weight.quant_state.bitsandbytes__nf4")
     'quant_state'
     """
-    if ".quant_state." in f".{key}.":
+    if "quant_state" in key and ".quant_state." in f".{key}.":  # the plain search first: called per tensor
         return "quant_state"
-    return "quant_state" if key.rsplit(".", 1)[-1] in _QUANT_NAMES else "parameter"
+    return "quant_state" if key[key.rfind(".") + 1:] in _QUANT_NAMES else "parameter"
 
 
 class Entry(NamedTuple):
@@ -180,12 +180,12 @@ def _unsupported_problems(group: Group, entries: list[Entry], want: str | None) 
 
 # a training checkpoint's own state: optimizer moments and steps, loss scales, schedulers keep float32 whatever
 # the model's dtype (torch's AdamW keeps ``step`` float32; GradScaler's ``scale`` is float32)
-_TRAINING_STATE = re.compile(r"(^|\.)(optimizer|optimizers|optimizer_states|optim|scaler|grad_scaler|lr_scheduler|"
-                             r"lr_schedulers|scheduler)(\.|$)")
+_TRAINING_STATE = (r"(^|\.)(optimizer|optimizers|optimizer_states|optim|scaler|grad_scaler|lr_scheduler|"
+                   r"lr_schedulers|scheduler)(\.|$)")
 
 
 def _training_state(key: str) -> bool:
-    return _TRAINING_STATE.search(key) is not None
+    return re.search(_TRAINING_STATE, key) is not None  # compiled on first use (re's cache), not at import
 
 
 def _dtype_problems(group: Group, entries: list[Entry], exp: Any) -> list[Problem]:

@@ -10,21 +10,24 @@ cannot block the scan.
 
 from __future__ import annotations
 
-import json
+import gc
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor._checkpoint.checks import Entry, FileScan, Group, role_of
 from torchdoctor._checkpoint.dtypes import shown
-from torchdoctor._checkpoint.records import walk
-from torchdoctor._checkpoint.safetensors import read_safetensors
-from torchdoctor._checkpoint.torchfile import LFS_POINTER, read_torch_file
-from torchdoctor._checkpoint.known import DTENSOR
-from torchdoctor._checkpoint.unpickle import CheckpointError, UnsafePickle
+from torchdoctor._checkpoint.known import LFS_POINTER
+from torchdoctor._checkpoint.errors import CheckpointError
 
-__all__ = ["EXTENSIONS", "Skipped", "collect", "file_kind", "read_file", "read_json"]
+# The readers of each format (safetensors, torch.save and its unpickler, zip, DCP) are imported by the function
+# that reads that format: `torchdoctor scan model.safetensors` never loads the pickle machinery, a legacy pickle
+# never loads zipfile or json (docs/checkpoints.md, "Cost").
+
+__all__ = ["EXTENSIONS", "Skipped", "collect", "file_kind", "gc_paused", "read_file", "read_json"]
 
 EXTENSIONS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")  # .pkl: accelerate's random_states_0.pkl is torch.load-ed
 _MAX_DIR_DEPTH = 4
@@ -57,6 +60,11 @@ def file_kind(mode: int) -> str:
 
 
 def _read_pickled(path: str, fh: Any, size: int, label: str) -> FileScan:
+    from torchdoctor._checkpoint.known import DTENSOR
+    from torchdoctor._checkpoint.records import walk
+    from torchdoctor._checkpoint.torchfile import read_torch_file
+    from torchdoctor._checkpoint.unpickle import UnsafePickle
+
     try:
         pf = read_torch_file(path, fh, size, label)
     except UnsafePickle as exc:  # it fails to load, but only after importing what it names: that is the finding
@@ -66,12 +74,14 @@ def _read_pickled(path: str, fh: Any, size: int, label: str) -> FileScan:
     result = walk(pf.root)
     entries: list[Entry] = []
     refs: dict[str, Any] = {}
+    new_entry = tuple.__new__  # Entry(...) through its generated __new__ costs a Python call per tensor
     for key, stub in result.tensors:
         ref = stub.storage
         sid = f"{ref.location}/{ref.key}" if ref is not None else f"nostorage:{key}"
         view = (stub.offset, stub.shape, stub.stride, stub.dtype) if ref is not None else ()
         nbytes = ref.nbytes if ref else 0
-        entries.append(Entry(key, role_of(key), stub.dtype, stub.shape, stub.nbytes, stub.location, sid, nbytes, view))
+        entries.append(new_entry(Entry, (key, role_of(key), stub.dtype, stub.shape, stub.nbytes, stub.location, sid,
+                                         nbytes, view)))
         if ref is not None:
             refs.setdefault(key, ref)
     unsafe = [(g, *result.placeholders.get(g, (None, ()))) for g in pf.unknown_globals]
@@ -105,6 +115,8 @@ def read_file(path: str, label: str) -> FileScan:
             if head == LFS_POINTER:
                 raise CheckpointError(f"{label}: a git-LFS pointer, not the checkpoint itself: run `git lfs pull`")
             if head[8:9] == b"{" or path.endswith(".safetensors"):
+                from torchdoctor._checkpoint.safetensors import read_safetensors
+
                 return read_safetensors(path, fh, size, label)
             if head.startswith(b"GGUF"):
                 raise CheckpointError(f"{label}: GGUF file, not a PyTorch checkpoint (the gguf package reads it)")
@@ -127,6 +139,8 @@ def read_json(path: str, label: str) -> Any:
             raise CheckpointError(f"{label}: {file_kind(st.st_mode)}, not a JSON file: not read")
         if st.st_size > _MAX_JSON:
             raise CheckpointError(f"{label}: refused: {st.st_size:,} bytes of JSON, more than {_MAX_JSON:,}")
+        import json
+
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except CheckpointError:
@@ -317,3 +331,16 @@ def collect(root: str) -> tuple[list[Group], str | None, list[Skipped]]:
         else "transformers" if os.path.isfile(os.path.join(root, "config.json")) else None
     )  # fmt: skip
     return groups, layout, skipped
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Unpickling builds many small objects; the cyclic GC would rescan the whole heap (torch's included)
+    several times for a 4,000-tensor pickle, tripling the scan time. Nothing a scan builds forms cycles."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import platform
 import re
 import sys
 
@@ -73,6 +72,8 @@ def _without_torch(kind: str) -> int:
             return _visible(_amd_gpus(), "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
         return 0
     if kind == "mps":
+        import platform
+
         return int(sys.platform == "darwin" and platform.machine() == "arm64")
     if kind == "xpu" and build.get("xpu"):
         return len([c for c in _listdir("/sys/class/drm") if re.fullmatch(r"renderD\d+", c)])

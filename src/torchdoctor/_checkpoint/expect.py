@@ -15,7 +15,6 @@ is not installed the kept set is unknown and messages say so.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import os
 import re
@@ -26,7 +25,7 @@ from typing import Any
 
 from torchdoctor._checkpoint.collect import read_json
 from torchdoctor._checkpoint.dtypes import BFLOAT16, FLOAT16, DType, parse_dtype
-from torchdoctor._checkpoint.unpickle import CheckpointError
+from torchdoctor._checkpoint.errors import CheckpointError
 
 __all__ = ["DtypeExpectation", "expectation", "majority_dtype"]
 
@@ -115,6 +114,8 @@ def _modeling_files(root: str, cls_name: str, model_type: str | None) -> list[st
 def _static_attrs(cls_name: str, model_type: str | None) -> dict[str, list[str]] | None:
     """``_keep_in_fp32_modules*`` of a transformers class read from its source, without importing transformers
     (importing it costs seconds and starts subprocesses). None when the source does not say plainly."""
+    import ast  # only with a config.json naming a transformers class: a bare file never needs it
+
     spec = importlib.util.find_spec("transformers")  # locates the package; imports nothing
     if spec is None or not spec.submodule_search_locations:
         return None

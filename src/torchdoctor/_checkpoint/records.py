@@ -71,8 +71,10 @@ def walk(root: Any, max_nodes: int = 5_000_000, max_depth: int = 200) -> WalkRes
         if depth > max_depth:  # skip this branch only
             truncated = True
             continue
-        if isinstance(obj, TensorStub):  # the same tensor under a second key is reported (as an alias)
+        if type(obj) is TensorStub:  # the same tensor under a second key is reported (as an alias)
             tensors.append((_path(node), obj))
+            if not obj.attrs:  # the common tensor: nothing inside to walk
+                continue
         if id(obj) in seen:
             continue
         seen.add(id(obj))

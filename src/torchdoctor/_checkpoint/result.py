@@ -8,7 +8,7 @@ boundary (:func:`torchdoctor._checkpoint.scan.scan_checkpoint`). Both give the s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from torchdoctor._checkpoint.dtypes import DType, location_str, parse_location
 from torchdoctor._report.order import split_relocations
@@ -46,9 +46,8 @@ def row_device(location: str) -> str:
     return location_str(location) if parse_location(location) is not None else "meta"
 
 
-@dataclass(frozen=True)
-class Row:
-    """One tensor path of the file (a ``TensorInfo`` without torch)."""
+class Row(NamedTuple):
+    """One tensor path of the file (a ``TensorInfo`` without torch); a tuple: a scan builds one per tensor."""
 
     path: str
     role: str
@@ -58,7 +57,9 @@ class Row:
     nbytes: int
     alias_of: str | None = None
 
-    moved_by_module_to = False
+    @property
+    def moved_by_module_to(self) -> bool:  # a file's tensors were moved by nobody
+        return False
 
     @property
     def device(self) -> str:

@@ -26,8 +26,8 @@ from typing import IO, Any
 from torchdoctor._checkpoint.dtypes import DTYPES, UINT8, DType, clipped, shown
 from torchdoctor._checkpoint.views import dims_text
 from torchdoctor._checkpoint.checks import Entry, FileScan, role_of
-from torchdoctor._checkpoint.torchfile import SMALL_READ
-from torchdoctor._checkpoint.unpickle import CheckpointError
+from torchdoctor._checkpoint.known import SMALL_READ
+from torchdoctor._checkpoint.errors import CheckpointError
 
 __all__ = ["MAX_HEADER", "MAX_TENSORS", "read_safetensors"]
 
@@ -49,6 +49,23 @@ _DTYPES: dict[str, tuple[int, str | None]] = {
 
 def _torch_dtype(name: str) -> DType | None:
     return DTYPES.get(_DTYPES[name][1] or "")
+
+
+_WIDTH = {name: bits for name, (bits, _) in _DTYPES.items()}
+_TORCH_DTYPES = {name: _torch_dtype(name) for name in _DTYPES}
+_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
+
+
+def _BY_OFFSETS(row: tuple[Any, ...]) -> tuple[int, int]:
+    return row[0], row[1]
+
+
+def _sizes(values: list[Any]) -> bool:
+    """Every value a JSON integer safetensors accepts as ``usize`` (not bool, float, "-0" or negative)."""
+    for v in values:
+        if type(v) is not int or not 0 <= v < _U64:
+            return False
+    return True
 
 
 class _Refused(ValueError):
@@ -166,43 +183,46 @@ def read_safetensors(path: str, fh: IO[bytes], size: int, label: str) -> FileSca
                               "safe_open refuses it")
     data_size = size - 8 - n
     rows: list[tuple[int, int, str, str, tuple[int, ...]]] = []
+    # One pass per tensor, written out (no generator per shape, no set per key): a 200,000-tensor header is read
+    # in about a second.
     for key, info in header.items():
-        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+        if type(info) is not dict or not info.keys() >= _FIELDS:
             raise _bad(label, key, "needs dtype, shape and data_offsets")
         if len(info) > 3 and _depth(info) > _MAX_JSON_DEPTH - 1:  # extra fields are free-form JSON
             raise CheckpointError(f"{label}: corrupted safetensors header (nested deeper than {_MAX_JSON_DEPTH}); "
                                   "safe_open refuses it")
         dtype_name, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if not isinstance(dtype_name, str) or dtype_name not in _DTYPES:
+        if type(dtype_name) is not str or dtype_name not in _DTYPES:
             raise _bad(label, key, f"has unknown dtype {str(dtype_name)[:20]!r}")
-        if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < _U64 for d in shape):  # (_size)
+        if type(shape) is not list or not _sizes(shape):
             raise _bad(label, key, f"has shape {str(shape)[:40]}, not a list of non-negative integers")
-        if not isinstance(offsets, list) or len(offsets) != 2 or not all(
-                type(o) is int and 0 <= o < _U64 for o in offsets):
+        if type(offsets) is not list or len(offsets) != 2 or not _sizes(offsets):
             raise _bad(label, key, f"has data_offsets {str(offsets)[:40]}, not two non-negative integers")
         rows.append((offsets[0], offsets[1], key, dtype_name, tuple(shape)))
-    rows.sort(key=lambda r: (r[0], r[1]))
+    rows.sort(key=_BY_OFFSETS)
     entries: list[Entry] = []
     spans: dict[str, tuple[int, int]] = {}
     notes: list[str] = []
     start = 0
+    new_entry = tuple.__new__  # Entry(...) through its generated __new__ costs a Python call per tensor
     for begin, end, key, dtype_name, shape in rows:
         if begin != start or end < begin:
             what = "overlaps another tensor" if begin < start else "leaves a gap before it"
             raise _bad(label, key, f"has offsets {begin}..{end}: it {what} (tensors must tile the data region)")
         start = end
-        bits = _bits(shape, _DTYPES[dtype_name][0])
+        length = end - begin
+        bits = _bits(shape, _WIDTH[dtype_name])
         if bits is None:
             raise _bad(label, key, f"{dtype_name}{dims_text(shape)} is too large to address")
-        if bits % 8 or bits // 8 != end - begin:
+        if bits != length * 8:
             raise _bad(label, key, f"{dtype_name}{dims_text(shape)} needs {bits / 8:g} bytes, its offsets span "
-                                   f"{end - begin}")
-        dtype = _torch_dtype(dtype_name)
+                                   f"{length}")
+        dtype = _TORCH_DTYPES[dtype_name]
         if dtype is None:
             notes.append(f"{clipped(key)}: dtype {dtype_name} has no torch dtype; shown as uint8")
             dtype = UINT8
-        spans[key] = (8 + n + begin, end - begin)
-        entries.append(Entry(key, role_of(key), dtype, shape, end - begin, "cpu", key, end - begin))
+        spans[key] = (8 + n + begin, length)
+        entries.append(new_entry(Entry, (key, role_of(key), dtype, shape, length, "cpu", key, length, ())))
     if start != data_size:
         raise CheckpointError(
             f"{label}: {'truncated' if start > data_size else 'corrupted'} safetensors: the tensors cover "

@@ -20,14 +20,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from torchdoctor._checkpoint.checks import FileScan, Group, group_problems, loc_str, role_of, truncated_problem
-from torchdoctor._checkpoint.collect import Skipped, collect
+from torchdoctor._checkpoint.checks import Entry, FileScan, Group, group_problems, loc_str, role_of, truncated_problem
+from torchdoctor._checkpoint.collect import Skipped, collect, gc_paused
 from torchdoctor._checkpoint.dtypes import DType, from_torch, to_torch
 from torchdoctor._checkpoint.expect import expectation, majority_dtype
 from torchdoctor._checkpoint.render import render_checkpoint
 from torchdoctor._checkpoint.result import CheckpointReport, Finding, Row
-from torchdoctor._checkpoint.torchfile import gc_paused
-from torchdoctor._checkpoint.unpickle import CheckpointError
+from torchdoctor._checkpoint.errors import CheckpointError
 
 __all__ = ["CheckpointError", "check_checkpoint", "render_checkpoint", "role_of", "scan_checkpoint", "to_scan_report"]
 
@@ -126,6 +125,7 @@ def _rows(groups: list[Group]) -> tuple[list[Row], tuple[dict[str, Any], ...]]:
     """One TensorInfo per key (a second key on the same view is an alias), and the summary by saved device
     and dtype, counting each storage once."""
     rows: list[Row] = []
+    new_row = tuple.__new__  # Row(...) through its generated __new__ costs a Python call per tensor
     summary: dict[tuple[str, DType], dict[str, Any]] = {}
     seen_storage: set[tuple[str, str]] = set()
     for group in groups:
@@ -135,7 +135,8 @@ def _rows(groups: list[Group]) -> tuple[list[Row], tuple[dict[str, Any], ...]]:
             for e in fs.entries:
                 p = prefix + (e.key or "<root>")
                 alias = first.setdefault((fs.label, e.storage, e.view), p) if e.view else p
-                rows.append(Row(p, e.role, e.location, e.dtype, e.shape, e.nbytes, alias if alias != p else None))
+                rows.append(new_row(Row, (p, e.role, e.location, e.dtype, e.shape, e.nbytes,
+                                          alias if alias != p else None)))
                 if alias != p:
                     continue
                 g = summary.get((e.location, e.dtype))
@@ -150,10 +151,19 @@ def _rows(groups: list[Group]) -> tuple[list[Row], tuple[dict[str, Any], ...]]:
     return rows, tuple(sorted(summary.values(), key=lambda g: -g["nbytes"]))
 
 
+def _file_nbytes(fs: FileScan) -> int:
+    """Bytes of the file's storages, each once."""
+    return sum({e.storage: e.storage_nbytes for e in fs.entries}.values())
+
+
+def _saved_on(entries: list[Entry]) -> list[str]:
+    return sorted({loc_str(location) for location in {e.location for e in entries}})
+
+
 def _file_doc(fs: FileScan, group: Group) -> dict[str, Any]:
     doc: dict[str, Any] = {"file": fs.label, "format": fs.format, "tensors": len(fs.entries)}
-    doc["nbytes"] = sum({e.storage: e.storage_nbytes for e in fs.entries}.values())
-    doc["saved_on"] = sorted({loc_str(e.location) for e in fs.entries})
+    doc["nbytes"] = _file_nbytes(fs)
+    doc["saved_on"] = _saved_on(fs.entries)
     if fs.metadata:
         doc["metadata"] = fs.metadata
     if fs.notes:
@@ -169,19 +179,19 @@ def _group_docs(groups: list[Group]) -> list[dict[str, Any]]:
     out = []
     for g in groups:
         entries = [e for fs in g.files for e in fs.entries]
-        dtypes: dict[str, int] = {}
-        for e in entries:
-            name = e.dtype.name
-            dtypes[name] = dtypes.get(name, 0) + 1
+        all_dtypes = [e.dtype for e in entries]
+        counts: dict[str, int] = {}
+        for dt in all_dtypes:
+            counts[dt.name] = counts.get(dt.name, 0) + 1
         doc: dict[str, Any] = {
             "group": g.prefix or ".",
             "files": [fs.label for fs in g.files],
             "tensors": len(entries),
-            "nbytes": sum({(fs.label, e.storage): e.storage_nbytes for fs in g.files for e in fs.entries}.values()),
-            "dtypes": dtypes,
-            "saved_on": sorted({loc_str(e.location) for e in entries}),
+            "nbytes": sum(_file_nbytes(fs) for fs in g.files),  # a storage is one file's: counted per file
+            "dtypes": counts,
+            "saved_on": _saved_on(entries),
         }
-        major = majority_dtype([e.dtype for e in entries])
+        major = majority_dtype(all_dtypes)
         if major is not None:
             doc["majority_dtype"] = {"dtype": major[0].name, "tensors": major[1], "of": major[2]}
         if g.index_missing or g.index_extra:

@@ -11,27 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor._checkpoint.dtypes import DType
+from torchdoctor._checkpoint.errors import CheckpointError, UnsafePickle
 
 __all__ = [
     "CheckpointError", "Marker", "Placeholder", "Safe", "StorageRef", "StorageType", "TensorStub", "UnsafePickle",
     "placeholder_class", "refuse",
 ]  # fmt: skip
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read: empty, truncated, corrupted or of an unsupported format (one line)."""
-
-
-CheckpointError.__module__ = "torchdoctor"
-
-
-class UnsafePickle(CheckpointError):
-    """A pickle that fails to load, but only after naming globals that ``torch.load(weights_only=False)`` would
-    already have imported and called: reported as those globals (exit 1), never as merely unreadable."""
-
-    def __init__(self, message: str, globals_: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.globals = globals_
 
 
 @dataclass(frozen=True)

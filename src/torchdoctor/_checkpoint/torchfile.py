@@ -12,14 +12,11 @@ format read here becomes a one-line :class:`CheckpointError`.
 from __future__ import annotations
 
 import functools
-import gc
 import io
 import itertools
 import os
 import pickle
-import zipfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
@@ -44,17 +41,15 @@ from torchdoctor._checkpoint.unpickle import (
     UnsafePickle,
     placeholder_class,
 )
+from torchdoctor._checkpoint.known import LFS_POINTER, SMALL_READ
 from torchdoctor._checkpoint.names import DATA_TYPES, LIBRARY_CLASSES
 from torchdoctor._checkpoint.dtypes import shown
 from torchdoctor._checkpoint.views import BadRecord
-from torchdoctor._checkpoint.zipcheck import check_directory, check_member, read_member
 
-__all__ = ["LFS_POINTER", "SMALL_READ", "PickleFile", "gc_paused", "read_torch_file", "safe_loads", "unpickle_one"]
+__all__ = ["LFS_POINTER", "SMALL_READ", "PickleFile", "read_torch_file", "safe_loads", "unpickle_one"]
 
-LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
-SMALL_READ = 4096  # the only tensor bytes ever read: bitsandbytes' packed JSON quant_state
 _LEGACY_WINDOW = 4 * 1024 * 1024  # first read of a legacy file's pickles; grown x16 while a pickle runs past it
 
 
@@ -94,6 +89,10 @@ def _storage_ref(storages: dict[str, StorageRef], stype: Any, key: Any, location
 
 
 def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]], budget: Budget) -> PickleFile:
+    import zipfile  # here, not at the top: a legacy file or a plain pickle never needs it
+
+    from torchdoctor._checkpoint.zipcheck import check_directory, check_member, read_member
+
     check_directory(BoundedFile(fh, size), label)  # type: ignore[arg-type]
     try:
         zf = zipfile.ZipFile(BoundedFile(fh, size))  # type: ignore[arg-type]
@@ -355,16 +354,3 @@ def safe_loads(data: bytes) -> Any:
     ('echo never runs',)
     """
     return _unpickle(bytes(data), 0, None, "pickle", Budget(label="pickle"))[0]
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Unpickling builds many small objects; the cyclic GC would rescan the whole heap (torch's included)
-    several times for a 4,000-tensor pickle, tripling the scan time. Nothing a scan builds forms cycles."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()

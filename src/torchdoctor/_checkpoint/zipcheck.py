@@ -6,7 +6,7 @@ from __future__ import annotations
 import zipfile
 from typing import IO
 
-from torchdoctor._checkpoint.stubs import CheckpointError
+from torchdoctor._checkpoint.errors import CheckpointError
 
 __all__ = ["MAX_ZIP_DIRECTORY", "check_directory", "check_member", "read_member"]
 

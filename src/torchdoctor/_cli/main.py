@@ -36,6 +36,20 @@ def _version() -> str:
     return f"torchdoctor {__version__} (torch {torch_version}, Python {sys.version.split()[0]})"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, its text built only when asked: ``importlib.metadata`` costs more than a whole checkpoint
+    scan, and every other command line would pay it while the parser is built."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show the version of torchdoctor, torch and Python, then exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(_version())
+        parser.exit()
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors are one line (``torchdoctor simulate: argument --count: ...``), exit code 2."""
 
@@ -51,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
                "--device, --dtype, --profile, --assume-device and --limit come from [tool.torchdoctor] in the "
                "nearest pyproject.toml.",
     )
-    p.add_argument("--version", action="version", version=_version())
+    p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="verb", metavar="VERB")
     shared = _Parser(add_help=False)
     shared.add_argument("--color", choices=("auto", "always", "never"), default=None,
