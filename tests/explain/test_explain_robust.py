@@ -209,3 +209,15 @@ def test_a_log_is_folded_where_it_is_examined() -> None:
     assert [d.category for d in found] == ["quantization_device"]
     assert "cuda:0 and cpu" in found[0].what_happened
     assert all("\uff0c" not in e for e in found[0].evidence)
+
+
+def test_a_line_made_of_keys_still_shows_its_anchor() -> None:
+    """Past 32 keys on one line the rest of the line is read in one call (speed on garbage); an anchor there is
+    still found, on the fast path too."""
+    from torchdoctor._explain.prefilter import EXACT_BELOW
+
+    line = "ut type (" * 100 + "RuntimeError: expected scalar type Float but found Half"
+    pad = "." * EXACT_BELOW + "\n"
+    for text in (line, pad + line):
+        found = explain(text)
+        assert [d.category for d in found][:1] == ["dtype_mismatch"], text[-80:]

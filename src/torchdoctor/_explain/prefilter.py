@@ -34,6 +34,7 @@ _CASED = re.compile(r"(?<![a-z])(?:cuda|cpu|xpu|mps|gpu|hpu|npu|nvidia|float|hal
 _PASSES = "tvb_uf"
 _MIN, _MIN_INSIDE, _MAX = 8, 6, 14
 _BACK = 96  # an anchor starts at most this far before its key
+_PER_LINE = 32  # keys looked up one by one on one line
 
 
 # Pasted text: full-width punctuation (CJK input methods), typographic quotes, no-break spaces, box-drawing
@@ -189,9 +190,14 @@ class Prefilter:
                     break
                 ls, le = self._line(text, start, cut, m.start())
                 which = lines.setdefault(ls, (le, set()))[1]
-                while m is not None:  # other keys further along the same line (keys may overlap)
+                for _ in range(_PER_LINE):  # other keys further along the same line (keys may overlap)
                     which.update(by_match.get(m.group(), ()))
                     m = search(source, m.start() + 1, le)
+                    if m is None:
+                        break
+                else:  # a line made of keys (garbage, or built to be slow): the rest in one call, not overlapping
+                    for k in set(rx.findall(source, m.start(), le)):
+                        which.update(by_match.get(k, ()))
                 pos = le + 1
         for piece, which_plain in self.plain:
             p = source.find(piece, start, cut)
