@@ -210,12 +210,15 @@ class Scanner:
                 trail_end = min(len(text), le + _SPAN) if trail_end + 1 < len(text) else trail_end
                 break
             trail_end = nxt
-        trail = fold(text[le:trail_end]).lower()
+        raw_trail = text[le:trail_end]
+        trail = raw_trail.lower()
+        if len(trail) != len(raw_trail):  # U+0130 and the like lower to two characters: positions must not move
+            trail = fold(raw_trail).lower()
         # "!!! Exception during processing !!! <message>" (ComfyUI) is followed by its own traceback
-        skip = trail.find("\n", 1) + 1 if "exception during processing" in fold(text[ls:le]).lower() else 0
+        skip = trail.find("\n", 1) + 1 if "exception during processing" in text[ls:le].lower() else 0
         stops = [i for i in (trail.find(s, skip) for s in _STOP) if i != -1]
         if stops:
             trail = trail[: min(stops)]
-        ctx = fold(text[lead: le + len(trail)])
+        ctx = text[lead: le + len(trail)]  # rules read ASCII words: a context is not folded (a log's are long)
         self.budget -= len(ctx)
         return ctx
