@@ -29,9 +29,10 @@ _CASED = re.compile(r"(?<![a-z])(?:cuda|cpu|xpu|mps|gpu|hpu|npu|nvidia|float|hal
 # next occurrence of that character in a tight C loop (about 1 ns a character here), where a pattern that starts
 # with a character class costs about 7 ns a character whatever the class. So every key starts with one of these
 # few characters, chosen by measurement on logs (bench/explain.py): "t" starts a key in nearly every anchor (its
-# pass costs most: "t" is frequent), "v", "b", "_", "u" and "f" in most of the rest ("_" also in identifiers written
-# in capitals); an anchor with none gets a plain ``str.find`` pass of its own (about half a "v" pass each).
-_PASSES = "tvb_uf"
+# pass costs most: "t" is frequent), "v", "b", "_" and "u" in most of the rest ("_" also in identifiers written in
+# capitals); an anchor with none gets a plain ``str.find`` pass of its own (about half a "v" pass each), which is
+# why a pass character that would serve only one or two anchors is not worth its pass.
+_PASSES = "tvb_u"
 _MIN, _MIN_INSIDE, _MAX = 8, 6, 14
 _BACK = 96  # an anchor starts at most this far before its key
 _PER_LINE = 32  # keys looked up one by one on one line
