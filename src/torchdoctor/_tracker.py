@@ -6,16 +6,25 @@ rewritten). guard's session (one stack per ``with guard`` per thread) and the vi
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+# frames of the module machinery and of torchdoctor: never where the caller holds its model
+_MACHINERY = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+              os.path.dirname(os.path.abspath(__file__)) + os.sep)
+
+
 class ModuleStack:
     """The innermost running module (global forward hooks, removed by handle), so a problem names its module;
     parameters put on a module during the run (an adapter loaded in ``call``) get their path too. Paths are
     resolved when needed: a module injected after the run started (LoRA layers added after ``.to()``) is found
-    under the outermost running module. ``on_enter(module, path, args)`` runs when a module with a path starts."""
+    under the outermost running module. ``on_enter(module, path, args)`` runs when a module with a path starts;
+    when the outermost module starts, ``on_enter.call(module, args, kwargs)`` (if it has one) sees the caller's
+    arguments and may return replacements for the positional ones."""
 
     def __init__(self, roles: dict[str, str] | None = None) -> None:
         self.stack: list[torch.nn.Module] = []
@@ -28,6 +37,7 @@ class ModuleStack:
         self._missed: set[int] = set()
         self._keep: list[torch.nn.Module] = []  # ids in ``paths`` stay unique while the stack lives
         self.outermost: list[torch.nn.Module] = []  # the modules that started a forward, first first
+        self._replaced: Any = None  # positional arguments ``_pre`` replaced for the call starting now
 
     def path_of(self, mod: torch.nn.Module) -> str | None:
         """``mod``'s path; unknown modules are looked up under the outermost running module (once per module)."""
@@ -125,15 +135,31 @@ class ModuleStack:
         return ()
 
     # -- global hooks (the virtual runtime) --------------------------------------------------------------------
-    def _pre(self, mod: torch.nn.Module, args: Any) -> None:
-        if not self.stack and not any(m is mod for m in self.outermost):
+    def _hook(self, mod: torch.nn.Module, args: Any) -> Any:
+        """The registered pre-hook: ``_pre`` (which a subclass may extend without returning its result), then the
+        positional arguments it replaced, if any."""
+        self._replaced = None
+        self._pre(mod, args)
+        out, self._replaced = self._replaced, None
+        return out
+
+    def _pre(self, mod: torch.nn.Module, args: Any) -> Any:
+        outer = not self.stack
+        if outer and not any(m is mod for m in self.outermost):
             self.outermost.append(mod)
+            self._reroot(mod, sys._getframe(1))
         self.push(mod, args)
+        replaced = None
+        call = getattr(self.on_enter, "call", None) if outer else None
+        if call is not None:
+            replaced = call(mod, args, _call_kwargs(mod, sys._getframe(1)))
+            if replaced is not None:
+                self.inputs[-1] = args = self._replaced = replaced
         path = self.paths.get(id(mod))
         if path is None:
             path = self.path_of(mod)
             if path is None:
-                return
+                return replaced
         for store, role in ((mod._parameters, "parameter"), (mod._buffers, "buffer")):
             for name, t in store.items():
                 if getattr(t, "_td_path", False) is None:  # a virtual tensor not named yet
@@ -142,6 +168,49 @@ class ModuleStack:
                     self.roles.setdefault(named, role)
         if self.on_enter is not None:
             self.on_enter(mod, path, args)
+        return replaced
+
+    def _reroot(self, mod: torch.nn.Module, frame: Any) -> None:
+        """``mod`` starts a forward as its own root (path ``""``) while a module that holds it is in the caller's
+        hands: ``model.forward(x)`` (a Sequential whose own call no hook saw), or the test calling ``model[0]``
+        first or looping over ``model.layers``. The holder names the tree (``0.bias``, not ``bias``), as scan
+        would name it; tensors already named by the old paths are renamed. Once per module that starts a run."""
+        if self.paths.get(id(mod), "") != "":
+            return  # named under a known root already (simulate names every module of its copy)
+        best: torch.nn.Module | None = None
+        size, frames, f = 0, 0, frame
+        while f is not None and frames < 6:
+            if not f.f_code.co_filename.startswith(_MACHINERY):
+                frames += 1
+                try:
+                    held = [v for v in f.f_locals.values() if isinstance(v, torch.nn.Module)]
+                except Exception:  # a frame whose locals cannot be read: nothing to learn from it
+                    held = []
+                for v in held:
+                    if v is mod or v is best or id(v) in self.paths:
+                        continue
+                    subs = list(v.modules())
+                    if len(subs) > size and any(s is mod for s in subs):
+                        best, size = v, len(subs)
+            f = f.f_back
+        if best is None:
+            return
+        try:
+            named = list(best.named_modules(remove_duplicate=False))
+        except Exception:  # a strange module tree must not break the run it watches
+            return
+        # the holder is what the run's culprits are judged in (the policy's paths are the same as these)
+        self.outermost[:] = [best if m is mod else m for m in self.outermost if m is not best]
+        for name, sub in named:
+            old = self.paths.get(id(sub))
+            self.paths[id(sub)] = name
+            self._keep.append(sub)
+            if old is None or old == name:
+                continue
+            for store in (sub._parameters, sub._buffers):
+                for key, t in store.items():
+                    if t is not None and getattr(t, "_td_path", None) == (f"{old}.{key}" if old else key):
+                        t._td_path = f"{name}.{key}" if name else key  # type: ignore[union-attr]
 
     def _post(self, mod: torch.nn.Module, args: Any, out: Any) -> None:
         self.pop(mod)
@@ -150,10 +219,25 @@ class ModuleStack:
     def tracking(self) -> Iterator[None]:
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-        handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post,
+        handles = [register_module_forward_pre_hook(self._hook), register_module_forward_hook(self._post,
                                                                                             always_call=True)]
         try:
             yield
         finally:
             for h in handles:
                 h.remove()
+
+
+def _call_kwargs(mod: torch.nn.Module, frame: Any) -> dict[str, Any]:
+    """The keyword arguments of ``mod``'s call, read from ``Module._call_impl`` (a global pre-hook sees only the
+    positional ones): the dict the forward will be called with, so replacing a value in it replaces it there."""
+    f = frame
+    for _ in range(4):
+        if f is None:
+            break
+        if f.f_code.co_name in ("inner", "_call_impl") and f.f_code.co_filename.startswith(_MACHINERY[0]):
+            loc = f.f_locals
+            if loc.get("self") is mod and isinstance(loc.get("kwargs"), dict):
+                return loc["kwargs"]  # type: ignore[no-any-return]
+        f = f.f_back
+    return {}

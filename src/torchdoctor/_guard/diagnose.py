@@ -115,7 +115,14 @@ def _inputs(session: Session, mod: nn.Module, frame: Any) -> list[tuple[str, tor
             extra = loc.get(code.co_varnames[code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04)])
             names += [k for k in (extra or {}) if isinstance(k, str)]
             loc = {**loc, **(extra or {})}
-        out.extend((f"kwarg {n}", loc[n]) for n in names if isinstance(loc.get(n), torch.Tensor))
+        for n in names:
+            v = loc.get(n)
+            if isinstance(v, torch.Tensor):
+                out.append((f"kwarg {n}", v))
+            elif type(v) in (list, tuple):  # a list passed by keyword (``extra=[t]``): one level, as positions
+                out.extend((f"kwarg {n}[{j}]", t) for j, t in enumerate(v[:64]) if isinstance(t, torch.Tensor))
+            elif type(v) is dict:
+                out.extend((f"kwarg {n}[{k!r}]", t) for k, t in list(v.items())[:64] if isinstance(t, torch.Tensor))
     return out
 
 

@@ -13,6 +13,7 @@ placement change.
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,8 @@ from torch import nn
 from torchdoctor._placement import compact, device_str, norm_device, tensor_device
 from torchdoctor._scan import intent
 from torchdoctor._scan.judge import cpu_packed_message
-from torchdoctor._virtual.tensor import VirtualTensor, current_space
+from torchdoctor._virtual.origin import Made
+from torchdoctor._virtual.tensor import Space, VirtualTensor, current_space, make
 from torchdoctor._walk import walk
 
 _SKIP = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "config", "generation_config",
@@ -116,8 +118,35 @@ class EntryCheck:
                 self.pending[full] = note
             else:
                 self.note(*note)
-            if "_td_path" in dir(type(t)):  # a virtual twin: later ops name it where it was found, not where it was
-                t._td_path = full  # type: ignore[attr-defined]  # lifted (a list still holding the buffer ``.to()`` replaced)
+            if "_td_path" in dir(type(t)):  # a virtual twin: later ops name it where it was found, not where it
+                t._td_path = full  # type: ignore[attr-defined]  # was lifted (a list holding a buffer .to() replaced)
+
+    def call(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        """The outermost module starts: each tensor the caller passed (one container level deep) becomes the source
+        of what is made from it, named as the forward sees it (``input_ids``, ``extra[0]``,
+        ``kwargs['rotary_pos_emb_list'][0]``) and as the caller wrote it for the fix (``kwarg extra[0]``), with where
+        it was made (a factory's file:line, or before the run). Tensors made before the run are replaced by twins
+        (new positional arguments are returned; keyword ones are replaced in ``kwargs``, the call's own dict)."""
+        space = current_space()
+        if space is None or not (args or kwargs):
+            return None
+        try:
+            pos, varkw = _signature_of(mod)
+        except (TypeError, ValueError):  # no signature (a builtin forward): the caller's positions and keywords
+            pos, varkw = (), None
+        who = type(mod).__name__
+        out = list(args)
+        for i, a in enumerate(args):
+            if i < len(pos):
+                out[i] = _named(space, a, pos[i], f"input {i} ({{}})", who, 1)
+            else:  # forward(*args): the caller's position
+                out[i] = _named(space, a, f"input {i}", f"input {i}{{}}", who, 1, suffix=True)
+        for k in list(kwargs):
+            name = k if varkw is None or k in pos else f"{varkw}[{k!r}]"
+            new = _named(space, kwargs[k], name, f"kwarg {k}{{}}", who, 1, suffix=True)
+            if new is not kwargs[k]:
+                kwargs[k] = new
+        return tuple(out) if any(a is not b for a, b in zip(out, args)) else None
 
     def reached(self, tensors: list[Any]) -> None:
         """These tensors reached an op: a pending attribute / container among them is reported now."""
@@ -148,6 +177,62 @@ _WHY = {  # why a tensor the module owns can sit elsewhere than the rest
     "container": "a tensor in a list or dict the forward reads (Module.to moves parameters and buffers only)",
     "quant_state": "quantization state the kernel reads (Module.to moved the weight, not the state hanging off it)",
 }
+
+
+_SIGNATURES: dict[Any, tuple[tuple[str, ...], str | None]] = {}
+
+
+def _signature_of(mod: nn.Module) -> tuple[tuple[str, ...], str | None]:
+    """(names of the forward's positional parameters, name of its ``**kwargs`` or None), once per function."""
+    fn = mod.forward
+    key = getattr(fn, "__func__", fn)
+    hit = _SIGNATURES.get(key)
+    if hit is None:
+        params = inspect.signature(fn).parameters.values()
+        pos = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        varkw = next((p.name for p in params if p.kind == p.VAR_KEYWORD), None)
+        hit = _SIGNATURES[key] = (pos, varkw)
+    return hit
+
+
+def _named(space: Space, v: Any, label: str, fix: str, who: str, depth: int, suffix: bool = False,
+           index: str = "") -> Any:
+    """``v`` with its tensors named as arguments of the call (``fix`` holds ``{}`` where the label or, with
+    ``suffix``, the container index goes); a container is rebuilt only when a tensor in it is replaced."""
+    if isinstance(v, torch.Tensor):
+        return _as_argument(space, v, label + index, fix.format(index if suffix else label + index), who)
+    if depth and type(v) in (list, tuple):
+        items = [_named(space, x, label, fix, who, depth - 1, suffix, f"{index}[{i}]") for i, x in enumerate(v[:64])]
+        return v if all(a is b for a, b in zip(items, v)) else type(v)([*items, *v[64:]])
+    if depth and type(v) is dict:
+        new = {k: _named(space, x, label, fix, who, depth - 1, suffix, f"{index}[{k!r}]") if n < 64 else x
+               for n, (k, x) in enumerate(v.items())}
+        return v if all(new[k] is x for k, x in v.items()) else new
+    return v
+
+
+def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str) -> torch.Tensor:
+    if isinstance(t, VirtualTensor):
+        origin = t._td_origin
+        # a model tensor, an input simulate placed ("input 0"), a value made from model tensors or named already
+        if t._td_path is not None or (origin is not None and (origin.arg or origin.source.paths or origin.source.arg)):
+            return t
+        src = origin.source if origin is not None else None
+        # still on cpu from a factory the user called without device=: the fix is at that call; moved since (or
+        # made with a device), the fix is the argument itself
+        at_factory = src is not None and src.at and src.op.startswith("torch.") and t._td_device.type == "cpu"
+        t._td_origin = Made.argument(label, fix, who, src or _IN_RUN, origin if at_factory else None)
+        return t
+    hit = space.named.get(id(t))
+    if type(t) is not torch.Tensor or (hit is not None and hit[0] is t and not hit[1].startswith(("input ", "kwarg "))):
+        return t  # a Parameter or library subclass passed in, or a model tensor an entry check named
+    twin: VirtualTensor = make(VirtualTensor, space.inner_of(t), tensor_device(t))  # new per call: it may change
+    twin._td_origin = Made.argument(label, fix, who, None)
+    space.named[id(t)] = (t, fix)  # if the call's positional arguments cannot be replaced, ops still name it
+    return twin
+
+
+_IN_RUN = Made("argument", None, ("",))  # a tensor made in the run without a recorded factory
 
 
 def _signature(mod: nn.Module) -> tuple[Any, ...]:

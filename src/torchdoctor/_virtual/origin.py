@@ -9,8 +9,12 @@ bounded however long the forward). Module paths are resolved only when a problem
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 DEPTH = 8  # links of made-from-made kept per chain
 NAMES = 16  # source paths kept per record
@@ -19,7 +23,7 @@ NAMES = 16  # source paths kept per record
 class Made:
     """How a tensor made in a run got its device and dtype."""
 
-    __slots__ = ("op", "module", "paths", "count", "via", "depth")
+    __slots__ = ("op", "module", "paths", "count", "via", "depth", "at", "arg")
 
     def __init__(self, op: str, module: Any, paths: tuple[str, ...] = (), count: int = 0, via: Made | None = None,
                  depth: int = 1) -> None:
@@ -29,6 +33,24 @@ class Made:
         self.count = count or len(paths)  # how many there were
         self.via = via  # the made tensor it came from, when no named one
         self.depth = depth
+        # a factory (nothing it came from): the line that called it, so a tensor the user made is found by file:line
+        self.at: str | None = where_called() if not paths and via is None else None
+        self.arg: str | None = None  # an argument of the top-level call: its name as the forward sees it
+
+    @classmethod
+    def argument(cls, label: str, fix_label: str, call: str, before: Made | None, chain: Made | None = None) -> Made:
+        """The record of a tensor the caller passed to the outermost ``forward`` (``input_ids``, ``extra[0]``,
+        ``kwargs['rotary_pos_emb_list'][0]``): the source of everything made from it. ``fix_label`` is how the fix
+        names it (``kwarg extra[0]``), ``before`` how it was made (a factory at file:line), None: before the run
+        (a tensor moved in from before the run, or made by an op outside any module, is said to be neither).
+        With ``chain`` (its record from a factory the user called without ``device=``), the chain stays the source,
+        so a device fix is written at that call."""
+        m = cls("argument", None, (fix_label,), 1) if chain is None else \
+            cls("argument", None, via=chain, depth=chain.depth + 1)
+        m.arg = f"{label} (an argument of the {call} call" + (
+            f", made by {before.op} at {before.at})" if before is not None and before.at else
+            ")" if before is not None else ", made before the run)")
+        return m
 
     @property
     def source(self) -> Made:
@@ -45,15 +67,24 @@ class Made:
         return paths[0] if paths else None
 
     def describe(self, module_path: Callable[[Any], str | None]) -> str:
-        """``a tensor made by aten.mul in `lin`, 2 ops after aten.cat in `<root>` from params.0 … params.3``."""
-        src = self.source
+        """``a tensor made by aten.mul in `lin`, 2 ops after aten.cat in `<root>` from params.0 … params.3``; a
+        chain through an argument of the call ends at the argument (``from extra[0] (an argument of ...)``)."""
+        if self.arg is not None:
+            return self.arg
+        src = link = self.source
+        probe: Made | None = self.via
+        while probe is not None:  # the caller's argument on the way, if any, is what the user knows it by
+            if probe.arg is not None:
+                link = probe
+                break
+            probe = probe.via
         head = f"a tensor made by {_link(src, module_path)}"
         if src is self:
             return head
         here = f"a tensor made by {self.op} in {_where(self.module, module_path)}"
-        if self.depth == 2:
-            return f"{here} from {head}"
-        return f"{here}, {self.depth - 1} ops after {_link(src, module_path)}"
+        if self.depth - link.depth == 1:
+            return f"{here} from {link.arg or head}"
+        return f"{here}, {self.depth - link.depth} ops after {_link(link, module_path)}"
 
 
 def _where(module: Any, module_path: Callable[[Any], str | None]) -> str:
@@ -64,7 +95,11 @@ def _where(module: Any, module_path: Callable[[Any], str | None]) -> str:
 
 
 def _link(m: Made, module_path: Callable[[Any], str | None]) -> str:
+    if m.arg is not None:
+        return m.arg
     text = f"{m.op} in {_where(m.module, module_path)}"
+    if m.module is None and m.at:
+        text += f" at {m.at}"
     if not m.paths:
         return text
     if m.count == 1:
@@ -73,6 +108,25 @@ def _link(m: Made, module_path: Callable[[Any], str | None]) -> str:
         return f"{text} from {m.paths[0]} and {m.paths[1]}"
     return f"{text} from {m.paths[0]} … {m.paths[-1]}" + (f" ({m.count} tensors)" if m.count > len(m.paths) or
                                                             m.count > 4 else "")
+
+
+# code whose frames are not where a user made a tensor: torchdoctor itself and torch
+_MACHINERY = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+              os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep)
+
+
+def where_called() -> str | None:
+    """``file:line`` of the first frame outside torch and torchdoctor (the code that called a factory); a path under
+    the working directory is relative to it."""
+    f: Any = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(_MACHINERY):
+        f = f.f_back
+    if f is None:
+        return None
+    name = f.f_code.co_filename
+    cwd = os.getcwd() + os.sep
+    short = name[len(cwd):] if name.startswith(cwd) else os.sep.join(name.split(os.sep)[-2:])
+    return f"{short}:{f.f_lineno}"
 
 
 def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Made | None:
@@ -110,8 +164,6 @@ def ran_as_asked(dtype: Any, roots: list[Any]) -> list[Any]:
     """A run asked for a dtype (``dtype=float16``) that the code's own weights do not have (``call=`` runs the
     user's objects as they are): a problem saying in which dtype it ran, so the report never reads as if the run
     checked the dtype asked for."""
-    import torch
-
     from torchdoctor._placement import dtype_str
     from torchdoctor._report.model import Problem
 
