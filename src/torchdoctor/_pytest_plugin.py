@@ -109,11 +109,18 @@ def _marker_kwargs(item: pytest.Item, marker: pytest.Mark) -> dict[str, Any]:
     return kwargs
 
 
-def _simulated(item: pytest.Item, marker: pytest.Mark) -> Any:
-    from torchdoctor._virtual.session import virtual_devices
+@contextlib.contextmanager
+def _simulated(item: pytest.Item, marker: pytest.Mark) -> Generator[Any, None, None]:
+    from torchdoctor._virtual.session import expectation, virtual_devices
 
     kwargs = _marker_kwargs(item, marker)
-    return virtual_devices(kwargs.pop("device"), kwargs.pop("dtype", None), **kwargs)
+    given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k in ("device", "dtype", "profile"))
+    where = f"@pytest.mark.simulate({given})"  # the error says where its expectation came from
+    with virtual_devices(kwargs.pop("device"), kwargs.pop("dtype", None), **kwargs) as session:
+        session.whence = expectation(session.device, session.dtype, session.profile,
+                                     {k: where for k in ("device", "dtype", "profile") if k in marker.kwargs
+                                      or (k == "device" and marker.args)})
+        yield session
 
 
 @pytest.fixture()

@@ -55,3 +55,23 @@ def test_marker_help_is_exact(pytester: pytest.Pytester) -> None:
     line = next(ln for ln in result.stdout.lines if ln.startswith("@pytest.mark.simulate("))
     assert line.startswith("@pytest.mark.simulate(device, dtype=None, profile=None, count=None, data='cpu'): ")
     assert "device='cuda:1'" in line and "'cuda: 1'" not in line
+
+
+def test_marker_failure_says_where_its_expectation_came_from(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_marked="""
+import pytest, torch
+from torch import nn
+
+@pytest.mark.simulate(device="cuda:1", dtype="float16", profile="t4")
+def test_sim():
+    m = nn.Sequential(nn.Linear(4, 4))
+    m.extra = [nn.Linear(4, 4)]
+    m.to("cuda:1", torch.float16)
+    m.extra[0](m(torch.ones(1, 4, device="cuda:1", dtype=torch.float16)))
+""")
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider", "-W", "ignore",
+                                           timeout=600)
+    result.assert_outcomes(failed=1)
+    where = "@pytest.mark.simulate(device='cuda:1', dtype='float16', profile='t4')"
+    result.stdout.fnmatch_lines([f"E   *expected: cuda:1 float16 on NVIDIA T4 16GB (device from {where}; dtype from "
+                                 f"{where}; profile from {where})"])

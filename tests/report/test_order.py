@@ -73,3 +73,35 @@ def test_a_tensor_in_the_wrong_dtype_is_never_folded_into_a_move() -> None:
     assert "unet.conv_in.weight" in {p.path for p in real}
     assert "unet.conv_in.weight" not in {p.path for m in moves for p in m.members}
     assert "unet.conv_in.weight" in report.text().splitlines()[1]
+
+
+def test_a_float32_pipeline_asked_for_cuda_bf16_is_three_moves_that_cast() -> None:
+    """The README's first call on a pipeline loaded in float32 (the default): each component is one move that
+    also casts, not hundreds of "to fix" lines; a stray float32 weight in a bf16 component stays a problem."""
+    pipe = zoo.tiny_sd_pipeline(torch.float32)
+    report = torchdoctor.scan(pipe, "cuda:0", torch.bfloat16)
+    real, moves = report.relocations()
+    assert real == [] and sorted(m.fix() for m in moves) == [
+        "model.text_encoder.to('cuda:0', torch.bfloat16)", "model.unet.to('cuda:0', torch.bfloat16)",
+        "model.vae.to('cuda:0', torch.bfloat16)"]
+    text = report.text()
+    assert "  or all at once: torchdoctor.move(model, device='cuda:0', dtype=torch.bfloat16)" in text
+    assert "tensors on cpu in float32  ->  model.unet.to('cuda:0', torch.bfloat16)" in text
+    assert {r["dtype"] for r in report.to_dict()["relocations"]} == {"bfloat16"}
+    pipe.unet.to(torch.bfloat16)
+    pipe.unet.conv_in.weight.data = pipe.unet.conv_in.weight.data.float()  # a stray in a bf16 component
+    real, moves = torchdoctor.scan(pipe, "cuda:0", torch.bfloat16).relocations()
+    assert "unet.conv_in.weight" in {p.path for p in real}
+    assert next(m for m in moves if m.component == "unet").fix() == "model.unet.to('cuda:0')"
+
+
+def test_dtype_problems_of_a_moved_component_fold_into_its_cast() -> None:
+    from torchdoctor._report.order import split_relocations
+
+    ps = [{"kind": k, "path": f"unet.l{i}.w", "role": "parameter", "found": f, "expected": e}
+          for i in range(3) for k, f, e in (("device", "cpu", "cuda:0"), ("dtype", "float32", "bfloat16"))]
+    tensors = [{"path": f"unet.l{i}.w", "dtype": "float32", "device": "cpu", "nbytes": 16} for i in range(3)]
+    exp = {"unet": {"device": "cuda:0", "device_rule": "explicit", "dtype": "bfloat16", "dtype_rule": "explicit"}}
+    real, moves = split_relocations(ps, exp, tensors)
+    assert real == [] and len(moves) == 1 and len(moves[0].members) == 6
+    assert moves[0].fix() == "model.unet.to('cuda:0', torch.bfloat16)"

@@ -42,30 +42,54 @@ def _profile(args: argparse.Namespace) -> tuple[Any, DeviceProfile]:
     return device, profile.with_count(need)
 
 
+def _sources(args: argparse.Namespace) -> dict[str, str]:
+    """Where device, dtype and profile came from: the option or ``[tool.torchdoctor] in FILE``; a device only a
+    profile gave comes from that profile."""
+    src = dict(getattr(args, "sources", None) or {})
+    if not args.device and "profile" in src:
+        src["device"] = f"the profile ({src['profile']})"
+    return src
+
+
+_OFF = ("off", "none", "no", "false")
+
+
+def _assume(value: Any) -> Any:
+    """``--assume-device``: a device that tensors on meta are taken as loaded on; ``off`` checks them as missing;
+    unset, a model whose parameters are all on meta is taken as loaded on ``--device``."""
+    if value is None or value == "":
+        return None
+    if str(value).strip().lower() in _OFF:
+        return False
+    try:
+        return parse_device(value)
+    except ValueError as exc:
+        raise UsageError(f"--assume-device {value}: {exc}; or 'off' to check meta tensors as missing") from None
+
+
 def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfile, docs: list[Any]) -> int:
-    from torchdoctor._virtual.simulate import simulate, simulate_target
+    from torchdoctor._virtual.simulate import simulate_target
 
     _, dtype = parse_common(argparse.Namespace(device=None, dtype=args.dtype))
     if os.path.exists(spec):
         raise UsageError(f"simulate needs an object (path/to/file.py:name or package.module:name); {spec!r} is "
                          "a file or directory: use `torchdoctor scan` for checkpoints")
-    assume = parse_device(args.assume_device) if getattr(args, "assume_device", None) else None
+    assume = _assume(getattr(args, "assume_device", None))
     target: Any = None
     try:
         where = f"{device}" + (f" ({profile.name})" if profile.name else "")
         with progress(f"simulating {spec} on virtual {where}", quiet=args.quiet):
-            if assume is None:  # TARGET's own code runs on the virtual devices: it may build its model on cuda:N
-                loaded: list[Any] = []
+            # TARGET's own code runs on the virtual devices (it may build its model on cuda:N); a model built on
+            # meta is taken as loaded on --device (or --assume-device), as simulate() does
+            loaded: list[Any] = []
 
-                def load() -> Any:
-                    loaded.append(resolve_target(spec))
-                    return loaded[-1]
+            def load() -> Any:
+                loaded.append(resolve_target(spec))
+                return loaded[-1]
 
-                report = simulate_target(load, device, dtype, profile=profile)
-                target = loaded[-1] if loaded else None
-            else:  # a model built on meta, judged as if on ``assume``: simulate a copy of it
-                target = resolve_target(spec)
-                report = simulate(target, device=device, dtype=dtype, assume_device=assume, profile=profile)
+            report = simulate_target(load, device, dtype, profile=profile, assume_device=assume,
+                                     sources=_sources(args))
+            target = loaded[-1] if loaded else None
     except UsageError:
         raise
     except (ValueError, TypeError) as exc:  # bad arguments, or an object that cannot be copied

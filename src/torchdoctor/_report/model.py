@@ -15,7 +15,7 @@ import torch
 
 from torchdoctor._placement import compact, device_str, dtype_str
 from torchdoctor._report.html import HtmlMapMixin
-from torchdoctor._report.order import render_relocations, split_relocations
+from torchdoctor._report.order import render_relocations, split_relocations, with_whence
 from torchdoctor._report.text import human_bytes, render_problems, schema
 from torchdoctor._report.text import public_types
 
@@ -217,7 +217,7 @@ class ScanReport(HtmlMapMixin):
             "ok": self.ok,
             "source": self.source,
             "truncated": self.truncated,
-            "expected": self.expected,
+            "expected": with_whence(self.expected),  # each row says where its expectation came from
             "problems": [p.to_dict() for p in self.problems],
             "relocations": [m.to_dict() for m in self.relocations()[1]],
             "summary": list(self.summary),
@@ -290,8 +290,8 @@ def render_report(report: ScanReport, limit: int = 40) -> str:
             f"{name or '<root>'}: {e.get('device', '?')} {e.get('dtype', '?')}" for name, e in list(report.expected.items())[:8]
         )
         more = f" (+{len(report.expected) - 8} more)" if len(report.expected) > 8 else ""
-        whence = sorted({f"{k} from {e[k + '_source']}" for e in report.expected.values() for k in ("device", "dtype")
-                         if e.get(k + "_source")})
+        whence = list(dict.fromkeys(f"{k} from {e[k + '_source']}" for e in with_whence(report.expected).values()
+                                    for k in ("device", "dtype") if e.get(k + "_source")))
         lines.append(f"expected: {exp}{more}" + (f" ({'; '.join(whence)})" if whence else ""))
     lines.append(f"{len(report.tensors)} tensor paths ({n_alias} aliases); by device and dtype, each storage once:")
     for g in report.summary[:limit]:

@@ -6,30 +6,64 @@ user must act on (torch-free, as ``text``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor._report.text import _get, code_path
 
 ASKED_RULES = frozenset({"explicit", "config", "env", "profile", "argument"})  # expectations the user set
+# where an expectation came from when nothing more precise was recorded (the API's arguments, the policy's rules)
+_WHENCE = {
+    ("device", "explicit"): "the device= argument", ("dtype", "explicit"): "the dtype= argument",
+    ("device", "vote"): "the policy: where most of its layers are",
+    ("dtype", "vote"): "the policy: the dtype most of its layers have",
+    ("dtype", "declared-dtype"): "the policy: the dtype the model declares in its config",
+}
+
+
+def with_whence(expected: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """``expected`` with ``device_source`` / ``dtype_source`` on every row: where each expectation came from (an
+    argument, ``[tool.torchdoctor]`` with its file, an option, an environment variable, a profile, a rule of the
+    policy). A source already recorded (the command line's) is kept.
+
+    >>> with_whence({"": {"device": "cuda:0", "device_rule": "explicit", "dtype": "bfloat16", "dtype_rule": "vote"}})
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'': {'device': 'cuda:0', 'device_rule': 'explicit', 'dtype': 'bfloat16', 'dtype_rule': 'vote',
+          'device_source': 'the device= argument', 'dtype_source': 'the policy: the dtype most of its layers have'}}
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for comp, row in (expected or {}).items():
+        row = dict(row)
+        for key in ("device", "dtype"):
+            rule = row.get(f"{key}_rule")
+            if not row.get(f"{key}_source") and row.get(key) not in (None, "none") and rule is not None:
+                row[f"{key}_source"] = _WHENCE.get((key, str(rule)), f"the policy: rule {rule}")
+        out[comp] = row
+    return out
 
 
 @dataclass(frozen=True)
 class Relocation:
     """Tensors of one component that sit, with the component, on ``found`` while the user asked for
-    ``expected``: one ``.to()`` of the component fixes them all (nothing in the model itself is wrong)."""
+    ``expected``: one ``.to()`` of the component fixes them all (nothing in the model itself is wrong). ``dtype``:
+    the dtype asked for when the whole component is in another one (``from_dtype``): the same ``.to()`` casts it."""
 
     component: str
     found: str
     expected: str
     members: tuple[Any, ...]
+    dtype: str = ""
+    from_dtype: str = ""
 
     def fix(self, var: str = "model") -> str:
-        return f"{code_path(self.component, var)}.to({self.expected!r})"
+        cast = f", torch.{self.dtype}" if self.dtype else ""
+        return f"{code_path(self.component, var)}.to({self.expected!r}{cast})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"component": self.component, "found": self.found, "expected": self.expected,
-                "tensors": len(self.members), "fix": self.fix()}
+                "tensors": len(self.members), "fix": self.fix(), "dtype": self.dtype or None,
+                "found_dtype": self.from_dtype or None}
 
 
 def _component(path: str, components: Sequence[str]) -> str | None:
@@ -61,36 +95,61 @@ def split_relocations(problems: Sequence[Any], expected: Mapping[str, Mapping[st
         return list(problems), []
     home: dict[str, str] = {}
     stays: set[str] = set()  # paths Module.to does not move (a list-held module, a plain attribute)
-    odd: set[str] = set()  # floating tensors in another dtype than their component's: more than a move is wrong
+    dtypes: dict[str, str] = {}  # path -> floating dtype
+    main: dict[str, str] = {}  # component -> the floating dtype most of its bytes are in
     if tensors:
         weight: dict[str, dict[str, int]] = {}
+        dweight: dict[str, dict[str, int]] = {}
         for t in tensors:
             path = str(_get(t, "path") or "")
             if _get(t, "moved_by_module_to") is False:
                 stays.add(path)
             c = _component(path, asked)
-            dt = str(_get(t, "dtype")).removeprefix("torch.")  # a TensorInfo holds a torch.dtype, a document its name
-            want = (expected.get(c) or {}).get("dtype") if c is not None else None
-            if want and dt != want and dt.startswith(("float", "bfloat", "complex")):
-                odd.add(path)
             if c is None or _get(t, "alias_of"):
                 continue
+            size = int(_get(t, "nbytes") or 0) + 1
+            dt = str(_get(t, "dtype")).removeprefix("torch.")  # a TensorInfo holds a torch.dtype, a document its name
+            if dt.startswith(("float", "bfloat", "complex")):
+                dtypes[path] = dt
+                dw = dweight.setdefault(c, {})
+                dw[dt] = dw.get(dt, 0) + size
             dev = str(_get(t, "device"))
             w = weight.setdefault(c, {})
-            w[dev] = w.get(dev, 0) + int(_get(t, "nbytes") or 0) + 1
+            w[dev] = w.get(dev, 0) + size
         home = {c: max(w, key=lambda d: w[d]) for c, w in weight.items()}
+        main = {c: max(w, key=lambda d: w[d]) for c, w in dweight.items()}
+    # a floating tensor in another dtype than its component's is a stray: more than a move is wrong with it
+    odd = {p for p, dt in dtypes.items() if main.get(_component(p, asked) or "", dt) != dt}
     real: list[Any] = []
     moves: dict[tuple[str, str, str], list[Any]] = {}
+    casts: list[Any] = []  # dtype problems of tensors in their component's dtype, when another one was asked
     for p in problems:
         path = str(_get(p, "path") or "")
-        c = _component(path, asked) if _get(p, "kind") == "device" and _get(p, "role") in ("parameter", "buffer") \
-            else None
+        kind, role = _get(p, "kind"), _get(p, "role")
+        c = _component(path, asked) if kind in ("device", "dtype") and role in ("parameter", "buffer") else None
         found = str(_get(p, "found") or "")
-        if c is None or path in stays or path in odd or (home and home.get(c, found) != found):
+        if kind == "dtype" and c is not None and path not in odd and path not in stays and _cast(expected, c, main):
+            casts.append((c, p))
+            continue
+        if c is None or kind != "device" or path in stays or path in odd or (home and home.get(c, found) != found):
             real.append(p)
             continue
         moves.setdefault((c, found, str(_get(p, "expected") or "")), []).append(p)
-    return real, [Relocation(c, f, e, tuple(m)) for (c, f, e), m in moves.items()]
+    out = [Relocation(c, f, e, tuple(m), _cast(expected, c, main), main.get(c, "")) for (c, f, e), m in moves.items()]
+    for c, p in casts:  # folded into the component's move, which casts too; else the component stays put: a cast
+        hit = next((i for i, m in enumerate(out) if m.component == c), None)
+        if hit is None:
+            real.append(p)
+        else:
+            out[hit] = dataclasses.replace(out[hit], members=(*out[hit].members, p))
+    return real, out
+
+
+def _cast(expected: Mapping[str, Mapping[str, Any]], c: str, main: Mapping[str, str]) -> str:
+    """The dtype asked for component ``c`` when the component as a whole is in another one, else ''."""
+    e = expected.get(c) or {}
+    want = e.get("dtype") if e.get("dtype_rule") in ASKED_RULES else None
+    return str(want) if want and want != "none" and c in main and main[c] != want else ""
 
 
 def render_relocations(moves: Sequence[Relocation], var: str = "model") -> list[str]:
@@ -101,7 +160,10 @@ def render_relocations(moves: Sequence[Relocation], var: str = "model") -> list[
     lines = [f"not yet on the device you asked for ({', '.join(wanted)}): one move per component fixes them"]
     w = max(len(m.component or "<root>") for m in moves)
     for m in sorted(moves, key=lambda m: m.component):
-        lines.append(f"  {m.component or '<root>':<{w}}  {len(m.members)} tensors on {m.found}  ->  {m.fix(var)}")
-    if len(moves) > 1 and len(wanted) == 1:
-        lines.append(f"  or all at once: torchdoctor.move({var}, device={wanted[0]!r})")
+        dt = f" in {m.from_dtype}" if m.dtype else ""
+        lines.append(f"  {m.component or '<root>':<{w}}  {len(m.members)} tensors on {m.found}{dt}  ->  {m.fix(var)}")
+    casts = sorted({m.dtype for m in moves})
+    if len(moves) > 1 and len(wanted) == 1 and len(casts) == 1:
+        cast = f", dtype=torch.{casts[0]}" if casts[0] else ""
+        lines.append(f"  or all at once: torchdoctor.move({var}, device={wanted[0]!r}{cast})")
     return lines

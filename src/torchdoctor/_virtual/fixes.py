@@ -15,12 +15,18 @@ _NAMED = ("parameter", "buffer", "quant_state", "attribute", "container")
 
 
 def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtype | None,
-            sources: dict[tuple[str, ...], tuple[str, ...]] | None = None) -> str:
+            sources: dict[tuple[str, ...], tuple[str, ...]] | None = None) -> str | None:
     """The fix as code, from guard's generator: the named tensors cast or moved (``torchdoctor.move`` for many),
     the model tensors a wrong tensor made in the run came from, tensors the test made passed on the right device;
-    then what no cast of a tensor fixes."""
+    then what no cast of a tensor fixes. The lines never contradict each other: weights on meta are loaded before
+    anything is moved (moving them raises), and a dtype the device cannot compute in is replaced by one that does
+    not outgrow its memory. None when nothing but memory is wrong (that problem's message is its own fix)."""
     from torchdoctor._guard.maps import fix_code
 
+    memory = [p for p in problems if p.kind == "memory"]
+    problems = [p for p in problems if p.kind != "memory"]
+    if not problems:
+        return None
     culprits: list[tuple[str | None, str, str, Any]] = []
     factories: list[str] = []
     named = {p.path for p in problems if p.role in _NAMED}
@@ -54,16 +60,20 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
             continue  # a named culprit above holds this value: fixing it fixes what was made from it
         where = "on" if p.kind in ("device", "meta") else "in"
         culprits.append((None, f"the tensors made {where} {p.found}", p.kind, target))
-    lines = [fix_code(culprits) or "", *factories]
-    lines += [f"model.to(torch.{p.expected})  # the code ran with {p.found} weights: cast them so the run checks "
-              f"{p.expected}" for p in ran[:1]]
-    if meta:  # moving a meta tensor raises "Cannot copy out of meta tensor": the weights must be loaded
+    lines: list[str] = []
+    if meta:  # moving a meta tensor raises "Cannot copy out of meta tensor": the weights are loaded first
         lines.append(f"# {len(meta)} tensor{'s are' if len(meta) > 1 else ' is'} on meta (no data, e.g. "
                      f"{meta[0].path}): load the weights onto the device, e.g. "
                      "model.load_state_dict(state_dict, assign=True) or from_pretrained(..., device_map=...)")
+    moves = [fix_code(culprits) or "", *factories]
+    if meta and any(line for line in moves):
+        lines.append("# then, with the weights loaded:")
+    lines += moves
+    lines += [f"model.to(torch.{p.expected})  # the code ran with {p.found} weights: cast them so the run checks "
+              f"{p.expected}" for p in ran[:1]]
     unsupported = sorted({p.found for p in problems if p.kind == "unsupported_dtype"})
     if unsupported:
-        lines.append(_instead(unsupported, device, any(p.kind == "memory" for p in problems)))
+        lines.append(_instead(unsupported, device, bool(memory)))
     packed = [p for p in problems if p.kind == "quant_incomplete" and p.found == "cpu-packed"]
     if packed:  # Params4bit.to keeps bitsandbytes' CPU layout; only .cuda() / .xpu() unpack it (move refuses it)
         call = {"cuda": "cuda", "xpu": "xpu"}.get(device.type)
@@ -81,6 +91,10 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
         lines.append(f"# lasting fix: register {', '.join(attrs[:3])}{' …' if len(attrs) > 3 else ''} as a buffer "
                      "in its module's __init__ (self.register_buffer(name, tensor, persistent=False)): Module.to "
                      "moves buffers, never plain attributes")
+    if memory and any(line and not line.startswith("#") for line in lines):  # the lines above do not make it fit
+        m = memory[0]
+        lines.append(f"# still too large: it needs {m.found} on {m.path}, which has {m.expected.lstrip('<= ')}; load "
+                     "it quantized (bitsandbytes) or offload (device_map='auto')")
     return "\n".join(line for line in lines if line) or f"torchdoctor.move(model, {device_str(device)!r})"
 
 

@@ -81,10 +81,58 @@ class VirtualSession:
     # (kind, path) -> the call stack (file, line, function; outermost first) when the problem was recorded
     stacks: dict[tuple[str, str], list[tuple[str, int, str]]] = field(default_factory=dict)
     ops: int = 0  # aten ops the block ran on virtual tensors (known on exit)
+    # where device/dtype/profile came from ("@pytest.mark.simulate(...) of test_x"): said in the error
+    whence: dict[str, str] = field(default_factory=dict)
+    _rec: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def adopt(self, found: Any, assume: torch.device | None = None) -> int:
+        """Name the tensors and modules of an object the block built (``found``: its walk) by their paths, as
+        ``simulate`` names those of its copy, so problems say ``0.weight``, not "a tensor"; with ``assume``, its
+        tensors on meta (weights not loaded) are taken as loaded there and count against the device's memory.
+        Returns how many were. Only for objects the block made itself: their tensors are relabelled in place.
+        Memory counts what the block's own ``.to(device, dtype)`` keeps; what it casts counts once cast."""
+        from torchdoctor._virtual.hardware import ledger
+        from torchdoctor._virtual.tensor import VirtualTensor, current_space, make, unsupported_form, virtual_class
+        from torchdoctor._walk import set_tensor
+
+        rec, space = self._rec, current_space()
+        if rec is None or space is None:
+            raise RuntimeError("VirtualSession.adopt runs inside its virtual_devices block")
+        for path, mod in found.modules:
+            rec.modules.paths.setdefault(id(mod), path)
+        rec.roles.update({e.path: e.role for e in found.entries if e.alias_of is None})
+        led, assumed = ledger(space), 0
+        for e in found.entries:
+            t = e.tensor
+            if e.alias_of is not None:
+                continue
+            if isinstance(t, VirtualTensor):
+                if t._td_path is None:
+                    t._td_path = e.path
+                if assume is not None and t._td_device.type == "meta":
+                    t._td_device, assumed = assume, assumed + 1
+                    if led is not None and self._kept(t):
+                        led.add(t)
+            elif assume is not None and t.device.type == "meta" and unsupported_form(t) is None:
+                # a tensor made before the block (a module imported earlier): a twin where it is held
+                twin = make(virtual_class(type(t)), space.inner_of(t), assume, e.path, t.requires_grad)
+                twin.__dict__.update(getattr(t, "__dict__", {}))
+                try:
+                    set_tensor(e, twin)
+                except TypeError:
+                    continue
+                assumed += 1
+                if led is not None and self._kept(twin):
+                    led.add(twin)
+        return assumed
+
+    def _kept(self, t: torch.Tensor) -> bool:
+        """A tensor a move to the block's dtype keeps as it is (what it casts takes memory once cast)."""
+        return self.dtype is None or t.dtype == self.dtype or not t.is_floating_point()
 
     def error(self) -> PlacementError:
         """One ``PlacementError`` for everything recorded: headline, culprits by path, then the fix."""
@@ -97,13 +145,39 @@ class VirtualSession:
                 for line in _culprits_then_rest(tuple(self.problems), self.culprits, 40)]
         if self.stopped:
             rows.append(f"stopped early: {self.stopped}")
-        placement = [p for p in self.problems if p.kind != "memory"]  # a memory problem's message is its own fix
-        fix = fix_for(placement, self.device, self.dtype, self.sources) if placement else None
+        if self.whence:
+            rows.append(whence_line(self.whence))
+        fix = fix_for(self.problems, self.device, self.dtype, self.sources)
         return PlacementError(format_error(head, rows, fix, limit=len(rows)), module_path=first.module_path,
                               module_type=first.module_type,
                               op=first.op, tensors=first.tensors, problems=tuple(self.problems), fix=fix)
 
 
+
+
+def expectation(device: torch.device, dtype: torch.dtype | None, profile: DeviceProfile,
+                sources: dict[str, str] | None = None) -> dict[str, str]:
+    """What a virtual run expected and where each part came from: ``sources`` names the argument, the command
+    line's option, ``[tool.torchdoctor]`` with its file or the pytest marker; a profile without a source is the
+    default of the device's type."""
+    sources = sources or {}
+    out = {"device": device_str(device), "device_source": sources.get("device") or "the device= argument",
+           "profile": profile.name or f"default {profile.type}",
+           "profile_source": sources.get("profile") or f"the default profile of {profile.type}"}
+    if dtype is not None:
+        out.update(dtype=dtype_str(dtype), dtype_source=sources.get("dtype") or "the dtype= argument")
+    return out
+
+
+def whence_line(e: dict[str, str]) -> str:
+    """``expected: cuda:1 bfloat16 on NVIDIA T4 (device from ...; dtype from ...; profile from ...)``."""
+    what = " ".join(v for v in (e.get("device"), e.get("dtype")) if v) + f" on {e.get('profile')}"
+    whence = "; ".join(f"{k} from {e[k + '_source']}" for k in ("device", "dtype", "profile") if e.get(k + "_source"))
+    return f"expected: {what} ({whence})"
+
+
+_CALL = {"device": "the virtual_devices() device argument", "dtype": "the virtual_devices() dtype argument",
+         "profile": "the virtual_devices() profile argument"}
 
 
 # libraries that look at the hardware when first imported (bitsandbytes binds CUDA stream functions once
@@ -151,6 +225,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
         raise ValueError(f"virtual devices are cuda, xpu or mps devices, not {device_str(dev)!r}; "
                          "e.g. device='cuda:1'")
     dt = parse_dtype(dtype) if dtype is not None else None
+    profile_given = profile is not None
     profile = as_profile(profile) or DeviceProfile.for_device(dev)
     if profile.type != dev.type:
         raise ValueError(f"device {device_str(dev)} is not of the profile's type {profile.type!r}")
@@ -160,7 +235,10 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     rec = _Recorder(profile, dev, dt, limit, {})
     rec.use_stack(_OwnStack(rec.roles))
     rec.problems = located = _Located()
-    session = VirtualSession(dev, dt, profile, data, rec.problems, stacks=located.stacks)
+    session = VirtualSession(dev, dt, profile, data, rec.problems, stacks=located.stacks,
+                             whence=expectation(dev, dt, profile, {k: v for k, v in _CALL.items()
+                                                                   if k != "profile" or profile_given}))
+    session._rec = rec
     space = Space(data, profile.type, rec)
     failure: BaseException | None = None
     with torch.no_grad(), virtual_world(space, profile), rec.modules.tracking():

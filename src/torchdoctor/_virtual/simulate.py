@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,7 +30,8 @@ from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
 
 from torchdoctor._virtual.fixes import fix_for
-from torchdoctor._virtual.hardware import over_memory
+from torchdoctor._virtual.session import expectation, whence_line
+from torchdoctor._virtual.hardware import ledger, over_memory
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop, _norm
 
 __all__ = ["SimulationReport", "simulate"]
@@ -57,6 +58,8 @@ class SimulationReport(HtmlMapMixin):
     fix: str | None = None  # the fix as code, on the user's model (paths are the same as the copy's)
     forward: bool = True  # a forward (or the user's call) ran; False: only the move was checked
     assumed: str | None = None  # weights on meta taken as loaded there (a model built on meta), said in the report
+    # what was expected and where each came from: device/dtype/profile and device_source/dtype_source/profile_source
+    expected: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -78,7 +81,7 @@ class SimulationReport(HtmlMapMixin):
                         "name": p.name},
             "problems": [q.to_dict() for q in self.problems], "ops": self.ops, "seconds": round(self.seconds, 4),
             "stopped": self.stopped, "summary": list(self.summary), "fix": self.fix, "forward": self.forward,
-            "assumed": self.assumed,
+            "assumed": self.assumed, "expected": dict(self.expected),
         }
 
     def text(self, limit: int = 40) -> str:
@@ -91,11 +94,13 @@ class SimulationReport(HtmlMapMixin):
             "torchdoctor.Target(model, args), to check the forward)"
         lines = [f"{ok} ({head})"] if self.ok else \
             [f"{len(self.problems)} problem(s) ({head}):", *_culprits_then_rest(self.problems, self.culprits, limit)]
-        if self.assumed:
-            lines.append(f"note: {self.assumed}")
+        if self.assumed:  # right under the headline: it qualifies every line after it
+            lines.insert(1, self.assumed)
         if self.stopped:
             lines.append(f"stopped early: {self.stopped}")
         lines.extend(f"  {g['device']:<8} {g['dtype']:<14} {g['tensors']:>7} tensors" for g in self.summary[:limit])
+        if self.expected:
+            lines.append(whence_line(self.expected))
         if self.fix:
             lines.extend(["Fix:", *(f"    {line}" for line in self.fix.splitlines())])
         return "\n".join(lines)
@@ -107,16 +112,21 @@ class SimulationReport(HtmlMapMixin):
 # -- the facade ----------------------------------------------------------------------------------------------------
 
 
-def _place_inputs(space: Space, value: Any, device: torch.device, dtype: torch.dtype | None, path: str) -> Any:
-    """Inputs go where the user would put them: on ``device``, floating ones in ``dtype``."""
+def _place_inputs(space: Space, value: Any, device: torch.device, dtype: torch.dtype | None, path: str,
+                  assume: torch.device | None = None) -> Any:
+    """Inputs go where the user would put them: on ``device``, floating ones in ``dtype``. An input on meta is
+    taken as loaded, as the weights are, only when meta tensors are assumed on a device; else its move is checked
+    (and fails as the real one would)."""
     if isinstance(value, torch.Tensor):
         elem = space.inner_of(value)
+        if value.device.type == "meta" and assume is None:
+            return make(VirtualTensor, elem, value.device, path).to(device, dtype if elem.is_floating_point() else None)
         return make(VirtualTensor, elem.to(dtype) if dtype is not None and elem.is_floating_point() else elem,
                     device, path)
     if isinstance(value, dict):
-        return type(value)({k: _place_inputs(space, v, device, dtype, f"{path}.{k}") for k, v in value.items()})
+        return type(value)({k: _place_inputs(space, v, device, dtype, f"{path}.{k}", assume) for k, v in value.items()})
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_place_inputs(space, v, device, dtype, f"{path}.{i}") for i, v in enumerate(value))
+        return type(value)(_place_inputs(space, v, device, dtype, f"{path}.{i}", assume) for i, v in enumerate(value))
     return value
 
 
@@ -167,6 +177,7 @@ def simulate(
         and assume_device is not True else None
     if call is not None and (args or kwargs):
         raise ValueError("give inputs or call, not both: call(copy) does its own moving and calling")
+    profile_given = profile is not None
     profile = as_profile(profile) or DeviceProfile.for_device(dev if is_virtual(dev) else "cuda")
     if is_virtual(dev):
         if profile.type != dev.type:
@@ -181,9 +192,7 @@ def simulate(
     unloaded = not_loaded(found) if assume_device is None or assume_device is True else 0
     if unloaded:  # weights not loaded: check the structure as if they were
         assume = dev
-        assumed = (f"all {unloaded} parameters are on meta (weights not loaded): simulated as if loaded on "
-                   f"{device_str(dev)} (assume_device={device_str(dev)!r}; assume_device=False checks them as "
-                   "missing)")
+        assumed = assumed_note(unloaded, dev)
     from torchdoctor._scan.policy import Policy
 
     comps = Policy(found, None, None, False).components if dt is not None and (args or kwargs) else []
@@ -203,6 +212,11 @@ def simulate(
             raise TypeError(f"{exc}; run your own code on virtual devices instead, nothing is copied: `with "
                             f"torchdoctor.virtual_devices({device_str(dev)!r}): model.to({device_str(dev)!r}); "
                             "model(...)`") from exc
+        led = ledger(space)
+        if led is not None:  # what sits on the device already (weights assumed there) and the move keeps takes
+            for t, where, _ in listed:  # memory too; what it casts counts once cast
+                if is_virtual(where) and (dt is None or call is not None or t.dtype == dt or not t.is_floating_point()):
+                    led.add(memo.get(id(t)))
         rec.modules.paths = {id(memo[id(m)]): p for p, m in found.modules if id(m) in memo}
         rec.roots = [memo[id(m)] for _, m in found.roots if id(m) in memo]
         try:
@@ -219,8 +233,8 @@ def simulate(
 
                 placed = scan(clone, device=dev, dtype=None if args or kwargs else dt)
                 if args or kwargs:
-                    clone(*(_place_inputs(space, a, dev, in_dt, f"input {i}") for i, a in enumerate(args)),
-                          **{k: _place_inputs(space, v, dev, in_dt, f"kwarg {k}") for k, v in kwargs.items()})
+                    clone(*(_place_inputs(space, a, dev, in_dt, f"input {i}", assume) for i, a in enumerate(args)),
+                          **{k: _place_inputs(space, v, dev, in_dt, f"kwarg {k}", assume) for k, v in kwargs.items()})
         except _Stop:
             pass
         except Exception as exc:
@@ -245,11 +259,21 @@ def simulate(
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
     log.info("simulated %s on %s: %d op(s), %d problem(s)", type(obj).__name__, device_str(dev), space.ops,
              len(problems))
-    placement = [p for p in problems if p.kind != "memory"]  # a memory problem's message is its own fix
-    fix = fix_for(placement, dev, dt, rec.sources) if placement else None
+    fix = fix_for(problems, dev, dt, rec.sources)
     return SimulationReport(dev, dt, data, profile,
                             tuple(problems), space.ops, time.perf_counter() - start, rec.stopped, summary,
-                            rec.blamed, fix, bool(args or kwargs or call is not None), assumed)
+                            rec.blamed, fix, bool(args or kwargs or call is not None), assumed,
+                            expectation(dev, dt, profile, {"profile": "the profile= argument"} if profile_given
+                                        else None))
+
+
+def assumed_note(n: int, device: torch.device) -> str:
+    """What a report says when the weights of a model built on meta were taken as loaded on ``device``."""
+    where = device_str(device)
+    return (f"weights not loaded: assumed on {where} (all {n} parameters are on meta, as in a model built on the meta "
+            f"device: simulated as if loaded on {where}). To check them as missing: assume_device=False (command "
+            "line: --assume-device off); to run for real, load them (from_pretrained, load_state_dict(sd, "
+            "assign=True))")
 
 
 def not_loaded(found: Any) -> int:
@@ -271,40 +295,65 @@ def _api_name(exc: BaseException) -> str:
 public_types(SimulationReport)
 
 
-def _placed_on(value: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
-    """Inputs a TARGET returned, where the user would put them: on ``device``, floating ones in ``dtype``."""
+def _placed_on(value: Any, device: torch.device, dtype: torch.dtype | None, assume: torch.device | None,
+               path: str) -> Any:
+    """Inputs a TARGET returned, where the user would put them: on ``device``, floating ones in ``dtype``; named
+    ``input 0`` / ``kwarg mask`` as ``simulate`` names them, and taken as loaded on ``assume`` when on meta, as the
+    model's weights are."""
     if isinstance(value, torch.Tensor):
+        if isinstance(value, VirtualTensor):
+            if value._td_path is None:
+                value._td_path = path
+            if assume is not None and value._td_device.type == "meta":
+                value._td_device = assume
         return value.to(device, dtype) if dtype is not None and value.is_floating_point() else value.to(device)
     if isinstance(value, dict):
-        return type(value)({k: _placed_on(v, device, dtype) for k, v in value.items()})
+        return type(value)({k: _placed_on(v, device, dtype, assume, f"{path}.{k}") for k, v in value.items()})
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_placed_on(v, device, dtype) for v in value)
+        return type(value)(_placed_on(v, device, dtype, assume, f"{path}.{i}") for i, v in enumerate(value))
     return value
 
 
 def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: str | torch.dtype | None = None, *,
-                    profile: DeviceProfile | str | None = None, limit: int = LIMIT) -> SimulationReport:
+                    profile: DeviceProfile | str | None = None, limit: int = LIMIT,
+                    assume_device: str | torch.device | bool | None = None,
+                    sources: dict[str, str] | None = None) -> SimulationReport:
     """``simulate`` of a TARGET whose own code must run on the virtual devices: ``load()`` (importing the file and
     calling its factory) runs inside the virtual session, so a function that builds its model on ``cuda:N`` works
     on any machine; then the object is moved with its own ``.to`` and called on its inputs, as ``simulate`` does.
-    Nothing is copied: the objects are the ones ``load`` made in the run."""
+    Nothing is copied: the objects are the ones ``load`` made in the run, named by their paths as ``simulate``
+    names its copy's, and ``assume_device`` means what it means there (by default a model whose parameters are all
+    on meta is taken as loaded on ``device``, and the report says so). ``sources``: where device/dtype/profile
+    came from (``--device``, ``[tool.torchdoctor] in FILE``), said in the report."""
     from torchdoctor._scan.scan import scan
     from torchdoctor._virtual.session import virtual_devices
+    from torchdoctor._walk import walk
 
     start = time.perf_counter()
     dev, dt = parse_device(device), parse_dtype(dtype) if dtype is not None else None
     placed: Any = None
     forward = False
+    assumed = None
     with virtual_devices(dev, dt, profile=profile, limit=limit, raise_on_exit=False) as session:
         target = load()
         obj, args, kwargs = (target.obj, tuple(target.args), dict(target.kwargs)) if isinstance(target, Target) \
             else (target, (), {})
+        found = walk(obj)
+        # the objects ``load`` built in this block are virtual already: relabelled in place, not copied (a copy
+        # of them would keep their meta label: their class is a virtual one, which ``virtual_copy`` copies as is)
+        unloaded = not_loaded(found) if assume_device is None or assume_device is True else 0
+        assume = session.device if unloaded else parse_device(assume_device) \
+            if isinstance(assume_device, (str, torch.device)) else None
+        session.adopt(found, assume)
+        if unloaded:
+            assumed = assumed_note(unloaded, session.device)
         if callable(getattr(type(obj), "to", None)):
             obj.to(*((session.device,) if dt is None else (session.device, dt)))
         placed = scan(obj, device=session.device, dtype=None if args or kwargs else dt)
         if args or kwargs:
             forward = True
-            obj(*_placed_on(args, session.device, dt), **_placed_on(kwargs, session.device, dt))
+            obj(*(_placed_on(a, session.device, dt, assume, f"input {i}") for i, a in enumerate(args)),
+                **{k: _placed_on(v, session.device, dt, assume, f"kwarg {k}") for k, v in kwargs.items()})
     problems = list(session.problems)
     seen = {(p.kind, p.path) for p in problems}
     problems.extend(q for q in (placed.problems if placed is not None else ()) if (q.kind, q.path) not in seen and (
@@ -314,7 +363,7 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
     if len(problems) > limit:
         problems, stopped = problems[:limit], f"{limit} problems recorded (the limit)"
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
-    placement = [p for p in problems if p.kind != "memory"]
-    fix = fix_for(placement, session.device, dt, session.sources) if placement else None
+    fix = fix_for(problems, session.device, dt, session.sources)
     return SimulationReport(session.device, dt, session.data, session.profile, tuple(problems), session.ops,
-                            time.perf_counter() - start, stopped, summary, session.culprits, fix, forward)
+                            time.perf_counter() - start, stopped, summary, session.culprits, fix, forward, assumed,
+                            expectation(session.device, dt, session.profile, sources))
