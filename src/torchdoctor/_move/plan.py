@@ -144,15 +144,23 @@ public_types(MoveReport, PlanStep)
 # --- planning: what moves where, and what is refused (read-only) ------------------------------------------------
 
 
-@dataclass
+# _Step and _Plan are plain classes, not dataclasses: creating a dataclass compiles its methods at import, about a
+# millisecond each, and the first ``move`` of a process pays every import (issue 28).
 class _Step:
-    entry: Entry
-    aliases: list[Entry]
-    device: torch.device
-    dtype: torch.dtype
-    via: str
-    refused: tuple[str, str, str] | None = None  # (kind, why, fix)
-    group: Any = None
+    __slots__ = ("entry", "aliases", "device", "dtype", "via", "refused", "group")
+
+    def __init__(self, entry: Entry, aliases: list[Entry], device: torch.device, dtype: torch.dtype, via: str,
+                 refused: tuple[str, str, str] | None = None, group: Any = None) -> None:
+        self.entry = entry
+        self.aliases = aliases
+        self.device = device
+        self.dtype = dtype
+        self.via = via
+        self.refused = refused  # (kind, why, fix)
+        self.group = group
+
+    def __repr__(self) -> str:
+        return f"_Step({self.entry.path!r}, {self.device}, {self.dtype}, {self.via!r}, refused={self.refused!r})"
 
     def public(self) -> PlanStep:
         via = f"refused: {self.refused[1]}" if self.refused else self.via
@@ -160,11 +168,14 @@ class _Step:
                         compact(self.dtype, self.entry.info().shape, self.device), via)
 
 
-@dataclass
 class _Plan:
-    steps: list[_Step]
-    refusals: list[tuple[str, str, str, str, str]]  # (kind, path, found, why, fix)
-    kept: list[tuple[str, str]]
+    __slots__ = ("steps", "refusals", "kept")
+
+    def __init__(self, steps: list[_Step], refusals: list[tuple[str, str, str, str, str]],
+                 kept: list[tuple[str, str]]) -> None:
+        self.steps = steps
+        self.refusals = refusals  # (kind, path, found, why, fix)
+        self.kept = kept
 
     def public(self) -> list[PlanStep]:
         out = [PlanStep(path, kind, found, "", f"refused: {why}") for kind, path, found, why, _ in self.refusals

@@ -17,20 +17,17 @@ True
 
 from __future__ import annotations
 
-import colorsys
-import hashlib
-import html
-import json
 import os
-import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from torchdoctor._report.html_assets import CSS, JS
-from torchdoctor._report.layout import outline
 from torchdoctor._report.order import Relocation, split_relocations
 from torchdoctor._report.text import by_urgency, group_fix, group_problems, human_bytes, reason
 from torchdoctor._report.views import ResultViews
+
+# The standard library's ``html`` (its entity table), ``hashlib``, ``secrets``, ``json``, the page's CSS/JS and the
+# outline are imported by the functions that draw a page: every scan and move imports this module through the
+# result types, and only a page needs them (issue 28: the first call of a verb pays its imports).
 
 MAX_TENSORS = 200_000  # rows embedded in one page (a 70B Llama has about 720); more are counted, not drawn
 MAX_CARDS = 300  # problem cards (groups of alike problems count once)
@@ -44,7 +41,16 @@ _DTYPE_COLORS = {"float32": "#3a78d8", "bfloat16": "#f08a24", "float16": "#f2c12
                  "float8_e4m3fn": "#e0457b", "float8_e5m2": "#c2185b", "mixed": "#ffffff"}
 
 
+def _escape(text: str) -> str:
+    from html import escape
+
+    return escape(text)
+
+
 def _hashed(name: str) -> str:
+    import colorsys
+    import hashlib
+
     h = int(hashlib.sha1(name.encode("utf-8", "replace")).hexdigest()[:6], 16)
     r, g, b = colorsys.hls_to_rgb((h % 360) / 360, 0.5, 0.55)
     return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
@@ -72,6 +78,8 @@ def dtype_color(name: str) -> str:
 
 def _script_json(value: Any) -> str:
     """JSON safe inside ``<script>``: no ``</script>``, no ``<!--``, no HTML-significant characters."""
+    import json
+
     text = json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=str)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
@@ -135,7 +143,7 @@ def _totals(doc: Mapping[str, Any], rows: list[list[Any]], devices: list[str], d
 
 
 def _totals_table(groups: list[dict[str, Any]]) -> str:
-    e = html.escape
+    e = _escape
     devs = list(dict.fromkeys(str(g["device"]) for g in groups))
     dts = list(dict.fromkeys(str(g["dtype"]) for g in groups))
     cell = {(str(g["device"]), str(g["dtype"])): g for g in groups}
@@ -162,7 +170,7 @@ def _totals_table(groups: list[dict[str, Any]]) -> str:
 
 
 def _cards(problems: list[Mapping[str, Any]], source: str | None) -> str:
-    e = html.escape
+    e = _escape
     groups = by_urgency(group_problems(problems))
     out = []
     for g in groups[:MAX_CARDS]:
@@ -198,7 +206,9 @@ def _cards(problems: list[Mapping[str, Any]], source: str | None) -> str:
 
 def _outline_table(rows: list[list[Any]], devices: list[str], dtypes: list[str]) -> str:
     """Modules with their sizes, repeated blocks as one range row, bars proportional to bytes."""
-    e = html.escape
+    e = _escape
+    from torchdoctor._report.layout import outline
+
     blocks = outline(rows, devices, dtypes)
     if not blocks:
         return ""
@@ -220,7 +230,7 @@ def _outline_table(rows: list[list[Any]], devices: list[str], dtypes: list[str])
 
 def _relocation_cards(moves: list[Relocation]) -> str:
     """One card per component not yet on the device asked for, with the one move that fixes it."""
-    e = html.escape
+    e = _escape
     out = []
     for m in sorted(moves, key=lambda m: m.component):
         name = m.component or "<root>"
@@ -236,7 +246,7 @@ def _relocation_cards(moves: list[Relocation]) -> str:
 
 
 def _heading(doc: Mapping[str, Any], n_problems: int) -> str:
-    e = html.escape
+    e = _escape
     verb = str(doc.get("schema", "torchdoctor/scan/1")).split("/")[1:2] or ["scan"]
     bits = [f"{verb[0]} of {doc.get('source') or doc.get('device') or 'an object'}"]
     if doc.get("device") and verb[0] != "scan":
@@ -254,7 +264,12 @@ def _heading(doc: Mapping[str, Any], n_problems: int) -> str:
 def render_html(doc: Mapping[str, Any], *, title: str | None = None, full: bool = True) -> str:
     """The device map of a report document (``report.to_dict()``): a whole page, or (``full=False``) a
     fragment for a notebook cell. Self-contained and escaped."""
-    e = html.escape
+    import json
+    import secrets
+
+    from torchdoctor._report.html_assets import CSS, JS
+
+    e = _escape
     problems = [p for p in doc.get("problems") or [] if isinstance(p, Mapping)]
     rows, devices, dtypes, roles, total = _rows(doc)
     totals = _totals(doc, rows, devices, dtypes)
@@ -324,3 +339,6 @@ class HtmlMapMixin(ResultViews):
 
     def _repr_html_(self) -> str:
         return render_html(self.to_dict(), full=False)
+
+
+__all__ = ["HtmlMapMixin", "device_color", "dtype_color", "dtype_name", "render_html"]

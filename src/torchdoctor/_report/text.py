@@ -16,7 +16,6 @@ import re
 import sys
 import textwrap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 EXIT_OK = 0
@@ -117,14 +116,33 @@ def _pattern(path: str) -> list[str]:
     return ["*" if part.isdigit() else part for part in path.split(".")]
 
 
-@dataclass(frozen=True)
 class ProblemGroup:
     """Problems sharing kind, found, expected and reason; ``under`` is the numbered container they sit in
-    (``model.layers.*``), or ``None`` for a single problem printed as is."""
+    (``model.layers.*``), or ``None`` for a single problem printed as is. Immutable. (A plain class, not a
+    dataclass: a dataclass compiles its methods at import, and every verb's first call imports this module.)"""
 
+    __slots__ = ("kind", "under", "members")
     kind: str
     under: str | None
     members: tuple[Any, ...]
+
+    def __init__(self, kind: str, under: str | None, members: tuple[Any, ...]) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "under", under)
+        object.__setattr__(self, "members", members)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"ProblemGroup is immutable: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ProblemGroup and (self.kind, self.under, self.members) == (
+            other.kind, other.under, other.members)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.under, self.members))
+
+    def __repr__(self) -> str:
+        return f"ProblemGroup(kind={self.kind!r}, under={self.under!r}, members={self.members!r})"
 
     @property
     def first(self) -> Any:

@@ -18,7 +18,6 @@ A frozen dataclass writes its own ``__repr__`` (a 70 KB dump of every tensor row
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 REPR_MAX = 240  # the whole ``repr()``, counts included
@@ -74,8 +73,10 @@ def one_line(obj: Any, extra: str = "") -> str:
 
 def text_html(text: str) -> str:
     """A report's text as a notebook block: escaped, monospaced, wrapped at the cell's width."""
+    from html import escape  # its entity table is loaded only when a notebook draws a result
+
     return ('<pre class="torchdoctor" style="white-space:pre-wrap;font-family:ui-monospace,SFMono-Regular,Menlo,'
-            f'Consolas,monospace">{html.escape(text)}</pre>')
+            f'Consolas,monospace">{escape(text)}</pre>')
 
 
 class ResultViews:

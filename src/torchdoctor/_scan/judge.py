@@ -14,10 +14,56 @@ from torchdoctor._scan.intent import cpu_packed, judged_float
 if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._walk import Entry
 
-# ``Policy`` and its ``Decision`` (torchdoctor._scan.policy) call in here; annotated ``Any`` so the judge never
-# imports the policy back.
+# ``Policy`` (torchdoctor._scan.policy) calls in here; annotated ``Any`` so the judge never imports the policy back.
 Policy = Any
-Decision = Any
+
+
+# The policy's answer per tensor, read here and by every verb through ``Policy.decide``. A plain class, not a
+# dataclass: creating a dataclass compiles its methods at import (about a millisecond each), and the first scan of
+# a process pays every import (issue 28).
+class Decision:
+    """What one tensor should be: ``device``/``dtype`` (None: no expectation), the ``rule`` that decided, and an
+    alternative the rule accepts by design (``alt_device``: an offloaded module at rest; ``alt_dtype``: fp32).
+    Immutable; equal by value."""
+
+    __slots__ = ("device", "dtype", "rule", "alt_device", "alt_dtype")
+    device: torch.device | None
+    dtype: torch.dtype | None
+    rule: str
+    alt_device: torch.device | None
+    alt_dtype: torch.dtype | None
+
+    def __init__(self, device: torch.device | None, dtype: torch.dtype | None, rule: str,
+                 alt_device: torch.device | None = None, alt_dtype: torch.dtype | None = None) -> None:
+        setter = object.__setattr__  # immutable: built once, read by every verb
+        setter(self, "device", device)
+        setter(self, "dtype", dtype)
+        setter(self, "rule", rule)
+        setter(self, "alt_device", alt_device)
+        setter(self, "alt_dtype", alt_dtype)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Decision is immutable: cannot set {name}")
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.device, self.dtype, self.rule, self.alt_device, self.alt_dtype)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Decision) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return "Decision(" + ", ".join(f"{n}={v!r}" for n, v in zip(self.__slots__, self._key())) + ")"
+
+    def device_ok(self, d: torch.device) -> bool:
+        return self.device is None or same_device(d, self.device) or (
+            self.alt_device is not None and same_device(d, self.alt_device))
+
+    def dtype_ok(self, dt: torch.dtype) -> bool:
+        return self.dtype is None or dt == self.dtype or dt == self.alt_dtype
+
 
 _META = torch.device("meta")
 _ATTR_ROLES = frozenset({"attribute", "container", "subclass_inner"})

@@ -15,17 +15,15 @@ Rule names (stable, shown in reports): ``explicit``, ``declared-dtype``, ``vote`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from torchdoctor._placement import same_device
 from torchdoctor._scan import apps, intent
 from torchdoctor._scan.casts import fp32_scopes, kept_fp32
 from torchdoctor._scan.intent import STORAGE_DTYPES, adapter_majority, packed_scale
-from torchdoctor._scan.judge import judge
+from torchdoctor._scan.judge import Decision, judge
 from torchdoctor._walk import Entry, Walk
 
 __all__ = ["Decision", "Policy", "STORAGE_DTYPES", "fp32_scopes", "packed_scale"]
@@ -40,35 +38,21 @@ _SCALE_KEYS: dict[str, bool] = {}  # tensor name -> has "scale" in it (names rep
 _PLAIN_TYPES: set[type] = set()  # module classes without fp32-kept names that are neither peft nor bitsandbytes
 
 
-@dataclass(frozen=True)
-class Decision:
-    """What one tensor should be: ``device``/``dtype`` (None: no expectation), the ``rule`` that decided, and an
-    alternative the rule accepts by design (``alt_device``: an offloaded module at rest; ``alt_dtype``: fp32)."""
-
-    device: torch.device | None
-    dtype: torch.dtype | None
-    rule: str
-    alt_device: torch.device | None = None
-    alt_dtype: torch.dtype | None = None
-
-    def device_ok(self, d: torch.device) -> bool:
-        return self.device is None or same_device(d, self.device) or (
-            self.alt_device is not None and same_device(d, self.alt_device))
-
-    def dtype_ok(self, dt: torch.dtype) -> bool:
-        return self.dtype is None or dt == self.dtype or dt == self.alt_dtype
-
-
-@dataclass
+# Component is a plain class, not a dataclass: creating a dataclass compiles its methods at import (about a
+# millisecond each), and the first scan of a process pays every import (issue 28).
 class Component:
-    path: str
-    module: nn.Module
-    device: torch.device | None
-    dtype: torch.dtype | None
-    device_rule: str = "vote"
-    dtype_rule: str = "vote"
-    offload: torch.device | None = None  # execution device of an accelerate offload hook on the whole component
-    offload_by: str = "accelerate"  # who moves it there at call
+    """The root module or a top-level module, what it is expected to be, and the rules that decided."""
+
+    __slots__ = ("path", "module", "device", "dtype", "device_rule", "dtype_rule", "offload", "offload_by")
+
+    def __init__(self, path: str, module: nn.Module, device: torch.device | None, dtype: torch.dtype | None) -> None:
+        self.path, self.module, self.device, self.dtype = path, module, device, dtype
+        self.device_rule = self.dtype_rule = "vote"
+        self.offload: torch.device | None = None  # execution device of an accelerate offload hook on the component
+        self.offload_by = "accelerate"  # who moves it there at call
+
+    def __repr__(self) -> str:
+        return f"Component({self.path!r}, {self.device}, {self.dtype}, {self.device_rule}/{self.dtype_rule})"
 
 
 def _dominated(votes: dict[torch.dtype, list[Any]], declared: torch.dtype) -> bool:
