@@ -567,7 +567,10 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "unsupported_op" in capsys.readouterr().out
     assert main(["simulate", f"{path}:fine", "--device", "cuda:3", "--count", "2"]) == 2  # no cuda:3 among 2
     # the CLI runs the TARGET's own code in the session (it may build on cuda:N): meta weights are named as missing
-    assert main(["simulate", f"{path}:on_meta", "--device", "mps"]) == 1
+    # a model built on meta is taken as loaded on the device, as simulate() does; "off" checks the weights as missing
+    assert main(["simulate", f"{path}:on_meta", "--device", "mps"]) == 0
+    assert "weights not loaded: assumed on mps:0" in capsys.readouterr().out
+    assert main(["simulate", f"{path}:on_meta", "--device", "mps", "--assume-device", "off"]) == 1
     assert "holds no data (meta)" in capsys.readouterr().out
     assert main(["simulate", f"{path}:on_meta", "--device", "mps", "--assume-device", "cpu"]) == 0
     assert main(["simulate", str(path), "--device", "cuda:1"]) == 2

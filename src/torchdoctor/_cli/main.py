@@ -98,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--profile", metavar="NAME",
                    help="device preset: t4, v100, a100, h100, l4, rtx3090, rtx4090, m1, m2, m3, arc, cpu ... "
                         "(`--profile help` lists them)")
-    m.add_argument("--assume-device", dest="assume_device", help="treat tensors on meta as holding data on this device")
+    m.add_argument("--assume-device", dest="assume_device", help="treat tensors on meta as holding data on this device; 'off' checks them as missing "
+                   "(default: a model whose parameters are all on meta is taken as loaded on --device)")
     m.add_argument("--count", type=positive_int, default=None, help="number of virtual devices (default: enough for --device)")
     m.add_argument("--limit", type=positive_int, default=None, help="problems shown in text output (default 40)")
     m.add_argument("--json", action="store_true")

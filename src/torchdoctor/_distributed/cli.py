@@ -83,7 +83,7 @@ def _simulate_payload(spec: str, args: argparse.Namespace, template: str | None,
     session, so rank code that places its model on ``cuda:LOCAL_RANK`` runs as it would on the GPU node."""
     from torchdoctor._placement import device_str, parse_device
     from torchdoctor._rules.profile import DeviceProfile
-    from torchdoctor._virtual.simulate import simulate, simulate_target
+    from torchdoctor._virtual.simulate import simulate_target
 
     device = fill_device(template, rank, local_rank)
     assert device is not None
@@ -92,11 +92,11 @@ def _simulate_payload(spec: str, args: argparse.Namespace, template: str | None,
     if getattr(args, "count", None):
         count = int(args.count)
     profile = DeviceProfile.for_device(device.type).with_count(max(count, (device.index or 0) + 1))
-    assume = parse_device(args.assume_device) if getattr(args, "assume_device", None) else None
-    if assume is None:
-        report = simulate_target(lambda: _resolve(spec), device, dtype, profile=profile)
-    else:  # a model built on meta, judged as if on ``assume``: a copy of it is simulated
-        report = simulate(_resolve(spec), device=device, dtype=dtype, assume_device=assume, profile=profile)
+    raw = getattr(args, "assume_device", None)
+    # as ``torchdoctor simulate``: unset, a model built on meta is taken as loaded on the device; "off" checks it
+    assume: Any = None if not raw else False if str(raw).strip().lower() in ("off", "no", "false", "none") \
+        else parse_device(raw)
+    report = simulate_target(lambda: _resolve(spec), device, dtype, profile=profile, assume_device=assume)
     problems = [{**p.to_dict(), "tensors": list(p.tensors)} for p in report.problems]
     if report.stopped and not problems:
         raise RuntimeError(f"simulation stopped early: {report.stopped}")
