@@ -8,7 +8,6 @@ JSON to stdout with ``--json`` / to ``--file``); 2 only when torchdoctor itself 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
@@ -82,6 +81,8 @@ def command(args: argparse.Namespace) -> int:
             preset(args.profile)
         except ValueError as exc:
             raise UsageError(f"--profile: {exc}") from None
+
+    import json  # here, not at the top: every CLI start builds this verb's parser
 
     from torchdoctor._run.program import run
 
