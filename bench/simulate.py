@@ -1,9 +1,11 @@
 """Simulation cost on realistic shapes: Llama-3-8B and 70B built on meta, 128 tokens, virtual cuda:1.
 
-Run: ``python bench/simulate.py [8b|70b|both]``. Each size runs in a fresh subprocess, so peak RSS is per size.
-Prints the wall time of ``torchdoctor.simulate`` (median of 5 after a first call, interleaved with a plain forward
-of the same meta model as the baseline), the number of aten ops checked, and the process's peak RSS.
-Targets (issue 5): 8B < 2 s, 70B < 10 s, peak RSS < 1 GB.
+Run: ``python bench/simulate.py [8b|70b|both|layers]``. Each size runs in a fresh subprocess, so peak RSS is per
+size. Prints the wall time of ``torchdoctor.simulate`` (median of 5 after a first call, interleaved with a plain
+forward of the same meta model as the baseline), the number of aten ops checked, and the process's peak RSS.
+Targets (issue 5): 8B < 2 s, 70B < 10 s, peak RSS < 1 GB. ``layers`` runs the 8B shape with 8 and with 32 layers
+and prints the cost of one more layer for both (issue 28: the cost stays linear in layers; the per-run table of
+meta-kernel outputs makes every layer after the first cheaper, not the growth non-linear).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 SHAPES = {
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32),
@@ -23,15 +26,16 @@ SHAPES = {
 TOKENS = 128
 
 
-def one(size: str) -> dict[str, object]:
+def one(size: str, layers: int | None = None) -> dict[str, object]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import torchdoctor
 
+    shape = dict(SHAPES[size], **({"num_hidden_layers": layers} if layers else {}))
     cfg = LlamaConfig(vocab_size=128256, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
-                      **SHAPES[size])
+                      **shape)
     t0 = time.perf_counter()
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg).eval()
@@ -64,15 +68,29 @@ def one(size: str) -> dict[str, object]:
     }
 
 
+def _child(size: str, *extra: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--one", size, *extra], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def layers() -> None:
+    rows = {n: _child("8b", str(n)) for n in (8, 32)}
+    for key, what in (("simulate_s", "simulate"), ("plain_meta_forward_s", "plain meta forward")):
+        a, b = float(rows[8][key]), float(rows[32][key])
+        print(f"{what}: 8 layers {a:.3f} s, 32 layers {b:.3f} s, {(b - a) / 24 * 1e3:.1f} ms per layer")
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--one":
-        print(json.dumps(one(sys.argv[2])))
+        print(json.dumps(one(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)))
         return
     which = sys.argv[1] if len(sys.argv) > 1 else "both"
+    if which == "layers":
+        layers()
+        return
     sizes = list(SHAPES) if which == "both" else [which]
     for size in sizes:
-        out = subprocess.run([sys.executable, __file__, "--one", size], capture_output=True, text=True, check=True)
-        row = json.loads(out.stdout.strip().splitlines()[-1])
+        row = _child(size)
         ratio = row["simulate_s"] / row["plain_meta_forward_s"]
         print(f"Llama-3-{size.upper()}-shaped ({row['params'] / 1e9:.2f} B params on meta), {TOKENS} tokens, virtual "
               f"cuda:1: simulate {row['simulate_s']} s median (min {row['simulate_min_s']} s, first call "

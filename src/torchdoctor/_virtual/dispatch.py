@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from torchdoctor._placement import tensor_device
+from torchdoctor._virtual import kernels
 from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.origin import made_from
 from torchdoctor._virtual.tensor import Space, VirtualTensor, make
@@ -102,13 +103,6 @@ def autocast_args(args: Any, kind: str, want: torch.dtype) -> list[Any]:
         return x
 
     return [cast(a) if not isinstance(a, (list, tuple)) else type(a)(cast(x) for x in a) for a in args]
-
-
-def _autocast(func: Any, args: list[Any], kind: str, low_dtype: torch.dtype) -> list[Any]:
-    packet = func.overloadpacket
-    if packet in _AUTOCAST_LOW:
-        return autocast_args(args, kind, low_dtype)
-    return autocast_args(args, kind, torch.float32) if packet in _AUTOCAST_FP32 else args
 
 
 # C++ conv composites compare input and bias dtypes before dispatch ("Input type (float) and bias type
@@ -216,38 +210,67 @@ def foreign(space: Space, t: torch.Tensor) -> None:
     raise TypeError(f"{what} cannot be simulated: {why}")
 
 
+_INFO: dict[int, tuple[Any, ...]] = {}
+
+
+def _info(func: Any) -> tuple[Any, ...]:
+    """What the op path needs to know about ``func``, looked up once: (func, runs without its device, its meta
+    kernel's outputs can be remembered, a result keeps its argument's path, meta override, autocast list)."""
+    hit = _INFO.get(id(func))
+    if hit is None:  # keyed by id (OpOverload hashes in Python); the tuple keeps ``func`` alive
+        packet = func.overloadpacket
+        hit = _INFO[id(func)] = (func, has_fake(func), kernels.cacheable(func),
+                                 getattr(func, "is_view", False) or packet in _KEEP_PATH, _META_OVERRIDES.get(packet),
+                                 torch.float32 if packet in _AUTOCAST_FP32 else None, packet in _AUTOCAST_LOW)
+    return hit
+
+
+def _any_plain(args: Any, kwargs: dict[str, Any]) -> bool:
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, torch.Tensor):
+            if not isinstance(a, VirtualTensor):
+                return True
+        elif isinstance(a, (list, tuple)) and any(plain(x) for x in a):
+            return True
+    return False
+
+
 def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     space = V.current_space()
-    if space is not None and not has_fake(func):  # even with CPU values: its device kernel is unknown here
+    _, fake, cacheable, keep_path, override, fp32, low = _info(func)
+    if space is not None and not fake:  # even with CPU values: its device kernel is unknown here
         space.hooks.failed(str(func), None, "it is a custom op with no fake/meta kernel (register_fake), so "
                                             "it cannot run without the hardware")
-    follow = out_device(args, kwargs)
-    largs = lift_all(args, space, follow)
-    if kwargs and any(plain(v) for v in kwargs.values()):
-        kwargs = dict(zip(kwargs, lift_all(kwargs.values(), space, follow)))
+    largs: list[Any] = list(args)
+    if _any_plain(args, kwargs):
+        follow = out_device(args, kwargs)
+        largs = lift_all(args, space, follow)
+        if kwargs and any(plain(v) for v in kwargs.values()):
+            kwargs = dict(zip(kwargs, lift_all(kwargs.values(), space, follow)))
     back: dict[int, VirtualTensor] = {}
     if space is not None:
         space.ops += 1
-        if space.autocast is not None:  # autocast casts before the kernel checks anything
-            cast = _autocast(func, largs, space.vtype, space.autocast)
+        if space.autocast is not None and (low or fp32 is not None):  # autocast casts before the kernel checks
+            cast = autocast_args(largs, space.vtype, space.autocast if low else fp32)
             _pairs(largs, cast, back)
             largs = cast
         checked, kwargs = space.hooks.check(func, tuple(largs), kwargs)
-        _pairs(largs, checked, back)
+        if back or any(a is not b for a, b in zip(checked, largs)):
+            _pairs(largs, checked, back)
         largs = list(checked)
-    dev = out_device(largs, kwargs)
+    ts = list(tensors_of(largs, kwargs))  # the virtual arguments, once: device, meta-ness, provenance
+    dev = _device_of_outputs(ts, kwargs, space)
     first = largs[0] if largs else None
-    path = first._td_path if isinstance(first, VirtualTensor) and first._td_path is not None and (
-        getattr(func, "is_view", False) or func.overloadpacket in _KEEP_PATH) else None
-    on_meta = any(t._td_elem.device.type == "meta" for t in tensors_of(largs, kwargs))
+    path = first._td_path if keep_path and isinstance(first, VirtualTensor) else None
+    on_meta = any(t._td_elem.is_meta for t in ts)
     owner: dict[int, VirtualTensor] = {}
 
     def unwrap(x: Any) -> Any:
         if isinstance(x, VirtualTensor):
             e = x._td_elem
-            if on_meta and e.device.type != "meta":
+            if on_meta and not e.is_meta:
                 e = torch.empty_strided(e.size(), e.stride(), dtype=e.dtype, device=_META)
-            owner[id(e)] = back.get(id(x), x)
+            owner[id(e)] = back.get(id(x), x) if back else x
             return e
         if isinstance(x, (list, tuple)) and any(isinstance(y, VirtualTensor) for y in x):
             return type(x)(unwrap(y) for y in x)
@@ -255,9 +278,18 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
 
     uargs = [unwrap(a) for a in largs]
     ukwargs = {k: unwrap(v) for k, v in kwargs.items()} if kwargs else {}
-    override = _META_OVERRIDES.get(func.overloadpacket) if on_meta else None
+    if not on_meta:
+        override = None
+    known = kernels.key(func, uargs, ukwargs) if on_meta and cacheable and space is not None and override is None \
+        and kernels.ENABLED else None
+    hit = space.kernels.get(known) if known is not None else None  # type: ignore[union-attr]
     try:
-        out = override(func, *uargs, **ukwargs) if override is not None else func(*uargs, **ukwargs)
+        if hit is not None:
+            out = kernels.recall(hit)
+        else:
+            out = override(func, *uargs, **ukwargs) if override is not None else func(*uargs, **ukwargs)
+            if known is not None:
+                kernels.remember(space.kernels, known, out)  # type: ignore[union-attr]
     except (NotImplementedError, RuntimeError, TypeError) as exc:
         if space is None:
             raise
@@ -276,9 +308,21 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         # (integer results too: position_ids built by torch.arange(n).expand(...) name the factory call)
         # provenance: a result records the op, its module and the named tensors it took its dtype and device from
         # (or the made tensor it came from), so a problem far downstream names where its float32 or its cpu entered
-        wrapped._td_origin = made_from(func.overloadpacket, space.hooks.running(), tensors_of(largs, kwargs),
-                                       wrapped.dtype, wrapped._td_device)
+        wrapped._td_origin = made_from(func.overloadpacket, space.hooks.running(), ts, wrapped.dtype,
+                                       wrapped._td_device)
     return wrapped
+
+
+def _device_of_outputs(ts: list[VirtualTensor], kwargs: dict[str, Any], space: Space | None) -> torch.device:
+    """``out_device`` over the virtual arguments already collected."""
+    dev = kwargs.get("device") if kwargs else None
+    if dev is not None and torch.device(dev) != (space.inner if space is not None else _META):
+        return torch.device(dev)
+    for t in ts:
+        d = t._td_device
+        if d.type != "cpu" or t.dim() > 0:
+            return d
+    return ts[0]._td_device if ts else _CPU
 
 
 # what kernels say when they refuse a dtype (on every device: the simulation reports what the hardware would)

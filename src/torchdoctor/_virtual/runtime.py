@@ -234,6 +234,11 @@ class VirtualMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         space = self.space
+        name = getattr(func, "__name__", "")
+        if name == "__get__" or name == "__set__":  # attributes of the object itself, never of a copy
+            # (half of all calls: .shape, .dtype ...; none of the properties that dispatch is an autocast op, so
+            # the autocast state read below for the next op may wait)
+            return outside.attribute(space, func, name, args, kwargs)
         # read here: inside __torch_dispatch__ the autocast keys are excluded and report "disabled"
         space.autocast = torch.get_autocast_dtype(space.vtype) if torch.is_autocast_enabled(space.vtype) else None
         handler = _HANDLERS.get(func)
@@ -245,9 +250,6 @@ class VirtualMode(TorchFunctionMode):
             args, kwargs = D.conv_precheck(space, func, args, kwargs)
         elif func is D.SDPA_ENTRY:
             args, kwargs = D.sdpa_precheck(space, args, kwargs)
-        name = getattr(func, "__name__", "")
-        if name == "__get__" or name == "__set__":  # attributes of the object itself, never of a copy
-            return outside.attribute(space, func, name, args, kwargs)
         if any(plain(a) or isinstance(a, (list, tuple)) and any(plain(x) for x in a) for a in args):
             args = tuple(lift_all(args, space, None))
         if kwargs and any(plain(v) for v in kwargs.values()):

@@ -13,6 +13,7 @@ factories) is ``runtime``; the runtime APIs are ``devices_api``. A simulation be
 
 from __future__ import annotations
 
+import collections
 import copy
 import threading
 import types
@@ -88,6 +89,7 @@ class Space:
         self.foreign: dict[int, tuple[str, str]] = {}
         self.named: dict[int, tuple[torch.Tensor, str]] = {}  # real tensors a module-entry check named, by id
         self.relabelled: list[Any] = []  # weak references to real tensors given a device label by ``.data =``
+        self.kernels: dict[Any, Any] = {}  # meta-kernel outputs by op and argument metadata (``kernels``)
 
     def norm(self, device: Any) -> torch.device:
         """``'cuda'`` means the current virtual device, as in real PyTorch; an int means ``vtype:int``."""
@@ -295,6 +297,25 @@ def _copy_function(f: types.FunctionType, memo: dict[int, Any]) -> Any:
     return g
 
 
+def _copy_ordered_dict(x: Any, memo: dict[int, Any]) -> Any:
+    """A plain ``OrderedDict`` copied as ``deepcopy`` would, without its reduce round trip: a module holds eleven
+    (its hook tables), most of them empty, and these were a third of copying a large model."""
+    if vars(x):  # attributes set on the instance: the general path keeps them
+        return copy._reconstruct(x, memo, *x.__reduce_ex__(4))  # type: ignore[attr-defined]
+    y: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+    memo[id(x)] = y
+    for k, v in x.items():
+        y[copy.deepcopy(k, memo)] = copy.deepcopy(v, memo)
+    return y
+
+
+def _copy_set(x: Any, memo: dict[int, Any]) -> Any:
+    return set() if not x else {copy.deepcopy(v, memo) for v in x}  # as set's reduce does (a set holds no cycle)
+
+
+_FAST_COPY = {collections.OrderedDict: _copy_ordered_dict, set: _copy_set}  # by exact type, as deepcopy looks up
+
+
 def virtual_copy(obj: Any, tensors: list[tuple[torch.Tensor, torch.device, str]],
                  space: Space) -> tuple[Any, dict[int, Any]]:
     """A deep copy of ``obj`` in which each listed tensor is a virtual twin of a matching class (``Parameter``,
@@ -316,8 +337,9 @@ def virtual_copy(obj: Any, tensors: list[tuple[torch.Tensor, torch.device, str]]
     with _COPY_LOCK:
         if not _COPYING:
             _SAVED.clear()
-            _SAVED.update({tp: dispatch.get(tp) for tp in (*_SHARED, types.FunctionType)})
+            _SAVED.update({tp: dispatch.get(tp) for tp in (*_SHARED, types.FunctionType, *_FAST_COPY)})
             dispatch.update({tp: copy._deepcopy_atomic for tp in _SHARED})  # type: ignore[attr-defined]
+            dispatch.update(_FAST_COPY)
             dispatch[types.FunctionType] = _copy_function
         _COPYING.add(threading.get_ident())
     try:

@@ -1,0 +1,104 @@
+"""What torch's meta kernels answered, remembered for one run: the output sizes, strides and dtypes of an aten op
+for given argument metadata.
+
+Most meta kernels are Python (``torch._refs``, ``torch._meta_registrations``) and cost 0.5-6 ms an op, while a
+model repeats the same ops on the same shapes in every layer. FakeTensorMode caches for the same reason; like it,
+only ops whose outputs are new tensors with metadata fixed by the arguments' metadata are remembered: aten ops
+with no alias or mutation in their schema (no views, no in-place, no ``out=``), no data-dependent output shape,
+every tensor argument a plain meta tensor, every other argument a plain value. A kernel that raised is never
+remembered, so a refusal is met again on the next call. The rules still see every op: only the kernel is skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+ENABLED = True  # tests turn it off to compare runs with and without it
+LIMIT = 20_000  # entries per run before the table starts over (a long generate loop grows its shapes each step)
+_META = torch.device("meta")
+_VALUES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
+                     torch.layout})
+_REFUSE_TAGS = frozenset(getattr(torch.Tag, n) for n in ("dynamic_output_shape", "data_dependent_output",
+                                                          "inplace_view") if hasattr(torch.Tag, n))
+_RETURNS = frozenset({"Tensor", "Tensor?", "List[Tensor]"})
+_OK: dict[Any, bool] = {}
+_MISS = object()
+
+
+def cacheable(func: Any) -> bool:
+    hit = _OK.get(func)
+    if hit is None:
+        schema = getattr(func, "_schema", None)
+        hit = _OK[func] = schema is not None and schema.name.startswith("aten::") and not schema.is_mutable \
+            and bool(schema.returns) and all(a.alias_info is None for a in schema.arguments) \
+            and all(r.alias_info is None and str(r.type) in _RETURNS for r in schema.returns) \
+            and not _REFUSE_TAGS.intersection(getattr(func, "tags", ()))
+    return hit
+
+
+def _part(x: Any, parts: list[Any]) -> bool:
+    tp = type(x)
+    if tp is torch.Tensor:
+        if x.device.type != "meta" or x.layout != torch.strided:
+            return False
+        parts.append((x.shape, x.stride(), x.dtype, x.storage_offset()))
+        return True
+    if tp in _VALUES:
+        parts.append((tp, x))
+        return True
+    if tp is list or tp is tuple:
+        parts.append((tp, len(x)))
+        return all(_part(y, parts) for y in x)
+    return False
+
+
+def key(func: Any, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The kernel's inputs as it can see them, or None when something in them is not a plain value (``func`` is
+    ``cacheable``)."""
+    parts: list[Any] = [func, torch.get_default_dtype()]
+    for a in args:
+        if not _part(a, parts):
+            return None
+    for k, v in kwargs.items():
+        parts.append(k)
+        if not _part(v, parts):
+            return None
+    return tuple(parts)
+
+
+def _shape_of(out: Any, seen: set[int]) -> Any:
+    if out is None:
+        return None
+    if type(out) is torch.Tensor and out.device.type == "meta" and out.storage_offset() == 0 and id(out) not in seen:
+        seen.add(id(out))
+        return (out.shape, out.stride(), out.dtype)
+    return _MISS
+
+
+def remember(table: dict[Any, Any], k: tuple[Any, ...], out: Any) -> None:
+    """Keep ``out``'s metadata under ``k`` when it is fresh meta tensors only (one tensor, or a tuple/list)."""
+    seen: set[int] = set()
+    if isinstance(out, (tuple, list)):
+        entry: Any = (type(out), tuple(_shape_of(o, seen) for o in out))
+        if any(e is _MISS for e in entry[1]):
+            return
+    else:
+        entry = _shape_of(out, seen)
+        if entry is _MISS or entry is None:
+            return
+    if len(table) >= LIMIT:
+        table.clear()
+    table[k] = entry
+
+
+def _new(meta: Any) -> Any:
+    return None if meta is None else torch.empty_strided(meta[0], meta[1], dtype=meta[2], device=_META)
+
+
+def recall(entry: Any) -> Any:
+    """Fresh meta outputs like the remembered ones."""
+    if type(entry[0]) is type:
+        return entry[0](_new(m) for m in entry[1])
+    return _new(entry)
