@@ -54,7 +54,6 @@ _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward
                                                        "_diffusers_hook"}
 _ATTR_KEYS: dict[type, tuple[frozenset[str], tuple[str, ...], bool]] = {}  # module class -> (keys, extra, hooked)
 _is_quant_type = is_quant_type  # the former private name, kept for importers that have not switched yet
-
 __all__ = ["MAX_DEPTH", "MAX_ITEMS", "Entry", "Walk", "form_of", "hook_chain", "is_quant_type", "set_tensor", "walk"]
 
 
@@ -87,15 +86,17 @@ class _Walker:
         return False
 
     # -- module tree ----------------------------------------------------------------------------------
-    def expand(self, root_path: str, root: nn.Module, moved: bool, order: list[tuple[str, nn.Module, bool, Any]]) -> None:
+    def expand(self, root_path: str, root: nn.Module, moved: bool, order: list[tuple[str, nn.Module, bool, Any]],
+               params: list[Entry], buffers: list[Entry], attach: tuple[list[Entry], list[Entry]]) -> None:
         """Append ``(path, module, moved, __dict__)`` in ``named_modules(remove_duplicate=False)`` order; cycles are
-        cut."""
+        cut. Parameters and buffers are read in the same pass; those with attributes of their own go to ``attach``."""
         # depth-first, preorder. A cycle can only lead back to a module already seen, so only those are checked
         # against the ancestors of the current path (kept by depth: no per-module set bookkeeping).
         stack: list[tuple[str, nn.Module, int]] = [(root_path, root, 0)]
         ancestors: list[int] = []
         module_set, modules, module_paths = self.module_set, self.w.modules, self.w.module_paths
         nodes = self.nodes
+        tensor, param = torch.Tensor, nn.Parameter
         while stack:
             path, mod, depth = stack.pop()
             nodes += 1
@@ -109,6 +110,21 @@ class _Walker:
                 module_paths[mid] = path
             d = mod.__dict__
             order.append((path, mod, moved, d))
+            for tensors, role, slot, sink, more in ((d.get("_parameters"), "parameter", "param", params, attach[0]),
+                                                    (d.get("_buffers"), "buffer", "buffer", buffers, attach[1])):
+                if not tensors:
+                    continue
+                for name, t in dict.items(tensors):
+                    tp = type(t)
+                    if tp is tensor or tp is param:
+                        e = Entry(f"{path}.{name}" if path else name, role, t, mod, name, slot, mod, path, moved)
+                        sink.append(e)
+                        if t.__dict__:
+                            more.append(e)
+                    elif isinstance(t, tensor) and self.readable(t, f"{path}.{name}" if path else name, role):
+                        e = Entry(f"{path}.{name}" if path else name, role, t, mod, name, slot, mod, path, moved)
+                        sink.append(e)
+                        more.append(e)
             sub = d.get("_modules")
             if not sub:
                 continue
@@ -126,33 +142,18 @@ class _Walker:
         while self.pending:
             batch, self.pending = self.pending, []
             tree: list[tuple[str, nn.Module, bool, Any]] = []
+            entries = self.w.entries
+            buffers: list[Entry] = []
+            attach: tuple[list[Entry], list[Entry]] = ([], [])
             for path, mod, moved in batch:
                 if id(mod) in self.module_set:
                     continue
                 (self.w.roots if moved else self.w.detached).append((path, mod))
-                self.expand(path, mod, moved, tree)
-            entries = self.w.entries
-            start = len(entries)
-            buffers: list[Entry] = []
-            tensor_type = torch.Tensor
-            stores = (("_parameters", "parameter", "param", entries), ("_buffers", "buffer", "buffer", buffers))
-            for path, mod, moved, d in tree:
-                for key, role, store_slot, sink in stores:
-                    tensors = d.get(key)
-                    if tensors:
-                        for name, t in dict.items(tensors):
-                            if isinstance(t, tensor_type) and (type(t) in PLAIN or self.readable(
-                                    t, f"{path}.{name}" if path else name, role)):
-                                sink.append(Entry(f"{path}.{name}" if path else name, role, t, mod, name, store_slot,
-                                                  mod, path, moved))
+                self.expand(path, mod, moved, tree, entries, buffers, attach)
             entries.extend(buffers)  # canonical order: every parameter, then every buffer
             # tensor-attached attributes (quant_state, SCB, subclass inners) of what was just found
-            plain = (torch.Tensor, nn.Parameter)
-            for e in entries[start:]:
-                t = e.tensor
-                if type(t) in plain and not t.__dict__:
-                    continue
-                self.attached(t, e.path, e.module, e.module_path, e.moved_by_module_to, 0)
+            for e in attach[0] + attach[1]:
+                self.attached(e.tensor, e.path, e.module, e.module_path, e.moved_by_module_to, 0)
             # module attributes: plain tensors, objects, containers, list-held modules (never moved by Module.to)
             atoms, hooks, attr_keys = FAST_ATOMS, self.w.hooks, _ATTR_KEYS
             done: set[int] = set()  # a module shared within this batch: its attributes once, at its first path
@@ -388,9 +389,12 @@ def walk(obj: Any) -> Walk:
     wk.run_modules()
     wk.w.entries.extend(rest)
     wk.offload_hooks()
-    first: dict[int, str] = {}
-    for e in wk.w.entries:
-        p = first.setdefault(id(e.tensor), e.path)
-        if p != e.path:
-            e.alias_of = p
+    entries = wk.w.entries
+    ids = [id(e.tensor) for e in entries]
+    if len(set(ids)) != len(ids):  # a tensor reached twice: the later paths are aliases of the first
+        first: dict[int, str] = {}
+        for e, i in zip(entries, ids):
+            p = first.setdefault(i, e.path)
+            if p != e.path:
+                e.alias_of = p
     return wk.w
