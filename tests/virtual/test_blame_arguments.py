@@ -179,9 +179,11 @@ def test_an_argument_moved_to_another_virtual_device_keeps_its_origin_and_is_fix
         assert sim.error().fix == "# pass kwarg extra[0] as tensor.to('cuda:1')"  # not "torch.ones(device=)"
 
 
-def test_a_float32_condition_into_a_float16_diffusers_unet_names_the_argument_not_the_weights() -> None:
+@pytest.mark.parametrize("asked", ["float16", None])
+def test_a_float32_condition_into_a_float16_diffusers_unet_names_the_argument_not_the_weights(asked: str | None) -> None:
     """diffusers #2924-style: ``encoder_hidden_states`` from a float32 text encoder fed to a float16 UNet. The
-    culprit is the argument (by its name), never the UNet's float16 weights."""
+    culprit is the argument (by its name), never the UNet's float16 weights — also when the block was given no
+    ``dtype=`` (the model's own dtype, from the module the code called, decides)."""
     from diffusers import UNet2DConditionModel
 
     unet = UNet2DConditionModel(block_out_channels=(4, 8), layers_per_block=1, norm_num_groups=4, sample_size=8,
@@ -190,7 +192,7 @@ def test_a_float32_condition_into_a_float16_diffusers_unet_names_the_argument_no
                                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D")).eval()
     cond = torch.randn(2, 3, 8)
     for dtype in (torch.float32, torch.float16):
-        with torchdoctor.virtual_devices("cuda:0", dtype="float16", raise_on_exit=False) as sim:
+        with torchdoctor.virtual_devices("cuda:0", dtype=asked, raise_on_exit=False) as sim:
             unet.to("cuda:0", torch.float16)
             unet(torch.randn(2, 4, 8, 8, device="cuda:0", dtype=torch.float16), 10,
                  encoder_hidden_states=cond.to("cuda:0", dtype))

@@ -350,11 +350,12 @@ class _Recorder(Hooks):
     def model_dtype(self) -> torch.dtype | None:
         """The model's dtype as the placement policy decides it for the first root (looked up once, at the first
         dtype problem): declared, else a vote no single large tensor can swing."""
-        if self._model_dtype is None and self.roots:
+        roots = self.roots or self.modules.outermost  # virtual_devices: the modules the user's code called
+        if self._model_dtype is None and roots:
             from torchdoctor._scan.policy import Policy
             from torchdoctor._walk import walk
 
-            comps = Policy(walk(self.roots[0]), None, None, False).components
+            comps = Policy(walk(roots[0]), None, None, False).components
             self._model_dtype = next((c.dtype for c in reversed(comps) if c.dtype is not None), torch.float32)
         return self._model_dtype
 
