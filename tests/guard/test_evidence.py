@@ -168,7 +168,7 @@ def test_a_float32_argument_of_the_call_is_named_by_its_argument() -> None:
     embeds = model.get_input_embeddings()(inputs["input_ids"]).float()
     err = _fail(model, lambda: model(inputs_embeds=embeds))
     text = str(err)
-    assert "culprit inputs_embeds (an argument of the call)" in text, text
+    assert "culprit inputs_embeds (an argument of the LlamaForCausalLM call)" in text, text
     assert "# pass inputs_embeds as tensor.to(torch.bfloat16)" in (err.fix or "")
 
 
@@ -196,7 +196,7 @@ def test_a_tensor_in_a_keyword_list_is_named_by_argument_and_index() -> None:
     model = _Vision().to(BF)
     err = _fail(model, lambda: model(torch.randn(2, 8, dtype=BF), rotary_pos_emb_list=[torch.eye(8)]))
     assert err.problems[0].path == "kwargs['rotary_pos_emb_list'][0]"
-    assert "culprit kwargs['rotary_pos_emb_list'][0] (an argument of the call)" in str(err)
+    assert "culprit kwargs['rotary_pos_emb_list'][0] (an argument of the _Vision call)" in str(err)
     with torch.no_grad(), torchdoctor.guard(model, mode="strict"):
         model(torch.randn(2, 8, dtype=BF), rotary_pos_emb_list=[torch.eye(8, dtype=BF)])
 

@@ -654,7 +654,7 @@ def test_an_input_left_on_the_cpu_is_the_culprit_when_the_model_is_on_the_gpu() 
     assert [(p.path, p.role, p.found, p.expected) for p in info.value.problems] == [
         ("input", "input", "cpu", "cuda:0")]
     assert info.value.fix == "# pass input as tensor.to('cuda:0')"
-    assert "culprit input (an argument of the call): f32[1,16]@cpu" in str(info.value)
+    assert "culprit input (an argument of the Sequential call): f32[1,16]@cpu" in str(info.value)
 
 
 @pytest.mark.parametrize(("device", "odd", "text"), [

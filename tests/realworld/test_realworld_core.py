@@ -72,9 +72,11 @@ def test_guard_strict_blames_an_fp32_input_not_the_bf16_model() -> None:
         built.obj(**inputs)
     err = info.value
     assert err.module_path == "model.encoder.conv1"
-    assert [(p.path, p.found, p.expected) for p in err.problems] == [("arg 0 (input)", "float32", "bfloat16")]
+    # the culprit is named as the caller passed it (issue 25: an argument of the top-level call, by name)
+    assert [(p.path, p.found, p.expected) for p in err.problems] == [("input_features", "float32", "bfloat16")]
     assert "expected bfloat16 like the model" in str(err)
-    assert err.fix == "# pass arg 0 (input) as tensor.to(torch.bfloat16)"
+    assert "culprit input_features (an argument of the WhisperForConditionalGeneration call)" in str(err)
+    assert err.fix == "# pass input_features as tensor.to(torch.bfloat16)"
 
 
 def _normed_mlp() -> nn.Sequential:
@@ -167,7 +169,7 @@ def test_a_float32_component_fed_by_a_bf16_pipeline_is_the_component_to_cast(mod
     if mode == "fix":
         with torchdoctor.guard(pipe, mode="fix") as g:
             assert pipe(x).dtype == torch.float32
-        assert [(f.path, f.found, f.expected) for f in g.fixes] == [("vae.0: arg 1 (mat1)", "bfloat16", "float32")]
+        assert [(f.path, f.found, f.expected) for f in g.fixes] == [("vae.0: input 0", "bfloat16", "float32")]
         assert pipe.vae[0].weight.dtype == torch.float32
         return
     with pytest.raises(PlacementError) as info, torchdoctor.guard(pipe, mode=mode):

@@ -172,7 +172,7 @@ def test_control_image_made_float32_by_the_caller_is_named_as_its_argument() -> 
     module = _LLLite().to(BF)
     cond = torch.rand(1, 3, 16, 16)
     err = _fail(module, lambda: module(cond))
-    assert err.problems[0].path == "cond" and "culprit cond (an argument of the call)" in str(err), str(err)
+    assert err.problems[0].path == "cond" and "culprit cond (an argument of the _LLLite call)" in str(err), str(err)
     assert err.fix == "# pass cond as tensor.to(torch.bfloat16)"
     _quiet(module, lambda: module(cond.to(BF)))
 

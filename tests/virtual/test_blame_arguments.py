@@ -135,14 +135,14 @@ def test_an_argument_in_another_dtype_is_named_alike_by_guard_and_by_a_virtual_r
             model(torch.randn(2, 8), proj=weights)
     except PlacementError as err:
         guard_text = str(err)
-    assert "culprit proj[0] (an argument of the call)" in guard_text, guard_text
+    assert "culprit proj[0] (an argument of the Proj call)" in guard_text, guard_text
     strict_text = ""
     try:
         with torchdoctor.guard(model, mode="strict"):
             model(torch.randn(2, 8), proj=weights)
     except PlacementError as err:
         strict_text = str(err)
-    assert "culprit proj[0] (an argument of the call)" in strict_text, strict_text
+    assert "culprit proj[0] (an argument of the Proj call)" in strict_text, strict_text
     assert "pass proj[0] as tensor.to(torch.float32)" in strict_text, strict_text
     with torchdoctor.virtual_devices("cuda:1", raise_on_exit=False) as sim:
         model.to("cuda:1")

@@ -231,7 +231,7 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     by_path = {e.path: e.tensor for e in maps.walk.entries} if blamed and maps is not None else {}
     lines = [b.line() + (_trace_note(by_path[b.problem.path]) if b.problem.path in by_path else "") for b in blamed]
     lines += [("culprit " if c[0] is not None or c[1] in passed else "") + f"{c[1]}" +
-              (" (an argument of the call)" if c[1] in passed else "") +
+              (f" (an argument of the {provenance.call_owner(run_frames, root)} call)" if c[1] in passed else "") +
               f": {_rules._compact(c[2])}  (expected {expected}){_trace_note(c[2])}" for c in bad]
     if not bad:
         lines += [f"{c[1]}: {_rules._compact(c[2])}" for c in cands[:8]]

@@ -293,6 +293,14 @@ def call_arguments(frames: list[tuple[nn.Module, Any]], root: Any) -> dict[int, 
     return out
 
 
+def call_owner(frames: list[tuple[nn.Module, Any]], root: Any) -> str:
+    """The class whose call :func:`call_arguments` read (the root's; in a pipeline, the outermost running
+    module's), so "an argument of the call" says whose: ``an argument of the Sequential call``."""
+    if isinstance(root, nn.Module) and any(m is root for m, _ in frames):
+        return type(root).__name__
+    return type(frames[0][0]).__name__ if frames else type(root).__name__
+
+
 def odd_component(walk: Any, mpath: str | None, inputs: list[Any], ref: Any) -> tuple[str, Any] | None:
     """(component path, dtype) when a float32 component is fed reduced-precision data by the rest of the model or
     pipeline (a ControlNet left in float32 in a bf16 pipeline): the fix casts or loads the component, not the data

@@ -254,6 +254,7 @@ class Session:
         plan: list[tuple[_rules.Finding, Any, list[_rules.Key]]] = []
         loose: list[torch.Tensor] = []  # offenders that are no model tensor: where did they come from?
         passed: dict[int, tuple[str, Any]] | None = None  # the caller's arguments, looked up once
+        owner = ""
         for f in findings:
             target, offenders = f.target, list(f.offenders)
             if f.target is not None and maps is not None:  # strict too: blame the fp32 input, not the bf16 model
@@ -266,11 +267,12 @@ class Session:
                 path = hit[0] if hit else None
                 if hit is None and isinstance(t, torch.Tensor):  # the caller's own argument: named as it wrote it
                     if passed is None:
-                        from torchdoctor._guard.provenance import call_arguments, running_frames
-                        passed = call_arguments(running_frames(), root)
+                        from torchdoctor._guard.provenance import call_arguments, call_owner, running_frames
+                        frames = running_frames()
+                        passed, owner = call_arguments(frames, root), call_owner(frames, root)
                     label = passed[id(t)][0] if id(t) in passed else label
                 arg = hit is None and passed is not None and id(t) in passed
-                shown = f"{path}{hit[1]} = {label}" if hit else f"{label} (an argument of the call)" if arg else label
+                shown = f"{path}{hit[1]} = {label}" if hit else f"{label} (an argument of the {owner} call)" if arg else label
                 found = _value_str(t, f.attr) if f.attr else f.problem.found
                 expected = _value_str_of(target) if target is not None else f.problem.expected
                 problems.append(replace(f.problem, path=path or label, role="parameter" if path else "argument",

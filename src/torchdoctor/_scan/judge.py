@@ -119,6 +119,10 @@ def judge(policy: Policy) -> list[Problem]:
         p = _judge_entry(policy, e)
         if p is not None:
             problems.append(p)
+            if p.kind == "device":  # a tensor can carry several problems: its dtype is judged too
+                q = _judge_entry(policy, e, dtype_only=True)
+                if q is not None:
+                    problems.append(q)
     if adapters:
         problems.extend(_judge_adapters(policy))
     for comp, n in unloaded.values():
@@ -153,9 +157,11 @@ def _unloaded(policy: Policy) -> dict[int, tuple[Any, int]]:
     return {k: (c[0], c[1]) for k, c in counts.items() if c[1] >= 2 and c[1] == c[2]}
 
 
-def _judge_entry(policy: Policy, e: Entry, meta_ok: bool = False) -> Problem | None:
+def _judge_entry(policy: Policy, e: Entry, meta_ok: bool = False, dtype_only: bool = False) -> Problem | None:
     d = policy.decide(e)
     t = e.tensor
+    if dtype_only:
+        return _dtype_problem(policy, e, d)
     meta_asked = policy.device is not None and policy.device.type == "meta"
     if t.device == _META and (d.device is None or d.device.type != "meta") and d.rule != "offloaded" \
             and not meta_ok and not meta_asked:
@@ -171,6 +177,11 @@ def _judge_entry(policy: Policy, e: Entry, meta_ok: bool = False) -> Problem | N
     if not d.device_ok(t.device) and t.device != _META:
         assert d.device is not None
         return _device_problem(e, d.device, d)
+    return _dtype_problem(policy, e, d)
+
+
+def _dtype_problem(policy: Policy, e: Entry, d: Decision) -> Problem | None:
+    t = e.tensor
     if d.dtype is None or (not judged_float(t) and d.rule != "storage-computed") or d.dtype_ok(t.dtype):
         return None
     if d.rule == "owner-module" and torch.promote_types(t.dtype, d.dtype) == d.dtype:
