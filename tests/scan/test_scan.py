@@ -417,3 +417,18 @@ def test_plain_containers_are_judged_against_what_was_asked() -> None:
     assert report.problems and all(p.path.endswith("exp_avg") for p in report.problems)  # not the fp32 step
     pipe = zoo.tiny_sd_pipeline()  # a pipeline's scheduler keeps its fp32 tables on the cpu by design
     assert not [p for p in torchdoctor.scan(pipe, "cpu", torch.bfloat16).problems if p.path.startswith("scheduler")]
+
+
+def test_a_tensor_on_the_wrong_device_and_in_the_wrong_dtype_carries_both_problems() -> None:
+    """Issue 27: one problem per path let a device problem mask the dtype one (a planted float32 bias in a bf16
+    model, left on cpu, judged against cuda:0 bf16). The correct variant: only the device relocation."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)).to(torch.bfloat16)
+    model[1].bias.data = model[1].bias.data.float()
+    report = torchdoctor.scan(model, "cuda:0", torch.bfloat16)
+    mine = sorted((p.kind, p.found, p.expected) for p in report.problems if p.path == "1.bias")
+    assert mine == [("device", "cpu", "cuda:0"), ("dtype", "float32", "bfloat16")]
+    assert "dtype  1.bias" in str(report) and "dtype=bfloat16 was asked for" in str(report)
+    model[1].bias.data = model[1].bias.data.to(torch.bfloat16)
+    fine = torchdoctor.scan(model, "cuda:0", torch.bfloat16)
+    assert {p.kind for p in fine.problems} == {"device"}  # every tensor still to move, none to cast
+    assert torchdoctor.scan(model, "cpu", torch.bfloat16).ok
