@@ -375,7 +375,10 @@ def main() -> int:
     ap.add_argument("--only", default="")
     args = ap.parse_args()
     n = max(5, args.pairs)
-    only = set(filter(None, args.only.split(",")))
+    only = {"first" if k == "first_call" else k for k in filter(None, args.only.split(","))}
+    known = {"simulate", "scan", "checkpoint", "explain", "move", "first", "guard", "trace"}
+    if only - known:  # a misspelt row would be skipped in silence
+        ap.error(f"--only {','.join(sorted(only - known))}: unknown row; the rows are {', '.join(sorted(known))}")
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} cpus, "
           f"load average {os.getloadavg()[0]:.1f} at start; {n} interleaved pairs per row (more where cheap)",
           flush=True)
