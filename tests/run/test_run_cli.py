@@ -184,6 +184,9 @@ def test_virtual_device_run_names_the_plugins_line_and_the_helper_that_moved_it(
     assert "set_attr_param()" in problem["trace"] and "custom_nodes/pack/__init__.py:7" in problem["trace"]
     summary = proc.stderr[proc.stderr.index("torchdoctor run:"):]
     assert "recorded at custom_nodes/pack/__init__.py:8 in run" in summary
+    # every expectation says where it came from (issue 27), in the JSON and the text
+    assert doc["expected"] == {"device": "cuda:0 (from --device)", "profile": "t4 (from --profile)"}
+    assert "expected: device cuda:0 (from --device); profile t4 (from --profile)" in summary
 
 
 def test_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> None:

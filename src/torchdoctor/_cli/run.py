@@ -88,7 +88,8 @@ def command(args: argparse.Namespace) -> int:
 
     try:
         report = run(script, rest, module=module, device=args.device, dtype=dtype, profile=args.profile,
-                     mode=args.mode, trace=args.trace)
+                     mode=args.mode, trace=args.trace,
+                     sources={k: f"--{k}" for k in ("device", "dtype", "profile") if getattr(args, k, None)})
     except ValueError as exc:  # the virtual device and the profile disagree
         raise UsageError(str(exc)) from None
     doc = report.to_dict()

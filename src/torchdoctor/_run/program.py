@@ -34,6 +34,7 @@ class RunReport:
     stopped: str | None = None
     where: dict[tuple[str, str], str | None] = field(default_factory=dict)  # (kind, path) -> the program's line
     notes: dict[str, str] = field(default_factory=dict)  # path -> the trace's last move or cast of that tensor
+    expected: dict[str, str] = field(default_factory=dict)  # device/dtype/profile -> "value (from where)"
 
     @property
     def ok(self) -> bool:
@@ -47,7 +48,7 @@ class RunReport:
                 "findings": [f.to_dict() for f in self.findings],
                 "problems": [{**p.to_dict(), "where": self.where.get((p.kind, p.path)),
                               "trace": self.notes.get(p.path)} for p in self.problems],
-                "stopped": self.stopped}
+                "stopped": self.stopped, "expected": self.expected}
 
     def text(self) -> str:
         where = f" on virtual {self.device}" if self.device else ""
@@ -55,6 +56,8 @@ class RunReport:
         if self.ok:
             return f"{head}: no placement error"
         lines = [f"{head}: {len(self.findings)} placement error(s) met, {len(self.problems)} problem(s) recorded"]
+        if self.expected:
+            lines.append("expected: " + "; ".join(f"{k} {v}" for k, v in self.expected.items()))
         lines += [f.text() for f in self.findings]
         for p in self.problems[:40]:
             lines.append(f"[{p.kind}] {p.path}: {p.message}")
@@ -136,8 +139,9 @@ def _join_threads(timeout: float = 3600.0) -> None:
 
 def run(script: str | None = None, args: list[str] | None = None, *, module: str | None = None,
         device: str | None = None, dtype: Any = None, profile: Any = None, mode: str = "explain",
-        trace: bool = True) -> RunReport:
-    """Run a program watched (the CLI's ``torchdoctor run``); with ``device``, on virtual devices."""
+        trace: bool = True, sources: dict[str, str] | None = None) -> RunReport:
+    """Run a program watched (the CLI's ``torchdoctor run``); with ``device``, on virtual devices. ``sources``:
+    where device/dtype/profile came from (``--device``), said in the report."""
     import contextlib
 
     from torchdoctor._guard.api import guard
@@ -176,7 +180,19 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
         return RunReport(program, code, watcher.findings, seconds=time.perf_counter() - start)
     where = {key: first_own_frame(frames, watcher.root) for key, frames in session.stacks.items()}
     return RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
-                     time.perf_counter() - start, session.stopped, where, notes)
+                     time.perf_counter() - start, session.stopped, where, notes,
+                     _expected(session, dtype, profile, sources or {}))
+
+
+def _expected(session: Any, dtype: Any, profile: Any, sources: dict[str, str]) -> dict[str, str]:
+    """What the virtual run judged against, each with where it came from (as scan and simulate say it)."""
+    out = {"device": f"{session.device} (from {sources.get('device', 'the device= argument')})"}
+    if dtype is not None:
+        out["dtype"] = f"{str(dtype).replace('torch.', '')} (from {sources.get('dtype', 'the dtype= argument')})"
+    name = getattr(profile, "name", profile)
+    out["profile"] = (f"{name} (from {sources.get('profile', 'the profile= argument')})" if profile is not None
+                      else f"the default profile of {session.device.type}")
+    return out
 
 
 def _notes(problems: list[Any], traced: bool) -> dict[str, str]:
