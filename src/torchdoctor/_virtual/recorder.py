@@ -20,9 +20,7 @@ from torchdoctor._virtual.origin import ran_as_asked
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, make
 from torchdoctor._tracker import ModuleStack
 
-
 LIMIT = 100  # problems recorded before the run stops
-
 
 _DATA_OPS = ("_local_scalar_dense", "nonzero", "item", "tolist", "numpy", "masked_select", "unique", "equal",
              "is_nonzero", "repeat_interleave", "__array__")
@@ -348,9 +346,9 @@ class _Recorder(Hooks):
         return any("_hf_hook" in getattr(m, "__dict__", {}) for m in self.modules.stack)
 
     def model_dtype(self) -> torch.dtype | None:
-        """The model's dtype as the placement policy decides it for the first root (looked up once, at the first
-        dtype problem): declared, else a vote no single large tensor can swing."""
-        roots = self.roots or self.modules.outermost  # virtual_devices: the modules the user's code called
+        """The model's dtype as the placement policy decides it for the first root (in ``virtual_devices``, the
+        module the user's code called; looked up once, at the first dtype problem): declared, else a vote."""
+        roots = self.roots or self.modules.outermost
         if self._model_dtype is None and roots:
             from torchdoctor._scan.policy import Policy
             from torchdoctor._walk import walk
