@@ -137,6 +137,21 @@ def parse_common(args: argparse.Namespace) -> tuple[Any, Any]:
     return device, dtype
 
 
+def assume_option(value: Any) -> Any:
+    """``--assume-device``: a device that tensors on meta are taken as loaded on; ``off`` checks them as missing
+    (False); unset (None), a model whose parameters are all on meta is taken as loaded on ``--device``."""
+    from torchdoctor._placement import parse_device
+
+    if value is None or value == "":
+        return None
+    if str(value).strip().lower() in ("off", "none", "no", "false"):
+        return False
+    try:
+        return parse_device(value)
+    except ValueError as exc:
+        raise UsageError(f"--assume-device {value}: {exc}; or 'off' to check meta tensors as missing") from None
+
+
 def print_json(doc: Any) -> None:
     import json
 

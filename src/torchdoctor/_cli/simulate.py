@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from torchdoctor._cli.common import each_target, UsageError, failure, parse_common, resolve_target
+from torchdoctor._cli.common import assume_option, each_target, UsageError, failure, parse_common, resolve_target
 from torchdoctor._cli.scan import single, write_html
 from torchdoctor._placement import parse_device
 from torchdoctor._report.progress import progress
@@ -51,22 +51,6 @@ def _sources(args: argparse.Namespace) -> dict[str, str]:
     return src
 
 
-_OFF = ("off", "none", "no", "false")
-
-
-def _assume(value: Any) -> Any:
-    """``--assume-device``: a device that tensors on meta are taken as loaded on; ``off`` checks them as missing;
-    unset, a model whose parameters are all on meta is taken as loaded on ``--device``."""
-    if value is None or value == "":
-        return None
-    if str(value).strip().lower() in _OFF:
-        return False
-    try:
-        return parse_device(value)
-    except ValueError as exc:
-        raise UsageError(f"--assume-device {value}: {exc}; or 'off' to check meta tensors as missing") from None
-
-
 def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfile, docs: list[Any]) -> int:
     from torchdoctor._virtual.simulate import simulate_target
 
@@ -74,7 +58,7 @@ def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfil
     if os.path.exists(spec):
         raise UsageError(f"simulate needs an object (path/to/file.py:name or package.module:name); {spec!r} is "
                          "a file or directory: use `torchdoctor scan` for checkpoints")
-    assume = _assume(getattr(args, "assume_device", None))
+    assume = assume_option(getattr(args, "assume_device", None))
     target: Any = None
     try:
         where = f"{device}" + (f" ({profile.name})" if profile.name else "")

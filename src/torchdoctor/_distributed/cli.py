@@ -20,6 +20,7 @@ from typing import Any
 
 from torchdoctor._cli.common import (
     UsageError,
+    assume_option,
     failure,
     parse_common,
     print_json,
@@ -81,7 +82,7 @@ def _simulate_payload(spec: str, args: argparse.Namespace, template: str | None,
                       local_rank: int) -> dict[str, Any]:
     """This rank's simulation: TARGET is resolved (its file imported, its factory called) inside the virtual
     session, so rank code that places its model on ``cuda:LOCAL_RANK`` runs as it would on the GPU node."""
-    from torchdoctor._placement import device_str, parse_device
+    from torchdoctor._placement import device_str
     from torchdoctor._rules.profile import DeviceProfile
     from torchdoctor._virtual.simulate import simulate_target
 
@@ -92,10 +93,7 @@ def _simulate_payload(spec: str, args: argparse.Namespace, template: str | None,
     if getattr(args, "count", None):
         count = int(args.count)
     profile = DeviceProfile.for_device(device.type).with_count(max(count, (device.index or 0) + 1))
-    raw = getattr(args, "assume_device", None)
-    # as ``torchdoctor simulate``: unset, a model built on meta is taken as loaded on the device; "off" checks it
-    assume: Any = None if not raw else False if str(raw).strip().lower() in ("off", "no", "false", "none") \
-        else parse_device(raw)
+    assume = assume_option(getattr(args, "assume_device", None))  # as ``torchdoctor simulate`` reads it
     report = simulate_target(lambda: _resolve(spec), device, dtype, profile=profile, assume_device=assume)
     problems = [{**p.to_dict(), "tensors": list(p.tensors)} for p in report.problems]
     if report.stopped and not problems:
