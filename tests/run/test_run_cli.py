@@ -209,3 +209,13 @@ def test_a_virtual_run_that_cannot_go_on_says_why_and_where(tmp_path: Path) -> N
     assert proc.returncode == 1 and "after backward" not in proc.stdout
     assert "Tensor.backward cannot be simulated" in proc.stderr and "recorded at train.py:4 in <module>" in proc.stderr
     assert "Traceback" not in proc.stderr  # the run's own stop is not the program's error
+
+
+def test_expected_dtype_is_said_as_the_session_parsed_it(tmp_path: Path) -> None:
+    """`--dtype bf16` is judged as bfloat16, and the report says so (not the user's spelling)."""
+    from torchdoctor._run.program import run as run_program
+
+    script = write(tmp_path / "prog.py", "import torch\nprint(torch.zeros(2).dtype)\n")
+    report = run_program(str(script), device="cuda:0", dtype="bf16", sources={"device": "--device", "dtype": "--dtype"})
+    assert report.expected["dtype"] == "bfloat16 (from --dtype)"
+    assert report.expected["device"] == "cuda:0 (from --device)"

@@ -174,4 +174,14 @@ def _is_plain_callable(obj: Any) -> bool:
 
 # --- explaining an escaping error ---------------------------------------------------------------------------
 
+def explain_running(g: guard, exc: BaseException) -> str | None:
+    """What `g` says of `exc` raised inside its innermost session on this thread (None outside one, or when it
+    has nothing to say): for `torchdoctor run`, which sees the error before the session's `__exit__` does."""
+    sessions = getattr(g._local, "sessions", None)
+    if not sessions or exc.__traceback__ is None:
+        return None
+    explained = explain_error(sessions[-1], exc, exc.__traceback__)
+    return str(explained) if explained is not None else None
+
+
 public_types(guard, Fix)

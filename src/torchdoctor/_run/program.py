@@ -181,14 +181,16 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
     where = {key: first_own_frame(frames, watcher.root) for key, frames in session.stacks.items()}
     return RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
                      time.perf_counter() - start, session.stopped, where, notes,
-                     _expected(session, dtype, profile, sources or {}))
+                     _expected(session, profile, sources or {}))
 
 
-def _expected(session: Any, dtype: Any, profile: Any, sources: dict[str, str]) -> dict[str, str]:
+def _expected(session: Any, profile: Any, sources: dict[str, str]) -> dict[str, str]:
     """What the virtual run judged against, each with where it came from (as scan and simulate say it)."""
-    out = {"device": f"{session.device} (from {sources.get('device', 'the device= argument')})"}
-    if dtype is not None:
-        out["dtype"] = f"{str(dtype).replace('torch.', '')} (from {sources.get('dtype', 'the dtype= argument')})"
+    from torchdoctor._placement import device_str, dtype_str
+
+    out = {"device": f"{device_str(session.device)} (from {sources.get('device', 'the device= argument')})"}
+    if session.dtype is not None:  # parsed by the session: "bf16" reads bfloat16, as everywhere else
+        out["dtype"] = f"{dtype_str(session.dtype)} (from {sources.get('dtype', 'the dtype= argument')})"
     name = getattr(profile, "name", profile)
     out["profile"] = (f"{name} (from {sources.get('profile', 'the profile= argument')})" if profile is not None
                       else f"the default profile of {session.device.type}")

@@ -164,13 +164,11 @@ class Watcher:
         notes = [n for n in getattr(exc, "__notes__", ()) if "placement" in n.lower() or "culprit" in n.lower()]
         if notes:
             return notes[-1]
-        sessions = getattr(getattr(self.guard, "_local", None), "sessions", None)
-        if not sessions or exc.__traceback__ is None:
+        if self.guard is None:
             return None
-        from torchdoctor._guard.diagnose import explain_error
+        from torchdoctor._guard.api import explain_running
 
-        explained = explain_error(sessions[-1], exc, exc.__traceback__)
-        return str(explained) if explained is not None else None
+        return explain_running(self.guard, exc)
 
     # -- where errors end up -------------------------------------------------------------------------------
     def install(self) -> None:
