@@ -22,7 +22,6 @@ from __future__ import annotations
 import io
 import math
 import struct
-from dataclasses import dataclass, field
 from typing import IO, Any
 
 from torchdoctor._checkpoint.errors import CheckpointError
@@ -100,16 +99,29 @@ class HashGuard:
         return len(bucket) <= MAX_SAME_HASH
 
 
-@dataclass
 class Budget:
-    """What one file may still spend: opcodes (its own and those of every embedded blob) and nesting."""
+    """What one file may still spend: opcodes (its own and those of every embedded blob) and nesting.
 
-    ops: int = MAX_OPS
-    depth: int = 0
-    label: str = ""
-    blobs: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id(blob bytes) -> (bytes, what they held)
-    hashes: HashGuard = field(default_factory=HashGuard)
-    ext: bool = False  # a copyreg extension code was seen: the pickle needs the unpickler that resolves them
+    ``blobs`` maps id(blob bytes) to (bytes, what they held); ``ext`` is set when a copyreg extension code was seen
+    (the pickle needs the unpickler that resolves them). A plain class: see ``stubs.StorageRef``."""
+
+    __slots__ = ("ops", "depth", "label", "blobs", "hashes", "ext")
+
+    def __init__(self, ops: int = MAX_OPS, depth: int = 0, label: str = "", blobs: dict[int, tuple[Any, Any]] | None = None,
+                 hashes: HashGuard | None = None, ext: bool = False) -> None:
+        self.ops = ops
+        self.depth = depth
+        self.label = label
+        self.blobs: dict[int, tuple[Any, Any]] = {} if blobs is None else blobs
+        self.hashes = HashGuard() if hashes is None else hashes
+        self.ext = ext
+
+    def copy(self) -> Budget:
+        """A shallow copy (the blob cache and the hash guard are shared), to try a read and keep it or not."""
+        return Budget(self.ops, self.depth, self.label, self.blobs, self.hashes, self.ext)
+
+    def __repr__(self) -> str:
+        return f"Budget(ops={self.ops}, depth={self.depth}, label={self.label!r}, ext={self.ext})"
 
 
 def _refuse(label: str, what: str) -> CheckpointError:

@@ -15,10 +15,8 @@ Quantization checks are data: one function per family in a registry that refuses
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from torchdoctor._checkpoint.devices import device_count
@@ -78,32 +76,53 @@ class Entry(NamedTuple):
     view: tuple[Any, ...] = ()
 
 
-@dataclass
+def _no_small(key: str) -> bytes | None:
+    return None
+
+
 class FileScan:
-    """What one file holds; ``path`` is the file system path, ``label`` how messages name it."""
+    """What one file holds; ``path`` is the file system path, ``label`` how messages name it. ``unsafe``: (global,
+    where, call args); ``sharding`` (distributed): key -> chunks; ``failure``: why the pickle stopped loading after
+    naming its globals (then it holds no entries). Plain classes here, not dataclasses: see ``stubs.StorageRef``."""
 
-    path: str
-    label: str
-    format: str
-    entries: list[Entry]
-    metadata: dict[str, Any] = field(default_factory=dict)
-    unsafe: list[tuple[str, str | None, tuple[Any, ...]]] = field(default_factory=list)  # (global, where, call args)
-    notes: list[str] = field(default_factory=list)
-    truncated: bool = False
-    small: Callable[[str], bytes | None] = lambda key: None
-    sharding: dict[str, list[dict[str, list[int]]]] = field(default_factory=dict)  # distributed: key -> chunks
-    failure: str = ""  # why the pickle stopped loading after naming its globals (then it holds no entries)
+    __slots__ = ("path", "label", "format", "entries", "metadata", "unsafe", "notes", "truncated", "small", "sharding",
+                 "failure")
+
+    def __init__(self, path: str, label: str, format: str, entries: list[Entry], metadata: dict[str, Any] | None = None,
+                 unsafe: list[tuple[str, str | None, tuple[Any, ...]]] | None = None, notes: list[str] | None = None,
+                 truncated: bool = False, small: Callable[[str], bytes | None] = _no_small,
+                 sharding: dict[str, list[dict[str, list[int]]]] | None = None, failure: str = "") -> None:
+        self.path = path
+        self.label = label
+        self.format = format
+        self.entries = entries
+        self.metadata: dict[str, Any] = {} if metadata is None else metadata
+        self.unsafe: list[tuple[str, str | None, tuple[Any, ...]]] = [] if unsafe is None else unsafe
+        self.notes: list[str] = [] if notes is None else notes
+        self.truncated = truncated
+        self.small = small
+        self.sharding: dict[str, list[dict[str, list[int]]]] = {} if sharding is None else sharding
+        self.failure = failure
+
+    def __repr__(self) -> str:
+        return f"FileScan(path={self.path!r}, format={self.format!r}, entries={len(self.entries)})"
 
 
-@dataclass
 class Group:
     """One checkpoint: a single file, or the shards of one index. ``prefix`` is prepended to its keys."""
 
-    prefix: str
-    files: list[FileScan]
-    index: str | None = None
-    index_missing: list[str] = field(default_factory=list)
-    index_extra: list[str] = field(default_factory=list)
+    __slots__ = ("prefix", "files", "index", "index_missing", "index_extra")
+
+    def __init__(self, prefix: str, files: list[FileScan], index: str | None = None,
+                 index_missing: list[str] | None = None, index_extra: list[str] | None = None) -> None:
+        self.prefix = prefix
+        self.files = files
+        self.index = index
+        self.index_missing: list[str] = [] if index_missing is None else index_missing
+        self.index_extra: list[str] = [] if index_extra is None else index_extra
+
+    def __repr__(self) -> str:
+        return f"Group(prefix={self.prefix!r}, files={self.files!r}, index={self.index!r})"
 
     def path_of(self, key: str) -> str:
         key = key or "<root>"
@@ -111,6 +130,8 @@ class Group:
 
 
 def _map_location(dev: tuple[str, int | None] | None, want: str | None) -> str:
+    import json  # only where a problem is written: a clean file never needs it
+
     if want is not None:
         return json.dumps(want)
     if dev is not None and device_count(dev[0]) > 0:  # e.g. saved on cuda:1, this machine has only cuda:0
@@ -149,6 +170,8 @@ def _saved_device_problems(group: Group, fs: FileScan, want: str | None) -> list
             kind = dev[0].upper() if dev is not None else repr(loc)
             have = f"no {kind} device" if n == 0 else f"{n} {kind} device(s)"
             why = f"this machine has {have}, so torch.load fails (\"Attempting to deserialize object on ...\")"
+        import json
+
         fix = f"torch.load({json.dumps(fs.path)}, map_location={_map_location(dev, want)})"
         msg = f"{len(paths)} tensor(s) ({size}) in {fs.label} were saved on {where}; {why}. Fix: {fix}"
         expected = want if want is not None else "a device this machine has"
@@ -255,6 +278,8 @@ def _bnb4(group: Group, by_key: dict[str, Entry], small: Callable[[str], bytes |
             companions.setdefault(base, set()).add(name)
     out = []
     for base, qkey in states.items():
+        import json
+
         raw, nested = small(qkey), None
         try:
             nested = "nested_blocksize" in json.loads(raw.decode("utf-8")) if raw else None

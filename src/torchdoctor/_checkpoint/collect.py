@@ -15,7 +15,6 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor._checkpoint.checks import Entry, FileScan, Group, role_of
@@ -34,14 +33,28 @@ _MAX_DIR_DEPTH = 4
 _MAX_JSON = 64 * 1024 * 1024  # an index or config.json larger than this is not one
 
 
-@dataclass(frozen=True)
 class Skipped:
     """A directory entry that was not checked, and why (shown as an ``unreadable`` problem, unless ``loaded`` is
     False: a file ``from_pretrained`` does not load, listed in the report's ``skipped`` and not judged)."""
 
+    __slots__ = ("label", "reason", "loaded")
     label: str
     reason: str
-    loaded: bool = True
+    loaded: bool
+
+    def __init__(self, label: str, reason: str, loaded: bool = True) -> None:
+        self.label = label
+        self.reason = reason
+        self.loaded = loaded
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Skipped and (self.label, self.reason, self.loaded) == (other.label, other.reason,
+                                                                                     other.loaded)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Skipped(label={self.label!r}, reason={self.reason!r}, loaded={self.loaded!r})"
 
 
 def file_kind(mode: int) -> str:

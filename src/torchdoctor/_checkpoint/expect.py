@@ -19,8 +19,6 @@ import importlib.util
 import os
 import re
 from collections.abc import Sequence
-import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor._checkpoint.collect import read_json
@@ -29,17 +27,36 @@ from torchdoctor._checkpoint.errors import CheckpointError
 
 __all__ = ["DtypeExpectation", "expectation", "majority_dtype"]
 
-@dataclass(frozen=True)
 class DtypeExpectation:
-    """What dtype a group of tensors should hold and why; ``kept`` patterns are float32 by design."""
+    """What dtype a group of tensors should hold and why; ``kept`` patterns are float32 by design. Immutable (a
+    plain class: see ``stubs.StorageRef``)."""
 
+    __slots__ = ("dtype", "rule", "why", "architecture", "model_type", "kept", "kept_why")
     dtype: DType
     rule: str  # "explicit" or "declared-dtype"
     why: str
-    architecture: str | None = None
-    model_type: str | None = None
-    kept: tuple[str, ...] = ()
-    kept_why: str = ""
+    architecture: str | None
+    model_type: str | None
+    kept: tuple[str, ...]
+    kept_why: str
+
+    def __init__(self, dtype: DType, rule: str, why: str, architecture: str | None = None,
+                 model_type: str | None = None, kept: tuple[str, ...] = (), kept_why: str = "") -> None:
+        for name, value in (("dtype", dtype), ("rule", rule), ("why", why), ("architecture", architecture),
+                            ("model_type", model_type), ("kept", kept), ("kept_why", kept_why)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"DtypeExpectation is immutable (set {name!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is DtypeExpectation and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, n) for n in self.__slots__))
+
+    def __repr__(self) -> str:
+        return "DtypeExpectation(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
     def keeps(self, key: str) -> bool:
         """True when the model class keeps this key in float32 (searched as transformers 5 matches it)."""
@@ -50,7 +67,7 @@ class DtypeExpectation:
         if self.architecture is None or self.dtype not in (FLOAT16, BFLOAT16):
             return self
         kept, why = _kept_fp32(self.architecture, self.model_type, self.dtype)
-        return dataclasses.replace(self, kept=kept, kept_why=why)
+        return DtypeExpectation(self.dtype, self.rule, self.why, self.architecture, self.model_type, kept, why)
 
 
 def _config(folder: str) -> dict[str, Any]:

@@ -7,7 +7,6 @@ this walk is iterative and bounded in nodes and depth, so a pickle nested on pur
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor._checkpoint.known import DTENSOR
@@ -19,11 +18,17 @@ __all__ = ["WalkResult", "walk"]
 _TRANSPARENT = frozenset({"_parameters", "_buffers", "_modules"})
 
 
-@dataclass
 class WalkResult:
-    tensors: list[tuple[str, TensorStub]]
-    placeholders: dict[str, tuple[str, tuple[Any, ...]]]  # global -> (first path, call arguments)
-    truncated: bool
+    """Tensors with their paths, where each placeholder global sits (global -> (first path, call arguments)),
+    and whether a bound cut the walk short."""
+
+    __slots__ = ("tensors", "placeholders", "truncated")
+
+    def __init__(self, tensors: list[tuple[str, TensorStub]], placeholders: dict[str, tuple[str, tuple[Any, ...]]],
+                 truncated: bool) -> None:
+        self.tensors = tensors
+        self.placeholders = placeholders
+        self.truncated = truncated
 
 
 _SCALARS = (str, bytes, int, float, bool, type(None))

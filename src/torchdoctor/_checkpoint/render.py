@@ -7,11 +7,10 @@ as an escape sequence. JSON output needs no such care: the encoder escapes contr
 
 from __future__ import annotations
 
-import dataclasses
-
 from typing import Any
 
 from torchdoctor._checkpoint.dtypes import clipped
+from torchdoctor._checkpoint.result import Finding
 from torchdoctor._report.text import escape, human_bytes, render_problems
 
 __all__ = ["escape", "render_checkpoint"]
@@ -20,7 +19,12 @@ __all__ = ["escape", "render_checkpoint"]
 def _escaped(p: Any) -> Any:
     if p.path.isprintable() and p.message.isprintable() and len(p.path) <= 120 and len(p.found) <= 120:
         return p
-    return dataclasses.replace(p, path=escape(clipped(p.path)), message=escape(p.message), found=clipped(p.found))
+    changes = {"path": escape(clipped(p.path)), "message": escape(p.message), "found": clipped(p.found)}
+    if isinstance(p, Finding):
+        return p.replace(**changes)
+    import dataclasses  # a torchdoctor.Problem: the Python API's report drawn as text (it has imported torch)
+
+    return dataclasses.replace(p, **changes)
 
 
 def render_checkpoint(report: Any, limit: int = 40) -> str:

@@ -7,30 +7,58 @@ boundary (:func:`torchdoctor._checkpoint.scan.scan_checkpoint`). Both give the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from torchdoctor._checkpoint.dtypes import DType, location_str, parse_location
-from torchdoctor._report.order import split_relocations
 from torchdoctor._report.text import schema
 
 __all__ = ["CheckpointReport", "Finding", "Row", "row_device"]
 
 
-@dataclass(frozen=True)
-class Finding:
-    """A problem found in a checkpoint: the fields (and JSON) of :class:`torchdoctor.Problem`."""
+_FINDING_FIELDS = ("kind", "path", "role", "found", "expected", "message", "op", "module_path", "module_type", "tensors")
 
+
+class Finding:
+    """A problem found in a checkpoint: the fields (and JSON) of :class:`torchdoctor.Problem`. Immutable. (Plain
+    classes here, not dataclasses: ``torchdoctor scan FILE`` never imports ``dataclasses``, which imports
+    ``inspect`` and compiles methods at import; docs/checkpoints.md, "Cost".)"""
+
+    __slots__ = _FINDING_FIELDS
     kind: str
     path: str
     role: str
     found: str
     expected: str
     message: str
-    op: str | None = None
-    module_path: str | None = None
-    module_type: str | None = None
-    tensors: tuple[str, ...] = ()
+    op: str | None
+    module_path: str | None
+    module_type: str | None
+    tensors: tuple[str, ...]
+
+    def __init__(self, kind: str, path: str, role: str, found: str, expected: str, message: str, op: str | None = None,
+                 module_path: str | None = None, module_type: str | None = None, tensors: tuple[str, ...] = ()) -> None:
+        for name, value in zip(_FINDING_FIELDS, (kind, path, role, found, expected, message, op, module_path,
+                                                 module_type, tensors)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Finding is immutable (set {name!r})")
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, n) for n in _FINDING_FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Finding and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return "Finding(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in _FINDING_FIELDS) + ")"
+
+    def replace(self, **changes: Any) -> Finding:
+        """A copy with some fields changed (``dataclasses.replace``)."""
+        return Finding(**{n: changes.get(n, getattr(self, n)) for n in _FINDING_FIELDS})
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": self.path, "role": self.role, "found": self.found,
@@ -71,23 +99,47 @@ class Row(NamedTuple):
                 "alias_of": self.alias_of}
 
 
-@dataclass(frozen=True)
-class CheckpointReport:
-    """What :func:`torchdoctor._checkpoint.scan.check_checkpoint` found (the fields of a ``ScanReport``)."""
+_REPORT_FIELDS = ("tensors", "problems", "expected", "source", "truncated", "summary", "extra")
 
+
+class CheckpointReport:
+    """What :func:`torchdoctor._checkpoint.scan.check_checkpoint` found (the fields of a ``ScanReport``). Immutable."""
+
+    __slots__ = _REPORT_FIELDS
     tensors: tuple[Row, ...]
     problems: tuple[Finding, ...]
-    expected: dict[str, dict[str, str]] = field(default_factory=dict)
-    source: str | None = None
-    truncated: bool = False
-    summary: tuple[dict[str, Any], ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
+    expected: dict[str, dict[str, str]]
+    source: str | None
+    truncated: bool
+    summary: tuple[dict[str, Any], ...]
+    extra: dict[str, Any]
+
+    def __init__(self, tensors: tuple[Row, ...], problems: tuple[Finding, ...],
+                 expected: dict[str, dict[str, str]] | None = None, source: str | None = None, truncated: bool = False,
+                 summary: tuple[dict[str, Any], ...] = (), extra: dict[str, Any] | None = None) -> None:
+        for name, value in zip(_REPORT_FIELDS, (tensors, problems, {} if expected is None else expected, source,
+                                                truncated, summary, {} if extra is None else extra)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"CheckpointReport is immutable (set {name!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is CheckpointReport and all(getattr(self, n) == getattr(other, n) for n in _REPORT_FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # it holds dicts
+
+    def __repr__(self) -> str:
+        return (f"CheckpointReport(source={self.source!r}, tensors={len(self.tensors)}, "
+                f"problems={len(self.problems)}, truncated={self.truncated!r})")
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
+        from torchdoctor._report.order import split_relocations  # JSON only: the text path never needs it
+
         doc: dict[str, Any] = {
             "schema": schema("scan"), "ok": self.ok, "source": self.source, "truncated": self.truncated,
             "expected": self.expected, "problems": [p.to_dict() for p in self.problems],

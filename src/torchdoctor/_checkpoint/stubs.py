@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import pickle
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor._checkpoint.dtypes import DType
@@ -19,33 +18,80 @@ __all__ = [
 ]  # fmt: skip
 
 
-@dataclass(frozen=True)
 class StorageRef:
-    """What a persistent id says about one storage: its key, the location it was *saved* on, dtype and size."""
+    """What a persistent id says about one storage: its key, the location it was *saved* on, dtype and size.
 
+    Immutable, compared and hashed by its fields. A plain slotted class, not a dataclass: the checkpoint command
+    line never imports ``dataclasses`` (it imports ``inspect`` and compiles methods at import; docs/checkpoints.md,
+    "Cost")."""
+
+    __slots__ = ("key", "location", "dtype", "numel")
     key: str
     location: str
     dtype: DType
     numel: int
+
+    def __init__(self, key: str, location: str, dtype: DType, numel: int) -> None:
+        setattr_ = object.__setattr__
+        setattr_(self, "key", key)
+        setattr_(self, "location", location)
+        setattr_(self, "dtype", dtype)
+        setattr_(self, "numel", numel)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"StorageRef is immutable (set {name!r})")
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.key, self.location, self.dtype, self.numel)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is StorageRef and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return f"StorageRef(key={self.key!r}, location={self.location!r}, dtype={self.dtype!r}, numel={self.numel!r})"
+
+    def with_key(self, key: str) -> StorageRef:
+        return StorageRef(key, self.location, self.dtype, self.numel)
 
     @property
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
 
 
-@dataclass
 class TensorStub:
-    """A tensor as the pickle describes it; no data behind it."""
+    """A tensor as the pickle describes it; no data behind it. (Slotted, built once per tensor.)"""
 
+    __slots__ = ("storage", "offset", "shape", "stride", "dtype", "location", "parameter", "subclass", "attrs")
     storage: StorageRef | None
     offset: int
     shape: tuple[int, ...]
     stride: tuple[int, ...] | None
     dtype: DType
     location: str
-    parameter: bool = False
-    subclass: str | None = None
-    attrs: dict[str, Any] = field(default_factory=dict)
+    parameter: bool
+    subclass: str | None
+    attrs: dict[str, Any]
+
+    def __init__(self, storage: StorageRef | None, offset: int, shape: tuple[int, ...],
+                 stride: tuple[int, ...] | None, dtype: DType, location: str, parameter: bool = False,
+                 subclass: str | None = None, attrs: dict[str, Any] | None = None) -> None:
+        self.storage = storage
+        self.offset = offset
+        self.shape = shape
+        self.stride = stride
+        self.dtype = dtype
+        self.location = location
+        self.parameter = parameter
+        self.subclass = subclass
+        self.attrs = {} if attrs is None else attrs
+
+    def __repr__(self) -> str:
+        return (f"TensorStub(storage={self.storage!r}, offset={self.offset!r}, shape={self.shape!r}, "
+                f"stride={self.stride!r}, dtype={self.dtype!r}, location={self.location!r}, "
+                f"parameter={self.parameter!r}, subclass={self.subclass!r}, attrs={self.attrs!r})")
 
     @property
     def nbytes(self) -> int:

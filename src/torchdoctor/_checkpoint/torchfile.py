@@ -17,7 +17,6 @@ import itertools
 import os
 import pickle
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from torchdoctor._checkpoint.bounds import (
@@ -53,20 +52,26 @@ _LEGACY_PROTOCOL = 1001
 _LEGACY_WINDOW = 4 * 1024 * 1024  # first read of a legacy file's pickles; grown x16 while a pickle runs past it
 
 
-@dataclass
 class PickleFile:
-    """One ``torch.save`` file as read without its data."""
+    """One ``torch.save`` file as read without its data (``format``: "torch-zip", "torch-legacy", "torchscript",
+    "pickle")."""
 
-    format: str  # "torch-zip", "torch-legacy", "torchscript", "pickle"
-    root: Any
-    storages: dict[str, StorageRef]
-    unknown_globals: tuple[str, ...]
-    notes: list[str] = field(default_factory=list)
-    _small: Callable[[StorageRef], bytes | None] = lambda ref: None
+    __slots__ = ("format", "root", "storages", "unknown_globals", "notes", "_small")
+
+    def __init__(self, format: str, root: Any, storages: dict[str, StorageRef], unknown_globals: tuple[str, ...],
+                 notes: list[str] | None = None, _small: Callable[[StorageRef], bytes | None] | None = None) -> None:
+        self.format = format
+        self.root = root
+        self.storages = storages
+        self.unknown_globals = unknown_globals
+        self.notes = [] if notes is None else notes
+        self._small = _small
 
     def read_small(self, ref: StorageRef) -> bytes | None:
         """Bytes of a tiny storage (at most ``SMALL_READ``), or None; nothing larger is ever read."""
         if ref.nbytes > SMALL_READ:
+            return None
+        if self._small is None:
             return None
         try:
             return self._small(ref)
@@ -185,7 +190,7 @@ def _read_legacy(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[b
     while True:
         fh.seek(0)
         data = fh.read(min(size, window))
-        attempt = replace(budget)
+        attempt = budget.copy()
         try:
             result = _parse_legacy(data, size, label, reopen, attempt)
         except CheckpointError as exc:
@@ -335,7 +340,7 @@ def _load_from_bytes(budget: Budget, unknown: dict[str, type[Placeholder]], data
         unknown.setdefault(name, placeholder_class(name))
     result = inner.root
     if isinstance(result, StorageRef):
-        result = replace(result, key=f"pickled-{next(_PICKLED_STORAGES)}")  # each blob is its own storage
+        result = result.with_key(f"pickled-{next(_PICKLED_STORAGES)}")  # each blob is its own storage
     budget.blobs[id(data)] = (data, result)  # keeps ``data`` alive, so its id is not reused
     return result
 

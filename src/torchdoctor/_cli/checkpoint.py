@@ -10,10 +10,10 @@ them), 2 a file or entry that could not be checked.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from torchdoctor._cli.common import UsageError, each_target, print_json
-from torchdoctor._report.progress import progress
 from torchdoctor._report.text import exit_code
 
 __all__ = ["command", "parse_want", "scan_path"]
@@ -56,6 +56,13 @@ def _check(path: str, device: str | None, dtype: Any) -> Any:
         raise UsageError(escape(text)) from None
 
 
+def _is_tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 def _code(report: Any) -> int:
     return exit_code(report.problems)  # 2 when an entry could not be checked, else 1 for problems, 0
 
@@ -85,8 +92,6 @@ def _html(targets: list[str], args: Any) -> int:
         raise UsageError("--html writes the map of one TARGET; give one TARGET (or run once per TARGET)")
     if getattr(args, "plan", False):
         raise UsageError("--html draws a scan; drop --plan")
-    import sys
-
     from torchdoctor._checkpoint.render import render_checkpoint
     from torchdoctor._checkpoint.scan import to_scan_report
 
@@ -129,8 +134,13 @@ def command(args: argparse.Namespace) -> int:
     def one(spec: str, docs: list[Any]) -> int:
         from torchdoctor._checkpoint.render import render_checkpoint
 
-        with progress(f"reading {spec}", quiet=quiet):
+        if quiet or not _is_tty(sys.stderr):  # progress() draws nothing then; not importing it spares a thread module
             report = _check(spec, device, dtype)
+        else:
+            from torchdoctor._report.progress import progress
+
+            with progress(f"reading {spec}", quiet=quiet):
+                report = _check(spec, device, dtype)
         if as_json:
             docs.append(report.to_dict())
         else:

@@ -50,14 +50,43 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def _columns() -> int:
+    """``shutil.get_terminal_size().columns`` without importing shutil (it imports bz2, lzma and zlib)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help layout; the width computed as argparse computes it, but without ``import shutil`` (argparse
+    builds a formatter for every argument it adds)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors are one line (``torchdoctor simulate: argument --count: ...``), exit code 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line; with ``only``, just that verb's subcommand (what ``torchdoctor VERB ...`` parses: the
+    other verbs' subparsers cost more than reading a small checkpoint). Help and errors read the same."""
     p = _Parser(
         prog="torchdoctor",
         description="Find, explain and fix device and dtype placement bugs in PyTorch.",
@@ -71,13 +100,29 @@ def _parser() -> argparse.ArgumentParser:
     shared.add_argument("--color", choices=("auto", "always", "never"), default=None,
                         help="colour the output: auto (a terminal, unless NO_COLOR is set; FORCE_COLOR forces it, "
                              "e.g. in CI logs), always or never")
+    for verb, add in _BUILDERS.items():
+        if only is None or only == verb:
+            add(sub, shared)
+    if only is None or only not in _BUILDERS:
+        _optional_verbs(sub)
+    return p
+
+
+def _quiet(shared: argparse.ArgumentParser) -> argparse.ArgumentParser:
     quiet = _Parser(add_help=False, parents=[shared])
     quiet.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
+    return quiet
+
+
+def _limit() -> argparse.ArgumentParser:
     limit = _Parser(add_help=False)
     limit.add_argument("--timeout", type=positive_float, default=None, metavar="SECONDS",
                        help="stop a TARGET that is still loading or running after SECONDS (exit 2)")
+    return limit
 
-    s = sub.add_parser("scan", parents=[quiet, limit],
+
+def _add_scan(sub: Any, shared: argparse.ArgumentParser) -> None:
+    s = sub.add_parser("scan", parents=[_quiet(shared), _limit()],
                        help="list tensors on the wrong device/dtype, by path (objects, checkpoint files, dirs)")
     s.add_argument("target", metavar="TARGET", nargs="+",
                    help="checkpoint file or dir, or path/to/file.py:name, or package.module:name (several allowed)")
@@ -90,7 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--distributed", action="store_true",
                    help="under torchrun: every rank scans, rank 0 prints one report of all ranks")
 
-    m = sub.add_parser("simulate", parents=[quiet, limit],
+
+def _add_simulate(sub: Any, shared: argparse.ArgumentParser) -> None:
+    m = sub.add_parser("simulate", parents=[_quiet(shared), _limit()],
                        help="would TARGET run on cuda:N / xpu / mps? (no hardware needed)")
     m.add_argument("target", metavar="TARGET", nargs="*", help="path/to/file.py:name or package.module:name (several allowed)")
     m.add_argument("--device", help="the virtual device, e.g. cuda:1, mps, xpu (default: the profile's type)")
@@ -107,16 +154,22 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--distributed", action="store_true",
                    help="under torchrun: every rank simulates on virtual cuda:LOCAL_RANK, rank 0 prints one report")
 
+
+def _add_explain(sub: Any, shared: argparse.ArgumentParser) -> None:
     e = sub.add_parser("explain", parents=[shared], help="explain a device/dtype error message or a whole log")
     e.add_argument("file", nargs="?", default="-", metavar="FILE", help="log file, or - for standard input (default)")
     e.add_argument("--json", action="store_true")
 
+
+def _add_env(sub: Any, shared: argparse.ArgumentParser) -> None:
     v = sub.add_parser("env", parents=[shared], help="environment doctor: torch build, drivers, IPEX/bnb conflicts, device choice")
     v.add_argument("--json", action="store_true")
     v.add_argument("--facts", metavar="FILE", help="diagnose facts saved by `torchdoctor env --json` (offline)")
     v.add_argument("--probe", action="store_true", help="also ask torch's device APIs (may initialise a device)")
     v.add_argument("--markdown", action="store_true", help="print a Markdown block to paste into a bug report")
 
+
+def _add_trace(sub: Any, shared: argparse.ArgumentParser) -> None:
     t = sub.add_parser("trace", parents=[shared],
                        help="run a script and record every device/dtype change of its tensors, with the call and line",
                        epilog="Exit codes: the script's own, as `python SCRIPT` would give it (0 when it returns, "
@@ -129,12 +182,16 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("script", metavar="SCRIPT", help="the Python script to run (as `python SCRIPT ARGS...` would)")
     t.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
 
+
+def _add_demo(sub: Any, shared: argparse.ArgumentParser) -> None:
     d = sub.add_parser("demo", parents=[shared], help="diagnose and fix a small broken model (a diffusers UNet when "
                                                        "diffusers and peft are installed, else a plain torch model)")
     d.add_argument("--json", action="store_true")
     d.add_argument("--plain", action="store_true", help="the torch-only model even when diffusers is installed")
-    _optional_verbs(sub)
-    return p
+
+
+_BUILDERS = {"scan": _add_scan, "simulate": _add_simulate, "explain": _add_explain, "env": _add_env,
+             "trace": _add_trace, "demo": _add_demo}  # in the order --help lists them
 
 
 def _optional_verbs(sub: Any) -> None:
@@ -232,7 +289,8 @@ def _runs_user_code(args: argparse.Namespace) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     child = in_child()
-    parser = _parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser(words[0] if words and words[0] in _BUILDERS else None)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse printed the usage error (or --help / --version): a code, not an exit

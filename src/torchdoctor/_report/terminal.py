@@ -9,7 +9,6 @@ headlines), so what a terminal shows and what a pipe gets never differ in conten
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from typing import Any, TextIO
 
@@ -71,6 +70,8 @@ def output_width(stream: Any = None) -> int | None:
     if cols.isdigit() and int(cols) > 0:
         return int(cols)
     if _is_tty(stream):
+        import shutil  # on a terminal only (it imports bz2, lzma and zlib)
+
         return shutil.get_terminal_size((100, 24)).columns
     return None
 

@@ -14,7 +14,6 @@ import contextlib
 import contextvars
 import re
 import sys
-import textwrap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -200,6 +199,8 @@ def _wrap(head: str, body: str, indent: int, width: int | None, sep: str = "  ")
     line = f"{head}{sep}{body}" if body else head
     if width is None or len(line) <= width:
         return [line]
+    import textwrap  # only when a line is too long for the terminal
+
     pad = " " * indent
     return [head, *textwrap.wrap(body, width=width, initial_indent=pad, subsequent_indent=pad,
                                  break_long_words=False, break_on_hyphens=False)]
