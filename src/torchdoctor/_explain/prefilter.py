@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
-__all__ = ["EXACT_BELOW", "Prefilter", "fold", "key_of"]
+__all__ = ["ANSI", "EXACT_BELOW", "Prefilter", "fold", "key_of", "strip"]
 
 EXACT_BELOW = 1 << 18
 # Words real texts write in capitals anywhere (CUDA, CPU, BFloat16, PyTorch, FakeTensor ...): never part of a key.
@@ -33,9 +33,17 @@ _CASED = re.compile(r"(?<![a-z])(?:cuda|cpu|xpu|mps|gpu|hpu|npu|nvidia|float|hal
 # capitals); an anchor with none gets a plain ``str.find`` pass of its own (about half a "v" pass each), which is
 # why a pass character that would serve only one or two anchors is not worth its pass.
 _PASSES = "tvb_u"
-_MIN, _MIN_INSIDE, _MAX = 8, 6, 14
+_RAREST = "vb_ut"
+_MIN, _MIN_INSIDE, _MIN_BEHIND, _MAX = 8, 6, 5, 14
 _BACK = 96  # an anchor starts at most this far before its key
 _PER_LINE = 32  # keys looked up one by one on one line
+# Characters a key never contains: terminal colours in logs sit next to them (rich highlights brackets, quotes,
+# ``name=`` and numbers; loggers colour whole lines or level names), so a key stays whole between escape sequences
+# and a log needs no colour removal before the passes (see ``strip``).
+_KEY_BREAK = frozenset("()[]{}'\"`<>=")
+# The first letter of a message is capitalised, also after "Error: " inside an anchor.
+_SENTENCE = re.compile(r"(?:^|[:.!?] )([a-z])")
+ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)|[@-Z\\-_])")
 
 
 # Pasted text: full-width punctuation (CJK input methods), typographic quotes, no-break spaces, box-drawing
@@ -61,34 +69,81 @@ def fold(text: str) -> str:
     return text
 
 
+def strip(text: str) -> tuple[str, list[tuple[int, int]]]:
+    r"""``text`` without terminal escape sequences, and where they were: ``(position in the result, characters
+    removed so far)`` per sequence, for ``raw_position``.
+
+    >>> strip("\x1b[31mRuntimeError\x1b[0m: x")
+    ('RuntimeError: x', [(0, 5), (12, 9)])
+    """
+    if "\x1b" not in text:
+        return text, []
+    spans: list[tuple[int, int]] = []
+    removed = 0
+    for m in ANSI.finditer(text):
+        at = m.start() - removed
+        removed += m.end() - m.start()
+        spans.append((at, removed))
+    return (ANSI.sub("", text) if spans else text), spans
+
+
+def raw_position(spans: list[tuple[int, int]], p: int) -> int:
+    """The position in the text before ``strip`` of the character at ``p`` after it."""
+    shift = 0
+    for at, removed in spans:
+        if at > p:
+            break
+        shift = removed
+    return p + shift
+
+
+def _clean_position(spans: list[tuple[int, int]], p: int) -> int:
+    """The position after ``strip`` of the character at ``p`` before it (the start of a sequence ``p`` is in)."""
+    prev = 0
+    for at, removed in spans:
+        if p <= at + prev:
+            break
+        if p < at + removed:
+            return at
+        prev = removed
+    return p - prev
+
+
 def _stable(anchor: str) -> list[bool]:
     ok = [True] * len(anchor)
-    ok[0] = False  # the first letter of a message is capitalised
+    for m in _SENTENCE.finditer(anchor):  # the first letter of a message is capitalised
+        ok[m.start(1)] = False
+    ok[0] = False
     for m in _CASED.finditer(anchor):
         ok[m.start(): m.end()] = [False] * (m.end() - m.start())
+    for i, ch in enumerate(anchor):
+        if ch in _KEY_BREAK:
+            ok[i] = False
     return ok
 
 
 def key_of(anchor: str) -> str:
-    """The key of one anchor: the longest case-stable piece of it that starts with a pass character, or "" when
-    it has none (the anchor is then found by a plain search for its longest case-stable piece). A key inside a
-    word may be shorter (``_MIN_INSIDE``) than one that starts a word (``_MIN``).
+    """The key of one anchor: the longest case-stable piece of it that starts with a pass character; else a
+    piece that holds one (found from that character, its start checked by a look-behind); "" when it has
+    neither (the anchor is then found by a plain search). A key inside a word may be shorter (``_MIN_INSIDE``)
+    than one that starts a word (``_MIN``).
 
     >>> key_of("expected all tensors to be on the same device")
     'ted all tensor'
     >>> key_of("and weight type (")
-    't type ('
-    >>> key_of("does not exist")
-    't exist'
-    >>> key_of("torch.stft(")
+    't type '
+    >>> key_of("undefined symbol")
+    'ned symbol'
+    >>> key_of("xformers/ops/fmha")
     ''
     """
     span = _key_span(anchor, _stable(anchor))
     return anchor[span[0]: span[1]] if span else ""
 
 
-def _key_span(form: str, ok: list[bool]) -> tuple[int, int] | None:
-    best: tuple[tuple[bool, int], tuple[int, int]] | None = None
+def _key_span(form: str, ok: list[bool]) -> tuple[int, int, int] | None:
+    """``(start, end, where the pass character is)`` of the key of one form of an anchor."""
+    best: tuple[tuple[bool, int], tuple[int, int, int]] | None = None
     for i, ch in enumerate(form[:_BACK]):
         if not ok[i] or ch not in _PASSES:
             continue
@@ -100,8 +155,21 @@ def _key_span(form: str, ok: list[bool]) -> tuple[int, int] | None:
         inside = i > 0 and form[i - 1].isalpha()
         score = (inside, j - i)
         if j - i >= (_MIN_INSIDE if inside else _MIN) and (best is None or score > best[0]):
-            best = (score, (i, j))
-    return best[1] if best else None
+            best = (score, (i, j, i))
+    if best:
+        return best[1]
+    for ch in _RAREST:  # no key starts with a pass character: one that holds the rarest of them
+        at = form.find(ch)
+        while 0 <= at < _BACK:
+            i = j = at
+            while i > 0 and ok[i - 1] and at - i < _MAX // 2:
+                i -= 1
+            while j < len(form) and ok[j] and j - i < _MAX:
+                j += 1
+            if ok[at] and j - i >= _MIN_BEHIND:
+                return i, j, at
+            at = form.find(ch, at + 1)
+    return None
 
 
 def _plain_keys(anchors: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
@@ -117,31 +185,35 @@ def _plain_keys(anchors: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
                 pieces.setdefault(a[i:j], set()).add(a)
     left: set[str] = set(anchors)
     out: list[tuple[str, tuple[str, ...]]] = []
-    while left:
+    while left and pieces:
         best = max(pieces, key=lambda p: (len(pieces[p] & left), len(p)))
-        if not pieces[best] & left:  # an anchor without an 8-character stable piece: itself
-            out.extend((a, (a,)) for a in sorted(left))
+        if not pieces[best] & left:
             break
         out.append((best, tuple(sorted(pieces[best] & left))))
         left -= pieces[best]
+    out.extend((a, (a,)) for a in sorted(left))  # an anchor without an 8-character stable piece: itself
     return out
 
 
-def _trie(words: Sequence[str]) -> str:
+def _trie(items: Sequence[tuple[str, str]]) -> str:
+    """One pattern for ``(rest, key)`` items: the text after the pass character, then, for a key that starts
+    before it, a look-behind for the whole key."""
     root: dict[str, dict] = {}  # type: ignore[type-arg]
-    for w in words:
+    for rest, key in items:
         node = root
-        for ch in w:
+        for ch in rest:
             node = node.setdefault(ch, {})
-        node[""] = {}
+        node.setdefault("", set()).add(key)
 
-    def emit(node: dict) -> str:  # type: ignore[type-arg]
-        if "" in node:  # a shorter key is a prefix of this one: the prefix already marks the line
+    def emit(node: dict, done: str) -> str:  # type: ignore[type-arg]
+        ends = node.get("", set())
+        if any(len(k) == len(done) + 1 for k in ends):  # a key ends here whole: it already marks the line
             return ""
-        alts = [re.escape(ch) + emit(node[ch]) for ch in sorted(node)]
+        alts = [f"(?<={re.escape(k)})" for k in sorted(ends)]
+        alts += [re.escape(ch) + emit(node[ch], done + ch) for ch in sorted(node) if ch]
         return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
 
-    return emit(root)
+    return emit(root, "")
 
 
 class Prefilter:
@@ -149,13 +221,12 @@ class Prefilter:
 
     def __init__(self, anchors: Sequence[str]) -> None:
         self.anchors = tuple(anchors)
-        keys: dict[str, set[str]] = {c: set() for c in _PASSES}
-        of_key: dict[str, set[int]] = {}
+        keys: dict[str, dict[tuple[str, str], set[int]]] = {c: {} for c in _PASSES}
         without: list[str] = []
         for i, a in enumerate(self.anchors):
             ok = _stable(a)
             # identifiers and titles are written in capitals too (CUBLAS_STATUS_NOT_SUPPORTED, Unhandled FakeTensor
-            # Device Propagation): the upper-case and title-case forms get a key where one starts with a pass
+            # Device Propagation): the upper-case and title-case forms get a key where one holds a pass
             # character, at no extra pass
             for n, form in enumerate((a, a.upper(), a.title())):
                 span = _key_span(form, ok)
@@ -163,23 +234,29 @@ class Prefilter:
                     if n == 0:
                         without.append(a)
                     continue
-                k = form[span[0]: span[1]]
-                keys[k[0]].add(k)
-                of_key.setdefault(k, set()).add(i)
+                s, e, at = span
+                keys[form[at]].setdefault((form[at + 1: e], form[s: e]), set()).add(i)
         self.passes: list[tuple[re.Pattern[str], dict[str, tuple[int, ...]]]] = []
         for ch, ks in keys.items():
             if not ks:
                 continue
             # what the pattern matches is the shortest key at a place: it stands for every key it begins
-            by_match = {k: tuple(sorted({i for other in ks if other.startswith(k) for i in of_key[other]}))
-                        for k in ks}
-            self.passes.append((re.compile(re.escape(ch) + _trie(sorted(k[1:] for k in ks))), by_match))
+            by_match = {ch + rest: tuple(sorted({i for (other, _), of in ks.items() if other.startswith(rest)
+                                                 for i in of})) for rest, _ in ks}
+            self.passes.append((re.compile(re.escape(ch) + _trie(sorted(ks))), by_match))
         index = {a: i for i, a in enumerate(self.anchors)}
         self.plain = [(piece, tuple(index[a] for a in of)) for piece, of in _plain_keys(without)]
 
     def hits(self, text: str, start: int, cut: int) -> Iterator[tuple[int, int]]:
-        """``(position, anchor index)`` of every anchor in ``text[start:cut]``, first occurrence per line."""
+        """``(position, anchor index)`` of every anchor in ``text[start:cut]``, first occurrence per line. A log
+        keeps its terminal colours (``strip`` is costly over a whole log): the passes read the raw text, and a
+        line they mark is read without its colours."""
         exact = len(text) < EXACT_BELOW
+        if exact and "\x1b" in text:  # a short text not cleaned by the caller (the end of a log): read it cleaned
+            clean, spans = strip(text)
+            for p, i in self.hits(clean, _clean_position(spans, start), _clean_position(spans, cut)):
+                yield raw_position(spans, p), i
+            return
         source = fold(text).lower() if exact else text  # fold keeps lower() length-preserving
         lines: dict[int, tuple[int, set[int]]] = {}
         for rx, by_match in self.passes:
@@ -219,8 +296,12 @@ class Prefilter:
 
     def _check(self, text: str, source: str, exact: bool, ls: int, le: int,
                which: Iterable[int]) -> Iterator[tuple[int, int]]:
-        segment = source[ls:le] if exact else fold(text[ls:le]).lower()
+        if exact:
+            segment, spans = source[ls:le], []
+        else:
+            segment, spans = strip(fold(text[ls:le]))
+            segment = segment.lower()
         for i in sorted(which):
             f = segment.find(self.anchors[i])
             if f != -1:
-                yield ls + f, i
+                yield ls + raw_position(spans, f), i

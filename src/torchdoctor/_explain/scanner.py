@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor._explain.catalog import signatures
-from torchdoctor._explain.prefilter import EXACT_BELOW, Prefilter, fold
+from torchdoctor._explain.prefilter import ANSI, EXACT_BELOW, Prefilter, fold
 from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
 from torchdoctor._explain.signatures import Signature
 
@@ -31,23 +31,30 @@ _PER_KEY = 4              # occurrences of one error whose context is examined
 _STOP = ("traceback (most recent call last)", "exception during processing", "during handling of the above",
          "the above exception was the direct cause")
 _NOT_CONTINUED = ("File ", "Traceback", "During handling", "The above exception", "!!!", "\n", "#", "[")
-_ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)|[@-Z\\-_])")
 # A message wrapped over lines (terminal width, rich boxes, quoted replies) reads as one line for the patterns.
 _WRAP = re.compile(r"[ \t]*(?:\r?\n[ \t>|]*)+[ \t]*|[ \t]{2,}")
 
 
 def normalise(block: str, paste: bool = True) -> str:
-    r"""ANSI colours, Windows line ends and (``paste``) the paste noise of ``fold`` removed; the length of each
-    line kept. A log too long to be a paste is folded only where it is examined (see ``prefilter.fold``).
+    r"""Windows line ends and (``paste``) terminal colours and the paste noise of ``fold`` removed. A log too
+    long to be a paste keeps its colours and is folded only where it is examined (``prefilter.strip``, ``fold``):
+    both cost more over a whole log than everything else.
 
     >>> normalise("\x1b[31mRuntimeError\x1b[0m\uff1a Input type\uff08float\uff09\r\n")
     'RuntimeError: Input type(float)\n'
     """
-    if "\x1b" in block:
-        block = _ANSI.sub("", block)
     if "\r" in block:
         block = block.replace("\r\n", "\n").replace("\r", "\n")
-    return fold(block) if paste else block
+    if not paste:
+        return block
+    if "\x1b" in block:
+        block = ANSI.sub("", block)
+    return fold(block)
+
+
+def _plain(raw: str) -> str:
+    """A piece of a log as the patterns and rules read it: without colours, folded."""
+    return fold(ANSI.sub("", raw) if "\x1b" in raw else raw)
 
 
 @dataclass
@@ -154,7 +161,7 @@ class Scanner:
         nxt = text.find("\n", msg_end + 1, msg_end + 401)
         if nxt == -1 and msg_end < len(text) <= msg_end + 401:  # the last line of the text
             nxt = len(text)
-        if nxt != -1 and not text[msg_end + 1: nxt].lstrip().startswith(_NOT_CONTINUED):
+        if nxt != -1 and not _plain(text[msg_end + 1: nxt]).lstrip().startswith(_NOT_CONTINUED):
             end = nxt
         lo, hi = max(start, pos - sig.before), min(end, pos + sig.after + 200 * sig.follow)
         if pos < self.until.get(sig.name, -1):  # already inside the window looked at for this signature
@@ -163,7 +170,7 @@ class Scanner:
         raw = text[lo:hi]
         got = self.cache.get((sig.name, raw))
         if got is None:
-            window = _WRAP.sub(" ", fold(raw))
+            window = _WRAP.sub(" ", _plain(raw))
             fields: dict[str, str] = {}
             matched = False
             for rx in sig.compiled():
@@ -185,7 +192,7 @@ class Scanner:
             self.floor = self.prev_end
         group = self.groups.get(key)
         if group is None:
-            message = fold(text[ls:msg_end])
+            message = _plain(text[ls:msg_end])
             evidence = [clean(x) for x in message.split("\n") if x.strip()][: 1 + sig.follow]
             group = self.groups[key] = Group(sig, fields, message[:_LINE_MAX], evidence)
         group.count += 1
@@ -211,14 +218,18 @@ class Scanner:
                 break
             trail_end = nxt
         raw_trail = text[le:trail_end]
+        if "\x1b" in raw_trail:
+            raw_trail = ANSI.sub("", raw_trail)
         trail = raw_trail.lower()
         if len(trail) != len(raw_trail):  # U+0130 and the like lower to two characters: positions must not move
             trail = fold(raw_trail).lower()
         # "!!! Exception during processing !!! <message>" (ComfyUI) is followed by its own traceback
-        skip = trail.find("\n", 1) + 1 if "exception during processing" in text[ls:le].lower() else 0
+        skip = trail.find("\n", 1) + 1 if "exception during processing" in _plain(text[ls:le]).lower() else 0
         stops = [i for i in (trail.find(s, skip) for s in _STOP) if i != -1]
         if stops:
             trail = trail[: min(stops)]
-        ctx = text[lead: le + len(trail)]  # rules read ASCII words: a context is not folded (a log's are long)
+        # rules read ASCII words: a context is not folded (a log's are long), only its colours removed
+        head = text[lead:le]
+        ctx = (ANSI.sub("", head) if "\x1b" in head else head) + raw_trail[: len(trail)]
         self.budget -= len(ctx)
         return ctx
