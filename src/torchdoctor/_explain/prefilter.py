@@ -166,7 +166,7 @@ def _key_span(form: str, ok: list[bool]) -> tuple[int, int, int] | None:
                 i -= 1
             while j < len(form) and ok[j] and j - i < _MAX:
                 j += 1
-            if ok[at] and j - i >= _MIN_BEHIND:
+            if ok[at] and j - i >= _MIN_BEHIND and j - at > 2:  # a look-behind tried after two more characters
                 return i, j, at
             at = form.find(ch, at + 1)
     return None

@@ -145,7 +145,7 @@ class Scanner:
 
     def _hit(self, text: str, pos: int, ls: int, sig: Signature) -> None:
         self.hits += 1
-        if self.hits > _MAX_HITS:
+        if self.hits > _MAX_HITS or pos < self.until.get(sig.name, -1):  # or inside the window looked at last
             return
         le = text.find("\n", pos, pos + _LINE_MAX)
         le = min(len(text), pos + _LINE_MAX) if le == -1 else le
@@ -164,8 +164,6 @@ class Scanner:
         if nxt != -1 and not _plain(text[msg_end + 1: nxt]).lstrip().startswith(_NOT_CONTINUED):
             end = nxt
         lo, hi = max(start, pos - sig.before), min(end, pos + sig.after + 200 * sig.follow)
-        if pos < self.until.get(sig.name, -1):  # already inside the window looked at for this signature
-            return
         self.until[sig.name] = hi
         raw = text[lo:hi]
         got = self.cache.get((sig.name, raw))
