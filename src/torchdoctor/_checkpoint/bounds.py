@@ -72,6 +72,31 @@ _CHECKED = _MEMO_OPS - {ord("h")} | {ord("G")} | _EXT_OPS | _POPS_MARK | {_MARK,
 # Per opcode byte: its whole length when it needs no look (the common opcodes of a state dict), else 0.
 _STEPS = bytes(1 + k if k is not None and k >= 0 and c not in _CHECKED else 0 for c, k in enumerate(_KINDS))
 _LONG_BINPUT = ord("r")
+# Per opcode byte, what the pre-scan does (one table look per opcode): > 0 skip that many bytes, nothing to look
+# at; _PUT4 a LONG_BINPUT (memo index checked inline); _PUT1 a BINPUT (its index is one byte: counted only);
+# _OPEN a MARK; _CLOSE an argument-less opcode that pops a mark; _TEXT4 a 4-byte length then that many bytes;
+# _LOOK everything else (STOP, numbers, memo reads, lines, extension codes, unknown bytes).
+_PUT4, _PUT1, _OPEN, _CLOSE, _TEXT4, _LOOK = -1, -2, -3, -4, -5, 0
+
+
+def _action(code: int) -> int:
+    if _STEPS[code]:
+        return _STEPS[code]
+    if code == _LONG_BINPUT:
+        return _PUT4
+    if code == ord("q"):
+        return _PUT1
+    if code == _MARK:
+        return _OPEN
+    if code in _POPS_MARK and _KINDS[code] == 0:
+        return _CLOSE
+    if _KINDS[code] == -14 and code not in _NUMBER_OPS:
+        return _TEXT4
+    return _LOOK
+
+
+_ACTIONS = tuple(_action(c) for c in range(256))
+_U32 = struct.Struct("<I").unpack_from
 
 
 class HashGuard:
@@ -135,31 +160,57 @@ def prescan(data: bytes, start: int, budget: Budget, label: str) -> int:
     their lengths, about four times faster than ``pickletools.genops``. Raises :class:`CheckpointError` for a
     pickle that ends early, holds an unknown opcode, or goes over a limit.
     """
-    kinds, steps, find, n = _KINDS, _STEPS, data.find, len(data)
+    kinds, actions, find, n, u32 = _KINDS, _ACTIONS, data.find, len(data), _U32
     pos, ops, puts, marks, limit = start, 0, 0, 0, budget.ops
     hashes = budget.hashes
     try:
         while True:
-            step = steps[data[pos]]  # past the end: IndexError, a truncated pickle
-            if step:  # most opcodes of a state dict: nothing to look at
-                pos += step
-                ops += 1
+            act = actions[data[pos]]  # past the end: IndexError, a truncated pickle
+            ops += 1
+            if act > 0:  # most opcodes of a state dict: nothing to look at
+                pos += act
                 continue
-            code = data[pos]
             at = pos
             pos += 1
-            ops += 1
-            if code == _LONG_BINPUT:  # the commonest checked opcode: inline
+            if act == _PUT4:  # the commonest checked opcode of a large state dict
                 end = pos + 4
-                index = int.from_bytes(data[pos:end], "little")
                 if end > n:
                     raise CheckpointError(f"{label}: truncated pickle (an argument at byte {at} runs past the end)")
+                index = u32(data, pos)[0]
                 if index > puts + _MEMO_SLACK:
                     raise _refuse(label, f"pickle memo index {index} at byte {at}, but only {puts} objects "
                                          "were memoized before it")
                 puts += 1
                 pos = end
                 continue
+            if act != _LOOK and ops > limit:
+                raise CheckpointError(
+                    f"{label}: refused: more than {MAX_OPS:,} pickle opcodes in this file and the storages embedded "
+                    "in it (a pickle that repeats work through its memo)"
+                )
+            if act == _OPEN:
+                marks += 1
+                if marks > MAX_MARKS:
+                    raise _refuse(label, f"pickle nests more than {MAX_MARKS} marks")
+                continue
+            if act == _CLOSE:
+                marks -= 1
+                continue
+            if act == _TEXT4:  # BINUNICODE and friends: a 4-byte length, then the text
+                if pos + 4 > n:
+                    raise CheckpointError(f"{label}: truncated pickle (an argument at byte {at} runs past the end)")
+                end = pos + 4 + u32(data, pos)[0]
+                if end > n:
+                    raise CheckpointError(f"{label}: truncated pickle (an argument at byte {at} runs past the end)")
+                pos = end
+                continue
+            if act == _PUT1:  # a one-byte index is always below the slack: counted, never refused
+                if pos + 1 > n:
+                    raise CheckpointError(f"{label}: truncated pickle (an argument at byte {at} runs past the end)")
+                puts += 1
+                pos += 1
+                continue
+            code = data[at]
             kind = kinds[code]
             if kind is None:
                 raise CheckpointError(f"{label}: corrupted pickle (unknown opcode {bytes([code])!r} at byte {at})")

@@ -38,7 +38,11 @@ def _stub(storage: Any, offset: Any, size: Any, stride: Any, dtype: DType | None
 
 
 def _rebuild_v2(storage: Any, offset: Any, size: Any, stride: Any, *rest: Any) -> TensorStub:
-    return _stub(storage, offset, size, stride)
+    if type(storage) is StorageRef:  # _stub inlined: one call less per tensor of a state dict
+        dtype = storage.dtype
+        shape, strides, start = check_view(size, stride, offset, dtype.itemsize, storage.numel * dtype.itemsize)
+        return TensorStub(storage, start, shape, strides, dtype, storage.location)
+    return _stub(storage, offset, size, stride)  # type: ignore[no-any-return]
 
 
 def _rebuild_v3(storage: Any, offset: Any, size: Any, stride: Any, rg: Any, hooks: Any, dtype: Any, *rest: Any) -> Any:

@@ -115,9 +115,17 @@ def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[byte
     storages: dict[str, StorageRef] = {}
 
     def persistent(pid: Any) -> Any:
-        if not isinstance(pid, tuple) or len(pid) != 5 or _decode(pid[0]) != "storage":
+        if not isinstance(pid, tuple) or len(pid) != 5 or (pid[0] if type(pid[0]) is str else _decode(pid[0])) \
+                != "storage":
             raise pickle.UnpicklingError(f"unexpected persistent id {str(pid)[:60]}")
-        return _storage_ref(storages, *pid[1:])
+        _, stype, key, location, numel = pid
+        if isinstance(stype, StorageType) and type(numel) is int and numel >= 0 and type(key) is str:
+            ref = storages.get(key)  # _storage_ref inlined for the common record: this runs once per tensor
+            if ref is None:
+                ref = storages[key] = StorageRef(key, location if type(location) is str else _decode(location),
+                                                 stype.dtype, numel)
+            return ref
+        return _storage_ref(storages, stype, key, location, numel)
 
     root, unknown, _ = _unpickle(data, 0, persistent, label, budget)
     for name in entries:  # TorchScript archives hold constants.pkl too: every pickle is read the same way
@@ -225,13 +233,20 @@ def _parse_legacy(data: bytes, size: int, label: str, reopen: Callable[[], IO[by
     def persistent(pid: Any) -> Any:
         if not isinstance(pid, tuple) or not pid:
             raise pickle.UnpicklingError("unexpected persistent id")
-        kind = _decode(pid[0])
+        kind = pid[0] if type(pid[0]) is str else _decode(pid[0])
         if kind == "module":  # a pickled nn.Module class with its source; the class is already a placeholder
             return pid[1]
         if kind != "storage" or len(pid) != 6:
             raise pickle.UnpicklingError(f"unexpected persistent id {str(pid)[:60]}")
-        ref = _storage_ref(storages, *pid[1:5])
-        view = pid[5]
+        _, stype, key, location, numel, view = pid
+        if not isinstance(stype, StorageType) or type(numel) is not int or numel < 0:  # _storage_ref, inlined:
+            raise pickle.UnpicklingError(f"malformed storage record for key {str(key)[:40]!r}")  # once per tensor
+        if type(key) is not str:
+            key = _decode(key)
+        ref = storages.get(key)
+        if ref is None:
+            ref = storages[key] = StorageRef(key, location if type(location) is str else _decode(location),
+                                             stype.dtype, numel)
         if view is None:
             return ref
         view_key, offset, view_size = view

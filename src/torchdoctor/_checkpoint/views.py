@@ -22,6 +22,7 @@ from typing import Any
 __all__ = ["BadRecord", "I64", "check_sizes", "check_view", "dims_text"]
 
 I64 = 1 << 63
+_SMALL = 1 << 48  # sizes, strides and offsets below this take check_view's one-pass path (products still checked)
 
 
 class BadRecord(pickle.UnpicklingError):
@@ -73,6 +74,17 @@ def check_view(size: Any, stride: Any, offset: Any, itemsize: int, storage_nbyte
                ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """(sizes, strides, offset) of a record torch would load over a storage of ``storage_nbytes`` bytes
     (None: a record without storage, sizes and strides only); ``pickle.UnpicklingError`` with the reason."""
+    if type(size) is tuple and type(stride) is tuple and type(offset) is int and len(size) == len(stride) \
+            and storage_nbytes is not None:  # the common record, in one pass; anything odd takes the full path
+        last, numel = offset, 1
+        for s, st in zip(size, stride):
+            if type(s) is not int or type(st) is not int or not 0 < s < _SMALL or not 0 <= st < _SMALL:
+                break
+            numel *= s
+            last += (s - 1) * st
+        else:
+            if 0 <= offset < _SMALL and numel < I64 and (last + 1) * itemsize <= storage_nbytes:
+                return size, stride, offset
     shape, numel = check_sizes(size)
     strides = _ints(stride, "strides")
     if len(strides) != len(shape):
