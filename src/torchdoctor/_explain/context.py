@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from torchdoctor._explain.causes import ContextRule
-from torchdoctor._explain.tokens import ACCELERATORS, device_name, devices_in, dtype_name, dtypes_in, type_name
+from torchdoctor._explain.tokens import ACCELERATORS, device_name, dtype_name, names_in, type_name
 
 __all__ = ["derive", "rank", "transformers_version"]
 
@@ -104,9 +104,10 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
         add(devices, f["b"])
     if "b" in f and sig_name.startswith("mixed.meta") and f["b"].isdigit():
         f["b"] = f"cuda:{f['b']}"
-    for d in devices_in(message[:4000]):
+    named_devices, named_dtypes = names_in(message[:4000])
+    for d in named_devices:
         add(devices, d)
-    for t in dtypes_in(message[:4000]) if not dtypes or not dtype_sig else ():
+    for t in named_dtypes if not dtypes or not dtype_sig else ():
         add(dtypes, t)
     if "dtype" in f:
         f["dtype"] = dtype_name(f["dtype"]) or f["dtype"]

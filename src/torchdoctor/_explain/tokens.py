@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ACCELERATORS", "devices_in", "dtype_name", "device_name", "dtypes_in", "type_name"]
+__all__ = ["ACCELERATORS", "devices_in", "dtype_name", "device_name", "dtypes_in", "names_in", "type_name"]
 
 ACCELERATORS = ("cuda", "xpu", "mps", "hpu", "npu", "xla", "mtia", "privateuseone")
 _LIMIT = 20_000  # characters of one message looked at; a token list is about one error, not a whole log
@@ -90,7 +90,7 @@ def type_name(text: str) -> tuple[str | None, str | None]:
     plain = dtype_name(t)
     if plain:
         return None, plain
-    devices, dtypes = devices_in(t), dtypes_in(t)
+    devices, dtypes = _scan(t)
     if not dtypes:  # 2018-era "CUDAFloatTensor" / "CPUHalfTensor": the legacy name without its dots
         m = _DOTLESS.fullmatch(t)
         if m:
@@ -128,6 +128,15 @@ def _scan(text: str) -> tuple[list[str], list[str]]:
         if t and t not in dtypes:
             dtypes.append(t)
     return devices, dtypes
+
+
+def names_in(text: str) -> tuple[list[str], list[str]]:
+    """``(devices_in(text), dtypes_in(text))`` read in one pass.
+
+    >>> names_in("expected scalar type BFloat16 but found Float on cuda:1")
+    (['cuda:1'], ['bfloat16', 'float32'])
+    """
+    return _scan(text)
 
 
 def devices_in(text: str) -> list[str]:
