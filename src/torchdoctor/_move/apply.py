@@ -172,6 +172,24 @@ def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blo
     shared = _shared_storages(units) if log.mode == "auto" else set()
     debug = log_.isEnabledFor(logging.DEBUG)
     for unit in units:
+        if len(unit) == 1:  # the common case, without the lists a unit of views needs
+            s = unit[0]
+            e = s.entry
+            cursor[0] = e.path
+            old = e.tensor
+            data = old if q.is_wrapper(old) else q.data_of(old)
+            src = compact_of(old)
+            back = Unit([old], [data], _keeps(log, unit, [old], [data], shared))
+            new = q.convert(data, s.device, s.dtype, non_blocking)
+            back.news = [new]
+            nbytes = _nbytes(new)
+            total += nbytes
+            q.install(e, s.aliases, new, s.device, s.dtype, log, back, 0, swapped, non_blocking, src)
+            done.append(Moved(e.path, src, compact_of(new), nbytes))
+            if debug:
+                log_.debug("moved %s %s -> %s", e.path, src, done[-1].dst)
+            del old, data, back, new  # a same-device cast must not keep the original alive past its unit
+            continue
         cursor[0] = unit[0].entry.path
         olds = [s.entry.tensor for s in unit]
         datas = [o if q.is_wrapper(o) else q.data_of(o) for o in olds]
@@ -182,7 +200,7 @@ def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blo
         total += news[0].untyped_storage().nbytes() if len(unit) > 1 else _nbytes(news[0])
         for i, (s, new, src) in enumerate(zip(unit, news, before)):
             cursor[0] = s.entry.path
-            q.install(s.entry, s.aliases, new, s.device, s.dtype, log, back, i, swapped, non_blocking)
+            q.install(s.entry, s.aliases, new, s.device, s.dtype, log, back, i, swapped, non_blocking, src)
             done.append(Moved(s.entry.path, src, compact_of(new), _nbytes(new)))
         if debug:
             log_.debug("moved %s", "; ".join(f"{m.path} {m.src} -> {m.dst}" for m in done[-len(unit):]))
@@ -193,7 +211,8 @@ def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blo
 def _keeps(log: UndoLog, unit: list[Any], olds: list[torch.Tensor], datas: list[torch.Tensor], shared: set[int]
            ) -> bool:
     """Whether the unit's originals stay referenced until the move is done (see ``torchdoctor._move.undo``)."""
-    if log.keeps(not same_device(datas[0].device, unit[0].device)):
+    d, dev = datas[0].device, unit[0].device
+    if log.keeps(not (d == dev or same_device(d, dev))):
         return True
     if log.mode != "auto":
         return False

@@ -145,7 +145,8 @@ def data_of(t: torch.Tensor) -> torch.Tensor:
 
 def convert(t: torch.Tensor, device: torch.device, dtype: torch.dtype, non_blocking: bool) -> torch.Tensor:
     """``t.to`` with only what changes (so ``cuda`` never re-targets a tensor already on ``cuda:0``)."""
-    same = t.device.type == device.type and (t.device.index or 0) == (device.index or 0)
+    d = t.device
+    same = d == device or (d.type == device.type and (d.index or 0) == (device.index or 0))
     return t.to(device=None if same else device, dtype=None if t.dtype == dtype else dtype,
                 non_blocking=non_blocking)
 
@@ -181,16 +182,19 @@ def _is_fake(t: torch.Tensor) -> bool:
 
 
 def install(e: Entry, aliases: list[Entry], new: torch.Tensor, device: torch.device, dtype: torch.dtype,
-            log: UndoLog, unit: Unit, i: int, swapped: dict[int, torch.Tensor], non_blocking: bool) -> None:
+            log: UndoLog, unit: Unit, i: int, swapped: dict[int, torch.Tensor], non_blocking: bool,
+            was: str | None = None) -> None:
     """Put ``new`` where ``e`` (and its aliases) were, keeping Parameter objects where Module.to keeps them.
+    ``was``: the compact form of ``e``'s tensor before the move, when the caller has it already.
 
     Everything that can fail for want of memory (the grad's conversion, a new Parameter) is built first; then each
     change is made right after its undo record is written.
     """
-    slots = [e, *aliases]
-    for x in slots:
-        if x.slot != "param" and id(x.owner) in swapped:  # attributes of a tensor replaced just before
-            x.owner = swapped[id(x.owner)]
+    slots = [e, *aliases] if aliases else [e]
+    if swapped:
+        for x in slots:
+            if x.slot != "param" and id(x.owner) in swapped:  # attributes of a tensor replaced just before
+                x.owner = swapped[id(x.owner)]
     t = e.tensor
     grad = t.grad if isinstance(t, nn.Parameter) else None
     if isinstance(t, nn.Parameter) and is_wrapper(t):
@@ -203,7 +207,7 @@ def install(e: Entry, aliases: list[Entry], new: torch.Tensor, device: torch.dev
         return
     if isinstance(t, nn.Parameter) and compatible(t, new):
         new_grad = _moved_grad(grad, device, dtype, non_blocking)
-        log.add(SetData(t, new, e.path, lambda: unit.data(i)))
+        log.add(SetData(t, new, e.path, lambda: unit.data(i), was))
         t.data = new
         if grad is not None and new_grad is not None:
             keep = log.keeps(not same_device(grad.device, device))
@@ -223,7 +227,7 @@ def install(e: Entry, aliases: list[Entry], new: torch.Tensor, device: torch.dev
         if d and replacement is not t:  # attributes a library set on the tensor (transformers' _is_buffer ...)
             _dict(replacement).update(d)
             swapped[id(t)] = replacement
-    rec = SetSlots(slots, replacement, unit, i, original)
+    rec = SetSlots(slots, replacement, unit, i, original, was)
     log.add(rec)
     for x in slots:
         rec.reached += 1  # before the write: a write that lands and then raises is still undone

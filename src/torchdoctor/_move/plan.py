@@ -46,6 +46,7 @@ from torchdoctor._walk import Entry, walk
 __all__ = ["MoveReport", "Moved", "PlanStep", "plan"]
 
 _QUIET_VIA = frozenset({"param.data", "assign"})
+_NONE: list[Entry] = []  # a step without aliases (shared, never written to)
 _MUTABLE = (dict, list)
 
 
@@ -248,24 +249,34 @@ def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep
     policy = Policy(w, None, dtype, False) if dtype is not None else None
     steps, kept = [], []
     keys: dict[Any, list[_Step]] = {}
-    for e in w.canonical():
+    for e in w.entries:
+        if e.alias_of is not None:
+            continue
         t = e.tensor
         if (e.slot == "inner" and q.is_wrapper(e.owner)) or e.role == "offloaded":
             continue  # moved by the wrapper's own .to; offloaded weights belong to their (refused) hook
         target_dt, reason = cast_target(policy, e, keep_fp32) if policy is not None else (t.dtype, None)
         if reason and target_dt != dtype:
             kept.append((e.path, reason))
-        target_dev = device if device is not None else t.device
-        if same_device(t.device, target_dev) and t.dtype == target_dt:
-            continue
-        if q.is_wrapper(t):
+        if device is None:  # a cast only: most tensors of a verification end here
+            if t.dtype == target_dt:
+                continue
+            target_dev = t.device
+        else:
+            target_dev = device
+            if t.dtype == target_dt and same_device(t.device, target_dev):
+                continue
+        wrapper = q.is_wrapper(t)
+        # without device= nothing crosses between meta and data
+        src_meta, dst_meta = (t.device.type == "meta", device.type == "meta") if device is not None else (False, False)
+        if wrapper:
             via = "own .to"
         elif isinstance(t, torch.nn.Parameter):
-            via = "param.data" if (t.device.type == "meta") == (target_dev.type == "meta") else "new parameter"
+            via = "param.data" if src_meta == dst_meta else "new parameter"
         else:
             via = "assign"
-        s = _Step(e, aliases.get(e.path, []), target_dev, target_dt, via)
-        if t.device.type == "meta" and target_dev.type != "meta":
+        s = _Step(e, aliases.get(e.path, _NONE) if aliases else _NONE, target_dev, target_dt, via)
+        if src_meta and not dst_meta:
             s.refused = ("meta", "on meta: no data to move",
                          f"model.to_empty(device={device_str(target_dev)!r})  # allocate, then load the weights:\n"
                          "model.load_state_dict(state_dict)  # or load_state_dict(state_dict, assign=True)")
@@ -274,13 +285,13 @@ def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep
             s.refused = ("immutable", f"held in an immutable {type(e.owner).__name__} ({where})",
                          "keep such tensors in a list or dict, or rebuild the tuple yourself: "
                          "obj.x = tuple(t.to(device) for t in obj.x)")
-        elif not same_device(t.device, target_dev):
+        elif device is not None and not same_device(t.device, target_dev):
             bnb = q.refusal(e, target_dev)
             if bnb:
                 s.refused = ("quant", bnb[0], bnb[1])
         if s.refused:
             refusals.append((s.refused[0], e.path, e.info().compact, s.refused[1], s.refused[2]))
-        if via != "own .to" and q.real_storage(t):
+        if not wrapper and q.real_storage(t):
             key = _storage_key(t)
             if key is not None:
                 keys.setdefault(key, []).append(s)

@@ -44,13 +44,25 @@ def _storage_id(t: torch.Tensor) -> int | None:
         return None
 
 
+_COMPACT: dict[tuple[Any, ...], str] = {}  # (dtype, shape, device) -> compact form: layers repeat their shapes
+
+
 def compact_of(t: torch.Tensor) -> str:
     """``bf16[4,4]@cpu`` for any tensor form (nested tensors have no sizes: ragged dimensions show as -1)."""
     try:
         shape = tuple(t.shape)
     except Exception:
         shape = describe(t)[0]
-    return compact(t.dtype, shape, t.device)
+    key = (t.dtype, shape, t.device)
+    try:
+        text = _COMPACT.get(key)
+    except TypeError:  # symbolic sizes do not hash
+        return compact(t.dtype, shape, t.device)
+    if text is None:
+        if len(_COMPACT) > 4096:
+            _COMPACT.clear()
+        text = _COMPACT[key] = compact(t.dtype, shape, t.device)
+    return text
 
 
 def _layout(d: torch.Tensor) -> tuple[torch.dtype, torch.device, Any, Any, Any]:
@@ -201,9 +213,9 @@ class SetData(_Record):
     ``restore()`` gives the old data and whether it is exact."""
 
     def __init__(self, target: torch.Tensor, new: torch.Tensor, path: str,
-                 restore: Callable[[], tuple[torch.Tensor, bool]]) -> None:
+                 restore: Callable[[], tuple[torch.Tensor, bool]], was: str | None = None) -> None:
         self.target, self.new, self.path, self.restore = target, new, path, restore
-        self.was = compact_of(target)
+        self.was = was if was is not None else compact_of(target)
         self.new_id = _storage_id(new)
 
     def moved(self) -> bool:
@@ -236,12 +248,12 @@ class SetSlots(_Record):
     """Every slot of one tensor (aliases and tied weights included) gets ``new``; undone slot by slot as far as
     ``reached`` went, with the original object where it is alive, else one rebuilt object for all slots."""
 
-    def __init__(self, slots: list[Entry], new: torch.Tensor, unit: Unit, i: int, original: torch.Tensor | None) -> None:
+    def __init__(self, slots: list[Entry], new: torch.Tensor, unit: Unit, i: int, original: torch.Tensor | None,
+                 was: str | None = None) -> None:
         self.slots, self.new, self.unit, self.i = slots, new, unit, i
         self.path = slots[0].path
         self.strong = original  # a replaced Parameter: kept whole, it is the object users hold
-        t = slots[0].tensor
-        self.was = compact_of(t)
+        self.was = was if was is not None else compact_of(slots[0].tensor)
         self.reached = 0
         self.back: torch.Tensor | None = None
 
