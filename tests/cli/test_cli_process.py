@@ -151,10 +151,23 @@ _PICKLE_READERS = ("torchdoctor._checkpoint.torchfile", "torchdoctor._checkpoint
                    "torchdoctor._checkpoint.stubs", "torchdoctor._checkpoint.bounds", "zipfile")
 
 
+# What the checkpoint path no longer loads and must not load again (issue 30): dataclasses (it imports inspect, ast
+# and dis, and compiles methods per class), the Python API's result types, the rules of problems of live models,
+# the progress thread, and the other verbs' command modules (the parser builds only the verb asked for).
+_NOT_ON_THE_PATH = ("dataclasses", "inspect", "ast", "textwrap", "torchdoctor._report.model",
+                    "torchdoctor._report.order", "torchdoctor._report.progress", "torchdoctor._report.html",
+                    "torchdoctor._cli.scan", "torchdoctor._cli.simulate", "torchdoctor._cli.explain",
+                    "torchdoctor._cli.env", "torchdoctor._cli.trace", "torchdoctor._cli.demo", "torchdoctor._cli.run")
+# Only zipfile needs these (it imports shutil, threading and pathlib): a legacy pickle or a safetensors header not.
+_ZIP_ONLY = ("zipfile", "shutil", "threading", "pathlib", "bz2", "lzma")
+
+
+@pytest.mark.parametrize("output", ["text", "json"])
 @pytest.mark.parametrize("kind", ["legacy", "zip", "safetensors"])
-def test_checkpoint_cli_process_loads_only_what_the_format_needs(tmp_path: Path, kind: str) -> None:
-    """``torchdoctor scan FILE`` as a whole process: neither torch nor importlib.metadata, and only the readers
-    of the file's own format (a legacy pickle never loads zipfile; a safetensors header no pickle reader)."""
+def test_checkpoint_cli_process_loads_only_what_the_format_needs(tmp_path: Path, kind: str, output: str) -> None:
+    """``torchdoctor scan FILE`` as a whole process: neither torch nor importlib.metadata, only the readers of the
+    file's own format (a legacy pickle never loads zipfile; a safetensors header no pickle reader), and none of
+    what the checkpoint path was made to do without (``_NOT_ON_THE_PATH``)."""
     import torch
 
     path = tmp_path / {"legacy": "m.pt", "zip": "m.pt", "safetensors": "m.safetensors"}[kind]
@@ -166,16 +179,23 @@ def test_checkpoint_cli_process_loads_only_what_the_format_needs(tmp_path: Path,
     else:
         torch.save(sd, path, _use_new_zipfile_serialization=kind == "zip")
     record = tmp_path / "modules.txt"
-    out = subprocess.run([sys.executable, "-c", _AUDIT, str(record), "scan", str(path), "--json"],
+    argv = ["scan", str(path)] + (["--json"] if output == "json" else [])
+    out = subprocess.run([sys.executable, "-c", _AUDIT, str(record), *argv],
                          capture_output=True, text=True, env=ENV, timeout=120, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr
-    assert len(json.loads(out.stdout)["tensors"]) == 50
+    if output == "json":
+        assert len(json.loads(out.stdout)["tensors"]) == 50
+    else:
+        assert ": 50 tensors, " in out.stdout and "ok: no problems found" in out.stdout
     modules = set(record.read_text().split())
     assert "torchdoctor._checkpoint.scan" in modules  # the record is of a process that did scan
     loaded = sorted(m for m in modules if m.split(".")[0] in _NEVER or m.startswith("importlib.metadata"))
     assert loaded == []
-    if kind == "legacy":
-        assert "zipfile" not in modules
+    assert sorted(m for m in _NOT_ON_THE_PATH if m in modules) == []
+    if kind != "zip":
+        assert sorted(m for m in _ZIP_ONLY if m in modules) == []
+    if kind == "legacy" and output == "text":
+        assert "json" not in modules
     if kind == "safetensors":
         assert [m for m in _PICKLE_READERS if m in modules] == []
 

@@ -138,12 +138,15 @@ class CheckpointReport:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        from torchdoctor._report.order import split_relocations  # JSON only: the text path never needs it
+        relocations: list[Any] = []
+        if self.problems:  # relocations are problems set apart: none without problems (nor ``order``'s import)
+            from torchdoctor._report.order import split_relocations
 
+            relocations = split_relocations(self.problems, self.expected, self.tensors)[1]
         doc: dict[str, Any] = {
             "schema": schema("scan"), "ok": self.ok, "source": self.source, "truncated": self.truncated,
             "expected": self.expected, "problems": [p.to_dict() for p in self.problems],
-            "relocations": [m.to_dict() for m in split_relocations(self.problems, self.expected, self.tensors)[1]],
+            "relocations": [m.to_dict() for m in relocations],
             "summary": list(self.summary), "tensors": [t.to_dict() for t in self.tensors],
         }
         doc.update(self.extra)
