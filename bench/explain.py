@@ -1,6 +1,8 @@
 """Throughput of ``torchdoctor.explain`` on a large synthetic log, and on adversarial text.
 
-``python bench/explain.py --accuracy`` prints the held-out figures of issue 29 per category and source kind instead.
+``python bench/explain.py --accuracy`` prints the held-out figures of issue 29 per category and source kind instead;
+``--golden`` rewrites ``tests/explain/golden_50mb.json``, the diagnoses of the 50 MB log that
+``tests/explain/test_speed_findings.py`` holds every change to (only when the tables change on purpose).
 
 Prints MB/s for: a 50 MB training/inference log with a few hundred real errors spread through it (as a str,
 and streamed from a file through the CLI path), and for strings built to trip regex engines (runs of "(", ":",
@@ -134,9 +136,22 @@ def accuracy() -> int:
     return 0
 
 
+def golden() -> int:
+    """Write the diagnoses of the 50 MB log (category, signature, count, what happened) for the findings test."""
+    import json
+
+    rows = sorted([d.category, d.signature, d.count, d.what_happened] for d in explain(synthetic_log(50_000_000)))
+    path = FIXTURES.parent / "golden_50mb.json"
+    path.write_text(json.dumps(rows, indent=0), encoding="utf-8")
+    print(f"{len(rows)} diagnoses written to {path}")
+    return 0
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--accuracy"]:
         return accuracy()
+    if sys.argv[1:2] == ["--golden"]:
+        return golden()
     size = int(float(sys.argv[1]) * 1e6) if len(sys.argv) > 1 else 50_000_000
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     log = synthetic_log(size)

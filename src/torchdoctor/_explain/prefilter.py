@@ -1,12 +1,13 @@
 """A few passes over a log for every signature anchor at once.
 
 Searching each of about a hundred anchors with its own ``str.find`` costs a hundred passes over the text. Instead
-every anchor gets a short key: a piece of the anchor that real texts never re-capitalise and that starts with one
-of a few pass characters. The keys of one pass character go into one regular expression shaped as a trie and
-starting with that literal character, so the regex engine skips to that character's next occurrence in a tight C
-loop and tries the keys only there — a few passes in C over the raw text, with no lower-cased copy of a whole log.
-A line with a key is then lower-cased and checked for the anchors themselves, so what is found is exactly what the
-anchors say; the keys only decide which lines are worth that look.
+every anchor gets a short key: a piece of the anchor that real texts never re-capitalise and that starts with (or,
+through a look-behind, holds) one of a few pass characters. The keys of one pass character go into one regular
+expression shaped as a trie and starting with that literal character, so the regex engine skips to that
+character's next occurrence in a tight C loop and tries the keys only there — a few passes in C over the raw text,
+with no lower-cased or colour-free copy of a whole log. A line with a key is then cleaned (``strip``, ``fold``),
+lower-cased and checked for the anchors themselves, so what is found is exactly what the anchors say; the keys
+only decide which lines are worth that look.
 
 The keys assume that only some words change case in real texts (devices, dtypes, names, the first letter of a
 message). Short texts — a paste, one exception — are matched on a lower-cased copy instead, so that even an
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 __all__ = ["ANSI", "EXACT_BELOW", "Prefilter", "fold", "key_of", "strip"]
 
@@ -198,15 +200,15 @@ def _plain_keys(anchors: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
 def _trie(items: Sequence[tuple[str, str]]) -> str:
     """One pattern for ``(rest, key)`` items: the text after the pass character, then, for a key that starts
     before it, a look-behind for the whole key."""
-    root: dict[str, dict] = {}  # type: ignore[type-arg]
+    root: dict[str, Any] = {}
     for rest, key in items:
         node = root
         for ch in rest:
             node = node.setdefault(ch, {})
         node.setdefault("", set()).add(key)
 
-    def emit(node: dict, done: str) -> str:  # type: ignore[type-arg]
-        ends = node.get("", set())
+    def emit(node: dict[str, Any], done: str) -> str:
+        ends: set[str] = node.get("", set())
         if any(len(k) == len(done) + 1 for k in ends):  # a key ends here whole: it already marks the line
             return ""
         alts = [f"(?<={re.escape(k)})" for k in sorted(ends)]
@@ -296,8 +298,9 @@ class Prefilter:
 
     def _check(self, text: str, source: str, exact: bool, ls: int, le: int,
                which: Iterable[int]) -> Iterator[tuple[int, int]]:
+        spans: list[tuple[int, int]] = []
         if exact:
-            segment, spans = source[ls:le], []
+            segment = source[ls:le]
         else:
             segment, spans = strip(fold(text[ls:le]))
             segment = segment.lower()

@@ -1,7 +1,7 @@
 """The scanner behind ``explain``: finds error lines in a stream of text and the context around them.
 
-Every signature anchor is found in one pass over each block (``prefilter``: the anchors' keys as one trie-shaped
-pattern, then the anchors themselves on the lines it marks); only
+Every signature anchor is found in a few passes over each block (``prefilter``: the anchors' keys as trie-shaped
+patterns, then the anchors themselves on the lines they mark; a log's colours are removed only there); only
 the window around a hit is matched against the signature's bounded patterns, and only a bounded number of
 lines around it is kept as context. Time is linear in the input, memory bounded by the block size. Identical
 errors (a ComfyUI ``!!! Exception during processing !!!`` line and its traceback's last line, or one failure

@@ -1,0 +1,87 @@
+"""Speed never costs a finding: the bench's 50 MB log (``bench/explain.py``) gets the same diagnoses (category,
+signature, count, what happened) as before the speed work of issue 28 — ``golden_50mb.json`` was written by the
+explain of commit 79519ec — in process, streamed from a file and through the CLI.
+
+When the signature or cause tables change on purpose, rewrite the file with ``python bench/explain.py --golden``
+and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import re
+import subprocess
+import sys
+from types import ModuleType
+from typing import Any
+
+from torchdoctor._explain import api as _explain
+from torchdoctor._explain.prefilter import EXACT_BELOW
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GOLDEN = pathlib.Path(__file__).parent / "golden_50mb.json"
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_explain", ROOT / "bench" / "explain.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rows(diagnoses: Any) -> list[list[Any]]:
+    return sorted([d["category"], d["signature"], d["count"], d["what_happened"]] if isinstance(d, dict) else
+                  [d.category, d.signature, d.count, d.what_happened] for d in diagnoses)
+
+
+def test_fifty_megabyte_bench_log_keeps_every_diagnosis(tmp_path: pathlib.Path) -> None:
+    bench = _bench()
+    want = json.loads(GOLDEN.read_text(encoding="utf-8"))
+    assert len(want) == 110
+    log = bench.synthetic_log(50_000_000)
+    assert _rows(_explain.explain(log)) == want
+    path = tmp_path / "train.log"
+    path.write_text(log, encoding="utf-8")
+    del log
+    with open(path, encoding="utf-8", errors="replace", newline=None) as fh:
+        assert _rows(_explain.explain_stream(fh)) == want
+    done = subprocess.run([sys.executable, "-m", "torchdoctor", "explain", str(path), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert _rows(json.loads(done.stdout)["diagnoses"]) == want
+
+
+# What colours a line in real logs: loggers colour whole lines or level names; rich's highlighter colours brackets,
+# quoted strings, numbers, ``name=``, True/False/None and paths inside a message.
+_HIGHLIGHT = re.compile(r"""'[^'\n]{0,40}'|"[^"\n]{0,40}"|(?<!\w)-?\d+(?:\.\d+)?\b|[()\[\]{}]|\b\w{1,30}=|"""
+                        r"""\b(?:True|False|None)\b|(?:/[-\w.+]+)+/""")
+
+
+def _coloured(text: str) -> str:
+    lines = [_HIGHLIGHT.sub(lambda m: "\x1b[1;36m" + m.group() + "\x1b[0m", line) for line in text.split("\n")]
+    return "\n".join("\x1b[31m" + line + "\x1b[0m" if i % 3 == 0 else line for i, line in enumerate(lines))
+
+
+def test_colours_inside_lines_of_a_log_hide_nothing() -> None:
+    """A log keeps its colours until a line is examined (removing them was a fifth of the time): every real text
+    (tuning and held-out), coloured as loggers and rich colour it and put in a log, gets the diagnoses it gets
+    without colours."""
+    bench = _bench()
+    pad = ("\n".join(bench.NOISE) + "\n") * (EXACT_BELOW // 400)
+    after = "\n" + "\n".join(bench.NOISE) * 20  # past the last lines, which are read whole (a short text)
+    assert len(pad) > EXACT_BELOW
+    paths = sorted((ROOT / "tests" / "explain").glob("fixtures/*.txt"))
+    paths += sorted((ROOT / "tests" / "explain").glob("holdout/*.txt"))
+    assert len(paths) > 400
+    coloured = 0
+    for path in paths:
+        body = path.read_text(encoding="utf-8").partition("\n---\n")[2]
+        plain = [(d.category, d.what_happened, d.count) for d in _explain.explain(pad + body + after)]
+        text = _coloured(body)
+        coloured += "\x1b[1;36m" in text
+        got = [(d.category, d.what_happened, d.count) for d in _explain.explain(pad + text + after)]
+        assert got == plain, path.name
+    assert coloured > 350  # texts with a bracket, quote, number, name= or path inside a line
