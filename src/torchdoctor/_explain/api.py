@@ -81,12 +81,13 @@ def _diagnose(group: Group) -> Diagnosis:
     sig = group.sig
     # the first occurrence is enough (repeats bring the same frames); the frames that decide sit near the error
     original = "\n".join(c[-_RULE_SPAN:] for c in group.contexts[:1]) or group.message
+    # each distinct line once, in order of first appearance: a log repeats its lines (progress bars, warnings), and
+    # what is read here is whether a word (none spans a line) or a version occurs, and the first line holding it;
+    # a word looked up in 12,000 characters was most of a diagnosis
+    original = "\n".join(dict.fromkeys(original.split("\n")))
     context = original.lower().replace("\\", "/")
     fields, flags = derive(sig.name, group.fields, group.message, context)
-    # the rules and the apps look up words (none spans a line) in each line once: a log repeats its lines
-    # (progress bars, warnings), and a word looked up in 12,000 characters was most of a diagnosis
-    words = "\n".join(dict.fromkeys(context.split("\n")))
-    categories, ranked, fired = rank(sig.category, sig.causes, sig.alternatives, words, flags, context_rules())
+    categories, ranked, fired = rank(sig.category, sig.causes, sig.alternatives, context, flags, context_rules())
     category = categories[0][0]
     table = causes()
     usable = [(c, s) for c, s in ranked if c in table and _try(table[c].text, fields) is not None]
@@ -105,7 +106,7 @@ def _diagnose(group: Group) -> Diagnosis:
     # an app's user rarely edits the app's code: its own flag or setting comes first, the generic fix after it
     # a layer on another device (not another dtype) takes the app's placement fix, not its precision one
     as_app = "device_mismatch" if "iw_device" in flags and "iw_dtype" not in flags else category
-    _app, own = app_fixes(as_app, words)
+    _app, own = app_fixes(as_app, context)
     fixes[:0] = [f for f in own if f not in fixes]
     if not likely:
         likely = (f"{sig.title}.",)
