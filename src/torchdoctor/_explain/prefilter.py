@@ -285,9 +285,10 @@ class Prefilter:
                 ls, le = self._line(text, start, cut, p)
                 lines.setdefault(ls, (le, set()))[1].update(which_plain)
                 p = source.find(piece, le + 1, cut)
+        seen: dict[tuple[str, tuple[int, ...]], list[tuple[int, int]]] = {}  # lines read, by their text
         for ls in sorted(lines):
             le, which = lines[ls]
-            yield from self._check(text, source, exact, ls, le, which)
+            yield from self._check(text, source, exact, ls, le, which, seen)
 
     @staticmethod
     def _line(text: str, start: int, cut: int, p: int) -> tuple[int, int]:
@@ -296,15 +297,21 @@ class Prefilter:
         le = text.find("\n", p, p + 2000)
         return ls, min(cut, p + 2000 if le == -1 else le)
 
-    def _check(self, text: str, source: str, exact: bool, ls: int, le: int,
-               which: Iterable[int]) -> Iterator[tuple[int, int]]:
-        spans: list[tuple[int, int]] = []
-        if exact:
-            segment = source[ls:le]
-        else:
-            segment, spans = strip(fold(text[ls:le]))
-            segment = segment.lower()
-        for i in sorted(which):
-            f = segment.find(self.anchors[i])
-            if f != -1:
-                yield ls + raw_position(spans, f), i
+    def _check(self, text: str, source: str, exact: bool, ls: int, le: int, which: Iterable[int],
+               seen: dict[tuple[str, tuple[int, ...]], list[tuple[int, int]]]) -> Iterator[tuple[int, int]]:
+        raw = source[ls:le] if exact else text[ls:le]
+        key = (raw, tuple(sorted(which)))
+        found = seen.get(key)
+        if found is None:  # a line not seen lately (a log repeats its errors: each is read once)
+            spans: list[tuple[int, int]] = []
+            if exact:
+                segment = raw
+            else:
+                segment, spans = strip(fold(raw))
+                segment = segment.lower()
+            found = [(raw_position(spans, f), i) for i in key[1] if (f := segment.find(self.anchors[i])) != -1]
+            if len(seen) > 1024:
+                seen.clear()
+            seen[key] = found
+        for f, i in found:
+            yield ls + f, i
