@@ -27,7 +27,7 @@ _SPAN = 1 << 16           # at most this many characters of context on each side
 _LINE_MAX = 4000          # a "line" is cut to this many characters around the anchor
 _MAX_HITS = 100_000       # error lines examined in full; beyond that a log is only counted
 _CONTEXT_BUDGET = 64 << 20  # characters of context examined overall
-_PER_KEY = 4              # occurrences of one error whose context is examined
+_PER_KEY = 1              # occurrences of one error whose context is kept (the rules read the first)
 _STOP = ("traceback (most recent call last)", "exception during processing", "during handling of the above",
          "the above exception was the direct cause")
 _NOT_CONTINUED = ("File ", "Traceback", "During handling", "The above exception", "!!!", "\n", "#", "[")
