@@ -1,8 +1,8 @@
 """``explain``: from a device/dtype error message, an exception or a whole log to causes and fixes.
 
-The log is read in blocks; every signature anchor is found with ``str.find`` (no regex over the whole text),
-and only the lines around a hit are looked at, so time is linear in the input and memory is bounded by the
-block size. Identical errors (a ComfyUI ``!!! Exception during processing !!!`` line and its traceback's last
+The log is read in blocks; every signature anchor is found in a few literal-first passes (``prefilter``), and
+only the lines around a hit are looked at, so time is linear in the input and memory is bounded by the block
+size. Identical errors (a ComfyUI ``!!! Exception during processing !!!`` line and its traceback's last
 line, or the same failure repeated) become one diagnosis. Torch-free: nothing here imports torch.
 
 >>> report = explain("RuntimeError: Expected all tensors to be on the same device, but found at least two "
