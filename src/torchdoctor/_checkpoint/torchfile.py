@@ -93,10 +93,17 @@ def _storage_ref(storages: dict[str, StorageRef], stype: Any, key: Any, location
     return ref
 
 
-def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]], budget: Budget) -> PickleFile:
-    import zipfile  # here, not at the top: a legacy file or a plain pickle never needs it
+def _zip_directory(fh: IO[bytes], size: int, label: str) -> tuple[dict[str, Any], Callable[[Any, int], bytes]]:
+    """The archive's entries by name and a reader of one member: without zipfile when the archive is exactly the
+    shape torch.save writes (``zipfast``), else through zipfile with every check it makes."""
+    from torchdoctor._checkpoint.zipcheck import MAX_ZIP_DIRECTORY, check_directory, read_member
+    from torchdoctor._checkpoint.zipfast import read_zip
 
-    from torchdoctor._checkpoint.zipcheck import check_directory, check_member, read_member
+    fast = read_zip(fh, size, MAX_ZIP_DIRECTORY, MAX_PICKLE_BYTES, MAX_SMALL_MEMBER)
+    if fast is not None:
+        contents = fast[1]
+        return fast[0], lambda info, limit: contents[info.filename]
+    import zipfile  # here, not at the top: a legacy file, a plain pickle or a torch.save archive never needs it
 
     check_directory(BoundedFile(fh, size), label)  # type: ignore[arg-type]
     try:
@@ -105,13 +112,20 @@ def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[byte
     except Exception as exc:  # BadZipFile, but also ValueError/UnicodeDecodeError/struct.error on odd directories
         raise CheckpointError(f"{label}: truncated or corrupted zip archive, no readable directory "
                               f"({type(exc).__name__}: {str(exc)[:100]})") from None
-    entries = {i.filename: i for i in infos}
+    return {i.filename: i for i in infos}, lambda info, limit: read_member(zf, info, label, limit)
+
+
+def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]], budget: Budget) -> PickleFile:
+    from torchdoctor._checkpoint.zipcheck import check_member
+    from torchdoctor._checkpoint.zipfast import SMALL_MEMBERS
+
+    entries, read = _zip_directory(fh, size, label)
     pkl = [n for n in entries if n.endswith("data.pkl") and n.count("/") == 1]
     if not pkl:
         raise CheckpointError(f"{label}: zip archive without <archive>/data.pkl: not a torch.save file")
     prefix = pkl[0][: -len("data.pkl")]
     fmt = "torchscript" if any(n.startswith(prefix + "code/") for n in entries) else "torch-zip"
-    data = read_member(zf, entries[pkl[0]], label, MAX_PICKLE_BYTES)
+    data = read(entries[pkl[0]], MAX_PICKLE_BYTES)
     storages: dict[str, StorageRef] = {}
 
     def persistent(pid: Any) -> Any:
@@ -130,14 +144,14 @@ def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[byte
     root, unknown, _ = _unpickle(data, 0, persistent, label, budget)
     for name in entries:  # TorchScript archives hold constants.pkl too: every pickle is read the same way
         if name.endswith(".pkl") and name != pkl[0] and name.count("/") == 1:
-            _, more, _ = _unpickle(read_member(zf, entries[name], label, MAX_PICKLE_BYTES), 0, persistent,
+            _, more, _ = _unpickle(read(entries[name], MAX_PICKLE_BYTES), 0, persistent,
                                    f"{label}: {name}", budget)
             unknown += more
     unknown = tuple(dict.fromkeys(unknown))
     notes = []
-    for small in ("byteorder", "version", ".format_version", ".storage_alignment"):
+    for small in SMALL_MEMBERS:
         if prefix + small in entries:
-            value = read_member(zf, entries[prefix + small], label, MAX_SMALL_MEMBER)
+            value = read(entries[prefix + small], MAX_SMALL_MEMBER)
             if small == "byteorder" and value.strip() == b"big":
                 notes.append("saved on a big-endian machine")
     for ref in storages.values():
@@ -153,6 +167,10 @@ def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[byte
             )
 
     def read_small(ref: StorageRef) -> bytes | None:
+        import zipfile
+
+        from torchdoctor._checkpoint.zipcheck import read_member
+
         with reopen() as f, zipfile.ZipFile(BoundedFile(f, size)) as z:  # type: ignore[arg-type]
             return read_member(z, z.getinfo(f"{prefix}data/{ref.key}"), label, SMALL_READ)[: ref.nbytes]
 

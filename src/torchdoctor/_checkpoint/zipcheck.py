@@ -1,21 +1,24 @@
 """Checks on a zip archive made before its members are read: what ``zipfile`` would fail on, or sizes no
-``torch.save`` archive has (one line each, as :class:`CheckpointError`)."""
+``torch.save`` archive has (one line each, as :class:`CheckpointError`). ``check_member`` reads a ``ZipInfo`` or
+a :class:`torchdoctor._checkpoint.zipfast.Member` (zipfile is imported only where an archive needs it)."""
 
 from __future__ import annotations
 
-import zipfile
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
 
 from torchdoctor._checkpoint.errors import CheckpointError
 
+if TYPE_CHECKING:
+    import zipfile
+
 __all__ = ["MAX_ZIP_DIRECTORY", "check_directory", "check_member", "read_member"]
 
-_ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}  # what torch.load can read
+_ZIP_METHODS = {0: "stored", 8: "deflated"}  # ZIP_STORED, ZIP_DEFLATED: what torch.load can read
 _MAX_ZIP_VERSION = 63
 MAX_ZIP_DIRECTORY = 32 * 1024 * 1024  # ~300,000 storages; torch.save writes one entry per storage
 
 
-def check_member(info: zipfile.ZipInfo, label: str, limit: int | None) -> None:
+def check_member(info: Any, label: str, limit: int | None) -> None:
     """Refuse a zip member before reading it: what zipfile would raise on, or more bytes than ``limit``."""
     name = info.filename
     if info.flag_bits & 0x1:
@@ -47,6 +50,8 @@ def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, label: str, limit: i
 def check_directory(fh: IO[bytes], label: str) -> None:
     """zipfile builds one object per directory entry (~0.5 kB each): refuse a directory larger than any
     torch.save writes before it is parsed. Read from the end record alone."""
+    import zipfile
+
     end_record = getattr(zipfile, "_EndRecData", None)
     try:
         record = end_record(fh) if end_record is not None else None
