@@ -102,11 +102,23 @@ class Scanner:
         self.prev_key: tuple[Any, ...] | None = None
         self.until: dict[str, int] = {}  # per signature, in buf: end of the last window examined
         self.cache: dict[tuple[str, str], tuple[dict[str, str], bool]] = {}  # repeated lines
+        self.pending: list[str] = []  # blocks of one enormous line, after buf, joined once
+        self.pending_len = 0
 
     def feed(self, block: str, final: bool = False) -> None:
         # a paste is folded whole; a log (program output: no typed full-width punctuation) where it is examined
         block = normalise(block, paste=len(block) < EXACT_BELOW)
-        text = self.buf + block
+        if not final and len(block) >= _SPAN and "\n" not in block \
+                and len(self.buf) + self.pending_len + len(block) <= 4 * BLOCK:
+            # one enormous line so far: nothing can be cut below (no line end in the last _SPAN characters), so the
+            # block is only kept; joining it now would copy the growing line once per block
+            self.pending.append(block)
+            self.pending_len += len(block)
+            self.scan_from = 0
+            self.until = {k: v for k, v in self.until.items() if v > 0}
+            return
+        text = "".join([self.buf, *self.pending, block]) if self.pending else self.buf + block
+        self.pending, self.pending_len = [], 0
         cut = len(text)
         if not final:  # hits need _TRAIL lines after them; keep the rest for the next block
             p = len(text)
