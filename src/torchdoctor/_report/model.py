@@ -22,6 +22,15 @@ from torchdoctor._report.text import public_types
 _META = torch.device("meta")
 _COMPACT: dict[tuple[Any, ...], str] = {}  # (dtype, shape, device) -> compact form; shapes repeat across layers
 
+_MISSING: Any = object()  # an argument not passed (a default_factory field gets a new dict)
+
+
+def _repr(obj: Any) -> str:
+    """``Name(field=value, ...)`` over the dataclass fields, as the generated ``__repr__`` wrote it."""
+    names = obj.__dataclass_fields__
+    return f"{obj.__class__.__qualname__}(" + ", ".join(f"{n}={getattr(obj, n)!r}" for n in names) + ")"
+
+
 ROLES = ("parameter", "buffer", "attribute", "quant_state", "subclass_inner", "container", "offloaded")
 KINDS = ("device", "dtype", "meta", "saved_device", "quant_incomplete", "unsafe_global", "unsupported_dtype",
          "unsupported_op", "truncated", "unsupported", "lost_precision", "not_restored", "memory")
@@ -29,7 +38,11 @@ KINDS = ("device", "dtype", "meta", "saved_device", "quant_incomplete", "unsafe_
 
 
 
-@dataclass(frozen=True)
+# The public result types stay dataclasses (``dataclasses.fields`` / ``replace`` are API) but write their own
+# ``__init__``, ``__repr__``, ``__eq__`` and ``__hash__``: the decorator compiles each generated method with exec,
+# about a millisecond apiece, and the first scan of a process paid that for every type (issue 28). What they do is
+# what the generated ones did (pinned by tests/report/test_records.py).
+@dataclass(frozen=True, init=False, repr=False, eq=False)
 class TensorInfo:
     """One tensor reachable from an object, at one path."""
 
@@ -55,6 +68,21 @@ class TensorInfo:
         d["nbytes"] = nbytes
         d["moved_by_module_to"] = moved_by_module_to
         d["alias_of"] = alias_of
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.path, self.role, self.device, self.dtype, self.shape, self.nbytes, self.moved_by_module_to,
+                self.alias_of)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return self._key() == other._key()  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return _repr(self)
 
     @property
     def compact(self) -> str:
@@ -92,7 +120,7 @@ class TensorInfo:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, repr=False, eq=False)
 class Problem:
     """One finding. ``found`` / ``expected`` are short strings (``cuda:0``, ``bfloat16``, compact forms)."""
 
@@ -121,6 +149,21 @@ class Problem:
         d["module_path"] = module_path
         d["module_type"] = module_type
         d["tensors"] = tensors
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.kind, self.path, self.role, self.found, self.expected, self.message, self.op, self.module_path,
+                self.module_type, self.tensors)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return self._key() == other._key()  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return _repr(self)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -162,13 +205,28 @@ class PlacementWarning(UserWarning):
 public_types(PlacementError, PlacementWarning)
 
 
-@dataclass
+@dataclass(init=False, repr=False, eq=False)
 class Target:
     """What a CLI target or a test hands to the verbs: the object and, optionally, call arguments."""
 
     obj: Any
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(self, obj: Any, args: tuple[Any, ...] = (), kwargs: Any = _MISSING) -> None:
+        self.obj = obj
+        self.args = args
+        self.kwargs = {} if kwargs is _MISSING else kwargs
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return (self.obj, self.args, self.kwargs) == (other.obj, other.args, other.kwargs)  # type: ignore[attr-defined]
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable and compared by value, as the generated class was
+
+    def __repr__(self) -> str:
+        return _repr(self)
 
 
 public_types(Target)
@@ -184,7 +242,7 @@ def _storage_key(info: TensorInfo, tensor: torch.Tensor | None) -> Any:
         return None
 
 
-@dataclass(frozen=True, repr=False)
+@dataclass(frozen=True, init=False, repr=False, eq=False)
 class ScanReport(HtmlMapMixin):
     """What ``scan`` found: ``.ok``, ``.problems``, ``.tensors`` (one row per path), ``.summary``, ``.to_dict()``,
     ``.to_html()`` (the device map; shown by notebooks through ``_repr_html_``).
@@ -203,6 +261,31 @@ class ScanReport(HtmlMapMixin):
     summary: tuple[dict[str, Any], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
     verb: str = "scan"
+
+    def __init__(self, tensors: tuple[TensorInfo, ...], problems: tuple[Problem, ...], expected: Any = _MISSING,
+                 source: str | None = None, truncated: bool = False, summary: tuple[dict[str, Any], ...] = (),
+                 extra: Any = _MISSING, verb: str = "scan") -> None:
+        d = self.__dict__  # frozen: stored as the generated __init__ did, past __setattr__
+        d["tensors"] = tensors
+        d["problems"] = problems
+        d["expected"] = {} if expected is _MISSING else expected
+        d["source"] = source
+        d["truncated"] = truncated
+        d["summary"] = summary
+        d["extra"] = {} if extra is _MISSING else extra
+        d["verb"] = verb
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.tensors, self.problems, self.expected, self.source, self.truncated, self.summary, self.extra,
+                self.verb)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return self._key() == other._key()  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     @property
     def ok(self) -> bool:
@@ -256,6 +339,11 @@ def summarize(rows: Iterable[tuple[TensorInfo, torch.Tensor | None]]) -> tuple[d
             g = groups[(info.device, info.dtype)] = [0, 0]
         g[0] += 1
         g[1] += info.nbytes
+    return summary_of(groups)
+
+
+def summary_of(groups: dict[tuple[torch.device, torch.dtype], list[int]]) -> tuple[dict[str, Any], ...]:
+    """The summary rows of ``(device, dtype) -> [tensors, nbytes]`` groups, largest first."""
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     for (dev, dt), (n, nbytes) in groups.items():
         key = (device_str(dev), dtype_str(dt))  # cuda and cuda:0 are one group

@@ -77,7 +77,7 @@ def judge(policy: Policy) -> list[Problem]:
     meta_ok = fixed_dev is not None and fixed_dev.type == "meta"
     meta_judged = not meta_ok and not offloaded
     texts: dict[tuple[Any, ...], tuple[str, str, tuple[str, ...]]] = {}  # meta problems: shapes repeat across layers
-    unloaded = _unloaded(policy) if meta_judged else {}
+    unloaded = policy.unloaded if meta_judged else {}
     for e, info in policy.canon:
         module = e.module
         if meta_judged and info.device == _META and info.role != "offloaded" and (module is not None or strict):
@@ -136,25 +136,6 @@ def judge(policy: Policy) -> list[Problem]:
             f"torchdoctor simulate ... --assume-device {where}", None, comp.path, type(comp.module).__name__,
             (f"{n} tensors",)))
     return problems
-
-
-def _unloaded(policy: Policy) -> dict[int, tuple[Any, int]]:
-    """Components whose parameters are all on meta (at least two): a model built without weights, one summary
-    each instead of a problem per tensor."""
-    counts: dict[int, list[Any]] = {}
-    const, cache, ctx = policy._const_ctx, policy._ctx_cache, policy.ctx
-    for e, info in policy.canon:
-        if info.role != "parameter" or e.module is None:
-            continue
-        comp = (const or cache.get(e.module_path) or ctx(e.module_path))[0]
-        if comp is None:
-            continue
-        c = counts.get(id(comp))
-        if c is None:
-            c = counts[id(comp)] = [comp, 0, 0]
-        c[1] += 1
-        c[2] += info.device == _META
-    return {k: (c[0], c[1]) for k, c in counts.items() if c[1] >= 2 and c[1] == c[2]}
 
 
 def _judge_entry(policy: Policy, e: Entry, meta_ok: bool = False, dtype_only: bool = False) -> Problem | None:

@@ -24,17 +24,13 @@ from torchdoctor._scan import apps, intent
 from torchdoctor._scan.casts import fp32_scopes, kept_fp32
 from torchdoctor._scan.intent import STORAGE_DTYPES, adapter_majority, packed_scale
 from torchdoctor._scan.judge import Decision, judge
+from torchdoctor._scan.tally import tally
 from torchdoctor._walk import Entry, Walk
 
 __all__ = ["Decision", "Policy", "STORAGE_DTYPES", "fp32_scopes", "packed_scale"]
 
-_META = torch.device("meta")
 _F32 = torch.float32
-_PARAM = nn.Parameter
-_OWN_ROLES = frozenset({"parameter", "buffer", "quant_state"})
 _ATTR_ROLES = frozenset({"attribute", "container"})
-_VOTABLE: dict[torch.dtype, bool] = {}  # dtype -> floating and not packed storage (dtypes are few)
-_SCALE_KEYS: dict[str, bool] = {}  # tensor name -> has "scale" in it (names repeat across layers)
 _PLAIN_TYPES: set[type] = set()  # module classes without fp32-kept names that are neither peft nor bitsandbytes
 
 
@@ -70,9 +66,9 @@ def _under(path: str, prefix: str) -> bool:
 class Policy:
     """Expectations for one walk: ``decide(entry)`` per tensor, ``judge()`` for the problems, ``components``."""
 
-    def __init__(self, w: Walk, device: torch.device | None, dtype: torch.dtype | None, strict: bool) -> None:
+    def __init__(self, w: Walk, device: torch.device | None, dtype: torch.dtype | None, strict: bool,
+                 summary: bool = False) -> None:
         self.w, self.device, self.dtype, self.strict = w, device, dtype, strict
-        self.canon = [(e, e.info()) for e in w.entries if e.alias_of is None]
         self.adapter_of: dict[str, tuple[str, str]] = {}  # tensor path -> (peft layer path, adapter name)
         self.base_device: dict[str, torch.device] = {}  # peft layer path -> its base layer's weight device
         self.fp32_prefixes: list[str] = []
@@ -82,8 +78,14 @@ class Policy:
         self.plain_root = not w.modules  # a batch, a state_dict, an optimizer: no module anywhere
         self.nonpersistent: set[str] = set()
         self.kbit = False
+        # filled by the one pass over the entries (``tally``): every row, the canonical (entry, row) pairs, the
+        # components with no loaded weight (id -> (component, parameters)), the summary groups when asked for
+        self.rows: list[Any] = []
+        self.canon: list[tuple[Entry, Any]] = []
+        self.unloaded: dict[int, tuple[Component, int]] = {}
+        self.groups: dict[tuple[torch.device, torch.dtype], list[int]] | None = None
         self._index_modules()
-        self._components()
+        self._components(summary)
         self._scopes: dict[int, list[tuple[str, list[str]]]] = {}
         self._adapter_dtypes: dict[tuple[str, str], torch.dtype] | None = None
         self._adapter_mixed: set[tuple[str, str]] = set()
@@ -121,14 +123,6 @@ class Policy:
             of, base = apps.network_adapters(w)
             self.adapter_of.update(of)
             self.base_device.update(base)
-        # fp32 beside bitsandbytes layers is on purpose only with the marks of peft's kbit preparation
-        self.kbit_prepared = kbit and intent.kbit_prepared(w.modules, [
-            e.tensor for e, info in self.canon if info.role == "parameter" and info.dtype.is_floating_point
-            and info.dtype not in STORAGE_DTYPES and not intent.packed_param(e.tensor) and info.path not in
-            self.adapter_of])
-        for e, info in self.canon:  # only a module holding buffers can have non-persistent ones
-            if info.role == "buffer" and e.key in (e.owner.__dict__.get("_non_persistent_buffers_set") or ()):
-                self.nonpersistent.add(info.path)
         for path, mod, hook in w.hooks:
             if w.module_paths.get(id(mod)) != path:
                 continue  # a shared module: judged at its first path
@@ -156,72 +150,19 @@ class Policy:
             if parts[0] != "base_layer" and len(parts) >= 2:
                 self.adapter_of[f"{path}.{pname}" if path else pname] = (path, parts[1])
 
-    def _components(self) -> None:
+    def _components(self, summary: bool) -> None:
         comps = [Component(path, mod, None, None) for path, mod in self.w.roots]
         comps.sort(key=lambda c: -len(c.path))
         self.components = comps
         self._ctx_cache: dict[str, tuple[Component | None, bool, torch.device | None]] = {}
         self._const_ctx = (comps[0], False, None) if len(comps) == 1 and not comps[0].path \
             and not self.fp32_prefixes and not self.hook_device and not self.offloaded else None
-        devs: list[dict[torch.device, list[Any]]] = [{} for _ in comps]  # -> [layers, tensors, bytes]
-        dts: list[dict[torch.dtype, list[Any]]] = [{} for _ in comps]
-        index = {id(c): i for i, c in enumerate(comps)}
-        adapters, nonpersistent, norms, votable = self.adapter_of, self.nonpersistent, intent._IS_NORM, _VOTABLE
-        const, cache, ctx, prefixes, kbit = self._const_ctx, self._ctx_cache, self.ctx, self.fp32_prefixes, self.kbit
-        scaled = _SCALE_KEYS
-        casting = self.casting
-        for e, info in self.canon:
-            role = info.role
-            if role != "parameter" and role != "buffer" or (casting and id(e.module) in casting):
-                continue
-            dt = info.dtype
-            ok = votable.get(dt)
-            if ok is None:
-                ok = votable[dt] = dt.is_floating_point and dt not in STORAGE_DTYPES
-            if not ok or not info.moved_by_module_to or (adapters and info.path in adapters):
-                continue
-            if type(e.tensor) is not _PARAM and intent.packed_param(e.tensor):
-                continue  # packed 4-bit data stored in a float dtype: no vote
-            comp, kept, _ = const or cache.get(e.module_path) or ctx(e.module_path)
-            if comp is None or kept or (dt == _F32 and prefixes and self._fp32_kept(e)):
-                continue
-            i = index[id(comp)]
-            # one vote per layer (module) holding compute weights (>= 2 dims), then tensors, then bytes: a single
-            # large tensor (an upcast tied embedding) cannot swing a component; vectors decide only where no layer does
-            layer = id(e.module) if len(info.shape) >= 2 and role == "parameter" else None
-            dev, nbytes = info.device, info.nbytes
-            if dev != _META:  # votes inlined: once or twice per tensor
-                table = devs[i]
-                v = table.get(dev)
-                if v is None:
-                    v = table[dev] = [set(), 0, 0]
-                if layer is not None:
-                    v[0].add(layer)
-                v[1] += 1
-                v[2] += nbytes
-            if nonpersistent and info.path in nonpersistent or (kbit and intent.follows_input(e)):
-                continue
-            key = e.key
-            if type(key) is str:
-                scale = scaled.get(key)
-                if scale is None:
-                    if len(scaled) > 4096:
-                        scaled.clear()
-                    scale = scaled[key] = "scale" in key.lower()
-                if scale and packed_scale(e):
-                    continue
-            if dt == _F32:
-                norm = norms.get(type(e.module))
-                if norm or (norm is None and intent.is_norm(e.module)):
-                    continue
-            dtable = dts[i]
-            v = dtable.get(dt)
-            if v is None:
-                v = dtable[dt] = [set(), 0, 0]
-            if layer is not None:
-                v[0].add(layer)
-            v[1] += 1
-            v[2] += nbytes
+        devs, dts = tally(self, summary)
+        # fp32 beside bitsandbytes layers is on purpose only with the marks of peft's kbit preparation
+        self.kbit_prepared = self.kbit and intent.kbit_prepared(self.w.modules, [
+            e.tensor for e, info in self.canon if info.role == "parameter" and info.dtype.is_floating_point
+            and info.dtype not in STORAGE_DTYPES and not intent.packed_param(e.tensor) and info.path not in
+            self.adapter_of])
         for i, c in enumerate(comps):
             hit = next(((p, d) for p, d in self.offloaded if _under(c.path, p)), None)
             if hit is not None:

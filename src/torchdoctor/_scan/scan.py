@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from torchdoctor._report.model import ScanReport, Target, summarize
+from torchdoctor._report.model import ScanReport, Target, summarize, summary_of
 from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._scan.optim import optimizer_problems
 from torchdoctor._scan.pipeline import pipeline_problems
@@ -55,13 +55,16 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     gc.disable()
     try:
         w = walk(obj)
-        policy = Policy(w, dev, dt, strict)
+        policy = Policy(w, dev, dt, strict, summary=True)
         problems = pipeline_problems(obj, policy) + _with_trace_notes(
             policy.judge() + optimizer_problems(obj, w), w) + list(w.problems)
-        rows = [e.info() for e in w.entries]
+        rows = policy.rows
         expected = {c.path: _expected_row(c) for c in reversed(policy.components)}
-        with torch._C.DisableTorchFunction():  # storage keys of real tensors, also inside a virtual-device run
-            summary = summarize(zip(rows, (_real(e.tensor) for e in w.entries)))
+        if policy.groups is not None:  # no storage to share: grouped in the policy's pass
+            summary = summary_of(policy.groups)
+        else:
+            with torch._C.DisableTorchFunction():  # storage keys of real tensors, also inside a virtual-device run
+                summary = summarize(zip(rows, (_real(e.tensor) for e in w.entries)))
         return ScanReport(
             tensors=tuple(rows),
             problems=tuple(problems),

@@ -1,0 +1,131 @@
+"""The one pass over a walk's entries that every policy makes: each entry's row (``TensorInfo``), the canonical
+entries, the non-persistent buffers, each component's votes (device and dtype), the components whose weights are
+all on meta, and, for scan, the summary by device and dtype when no tensor in it has a readable storage.
+
+scan ran six passes after the walk (rows, canon, non-persistent buffers, votes, unloaded components, summary);
+folding them into this loop is most of what makes a scan cost about what accelerate's own listing costs (issue 28).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchdoctor._scan import intent
+from torchdoctor._scan.intent import STORAGE_DTYPES, packed_scale
+
+# ``Policy`` (torchdoctor._scan.policy) calls in here; annotated ``Any`` so this module never imports the policy back.
+Policy = Any
+
+_META = torch.device("meta")
+_F32 = torch.float32
+_PARAM = nn.Parameter
+_TENSOR = torch.Tensor
+_VOTABLE: dict[torch.dtype, bool] = {}  # dtype -> floating and not packed storage (dtypes are few)
+_SCALE_KEYS: dict[str, bool] = {}  # tensor name -> has "scale" in it (names repeat across layers)
+
+
+def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[Any]]], list[dict[torch.dtype, list[Any]]]]:
+    """Fill ``policy.rows``, ``canon``, ``nonpersistent``, ``unloaded`` and (``summary``) ``groups``; return the
+    vote tables per component (device and dtype -> [layers, tensors, bytes]), in ``policy.components`` order."""
+    comps = policy.components
+    devs: list[dict[torch.device, list[Any]]] = [{} for _ in comps]
+    dts: list[dict[torch.dtype, list[Any]]] = [{} for _ in comps]
+    index = {id(c): i for i, c in enumerate(comps)}
+    counts: dict[int, list[Any]] = {}  # component -> [component, parameters, parameters on meta]
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] | None = {} if summary else None
+    rows: list[Any] = []
+    canon: list[tuple[Any, Any]] = []
+    adapters, nonpersistent, norms, votable = policy.adapter_of, policy.nonpersistent, intent._IS_NORM, _VOTABLE
+    const, cache, ctx, prefixes, kbit = policy._const_ctx, policy._ctx_cache, policy.ctx, policy.fp32_prefixes, \
+        policy.kbit
+    scaled, casting, add_row, add_canon = _SCALE_KEYS, policy.casting, rows.append, canon.append
+    for e in policy.w.entries:
+        info = e.info()
+        add_row(info)
+        if e.alias_of is not None:
+            continue
+        add_canon((e, info))
+        dev, dt = info.device, info.dtype
+        if groups is not None:
+            # a storage is counted once (tied weights, views): that needs its storage, read apart from any
+            # function mode (``ScanReport`` fills it in then); meta and virtual tensors have none to share
+            if dev == _META or hasattr(type(e.tensor), "_td_device"):
+                g = groups.get((dev, dt))
+                if g is None:
+                    g = groups[(dev, dt)] = [0, 0]
+                g[0] += 1
+                g[1] += info.nbytes
+            else:
+                groups = None
+        role = info.role
+        if role != "parameter":
+            if role != "buffer":
+                continue
+            if e.key in (e.owner.__dict__.get("_non_persistent_buffers_set") or ()):
+                nonpersistent.add(info.path)
+        if e.module is None:
+            continue
+        comp, kept, _ = const or cache.get(e.module_path) or ctx(e.module_path)
+        if comp is None:
+            continue
+        if role == "parameter":
+            c = counts.get(id(comp))
+            if c is None:
+                c = counts[id(comp)] = [comp, 0, 0]
+            c[1] += 1
+            c[2] += dev == _META
+        if casting and id(e.module) in casting:
+            continue
+        ok = votable.get(dt)
+        if ok is None:
+            ok = votable[dt] = dt.is_floating_point and dt not in STORAGE_DTYPES
+        if not ok or not info.moved_by_module_to or (adapters and info.path in adapters):
+            continue
+        if type(e.tensor) is not _PARAM and intent.packed_param(e.tensor):
+            continue  # packed 4-bit data stored in a float dtype: no vote
+        if kept or (dt == _F32 and prefixes and policy._fp32_kept(e)):
+            continue
+        i = index[id(comp)]
+        # one vote per layer (module) holding compute weights (>= 2 dims), then tensors, then bytes: a single
+        # large tensor (an upcast tied embedding) cannot swing a component; vectors decide only where no layer does
+        layer = id(e.module) if role == "parameter" and len(info.shape) >= 2 else None
+        nbytes = info.nbytes
+        if dev != _META:  # votes inlined: once or twice per tensor
+            table = devs[i]
+            v = table.get(dev)
+            if v is None:
+                v = table[dev] = [set(), 0, 0]
+            if layer is not None:
+                v[0].add(layer)
+            v[1] += 1
+            v[2] += nbytes
+        if nonpersistent and info.path in nonpersistent or (kbit and intent.follows_input(e)):
+            continue
+        key = e.key
+        if type(key) is str:
+            scale = scaled.get(key)
+            if scale is None:
+                if len(scaled) > 4096:
+                    scaled.clear()
+                scale = scaled[key] = "scale" in key.lower()
+            if scale and packed_scale(e):
+                continue
+        if dt == _F32:
+            norm = norms.get(type(e.module))
+            if norm or (norm is None and intent.is_norm(e.module)):
+                continue
+        dtable = dts[i]
+        v = dtable.get(dt)
+        if v is None:
+            v = dtable[dt] = [set(), 0, 0]
+        if layer is not None:
+            v[0].add(layer)
+        v[1] += 1
+        v[2] += nbytes
+    policy.rows, policy.canon, policy.groups = rows, canon, groups
+    # components whose parameters are all on meta (at least two): a model built without weights, one summary each
+    policy.unloaded = {k: (c[0], c[1]) for k, c in counts.items() if c[1] >= 2 and c[1] == c[2]}
+    return devs, dts
