@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from torchdoctor._move import optim as opt_state
 from torchdoctor._move import owners as q
 from torchdoctor._move.plan import Moved, MoveReport, _Plan, build
 from torchdoctor._move.undo import Outcome, UndoLog, Unit, compact_of, irreplaceable, owns_storage
@@ -112,8 +111,7 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     if dt is not None and not (dt.is_floating_point or dt.is_complex):
         raise TypeError(f"move casts floating-point tensors only: dtype must be a floating dtype, not {dt}")
     log = UndoLog(_mode(rollback))
-    opts = opt_state.optimizers(optimizer)
-    was = opt_state.before(opts)
+    opt_state, opts, was = _optimizers(optimizer)
     p = build(obj, dev, dt, keep_fp32)
     p.raise_refusals()
     done: list[Moved] = []
@@ -122,13 +120,16 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     try:
         swapped: dict[int, torch.Tensor] = {}
         total = _apply(p, log, done, cursor, non_blocking, swapped)
-        opt_state.rekey(opts, swapped, log, was)
-        for path, src, dst, nbytes in opt_state.apply(opt_state.plan(obj, opts, was), log, non_blocking):
-            cursor[0] = path
-            done.append(Moved(path, src, dst, nbytes))
-            total += nbytes
+        if opt_state is not None:
+            opt_state.rekey(opts, swapped, log, was)
+            for path, src, dst, nbytes in opt_state.apply(opt_state.plan(obj, opts, was), log, non_blocking):
+                cursor[0] = path
+                done.append(Moved(path, src, dst, nbytes))
+                total += nbytes
         cursor[0] = _VERIFYING
-        left = _verify(obj, dev, dt, keep_fp32) + opt_state.left_behind(obj, opts, was)
+        left = _verify(obj, dev, dt, keep_fp32)
+        if opt_state is not None:
+            left += opt_state.left_behind(obj, opts, was)
     except BaseException as exc:
         where = {_VERIFYING: "while verifying the result", "": "before the first tensor"}.get(cursor[0],
                                                                                              f"at {cursor[0]}")
@@ -161,6 +162,17 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
               " ".join(x for x in (device_str(dev) if dev is not None else None,
                                    dtype_str(dt) if dt is not None else None) if x), seconds)
     return MoveReport(tuple(done), dev, dt, kept=tuple(kept), storage_bytes=total, seconds=seconds)
+
+
+def _optimizers(optimizer: Any) -> tuple[Any, list[Any], dict[int, tuple[torch.device, torch.dtype]]]:
+    """(``_move.optim``, the optimizers, where their parameters were), or (None, [], {}) without any: the module is
+    imported when asked for, as the first ``move`` of a process pays every import (issue 28)."""
+    if optimizer is None:
+        return None, [], {}
+    from torchdoctor._move import optim
+
+    opts = optim.optimizers(optimizer)
+    return (optim, opts, optim.before(opts)) if opts else (None, [], {})
 
 
 def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blocking: bool,
@@ -251,10 +263,10 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def _verify(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep_fp32: bool) -> list[str]:
     """Paths left behind: a fresh plan must be empty, and scan must find nothing on another device or on meta."""
-    from torchdoctor._scan.scan import scan
-
     left = [str(s) for s in build(obj, device, dtype, keep_fp32).public()]
     if device is not None:
+        from torchdoctor._scan.scan import scan  # a cast alone never needs it: the first move stays cheaper
+
         for prob in scan(obj, device=device, strict=True).problems:
             if prob.kind in ("device", "meta") and not any(x.startswith(prob.path + "  ") for x in left):
                 left.append(f"{prob.path}  {prob.message}")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import torch
@@ -50,8 +51,38 @@ _NONE: list[Entry] = []  # a step without aliases (shared, never written to)
 _MUTABLE = (dict, list)
 
 
-@dataclass(frozen=True)
-class PlanStep:
+class _Frozen:
+    """Equality, hash and frozenness of a frozen dataclass, written once: ``@dataclass(frozen=True)`` compiles six
+    methods per class when the module is imported, and the first ``move`` of a process pays for it (issue 28).
+    The classes below stay dataclasses (``fields``, ``replace``, ``asdict`` work; tests/move/test_results.py)."""
+
+    _fields: tuple[str, ...] = ()
+
+    def _values(self) -> tuple[Any, ...]:
+        d = self.__dict__
+        return tuple(d[n] for n in self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return self._values() == other._values()  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._fields or "_fields" in type(self).__dict__:
+            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in self._fields or "_fields" in type(self).__dict__:
+            raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+        super().__delattr__(name)
+
+
+@dataclass(init=False, repr=False, eq=False)
+class PlanStep(_Frozen):
     """One thing ``move`` would do: ``path``, ``role``, ``found`` and ``expected`` (compact forms), ``via``.
 
     ``via``: ``param.data`` (same Parameter object), ``new parameter`` (a new object of the same class, where
@@ -63,6 +94,15 @@ class PlanStep:
     found: str
     expected: str
     via: str
+    _fields = ("path", "role", "found", "expected", "via")
+
+    def __init__(self, path: str, role: str, found: str, expected: str, via: str) -> None:
+        d = self.__dict__
+        d["path"], d["role"], d["found"], d["expected"], d["via"] = path, role, found, expected, via
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__qualname__}(path={self.path!r}, role={self.role!r}, found={self.found!r}, "
+                f"expected={self.expected!r}, via={self.via!r})")
 
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
@@ -82,8 +122,8 @@ class Moved(NamedTuple):
     nbytes: int
 
 
-@dataclass(frozen=True, repr=False)
-class MoveReport(HtmlMapMixin):
+@dataclass(init=False, repr=False, eq=False)
+class MoveReport(_Frozen, HtmlMapMixin):
     """What ``move`` did: ``moved`` rows (path, from, to, nbytes), ``kept`` (path, why not cast), ``storage_bytes``.
     ``device``/``dtype`` are torch objects here and strings in ``to_dict()``."""
 
@@ -94,14 +134,16 @@ class MoveReport(HtmlMapMixin):
     storage_bytes: int = 0
     seconds: float = 0.0
     problems: tuple[Any, ...] = ()
+    _fields = ("moved", "device", "dtype", "kept", "storage_bytes", "seconds", "problems")
 
-    def __post_init__(self) -> None:  # accept the strings and lists ``move`` builds it from
-        if isinstance(self.device, str):
-            object.__setattr__(self, "device", parse_device(self.device))
-        if isinstance(self.dtype, str):
-            object.__setattr__(self, "dtype", parse_dtype(self.dtype))
-        object.__setattr__(self, "moved", tuple(self.moved))
-        object.__setattr__(self, "kept", tuple(self.kept))
+    def __init__(self, moved: Iterable[Moved], device: torch.device | str | None, dtype: torch.dtype | str | None,
+                 kept: Iterable[tuple[str, str]] = (), storage_bytes: int = 0, seconds: float = 0.0,
+                 problems: tuple[Any, ...] = ()) -> None:
+        d = self.__dict__  # accepts the strings and lists ``move`` builds it from
+        d["moved"], d["kept"] = tuple(moved), tuple(kept)
+        d["device"] = parse_device(device) if isinstance(device, str) else device
+        d["dtype"] = parse_dtype(dtype) if isinstance(dtype, str) else dtype
+        d["storage_bytes"], d["seconds"], d["problems"] = storage_bytes, seconds, problems
 
     @property
     def ok(self) -> bool:
