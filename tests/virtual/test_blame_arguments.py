@@ -16,6 +16,13 @@ from torchdoctor import PlacementError
 pytest_plugins = ["pytester"]
 
 
+def _line_of(text: str) -> int:
+    """The line of this file that holds ``text`` (once): where a report must say a tensor was made."""
+    with open(__file__) as f:
+        [n] = [i for i, line in enumerate(f, 1) if text in line and "_line_of" not in line]
+    return n
+
+
 class _Extra(nn.Module):
     """A forward that reads a list passed by keyword (``model(x, extra=[t])``)."""
 
@@ -149,8 +156,9 @@ def test_an_argument_in_another_dtype_is_named_alike_by_guard_and_by_a_virtual_r
         model(torch.randn(2, 8, device="cuda:1"), proj=[weights[0].to("cuda:1")])
     [p] = sim.problems
     assert p.kind == "dtype" and p.found == "float64"
-    assert p.message.startswith("proj[0] (an argument of the Proj call) f64[8,8]@cuda:1 is float64 "), \
-        p.message
+    # moved onto the device in the block: the line that moved it is where the dtype can be fixed too
+    assert p.message.startswith("proj[0] (an argument of the Proj call, made by Tensor.to at "), p.message
+    assert ") f64[8,8]@cuda:1 is float64 " in p.message, p.message
     assert "kwarg proj[0]" in (sim.error().fix or "")
     with torchdoctor.virtual_devices("cuda:1", raise_on_exit=False) as quiet:
         model(torch.randn(2, 8, device="cuda:1"), proj=[weights[0].to("cuda:1", torch.float32)])
@@ -208,8 +216,10 @@ def test_a_float32_condition_into_a_float16_diffusers_unet_names_the_argument_no
             assert sim.ok, sim.problems
             continue
         assert sim.problems and all(p.kind == "dtype" and p.found == "float32" for p in sim.problems)
-        assert all("from encoder_hidden_states (an argument of the UNet2DConditionModel call)" in p.message
-                   for p in sim.problems), sim.problems[0].message
+        line = f"test_blame_arguments.py:{_line_of('encoder_hidden_states=cond.to(')}"
+        # the line that moved it onto the device is named: that is where its dtype is fixed too
+        assert all("from encoder_hidden_states (an argument of the UNet2DConditionModel call, made by Tensor.to at "
+                   in p.message and f"{line})" in p.message for p in sim.problems), sim.problems[0].message
         assert "# pass kwarg encoder_hidden_states as tensor.to(torch.float16)" in (sim.error().fix or "")
 
 
@@ -264,3 +274,24 @@ def test_the_marker_names_a_sequential_childs_tensor_by_its_path(pytester: pytes
     assert "device 0.bias f32[4]@cpu is on cpu when 0 (Linear) starts on cuda:1" in out, out
     assert "model[0].bias.data = model[0].bias.data.to('cuda:1')" in out, out
     assert "<root>" not in out, out
+
+
+def test_a_tensor_made_before_the_run_and_cast_in_the_block_names_that_line_and_gets_one_fix() -> None:
+    """``x.to(torch.float16)`` in the block, then passed still on cpu: the argument names the line that cast it, and
+    the fix moves and casts it in one ``.to`` (the dtype problem's fix was lost behind the device one)."""
+    x = torch.randn(2, 4)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    with torchdoctor.virtual_devices("cuda:0", raise_on_exit=False) as sim:
+        model.to("cuda:0")
+        y = x.to(torch.float16)  # the line the report names
+        model(y)
+    line = _line_of("y = x.to(torch.float16)  # the line")
+    assert sorted(p.kind for p in sim.problems) == ["device", "dtype"]
+    for p in sim.problems:
+        assert "(an argument of the Sequential call, made by Tensor.to at " in p.message, p.message
+        assert f"test_blame_arguments.py:{line})" in p.message, p.message
+    assert sim.error().fix == "# pass input 0 (input) as tensor.to('cuda:0', torch.float32)"
+    with torchdoctor.virtual_devices("cuda:0", raise_on_exit=False) as quiet:
+        model(x.to("cuda:0"))
+    assert quiet.ok, quiet.problems
+    assert x.device.type == "cpu" and x.dtype == torch.float32

@@ -40,7 +40,7 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
         except (ValueError, TypeError, RuntimeError):
             target = dtype if p.kind == "dtype" else device
         if p.role in _NAMED:
-            culprits.append((p.path, p.path, p.kind, target))
+            _add(culprits, p.path, p.path, p.kind, target)
             continue
         made_from = (sources or {}).get((p.kind, p.path, p.op or "", p.found), ())
         if made_from and made_from[0].startswith("factory "):
@@ -51,10 +51,8 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
             continue
         if made_from:  # fix the source: the tensor made from it follows
             for src in made_from:
-                if src not in named:
-                    named.add(src)
-                    culprits.append((None, src, p.kind, target) if src.startswith(("input ", "kwarg "))
-                                    else (src, src, p.kind, target))
+                named.add(src)
+                _add(culprits, None if src.startswith(("input ", "kwarg ")) else src, src, p.kind, target)
             continue
         if any(q.role in _NAMED and q.kind == p.kind and q.found == p.found for q in problems):
             continue  # a named culprit above holds this value: fixing it fixes what was made from it
@@ -96,6 +94,22 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
         lines.append(f"# still too large: it needs {m.found} on {m.path}, which has {m.expected.lstrip('<= ')}; load "
                      "it quantized (bitsandbytes) or offload (device_map='auto')")
     return "\n".join(line for line in lines if line) or f"torchdoctor.move(model, {device_str(device)!r})"
+
+
+def _add(culprits: list[tuple[str | None, str, str, Any]], path: str | None, label: str, kind: str,
+         target: Any) -> None:
+    """One culprit per tensor: a tensor wrong in device and in dtype gets one ``.to(device, dtype)``, not a move
+    that leaves the dtype wrong (the fix of its second problem)."""
+    for i, (p, lab, k, t) in enumerate(culprits):
+        if lab != label:
+            continue
+        have = t if isinstance(t, tuple) else (t,)
+        if kind == k or any(type(x) is type(target) for x in have):
+            return
+        both = tuple(sorted((*have, target), key=lambda v: isinstance(v, torch.dtype)))  # device first
+        culprits[i] = (p, lab, "device" if "device" in (k, kind) else k, both)
+        return
+    culprits.append((path, label, kind, target))
 
 
 _SAME_SIZE = {"bfloat16": "float16", "float16": "bfloat16", "float64": "float32"}

@@ -154,7 +154,9 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
             return Made(op, module, (cast._td_path,), 1)
         via = cast._td_origin
     if via is None:
-        return None
+        # outside the model, from tensors nothing recorded (made before the run): the user's line that made it, so
+        # `y = x.to(torch.float16)` in the block is found by file:line (inside modules this stays free)
+        return Made(str(op), None) if module is None and tensors else None
     if via.depth >= DEPTH:
         return via
     return Made(op, module, via=via, depth=via.depth + 1)

@@ -64,7 +64,18 @@ def move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: torc
     origin = getattr(t, "_td_origin", None)  # a cast keeps where the tensor came from (a factory call, the caller)
     if origin is not None:
         out._td_origin = origin
+    elif path is None:
+        _moved_in_block(space, out)
     return _placed(space, out)
+
+
+def _moved_in_block(space: Space, out: Any) -> Any:
+    """A tensor made before the run and moved or cast in the block outside any module: the user's line that did it
+    names it (``made by Tensor.to at app.py:7``), where nothing else would."""
+    if isinstance(out, VirtualTensor) and out._td_origin is None and out._td_path is None and \
+            space.hooks.running() is None:
+        out._td_origin = Made("Tensor.to", None)
+    return out
 
 
 def _placed(space: Space, out: Any) -> Any:
@@ -90,7 +101,7 @@ def _to(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         device, dtype, _, memory_format = torch._C._nn._parse_to(*rest, **kw)
         device = space.norm(device) if device is not None else None
     if not isinstance(self, VirtualTensor) and (device is None or not is_virtual(device)):
-        return _own(func(*args, **kwargs), space, None)
+        return _moved_in_block(space, _own(func(*args, **kwargs), space, None))
     return move(space, self, device, dtype, memory_format, copy)
 
 
@@ -100,7 +111,7 @@ def _to_kind(kind: str) -> Callable[..., Any]:
         target = _CPU if kind == "cpu" else torch.device(kind, dev) if isinstance(dev, int) \
             else space.norm(kind if dev is None else dev)
         if not isinstance(args[0], VirtualTensor) and not is_virtual(target):
-            return _own(func(*args, **kwargs), space, None)
+            return _moved_in_block(space, _own(func(*args, **kwargs), space, None))
         return move(space, args[0], target, None, kwargs.get("memory_format"))
 
     return handler
