@@ -228,11 +228,13 @@ def explain_rows(n: int) -> None:
     for label, unit in (("' ' * N", " "), ("anchor line repeated", "Expected all tensors to be on the same device, "
                                                                    "but found at least two devices, cuda:0 and \n")):
         small, big = (unit * (size // len(unit)) for size in (1_000_000, 4_000_000))
-        per_mb = pairs(lambda: ex.explain(big), lambda: ex.explain(small), n, warm=0)
+        # each pair is 0.2-1 s of per-line Python work: on a shared 2-core machine one pair swings +-40 %, so
+        # these rows take at least 9 pairs after a warm one
+        per_mb = pairs(lambda: ex.explain(big), lambda: ex.explain(small), max(n, 9), warm=1)
         per_mb.update(ratio=per_mb["ratio"] / 4, lo=per_mb["lo"] / 4, hi=per_mb["hi"] / 4,
                       ours=per_mb["ours"] / 4, anchor=per_mb["anchor"])
         row(f"explain, adversarial {label}: time per MB at 4 MB", "at 1 MB", per_mb, 1.3,
-            note="not linear")
+            note="not linear (time per MB grows with the input)")
 
 
 def move_rows(n: int) -> None:
