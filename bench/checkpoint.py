@@ -115,9 +115,10 @@ def main() -> None:
 
 
 def cli(opts: argparse.Namespace) -> None:
-    """The pre-commit hook's cost: ``torchdoctor scan model.safetensors`` and a 1 MB legacy pickle (3,000 tensors)
-    as whole processes, interleaved with ``python -c "import torch"`` (the anchor), ``--repeat`` rounds; medians of
-    wall time and of the child's CPU time (user + system, what ``bench/table.py`` reads). Twice: compiling
+    """The pre-commit hook's cost: ``torchdoctor scan model.safetensors``, a 1 MB legacy pickle (3,000 tensors) and
+    the same state dict in the zip form, as whole processes interleaved with ``python -c "import torch"`` (the
+    anchor), ``--repeat`` rounds; medians of wall time and of the child's CPU time (user + system, what
+    ``bench/table.py`` reads). Twice: compiling
     torchdoctor's modules every time (``PYTHONDONTWRITEBYTECODE=1`` and no cache, as in this workplace), and with
     bytecode cached after one warm-up run (as an installed wheel runs: pip writes the ``.pyc`` files)."""
     import subprocess
@@ -137,6 +138,9 @@ def cli(opts: argparse.Namespace) -> None:
         pkl = os.path.join(tmp, "onemb.pt")
         subprocess.run([sys.executable, "-c", "import torch, sys; torch.save({f'l{i}.w': torch.zeros(64) for i in "
                         "range(3000)}, sys.argv[1], _use_new_zipfile_serialization=False)", pkl], check=True)
+        pkz = os.path.join(tmp, "onemb_zip.pt")  # the same state dict in torch.save's zip form
+        subprocess.run([sys.executable, "-c", "import torch, sys; torch.save({f'l{i}.w': torch.zeros(64) for i in "
+                        "range(3000)}, sys.argv[1])", pkz], check=True)
         modes = {"no bytecode": {**base, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": os.path.join(tmp, "src-compiled")},
                  "bytecode": {**base, "PYTHONPATH": os.path.join(tmp, "src-cached")}}
 
@@ -149,7 +153,9 @@ def cli(opts: argparse.Namespace) -> None:
         cmds = {"import torch": [sys.executable, "-c", "import torch"],
                 "scan model.safetensors": [sys.executable, "-m", "torchdoctor", "scan", st],
                 f"scan onemb.pt ({os.path.getsize(pkl) / 1e6:.2f} MB legacy, 3,000 tensors)":
-                    [sys.executable, "-m", "torchdoctor", "scan", pkl]}
+                    [sys.executable, "-m", "torchdoctor", "scan", pkl],
+                f"scan onemb_zip.pt ({os.path.getsize(pkz) / 1e6:.2f} MB zip, the same 3,000 tensors)":
+                    [sys.executable, "-m", "torchdoctor", "scan", pkz]}
         for cmd in cmds.values():  # warm-up: writes the bytecode cache of the "bytecode" mode
             run(cmd, modes["bytecode"])
         wall: dict[tuple[str, str], list[float]] = {}
