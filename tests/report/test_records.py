@@ -119,3 +119,16 @@ def test_scan_report_behaves_as_generated():
                                                                 "summary", "extra", "verb"]
     assert pickle.loads(pickle.dumps(r1)) == r1
     assert repr(r1).startswith("<ScanReport") or "ScanReport" in repr(r1)
+
+
+def test_relocation_behaves_as_generated():
+    from torchdoctor._report.order import Relocation
+
+    twin = _twin(Relocation, True)
+    args = ("unet", "cpu", "cuda:0", ("a", "b"), "bfloat16", "float32")
+    a, ta = Relocation(*args), twin(*args)
+    assert repr(a) == repr(ta) and a == Relocation(*args) and hash(a) == hash(Relocation(*args))
+    assert dataclasses.replace(a, members=("a",)) == Relocation("unet", "cpu", "cuda:0", ("a",), "bfloat16", "float32")
+    assert Relocation("u", "cpu", "cuda:0", ()).dtype == "" and a.__eq__(ta) is NotImplemented
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.found = "x"  # type: ignore[misc]

@@ -30,7 +30,7 @@ from torchdoctor._walk import Entry
 _CASTS: dict[type, tuple[str, ...] | None] = {}  # class -> attributes that switch per-call casting on (() = always)
 _READS: dict[type, frozenset[str]] = {}  # class -> every attribute name its code reads
 _TABLES: dict[type, bool] = {}  # class -> no forward of its own
-_CAST_CALL = re.compile(r"\b\w*cast\w*\(\s*self\b|self\.(?:weight|bias)\s*\.\s*to\(")
+_CAST_CALL = r"\b\w*cast\w*\(\s*self\b|self\.(?:weight|bias)\s*\.\s*to\("  # compiled by re at first use
 _NO_FORWARD = nn.Module.forward
 
 
@@ -72,7 +72,7 @@ def cast_conditions(tp: type) -> tuple[str, ...] | None:
 
     def casts(node: ast.AST) -> bool:
         seg = ast.get_source_segment(src, node) or ""
-        return bool(_CAST_CALL.search(seg)) or any(
+        return bool(re.search(_CAST_CALL, seg)) or any(
             isinstance(c, ast.Attribute) and isinstance(c.value, ast.Name) and c.value.id == "self"
             and c.attr in casting for c in ast.walk(node))
 
@@ -96,7 +96,7 @@ def _casts_in(tp: type, name: str) -> bool:
     if not isinstance(fn, types.FunctionType):
         return False
     try:
-        return bool(_CAST_CALL.search(inspect.getsource(fn)))
+        return bool(re.search(_CAST_CALL, inspect.getsource(fn)))
     except (OSError, TypeError):
         return False
 
@@ -168,7 +168,7 @@ def backup_copy(e: Entry) -> bool:
     parameters, that the module's code never reads: a copy a LoRA patcher keeps to restore the weight (SD.Next
     ``network_weights_backup``). An unread attribute with another name may still be read by a parent's code."""
     mod, key, t = e.module, e.key, e.tensor
-    if mod is None or e.owner is not mod or not isinstance(key, str) or not BACKUP_NAME.search(key) \
+    if mod is None or e.owner is not mod or not isinstance(key, str) or not re.search(BACKUP_NAME, key) \
             or key in reads(type(mod)):
         return False
     shape = t.shape

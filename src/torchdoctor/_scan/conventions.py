@@ -6,7 +6,6 @@ mechanisms (layers that cast per call, schedule tables, weight backups, forward-
 
 from __future__ import annotations
 
-import re
 from typing import NamedTuple
 
 
@@ -32,6 +31,6 @@ TABLE: tuple[Convention, ...] = (
 # names LoRA patchers give the weight copies they keep on a module (SD.Next ``network_weights_backup`` /
 # ``network_bias_backup``, modules/lora/lora_apply.py at 058a7f0): with the mechanism (shaped like a parameter, never
 # read by the module's code) they mark a backup
-BACKUP_NAME = re.compile(r"backup|(^|_)orig(inal)?_(weight|bias)")
+BACKUP_NAME = r"backup|(^|_)orig(inal)?_(weight|bias)"  # a pattern: re compiles it at first use
 
 __all__ = ["BACKUP_NAME", "Convention", "TABLE"]

@@ -31,7 +31,8 @@ LOW_PRECISION = frozenset({torch.float16, torch.bfloat16})
 _OFFLOAD_HOOKS = frozenset({"CpuOffload", "UserCpuOffloadHook"})
 # Plain attributes real libraries keep on the construction device and move at use (transformers' rotary
 # ``original_inv_freq`` before it became a buffer: ``dynamic_rope_update`` calls ``.to(device)`` on it).
-_MOVED_AT_USE = re.compile(r"(^|_)original_inv_freq$")
+# (patterns are kept as text: ``re`` compiles and caches one at its first use, not at every import)
+_MOVED_AT_USE = r"(^|_)original_inv_freq$"
 
 _IS_NORM: dict[type, bool] = {}
 _TYPE_FACTS: dict[type, tuple[tuple[str, ...], bool]] = {}
@@ -253,7 +254,7 @@ def bnb_type(tp: type) -> bool:
 def self_managed(module: nn.Module, name: str) -> bool:
     """The module's own code moves or rebuilds attribute ``name`` when it runs (``self.pe = self.pe.to(x.device)``,
     a cache rebuilt when the input's device or dtype changes), so where it sits between calls is intended."""
-    if _MOVED_AT_USE.search(name):
+    if re.search(_MOVED_AT_USE, name):
         return True
     tp = type(module)
     names = _SELF_MANAGED.get(tp)
@@ -263,9 +264,9 @@ def self_managed(module: nn.Module, name: str) -> bool:
 
 
 # ``self.x.to(`` / ``self.x.type_as(`` / ``self.x.cuda(`` ... at use, or ``self.x = ...`` outside __init__.
-_MOVED = re.compile(r"self\.(\w+)\s*(?:\[[^\]]*\]\s*)?\.(?:to|type_as|cuda|cpu|xpu|half|float|bfloat16|double)\s*\(")
-_ASSIGNED = re.compile(r"self\.(\w+)\s*=(?!=)")
-_DEF = re.compile(r"^\s*def\s+(\w+)", re.M)
+_MOVED = r"self\.(\w+)\s*(?:\[[^\]]*\]\s*)?\.(?:to|type_as|cuda|cpu|xpu|half|float|bfloat16|double)\s*\("
+_ASSIGNED = r"self\.(\w+)\s*=(?!=)"
+_DEF = r"(?m)^\s*def\s+(\w+)"
 
 
 def _managed_names(tp: type) -> frozenset[str]:
@@ -278,14 +279,14 @@ def _managed_names(tp: type) -> frozenset[str]:
             source = inspect.getsource(klass)
         except (OSError, TypeError):
             continue
-        names.update(_MOVED.findall(source))
+        names.update(re.findall(_MOVED, source))
         # an assignment outside __init__ rebuilds the attribute at run time, but only a rebuild that looks at
         # the attribute's device or dtype follows the input (a cache built once on the first forward does not)
-        parts = _DEF.split(source)
+        parts = re.split(_DEF, source)
         for i in range(1, len(parts) - 1, 2):
             if parts[i] != "__init__":
                 body = parts[i + 1]
-                names.update(n for n in _ASSIGNED.findall(body)
+                names.update(n for n in re.findall(_ASSIGNED, body)
                              if re.search(rf"self\.{n}\s*\.\s*(?:device|dtype|is_cuda)\b", body))
     return frozenset(names)
 
