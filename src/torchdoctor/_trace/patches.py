@@ -109,6 +109,9 @@ def _run(via: str, name: str, adopt: bool, args: Sequence[Any], orig: Callable[.
 
 
 def _touch(st: _ThreadState, call: Call, args: Sequence[Any], adopt: bool) -> None:
+    covered = call.covered
+    if covered and all(id(s) in covered for s in SESSIONS):
+        return  # inside a whole-model .to(): every submodule's _apply and .data = lands here, nothing to add
     st.busy = True
     try:
         cands = tuple(args[:_MAX_CANDIDATES])

@@ -301,14 +301,22 @@ class Session:
         now = time.time()
         lora_call = any(w in label[1].lower() for w in _LORA_WORDS)
         thread = this_thread()
+        names: dict[Any, str] = {}  # device / dtype -> its string: a whole-model .to() repeats two of each
+
+        def name(x: Any, fn: Callable[[Any], str]) -> str:
+            text = names.get(x)
+            if text is None:
+                text = names[x] = fn(x)
+            return text
+
         for kind, path, b, a in changes:
             t = a[0]() if a is not None else b[0]()
             rec = TraceRecord(
                 path=path, kind=kind,
-                from_device=device_str(b[2]) if b is not None else None,
-                from_dtype=dtype_str(b[3]) if b is not None else None,
-                to_device=device_str(a[2]) if a is not None else None,
-                to_dtype=dtype_str(a[3]) if a is not None else None,
+                from_device=name(b[2], device_str) if b is not None else None,
+                from_dtype=name(b[3], dtype_str) if b is not None else None,
+                to_device=name(a[2], device_str) if a is not None else None,
+                to_dtype=name(a[3], dtype_str) if a is not None else None,
                 call=label[0], qualname=label[1], via=via, file=file, line=line, time=now, root=root.label,
                 shape=tuple(t.shape) if t is not None else None,
                 lora=lora_call or "lora_" in path, thread=thread)
