@@ -170,7 +170,7 @@ def scan_rows(n: int) -> None:
 
         row(f"scan {size.upper()} on meta", "accelerate named_module_tensors + find_tied_parameters",
             pairs(lambda: torchdoctor.scan(model), acc, max(n, 15), warm=2), 1.0,
-            note="scan builds a row and a Problem per tensor (all 293/725 are meta problems) and votes per layer")
+            note="the walk is ~0.6x of accelerate; rows, votes and judging cost ~4 us per tensor in Python")
         del model
 
 

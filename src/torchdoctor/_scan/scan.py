@@ -16,10 +16,6 @@ import torch
 
 from torchdoctor._report.model import ScanReport, Target, summarize, summary_of
 from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype
-from torchdoctor._scan.optim import optimizer_problems
-from torchdoctor._scan.pipeline import pipeline_problems
-from torchdoctor._scan.policy import Policy
-from torchdoctor._walk import walk
 
 log = logging.getLogger("torchdoctor.scan")
 
@@ -49,6 +45,12 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
         from torchdoctor._checkpoint.scan import scan_checkpoint
 
         return scan_checkpoint(obj, device=dev, dtype=dt)
+    # imported past the path branch: a checkpoint's first scan never pays for the object machinery
+    from torchdoctor._scan.optim import optimizer_problems
+    from torchdoctor._scan.pipeline import pipeline_problems
+    from torchdoctor._scan.policy import Policy
+    from torchdoctor._walk import walk
+
     # Every object scan allocates (entries, rows, problems) survives into the report; pausing the cyclic GC
     # (restored after, as the checkpoint reader does) keeps a collection of the user's whole heap out of the scan.
     gc_was_enabled = gc.isenabled()
