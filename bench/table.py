@@ -244,21 +244,22 @@ def explain_rows(n: int) -> None:
 
 def move_rows(n: int) -> None:
     mv = bench_module("move")
-    models = {v: mv.build() for v in ("Module.to", "move")}
-    for v, m in models.items():  # first-touch page faults and allocator growth are not part of a warm cast
-        mv.cast(v, m)
-        m.to(torch.float32)
+    model = mv.build()  # one instance for both: two instances of the same model differ by about 1.5 %
+    for v in ("Module.to", "move"):  # first-touch page faults and allocator growth are not part of a warm cast
+        mv.cast(v, model)
+        model.to(torch.float32)
     a: list[float] = []
     b: list[float] = []
-    for i in range(max(n, 9)):
+    for i in range(max(n, 15)):
         for v, out in (("move", a), ("Module.to", b)) if i % 2 == 0 else (("Module.to", b), ("move", a)):
             t = time.process_time()
-            mv.cast(v, models[v])
+            mv.cast(v, model)
             out.append(time.process_time() - t)
-            models[v].to(torch.float32)  # untimed: back to fp32 for the next pair
+            model.to(torch.float32)  # untimed: back to fp32 for the next pair
     row("move GPT-2 110M to bf16, warm", "Module.to", summary(a, b), 1.05,
-        note="warm casts are 15-50 ms; move's walk + plan + verify is about 2 ms of fixed cost")
-    del models
+        note="move's Python overhead is ~9 ms per cast (a walk, a policy and cast_target for the plan, the same "
+             "again to verify, the undo log); x1.07 with torch on one thread, more with two")
+    del model
     first_call("move_cast", "move")  # writes the bytecode cache
     a: list[float] = []
     b: list[float] = []
@@ -359,7 +360,7 @@ def trace_row(n: int) -> None:
     cast()
     traced: list[float] = []
     plain: list[float] = []
-    for i in range(max(n, 15)):
+    for i in range(max(n, 30)):  # under 5 % needs many pairs on a shared machine
         for on in (True, False) if i % 2 == 0 else (False, True):
             tr = torchdoctor.trace(model) if on else None
             if tr is not None:
@@ -373,7 +374,8 @@ def trace_row(n: int) -> None:
                     tr.__exit__(None, None, None)
     nparams = sum(p.numel() for p in model.parameters()) / 1e6
     row(f"trace on, .to(bf16) + back of a {nparams:.0f}M Llama shape", "untraced", summary(traced, plain), 1.05,
-        note="each traced call walks the model twice")
+        note="each traced call walks the model before and after it (~11 ms a pair on meta): a change made where "
+             "the trace cannot see is only caught by the walk")
 
 
 def main() -> int:
