@@ -41,6 +41,7 @@ from torchdoctor._scan.policy import Policy
 from torchdoctor._report.model import PlacementError, Target
 from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype, same_device
 from torchdoctor._report.html import HtmlMapMixin
+from torchdoctor._report.records import FrozenRecord
 from torchdoctor._report.text import format_error, human_bytes, schema, public_types
 from torchdoctor._walk import Entry, walk
 
@@ -51,38 +52,8 @@ _NONE: list[Entry] = []  # a step without aliases (shared, never written to)
 _MUTABLE = (dict, list)
 
 
-class _Frozen:
-    """Equality, hash and frozenness of a frozen dataclass, written once: ``@dataclass(frozen=True)`` compiles six
-    methods per class when the module is imported, and the first ``move`` of a process pays for it (issue 28).
-    The classes below stay dataclasses (``fields``, ``replace``, ``asdict`` work; tests/move/test_results.py)."""
-
-    _fields: tuple[str, ...] = ()
-
-    def _values(self) -> tuple[Any, ...]:
-        d = self.__dict__
-        return tuple(d[n] for n in self._fields)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is self.__class__:
-            return self._values() == other._values()  # type: ignore[attr-defined]
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._values())
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self._fields or "_fields" in type(self).__dict__:
-            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
-        super().__setattr__(name, value)
-
-    def __delattr__(self, name: str) -> None:
-        if name in self._fields or "_fields" in type(self).__dict__:
-            raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
-        super().__delattr__(name)
-
-
 @dataclass(init=False, repr=False, eq=False)
-class PlanStep(_Frozen):
+class PlanStep(FrozenRecord):
     """One thing ``move`` would do: ``path``, ``role``, ``found`` and ``expected`` (compact forms), ``via``.
 
     ``via``: ``param.data`` (same Parameter object), ``new parameter`` (a new object of the same class, where
@@ -99,10 +70,6 @@ class PlanStep(_Frozen):
     def __init__(self, path: str, role: str, found: str, expected: str, via: str) -> None:
         d = self.__dict__
         d["path"], d["role"], d["found"], d["expected"], d["via"] = path, role, found, expected, via
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__qualname__}(path={self.path!r}, role={self.role!r}, found={self.found!r}, "
-                f"expected={self.expected!r}, via={self.via!r})")
 
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
@@ -123,7 +90,7 @@ class Moved(NamedTuple):
 
 
 @dataclass(init=False, repr=False, eq=False)
-class MoveReport(_Frozen, HtmlMapMixin):
+class MoveReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the record's equality
     """What ``move`` did: ``moved`` rows (path, from, to, nbytes), ``kept`` (path, why not cast), ``storage_bytes``.
     ``device``/``dtype`` are torch objects here and strings in ``to_dict()``."""
 

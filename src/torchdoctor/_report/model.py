@@ -16,6 +16,7 @@ import torch
 from torchdoctor._placement import compact, device_str, dtype_str
 from torchdoctor._report.html import HtmlMapMixin
 from torchdoctor._report.order import render_relocations, split_relocations, with_whence
+from torchdoctor._report.records import FrozenRecord, record_repr
 from torchdoctor._report.text import human_bytes, render_problems, schema
 from torchdoctor._report.text import public_types
 
@@ -25,25 +26,15 @@ _COMPACT: dict[tuple[Any, ...], str] = {}  # (dtype, shape, device) -> compact f
 _MISSING: Any = object()  # an argument not passed (a default_factory field gets a new dict)
 
 
-def _repr(obj: Any) -> str:
-    """``Name(field=value, ...)`` over the dataclass fields, as the generated ``__repr__`` wrote it."""
-    names = obj.__dataclass_fields__
-    return f"{obj.__class__.__qualname__}(" + ", ".join(f"{n}={getattr(obj, n)!r}" for n in names) + ")"
-
-
 ROLES = ("parameter", "buffer", "attribute", "quant_state", "subclass_inner", "container", "offloaded")
 KINDS = ("device", "dtype", "meta", "saved_device", "quant_incomplete", "unsafe_global", "unsupported_dtype",
          "unsupported_op", "truncated", "unsupported", "lost_precision", "not_restored", "memory")
 
 
-
-
-# The public result types stay dataclasses (``dataclasses.fields`` / ``replace`` are API) but write their own
-# ``__init__``, ``__repr__``, ``__eq__`` and ``__hash__``: the decorator compiles each generated method with exec,
-# about a millisecond apiece, and the first scan of a process paid that for every type (issue 28). What they do is
-# what the generated ones did (pinned by tests/report/test_records.py).
-@dataclass(frozen=True, init=False, repr=False, eq=False)
-class TensorInfo:
+# The public result types are frozen records (torchdoctor._report.records): dataclasses (``fields`` / ``replace``
+# are API) whose methods are written once instead of compiled per class at import.
+@dataclass(init=False, repr=False, eq=False)
+class TensorInfo(FrozenRecord):
     """One tensor reachable from an object, at one path."""
 
     path: str
@@ -54,6 +45,7 @@ class TensorInfo:
     nbytes: int
     moved_by_module_to: bool
     alias_of: str | None = None
+    _fields = ("path", "role", "device", "dtype", "shape", "nbytes", "moved_by_module_to", "alias_of")
 
     def __init__(self, path: str, role: str, device: torch.device, dtype: torch.dtype, shape: tuple[int, ...],
                  nbytes: int, moved_by_module_to: bool, alias_of: str | None = None) -> None:
@@ -68,21 +60,6 @@ class TensorInfo:
         d["nbytes"] = nbytes
         d["moved_by_module_to"] = moved_by_module_to
         d["alias_of"] = alias_of
-
-    def _key(self) -> tuple[Any, ...]:
-        return (self.path, self.role, self.device, self.dtype, self.shape, self.nbytes, self.moved_by_module_to,
-                self.alias_of)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is self.__class__:
-            return self._key() == other._key()  # type: ignore[attr-defined]
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return _repr(self)
 
     @property
     def compact(self) -> str:
@@ -120,8 +97,8 @@ class TensorInfo:
         )
 
 
-@dataclass(frozen=True, init=False, repr=False, eq=False)
-class Problem:
+@dataclass(init=False, repr=False, eq=False)
+class Problem(FrozenRecord):
     """One finding. ``found`` / ``expected`` are short strings (``cuda:0``, ``bfloat16``, compact forms)."""
 
     kind: str
@@ -134,6 +111,7 @@ class Problem:
     module_path: str | None = None
     module_type: str | None = None
     tensors: tuple[str, ...] = ()
+    _fields = ("kind", "path", "role", "found", "expected", "message", "op", "module_path", "module_type", "tensors")
 
     def __init__(self, kind: str, path: str, role: str, found: str, expected: str, message: str, op: str | None = None,
                  module_path: str | None = None, module_type: str | None = None, tensors: tuple[str, ...] = ()) -> None:
@@ -149,21 +127,6 @@ class Problem:
         d["module_path"] = module_path
         d["module_type"] = module_type
         d["tensors"] = tensors
-
-    def _key(self) -> tuple[Any, ...]:
-        return (self.kind, self.path, self.role, self.found, self.expected, self.message, self.op, self.module_path,
-                self.module_type, self.tensors)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is self.__class__:
-            return self._key() == other._key()  # type: ignore[attr-defined]
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return _repr(self)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -226,7 +189,7 @@ class Target:
     __hash__ = None  # type: ignore[assignment]  # mutable and compared by value, as the generated class was
 
     def __repr__(self) -> str:
-        return _repr(self)
+        return record_repr(self, self.__dataclass_fields__)
 
 
 public_types(Target)
@@ -242,8 +205,8 @@ def _storage_key(info: TensorInfo, tensor: torch.Tensor | None) -> Any:
         return None
 
 
-@dataclass(frozen=True, init=False, repr=False, eq=False)
-class ScanReport(HtmlMapMixin):
+@dataclass(init=False, repr=False, eq=False)
+class ScanReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the record's equality
     """What ``scan`` found: ``.ok``, ``.problems``, ``.tensors`` (one row per path), ``.summary``, ``.to_dict()``,
     ``.to_html()`` (the device map; shown by notebooks through ``_repr_html_``).
 
@@ -261,6 +224,7 @@ class ScanReport(HtmlMapMixin):
     summary: tuple[dict[str, Any], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
     verb: str = "scan"
+    _fields = ("tensors", "problems", "expected", "source", "truncated", "summary", "extra", "verb")
 
     def __init__(self, tensors: tuple[TensorInfo, ...], problems: tuple[Problem, ...], expected: Any = _MISSING,
                  source: str | None = None, truncated: bool = False, summary: tuple[dict[str, Any], ...] = (),
@@ -274,18 +238,6 @@ class ScanReport(HtmlMapMixin):
         d["summary"] = summary
         d["extra"] = {} if extra is _MISSING else extra
         d["verb"] = verb
-
-    def _key(self) -> tuple[Any, ...]:
-        return (self.tensors, self.problems, self.expected, self.source, self.truncated, self.summary, self.extra,
-                self.verb)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is self.__class__:
-            return self._key() == other._key()  # type: ignore[attr-defined]
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._key())
 
     @property
     def ok(self) -> bool:

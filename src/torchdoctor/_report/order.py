@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from torchdoctor._report.records import FrozenRecord
 from torchdoctor._report.text import _get, code_path
 
 ASKED_RULES = frozenset({"explicit", "config", "env", "profile", "argument"})  # expectations the user set
@@ -43,10 +44,8 @@ def with_whence(expected: Mapping[str, Mapping[str, Any]] | None) -> dict[str, d
     return out
 
 
-# a dataclass (``replace``/``fields`` work on it) whose methods are written out: the decorator compiles generated ones
-# at import, which the first scan of a process paid (issue 28); they do what the generated ones did
-@dataclass(frozen=True, init=False, repr=False, eq=False)
-class Relocation:
+@dataclass(init=False, repr=False, eq=False)  # a frozen record (torchdoctor._report.records)
+class Relocation(FrozenRecord):
     """Tensors of one component that sit, with the component, on ``found`` while the user asked for
     ``expected``: one ``.to()`` of the component fixes them all (nothing in the model itself is wrong). ``dtype``:
     the dtype asked for when the whole component is in another one (``from_dtype``): the same ``.to()`` casts it."""
@@ -57,27 +56,13 @@ class Relocation:
     members: tuple[Any, ...]
     dtype: str = ""
     from_dtype: str = ""
+    _fields = ("component", "found", "expected", "members", "dtype", "from_dtype")
 
     def __init__(self, component: str, found: str, expected: str, members: tuple[Any, ...], dtype: str = "",
                  from_dtype: str = "") -> None:
         d = self.__dict__  # frozen: past __setattr__, as the generated __init__ stored them
         d["component"], d["found"], d["expected"], d["members"] = component, found, expected, members
         d["dtype"], d["from_dtype"] = dtype, from_dtype
-
-    def _key(self) -> tuple[Any, ...]:
-        return (self.component, self.found, self.expected, self.members, self.dtype, self.from_dtype)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is self.__class__:
-            return self._key() == other._key()  # type: ignore[attr-defined]
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return f"{self.__class__.__qualname__}(" + ", ".join(
-            f"{n}={v!r}" for n, v in zip(self.__dataclass_fields__, self._key())) + ")"
 
     def fix(self, var: str = "model") -> str:
         cast = f", torch.{self.dtype}" if self.dtype else ""
