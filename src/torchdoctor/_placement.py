@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -195,6 +196,22 @@ def compact(dtype: torch.dtype | None, shape: Sequence[int] | None, device: torc
     >>> compact(torch.float32, (), "cpu")
     'f32[]@cpu'
     """
+    key = (dtype, shape, device)
+    try:
+        text = _COMPACT.get(key)
+    except TypeError:  # a list shape or symbolic sizes do not hash
+        return _compact(dtype, shape, device)
+    if text is None:  # layers repeat their shapes: scan, move and every message ask for the same few forms
+        if len(_COMPACT) > 8192:
+            _COMPACT.clear()
+        text = _COMPACT[key] = _compact(dtype, shape, device)
+    return text
+
+
+_COMPACT: dict[tuple[Any, ...], str] = {}
+
+
+def _compact(dtype: torch.dtype | None, shape: Sequence[int] | None, device: torch.device | str | None) -> str:
     short = _DTYPE_SHORT.get(dtype, dtype_str(dtype)) if dtype is not None else "?"  # type: ignore[arg-type]
     dims = "" if shape is None else ",".join(map(str, shape))
     return f"{short}[{dims}]@{device_str(device)}"

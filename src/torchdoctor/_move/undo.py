@@ -44,25 +44,13 @@ def _storage_id(t: torch.Tensor) -> int | None:
         return None
 
 
-_COMPACT: dict[tuple[Any, ...], str] = {}  # (dtype, shape, device) -> compact form: layers repeat their shapes
-
-
 def compact_of(t: torch.Tensor) -> str:
     """``bf16[4,4]@cpu`` for any tensor form (nested tensors have no sizes: ragged dimensions show as -1)."""
     try:
         shape = tuple(t.shape)
     except Exception:
         shape = describe(t)[0]
-    key = (t.dtype, shape, t.device)
-    try:
-        text = _COMPACT.get(key)
-    except TypeError:  # symbolic sizes do not hash
-        return compact(t.dtype, shape, t.device)
-    if text is None:
-        if len(_COMPACT) > 4096:
-            _COMPACT.clear()
-        text = _COMPACT[key] = compact(t.dtype, shape, t.device)
-    return text
+    return compact(t.dtype, shape, t.device)
 
 
 def _layout(d: torch.Tensor) -> tuple[torch.dtype, torch.device, Any, Any, Any]:

@@ -21,7 +21,6 @@ from torchdoctor._report.text import human_bytes, render_problems, schema
 from torchdoctor._report.text import public_types
 
 _META = torch.device("meta")
-_COMPACT: dict[tuple[Any, ...], str] = {}  # (dtype, shape, device) -> compact form; shapes repeat across layers
 
 _MISSING: Any = object()  # an argument not passed (a default_factory field gets a new dict)
 
@@ -63,14 +62,7 @@ class TensorInfo(FrozenRecord):
 
     @property
     def compact(self) -> str:
-        key = (self.dtype, self.shape, self.device)
-        text = _COMPACT.get(key)
-        if text is None:
-            text = compact(self.dtype, self.shape, self.device)
-            if len(_COMPACT) > 8192:
-                _COMPACT.clear()
-            _COMPACT[key] = text
-        return text
+        return compact(self.dtype, self.shape, self.device)
 
     def to_dict(self) -> dict[str, Any]:
         return {
