@@ -39,10 +39,15 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
             target: Any = parse_dtype(p.expected) if p.kind == "dtype" else parse_device(p.expected)
         except (ValueError, TypeError, RuntimeError):
             target = dtype if p.kind == "dtype" else device
+        made_from = (sources or {}).get((p.kind, p.path, p.op or "", p.found), ())
+        if made_from and made_from[0].startswith("moved "):  # a copy moved inside the forward: fixed at that line
+            name, at = made_from[0][6:].split(" at ", 1)
+            factories.append(f"# {at} moves {name} to {p.found} inside the forward: move it to the device of the "
+                             f"tensors it meets (e.g. .to(x.device)) instead")
+            continue
         if p.role in _NAMED:
             _add(culprits, p.path, p.path, p.kind, target)
             continue
-        made_from = (sources or {}).get((p.kind, p.path, p.op or "", p.found), ())
         if made_from and made_from[0].startswith("factory "):
             if made_from[0] not in named:
                 named.add(made_from[0])

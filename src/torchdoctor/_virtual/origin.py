@@ -52,6 +52,25 @@ class Made:
             ")" if before is not None else ", made before the run)")
         return m
 
+    @classmethod
+    def moved(cls, path: str, module: Any) -> Made:
+        """The record of a copy of the model tensor ``path`` moved to another device by code running in ``module``'s
+        forward: the line that moved it (``at``), which a device problem of the copy is fixed at."""
+        m = cls("Tensor.to", module, (path,), 1)
+        m.at = where_called()
+        return m
+
+    def moved_copy(self, t: Any) -> str | None:
+        """Where ``t``, named by path, was moved inside a forward, when it is such a copy and its module does not
+        hold it (a hook that moves a weight and installs it, as accelerate's offload does, made no copy)."""
+        if self.op != "Tensor.to" or self.at is None or self.module is None or self.paths != (t._td_path,):
+            return None
+        leaf = t._td_path.rsplit(".", 1)[-1]
+        held = self.module.__dict__
+        if any(t is d.get(leaf) for d in (held.get("_parameters", {}), held.get("_buffers", {}), held)):
+            return None
+        return self.at
+
     @property
     def source(self) -> Made:
         """The first link of the chain: the op that made it from named tensors (or a factory)."""

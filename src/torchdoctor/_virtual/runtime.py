@@ -66,6 +66,10 @@ def move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: torc
         out._td_origin = origin
     elif path is None:
         _moved_in_block(space, out)
+    elif src != target and space.hooks.running() is not None:
+        # a model tensor copied to another device inside a forward (``self.inv_freq.to("cpu")``): the copy keeps
+        # its name, and the line that moved it, so a problem it causes is fixed there and not on the model's own
+        out._td_origin = Made.moved(path, space.hooks.running())
     return _placed(space, out)
 
 
