@@ -289,10 +289,10 @@ class _Recorder(Hooks):
                 made = origin.describe(self.modules.path_of) if origin is not None else "a tensor made in forward"
                 what = f"{path or made} {compact(t.dtype, tuple(t.shape), t._td_device)}"
                 moved = origin.moved_copy(t) if origin is not None and path is not None and on_device else None
-                if moved is not None:  # the model's own tensor is not the one on the wrong device
+                if moved is not None and origin is not None:  # the model's own tensor is elsewhere
                     what += f" (a copy moved to {found} by Tensor.to at {moved} in " \
                             f"`{self.modules.path_of(origin.module) or '<root>'}`)"
-                    self.sources.setdefault((p.kind, path, op, found), (f"moved {path} at {moved}",))
+                    self.sources.setdefault((p.kind, str(path), str(op), found), (f"moved {path} at {moved}",))
                 message = {"device": f"{what} is on {found} while {op} runs on {expected}",
                            "meta": f"{what} holds no data (meta) and meets real tensors on {expected} in {op}",
                            "dtype": f"{what} is {found} while {op} computes in {expected}"}.get(p.kind, message)
