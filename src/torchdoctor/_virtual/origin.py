@@ -60,16 +60,18 @@ class Made:
         m.at = where_called()
         return m
 
-    def moved_copy(self, t: Any) -> str | None:
-        """Where ``t``, named by path, was moved inside a forward, when it is such a copy and its module does not
-        hold it (a hook that moves a weight and installs it, as accelerate's offload does, made no copy)."""
+    def moved_copy(self, t: Any, found: str, module_path: Callable[[Any], str | None]) -> tuple[str, str] | None:
+        """``t``, named by path, as a copy moved to ``found`` inside a forward: what to add to its name, and its
+        source for the fix (the line). None when it is no such copy, or its module holds it (a hook that moves a
+        weight and installs it, as accelerate's offload does, made the moved tensor the model's own)."""
         if self.op != "Tensor.to" or self.at is None or self.module is None or self.paths != (t._td_path,):
             return None
         leaf = t._td_path.rsplit(".", 1)[-1]
         held = self.module.__dict__
         if any(t is d.get(leaf) for d in (held.get("_parameters", {}), held.get("_buffers", {}), held)):
             return None
-        return self.at
+        return (f" (a copy moved to {found} by Tensor.to at {self.at} in `{module_path(self.module) or '<root>'}`)",
+                f"moved {t._td_path} at {self.at}")
 
     @property
     def source(self) -> Made:

@@ -279,7 +279,7 @@ class _Recorder(Hooks):
         for t in named or [t for t in tensors if t._td_path][:1] or tensors[:1] or [None]:
             path = t._td_path if t is not None else None
             origin = getattr(t, "_td_origin", None)
-            if path is None and t is not None and t.dtype in _FLOAT8 and origin is not None and origin.first_path:
+            if path is None and t is not None and t.dtype in FLOAT8_DTYPES and origin is not None and origin.first_path:
                 path = origin.first_path  # float8 flows unchanged from its table: the table is the culprit, by path
             found, expected, message = p.found, p.expected, p.message
             if anchor is not None:
@@ -288,15 +288,14 @@ class _Recorder(Hooks):
                 found = device_str(t._td_device) if on_device else dtype_str(t.dtype)
                 made = origin.describe(self.modules.path_of) if origin is not None else "a tensor made in forward"
                 what = f"{path or made} {compact(t.dtype, tuple(t.shape), t._td_device)}"
-                moved = origin.moved_copy(t) if origin is not None and path is not None and on_device else None
-                if moved is not None and origin is not None:  # the model's own tensor is elsewhere
-                    what += f" (a copy moved to {found} by Tensor.to at {moved} in " \
-                            f"`{self.modules.path_of(origin.module) or '<root>'}`)"
-                    self.sources.setdefault((p.kind, str(path), str(op), found), (f"moved {path} at {moved}",))
+                moved = origin.moved_copy(t, found, self.modules.path_of) if origin and path and on_device else None
+                if moved is not None:  # the model's own tensor is elsewhere: fixed at the line that moved the copy
+                    what += moved[0]
+                    self.sources.setdefault((p.kind, str(path), str(op), found), (moved[1],))
                 message = {"device": f"{what} is on {found} while {op} runs on {expected}",
                            "meta": f"{what} holds no data (meta) and meets real tensors on {expected} in {op}",
                            "dtype": f"{what} is {found} while {op} computes in {expected}"}.get(p.kind, message)
-                if t.dtype in _FLOAT8 and p.kind == "dtype":
+                if t.dtype in FLOAT8_DTYPES and p.kind == "dtype":
                     message += " (torch refuses: Promotion for Float8 Types is not supported; cast it first)"
             entry = _is_entry(t)
             key = (p.kind, found) if p.kind == "unsupported_dtype" else \
@@ -328,7 +327,7 @@ class _Recorder(Hooks):
             table = call.at((0, -1))  # a table left behind, indexed with indices on the device
             if _is_entry(table) and not any(_is_entry(call.at(k)) for k in offenders):
                 return [(0, -1)], call.at(offenders[0])._td_device
-        value = (lambda t: _norm(t._td_device)) if p.kind == "device" else (lambda t: t.dtype)
+        value = (lambda t: norm_device(t._td_device)) if p.kind == "device" else (lambda t: t.dtype)
         groups: dict[Any, list[Any]] = {}
         for k in list(f.considered) or offenders:
             groups.setdefault(value(call.at(k)), []).append(k)
@@ -365,10 +364,6 @@ class _Recorder(Hooks):
 
 _INDEX_OPS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put", "aten::index_put_",
                         "aten::_index_put_impl_", "aten::_unsafe_index_put"})
-
-
-_FLOAT8 = FLOAT8_DTYPES
-_norm = norm_device  # cuda is cuda:0 (virtual devices never carry a bare type)
 
 
 def _parse(parser: Callable[[str], Any], text: str) -> Any:

@@ -24,7 +24,7 @@ from torchdoctor._report.text import exit_code as exit_code_of
 from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, schema
 from torchdoctor._report.html import HtmlMapMixin
 from torchdoctor._report.model import Problem, Target, summarize
-from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
+from torchdoctor._placement import device_str, dtype_str, norm_device, parse_device, parse_dtype
 from torchdoctor._virtual.tensor import Space, VirtualTensor, is_virtual, make, virtual_copy
 from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
@@ -32,7 +32,7 @@ from torchdoctor._report.text import public_types
 from torchdoctor._virtual.fixes import fix_for
 from torchdoctor._virtual.session import expectation, whence_line
 from torchdoctor._virtual.hardware import ledger, over_memory
-from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop, _norm
+from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
 
 __all__ = ["SimulationReport", "simulate"]
 
@@ -182,7 +182,7 @@ def simulate(
     if is_virtual(dev):
         if profile.type != dev.type:
             raise ValueError(f"device {device_str(dev)} is not of the profile's type {profile.type!r}")
-        dev = _norm(dev)
+        dev = norm_device(dev)
         if (dev.index or 0) >= profile.count:
             raise ValueError(f"device {device_str(dev)} does not exist: the profile has {profile.count} "
                              f"{profile.type} device(s); pass profile=DeviceProfile(..., count=N)")
