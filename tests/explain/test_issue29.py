@@ -59,6 +59,10 @@ XFORMERS = '''  File "/mnt/data/Tune-A-Video/train_tuneavideo.py", line 123, in 
     unet.enable_xformers_memory_efficient_attention()
   File "/home/u/.local/lib/python3.10/site-packages/diffusers/modeling_utils.py", line 196, in fn_recursive_set_mem_eff
     module.set_use_memory_efficient_attention_xformers(valid)'''
+# the same failure on Windows without code lines (a console that shows frames only): the path is the evidence
+_FMHA = r"C:\Users\u\ComfyUI_windows_portable\python_embeded\Lib\site-packages\xformers\ops\fmha\__init__.py"
+XFORMERS_WIN = f'''  File "{_FMHA}", line 223, in memory_efficient_attention
+  File "{_FMHA}", line 321, in _memory_efficient_attention'''
 BNB = '''  File "/root/env/lib/python3.10/site-packages/bitsandbytes/nn/modules.py", line 248, in forward
     out = bnb.matmul_4bit(x, self.weight.t(), bias=bias, quant_state=self.weight.quant_state)
   File "/root/env/lib/python3.10/site-packages/bitsandbytes/autograd/_functions.py", line 579, in matmul_4bit
@@ -77,6 +81,7 @@ RuntimeError: Expected all te'''
 
 @pytest.mark.parametrize(("text", "category", "fragment"), [
     (XFORMERS, "backend_op_missing", "xformers"),
+    (XFORMERS_WIN, "backend_op_missing", "xformers"),
     (BNB, "quantization_device", "device_map"),
     (MODULE_TO_MPS, "unsupported_dtype_on_device", "float32"),
     (STFT, "device_mismatch", "hann_window(win_length, device=x.device)"),
