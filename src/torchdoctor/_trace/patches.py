@@ -8,6 +8,7 @@ the classes that define them; a watched library imported while a trace runs is p
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.abc
 import importlib.util
 import logging
@@ -97,6 +98,7 @@ def _run(via: str, name: str, adopt: bool, args: Sequence[Any], orig: Callable[.
         st.call = None
         if call.scopes:
             st.busy = True
+            paused = _pause_gc()
             try:
                 site: list[Any] = []
                 for s in SESSIONS:
@@ -104,22 +106,39 @@ def _run(via: str, name: str, adopt: bool, args: Sequence[Any], orig: Callable[.
             except Exception:  # a diagnostic never breaks the program it watches
                 log.warning("torchdoctor.trace: could not record the changes of %s", via, exc_info=True)
             finally:
+                if paused:
+                    gc.enable()
                 st.busy = False
                 call.frame = None
 
 
+def _pause_gc() -> bool:
+    """Pause the cyclic collector while the trace reads and compares (its tuples are freed before it
+    resumes, so they trigger no collection of the user's heap); True if it was running."""
+    if gc.isenabled():
+        gc.disable()
+        return True
+    return False
+
+
 def _touch(st: _ThreadState, call: Call, args: Sequence[Any], adopt: bool) -> None:
-    covered = call.covered
-    if covered and all(id(s) in covered for s in SESSIONS):
+    sessions = SESSIONS
+    if call.whole is sessions:
         return  # inside a whole-model .to(): every submodule's _apply and .data = lands here, nothing to add
     st.busy = True
+    paused = _pause_gc()
     try:
         cands = tuple(args[:_MAX_CANDIDATES])
-        for s in SESSIONS:
+        for s in sessions:
             s.contact(call, cands, adopt)
+        covered = call.covered
+        if covered and all(id(s) in covered for s in sessions):
+            call.whole = sessions
     except Exception:
         log.warning("torchdoctor.trace: could not look at the state before %s", call.via, exc_info=True)
     finally:
+        if paused:
+            gc.enable()
         st.busy = False
 
 
@@ -128,8 +147,12 @@ def _wrap(orig: Callable[..., Any], via: str, name: str, kind: str) -> Callable[
 
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if STATE.busy or not SESSIONS:
+        st = STATE
+        if st.busy or not SESSIONS:
             return orig(*args, **kwargs)
+        call = st.call
+        if call is not None and call.whole is SESSIONS:
+            return orig(*args, **kwargs)  # inside a whole-model call that every trace watches whole
         if kind == ASSIGN and not _relevant_assign(args):
             return orig(*args, **kwargs)
         if kind == ASSIGN:
@@ -174,7 +197,9 @@ def _data_set_orig(self: torch.Tensor, value: torch.Tensor) -> None:
 
 
 def _data_set(self: torch.Tensor, value: torch.Tensor) -> None:
-    if STATE.busy or not SESSIONS:
+    st = STATE
+    call = st.call
+    if st.busy or not SESSIONS or (call is not None and call.whole is SESSIONS):
         _TB_DATA.__set__(self, value)
         return
     _run("Tensor.data", "data", False, (self,), _data_set_orig, (self, value), {})

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 import types
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -21,12 +20,10 @@ from torch import nn
 
 from torchdoctor._placement import device_str, dtype_str
 from torchdoctor._trace.record import TraceRecord, describe_frame, this_thread, user_site
-from torchdoctor._walk import walk
+from torchdoctor._trace.snapshot import Shape, Snap, ref as _ref, snapshot, strip
 
 log = logging.getLogger("torchdoctor.trace")
 
-# path -> (weakref to the tensor, id, device, dtype)
-Snap = dict[str, tuple[Any, int, torch.device, torch.dtype]]
 _LORA_WORDS = ("lora", "adapter", "merge", "unload", "fuse")
 UNSEEN = "(code the trace did not see)"
 
@@ -34,7 +31,7 @@ UNSEEN = "(code the trace did not see)"
 class Call:
     """The outermost patched call running in one thread."""
 
-    __slots__ = ("via", "name", "subject", "frame", "scopes", "covered")
+    __slots__ = ("via", "name", "subject", "frame", "scopes", "covered", "whole")
 
     def __init__(self, via: str, name: str, subject: Any, frame: types.FrameType | None) -> None:
         self.via = via
@@ -43,6 +40,7 @@ class Call:
         self.frame = frame
         self.scopes: dict[int, tuple[Session, Root, list[Scope]]] = {}  # id(root) -> ...
         self.covered: set[int] = set()  # sessions whose only root is watched whole by this call: nothing to add
+        self.whole: Any = None  # the tuple of sessions that were all covered (patches.SESSIONS when it is the same)
 
 
 class Scope:
@@ -60,45 +58,6 @@ def _under(path: str, scope: str) -> bool:
     return scope == "" or path == scope or path.startswith(scope + ".")
 
 
-def _ref(obj: Any) -> Any:
-    try:
-        return weakref.ref(obj)
-    except TypeError:
-        return None
-
-
-def snapshot(obj: Any, prefix: str) -> tuple[Snap, dict[int, tuple[str, Any]], dict[str, Any]]:
-    """Walk ``obj`` (found at ``prefix``): placement per tensor path, ``id -> (scope, ref)`` of the modules,
-    tensors and tensor owners met, and ``path -> ref`` of the modules."""
-    w = walk(obj)
-    join = prefix + "." if prefix else ""
-    snap: Snap = {}
-    objects: dict[int, tuple[str, Any]] = {}
-    modules: dict[str, Any] = {}
-    for mpath, mod in w.modules:
-        full = join + mpath if mpath else prefix
-        ref = _ref(mod)
-        objects[id(mod)] = (full, ref)
-        modules[full] = ref
-    for e in w.entries:
-        if e.alias_of is not None:
-            continue
-        t = e.tensor
-        ref = _ref(t)
-        if ref is None:
-            continue
-        path = join + e.path
-        snap[path] = (ref, id(t), t.device, t.dtype)
-        scope = join + e.module_path if e.module_path else prefix
-        objects[id(t)] = (scope, ref)
-        owner = e.owner
-        if owner is not None and not isinstance(owner, (nn.Module, dict, list, tuple)) and id(owner) not in objects:
-            oref = _ref(owner)
-            if oref is not None:
-                objects[id(owner)] = (scope, oref)
-    return snap, objects, modules
-
-
 def diff(before: Snap, after: Snap) -> list[tuple[str, str, Any, Any]]:
     """``(kind, path, before entry | None, after entry | None)``; a tensor found again under a new path (a layer
     wrapped by a LoRA layer) is the same tensor: recorded only if its placement changed."""
@@ -113,7 +72,7 @@ def diff(before: Snap, after: Snap) -> list[tuple[str, str, Any, Any]]:
         if by_id is None:
             by_id = {v[1]: v for v in before.values()}
         old = by_id.get(a[1])
-        if old is not None and old[0]() is a[0]():
+        if old is not None and old[0] is a[0]:  # both alive during the call: the id is the tensor
             if old[2] != a[2] or old[3] != a[3]:
                 out.append(("move", path, old, a))
             continue
@@ -121,7 +80,7 @@ def diff(before: Snap, after: Snap) -> list[tuple[str, str, Any, Any]]:
     if len(after) != len(before) or out:
         after_ids = {v[1] for v in after.values()}
         for path, b in before.items():
-            if path not in after and not (b[1] in after_ids and b[0]() is not None):
+            if path not in after and b[1] not in after_ids:
                 out.append(("remove", path, b, None))
     return out
 
@@ -138,6 +97,25 @@ def _navigate(obj: Any, path: str) -> Any:
         else:
             d = getattr(obj, "__dict__", None)
             obj = d.get(part) if isinstance(d, dict) else None
+        if obj is None:
+            return None
+    return obj
+
+
+def _tensor_at(obj: Any, path: str) -> Any:
+    """The tensor at a walker path: a module's child, parameter, buffer or attribute, an item, an attribute."""
+    for part in path.split("."):
+        d = obj.__dict__ if isinstance(obj, (nn.Module, torch.Tensor)) else None
+        if isinstance(obj, nn.Module) and d is not None:
+            for store in ("_modules", "_parameters", "_buffers"):
+                slots = d.get(store)
+                if slots is not None and part in slots:
+                    obj = slots[part]
+                    break
+            else:
+                obj = d.get(part)
+        else:
+            obj = _navigate(obj, part)
         if obj is None:
             return None
     return obj
@@ -179,14 +157,15 @@ class Session:
         self.objects: dict[int, tuple[Root, str, Any]] = {}  # id -> (root, scope path, ref)
         self.records: list[TraceRecord] = []
         self.by_path: dict[str, list[TraceRecord]] = {}
+        self.shapes: dict[tuple[int, str], Shape | None] = {}  # per (object, path): its walk's shape (snapshot.py)
         if obj is not None:
             self._add_root(obj, type(obj).__name__ if adopt else "", strong=True)
 
     # -- roots ----------------------------------------------------------------------------------------------
     def _add_root(self, obj: Any, label: str, strong: bool) -> Root:
         root = Root(obj, label, strong)
-        snap, objects, modules = snapshot(obj, "")
-        root.state, root.modules = snap, modules
+        snap, objects, modules = snapshot(obj, "", self.shapes)
+        root.state, root.modules = strip(snap), modules
         with self.lock:
             contained = set()
             for r in self.roots:
@@ -236,7 +215,7 @@ class Session:
             target = root.resolve(path)
             if target is None:
                 return
-            before, objects, modules = snapshot(target, path)
+            before, objects, modules = snapshot(target, path, self.shapes)
             narrower = [s for s in scopes if _under(s.path, path)]
             self._unobserved(root, before, narrower)
             for s in narrower:
@@ -270,11 +249,11 @@ class Session:
                     target = root.resolve(s.path)
                     if target is None:
                         continue
-                    after, objects, modules = snapshot(target, s.path)
+                    after, objects, modules = snapshot(target, s.path, self.shapes)
                     changes.extend(diff(s.before, after))
                     for p in s.before:
                         root.state.pop(p, None)
-                    root.state.update(after)
+                    root.state.update(strip(after))
                     for oid in s.objects:
                         self.objects.pop(oid, None)
                     for oid, (scope, ref) in objects.items():
@@ -292,9 +271,10 @@ class Session:
             if obj is None:
                 continue
             with self.lock:
-                snap, _, _ = snapshot(obj, "")
+                snap, _, _ = snapshot(obj, "", self.shapes)
                 self._unobserved(root, snap, [])
-                root.state = snap
+                root.state = strip(snap)
+        self.shapes.clear()  # a finished trace keeps no module of the user's
 
     def _record(self, root: Root, changes: list[tuple[str, str, Any, Any]], label: tuple[str, str], via: str,
                 file: str | None, line: int | None) -> None:
@@ -310,7 +290,7 @@ class Session:
             return text
 
         for kind, path, b, a in changes:
-            t = a[0]() if a is not None else b[0]()
+            t = a[0] if a is not None else b[0]
             rec = TraceRecord(
                 path=path, kind=kind,
                 from_device=name(b[2], device_str) if b is not None else None,
@@ -334,9 +314,12 @@ class Session:
         if hit is None:
             return None
         root = hit[0]
+        obj = root.obj
         for p, v in root.state.items():
-            if v[1] == id(t) and v[0]() is t:
-                return p
+            if v[1] == id(t):
+                found = _tensor_at(obj, p) if obj is not None else None
+                if found is None or found is t:  # not reachable any more: trust the id the state kept
+                    return p
         return None
 
     def history(self, path: str) -> list[TraceRecord]:
