@@ -215,3 +215,33 @@ def test_a_tensor_attribute_added_through_the_dict_between_calls() -> None:
         m.fc.__dict__["backup"] = torch.ones(2, device="meta")
         m.to(torch.float32)
     assert ("fc.backup", "move", "float32", "float32", "cpu", "meta", UNSEEN, "snapshot") in _recs(t)
+
+
+def test_torch_swap_mode_and_swap_tensors_work_under_a_trace_and_after_it() -> None:
+    """``Module.to`` swaps tensors in torch's swap mode (and always for wrapper subclasses): swap_tensors refuses a
+    tensor with a weak reference, so a trace holding one broke the user's program."""
+    m = _model()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        with torchdoctor.trace(m) as t:
+            w = m.fc.weight
+            m.to(torch.float16)
+            assert m.fc.weight is w and w.dtype == torch.float16
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    assert [(r[0], r[3], r[6]) for r in _recs(t)][:2] == [("fc.weight", "float16", "to()"), ("fc.bias", "float16", "to()")]
+    torch.utils.swap_tensors(m.fc.weight, nn.Parameter(torch.zeros(4, 4)))  # the trace object is still alive here
+
+
+def test_a_replaced_tensor_is_freed_during_the_trace() -> None:
+    import gc
+    import weakref
+
+    m = _model()
+    m.register_buffer("steps", torch.zeros(3))
+    with torchdoctor.trace(m) as t:
+        old = weakref.ref(m.steps)
+        m.to(torch.float16)  # a buffer is replaced by a new tensor (a parameter keeps its object)
+        gc.collect()
+        assert old() is None, "the trace keeps a replaced tensor alive"
+        assert t.history("steps")[0].to_dtype == "float16"

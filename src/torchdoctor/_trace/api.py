@@ -68,7 +68,7 @@ class trace(contextlib.ContextDecorator):  # noqa: N801 - reads like torch.no_gr
                 if self.file is not None:
                     self._fh = open(self.file, "a" if self._opened else "w", encoding="utf-8")
                     self._opened = True
-                session = Session(self.obj, adopt=self.obj is None, emit=self._emit)
+                session = Session(self.obj, adopt=self.obj is None, emit=self._emit, live=self._live)
                 self._session = session
                 self._sessions.append(session)
                 patches.start(session)
@@ -92,6 +92,10 @@ class trace(contextlib.ContextDecorator):  # noqa: N801 - reads like torch.no_gr
     def selected(self, rec: TraceRecord) -> bool:
         """Does ``moves``/``lora`` select this record for the log and the file?"""
         return (self.moves and rec.kind == "move") or (self.lora and rec.lora)
+
+    def _live(self) -> bool:
+        """Is a record written anywhere the moment it is made (the log at INFO, a file)?"""
+        return self._fh is not None or self.logger.isEnabledFor(logging.INFO)
 
     def _emit(self, rec: TraceRecord) -> None:
         if not self.selected(rec):

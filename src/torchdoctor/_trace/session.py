@@ -149,14 +149,17 @@ class Root:
 class Session:
     """The machinery behind one ``trace``: roots, records and the emit callback."""
 
-    def __init__(self, obj: Any, adopt: bool, emit: Callable[[TraceRecord], None]) -> None:
+    def __init__(self, obj: Any, adopt: bool, emit: Callable[[TraceRecord], None],
+                 live: Callable[[], bool] = lambda: True) -> None:
         self.lock = threading.RLock()
         self.adopting = adopt
         self.emit = emit
+        self.live = live  # must each record be made (and emitted) when its change is found?
         self.roots: list[Root] = []
         self.objects: dict[int, tuple[Root, str, Any]] = {}  # id -> (root, scope path, ref)
-        self.records: list[TraceRecord] = []
-        self.by_path: dict[str, list[TraceRecord]] = {}
+        self._records: list[TraceRecord] = []
+        self._by_path: dict[str, list[TraceRecord]] = {}
+        self._pending: list[tuple[Any, ...]] = []  # changes found while nothing emits: made into records when read
         self.shapes: dict[tuple[int, str], Shape | None] = {}  # per (object, path): its walk's shape (snapshot.py)
         if obj is not None:
             self._add_root(obj, type(obj).__name__ if adopt else "", strong=True)
@@ -278,35 +281,51 @@ class Session:
 
     def _record(self, root: Root, changes: list[tuple[str, str, Any, Any]], label: tuple[str, str], via: str,
                 file: str | None, line: int | None) -> None:
-        now = time.time()
-        lora_call = any(w in label[1].lower() for w in _LORA_WORDS)
-        thread = this_thread()
-        names: dict[Any, str] = {}  # device / dtype -> its string: a whole-model .to() repeats two of each
-
-        def name(x: Any, fn: Callable[[Any], str]) -> str:
-            text = names.get(x)
-            if text is None:
-                text = names[x] = fn(x)
-            return text
-
-        for kind, path, b, a in changes:
-            t = a[0] if a is not None else b[0]
-            rec = TraceRecord(
-                path=path, kind=kind,
-                from_device=name(b[2], device_str) if b is not None else None,
-                from_dtype=name(b[3], dtype_str) if b is not None else None,
-                to_device=name(a[2], device_str) if a is not None else None,
-                to_dtype=name(a[3], dtype_str) if a is not None else None,
-                call=label[0], qualname=label[1], via=via, file=file, line=line, time=now, root=root.label,
-                shape=tuple(t.shape) if t is not None else None,
-                lora=lora_call or "lora_" in path, thread=thread)
-            with self.lock:
-                self.records.append(rec)
-                self.by_path.setdefault(path, []).append(rec)
+        # what a record needs, without the tensors (a record must not keep one alive); the record itself, its
+        # strings and its dataclass are made when someone reads the records, or now if they are emitted
+        items = [(kind, path, b[2] if b is not None else None, b[3] if b is not None else None,
+                  a[2] if a is not None else None, a[3] if a is not None else None,
+                  getattr(a[0] if a is not None else b[0], "shape", None)) for kind, path, b, a in changes]
+        batch = (items, root.label, label, via, file, line, time.time(), this_thread())
+        with self.lock:
+            self._pending.append(batch)
+            made = self._flush(len(items)) if self.live() else []
+        for rec in made:
             try:
                 self.emit(rec)
             except Exception:  # a diagnostic never breaks the program it watches
                 log.debug("torchdoctor.trace: emitting a record failed", exc_info=True)
+
+    def _flush(self, last: int = 0) -> list[TraceRecord]:
+        """Make the pending changes into records (oldest first); returns the last ``last`` of them."""
+        with self.lock:
+            pending, self._pending = self._pending, []
+            names: dict[Any, str | None] = {None: None}  # device / dtype -> its string
+
+            def name(x: Any, fn: Callable[[Any], str]) -> str | None:
+                text = names.get(x, "")
+                if text == "":
+                    text = names[x] = fn(x)
+                return text
+
+            for items, root, label, via, file, line, now, thread in pending:
+                lora_call = any(w in label[1].lower() for w in _LORA_WORDS)
+                for kind, path, bdev, bdt, adev, adt, shape in items:
+                    rec = TraceRecord(
+                        path=path, kind=kind, from_device=name(bdev, device_str), from_dtype=name(bdt, dtype_str),
+                        to_device=name(adev, device_str), to_dtype=name(adt, dtype_str),
+                        call=label[0], qualname=label[1], via=via, file=file, line=line, time=now, root=root,
+                        shape=tuple(shape) if shape is not None else None, lora=lora_call or "lora_" in path, thread=thread)
+                    self._records.append(rec)
+                    self._by_path.setdefault(path, []).append(rec)
+            return self._records[len(self._records) - last:] if last else []
+
+    @property
+    def records(self) -> list[TraceRecord]:
+        with self.lock:
+            if self._pending:
+                self._flush()
+            return self._records
 
     # -- queries --------------------------------------------------------------------------------------------
     def path_of(self, t: torch.Tensor) -> str | None:
@@ -324,11 +343,12 @@ class Session:
 
     def history(self, path: str) -> list[TraceRecord]:
         with self.lock:
-            exact = self.by_path.get(path)
+            records = self.records
+            exact = self._by_path.get(path)
             if exact:
                 return list(exact)
             suffix = "." + path
-            return [r for r in self.records if r.path.endswith(suffix)]
+            return [r for r in records if r.path.endswith(suffix)]
 
 
 def _site(call: Call) -> tuple[tuple[str, str], str | None, int | None]:
