@@ -21,7 +21,8 @@ from support.helpers import assert_unchanged
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchdoctor._checkpoint.scan import CheckpointError, render_checkpoint, role_of, scan_checkpoint
+from torchdoctor._checkpoint.render import render_checkpoint
+from torchdoctor._checkpoint.scan import CheckpointError, role_of, scan_checkpoint
 from torchdoctor._cli.checkpoint import scan_path as cli_scan_path
 from torchdoctor._cli.common import UsageError
 from torchdoctor._cli.main import main

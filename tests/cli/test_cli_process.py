@@ -160,6 +160,12 @@ _NOT_ON_THE_PATH = ("dataclasses", "inspect", "ast", "textwrap", "torchdoctor._r
                     "torchdoctor._cli.env", "torchdoctor._cli.trace", "torchdoctor._cli.demo", "torchdoctor._cli.run")
 # zipfile and what it imports: a torch.save archive of the shape torch writes is read without them (zipfast.py).
 _ZIP_ONLY = ("zipfile", "shutil", "threading", "pathlib", "bz2", "lzma")
+# What a file saved on cpu without a config.json beside it, scanned without --dtype, does not need (issue 28): the
+# device counts (only a location other than cpu asks) and the dtype expectation (only dtype= or a config.json).
+_CPU_NO_CONFIG = ("torchdoctor._checkpoint.devices", "torchdoctor._checkpoint.expect")
+# ... and a safetensors header, which names no pickle global: the allow-list, the verdicts on globals, and the
+# checks of pickle tensor records (only a refused header's message uses views' dims_text).
+_NO_PICKLE_GLOBALS = ("torchdoctor._checkpoint.names", "torchdoctor._checkpoint.unsafe", "torchdoctor._checkpoint.views")
 
 
 @pytest.mark.parametrize("output", ["text", "json"])
@@ -195,8 +201,58 @@ def test_checkpoint_cli_process_loads_only_what_the_format_needs(tmp_path: Path,
     assert sorted(m for m in _ZIP_ONLY if m in modules) == []
     if kind == "legacy" and output == "text":
         assert "json" not in modules
+    assert sorted(m for m in _CPU_NO_CONFIG if m in modules) == []
     if kind == "safetensors":
-        assert [m for m in _PICKLE_READERS if m in modules] == []
+        assert [m for m in _PICKLE_READERS + _NO_PICKLE_GLOBALS if m in modules] == []
+
+
+def test_checkpoint_json_with_problems_loads_no_relocations(tmp_path: Path) -> None:
+    """``scan FILE --json`` with problems: a checkpoint report has no component whose device was asked with a rule,
+    so it has no relocations to set apart, and the process loads neither ``_report.order`` nor dataclasses."""
+    import torch
+    from safetensors.torch import save_file
+
+    path = tmp_path / "m.safetensors"
+    save_file({f"layers.{i}.weight": torch.zeros(4, dtype=torch.bfloat16) for i in range(8)}, str(path))
+    record = tmp_path / "modules.txt"
+    out = subprocess.run([sys.executable, "-c", _AUDIT, str(record), "scan", str(path), "--json", "--dtype", "float16"],
+                         capture_output=True, text=True, env=ENV, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    assert [p["kind"] for p in doc["problems"]] == ["dtype"] and doc["relocations"] == []
+    modules = set(record.read_text().split())
+    assert "torchdoctor._checkpoint.expect" in modules  # the record is of a process that judged dtypes
+    assert sorted(m for m in _NOT_ON_THE_PATH if m in modules) == []
+
+
+# The Python API's first scan of a checkpoint path, in a fresh process after `import torch, torchdoctor` (issue 28,
+# the first call of a checkpoint scan): the modules a bare safetensors file does not need stay unloaded.
+_API_FIRST_SCAN = textwrap.dedent(
+    """
+    import sys, torch, torchdoctor
+    before = set(sys.modules)
+    report = torchdoctor.scan(sys.argv[1])
+    assert report.ok and len(report.tensors) == 50, report
+    print("\\n".join(sorted(set(sys.modules) - before)))
+    """
+)
+_NOT_ON_THE_API_PATH = ("torchdoctor._checkpoint.render", "torchdoctor._report.html_assets",
+                        "torchdoctor._report.layout", "torchdoctor._walk", "torchdoctor._scan.policy")
+
+
+def test_api_first_scan_of_a_safetensors_file_loads_only_its_path(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    path = tmp_path / "m.safetensors"
+    save_file({f"layers.{i}.weight": torch.zeros(4, dtype=torch.bfloat16) for i in range(50)}, str(path))
+    out = subprocess.run([sys.executable, "-c", _API_FIRST_SCAN, str(path)], capture_output=True, text=True, env=ENV,
+                         timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    new = set(out.stdout.split())
+    assert "torchdoctor._checkpoint.safetensors" in new  # the record is of a process that read the file
+    never = _NOT_ON_THE_API_PATH + _PICKLE_READERS + _NO_PICKLE_GLOBALS + _CPU_NO_CONFIG
+    assert sorted(m for m in never if m in new) == []
 
 
 def test_version_is_built_when_asked() -> None:

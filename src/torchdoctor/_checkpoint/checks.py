@@ -7,7 +7,7 @@ Quantization checks are data: one function per family in a registry that refuses
 
 >>> from torchdoctor._checkpoint.dtypes import FLOAT16, FLOAT32
 >>> group = Group("", [FileScan("m.pt", "m.pt", "torch-zip", [
-...     Entry("w", "parameter", FLOAT16, (2,), 4, "cpu", "0", 4)])])
+...     Entry("w", "parameter", FLOAT16, (2,), 4, "cpu", "0", 4, ())])])
 >>> from torchdoctor._checkpoint.expect import expectation
 >>> [p.kind for p in group_problems(group, None, expectation(None, FLOAT32))]
 ['dtype']
@@ -19,7 +19,6 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from torchdoctor._checkpoint.devices import device_count
 from torchdoctor._checkpoint.dtypes import (
     BFLOAT16,
     FLOAT16,
@@ -31,8 +30,10 @@ from torchdoctor._checkpoint.dtypes import (
     parse_location,
 )
 from torchdoctor._checkpoint.result import Finding as Problem
-from torchdoctor._checkpoint.unsafe import unsafe_problems
 from torchdoctor._report.text import human_bytes
+
+# ``devices`` (device counts) and ``unsafe`` (pickle globals, with the allow-list of ``names``) are imported where a
+# file needs them: a safetensors file saved on cpu needs neither (docs/checkpoints.md, "Cost").
 
 __all__ = ["Entry", "FileScan", "Group", "group_problems", "loc_str", "role_of", "truncated_problem"]
 
@@ -62,18 +63,17 @@ def role_of(key: str) -> str:
     return "quant_state" if key[key.rfind(".") + 1:] in _QUANT_NAMES else "parameter"
 
 
-class Entry(NamedTuple):
-    """One tensor in one file, as the file describes it (a tuple: thousands are built per scan)."""
+# The record tuples are declared with NamedTuple's call form: the class form's annotations are strings here (PEP 563)
+# and typing compiles each one at import, a third of this module's import (issue 28, the first checkpoint scan).
+class Entry(NamedTuple("Entry", [
+    ("key", str), ("role", str), ("dtype", DType), ("shape", tuple[int, ...]), ("nbytes", int), ("location", str),
+    ("storage", str),  # identity of the bytes within the file: shared storages are counted once
+    ("storage_nbytes", int), ("view", tuple[Any, ...]),  # view: (offset, shape, stride, dtype) of a pickle's record
+])):
+    """One tensor in one file, as the file describes it (a tuple: thousands are built per scan). ``view`` is
+    ``()`` for a tensor that is its own storage (safetensors, DCP)."""
 
-    key: str
-    role: str
-    dtype: DType
-    shape: tuple[int, ...]
-    nbytes: int
-    location: str
-    storage: str  # identity of the bytes within the file: shared storages are counted once
-    storage_nbytes: int
-    view: tuple[Any, ...] = ()
+    __slots__ = ()
 
 
 def _no_small(key: str) -> bytes | None:
@@ -132,6 +132,8 @@ class Group:
 def _map_location(dev: tuple[str, int | None] | None, want: str | None) -> str:
     import json  # only where a problem is written: a clean file never needs it
 
+    from torchdoctor._checkpoint.devices import device_count
+
     if want is not None:
         return json.dumps(want)
     if dev is not None and device_count(dev[0]) > 0:  # e.g. saved on cuda:1, this machine has only cuda:0
@@ -151,9 +153,12 @@ def _saved_device_problems(group: Group, fs: FileScan, want: str | None) -> list
     out = []
     for loc, entries in by_loc.items():
         dev = parse_location(loc)
+        if dev is not None and dev[0] == "cpu":  # cpu storages load anywhere (and need no device count)
+            continue
+        from torchdoctor._checkpoint.devices import device_count
+
         if dev is not None and dev[0] != "meta":
-            loads_as_saved = _same(dev, want) if want else (dev[1] or 0) < device_count(dev[0])
-            if dev[0] == "cpu" or loads_as_saved:  # cpu storages load anywhere
+            if _same(dev, want) if want else (dev[1] or 0) < device_count(dev[0]):  # it loads where it was saved
                 continue
         paths = tuple(group.path_of(e.key) for e in entries)
         size = human_bytes(sum({e.storage: e.storage_nbytes for e in entries}.values()))
@@ -351,7 +356,11 @@ def group_problems(group: Group, want: str | None, exp: Any = None) -> list[Prob
     by_key = {e.key: e for e in entries}
     out: list[Problem] = []
     for fs in group.files:
-        out += _saved_device_problems(group, fs, want) + unsafe_problems(group.path_of, fs.label, fs.unsafe, fs.failure)
+        out += _saved_device_problems(group, fs, want)
+        if fs.unsafe or fs.failure:
+            from torchdoctor._checkpoint.unsafe import unsafe_problems
+
+            out += unsafe_problems(group.path_of, fs.label, fs.unsafe, fs.failure)
     out += _unsupported_problems(group, entries, want) + _dtype_problems(group, entries, exp)
     for check in _QUANT_CHECKS.values():
         out += check(group, by_key, lambda key: owner[key].small(key) if key in owner else None)

@@ -127,7 +127,7 @@ def _read(dirpath: str, label: str) -> FileScan:
                 raise CheckpointError(f"{label}: corrupted .metadata: a chunk of {shown(key)} (offsets "
                                       f"{dims_text(offsets)}, sizes {dims_text(sizes)}) lies outside its shape "
                                       f"{dims_text(shape)}")
-        entries.append(Entry(key, role_of(key), dtype, shape, nbytes, "cpu", key, nbytes))
+        entries.append(Entry(key, role_of(key), dtype, shape, nbytes, "cpu", key, nbytes, ()))
         if len(chunks) != 1 or chunks[0][1] != shape:
             sharding[key] = [{"offsets": list(o), "sizes": list(s)} for o, s in chunks]
     _check_storage(dirpath, label, fields.get("storage_data"))

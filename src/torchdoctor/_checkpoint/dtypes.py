@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
     "BOOL", "DTYPES", "DType", "FLOAT16", "BFLOAT16", "FLOAT32", "INT8", "STORAGE_DTYPES", "UINT8", "from_torch",
-    "clipped", "location_str", "location_type", "parse_dtype", "parse_location", "shown", "to_torch",
+    "clipped", "location_str", "location_type", "majority_dtype", "parse_dtype", "parse_location", "shown",
+    "to_torch",
 ]  # fmt: skip
 
 
@@ -100,13 +102,15 @@ _DEVICE_TYPES = frozenset(
     "privateuseone".split()
 )
 _INDEXED_TYPES = frozenset({"cuda", "xpu", "mps", "hpu", "npu", "mtia", "privateuseone", "xla"})
-_LOCATION = re.compile(r"([a-z_]+)(?::(0|[1-9][0-9]{0,8}))?")
+_LOCATION = r"([a-z_]+)(?::(0|[1-9][0-9]{0,8}))?"
 
 
 @functools.lru_cache(maxsize=256)
 def parse_location(location: str) -> tuple[str, int | None] | None:
     """``cuda:1`` -> ``("cuda", 1)``; None for a location ``torch.device`` would not parse."""
-    m = _LOCATION.fullmatch(location)
+    if location in _DEVICE_TYPES:  # ``cpu``, as nearly every file says: no pattern to compile on a first scan
+        return location, None
+    m = re.fullmatch(_LOCATION, location)  # compiled on first use (re's cache), not at import
     if m is None or m.group(1) not in _DEVICE_TYPES:
         return None
     return m.group(1), None if m.group(2) is None else int(m.group(2))
@@ -175,3 +179,19 @@ def shown(name: Any, limit: int = 120) -> str:
     if len(text) <= limit and len(quoted) <= limit + 40:
         return quoted
     return repr(text[:60])[:60] + f"...' ({len(text):,} characters)"
+
+
+def majority_dtype(dtypes: Sequence[DType]) -> tuple[DType, int, int] | None:
+    """The most common floating dtype among ``dtypes`` by count (float8 storage excluded), with counts.
+
+    >>> majority_dtype([DTYPES["bfloat16"], DTYPES["bfloat16"], DTYPES["float32"], DTYPES["int64"]])
+    (torch.bfloat16, 2, 3)
+    """
+    floats = [d for d in dtypes if d.is_floating_point and d.itemsize > 1]
+    if not floats:
+        return None
+    counts: dict[DType, int] = {}
+    for d in floats:
+        counts[d] = counts.get(d, 0) + 1
+    best = max(counts, key=lambda d: counts[d])
+    return best, counts[best], len(floats)

@@ -18,14 +18,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from torchdoctor._checkpoint.collect import read_json
 from torchdoctor._checkpoint.dtypes import BFLOAT16, FLOAT16, DType, parse_dtype
 from torchdoctor._checkpoint.errors import CheckpointError
 
-__all__ = ["DtypeExpectation", "expectation", "majority_dtype"]
+__all__ = ["DtypeExpectation", "expectation"]
 
 class DtypeExpectation:
     """What dtype a group of tensors should hold and why; ``kept`` patterns are float32 by design. Immutable (a
@@ -205,23 +204,6 @@ def expectation(folder: str | None, want_dtype: DType | None) -> DtypeExpectatio
         return None
     why = f"config.json declares {field} {_name(declared)}"
     return DtypeExpectation(declared, "declared-dtype", why, arch, model_type)
-
-
-def majority_dtype(dtypes: Sequence[DType]) -> tuple[DType, int, int] | None:
-    """The most common floating dtype among ``dtypes`` by count (float8 storage excluded), with counts.
-
-    >>> from torchdoctor._checkpoint.dtypes import DTYPES as D
-    >>> majority_dtype([D["bfloat16"], D["bfloat16"], D["float32"], D["int64"]])
-    (torch.bfloat16, 2, 3)
-    """
-    floats = [d for d in dtypes if d.is_floating_point and d.itemsize > 1]
-    if not floats:
-        return None
-    counts: dict[DType, int] = {}
-    for d in floats:
-        counts[d] = counts.get(d, 0) + 1
-    best = max(counts, key=lambda d: counts[d])
-    return best, counts[best], len(floats)
 
 
 def _name(dtype: DType) -> str:

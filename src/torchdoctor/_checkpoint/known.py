@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import sys
 
-from torchdoctor._checkpoint.names import WEIGHTS_ONLY
-
 __all__ = ["DTENSOR", "LFS_POINTER", "NJT_REBUILD", "SMALL_READ", "TORCH_RECORDS", "torch_allows"]
 
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"  # a git-LFS pointer file in place of the weights
@@ -50,4 +48,6 @@ def torch_allows(name: str) -> bool:
     >>> torch_allows("collections.OrderedDict"), torch_allows("posix.system"), torch_allows("torch.os.system")
     (True, False, False)
     """
+    from torchdoctor._checkpoint.names import WEIGHTS_ONLY  # the allow-list: a pickle's globals only, never a header
+
     return name in WEIGHTS_ONLY or name in _registered()

@@ -74,16 +74,12 @@ def row_device(location: str) -> str:
     return location_str(location) if parse_location(location) is not None else "meta"
 
 
-class Row(NamedTuple):
-    """One tensor path of the file (a ``TensorInfo`` without torch); a tuple: a scan builds one per tensor."""
+class Row(NamedTuple("Row", [("path", str), ("role", str), ("location", str), ("dtype", DType),
+                              ("shape", tuple[int, ...]), ("nbytes", int), ("alias_of", str | None)])):
+    """One tensor path of the file (a ``TensorInfo`` without torch); a tuple: a scan builds one per tensor.
+    (NamedTuple's call form: see ``checks.Entry``.)"""
 
-    path: str
-    role: str
-    location: str
-    dtype: DType
-    shape: tuple[int, ...]
-    nbytes: int
-    alias_of: str | None = None
+    __slots__ = ()
 
     @property
     def moved_by_module_to(self) -> bool:  # a file's tensors were moved by nobody
@@ -139,7 +135,9 @@ class CheckpointReport:
 
     def to_dict(self) -> dict[str, Any]:
         relocations: list[Any] = []
-        if self.problems:  # relocations are problems set apart: none without problems (nor ``order``'s import)
+        # relocations are problems set apart, only for a component whose device was asked with a rule
+        # (``device_rule``): none without problems or without such a row (nor ``order``'s import, nor dataclasses)
+        if self.problems and any(isinstance(e, dict) and e.get("device_rule") for e in self.expected.values()):
             from torchdoctor._report.order import split_relocations
 
             relocations = split_relocations(self.problems, self.expected, self.tensors)[1]

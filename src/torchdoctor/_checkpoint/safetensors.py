@@ -24,7 +24,6 @@ import struct
 from typing import IO, Any
 
 from torchdoctor._checkpoint.dtypes import DTYPES, UINT8, DType, clipped, shown
-from torchdoctor._checkpoint.views import dims_text
 from torchdoctor._checkpoint.checks import Entry, FileScan, role_of
 from torchdoctor._checkpoint.known import SMALL_READ
 from torchdoctor._checkpoint.errors import CheckpointError
@@ -120,7 +119,7 @@ def _size(value: Any) -> int | None:
     return value
 
 
-_ODD = re.compile(rb"[\[,:]\s*-|\\u[dD][89a-fA-F]")  # a negative number literal, or a surrogate escape
+_ODD = rb"[\[,:]\s*-|\\u[dD][89a-fA-F]"  # a negative number literal, or a surrogate escape
 
 
 def _parse_header(raw: bytes, label: str) -> dict[str, Any]:
@@ -128,7 +127,7 @@ def _parse_header(raw: bytes, label: str) -> dict[str, Any]:
         text = raw.decode("utf-8")
         # rare: parse with the hooks that tell "-0" from 0 and a lone surrogate from a pair (two plain byte searches
         # first: the pattern's scan of a 20 MB header costs more than parsing it)
-        if (b"-" in raw or b"\\u" in raw) and _ODD.search(raw):
+        if (b"-" in raw or b"\\u" in raw) and re.search(_ODD, raw):  # compiled when first needed
             header = json.loads(text, parse_constant=_no_constant, parse_float=_float, parse_int=_int,
                                 object_pairs_hook=_pairs)
         else:
@@ -157,6 +156,12 @@ def _bits(shape: tuple[int, ...], width: int) -> int | None:
 
 def _bad(label: str, key: str, why: str) -> CheckpointError:
     return CheckpointError(f"{label}: corrupted safetensors header: tensor {shown(key)} {why}; safe_open refuses it")
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    from torchdoctor._checkpoint.views import dims_text  # a refusal's message only: a good header never needs it
+
+    return dims_text(shape)
 
 
 def read_safetensors(path: str, fh: IO[bytes], size: int, label: str) -> FileScan:
@@ -213,9 +218,9 @@ def read_safetensors(path: str, fh: IO[bytes], size: int, label: str) -> FileSca
         length = end - begin
         bits = _bits(shape, _WIDTH[dtype_name])
         if bits is None:
-            raise _bad(label, key, f"{dtype_name}{dims_text(shape)} is too large to address")
+            raise _bad(label, key, f"{dtype_name}{_dims(shape)} is too large to address")
         if bits != length * 8:
-            raise _bad(label, key, f"{dtype_name}{dims_text(shape)} needs {bits / 8:g} bytes, its offsets span "
+            raise _bad(label, key, f"{dtype_name}{_dims(shape)} needs {bits / 8:g} bytes, its offsets span "
                                    f"{length}")
         dtype = _TORCH_DTYPES[dtype_name]
         if dtype is None:

@@ -22,13 +22,15 @@ from typing import Any
 
 from torchdoctor._checkpoint.checks import Entry, FileScan, Group, group_problems, loc_str, role_of, truncated_problem
 from torchdoctor._checkpoint.collect import Skipped, collect, gc_paused
-from torchdoctor._checkpoint.dtypes import DType, from_torch, to_torch
-from torchdoctor._checkpoint.expect import expectation, majority_dtype
-from torchdoctor._checkpoint.render import render_checkpoint
+from torchdoctor._checkpoint.dtypes import DType, from_torch, majority_dtype, to_torch
 from torchdoctor._checkpoint.result import CheckpointReport, Finding, Row
 from torchdoctor._checkpoint.errors import CheckpointError
 
-__all__ = ["CheckpointError", "check_checkpoint", "render_checkpoint", "role_of", "scan_checkpoint", "to_scan_report"]
+# Not imported here: the text renderer (``render``: the command line's, not the API's) and ``expect`` (read only
+# when there is a dtype= or a config.json to read): a bare file's first scan never loads them (docs/checkpoints.md,
+# "Cost").
+
+__all__ = ["CheckpointError", "check_checkpoint", "role_of", "scan_checkpoint", "to_scan_report"]
 
 
 def scan_checkpoint(path: str | os.PathLike[str], *, device: Any = None, dtype: Any = None) -> Any:
@@ -88,7 +90,12 @@ def check_checkpoint(path: str | os.PathLike[str], *, device: str | None = None,
     if device is not None or dtype is not None:
         expected[""] = {k: v for k, v in (("device", device or ""), ("dtype", dtype.name if dtype else "")) if v}
     for group in groups:
-        exp = expectation(_folder(group), dtype)
+        folder = _folder(group)
+        exp = None
+        if dtype is not None or (folder and os.path.isfile(os.path.join(folder, "config.json"))):
+            from torchdoctor._checkpoint.expect import expectation
+
+            exp = expectation(folder, dtype)
         if exp is not None and exp.rule != "explicit":
             expected[group.prefix or "."] = {"dtype": exp.dtype.name, "rule": exp.rule, "why": exp.why}
         problems += group_problems(group, device, exp)

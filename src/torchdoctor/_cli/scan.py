@@ -122,7 +122,7 @@ def _finish(report: ScanReport, args: argparse.Namespace, docs: list[Any]) -> in
     if args.json:
         docs.append(report.to_dict())
     elif report.extra.get("groups") is not None:
-        from torchdoctor._checkpoint.scan import render_checkpoint
+        from torchdoctor._checkpoint.render import render_checkpoint
 
         emit(render_checkpoint(report, limit=args.limit))
     else:

@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchdoctor._report.order import Relocation, split_relocations
 from torchdoctor._report.text import by_urgency, group_fix, group_problems, human_bytes, reason
 from torchdoctor._report.views import ResultViews
 
-# The standard library's ``html`` (its entity table), ``hashlib``, ``secrets``, ``json``, the page's CSS/JS and the
-# outline are imported by the functions that draw a page: every scan and move imports this module through the
-# result types, and only a page needs them (issue 28: the first call of a verb pays its imports).
+if TYPE_CHECKING:
+    from torchdoctor._report.order import Relocation
+
+# The standard library's ``html`` (its entity table), ``hashlib``, ``secrets``, ``json``, the page's CSS/JS, the
+# outline and the relocations (``order``, a dataclass) are imported by the functions that draw a page: every scan
+# and move imports this module through the result types, and only a page needs them (issue 28: the first call of a
+# verb pays its imports).
 
 MAX_TENSORS = 200_000  # rows embedded in one page (a 70B Llama has about 720); more are counted, not drawn
 MAX_CARDS = 300  # problem cards (groups of alike problems count once)
@@ -268,6 +271,7 @@ def render_html(doc: Mapping[str, Any], *, title: str | None = None, full: bool 
     import secrets
 
     from torchdoctor._report.html_assets import CSS, JS
+    from torchdoctor._report.order import split_relocations
 
     e = _escape
     problems = [p for p in doc.get("problems") or [] if isinstance(p, Mapping)]

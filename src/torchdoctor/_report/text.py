@@ -28,7 +28,7 @@ CANNOT_CHECK = frozenset({"unsupported", "unsupported_op", "unreadable"})
 GROUP_MIN = 4  # this many tensors with one finding under one numbered container print as one line
 
 _WIDTH: contextvars.ContextVar[int | None] = contextvars.ContextVar("torchdoctor_line_width", default=None)
-_COMPACT = re.compile(r"[a-z0-9_]+\[[0-9, ]*\]@\S+ ")  # bf16[4,4]@cuda:0 at the start of a message
+_COMPACT = r"[a-z0-9_]+\[[0-9, ]*\]@\S+ "  # bf16[4,4]@cuda:0 at the start of a message (compiled on first use)
 
 
 def schema(verb: str) -> str:
@@ -107,7 +107,7 @@ def reason(p: Any) -> str:
     path = str(_get(p, "path") or "")
     if path and msg.startswith(path + " "):
         msg = msg[len(path) + 1:]
-    m = _COMPACT.match(msg)
+    m = re.match(_COMPACT, msg)
     return msg[m.end():] if m else msg
 
 
