@@ -187,16 +187,6 @@ class Target:
 public_types(Target)
 
 
-def _storage_key(info: TensorInfo, tensor: torch.Tensor | None) -> Any:
-    if tensor is None or info.device == _META:
-        return None
-    try:
-        st = tensor.untyped_storage()
-        return (info.device, st.data_ptr(), st.nbytes())
-    except Exception:
-        return None
-
-
 @dataclass(init=False, repr=False, eq=False)
 class ScanReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the record's equality
     """What ``scan`` found: ``.ok``, ``.problems``, ``.tensors`` (one row per path), ``.summary``, ``.to_dict()``,
@@ -230,6 +220,40 @@ class ScanReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the r
         d["summary"] = summary
         d["extra"] = {} if extra is _MISSING else extra
         d["verb"] = verb
+
+    @classmethod
+    def of_rows(cls, rows: Sequence[tuple[Any, ...]], problems: tuple[Problem, ...], expected: dict[str, Any],
+                source: str | None, truncated: bool, summary: tuple[dict[str, Any], ...]) -> ScanReport:
+        """A report whose ``tensors`` are made from ``rows`` (tuples in ``TensorInfo``'s field order; a shape may
+        be a ``torch.Size``) when first read, once: most scans are asked for their problems only, and one object
+        per tensor path was a fifth of a scan (issue 28). Equality, repr, pickling, ``fields``/``replace`` read
+        it as if it had been made eagerly."""
+        report = cls.__new__(cls)
+        report.__dict__.update(_rows=rows, problems=problems, expected=expected, source=source, truncated=truncated,
+                               summary=summary, extra={}, verb="scan")
+        return report
+
+    def __getattr__(self, name: str) -> Any:  # only a lookup that found nothing comes here
+        if name == "tensors":
+            rows = self.__dict__.get("_rows")
+            if rows is not None:
+                info = TensorInfo
+                tensors = tuple([info(r[0], r[1], r[2], r[3], tuple(r[4]), r[5], r[6], r[7]) for r in rows])
+                d = {"tensors": tensors}  # in field order, as __init__ stores them (pickles and vars() unchanged)
+                d.update((k, v) for k, v in self.__dict__.items() if k != "_rows")
+                object.__setattr__(self, "__dict__", d)
+                return tensors
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _values(self) -> tuple[Any, ...]:
+        if "_rows" in self.__dict__:
+            self.tensors
+        return super()._values()
+
+    def __getstate__(self) -> dict[str, Any]:
+        if "_rows" in self.__dict__:
+            self.tensors
+        return self.__dict__
 
     @property
     def ok(self) -> bool:
@@ -267,22 +291,38 @@ class ScanReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the r
 
 def summarize(rows: Iterable[tuple[TensorInfo, torch.Tensor | None]]) -> tuple[dict[str, Any], ...]:
     """Group by (device, dtype), counting each storage once (tied weights, views, aliases)."""
+    infos, tensors = [], []
+    for info, tensor in rows:
+        infos.append((info.path, info.role, info.device, info.dtype, info.shape, info.nbytes, info.moved_by_module_to,
+                      info.alias_of))
+        tensors.append(tensor)
+    return summarize_rows(infos, tensors)
+
+
+def summarize_rows(rows: Sequence[tuple[Any, ...]], tensors: Sequence[torch.Tensor | None]) -> tuple[dict[str, Any], ...]:
+    """``summarize`` over rows in ``TensorInfo``'s field order, ``tensors[i]`` the tensor of row i (None: no
+    storage to read)."""
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}  # -> [tensors, nbytes]
     seen: set[Any] = set()
-    for info, tensor in rows:
-        if info.alias_of is not None:
+    for info, tensor in zip(rows, tensors):
+        if info[7] is not None:  # an alias
             continue
-        if tensor is not None and info.device != _META:  # not ``.type``: it builds a new string per call
-            key = _storage_key(info, tensor)
+        dev = info[2]
+        if tensor is not None and dev != _META:  # not ``.type``: it builds a new string per call
+            try:
+                st = tensor.untyped_storage()
+                key: Any = (dev, st.data_ptr(), st.nbytes())
+            except Exception:
+                key = None
             if key is not None:
                 if key in seen:
                     continue
                 seen.add(key)
-        g = groups.get((info.device, info.dtype))
+        g = groups.get((dev, info[3]))
         if g is None:
-            g = groups[(info.device, info.dtype)] = [0, 0]
+            g = groups[(dev, info[3])] = [0, 0]
         g[0] += 1
-        g[1] += info.nbytes
+        g[1] += info[5]
     return summary_of(groups)
 
 

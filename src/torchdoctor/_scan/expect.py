@@ -22,7 +22,7 @@ class Expectations:
         self.policy = Policy(w, None, None, False)
         self._by_module: dict[str, torch.dtype | None] = {}
         for e, info in self.policy.canon:
-            if info.role == "parameter" and judged_float(e.tensor) and e.module_path not in self._by_module:
+            if info[1] == "parameter" and judged_float(e.tensor) and e.module_path not in self._by_module:
                 d = self.policy.decide(e)
                 self._by_module[e.module_path] = d.dtype if d.dtype_ok(e.tensor.dtype) else d.dtype
 

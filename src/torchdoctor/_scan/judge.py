@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchdoctor._placement import device_str, dtype_str, same_device
+from torchdoctor._placement import compact, device_str, dtype_str, same_device
 from torchdoctor._report.model import Problem
 from torchdoctor._scan.intent import cpu_packed, judged_float
 
@@ -78,41 +78,42 @@ def judge(policy: Policy) -> list[Problem]:
     meta_judged = not meta_ok and not offloaded
     texts: dict[tuple[Any, ...], tuple[str, str, tuple[str, ...]]] = {}  # meta problems: shapes repeat across layers
     unloaded = policy.unloaded if meta_judged else {}
+    # rows are tuples in TensorInfo's field order (torchdoctor._scan.tally): path, role, device, dtype, shape, ...
     for e, info in policy.canon:
         module = e.module
-        if meta_judged and info.device == _META and info.role != "offloaded" and (module is not None or strict):
+        if meta_judged and info[2] == _META and info[1] != "offloaded" and (module is not None or strict):
             comp = None
             where = fixed_dev
             if module is not None:
                 comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
                 where = where or hook_dev or (comp.device if comp else None)
             if comp is None or id(comp) not in unloaded:
-                key = (info.dtype, info.shape, where)
+                key = (info[3], info[4], where)
                 hit = texts.get(key)
                 if hit is None:
-                    text = info.compact
+                    text = compact(info[3], info[4], info[2])
                     where_text = device_str(where) if where is not None else "a real device"
                     hit = texts[key] = (where_text, _meta_message(text, where_text), (text,))
                 # no data: a problem whatever else is expected
                 problems.append(Problem("meta", e.path, e.role, "meta", hit[0], hit[1], None, e.module_path,
                                         type(module).__name__ if module is not None else None, hit[2]))
             # a tensor can carry several problems: what else is wrong with it (a planted dtype) is still named
-            if module is not None and info.dtype.is_floating_point and comp is not None and info.dtype != comp.dtype:
+            if module is not None and info[3].is_floating_point and comp is not None and info[3] != comp.dtype:
                 p = _judge_entry(policy, e, meta_ok=True)
                 if p is not None:
                     problems.append(p)
             continue
-        if info.role == "parameter" and info.device.type not in ("cpu", "meta") and cpu_packed(e.tensor):
-            problems.append(_problem("quant_incomplete", e, "cpu-packed", device_str(info.device), cpu_packed_message(
-                e.path, device_str(info.device))))
+        if info[1] == "parameter" and info[2].type not in ("cpu", "meta") and cpu_packed(e.tensor):
+            problems.append(_problem("quant_incomplete", e, "cpu-packed", device_str(info[2]), cpu_packed_message(
+                e.path, device_str(info[2]))))
             continue
-        if module is not None and info.role != "offloaded" and info.role not in _ATTR_ROLES:
+        if module is not None and info[1] != "offloaded" and info[1] not in _ATTR_ROLES:
             comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
             exp = fixed_dev or hook_dev or (comp.device if comp else None)
-            dt = info.dtype
+            dt = info[3]
             # fast path: where it should be, and in the component dtype (or not judged for dtype)
-            if comp is not None and info.device == exp and (dt == comp.dtype or not dt.is_floating_point) \
-                    and not (adapters and info.path in adapters) and not offloaded:
+            if comp is not None and info[2] == exp and (dt == comp.dtype or not dt.is_floating_point) \
+                    and not (adapters and info[0] in adapters) and not offloaded:
                 continue
         elif module is None and not strict and not (policy.plain_root and (fixed_dev is not None or policy.dtype)):
             continue  # a tensor of a plain object (a scheduler's): no expectation unless strict or asked for

@@ -78,8 +78,9 @@ class Policy:
         self.plain_root = not w.modules  # a batch, a state_dict, an optimizer: no module anywhere
         self.nonpersistent: set[str] = set()
         self.kbit = False
-        # filled by the one pass over the entries (``tally``): every row, the canonical (entry, row) pairs, the
-        # components with no loaded weight (id -> (component, parameters)), the summary groups when asked for
+        # filled by the one pass over the entries (``tally``): every row (a tuple in TensorInfo's field order), the
+        # canonical (entry, row) pairs, the components with no loaded weight (id -> (component, parameters)), the
+        # summary groups when asked for
         self.rows: list[Any] = []
         self.canon: list[tuple[Entry, Any]] = []
         self.unloaded: dict[int, tuple[Component, int]] = {}
@@ -96,7 +97,7 @@ class Policy:
         bnb, kbit = intent._BNB, False
         # a model has a few dozen classes: the per-module loop runs only when one of them keeps fp32 names, is a
         # peft layer or a bitsandbytes layer
-        types = {type(mod) for _, mod in w.modules}
+        types = w.types or {type(mod) for _, mod in w.modules}  # the walker keeps them
         plain = types <= _PLAIN_TYPES
         if not plain:
             if len(_PLAIN_TYPES) > 4096:  # fx GraphModules make a class per instance
@@ -160,9 +161,9 @@ class Policy:
         devs, dts = tally(self, summary)
         # fp32 beside bitsandbytes layers is on purpose only with the marks of peft's kbit preparation
         self.kbit_prepared = self.kbit and intent.kbit_prepared(self.w.modules, [
-            e.tensor for e, info in self.canon if info.role == "parameter" and info.dtype.is_floating_point
-            and info.dtype not in STORAGE_DTYPES and not intent.packed_param(e.tensor) and info.path not in
-            self.adapter_of])
+            e.tensor for e, info in self.canon if info[1] == "parameter" and info[3].is_floating_point
+            and info[3] not in STORAGE_DTYPES and not intent.packed_param(e.tensor) and info[0] not in
+            self.adapter_of])  # rows: tuples in TensorInfo's field order (tally)
         for i, c in enumerate(comps):
             hit = next(((p, d) for p, d in self.offloaded if _under(c.path, p)), None)
             if hit is not None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from torchdoctor._report.model import ScanReport, Target, summarize, summary_of
+from torchdoctor._report.model import ScanReport, Target, summarize_rows, summary_of
 from torchdoctor._placement import compact, device_str, dtype_str, parse_device, parse_dtype
 
 log = logging.getLogger("torchdoctor.scan")
@@ -66,15 +66,9 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
             summary = summary_of(policy.groups)
         else:
             with torch._C.DisableTorchFunction():  # storage keys of real tensors, also inside a virtual-device run
-                summary = summarize(zip(rows, (_real(e.tensor) for e in w.entries)))
-        return ScanReport(
-            tensors=tuple(rows),
-            problems=tuple(problems),
-            expected=expected,
-            source=type(obj).__name__,
-            truncated=w.truncated,
-            summary=summary,
-        )
+                summary = summarize_rows(rows, [_real(e.tensor) for e in w.entries])
+        # TensorInfo objects are made from the rows when report.tensors is first read
+        return ScanReport.of_rows(rows, tuple(problems), expected, type(obj).__name__, w.truncated, summary)
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -1,9 +1,11 @@
-"""The one pass over a walk's entries that every policy makes: each entry's row (``TensorInfo``), the canonical
-entries, the non-persistent buffers, each component's votes (device and dtype), the components whose weights are
-all on meta, and, for scan, the summary by device and dtype when no tensor in it has a readable storage.
+"""The one pass over a walk's entries that every policy makes: each entry's row, the canonical entries, the
+non-persistent buffers, each component's votes (device and dtype), the components whose weights are all on meta,
+and, for scan, the summary by device and dtype when no tensor in it has a readable storage.
 
 scan ran six passes after the walk (rows, canon, non-persistent buffers, votes, unloaded components, summary);
 folding them into this loop is most of what makes a scan cost about what accelerate's own listing costs (issue 28).
+A row is a tuple in ``TensorInfo``'s field order (``PATH`` .. ``ALIAS`` index it; the shape may still be a
+``torch.Size``): the report builds its ``TensorInfo`` objects only when ``report.tensors`` is first read.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from torch import nn
 
 from torchdoctor._scan import intent
 from torchdoctor._scan.intent import STORAGE_DTYPES, packed_scale
+from torchdoctor._walk import describe
 
 # ``Policy`` (torchdoctor._scan.policy) calls in here; annotated ``Any`` so this module never imports the policy back.
 Policy = Any
@@ -25,6 +28,15 @@ _PARAM = nn.Parameter
 _TENSOR = torch.Tensor
 _VOTABLE: dict[torch.dtype, bool] = {}  # dtype -> floating and not packed storage (dtypes are few)
 _SCALE_KEYS: dict[str, bool] = {}  # tensor name -> has "scale" in it (names repeat across layers)
+PATH, ROLE, DEVICE, DTYPE, SHAPE, NBYTES, MOVED, ALIAS = range(8)  # a row's fields, in TensorInfo's order
+
+
+def row_of(e: Any) -> tuple[Any, ...]:
+    """The row of an entry whose tensor is not a plain ``Tensor``/``Parameter`` (sizes may be symbolic: jagged
+    nested tensors; sparse COO has no ``nbytes``), as ``Entry.info`` reads it."""
+    t = e.tensor
+    shape, nbytes = describe(t)
+    return (e.path, e.role, t.device, t.dtype, shape, nbytes, e.moved_by_module_to, e.alias_of)
 
 
 def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[Any]]], list[dict[torch.dtype, list[Any]]]]:
@@ -42,58 +54,84 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
     const, cache, ctx, prefixes, kbit = policy._const_ctx, policy._ctx_cache, policy.ctx, policy.fp32_prefixes, \
         policy.kbit
     scaled, casting, add_row, add_canon = _SCALE_KEYS, policy.casting, rows.append, canon.append
+    # Reading a tensor's device makes a new object each time: rows share one per device (equal, fewer kept), and
+    # what depends only on the device, the component or the group is carried from the previous entry while it holds.
+    last_dev: Any = None
+    meta = False
+    last_comp: Any = None
+    gkey: Any = None
+    g: Any = None
+    c: Any = None
+    i = 0
     for e in policy.w.entries:
-        info = e.info()
+        t = e.tensor
+        tp = type(t)
+        info = None
+        if tp is _PARAM or tp is _TENSOR:
+            try:  # nested and sparse COO tensors are plain Tensors too: their shape or nbytes refuse
+                dev, dt, shape, nbytes = t.device, t.dtype, t.shape, t.nbytes  # nbytes: numel * itemsize, one call
+                if dev == last_dev:
+                    dev = last_dev
+                else:
+                    last_dev, meta = dev, dev == _META
+                info = (e.path, e.role, dev, dt, shape, nbytes, e.moved_by_module_to, e.alias_of)
+            except Exception:
+                pass
+        if info is None:
+            info = row_of(e)
+            dev, dt, shape, nbytes = info[2], info[3], info[4], info[5]
+            last_dev, meta = dev, dev == _META
         add_row(info)
-        if e.alias_of is not None:
+        if info[7] is not None:
             continue
         add_canon((e, info))
-        dev, dt = info.device, info.dtype
         if groups is not None:
             # a storage is counted once (tied weights, views): that needs its storage, read apart from any
             # function mode (``ScanReport`` fills it in then); meta and virtual tensors have none to share
-            if dev == _META or hasattr(type(e.tensor), "_td_device"):
-                g = groups.get((dev, dt))
-                if g is None:
-                    g = groups[(dev, dt)] = [0, 0]
+            if meta or hasattr(tp, "_td_device"):
+                if gkey is None or dev is not gkey[0] or dt is not gkey[1]:
+                    gkey = (dev, dt)
+                    g = groups.get(gkey)
+                    if g is None:
+                        g = groups[gkey] = [0, 0]
                 g[0] += 1
-                g[1] += info.nbytes
+                g[1] += nbytes
             else:
                 groups = None
-        role = info.role
+        role = info[1]
         if role != "parameter":
             if role != "buffer":
                 continue
             if e.key in (e.owner.__dict__.get("_non_persistent_buffers_set") or ()):
-                nonpersistent.add(info.path)
+                nonpersistent.add(info[0])
         if e.module is None:
             continue
         comp, kept, _ = const or cache.get(e.module_path) or ctx(e.module_path)
         if comp is None:
             continue
-        if role == "parameter":
+        if comp is not last_comp:
+            last_comp, i = comp, index[id(comp)]
             c = counts.get(id(comp))
             if c is None:
                 c = counts[id(comp)] = [comp, 0, 0]
+        if role == "parameter":
             c[1] += 1
-            c[2] += dev == _META
+            c[2] += meta
         if casting and id(e.module) in casting:
             continue
         ok = votable.get(dt)
         if ok is None:
             ok = votable[dt] = dt.is_floating_point and dt not in STORAGE_DTYPES
-        if not ok or not info.moved_by_module_to or (adapters and info.path in adapters):
+        if not ok or not info[6] or (adapters and info[0] in adapters):
             continue
-        if type(e.tensor) is not _PARAM and intent.packed_param(e.tensor):
+        if tp is not _PARAM and intent.packed_param(t):
             continue  # packed 4-bit data stored in a float dtype: no vote
-        if kept or (dt == _F32 and prefixes and policy._fp32_kept(e)):
+        if kept or (dt is _F32 and prefixes and policy._fp32_kept(e)):
             continue
-        i = index[id(comp)]
         # one vote per layer (module) holding compute weights (>= 2 dims), then tensors, then bytes: a single
         # large tensor (an upcast tied embedding) cannot swing a component; vectors decide only where no layer does
-        layer = id(e.module) if role == "parameter" and len(info.shape) >= 2 else None
-        nbytes = info.nbytes
-        if dev != _META:  # votes inlined: once or twice per tensor
+        layer = id(e.module) if role == "parameter" and len(shape) >= 2 else None
+        if not meta:  # votes inlined: once or twice per tensor
             table = devs[i]
             v = table.get(dev)
             if v is None:
@@ -102,7 +140,7 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
                 v[0].add(layer)
             v[1] += 1
             v[2] += nbytes
-        if nonpersistent and info.path in nonpersistent or (kbit and intent.follows_input(e)):
+        if nonpersistent and info[0] in nonpersistent or (kbit and intent.follows_input(e)):
             continue
         key = e.key
         if type(key) is str:
@@ -113,7 +151,7 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
                 scale = scaled[key] = "scale" in key.lower()
             if scale and packed_scale(e):
                 continue
-        if dt == _F32:
+        if dt is _F32:
             norm = norms.get(type(e.module))
             if norm or (norm is None and intent.is_norm(e.module)):
                 continue
@@ -127,5 +165,6 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
         v[2] += nbytes
     policy.rows, policy.canon, policy.groups = rows, canon, groups
     # components whose parameters are all on meta (at least two): a model built without weights, one summary each
-    policy.unloaded = {k: (c[0], c[1]) for k, c in counts.items() if c[1] >= 2 and c[1] == c[2]}
+    policy.unloaded = {k: (v[0], v[1]) for k, v in counts.items() if v[1] >= 2 and v[1] == v[2]}
     return devs, dts
+

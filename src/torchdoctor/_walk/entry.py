@@ -70,6 +70,7 @@ class Walk:
         self.detached: list[tuple[str, nn.Module]] = []  # modules held in plain lists/dicts/attributes of modules
         self.problems: list[Problem] = []
         self.module_paths: dict[int, str] = {}
+        self.types: set[type] = set()  # the classes of ``modules`` (every class is checked once per class)
         self.hooks: list[tuple[str, nn.Module, Any]] = []  # (module path, module, accelerate hook)
         # forwards replaced by another module's method: (patched module path, patched module, its network's path)
         self.patches: list[tuple[str, nn.Module, str]] = []

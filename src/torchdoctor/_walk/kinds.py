@@ -252,3 +252,24 @@ def unreadable(t: torch.Tensor) -> str | None:
     except Exception as exc:
         return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
     return None
+
+
+def hook_chain(hook: Any) -> list[Any]:
+    """An accelerate hook, each hook of a ``SequentialHook``, or each hook of a diffusers ``HookRegistry`` (read
+    from ``__dict__``, no user code run)."""
+    hd = instance_dict(hook) or {}
+    inner = hd.get("hooks")
+    if isinstance(inner, (list, tuple)):
+        return [h for h in inner]
+    if isinstance(inner, dict):
+        return list(inner.values())
+    return [hook]
+
+
+def group_offloading(registry: Any) -> bool:
+    """A diffusers ``HookRegistry`` holding a group offloading hook (``apply_group_offloading``,
+    ``enable_group_offload``): the module rests on the offload device and is onloaded per call."""
+    if registry is None:
+        return False
+    inner = (instance_dict(registry) or {}).get("hooks")
+    return isinstance(inner, dict) and any(type(h).__name__ == "GroupOffloadingHook" for h in inner.values())

@@ -20,30 +20,9 @@ from torch import nn
 
 from torchdoctor._report.model import Problem
 from torchdoctor._walk.entry import Entry, Walk, join_path, set_tensor
-from torchdoctor._walk.kinds import (
-    ATOM,
-    FAST_ATOMS,
-    FUNC,
-    HOOK,
-    MAPPING,
-    MEMBER_KINDS,
-    MODULE,
-    OBJ,
-    PLAIN,
-    SEQ,
-    SKIP,
-    TENSOR,
-    form_of,
-    has_members,
-    inner_value,
-    instance_dict,
-    is_jagged_type,
-    is_quant_type,
-    kind,
-    members,
-    slot_items,
-    unreadable,
-)
+from torchdoctor._walk.kinds import (ATOM, FAST_ATOMS, FUNC, HOOK, MAPPING, MEMBER_KINDS, MODULE, OBJ, PLAIN, SEQ, SKIP,
+                                     TENSOR, form_of, group_offloading, has_members, hook_chain, inner_value,
+                                     instance_dict, is_jagged_type, is_quant_type, kind, members, slot_items, unreadable)
 
 MAX_DEPTH = 64  # nesting of plain objects / containers below a module attribute
 MAX_ITEMS = 100_000  # items read from one container
@@ -52,7 +31,9 @@ MAX_NODES = 5_000_000  # objects visited in one walk
 # nn.Module bookkeeping: never user data (skipping these by a frozen set is what makes the walk cost about a bare named_parameters() loop).
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "__dict__",
                                                        "_diffusers_hook"}
-_ATTR_KEYS: dict[type, tuple[frozenset[str], tuple[str, ...], bool]] = {}  # module class -> (keys, extra, hooked)
+_ATTR_KEYS: dict[type, tuple[frozenset[str], tuple[str, ...], bool, bool]] = {}  # class -> (keys, extra, hooked, forward)
+_FORWARD: Any = object()  # in expand's ``later`` list: the module's own ``forward`` attribute, not a key
+_UNSEEN: Any = object()
 _is_quant_type = is_quant_type  # the former private name, kept for importers that have not switched yet
 __all__ = ["MAX_DEPTH", "MAX_ITEMS", "Entry", "Walk", "form_of", "hook_chain", "is_quant_type", "set_tensor", "walk"]
 
@@ -64,9 +45,11 @@ class _Walker:
         self.seen_obj: dict[int, tuple[str, list[Entry], int, int] | None] = {}  # id -> (path, list, start, end)
         self.keep_alive: list[Any] = []  # ids stay valid for the duration of the walk
         self.pending: list[tuple[str, nn.Module, bool]] = []  # module roots to expand: (path, module, moved)
-        self.module_set: set[int] = set()
+        self.module_set: dict[int, int] = {}  # module id -> the batch that first reached it
         self.pending_ids: set[int] = set()
         self.out: list[Entry] = []
+        self.batch = 0  # run_modules' batch: a module's attributes are walked once per batch
+        self.attrs_done: dict[int, int] = {}  # module id -> the batch that walked its attributes
 
     # -- bounds ---------------------------------------------------------------------------------------
     def truncate(self, path: str, why: str) -> None:
@@ -86,10 +69,12 @@ class _Walker:
         return False
 
     # -- module tree ----------------------------------------------------------------------------------
-    def expand(self, root_path: str, root: nn.Module, moved: bool, order: list[tuple[str, nn.Module, bool, Any]],
+    def expand(self, root_path: str, root: nn.Module, moved: bool, later: list[tuple[str, nn.Module, Any, Any]],
                params: list[Entry], buffers: list[Entry], attach: tuple[list[Entry], list[Entry]]) -> None:
-        """Append ``(path, module, moved, __dict__)`` in ``named_modules(remove_duplicate=False)`` order; cycles are
-        cut. Parameters and buffers are read in the same pass; those with attributes of their own go to ``attach``."""
+        """Visit modules in ``named_modules(remove_duplicate=False)`` order, cycles cut, reading parameters and buffers
+        (those with attributes of their own go to ``attach``) and, once per batch, the attributes that need walking
+        (to ``later``: walked after every parameter and buffer, the canonical order; a ``forward`` set on the
+        instance first). One pass: a second loop over the modules cost a sixth of a scan (issue 28)."""
         # depth-first, preorder. A cycle can only lead back to a module already seen, so only those are checked
         # against the ancestors of the current path (kept by depth: no per-module set bookkeeping).
         stack: list[tuple[str, nn.Module, int]] = [(root_path, root, 0)]
@@ -97,34 +82,70 @@ class _Walker:
         module_set, modules, module_paths = self.module_set, self.w.modules, self.w.module_paths
         nodes = self.nodes
         tensor, param = torch.Tensor, nn.Parameter
+        atoms, hooks, attr_keys, batch, done = FAST_ATOMS, self.w.hooks, _ATTR_KEYS, self.batch, self.attrs_done
+        types = self.w.types
+        pop, push, add_later = stack.pop, stack.append, later.append
         while stack:
-            path, mod, depth = stack.pop()
+            path, mod, depth = pop()
             nodes += 1
             if nodes > MAX_NODES:
                 self.truncate(path, f"more than {MAX_NODES} module paths")
                 break
             mid = id(mod)
             if mid not in module_set:
-                module_set.add(mid)
+                module_set[mid] = batch
                 modules.append((path, mod))
                 module_paths[mid] = path
+                fresh = True
+            else:  # reached again: its attributes once per batch (at the first path)
+                fresh = module_set[mid] != batch and done.get(mid) != batch
+                done[mid] = batch
             d = mod.__dict__
-            order.append((path, mod, moved, d))
-            for tensors, role, slot, sink, more in ((d.get("_parameters"), "parameter", "param", params, attach[0]),
-                                                    (d.get("_buffers"), "buffer", "buffer", buffers, attach[1])):
-                if not tensors:
-                    continue
+            tensors = d.get("_parameters")
+            if tensors:
                 for name, t in dict.items(tensors):
                     tp = type(t)
-                    if tp is tensor or tp is param:
-                        e = Entry(f"{path}.{name}" if path else name, role, t, mod, name, slot, mod, path, moved)
-                        sink.append(e)
-                        if t.__dict__:
-                            more.append(e)
-                    elif isinstance(t, tensor) and self.readable(t, f"{path}.{name}" if path else name, role):
-                        e = Entry(f"{path}.{name}" if path else name, role, t, mod, name, slot, mod, path, moved)
-                        sink.append(e)
-                        more.append(e)
+                    plain = tp is param or tp is tensor
+                    if plain or isinstance(t, tensor) and self.readable(t, f"{path}.{name}" if path else name, "parameter"):
+                        e = Entry(f"{path}.{name}" if path else name, "parameter", t, mod, name, "param", mod, path, moved)
+                        params.append(e)
+                        if not plain or t.__dict__:
+                            attach[0].append(e)
+            tensors = d.get("_buffers")
+            if tensors:
+                for name, t in dict.items(tensors):
+                    tp = type(t)
+                    plain = tp is param or tp is tensor
+                    if plain or isinstance(t, tensor) and self.readable(t, f"{path}.{name}" if path else name, "buffer"):
+                        e = Entry(f"{path}.{name}" if path else name, "buffer", t, mod, name, "buffer", mod, path, moved)
+                        buffers.append(e)
+                        if not plain or t.__dict__:
+                            attach[1].append(e)
+            # module attributes (plain tensors, objects, containers, list-held modules: never moved by Module.to),
+            # once per batch for a module reached twice, at its first path
+            if fresh:
+                # modules of one class nearly always have the same __dict__ keys: comparing them with the last key
+                # set seen for the class is half the cost of a set difference and a sort per module
+                tp = type(mod)
+                hit = attr_keys.get(tp)
+                if hit is None or not d.keys() == hit[0]:  # ``==``: dict views compare equal faster than unequal
+                    if len(attr_keys) > 4096:  # fx GraphModules make a class per instance
+                        attr_keys.clear()
+                    keys = frozenset(d)
+                    hit = attr_keys[tp] = (keys, tuple(sorted(keys - _MODULE_INTERNALS)),
+                                           "_hf_hook" in keys or "_diffusers_hook" in keys, "forward" in keys)
+                types.add(tp)
+                if hit[2]:
+                    if "_hf_hook" in d:
+                        hooks.append((path, mod, d["_hf_hook"]))
+                    if group_offloading(d.get("_diffusers_hook")):
+                        hooks.append((path, mod, d["_diffusers_hook"]))
+                if hit[3] and d["forward"] is not None:
+                    add_later((path, mod, _FORWARD, d["forward"]))
+                for key in hit[1]:
+                    v = d[key]
+                    if type(v) not in atoms:
+                        add_later((path, mod, key, v))
             sub = d.get("_modules")
             if not sub:
                 continue
@@ -135,13 +156,14 @@ class _Walker:
             for name, child in reversed(dict.items(sub)):
                 if isinstance(child, nn.Module) and (id(child) not in module_set or id(child) not in ancestors):
                     child_path = path if compiled and name == "_orig_mod" else f"{path}.{name}" if path else name
-                    stack.append((child_path, child, depth))
+                    push((child_path, child, depth))
         self.nodes = nodes
 
     def run_modules(self) -> None:
         while self.pending:
             batch, self.pending = self.pending, []
-            tree: list[tuple[str, nn.Module, bool, Any]] = []
+            self.batch += 1
+            later: list[tuple[str, nn.Module, Any, Any]] = []
             entries = self.w.entries
             buffers: list[Entry] = []
             attach: tuple[list[Entry], list[Entry]] = ([], [])
@@ -149,41 +171,24 @@ class _Walker:
                 if id(mod) in self.module_set:
                     continue
                 (self.w.roots if moved else self.w.detached).append((path, mod))
-                self.expand(path, mod, moved, tree, entries, buffers, attach)
+                self.expand(path, mod, moved, later, entries, buffers, attach)
             entries.extend(buffers)  # canonical order: every parameter, then every buffer
             # tensor-attached attributes (quant_state, SCB, subclass inners) of what was just found
             for e in attach[0] + attach[1]:
                 self.attached(e.tensor, e.path, e.module, e.module_path, e.moved_by_module_to, 0)
-            # module attributes: plain tensors, objects, containers, list-held modules (never moved by Module.to)
-            atoms, hooks, attr_keys = FAST_ATOMS, self.w.hooks, _ATTR_KEYS
-            done: set[int] = set()  # a module shared within this batch: its attributes once, at its first path
-            for path, mod, _moved, d in tree:
-                if id(mod) in done:
+            # then the module attributes, in module order (a replaced forward first), keys sorted
+            seen = self.seen_obj
+            for path, mod, key, v in later:
+                if key is _FORWARD:
+                    self.patched_forward(v, path, mod)
                     continue
-                done.add(id(mod))
-                # modules of one class nearly always have the same __dict__ keys: comparing them with the last
-                # key set seen for the class is half the cost of a set difference and a sort per module
-                tp = type(mod)
-                hit = attr_keys.get(tp)
-                if hit is None or d.keys() != hit[0]:
-                    if len(attr_keys) > 4096:  # fx GraphModules make a class per instance
-                        attr_keys.clear()
-                    keys = frozenset(d)
-                    hit = attr_keys[tp] = (keys, tuple(sorted(keys - _MODULE_INTERNALS)),
-                                           "_hf_hook" in keys or "_diffusers_hook" in keys)
-                if hit[2]:
-                    if "_hf_hook" in d:
-                        hooks.append((path, mod, d["_hf_hook"]))
-                    if group_offloading(d.get("_diffusers_hook")):
-                        hooks.append((path, mod, d["_diffusers_hook"]))
-                fwd = d.get("forward")
-                if fwd is not None:
-                    self.patched_forward(fwd, path, mod)
-                for key in hit[1]:
-                    v = d[key]
-                    if type(v) in atoms:
-                        continue
-                    self.value(v, f"{path}.{key}" if path else key, mod, key, "attr", mod, path, "attribute", 0)
+                # an object walked already that held no tensor (every layer's ``config``): all ``value`` would do
+                # is count it, so count it here
+                rec = seen.get(id(v), _UNSEEN)
+                if rec is not _UNSEEN and (rec is None or rec[2] == rec[3]) and self.nodes < MAX_NODES:
+                    self.nodes += 1
+                    continue
+                self.value(v, f"{path}.{key}" if path else key, mod, key, "attr", mod, path, "attribute", 0)
 
     def patched_forward(self, fwd: Any, path: str, mod: nn.Module) -> None:
         """A forward replaced on the instance by a method of another module (kohya sd-scripts' LoRA network:
@@ -334,27 +339,6 @@ class _Walker:
                     e.role = "offloaded"
 
 
-def hook_chain(hook: Any) -> list[Any]:
-    """An accelerate hook, each hook of a ``SequentialHook``, or each hook of a diffusers ``HookRegistry`` (read
-    from ``__dict__``, no user code run)."""
-    hd = instance_dict(hook) or {}
-    inner = hd.get("hooks")
-    if isinstance(inner, (list, tuple)):
-        return [h for h in inner]
-    if isinstance(inner, dict):
-        return list(inner.values())
-    return [hook]
-
-
-def group_offloading(registry: Any) -> bool:
-    """A diffusers ``HookRegistry`` holding a group offloading hook (``apply_group_offloading``,
-    ``enable_group_offload``): the module rests on the offload device and is onloaded per call."""
-    if registry is None:
-        return False
-    inner = (instance_dict(registry) or {}).get("hooks")
-    return isinstance(inner, dict) and any(type(h).__name__ == "GroupOffloadingHook" for h in inner.values())
-
-
 def walk(obj: Any) -> Walk:
     """Every tensor reachable from ``obj`` (module, pipeline-like object, dict/list/tuple/dataclass).
 
@@ -390,11 +374,10 @@ def walk(obj: Any) -> Walk:
     wk.w.entries.extend(rest)
     wk.offload_hooks()
     entries = wk.w.entries
-    ids = [id(e.tensor) for e in entries]
-    if len(set(ids)) != len(ids):  # a tensor reached twice: the later paths are aliases of the first
+    if len({id(e.tensor) for e in entries}) != len(entries):  # a tensor reached twice: later paths are aliases
         first: dict[int, str] = {}
-        for e, i in zip(entries, ids):
-            p = first.setdefault(i, e.path)
+        for e in entries:
+            p = first.setdefault(id(e.tensor), e.path)
             if p != e.path:
                 e.alias_of = p
     return wk.w
