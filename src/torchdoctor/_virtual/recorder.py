@@ -44,8 +44,9 @@ def _from_origin(p: Problem, origin: dict[tuple[str, ...], str]) -> Problem:
 
 
 def _at_entry(p: Problem) -> bool:
-    """Found by a module-entry check: a tensor the module owns, by path."""
-    return p.op is not None and p.op.endswith(".forward") and p.module_path is not None and p.role != "activation"
+    """Found by a module-entry check (a tensor the module owns, by path), or a model tensor on meta: culprits."""
+    return p.role != "activation" and (p.kind == "meta" or p.op is not None and p.op.endswith(".forward") and
+                                       p.module_path is not None)
 
 
 def _culprits_then_rest(problems: tuple[Problem, ...], n: int, limit: int) -> list[str]:
