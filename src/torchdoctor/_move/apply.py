@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from torchdoctor._move import owners as q
-from torchdoctor._move.plan import Moved, MoveReport, _Plan, build
+from torchdoctor._move.plan import Expect, Moved, MoveReport, _Plan, build
 from torchdoctor._move.undo import Outcome, UndoLog, Unit, compact_of, irreplaceable, owns_storage
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype, same_device
 from torchdoctor._report.model import PlacementError, Problem
@@ -127,7 +127,7 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
                 done.append(Moved(path, src, dst, nbytes))
                 total += nbytes
         cursor[0] = _VERIFYING
-        left = _verify(obj, dev, dt, keep_fp32)
+        left = _verify(obj, dev, dt, keep_fp32, p.expect)
         if opt_state is not None:
             left += opt_state.left_behind(obj, opts, was)
     except BaseException as exc:
@@ -228,19 +228,15 @@ def _keeps(log: UndoLog, unit: list[Any], olds: list[torch.Tensor], datas: list[
         return True
     if log.mode != "auto":
         return False
+    if len(olds) == 1:  # the common case, without generators
+        if irreplaceable(olds[0]):
+            return True
+        sid = unit[0].sid
+        return sid is not None and (sid in shared or not owns_storage(datas[0]))
     if any(irreplaceable(o) for o in olds):
         return True
-    sid = _storage_id(datas[0])
+    sid = unit[0].sid  # the plan read it: views of one storage share the same data's storage
     return sid is not None and (sid in shared or not any(owns_storage(d) for d in datas))
-
-
-def _storage_id(t: torch.Tensor) -> int | None:
-    if not q.real_storage(t):
-        return None
-    try:
-        return int(t.untyped_storage()._cdata)
-    except Exception:
-        return None
 
 
 def _shared_storages(units: list[list[Any]]) -> set[int]:
@@ -248,7 +244,7 @@ def _shared_storages(units: list[list[Any]]) -> set[int]:
     seen: set[int] = set()
     shared: set[int] = set()
     for unit in units:
-        sid = _storage_id(unit[0].entry.tensor)
+        sid = unit[0].sid
         if sid is not None:
             (shared if sid in seen else seen).add(sid)
     return shared
@@ -261,8 +257,13 @@ def _nbytes(t: torch.Tensor) -> int:
         return 0
 
 
-def _verify(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep_fp32: bool) -> list[str]:
-    """Paths left behind: a fresh plan must be empty, and scan must find nothing on another device or on meta."""
+def _verify(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep_fp32: bool,
+            expect: Expect | None = None) -> list[str]:
+    """Paths left behind: a fresh plan must be empty, and scan must find nothing on another device or on meta.
+    A cast whose plan made an ``Expect`` is done when a fresh walk shows exactly what the plan made; anything else
+    (and anything that differs) gets the fresh plan, which names what was left."""
+    if expect is not None and expect.holds(obj):
+        return []
     left = [str(s) for s in build(obj, device, dtype, keep_fp32).public()]
     if device is not None:
         from torchdoctor._scan.scan import scan  # a cast alone never needs it: the first move stays cheaper

@@ -89,11 +89,18 @@ class Unit:
 
     def __init__(self, olds: list[torch.Tensor], datas: list[torch.Tensor], keep: bool) -> None:
         self.keep = keep
-        self.layouts = [_layout(d) for d in datas]
-        self.grads = [o.requires_grad and o.is_leaf for o in olds]
-        self.dicts = [_attrs(o) for o in olds]  # the attribute dicts, not the tensors: rebuilt objects get them back
         self.kept: list[torch.Tensor] | None = list(datas) if keep else None
-        self.objs: list[Any] = list(olds) if keep else [_weak(o) for o in olds]
+        if len(olds) == 1:  # the common case, without comprehensions: one member is rebuilt by one ``.to``
+            o, d = olds[0], datas[0]
+            self.layouts: list[tuple[Any, ...]] = [(d.dtype, d.device, 0, None, None)]
+            self.grads = [o.requires_grad and o.is_leaf]
+            self.dicts = [_attrs(o)]
+            self.objs: list[Any] = [o] if keep else [_weak(o)]
+        else:
+            self.layouts = [_layout(d) for d in datas]
+            self.grads = [o.requires_grad and o.is_leaf for o in olds]
+            self.dicts = [_attrs(o) for o in olds]  # the attribute dicts, not the tensors: rebuilt objects get them
+            self.objs = list(olds) if keep else [_weak(o) for o in olds]
         self.news: list[torch.Tensor] = []
         self._storage: Any = None
         self._fresh: dict[int, tuple[torch.Tensor, bool]] = {}
