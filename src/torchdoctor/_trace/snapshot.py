@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from torchdoctor._walk import walk
-from torchdoctor._walk.kinds import FAST_ATOMS
+from torchdoctor._walk.kinds import ATOM, FAST_ATOMS, FUNC, HOOK, MAPPING, OBJ, SEQ, SET, SKIP, has_members, \
+    instance_dict, kind
 
 # path -> (the tensor, or None once stripped; its id; device; dtype)
 Snap = dict[str, tuple[Any, int, torch.device, torch.dtype]]
@@ -189,10 +190,8 @@ class Shape:
                     attrs += (p, v, scope)
                 else:
                     others[id(v)] = v
-        if others:
-            w = walk(list(others.values()))
-            if w.entries or w.modules or w.problems:
-                return None  # an attribute object now holds a tensor or a module: walk it all
+        if others and not inert(list(others.values())):
+            return None  # an attribute object may hold a tensor or a module now: walk it all
         later += attrs
         for k in range(0, len(later), 3):
             t = later[k + 1]
@@ -201,6 +200,45 @@ class Shape:
                 snap[later[k]] = (t, i, t.device, t.dtype)
                 objects[i] = later[k + 2]
         return snap, objects, dict(self.modules)
+
+
+_INERT_LIMIT = 20_000  # objects looked at; beyond, the walker decides
+
+
+def inert(objs: list[Any]) -> bool:
+    """True when nothing the walker would reach from ``objs`` is a tensor, a module or something it reads in its
+    own way (a closure, a partial, a slotted object): such objects add nothing to a walk. Read as the walker reads
+    (builtin methods of dicts, lists, sets; instance ``__dict__``), without its per-value bookkeeping (a
+    transformers config is ~200 values: walking them was half of a lean read); False whenever unsure."""
+    stack = objs
+    seen: set[int] = set()
+    atoms = FAST_ATOMS
+    while stack:
+        v = stack.pop()
+        if type(v) in atoms:
+            continue
+        k = kind(v)
+        if k == ATOM or k == SKIP or k == HOOK or (k == FUNC and not has_members(v, k)):
+            continue
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if len(seen) > _INERT_LIMIT:
+            return False
+        if k == MAPPING:
+            stack.extend(dict.values(v))
+            stack.extend(key for key in dict.keys(v) if type(key) not in atoms)
+        elif k == SEQ:
+            stack.extend(list.__iter__(v) if isinstance(v, list) else tuple.__iter__(v))
+        elif k == SET:
+            stack.extend(set.__iter__(v) if isinstance(v, set) else frozenset.__iter__(v))
+        elif k == OBJ and not hasattr(type(v), "__slots__"):
+            d = instance_dict(v)
+            if d:
+                stack.extend(d.values())
+        else:  # tensors, modules, closures, partials, deques, slotted objects
+            return False
+    return True
 
 
 def snapshot(obj: Any, prefix: str, shapes: dict[tuple[int, str], Shape | None] | None = None) -> Read:
