@@ -308,7 +308,8 @@ class _Walker:
                 self.value(ck, join_path(path, f"<key {i}>"), v, ck, "key", module, mpath, child_role, depth + 1, moved)
                 if not isinstance(ck, (str, int, tuple)):  # one path per value (optimizer state keyed by parameters)
                     name = f"<{type(ck).__name__} {i}>"
-            self.value(cv, join_path(path, name), v, ck, cslot, module, mpath, child_role, depth + 1, moved)
+            if type(cv) not in atoms:  # value() returns at once for these: a config's ints and strings
+                self.value(cv, join_path(path, name), v, ck, cslot, module, mpath, child_role, depth + 1, moved)
         self.seen_obj[oid] = (path, lst, start, len(lst))
 
     # -- accelerate offload hooks ---------------------------------------------------------------------
