@@ -163,9 +163,10 @@ _ZIP_ONLY = ("zipfile", "shutil", "threading", "pathlib", "bz2", "lzma")
 # What a file saved on cpu without a config.json beside it, scanned without --dtype, does not need (issue 28): the
 # device counts (only a location other than cpu asks) and the dtype expectation (only dtype= or a config.json).
 _CPU_NO_CONFIG = ("torchdoctor._checkpoint.devices", "torchdoctor._checkpoint.expect")
-# ... and a safetensors header, which names no pickle global: the allow-list, the verdicts on globals, and the
-# checks of pickle tensor records (only a refused header's message uses views' dims_text).
-_NO_PICKLE_GLOBALS = ("torchdoctor._checkpoint.names", "torchdoctor._checkpoint.unsafe", "torchdoctor._checkpoint.views")
+# ... and a safetensors header, which names no pickle global: the allow-list, torch's own records, the verdicts on
+# globals, and the checks of pickle tensor records (only a refused header's message uses views' dims_text).
+_NO_PICKLE_GLOBALS = ("torchdoctor._checkpoint.names", "torchdoctor._checkpoint.known", "torchdoctor._checkpoint.unsafe",
+                      "torchdoctor._checkpoint.views")
 
 
 @pytest.mark.parametrize("output", ["text", "json"])

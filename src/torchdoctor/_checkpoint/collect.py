@@ -19,8 +19,7 @@ from typing import Any
 
 from torchdoctor._checkpoint.checks import Entry, FileScan, Group, role_of
 from torchdoctor._checkpoint.dtypes import shown
-from torchdoctor._checkpoint.known import LFS_POINTER
-from torchdoctor._checkpoint.errors import CheckpointError
+from torchdoctor._checkpoint.errors import LFS_POINTER, CheckpointError
 
 # The readers of each format (safetensors, torch.save and its unpickler, zip, DCP) are imported by the function
 # that reads that format: `torchdoctor scan model.safetensors` never loads the pickle machinery, a legacy pickle

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["DTENSOR", "LFS_POINTER", "NJT_REBUILD", "SMALL_READ", "TORCH_RECORDS", "torch_allows"]
+__all__ = ["DTENSOR", "NJT_REBUILD", "TORCH_RECORDS", "torch_allows"]
 
-LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"  # a git-LFS pointer file in place of the weights
-SMALL_READ = 4096  # the only tensor bytes ever read: bitsandbytes' packed JSON quant_state
 
 DTENSOR = "torch.distributed.tensor.DTensor"
 NJT_REBUILD = "torch.nested._internal.nested_tensor._rebuild_njt"

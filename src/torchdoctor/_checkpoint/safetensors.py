@@ -25,8 +25,7 @@ from typing import IO, Any
 
 from torchdoctor._checkpoint.dtypes import DTYPES, UINT8, DType, clipped, shown
 from torchdoctor._checkpoint.checks import Entry, FileScan, role_of
-from torchdoctor._checkpoint.known import SMALL_READ
-from torchdoctor._checkpoint.errors import CheckpointError
+from torchdoctor._checkpoint.errors import SMALL_READ, CheckpointError
 
 __all__ = ["MAX_HEADER", "MAX_TENSORS", "read_safetensors"]
 

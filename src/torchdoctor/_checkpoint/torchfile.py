@@ -40,7 +40,7 @@ from torchdoctor._checkpoint.unpickle import (
     UnsafePickle,
     placeholder_class,
 )
-from torchdoctor._checkpoint.known import LFS_POINTER, SMALL_READ
+from torchdoctor._checkpoint.errors import LFS_POINTER, SMALL_READ
 from torchdoctor._checkpoint.names import DATA_TYPES, LIBRARY_CLASSES
 from torchdoctor._checkpoint.dtypes import shown
 from torchdoctor._checkpoint.views import BadRecord
