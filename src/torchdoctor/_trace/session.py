@@ -1,10 +1,12 @@
 """What a trace knows: the traced roots, their last seen placement per path, and the diff around each call.
 
 A *call* is the outermost patched function running in a thread. The first time a call touches an object of a
-traced root (the module whose method runs, a tensor whose ``.data`` is set, a hook's module...), the trace walks
-that object's subtree (the *scope*) before anything changes; when the outermost call returns it walks the scopes
+traced root (the module whose method runs, a tensor whose ``.data`` is set, a hook's module...), the trace reads
+that object's subtree (the *scope*) before anything changes; when the outermost call returns it reads the scopes
 again and records every path whose device or dtype differs, appeared or disappeared. So whatever the call did
-inside (direct ``_parameters`` writes included) is seen, and nothing runs between calls.
+inside (direct ``_parameters`` writes included) is seen, and nothing runs between calls. A read is a walk, or the
+walk's cached shape re-read slot by slot (``snapshot.py``); what is kept between calls holds no tensor, and
+records are made when read (or at once when a log or file takes them).
 """
 
 from __future__ import annotations
