@@ -374,8 +374,8 @@ def trace_row(n: int) -> None:
                     tr.__exit__(None, None, None)
     nparams = sum(p.numel() for p in model.parameters()) / 1e6
     row(f"trace on, .to(bf16) + back of a {nparams:.0f}M Llama shape", "untraced", summary(traced, plain), 1.05,
-        note="each traced call walks the model before and after it (~11 ms a pair on meta): a change made where "
-             "the trace cannot see is only caught by the walk")
+        note="each traced call re-reads the model before and after it (slots along the walk's cached shape, a "
+             "walk when the tree changed; ~half the old cost): what the trace cannot see is caught by that read")
 
 
 def main() -> int:
