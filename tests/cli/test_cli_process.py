@@ -238,7 +238,8 @@ _API_FIRST_SCAN = textwrap.dedent(
     """
 )
 _NOT_ON_THE_API_PATH = ("torchdoctor._checkpoint.render", "torchdoctor._report.html_assets",
-                        "torchdoctor._report.layout", "torchdoctor._walk", "torchdoctor._scan.policy")
+                        "torchdoctor._report.layout", "torchdoctor._walk", "torchdoctor._scan.policy",
+                        "torchdoctor._report.order")
 
 
 def test_api_first_scan_of_a_safetensors_file_loads_only_its_path(tmp_path: Path) -> None:

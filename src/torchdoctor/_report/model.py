@@ -15,7 +15,6 @@ import torch
 
 from torchdoctor._placement import compact, device_str, dtype_str
 from torchdoctor._report.html import HtmlMapMixin
-from torchdoctor._report.order import render_relocations, split_relocations, with_whence
 from torchdoctor._report.records import FrozenRecord, record_repr
 from torchdoctor._report.text import human_bytes, render_problems, schema
 from torchdoctor._report.text import public_types
@@ -263,6 +262,8 @@ class ScanReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the r
         return self.ok
 
     def to_dict(self) -> dict[str, Any]:
+        from torchdoctor._report.order import with_whence  # read when rendered: a move or a first scan never needs it
+
         doc: dict[str, Any] = {
             "schema": schema(self.verb),
             "ok": self.ok,
@@ -280,6 +281,8 @@ class ScanReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the r
     def relocations(self) -> tuple[list[Problem], list[Any]]:
         """(the problems to act on, the components not yet on the device asked for: ``Relocation`` objects, one
         move each)."""
+        from torchdoctor._report.order import split_relocations
+
         return split_relocations(self.problems, self.expected, self.tensors)
 
     def text(self, limit: int = 40) -> str:
@@ -341,6 +344,8 @@ def summary_of(groups: dict[tuple[torch.device, torch.dtype], list[int]]) -> tup
 
 def render_report(report: ScanReport, limit: int = 40) -> str:
     """Problems first, by path, then the compact summary."""
+    from torchdoctor._report.order import render_relocations, with_whence
+
     lines: list[str] = []
     head = report.source or "object"
     n_alias = sum(1 for t in report.tensors if t.alias_of)
