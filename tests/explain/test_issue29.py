@@ -59,7 +59,7 @@ XFORMERS = '''  File "/mnt/data/Tune-A-Video/train_tuneavideo.py", line 123, in 
     unet.enable_xformers_memory_efficient_attention()
   File "/home/u/.local/lib/python3.10/site-packages/diffusers/modeling_utils.py", line 196, in fn_recursive_set_mem_eff
     module.set_use_memory_efficient_attention_xformers(valid)'''
-# the same failure on Windows without code lines (a console that shows frames only): the path is the evidence
+# the same failure on Windows without code lines (a console that shows frames only): the frame names xformers
 _FMHA = r"C:\Users\u\ComfyUI_windows_portable\python_embeded\Lib\site-packages\xformers\ops\fmha\__init__.py"
 XFORMERS_WIN = f'''  File "{_FMHA}", line 223, in memory_efficient_attention
   File "{_FMHA}", line 321, in _memory_efficient_attention'''

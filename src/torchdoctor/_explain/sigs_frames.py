@@ -16,7 +16,7 @@ _FROM_STACK = "The error message is missing or cut off; the stack alone shows "
 
 _sig("frames.xformers", "backend_op_missing", "From the stack: xformers attention failed (message missing)",
      ("memory_efficient_attention(", "enable_xformers_memory_efficient_attention", "xformers/ops/fmha",
-      "xformers\\ops\\fmha", "xformers.ops.memory_efficient_attention"),
+      ", in memory_efficient_attention", "xformers.ops.memory_efficient_attention"),
      _FROM_STACK + "an xformers memory_efficient_attention call; it fails when this xformers has no kernel for "
      "the inputs' device, dtype or GPU (built for another torch/CUDA, CPU inputs, an old GPU).",
      (("bo.xformers_build", 2.0), ("bo.xformers_cpu_inputs", 1.0)), confidence=0.5,
