@@ -85,6 +85,8 @@ class _Walker:
         atoms, hooks, attr_keys, batch, done = FAST_ATOMS, self.w.hooks, _ATTR_KEYS, self.batch, self.attrs_done
         types = self.w.types
         pop, push, add_later = stack.pop, stack.append, later.append
+        slots = (("_parameters", "parameter", "param", params, attach[0]), ("_buffers", "buffer", "buffer", buffers,
+                                                                              attach[1]))
         while stack:
             path, mod, depth = pop()
             nodes += 1
@@ -101,26 +103,18 @@ class _Walker:
                 fresh = module_set[mid] != batch and done.get(mid) != batch
                 done[mid] = batch
             d = mod.__dict__
-            tensors = d.get("_parameters")
-            if tensors:
+            for store, role, slot, out, att in slots:  # parameters, then buffers: the canonical order
+                tensors = d.get(store)
+                if not tensors:
+                    continue
                 for name, t in dict.items(tensors):
                     tp = type(t)
                     plain = tp is param or tp is tensor
-                    if plain or isinstance(t, tensor) and self.readable(t, f"{path}.{name}" if path else name, "parameter"):
-                        e = Entry(f"{path}.{name}" if path else name, "parameter", t, mod, name, "param", mod, path, moved)
-                        params.append(e)
+                    if plain or isinstance(t, tensor) and self.readable(t, f"{path}.{name}" if path else name, role):
+                        e = Entry(f"{path}.{name}" if path else name, role, t, mod, name, slot, mod, path, moved)
+                        out.append(e)
                         if not plain or t.__dict__:
-                            attach[0].append(e)
-            tensors = d.get("_buffers")
-            if tensors:
-                for name, t in dict.items(tensors):
-                    tp = type(t)
-                    plain = tp is param or tp is tensor
-                    if plain or isinstance(t, tensor) and self.readable(t, f"{path}.{name}" if path else name, "buffer"):
-                        e = Entry(f"{path}.{name}" if path else name, "buffer", t, mod, name, "buffer", mod, path, moved)
-                        buffers.append(e)
-                        if not plain or t.__dict__:
-                            attach[1].append(e)
+                            att.append(e)
             # module attributes (plain tensors, objects, containers, list-held modules: never moved by Module.to),
             # once per batch for a module reached twice, at its first path
             if fresh:
