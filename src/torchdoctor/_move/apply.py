@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 import traceback
@@ -23,6 +24,7 @@ from torchdoctor._report.text import format_error, human_bytes
 __all__ = ["move"]
 
 log_ = logging.getLogger("torchdoctor.move")
+_PARAM, _TENSOR = torch.nn.Parameter, torch.Tensor
 _VERIFYING = "\0verifying"  # the cursor's value once every unit is in place (no path looks like it)
 
 
@@ -111,6 +113,20 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     if dt is not None and not (dt.is_floating_point or dt.is_complex):
         raise TypeError(f"move casts floating-point tensors only: dtype must be a floating dtype, not {dt}")
     log = UndoLog(_mode(rollback))
+    # The cyclic GC is paused as scan pauses it: move's records are freed by reference counting when it returns,
+    # and a collection started by them would walk the whole heap (transformers and torch: ~350k objects) in the
+    # middle of a cast (issue 28). Tensors are freed by reference counting either way.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _move(obj, dev, dt, keep_fp32, non_blocking, log, optimizer, t0)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _move(obj: Any, dev: torch.device | None, dt: torch.dtype | None, keep_fp32: bool, non_blocking: bool,
+          log: UndoLog, optimizer: Any, t0: float) -> MoveReport:
     opt_state, opts, was = _optimizers(optimizer)
     p = build(obj, dev, dt, keep_fp32)
     p.raise_refusals()
@@ -189,7 +205,8 @@ def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blo
             e = s.entry
             cursor[0] = e.path
             old = e.tensor
-            data = old if q.is_wrapper(old) else q.data_of(old)
+            tp = type(old)
+            data = old.data if tp is _PARAM else old if tp is _TENSOR or q.is_wrapper(old) else q.data_of(old)
             src = compact_of(old)
             back = Unit([old], [data], _keeps(log, unit, [old], [data], shared))
             new = q.convert(data, s.device, s.dtype, non_blocking)
@@ -232,7 +249,7 @@ def _keeps(log: UndoLog, unit: list[Any], olds: list[torch.Tensor], datas: list[
         if irreplaceable(olds[0]):
             return True
         sid = unit[0].sid
-        return sid is not None and (sid in shared or not owns_storage(datas[0]))
+        return sid is not None and (sid in shared or not unit[0].owns)  # ``owns``: read by the plan
     if any(irreplaceable(o) for o in olds):
         return True
     sid = unit[0].sid  # the plan read it: views of one storage share the same data's storage

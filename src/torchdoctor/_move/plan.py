@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import torch
 
 from torchdoctor._move import owners as q
+from torchdoctor._move.expect import Expect
 from torchdoctor._scan.casts import cast_target
 from torchdoctor._scan.policy import Policy
 from torchdoctor._report.model import PlacementError, Target
@@ -45,7 +46,7 @@ from torchdoctor._report.records import FrozenRecord
 from torchdoctor._report.text import format_error, human_bytes, schema, public_types
 from torchdoctor._walk import Entry, walk
 
-__all__ = ["MoveReport", "Moved", "PlanStep", "plan"]
+__all__ = ["Expect", "MoveReport", "Moved", "PlanStep", "plan"]
 
 _QUIET_VIA = frozenset({"param.data", "assign"})
 _NONE: list[Entry] = []  # a step without aliases (shared, never written to)
@@ -157,7 +158,7 @@ public_types(MoveReport, PlanStep)
 # _Step and _Plan are plain classes, not dataclasses: creating a dataclass compiles its methods at import, about a
 # millisecond each, and the first ``move`` of a process pays every import (issue 28).
 class _Step:
-    __slots__ = ("entry", "aliases", "device", "dtype", "via", "refused", "group", "sid")
+    __slots__ = ("entry", "aliases", "device", "dtype", "via", "refused", "group", "sid", "owns")
 
     def __init__(self, entry: Entry, aliases: list[Entry], device: torch.device, dtype: torch.dtype, via: str,
                  refused: tuple[str, str, str] | None = None, group: Any = None) -> None:
@@ -169,6 +170,7 @@ class _Step:
         self.refused = refused  # (kind, why, fix)
         self.group = group
         self.sid: int | None = None  # the storage's id where it has a real one (read once, here)
+        self.owns = True  # the tensor covers its whole storage (``undo.owns_storage``), read with ``sid``
 
     def __repr__(self) -> str:
         return f"_Step({self.entry.path!r}, {self.device}, {self.dtype}, {self.via!r}, refused={self.refused!r})"
@@ -250,8 +252,8 @@ def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep
             aliases.setdefault(e.alias_of, []).append(e)
     # what each tensor is cast to is the policy's decision for dtype=, the same scan verifies the move with
     policy = Policy(w, None, dtype, False) if dtype is not None else None
-    expect = Expect.of(w, policy) if device is None and policy is not None else None
-    seen = expect.seen if expect is not None else None
+    expect = Expect.of(w, policy, obj) if device is None and policy is not None else None
+    seen = expect.rows if expect is not None else None
     steps, kept = [], []
     keys: dict[Any, list[_Step]] = {}
     for e in w.entries:
@@ -262,7 +264,7 @@ def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep
             continue  # moved by the wrapper's own .to; offloaded weights belong to their (refused) hook
         target_dt, reason = cast_target(policy, e, keep_fp32) if policy is not None else (t.dtype, None)
         if seen is not None:
-            seen[e.path] = (target_dt, e.role, type(t), id(e.module))
+            seen.append((e, target_dt))
             if t.dtype in PACKED_DTYPES:  # float8 storage: its decision depends on its dtype
                 expect = seen = None
         if reason and target_dt != dtype:
@@ -304,8 +306,10 @@ def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep
             try:
                 st = t.untyped_storage()
                 s.sid = sid = st._cdata
-                if st.nbytes():
+                n = st.nbytes()
+                if n:
                     keys.setdefault((t.device, sid), []).append(s)
+                s.owns = t.storage_offset() == 0 and t.nbytes == n
             except Exception:  # sparse layouts and other forms without one storage
                 pass
         steps.append(s)
@@ -313,46 +317,9 @@ def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep
         if len(members) > 1 and _groupable(members):
             for s in members:
                 s.group = key
+    if expect is not None:
+        expect.aliases = aliases
     return _Plan(steps, refusals, kept, expect)
-
-
-class Expect:
-    """What a cast-only move's result must show, so that its verification can skip a second policy: every
-    canonical tensor at a path the plan saw, with the plan's target dtype, role, class and module, and the same
-    modules. Made only where the policy's cast targets depend on nothing a cast changes (no peft adapters or
-    bitsandbytes layers, whose expectations are re-read from the tensors' dtypes; no layers that cast per call,
-    hooks, patched forwards, walk bounds or float8 storage); anything else is verified by a fresh plan."""
-
-    __slots__ = ("modules", "seen")
-
-    def __init__(self, modules: list[int]) -> None:
-        self.modules = modules
-        self.seen: dict[str, tuple[torch.dtype, str, type, int]] = {}
-
-    @classmethod
-    def of(cls, w: Any, policy: Any) -> Expect | None:
-        dtype = policy.dtype
-        if w.problems or w.hooks or w.patches or policy.adapter_of or policy.kbit or policy.casting \
-                or dtype.is_complex or dtype in PACKED_DTYPES:
-            return None
-        return cls([id(m) for _, m in w.modules])
-
-    def holds(self, obj: Any) -> bool:
-        """True when a fresh walk of ``obj`` shows exactly what the plan made; False when anything differs (the
-        caller then verifies with a fresh plan, which says what)."""
-        w = walk(obj.obj if isinstance(obj, Target) else obj)
-        if w.problems or w.hooks or w.patches or [id(m) for _, m in w.modules] != self.modules:
-            return False
-        seen = self.seen
-        for e in w.entries:
-            if e.alias_of is not None or e.role == "offloaded" or (e.slot == "inner" and q.is_wrapper(e.owner)):
-                continue
-            t = e.tensor
-            was = seen.get(e.path)
-            if was is None or was[0] != t.dtype or was[1] != e.role or was[2] is not type(t) or \
-                    was[3] != id(e.module):
-                return False
-        return True
 
 
 def _groupable(members: list[_Step]) -> bool:

@@ -211,10 +211,10 @@ class SetData(_Record):
                  restore: Callable[[], tuple[torch.Tensor, bool]], was: str | None = None) -> None:
         self.target, self.new, self.path, self.restore = target, new, path, restore
         self.was = was if was is not None else compact_of(target)
-        self.new_id = _storage_id(new)
 
     def moved(self) -> bool:
-        return self.new_id is not None and _storage_id(self.target) == self.new_id
+        new_id = _storage_id(self.new)  # read when undoing: the record holds ``new``, so its storage is the same
+        return new_id is not None and _storage_id(self.target) == new_id
 
     def undo(self, out: Outcome) -> None:
         if not self.moved():
