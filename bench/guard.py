@@ -8,10 +8,17 @@ model (2 layers, 64 wide, one intra-op thread) the difference to plain is divide
 aten ops per forward.
 Targets (issue 14): `explain` <= 1.03x, `strict` <= 1.1x on the GPT-2-small shape; strict's extra CPU per aten op
 <= 1.5x the no-op dispatch-mode floor on the tiny model.
+
+The per-op figure is a ratio of two small differences, (strict - plain) / (noop - plain). Timed in blocks of 40
+forwards per variant (the first estimator, ``blocks``), a load change on the shared machine that lands in one
+variant's block moves it by tens of percent run to run; ``interleaved`` runs the three variants one forward at a
+time in rotating order, so a load change lands on all three alike. ``python bench/guard.py estimators [RUNS]``
+prints both, run after run, side by side (docs/guard-speed.md).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import statistics
@@ -125,7 +132,84 @@ def report(name: str, med: dict[str, dict[str, float]]) -> None:
               f"median per-round ratio x{r['ratio']:.3f} (cpu x{r['cpu_ratio']:.3f})")
 
 
-def main(rounds: int = 30, tiny_rounds: int = 300) -> None:
+def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, per_round: int = 40,
+                clock: Callable[[], float] = time.process_time) -> dict[str, list[float]]:
+    """Per variant, its mean time per call in each round. A round runs every variant ``per_round`` times, one call
+    at a time, the variants in rotating order (each permutation in turn): a change of load on the machine lands on
+    every variant alike, where blocks of calls per variant give it to whichever block ran through it."""
+    keys = list(fns)
+    perms = list(itertools.permutations(keys))
+    out: dict[str, list[float]] = {k: [] for k in keys}
+    n = 0
+    for _ in range(rounds):
+        acc = dict.fromkeys(keys, 0.0)
+        for _ in range(per_round):
+            for key in perms[n % len(perms)]:
+                t = clock()
+                fns[key]()
+                acc[key] += clock() - t
+            n += 1
+        for key in keys:
+            out[key].append(acc[key] / per_round)
+    return out
+
+
+def blocks(fns: dict[str, Callable[[], Any]], rounds: int, per_round: int = 40,
+           clock: Callable[[], float] = time.process_time) -> dict[str, list[float]]:
+    """The estimator bench/table.py used until this session: per round, ``per_round`` calls of one variant, then of
+    the next, the order reversed every other round. Kept to compare with ``interleaved``."""
+    keys = list(fns)
+    out: dict[str, list[float]] = {k: [] for k in keys}
+    for i in range(rounds):
+        for key in keys if i % 2 == 0 else keys[::-1]:
+            t = clock()
+            for _ in range(per_round):
+                fns[key]()
+            out[key].append((clock() - t) / per_round)
+    return out
+
+
+def per_op(times: dict[str, list[float]], ops: int, ours: str = "strict") -> tuple[list[float], list[float]]:
+    """Per round: ``ours``' extra time per aten op over plain, and the empty dispatch mode's."""
+    plain = times["plain"]
+    return ([(s - p) / ops for s, p in zip(times[ours], plain)],
+            [(x - p) / ops for x, p in zip(times["noop_mode"], plain)])
+
+
+def tiny_setup(keys: tuple[str, ...] = ("strict", "plain", "noop_mode")
+               ) -> tuple[dict[str, Callable[[], Any]], int, int]:
+    """(the ``keys`` forwards of the tiny GPT-2, module calls and aten ops per forward), on one thread."""
+    torch.set_num_threads(1)  # per-call Python cost; two intra-op threads only add barrier waits under load
+    tiny = build(2, 64, 4, 256)
+    tiny_ids = torch.randint(0, 50257, (1, 128), generator=torch.Generator().manual_seed(0))[:, :16] % 256
+    mods, ops = counts(tiny, tiny_ids)
+    fns = variants(tiny, tiny_ids, floor=True)
+    fns = {k: fns[k] for k in keys}
+    for _ in range(10):
+        for fn in fns.values():
+            fn()
+    return fns, mods, ops
+
+
+def estimators(runs: int = 6, rounds: int = 9) -> None:
+    """Both per-op estimators, alternately, ``runs`` times each: how much does each move from run to run?"""
+    fns, _, ops = tiny_setup()
+    got: dict[str, list[float]] = {"blocks": [], "interleaved": []}
+    for i in range(runs):
+        for name in ("blocks", "interleaved") if i % 2 == 0 else ("interleaved", "blocks"):
+            times = (blocks if name == "blocks" else interleaved)(fns, rounds)
+            s, n = per_op(times, ops)
+            ratios = [a / b for a, b in zip(s, n) if b > 0]
+            got[name].append(statistics.median(ratios))
+            print(f"  run {i + 1} {name:<11} x{got[name][-1]:.2f} ({min(ratios):.2f}-{max(ratios):.2f}, "
+                  f"{len(ratios)})   per op: strict +{statistics.median(s) * 1e6:.1f} us, empty mode "
+                  f"+{statistics.median(n) * 1e6:.1f} us", flush=True)
+    for name, vals in got.items():
+        print(f"{name:<11} median x{statistics.median(vals):.2f}, runs {min(vals):.2f}-{max(vals):.2f}, "
+              f"stdev {statistics.pstdev(vals):.3f}")
+
+
+def main(rounds: int = 30, tiny_rounds: int = 15) -> None:
     torch.set_num_threads(min(2, torch.get_num_threads()))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, medians of interleaved shuffled rounds")
     ids = torch.randint(0, 50257, (1, 128), generator=torch.Generator().manual_seed(0))
@@ -134,23 +218,26 @@ def main(rounds: int = 30, tiny_rounds: int = 300) -> None:
     med = measure(variants(big, ids), rounds)
     report(f"gpt2-small shape (12x768, seq 128, batch 1, no_grad), {rounds} rounds", med)
     print(f"  strict output equal to plain bit for bit: {same}")
-    tiny = build(2, 64, 4, 256)
-    tiny_ids = ids[:, :16] % 256
-    mods, ops = counts(tiny, tiny_ids)
-    torch.set_num_threads(1)  # per-call Python cost; two intra-op threads only add barrier waits under load
-    tmed = measure(variants(tiny, tiny_ids, floor=True), tiny_rounds, warmup=10)
-    report(f"tiny gpt2 (2x64, seq 16, 1 thread), {tiny_rounds} rounds", tmed)
-    per = ", ".join(f"{m} {tmed[m]['cpu_extra'] / mods * 1e6:.1f} us" for m in MODES)
-    floor = tmed["noop_mode"]["cpu_extra"]
-    print(f"  {mods} module calls and {ops} aten ops per forward; median per-round extra cpu per module call: {per}; "
-          f"per aten op: strict {tmed['strict']['cpu_extra'] / ops * 1e6:.1f} us, of which torch's own "
-          f"dispatch-mode floor (a no-op TorchDispatchMode) {floor / ops * 1e6:.1f} us")
+    fns, mods, ops = tiny_setup(("strict", "explain", "plain", "noop_mode"))
+    times = interleaved(fns, tiny_rounds)
+    s, n = per_op(times, ops)
+    per = statistics.median(a / b for a, b in zip(s, n) if b > 0)
+    print(f"tiny gpt2 (2x64, seq 16, 1 thread), {tiny_rounds} rounds of 40 forwards each, interleaved one by one:")
+    for key, vals in times.items():
+        print(f"  {key:<9} cpu {statistics.median(vals) * 1e3:8.3f} ms")
+    hooks = statistics.median(e - p for e, p in zip(times["explain"], times["plain"])) / mods
+    print(f"  {mods} module calls and {ops} aten ops per forward; extra cpu per aten op: strict "
+          f"{statistics.median(s) * 1e6:.1f} us, an empty TorchDispatchMode {statistics.median(n) * 1e6:.1f} us; "
+          f"explain per module call {hooks * 1e6:.1f} us")
     explain, strict = med["explain"]["ratio"], med["strict"]["ratio"]
-    per_op = tmed["strict"]["cpu_extra"] / floor if floor > 0 else float("nan")
     print(f"targets (median per-round wall ratio): explain x{explain:.3f} <= 1.03 "
-          f"{'met' if explain <= 1.03 else 'NOT met'}; strict x{strict:.3f} <= 1.1 {'met' if strict <= 1.1 else 'NOT met'}; "
-          f"strict per aten op x{per_op:.2f} of the floor <= 1.5 {'met' if per_op <= 1.5 else 'NOT met'}")
+          f"{'met' if explain <= 1.03 else 'NOT met'}; strict x{strict:.3f} <= 1.1 "
+          f"{'met' if strict <= 1.1 else 'NOT met'}; "
+          f"strict per aten op x{per:.2f} of the floor <= 1.5 {'met' if per <= 1.5 else 'NOT met'}")
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:3]))
+    if sys.argv[1:2] == ["estimators"]:
+        estimators(*(int(a) for a in sys.argv[2:4]))
+    else:
+        main(*(int(a) for a in sys.argv[1:3]))

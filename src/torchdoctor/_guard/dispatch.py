@@ -66,6 +66,37 @@ class CompositeCheck(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _check(self: CheckMode, func: Any, types: Any, args: Sequence[Any] = (),
+           kwargs: Mapping[str, Any] | None = None) -> Any:
+    if kwargs is None:
+        kwargs = _NO_KWARGS
+    if self.quick and _quiet(func, args, kwargs):  # most ops: one device, nothing to judge
+        return func(*args, **kwargs)
+    if _simulating():  # a simulation checks its own ops with these rules
+        return func(*args, **kwargs)
+    found = _find(func, args, kwargs, self.profile)
+    if found:
+        return self.session.on_problem(func, args, kwargs, found)
+    return func(*args, **kwargs)
+
+
+def _never_compiled(code: Any) -> bool:
+    """Tell dynamo to run ``code``'s frames, and every frame they call, uncompiled: what torch's own
+    ``_disable_dynamo`` wrapper around a ``__torch_dispatch__`` does, said once to the code object instead of on
+    every op (the wrapper's Python costs a quarter of an empty dispatch mode's time per op; docs/guard-speed.md).
+    False where this torch has no such switch: then the class keeps torch's wrapper."""
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    except Exception:  # another torch: keep the wrapper
+        return False
+    return True
+
+
+_UNWRAPPED = _never_compiled(_check.__code__)
+
+
 class CheckMode(TorchDispatchMode):
     """Checks every op against the strict rules before it runs; problems go to the session."""
 
@@ -75,15 +106,8 @@ class CheckMode(TorchDispatchMode):
         self.profile = session.g.profile
         self.quick = self.profile is None  # the schema-based fast path knows no profile limits
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (),
-                           kwargs: Mapping[str, Any] | None = None) -> Any:
-        if kwargs is None:
-            kwargs = _NO_KWARGS
-        if self.quick and _quiet(func, args, kwargs):  # most ops: one device, nothing to judge
-            return func(*args, **kwargs)
-        if _simulating():  # a simulation checks its own ops with these rules
-            return func(*args, **kwargs)
-        found = _find(func, args, kwargs, self.profile)
-        if found:
-            return self.session.on_problem(func, args, kwargs, found)
-        return func(*args, **kwargs)
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # read by TorchDispatchMode.__init_subclass__: wrap or not
+        return not _UNWRAPPED
+
+    __torch_dispatch__ = _check
