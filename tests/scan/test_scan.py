@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -432,3 +434,19 @@ def test_a_tensor_on_the_wrong_device_and_in_the_wrong_dtype_carries_both_proble
     fine = torchdoctor.scan(model, "cuda:0", torch.bfloat16)
     assert {p.kind for p in fine.problems} == {"device"}  # every tensor still to move, none to cast
     assert torchdoctor.scan(model, "cpu", torch.bfloat16).ok
+
+
+def test_a_problem_found_while_a_trace_records_names_the_call_that_cast_it() -> None:
+    """scan reads the trace module only once something imported it (a scan never loads it): under a trace, each
+    problem says which call last cast its tensor; after the trace, the plain message."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    with torchdoctor.trace(model):
+        line = sys._getframe().f_lineno + 1
+        model[1].bias.data = model[1].bias.data.double()
+        traced = [p.message for p in torchdoctor.scan(model).problems]
+    from torchdoctor._trace.record import short_file  # how trace names a file (relative to the working directory)
+
+    assert traced == [f"f64[4]@cpu is float64 but the model is float32 (float64 since `.data =` at "
+                      f"{short_file(__file__)}:{line})"]
+    plain = [p.message for p in torchdoctor.scan(model).problems]
+    assert len(plain) == 1 and "since `.data =`" not in plain[0] and traced[0].startswith(plain[0])

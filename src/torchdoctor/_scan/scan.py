@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -81,9 +82,8 @@ def _with_trace_notes(problems: list[Any], w: Any) -> list[Any]:
     if not problems:
         return problems
     try:
-        from torchdoctor import _trace
-
-        if not _trace.active():
+        _trace = sys.modules.get("torchdoctor._trace")  # never imported: no trace can be recording
+        if _trace is None or not _trace.active():
             return problems
         tensors = {e.path: e.tensor for e in w.entries}
         out = []

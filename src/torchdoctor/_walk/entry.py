@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from torchdoctor._report.model import Problem, TensorInfo
-from torchdoctor._walk.kinds import describe, form_of, instance_dict
+from torchdoctor._walk.kinds import describe, form_of, hook_chain, instance_dict
 
 
 class Entry:
@@ -60,6 +60,28 @@ class Entry:
         return f"Entry({self.path!r}, {self.role}, {self.info().compact})"
 
 
+_new = object.__new__
+
+
+def new_entry(path: str, role: str, tensor: torch.Tensor, owner: Any, key: Any, slot: str, module: nn.Module | None,
+              module_path: str, moved: bool) -> Entry:
+    """``Entry(...)``, made as a plain function call: a class call goes through ``type.__call__`` and a second
+    frame for ``__init__``, which was a tenth of the walker's cost per parameter (issue 28)."""
+    e = _new(Entry)
+    e.path = path
+    e.role = role
+    e.tensor = tensor
+    e.owner = owner
+    e.key = key
+    e.slot = slot
+    e.module = module
+    e.module_path = module_path
+    e.moved_by_module_to = moved
+    e.alias_of = None
+    e._info = None
+    return e
+
+
 class Walk:
     """The result of one walk: ``entries`` in canonical order, ``modules``, ``roots``, ``problems``."""
 
@@ -81,6 +103,35 @@ class Walk:
 
     def canonical(self) -> Iterator[Entry]:
         return (e for e in self.entries if e.alias_of is None)
+
+
+def offloaded(w: Walk, out: list[Entry]) -> None:
+    """accelerate's offload hooks: each offloaded weight's ``weights_map`` copy is an entry (role ``offloaded``, added
+    to ``out``), and the module's own meta placeholders take the role ``offloaded``."""
+    found: set[int] = set()
+    for mpath, mod, hook in w.hooks:
+        for h in hook_chain(hook):
+            hd = instance_dict(h) or {}
+            wm = hd.get("weights_map")
+            if not hd.get("offload") or wm is None:
+                continue
+            wmd = instance_dict(wm) or {}
+            dataset, prefix = wmd.get("dataset"), wmd.get("prefix", "")
+            store = dataset if isinstance(dataset, dict) else (instance_dict(dataset) or {}).get("state_dict")
+            md = instance_dict(mod) or {}
+            for attr in ("_parameters", "_buffers"):
+                for name, t in dict.items(md.get(attr) or {}):
+                    if not isinstance(t, torch.Tensor):
+                        continue
+                    found.add(id(t))
+                    copy = dict.get(store, f"{prefix}{name}") if isinstance(store, dict) else None
+                    if isinstance(copy, torch.Tensor):
+                        out.append(Entry(join_path(mpath, f"_hf_hook.weights_map.{name}"), "offloaded", copy, wm,
+                                         f"{prefix}{name}", "item", mod, mpath, False))
+    if found:
+        for e in w.entries:
+            if id(e.tensor) in found:
+                e.role = "offloaded"
 
 
 def join_path(prefix: str, key: Any) -> str:

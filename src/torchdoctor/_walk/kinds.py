@@ -40,6 +40,7 @@ _QUANT_PREFIXES = ("bitsandbytes", "torchao", "optimum.quanto", "optimum_quanto"
                    "gptqmodel", "awq", "hqq", "quanto", "fp8", "transformer_engine")
 FAST_ATOMS = frozenset({str, int, float, bool, type(None), torch.dtype, torch.device})
 PLAIN = (torch.Tensor, nn.Parameter)
+_ATOMS_GE = FAST_ATOMS.issuperset
 
 _KIND_CACHE: dict[type, int] = {}
 
@@ -71,6 +72,19 @@ def _classify(tp: type) -> int:
     if mod.split(".")[0] in _SKIP_MODULE_PREFIXES or any(b.__name__ in _SKIP_BASE_NAMES for b in tp.__mro__):
         return SKIP
     return OBJ
+
+
+def atoms_only(v: Any, k: int, limit: int) -> bool:
+    """A dict, list, tuple or set (kind ``k``) holding plain values only (a config's label maps, a model's lists of
+    module names), proved at C speed through the builtin types' own methods: walking it item by item would find
+    nothing. One past ``limit`` items is not proved (the walker's item loop reports it)."""
+    if k == MAPPING:
+        return dict.__len__(v) <= limit and _ATOMS_GE(map(type, dict.values(v))) and _ATOMS_GE(map(type, dict.keys(v)))
+    if k == SEQ:
+        base: Any = list if isinstance(v, list) else tuple
+    else:
+        base = set if isinstance(v, set) else frozenset
+    return bool(base.__len__(v) <= limit and _ATOMS_GE(map(type, base.__iter__(v))))
 
 
 def kind(obj: Any) -> int:

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from torchdoctor._report.model import Problem
-from torchdoctor._walk.entry import Entry, Walk, join_path, set_tensor
-from torchdoctor._walk.kinds import (ATOM, FAST_ATOMS, FUNC, HOOK, MAPPING, MEMBER_KINDS, MODULE, OBJ, PLAIN, SEQ, SKIP,
-                                     TENSOR, form_of, group_offloading, has_members, hook_chain, inner_value,
+from torchdoctor._walk.entry import Entry, Walk, join_path, new_entry, offloaded, set_tensor
+from torchdoctor._walk.kinds import (ATOM, FAST_ATOMS, FUNC, HOOK, MAPPING, MEMBER_KINDS, MODULE, OBJ, PLAIN, SEQ, SET,
+                                     SKIP, TENSOR, atoms_only, form_of, group_offloading, has_members, hook_chain, inner_value,
                                      instance_dict, is_jagged_type, is_quant_type, kind, members, slot_items, unreadable)
 
 MAX_DEPTH = 64  # nesting of plain objects / containers below a module attribute
@@ -34,7 +34,6 @@ _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward
 _ATTR_KEYS: dict[type, tuple[frozenset[str], tuple[str, ...], bool, bool]] = {}  # class -> (keys, extra, hooked, forward)
 _FORWARD: Any = object()  # in expand's ``later`` list: the module's own ``forward`` attribute, not a key
 _UNSEEN: Any = object()
-_is_quant_type = is_quant_type  # the former private name, kept for importers that have not switched yet
 __all__ = ["MAX_DEPTH", "MAX_ITEMS", "Entry", "Walk", "form_of", "hook_chain", "is_quant_type", "set_tensor", "walk"]
 
 
@@ -50,6 +49,7 @@ class _Walker:
         self.out: list[Entry] = []
         self.batch = 0  # run_modules' batch: a module's attributes are walked once per batch
         self.attrs_done: dict[int, int] = {}  # module id -> the batch that walked its attributes
+        self.classes: dict[type, tuple[frozenset[str], tuple[str, ...], bool, bool]] = {}  # the walk's module classes
 
     # -- bounds ---------------------------------------------------------------------------------------
     def truncate(self, path: str, why: str) -> None:
@@ -81,9 +81,9 @@ class _Walker:
         ancestors: list[int] = []
         module_set, modules, module_paths = self.module_set, self.w.modules, self.w.module_paths
         nodes = self.nodes
-        tensor, param = torch.Tensor, nn.Parameter
+        tensor, param, module_type = torch.Tensor, nn.Parameter, nn.Module
         atoms, hooks, attr_keys, batch, done = FAST_ATOMS, self.w.hooks, _ATTR_KEYS, self.batch, self.attrs_done
-        types = self.w.types
+        classes = self.classes  # this walk's classes -> their key sets (the class table, read once per class)
         pop, push, add_later = stack.pop, stack.append, later.append
         slots = (("_parameters", "parameter", "param", params, attach[0]), ("_buffers", "buffer", "buffer", buffers,
                                                                               attach[1]))
@@ -103,6 +103,10 @@ class _Walker:
                 fresh = module_set[mid] != batch and done.get(mid) != batch
                 done[mid] = batch
             d = mod.__dict__
+            try:  # one join per module, not one per tensor and child
+                prefix = path + "." if path else ""
+            except TypeError:  # a path that is not a string (a key set through __dict__): joined as it was
+                prefix = None
             for store, role, slot, out, att in slots:  # parameters, then buffers: the canonical order
                 tensors = d.get(store)
                 if not tensors:
@@ -110,25 +114,30 @@ class _Walker:
                 for name, t in dict.items(tensors):
                     tp = type(t)
                     plain = tp is param or tp is tensor
-                    if plain or isinstance(t, tensor) and self.readable(t, f"{path}.{name}" if path else name, role):
-                        e = Entry(f"{path}.{name}" if path else name, role, t, mod, name, slot, mod, path, moved)
-                        out.append(e)
-                        if not plain or t.__dict__:
-                            att.append(e)
+                    if plain or isinstance(t, tensor):
+                        p = prefix + name if prefix is not None and type(name) is str else \
+                            f"{path}.{name}" if path else name
+                        if plain or self.readable(t, p, role):
+                            e = new_entry(p, role, t, mod, name, slot, mod, path, moved)
+                            out.append(e)
+                            if not plain or t.__dict__:  # attributes of its own (weight.quant_state, GPTQ's)
+                                att.append(e)
             # module attributes (plain tensors, objects, containers, list-held modules: never moved by Module.to),
             # once per batch for a module reached twice, at its first path
             if fresh:
                 # modules of one class nearly always have the same __dict__ keys: comparing them with the last key
                 # set seen for the class is half the cost of a set difference and a sort per module
                 tp = type(mod)
-                hit = attr_keys.get(tp)
+                hit = classes.get(tp)
                 if hit is None or not d.keys() == hit[0]:  # ``==``: dict views compare equal faster than unequal
-                    if len(attr_keys) > 4096:  # fx GraphModules make a class per instance
-                        attr_keys.clear()
-                    keys = frozenset(d)
-                    hit = attr_keys[tp] = (keys, tuple(sorted(keys - _MODULE_INTERNALS)),
-                                           "_hf_hook" in keys or "_diffusers_hook" in keys, "forward" in keys)
-                types.add(tp)
+                    hit = attr_keys.get(tp)
+                    if hit is None or not d.keys() == hit[0]:
+                        if len(attr_keys) > 4096:  # fx GraphModules make a class per instance
+                            attr_keys.clear()
+                        keys = frozenset(d)
+                        hit = attr_keys[tp] = (keys, tuple(sorted(keys - _MODULE_INTERNALS)),
+                                               "_hf_hook" in keys or "_diffusers_hook" in keys, "forward" in keys)
+                    classes[tp] = hit
                 if hit[2]:
                     if "_hf_hook" in d:
                         hooks.append((path, mod, d["_hf_hook"]))
@@ -148,9 +157,9 @@ class _Walker:
             depth += 1
             compiled = type(mod).__name__ == "OptimizedModule"  # torch.compile's wrapper: its paths are the model's
             for name, child in reversed(dict.items(sub)):
-                if isinstance(child, nn.Module) and (id(child) not in module_set or id(child) not in ancestors):
-                    child_path = path if compiled and name == "_orig_mod" else f"{path}.{name}" if path else name
-                    push((child_path, child, depth))
+                if isinstance(child, module_type) and (id(child) not in module_set or id(child) not in ancestors):
+                    push((path if compiled and name == "_orig_mod" else prefix + name if prefix is not None and
+                          type(name) is str else f"{path}.{name}" if path else name, child, depth))
         self.nodes = nodes
 
     def run_modules(self) -> None:
@@ -223,7 +232,7 @@ class _Walker:
         d = instance_dict(t)
         if d:
             for key in d:
-                if key in names:
+                if key in names or type(d[key]) in FAST_ATOMS:  # value() returns at once for these (a buffer's flags)
                     continue
                 self.value(d[key], join_path(path, key), t, key, "attr", module, mpath, role, depth + 1,
                            moved=custom_to)
@@ -268,6 +277,9 @@ class _Walker:
         self.seen_obj[oid] = None
         self.keep_alive.append(v)
         lst, start = self.out, len(self.out)
+        if (k == MAPPING or k == SEQ or k == SET) and atoms_only(v, k, MAX_ITEMS):
+            self.seen_obj[oid] = (path, lst, start, start)  # walked: it holds no tensor
+            return
         if k == OBJ and is_quant_type(type(v)):
             role = "quant_state"
         child_role = role if role == "quant_state" else "container"
@@ -306,33 +318,6 @@ class _Walker:
                 self.value(cv, join_path(path, name), v, ck, cslot, module, mpath, child_role, depth + 1, moved)
         self.seen_obj[oid] = (path, lst, start, len(lst))
 
-    # -- accelerate offload hooks ---------------------------------------------------------------------
-    def offload_hooks(self) -> None:
-        offloaded: set[int] = set()
-        for mpath, mod, hook in self.w.hooks:
-            for h in hook_chain(hook):
-                hd = instance_dict(h) or {}
-                wm = hd.get("weights_map")
-                if not hd.get("offload") or wm is None:
-                    continue
-                wmd = instance_dict(wm) or {}
-                dataset, prefix = wmd.get("dataset"), wmd.get("prefix", "")
-                store = dataset if isinstance(dataset, dict) else (instance_dict(dataset) or {}).get("state_dict")
-                md = instance_dict(mod) or {}
-                for attr in ("_parameters", "_buffers"):
-                    for name, t in dict.items(md.get(attr) or {}):
-                        if not isinstance(t, torch.Tensor):
-                            continue
-                        offloaded.add(id(t))
-                        copy = dict.get(store, f"{prefix}{name}") if isinstance(store, dict) else None
-                        if isinstance(copy, torch.Tensor):
-                            self.out.append(Entry(join_path(mpath, f"_hf_hook.weights_map.{name}"), "offloaded", copy, wm,
-                                                 f"{prefix}{name}", "item", mod, mpath, False))
-        if offloaded:
-            for e in self.w.entries:
-                if id(e.tensor) in offloaded:
-                    e.role = "offloaded"
-
 
 def walk(obj: Any) -> Walk:
     """Every tensor reachable from ``obj`` (module, pipeline-like object, dict/list/tuple/dataclass).
@@ -367,7 +352,8 @@ def walk(obj: Any) -> Walk:
     wk.out = wk.w.entries
     wk.run_modules()
     wk.w.entries.extend(rest)
-    wk.offload_hooks()
+    offloaded(wk.w, wk.w.entries)
+    wk.w.types.update(wk.classes)
     entries = wk.w.entries
     if len({id(e.tensor) for e in entries}) != len(entries):  # a tensor reached twice: later paths are aliases
         first: dict[int, str] = {}
