@@ -2,6 +2,7 @@
 untraced, interleaved in many rounds in one process (this machine is noisy: ratios of medians).
 
     python bench/trace.py [--rounds N]
+    python bench/trace.py --own [--rounds N] [--threads T]   # the issue-28 row's cast, and the trace's own time
 
 Targets: forward under trace <= 1.05x plain; a full model ``.to()`` under trace <= 1.3x.
 """
@@ -76,10 +77,73 @@ def enter_exit(name: str, model, rounds: int) -> None:
     print(f"{name:<52} {statistics.median(times) * 1e3:9.3f} ms (patch, first and last walk, unpatch)")
 
 
+def own(rounds: int, threads: int) -> None:
+    """The issue-28 row (108M Llama shape, ``.to(bf16)`` and back, the trace entered outside the timed part):
+    traced / untraced as process CPU and wall, and the thread CPU spent inside the trace's own code per pair
+    (the reads before and after each call, the diff, the records), which the load on a shared machine moves
+    far less than the ratio."""
+    from torchdoctor._trace import patches, session
+
+    torch.set_num_threads(threads)
+    model = llama(768, 12)
+    spent = [0.0]
+
+    def timed(fn):  # type: ignore[no-untyped-def]
+        def wrapper(*a, **k):  # type: ignore[no-untyped-def]
+            t = time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[0] += time.thread_time() - t
+        return wrapper
+
+    patches._touch = timed(patches._touch)
+    session.Session.finish = timed(session.Session.finish)
+
+    def cast() -> None:
+        model.to(torch.bfloat16)
+        model.to(torch.float32)
+
+    cast()
+    cpu: dict[bool, list[float]] = {True: [], False: []}
+    wall: dict[bool, list[float]] = {True: [], False: []}
+    mine: list[float] = []
+    for i in range(max(rounds, 5)):
+        for on in (True, False) if i % 2 == 0 else (False, True):
+            tr = torchdoctor.trace(model) if on else None
+            if tr is not None:
+                tr.__enter__()
+            try:
+                spent[0] = 0.0
+                c, w = time.process_time(), time.perf_counter()
+                cast()
+                cpu[on].append(time.process_time() - c)
+                wall[on].append(time.perf_counter() - w)
+                if on:
+                    mine.append(spent[0])
+            finally:
+                if tr is not None:
+                    tr.__exit__(None, None, None)
+
+    def ratio(d: dict[bool, list[float]]) -> str:
+        rs = [a / b for a, b in zip(d[True], d[False])]
+        return f"x{statistics.median(rs):.3f} ({min(rs):.2f}-{max(rs):.2f}, {len(rs)})"
+
+    print(f"threads {threads}, load {os.getloadavg()[0]:.1f}: untraced {statistics.median(cpu[False]) * 1e3:.1f} ms CPU "
+          f"/ {statistics.median(wall[False]) * 1e3:.1f} ms wall per pair")
+    print(f"  traced / untraced: CPU {ratio(cpu)}, wall {ratio(wall)}")
+    print(f"  the trace's own thread CPU per pair: {statistics.median(mine) * 1e3:.2f} ms (min {min(mine) * 1e3:.2f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--own", action="store_true", help="the issue-28 row's cast and the trace's own time")
+    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    if args.own:
+        own(args.rounds, args.threads)
+        return
     torch.set_num_threads(1)
     ids = torch.randint(0, 1024, (1, 128))
 

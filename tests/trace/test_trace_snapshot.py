@@ -105,3 +105,84 @@ def test_a_plain_model_becomes_walked_when_a_weight_gains_a_quant_state() -> Non
     got = snapshot(m, "", shapes)
     _same(got, full(m, "")[0])
     assert "0.weight.quant_state.absmax" in got[0]
+
+
+def _nested_steps(obj: Any) -> list[Any]:
+    """Changes inside attribute objects a flat read proves tensor-free by identity (``flat.Proof``)."""
+    m = _first_module(obj)
+    holder = next((x for x in m.modules() if "config" in vars(x)), None)
+    if holder is None:
+        holder = m
+        vars(m)["config"] = type("Cfg", (), {})()
+    cfg = vars(holder)["config"]
+
+    def nested_list() -> None:
+        vars(cfg)["td_list"] = [1, 2.0, "x"]
+
+    def tensor_into_list() -> None:
+        vars(cfg)["td_list"].append(torch.ones(1))  # same list, same config: only its contents changed
+
+    def tensor_out_of_list() -> None:
+        vars(cfg)["td_list"].pop()
+
+    def tensor_into_nested_dict() -> None:
+        vars(cfg).setdefault("td_dict", {})["inner"] = {"t": torch.zeros(2)}
+
+    def nested_dict_gone() -> None:
+        vars(cfg).pop("td_dict")
+
+    def config_replaced() -> None:
+        clone = type(cfg).__new__(type(cfg))
+        vars(clone).update(vars(cfg))
+        vars(clone)["td_extra"] = (torch.ones(3),)
+        vars(holder)["config"] = clone
+
+    return [lambda: m.to(torch.bfloat16), nested_list, lambda: m.to(torch.float32), tensor_into_list,
+            lambda: m.to(torch.float16), tensor_out_of_list, tensor_into_nested_dict, nested_dict_gone,
+            lambda: m.to(torch.float32), config_replaced, lambda: m.to(torch.bfloat16)]
+
+
+@pytest.mark.parametrize("name", sorted(LEAN))
+def test_flat_read_equals_the_walk_and_serves(name: str) -> None:
+    """The flat read (``flat.Flat``), primed by the slot-by-slot read, gives the walk's snapshot or steps aside
+    (None) after every step, plain or nested in an attribute object; and it serves an untied plain model."""
+    obj = zoo.build(name).obj
+    shapes: dict[tuple[int, str], Shape | None] = {}
+    snapshot(obj, "", shapes)
+    shape = shapes[(id(obj), "")]
+    assert shape is not None
+    served = 0
+    for step in [lambda: None] + _steps(obj)[:4] + _nested_steps(obj):
+        step()
+        want = full(obj, "")[0]
+        flat = shape.flat
+        got = flat.read(shape.objects, shape.modules) if flat is not None and shape.target() is obj else None
+        if got is not None:
+            served += 1
+            _same(got, want)
+        slow = shape._read() if shape.target() is obj else None  # the slot-by-slot read it stands in for
+        if slow is not None:
+            _same(slow, want)
+        _same(snapshot(obj, "", shapes), want)
+        shape = shapes[(id(obj), "")] or shape
+    tied = len({id(p) for p in _first_module(obj).parameters()}) != len(list(_first_module(obj).named_parameters(remove_duplicate=False)))
+    if not tied:
+        assert served >= 3, f"{name}: the flat read served {served} reads"
+
+
+def test_flat_read_is_used_and_sees_a_slot_write_and_a_swap() -> None:
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    shapes: dict[tuple[int, str], Shape | None] = {}
+    snapshot(m, "", shapes)
+    snapshot(m, "", shapes)
+    shape = shapes[(id(m), "")]
+    assert shape is not None and shape.flat is not None
+    m[0]._parameters["weight"] = nn.Parameter(m[0].weight.detach().double())  # a slot write no patch sees
+    got = shape.flat.read(shape.objects, shape.modules)
+    assert got is not None and got[0]["0.weight"][3] == torch.float64
+    torch.utils.swap_tensors(m[1].bias, nn.Parameter(torch.zeros(2, dtype=torch.float16)))
+    got = shape.flat.read(shape.objects, shape.modules)
+    assert got is not None and got[0]["1.bias"][3] == torch.float16
+    vars(m[1])["scale"] = torch.ones(1)  # a new key: the flat read steps aside
+    assert shape.flat.read(shape.objects, shape.modules) is None
+    _same(snapshot(m, "", shapes), full(m, "")[0])

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 import types
+from operator import attrgetter, itemgetter
 from typing import Any, Callable
 
 import torch
@@ -22,12 +23,14 @@ from torch import nn
 
 from torchdoctor._placement import device_str, dtype_str
 from torchdoctor._trace.record import TraceRecord, describe_frame, this_thread, user_site
-from torchdoctor._trace.snapshot import Shape, Snap, ref as _ref, snapshot, strip
+from torchdoctor._trace.snapshot import Shape, Snap, drop, owned, ref as _ref, snapshot, strip
 
 log = logging.getLogger("torchdoctor.trace")
 
 _LORA_WORDS = ("lora", "adapter", "merge", "unload", "fuse")
 UNSEEN = "(code the trace did not see)"
+_0, _2, _3 = itemgetter(0), itemgetter(2), itemgetter(3)
+_SHAPE = attrgetter("shape")
 
 
 class Call:
@@ -256,13 +259,10 @@ class Session:
                         continue
                     after, objects, modules = snapshot(target, s.path, self.shapes)
                     changes.extend(diff(s.before, after))
-                    for p in s.before:
-                        root.state.pop(p, None)
+                    drop(root.state, s.before)
                     root.state.update(strip(after))
-                    for oid in s.objects:
-                        self.objects.pop(oid, None)
-                    for oid, (scope, ref) in objects.items():
-                        self.objects[oid] = (root, scope, ref)
+                    drop(self.objects, s.objects)
+                    self.objects.update(owned(root, objects))
                     root.modules.update(modules)
             if changes:
                 if not site:
@@ -285,9 +285,17 @@ class Session:
                 file: str | None, line: int | None) -> None:
         # what a record needs, without the tensors (a record must not keep one alive); the record itself, its
         # strings and its dataclass are made when someone reads the records, or now if they are emitted
-        items = [(kind, path, b[2] if b is not None else None, b[3] if b is not None else None,
-                  a[2] if a is not None else None, a[3] if a is not None else None,
-                  getattr(a[0] if a is not None else b[0], "shape", None)) for kind, path, b, a in changes]
+        kinds = list(map(_0, changes))
+        try:
+            if kinds.count("move") != len(kinds):
+                raise LookupError
+            _, paths, bs, afters = zip(*changes)  # a whole-model cast: every change a move, made at C speed
+            items = list(zip(kinds, paths, map(_2, bs), map(_3, bs), map(_2, afters), map(_3, afters),
+                             map(_SHAPE, map(_0, afters))))
+        except (LookupError, AttributeError, ValueError):
+            items = [(kind, path, b[2] if b is not None else None, b[3] if b is not None else None,
+                      a[2] if a is not None else None, a[3] if a is not None else None,
+                      getattr(a[0] if a is not None else b[0], "shape", None)) for kind, path, b, a in changes]
         batch = (items, root.label, label, via, file, line, time.time(), this_thread())
         with self.lock:
             self._pending.append(batch)

@@ -8,7 +8,8 @@ identity, its parameter and buffer names. The next read follows that shape and r
 swapped in place (``torch.utils.swap_tensors``) or cast through ``.data`` is seen as before; anything the shape
 does not hold (a module added or removed, a new key, a tensor with attributes of its own such as
 ``weight.quant_state``, a tensor put into an attribute object) makes the read walk again. The attribute
-objects are walked on every read, alone (they are small), to prove they still hold no tensor.
+objects are walked on every read, alone (they are small), to prove they still hold no tensor. Once a slow read
+has succeeded, the same read is made from flat lists compared at C speed (``flat.py``) until the tree changes.
 
 Snapshots hold the tensors themselves, never weak references: ``torch.utils.swap_tensors`` refuses a tensor
 that has one (and with it ``Module.to`` of tensor subclasses and of torch's swap mode). A snapshot lives for
@@ -18,14 +19,17 @@ one call; what a trace keeps between calls drops the tensors (``strip``).
 from __future__ import annotations
 
 import weakref
+from collections import deque
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 import torch
 from torch import nn
 
+from torchdoctor._trace.flat import Flat, inert
 from torchdoctor._walk import walk
-from torchdoctor._walk.kinds import ATOM, FAST_ATOMS, FUNC, HOOK, MAPPING, OBJ, SEQ, SET, SKIP, has_members, \
-    instance_dict, kind
+from torchdoctor._walk.kinds import FAST_ATOMS
 
 # path -> (the tensor, or None once stripped; its id; device; dtype)
 Snap = dict[str, tuple[Any, int, torch.device, torch.dtype]]
@@ -37,6 +41,7 @@ Read = tuple[Snap, Objects, dict[str, Any]]
 _INTERNALS = frozenset(nn.Module().__dict__)
 _WALKED = frozenset({"_hf_hook", "_old_forward", "forward", "_diffusers_hook", "__dict__"})
 _T, _P = torch.Tensor, nn.Parameter
+_0, _1, _2, _3 = map(itemgetter, range(4))
 
 
 def ref(obj: Any) -> Any:
@@ -48,7 +53,19 @@ def ref(obj: Any) -> Any:
 
 def strip(snap: Snap) -> Snap:
     """The snapshot without its tensors (what a trace keeps between calls must not keep tensors alive)."""
-    return {p: (None, v[1], v[2], v[3]) for p, v in snap.items()}
+    v = snap.values()
+    return dict(zip(snap, zip(repeat(None), map(_1, v), map(_2, v), map(_3, v))))
+
+
+def drop(d: dict[Any, Any], keys: Any) -> None:
+    """``d.pop(k, None)`` for each of ``keys`` (a per-call bookkeeping step: at C speed)."""
+    deque(map(d.pop, keys, repeat(None)), maxlen=0)
+
+
+def owned(owner: Any, objects: Objects) -> Any:
+    """``(id, (owner, scope, ref))`` for each of ``objects``, to update a session's objects at C speed."""
+    v = objects.values()
+    return zip(objects, zip(repeat(owner), map(_0, v), map(_1, v)))
 
 
 def full(obj: Any, prefix: str) -> tuple[Read, Any]:
@@ -80,10 +97,13 @@ def full(obj: Any, prefix: str) -> tuple[Read, Any]:
     return (snap, objects, modules), w
 
 
+_MISSES = 4  # flat reads that missed before a shape stops priming them
+
+
 class Shape:
     """What the last walk of one module tree found, to re-read its slots without walking (see the docstring)."""
 
-    __slots__ = ("target", "mods", "objects", "modules")
+    __slots__ = ("target", "mods", "objects", "modules", "flat", "misses")
 
     def __init__(self, target: nn.Module, mods: list[tuple[Any, ...]], objects: Objects,
                  modules: dict[str, Any]) -> None:
@@ -91,6 +111,8 @@ class Shape:
         self.mods = mods
         self.objects = objects
         self.modules = modules
+        self.flat: Flat | None = None
+        self.misses = 0
 
     @classmethod
     def of(cls, obj: Any, prefix: str, read: Read, w: Any) -> Shape | None:
@@ -122,15 +144,38 @@ class Shape:
                          {n: pre + n for n in pd}, {n: pre + n for n in bd}))
         if children + 1 != len(w.modules):
             return None  # a module reached twice (or a cycle): the walker's order has repeats this shape lacks
-        _, objects, modules = read
-        return cls(obj, mods, {k: v for k, v in objects.items() if v[1] is not None}, modules)
+        snap, objects, modules = read
+        shape = cls(obj, mods, {k: v for k, v in objects.items() if v[1] is not None}, modules)
+        try:  # primed now, from the walk (which the slow read equals): a trace's first call reads flat
+            shape.flat = Flat.prime(mods, snap, objects)
+        except Exception:
+            shape.flat = None
+        return shape
 
     def read(self) -> Read | None:
-        """The snapshot the walk would make now, or None when the tree no longer has this shape."""
+        """The snapshot the walk would make now, or None when the tree no longer has this shape: the flat
+        read first (``flat.py``), else slot by slot (and the flat read primed from it)."""
+        flat = self.flat
+        if flat is not None:
+            try:
+                got = flat.read(self.objects, self.modules)
+            except Exception:  # a slot dict replaced by something else: the slower reads decide
+                got = None
+            if got is not None:
+                return got
+            self.misses += 1
         try:
-            return self._read()
+            got = self._read()
         except Exception:  # a slot dict replaced by something else: the walker reads what it can
             return None
+        # a tree whose shape keeps changing between reads (a forward that sets attributes of new types)
+        # would pay a priming per read: after a few misses it is read slot by slot only
+        if got is not None and self.misses < _MISSES:
+            try:
+                self.flat = Flat.prime(self.mods, got[0], got[1])
+            except Exception:
+                self.flat = None
+        return got
 
     def _read(self) -> Read | None:
         snap: Snap = {}
@@ -200,45 +245,6 @@ class Shape:
                 snap[later[k]] = (t, i, t.device, t.dtype)
                 objects[i] = later[k + 2]
         return snap, objects, dict(self.modules)
-
-
-_INERT_LIMIT = 20_000  # objects looked at; beyond, the walker decides
-
-
-def inert(objs: list[Any]) -> bool:
-    """True when nothing the walker would reach from ``objs`` is a tensor, a module or something it reads in its
-    own way (a closure, a partial, a slotted object): such objects add nothing to a walk. Read as the walker reads
-    (builtin methods of dicts, lists, sets; instance ``__dict__``), without its per-value bookkeeping (a
-    transformers config is ~200 values: walking them was half of a lean read); False whenever unsure."""
-    stack = objs
-    seen: set[int] = set()
-    atoms = FAST_ATOMS
-    while stack:
-        v = stack.pop()
-        if type(v) in atoms:
-            continue
-        k = kind(v)
-        if k == ATOM or k == SKIP or k == HOOK or (k == FUNC and not has_members(v, k)):
-            continue
-        if id(v) in seen:
-            continue
-        seen.add(id(v))
-        if len(seen) > _INERT_LIMIT:
-            return False
-        if k == MAPPING:
-            stack.extend(dict.values(v))
-            stack.extend(key for key in dict.keys(v) if type(key) not in atoms)
-        elif k == SEQ:
-            stack.extend(list.__iter__(v) if isinstance(v, list) else tuple.__iter__(v))
-        elif k == SET:
-            stack.extend(set.__iter__(v) if isinstance(v, set) else frozenset.__iter__(v))
-        elif k == OBJ and not hasattr(type(v), "__slots__"):
-            d = instance_dict(v)
-            if d:
-                stack.extend(d.values())
-        else:  # tensors, modules, closures, partials, deques, slotted objects
-            return False
-    return True
 
 
 def snapshot(obj: Any, prefix: str, shapes: dict[tuple[int, str], Shape | None] | None = None) -> Read:
