@@ -450,3 +450,18 @@ def test_a_problem_found_while_a_trace_records_names_the_call_that_cast_it() -> 
                       f"{short_file(__file__)}:{line})"]
     plain = [p.message for p in torchdoctor.scan(model).problems]
     assert len(plain) == 1 and "since `.data =`" not in plain[0] and traced[0].startswith(plain[0])
+
+
+def test_a_tensor_wrong_in_device_and_dtype_is_decided_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both of its problems come from one decision of the policy (the judge asked twice before)."""
+    from torchdoctor._scan.policy import Policy
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)).to(torch.bfloat16)
+    model[1].bias.data = model[1].bias.data.float()
+    asked: list[str] = []
+    decide = Policy.decide
+    monkeypatch.setattr(Policy, "decide", lambda self, e: asked.append(e.path) or decide(self, e))
+    report = torchdoctor.scan(model, "cuda:0", torch.bfloat16)
+    assert sorted((p.kind, p.path) for p in report.problems if p.path == "1.bias") == [("device", "1.bias"),
+                                                                                       ("dtype", "1.bias")]
+    assert asked.count("1.bias") == 1 and len(asked) == len(set(asked))

@@ -117,11 +117,12 @@ def judge(policy: Policy) -> list[Problem]:
                 continue
         elif module is None and not strict and not (policy.plain_root and (fixed_dev is not None or policy.dtype)):
             continue  # a tensor of a plain object (a scheduler's): no expectation unless strict or asked for
-        p = _judge_entry(policy, e)
+        d = policy.decide(e)
+        p = _judge_entry(policy, e, d=d)
         if p is not None:
             problems.append(p)
-            if p.kind == "device":  # a tensor can carry several problems: its dtype is judged too
-                q = _judge_entry(policy, e, dtype_only=True)
+            if p.kind == "device":  # a tensor can carry several problems: its dtype is judged too (one decision)
+                q = _dtype_problem(policy, e, d)
                 if q is not None:
                     problems.append(q)
     if adapters:
@@ -139,8 +140,10 @@ def judge(policy: Policy) -> list[Problem]:
     return problems
 
 
-def _judge_entry(policy: Policy, e: Entry, meta_ok: bool = False, dtype_only: bool = False) -> Problem | None:
-    d = policy.decide(e)
+def _judge_entry(policy: Policy, e: Entry, meta_ok: bool = False, dtype_only: bool = False,
+                 d: Decision | None = None) -> Problem | None:
+    if d is None:
+        d = policy.decide(e)
     t = e.tensor
     if dtype_only:
         return _dtype_problem(policy, e, d)
