@@ -1,7 +1,7 @@
 """``torchdoctor.move`` against ``Module.to`` for an fp32 -> bf16 cast of a ~110M-parameter model (CPU).
 
 Warm time: one process, one copy of the model per variant, interleaved rounds (the order alternates each round);
-each round times one cast per variant and casts back to fp32 untimed. Median time ratios; target (issue 3) <= 1.10.
+each round times one cast per variant and casts back to fp32 untimed. Median time ratios; target (issue 28) <= 1.05.
 The machine is shared (2 cores): single casts range 3-5x, so compare medians, and CPU time next to wall time.
 
 Cold time and peak memory: one fresh subprocess per variant and repeat (RSS is per process, and the allocator's
