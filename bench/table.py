@@ -158,21 +158,51 @@ def triplets(ours: Callable[[], Any], a1: Callable[[], Any], a2: Callable[[], An
     return summary(t[0], t[1]), summary(t[0], t[2])
 
 
-def scan_rows(n: int) -> None:
+def _scan_pairs(size: str, n: int) -> tuple[list[float], list[float]]:
+    """``n`` interleaved pairs of scan and its anchor on the ``size`` Llama shape, in this process."""
     from accelerate.utils import find_tied_parameters, named_module_tensors
 
+    model = llama(size)
+
+    def acc() -> None:
+        list(named_module_tensors(model, include_buffers=True, recurse=True))
+        find_tied_parameters(model)
+
+    a: list[float] = []
+    b: list[float] = []
+    for _ in range(2):
+        torchdoctor.scan(model), acc()
+    for i in range(n):
+        for fn, out in ((lambda: torchdoctor.scan(model), a), (acc, b)) if i % 2 == 0 else \
+                ((acc, b), (lambda: torchdoctor.scan(model), a)):
+            t = time.process_time()
+            fn()
+            out.append(time.process_time() - t)
+    return a, b
+
+
+def scan_rows(n: int) -> None:
+    # The scan ratio moves more between fresh processes (memory layout, hash seeds) than within one: the pairs
+    # of three processes are pooled, and each process's median is shown.
+    import json
+    import subprocess
+
     for size in ("8b", "70b"):
-        model = llama(size)
-
-        def acc() -> None:
-            list(named_module_tensors(model, include_buffers=True, recurse=True))
-            find_tied_parameters(model)
-
+        a: list[float] = []
+        b: list[float] = []
+        per: list[str] = []
+        for _ in range(3):
+            res = subprocess.run([sys.executable, os.path.abspath(__file__), "--scan-child", size,
+                                  str(max(n, 15))], capture_output=True, text=True, check=True, env=CHILD_ENV)
+            doc = json.loads(res.stdout.strip().splitlines()[-1])
+            a += doc["a"]
+            b += doc["b"]
+            per.append(f"x{summary(doc['a'], doc['b'])['ratio']:.2f}")
         row(f"scan {size.upper()} on meta", "accelerate named_module_tensors + find_tied_parameters",
-            pairs(lambda: torchdoctor.scan(model), acc, max(n, 15), warm=2), 1.0,
-            note="the walk reads every module's attributes (plain tensors, quant_state; accelerate reads none): "
-                 "~0.5x of accelerate; rows and votes ~0.2x, judging 0.05x; TensorInfo objects made when read")
-        del model
+            summary(a, b), 1.0,
+            note=f"pairs of 3 fresh processes pooled (their medians {', '.join(per)}); the walk reads every "
+                 "module's attributes (plain tensors, quant_state; accelerate reads none): ~0.5x of accelerate; "
+                 "rows and votes ~0.2x, judging 0.05x; TensorInfo objects made when read")
 
 
 def _child_cpu(argv: list[str]) -> float:
@@ -384,7 +414,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--only", default="")
+    ap.add_argument("--scan-child", nargs=2, metavar=("SIZE", "PAIRS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.scan_child:
+        import json
+
+        a, b = _scan_pairs(args.scan_child[0], int(args.scan_child[1]))
+        print(json.dumps({"a": a, "b": b}))
+        return 0
     n = max(5, args.pairs)
     only = {"first" if k == "first_call" else k for k in filter(None, args.only.split(","))}
     known = {"simulate", "scan", "checkpoint", "explain", "move", "first", "guard", "trace"}
