@@ -132,12 +132,16 @@ def report(name: str, med: dict[str, dict[str, float]]) -> None:
               f"median per-round ratio x{r['ratio']:.3f} (cpu x{r['cpu_ratio']:.3f})")
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, per_round: int = 40,
+def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, per_round: int = 40, warm: int = 5,
                 clock: Callable[[], float] = time.process_time) -> dict[str, list[float]]:
-    """Per variant, its mean time per call in each round. A round runs every variant ``per_round`` times, one call
-    at a time, the variants in rotating order (each permutation in turn): a change of load on the machine lands on
-    every variant alike, where blocks of calls per variant give it to whichever block ran through it."""
+    """Per variant, its mean time per call in each round (after ``warm`` untimed calls each). A round runs every
+    variant ``per_round`` times, one call at a time, the variants in rotating order (each permutation in turn): a
+    change of load on the machine lands on every variant alike, where blocks of calls per variant give it to
+    whichever block ran through it."""
     keys = list(fns)
+    for _ in range(warm):
+        for fn in fns.values():
+            fn()
     perms = list(itertools.permutations(keys))
     out: dict[str, list[float]] = {k: [] for k in keys}
     n = 0
