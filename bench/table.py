@@ -288,8 +288,8 @@ def move_rows(n: int) -> None:
             out.append(time.process_time() - t)
             model.to(torch.float32)  # untimed: back to fp32 for the next pair
     row("move GPT-2 110M to bf16, warm", "Module.to", summary(a, b), 1.05,
-        note="move's Python overhead is ~5.6 ms per cast over Module.to (the plan's walk, policy and cast_target; "
-             "undo records; a verifying walk); under load a two-thread cast's CPU time is mostly barrier spinning")
+        note="move's Python overhead is ~3.8 ms per cast over Module.to on meta (the plan's walk, policy and "
+             "cast_target; undo records; the planned slots re-read to verify); under load a two-thread cast's CPU time is mostly barrier spinning")
     del model
     first_call("move_cast", "move")  # writes the bytecode cache
     a: list[float] = []
