@@ -346,30 +346,17 @@ def guard_rows(n: int) -> None:
     ids = torch.randint(0, 50257, (1, 128), generator=torch.Generator().manual_seed(0))
     big = gd.build(12, 768, 12, 50257)
     fns = gd.variants(big, ids)
-    row("guard explain, GPT-2-small", "plain forward", pairs(fns["explain"], fns["plain"], max(n, 9)), 1.03)
-    row("guard strict, GPT-2-small", "plain forward", pairs(fns["strict"], fns["plain"], max(n, 9)), 1.1)
+    row("guard explain, GPT-2-small", "plain forward", pairs(fns["explain"], fns["plain"], max(n, 21)), 1.03)
+    row("guard strict, GPT-2-small", "plain forward", pairs(fns["strict"], fns["plain"], max(n, 15)), 1.1)
     del big, fns
     tiny = gd.build(2, 64, 4, 256)
     tiny_ids = ids[:, :16] % 256
     _, ops = gd.counts(tiny, tiny_ids)
     torch.set_num_threads(1)
     fns = gd.variants(tiny, tiny_ids, floor=True)
-
-    def many(fn: Callable[[], Any]) -> Callable[[], None]:
-        def run() -> None:
-            for _ in range(40):
-                fn()
-        return run
-
-    strict, plain, noop = ([], [], [])  # type: tuple[list[float], list[float], list[float]]
-    for i in range(max(n, 9)):
-        order = [("strict", strict), ("plain", plain), ("noop_mode", noop)]
-        for key, out in order if i % 2 == 0 else order[::-1]:
-            t = time.process_time()
-            many(fns[key])()
-            out.append((time.process_time() - t) / 40 / ops)
-    s_extra = [s - p for s, p in zip(strict, plain)]
-    n_extra = [x - p for x, p in zip(noop, plain)]
+    # one forward at a time in rotating order: a load change lands on all three variants alike (docs/guard-speed.md)
+    times = gd.interleaved({k: fns[k] for k in ("strict", "plain", "noop_mode")}, max(n, 9))
+    s_extra, n_extra = gd.per_op(times, ops)
     r = summary(s_extra, n_extra)
     row("strict, extra per aten op (tiny GPT-2)", "an empty TorchDispatchMode", r, 1.5)
     torch.set_num_threads(2)
