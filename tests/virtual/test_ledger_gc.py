@@ -51,3 +51,29 @@ def test_a_collection_inside_add_does_not_deadlock() -> None:
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "allocated 0"
+
+
+def test_an_ops_tensors_die_by_reference_counting() -> None:
+    # each op's unwrap closure called itself through its cell: a cycle that kept the op's tensors alive until the
+    # cyclic GC ran (~30k objects a simulation, and the real CPU data of a virtual run)
+    import gc
+    import weakref
+
+    import torch
+
+    from torchdoctor import virtual_devices
+
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        with virtual_devices("cuda:1"):
+            x = torch.ones(64, 64, device="cuda:1")
+            y = (x * 2).sum()
+            elem = weakref.ref(x._td_elem)
+            out = weakref.ref(y._td_elem)
+            del x, y
+            assert elem() is None and out() is None
+    finally:
+        if was:
+            gc.enable()
