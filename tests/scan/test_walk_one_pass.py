@@ -58,3 +58,16 @@ def test_a_forward_set_on_the_instance_by_another_module_walks_that_module_after
         ("0.forward.__self__.weight", "parameter"), ("0.forward.__self__.bias", "parameter"),
         ("0.forward.__self__.lora_down", "attribute")]  # as before the one-pass walker (9209a9f)
     assert [(p, q) for p, _, q in w.patches] == [("0", "0.forward.__self__")]
+
+
+def test_new_entry_sets_every_slot_as_the_class_call_does() -> None:
+    # new_entry is the walker's hot-path copy of Entry.__init__: a slot added to one and not the other fails here
+    import torch
+
+    from torchdoctor._walk.entry import Entry, new_entry
+
+    lin = torch.nn.Linear(2, 2)
+    args = ("w.weight", "parameter", lin.weight, lin, "weight", "param", lin, "w", True)
+    a, b = Entry(*args), new_entry(*args)
+    for name in Entry.__slots__:
+        assert getattr(a, name) is getattr(b, name), name
