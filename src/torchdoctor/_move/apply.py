@@ -16,7 +16,7 @@ import torch
 
 from torchdoctor._move import owners as q
 from torchdoctor._move.plan import Expect, Moved, MoveReport, _Plan, build
-from torchdoctor._move.undo import Outcome, UndoLog, Unit, compact_of, irreplaceable, owns_storage
+from torchdoctor._move.undo import CastBack, Outcome, UndoLog, Unit, compact_of, irreplaceable, owns_storage
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype, same_device
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._report.text import format_error, human_bytes
@@ -25,6 +25,7 @@ __all__ = ["move"]
 
 log_ = logging.getLogger("torchdoctor.move")
 _PARAM, _TENSOR = torch.nn.Parameter, torch.Tensor
+_compatible = torch._has_compatible_shallow_copy_type
 _VERIFYING = "\0verifying"  # the cursor's value once every unit is in place (no path looks like it)
 
 
@@ -199,6 +200,10 @@ def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blo
     units = p.units()
     shared = _shared_storages(units) if log.mode == "auto" else set()
     debug = log_.isEnabledFor(logging.DEBUG)
+    # a plain Parameter cast on its device, owning its storage, nothing kept: ``param.data = param.data.to(dtype)``
+    # with one undo record (what install's Parameter path does, without the unit, the slots and the swaps)
+    lean = (log.mode != "exact" and not non_blocking and not debug
+            and not torch.__future__.get_overwrite_module_params_on_conversion())
     for unit in units:
         if len(unit) == 1:  # the common case, without the lists a unit of views needs
             s = unit[0]
@@ -206,6 +211,22 @@ def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blo
             cursor[0] = e.path
             old = e.tensor
             tp = type(old)
+            if (lean and tp is _PARAM and s.owns and s.sid is not None and s.sid not in shared and old.grad is None
+                    and not irreplaceable(old)):
+                data = old.data
+                if data.device == s.device:
+                    new = data.to(s.dtype)
+                    if type(new) is _TENSOR and _compatible(old, new):
+                        src = compact_of(old)
+                        log.add(CastBack(old, new, e.path, src, data.dtype))
+                        old.data = new
+                        nbytes = new.nelement() * new.element_size()
+                        total += nbytes
+                        done.append(Moved(e.path, src, compact_of(new), nbytes))
+                        del old, data, new  # the original is freed here, as Module.to frees it
+                        continue
+                    del new
+                del data
             data = old.data if tp is _PARAM else old if tp is _TENSOR or q.is_wrapper(old) else q.data_of(old)
             src = compact_of(old)
             back = Unit([old], [data], _keeps(log, unit, [old], [data], shared))

@@ -25,8 +25,8 @@ from torch import nn
 from torchdoctor._placement import compact, same_device
 from torchdoctor._walk import Entry, describe, set_tensor
 
-__all__ = ["Outcome", "SetData", "SetSlots", "Swap", "UndoLog", "Unit", "compact_of", "exact_cast", "grad_restore",
-           "irreplaceable", "owns_storage", "read_slot"]
+__all__ = ["CastBack", "Outcome", "SetData", "SetSlots", "Swap", "UndoLog", "Unit", "compact_of", "exact_cast",
+           "grad_restore", "irreplaceable", "owns_storage", "read_slot"]
 
 _LOSSLESS = {(a, b) for a in (torch.float16, torch.bfloat16) for b in (torch.float32, torch.float64)} | {
     (torch.float32, torch.float64)}
@@ -228,6 +228,18 @@ class SetData(_Record):
         t = self.target
         now = compact_of(t)
         return [(self.path, now, self.was)] if self.moved() or now != self.was else []
+
+
+class CastBack(SetData):
+    """``param.data = new`` for a plain Parameter cast on its own device with nothing kept: the way back is one cast
+    of the moved data, as ``Unit.data`` gives a one-member unit whose original is not kept, without the unit."""
+
+    def __init__(self, target: torch.Tensor, new: torch.Tensor, path: str, was: str, dtype: torch.dtype) -> None:
+        self.target, self.new, self.path, self.was, self.dtype = target, new, path, was, dtype
+
+    def restore(self) -> tuple[torch.Tensor, bool]:  # type: ignore[override]
+        new = self.new
+        return new.to(self.dtype), exact_cast(self.dtype, new.dtype)
 
 
 def grad_restore(grad: torch.Tensor, new: torch.Tensor, keep: bool) -> Callable[[], tuple[torch.Tensor, bool]]:
