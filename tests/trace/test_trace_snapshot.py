@@ -186,3 +186,18 @@ def test_flat_read_is_used_and_sees_a_slot_write_and_a_swap() -> None:
     vars(m[1])["scale"] = torch.ones(1)  # a new key: the flat read steps aside
     assert shape.flat.read(shape.objects, shape.modules) is None
     _same(snapshot(m, "", shapes), full(m, "")[0])
+
+
+def test_a_tensor_put_into_a_config_right_after_priming_is_seen() -> None:
+    """The flat read proves the attribute objects when it is primed (with the walk, at a trace's start): a tensor put
+    into a config before the first read must still send the read to the walk, which finds it."""
+    obj = zoo.build("llama").obj
+    shapes: dict[tuple[int, str], Shape | None] = {}
+    snapshot(obj, "", shapes)
+    shape = shapes[(id(obj), "")]
+    assert shape is not None and shape.flat is not None and shape.flat.proof is not None  # proved when primed
+    vars(obj.config)["td_table"] = [torch.ones(2)]
+    assert shape.flat.read(shape.objects, shape.modules) is None
+    got = snapshot(obj, "", shapes)
+    _same(got, full(obj, "")[0])
+    assert "config.td_table.0" in got[0]

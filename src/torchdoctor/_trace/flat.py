@@ -226,7 +226,20 @@ class Flat:
             return None
         self.paths = list(snap)
         self.scopes = [objects[i] for i in ids]
+        others = self._others(tensors, vals)
+        if others:  # proved now, with the walk it is primed from: a trace's first call then proves by identity
+            ok, self.proof = Proof.of(others)
+            if not ok:
+                return None
         return self
+
+    def _others(self, tensors: list[Any], vals: list[Any]) -> list[Any]:
+        """The objects a read must prove tensor-free: the non-atom values of the tensors' own ``__dict__``
+        (quant_state hangs there) and the attribute objects (a config)."""
+        extra = list(_flat(map(_values, map(_dict, tensors))))  # quant_state hangs here; buffers' flags
+        others = [v for v in extra if type(v) not in FAST_ATOMS] if not FAST_ATOMS.issuperset(map(type, extra)) else []
+        others += map(vals.__getitem__, self.other_at)
+        return others
 
     def read(self, base: dict[int, Any], modules: dict[str, Any]) -> tuple[dict[str, Any], dict[int, Any], dict[str, Any]] | None:
         """The slow read's result now (``base``: the modules' objects), or None when the tree changed shape."""
@@ -254,9 +267,7 @@ class Flat:
         ids = list(map(id, tensors))
         if len(set(ids)) != len(ids):
             return None
-        extra = list(_flat(map(_values, map(_dict, tensors))))  # quant_state hangs here; buffers' flags
-        others = [v for v in extra if type(v) not in FAST_ATOMS] if not FAST_ATOMS.issuperset(map(type, extra)) else []
-        others += map(vals.__getitem__, self.other_at)
+        others = self._others(tensors, vals)
         if others:  # the attribute objects (a config) hold no tensor: proved as last time, or proved again
             proof = self.proof
             if proof is None or not proof.holds(others):
