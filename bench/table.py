@@ -41,6 +41,23 @@ ROWS: list[dict[str, Any]] = []
 # Fresh processes read cached bytecode as an installed package does (this machine sets PYTHONDONTWRITEBYTECODE,
 # which would make every child compile torchdoctor's sources again and count that as a first-call cost).
 CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+# After a parallel torch op, libgomp's worker threads spin for about 10 ms before they sleep (its default spin
+# count; measured here: a worker's CPU during a pause after a cast grows with the pause up to ~10 ms, then stops).
+# The cast rows reset the model untimed right before each timed call, so that spin would be charged to whichever
+# variant runs first, and only to the Python it runs before its first op (move's plan, the trace's first read),
+# never to Module.to's first cast that puts the spinning worker to use. A pause longer than the spin puts both
+# variants on the same footing: workers asleep, as after other work in a program. The pause is busy Python on the
+# main thread: a sleeping one let the core idle, and the first Python after it ran slower and swung more (move:
+# x1.00-1.05 from one process to the next against x0.97-1.01 busy and x1.03-1.05 with no pause, 15 pairs each).
+# ``--no-settle`` shows the rows without it.
+SETTLE = [0.02]
+
+
+def settle() -> None:
+    """Busy for ``SETTLE`` seconds: the OpenMP workers of the op before go to sleep, the main thread stays busy."""
+    end = time.perf_counter() + SETTLE[0]
+    while time.perf_counter() < end:
+        pass
 
 
 def pairs(ours: Callable[[], Any], anchor: Callable[[], Any], n: int, warm: int = 1,
@@ -181,26 +198,31 @@ def _scan_pairs(size: str, n: int) -> tuple[list[float], list[float]]:
     return a, b
 
 
-def scan_rows(n: int) -> None:
-    # The scan ratio moves more between fresh processes (memory layout, hash seeds) than within one: the pairs
-    # of three processes are pooled, and each process's median is shown.
+def pooled(kind: str, arg: str, pairs: int, procs: int = 3) -> tuple[dict[str, Any], str]:
+    """The pairs of ``procs`` fresh processes pooled, and each one's median: a ratio moves more between fresh
+    processes (memory layout, hash seeds, where the allocator's pages fall) than within one."""
     import json
     import subprocess
 
+    a: list[float] = []
+    b: list[float] = []
+    per: list[str] = []
+    argv = [sys.executable, os.path.abspath(__file__), "--child", kind, arg, str(pairs)]
+    for _ in range(procs):
+        res = subprocess.run(argv + ([] if SETTLE[0] else ["--no-settle"]), capture_output=True, text=True,
+                             check=True, env=CHILD_ENV)
+        doc = json.loads(res.stdout.strip().splitlines()[-1])
+        a += doc["a"]
+        b += doc["b"]
+        per.append(f"x{summary(doc['a'], doc['b'])['ratio']:.2f}")
+    return summary(a, b), f"pairs of {procs} fresh processes pooled (their medians {', '.join(per)})"
+
+
+def scan_rows(n: int) -> None:
     for size in ("8b", "70b"):
-        a: list[float] = []
-        b: list[float] = []
-        per: list[str] = []
-        for _ in range(3):
-            res = subprocess.run([sys.executable, os.path.abspath(__file__), "--scan-child", size,
-                                  str(max(n, 15))], capture_output=True, text=True, check=True, env=CHILD_ENV)
-            doc = json.loads(res.stdout.strip().splitlines()[-1])
-            a += doc["a"]
-            b += doc["b"]
-            per.append(f"x{summary(doc['a'], doc['b'])['ratio']:.2f}")
-        row(f"scan {size.upper()} on meta", "accelerate named_module_tensors + find_tied_parameters",
-            summary(a, b), 1.0,
-            note=f"pairs of 3 fresh processes pooled (their medians {', '.join(per)}); the walk reads every "
+        res, how = pooled("scan", size, max(n, 15))
+        row(f"scan {size.upper()} on meta", "accelerate named_module_tensors + find_tied_parameters", res, 1.0,
+            note=f"{how}; the walk reads every "
                  "module's attributes (plain tensors, quant_state; accelerate reads none): ~0.5x of accelerate; "
                  "rows and votes ~0.2x, judging 0.05x; TensorInfo objects made when read")
 
@@ -273,7 +295,8 @@ def explain_rows(n: int) -> None:
             note="not linear (time per MB grows with the input)")
 
 
-def move_rows(n: int) -> None:
+def _move_pairs(n: int) -> tuple[list[float], list[float]]:
+    """``n`` interleaved pairs of a warm move and Module.to of the GPT-2 110M shape to bf16, in this process."""
     mv = bench_module("move")
     model = mv.build()  # one instance for both: two instances of the same model differ by about 1.5 %
     for v in ("Module.to", "move"):  # first-touch page faults and allocator growth are not part of a warm cast
@@ -281,16 +304,23 @@ def move_rows(n: int) -> None:
         model.to(torch.float32)
     a: list[float] = []
     b: list[float] = []
-    for i in range(max(n, 15)):
+    for i in range(n):
         for v, out in (("move", a), ("Module.to", b)) if i % 2 == 0 else (("Module.to", b), ("move", a)):
+            settle()  # the reset's OpenMP workers stop spinning (see SETTLE)
             t = time.process_time()
             mv.cast(v, model)
             out.append(time.process_time() - t)
             model.to(torch.float32)  # untimed: back to fp32 for the next pair
-    row("move GPT-2 110M to bf16, warm", "Module.to", summary(a, b), 1.05,
-        note="move's Python overhead is ~3.8 ms per cast over Module.to on meta (the plan's walk, policy and "
-             "cast_target; undo records; the planned slots re-read to verify); under load a two-thread cast's CPU time is mostly barrier spinning")
-    del model
+    return a, b
+
+
+def move_rows(n: int) -> None:
+    res, how = pooled("move", "-", max(n, 11))
+    row("move GPT-2 110M to bf16, warm", "Module.to", res, 1.05,
+        note=f"{how}; move's Python overhead is ~2 ms per cast over Module.to on meta (the plan's walk, policy "
+             "and cast_target; one undo record per cast; the planned slots re-read to verify), and the OpenMP "
+             "workers spin through the Python between casts, so process CPU counts it about twice")
+    mv = bench_module("move")
     first_call("move_cast", "move")  # writes the bytecode cache
     a: list[float] = []
     b: list[float] = []
@@ -362,7 +392,8 @@ def guard_rows(n: int) -> None:
     torch.set_num_threads(2)
 
 
-def trace_row(n: int) -> None:
+def _trace_pairs(n: int) -> tuple[list[float], list[float]]:
+    """``n`` interleaved pairs of a traced and an untraced ``.to(bf16)`` + back of a 108M Llama, in this process."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -378,35 +409,46 @@ def trace_row(n: int) -> None:
     cast()
     traced: list[float] = []
     plain: list[float] = []
-    for i in range(max(n, 30)):  # under 5 % needs many pairs on a shared machine
+    for i in range(n):
         for on in (True, False) if i % 2 == 0 else (False, True):
             tr = torchdoctor.trace(model) if on else None
             if tr is not None:
                 tr.__enter__()
             try:
+                settle()  # the last pair's OpenMP workers stop spinning (see SETTLE)
                 t = time.process_time()
                 cast()
                 (traced if on else plain).append(time.process_time() - t)
             finally:
                 if tr is not None:
                     tr.__exit__(None, None, None)
-    nparams = sum(p.numel() for p in model.parameters()) / 1e6
-    row(f"trace on, .to(bf16) + back of a {nparams:.0f}M Llama shape", "untraced", summary(traced, plain), 1.05,
-        note="each traced call reads the model before and after it (4 reads a pair, flat lists compared at C "
-             "speed, ~0.6-1.2 ms each here: a read after a 400 MB cast is limited by cache misses): a change the trace cannot see is caught only by those reads, and "
-             "one read per call would blame a change made between calls on the next call")
+    return traced, plain
+
+
+def trace_row(n: int) -> None:
+    res, how = pooled("trace", "-", max(n, 20))  # under 5 % needs many pairs on a shared machine
+    row("trace on, .to(bf16) + back of a 108M Llama shape", "untraced", res, 1.05,
+        note=f"{how}; each traced call reads the model before and after it (4 reads a pair, flat lists compared "
+             "at C speed, ~0.6-1.2 ms each here: a read after a 400 MB cast is limited by cache misses): a change "
+             "the trace cannot see is caught only by those reads, and one read per call would blame a change made "
+             "between calls on the next call")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--only", default="")
-    ap.add_argument("--scan-child", nargs=2, metavar=("SIZE", "PAIRS"), help=argparse.SUPPRESS)
+    ap.add_argument("--no-settle", action="store_true", help="no pause before the timed casts (see SETTLE)")
+    ap.add_argument("--child", nargs=3, metavar=("KIND", "ARG", "PAIRS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.scan_child:
+    if args.no_settle:
+        SETTLE[0] = 0.0
+    if args.child:
         import json
 
-        a, b = _scan_pairs(args.scan_child[0], int(args.scan_child[1]))
+        kind, arg, pairs = args.child[0], args.child[1], int(args.child[2])
+        a, b = (_scan_pairs(arg, pairs) if kind == "scan" else _move_pairs(pairs) if kind == "move" else
+                _trace_pairs(pairs))
         print(json.dumps({"a": a, "b": b}))
         return 0
     n = max(5, args.pairs)
@@ -415,7 +457,8 @@ def main() -> int:
     if only - known:  # a misspelt row would be skipped in silence
         ap.error(f"--only {','.join(sorted(only - known))}: unknown row; the rows are {', '.join(sorted(known))}")
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} cpus, "
-          f"load average {os.getloadavg()[0]:.1f} at start; {n} interleaved pairs per row (more where cheap)",
+          f"load average {os.getloadavg()[0]:.1f} at start; {n} interleaved pairs per row (more where cheap); "
+          f"{SETTLE[0] * 1000:.0f} ms busy pause before each timed cast",
           flush=True)
     import tempfile
 
