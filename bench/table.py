@@ -153,7 +153,7 @@ def simulate_rows(n: int) -> None:
             with torch.no_grad():
                 model(input_ids=ids.to("meta"))
 
-        res = triplets(sim, meta, lambda: fake_forward(model, ids), n)
+        res = triplets(sim, meta, lambda: fake_forward(model, ids), max(n, 7))
         row(f"simulate {size.upper()}, 16 tokens, cuda:1 bf16", "plain meta forward", res[0], 1.5,
             note="per-op Python dispatch; meta kernels are remembered per run (_virtual/kernels.py)")
         row(f"simulate {size.upper()}, same", "FakeTensorMode on fake cpu", res[1], 1.0,
@@ -163,15 +163,32 @@ def simulate_rows(n: int) -> None:
 
 def triplets(ours: Callable[[], Any], a1: Callable[[], Any], a2: Callable[[], Any],
              n: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One run of ``ours`` per round against two anchors, the order rotating each round."""
+    """One run of ``ours`` per round against two anchors, the order rotating each round.
+
+    With transformers and a 70B meta model loaded the heap holds ~416k objects, and a full collection (~0.4 s
+    here) set off by the garbage of earlier calls lands in whichever call comes next, ours or an anchor, about one
+    call in four (measured: x1.33-1.62 over five rounds). So each call starts after a full collection, and is
+    charged what collecting its own cyclic garbage costs: a full collection right after it, less a second one
+    (the walk over the heap that both pay alike)."""
+    import gc
+
+    def charged(fn: Callable[[], Any]) -> float:
+        gc.collect()
+        c = time.process_time()
+        fn()
+        spent = time.process_time() - c
+        c = time.process_time()
+        gc.collect()  # the call's own garbage, and the heap
+        c2 = time.process_time()
+        gc.collect()  # the heap alone
+        return spent + max(0.0, (c2 - c) - (time.process_time() - c2))
+
     ours(), a1(), a2()
     t: dict[int, list[float]] = {0: [], 1: [], 2: []}
     fns = [ours, a1, a2]
     for i in range(n):
         for k in [(i + j) % 3 for j in range(3)]:
-            c = time.process_time()
-            fns[k]()
-            t[k].append(time.process_time() - c)
+            t[k].append(charged(fns[k]))
     return summary(t[0], t[1]), summary(t[0], t[2])
 
 
@@ -324,7 +341,7 @@ def move_rows(n: int) -> None:
     first_call("move_cast", "move")  # writes the bytecode cache
     a: list[float] = []
     b: list[float] = []
-    for i in range(max(n, 9)):  # one fresh process per pair: the first cast of each, the order alternating
+    for i in range(max(n, 15)):  # one fresh process per pair: the first cast of each, the order alternating
         doc = first_call("move_cast", "move" if i % 2 == 0 else "Module.to")
         a.append(doc["move"])
         b.append(doc["Module.to"])
@@ -428,10 +445,12 @@ def _trace_pairs(n: int) -> tuple[list[float], list[float]]:
 def trace_row(n: int) -> None:
     res, how = pooled("trace", "-", max(n, 20))  # under 5 % needs many pairs on a shared machine
     row("trace on, .to(bf16) + back of a 108M Llama shape", "untraced", res, 1.05,
-        note=f"{how}; each traced call reads the model before and after it (4 reads a pair, flat lists compared "
-             "at C speed, ~0.6-1.2 ms each here: a read after a 400 MB cast is limited by cache misses): a change "
-             "the trace cannot see is caught only by those reads, and one read per call would blame a change made "
-             "between calls on the next call")
+        note=f"{how}; each traced call reads the model before and after it: 4 reads a pair, ~1.1-1.3 ms each "
+             "after a 400 MB cast (the trace's own code ~5.3 ms a pair); three of them run while the OpenMP worker "
+             "still spins after the cast, so process CPU counts them about twice; the casts run 2-4 % slower "
+             "through the patched _apply and .data. Fewer reads would need a way to know nothing changed between "
+             "two calls, which Python does not give; without the read before a call, a change made between "
+             "calls by code no patch saw would be blamed on the next call (docs/trace.md)")
 
 
 def main() -> int:
