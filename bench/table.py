@@ -373,7 +373,7 @@ def first_call_rows(n: int, tmp: str) -> None:
                         ("move", "move (tiny GPT-2, to bf16)")):
         first: list[float] = []
         later: list[float] = []
-        for _ in range(max(n, 9)):  # one process a pair: the spread is a garbage collection falling in or out
+        for _ in range(max(n, 11)):  # one process a pair (each call starts after a full collection)
             res = subprocess.run([sys.executable, CHILD, kind, path], capture_output=True, text=True, check=True,
                                  env=CHILD_ENV)
             doc = json.loads(res.stdout.strip().splitlines()[-1])
