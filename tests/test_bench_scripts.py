@@ -76,9 +76,11 @@ def test_first_call_child_reports_first_and_later(tmp_path: pathlib.Path) -> Non
     assert doc["first"] > 0 and doc["later"] > 0
 
 
-def test_scan_child_reports_interleaved_pairs() -> None:
-    # the scan rows pool the pairs of three fresh processes: each child prints its own pairs as one JSON line
-    out = subprocess.run([sys.executable, str(BENCH / "table.py"), "--scan-child", "8b", "2"], capture_output=True,
-                         text=True, timeout=300, check=True)
+@pytest.mark.parametrize("kind,arg,pairs", [("scan", "8b", 2), ("move", "-", 1), ("trace", "-", 1)])
+def test_pooled_child_reports_interleaved_pairs(kind: str, arg: str, pairs: int) -> None:
+    # the scan, move-warm and trace rows pool the pairs of three fresh processes: each child prints its own pairs
+    # as one JSON line
+    out = subprocess.run([sys.executable, str(BENCH / "table.py"), "--child", kind, arg, str(pairs)],
+                         capture_output=True, text=True, timeout=300, check=True)
     doc = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(doc["a"]) == len(doc["b"]) == 2 and all(x > 0 for x in doc["a"] + doc["b"])
+    assert len(doc["a"]) == len(doc["b"]) == pairs and all(x > 0 for x in doc["a"] + doc["b"])
