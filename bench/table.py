@@ -337,7 +337,6 @@ def move_rows(n: int) -> None:
         note=f"{how}; move's Python overhead is ~2 ms per cast over Module.to on meta (the plan's walk, policy "
              "and cast_target; one undo record per cast; the planned slots re-read to verify), and the OpenMP "
              "workers spin through the Python between casts, so process CPU counts it about twice")
-    mv = bench_module("move")
     first_call("move_cast", "move")  # writes the bytecode cache
     a: list[float] = []
     b: list[float] = []
@@ -465,9 +464,13 @@ def main() -> int:
     if args.child:
         import json
 
-        kind, arg, pairs = args.child[0], args.child[1], int(args.child[2])
-        a, b = (_scan_pairs(arg, pairs) if kind == "scan" else _move_pairs(pairs) if kind == "move" else
-                _trace_pairs(pairs))
+        kind, arg, count = args.child[0], args.child[1], int(args.child[2])
+        children: dict[str, Callable[[], tuple[list[float], list[float]]]] = {
+            "scan": lambda: _scan_pairs(arg, count), "move": lambda: _move_pairs(count),
+            "trace": lambda: _trace_pairs(count)}
+        if kind not in children:
+            ap.error(f"--child {kind}: unknown; the pooled rows are {', '.join(children)}")
+        a, b = children[kind]()
         print(json.dumps({"a": a, "b": b}))
         return 0
     n = max(5, args.pairs)
