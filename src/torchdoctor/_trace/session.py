@@ -15,8 +15,7 @@ import logging
 import threading
 import time
 import types
-from itertools import compress, repeat
-from operator import attrgetter, itemgetter, ne, or_
+from operator import attrgetter, itemgetter
 from typing import Any, Callable
 
 import torch
@@ -64,21 +63,9 @@ def _under(path: str, scope: str) -> bool:
     return scope == "" or path == scope or path.startswith(scope + ".")
 
 
-def _moved(before: Snap, after: Snap) -> list[bool] | None:
-    """Per path, whether its placement differs, when ``before`` and ``after`` hold the same paths in the same
-    order (the common case: a cast changes no slot); None otherwise. At C speed."""
-    if len(before) != len(after) or list(before) != list(after):
-        return None
-    b, a = before.values(), after.values()
-    return list(map(or_, map(ne, map(_2, b), map(_2, a)), map(ne, map(_3, b), map(_3, a))))
-
-
 def diff(before: Snap, after: Snap) -> list[tuple[str, str, Any, Any]]:
     """``(kind, path, before entry | None, after entry | None)``; a tensor found again under a new path (a layer
     wrapped by a LoRA layer) is the same tensor: recorded only if its placement changed."""
-    moved = _moved(before, after)
-    if moved is not None:  # the same paths: only moves, in the order of ``after``
-        return list(compress(zip(repeat("move"), after, before.values(), after.values()), moved))
     out: list[tuple[str, str, Any, Any]] = []
     by_id: dict[int, Any] | None = None
     for path, a in after.items():
@@ -252,10 +239,6 @@ class Session:
 
     def _unobserved(self, root: Root, before: Snap, narrower: list[Scope]) -> None:
         """Changes made since the last look by code no patch saw (a direct ``_parameters`` write...)."""
-        if not narrower:
-            moved = _moved(root.state, before)
-            if moved is not None and not any(moved):
-                return  # the common case: nothing moved since the last look (at C speed)
         changes = []
         for p, v in before.items():
             old = root.state.get(p)
@@ -276,11 +259,8 @@ class Session:
                         continue
                     after, objects, modules = snapshot(target, s.path, self.shapes)
                     changes.extend(diff(s.before, after))
-                    if len(root.state) == len(s.before) and list(root.state) == list(s.before):
-                        root.state = strip(after)  # what the drop and update below would leave
-                    else:
-                        drop(root.state, s.before)
-                        root.state.update(strip(after))
+                    drop(root.state, s.before)
+                    root.state.update(strip(after))
                     drop(self.objects, s.objects)
                     self.objects.update(owned(root, objects))
                     root.modules.update(modules)
