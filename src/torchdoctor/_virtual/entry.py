@@ -25,8 +25,9 @@ from torchdoctor._placement import compact, device_str, norm_device, tensor_devi
 from torchdoctor._scan import intent
 from torchdoctor._scan.judge import cpu_packed_message
 from torchdoctor._virtual.origin import Made
-from torchdoctor._virtual.tensor import Space, VirtualTensor, current_space, make
+from torchdoctor._virtual.tensor import Space, VirtualTensor, current_space, make, virtual_class
 from torchdoctor._walk import walk
+from torchdoctor._walk.kinds import FAST_ATOMS
 
 _SKIP = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "config", "generation_config",
                                            "_diffusers_hook"}
@@ -36,17 +37,10 @@ _CODE = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functo
 
 def owned(mod: nn.Module) -> list[tuple[str, torch.Tensor, str]]:
     """(path relative to ``mod``, tensor, role) of what ``mod`` itself owns (not its called submodules)."""
-    d = mod.__dict__
-    holder: dict[str, Any] = {}
-    holder.update(d.get("_parameters") or {})
-    buffers = d.get("_buffers") or {}
-    holder.update(buffers)
-    for k, v in (d.get("_modules") or {}).items():
-        if isinstance(v, _HOLDERS):
-            holder[k] = v
-    for k, v in d.items():
-        if k not in _SKIP and not k.startswith("__") and not isinstance(v, (nn.Module, *_CODE)):
-            holder[k] = v  # code (a wrapped ``to`` left by accelerate) is not data the forward reads
+    holder, buffers, d = holding(mod)
+    plain = _plain_owned(holder, buffers, d)
+    if plain is not None:
+        return plain
     best: dict[int, tuple[str, torch.Tensor, str]] = {}
     via_tensor = {k for k, v in holder.items() if isinstance(v, torch.Tensor)}
     for e in walk(holder).entries:  # canonical paths first; never through a module a tensor points back to
@@ -59,6 +53,60 @@ def owned(mod: nn.Module) -> list[tuple[str, torch.Tensor, str]]:
             "attribute" if e.path in d else e.role  # the walk saw a dict: name what the module holds directly
         best[id(e.tensor)] = (e.path, e.tensor, role)
     return list(best.values())
+
+
+def holding(mod: nn.Module) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """What ``owned`` looks through: the parameters, buffers, ``ParameterDict``/``ParameterList`` children and
+    data attributes of ``mod`` by name; its buffers; its ``__dict__``."""
+    d = mod.__dict__
+    holder: dict[str, Any] = {}
+    holder.update(d.get("_parameters") or {})
+    buffers = d.get("_buffers") or {}
+    holder.update(buffers)
+    for k, v in (d.get("_modules") or {}).items():
+        if isinstance(v, _HOLDERS):
+            holder[k] = v
+    for k, v in d.items():
+        if k not in _SKIP and not k.startswith("__") and not isinstance(v, (nn.Module, *_CODE)):
+            holder[k] = v  # code (a wrapped ``to`` left by accelerate) is not data the forward reads
+    return holder, buffers, d
+
+
+# tensors the walker reads as themselves alone when their own __dict__ holds only atoms (the simulation's twins
+# keep their parts in slots)
+_PLAIN_TENSORS = frozenset({torch.Tensor, nn.Parameter, VirtualTensor, virtual_class(nn.Parameter)})
+_ATOM_SEQS = (tuple, list)
+
+
+def _plain_owned(holder: dict[str, Any], buffers: dict[str, Any], d: dict[str, Any]) -> list[tuple[str, Any, str]] | None:
+    """``owned``'s answer without a walk, for the common module: only atoms, lists or tuples of atoms, and plain
+    tensors with nothing of their own hanging off them (a Linear, a norm, an attention block). None for anything
+    else (a quant_state, a container of tensors, a ParameterDict, a tensor subclass): the walk decides. A walk per
+    module entry was ~8 % of a 70B simulation."""
+    out: list[tuple[str, Any, str]] = []
+    seen: set[int] = set()
+    atoms = FAST_ATOMS
+    for k, v in holder.items():
+        tv = type(v)
+        if tv in atoms:
+            continue
+        if tv in _PLAIN_TENSORS:
+            td = v.__dict__
+            if (td and not atoms.issuperset(map(type, td.values()))) or type(k) is not str or "." in k:
+                return None
+            if id(v) in seen:
+                continue  # a tensor held twice: its first path, as the walk gives it
+            role = "parameter" if tv is nn.Parameter or isinstance(v, nn.Parameter) else \
+                "buffer" if k in buffers else "attribute" if k in d else None
+            if role is None:
+                return None
+            seen.add(id(v))
+            out.append((k, v, role))
+        elif tv in _ATOM_SEQS and atoms.issuperset(map(type, v)):
+            continue
+        else:
+            return None
+    return out
 
 
 class EntryCheck:
