@@ -138,31 +138,44 @@ def fake_forward(model: torch.nn.Module, ids: torch.Tensor) -> None:
         torch.func.functional_call(model, params, (), {"input_ids": torch.zeros(ids.shape, dtype=ids.dtype)})
 
 
-def simulate_rows(n: int) -> None:
+def _simulate_triplets(size: str, n: int) -> tuple[list[float], list[float], list[float]]:
+    """``n`` rounds of simulate, a plain meta forward and FakeTensorMode on the ``size`` Llama, in this process."""
     ids = torch.randint(0, 128256, (1, 16))
+    model = llama(size)
+
+    def sim() -> None:
+        # 70B in bf16 needs 131 GiB: simulate reports that the 80 GiB virtual card would run out of memory
+        rep = torchdoctor.simulate(model, {"input_ids": ids}, device="cuda:1", dtype="bfloat16",
+                                   assume_device="cpu")
+        assert rep.ops > 1000 and all(p.kind == "memory" for p in rep.problems), rep
+
+    def meta() -> None:
+        with torch.no_grad():
+            model(input_ids=ids.to("meta"))
+
+    return triplet_times(sim, meta, lambda: fake_forward(model, ids), n)
+
+
+def simulate_rows(n: int) -> None:
+    per = max(3, -(-max(n, 7) // 3))  # rounds per process: 3 processes, at least 9 rounds in all
     for size in ("8b", "70b"):
-        model = llama(size)
-
-        def sim() -> None:
-            # 70B in bf16 needs 131 GiB: simulate reports that the 80 GiB virtual card would run out of memory
-            rep = torchdoctor.simulate(model, {"input_ids": ids}, device="cuda:1", dtype="bfloat16",
-                                       assume_device="cpu")
-            assert rep.ops > 1000 and all(p.kind == "memory" for p in rep.problems), rep
-
-        def meta() -> None:
-            with torch.no_grad():
-                model(input_ids=ids.to("meta"))
-
-        res = triplets(sim, meta, lambda: fake_forward(model, ids), max(n, 7))
-        row(f"simulate {size.upper()}, 16 tokens, cuda:1 bf16", "plain meta forward", res[0], 1.5,
-            note="per-op Python dispatch; meta kernels are remembered per run (_virtual/kernels.py)")
-        row(f"simulate {size.upper()}, same", "FakeTensorMode on fake cpu", res[1], 1.0,
-            note="FakeTensorMode does less (no paths, no device checks, no copy of the model)")
-        del model
+        docs = children("simulate", size, per)
+        a = [x for d in docs for x in d["a"]]
+        for k, (anchor, goal, note) in enumerate((
+                ("plain meta forward", 1.5, "per-op Python dispatch; meta kernels are remembered per run "
+                                            "(_virtual/kernels.py)"),
+                ("FakeTensorMode on fake cpu", 1.0, "FakeTensorMode does less (no paths, no device checks, no "
+                                                    "copy of the model)"))):
+            key = "bc"[k]
+            b = [x for d in docs for x in d[key]]
+            per_proc = ", ".join(f"x{summary(d['a'], d[key])['ratio']:.2f}" for d in docs)
+            how = f"rounds of {len(docs)} fresh processes pooled (their medians {per_proc})"
+            row(f"simulate {size.upper()}, 16 tokens, cuda:1 bf16" if k == 0 else f"simulate {size.upper()}, same",
+                anchor, summary(a, b), goal, note=f"{how}; {note}")
 
 
-def triplets(ours: Callable[[], Any], a1: Callable[[], Any], a2: Callable[[], Any],
-             n: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def triplet_times(ours: Callable[[], Any], a1: Callable[[], Any], a2: Callable[[], Any],
+                  n: int) -> tuple[list[float], list[float], list[float]]:
     """One run of ``ours`` per round against two anchors, the order rotating each round.
 
     With transformers and a 70B meta model loaded the heap holds ~416k objects, and a full collection (~0.4 s
@@ -189,7 +202,7 @@ def triplets(ours: Callable[[], Any], a1: Callable[[], Any], a2: Callable[[], An
     for i in range(n):
         for k in [(i + j) % 3 for j in range(3)]:
             t[k].append(charged(fns[k]))
-    return summary(t[0], t[1]), summary(t[0], t[2])
+    return t[0], t[1], t[2]
 
 
 def _scan_pairs(size: str, n: int) -> tuple[list[float], list[float]]:
@@ -215,23 +228,27 @@ def _scan_pairs(size: str, n: int) -> tuple[list[float], list[float]]:
     return a, b
 
 
-def pooled(kind: str, arg: str, pairs: int, procs: int = 3) -> tuple[dict[str, Any], str]:
-    """The pairs of ``procs`` fresh processes pooled, and each one's median: a ratio moves more between fresh
-    processes (memory layout, hash seeds, where the allocator's pages fall) than within one."""
+def children(kind: str, arg: str, pairs: int, procs: int = 3) -> list[dict[str, list[float]]]:
+    """What ``procs`` fresh processes of ``--child kind arg pairs`` measured, one dict of lists each."""
     import json
     import subprocess
 
-    a: list[float] = []
-    b: list[float] = []
-    per: list[str] = []
     argv = [sys.executable, os.path.abspath(__file__), "--child", kind, arg, str(pairs)]
+    docs = []
     for _ in range(procs):
         res = subprocess.run(argv + ([] if SETTLE[0] else ["--no-settle"]), capture_output=True, text=True,
                              check=True, env=CHILD_ENV)
-        doc = json.loads(res.stdout.strip().splitlines()[-1])
-        a += doc["a"]
-        b += doc["b"]
-        per.append(f"x{summary(doc['a'], doc['b'])['ratio']:.2f}")
+        docs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    return docs
+
+
+def pooled(kind: str, arg: str, pairs: int, procs: int = 3) -> tuple[dict[str, Any], str]:
+    """The pairs of ``procs`` fresh processes pooled, and each one's median: a ratio moves more between fresh
+    processes (memory layout, hash seeds, where the allocator's pages fall) than within one."""
+    docs = children(kind, arg, pairs, procs)
+    a = [x for d in docs for x in d["a"]]
+    b = [x for d in docs for x in d["b"]]
+    per = [f"x{summary(d['a'], d['b'])['ratio']:.2f}" for d in docs]
     return summary(a, b), f"pairs of {procs} fresh processes pooled (their medians {', '.join(per)})"
 
 
@@ -465,13 +482,12 @@ def main() -> int:
         import json
 
         kind, arg, count = args.child[0], args.child[1], int(args.child[2])
-        children: dict[str, Callable[[], tuple[list[float], list[float]]]] = {
+        kinds: dict[str, Callable[[], tuple[list[float], ...]]] = {
             "scan": lambda: _scan_pairs(arg, count), "move": lambda: _move_pairs(count),
-            "trace": lambda: _trace_pairs(count)}
-        if kind not in children:
-            ap.error(f"--child {kind}: unknown; the pooled rows are {', '.join(children)}")
-        a, b = children[kind]()
-        print(json.dumps({"a": a, "b": b}))
+            "trace": lambda: _trace_pairs(count), "simulate": lambda: _simulate_triplets(arg, count)}
+        if kind not in kinds:
+            ap.error(f"--child {kind}: unknown; the pooled rows are {', '.join(kinds)}")
+        print(json.dumps(dict(zip("abc", kinds[kind]()))))
         return 0
     n = max(5, args.pairs)
     only = {"first" if k == "first_call" else k for k in filter(None, args.only.split(","))}

@@ -76,11 +76,20 @@ def test_first_call_child_reports_first_and_later(tmp_path: pathlib.Path) -> Non
     assert doc["first"] > 0 and doc["later"] > 0
 
 
-@pytest.mark.parametrize("kind,arg,pairs", [("scan", "8b", 2), ("move", "-", 1), ("trace", "-", 1)])
+@pytest.mark.parametrize("kind,arg,pairs", [("scan", "8b", 2), ("move", "-", 1), ("trace", "-", 1),
+                                            ("simulate", "8b", 1)])
 def test_pooled_child_reports_interleaved_pairs(kind: str, arg: str, pairs: int) -> None:
-    # the scan, move-warm and trace rows pool the pairs of three fresh processes: each child prints its own pairs
-    # as one JSON line
+    # the scan, move-warm, trace and simulate rows pool the rounds of three fresh processes: each child prints its
+    # own as one JSON line (simulate: ours and two anchors)
     out = subprocess.run([sys.executable, str(BENCH / "table.py"), "--child", kind, arg, str(pairs)],
                          capture_output=True, text=True, timeout=300, check=True)
     doc = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(doc["a"]) == len(doc["b"]) == pairs and all(x > 0 for x in doc["a"] + doc["b"])
+    series = ["a", "b", "c"] if kind == "simulate" else ["a", "b"]
+    assert sorted(doc) == series
+    assert all(len(doc[k]) == pairs and all(x > 0 for x in doc[k]) for k in series)
+
+
+def test_an_unknown_child_is_an_error() -> None:
+    out = subprocess.run([sys.executable, str(BENCH / "table.py"), "--child", "nope", "-", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "unknown; the pooled rows are scan, move, trace, simulate" in out.stderr
