@@ -7,7 +7,8 @@ path and a crash on the other. Owned tensors are the module's parameters and buf
 (``weight.quant_state`` and its nested state, 8-bit ``CB``/``SCB``), its plain tensor attributes and containers
 (a list still holding buffers ``.to()`` replaced), ``ParameterDict``/``ParameterList`` children (never called, so
 never entered) and modules kept in plain lists. They are found by the one walker, each module checked once per
-placement change.
+placement change; a module holding only atoms and plain tensors (most of a model) is read directly, with the
+same answer the walk gives (``_plain_owned``, pinned equal to the walk by the tests).
 """
 
 from __future__ import annotations
