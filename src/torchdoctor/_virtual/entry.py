@@ -28,7 +28,7 @@ from torchdoctor._scan.judge import cpu_packed_message
 from torchdoctor._virtual.origin import Made
 from torchdoctor._virtual.tensor import Space, VirtualTensor, current_space, make, virtual_class
 from torchdoctor._walk import walk
-from torchdoctor._walk.kinds import FAST_ATOMS
+from torchdoctor._walk.kinds import FAST_ATOMS, PLAIN
 
 _SKIP = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "config", "generation_config",
                                            "_diffusers_hook"}
@@ -75,7 +75,7 @@ def holding(mod: nn.Module) -> tuple[dict[str, Any], dict[str, Any], dict[str, A
 
 # tensors the walker reads as themselves alone when their own __dict__ holds only atoms (the simulation's twins
 # keep their parts in slots)
-_PLAIN_TENSORS = frozenset({torch.Tensor, nn.Parameter, VirtualTensor, virtual_class(nn.Parameter)})
+_PLAIN_TENSORS = frozenset({*PLAIN, VirtualTensor, virtual_class(nn.Parameter)})
 _ATOM_SEQS = (tuple, list)
 
 
@@ -97,8 +97,8 @@ def _plain_owned(holder: dict[str, Any], buffers: dict[str, Any], d: dict[str, A
                 return None
             if id(v) in seen:
                 continue  # a tensor held twice: its first path, as the walk gives it
-            role = "parameter" if tv is nn.Parameter or isinstance(v, nn.Parameter) else \
-                "buffer" if k in buffers else "attribute" if k in d else None
+            role = "parameter" if isinstance(v, nn.Parameter) else "buffer" if k in buffers else \
+                "attribute" if k in d else None
             if role is None:
                 return None
             seen.add(id(v))
