@@ -126,7 +126,7 @@ def read_file(path: str, label: str) -> FileScan:
             fh.seek(0)
             if head == LFS_POINTER:
                 raise CheckpointError(f"{label}: a git-LFS pointer, not the checkpoint itself: run `git lfs pull`")
-            if head[8:9] == b"{" or path.endswith(".safetensors"):
+            if _safetensors_shaped(head, size) or (path.endswith(".safetensors") and not _torch_shaped(head)):
                 from torchdoctor._checkpoint.safetensors import read_safetensors
 
                 return read_safetensors(path, fh, size, label)
@@ -141,6 +141,18 @@ def read_file(path: str, label: str) -> FileScan:
         raise CheckpointError(f"{label}: unreadable ({type(exc).__name__}: {str(exc)[:120]})") from None
     finally:
         os.close(fd)
+
+
+def _safetensors_shaped(head: bytes, size: int) -> bool:
+    """A safetensors file by structure, not by one byte: a little-endian header length that fits the file, then
+    ``{``. A legacy torch.save stream whose byte 8 is ``{`` declares a header longer than any file."""
+    return head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8
+
+
+def _torch_shaped(head: bytes) -> bool:
+    """What torch.load reads whatever the file's name: a zip, or a pickle stream (a protocol 2+ opcode first)."""
+    return head.startswith(b"PK\x03\x04") or (head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04",
+                                                                                   b"\x05"))
 
 
 def read_json(path: str, label: str) -> Any:

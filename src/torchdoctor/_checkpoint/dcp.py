@@ -17,6 +17,7 @@ from typing import Any
 
 from torchdoctor._checkpoint.bounds import MAX_PICKLE_BYTES, Budget
 from torchdoctor._checkpoint.checks import Entry, FileScan, role_of
+from torchdoctor._checkpoint.modclass import merge
 from torchdoctor._checkpoint.dtypes import DType, shown
 from torchdoctor._checkpoint.views import I64, BadRecord, check_sizes, dims_text
 from torchdoctor._checkpoint.records import walk
@@ -132,6 +133,8 @@ def _read(dirpath: str, label: str) -> FileScan:
             sharding[key] = [{"offsets": list(o), "sizes": list(s)} for o, s in chunks]
     _check_storage(dirpath, label, fields.get("storage_data"))
     unsafe_names = tuple(g for g in unknown if g not in DCP_GLOBALS)
+    in_values = _judge_values(dirpath, label, fields.get("storage_data"), set(values))
+    unsafe_names += tuple(g for g in in_values if g not in unsafe_names)
     placeholders = walk(root).placeholders if unsafe_names else {}
     unsafe = [(g, *placeholders.get(g, (None, ()))) for g in unsafe_names]
     notes = ["distributed checkpoint: tensors load onto the devices of the state_dict passed to dcp.load"]
@@ -139,6 +142,39 @@ def _read(dirpath: str, label: str) -> FileScan:
         notes.append(f"{len(values)} non-tensor value(s): {', '.join(values[:5])}{' ...' if len(values) > 5 else ''}")
     meta = {"version": str(fields.get("version", ""))[:40]} if fields.get("version") else {}
     return FileScan(dirpath, label, "torch-dcp", entries, meta, unsafe, notes, sharding=sharding)
+
+
+def _judge_values(dirpath: str, label: str, storage: Any, values: set[str]) -> tuple[str, ...]:
+    """What dcp.load would import from the non-tensor values: each is a ``torch.save`` stream in a ``.distcp``
+    file that ``DefaultLoadPlanner.load_bytes`` reads with ``torch.load(weights_only=False)``. Read here as
+    torch reads an in-memory stream, by the same restricted reader; one that cannot be read is refused."""
+    from torchdoctor._checkpoint.torchfile import read_stream
+
+    if not isinstance(storage, dict) or not values:
+        return ()
+    named: list[str] = []
+    for index, info in storage.items():
+        fqn = _fields(index).get("fqn")
+        if fqn not in values:
+            continue
+        f = _fields(info)
+        rel, offset, length = f.get("relative_path"), f.get("offset"), f.get("length")
+        where = f"{label}: non-tensor value {shown(str(fqn))}"
+        if f.get("transform_descriptors"):
+            raise CheckpointError(f"{where} is stored through transforms {str(f['transform_descriptors'])[:60]}; "
+                                  "it cannot be judged, and dcp.load unpickles it with weights_only=False: refused")
+        if not isinstance(length, int) or length > MAX_PICKLE_BYTES:
+            raise CheckpointError(f"{where}: refused: {length!r} bytes")
+        with open(os.path.join(dirpath, str(rel)), "rb") as fh:
+            fh.seek(int(offset))  # checked against the file's size by _check_storage
+            raw = fh.read(length)
+        try:
+            named += read_stream(raw, where).unknown_globals
+        except UnsafePickle as exc:
+            named += exc.globals
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc}; dcp.load unpickles it with torch.load(weights_only=False)") from None
+    return merge(named)
 
 
 def _check_storage(dirpath: str, label: str, storage: Any) -> None:

@@ -41,14 +41,17 @@ from torchdoctor._checkpoint.unpickle import (
     placeholder_class,
 )
 from torchdoctor._checkpoint.errors import LFS_POINTER, SMALL_READ
+from torchdoctor._checkpoint.modclass import ModuleClassName, merge, stand_in
 from torchdoctor._checkpoint.names import DATA_TYPES, LIBRARY_CLASSES
 from torchdoctor._checkpoint.dtypes import shown
 from torchdoctor._checkpoint.views import BadRecord
 
-__all__ = ["LFS_POINTER", "SMALL_READ", "PickleFile", "read_torch_file", "safe_loads", "unpickle_one"]
+__all__ = ["LFS_POINTER", "SMALL_READ", "ZIP_MAGIC", "PickleFile", "read_stream", "read_torch_file", "safe_loads",
+           "storage_ref", "unpickle_one"]
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
+ZIP_MAGIC = b"PK\x03\x04"  # torch.load's own test (_is_zipfile): a zip is a file that starts with a local header
 _LEGACY_WINDOW = 4 * 1024 * 1024  # first read of a legacy file's pickles; grown x16 while a pickle runs past it
 
 
@@ -83,7 +86,7 @@ def _decode(value: Any) -> str:
     return value.decode("ascii") if isinstance(value, bytes) else str(value)
 
 
-def _storage_ref(storages: dict[str, StorageRef], stype: Any, key: Any, location: Any, numel: Any) -> StorageRef:
+def storage_ref(storages: dict[str, StorageRef], stype: Any, key: Any, location: Any, numel: Any) -> StorageRef:
     if not isinstance(stype, StorageType) or type(numel) is not int or numel < 0:
         raise pickle.UnpicklingError(f"malformed storage record for key {str(key)[:40]!r}")
     key = _decode(key)
@@ -91,90 +94,6 @@ def _storage_ref(storages: dict[str, StorageRef], stype: Any, key: Any, location
     if ref is None:
         ref = storages[key] = StorageRef(key, _decode(location), stype.dtype, numel)
     return ref
-
-
-def _zip_directory(fh: IO[bytes], size: int, label: str) -> tuple[dict[str, Any], Callable[[Any, int], bytes]]:
-    """The archive's entries by name and a reader of one member: without zipfile when the archive is exactly the
-    shape torch.save writes (``zipfast``), else through zipfile with every check it makes."""
-    from torchdoctor._checkpoint.zipcheck import MAX_ZIP_DIRECTORY, check_directory, read_member
-    from torchdoctor._checkpoint.zipfast import read_zip
-
-    fast = read_zip(fh, size, MAX_ZIP_DIRECTORY, MAX_PICKLE_BYTES, MAX_SMALL_MEMBER)
-    if fast is not None:
-        contents = fast[1]
-        return fast[0], lambda info, limit: contents[info.filename]
-    import zipfile  # here, not at the top: a legacy file, a plain pickle or a torch.save archive never needs it
-
-    check_directory(BoundedFile(fh, size), label)  # type: ignore[arg-type]
-    try:
-        zf = zipfile.ZipFile(BoundedFile(fh, size))  # type: ignore[arg-type]
-        infos = zf.infolist()
-    except Exception as exc:  # BadZipFile, but also ValueError/UnicodeDecodeError/struct.error on odd directories
-        raise CheckpointError(f"{label}: truncated or corrupted zip archive, no readable directory "
-                              f"({type(exc).__name__}: {str(exc)[:100]})") from None
-    return {i.filename: i for i in infos}, lambda info, limit: read_member(zf, info, label, limit)
-
-
-def _read_zip(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]], budget: Budget) -> PickleFile:
-    from torchdoctor._checkpoint.zipcheck import check_member
-    from torchdoctor._checkpoint.zipfast import SMALL_MEMBERS
-
-    entries, read = _zip_directory(fh, size, label)
-    pkl = [n for n in entries if n.endswith("data.pkl") and n.count("/") == 1]
-    if not pkl:
-        raise CheckpointError(f"{label}: zip archive without <archive>/data.pkl: not a torch.save file")
-    prefix = pkl[0][: -len("data.pkl")]
-    fmt = "torchscript" if any(n.startswith(prefix + "code/") for n in entries) else "torch-zip"
-    data = read(entries[pkl[0]], MAX_PICKLE_BYTES)
-    storages: dict[str, StorageRef] = {}
-
-    def persistent(pid: Any) -> Any:
-        if not isinstance(pid, tuple) or len(pid) != 5 or (pid[0] if type(pid[0]) is str else _decode(pid[0])) \
-                != "storage":
-            raise pickle.UnpicklingError(f"unexpected persistent id {str(pid)[:60]}")
-        _, stype, key, location, numel = pid
-        if isinstance(stype, StorageType) and type(numel) is int and numel >= 0 and type(key) is str:
-            ref = storages.get(key)  # _storage_ref inlined for the common record: this runs once per tensor
-            if ref is None:
-                ref = storages[key] = StorageRef(key, location if type(location) is str else _decode(location),
-                                                 stype.dtype, numel)
-            return ref
-        return _storage_ref(storages, stype, key, location, numel)
-
-    root, unknown, _ = _unpickle(data, 0, persistent, label, budget)
-    for name in entries:  # TorchScript archives hold constants.pkl too: every pickle is read the same way
-        if name.endswith(".pkl") and name != pkl[0] and name.count("/") == 1:
-            _, more, _ = _unpickle(read(entries[name], MAX_PICKLE_BYTES), 0, persistent,
-                                   f"{label}: {name}", budget)
-            unknown += more
-    unknown = tuple(dict.fromkeys(unknown))
-    notes = []
-    for small in SMALL_MEMBERS:
-        if prefix + small in entries:
-            value = read(entries[prefix + small], MAX_SMALL_MEMBER)
-            if small == "byteorder" and value.strip() == b"big":
-                notes.append("saved on a big-endian machine")
-    for ref in storages.values():
-        entry = entries.get(f"{prefix}data/{ref.key}")
-        if entry is None:
-            raise CheckpointError(f"{label}: corrupted: storage {shown(prefix + 'data/' + ref.key)} is missing from "
-                                  "the archive")
-        check_member(entry, label, None)
-        if entry.file_size < ref.nbytes or entry.header_offset + entry.compress_size > size:
-            raise CheckpointError(
-                f"{label}: truncated or corrupted: storage {shown('data/' + ref.key)} has {entry.file_size} bytes, "
-                f"needs {ref.nbytes}"
-            )
-
-    def read_small(ref: StorageRef) -> bytes | None:
-        import zipfile
-
-        from torchdoctor._checkpoint.zipcheck import read_member
-
-        with reopen() as f, zipfile.ZipFile(BoundedFile(f, size)) as z:  # type: ignore[arg-type]
-            return read_member(z, z.getinfo(f"{prefix}data/{ref.key}"), label, SMALL_READ)[: ref.nbytes]
-
-    return PickleFile(fmt, root, storages, unknown, notes, read_small)
 
 
 def _unpickle(
@@ -189,7 +108,7 @@ def _unpickle(
         kind = SlowUnpickler if slow else SafeUnpickler
         unpickler = kind(fh, persistent, functools.partial(_load_from_bytes, budget), budget.hashes)
         try:
-            return unpickler.load(), tuple(unpickler.unknown), end
+            return unpickler.load(), unpickler.names(), end
         except CheckpointError:
             raise
         except EOFError:
@@ -200,9 +119,9 @@ def _unpickle(
                 continue
             failure = (f"refused: {str(exc)[:260]}" if isinstance(exc, BadRecord)
                        else f"corrupted pickle ({type(exc).__name__}: {str(exc)[:160]})")
-        named = tuple(g for g in unpickler.unknown if g not in DATA_TYPES and g not in LIBRARY_CLASSES)
+        named = tuple(g for g in unpickler.names() if g not in DATA_TYPES and g not in LIBRARY_CLASSES)
         if named:  # torch.load would have imported (and called) these before failing: that is the finding
-            raise UnsafePickle(f"{label}: {failure}", tuple(unpickler.unknown))
+            raise UnsafePickle(f"{label}: {failure}", unpickler.names())
         raise CheckpointError(f"{label}: {failure}")
 
 
@@ -236,6 +155,12 @@ def _parse_legacy(data: bytes, size: int, label: str, reopen: Callable[[], IO[by
     so a global in the magic-number, protocol, sys-info or storage-keys pickle is found like one in the main one."""
     first, unknown, pos = _unpickle(data, 0, None, label, budget)
     if first != _LEGACY_MAGIC:  # a plain pickle (pickle.dump of a dict): no storages can follow
+        if pos < size:  # pickle.load reads the first pickle only; whatever follows is not a plain pickle's
+            why = (f"refused: a pickle of {pos:,} bytes followed by {size - pos:,} more bytes: not a plain pickle "
+                   "(pickle.load reads only the first) and not a torch.save file")
+            if unknown:
+                raise UnsafePickle(f"{label}: {why}", unknown)
+            raise CheckpointError(f"{label}: {why}")
         return PickleFile("pickle", first, {}, unknown, ["plain pickle, not torch.save"])
     protocol, more, pos = _unpickle(data, pos, None, label, budget)
     unknown += more
@@ -257,7 +182,7 @@ def _parse_legacy(data: bytes, size: int, label: str, reopen: Callable[[], IO[by
         if kind != "storage" or len(pid) != 6:
             raise pickle.UnpicklingError(f"unexpected persistent id {str(pid)[:60]}")
         _, stype, key, location, numel, view = pid
-        if not isinstance(stype, StorageType) or type(numel) is not int or numel < 0:  # _storage_ref, inlined:
+        if not isinstance(stype, StorageType) or type(numel) is not int or numel < 0:  # storage_ref, inlined:
             raise pickle.UnpicklingError(f"malformed storage record for key {str(key)[:40]!r}")  # once per tensor
         if type(key) is not str:
             key = _decode(key)
@@ -304,14 +229,14 @@ def _parse_legacy(data: bytes, size: int, label: str, reopen: Callable[[], IO[by
             f.seek(offsets[ref.key])
             return f.read(ref.nbytes)
 
-    return PickleFile("torch-legacy", root, storages, tuple(dict.fromkeys(unknown)), notes, small)
+    return PickleFile("torch-legacy", root, storages, merge(unknown), notes, small)
 
 
 def _header_payload(unknown: tuple[str, ...], which: str, root: Any = None) -> PickleFile:
     """A legacy file whose bookkeeping pickle calls globals instead of holding its value: what it names is the
     finding (storage data is not located)."""
     note = f"the {which} pickle of this legacy torch.save file calls globals instead of holding its value"
-    return PickleFile("torch-legacy", root, {}, tuple(dict.fromkeys(unknown)), [note])
+    return PickleFile("torch-legacy", root, {}, merge(unknown), [note])
 
 
 def read_torch_file(path: str | os.PathLike[str], fh: IO[bytes], size: int, label: str) -> PickleFile:
@@ -324,10 +249,19 @@ def read_torch_file(path: str | os.PathLike[str], fh: IO[bytes], size: int, labe
         return open(path, "rb")
 
     budget = Budget(label=label)
-    if head.startswith(b"PK"):
-        return _read_zip(fh, size, label, reopen, budget)
-    if head[257:262] == b"ustar":
-        raise CheckpointError(f"{label}: tar-format checkpoint from torch < 0.4: unsupported, re-save with torch.save")
+    if head.startswith(ZIP_MAGIC):
+        from torchdoctor._checkpoint.torchzip import read_zip_file
+
+        return read_zip_file(fh, size, label, reopen, budget)
+    from torchdoctor._checkpoint.tarcheck import looks_like_tar
+
+    if looks_like_tar(head):  # torch.load(weights_only=False) tries tarfile first on every other file: so does this
+        from torchdoctor._checkpoint.tarcheck import read_tar
+
+        tar = read_tar(fh, size, label, budget, lambda: _pickle_view(fh, size, label, reopen))
+        if tar is not None:
+            return tar
+        fh.seek(0)
     if head[:1] == b"\x80":
         return _read_legacy(fh, size, label, reopen, budget)
     if head.startswith(LFS_POINTER):
@@ -344,6 +278,27 @@ def read_torch_file(path: str | os.PathLike[str], fh: IO[bytes], size: int, labe
     raise CheckpointError(f"{label}: not a checkpoint (unknown format, starts with {head[:8]!r})")
 
 
+def _pickle_view(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]]) -> tuple[str, ...]:
+    """What ``pickle.load`` (and torch.load, when tarfile gives up) would import from the file's first bytes."""
+    try:
+        return _read_legacy(fh, size, label, reopen, Budget(label=label)).unknown_globals
+    except UnsafePickle as exc:
+        return exc.globals
+    except CheckpointError:
+        return ()
+
+
+def read_stream(raw: bytes, label: str, budget: Budget | None = None) -> PickleFile:
+    """A ``torch.save`` stream held in memory, read as ``torch.load(io.BytesIO(raw))`` reads it: a zip when it
+    starts with a local header, else the legacy pickles (an in-memory stream is never tried as a tar)."""
+    budget = budget if budget is not None else Budget(label=label)
+    if raw.startswith(ZIP_MAGIC):
+        from torchdoctor._checkpoint.torchzip import read_zip_file
+
+        return read_zip_file(io.BytesIO(raw), len(raw), label, lambda: io.BytesIO(raw), budget)  # type: ignore[no-any-return]
+    return _read_legacy(io.BytesIO(raw), len(raw), label, lambda: io.BytesIO(raw), budget)
+
+
 _PICKLED_STORAGES = itertools.count()
 
 
@@ -353,8 +308,14 @@ def _load_from_bytes(budget: Budget, unknown: dict[str, type[Placeholder]], data
     if not isinstance(data, (bytes, bytearray)):
         raise pickle.UnpicklingError("_load_from_bytes without bytes")
     if budget.depth >= MAX_EMBEDDED:
-        raise CheckpointError(f"{budget.label}: refused: storage blobs (torch.storage._load_from_bytes) nested more than "
-                              f"{MAX_EMBEDDED} deep; pickle.dumps of a tensor needs one level")
+        from torchdoctor._checkpoint.deepnames import names_in
+
+        why = (f"refused: storage blobs (torch.storage._load_from_bytes) nested more than {MAX_EMBEDDED} deep; "
+               "pickle.dumps of a tensor needs one level")
+        named = names_in(bytes(data))  # not built, but what torch.load would import down there is still named
+        if named:
+            raise UnsafePickle(f"{budget.label}: {why}", named)
+        raise CheckpointError(f"{budget.label}: {why}")
     cached = budget.blobs.get(id(data))
     if cached is not None and cached[0] is data:  # the same blob again through the memo: the same storage
         return cached[1]
@@ -365,12 +326,14 @@ def _load_from_bytes(budget: Budget, unknown: dict[str, type[Placeholder]], data
     raw = bytes(data)
     budget.depth += 1
     try:  # a damaged or refused blob is reported as such (its CheckpointError names the file)
-        reader = _read_zip if raw.startswith(b"PK") else _read_legacy
-        inner = reader(io.BytesIO(raw), len(raw), f"{budget.label}: embedded storage", lambda: io.BytesIO(raw), budget)
+        inner = read_stream(raw, f"{budget.label}: embedded storage", budget)
     finally:
         budget.depth -= 1
     for name in inner.unknown_globals:
-        unknown.setdefault(name, placeholder_class(name))
+        if not isinstance(name, ModuleClassName):  # a misuse below is a misuse here
+            unknown[name] = placeholder_class(name)
+        elif name not in unknown:
+            unknown[name] = stand_in(str(name), set())
     result = inner.root
     if isinstance(result, StorageRef):
         result = result.with_key(f"pickled-{next(_PICKLED_STORAGES)}")  # each blob is its own storage

@@ -11,14 +11,13 @@ unpickler its storage records and its reader for storages embedded as small stre
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import functools
 import pickle
 from collections.abc import Callable
 from typing import IO, Any
 
 from torchdoctor._checkpoint.known import TORCH_RECORDS, torch_allows
+from torchdoctor._checkpoint.modclass import ModuleClassName, candidate, stand_in
 from torchdoctor._checkpoint.rebuild import complex_from, safe_table
 from torchdoctor._checkpoint.stubs import (
     CheckpointError,
@@ -84,6 +83,7 @@ class _Resolving:
         if not _SAFE:
             _SAFE.update(safe_table())
         self.unknown = {}
+        self.misused: set[str] = set()  # module-class candidates the pickle did more than name (modclass)
         self.extensions = {}  # copyreg codes the pickle itself registers (through copyreg.add_extension)
         self._persistent = persistent
         self._nested = nested
@@ -102,10 +102,15 @@ class _Resolving:
         if full in TORCH_RECORDS or torch_allows(full):  # read as a record, not reported: torch loads it
             return placeholder_class(full)
         if full not in self.unknown:
-            self.unknown[full] = placeholder_class(full)
+            self.unknown[full] = stand_in(full, self.misused) if candidate(full) else placeholder_class(full)
         if full == "copyreg.add_extension":  # recorded, so that a later EXT opcode names what it would import
             return Safe(full, self._add_extension)
         return self.unknown[full]
+
+    def names(self) -> tuple[str, ...]:
+        """The globals named, in order; a model class only named as such is a :class:`ModuleClassName`."""
+        return tuple(ModuleClassName(n) if getattr(c, "_td_stand_in", False) and n not in self.misused else n
+                     for n, c in self.unknown.items())
 
     def _add_extension(self, *args: Any) -> Any:
         if len(args) == 3 and isinstance(args[0], str) and isinstance(args[1], str) and type(args[2]) is int:

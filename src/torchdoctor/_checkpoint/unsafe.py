@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torchdoctor._checkpoint.dtypes import clipped
+from torchdoctor._checkpoint.modclass import HOLDS_MODULE_CLASSES, ModuleClassName
 from torchdoctor._checkpoint.names import DATA_TYPES, LIBRARY_CLASSES
 from torchdoctor._checkpoint.result import Finding as Problem
 
@@ -84,8 +85,18 @@ def unsafe_problems(
             folded.setdefault(max(outers, key=lambda o: len(where_of[o] or "")), []).append(name)
     hidden = {n for names in folded.values() for n in names}
     out = []
+    classes = [name for name, _, _ in unsafe if isinstance(name, ModuleClassName)]
+    if classes:  # one finding for a whole pickled model, not one per class
+        shown_names = ", ".join(clipped(n.rsplit(".", 1)[-1], 60) for n in classes[:6])
+        more = f" and {len(classes) - 6} more" if len(classes) > 6 else ""
+        msg = (f"{clipped(label)} {HOLDS_MODULE_CLASSES} ({len(classes)} class(es) of installed libraries, only named "
+               f"as a pickled model names them, never called: {shown_names}{more}); save model.state_dict() and "
+               "load it into a model you build")
+        if failure:
+            msg += f" (the pickle then fails to load: {failure})"
+        out.append(Problem("unsafe_global", label, "container", clipped(classes[0], 300), "an allow-listed global", msg))
     for name, where, args in unsafe:
-        if name in hidden:
+        if name in hidden or isinstance(name, ModuleClassName):
             continue
         path = path_of(where) if where is not None else label
         call = f" called with {_short_repr(args)}" if args else ""

@@ -78,6 +78,7 @@ def _directory(fh: IO[bytes], size: int, max_directory: int) -> dict[str, Member
     if len(data) != cd_size:
         return None
     members: dict[str, Member] = {}
+    lowered: set[str] = set()
     pos, unpack, fixed = 0, _CENTRAL.unpack_from, _CENTRAL.size
     while pos < cd_size:
         if pos + fixed > cd_size:
@@ -89,8 +90,9 @@ def _directory(fh: IO[bytes], size: int, max_directory: int) -> dict[str, Member
                 or len(raw) != n or not raw.isascii() or b"\x00" in raw):
             return None
         name = raw.decode("ascii")
-        if name in members:
+        if name in members or name.lower() in lowered:  # torch's lookup ignores case: zipfile's path judges both
             return None
+        lowered.add(name.lower())
         members[name] = Member(name, flags, method, version, crc, csize, fsize, offset)
         pos += fixed + n
     return members if len(members) == total else None
@@ -127,12 +129,13 @@ def read_zip(fh: IO[bytes], size: int, max_directory: int, max_pickle: int, max_
     if members is None:
         return None
     contents: dict[str, bytes] = {}
-    pkl = [n for n in members if n.endswith("data.pkl") and n.count("/") == 1]
-    prefix = pkl[0][: -len("data.pkl")] if pkl else None
+    first = next(iter(members), "")
+    prefix = first[: first.index("/") + 1].lower() if "/" in first else None  # torch's folder: the first entry's
     for name, member in members.items():
-        if name.endswith(".pkl") and name.count("/") == 1:
+        low = name.lower()  # torch finds members case-insensitively
+        if low.endswith(".pkl") and name.count("/") == 1:
             limit = max_pickle
-        elif prefix is not None and name.startswith(prefix) and name[len(prefix):] in SMALL_MEMBERS:
+        elif prefix is not None and low.startswith(prefix) and low[len(prefix):] in SMALL_MEMBERS:
             limit = max_small
         else:
             continue
