@@ -7,3 +7,20 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "D
              "HF_HUB_DISABLE_TELEMETRY"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# bitsandbytes takes a CPU branch at import and per layer (tests/support/hardware.py): pinned here before anything
+# imports it, so the suite runs the same on every CPU; tests that depend on the branch ask for ``bnb_cpu_branch``
+# and run both. ``TD_TEST_BNB_AVX512BF16=1`` runs the whole suite on the AVX512-BF16 import branch (``host``: the
+# CPU's own answer).
+import pytest  # noqa: E402
+
+from support import hardware  # noqa: E402
+
+hardware.pin_from_env()
+collect_ignore = ["support/site"]  # a sitecustomize for child processes, not a test module
+
+
+@pytest.fixture(params=hardware.BRANCHES)
+def bnb_cpu_branch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Both branches of bitsandbytes' per-layer CPU check, on every machine (``support.hardware.Branch``)."""
+    yield from hardware.branch_fixture(request, monkeypatch)

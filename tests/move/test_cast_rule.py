@@ -3,9 +3,10 @@ bitsandbytes layers needs the marks of ``peft.prepare_model_for_kbit_training``.
 and peft throughout.
 
 bitsandbytes 0.50 on CPU: on a CPU with AVX512-BF16 the first eval no_grad forward of a ``Linear4bit`` repacks its
-weight into a CPU layout (``quant_state.packing_format_for_cpu``); elsewhere (this AMD machine: AVX2 only) it keeps
-the portable layout. The layout tests build the CPU layout with bitsandbytes' own converter, so both are checked on
-any machine; a forward on that layout runs only where the CPU takes that branch.
+weight into a CPU layout (``quant_state.packing_format_for_cpu``, which needs out_features % 32 == 0); elsewhere it
+keeps the portable layout. The tests that run a 4-bit forward take both branches on every machine
+(``bnb_cpu_branch``, tests/support/hardware.py), with shapes valid on both; the layout test also builds the CPU
+layout with bitsandbytes' own converter.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _bnb_next_to_linear() -> nn.Sequential:
         return nn.Sequential(OrderedDict(q=q, head=nn.Linear(64, 8))).eval()
 
 
-def test_move_to_bf16_casts_the_plain_linear_beside_a_4bit_layer() -> None:
+def test_move_to_bf16_casts_the_plain_linear_beside_a_4bit_layer(bnb_cpu_branch) -> None:
     model = _bnb_next_to_linear()
     report = torchdoctor.move(model, dtype=BF16)
     assert model.head.weight.dtype == BF16 and model.head.bias.dtype == BF16
@@ -41,15 +42,21 @@ def test_move_to_bf16_casts_the_plain_linear_beside_a_4bit_layer() -> None:
     with torch.no_grad():
         out = model(torch.randn(2, 64, dtype=BF16))  # before the one cast rule: "mat1 and mat2 must have the same dtype"
     assert out.dtype == BF16 and out.shape == (2, 8)
+    assert model.q.weight.quant_state.__dict__.get("packing_format_for_cpu", False) == bnb_cpu_branch.avx512bf16
 
 
-def test_unprepared_kbit_model_fp32_linear_between_bf16_layers_is_a_problem() -> None:
-    q = zoo.bnb_linear4bit(16, 16).proj
-    model = nn.Sequential(OrderedDict(a=nn.Linear(16, 16).to(BF16), q=q, mid=nn.Linear(16, 16),
-                                      b=nn.Linear(16, 16).to(BF16), c=nn.Linear(16, 8).to(BF16))).eval()
-    with pytest.raises(RuntimeError, match="same dtype"):
-        with torch.no_grad():
-            model(torch.randn(2, 16, dtype=BF16))
+def test_unprepared_kbit_model_fp32_linear_between_bf16_layers_is_a_problem(bnb_cpu_branch) -> None:
+    # sizes both branches accept: the AVX512-BF16 repack asserts out_features % 32 == 0 and reshapes absmax per
+    # block of 64 inputs (a 16-wide layer fails there on such CPUs; "shape '[32, 0]' is invalid" below 64 inputs)
+    q = zoo.bnb_linear4bit(64, 64).proj
+    model = nn.Sequential(OrderedDict(a=nn.Linear(64, 64).to(BF16), q=q, mid=nn.Linear(64, 64),
+                                      b=nn.Linear(64, 64).to(BF16), c=nn.Linear(64, 8).to(BF16))).eval()
+    x = torch.randn(2, 64, dtype=BF16)
+    with torch.no_grad():
+        repacks = bnb_cpu_branch.repacks(q, x)
+        with pytest.raises(RuntimeError, match="same dtype"):
+            model(x)
+    assert bool(getattr(q.weight.quant_state, "packing_format_for_cpu", False)) == repacks == bnb_cpu_branch.avx512bf16
     report = torchdoctor.scan(model)
     assert sorted(p.path for p in report.problems) == ["mid.bias", "mid.weight"]
     assert [p.path for p in torchdoctor.scan(model, dtype=BF16).problems if not p.path.startswith("q.")] == [
@@ -74,7 +81,7 @@ def _load_4bit(path, **kw):
                                                              dtype=torch.float32, **kw)
 
 
-def test_4bit_llama_move_to_bf16_casts_embeddings_and_head(llama_dir) -> None:
+def test_4bit_llama_move_to_bf16_casts_embeddings_and_head(llama_dir, bnb_cpu_branch) -> None:
     model = _load_4bit(llama_dir)
     assert model.model.embed_tokens.weight.dtype == torch.float32 and getattr(model, "is_loaded_in_4bit", False)
     assert any(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)  # never prepared
@@ -86,9 +93,12 @@ def test_4bit_llama_move_to_bf16_casts_embeddings_and_head(llama_dir) -> None:
     with torch.no_grad():
         logits = model(torch.tensor([[1, 5, 7, 9]])).logits
     assert logits.dtype == BF16 and torch.isfinite(logits.float()).all()
+    layer = model.model.layers[0].self_attn.k_proj  # 32 rows: both branches accept it
+    assert getattr(layer.weight.quant_state, "packing_format_for_cpu", False) == bnb_cpu_branch.avx512bf16
+    assert torchdoctor.scan(model).ok  # the layout the forward left is storage too
 
 
-def test_unprepared_4bit_llama_fp32_head_among_bf16_is_a_problem(llama_dir) -> None:
+def test_unprepared_4bit_llama_fp32_head_among_bf16_is_a_problem(llama_dir, bnb_cpu_branch) -> None:
     model = _load_4bit(llama_dir)
     torchdoctor.move(model, dtype=BF16)
     model.lm_head.to(torch.float32)  # a leftover: nothing prepared this model for kbit training
@@ -123,15 +133,7 @@ def test_prepared_kbit_model_keeps_fp32_and_scan_is_quiet(llama_dir, checkpointi
     assert model.lm_head.weight.dtype == BF16
 
 
-def _avx512_bf16() -> bool:
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags
-
-
-def test_both_4bit_cpu_layouts_are_storage_for_scan_and_move() -> None:
+def test_both_4bit_cpu_layouts_are_storage_for_scan_and_move(bnb_cpu_branch) -> None:
     """The portable layout and bitsandbytes' AVX512-BF16 CPU layout (made with its own converter): never cast, never
     voted, and the quant_state (absmax bf16 in the CPU layout) is metadata."""
     import bitsandbytes.functional as F
@@ -147,11 +149,10 @@ def test_both_4bit_cpu_layouts_are_storage_for_scan_and_move() -> None:
         report = torchdoctor.move(model, dtype=BF16)
         assert report.ok and torch.equal(model.q.weight.data, data) and model.head.weight.dtype == BF16
     assert packed.q.weight.quant_state.absmax.dtype == BF16  # metadata: left as bitsandbytes made it
-    if _avx512_bf16():  # this CPU runs the packed kernel: the forward works on the layout move left
-        with torch.no_grad():
-            assert packed(torch.randn(2, 64, dtype=BF16)).dtype == BF16
-    with torch.no_grad():  # the layout this CPU's first eval forward leaves (repacked only with AVX512-BF16)
+    with torch.no_grad():  # the packed layout's forward works on what move left (the numbers are the kernel's)
+        assert packed(torch.randn(2, 64, dtype=BF16)).dtype == BF16
+    with torch.no_grad():  # the layout the first eval forward leaves: repacked on the AVX512-BF16 branch only
         assert portable(torch.randn(2, 64, dtype=BF16)).dtype == BF16
     repacked = bool(getattr(portable.q.weight.quant_state, "packing_format_for_cpu", False))
-    assert repacked == (_avx512_bf16() and portable.q.support_avx512bf16_for_cpu)
-    assert torchdoctor.scan(portable).ok
+    assert repacked == portable.q.support_avx512bf16_for_cpu == bnb_cpu_branch.avx512bf16
+    assert torchdoctor.scan(portable).ok and torchdoctor.move(portable, dtype=BF16).ok
