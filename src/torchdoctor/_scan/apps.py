@@ -1,36 +1,33 @@
 """What apps do on purpose, recognised by mechanism (read from the objects and their classes' code, never run).
 
-- a layer whose own forward casts or moves its weights on each call (ComfyUI ``comfy.ops``: ``manual_cast``,
-  lowvram partial loading, ``weight_function`` patches): its weights may rest anywhere and in storage dtypes;
+- a module whose own forward moves or casts its tensors on each call (``percall``: ComfyUI ``comfy.ops`` cast
+  layers and lowvram partial loading, InvokeAI's autocast layers, Forge's operations, transformers' rotary
+  embeddings): those tensors may rest anywhere (and, when cast, in any dtype);
 - a module without a forward of its own that holds buffers (ComfyUI ``model_sampling``: ``sigmas``,
   ``log_sigmas``): schedule tables read by its methods, kept float32 outside the denoiser's forward;
-- a plain tensor attribute with the shape of one of its module's parameters that the module's code never reads
-  (SD.Next ``network_weights_backup``): a backup copy, kept where the patcher put it;
+- a tensor held under a backup name, shaped like one of its module's parameters or buffers, that the module's code
+  never reads (SD.Next ``network_weights_backup``): a copy kept where the patcher put it;
 - a tensor of a plain object that an app's documented convention keeps elsewhere (``conventions.TABLE``).
 
-Everything is read per class and cached: the code objects' names first (no source read for ordinary classes),
-the source of ``forward`` only when it mentions a cast. See docs/policy.md.
+``intended_at(module, name, tensor, role)`` is the one answer per tensor, for scan's policy and virtual runs alike.
+Everything is read per class and cached. See docs/policy.md.
 """
 
 from __future__ import annotations
 
-import ast
-import inspect
 import re
-import textwrap
 import types
 from typing import Any
 
 import torch
 from torch import nn
 
+from torchdoctor._scan import percall
 from torchdoctor._scan.conventions import BACKUP_NAME, TABLE
 from torchdoctor._walk import Entry
 
-_CASTS: dict[type, tuple[str, ...] | None] = {}  # class -> attributes that switch per-call casting on (() = always)
 _READS: dict[type, frozenset[str]] = {}  # class -> every attribute name its code reads
 _TABLES: dict[type, bool] = {}  # class -> no forward of its own
-_CAST_CALL = r"\b\w*cast\w*\(\s*self\b|self\.(?:weight|bias)\s*\.\s*to\("  # compiled by re at first use
 _NO_FORWARD = nn.Module.forward
 
 
@@ -50,69 +47,22 @@ def _torch_own(klass: type) -> bool:
 
 
 def cast_conditions(tp: type) -> tuple[str, ...] | None:
-    """For a module class whose forward casts or moves its weights per call: the instance attributes that switch
-    it on (ComfyUI ``comfy_cast_weights``, ``weight_function``, ``bias_function``), ``()`` when it always does,
-    None when its forward never does (torch's own layers, ordinary model code)."""
-    if tp in _CASTS:
-        return _CASTS[tp]
-    _CASTS[tp] = None
-    owner = next((k for k in tp.__mro__ if "forward" in k.__dict__), None)
-    if owner is None or _torch_own(owner):
+    """For a module class whose forward casts or moves its own tensors per call: the instance attributes that switch
+    it on (ComfyUI ``comfy_cast_weights``, ``weight_function``; InvokeAI ``_device_autocasting_enabled``), ``()``
+    when it always does, None when its forward never does (torch's own layers, ordinary model code). Read by
+    ``percall.plan``."""
+    p = percall.plan(tp)
+    if p is None:
         return None
-    fwd = owner.__dict__["forward"]
-    names = _code_names(fwd)
-    if not any("cast" in n for n in names) and not ({"to", "weight"} <= names):
-        return None  # the cheap test: ordinary forwards never name a cast
-    try:
-        src = textwrap.dedent(inspect.getsource(fwd))
-        tree = ast.parse(src)
-    except (OSError, TypeError, SyntaxError):
-        return None
-    casting = {n for n in names if callable(inspect.getattr_static(tp, n, None)) and _casts_in(tp, n)}
-
-    def casts(node: ast.AST) -> bool:
-        seg = ast.get_source_segment(src, node) or ""
-        return bool(re.search(_CAST_CALL, seg)) or any(
-            isinstance(c, ast.Attribute) and isinstance(c.value, ast.Name) and c.value.id == "self"
-            and c.attr in casting for c in ast.walk(node))
-
-    fn = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
-    if fn is None:
-        return None
-    conds: list[str] = []
-    for stmt in fn.body:
-        if isinstance(stmt, ast.If) and any(casts(s) for s in stmt.body):
-            conds.extend(n.attr for n in ast.walk(stmt.test) if isinstance(n, ast.Attribute)
-                         and isinstance(n.value, ast.Name) and n.value.id == "self")
-        elif not isinstance(stmt, ast.If) and casts(stmt):
-            _CASTS[tp] = ()
-            return ()
-    _CASTS[tp] = tuple(dict.fromkeys(conds)) if conds else None
-    return _CASTS[tp]
-
-
-def _casts_in(tp: type, name: str) -> bool:
-    fn = inspect.getattr_static(tp, name, None)
-    if not isinstance(fn, types.FunctionType):
-        return False
-    try:
-        return bool(re.search(_CAST_CALL, inspect.getsource(fn)))
-    except (OSError, TypeError):
-        return False
+    always, branches = p
+    if always:
+        return ()
+    return tuple(dict.fromkeys(n for names, _, _ in branches for n in names))
 
 
 def casts_per_call(module: nn.Module) -> bool:
     """This module's own forward casts or moves its weights to the input's dtype and device on this call."""
-    conds = cast_conditions(type(module))
-    if conds is None:
-        return False
-    if not conds:
-        return True
-    for name in conds:
-        v = inspect.getattr_static(module, name, None)
-        if isinstance(v, (bool, int, list, tuple, dict)) and v:
-            return True
-    return False
+    return percall.moved_on_call(module).get("weight", 0) == percall.DEVICE | percall.DTYPE
 
 
 def schedule_table(module: nn.Module | None) -> bool:
@@ -164,15 +114,31 @@ def reads(tp: type) -> frozenset[str]:
 
 
 def backup_copy(e: Entry) -> bool:
-    """A plain tensor attribute named as a saved copy (``conventions.BACKUP_NAME``), shaped like one of its module's
-    parameters, that the module's code never reads: a copy a LoRA patcher keeps to restore the weight (SD.Next
-    ``network_weights_backup``). An unread attribute with another name may still be read by a parent's code."""
-    mod, key, t = e.module, e.key, e.tensor
-    if mod is None or e.owner is not mod or not isinstance(key, str) or not re.search(BACKUP_NAME, key) \
-            or key in reads(type(mod)):
+    """A tensor a module holds under a name marked as a saved copy (``conventions.BACKUP_NAME``), directly or in a
+    container, shaped like one of the module's parameters or buffers, that the module's code never reads: a copy a
+    LoRA patcher keeps to restore the weight (SD.Next ``network_weights_backup``, ``sdnq_scale_backup``). An unread
+    attribute with another name may still be read by a parent's code."""
+    mod = e.module
+    if mod is None or e.role not in ("attribute", "container"):
         return False
-    shape = t.shape
-    return any(isinstance(p, torch.Tensor) and p.shape == shape for p in (mod.__dict__.get("_parameters") or {}).values())
+    name = _name_on(e)
+    return name is not None and backup_named(mod, name, e.tensor)
+
+
+def backup_named(module: nn.Module, name: str, tensor: torch.Tensor) -> bool:
+    """``backup_copy`` for a tensor ``module`` holds as (or under) attribute ``name``."""
+    if not re.search(BACKUP_NAME, name) or name in reads(type(module)):
+        return False
+    d = module.__dict__
+    shape = tensor.shape
+    return any(isinstance(p, torch.Tensor) and p.shape == shape
+               for p in (*(d.get("_parameters") or {}).values(), *(d.get("_buffers") or {}).values()))
+
+
+def backup_path(path: str) -> bool:
+    """A tensor of a plain object kept under a name marked as a saved copy (a patcher's ``backup`` dict): where the
+    patcher keeps it (the offload device, the dtype it was saved in) is its design."""
+    return any(re.search(BACKUP_NAME, part) for part in path.split(".")[:-1])
 
 
 def convention(e: Entry) -> str | None:
@@ -185,14 +151,21 @@ def convention(e: Entry) -> str | None:
 
 
 
-def casting_modules(modules: list[tuple[str, nn.Module]], types_: set[type]) -> set[int]:
-    """ids of the modules that cast or move their own weights on their next call (per class first: ordinary
-    models have no casting class, and then no module is looked at)."""
-    cache = _CASTS
-    classes = {tp for tp in types_ if (cache[tp] if tp in cache else cast_conditions(tp)) is not None}
+def casting_modules(modules: list[tuple[str, nn.Module]], types_: set[type]) -> dict[int, dict[str, int]]:
+    """Module id -> the tensors its own forward moves or casts on its next call (``percall.moved_on_call``), for
+    the modules that move any (per class first: ordinary models have no such class, and then no module is looked
+    at)."""
+    plans = percall._PLANS
+    classes = {tp for tp in types_ if (plans[tp] if tp in plans else percall.plan(tp)) is not None}
     if not classes:
-        return set()
-    return {id(m) for _, m in modules if type(m) in classes and casts_per_call(m)}
+        return {}
+    out = {}
+    for _, m in modules:
+        if type(m) in classes:
+            moved = percall.moved_on_call(m)
+            if moved:
+                out[id(m)] = moved
+    return out
 
 
 def network_adapters(w: Any) -> tuple[dict[str, tuple[str, str]], dict[str, torch.device]]:
@@ -219,21 +192,60 @@ def network_adapters(w: Any) -> tuple[dict[str, tuple[str, str]], dict[str, torc
     return of, base
 
 
-def intended(e: Entry, casting: set[int], strict: bool) -> str | None:
+def on_call(module: nn.Module, name: str, moves: dict[str, int] | None = None) -> int:
+    """What the module's own forward changes of its tensor ``name`` on this call (``percall.DEVICE`` /
+    ``percall.DTYPE`` bits; 0: nothing). ``moves``: ``casting_modules``' answer for the module, when known."""
+    if moves is None:
+        moves = percall.moved_on_call(module)
+    return moves.get(name, 0)
+
+
+def intended_at(module: nn.Module, name: str, tensor: torch.Tensor, role: str) -> tuple[str, int] | None:
+    """The one answer for a tensor a module holds as ``name`` (a parameter, buffer or plain attribute; for a
+    container, the attribute holding it): the mechanism that makes its place intended, as (rule, what may differ:
+    ``percall`` bits), or None. scan's policy asks it per entry; a virtual run asks it when a module starts or an
+    op reads the tensor, so both give the same answer for the same object."""
+    bits = on_call(module, name)
+    if bits:
+        return ("casts-per-call" if bits & percall.DTYPE else "moved-per-call"), bits
+    if role == "buffer" and schedule_table(module):
+        return "schedule-table", percall.DEVICE | percall.DTYPE
+    if role in ("attribute", "container") and backup_named(module, name, tensor):
+        return "backup-copy", percall.DEVICE | percall.DTYPE
+    return None
+
+
+def intended(e: Entry, casting: dict[int, dict[str, int]], strict: bool) -> tuple[str, int] | None:
     """The app mechanism (or convention) that makes this tensor's place intended whatever the model's expectation,
-    as a rule name, or None."""
+    as (rule name, what may differ: ``percall`` bits), or None."""
     mod = e.module
+    both = percall.DEVICE | percall.DTYPE
     if mod is not None:
-        if casting and id(mod) in casting:
-            return "casts-per-call"
+        name = _name_on(e)
+        if casting:
+            moved = casting.get(id(mod))
+            if moved is not None and name is not None:
+                bits = moved.get(name, 0)
+                if bits:
+                    return ("casts-per-call" if bits & percall.DTYPE else "moved-per-call"), bits
         role = e.role
         if role == "buffer" and schedule_table(mod):
-            return "schedule-table"
-        if role == "attribute" and backup_copy(e):
-            return "backup-copy"
+            return "schedule-table", both
+        if role in ("attribute", "container") and backup_copy(e):
+            return "backup-copy", both
         return None
-    return "app-convention" if strict and convention(e) else None
+    if backup_path(e.path):
+        return "backup-copy", both
+    return ("app-convention", both) if strict and convention(e) else None
 
 
-__all__ = ["backup_copy", "cast_conditions", "casting_modules", "casts_per_call", "convention", "intended",
-           "network_adapters", "reads", "schedule_table"]
+def _name_on(e: Entry) -> str | None:
+    """The attribute name under which the entry's module holds it (its first path segment below the module)."""
+    if e.owner is e.module and isinstance(e.key, str):
+        return e.key
+    rel = e.path[len(e.module_path) + 1:] if e.module_path else e.path
+    return rel.split(".", 1)[0] or None
+
+
+__all__ = ["backup_copy", "backup_named", "backup_path", "cast_conditions", "casting_modules", "casts_per_call",
+           "convention", "intended", "intended_at", "network_adapters", "on_call", "reads", "schedule_table"]

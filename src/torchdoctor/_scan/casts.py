@@ -15,6 +15,12 @@ from torchdoctor._walk import Entry
 _F32 = torch.float32
 
 
+def _packed(t: torch.Tensor) -> bool:
+    from torchdoctor._scan.intent import packed_param  # intent imports the walker; this module stays light
+
+    return packed_param(t)
+
+
 def fp32_scopes(w: Any, dtype: torch.dtype) -> list[tuple[str, list[str]]]:
     """``(module path, patterns)`` kept fp32 for ``dtype``, matched as from_pretrained matches them."""
     scopes = []
@@ -62,6 +68,8 @@ def cast_target(policy: Any, e: Entry, keep_fp32: bool = True) -> tuple[torch.dt
     if dtype is None or not (t.is_floating_point() or t.is_complex()) or (t.is_complex() and not dtype.is_complex):
         return t.dtype, None
     d = policy.decide(e)
+    if d.rule == "storage-computed" and not t.is_floating_point() or _packed(t):
+        return t.dtype, _WHY["quant-storage"]  # a cast of packed data scrambles it: dequantizing is the fix
     if d.dtype is None:
         return t.dtype, _WHY.get(d.rule, "no dtype expectation")
     if not keep_fp32 and d.rule in _BY_DESIGN:

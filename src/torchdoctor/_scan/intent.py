@@ -153,25 +153,53 @@ def _chain(hook: Any) -> list[tuple[Any, dict[str, Any]]]:
 
 
 def _offloads(h: Any, hd: dict[str, Any]) -> bool:
-    return type(h).__name__ in _OFFLOAD_HOOKS or bool(hd.get("offload")) or type(h).__name__ == "GroupOffloadingHook"
+    return type(h).__name__ in _OFFLOAD_HOOKS or bool(hd.get("offload")) or type(h).__name__ == "GroupOffloadingHook" \
+        or app_hook(type(h))
+
+
+_APP_HOOKS: dict[type, bool] = {}
+
+
+def app_hook(tp: type) -> bool:
+    """An app's own accelerate ``ModelHook`` subclass (SD.Next balanced offload's ``OffloadHook``): its
+    ``pre_forward`` is the app's code, not accelerate's, and with an ``execution_device`` it brings the module there
+    for the call (SD.Next dispatches and moves it in ``pre_forward``, and moves it back to the cpu between calls).
+    accelerate's own hooks (``AlignDevicesHook``: ``offload`` says whether it moves anything) keep their meaning."""
+    hit = _APP_HOOKS.get(tp)
+    if hit is None:
+        owner = next((k for k in tp.__mro__ if "pre_forward" in k.__dict__), None)
+        bases = {k.__name__ for k in tp.__mro__}
+        hit = _APP_HOOKS[tp] = owner is not None and "ModelHook" in bases and not (
+            owner.__module__ or "").startswith(("accelerate.", "diffusers.")) and "SequentialHook" not in bases
+    return hit
 
 
 def offload_owner(hook: Any) -> str:
     """Who moves an offloaded module at call, as the scan summary names it."""
-    grouped = any(type(h).__name__ == "GroupOffloadingHook" for h in hook_chain(hook))
-    return "diffusers group offloading" if grouped else "accelerate"
+    chain = hook_chain(hook)
+    if any(type(h).__name__ == "GroupOffloadingHook" for h in chain):
+        return "diffusers group offloading"
+    own = next((type(h) for h in chain if app_hook(type(h))), None)
+    return f"the app's {own.__name__} (an accelerate ModelHook)" if own is not None else "accelerate"
 
 
 def offload_device(hook: Any) -> torch.device | None:
-    """The execution device of an accelerate hook (or the onload device of a diffusers group offloading hook)
-    that keeps its module at rest elsewhere (None otherwise)."""
+    """The execution device of an accelerate hook (or the onload device of a diffusers group offloading hook, or
+    an app's own hook: ``app_hook``) that keeps its module at rest elsewhere (None otherwise). An app may set
+    ``execution_device`` on the outer hook (``module._hf_hook.execution_device = ...`` on a ``SequentialHook``)."""
+    outer = _dict(hook)
     for h, hd in _chain(hook):
         if _offloads(h, hd):
-            dev = hd.get("execution_device")
+            dev = hd.get("execution_device", outer.get("execution_device"))
+            if dev is None and app_hook(type(h)):
+                dev = getattr(type(h), "execution_device", None)
+                if dev is None:
+                    continue  # an app's hook that names no device (a logger, a timer) moves nothing
             if dev is None and hd.get("group") is not None:
                 dev = _dict(hd["group"]).get("onload_device")
-            try:
-                return torch.device(dev) if dev is not None else torch.device("cpu")
+            try:  # accelerate's integer device is an index of the accelerator
+                return torch.device("cuda", dev) if isinstance(dev, int) and not isinstance(dev, bool) else \
+                    torch.device(dev) if dev is not None else torch.device("cpu")
             except (RuntimeError, TypeError):
                 return torch.device("cpu")
     return None

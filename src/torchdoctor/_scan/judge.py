@@ -9,7 +9,7 @@ import torch
 
 from torchdoctor._placement import compact, device_str, dtype_str, same_device
 from torchdoctor._report.model import Problem
-from torchdoctor._scan.intent import cpu_packed, judged_float
+from torchdoctor._scan.intent import cpu_packed, judged_float, packed_param
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._walk import Entry
@@ -112,7 +112,9 @@ def judge(policy: Policy) -> list[Problem]:
             exp = fixed_dev or hook_dev or (comp.device if comp else None)
             dt = info[3]
             # fast path: where it should be, and in the component dtype (or not judged for dtype)
-            if comp is not None and info[2] == exp and (dt == comp.dtype or not dt.is_floating_point) \
+            # (an integer parameter is storage a plain layer may compute with: judged by the policy)
+            if comp is not None and info[2] == exp and (dt == comp.dtype or not dt.is_floating_point and (
+                    info[1] != "parameter" or dt == torch.bool)) \
                     and not (adapters and info[0] in adapters) and not offloaded:
                 continue
         elif module is None and not strict and not (policy.plain_root and (fixed_dev is not None or policy.dtype)):
@@ -182,11 +184,23 @@ def _dtype_problem(policy: Policy, e: Entry, d: Decision) -> Problem | None:
                         f"module's own code uses it as it is (Module.to never casts a plain attribute), so it promotes "
                         f"or breaks the forward",
         "keep_in_fp32": f"{c} is {found} but _keep_in_fp32_modules keeps it in {want}",
-        "storage-computed": f"{c} is {found} storage but {type(e.module).__name__}'s own forward computes with it "
-                            f"as it is (torch has no {found} math here; {where} is {want}): cast it to {want}, or "
-                            f"keep {found} storage behind a layer that upcasts it (diffusers enable_layerwise_casting)",
+        "storage-computed": _storage_message(e, c, found, want, where),
     }.get(d.rule, f"{c} is {found} but {where} is {want}")
     return _problem("dtype", e, found, want, msg)
+
+
+def _storage_message(e: Entry, c: str, found: str, want: str, where: str) -> str:
+    layer = type(e.module).__name__
+    t = e.tensor
+    if t.is_floating_point() and not packed_param(t):  # float8 / float4: a cast is an upcast
+        return (f"{c} is {found} storage but {layer}'s own forward computes with it as it is (torch has no {found} "
+                f"math here; {where} is {want}): cast it to {want}, or keep {found} storage behind a layer that upcasts "
+                f"it (diffusers enable_layerwise_casting)")
+    kind = "packed 4-bit" if packed_param(t) else f"{found} (quantized integer)"
+    return (f"{c} is {kind} storage but {layer}'s own forward computes with it as it is ({where} is {want}; a "
+            f"{layer} never dequantizes): load it dequantized to {want}, or keep it behind a layer that dequantizes "
+            f"per call (the quantization library's own layer); casting the stored values to {want} is not a "
+            f"dequantization")
 
 
 def _meta_problem(e: Entry, expected: torch.device | None, text: str | None = None) -> Problem:

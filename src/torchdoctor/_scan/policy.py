@@ -10,7 +10,7 @@ tensor — an upcast tied embedding — can swing it). What correct models do on
 Rule names (stable, shown in reports): ``explicit``, ``declared-dtype``, ``vote``, ``keep_in_fp32``, ``adapter``,
 ``offloaded``, ``hook-device``, ``norm-fp32``, ``quant-storage``, ``storage-computed``, ``quant-metadata``,
 ``kbit-fp32``, ``follows-input``, ``computed-buffer``, ``self-managed``, ``owner-module``, ``no-expectation``,
-``casts-per-call``, ``schedule-table``, ``backup-copy``, ``app-convention``.
+``casts-per-call``, ``moved-per-call``, ``schedule-table``, ``backup-copy``, ``app-convention``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from torchdoctor._scan import apps, intent
+from torchdoctor._scan.percall import DEVICE as _DEVICE_BIT, DTYPE as _DTYPE_BIT
 from torchdoctor._scan.casts import fp32_scopes, kept_fp32
 from torchdoctor._scan.intent import STORAGE_DTYPES, adapter_majority, packed_scale
 from torchdoctor._scan.judge import Decision, judge
@@ -234,7 +235,12 @@ class Policy:
             return Decision(None, None, "offloaded")
         app = apps.intended(e, self.casting, self.strict)
         if app is not None:
-            return Decision(None, None, app)
+            rule, bits = app
+            if bits & _DEVICE_BIT and bits & _DTYPE_BIT:
+                return Decision(None, None, rule)
+            if bits & _DTYPE_BIT:  # cast to the input's dtype when it differs; its device stays the module's
+                return Decision(dev, None, rule, alt_dev)
+            dev, dev_rule, alt_dev = None, rule, None  # moved to the input's device per call; its dtype is judged
         if role in _ATTR_ROLES and e.module is None:
             # a tensor of a plain object: judged when strict, or when what was scanned holds no module at all (a
             # batch dict, a state_dict, an optimizer) and device=/dtype= was asked for; a pipeline's scheduler
@@ -246,14 +252,18 @@ class Policy:
         if role == "subclass_inner" or (role in _ATTR_ROLES and isinstance(e.owner, torch.Tensor)):
             return Decision(dev, None, "quant-metadata")
         if not t.is_floating_point() and not (t.is_complex() and self.dtype is not None and self.dtype.is_complex):
+            # integer storage (GGUF-style uint8 blocks) is data only behind a layer that dequantizes it; a layer
+            # whose forward is torch's own computes with it as it is
+            base = comp.dtype if comp is not None else self.dtype
+            if base is not None and role == "parameter" and t.dtype != torch.bool and not t.is_complex() \
+                    and intent.computes_in_storage(e.module):
+                return Decision(dev, base, "storage-computed", alt_dev)
             return Decision(dev, None, dev_rule, alt_dev)
         if role == "quant_state" or intent.quantized_wrapper(t):
             if role == "quant_state" and intent.unused_quant_field(e):
                 return Decision(None, None, "quant-unused")
             return Decision(dev, None, "quant-metadata", alt_dev)
-        if intent.packed_param(t):
-            return Decision(dev, None, "quant-storage", alt_dev)
-        if t.dtype in STORAGE_DTYPES:
+        if intent.packed_param(t) or t.dtype in STORAGE_DTYPES:  # packed 4-bit data, float8/float4 storage
             base = comp.dtype if comp is not None else self.dtype
             if base is not None and role == "parameter" and intent.computes_in_storage(e.module):
                 return Decision(dev, base, "storage-computed", alt_dev)
