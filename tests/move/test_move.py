@@ -350,16 +350,17 @@ def test_bnb_half_moved_layer_cannot_go_back_and_says_why() -> None:
     assert "proj.weight.quant_state.absmax" in text and "no data" in text and "to_empty" in text
 
 
-def test_bnb_cpu_repacked_4bit_is_refused_for_another_device() -> None:
-    """On AVX512-BF16 CPUs the first eval forward repacks in place; elsewhere the same layout is made with
-    bitsandbytes' own converter (plain torch ops), so the refusal is tested on every CPU."""
+def test_bnb_cpu_repacked_4bit_is_refused_for_another_device(bnb_cpu_branch) -> None:
+    """On the AVX512-BF16 branch the first eval forward repacks in place; on the portable one the same layout is
+    made with bitsandbytes' own converter (plain torch ops): the refusal is tested both ways on every CPU."""
     from bitsandbytes.functional import _convert_weight_packed_for_cpu
 
     model = zoo.bnb_linear4bit()
     with torch.no_grad():
-        model(torch.randn(2, 64))  # eval + no_grad: repacks in place on AVX512-BF16 CPUs
+        model(torch.randn(2, 64))  # eval + no_grad: repacks in place on the AVX512-BF16 branch
     w = model.proj.weight
-    if not _cpu_repacked(model.proj):  # this CPU took the portable branch
+    assert _cpu_repacked(model.proj) == bnb_cpu_branch.avx512bf16
+    if not _cpu_repacked(model.proj):  # the portable branch
         w.data, w.quant_state = _convert_weight_packed_for_cpu(w.data, w.quant_state)
     with pytest.raises(PlacementError) as info:
         assert_unchanged(model, move, model, "cuda:1")
@@ -580,13 +581,12 @@ def _cpu_repacked(layer: nn.Module) -> bool:
     return bool(getattr(layer.weight.quant_state, "packing_format_for_cpu", False))
 
 
-def test_packed_4bit_stored_in_bf16_is_never_cast() -> None:
+def test_packed_4bit_stored_in_bf16_is_never_cast(bnb_cpu_branch) -> None:
     """QLoRA with FSDP builds Linear4bit with ``quant_storage=torch.bfloat16``: the packed 4-bit bytes live in a
     bf16 tensor. Casting them scrambles the weights (Module.to does); move keeps them, scan does not ask for it.
-    The forward below takes the branch this CPU takes: with AVX512-BF16 bitsandbytes repacks the weight into its
-    uint8 CPU layout; without, the bf16 storage stays. Either way nothing packed is cast."""
+    The forward below takes both branches on every CPU: on the AVX512-BF16 one bitsandbytes repacks the weight
+    into its uint8 CPU layout; on the portable one the bf16 storage stays. Either way nothing packed is cast."""
     import bitsandbytes as bnb
-    from bitsandbytes.functional import has_avx512bf16
 
     torch.manual_seed(0)
     dense = nn.Linear(64, 128)
@@ -599,7 +599,7 @@ def test_packed_4bit_stored_in_bf16_is_never_cast() -> None:
         ref = m(x).float()
     packed = m.proj.weight
     repacked = _cpu_repacked(m.proj)
-    assert repacked == bool(has_avx512bf16())
+    assert repacked == bnb_cpu_branch.avx512bf16
     assert type(packed).__name__ == "Params4bit" and packed.dtype == (torch.uint8 if repacked else torch.bfloat16)
     stored = packed.dtype
     assert torchdoctor.scan(m, "cpu", torch.float16).ok
@@ -616,9 +616,10 @@ def test_cpu_packed_4bit_layout_is_never_cast(storage: torch.dtype) -> None:
     """The CPU layout bitsandbytes makes on AVX512-BF16 CPUs, made here on any CPU with bitsandbytes' own converter
     (plain torch ops): weight uint8 [out, in/2], absmax dequantized to bf16 and transposed, ``state2`` gone. scan
     calls it intended, move casts only the bias and the plain layers, and the numbers are unchanged where this CPU
-    can run the packed kernel (elsewhere the forward is not compared: the kernel needs AVX512-BF16)."""
+    computes with (bitsandbytes' fused kernel where it took the AVX512-BF16 branch at import, else its default
+    ``gemv_4bit``, which reads the packed bytes with plain torch ops: other numbers, the same before and after)."""
     import bitsandbytes as bnb
-    from bitsandbytes.functional import _convert_weight_packed_for_cpu, has_avx512bf16
+    from bitsandbytes.functional import _convert_weight_packed_for_cpu
 
     torch.manual_seed(0)
     layer = bnb.nn.Linear4bit(64, 128, compute_dtype=torch.bfloat16, quant_type="nf4", quant_storage=storage)
@@ -629,10 +630,8 @@ def test_cpu_packed_4bit_layout_is_never_cast(storage: torch.dtype) -> None:
     assert _cpu_repacked(m.proj) and w.dtype == torch.uint8 and tuple(w.shape) == (128, 32)
     data, absmax = w.data.clone(), w.quant_state.absmax.clone()
     x = torch.randn(2, 64)
-    ref = None
-    if has_avx512bf16():
-        with torch.no_grad():
-            ref = m(x).float()
+    with torch.no_grad():
+        ref = m(x).float()
     assert torchdoctor.scan(m).ok
     report = torchdoctor.move(m, "cpu", torch.float16)
     moved = {r.path for r in report.moved}
@@ -640,8 +639,7 @@ def test_cpu_packed_4bit_layout_is_never_cast(storage: torch.dtype) -> None:
     assert not [p for p in moved if "quant_state" in p]
     assert torch.equal(m.proj.weight.data, data) and torch.equal(m.proj.weight.quant_state.absmax, absmax)
     assert torchdoctor.scan(m, "cpu", torch.float16).ok
-    if ref is not None:
-        with torch.no_grad():
-            assert torch.allclose(m(x.half()).float(), ref, atol=5e-2)
+    with torch.no_grad():
+        assert torch.allclose(m(x.half()).float(), ref, atol=5e-2)
 
 
