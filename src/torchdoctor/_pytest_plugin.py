@@ -46,7 +46,8 @@ def _mode(config: pytest.Config) -> tuple[str, str]:
         if ini not in _MODES:
             raise pytest.UsageError(f"ini option torchdoctor_mode = {ini!r}: expected one of {', '.join(_MODES)}")
         return ini, "ini torchdoctor_mode"
-    from torchdoctor._cli.common import UsageError, read_config
+    from torchdoctor._cli.common import UsageError
+    from torchdoctor._cli.config import read_config
 
     try:
         path, table = read_config(str(config.rootpath))

@@ -11,7 +11,9 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
+
+from torchdoctor._cli.child import tell_parent
 
 
 class UsageError(Exception):
@@ -160,7 +162,6 @@ def print_json(doc: Any) -> None:
 
 
 GUARD_MODES = ("off", "explain", "strict", "fix", "warn")
-CONFIG_KEYS = {"device": str, "dtype": str, "profile": str, "assume_device": str, "mode": str, "limit": int}
 
 
 def positive_int(text: str) -> int:
@@ -172,63 +173,6 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
     return value
-
-
-def find_pyproject(start: str | None = None) -> str | None:
-    """The nearest ``pyproject.toml`` from ``start`` (default: the current directory) upward."""
-    here = os.path.abspath(start or os.getcwd())
-    while True:
-        candidate = os.path.join(here, "pyproject.toml")
-        if os.path.isfile(candidate):
-            return candidate
-        parent = os.path.dirname(here)
-        if parent == here:
-            return None
-        here = parent
-
-
-def read_config(start: str | None = None) -> tuple[str | None, dict[str, Any]]:
-    """``[tool.torchdoctor]`` of the nearest ``pyproject.toml``: (its path, the validated table).
-
-    Keys: ``device``, ``dtype``, ``profile``, ``assume_device``, ``mode`` (the pytest plugin's guard mode) and
-    ``limit``. The command line's own options win over it. An unknown key or a wrong type is a usage error.
-    """
-    path = find_pyproject(start)
-    if path is None:
-        return None, {}
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if b"tool.torchdoctor" not in raw:
-        return path, {}
-    try:
-        import tomllib as toml
-    except ImportError:  # Python 3.10
-        try:
-            import tomli as toml  # type: ignore[no-redef]
-        except ImportError:
-            raise UsageError(f"{path} has [tool.torchdoctor]; reading it on Python 3.10 needs `pip install tomli`") \
-                from None
-    try:
-        doc = toml.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path} is not valid TOML: {exc}") from exc
-    table = doc.get("tool", {}).get("torchdoctor", {})
-    if not isinstance(table, dict):
-        raise UsageError(f"{path}: [tool.torchdoctor] must be a table")
-    for key, value in table.items():
-        want = CONFIG_KEYS.get(key)
-        if want is None:
-            raise UsageError(f"{path}: [tool.torchdoctor] has no key {key!r}; known keys: {', '.join(CONFIG_KEYS)}")
-        if not isinstance(value, want) or isinstance(value, bool):
-            raise UsageError(f"{path}: [tool.torchdoctor] {key} must be a {want.__name__}, got {value!r}")
-    if "mode" in table and table["mode"] not in GUARD_MODES:
-        raise UsageError(f"{path}: [tool.torchdoctor] mode {table['mode']!r} is not one of {', '.join(GUARD_MODES)}")
-    if "limit" in table and table["limit"] < 1:
-        raise UsageError(f"{path}: [tool.torchdoctor] limit must be >= 1, got {table['limit']}")
-    return path, dict(table)
 
 
 def schema_id(verb: str) -> str:
@@ -245,7 +189,7 @@ def each_target(verb: str, targets: list[str], args: Any, one: Callable[[str, li
     for i, spec in enumerate(targets):
         if len(targets) > 1 and not getattr(args, "json", False) and i:
             print()
-        _tell_parent(f"target {spec}")
+        tell_parent(f"target {spec}")
         try:
             code = one(spec, docs)
         except UsageError as exc:
@@ -270,115 +214,3 @@ def positive_float(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
     return value
-
-
-# A verb that runs the user's code runs it in a child process: ``os._exit`` in a TARGET kills the process that
-# called it, and a TARGET that never returns can only be stopped from outside. The child reports, in a small
-# status file named by this variable, the TARGET it is working on and its exit code just before it ends.
-CHILD_ENV = "TORCHDOCTOR_CLI_CHILD"
-_STATE = {"status": ""}
-
-
-def in_child() -> bool:
-    """True in the child process of :func:`run_in_child` (the variable is removed, so the user's code never
-    sees it and a ``torchdoctor`` the user's code starts is a parent again)."""
-    path = os.environ.pop(CHILD_ENV, None)
-    if path:
-        _STATE["status"] = path
-    return bool(_STATE["status"])
-
-
-def _tell_parent(line: str) -> None:
-    path = _STATE["status"]
-    if path:
-        try:
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(line + "\n")
-        except OSError:
-            pass
-
-
-def child_exit(code: int) -> NoReturn:
-    """The child's end: output flushed, the code written for the parent, then gone (a thread the TARGET
-    started and never stopped must not keep a finished check alive)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    _tell_parent(f"exit {code}")
-    os._exit(code)
-
-
-def _status(path: str) -> tuple[str | None, int | None]:
-    target, code = None, None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                word, _, rest = line.rstrip("\n").partition(" ")
-                if word == "target":
-                    target = rest
-                elif word == "exit" and rest.lstrip("-").isdigit():
-                    code = int(rest)
-    except OSError:
-        pass
-    return target, code
-
-
-def _stop(proc: Any) -> None:
-    proc.kill()
-    try:
-        proc.wait(timeout=10)
-    except Exception:  # pragma: no cover - a process that survives SIGKILL is the kernel's business
-        pass
-
-
-def run_in_child(argv: Sequence[str], verb: str, first: str, timeout: float | None) -> int:
-    """Run ``torchdoctor ARGV`` in a child Python with this interpreter's flags, ``sys.path`` and ``sys.argv``
-    (so TARGET resolves exactly as it would here), sharing stdout and stderr. Returns the child's exit code, or
-    2 with one line when the child ended without finishing (``os._exit``, a signal) or outlived ``timeout``."""
-    import json
-    import signal
-    import subprocess
-    import tempfile
-
-    fd, path = tempfile.mkstemp(prefix="torchdoctor-", suffix=".status")
-    os.close(fd)
-    env = dict(os.environ)
-    env[CHILD_ENV] = path
-    env["TORCHDOCTOR_CLI_STATE"] = json.dumps({"path": sys.path, "argv": [sys.argv[0] if sys.argv else "torchdoctor",
-                                                                         *argv]})
-    boot = ("import json, os, sys; s = json.loads(os.environ.pop('TORCHDOCTOR_CLI_STATE')); sys.path[:] = s['path']; "
-            "sys.argv[:] = s['argv']; from torchdoctor._cli.main import main; sys.exit(main())")
-    cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", boot]  # type: ignore[attr-defined]
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    try:
-        proc = subprocess.Popen(cmd, env=env)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _stop(proc)
-            target, _ = _status(path)
-            print(f"torchdoctor {verb}: {target or first}: still running after {timeout:g} s (--timeout); "
-                  "stopped, nothing was checked", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            try:
-                proc.wait(timeout=5)  # the child got the same Ctrl-C
-            except BaseException:
-                _stop(proc)
-            return 130
-        target, code = _status(path)
-        if code is not None:
-            return code
-        rc = proc.returncode
-        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in set(signal.Signals) else f"exit code {rc}"
-        print(f"torchdoctor {verb}: {target or first}: the TARGET ended the process ({how}; os._exit or "
-              "sys.exit in its code?) before the check finished: nothing was checked", file=sys.stderr)
-        return 2
-    finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass

@@ -18,8 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from torchdoctor._cli.common import (UsageError, child_exit, in_child, positive_float, positive_int, read_config,
-                                    run_in_child)
+from torchdoctor._cli.child import child_exit, child_role, run_in_child
+from torchdoctor._cli.common import UsageError, positive_float, positive_int
 from torchdoctor._report.terminal import output_width, set_color
 from torchdoctor._report.text import EXIT_USAGE, line_width
 
@@ -226,6 +226,8 @@ def _apply_config(args: argparse.Namespace) -> None:
     """Options the command line left unset take their value from ``[tool.torchdoctor]``."""
     if args.verb not in ("scan", "simulate"):
         return
+    from torchdoctor._cli.config import read_config
+
     path, table = read_config()
     args.config = path if table else None
     args.sources = {key: f"--{key.replace('_', '-')}" for key in _CONFIGURED if getattr(args, key, None) is not None}
@@ -287,8 +289,23 @@ def _runs_user_code(args: argparse.Namespace) -> bool:
     return not _all_paths(list(args.target or []))
 
 
+def _refused(args: argparse.Namespace) -> bool:
+    """An output of this command line is one of its inputs: one line, never written to a stream that is one."""
+    from torchdoctor._cli.paths import StreamClash, refuse_overwrites
+
+    try:
+        refuse_overwrites(args)
+    except UsageError as exc:
+        bad = exc.fds if isinstance(exc, StreamClash) else frozenset()
+        stream = sys.stderr if 2 not in bad else sys.stdout if 1 not in bad else None
+        if stream is not None:
+            print(f"torchdoctor {args.verb}: {exc}", file=stream)
+        return True
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    child = in_child()
+    child = child_role()
     words = sys.argv[1:] if argv is None else list(argv)
     parser = _parser(words[0] if words and words[0] in _BUILDERS else None)
     try:
@@ -302,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         set_color(args.color)
     if args.verb == "simulate" and not args.target and getattr(args, "profile", None) not in ("help", "list"):
         print("torchdoctor simulate: the following arguments are required: TARGET", file=sys.stderr)
+        return EXIT_USAGE
+    if not child and _refused(args):
         return EXIT_USAGE
     if argv is None and not child and _runs_user_code(args):
         sys.stdout.flush()
