@@ -24,9 +24,10 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-from torchdoctor._explain.apps import app_fixes
+from torchdoctor._explain.apps import app_fixes, step_fixes
 from torchdoctor._explain.catalog import causes, context_rules
 from torchdoctor._explain.context import derive, rank
+from torchdoctor._explain.plugins import plugin_fields
 from torchdoctor._explain.report import SCHEMA, Alternative, Diagnosis, ExplainReport, render, to_json
 from torchdoctor._explain.scanner import BLOCK, Group, Scanner, clean
 from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
@@ -88,7 +89,9 @@ def _diagnose(group: Group) -> Diagnosis:
     original = "\n".join(dict.fromkeys(original.split("\n")))
     context = original.lower().replace("\\", "/")
     fields, flags = derive(sig.name, group.fields, group.message, context)
-    categories, ranked, fired = rank(sig.category, sig.causes, sig.alternatives, context, flags, context_rules())
+    fields.update(plugin_fields(original))
+    categories, ranked, fired = rank(sig.category, sig.causes, sig.alternatives, context, flags, context_rules(),
+                                     group.message.lower().replace("\\", "/"))
     category = categories[0][0]
     table = causes()
     usable = [(c, s) for c, s in ranked if c in table and _try(table[c].text, fields) is not None]
@@ -107,8 +110,10 @@ def _diagnose(group: Group) -> Diagnosis:
     # an app's user rarely edits the app's code: its own flag or setting comes first, the generic fix after it
     # a layer on another device (not another dtype) takes the app's placement fix, not its precision one
     as_app = "device_mismatch" if "iw_device" in flags and "iw_dtype" not in flags else category
-    _app, own = app_fixes(as_app, context)
+    app, own = app_fixes(as_app, context, flags)
     fixes[:0] = [f for f in own if f not in fixes]
+    if app is None:  # a bare paste: the app that runs this step itself is a likely source
+        fixes.extend(f for f in step_fixes(sig.name, context) if f not in fixes)
     if not likely:
         likely = (f"{sig.title}.",)
     top = table[usable[0][0]] if usable else None

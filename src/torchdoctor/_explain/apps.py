@@ -11,7 +11,7 @@ flags and Forge's ``--all-in-fp32`` are their documented names, not re-checked (
 
 from __future__ import annotations
 
-__all__ = ["APPS", "app_fixes", "app_of"]
+__all__ = ["APPS", "app_fixes", "app_of", "step_fixes"]
 
 # Words that show the app in a lower-cased text whose backslashes were turned into slashes; first match wins,
 # so Forge (a webui fork) comes before AUTOMATIC1111.
@@ -109,11 +109,63 @@ def app_of(context: str) -> str | None:
     return None
 
 
-def app_fixes(category: str, context: str) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-    """The app shown in ``context`` and its own fixes for ``category`` (none when no app shows)."""
+# Steps an app runs itself, by the error signature they raise: when a paste shows no app and no program of its own
+# around the error, the app that runs the step is a likely source, and its switch for that step is among the fixes
+# (issue 40, point 6). ComfyUI calls ipex.optimize on every model it loads to an Intel GPU
+# (comfy/model_management.py), which refuses a model that lowvram loaded partly.
+_STEPS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "mixed.ipex_optimize": ("ComfyUI", (
+        ("If ComfyUI raised this (it runs ipex.optimize on each model it loads): skip that step",
+         "python main.py --disable-ipex-optimize"),
+        ("Or in ComfyUI keep whole models on the GPU (no partial loading)",
+         "python main.py --highvram  # or --gpu-only"))),
+}
+_PRECISION = (_DT, _IW, _UD)
+_REDUCED = frozenset({"half", "bf16", "fp8"})
+
+
+def _own_program(context: str) -> bool:
+    """Whether a frame of the traceback is in a program's own file (not a library installed in site-packages):
+    then that program, not an app, ran the step."""
+    p = context.find('file "')
+    for _ in range(200):
+        if p == -1:
+            return False
+        end = context.find('"', p + 6)
+        path = context[p + 6: end if end != -1 else p + 300]
+        if "site-packages" not in path and "/lib/python" not in path and "dist-packages" not in path:
+            return True
+        p = context.find('file "', p + 6)
+    return False
+
+
+def step_fixes(signature: str, context: str) -> tuple[tuple[str, str], ...]:
+    """The switch of the app that runs the failing step itself, for a paste that shows no app and no program of
+    its own (a bare message, or frames inside libraries only).
+
+    >>> [code for _, code in step_fixes("mixed.ipex_optimize", "runtimeerror: the model is mixed with different device type")]
+    ['python main.py --disable-ipex-optimize', 'python main.py --highvram  # or --gpu-only']
+    >>> step_fixes("mixed.ipex_optimize", 'file "/home/me/app/load.py", line 3, in load')
+    ()
+    """
+    step = _STEPS.get(signature)
+    if step is None or app_of(context) is not None or _own_program(context):
+        return ()
+    return step[1]
+
+
+def app_fixes(category: str, context: str, flags: frozenset[str] = frozenset()
+              ) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """The app shown in ``context`` and its own fixes for ``category`` (none when no app shows).
+
+    An app's precision flags are offered only where they can be the cause: they choose between float16,
+    bfloat16 and float32, so an error between float32 and float64 alone (a plugin's own float64 tensor) gets none.
+    """
     app = app_of(context)
     if app is None:
         return None, ()
+    if category in _PRECISION and "fp64" in flags and not flags & _REDUCED:
+        return app, ()
     for (name, cats), fixes in _FIXES.items():
         if name == app and category in cats:
             return app, fixes

@@ -75,7 +75,7 @@ _c("dev.app_offload",
    "component outside the app's device handling.", "torchdoctor env",
    ("Retry with offloading off to confirm",
     "# SD.Next: Settings > Diffusers > Model offload mode: none\n# A1111/Forge: drop --medvram / --lowvram"),
-   ("Update the extension or script that failed", "git -C extensions/<name> pull"))
+   ("Update the extension or script that failed[ ({plugin_at})]", "git -C {ext_dir} pull"))
 _c("dev.peft_adapter_device",
    "A LoRA adapter (lora_A/lora_B) is on another device than its base layer: adapters were added or loaded "
    "after the base model was moved or dispatched.", _SCAN,
@@ -92,10 +92,11 @@ _c("dev.ipex_partial",
    ("Move the model and its inputs to xpu together", 'model = model.to("xpu")\ninput_ids = input_ids.to("xpu")'),
    ("Check torch / IPEX / transformers versions agree", "torchdoctor env"))
 _c("dev.comfy_custom_node",
-   "A custom node keeps its own module or tensors on the CPU while ComfyUI's model management loaded the model "
-   "to the GPU (or offloaded part of it under low VRAM).", _GUARD,
-   ("Move the node's module to the device ComfyUI samples on",
+   "A custom node[ ({plugin}, at {plugin_at})] keeps its own module or tensors on the CPU while ComfyUI's model "
+   "management loaded the model to the GPU (or offloaded part of it under low VRAM).", _GUARD,
+   ("Move the node's module to the device ComfyUI samples on[ (at {plugin_at})]",
     "import comfy.model_management as mm\nmodule.to(mm.get_torch_device())"),
+   ("Update the custom node that failed[ ({plugin_at})]", "git -C {node_dir} pull"),
    ("Rule out partial loading", "python main.py --highvram"))
 
 _c("dev.cuda_api_on_cpu",

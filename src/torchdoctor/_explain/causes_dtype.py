@@ -87,10 +87,11 @@ _c("dt.cpu_norm_mixed",
    ("Run the module in float32 on the CPU", "module.float()"),
    ("Or put it on the GPU it was meant for", 'module.to("cuda")'))
 _c("dt.comfy_node_dtype",
-   "A custom node feeds tensors in another dtype than the model ComfyUI loaded (its hint/image/embedding is "
-   "float32 while the model runs in half precision, or its own module was cast differently).", "torchdoctor env",
+   "A custom node[ ({plugin}, at {plugin_at})] feeds tensors in another dtype than the model ComfyUI loaded (its "
+   "hint/image/embedding is float32 while the model runs in half precision, or its own module was cast "
+   "differently).", "torchdoctor env",
    ("Run ComfyUI in one precision to confirm", "python main.py --force-fp32"),
-   ("Update the custom node that failed", "git -C custom_nodes/<node> pull"))
+   ("Update the custom node that failed[ ({plugin_at})]", "git -C {node_dir} pull"))
 _c("dt.webui_upcast",
    "The web UI runs the model in half precision while an extension / LoRA patch feeds float32 (upcast or "
    "no-half settings disagree between UNet, VAE and the patch).", "torchdoctor env",

@@ -1,5 +1,6 @@
 """Causes added for issue 29's misses: float16 overflow, an stft window left behind, float8 on MPS, quantized
-models that transformers refuses to load with modules off the GPU (GPTQ ExLlama, bitsandbytes)."""
+models that transformers refuses to load with modules off the GPU (GPTQ ExLlama, bitsandbytes); and for issue 40
+point 6, a plugin's own float64 tensor (an app-wide precision flag cannot change it)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,11 @@ _c("q.bnb_dispatch",
    ("Or fit it on the GPU: 4-bit instead of 8-bit, or a smaller model",
     'cfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float16)'),
    ("Check that torch and bitsandbytes see the GPU", "torchdoctor env"))
+_c("dt.node_float64",
+   "The node's own code[ ({plugin_at})] made a float64 tensor (numpy arrays and Python floats are float64, and "
+   "torch.from_numpy / torch.tensor keep that) and used it with the model's tensors. ComfyUI never computes in "
+   "float64, so its precision flags do not reach this tensor: it must be made in the dtype it meets.",
+   "torchdoctor env",
+   ("Make the node's tensor in the dtype of the tensor it meets[ (at {plugin_at})]",
+    "m = torch.from_numpy(matrix).to(device=x.device, dtype=x.dtype)  # or torch.tensor(..., dtype=x.dtype)"),
+   ("Update the custom node that failed[ ({plugin_at})]", "git -C {node_dir} pull"))

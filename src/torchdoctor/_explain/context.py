@@ -149,6 +149,8 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
         flags.add("have_cpu")
     if sig_name == "dtype.out_cast":
         flags.add("out_cast")
+    if sig_name == "device.conv_input" and "a" in f:  # which side of the layer stayed behind
+        flags.add("input_behind" if f["a"] == "cpu" else "weights_behind")
     if sig_name.startswith(("frames.", "partial.")):
         flags.add("frames_only")
     if sig_name == "dtype.mps_broadcast":  # MPSGraph spells dtypes f32 / f16 / i64
@@ -212,18 +214,61 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
     return f, frozenset(flags)
 
 
+# A line of prose: a sentence someone typed around a paste. It starts with a letter or digit, holds at least three
+# spaces, and none of the characters that frames, code, paths, log records and messages carry.
+_PROSE = re.compile(r"[^\W_][^/_=()\[\]{}<>\"|%#@$*+~&`\t]{0,2000}")
+_LOG_HEAD = re.compile(r"\w{1,40}:|.{0,200}\d:\d")  # "WARNING:", "ValueError:", a time stamp: a program wrote it
+_PROSE_SCALE = 0.5  # a word only in prose weighs half, and never re-files the error
+
+
+def _prose_only(context: str, word: str, message: str) -> bool:
+    """Whether every occurrence of ``word`` in ``context`` (the first 16) sits on a line of prose, and the error's
+    own message does not hold it: "I fine-tune with qlora" is what the user believes, a frame in bitsandbytes is
+    what ran."""
+    if not word or word in message:
+        return False
+    p = context.find(word)
+    for _ in range(16):
+        if p == -1:
+            return True
+        start = context.rfind("\n", 0, p) + 1
+        end = context.find("\n", p)
+        line = context[start: end if end != -1 else len(context)].rstrip()
+        if line.count(" ") < 3 or not _PROSE.fullmatch(line) or _LOG_HEAD.match(line):
+            return False
+        p = context.find(word, end) if end != -1 else -1
+    return False
+
+
 def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple[tuple[str, float, str], ...],
-         context: str, flags: frozenset[str], rules: tuple[ContextRule, ...]
+         context: str, flags: frozenset[str], rules: tuple[ContextRule, ...], message: str = ""
          ) -> tuple[list[tuple[str, float, str]], list[tuple[str, float]], list[tuple[ContextRule, str]]]:
-    """Apply the rules. Returns the categories best first as ``(category, score, why)`` (the signature's own
-    category scores 1.0), the causes best first, and the rules that fired with the word that fired them."""
+    r"""Apply the rules. Returns the categories best first as ``(category, score, why)`` (the signature's own
+    category scores 1.0), the causes best first, and the rules that fired with the word that fired them.
+
+    A word found only in prose typed around the paste (``message``, the error's own lines lower-cased, never
+    counts as prose) weighs half and cannot re-file the error: the message and the frames outrank what the user
+    wrote about them.
+
+    >>> from torchdoctor._explain.catalog import context_rules
+    >>> text = "i fine-tune llama with qlora and get this\nexpected all tensors to be on the same device"
+    >>> rank("device_mismatch", (), (), text, frozenset({"cpu_and_accel"}), context_rules())[0][0][0]
+    'device_mismatch'
+    """
     present: dict[str, bool] = {}  # a word is looked up only for a rule that could fire (one pass per word)
+    prose: dict[str, bool] = {}
 
     def has(word: str) -> bool:
         got = present.get(word)
         if got is None:
             got = present[word] = word in context
         return got
+
+    def scale(word: str) -> float:
+        got = prose.get(word)
+        if got is None:
+            got = prose[word] = _prose_only(context, word, message)
+        return _PROSE_SCALE if got else 1.0
 
     def fires(rule: ContextRule, cats: tuple[str, ...]) -> str | None:
         if rule.applies_to and not any(c in rule.applies_to for c in cats):
@@ -233,6 +278,7 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
         return next((w for w in rule.words if has(w)), None) if rule.words else ""
 
     score: dict[str, float] = {category: 1.0}
+    from_prose: dict[str, float] = {}
     why: dict[str, str] = {category: ""}
     for cat, weight, reason in alternatives:
         score[cat] = score.get(cat, 0.0) + weight
@@ -243,9 +289,17 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
         word = fires(rule, (category,))
         if word is None:
             continue
+        if scale(word) < 1.0:  # prose alone offers a category as an alternative, never as the diagnosis
+            from_prose[rule.category] = from_prose.get(rule.category, 0.0) + rule.weight * _PROSE_SCALE
+            why.setdefault(rule.category, rule.why or f"the text mentions '{word}'")
+            continue
         score[rule.category] = score.get(rule.category, 0.0) + rule.weight
         reason = rule.why or f"the text mentions '{word}'"
         why[rule.category] = reason + (f" ('{word}')" if word and rule.why else "")
+    own = score[category]
+    for cat, extra in from_prose.items():  # all prose together stays below the message's own category
+        base_score = score.get(cat, 0.0)
+        score[cat] = max(base_score, min(base_score + extra, own - 0.05)) if cat != category else base_score + extra
     ordered = sorted(((c, s, why.get(c, "")) for c, s in score.items()), key=lambda x: (-x[1], x[0] != category))
     top = ordered[0][0]
 
@@ -260,7 +314,7 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
         if rule.category and rule.category != top:
             continue  # its causes belong to a category that did not win
         for cid, w in rule.boosts:
-            scores[cid] = scores.get(cid, 0.0) + w
+            scores[cid] = scores.get(cid, 0.0) + w * (scale(word) if w > 0 else 1.0)
         fired.append((rule, word))
     families = _FAMILIES.get(top, ())
     ranked = sorted(((c, s) for c, s in scores.items() if s > 0 and c.startswith(families)), key=lambda cs: -cs[1])

@@ -96,7 +96,9 @@ _rule("ipex_backend", IPEX, (), (_BO,), bo__ipex_xpu_op_on_cpu=2.0)
 _rule("ipex_mixed", IPEX, (), (_MIX,), md__ipex_optimize_mixed=1.0)
 _rule("ipex_not_linked", IPEX, (), (_NA,), na__not_linked=1.0)
 _rule("comfy_device", COMFY, (), (_DEV,), dev__comfy_custom_node=2.5)
-_rule("comfy_dtype", COMFY, (), (_DT, _IW), dt__comfy_node_dtype=3.0)
+_rule("comfy_dtype", COMFY, (), (_DT, _IW), unless=("fp64",), dt__comfy_node_dtype=3.0)
+# float64 is never ComfyUI's compute dtype: the node made that tensor itself (issue 40, point 6)
+_rule("comfy_fp64", COMFY, ("fp64",), (_DT, _IW), dt__node_float64=6.0)
 _rule("webui_device", WEBUI, (), (_DEV,), dev__app_offload=2.5)
 _rule("webui_dtype", WEBUI, (), (_DT, _IW), dt__webui_upcast=3.0)
 _rule("sd_scripts", ("sd-scripts", "train_network.py", "sdxl_train", "train_util.py", "kohya"), (), (_DT, _IW),
@@ -106,6 +108,7 @@ _rule("diffusers_dtype", ("diffusers/", "unet_2d_condition", "diffusionpipeline"
 _rule("vae_dtype", VAE, ("iw_dtype",), (_DT, _IW), dt__vae_dtype=5.0)
 _rule("module_to", ("in _apply", "in convert", "self._apply(convert)", "return t.to(", "model.to("), (), (_MIX,),
       md__meta_to=2.0)
+_rule("conv_weights_behind", flags=("weights_behind",), applies_to=(_DEV,), dev__module_not_moved=1.0)
 _rule("iw_device", flags=("iw_device",), applies_to=(_IW,), iw__model_not_on_device=3.0)
 _rule("iw_device_alt", flags=("iw_device",), applies_to=(_IW,), unless=("iw_dtype",), category=_DEV, weight=0.6,
       why="only the devices differ: the plain device-mismatch family")
@@ -136,7 +139,8 @@ _rule("gpu_kernel", flags=("kernel_cuda",), applies_to=(_UD,), ud__kernel_missin
 _rule("fp8_block_swap", ("block swap", "swapping", "cpu donor", "distorch", "donor"), (), (_BO,), bo__scaled_mm_cpu=1.0)
 _rule("ordinal_launch", ("torchrun", "local_rank", "world_size", "nproc", "launch", "rank"), (), (_NA,),
       na__ordinal=1.0)
-_rule("stft_window", ("stft", "hann_window", "window"), (), (_DEV,), dev__stft_window=3.5)
+_rule("stft_window", ("stft", "hann_window", "hamming_window", "window on", "and window", "window="), (), (_DEV,),
+      dev__stft_window=3.5)  # not "window" alone: "ComfyUI_windows_portable" holds it
 _rule("mps_fp8", flags=("fp8", "mps"), applies_to=(_UD,), ud__mps_fp8=6.0, ud__mps_bf16=-4.0)
 _rule("frames_to_mps", ("mps", "/users/", "macos", "apple"), ("frames_only",), (_MIX,), _UD, weight=1.6,
       why="Module.to() on a Mac: float64 / bfloat16 / float8 tensors cannot move to mps", ud__mps_fp64=2.0)

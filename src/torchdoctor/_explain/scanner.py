@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor._explain.catalog import signatures
+from torchdoctor._explain.escapes import unescape
 from torchdoctor._explain.prefilter import ANSI, EXACT_BELOW, Prefilter, fold
 from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
 from torchdoctor._explain.signatures import Signature
@@ -36,15 +37,16 @@ _WRAP = re.compile(r"[ \t]*(?:\r?\n[ \t>|]*)+[ \t]*|[ \t]{2,}")
 
 
 def normalise(block: str, paste: bool = True) -> str:
-    r"""Windows line ends and (``paste``) terminal colours and the paste noise of ``fold`` removed. A log too
-    long to be a paste keeps its colours and is folded only where it is examined (``prefilter.strip``, ``fold``):
-    both cost more over a whole log than everything else.
+    r"""Windows line ends, HTML and JSON escapes (``escapes``) and (``paste``) terminal colours and the paste
+    noise of ``fold`` removed. A log too long to be a paste keeps its colours and is folded only where it is
+    examined (``prefilter.strip``, ``fold``): both cost more over a whole log than everything else.
 
     >>> normalise("\x1b[31mRuntimeError\x1b[0m\uff1a Input type\uff08float\uff09\r\n")
     'RuntimeError: Input type(float)\n'
     """
     if "\r" in block:
         block = block.replace("\r\n", "\n").replace("\r", "\n")
+    block = unescape(block)
     if not paste:
         return block
     if "\x1b" in block:

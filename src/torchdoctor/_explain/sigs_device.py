@@ -35,19 +35,34 @@ _sig("device.expected_device", "device_mismatch", "A tensor is not on the device
      rf"Tensor on device (?P<a>{DEV}) is not on the expected device (?P<b>{DEV})", require_pattern=True,
      alternatives=(_MIX_ALT, _Q_ALT))
 _sig("device.legacy", "device_mismatch", "Tensors on two devices met in one operation (older PyTorch wording)",
-     ("Expected object of device type", "expected device", "but expected it to be on", "at the same device",
+     ("Expected object of device type", "expected device", "but expected it to be on", "but expected on",
+      "at the same device",
       "must be on the same device", "to have the same device as tensor", "Expected object of backend"),
      "An operation got tensors on two devices, {a} and {b}[; the argument on the odd device is '{arg}'].",
      (("dev.module_not_moved", 2.0), ("dev.inputs_not_moved", 1.5)),
      r"Expected object of (?:device type|backend) (?P<b>\w{1,10}) but got (?:device type|backend) (?P<a>\w{1,10})"
      r"(?: for argument #\d{1,2} '?(?P<arg>\w{1,40})'?)?",
      rf"expected device (?P<b>{DEV}) but got device (?P<a>{DEV})",
-     r"argument #\d{1,2} '?(?P<arg>\w{1,40})'? is on (?P<a>CPU|GPU),? but expected it to be on (?P<b>CPU|GPU)",
+     r"argument #\d{1,2} '?(?P<arg>\w{1,40})'? is on (?P<a>CPU|GPU|XPU|MPS|CUDA),? but expected it to be on "
+     r"(?P<b>CPU|GPU|XPU|MPS|CUDA)",
+     # torch's MPS and XPU checks: "Tensor for argument input is on cpu but expected on mps"
+     rf"Tensor for argument #?\d{{0,2}} ?'?(?P<arg>\w{{1,40}})'? is on (?P<a>{DEV}),? but expected on (?P<b>{DEV})",
      rf"All input tensors must be on the same device\. Received (?P<a>{DEV}) and (?P<b>{DEV})",
      rf"found input tensor at (?P<a>{DEV}) and hidden tensor at (?P<b>{DEV})",
      r"tensor for argument #\d{1,2} '?(?P<arg>\w{1,40})'? to have the same device as tensor",
      rf"must be on the same device but got self on (?P<a>{DEV}) and window on (?P<b>{DEV})",
      require_pattern=True, alternatives=(_Q_ALT,))
+# "slow_conv2d_forward_mps: input(device='cpu') and weight(device=mps:0') must be on the same device": a layer whose
+# input and weights sit apart; which side is behind decides the first cause (derive's input_behind / weights_behind)
+_sig("device.conv_input", "device_mismatch", "A layer got its input and its weights on two devices",
+     ("must be on the same device",),
+     "A layer's kernel ({op}) got its input on {a} and its {param} on {b}. The input must sit where the layer's "
+     "weights are.",
+     (("dev.inputs_not_moved", 2.0), ("dev.module_not_moved", 1.8), ("dev.created_inside", 0.8)),
+     rf"(?P<op>\w{{1,60}}): input\(device='?(?P<a>{DEV})'?\) and (?P<param>weight|bias)\(device='?(?P<b>{DEV})'?\)",
+     require_pattern=True, after=300,
+     alternatives=(("input_weight_type_mismatch", 0.5, "a conv/linear layer whose input and weights sit apart; the "
+                    "layer's family when its weights were the ones left behind"),))
 _sig("device.first_device", "device_mismatch", "A multi-GPU wrapper got tensors away from its first device",
      ("must be on devices[0]", "(device_ids[0]) but found"),
      "A multi-GPU wrapper (tensor_parallel, DataParallel) needs its inputs and parameters on its first device"

@@ -92,10 +92,11 @@ _sig("dtype.write_source", "dtype_mismatch", "Values written into a tensor of an
 
 # --- dtype not supported on the device ---------------------------------------------------------------------
 _sig("unsupported.kernel", "unsupported_dtype_on_device", "No kernel for this dtype on this device",
-     ("not implemented for '",),
+     ("not implemented for '", 'not implemented for "', "not implemented for `"),
      "The kernel {kernel} has no implementation[ for {dtype}][ on {device}].",
      (("ud.half_on_cpu", 2.0), ("ud.kernel_missing", 1.0)),
-     r"\"?(?P<kernel>\w{1,80})\"? not implemented for '?(?P<dtype>\w{1,30})'?", require_pattern=True,
+     # the kernel and the dtype come quoted in every way a paste or a markdown editor quotes them
+     r"[\"'`]?(?P<kernel>\w{1,80})[\"'`]? not implemented for [\"'`]?(?P<dtype>\w{1,30})[\"'`]?", require_pattern=True,
      alternatives=(_DT_ALT, ("backend_op_missing", 0.25, "the op has no kernel for this device at all")))
 _sig("unsupported.complex", "unsupported_dtype_on_device", "torch.complex / polar has no kernel for this dtype",
      ("Expected both inputs to be Half, Float or Double tensors",),
@@ -117,7 +118,16 @@ _sig("unsupported.mps_bf16", "unsupported_dtype_on_device", "bfloat16 is not ava
      ("BFloat16 is not supported on MPS", "to the MPS backend but it does not have support for that dtype"),
      "A[ {dtype}] tensor was sent to mps, which does not support it on this macOS / chip / PyTorch.",
      (("ud.mps_bf16", 3.0),),
-     r"Trying to convert (?P<dtype>\w{1,20}) to the MPS backend", confidence=0.95)
+     r"Trying to convert (?P<dtype>(?!float8)\w{1,20}) to the MPS backend", r"(?P<dtype>BFloat16) is not supported on MPS",
+     require_pattern=True, confidence=0.95)
+# float8 shares the wording above but not its answer: Metal has no float8 on any macOS, so "update macOS" (the
+# bfloat16 answer) is wrong for it
+_sig("unsupported.mps_fp8", "unsupported_dtype_on_device", "MPS has no float8",
+     ("to the MPS backend but it does not have support for that dtype",),
+     "A[ {dtype}] tensor (an fp8 checkpoint's weights) was sent to mps; Apple's MPS has no float8 type on any macOS "
+     "or chip.",
+     (("ud.mps_fp8", 3.0),),
+     r"Trying to convert (?P<dtype>float8_?\w{0,12}) to the MPS backend", require_pattern=True, confidence=0.95)
 _sig("unsupported.scaled_mm", "unsupported_dtype_on_device", "fp8 scaled matmul needs a newer GPU",
      ("_scaled_mm is only supported on",),
      "An fp8 matmul (torch._scaled_mm) ran on a GPU below compute capability[ {need}] 8.9.",
@@ -139,13 +149,15 @@ _sig("unsupported.fp8_promotion", "unsupported_dtype_on_device", "float8 cannot 
 
 # --- an op without a kernel for that backend ---------------------------------------------------------------
 _sig("backend.could_not_run", "backend_op_missing", "An operator has no kernel for the backend it was called with",
-     ("arguments from the '", "is only available for these backends", "with arguments from the "),
+     ("arguments from the '", 'arguments from the "', "arguments from the `", "is only available for these backends",
+      "with arguments from the "),
      "The operator {op} was called with[ {backend}] tensors but has kernels only for other backends[ "
      "({available_short})].",
      (("bo.kernel_device_only", 1.5),),
-     r"Could not run '?(?P<op>[^'\s]{1,120}?)'? with arguments from the '?(?P<backend>\w{1,40})'? backend",
-     r"'?(?P<op>[^'\s]{1,120}?)'? is only available for these backends: \[(?P<available>[^\]]{0,4000})\]",
-     r"arguments from the '?(?P<backend>\w{1,40})'? backend", require_pattern=True, after=5000,
+     r"Could not run [\"'`]?(?P<op>[^\"'`\s]{1,120}?)[\"'`]? with arguments from the [\"'`]?(?P<backend>\w{1,40})"
+     r"[\"'`]? backend",
+     r"[\"'`]?(?P<op>[^\"'`\s]{1,120}?)[\"'`]? is only available for these backends: \[(?P<available>[^\]]{0,4000})\]",
+     r"arguments from the [\"'`]?(?P<backend>\w{1,40})[\"'`]? backend", require_pattern=True, after=5000,
      alternatives=(_NA_ALT, ("unsupported_dtype_on_device", 0.15, "the kernel exists for other dtypes only")))
 _sig("backend.mps_not_implemented", "backend_op_missing", "An operator is not implemented for MPS",
      ("is not currently implemented for the MPS device", "is not current implemented for the MPS device"),

@@ -37,6 +37,14 @@ _sig("frames.stft", "device_mismatch", "From the stack: torch.stft failed (messa
      (", in stft", "torch.stft(", "_vf.stft("),
      _FROM_STACK + "torch.stft; it fails when the window tensor sits on another device than the signal.",
      (("dev.stft_window", 3.0),), confidence=0.45)
+_sig("frames.deserialize", "deserialize_device", "From the stack: torch.load restoring GPU storages failed (message "
+     "missing)",
+     ("_cuda_deserialize", "validate_cuda_device", "default_restore_location", ", in restore_location",
+      "_validate_device(location"),
+     _FROM_STACK + "torch.load restoring storages that were saved on a GPU (torch/serialization.py "
+     "restore_location / _cuda_deserialize); it fails where that GPU is not available to this process.",
+     (("ds.cpu_only_load", 3.0), ("ds.gpu_invisible", 1.5)), confidence=0.55,
+     alternatives=(("no_accelerator", 0.35, "this torch sees no GPU at all: a CPU-only build or a missing driver"),))
 _sig("partial.expected_same", "device_mismatch", "Tensors on two devices met in one operation (message cut off)",
      ("error: expected all te",),
      "The message is cut off after 'Expected all te...': PyTorch's 'Expected all tensors to be on the same "
