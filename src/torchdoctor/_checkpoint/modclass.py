@@ -20,7 +20,7 @@ __all__ = ["HOLDS_MODULE_CLASSES", "ModuleClassName", "candidate", "merge", "sta
 
 HOLDS_MODULE_CLASSES = "holds module classes: torch.load(weights_only=True) refuses it"
 _LIBRARIES = ("transformers", "diffusers", "peft")
-_CLASS = re.compile(r"[A-Z][A-Za-z0-9]*\Z")
+_CLASS = re.compile(r"[A-Z][A-Za-z0-9_]*\Z")
 _MODULE_PART = re.compile(r"[a-z][a-z0-9_]*\Z")
 
 
@@ -48,7 +48,8 @@ def candidate(full: str) -> bool:
 
 def stand_in(full: str, misused: set[str]) -> type[Placeholder]:
     """A placeholder class for ``full`` that adds ``full`` to ``misused`` when the pickle does more than name it:
-    a call through ``REDUCE`` (``__init__`` runs only then), arguments to ``NEWOBJ``, an instance called."""
+    a call with arguments through ``REDUCE`` (``__init__`` runs only then), arguments to ``NEWOBJ``, an instance
+    called."""
     base = placeholder_class(full)
 
     def new(cls: type[Placeholder], *args: Any, **kwargs: Any) -> Placeholder:
@@ -57,7 +58,8 @@ def stand_in(full: str, misused: set[str]) -> type[Placeholder]:
         return base.__new__(cls, *args, **kwargs)
 
     def init(self: Placeholder, *args: Any, **kwargs: Any) -> None:
-        misused.add(full)
+        if args or kwargs:  # REDUCE with no arguments is how a dict subclass (diffusers' FrozenDict) is pickled
+            misused.add(full)
 
     def call(self: Placeholder, *args: Any, **kwargs: Any) -> Placeholder:
         misused.add(full)
