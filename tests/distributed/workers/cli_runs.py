@@ -1,13 +1,19 @@
 """Run under torchrun: several ``torchdoctor ... --distributed`` command lines in one launch, in-process, recording
 per rank what each printed and returned (``OUTDIR/rank<R>.json``). The process group is initialised here once (a
 group created by the program is used as is); the command creating its own is tested by a real ``-m torchdoctor``
-launch."""
+launch.
+
+What torchdoctor prints is kept apart from what other libraries log: a root logging handler takes every record of
+a logger outside ``torchdoctor`` (bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community" on
+its AVX512-BF16 import branch, for one) into ``library_log``, where Python's last-resort handler would have written
+it to the captured stderr."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import logging
 import os
 import sys
 
@@ -26,10 +32,24 @@ RUNS = {
 }
 
 
+class _Library(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name == "torchdoctor" or record.name.startswith("torchdoctor."):
+            sys.stderr.write(self.format(record) + "\n")  # torchdoctor's own: where the user would see it
+        else:
+            self.lines.append(f"{record.name}: {record.getMessage()}")
+
+
 def main() -> None:
     out = sys.argv[1]
     rank = int(os.environ["RANK"])
     results = {}
+    library = _Library()
+    logging.getLogger().addHandler(library)
     dist.init_process_group("gloo")
     for name, (env, argv) in RUNS.items():
         os.environ.pop("TD_BUG_RANK", None)
@@ -37,11 +57,17 @@ def main() -> None:
         os.environ.update(env)
         sys.modules.pop("_torchdoctor_target_targets", None)  # each run imports the target afresh
         stdout, stderr = io.StringIO(), io.StringIO()
+        library.lines = []
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             code = cli(argv)
-        results[name] = {"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+        results[name] = {"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue(),
+                         "library_log": library.lines}
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as fh:
         json.dump(results, fh, indent=1)
+    with open(os.path.join(out, f"rank{rank}.branch"), "w", encoding="utf-8") as fh:
+        import bitsandbytes.backends.cpu.ops as cpu_ops  # the branch bitsandbytes took at import, as it records it
+
+        fh.write("avx512bf16" if hasattr(cpu_ops, "gemm_4bit_forward_kernel") else "portable")
     dist.barrier()
     dist.destroy_process_group()
 
