@@ -49,7 +49,7 @@ def shown(value: Any, limit: int = 60) -> str:
     """A config value as a message shows it: containers by type and length (a deeply nested array has no
     printable repr), text clipped."""
     if isinstance(value, (list, dict)):
-        return f"a {'table' if isinstance(value, dict) else 'array'} of {len(value)} item(s)"
+        return f"{'a table' if isinstance(value, dict) else 'an array'} of {len(value)} item(s)"
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
@@ -90,7 +90,7 @@ def _check_value(path: str, key: str, value: Any) -> None:
         if key == "assume_device" and text.lower() in ("off", "none", "no", "false"):
             return
         if parse_location(text) is None:
-            raise UsageError(f"{where} = {shown(value)} is not a device: use a torch device string such as "
+            raise UsageError(f"{where} {shown(value)} is not a device: use a torch device string such as "
                              "'cpu', 'cuda:0', 'cuda:1', 'xpu', 'mps' or 'meta'"
                              + (", or 'off'" if key == "assume_device" else ""))
     if key == "dtype":
@@ -101,7 +101,7 @@ def _check_value(path: str, key: str, value: Any) -> None:
         except ValueError as exc:
             raise UsageError(f"{where}: {exc}") from None
         if not (dtype.is_floating_point or dtype.is_complex):
-            raise UsageError(f"{where} = {shown(value)}: a floating dtype is expected (e.g. bfloat16, float16, "
+            raise UsageError(f"{where} {shown(value)}: a floating dtype is expected (e.g. bfloat16, float16, "
                              "float32)")
 
 
