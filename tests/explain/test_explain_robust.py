@@ -182,7 +182,10 @@ def _cpu_time(fn: Callable[[], Any]) -> float:
 # Texts built against the prefilter's passes: keys without their anchors (near-matches), keys overlapping on one
 # endless line, every anchor at once (both sizes take the fast path: over EXACT_BELOW), anchors repeated line after line, a pass character and nothing else.
 NEAR = ["ted all tensor" * 40 + "\n", "t type (" * 500, "".join(a + " " for a in ANCHORS) + "\n",
-        CPU_GPU + "\n", "t" * 1000, "_efficient_at" * 300 + "\n", "vailable " * 200 + "\n", "oes not exis" * 400]
+        CPU_GPU + "\n", "t" * 1000, "_efficient_at" * 300 + "\n", "vailable " * 200 + "\n", "oes not exis" * 400,
+        # escapes (issue 41): JSON-escaped quotes on one endless line and line after line, \uXXXX and HTML entities
+        '\\"' * 2000, '\\"x\\\\n' * 50 + "\n", "\\u0027&#39;&quot;" * 400 + "\n", "&#x" * 1000,
+        '{"exception_message": "\\"addmm_impl_cpu_\\" not implemented for \\u0027Half\\u0027"}\n']
 
 
 def test_time_grows_linearly_on_adversarial_text() -> None:

@@ -39,8 +39,8 @@ _sig("frames.stft", "device_mismatch", "From the stack: torch.stft failed (messa
      (("dev.stft_window", 3.0),), confidence=0.45)
 _sig("frames.deserialize", "deserialize_device", "From the stack: torch.load restoring GPU storages failed (message "
      "missing)",
-     ("_cuda_deserialize", "validate_cuda_device", "default_restore_location", ", in restore_location",
-      "_validate_device(location"),
+     # not "validate_cuda_device": its only key, "_device", is in every other identifier of a log (bench/explain.py)
+     ("_cuda_deserialize", "default_restore_location", ", in restore_location"),
      _FROM_STACK + "torch.load restoring storages that were saved on a GPU (torch/serialization.py "
      "restore_location / _cuda_deserialize); it fails where that GPU is not available to this process.",
      (("ds.cpu_only_load", 3.0), ("ds.gpu_invisible", 1.5)), confidence=0.55,
