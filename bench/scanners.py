@@ -7,7 +7,12 @@ nothing: it runs each one found on PATH or in ``--anchors-bin`` (for instance a 
 ``python -m venv /tmp/anchors && /tmp/anchors/bin/pip install picklescan==1.0.5 modelscan==0.8.8
 fickling==0.1.12 typing_extensions``) and skips the others. The corpus is ``tests/checkpoint/corpus.py``:
 payloads that run code when loaded (each would create a marker file), hostile files that run none, and
-benign files as transformers, diffusers, peft, accelerate and torch write them. Every tool runs as a whole
+benign files as transformers, diffusers, peft, accelerate and torch write them (a whole pickled GPT-2, a
+TorchScript archive among them). The payloads include the container families of ``tests/checkpoint/containers.py``:
+torch < 0.4 tar checkpoints (v7 without the ustar magic, ustar, payload in ``storages``, inside a model folder,
+a ``storages`` member that is a symlink: refused by name, "refused by name"), zips with duplicate members, names
+that differ in case, a local name that differs from the directory's, a pickle followed by trailing data, storage
+blobs nested three deep, a legacy stream whose byte 8 is ``{`` and a DCP folder whose non-tensor value runs code. Every tool runs as a whole
 process per file, as a pre-commit hook would; the marker must never appear.
 
 Verdicts: ``dangerous`` (picklescan: a dangerous global; modelscan: an issue; fickling: "unsafe";
@@ -146,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = {k: [c for c in cases if c.kind == k] for k in ("payload", "hostile", "benign")}
     print(f"\ncorpus: {len(kinds['payload'])} payloads, {len(kinds['hostile'])} hostile files, "
           f"{len(kinds['benign'])} benign files; a payload ran: {'YES' if ran else 'no'}")
-    head = ("tool", "payloads flagged", "suspicious only", "missed/error", "benign false alarms",
+    head = ("tool", "payloads flagged", "suspicious only", "refused by name", "missed/error", "benign false alarms",
             "hostile: clean (ok)", "median s/file")
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for name in tools:
@@ -154,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         bv = [results[c.name][name][0] for c in kinds["benign"]]
         hv = [results[c.name][name][0] for c in kinds["hostile"]]
         secs = statistics.median(r[name][1] for r in results.values())
-        row = (name, f"{pv.count('dangerous')}/{len(pv)}", str(pv.count("suspicious")),
-               str(sum(v not in ("dangerous", "suspicious") for v in pv)), f"{bv.count('dangerous')}/{len(bv)}",
+        row = (name, f"{pv.count('dangerous')}/{len(pv)}", str(pv.count("suspicious")), str(pv.count("refused")),
+               str(sum(v not in ("dangerous", "suspicious", "refused") for v in pv)), f"{bv.count('dangerous')}/{len(bv)}",
                f"{hv.count('clean')}/{len(hv)}", f"{secs:.2f}")
         print("| " + " | ".join(row) + " |")
     missed = [c.name for c in cases if c.kind != "benign" and results[c.name]["torchdoctor"][0] not in

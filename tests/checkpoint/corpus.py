@@ -33,6 +33,7 @@ class Case:
     path: str
     kind: str  # "payload", "benign", "hostile"
     names: tuple[str, ...] = ()  # for a payload: a global torchdoctor must name (any one of them)
+    refused: str = ""  # for a payload torchdoctor cannot see into: the refusal (exit 2) must say this
 
 
 # ---- pickle bytes, opcode by opcode -------------------------------------------------------------------------
@@ -186,6 +187,8 @@ def _benign(root: Path) -> dict[str, str]:
                            "np_step": np.int64(7), "np_loss": np.float32(0.25), "np_hist": np.zeros(3),
                            "rng": np.random.get_state()})
     save("whole-model.pt", model)
+    torch.jit.save(torch.jit.script(model), root / "torchscript.pt")
+    out["torchscript.pt"] = str(root / "torchscript.pt")
     _hf(root, out)
     return out
 
@@ -200,6 +203,8 @@ def _hf(root: Path, out: dict[str, str]) -> None:
         return
     cfg = GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=32, n_positions=16)
     model = GPT2LMHeadModel(cfg)
+    torch.save(model, root / "whole-gpt2.pt")  # weights_only refuses it for its classes alone
+    out["whole-gpt2.pt"] = str(root / "whole-gpt2.pt")
     model.save_pretrained(root / "gpt2-safetensors")
     out["gpt2-safetensors"] = str(root / "gpt2-safetensors")
     (root / "gpt2-bin").mkdir(exist_ok=True)  # what transformers 4 wrote with safe_serialization=False
@@ -253,10 +258,44 @@ def build(root: str | os.PathLike[str], marker: str, with_benign: bool = True) -
     (dcp / ".metadata").write_bytes(dotted("os", "system", marker))
     (dcp / "__0_0.distcp").write_bytes(b"")
     cases.append(Case("dcp-metadata", str(dcp), "payload", ("os.system",)))
+    cases += _container_payloads(base / "payload", marker)
     cases += [Case(n, p, "hostile") for n, p in _hostile(base / "hostile").items()]
     if with_benign:
         (base / "benign").mkdir(exist_ok=True)
         cases += [Case(n, p, "benign") for n, p in _benign(base / "benign").items()]
+    return cases
+
+
+_SYSTEM = ("os.system", "posix.system")
+
+
+def _container_payloads(root: Path, marker: str) -> list[Case]:
+    """The container families (tests/checkpoint/containers.py): tar v7 / ustar, zip duplicates, case and name
+    mismatches, a pickle before trailing data, nested storage blobs, DCP values, a tar in a model folder."""
+    try:  # beside this file: the tests import it as a package, bench/scanners.py puts this folder on sys.path
+        from . import containers
+    except ImportError:
+        import containers  # type: ignore[no-redef]
+
+    cases = []
+    for name, (data, _) in containers.live_payloads(marker).items():
+        (root / name).write_bytes(data)
+        cases.append(Case(name, str(root / name), "payload", _SYSTEM))
+    folder = root / "tar-in-model-folder"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text('{"model_type": "gpt2"}')
+    (folder / "pytorch_model.bin").write_bytes(containers.v7_tar(marker))
+    cases.append(Case("tar-in-model-folder", str(folder), "payload", _SYSTEM))
+    target = root / "symlink-target.bin"
+    target.write_bytes(containers.evil(marker) + pickle.dumps([], 2))
+    (root / "tar-symlinked-storages.pt").write_bytes(containers.tar_symlinked_storages(str(target)))
+    cases.append(Case("tar-symlinked-storages.pt", str(root / "tar-symlinked-storages.pt"), "payload",
+                      refused="tar member 'storages' is a symlink"))
+    try:
+        dcp = containers.dcp_with_value(root / "dcp-value", marker)
+        cases.append(Case("dcp-value", str(dcp), "payload", _SYSTEM))
+    except Exception:  # a torch without torch.distributed.checkpoint
+        pass
     return cases
 
 
