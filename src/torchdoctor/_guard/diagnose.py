@@ -16,6 +16,7 @@ from torch import nn
 from torchdoctor._rules import registry as _rules
 from torchdoctor._explain.tokens import devices_in, dtypes_in
 from torchdoctor._guard import provenance
+from torchdoctor._guard.float8 import FLOAT8, is_float8_message
 from torchdoctor._guard.maps import component_fix
 from torchdoctor._guard.session import Maps, Session, fix_code, module_label
 from torchdoctor._placement import device_str, dtype_str, norm_device
@@ -132,7 +133,9 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     if category is None:
         return None
     kind = "unsupported_dtype" if category == "unsupported_dtype_on_device" else _kind_of(message)
-    if "Promotion for Float8" in message:  # a float8 tensor met another floating dtype: it is the odd operand
+    if is_float8_message(message):
+        # a float8 tensor met another floating dtype, or a kernel without a float8 body (the text depends on the
+        # CPU's kernel set and the device: _guard/float8.py): either way the float8 storage is the odd operand
         kind = "dtype"
     mod, frame, backward = _innermost(session, exc.__traceback__ or tb)
     if mod is None:  # raised in the user's code outside any module: explained at the user's line
@@ -318,6 +321,8 @@ def _reference(pool: list[tuple[str | None, str, torch.Tensor]], kind: str, valu
         return None
     values = [value(c[2]) for c in pool]
     real = [v for v in values if not (isinstance(v, torch.device) and v.type == "meta")]
+    if kind == "dtype" and any(v not in FLOAT8 for v in real):  # float8 is storage: never what others should be
+        real = [v for v in real if v not in FLOAT8]
     majority = (maps.dtype_for(mpath) if kind == "dtype" else maps.device) if maps is not None else None
     if majority is not None and (majority in real or majority in mentioned):
         return majority

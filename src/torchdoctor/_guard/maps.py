@@ -11,7 +11,7 @@ from torch import nn
 
 from torchdoctor._rules import registry as _rules
 from torchdoctor._report.model import Problem
-from torchdoctor._placement import device_str, dtype_str
+from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str
 
 
 class Maps:
@@ -38,7 +38,7 @@ class Maps:
             try:
                 if t.device.type != "meta":
                     self.starts.setdefault((str(t.device), t.data_ptr()), e.path)
-                if t.is_floating_point():
+                if t.is_floating_point() and t.dtype not in FLOAT8_DTYPES:  # float8 is storage, not compute
                     n = t.nelement() * t.element_size()
                     dtype_bytes[t.dtype] = dtype_bytes.get(t.dtype, 0) + n
                     d = _rules._norm(_rules.tensor_device(t))
@@ -61,7 +61,8 @@ class Maps:
 
     def dtype_for(self, module_path: str | None) -> torch.dtype | None:
         """The dtype a module's ops should agree on, as scan sees it (its component, its peft adapter ...)."""
-        return (self.expect.dtype(module_path) if module_path is not None else None) or self.dtype
+        want = self.expect.dtype(module_path) if module_path is not None else None
+        return want if want is not None and want not in FLOAT8_DTYPES else self.dtype
 
     def tensor_path(self, t: torch.Tensor) -> tuple[str, str] | None:
         """(path, how) of a model tensor, its view, or a tensor starting at its memory."""

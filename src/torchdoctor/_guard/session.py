@@ -26,6 +26,7 @@ from torchdoctor._rules import registry as _rules
 from torchdoctor._report.model import PlacementError, PlacementWarning, Problem
 from torchdoctor._placement import device_str, dtype_str
 from torchdoctor._guard.dispatch import _CONV, CheckMode, CompositeCheck, _simulating
+from torchdoctor._guard.float8 import compute_dtype, findings as float8_findings
 from torchdoctor._guard.maps import Maps, fix_code, module_label
 from torchdoctor._report.text import format_error, user_stacklevel
 from torchdoctor._tracker import ModuleStack
@@ -238,6 +239,21 @@ class Session:
             return []
 
     # -- strict / fix / warn --------------------------------------------------------------------------------
+    def on_float8(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], exc: BaseException) -> Any:
+        """fix / warn: an op failed on its float8 operands (any of torch's texts for it): cast them to the op's
+        compute dtype and run it again, recorded like any other alignment; the original error when that fails."""
+        mod, root = self.current()
+        maps = self.maps_for(root)
+        mpath = maps.modules.get(id(mod)) if maps is not None and mod is not None else None
+        fallback = maps.dtype_for(mpath) if maps is not None else None
+        found = float8_findings(func, args, kwargs, fallback, exc)
+        if not found:
+            raise exc
+        try:
+            return self.on_problem(func, args, kwargs, found)
+        except (RuntimeError, TypeError) as again:
+            raise exc from again
+
     def on_problem(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
                    findings: list[_rules.Finding], schema_op: Any = None) -> Any:
         """Strict: raise. Fix / warn: record, warn once, align the offending arguments and run ``func``."""
@@ -341,11 +357,12 @@ class Session:
 def _retarget(f: _rules.Finding, tensors: Mapping[Any, torch.Tensor], maps: Maps, mpath: str | None
               ) -> tuple[Any, list[Any]]:
     """Align to the model's majority (its adapter's dtype inside a peft adapter) when it is among the values at
-    hand (a wrong input is cast, not the model)."""
+    hand (a wrong input is cast, not the model). float8 is never the majority aligned to: it is storage, and an
+    activation cast to it loses its precision (and most kernels have no float8 body)."""
     keys = list(f.considered or f.offenders)
     want: Any
     if f.attr == "dtype":
-        want, value = maps.dtype_for(mpath), (lambda t: t.dtype)
+        want, value = compute_dtype(maps.dtype_for(mpath)), (lambda t: t.dtype)
     else:
         want, value = maps.device, (lambda t: _rules._norm(_rules.tensor_device(t)))
     target = want if want is not None and any(value(tensors[k]) == want for k in keys) else f.target
