@@ -16,7 +16,7 @@ from typing import Any
 from torchdoctor._cli.common import UsageError, each_target, print_json
 from torchdoctor._report.text import exit_code
 
-__all__ = ["command", "parse_want", "scan_path"]
+__all__ = ["command", "nothing_to_check", "parse_want", "scan_path"]
 
 
 def parse_want(args: Any) -> tuple[str | None, Any]:
@@ -56,6 +56,26 @@ def _check(path: str, device: str | None, dtype: Any) -> Any:
         raise UsageError(escape(text)) from None
 
 
+def nothing_to_check(spec: str, report: Any) -> str | None:
+    """Why a report holds nothing checkable, or None: no tensor anywhere and no finding beyond "the walk was cut
+    short" (a pickle of deep nested containers). One line, exit 2, as ``scan`` says for an object."""
+    if report.tensors or any(p.kind != "truncated" for p in report.problems):
+        return None
+    from torchdoctor._checkpoint.render import escape
+
+    files = report.extra.get("files") or []
+    what = f"a {files[0]['format']} file" if len(files) == 1 else f"{len(files)} files"
+    return (f"nothing to check: {escape(spec)} holds no tensors ({what}); point TARGET at a checkpoint (a "
+            "state_dict, a model folder, a distributed checkpoint)")
+
+
+def _checked(spec: str, report: Any) -> Any:
+    why = nothing_to_check(spec, report)
+    if why is not None:
+        raise UsageError(why)
+    return report
+
+
 def _is_tty(stream: Any) -> bool:
     try:
         return bool(stream.isatty())
@@ -78,7 +98,7 @@ def scan_path(path: str, args: Any) -> int:
     if getattr(args, "plan", False):
         raise UsageError(f"--plan lists moves of live objects; {escape(path)} is a checkpoint file, drop --plan")
     device, dtype = parse_want(args)
-    report = _check(path, device, dtype)
+    report = _checked(path, _check(path, device, dtype))
     if getattr(args, "json", False):
         print_json(report.to_dict())
     else:
@@ -96,7 +116,7 @@ def _html(targets: list[str], args: Any) -> int:
     from torchdoctor._checkpoint.scan import to_scan_report
 
     device, dtype = parse_want(args)
-    report = _check(targets[0], device, dtype)
+    report = _checked(targets[0], _check(targets[0], device, dtype))
     try:
         to_scan_report(report).to_html(args.html)
     except OSError as exc:
@@ -141,6 +161,7 @@ def command(args: argparse.Namespace) -> int:
 
             with progress(f"reading {spec}", quiet=quiet):
                 report = _check(spec, device, dtype)
+        report = _checked(spec, report)
         if as_json:
             docs.append(report.to_dict())
         else:
