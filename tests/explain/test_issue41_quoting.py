@@ -60,6 +60,17 @@ def test_half_on_cpu_in_every_quoting(text: str) -> None:
     assert "model = model.float()" in codes(d)
 
 
+@pytest.mark.parametrize("text", QUOTED)
+def test_every_quoting_inside_a_long_log(text: str) -> None:
+    """A log too long to be a paste keeps its escapes until a line is examined (speed): the same diagnosis."""
+    from torchdoctor._explain.prefilter import EXACT_BELOW
+
+    pad = "step 12 loss 0.41 lr 2e-05 D:\\runs\\new\\ckpt\n" * (EXACT_BELOW // 40 + 1)
+    found = explain(pad + text + "\n" + pad)
+    assert [d.category for d in found] == ["unsupported_dtype_on_device"], text
+    assert "addmm_impl_cpu_" in found[0].what_happened and "float16" in found[0].what_happened
+
+
 def test_a_json_traceback_reads_its_frames() -> None:
     """ComfyUI's /history answer: the traceback is a JSON list of frames; the frames decide (here: the node)."""
     report = {"status": {"messages": [["execution_error", {
@@ -68,9 +79,10 @@ def test_a_json_traceback_reads_its_frames() -> None:
                              "cuda:0 and cpu!",
         "traceback": ['  File "D:\\ComfyUI\\custom_nodes\\ComfyUI-IPAdapter-plus\\utils.py", line 177, in '
                       'encode_image_masked\n    out = clip_vision.model(pixel_values=pixel_values)\n']}]]}}
-    d = top(json.dumps(report))
-    assert d.category == "device_mismatch"
-    assert "git -C custom_nodes/ComfyUI-IPAdapter-plus pull" in codes(d)
+    for text in (json.dumps(report), "got prompt\n" * 40_000 + json.dumps(report) + "\n" + "ok\n" * 1000):
+        d = top(text)
+        assert d.category == "device_mismatch"
+        assert "git -C custom_nodes/ComfyUI-IPAdapter-plus pull" in codes(d)
 
 
 def test_unescape_leaves_plain_windows_paths() -> None:

@@ -20,6 +20,8 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from torchdoctor._explain.escapes import unescape
+
 __all__ = ["ANSI", "EXACT_BELOW", "Prefilter", "fold", "key_of", "strip"]
 
 EXACT_BELOW = 1 << 18
@@ -309,6 +311,10 @@ class Prefilter:
             else:
                 segment, spans = strip(fold(raw))
                 segment = segment.lower()
+            if "\\" in segment or "&" in segment:
+                # a log keeps its JSON / HTML escapes until a line is examined; undoing them only shortens the
+                # line, so a position found after it is at or before the anchor, within the window the patterns read
+                segment = unescape(segment)
             found = [(raw_position(spans, f), i) for i in key[1] if (f := segment.find(self.anchors[i])) != -1]
             if len(seen) > 1024:
                 seen.clear()
