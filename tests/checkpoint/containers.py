@@ -172,3 +172,35 @@ def live_payloads(marker: str) -> dict[str, tuple[bytes, str]]:
         "blobs-nested-3.pkl": (nested_blobs(marker, 3), "pickle.load"),
         "pickle-with-trailing-data.pkl": (evil(marker) + b"trailing bytes", "pickle.load"),
     }
+
+
+def pt2_with_opaque_object(path: Path, marker: str) -> Path:
+    """A ``torch.export.save`` archive whose constants config lists an ``opaque_obj_*`` member: torch.export.load
+    reads it with ``pickle.loads``."""
+    import json
+
+    import torch
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            return self.lin(x)
+
+    torch.export.save(torch.export.export(Tiny(), (torch.randn(1, 2),)), path)
+    src = zipfile.ZipFile(path)
+    items = [(i.filename, src.read(i)) for i in src.infolist()]
+    prefix = items[0][0].split("/")[0] + "/"
+    out = []
+    for name, data in items:
+        if name.endswith("model_constants_config.json"):
+            doc = json.loads(data)
+            doc.setdefault("config", {})["evil"] = {"path_name": "opaque_obj_0", "is_param": False,
+                                                    "use_pickle": True, "tensor_meta": None}
+            data = json.dumps(doc).encode()
+        out.append((name, data))
+    out.append((prefix + "data/constants/opaque_obj_0", evil(marker)))
+    path.write_bytes(_zip(out))
+    return path

@@ -216,3 +216,32 @@ def test_torch_names_outside_a_torchscript_archive_are_still_judged(tmp_path):
 
     (tmp_path / "z.pt").write_bytes(zip_pickle(_p4(_call(_sglobal("__torch__.os", "system"), b"N"))))
     assert "__torch__.os.system" in _can_run(check_checkpoint(tmp_path / "z.pt"))
+
+
+def test_a_torch_export_archive_lists_its_tensors(tmp_path):
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 3)
+            self.register_buffer("scale", torch.ones(3, dtype=torch.bfloat16))
+
+        def forward(self, x):
+            return self.lin(x) * self.scale
+
+    torch.export.save(torch.export.export(Tiny(), (torch.randn(1, 2),)), tmp_path / "m.pt2")
+    report = check_checkpoint(tmp_path / "m.pt2")
+    assert report.ok, [p.message for p in report.problems]
+    assert {(t.path, t.dtype.name, t.shape) for t in report.tensors} == {
+        ("lin.weight", "float32", (3, 2)), ("lin.bias", "float32", (3,)), ("scale", "bfloat16", (3,))}
+    assert report.extra["files"][0]["format"] == "torch-export"
+
+
+def test_a_torch_export_archive_with_a_pickled_opaque_object_can_run_code(tmp_path):
+    marker = tmp_path / "MARKER"
+    path = containers.pt2_with_opaque_object(tmp_path / "m.pt2", str(marker))
+    code = "import torch, sys; torch.export.load(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, timeout=300)
+    assert marker.exists()  # torch.export.load pickle.loads the opaque object
+    marker.unlink()
+    assert _can_run(check_checkpoint(path)) & {"os.system", "posix.system"}
+    assert not marker.exists()

@@ -103,6 +103,15 @@ def read_zip_file(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[
                               "torch.save file (torch.load refuses it)")
     prefix = first[: first.index("/") + 1]
     main = by_lower.get((prefix + "data.pkl").lower())
+    if main is None and prefix + "archive_format" in entries:  # torch.export.save: read by its configs
+        import zipfile
+
+        from torchdoctor._checkpoint.pt2 import read_pt2
+        from torchdoctor._checkpoint.zipcheck import read_member
+
+        zf = zipfile.ZipFile(BoundedFile(fh, size))  # type: ignore[arg-type]  # every member, not only pickles
+        return read_pt2({i.filename: i for i in zf.infolist()}, lambda info, limit: read_member(zf, info, label, limit),
+                        prefix, label, budget)
     if main is None:
         raise CheckpointError(f"{label}: zip archive without {shown(prefix)}data.pkl: not a torch.save file")
     torchscript = prefix + "constants.pkl" in entries  # torch.load's own test (_is_torchscript_zip)
