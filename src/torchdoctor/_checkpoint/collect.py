@@ -143,6 +143,18 @@ def read_file(path: str, label: str) -> FileScan:
         os.close(fd)
 
 
+def _in_dcp(path: str, parent: str) -> bool:
+    """A file of a distributed checkpoint: only the directory is loadable (dcp.load reads all of it)."""
+    name = os.path.basename(path)
+    if name != ".metadata" and not name.endswith(".distcp"):
+        return False
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return False
+    return ".metadata" in names and any(n.endswith(".distcp") for n in names)
+
+
 def _safetensors_shaped(head: bytes, size: int) -> bool:
     """A safetensors file by structure, not by one byte: a little-endian header length that fits the file, then
     ``{``. A legacy torch.save stream whose byte 8 is ``{`` declares a header longer than any file."""
@@ -284,6 +296,11 @@ def collect(root: str) -> tuple[list[Group], str | None, list[Skipped]]:
         raise CheckpointError(f"{root}: no such file or directory" if isinstance(exc, FileNotFoundError)
                               else f"{root}: cannot read ({exc.strerror or exc})") from None
     if not stat.S_ISDIR(st.st_mode):
+        parent = os.path.dirname(os.path.abspath(root))
+        if _in_dcp(root, parent):  # a .metadata or .distcp file alone (the pre-commit hook passes files)
+            from torchdoctor._checkpoint.dcp import read_dcp
+
+            return [Group("", [read_dcp(parent, root)])], None, skipped
         if root.endswith(".index.json"):
             return [_read_index(root, "", name, skipped)], None, skipped
         return [Group("", [read_file(root, name)])], None, skipped
