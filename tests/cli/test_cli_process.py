@@ -44,7 +44,10 @@ APP = textwrap.dedent(
             os._exit(0)
 
     def exits_in_forward():
-        import torch
+        import logging, torch
+        # what bitsandbytes logs at import on CPUs with AVX512-BF16: a third party's line on the same stderr
+        logging.getLogger("bitsandbytes.cextension").warning(
+            "Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'")
         return Exits(), (torch.ones(1, 2),)
 
     def never_returns():
@@ -64,6 +67,12 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def own_lines(stderr: str) -> list[str]:
+    """torchdoctor's own lines of stderr: a third-party library's (bitsandbytes logs one at import on some CPUs)
+    are not torchdoctor's to count."""
+    return [line for line in stderr.strip().splitlines() if line.startswith("torchdoctor")]
+
+
 def cli(*argv: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "torchdoctor", *argv], capture_output=True, text=True,
                           env=env or ENV, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -71,16 +80,19 @@ def cli(*argv: str, timeout: float = 120, env: dict[str, str] | None = None) -> 
 
 def test_os_exit_in_a_target_is_exit_2_with_one_line(app: Path) -> None:
     out = cli("scan", f"{app}:hard_exit")
-    assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr.strip().splitlines() == [
+    assert out.returncode == 2 and out.stdout == "" and "Traceback" not in out.stderr
+    assert own_lines(out.stderr) == [
         f"torchdoctor scan: {app}:hard_exit: the TARGET ended the process (exit code 0; os._exit or sys.exit in its "
         "code?) before the check finished: nothing was checked"]
 
 
 def test_os_exit_in_a_simulated_forward_is_exit_2(app: Path) -> None:
     out = cli("simulate", f"{app}:exits_in_forward", "--device", "cuda:0")
-    assert out.returncode == 2 and "the TARGET ended the process" in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "Failed to load CPU gemm_4bit_forward" in out.stderr  # the third party's line is there, not counted
+    assert own_lines(out.stderr) == [
+        f"torchdoctor simulate: {app}:exits_in_forward: the TARGET ended the process (exit code 0; os._exit or "
+        "sys.exit in its code?) before the check finished: nothing was checked"]
 
 
 def test_the_failing_target_of_several_is_named(app: Path) -> None:
@@ -93,8 +105,8 @@ def test_timeout_stops_a_target_that_never_returns(app: Path) -> None:
     t0 = time.monotonic()
     out = cli("scan", f"{app}:never_returns", "--timeout", "4", timeout=60)
     assert time.monotonic() - t0 < 40
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert own_lines(out.stderr) == [
         f"torchdoctor scan: {app}:never_returns: still running after 4 s (--timeout); stopped, nothing was checked"]
 
 

@@ -81,7 +81,9 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
+        from torchdoctor._cli.hints import with_hint
+
+        self.exit(EXIT_USAGE, f"{self.prog}: {with_hint(self, message)}\n")
 
 
 def _parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -104,7 +106,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is None or only == verb:
             add(sub, shared)
     if only is None or only not in _BUILDERS:
-        _optional_verbs(sub)
+        _optional_verbs(sub, shared)
     return p
 
 
@@ -141,7 +143,7 @@ def _add_simulate(sub: Any, shared: argparse.ArgumentParser) -> None:
                        help="would TARGET run on cuda:N / xpu / mps? (no hardware needed)")
     m.add_argument("target", metavar="TARGET", nargs="*", help="path/to/file.py:name or package.module:name (several allowed)")
     m.add_argument("--device", help="the virtual device, e.g. cuda:1, mps, xpu (default: the profile's type)")
-    m.add_argument("--dtype")
+    m.add_argument("--dtype", help="the dtype the model should compute in there, e.g. bfloat16 (judged by the rules)")
     m.add_argument("--profile", metavar="NAME",
                    help="device preset: t4, v100, a100, h100, l4, rtx3090, rtx4090, m1, m2, m3, arc, cpu ... "
                         "(`--profile help` lists them)")
@@ -149,7 +151,8 @@ def _add_simulate(sub: Any, shared: argparse.ArgumentParser) -> None:
                    "(default: a model whose parameters are all on meta is taken as loaded on --device)")
     m.add_argument("--count", type=positive_int, default=None, help="number of virtual devices (default: enough for --device)")
     m.add_argument("--limit", type=positive_int, default=None, help="problems shown in text output (default 40)")
-    m.add_argument("--json", action="store_true")
+    m.add_argument("--json", action="store_true",
+                   help="print the report as JSON (schema torchdoctor/simulate/1; a list for several TARGETs)")
     m.add_argument("--html", metavar="FILE", help="write the device map of the problems found to FILE")
     m.add_argument("--distributed", action="store_true",
                    help="under torchrun: every rank simulates on virtual cuda:LOCAL_RANK, rank 0 prints one report")
@@ -158,12 +161,13 @@ def _add_simulate(sub: Any, shared: argparse.ArgumentParser) -> None:
 def _add_explain(sub: Any, shared: argparse.ArgumentParser) -> None:
     e = sub.add_parser("explain", parents=[shared], help="explain a device/dtype error message or a whole log")
     e.add_argument("file", nargs="?", default="-", metavar="FILE", help="log file, or - for standard input (default)")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--json", action="store_true", help="print the diagnoses as JSON (schema torchdoctor/explain/1)")
 
 
 def _add_env(sub: Any, shared: argparse.ArgumentParser) -> None:
     v = sub.add_parser("env", parents=[shared], help="environment doctor: torch build, drivers, IPEX/bnb conflicts, device choice")
-    v.add_argument("--json", action="store_true")
+    v.add_argument("--json", action="store_true",
+                   help="print the facts and findings as JSON (schema torchdoctor/env/1; --facts reads it back)")
     v.add_argument("--facts", metavar="FILE", help="diagnose facts saved by `torchdoctor env --json` (offline)")
     v.add_argument("--probe", action="store_true", help="also ask torch's device APIs (may initialise a device)")
     v.add_argument("--markdown", action="store_true", help="print a Markdown block to paste into a bug report")
@@ -186,7 +190,7 @@ def _add_trace(sub: Any, shared: argparse.ArgumentParser) -> None:
 def _add_demo(sub: Any, shared: argparse.ArgumentParser) -> None:
     d = sub.add_parser("demo", parents=[shared], help="diagnose and fix a small broken model (a diffusers UNet when "
                                                        "diffusers and peft are installed, else a plain torch model)")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--json", action="store_true", help="print the demo's findings as JSON (schema torchdoctor/demo/1)")
     d.add_argument("--plain", action="store_true", help="the torch-only model even when diffusers is installed")
 
 
@@ -194,8 +198,9 @@ _BUILDERS = {"scan": _add_scan, "simulate": _add_simulate, "explain": _add_expla
              "trace": _add_trace, "demo": _add_demo}  # in the order --help lists them
 
 
-def _optional_verbs(sub: Any) -> None:
-    """Verbs whose module may not be installed yet in this tree (``run``): wired when present."""
+def _optional_verbs(sub: Any, shared: argparse.ArgumentParser) -> None:
+    """Verbs whose module may not be installed yet in this tree (``run``): wired when present, with the options
+    every verb takes (``--color``)."""
     for verb in _OPTIONAL:
         try:
             module = importlib.import_module(_VERB_MODULES[verb])
@@ -203,7 +208,7 @@ def _optional_verbs(sub: Any) -> None:
             continue
         add = getattr(module, "add_parser", None)
         if add is not None:
-            add(sub)
+            add(sub, [shared])
 
 
 _VERB_MODULES = {
@@ -304,9 +309,26 @@ def _refused(args: argparse.Namespace) -> bool:
     return False
 
 
+def tolerant_streams() -> None:
+    """Standard output and error that never fail on a character their encoding lacks (``PYTHONIOENCODING=ascii``,
+    a C locale, a tensor named in another script, a file name that is not UTF-8): escaped, as Python's own
+    stderr does. ``run`` and ``trace`` call it only once the program ended, which keeps python's behaviour."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # closed, or a stream that cannot change
+                pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     child = child_role()
     words = sys.argv[1:] if argv is None else list(argv)
+    if words and words[0] == "help":  # `torchdoctor help [VERB]`, as git and pip spell it
+        from torchdoctor._cli.hints import help_command
+
+        return help_command(words, list(_VERB_MODULES), main)
     parser = _parser(words[0] if words and words[0] in _BUILDERS else None)
     try:
         args = parser.parse_args(argv)
@@ -317,6 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if getattr(args, "color", None):
         set_color(args.color)
+    if args.verb not in ("run", "trace"):
+        tolerant_streams()
     if args.verb == "simulate" and not args.target and getattr(args, "profile", None) not in ("help", "list"):
         print("torchdoctor simulate: the following arguments are required: TARGET", file=sys.stderr)
         return EXIT_USAGE

@@ -1,8 +1,10 @@
 """``torchdoctor run [--device D] [--dtype D] [--profile P] [--mode M] [--json] [--file OUT] script.py ARGS`` (or
 ``-m module ARGS``): an unmodified program, watched; with ``--device``, on virtual devices.
 
-The program's own exit code is the command's (a summary of the placement errors it met goes to stderr, or as
-JSON to stdout with ``--json`` / to ``--file``); 2 only when torchdoctor itself was used wrongly.
+The program's own exit code is the command's, except that a program that ended with 0 after placement errors
+were met or problems recorded is 1, as on every verb (a summary goes to stderr, or as JSON to stdout with
+``--json`` / to ``--file``); 2 only when torchdoctor itself was used wrongly. A folder or zip archive with a
+``__main__.py`` runs as ``python FOLDER`` runs it.
 """
 
 from __future__ import annotations
@@ -56,9 +58,11 @@ def command(args: argparse.Namespace) -> int:
         if not rest:
             raise UsageError(f"run needs a program; usage: {USAGE}")
         script, rest = rest[0], rest[1:]
-        if not os.path.isfile(script):
-            what = "is a directory" if os.path.isdir(script) else "does not exist"
-            raise UsageError(f"the script {script!r} {what}; usage: {USAGE}")
+        if os.path.isdir(script) and not os.path.isfile(os.path.join(script, "__main__.py")):
+            raise UsageError(f"the folder {script!r} has no __main__.py, so python cannot run it either; usage: "
+                             f"{USAGE}")
+        if not os.path.exists(script):
+            raise UsageError(f"the script {script!r} does not exist; usage: {USAGE}")
     try:
         device = parse_device(args.device) if args.device else None
         dtype = parse_dtype(args.dtype) if args.dtype else None
@@ -86,23 +90,77 @@ def command(args: argparse.Namespace) -> int:
 
     from torchdoctor._run.program import run
 
+    own = _own_streams()  # before the program runs: it may close or swap its streams
     try:
         report = run(script, rest, module=module, device=args.device, dtype=dtype, profile=args.profile,
                      mode=args.mode, trace=args.trace,
                      sources={k: f"--{k}" for k in ("device", "dtype", "profile") if getattr(args, k, None)})
     except ValueError as exc:  # the virtual device and the profile disagree
+        _close(own)
         raise UsageError(str(exc)) from None
     doc = report.to_dict()
     if args.file:
         with open(args.file, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=2, default=str)
-    sys.stderr.flush()
-    if args.json:
-        json.dump(doc, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
-    else:
-        print(report.text(), file=sys.stderr)
-    return report.exit_code
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):  # the program's output first
+        try:
+            stream.flush()  # type: ignore[union-attr]
+        except (AttributeError, OSError, ValueError):
+            pass
+    try:
+        if report.missing and not args.json:  # python's one line was printed; nothing ran to summarise
+            return 1
+        if args.json:
+            _write(own[1], json.dumps(doc, indent=2, default=str) + "\n")
+        else:
+            _write(own[2], report.text() + "\n")
+    finally:
+        _close(own)
+    return command_exit(report)
+
+
+def command_exit(report: Any) -> int:
+    """The program's own exit code; when it ended well but placement errors or problems were met, 1 (exit codes
+    are the same on every verb: 1 problems found)."""
+    code = int(report.exit_code)
+    return 1 if code == 0 and not report.ok else code
+
+
+def _own_streams() -> dict[int, tuple[Any, int | None]]:
+    """Standard output and error as they are now, for the summary: the stream objects, and copies of their
+    descriptors for when the program closed them. A program that closes ``sys.stderr`` or swaps ``sys.stdout``
+    keeps its own exit code, and the summary still reaches where the command's output was going."""
+    out: dict[int, tuple[Any, int | None]] = {}
+    for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+        try:
+            copy: int | None = os.dup(fd)  # not inherited by what the program starts (PEP 446)
+        except OSError:
+            copy = None
+        out[fd] = (stream, copy)
+    return out
+
+
+def _write(own: tuple[Any, int | None], text: str) -> None:
+    stream, copy = own
+    try:
+        if not getattr(stream, "closed", False):
+            stream.write(text)
+            stream.flush()
+            return
+    except (OSError, ValueError):  # closed under us, or the reader went away (`| head`)
+        pass
+    if copy is not None:
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        try:
+            os.write(copy, text.encode(encoding, "backslashreplace"))
+        except (OSError, LookupError):
+            pass
+
+
+def _close(own: dict[int, tuple[Any, int | None]]) -> None:
+    for _, copy in own.values():
+        if copy is not None:
+            os.close(copy)
 
 
 def main(argv: list[str] | None = None) -> int:

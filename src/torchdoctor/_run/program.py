@@ -35,6 +35,7 @@ class RunReport:
     where: dict[tuple[str, str], str | None] = field(default_factory=dict)  # (kind, path) -> the program's line
     notes: dict[str, str] = field(default_factory=dict)  # path -> the trace's last move or cast of that tensor
     expected: dict[str, str] = field(default_factory=dict)  # device/dtype/profile -> "value (from where)"
+    missing: str | None = None  # `-m NAME` named no runnable module (python's line): the program never ran
 
     @property
     def ok(self) -> bool:
@@ -90,6 +91,25 @@ def _own_traceback(exc: BaseException) -> Any:
     return exc.__traceback__
 
 
+def path0(script: str) -> str:
+    """``sys.path[0]`` as python sets it for ``python SCRIPT``: a folder or zip archive with ``__main__.py`` is
+    itself the entry, a file's folder otherwise."""
+    import pkgutil
+
+    full = os.path.abspath(script)
+    return full if os.path.isdir(full) or pkgutil.get_importer(full) is not None else os.path.dirname(full)
+
+
+def _not_found(exc: BaseException) -> bool:
+    """``-m NAME`` that names no runnable module: runpy raised it before any of the program's code ran."""
+    if not isinstance(exc, ImportError):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__") == "runpy"
+
+
 def execute(script: str | None, module: str | None, args: list[str], watcher: Watcher) -> int:
     """Run the program in this process; its exit code. Exceptions that end it are explained first."""
     saved_argv, saved_path, saved_main = sys.argv, list(sys.path), sys.modules.get("__main__")
@@ -99,7 +119,7 @@ def execute(script: str | None, module: str | None, args: list[str], watcher: Wa
     else:
         assert script is not None
         sys.argv = [script, *args]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+        sys.path.insert(0, path0(script))
     try:
         if module is not None:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -113,6 +133,10 @@ def execute(script: str | None, module: str | None, args: list[str], watcher: Wa
     except BaseException as exc:  # the program's own error: explained, and shown as python would show it
         if _stopped(exc):
             raise
+        if module is not None and _not_found(exc):  # one line, as `python -m NAME` prints it
+            watcher.missing = f"{sys.executable}: {exc}"
+            print(watcher.missing, file=sys.stderr)
+            return 1
         watcher.see("raised", exc)
         traceback.print_exception(type(exc), exc, _own_traceback(exc))
         return 1
@@ -148,7 +172,8 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
 
     args = list(args or [])
     program = ["-m", module, *args] if module else [script or "", *args]
-    watcher = Watcher(root=os.path.dirname(os.path.abspath(script)) if script else os.getcwd())
+    watcher = Watcher(root=path0(script) if script else os.getcwd())
+    pid = os.getpid()
     start = time.perf_counter()
     session: Any = None
     code, notes = 1, {}  # a virtual run that stops early (backward(), an op it cannot simulate) ends the program
@@ -176,12 +201,15 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
             traceback.print_exception(type(exc), exc, _own_traceback(exc))
             code = 1
         notes = _notes(session.problems if session is not None else [], trace)  # while the trace is active
+    if os.getpid() != pid:  # a process the program forked ends here, as under python: no second summary
+        raise SystemExit(code)
     if session is None:
-        return RunReport(program, code, watcher.findings, seconds=time.perf_counter() - start)
+        return RunReport(program, code, watcher.findings, seconds=time.perf_counter() - start,
+                         missing=watcher.missing)
     where = {key: first_own_frame(frames, watcher.root) for key, frames in session.stacks.items()}
     return RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
                      time.perf_counter() - start, session.stopped, where, notes,
-                     _expected(session, profile, sources or {}))
+                     _expected(session, profile, sources or {}), watcher.missing)
 
 
 def _expected(session: Any, profile: Any, sources: dict[str, str]) -> dict[str, str]:

@@ -105,6 +105,7 @@ class Watcher:
 
     root: str = field(default_factory=os.getcwd)
     guard: Any = None  # a torchdoctor.guard active in the program's main thread, for its culprit
+    missing: str | None = None  # `-m NAME` named no runnable module: python's one line, nothing ran
     findings: list[Finding] = field(default_factory=list)
     _keys: dict[tuple[str, str], Finding] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
