@@ -128,6 +128,8 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
         add(devices, device_name(backend))
     if backend:
         f["backend_name"] = {"cuda": "CUDA", "xpu": "XPU", "mps": "MPS"}.get(backend, f["backend"])
+        if device_name(backend):  # the device a file's tensors name, when torch.load is what ran into it
+            f.setdefault("saved", backend)
     if op.startswith("torch_ipex::"):
         flags.add("op_ipex")
     if op.startswith(("torchvision::", "torchaudio::")):

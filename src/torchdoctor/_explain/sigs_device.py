@@ -118,7 +118,8 @@ _sig("input_weight.legacy", "input_weight_type_mismatch", "Layer input and its w
 
 # --- loading a checkpoint saved on a device this machine lacks ---------------------------------------------
 _sig("deserialize.device", "deserialize_device", "A checkpoint saved on a GPU was loaded where that GPU is missing",
-     ("Attempting to deserialize object on", "deserialize object on a cuda device"),
+     # "to deserialize": torch 2.x says "Attempting", some retellings "Trying"
+     ("to deserialize object on", "deserialize object on a cuda device"),
      "torch.load found tensors saved on {saved} but this process cannot use that device[ (it sees {count} "
      "device(s))].",
      (("ds.cpu_only_load", 3.0), ("ds.gpu_invisible", 1.5)),

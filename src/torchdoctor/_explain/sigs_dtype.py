@@ -128,6 +128,13 @@ _sig("unsupported.mps_fp8", "unsupported_dtype_on_device", "MPS has no float8",
      "or chip.",
      (("ud.mps_fp8", 3.0),),
      r"Trying to convert (?P<dtype>float8_?\w{0,12}) to the MPS backend", require_pattern=True, confidence=0.95)
+_sig("unsupported.mps_input_type", "unsupported_dtype_on_device", "An MPS kernel refuses this input dtype",
+     ("does not support input type",),
+     "The MPS kernel[ {kernel}] has no implementation[ for {dtype} inputs] in this PyTorch.",
+     (("ud.kernel_missing", 3.0),),
+     r"Operation '?(?P<kernel>\w{1,80})(?:\(\))?'? does not support input type '?(?P<dtype>\w{1,20})'?"
+     r"(?: in (?P<backend>MPS) backend)?", require_pattern=True, confidence=0.9,
+     alternatives=(("backend_op_missing", 0.3, "the op has no MPS kernel for any dtype in older releases"),))
 _sig("unsupported.scaled_mm", "unsupported_dtype_on_device", "fp8 scaled matmul needs a newer GPU",
      ("_scaled_mm is only supported on",),
      "An fp8 matmul (torch._scaled_mm) ran on a GPU below compute capability[ {need}] 8.9.",
