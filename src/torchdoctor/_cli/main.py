@@ -184,7 +184,7 @@ def _add_trace(sub: Any, shared: argparse.ArgumentParser) -> None:
     t.add_argument("--lora", action="store_true", help="record LoRA load/fuse/unfuse/unload and adapter changes")
     t.add_argument("--file", metavar="OUT", help="also write JSON lines to OUT")
     t.add_argument("script", metavar="SCRIPT", help="the Python script to run (as `python SCRIPT ARGS...` would)")
-    t.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
+    t.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
 
 
 def _add_demo(sub: Any, shared: argparse.ArgumentParser) -> None:

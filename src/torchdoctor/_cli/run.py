@@ -39,7 +39,8 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
                    help="do not record moves and casts (the culprit's last move is then unknown)")
     r.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ARGS",
                    help="run a module as `python -m MODULE ARGS` would (everything after it is the program's)")
-    r.add_argument("program", nargs=argparse.REMAINDER, metavar="script.py ARGS")
+    r.add_argument("program", nargs=argparse.REMAINDER, metavar="script.py ARGS",
+                   help="the program (a script, or a folder with __main__.py) and its own arguments")
 
 
 def command(args: argparse.Namespace) -> int:
