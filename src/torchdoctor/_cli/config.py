@@ -138,3 +138,27 @@ def read_config(start: str | None = None) -> tuple[str | None, dict[str, Any]]:
             raise UsageError(f"{path}: [tool.torchdoctor] {key} must be a {want.__name__}, got {shown(value)}")
         _check_value(path, key, value)
     return path, dict(table)
+
+
+CONFIGURED = ("device", "dtype", "profile", "assume_device", "limit")  # the options a table may default
+
+
+def apply_config(args: Any) -> None:
+    """Options the command line left unset take their value from ``[tool.torchdoctor]``; ``args.sources`` says
+    where each came from (reports say where an expectation came from)."""
+    path, table = read_config()
+    args.config = path if table else None
+    args.sources = {key: f"--{key.replace('_', '-')}" for key in CONFIGURED if getattr(args, key, None) is not None}
+    for key in CONFIGURED:
+        if key in table and hasattr(args, key) and getattr(args, key) is None:
+            setattr(args, key, table[key])
+            args.sources[key] = f"[tool.torchdoctor] in {path}"
+    if args.sources.get("profile", "").startswith("[tool.torchdoctor]"):  # a preset name only simulate can check
+        from torchdoctor._rules.presets import preset
+
+        try:
+            preset(args.profile)
+        except ValueError as exc:
+            raise UsageError(f"{path}: [tool.torchdoctor] profile: {exc}") from None
+    if getattr(args, "limit", None) is None and hasattr(args, "limit"):
+        args.limit = 40

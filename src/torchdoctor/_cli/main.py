@@ -224,26 +224,6 @@ _OPTIONAL = ("run",)
 _ISOLATED = ("scan", "simulate")  # verbs that run a TARGET's code (``run`` watches a whole program itself)
 
 
-_CONFIGURED = ("device", "dtype", "profile", "assume_device", "limit")
-
-
-def _apply_config(args: argparse.Namespace) -> None:
-    """Options the command line left unset take their value from ``[tool.torchdoctor]``."""
-    if args.verb not in ("scan", "simulate"):
-        return
-    from torchdoctor._cli.config import read_config
-
-    path, table = read_config()
-    args.config = path if table else None
-    args.sources = {key: f"--{key.replace('_', '-')}" for key in _CONFIGURED if getattr(args, key, None) is not None}
-    for key in _CONFIGURED:
-        if key in table and hasattr(args, key) and getattr(args, key) is None:
-            setattr(args, key, table[key])
-            args.sources[key] = f"[tool.torchdoctor] in {path}"  # reports say where an expectation came from
-    if getattr(args, "limit", None) is None and hasattr(args, "limit"):
-        args.limit = 40
-
-
 class _Stdout:
     """stdout that survives a reader going away (``| head -1``): later writes are dropped, the exit code stays
     the verb's own."""
@@ -359,7 +339,10 @@ def _command(args: argparse.Namespace) -> int:
     real, out = sys.stdout, _Stdout(sys.stdout)
     sys.stdout = out  # type: ignore[assignment]
     try:
-        _apply_config(args)
+        if args.verb in ("scan", "simulate"):
+            from torchdoctor._cli.config import apply_config
+
+            apply_config(args)
         handler = _checkpoint_command(args) if args.verb == "scan" and _all_paths(args.target) \
             and not getattr(args, "distributed", False) else None
         if handler is None:
