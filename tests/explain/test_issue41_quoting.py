@@ -274,6 +274,7 @@ def test_a_webui_log_names_the_extension() -> None:
 
 
 def test_without_a_plugin_frame_the_placeholder_stays() -> None:
-    bare = NODE_FP64.replace("/home/u/ComfyUI/custom_nodes/comfyui-color-tools/nodes.py", "/home/u/ComfyUI/nodes.py")
+    node = "/home/u/ComfyUI/custom_nodes/comfyui-color-tools/nodes.py"
+    bare = NODE_FP64.replace(node, "/home/u/ComfyUI/nodes.py")
     d = top(bare.replace("Float but found Double", "Half but found Float"))
     assert "git -C custom_nodes/<node> pull" in codes(d)

@@ -143,7 +143,8 @@ def step_fixes(signature: str, context: str) -> tuple[tuple[str, str], ...]:
     """The switch of the app that runs the failing step itself, for a paste that shows no app and no program of
     its own (a bare message, or frames inside libraries only).
 
-    >>> [code for _, code in step_fixes("mixed.ipex_optimize", "runtimeerror: the model is mixed with different device type")]
+    >>> bare = "runtimeerror: the model is mixed with different device type"
+    >>> [code for _, code in step_fixes("mixed.ipex_optimize", bare)]
     ['python main.py --disable-ipex-optimize', 'python main.py --highvram  # or --gpu-only']
     >>> step_fixes("mixed.ipex_optimize", 'file "/home/me/app/load.py", line 3, in load')
     ()

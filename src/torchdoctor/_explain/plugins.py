@@ -9,8 +9,9 @@ Frames are read as Python prints them (``File ".../custom_nodes/X/utils.py", lin
 (``.../custom_nodes/X/utils.py:177 in fn``) and with Windows separators. Torch-free, linear: one bounded pattern that
 starts at the literal folder names.
 
->>> plugin_fields('  File "D:\\\\ComfyUI\\\\custom_nodes\\\\ComfyUI-IPAdapter-plus\\\\utils.py", line 177, in encode')
-{'node_dir': 'custom_nodes/ComfyUI-IPAdapter-plus', 'ext_dir': 'extensions/<name>', 'plugin': 'ComfyUI-IPAdapter-plus', 'plugin_at': 'custom_nodes/ComfyUI-IPAdapter-plus/utils.py:177'}
+>>> got = plugin_fields('  File "D:\\\\ComfyUI\\\\custom_nodes\\\\ComfyUI-IPAdapter-plus\\\\utils.py", line 177, in encode')
+>>> got["node_dir"], got["plugin_at"], got["ext_dir"]
+('custom_nodes/ComfyUI-IPAdapter-plus', 'custom_nodes/ComfyUI-IPAdapter-plus/utils.py:177', 'extensions/<name>')
 >>> plugin_fields("no frames")["node_dir"]
 'custom_nodes/<node>'
 """
