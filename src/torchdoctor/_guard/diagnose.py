@@ -15,7 +15,7 @@ from torch import nn
 
 from torchdoctor._rules import registry as _rules
 from torchdoctor._explain.tokens import devices_in, dtypes_in
-from torchdoctor._guard import provenance
+from torchdoctor._guard import compiled as graph, provenance
 from torchdoctor._guard.float8 import FLOAT8, is_float8_message
 from torchdoctor._guard.maps import component_fix
 from torchdoctor._guard.session import Maps, Session, fix_code, module_label
@@ -154,9 +154,9 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     maps = session.maps_for(root)
     mpath = maps.modules.get(id(mod)) if maps is not None and mod is not None else None
     mtype = type(mod).__name__ if mod is not None else None
-    compiled = mpath is None and maps is not None and mtype == "GraphModule"  # torch.compile's graph of the model
+    compiled = mpath is None and graph.is_graph_of_model(mod, maps)  # a graph torch traced from the model
     if compiled:
-        mpath, mtype = "", type(getattr(root, "_orig_mod", root)).__name__ + " compiled by torch.compile"
+        mpath, mtype = "", graph.label(root)
     cands: list[tuple[str | None, str, torch.Tensor]] = []  # (model path, label, tensor)
     roles: dict[str, str] = {}
     owners: dict[str, str | None] = {}  # model path -> path of the module that owns it
@@ -200,7 +200,8 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     # data flow: which of the off-policy tensors reached the failing op (own tensors its code reads, modules
     # that ran before it, autograd's record behind its inputs, the caller's arguments)
     run_frames = provenance.running_frames(exc.__traceback__ or tb)
-    fl = _flow(session, maps, run_frames, [c[2] for c in bad if c[0] is None], mpath) if not compiled else None
+    fl = _flow(session, maps, run_frames, [c[2] for c in bad if c[0] is None], mpath) if not compiled else (
+        graph.reads_everything(maps) if maps is not None else None)
     off = [c for c in bad if fl is not None and c[0] is not None and not fl.reached(c[0], owners.get(c[0]), c[2])]
     if off and len(off) < len(bad):  # an own tensor its code never reads is not what the op met
         bad = [c for c in bad if c not in off]
@@ -221,7 +222,9 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     expected = _show(ref, kind) if ref is not None else "?"
     # the model's own tensors that caused it (the policy's view), best first; the failing op comes second
     own = {c[0] for c in bad if c[0] is not None} | {c[0] for c in off}
-    found_all = _suspects(session, maps, kind, bad, value, mpath, fl)
+    # a compiled graph that holds none of the wrong values itself: what the error names is what to look for
+    named = {_show(v, kind) for v in _mentioned(message, kind)} if compiled and not bad else None
+    found_all = _suspects(session, maps, kind, bad, value, mpath, fl, named)
     blamed = [s for s in found_all if s.problem.path not in own and s.culprit][:4]
     also = [s for s in found_all if s.problem.path not in own and not s.culprit][:3]
     surfaced = f"{found} where {expected} was expected" if found else "see the original error"
@@ -286,11 +289,12 @@ def _flow(session: Session, maps: Maps | None, frames: list[Any], inputs: list[t
 
 
 def _suspects(session: Session, maps: Maps | None, kind: str, bad: list[Any], value: Callable[[torch.Tensor], Any],
-              mpath: str | None, fl: provenance.Flow | None = None) -> list[provenance.Suspect]:
+              mpath: str | None, fl: provenance.Flow | None = None, named: set[str] | None = None
+              ) -> list[provenance.Suspect]:
     if maps is None or kind == "unsupported_dtype":
         return []
     try:
-        values = {_show(value(c[2]), kind) for c in bad}
+        values = {_show(value(c[2]), kind) for c in bad} | (named or set())
         ran = provenance.ran_paths(maps.modules, session.frames.ran)
         tensors = {e.path: e.tensor for e in maps.walk.entries} if fl is not None and fl.leaves else None
         return provenance.suspects(maps.policy_problems(), kind, values, ran, mpath, fl, tensors)

@@ -25,6 +25,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torchdoctor._rules import registry as _rules
 from torchdoctor._report.model import PlacementError, PlacementWarning, Problem
 from torchdoctor._placement import device_str, dtype_str
+from torchdoctor._guard import compiled as graph
 from torchdoctor._guard.dispatch import _CONV, CheckMode, CompositeCheck, _simulating
 from torchdoctor._guard.float8 import compute_dtype, findings as float8_findings
 from torchdoctor._guard.maps import Maps, fix_code, module_label
@@ -219,7 +220,7 @@ class Session:
         return m
 
     def _blame(self, maps: Maps | None, kind: str, bad: set[str], mpath: str | None, own: set[Any],
-               inputs: list[torch.Tensor]) -> list[Any]:
+               inputs: list[torch.Tensor], compiled: bool = False) -> list[Any]:
         """The model's off-policy tensors that may have caused a ``kind`` problem at the current op, best first;
         the data flow (the running forwards' code, the modules that ran, autograd's record behind ``inputs``) says
         which reached it."""
@@ -228,7 +229,8 @@ class Session:
         try:
             from torchdoctor._guard import provenance as pv
 
-            fl = pv.flow(maps.walk, self.frames.ran, pv.running_frames(), inputs, mpath)
+            fl = graph.reads_everything(maps) if compiled else pv.flow(maps.walk, self.frames.ran,
+                                                                        pv.running_frames(), inputs, mpath)
             tensors = {e.path: e.tensor for e in maps.walk.entries} if fl.leaves else None
             found = pv.suspects(maps.policy_problems(), kind, bad, pv.ran_paths(maps.modules, self.frames.ran),
                                 mpath, fl, tensors)
@@ -262,6 +264,9 @@ class Session:
         maps = self.maps_for(root)
         mpath = maps.modules.get(id(mod)) if maps is not None and mod is not None else None
         mtype = type(mod).__name__ if mod is not None else None
+        compiled = mpath is None and graph.is_graph_of_model(mod, maps)
+        if compiled:  # a graph traced from the model (torch.compile, make_fx): the failure is in the model
+            mpath, mtype = "", graph.label(root)
         tensors = dict(_rules._gather(args, kwargs))
         fixable = all(f.target is not None for f in findings)
         problems: list[Problem] = []
@@ -308,7 +313,7 @@ class Session:
                           f"{_value_str(tensors[ks0[0]], f0.attr)}, expected {_value_str_of(t0)} like the model")
             head = f"{first.kind} problem in {where} at {op}: {detail}"
             sus = self._blame(maps, first.kind, {p.found for p in problems}, mpath, {c[0] for c in culprits},
-                                loose)
+                              loose, compiled)
             blamed = [b for b in sus if b.culprit]
             if blamed:
                 from torchdoctor._guard.provenance import headline, target_of
