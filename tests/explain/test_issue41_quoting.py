@@ -263,6 +263,13 @@ def test_a_comfyui_log_names_the_node() -> None:
     text = " ".join(d.likely_causes) + " ".join(t for t, _ in d.fixes)
     assert "custom_nodes/ComfyUI-IPAdapter-plus/utils.py:177" in text  # the innermost frame of the node
     assert "stft" not in d.likely_causes[0]  # "ComfyUI_windows_portable" is no stft window
+    assert any("ComfyUI-IPAdapter-plus\\utils.py\", line 177" in e for e in d.evidence)  # as the log wrote it
+    # the node is named whatever the category: a dtype error inside it
+    half = top(COMFY_LOG.replace("Expected all tensors to be on the same device, but found at least two devices, "
+                                 "cuda:0 and cpu!", "expected scalar type Half but found Float"))
+    assert half.category == "dtype_mismatch"
+    assert any("ComfyUI-IPAdapter-plus\\utils.py" in e for e in half.evidence)
+    assert "git -C custom_nodes/ComfyUI-IPAdapter-plus pull" in codes(half)
 
 
 def test_a_webui_log_names_the_extension() -> None:
@@ -271,6 +278,19 @@ def test_a_webui_log_names_the_extension() -> None:
            "2023-08-10 10:39:16,532 | sd | INFO | launch | Starting SD.Next\n" + DEVICE)
     got = codes(top(log))
     assert "git -C extensions/sd-webui-controlnet pull" in got and not any("<name>" in c for c in got)
+
+
+def test_rich_frames_and_builtin_extensions() -> None:
+    """rich prints a frame as ``path:line in fn`` inside a box; a built-in extension ships with the app."""
+    rich = ("│ /home/u/sdnext/extensions/sd-webui-agent-scheduler/agent_scheduler/task_runner.py:374 in execute │\n"
+            + DEVICE)
+    d = top(rich)
+    assert "git -C extensions/sd-webui-agent-scheduler pull" in codes(d)
+    assert "extensions/sd-webui-agent-scheduler/agent_scheduler/task_runner.py:374" in " ".join(t for t, _ in d.fixes)
+    builtin = ('  File "/home/u/sdnext/extensions-builtin/Lora/networks.py", line 480, in network_forward\n'
+               "2023-08-10 10:39:16,532 | sd | INFO | launch | Starting SD.Next\n" + DEVICE)
+    got = codes(top(builtin))
+    assert "git -C . pull" in got and not any("extensions-builtin/Lora pull" in c for c in got)
 
 
 def test_without_a_plugin_frame_the_placeholder_stays() -> None:

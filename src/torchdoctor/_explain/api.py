@@ -128,6 +128,9 @@ def _diagnose(group: Group) -> Diagnosis:
                                      why or f"the message also fits {c.replace('_', ' ')}")
                          for c, s, why in categories[1:4] if s > 0)
     evidence = list(group.evidence)
+    plugin_line = fields.get("plugin_line")
+    if plugin_line and plugin_line not in evidence:  # the plugin that ran the failing code, whatever the category
+        evidence.append(clean(plugin_line, 200))
     for rule, word in fired:
         if word and len(evidence) < len(group.evidence) + 3:
             line = _context_line(original, context, word)

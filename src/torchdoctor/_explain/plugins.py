@@ -32,11 +32,11 @@ _READ = 200_000  # characters of context looked at: the frames sit near the erro
 
 def plugin_fields(text: str) -> dict[str, str]:
     """Fields naming the innermost plugin frame of ``text`` (``node_dir`` or ``ext_dir``, ``plugin``,
-    ``plugin_at``), beside placeholders for the folder a fix names when no plugin frame is in the text."""
+    ``plugin_at``, and the frame's own line as ``plugin_line``), beside placeholders for the folder a fix names
+    when no plugin frame is in the text."""
     fields = dict(_PLACEHOLDERS)
-    text = text[-_READ:]
-    if "\\" in text:
-        text = text.replace("\\", "/")
+    raw = text[-_READ:]
+    text = raw.replace("\\", "/") if "\\" in raw else raw  # one character for one: positions hold in raw
     last = None
     for last in _FRAME.finditer(text):
         pass
@@ -44,7 +44,11 @@ def plugin_fields(text: str) -> dict[str, str]:
         return fields
     root, name = last.group("root"), last.group("name")
     folder = f"{root}/{name}"
-    fields["node_dir" if root == "custom_nodes" else "ext_dir"] = folder
+    # a built-in extension ships inside the app's own repository: updating it is updating the app ("git -C .")
+    fields["node_dir" if root == "custom_nodes" else "ext_dir"] = "." if root == "extensions-builtin" else folder
     fields["plugin"] = name
     fields["plugin_at"] = f"{folder}/{last.group('file')}:{last.group('line')}"
+    start = text.rfind("\n", 0, last.start()) + 1
+    end = text.find("\n", last.end())
+    fields["plugin_line"] = raw[start: end if end != -1 else len(raw)].strip()  # shown as evidence, as written
     return fields
