@@ -30,7 +30,7 @@ def _zip_directory(fh: IO[bytes], size: int, label: str) -> tuple[dict[str, Any]
     """The archive's entries by name, a reader of one member, and what about the container torch.save never
     writes (duplicate names, local names that differ from the directory's): without zipfile when the archive is
     exactly the shape torch.save writes (``zipfast``), else through zipfile's directory parse."""
-    from torchdoctor._checkpoint.zipcheck import MAX_ZIP_DIRECTORY, check_directory, odd_members, read_member
+    from torchdoctor._checkpoint.zipcheck import MAX_ZIP_DIRECTORY, check_directory, check_end, odd_members, read_member
     from torchdoctor._checkpoint.zipfast import read_zip
 
     fast = read_zip(fh, size, MAX_ZIP_DIRECTORY, MAX_PICKLE_BYTES, MAX_SMALL_MEMBER)
@@ -40,6 +40,7 @@ def _zip_directory(fh: IO[bytes], size: int, label: str) -> tuple[dict[str, Any]
     import zipfile  # here, not at the top: a legacy file, a plain pickle or a torch.save archive never needs it
 
     check_directory(BoundedFile(fh, size), label)  # type: ignore[arg-type]
+    check_end(BoundedFile(fh, size), size, label)  # type: ignore[arg-type]
     try:
         zf = zipfile.ZipFile(BoundedFile(fh, size))  # type: ignore[arg-type]
         infos = zf.infolist()
@@ -102,6 +103,10 @@ def read_zip_file(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[
         raise CheckpointError(f"{label}: zip archive whose first entry {shown(first)} is not in a folder: not a "
                               "torch.save file (torch.load refuses it)")
     prefix = first[: first.index("/") + 1]
+    stray = next((n for n in entries if not n.startswith(prefix)), None)
+    if stray is not None:  # torch's reader checks every name against the first one's folder, case and all
+        raise CheckpointError(f"{label}: zip member {shown(stray)} is not in the archive's folder {shown(prefix)}: "
+                              "torch.load refuses the file")
     main = by_lower.get((prefix + "data.pkl").lower())
     if main is None and prefix + "archive_format" in entries:  # torch.export.save: read by its configs
         import zipfile

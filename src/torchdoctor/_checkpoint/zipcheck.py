@@ -11,7 +11,7 @@ from torchdoctor._checkpoint.errors import CheckpointError
 if TYPE_CHECKING:
     import zipfile
 
-__all__ = ["MAX_ZIP_DIRECTORY", "check_directory", "check_member", "odd_members", "raw_member", "read_member"]
+__all__ = ["MAX_ZIP_DIRECTORY", "check_directory", "check_end", "check_member", "odd_members", "raw_member", "read_member"]
 
 _ZIP_METHODS = {0: "stored", 8: "deflated"}  # ZIP_STORED, ZIP_DEFLATED: what torch.load can read
 _MAX_ZIP_VERSION = 63
@@ -117,3 +117,20 @@ def raw_member(fh: IO[bytes], size: int, info: Any, limit: int) -> bytes:
     if len(data) > limit or zlib.crc32(data) != info.CRC:
         raise CheckpointError(f"zip member {info.filename}: bad size or checksum")
     return data
+
+
+def check_end(fh: IO[bytes], size: int, label: str) -> None:
+    """torch's reader refuses an archive followed by bytes past its end record and comment (zipfile reads it):
+    a zip with a tar or a pickle appended is refused here too, by what follows it."""
+    import zipfile
+
+    end_record = getattr(zipfile, "_EndRecData", None)
+    try:
+        record = end_record(fh) if end_record is not None else None
+    except Exception:  # zipfile itself will say what is wrong with the archive
+        return
+    if record:
+        trailing = size - (record[9] + 22 + len(record[8]))
+        if trailing > 0:
+            raise CheckpointError(f"{label}: refused: {trailing:,} bytes follow the zip archive's end record; "
+                                  "torch.save never writes them and torch.load refuses the file")
