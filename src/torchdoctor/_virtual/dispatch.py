@@ -45,8 +45,12 @@ def lift_all(items: Any, space: Space | None, follow: torch.device | None) -> li
         if space is None:
             return make(VirtualTensor, x, tensor_device(x))
         hit = space.named.get(id(x))
-        return make(VirtualTensor, space.inner_of(x), tensor_device(x), hit[1] if hit is not None and hit[0] is x
-                    else None)
+        kept = space.real_record(x) if space.real else None  # a real tensor the run made: its name, its origin
+        v = make(VirtualTensor, space.inner_of(x), tensor_device(x), hit[1] if hit is not None and hit[0] is x
+                 else kept[0] if kept is not None else None)
+        if kept is not None:
+            v._td_origin = kept[1]
+        return v
 
     return [one(a) if not isinstance(a, (list, tuple)) else type(a)(one(x) for x in a)
             if any(plain(x) for x in a) else a for a in items]

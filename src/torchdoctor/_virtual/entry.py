@@ -276,6 +276,10 @@ def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str) 
     if type(t) is not torch.Tensor or (hit is not None and hit[0] is t and not hit[1].startswith(("input ", "kwarg "))):
         return t  # a Parameter or library subclass passed in, or a model tensor an entry check named
     twin: VirtualTensor = make(VirtualTensor, space.inner_of(t), tensor_device(t))  # new per call: it may change
+    kept = space.real_record(t) if space.real else None  # a real tensor the run made (a factory call, a copy back)
+    if kept is not None and kept[1] is not None:
+        twin._td_origin = kept[1]
+        return _as_argument(space, twin, label, fix, who)
     twin._td_origin = Made.argument(label, fix, who, None)
     space.named[id(t)] = (t, fix)  # if the call's positional arguments cannot be replaced, ops still name it
     return twin

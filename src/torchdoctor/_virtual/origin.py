@@ -68,10 +68,19 @@ class Made:
             return None
         leaf = t._td_path.rsplit(".", 1)[-1]
         held = self.module.__dict__
-        if any(t is d.get(leaf) for d in (held.get("_parameters", {}), held.get("_buffers", {}), held)):
+        if any(t is x or x is not None and self.kept_as(x) for d in (held.get("_parameters", {}),
+               held.get("_buffers", {}), held) for x in (d.get(leaf),)):
             return None
         return (f" (a copy moved to {found} by Tensor.to at {self.at} in `{module_path(self.module) or '<root>'}`)",
                 f"moved {t._td_path} at {self.at}")
+
+    def kept_as(self, x: Any) -> bool:
+        """``x`` is the real tensor this record was kept for (a copy taken back to the CPU stays real)."""
+        from torchdoctor._virtual.tensor import current_space
+
+        space = current_space()
+        kept = space.real_record(x) if space is not None and isinstance(x, torch.Tensor) else None
+        return kept is not None and kept[1] is self
 
     @property
     def source(self) -> Made:

@@ -25,12 +25,13 @@ from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api
 from torchdoctor._virtual import hardware
+from torchdoctor._virtual import host as H
 from torchdoctor._virtual import dispatch as D
 from torchdoctor._virtual import outside
 from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.dispatch import autocast_args, lift_all, plain
 from torchdoctor._virtual.origin import Made
-from torchdoctor._virtual.tensor import SMALL, Space, VirtualTensor, is_virtual, make, virtual_class
+from torchdoctor._virtual.tensor import SMALL, Space, VirtualTensor, host_values, is_virtual, make, virtual_class
 
 _CPU = torch.device("cpu")
 
@@ -51,17 +52,25 @@ def move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: torc
     want = t.dtype if dtype is None else dtype
     if src != target or want != t.dtype:
         want = space.hooks.moving(t, target, want)
+    if isinstance(t, VirtualTensor) and target.type == "cpu" and is_virtual(src):
+        # taken back from a virtual device: a real CPU tensor, which torch.save, safetensors, numpy and PIL take
+        origin = t._td_origin
+        if origin is None and t._td_path is not None and space.hooks.running() is not None:
+            origin = Made.moved(t._td_path, space.hooks.running())
+        return space.keep_real(host_values(t, want, memory_format), t._td_path, origin)
     if isinstance(t, VirtualTensor):
         if target == src and want == t.dtype and not copy and memory_format in (None, torch.preserve_format):
             return t
         elem, path = t._td_elem, t._td_path
         copy = copy or (src != target and elem.device.type != "meta")  # a new device is new storage
     else:
-        elem, path = space.inner_of(t), None
+        kept = space.real_record(t) if space.real else None  # a real tensor the run made (a factory, a copy back)
+        elem, path = space.inner_of(t), kept[0] if kept is not None else None
     with torch._C.DisableTorchFunction():
         elem = elem.to(dtype=want, memory_format=memory_format or torch.preserve_format, copy=copy)
     out = make(VirtualTensor, elem, target, path)
-    origin = getattr(t, "_td_origin", None)  # a cast keeps where the tensor came from (a factory call, the caller)
+    # a cast keeps where the tensor came from (a factory call, the caller)
+    origin = t._td_origin if isinstance(t, VirtualTensor) else kept[1] if kept is not None else None
     if origin is not None:
         out._td_origin = origin
     elif path is None:
@@ -105,7 +114,7 @@ def _to(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         device, dtype, _, memory_format = torch._C._nn._parse_to(*rest, **kw)
         device = space.norm(device) if device is not None else None
     if not isinstance(self, VirtualTensor) and (device is None or not is_virtual(device)):
-        return _moved_in_block(space, _own(func(*args, **kwargs), space, None))
+        return H.real(space, func(*args, **kwargs), "Tensor.to", args[0])
     return move(space, self, device, dtype, memory_format, copy)
 
 
@@ -115,7 +124,7 @@ def _to_kind(kind: str) -> Callable[..., Any]:
         target = _CPU if kind == "cpu" else torch.device(kind, dev) if isinstance(dev, int) \
             else space.norm(kind if dev is None else dev)
         if not isinstance(args[0], VirtualTensor) and not is_virtual(target):
-            return _moved_in_block(space, _own(func(*args, **kwargs), space, None))
+            return H.real(space, func(*args, **kwargs), "Tensor.to", args[0])
         return move(space, args[0], target, None, kwargs.get("memory_format"))
 
     return handler
@@ -125,34 +134,12 @@ def _cast_to(dtype: torch.dtype) -> Callable[..., Any]:
     """``t.half()`` / ``.float()`` / ``.bfloat16()`` (what ``Module.half()`` calls): as ``t.to(dtype)``."""
 
     def handler(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if len(args) > 1 or set(kwargs) - {"memory_format"} or not isinstance(args[0], torch.Tensor):
-            return _own(func(*args, **kwargs), space, None)
-        # a plain tensor of the program becomes virtual first (a private copy: never the program's storage)
-        t = args[0] if isinstance(args[0], VirtualTensor) else lift_all([args[0]], space, None)[0]
-        return move(space, t, None, dtype, kwargs.get("memory_format"))
+        if len(args) > 1 or set(kwargs) - {"memory_format"} or not isinstance(args[0], VirtualTensor):
+            return H.real(space, func(*args, **kwargs), "Tensor.to", args[0]) if not H.any_virtual(args, kwargs) else \
+                _own(func(*args, **kwargs), space, None)
+        return move(space, args[0], None, dtype, kwargs.get("memory_format"))
 
     return handler
-
-
-def _values(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    self, name = args[0], getattr(func, "__name__", "")
-    if not isinstance(self, VirtualTensor):
-        return func(*args, **kwargs)
-    if name in ("numpy", "__array__") and self._td_device.type != "cpu":
-        space.hooks.reading(self, f"Tensor.{name}")  # real PyTorch raises: "can't convert cuda:1 ... to numpy"
-    if self._td_elem.device.type == "meta":
-        space.hooks.failed(f"Tensor.{name}", None, "it reads tensor values; simulate with data='cpu'")
-        raise NotImplementedError(f"Tensor.{name} needs tensor values; simulate with data='cpu'")
-    return func(self._td_elem, *args[1:], **kwargs)
-
-
-def _host(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    self, name = args[0], getattr(func, "__name__", "")
-    if not isinstance(self, VirtualTensor):
-        return func(*args, **kwargs)
-    if name == "data_ptr":  # distinct tensors, distinct pointers (meta says 0 for all)
-        return id(self._td_elem) if self._td_elem.device.type == "meta" else self._td_elem.data_ptr()
-    return {"is_pinned": False, "record_stream": None}.get(name, self)
 
 
 def _parse_to(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -209,10 +196,11 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
     T.backward: _backward,
     T.to: _to, T.cuda: _to_kind("cuda"), T.cpu: _to_kind("cpu"), torch.device: _device_ctor,
     torch._C._nn._parse_to: _parse_to,
-    T.numpy: _values, T.tolist: _values, T.__array__: _values,
+    T.numpy: H.values, T.tolist: H.values, T.__array__: H.values,
     T.half: _cast_to(torch.float16), T.float: _cast_to(torch.float32), T.double: _cast_to(torch.float64),
     T.bfloat16: _cast_to(torch.bfloat16),
-    T.type: _type, T.data_ptr: _host, T.pin_memory: _host, T.is_pinned: _host, T.record_stream: _host, T.share_memory_: _host,
+    T.type: _type, T.data_ptr: H.host, T.pin_memory: H.host, T.is_pinned: H.host, T.record_stream: H.host,
+    T.share_memory_: H.host,
 }
 if hasattr(T, "xpu"):
     _HANDLERS[T.xpu] = _to_kind("xpu")
@@ -265,14 +253,18 @@ class VirtualMode(TorchFunctionMode):
             args, kwargs = D.conv_precheck(space, func, args, kwargs)
         elif func is D.SDPA_ENTRY:
             args, kwargs = D.sdpa_precheck(space, args, kwargs)
-        if any(plain(a) or isinstance(a, (list, tuple)) and any(plain(x) for x in a) for a in args):
-            args = tuple(lift_all(args, space, None))
-        if kwargs and any(plain(v) for v in kwargs.values()):
-            kwargs = dict(zip(kwargs, lift_all(kwargs.values(), space, None)))
         dev = kwargs.get("device")
         if dev is None and _device_mod.CURRENT_DEVICE is not None and func in _device_mod._device_constructors():
             dev = kwargs["device"] = _device_mod.CURRENT_DEVICE  # torch.set_default_device: its mode is below ours
         target = space.norm(dev) if dev is not None else None
+        if (target is None or not is_virtual(target)) and not H.any_virtual(args, kwargs, space.named):
+            # CPU work of the program's own (no virtual tensor, no virtual device): real tensors, as the program
+            # would have them, so what it saves or converts is real
+            return H.cpu_work(space, func, args, kwargs, func in _device_mod._device_constructors())
+        if any(plain(a) or isinstance(a, (list, tuple)) and any(plain(x) for x in a) for a in args):
+            args = tuple(lift_all(args, space, None))
+        if kwargs and any(plain(v) for v in kwargs.values()):
+            kwargs = dict(zip(kwargs, lift_all(kwargs.values(), space, None)))
         if target is None or not is_virtual(target):
             return _made(_own(func(*args, **kwargs), space, target), func, space)
         space.hooks.creating(name, target, kwargs)

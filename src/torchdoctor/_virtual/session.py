@@ -117,17 +117,20 @@ class VirtualSession:
                     t._td_device, assumed = assume, assumed + 1
                     if led is not None and self._kept(t):
                         led.add(t)
-            elif assume is not None and t.device.type == "meta" and unsupported_form(t) is None:
-                # a tensor made before the block (a module imported earlier): a twin where it is held
-                twin = make(virtual_class(type(t)), space.inner_of(t), assume, e.path, t.requires_grad)
+            elif unsupported_form(t) is None:
+                # a real tensor (made before the block, or CPU / meta work of the block, which stays real): a twin
+                # where it is held, named by its path (and on ``assume`` when on meta)
+                on = assume if assume is not None and t.device.type == "meta" else t.device
+                twin = make(virtual_class(type(t)), space.inner_of(t), on, e.path, t.requires_grad)
                 twin.__dict__.update(getattr(t, "__dict__", {}))
                 try:
                     set_tensor(e, twin)
                 except TypeError:
                     continue
-                assumed += 1
-                if led is not None and self._kept(twin):
-                    led.add(twin)
+                if on is not t.device:
+                    assumed += 1
+                    if led is not None and self._kept(twin):
+                        led.add(twin)
         return assumed
 
     def _kept(self, t: torch.Tensor) -> bool:

@@ -25,7 +25,8 @@ from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, schema
 from torchdoctor._report.html import HtmlMapMixin
 from torchdoctor._report.model import Problem, Target, summarize
 from torchdoctor._placement import device_str, dtype_str, norm_device, parse_device, parse_dtype
-from torchdoctor._virtual.tensor import Space, VirtualTensor, is_virtual, make, virtual_copy
+from torchdoctor._virtual.copying import virtual_copy
+from torchdoctor._virtual.tensor import Space, VirtualTensor, current_space, is_virtual, make, unsupported_form
 from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
 
@@ -301,6 +302,10 @@ def _placed_on(value: Any, device: torch.device, dtype: torch.dtype | None, assu
     ``input 0`` / ``kwarg mask`` as ``simulate`` names them, and taken as loaded on ``assume`` when on meta, as the
     model's weights are."""
     if isinstance(value, torch.Tensor):
+        space = current_space()
+        if not isinstance(value, VirtualTensor) and space is not None and unsupported_form(value) is None:
+            # the TARGET's CPU or meta tensors stayed real: a twin where it is, to be named and placed
+            value = make(VirtualTensor, space.inner_of(value), value.device, path)
         if isinstance(value, VirtualTensor):
             if value._td_path is None:
                 value._td_path = path

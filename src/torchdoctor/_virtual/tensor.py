@@ -13,10 +13,10 @@ factories) is ``runtime``; the runtime APIs are ``devices_api``. A simulation be
 
 from __future__ import annotations
 
-import collections
 import copy
+import functools
 import threading
-import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +90,9 @@ class Space:
         self.named: dict[int, tuple[torch.Tensor, str]] = {}  # real tensors a module-entry check named, by id
         self.relabelled: list[Any] = []  # weak references to real tensors given a device label by ``.data =``
         self.kernels: dict[Any, Any] = {}  # meta-kernel outputs by op and argument metadata (``kernels``)
+        # real CPU tensors the run made (factories, what came back from a virtual device): id -> (weak reference,
+        # path, provenance), so a tensor that later meets virtual ones is still named by where it came from
+        self.real: dict[int, tuple[Any, str | None, Any]] = {}
 
     def norm(self, device: Any) -> torch.device:
         """``'cuda'`` means the current virtual device, as in real PyTorch; an int means ``vtype:int``."""
@@ -100,6 +103,22 @@ class Space:
             return torch.device(d.type, self.current.get(d.type, 0))
         return d
 
+    def keep_real(self, t: Any, path: str | None, origin: Any) -> Any:
+        """``t`` stays a real tensor (so ``torch.save``, safetensors and numpy take it); its name and provenance are
+        kept aside for the moment it meets virtual tensors. Returns ``t``."""
+        if isinstance(t, torch.Tensor) and (path is not None or origin is not None):
+            try:
+                ref = weakref.ref(t, functools.partial(_forget, self.real, id(t)))
+            except TypeError:
+                return t
+            self.real[id(t)] = (ref, path, origin)
+        return t
+
+    def real_record(self, t: torch.Tensor) -> tuple[str | None, Any] | None:
+        """The (path, provenance) kept for the real tensor ``t`` by ``keep_real``, or None."""
+        hit = self.real.get(id(t))
+        return (hit[1], hit[2]) if hit is not None and hit[0]() is t else None
+
     def inner_of(self, t: torch.Tensor) -> torch.Tensor:
         """A real tensor's stand-in: a private copy of its values (``data="cpu"``, or small), else an empty meta
         twin, so no weight bytes are copied and nothing is shared with the user's tensor."""
@@ -109,6 +128,10 @@ class Space:
                     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
                 return torch.zeros(t.size(), dtype=t.dtype)
             return t.detach().clone()
+
+
+def _forget(table: dict[int, Any], key: int, _ref: Any) -> None:
+    table.pop(key, None)
 
 
 class _State(threading.local):
@@ -211,7 +234,28 @@ class VirtualTensor(torch.Tensor):
         return new
 
     def __reduce_ex__(self, proto: Any) -> Any:
-        raise TypeError(f"{self!r} is a simulated tensor and cannot be pickled")
+        # ``torch.save`` of a virtual tensor writes its values as a real CPU tensor (the file loads anywhere, as
+        # the program's next step expects); values are as ``host_values`` gives them
+        with torch._C.DisableTorchFunction():
+            return host_values(self).__reduce_ex__(proto)
+
+    def untyped_storage(self) -> Any:  # type: ignore[override]
+        # safetensors looks for shared storage through it (a wrapper's own storage has no data): the values' one
+        if self._td_elem.device.type == "cpu":
+            with torch._C.DisableTorchFunction():
+                return self._td_elem.untyped_storage()
+        return super().untyped_storage()
+
+
+def host_values(t: VirtualTensor, dtype: torch.dtype | None = None, memory_format: Any = None) -> torch.Tensor:
+    """What a program takes back to the CPU from a virtual tensor: a real CPU tensor of its shape and dtype (or
+    ``dtype``) holding the values the run computed (always, with ``data="cpu"``), or zeros where the run keeps no
+    values (meta): the documented fill of docs/virtual.md."""
+    elem, want = t._td_elem, dtype or t.dtype
+    with torch._C.DisableTorchFunction():
+        if elem.device.type == "meta":
+            return torch.zeros(elem.shape, dtype=want)
+        return elem.to(device=_CPU, dtype=want, memory_format=memory_format or torch.preserve_format, copy=True)
 
 
 _VCLASSES: dict[type, type] = {torch.Tensor: VirtualTensor}
@@ -262,131 +306,3 @@ def make(cls: type, elem: torch.Tensor, device: torch.device, path: str | None =
     )
     t._td_elem, t._td_device, t._td_path, t._td_origin = elem, device, path, None
     return t
-
-
-# process state held by user objects: the copy shares it rather than failing to copy it
-_SHARED = (type(threading.Lock()), type(threading.RLock()), threading.Thread, threading.Event, threading.Condition,
-           types.ModuleType)
-_COPYING: set[int] = set()  # threads inside virtual_copy (the deepcopy dispatch table is process-wide)
-_SAVED: dict[type, Any] = {}  # the table's entries before the first of them started
-_COPY_LOCK = threading.Lock()
-
-
-def _copy_function(f: types.FunctionType, memo: dict[int, Any]) -> Any:
-    """A closure copied with its cells: hook chains that replace ``module.forward`` with a closure over the module
-    and the next forward (diffusers' ``HookRegistry``: layerwise casting, group offloading) would otherwise run the
-    user's modules and hooks from inside the copy, and cast or move the user's weights. What cannot be copied is
-    shared, as deepcopy's own ``functools.partial`` support would fail on it."""
-    cells = f.__closure__
-    if not cells or threading.get_ident() not in _COPYING:
-        return f
-    new_cells = tuple(types.CellType() for _ in cells)
-    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, new_cells)
-    g.__kwdefaults__, g.__qualname__ = f.__kwdefaults__, f.__qualname__
-    g.__dict__.update(f.__dict__)
-    memo[id(f)] = g  # before the cells: a closure may reach itself
-    for old, new in zip(cells, new_cells):
-        try:
-            value = old.cell_contents
-        except ValueError:  # an empty cell (a name assigned later in the enclosing function)
-            continue
-        try:
-            new.cell_contents = copy.deepcopy(value, memo)
-        except Exception:
-            new.cell_contents = value
-    return g
-
-
-def _copy_ordered_dict(x: Any, memo: dict[int, Any]) -> Any:
-    """A plain ``OrderedDict`` copied as ``deepcopy`` would, without its reduce round trip: a module holds eleven
-    (its hook tables), most of them empty, and these were a third of copying a large model."""
-    if vars(x):  # attributes set on the instance: the general path keeps them
-        return copy._reconstruct(x, memo, *x.__reduce_ex__(4))  # type: ignore[attr-defined]
-    y: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-    memo[id(x)] = y
-    for k, v in x.items():
-        y[copy.deepcopy(k, memo)] = copy.deepcopy(v, memo)
-    return y
-
-
-def _copy_set(x: Any, memo: dict[int, Any]) -> Any:
-    return set() if not x else {copy.deepcopy(v, memo) for v in x}  # as set's reduce does (a set holds no cycle)
-
-
-_FAST_COPY = {collections.OrderedDict: _copy_ordered_dict, set: _copy_set}  # by exact type, as deepcopy looks up
-
-
-def virtual_copy(obj: Any, tensors: list[tuple[torch.Tensor, torch.device, str]],
-                 space: Space) -> tuple[Any, dict[int, Any]]:
-    """A deep copy of ``obj`` in which each listed tensor is a virtual twin of a matching class (``Parameter``,
-    ``Params4bit``): no weight bytes are copied and the copy shares nothing mutable with the user's objects."""
-    memo: dict[int, Any] = {}
-    made: list[tuple[torch.Tensor, Any]] = []
-    foreign: list[tuple[torch.Tensor, str, str]] = []
-    for t, device, path in tensors:
-        if id(t) not in memo:
-            why = unsupported_form(t)
-            if why is not None:  # copied as it is (outside any mode); the run reports it where used or moved
-                memo[id(t)] = _copy_foreign(t, memo, path, why)
-                foreign.append((t, path, why))
-                continue
-            memo[id(t)] = v = make(virtual_class(type(t)), space.inner_of(t), device, path, t.requires_grad)
-            made.append((t, v))
-    memo[id(memo)] = [t for t, _ in made]  # keep-alive, as copy.deepcopy does
-    dispatch = copy._deepcopy_dispatch  # type: ignore[attr-defined]
-    with _COPY_LOCK:
-        if not _COPYING:
-            _SAVED.clear()
-            _SAVED.update({tp: dispatch.get(tp) for tp in (*_SHARED, types.FunctionType, *_FAST_COPY)})
-            dispatch.update({tp: copy._deepcopy_atomic for tp in _SHARED})  # type: ignore[attr-defined]
-            dispatch.update(_FAST_COPY)
-            dispatch[types.FunctionType] = _copy_function
-        _COPYING.add(threading.get_ident())
-    try:
-        clone = copy.deepcopy(obj, memo)
-    except Exception as exc:
-        raise TypeError(f"simulate works on a deep copy, and {type(obj).__name__} could not be copied: "
-                        f"{type(exc).__name__}: {exc}") from exc
-    finally:
-        with _COPY_LOCK:
-            _COPYING.discard(threading.get_ident())
-            if not _COPYING:  # the last copy running restores the table
-                for tp, old in _SAVED.items():
-                    if old is None:
-                        dispatch.pop(tp, None)
-                    else:
-                        dispatch[tp] = old
-    for t, v in made:  # library attributes of tensors (bnb: quant_state, module, blocksize, CB, SCB)
-        for k, val in (getattr(t, "__dict__", None) or {}).items():
-            v.__dict__[k] = copy.deepcopy(val, memo)
-    for t, path, why in foreign:
-        twin = memo.get(id(t))
-        if isinstance(twin, torch.Tensor):
-            space.foreign[id(twin)] = (path, why)
-    return clone, memo
-
-
-def _copy_foreign(t: torch.Tensor, memo: dict[int, Any], path: str, why: str) -> torch.Tensor:
-    """A private copy of a tensor no twin stands in for, made outside every mode (strided nested tensors cannot be
-    deep-copied at all: ``new_empty`` has no nested kernel, so they are cloned)."""
-    from torchdoctor._walk.kinds import is_jagged_type
-
-    with torch._C.DisableTorchFunction():
-        d = getattr(t, "__dict__", {})
-        if is_jagged_type(type(t)) and isinstance(d.get("_values"), torch.Tensor):
-            # from its parts: torch's own clone/deepcopy of a jagged tensor rewrites the original's size caches
-            lengths = d.get("_lengths")
-            return torch.nested.nested_tensor_from_jagged(  # type: ignore[no-any-return]
-                d["_values"].detach().clone(), d["_offsets"].clone(),
-                lengths.clone() if isinstance(lengths, torch.Tensor) else None)
-        try:
-            return copy.deepcopy(t, memo)  # type: ignore[no-any-return]
-        except Exception:
-            pass
-        try:
-            c = t.detach().clone()
-            return torch.nn.Parameter(c, t.requires_grad) if isinstance(t, torch.nn.Parameter) else c
-        except Exception as exc:
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
-            raise TypeError(f"{path}: a {type(t).__name__} ({why}) could not be copied for the simulation: "
-                            f"{type(exc).__name__}: {first}") from exc

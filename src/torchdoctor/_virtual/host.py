@@ -1,0 +1,71 @@
+"""The CPU side of a virtual run: what a program takes back from a virtual device (real CPU tensors, values), and
+the CPU work of its own that stays real, with where each tensor came from kept aside for when it meets a virtual
+one (docs/virtual.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchdoctor._virtual.origin import Made
+from torchdoctor._virtual.tensor import Space, VirtualTensor, host_values
+
+
+def any_virtual(args: Any, kwargs: dict[str, Any], named: dict[int, Any] | None = None) -> bool:
+    """A virtual tensor among the arguments (one level, lists and tuples included), or a model tensor a module-entry
+    check named (in ``named``): its ops are the model's, checked and traced as virtual ones."""
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, VirtualTensor) or named and id(a) in named:
+            return True
+        if isinstance(a, (list, tuple)) and any(isinstance(x, VirtualTensor) or named and id(x) in named for x in a):
+            return True
+    return False
+
+
+def cpu_work(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], factory: bool) -> Any:
+    """``func`` run as it is; a factory's result keeps its line, and a result made from a tensor the run made keeps
+    that one's origin (``torch.arange(n).expand(...)``), for the moment it meets a virtual tensor."""
+    out = func(*args, **kwargs)
+    if isinstance(out, torch.Tensor):
+        if factory:
+            space.keep_real(out, None, Made(f"torch.{getattr(func, '__name__', '') or 'tensor'}",
+                                            space.hooks.running()))
+        elif space.real:
+            kept = next((k for a in args if isinstance(a, torch.Tensor)
+                         for k in (space.real_record(a),) if k is not None and k[1] is not None), None)
+            if kept is not None:
+                space.keep_real(out, None, kept[1])
+    return out
+
+
+def real(space: Space, out: Any, op: str, src: Any) -> Any:
+    """A real tensor's move or cast that stays on the CPU stays real: it keeps where ``src`` came from (a factory
+    call), else, made outside any module, the user's line that made it, for the moment it meets virtual tensors
+    (``made by Tensor.to at app.py:7``)."""
+    if isinstance(out, torch.Tensor) and not isinstance(out, VirtualTensor):
+        kept = space.real_record(src) if space.real and isinstance(src, torch.Tensor) else None
+        if kept is not None and kept[1] is not None:
+            space.keep_real(out, None, kept[1])
+        elif space.hooks.running() is None:
+            space.keep_real(out, None, Made(op, None))
+    return out
+
+
+def values(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    self, name = args[0], getattr(func, "__name__", "")
+    if not isinstance(self, VirtualTensor):
+        return func(*args, **kwargs)
+    if name in ("numpy", "__array__") and self._td_device.type != "cpu":
+        space.hooks.reading(self, f"Tensor.{name}")  # real PyTorch raises: "can't convert cuda:1 ... to numpy"
+    # the values as a real CPU tensor holds them (zeros where the run keeps none: the documented fill)
+    return func(host_values(self) if self._td_elem.device.type == "meta" else self._td_elem, *args[1:], **kwargs)
+
+
+def host(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    self, name = args[0], getattr(func, "__name__", "")
+    if not isinstance(self, VirtualTensor):
+        return func(*args, **kwargs)
+    if name == "data_ptr":  # distinct tensors, distinct pointers (meta says 0 for all)
+        return id(self._td_elem) if self._td_elem.device.type == "meta" else self._td_elem.data_ptr()
+    return {"is_pinned": False, "record_stream": None}.get(name, self)

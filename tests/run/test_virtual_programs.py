@@ -1,0 +1,55 @@
+"""Whole programs under ``torchdoctor run --device`` (issue 40): what they take back to the CPU is saved and read
+back, the device they pick is the one asked for, in a subprocess under a timeout as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+TIMEOUT = 300
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torchdoctor", "run", *args], cwd=cwd, env=ENV,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+SAVES = """
+    import sys
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3)
+    y = (x.to("cuda:0") * 2).to("cpu")
+    torch.save(y, "y.pt")
+    save_file({"y": y}, "y.safetensors")
+    assert torch.equal(torch.load("y.pt"), x * 2) and torch.equal(load_file("y.safetensors")["y"], x * 2)
+    print("saved", type(y).__name__, tuple(y.shape), y.dtype)
+"""
+
+
+def test_a_program_saves_what_it_takes_back_and_reads_it_again(tmp_path: Path) -> None:
+    script = write(tmp_path / "prog.py", SAVES)
+    proc = run("--device", "cuda:1", "--json", str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "saved Tensor (2, 3) torch.float32" in proc.stdout
+    doc = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert doc["ok"] and doc["problems"] == [] and doc["exit_code"] == 0
+    assert torch_load(tmp_path / "y.pt").shape == (2, 3)
+
+
+def torch_load(path: Path) -> "object":
+    import torch
+
+    return torch.load(path, weights_only=True)
