@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import Any
@@ -51,22 +52,43 @@ def install_log_explainer(logger: logging.Logger | None = None) -> LogExplainer:
     return _INSTALLED[0]
 
 
+def check_report(patcher: Any) -> Any:
+    """The scan of a ComfyUI MODEL (a ModelPatcher), with paths as the model's own (``diffusion_model.…``).
+
+    The patcher itself is what is scanned, so the node answers exactly what ``torchdoctor.scan(patcher)`` answers
+    (one policy): a model the patcher loaded on its ``load_device`` is judged against it; a partial (lowvram) load is
+    judged the same way, its layers left on the offload device being quiet because they cast their weights per call
+    (``comfy_cast_weights``, ``weight_function``); a model at rest on the offload device until sampling is quiet
+    where it rests. The patcher's own state (``backup``, ``patches``) keeps the app's conventions."""
+    report = torchdoctor.scan(patcher)
+    if not hasattr(patcher, "model"):  # a bare module handed in by another pack
+        return report
+    problems = tuple(dataclasses.replace(p, path=p.path[len("model."):], module_path=_relative(p.module_path))
+                     if p.path.startswith("model.") else p for p in report.problems)
+    return dataclasses.replace(report, problems=problems)
+
+
+def _relative(path: str | None) -> str | None:
+    if path == "model":
+        return ""
+    return path[len("model."):] if path is not None and path.startswith("model.") else path
+
+
 def check_model(patcher: Any) -> tuple[str, bool]:
-    """(report text, ok) for a ComfyUI MODEL: its module scanned against its load device when it is fully loaded
-    there; partially loaded (lowvram) or offloaded models keep weights on the offload device by design, so they
-    are scanned without a device expectation (dtype and meta problems only)."""
+    """(report text, ok) for a ComfyUI MODEL (``check_report``), headed by the state the patcher is in."""
     module = getattr(patcher, "model", patcher)
     load = getattr(patcher, "load_device", None)
     current = getattr(module, "device", None)
     lowvram = bool(getattr(module, "model_lowvram", False))
     loaded = load is not None and current is not None and str(current) == str(load) and not lowvram
-    report = torchdoctor.scan(module, device=load if loaded else None)
+    report = check_report(patcher)
     if loaded:
         head = f"{type(module).__name__} on its load device {load}"
     elif lowvram:
-        head = f"{type(module).__name__} partially loaded on {load} (lowvram: the rest stays on the offload device)"
+        head = f"{type(module).__name__} partially loaded on {load} (lowvram: the layers left on the offload " \
+               f"device cast their weights per call)"
     else:
-        head = f"{type(module).__name__} not loaded on {load} yet (on {current}): device not judged"
+        head = f"{type(module).__name__} at rest on {current} until ComfyUI loads it on {load} for sampling"
     return f"torchdoctor placement check: {head}\n{report.text()}", report.ok
 
 

@@ -21,6 +21,14 @@ def _packed(t: torch.Tensor) -> bool:
     return packed_param(t)
 
 
+def _storage(t: torch.Tensor) -> bool:
+    from torchdoctor._scan.intent import STORAGE_DTYPES
+
+    return t.dtype in STORAGE_DTYPES or _packed(t)
+
+
+_PER_CALL = frozenset({"casts-per-call", "moved-per-call"})
+
 def fp32_scopes(w: Any, dtype: torch.dtype) -> list[tuple[str, list[str]]]:
     """``(module path, patterns)`` kept fp32 for ``dtype``, matched as from_pretrained matches them."""
     scopes = []
@@ -70,6 +78,8 @@ def cast_target(policy: Any, e: Entry, keep_fp32: bool = True) -> tuple[torch.dt
     d = policy.decide(e)
     if d.rule == "storage-computed" and not t.is_floating_point() or _packed(t):
         return t.dtype, _WHY["quant-storage"]  # a cast of packed data scrambles it: dequantizing is the fix
+    if d.dtype is None and d.rule in _PER_CALL and e.role in ("parameter", "buffer") and not _storage(t):
+        return dtype, None  # its module casts it per call, from any dtype: the cast Module.to makes is harmless
     if d.dtype is None:
         return t.dtype, _WHY.get(d.rule, "no dtype expectation")
     if not keep_fp32 and d.rule in _BY_DESIGN:

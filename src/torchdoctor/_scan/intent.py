@@ -18,7 +18,7 @@ from torch import nn
 
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from torchdoctor._placement import PACKED_DTYPES
+from torchdoctor._placement import PACKED_DTYPES, same_device
 from torchdoctor._walk import Entry, hook_chain, is_quant_type
 
 # Packed / quantized storage dtypes: no dtype expectation (a float8 weight with a bf16 compute dtype is by design),
@@ -202,6 +202,34 @@ def offload_device(hook: Any) -> torch.device | None:
                     torch.device(dev) if dev is not None else torch.device("cpu")
             except (RuntimeError, TypeError):
                 return torch.device("cpu")
+    return None
+
+
+def patcher_state(holder: Any, module: nn.Module) -> tuple[torch.device, bool] | None:
+    """(load device, loaded there now) of a module an app's model patcher holds (ComfyUI's and Forge's
+    ``ModelPatcher``: ``load_device`` and ``offload_device`` beside the model), or None. Loaded: the patcher says so
+    (Forge ``current_device``), or the model does (ComfyUI ``model.device``, ``model_lowvram`` for a partial load,
+    whose layers left on the offload device cast per call); otherwise it rests on the offload device until the app
+    loads it for sampling."""
+    hd = _dict(holder)
+    load, off = _device_of(hd.get("load_device")), _device_of(hd.get("offload_device"))
+    if load is None or off is None or same_device(load, off):
+        return None
+    md = module.__dict__
+    cur, at = _device_of(hd.get("current_device")), _device_of(md.get("device"))
+    loaded = (cur is not None and same_device(cur, load)) or (at is not None and same_device(at, load)) or \
+        md.get("model_lowvram") is True
+    return load, loaded
+
+
+def _device_of(v: Any) -> torch.device | None:
+    if isinstance(v, torch.device):
+        return v
+    if isinstance(v, str):
+        try:
+            return torch.device(v)
+        except (RuntimeError, TypeError):
+            return None
     return None
 
 

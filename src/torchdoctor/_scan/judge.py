@@ -221,6 +221,8 @@ def _device_problem(e: Entry, exp: torch.device, d: Decision) -> Problem:
         why = " (Module.to never moves it: it is not a parameter or buffer of the tree)"
     elif d.rule == "hook-device":
         why = " (its accelerate hook runs it there: device_map)"
+    elif d.rule == "patcher-device":
+        why = " (the app's model patcher loaded the model there: its load_device)"
     elif d.rule == "explicit":
         why = " (device= asked for)"
     found = device_str(e.tensor.device)

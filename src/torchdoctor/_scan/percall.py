@@ -99,13 +99,16 @@ class _Reader:
 
     def __init__(self, tp: type) -> None:
         self.tp = tp
-        self.memo: dict[tuple[types.CodeType, str], dict[str, int]] = {}  # (code, name of the module) -> moves
+        # (code, name of the module, parameters bound to its tensors) -> moves
+        self.memo: dict[tuple[types.CodeType, str, tuple[tuple[str, str], ...]], dict[str, int]] = {}
 
-    def moves(self, fn: Any, me: str, depth: int = 0, body: list[ast.stmt] | None = None) -> dict[str, int]:
-        """What ``fn`` (or the statements ``body`` of it) moves of the module it knows as ``me``."""
+    def moves(self, fn: Any, me: str, depth: int = 0, body: list[ast.stmt] | None = None,
+              bound: tuple[tuple[str, str], ...] = ()) -> dict[str, int]:
+        """What ``fn`` (or the statements ``body`` of it) moves of the module it knows as ``me``; ``bound``: its
+        parameters that were handed one of the module's tensors (``self._bring(self.weight, x)``)."""
         if not isinstance(fn, types.FunctionType) or depth > _DEPTH:
             return {}
-        key = (fn.__code__, me)
+        key = (fn.__code__, me, bound)
         if body is None:
             if key in self.memo:  # read before, or being read (a recursion): nothing more to find there
                 return self.memo[key]
@@ -115,7 +118,7 @@ class _Reader:
             return {}
         nodes = body if body is not None else node.body
         out: dict[str, int] = {}
-        alias: dict[str, str] = {}  # local name -> the module tensor it was bound to
+        alias: dict[str, str] = dict(bound)  # local name -> the module tensor it was bound to
         for stmt in node.body:  # bindings anywhere in the function count for every branch
             for n in ast.walk(stmt):
                 if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
@@ -170,25 +173,41 @@ class _Reader:
                 if a is not None:
                     out[a] = out.get(a, 0) | _BOTH
         target: Any = None
-        pos = 0
+        first = 0  # the callee's parameter the call's first positional argument lands in
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == me:
             target = inspect.getattr_static(self.tp, name, None)  # one of the module's own methods
             target = getattr(target, "__func__", target)
-            pos = 0
-        elif handed and isinstance(f, ast.Name):
-            target, pos = _resolve(fn, f.id), handed[0]
+            first = 1
+        elif isinstance(f, ast.Name):
+            target = _resolve(fn, f.id)  # a function of the module's code, handed the module or its tensors
         if not isinstance(target, types.FunctionType) or _torch_own_fn(target):
             if handed and re.search(_HELPER, name, re.I):  # a cast helper we cannot read, handed the module
                 for a in ("weight", "bias"):
                     out[a] = out.get(a, 0) | _BOTH
             return
-        params = target.__code__.co_varnames[:target.__code__.co_argcount]
-        if pos < len(params):
-            found = self.moves(target, params[pos], depth + 1)
-            if not found and handed and re.search(_HELPER, name, re.I):
-                found = {"weight": _BOTH, "bias": _BOTH}
-            for k, v in found.items():
-                out[k] = out.get(k, 0) | v
+        code = target.__code__
+        params = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+        callee_me, tied = (params[0] if params else "") if first else "", {}
+        for i, x in enumerate(n.args):
+            if isinstance(x, ast.Starred) or i + first >= code.co_argcount:
+                break
+            if isinstance(x, ast.Name) and x.id == me:
+                callee_me = params[i + first]
+            else:
+                a = self._attr(x, me, alias)
+                if a is not None:
+                    tied[params[i + first]] = a
+        for k in n.keywords:
+            a = self._attr(k.value, me, alias) if k.arg in params else None
+            if a is not None and k.arg is not None:
+                tied[k.arg] = a
+        if not callee_me and not tied:
+            return
+        found = self.moves(target, callee_me, depth + 1, bound=tuple(sorted(tied.items())))
+        if not found and handed and re.search(_HELPER, name, re.I):
+            found = {"weight": _BOTH, "bias": _BOTH}
+        for k2, v in found.items():
+            out[k2] = out.get(k2, 0) | v
 
 
 def _to_bits(n: ast.Call) -> int:

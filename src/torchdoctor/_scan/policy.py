@@ -10,7 +10,7 @@ tensor — an upcast tied embedding — can swing it). What correct models do on
 Rule names (stable, shown in reports): ``explicit``, ``declared-dtype``, ``vote``, ``keep_in_fp32``, ``adapter``,
 ``offloaded``, ``hook-device``, ``norm-fp32``, ``quant-storage``, ``storage-computed``, ``quant-metadata``,
 ``kbit-fp32``, ``follows-input``, ``computed-buffer``, ``self-managed``, ``owner-module``, ``no-expectation``,
-``casts-per-call``, ``moved-per-call``, ``schedule-table``, ``backup-copy``, ``app-convention``.
+``patcher-device``, ``casts-per-call``, ``moved-per-call``, ``schedule-table``, ``backup-copy``, ``app-convention``.
 """
 
 from __future__ import annotations
@@ -136,6 +136,20 @@ class Policy:
             dev = intent.dispatch_device(hook)
             if dev is not None:
                 self.hook_device.append((path, dev))
+        self.patcher_loaded: set[str] = set()  # components an app's model patcher loaded on its load device
+        if w.holders:
+            roots = dict(w.roots)
+            for path, holder in w.holders.items():
+                root = roots.get(path)
+                state = intent.patcher_state(holder, root) if root is not None else None
+                if state is None:
+                    continue
+                if state[1]:
+                    self.hook_device.append((path, state[0]))
+                    self.patcher_loaded.add(path)
+                else:  # at rest on the offload device until the app loads it
+                    self.offloaded.append((path, state[0]))
+                    self.offload_by[path] = f"the app's {type(holder).__name__} (load_device)"
         self.hook_device.sort(key=lambda x: -len(x[0]))
         self.offloaded.sort(key=lambda x: -len(x[0]))
 
@@ -304,7 +318,8 @@ class Policy:
         if self.device is not None:
             return self.device, "explicit", None
         if hook_dev is not None:
-            return hook_dev, "hook-device", None
+            loaded = self.patcher_loaded and comp is not None and comp.path in self.patcher_loaded
+            return hook_dev, "patcher-device" if loaded else "hook-device", None
         if comp is not None and comp.device is not None:
             return comp.device, "vote", None
         return None, "no-expectation", None

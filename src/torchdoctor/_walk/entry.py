@@ -96,6 +96,8 @@ class Walk:
         self.hooks: list[tuple[str, nn.Module, Any]] = []  # (module path, module, accelerate hook)
         # forwards replaced by another module's method: (patched module path, patched module, its network's path)
         self.patches: list[tuple[str, nn.Module, str]] = []
+        # component path -> the plain object holding it as an attribute (ComfyUI's / Forge's ModelPatcher.model)
+        self.holders: dict[str, Any] = {}
 
     @property
     def truncated(self) -> bool:

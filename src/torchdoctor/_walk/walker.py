@@ -258,6 +258,8 @@ class _Walker:
                 # reached outside any _modules tree (plain list/dict/attribute): Module.to of the parent skips it
                 self.pending_ids.add(id(v))
                 self.pending.append((path, v, module is None))
+                if module is None and slot == "attr":  # a component a plain object holds (an app's patcher)
+                    self.w.holders[path] = owner
             return
         if k == HOOK or (k == FUNC and not has_members(v, k)):
             return

@@ -1,9 +1,20 @@
 """torchdoctor for SD.Next and AUTOMATIC1111 / Forge, in one step: put the ``torchdoctor-check`` folder in the app's
 ``extensions/`` folder and install torchdoctor in the app's Python (``python -m pip install torchdoctor``).
 
-After a model loads (``script_callbacks.on_model_loaded``) and after every generation, once the LoRA / extra networks
-of that generation were unloaded (``Script.postprocess`` runs after them), the loaded model is scanned against the
-app's device; problems are logged by path with the fix, on the ``torchdoctor`` logger. Nothing is changed.
+It checks at two moments, read from the apps' own code (SD.Next 058a7f0 ``modules/sd_models.py``,
+``modules/processing.py``, ``modules/lora``; Forge dfdcbab ``modules/sd_models.py``, ``backend/patcher``):
+
+- after a model loads (``script_callbacks.on_model_loaded``): SD.Next calls it once the model's offload is set up
+  (in its default balanced offload the components rest on the cpu under its own accelerate hook and are moved per
+  call); Forge calls it with its engine, whose model patchers keep the models on their offload device until sampling;
+- after every generation (``Script.postprocess``, after the images are decoded): the model as the generation left
+  it. Its LoRA networks are still applied then: SD.Next's ``extra_networks.deactivate`` restores the weights only
+  when forced (by default they stay fused, or with their backups beside them, until a later generation changes
+  the networks), and the webui restores its LoRA weights at the next activation.
+
+The loaded model is scanned against the app's device with the one placement policy (``torchdoctor.scan``: offload
+hooks, model patchers, layers that cast their weights per call and weight backups are read as the apps intend);
+problems are logged by path with the fix, on the ``torchdoctor`` logger. Nothing is changed.
 """
 
 from __future__ import annotations
@@ -26,7 +37,8 @@ def _device() -> Any:
 
 
 def check(sd_model: Any, when: str) -> Any:
-    """Scan ``sd_model`` (a diffusers pipeline in SD.Next, an LDM module in A1111) against the app's device."""
+    """Scan ``sd_model`` (a diffusers pipeline in SD.Next, an LDM module in A1111, an engine holding model patchers
+    in Forge) against the app's device: the answer ``torchdoctor.scan(sd_model, device=<the app's device>)`` gives."""
     if sd_model is None:
         return None
     try:
@@ -52,4 +64,4 @@ class TorchdoctorCheck(scripts.Script):
         return scripts.AlwaysVisible
 
     def postprocess(self, p: Any, processed: Any, *args: Any) -> None:
-        check(getattr(p, "sd_model", None) or getattr(shared, "sd_model", None), "generation (LoRA unloaded)")
+        check(getattr(p, "sd_model", None) or getattr(shared, "sd_model", None), "generation")
