@@ -163,10 +163,10 @@ def _judge_values(dirpath: str, label: str, storage: Any, values: set[str]) -> t
         if f.get("transform_descriptors"):
             raise CheckpointError(f"{where} is stored through transforms {str(f['transform_descriptors'])[:60]}; "
                                   "it cannot be judged, and dcp.load unpickles it with weights_only=False: refused")
-        if not isinstance(length, int) or length > MAX_PICKLE_BYTES:
+        if not isinstance(length, int) or not isinstance(offset, int) or length > MAX_PICKLE_BYTES:
             raise CheckpointError(f"{where}: refused: {length!r} bytes")
         with open(os.path.join(dirpath, str(rel)), "rb") as fh:
-            fh.seek(int(offset))  # checked against the file's size by _check_storage
+            fh.seek(offset)  # checked against the file's size by _check_storage
             raw = fh.read(length)
         try:
             named += read_stream(raw, where).unknown_globals

@@ -44,9 +44,9 @@ def _pickles(raw: bytes, blobs: list[bytes], names: list[str]) -> None:
                 if op.name in _STRINGS:
                     strings.append(arg)
                 elif op.name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
-                    memo[len(memo) if op.name == "MEMOIZE" else int(arg)] = strings[-1] if strings else None
+                    memo[len(memo) if op.name == "MEMOIZE" else int(arg or 0)] = strings[-1] if strings else None
                 elif op.name in ("GET", "BINGET", "LONG_BINGET"):
-                    strings.append(memo.get(int(arg)))
+                    strings.append(memo.get(int(arg or 0)))
                 elif op.name in ("GLOBAL", "INST"):
                     module, _, name = str(arg).partition(" ")
                     add(module, name)
@@ -70,7 +70,9 @@ def names_in(raw: bytes) -> tuple[str, ...]:
     import zipfile
 
     names: list[str] = []
-    queue, seen, spent = [raw], set(), 0
+    queue: list[bytes] = [raw]
+    seen: set[int] = set()
+    spent = 0
     while queue and spent < _MAX_BYTES and len(seen) < _MAX_BLOBS:
         blob = queue.pop()
         key = hash(blob)

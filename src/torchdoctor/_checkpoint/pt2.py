@@ -36,10 +36,11 @@ def _stub(fqn: str, meta: Any) -> TensorStub | None:
     if not isinstance(meta, dict):
         return None
     dtype = DTYPES.get(_SCALAR.get(meta.get("dtype"), ""))  # type: ignore[arg-type]
-    sizes = [s.get("as_int") if isinstance(s, dict) else None for s in meta.get("sizes") or []]
-    if dtype is None or not all(type(s) is int and 0 <= s < 2**62 for s in sizes):
+    raw = [s.get("as_int") if isinstance(s, dict) else None for s in meta.get("sizes") or []]
+    sizes = [s for s in raw if type(s) is int and 0 <= s < 2**62]
+    if dtype is None or len(sizes) != len(raw):
         return None
-    device = meta.get("device") if isinstance(meta.get("device"), dict) else {}
+    device: dict[str, Any] = meta["device"] if isinstance(meta.get("device"), dict) else {}
     kind, index = str(device.get("type", "cpu"))[:40], device.get("index")
     location = f"{kind}:{index}" if type(index) is int else kind
     numel = 1

@@ -147,9 +147,9 @@ def read_zip_file(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[
     unknown = merge(unknown)
     notes = []
     for small in SMALL_MEMBERS:
-        name = by_lower.get((prefix + small).lower())
-        if name is not None:
-            value = read(entries[name], MAX_SMALL_MEMBER)
+        member = by_lower.get((prefix + small).lower())
+        if member is not None:
+            value = read(entries[member], MAX_SMALL_MEMBER)
             if small == "byteorder" and value.strip() == b"big":
                 notes.append("saved on a big-endian machine")
     if torchscript:
