@@ -36,7 +36,7 @@ DEVICE, DTYPE = 1, 2  # what a per-call move changes, as bits
 _BOTH = DEVICE | DTYPE
 _MOVES = {"to": _BOTH, "cuda": DEVICE, "cpu": DEVICE, "xpu": DEVICE, "mps": DEVICE, "float": DTYPE, "half": DTYPE,
           "bfloat16": DTYPE, "double": DTYPE, "type": DTYPE, "type_as": _BOTH}
-_HELPER = r"cast|to_device"  # a helper named like this moves what it is given (``re`` caches it at first use)
+_HELPER = r"cast|to_device|dequant"  # a helper named so moves or casts what it is given (``re`` caches it)
 _DEPTH = 4
 # class -> (always: name -> bits, branches: (switch names, negated, name -> bits)); None: its forward moves nothing
 Plan = tuple[dict[str, int], list[tuple[tuple[str, ...], bool, dict[str, int]]]]

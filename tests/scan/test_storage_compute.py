@@ -1,0 +1,99 @@
+"""Storage judged by what computes with it (issue 41 point 3): integer (GGUF-style uint8 blocks), int8 and float8
+weights in a layer whose forward is torch's own are problems (that layer computes with them as they are); the same
+storage behind a layer that dequantizes or casts per call is not. Before, uint8 in a plain layer was "ok" for scan
+while float8 there was flagged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchdoctor
+
+BF16 = torch.bfloat16
+
+
+def _blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Our 8-bit block quantisation (uint8 codes and a per-row scale), standing in for a GGUF Q8 tensor."""
+    scale = w.abs().amax(dim=-1, keepdim=True).float() / 127
+    codes = (w.float() / scale).round().clamp(-127, 127).add(128).to(torch.uint8)
+    return codes, scale
+
+
+def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return ((codes.float() - 128) * scale.to(codes.device)).to(dtype)
+
+
+class BlockLinear(nn.Linear):
+    """A layer that keeps uint8 codes and dequantizes them per call (what a GGUF loader's layers do)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = dequantize_rows(self.weight, self.weight_scale, x.dtype)
+        return F.linear(x, w.to(x.device), self.bias)
+
+
+def _quantize_into(layer: nn.Linear, into: nn.Linear) -> nn.Linear:
+    codes, scale = _blocks(layer.weight.detach())
+    into.weight = nn.Parameter(codes, requires_grad=False)
+    if isinstance(into, BlockLinear):  # (a plain layer has nowhere to use a scale: the codes alone were loaded)
+        into.weight_scale = scale
+    into.bias = layer.bias
+    return into
+
+
+def _model(plain: bool, conv: bool = False) -> nn.Module:
+    if conv:
+        m = nn.Sequential(nn.Conv3d(2, 2, 1), nn.Conv3d(2, 2, 1), nn.Conv3d(2, 2, 1)).to(BF16)
+        m[1].weight = nn.Parameter(_blocks(m[1].weight.detach())[0], requires_grad=False)
+        return m
+    m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)).to(BF16)
+    target = nn.Linear(8, 8).to(BF16) if plain else BlockLinear(8, 8).to(BF16)
+    m[1] = _quantize_into(m[1], target)
+    return m
+
+
+@pytest.mark.parametrize("conv", [False, True])
+def test_uint8_codes_in_a_plain_torch_layer_are_a_problem(conv: bool) -> None:
+    m = _model(plain=True, conv=conv)
+    x = torch.ones(1, 2, 1, 1, 1, dtype=BF16) if conv else torch.ones(1, 8, dtype=BF16)
+    with pytest.raises(RuntimeError):
+        m(x)  # the plain layer computes with the codes as they are: refused
+    report = torchdoctor.scan(m)
+    (p,) = report.problems
+    assert (p.path, p.kind, p.found, p.expected) == ("1.weight", "dtype", "uint8", "bfloat16")
+    assert "quantized integer" in p.message and "is not a dequantization" in p.message
+    assert "dequantizes per call" in p.message
+    assert torchdoctor.scan(m, dtype=BF16).problems[0].path == "1.weight"
+
+
+def test_uint8_codes_behind_a_dequantizing_layer_are_quiet() -> None:
+    m = _model(plain=False)
+    assert m(torch.ones(1, 8, dtype=BF16)).dtype == BF16
+    assert torchdoctor.scan(m).ok and torchdoctor.scan(m, dtype=BF16).ok
+    m[2].weight = nn.Parameter(_blocks(m[2].weight.detach())[0], requires_grad=False)  # a plain one quantized too
+    assert [p.path for p in torchdoctor.scan(m).problems] == ["2.weight"]
+
+
+def test_int8_weight_cast_per_call_is_quiet_and_float8_in_a_plain_layer_is_named() -> None:
+    class ScaledInt8(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.linear(x, self.weight.to(x.dtype) * self.scale, self.bias)
+
+    m = nn.Sequential(nn.Linear(8, 8), ScaledInt8(8, 8), nn.Linear(8, 8)).to(BF16)
+    m[1].weight = nn.Parameter(torch.ones(8, 8, dtype=torch.int8), requires_grad=False)
+    m[1].scale = torch.full((8, 1), 0.5, dtype=BF16)
+    assert m(torch.ones(1, 8, dtype=BF16)).dtype == BF16
+    assert torchdoctor.scan(m).ok
+    m[2].weight.data = m[2].weight.data.to(torch.float8_e4m3fn)
+    assert [(p.path, p.found) for p in torchdoctor.scan(m).problems] == [("2.weight", "float8_e4m3fn")]
+
+
+def test_move_never_casts_integer_codes_and_integer_buffers_are_not_storage() -> None:
+    m = _model(plain=True)
+    torchdoctor.move(m, dtype=BF16)
+    assert m[1].weight.dtype == torch.uint8  # a cast of codes is not a dequantization
+    assert [p.path for p in torchdoctor.scan(m).problems] == ["1.weight"]  # so it is still named
+    norm = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).to(BF16)
+    assert norm[1].num_batches_tracked.dtype == torch.int64 and torchdoctor.scan(norm).ok
