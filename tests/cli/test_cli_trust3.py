@@ -319,3 +319,20 @@ def test_a_target_file_whose_name_is_not_utf8_loads(tmp_path: Path) -> None:
             assert b"caf\\udce9_model.py" in proc.stdout + proc.stderr, (argv, proc.stdout[:300], proc.stderr[-300:])
         if argv[0] in (b"run", b"trace"):
             assert proc.stdout.startswith(b"ran\n")
+
+
+@pytest.mark.parametrize(("table", "code", "fragment"), [
+    ('[tool]\ntorchdoctor = { mode = "fix" }', 0,
+     "torchdoctor: every test runs under guard(mode='fix'), from [tool.torchdoctor] in"),
+    ("tool.torchdoctor.mode = 'loud'", 4, "[tool.torchdoctor] mode 'loud' is not one of off, explain, strict"),
+])  # (a pyproject.toml nested too deeply is pytest's own traceback: pytest parses the file before any plugin)
+def test_the_pytest_plugin_reads_the_table_with_the_same_reader(tmp_path: Path, table: str, code: int,
+                                                                fragment: str) -> None:
+    (tmp_path / "pyproject.toml").write_text(f"{table}\n")
+    (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
+                           "test_one.py"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert fragment in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr) < 2000
