@@ -53,3 +53,20 @@ def torch_load(path: Path) -> "object":
     import torch
 
     return torch.load(path, weights_only=True)
+
+
+PICKS = """
+    import torch
+    device = torch.device("cuda", torch.cuda.current_device())  # how ComfyUI picks its device
+    model = torch.nn.Linear(4, 4).to(device)
+    y = model(torch.ones(2, 4, device="cuda"))
+    print("current", torch.cuda.current_device(), "count", torch.cuda.device_count(), "ran on", y.device)
+"""
+
+
+def test_the_apps_own_device_choice_lands_on_the_device_asked_for(tmp_path: Path) -> None:
+    script = write(tmp_path / "app.py", PICKS)
+    proc = run("--device", "cuda:1", str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "current 1 count 2 ran on cuda:1" in proc.stdout
+    assert "on virtual cuda:1" in proc.stderr and "no placement error" in proc.stderr

@@ -246,6 +246,16 @@ def functions(led: Ledger, index_of: Any) -> dict[str, Any]:
     }
 
 
+def ran_on(space: Any) -> tuple[str, ...]:
+    """The virtual devices ``space``'s run placed tensors on (moves, factories), in index order."""
+    led = _LEDGERS.get(space)
+    if led is None:
+        return ()
+    kind = led.profile.type
+    return tuple(f"{kind}:{i}" for i in sorted({i for (i, name), pool in led._pools.items()
+                                                if name == "all" and pool.count[2]}))
+
+
 def over_memory(space: Any) -> list[Problem]:
     """The ``memory`` problems of ``space``'s finished run (none when it placed nothing on a virtual device)."""
     led = _LEDGERS.get(space)

@@ -24,7 +24,7 @@ from torchdoctor._report.text import format_error
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._virtual.fixes import fix_for
-from torchdoctor._virtual.hardware import over_memory
+from torchdoctor._virtual.hardware import over_memory, ran_on
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._tracker import ModuleStack
@@ -81,6 +81,7 @@ class VirtualSession:
     # (kind, path) -> the call stack (file, line, function; outermost first) when the problem was recorded
     stacks: dict[tuple[str, str], list[tuple[str, int, str]]] = field(default_factory=dict)
     ops: int = 0  # aten ops the block ran on virtual tensors (known on exit)
+    ran_on: tuple[str, ...] = ()  # the virtual devices the block placed tensors on (known on exit)
     # where device/dtype/profile came from ("@pytest.mark.simulate(...) of test_x"): said in the error
     whence: dict[str, str] = field(default_factory=dict)
     _rec: Any = field(default=None, init=False, repr=False, compare=False)
@@ -137,6 +138,15 @@ class VirtualSession:
         """A tensor a move to the block's dtype keeps as it is (what it casts takes memory once cast)."""
         return self.dtype is None or t.dtype == self.dtype or not t.is_floating_point()
 
+    def where_ran(self) -> str:
+        """Where the work ran, said against the device asked for: ``ran on cuda:1`` or ``ran on cuda:0 (the
+        program picked it; cuda:1 was asked for)``."""
+        asked = device_str(self.device)
+        if not self.ran_on or self.ran_on == (asked,):
+            return f"ran on {asked}" if self.ran_on else f"placed nothing on a virtual device ({asked} asked for)"
+        return f"ran on {', '.join(self.ran_on)} (the program picked {'them' if len(self.ran_on) > 1 else 'it'}; " \
+               f"{asked} was asked for)"
+
     def error(self) -> PlacementError:
         """One ``PlacementError`` for everything recorded: headline, culprits by path, then the fix."""
         where = device_str(self.device) + (f" in {dtype_str(self.dtype)}" if self.dtype is not None else "")
@@ -150,6 +160,8 @@ class VirtualSession:
             rows.append(f"stopped early: {self.stopped}")
         if self.whence:
             rows.append(whence_line(self.whence))
+        if self.ran_on and self.ran_on != (device_str(self.device),):
+            rows.append(f"the work {self.where_ran()}")
         fix = fix_for(self.problems, self.device, self.dtype, self.sources)
         return PlacementError(format_error(head, rows, fix, limit=len(rows)), module_path=first.module_path,
                               module_type=first.module_type,
@@ -203,7 +215,8 @@ def _import_probers() -> None:
 @contextlib.contextmanager
 def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dtype | None = None, *,
                     profile: DeviceProfile | str | None = None, count: int | None = None, data: str = "cpu",
-                    limit: int = LIMIT, raise_on_exit: bool = True) -> Iterator[VirtualSession]:
+                    limit: int = LIMIT, raise_on_exit: bool = True,
+                    select: bool | None = None) -> Iterator[VirtualSession]:
     """Run your own code on virtual ``device`` hardware (``cuda:1``, ``xpu``, ``mps``) on any machine.
 
     Inside the block the program sees that hardware: ``torch.cuda.is_available()``, ``device_count()``,
@@ -215,6 +228,10 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     fixed; on exit they are raised together as one ``PlacementError`` (``raise_on_exit=False``: read
     ``session.problems`` instead). ``data="cpu"`` keeps real values, so the block's own numbers still hold.
     ``@pytest.mark.simulate`` runs a test body in this block; ``torchdoctor run --device`` a whole program.
+    ``device`` is the current device (``select``, the default), as ``CUDA_VISIBLE_DEVICES`` plus
+    ``torch.cuda.set_device(N)`` would make it: ``torch.cuda.current_device()`` is N and the program's own
+    ``"cuda"`` lands there; ``session.ran_on`` lists the devices the work ran on. ``select=False`` (what the pytest
+    marker does) keeps device 0 current, so a bare ``"cuda"`` meeting ``cuda:1`` tensors is a problem.
 
     >>> import torch
     >>> with virtual_devices("cuda:1") as sim:
@@ -243,6 +260,10 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
                                                                    if k != "profile" or profile_given}))
     session._rec = rec
     space = Space(data, profile.type, rec)
+    if select is None:  # the marker's test bodies are checked for code that means the first GPU by a bare "cuda"
+        select = sys._getframe(2).f_globals.get("__name__") != "torchdoctor._pytest_plugin"
+    if select:  # as CUDA_VISIBLE_DEVICES plus torch.cuda.set_device(N): the program's own "cuda" is cuda:N
+        space.current[dev.type] = dev.index or 0
     failure: BaseException | None = None
     with torch.no_grad(), virtual_world(space, profile), rec.modules.tracking():
         try:
@@ -254,6 +275,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
                 raise
             failure = exc  # most likely a consequence of the problems: report them, chained to it
     session.stopped = rec.stopped
+    session.ran_on = ran_on(space)
     session.problems[:] = rec.culprits_first(list(rec.problems), rec.modules.outermost) + over_memory(space)
     session.culprits = rec.blamed
     session.sources = rec.sources
