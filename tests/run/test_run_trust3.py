@@ -150,3 +150,58 @@ def test_color_and_summary_under_an_ascii_stream_encoding(tmp_path: Path) -> Non
     assert proc.returncode == 1, proc.stderr
     assert "Error" not in proc.stderr and "Traceback" not in proc.stderr
     assert "gr\\xf6\\xdfe.bias" in proc.stderr and "1 problem(s) recorded" in proc.stderr
+
+
+FORKS_AND_SLEEPS = """
+    import os, sys, time
+    pid = os.fork()
+    if pid == 0:  # a worker the program started: sleeps "forever"
+        time.sleep(600)
+        os._exit(0)
+    with open(sys.argv[1] + ".tmp", "w") as fh:
+        fh.write(str(pid))
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return not any(line.startswith("State:") and line.split()[1] in ("Z", "X") for line in status.splitlines())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc: Linux")
+@pytest.mark.parametrize(("verb", "signum", "code"), [("run", 15, 143), ("run", 1, 129), ("trace", 15, 143)])
+def test_sigterm_and_sighup_end_what_the_program_started(tmp_path: Path, verb: str, signum: int, code: int) -> None:
+    import signal
+    import time
+
+    script = write(tmp_path / "server.py", FORKS_AND_SLEEPS)
+    pidfile = tmp_path / "worker.pid"
+    proc = subprocess.Popen([sys.executable, "-m", "torchdoctor", verb, str(script), str(pidfile)], cwd=tmp_path,
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    worker = None
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not pidfile.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        worker = int(pidfile.read_text())
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == code
+        assert err.decode().strip().splitlines()[-1] == (
+            f"torchdoctor {verb}: stopped by {signal.Signals(signum).name}; the program and the processes it "
+            "started were ended")
+        deadline = time.monotonic() + 10
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(worker)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if worker is not None and _alive(worker):
+            os.kill(worker, 9)

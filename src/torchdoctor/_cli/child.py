@@ -232,3 +232,88 @@ def run_in_child(argv: Sequence[str], verb: str, first: str, timeout: float | No
             os.unlink(path)
         except OSError:
             pass
+
+
+def descendants(root: int) -> list[int]:
+    """The processes below ``root`` (children, theirs, ...), read from ``/proc`` (Linux; elsewhere none)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # after "(comm)", which may hold spaces
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _end_processes(pids: list[int], signum: int) -> None:
+    import signal
+    import time
+
+    for sig in (signum, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + _GRACE
+        while sig == signum and time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+            time.sleep(0.05)
+
+
+class ProgramSignals:
+    """For ``run`` and ``trace``, which run a program in this process: SIGTERM and SIGHUP (what ``timeout``, CI
+    runners and a closed terminal send) end the processes the program started, then this one, with one line and
+    128 + N. A handler the program installs itself wins, as under python; a process the program forked that gets
+    the signal ends as python would. SIGINT stays python's KeyboardInterrupt (the terminal sends it to the whole
+    foreground group anyway)."""
+
+    def __init__(self, verb: str, err: Any) -> None:
+        self.verb, self.err, self.pid = verb, err, os.getpid()
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> ProgramSignals:
+        import signal
+        import threading
+
+        if os.name == "posix" and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        for signum, handler in self.previous.items():
+            if signal.getsignal(signum) == self._handle:  # not one the program replaced it with
+                signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        import signal
+
+        if os.getpid() != self.pid:  # a forked copy of the program: the default end
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        _end_processes(descendants(self.pid), signum)
+        line = (f"torchdoctor {self.verb}: stopped by {signal.Signals(signum).name}; the program and the processes "
+                "it started were ended\n")
+        try:
+            os.write(self.err, line.encode("utf-8", "backslashreplace"))
+        except OSError:
+            pass
+        os._exit(128 + signum)

@@ -91,11 +91,14 @@ def command(args: argparse.Namespace) -> int:
 
     from torchdoctor._run.program import run
 
+    from torchdoctor._cli.child import ProgramSignals
+
     own = _own_streams()  # before the program runs: it may close or swap its streams
     try:
-        report = run(script, rest, module=module, device=args.device, dtype=dtype, profile=args.profile,
-                     mode=args.mode, trace=args.trace,
-                     sources={k: f"--{k}" for k in ("device", "dtype", "profile") if getattr(args, k, None)})
+        with ProgramSignals("run", 2 if own[2][1] is None else own[2][1]):
+            report = run(script, rest, module=module, device=args.device, dtype=dtype, profile=args.profile,
+                         mode=args.mode, trace=args.trace,
+                         sources={k: f"--{k}" for k in ("device", "dtype", "profile") if getattr(args, k, None)})
     except ValueError as exc:  # the virtual device and the profile disagree
         _close(own)
         raise UsageError(str(exc)) from None

@@ -16,6 +16,7 @@ import sys
 import traceback
 import types
 
+from torchdoctor._cli.child import ProgramSignals
 from torchdoctor._cli.common import UsageError
 
 ENV = "TORCHDOCTOR_TRACE"
@@ -93,7 +94,7 @@ def command(args: argparse.Namespace) -> int:
     code = 0
     t = trace(None, moves=moves, lora=lora, file=out)
     try:
-        with t:
+        with ProgramSignals("trace", 2), t:  # SIGTERM / SIGHUP end what the script started, then this
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
