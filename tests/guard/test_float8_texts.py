@@ -40,7 +40,8 @@ TEXTS = {
     # intel/torch-xpu-ops#1939 (a+b and a*b on xpu)
     "xpu": (NotImplementedError, "\"add_xpu\" not implemented for 'Float8_e4m3fn'"),
     # tests/explain/fixtures/unsupported_dtype__ComfyUI_6859.txt
-    "mps": (TypeError, "Trying to convert Float8_e4m3fn to the MPS backend but it does not have support for that dtype."),
+    "mps": (TypeError,
+            "Trying to convert Float8_e4m3fn to the MPS backend but it does not have support for that dtype."),
     # a GPU computes float8 only through _scaled_mm (tests/realworld/test_realworld_tools.py)
     "cuda": (NotImplementedError, "\"addmm_cuda\" not implemented for 'Float8_e4m3fn'"),
 }

@@ -28,6 +28,7 @@ from torchdoctor._placement import device_str, dtype_str
 from torchdoctor._guard import compiled as graph
 from torchdoctor._guard.dispatch import _CONV, CheckMode, CompositeCheck, _simulating
 from torchdoctor._guard.float8 import compute_dtype, findings as float8_findings
+from torchdoctor._guard.proof import harmful, prove, storage_target
 from torchdoctor._guard.maps import Maps, fix_code, module_label
 from torchdoctor._report.text import format_error, user_stacklevel
 from torchdoctor._tracker import ModuleStack
@@ -298,12 +299,15 @@ class Session:
                 expected = _value_str_of(target) if target is not None else f.problem.expected
                 problems.append(replace(f.problem, path=path or label, role="parameter" if path else "argument",
                                         found=found, expected=expected, module_path=mpath, module_type=mtype))
-                culprits.append((path, label, f.problem.kind, target))
+                if not (storage_target(target) and isinstance(t, torch.Tensor) and t.is_floating_point()):
+                    culprits.append((path, label, f.problem.kind, target))  # never floating data cast to storage
                 lines.append(f"{'culprit ' if hit or arg else ''}{shown}: {_rules._compact(t)}  (expected {expected})")
                 if not hit:
                     loose.append(t)
         self.g._record_problems(problems)
         first = problems[0] if problems else findings[0].problem
+        if fixable and harmful(plan, tensors):  # aligning would cast floating data to integer / float8 storage
+            fixable = False
         if self.mode == "strict" or (self.mode == "fix" and not fixable):
             where = module_label(mpath, mod) + (f" ({mtype})" if mtype else "") if mod is not None else "no module"
             f0, t0, ks0 = plan[0]
@@ -337,6 +341,9 @@ class Session:
                 odd = odd_component(maps.walk, mpath, fed, t0)
                 if odd is not None:
                     fix = component_fix(odd[0], odd[1], maps.dicts)
+            if fix is not None:  # tried on the failing op before it is shown (_guard/proof.py)
+                lines.append(prove(func, args, kwargs, plan, tensors, op) if fixable or self.mode == "strict"
+                             else "fix unproven: no alignment of this op is known")
             raise PlacementError(format_error(head, lines + [f"other operand {d}" for d in others], fix),
                                  module_path=mpath, module_type=mtype, op=str(op),
                                  tensors=tuple(findings[0].problem.tensors), problems=problems, fix=fix)
