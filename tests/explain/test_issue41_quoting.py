@@ -263,6 +263,9 @@ def test_a_comfyui_log_names_the_node() -> None:
     text = " ".join(d.likely_causes) + " ".join(t for t, _ in d.fixes)
     assert "custom_nodes/ComfyUI-IPAdapter-plus/utils.py:177" in text  # the innermost frame of the node
     assert "stft" not in d.likely_causes[0]  # "ComfyUI_windows_portable" is no stft window
+    # the node's frame ran the failing code: the node's fix comes before ComfyUI's app-wide flags (issue 40, point 6)
+    node_fix = got.index("git -C custom_nodes/ComfyUI-IPAdapter-plus pull")
+    assert node_fix < got.index("python main.py --gpu-only  # or --highvram")
     assert any("ComfyUI-IPAdapter-plus\\utils.py\", line 177" in e for e in d.evidence)  # as the log wrote it
     # the node is named whatever the category: a dtype error inside it
     half = top(COMFY_LOG.replace("Expected all tensors to be on the same device, but found at least two devices, "

@@ -111,7 +111,10 @@ def _diagnose(group: Group) -> Diagnosis:
     # a layer on another device (not another dtype) takes the app's placement fix, not its precision one
     as_app = "device_mismatch" if "iw_device" in flags and "iw_dtype" not in flags else category
     app, own = app_fixes(as_app, context, flags)
-    fixes[:0] = [f for f in own if f not in fixes]
+    if "plugin" in fields:  # a plugin's frame ran the failing code: its fix first, the app's flags after it
+        fixes.extend(f for f in own if f not in fixes)
+    else:
+        fixes[:0] = [f for f in own if f not in fixes]
     if app is None:  # a bare paste: the app that runs this step itself is a likely source
         fixes.extend(f for f in step_fixes(sig.name, context) if f not in fixes)
     if not likely:
