@@ -4,7 +4,8 @@ People paste what their tool shows them, not what torch printed: ComfyUI's API a
 message and the traceback as JSON strings (``\\"addmm_impl_cpu_\\" not implemented for \\u0027Half\\u0027``, frames
 joined with ``\\n``), a web page or a web UI's error box is copied as HTML (``&quot;``, ``&#39;``, ``&lt;``), and a
 logged ``repr`` of an exception escapes its quotes (``\\'Half\\'``). The anchors and patterns are written for the
-plain text, so the escapes are undone first, one block at a time and in linear time.
+plain text, so the escapes are undone before they are read, in linear time: a paste whole (``scanner.normalise``),
+a log only where it is examined (the lines the prefilter marks, the windows and context the scanner reads).
 
 JSON escapes are undone only on the lines that show a JSON (or ``repr``) escape: an escaped quote or a ``\\uXXXX``.
 A plain Windows log is full of backslashes (``D:\\ComfyUI\\nodes.py``), and reading ``\\n`` there as a line end would
