@@ -461,9 +461,11 @@ def test_two_planted_bugs_are_both_reported() -> None:
     assert _found(report) == [("device", "extra.0.bias"), ("device", "extra.0.weight"), ("meta", "scale")]
 
 
-def test_problem_limit_stops_the_run() -> None:
+def test_problem_limit_stores_the_first_and_counts_the_rest() -> None:
     report = torchdoctor.simulate(TwoBugs(6), (torch.randn(2, 4),), device="cuda:1", limit=3)
-    assert len(report.problems) == 3 and report.stopped == "3 problems recorded (the limit)"
+    assert len(report.problems) == 4 and report.stopped is None  # the run went on to its end
+    assert (report.problems[-1].kind, report.problems[-1].found) == ("truncated", "10 more")
+    assert "10 more problem(s) not stored: at most 3 are kept" in report.text()
 
 
 # --- what cannot be simulated, bad usage, the report and the CLI ----------------------------------------------------

@@ -20,14 +20,13 @@ from torchdoctor._virtual.origin import ran_as_asked
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, make
 from torchdoctor._tracker import ModuleStack
 
-LIMIT = 100  # problems recorded before the run stops
-
+LIMIT = 100  # problems stored; the run goes on and counts the rest
 _DATA_OPS = ("_local_scalar_dense", "nonzero", "item", "tolist", "numpy", "masked_select", "unique", "equal",
              "is_nonzero", "repeat_interleave", "__array__")
 
 
 class _Stop(BaseException):
-    """Ends a simulation early; a BaseException, so ``except Exception`` in user code does not swallow it."""
+    """Ends a simulation early (what it cannot run); a BaseException: ``except Exception`` does not swallow it."""
 
 
 def _from_origin(p: Problem, origin: dict[tuple[str, ...], str]) -> Problem:
@@ -70,6 +69,7 @@ class _Recorder(Hooks):
         self.problems: list[Problem] = []
         self.seen: set[tuple[str, ...]] = set()
         self.stopped: str | None = None
+        self.overflow: list[Problem] = []  # problems met after the limit: counted, and the run goes on
         self.blamed = 0
         # (kind, path, op, found) of a problem on a tensor made in the run -> the named tensors it was made from
         self.sources: dict[tuple[str, ...], tuple[str, ...]] = {}
@@ -260,10 +260,10 @@ class _Recorder(Hooks):
         if key in self.seen:
             return
         self.seen.add(key)
+        if len(self.problems) >= self.limit:  # never ends the user's code: kept apart, counted in the report
+            self.overflow.append(problem)
+            return
         self.problems.append(problem)
-        if len(self.problems) >= self.limit:
-            self.stopped = f"{self.limit} problems recorded (the limit)"
-            raise _Stop()
 
     def _handle(self, func: Any, f: Any, call: OpArgs) -> None:
         p = f.problem

@@ -170,6 +170,15 @@ class VirtualSession:
 
 
 
+def not_stored(n: int, limit: int) -> list[Problem]:
+    """The line that says how many problems the limit left out (none when it left none)."""
+    if n <= 0:
+        return []
+    return [Problem("truncated", "<run>", "limit", f"{n} more", f"at most {limit}",
+                    f"{n} more problem(s) not stored: at most {limit} are kept (limit=); the run went on to its end",
+                    op="limit")]
+
+
 def expectation(device: torch.device, dtype: torch.dtype | None, profile: DeviceProfile,
                 sources: dict[str, str] | None = None) -> dict[str, str]:
     """What a virtual run expected and where each part came from: ``sources`` names the argument, the command
@@ -276,7 +285,8 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
             failure = exc  # most likely a consequence of the problems: report them, chained to it
     session.stopped = rec.stopped
     session.ran_on = ran_on(space)
-    session.problems[:] = rec.culprits_first(list(rec.problems), rec.modules.outermost) + over_memory(space)
+    session.problems[:] = rec.culprits_first(list(rec.problems), rec.modules.outermost) + over_memory(space) \
+        + not_stored(len(rec.overflow), limit)
     session.culprits = rec.blamed
     session.sources = rec.sources
     session.ops = space.ops

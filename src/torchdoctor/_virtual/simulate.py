@@ -31,7 +31,7 @@ from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
 
 from torchdoctor._virtual.fixes import fix_for
-from torchdoctor._virtual.session import expectation, whence_line
+from torchdoctor._virtual.session import expectation, not_stored, whence_line
 from torchdoctor._virtual.hardware import ledger, over_memory
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
 
@@ -250,12 +250,11 @@ def simulate(
     problems = rec.culprits_first(list(rec.problems), rec.roots)
     if placed is not None:
         # what the move left behind; with inputs, the forward's checks judge the rest
-        seen = {(p.kind, p.path) for p in problems}
+        seen = {(p.kind, p.path) for p in (*problems, *rec.overflow)}
         problems.extend(q for q in placed.problems if (q.kind, q.path) not in seen and (not (args or kwargs) or (
             q.kind == "device" and q.role in ("parameter", "buffer", "quant_state"))))
     problems.extend(over_memory(space))
-    if len(problems) > limit:
-        problems, rec.stopped = problems[:limit], f"{limit} problems recorded (the limit)"
+    problems = problems[:limit] + not_stored(len(rec.overflow) + max(len(problems) - limit, 0), limit)
     # virtual tensors have no storage to share: each canonical path counts once
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
     log.info("simulated %s on %s: %d op(s), %d problem(s)", type(obj).__name__, device_str(dev), space.ops,
@@ -365,8 +364,11 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
         not forward or (
         q.kind == "device" and q.role in ("parameter", "buffer", "quant_state"))))
     stopped = session.stopped
-    if len(problems) > limit:
-        problems, stopped = problems[:limit], f"{limit} problems recorded (the limit)"
+    if len(problems) > limit:  # the session's own line of what it left out is the last one: counted again here
+        more = [p for p in problems if p.kind == "truncated" and p.op == "limit"]
+        kept = [p for p in problems if p not in more]
+        left = sum(int(p.found.split()[0]) for p in more) + max(len(kept) - limit, 0)
+        problems = kept[:limit] + not_stored(left, limit)
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
     fix = fix_for(problems, session.device, dt, session.sources)
     return SimulationReport(session.device, dt, session.data, session.profile, tuple(problems), session.ops,

@@ -1,0 +1,47 @@
+"""The problem limit never skips user code (issue 40, point 5): a block that reaches it runs to its end, stores the
+first problems and says how many more it met."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import torchdoctor
+
+
+class _Network(nn.Module):
+    """An sd-scripts-style LoRA network: its modules are held apart from the model they patch."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_block_that_reaches_the_limit_runs_to_its_end() -> None:
+    reached_the_end = []
+    with torchdoctor.virtual_devices("cuda:1", limit=5, raise_on_exit=False) as sim:
+        network = _Network(8)  # forgot network.to("cuda:1"): 16 tensors left on the cpu
+        out = network(torch.ones(2, 4, device="cuda:1"))
+        result = out.sum()  # the line that assigns the result runs
+        reached_the_end.append(result.device)
+    assert reached_the_end == [torch.device("cuda:1")]
+    stored = [p for p in sim.problems if p.kind == "device"]
+    assert len(stored) == 5 and sim.stopped is None
+    last = sim.problems[-1]
+    assert last.kind == "truncated" and last.found == "11 more"
+    assert last.message.startswith("11 more problem(s) not stored: at most 5 are kept")
+
+
+def test_the_marker_error_says_how_many_were_not_stored() -> None:
+    try:
+        with torchdoctor.virtual_devices("cuda:1", limit=2):
+            _Network(3)(torch.ones(2, 4, device="cuda:1"))
+    except torchdoctor.PlacementError as e:
+        assert "4 more problem(s) not stored" in str(e)
+    else:
+        raise AssertionError("no PlacementError")
