@@ -55,7 +55,7 @@ def read_pt2(entries: dict[str, Any], read: Callable[[Any, int], bytes], prefix:
     """The archive as a PickleFile: the tensors its configs list, the globals its pickled members name."""
     import json
 
-    from torchdoctor._checkpoint.torchfile import PickleFile, read_stream, unpickle_one
+    from torchdoctor._checkpoint.pickles import PickleFile, read_nested, unpickle_one
 
     root: dict[str, Any] = {}
     unknown: list[str] = []
@@ -75,7 +75,7 @@ def read_pt2(entries: dict[str, Any], read: Callable[[Any, int], bytes], prefix:
             continue
         try:
             if data.startswith(b"PK\x03\x04"):  # a pickled weight: torch.load(weights_only=False)
-                unknown += read_stream(data, f"{label}: {name}", budget).unknown_globals
+                unknown += read_nested(data, f"{label}: {name}", budget).unknown_globals
             elif data[:1] == b"\x80":  # opaque objects: pickle.loads; custom objects: TorchScript's unpickler
                 unknown += unpickle_one(data, 0, None, f"{label}: {name}", budget)[1]
         except UnsafePickle as exc:

@@ -69,7 +69,7 @@ class _Member:
         self.f, self.size, self.label, self.budget, self.unknown = f, size, label, budget, unknown
 
     def pickle_at(self, offset: int) -> tuple[Any, int]:
-        from torchdoctor._checkpoint.torchfile import unpickle_one
+        from torchdoctor._checkpoint.pickles import unpickle_one
 
         window = _WINDOW
         while True:
@@ -133,7 +133,7 @@ def read_tar(fh: IO[bytes], size: int, label: str, budget: Budget, pickle_view: 
     tarfile does not open the file (torch.load then reads it as pickles, and so does the caller)."""
     import tarfile
 
-    from torchdoctor._checkpoint.torchfile import PickleFile
+    from torchdoctor._checkpoint.pickles import PickleFile
 
     fh.seek(0)
     members = []

@@ -1,131 +1,37 @@
 """Read ``torch.save`` files (and plain pickles) as records, without their data and without running their code.
 
-Both container formats are read here: the zip format (``archive/data.pkl`` plus one entry per storage, sizes
-taken from the zip directory) and the legacy stream (magic number, protocol, sys info, the main pickle, the
-storage keys, then raw storage data that is skipped by arithmetic, never read). Plain pickles
-(``pickle.dump(state_dict)``) work too: each storage inside is a small embedded legacy stream, read the same way.
-Every pickle is first walked by :func:`torchdoctor._checkpoint.bounds.prescan` (memo, opcode and nesting limits)
-and only then built by the restricted unpickler of :mod:`torchdoctor._checkpoint.unpickle`. Every failure of a
-format read here becomes a one-line :class:`CheckpointError`.
+The file is dispatched as ``torch.load`` dispatches it: a zip when it starts with a local header
+(:mod:`torchdoctor._checkpoint.torchzip`), else a tar when tarfile's header test passes
+(:mod:`torchdoctor._checkpoint.tarcheck`), else the legacy stream read here (magic number, protocol, sys info, the
+main pickle, the storage keys, then raw storage data skipped by arithmetic, never read). Plain pickles
+(``pickle.dump(state_dict)``) work too: each storage inside is a small embedded legacy stream, read the same way;
+a pickle followed by more bytes is not plain. Every pickle goes through :func:`torchdoctor._checkpoint.pickles.
+unpickle_one` (bounded pre-scan, then the restricted unpickler). Every failure of a format read here becomes a
+one-line :class:`CheckpointError`.
 """
 
 from __future__ import annotations
 
-import functools
 import io
-import itertools
 import os
 import pickle
 from collections.abc import Callable
 from typing import IO, Any
 
-from torchdoctor._checkpoint.bounds import (
-    BLOB_COST,
-    MAX_EMBEDDED,
-    MAX_OPS,
-    MAX_PICKLE_BYTES,
-    MAX_SMALL_MEMBER,
-    _KINDS,
-    BoundedFile,
-    Budget,
-    prescan,
-)
-from torchdoctor._checkpoint.unpickle import (
-    CheckpointError,
-    Placeholder,
-    SafeUnpickler,
-    SlowUnpickler,
-    StorageRef,
-    StorageType,
-    UnsafePickle,
-    placeholder_class,
-)
+from torchdoctor._checkpoint.bounds import _KINDS, MAX_PICKLE_BYTES, Budget
 from torchdoctor._checkpoint.errors import LFS_POINTER, SMALL_READ
-from torchdoctor._checkpoint.modclass import ModuleClassName, merge, stand_in
-from torchdoctor._checkpoint.names import DATA_TYPES, LIBRARY_CLASSES
-from torchdoctor._checkpoint.dtypes import shown
-from torchdoctor._checkpoint.views import BadRecord
+from torchdoctor._checkpoint.modclass import merge
+from torchdoctor._checkpoint.pickles import PickleFile, decode, set_stream_reader, storage_ref, unpickle_one
+from torchdoctor._checkpoint.unpickle import CheckpointError, StorageRef, StorageType, UnsafePickle
 
 __all__ = ["LFS_POINTER", "SMALL_READ", "ZIP_MAGIC", "PickleFile", "read_stream", "read_torch_file", "safe_loads",
            "storage_ref", "unpickle_one"]
 
+_unpickle = unpickle_one
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
 ZIP_MAGIC = b"PK\x03\x04"  # torch.load's own test (_is_zipfile): a zip is a file that starts with a local header
 _LEGACY_WINDOW = 4 * 1024 * 1024  # first read of a legacy file's pickles; grown x16 while a pickle runs past it
-
-
-class PickleFile:
-    """One ``torch.save`` file as read without its data (``format``: "torch-zip", "torch-legacy", "torchscript",
-    "pickle")."""
-
-    __slots__ = ("format", "root", "storages", "unknown_globals", "notes", "_small")
-
-    def __init__(self, format: str, root: Any, storages: dict[str, StorageRef], unknown_globals: tuple[str, ...],
-                 notes: list[str] | None = None, _small: Callable[[StorageRef], bytes | None] | None = None) -> None:
-        self.format = format
-        self.root = root
-        self.storages = storages
-        self.unknown_globals = unknown_globals
-        self.notes = [] if notes is None else notes
-        self._small = _small
-
-    def read_small(self, ref: StorageRef) -> bytes | None:
-        """Bytes of a tiny storage (at most ``SMALL_READ``), or None; nothing larger is ever read."""
-        if ref.nbytes > SMALL_READ:
-            return None
-        if self._small is None:
-            return None
-        try:
-            return self._small(ref)
-        except Exception:  # a storage that cannot be read is simply not inspected further
-            return None
-
-
-def _decode(value: Any) -> str:
-    return value.decode("ascii") if isinstance(value, bytes) else str(value)
-
-
-def storage_ref(storages: dict[str, StorageRef], stype: Any, key: Any, location: Any, numel: Any) -> StorageRef:
-    if not isinstance(stype, StorageType) or type(numel) is not int or numel < 0:
-        raise pickle.UnpicklingError(f"malformed storage record for key {str(key)[:40]!r}")
-    key = _decode(key)
-    ref = storages.get(key)
-    if ref is None:
-        ref = storages[key] = StorageRef(key, _decode(location), stype.dtype, numel)
-    return ref
-
-
-def _unpickle(
-    data: bytes, start: int, persistent: Callable[[Any], Any] | None, label: str, budget: Budget
-) -> tuple[Any, tuple[str, ...], int]:
-    """One pickle of ``data`` from ``start``: checked by :func:`prescan`, then built; also where it ends."""
-    end = prescan(data, start, budget, label)
-    slow = budget.ext
-    while True:
-        fh = io.BytesIO(data)
-        fh.seek(start)
-        kind = SlowUnpickler if slow else SafeUnpickler
-        unpickler = kind(fh, persistent, functools.partial(_load_from_bytes, budget), budget.hashes)
-        try:
-            return unpickler.load(), unpickler.names(), end
-        except CheckpointError:
-            raise
-        except EOFError:
-            failure = "truncated pickle (ran out of data)"
-        except Exception as exc:  # any failure inside a hostile or damaged pickle is "corrupted", never a traceback
-            if not slow and "STACK_GLOBAL" in str(exc):  # the C unpickler does not say what computed the name
-                slow = True
-                continue
-            failure = (f"refused: {str(exc)[:260]}" if isinstance(exc, BadRecord)
-                       else f"corrupted pickle ({type(exc).__name__}: {str(exc)[:160]})")
-        named = tuple(g for g in unpickler.names() if g not in DATA_TYPES and g not in LIBRARY_CLASSES)
-        if named:  # torch.load would have imported (and called) these before failing: that is the finding
-            raise UnsafePickle(f"{label}: {failure}", unpickler.names())
-        raise CheckpointError(f"{label}: {failure}")
-
-
-unpickle_one = _unpickle
 
 
 def _read_legacy(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]], budget: Budget) -> PickleFile:
@@ -176,7 +82,7 @@ def _parse_legacy(data: bytes, size: int, label: str, reopen: Callable[[], IO[by
     def persistent(pid: Any) -> Any:
         if not isinstance(pid, tuple) or not pid:
             raise pickle.UnpicklingError("unexpected persistent id")
-        kind = pid[0] if type(pid[0]) is str else _decode(pid[0])
+        kind = pid[0] if type(pid[0]) is str else decode(pid[0])
         if kind == "module":  # a pickled nn.Module class with its source; the class is already a placeholder
             return pid[1]
         if kind != "storage" or len(pid) != 6:
@@ -185,15 +91,15 @@ def _parse_legacy(data: bytes, size: int, label: str, reopen: Callable[[], IO[by
         if not isinstance(stype, StorageType) or type(numel) is not int or numel < 0:  # storage_ref, inlined:
             raise pickle.UnpicklingError(f"malformed storage record for key {str(key)[:40]!r}")  # once per tensor
         if type(key) is not str:
-            key = _decode(key)
+            key = decode(key)
         ref = storages.get(key)
         if ref is None:
-            ref = storages[key] = StorageRef(key, location if type(location) is str else _decode(location),
+            ref = storages[key] = StorageRef(key, location if type(location) is str else decode(location),
                                              stype.dtype, numel)
         if view is None:
             return ref
         view_key, offset, view_size = view
-        key = _decode(view_key)
+        key = decode(view_key)
         return views.setdefault(key, StorageRef(key, ref.location, ref.dtype, int(view_size)))
 
     root, more, pos = _unpickle(data, pos, persistent, label, budget)
@@ -204,7 +110,7 @@ def _parse_legacy(data: bytes, size: int, label: str, reopen: Callable[[], IO[by
         if more:
             return _header_payload(unknown, "storage-keys", root)
         raise CheckpointError(f"{label}: corrupted legacy torch file (the storage key list is not a list of keys)")
-    listed = [_decode(k) for k in keys]
+    listed = [decode(k) for k in keys]
     if sorted(listed) != sorted(storages):
         missing = sorted(set(storages) - set(listed))[:3]
         extra = sorted(set(listed) - set(storages))[:3]
@@ -299,48 +205,6 @@ def read_stream(raw: bytes, label: str, budget: Budget | None = None) -> PickleF
     return _read_legacy(io.BytesIO(raw), len(raw), label, lambda: io.BytesIO(raw), budget)
 
 
-_PICKLED_STORAGES = itertools.count()
-
-
-def _load_from_bytes(budget: Budget, unknown: dict[str, type[Placeholder]], data: Any) -> Any:
-    """``pickle.dumps(tensor)`` embeds each storage as a small ``torch.save`` stream: read it the same way,
-    on the same budget, one level deeper. Globals it names are recorded in the outer unpickler's ``unknown``."""
-    if not isinstance(data, (bytes, bytearray)):
-        raise pickle.UnpicklingError("_load_from_bytes without bytes")
-    if budget.depth >= MAX_EMBEDDED:
-        from torchdoctor._checkpoint.deepnames import names_in
-
-        why = (f"refused: storage blobs (torch.storage._load_from_bytes) nested more than {MAX_EMBEDDED} deep; "
-               "pickle.dumps of a tensor needs one level")
-        named = names_in(bytes(data))  # not built, but what torch.load would import down there is still named
-        if named:
-            raise UnsafePickle(f"{budget.label}: {why}", named)
-        raise CheckpointError(f"{budget.label}: {why}")
-    cached = budget.blobs.get(id(data))
-    if cached is not None and cached[0] is data:  # the same blob again through the memo: the same storage
-        return cached[1]
-    budget.ops -= BLOB_COST  # parsing a blob costs far more than its opcodes: bound the count of blobs too
-    if budget.ops < 0:
-        raise CheckpointError(f"{budget.label}: refused: more storage blobs (torch.storage._load_from_bytes) "
-                              f"than {MAX_OPS // BLOB_COST:,}; a pickle that repeats work through its memo")
-    raw = bytes(data)
-    budget.depth += 1
-    try:  # a damaged or refused blob is reported as such (its CheckpointError names the file)
-        inner = read_stream(raw, f"{budget.label}: embedded storage", budget)
-    finally:
-        budget.depth -= 1
-    for name in inner.unknown_globals:
-        if not isinstance(name, ModuleClassName):  # a misuse below is a misuse here
-            unknown[name] = placeholder_class(name)
-        elif name not in unknown:
-            unknown[name] = stand_in(str(name), set())
-    result = inner.root
-    if isinstance(result, StorageRef):
-        result = result.with_key(f"pickled-{next(_PICKLED_STORAGES)}")  # each blob is its own storage
-    budget.blobs[id(data)] = (data, result)  # keeps ``data`` alive, so its id is not reused
-    return result
-
-
 def safe_loads(data: bytes) -> Any:
     """Unpickle ``data`` with no code execution: unknown globals come back as placeholders.
 
@@ -355,3 +219,6 @@ def safe_loads(data: bytes) -> Any:
     ('echo never runs',)
     """
     return _unpickle(bytes(data), 0, None, "pickle", Budget(label="pickle"))[0]
+
+
+set_stream_reader(read_stream)  # how pickles.py reads a storage embedded as a stream (no import circle)

@@ -57,7 +57,7 @@ def _judge_every_copy(fh: IO[bytes], size: int, label: str, odd: list[str], budg
     naming what was odd. Always raises."""
     import zipfile
 
-    from torchdoctor._checkpoint.torchfile import unpickle_one
+    from torchdoctor._checkpoint.pickles import unpickle_one
     from torchdoctor._checkpoint.zipcheck import raw_member
 
     why = f"refused: {'; '.join(odd[:3])}{f' (and {len(odd) - 3} more)' if len(odd) > 3 else ''}"
@@ -84,13 +84,9 @@ def _any_persistent(pid: Any) -> Any:
     return placeholder_class("torch storage record")()
 
 
-def _decode(value: Any) -> str:
-    return value.decode("ascii") if isinstance(value, bytes) else str(value)
-
-
 def read_zip_file(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[bytes]], budget: Budget) -> Any:
     """A ``torch.save`` (or TorchScript) zip as a :class:`torchdoctor._checkpoint.torchfile.PickleFile`."""
-    from torchdoctor._checkpoint.torchfile import PickleFile, storage_ref, unpickle_one
+    from torchdoctor._checkpoint.pickles import PickleFile, decode, storage_ref, unpickle_one
     from torchdoctor._checkpoint.zipcheck import check_member
     from torchdoctor._checkpoint.zipfast import SMALL_MEMBERS
 
@@ -125,14 +121,14 @@ def read_zip_file(fh: IO[bytes], size: int, label: str, reopen: Callable[[], IO[
     storages: dict[str, StorageRef] = {}
 
     def persistent(pid: Any) -> Any:
-        if not isinstance(pid, tuple) or len(pid) != 5 or (pid[0] if type(pid[0]) is str else _decode(pid[0])) \
+        if not isinstance(pid, tuple) or len(pid) != 5 or (pid[0] if type(pid[0]) is str else decode(pid[0])) \
                 != "storage":
             raise pickle.UnpicklingError(f"unexpected persistent id {str(pid)[:60]}")
         _, stype, key, location, numel = pid
         if isinstance(stype, StorageType) and type(numel) is int and numel >= 0 and type(key) is str:
             ref = storages.get(key)  # storage_ref inlined for the common record: this runs once per tensor
             if ref is None:
-                ref = storages[key] = StorageRef(key, location if type(location) is str else _decode(location),
+                ref = storages[key] = StorageRef(key, location if type(location) is str else decode(location),
                                                  stype.dtype, numel)
             return ref
         return storage_ref(storages, stype, key, location, numel)
