@@ -11,6 +11,8 @@ layout with bitsandbytes' own converter.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import OrderedDict
 
 import pytest
@@ -18,7 +20,7 @@ import torch
 from torch import nn
 
 import torchdoctor
-from support import zoo
+from support import hardware, zoo
 from torchdoctor._move.plan import build
 from torchdoctor._scan.policy import Policy
 from torchdoctor._walk import walk
@@ -156,3 +158,39 @@ def test_both_4bit_cpu_layouts_are_storage_for_scan_and_move(bnb_cpu_branch) -> 
     repacked = bool(getattr(portable.q.weight.quant_state, "packing_format_for_cpu", False))
     assert repacked == portable.q.support_avx512bf16_for_cpu == bnb_cpu_branch.avx512bf16
     assert torchdoctor.scan(portable).ok and torchdoctor.move(portable, dtype=BF16).ok
+
+
+def test_both_branches_compute_the_same_numbers(bnb_cpu_branch) -> None:
+    """The eval forward (repacked on the AVX512-BF16 branch) against the training-mode forward (never repacked)."""
+    model, twin = zoo.bnb_linear4bit(64, 128), zoo.bnb_linear4bit(64, 128)
+    x = torch.randn(3, 64, dtype=BF16)
+    with torch.no_grad():
+        ref = twin.train()(x).float()
+        out = model(x).float()
+    assert getattr(model.proj.weight.quant_state, "packing_format_for_cpu", False) == bnb_cpu_branch.avx512bf16
+    assert torch.allclose(out, ref, atol=0.05), (out - ref).abs().max()
+
+
+_CHILD = """
+import torch
+from support import zoo
+from support.hardware import avx512bf16_kernel_registered
+model, twin = zoo.bnb_linear4bit(64, 128), zoo.bnb_linear4bit(64, 128)
+x = torch.randn(3, 64, dtype=torch.bfloat16)
+with torch.no_grad():
+    out, ref = model(x).float(), twin.train()(x).float()
+print(avx512bf16_kernel_registered(), getattr(model.proj.weight.quant_state, "packing_format_for_cpu", False),
+      bool(torch.allclose(out, ref, atol=0.05)))
+"""
+
+
+@pytest.mark.parametrize("branch", hardware.BRANCHES)
+def test_the_import_branch_forced_either_way_runs_a_4bit_forward(branch: str) -> None:
+    """A fresh process on each import branch (what ``TD_TEST_BNB_AVX512BF16`` does to a whole suite run): the fused
+    kernel is registered only on the AVX512-BF16 one, and the repacked forward gives the portable numbers (on a CPU
+    without the instructions, through the stand-in; bitsandbytes' own kernel would end the process with SIGILL)."""
+    done = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=120,
+                          env=hardware.child_env(branch))
+    assert done.returncode == 0, done.stderr[-3000:]
+    on = branch == "avx512bf16"
+    assert done.stdout.split() == [str(on), str(on), "True"], done.stdout

@@ -19,10 +19,13 @@ and a dequantize fallback at block sizes >= 2048; the suite uses neither.)
 the forced answer; ``tests/conftest.py`` pins the portable branch (``TD_TEST_BNB_AVX512BF16`` unset or ``0``) in
 the test process, and ``SITE`` does the same in a child process (torchrun ranks, CLI runs) through its
 ``sitecustomize``. ``bnb_cpu_branch`` (a fixture, exported by ``tests/conftest.py``) runs a test on both branches
-of the per-layer check. Where the AVX512-BF16 kernel is not registered (a CPU without it, or the portable import
-branch) bitsandbytes sends the packed layout to its default ``gemv_4bit``, plain torch ops that read the packed
-bytes as if portable: the forward runs, with other numbers. Tests on the forced branch therefore compare dtypes,
-shapes, placement and torchdoctor's findings, not the numbers.
+of the per-layer check.
+
+Where the AVX512-BF16 kernel cannot run, bitsandbytes behaves in one of two ways: with the import branch forced on
+a CPU without it, its fused ``gemv_4bit`` is native AVX512 code and the process dies (SIGILL, exit 132); with the
+portable import branch and a layer forced to repack, its default ``gemv_4bit`` reads the packed bytes as portable
+ones and returns other numbers. So on both, ``packed_gemv`` (torch ops reading the packed layout) stands in for
+the fused kernel: the forced branch then computes what a CPU with AVX512-BF16 computes, numbers included.
 
 >>> BRANCHES
 ('portable', 'avx512bf16')
@@ -46,6 +49,7 @@ BRANCHES = ("portable", "avx512bf16")
 VALID_4BIT = (64, 64)  # (in_features, out_features) of the smallest Linear4bit both branches run (block size 64)
 SITE = Path(__file__).parent / "site"  # put on PYTHONPATH of a child: its sitecustomize pins from ENV
 _TARGET = "bitsandbytes.functional"
+_CPU_OPS = "bitsandbytes.backends.cpu.ops"
 _HOST_ATTR = "_td_host_has_avx512bf16"  # the library's own probe, kept on the module for host_has_avx512bf16()
 
 
@@ -87,19 +91,51 @@ class _Loader(importlib.abc.Loader):
         _force(module, self.value)
 
 
+class _CpuOpsLoader(_Loader):
+    """Runs bitsandbytes' CPU kernels module on the forced answer; where that answer is "yes" on a CPU that says no,
+    its fused ``gemv_4bit`` (native AVX512-BF16 code: SIGILL, exit 132, on such a CPU) is replaced by
+    ``packed_gemv``, which reads the same layout with torch ops."""
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.inner.exec_module(module)
+        if self.value and not host_has_avx512bf16():
+            import torch
+
+            torch.library.register_kernel("bitsandbytes::gemv_4bit", "cpu")(packed_gemv)
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self, value: bool) -> None:
         self.value = value
+        self.left = {_TARGET: _Loader, _CPU_OPS: _CpuOpsLoader}
 
     def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
                   ) -> importlib.machinery.ModuleSpec | None:
-        if name != _TARGET:
+        loader = self.left.pop(name, None)
+        if loader is None:
             return None
-        sys.meta_path.remove(self)  # one import only; finding the real spec must not come back here
+        if not self.left:
+            sys.meta_path.remove(self)  # both seen: nothing more to do here
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader, self.value)
+            spec.loader = loader(spec.loader, self.value)
         return spec
+
+
+def packed_gemv(A: Any, B: Any, shapeB: Sequence[int], absmax: Any, code: Any, blocksize: int) -> Any:
+    """``A @ W.T`` for a weight in bitsandbytes' AVX512-BF16 CPU layout (``_convert_weight_packed_for_cpu``: uint8
+    [N, K/2], 32 rows interleaved per block, ``absmax`` bf16 [K/blocksize, N]), in torch ops: the test stand-in
+    for the fused kernel on a CPU that cannot run it, computing what that kernel computes (bf16 out)."""
+    import torch
+
+    n, k = int(shapeB[0]), int(shapeB[1])
+    packed = B.contiguous().view(torch.uint8).reshape(-1, 32)
+    nibbles = torch.cat([packed & 0xF, (packed >> 4) & 0xF], dim=-1)  # the converter's low then high halves
+    q = nibbles.reshape(n // 32, k // 2, 32, 2).transpose(1, 2).reshape(n, k).long()
+    scale = absmax.float().t().repeat_interleave(blocksize, dim=1)[:, :k]
+    weight = (code.float()[q] * scale).to(torch.bfloat16)
+    out = torch.nn.functional.linear(A.to(torch.bfloat16), weight)
+    return out.to(A.dtype)
 
 
 def pin_at_import(value: bool | None) -> str:
@@ -188,5 +224,19 @@ def force_branch(monkeypatch: Any, name: str) -> Branch:
 
 
 def branch_fixture(request: Any, monkeypatch: Any) -> Iterator[Branch]:
-    """Body of the ``bnb_cpu_branch`` fixture (parametrized over ``BRANCHES`` in ``tests/conftest.py``)."""
-    yield force_branch(monkeypatch, request.param)
+    """Body of the ``bnb_cpu_branch`` fixture (parametrized over ``BRANCHES`` in ``tests/conftest.py``). On the
+    AVX512-BF16 branch without bitsandbytes' fused kernel registered (the portable import branch), the packed layout
+    is computed by ``packed_gemv`` for the test, as the kernel would: otherwise bitsandbytes' default ``gemv_4bit``
+    would read the packed bytes as portable ones and return other numbers."""
+    branch = force_branch(monkeypatch, request.param)
+    lib = None
+    if branch.avx512bf16 and not avx512bf16_kernel_registered():
+        import torch
+
+        lib = torch.library.Library("bitsandbytes", "FRAGMENT")  # destroyed below: the kernel is the test's only
+        torch.library.register_kernel("bitsandbytes::gemv_4bit", "cpu", packed_gemv, lib=lib)
+    try:
+        yield branch
+    finally:
+        if lib is not None:
+            lib._destroy()
