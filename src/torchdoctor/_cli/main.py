@@ -83,6 +83,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         from torchdoctor._cli.hints import with_hint
 
+        tolerant_streams()  # the command ends here: an argument in another script must not fail the message
         self.exit(EXIT_USAGE, f"{self.prog}: {with_hint(self, message)}\n")
 
 
@@ -305,6 +306,8 @@ def tolerant_streams() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     child = child_role()
     words = sys.argv[1:] if argv is None else list(argv)
+    if not words or words[0] not in ("run", "trace"):  # those two leave the program's streams as python would
+        tolerant_streams()
     if words and words[0] == "help":  # `torchdoctor help [VERB]`, as git and pip spell it
         from torchdoctor._cli.hints import help_command
 
@@ -319,8 +322,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if getattr(args, "color", None):
         set_color(args.color)
-    if args.verb not in ("run", "trace"):
-        tolerant_streams()
     if args.verb == "simulate" and not args.target and getattr(args, "profile", None) not in ("help", "list"):
         print("torchdoctor simulate: the following arguments are required: TARGET", file=sys.stderr)
         return EXIT_USAGE
@@ -350,6 +351,7 @@ def _command(args: argparse.Namespace) -> int:
         with line_width(output_width(real)):
             code = int(handler(args))
     except UsageError as exc:
+        tolerant_streams()  # `run` / `trace` too: the command ends with this line
         print(f"torchdoctor {args.verb}: {exc}", file=sys.stderr)
         code = EXIT_USAGE
     except KeyboardInterrupt:
