@@ -156,7 +156,18 @@ def casting_modules(modules: list[tuple[str, nn.Module]], types_: set[type]) -> 
     the modules that move any (per class first: ordinary models have no such class, and then no module is looked
     at)."""
     plans = percall._PLANS
-    classes = {tp for tp in types_ if (plans[tp] if tp in plans else percall.plan(tp)) is not None}
+    todo = [tp for tp in types_ if tp not in plans]
+    if todo:
+        # only a class whose instances hold tensors of their own is read (a model's blocks and wrappers hold
+        # none: their layers do), and each class once per process
+        owning = {type(m) for _, m in modules if type(m) in todo and (
+            m.__dict__.get("_parameters") or m.__dict__.get("_buffers"))}
+        for tp in todo:
+            if tp in owning:
+                percall.plan(tp)
+            else:
+                plans[tp] = None
+    classes = {tp for tp in types_ if plans[tp] is not None}
     if not classes:
         return {}
     out = {}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import linecache
 import re
 import textwrap
 import types
@@ -77,13 +78,30 @@ def _tree(fn: types.FunctionType) -> ast.FunctionDef | None:
     if code in _TREES:
         return _TREES[code]
     _TREES[code] = None
+    # read through linecache, not inspect.getsource: that one looks up the function's module among every loaded
+    # module (a third of a second the first time in a process that imported transformers); the code object, not
+    # the function: getsource(fn) would follow ``__wrapped__`` to what a decorator wraps
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(code)))  # the code: getsource(fn) unwraps
-    except (OSError, TypeError, SyntaxError, IndentationError):
+        lines = linecache.getlines(code.co_filename)
+        start = code.co_firstlineno - 1
+        if not lines or start >= len(lines):
+            return None
+        tree = ast.parse(textwrap.dedent("".join(inspect.getblock(lines[start:]))))
+    except (SyntaxError, IndentationError, ValueError):
         return None
     node = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
     _TREES[code] = node if isinstance(node, ast.FunctionDef) else None
     return _TREES[code]
+
+
+_NODES: dict[int, list[ast.AST]] = {}  # id of a parsed function -> its nodes (the trees are kept in _TREES)
+
+
+def _nodes(node: ast.FunctionDef) -> list[ast.AST]:
+    hit = _NODES.get(id(node))
+    if hit is None:
+        hit = _NODES[id(node)] = list(ast.walk(node))[1:]
+    return hit
 
 
 def _resolve(fn: types.FunctionType, name: str) -> Any:
@@ -99,8 +117,9 @@ class _Reader:
 
     def __init__(self, tp: type) -> None:
         self.tp = tp
-        # (code, name of the module, parameters bound to its tensors) -> moves
+        # (code, name of the module, parameters bound to its tensors) -> moves, and -> its local aliases
         self.memo: dict[tuple[types.CodeType, str, tuple[tuple[str, str], ...]], dict[str, int]] = {}
+        self.aliases: dict[tuple[types.CodeType, str, tuple[tuple[str, str], ...]], dict[str, str]] = {}
 
     def moves(self, fn: Any, me: str, depth: int = 0, body: list[ast.stmt] | None = None,
               bound: tuple[tuple[str, str], ...] = ()) -> dict[str, int]:
@@ -118,17 +137,17 @@ class _Reader:
             return {}
         nodes = body if body is not None else node.body
         out: dict[str, int] = {}
-        alias: dict[str, str] = dict(bound)  # local name -> the module tensor it was bound to
-        for stmt in node.body:  # bindings anywhere in the function count for every branch
-            for n in ast.walk(stmt):
+        alias = self.aliases.get(key)
+        if alias is None:  # local name -> the module tensor it was bound to (anywhere in the function: every branch)
+            alias = self.aliases[key] = dict(bound)
+            for n in _nodes(node):
                 if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
                     a = self._attr(n.value, me, alias)
                     if a is not None:
                         alias[n.targets[0].id] = a
-        for stmt in nodes:
-            for n in ast.walk(stmt):
-                if isinstance(n, ast.Call):
-                    self._call(n, fn, me, alias, depth, out)
+        for n in (_nodes(node) if body is None else (n for stmt in nodes for n in ast.walk(stmt))):
+            if isinstance(n, ast.Call):
+                self._call(n, fn, me, alias, depth, out)
         if body is None:
             self.memo[key] = out
         return out
