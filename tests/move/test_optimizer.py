@@ -33,7 +33,15 @@ def test_module_to_leaves_adam_state_behind_and_step_fails() -> None:
     """The failure this exists for, on the real torch: state left float32 under float64 parameters."""
     m, opt = _trained()
     m.double()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="(?i)dtype|float"):
+        _step(m, opt, torch.float64)
+
+
+def test_optimizer_none_leaves_the_state_as_module_to_does() -> None:
+    m, opt = _trained()
+    report = torchdoctor.move(m, dtype=torch.float64, optimizer=None)
+    assert report.optimizers == () and not [r for r in report.moved if r.path.startswith("optimizer")]
+    with pytest.raises(RuntimeError, match="(?i)dtype|float"):
         _step(m, opt, torch.float64)
 
 
@@ -68,7 +76,7 @@ def test_capturable_adam_keeps_step_on_the_parameter_device_in_float32() -> None
 def test_state_kept_apart_on_purpose_stays() -> None:
     """fp32 master state of bf16 parameters (mixed-precision training) keeps float32 after a cast to float16."""
     m, opt = _trained()
-    torchdoctor.move(m, dtype=torch.bfloat16)
+    torchdoctor.move(m, dtype=torch.bfloat16, optimizer=None)  # None: the optimizer is left alone (not looked for)
     for state in opt.state.values():  # the optimizer keeps float32 moments on purpose
         assert state["exp_avg"].dtype == torch.float32
     report = torchdoctor.move(m, dtype=torch.float16, optimizer=opt)

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import time
 import traceback
 from typing import Any
 
 import torch
 
+from torchdoctor._move import holders
 from torchdoctor._move import owners as q
+from torchdoctor._move.available import refuse_missing
 from torchdoctor._move.plan import Expect, Moved, MoveReport, _Plan, build
 from torchdoctor._move.undo import CastBack, Outcome, UndoLog, Unit, compact_of, irreplaceable, owns_storage
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype, same_device
@@ -26,6 +29,7 @@ __all__ = ["move"]
 log_ = logging.getLogger("torchdoctor.move")
 _PARAM, _TENSOR = torch.nn.Parameter, torch.Tensor
 _compatible = torch._has_compatible_shallow_copy_type
+_ALWAYS = frozenset({"cpu", "meta"})  # device types that exist on every machine (no availability check)
 _VERIFYING = "\0verifying"  # the cursor's value once every unit is in place (no path looks like it)
 
 
@@ -77,7 +81,7 @@ def _interrupt(stop: BaseException, text: str) -> BaseException:
 
 def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | torch.dtype | None = None, *,
          non_blocking: bool = False, keep_fp32: bool = True, rollback: bool | str = "auto",
-         optimizer: Any = None) -> MoveReport:
+         optimizer: Any = "auto") -> MoveReport:
     """Move every tensor reachable from ``obj`` to ``device`` and cast its floating tensors to ``dtype``, in place.
 
     Reaches what ``Module.to`` misses (tensor attributes, list-held modules, quant_state, 8-bit state,
@@ -86,10 +90,16 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     ``Module.to`` casts), verifies with ``scan``. Refuses up front (nothing moved) under accelerate offload
     hooks or with meta tensors to materialise.
 
-    ``optimizer=opt`` (or a list of optimizers) moves their state with the parameters: a state tensor that sat on
-    its parameter's device, or had its parameter's dtype, follows it (Adam's ``exp_avg`` after a cast to float64);
+    Optimizers that hold the moved parameters have their state moved with them: a state tensor that sat on its
+    parameter's device, or had its parameter's dtype, follows it (Adam's ``exp_avg`` after a cast to float64);
     state kept apart on purpose (``step`` on cpu, fp32 state of a bf16 parameter, 8-bit optimizer state) stays.
-    It is verified and rolled back with the model.
+    It is verified and rolled back with the model. ``optimizer="auto"`` (the default) finds them: nothing is
+    searched when no parameter is held outside the model, else the caller's frames, then every object the GC
+    tracks; the report names each one found (``report.optimizers``) or says it could not look. ``optimizer=opt``
+    (or a list) takes exactly those; ``optimizer=None`` touches no optimizer.
+
+    A device this machine does not have (``cuda:1`` on a CPU-only build) is refused before anything moves, with
+    what to use instead (``torchdoctor.pick_device()``, or ``virtual_devices`` / ``simulate`` to try it).
 
     When anything fails part-way (an error, an out-of-memory, a ``KeyboardInterrupt``) or the verification finds a
     tensor left behind, everything is undone: the same objects come back, views share their storage again, grads
@@ -113,6 +123,8 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
         raise ValueError("move needs device= and/or dtype=, e.g. torchdoctor.move(model, 'cuda:0', torch.bfloat16)")
     if dt is not None and not (dt.is_floating_point or dt.is_complex):
         raise TypeError(f"move casts floating-point tensors only: dtype must be a floating dtype, not {dt}")
+    if dev is not None and dev.type not in _ALWAYS:
+        refuse_missing(dev)
     log = UndoLog(_mode(rollback))
     # The cyclic GC is paused as scan pauses it: move's records are freed by reference counting when it returns,
     # and a collection started by them would walk the whole heap (transformers and torch: ~350k objects) in the
@@ -128,9 +140,10 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
 
 def _move(obj: Any, dev: torch.device | None, dt: torch.dtype | None, keep_fp32: bool, non_blocking: bool,
           log: UndoLog, optimizer: Any, t0: float) -> MoveReport:
-    opt_state, opts, was = _optimizers(optimizer)
+    given = _given(optimizer)
     p = build(obj, dev, dt, keep_fp32)
     p.raise_refusals()
+    opt_state, opts, was, held, note = _optimizers(optimizer, given, p.steps)
     done: list[Moved] = []
     cursor = [""]
     total, left = 0, []
@@ -139,8 +152,7 @@ def _move(obj: Any, dev: torch.device | None, dt: torch.dtype | None, keep_fp32:
         total = _apply(p, log, done, cursor, non_blocking, swapped)
         if opt_state is not None:
             opt_state.rekey(opts, swapped, log, was)
-            for path, src, dst, nbytes in opt_state.apply(opt_state.plan(obj, opts, was), log, non_blocking):
-                cursor[0] = path
+            for path, src, dst, nbytes in opt_state.apply(opt_state.plan(obj, opts, was), log, non_blocking, cursor):
                 done.append(Moved(path, src, dst, nbytes))
                 total += nbytes
         cursor[0] = _VERIFYING
@@ -178,18 +190,44 @@ def _move(obj: Any, dev: torch.device | None, dt: torch.dtype | None, keep_fp32:
     log_.info("moved %d tensor(s), %s, to %s in %.3f s", len(done), human_bytes(total),
               " ".join(x for x in (device_str(dev) if dev is not None else None,
                                    dtype_str(dt) if dt is not None else None) if x), seconds)
-    return MoveReport(tuple(done), dev, dt, kept=tuple(kept), storage_bytes=total, seconds=seconds)
+    held_by = opt_state.rows(opts, len(given), held, done) if opt_state is not None else ()
+    return MoveReport(tuple(done), dev, dt, kept=tuple(kept), storage_bytes=total, seconds=seconds,
+                      optimizers=held_by, notes=(note,) if note else ())
 
 
-def _optimizers(optimizer: Any) -> tuple[Any, list[Any], dict[int, tuple[torch.device, torch.dtype]]]:
-    """(``_move.optim``, the optimizers, where their parameters were), or (None, [], {}) without any: the module is
-    imported when asked for, as the first ``move`` of a process pays every import (issue 28)."""
-    if optimizer is None:
-        return None, [], {}
+def _given(optimizer: Any) -> list[Any]:
+    """The optimizers passed (checked before anything is planned); none for ``"auto"`` and ``None``."""
+    if optimizer is None or (isinstance(optimizer, str) and optimizer == "auto"):
+        return []
     from torchdoctor._move import optim
 
-    opts = optim.optimizers(optimizer)
-    return (optim, opts, optim.before(opts)) if opts else (None, [], {})
+    return optim.optimizers(optimizer)
+
+
+def _optimizers(optimizer: Any, given: list[Any], steps: list[Any]
+                ) -> tuple[Any, list[Any], dict[int, tuple[torch.device, torch.dtype]], list[int], str]:
+    """(``_move.optim``, the optimizers, where their parameters were, how many moved tensors each holds, a note),
+    or (None, [], {}, [], note) without any: ``_move.optim`` is imported only when there is one, as the first
+    ``move`` of a process pays every import (issue 28)."""
+    opts, note = list(given), ""
+    if isinstance(optimizer, str) and steps:
+        wanted = holders.held_elsewhere(steps)
+        if wanted:  # something besides the model holds a parameter: look for optimizers among those holders
+            t0 = time.perf_counter()
+            found = holders.search(wanted, given, sys._getframe(3))  # _optimizers <- _move <- move <- the caller
+            opts += found.found
+            log_.debug("optimizer search: %d tensor(s) held outside the model, %d optimizer(s) found %s in %.2f ms",
+                       len(wanted), len(found.found), "after a pass over every tracked object" if found.heap else
+                       "in the caller's frames", (time.perf_counter() - t0) * 1e3)
+            if found.error:
+                note = (f"could not look for optimizers holding these parameters ({found.error}): pass "
+                        "move(obj, ..., optimizer=opt) to move an optimizer's state with them")
+        del wanted
+    if not opts:
+        return None, [], {}, [], note
+    from torchdoctor._move import optim
+
+    return optim, opts, optim.before(opts), optim.holding(opts, {id(s.entry.tensor) for s in steps}), note
 
 
 def _apply(p: _Plan, log: UndoLog, done: list[Moved], cursor: list[str], non_blocking: bool,

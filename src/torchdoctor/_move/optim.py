@@ -20,7 +20,7 @@ from torch import nn
 from torchdoctor._move.undo import Outcome, UndoLog, _Record, compact_of, exact_cast
 from torchdoctor._placement import same_device
 
-__all__ = ["OptimStep", "optimizers", "before", "rekey", "plan", "apply", "left_behind"]
+__all__ = ["OptimStep", "optimizers", "before", "rekey", "plan", "apply", "left_behind", "holding", "rows"]
 
 
 def optimizers(arg: Any) -> list[Any]:
@@ -169,9 +169,12 @@ class _SetItem(_Record):
         return [] if desc == self.was and now is not self.new else [(self.path, desc, self.was)]
 
 
-def apply(steps: list[OptimStep], log: UndoLog, non_blocking: bool) -> Iterator[tuple[str, str, str, int]]:
-    """Carry out the steps, each after its undo record; yields (path, before, after, nbytes) as each lands."""
+def apply(steps: list[OptimStep], log: UndoLog, non_blocking: bool, cursor: list[str]
+          ) -> Iterator[tuple[str, str, str, int]]:
+    """Carry out the steps, each after its undo record; yields (path, before, after, nbytes) as each lands.
+    ``cursor[0]`` names the step under way, so a failure names the tensor it failed at."""
     for s in steps:
+        cursor[0] = s.path
         new = s.tensor.to(device=s.device, dtype=s.dtype, non_blocking=non_blocking)
         keep = log.keeps(not same_device(s.tensor.device, s.device))
         log.add(_SetItem(s, new, keep))
@@ -183,3 +186,23 @@ def left_behind(obj: Any, opts: list[Any], was: dict[int, tuple[torch.device, to
     """State that should have followed its parameter and did not (a fresh plan must be empty)."""
     return [f"{s.path}  {compact_of(s.tensor)}, its parameter is {s.dtype} on {s.device}"
             for s in plan(obj, opts, was)]
+
+
+
+def holding(opts: list[Any], moving: set[int]) -> list[int]:
+    """How many of the tensors the move changes (``moving``: their ids) each optimizer holds, read before the move
+    (a move to or from meta replaces Parameters)."""
+    return [len({id(p) for _, _, p in _params(o)} & moving) for o in opts]
+
+
+def rows(opts: list[Any], given: int, held: list[int], done: list[Any]) -> tuple[Any, ...]:
+    """One ``HeldBy`` per optimizer: how many of the moved tensors it holds (``held``, from ``holding``) and how many
+    of its state tensors followed them; the first ``given`` were passed as ``optimizer=``."""
+    from torchdoctor._move.plan import HeldBy
+
+    out = []
+    for oi, opt in enumerate(opts):
+        head = "optimizer" if len(opts) == 1 else f"optimizer[{oi}]"
+        moved = sum(1 for m in done if m.path.startswith(head + ".state["))
+        out.append(HeldBy(type(opt).__name__, head, held[oi], moved, oi >= given))
+    return tuple(out)

@@ -46,7 +46,7 @@ from torchdoctor._report.records import FrozenRecord
 from torchdoctor._report.text import format_error, human_bytes, schema, public_types
 from torchdoctor._walk import Entry, walk
 
-__all__ = ["Expect", "MoveReport", "Moved", "PlanStep", "plan"]
+__all__ = ["Expect", "HeldBy", "MoveReport", "Moved", "PlanStep", "plan"]
 
 _QUIET_VIA = frozenset({"param.data", "assign"})
 _NONE: list[Entry] = []  # a step without aliases (shared, never written to)
@@ -90,6 +90,24 @@ class Moved(NamedTuple):
     nbytes: int
 
 
+class HeldBy(NamedTuple):
+    """An optimizer holding parameters the move changed: ``name`` (its class), ``path`` (its state rows' prefix,
+    ``optimizer`` or ``optimizer[i]``), ``params`` (how many of the moved tensors it holds), ``moved`` (its state
+    tensors that followed them), ``found`` (True when ``move`` found it, False when passed as ``optimizer=``)."""
+
+    name: str
+    path: str
+    params: int
+    moved: int
+    found: bool
+
+    def __str__(self) -> str:
+        how = "found by move" if self.found else "passed as optimizer="
+        state = (f"its state was moved with them ({self.moved} tensor(s))" if self.moved else
+                 "its state stays as it was (none yet, or kept apart on purpose)")
+        return f"optimizer {self.name} holds {self.params} of these parameters ({how}); {state}"
+
+
 @dataclass(init=False, repr=False, eq=False)
 class MoveReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the record's equality
     """What ``move`` did: ``moved`` rows (path, from, to, nbytes), ``kept`` (path, why not cast), ``storage_bytes``.
@@ -102,16 +120,20 @@ class MoveReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the r
     storage_bytes: int = 0
     seconds: float = 0.0
     problems: tuple[Any, ...] = ()
-    _fields = ("moved", "device", "dtype", "kept", "storage_bytes", "seconds", "problems")
+    optimizers: tuple[HeldBy, ...] = ()
+    notes: tuple[str, ...] = ()
+    _fields = ("moved", "device", "dtype", "kept", "storage_bytes", "seconds", "problems", "optimizers", "notes")
 
     def __init__(self, moved: Iterable[Moved], device: torch.device | str | None, dtype: torch.dtype | str | None,
                  kept: Iterable[tuple[str, str]] = (), storage_bytes: int = 0, seconds: float = 0.0,
-                 problems: tuple[Any, ...] = ()) -> None:
+                 problems: tuple[Any, ...] = (), optimizers: Iterable[HeldBy] = (), notes: Iterable[str] = ()
+                 ) -> None:
         d = self.__dict__  # accepts the strings and lists ``move`` builds it from
         d["moved"], d["kept"] = tuple(moved), tuple(kept)
         d["device"] = parse_device(device) if isinstance(device, str) else device
         d["dtype"] = parse_dtype(dtype) if isinstance(dtype, str) else dtype
         d["storage_bytes"], d["seconds"], d["problems"] = storage_bytes, seconds, problems
+        d["optimizers"], d["notes"] = tuple(optimizers), tuple(notes)
 
     @property
     def ok(self) -> bool:
@@ -129,6 +151,8 @@ class MoveReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the r
             "seconds": round(self.seconds, 6),
             "moved": [{"path": m.path, "from": m.src, "to": m.dst, "nbytes": m.nbytes} for m in self.moved],
             "kept": [{"path": p, "reason": r} for p, r in self.kept],
+            "optimizers": [o._asdict() for o in self.optimizers],
+            "notes": list(self.notes),
         }
 
     def text(self, limit: int = 40) -> str:
@@ -143,6 +167,8 @@ class MoveReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the r
             reasons[r] = reasons.get(r, 0) + 1
         if reasons:
             lines.append("not cast, on purpose: " + "; ".join(f"{n} x {r}" for r, n in reasons.items()))
+        lines.extend(str(o) for o in self.optimizers)
+        lines.extend(self.notes)
         return "\n".join(lines)
 
     def __str__(self) -> str:
