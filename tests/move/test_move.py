@@ -362,7 +362,8 @@ def test_bnb_cpu_repacked_4bit_is_refused_for_another_device(bnb_cpu_branch) -> 
     assert _cpu_repacked(model.proj) == bnb_cpu_branch.avx512bf16
     if not _cpu_repacked(model.proj):  # the portable branch
         w.data, w.quant_state = _convert_weight_packed_for_cpu(w.data, w.quant_state)
-    with pytest.raises(PlacementError) as info:
+    # on virtual cuda:1: the refusal is the layout's, not "this machine has no cuda:1"
+    with torchdoctor.virtual_devices("cuda:1", raise_on_exit=False), pytest.raises(PlacementError) as info:
         assert_unchanged(model, move, model, "cuda:1")
     assert "packing_format_for_cpu" in str(info.value) and "model.cuda()" in str(info.value)
     move(model, "meta")  # meta keeps any layout
@@ -372,8 +373,9 @@ def test_bnb_unquantized_weight_is_refused_for_a_real_device() -> None:
     import bitsandbytes as bnb
 
     layer = nn.Sequential(OrderedDict(proj=bnb.nn.Linear4bit(8, 8)))  # never .to(device): not quantized
-    with pytest.raises(PlacementError, match="not quantized yet"):
-        move(layer, "cuda:1")
+    with torchdoctor.virtual_devices("cuda:1", raise_on_exit=False), pytest.raises(PlacementError,
+                                                                                 match="not quantized yet"):
+        move(layer, "cuda:1")  # on virtual cuda:1: the refusal is the layer's, not the machine's
 
 
 # --- virtual cuda:1 (simulate) ---------------------------------------------------------------------------------
