@@ -205,14 +205,23 @@ def simulate(
     listed = [(e.tensor, assume if assume is not None and e.tensor.device.type == "meta" else e.tensor.device, e.path)
               for e in found.entries if e.alias_of is None]
     placed: Any = None
+    uncopied: TypeError | None = None
     # fork_rng: random tensors made for a virtual device come from the CPU generator, which must not move on
     with torch.random.fork_rng(devices=[]), torch.no_grad(), virtual_world(space, profile), rec.modules.tracking():
         try:
             clone, memo = virtual_copy(obj, listed, space)
         except TypeError as exc:  # ComfyUI's model configs answer None for any attribute: deepcopy calls it
-            raise TypeError(f"{exc}; run your own code on virtual devices instead, nothing is copied: `with "
-                            f"torchdoctor.virtual_devices({device_str(dev)!r}): model.to({device_str(dev)!r}); "
-                            "model(...)`") from exc
+            log.info("simulate: %s; run in place and put back", exc)
+            uncopied = exc
+    if uncopied is not None:  # run on the object itself in a virtual session, then put everything back
+        from torchdoctor._virtual.restore import put_back
+
+        with put_back(found):
+            return simulate_target(lambda: obj if not (args or kwargs) else Target(obj, args, kwargs), dev, dt,
+                                   profile=profile, limit=limit, assume_device=assume_device, call=call,
+                                   data=data, select=False)  # as on a copy: device 0 stays current
+    space.closed = False  # the run goes on, on the copy: the same space in the world again
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), virtual_world(space, profile), rec.modules.tracking():
         led = ledger(space)
         if led is not None:  # what sits on the device already (weights assumed there) and the move keeps takes
             for t, where, _ in listed:  # memory too; what it casts counts once cast
@@ -321,7 +330,9 @@ def _placed_on(value: Any, device: torch.device, dtype: torch.dtype | None, assu
 def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: str | torch.dtype | None = None, *,
                     profile: DeviceProfile | str | None = None, limit: int = LIMIT,
                     assume_device: str | torch.device | bool | None = None,
-                    sources: dict[str, str] | None = None) -> SimulationReport:
+                    sources: dict[str, str] | None = None,
+                    call: Callable[[Any], Any] | None = None, data: str = "cpu",
+                    select: bool | None = None) -> SimulationReport:
     """``simulate`` of a TARGET whose own code must run on the virtual devices: ``load()`` (importing the file and
     calling its factory) runs inside the virtual session, so a function that builds its model on ``cuda:N`` works
     on any machine; then the object is moved with its own ``.to`` and called on its inputs, as ``simulate`` does.
@@ -338,7 +349,8 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
     placed: Any = None
     forward = False
     assumed = None
-    with virtual_devices(dev, dt, profile=profile, limit=limit, raise_on_exit=False) as session:
+    with virtual_devices(dev, dt, profile=profile, limit=limit, raise_on_exit=False, data=data,
+                         select=select) as session:
         target = load()
         obj, args, kwargs = (target.obj, tuple(target.args), dict(target.kwargs)) if isinstance(target, Target) \
             else (target, (), {})
@@ -351,10 +363,13 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
         session.adopt(found, assume)
         if unloaded:
             assumed = assumed_note(unloaded, session.device)
-        if callable(getattr(type(obj), "to", None)):
+        if call is not None:  # the caller's own moving and calling (simulate's call= on an object run in place)
+            forward = True
+            call(obj)
+        elif callable(getattr(type(obj), "to", None)):
             obj.to(*((session.device,) if dt is None else (session.device, dt)))
-        placed = scan(obj, device=session.device, dtype=None if args or kwargs else dt)
-        if args or kwargs:
+        placed = scan(obj, device=session.device, dtype=None if args or kwargs else dt) if call is None else None
+        if call is None and (args or kwargs):
             forward = True
             obj(*(_placed_on(a, session.device, dt, assume, f"input {i}") for i, a in enumerate(args)),
                 **{k: _placed_on(v, session.device, dt, assume, f"kwarg {k}") for k, v in kwargs.items()})
