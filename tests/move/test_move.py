@@ -484,11 +484,11 @@ def test_bare_tensors_and_tuples_are_refused_with_what_to_do() -> None:
         move(model, dtype=BF16, rollback="sometimes")
 
 
-def test_a_device_this_build_lacks_fails_on_the_first_tensor_and_rolls_back() -> None:
+def test_a_device_this_build_lacks_is_refused_before_any_tensor_moves() -> None:
     model = Holder()
     before = _fp(model)
-    with pytest.raises(PlacementError, match="after 0 tensor.*the object is as before"):
-        move(model, "cuda:0")  # CPU build: "Torch not compiled with CUDA enabled"
+    with pytest.raises(PlacementError, match="nothing was moved: cuda:0 is not available here"):
+        move(model, "cuda:0")  # CPU build: refused up front, never "Torch not compiled with CUDA enabled" half-way
     assert _fp(model) == before
 
 
