@@ -1,16 +1,14 @@
 """The HTML device map in a real headless Chromium (Debian's `chromium` and `chromium-driver`, driven by
 selenium): opened offline from ``file://``, a node expanded, a path searched, the highlighted problem and the
-colours checked in the DOM, a screenshot saved. Skips with the reason where no Chromium is installed
-(``.ci/run`` installs both packages, so CI always runs it). Also the page's text itself: escaping, size."""
+colours checked in the DOM, a screenshot saved (the browser: ``conftest.py``). Also the page's text itself:
+escaping, size."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +21,7 @@ from support import zoo
 from torchdoctor._cli.main import main
 from torchdoctor._report.html import device_color, dtype_color, render_html
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver") or ("/usr/bin/chromedriver" if os.path.exists("/usr/bin/chromedriver") else None)
 HOSTILE = "</script><img src=x onerror=\"document.title='pwned'\"><!--"
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1200,1600")
 
 
 def _rgb(hex_color: str) -> str:
@@ -45,30 +39,6 @@ def broken_llama() -> Any:
     model.model.norm.weight = nn.Parameter(torch.empty_like(model.model.norm.weight, device="meta"))
     setattr(model.lm_head, HOSTILE, torch.zeros(2, dtype=torch.bfloat16))
     return model
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if CHROMIUM is None or DRIVER is None:
-        pytest.skip("no Chromium: install the Debian packages `chromium` and `chromium-driver` "
-                    "(apt-get install -y chromium chromium-driver) to run the browser test")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in FLAGS:
-        opts.add_argument(flag)
-    profile = tempfile.mkdtemp(prefix="torchdoctor-chromium-")
-    opts.add_argument(f"--user-data-dir={profile}")
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
-    driver.set_page_load_timeout(60)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _open(driver: Any, path: Path) -> None:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 MAX_TENSORS = 200_000  # rows embedded in one page (a 70B Llama has about 720); more are counted, not drawn
 MAX_CARDS = 300  # problem cards (groups of alike problems count once)
+OPEN_CARDS = 10  # cards shown before "N more": the relocations and the overview stay near the top
 
 _DEVICE_COLORS = {"cpu": "#6b7a8f", "meta": "#9c6b3c", "mps": "#b0459b", "xpu": "#2f6fd6", "disk": "#8a8a2e",
                   "hpu": "#7a4fd0", "npu": "#c4572a"}
@@ -201,6 +202,10 @@ def _cards(problems: list[Mapping[str, Any]], source: str | None) -> str:
                    f'<span class="kind">{e(g.kind)}</span><code class="path">{e(title)}</code> '
                    f'<button class="goto" type="button" data-path="{e(path)}">show in tree</button></div>'
                    f"<dl>{dl}</dl>{members}{fix_html}</div>")
+    if len(out) > OPEN_CARDS:
+        folded = sum(len(g.members) for g in groups[OPEN_CARDS:MAX_CARDS])
+        out[OPEN_CARDS:] = [f'<details class="rest"><summary>{folded} more problem(s) in {len(out) - OPEN_CARDS} '
+                            f'card(s)</summary><div class="cards">{"".join(out[OPEN_CARDS:])}</div></details>']
     if len(groups) > MAX_CARDS:
         rest = sum(len(g.members) for g in groups[MAX_CARDS:])
         out.append(f'<p class="note">... and {rest} more problems (all are marked in the tree)</p>')
@@ -248,7 +253,7 @@ def _relocation_cards(moves: list[Relocation]) -> str:
     return '<div class="cards">' + "".join(out) + "</div>"
 
 
-def _heading(doc: Mapping[str, Any], n_problems: int) -> str:
+def _heading(doc: Mapping[str, Any], n_problems: int, n_real: int, n_moved: int) -> str:
     e = _escape
     verb = str(doc.get("schema", "torchdoctor/scan/1")).split("/")[1:2] or ["scan"]
     bits = [f"{verb[0]} of {doc.get('source') or doc.get('device') or 'an object'}"]
@@ -261,6 +266,8 @@ def _heading(doc: Mapping[str, Any], n_problems: int) -> str:
         bits.append(f"stopped early: {doc.get('stopped')}")
     status = ('<span class="ok">ok: no placement problems</span>' if not n_problems
               else f'<span class="bad-count">{n_problems} problem(s)</span>')
+    if n_moved:  # the text report's split: what to fix, then what one move per component fixes
+        status += f": {n_real} to fix, {n_moved} not yet on the device asked for"
     return f'<div class="meta">{e(" · ".join(str(b) for b in bits))} — {status}</div>'
 
 
@@ -300,13 +307,18 @@ def render_html(doc: Mapping[str, Any], *, title: str | None = None, full: bool 
         for d in dtypes) + "</div>")
     cut = (f'<p class="note">{total - len(rows)} more tensors are counted in the totals but not drawn '
            "(use --json for all)</p>") if total > len(rows) else ""
+    # the rules are written under .tdmap; under this map's id they outrank a notebook's own table rules
+    css = CSS.replace(".tdmap", "#" + root_id)
+    outline_table = _outline_table(rows, devices, dtypes)
+    # what to act on comes first, so the first culprit is on the first screen; the overview and the tree follow
     body = (
-        f'<div class="tdmap" id="{root_id}"><style>{CSS}</style>'
-        f"<h1>torchdoctor device map</h1>{_heading(doc, len(problems))}{legend}"
-        f"<h2>Totals by device and dtype</h2>{_totals_table(totals) if totals else '<p class=note>no tensors</p>'}"
-        + (f"<h2>Modules</h2>{table}" if (table := _outline_table(rows, devices, dtypes)) else "")
-        + (f"<h2>Problems</h2>{_cards(real, str(source) if source else None)}" if real else "")
+        f'<div class="tdmap" id="{root_id}"><style>{css}</style>'
+        f"<h1>torchdoctor device map</h1>{_heading(doc, len(problems), len(real), sum(len(m.members) for m in moves))}"
+        + (f"<h2>Problems to fix ({len(real)})</h2>{_cards(real, str(source) if source else None)}" if real else "")
         + (f"<h2>Not yet on the device asked for</h2>{_relocation_cards(moves)}" if moves else "")
+        + f"{legend}<h2>Totals by device and dtype</h2>"
+        + (_totals_table(totals) if totals else '<p class="note">no tensors</p>')
+        + (f'<h2>Modules</h2><div class="outline-box">{outline_table}</div>' if outline_table else "")
         + f'<h2>Tensors by path ({total})</h2><div class="searchbar"><input class="q" type="search" '
         f'placeholder="search paths, e.g. layers.3.mlp" aria-label="search paths"><span class="hitcount"></span></div>'
         f'<div class="hits"></div>{cut}<div class="tree"></div>'

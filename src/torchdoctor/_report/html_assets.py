@@ -1,35 +1,54 @@
 """The device map's stylesheet and script (pure data: inlined into every map so it works from ``file://``).
 
-Everything in the page is scoped under ``.tdmap`` so a map can sit inside a notebook. The script never builds
-HTML from data: every name, path and message reaches the page through ``textContent`` or ``setAttribute``.
+Every rule is written under ``.tdmap``; :func:`torchdoctor._report.html.render_html` rewrites that prefix to the
+map's own ``#tdm-…`` id, so the rules outrank any class-based rule of the page around a map (JupyterLab's
+``.jp-RenderedHTMLCommon td`` is two classes and an element; VS Code's notebook output styles bare ``table``,
+``tr``, ``td``). The host sets what the map leaves unset (table-layout, text-align, white-space, padding, margins,
+``code`` backgrounds), so the map sets every property of tables, cells, headings and code that its layout relies
+on, instead of inheriting whatever the notebook decided. The script never builds HTML from data: every name,
+path and message reaches the page through ``textContent`` or ``setAttribute``.
 """
 
 CSS = r"""
 .tdmap{font:13px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d2330;background:#fff;
-  max-width:1200px;margin:0 auto;padding:8px 16px}
+  max-width:1200px;margin:0 auto;padding:8px 16px;text-align:left;box-sizing:border-box;white-space:normal}
+.tdmap h1,.tdmap h2{font-family:inherit;font-weight:600;line-height:1.3;color:inherit;border:0;padding:0;
+  text-align:left}
 .tdmap h1{font-size:18px;margin:6px 0}.tdmap h2{font-size:15px;margin:14px 0 6px}
-.tdmap code,.tdmap pre{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+.tdmap p{margin:4px 0;text-align:left}
+.tdmap code,.tdmap pre{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;color:inherit;
+  background:none;border:0;padding:0;border-radius:0}
+.tdmap ul{margin:2px 0;padding-left:20px}
+.tdmap table{border-collapse:collapse;border-spacing:0;table-layout:auto;margin:0;border:0;font-size:inherit;
+  color:inherit;max-width:none;width:auto}
+.tdmap tr{background:transparent;border:0}
+.tdmap td,.tdmap th{vertical-align:middle;line-height:1.45;max-width:none;min-width:0;background:transparent;
+  white-space:nowrap;font-size:inherit}
 .tdmap .meta{color:#556;margin-bottom:6px}.tdmap .ok{color:#1b7a33;font-weight:600}
 .tdmap .bad-count{color:#b3261e;font-weight:600}
 .tdmap .sw{display:inline-block;width:11px;height:11px;border-radius:2px;vertical-align:-1px;margin-right:3px;
   border:1px solid rgba(0,0,0,.25)}
 .tdmap .legend span.item{margin-right:12px;white-space:nowrap}
-.tdmap table.totals{border-collapse:collapse}.tdmap table.totals td,.tdmap table.totals th{border:1px solid #dde;
-  padding:2px 8px;text-align:right}.tdmap table.totals th{background:#f4f5f8}
-.tdmap table.outline{border-collapse:collapse;width:100%}.tdmap table.outline td{padding:1px 6px;white-space:nowrap}
+.tdmap table.totals td,.tdmap table.totals th{border:1px solid #dde;padding:2px 8px;text-align:right}
+.tdmap table.totals th{background:#f4f5f8;font-weight:600}
+.tdmap .outline-box{overflow-x:auto}
+.tdmap table.outline{width:100%}
+.tdmap table.outline td{padding:1px 6px;text-align:left;border:0}
 .tdmap table.outline td.num{text-align:right;color:#445}.tdmap table.outline td.barcell{width:35%}
+.tdmap table.outline tr:hover{background:#f3f4f8}
 .tdmap table.outline .size{display:block;height:9px;background:#7b8fb3;border-radius:2px}
 .tdmap .cards{display:flex;flex-direction:column;gap:8px}
 .tdmap .card{border:1px solid #e3b4b0;border-left:5px solid #b3261e;background:#fff7f6;padding:6px 10px;border-radius:4px}
 .tdmap .card .kind{font-weight:700;color:#b3261e;margin-right:6px}
 .tdmap .card.move{border-color:#c9cfdb;border-left-color:#5b6b86;background:#f6f8fb}.tdmap .card.move .kind{color:#3d4a60}
 .tdmap .card dl{display:grid;grid-template-columns:max-content 1fr;gap:1px 10px;margin:4px 0}
-.tdmap .card dt{color:#667}.tdmap .card dd{margin:0;overflow-wrap:anywhere}
+.tdmap .card dt{color:#667;font-weight:400}.tdmap .card dd{margin:0;overflow-wrap:anywhere}
+.tdmap details.rest>summary{cursor:pointer;color:#445;margin:4px 0}
 .tdmap .fix{position:relative}.tdmap .fix pre{background:#1e2430;color:#e8ecf3;padding:6px 8px;border-radius:4px;
-  overflow-x:auto;margin:4px 0}
+  overflow-x:auto;margin:4px 0;white-space:pre}
 .tdmap button{font:12px system-ui,sans-serif;cursor:pointer;border:1px solid #bbc;background:#f4f5f8;border-radius:3px}
 .tdmap .fix .copy{position:absolute;right:4px;top:4px}
-.tdmap details.members ul{margin:2px 0;max-height:180px;overflow:auto}
+.tdmap details.members ul{max-height:180px;overflow:auto}
 .tdmap .searchbar{display:flex;gap:8px;align-items:center;margin:6px 0}
 .tdmap .searchbar input{flex:1;padding:4px 6px;font-size:13px}
 .tdmap .hits{max-height:220px;overflow:auto;border:1px solid #eee}.tdmap .hits:empty{display:none}
