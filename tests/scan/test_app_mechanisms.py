@@ -235,6 +235,9 @@ def test_rotary_buffers_moved_per_call_are_quiet_and_a_plain_buffer_is_not() -> 
         assert paths(torchdoctor.scan(model, device="cuda:0")) == []
         model.model.norm.register_buffer("gain", torch.ones(32))  # a buffer the forward never moves, on cpu
         assert paths(torchdoctor.scan(model, device="cuda:0")) == ["model.norm.gain"]
+        model.model.norm.to("cuda:0")
+        model.model.layers[0].input_layernorm.to("cpu")  # a norm's forward casts its input, never its weight
+        assert paths(torchdoctor.scan(model)) == ["model.layers.0.input_layernorm.weight"]
     assert apps.intended_at(rope, "inv_freq", rope.inv_freq, "buffer") == ("casts-per-call", 3)
     assert apps.intended_at(rope, "original_inv_freq", rope.original_inv_freq, "buffer") == ("moved-per-call", 1)
     assert apps.intended_at(model.model.norm, "weight", model.model.norm.weight, "parameter") is None

@@ -194,8 +194,8 @@ def _storage_message(e: Entry, c: str, found: str, want: str, where: str) -> str
     t = e.tensor
     if t.is_floating_point() and not packed_param(t):  # float8 / float4: a cast is an upcast
         return (f"{c} is {found} storage but {layer}'s own forward computes with it as it is (torch has no {found} "
-                f"math here; {where} is {want}): cast it to {want}, or keep {found} storage behind a layer that upcasts "
-                f"it (diffusers enable_layerwise_casting)")
+                f"math here; {where} is {want}): cast it to {want}, or keep {found} storage behind a layer that "
+                f"upcasts it (diffusers enable_layerwise_casting)")
     kind = "packed 4-bit" if packed_param(t) else f"{found} (quantized integer)"
     return (f"{c} is {kind} storage but {layer}'s own forward computes with it as it is ({where} is {want}; a "
             f"{layer} never dequantizes): load it dequantized to {want}, or keep it behind a layer that dequantizes "
