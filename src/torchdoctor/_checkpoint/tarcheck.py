@@ -25,7 +25,7 @@ __all__ = ["MEMBERS", "looks_like_tar", "read_tar"]
 
 MEMBERS = ("storages", "tensors", "pickle")  # what torch's legacy_load extracts, in that order
 _MAX_MEMBERS = 100_000  # tarfile reads every header before the first extract: a bound on that walk
-_MAX_RECORDS = 1_000_000  # storages or tensors one member may declare
+_MAX_RECORDS = 100_000  # storages or tensors one member may declare (a torch < 0.4 model had hundreds)
 _WINDOW = 1024 * 1024
 
 
