@@ -35,6 +35,8 @@ class RefReport:  # what MoveReport was declared as (without its __post_init__ c
     storage_bytes: int = 0
     seconds: float = 0.0
     problems: tuple = ()
+    optimizers: tuple = ()  # HeldBy rows: the optimizers whose state moved with the parameters (issue 39)
+    notes: tuple = ()
 
 
 STEP = ("0.weight", "parameter", "f32[2,2]@cpu", "bf16[2,2]@cpu", "param.data")
@@ -115,3 +117,18 @@ def test_move_report_repr_is_the_one_line_view() -> None:
     text = repr(report())
     assert text.startswith("<MoveReport") and "1 moved" in text and "1 kept" in text and len(text) < 240
     assert str(report()).startswith("moved 1 tensor(s), 8 B, to meta bfloat16")
+
+
+def test_optimizer_rows_and_notes_survive_pickling_and_reach_the_json() -> None:
+    from torchdoctor._move.plan import HeldBy
+
+    held = HeldBy("Adam", "optimizer", 6, 12, True)
+    r = report(optimizers=[held], notes=["could not look"])
+    assert r.optimizers == (held,) and r.notes == ("could not look",)
+    assert pickle.loads(pickle.dumps(r)) == r and copy.deepcopy(r) == r
+    doc = r.to_dict()
+    assert doc["optimizers"] == [{"name": "Adam", "path": "optimizer", "params": 6, "moved": 12, "found": True}]
+    assert doc["notes"] == ["could not look"]
+    assert str(r).splitlines()[-2:] == [
+        "optimizer Adam holds 6 of these parameters (found by move); its state was moved with them (12 tensor(s))",
+        "could not look"]
