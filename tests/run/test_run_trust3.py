@@ -51,6 +51,21 @@ def test_an_import_error_inside_the_module_is_the_programs_own_traceback(tmp_pat
     assert "torchdoctor run: -m tool exited with 1" in proc.stderr
 
 
+def test_trace_too_prints_one_summary_for_a_forking_script(tmp_path: Path) -> None:
+    script = write(tmp_path / "forks.py", """
+        import os, sys
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(3)
+        _, status = os.waitpid(pid, 0)
+        print("child ended with", os.waitstatus_to_exitcode(status))
+    """)
+    proc = subprocess.run([sys.executable, "-m", "torchdoctor", "trace", str(script)], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0 and "child ended with 3" in proc.stdout, proc.stderr
+    assert proc.stderr.count("torchdoctor trace:") == 1
+
+
 def test_a_forked_child_that_calls_sys_exit_prints_no_second_summary(tmp_path: Path) -> None:
     script = write(tmp_path / "forks.py", """
         import os, sys

@@ -91,7 +91,7 @@ def command(args: argparse.Namespace) -> int:
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [script, *(args.script_args or [])]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    code = 0
+    code, pid = 0, os.getpid()
     t = trace(None, moves=moves, lora=lora, file=out)
     try:
         with ProgramSignals("trace", 2), t:  # SIGTERM / SIGHUP end what the script started, then this
@@ -110,6 +110,8 @@ def command(args: argparse.Namespace) -> int:
         logger.setLevel(saved_logger[0])
         logger.propagate = saved_logger[1]
         sys.stderr.flush()
+    if os.getpid() != pid:  # a process the script forked ends here, as under python: no second summary
+        raise SystemExit(code)
     shown = sum(1 for r in t.records if t.selected(r))
     where = f"; JSON lines in {out}" if out else ""
     print(f"torchdoctor trace: {shown} change(s) shown, {len(t.records)} recorded{where}", file=sys.stderr)
