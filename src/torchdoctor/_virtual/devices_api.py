@@ -131,6 +131,9 @@ class VirtualStream:
     def query(self) -> bool:
         return True
 
+    def is_capturing(self) -> bool:  # optimizers ask before each step (CUDA graph capture)
+        return False
+
     def elapsed_time(self, end_event: Any) -> float:
         return 0.0
 

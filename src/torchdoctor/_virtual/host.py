@@ -69,3 +69,37 @@ def host(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     if name == "data_ptr":  # distinct tensors, distinct pointers (meta says 0 for all)
         return id(self._td_elem) if self._td_elem.device.type == "meta" else self._td_elem.data_ptr()
     return {"is_pinned": False, "record_stream": None}.get(name, self)
+
+
+class _Moved(torch.autograd.Function):
+    """A move or cast made by the virtual runtime (``.to``, ``.cpu()``, ``.half()``) as a step of the graph: the
+    gradient goes back to the source's device and dtype, as real autograd's ``ToCopyBackward`` sends it."""
+
+    @staticmethod
+    def forward(ctx: Any, src: torch.Tensor, made: list[torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+        ctx.back = (src.device if not isinstance(src, VirtualTensor) else src._td_device, src.dtype,
+                    isinstance(src, VirtualTensor))
+        return made[0]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None]:  # type: ignore[override]
+        from torchdoctor._virtual.tensor import current_space
+
+        device, dtype, virtual = ctx.back
+        space = current_space()
+        if not virtual:  # a real source: a real gradient
+            return (host_values(grad, dtype) if isinstance(grad, VirtualTensor) else grad.to(dtype)), None
+        if space is None or MOVE is None:
+            raise RuntimeError("a virtual tensor's gradient after its run ended")
+        return MOVE(space, grad, device, dtype), None
+
+
+MOVE: Any = None  # the runtime's move (set by ``runtime``, which imports this module)
+
+
+def through_autograd(src: torch.Tensor, made: Any) -> Any:
+    """``made`` (the moved or cast ``src``) linked into ``src``'s graph when autograd records: a training step's
+    ``x.to(dtype)`` inside a forward and ``out.cpu()`` before a loss pass their gradients back."""
+    if made is src or not isinstance(made, torch.Tensor) or made.requires_grad or made._base is not None:
+        return made
+    return _Moved.apply(src, [made])

@@ -44,7 +44,17 @@ _device_of = tensor_device  # the one device reading (a virtual tensor's label, 
 
 def move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: torch.dtype | None,
          memory_format: Any = None, copy: bool = False) -> Any:
-    """``t.to(device, dtype)`` with virtual semantics: the same object when nothing changes, else a new one."""
+    """``t.to(device, dtype)`` with virtual semantics: the same object when nothing changes, else a new one (a step
+    of the autograd graph when ``t`` requires grad and autograd records)."""
+    if t.requires_grad and torch.is_grad_enabled():
+        with torch.no_grad():
+            made = _move(space, t, device, dtype, memory_format, copy)
+        return H.through_autograd(t, made)
+    return _move(space, t, device, dtype, memory_format, copy)
+
+
+def _move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: torch.dtype | None,
+          memory_format: Any = None, copy: bool = False) -> Any:
     if not isinstance(t, VirtualTensor) and id(t) in space.foreign:
         D.foreign(space, t)
     src = _device_of(t)
@@ -157,15 +167,6 @@ def _device_ctor(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[st
     return func(*args, **kwargs)
 
 
-_BACKWARD = ("a virtual run checks forwards with autograd off (no graph is built on virtual tensors); simulate "
-             "the forward (a loss included), or keep training steps out of @pytest.mark.simulate")
-
-
-def _backward(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    space.hooks.failed("Tensor.backward", None, _BACKWARD)  # a recorder ends the run here, said as a problem
-    return func(*args, **kwargs)
-
-
 def _type(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``t.type()`` -> ``'torch.cuda.FloatTensor'``; ``t.type('torch.cuda.HalfTensor')`` / ``t.type(torch.cuda.
     HalfTensor)`` / ``t.type(torch.float16)`` move and cast as on the device."""
@@ -193,7 +194,6 @@ def _type(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 T = torch.Tensor
 _HANDLERS: dict[Any, Callable[..., Any]] = {
-    T.backward: _backward,
     T.to: _to, T.cuda: _to_kind("cuda"), T.cpu: _to_kind("cpu"), torch.device: _device_ctor,
     torch._C._nn._parse_to: _parse_to,
     T.numpy: H.values, T.tolist: H.values, T.__array__: H.values,
@@ -248,7 +248,9 @@ class VirtualMode(TorchFunctionMode):
         if handler is not None:
             return handler(space, func, args, kwargs)
         if space.autocast is not None and func in _AUTOCAST_ENTRY:  # before the composite's own dtype checks
-            args = tuple(autocast_args(args, space.vtype, space.autocast))
+            cast = autocast_args(args, space.vtype, space.autocast)  # above autograd here: casts join the graph
+            args = tuple(H.through_autograd(a, c) if isinstance(a, VirtualTensor) and a.requires_grad
+                         and torch.is_grad_enabled() else c for a, c in zip(args, cast))
         if func in D.CONV_ENTRY:
             args, kwargs = D.conv_precheck(space, func, args, kwargs)
         elif func is D.SDPA_ENTRY:
@@ -377,5 +379,15 @@ def _enter_thread(space: Space) -> Any:
     return VirtualMode(space)
 
 
+def _backward(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    from torchdoctor._virtual.training import check_backward
+
+    if hasattr(space.hooks, "modules") and isinstance(args[0], torch.Tensor):  # a recorder: the run's own checks
+        check_backward(space.hooks, args[0])
+    return func(*args, **kwargs)
+
+
+_HANDLERS[T.backward] = _backward
 api.ENTER[:] = [_enter_thread]
 api.MOVE[:] = [move]
+H.MOVE = move

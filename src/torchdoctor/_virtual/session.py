@@ -29,6 +29,7 @@ from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder,
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._tracker import ModuleStack
 from torchdoctor._virtual.runtime import virtual_world
+from torchdoctor._virtual.training import train_checks
 
 __all__ = ["VirtualSession", "virtual_devices"]
 
@@ -274,7 +275,8 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     if select:  # as CUDA_VISIBLE_DEVICES plus torch.cuda.set_device(N): the program's own "cuda" is cuda:N
         space.current[dev.type] = dev.index or 0
     failure: BaseException | None = None
-    with torch.no_grad(), virtual_world(space, profile), rec.modules.tracking():
+    # autograd as the program has it: training steps run (backward, optimizers), their tensors checked too
+    with virtual_world(space, profile), rec.modules.tracking(), train_checks(rec):
         try:
             yield session
         except _Stop:

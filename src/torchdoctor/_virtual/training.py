@@ -1,0 +1,102 @@
+"""Training steps on virtual devices: the placement rules of a step that no single op shows.
+
+Autograd runs on virtual tensors (their C++ side is a cpu or meta wrapper, so the engine never meets a device this
+build lacks); backward ops, optimizer updates, ``clip_grad_norm_`` and GradScaler pass through the op path and the
+strict rules like any forward op. What is checked here besides: before each optimizer step, every gradient and
+every floating state tensor (``exp_avg``, ``momentum_buffer`` ...) against its parameter's device and dtype, named
+``optimizer.state[<parameter path>].exp_avg``; and a ``backward()`` started from a loss on the cpu while the
+model's parameters sit on a virtual device (the loss was computed from tensors brought back with ``.cpu()``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from torchdoctor._placement import compact, device_str, dtype_str, tensor_device
+
+
+def _param_paths(rec: Any) -> dict[int, str]:
+    """Parameter id -> path, under the modules the run has seen start a forward."""
+    out: dict[int, str] = {}
+    for root in rec.modules.outermost:
+        base = rec.modules.paths.get(id(root)) or ""
+        with contextlib.suppress(Exception):
+            for name, p in root.named_parameters(remove_duplicate=False):
+                out.setdefault(id(p), f"{base}.{name}" if base else name)
+    return out
+
+
+def check_step(rec: Any, optimizer: Any) -> None:
+    """Gradients and optimizer state against their parameters, before ``optimizer.step()`` runs."""
+    names = _param_paths(rec)
+    state = getattr(optimizer, "state", {})
+    for group in getattr(optimizer, "param_groups", ()):
+        for i, p in enumerate(group.get("params", ())):
+            if not isinstance(p, torch.Tensor):
+                continue
+            name = names.get(id(p), f"param_groups[{len(names)}].params[{i}]")
+            where, dt = tensor_device(p), p.dtype
+            g = p.grad
+            if g is not None:
+                _against(rec, f"{name}.grad", g, where, dt, "a gradient", "its parameter")
+            for key, v in (state.get(p) or {}).items():
+                # the step count is a cpu scalar by design (unless capturable / fused); 8-bit states keep their
+                # own dtype and shape: only floating tensors shaped as the parameter are held to it
+                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() and v.shape == p.shape:
+                    _against(rec, f"optimizer.state[{name}].{key}", v, where, dt, "optimizer state",
+                             "its parameter", dtype=False)
+
+
+def _against(rec: Any, path: str, t: torch.Tensor, where: torch.device, dt: torch.dtype, what: str, of: str,
+             dtype: bool = True) -> None:
+    here = tensor_device(t)
+    shown = compact(t.dtype, tuple(t.shape), here)
+    if here != where:
+        rec._note("device", path, device_str(here), device_str(where),
+                  f"{path} {shown}: {what} on {device_str(here)} while {of} is on {device_str(where)}; the step "
+                  f"raises on real hardware. Move it: .to({device_str(where)!r}) (for optimizer state after "
+                  "load_state_dict: create the optimizer after model.to(device), or move its state)",
+                  op="Optimizer.step", role="optimizer", key=f"step:{path}")
+    elif dtype and t.dtype != dt:
+        rec._note("dtype", path, dtype_str(t.dtype), dtype_str(dt),
+                  f"{path} {shown}: {what} in {dtype_str(t.dtype)} while {of} is {dtype_str(dt)}; the optimizer "
+                  "update fails or loses precision. Keep them in one dtype (master weights in float32 with their "
+                  "gradients)", op="Optimizer.step", role="optimizer", key=f"step:{path}")
+
+
+def check_backward(rec: Any, loss: torch.Tensor) -> None:
+    """A ``backward()`` from a loss on the cpu while the model's parameters are on a virtual device."""
+    if tensor_device(loss).type != "cpu" or not loss.requires_grad:
+        return
+    on = next((tensor_device(p) for root in rec.modules.outermost for p in root.parameters()
+               if p.requires_grad and tensor_device(p).type == rec.device.type), None)
+    if on is None:
+        return
+    rec._note("device", "<loss>", "cpu", device_str(on),
+              f"the loss {compact(loss.dtype, tuple(loss.shape), tensor_device(loss))} is computed on the cpu while "
+              f"the model trains on {device_str(on)}: its graph copies activations to the cpu and gradients back "
+              "every step. Compute the loss on the device (keep outputs and targets there; .cpu() only for logging)",
+              op="Tensor.backward", role="loss", key="loss:cpu")
+
+
+@contextlib.contextmanager
+def train_checks(rec: Any) -> Iterator[None]:
+    """The optimizer step checks while the block runs (a global pre-hook of ``torch.optim``, removed on exit)."""
+    from torchdoctor._virtual.tensor import current_space
+
+    def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+        space = current_space()
+        if space is not None and space.hooks is rec:
+            check_step(rec, optimizer)
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    handle = register_optimizer_step_pre_hook(pre)
+    try:
+        yield
+    finally:
+        handle.remove()
