@@ -33,16 +33,26 @@ def find_pyproject(start: str | None = None) -> str | None:
 
 
 def could_hold_table(raw: bytes) -> bool:
-    """False only when no spelling of ``[tool.torchdoctor]`` can be in ``raw``: a key is bare (its letters as
+    """False only when no spelling of ``[tool.torchdoctor]`` can be in ``raw``. A key is bare (its letters as
     written), a literal string (as written) or a basic string, where only ``\\u`` / ``\\U`` escapes can spell a
-    letter. So without the word and without those escapes there is no such key; anything else is parsed.
+    letter; and a key is followed, after its closing quote and blanks, by ``.``, ``=`` or ``]``. So without such
+    an occurrence of the word and without those escapes there is no such key (``"torchdoctor>=0.1"`` in a
+    dependency list is not one); anything else is parsed.
 
     >>> could_hold_table(b'[tool]\\ntorchdoctor = {device = "cpu"}'), could_hold_table(b'[tool.black]\\n')
     (True, False)
-    >>> could_hold_table(b'[tool."torch\\\\u0064octor"]')
-    True
+    >>> could_hold_table(b'[tool."torch\\\\u0064octor"]'), could_hold_table(b'deps = ["torchdoctor>=0.1"]')
+    (True, False)
+    >>> could_hold_table(b"[tool . 'torchdoctor' ]"), could_hold_table(b'tool.torchdoctor.device = "cpu"')
+    (True, True)
     """
-    return b"torchdoctor" in raw or b"\\u" in raw or b"\\U" in raw
+    if b"\\u" in raw or b"\\U" in raw:
+        return True
+    if b"torchdoctor" not in raw:
+        return False
+    import re
+
+    return re.search(rb"torchdoctor[\"']?[ \t]*[.=\]]", raw) is not None
 
 
 def shown(value: Any, limit: int = 60) -> str:
