@@ -204,7 +204,9 @@ def test_cpu_capabilities_agree_with_running_the_ops() -> None:
 def test_float8_on_cpu_is_storage_with_scaled_mm_compute_but_no_conv() -> None:
     row = capabilities("cpu")["dtypes"]["float8_e4m3fn"]
     assert row["storage"] and not row["conv"] and not row["layer_norm"]
-    assert "not implemented for 'Float8_e4m3fn'" in capabilities("cpu")["errors"]["float8_e4m3fn"]["conv"]
+    # the kernel that refuses (and so the wording) differs by CPU: "... not implemented for 'Float8_e4m3fn'" or
+    # "Promotion for Float8 Types is not supported"; both name float8
+    assert "Float8" in capabilities("cpu")["errors"]["float8_e4m3fn"]["conv"]
 
 
 def test_capabilities_are_cached_and_copies() -> None:
@@ -214,18 +216,23 @@ def test_capabilities_are_cached_and_copies() -> None:
     assert capabilities("cpu")["dtypes"]["float32"]["matmul"] is True
 
 
-def test_recommend_dtype_on_cpu_follows_the_documented_rule() -> None:
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith(("flags", "Features")):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pytest.skip("no /proc/cpuinfo")
-    native = bool(flags & {"avx512_bf16", "amx_bf16", "bf16"}) and direct("matmul", torch.bfloat16)
-    assert recommend_dtype("cpu") == (torch.bfloat16 if native else torch.float32)
+@pytest.mark.parametrize(("flags", "bf16_runs", "expected"), [
+    (("avx512_bf16",), True, "bfloat16"), (("amx_bf16", "avx512_bf16"), True, "bfloat16"), (("bf16",), True, "bfloat16"),
+    ((), True, "float32"), (("avx512_bf16",), False, "float32"),
+])
+def test_recommend_dtype_on_cpu_follows_the_documented_rule_on_every_cpu(
+        monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], bf16_runs: bool, expected: str) -> None:
+    """Both sides of the native-bf16 rule run on every machine: the CPU's flags are forced either way."""
+    from torchdoctor._env import devices as devices_mod, facts
+
+    monkeypatch.setattr(facts, "cpu_info", lambda root="/": ("forced CPU", flags))
+    caps = {"compute": ["float32", "float16"] + (["bfloat16"] if bf16_runs else [])}
+    name, why = devices_mod._recommend(torch, torch.device("cpu"), caps)
+    assert name == expected
+    assert ("native bf16 instructions (" in why) == (expected == "bfloat16")
+
+
+def test_recommend_dtype_on_this_cpu_agrees_with_its_capabilities() -> None:
     assert capabilities("cpu")["recommended"] == str(recommend_dtype("cpu")).removeprefix("torch.")
 
 
