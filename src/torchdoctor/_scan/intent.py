@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from torchdoctor._placement import PACKED_DTYPES, same_device
+from torchdoctor._scan import percall
 from torchdoctor._walk import Entry, hook_chain, is_quant_type
 
 # Packed / quantized storage dtypes: no dtype expectation (a float8 weight with a bf16 compute dtype is by design),
@@ -311,6 +312,8 @@ def self_managed(module: nn.Module, name: str) -> bool:
     """The module's own code moves or rebuilds attribute ``name`` when it runs (``self.pe = self.pe.to(x.device)``,
     a cache rebuilt when the input's device or dtype changes), so where it sits between calls is intended."""
     if re.search(_MOVED_AT_USE, name):
+        return True
+    if percall.moved_on_call(module).get(name, 0) & percall.DEVICE:  # read from its forward's code
         return True
     tp = type(module)
     names = _SELF_MANAGED.get(tp)
