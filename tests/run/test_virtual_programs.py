@@ -70,3 +70,37 @@ def test_the_apps_own_device_choice_lands_on_the_device_asked_for(tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     assert "current 1 count 2 ran on cuda:1" in proc.stdout
     assert "on virtual cuda:1" in proc.stderr and "no placement error" in proc.stderr
+
+
+TRAINS = """
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)).to("cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(16, 4, device="cuda"), torch.randn(16, 1, device="cuda")
+    for step in range(3):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, "model.safetensors")
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, "ckpt.pt")
+    print("trained on", next(model.parameters()).device, "loss", round(loss.item(), 4))
+"""
+
+
+def test_a_training_step_and_a_save_finish_under_run(tmp_path: Path) -> None:
+    script = write(tmp_path / "train.py", TRAINS)
+    proc = run("--device", "cuda:1", str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "trained on cuda:1 loss" in proc.stdout and "no placement error" in proc.stderr
+    import torch
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    assert weights["0.weight"].shape == (8, 4) and weights["0.weight"].abs().sum() > 0
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["model"]["2.bias"].device.type == "cpu" and ckpt["optimizer"]["state"][0]["exp_avg"].shape == (8, 4)
