@@ -264,3 +264,20 @@ def test_an_accelerate_wrapper_and_its_optimizer_count_once() -> None:
     finally:  # the accelerator's state is process-wide
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama_lora", "unet_lora", "t5", "sd_pipeline"])
+def test_real_models_nobody_else_holds_cost_no_search(name: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The reference count that decides "held elsewhere" is exact on real models: tied weights (GPT-2), peft
+    adapters, ``_keep_in_fp32_modules`` (T5), a pipeline; then with an optimizer the same model is searched."""
+    from tests.support import zoo
+
+    obj = zoo.build(name).obj
+    caplog.set_level(logging.DEBUG, LOG)
+    torchdoctor.move(obj, dtype=torch.float64)
+    assert _searches(caplog) == []
+    module = obj.unet if name == "sd_pipeline" else obj
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)  # frozen base weights too: the adapters may not move
+    report = torchdoctor.move(obj, dtype=torch.float32)
+    assert [o.name for o in report.optimizers] == ["SGD"] and "in the caller's frames" in _searches(caplog)[0]
+    del opt

@@ -9,7 +9,9 @@ parameters and the next ``step()`` raises. ``move`` finds the optimizers itself,
 2. **The caller's frames.** A training script keeps its optimizer in a local or a global, or one level down (a
    trainer's ``.optimizer``, a scheduler's ``.optimizer``, a list of optimizers). Those values are read through
    ``__dict__`` and the builtin container methods, never a property or ``__getattr__`` of a user type, and are
-   bounded in number.
+   bounded in number. (Before Python 3.13, reading a function frame's ``f_locals`` leaves a snapshot of its locals
+   on the frame until it returns, as a debugger's look does: a local the caller deletes after the move is freed
+   when that function returns.)
 3. **Every object the cyclic GC tracks**, only when the optimizers found so far do not account for every extra
    reference counted in 1: one pass, filtered in C by class (``gc.get_objects`` then ``type(o) in classes``). It
    costs about as much as a cast of a GPT-2-small model (docs/move-speed.md), so it runs only then.
