@@ -17,6 +17,11 @@ import pytest  # noqa: E402
 from support import hardware  # noqa: E402
 
 hardware.pin_from_env()
+# Every child Python the suite starts (CLI runs, torchrun ranks, scripts) takes the same branch: the pin travels
+# through PYTHONPATH's sitecustomize. A test that wants the other branch in a child passes hardware.child_env().
+_answer = hardware.forced_answer(os.environ.get(hardware.ENV))
+if _answer is not None:  # "host": children ask the CPU too
+    os.environ.update(hardware.child_env("avx512bf16" if _answer else "portable"))
 collect_ignore = ["support/site"]  # a sitecustomize for child processes, not a test module
 
 
