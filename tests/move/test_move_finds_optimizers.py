@@ -281,3 +281,24 @@ def test_real_models_nobody_else_holds_cost_no_search(name: str, caplog: pytest.
     report = torchdoctor.move(obj, dtype=torch.float32)
     assert [o.name for o in report.optimizers] == ["SGD"] and "in the caller's frames" in _searches(caplog)[0]
     del opt
+
+
+def test_bitsandbytes_8bit_adam_is_found_and_steps_after_a_cast() -> None:
+    """A cast leaves 8-bit state as it is (its dtype is the optimizer's, not the parameter's) and step() runs."""
+    bnb = pytest.importorskip("bitsandbytes")
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 64))
+    opt = bnb.optim.Adam8bit(m.parameters(), lr=1e-3, min_8bit_size=16)
+    for _ in range(2):
+        opt.zero_grad()
+        m(torch.randn(2, 64)).sum().backward()
+        opt.step()
+    state = {k: v for k, v in opt.state[m[0].weight].items() if isinstance(v, torch.Tensor)}
+    report = torchdoctor.move(m, dtype=torch.bfloat16)
+    assert report.optimizers == (HeldBy("Adam8bit", "optimizer", 2, 0, True),)
+    assert all(opt.state[m[0].weight][k] is v for k, v in state.items())
+    before = m[0].weight.detach().clone()
+    opt.zero_grad()
+    m(torch.randn(2, 64, dtype=torch.bfloat16)).sum().backward()
+    opt.step()
+    assert m[0].weight.dtype == torch.bfloat16 and not torch.equal(before, m[0].weight)
