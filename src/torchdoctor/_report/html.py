@@ -1,11 +1,14 @@
 """The HTML device map: one self-contained page (no network, works from ``file://``) built from a report's
 ``to_dict()``, so scan, move and simulate reports share it.
 
-The page shows a legend (a colour per device and per dtype), totals by device x dtype with bytes, one card per
-problem or per group of alike problems (path, found, expected, why, where it surfaced, the fix with a copy
-button) and the module tree. The tree is rendered lazily from JSON embedded in the page: only opened nodes get
-DOM, siblings come in chunks, so a 70B-shaped model stays responsive. Text from the report (paths can hold
-anything) reaches the page escaped (cards) or through ``textContent`` (tree).
+The page leads with what to act on, so the first culprit is on the first screen: one card per problem or per
+group of alike problems (path, found, expected, why, where it surfaced, the fix with a copy button; after
+:data:`OPEN_CARDS` the rest fold under one line), then one card per component not yet on the device asked for.
+The overview follows: a legend (a colour per device and per dtype), totals by device x dtype with bytes, the
+module outline, and the module tree. The tree is rendered lazily from JSON embedded in the page: only opened
+nodes get DOM, siblings come in chunks, so a 70B-shaped model stays responsive. Text from the report (paths can
+hold anything) reaches the page escaped (cards) or through ``textContent`` (tree). The stylesheet is scoped under
+the map's own id, so a notebook's output CSS cannot re-lay it out (``html_assets``).
 
 >>> doc = {"schema": "torchdoctor/scan/1", "ok": True, "source": "<m>", "problems": [],
 ...        "tensors": [{"path": "w", "role": "parameter", "device": "cpu", "dtype": "float32", "shape": [2],
