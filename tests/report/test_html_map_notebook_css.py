@@ -73,7 +73,8 @@ document.querySelectorAll('.tdmap table.outline tr').forEach(function(tr){
     line: parseFloat(getComputedStyle(code).lineHeight)});});
 var totals=document.querySelector('.tdmap table.totals').getBoundingClientRect();
 var h2=document.querySelector('.tdmap h2').getBoundingClientRect();
-return {rows: out, totals_left: totals.left, h2_left: h2.left};
+var cell=getComputedStyle(document.querySelector('.tdmap table.totals td'));
+return {rows: out, totals_left: totals.left, h2_left: h2.left, totals_border: cell.borderTopWidth + ' ' + cell.borderTopStyle};
 """
 
 
@@ -123,3 +124,4 @@ def test_outline_rows_hold_under_notebook_css(browser: Any, fragment: str, host:
     depth = {r["path"]: r["code_left"] for r in rows}
     assert depth["unet"] < depth["unet.down_blocks"]
     assert abs(seen["totals_left"] - seen["h2_left"]) <= 1, seen
+    assert seen["totals_border"] == "1px solid"  # the totals grid keeps its lines (VS Code's are !important)

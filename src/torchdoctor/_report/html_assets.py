@@ -5,8 +5,10 @@ map's own ``#tdm-…`` id, so the rules outrank any class-based rule of the page
 ``.jp-RenderedHTMLCommon td`` is two classes and an element; VS Code's notebook output styles bare ``table``,
 ``tr``, ``td``). The host sets what the map leaves unset (table-layout, text-align, white-space, padding, margins,
 ``code`` backgrounds), so the map sets every property of tables, cells, headings and code that its layout relies
-on, instead of inheriting whatever the notebook decided. The script never builds HTML from data: every name,
-path and message reaches the page through ``textContent`` or ``setAttribute``.
+on, instead of inheriting whatever the notebook decided. VS Code removes every table border with
+``!important``; the totals grid keeps its lines with ``!important`` of its own (the id outranks the bare
+element). The script never builds HTML from data: every name, path and message reaches the page through
+``textContent`` or ``setAttribute``.
 """
 
 CSS = r"""
@@ -29,7 +31,7 @@ CSS = r"""
 .tdmap .sw{display:inline-block;width:11px;height:11px;border-radius:2px;vertical-align:-1px;margin-right:3px;
   border:1px solid rgba(0,0,0,.25)}
 .tdmap .legend span.item{margin-right:12px;white-space:nowrap}
-.tdmap table.totals td,.tdmap table.totals th{border:1px solid #dde;padding:2px 8px;text-align:right}
+.tdmap table.totals td,.tdmap table.totals th{border:1px solid #dde !important;padding:2px 8px;text-align:right}
 .tdmap table.totals th{background:#f4f5f8;font-weight:600}
 .tdmap .outline-box{overflow-x:auto}
 .tdmap table.outline{width:100%}
