@@ -208,6 +208,34 @@ FILES: dict[str, str] = {
 }
 
 
+# what a documented line must answer with the files above: (exit code, a fragment of its output); a line not
+# listed here still must exit 0 or 1 without a traceback
+PINNED: dict[str, tuple[int, str]] = {
+    "torchdoctor scan model.safetensors": (0, "ok: no problems found"),
+    "torchdoctor scan my_app.py:build_pipe --device cuda:0 --dtype bfloat16 --json": (1, '"schema": "torchdoctor/scan/1"'),
+    "torchdoctor scan my_app.py:build_pipe --device cuda:1 --plan": (1, "0.weight  f32[8,8]@cpu -> f32[8,8]@cuda:1"),
+    "torchdoctor scan my_app.py:build_pipe --html map.html": (0, "device map written to map.html"),
+    "torchdoctor simulate my_app.py:build_target --device xpu --dtype bfloat16": (0, "ops on virtual xpu:0 in bfloat16"),
+    "torchdoctor simulate my_app.py:build_model --profile t4": (0, "NVIDIA T4"),
+    "python -m torchdoctor trace --moves --lora --file moves.jsonl app.py ARGS": (0, "by Sequential.to() at app.py:4"),
+    "torchdoctor run main.py --listen": (0, "serving ['--listen']"),
+    "torchdoctor run --device cuda:1 --profile a100 -m my_pkg.train ARGS": (0, "on virtual cuda:1 exited with 0"),
+    "torchdoctor explain crash.log": (1, "device_mismatch"),
+    "torchdoctor env --markdown": (0, "### Environment"),
+    "pytest --torchdoctor=strict": (0, "every test runs under guard(mode='strict')"),
+}
+
+
+def _bare(command: str) -> str:
+    return command.split(" #")[0].strip()
+
+
+def test_every_pinned_line_is_still_on_a_page() -> None:
+    # a line reworded on the page would otherwise fall back to the weaker "exit 0 or 1" check unnoticed
+    lines = {_bare(c) for b in BLOCKS if b.lang == "bash" for c, _ in bash_commands(b)}
+    assert set(PINNED) <= lines, sorted(set(PINNED) - lines)
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from safetensors.torch import save_file
@@ -233,7 +261,9 @@ def test_bash_block_runs_as_written(block: Block, workdir: Path) -> None:
     for command, proc in zip(commands, procs):
         out, _ = proc.communicate(timeout=TIMEOUT)
         # 0 nothing found, 1 problems found; 2 (bad usage) or a traceback means the line does not run as written
-        if proc.returncode not in (0, 1) or "Traceback (most recent call last)" in out:
+        want, fragment = PINNED.get(_bare(command), (None, ""))
+        if proc.returncode not in ((want,) if want is not None else (0, 1)) or fragment not in out or (
+                "Traceback (most recent call last)" in out):
             failures.append(f"$ {command}\nexit {proc.returncode}\n{out[-1500:]}")
     assert not failures, "\n\n".join(failures)
 
