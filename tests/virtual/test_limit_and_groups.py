@@ -45,3 +45,35 @@ def test_the_marker_error_says_how_many_were_not_stored() -> None:
         assert "4 more problem(s) not stored" in str(e)
     else:
         raise AssertionError("no PlacementError")
+
+
+class _Patched(nn.Module):
+    """sd-scripts' mechanism in a few lines: a LoRA module replaces the forward of the layer it patches and holds
+    its own weights, so ``model.to`` never reaches them; only ``network.to`` does."""
+
+    def __init__(self, org: nn.Linear) -> None:
+        super().__init__()
+        self.lora_down, self.lora_up = nn.Linear(4, 2, bias=False), nn.Linear(2, 4, bias=False)
+        self.org_forward = org.forward
+        org.forward = self.forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.org_forward(x) + self.lora_up(self.lora_down(x))
+
+
+def test_many_tensors_of_one_object_left_behind_are_one_finding() -> None:
+    try:
+        with torchdoctor.virtual_devices("cuda:1"):
+            model = nn.Sequential(*(nn.Linear(4, 4) for _ in range(4)))
+            network = nn.ModuleList(_Patched(layer) for layer in model)  # noqa: F841  (held apart, not moved)
+            model.to("cuda:1")(torch.ones(2, 4, device="cuda:1"))
+    except torchdoctor.PlacementError as e:
+        text = str(e)
+        assert len(e.problems) == 8  # every tensor is still a problem, by path
+    else:
+        raise AssertionError("no PlacementError")
+    grouped = [line for line in text.splitlines() if "8 tensors of the Linear modules of the model (a network "
+               "patched into the model's forward) are on cpu while the run is on cuda:1" in line]
+    assert len(grouped) == 1, text
+    assert "it was not moved (network.to('cuda:1') where the network is built)" in grouped[0]
+    assert sum("lora_down.weight" in line for line in text.splitlines()) == 1  # one line, not eight

@@ -24,6 +24,7 @@ from torchdoctor._report.text import format_error
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._virtual.fixes import fix_for
+from torchdoctor._virtual.groups import grouped
 from torchdoctor._virtual.hardware import over_memory, ran_on
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
 from torchdoctor._virtual.tensor import Space, is_virtual
@@ -155,8 +156,9 @@ class VirtualSession:
         head = (f"{len(self.problems)} placement problem(s) on virtual {where}"
                 + (f", first in {first.module_path or '<root>'} ({first.module_type})" if first.module_type else "")
                 + ":")
+        shown, culprits = grouped(self.problems, self.culprits)  # one cause, one line
         rows = [line[2:] if line.startswith("  ") else line
-                for line in _culprits_then_rest(tuple(self.problems), self.culprits, 40)]
+                for line in _culprits_then_rest(tuple(shown), culprits, 40)]
         if self.stopped:
             rows.append(f"stopped early: {self.stopped}")
         if self.whence:

@@ -31,6 +31,7 @@ from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
 
 from torchdoctor._virtual.fixes import fix_for
+from torchdoctor._virtual.groups import grouped
 from torchdoctor._virtual.session import expectation, not_stored, whence_line
 from torchdoctor._virtual.hardware import ledger, over_memory
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
@@ -94,7 +95,8 @@ class SimulationReport(HtmlMapMixin):
             "ok: the move left nothing behind (no forward ran: pass inputs, or from the command line return " \
             "torchdoctor.Target(model, args), to check the forward)"
         lines = [f"{ok} ({head})"] if self.ok else \
-            [f"{len(self.problems)} problem(s) ({head}):", *_culprits_then_rest(self.problems, self.culprits, limit)]
+            [f"{len(self.problems)} problem(s) ({head}):", *_culprits_then_rest(*_grouped(self.problems, self.culprits),
+                                                                                limit)]
         if self.assumed:  # right under the headline: it qualifies every line after it
             lines.insert(1, self.assumed)
         if self.stopped:
@@ -304,6 +306,11 @@ def _api_name(exc: BaseException) -> str:
     return name
 
 public_types(SimulationReport)
+
+
+def _grouped(problems: tuple[Problem, ...], culprits: int) -> tuple[tuple[Problem, ...], int]:
+    shown, n = grouped(problems, culprits)
+    return tuple(shown), n
 
 
 def _placed_on(value: Any, device: torch.device, dtype: torch.dtype | None, assume: torch.device | None,

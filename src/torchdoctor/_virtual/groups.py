@@ -1,0 +1,64 @@
+"""Findings with one cause said once: many tensors of one object left behind (a network whose ``.to`` was
+forgotten: every ``lora_down`` / ``lora_up`` of it on the cpu) read as one line with the count and a few paths,
+in the text of a virtual run's error and report. The problem list itself keeps every problem, by path."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from torchdoctor._report.model import Problem
+
+GROUP = 4  # this many tensors with one cause print as one finding
+_ROLES = ("parameter", "buffer")
+_SHOWN = 3  # paths named in the grouped line
+
+
+def _owner(paths: list[str]) -> str:
+    """The longest dotted prefix the modules holding ``paths`` share ("" when only the root)."""
+    parts = [p.split(".")[:-1] for p in paths]
+    common: list[str] = []
+    for segs in zip(*parts):
+        if len(set(segs)) != 1:
+            break
+        common.append(segs[0])
+    return ".".join(common)
+
+
+def grouped(problems: Sequence[Problem], culprits: int) -> tuple[list[Problem], int]:
+    """``problems`` with each group of at least ``GROUP`` tensors of one cause (one kind, found, expected and
+    module type; parameters and buffers) replaced by one problem at the first one's place; and how many of the
+    result are culprits (the first ``culprits`` of ``problems`` were)."""
+    keys: dict[tuple[str, ...], list[int]] = {}
+    for i, p in enumerate(problems):
+        if p.kind in ("device", "dtype") and p.role in _ROLES:
+            keys.setdefault((p.kind, p.found, p.expected, p.module_type or "", str(i < culprits)), []).append(i)
+    first: dict[int, list[int]] = {ix[0]: ix for ix in keys.values() if len(ix) >= GROUP}
+    skip = {i for ix in first.values() for i in ix[1:]}
+    out: list[Problem] = []
+    kept = 0
+    for i, p in enumerate(problems):
+        if i in skip:
+            continue
+        members = first.get(i)
+        if members is not None:
+            p = _one(p, [problems[j].path for j in members])
+        out.append(p)
+        kept += i < culprits
+    return out, kept
+
+
+def _one(p: Problem, paths: list[str]) -> Problem:
+    owner = _owner(paths)
+    held = f"{owner}" if owner else "the model"
+    via = " (a network patched into the model's forward)" if all(".forward.__self__." in x for x in paths) else ""
+    what = f"{p.module_type} modules of " if p.module_type else ""
+    shown = ", ".join(paths[:_SHOWN]) + (", ..." if len(paths) > _SHOWN else "")
+    fix = f"{owner}.to({p.expected!r})" if owner else f"model.to({p.expected!r})"
+    if via:
+        fix = f"network.to({p.expected!r}) where the network is built"
+    message = (f"{len(paths)} tensors of the {what}{held}{via} are on {p.found} while the run is on {p.expected}: "
+               f"it was not moved ({fix}); e.g. {shown}") if p.kind == "device" else \
+        (f"{len(paths)} tensors of the {what}{held}{via} are {p.found} while the run computes in {p.expected}: it "
+         f"was not cast; e.g. {shown}")
+    return replace(p, path=owner or p.path, message=message, tensors=tuple(paths))
