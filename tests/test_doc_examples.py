@@ -46,7 +46,7 @@ def _params(lang: str) -> list[Any]:
 def test_the_pages_hold_the_examples_this_test_knows() -> None:
     # a renamed page or a dropped fence must not make this test pass by finding nothing
     ids = {b.id.split(":")[0] for b in BLOCKS}
-    assert {"README.md", "docs/run.md"} <= ids, ids
+    assert {"README.md", "docs/run.md", "docs/trace.md"} <= ids, ids
     assert sum(b.lang == "python" for b in BLOCKS) >= 3 and sum(b.lang == "bash" for b in BLOCKS) >= 3
 
 
