@@ -75,7 +75,8 @@ def build_unet() -> Any:
 
 
 def inputs_on(device: str) -> dict[str, Any]:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in zoo.build("unet", torch.bfloat16).inputs.items()}
+    inputs = zoo.build("unet", torch.bfloat16).inputs
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
 @pytest.fixture(scope="module")
@@ -124,13 +125,13 @@ def _namespace(lora_dir: str) -> dict[str, Any]:
 def test_python_block_runs_as_written(block: Block, lora_dir: str, one_rank: Any, tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # a block that writes map.html writes it here
-    ns = _namespace(lora_dir)
     source = python_source(block)
     if "@pytest.mark" in source:
-        _run_as_test_file(source, ns, tmp_path)
+        _run_as_test_file(source, tmp_path)
         return
+    ns = _namespace(lora_dir)
     exec(compile(source, block.id, "exec"), ns)  # noqa: S102 - the documented example is the code under test
-    if "run_my_pipeline()" in source:  # the README's virtual block: raise_on_exit=False leaves its problems readable, by path
+    if "run_my_pipeline()" in source:  # raise_on_exit=False leaves the problems readable, by path
         assert [p.path for p in ns["sim"].problems] == ["scale"], ns["sim"].problems
     if "report" in ns and "map.html" in source:
         assert (tmp_path / "map.html").stat().st_size > 1000
@@ -138,7 +139,7 @@ def test_python_block_runs_as_written(block: Block, lora_dir: str, one_rank: Any
         assert ns["t"].records, "loading and unloading a LoRA under trace records its changes"
 
 
-def _run_as_test_file(source: str, ns: dict[str, Any], tmp_path: Path) -> None:
+def _run_as_test_file(source: str, tmp_path: Path) -> None:
     """A block of test functions runs as pytest runs it, with the plugin and the names its prose gives."""
     (tmp_path / "conftest.py").write_text("")
     prelude = textwrap.dedent("""
@@ -212,10 +213,13 @@ FILES: dict[str, str] = {
 # listed here still must exit 0 or 1 without a traceback
 PINNED: dict[str, tuple[int, str]] = {
     "torchdoctor scan model.safetensors": (0, "ok: no problems found"),
-    "torchdoctor scan my_app.py:build_pipe --device cuda:0 --dtype bfloat16 --json": (1, '"schema": "torchdoctor/scan/1"'),
-    "torchdoctor scan my_app.py:build_pipe --device cuda:1 --plan": (1, "0.weight  f32[8,8]@cpu -> f32[8,8]@cuda:1"),
+    "torchdoctor scan my_app.py:build_pipe --device cuda:0 --dtype bfloat16 --json":
+        (1, '"schema": "torchdoctor/scan/1"'),
+    "torchdoctor scan my_app.py:build_pipe --device cuda:1 --plan":
+        (1, "0.weight  f32[8,8]@cpu -> f32[8,8]@cuda:1"),
     "torchdoctor scan my_app.py:build_pipe --html map.html": (0, "device map written to map.html"),
-    "torchdoctor simulate my_app.py:build_target --device xpu --dtype bfloat16": (0, "ops on virtual xpu:0 in bfloat16"),
+    "torchdoctor simulate my_app.py:build_target --device xpu --dtype bfloat16":
+        (0, "ops on virtual xpu:0 in bfloat16"),
     "torchdoctor simulate my_app.py:build_model --profile t4": (0, "NVIDIA T4"),
     "python -m torchdoctor trace --moves --lora --file moves.jsonl app.py ARGS": (0, "by Sequential.to() at app.py:4"),
     "torchdoctor run main.py --listen": (0, "serving ['--listen']"),
