@@ -166,16 +166,17 @@ def test_old_gpu_cannot_run_bf16_matmul() -> None:
 
 
 def test_numpy_of_a_device_tensor() -> None:
-    def run(m: nn.Module) -> None:
+    def run(m: nn.Module) -> None:  # call= runs as the program would: with autograd, so inference says no_grad
         m.to("cuda:1")
-        m(torch.randn(1, 3, 8, 8, device="cuda:1")).numpy()
+        with torch.no_grad():
+            m(torch.randn(1, 3, 8, 8, device="cuda:1")).numpy()
 
     report = torchdoctor.simulate(Net(), device="cuda:1", call=run)
     assert [(p.kind, p.op, p.found, p.expected) for p in report.problems] == [
         ("device", "Tensor.numpy", "cuda:1", "cpu")]
     assert "call .cpu() first" in report.problems[0].message
     assert torchdoctor.simulate(Net(), device="cuda:1", call=lambda m: m.to("cuda:1")(
-        torch.randn(1, 3, 8, 8, device="cuda:1")).cpu().numpy()).ok
+        torch.randn(1, 3, 8, 8, device="cuda:1")).detach().cpu().numpy()).ok
 
 
 def test_device_beyond_the_profile_count() -> None:

@@ -150,7 +150,7 @@ def simulate(
     A copy of ``obj`` (an object or a ``Target``) is moved with ``.to(device, dtype)`` as a user would, then
     called on ``inputs`` (a tuple of positional or a dict of keyword arguments, placed on ``device``), or
     ``call(copy)`` does its own moving and calling. Without either: the move and a placement report. Autograd
-    stays off and the user's objects are never modified. ``data="cpu"`` keeps real values (``.item()``,
+    stays off for the forward (on for ``call``, a training step) and the user's objects are never modified. ``data="cpu"`` keeps real values (``.item()``,
     ``generate``); ``assume_device`` treats meta tensors as holding data there — by default, a model whose
     parameters are all on meta (built on meta, weights not loaded) is taken as loaded on ``device`` and the report
     says so (``assume_device=False`` checks them as missing); ``profile`` describes the hardware.
