@@ -45,6 +45,15 @@ def _no_modes() -> bool:
         return False
 
 
+def _casts_weights_per_call(policy: Any) -> bool:
+    """A layer casts or moves one of its parameters on each call (an app's lowvram layer): what it holds between calls
+    is then not the plan's alone. Buffers a forward re-reads per call (transformers' rotary ``inv_freq``, moved to
+    the input's device and read as fp32) keep the lean check: the plan decides their dtype as the walk does."""
+    casting = policy.casting
+    return bool(casting) and any(name in m._parameters for _, m in policy.w.modules if id(m) in casting
+                                 for name in casting[id(m)])
+
+
 class Expect:
     """The result a cast-only move must show (see the module docstring); ``rows``: (canonical entry, target dtype)."""
 
@@ -60,7 +69,7 @@ class Expect:
     @classmethod
     def of(cls, w: Any, policy: Any, obj: Any) -> Expect | None:
         dtype = policy.dtype
-        if w.problems or w.hooks or w.patches or policy.adapter_of or policy.kbit or policy.casting \
+        if w.problems or w.hooks or w.patches or policy.adapter_of or policy.kbit or _casts_weights_per_call(policy) \
                 or dtype.is_complex or dtype in PACKED_DTYPES:
             return None
         mods = [m for _, m in w.modules]

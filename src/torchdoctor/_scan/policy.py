@@ -248,6 +248,12 @@ class Policy:
         if role == "offloaded":
             return Decision(None, None, "offloaded")
         app = apps.intended(e, self.casting, self.strict)
+        if app is not None and app[1] & _DTYPE_BIT and t.is_floating_point():
+            # _keep_in_fp32_modules outranks a per-call cast (a router that casts its weight up each call is still
+            # loaded fp32 by from_pretrained, and move keeps it so); the per-call device move still holds
+            base = comp.dtype if comp is not None else self.dtype
+            if base is not None and self._kept_fp32(e, base):
+                app = (app[0], app[1] & ~_DTYPE_BIT) if app[1] & _DEVICE_BIT else None
         if app is not None:
             rule, bits = app
             if bits & _DEVICE_BIT and bits & _DTYPE_BIT:
