@@ -1,5 +1,6 @@
 """torchdoctor for ComfyUI, in one step: put this folder in ``ComfyUI/custom_nodes/`` and install torchdoctor in
-ComfyUI's Python (``python -m pip install torchdoctor``).
+ComfyUI's Python (the README's one route: ``python -m pip install -c
+constraints.txt /path/to/torchdoctor`` with the app's interpreter).
 
 - Every placement error ComfyUI logs ("!!! Exception during processing !!!" with its traceback) is followed by a
   short explanation and its fix, once per distinct error (the log explainer, installed when ComfyUI loads this pack).

@@ -1,5 +1,6 @@
 """torchdoctor for SD.Next and AUTOMATIC1111 / Forge, in one step: put the ``torchdoctor-check`` folder in the app's
-``extensions/`` folder and install torchdoctor in the app's Python (``python -m pip install torchdoctor``).
+``extensions/`` folder and install torchdoctor in the app's Python (the README's one route: ``python -m pip install -c
+constraints.txt /path/to/torchdoctor`` with the app's interpreter).
 
 It checks at two moments, read from the apps' own code (SD.Next 058a7f0 ``modules/sd_models.py``,
 ``modules/processing.py``, ``modules/lora``; Forge dfdcbab ``modules/sd_models.py``, ``backend/patcher``):
