@@ -117,6 +117,8 @@ def _simulated(item: pytest.Item, marker: pytest.Mark) -> Generator[Any, None, N
     kwargs = _marker_kwargs(item, marker)
     given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k in ("device", "dtype", "profile"))
     where = f"@pytest.mark.simulate({given})"  # the error says where its expectation came from
+    # the test body is checked for code that means the first GPU by a bare "cuda": device 0 stays current
+    kwargs.setdefault("select", False)
     with virtual_devices(kwargs.pop("device"), kwargs.pop("dtype", None), **kwargs) as session:
         session.whence = expectation(session.device, session.dtype, session.profile,
                                      {k: where for k in ("device", "dtype", "profile") if k in marker.kwargs

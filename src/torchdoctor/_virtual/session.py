@@ -228,7 +228,7 @@ def _import_probers() -> None:
 def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dtype | None = None, *,
                     profile: DeviceProfile | str | None = None, count: int | None = None, data: str = "cpu",
                     limit: int = LIMIT, raise_on_exit: bool = True,
-                    select: bool | None = None) -> Iterator[VirtualSession]:
+                    select: bool = True) -> Iterator[VirtualSession]:
     """Run your own code on virtual ``device`` hardware (``cuda:1``, ``xpu``, ``mps``) on any machine.
 
     Inside the block the program sees that hardware: ``torch.cuda.is_available()``, ``device_count()``,
@@ -272,8 +272,6 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
                                                                    if k != "profile" or profile_given}))
     session._rec = rec
     space = Space(data, profile.type, rec)
-    if select is None:  # the marker's test bodies are checked for code that means the first GPU by a bare "cuda"
-        select = sys._getframe(2).f_globals.get("__name__") != "torchdoctor._pytest_plugin"
     if select:  # as CUDA_VISIBLE_DEVICES plus torch.cuda.set_device(N): the program's own "cuda" is cuda:N
         space.current[dev.type] = dev.index or 0
     failure: BaseException | None = None
