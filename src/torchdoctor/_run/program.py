@@ -36,6 +36,7 @@ class RunReport:
     notes: dict[str, str] = field(default_factory=dict)  # path -> the trace's last move or cast of that tensor
     expected: dict[str, str] = field(default_factory=dict)  # device/dtype/profile -> "value (from where)"
     missing: str | None = None  # `-m NAME` named no runnable module (python's line): the program never ran
+    ran: str | None = None  # where a virtual run's work really ran ("ran on cuda:1", or the device the program picked)
 
     @property
     def ok(self) -> bool:
@@ -49,14 +50,15 @@ class RunReport:
                 "findings": [f.to_dict() for f in self.findings],
                 "problems": [{**p.to_dict(), "where": self.where.get((p.kind, p.path)),
                               "trace": self.notes.get(p.path)} for p in self.problems],
-                "stopped": self.stopped, "expected": self.expected}
+                "stopped": self.stopped, "expected": self.expected, "ran": self.ran}
 
     def text(self) -> str:
         where = f" on virtual {self.device}" if self.device else ""
         head = f"torchdoctor run: {' '.join(self.program)}{where} exited with {self.exit_code} ({self.seconds:.1f} s)"
+        ran = f"; {self.ran}" if self.ran else ""
         if self.ok:
-            return f"{head}: no placement error"
-        lines = [f"{head}: {len(self.findings)} placement error(s) met, {len(self.problems)} problem(s) recorded"]
+            return f"{head}: no placement error{ran}"
+        lines = [f"{head}: {len(self.findings)} placement error(s) met, {len(self.problems)} problem(s) recorded{ran}"]
         if self.expected:
             lines.append("expected: " + "; ".join(f"{k} {v}" for k, v in self.expected.items()))
         lines += [f.text() for f in self.findings]
@@ -209,7 +211,7 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
     where = {key: first_own_frame(frames, watcher.root) for key, frames in session.stacks.items()}
     return RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
                      time.perf_counter() - start, session.stopped, where, notes,
-                     _expected(session, profile, sources or {}), watcher.missing)
+                     _expected(session, profile, sources or {}), watcher.missing, session.where_ran())
 
 
 def _expected(session: Any, profile: Any, sources: dict[str, str]) -> dict[str, str]:
