@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from torchdoctor._placement import compact, device_str, norm_device, tensor_device
-from torchdoctor._scan import intent
+from torchdoctor._scan import apps, intent, percall
 from torchdoctor._scan.judge import cpu_packed_message
 from torchdoctor._virtual.origin import Made
 from torchdoctor._virtual.tensor import Space, VirtualTensor, current_space, make, virtual_class
@@ -157,6 +157,9 @@ class EntryCheck:
             if role in ("attribute", "container") and not isinstance(mod.__dict__.get(name), _HOLDERS) \
                     and intent.self_managed(mod, name):
                 continue  # the module's own code moves or rebuilds it before use
+            app = apps.intended_at(mod, name, t, role)  # scan's one answer: per-call moves, schedules, backups
+            if app is not None and app[1] & percall.DEVICE:
+                continue
             full = f"{path}.{rel}" if path else rel
             note = ("device", full, device_str(dev), device_str(ref),
                     f"{full} {compact(t.dtype, tuple(t.shape), dev)} is on {device_str(dev)} when "
