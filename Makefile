@@ -19,8 +19,18 @@ STAMP := $(VENV)/.torchdoctor-installed
 demo: $(STAMP)
 	$(PY) -m torchdoctor demo
 
+# bitsandbytes takes another CPU branch on AVX512-BF16 machines (tests/support/hardware.py): the suite pins the
+# portable one and runs per-layer branches both ways; this second pass runs its bitsandbytes tests on the forced
+# AVX512-BF16 import branch, so every machine (and CI) runs both whatever its CPU.
+BNB_TESTS := tests/move/test_cast_rule.py tests/move/test_move.py tests/move/test_move_finds_optimizers.py \
+	tests/move/test_optimizer.py tests/plugin/test_pytest_plugin.py tests/realworld/test_zoo.py \
+	tests/trace/test_trace_libraries.py tests/trace/test_trace_snapshot.py tests/virtual/test_cpu_packed.py \
+	tests/virtual/test_simulate.py tests/distributed/test_cli.py
+BNB_K := 4bit or 8bit or bnb or kbit or packed or quant or bitsandbytes or qlora or branch
+
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:randomly src tests
+	TD_TEST_BNB_AVX512BF16=1 $(PY) -m pytest -q -p no:randomly $(BNB_TESTS) -k "$(BNB_K)"
 	$(PY) -m mypy src/torchdoctor
 
 install: $(STAMP)
