@@ -18,6 +18,10 @@ from torchdoctor._cli.main import main
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
 ENV.pop("NO_COLOR", None)
 ENV.pop("FORCE_COLOR", None)
+# a process whose imports are audited runs without the suite's sitecustomize (it pins bitsandbytes' branch, and
+# imports pathlib to do so): what is counted is torchdoctor's own
+AUDIT_ENV = dict(ENV, PYTHONPATH=os.pathsep.join(
+    p for p in ENV.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.basename(p) != "site"))
 
 APP = textwrap.dedent(
     """
@@ -200,7 +204,7 @@ def test_checkpoint_cli_process_loads_only_what_the_format_needs(tmp_path: Path,
     record = tmp_path / "modules.txt"
     argv = ["scan", str(path)] + (["--json"] if output == "json" else [])
     out = subprocess.run([sys.executable, "-c", _AUDIT, str(record), *argv],
-                         capture_output=True, text=True, env=ENV, timeout=120, stdin=subprocess.DEVNULL)
+                         capture_output=True, text=True, env=AUDIT_ENV, timeout=120, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr
     if output == "json":
         assert len(json.loads(out.stdout)["tensors"]) == 50
@@ -229,7 +233,7 @@ def test_checkpoint_json_with_problems_loads_no_relocations(tmp_path: Path) -> N
     save_file({f"layers.{i}.weight": torch.zeros(4, dtype=torch.bfloat16) for i in range(8)}, str(path))
     record = tmp_path / "modules.txt"
     out = subprocess.run([sys.executable, "-c", _AUDIT, str(record), "scan", str(path), "--json", "--dtype", "float16"],
-                         capture_output=True, text=True, env=ENV, timeout=120, stdin=subprocess.DEVNULL)
+                         capture_output=True, text=True, env=AUDIT_ENV, timeout=120, stdin=subprocess.DEVNULL)
     assert out.returncode == 1, out.stderr
     doc = json.loads(out.stdout)
     assert [p["kind"] for p in doc["problems"]] == ["dtype"] and doc["relocations"] == []
