@@ -341,7 +341,7 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
                     assume_device: str | torch.device | bool | None = None,
                     sources: dict[str, str] | None = None,
                     call: Callable[[Any], Any] | None = None, data: str = "cpu",
-                    select: bool | None = None) -> SimulationReport:
+                    select: bool = True) -> SimulationReport:
     """``simulate`` of a TARGET whose own code must run on the virtual devices: ``load()`` (importing the file and
     calling its factory) runs inside the virtual session, so a function that builds its model on ``cuda:N`` works
     on any machine; then the object is moved with its own ``.to`` and called on its inputs, as ``simulate`` does.
