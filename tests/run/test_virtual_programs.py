@@ -4,24 +4,9 @@ back, the device they pick is the one asked for, in a subprocess under a timeout
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
-TIMEOUT = 300
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torchdoctor", "run", *args], cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=TIMEOUT)
-
-
-def write(path: Path, text: str) -> Path:
-    path.write_text(textwrap.dedent(text), encoding="utf-8")
-    return path
+from run.test_run_cli import run, write
 
 
 SAVES = """
