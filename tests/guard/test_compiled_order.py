@@ -17,20 +17,10 @@ from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchdoctor
+from guard.test_evidence import _ScaledAttr
 
 BF = torch.bfloat16
 FIX = "model.scale.data = model.scale.data.to(torch.bfloat16)"
-
-
-class _ScaledAttr(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(16, 16)
-        self.blocks = nn.Sequential(*[nn.Linear(16, 16) for _ in range(3)])
-        self.scale = torch.ones(16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin(self.blocks(x) * self.scale)
 
 
 def _fail(obj: object, call: object, mode: str) -> torchdoctor.PlacementError:

@@ -17,6 +17,7 @@ from torch import nn
 import torchdoctor
 from torchdoctor import PlacementError
 from torchdoctor._move.plan import HeldBy
+from move.test_optimizer import _Breaks
 
 LOG = "torchdoctor.move"
 
@@ -172,20 +173,6 @@ def test_an_lr_scheduler_keeps_scheduling_and_its_optimizer_is_found_through_it(
         sched.step()
         lrs.append(sched.get_last_lr()[0])
     assert lrs == pytest.approx([5e-3, 2.5e-3, 1.25e-3])
-
-
-class _Breaks(dict):  # type: ignore[type-arg]
-    """A parameter's state dict that refuses its second write: the move fails inside the found optimizer."""
-
-    def __init__(self, items: dict, exc: BaseException) -> None:  # type: ignore[type-arg]
-        super().__init__(items)
-        self.exc, self.writes = exc, 0
-
-    def __setitem__(self, key: object, value: object) -> None:
-        self.writes += 1
-        if self.writes == 2:
-            raise self.exc
-        super().__setitem__(key, value)
 
 
 @pytest.mark.parametrize("rollback", ["auto", "exact"])
