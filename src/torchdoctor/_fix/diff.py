@@ -1,0 +1,115 @@
+"""A fix printed as a patch: one line of the user's file replaced, written as a unified diff that ``git apply`` and
+``patch -p1`` take as is.
+
+The file is read, never written. The path in the diff is relative to the git work tree the file is in (found by
+looking for ``.git`` upward, so no ``git`` process is started), else the file's bare name, with the ``a/`` and ``b/``
+prefixes both tools expect. The replaced line keeps its line ending, and its indentation when the new text has none,
+so a fix written as ``x = x.to(torch.float16)`` lands at the depth of the line it replaces.
+
+>>> import pathlib, tempfile
+>>> folder = pathlib.Path(tempfile.mkdtemp())
+>>> _ = (folder / "model.py").write_text("def f(x):\\n    return x.float()\\n")
+>>> print(line_patch(str(folder / "model.py"), 2, "return x.half()"), end="")
+--- a/model.py
++++ b/model.py
+@@ -1,2 +1,2 @@
+ def f(x):
+-    return x.float()
++    return x.half()
+>>> line_patch(str(folder / "model.py"), 3, "pass") is None
+True
+"""
+
+from __future__ import annotations
+
+import os
+
+CONTEXT = 3  # lines kept either side, as diff -u writes them; enough for patch to find a moved line
+_NO_EOL = "\\ No newline at end of file\n"
+
+
+def repo_path(path: str) -> str:
+    """``path`` relative to the git work tree holding it (``/`` separated), else the file's bare name."""
+    full = os.path.realpath(path)
+    folder = os.path.dirname(full)
+    while True:
+        if os.path.exists(os.path.join(folder, ".git")):  # a folder, or a file in a worktree or submodule
+            return os.path.relpath(full, folder).replace(os.sep, "/")
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return os.path.basename(full)
+        folder = parent
+
+
+def _read_lines(path: str) -> list[str] | None:
+    """The file's lines with their endings, or None when it is not a readable UTF-8 text file."""
+    try:
+        if not os.path.isfile(path):
+            return None
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    if b"\0" in data:  # binary: a diff of it would not apply
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    # split on "\n" only: str.splitlines would also split on form feeds and other breaks that patch keeps in a line
+    return _split_keep(text)
+
+
+def _split_keep(text: str) -> list[str]:
+    lines = text.split("\n")
+    out = [line + "\n" for line in lines[:-1]]
+    if lines[-1]:
+        out.append(lines[-1])  # a last line without a newline
+    return out
+
+
+def _ending(line: str) -> str:
+    if line.endswith("\r\n"):
+        return "\r\n"
+    return "\n" if line.endswith("\n") else ""
+
+
+def _new_lines(old: str, new_line: str) -> list[str]:
+    """``new_line`` (one or more lines) as the file would hold it in place of ``old``."""
+    ending = _ending(old)
+    body = old[: len(old) - len(ending)]
+    indent = body[: len(body) - len(body.lstrip(" \t"))]
+    parts = new_line.rstrip("\r\n").replace("\r\n", "\n").split("\n")
+    if parts[0] == parts[0].lstrip(" \t"):  # no indentation given: the replaced line's, for every line
+        parts = [indent + p if p.strip() else p for p in parts]
+    # every new line ends as the file's lines do; the last one as the replaced line did (maybe with no newline)
+    sep = "\r\n" if ending == "\r\n" else "\n"
+    return [p + sep for p in parts[:-1]] + [parts[-1] + ending]
+
+
+def _emit(prefix: str, line: str) -> str:
+    return prefix + line if line.endswith("\n") else prefix + line + "\n" + _NO_EOL
+
+
+def line_patch(path: str, lineno: int, new_line: str) -> str | None:
+    """A unified diff of ``path`` with line ``lineno`` (1-based) replaced by ``new_line``; None when the file is not a
+    readable text file, the line does not exist, or the replacement would change nothing."""
+    lines = _read_lines(path)
+    if lines is None or not isinstance(lineno, int) or not 1 <= lineno <= len(lines):
+        return None
+    old = lines[lineno - 1]
+    new = _new_lines(old, new_line)
+    if new == [old]:
+        return None
+    start = max(1, lineno - CONTEXT)
+    before = lines[start - 1: lineno - 1]
+    after = lines[lineno: lineno + CONTEXT]
+    old_len = len(before) + 1 + len(after)
+    new_len = len(before) + len(new) + len(after)
+    name = repo_path(path)
+    out = [f"--- a/{name}\n", f"+++ b/{name}\n", f"@@ -{start},{old_len} +{start},{new_len} @@\n"]
+    out += [_emit(" ", line) for line in before]
+    out.append(_emit("-", old))
+    out += [_emit("+", line) for line in new]
+    out += [_emit(" ", line) for line in after]
+    return "".join(out)
