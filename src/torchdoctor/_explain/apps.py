@@ -69,6 +69,8 @@ _FIXES: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, str], ...]] = {
         ("Forge: keep models on the GPU", "--always-gpu  # or --always-high-vram (COMMANDLINE_ARGS)"),),
     ("Forge", (_DT, _IW, _UD)): (
         ("Forge: compute in full precision", "--all-in-fp32  # or --vae-in-fp32 for the VAE (COMMANDLINE_ARGS)"),),
+    ("Forge", (_NA,)): (
+        ("Forge: reinstall its torch", "set COMMANDLINE_ARGS=--reinstall-torch  # webui-user.bat"),),
     ("Forge", (_BO,)): (
         ("Forge: use PyTorch's attention", "--attention-pytorch  # or --disable-xformers (COMMANDLINE_ARGS)"),),
     ("AUTOMATIC1111", (_DT, _IW, _UD)): (
@@ -111,14 +113,35 @@ def app_of(context: str) -> str | None:
 
 # Steps an app runs itself, by the error signature they raise: when a paste shows no app and no program of its own
 # around the error, the app that runs the step is a likely source, and its switch for that step is among the fixes
-# (issue 40, point 6). ComfyUI calls ipex.optimize on every model it loads to an Intel GPU
-# (comfy/model_management.py), which refuses a model that lowvram loaded partly.
-_STEPS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
-    "mixed.ipex_optimize": ("ComfyUI", (
+# (issue 40, point 6). Each entry: (words of the text that pick the app, the text is the app's own, fixes). ComfyUI
+# calls ipex.optimize on every model it loads to an Intel GPU (comfy/model_management.py), which refuses a model
+# that lowvram loaded partly; IPEX's words are IPEX's, so a program of the user's own calling it gets no app switch.
+# The other texts are the apps' own messages (sigs_apps), so any paste holding them came from the app.
+_STEPS: dict[str, tuple[tuple[str, bool, tuple[tuple[str, str], ...]], ...]] = {
+    "mixed.ipex_optimize": (("", False, (
         ("If ComfyUI raised this (it runs ipex.optimize on each model it loads): skip that step",
          "python main.py --disable-ipex-optimize"),
         ("Or in ComfyUI keep whole models on the GPU (no partial loading)",
-         "python main.py --highvram  # or --gpu-only"))),
+         "python main.py --highvram  # or --gpu-only"))),),
+    "app.webui_gpu_test": (
+        ("torch/cuda", True, (
+            ("Forge: reinstall its torch (--skip-torch-cuda-test only skips the check; generation then fails "
+             "or runs on the CPU)", "set COMMANDLINE_ARGS=--reinstall-torch  # webui-user.bat, then run it"),)),
+        ("", True, (
+            ("AUTOMATIC1111: reinstall its torch (--skip-torch-cuda-test only skips the check; generation then "
+             "fails or runs on the CPU)", "set COMMANDLINE_ARGS=--reinstall-torch  # webui-user.bat, then run it"),
+            ("AUTOMATIC1111: or run on the CPU on purpose",
+             "set COMMANDLINE_ARGS=--skip-torch-cuda-test --use-cpu all --no-half"))),
+    ),
+    "app.nan_check": (
+        ("produced in unet", True, (
+            ("SD.Next / AUTOMATIC1111: run the UNet in full precision, or upcast only where it overflows",
+             "--no-half  # or --upcast-sampling; SD.Next: Settings > Compute Settings"),
+            ("SD.Next / AUTOMATIC1111: the VAE in full precision too", "--no-half-vae"))),
+        ("", True, (
+            ("SD.Next / AUTOMATIC1111: run the VAE in full precision",
+             "--no-half-vae  # SD.Next: Settings > Compute Settings > no-half VAE"),)),
+    ),
 }
 _PRECISION = (_DT, _IW, _UD)
 _REDUCED = frozenset({"half", "bf16", "fp8"})
@@ -140,19 +163,23 @@ def _own_program(context: str) -> bool:
 
 
 def step_fixes(signature: str, context: str) -> tuple[tuple[str, str], ...]:
-    """The switch of the app that runs the failing step itself, for a paste that shows no app and no program of
-    its own (a bare message, or frames inside libraries only).
+    """The switch of the app that runs the failing step itself, for a paste that shows no app (a bare message,
+    or frames inside libraries only, or, for the apps' own texts, any frames).
 
     >>> bare = "runtimeerror: the model is mixed with different device type"
     >>> [code for _, code in step_fixes("mixed.ipex_optimize", bare)]
     ['python main.py --disable-ipex-optimize', 'python main.py --highvram  # or --gpu-only']
     >>> step_fixes("mixed.ipex_optimize", 'file "/home/me/app/load.py", line 3, in load')
     ()
+    >>> [code for _, code in step_fixes("app.nan_check", "a tensor with all nans was produced in vae.")]
+    ['--no-half-vae  # SD.Next: Settings > Compute Settings > no-half VAE']
     """
-    step = _STEPS.get(signature)
-    if step is None or app_of(context) is not None or _own_program(context):
+    if app_of(context) is not None:
         return ()
-    return step[1]
+    for words, own_text, fixes in _STEPS.get(signature, ()):
+        if words in context:
+            return fixes if own_text or not _own_program(context) else ()
+    return ()
 
 
 def app_fixes(category: str, context: str, flags: frozenset[str] = frozenset()

@@ -1,6 +1,6 @@
 """Causes added for issue 29's misses: float16 overflow, an stft window left behind, float8 on MPS, quantized
 models that transformers refuses to load with modules off the GPU (GPTQ ExLlama, bitsandbytes); and for issue 40
-point 6, a plugin's own float64 tensor (an app-wide precision flag cannot change it)."""
+point 6, a plugin's own float64 tensor in ComfyUI or a web UI (an app-wide precision flag cannot change it)."""
 
 from __future__ import annotations
 
@@ -55,3 +55,14 @@ _c("dt.node_float64",
    ("Make the node's tensor in the dtype of the tensor it meets[ (at {plugin_at})]",
     "m = torch.from_numpy(matrix).to(device=x.device, dtype=x.dtype)  # or torch.tensor(..., dtype=x.dtype)"),
    ("Update the custom node that failed[ ({plugin_at})]", "git -C {node_dir} pull"))
+# The web UIs' twin of causes_extra's dt.node_float64: an extension's own float64 tensor, which no precision flag
+# of the app reaches (the app computes in float16, bfloat16 or float32, never float64).
+_c("dt.extension_float64",
+   "The extension's own code[ ({plugin_at})] made a float64 tensor (numpy arrays and Python floats are float64, "
+   "and torch.from_numpy / torch.tensor keep that) and used it with the model's tensors. The web UI never "
+   "computes in float64, so --no-half and its other precision flags do not reach this tensor: it must be made "
+   "in the dtype it meets.",
+   "torchdoctor env",
+   ("Make the extension's tensor in the dtype of the tensor it meets[ (at {plugin_at})]",
+    "m = torch.from_numpy(matrix).to(device=x.device, dtype=x.dtype)  # or torch.tensor(..., dtype=x.dtype)"),
+   ("Update the extension that failed[ ({plugin_at})]", "git -C {ext_dir} pull"))

@@ -103,7 +103,9 @@ _rule("comfy_dtype", COMFY, (), (_DT, _IW), unless=("fp64",), dt__comfy_node_dty
 # float64 is never ComfyUI's compute dtype: the node made that tensor itself (issue 40, point 6)
 _rule("comfy_fp64", COMFY, ("fp64",), (_DT, _IW), dt__node_float64=6.0)
 _rule("webui_device", WEBUI, (), (_DEV,), dev__app_offload=2.5)
-_rule("webui_dtype", WEBUI, (), (_DT, _IW), dt__webui_upcast=3.0)
+_rule("webui_dtype", WEBUI, (), (_DT, _IW), unless=("fp64",), dt__webui_upcast=3.0)
+# the same for an extension of a web UI: its float64 tensor is its own (issue 40, point 6)
+_rule("webui_fp64", WEBUI + ("extensions/",), ("fp64",), (_DT, _IW), dt__extension_float64=6.0)
 _rule("sd_scripts", ("sd-scripts", "train_network.py", "sdxl_train", "train_util.py", "kohya"), (), (_DT, _IW),
       dt__module_partially_cast=1.5)
 _rule("diffusers_dtype", ("diffusers/", "unet_2d_condition", "diffusionpipeline", "stablediffusion", "pipelines/"),
