@@ -320,6 +320,10 @@ class Policy:
                 ) -> tuple[torch.device | None, str, torch.device | None]:
         off = self.offload_of(e.module_path) if self.offloaded and e.module is not None else None
         if off is not None:  # at rest on cpu, on the execution device during its call: both by design
+            if e.role in _ATTR_ROLES:
+                # an offload (accelerate's, an app's hook, a patcher's load) moves what Module.to moves: a plain
+                # tensor the forward reads stays where it is, so it must already be on the execution device
+                return off, "offloaded", None
             return torch.device("cpu"), "offloaded", off
         if self.device is not None:
             return self.device, "explicit", None

@@ -1,0 +1,270 @@
+"""One policy through every entry, a virtual run included (issue 40 point 4): for each state an app leaves its model
+in, ``scan(obj, device)``, a forward under ``virtual_devices``, the ComfyUI node pack's ``check_report`` and the
+SD.Next / A1111 / Forge extension's ``check`` give the same answer on cuda, xpu and mps: nothing on the correct state,
+and the same path for a bug planted after it (a plain tensor attribute left on the cpu that a block's forward adds
+as it is).
+
+The mechanisms are re-created in a few lines of our own after reading the apps (no app code copied): ComfyUI
+``comfy/ops.py`` / ``comfy/model_patcher.py`` (lowvram partial loads: layers left on the offload device with a
+``comfy_cast_weights``-like flag, float8 storage cast per call, LoRA patches as ``weight_function`` applied per
+call); SD.Next 058a7f0 ``modules/sd_offload.py`` (balanced offload: an accelerate ``ModelHook`` subclass with
+``execution_device``, attached with ``add_hook_to_module``) and ``modules/lora`` (fuse off: the original weights kept
+as tensors under ``network_weights_backup``); InvokeAI 8e71a8a ``torch_module_autocast`` (weights in RAM, cast per
+call through a ``_cast_weight_bias_for_input``-like method); Forge dfdcbab ``backend/operations.py`` (a manual-cast
+flag and a module-level helper handed the layer).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import accelerate.hooks
+import pytest
+import torch
+import torch.nn.functional as F
+from scan.test_app_entries import _load_extension, _load_node_pack
+from torch import nn
+
+import torchdoctor
+
+BF16 = torch.bfloat16
+KINDS = ("cuda:0", "xpu:0", "mps:0")
+
+
+# --- the model every app runs: blocks of the app's layer kind, each adding a plain tensor when one is set ----------
+
+
+class Block(nn.Module):
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.proj = layer
+        self.shift: torch.Tensor | None = None  # a plain attribute: Module.to never moves it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        return h if self.shift is None else h + self.shift
+
+
+class Denoiser(nn.Module):
+    def __init__(self, layer: Callable[[], nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(layer()) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+# --- ComfyUI: cast layers switched per instance, LoRA patches applied per call, a patcher holding the model ---------
+
+
+def bring(layer: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Our ops layer's cast: the weights brought to the input's device and dtype, pending patches applied."""
+    w = layer.weight.to(device=x.device, dtype=x.dtype)
+    for patch in layer.weight_function:
+        w = patch(w)
+    return w, None if layer.bias is None else layer.bias.to(device=x.device, dtype=x.dtype)
+
+
+class OpsLinear(nn.Linear):
+    cast_weights = False
+
+    def __init__(self) -> None:
+        super().__init__(8, 8)
+        self.weight_function: list[Callable[[torch.Tensor], torch.Tensor]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cast_weights or len(self.weight_function) > 0:
+            return F.linear(x, *bring(self, x))
+        return super().forward(x)
+
+
+class Model(nn.Module):
+    """What the patcher holds (ComfyUI's and Forge's model classes are modules): the denoiser and where it is."""
+
+    def __init__(self, layer: Callable[[], nn.Module]) -> None:
+        super().__init__()
+        self.diffusion_model = Denoiser(layer).to(BF16)
+        self.device, self.model_lowvram = torch.device("cpu"), False
+
+
+class Patcher:
+    def __init__(self, load: str, layer: Callable[[], nn.Module] = lambda: OpsLinear()) -> None:
+        self.model = Model(layer)
+        self.load_device, self.offload_device = torch.device(load), torch.device("cpu")
+        self.current_device = self.offload_device
+
+    def load(self, keep: tuple[int, ...] = ()) -> None:
+        """On the load device; the blocks in ``keep`` stay on the offload device and cast per call (lowvram)."""
+        for i, block in enumerate(self.model.diffusion_model.blocks):
+            if i in keep:
+                block.proj.cast_weights = True
+            else:
+                block.to(self.load_device)
+        self.model.model_lowvram = bool(keep)
+        self.model.device = self.current_device = self.load_device
+
+
+def comfy(state: str, kind: str) -> tuple[Any, nn.Module, str]:
+    patcher = Patcher(kind)
+    blocks = patcher.model.diffusion_model.blocks
+    if state == "at rest":
+        return patcher, patcher.model.diffusion_model, "cpu"
+    patcher.load(keep=() if state in ("loaded", "loaded fp8") else (1, 2))
+    if "fp8" in state:  # float8 storage: every cast layer casts it to the compute dtype per call
+        for i in ((0, 1, 2) if state == "loaded fp8" else (1,)):
+            blocks[i].proj.weight.data = blocks[i].proj.weight.data.to(torch.float8_e4m3fn)
+            blocks[i].proj.cast_weights = True
+    if state == "lowvram lora":
+        blocks[0].proj.weight_function = [lambda w: w * 1.0]  # a patch on a loaded layer: cast per call too
+        blocks[2].proj.weight_function = [lambda w: w + 0.0]
+    return patcher, patcher.model.diffusion_model, kind
+
+
+# --- SD.Next: balanced offload by an accelerate hook of its own; LoRA backups kept as tensors ----------------------
+
+
+class Offload(accelerate.hooks.ModelHook):
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        module.to(self.execution_device)
+        return args, kwargs
+
+
+def sdnext(state: str, kind: str) -> tuple[Any, nn.Module, str]:
+    pipe = types.SimpleNamespace(unet=Denoiser(lambda: nn.Linear(8, 8)).to(BF16))
+    hook = Offload()
+    hook.execution_device = torch.device(kind)
+    accelerate.hooks.add_hook_to_module(pipe.unet, hook, append=True)
+    if state != "offload at rest":
+        pipe.unet(torch.ones(1, 8, dtype=BF16, device=kind))  # a generation: the hook brought the unet over
+    if state == "lora backups":
+        for block in pipe.unet.blocks:
+            block.proj.network_weights_backup = block.proj.weight.detach().to("cpu").clone()
+            block.proj.network_bias_backup = block.proj.bias.detach().to("cpu").clone()
+            with torch.no_grad():
+                block.proj.weight += 0.01
+    return pipe, pipe.unet, kind
+
+
+# --- InvokeAI: weights in RAM, cast per call through a method of the layer -----------------------------------------
+
+
+def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(device)
+
+
+class AutocastLinear(nn.Linear):
+    def __init__(self) -> None:
+        super().__init__(8, 8)
+        self._autocasting = False
+
+    def _weight_bias_for_input(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return to_device(self.weight, x.device), to_device(self.bias, x.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._autocasting:
+            w, b = self._weight_bias_for_input(x)
+            assert w is not None
+            return F.linear(x, w, b)
+        return super().forward(x)
+
+
+def invoke(state: str, kind: str) -> tuple[Any, nn.Module, str]:
+    unet = Denoiser(AutocastLinear).to(BF16)
+    unet.blocks[0].to(kind)  # the budget held one block; the others stay in RAM and cast per call
+    for block in unet.blocks[1:]:
+        block.proj._autocasting = True
+    return unet, unet, kind
+
+
+# --- Forge: a manual-cast flag, a module-level helper handed the layer, patchers in an engine ----------------------
+
+
+def weights_for(layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    b = layer.bias
+    return layer.weight.to(device=x.device, dtype=x.dtype), None if b is None else b.to(x.device, x.dtype)
+
+
+class ForgeLinear(nn.Linear):
+    manual_cast = False
+
+    def __init__(self) -> None:
+        super().__init__(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.manual_cast:
+            return F.linear(x, *weights_for(self, x))
+        return F.linear(x, self.weight, self.bias)
+
+
+def forge(state: str, kind: str) -> tuple[Any, nn.Module, str]:
+    patcher = Patcher(kind, ForgeLinear)
+    patcher.model.diffusion_model.blocks[0].to(kind)  # the memory manager swapped blocks 1, 2 to the cpu
+    for block in patcher.model.diffusion_model.blocks[1:]:
+        block.proj.manual_cast = True
+    patcher.model.device = patcher.current_device = patcher.load_device
+    patcher.model.model_lowvram = True
+    engine = types.SimpleNamespace(forge_objects=types.SimpleNamespace(unet=patcher))
+    return engine, patcher.model.diffusion_model, kind
+
+
+STATES: list[tuple[str, Callable[[str, str], tuple[Any, nn.Module, str]], str]] = [
+    ("at rest", comfy, "comfy"), ("loaded", comfy, "comfy"), ("lowvram", comfy, "comfy"),
+    ("lowvram fp8", comfy, "comfy"), ("loaded fp8", comfy, "comfy"), ("lowvram lora", comfy, "comfy"),
+    ("offload at rest", sdnext, "sdnext"), ("offload after generation", sdnext, "sdnext"),
+    ("lora backups", sdnext, "sdnext"), ("autocast partial load", invoke, "invoke"),
+    ("manual cast", forge, "forge")]
+
+
+def _answers(obj: Any, root: nn.Module, at: str, kind: str, node: Any, ext: Any, sim: Any) -> dict[str, list[str]]:
+    """Each entry's problem paths, relative to the denoiser (``blocks.1.shift``); the static entries first, then
+    a forward in the session (what it records anew)."""
+    prefix = {id(m): p for p, m in _named(obj)}.get(id(root), "")
+
+    def rel(report: Any, strip: str = prefix) -> list[str]:
+        return sorted(p.path[len(strip) + 1:] if strip and p.path.startswith(strip + ".") else p.path
+                      for p in report.problems)
+
+    node_prefix = prefix[len("model."):] if prefix.startswith("model.") else prefix
+    out = {"scan": rel(torchdoctor.scan(obj, device=kind)),
+           "node": rel(node.check_report(obj), node_prefix if hasattr(obj, "model") else prefix),
+           "extension": rel(ext.check(obj, "generation"))}
+    before = len(sim.problems)
+    with torch.no_grad():
+        root(torch.ones(1, 8, dtype=BF16, device=at))
+    out["run"] = sorted(p.path for p in sim.problems[before:])
+    return out
+
+
+def _named(obj: Any) -> list[tuple[str, nn.Module]]:
+    """Module paths as scan names them, for the few holders used here (plain objects holding modules)."""
+    out: list[tuple[str, nn.Module]] = []
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, nn.Module):
+            out.extend((f"{path}.{p}".strip(".") if p else path, m) for p, m in v.named_modules())
+        elif hasattr(v, "__dict__") and not isinstance(v, type):
+            stack.extend((f"{path}.{k}".strip("."), x) for k, x in vars(v).items() if not k.startswith("_"))
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("state", "make", "app"), STATES, ids=[s[0] for s in STATES])
+def test_every_entry_gives_one_answer_on_the_state_and_on_a_bug_planted_after_it(
+        monkeypatch: pytest.MonkeyPatch, kind: str, state: str, make: Any, app: str) -> None:
+    node = _load_node_pack(monkeypatch)
+    ext, _ = _load_extension(monkeypatch, kind)
+    with torchdoctor.virtual_devices(kind, raise_on_exit=False) as sim:
+        obj, root, at = make(state, kind)
+        assert sim.problems == [], (state, sim.problems)  # the app's own steps (a generation) are quiet
+        quiet = _answers(obj, root, at, kind, node, ext, sim)
+        assert quiet == {"scan": [], "node": [], "extension": [], "run": []}, (state, quiet)
+        if at == "cpu":
+            return  # at rest everything is on the cpu: a cpu attribute is where the model is
+        root.blocks[1].shift = torch.zeros(8, dtype=BF16)  # left on the cpu; the block adds it as it is
+        planted = _answers(obj, root, at, kind, node, ext, sim)
+    assert planted == dict.fromkeys(planted, ["blocks.1.shift"]), (state, planted)
