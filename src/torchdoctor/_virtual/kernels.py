@@ -1,5 +1,5 @@
-"""What torch's meta kernels answered, remembered for one run: the output sizes, strides and dtypes of an aten op
-for given argument metadata.
+"""What torch's meta kernels answered, remembered for the whole process: the output sizes, strides and dtypes of an
+aten op for given argument metadata.
 
 Most meta kernels are Python (``torch._refs``, ``torch._meta_registrations``) and cost 0.5-6 ms an op, while a
 model repeats the same ops on the same shapes in every layer. FakeTensorMode caches for the same reason; like it,
@@ -7,16 +7,25 @@ only ops whose outputs are new tensors with metadata fixed by the arguments' met
 with no alias or mutation in their schema (no views, no in-place, no ``out=``), no data-dependent output shape,
 every tensor argument a plain meta tensor, every other argument a plain value. A kernel that raised is never
 remembered, so a refusal is met again on the next call. The rules still see every op: only the kernel is skipped.
+
+The table is process-wide (``TABLE``): a second ``simulate`` of the same model, or of another with the same layer
+shapes, meets every kernel answered before, which is what makes a shallow model cheap (a run of 4 blocks paid the
+Python kernels of every op once per call). Nothing in a key depends on the run (no device of the virtual machine,
+no path, no hook): a meta kernel sees only metadata, and the key is all of it, so an answer holds in any run.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
 
 ENABLED = True  # tests turn it off to compare runs with and without it
-LIMIT = 20_000  # entries per run before the table starts over (a long generate loop grows its shapes each step)
+# entries kept; past it the oldest half goes (a long generate loop grows its shapes each step, and a process that
+# simulates many models must not grow without end). 20k entries of a few tuples each: a few MB at most.
+LIMIT = 20_000
+TABLE: dict[Any, Any] = {}  # the process-wide answers: key -> output metadata
 _META = torch.device("meta")
 _VALUES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
                      torch.layout})
@@ -77,8 +86,22 @@ def _shape_of(out: Any, seen: set[int]) -> Any:
     return _MISS
 
 
+def clear() -> None:
+    """Forget every answer (tests compare cold and warm runs)."""
+    TABLE.clear()
+
+
+def _bounded(table: dict[Any, Any]) -> None:
+    if len(table) >= LIMIT:  # insertion order: the oldest answers go first
+        for k in list(itertools.islice(table, LIMIT // 2)):
+            del table[k]
+
+
 def remember(table: dict[Any, Any], k: tuple[Any, ...], out: Any) -> None:
-    """Keep ``out``'s metadata under ``k`` when it is fresh meta tensors only (one tensor, or a tuple/list)."""
+    """Keep ``out``'s metadata under ``k`` when it is fresh meta tensors only (one tensor, or a tuple/list), in
+    ``table`` and in the process-wide ``TABLE``. A run that still looks its answers up in a table of its own
+    (``Space.kernels``) has it filled from ``TABLE`` at its first miss, so that it meets the answers of earlier
+    runs from then on; a run that looks them up in ``TABLE`` itself needs no filling."""
     seen: set[int] = set()
     if isinstance(out, (tuple, list)):
         entry: Any = (type(out), tuple(_shape_of(o, seen) for o in out))
@@ -88,9 +111,13 @@ def remember(table: dict[Any, Any], k: tuple[Any, ...], out: Any) -> None:
         entry = _shape_of(out, seen)
         if entry is _MISS or entry is None:
             return
-    if len(table) >= LIMIT:
-        table.clear()
-    table[k] = entry
+    if table is not TABLE:
+        if not table and TABLE:
+            table.update(TABLE)
+        _bounded(table)
+        table[k] = entry
+    _bounded(TABLE)
+    TABLE[k] = entry
 
 
 def _new(meta: Any) -> Any:
