@@ -15,7 +15,9 @@ It checks at two moments, read from the apps' own code (SD.Next 058a7f0 ``module
 
 The loaded model is scanned against the app's device with the one placement policy (``torchdoctor.scan``: offload
 hooks, model patchers, layers that cast their weights per call and weight backups are read as the apps intend);
-problems are logged by path with the fix, on the ``torchdoctor`` logger. Nothing is changed.
+problems are logged by path with the fix, on the ``torchdoctor.webui`` logger. Nothing is changed. The three apps
+load this file the same way (``extensions/<ext>/scripts/*.py`` imported by file name, ``Script`` subclasses
+registered); ``docs/integrations.md`` has the moments in detail.
 """
 
 from __future__ import annotations
