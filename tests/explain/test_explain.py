@@ -345,7 +345,7 @@ def test_diagnosis_json_and_public_names() -> None:
     item = json.loads(json.dumps(doc))["diagnoses"][0]
     assert list(item)[:8] == ["category", "title", "what_happened", "likely_causes", "fixes", "confirm_with",
                               "confidence", "evidence"]
-    assert item["fixes"][0] == {"title": d.fixes[0][0], "code": d.fixes[0][1]}
+    assert item["fixes"][0] == {"title": d.fixes[0][0], "code": d.fixes[0][1], "proven": False, "kind": "code"}
     assert torchdoctor.explain is explain and torchdoctor.Diagnosis is Diagnosis
     assert torchdoctor.install_excepthook is _explain.install_excepthook
 

@@ -21,9 +21,28 @@ from typing import Any, overload
 from torchdoctor._report.text import public_types
 from torchdoctor._report.views import ResultViews
 
-__all__ = ["Alternative", "Diagnosis", "ExplainReport", "SCHEMA", "render", "to_json"]
+__all__ = ["Alternative", "Diagnosis", "ExplainReport", "SCHEMA", "UNPROVEN", "environment_fix", "render", "to_json"]
 
 SCHEMA = "torchdoctor/explain/1"  # torchdoctor._report.schema("explain"), without importing torch
+
+
+# explain reads text only: it never applies a fix to a failing state, so no fix of its own is proven (issue 41,
+# point 1). A fix that is code is labelled so; a pure environment or app fix (a shell command, an app's flag or
+# setting) changes no tensor the text names, so there is nothing about it that a re-run of the failing op could prove.
+UNPROVEN = "unproven (from the error text only)"
+_ENVIRONMENT = ("pip ", "pip3 ", "python ", "python3 ", "python_embeded", "venv/", "./webui", "webui", "set ",
+                "--", "settings >", "invokeai.yaml", "nvidia-smi", "docker ", "export ", "git ", "conda ", "brew ",
+                "sudo ", "cuda_visible_devices=", "torchrun ", "remove --", "# comfyui:", "# sd.next:", "vllm ",
+                "torchdoctor env")
+
+
+def environment_fix(code: str) -> bool:
+    """Whether a fix is a command, a flag or an app setting rather than code of the user's program.
+
+    >>> environment_fix("python main.py --disable-ipex-optimize"), environment_fix("x = x.to(w.dtype)")
+    (True, False)
+    """
+    return code.lstrip().lower().startswith(_ENVIRONMENT)
 
 
 @dataclass(frozen=True)
@@ -58,7 +77,9 @@ class Diagnosis:
     def to_dict(self) -> dict[str, Any]:
         return {"category": self.category, "title": self.title, "what_happened": self.what_happened,
                 "likely_causes": list(self.likely_causes),
-                "fixes": [{"title": t, "code": c} for t, c in self.fixes], "confirm_with": self.confirm_with,
+                "fixes": [{"title": t, "code": c, "proven": False,
+                           "kind": "environment" if environment_fix(c) else "code"} for t, c in self.fixes],
+                "confirm_with": self.confirm_with,
                 "confidence": round(self.confidence, 3), "evidence": list(self.evidence),
                 "signature": self.signature, "count": self.count,
                 "alternatives": [a.to_dict() for a in self.alternatives]}
@@ -70,7 +91,7 @@ class Diagnosis:
         lines += [f"    {i}. {c}" for i, c in enumerate(self.likely_causes, 1)]
         lines.append("  fixes:")
         for title, code in self.fixes:
-            lines.append(f"    - {title}:")
+            lines.append(f"    - {title}:" if environment_fix(code) else f"    - {title} [{UNPROVEN}]:")
             lines += [f"        {ln}" for ln in code.splitlines()]
         first = self.confirm_with.splitlines()[0] if self.confirm_with else ""
         lines.append(f"  confirm with: {first}" + ("" if "\n" not in self.confirm_with else " ..."))
