@@ -213,9 +213,12 @@ def test_autocast_region_over_fp32_weights_runs_clean() -> None:
 
     assert torchdoctor.simulate(CastsInput(), device="cuda:1", call=run).ok
     plain = torchdoctor.simulate(CastsInput(), (torch.randn(2, 4),), device="cuda:1")
-    assert _found(plain) == [("dtype", "input 0")]  # the model is float32: the bf16 cast is the odd one
-    assert plain.problems[0].message.startswith("input 0 bf16[2,4]@cuda:1 is bfloat16 while aten.addmm.default "
-                                                "computes in float32 (in lin, Linear)")
+    # the model is float32: the bf16 cast is the odd one, named by its line (the maker), the fix written there
+    assert _found(plain) == [("dtype", "lin")]
+    assert "a tensor made by `to(torch.bfloat16)` at " in plain.problems[0].message
+    assert plain.problems[0].message.endswith("from input 0 bf16[2,4]@cuda:1 is bfloat16 while aten.addmm.default "
+                                              "computes in float32 (in lin, Linear)")
+    assert [(f.kind, f.proven) for f in plain.fixes] == [("line", True)]
 
 
 # --- pipelines, generation, accelerate, bitsandbytes ----------------------------------------------------------------

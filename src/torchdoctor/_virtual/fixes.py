@@ -3,32 +3,48 @@ the tensors found by path and the sources of tensors made in the run."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from torchdoctor._placement import device_str, parse_device, parse_dtype
+from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._report.model import Problem
+from torchdoctor._virtual.prove import Fix
 
 _NAMED = ("parameter", "buffer", "quant_state", "attribute", "container")
 
 
 def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtype | None,
             sources: dict[tuple[str, ...], tuple[str, ...]] | None = None) -> str | None:
-    """The fix as code, from guard's generator: the named tensors cast or moved (``torchdoctor.move`` for many),
-    the model tensors a wrong tensor made in the run came from, tensors the test made passed on the right device;
-    then what no cast of a tensor fixes. The lines never contradict each other: weights on meta are loaded before
-    anything is moved (moving them raises), and a dtype the device cannot compute in is replaced by one that does
-    not outgrow its memory. None when nothing but memory is wrong (that problem's message is its own fix)."""
-    from torchdoctor._guard.maps import fix_code
+    """The fix as code (``fix_items`` joined): what the pytest marker and ``run`` print."""
+    items = fix_items(problems, device, dtype, sources)
+    return "\n".join(f.code for f in items) if items else None
+
+
+def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dtype | None,
+              sources: dict[tuple[str, ...], tuple[str, ...]] | None = None,
+              current: Mapping[str, tuple[torch.dtype, torch.device]] | None = None,
+              module_path: Callable[[Any], str | None] | None = None) -> list[Fix] | None:
+    """The fix, one ``Fix`` per part, from guard's generator: the named tensors cast or moved (``torchdoctor.move``
+    for many), the model tensors a wrong tensor made in the run came from, a cast at a line of the user's code fixed
+    there (or at the attribute it read its dtype from), tensors the test made passed on the right device; then what
+    no cast of a tensor fixes. The lines never contradict each other: weights on meta are loaded before anything is
+    moved (moving them raises), and a dtype the device cannot compute in is replaced by one that does not outgrow
+    its memory. Never written: a cast to the dtype a tensor already has (``current``: path -> its dtype and device
+    after the run), floating data cast to an integer or float8 dtype (the storage that met it is cast instead), a
+    model-wide cast for tensors made outside the model. None when nothing but memory is wrong (that problem's
+    message is its own fix)."""
+    from torchdoctor._guard.maps import fix_code, value_code
+    from torchdoctor._guard.proof import storage_target
 
     memory = [p for p in problems if p.kind == "memory"]
     problems = [p for p in problems if p.kind != "memory"]
     if not problems:
         return None
+    have = current or {}
     culprits: list[tuple[str | None, str, str, Any]] = []
-    factories: list[str] = []
+    factories: list[Fix] = []
     named = {p.path for p in problems if p.role in _NAMED}
     meta = [p for p in problems if p.kind == "meta"]
     ran = [p for p in problems if p.role == "run"]  # the run's own weights were in another dtype than asked
@@ -40,19 +56,27 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
         except (ValueError, TypeError, RuntimeError):
             target = dtype if p.kind == "dtype" else device
         made_from = (sources or {}).get((p.kind, p.path, p.op or "", p.found), ())
+        if storage_target(target) and p.found not in _STORAGE_NAMES:  # activations never become storage
+            factories.extend(_storage_fix(p, have))
+            continue
+        if made_from and made_from[0].startswith("cast at "):  # fixed at the cast, or where it read its dtype
+            fix = _cast_fix(p, made_from[0][8:], target, module_path)
+            if fix is not None and fix.code not in {f.code for f in factories}:
+                factories.append(fix)
+            continue
         if made_from and made_from[0].startswith("moved "):  # a copy moved inside the forward: fixed at that line
             name, at = made_from[0][6:].split(" at ", 1)
-            factories.append(f"# {at} moves {name} to {p.found} inside the forward: move it to the device of the "
-                             f"tensors it meets (e.g. .to(x.device)) instead")
+            factories.append(Fix(f"# {at} moves {name} to {p.found} inside the forward: move it to the device of the "
+                                 f"tensors it meets (e.g. .to(x.device)) instead", "note"))
             continue
         if p.role in _NAMED:
-            _add(culprits, p.path, p.path, p.kind, target)
+            _add(culprits, p.path, p.path, p.kind, _with_dtype(p.path, target, dtype, have))
             continue
         if made_from and made_from[0].startswith("factory "):
             if made_from[0] not in named:
                 named.add(made_from[0])
-                factories.append(f"# {made_from[0][8:]} made it on {p.found}: pass device= the input's device "
-                                 f"({made_from[0][8:].split(' ', 1)[0]}(..., device=x.device))")
+                factories.append(Fix(f"# {made_from[0][8:]} made it on {p.found}: pass device= the input's device "
+                                     f"({made_from[0][8:].split(' ', 1)[0]}(..., device=x.device))", "note"))
             continue
         if made_from:  # fix the source: the tensor made from it follows
             for src in made_from:
@@ -63,42 +87,149 @@ def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtyp
             continue  # a named culprit above holds this value: fixing it fixes what was made from it
         where = "on" if p.kind in ("device", "meta") else "in"
         culprits.append((None, f"the tensors made {where} {p.found}", p.kind, target))
-    lines: list[str] = []
+    culprits = [c for c in culprits if not _no_op(c, have)]
+    items: list[Fix] = []
     if meta:  # moving a meta tensor raises "Cannot copy out of meta tensor": the weights are loaded first
-        lines.append(f"# {len(meta)} tensor{'s are' if len(meta) > 1 else ' is'} on meta (no data, e.g. "
-                     f"{meta[0].path}): load the weights onto the device, e.g. "
-                     "model.load_state_dict(state_dict, assign=True) or from_pretrained(..., device_map=...)")
-    moves = [fix_code(culprits) or "", *factories]
-    if meta and any(line for line in moves):
-        lines.append("# then, with the weights loaded:")
-    lines += moves
-    lines += [f"model.to(torch.{p.expected})  # the code ran with {p.found} weights: cast them so the run checks "
-              f"{p.expected}" for p in ran[:1]]
-    unsupported = sorted({p.found for p in problems if p.kind == "unsupported_dtype"})
-    if unsupported:
-        lines.append(_instead(unsupported, device, bool(memory)))
+        items.append(Fix(f"# {len(meta)} tensor{'s are' if len(meta) > 1 else ' is'} on meta (no data, e.g. "
+                         f"{meta[0].path}): load the weights onto the device, e.g. "
+                         "model.load_state_dict(state_dict, assign=True) or from_pretrained(..., device_map=...)",
+                         "note"))
+    moves = fix_code([c for c in culprits if c[0] is not None])
+    if meta and (moves or factories):
+        items.append(Fix("# then, with the weights loaded:", "note"))
+    if moves:
+        items.append(Fix(moves, "path"))
+    items += [Fix(f"# pass {label} as tensor.to({value_code(t)})", "input", t, label)
+              for path, label, _, t in culprits if path is None and t is not None]
+    items += factories
+    items += [Fix(f"model.to(torch.{p.expected})  # the code ran with {p.found} weights: cast them so the run "
+                  f"checks {p.expected}", "path") for p in ran[:1]]
+    items += _rest(problems, memory, device, any(not f.code.startswith("#") for f in items))
+    return items or [Fix(f"torchdoctor.move(model, {device_str(device)!r})", "path")]
+
+
+# dtypes that are storage, never compute: a tensor found in one of them is the stored side, not the activation
+_STORAGE_NAMES = frozenset(dtype_str(d) for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                                                  torch.bool, *FLOAT8_DTYPES))
+
+
+def _storage_fix(p: Problem, have: Mapping[str, tuple[torch.dtype, torch.device]]) -> list[Fix]:
+    """Floating activations met integer or float8 storage that the layer uses directly (a plain ``Conv3d`` holding
+    uint8 weights): the storage is what is wrong; it is dequantized or cast to the activations' dtype, never the
+    activations to it."""
+    from torchdoctor._guard.maps import code_path
+
+    want = parse_dtype(p.found)
+    inside = (p.module_path or "") + "." if p.module_path else ""
+    stored = [path for path, (dt, _) in have.items() if path.startswith(inside) and "." not in path[len(inside):]
+              and dtype_str(dt) == p.expected]
+    where = f"`{p.module_path}` ({p.module_type})" if p.module_path is not None else "the layer"
+    why = (f"  # {where} computes with {p.expected} storage directly: dequantize it (scale included) or load its "
+           f"{dtype_str(want)} weights; a bare cast keeps the stored integers")
+    if not stored:
+        return [Fix(f"#{why[3:]}", "note")]
+    return [Fix("\n".join(f"{code_path(s)}.data = {code_path(s)}.data.to(torch.{dtype_str(want)})" +
+                          (why if i == 0 else "") for i, s in enumerate(stored)), "path")]
+
+
+def _cast_fix(p: Problem, at: str, target: Any, module_path: Callable[[Any], str | None] | None) -> Fix | None:
+    """A tensor a forward cast at ``at`` is in the wrong dtype: set the attribute the cast read its dtype from, on
+    the module holding it, or else fix the cast at its line (with a diff of the user's file, when it is theirs)."""
+    from torchdoctor._guard.maps import code_path
+    from torchdoctor._virtual.makers import SITES
+
+    site = SITES.get(at)
+    if site is None or not isinstance(target, torch.dtype):
+        return None
+    owner = site.owner()
+    where = module_path(owner) if owner is not None and module_path is not None else None
+    if site.attr is not None and where is not None:
+        return Fix(f"{code_path(where)}.{site.attr} = torch.{dtype_str(target)}  # {site.read_from} is "
+                   f"{dtype_str(site.dtype)}; `{site.cast}` at {site.at} casts to it, {p.op} computes in "
+                   f"{dtype_str(target)}", "path", target, site=site)
+    src = f" (dtype read from {site.read_from})" if site.read_from else ""
+    return Fix(f"# {site.at}: `{site.text}` casts to {dtype_str(site.dtype)}{src} where {p.op} computes in "
+               f"{dtype_str(target)}: cast to {dtype_str(target)} there (or to the dtype of the tensor it meets, "
+               "x.to(other.dtype))", "line", target, site=site, diff=_diff(site, target))
+
+
+def _diff(site: Any, target: torch.dtype) -> str | None:
+    """The cast's line rewritten to ``target`` as a unified diff, when the line is in the user's own file (not an
+    installed package's)."""
+    import os
+    import site as _site_mod
+
+    from torchdoctor._virtual.makers import patched_line
+
+    installed = [*_site_mod.getsitepackages(), _site_mod.getusersitepackages()]
+    if any(site.file.startswith(d + os.sep) for d in installed if d) or not os.path.isfile(site.file):
+        return None
+    try:
+        from torchdoctor._fix.diff import line_patch
+    except ImportError:  # the diff writer is not installed in this tree yet: no diff, the fix stands
+        return None
+    new = patched_line(site, target)
+    return line_patch(site.file, site.lineno, new) if new is not None else None
+
+
+def _with_dtype(path: str, target: Any, dtype: torch.dtype | None,
+                have: Mapping[str, tuple[torch.dtype, torch.device]]) -> Any:
+    """A device fix of a floating tensor that is not in the dtype the run asked for moves and casts it in one
+    ``.to``: a device-only fix would leave it in its old dtype, silently promoting what it meets."""
+    now = have.get(path)
+    if dtype is None or now is None or isinstance(target, torch.dtype) or not now[0].is_floating_point or \
+            now[0] == dtype or now[0] in FLOAT8_DTYPES:
+        return target
+    return (target, dtype)
+
+
+def _no_op(culprit: tuple[str | None, str, str, Any], have: Mapping[str, tuple[torch.dtype, torch.device]]) -> bool:
+    """A cast to the dtype (or a move to the device) the tensor already has: it would change nothing."""
+    path, _, _, target = culprit
+    now = have.get(path or "")
+    if now is None:
+        return False
+    wants = target if isinstance(target, tuple) else (target,)
+    return all(w == (now[0] if isinstance(w, torch.dtype) else now[1]) for w in wants)
+
+
+def _rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.device, code: bool) -> list[Fix]:
+    """What no cast of one tensor fixes: a dtype the device cannot compute in, a packed layout, an op that cannot
+    be simulated, the lasting fix of plain attributes, a model still too large."""
+    out: list[Fix] = []
+    unsupported = [p for p in problems if p.kind == "unsupported_dtype"]
+    inside = sorted({p.found for p in unsupported if p.module_path is not None or p.role in _NAMED})
+    if inside:
+        out.append(Fix(_instead(inside, device, bool(memory)), "note" if _instead(inside, device, bool(memory))
+                       .startswith("#") else "path"))
+    for name in sorted({p.found for p in unsupported} - set(inside)):  # made outside the model: that tensor, not it
+        other = _SAME_SIZE.get(name, "float32")
+        out.append(Fix(f"# a {name} tensor made outside the model moves to {device_str(device)}, which cannot hold "
+                       f"{name}: cast that tensor to {other} before moving it (tensor.to(torch.{other}))", "note"))
     packed = [p for p in problems if p.kind == "quant_incomplete" and p.found == "cpu-packed"]
     if packed:  # Params4bit.to keeps bitsandbytes' CPU layout; only .cuda() / .xpu() unpack it (move refuses it)
         call = {"cuda": "cuda", "xpu": "xpu"}.get(device.type)
-        lines.append(f"model.{call}({device.index or 0})  # unpacks bitsandbytes' CPU-packed 4-bit layout "
-                     f"({packed[0].path}); .to() keeps it" if call else
-                     f"# reload the model: bitsandbytes' CPU-packed 4-bit layout ({packed[0].path}) runs on cpu only")
+        out.append(Fix(f"model.{call}({device.index or 0})  # unpacks bitsandbytes' CPU-packed 4-bit layout "
+                       f"({packed[0].path}); .to() keeps it", "path") if call else
+                   Fix(f"# reload the model: bitsandbytes' CPU-packed 4-bit layout ({packed[0].path}) runs on cpu "
+                       "only", "note"))
     ops = {p.found for p in problems if p.kind == "unsupported_op"}
     if "Tensor.backward" in ops:
-        lines.append("# backward() is not simulated: simulate the forward and its loss; run the training step on "
-                     "the real device")
+        out.append(Fix("# backward() is not simulated: simulate the forward and its loss; run the training step on "
+                       "the real device", "note"))
     if ops - {"Tensor.backward"}:
-        lines.append("# an op without a meta/fake kernel ran: it cannot be simulated; skip it under the marker")
+        out.append(Fix("# an op without a meta/fake kernel ran: it cannot be simulated; skip it under the marker",
+                       "note"))
     attrs = sorted({p.path for p in problems if p.role == "attribute" and p.kind == "device"})
     if attrs:  # the cast above fixes this model; a buffer is moved by every later .to()
-        lines.append(f"# lasting fix: register {', '.join(attrs[:3])}{' …' if len(attrs) > 3 else ''} as a buffer "
-                     "in its module's __init__ (self.register_buffer(name, tensor, persistent=False)): Module.to "
-                     "moves buffers, never plain attributes")
-    if memory and any(line and not line.startswith("#") for line in lines):  # the lines above do not make it fit
+        out.append(Fix(f"# lasting fix: register {', '.join(attrs[:3])}{' …' if len(attrs) > 3 else ''} as a buffer "
+                       "in its module's __init__ (self.register_buffer(name, tensor, persistent=False)): Module.to "
+                       "moves buffers, never plain attributes", "note"))
+    if memory and (code or any(f.kind == "path" for f in out)):  # the lines above do not make it fit
         m = memory[0]
-        lines.append(f"# still too large: it needs {m.found} on {m.path}, which has {m.expected.lstrip('<= ')}; load "
-                     "it quantized (bitsandbytes) or offload (device_map='auto')")
-    return "\n".join(line for line in lines if line) or f"torchdoctor.move(model, {device_str(device)!r})"
+        out.append(Fix(f"# still too large: it needs {m.found} on {m.path}, which has {m.expected.lstrip('<= ')}; "
+                       "load it quantized (bitsandbytes) or offload (device_map='auto')", "note"))
+    return out
 
 
 def _add(culprits: list[tuple[str | None, str, str, Any]], path: str | None, label: str, kind: str,

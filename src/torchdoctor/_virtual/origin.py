@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from torchdoctor._virtual.makers import CAST_OPS
+
 DEPTH = 8  # links of made-from-made kept per chain
 NAMES = 16  # source paths kept per record
 
@@ -23,7 +25,7 @@ NAMES = 16  # source paths kept per record
 class Made:
     """How a tensor made in a run got its device and dtype."""
 
-    __slots__ = ("op", "module", "paths", "count", "via", "depth", "at", "arg")
+    __slots__ = ("op", "module", "paths", "count", "via", "depth", "at", "arg", "site", "made_of")
 
     def __init__(self, op: str, module: Any, paths: tuple[str, ...] = (), count: int = 0, via: Made | None = None,
                  depth: int = 1) -> None:
@@ -36,6 +38,8 @@ class Made:
         # a factory (nothing it came from): the line that called it, so a tensor the user made is found by file:line
         self.at: str | None = where_called() if not paths and via is None else None
         self.arg: str | None = None  # an argument of the top-level call: its name as the forward sees it
+        self.site: Any = None  # a cast at a line of the user's code (``makers.CastSite``): the chain starts there
+        self.made_of: tuple[str, ...] = ()  # the named tensor a cast was made from (its dtype is not the culprit)
 
     @classmethod
     def argument(cls, label: str, fix_label: str, call: str, before: Made | None, chain: Made | None = None) -> Made:
@@ -86,14 +90,15 @@ class Made:
     def source(self) -> Made:
         """The first link of the chain: the op that made it from named tensors (or a factory)."""
         link = self
-        while link.via is not None:
+        while link.via is not None and link.site is None:  # a cast set the dtype: it is where the chain starts
             link = link.via
         return link
 
     @property
     def first_path(self) -> str | None:
-        """The model tensor the chain started from, if any."""
-        paths = self.source.paths
+        """The model tensor the chain started from, if any (for a cast, the tensor it cast)."""
+        src = self.source
+        paths = src.made_of if src.site is not None else src.paths
         return paths[0] if paths else None
 
     def describe(self, module_path: Callable[[Any], str | None]) -> str:
@@ -127,6 +132,11 @@ def _where(module: Any, module_path: Callable[[Any], str | None]) -> str:
 def _link(m: Made, module_path: Callable[[Any], str | None]) -> str:
     if m.arg is not None:
         return m.arg
+    if m.site is not None:  # the cast as written, its line and where its dtype was read from
+        text = f"{m.site.describe()} in {_where(m.module, module_path)}"
+        if m.made_of:
+            return f"{text} from {m.made_of[0]}"
+        return text + (f" from a tensor made by {m.via.op} in {_where(m.via.module, module_path)}" if m.via else "")
     text = f"{m.op} in {_where(m.module, module_path)}"
     if m.module is None and m.at:
         text += f" at {m.at}"
@@ -145,14 +155,25 @@ _MACHINERY = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.s
               os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep)
 
 
+def user_frame(depth: int = 2) -> Any:
+    """The first frame outside torch and torchdoctor, from ``depth`` frames up (None when there is none)."""
+    f: Any = sys._getframe(depth)
+    while f is not None and f.f_code.co_filename.startswith(_MACHINERY):
+        f = f.f_back
+    return f
+
+
 def where_called() -> str | None:
     """``file:line`` of the first frame outside torch and torchdoctor (the code that called a factory); a path under
     the working directory is relative to it."""
-    f: Any = sys._getframe(2)
-    while f is not None and f.f_code.co_filename.startswith(_MACHINERY):
-        f = f.f_back
+    f = user_frame(3)
     if f is None:
         return None
+    return short_at(f)
+
+
+def short_at(f: Any) -> str:
+    """``file:line`` of frame ``f`` as reports write it."""
     name = f.f_code.co_filename
     cwd = os.getcwd() + os.sep
     short = name[len(cwd):] if name.startswith(cwd) else os.sep.join(name.split(os.sep)[-2:])
@@ -180,6 +201,13 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
     if count:
         return Made(op, module, tuple(paths), count)
     if via is None and cast is not None:
+        if str(op) in CAST_OPS:  # a dtype cast in the user's code: the line, and where the dtype was read from
+            site = _cast_here(dtype)
+            if site is not None:
+                m = Made(str(op), module, (f"cast at {site.at}",), 1, via=cast._td_origin,
+                         depth=(cast._td_origin.depth + 1) if cast._td_origin is not None else 1)
+                m.site, m.made_of = site, ((cast._td_path,) if cast._td_path is not None else ())
+                return m
         if cast._td_path is not None:
             return Made(op, module, (cast._td_path,), 1)
         via = cast._td_origin
@@ -190,6 +218,14 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
     if via.depth >= DEPTH:
         return via
     return Made(op, module, via=via, depth=via.depth + 1)
+
+
+def _cast_here(dtype: Any) -> Any:
+    """The site of a cast the user's code is running now (None outside user code)."""
+    from torchdoctor._virtual.makers import cast_site
+
+    f = user_frame(3)
+    return cast_site(f, short_at(f), dtype) if f is not None and isinstance(dtype, torch.dtype) else None
 
 
 def ran_as_asked(dtype: Any, roots: list[Any]) -> list[Any]:

@@ -26,11 +26,14 @@ from torchdoctor._report.html import HtmlMapMixin
 from torchdoctor._report.model import Problem, Target, summarize
 from torchdoctor._placement import device_str, dtype_str, norm_device, parse_device, parse_dtype
 from torchdoctor._virtual.copying import virtual_copy
-from torchdoctor._virtual.tensor import Space, VirtualTensor, current_space, is_virtual, make, unsupported_form
+from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
 
-from torchdoctor._virtual.fixes import fix_for
+from torchdoctor._virtual.fixes import fix_for, fix_items
+from torchdoctor._virtual.prove import Fix, apply_fixes, fix_text, fixed_inputs, held, proven, recasts
+from torchdoctor._virtual.makers import CastMakers
+from torchdoctor._virtual.makers_inputs import place_inputs as _place_inputs, placed_on as _placed_on
 from torchdoctor._virtual.groups import grouped
 from torchdoctor._virtual.session import expectation, not_stored, whence_line
 from torchdoctor._virtual.hardware import ledger, over_memory
@@ -62,6 +65,7 @@ class SimulationReport(HtmlMapMixin):
     assumed: str | None = None  # weights on meta taken as loaded there (a model built on meta), said in the report
     # what was expected and where each came from: device/dtype/profile and device_source/dtype_source/profile_source
     expected: dict[str, str] = field(default_factory=dict)
+    fixes: tuple[Fix, ...] = ()  # the fix by parts, each proven or not by a re-run with it applied
 
     @property
     def ok(self) -> bool:
@@ -83,7 +87,7 @@ class SimulationReport(HtmlMapMixin):
                         "name": p.name},
             "problems": [q.to_dict() for q in self.problems], "ops": self.ops, "seconds": round(self.seconds, 4),
             "stopped": self.stopped, "summary": list(self.summary), "fix": self.fix, "forward": self.forward,
-            "assumed": self.assumed, "expected": dict(self.expected),
+            "assumed": self.assumed, "expected": dict(self.expected), "fixes": [f.to_dict() for f in self.fixes],
         }
 
     def text(self, limit: int = 40) -> str:
@@ -104,8 +108,8 @@ class SimulationReport(HtmlMapMixin):
         lines.extend(f"  {g['device']:<8} {g['dtype']:<14} {g['tensors']:>7} tensors" for g in self.summary[:limit])
         if self.expected:
             lines.append(whence_line(self.expected))
-        if self.fix:
-            lines.extend(["Fix:", *(f"    {line}" for line in self.fix.splitlines())])
+        if self.fixes or self.fix:
+            lines.extend(fix_text(self.fixes) or ["Fix:", *(f"    {line}" for line in (self.fix or "").splitlines())])
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -113,24 +117,6 @@ class SimulationReport(HtmlMapMixin):
 
 
 # -- the facade ----------------------------------------------------------------------------------------------------
-
-
-def _place_inputs(space: Space, value: Any, device: torch.device, dtype: torch.dtype | None, path: str,
-                  assume: torch.device | None = None) -> Any:
-    """Inputs go where the user would put them: on ``device``, floating ones in ``dtype``. An input on meta is
-    taken as loaded, as the weights are, only when meta tensors are assumed on a device; else its move is checked
-    (and fails as the real one would)."""
-    if isinstance(value, torch.Tensor):
-        elem = space.inner_of(value)
-        if value.device.type == "meta" and assume is None:
-            return make(VirtualTensor, elem, value.device, path).to(device, dtype if elem.is_floating_point() else None)
-        return make(VirtualTensor, elem.to(dtype) if dtype is not None and elem.is_floating_point() else elem,
-                    device, path)
-    if isinstance(value, dict):
-        return type(value)({k: _place_inputs(space, v, device, dtype, f"{path}.{k}", assume) for k, v in value.items()})
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_place_inputs(space, v, device, dtype, f"{path}.{i}", assume) for i, v in enumerate(value))
-    return value
 
 
 def simulate(
@@ -144,6 +130,7 @@ def simulate(
     profile: DeviceProfile | str | None = None,
     data: str = "meta",
     limit: int = LIMIT,
+    _fixes: list[Fix] | None = None,
 ) -> SimulationReport:
     """Would ``target`` run on ``device`` (``cuda:1``, ``xpu``, ``mps``) in ``dtype``? Answered without the hardware.
 
@@ -207,6 +194,7 @@ def simulate(
     listed = [(e.tensor, assume if assume is not None and e.tensor.device.type == "meta" else e.tensor.device, e.path)
               for e in found.entries if e.alias_of is None]
     placed: Any = None
+    recast = recasts(_fixes or [])  # a proof's re-run: the casts at the fixed lines write the fixed dtype
     uncopied: TypeError | None = None
     # fork_rng: random tensors made for a virtual device come from the CPU generator, which must not move on
     with torch.random.fork_rng(devices=[]), torch.no_grad(), virtual_world(space, profile), rec.modules.tracking():
@@ -225,7 +213,8 @@ def simulate(
     space.closed = False  # the run goes on, on the copy: the same space in the world again
     # a forward is checked with autograd off; the caller's own code (a training step) runs with it, as it would
     grad = torch.enable_grad() if call is not None else torch.no_grad()
-    with torch.random.fork_rng(devices=[]), grad, virtual_world(space, profile), rec.modules.tracking():
+    with torch.random.fork_rng(devices=[]), grad, virtual_world(space, profile), rec.modules.tracking(), \
+            CastMakers(recast):
         led = ledger(space)
         if led is not None:  # what sits on the device already (weights assumed there) and the move keeps takes
             for t, where, _ in listed:  # memory too; what it casts counts once cast
@@ -235,6 +224,7 @@ def simulate(
         rec.roots = [memo[id(m)] for _, m in found.roots if id(m) in memo]
         try:
             if call is not None:
+                apply_fixes(clone, _fixes or [])
                 call(clone)
             else:
                 to_args = (dev,) if dt is None else (dev, dt)
@@ -243,6 +233,7 @@ def simulate(
                 else:
                     for _, m in found.roots:
                         memo[id(m)].to(*to_args)
+                apply_fixes(clone, _fixes or [])
                 from torchdoctor._scan.scan import scan
 
                 placed = scan(clone, device=dev, dtype=None if args or kwargs else dt)
@@ -272,12 +263,17 @@ def simulate(
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
     log.info("simulated %s on %s: %d op(s), %d problem(s)", type(obj).__name__, device_str(dev), space.ops,
              len(problems))
-    fix = fix_for(problems, dev, dt, rec.sources)
+    items = fix_items(problems, dev, dt, rec.sources, held(clone), rec.modules.path_of) or []
+    if _fixes is None and items:  # the fix is tried on a fresh copy before it is printed
+        items = proven(items, lambda fixes: simulate(
+            Target(obj, *fixed_inputs(args, kwargs, fixes)) if args or kwargs else obj, device=dev, dtype=dt,
+            call=call, assume_device=assume_device, profile=profile, data=data, limit=limit, _fixes=fixes).problems)
+    fix = "\n".join(f.code for f in items) or None
     return SimulationReport(dev, dt, data, profile,
                             tuple(problems), space.ops, time.perf_counter() - start, rec.stopped, summary,
                             rec.blamed, fix, bool(args or kwargs or call is not None), assumed,
                             expectation(dev, dt, profile, {"profile": "the profile= argument"} if profile_given
-                                        else None))
+                                        else None), tuple(items))
 
 
 def assumed_note(n: int, device: torch.device) -> str:
@@ -311,29 +307,6 @@ public_types(SimulationReport)
 def _grouped(problems: tuple[Problem, ...], culprits: int) -> tuple[tuple[Problem, ...], int]:
     shown, n = grouped(problems, culprits)
     return tuple(shown), n
-
-
-def _placed_on(value: Any, device: torch.device, dtype: torch.dtype | None, assume: torch.device | None,
-               path: str) -> Any:
-    """Inputs a TARGET returned, where the user would put them: on ``device``, floating ones in ``dtype``; named
-    ``input 0`` / ``kwarg mask`` as ``simulate`` names them, and taken as loaded on ``assume`` when on meta, as the
-    model's weights are."""
-    if isinstance(value, torch.Tensor):
-        space = current_space()
-        if not isinstance(value, VirtualTensor) and space is not None and unsupported_form(value) is None:
-            # the TARGET's CPU or meta tensors stayed real: a twin where it is, to be named and placed
-            value = make(VirtualTensor, space.inner_of(value), value.device, path)
-        if isinstance(value, VirtualTensor):
-            if value._td_path is None:
-                value._td_path = path
-            if assume is not None and value._td_device.type == "meta":
-                value._td_device = assume
-        return value.to(device, dtype) if dtype is not None and value.is_floating_point() else value.to(device)
-    if isinstance(value, dict):
-        return type(value)({k: _placed_on(v, device, dtype, assume, f"{path}.{k}") for k, v in value.items()})
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_placed_on(v, device, dtype, assume, f"{path}.{i}") for i, v in enumerate(value))
-    return value
 
 
 def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: str | torch.dtype | None = None, *,

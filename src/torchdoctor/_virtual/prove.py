@@ -1,0 +1,120 @@
+"""A fix of a virtual run is printed as proven only after it was tried: ``simulate`` runs the same check again on a
+fresh copy with the fix applied (its code executed on the copy, with ``model`` naming it; a cast at a line of the
+user's code made to write the fixed dtype in that re-run; an input cast as the fix says) and the fix is proven when
+that re-run has no problem left and no new one. Otherwise it is labelled unproven, with what was tried and what the
+re-run still found. Advice that is not code (load the weights, register a buffer) is never applied, and says so.
+
+Nothing the user holds is touched: the re-run works on its own copy, as the first run did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torchdoctor._report.model import Problem
+
+
+@dataclass
+class Fix:
+    """One fix of a virtual run: code (or advice, ``kind="note"``) and whether a re-run proved it."""
+
+    code: str
+    kind: str  # "path": code run on the copy; "line": a cast at a line of the user's code; "input"; "note"
+    target: Any = None  # the device or dtype the fix sets
+    label: str = ""  # an input's name (``input 0``, ``kwarg mask``) for kind "input"
+    site: Any = None  # the ``makers.CastSite`` of a kind "line" fix
+    proven: bool = False
+    tried: str = ""  # what the proof did and what it found
+    diff: str | None = None  # a unified diff of the user's file, where the fix is a line there
+
+    def applied(self) -> bool:
+        """A fix a re-run can apply (advice cannot)."""
+        return self.kind in ("path", "line") or (self.kind == "input" and isinstance(self.target, torch.dtype)
+                                                 and self.label.startswith(("input ", "kwarg ")))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code, "kind": self.kind, "proven": self.proven, "tried": self.tried}
+        if self.site is not None:
+            out["at"] = self.site.at
+        if self.diff is not None:
+            out["diff"] = self.diff
+        return out
+
+
+def apply_fixes(model: Any, fixes: Sequence[Fix]) -> None:
+    """Run each code fix on ``model`` (a copy: the fix's ``model`` is it), as the user would paste it."""
+    import torchdoctor
+
+    for f in fixes:
+        if f.kind == "path":
+            exec(compile(f.code, "<torchdoctor fix>", "exec"), {"model": model, "torch": torch,  # noqa: S102
+                                                                   "torchdoctor": torchdoctor})
+
+
+def recasts(fixes: Sequence[Fix]) -> dict[tuple[str, int], torch.dtype]:
+    """The lines a re-run makes cast to the fixed dtype: ``(file, line) -> dtype``."""
+    return {(f.site.file, f.site.lineno): f.target for f in fixes
+            if f.kind == "line" and f.site is not None and isinstance(f.target, torch.dtype)}
+
+
+def fixed_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], fixes: Sequence[Fix]
+                 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The inputs as the fix passes them (``input 0`` cast to the fixed dtype); new tensors, the caller's untouched."""
+    new_args, new_kwargs = list(args), dict(kwargs)
+    for f in fixes:
+        if f.kind != "input" or not f.applied():
+            continue
+        name = f.label.split(" ", 1)[1].split(" ", 1)[0]
+        if f.label.startswith("input ") and name.isdigit() and int(name) < len(new_args) and \
+                isinstance(new_args[int(name)], torch.Tensor):
+            new_args[int(name)] = new_args[int(name)].to(f.target)
+        elif f.label.startswith("kwarg ") and isinstance(new_kwargs.get(name), torch.Tensor):
+            new_kwargs[name] = new_kwargs[name].to(f.target)
+    return tuple(new_args), new_kwargs
+
+
+def proven(fixes: list[Fix], rerun: Callable[[list[Fix]], Sequence[Problem]]) -> list[Fix]:
+    """Try the fixes together in a re-run; each applied one is proven when nothing is left, else says what was."""
+    code = [f for f in fixes if f.applied()]
+    for f in fixes:
+        if not f.applied():
+            f.tried = "not applied: advice, not code a re-run can apply"
+    if not code:
+        return fixes
+    try:
+        left = [p for p in rerun(code) if p.kind != "memory"]
+    except Exception as exc:  # the fix itself failed: unproven, with why; never a crash of the report
+        first = (str(exc).strip().splitlines() or [""])[0]
+        for f in code:
+            f.tried = f"applied in a virtual re-run, which raised {type(exc).__name__}: {first}"[:400]
+        return fixes
+    for f in code:
+        f.proven = not left
+        f.tried = "applied in a virtual re-run: no problem left" if not left else \
+            f"applied in a virtual re-run, which still found: {left[0].message}"[:400]
+    return fixes
+
+
+def held(obj: Any) -> dict[str, tuple[torch.dtype, torch.device]]:
+    """Each tensor ``obj`` holds, by path: its dtype and (virtual) device now, which a fix must change."""
+    from torchdoctor._walk import walk
+
+    return {e.path: (e.tensor.dtype, getattr(e.tensor, "_td_device", e.tensor.device)) for e in walk(obj).entries}
+
+
+def fix_text(fixes: Sequence[Fix]) -> list[str]:
+    """The report's fix lines: a headline saying whether the fix was proven, then the code."""
+    if not fixes:
+        return []
+    code = [f for f in fixes if f.applied()]
+    if code and all(f.proven for f in code):
+        head = "Fix (proven: a virtual re-run with it applied has no problem left):"
+    elif code:
+        head = f"Fix (unproven: {code[0].tried}):"
+    else:
+        head = "Fix (unproven: advice only, nothing a re-run could apply):"
+    return [head, *(f"    {line}" for f in fixes for line in f.code.splitlines())]
