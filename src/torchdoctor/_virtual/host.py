@@ -65,6 +65,10 @@ def values(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
 def host(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     self, name = args[0], getattr(func, "__name__", "")
     if not isinstance(self, VirtualTensor):
+        if name in ("pin_memory", "is_pinned") and isinstance(self, torch.Tensor) and self.device.type == "cpu":
+            # pinning asks the accelerator this build lacks; a loader with pin_memory=True (Trainer's default)
+            # gets the batch as it is, a CPU tensor, as pinned memory is one
+            return self if name == "pin_memory" else False
         return func(*args, **kwargs)
     if name == "data_ptr":  # distinct tensors, distinct pointers (meta says 0 for all)
         return id(self._td_elem) if self._td_elem.device.type == "meta" else self._td_elem.data_ptr()

@@ -27,7 +27,8 @@ from torchdoctor._virtual import devices_api as api
 from torchdoctor._virtual import hardware
 from torchdoctor._virtual import host as H
 from torchdoctor._virtual import dispatch as D
-from torchdoctor._virtual import outside
+from torchdoctor._virtual import outside, parallel
+from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.dispatch import autocast_args, lift_all, plain
 from torchdoctor._virtual.origin import Made
@@ -270,11 +271,15 @@ class VirtualMode(TorchFunctionMode):
         if target is None or not is_virtual(target):
             return _made(_own(func(*args, **kwargs), space, target), func, space)
         space.hooks.creating(name, target, kwargs)
+        grad = bool(kwargs.pop("requires_grad", False))  # a leaf that asks for grad is one on the device too
         out = func(*args, **dict(kwargs, device=space.inner))
         if space.data == "meta" and all(not isinstance(o, torch.Tensor) or plain(o) and o.numel() <= SMALL
                                         for o in (out if isinstance(out, (tuple, list)) else (out,))):
             out = func(*args, **dict(kwargs, device=_CPU))  # small: worth real values, make it again on cpu
-        return _placed(space, _made(_own(out, space, target), func, space))
+        made = _placed(space, _made(_own(out, space, target), func, space))
+        if grad and isinstance(made, VirtualTensor) and made.is_leaf and made.is_floating_point():
+            made.requires_grad_(True)
+        return made
 
 
 def _made(out: Any, func: Any, space: Space) -> Any:
@@ -340,6 +345,7 @@ def virtual_world(space: Space, profile: DeviceProfile) -> Iterator[None]:
     try:
         if profile.type not in ("cpu", "meta"):
             api.device_api(installs, profile, space)
+            parallel.install(installs)  # DataParallel's copies (Trainer wraps the model when it sees two GPUs)
         installs.set(torch, "Generator", api.VirtualGenerator, shared=True)
         # pass-through for anything that is not virtual: one wrapper serves every run
         installs.set(torch.Tensor, "_make_subclass", staticmethod(_make_subclass), shared=True)
@@ -351,6 +357,8 @@ def virtual_world(space: Space, profile: DeviceProfile) -> Iterator[None]:
         with outside.compiled_run_eagerly(had_dynamo), warnings.catch_warnings(), VirtualMode(space):
             # torch warns that global module hooks fire twice around a compiled module: they are the run's own
             warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+            # DataParallel's gradient sum asks for NCCL, which a CUDA build has and this one lacks
+            warnings.filterwarnings("ignore", message="PyTorch is not compiled with NCCL support")
             try:
                 yield
             finally:  # a set_default_device("cuda:1") of the run must not outlive it (and its mode sits above ours)
@@ -379,15 +387,7 @@ def _enter_thread(space: Space) -> Any:
     return VirtualMode(space)
 
 
-def _backward(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from torchdoctor._virtual.training import check_backward
-
-    if hasattr(space.hooks, "modules") and isinstance(args[0], torch.Tensor):  # a recorder: the run's own checks
-        check_backward(space.hooks, args[0])
-    return func(*args, **kwargs)
-
-
-_HANDLERS[T.backward] = _backward
+_HANDLERS.update(handlers(VirtualMode))  # the backward pass under the run's mode (backward.py)
 api.ENTER[:] = [_enter_thread]
 api.MOVE[:] = [move]
 H.MOVE = move

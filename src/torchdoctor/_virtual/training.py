@@ -83,6 +83,38 @@ def check_backward(rec: Any, loss: torch.Tensor) -> None:
               op="Tensor.backward", role="loss", key="loss:cpu")
 
 
+def check_scaler(rec: Any, scaler: Any, outputs: Any) -> None:
+    """A GradScaler made for another device type than the loss it scales: ``GradScaler("cuda")`` on an xpu or mps
+    machine turns itself off (fp16 gradients then underflow unscaled); ``GradScaler("cpu")`` keeps its scale and
+    inf checks on the cpu, a copy and a sync every step."""
+    t = outputs if isinstance(outputs, torch.Tensor) else None
+    kind = str(getattr(scaler, "_device", ""))
+    if t is None or not kind or tensor_device(t).type == kind or tensor_device(t).type != rec.device.type:
+        return
+    on = tensor_device(t)
+    off = not getattr(scaler, "_enabled", True)
+    rec._note("device", "<scaler>", kind, on.type,
+              f"GradScaler({kind!r}) scales a loss on {device_str(on)}: "
+              + (f"it turned itself off ({kind} is absent where the run is), so the loss is not scaled and float16 "
+                 "gradients underflow" if off else f"its scale and inf checks live on {kind} (a copy and a sync "
+                 "every step)")
+              + f". Make it for the device: torch.amp.GradScaler({on.type!r})",
+              op="GradScaler.scale", role="optimizer", key="scaler")
+
+
+_SCALE = torch.amp.GradScaler.scale
+_SCALERS = [0]
+
+
+def _scale(self: Any, outputs: Any) -> Any:
+    from torchdoctor._virtual.tensor import current_space
+
+    space = current_space()
+    if space is not None and hasattr(space.hooks, "modules"):  # a recorder: the run's own checks
+        check_scaler(space.hooks, self, outputs)
+    return _SCALE(self, outputs)
+
+
 @contextlib.contextmanager
 def train_checks(rec: Any) -> Iterator[None]:
     """The optimizer step checks while the block runs (a global pre-hook of ``torch.optim``, removed on exit)."""
@@ -96,7 +128,12 @@ def train_checks(rec: Any) -> Iterator[None]:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     handle = register_optimizer_step_pre_hook(pre)
+    _SCALERS[0] += 1  # one wrapper for all runs (it asks the thread's run), put back when the last one ends
+    torch.amp.GradScaler.scale = _scale  # type: ignore[method-assign]
     try:
         yield
     finally:
         handle.remove()
+        _SCALERS[0] -= 1
+        if _SCALERS[0] == 0:
+            torch.amp.GradScaler.scale = _SCALE  # type: ignore[method-assign]
