@@ -275,3 +275,29 @@ def test_backups_kept_beside_a_layer_or_in_a_dict_are_quiet() -> None:
     assert set(paths(torchdoctor.scan(m, device="meta"))) == {"1.lora_delta"}
     assert apps.intended_at(m[0], "network_weights_backup", m[0].network_weights_backup, "attribute")[0] == \
         "backup-copy"
+
+
+# --- a copy into a tensor made where the call computes (ComfyUI's cast_to: empty_like on the device, then copy_) ----
+
+
+class CopiedPerCall(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = torch.empty_like(self.weight, dtype=x.dtype, device=x.device)
+        w.copy_(self.weight)  # the stored weight is only the source: it may rest anywhere
+        return F.linear(x, w, self.bias)
+
+
+class CopiesIntoItself(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.weight.data.copy_(self.weight.data.clamp(-1, 1))  # the weight receives the copy: computed with as is
+        return F.linear(x, self.weight, self.bias)
+
+
+def test_a_weight_copied_into_a_tensor_on_the_input_device_is_quiet_and_its_bias_still_judged() -> None:
+    assert percall.moved_on_call(CopiedPerCall(8, 8)) == {"weight": percall.DEVICE | percall.DTYPE}
+    assert percall.moved_on_call(CopiesIntoItself(8, 8)) == {}
+    m = nn.Sequential(CopiedPerCall(8, 8), CopiesIntoItself(8, 8)).to("meta")
+    m[0].to_empty(device="cpu")
+    m[0].bias = nn.Parameter(torch.zeros(8, device="meta"))
+    m[1].to_empty(device="cpu")
+    assert paths(torchdoctor.scan(m, device="meta")) == ["1.bias", "1.weight"]

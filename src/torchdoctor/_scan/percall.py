@@ -9,7 +9,8 @@ decorator before it is read). The mechanism is the same in each, so it is recogn
 - the forward (and what it wraps), the module's methods it calls, and the functions it hands the module to
   (``cast_bias_weight(self, x)``, resolved through the function's globals and closure) are parsed, a few calls deep;
 - a tensor of the module is *moved per call* when it is the receiver of ``.to(`` / ``.cuda(`` / ``.float(`` ...
-  (directly, through an index or a method chain, or through a local name bound to it), or an argument of a helper
+  (directly, through an index or a method chain, or through a local name bound to it), the source of a
+  ``dst.copy_(...)`` (copied into a tensor made where the call computes), or an argument of a helper
   named like a cast (``cast_to_device(self.weight, ...)``); a helper handed the whole module that cannot be read
   moves its ``weight`` and ``bias``;
 - a top-level ``if`` / ``elif`` of the forward whose branch moves them switches it on: the instance attributes its
@@ -184,6 +185,13 @@ class _Reader:
                     bits = _to_bits(n)
                 out[a] = out.get(a, 0) | bits
                 return
+        if name == "copy_" and isinstance(f, ast.Attribute) and n.args:
+            # ``dst.copy_(self.weight)``: copied into a tensor made where the call computes (ComfyUI's cast_to:
+            # ``torch.empty_like(w, dtype=..., device=...)`` then ``copy_``), so it arrives on dst's device and dtype
+            a = self._attr(n.args[0], me, alias)
+            if a is not None:
+                out[a] = out.get(a, 0) | _BOTH
+                return
         args = [*n.args, *(k.value for k in n.keywords)]
         handed = [i for i, x in enumerate(n.args) if isinstance(x, ast.Name) and x.id == me]
         if re.search(_HELPER, name, re.I):
@@ -270,7 +278,7 @@ def plan(tp: type) -> Plan | None:
     if not isinstance(fwd, types.FunctionType):
         return None
     names = _names(fwd)
-    if not names & _MOVES.keys() and not any(re.search(_HELPER, n, re.I) for n in names):
+    if not names & _MOVES.keys() and "copy_" not in names and not any(re.search(_HELPER, n, re.I) for n in names):
         return None  # the cheap test: nothing in its code could move a tensor
     node = _tree(fwd)
     if node is None:
