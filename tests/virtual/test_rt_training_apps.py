@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 import torchdoctor
 from tests.virtual import rt_apps
+from torchdoctor._virtual.session import VirtualSession
 
 CUDA1 = torch.device("cuda", 1)
 
@@ -78,7 +79,7 @@ def test_bitsandbytes_8bit_optimizers_step_on_their_cpu_path(name: str) -> None:
     assert not torch.equal(m.weight.detach().cpu(), before.cpu())
 
 
-def _problem(sim: torchdoctor.VirtualSession, path: str) -> torchdoctor.Problem:
+def _problem(sim: VirtualSession, path: str) -> torchdoctor.Problem:
     return next(p for p in sim.problems if p.path == path)
 
 
