@@ -41,6 +41,7 @@ _RAREST = "vb_ut"
 _MIN, _MIN_INSIDE, _MIN_BEHIND, _MAX = 8, 6, 5, 14
 _BACK = 96  # an anchor starts at most this far before its key
 _PER_LINE = 32  # keys looked up one by one on one line
+_LINES = 8192  # distinct lines whose anchors are remembered (a log of errors repeats a few hundred; 1024 thrashed)
 # Characters a key never contains: terminal colours in logs sit next to them (rich highlights brackets, quotes,
 # ``name=`` and numbers; loggers colour whole lines or level names), so a key stays whole between escape sequences
 # and a log needs no colour removal before the passes (see ``strip``).
@@ -316,7 +317,7 @@ class Prefilter:
                 # line, so a position found after it is at or before the anchor, within the window the patterns read
                 segment = unescape(segment)
             found = [(raw_position(spans, f), i) for i in key[1] if (f := segment.find(self.anchors[i])) != -1]
-            if len(seen) > 1024:
+            if len(seen) > _LINES:
                 seen.clear()
             seen[key] = found
         for f, i in found:

@@ -29,6 +29,9 @@ _LINE_MAX = 4000          # a "line" is cut to this many characters around the a
 _MAX_HITS = 100_000       # error lines examined in full; beyond that a log is only counted
 _CONTEXT_BUDGET = 64 << 20  # characters of context examined overall
 _PER_KEY = 1              # occurrences of one error whose context is kept (the rules read the first)
+# windows whose fields are remembered: a log made only of errors repeats a few hundred distinct ones, and 512
+# thrashed there (half the windows were matched again); a window is at most a few thousand characters
+_WINDOWS = 8192
 _STOP = ("traceback (most recent call last)", "exception during processing", "during handling of the above",
          "the above exception was the direct cause")
 _NOT_CONTINUED = ("File ", "Traceback", "During handling", "The above exception", "!!!", "\n", "#", "[")
@@ -193,7 +196,7 @@ class Scanner:
                     for k, v in m.groupdict().items():
                         if v and k not in fields:
                             fields[k] = v
-            if len(self.cache) > 512:
+            if len(self.cache) > _WINDOWS:
                 self.cache.clear()
             got = self.cache[(sig.name, raw)] = (fields, matched)
         fields, matched = dict(got[0]), got[1]
