@@ -190,8 +190,11 @@ def _dtype_problem(policy: Policy, e: Entry, d: Decision) -> Problem | None:
 
 
 def _storage_message(e: Entry, c: str, found: str, want: str, where: str) -> str:
-    layer = type(e.module).__name__
-    t = e.tensor
+    return storage_message(type(e.module).__name__, e.tensor, c, found, want, where)
+
+
+def storage_message(layer: str, t: torch.Tensor, c: str, found: str, want: str, where: str) -> str:
+    """Rule ``storage-computed``'s text, the same from scan and from a virtual run's module entry."""
     if t.is_floating_point() and not packed_param(t):  # float8 / float4: a cast is an upcast
         return (f"{c} is {found} storage but {layer}'s own forward computes with it as it is (torch has no {found} "
                 f"math here; {where} is {want}): cast it to {want}, or keep {found} storage behind a layer that "

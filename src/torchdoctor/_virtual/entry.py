@@ -22,9 +22,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdoctor._placement import compact, device_str, norm_device, tensor_device
+from torchdoctor._placement import compact, device_str, dtype_str, norm_device, tensor_device
 from torchdoctor._scan import apps, intent, percall
-from torchdoctor._scan.judge import cpu_packed_message
+from torchdoctor._scan.intent import STORAGE_DTYPES
+from torchdoctor._scan.judge import cpu_packed_message, storage_message
 from torchdoctor._virtual.origin import Made
 from torchdoctor._virtual.tensor import Space, VirtualTensor, current_space, make, virtual_class
 from torchdoctor._walk import walk
@@ -140,6 +141,8 @@ class EntryCheck:
             for rel, t, _ in tensors:
                 if not isinstance(t, VirtualTensor):
                     space.named[id(t)] = (t, f"{path}.{rel}" if path else rel)
+        if intent.computes_in_storage(mod):
+            self._storage(mod, path, tensors, args)
         ref = self._reference(mod, tensors, args)
         if ref is None:
             return
@@ -172,6 +175,27 @@ class EntryCheck:
                 self.note(*note)
             if "_td_path" in dir(type(t)):  # a virtual twin: later ops name it where it was found, not where it
                 t._td_path = full  # type: ignore[attr-defined]  # was lifted (a list holding a buffer .to() replaced)
+
+    def _storage(self, mod: nn.Module, path: str, tensors: list[tuple[str, torch.Tensor, str]], args: Any) -> None:
+        """Integer codes (GGUF-style uint8 blocks, int8) in a layer whose forward is torch's own: it computes with
+        them as they are, a problem here as in scan (rule ``storage-computed``, one text). The op then fails on a
+        dtype check no float rule reads (float8 there is named by the op's own check already)."""
+        want = next((a.dtype for a in (args if isinstance(args, tuple) else ())
+                     if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
+        if want is None:  # an index input (an Embedding): the layer's other float weights say what it computes in
+            want = next((t.dtype for _, t, role in tensors if role == "parameter" and t.is_floating_point()
+                         and t.dtype not in STORAGE_DTYPES), None)
+        if want is None:
+            return
+        for rel, t, role in tensors:
+            if role != "parameter" or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+                continue
+            full = f"{path}.{rel}" if path else rel
+            c = compact(t.dtype, tuple(t.shape), norm_device(tensor_device(t)))
+            msg = storage_message(type(mod).__name__, t, f"{full} {c}", dtype_str(t.dtype), dtype_str(want),
+                                  "its input")
+            self.note("dtype", full, dtype_str(t.dtype), dtype_str(want), msg, f"{type(mod).__name__}.forward",
+                      role, c)
 
     def call(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         """The outermost module starts: each tensor the caller passed (one container level deep) becomes the source
