@@ -18,6 +18,7 @@ from torchdoctor._explain.tokens import devices_in, dtypes_in
 from torchdoctor._guard import compiled as graph, provenance
 from torchdoctor._guard.float8 import FLOAT8, is_float8_message
 from torchdoctor._guard.maps import component_fix
+from torchdoctor._guard.remedy import aimed, locals_made, with_patch
 from torchdoctor._guard.session import Maps, Session, fix_code, module_label
 from torchdoctor._placement import device_str, dtype_str, norm_device
 from torchdoctor._report.model import PlacementError, Problem, TensorInfo
@@ -104,11 +105,19 @@ def _innermost(session: Session, tb: types.TracebackType | None) -> tuple[nn.Mod
 def _inputs(session: Session, mod: nn.Module, frame: Any) -> list[tuple[str, torch.Tensor]]:
     out: list[tuple[str, torch.Tensor]] = []
     args: tuple[Any, ...] = tuple(session.frames.inputs_of(mod))
+
+    def add(name: str, v: Any, depth: int = provenance.DEPTH) -> None:  # containers at any depth, by path
+        if isinstance(v, torch.Tensor):
+            out.append((name, v))
+        elif depth and type(v) in (list, tuple):
+            for j, x in enumerate(v[:64]):
+                add(f"{name}[{j}]", x, depth - 1)
+        elif depth and type(v) is dict:
+            for k, x in list(v.items())[:64]:
+                add(f"{name}[{k!r}]", x, depth - 1)
+
     for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            out.append((f"input {i}", a))
-        elif type(a) in (list, tuple):
-            out.extend((f"input {i}[{j}]", t) for j, t in enumerate(a) if isinstance(t, torch.Tensor))
+        add(f"input {i}", a)
     if frame is not None:  # keyword inputs: the forward's parameters after the positional ones
         code, loc = frame.f_code, frame.f_locals
         names = list(code.co_varnames[1 + len(args):code.co_argcount + code.co_kwonlyargcount])
@@ -117,13 +126,7 @@ def _inputs(session: Session, mod: nn.Module, frame: Any) -> list[tuple[str, tor
             names += [k for k in (extra or {}) if isinstance(k, str)]
             loc = {**loc, **(extra or {})}
         for n in names:
-            v = loc.get(n)
-            if isinstance(v, torch.Tensor):
-                out.append((f"kwarg {n}", v))
-            elif type(v) in (list, tuple):  # a list passed by keyword (``extra=[t]``): one level, as positions
-                out.extend((f"kwarg {n}[{j}]", t) for j, t in enumerate(v[:64]) if isinstance(t, torch.Tensor))
-            elif type(v) is dict:
-                out.extend((f"kwarg {n}[{k!r}]", t) for k, t in list(v.items())[:64] if isinstance(t, torch.Tensor))
+            add(f"kwarg {n}", loc.get(n))
     return out
 
 
@@ -193,6 +196,14 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
         bad, ref = [], None  # every tensor may share the dtype the device cannot run: name the module only
     else:
         bad = [c for c in pool if ref is not None and value(c[2]) != ref]
+    aim = None
+    if kind == "dtype" and frame is not None and maps is not None and ref is not None and not compiled:
+        said = _mentioned(message, kind)  # the error names dtypes none of the suspects has: what the op met
+        if ref in said and not any(c[2].dtype in said for c in bad):  # is a tensor its forward made
+            made = locals_made(frame, said, ref)
+            aim = aimed(made, kind, ref, maps.modules, maps.dicts, session.frames, exc.__traceback__ or tb)
+            if aim is not None:
+                bad = [(None, label, t) for label, t in made]
     first_line = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
     op = m.group(1) if (m := re.search(r"in method (\w+)", message)) else None
     where = (module_label(mpath, mod) + f" ({mtype})") if mod is not None else "an unknown module"
@@ -256,14 +267,18 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
             head = (f"{kind} mismatch in {where}{phase}: `{odd[0] or '<root>'}` runs in float32 while the data "
                     f"flowing in is {dtype_str(odd[1])}")
             fix = component_fix(odd[0], odd[1], maps.dicts)
+    if aim is not None and not blamed:  # the maker of the operand made in forward: the fix aims at it
+        lines[-1:-1] = aim.lines + ([aim.proof] if aim.proof else [])
+        fix = aim.code or fix
     problems = [replace(b.problem, op=op) for b in blamed]
     problems += [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,
                          f"{c[1]} is {_show(value(c[2]), kind)} in {where}, expected {expected}", op=op,
                          module_path=mpath, module_type=mtype) for c in bad]
     session.g._record_problems(problems)
     infos = [TensorInfo.of(c[1], c[2], role=roles.get(c[1], "input")) for c in bad]
-    return PlacementError(format_error(head, lines, fix), module_path=mpath, module_type=mtype, op=op,
-                          tensors=infos, problems=problems, fix=fix)
+    err = PlacementError(format_error(head, lines, fix), module_path=mpath, module_type=mtype, op=op,
+                         tensors=infos, problems=problems, fix=fix)
+    return with_patch(err, aim.patch if aim is not None and not blamed else None, lines)
 
 
 def _trace_note(t: torch.Tensor) -> str:

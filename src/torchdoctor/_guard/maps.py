@@ -3,12 +3,13 @@ wrong), module labels, and the fix as code to paste."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from torchdoctor._guard.float8 import compute_dtype
 from torchdoctor._rules import registry as _rules
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str
@@ -137,3 +138,29 @@ def component_fix(comp: str, want: torch.dtype, dicts: Collection[str] = ()) -> 
     expr = code_path(comp, dicts=dicts)
     return (f"{expr}.to({value_code(want)})  # or load it with torch_dtype={value_code(want)}\n"
             f"# (to run it in float32 instead, pass its inputs as tensor.to(torch.float32))")
+
+
+def retarget(f: _rules.Finding, tensors: Mapping[Any, torch.Tensor], maps: Maps, mpath: str | None
+             ) -> tuple[Any, list[Any]]:
+    """Align to the model's majority (its adapter's dtype inside a peft adapter) when it is among the values at
+    hand (a wrong input is cast, not the model). float8 is never the majority aligned to: it is storage, and an
+    activation cast to it loses its precision (and most kernels have no float8 body)."""
+    keys = list(f.considered or f.offenders)
+    want: Any
+    if f.attr == "dtype":
+        want, value = compute_dtype(maps.dtype_for(mpath)), (lambda t: t.dtype)
+    else:
+        want, value = maps.device, (lambda t: _rules._norm(_rules.tensor_device(t)))
+    target = want if want is not None and any(value(tensors[k]) == want for k in keys) else f.target
+    if target == f.target:
+        return target, list(f.offenders)
+    return target, [k for k in keys if value(tensors[k]) != target]
+
+
+def value_str(t: torch.Tensor, attr: str) -> str:
+    return dtype_str(t.dtype) if attr == "dtype" else device_str(_rules.tensor_device(t))
+
+
+def value_str_of(v: Any) -> str:
+    return dtype_str(v) if isinstance(v, torch.dtype) else device_str(v)
+

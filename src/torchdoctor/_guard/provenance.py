@@ -18,6 +18,7 @@ from torchdoctor._report.model import Problem
 if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._walk import Walk
 
+DEPTH = 4  # container levels read in the caller's arguments: deep enough for kwargs['extra'][0]['bias'][1]
 _KINDS = {"dtype": ("dtype",), "device": ("device", "meta"), "meta": ("meta",), "unsupported_dtype": ("dtype",)}
 
 
@@ -253,7 +254,7 @@ def running_frames(tb: Any = None) -> list[tuple[nn.Module, Any]]:
 
 def call_arguments(frames: list[tuple[nn.Module, Any]], root: Any) -> dict[int, tuple[str, Any]]:
     """id(tensor) -> how the caller passed it to the outermost forward: ``input_ids``, ``pixel_values[0]``,
-    ``kwargs["rotary_pos_emb_list"][0]`` (one container level)."""
+    ``kwargs["extra"][0]["bias"][1]`` (containers up to four levels deep)."""
     mine = [f for m, f in frames if m is root and f is not None]  # a decorator's wrapper frame holds self too
     top = next((f for f in mine if f.f_code.co_name == "forward"), mine[0] if mine else None)
     if top is None and frames and not isinstance(root, nn.Module):
@@ -284,12 +285,12 @@ def call_arguments(frames: list[tuple[nn.Module, Any]], root: Any) -> dict[int, 
     for name in names:
         if name == varargs and type(loc.get(name)) is tuple:  # forward(*args): the caller's positions
             for i, v in enumerate(loc[name][:64]):
-                add(f"input {i}", v, 1)
+                add(f"input {i}", v, DEPTH)
         else:
-            add(name, loc.get(name), 1)
+            add(name, loc.get(name), DEPTH)
     if star is not None and isinstance(loc.get(star), dict):
         for k, v in loc[star].items():
-            add(f"{star}[{k!r}]", v, 1)
+            add(f"{star}[{k!r}]", v, DEPTH)
     return out
 
 

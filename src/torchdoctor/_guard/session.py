@@ -27,9 +27,11 @@ from torchdoctor._report.model import PlacementError, PlacementWarning, Problem
 from torchdoctor._placement import device_str, dtype_str
 from torchdoctor._guard import compiled as graph
 from torchdoctor._guard.dispatch import _CONV, CheckMode, CompositeCheck, _simulating
-from torchdoctor._guard.float8 import compute_dtype, findings as float8_findings
+from torchdoctor._guard.float8 import findings as float8_findings
 from torchdoctor._guard.proof import harmful, prove, storage_target
-from torchdoctor._guard.maps import Maps, fix_code, module_label
+from torchdoctor._guard.remedy import aimed, with_patch
+from torchdoctor._guard.maps import Maps, fix_code, module_label, retarget as _retarget, value_str as _value_str
+from torchdoctor._guard.maps import value_str_of as _value_str_of
 from torchdoctor._report.text import format_error, user_stacklevel
 from torchdoctor._tracker import ModuleStack
 
@@ -275,6 +277,7 @@ class Session:
         lines: list[str] = []
         plan: list[tuple[_rules.Finding, Any, list[_rules.Key]]] = []
         loose: list[torch.Tensor] = []  # offenders that are no model tensor: where did they come from?
+        made: list[tuple[str, torch.Tensor]] = []  # of those, the ones made in a forward (no caller argument)
         passed: dict[int, tuple[str, Any]] | None = None  # the caller's arguments, looked up once
         owner = ""
         for f in findings:
@@ -304,6 +307,8 @@ class Session:
                 lines.append(f"{'culprit ' if hit or arg else ''}{shown}: {_rules._compact(t)}  (expected {expected})")
                 if not hit:
                     loose.append(t)
+                    if not arg:
+                        made.append((label, t))
         self.g._record_problems(problems)
         first = problems[0] if problems else findings[0].problem
         if fixable and harmful(plan, tensors):  # aligning would cast floating data to integer / float8 storage
@@ -341,12 +346,18 @@ class Session:
                 odd = odd_component(maps.walk, mpath, fed, t0)
                 if odd is not None:
                     fix = component_fix(odd[0], odd[1], maps.dicts)
-            if fix is not None:  # tried on the failing op before it is shown (_guard/proof.py)
-                lines.append(prove(func, args, kwargs, plan, tensors, op) if fixable or self.mode == "strict"
-                             else "fix unproven: no alignment of this op is known")
-            raise PlacementError(format_error(head, lines + [f"other operand {d}" for d in others], fix),
+            aim = aimed(made, first.kind, t0, maps.modules, maps.dicts, self.frames) if made and not blamed \
+                and maps is not None else None
+            if aim is not None:  # the maker of an operand made in forward: the fix is aimed at it (_guard/remedy.py)
+                lines += aim.lines
+                fix = aim.code or fix
+            if fix is not None:  # tried before it is shown: a re-run with the maker fixed, else the failing op
+                lines.append(aim.proof if aim is not None and aim.proof else prove(func, args, kwargs, plan, tensors, op)
+                             if fixable or self.mode == "strict" else "fix unproven: no alignment of this op is known")
+            err = PlacementError(format_error(head, lines + [f"other operand {d}" for d in others], fix),
                                  module_path=mpath, module_type=mtype, op=str(op),
                                  tensors=tuple(findings[0].problem.tensors), problems=problems, fix=fix)
+            raise with_patch(err, aim.patch if aim is not None else None, lines)
         if self.mode == "warn":
             for p in problems:
                 if self.g._first_time((p.module_path, p.op, p.kind)):
@@ -364,29 +375,3 @@ class Session:
                 _rules.OpArgs(new_args, new_kwargs).put(k, t)
         self.g._record_fixes(problems)
         return func(*new_args, **new_kwargs)
-
-
-def _retarget(f: _rules.Finding, tensors: Mapping[Any, torch.Tensor], maps: Maps, mpath: str | None
-              ) -> tuple[Any, list[Any]]:
-    """Align to the model's majority (its adapter's dtype inside a peft adapter) when it is among the values at
-    hand (a wrong input is cast, not the model). float8 is never the majority aligned to: it is storage, and an
-    activation cast to it loses its precision (and most kernels have no float8 body)."""
-    keys = list(f.considered or f.offenders)
-    want: Any
-    if f.attr == "dtype":
-        want, value = compute_dtype(maps.dtype_for(mpath)), (lambda t: t.dtype)
-    else:
-        want, value = maps.device, (lambda t: _rules._norm(_rules.tensor_device(t)))
-    target = want if want is not None and any(value(tensors[k]) == want for k in keys) else f.target
-    if target == f.target:
-        return target, list(f.offenders)
-    return target, [k for k in keys if value(tensors[k]) != target]
-
-
-def _value_str(t: torch.Tensor, attr: str) -> str:
-    return dtype_str(t.dtype) if attr == "dtype" else device_str(_rules.tensor_device(t))
-
-
-def _value_str_of(v: Any) -> str:
-    return dtype_str(v) if isinstance(v, torch.dtype) else device_str(v)
-

@@ -1,0 +1,262 @@
+"""The maker of an operand that is no model tensor: the cast or factory call in a running forward that made it
+(``.to(self.compute_dtype)``, ``.float()``, ``torch.zeros``, ``torch.from_numpy``), its line, where a dtype it cast
+to was read from (an attribute, a class attribute, a config) and the tensors it was made from.
+
+Only read at a failure, from the failing forwards' frames and their parsed source: nothing is recorded per op, so the
+happy path pays nothing. A dtype expression is resolved by attribute look-ups on the frame's values (never ``eval``):
+naming the maker must not run the user's code.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_CASTS = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16, "double": torch.float64}
+_FACTORIES = {"zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint", "tensor", "as_tensor",
+              "from_numpy", "zeros_like", "ones_like", "empty_like", "full_like", "linspace", "eye"}
+_TREES: dict[Any, tuple[ast.AST, int, str, list[str]] | None] = {}  # code object -> parsed forward
+
+
+@dataclass(frozen=True)
+class Maker:
+    """How an operand was made: ``op`` (``.to(self.compute_dtype)``, ``torch.zeros``), at ``file:line``."""
+
+    op: str
+    file: str
+    line: int
+    source: str  # the source line, stripped
+    dtype_from: str | None = None  # "class attribute `QLinear.compute_dtype`", "attribute ...", "config ..."
+    made_from: tuple[str, ...] = ()  # the names the call read tensors from (``self.qweight``, ``x``)
+    owner: Any = None  # the object whose attribute held the dtype, and the attribute's name (for the fix)
+    attr: str | None = None
+    klass: type | None = None  # the class that defines the attribute (a class attribute)
+    segment: tuple[int, int, str] | None = None  # (col, end col, text) of the dtype expression on its line
+
+    def describe(self) -> str:
+        out = f"made by `{self.op}` at {self.file}:{self.line} (`{self.source}`)"
+        if self.dtype_from:
+            out += f", the dtype read from {self.dtype_from}"
+        if self.made_from:
+            out += f", from {', '.join(self.made_from)}"
+        return out
+
+
+def _parsed(code: Any) -> tuple[ast.AST, int, str, list[str]] | None:
+    if code not in _TREES:
+        try:
+            lines, start = inspect.getsourcelines(code)
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+            _TREES[code] = (tree, start - 1, inspect.getsourcefile(code) or code.co_filename, lines)
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            _TREES[code] = None
+    return _TREES[code]
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    """``self.config.torch_dtype`` -> ["self", "config", "torch_dtype"]; None for anything but a name chain."""
+    out: list[str] = []
+    while isinstance(node, ast.Attribute):
+        out.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *out[::-1]]
+
+
+def _resolve(chain: list[str], frame: Any) -> tuple[Any, Any, str | None]:
+    """(value, the object holding the last attribute, the attribute's name), by plain look-ups."""
+    loc, glob = frame.f_locals, frame.f_globals
+    if chain[0] in loc:
+        obj = loc[chain[0]]
+    elif chain[0] in glob:
+        obj = glob[chain[0]]
+    else:
+        import builtins
+
+        obj = getattr(builtins, chain[0], None)
+    holder = None
+    for name in chain[1:]:
+        holder = obj
+        obj = inspect.getattr_static(obj, name, None) if not isinstance(obj, type(torch)) else getattr(obj, name, None)
+        if isinstance(obj, property):  # a property runs code: say nothing rather than run it
+            return None, None, None
+    return obj, holder, chain[-1] if len(chain) > 1 else None
+
+
+def _where(holder: Any, attr: str, chain: list[str]) -> tuple[str, type | None]:
+    """Where an attribute holding a dtype lives: the instance, a class (and which), a config."""
+    if any(part == "config" or part.endswith("_config") for part in chain[:-1]):
+        return f"config `{'.'.join(chain)}`", None
+    if not isinstance(holder, type) and attr in getattr(holder, "__dict__", {}):
+        return f"attribute `{'.'.join(chain)}`", None
+    for klass in (holder.__mro__ if isinstance(holder, type) else type(holder).__mro__):
+        if attr in klass.__dict__:
+            return f"class attribute `{klass.__name__}.{attr}`", klass
+    return f"`{'.'.join(chain)}`", None
+
+
+def class_attribute_line(klass: type, attr: str) -> tuple[str, int, str] | None:
+    """(file, line, source line) of ``attr = ...`` in the body of ``klass``."""
+    try:
+        lines, start = inspect.getsourcelines(klass)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        path = inspect.getsourcefile(klass)
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    for node in body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == attr for t in targets) and path:
+            return path, start + node.lineno - 1, lines[node.lineno - 1]
+    return None
+
+
+def _dtype_of_call(call: ast.Call, frame: Any) -> tuple[Any, ast.expr | None]:
+    """(the dtype a cast or factory call gives, the node the dtype came from)."""
+    for kw in call.keywords:
+        if kw.arg == "dtype":
+            ch = _chain(kw.value)
+            return (_resolve(ch, frame)[0] if ch else None), kw.value
+    func = call.func
+    if isinstance(func, ast.Attribute) and func.attr in _CASTS and not call.args:
+        return _CASTS[func.attr], None
+    if isinstance(func, ast.Attribute) and func.attr in ("to", "type"):
+        for a in call.args:
+            ch = _chain(a)
+            v = _resolve(ch, frame)[0] if ch else None
+            if isinstance(v, torch.dtype):
+                return v, a
+            if isinstance(v, torch.Tensor):  # .to(other): other's dtype
+                return v.dtype, a
+    return None, None
+
+
+def _calls(node: ast.AST) -> list[ast.Call]:
+    out = [n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    return sorted(out, key=lambda n: (n.lineno, n.col_offset))
+
+
+def _is_factory(call: ast.Call) -> bool:
+    return isinstance(call.func, ast.Attribute) and call.func.attr in _FACTORIES and _chain(call.func.value) in (
+        ["torch"], ["np"], ["numpy"])
+
+
+def _made_from(call: ast.Call, skip: ast.expr | None) -> tuple[str, ...]:
+    names: list[str] = []
+    func = call.func
+    if isinstance(func, ast.Attribute) and not _is_factory(call):
+        ch = _chain(func.value)
+        if ch:
+            names.append(".".join(ch))
+    for a in call.args:
+        ch = _chain(a) if a is not skip else None
+        if ch and not (len(ch) == 2 and ch[0] == "torch"):
+            names.append(".".join(ch))
+    return tuple(dict.fromkeys(names))
+
+
+def _expressions(tree: ast.AST, off: int, frame: Any, t: torch.Tensor) -> list[ast.AST]:
+    """The source expressions that may have made ``t``: the assignment of the local holding it (or its view's
+    base), else the statement running now."""
+    names = []
+    for name, v in frame.f_locals.items():
+        if isinstance(v, torch.Tensor) and name != "self" and _same(v, t):
+            names.append(name)
+    now = frame.f_lineno - off
+    exprs: list[tuple[int, ast.AST]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.lineno <= now and node.value:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(x, ast.Name) and x.id in names for x in targets):
+                exprs.append((node.lineno, node.value))
+    exprs.sort(key=lambda x: x[0])
+    found = [e for _, e in exprs[-1:]]
+    stmt = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno <= now <= (n.end_lineno or n.lineno)
+            and not isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))]
+    if stmt:
+        found.append(max(stmt, key=lambda n: n.lineno))
+    return found
+
+
+def _same(v: torch.Tensor, t: torch.Tensor) -> bool:
+    if v is t or t._base is v or (v._base is not None and v._base is t._base):
+        return True
+    try:
+        return v.dtype == t.dtype and v.device == t.device and v.device.type != "meta" and \
+            v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    except Exception:  # odd subclasses have no storage to compare
+        return False
+
+
+def user_frames(tb: Any = None, limit: int = 12) -> list[Any]:
+    """The frames of the user's code (not torch's, not torchdoctor's) on a traceback, or on the current stack,
+    outermost first."""
+    import os
+    import sys
+
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+    out: list[Any] = []
+    if tb is not None:
+        while tb is not None:
+            out.append(tb.tb_frame)
+            tb = tb.tb_next
+    else:
+        f: Any = sys._getframe(1)
+        while f is not None and len(out) < 200:
+            out.append(f)
+            f = f.f_back
+        out.reverse()
+    return [f for f in out if not f.f_code.co_filename.startswith(skip)][-limit:]
+
+
+def find(frames: list[Any], t: torch.Tensor, kind: str) -> Maker | None:
+    """The maker of ``t`` in the running forwards' ``frames`` (innermost last), or None."""
+    for frame in reversed(frames):
+        try:
+            found = _in_frame(frame, t, kind)
+        except Exception:  # naming the maker is extra: the failure is still reported without it
+            found = None
+        if found is not None:
+            return found
+    return None
+
+
+def _in_frame(frame: Any, t: torch.Tensor, kind: str) -> Maker | None:
+    parsed = _parsed(frame.f_code)
+    if parsed is None:
+        return None
+    tree, off, path, lines = parsed
+    for expr in _expressions(tree, off, frame, t):
+        for call in _calls(expr):
+            dtype, node = _dtype_of_call(call, frame)
+            factory = _is_factory(call)
+            if kind == "dtype" and dtype != t.dtype and not (factory and dtype is None):
+                continue
+            if kind != "dtype" and not factory and call.func.attr not in ("to", "cuda", "cpu"):  # type: ignore[attr-defined]
+                continue
+            text = ast.unparse(call.func)
+            op = text if factory else "." + text.rsplit(".", 1)[-1] + "(" + ", ".join(
+                ast.unparse(a) for a in call.args) + ")"
+            lineno = call.lineno + off
+            src = lines[call.lineno - 1].strip() if call.lineno - 1 < len(lines) else ""
+            where = owner = attr = klass = None
+            ch = _chain(node) if node is not None else None
+            if ch and len(ch) > 1:
+                _, owner, attr = _resolve(ch, frame)
+                if attr is not None and owner is not None:
+                    where, klass = _where(owner, attr, ch)
+            seg = None
+            if node is not None and node.lineno == node.end_lineno and call.lineno - 1 < len(lines):
+                # the dedented tree's columns, shifted back to the file's
+                shift = len(lines[0]) - len(lines[0].lstrip())
+                col = node.col_offset + shift
+                seg = (col, (node.end_col_offset or node.col_offset) + shift, ast.unparse(node))
+            return Maker(op, path, lineno, src, where, _made_from(call, node), owner, attr, klass, seg)
+    return None

@@ -1,0 +1,203 @@
+"""The fix for an operand made in a forward, aimed at its maker (``_guard.maker``): the attribute, class attribute or
+config the dtype was read from, or the cast / factory line itself, as code to paste and, where that line is in the
+user's own file, as a unified diff (``_fix.diff.line_patch``).
+
+A fix that changes where a dtype is read from is proven by running the module whose forward made the operand again
+with the attribute set as the fix says (the attribute is put back whatever happens, and the guard's module stack is
+left as it was): a cast of the operand alone proves nothing about the attribute that will make it again next call.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchdoctor._fix.diff import line_patch
+from torchdoctor._guard.maker import Maker, class_attribute_line
+from torchdoctor._guard.maps import code_path, value_code
+
+_LIBS = tuple(p for p in {sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"),
+                          sys.prefix, getattr(sys, "base_prefix", sys.prefix)} if p)
+_CAST_TEXT = {".float()", ".half()", ".bfloat16()", ".double()"}
+
+
+@dataclass(frozen=True)
+class Remedy:
+    code: str  # what to paste
+    patch: str | None  # a unified diff of the user's file, when the maker's line is in it
+    proof: str | None  # "fix proven: ..." / "fix unproven: ..." when proven here by a re-run
+
+
+def own_file(path: str) -> bool:
+    """Is this the user's own source (not an installed library's, not the standard library's)?"""
+    full = os.path.realpath(path)
+    return os.path.isfile(full) and not any(full.startswith(os.path.realpath(p) + os.sep) for p in _LIBS)
+
+
+def _owner_expr(m: Maker, paths: dict[int, str], dicts: Any) -> str | None:
+    owner = m.owner
+    if isinstance(owner, nn.Module) and id(owner) in paths:
+        return code_path(paths[id(owner)], dicts=dicts)
+    return None
+
+
+def _replaced(source_line: str, old: str, new: str) -> str | None:
+    return source_line.replace(old, new, 1) if source_line.count(old) == 1 else None
+
+
+def remedy(m: Maker, target: Any, paths: dict[int, str], dicts: Any = ()) -> Remedy | None:
+    """The fix aimed at ``m`` that makes its operand ``target`` (a dtype; devices get the literal line's fix)."""
+    if not isinstance(target, torch.dtype):
+        return None
+    want = value_code(target)
+    owner = _owner_expr(m, paths, dicts)
+    if m.attr is not None and m.klass is not None:  # a class attribute: every instance reads it
+        here = class_attribute_line(m.klass, m.attr)
+        patch = None
+        if here is not None and own_file(here[0]):
+            line = here[2]
+            value = line.split("=", 1)[1].strip() if "=" in line else ""
+            new = _replaced(line.rstrip("\r\n"), value, want) if value and "#" not in value else None
+            patch = line_patch(here[0], here[1], new.strip()) if new else None
+        subject = f"type({owner})" if owner else m.klass.__name__
+        return Remedy(f"{subject}.{m.attr} = {want}  # the class attribute every {m.klass.__name__} casts with",
+                      patch, None)
+    if m.attr is not None and m.dtype_from is not None:  # an instance attribute or a config value
+        chain = m.dtype_from.split("`")[1] if "`" in m.dtype_from else m.attr
+        expr = (owner + "." + chain.split(".", 2)[-1]) if owner and chain.startswith("self.") and \
+            chain.count(".") >= 1 and isinstance(m.owner, nn.Module) else None
+        if expr is None and chain.startswith("self."):
+            expr = f"<{chain}>" if owner is None else f"{owner}.{m.attr}"
+        return Remedy(f"{expr or chain} = {want}  # read by `{m.op}` at {os.path.basename(m.file)}:{m.line}",
+                      None, None)
+    # a literal cast or a factory: the line itself is the fix
+    patch = None
+    if own_file(m.file):
+        raw = _line(m.file, m.line)
+        new = None
+        if raw is not None and m.segment is not None:
+            col, end, text = m.segment
+            if raw[col:end] == text:
+                new = raw[:col] + want + raw[end:]
+        elif raw is not None and m.op in _CAST_TEXT:
+            new = _replaced(raw, m.op, f".to({want})")
+        if new is not None:
+            patch = line_patch(m.file, m.line, new.rstrip("\r\n"))
+    return Remedy(f"# make `{m.op}` at {os.path.basename(m.file)}:{m.line}{_made_as(m)} give {want}", patch, None)
+
+
+def _made_as(m: Maker) -> str:
+    return f" ({m.source})" if m.source else ""
+
+
+def _line(path: str, lineno: int) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if i == lineno:
+                    return line.rstrip("\r\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def prove_rerun(m: Maker, target: Any, mod: Any, args: Any, frames: Any) -> str | None:
+    """Run ``mod`` again on ``args`` with the attribute the dtype was read from set to ``target``: "fix proven"
+    when it runs, "fix unproven: ..." with the error when not; None when there is nothing to re-run."""
+    holder = m.owner
+    if m.attr is None or holder is None or not isinstance(mod, nn.Module) or not hasattr(holder, "__dict__"):
+        return None
+    store = holder.__dict__
+    had, old = m.attr in store, store.get(m.attr)
+    depth = (len(frames.stack), len(frames.inputs), len(frames.ran)) if frames is not None else None
+    tried = f"{m.attr} = {value_code(target)} on `{type(holder).__name__}`"
+    try:
+        store[m.attr] = target
+        with torch.no_grad():
+            mod(*args)
+    except Exception as exc:  # the re-run's own failure is the answer, never a crash of the report
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"fix unproven: re-ran {type(mod).__name__} with {tried}: {type(exc).__name__}: {first}"[:400]
+    finally:
+        if had:
+            store[m.attr] = old
+        else:
+            store.pop(m.attr, None)
+        if depth is not None:  # a failed re-run leaves its modules on guard's stack: put it back as it was
+            del frames.stack[depth[0]:], frames.inputs[depth[1]:], frames.ran[depth[2]:]
+    return f"fix proven: {type(mod).__name__} runs again with {tried}"
+
+
+@dataclass(frozen=True)
+class Aim:
+    """What a report says of operands made in a forward: one line per maker, the fix, its diff and its proof."""
+
+    lines: list[str]
+    code: str | None
+    patch: str | None
+    proof: str | None
+    makers: list[Maker]
+
+
+def aimed(loose: list[tuple[str, torch.Tensor]], kind: str, target: Any, paths: dict[int, str], dicts: Any,
+          frames: Any = None, tb: Any = None) -> Aim | None:
+    """Name the maker of each operand in ``loose`` ((label, tensor), no model tensor, no caller argument) and aim
+    the fix at the first one found (see the module docstring)."""
+    from torchdoctor._guard.maker import find, user_frames
+
+    try:
+        stack = user_frames(tb)
+        found = [(label, t, find(stack, t, kind)) for label, t in loose]
+    except Exception:  # naming the maker is extra: the failure is reported without it
+        return None
+    made = [(label, t, m) for label, t, m in found if m is not None]
+    if not made:
+        return None
+    lines = [f"{label} {m.describe()}" for label, _, m in made]
+    m = made[0][2]
+    fix = remedy(m, target, paths, dicts)
+    if fix is None:
+        return Aim(lines, None, None, None, [x[2] for x in made])
+    proof = None
+    mod = m.owner if isinstance(m.owner, nn.Module) else None
+    if m.attr is not None and mod is not None and frames is not None:
+        args = frames.inputs_of(mod)
+        if args or not mod.forward.__code__.co_argcount > 1:
+            proof = prove_rerun(m, target, mod, args, frames)
+    return Aim(lines, fix.code, fix.patch, proof, [x[2] for x in made])
+
+
+def with_patch(err: Any, patch: str | None, lines: list[str]) -> Any:
+    """The report's machine-readable extras on the error: ``patch`` (a unified diff of the user's file, or None),
+    ``proof`` (the "fix proven" / "fix unproven" line) and ``to_dict()`` for ``--json``."""
+    err.patch = patch
+    err.proof = next((x for x in reversed(lines) if x.startswith(("fix proven", "fix unproven"))), None)
+    if patch:
+        err.args = (f"{err.args[0]}\nPatch (git apply):\n" + "".join(f"    {x}" for x in patch.splitlines(True)),)
+    err.to_dict = lambda: error_dict(err)
+    return err
+
+
+def error_dict(err: Any) -> dict[str, Any]:
+    """A guard report as JSON-ready data: where, what, the fix, its proof and its diff."""
+    return {"module_path": err.module_path, "module_type": err.module_type, "op": err.op,
+            "problems": [p.to_dict() for p in err.problems], "fix": err.fix,
+            "proof": getattr(err, "proof", None), "patch": getattr(err, "patch", None),
+            "message": str(err.args[0]) if err.args else ""}
+
+
+def locals_made(frame: Any, named: set[Any], ref: Any) -> list[tuple[str, torch.Tensor]]:
+    """The failing forward's local tensors in a dtype the error names other than ``ref``: in explain mode the op's
+    operands are gone, its frame still holds what it computed with (``w`` in ``x @ w.t()``)."""
+    out = []
+    for name, v in frame.f_locals.items():
+        if isinstance(v, torch.Tensor) and name != "self" and v.is_floating_point() and v.dtype in named \
+                and v.dtype != ref:
+            out.append((f"`{name}` (a local of {frame.f_code.co_name})", v))
+    return out[:4]
