@@ -150,6 +150,10 @@ def _add_simulate(sub: Any, shared: argparse.ArgumentParser) -> None:
                         "(`--profile help` lists them)")
     m.add_argument("--assume-device", dest="assume_device", help="treat tensors on meta as holding data on this device; 'off' checks them as missing "
                    "(default: a model whose parameters are all on meta is taken as loaded on --device)")
+    m.add_argument("--data", choices=("meta", "cpu"), default=None,
+                   help="where the virtual tensors keep values: meta (the default, as simulate(): weights cost no "
+                        "memory, a model built on meta checks in seconds) or cpu (real values, for a TARGET whose "
+                        "forward steers on large tensors' values)")
     m.add_argument("--count", type=positive_int, default=None, help="number of virtual devices (default: enough for --device)")
     m.add_argument("--limit", type=positive_int, default=None, help="problems shown in text output (default 40)")
     m.add_argument("--json", action="store_true",

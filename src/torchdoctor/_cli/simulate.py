@@ -72,7 +72,7 @@ def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfil
                 return loaded[-1]
 
             report = simulate_target(load, device, dtype, profile=profile, assume_device=assume,
-                                     sources=_sources(args))
+                                     sources=_sources(args), data=args.data or "meta")
             target = loaded[-1] if loaded else None
     except UsageError:
         raise
