@@ -192,14 +192,15 @@ def compare_machines(rows: list[dict[str, Any]], path: str) -> None:
     with open(path, encoding="utf-8") as fh:
         other = {r["case"]: r for r in json.load(fh)["cases"]}
     for row in rows:
-        there = other.get(row["case"], {}).get("simulate")
-        here = row["simulate"]
-        if there is None or "broken" in here or "broken" in there:
-            continue
-        a = (there["ok"], [p["path"] for p in there["problems"][:1]])
-        b = (here["ok"], [p["path"] for p in here["problems"][:1]])
-        if a != b:
-            row["disagreements"].append(f"machines: simulate said {a} on the CPU-only machine, {b} here")
+        for tool in ("simulate", "virtual_devices"):
+            there = other.get(row["case"], {}).get(tool)
+            here = row.get(tool)
+            if there is None or here is None or "broken" in here or "broken" in there:
+                continue
+            a = (there["ok"], [p["path"] for p in there["problems"][:1]])
+            b = (here["ok"], [p["path"] for p in here["problems"][:1]])
+            if a != b:
+                row["disagreements"].append(f"machines: {tool} said {a} on the CPU-only machine, {b} here")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +232,13 @@ def main(argv: list[str] | None = None) -> int:
                          "not_run": f"--budget-s {args.budget_s:g} spent", "disagreements": ["not run: out of time"]})
             print(f"{case.name:28s} not run: --budget-s {args.budget_s:g} spent", flush=True)
             continue
-        row = one(case, device, hardware, repeats)
+        try:
+            row = one(case, device, hardware, repeats)
+        except Exception as exc:  # a case that cannot even be built here (an older peft, say) fails alone
+            row = {"case": case.name, "mechanism": case.mechanism, "policy_only": case.policy_only,
+                   "not_run": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+                   "disagreements": [f"broken: the case raised {type(exc).__name__} outside every tool"],
+                   "seconds": 0.0}
         rows.append(row)
         flag = "AGREES" if not row["disagreements"] else "DISAGREES: " + "; ".join(row["disagreements"])
         print(f"{case.name:28s} {row['seconds']:6.2f}s {flag}", flush=True)
