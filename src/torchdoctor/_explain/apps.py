@@ -11,6 +11,8 @@ flags and Forge's ``--all-in-fp32`` are their documented names, not re-checked (
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 __all__ = ["APPS", "app_fixes", "app_of", "step_fixes"]
 
 # Words that show the app in a lower-cased text whose backslashes were turned into slashes; first match wins,
@@ -95,6 +97,7 @@ _FIXES: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, str], ...]] = {
 }
 
 
+@lru_cache(maxsize=64)  # asked per diagnosis by app_fixes and step_fixes, each scan a whole context per word
 def app_of(context: str) -> str | None:
     """The app a lower-cased text (``\\`` read as ``/``) shows, or None.
 

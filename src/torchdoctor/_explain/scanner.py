@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from torchdoctor._explain.catalog import signatures
@@ -40,6 +41,7 @@ _WRAP = re.compile(r"[ \t]*(?:\r?\n[ \t>|]*)+[ \t]*|[ \t]{2,}")
 # a quoted reply's prefix after a line end: only then is _WRAP needed (it drops the "> " / "| " prefixes); without
 # one, splitting on whitespace gives the same squeezed window at a fifth of the cost (_WRAP starts with a
 # character class, which ``re`` tries at every position: it was a sixth of explain's time on a log of errors)
+_FIRST = itemgetter(0)
 _QUOTED = re.compile(r"\n[ \t]*[>|]")
 
 
@@ -152,9 +154,14 @@ class Scanner:
                 cut = len(text) - _SPAN
         prefilter, sigs_of = _anchor_table()
         found: list[tuple[int, Signature]] = []
+        append = found.append
         for p, i in prefilter.hits(text, self.scan_from, cut):
-            found.extend((p, s) for s in sigs_of[i])
-        found.sort(key=lambda ps: ps[0])
+            sigs = sigs_of[i]
+            if len(sigs) == 1:  # most anchors belong to one signature: no generator per hit
+                append((p, sigs[0]))
+            else:
+                found.extend([(p, s) for s in sigs])
+        found.sort(key=_FIRST)
         seen: set[tuple[int, str]] = set()
         for pos, sig in found:
             nl = text.rfind("\n", max(0, pos - _LINE_MAX), pos)
