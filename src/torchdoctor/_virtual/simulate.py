@@ -94,7 +94,7 @@ class SimulationReport(HtmlMapMixin):
         ran = next((p for p in self.problems if p.role == "run"), None)  # the code ran in another dtype than asked
         where = device_str(self.device) + (f" in {ran.found} ({ran.expected} asked for)" if ran is not None else
                                            f" in {dtype_str(self.dtype)}" if self.dtype else "")
-        head = f"{self.ops} ops on virtual {where}, {self.seconds:.2f} s"
+        head = f"{self.ops} ops on {'' if self.device.type == 'cpu' else 'virtual '}{where}, {self.seconds:.2f} s"
         ok = "ok: no placement problems" if self.forward else \
             "ok: the move left nothing behind (no forward ran: pass inputs, or from the command line return " \
             "torchdoctor.Target(model, args), to check the forward)"
@@ -167,6 +167,10 @@ def simulate(
         and assume_device is not True else None
     if call is not None and (args or kwargs):
         raise ValueError("give inputs or call, not both: call(copy) does its own moving and calling")
+    if dev.type == "cpu":  # the CPU is here: a dtype is checked on it for real, with no virtual device
+        from torchdoctor._virtual.cpudtype import simulate_cpu
+
+        return simulate_cpu(obj, args, kwargs, dt, call, limit)  # type: ignore[no-any-return]
     profile_given = profile is not None
     profile = as_profile(profile) or DeviceProfile.for_device(dev if is_virtual(dev) else "cuda")
     if is_virtual(dev):

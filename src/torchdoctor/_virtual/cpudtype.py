@@ -1,0 +1,241 @@
+"""``simulate(model, inputs, device="cpu", dtype=torch.float16)``: would this run in that dtype on this CPU?
+
+No virtual device is needed: the CPU is here. A copy of the object (real tensors) is moved with ``.to("cpu", dtype)``
+as a user would and called on its inputs (floating ones in ``dtype``), every aten op seen by a dispatch mode:
+
+- an op with no kernel for the dtype (``"linalg_svd_cpu" not implemented for 'Half'``, ``Unsupported dtype Half``)
+  is named with its module path; the op then runs in float32 and its results are cast back, so the run goes on and
+  every such op is found, not only the first;
+- a silent promotion (a float32 operand turning ``dtype`` compute into float32) is named by the operand's path
+  (a plain attribute ``.to`` never casts, a buffer replaced in forward) or the module that made it; its result is
+  cast back to ``dtype``, so one cause gives one problem.
+
+The fixes are proven as ``simulate``'s are: a re-run on a fresh copy with them applied (the model in a dtype the CPU
+has kernels for, same size first: float16 -> bfloat16 -> float32; the promoting tensors cast).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from torchdoctor._guard.dispatch import _never_compiled
+from torchdoctor._placement import dtype_str
+from torchdoctor._report.model import Problem
+
+# the words torch's CPU kernels use when a dtype has no kernel
+_NO_KERNEL = ("not implemented for", "Unsupported dtype", "doesn't support tensors of type", "Low precision dtypes",
+              "not supported for", "does not support")
+_NAMES = {torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float64: "Double"}
+# the words of torch's refusals to mix dtypes in one op
+_MISMATCH = ("must have the same dtype", "expected scalar type", "expected both", "but found", "should be the same")
+_COPIES = ("aten._to_copy", "aten.copy_", "aten.to", "aten.copy", "aten.clone", "aten.detach", "aten.lift_fresh")
+
+
+def _dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    """One op of the run (``_Checks.__torch_dispatch__``): run (past a missing kernel), then a promotion out of the
+    dtype is named and its result cast back."""
+    kwargs = kwargs or {}
+    self.ops += 1
+    op = str(func.overloadpacket)
+    out = self.run(func, args, kwargs, str(func))
+    if op in _COPIES:
+        return out
+    ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if any(t.dtype == self.dtype for t in ins) and any(t.dtype != self.dtype for t in outs):
+        wider = [t for t in ins if t.dtype != self.dtype and t.dim() > 0]
+        if wider:
+            self._promoted(str(func), wider)
+            return self._back(out)
+    return out
+
+
+# torch wraps a mode's __torch_dispatch__ in dynamo's disable, which imports dynamo (seconds) on the first op;
+# told once to the code object instead, as guard's mode does
+_UNWRAPPED = _never_compiled(_dispatch.__code__)
+
+
+class _Checks(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every op of the run: no kernel in ``dtype`` or a promotion out of it is a problem, then the op goes on."""
+
+    def __init__(self, dtype: torch.dtype, names: dict[int, tuple[str, str]], stack: list[Any],
+                 paths: dict[int, str]) -> None:
+        super().__init__()
+        self.dtype, self.names, self.stack, self.paths = dtype, names, stack, paths
+        self.problems: list[Problem] = []
+        self.seen: set[tuple[str, ...]] = set()
+        self.ops = 0
+
+    def where(self) -> tuple[str | None, str | None]:
+        if not self.stack:
+            return None, None
+        m = self.stack[-1]
+        return self.paths.get(id(m), ""), type(m).__name__
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # read by TorchDispatchMode.__init_subclass__: no import of dynamo
+        return not _UNWRAPPED
+
+    __torch_dispatch__ = _dispatch
+
+    def run(self, func: Any, args: Any, kwargs: Any, op: str) -> Any:
+        """``func`` run; where it has no kernel in the dtype: named, then run in float32 and cast back."""
+        try:
+            return func(*args, **kwargs)
+        except (NotImplementedError, RuntimeError) as exc:
+            text = (str(exc).strip().splitlines() or [""])[0]
+            odd = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+                   and t.is_floating_point() and t.dtype != self.dtype]
+            if odd and any(s in text for s in _MISMATCH):  # a wider tensor met the dtype where torch refuses a mix
+                self._promoted(op, odd, text)
+                narrow = tree_map(lambda t: t.to(self.dtype) if any(t is o for o in odd) else t, (args, kwargs))
+                return func(*narrow[0], **narrow[1])
+            if not any(s in text for s in _NO_KERNEL) or _NAMES.get(self.dtype, "?") not in text and \
+                    dtype_str(self.dtype) not in text and "Low precision" not in text:
+                raise
+            self._no_kernel(op, text)
+            wide = tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype == self.dtype else t,
+                            (args, kwargs))
+            return self._back(func(*wide[0], **wide[1]))
+
+    def _back(self, out: Any) -> Any:
+        return tree_map(lambda t: t.to(self.dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                        out)
+
+    def _no_kernel(self, op: str, text: str) -> None:
+        mpath, mtype = self.where()
+        place = (mpath or "<root>") if mtype else "<top level>"
+        if ("unsupported_dtype", place, op) in self.seen:
+            return
+        self.seen.add(("unsupported_dtype", place, op))
+        name = dtype_str(self.dtype)
+        where = f" (in {place}, {mtype})" if mtype else ""
+        self.problems.append(Problem("unsupported_dtype", place, "activation", name, "float32",
+                                     f"{op} has no {name} kernel on cpu: {text}{where}", op=op, module_path=mpath,
+                                     module_type=mtype))
+
+    def _promoted(self, op: str, wider: list[torch.Tensor], refused: str | None = None) -> None:
+        mpath, mtype = self.where()
+        place = (mpath or "<root>") if mtype else "<top level>"
+        name = dtype_str(self.dtype)
+        where = f" (in {place}, {mtype})" if mtype else ""
+        for t in wider:
+            path, role = self.names.get(id(t), (None, "activation"))
+            if path is None and any(p.kind == "unsupported_dtype" for p in self.problems):
+                continue  # most likely what the float32 run of an op without a kernel gave back (a complex result)
+            key = ("dtype", path or place, op if path is None else "")
+            if key in self.seen:
+                continue
+            self.seen.add(key)
+            what = path or "a tensor made in forward"
+            how = f"meets {name} in {op}, which refuses the mix: {refused}" if refused else \
+                f"promotes {op} out of {name} into {dtype_str(t.dtype)}: a silent promotion (no error; what follows " \
+                "computes wider)"
+            self.problems.append(Problem("dtype", path or place, role, dtype_str(t.dtype), name,
+                                         f"{what} {dtype_str(t.dtype)}{list(t.shape)} {how}{where}", op=op,
+                                         module_path=mpath, module_type=mtype))
+
+
+class _Calls(torch.overrides.TorchFunctionMode):
+    """The torch functions whose dtype check runs before any aten op (``torch.fft.rfft``'s "Unsupported dtype
+    Half"): the same naming and going on as ``_Checks`` gives the ops."""
+
+    def __init__(self, checks: _Checks) -> None:
+        super().__init__()
+        self.checks = checks
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
+        module = getattr(func, "__module__", None) or "torch"
+        return self.checks.run(func, args, kwargs or {}, f"{module.removeprefix('torch._C.')}.{name}")
+
+
+def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype,
+              call: Callable[[Any], Any] | None, fixes: list[Any] | None = None) -> tuple[list[Problem], int, Any]:
+    """One run of a copy of ``obj`` in ``dtype`` on the CPU: (problems, ops, the copy)."""
+    from torchdoctor._virtual.prove import apply_fixes
+    from torchdoctor._walk import walk
+
+    clone = copy.deepcopy(obj)
+    cast = tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                    (args, kwargs))
+    if call is None and callable(getattr(type(clone), "to", None)):
+        clone.to("cpu", dtype)
+    apply_fixes(clone, fixes or [])
+    found = walk(clone)
+    names = {id(e.tensor): (e.path, e.role) for e in found.entries}
+    paths = {id(m): p for p, m in found.modules}
+    stack: list[Any] = []
+    def leave(m: Any, a: Any, o: Any) -> None:  # returns None: the output stays the module's own
+        if stack:
+            stack.pop()
+
+    pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: stack.append(m))
+    post = torch.nn.modules.module.register_module_forward_hook(leave)
+    mode = _Checks(dtype, names, stack, paths)
+    try:
+        with torch.no_grad() if call is None else torch.enable_grad(), mode, _Calls(mode):
+            if call is not None:
+                call(clone)
+            elif args or kwargs:
+                clone(*cast[0], **cast[1])
+    finally:
+        pre.remove()
+        post.remove()
+    return mode.problems, mode.ops, clone
+
+
+def simulate_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype | None,
+                 call: Callable[[Any], Any] | None, limit: int) -> Any:
+    """``simulate`` on ``device="cpu"``: the report of ``check_cpu``, with its fixes proven."""
+    from torchdoctor._rules.profile import DeviceProfile
+    from torchdoctor._virtual.fixes import fix_items
+    from torchdoctor._virtual.prove import Fix, held, proven
+    from torchdoctor._virtual.session import expectation
+    from torchdoctor._virtual.simulate import SimulationReport
+
+    if dtype is None:
+        raise ValueError("simulate on device='cpu' checks a dtype on this CPU: pass dtype=, e.g. dtype=torch.float16")
+    start = time.perf_counter()
+    problems, ops, clone = check_cpu(obj, args, kwargs, dtype, call)
+    problems = problems[:limit]
+    rest = [p for p in problems if p.kind != "unsupported_dtype"]
+    items: list[Fix] = []
+    if rest:  # proven in ``dtype``: the ops without a kernel there are the next fix's (they stay in the re-run)
+        more = fix_items(rest, torch.device("cpu"), dtype, None, held(clone)) or []
+        items += proven(more, lambda fixes: [p for p in check_cpu(obj, args, kwargs, dtype, call, fixes)[0]
+                                             if p.kind != "unsupported_dtype"])
+    if any(p.kind == "unsupported_dtype" for p in problems):
+        items.append(_other_dtype(obj, args, kwargs, dtype, call, problems))
+    cpu = torch.device("cpu")
+    return SimulationReport(cpu, dtype, "cpu", DeviceProfile.for_device(cpu), tuple(problems), ops,
+                            time.perf_counter() - start, None, (), 0, "\n".join(f.code for f in items) or None,
+                            bool(args or kwargs or call is not None), None, expectation(cpu, dtype,
+                            DeviceProfile.for_device(cpu), None), tuple(items))
+
+
+def _other_dtype(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype,
+                 call: Callable[[Any], Any] | None, problems: list[Problem]) -> Any:
+    """The dtype to run in where the CPU has no kernel in ``dtype``, tried: the same size first, then float32."""
+    from torchdoctor._virtual.prove import Fix
+
+    ops = sorted({p.op or "" for p in problems if p.kind == "unsupported_dtype"})
+    where = next(p.path for p in problems if p.kind == "unsupported_dtype")
+    name = dtype_str(dtype)
+    tried: list[str] = []
+    for other in [d for d in (torch.bfloat16, torch.float16, torch.float32) if d != dtype]:
+        left, _, _ = check_cpu(obj, args, kwargs, other, call)
+        if not left:
+            size = "; it has the same size" if other.itemsize == dtype.itemsize else ""
+            return Fix(f"model.to(torch.{dtype_str(other)})  # cpu has no {name} kernel for {', '.join(ops[:3])} "
+                       f"(in {where}){size}; pass the inputs in {dtype_str(other)} too", "path", other, proven=True,
+                       tried=f"re-run in {dtype_str(other)}: no problem left")
+        tried.append(f"{dtype_str(other)}: {left[0].message}")
+    return Fix(f"# cpu has no {name} kernel for {', '.join(ops[:3])} (in {where}): run that part in float32", "note",
+               tried=("re-run in " + "; ".join(tried))[:400])

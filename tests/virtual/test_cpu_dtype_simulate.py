@@ -1,0 +1,77 @@
+"""simulate(..., device="cpu", dtype=...) checks the dtype on this CPU for real (issue 41 point 6): the ops with no
+kernel in it and the silent promotions out of it are named by path, the run goes on past each, and the fixes are
+proven by a re-run; the user's model is untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torchdoctor
+
+
+class Spectral(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.scale = torch.ones(8)  # a plain attribute: .to(dtype) leaves it float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x) * self.scale
+        return torch.fft.rfft(h, dim=-1).abs()  # CPU has no float16 FFT
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.spec, self.out = Spectral(), nn.Linear(5, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.spec(x))
+
+
+class Solves(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.svdvals(self.proj(x))
+
+
+def test_no_kernel_and_silent_promotion_are_named_by_path_with_proven_fixes() -> None:
+    model = Net()
+    report = torchdoctor.simulate(model, (torch.randn(2, 8),), device="cpu", dtype=torch.float16)
+    assert [(p.kind, p.path) for p in report.problems] == [("dtype", "spec.scale"), ("unsupported_dtype", "spec")]
+    assert report.problems[1].message == ("_fft.fft_rfft has no float16 kernel on cpu: Unsupported dtype Half "
+                                          "(in spec, Spectral)")
+    assert report.problems[0].message.startswith("spec.scale float32[8] promotes aten.mul.Tensor out of float16 "
+                                                 "into float32: a silent promotion")
+    assert [(f.code.split("  #")[0], f.proven) for f in report.fixes] == [
+        ("model.spec.scale.data = model.spec.scale.data.to(torch.float16)", True),
+        ("model.to(torch.float32)", True)]
+    assert "cpu has no float16 kernel for _fft.fft_rfft (in spec)" in report.fixes[1].code
+    text = report.text()
+    assert text.startswith("2 problem(s) (") and " ops on cpu in float16, " in text
+    assert report.to_dict()["device"] == "cpu" and report.to_dict()["dtype"] == "float16"
+    assert model.spec.scale.dtype == torch.float32 and model.out.weight.dtype == torch.float32  # untouched
+
+
+def test_an_op_not_implemented_for_half_is_named_and_the_run_goes_on() -> None:
+    report = torchdoctor.simulate(Solves(), (torch.randn(3, 4),), device="cpu", dtype="float16")
+    assert [(p.kind, p.path) for p in report.problems] == [("unsupported_dtype", "<root>")]
+    assert "not implemented for 'Half'" in report.problems[0].message
+    fix = report.fixes[-1]
+    assert fix.proven and fix.code.startswith("model.to(torch.float32)  # cpu has no float16 kernel for ")
+
+
+def test_a_model_that_runs_in_the_dtype_on_cpu_is_ok() -> None:
+    report = torchdoctor.simulate(nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.LayerNorm(8)), (torch.randn(2, 8),),
+                                  device="cpu", dtype=torch.bfloat16)
+    assert report.ok and report.ops > 0 and report.fixes == ()
+
+
+def test_cpu_without_a_dtype_says_what_to_pass() -> None:
+    with pytest.raises(ValueError, match=r"simulate on device='cpu' checks a dtype on this CPU: pass dtype="):
+        torchdoctor.simulate(nn.Linear(2, 2), (torch.randn(1, 2),), device="cpu")
