@@ -1,6 +1,6 @@
 """explain, issue 40 point 6: texts raised by a step an app runs itself get that app's switch, even in a bare paste.
 
-The texts are the apps' own messages, read from their code (``_explain/sigs_apps.py`` names the files): the webui
+The texts are the apps' own messages, read from their code (``_explain/apps.py`` names the files): the webui
 launcher's GPU check (AUTOMATIC1111's wording and Forge's), the NaN check SD.Next and AUTOMATIC1111 run after the
 UNet and the VAE, and IPEX's refusal inside ComfyUI's ``ipex.optimize`` step. A plugin's own tensor never gets an
 app-wide flag.
