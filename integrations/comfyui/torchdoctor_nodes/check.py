@@ -35,7 +35,10 @@ class LogExplainer(logging.Handler):
                 if (d.category, first) in self._seen:
                     return
                 self._seen.add((d.category, first))
-            fix = f"\n  fix: {d.fixes[0][1]}" if d.fixes else ""
+            # explain reads text only: a code fix is a proposal nothing ran (an app flag or a command is not labelled)
+            first_fix = d.to_dict()["fixes"][0] if d.fixes else None
+            label = " [unproven (from the error text only)]" if first_fix and first_fix["kind"] == "code" else ""
+            fix = f"\n  fix{label}: {first_fix['code']}" if first_fix else ""
             log.warning("torchdoctor: %s (%s)%s\n  more: torchdoctor explain <this log>", d.title, d.category, fix)
         except Exception:  # a diagnostic must never break the app it watches
             pass
