@@ -381,14 +381,16 @@ def _settings() -> list[tuple[Callable[[], Any], Callable[[Any], Any]]]:
 def snapshot() -> Callable[[], None]:
     """The process-wide settings now (default dtype, matmul precision, determinism, backend flags); calling the
     result puts them back."""
-    saved: list[tuple[Callable[[Any], Any], Any]] = []
+    saved: list[tuple[Callable[[], Any], Callable[[Any], Any], Any]] = []
     for get, put in _settings():
         with contextlib.suppress(Exception):
-            saved.append((put, get()))
+            saved.append((get, put, get()))
 
     def restore() -> None:
-        for put, value in saved:
+        for get, put, value in saved:
             with contextlib.suppress(Exception):
-                put(value)
+                # only what the run changed: use_deterministic_algorithms imports torch._inductor (seconds)
+                if get() != value:
+                    put(value)
 
     return restore

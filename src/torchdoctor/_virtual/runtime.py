@@ -29,6 +29,7 @@ from torchdoctor._virtual import host as H
 from torchdoctor._virtual import dispatch as D
 from torchdoctor._virtual import outside, parallel
 from torchdoctor._virtual.backward import handlers
+from torchdoctor._virtual.deferred import deferred_imports
 from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.dispatch import autocast_args, lift_all, plain
 from torchdoctor._virtual.origin import Made
@@ -354,7 +355,9 @@ def virtual_world(space: Space, profile: DeviceProfile) -> Iterator[None]:
         installs.set(torch, "compile", outside.eager)  # compiled code places tensors as eager code does; inductor needs the GPU
         api.follow_threads(installs)
         before = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
-        with outside.compiled_run_eagerly(had_dynamo), warnings.catch_warnings(), VirtualMode(space):
+        # bitsandbytes and its kind, if the program imports them, import as on the real machine (deferred.py)
+        with outside.compiled_run_eagerly(had_dynamo), deferred_imports(), warnings.catch_warnings(), \
+                VirtualMode(space):
             # torch warns that global module hooks fire twice around a compiled module: they are the run's own
             warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
             # DataParallel's gradient sum asks for NCCL, which a CUDA build has and this one lacks

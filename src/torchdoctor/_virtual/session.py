@@ -207,23 +207,6 @@ _CALL = {"device": "the virtual_devices() device argument", "dtype": "the virtua
          "profile": "the virtual_devices() profile argument"}
 
 
-# libraries that look at the hardware when first imported (bitsandbytes binds CUDA stream functions once
-# ``torch.cuda.is_available()`` says True): imported, when installed, before the runtime starts answering "yes"
-_PROBE_AT_IMPORT = ("bitsandbytes",)
-
-
-def _import_probers() -> None:
-    import importlib
-    import importlib.util
-    import sys
-
-    for name in _PROBE_AT_IMPORT:
-        if name not in sys.modules:
-            with contextlib.suppress(Exception):
-                if importlib.util.find_spec(name) is not None:
-                    importlib.import_module(name)
-
-
 @contextlib.contextmanager
 def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dtype | None = None, *,
                     profile: DeviceProfile | str | None = None, count: int | None = None, data: str = "cpu",
@@ -263,7 +246,6 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
         raise ValueError(f"device {device_str(dev)} is not of the profile's type {profile.type!r}")
     profile = profile.with_count(max(count or 1, (dev.index or 0) + 1))
     dev = torch.device(dev.type, dev.index or 0)
-    _import_probers()
     rec = _Recorder(profile, dev, dt, limit, {})
     rec.use_stack(_OwnStack(rec.roles))
     rec.problems = located = _Located()

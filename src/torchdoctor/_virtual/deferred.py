@@ -1,0 +1,96 @@
+"""Libraries that probe the hardware when first imported are imported, if the program imports them, as the real
+machine would have them: with the runtime's answers switched off for that import.
+
+bitsandbytes binds its CUDA stream functions at import time once ``torch.cuda.is_available()`` says True; imported
+while a virtual run answers "yes", its CPU kernels are never chosen. Importing it up front at every session start
+cost seconds and printed its warnings into programs that never use it. Instead, while a run is active, a finder at
+the front of ``sys.meta_path`` wraps the loader of these packages (and their submodules): the module executes with
+this thread's run set aside and torch's function modes off, exactly as an import before the run would. A program
+that never imports them never gets them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from torchdoctor._virtual import tensor as V
+
+# the top-level names whose import looks at the hardware
+PROBE_AT_IMPORT = ("bitsandbytes",)
+
+_LOCK = threading.Lock()
+_ACTIVE = [0]
+
+
+@contextlib.contextmanager
+def real_machine() -> Iterator[None]:
+    """This thread sees the machine as it is: no run's answers, no torch function mode."""
+    prev = V.swap_space(None)
+    try:
+        with torch._C.DisableTorchFunction():
+            yield
+    finally:
+        V.swap_space(prev)
+
+
+class _AsOnTheMachine(importlib.abc.Loader):
+    """The package's own loader, executing the module on the real machine."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        create = getattr(self.loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        with real_machine():
+            self.loader.exec_module(module)
+
+    def __getattr__(self, name: str) -> Any:  # resource readers, get_data, is_package ... as the real loader
+        return getattr(self.loader, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if name.partition(".")[0] not in PROBE_AT_IMPORT or V.current_space() is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _AsOnTheMachine(spec.loader)
+                return spec
+        return None
+
+
+_FINDER = _Finder()
+
+
+@contextlib.contextmanager
+def deferred_imports() -> Iterator[None]:
+    """The finder at the front of ``sys.meta_path`` while any run is active (it asks the importing thread's run)."""
+    with _LOCK:
+        if _ACTIVE[0] == 0 and _FINDER not in sys.meta_path:
+            sys.meta_path.insert(0, _FINDER)
+        _ACTIVE[0] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _ACTIVE[0] -= 1
+            if _ACTIVE[0] == 0:
+                with contextlib.suppress(ValueError):
+                    sys.meta_path.remove(_FINDER)
