@@ -242,7 +242,7 @@ def test_fp32_controlnet_in_a_bf16_pipeline_is_fixed_by_casting_the_controlnet()
     pipe, inputs = _controlnet_pipe(torch.float32)
     err = _fail(pipe, lambda: pipe(**inputs))
     assert "`controlnet` runs in float32 while the data flowing in is bfloat16" in str(err).splitlines()[0]
-    assert (err.fix or "").startswith("model.controlnet.to(torch.bfloat16)")
+    assert (err.fix or "").startswith("pipe.controlnet.to(torch.bfloat16)")  # a pipeline is `pipe`
     assert "pass input 0 as tensor.to(torch.float32)" not in (err.fix or "")
     pipe, inputs = _controlnet_pipe(BF)
     with torch.no_grad(), torchdoctor.guard(pipe, mode="strict"):

@@ -17,8 +17,8 @@ from torchdoctor._rules import registry as _rules
 from torchdoctor._explain.tokens import devices_in, dtypes_in
 from torchdoctor._guard import compiled as graph, provenance
 from torchdoctor._guard.float8 import FLOAT8, is_float8_message
-from torchdoctor._guard.maps import component_fix
-from torchdoctor._guard.remedy import aimed, locals_made, with_patch
+from torchdoctor._guard import component
+from torchdoctor._guard.remedy import aimed, caller_lines, locals_made, with_patch
 from torchdoctor._guard.session import Maps, Session, fix_code, module_label
 from torchdoctor._placement import device_str, dtype_str, norm_device
 from torchdoctor._report.model import PlacementError, Problem, TensorInfo
@@ -252,6 +252,7 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
               f": {_rules._compact(c[2])}  (expected {expected}){_trace_note(c[2])}" for c in bad]
     if not bad:
         lines += [f"{c[1]}: {_rules._compact(c[2])}" for c in cands[:8]]
+    lines += caller_lines([(c[1], c[2]) for c in bad if c[1] in passed], kind, exc.__traceback__ or tb)
     lines += [f"also off-policy, not involved in this failure: {c[1]}: {_rules._compact(c[2])}" for c in off]
     lines += [s.line() for s in also]
     lines.append(f"original error: {type(exc).__name__}: {first_line}")
@@ -261,16 +262,18 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     culprits += [(c[0], c[1], kind, None if kind == "meta" else _also_dtype(ref, c[2], kind, message, maps))
                  for c in victims]
     fix = fix_code(culprits, maps.dicts if maps is not None else ())
+    comp = None
     if not blamed and bad and all(c[0] is None for c in bad) and kind == "dtype" and maps is not None:
         odd = provenance.odd_component(maps.walk, mpath, [c[2] for c in bad], ref)
         if odd is not None:  # the component is the odd one out, not the data the rest of the model feeds it
             head = (f"{kind} mismatch in {where}{phase}: `{odd[0] or '<root>'}` runs in float32 while the data "
                     f"flowing in is {dtype_str(odd[1])}")
-            fix = component_fix(odd[0], odd[1], maps.dicts)
+            lines, fix, comp = component.blame(odd, lines, root, maps.dicts, mpath, mtype, op)
+            lines.insert(-1, component.prove_module(mod, tuple(session.frames.inputs_of(mod)), odd[1]))
     if aim is not None and not blamed:  # the maker of the operand made in forward: the fix aims at it
         lines[-1:-1] = aim.lines + ([aim.proof] if aim.proof else [])
         fix = aim.code or fix
-    problems = [replace(b.problem, op=op) for b in blamed]
+    problems = [replace(b.problem, op=op) for b in blamed] + ([comp] if comp is not None else [])
     problems += [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,
                          f"{c[1]} is {_show(value(c[2]), kind)} in {where}, expected {expected}", op=op,
                          module_path=mpath, module_type=mtype) for c in bad]

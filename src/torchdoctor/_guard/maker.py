@@ -50,9 +50,16 @@ class Maker:
 def _parsed(code: Any) -> tuple[ast.AST, int, str, list[str]] | None:
     if code not in _TREES:
         try:
-            lines, start = inspect.getsourcelines(code)
+            if code.co_name == "<module>":  # a script's top level: the whole file (getsourcelines gives one block)
+                import linecache
+
+                lines, start = linecache.getlines(code.co_filename), 1
+                if not lines:
+                    raise OSError(code.co_filename)
+            else:
+                lines, start = inspect.getsourcelines(code)
             tree = ast.parse(textwrap.dedent("".join(lines)))
-            _TREES[code] = (tree, start - 1, inspect.getsourcefile(code) or code.co_filename, lines)
+            _TREES[code] = (tree, max(start - 1, 0), inspect.getsourcefile(code) or code.co_filename, lines)
         except (OSError, TypeError, SyntaxError, IndentationError):
             _TREES[code] = None
     return _TREES[code]

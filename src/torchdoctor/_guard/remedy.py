@@ -201,3 +201,18 @@ def locals_made(frame: Any, named: set[Any], ref: Any) -> list[tuple[str, torch.
                 and v.dtype != ref:
             out.append((f"`{name}` (a local of {frame.f_code.co_name})", v))
     return out[:4]
+
+
+def caller_lines(given: list[tuple[str, torch.Tensor]], kind: str, tb: Any = None) -> list[str]:
+    """``kw['extra'][0] made by `torch.randn` at train.py:12 (...)``: the line of the caller's code that made each
+    tensor it passed in, where its frames show it (the frames outside any module's forward)."""
+    from torchdoctor._guard.maker import find, user_frames
+
+    if not given:
+        return []
+    try:
+        frames = [f for f in user_frames(tb) if not isinstance(f.f_locals.get("self"), nn.Module)]
+        found = [(label, find(frames, t, kind)) for label, t in given[:4]]
+    except Exception:  # the making line is extra: the argument is named without it
+        return []
+    return [f"{label} {m.describe()}" for label, m in found if m is not None]

@@ -29,7 +29,7 @@ from torchdoctor._guard import compiled as graph
 from torchdoctor._guard.dispatch import _CONV, CheckMode, CompositeCheck, _simulating
 from torchdoctor._guard.float8 import findings as float8_findings
 from torchdoctor._guard.proof import harmful, prove, storage_target
-from torchdoctor._guard.remedy import aimed, with_patch
+from torchdoctor._guard.remedy import aimed, caller_lines, with_patch
 from torchdoctor._guard.maps import Maps, fix_code, module_label, retarget as _retarget, value_str as _value_str
 from torchdoctor._guard.maps import value_str_of as _value_str_of
 from torchdoctor._report.text import format_error, user_stacklevel
@@ -278,6 +278,7 @@ class Session:
         plan: list[tuple[_rules.Finding, Any, list[_rules.Key]]] = []
         loose: list[torch.Tensor] = []  # offenders that are no model tensor: where did they come from?
         made: list[tuple[str, torch.Tensor]] = []  # of those, the ones made in a forward (no caller argument)
+        given: list[tuple[str, torch.Tensor]] = []  # and the caller's arguments: the line that made them
         passed: dict[int, tuple[str, Any]] | None = None  # the caller's arguments, looked up once
         owner = ""
         for f in findings:
@@ -307,8 +308,7 @@ class Session:
                 lines.append(f"{'culprit ' if hit or arg else ''}{shown}: {_rules._compact(t)}  (expected {expected})")
                 if not hit:
                     loose.append(t)
-                    if not arg:
-                        made.append((label, t))
+                    (given if arg else made).append((label, t))
         self.g._record_problems(problems)
         first = problems[0] if problems else findings[0].problem
         if fixable and harmful(plan, tensors):  # aligning would cast floating data to integer / float8 storage
@@ -335,25 +335,31 @@ class Session:
             lines += [b.line() for b in sus if not b.culprit]
             others = [d for d in findings[0].problem.tensors if not any(d.startswith(_rules.label(op, k) + ":")
                                                                         for f, _, ks in plan for k in ks)]
-            fix = fix_code(culprits, maps.dicts if maps is not None else ())
+            fix, proof = fix_code(culprits, maps.dicts if maps is not None else ()), None
             if not blamed and first.kind == "dtype" and maps is not None and all(c[0] is None for c in culprits):
                 # a float32 component fed reduced-precision data by the rest of the pipeline: cast the component
-                # (as explain mode says), not the data flowing in
-                from torchdoctor._guard.maps import component_fix
+                # (as explain mode says), not the data flowing in (_guard/component.py)
+                from torchdoctor._guard import component
                 from torchdoctor._guard.provenance import odd_component
 
                 fed = [tensors[k] for _, _, ks in plan for k in ks if isinstance(tensors[k], torch.Tensor)]
                 odd = odd_component(maps.walk, mpath, fed, t0)
                 if odd is not None:
-                    fix = component_fix(odd[0], odd[1], maps.dicts)
+                    head = f"dtype problem in {where} at {op}: `{odd[0] or '<root>'}` runs in float32 while the data " \
+                           f"flowing in is {dtype_str(odd[1])}"
+                    lines, fix, comp = component.blame(odd, lines, root, maps.dicts, mpath, mtype, str(op))
+                    problems = [comp, *problems]
+                    proof = component.prove_op(func, args, kwargs, tensors, odd[1], op)
             aim = aimed(made, first.kind, t0, maps.modules, maps.dicts, self.frames) if made and not blamed \
                 and maps is not None else None
+            lines += caller_lines(given, first.kind)
             if aim is not None:  # the maker of an operand made in forward: the fix is aimed at it (_guard/remedy.py)
                 lines += aim.lines
                 fix = aim.code or fix
             if fix is not None:  # tried before it is shown: a re-run with the maker fixed, else the failing op
-                lines.append(aim.proof if aim is not None and aim.proof else prove(func, args, kwargs, plan, tensors, op)
-                             if fixable or self.mode == "strict" else "fix unproven: no alignment of this op is known")
+                lines.append(proof or (aim.proof if aim is not None and aim.proof else prove(
+                    func, args, kwargs, plan, tensors, op) if fixable or self.mode == "strict"
+                    else "fix unproven: no alignment of this op is known"))
             err = PlacementError(format_error(head, lines + [f"other operand {d}" for d in others], fix),
                                  module_path=mpath, module_type=mtype, op=str(op),
                                  tensors=tuple(findings[0].problem.tensors), problems=problems, fix=fix)
