@@ -128,7 +128,8 @@ class EntryCheck:
         if "_orig_mod" in mod.__dict__.get("_modules", ()):
             return  # a torch.compile wrapper: the module it wraps starts next and is checked then
         if "forward" in mod.__dict__:  # a hook wrapper (accelerate, diffusers group offloading / layerwise casting)
-            return  # runs after this and may onload or cast the module's tensors; its ops are still checked
+            self._hooked(mod, path)  # runs after this and may onload or cast the module's tensors; its ops are
+            return  # still checked, and its plain attributes (no hook moves them) here
         key = _signature(mod)
         if self.seen.get(id(mod)) == key:
             return
@@ -154,27 +155,52 @@ class EntryCheck:
                           cpu_packed_message(full, device_str(dev)), f"{type(mod).__name__}.forward", role,
                           compact(t.dtype, tuple(t.shape), dev))
                 continue
-            if dev == ref or dev.type == "meta" or (dev.type == "cpu" and t.dim() == 0):
-                continue
-            name = rel.split(".", 1)[0]
-            if role in ("attribute", "container") and not isinstance(mod.__dict__.get(name), _HOLDERS) \
-                    and intent.self_managed(mod, name):
-                continue  # the module's own code moves or rebuilds it before use
-            app = apps.intended_at(mod, name, t, role)  # scan's one answer: per-call moves, schedules, backups
-            if app is not None and app[1] & percall.DEVICE:
-                continue
-            full = f"{path}.{rel}" if path else rel
-            note = ("device", full, device_str(dev), device_str(ref),
-                    f"{full} {compact(t.dtype, tuple(t.shape), dev)} is on {device_str(dev)} when "
-                    f"{path or '<root>'} ({type(mod).__name__}) starts on {device_str(ref)}: "
-                    f"{_WHY.get(role, f'a {role} the forward reads')}", f"{type(mod).__name__}.forward", role,
-                    compact(t.dtype, tuple(t.shape), dev))
+            self._place(mod, path, rel, t, role, dev, ref)
+
+    def _place(self, mod: nn.Module, path: str, rel: str, t: torch.Tensor, role: str, dev: torch.device,
+               ref: torch.device) -> None:
+        """One owned tensor on ``dev`` when ``mod`` computes on ``ref``: noted unless a mechanism puts it there on
+        purpose (scan's answer); a plain attribute or container tensor only once an op reads it."""
+        if dev == ref or dev.type == "meta" or (dev.type == "cpu" and t.dim() == 0):
+            return
+        name = rel.split(".", 1)[0]
+        if role in ("attribute", "container") and not isinstance(mod.__dict__.get(name), _HOLDERS) \
+                and intent.self_managed(mod, name):
+            return  # the module's own code moves or rebuilds it before use
+        app = apps.intended_at(mod, name, t, role)  # scan's one answer: per-call moves, schedules, backups
+        if app is not None and app[1] & percall.DEVICE:
+            return
+        full = f"{path}.{rel}" if path else rel
+        note = ("device", full, device_str(dev), device_str(ref),
+                f"{full} {compact(t.dtype, tuple(t.shape), dev)} is on {device_str(dev)} when "
+                f"{path or '<root>'} ({type(mod).__name__}) starts on {device_str(ref)}: "
+                f"{_WHY.get(role, f'a {role} the forward reads')}", f"{type(mod).__name__}.forward", role,
+                compact(t.dtype, tuple(t.shape), dev))
+        if role in ("attribute", "container"):
+            self.pending[full] = note
+        else:
+            self.note(*note)
+        if "_td_path" in dir(type(t)):  # a virtual twin: later ops name it where it was found, not where it
+            t._td_path = full  # type: ignore[attr-defined]  # was lifted (a list holding a buffer .to() replaced)
+
+    def _hooked(self, mod: nn.Module, path: str) -> None:
+        """A module behind an accelerate hook: the hook brings its parameters and buffers to its execution device
+        (an offload or a dispatch, an app's hook included), never a plain tensor attribute, which its forward
+        then reads where it was left: judged against that device as scan judges it (``offloaded``)."""
+        hook = mod.__dict__.get("_hf_hook")
+        ref = (intent.offload_device(hook) or intent.dispatch_device(hook)) if hook is not None else None
+        if ref is None:
+            return
+        key = _signature(mod)
+        if self.seen.get(id(mod)) == key:
+            return
+        self.seen[id(mod)] = key
+        ref, space = norm_device(ref), current_space()
+        for rel, t, role in owned(mod):
             if role in ("attribute", "container"):
-                self.pending[full] = note
-            else:
-                self.note(*note)
-            if "_td_path" in dir(type(t)):  # a virtual twin: later ops name it where it was found, not where it
-                t._td_path = full  # type: ignore[attr-defined]  # was lifted (a list holding a buffer .to() replaced)
+                if space is not None and not isinstance(t, VirtualTensor):  # lifted per op: named as at a start
+                    space.named[id(t)] = (t, f"{path}.{rel}" if path else rel)
+                self._place(mod, path, rel, t, role, norm_device(tensor_device(t)), ref)
 
     def _storage(self, mod: nn.Module, path: str, tensors: list[tuple[str, torch.Tensor, str]], args: Any) -> None:
         """Integer codes (GGUF-style uint8 blocks, int8) in a layer whose forward is torch's own: it computes with
