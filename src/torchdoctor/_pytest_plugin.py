@@ -16,7 +16,9 @@ Nothing heavy is imported at collection: torch and torchdoctor load only when a 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +27,7 @@ _MODES = ("off", "explain", "strict", "fix", "warn")  # every guard mode
 _KEY = pytest.StashKey[str]()
 _WHY = pytest.StashKey[str]()
 _FIXTURE_GUARD = pytest.StashKey[Any]()
+_STACKS = pytest.StashKey[Any]()  # (kind, path) -> the call stack when a simulate problem was recorded
 _SIM_KEYS = ("device", "dtype", "profile", "count", "data", "limit")
 
 
@@ -119,11 +122,19 @@ def _simulated(item: pytest.Item, marker: pytest.Mark) -> Generator[Any, None, N
     where = f"@pytest.mark.simulate({given})"  # the error says where its expectation came from
     # the test body is checked for code that means the first GPU by a bare "cuda": device 0 stays current
     kwargs.setdefault("select", False)
-    with virtual_devices(kwargs.pop("device"), kwargs.pop("dtype", None), **kwargs) as session:
-        session.whence = expectation(session.device, session.dtype, session.profile,
-                                     {k: where for k in ("device", "dtype", "profile") if k in marker.kwargs
-                                      or (k == "device" and marker.args)})
-        yield session
+    session: Any = None
+    try:
+        with virtual_devices(kwargs.pop("device"), kwargs.pop("dtype", None), **kwargs) as session:
+            session.whence = expectation(session.device, session.dtype, session.profile,
+                                         {k: where for k in ("device", "dtype", "profile") if k in marker.kwargs
+                                          or (k == "device" and marker.args)})
+            yield session
+    except Exception as exc:
+        # the error is raised on the block's exit, where no frame of the test is left: the call stacks the
+        # session kept when each problem was recorded let the report point at the lines that failed
+        if session is not None and _is_placement_error(exc):
+            item.stash[_STACKS] = dict(session.stacks)
+        raise
 
 
 @pytest.fixture()
@@ -172,29 +183,73 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _at_test(exc: BaseException, item: pytest.Item) -> Any:
-    """A failure recorded on the way (simulate): pytest's own short entry at the test's ``def`` line, so the
-    report shows ``test_x.py:12: in test_y`` and the summary line reads ``FAILED ... - torchdoctor.PlacementError:
-    <headline>`` like any exception's."""
+    """A failure recorded on the way (simulate), shown as pytest shows a traceback: the test's line that made the
+    call, then the line of the user's code (a forward) where the first problem was met, ``E`` lines under it; the
+    summary line reads ``FAILED ... - torchdoctor.PlacementError: <headline>`` like any exception's. Without a
+    recorded stack in the user's code (a problem found on exit, such as memory), the test's ``def`` line."""
     from _pytest._code.code import ReprEntry, ReprExceptionInfo, ReprFileLocation, ReprTraceback
 
-    path, lineno0, name = item.location
-    lineno = (lineno0 or 0) + 1
     text = f"torchdoctor.PlacementError: {exc}"
-    lines = []
+    error = [f"E   {line}" if line else "E" for line in text.splitlines()]
+    places = _user_frames(exc, item) or [_def_line(item)]
+    entries = []
+    for i, (path, lineno, func, source) in enumerate(places):
+        lines = [f"    {source}"] if source else []
+        if i == len(places) - 1:
+            lines += error
+        entries.append(ReprEntry(lines=lines, reprfuncargs=None, reprlocals=None,
+                                 reprfileloc=ReprFileLocation(path, lineno, f"in {func}"), style="short"))
+    path, lineno = places[-1][0], places[-1][1]
+    return ReprExceptionInfo(reprtraceback=ReprTraceback(reprentries=entries, extraline=None, style="short"),
+                             reprcrash=ReprFileLocation(path, lineno, text.splitlines()[0]))
+
+
+def _def_line(item: pytest.Item) -> tuple[str, int, str, str]:
+    """(path, line, function, source) of the test's ``def`` line (not its first decorator's)."""
+    path, lineno0, name = item.location
+    lineno, source = (lineno0 or 0) + 1, ""
     try:
         import inspect
 
-        source, start = inspect.getsourcelines(getattr(item, "obj"))
-        i = next(i for i, ln in enumerate(source) if ln.lstrip().startswith(("def ", "async def ")))
-        lineno = start + i  # the def line, not its first decorator's
-        lines.append("    " + source[i].strip())
+        lines, start = inspect.getsourcelines(getattr(item, "obj"))
+        i = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith(("def ", "async def ")))
+        lineno, source = start + i, lines[i].strip()
     except Exception:  # no source: the location alone
         pass
-    lines += [f"E   {line}" if line else "E" for line in text.splitlines()]
-    entry = ReprEntry(lines=lines, reprfuncargs=None, reprlocals=None,
-                      reprfileloc=ReprFileLocation(path, lineno, f"in {name.split('[')[0]}"), style="short")
-    return ReprExceptionInfo(reprtraceback=ReprTraceback(reprentries=[entry], extraline=None, style="short"),
-                             reprcrash=ReprFileLocation(path, lineno, text.splitlines()[0]))
+    return path, lineno, name.split("[")[0], source
+
+
+def _user_frames(exc: BaseException, item: pytest.Item) -> list[tuple[str, int, str, str]]:
+    """The frames of the test's and the user's code (outermost first) on the stack that recorded the first
+    problem of ``exc`` that has one; torch's, torchdoctor's and pytest's frames left out, as pytest's short
+    traceback leaves them."""
+    import linecache
+
+    from _pytest.pathlib import bestrelpath
+
+    stacks = item.stash.get(_STACKS, None) or {}
+    here = item.config.invocation_params.dir
+    for problem in getattr(exc, "problems", ()) or ():
+        stack = stacks.get((problem.kind, problem.path))
+        if not stack:
+            continue
+        # from the test function's own frame on: what called it (pytest, runpy, a launcher script) is not the test's
+        test = getattr(getattr(item, "obj", None), "__code__", None)
+        start = 0 if test is None else next(
+            (i for i, (filename, _, func) in enumerate(stack) if func == test.co_name
+             and os.path.realpath(filename) == os.path.realpath(test.co_filename)), 0)
+        out = []
+        for filename, lineno, func in stack[start:]:
+            if _internal(filename) or filename.startswith("<"):
+                continue
+            try:
+                shown = bestrelpath(here, Path(filename))
+            except ValueError:  # another drive (Windows)
+                shown = filename
+            out.append((shown, lineno, func, linecache.getline(filename, lineno).strip()))
+        if out:
+            return out
+    return []
 
 
 def _short(excinfo: pytest.ExceptionInfo[BaseException], item: pytest.Item) -> Any:

@@ -1,4 +1,5 @@
-"""What a failing test shows (issue 27, point 5): a simulate failure points at the test's file:line, the short
+"""What a failing test shows (issue 27, point 5; issue 42 point 7): a simulate failure points at the test's call
+line and the failing line of the forward, as pytest's own traceback does, the short
 summary line reads like pytest's own, assert_placement's frame is hidden, the marker help is exact."""
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ def test_failures_point_at_the_test_and_summaries_read_like_pytest(pytester: pyt
     result = _run(pytester, "-rf")
     result.assert_outcomes(failed=2)
     out = result.stdout.str()
-    result.stdout.fnmatch_lines([
-        "test_suite.py:6: in test_sim",
-        "    def test_sim():",
+    result.stdout.fnmatch_lines([  # the test's call line, as pytest's traceback shows it (torch's frames left out)
+        "test_suite.py:10: in test_sim",
+        '    m.extra[0](m(torch.ones(1, 4, device="cuda:1")))',
         "E   torchdoctor.PlacementError: * placement problem(s) on virtual cuda:1*",
     ])
     result.stdout.fnmatch_lines([
@@ -75,3 +76,45 @@ def test_sim():
     where = "@pytest.mark.simulate(device='cuda:1', dtype='float16', profile='t4')"
     result.stdout.fnmatch_lines([f"E   *expected: cuda:1 float16 on NVIDIA T4 16GB (device from {where}; dtype from "
                                  f"{where}; profile from {where})"])
+
+
+FORWARD = """
+import pytest, torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.mask = torch.ones(4)  # a plain attribute: Module.to never moves it
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h * self.mask
+
+
+@pytest.mark.simulate(device="cuda:1")
+def test_sim():
+    model = Net().to("cuda:1")
+    x = torch.ones(1, 4, device="cuda:1")
+    model(x)
+
+"""
+
+
+def test_marker_failure_points_at_the_call_line_then_the_forward_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_forward=FORWARD)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider", "-W", "ignore",
+                                           timeout=600)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "test_forward.py:20: in test_sim",
+        "    model(x)",
+        "test_forward.py:13: in forward",
+        "    return h * self.mask",
+        "E   torchdoctor.PlacementError: 1 placement problem(s) on virtual cuda:1*",
+        "E     device mask f32?4?@cpu is on cpu *",  # fnmatch: [4] would be a class
+    ])
+    out = result.stdout.str()
+    assert "session.py" not in out and "runtime.py" not in out  # no frame of the simulator

@@ -160,7 +160,7 @@ def test_scan_report_is_frozen_and_json_keys_are_field_names() -> None:
     assert relabelled.source == "models.py:llama" and report.source == "LlamaForCausalLM"
     doc = json.loads(json.dumps(report.to_dict()))
     fields = {f.name for f in dataclasses.fields(report)} - {"extra", "verb"}
-    assert set(doc) == fields | {"schema", "ok", "relocations"} | set(report.extra)
+    assert set(doc) == fields | {"schema", "ok", "nothing_to_check", "relocations"} | set(report.extra)
     assert doc["schema"] == "torchdoctor/scan/1"
     assert all(isinstance(t["device"], str) for t in doc["tensors"])
     assert set(doc["tensors"][0]) == {f.name for f in dataclasses.fields(torchdoctor.TensorInfo)}

@@ -16,7 +16,7 @@ import torch
 from torchdoctor._placement import compact, device_str, dtype_str
 from torchdoctor._report.html import HtmlMapMixin
 from torchdoctor._report.records import FrozenRecord, record_repr
-from torchdoctor._report.text import human_bytes, render_problems, schema
+from torchdoctor._report.text import EXIT_USAGE, exit_code, human_bytes, render_problems, schema
 from torchdoctor._report.text import public_types
 
 _META = torch.device("meta")
@@ -193,8 +193,9 @@ class ScanReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the r
 
     Frozen: ``dataclasses.replace(report, source=...)`` gives a relabelled copy. The JSON document's keys are
     the field names (``verb`` is the ``schema``; ``extra`` holds the keys of a checkpoint scan: ``files``,
-    ``layout``, ``groups``, ``metadata``, merged at the top level) plus ``schema``, ``ok`` and ``relocations``
-    (components not yet on the device asked for, with the move that fixes each: :meth:`relocations`).
+    ``layout``, ``groups``, ``metadata``, merged at the top level) plus ``schema``, ``ok``, ``nothing_to_check``
+    (no tensor was there: the command line's exit 2) and ``relocations`` (components not yet on the device asked
+    for, with the move that fixes each: :meth:`relocations`).
     """
 
     tensors: tuple[TensorInfo, ...]
@@ -261,12 +262,24 @@ class ScanReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the r
     def __bool__(self) -> bool:  # ``if report:`` reads as "is it fine"
         return self.ok
 
+    @property
+    def nothing_to_check(self) -> bool:
+        """No tensor was found and nothing was wrong (``scan(42)``, an empty dict, a ``ReLU``): ``ok`` holds, yet
+        nothing was checked, as ``torchdoctor scan`` says with exit 2."""
+        return not self.problems and not (self.__dict__.get("_rows") or self.tensors)
+
+    def exit_code(self) -> int:
+        """The command line's exit code for this report: 0 ok, 1 problems, 2 something could not be checked or
+        nothing was there to check."""
+        return EXIT_USAGE if self.nothing_to_check else exit_code(self.problems)
+
     def to_dict(self) -> dict[str, Any]:
         from torchdoctor._report.order import with_whence  # read when rendered: a move or a first scan never needs it
 
         doc: dict[str, Any] = {
             "schema": schema(self.verb),
             "ok": self.ok,
+            "nothing_to_check": self.nothing_to_check,
             "source": self.source,
             "truncated": self.truncated,
             "expected": with_whence(self.expected),  # each row says where its expectation came from
@@ -360,6 +373,8 @@ def render_report(report: ScanReport, limit: int = 40) -> str:
         lines.append(f"{len(report.problems)} problem(s) in {head}, every one a tensor not yet on the device "
                      "asked for:")
         lines.extend(render_relocations(moves))
+    elif report.nothing_to_check:  # the command line's words: exit 2 there, exit_code() 2 here
+        lines.append(f"nothing to check: {head} holds no tensors; point scan at a model, a pipeline or a checkpoint")
     else:
         lines.append(f"ok: no placement problems in {head}")
     if report.expected:
