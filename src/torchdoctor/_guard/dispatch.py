@@ -12,7 +12,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torchdoctor._guard import float8 as _float8
+from torchdoctor._guard import float8 as _float8, promotion as _promotion
 from torchdoctor._rules import registry as _rules
 
 _find = _rules.find
@@ -67,11 +67,24 @@ class CompositeCheck(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_T, _P = torch.Tensor, torch.nn.Parameter
+
+
+def _mixed(a: Any, b: Any) -> bool:
+    """Two plain tensors of different dtypes (the cheap test run per binary op; the rest is asked only then)."""
+    ta, tb = type(a), type(b)
+    return (ta is _T or ta is _P) and (tb is _T or tb is _P) and a.dtype is not b.dtype
+
+
 def _check(self: CheckMode, func: Any, types: Any, args: Sequence[Any] = (),
            kwargs: Mapping[str, Any] | None = None) -> Any:
     if kwargs is None:
         kwargs = _NO_KWARGS
     try:  # no cost until something raises (zero-cost exception handling)
+        if self.promotes and len(args) > 1 and _mixed(args[0], args[1]):  # strict: a binary op that may promote
+            found = _promotion.findings(self.session, func, args, kwargs)  # silently (_guard/promotion.py)
+            if found:
+                return self.session.on_problem(func, args, kwargs, found)
         if self.quick and _quiet(func, args, kwargs):  # most ops: one device, nothing to judge
             return func(*args, **kwargs)
         if _simulating():  # a simulation checks its own ops with these rules
@@ -114,6 +127,7 @@ class CheckMode(TorchDispatchMode):
         self.profile = session.g.profile
         self.quick = self.profile is None  # the schema-based fast path knows no profile limits
         self.aligns = session.mode in ("fix", "warn")
+        self.promotes = session.mode == "strict"  # _guard/promotion.py
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:  # read by TorchDispatchMode.__init_subclass__: wrap or not
