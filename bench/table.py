@@ -96,6 +96,8 @@ def fmt(x: float, unit: str) -> str:
         return f"{x:.1f} ms"
     if unit == "s":
         return f"{x:.2f} s"
+    if unit == "growth":
+        return f"x{x:.2f}"
     return f"{x:.1f} {unit}"
 
 
@@ -484,14 +486,16 @@ def main() -> int:
         kind, arg, count = args.child[0], args.child[1], int(args.child[2])
         kinds: dict[str, Callable[[], tuple[list[float], ...]]] = {
             "scan": lambda: _scan_pairs(arg, count), "move": lambda: _move_pairs(count),
-            "trace": lambda: _trace_pairs(count), "simulate": lambda: _simulate_triplets(arg, count)}
+            "trace": lambda: _trace_pairs(count), "simulate": lambda: _simulate_triplets(arg, count),
+            "depth_simulate": lambda: bench_module("depth").simulate_triplets(arg, count, triplet_times),
+            "depth_scan": lambda: bench_module("depth").scan_pairs(arg, count)}
         if kind not in kinds:
             ap.error(f"--child {kind}: unknown; the pooled rows are {', '.join(kinds)}")
         print(json.dumps(dict(zip("abc", kinds[kind]()))))
         return 0
     n = max(5, args.pairs)
     only = {"first" if k == "first_call" else k for k in filter(None, args.only.split(","))}
-    known = {"simulate", "scan", "checkpoint", "explain", "move", "first", "guard", "trace"}
+    known = {"simulate", "scan", "checkpoint", "explain", "move", "first", "guard", "trace", "depth"}
     if only - known:  # a misspelt row would be skipped in silence
         ap.error(f"--only {','.join(sorted(only - known))}: unknown row; the rows are {', '.join(sorted(known))}")
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} cpus, "
@@ -506,7 +510,8 @@ def main() -> int:
             "simulate": lambda: simulate_rows(n), "scan": lambda: scan_rows(n),
             "checkpoint": lambda: checkpoint_row(n, tmp), "explain": lambda: explain_rows(n),
             "move": lambda: move_rows(n), "first": lambda: first_call_rows(n, tmp),
-            "guard": lambda: guard_rows(n), "trace": lambda: trace_row(n)}
+            "guard": lambda: guard_rows(n), "trace": lambda: trace_row(n),
+            "depth": lambda: bench_module("depth").rows(n, children, summary, row)}
         for key, step in steps.items():
             if not only or key in only:
                 if key == "first":

@@ -77,14 +77,15 @@ def test_first_call_child_reports_first_and_later(tmp_path: pathlib.Path) -> Non
 
 
 @pytest.mark.parametrize("kind,arg,pairs", [("scan", "8b", 2), ("move", "-", 1), ("trace", "-", 1),
-                                            ("simulate", "8b", 1)])
+                                            ("simulate", "8b", 1), ("depth_simulate", "llama:1", 1),
+                                            ("depth_scan", "sdxl:1", 2)])
 def test_pooled_child_reports_interleaved_pairs(kind: str, arg: str, pairs: int) -> None:
     # the scan, move-warm, trace and simulate rows pool the rounds of three fresh processes: each child prints its
     # own as one JSON line (simulate: ours and two anchors)
     out = subprocess.run([sys.executable, str(BENCH / "table.py"), "--child", kind, arg, str(pairs)],
                          capture_output=True, text=True, timeout=300, check=True)
     doc = json.loads(out.stdout.strip().splitlines()[-1])
-    series = ["a", "b", "c"] if kind == "simulate" else ["a", "b"]
+    series = ["a", "b", "c"] if kind.endswith("simulate") else ["a", "b"]
     assert sorted(doc) == series
     assert all(len(doc[k]) == pairs and all(x > 0 for x in doc[k]) for k in series)
 
@@ -93,3 +94,25 @@ def test_an_unknown_child_is_an_error() -> None:
     out = subprocess.run([sys.executable, str(BENCH / "table.py"), "--child", "nope", "-", "1"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "unknown; the pooled rows are scan, move, trace, simulate" in out.stderr
+
+
+def test_depth_rows_build_real_widths_at_1x_and_4x() -> None:
+    # the rows that must hold at any depth (issue 43): the same widths, four times the repeated blocks
+    shapes = _load("shapes")
+    counts = {}
+    for name, blocks in (("flux", lambda m: len(m.transformer_blocks) + len(m.single_transformer_blocks)),
+                         ("llama", lambda m: len(m.model.layers))):
+        built = {s: shapes.BUILDERS[name](s) for s in (1, 4)}
+        counts[name] = [blocks(built[s][0]) for s in (1, 4)]
+        assert all(p.is_meta for s in (1, 4) for p in built[s][0].parameters())
+        assert all(not t.is_meta for t in built[1][1].values() if hasattr(t, "is_meta"))
+    assert counts == {"flux": [6, 24], "llama": [4, 16]}
+    flux, _ = shapes.flux(1)
+    assert flux.inner_dim == 3072 and flux.config.joint_attention_dim == 4096
+
+
+def test_growth_is_the_ratio_of_pooled_medians() -> None:
+    depth = _load("depth")
+    docs = {1: [{"a": [1.0, 3.0, 2.0]}, {"a": [2.0]}], 4: [{"a": [8.0, 9.0]}, {"a": [7.0, 100.0]}]}
+    # medians pooled over the processes of each depth: 2.0 at 1x, 8.5 at 4x
+    assert depth.growth(docs, "a") == pytest.approx(4.25)
