@@ -4,8 +4,9 @@ Run: ``python bench/simulate.py [8b|70b|both|layers]``. Each size runs in a fres
 size. Prints the wall time of ``torchdoctor.simulate`` (median of 5 after a first call, interleaved with a plain
 forward of the same meta model as the baseline), the number of aten ops checked, and the process's peak RSS.
 Targets (issue 5): 8B < 2 s, 70B < 10 s, peak RSS < 1 GB. ``layers`` runs the 8B shape with 8 and with 32 layers
-and prints the cost of one more layer for both (issue 28: the cost stays linear in layers; the per-run table of
-meta-kernel outputs makes every layer after the first cheaper, not the growth non-linear).
+and prints the cost of one more layer for both (issue 28: the cost stays linear in layers; the table of meta-kernel
+outputs, kept for the process since issue 43, makes every layer after the first cheaper, and every call after the
+first in a process: ``first_s`` is the cold table).
 """
 
 from __future__ import annotations

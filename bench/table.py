@@ -164,7 +164,7 @@ def simulate_rows(n: int) -> None:
         docs = children("simulate", size, per)
         a = [x for d in docs for x in d["a"]]
         for k, (anchor, goal, note) in enumerate((
-                ("plain meta forward", 1.5, "per-op Python dispatch; meta kernels are remembered per run "
+                ("plain meta forward", 1.5, "per-op Python dispatch; meta kernels are remembered for the process "
                                             "(_virtual/kernels.py)"),
                 ("FakeTensorMode on fake cpu", 1.0, "FakeTensorMode does less (no paths, no device checks, no "
                                                     "copy of the model)"))):
