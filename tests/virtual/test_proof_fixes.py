@@ -93,8 +93,8 @@ def test_uint8_weights_in_a_plain_conv3d_get_the_weight_fixed_not_activations_ca
     model[0].weight = nn.Parameter(model[0].weight.data.to(torch.uint8), requires_grad=False)
     report = torchdoctor.simulate(model, (torch.randn(1, 2, 2, 2, 2).half(),), device="cuda:0")
     assert report.fix is not None and "torch.uint8" not in report.fix
-    assert report.fix.startswith("model[0].weight.data = model[0].weight.data.to(torch.float16)  # `0` (Conv3d) "
-                                 "computes with uint8 storage directly: dequantize it")
+    # the storage is what is fixed (the problem is at the weight when its module starts, or at the op that met it)
+    assert report.fix.startswith("model[0].weight.data = model[0].weight.data.to(torch.float16)")
     assert [(f.kind, f.proven) for f in report.fixes] == [("path", True)]
     assert model[0].weight.dtype == torch.uint8
 
@@ -190,3 +190,18 @@ def test_a_line_fix_in_the_users_file_comes_as_a_diff_git_apply_takes(tmp_path: 
     assert done.returncode == 0, done.stderr
     subprocess.run(["git", "apply", "fix.diff"], cwd=tmp_path, check=True, timeout=60)
     assert "h = h.to(torch.bfloat16)" in path.read_text() and textwrap.dedent(_MODEL_PY) != path.read_text()
+
+
+def test_activations_meeting_storage_get_the_storage_cast_never_the_activations() -> None:
+    from torchdoctor._report.model import Problem
+    from torchdoctor._virtual.fixes import fix_items
+
+    # what a kernel's own check reports when a plain layer computes with integer storage: the input named
+    met = Problem("dtype", "0", "activation", "float16", "uint8", "input 0 is float16 where 0 (Conv3d) expects uint8",
+                  op="Conv3d.forward", module_path="0", module_type="Conv3d")
+    held = {"0.weight": (torch.uint8, torch.device("cuda:0")), "0.bias": (torch.float16, torch.device("cuda:0"))}
+    items = fix_items([met], torch.device("cuda:0"), None, {}, held) or []
+    assert [f.kind for f in items] == ["path"]
+    assert items[0].code.startswith("model[0].weight.data = model[0].weight.data.to(torch.float16)  # `0` (Conv3d) "
+                                    "computes with uint8 storage directly: dequantize it")
+    assert "torch.uint8" not in items[0].code

@@ -72,6 +72,12 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         if p.role in _NAMED:
             _add(culprits, p.path, p.path, p.kind, _with_dtype(p.path, target, dtype, have))
             continue
+        if made_from and made_from[0].startswith("factory torch.nn.Parameter "):  # a lazy layer
+            if made_from[0] not in named:
+                named.add(made_from[0])
+                factories.append(Fix(f"# {made_from[0][8:]} (on {p.found}): build it in __init__, or run one "
+                                     "forward before the model's .to so the move takes it", "note"))
+            continue
         if made_from and made_from[0].startswith("factory "):
             if made_from[0] not in named:
                 named.add(made_from[0])

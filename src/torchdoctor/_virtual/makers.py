@@ -55,6 +55,8 @@ def cast_site(frame: Any, at: str, dtype: torch.dtype) -> CastSite | None:
     """The site of the cast running in ``frame`` (the first frame of the user's code), recorded under ``at``."""
     known = SITES.get(at)
     if known is not None and known.dtype == dtype:
+        if known.attr is not None and known.owner() is not frame.f_locals.get("self"):
+            _read_from(known, frame)  # another instance (a fresh copy) runs the same line: it holds the attribute
         return known
     file, lineno = frame.f_code.co_filename, frame.f_lineno
     text = linecache.getline(file, lineno).strip()
@@ -114,6 +116,8 @@ def patched_line(site: CastSite, want: torch.dtype) -> str | None:
     return None
 
 
+# factories whose tensor stays real in a virtual run (made from host data): named by the line that called them
+_REAL_MAKERS = frozenset({"from_numpy", "as_tensor", "asarray", "frombuffer", "from_dlpack"})
 _CAST_METHODS = frozenset({"to", "float", "half", "double", "bfloat16", "type", "type_as"})
 
 
@@ -131,8 +135,13 @@ class CastMakers(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        name = getattr(func, "__name__", None)
+        if name in _REAL_MAKERS:
+            return _real_made(name, (), func(*args, **kwargs))
+        if _lazy_params(args):  # named before the op runs: the op is where it meets the virtual tensors
+            _real_made(None, args, None)
         out = func(*args, **kwargs)
-        if getattr(func, "__name__", None) not in _CAST_METHODS or not args:
+        if name not in _CAST_METHODS or not args:
             return out
         return self._made(args[0], out)
 
@@ -161,3 +170,33 @@ class CastMakers(torch.overrides.TorchFunctionMode):
         made.site, made.made_of = site, ((t._td_path,) if t._td_path is not None else ())
         out._td_path, out._td_origin = None, made
         return out
+
+
+def _lazy_params(args: Any) -> bool:
+    """Cheap test: a real Parameter among the arguments (one a forward may have built lazily)."""
+    return any(type(a) is torch.nn.Parameter for a in args) if isinstance(args, tuple) else False
+
+
+def _real_made(name: str | None, args: Any, out: Any) -> Any:
+    """A real tensor made in the run from host data (``torch.from_numpy``), or a Parameter the running module built
+    in its forward (after the model's ``.to``, so on the CPU): its maker is kept aside for the moment it meets the
+    virtual tensors, so the problem names it and its line instead of "a tensor made in forward"."""
+    from torchdoctor._virtual.origin import Made
+    from torchdoctor._virtual.tensor import VirtualTensor, current_space
+
+    space = current_space()
+    if space is None:
+        return out
+    module = space.hooks.running()
+    if name in _REAL_MAKERS and isinstance(out, torch.Tensor) and not isinstance(out, VirtualTensor):
+        space.keep_real(out, None, Made(f"torch.{name}", module))
+        return out
+    held = getattr(module, "_parameters", {}) if module is not None else {}
+    for a in args:
+        if type(a) is torch.nn.Parameter and space.real_record(a) is None:
+            attr = next((k for k, v in held.items() if v is a), None)
+            if attr is not None:  # the module holds it, yet it is real: built in forward, after the move
+                made = Made(f"torch.nn.Parameter `{attr}` built in forward after the model's .to", module)
+                made.at = None  # the line at hand uses it; the line that built it ran earlier
+                space.keep_real(a, None, made)
+    return out

@@ -138,7 +138,7 @@ def _link(m: Made, module_path: Callable[[Any], str | None]) -> str:
             return f"{text} from {m.made_of[0]}"
         return text + (f" from a tensor made by {m.via.op} in {_where(m.via.module, module_path)}" if m.via else "")
     text = f"{m.op} in {_where(m.module, module_path)}"
-    if m.module is None and m.at:
+    if m.at:  # a factory: the line that called it, inside a forward as outside one
         text += f" at {m.at}"
     if not m.paths:
         return text

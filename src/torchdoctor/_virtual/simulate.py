@@ -267,7 +267,8 @@ def simulate(
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
     log.info("simulated %s on %s: %d op(s), %d problem(s)", type(obj).__name__, device_str(dev), space.ops,
              len(problems))
-    items = fix_items(problems, dev, dt, rec.sources, held(clone), rec.modules.path_of) or []
+    items = fix_items(problems, dev, dt, rec.sources, held(clone),
+                      lambda m: "" if any(m is r for r in rec.roots) else rec.modules.path_of(m)) or []
     if _fixes is None and items:  # the fix is tried on a fresh copy before it is printed
         items = proven(items, lambda fixes: simulate(
             Target(obj, *fixed_inputs(args, kwargs, fixes)) if args or kwargs else obj, device=dev, dtype=dt,
@@ -332,6 +333,12 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
 
     start = time.perf_counter()
     dev, dt = parse_device(device), parse_dtype(dtype) if dtype is not None else None
+    if dev.type == "cpu":  # a dtype checked on this CPU: the TARGET is built for real, as on the device it names
+        from torchdoctor._virtual.cpudtype import simulate_cpu
+
+        t = load()
+        return simulate_cpu(*((t.obj, tuple(t.args), dict(t.kwargs)) if isinstance(t, Target) else (t, (), {})), dt,
+                            call, limit)  # type: ignore[no-any-return]
     placed: Any = None
     forward = False
     assumed = None
