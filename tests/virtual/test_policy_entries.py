@@ -311,3 +311,7 @@ def test_every_entry_gives_one_answer_on_the_state_and_on_a_bug_planted_after_it
     assert quiet == {"scan": [], "node": [], "extension": [], "run": []}, (state, quiet)
     if planted is not None:
         assert planted == dict.fromkeys(planted, ["blocks.1.shift"]), (state, planted)
+        # the fix moves the attribute, never a component the app offloads or loads itself
+        fix = str(sim.error()).split("Fix:", 1)[-1]  # the session's report, made when it ends
+        moves = [line for line in fix.splitlines() if ".to(" in line]
+        assert moves and all("blocks[1].shift" in line for line in moves), fix
