@@ -111,9 +111,10 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
-def _quiet(shared: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def _quiet(shared: argparse.ArgumentParser, what: str = "no progress line on stderr") -> argparse.ArgumentParser:
+    """The options every verb takes: ``--color`` (from ``shared``) and ``-q`` (what it silences: ``what``)."""
     quiet = _Parser(add_help=False, parents=[shared])
-    quiet.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
+    quiet.add_argument("-q", "--quiet", action="store_true", help=what)
     return quiet
 
 
@@ -164,13 +165,13 @@ def _add_simulate(sub: Any, shared: argparse.ArgumentParser) -> None:
 
 
 def _add_explain(sub: Any, shared: argparse.ArgumentParser) -> None:
-    e = sub.add_parser("explain", parents=[shared], help="explain a device/dtype error message or a whole log")
+    e = sub.add_parser("explain", parents=[_quiet(shared)], help="explain a device/dtype error message or a whole log")
     e.add_argument("file", nargs="?", default="-", metavar="FILE", help="log file, or - for standard input (default)")
     e.add_argument("--json", action="store_true", help="print the diagnoses as JSON (schema torchdoctor/explain/1)")
 
 
 def _add_env(sub: Any, shared: argparse.ArgumentParser) -> None:
-    v = sub.add_parser("env", parents=[shared], help="environment doctor: torch build, drivers, IPEX/bnb conflicts, device choice")
+    v = sub.add_parser("env", parents=[_quiet(shared)], help="environment doctor: torch build, drivers, IPEX/bnb conflicts, device choice")
     v.add_argument("--json", action="store_true",
                    help="print the facts and findings as JSON (schema torchdoctor/env/1; --facts reads it back)")
     v.add_argument("--facts", metavar="FILE", help="diagnose facts saved by `torchdoctor env --json` (offline)")
@@ -179,7 +180,8 @@ def _add_env(sub: Any, shared: argparse.ArgumentParser) -> None:
 
 
 def _add_trace(sub: Any, shared: argparse.ArgumentParser) -> None:
-    t = sub.add_parser("trace", parents=[shared],
+    t = sub.add_parser("trace", parents=[_quiet(shared, "no line per change on stderr (--file still gets them); "
+                                                            "the closing count stays")],
                        help="run a script and record every device/dtype change of its tensors, with the call and line",
                        epilog="Exit codes: the script's own, as `python SCRIPT` would give it (0 when it returns, "
                               "sys.exit's code, 1 for an uncaught exception after its traceback or for sys.exit with "
@@ -188,12 +190,15 @@ def _add_trace(sub: Any, shared: argparse.ArgumentParser) -> None:
     t.add_argument("--moves", action="store_true", help="record moves and casts (default when neither is given)")
     t.add_argument("--lora", action="store_true", help="record LoRA load/fuse/unfuse/unload and adapter changes")
     t.add_argument("--file", metavar="OUT", help="also write JSON lines to OUT")
+    t.add_argument("--json", action="store_true",
+                   help="print the changes as one JSON document on stdout when the script ends (schema "
+                        "torchdoctor/trace/1), after whatever the script printed")
     t.add_argument("script", metavar="SCRIPT", help="the Python script to run (as `python SCRIPT ARGS...` would)")
     t.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
 
 
 def _add_demo(sub: Any, shared: argparse.ArgumentParser) -> None:
-    d = sub.add_parser("demo", parents=[shared], help="diagnose and fix a small broken model (a diffusers UNet when "
+    d = sub.add_parser("demo", parents=[_quiet(shared)], help="diagnose and fix a small broken model (a diffusers UNet when "
                                                        "diffusers and peft are installed, else a plain torch model)")
     d.add_argument("--json", action="store_true", help="print the demo's findings as JSON (schema torchdoctor/demo/1)")
     d.add_argument("--plain", action="store_true", help="the torch-only model even when diffusers is installed")
@@ -212,8 +217,8 @@ def _optional_verbs(sub: Any, shared: argparse.ArgumentParser) -> None:
         except ImportError:
             continue
         add = getattr(module, "add_parser", None)
-        if add is not None:
-            add(sub, [shared])
+        if add is not None:  # -q there: run draws no progress line, and one command line fits every verb
+            add(sub, [_quiet(shared, "accepted on every verb; run draws no progress line (its summary stays)")])
 
 
 _VERB_MODULES = {

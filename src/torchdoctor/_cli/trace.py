@@ -85,7 +85,8 @@ def command(args: argparse.Namespace) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("torchdoctor trace: %(message)s"))
     saved_logger = (logger.level, logger.propagate)
-    logger.addHandler(handler)
+    if not getattr(args, "quiet", False):
+        logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False  # a script's own logging.basicConfig must not print every line twice
     saved_argv, saved_path = sys.argv, list(sys.path)
@@ -115,4 +116,11 @@ def command(args: argparse.Namespace) -> int:
     shown = sum(1 for r in t.records if t.selected(r))
     where = f"; JSON lines in {out}" if out else ""
     print(f"torchdoctor trace: {shown} change(s) shown, {len(t.records)} recorded{where}", file=sys.stderr)
+    if getattr(args, "json", False):
+        from torchdoctor._cli.common import print_json
+        from torchdoctor._report.text import schema
+
+        sys.stdout.flush()  # after what the script printed
+        print_json({"schema": schema("trace"), "script": script, "exit_code": code,
+                    "changes": [r.to_dict() for r in t.records if t.selected(r)], "recorded": len(t.records)})
     return code
