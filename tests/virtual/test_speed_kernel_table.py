@@ -56,6 +56,7 @@ def test_zoo_reports_equal_cold_warm_and_disabled(name: str, monkeypatch: pytest
 
 
 def test_a_second_model_with_the_same_shapes_meets_the_first_ones_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(V, "SMALL", 0)  # every tensor a meta twin: small ones would carry real values, not cached
     hits = _counting(monkeypatch)
     ids = torch.randint(3, 100, (1, 8), generator=torch.Generator().manual_seed(0))
     kernels.clear()
@@ -67,7 +68,7 @@ def test_a_second_model_with_the_same_shapes_meets_the_first_ones_answers(monkey
     assert _report(first)[:3] == _report(second)[:3] and first.ok
     # one layer repeats nothing inside a run; the second model (other weights, same shapes) is answered from
     # what the first left in the process-wide table (all but the op that filled the run's own table)
-    assert hits[0] > after_first and hits[0] >= second.ops // 3, (after_first, hits[0], second.ops)
+    assert hits[0] > 2 * after_first and hits[0] >= second.ops // 3, (after_first, hits[0], second.ops)
 
 
 def test_the_table_keeps_within_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
