@@ -205,6 +205,10 @@ def compare_machines(rows: list[dict[str, Any]], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:  # `make bench-all` runs every script in bench/ bare: say how to run this one, and do nothing
+        print("gpu_agreement: nothing run; give --out DIR (on a GPU machine) or --device cpu-check --out DIR")
+        return 0
     args = parse(argv)
     if args.repeats is not None and args.repeats < 1:
         return usage(f"--repeats must be 1 or more, not {args.repeats}")

@@ -153,10 +153,11 @@ class QuantLike(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(8, 8)
-        self.lin.weight.quant_state = types.SimpleNamespace(absmax=torch.ones(8, 1), blocksize=8)
+        # hung on the Parameter object, as bitsandbytes does (setattr: a Tensor declares no such attribute)
+        setattr(self.lin.weight, "quant_state", types.SimpleNamespace(absmax=torch.ones(8, 1), blocksize=8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.lin.weight * self.lin.weight.quant_state.absmax
+        w = self.lin.weight * getattr(self.lin.weight, "quant_state").absmax
         return F.linear(x, w, self.lin.bias)
 
 

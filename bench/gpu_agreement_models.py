@@ -30,7 +30,8 @@ def llama(dtype: torch.dtype = torch.float32) -> nn.Module:
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    return LlamaForCausalLM(cfg).to(dtype).eval()
+    model: nn.Module = LlamaForCausalLM(cfg)
+    return model.to(dtype).eval()
 
 
 def gpt2() -> nn.Module:
@@ -198,7 +199,9 @@ class ConvBias(nn.Module):
 def conv_fp32_bias() -> nn.Module:
     torch.manual_seed(0)
     m = ConvBias().to(torch.bfloat16)
-    m.conv.bias.data = m.conv.bias.data.float()  # a bias loaded in fp32 after the cast
+    bias = m.conv.bias
+    assert bias is not None
+    bias.data = bias.data.float()  # a bias loaded in fp32 after the cast
     return m
 
 

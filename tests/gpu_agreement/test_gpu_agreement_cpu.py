@@ -113,6 +113,11 @@ def test_bad_arguments_are_one_line_and_exit_2(argv: list[str], message: str, tm
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+def test_bare_it_does_nothing_as_make_bench_all_runs_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert ga.main([]) == 0
+    assert "nothing run; give --out DIR" in capsys.readouterr().out
+
+
 def test_without_a_gpu_the_hardware_run_says_to_use_cpu_check(tmp_path: pathlib.Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     if torch.cuda.is_available():

@@ -25,8 +25,9 @@ def row(name: str, *, raises: bool, error: str | None = None, culprit_at: dict[s
         guard_named: bool = True) -> dict[str, Any]:
     """A hardware row: the real side as the GPU would report it, simulate and virtual_devices really run here."""
     case = BY_NAME[name]
-    explain = {"raised": "PlacementError", "named": [case.culprit or "<root>"], "headline": "x"} if guard_named \
-        else {"raised": "RuntimeError", "named": [], "headline": error, "noted": None}
+    explain: dict[str, Any] = {"raised": "RuntimeError", "named": [], "headline": error, "noted": None}
+    if guard_named:
+        explain = {"raised": "PlacementError", "named": [case.culprit or "<root>"], "headline": "x"}
     return {"case": name, "device": "cuda:0", "real": {"raises": raises, "error": error, "culprit_at": culprit_at},
             "simulate": tools.simulated(case, "cuda:0"), "virtual_devices": tools.virtual(case, "cuda:0"),
             "guard": {"explain": explain, "strict": {"raised": None}, "fix": {"raised": None}},
