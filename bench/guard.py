@@ -30,6 +30,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging
@@ -240,8 +241,56 @@ def main(rounds: int = 30, tiny_rounds: int = 15) -> None:
           f"strict per aten op x{per:.2f} of the floor <= 1.5 {'met' if per <= 1.5 else 'NOT met'}")
 
 
+class EmptyFunctionMode(TorchFunctionMode):
+    """The floor of a torch-function-level checker: every torch call (not every aten op) routed through Python."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+def workloads(rounds: int = 5) -> None:
+    """Issue 43 point 2: guard around ``generate()`` (GPT-2-small from config, 24 new tokens, greedy) and around a
+    training step (seq 64, SGD), one thread, against the floors of the two mechanisms a cheaper strict could use:
+    an empty TorchDispatchMode (every aten op) and an empty TorchFunctionMode (every torch call). Interleaved one
+    call at a time in rotating order; the median of the per-round ratios to plain is printed."""
+    torch.set_num_threads(1)
+    model = build(12, 768, 12, 50257)
+    prompt = torch.randint(0, 50256, (1, 32), generator=torch.Generator().manual_seed(0))
+    batch = torch.randint(0, 50256, (1, 64), generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def gen() -> Any:
+        with torch.no_grad():
+            return model.generate(prompt, max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0)
+
+    def step() -> Any:
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        model(input_ids=batch, labels=batch).loss.backward()
+        opt.step()
+        model.eval()
+
+    def wrapped(fn: Callable[[], Any], ctx: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            with ctx():
+                return fn()
+        return run
+
+    for name, fn in (("generate", gen), ("train step", step)):
+        fns = {"plain": fn, "explain": wrapped(fn, lambda: torchdoctor.guard(model, mode="explain")),
+               "strict": wrapped(fn, lambda: torchdoctor.guard(model, mode="strict")),
+               "noop_dispatch": wrapped(fn, NoopMode), "noop_function": wrapped(fn, EmptyFunctionMode)}
+        times = interleaved(fns, rounds, per_round=1, warm=1, clock=time.perf_counter)
+        print(f"{name}: {rounds} rounds, 1 thread, wall time, median of per-round ratios to plain")
+        for key, vals in times.items():
+            ratio = statistics.median(v / p for v, p in zip(vals, times["plain"]))
+            print(f"  {key:<14} {statistics.median(vals) * 1e3:9.1f} ms  x{ratio:.3f}")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["estimators"]:
         estimators(*(int(a) for a in sys.argv[2:4]))
+    elif sys.argv[1:2] == ["workloads"]:
+        workloads(*(int(a) for a in sys.argv[2:3]))
     else:
         main(*(int(a) for a in sys.argv[1:3]))

@@ -82,9 +82,7 @@ def _check(self: CheckMode, func: Any, types: Any, args: Sequence[Any] = (),
         kwargs = _NO_KWARGS
     try:  # no cost until something raises (zero-cost exception handling)
         if self.promotes and len(args) > 1 and _mixed(args[0], args[1]):  # strict: a binary op that may promote
-            found = _promotion.findings(self.session, func, args, kwargs)  # silently (_guard/promotion.py)
-            if found:
-                return self.session.on_problem(func, args, kwargs, found)
+            _promotion.note(self.session, func, args, kwargs)  # silently: reported at the end if nothing fails
         if self.quick and _quiet(func, args, kwargs):  # most ops: one device, nothing to judge
             return func(*args, **kwargs)
         if _simulating():  # a simulation checks its own ops with these rules

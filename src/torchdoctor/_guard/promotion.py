@@ -8,6 +8,10 @@ copy) mixes dtypes the same way and is intended, so a tensor made in forward is 
 tensor the policy keeps in float32 (``_keep_in_fp32_modules``). Only ops the rules found nothing wrong with reach
 this check, and only when their operands mix floating dtypes: the happy path never gets here.
 
+The report is built where the promotion happens (its module, its operands, its frames) but raised only when the
+guarded block ends without another error: a promotion that a later op refuses (``lin(x * scale)`` failing in
+``addmm``) is explained by that op's report, as before; one that never fails is raised at the block's end.
+
 >>> import torch
 >>> wider([torch.bfloat16, torch.float32]), wider([torch.float16, torch.float16])
 (torch.float32, torch.float16)
@@ -70,3 +74,22 @@ def findings(session: Session, func: Any, args: Sequence[Any], kwargs: Mapping[s
     problem = Problem("dtype", label, "argument", dtype_str(wide), dtype_str(want), msg, op=str(func),
                       tensors=tuple(f"{_rules.label(func, k)}: {_rules._compact(t)}" for k, t in fl))
     return [_rules.Finding(problem, "dtype", want, tuple(bad), tuple(k for k, _ in fl))]
+
+
+def note(session: Session, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Build the report of a silent promotion once per block and keep it on the session (``pending``)."""
+    if getattr(session, "pending", None) is not None:
+        return
+    found = findings(session, func, args, kwargs)
+    if not found:
+        return
+    g = session.g
+    with g._lock:  # the report's problems are recorded only if it is raised (guard.__exit__)
+        kept, seen = list(g.problems), set(g._seen)
+    try:
+        session.on_problem(func, args, kwargs, found)
+    except Exception as err:  # strict raises its report: keep it
+        session.pending = err
+    finally:
+        with g._lock:
+            g.problems[:], g._seen = kept, seen

@@ -80,6 +80,7 @@ class Session:
         self.dispatch: CheckMode | None = None
         self.composite: CompositeCheck | None = None
         self.maps: dict[int, Maps] = {}
+        self.pending: BaseException | None = None  # strict: a silent promotion's report (_guard/promotion.py)
 
     # -- lifetime -------------------------------------------------------------------------------------------
     def start(self) -> None:
