@@ -44,14 +44,14 @@ def _plan(spec: str, obj: Any, args: argparse.Namespace, device: Any, dtype: Any
     if device is None and dtype is None:
         raise UsageError("--plan needs --device and/or --dtype: the plan is what move(obj, device, dtype) would do")
     from torchdoctor._move.plan import plan
+    from torchdoctor._report.folded import fold_plan
 
     steps = plan(obj.obj if isinstance(obj, Target) else obj, device=device, dtype=dtype)
     # a plan is a scan's answer to "what would move(...) change?": the scan schema, with the steps under "plan"
-    doc = {"schema": schema("scan"), "ok": not steps, "source": spec, "plan": [s.to_dict() for s in steps]}
+    doc = {"schema": schema("scan"), "ok": not steps, "source": spec, "plan": [s.to_dict() for s in steps],
+           "missed_by_module_to": [s.path for s in steps if s.missed_by_module_to]}
     lines = [f"{len(steps)} tensor(s) would move:" if steps else "nothing to move"]
-    lines += [f"  {s}" for s in steps[: args.limit]]
-    if len(steps) > args.limit:
-        lines.append(f"  ... and {len(steps) - args.limit} more (use --json for all)")
+    lines += fold_plan(steps, args.limit or 40)
     return (EXIT_PROBLEMS if steps else EXIT_OK), doc, "\n".join(lines)
 
 

@@ -75,6 +75,12 @@ class PlanStep(FrozenRecord):
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
 
+    @property
+    def missed_by_module_to(self) -> bool:
+        """``Module.to`` would leave this tensor as it is (a plain attribute, a list-held module's weight, a
+        quant_state, optimizer state): the reason to use ``move``. Known for steps ``plan`` made; False otherwise."""
+        return bool(self.__dict__.get("_missed", False))
+
     def __str__(self) -> str:
         how = "" if self.via in _QUIET_VIA else f", {self.via}"
         arrow = f" -> {self.expected}" if self.expected else ""
@@ -203,8 +209,10 @@ class _Step:
 
     def public(self) -> PlanStep:
         via = f"refused: {self.refused[1]}" if self.refused else self.via
-        return PlanStep(self.entry.path, self.entry.role, self.entry.info().compact,
+        step = PlanStep(self.entry.path, self.entry.role, self.entry.info().compact,
                         compact(self.dtype, self.entry.info().shape, self.device), via)
+        step.__dict__["_missed"] = not self.entry.moved_by_module_to  # not a field: equality and JSON unchanged
+        return step
 
 
 class _Plan:
