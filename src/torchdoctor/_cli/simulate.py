@@ -58,11 +58,15 @@ def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfil
     if os.path.exists(spec):
         raise UsageError(f"simulate needs an object (path/to/file.py:name or package.module:name); {spec!r} is "
                          "a file or directory: use `torchdoctor scan` for checkpoints")
+    if device.type == "cpu" and dtype is None:  # the API's words name dtype=; these name the option
+        raise UsageError("--device cpu checks a dtype on this CPU: add --dtype (e.g. --dtype float16), or pick a "
+                         "virtual device (--device cuda:1, xpu, mps)")
     assume = assume_option(getattr(args, "assume_device", None))
     target: Any = None
     try:
         where = f"{device}" + (f" ({profile.name})" if profile.name else "")
-        with progress(f"simulating {spec} on virtual {where}", quiet=args.quiet):
+        on = f"this {device}" if device.type == "cpu" else f"virtual {where}"
+        with progress(f"simulating {spec} on {on}", quiet=args.quiet):
             # TARGET's own code runs on the virtual devices (it may build its model on cuda:N); a model built on
             # meta is taken as loaded on --device (or --assume-device), as simulate() does
             loaded: list[Any] = []

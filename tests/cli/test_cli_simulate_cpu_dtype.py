@@ -1,0 +1,66 @@
+"""``torchdoctor simulate app.py:model --device cpu --dtype float16`` runs the API's CPU dtype check (issue 41
+point 6, the command line): ops with no kernel in the dtype are named by path; without --dtype, one line that
+names the option."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import torchdoctor
+from torchdoctor._cli.main import main
+
+APP = """
+import torch
+from torch import nn
+
+def fine():
+    return nn.Sequential(nn.Linear(4, 4)), (torch.ones(1, 4),)
+
+class Upcast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scale = torch.ones(4, dtype=torch.float32)  # promotes a float16 forward to float32
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+def upcast():
+    return Upcast(), (torch.ones(1, 4),)
+"""
+
+
+@pytest.fixture()
+def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "cpuapp.py").write_text(APP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_cpu_dtype_check_from_the_command_line(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "cpuapp.py:fine", "--device", "cpu", "--dtype", "float16"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ok: no placement problems") and "on cpu in float16" in out and "virtual" not in out
+
+
+def test_cli_and_api_agree_on_a_silent_promotion(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import cpuapp  # type: ignore[import-not-found]
+
+    obj, inputs = cpuapp.upcast()
+    api = torchdoctor.simulate(obj, inputs, device="cpu", dtype="float16")
+    code = main(["simulate", "cpuapp.py:upcast", "--device", "cpu", "--dtype", "float16", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == api.exit_code() == 1
+    assert [(p["kind"], p["path"]) for p in doc["problems"]] == [(p.kind, p.path) for p in api.problems]
+    assert any(p["path"] == "scale" for p in doc["problems"])
+
+
+def test_cpu_without_a_dtype_names_the_option(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "cpuapp.py:fine", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == ("torchdoctor simulate: --device cpu checks a dtype on this CPU: add --dtype "
+                                       "(e.g. --dtype float16), or pick a virtual device (--device cuda:1, xpu, "
+                                       "mps)\n")
