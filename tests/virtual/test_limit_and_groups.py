@@ -68,12 +68,15 @@ def test_many_tensors_of_one_object_left_behind_are_one_finding() -> None:
             network = nn.ModuleList(_Patched(layer) for layer in model)  # noqa: F841  (held apart, not moved)
             model.to("cuda:1")(torch.ones(2, 4, device="cuda:1"))
     except torchdoctor.PlacementError as e:
-        text = str(e)
+        text, problems = str(e), e.problems
         assert len(e.problems) == 8  # every tensor is still a problem, by path
     else:
         raise AssertionError("no PlacementError")
-    grouped = [line for line in text.splitlines() if "8 tensors of the Linear modules of the model (a network "
-               "patched into the model's forward) are on cpu while the run is on cuda:1" in line]
+    # the network is named as the program holds it (its variable), never by ``….forward.__self__.…``
+    grouped = [line for line in text.splitlines() if "the LoRA network was not moved: `network.to(device)` "
+               "(network.to('cuda:1')): 8 tensors of `network`, patched into the model's forward, are on cpu while "
+               "the run is on cuda:1; e.g. network.0.lora_down.weight, network.0.lora_up.weight" in line]
     assert len(grouped) == 1, text
-    assert "it was not moved (network.to('cuda:1') where the network is built)" in grouped[0]
     assert sum("lora_down.weight" in line for line in text.splitlines()) == 1  # one line, not eight
+    assert "__self__" not in text
+    assert {p.path for p in problems} == {f"network.{i}.lora_{w}.weight" for i in range(4) for w in ("down", "up")}

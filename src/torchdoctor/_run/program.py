@@ -37,6 +37,7 @@ class RunReport:
     expected: dict[str, str] = field(default_factory=dict)  # device/dtype/profile -> "value (from where)"
     missing: str | None = None  # `-m NAME` named no runnable module (python's line): the program never ran
     ran: str | None = None  # where a virtual run's work really ran ("ran on cuda:1", or the device the program picked)
+    networks: tuple[str, ...] = ()  # networks patched into a model's forward, by the names the program holds them
 
     @property
     def ok(self) -> bool:
@@ -62,8 +63,15 @@ class RunReport:
         if self.expected:
             lines.append("expected: " + "; ".join(f"{k} {v}" for k, v in self.expected.items()))
         lines += [f.text() for f in self.findings]
-        for p in self.problems[:40]:
+        from torchdoctor._virtual.groups import grouped
+
+        shown, _ = grouped(self.problems, 0, self.networks)  # one cause, one line (the JSON keeps every path)
+        for p in shown[:40]:
             lines.append(f"[{p.kind}] {p.path}: {p.message}")
+            if p.tensors and p.path not in self.where:  # a group: the line its first member was recorded at
+                first = next((self.where.get((p.kind, t)) for t in p.tensors if self.where.get((p.kind, t))), None)
+                if first:
+                    lines.append(f"  recorded at {first}")
             if self.where.get((p.kind, p.path)):
                 lines.append(f"  recorded at {self.where[(p.kind, p.path)]}")
             if p.path in self.notes:
@@ -211,7 +219,8 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
     where = {key: first_own_frame(frames, watcher.root) for key, frames in session.stacks.items()}
     return RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
                      time.perf_counter() - start, session.stopped, where, notes,
-                     _expected(session, profile, sources or {}), watcher.missing, session.where_ran())
+                     _expected(session, profile, sources or {}), watcher.missing, session.where_ran(),
+                     session.networks)
 
 
 def _expected(session: Any, profile: Any, sources: dict[str, str]) -> dict[str, str]:

@@ -69,6 +69,7 @@ def first_own_frame(frames: list[tuple[str, int, str]], root: str) -> str | None
     root_parts = _parts(root)
     own: list[str] = []
     helpers: list[str] = []
+    scripts: list[str] = []  # frames of files next to the program's own script: the user's lines
     for filename, line, func in frames:
         if filename.startswith("<") or "site-packages" in filename or "dist-packages" in filename:
             continue
@@ -76,12 +77,16 @@ def first_own_frame(frames: list[tuple[str, int, str]], root: str) -> str | None
         if any(p in LIBRARY_PACKAGES for p in parts[-3:-1]) or filename.startswith(sys.prefix) \
                 or filename.startswith(getattr(sys, "base_prefix", sys.prefix)):
             continue
-        rel = parts[len(root_parts):] if parts[:len(root_parts)] == root_parts else parts[-2:]
+        inside = parts[:len(root_parts)] == root_parts
+        rel = parts[len(root_parts):] if inside else parts[-2:]
         label = f"{short_file(filename)}:{line} in {func}"
         if any(p in PLUGIN_DIRS for p in rel[:-1]):
             return label
-        (helpers if rel and rel[0] in APP_HELPERS and len(rel) > 1 else own).append(label)
-    return own[-1] if own else helpers[-1] if helpers else None
+        if inside and len(rel) == 1:
+            scripts.append(label)
+        # an app's own packages (sd-scripts' library/ and networks/ next to the training script) are the app's
+        (helpers if rel and (rel[0] in APP_HELPERS or inside) and len(rel) > 1 else own).append(label)
+    return scripts[-1] if scripts else own[-1] if own else helpers[-1] if helpers else None
 
 
 def _frames(tb: types.TracebackType | None) -> list[tuple[str, int, str]]:

@@ -25,10 +25,12 @@ def _owner(paths: list[str]) -> str:
     return ".".join(common)
 
 
-def grouped(problems: Sequence[Problem], culprits: int) -> tuple[list[Problem], int]:
+def grouped(problems: Sequence[Problem], culprits: int,
+            networks: Sequence[str] = ()) -> tuple[list[Problem], int]:
     """``problems`` with each group of at least ``GROUP`` tensors of one cause (one kind, found, expected and
     module type; parameters and buffers) replaced by one problem at the first one's place; and how many of the
-    result are culprits (the first ``culprits`` of ``problems`` were)."""
+    result are culprits (the first ``culprits`` of ``problems`` were). ``networks``: the names the program holds
+    networks patched into a model's forward by (``network``): a group of one of those is said as that network."""
     keys: dict[tuple[str, ...], list[int]] = {}
     for i, p in enumerate(problems):
         if p.kind in ("device", "dtype") and p.role in _ROLES:
@@ -42,14 +44,21 @@ def grouped(problems: Sequence[Problem], culprits: int) -> tuple[list[Problem], 
             continue
         members = first.get(i)
         if members is not None:
-            p = _one(p, [problems[j].path for j in members])
+            p = _one(p, [problems[j].path for j in members], networks)
         out.append(p)
         kept += i < culprits
     return out, kept
 
 
-def _one(p: Problem, paths: list[str]) -> Problem:
+def _one(p: Problem, paths: list[str], networks: Sequence[str] = ()) -> Problem:
     owner = _owner(paths)
+    net = owner.split(".")[0] if owner else ""
+    if net in networks and p.kind == "device":
+        shown = ", ".join(paths[:_SHOWN]) + (", ..." if len(paths) > _SHOWN else "")
+        message = (f"the LoRA network was not moved: `{net}.to(device)` ({net}.to({p.expected!r})): {len(paths)} "
+                   f"tensors of `{net}`, patched into the model's forward, are on {p.found} while the run is on "
+                   f"{p.expected}; e.g. {shown}")
+        return replace(p, path=net, message=message, tensors=tuple(paths))
     held = f"{owner}" if owner else "the model"
     via = " (a network patched into the model's forward)" if all(".forward.__self__." in x for x in paths) else ""
     what = f"{p.module_type} modules of " if p.module_type else ""

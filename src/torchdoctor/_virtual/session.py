@@ -25,6 +25,7 @@ from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._virtual.fixes import fix_for
 from torchdoctor._virtual.groups import grouped
+from torchdoctor._virtual.patched import MARK, held_path, rename
 from torchdoctor._virtual.hardware import over_memory, ran_on
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
 from torchdoctor._virtual.tensor import Space, is_virtual
@@ -56,9 +57,18 @@ class _Located(list):  # type: ignore[type-arg]
     def __init__(self) -> None:
         super().__init__()
         self.stacks: dict[tuple[str, str], list[tuple[str, int, str]]] = {}
+        self.roots: Any = None  # the run's outermost modules (a network patched into them is named as held)
+        self.renames: dict[str, str] = {}  # a patched path -> the path the program holds it by
+        self.networks: set[str] = set()  # the names of the networks held so
+        self._held: dict[int, Any] = {}
 
     def append(self, problem: Any) -> None:
         f: Any = sys._getframe(1)
+        if MARK in (problem.path or "") and problem.path not in self.renames and self.roots is not None:
+            held = held_path(problem.path, list(self.roots), f, self._held)
+            if held is not None:
+                self.renames[problem.path] = held[0]
+                self.networks.add(held[1])
         frames: list[tuple[str, int, str]] = []
         while f is not None and len(frames) < 400:
             frames.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
@@ -84,6 +94,7 @@ class VirtualSession:
     stacks: dict[tuple[str, str], list[tuple[str, int, str]]] = field(default_factory=dict)
     ops: int = 0  # aten ops the block ran on virtual tensors (known on exit)
     ran_on: tuple[str, ...] = ()  # the virtual devices the block placed tensors on (known on exit)
+    networks: tuple[str, ...] = ()  # names of networks patched into a model's forward, as the program holds them
     # where device/dtype/profile came from ("@pytest.mark.simulate(...) of test_x"): said in the error
     whence: dict[str, str] = field(default_factory=dict)
     _rec: Any = field(default=None, init=False, repr=False, compare=False)
@@ -156,7 +167,7 @@ class VirtualSession:
         head = (f"{len(self.problems)} placement problem(s) on virtual {where}"
                 + (f", first in {first.module_path or '<root>'} ({first.module_type})" if first.module_type else "")
                 + ":")
-        shown, culprits = grouped(self.problems, self.culprits)  # one cause, one line
+        shown, culprits = grouped(self.problems, self.culprits, self.networks)  # one cause, one line
         rows = [line[2:] if line.startswith("  ") else line
                 for line in _culprits_then_rest(tuple(shown), culprits, 40)]
         if self.stopped:
@@ -249,6 +260,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     rec = _Recorder(profile, dev, dt, limit, {})
     rec.use_stack(_OwnStack(rec.roles))
     rec.problems = located = _Located()
+    located.roots = rec.modules.outermost
     session = VirtualSession(dev, dt, profile, data, rec.problems, stacks=located.stacks,
                              whence=expectation(dev, dt, profile, {k: v for k, v in _CALL.items()
                                                                    if k != "profile" or profile_given}))
@@ -269,8 +281,12 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
             failure = exc  # most likely a consequence of the problems: report them, chained to it
     session.stopped = rec.stopped
     session.ran_on = ran_on(space)
-    session.problems[:] = rec.culprits_first(list(rec.problems), rec.modules.outermost) + over_memory(space) \
-        + not_stored(len(rec.overflow), limit)
+    session.problems[:] = rename(rec.culprits_first(list(rec.problems), rec.modules.outermost), located.renames) \
+        + over_memory(space) + not_stored(len(rec.overflow), limit)
+    for old, new in located.renames.items():  # the lines recorded, under the paths the program knows
+        for key in [k for k in located.stacks if k[1] == old]:
+            located.stacks[(key[0], new)] = located.stacks.pop(key)
+    session.networks = tuple(sorted(located.networks))
     session.culprits = rec.blamed
     session.sources = rec.sources
     session.ops = space.ops
