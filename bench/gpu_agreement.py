@@ -136,7 +136,7 @@ def judge(case: Any, row: dict[str, Any], hardware: bool) -> list[str]:
             out.append(f"broken: the program raised {pred['raised']} under {tool}")
         elif raised and pred["ok"]:
             out.append(f"missed: the hardware raised, {tool} said ok")
-        elif not raised and not pred["ok"] and not case.policy_only:
+        elif not raised and not pred["ok"] and not case.expected_policy_only:
             named = pred["problems"][0]["path"] if pred["problems"] else pred.get("raised")
             out.append(f"unjustified: {tool} named {named}, the hardware ran and the case gives no policy reason")
     sim = row["simulate"]
@@ -163,7 +163,8 @@ def one(case: Any, device: str, hardware: bool, repeats: int) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     row: dict[str, Any] = {"case": case.name, "mechanism": case.mechanism, "expect": case.expect,
-                           "kind": case.kind, "culprit": case.culprit, "policy_only": case.policy_only,
+                           "kind": case.kind, "culprit": case.culprit,
+                           "expected_policy_only": case.expected_policy_only,
                            "device": device}
     if not hardware and case.cpu_real:
         row["real"] = {"raises": False, "error": None, "not_run": case.cpu_real}
@@ -233,14 +234,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in chosen:
         if time.perf_counter() - start > args.budget_s:  # the device command has a hard limit: say what was left
-            rows.append({"case": case.name, "mechanism": case.mechanism, "policy_only": case.policy_only,
+            rows.append({"case": case.name, "mechanism": case.mechanism,
+                         "expected_policy_only": case.expected_policy_only,
                          "not_run": f"--budget-s {args.budget_s:g} spent", "disagreements": ["not run: out of time"]})
             print(f"{case.name:28s} not run: --budget-s {args.budget_s:g} spent", flush=True)
             continue
         try:
             row = one(case, device, hardware, repeats)
         except Exception as exc:  # a case that cannot even be built here (an older peft, say) fails alone
-            row = {"case": case.name, "mechanism": case.mechanism, "policy_only": case.policy_only,
+            row = {"case": case.name, "mechanism": case.mechanism,
+                   "expected_policy_only": case.expected_policy_only,
                    "not_run": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
                    "disagreements": [f"broken: the case raised {type(exc).__name__} outside every tool"],
                    "seconds": 0.0}

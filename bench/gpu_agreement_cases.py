@@ -31,7 +31,7 @@ class Case:
     kind: str | None = None  # device / dtype / memory: the class of a failing case
     culprit: str | None = None  # path (from the object) of the tensor really off, where the culprit is one
     # why simulate may name a problem that the hardware runs through (the policy asks for more than the kernels)
-    policy_only: str | None = None
+    expected_policy_only: str | None = None
     quick: bool = False  # in the --quick subset the suite runs
     cpu_real: str | None = None  # why the real step is not run on the CPU in cpu-check (None: it is run)
     data: str = "cpu"  # the virtual runs' data: "meta" where values would fill this machine's memory

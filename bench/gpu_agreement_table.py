@@ -106,6 +106,7 @@ def markdown(result: dict[str, Any]) -> str:
                  cost(r["overhead"]), verdict]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Mechanisms:", ""]
-    lines += [f"- `{r['case']}`: {r['mechanism']}" + (f" (policy: {r['policy_only']})" if r["policy_only"] else "")
-              for r in result["cases"]]
+    for r in result["cases"]:
+        why = r.get("expected_policy_only")
+        lines.append(f"- `{r['case']}`: {r['mechanism']}" + (f" (policy: {why})" if why else ""))
     return "\n".join(lines) + "\n"

@@ -45,7 +45,7 @@ def test_a_prediction_the_hardware_ran_through_needs_a_policy_reason() -> None:
     case = BY_NAME["cpu_generator"]
     r = row("cpu_generator", raises=False)
     assert [d.split(":")[0] for d in ga.judge(case, r, hardware=True)] == ["unjustified", "unjustified"]
-    justified = cases.Case(**{**case.__dict__, "policy_only": "the policy asks for generators on the device"})
+    justified = cases.Case(**{**case.__dict__, "expected_policy_only": "the policy asks for generators on the device"})
     assert ga.judge(justified, r, hardware=True) == []
 
 
@@ -91,7 +91,7 @@ def test_predictions_must_not_depend_on_the_machine(tmp_path: pathlib.Path) -> N
 def test_the_hardware_table_names_the_gpu_the_driver_and_the_real_error() -> None:
     r = row("attr_left_behind", raises=True, error=CUDA_MISMATCH,
             culprit_at={"path": "scale", "device": "cpu", "dtype": "float32"})
-    r.update(case="attr_left_behind", mechanism="m", policy_only=None, scan={"ok": False, "count": 1,
+    r.update(case="attr_left_behind", mechanism="m", expected_policy_only=None, scan={"ok": False, "count": 1,
              "named": ["scale"]}, disagreements=[], overhead={"plain_ms": 0.5, "guard_ms": 0.52,
                                                               "added_ms": 0.02, "same_output": True})
     env = {"date": "2026-11-29T12:00:00+00:00", "torch": "2.11.0+cu130", "gpu": "NVIDIA H200", "driver": "580.159"}
