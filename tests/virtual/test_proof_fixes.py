@@ -205,3 +205,36 @@ def test_activations_meeting_storage_get_the_storage_cast_never_the_activations(
     assert items[0].code.startswith("model[0].weight.data = model[0].weight.data.to(torch.float16)  # `0` (Conv3d) "
                                     "computes with uint8 storage directly: dequantize it")
     assert "torch.uint8" not in items[0].code
+
+
+class _Lora(nn.Module):
+    def __init__(self, base: nn.Linear) -> None:
+        super().__init__()
+        self.lora_down, self.lora_up = nn.Linear(4, 2, bias=False), nn.Linear(2, 4, bias=False)
+        self.org_forward = base.forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.org_forward(x) + self.lora_up(self.lora_down(x))
+
+
+class _Two(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.k(self.q(x))
+
+
+def test_a_network_held_apart_gets_network_to_never_a_move_of_the_model() -> None:
+    def run(model: _Two) -> None:
+        network = [_Lora(model.q), _Lora(model.k)]  # the program holds it; the model only sees its bound forwards
+        for lora, base in zip(network, (model.q, model.k)):
+            base.forward = lora.forward
+        model.to("cuda:0")  # network.to(...) forgotten
+        model(torch.ones(2, 4, device="cuda:0"))
+
+    report = torchdoctor.simulate(_Two(), device="cuda:0", call=run)
+    assert report.fix is not None and "torchdoctor.move(model" not in report.fix
+    assert "# network.to('cuda:0') where the network is built: 4 tensors of a network patched into the model's " \
+           "forward are held apart from the model (e.g. q.forward.__self__.lora_down.weight" in report.fix

@@ -3,6 +3,8 @@ module-entry checks that catch a leftover whatever kernel path runs later."""
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Any
 
 import pytest
@@ -263,7 +265,10 @@ class _Masked(nn.Module):
 def test_factory_made_tensor_names_the_factory_and_module() -> None:
     report = torchdoctor.simulate(nn.Sequential(_Masked()), (torch.randn(2, 8),), device="cuda:1")
     [p] = report.problems
-    assert p.message.startswith("a tensor made by torch.ones in `0` f32[8]@cpu is on cpu while aten.mul"), p.message
+    line = inspect.getsourcelines(_Masked)[1] + next(i for i, ln in enumerate(inspect.getsourcelines(_Masked)[0])
+                                                     if "torch.ones" in ln)
+    assert p.message.startswith(f"a tensor made by torch.ones in `0` at tests/virtual/test_provenance.py:{line} "
+                                "f32[8]@cpu is on cpu while aten.mul"), p.message
 
 
 class _Chain(nn.Module):

@@ -94,6 +94,10 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         where = "on" if p.kind in ("device", "meta") else "in"
         culprits.append((None, f"the tensors made {where} {p.found}", p.kind, target))
     culprits = [c for c in culprits if not _no_op(c, have)]
+    apart = [c for c in culprits if c[0] is not None and _HELD_APART in c[0]]
+    if len(apart) >= _NETWORK:  # a network patched into forward, held apart: it is moved where it is built
+        culprits = [c for c in culprits if c not in apart]
+        factories.append(_network_fix(apart))
     items: list[Fix] = []
     if meta:  # moving a meta tensor raises "Cannot copy out of meta tensor": the weights are loaded first
         items.append(Fix(f"# {len(meta)} tensor{'s are' if len(meta) > 1 else ' is'} on meta (no data, e.g. "
@@ -176,6 +180,22 @@ def _diff(site: Any, target: torch.dtype) -> str | None:
         return None
     new = patched_line(site, target)
     return line_patch(site.file, site.lineno, new) if new is not None else None
+
+
+_HELD_APART = ".forward.__self__."  # a module patched into another's forward: the model does not hold it
+_NETWORK = 4  # this many of its tensors: a network (LoRA) whose own .to was forgotten
+
+
+def _network_fix(apart: list[tuple[str | None, str, str, Any]]) -> Fix:
+    """The network whose modules were patched into the model's forward is held by the program, not the model:
+    ``torchdoctor.move(model)`` and ``model.to`` never reach it; ``network.to`` where it is built does."""
+    from torchdoctor._guard.maps import value_code
+
+    target = apart[0][3]
+    shown = ", ".join(str(c[0]) for c in apart[:2])
+    return Fix(f"# network.to({value_code(target)}) where the network is built: {len(apart)} tensors of a network "
+               f"patched into the model's forward are held apart from the model (e.g. {shown}); moving the model "
+               "does not move them", "note", target)
 
 
 def _with_dtype(path: str, target: Any, dtype: torch.dtype | None,

@@ -3,6 +3,10 @@
 module, a class attribute, a config), so a dtype problem is fixed where its dtype entered, not on the tensors the
 cast was made from (which already have the right dtype).
 
+``CastMakers`` (a function mode of ``simulate``'s run) also names real tensors made from host data
+(``torch.as_tensor``) and Parameters a forward builds lazily; ``place_inputs`` / ``placed_on`` make the run's own
+inputs, named as ``simulate`` names them.
+
 A site is recorded once per line (``SITES``, bounded): the record of a made tensor names it by ``at``
 (``app.py:12``), and ``fixes`` reads it back to write the fix; the frame is read only when a cast changes a dtype.
 """
@@ -16,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from torchdoctor._virtual.tensor import VirtualTensor, current_space, make, unsupported_form
 
 # ops a dtype cast dispatches to (``.float()``, ``.to(dtype)``, ``.type(...)``, ``type_as``)
 CAST_OPS = frozenset({"aten._to_copy", "aten.to", "aten._to_dtype", "aten.type_as", "aten.to_dtype"})
@@ -147,8 +153,6 @@ class CastMakers(torch.overrides.TorchFunctionMode):
 
     def _made(self, t: Any, out: Any) -> Any:
         from torchdoctor._virtual.origin import Made, short_at, user_frame
-        from torchdoctor._virtual.tensor import VirtualTensor, current_space
-
         if not isinstance(out, VirtualTensor) or not isinstance(t, VirtualTensor) or out is t or \
                 out.dtype == t.dtype or out._td_device != t._td_device:
             return out
@@ -182,7 +186,6 @@ def _real_made(name: str | None, args: Any, out: Any) -> Any:
     in its forward (after the model's ``.to``, so on the CPU): its maker is kept aside for the moment it meets the
     virtual tensors, so the problem names it and its line instead of "a tensor made in forward"."""
     from torchdoctor._virtual.origin import Made
-    from torchdoctor._virtual.tensor import VirtualTensor, current_space
 
     space = current_space()
     if space is None:
@@ -200,3 +203,47 @@ def _real_made(name: str | None, args: Any, out: Any) -> Any:
                 made.at = None  # the line at hand uses it; the line that built it ran earlier
                 space.keep_real(a, None, made)
     return out
+
+
+# -- the run's inputs: made where the user would make them, named as simulate names them (input 0, kwarg mask) --
+
+
+def place_inputs(space: Any, value: Any, device: torch.device, dtype: torch.dtype | None, path: str,
+                  assume: torch.device | None = None) -> Any:
+    """Inputs go where the user would put them: on ``device``, floating ones in ``dtype``. An input on meta is
+    taken as loaded, as the weights are, only when meta tensors are assumed on a device; else its move is checked
+    (and fails as the real one would)."""
+    if isinstance(value, torch.Tensor):
+        elem = space.inner_of(value)
+        if value.device.type == "meta" and assume is None:
+            return make(VirtualTensor, elem, value.device, path).to(device, dtype if elem.is_floating_point() else None)
+        return make(VirtualTensor, elem.to(dtype) if dtype is not None and elem.is_floating_point() else elem,
+                    device, path)
+    if isinstance(value, dict):
+        return type(value)({k: place_inputs(space, v, device, dtype, f"{path}.{k}", assume) for k, v in value.items()})
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(place_inputs(space, v, device, dtype, f"{path}.{i}", assume) for i, v in enumerate(value))
+    return value
+
+
+def placed_on(value: Any, device: torch.device, dtype: torch.dtype | None, assume: torch.device | None,
+               path: str) -> Any:
+    """Inputs a TARGET returned, where the user would put them: on ``device``, floating ones in ``dtype``; named
+    ``input 0`` / ``kwarg mask`` as ``simulate`` names them, and taken as loaded on ``assume`` when on meta, as the
+    model's weights are."""
+    if isinstance(value, torch.Tensor):
+        space = current_space()
+        if not isinstance(value, VirtualTensor) and space is not None and unsupported_form(value) is None:
+            # the TARGET's CPU or meta tensors stayed real: a twin where it is, to be named and placed
+            value = make(VirtualTensor, space.inner_of(value), value.device, path)
+        if isinstance(value, VirtualTensor):
+            if value._td_path is None:
+                value._td_path = path
+            if assume is not None and value._td_device.type == "meta":
+                value._td_device = assume
+        return value.to(device, dtype) if dtype is not None and value.is_floating_point() else value.to(device)
+    if isinstance(value, dict):
+        return type(value)({k: placed_on(v, device, dtype, assume, f"{path}.{k}") for k, v in value.items()})
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(placed_on(v, device, dtype, assume, f"{path}.{i}") for i, v in enumerate(value))
+    return value

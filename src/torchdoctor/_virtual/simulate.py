@@ -32,8 +32,7 @@ from torchdoctor._report.text import public_types
 
 from torchdoctor._virtual.fixes import fix_for, fix_items
 from torchdoctor._virtual.prove import Fix, apply_fixes, fix_text, fixed_inputs, held, proven, recasts
-from torchdoctor._virtual.makers import CastMakers
-from torchdoctor._virtual.makers_inputs import place_inputs as _place_inputs, placed_on as _placed_on
+from torchdoctor._virtual.makers import CastMakers, place_inputs as _place_inputs, placed_on as _placed_on
 from torchdoctor._virtual.groups import grouped
 from torchdoctor._virtual.session import expectation, not_stored, whence_line
 from torchdoctor._virtual.hardware import ledger, over_memory
