@@ -79,7 +79,8 @@ def llama(scale: int) -> tuple[torch.nn.Module, dict[str, Any]]:
 
 BUILDERS: dict[str, Callable[[int], tuple[torch.nn.Module, dict[str, Any]]]] = {
     "flux": flux, "sdxl": sdxl_unet, "llama": llama}
-LABELS = {"flux": "Flux (2+4 blocks at 1x)", "sdxl": "SDXL UNet (0/1/2 layers at 1x)", "llama": "Llama-3-8B (4 layers at 1x)"}
+LABELS = {"flux": "Flux width (1x: 2+4 blocks)", "sdxl": "SDXL UNet widths (1x: 0/1/2 layers)",
+          "llama": "Llama-3-8B width (1x: 4 layers)"}
 
 
 def meta_inputs(x: Any) -> Any:
