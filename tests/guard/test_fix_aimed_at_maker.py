@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import pathlib
+import pickle
 import shutil
 import subprocess
 import sys
@@ -123,6 +124,7 @@ def test_a_class_attribute_compute_dtype_is_the_fix_and_its_patch_makes_the_erro
     assert "-    compute_dtype = torch.bfloat16\n+    compute_dtype = torch.float16\n" in patch
     data = err.to_dict()
     assert data["patch"] == patch and data["proof"] == err.proof and json.loads(json.dumps(data)) == data
+    assert pickle.loads(pickle.dumps(err)).to_dict()["patch"] == patch  # the error crosses processes intact
     (project / "fix.patch").write_text(patch)
     applied = _git(project, "apply", "fix.patch")
     assert applied.returncode == 0, applied.stderr

@@ -9,6 +9,7 @@ left as it was): a cast of the operand alone proves nothing about the attribute 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -180,7 +181,7 @@ def with_patch(err: Any, patch: str | None, lines: list[str]) -> Any:
     err.proof = next((x for x in reversed(lines) if x.startswith(("fix proven", "fix unproven"))), None)
     if patch:
         err.args = (f"{err.args[0]}\nPatch (git apply):\n" + "".join(f"    {x}" for x in patch.splitlines(True)),)
-    err.to_dict = lambda: error_dict(err)
+    err.to_dict = functools.partial(error_dict, err)  # a partial, not a lambda: the error stays picklable
     return err
 
 
