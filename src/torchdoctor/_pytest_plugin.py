@@ -120,6 +120,10 @@ def _simulated(item: pytest.Item, marker: pytest.Mark) -> Generator[Any, None, N
     kwargs = _marker_kwargs(item, marker)
     given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k in ("device", "dtype", "profile"))
     where = f"@pytest.mark.simulate({given})"  # the error says where its expectation came from
+    if str(kwargs["device"]).strip().lower() == "cpu":  # the CPU is here: the dtype is checked on it for real
+        with _on_cpu(item, kwargs.get("dtype"), where):
+            yield None
+        return
     # the test body is checked for code that means the first GPU by a bare "cuda": device 0 stays current
     kwargs.setdefault("select", False)
     session: Any = None
@@ -135,6 +139,46 @@ def _simulated(item: pytest.Item, marker: pytest.Mark) -> Generator[Any, None, N
         if session is not None and _is_placement_error(exc):
             item.stash[_STACKS] = dict(session.stacks)
         raise
+
+
+@contextlib.contextmanager
+def _on_cpu(item: pytest.Item, dtype: Any, where: str) -> Generator[None, None, None]:
+    """``@pytest.mark.simulate("cpu", dtype="float16")``: the test body runs on this CPU under the check
+    ``simulate(device="cpu", dtype=...)`` runs: an op with no kernel in the dtype, or one an operand of a wider
+    floating dtype promotes out of it, is a problem (the run goes on past each); they fail the test together."""
+    import torch
+
+    from torchdoctor import PlacementError
+    from torchdoctor._placement import dtype_str, parse_dtype
+    from torchdoctor._virtual.cpudtype import _Calls, _Checks
+
+    if dtype is None:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.simulate('cpu') checks a dtype on this CPU: add "
+                                "dtype=, e.g. @pytest.mark.simulate('cpu', dtype='float16')")
+    try:
+        dt = parse_dtype(dtype)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.simulate: {exc}") from None
+    stack: list[Any] = []  # the modules running now, so a problem names the one it was met in
+
+    def leave(m: Any, a: Any, o: Any) -> None:  # returns None: the output stays the module's own
+        if stack:
+            stack.pop()
+
+    pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: stack.append(m))
+    post = torch.nn.modules.module.register_module_forward_hook(leave)
+    checks = _Checks(dt, {}, stack, {})
+    try:
+        with checks, _Calls(checks):
+            yield
+    finally:
+        pre.remove()
+        post.remove()
+    if checks.problems:
+        rows = [f"  {p}" for p in checks.problems[:40]]
+        head = f"{len(checks.problems)} dtype problem(s) on cpu in {dtype_str(dt)}:"
+        raise PlacementError("\n".join([head, *rows, f"expected: cpu {dtype_str(dt)} (dtype from {where})"]),
+                             problems=tuple(checks.problems))
 
 
 @pytest.fixture()
