@@ -92,7 +92,8 @@ def scan_pairs(arg: str, n: int) -> tuple[list[float], list[float]]:
     a: list[float] = []
     b: list[float] = []
     for _ in range(2):
-        ours(), acc()
+        ours()
+        acc()
     for i in range(n):
         for fn, out in ((ours, a), (acc, b)) if i % 2 == 0 else ((acc, b), (ours, a)):
             t = time.process_time()
