@@ -114,6 +114,7 @@ def _never_compiled(code: Any) -> bool:
 
 
 _UNWRAPPED = _never_compiled(_check.__code__)
+never_compiled = _never_compiled  # the plain name other subpackages' dispatch modes use (no private name crosses)
 
 
 class CheckMode(TorchDispatchMode):
