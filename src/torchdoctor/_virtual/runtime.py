@@ -352,7 +352,8 @@ def virtual_world(space: Space, profile: DeviceProfile) -> Iterator[None]:
         installs.set(torch.Tensor, "_make_subclass", staticmethod(_make_subclass), shared=True)
         installs.set(torch.nn.Parameter, "__new__", staticmethod(_param_new), shared=True)
         installs.set(torch, "_has_compatible_shallow_copy_type", outside.compatible, shared=True)
-        installs.set(torch, "compile", outside.eager)  # compiled code places tensors as eager code does; inductor needs the GPU
+        # compiled code places tensors as eager code does; inductor needs the GPU
+        installs.set(torch, "compile", outside.eager)
         api.follow_threads(installs)
         before = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
         # bitsandbytes and its kind, if the program imports them, import as on the real machine (deferred.py)
