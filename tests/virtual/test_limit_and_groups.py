@@ -77,6 +77,7 @@ def test_many_tensors_of_one_object_left_behind_are_one_finding() -> None:
                "(network.to('cuda:1')): 8 tensors of `network`, patched into the model's forward, are on cpu while "
                "the run is on cuda:1; e.g. network.0.lora_down.weight, network.0.lora_up.weight" in line]
     assert len(grouped) == 1, text
-    assert sum("lora_down.weight" in line for line in text.splitlines()) == 1  # one line, not eight
-    assert "__self__" not in text
+    assert sum("lora_down.weight" in line for line in text.split("Fix:")[0].splitlines()) == 1  # one, not eight
+    assert "__self__" not in text.split("Fix:")[0]
+    assert "network.to('cuda:1') where the network is built" in text.split("Fix:")[1]  # never a move of the model
     assert {p.path for p in problems} == {f"network.{i}.lora_{w}.weight" for i in range(4) for w in ("down", "up")}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -95,6 +95,7 @@ class VirtualSession:
     ops: int = 0  # aten ops the block ran on virtual tensors (known on exit)
     ran_on: tuple[str, ...] = ()  # the virtual devices the block placed tensors on (known on exit)
     networks: tuple[str, ...] = ()  # names of networks patched into a model's forward, as the program holds them
+    renamed: dict[str, str] = field(default_factory=dict)  # a patched tensor's walk path -> the program's path
     # where device/dtype/profile came from ("@pytest.mark.simulate(...) of test_x"): said in the error
     whence: dict[str, str] = field(default_factory=dict)
     _rec: Any = field(default=None, init=False, repr=False, compare=False)
@@ -176,7 +177,10 @@ class VirtualSession:
             rows.append(whence_line(self.whence))
         if self.ran_on and self.ran_on != (device_str(self.device),):
             rows.append(f"the work {self.where_ran()}")
-        fix = fix_for(self.problems, self.device, self.dtype, self.sources)
+        # the fixes know a patched network by its walk path (``….forward.__self__.…``): they get the paths as walked
+        walked = {new: old for old, new in self.renamed.items()}
+        fix = fix_for([replace(p, path=walked[p.path]) if p.path in walked else p for p in self.problems],
+                      self.device, self.dtype, self.sources)
         return PlacementError(format_error(head, rows, fix, limit=len(rows)), module_path=first.module_path,
                               module_type=first.module_type,
                               op=first.op, tensors=first.tensors, problems=tuple(self.problems), fix=fix)
@@ -287,6 +291,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
         for key in [k for k in located.stacks if k[1] == old]:
             located.stacks[(key[0], new)] = located.stacks.pop(key)
     session.networks = tuple(sorted(located.networks))
+    session.renamed = dict(located.renames)
     session.culprits = rec.blamed
     session.sources = rec.sources
     session.ops = space.ops
