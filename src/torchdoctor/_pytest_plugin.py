@@ -150,7 +150,7 @@ def _on_cpu(item: pytest.Item, dtype: Any, where: str) -> Generator[None, None, 
 
     from torchdoctor import PlacementError
     from torchdoctor._placement import dtype_str, parse_dtype
-    from torchdoctor._virtual.cpudtype import _Calls, _Checks
+    from torchdoctor._virtual.cpudtype import Calls, Checks
 
     if dtype is None:
         raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.simulate('cpu') checks a dtype on this CPU: add "
@@ -167,9 +167,9 @@ def _on_cpu(item: pytest.Item, dtype: Any, where: str) -> Generator[None, None, 
 
     pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: stack.append(m))
     post = torch.nn.modules.module.register_module_forward_hook(leave)
-    checks = _Checks(dt, {}, stack, {})
+    checks = Checks(dt, {}, stack, {})
     try:
-        with checks, _Calls(checks):
+        with checks, Calls(checks):
             yield
     finally:
         pre.remove()

@@ -1,4 +1,4 @@
-"""``_fix.diff.line_patch``: the diff guard prints for a line of the user's file applies with the real ``git apply``
+"""``_report.diff.line_patch``: the diff guard prints for a line of the user's file applies with the real ``git apply``
 and ``patch -p1``, and is None where no honest diff can be written."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from torchdoctor._fix.diff import line_patch, repo_path
+from torchdoctor._report.diff import line_patch, repo_path
 
 SOURCE = (
     "import torch\n"

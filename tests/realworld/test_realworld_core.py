@@ -176,9 +176,11 @@ def test_a_float32_component_fed_by_a_bf16_pipeline_is_the_component_to_cast(mod
         pipe(x)
     err = info.value
     assert err.module_path == "vae.0"
-    assert [(p.found, p.expected) for p in err.problems] == [("bfloat16", "float32")]
-    assert err.fix is not None and err.fix.startswith("model.vae.to(torch.bfloat16)")
-    assert "pass its inputs as tensor.to(torch.float32)" in err.fix
+    # the component is the culprit, first; the bf16 latents it was fed follow as what it received
+    assert [(p.path, p.role, p.found, p.expected) for p in err.problems][0] == ("vae", "component", "float32",
+                                                                             "bfloat16")
+    assert ("bfloat16", "float32") in [(p.found, p.expected) for p in err.problems[1:]]
+    assert err.fix is not None and err.fix.startswith("pipe.vae.to(torch.bfloat16)")
 
 
 def _fp8_llama() -> nn.Module:

@@ -163,7 +163,7 @@ class Net(nn.Module):
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
 def test_a_line_fix_in_the_users_file_comes_as_a_diff_git_apply_takes(tmp_path: Path) -> None:
-    pytest.importorskip("torchdoctor._fix.diff")
+    pytest.importorskip("torchdoctor._report.diff")
     (tmp_path / "pkg").mkdir()
     path = tmp_path / "pkg" / "netmod_proof.py"
     path.write_text(_MODEL_PY)

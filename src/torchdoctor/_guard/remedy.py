@@ -1,6 +1,6 @@
 """The fix for an operand made in a forward, aimed at its maker (``_guard.maker``): the attribute, class attribute or
 config the dtype was read from, or the cast / factory line itself, as code to paste and, where that line is in the
-user's own file, as a unified diff (``_fix.diff.line_patch``).
+user's own file, as a unified diff (``_report.diff.line_patch``).
 
 A fix that changes where a dtype is read from is proven by running the module whose forward made the operand again
 with the attribute set as the fix says (the attribute is put back whatever happens, and the guard's module stack is
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdoctor._fix.diff import line_patch
+from torchdoctor._report.diff import line_patch
 from torchdoctor._guard.maker import Maker, class_attribute_line
 from torchdoctor._guard.maps import code_path, value_code
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from torchdoctor._guard.dispatch import _never_compiled
+from torchdoctor._guard.dispatch import never_compiled
 from torchdoctor._placement import dtype_str
 from torchdoctor._report.model import Problem
 
@@ -38,7 +38,7 @@ _COPIES = ("aten._to_copy", "aten.copy_", "aten.to", "aten.copy", "aten.clone", 
 
 
 def _dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-    """One op of the run (``_Checks.__torch_dispatch__``): run (past a missing kernel), then a promotion out of the
+    """One op of the run (``Checks.__torch_dispatch__``): run (past a missing kernel), then a promotion out of the
     dtype is named and its result cast back."""
     kwargs = kwargs or {}
     self.ops += 1
@@ -58,10 +58,10 @@ def _dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = No
 
 # torch wraps a mode's __torch_dispatch__ in dynamo's disable, which imports dynamo (seconds) on the first op;
 # told once to the code object instead, as guard's mode does
-_UNWRAPPED = _never_compiled(_dispatch.__code__)
+_UNWRAPPED = never_compiled(_dispatch.__code__)
 
 
-class _Checks(torch.utils._python_dispatch.TorchDispatchMode):
+class Checks(torch.utils._python_dispatch.TorchDispatchMode):
     """Every op of the run: no kernel in ``dtype`` or a promotion out of it is a problem, then the op goes on."""
 
     def __init__(self, dtype: torch.dtype, names: dict[int, tuple[str, str]], stack: list[Any],
@@ -142,11 +142,11 @@ class _Checks(torch.utils._python_dispatch.TorchDispatchMode):
                                          module_path=mpath, module_type=mtype))
 
 
-class _Calls(torch.overrides.TorchFunctionMode):
+class Calls(torch.overrides.TorchFunctionMode):
     """The torch functions whose dtype check runs before any aten op (``torch.fft.rfft``'s "Unsupported dtype
-    Half"): the same naming and going on as ``_Checks`` gives the ops."""
+    Half"): the same naming and going on as ``Checks`` gives the ops."""
 
-    def __init__(self, checks: _Checks) -> None:
+    def __init__(self, checks: Checks) -> None:
         super().__init__()
         self.checks = checks
 
@@ -178,9 +178,9 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
 
     pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: stack.append(m))
     post = torch.nn.modules.module.register_module_forward_hook(leave)
-    mode = _Checks(dtype, names, stack, paths)
+    mode = Checks(dtype, names, stack, paths)
     try:
-        with torch.no_grad() if call is None else torch.enable_grad(), mode, _Calls(mode):
+        with torch.no_grad() if call is None else torch.enable_grad(), mode, Calls(mode):
             if call is not None:
                 call(clone)
             elif args or kwargs:
@@ -192,13 +192,13 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
 
 
 def simulate_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype | None,
-                 call: Callable[[Any], Any] | None, limit: int) -> Any:
-    """``simulate`` on ``device="cpu"``: the report of ``check_cpu``, with its fixes proven."""
+                 call: Callable[[Any], Any] | None, limit: int, report: Callable[..., Any]) -> Any:
+    """``simulate`` on ``device="cpu"``: the report of ``check_cpu``, with its fixes proven, made by ``report``
+    (``simulate``'s own report type, handed in: this module is imported by ``simulate``, never the reverse)."""
     from torchdoctor._rules.profile import DeviceProfile
     from torchdoctor._virtual.fixes import fix_items
     from torchdoctor._virtual.prove import Fix, held, proven
     from torchdoctor._virtual.session import expectation
-    from torchdoctor._virtual.simulate import SimulationReport
 
     if dtype is None:
         raise ValueError("simulate on device='cpu' checks a dtype on this CPU: pass dtype=, e.g. dtype=torch.float16")
@@ -214,7 +214,7 @@ def simulate_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype:
     if any(p.kind == "unsupported_dtype" for p in problems):
         items.append(_other_dtype(obj, args, kwargs, dtype, call, problems))
     cpu = torch.device("cpu")
-    return SimulationReport(cpu, dtype, "cpu", DeviceProfile.for_device(cpu), tuple(problems), ops,
+    return report(cpu, dtype, "cpu", DeviceProfile.for_device(cpu), tuple(problems), ops,
                             time.perf_counter() - start, None, (), 0, "\n".join(f.code for f in items) or None,
                             bool(args or kwargs or call is not None), None, expectation(cpu, dtype,
                             DeviceProfile.for_device(cpu), None), tuple(items))

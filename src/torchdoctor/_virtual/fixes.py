@@ -146,7 +146,7 @@ def _cast_fix(p: Problem, at: str, target: Any, module_path: Callable[[Any], str
     """A tensor a forward cast at ``at`` is in the wrong dtype: set the attribute the cast read its dtype from, on
     the module holding it, or else fix the cast at its line (with a diff of the user's file, when it is theirs)."""
     from torchdoctor._guard.maps import code_path
-    from torchdoctor._virtual.makers import SITES
+    from torchdoctor._virtual.castsites import SITES
 
     site = SITES.get(at)
     if site is None or not isinstance(target, torch.dtype):
@@ -169,13 +169,13 @@ def _diff(site: Any, target: torch.dtype) -> str | None:
     import os
     import site as _site_mod
 
-    from torchdoctor._virtual.makers import patched_line
+    from torchdoctor._virtual.castsites import patched_line
 
     installed = [*_site_mod.getsitepackages(), _site_mod.getusersitepackages()]
     if any(site.file.startswith(d + os.sep) for d in installed if d) or not os.path.isfile(site.file):
         return None
     try:
-        from torchdoctor._fix.diff import line_patch
+        from torchdoctor._report.diff import line_patch
     except ImportError:  # the diff writer is not installed in this tree yet: no diff, the fix stands
         return None
     new = patched_line(site, target)

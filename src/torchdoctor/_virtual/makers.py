@@ -7,120 +7,17 @@ cast was made from (which already have the right dtype).
 (``torch.as_tensor``) and Parameters a forward builds lazily; ``place_inputs`` / ``placed_on`` make the run's own
 inputs, named as ``simulate`` names them.
 
-A site is recorded once per line (``SITES``, bounded): the record of a made tensor names it by ``at``
-(``app.py:12``), and ``fixes`` reads it back to write the fix; the frame is read only when a cast changes a dtype.
+The cast sites themselves (``SITES``, ``cast_site``, ``patched_line``) are in ``castsites``.
 """
 
 from __future__ import annotations
 
-import linecache
-import re
-import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from torchdoctor._virtual.castsites import cast_site
 from torchdoctor._virtual.tensor import VirtualTensor, current_space, make, unsupported_form
-
-# ops a dtype cast dispatches to (``.float()``, ``.to(dtype)``, ``.type(...)``, ``type_as``)
-CAST_OPS = frozenset({"aten._to_copy", "aten.to", "aten._to_dtype", "aten.type_as", "aten.to_dtype"})
-_LIMIT = 512  # sites kept (a forward has few cast lines; the bound keeps a long program's memory flat)
-_METHOD = re.compile(r"\.(float|half|double|bfloat16)\(\s*\)")
-_TO = re.compile(r"\.(?:to|type)\(([^()]*(?:\([^()]*\))?[^()]*)\)")
-_KW = re.compile(r"dtype\s*=\s*([\w.\[\]'\"]+)")
-
-
-@dataclass
-class CastSite:
-    """A line of the user's code that cast a tensor to ``dtype``."""
-
-    at: str  # ``app.py:12`` as reports write it
-    file: str  # the absolute path (what a diff and a re-run match)
-    lineno: int
-    text: str  # the line, stripped
-    cast: str  # the cast as written: ``.float()``, ``.to(self.compute_dtype)``
-    dtype: torch.dtype
-    read_from: str | None = None  # ``the class attribute Deq.compute_dtype``, ``the config self.config.dtype``
-    attr: str | None = None  # the attribute the dtype was read from, set on the module to fix it
-    module: Any = None  # a weak reference to the module whose attribute it is
-
-    def owner(self) -> Any:
-        return self.module() if self.module is not None else None
-
-    def describe(self) -> str:
-        """``h.float() at app.py:24`` and where its dtype came from."""
-        src = f" (dtype read from {self.read_from})" if self.read_from else ""
-        return f"`{self.cast}` at {self.at}{src}"
-
-
-SITES: dict[str, CastSite] = {}
-
-
-def cast_site(frame: Any, at: str, dtype: torch.dtype) -> CastSite | None:
-    """The site of the cast running in ``frame`` (the first frame of the user's code), recorded under ``at``."""
-    known = SITES.get(at)
-    if known is not None and known.dtype == dtype:
-        if known.attr is not None and known.owner() is not frame.f_locals.get("self"):
-            _read_from(known, frame)  # another instance (a fresh copy) runs the same line: it holds the attribute
-        return known
-    file, lineno = frame.f_code.co_filename, frame.f_lineno
-    text = linecache.getline(file, lineno).strip()
-    site = CastSite(at, file, lineno, text, _written(text), dtype)
-    _read_from(site, frame)
-    if len(SITES) >= _LIMIT:
-        SITES.pop(next(iter(SITES)))
-    SITES[at] = site
-    return site
-
-
-def _written(text: str) -> str:
-    """The cast as written on the line (the whole line when no cast call is found)."""
-    m = _METHOD.search(text) or _TO.search(text)
-    return m.group(0).lstrip(".") if m else text
-
-
-def _read_from(site: CastSite, frame: Any) -> None:
-    """Where ``.to(<expr>)`` read its dtype: ``self.compute_dtype`` is the module's attribute or a class attribute
-    of its class; ``self.config.x`` / ``config.x`` a config."""
-    m = _TO.search(site.text)
-    expr = m.group(1).strip() if m else ""
-    kw = _KW.search(expr)
-    expr = kw.group(1) if kw else expr.split(",")[-1].strip()
-    parts = expr.split(".")
-    if len(parts) < 2 or not all(p.isidentifier() for p in parts):
-        return
-    obj = frame.f_locals.get(parts[0])
-    for name in parts[1:-1]:
-        obj = getattr(obj, name, None)
-    attr = parts[-1]
-    if obj is None or not isinstance(getattr(obj, attr, None), torch.dtype):
-        return
-    if "config" in expr.lower() or type(obj).__name__.endswith("Config"):
-        site.read_from = f"the config {expr}"
-    elif attr in getattr(obj, "__dict__", {}):
-        site.read_from = f"the attribute {expr} of {type(obj).__name__}"
-    elif any(attr in vars(k) for k in type(obj).__mro__):
-        owner = next(k for k in type(obj).__mro__ if attr in vars(k))
-        site.read_from = f"the class attribute {owner.__name__}.{attr}"
-    else:
-        return
-    if isinstance(obj, torch.nn.Module) and len(parts) == 2:
-        site.attr, site.module = attr, weakref.ref(obj)
-
-
-def patched_line(site: CastSite, want: torch.dtype) -> str | None:
-    """The cast's line with the cast writing ``want`` instead (``h.float()`` -> ``h.to(torch.bfloat16)``), for the
-    diff; None when the line holds no cast this can rewrite."""
-    from torchdoctor._placement import dtype_str
-
-    line = linecache.getline(site.file, site.lineno).rstrip("\r\n")
-    new = f".to(torch.{dtype_str(want)})"
-    for pattern in (_METHOD, _TO):
-        if pattern.search(line):
-            return pattern.sub(new, line, count=1)
-    return None
-
 
 # factories whose tensor stays real in a virtual run (made from host data): named by the line that called them
 _REAL_MAKERS = frozenset({"from_numpy", "as_tensor", "asarray", "frombuffer", "from_dlpack"})

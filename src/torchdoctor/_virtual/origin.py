@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from torchdoctor._virtual.makers import CAST_OPS
+from torchdoctor._virtual.castsites import CAST_OPS
 
 DEPTH = 8  # links of made-from-made kept per chain
 NAMES = 16  # source paths kept per record
@@ -38,7 +38,7 @@ class Made:
         # a factory (nothing it came from): the line that called it, so a tensor the user made is found by file:line
         self.at: str | None = where_called() if not paths and via is None else None
         self.arg: str | None = None  # an argument of the top-level call: its name as the forward sees it
-        self.site: Any = None  # a cast at a line of the user's code (``makers.CastSite``): the chain starts there
+        self.site: Any = None  # a cast at a line of the user's code (``castsites.CastSite``): the chain starts there
         self.made_of: tuple[str, ...] = ()  # the named tensor a cast was made from (its dtype is not the culprit)
 
     @classmethod
@@ -222,7 +222,7 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
 
 def _cast_here(dtype: Any) -> Any:
     """The site of a cast the user's code is running now (None outside user code)."""
-    from torchdoctor._virtual.makers import cast_site
+    from torchdoctor._virtual.castsites import cast_site
 
     f = user_frame(3)
     return cast_site(f, short_at(f), dtype) if f is not None and isinstance(dtype, torch.dtype) else None

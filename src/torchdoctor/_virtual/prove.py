@@ -26,7 +26,7 @@ class Fix:
     kind: str  # "path": code run on the copy; "line": a cast at a line of the user's code; "input"; "note"
     target: Any = None  # the device or dtype the fix sets
     label: str = ""  # an input's name (``input 0``, ``kwarg mask``) for kind "input"
-    site: Any = None  # the ``makers.CastSite`` of a kind "line" fix
+    site: Any = None  # the ``castsites.CastSite`` of a kind "line" fix
     proven: bool = False
     tried: str = ""  # what the proof did and what it found
     diff: str | None = None  # a unified diff of the user's file, where the fix is a line there

@@ -169,7 +169,7 @@ def simulate(
     if dev.type == "cpu":  # the CPU is here: a dtype is checked on it for real, with no virtual device
         from torchdoctor._virtual.cpudtype import simulate_cpu
 
-        return simulate_cpu(obj, args, kwargs, dt, call, limit)  # type: ignore[no-any-return]
+        return simulate_cpu(obj, args, kwargs, dt, call, limit, SimulationReport)  # type: ignore[no-any-return]
     profile_given = profile is not None
     profile = as_profile(profile) or DeviceProfile.for_device(dev if is_virtual(dev) else "cuda")
     if is_virtual(dev):
@@ -337,7 +337,7 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
 
         t = load()
         return simulate_cpu(*((t.obj, tuple(t.args), dict(t.kwargs)) if isinstance(t, Target) else (t, (), {})), dt,
-                            call, limit)  # type: ignore[no-any-return]
+                            call, limit, SimulationReport)  # type: ignore[no-any-return]
     placed: Any = None
     forward = False
     assumed = None
