@@ -7,6 +7,11 @@ cost seconds and printed its warnings into programs that never use it. Instead, 
 the front of ``sys.meta_path`` wraps the loader of these packages (and their submodules): the module executes with
 this thread's run set aside and torch's function modes off, exactly as an import before the run would. A program
 that never imports them never gets them.
+
+Libraries imported before the run may have cached their answer to "is there an XPU / a CUDA GPU?"
+(accelerate's and transformers' ``is_*_available`` are ``functools.lru_cache``d): those caches are cleared as a run
+starts and again as it ends, so the program asks the run, and after it the real machine, as on a machine that has
+(or lacks) the device from the start.
 """
 
 from __future__ import annotations
@@ -78,6 +83,20 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 _FINDER = _Finder()
 
+# modules whose availability checks are cached per process, asked again at the start and end of a run
+_CACHED_CHECKS = ("accelerate.utils.imports", "transformers.utils.import_utils", "diffusers.utils.import_utils")
+
+
+def forget_availability() -> None:
+    """Clear the cached ``is_*_available`` answers of the libraries already imported (never imports one)."""
+    for name in _CACHED_CHECKS:
+        mod = sys.modules.get(name)
+        for attr in [a for a in dir(mod) if a.startswith("is_") and a.endswith("_available")] if mod else ():
+            clear = getattr(getattr(mod, attr, None), "cache_clear", None)
+            if clear is not None:
+                with contextlib.suppress(Exception):
+                    clear()
+
 
 @contextlib.contextmanager
 def deferred_imports() -> Iterator[None]:
@@ -86,9 +105,11 @@ def deferred_imports() -> Iterator[None]:
         if _ACTIVE[0] == 0 and _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
         _ACTIVE[0] += 1
+    forget_availability()
     try:
         yield
     finally:
+        forget_availability()
         with _LOCK:
             _ACTIVE[0] -= 1
             if _ACTIVE[0] == 0:

@@ -96,6 +96,9 @@ class VirtualSession:
     ran_on: tuple[str, ...] = ()  # the virtual devices the block placed tensors on (known on exit)
     networks: tuple[str, ...] = ()  # names of networks patched into a model's forward, as the program holds them
     renamed: dict[str, str] = field(default_factory=dict)  # a patched tensor's walk path -> the program's path
+    # the exception that ended the block, taken for a consequence of the problems recorded before it (raised,
+    # chained, with them; with raise_on_exit=False kept here, so it is never lost)
+    failure: BaseException | None = None
     # where device/dtype/profile came from ("@pytest.mark.simulate(...) of test_x"): said in the error
     whence: dict[str, str] = field(default_factory=dict)
     _rec: Any = field(default=None, init=False, repr=False, compare=False)
@@ -284,6 +287,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
                 raise
             failure = exc  # most likely a consequence of the problems: report them, chained to it
     session.stopped = rec.stopped
+    session.failure = failure
     session.ran_on = ran_on(space)
     session.problems[:] = rename(rec.culprits_first(list(rec.problems), rec.modules.outermost), located.renames) \
         + over_memory(space) + not_stored(len(rec.overflow), limit)
@@ -297,3 +301,15 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     session.ops = space.ops
     if raise_on_exit and rec.problems:
         raise session.error() from failure
+    if isinstance(failure, AssertionError) and _own_assert(failure):  # the program's own check: never swallowed
+        raise failure
+
+
+def _own_assert(exc: BaseException) -> bool:
+    """An ``assert`` in the program's own code (its innermost frame outside installed packages and torch), not a
+    library's check failing as a consequence of a placement problem."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    file = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    return not any(part in file for part in ("site-packages", "dist-packages", "/torch/", "/torchdoctor/"))
