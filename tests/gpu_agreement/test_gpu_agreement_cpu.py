@@ -87,6 +87,7 @@ def test_a_planted_disagreement_is_flagged(plant: str, tmp_path: pathlib.Path, q
 def test_the_script_exits_non_zero_on_a_planted_disagreement(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     # the script's own __main__ path, run in this process: a child Python would pay torch's import again
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts bench/ first: not for the tests after it
     monkeypatch.setattr(sys, "argv", ["gpu_agreement.py", "--device", "cpu-check", "--only", "attr_left_behind",
                                       "--plant", "missed", "--repeats", "1", "--out", str(tmp_path)])
     with pytest.raises(SystemExit) as exit_:
