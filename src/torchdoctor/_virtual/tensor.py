@@ -89,7 +89,9 @@ class Space:
         self.foreign: dict[int, tuple[str, str]] = {}
         self.named: dict[int, tuple[torch.Tensor, str]] = {}  # real tensors a module-entry check named, by id
         self.relabelled: list[Any] = []  # weak references to real tensors given a device label by ``.data =``
-        self.kernels: dict[Any, Any] = {}  # meta-kernel outputs by op and argument metadata (``kernels``)
+        from torchdoctor._virtual.kernels import TABLE
+
+        self.kernels: dict[Any, Any] = TABLE  # meta-kernel outputs by op and argument metadata, for the process
         # real CPU tensors the run made (factories, what came back from a virtual device): id -> (weak reference,
         # path, provenance), so a tensor that later meets virtual ones is still named by where it came from
         self.real: dict[int, tuple[Any, str | None, Any]] = {}
