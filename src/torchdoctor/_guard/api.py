@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import nn
 
-from torchdoctor._guard.diagnose import explain_error
 from torchdoctor._guard.session import Session
 from torchdoctor._report.model import PlacementError, PlacementWarning, Problem
 from torchdoctor._report.text import public_types, user_stacklevel
@@ -111,6 +110,8 @@ class guard:  # noqa: N801 - reads like torch.no_grad
         if exc is None or isinstance(exc, PlacementError) or not isinstance(exc, Exception):
             return None
         try:
+            from torchdoctor._guard.diagnose import explain_error  # the explanation is loaded by the first error
+
             explained = explain_error(session, exc, tb)
         except Exception:  # never let the explanation replace the user's error
             log.debug("guard could not explain %r", exc, exc_info=True)
@@ -184,6 +185,8 @@ def explain_running(g: guard, exc: BaseException) -> str | None:
     sessions = getattr(g._local, "sessions", None)
     if not sessions or exc.__traceback__ is None:
         return None
+    from torchdoctor._guard.diagnose import explain_error
+
     explained = explain_error(sessions[-1], exc, exc.__traceback__)
     return str(explained) if explained is not None else None
 
