@@ -22,7 +22,10 @@ _LABELLED = {"device": lambda d: d, "is_cuda": lambda d: d.type == "cuda", "is_x
 
 def attribute(space: Space, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A tensor attribute read or written (``__get__`` / ``__set__``): on the object itself, never on a copy."""
-    attr = getattr(getattr(func, "__self__", None), "__name__", "")
+    owner = getattr(func, "__self__", None)
+    attr = getattr(owner, "__name__", "")
+    if not attr and isinstance(owner, property) and owner is vars(torch.Tensor).get("data"):
+        attr = "data"  # ``Tensor.data`` replaced by a Python property (a trace watching ``.data =``): still data
     if attr == "data" and name == "__set__" and len(args) == 2 and plain(args[0]) \
             and isinstance(args[1], VirtualTensor):
         return _relabel(space, args[0], args[1])
