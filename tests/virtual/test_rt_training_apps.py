@@ -134,6 +134,8 @@ def test_an_ema_copy_left_on_the_cpu_is_named_at_the_line() -> None:
             for e, p in zip(ema.parameters(), m.parameters()):
                 e.lerp_(p, 0.1)
     [p] = [p for p in sim.problems if p.op == "aten.lerp_.Scalar"]
-    assert (p.kind, p.found, p.expected) == ("device", "cpu", "cuda:1")
-    assert "f32[2,4]@cpu is on cpu while aten.lerp_.Scalar runs on cuda:1" in p.message
+    # named as the program holds it (the copy never runs a forward, so no module of the run names it)
+    assert (p.kind, p.path, p.role, p.found, p.expected) == ("device", "ema.weight", "held", "cpu", "cuda:1")
+    assert "ema.weight f32[2,4]@cpu is on cpu while aten.lerp_.Scalar runs on cuda:1" in p.message
     assert any(f == __file__ for f, _, _ in sim.stacks[(p.kind, p.path)])
+    assert "ema.to('cuda:1')  # ema.weight is on cpu" in str(sim.error())

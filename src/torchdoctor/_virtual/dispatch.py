@@ -50,6 +50,8 @@ def lift_all(items: Any, space: Space | None, follow: torch.device | None) -> li
                  else kept[0] if kept is not None else None)
         if kept is not None:
             v._td_origin = kept[1]
+        elif hit is None:
+            v._td_real = x  # no name yet: a recorded problem asks the program's frames for one (``heldby``)
         return v
 
     return [one(a) if not isinstance(a, (list, tuple)) else type(a)(one(x) for x in a)

@@ -72,6 +72,13 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         if p.role in _NAMED:
             _add(culprits, p.path, p.path, p.kind, _with_dtype(p.path, target, dtype, have))
             continue
+        if p.role == "held":  # a module the program holds and never moved (an EMA copy): moved where it is made
+            holder = p.path.split(".", 1)[0]
+            if holder not in named:
+                named.add(holder)
+                factories.append(Fix(f"{holder}.to({value_code(target)})  # {p.path} is on {p.found}: {holder} "
+                                     "was made before the move, or never moved", "note"))
+            continue
         if made_from and made_from[0].startswith("factory torch.nn.Parameter "):  # a lazy layer
             if made_from[0] not in named:
                 named.add(made_from[0])

@@ -12,11 +12,15 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchdoctor._virtual.castsites import CAST_OPS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchdoctor._report.model import Problem
 
 DEPTH = 8  # links of made-from-made kept per chain
 NAMES = 16  # source paths kept per record
@@ -250,3 +254,16 @@ def ran_as_asked(dtype: Any, roots: list[Any]) -> list[Any]:
     return [Problem("dtype", "<run>", "run", got, asked, f"the code ran with {got} weights, not {asked}: this run "
                     f"does not show whether it works in {asked} (call= runs your objects as they are; cast them "
                     f"first, e.g. model.to(torch.{asked}))", op="simulate")]
+
+
+def from_origin(p: Problem, origin: dict[tuple[str, ...], str]) -> Problem:
+    """A tensor made in forward names the model tensor its wrong dtype or device came from."""
+    src = origin.get((p.kind, p.found)) or origin.get((p.kind, p.found, p.module_path or ""))
+    if src is not None and "a tensor made by " in p.message and f" {src} " not in p.message:
+        # the chain ends at a tensor that is right as it is (a rotary buffer kept float32, cast with
+        # ``.to(x.dtype)`` where x came from the culprit): the data flow cannot see a dtype read from another tensor
+        return replace(p, message=f"{p.message} (the {p.found} culprit: {src})")
+    if src is None or "a tensor made in forward" not in p.message or "a tensor made in forward from" in p.message:
+        return p
+    return replace(p, message=p.message.replace("a tensor made in forward",
+                                                f"a tensor made in forward from {src} ({p.found})", 1))

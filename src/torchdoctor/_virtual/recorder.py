@@ -16,8 +16,8 @@ from torchdoctor._report.text import render_problems
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
 from torchdoctor._virtual.escaped import escaped_problem
-from torchdoctor._virtual.origin import ran_as_asked
-from torchdoctor._virtual.tensor import Hooks, VirtualTensor, make
+from torchdoctor._virtual.origin import from_origin, ran_as_asked
+from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, make
 from torchdoctor._tracker import ModuleStack
 
 LIMIT = 100  # problems stored; the run goes on and counts the rest
@@ -27,19 +27,6 @@ _DATA_OPS = ("_local_scalar_dense", "nonzero", "item", "tolist", "numpy", "maske
 
 class _Stop(BaseException):
     """Ends a simulation early (what it cannot run); a BaseException: ``except Exception`` does not swallow it."""
-
-
-def _from_origin(p: Problem, origin: dict[tuple[str, ...], str]) -> Problem:
-    """A tensor made in forward names the model tensor its wrong dtype or device came from."""
-    src = origin.get((p.kind, p.found)) or origin.get((p.kind, p.found, p.module_path or ""))
-    if src is not None and "a tensor made by " in p.message and f" {src} " not in p.message:
-        # the chain ends at a tensor that is right as it is (a rotary buffer kept float32, cast with
-        # ``.to(x.dtype)`` where x came from the culprit): the data flow cannot see a dtype read from another tensor
-        return replace(p, message=f"{p.message} (the {p.found} culprit: {src})")
-    if src is None or "a tensor made in forward" not in p.message or "a tensor made in forward from" in p.message:
-        return p
-    return replace(p, message=p.message.replace("a tensor made in forward",
-                                                f"a tensor made in forward from {src} ({p.found})", 1))
 
 
 def _at_entry(p: Problem) -> bool:
@@ -106,7 +93,7 @@ class _Recorder(Hooks):
         origin: dict[tuple[str, ...], str] = {(b.kind, b.found): b.path for b in blamed}
         for p in entry:  # a module-entry finding is the origin of what its module's ops then meet
             origin.setdefault((p.kind, p.found, p.module_path or ""), p.path)
-        return blamed + entry + [_from_origin(p, origin) for p in rest] + ran_as_asked(self.dtype, roots)
+        return blamed + entry + [from_origin(p, origin) for p in rest] + ran_as_asked(self.dtype, roots)
 
     def _policy_blamed(self, problems: list[Problem], roots: list[Any], have: set[str]) -> list[Problem]:
         from torchdoctor._guard.provenance import policy_problems, suspects
@@ -278,7 +265,7 @@ class _Recorder(Hooks):
         # one problem per named tensor (weights, buffers, quant_state); activations share one
         named = [t for t in tensors if _is_entry(t)]
         for t in named or [t for t in tensors if t._td_path][:1] or tensors[:1] or [None]:
-            path = t._td_path if t is not None else None
+            path = (t._td_path or held_by(t)) if t is not None else None  # held_by: as the program names it
             origin = getattr(t, "_td_origin", None)
             if path is None and t is not None and t.dtype in FLOAT8_DTYPES and origin is not None and origin.first_path:
                 path = origin.first_path  # float8 flows unchanged from its table: the table is the culprit, by path
@@ -301,7 +288,9 @@ class _Recorder(Hooks):
             entry = _is_entry(t)
             key = (p.kind, found) if p.kind == "unsupported_dtype" else \
                 (p.kind, path) if entry else (p.kind, place, op, found)
-            self._add(Problem(p.kind, path or place, self.roles.get(path or "", "activation"), found, expected,
+            held = path is not None and t is not None and not t._td_path  # named by the program (``heldby``)
+            role = self.roles.get(path or "", "held" if held else "activation")
+            self._add(Problem(p.kind, path or place, role, found, expected,
                               message + where, op=op, module_path=mpath, module_type=mtype, tensors=listed), key)
             if path is None and origin is not None and origin.source.paths:
                 self.sources.setdefault((p.kind, place, op, found), origin.source.paths)

@@ -298,6 +298,16 @@ def _converting(tf: Any) -> Any:
     return __torch_function__
 
 
+def held_by(t: Any) -> str | None:
+    """The program's name (``ema.weight``) for a real operand no module of the run holds (``heldby``); asked only
+    when a problem is recorded."""
+    if getattr(t, "_td_real", None) is None:
+        return None
+    from torchdoctor._virtual.heldby import held_by as find
+
+    return find(t)
+
+
 def make(cls: type, elem: torch.Tensor, device: torch.device, path: str | None = None,
          requires_grad: bool = False) -> Any:
     """A ``cls`` wrapper (a ``VirtualTensor`` subclass) around ``elem``, labelled ``device``."""

@@ -1,0 +1,48 @@
+"""The program's own name for a real tensor that no module of the run holds: ``ema.weight``, not ``<top level>``.
+
+A training loop's EMA copy made before the model's move (``ema = copy.deepcopy(model)``) never runs a forward, so
+the run never names its tensors, and its ``lerp_`` on a CPU parameter was reported as "a tensor made in forward at
+<top level>". When such a problem is recorded the program's frames are alive: the first of them (innermost first,
+the program's own code only) whose locals hold a module with that very tensor as a parameter or buffer gives its
+path, ``ema.weight``. Asked only when a problem is recorded, never per op.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+# frames of these trees are machinery, not the program (torch, installed libraries, torchdoctor itself)
+_SKIP = ("site-packages", "dist-packages", "/torch/", "/torchdoctor/", "<frozen")
+_MAX_TENSORS = 20_000  # a holder bigger than this is not searched (the answer is a courtesy, never a cost)
+
+
+def held_by(t: Any) -> str | None:
+    """``holder.path`` of the real tensor a lifted operand came from (``_td_real``), or None."""
+    real = getattr(t, "_td_real", None)
+    if real is None:
+        return None
+    frame = sys._getframe(1)
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if not any(s in file for s in _SKIP):
+            hit = _in_locals(frame.f_locals, real)
+            if hit is not None:
+                return hit
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def _in_locals(scope: dict[str, Any], real: torch.Tensor) -> str | None:
+    for name, obj in list(scope.items()):
+        if isinstance(obj, torch.nn.Module) and not name.startswith("__"):
+            found = 0
+            for rel, x in (*obj.named_parameters(remove_duplicate=False), *obj.named_buffers(remove_duplicate=False)):
+                if x is real:
+                    return f"{name}.{rel}"
+                found += 1
+                if found > _MAX_TENSORS:
+                    break
+    return None
