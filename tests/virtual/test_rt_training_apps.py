@@ -138,4 +138,6 @@ def test_an_ema_copy_left_on_the_cpu_is_named_at_the_line() -> None:
     assert (p.kind, p.path, p.role, p.found, p.expected) == ("device", "ema.weight", "held", "cpu", "cuda:1")
     assert "ema.weight f32[2,4]@cpu is on cpu while aten.lerp_.Scalar runs on cuda:1" in p.message
     assert any(f == __file__ for f, _, _ in sim.stacks[(p.kind, p.path)])
-    assert "ema.to('cuda:1')  # ema.weight is on cpu" in str(sim.error())
+    text = str(sim.error())
+    assert "ema.to('cuda:1')  # ema.weight is on cpu" in text
+    assert "# fix unproven: the block ran once and was not re-run with it" in text  # a block is never re-run

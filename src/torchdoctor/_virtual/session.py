@@ -184,11 +184,15 @@ class VirtualSession:
         walked = {new: old for old, new in self.renamed.items()}
         fix = fix_for([replace(p, path=walked[p.path]) if p.path in walked else p for p in self.problems],
                       self.device, self.dtype, self.sources)
-        return PlacementError(format_error(head, rows, fix, limit=len(rows)), module_path=first.module_path,
+        # a block of the program's own code runs once: its fix is not re-run, and the text says so (simulate's is)
+        said = f"{fix}\n{UNPROVEN}" if fix else fix
+        return PlacementError(format_error(head, rows, said, limit=len(rows)), module_path=first.module_path,
                               module_type=first.module_type,
                               op=first.op, tensors=first.tensors, problems=tuple(self.problems), fix=fix)
 
 
+UNPROVEN = ("# fix unproven: the block ran once and was not re-run with it "
+            "(torchdoctor.simulate re-runs a model's fix before printing it)")
 
 
 def not_stored(n: int, limit: int) -> list[Problem]:
