@@ -13,6 +13,8 @@ from torchdoctor._report.model import Problem
 from torchdoctor._virtual.prove import Fix
 
 _NAMED = ("parameter", "buffer", "quant_state", "attribute", "container")
+# makers of host data that take no device= (the tensor they make is moved after them)
+_NO_DEVICE_ARG = ("torch.from_numpy", "torch.frombuffer", "torch.from_dlpack")
 
 
 def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtype | None,
@@ -88,8 +90,10 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         if made_from and made_from[0].startswith("factory "):
             if made_from[0] not in named:
                 named.add(made_from[0])
-                factories.append(Fix(f"# {made_from[0][8:]} made it on {p.found}: pass device= the input's device "
-                                     f"({made_from[0][8:].split(' ', 1)[0]}(..., device=x.device))", "note"))
+                maker = made_from[0][8:].split(" ", 1)[0]
+                how = f"move it: {maker}(...).to(x.device)" if maker in _NO_DEVICE_ARG else \
+                    f"pass device= the input's device ({maker}(..., device=x.device))"
+                factories.append(Fix(f"# {made_from[0][8:]} made it on {p.found}: {how}", "note"))
             continue
         if made_from:  # fix the source: the tensor made from it follows
             for src in made_from:

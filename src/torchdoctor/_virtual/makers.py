@@ -73,6 +73,27 @@ class CastMakers(torch.overrides.TorchFunctionMode):
         return out
 
 
+# makers torch's function modes never see (they take no tensor): wrapped while a run is active (``install``)
+_UNSEEN = ("from_numpy", "frombuffer")
+
+
+def install(installs: Any) -> None:
+    """Wrap ``torch.from_numpy`` / ``torch.frombuffer`` for the run, so the real tensor they make is named by its
+    maker and line when it meets the virtual tensors (a mode never sees these calls)."""
+    for name in _UNSEEN:
+        original = getattr(torch, name, None)
+        if original is not None:
+            installs.set(torch, name, _unseen(name, original))
+
+
+def _unseen(name: str, original: Any) -> Any:
+    def made(*args: Any, **kwargs: Any) -> Any:
+        return _real_made(name, (), original(*args, **kwargs))
+
+    made.__name__ = made.__qualname__ = name
+    return made
+
+
 def _lazy_params(args: Any) -> bool:
     """Cheap test: a real Parameter among the arguments (one a forward may have built lazily)."""
     return any(type(a) is torch.nn.Parameter for a in args) if isinstance(args, tuple) else False

@@ -27,7 +27,7 @@ from torchdoctor._virtual import devices_api as api
 from torchdoctor._virtual import hardware
 from torchdoctor._virtual import host as H
 from torchdoctor._virtual import dispatch as D
-from torchdoctor._virtual import outside, parallel
+from torchdoctor._virtual import makers, outside, parallel
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.deferred import deferred_imports
 from torchdoctor._virtual import tensor as V
@@ -348,6 +348,7 @@ def virtual_world(space: Space, profile: DeviceProfile) -> Iterator[None]:
             api.device_api(installs, profile, space)
             parallel.install(installs)  # DataParallel's copies (Trainer wraps the model when it sees two GPUs)
         installs.set(torch, "Generator", api.VirtualGenerator, shared=True)
+        makers.install(installs)  # torch.from_numpy / frombuffer: named by their maker and line
         # pass-through for anything that is not virtual: one wrapper serves every run
         installs.set(torch.Tensor, "_make_subclass", staticmethod(_make_subclass), shared=True)
         installs.set(torch.nn.Parameter, "__new__", staticmethod(_param_new), shared=True)

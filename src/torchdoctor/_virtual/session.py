@@ -25,6 +25,7 @@ from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._virtual.fixes import fix_for
 from torchdoctor._virtual.groups import grouped
+from torchdoctor._virtual.makers import CastMakers
 from torchdoctor._virtual.patched import MARK, held_path, rename
 from torchdoctor._virtual.hardware import over_memory, ran_on
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
@@ -281,7 +282,8 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
         space.current[dev.type] = dev.index or 0
     failure: BaseException | None = None
     # autograd as the program has it: training steps run (backward, optimizers), their tensors checked too
-    with virtual_world(space, profile), rec.modules.tracking(), train_checks(rec):
+    # CastMakers: a cast in a forward (``h.float()``) is named at its line, as simulate names it
+    with virtual_world(space, profile), rec.modules.tracking(), train_checks(rec), CastMakers():
         try:
             yield session
         except _Stop:
