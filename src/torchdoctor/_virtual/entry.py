@@ -240,12 +240,12 @@ class EntryCheck:
         out = list(args)
         for i, a in enumerate(args):
             if i < len(pos):
-                out[i] = _named(space, a, pos[i], f"input {i} ({{}})", who, 1)
+                out[i] = _named(space, a, pos[i], f"input {i} ({{}})", who, _DEPTH)
             else:  # forward(*args): the caller's position
-                out[i] = _named(space, a, f"input {i}", f"input {i}{{}}", who, 1, suffix=True)
+                out[i] = _named(space, a, f"input {i}", f"input {i}{{}}", who, _DEPTH, suffix=True)
         for k in list(kwargs):
             name = k if varkw is None or k in pos else f"{varkw}[{k!r}]"
-            new = _named(space, kwargs[k], name, f"kwarg {k}{{}}", who, 1, suffix=True)
+            new = _named(space, kwargs[k], name, f"kwarg {k}{{}}", who, _DEPTH, suffix=True)
             if new is not kwargs[k]:
                 kwargs[k] = new
         return tuple(out) if any(a is not b for a, b in zip(out, args)) else None
@@ -338,6 +338,8 @@ def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str) 
     return twin
 
 
+# containers of the caller's arguments are named this deep (``kwargs['extra']['a'][0]``), 64 items each
+_DEPTH = 4
 _IN_RUN = Made("argument", None, ("",))  # a tensor made in the run without a recorded factory
 
 
