@@ -16,6 +16,7 @@ import pytest
 
 import torchdoctor
 from torchdoctor._cli.main import main
+from support.apps import app_folder
 
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
 HANG_GUARD = 420  # seconds: a cold child on a loaded 2-core runner imports torch, transformers and bitsandbytes
@@ -42,10 +43,7 @@ APP = textwrap.dedent(
 
 @pytest.fixture()
 def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "llamaapp.py").write_text(APP)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    return app_folder(tmp_path, monkeypatch, "llamaapp.py", APP)
 
 
 def _child_peak_mib(argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:

@@ -11,6 +11,7 @@ import pytest
 
 import torchdoctor
 from torchdoctor._cli.main import main
+from support.apps import app_folder
 
 APP = """
 import torch
@@ -35,10 +36,7 @@ def upcast():
 
 @pytest.fixture()
 def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "cpuapp.py").write_text(APP)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    return app_folder(tmp_path, monkeypatch, "cpuapp.py", APP)
 
 
 def test_cpu_dtype_check_from_the_command_line(app: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,7 @@ app-wide flag.
 
 from __future__ import annotations
 
-from torchdoctor._explain.api import Diagnosis, explain
+from explain.test_issue41_quoting import codes, top
 
 NAN_VAE = ("modules.devices.NansException: A tensor with all NaNs was produced in VAE. This could be because "
            "there's not enough precision to represent the picture. Try adding --no-half-vae commandline argument "
@@ -20,16 +20,6 @@ A1111_GPU = ("RuntimeError: Torch is not able to use GPU; add --skip-torch-cuda-
              "to disable this check")
 FORGE_GPU = ("RuntimeError: Your device does not support the current version of Torch/CUDA! Consider download "
              "another version: \nhttps://github.com/lllyasviel/stable-diffusion-webui-forge/releases/tag/latest")
-
-
-def top(text: str) -> Diagnosis:
-    found = explain(text)
-    assert found, text
-    return found[0]
-
-
-def codes(d: Diagnosis) -> list[str]:
-    return [c for _, c in d.fixes]
 
 
 def test_nan_check_of_the_vae_gets_no_half_vae_beside_the_plain_fix() -> None:

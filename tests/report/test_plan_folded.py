@@ -12,6 +12,7 @@ import torch
 from torchdoctor._cli.main import main
 from torchdoctor._move.plan import plan
 from torchdoctor._report.folded import fold_plan
+from support.apps import app_folder
 
 APP = """
 import torch
@@ -38,10 +39,7 @@ def model():
 
 @pytest.fixture()
 def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "planapp.py").write_text(APP)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    return app_folder(tmp_path, monkeypatch, "planapp.py", APP)
 
 
 def test_plan_text_leads_with_what_module_to_misses_then_folds(app: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,7 @@ from torch import nn
 
 import torchdoctor
 from torchdoctor._cli.main import main
+from support.apps import app_folder
 
 APP = '''
 import torch
@@ -50,10 +51,7 @@ def built_on_cuda():  # the TARGET's own code needs the virtual devices: only th
 
 @pytest.fixture()
 def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "metaapp.py").write_text(APP)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    return app_folder(tmp_path, monkeypatch, "metaapp.py", APP)
 
 
 def _api(name: str, **kw: object) -> torchdoctor.SimulationReport:
@@ -80,7 +78,7 @@ def test_cli_and_api_assume_meta_weights_loaded_and_still_name_the_planted_bug(
         assert "assume_device=False" in assumed and "--assume-device off" in assumed  # the way out
     text = str(api)
     assert text.splitlines()[1].startswith("weights not loaded: assumed on cuda:1")
-    assert doc["fix"] == api.fix and "model.mask.data = model.mask.data.to('cuda:1')" in (api.fix or "")
+    assert doc["fix"] == api.fix and "model.mask.data = model.mask.data.to('cuda:1', torch.bfloat16)" in (api.fix or "")
     assert main(["simulate", "metaapp.py:target", "--device", "cuda:1", "--dtype", "bfloat16"]) == 1
     assert "weights not loaded: assumed on cuda:1" in capsys.readouterr().out
 

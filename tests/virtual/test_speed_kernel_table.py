@@ -13,6 +13,7 @@ from support import zoo
 import torchdoctor
 from torchdoctor._virtual import kernels
 from torchdoctor._virtual import tensor as V
+from virtual.test_speed_kernels import counting
 
 BF = torch.bfloat16
 
@@ -22,22 +23,10 @@ def _report(rep: Any) -> tuple[Any, ...]:
             [(p.kind, p.path, p.found, p.expected, p.message, p.op, p.module_path) for p in rep.problems])
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    hits = [0]
-    recall = kernels.recall
-
-    def counted(entry: Any) -> Any:
-        hits[0] += 1
-        return recall(entry)
-
-    monkeypatch.setattr(kernels, "recall", counted)
-    return hits
-
-
 @pytest.mark.parametrize("name", zoo.NAMES)
 def test_zoo_reports_equal_cold_warm_and_disabled(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(V, "SMALL", 0)  # every tensor a meta twin, as with a real model's weights
-    hits = _counting(monkeypatch)
+    hits = counting(monkeypatch)
     built = zoo.build(name, BF)
     kernels.clear()
     cold = torchdoctor.simulate(built.target(), device="cuda:1", data="meta")
@@ -57,7 +46,7 @@ def test_zoo_reports_equal_cold_warm_and_disabled(name: str, monkeypatch: pytest
 
 def test_a_second_model_with_the_same_shapes_meets_the_first_ones_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(V, "SMALL", 0)  # every tensor a meta twin: small ones would carry real values, not cached
-    hits = _counting(monkeypatch)
+    hits = counting(monkeypatch)
     ids = torch.randint(3, 100, (1, 8), generator=torch.Generator().manual_seed(0))
     kernels.clear()
     first = torchdoctor.simulate(zoo.tiny_llama(BF, num_hidden_layers=1), {"input_ids": ids}, device="cuda:1",

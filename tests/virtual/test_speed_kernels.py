@@ -74,9 +74,8 @@ def _findings(report: Any) -> list[tuple[Any, ...]]:
     return [(p.kind, p.path, p.found, p.expected, p.message, p.op, p.module_path) for p in report.problems]
 
 
-def _both_ways(monkeypatch: pytest.MonkeyPatch, run: Any) -> tuple[Any, Any, int]:
-    """``run()`` with the table and without it, every value on meta; returns both reports and the hits."""
-    monkeypatch.setattr(V, "SMALL", 0)  # every tensor a meta twin, as with a real model's weights
+def counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``kernels.recall`` counted for the test: the list's one item is the number of remembered answers used."""
     hits = [0]
     recall = kernels.recall
 
@@ -85,6 +84,13 @@ def _both_ways(monkeypatch: pytest.MonkeyPatch, run: Any) -> tuple[Any, Any, int
         return recall(entry)
 
     monkeypatch.setattr(kernels, "recall", counted)
+    return hits
+
+
+def _both_ways(monkeypatch: pytest.MonkeyPatch, run: Any) -> tuple[Any, Any, int]:
+    """``run()`` with the table and without it, every value on meta; returns both reports and the hits."""
+    monkeypatch.setattr(V, "SMALL", 0)  # every tensor a meta twin, as with a real model's weights
+    hits = counting(monkeypatch)
     monkeypatch.setattr(kernels, "ENABLED", False)
     without = run()
     assert hits[0] == 0

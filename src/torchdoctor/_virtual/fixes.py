@@ -18,9 +18,11 @@ _NO_DEVICE_ARG = ("torch.from_numpy", "torch.frombuffer", "torch.from_dlpack")
 
 
 def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtype | None,
-            sources: dict[tuple[str, ...], tuple[str, ...]] | None = None) -> str | None:
-    """The fix as code (``fix_items`` joined): what the pytest marker and ``run`` print."""
-    items = fix_items(problems, device, dtype, sources)
+            sources: dict[tuple[str, ...], tuple[str, ...]] | None = None,
+            current: Mapping[str, tuple[torch.dtype, torch.device]] | None = None) -> str | None:
+    """The fix as code (``fix_items`` joined): what the pytest marker and ``run`` print (``current``: the
+    tensors' dtype and device after the run, when the object is at hand)."""
+    items = fix_items(problems, device, dtype, sources, current)
     return "\n".join(f.code for f in items) if items else None
 
 

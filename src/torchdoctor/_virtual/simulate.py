@@ -377,7 +377,7 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
         left = sum(int(p.found.split()[0]) for p in more) + max(len(kept) - limit, 0)
         problems = kept[:limit] + not_stored(left, limit)
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
-    fix = fix_for(problems, session.device, dt, session.sources)
+    fix = fix_for(problems, session.device, dt, session.sources, held(obj) if dt is not None else None)
     return SimulationReport(session.device, dt, session.data, session.profile, tuple(problems), session.ops,
                             time.perf_counter() - start, stopped, summary, session.culprits, fix, forward, assumed,
                             expectation(session.device, dt, session.profile, sources))
