@@ -45,7 +45,9 @@ def test_no_collection_runs_inside_explain(eager_gc: list[int]) -> None:
     before = len(eager_gc)
     report = torchdoctor.explain(text)
     during = eager_gc[before:]
-    assert during in ([], [0]), (before, during)  # at most the young generation, once, as the GC comes back
+    # at most one young collection (generation 0, or 1 when generation 0 had already run once under these
+    # thresholds), as the GC comes back; never the full one that walks the caller's heap
+    assert len(during) <= 1 and all(g < 2 for g in during), (before, during)
     assert report and report[0].category == "device_mismatch"
     assert gc.isenabled()
     junk: list[object] = []

@@ -143,6 +143,8 @@ class CheckpointReport:
             relocations = split_relocations(self.problems, self.expected, self.tensors)[1]
         doc: dict[str, Any] = {
             "schema": schema("scan"), "ok": self.ok, "source": self.source, "truncated": self.truncated,
+            # the same key the API's report writes: no tensor and nothing wrong (the CLI's exit 2)
+            "nothing_to_check": not self.problems and not self.tensors,
             "expected": self.expected, "problems": [p.to_dict() for p in self.problems],
             "relocations": [m.to_dict() for m in relocations],
             "summary": list(self.summary), "tensors": [t.to_dict() for t in self.tensors],
