@@ -36,14 +36,13 @@ def test_exit_codes_agree_on_every_rank_and_only_rank_0_prints(runs: list[dict[s
     assert not runs[0]["scan_clean"]["stderr"] and not runs[0]["simulate_clean"]["stderr"]
 
 
-def test_the_avx512_bf16_import_branch_was_taken_and_its_log_line_is_not_torchdoctors(
-        runs: list[dict[str, Any]], request: pytest.FixtureRequest) -> None:
+def test_no_bitsandbytes_line_on_either_import_branch_when_the_target_never_uses_it(
+        runs: list[dict[str, Any]]) -> None:
+    # the targets never import bitsandbytes, and neither does torchdoctor (a virtual run imports it only when the
+    # program does): its AVX512-BF16 branch's "Failed to load CPU gemm_4bit_forward from kernels-community" line,
+    # logged at import, is nowhere in these runs, on either branch (the fixture checked which one each rank took)
     logged = [line for rank in runs for r in rank.values() for line in r["library_log"]]
-    hit = [line for line in logged if "gemm_4bit_forward from kernels-community" in line]
-    if request.node.callspec.params["runs"] == "avx512bf16":
-        assert hit and all(line.startswith("bitsandbytes.") for line in hit), logged
-    else:
-        assert not hit, hit
+    assert not [line for line in logged if "bitsandbytes" in line or "kernels-community" in line], logged
     assert not any("kernels-community" in r["stderr"] for rank in runs for r in rank.values())
 
 
