@@ -11,19 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchdoctor._cli.main import _parser, main
+from torchdoctor._cli.main import main
+
+from cli.test_cli_habits import verb_parsers
 
 COMMON = ("--color", "-q", "--json")
 VERBS = ("scan", "simulate", "explain", "env", "trace", "demo", "run")
 
 
-def _verbs() -> dict[str, argparse.ArgumentParser]:
-    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(sub.choices)
-
-
 def test_every_verb_takes_every_common_option_and_every_option_has_help() -> None:
-    parsers = _verbs()
+    parsers = verb_parsers()
     assert sorted(parsers) == sorted(VERBS)
     lacking = [(verb, opt) for verb, p in parsers.items() for opt in COMMON if opt not in p._option_string_actions]
     assert lacking == []

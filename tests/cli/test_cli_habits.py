@@ -43,13 +43,13 @@ def test_help_and_help_verb(capsys: pytest.CaptureFixture[str]) -> None:
         "torchdoctor help: no verb 'scna' (verbs: scan, simulate, explain, env, demo, trace, run); did you mean 'scan'?")
 
 
-def _verb_parsers() -> dict[str, argparse.ArgumentParser]:
+def verb_parsers() -> dict[str, argparse.ArgumentParser]:
     sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     return dict(sub.choices)
 
 
 def test_every_option_of_every_verb_has_help_and_every_verb_takes_color() -> None:
-    parsers = _verb_parsers()
+    parsers = verb_parsers()
     assert sorted(parsers) == sorted(VERBS)
     missing = [f"{verb} {'/'.join(a.option_strings) or a.dest}" for verb, p in parsers.items() for a in p._actions
                if not a.help and not isinstance(a, argparse._HelpAction)]
