@@ -71,7 +71,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         if made_from and made_from[0].startswith("moved "):  # a copy moved inside the forward: fixed at that line
             name, at = made_from[0][6:].split(" at ", 1)
             factories.append(Fix(f"# {at} moves {name} to {p.found} inside the forward: move it to the device of the "
-                                 f"tensors it meets (e.g. .to(x.device)) instead", "note"))
+                                 f"tensors it meets (e.g. .to(x.device)) instead", "note", sets=((made_from[0], target),)))
             continue
         if p.role in _NAMED:
             _add(culprits, p.path, p.path, p.kind, _with_dtype(p.path, target, dtype, have))
@@ -81,13 +81,14 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             if holder not in named:
                 named.add(holder)
                 factories.append(Fix(f"{holder}.to({value_code(target)})  # {p.path} is on {p.found}: {holder} "
-                                     "was made before the move, or never moved", "note"))
+                                     "was made before the move, or never moved", "note", sets=((holder + ".", target),)))
             continue
         if made_from and made_from[0].startswith("factory torch.nn.Parameter "):  # a lazy layer
             if made_from[0] not in named:
                 named.add(made_from[0])
                 factories.append(Fix(f"# {made_from[0][8:]} (on {p.found}): build it in __init__, or run one "
-                                     "forward before the model's .to so the move takes it", "note"))
+                                     "forward before the model's .to so the move takes it", "note",
+                                     sets=((made_from[0], target),)))
             continue
         if made_from and made_from[0].startswith("factory "):
             if made_from[0] not in named:
@@ -95,7 +96,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                 maker = made_from[0][8:].split(" ", 1)[0]
                 how = f"move it: {maker}(...).to(x.device)" if maker in _NO_DEVICE_ARG else \
                     f"pass device= the input's device ({maker}(..., device=x.device))"
-                factories.append(Fix(f"# {made_from[0][8:]} made it on {p.found}: {how}", "note"))
+                factories.append(Fix(f"# {made_from[0][8:]} made it on {p.found}: {how}", "note",
+                                     sets=((made_from[0], target),)))
             continue
         if made_from:  # fix the source: the tensor made from it follows
             for src in made_from:
@@ -121,14 +123,14 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     if meta and (moves or factories):
         items.append(Fix("# then, with the weights loaded:", "note"))
     if moves:
-        items.append(Fix(moves, "path"))
-    items += [Fix(f"# pass {label} as tensor.to({value_code(t)})", "input", t, label)
+        items.append(Fix(moves, "path", sets=tuple((c[0], c[3]) for c in culprits if c[0] is not None)))
+    items += [Fix(f"# pass {label} as tensor.to({value_code(t)})", "input", t, label, sets=((label, t),))
               for path, label, _, t in culprits if path is None and t is not None]
     items += factories
     items += [Fix(f"model.to(torch.{p.expected})  # the code ran with {p.found} weights: cast them so the run "
-                  f"checks {p.expected}", "path") for p in ran[:1]]
+                  f"checks {p.expected}", "path", sets=(("*", parse_dtype(p.expected)),)) for p in ran[:1]]
     items += _rest(problems, memory, device, any(not f.code.startswith("#") for f in items))
-    return items or [Fix(f"torchdoctor.move(model, {device_str(device)!r})", "path")]
+    return items or [Fix(f"torchdoctor.move(model, {device_str(device)!r})", "path", sets=(("*", device),))]
 
 
 # dtypes that are storage, never compute: a tensor found in one of them is the stored side, not the activation
@@ -152,7 +154,8 @@ def _storage_fix(p: Problem, have: Mapping[str, tuple[torch.dtype, torch.device]
     if not stored:
         return [Fix(f"#{why[3:]}", "note")]
     return [Fix("\n".join(f"{code_path(s)}.data = {code_path(s)}.data.to(torch.{dtype_str(want)})" +
-                          (why if i == 0 else "") for i, s in enumerate(stored)), "path")]
+                          (why if i == 0 else "") for i, s in enumerate(stored)), "path",
+                sets=tuple((s, want) for s in stored))]
 
 
 def _cast_fix(p: Problem, at: str, target: Any, module_path: Callable[[Any], str | None] | None) -> Fix | None:
@@ -169,11 +172,12 @@ def _cast_fix(p: Problem, at: str, target: Any, module_path: Callable[[Any], str
     if site.attr is not None and where is not None:
         return Fix(f"{code_path(where)}.{site.attr} = torch.{dtype_str(target)}  # {site.read_from} is "
                    f"{dtype_str(site.dtype)}; `{site.cast}` at {site.at} casts to it, {p.op} computes in "
-                   f"{dtype_str(target)}", "path", target, site=site)
+                   f"{dtype_str(target)}", "path", target, site=site, sets=((f"cast at {at}", target),))
     src = f" (dtype read from {site.read_from})" if site.read_from else ""
     return Fix(f"# {site.at}: `{site.text}` casts to {dtype_str(site.dtype)}{src} where {p.op} computes in "
                f"{dtype_str(target)}: cast to {dtype_str(target)} there (or to the dtype of the tensor it meets, "
-               "x.to(other.dtype))", "line", target, site=site, diff=_diff(site, target))
+               "x.to(other.dtype))", "line", target, site=site, diff=_diff(site, target),
+               sets=((f"cast at {at}", target),))
 
 
 def _diff(site: Any, target: torch.dtype) -> str | None:
@@ -208,7 +212,7 @@ def _network_fix(apart: list[tuple[str | None, str, str, Any]]) -> Fix:
     shown = ", ".join(str(c[0]) for c in apart[:2])
     return Fix(f"# network.to({value_code(target)}) where the network is built: {len(apart)} tensors of a network "
                f"patched into the model's forward are held apart from the model (e.g. {shown}); moving the model "
-               "does not move them", "note", target)
+               "does not move them", "note", target, sets=tuple((str(c[0]), c[3]) for c in apart))
 
 
 def _with_dtype(path: str, target: Any, dtype: torch.dtype | None,

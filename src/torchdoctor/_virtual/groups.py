@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from torchdoctor._report.model import Problem
+from torchdoctor._report.text import render_problems
 
 GROUP = 4  # this many tensors with one cause print as one finding
 _ROLES = ("parameter", "buffer")
@@ -71,3 +72,17 @@ def _one(p: Problem, paths: list[str], networks: Sequence[str] = ()) -> Problem:
         (f"{len(paths)} tensors of the {what}{held}{via} are {p.found} while the run computes in {p.expected}: it "
          f"was not cast; e.g. {shown}")
     return replace(p, path=owner or p.path, message=message, tensors=tuple(paths))
+
+
+def at_entry(p: Problem) -> bool:
+    """Found by a module-entry check (a tensor the module owns, by path), or a model tensor on meta: culprits."""
+    return p.role != "activation" and (p.kind == "meta" or p.op is not None and p.op.endswith(".forward") and
+                                       p.module_path is not None)
+
+
+def culprits_then_rest(problems: tuple[Problem, ...], n: int, limit: int) -> list[str]:
+    """The culprits' lines, then where they surfaced."""
+    if not n or n >= len(problems):
+        return render_problems(problems, limit)
+    return [*render_problems(problems[:n], limit), "  where they surfaced:",
+            *render_problems(problems[n:], max(1, limit - n))]

@@ -30,6 +30,9 @@ class Fix:
     proven: bool = False
     tried: str = ""  # what the proof did and what it found
     diff: str | None = None  # a unified diff of the user's file, where the fix is a line there
+    # (name, device / dtype / both) of each tensor the fix changes, by the names a failing op's operands carry
+    # (path, maker, cast line, argument; ``*``: every model tensor): how a block's fix is proven at the op (atop)
+    sets: tuple[tuple[str, Any], ...] = ()
 
     def applied(self) -> bool:
         """A fix a re-run can apply (advice cannot)."""

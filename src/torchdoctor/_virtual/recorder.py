@@ -3,7 +3,6 @@ culprits first, and the op going on as if fixed so one run finds every problem."
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -12,11 +11,13 @@ from torch import nn
 
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._rules.registry import OpArgs
-from torchdoctor._report.text import render_problems
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
+from torchdoctor._virtual.atop import Cases, tags_of, twins
 from torchdoctor._virtual.escaped import escaped_problem
+from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest
 from torchdoctor._virtual.origin import from_origin, ran_as_asked
+from torchdoctor._virtual.promote import Promotions, mixed
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, make
 from torchdoctor._tracker import ModuleStack
 
@@ -27,19 +28,6 @@ _DATA_OPS = ("_local_scalar_dense", "nonzero", "item", "tolist", "numpy", "maske
 
 class _Stop(BaseException):
     """Ends a simulation early (what it cannot run); a BaseException: ``except Exception`` does not swallow it."""
-
-
-def _at_entry(p: Problem) -> bool:
-    """Found by a module-entry check (a tensor the module owns, by path), or a model tensor on meta: culprits."""
-    return p.role != "activation" and (p.kind == "meta" or p.op is not None and p.op.endswith(".forward") and
-                                       p.module_path is not None)
-
-
-def _culprits_then_rest(problems: tuple[Problem, ...], n: int, limit: int) -> list[str]:
-    if not n or n >= len(problems):
-        return render_problems(problems, limit)
-    return [*render_problems(problems[:n], limit), "  where they surfaced:",
-            *render_problems(problems[n:], max(1, limit - n))]
 
 
 class _Recorder(Hooks):
@@ -60,6 +48,7 @@ class _Recorder(Hooks):
         self.blamed = 0
         # (kind, path, op, found) of a problem on a tensor made in the run -> the named tensors it was made from
         self.sources: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self.cases = Cases()  # the failing ops, as metadata twins: each fix is proven on them after the run
         self.use_stack(ModuleStack(roles))
 
     def use_stack(self, stack: ModuleStack) -> None:
@@ -68,6 +57,7 @@ class _Recorder(Hooks):
 
         self.modules = stack
         self.where = stack.where
+        self.promotions = Promotions(stack)
         stack.on_enter = self.entry = EntryCheck(self.device, self._entry_note, self._dispatched)
 
     def _entry_note(self, kind: str, path: str, found: str, expected: str, message: str, op: str, role: str,
@@ -126,13 +116,34 @@ class _Recorder(Hooks):
         if self.entry.pending:  # an attribute / container tensor reached an op: the forward read it
             self.entry.reached(_op_tensors(OpArgs(list(args), kwargs)))
         findings = self.rules.find(func, args, kwargs, self.profile)
-        if not findings:
+        # a silent promotion (bf16 * fp32 -> fp32): guard's policy; an op the rules found in the wrong dtype is that
+        promo = self.promotions.findings(func, args, kwargs) if mixed(args) and not any(
+            f.problem.kind == "dtype" for f in findings) else []
+        if not findings and not promo:
             return args, kwargs
         new_args, new_kwargs = list(args), dict(kwargs)
         call = OpArgs(new_args, new_kwargs)
-        for f in findings:  # device and meta first, then dtype, then what the profile cannot run
+        for f in promo:
+            self._promoted(f, OpArgs(args, kwargs))
+        before = twins(args, kwargs, self._tags)  # the fix is proven on these after the run (``atop``)
+        for f in (*findings, *promo):  # device and meta first, then dtype, then what the profile cannot run
             self._handle(func, f, call)
+        self.cases.keep(func, before, twins(new_args, new_kwargs, self._tags), promo[0].target if promo else None)
         return tuple(new_args), new_kwargs
+
+    def _tags(self, t: Any) -> tuple[tuple[str, ...], bool]:
+        return tags_of(t, self.modules.paths)
+
+    def _promoted(self, f: Any, call: OpArgs) -> None:
+        """A model tensor of a wider floating dtype promotes what it meets: named by its path, as the model holds
+        it (its dtype problem is then recorded as any other)."""
+        for k in f.offenders:
+            t = call.at(k)
+            hit = self.promotions.path(t)
+            if hit is not None:
+                self.roles.setdefault(hit[0], hit[1])
+                if isinstance(t, VirtualTensor) and t._td_path is None and getattr(t, "_td_real", None) is None:
+                    t._td_path = hit[0]
 
     def exists(self, target: torch.device, path: str | None, op: str) -> None:
         if target.type == self.profile.type and (target.index or 0) >= self.profile.count:
@@ -204,6 +215,8 @@ class _Recorder(Hooks):
                    role="attribute", key=f"{path}:{what}")
 
     def moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
+        if not self.modules.stack:  # the program moves or casts its model: the promotion check walks it again
+            self.promotions.reset()
         # a model tensor cast with loss (a complex freqs_cis under dtype=bf16); computations that round on purpose
         # (T5's position buckets: float -> long) are activations, not model tensors
         if _is_entry(tensor) and ((tensor.is_complex() and not dtype.is_complex) or (tensor.is_floating_point() and not (
@@ -285,6 +298,8 @@ class _Recorder(Hooks):
                            "dtype": f"{what} is {found} while {op} computes in {expected}"}.get(p.kind, message)
                 if t.dtype in FLOAT8_DTYPES and p.kind == "dtype":
                     message += " (torch refuses: Promotion for Float8 Types is not supported; cast it first)"
+                elif "promotes the model's" in p.message:  # guard's promotion finding: no error says it
+                    message += f" and promotes it to {found} silently (no error; the result computes in {found})"
             entry = _is_entry(t)
             key = (p.kind, found) if p.kind == "unsupported_dtype" else \
                 (p.kind, path) if entry else (p.kind, place, op, found)
@@ -310,8 +325,10 @@ class _Recorder(Hooks):
         if p.kind == "unsupported_dtype":
             return offenders, None  # reported; the kernel runs anyway, and casting would invent dtype problems
         if p.kind == "meta":
-            real = _parse(parse_device, p.expected)
-            return offenders, real if real is not None and real.type != "meta" else self.device
+            with contextlib.suppress(ValueError, TypeError, RuntimeError):
+                if (real := parse_device(p.expected)).type != "meta":
+                    return offenders, real
+            return offenders, self.device
         name = getattr(getattr(func, "_schema", None), "name", "")
         if p.kind == "device" and name in _INDEX_OPS and offenders and offenders[0][0] != 0:
             table = call.at((0, -1))  # a table left behind, indexed with indices on the device
@@ -354,13 +371,6 @@ class _Recorder(Hooks):
 
 _INDEX_OPS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put", "aten::index_put_",
                         "aten::_index_put_impl_", "aten::_unsafe_index_put"})
-
-
-def _parse(parser: Callable[[str], Any], text: str) -> Any:
-    try:
-        return parser(text)
-    except (ValueError, TypeError, RuntimeError):
-        return None
 
 
 def _is_entry(t: Any) -> bool:

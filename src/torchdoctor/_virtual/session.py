@@ -23,7 +23,9 @@ from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._report.text import format_error
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
-from torchdoctor._virtual.fixes import fix_for
+from torchdoctor._virtual.atop import proof_lines, prove_at_ops
+from torchdoctor._virtual.fixes import fix_items
+from torchdoctor._virtual.prove import Fix, held
 from torchdoctor._virtual.groups import grouped
 from torchdoctor._virtual.makers import CastMakers
 from torchdoctor._virtual.patched import MARK, held_path, rename
@@ -102,6 +104,7 @@ class VirtualSession:
     failure: BaseException | None = None
     # where device/dtype/profile came from ("@pytest.mark.simulate(...) of test_x"): said in the error
     whence: dict[str, str] = field(default_factory=dict)
+    fixes: tuple[Fix, ...] = ()  # the fix by parts, each proven at the failing ops or saying what was tried
     _rec: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -181,19 +184,39 @@ class VirtualSession:
             rows.append(whence_line(self.whence))
         if self.ran_on and self.ran_on != (device_str(self.device),):
             rows.append(f"the work {self.where_ran()}")
-        # the fixes know a patched network by its walk path (``….forward.__self__.…``): they get the paths as walked
-        walked = {new: old for old, new in self.renamed.items()}
-        fix = fix_for([replace(p, path=walked[p.path]) if p.path in walked else p for p in self.problems],
-                      self.device, self.dtype, self.sources)
-        # a block of the program's own code runs once: its fix is not re-run, and the text says so (simulate's is)
-        said = f"{fix}\n{UNPROVEN}" if fix else fix
+        # a block of the program's own code runs once: its fix is proven at the failing ops (``atop``)
+        fix = "\n".join(f.code for f in self.fixes) or None
+        said = "\n".join(proof_lines(self.fixes)) if self.fixes else None
         return PlacementError(format_error(head, rows, said, limit=len(rows)), module_path=first.module_path,
                               module_type=first.module_type,
                               op=first.op, tensors=first.tensors, problems=tuple(self.problems), fix=fix)
 
 
-UNPROVEN = ("# fix unproven: the block ran once and was not re-run with it "
-            "(torchdoctor.simulate re-runs a model's fix before printing it)")
+    def to_dict(self) -> dict[str, Any]:
+        """The block's report as JSON: its problems by path and each part of the fix with ``proven``."""
+        return {"ok": self.ok, "device": device_str(self.device),
+                "dtype": dtype_str(self.dtype) if self.dtype is not None else None,
+                "problems": [p.to_dict() for p in self.problems], "fixes": [f.to_dict() for f in self.fixes],
+                "stopped": self.stopped, "expected": dict(self.whence), "ran": self.where_ran()}
+
+
+def proven_fixes(session: VirtualSession, rec: Any) -> tuple[Fix, ...]:
+    """The fix of a block by parts, each proven at the failing ops it changes (or saying what was tried). The
+    fixes know a patched network by its walk path (``….forward.__self__.…``): they get the paths as walked."""
+    walked = {new: old for old, new in session.renamed.items()}
+    problems = [replace(p, path=walked[p.path]) if p.path in walked else p for p in session.problems]
+    roots = rec.modules.outermost
+    try:  # what the tensors are after the run: a device fix of a tensor also in the wrong dtype casts it too
+        current = held(roots[0]) if roots and session.dtype is not None else None
+    except Exception:  # a strange object: the fix is written without it
+        current = None
+    items = fix_items(problems, session.device, session.dtype, session.sources, current) or []
+    try:
+        return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile))
+    except Exception as exc:  # the proof is extra: the fix stands, said unproven, never a crash of the report
+        for f in items:
+            f.proven, f.tried = False, f"the proof at the failing op failed: {type(exc).__name__}: {exc}"[:400]
+        return tuple(items)
 
 
 def not_stored(n: int, limit: int) -> list[Problem]:
@@ -305,6 +328,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     session.culprits = rec.blamed
     session.sources = rec.sources
     session.ops = space.ops
+    session.fixes = proven_fixes(session, rec) if session.problems else ()
     if raise_on_exit and rec.problems:
         raise session.error() from failure
     if isinstance(failure, AssertionError) and _own_assert(failure):  # the program's own check: never swallowed

@@ -1,0 +1,242 @@
+"""Fixes of a block of the program's own code (``virtual_devices``, ``torchdoctor run``, ``@pytest.mark.simulate``)
+proven at the failing op. A block runs once, so its fix cannot be re-run on a fresh copy as ``simulate``'s is;
+instead, when a problem is recorded, the op's operands are kept as metadata-only twins (shape, stride and dtype on
+meta, the virtual device as a label, and what names them: path, maker, cast line, the caller's argument). After the
+run each fix is applied to those twins (each tensor it names moved or cast as its code says), and the op runs again
+on them: the rules must find nothing, its meta kernel must take them, and a silent promotion must be gone. When the
+op's output is then the one the rest of the run went on with (it continued as if fixed), the ops it fed ran on it
+with no problem of their own: that is said too.
+
+A fix that acts on program state the twins cannot show (an optimizer rebuilt, a weight loaded) is never applied:
+it stays unproven, saying so. Nothing the program holds is touched: the twins are new meta tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchdoctor._placement import dtype_str
+from torchdoctor._virtual.origin import short_at, user_frame
+from torchdoctor._virtual.prove import Fix
+
+CASES = 64  # failing ops kept per run (the first ones; each problem's first meeting is among them)
+_PER_OP = 2  # cases kept per op and set of culprits
+
+
+class Operand:
+    """A metadata-only twin of one operand and the names a fix may call it by."""
+
+    __slots__ = ("meta", "device", "tags", "named")
+
+    def __init__(self, t: torch.Tensor, tags: tuple[str, ...], named: bool) -> None:
+        with torch._C.DisableTorchFunction():
+            try:
+                self.meta = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+            except (RuntimeError, TypeError):  # a layout without strides (sparse, nested): its shape is enough
+                self.meta = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+        self.device = getattr(t, "_td_device", t.device)
+        self.tags, self.named = tags, named
+
+    def tensor(self, device: torch.device | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A new meta tensor standing for this operand (moved to ``device``, cast to ``dtype``)."""
+        with torch._C.DisableTorchFunction():
+            out = self.meta.to(dtype) if dtype is not None and dtype != self.meta.dtype else self.meta.detach()
+        out.__dict__["_td_device"] = device or self.device  # the rules read it as the device (tensor_device)
+        return out
+
+
+class Case:
+    """One failing op: its operands as they were (``before``) and as the run went on with them (``after``)."""
+
+    __slots__ = ("func", "op", "at", "before", "after", "want")
+
+    def __init__(self, func: Any, before: tuple[list[Any], dict[str, Any]], after: tuple[list[Any], dict[str, Any]],
+                 want: torch.dtype | None) -> None:
+        self.func, self.op, self.before, self.after, self.want = func, str(func), before, after, want
+        f = user_frame(2)
+        self.at = short_at(f) if f is not None else None
+
+    def where(self) -> str:
+        return f"{self.op} at {self.at}" if self.at else self.op
+
+
+def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool]:
+    """The names a fix may call operand ``t`` by (its path, the program's name for it, the named tensors, maker,
+    cast line or caller's argument it was made from, the line that moved a copy of it), and whether it is a model
+    tensor. The same names the recorder writes into a problem's sources, so a fix's ``sets`` meet them."""
+    from torchdoctor._virtual.tensor import held_by
+
+    path = getattr(t, "_td_path", None)
+    tags: list[str] = []
+    if path:
+        tags.append(path)
+    else:
+        held = held_by(t)
+        if held:
+            tags.append(held)
+    o = getattr(t, "_td_origin", None)
+    if o is not None:
+        src = o.source
+        tags.extend(src.paths)
+        if str(src.op).startswith("torch.") and not src.paths:
+            mp = module_paths.get(id(src.module)) if src.module is not None else None
+            tags.append(f"factory {src.op} in `{mp or '<root>'}`" if src.module is not None else f"factory {src.op}")
+        if o.op == "Tensor.to" and o.at and path:
+            tags.append(f"moved {path} at {o.at}")
+    return tuple(tags), isinstance(path, str) and bool(path) and not path.startswith(("input ", "kwarg "))
+
+
+def twins(args: Sequence[Any], kwargs: dict[str, Any], tags: Any) -> tuple[list[Any], dict[str, Any]]:
+    """The op's arguments with each tensor (also in a list or tuple) replaced by its ``Operand``."""
+    def one(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            try:
+                return Operand(v, *tags(v))
+            except Exception:  # an odd tensor: kept out of the proof, never a break of the run
+                return None
+        if type(v) in (list, tuple) and any(isinstance(x, torch.Tensor) for x in v):
+            return type(v)(one(x) for x in v)
+        return v
+
+    return [one(a) for a in args], {k: one(v) for k, v in kwargs.items()}
+
+
+class Cases:
+    """The failing ops of a run, kept as twins (bounded: ``CASES`` in all, ``_PER_OP`` per op and culprits)."""
+
+    def __init__(self) -> None:
+        self.cases: list[Case] = []
+        self._count: dict[tuple[str, ...], int] = {}
+
+    def keep(self, func: Any, before: Any, after: Any, want: torch.dtype | None = None) -> None:
+        if len(self.cases) >= CASES:
+            return
+        key = (str(func), *sorted({t for o in _operands(before) for t in o.tags}))
+        n = self._count.get(key, 0)
+        if n < _PER_OP:
+            self._count[key] = n + 1
+            self.cases.append(Case(func, before, after, want))
+
+
+def _operands(call: tuple[list[Any], dict[str, Any]]) -> list[Operand]:
+    out: list[Operand] = []
+    for v in (*call[0], *call[1].values()):
+        if isinstance(v, Operand):
+            out.append(v)
+        elif type(v) in (list, tuple):
+            out.extend(x for x in v if isinstance(x, Operand))
+    return out
+
+
+def _targets(o: Operand, fix: Fix) -> list[Any]:
+    """What ``fix`` sets on operand ``o``: devices and dtypes, in order (nothing when it does not name it)."""
+    out: list[Any] = []
+    for tag, target in fix.sets:
+        if tag == "*":  # the model moved or cast as a whole: its tensors (a cast: its floating ones)
+            if o.named:
+                out.extend(x for x in (target if isinstance(target, tuple) else (target,))
+                           if not isinstance(x, torch.dtype) or o.meta.is_floating_point())
+        elif tag in o.tags or (tag.endswith(".") and any(t.startswith(tag) for t in o.tags)):
+            out.extend(target if isinstance(target, tuple) else (target,))
+    return out
+
+
+def _applied(call: tuple[list[Any], dict[str, Any]], fixes: Sequence[Fix]) -> tuple[list[Any], dict[str, Any], set[int]]:
+    """The call with every fix applied to its twins; the indexes of the fixes that changed an operand."""
+    used: set[int] = set()
+
+    def one(v: Any) -> Any:
+        if isinstance(v, Operand):
+            device, dtype = None, None
+            for i, f in enumerate(fixes):
+                for t in _targets(v, f):
+                    if isinstance(t, torch.device):
+                        device = t
+                    elif isinstance(t, torch.dtype):
+                        dtype = t
+                    else:
+                        continue
+                    used.add(i)
+            return v.tensor(device, dtype)
+        if type(v) in (list, tuple):
+            return type(v)(one(x) for x in v)
+        return v
+
+    return [one(a) for a in call[0]], {k: one(v) for k, v in call[1].items()}, used
+
+
+def _run(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    with torch._C.DisableTorchFunction(), torch.no_grad():
+        return func(*args, **kwargs)
+
+
+def _check(case: Case, fixes: Sequence[Fix], rules: Any, profile: Any) -> tuple[set[int], str | None, bool]:
+    """(fixes that touched the op, what is still wrong or None, whether the output is the one the run went on
+    with)."""
+    args, kwargs, used = _applied(case.before, fixes)
+    if not used:
+        return used, None, False
+    found = rules.find(case.func, args, kwargs, profile)
+    if found:
+        return used, found[0].problem.message, False
+    try:
+        out = _run(case.func, args, kwargs)
+    except Exception as exc:  # the kernel refuses the fixed operands: the answer, never a crash of the report
+        return used, f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}", False
+    first = out[0] if isinstance(out, (tuple, list)) and out else out
+    if case.want is not None and isinstance(first, torch.Tensor) and first.dtype != case.want:
+        return used, f"its output is still {dtype_str(first.dtype)}, not {dtype_str(case.want)}", False
+    try:
+        went = _run(case.func, *_applied(case.after, ())[:2])
+        w = went[0] if isinstance(went, (tuple, list)) and went else went
+        same = isinstance(first, torch.Tensor) and isinstance(w, torch.Tensor) and \
+            (first.dtype, tuple(first.shape)) == (w.dtype, tuple(w.shape))
+    except Exception:  # what the run went on with is not known: the op itself is still proven
+        same = False
+    return used, None, same
+
+
+def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: Any) -> list[Fix]:
+    """Label each fix proven when every failing op it changes runs with all the fixes applied (and it changes at
+    least one), else unproven with what was tried and what was still wrong."""
+    results = [(c, *_check(c, fixes, rules, profile)) for c in cases]
+    for i, f in enumerate(fixes):
+        if not f.sets:
+            f.proven = False
+            f.tried = "not applied: advice or program state (not a tensor a failing op read), nothing to re-run" \
+                if f.code.startswith("#") else "not applied: it acts on program state no failing op's operands show"
+            continue
+        mine = [(c, left, same) for c, used, left, same in results if i in used]
+        if not mine:
+            f.proven = False
+            f.tried = "no failing op recorded reads a tensor it changes, so it was not re-run"
+            continue
+        bad = next(((c, left) for c, left, _ in mine if left is not None), None)
+        f.proven = bad is None
+        if bad is not None:
+            f.tried = f"applied to copies of the operands of {bad[0].where()}, which still found: {bad[1]}"[:400]
+        else:
+            c, _, same = mine[0]
+            more = f" (and {len(mine) - 1} more op(s))" if len(mine) > 1 else ""
+            f.tried = (f"at the failing op {c.where()}{more}: its operands as the fix leaves them run with no "
+                       "problem" + ("; its output is the one the ops after it ran on" if same else ""))
+    return fixes
+
+
+def proof_lines(fixes: Sequence[Fix]) -> list[str]:
+    """The fix as text: each part's code, then whether it was proven (``# fix proven (at the failing op …)``)."""
+    judged = [f for f in fixes if f.sets]
+    lines = [line for f in fixes for line in f.code.splitlines()]
+    if judged and all(f.proven for f in judged):
+        return [*lines, f"# fix proven ({judged[0].tried})"]
+    out: list[str] = []
+    for f in fixes:
+        out += f.code.splitlines()
+        if f.sets and not f.proven:
+            out.append(f"# ^ fix unproven: {f.tried}" if any(g.proven for g in judged) else "")
+    first = next((f for f in judged if not f.proven), None) or (fixes[0] if fixes else None)
+    tried = first.tried if first is not None and first.tried else "nothing a failing op read was changed"
+    return [x for x in out if x] + ([] if any(g.proven for g in judged) else [f"# fix unproven: {tried}"])

@@ -1,0 +1,108 @@
+"""A silent dtype promotion in a virtual run: an operand of another floating dtype that promotes the model's compute
+dtype (``bf16 * fp32 -> fp32``) is a problem by path, even when every tensor sits on the right device.
+
+One policy with strict guard: the decision is guard's own (``_guard.promotion.findings``), asked through a view of
+the run that answers as guard's session does (the running module, its root, and the root's ``Maps``). So the same
+cases are flagged (a model tensor the placement policy finds off in dtype, wider than its module's compute dtype)
+and the same are quiet: CPU 0-dim scalars, tensors made in forward (per-call casts), fp32 modules kept so by design
+(``_keep_in_fp32_modules``), integer, bool and float8 operands, casts. Autocast regions are quiet too: there the
+dtype of each op is autocast's choice.
+
+Asked only for an op whose first two arguments are tensors of different dtypes (guard's cheap test): the happy
+path never gets here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchdoctor._placement import tensor_device
+
+
+def mixed(args: tuple[Any, ...]) -> bool:
+    """Two leading tensor arguments of different dtypes: the only ops a promotion check looks at."""
+    return len(args) > 1 and isinstance(args[0], torch.Tensor) and isinstance(args[1], torch.Tensor) and \
+        args[0].dtype is not args[1].dtype
+
+
+class Promotions:
+    """Guard's promotion check over a virtual run's module stack; ``Maps`` of each root walked once, again after
+    the program moves or casts the model's tensors (``reset``)."""
+
+    def __init__(self, stack: Any) -> None:
+        self.stack = stack  # the run's ``ModuleStack``
+        self._maps: dict[int, Any] = {}
+
+    def reset(self) -> None:
+        self._maps.clear()
+
+    # -- what guard's ``findings`` asks of its session ------------------------------------------------------------
+    def current(self) -> tuple[Any, Any]:
+        stack = self.stack.stack
+        return (stack[-1], stack[0]) if stack else (None, None)
+
+    def maps_for(self, root: Any) -> Any:
+        if root is None:
+            return None
+        hit = self._maps.get(id(root))
+        if hit is None or hit[0] is not root:
+            from torchdoctor._guard.maps import Maps
+
+            try:
+                hit = self._maps[id(root)] = (root, _Named(Maps(root)))
+            except Exception:  # a strange model must not break the run it watches: no promotion check then
+                hit = self._maps[id(root)] = (root, None)
+        return hit[1]
+
+    def findings(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        """Guard's promotion finding of this op (wider operands as ``offenders``), or none."""
+        if not mixed(args) or self._autocast(args):
+            return []
+        from torchdoctor._guard.promotion import findings
+
+        try:
+            return findings(self, func, args, kwargs)
+        except Exception:  # the check is extra: the run goes on without it
+            return []
+
+    def path(self, t: Any) -> tuple[str, str] | None:
+        """(path, role) of a model tensor, as the root's walk names it."""
+        maps = self.maps_for(self.current()[1])
+        hit = maps.tensor_path(t) if maps is not None else None
+        if hit is None:
+            return None
+        return hit[0], maps.roles.get(hit[0], "attribute")
+
+    @staticmethod
+    def _autocast(args: tuple[Any, ...]) -> bool:
+        kind = tensor_device(args[0]).type
+        try:
+            return bool(torch.is_autocast_enabled(kind)) or bool(torch.is_autocast_enabled("cpu"))
+        except (RuntimeError, TypeError):  # a device type autocast does not know
+            return False
+
+
+class _Named:
+    """guard's ``Maps`` of a root, where a virtual operand is also found by the path the run named it with, or as
+    the real tensor it was lifted from (a twin is not the object the model holds)."""
+
+    def __init__(self, maps: Any) -> None:
+        self.maps = maps
+        self.roles = {e.path: e.role for e in maps.walk.entries}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.maps, name)
+
+    def tensor_path(self, t: Any) -> tuple[str, str] | None:
+        hit = self.maps.tensor_path(_real(t))
+        if hit is None and getattr(t, "_td_path", None) in self.roles:
+            return t._td_path, ""
+        return hit  # type: ignore[no-any-return]
+
+
+def _real(v: Any) -> Any:
+    """The real tensor a virtual operand was lifted from (``_td_real``), else the value itself."""
+    real = getattr(v, "_td_real", None) if isinstance(v, torch.Tensor) else None
+    return real if real is not None else v
