@@ -26,8 +26,8 @@ from typing import IO, Any
 
 from torchdoctor._explain.apps import app_fixes, step_fixes
 from torchdoctor._explain.catalog import causes, context_rules
-from torchdoctor._explain.context import derive, rank
-from torchdoctor._explain.plugins import plugin_fields
+from torchdoctor._explain.context import derive, find_word, rank
+from torchdoctor._explain.plugins import plugin_fields, plugin_fixes
 from torchdoctor._explain.report import SCHEMA, Alternative, Diagnosis, ExplainReport, render, to_json
 from torchdoctor._explain.scanner import BLOCK, Group, Scanner, clean
 from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
@@ -100,11 +100,18 @@ def _diagnose(group: Group) -> Diagnosis:
     usable = usable[:4]
     likely = tuple(_render(table[c].text, fields) for c, _ in usable)
     fixes: list[tuple[str, str]] = []
+    first = 0  # how many fixes the first cause gave: a plugin's update / disable steps follow them
     for cid, _ in usable:
         for title, code in table[cid].fixes:
             t, c = _try(title, fields), _try(code, fields, prose=False)
             if t is not None and c is not None and all(c != code for _, code in fixes) and len(fixes) < 6:
                 fixes.append((t, c))
+        first = first or len(fixes)
+    # the plugin whose frame ran the failing code, named in its own update and disable steps (issue 42, point 5)
+    steps = plugin_fixes(fields)
+    if steps:  # its update where a cause already gave it, or after the first cause's fixes; its disable step next
+        at = next((i + 1 for i, (_, code) in enumerate(fixes) if code == steps[0][1]), first)
+        fixes[at:at] = [f for f in steps if all(f[1] != code for _, code in fixes)]
     if not fixes:  # never a diagnosis without something to do
         fixes.append(("Check what this environment provides", "torchdoctor env"))
     # an app's user rarely edits the app's code: its own flag or setting comes first, the generic fix after it
@@ -147,7 +154,7 @@ def _diagnose(group: Group) -> Diagnosis:
 
 def _context_line(original: str, context: str, word: str) -> str:
     """The line of the original text (not the lower-cased copy) where a context word was found."""
-    p = context.find(word)
+    p = find_word(context, word)
     if p == -1:
         return ""
     lines = original.split("\n")

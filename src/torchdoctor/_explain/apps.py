@@ -14,6 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from torchdoctor._explain.causes import define_cause as _c
+from torchdoctor._explain.context import MAC, find_word
 from torchdoctor._explain.signatures import define as _sig
 
 __all__ = ["APPS", "app_fixes", "app_of", "step_fixes"]
@@ -98,6 +99,23 @@ _FIXES: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, str], ...]] = {
     ("InvokeAI", (_NA,)): (("InvokeAI: run on the CPU, or reinstall with the CUDA torch",
                             "invokeai.yaml:  device: cpu"),),
 }
+
+
+# On a Mac there is no CUDA build to install: the app runs on the Apple GPU (mps), and the code that asked for CUDA
+# (a custom node, an extension) is what must change.
+_MAC_FIXES: dict[str, tuple[tuple[str, str], ...]] = {
+    "ComfyUI": (
+        ("ComfyUI on a Mac: ComfyUI itself runs on the Apple GPU; check that this torch sees it (no CUDA build "
+         "exists for macOS)", 'python -c "import torch; print(torch.backends.mps.is_available())"'),
+        ("ComfyUI: or run everything on the CPU", "python main.py --cpu")),
+    "InvokeAI": (("InvokeAI on a Mac: use the Apple GPU", "invokeai.yaml:  device: mps"),),
+}
+_WEB_MAC = (("On a Mac the web UI runs on the Apple GPU: start it without CUDA flags",
+             "./webui.sh  # no --use-cuda / --reinstall-torch: no CUDA build exists for macOS"),)
+
+
+def _on_mac(context: str, flags: frozenset[str]) -> bool:
+    return "windows" not in flags and any(find_word(context, w) != -1 for w in MAC)
 
 
 @lru_cache(maxsize=64)  # asked per diagnosis by app_fixes and step_fixes, each scan a whole context per word
@@ -200,6 +218,8 @@ def app_fixes(category: str, context: str, flags: frozenset[str] = frozenset()
         return None, ()
     if category in _PRECISION and "fp64" in flags and not flags & _REDUCED:
         return app, ()
+    if category == _NA and _on_mac(context, flags):
+        return app, _MAC_FIXES.get(app, _WEB_MAC)
     for (name, cats), fixes in _FIXES.items():
         if name == app and category in cats:
             return app, fixes

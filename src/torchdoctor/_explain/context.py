@@ -12,7 +12,7 @@ import re
 from torchdoctor._explain.causes import ContextRule
 from torchdoctor._explain.tokens import ACCELERATORS, device_name, dtype_name, names_in, type_name
 
-__all__ = ["derive", "rank", "transformers_version"]
+__all__ = ["MAC", "derive", "find_word", "rank", "transformers_version"]
 
 _LOW = ("float16", "bfloat16")
 _METHOD = {"float32": ".float()", "float16": ".half()", "bfloat16": ".bfloat16()", "float64": ".double()",
@@ -30,6 +30,40 @@ def _windows(context: str) -> bool:
             return True
         p = context.find(":/", p + 2)
     return False
+
+
+_EDGE = "\\b"  # a rule word's end marked so matches only where no letter or digit touches that side
+
+
+# Words of a Mac (lower-cased context): its home folders, the ComfyUI desktop app's bundle
+# (/Applications/ComfyUI.app/Contents), Homebrew; "c:/users/" is a Windows path (the ``windows`` flag rules it out)
+MAC = ("/users/", "/applications/", ".app/contents/", "/opt/homebrew/", "macos", "darwin", "macbook", "apple",
+       r"\bmps\b", "arm64")
+
+
+def find_word(text: str, word: str, start: int = 0) -> int:
+    r"""Where a context rule's ``word`` first occurs in ``text`` from ``start`` (-1: nowhere). A word is a plain
+    substring, except at an end marked ``\b``: there no letter or digit may touch it, so a short token is not
+    found inside a longer one (``\bamd\b`` is not in the "AMD64" of a Python version line, ``\bmps\b`` is not in
+    "timestamps").
+
+    >>> find_word("python 3.10 (amd64)", r"\bamd\b"), find_word("an amd gpu", r"\bamd\b")
+    (-1, 3)
+    >>> find_word("timestamps: 3", r"\bmps\b"), find_word("slow_conv2d_forward_mps", r"\bmps\b")
+    (-1, 20)
+    """
+    lead, trail = word.startswith(_EDGE), len(word) > 2 and word.endswith(_EDGE)
+    if not (lead or trail):
+        return text.find(word, start)
+    core = word[2 if lead else 0: len(word) - 2 if trail else len(word)]
+    p = text.find(core, start)
+    while p != -1:
+        end = p + len(core)
+        if (not lead or p == 0 or not text[p - 1].isalnum()) and (not trail or end == len(text)
+                                                                   or not text[end].isalnum()):
+            return p
+        p = text.find(core, p + 1)
+    return -1
 
 
 def transformers_version(context: str) -> tuple[int, int] | None:
@@ -227,9 +261,9 @@ def _prose_only(context: str, word: str, message: str) -> bool:
     """Whether every occurrence of ``word`` in ``context`` (the first 16) sits on a line of prose, and the error's
     own message does not hold it: "I fine-tune with qlora" is what the user believes, a frame in bitsandbytes is
     what ran."""
-    if not word or word in message:
+    if not word or find_word(message, word) != -1:
         return False
-    p = context.find(word)
+    p = find_word(context, word)
     for _ in range(16):
         if p == -1:
             return True
@@ -238,7 +272,7 @@ def _prose_only(context: str, word: str, message: str) -> bool:
         line = context[start: end if end != -1 else len(context)].rstrip()
         if line.count(" ") < 3 or not _PROSE.fullmatch(line) or _LOG_HEAD.match(line):
             return False
-        p = context.find(word, end) if end != -1 else -1
+        p = find_word(context, word, end) if end != -1 else -1
     return False
 
 
@@ -263,7 +297,7 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     def has(word: str) -> bool:
         got = present.get(word)
         if got is None:
-            got = present[word] = word in context
+            got = present[word] = find_word(context, word) != -1
         return got
 
     def scale(word: str) -> float:

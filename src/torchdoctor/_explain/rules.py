@@ -6,6 +6,7 @@ weighs 1.0); below 1.0 it offers that category as an alternative. See ``causes.C
 from __future__ import annotations
 
 from torchdoctor._explain.causes import ContextRule, register_rule
+from torchdoctor._explain.context import MAC
 
 __all__ = ["ACCEL", "BNB", "COMFY", "IPEX", "PEFT", "WEBUI"]
 
@@ -132,10 +133,10 @@ _rule("cpu_build", ("+cpu", "cpu-only", "cpu only", "cuda used to build pytorch:
       ds__gpu_invisible=1.0)
 _rule("gpu_present", ("nvidia-smi", "driver version", "geforce", "rtx", "is_available() is true", "available() :true"),
       (), (_NA, _DS), ds__gpu_invisible=2.5, na__cpu_build=1.0)
-_rule("mac", ("/users/", "macos", "darwin", "macbook", "apple", "mps", "arm64"), (), (_NA,), unless=("windows", "xpu"),
-      na__mac=3.0)
+_rule("mac", MAC, (), (_NA,), unless=("windows", "xpu"), na__mac=3.0,
+      na__cpu_build=-2.5)  # a Mac has no CUDA build to install: never "install a CUDA build" there
 _rule("xpu_build", flags=("xpu",), applies_to=(_NA,), na__xpu_build=5.0)
-_rule("directml", ("directml", "torch_directml", "amd", "radeon"), (), (_NA,), na__directml=5.0)
+_rule("directml", ("directml", "torch_directml", r"\bamd\b", "radeon"), (), (_NA,), na__directml=5.0)  # not AMD64
 _rule("hardcoded_cuda", (".cuda()", "device='cuda'", 'device="cuda"', "use_gpu", ".cuda("), (), (_NA,),
       na__hardcoded_cuda=1.5)
 _rule("mps_bf16", flags=("mps", "bf16"), applies_to=(_UD,), ud__mps_bf16=4.0)
@@ -147,5 +148,6 @@ _rule("ordinal_launch", ("torchrun", "local_rank", "world_size", "nproc", "launc
 _rule("stft_window", ("stft", "hann_window", "hamming_window", "window on", "and window", "window="), (), (_DEV,),
       dev__stft_window=3.5)  # not "window" alone: "ComfyUI_windows_portable" holds it
 _rule("mps_fp8", flags=("fp8", "mps"), applies_to=(_UD,), ud__mps_fp8=6.0, ud__mps_bf16=-4.0)
-_rule("frames_to_mps", ("mps", "/users/", "macos", "apple"), ("frames_only",), (_MIX,), _UD, weight=1.6,
+_rule("frames_to_mps", (r"\bmps\b", "/users/", "/applications/", "macos", "apple"), ("frames_only",), (_MIX,), _UD,
+      weight=1.6,
       why="Module.to() on a Mac: float64 / bfloat16 / float8 tensors cannot move to mps", ud__mps_fp64=2.0)
