@@ -18,7 +18,7 @@ from torchdoctor._explain.tokens import devices_in, dtypes_in
 from torchdoctor._guard import compiled as graph, provenance
 from torchdoctor._guard.float8 import FLOAT8, is_float8_message
 from torchdoctor._guard import component
-from torchdoctor._guard.remedy import aimed, caller_lines, locals_made, with_patch
+from torchdoctor._guard.remedy import aimed, caller_lines, locals_made, moved_aim, with_patch
 from torchdoctor._guard.session import Maps, Session, fix_code, module_label
 from torchdoctor._placement import device_str, dtype_str, norm_device
 from torchdoctor._report.model import PlacementError, Problem, TensorInfo
@@ -220,6 +220,10 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
         off = []
     args = provenance.call_arguments(run_frames, root)
     bad = [(p, args[id(t)][0] if p is None and id(t) in args else lbl, t) for p, lbl, t in bad]
+    if kind == "device" and maps is not None and ref is not None and not compiled and mod is not None:
+        # ids or a mask made in a forward on the wrong device: the line that made them (``torch.cat`` of CPU labels)
+        aim = moved_aim([(c[1], c[2]) for c in bad if c[0] is None and id(c[2]) not in args], ref, maps, mod,
+                        session.frames, exc.__traceback__ or tb)
     passed = {c[1] for c in bad if c[0] is None and id(c[2]) in args}  # the caller's own arguments
     if bad and all(c[0] is None and c[1] not in passed for c in bad):
         # made in forward from something that held the wrong value: the caller's arguments that hold it (no

@@ -37,6 +37,10 @@ class Maker:
     attr: str | None = None
     klass: type | None = None  # the class that defines the attribute (a class attribute)
     segment: tuple[int, int, str] | None = None  # (col, end col, text) of the dtype expression on its line
+    span: tuple[int, int] | None = None  # (col, end col) of the whole call on its line, when on one line
+    factory: bool = False  # a call that makes a tensor from scratch (``torch.arange``), not from other tensors
+    no_device: bool = False  # a factory called without ``device=``: torch makes it on the CPU
+    device_expr: str | None = None  # how that forward can name the device the fix wants (``x.device``)
 
     def describe(self) -> str:
         out = f"made by `{self.op}` at {self.file}:{self.line} (`{self.source}`)"
@@ -44,6 +48,8 @@ class Maker:
             out += f", the dtype read from {self.dtype_from}"
         if self.made_from:
             out += f", from {', '.join(self.made_from)}"
+        if self.no_device:
+            out += ", with no device= (made on the CPU)"
         return out
 
 
@@ -155,23 +161,40 @@ def _is_factory(call: ast.Call) -> bool:
         ["torch"], ["np"], ["numpy"])
 
 
-def _made_from(call: ast.Call, skip: ast.expr | None) -> tuple[str, ...]:
-    names: list[str] = []
+def _torch_call(call: ast.Call) -> bool:
+    """``torch.cat(...)``, ``torch.stack(...)``: a torch function whose result is a new tensor on some device."""
+    return isinstance(call.func, ast.Attribute) and _chain(call.func.value) == ["torch"]
+
+
+def _made_from(call: ast.Call, skip: ast.expr | None, frame: Any = None, kind: str = "dtype") -> tuple[str, ...]:
+    """The names a call read tensors from, each with its device or dtype where the frame still holds it
+    (``labels (cpu)``)."""
+    chains: list[list[str]] = []
     func = call.func
-    if isinstance(func, ast.Attribute) and not _is_factory(call):
+    if isinstance(func, ast.Attribute) and not _is_factory(call) and not _torch_call(call):
         ch = _chain(func.value)
         if ch:
-            names.append(".".join(ch))
+            chains.append(ch)
     for a in call.args:
-        ch = _chain(a) if a is not skip else None
-        if ch and not (len(ch) == 2 and ch[0] == "torch"):
-            names.append(".".join(ch))
+        for x in (a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a]):
+            ch = _chain(x) if x is not skip else None
+            if ch and not (len(ch) == 2 and ch[0] == "torch"):
+                chains.append(ch)
+    names = []
+    for ch in chains:
+        v = frame.f_locals.get(ch[0]) if frame is not None and len(ch) == 1 else None
+        shown = ""
+        if isinstance(v, torch.Tensor):
+            from torchdoctor._placement import device_str, dtype_str, tensor_device
+
+            shown = f" ({dtype_str(v.dtype) if kind == 'dtype' else device_str(tensor_device(v))})"
+        names.append(".".join(ch) + shown)
     return tuple(dict.fromkeys(names))
 
 
-def _expressions(tree: ast.AST, off: int, frame: Any, t: torch.Tensor) -> list[ast.AST]:
-    """The source expressions that may have made ``t``: the assignment of the local holding it (or its view's
-    base), else the statement running now."""
+def _expressions(tree: ast.AST, off: int, frame: Any, t: torch.Tensor) -> list[tuple[ast.AST, bool]]:
+    """The source expressions that may have made ``t``, each with whether it is the value assigned to the local
+    holding it (or its view's base) or only the statement running now (where ``t`` may be used, not made)."""
     names = []
     for name, v in frame.f_locals.items():
         if isinstance(v, torch.Tensor) and name != "self" and _same(v, t):
@@ -184,11 +207,11 @@ def _expressions(tree: ast.AST, off: int, frame: Any, t: torch.Tensor) -> list[a
             if any(isinstance(x, ast.Name) and x.id in names for x in targets):
                 exprs.append((node.lineno, node.value))
     exprs.sort(key=lambda x: x[0])
-    found = [e for _, e in exprs[-1:]]
+    found = [(e, True) for _, e in exprs[-1:]]
     stmt = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno <= now <= (n.end_lineno or n.lineno)
             and not isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))]
     if stmt:
-        found.append(max(stmt, key=lambda n: n.lineno))
+        found.append((max(stmt, key=lambda n: n.lineno), False))
     return found
 
 
@@ -223,11 +246,12 @@ def user_frames(tb: Any = None, limit: int = 12) -> list[Any]:
     return [f for f in out if not f.f_code.co_filename.startswith(skip)][-limit:]
 
 
-def find(frames: list[Any], t: torch.Tensor, kind: str) -> Maker | None:
-    """The maker of ``t`` in the running forwards' ``frames`` (innermost last), or None."""
+def find(frames: list[Any], t: torch.Tensor, kind: str, target: Any = None) -> Maker | None:
+    """The maker of ``t`` in the running forwards' ``frames`` (innermost last), or None. For a device, ``target``
+    (the device ``t`` should have been made on) lets the maker say how its forward names that device."""
     for frame in reversed(frames):
         try:
-            found = _in_frame(frame, t, kind)
+            found = _in_frame(frame, t, kind, target)
         except Exception:  # naming the maker is extra: the failure is still reported without it
             found = None
         if found is not None:
@@ -235,21 +259,55 @@ def find(frames: list[Any], t: torch.Tensor, kind: str) -> Maker | None:
     return None
 
 
-def _in_frame(frame: Any, t: torch.Tensor, kind: str) -> Maker | None:
+def _accepts(call: ast.Call, kind: str, dtype: Any, t: torch.Tensor, assigned: bool, frame: Any) -> bool:
+    """Is ``call`` what gave ``t`` its wrong ``kind``? A dtype: a cast or factory to ``t``'s dtype. A device: a
+    factory, a move, or (where ``t`` was assigned from it) a torch function such as ``torch.cat``; a method of a
+    tensor (``.view``, ``.long()``) keeps its tensor's device, so the search goes on to where that came from."""
+    factory = _is_factory(call)
+    if kind == "dtype":
+        return dtype == t.dtype or (factory and dtype is None)
+    attr = call.func.attr  # type: ignore[attr-defined]
+    if attr in ("to", "type") and len(call.args) == 1 and not any(k.arg == "device" for k in call.keywords):
+        ch = _chain(call.args[0])
+        if ch and isinstance(_resolve(ch, frame)[0], torch.dtype):
+            return False  # ``.to(torch.float16)`` casts; it moves nothing
+    return factory or attr in ("to", "cuda", "cpu") or (assigned and _torch_call(call))
+
+
+def _device_expr(frame: Any, target: Any) -> str | None:
+    """A name the forward already has for ``target``: a local tensor on it (``x.device``), else its module's
+    parameters (``next(self.parameters()).device``)."""
+    from torchdoctor._placement import norm_device, tensor_device
+
+    if not isinstance(target, torch.device):
+        return None
+    want = norm_device(target)
+    for name, v in frame.f_locals.items():
+        if isinstance(v, torch.Tensor) and name != "self" and name.isidentifier() and \
+                norm_device(tensor_device(v)) == want:
+            return f"{name}.device"
+    me = frame.f_locals.get("self")
+    if isinstance(me, torch.nn.Module):
+        p = next(me.parameters(), None)
+        if p is not None and norm_device(tensor_device(p)) == want:
+            return "next(self.parameters()).device"
+    return None
+
+
+def _in_frame(frame: Any, t: torch.Tensor, kind: str, target: Any = None) -> Maker | None:
     parsed = _parsed(frame.f_code)
     if parsed is None:
         return None
     tree, off, path, lines = parsed
-    for expr in _expressions(tree, off, frame, t):
+    shift = len(lines[0]) - len(lines[0].lstrip()) if lines else 0  # the dedented tree's columns -> the file's
+    for expr, assigned in _expressions(tree, off, frame, t):
         for call in _calls(expr):
             dtype, node = _dtype_of_call(call, frame)
+            if not _accepts(call, kind, dtype, t, assigned, frame):
+                continue
             factory = _is_factory(call)
-            if kind == "dtype" and dtype != t.dtype and not (factory and dtype is None):
-                continue
-            if kind != "dtype" and not factory and call.func.attr not in ("to", "cuda", "cpu"):  # type: ignore[attr-defined]
-                continue
             text = ast.unparse(call.func)
-            op = text if factory else "." + text.rsplit(".", 1)[-1] + "(" + ", ".join(
+            op = text if factory or _torch_call(call) else "." + text.rsplit(".", 1)[-1] + "(" + ", ".join(
                 ast.unparse(a) for a in call.args) + ")"
             lineno = call.lineno + off
             src = lines[call.lineno - 1].strip() if call.lineno - 1 < len(lines) else ""
@@ -259,11 +317,14 @@ def _in_frame(frame: Any, t: torch.Tensor, kind: str) -> Maker | None:
                 _, owner, attr = _resolve(ch, frame)
                 if attr is not None and owner is not None:
                     where, klass = _where(owner, attr, ch)
-            seg = None
+            seg = span = None
             if node is not None and node.lineno == node.end_lineno and call.lineno - 1 < len(lines):
-                # the dedented tree's columns, shifted back to the file's
-                shift = len(lines[0]) - len(lines[0].lstrip())
                 col = node.col_offset + shift
                 seg = (col, (node.end_col_offset or node.col_offset) + shift, ast.unparse(node))
-            return Maker(op, path, lineno, src, where, _made_from(call, node), owner, attr, klass, seg)
+            if call.lineno == call.end_lineno and call.end_col_offset is not None:
+                span = (call.col_offset + shift, call.end_col_offset + shift)
+            no_device = kind == "device" and factory and _chain(call.func.value) == ["torch"] and not any(  # type: ignore[attr-defined]
+                k.arg == "device" for k in call.keywords) and not call.func.attr.endswith("_like")  # type: ignore[attr-defined]
+            return Maker(op, path, lineno, src, where, _made_from(call, node, frame, kind), owner, attr, klass, seg,
+                         span, factory, no_device, _device_expr(frame, target) if kind == "device" else None)
     return None

@@ -13,7 +13,7 @@ import functools
 import os
 import sys
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -52,10 +52,35 @@ def _replaced(source_line: str, old: str, new: str) -> str | None:
     return source_line.replace(old, new, 1) if source_line.count(old) == 1 else None
 
 
-def remedy(m: Maker, target: Any, paths: dict[int, str], dicts: Any = ()) -> Remedy | None:
-    """The fix aimed at ``m`` that makes its operand ``target`` (a dtype; devices get the literal line's fix)."""
-    if not isinstance(target, torch.dtype):
+def _moved(m: Maker, target: Any) -> Remedy | None:
+    """A device: the maker's line made to give its result on ``target`` (``device=`` added to a factory, a move
+    retargeted, else ``.to(...)`` after the call), named as the forward already names that device."""
+    if not isinstance(target, torch.device) or m.span is None:
         return None
+    want = m.device_expr or value_code(target)
+    raw = _line(m.file, m.line)
+    col, end = m.span
+    seg = raw[col:end] if raw is not None else ""
+    if raw is None or not seg.endswith(")"):
+        return None
+    method = m.op.split("(", 1)[0]
+    cut = seg.rfind(method + "(") if method in (".to", ".cuda", ".cpu") else -1
+    if cut >= 0:  # a move to the wrong place: move to the right one
+        new = raw[:col + cut] + f".to({want})" + raw[end:]
+    elif m.no_device:  # a factory that made it on the CPU: say where
+        sep = "" if seg[seg.index("(") + 1:-1].strip() == "" else ", "
+        new = raw[:end - 1] + f"{sep}device={want}" + raw[end - 1:]
+    else:  # torch.cat of tensors on the wrong device, a library call: move its result
+        new = raw[:end] + f".to({want})" + raw[end:]
+    patch = line_patch(m.file, m.line, new.strip()) if own_file(m.file) else None
+    return Remedy(f"{new.strip()}  # {os.path.basename(m.file)}:{m.line}", patch, None)
+
+
+def remedy(m: Maker, target: Any, paths: dict[int, str], dicts: Any = ()) -> Remedy | None:
+    """The fix aimed at ``m`` that makes its operand ``target``: a dtype at where it was read from or at the cast,
+    a device at the line that made it (``_moved``)."""
+    if not isinstance(target, torch.dtype):
+        return _moved(m, target)
     want = value_code(target)
     owner = _owner_expr(m, paths, dicts)
     if m.attr is not None and m.klass is not None:  # a class attribute: every instance reads it
@@ -116,23 +141,42 @@ def prove_rerun(m: Maker, target: Any, mod: Any, args: Any, frames: Any) -> str 
         return None
     store = holder.__dict__
     had, old = m.attr in store, store.get(m.attr)
-    depth = (len(frames.stack), len(frames.inputs), len(frames.ran)) if frames is not None else None
-    tried = f"{m.attr} = {value_code(target)} on `{type(holder).__name__}`"
     try:
         store[m.attr] = target
-        with torch.no_grad():
-            mod(*args)
-    except Exception as exc:  # the re-run's own failure is the answer, never a crash of the report
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return f"fix unproven: re-ran {type(mod).__name__} with {tried}: {type(exc).__name__}: {first}"[:400]
+        return rerun(mod, tuple(args), frames, f"{m.attr} = {value_code(target)} on `{type(holder).__name__}`")
     finally:
         if had:
             store[m.attr] = old
         else:
             store.pop(m.attr, None)
-        if depth is not None:  # a failed re-run leaves its modules on guard's stack: put it back as it was
-            del frames.stack[depth[0]:], frames.inputs[depth[1]:], frames.ran[depth[2]:]
-    return f"fix proven: {type(mod).__name__} runs again with {tried}"
+
+
+_KEEP = 64 << 20  # the most state a re-run copies so that it can put it back
+
+
+def _kept(mod: nn.Module) -> list[tuple[torch.Tensor, int, torch.Tensor | None]] | None:
+    """The module's tensors with their version counters, and a copy of each buffer (a forward that updates
+    running statistics or a cache writes buffers): what ``_put_back`` restores after a re-run. None when the
+    copies would exceed ``_KEEP`` bytes."""
+    out: list[tuple[torch.Tensor, int, torch.Tensor | None]] = []
+    size = 0
+    buffers = {id(b) for b in mod.buffers()}
+    for t in (*mod.parameters(), *mod.buffers()):
+        copy = None
+        if id(t) in buffers:
+            size += t.nelement() * t.element_size()
+            if size > _KEEP:
+                return None
+            copy = t.detach().clone()
+        out.append((t, t._version, copy))
+    return out
+
+
+def _put_back(kept: list[tuple[torch.Tensor, int, torch.Tensor | None]]) -> None:
+    with torch.no_grad():
+        for t, version, copy in kept:
+            if copy is not None and t._version != version:
+                t.copy_(copy)
 
 
 @dataclass(frozen=True)
@@ -154,7 +198,7 @@ def aimed(loose: list[tuple[str, torch.Tensor]], kind: str, target: Any, paths: 
 
     try:
         stack = user_frames(tb)
-        found = [(label, t, find(stack, t, kind)) for label, t in loose]
+        found = [(label, t, find(stack, t, kind, target)) for label, t in loose]
     except Exception:  # naming the maker is extra: the failure is reported without it
         return None
     made = [(label, t, m) for label, t, m in found if m is not None]
@@ -172,6 +216,45 @@ def aimed(loose: list[tuple[str, torch.Tensor]], kind: str, target: Any, paths: 
         if args or not mod.forward.__code__.co_argcount > 1:
             proof = prove_rerun(m, target, mod, args, frames)
     return Aim(lines, fix.code, fix.patch, proof, [x[2] for x in made])
+
+
+def moved_aim(loose: list[tuple[str, torch.Tensor]], target: Any, maps: Any, mod: nn.Module, frames: Any,
+              tb: Any = None) -> Aim | None:
+    """Explain mode, a device: the maker of each operand in ``loose`` made on the wrong device, the fix at its
+    line, proven by running ``mod`` again on its inputs with those tensors moved to ``target``."""
+    aim = aimed(loose, "device", target, maps.modules, maps.dicts, frames, tb) if loose else None
+    if aim is None or aim.code is None:
+        return aim
+    ids = {id(t) for _, t in loose}
+    given = tuple(frames.inputs_of(mod))
+    tried = f"{', '.join(label for label, _ in loose)} -> {value_code(target)}"
+    if not any(isinstance(t, torch.Tensor) and id(t) in ids for t in given):
+        return replace(aim, proof=f"fix unproven: not re-run ({type(mod).__name__} did not get them as inputs)")
+    return replace(aim, proof=rerun(mod, lambda: tuple(
+        t.to(target) if isinstance(t, torch.Tensor) and id(t) in ids else t for t in given), frames, tried))
+
+
+def rerun(mod: nn.Module, args: Any, frames: Any, tried: str) -> str:
+    """Run ``mod`` on ``args`` once more, its state and the random numbers put back after: "fix proven" or
+    "fix unproven" with what was tried and the error."""
+    kept = _kept(mod)
+    if kept is None:
+        return f"fix unproven: {tried} not tried: a re-run of {type(mod).__name__} would copy over " \
+               f"{_KEEP >> 20} MiB of the state it could change"
+    depth = (len(frames.stack), len(frames.inputs), len(frames.ran)) if frames is not None else None
+    rng = torch.get_rng_state()
+    try:
+        with torch.no_grad():
+            mod(*(args() if callable(args) else args))
+    except Exception as exc:  # the re-run's own failure is the answer, never a crash of the report
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"fix unproven: re-ran {type(mod).__name__} with {tried}: {type(exc).__name__}: {first}"[:400]
+    finally:
+        if depth is not None:  # a failed re-run leaves its modules on guard's stack: put it back as it was
+            del frames.stack[depth[0]:], frames.inputs[depth[1]:], frames.ran[depth[2]:]
+        _put_back(kept)
+        torch.set_rng_state(rng)
+    return f"fix proven: {type(mod).__name__} runs again with {tried}"
 
 
 def with_patch(err: Any, patch: str | None, lines: list[str]) -> Any:
