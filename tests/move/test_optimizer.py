@@ -54,7 +54,9 @@ def test_adam_state_follows_a_cast_and_step_runs() -> None:
     assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float64
     assert state["step"].dtype == torch.float32  # torch keeps a plain optimizer's step counter as it is
     _step(m, opt, torch.float64)
-    assert "optimizer.state[0.weight].exp_avg" in str(report)
+    # what Module.to would have missed, the state folded into one line (the JSON keeps every row)
+    assert "  optimizer.state  12 tensor(s)  f32@cpu -> f64@cpu" in str(report).splitlines()
+    assert "optimizer.state[0.weight].exp_avg" in report.to_dict()["missed_by_module_to"]
 
 
 def test_state_follows_a_device_move_step_stays_on_cpu() -> None:

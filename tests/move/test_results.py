@@ -37,6 +37,7 @@ class RefReport:  # what MoveReport was declared as (without its __post_init__ c
     problems: tuple = ()
     optimizers: tuple = ()  # HeldBy rows: the optimizers whose state moved with the parameters (issue 39)
     notes: tuple = ()
+    missed: tuple = ()  # the moved paths Module.to would have missed (issue 42 point 10)
 
 
 STEP = ("0.weight", "parameter", "f32[2,2]@cpu", "bf16[2,2]@cpu", "param.data")

@@ -145,6 +145,7 @@ def _move(obj: Any, dev: torch.device | None, dt: torch.dtype | None, keep_fp32:
     p.raise_refusals()
     opt_state, opts, was, held, note = _optimizers(optimizer, given, p.steps)
     done: list[Moved] = []
+    extra: list[str] = []
     cursor = [""]
     total, left = 0, []
     try:
@@ -154,6 +155,7 @@ def _move(obj: Any, dev: torch.device | None, dt: torch.dtype | None, keep_fp32:
             opt_state.rekey(opts, swapped, log, was)
             for path, src, dst, nbytes in opt_state.apply(opt_state.plan(obj, opts, was), log, non_blocking, cursor):
                 done.append(Moved(path, src, dst, nbytes))
+                extra.append(path)  # optimizer state: Module.to never moves it
                 total += nbytes
         cursor[0] = _VERIFYING
         left = _verify(obj, dev, dt, keep_fp32, p.expect)
@@ -184,6 +186,7 @@ def _move(obj: Any, dev: torch.device | None, dt: torch.dtype | None, keep_fp32:
             raise _interrupt(stop, format_error(head, rows, fix, limit=len(rows)))
         raise PlacementError(format_error(head, rows, fix), problems=problems, fix=fix)
     kept = p.kept
+    missed = [s.entry.path for s in p.steps if not s.entry.moved_by_module_to] + extra
     log.clear()  # frees kept originals now, not at the next gc
     del p, log
     seconds = time.perf_counter() - t0
@@ -192,7 +195,7 @@ def _move(obj: Any, dev: torch.device | None, dt: torch.dtype | None, keep_fp32:
                                    dtype_str(dt) if dt is not None else None) if x), seconds)
     held_by = opt_state.rows(opts, len(given), held, done) if opt_state is not None else ()
     return MoveReport(tuple(done), dev, dt, kept=tuple(kept), storage_bytes=total, seconds=seconds,
-                      optimizers=held_by, notes=(note,) if note else ())
+                      optimizers=held_by, notes=(note,) if note else (), missed=missed)
 
 
 def _given(optimizer: Any) -> list[Any]:

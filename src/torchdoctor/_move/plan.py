@@ -116,7 +116,8 @@ class HeldBy(NamedTuple):
 
 @dataclass(init=False, repr=False, eq=False)
 class MoveReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the record's equality
-    """What ``move`` did: ``moved`` rows (path, from, to, nbytes), ``kept`` (path, why not cast), ``storage_bytes``.
+    """What ``move`` did: ``moved`` rows (path, from, to, nbytes), ``kept`` (path, why not cast), ``storage_bytes``,
+    ``missed`` (the moved paths ``Module.to`` would have left as they were: the reason to use ``move``).
     ``device``/``dtype`` are torch objects here and strings in ``to_dict()``."""
 
     moved: tuple[Moved, ...]
@@ -128,18 +129,20 @@ class MoveReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the r
     problems: tuple[Any, ...] = ()
     optimizers: tuple[HeldBy, ...] = ()
     notes: tuple[str, ...] = ()
-    _fields = ("moved", "device", "dtype", "kept", "storage_bytes", "seconds", "problems", "optimizers", "notes")
+    missed: tuple[str, ...] = ()
+    _fields = ("moved", "device", "dtype", "kept", "storage_bytes", "seconds", "problems", "optimizers", "notes",
+               "missed")
 
     def __init__(self, moved: Iterable[Moved], device: torch.device | str | None, dtype: torch.dtype | str | None,
                  kept: Iterable[tuple[str, str]] = (), storage_bytes: int = 0, seconds: float = 0.0,
-                 problems: tuple[Any, ...] = (), optimizers: Iterable[HeldBy] = (), notes: Iterable[str] = ()
-                 ) -> None:
+                 problems: tuple[Any, ...] = (), optimizers: Iterable[HeldBy] = (), notes: Iterable[str] = (),
+                 missed: Iterable[str] = ()) -> None:
         d = self.__dict__  # accepts the strings and lists ``move`` builds it from
         d["moved"], d["kept"] = tuple(moved), tuple(kept)
         d["device"] = parse_device(device) if isinstance(device, str) else device
         d["dtype"] = parse_dtype(dtype) if isinstance(dtype, str) else dtype
         d["storage_bytes"], d["seconds"], d["problems"] = storage_bytes, seconds, problems
-        d["optimizers"], d["notes"] = tuple(optimizers), tuple(notes)
+        d["optimizers"], d["notes"], d["missed"] = tuple(optimizers), tuple(notes), tuple(missed)
 
     @property
     def ok(self) -> bool:
@@ -154,7 +157,7 @@ class MoveReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the r
         return {
             "schema": schema("move"), "ok": self.ok, "device": device_str(self.device) if self.device else None,
             "dtype": dtype_str(self.dtype) if self.dtype else None, "storage_bytes": self.storage_bytes,
-            "seconds": round(self.seconds, 6),
+            "seconds": round(self.seconds, 6), "missed_by_module_to": list(self.missed),
             "moved": [{"path": m.path, "from": m.src, "to": m.dst, "nbytes": m.nbytes} for m in self.moved],
             "kept": [{"path": p, "reason": r} for p, r in self.kept],
             "optimizers": [o._asdict() for o in self.optimizers],
@@ -164,10 +167,11 @@ class MoveReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the r
     def text(self, limit: int = 40) -> str:
         where = " ".join(x for x in (device_str(self.device) if self.device else "",
                                      dtype_str(self.dtype) if self.dtype else "") if x)
+        from torchdoctor._report.folded import fold_moves
+
         lines = [f"moved {len(self.moved)} tensor(s), {human_bytes(self.bytes)}, to {where} in {self.seconds:.3f} s"]
-        lines.extend(f"  {m.path}  {m.src} -> {m.dst}" for m in self.moved[:limit])
-        if len(self.moved) > limit:
-            lines.append(f"  ... and {len(self.moved) - limit} more")
+        # what Module.to would have missed first, an optimizer's state in one line, then the rest by module
+        lines += fold_moves(self.moved, self.missed, limit, [o.path for o in self.optimizers])
         reasons: dict[str, int] = {}
         for _, r in self.kept:
             reasons[r] = reasons.get(r, 0) + 1

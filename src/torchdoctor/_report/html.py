@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 MAX_TENSORS = 200_000  # rows embedded in one page (a 70B Llama has about 720); more are counted, not drawn
 MAX_CARDS = 300  # problem cards (groups of alike problems count once)
+MISSED_SHOWN = 40  # lines of what Module.to would miss before "... and N more"
 OPEN_CARDS = 10  # cards shown before "N more": the relocations and the overview stay near the top
 
 _DEVICE_COLORS = {"cpu": "#6b7a8f", "meta": "#9c6b3c", "mps": "#b0459b", "xpu": "#2f6fd6", "disk": "#8a8a2e",
@@ -256,6 +257,24 @@ def _relocation_cards(moves: list[Relocation]) -> str:
     return '<div class="cards">' + "".join(out) + "</div>"
 
 
+def _missed(doc: Mapping[str, Any]) -> str:
+    """What ``Module.to`` would miss (a move's or a plan's ``missed_by_module_to``): the reason to use ``move``,
+    one line each, before the overview."""
+    paths = [str(p) for p in doc.get("missed_by_module_to") or []]
+    if not paths:
+        return ""
+    rows = {str(m.get("path")): (m.get("from"), m.get("to")) for m in doc.get("moved") or [] if isinstance(m, Mapping)}
+    rows.update({str(m.get("path")): (m.get("found"), m.get("expected")) for m in doc.get("plan") or []
+                 if isinstance(m, Mapping)})
+    e = _escape
+    items = "".join(f'<li data-path="{e(p)}"><code>{e(p)}</code> {e(" -> ".join(str(x) for x in rows.get(p, ()) if x))}'
+                    "</li>" for p in paths[:MISSED_SHOWN])
+    more = (f"<li>... and {len(paths) - MISSED_SHOWN} more (use --json for all)</li>" if len(paths) > MISSED_SHOWN
+            else "")
+    verb = "would have missed" if doc.get("moved") is not None else "would miss"
+    return f'<h2>What Module.to {verb} ({len(paths)})</h2><ul class="missed">{items}{more}</ul>'
+
+
 def _heading(doc: Mapping[str, Any], n_problems: int, n_real: int, n_moved: int) -> str:
     e = _escape
     verb = str(doc.get("schema", "torchdoctor/scan/1")).split("/")[1:2] or ["scan"]
@@ -319,6 +338,7 @@ def render_html(doc: Mapping[str, Any], *, title: str | None = None, full: bool 
         f"<h1>torchdoctor device map</h1>{_heading(doc, len(problems), len(real), sum(len(m.members) for m in moves))}"
         + (f"<h2>Problems to fix ({len(real)})</h2>{_cards(real, str(source) if source else None)}" if real else "")
         + (f"<h2>Not yet on the device asked for</h2>{_relocation_cards(moves)}" if moves else "")
+        + _missed(doc)
         + f"{legend}<h2>Totals by device and dtype</h2>"
         + (_totals_table(totals) if totals else '<p class="note">no tensors</p>')
         + (f'<h2>Modules</h2><div class="outline-box">{outline_table}</div>' if outline_table else "")

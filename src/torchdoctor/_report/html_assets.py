@@ -40,6 +40,7 @@ CSS = r"""
 .tdmap table.outline tr:hover{background:#f3f4f8}
 .tdmap table.outline .size{display:block;height:9px;background:#7b8fb3;border-radius:2px}
 .tdmap .cards{display:flex;flex-direction:column;gap:8px}
+.tdmap ul.missed{list-style:none;margin:4px 0;padding:0;text-align:left}.tdmap ul.missed li{margin:1px 0}
 .tdmap .card{border:1px solid #e3b4b0;border-left:5px solid #b3261e;background:#fff7f6;padding:6px 10px;border-radius:4px}
 .tdmap .card .kind{font-weight:700;color:#b3261e;margin-right:6px}
 .tdmap .card.move{border-color:#c9cfdb;border-left-color:#5b6b86;background:#f6f8fb}.tdmap .card.move .kind{color:#3d4a60}
