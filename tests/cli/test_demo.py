@@ -53,15 +53,16 @@ def test_diffusers_demo_text_and_json_name_the_same_culprit(capsys: pytest.Captu
 
 
 def test_demo_runs_with_torch_alone() -> None:
-    """diffusers and peft made unimportable (as on a machine with torch only): the torch model, exit 0."""
+    """diffusers, peft and numpy made unimportable (as on a machine with torch only): the torch model, exit 0, and
+    no line of torch's own "Failed to initialize NumPy" warning before torchdoctor's first line (issue 42 point 1)."""
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['diffusers'] = None; sys.modules['peft'] = None\n"
+    code = ("import sys; sys.modules['diffusers'] = None; sys.modules['peft'] = None; sys.modules['numpy'] = None\n"
             "from torchdoctor._cli.main import main; sys.exit(main(['demo', '--json']))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     doc = json.loads(out.stdout)
     assert doc["model"] == "torch" and doc["culprit"] == "attn.to_q.lora_B.default.weight"
-    assert "diffusers" not in out.stderr
+    assert "diffusers" not in out.stderr and "NumPy" not in out.stderr, out.stderr[:500]

@@ -1,6 +1,8 @@
 """torchdoctor for ComfyUI, in one step: put this folder in ``ComfyUI/custom_nodes/`` and install torchdoctor in
-ComfyUI's Python (the README's one route: ``python -m pip install -c
-constraints.txt /path/to/torchdoctor`` with the app's interpreter).
+ComfyUI's Python by the README's one route, its two lines with ComfyUI's interpreter in place of ``python``::
+
+    python -c "import torch; print('torch==' + torch.__version__)" > torch-pin.txt
+    python -m pip install -c torch-pin.txt /path/to/torchdoctor
 
 - Every placement error ComfyUI logs ("!!! Exception during processing !!!" with its traceback) is followed by a
   short explanation and its fix, once per distinct error (the log explainer, installed when ComfyUI loads this pack).

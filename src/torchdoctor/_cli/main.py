@@ -15,6 +15,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -313,6 +314,9 @@ def tolerant_streams() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # torch's import warns when numpy is not installed ("Failed to initialize NumPy"): torchdoctor needs no numpy,
+    # and that warning would be the first line a new user sees (`torchdoctor demo` with torch alone)
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     child = child_role()
     words = sys.argv[1:] if argv is None else list(argv)
     if not words or words[0] not in ("run", "trace"):  # those two leave the program's streams as python would

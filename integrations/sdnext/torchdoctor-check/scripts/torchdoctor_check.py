@@ -1,6 +1,9 @@
 """torchdoctor for SD.Next and AUTOMATIC1111 / Forge, in one step: put the ``torchdoctor-check`` folder in the app's
-``extensions/`` folder and install torchdoctor in the app's Python (the README's one route: ``python -m pip install -c
-constraints.txt /path/to/torchdoctor`` with the app's interpreter).
+``extensions/`` folder and install torchdoctor in the app's Python by the README's one route, its two lines with the
+app's interpreter in place of ``python``::
+
+    python -c "import torch; print('torch==' + torch.__version__)" > torch-pin.txt
+    python -m pip install -c torch-pin.txt /path/to/torchdoctor
 
 It checks at two moments, read from the apps' own code (SD.Next 058a7f0 ``modules/sd_models.py``,
 ``modules/processing.py``, ``modules/lora``; Forge dfdcbab ``modules/sd_models.py``, ``backend/patcher``):
