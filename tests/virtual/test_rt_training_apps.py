@@ -140,4 +140,6 @@ def test_an_ema_copy_left_on_the_cpu_is_named_at_the_line() -> None:
     assert any(f == __file__ for f, _, _ in sim.stacks[(p.kind, p.path)])
     text = str(sim.error())
     assert "ema.to('cuda:1')  # ema.weight is on cpu" in text
-    assert "# fix unproven: the block ran once and was not re-run with it" in text  # a block is never re-run
+    # a block runs once: its fix is proven at the failing op, on copies of the operands moved as it says
+    assert "# fix proven (at the failing op aten.lerp_.Scalar at " in text
+    assert [(f.code.split("  #")[0], f.proven) for f in sim.fixes] == [("ema.to('cuda:1')", True)]

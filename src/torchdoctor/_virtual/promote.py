@@ -5,8 +5,8 @@ One policy with strict guard: the decision is guard's own (``_guard.promotion.fi
 the run that answers as guard's session does (the running module, its root, and the root's ``Maps``). So the same
 cases are flagged (a model tensor the placement policy finds off in dtype, wider than its module's compute dtype)
 and the same are quiet: CPU 0-dim scalars, tensors made in forward (per-call casts), fp32 modules kept so by design
-(``_keep_in_fp32_modules``), integer, bool and float8 operands, casts. Autocast regions are quiet too: there the
-dtype of each op is autocast's choice.
+(``_keep_in_fp32_modules``), integer, bool and float8 operands, casts. Autocast regions are quiet too (``enabled=False``
+ones included): there the dtype of each op is the region's choice.
 
 Asked only for an op whose first two arguments are tensors of different dtypes (guard's cheap test): the happy
 path never gets here.
@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from torchdoctor._placement import tensor_device
 
 
 def mixed(args: tuple[Any, ...]) -> bool:
@@ -77,11 +76,14 @@ class Promotions:
 
     @staticmethod
     def _autocast(args: tuple[Any, ...]) -> bool:
-        kind = tensor_device(args[0]).type
+        # inside dispatch ``is_autocast_enabled`` reads False (autocast's keys are passed by then); the nesting
+        # count of ``with torch.autocast(...)`` blocks is still there (raised and lowered back: no side effect)
         try:
-            return bool(torch.is_autocast_enabled(kind)) or bool(torch.is_autocast_enabled("cpu"))
-        except (RuntimeError, TypeError):  # a device type autocast does not know
+            n = torch.autocast_increment_nesting()
+            torch.autocast_decrement_nesting()
+        except RuntimeError:
             return False
+        return n > 1
 
 
 class _Named:
