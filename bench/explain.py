@@ -1,5 +1,7 @@
 """Throughput of ``torchdoctor.explain`` on a large synthetic log, and on adversarial text.
 
+``python bench/explain.py --issue43 [MB] [rounds]`` prints only issue 43 point 5's two rates (a typical app log, a
+log made only of error texts), measured interleaved with the grep-like baseline in one process.
 ``python bench/explain.py --accuracy`` prints the held-out figures of issue 29 per category and source kind instead;
 ``--golden`` rewrites ``tests/explain/golden_50mb.json``, the diagnoses of the 50 MB log that
 ``tests/explain/test_speed_findings.py`` holds every change to (only when the tables change on purpose).
@@ -63,6 +65,68 @@ def error_log(size: int, seed: int = 0) -> str:
         parts.append(body)
         total += len(body) + 1
     return "\n".join(parts)[:size]
+
+
+_BAR = "\u2588"
+
+
+def app_log(size: int, seed: int = 0) -> str:
+    """A typical app log (issue 43, point 5): what ComfyUI or kohya's sd-scripts write while they work. Every line is
+    its own (time stamps, tqdm counters redrawn with carriage returns, loss and memory figures), unlike
+    ``synthetic_log``'s eight noise lines, so nothing is read once and counted many times; a real error text (a
+    fixture) every 100-300 KB, as a queue of prompts or a training run hits one now and then."""
+    rng = random.Random(seed)
+    bodies = [p.read_text(encoding="utf-8").partition("\n---\n")[2] for p in sorted(FIXTURES.glob("*.txt"))]
+    parts: list[str] = []
+    total, next_error, t = 0, rng.randrange(100_000, 300_000), 0.0
+    while total < size:
+        t += rng.random()
+        stamp = f"2025-05-28T{int(t // 3600) % 24:02d}:{int(t // 60) % 60:02d}:{t % 60:09.6f}"
+        kind = rng.randrange(10)
+        if total >= next_error:
+            line = bodies[rng.randrange(len(bodies))]
+            next_error = total + rng.randrange(100_000, 300_000)
+        elif kind < 5:  # a progress bar redrawn in place: a dozen states in one line, joined by \r
+            steps = rng.choice((20, 25, 30, 1000))
+            n = rng.randrange(0, steps - 1)
+            states = []
+            for i in range(n, min(steps, n + 12)):
+                done = int(20 * i / steps)
+                states.append(f"{100 * i // steps:3d}%|{_BAR * done}{' ' * (20 - done)}| {i}/{steps} "
+                              f"[{int(t) // 60:02d}:{int(t) % 60:02d}<00:{rng.randrange(60):02d}, "
+                              f"{rng.uniform(0.5, 9):.2f}it/s, loss={rng.uniform(0.01, 0.9):.4f}]")
+            line = "\r".join(states)
+        elif kind < 7:
+            line = (f"{stamp} - Requested to load {rng.choice(('SDXL', 'Flux', 'AutoencodingEngine', 'WanTEModel'))}"
+                    f"\n{stamp} - loaded completely {rng.uniform(0, 24000):.4f} {rng.uniform(100, 12000):.4f} True")
+        elif kind < 9:
+            line = (f"steps: {rng.randrange(10_000)} epoch {rng.randrange(30)} avr_loss={rng.uniform(0, 1):.5f} "
+                    f"lr={rng.uniform(1e-6, 1e-4):.2e} mem {rng.uniform(2, 23):.1f}GiB device=cuda:0")
+        else:
+            line = f"{stamp} - Prompt executed in {rng.uniform(0.5, 300):.2f} seconds"
+        parts.append(line)
+        total += len(line) + 1
+    return "\n".join(parts)[:size]
+
+
+def issue43(size: int, rounds: int) -> tuple[float, float, float]:
+    """Issue 43 point 5, measured interleaved in one process (process CPU time, median of ``rounds``): explain on
+    a typical app log (``app_log``) and on a log made only of real error texts (``error_log``), and the grep-like
+    baseline on the app log (how busy the machine was). Returns MB/s: app log, error texts, baseline."""
+    app, errors = app_log(size), error_log(max(1, size // 5))
+    times: dict[str, list[float]] = {"app": [], "errors": [], "grep": []}
+    for _ in range(rounds):
+        for name, fn, text in (("grep", grep_baseline, app), ("app", explain, app), ("errors", explain, errors)):
+            t = time.process_time()
+            fn(text)
+            times[name].append(time.process_time() - t)
+    app_mbs = len(app) / 1e6 / statistics.median(times["app"])
+    err_mbs = len(errors) / 1e6 / statistics.median(times["errors"])
+    base = len(app) / 1e6 / statistics.median(times["grep"])
+    print(f"issue 43 point 5 ({rounds} interleaved rounds): typical app log {app_mbs:.1f} MB/s (target >= 200), "
+          f"error texts only {err_mbs:.1f} MB/s (target >= 60); grep-like baseline {base:.1f} MB/s "
+          f"(explain takes {base / app_mbs:.2f}x and {base / err_mbs:.1f}x its time)")
+    return app_mbs, err_mbs, base
 
 
 def rate(label: str, text_len: int, fn) -> float:  # type: ignore[no-untyped-def]
@@ -166,6 +230,11 @@ def main() -> int:
         return accuracy()
     if sys.argv[1:2] == ["--golden"]:
         return golden()
+    if sys.argv[1:2] == ["--issue43"]:  # only the two rates of issue 43 point 5: [size in MB] [rounds]
+        size = int(float(sys.argv[2]) * 1e6) if len(sys.argv) > 2 else 20_000_000
+        explain("warm up")
+        issue43(size, int(sys.argv[3]) if len(sys.argv) > 3 else 5)
+        return 0
     size = int(float(sys.argv[1]) * 1e6) if len(sys.argv) > 1 else 50_000_000
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     log = synthetic_log(size)
@@ -195,6 +264,7 @@ def main() -> int:
     err_rate = len(errors) / 1e6 / statistics.median(times)
     print(f"log of error texts only: explain {err_rate:.1f} MB/s (CPU time, median of {rounds}), "
           f"{len(errors) / 1e6:.1f} MB, diagnoses={len(found)} (issue 43 target >= 60 MB/s)")
+    issue43(max(1, size // 2), rounds)
     n = 5_000_000
     for label, text in [
         ("adversarial: '(' * 5M", "(" * n),

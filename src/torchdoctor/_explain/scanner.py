@@ -124,7 +124,8 @@ class Scanner:
         self.prev_end = 0
         self.prev_key: tuple[Any, ...] | None = None
         self.until: dict[str, int] = {}  # per signature, in buf: end of the last window examined
-        self.cache: dict[tuple[str, str], tuple[dict[str, str], bool]] = {}  # repeated lines
+        # repeated windows: their fields, whether a pattern matched, the group key
+        self.cache: dict[tuple[str, str], tuple[dict[str, str], bool, tuple[Any, ...]]] = {}
         self.pending: list[str] = []  # blocks of one enormous line, after buf, joined once
         self.pending_len = 0
 
@@ -201,30 +202,34 @@ class Scanner:
         nxt = text.find("\n", msg_end + 1, msg_end + 401)
         if nxt == -1 and msg_end < len(text) <= msg_end + 401:  # the last line of the text
             nxt = len(text)
-        if nxt != -1 and not _plain(text[msg_end + 1: nxt]).lstrip().startswith(_NOT_CONTINUED):
-            end = nxt
+        if nxt != -1:
+            after = text[msg_end + 1: nxt]
+            # the raw line decides when it is plain (most are); colours, escapes or paste noise: its clean form
+            if not (after if after.isascii() and "\x1b" not in after and "\\" not in after and "&" not in after
+                    else _plain(after)).lstrip().startswith(_NOT_CONTINUED):
+                end = nxt
         lo, hi = max(start, pos - sig.before), min(end, pos + sig.after + 200 * sig.follow)
         self.until[sig.name] = hi
         raw = text[lo:hi]
         got = self.cache.get((sig.name, raw))
         if got is None:
             window = _squeeze(_plain(raw))
-            fields: dict[str, str] = {}
+            found: dict[str, str] = {}
             matched = False
             for rx in sig.compiled():
                 m = rx.search(window)
                 if m:
                     matched = True
                     for k, v in m.groupdict().items():
-                        if v and k not in fields:
-                            fields[k] = v
+                        if v and k not in found:
+                            found[k] = v
             if len(self.cache) > _WINDOWS:
                 self.cache.clear()
-            got = self.cache[(sig.name, raw)] = (fields, matched)
-        fields, matched = dict(got[0]), got[1]
+            # the group key is kept with the fields: a repeated window (a log of errors) costs one look-up
+            got = self.cache[(sig.name, raw)] = (found, matched, (sig.name, tuple(sorted(found.items()))))
+        fields, matched, key = got
         if sig.require_pattern and not matched:
             return
-        key = (sig.name, tuple(sorted(fields.items())))
         weak = sig.name.startswith(WEAK_PREFIXES)  # frames-only evidence never moves the context of real errors
         if key != self.prev_key and not weak:  # a different error: its context starts after the previous one
             self.floor = self.prev_end
@@ -232,7 +237,7 @@ class Scanner:
         if group is None:
             message = _plain(text[ls:msg_end])
             evidence = [clean(x) for x in message.split("\n") if x.strip()][: 1 + sig.follow]
-            group = self.groups[key] = Group(sig, fields, message[:_LINE_MAX], evidence)
+            group = self.groups[key] = Group(sig, dict(fields), message[:_LINE_MAX], evidence)
         group.count += 1
         self.seq += 1
         group.last = self.seq
