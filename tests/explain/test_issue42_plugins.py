@@ -122,3 +122,10 @@ def test_whole_token_words() -> None:
     assert find_word("python 3.10 (amd64)", r"\bamd\b") == -1 and find_word("an amd card", r"\bamd\b") == 3
     assert find_word("timestamps", r"\bmps\b") == -1 and find_word("device='mps:0'", r"\bmps\b") == 8
     assert find_word("plain substring", "sub") == 6
+
+
+def test_a_doubled_separator_still_names_the_node() -> None:
+    """A repr'd or JSON-escaped Windows path left as the log wrote it (two backslashes between folders)."""
+    got = plugin_fields("['  File \"D:\\\\ComfyUI\\\\custom_nodes\\\\ComfyUI-Foo\\\\sub\\\\nodes.py\", line 5, in f']")
+    assert got["plugin"] == "ComfyUI-Foo" and got["plugin_at"] == "custom_nodes/ComfyUI-Foo/sub/nodes.py:5"
+    assert got["node_dir"] == "custom_nodes/ComfyUI-Foo"

@@ -30,7 +30,8 @@ __all__ = ["plugin_fields", "plugin_fixes"]
 
 # The folders apps load plugins from: ComfyUI's custom_nodes, the web UIs' extensions (AUTOMATIC1111, Forge,
 # SD.Next) and their built-in extensions.
-_FRAME = re.compile(r"(?P<root>custom_nodes|extensions-builtin|extensions)/(?P<name>[^/\"'\n]{1,120})/"
+# A separator may be doubled: a repr'd or JSON-escaped Windows path left as the log wrote it ("custom_nodes\\\\X").
+_FRAME = re.compile(r"(?P<root>custom_nodes|extensions-builtin|extensions)//?(?P<name>[^/\"'\n]{1,120})//?"
                     r"(?P<file>[^\"'\n:]{1,300}?\.py)(?:\"?,? line |:)(?P<line>\d{1,7})")
 # a web UI's scripts folder: the script is the file itself (extensions/X/scripts/ is extension X's, above)
 _SCRIPT = re.compile(r"(?<=/)scripts/(?P<file>[^/\"'\n:]{1,200}\.py)(?:\"?,? line |:)(?P<line>\d{1,7})")
@@ -57,8 +58,9 @@ def _script(text: str) -> re.Match[str] | None:
         return None
     found = None
     for m in _SCRIPT.finditer(text):
-        line_start = text.rfind("\n", 0, m.start()) + 1
-        before = text[line_start: m.start()]
+        # the path before it on its line (bounded: a line of many "scripts/" must not be read back each time)
+        line_start = text.rfind("\n", max(0, m.start() - 400), m.start()) + 1
+        before = text[max(line_start, m.start() - 400): m.start()]
         if "packages/" not in before and "extensions" not in before and "custom_nodes/" not in before:
             found = m
     return found
@@ -87,7 +89,8 @@ def plugin_fields(text: str) -> dict[str, str]:
         kind = {"custom_nodes": "custom node", "extensions": "extension"}.get(root, "built-in extension")
         # a built-in extension ships inside the app's own repository: updating it is updating the app ("git -C .")
         fields["node_dir" if root == "custom_nodes" else "ext_dir"] = "." if kind == "built-in extension" else folder
-        fields.update(plugin=name, plugin_kind=kind, plugin_at=f"{folder}/{last.group('file')}:{last.group('line')}")
+        file = last.group("file").replace("//", "/")
+        fields.update(plugin=name, plugin_kind=kind, plugin_at=f"{folder}/{file}:{last.group('line')}")
     start = text.rfind("\n", 0, last.start()) + 1
     end = text.find("\n", last.end())
     fields["plugin_line"] = raw[start: end if end != -1 else len(raw)].strip()  # shown as evidence, as written
