@@ -205,10 +205,11 @@ def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: A
     results = [(c, *_check(c, fixes, rules, profile)) for c in cases]
     for i, f in enumerate(fixes):
         if not f.sets:
-            f.proven = False
+            f.proven, f.at_op = False, True
             f.tried = "not applied: advice or program state (not a tensor a failing op read), nothing to re-run" \
                 if f.code.startswith("#") else "not applied: it acts on program state no failing op's operands show"
             continue
+        f.at_op = True
         mine = [(c, left, same) for c, used, left, same in results if i in used]
         if not mine:
             f.proven = False
@@ -224,19 +225,3 @@ def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: A
             f.tried = (f"at the failing op {c.where()}{more}: its operands as the fix leaves them run with no "
                        "problem" + ("; its output is the one the ops after it ran on" if same else ""))
     return fixes
-
-
-def proof_lines(fixes: Sequence[Fix]) -> list[str]:
-    """The fix as text: each part's code, then whether it was proven (``# fix proven (at the failing op …)``)."""
-    judged = [f for f in fixes if f.sets]
-    lines = [line for f in fixes for line in f.code.splitlines()]
-    if judged and all(f.proven for f in judged):
-        return [*lines, f"# fix proven ({judged[0].tried})"]
-    out: list[str] = []
-    for f in fixes:
-        out += f.code.splitlines()
-        if f.sets and not f.proven:
-            out.append(f"# ^ fix unproven: {f.tried}" if any(g.proven for g in judged) else "")
-    first = next((f for f in judged if not f.proven), None) or (fixes[0] if fixes else None)
-    tried = first.tried if first is not None and first.tried else "nothing a failing op read was changed"
-    return [x for x in out if x] + ([] if any(g.proven for g in judged) else [f"# fix unproven: {tried}"])

@@ -33,6 +33,7 @@ class Fix:
     # (name, device / dtype / both) of each tensor the fix changes, by the names a failing op's operands carry
     # (path, maker, cast line, argument; ``*``: every model tensor): how a block's fix is proven at the op (atop)
     sets: tuple[tuple[str, Any], ...] = ()
+    at_op: bool = False  # judged at the failing ops (``atop.prove_at_ops``), not by a re-run
 
     def applied(self) -> bool:
         """A fix a re-run can apply (advice cannot)."""
@@ -113,6 +114,8 @@ def fix_text(fixes: Sequence[Fix]) -> list[str]:
     """The report's fix lines: a headline saying whether the fix was proven, then the code."""
     if not fixes:
         return []
+    if any(f.at_op for f in fixes):
+        return ["Fix:", *(f"    {line}" for line in proof_lines(fixes))]
     code = [f for f in fixes if f.applied()]
     if code and all(f.proven for f in code):
         head = "Fix (proven: a virtual re-run with it applied has no problem left):"
@@ -121,3 +124,19 @@ def fix_text(fixes: Sequence[Fix]) -> list[str]:
     else:
         head = "Fix (unproven: advice only, nothing a re-run could apply):"
     return [head, *(f"    {line}" for f in fixes for line in f.code.splitlines())]
+
+
+def proof_lines(fixes: Sequence[Fix]) -> list[str]:
+    """The fix as text: each part's code, then whether it was proven (``# fix proven (at the failing op …)``)."""
+    judged = [f for f in fixes if f.sets]
+    lines = [line for f in fixes for line in f.code.splitlines()]
+    if judged and all(f.proven for f in judged):
+        return [*lines, f"# fix proven ({judged[0].tried})"]
+    out: list[str] = []
+    for f in fixes:
+        out += f.code.splitlines()
+        if f.sets and not f.proven:
+            out.append(f"# ^ fix unproven: {f.tried}" if any(g.proven for g in judged) else "")
+    first = next((f for f in judged if not f.proven), None) or (fixes[0] if fixes else None)
+    tried = first.tried if first is not None and first.tried else "nothing a failing op read was changed"
+    return [x for x in out if x] + ([] if any(g.proven for g in judged) else [f"# fix unproven: {tried}"])

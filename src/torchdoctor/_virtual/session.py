@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,9 +23,9 @@ from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._report.text import format_error
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
-from torchdoctor._virtual.atop import proof_lines, prove_at_ops
+from torchdoctor._virtual.atop import prove_at_ops
 from torchdoctor._virtual.fixes import fix_items
-from torchdoctor._virtual.prove import Fix, held
+from torchdoctor._virtual.prove import Fix, held, proof_lines
 from torchdoctor._virtual.groups import grouped
 from torchdoctor._virtual.makers import CastMakers
 from torchdoctor._virtual.patched import MARK, held_path, rename
@@ -200,16 +200,22 @@ class VirtualSession:
                 "stopped": self.stopped, "expected": dict(self.whence), "ran": self.where_ran()}
 
 
-def proven_fixes(session: VirtualSession, rec: Any) -> tuple[Fix, ...]:
-    """The fix of a block by parts, each proven at the failing ops it changes (or saying what was tried). The
-    fixes know a patched network by its walk path (``….forward.__self__.…``): they get the paths as walked."""
+def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = None,
+                 current: Mapping[str, tuple[torch.dtype, torch.device]] | None = None) -> tuple[Fix, ...]:
+    """The fix of a block by parts (of ``problems``, the session's by default), each proven at the failing ops it
+    changes (or saying what was tried). ``current``: the tensors' dtype and device after the run, by path (the
+    outermost module's, by default, when a dtype was asked for): a device fix of a tensor also in the wrong dtype
+    casts it too. The fixes know a patched network by its walk path (``….forward.__self__.…``)."""
+    rec = session._rec
     walked = {new: old for old, new in session.renamed.items()}
-    problems = [replace(p, path=walked[p.path]) if p.path in walked else p for p in session.problems]
+    problems = [replace(p, path=walked[p.path]) if p.path in walked else p
+                for p in (session.problems if problems is None else problems)]
     roots = rec.modules.outermost
-    try:  # what the tensors are after the run: a device fix of a tensor also in the wrong dtype casts it too
-        current = held(roots[0]) if roots and session.dtype is not None else None
-    except Exception:  # a strange object: the fix is written without it
-        current = None
+    if current is None and roots and session.dtype is not None:
+        try:
+            current = held(roots[0])
+        except Exception:  # a strange object: the fix is written without it
+            current = None
     items = fix_items(problems, session.device, session.dtype, session.sources, current) or []
     try:
         return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile))
@@ -328,7 +334,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     session.culprits = rec.blamed
     session.sources = rec.sources
     session.ops = space.ops
-    session.fixes = proven_fixes(session, rec) if session.problems else ()
+    session.fixes = proven_fixes(session) if session.problems else ()
     if raise_on_exit and rec.problems:
         raise session.error() from failure
     if isinstance(failure, AssertionError) and _own_assert(failure):  # the program's own check: never swallowed
