@@ -129,3 +129,12 @@ def test_a_doubled_separator_still_names_the_node() -> None:
     got = plugin_fields("['  File \"D:\\\\ComfyUI\\\\custom_nodes\\\\ComfyUI-Foo\\\\sub\\\\nodes.py\", line 5, in f']")
     assert got["plugin"] == "ComfyUI-Foo" and got["plugin_at"] == "custom_nodes/ComfyUI-Foo/sub/nodes.py:5"
     assert got["node_dir"] == "custom_nodes/ComfyUI-Foo"
+
+
+def test_comfyui_on_linux_is_not_told_to_use_the_windows_portable_python() -> None:
+    log = ("!!! Exception during processing !!! Torch not compiled with CUDA enabled\nTraceback (most recent call "
+           'last):\n  File "/home/u/ComfyUI/execution.py", line 327, in execute\n'
+           "AssertionError: Torch not compiled with CUDA enabled")
+    got = codes(top(log))
+    assert not any("python_embeded" in c for c in got), got
+    assert any(c.startswith("python -m pip install --force-reinstall torch") and "whl/cu" in c for c in got)

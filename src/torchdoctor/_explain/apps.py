@@ -110,6 +110,12 @@ _MAC_FIXES: dict[str, tuple[tuple[str, str], ...]] = {
         ("ComfyUI: or run everything on the CPU", "python main.py --cpu")),
     "InvokeAI": (("InvokeAI on a Mac: use the Apple GPU", "invokeai.yaml:  device: mps"),),
 }
+# ComfyUI's portable build (python_embeded) is Windows-only: a log with POSIX paths runs ComfyUI from a venv
+_COMFY_POSIX_NA = (
+    ("ComfyUI: install a CUDA build of torch into the Python that runs ComfyUI (its venv active)",
+     "python -m pip install --force-reinstall torch torchvision torchaudio --index-url "
+     "https://download.pytorch.org/whl/cu124"),
+    ("ComfyUI: or run on the CPU", "python main.py --cpu"))
 _WEB_MAC = (("On a Mac the web UI runs on the Apple GPU: start it without CUDA flags",
              "./webui.sh  # no --use-cuda / --reinstall-torch: no CUDA build exists for macOS"),)
 
@@ -220,6 +226,8 @@ def app_fixes(category: str, context: str, flags: frozenset[str] = frozenset()
         return app, ()
     if category == _NA and _on_mac(context, flags):
         return app, _MAC_FIXES.get(app, _WEB_MAC)
+    if category == _NA and app == "ComfyUI" and "windows" not in flags and 'file "/' in context:
+        return app, _COMFY_POSIX_NA
     for (name, cats), fixes in _FIXES.items():
         if name == app and category in cats:
             return app, fixes
