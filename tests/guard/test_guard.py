@@ -57,6 +57,7 @@ def _clean() -> Iterator[None]:
 
 
 LORA = "base_model.model.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"
+CODE = "model.base_model.model.down_blocks[0].attentions[0].transformer_blocks[0].attn1.to_q.lora_B.default.weight"
 
 
 def broken_lora_unet() -> Any:
@@ -138,8 +139,10 @@ def test_lora_warn_mode_warns_once_across_three_forwards() -> None:
     assert len(ours) == 1
     assert str(ours[0].message) == (
         f"torchdoctor.guard: dtype problem in `{LORA}.lora_B.default` at aten.mm.default: "
-        f"{LORA}.lora_B.default.weight is float32, expected bfloat16; aligned for this call")
+        f"{LORA}.lora_B.default.weight is float32, expected bfloat16; aligned for this call; fix (proven): "
+        f"{CODE}.data = {CODE}.data.to(torch.bfloat16)")
     assert len(g.problems) == 1 and len(g.fixes) == 1
+    assert g.fixes[0].proven and g.fixes[0].code == f"{CODE}.data = {CODE}.data.to(torch.bfloat16)"
 
 
 def test_warn_mode_warns_once_per_distinct_problem() -> None:
@@ -152,9 +155,9 @@ def test_warn_mode_warns_once_per_distinct_problem() -> None:
     ours = sorted(str(w.message) for w in caught if issubclass(w.category, PlacementWarning))
     assert ours == [
         "torchdoctor.guard: dtype problem in `0` at aten.addmm.default: 0.bias is float64, expected float32; "
-        "aligned for this call",
+        "aligned for this call; fix (proven): model[0].bias.data = model[0].bias.data.to(torch.float32)",
         "torchdoctor.guard: dtype problem in `2` at aten.addmm.default: 2.weight is float64, expected float32; "
-        "aligned for this call"]
+        "aligned for this call; fix (proven): model[2].weight.data = model[2].weight.data.to(torch.float32)"]
     assert [f.path for f in g.fixes] == ["0.bias", "2.weight"] and all(o.dtype == torch.float32 for o in outs)
 
 

@@ -23,11 +23,12 @@ import threading
 import types
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import nn
 
+from torchdoctor._guard.notes import NOTHING, GuardReport, Note, key_of
 from torchdoctor._guard.session import Session
 from torchdoctor._report.model import PlacementError, PlacementWarning, Problem
 from torchdoctor._report.text import public_types, user_stacklevel
@@ -46,7 +47,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 @dataclass(frozen=True)
 class Fix:
     """One repair ``fix`` (or ``warn``) mode applied on the fly: the tensor at ``path`` went from ``found``
-    to ``expected`` for the ops that needed it. The model itself is never changed."""
+    to ``expected`` for the ops that needed it. The model itself is never changed. What strict would have said of
+    it comes along: ``maker`` (where an operand made in a forward was made: op, line, where its dtype was read from,
+    what it was made from), ``code`` (the lasting fix, aimed at that maker), ``proof`` ("fix proven: ..." /
+    "fix unproven: ..." with what was tried) and ``patch`` (a unified diff of the user's file, or None)."""
 
     path: str
     found: str
@@ -54,6 +58,17 @@ class Fix:
     kind: str = "dtype"
     op: str | None = None
     module_path: str | None = None
+    maker: str | None = field(default=None, repr=False, compare=False)
+    code: str | None = field(default=None, repr=False, compare=False)
+    proof: str | None = field(default=None, repr=False, compare=False)
+    patch: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def proven(self) -> bool:
+        return bool(self.proof and self.proof.startswith("fix proven"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "proven": self.proven}
 
 
 class guard:  # noqa: N801 - reads like torch.no_grad
@@ -88,6 +103,8 @@ class guard:  # noqa: N801 - reads like torch.no_grad
         self._fixed: set[str] = set()
         self._local = threading.local()
         self._compiled_warned = False
+        self._notes: dict[Any, Note] = {}  # what was said of each problem, by notes.key_of
+        self._told: dict[Any, Note] = {}  # fix / warn: the note of each distinct problem, told once
 
     def __repr__(self) -> str:
         return f"guard(mode={self.mode!r}, fixes={len(self.fixes)}, problems={len(self.problems)})"
@@ -148,13 +165,41 @@ class guard:  # noqa: N801 - reads like torch.no_grad
                     self._seen.add(key)
                     self.problems.append(p)
 
-    def _record_fixes(self, problems: list[Problem]) -> None:
+    def _record_fixes(self, problems: list[Problem], note: Note = NOTHING) -> None:
         with self._lock:
             for p in problems:
                 path = p.path if p.role == "parameter" else f"{p.module_path or '<root>'}: {p.path}"
                 if path not in self._fixed:
                     self._fixed.add(path)
-                    self.fixes.append(Fix(path, p.found, p.expected, p.kind, p.op, p.module_path))
+                    self.fixes.append(Fix(path, p.found, p.expected, p.kind, p.op, p.module_path, note.maker,
+                                          note.fix, note.proof, note.patch))
+
+    def _note(self, problems: Any, note: Note) -> None:
+        """Keep what was said of these problems (the maker, the fix, its proof and diff) for ``report()``."""
+        with self._lock:
+            for p in problems:
+                self._notes.setdefault(key_of(p), note)
+
+    def _note_once(self, key: Any, problems: list[Problem], tell: Callable[[], Note]) -> Note:
+        """fix / warn: the note of a problem told the first time it is met (``tell`` reads frames and source)."""
+        with self._lock:
+            note = self._told.get(key)
+        if note is None:
+            try:
+                note = tell()
+            except Exception:  # the note is extra: the alignment goes on without it
+                log.debug("guard could not tell %r", key, exc_info=True)
+                note = NOTHING
+            with self._lock:
+                self._told[key] = note
+            self._note(problems, note)
+        return note
+
+    def report(self) -> GuardReport:
+        """What this guard saw: its problems and fixes, each with the maker, the fix, its proof and its diff
+        (``report().to_dict()`` for JSON)."""
+        with self._lock:
+            return GuardReport(self.mode, tuple(self.problems), tuple(self.fixes), dict(self._notes))
 
     def _first_time(self, key: Any) -> bool:
         with self._lock:

@@ -19,7 +19,9 @@ from torchdoctor._guard import compiled as graph, provenance
 from torchdoctor._guard.float8 import FLOAT8, is_float8_message
 from torchdoctor._guard import component
 from torchdoctor._guard.remedy import aimed, caller_lines, locals_made, moved_aim, with_patch
-from torchdoctor._guard.session import Maps, Session, fix_code, module_label
+from torchdoctor._guard.maps import Maps, fix_code, module_label
+from torchdoctor._guard.notes import Note
+from torchdoctor._guard.session import Session
 from torchdoctor._placement import device_str, dtype_str, norm_device
 from torchdoctor._report.model import PlacementError, Problem, TensorInfo
 from torchdoctor._report.text import format_error
@@ -256,7 +258,8 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
               f": {_rules._compact(c[2])}  (expected {expected}){_trace_note(c[2])}" for c in bad]
     if not bad:
         lines += [f"{c[1]}: {_rules._compact(c[2])}" for c in cands[:8]]
-    lines += caller_lines([(c[1], c[2]) for c in bad if c[1] in passed], kind, exc.__traceback__ or tb)
+    given = caller_lines([(c[1], c[2]) for c in bad if c[1] in passed], kind, exc.__traceback__ or tb)
+    lines += given
     lines += [f"also off-policy, not involved in this failure: {c[1]}: {_rules._compact(c[2])}" for c in off]
     lines += [s.line() for s in also]
     lines.append(f"original error: {type(exc).__name__}: {first_line}")
@@ -285,7 +288,10 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     infos = [TensorInfo.of(c[1], c[2], role=roles.get(c[1], "input")) for c in bad]
     err = PlacementError(format_error(head, lines, fix), module_path=mpath, module_type=mtype, op=op,
                          tensors=infos, problems=problems, fix=fix)
-    return with_patch(err, aim.patch if aim is not None and not blamed else None, lines)
+    err = with_patch(err, aim.patch if aim is not None and not blamed else None, lines)
+    makers = (aim.lines if aim is not None and not blamed else []) + given
+    session.g._note(problems, Note("\n".join(makers) or None, fix, err.proof, err.patch))
+    return err
 
 
 def _trace_note(t: torch.Tensor) -> str:

@@ -23,16 +23,15 @@ from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from torchdoctor._rules import registry as _rules
-from torchdoctor._report.model import PlacementError, PlacementWarning, Problem
-from torchdoctor._placement import device_str, dtype_str
+from torchdoctor._report.model import PlacementWarning, Problem
 from torchdoctor._guard import compiled as graph
 from torchdoctor._guard.dispatch import _CONV, CheckMode, CompositeCheck, _simulating
 from torchdoctor._guard.float8 import findings as float8_findings
-from torchdoctor._guard.proof import harmful, prove, storage_target
-from torchdoctor._guard.remedy import aimed, caller_lines, with_patch
-from torchdoctor._guard.maps import Maps, fix_code, module_label, retarget as _retarget, value_str as _value_str
+from torchdoctor._guard.proof import harmful, storage_target
+from torchdoctor._guard.notes import Case, said, told
+from torchdoctor._guard.maps import Maps, module_label, retarget as _retarget, value_str as _value_str
 from torchdoctor._guard.maps import value_str_of as _value_str_of
-from torchdoctor._report.text import format_error, user_stacklevel
+from torchdoctor._report.text import user_stacklevel
 from torchdoctor._tracker import ModuleStack
 
 guard = Any  # the public guard (torchdoctor._guard.api) that starts a session; it imports this module
@@ -311,67 +310,24 @@ class Session:
                     loose.append(t)
                     (given if arg else made).append((label, t))
         self.g._record_problems(problems)
-        first = problems[0] if problems else findings[0].problem
         if fixable and harmful(plan, tensors):  # aligning would cast floating data to integer / float8 storage
             fixable = False
+        case = Case(func, args, kwargs, op, findings, plan, tensors, problems, culprits, lines, loose, made, given,
+                    maps, mod, root, mpath, mtype, compiled, fixable)
         if self.mode == "strict" or (self.mode == "fix" and not fixable):
-            where = module_label(mpath, mod) + (f" ({mtype})" if mtype else "") if mod is not None else "no module"
-            f0, t0, ks0 = plan[0]
-            detail = findings[0].problem.message.split(": ", 1)[-1]
-            if ks0 and (t0 != f0.target or ks0 != list(f0.offenders)):  # aligned on the model, not on an operand
-                detail = (f"{', '.join(_rules.label(op, k) for k in ks0)} {'is' if len(ks0) == 1 else 'are'} "
-                          f"{_value_str(tensors[ks0[0]], f0.attr)}, expected {_value_str_of(t0)} like the model")
-            head = f"{first.kind} problem in {where} at {op}: {detail}"
-            sus = self._blame(maps, first.kind, {p.found for p in problems}, mpath, {c[0] for c in culprits},
-                              loose, compiled)
-            blamed = [b for b in sus if b.culprit]
-            if blamed:
-                from torchdoctor._guard.provenance import headline, target_of
-
-                head = headline(blamed[0], first.kind, where, f"at {op}: {detail}")
-                lines = [b.line() for b in blamed] + lines
-                culprits = [(b.problem.path, b.problem.path, b.problem.kind, target_of(b.problem))
-                            for b in blamed] + [c for c in culprits if c[0] is not None]
-                problems = [replace(b.problem, op=str(op)) for b in blamed] + problems
-            lines += [b.line() for b in sus if not b.culprit]
-            others = [d for d in findings[0].problem.tensors if not any(d.startswith(_rules.label(op, k) + ":")
-                                                                        for f, _, ks in plan for k in ks)]
-            fix, proof = fix_code(culprits, maps.dicts if maps is not None else ()), None
-            if not blamed and first.kind == "dtype" and maps is not None and all(c[0] is None for c in culprits):
-                # a float32 component fed reduced-precision data by the rest of the pipeline: cast the component
-                # (as explain mode says), not the data flowing in (_guard/component.py)
-                from torchdoctor._guard import component
-                from torchdoctor._guard.provenance import odd_component
-
-                fed = [tensors[k] for _, _, ks in plan for k in ks if isinstance(tensors[k], torch.Tensor)]
-                odd = odd_component(maps.walk, mpath, fed, t0)
-                if odd is not None:
-                    head = f"dtype problem in {where} at {op}: `{odd[0] or '<root>'}` runs in float32 while the data " \
-                           f"flowing in is {dtype_str(odd[1])}"
-                    lines, fix, comp = component.blame(odd, lines, root, maps.dicts, mpath, mtype, str(op))
-                    problems = [comp, *problems]
-                    proof = component.prove_op(func, args, kwargs, tensors, odd[1], op)
-            aim = aimed(made, first.kind, t0, maps.modules, maps.dicts, self.frames) if made and not blamed \
-                and maps is not None else None
-            lines += caller_lines(given, first.kind)
-            if aim is not None:  # the maker of an operand made in forward: the fix is aimed at it (_guard/remedy.py)
-                lines += aim.lines
-                fix = aim.code or fix
-            if fix is not None:  # tried before it is shown: a re-run with the maker fixed, else the failing op
-                lines.append(proof or (aim.proof if aim is not None and aim.proof else prove(
-                    func, args, kwargs, plan, tensors, op) if fixable or self.mode == "strict"
-                    else "fix unproven: no alignment of this op is known"))
-            err = PlacementError(format_error(head, lines + [f"other operand {d}" for d in others], fix),
-                                 module_path=mpath, module_type=mtype, op=str(op),
-                                 tensors=tuple(findings[0].problem.tensors), problems=problems, fix=fix)
-            raise with_patch(err, aim.patch if aim is not None else None, lines)
+            err, note = told(self, case)
+            self.g._note(err.problems, note)
+            raise err
+        # fix / warn: the same report, kept (the first time this problem is met) beside what is aligned
+        note = self.g._note_once((mpath, str(op), tuple(p.path for p in problems)), problems,
+                                 lambda: told(self, case)[1])
         if self.mode == "warn":
             for p in problems:
                 if self.g._first_time((p.module_path, p.op, p.kind)):
                     where = module_label(p.module_path, mod)
                     warnings.warn(f"torchdoctor.guard: {p.kind} problem in {where} at {p.op}: {p.path} is "
-                                  f"{p.found}, expected {p.expected}" + ("; aligned for this call" if fixable else ""),
-                                  PlacementWarning, stacklevel=user_stacklevel())
+                                  f"{p.found}, expected {p.expected}" + ("; aligned for this call" if fixable else "")
+                                  + said(note), PlacementWarning, stacklevel=user_stacklevel())
         if not fixable:
             return func(*args, **kwargs)
         new_args, new_kwargs = list(args), dict(kwargs)
@@ -380,5 +336,5 @@ class Session:
                 t = tensors[k].to(target)
                 tensors[k] = t
                 _rules.OpArgs(new_args, new_kwargs).put(k, t)
-        self.g._record_fixes(problems)
+        self.g._record_fixes(problems, note)
         return func(*new_args, **new_kwargs)
