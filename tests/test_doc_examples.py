@@ -5,12 +5,16 @@ Python blocks run with a small, explicit namespace holding the tiny objects thei
 small files the lines name (model.safetensors, my_app.py, app.py, main.py, my_pkg/train.py, crash.log), with the
 suite's venv first on PATH so `torchdoctor`, `python` and `pytest` are the installed ones. Lines that cannot run on
 any test machine are the explicit list `CANNOT_RUN` in tests/support/doc_examples.py; hardware lines are marked on
-the page with `# needs a GPU`. Blocks that fail on pages this test's owner does not maintain are xfailed by
+the page with `# needs a GPU`, left out of their block's run and run apart, as written, on virtual devices (and
+bare, where their error must say how to try them there). Every fence of every page is counted apart from the
+extraction: a block that is neither python nor bash is named in `NOT_CODE` with why (an output, a synopsis), so no
+block is skipped silently. Blocks that fail on pages this test's owner does not maintain are xfailed by
 page and reason in `KNOWN_FAILING`, strictly, so a fix there shows up as XPASS.
 """
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -23,7 +27,7 @@ from torch import nn
 
 import torchdoctor
 from support import zoo
-from support.doc_examples import NEEDS_GPU, Block, all_blocks, bash_commands, python_source
+from support.doc_examples import NEEDS_GPU, PAGES, ROOT, Block, all_blocks, bash_commands, python_source
 
 BLOCKS = all_blocks()
 BIN = str(Path(sys.executable).parent)
@@ -48,6 +52,73 @@ def test_the_pages_hold_the_examples_this_test_knows() -> None:
     ids = {b.id.split(":")[0] for b in BLOCKS}
     assert {"README.md", "docs/run.md", "docs/trace.md"} <= ids, ids
     assert sum(b.lang == "python" for b in BLOCKS) >= 3 and sum(b.lang == "bash" for b in BLOCKS) >= 3
+
+
+# Every fenced block that is not python or bash, by page and its first line, with why it is not run: what a
+# command printed, a synopsis, a tree. A block of another language that is not here fails the count below, so
+# no block is skipped without a reason on this list.
+NOT_CODE: dict[tuple[str, str], str] = {
+    ("docs/architecture.md", "src/torchdoctor/"): "the source tree, not a command",
+    ("docs/fixes.md", "Fix (proven: a virtual re-run with it applied has no problem left):"): "a report's output",
+    ("docs/run.md", "torchdoctor run [--device cuda:1|xpu|mps] [--dtype D] [--profile P] [--mode explain|strict|fix|warn]"):
+        "the usage synopsis (brackets are options)",
+    ("docs/run.md", "[device] network: the LoRA network was not moved: `network.to(device)` (network.to('cuda:1')): 24 "
+                    "tensors of"): "a summary's output",
+    ("docs/run.md", "$ torchdoctor run --device cuda:0 main.py"):
+        "a transcript of an app folder (tests/run/test_run_cli.py runs such an app: test_virtual_device_run_names_"
+        "the_plugins_line_and_the_helper_that_moved_it)",
+    ("docs/run.md", "memory cuda:0  needs 136 GiB on cuda:0, which has 80 GiB (NVIDIA H100 (virtual)); the largest "
+                    "tensor is 0.weight (8.0 GiB): ..."): "a report's output",
+    ("docs/gpu-agreement.md", "PYTHONPATH=src python bench/gpu_agreement.py --device cpu-check --out /tmp/agreement"):
+        "the whole zoo (80 s): tests/gpu_agreement runs its --quick subset and the planted case as written",
+    ("docs/gpu-agreement.md", "echo /.agreement-cpu/ >> .git/info/exclude"):
+        "writes into the repository's .git: the maintainers' recipe for the GPU machine",
+    ("docs/gpu-agreement.md", "PYTHONUNBUFFERED=1 PYTHONPATH=src timeout 500 python3 bench/gpu_agreement.py --out $OUT "
+                              "--budget-s 420 --compare-with .agreement-cpu/gpu_agreement.json"):
+        "runs on the GPU machine only",
+}
+_ANY_FENCE = re.compile(r"^[ \t]*(```|~~~)\s*([^\s`]*)")
+
+
+def _every_fence(page: str) -> list[tuple[int, str, str]]:
+    """(line, language, first line) of every fenced block of a page, whatever its language: counted apart from
+    the extraction, so a block the extraction misses shows up as a difference."""
+    lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        m = _ANY_FENCE.match(lines[i])
+        if m:
+            start, lang = i, m.group(2)
+            i += 1
+            while i < len(lines) and not lines[i].lstrip().startswith(m.group(1)):
+                i += 1
+            first = lines[start + 1].strip() if start + 1 < i else ""
+            out.append((start + 1, lang, first))
+        i += 1
+    return out
+
+
+def test_every_block_of_every_page_is_run_or_named_with_its_reason() -> None:
+    fences = {page: _every_fence(page) for page in PAGES}
+    assert len(fences) == 1 + len(list((ROOT / "docs").glob("*.md")))
+    run = {(b.page, b.line) for b in BLOCKS}
+    unrun, missed = [], []
+    for page, found in fences.items():
+        for line, lang, first in found:
+            if lang in ("python", "bash"):
+                if (page, line) not in run:
+                    missed.append(f"{page}:{line}")
+            elif (page, first) in NOT_CODE:
+                unrun.append((page, first))
+            else:
+                missed.append(f"{page}:{line} ```{lang} {first!r}: run it as python/bash, or name it in NOT_CODE")
+    assert not missed, missed
+    assert sorted(unrun) == sorted(NOT_CODE), set(NOT_CODE) - set(unrun)  # no stale entry
+    # the count, pinned: a block added or dropped on a page is seen here first
+    counts = {lang: sum(1 for f in fences.values() for _, lg, _ in f if (lg or "-") == lang) for lang in
+              {(lg or "-") for f in fences.values() for _, lg, _ in f}}
+    assert counts == {"python": 4, "bash": 3, "-": 5, "text": 1, "console": 3}, counts
+    assert len(BLOCKS) == 7
 
 
 # ---------------------------------------------------------------------------------------------- python blocks
@@ -137,6 +208,34 @@ def test_python_block_runs_as_written(block: Block, lora_dir: str, one_rank: Any
         assert (tmp_path / "map.html").stat().st_size > 1000
     if "t" in ns and "who_moved" in source:
         assert ns["t"].records, "loading and unloading a LoRA under trace records its changes"
+
+
+GPU_LINES = [(b, line.strip()) for b in BLOCKS if b.lang == "python" for line in b.text.splitlines()
+             if NEEDS_GPU in line and not line.lstrip().startswith("#")]
+_DEVICE = re.compile(r"""["'](cuda(?::\d+)?|xpu(?::\d+)?|mps)["']""")
+
+
+def test_the_readme_marks_its_gpu_line() -> None:
+    assert [line.split("(")[0] for _, line in GPU_LINES] == ["torchdoctor.move"], GPU_LINES
+
+
+@pytest.mark.parametrize("block, line", [pytest.param(b, line, id=f"{b.id}:{line[:30]}") for b, line in GPU_LINES])
+def test_a_gpu_line_runs_on_virtual_devices_and_says_how_without_them(block: Block, line: str, lora_dir: str) -> None:
+    """A line marked `# needs a GPU` is skipped in its block's run; here it runs as written on virtual devices of
+    the kind it names, and bare on this machine (which has none) its error says how to try it there."""
+    device = _DEVICE.search(line)
+    assert device, f"{block.id}: a GPU line names its device: {line}"
+    ns = _namespace(lora_dir)
+    imports = "\n".join(x for x in block.text.splitlines() if x.startswith(("import ", "from ")))
+    exec(compile(imports, block.id, "exec"), ns)  # noqa: S102 - the block's own imports
+    if not getattr(torch, device.group(1).split(":")[0]).is_available():
+        with pytest.raises(torchdoctor.PlacementError) as err:
+            exec(compile(line, block.id, "exec"), ns)  # noqa: S102 - the documented line is the code under test
+        assert f"with torchdoctor.virtual_devices('{device.group(1)}'):" in str(err.value), str(err.value)
+    with torchdoctor.virtual_devices(device.group(1)) as sim:  # a problem left raises on exit
+        exec(compile(line, block.id, "exec"), ns)  # noqa: S102
+    assert sim.problems == []
+    assert {str(p.device) for p in ns["pipe"].unet.parameters()} == {device.group(1)}
 
 
 def _run_as_test_file(source: str, tmp_path: Path) -> None:
