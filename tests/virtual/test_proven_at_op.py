@@ -74,6 +74,19 @@ def test_a_device_move_is_proven_at_the_op_that_met_the_tensor() -> None:
     assert PROVEN + "aten.mul.Tensor at " in str(sim.error())
 
 
+def test_a_tensor_the_program_puts_on_the_model_later_is_judged_as_it_is_then() -> None:
+    with torchdoctor.virtual_devices("cuda:0", dtype="bfloat16", raise_on_exit=False) as sim:
+        m = Scaled().to("cuda:0", torch.bfloat16)
+        m.scale = m.scale.to("cuda:0", torch.bfloat16)
+        x = torch.ones(2, 4, device="cuda:0", dtype=torch.bfloat16)
+        assert m(x).dtype == torch.bfloat16 and not sim.problems
+        m.scale = torch.ones(4, device="cuda:0")  # the planted bug, after a clean forward: float32 again
+        assert m(x).dtype == torch.bfloat16  # the run goes on as if fixed
+        m.scale = m.scale.to(torch.bfloat16)  # the program fixes it itself: quiet from here
+        m(x)
+    assert [(p.kind, p.path, p.found) for p in sim.problems] == [("dtype", "scale", "float32")]
+
+
 class Masked(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -28,14 +28,17 @@ def mixed(args: tuple[Any, ...]) -> bool:
 
 class Promotions:
     """Guard's promotion check over a virtual run's module stack; ``Maps`` of each root walked once, again after
-    the program moves or casts the model's tensors (``reset``)."""
+    the program moves or casts the model's tensors (``moved``)."""
 
     def __init__(self, stack: Any) -> None:
         self.stack = stack  # the run's ``ModuleStack``
         self._maps: dict[int, Any] = {}
 
-    def reset(self) -> None:
-        self._maps.clear()
+    def moved(self, t: Any) -> None:
+        """The program moved or cast ``t`` outside any forward: when it is a model tensor, the model is walked again
+        at the next check (a batch moved each step costs nothing)."""
+        if self._maps and any(m is not None and id(_real(t)) in m.tensors for _, m in self._maps.values()):
+            self._maps.clear()
 
     # -- what guard's ``findings`` asks of its session ------------------------------------------------------------
     def current(self) -> tuple[Any, Any]:
@@ -62,9 +65,24 @@ class Promotions:
         from torchdoctor._guard.promotion import findings
 
         try:
+            self._fresh(args)
             return findings(self, func, args, kwargs)
         except Exception:  # the check is extra: the run goes on without it
             return []
+
+    def _fresh(self, args: tuple[Any, ...]) -> None:
+        """A tensor the running module holds that the walk does not know (``model.scale = torch.ones(...)`` put
+        there after the walk): the model is walked again."""
+        mod, root = self.current()
+        maps = self.maps_for(root)
+        if maps is None or mod is None:
+            return
+        d = mod.__dict__
+        held = (*d.values(), *d.get("_parameters", {}).values(), *d.get("_buffers", {}).values())
+        for a in args[:2]:
+            if maps.tensor_path(a) is None and any(v is a or v is _real(a) for v in held):
+                self._maps.pop(id(root), None)
+                return
 
     def path(self, t: Any) -> tuple[str, str] | None:
         """(path, role) of a model tensor, as the root's walk names it."""

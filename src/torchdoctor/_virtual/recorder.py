@@ -216,7 +216,7 @@ class _Recorder(Hooks):
 
     def moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
         if not self.modules.stack:  # the program moves or casts its model: the promotion check walks it again
-            self.promotions.reset()
+            self.promotions.moved(tensor)
         # a model tensor cast with loss (a complex freqs_cis under dtype=bf16); computations that round on purpose
         # (T5's position buckets: float -> long) are activations, not model tensors
         if _is_entry(tensor) and ((tensor.is_complex() and not dtype.is_complex) or (tensor.is_floating_point() and not (
