@@ -41,6 +41,7 @@ class Maker:
     factory: bool = False  # a call that makes a tensor from scratch (``torch.arange``), not from other tensors
     no_device: bool = False  # a factory called without ``device=``: torch makes it on the CPU
     device_expr: str | None = None  # how that forward can name the device the fix wants (``x.device``)
+    this: Any = None  # the ``self`` of the forward that made it (a config read as ``self.config.x`` is its own)
 
     def describe(self) -> str:
         out = f"made by `{self.op}` at {self.file}:{self.line} (`{self.source}`)"
@@ -326,5 +327,6 @@ def _in_frame(frame: Any, t: torch.Tensor, kind: str, target: Any = None) -> Mak
             no_device = kind == "device" and factory and _chain(call.func.value) == ["torch"] and not any(  # type: ignore[attr-defined]
                 k.arg == "device" for k in call.keywords) and not call.func.attr.endswith("_like")  # type: ignore[attr-defined]
             return Maker(op, path, lineno, src, where, _made_from(call, node, frame, kind), owner, attr, klass, seg,
-                         span, factory, no_device, _device_expr(frame, target) if kind == "device" else None)
+                         span, factory, no_device, _device_expr(frame, target) if kind == "device" else None,
+                         frame.f_locals.get("self"))
     return None

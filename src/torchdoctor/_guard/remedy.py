@@ -98,6 +98,8 @@ def remedy(m: Maker, target: Any, paths: dict[int, str], dicts: Any = ()) -> Rem
         chain = m.dtype_from.split("`")[1] if "`" in m.dtype_from else m.attr
         expr = (owner + "." + chain.split(".", 2)[-1]) if owner and chain.startswith("self.") and \
             chain.count(".") >= 1 and isinstance(m.owner, nn.Module) else None
+        if expr is None and chain.startswith("self.") and isinstance(m.this, nn.Module) and id(m.this) in paths:
+            expr = code_path(paths[id(m.this)], dicts=dicts) + chain[len("self"):]  # model.config.torch_dtype
         if expr is None and chain.startswith("self."):
             expr = f"<{chain}>" if owner is None else f"{owner}.{m.attr}"
         return Remedy(f"{expr or chain} = {want}  # read by `{m.op}` at {os.path.basename(m.file)}:{m.line}",
@@ -210,7 +212,7 @@ def aimed(loose: list[tuple[str, torch.Tensor]], kind: str, target: Any, paths: 
     if fix is None:
         return Aim(lines, None, None, None, [x[2] for x in made])
     proof = None
-    mod = m.owner if isinstance(m.owner, nn.Module) else None
+    mod = m.owner if isinstance(m.owner, nn.Module) else m.this if isinstance(m.this, nn.Module) else None
     if m.attr is not None and mod is not None and frames is not None:
         args = frames.inputs_of(mod)
         if args or not mod.forward.__code__.co_argcount > 1:
