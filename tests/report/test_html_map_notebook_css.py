@@ -5,7 +5,9 @@ rules re-created from their output stylesheets — the ones that broke the modul
 padding, centred tables, striped rows). Measured in the real headless Chromium from element rects: every outline
 row stays on one line, its label left-aligned at its indent, clear of the size column. Before the map's CSS was
 scoped under its own id, all 69 rows of this pipeline's outline broke under the JupyterLab rules and all 69
-under the VS Code rules (right-aligned, off their indent, and under JupyterLab run into the size column)."""
+under the VS Code rules (right-aligned, off their indent, and under JupyterLab run into the size column). A plain
+table beside the map proves the host's rules are loaded and match: it is right-aligned, striped and padded as
+that host draws it."""
 
 from __future__ import annotations
 
@@ -58,6 +60,19 @@ VSCODE_WRAP = ('<div id="container"><div class="cell_container"><div class="outp
 
 HOSTS = {"plain": ("", "{}"), "jupyterlab": (JUPYTERLAB_CSS, JUPYTERLAB_WRAP), "vscode": (VSCODE_CSS, VSCODE_WRAP)}
 
+# a plain table of the user's own, beside the map in the same output: the host's rules must reach it (so they were
+# loaded and matched), while the map's own rows keep their layout
+PROBE = '<table class="probe"><tbody><tr><td>1</td></tr><tr><td>2</td></tr></tbody></table>'
+_PROBE = """
+var t=document.querySelector('table.probe'), td=t.querySelector('td'), rows=t.querySelectorAll('tr');
+return [getComputedStyle(td).textAlign, getComputedStyle(t).tableLayout, getComputedStyle(rows[1]).backgroundColor,
+        getComputedStyle(td).paddingTop];
+"""
+# what each host's rules make of that table: alignment, layout, the even row's stripe, the cell padding
+PROBED = {"plain": ["start", "auto", "rgba(0, 0, 0, 0)", "1px"],
+          "jupyterlab": ["right", "fixed", "rgb(245, 245, 245)", "6px"],
+          "vscode": ["right", "auto", "rgba(130, 130, 130, 0.08)", "4px"]}
+
 # per outline row: the label cell, its code, the size cell and its text, measured where the browser laid them out
 _MEASURE = """
 var out=[];
@@ -108,12 +123,13 @@ def test_outline_rows_hold_under_notebook_css(browser: Any, fragment: str, host:
     css, wrap = HOSTS[host]
     page = tmp_path / f"{host}.html"
     page.write_text(f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><style>{css}</style></head>'
-                    f"<body>{wrap.format(fragment)}</body></html>", encoding="utf-8")
+                    f"<body>{wrap.format(PROBE + fragment)}</body></html>", encoding="utf-8")
     browser.get(page.resolve().as_uri())
     deadline = time.monotonic() + 30
     while browser.execute_script("var m=document.querySelector('.tdmap'); return m && m.getAttribute('data-ready')") != "1":
         assert time.monotonic() < deadline, "the map's script never finished"
         time.sleep(0.05)
+    assert browser.execute_script(_PROBE) == PROBED[host]  # the host's rules are live on this page
     seen = browser.execute_script(_MEASURE)
     rows = seen["rows"]
     assert len(rows) > 60 and any(r["path"] == "unet.down_blocks" for r in rows)
