@@ -231,13 +231,52 @@ def _own(out: Any, space: Space, target: torch.device | None) -> Any:
     return out
 
 
+# Calls that need nothing of the mode, answered by torch at once (a third of a simulate's calls reach the mode from
+# ``Module.to`` and the walker, not from the forward): tensor attributes other than the device labels and ``.data``
+# (``outside.attribute`` passes them on as they are), and queries whose answer is no tensor and reads only
+# metadata a virtual tensor's C++ side holds as the real one would.
+_METHOD_WRAPPER = type(torch.Tensor.dtype.__get__)  # type: ignore[attr-defined]
+_PLAIN_ATTRS = frozenset(v for n, v in vars(torch._C.TensorBase).items() if type(v).__name__ == "getset_descriptor"
+                         and n not in outside._LABELLED and n != "data")
+_QUERIES = frozenset(f for f in (T.is_floating_point, T.is_complex, T.size, T.stride, T.storage_offset, T.dim,
+                                 T.ndimension, T.numel, T.nelement, T.element_size, T.is_contiguous, T.__len__,
+                                 torch._C._set_grad_enabled, torch.is_grad_enabled, outside._ORIG_COMPATIBLE))
+
+
 class VirtualMode(TorchFunctionMode):
-    def __init__(self, space: Space) -> None:
+    """The run's one function mode. ``casts`` (``makers.CastMakers``) names the casts of a forward from inside this
+    mode: a second mode stacked on it made every torch call two Python hops (14-25 % of a simulate)."""
+
+    def __init__(self, space: Space, casts: Any = None) -> None:
         super().__init__()
-        self.space = space
+        self.space, self.casts = space, casts
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
+        if (func.__self__ in _PLAIN_ATTRS if type(func) is _METHOD_WRAPPER else func in _QUERIES) and not kwargs \
+                and (self.casts is None or not makers._lazy_params(args)):
+            return func(*args)
+        if self.casts is None:
+            return self.handle(func, args, kwargs or {})
+        # CastMakers' own steps, as its mode took them around this one (``_made`` two frames under the user's line)
+        name = getattr(func, "__name__", None)
+        if name in makers._REAL_MAKERS:
+            return makers._real_made(name, (), self.handle(func, args, kwargs or {}))
+        if makers._lazy_params(args):
+            makers._real_made(None, args, None)
+        out = self.handle(func, args, kwargs or {})
+        if name not in makers._CAST_METHODS or not args or not isinstance(out, VirtualTensor):
+            return out
+        t = args[0]
+        if not isinstance(t, VirtualTensor) or out is t or out.dtype == t.dtype or out._td_device != t._td_device:
+            return out
+        casts, self.casts = self.casts, None  # its own casts (a proof's recast) see this mode alone, as before
+        try:
+            with self:
+                return casts._made(t, out)
+        finally:
+            self.casts = casts
+
+    def handle(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         space = self.space
         name = getattr(func, "__name__", "")
         if name == "__get__" or name == "__set__":  # attributes of the object itself, never of a copy
@@ -330,9 +369,10 @@ def _restore_default_device(before: Any) -> None:
 
 
 @contextlib.contextmanager
-def virtual_world(space: Space, profile: DeviceProfile) -> Iterator[None]:
+def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> Iterator[None]:
     """Make ``space`` this thread's simulation on ``profile``'s hardware (and of the threads it starts); other
-    threads keep the real machine; everything is restored on exit."""
+    threads keep the real machine; everything is restored on exit. ``casts``: a ``makers.CastMakers`` run inside
+    the run's mode, not as a mode of its own."""
     if V.current_space() is not None:
         raise RuntimeError("a simulation is already running in this thread; run another one in its own thread")
     installs = api.Installs(space)
@@ -359,7 +399,7 @@ def virtual_world(space: Space, profile: DeviceProfile) -> Iterator[None]:
         before = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
         # bitsandbytes and its kind, if the program imports them, import as on the real machine (deferred.py)
         with outside.compiled_run_eagerly(had_dynamo), deferred_imports(), warnings.catch_warnings(), \
-                VirtualMode(space):
+                VirtualMode(space, casts):
             # torch warns that global module hooks fire twice around a compiled module: they are the run's own
             warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
             # DataParallel's gradient sum asks for NCCL, which a CUDA build has and this one lacks

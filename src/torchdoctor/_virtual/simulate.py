@@ -216,8 +216,8 @@ def simulate(
     space.closed = False  # the run goes on, on the copy: the same space in the world again
     # a forward is checked with autograd off; the caller's own code (a training step) runs with it, as it would
     grad = torch.enable_grad() if call is not None else torch.no_grad()
-    with torch.random.fork_rng(devices=[]), grad, virtual_world(space, profile), rec.modules.tracking(), \
-            CastMakers(recast):
+    with torch.random.fork_rng(devices=[]), grad, virtual_world(space, profile, CastMakers(recast)), \
+            rec.modules.tracking():
         led = ledger(space)
         if led is not None:  # what sits on the device already (weights assumed there) and the move keeps takes
             for t, where, _ in listed:  # memory too; what it casts counts once cast
