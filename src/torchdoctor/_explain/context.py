@@ -294,12 +294,6 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     present: dict[str, bool] = {}  # a word is looked up only for a rule that could fire (one pass per word)
     prose: dict[str, bool] = {}
 
-    def has(word: str) -> bool:
-        got = present.get(word)
-        if got is None:
-            got = present[word] = find_word(context, word) != -1
-        return got
-
     def scale(word: str) -> float:
         got = prose.get(word)
         if got is None:
@@ -307,11 +301,29 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
         return _PROSE_SCALE if got else 1.0
 
     def fires(rule: ContextRule, cats: tuple[str, ...]) -> str | None:
-        if rule.applies_to and not any(c in rule.applies_to for c in cats):
-            return None
-        if not all(fl in flags for fl in rule.flags) or any(fl in flags for fl in rule.unless):
-            return None
-        return next((w for w in rule.words if has(w)), None) if rule.words else ""
+        # plain loops, no generators: called twice per rule per diagnosis (a log of errors has hundreds)
+        applies = rule.applies_to
+        if applies:
+            for c in cats:
+                if c in applies:
+                    break
+            else:
+                return None
+        for fl in rule.flags:
+            if fl not in flags:
+                return None
+        for fl in rule.unless:
+            if fl in flags:
+                return None
+        if not rule.words:
+            return ""
+        for w in rule.words:
+            got = present.get(w)
+            if got is None:
+                got = present[w] = find_word(context, w) != -1
+            if got:
+                return w
+        return None
 
     score: dict[str, float] = {category: 1.0}
     from_prose: dict[str, float] = {}

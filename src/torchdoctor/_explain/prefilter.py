@@ -17,7 +17,7 @@ all-capitals paste is read; logs over ``EXACT_BELOW`` characters take the fast p
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torchdoctor._explain.escapes import unescape
@@ -264,24 +264,46 @@ class Prefilter:
             return
         source = fold(text).lower() if exact else text  # fold keeps lower() length-preserving
         lines: dict[int, tuple[int, set[int]]] = {}
+        tfind, trfind = text.find, text.rfind
         for rx, by_match in self.passes:
-            search = rx.search
-            pos = start
-            while pos < cut:
-                m = search(source, pos, cut)
-                if m is None:
-                    break
-                ls, le = self._line(text, start, cut, m.start())
-                which = lines.setdefault(ls, (le, set()))[1]
-                for _ in range(_PER_LINE):  # other keys further along the same line (keys may overlap)
-                    which.update(by_match.get(m.group(), ()))
-                    m = search(source, m.start() + 1, le)
-                    if m is None:
-                        break
-                else:  # a line made of keys (garbage, or built to be slow): the rest in one call, not overlapping
-                    for k in set(rx.findall(source, m.start(), le)):
-                        which.update(by_match.get(k, ()))
-                pos = le + 1
+            # one search per key found: the next key on the same line (keys may overlap) or on a later line; a
+            # line's bounds are found once, at its first key
+            search, get = rx.search, by_match.get
+            m = search(source, start, cut)
+            le, n = -1, 0
+            which: set[int] = set()
+            while m is not None:
+                p = m.start()
+                if p < le:  # another key on the line
+                    if m.end() > le:  # one that runs past a cut-off line's end: as if the line ended there
+                        m = search(source, p, le)
+                        if m is None:
+                            m = search(source, le + 1, cut)
+                            continue
+                        p = m.start()
+                    n += 1
+                    if n > _PER_LINE:  # a line made of keys (garbage, or built to be slow): the rest in one call
+                        for k in set(rx.findall(source, p, le)):
+                            which.update(get(k, ()))
+                        m = search(source, le + 1, cut)
+                        continue
+                elif p == le:  # the character after a cut-off line is not looked at
+                    m = search(source, le + 1, cut)
+                    continue
+                else:  # a new line: its bounds (as ``_line``, inlined: once per marked line of a log of errors)
+                    back = p - _BACK if p - _BACK > start else start
+                    nl = trfind("\n", back, p)
+                    ls = nl + 1 if nl != -1 else back
+                    le = tfind("\n", p, p + 2000)
+                    le = p + 2000 if le == -1 else le
+                    if le > cut:
+                        le = cut
+                    got = lines.get(ls)
+                    if got is None:
+                        got = lines[ls] = (le, set())
+                    which, n = got[1], 1
+                which.update(get(m.group(), ()))
+                m = search(source, p + 1, cut)
         for piece, which_plain in self.plain:
             p = source.find(piece, start, cut)
             while p != -1:
@@ -289,9 +311,19 @@ class Prefilter:
                 lines.setdefault(ls, (le, set()))[1].update(which_plain)
                 p = source.find(piece, le + 1, cut)
         seen: dict[tuple[str, tuple[int, ...]], list[tuple[int, int]]] = {}  # lines read, by their text
+        check = self._check
         for ls in sorted(lines):
             le, which = lines[ls]
-            yield from self._check(text, source, exact, ls, le, which, seen)
+            raw = source[ls:le] if exact else text[ls:le]
+            key = (raw, tuple(which) if len(which) == 1 else tuple(sorted(which)))
+            found = seen.get(key)
+            if found is None:  # a line not seen lately (a log repeats its errors: each is read once)
+                found = check(raw, exact, key)
+                if len(seen) > _LINES:
+                    seen.clear()
+                seen[key] = found
+            for f, i in found:
+                yield ls + f, i
 
     @staticmethod
     def _line(text: str, start: int, cut: int, p: int) -> tuple[int, int]:
@@ -300,25 +332,16 @@ class Prefilter:
         le = text.find("\n", p, p + 2000)
         return ls, min(cut, p + 2000 if le == -1 else le)
 
-    def _check(self, text: str, source: str, exact: bool, ls: int, le: int, which: Iterable[int],
-               seen: dict[tuple[str, tuple[int, ...]], list[tuple[int, int]]]) -> Iterator[tuple[int, int]]:
-        raw = source[ls:le] if exact else text[ls:le]
-        key = (raw, tuple(sorted(which)))
-        found = seen.get(key)
-        if found is None:  # a line not seen lately (a log repeats its errors: each is read once)
-            spans: list[tuple[int, int]] = []
-            if exact:
-                segment = raw
-            else:
-                segment, spans = strip(fold(raw))
-                segment = segment.lower()
-            if "\\" in segment or "&" in segment:
-                # a log keeps its JSON / HTML escapes until a line is examined; undoing them only shortens the
-                # line, so a position found after it is at or before the anchor, within the window the patterns read
-                segment = unescape(segment)
-            found = [(raw_position(spans, f), i) for i in key[1] if (f := segment.find(self.anchors[i])) != -1]
-            if len(seen) > _LINES:
-                seen.clear()
-            seen[key] = found
-        for f, i in found:
-            yield ls + f, i
+    def _check(self, raw: str, exact: bool, key: tuple[str, tuple[int, ...]]) -> list[tuple[int, int]]:
+        """Where in the line ``raw`` the anchors ``key[1]`` are, read without colours or escapes."""
+        spans: list[tuple[int, int]] = []
+        if exact:
+            segment = raw
+        else:
+            segment, spans = strip(fold(raw))
+            segment = segment.lower()
+        if "\\" in segment or "&" in segment:
+            # a log keeps its JSON / HTML escapes until a line is examined; undoing them only shortens the
+            # line, so a position found after it is at or before the anchor, within the window the patterns read
+            segment = unescape(segment)
+        return [(raw_position(spans, f), i) for i in key[1] if (f := segment.find(self.anchors[i])) != -1]

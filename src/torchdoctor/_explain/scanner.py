@@ -43,6 +43,7 @@ _WRAP = re.compile(r"[ \t]*(?:\r?\n[ \t>|]*)+[ \t]*|[ \t]{2,}")
 # character class, which ``re`` tries at every position: it was a sixth of explain's time on a log of errors)
 _FIRST = itemgetter(0)
 _QUOTED = re.compile(r"\n[ \t]*[>|]")
+_CRLF = re.compile("\n(?<=\r\n)")
 
 
 def _squeeze(window: str) -> str:
@@ -66,7 +67,9 @@ def normalise(block: str, paste: bool = True) -> str:
     'RuntimeError: Input type(float)\n'
     """
     if "\r" in block:
-        block = block.replace("\r\n", "\n").replace("\r", "\n")
+        if _CRLF.search(block):  # found from its rarer "\n" (tqdm redraws: many "\r", few "\r\n"; "in" was slower)
+            block = block.replace("\r\n", "\n")
+        block = block.replace("\r", "\n")
     if not paste:
         return block
     block = unescape(block)
@@ -164,13 +167,16 @@ class Scanner:
                 found.extend([(p, s) for s in sigs])
         found.sort(key=_FIRST)
         seen: set[tuple[int, str]] = set()
+        rfind, hit = text.rfind, self._hit
         for pos, sig in found:
-            nl = text.rfind("\n", max(0, pos - _LINE_MAX), pos)
-            ls = nl + 1 if nl != -1 or pos < _LINE_MAX else pos - 300  # an enormous line: look near the anchor
-            if (ls, sig.name) in seen:
+            low = pos - _LINE_MAX
+            nl = rfind("\n", low if low > 0 else 0, pos)
+            ls = nl + 1 if nl != -1 or low < 0 else pos - 300  # an enormous line: look near the anchor
+            at = (ls, sig.name)
+            if at in seen:
                 continue
-            seen.add((ls, sig.name))
-            self._hit(text, pos, ls, sig)
+            seen.add(at)
+            hit(text, pos, ls, sig)
         keep = cut
         for _ in range(_LEAD):
             keep = text.rfind("\n", max(0, keep - _SPAN), keep)
@@ -185,31 +191,43 @@ class Scanner:
         self.until = {k: v - keep for k, v in self.until.items() if v > keep}
 
     def _hit(self, text: str, pos: int, ls: int, sig: Signature) -> None:
+        # once per error line of a log: written for speed (no min/max calls, bound methods), a log made only of
+        # errors has thousands a megabyte
         self.hits += 1
-        if self.hits > _MAX_HITS or pos < self.until.get(sig.name, -1):  # or inside the window looked at last
+        until = self.until
+        if self.hits > _MAX_HITS or pos < until.get(sig.name, -1):  # or inside the window looked at last
             return
-        le = text.find("\n", pos, pos + _LINE_MAX)
-        le = min(len(text), pos + _LINE_MAX) if le == -1 else le
+        find, size = text.find, len(text)
+        le = find("\n", pos, pos + _LINE_MAX)
+        if le == -1:
+            le = pos + _LINE_MAX if pos + _LINE_MAX < size else size
         msg_end = le
         for _ in range(sig.follow):
-            nxt = text.find("\n", msg_end + 1, msg_end + 1 + _LINE_MAX)
+            nxt = find("\n", msg_end + 1, msg_end + 1 + _LINE_MAX)
             if nxt == -1:
                 break
             msg_end = nxt
         # a wrapped message: the patterns also see the line before and a continuation line after
-        start = text.rfind("\n", max(0, ls - 400), ls - 1) + 1 if ls > 0 and sig.before else ls
+        if ls > 0 and sig.before:
+            start = text.rfind("\n", ls - 400 if ls > 400 else 0, ls - 1) + 1
+        else:
+            start = ls
         end = msg_end
-        nxt = text.find("\n", msg_end + 1, msg_end + 401)
-        if nxt == -1 and msg_end < len(text) <= msg_end + 401:  # the last line of the text
-            nxt = len(text)
+        nxt = find("\n", msg_end + 1, msg_end + 401)
+        if nxt == -1 and msg_end < size <= msg_end + 401:  # the last line of the text
+            nxt = size
         if nxt != -1:
             after = text[msg_end + 1: nxt]
             # the raw line decides when it is plain (most are); colours, escapes or paste noise: its clean form
             if not (after if after.isascii() and "\x1b" not in after and "\\" not in after and "&" not in after
                     else _plain(after)).lstrip().startswith(_NOT_CONTINUED):
                 end = nxt
-        lo, hi = max(start, pos - sig.before), min(end, pos + sig.after + 200 * sig.follow)
-        self.until[sig.name] = hi
+        lo, hi = pos - sig.before, pos + sig.after + 200 * sig.follow
+        if lo < start:
+            lo = start
+        if hi > end:
+            hi = end
+        until[sig.name] = hi
         raw = text[lo:hi]
         got = self.cache.get((sig.name, raw))
         if got is None:
