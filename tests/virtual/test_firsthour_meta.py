@@ -72,7 +72,8 @@ def test_cli_and_api_assume_meta_weights_loaded_and_still_name_the_planted_bug(
     code, doc = _cli(capsys, "metaapp.py:target", "--device", "cuda:1", "--dtype", "bfloat16")
     assert code == api.exit_code() == 1
     assert sorted((p["kind"], p["path"]) for p in doc["problems"]) == \
-        sorted((p.kind, p.path) for p in api.problems) == [("device", "mask")]  # named, not masked by meta
+        sorted((p.kind, p.path) for p in api.problems) == [("device", "mask"), ("dtype", "mask")]  # not masked by
+    # meta; the fp32 mask also promotes the bf16 run silently (issue 42): one fix moves and casts it
     for assumed in (api.assumed, doc["assumed"]):
         assert assumed is not None and assumed.startswith("weights not loaded: assumed on cuda:1")
         assert "assume_device=False" in assumed and "--assume-device off" in assumed  # the way out
@@ -87,7 +88,8 @@ def test_assume_off_checks_the_weights_as_missing_on_both_paths(app: Path, capsy
     api = _api("target", device="cuda:1", dtype="bfloat16", assume_device=False)
     code, doc = _cli(capsys, "metaapp.py:target", "--device", "cuda:1", "--dtype", "bfloat16",
                      "--assume-device", "off")
-    want = [("device", "mask"), ("meta", "a.bias"), ("meta", "a.weight"), ("meta", "b.bias"), ("meta", "b.weight")]
+    want = [("device", "mask"), ("dtype", "mask"), ("meta", "a.bias"), ("meta", "a.weight"), ("meta", "b.bias"),
+            ("meta", "b.weight")]
     assert code == 1 and doc["assumed"] is None and api.assumed is None
     assert sorted((p["kind"], p["path"]) for p in doc["problems"]) == sorted((p.kind, p.path) for p in api.problems) \
         == want  # the in-session path names paths as the copy does, not "<top level>"
@@ -152,7 +154,9 @@ def test_meta_fix_loads_before_it_moves() -> None:
             return y
 
     report = torchdoctor.simulate(Net(), (torch.ones(2, 8),), device="cuda:1", dtype="bfloat16")
-    assert report.assumed is None and {p.kind for p in report.problems} == {"meta", "device"}
+    assert report.assumed is None and {p.kind for p in report.problems} == {"meta", "device", "dtype"}
+    # the plain fp32 tensors promote the bf16 output silently (issue 42): one fix moves and casts them
+    assert sorted(p.path for p in report.problems if p.kind == "dtype") == [f"m.{i}" for i in range(5)]
     lines = (report.fix or "").splitlines()
     load = next(i for i, line in enumerate(lines) if "load the weights" in line)
     move = next(i for i, line in enumerate(lines) if line.startswith("torchdoctor.move("))
