@@ -111,14 +111,30 @@ class Cases:
         self.cases: list[Case] = []
         self._count: dict[tuple[str, ...], int] = {}
 
-    def keep(self, func: Any, before: Any, after: Any, want: torch.dtype | None = None) -> None:
+    def keep(self, func: Any, before: tuple[Sequence[Any], dict[str, Any]], after: tuple[Sequence[Any], dict[str, Any]],
+             tags: Any, want: torch.dtype | None = None) -> None:
+        """Keep the failing op ``func`` on twins of its operands ``before`` (as they came) and ``after`` (as the run
+        went on with them); ``tags(t)`` names an operand. Free once full, or for an op met again on the same
+        named tensors (a layer repeated 80 times)."""
         if len(self.cases) >= CASES:
             return
-        key = (str(func), *sorted({t for o in _operands(before) for t in o.tags}))
+        key = (str(func), *(_name(a) for a in before[0] if isinstance(a, torch.Tensor)))
         n = self._count.get(key, 0)
         if n < _PER_OP:
             self._count[key] = n + 1
-            self.cases.append(Case(func, before, after, want))
+            self.cases.append(Case(func, twins(*before, tags), twins(*after, tags), want))
+
+
+def _name(t: Any) -> str:
+    """An operand's path, else the record of what made it (one factory is one source, wherever it runs)."""
+    path = getattr(t, "_td_path", None)
+    if path is not None:
+        return str(path)
+    origin = getattr(t, "_td_origin", None)
+    if origin is None:
+        return ""
+    src = origin.source
+    return f"{src.op} {src.paths[:1]} {src.at} {id(src.module)}"
 
 
 def _operands(call: tuple[list[Any], dict[str, Any]]) -> list[Operand]:

@@ -13,7 +13,7 @@ from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
-from torchdoctor._virtual.atop import Cases, tags_of, twins
+from torchdoctor._virtual.atop import Cases, tags_of
 from torchdoctor._virtual.escaped import escaped_problem
 from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest
 from torchdoctor._virtual.origin import from_origin, ran_as_asked
@@ -125,10 +125,10 @@ class _Recorder(Hooks):
         call = OpArgs(new_args, new_kwargs)
         for f in promo:
             self._promoted(f, OpArgs(args, kwargs))
-        before = twins(args, kwargs, self._tags)  # the fix is proven on these after the run (``atop``)
         for f in (*findings, *promo):  # device and meta first, then dtype, then what the profile cannot run
             self._handle(func, f, call)
-        self.cases.keep(func, before, twins(new_args, new_kwargs, self._tags), promo[0].target if promo else None)
+        # the operands as they came and as the run goes on with them: the fix is proven on them (``atop``)
+        self.cases.keep(func, (args, kwargs), (new_args, new_kwargs), self._tags, promo[0].target if promo else None)
         return tuple(new_args), new_kwargs
 
     def _tags(self, t: Any) -> tuple[tuple[str, ...], bool]:
