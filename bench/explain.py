@@ -125,7 +125,8 @@ def issue43(size: int, rounds: int) -> tuple[float, float, float]:
     base = len(app) / 1e6 / statistics.median(times["grep"])
     print(f"issue 43 point 5 ({rounds} interleaved rounds): typical app log {app_mbs:.1f} MB/s (target >= 200), "
           f"error texts only {err_mbs:.1f} MB/s (target >= 60); grep-like baseline {base:.1f} MB/s "
-          f"(explain takes {base / app_mbs:.2f}x and {base / err_mbs:.1f}x its time)")
+          f"(explain takes {base / app_mbs:.2f}x and {base / err_mbs:.1f}x its time); load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus")
     return app_mbs, err_mbs, base
 
 

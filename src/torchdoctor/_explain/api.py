@@ -68,8 +68,9 @@ def _render(template: str, fields: dict[str, str], prose: bool = True) -> str:
         inner = m.group(1)
         return _FIELD.sub(sub, inner) if all(fields.get(n) for n in _FIELD.findall(inner)) else ""
 
-    template = (_OPTIONAL if prose else _OPTIONAL_CODE).sub(opt, template)
-    return _FIELD.sub(sub, template)
+    if ("[" if prose else "\u00ab") in template:  # most templates have no optional part, many no field
+        template = (_OPTIONAL if prose else _OPTIONAL_CODE).sub(opt, template)
+    return _FIELD.sub(sub, template) if "{" in template else template
 
 
 def _try(template: str, fields: dict[str, str], prose: bool = True) -> str | None:

@@ -129,6 +129,7 @@ class Scanner:
         self.until: dict[str, int] = {}  # per signature, in buf: end of the last window examined
         # repeated windows: their fields, whether a pattern matched, the group key
         self.cache: dict[tuple[str, str], tuple[dict[str, str], bool, tuple[Any, ...]]] = {}
+        self.continued: dict[str, bool] = {}  # lines after a message: whether they continue it
         self.pending: list[str] = []  # blocks of one enormous line, after buf, joined once
         self.pending_len = 0
 
@@ -218,9 +219,15 @@ class Scanner:
             nxt = size
         if nxt != -1:
             after = text[msg_end + 1: nxt]
-            # the raw line decides when it is plain (most are); colours, escapes or paste noise: its clean form
-            if not (after if after.isascii() and "\x1b" not in after and "\\" not in after and "&" not in after
-                    else _plain(after)).lstrip().startswith(_NOT_CONTINUED):
+            continued = self.continued.get(after)
+            if continued is None:
+                # the raw line decides when it is plain (most are); colours, escapes or paste noise: its clean form
+                continued = not (after if after.isascii() and "\x1b" not in after and "\\" not in after
+                                 and "&" not in after else _plain(after)).lstrip().startswith(_NOT_CONTINUED)
+                if len(self.continued) > _WINDOWS:
+                    self.continued.clear()
+                self.continued[after] = continued
+            if continued:
                 end = nxt
         lo, hi = pos - sig.before, pos + sig.after + 200 * sig.follow
         if lo < start:
