@@ -10,6 +10,7 @@ them), 2 a file or entry that could not be checked.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -149,12 +150,13 @@ def command(args: argparse.Namespace) -> int:
         raise UsageError(f"--plan lists moves of live objects; {escape(targets[0])} is a checkpoint file, drop --plan")
     limit = getattr(args, "limit", 40) or 40
     as_json = getattr(args, "json", False)
-    quiet = getattr(args, "quiet", False)
+    quiet = getattr(args, "quiet", False) or as_json  # a JSON document is read by a program: no progress line
 
     def one(spec: str, docs: list[Any]) -> int:
         from torchdoctor._checkpoint.render import render_checkpoint
 
-        if quiet or not _is_tty(sys.stderr):  # progress() draws nothing then; not importing it spares a thread module
+        if quiet or not (_is_tty(sys.stderr) or os.environ.get("TORCHDOCTOR_PROGRESS", "") == "1"):
+            # progress() draws nothing then; not importing it spares a thread module
             report = _check(spec, device, dtype)
         else:
             from torchdoctor._report.progress import progress

@@ -58,7 +58,7 @@ def _plan(spec: str, obj: Any, args: argparse.Namespace, device: Any, dtype: Any
 def _one(spec: str, args: argparse.Namespace, device: Any, dtype: Any, docs: list[Any]) -> int:
     from torchdoctor._scan.scan import scan
 
-    with progress(f"loading {spec}", quiet=args.quiet):
+    with progress(f"loading {spec}", quiet=args.quiet or args.json):
         target = resolve_target(spec)
     if isinstance(target, str):
         from torchdoctor._cli.checkpoint import scan_path
@@ -67,12 +67,12 @@ def _one(spec: str, args: argparse.Namespace, device: Any, dtype: Any, docs: lis
             from torchdoctor._checkpoint.scan import CheckpointError, scan_checkpoint
 
             try:
-                with progress(f"reading {spec}", quiet=args.quiet):
+                with progress(f"reading {spec}", quiet=args.quiet or args.json):
                     report = scan_checkpoint(target, device=device, dtype=dtype)
             except CheckpointError as exc:
                 raise UsageError(str(exc)) from None
             return _finish(report, args, docs)
-        with progress(f"reading {spec}", quiet=args.quiet):
+        with progress(f"reading {spec}", quiet=args.quiet or args.json):
             return scan_path(target, single(args, spec))
     if args.plan:
         code, doc, text = _plan(spec, target, args, device, dtype)
@@ -81,7 +81,7 @@ def _one(spec: str, args: argparse.Namespace, device: Any, dtype: Any, docs: lis
         else:
             emit(text)
         return code
-    with progress(f"scanning {spec}", quiet=args.quiet):
+    with progress(f"scanning {spec}", quiet=args.quiet or args.json):
         report = scan(target, device=device, dtype=dtype)
     report = with_sources(dataclasses.replace(report, source=spec), getattr(args, "sources", {}))
     if not report.tensors:

@@ -51,6 +51,38 @@ def _sources(args: argparse.Namespace) -> dict[str, str]:
     return src
 
 
+class _Counted:
+    """The progress line as a bar over the model's leaf modules: each leaf module's forward that ends advances it
+    (one global forward hook, removed by its handle). Only while the line is drawn: a run nobody watches pays
+    nothing."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self.handle: Any = None
+
+    def __enter__(self) -> _Counted:
+        return self
+
+    def start(self, target: Any) -> None:
+        import torch
+
+        obj = getattr(target, "obj", target)
+        if not self.bar.drawing or self.handle is not None or not isinstance(obj, torch.nn.Module):
+            return
+        self.bar.total = sum(1 for m in obj.modules() if not m._modules)
+        self.bar.label += ", modules"
+
+        def ended(module: Any, args: Any, out: Any) -> None:
+            if not module._modules:
+                self.bar.advance()
+
+        self.handle = torch.nn.modules.module.register_module_forward_hook(ended)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+
+
 def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfile, docs: list[Any]) -> int:
     from torchdoctor._virtual.simulate import simulate_target
 
@@ -66,13 +98,15 @@ def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfil
     try:
         where = f"{device}" + (f" ({profile.name})" if profile.name else "")
         on = f"this {device}" if device.type == "cpu" else f"virtual {where}"
-        with progress(f"simulating {spec} on {on}", quiet=args.quiet):
+        # no progress line in a JSON run (a program reads it) nor with -q; on a terminal, or when asked
+        with progress(f"simulating {spec} on {on}", quiet=args.quiet or args.json) as bar, _Counted(bar) as count:
             # TARGET's own code runs on the virtual devices (it may build its model on cuda:N); a model built on
             # meta is taken as loaded on --device (or --assume-device), as simulate() does
             loaded: list[Any] = []
 
             def load() -> Any:
                 loaded.append(resolve_target(spec))
+                count.start(loaded[-1])
                 return loaded[-1]
 
             report = simulate_target(load, device, dtype, profile=profile, assume_device=assume,

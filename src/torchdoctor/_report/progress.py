@@ -4,14 +4,16 @@
 ...     for _ in range(3):
 ...         p.advance()
 
-Nothing is drawn unless the stream is a terminal, ``quiet`` is off and the work has run for ``delay`` seconds
-(a background thread draws a spinner then, so a single long call such as one forward is covered too). The
-line is erased when the work ends, so what the command prints afterwards starts on a clean line.
+Nothing is drawn unless the stream is a terminal (or ``TORCHDOCTOR_PROGRESS=1`` asks for it, e.g. in a CI log),
+``quiet`` is off and the work has run for ``delay`` seconds (a background thread draws a spinner then, so a single
+long call such as one forward is covered too; with a ``total`` it shows ``done/total``). The line is erased when
+the work ends, so what the command prints afterwards starts on a clean line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -37,6 +39,11 @@ class Progress:
             self._thread = threading.Thread(target=self._run, name="torchdoctor-progress", daemon=True)
             self._thread.start()
 
+    @property
+    def drawing(self) -> bool:
+        """Whether this progress draws at all (a terminal, or asked for): counting work is worth it only then."""
+        return self._stream is not None
+
     def advance(self, n: int = 1) -> None:
         self.done += n
 
@@ -49,7 +56,8 @@ class Progress:
         return time.monotonic() - self._start
 
     def line(self) -> str:
-        count = f" {self.done}/{self.total}" if self.total else (f" {self.done}" if self.done else "")
+        # a count past its total (work repeated, as simulate's proof re-runs are) stays at the total
+        count = f" {min(self.done, self.total)}/{self.total}" if self.total else (f" {self.done}" if self.done else "")
         detail = f" {self.detail}" if self.detail else ""
         return f"{_FRAMES[self._tick % len(_FRAMES)]} {self.label}{count}{detail} ({self.elapsed:.0f} s)"
 
@@ -98,13 +106,21 @@ def _is_tty(stream: TextIO) -> bool:
         return False
 
 
+def wanted(quiet: bool = False, stream: TextIO | None = None) -> bool:
+    """Whether a progress line would be drawn on ``stream`` (default stderr): never when ``quiet``; on a terminal,
+    or anywhere when ``TORCHDOCTOR_PROGRESS=1`` asks for it."""
+    if quiet:
+        return False
+    return os.environ.get("TORCHDOCTOR_PROGRESS", "") == "1" or _is_tty(sys.stderr if stream is None else stream)
+
+
 @contextlib.contextmanager
 def progress(label: str, total: int | None = None, *, quiet: bool = False, stream: TextIO | None = None,
              delay: float = 1.0, interval: float = 0.1) -> Iterator[Progress]:
     """A progress line on ``stream`` (default stderr) for work over ``delay`` seconds; silent when ``quiet``
-    or when the stream is not a terminal."""
+    or when the stream is not a terminal (unless ``TORCHDOCTOR_PROGRESS=1``)."""
     out = sys.stderr if stream is None else stream
-    p = Progress(label, total, None if quiet or not _is_tty(out) else out, delay, interval)
+    p = Progress(label, total, out if wanted(quiet, out) else None, delay, interval)
     try:
         yield p
     finally:
