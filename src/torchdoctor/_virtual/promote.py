@@ -111,14 +111,19 @@ class _Named:
     def __init__(self, maps: Any) -> None:
         self.maps = maps
         self.roles = {e.path: e.role for e in maps.walk.entries}
+        self.shapes = {e.path: tuple(e.tensor.shape) for e in maps.walk.entries}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.maps, name)
 
     def tensor_path(self, t: Any) -> tuple[str, str] | None:
         hit = self.maps.tensor_path(_real(t))
-        if hit is None and getattr(t, "_td_path", None) in self.roles:
-            return t._td_path, ""
+        if hit is not None and hit[1] == " (same memory)" and getattr(t, "_td_device", None) is not None:
+            hit = None  # a virtual tensor's data pointer says nothing (meta data: every one is 0)
+        path = getattr(t, "_td_path", None)
+        # by name only when it is that tensor (an activation can carry the name of the table it was looked up in)
+        if hit is None and isinstance(path, str) and path in self.roles and self.shapes.get(path) == tuple(t.shape):
+            return path, ""
         return hit  # type: ignore[no-any-return]
 
 
