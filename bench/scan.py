@@ -1,83 +1,129 @@
-"""scan speed on Llama-3-8B- and 70B-shaped transformers models built on meta.
+"""scan against accelerate's ``named_module_tensors`` + ``find_tied_parameters`` (issue 43 point 3: at most 0.9x),
+on real-width models built on meta: Flux's transformer (19+38 blocks), SDXL's UNet (its real 1/2/10 transformer
+layers), Llama-3-8B and 70B, and the 1x/4x depths of ``bench/shapes.py``.
 
-Prints the median time of `torchdoctor.scan` and of `walk` alone, against a bare
-`named_parameters()+named_buffers()` loop measured in the same process, interleaved (the order alternates
-each round). Ratios are given for wall time and for thread CPU time: on a shared machine the second moves less.
-Both models are built on meta, so all their weights are missing: scan reports one "weights not loaded" problem
-per component (not one per tensor) and still builds a row per tensor. Also against issue 28's anchor, accelerate's
-`named_module_tensors` + `find_tied_parameters` (which find less).
-Targets (issue 2): ratio <= 3 and < 0.5 s for the 70B shape; issue 28: at or under accelerate.
+    python bench/scan.py [--rounds 41] [--only flux,llama3-8b]
+
+Interleaved pairs in one process (the order alternates each round), thread CPU time (load from other processes
+disturbs it less than wall time); printed per shape: the median of the per-pair ratios, their quartiles and range,
+the walk alone against the same anchor, and the medians in ms. The garbage collector runs as it would in a program
+(scan pauses it for itself; accelerate's listing runs with it). Every tensor of a meta-built model is "not loaded":
+scan reports one problem per component and still builds a row per tensor.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.utils import logging
 
 import torchdoctor
 from torchdoctor._walk import walk
 
-logging.set_verbosity_error()
 
-SHAPES = {
-    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=128256),
-    "llama3-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-                       num_key_value_heads=8, vocab_size=128256),
-}
-
-
-def bare(model: torch.nn.Module) -> int:
-    n = 0
-    for _, p in model.named_parameters(remove_duplicate=False):
-        n += p.dtype.itemsize
-    for _, b in model.named_buffers(remove_duplicate=False):
-        n += b.dtype.itemsize
-    return n
+def _shapes() -> Any:
+    """``bench/shapes.py`` by path (``bench/`` on ``sys.path`` would let ``bench/trace.py`` shadow ``trace``)."""
+    spec = importlib.util.spec_from_file_location("_bench_shapes", os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), "shapes.py"))
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def main(rounds: int = 31) -> None:
-    print(f"torch {torch.__version__}, {rounds} interleaved rounds, medians of wall time (and of thread CPU time, "
-          "which load from other processes on a shared machine disturbs less)")
-    for name, cfg in SHAPES.items():
+def flux() -> torch.nn.Module:
+    from diffusers import FluxTransformer2DModel
+
+    with torch.device("meta"):
+        return FluxTransformer2DModel(num_layers=19, num_single_layers=38, guidance_embeds=True)
+
+
+def sdxl() -> torch.nn.Module:
+    from diffusers import UNet2DConditionModel
+
+    with torch.device("meta"):
+        return UNet2DConditionModel(
+            sample_size=128, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(320, 640, 1280),
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+            transformer_layers_per_block=(1, 2, 10), attention_head_dim=(5, 10, 20), cross_attention_dim=2048,
+            use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=256,
+            projection_class_embeddings_input_dim=2816)
+
+
+def llama(layers: int, hidden: int, inter: int, heads: int) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
         with torch.device("meta"):
-            model = LlamaForCausalLM(LlamaConfig(**cfg))
-        from accelerate.utils import find_tied_parameters, named_module_tensors
+            return LlamaForCausalLM(LlamaConfig(vocab_size=128256, hidden_size=hidden, intermediate_size=inter,
+                                                num_hidden_layers=layers, num_attention_heads=heads,
+                                                num_key_value_heads=8))
+    return build
 
-        def acc() -> None:
-            list(named_module_tensors(model, include_buffers=True, recurse=True))
-            find_tied_parameters(model)
 
-        fns = {"bare": lambda: bare(model), "walk": lambda: walk(model), "scan": lambda: torchdoctor.scan(model),
-               "accelerate": acc}
-        wall: dict[str, list[float]] = {k: [] for k in fns}
-        cpu: dict[str, list[float]] = {k: [] for k in fns}
-        for _ in range(3):
-            for fn in fns.values():
-                fn()
-        for i in range(rounds):
-            order = list(fns.items())
-            if i % 2:
-                order.reverse()  # neither variant always runs right after the other
-            for key, fn in order:
-                c0, t0 = time.thread_time(), time.perf_counter()
-                fn()
-                wall[key].append(time.perf_counter() - t0)
-                cpu[key].append(time.thread_time() - c0)
-        med = {k: statistics.median(v) for k, v in wall.items()}
-        cmed = {k: statistics.median(v) for k, v in cpu.items()}
-        n = len(torchdoctor.scan(model).tensors)
-        print(f"{name}: {n} tensor paths; bare {med['bare'] * 1e3:.2f} ms, "
-              f"walk {med['walk'] * 1e3:.2f} ms (x{med['walk'] / med['bare']:.2f}; cpu x{cmed['walk'] / cmed['bare']:.2f}), "
-              f"scan {med['scan'] * 1e3:.2f} ms (x{med['scan'] / med['bare']:.2f}; cpu x{cmed['scan'] / cmed['bare']:.2f}); "
-              f"scan / accelerate cpu x{cmed['scan'] / cmed['accelerate']:.2f}")
+def _depth(name: str, scale: int) -> Callable[[], torch.nn.Module]:
+    return lambda: _shapes().BUILDERS[name](scale)[0]
+
+
+SHAPES: dict[str, Callable[[], torch.nn.Module]] = {
+    "flux": flux, "sdxl": sdxl, "llama3-8b": llama(32, 4096, 14336, 32), "llama3-70b": llama(80, 8192, 28672, 64),
+    **{f"{n}-{s}x": _depth(n, s) for n in ("flux", "sdxl", "llama") for s in (1, 4)}}
+
+
+def _spread(xs: list[float]) -> str:
+    s = sorted(xs)
+    q = lambda p: s[int(p * (len(s) - 1))]  # noqa: E731
+    return f"x{statistics.median(s):.3f} (quartiles {q(0.25):.3f}-{q(0.75):.3f}, range {s[0]:.3f}-{s[-1]:.3f})"
+
+
+def measure(model: torch.nn.Module, rounds: int) -> dict[str, list[float]]:
+    from accelerate.utils import find_tied_parameters, named_module_tensors
+
+    def acc() -> None:
+        list(named_module_tensors(model, include_buffers=True, recurse=True))
+        find_tied_parameters(model)
+
+    fns = {"scan": lambda: torchdoctor.scan(model), "walk": lambda: walk(model), "accelerate": acc}
+    for _ in range(3):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for i in range(rounds):
+        order = list(fns.items())
+        if i % 2:
+            order.reverse()  # neither runs always right after the other
+        for key, fn in order:
+            c0 = time.thread_time()
+            fn()
+            times[key].append(time.thread_time() - c0)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=41)
+    ap.add_argument("--only", default="", help="comma-separated shapes: " + ", ".join(SHAPES))
+    args = ap.parse_args()
+    _shapes().quiet()
+    print(f"torch {torch.__version__}, {args.rounds} interleaved rounds, thread CPU time; per-pair ratios to "
+          "accelerate's named_module_tensors + find_tied_parameters (goal: scan <= 0.9x)")
+    for name in (args.only.split(",") if args.only else SHAPES):
+        model = SHAPES[name]()
+        t = measure(model, args.rounds)
+        scan_r = [s / a for s, a in zip(t["scan"], t["accelerate"])]
+        walk_r = [w / a for w, a in zip(t["walk"], t["accelerate"])]
+        med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
+        print(f"{name}: {len(torchdoctor.scan(model).tensors)} tensors; scan {_spread(scan_r)}; walk {_spread(walk_r)}; "
+              f"ms scan {med['scan']:.2f} / walk {med['walk']:.2f} / accelerate {med['accelerate']:.2f}", flush=True)
 
 
 if __name__ == "__main__":

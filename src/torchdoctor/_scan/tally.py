@@ -50,7 +50,7 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
     groups: dict[tuple[torch.device, torch.dtype], list[int]] | None = {} if summary else None
     rows: list[Any] = []
     canon: list[tuple[Any, Any]] = []
-    adapters, nonpersistent, norms, votable = policy.adapter_of, policy.nonpersistent, intent._IS_NORM, _VOTABLE
+    adapters, nonpersistent, votable = policy.adapter_of, policy.nonpersistent, _VOTABLE
     const, cache, ctx, prefixes, kbit = policy._const_ctx, policy._ctx_cache, policy.ctx, policy.fp32_prefixes, \
         policy.kbit
     scaled, casting, add_row, add_canon = _SCALE_KEYS, policy.casting, rows.append, canon.append
@@ -63,6 +63,11 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
     g: Any = None
     c: Any = None
     i = 0
+    last_mod: Any = None  # the module of the entry before, its path, and what follows from them
+    last_mp: Any = None
+    comp: Any = None
+    kept = cast = False
+    norm: bool | None = None
     for e in policy.w.entries:
         t = e.tensor
         tp = type(t)
@@ -104,9 +109,14 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
                 continue
             if e.key in (e.owner.__dict__.get("_non_persistent_buffers_set") or ()):
                 nonpersistent.add(info[0])
-        if e.module is None:
+        mod = e.module
+        if mod is None:
             continue
-        comp, kept, _ = const or cache.get(e.module_path) or ctx(e.module_path)
+        mp = e.module_path
+        if mod is not last_mod or mp is not last_mp:  # a module's tensors come together: its facts read once
+            last_mod, last_mp, norm = mod, mp, None
+            comp, kept, _ = const or cache.get(mp) or ctx(mp)
+            cast = casting and id(mod) in casting
         if comp is None:
             continue
         if comp is not last_comp:
@@ -117,20 +127,20 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
         if role == "parameter":
             c[1] += 1
             c[2] += meta
-        if casting and id(e.module) in casting:
+        if cast:
             continue
         ok = votable.get(dt)
         if ok is None:
             ok = votable[dt] = dt.is_floating_point and dt not in STORAGE_DTYPES
         if not ok or not info[6] or (adapters and info[0] in adapters):
             continue
-        if tp is not _PARAM and intent.packed_param(t):
+        if tp is not _PARAM and tp is not _TENSOR and intent.packed_param(t):
             continue  # packed 4-bit data stored in a float dtype: no vote
         if kept or (dt is _F32 and prefixes and policy._fp32_kept(e)):
             continue
         # one vote per layer (module) holding compute weights (>= 2 dims), then tensors, then bytes: a single
         # large tensor (an upcast tied embedding) cannot swing a component; vectors decide only where no layer does
-        layer = id(e.module) if role == "parameter" and len(shape) >= 2 else None
+        layer = id(mod) if role == "parameter" and len(shape) >= 2 else None
         if not meta:  # votes inlined: once or twice per tensor
             table = devs[i]
             v = table.get(dev)
@@ -152,8 +162,9 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
             if scale and packed_scale(e):
                 continue
         if dt is _F32:
-            norm = norms.get(type(e.module))
-            if norm or (norm is None and intent.is_norm(e.module)):
+            if norm is None:
+                norm = intent.is_norm(mod)
+            if norm:
                 continue
         dtable = dts[i]
         v = dtable.get(dt)

@@ -13,6 +13,8 @@ then containers; a tensor reached again is an alias of its first path.
 from __future__ import annotations
 
 import types
+from itertools import compress
+from operator import not_
 from typing import Any
 
 import torch
@@ -31,10 +33,30 @@ MAX_NODES = 5_000_000  # objects visited in one walk
 # nn.Module bookkeeping: never user data (skipping these by a frozen set is what makes the walk cost about a bare named_parameters() loop).
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "__dict__",
                                                        "_diffusers_hook"}
-_ATTR_KEYS: dict[type, tuple[frozenset[str], tuple[str, ...], bool, bool]] = {}  # class -> (keys, extra, hooked, forward)
+_ATTR_KEYS: dict[type, list[tuple[frozenset[str], tuple[str, ...], bool, bool]]] = {}  # class -> [(keys, extra, hooked, forward)]
 _FORWARD: Any = object()  # in expand's ``later`` list: the module's own ``forward`` attribute, not a key
 _UNSEEN: Any = object()
 __all__ = ["MAX_DEPTH", "MAX_ITEMS", "Entry", "Walk", "form_of", "hook_chain", "is_quant_type", "set_tensor", "walk"]
+
+
+def _class_keys(tp: type, d: dict[str, Any]) -> tuple[frozenset[str], tuple[str, ...], bool, bool]:
+    """The key set of a module's ``__dict__`` and what follows from it, remembered per class. A class may have a
+    few key sets (a Linear some library tagged, a ResNet block with or without a shortcut): every one is kept, so
+    instances that alternate between them never rebuild one (Flux: 76 rebuilds per walk with one slot per class)."""
+    known = _ATTR_KEYS.get(tp)
+    if known is not None:
+        for hit in known:
+            if d.keys() == hit[0]:
+                return hit
+    elif len(_ATTR_KEYS) > 4096:  # fx GraphModules make a class per instance
+        _ATTR_KEYS.clear()
+    keys = frozenset(d)
+    hit = (keys, tuple(sorted(keys - _MODULE_INTERNALS)), "_hf_hook" in keys or "_diffusers_hook" in keys,
+           "forward" in keys)
+    if known is None or len(known) >= 8:  # a class whose instances all differ: the newest few
+        known = _ATTR_KEYS[tp] = []
+    known.append(hit)
+    return hit
 
 
 class _Walker:
@@ -82,7 +104,7 @@ class _Walker:
         module_set, modules, module_paths = self.module_set, self.w.modules, self.w.module_paths
         nodes = self.nodes
         tensor, param, module_type = torch.Tensor, nn.Parameter, nn.Module
-        atoms, hooks, attr_keys, batch, done = FAST_ATOMS, self.w.hooks, _ATTR_KEYS, self.batch, self.attrs_done
+        atoms, hooks, batch, done = FAST_ATOMS, self.w.hooks, self.batch, self.attrs_done
         classes = self.classes  # this walk's classes -> their key sets (the class table, read once per class)
         pop, push, add_later = stack.pop, stack.append, later.append
         slots = (("_parameters", "parameter", "param", params, attach[0]), ("_buffers", "buffer", "buffer", buffers,
@@ -130,13 +152,7 @@ class _Walker:
                 tp = type(mod)
                 hit = classes.get(tp)
                 if hit is None or not d.keys() == hit[0]:  # ``==``: dict views compare equal faster than unequal
-                    hit = attr_keys.get(tp)
-                    if hit is None or not d.keys() == hit[0]:
-                        if len(attr_keys) > 4096:  # fx GraphModules make a class per instance
-                            attr_keys.clear()
-                        keys = frozenset(d)
-                        hit = attr_keys[tp] = (keys, tuple(sorted(keys - _MODULE_INTERNALS)),
-                                               "_hf_hook" in keys or "_diffusers_hook" in keys, "forward" in keys)
+                    hit = _class_keys(tp, d)
                     classes[tp] = hit
                 if hit[2]:
                     if "_hf_hook" in d:
@@ -186,10 +202,18 @@ class _Walker:
                     self.patched_forward(v, path, mod)
                     continue
                 # an object walked already that held no tensor (every layer's ``config``): all ``value`` would do
-                # is count it, so count it here
+                # is count it, so count it here; so too a container of plain values met first (a transformers
+                # model's plans and key lists: a score of them on every root), recorded as ``value`` records it
                 rec = seen.get(id(v), _UNSEEN)
                 if rec is not _UNSEEN and (rec is None or rec[2] == rec[3]) and self.nodes < MAX_NODES:
                     self.nodes += 1
+                    continue
+                k = kind(v)
+                if rec is _UNSEEN and (k == MAPPING or k == SEQ or k == SET) and self.nodes < MAX_NODES \
+                        and atoms_only(v, k, MAX_ITEMS):
+                    self.nodes += 1
+                    seen[id(v)] = (f"{path}.{key}" if path else key, self.out, len(self.out), len(self.out))
+                    self.keep_alive.append(v)
                     continue
                 self.value(v, f"{path}.{key}" if path else key, mod, key, "attr", mod, path, "attribute", 0)
 
@@ -301,9 +325,13 @@ class _Walker:
             items = zip(fields, seq) if isinstance(fields, tuple) else enumerate(seq)
         else:
             d = instance_dict(v)
-            items = list(d.items()) if d else []
-            if hasattr(type(v), "__slots__"):
-                items.extend(slot_items(v))
+            if d and len(d) <= MAX_ITEMS and not hasattr(type(v), "__slots__"):
+                # an object's plain values (most of a config's) are skipped by the loop below: filtered at C speed
+                items = list(compress(dict.items(d), map(not_, map(FAST_ATOMS.__contains__, map(type, d.values())))))
+            else:
+                items = list(d.items()) if d else []
+                if hasattr(type(v), "__slots__"):
+                    items.extend(slot_items(v))
             child_role = "quant_state" if role == "quant_state" else "attribute"
         cslot = "item" if k == MAPPING or k == SEQ else "attr"
         atoms = FAST_ATOMS
