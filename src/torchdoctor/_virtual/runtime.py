@@ -29,11 +29,12 @@ from torchdoctor._virtual import host as H
 from torchdoctor._virtual import dispatch as D
 from torchdoctor._virtual import makers, outside, parallel
 from torchdoctor._virtual.backward import handlers
+from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
 from torchdoctor._virtual.deferred import deferred_imports
 from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.dispatch import autocast_args, lift_all, plain
 from torchdoctor._virtual.origin import Made
-from torchdoctor._virtual.tensor import SMALL, Space, VirtualTensor, host_values, is_virtual, make, virtual_class
+from torchdoctor._virtual.tensor import SMALL, Space, VirtualTensor, host_values, is_virtual, make
 
 _CPU = torch.device("cpu")
 
@@ -231,10 +232,8 @@ def _own(out: Any, space: Space, target: torch.device | None) -> Any:
     return out
 
 
-# Calls that need nothing of the mode, answered by torch at once (a third of a simulate's calls reach the mode from
-# ``Module.to`` and the walker, not from the forward): tensor attributes other than the device labels and ``.data``
-# (``outside.attribute`` passes them on as they are), and queries whose answer is no tensor and reads only
-# metadata a virtual tensor's C++ side holds as the real one would.
+# Calls answered by torch at once (most calls reach the mode from Module.to and the walker): attributes but the device
+# labels and .data (outside.attribute passes them on), and queries of metadata a twin's C++ side holds as is.
 _METHOD_WRAPPER = type(torch.Tensor.dtype.__get__)  # type: ignore[attr-defined]
 _PLAIN_ATTRS = frozenset(v for n, v in vars(torch._C.TensorBase).items() if type(v).__name__ == "getset_descriptor"
                          and n not in outside._LABELLED and n != "data")
@@ -331,43 +330,6 @@ def _made(out: Any, func: Any, space: Space) -> Any:
     return out
 
 
-_ORIG_MAKE_SUBCLASS = torch.Tensor._make_subclass
-
-
-def _make_subclass(cls: type[Any], data: torch.Tensor, requires_grad: bool = False, **kwargs: Any) -> Any:
-    """``Parameter`` / ``Params4bit`` built around a virtual tensor stay virtual (the library's ``__new__`` runs)."""
-    if isinstance(data, VirtualTensor) or issubclass(cls, VirtualTensor):
-        v: VirtualTensor = data if isinstance(data, VirtualTensor) else lift_all([data], V.current_space(), None)[0]
-        return make(virtual_class(cls), v._td_elem, v._td_device, v._td_path, requires_grad)
-    return _ORIG_MAKE_SUBCLASS(cls, data, requires_grad, **kwargs)  # type: ignore[type-var]
-
-
-_ORIG_PARAM_NEW = torch.nn.Parameter.__new__
-
-
-def _param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> Any:
-    """``Parameter(virtual)`` is a (virtual) ``Parameter``, as ``Parameter(tensor)`` is: accelerate's offload hooks
-    rebuild weights with ``type(param)(value)``, which a plain tensor with ``_is_param`` cannot do."""
-    if isinstance(data, VirtualTensor) and type(data) in (VirtualTensor, virtual_class(torch.nn.Parameter)):
-        return _make_subclass(cls, data, requires_grad)
-    if isinstance(data, VirtualTensor) and isinstance(data, torch.nn.Parameter) and cls is torch.nn.Parameter:
-        # Module._apply wraps a moved Params4bit / Int8Params in Parameter(...): a real one detaches to its own class
-        # (the library's quant_state stays on it); the virtual twin's detach cannot, so it is kept as it is
-        data.requires_grad_(requires_grad)
-        return data
-    return _ORIG_PARAM_NEW(cls, data, requires_grad)
-
-
-def _restore_default_device(before: Any) -> None:
-    glob = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
-    if glob is None or getattr(glob, "device_context", None) is before:
-        return
-    with contextlib.suppress(Exception):
-        torch.set_default_device(None)
-        if before is not None:
-            torch.set_default_device(before.device)
-
-
 @contextlib.contextmanager
 def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> Iterator[None]:
     """Make ``space`` this thread's simulation on ``profile``'s hardware (and of the threads it starts); other
@@ -390,8 +352,8 @@ def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> It
         installs.set(torch, "Generator", api.VirtualGenerator, shared=True)
         makers.install(installs)  # torch.from_numpy / frombuffer: named by their maker and line
         # pass-through for anything that is not virtual: one wrapper serves every run
-        installs.set(torch.Tensor, "_make_subclass", staticmethod(_make_subclass), shared=True)
-        installs.set(torch.nn.Parameter, "__new__", staticmethod(_param_new), shared=True)
+        installs.set(torch.Tensor, "_make_subclass", staticmethod(make_subclass), shared=True)
+        installs.set(torch.nn.Parameter, "__new__", staticmethod(param_new), shared=True)
         installs.set(torch, "_has_compatible_shallow_copy_type", outside.compatible, shared=True)
         # compiled code places tensors as eager code does; inductor needs the GPU
         installs.set(torch, "compile", outside.eager)
@@ -407,7 +369,7 @@ def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> It
             try:
                 yield
             finally:  # a set_default_device("cuda:1") of the run must not outlive it (and its mode sits above ours)
-                _restore_default_device(before)
+                restore_default_device(before)
     finally:
         space.closed = True
         for ref in space.relabelled:

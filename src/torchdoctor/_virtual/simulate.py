@@ -231,11 +231,12 @@ def simulate(
                 call(clone)
             else:
                 to_args = (dev,) if dt is None else (dev, dt)
-                if callable(getattr(type(clone), "to", None)):
-                    clone.to(*to_args)  # as a user would: the object's own .to (a pipeline's, a model's)
-                else:
-                    for _, m in found.roots:
-                        memo[id(m)].to(*to_args)
+                with _quiet_moves():
+                    if callable(getattr(type(clone), "to", None)):
+                        clone.to(*to_args)  # as a user would: the object's own .to (a pipeline's, a model's)
+                    else:
+                        for _, m in found.roots:
+                            memo[id(m)].to(*to_args)
                 apply_fixes(clone, _fixes or [])
                 from torchdoctor._scan.scan import scan
 
@@ -278,6 +279,22 @@ def simulate(
                             rec.blamed, fix, bool(args or kwargs or call is not None), assumed,
                             expectation(dev, dt, profile, {"profile": "the profile= argument"} if profile_given
                                         else None), tuple(items))
+
+
+class _EmptyFp32(logging.Filter):
+    # diffusers' ModelMixin.to warns on every .to(dtype), its list of float32 modules empty or not: empty, it names none
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "should be kept in float32: []" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_moves() -> Any:
+    logger, quiet = logging.getLogger("diffusers.models.modeling_utils"), _EmptyFp32()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def assumed_note(n: int, device: torch.device) -> str:

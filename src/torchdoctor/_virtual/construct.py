@@ -1,0 +1,50 @@
+"""Objects built around virtual tensors while a run is active: ``Parameter(virtual)`` and the library subclasses
+made with ``Tensor._make_subclass`` (``Params4bit``) stay virtual; the default device a run set is put back."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from torchdoctor._virtual import tensor as V
+from torchdoctor._virtual.dispatch import lift_all
+from torchdoctor._virtual.tensor import VirtualTensor, make, virtual_class
+
+
+_ORIG_MAKE_SUBCLASS = torch.Tensor._make_subclass
+
+
+def make_subclass(cls: type[Any], data: torch.Tensor, requires_grad: bool = False, **kwargs: Any) -> Any:
+    """``Parameter`` / ``Params4bit`` built around a virtual tensor stay virtual (the library's ``__new__`` runs)."""
+    if isinstance(data, VirtualTensor) or issubclass(cls, VirtualTensor):
+        v: VirtualTensor = data if isinstance(data, VirtualTensor) else lift_all([data], V.current_space(), None)[0]
+        return make(virtual_class(cls), v._td_elem, v._td_device, v._td_path, requires_grad)
+    return _ORIG_MAKE_SUBCLASS(cls, data, requires_grad, **kwargs)  # type: ignore[type-var]
+
+
+_ORIG_PARAM_NEW = torch.nn.Parameter.__new__
+
+
+def param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> Any:
+    """``Parameter(virtual)`` is a (virtual) ``Parameter``, as ``Parameter(tensor)`` is: accelerate's offload hooks
+    rebuild weights with ``type(param)(value)``, which a plain tensor with ``_is_param`` cannot do."""
+    if isinstance(data, VirtualTensor) and type(data) in (VirtualTensor, virtual_class(torch.nn.Parameter)):
+        return make_subclass(cls, data, requires_grad)
+    if isinstance(data, VirtualTensor) and isinstance(data, torch.nn.Parameter) and cls is torch.nn.Parameter:
+        # Module._apply wraps a moved Params4bit / Int8Params in Parameter(...): a real one detaches to its own class
+        # (the library's quant_state stays on it); the virtual twin's detach cannot, so it is kept as it is
+        data.requires_grad_(requires_grad)
+        return data
+    return _ORIG_PARAM_NEW(cls, data, requires_grad)
+
+
+def restore_default_device(before: Any) -> None:
+    glob = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    if glob is None or getattr(glob, "device_context", None) is before:
+        return
+    with contextlib.suppress(Exception):
+        torch.set_default_device(None)
+        if before is not None:
+            torch.set_default_device(before.device)
