@@ -38,7 +38,7 @@ CASES = {
     # ... a reduced-precision input meeting a layer left in float32 is the layer the cast left behind
     "input/weight, bf16 input into a float32 layer":
         ("RuntimeError: Input type (c10::BFloat16) and bias type (float) should be the same",
-         "input_weight_type_mismatch", ".dtype"),
+         "input_weight_type_mismatch", "layer.to(torch.bfloat16)"),
     "device mismatch through bitsandbytes": (BNB_FRAME + CPU_GPU, "quantization_device", "quantization_config"),
     "device mismatch through GPTQ": (GPTQ_FRAME + CPU_GPU.replace("cpu", "cuda:1"), "quantization_device",
                                      'device_map={"": 0}'),
@@ -67,7 +67,7 @@ CASES = {
                          "backend. aten::empty_strided is only available for these backends: [CPU, MPS, Meta].",
                          "no_accelerator", "whl/cu"),
     "no prefix": ("Input type (torch.cuda.HalfTensor) and weight type (torch.cuda.FloatTensor) should be the same",
-                  "input_weight_type_mismatch", ".dtype"),
+                  "input_weight_type_mismatch", "layer.to(torch.float16)"),
     "wrapped": ("RuntimeError: Expected all tensors to be on the same device, but found at least two\n"
                 "    devices, cuda:0 and cpu! (when checking argument for argument index in method "
                 "wrapper__index_select)", "device_mismatch", 'model.to("cuda:0")'),
@@ -96,7 +96,7 @@ CASES = {
     "old grad_output wording":
         ("RuntimeError: Expected tensor for argument #1 'grad_output' to have the same type as tensor for argument "
          "#2 'weight'; but type torch.cuda.HalfTensor does not equal torch.cuda.FloatTensor (while checking "
-         "arguments for cudnn_convolution_backward_input)", "input_weight_type_mismatch", ".dtype"),
+         "arguments for cudnn_convolution_backward_input)", "input_weight_type_mismatch", "layer.to(torch.float16)"),
     "no XPU in this torch": ("AssertionError: Torch not compiled with XPU enabled", "no_accelerator", "whl/xpu"),
     "FlashAttention in float32": ("RuntimeError: FlashAttention only support fp16 and bf16 data type",
                                   "unsupported_dtype_on_device", "dtype=torch.bfloat16"),

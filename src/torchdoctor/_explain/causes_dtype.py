@@ -23,6 +23,32 @@ _c("dt.input_not_cast",
    ("Cast the input to the layer's dtype", "x = x.to(next(model.parameters()).dtype)"),
    ("Or run the forward under autocast",
     'with torch.autocast(x.device.type, dtype={low_t}):\n    out = model(x)'))
+# The text names which side is the layer's input and which its weights ("Input type (X) and bias type (Y)",
+# "mat1 and mat2 ... X and Y"): the fix casts the side that differs, to the dtype the text gives the other side
+# (``direction``); never the input "to the model's dtype", a no-op when only this layer stayed behind.
+_c("dt.layer_not_cast",
+   "The layer's input is {a} but its {param} is {b}: the model was cast to {a} and this layer (or its {param}) "
+   "stayed {b}: a loader or a patch that kept it in {b}, a module kept in float32 on purpose, or one attached "
+   "after the cast.", 'torchdoctor.scan(model, dtype="{a}")',
+   ("Cast that layer, {param} included, to its input's dtype ({a}; its {param} is {b})",
+    "layer.to({a_t})  # layer: the module whose {param} is {b}; its input is already {a}"),
+   ("Or cast the whole model to one dtype once, after every part is attached", "model.to({a_t})"),
+   ("Or run the forward under autocast", "with torch.autocast(x.device.type, dtype={low_t}):\n    out = model(x)"))
+_c("dt.storage_weight",
+   "The layer's {param} is stored as {b} (packed or quantized weights: a GGUF, bitsandbytes, GPTQ or int8 "
+   "checkpoint) and reached a plain layer that computes with it as it is: the quantized state dict was loaded "
+   "into a plain model, or the layer that dequantizes it was replaced. The {a} input is right; {b} is a storage "
+   "dtype, never one to cast activations to.", 'torchdoctor.scan(model)',
+   ("Load the checkpoint with the library that quantized it (it dequantizes per call), not into a plain model",
+    "model = AutoModelForCausalLM.from_pretrained(name)  # applies the quantization_config the checkpoint carries"),
+   ("Or dequantize the weight in the layer's forward before computing with it",
+    "w = dequantize(self.weight).to(x.dtype)  # the quantization library's dequantize for this format"))
+_c("dt.input_cast",
+   "The layer's {param} is {b} but its input is {a}: the model (or this layer) was cast to {b} and the input was "
+   "not (images and numpy arrays arrive as float32, float64 or uint8).", 'torchdoctor.scan(model, dtype="{b}")',
+   ("Cast the input to the layer's dtype ({b}; the input is {a})",
+    "x = x.to({b_t})  # x: the input of the layer whose {param} is {b}"),
+   ("Or run the forward under autocast", "with torch.autocast(x.device.type, dtype={low_t}):\n    out = model(x)"))
 _c("dt.operand_cast",
    "One operand is {a} while the operation expects {b}, the dtype of its other operands: that operand (a "
    "tensor built in another dtype, a buffer, a matrix passed to an extension) was not cast.", _GUARD,

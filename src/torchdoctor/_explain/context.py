@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from torchdoctor._explain.causes import ContextRule
+from torchdoctor._explain.direction import MATMUL_INPUT, sides
 from torchdoctor._explain.tokens import ACCELERATORS, device_name, dtype_name, names_in, type_name
 
 __all__ = ["MAC", "derive", "find_word", "rank", "transformers_version"]
@@ -129,6 +130,11 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
                     and (tw in _REDUCED or tw.startswith("float8") or not ti.startswith(("float", "bfloat"))
                          or (ti == "float64" and tw == "float32")):
                 flags.add("iw_operand")
+            if not (di and dw and di != dw):
+                flags.update(sides(ti, tw))
+    elif sig_name == "dtype.same_dtype" and f.get("lhs", "").lower() in MATMUL_INPUT and "a" in f and "b" in f:
+        flags.update(sides(f["a"], f["b"]))  # mat1 is F.linear's input, mat2 its weight
+        f.setdefault("param", "weight")
     if sig_name.startswith("deserialize"):
         backend = f.get("backend", "cuda").lower()
         f.setdefault("saved", f"{backend}:{f['index']}" if "index" in f else backend)

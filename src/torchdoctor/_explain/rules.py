@@ -125,6 +125,17 @@ _rule("iw_operand", flags=("iw_operand",), applies_to=(_IW,), category=_DT, weig
       why="the layer's weights were cast and its input was not: a float32 (or integer) input met reduced-precision "
       "weights", dt__input_not_cast=4.0)
 _rule("operand_cast", flags=("ab_dtypes",), applies_to=(_DT,), dt__operand_cast=2.2)
+# the text says which side is the input (``direction``): cast the side that differs, never the input "to the
+# model's dtype" when only the layer stayed behind (that cast does nothing in a model of the input's dtype)
+# below the causes that frames name (peft, a VAE, ComfyUI ...: 3.0 and more), above the plain operand cast
+_rule("layer_odd", flags=("layer_odd",), applies_to=(_IW, _DT), dt__layer_not_cast=2.9, dt__input_not_cast=-20.0,
+      dt__operand_cast=-2.0)
+_rule("input_odd", flags=("input_odd",), applies_to=(_IW, _DT), dt__input_cast=7.0)
+_rule("weight_storage", flags=("weight_storage",), applies_to=(_IW, _DT), unless=("fp8",), category=_DT, weight=1.6,
+      why="the layer's weights are in a storage dtype (integer): quantized weights computed with as they are",
+      dt__storage_weight=9.0, dt__input_not_cast=-20.0, dt__operand_cast=-20.0)
+_rule("weight_storage_fp8", flags=("weight_storage", "fp8"), applies_to=(_IW, _DT), dt__input_not_cast=-20.0,
+      dt__operand_cast=-20.0)
 _rule("out_cast", flags=("out_cast",), applies_to=(_DT,), dt__out_cast=5.0)
 _rule("cpu_half_kernel", flags=("cpu", "half"), applies_to=(_DT,), category=_UD, weight=0.5,
       why="half precision on the CPU lacks many kernels")

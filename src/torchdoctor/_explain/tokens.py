@@ -31,7 +31,7 @@ DTYPES = {
     "complexdouble": "complex128", "complex64": "complex64", "complex128": "complex128",
     "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2", "float8_e4m3fnuz": "float8_e4m3fnuz",
     "float8_e5m2fnuz": "float8_e5m2fnuz", "complexhalf": "complex32", "fp16": "float16", "bf16": "bfloat16",
-    "fp32": "float32",
+    "fp32": "float32", "unsigned char": "uint8", "signed char": "int8",
 }
 _LEGACY = r"BFloat16|Float8_?\w{0,12}|Float|Half|Double|Long|Int|Short|Char|Byte|Bool|ComplexFloat|ComplexDouble"
 # One pass finds both kinds, so the order of appearance is kept across spellings.

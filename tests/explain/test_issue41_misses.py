@@ -1,0 +1,105 @@
+"""Issue 41 point 7: three misses of a black-box hunt on rebuilt public reports.
+
+1. bitsandbytes asked to quantize a 4-bit weight that is already packed (bitsandbytes#1664, #1525, diffusers#10800,
+   accelerate#3566): "Blockwise quantization only supports 16/32-bit floats, but got torch.uint8".
+2. torchdoctor's own PlacementError / PlacementWarning text, logged by an app that caught it.
+3. A layer input and weights in two dtypes, where the text says which is which: the fix casts the odd one out, to
+   the dtype the text gives the other side, never a tensor to the dtype it already has.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from torchdoctor._explain.api import Diagnosis, explain
+
+
+def fixes(d: Diagnosis) -> str:
+    return "\n".join(f"{t}\n{c}" for t, c in d.fixes)
+
+
+def first_code(d: Diagnosis) -> str:
+    return d.fixes[0][1]
+
+
+# --- 3: the odd side of a layer ---------------------------------------------------------------------------------
+# (text, category, the first fix's code starts with, a cast no fix may print: the side's own dtype)
+SIDES = [
+    ("RuntimeError: Input type (c10::BFloat16) and bias type (float) should be the same",
+     "input_weight_type_mismatch", "layer.to(torch.bfloat16)", "x.to(next(model.parameters()).dtype)"),
+    ("RuntimeError: Input type (CUDABFloat16Type) and weight type (torch.cuda.FloatTensor) should be the same",
+     "input_weight_type_mismatch", "layer.to(torch.bfloat16)", "x.to(next(model.parameters()).dtype)"),
+    ("RuntimeError: Input type (XPUBFloat16Type) and weight type (XPUFloatType) should be the same",
+     "input_weight_type_mismatch", "layer.to(torch.bfloat16)", "x.to(torch.bfloat16)"),
+    ("RuntimeError: Input type (MPSHalfType) and bias type (MPSFloatType) should be the same",
+     "input_weight_type_mismatch", "layer.to(torch.float16)", "x.to(torch.float16)"),
+    ("RuntimeError: Input type (c10::Half) and weight type (c10::BFloat16) should be the same",
+     "input_weight_type_mismatch", "layer.to(torch.float16)", "x.to(torch.float16)"),
+    ("RuntimeError: Input type (float) and bias type (c10::Half) should be the same",
+     "dtype_mismatch", "x = x.to(torch.float16)", "layer.to(torch.float16)"),
+    ("RuntimeError: Input type (MPSFloatType) and weight type (MPSHalfType) should be the same",
+     "dtype_mismatch", "x = x.to(torch.float16)", "x.to(torch.float32)"),
+    ("RuntimeError: Input type (torch.cuda.ByteTensor) and weight type (torch.cuda.HalfTensor) should be the same",
+     "dtype_mismatch", "x = x.to(torch.float16)", "x.to(torch.uint8)"),
+    ("RuntimeError: mat1 and mat2 must have the same dtype, but got BFloat16 and Float",
+     "dtype_mismatch", "layer.to(torch.bfloat16)", "x.to(next(model.parameters()).dtype)"),
+    ("RuntimeError: expected mat1 and mat2 to have the same dtype, but got: c10::BFloat16 != float",
+     "dtype_mismatch", "layer.to(torch.bfloat16)", "x.to(next(model.parameters()).dtype)"),
+    ("RuntimeError: self and mat2 must have the same dtype, but got Half and Float",
+     "dtype_mismatch", "layer.to(torch.float16)", "x.to(next(model.parameters()).dtype)"),
+    ("RuntimeError: expected m1 and m2 to have the same dtype, but got: float != c10::Half",
+     "dtype_mismatch", "x = x.to(torch.float16)", "layer.to(torch.float16)"),
+]
+
+
+@pytest.mark.parametrize("text,category,first,never", SIDES, ids=[s[0][14:60] for s in SIDES])
+def test_the_odd_side_is_cast(text: str, category: str, first: str, never: str) -> None:
+    d = explain(text)[0]
+    assert d.category == category, d
+    assert first_code(d).startswith(first), d.fixes
+    assert never not in fixes(d), d.fixes
+
+
+def test_the_fix_names_both_dtypes_as_the_text_gives_them() -> None:
+    d = explain("RuntimeError: Input type (c10::BFloat16) and bias type (float) should be the same")[0]
+    title, code = d.fixes[0]
+    assert "bfloat16" in title and "its bias is float32" in title
+    assert "bias is float32" in code and "already bfloat16" in code
+    assert "stayed float32" in d.likely_causes[0]
+    # autocast is offered only in a reduced dtype (torch.autocast refuses float32 on CUDA)
+    wide = explain("RuntimeError: Input type (float) and weight type (double) should be the same")[0]
+    assert first_code(wide).startswith("layer.to(torch.float32)")
+    assert "autocast" not in fixes(wide)
+
+
+def test_scalar_type_casts_the_found_operand_to_the_expected_dtype() -> None:
+    for text, cast, odd in (("RuntimeError: expected scalar type Float but found BFloat16", ".float()", "bfloat16"),
+                            ("RuntimeError: expected scalar type BFloat16 but found Float", ".bfloat16()", "float32"),
+                            ("RuntimeError: expected scalar type Half but found Float", ".half()", "float32")):
+        d = explain(text)[0]
+        assert d.category == "dtype_mismatch"
+        assert first_code(d) == f"t = t{cast}  # t: the operand that is {odd}", d.fixes
+
+
+@pytest.mark.parametrize("text", [
+    "RuntimeError: Input type (float) and weight type (unsigned char) should be the same",
+    "RuntimeError: Input type (torch.cuda.FloatTensor) and weight type (torch.cuda.ByteTensor) should be the same",
+    "RuntimeError: mat1 and mat2 must have the same dtype, but got Float and Byte",
+])
+def test_integer_weights_are_storage_never_a_cast_target(text: str) -> None:
+    d = explain(text)[0]
+    assert d.category == "dtype_mismatch"
+    assert "storage dtype" in d.likely_causes[0]
+    assert "dequantize" in fixes(d) and not re.search(r"\.to\(torch\.u?int8\)|\.byte\(\)", fixes(d)), d.fixes
+
+
+def test_a_vae_and_peft_still_name_their_own_cause() -> None:
+    vae = explain('  File "/x/diffusers/models/autoencoders/autoencoder_kl.py", line 304, in decode\n'
+                  "RuntimeError: Input type (c10::BFloat16) and bias type (c10::Half) should be the same")[0]
+    assert "VAE" in vae.likely_causes[0]
+    peft = explain('  File "/x/peft/tuners/lora/layer.py", line 500, in forward\n'
+                   "RuntimeError: mat1 and mat2 must have the same dtype, but got BFloat16 and Float")[0]
+    assert "LoRA" in peft.likely_causes[0]
+    assert "x.to(next(model.parameters()).dtype)" not in fixes(peft)
