@@ -103,3 +103,51 @@ def test_a_vae_and_peft_still_name_their_own_cause() -> None:
                    "RuntimeError: mat1 and mat2 must have the same dtype, but got BFloat16 and Float")[0]
     assert "LoRA" in peft.likely_causes[0]
     assert "x.to(next(model.parameters()).dtype)" not in fixes(peft)
+
+
+# --- 1: bitsandbytes quantizing packed weights again ---------------------------------------------------------
+E10 = ('  File "/ceph-ssd/bnb_fix/.venv/lib/python3.13/site-packages/bitsandbytes/nn/modules.py", line 343, in to\n'
+       "    return self._quantize(device)\n"
+       '  File "/ceph-ssd/bnb_fix/.venv/lib/python3.13/site-packages/bitsandbytes/nn/modules.py", line 302, in _quantize\n'
+       "    w_4bit, quant_state = bnb.functional.quantize_4bit(\n"
+       "RuntimeError: Blockwise quantization only supports 16/32-bit floats, but got torch.uint8")
+PACKED = [
+    E10,
+    "ValueError: Blockwise quantization only supports 16/32-bit floats, but got torch.uint8",
+    "ValueError: Blockwise 4bit quantization only supports 16/32-bit floats, but got torch.uint8",
+    "!!! ERROR during execution: Blockwise quantization only supports 16/32-bit floats, but got torch.uint8",
+    "ValueError: Blockwise quantization only supports 16/32-bit floats, but got `torch.uint8`",
+    "ValueError: Blockwise quantization only supports 16/32-bit floats, but got 'torch.uint8'",
+    '{"detail": "ValueError: Blockwise quantization only supports 16/32-bit floats, but got \\"torch.uint8\\""}',
+    "ValueError: Blockwise quantization only supports 16/32-bit floats, but got &#39;torch.uint8&#39;",
+]
+
+
+@pytest.mark.parametrize("text", PACKED, ids=range(len(PACKED)))
+def test_packed_weights_quantized_again(text: str) -> None:
+    found = explain(text)
+    assert found, text
+    d = found[0]
+    assert (d.category, d.signature) == ("quantization_device", "quant.bnb_requantize")
+    assert "got a uint8 tensor" in d.what_happened
+    assert "already quantized" in d.likely_causes[0] and "quantized again" in d.likely_causes[0]
+    assert d.fixes[0][1].startswith("pip install -U bitsandbytes")
+    assert any("Params4bit(layer.weight)" in c for _, c in d.fixes)
+
+
+def test_offloading_names_the_offload_fix() -> None:
+    d = explain('  File "/x/diffusers/pipelines/pipeline_utils.py", line 1190, in enable_sequential_cpu_offload\n'
+                "ValueError: Blockwise quantization only supports 16/32-bit floats, but got torch.uint8")[0]
+    assert "CPU offloading" in d.likely_causes[0]
+    assert d.fixes[0][1].startswith("pipe.enable_model_cpu_offload()")
+
+
+def test_a_float_dtype_is_not_called_packed() -> None:
+    d = explain("ValueError: Blockwise quantization only supports 16/32-bit floats, but got torch.bfloat16")[0]
+    assert d.category == "quantization_device"
+    assert "cannot quantize bfloat16" in d.likely_causes[0] and "packed" not in " ".join(d.likely_causes)
+    assert d.fixes[0][1] == "pip install -U bitsandbytes"
+
+
+def test_prose_about_it_is_not_the_error() -> None:
+    assert not explain("bitsandbytes only supports 16/32-bit floats in this release, as far as I know")

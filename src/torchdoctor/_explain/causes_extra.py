@@ -66,3 +66,31 @@ _c("dt.extension_float64",
    ("Make the extension's tensor in the dtype of the tensor it meets[ (at {plugin_at})]",
     "m = torch.from_numpy(matrix).to(device=x.device, dtype=x.dtype)  # or torch.tensor(..., dtype=x.dtype)"),
    ("Update the extension that failed[ ({plugin_at})]", "git -C {ext_dir} pull"))
+# bitsandbytes quantizes a Params4bit when it first moves to an accelerator and marks it quantized; a packed (uint8)
+# weight that lost the mark is quantized again and refused: "Blockwise quantization only supports 16/32-bit floats"
+_c("q.bnb_requantize",
+   "A weight that bitsandbytes had already quantized (packed into uint8) was quantized again, because it lost its "
+   "\"already quantized\" mark: it was re-wrapped or replaced by what .to() returned (Params4bit(w), "
+   "w = w.to(...): older bitsandbytes returned an unmarked copy), moved to the CPU and back by offloading, "
+   "or a pre-quantized checkpoint was loaded into a model that is quantized a second time.", "torchdoctor env",
+   ("Upgrade bitsandbytes (newer releases keep the mark through .to()) and the libraries that move the weights",
+    "pip install -U bitsandbytes accelerate transformers diffusers"),
+   ("Move a quantized layer as a whole; never re-wrap its weight or keep a copy that .to() returned",
+    "layer.to({tq})  # not: layer.weight = Params4bit(layer.weight) / w = w.to(...)"),
+   ("Load a pre-quantized checkpoint (\"...-bnb-4bit\") without a second quantization_config",
+    'model = AutoModelForCausalLM.from_pretrained(name, device_map={"": 0})  # its config already carries it'))
+_c("q.bnb_offload_requantize",
+   "CPU offloading moves each bitsandbytes layer to the CPU and back on every call (sequential offload, "
+   "accelerate's cpu_offload); the packed 4-bit weights come back without their \"already quantized\" mark and "
+   "are quantized again.", "torchdoctor env",
+   ("Offload whole models, not single layers", "pipe.enable_model_cpu_offload()  # instead of enable_sequential_cpu_offload()"),
+   ("Upgrade the libraries that move quantized weights", "pip install -U bitsandbytes accelerate diffusers"),
+   ("Or, when it fits, keep the quantized model on the GPU without offloading", 'pipe.to("cuda")'))
+_c("q.bnb_quantize_float",
+   "This bitsandbytes cannot quantize {dtype} weights here: older releases and the CPU code quantize float32 only "
+   "(bfloat16 arrived later), and float8 weights must be upcast before bitsandbytes quantizes them.",
+   "torchdoctor env",
+   ("Upgrade bitsandbytes", "pip install -U bitsandbytes"),
+   ("Or quantize from float16 weights: load them in that dtype, then quantize",
+    "model = AutoModelForCausalLM.from_pretrained(name, quantization_config=cfg, {dtype_kw}=torch.float16)"))
+

@@ -162,3 +162,10 @@ _rule("mps_fp8", flags=("fp8", "mps"), applies_to=(_UD,), ud__mps_fp8=6.0, ud__m
 _rule("frames_to_mps", (r"\bmps\b", "/users/", "/applications/", "macos", "apple"), ("frames_only",), (_MIX,), _UD,
       weight=1.6,
       why="Module.to() on a Mac: float64 / bfloat16 / float8 tensors cannot move to mps", ud__mps_fp64=2.0)
+# "Blockwise quantization only supports 16/32-bit floats, but got X": packed uint8 / int8 is a weight quantized
+# twice; a float dtype is a bitsandbytes that cannot quantize it there
+for _flag in ("bf16", "half", "fp8", "fp64"):
+    _rule(f"bnb_quantize_{_flag}", flags=(_flag,), applies_to=(_Q,), q__bnb_quantize_float=5.0, q__bnb_requantize=-5.0)
+_rule("bnb_requantize_offload", ("sequential_cpu_offload", "sequential cpu offload", "cpu_offload", "offload"),
+      ("uint8",), (_Q,), q__bnb_offload_requantize=4.0)
+

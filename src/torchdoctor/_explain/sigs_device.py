@@ -193,3 +193,14 @@ _sig("quant.params_swap", "quantization_device", "A quantized parameter cannot b
      ("Creating a Parameter from an instance of type Params4bit", "from an instance of type Int8Params"),
      "Module.to could not re-create a bitsandbytes parameter (typically a move to meta).",
      (("q.bnb_to", 2.5),), confidence=0.85, alternatives=(_MIX_ALT,))
+# bitsandbytes quantizes a weight when it first moves to the GPU; one already packed (uint8) whose "already
+# quantized" mark was lost (re-wrapped, offloaded and brought back, loaded twice) is quantized again and refused
+_sig("quant.bnb_requantize", "quantization_device", "bitsandbytes refused to quantize a tensor of this dtype",
+     ("only supports 16/32-bit floats",),
+     "bitsandbytes' blockwise[ {bits}] {phase} got a[ {dtype}] tensor; it takes only float16, bfloat16 and "
+     "float32 tensors.",
+     (("q.bnb_requantize", 3.0),),
+     r"Blockwise (?:(?P<bits>4-?bit|8-?bit) )?(?P<phase>quantization|dequantization) only supports 16/32-bit floats,? "
+     r"but got [\"'`]?(?:torch\.)?(?P<dtype>\w{1,30})", confidence=0.95, before=40, after=300, require_pattern=True,
+     alternatives=(("unsupported_dtype_on_device", 0.3, "this bitsandbytes build cannot quantize that dtype here"),))
+
