@@ -277,6 +277,24 @@ def test_ids_concatenated_from_cpu_labels_are_named_by_their_maker(project: path
     assert _git(project, "apply", "--check", "fix.patch").returncode == 0
 
 
+@pytest.mark.parametrize("mode", ["explain", "strict"])
+def test_ids_a_wrapper_made_are_named_when_only_the_inner_model_is_guarded(project: pathlib.Path, per_op: None,
+                                                                           mode: str) -> None:
+    app = _load(project / "app.py", f"td_every_inner_{mode}")
+    lm = _llama()
+    _on_gpu(*lm.parameters(), *lm.buffers())
+    chat = app.Chat(lm)
+    err = None
+    try:
+        with torch.no_grad(), (GPUText() if mode == "explain" else _Nothing()), torchdoctor.guard(lm, mode=mode) as g:
+            chat(torch.randint(0, 64, (1, 4)), torch.randint(0, 64, (1, 3)))
+    except torchdoctor.PlacementError as e:
+        err = e
+    assert err is not None and "input_ids (an argument of the LlamaForCausalLM call)" in str(err)
+    assert "input_ids made by `torch.cat` at " in str(err) and "from prompt (cpu), labels (cpu)" in str(err)
+    assert "input_ids made by `torch.cat`" in (g.report().to_dict()["problems"][0]["maker"] or "")
+
+
 @pytest.mark.parametrize(("cls", "line", "fix"), [
     ("Positions", "positions = torch.arange(ids.shape[1])", "positions = torch.arange(ids.shape[1], device=ids.device)"),
     ("Noise", "t = torch.randint(0, 1000, (x.shape[0],))", "t = torch.randint(0, 1000, (x.shape[0],), device=x.device)"),

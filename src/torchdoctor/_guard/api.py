@@ -79,7 +79,9 @@ class guard:  # noqa: N801 - reads like torch.no_grad
     Modes: ``explain`` (default, no per-op cost: explains an error that escapes), ``strict`` (checks every op
     against the rules before it runs), ``fix`` (aligns the values passed to an op, records ``g.fixes``),
     ``warn`` (like fix, with one ``PlacementWarning`` per distinct problem). Paths are relative to ``obj``,
-    or to the outermost module entered when ``obj`` is None.
+    or to the outermost module entered when ``obj`` is None. Every mode says the same of a problem: the culprit,
+    the maker of an operand made in a forward (its line, where its dtype was read from), the fix aimed there,
+    whether it was proven and its diff; ``g.report().to_dict()`` keeps it all after the block.
     """
 
     fixes: list[Fix]

@@ -258,7 +258,8 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
               f": {_rules._compact(c[2])}  (expected {expected}){_trace_note(c[2])}" for c in bad]
     if not bad:
         lines += [f"{c[1]}: {_rules._compact(c[2])}" for c in cands[:8]]
-    given = caller_lines([(c[1], c[2]) for c in bad if c[1] in passed], kind, exc.__traceback__ or tb)
+    given = caller_lines([(c[1], c[2]) for c in bad if c[1] in passed], kind, exc.__traceback__ or tb,
+                         maps.modules if maps is not None else None)
     lines += given
     lines += [f"also off-policy, not involved in this failure: {c[1]}: {_rules._compact(c[2])}" for c in off]
     lines += [s.line() for s in also]

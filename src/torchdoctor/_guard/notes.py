@@ -124,7 +124,7 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
             proof = _component.prove_op(c.func, c.args, c.kwargs, tensors, odd[1], op)
     aim: Aim | None = aimed(c.made, first.kind, t0, maps.modules, maps.dicts, session.frames) \
         if c.made and not blamed and maps is not None else None
-    said = caller_lines(c.given, first.kind)
+    said = caller_lines(c.given, first.kind, inside=maps.modules if maps is not None else None)
     lines += said
     if aim is not None:  # the maker of an operand made in forward: the fix is aimed at it (_guard/remedy.py)
         lines += aim.lines

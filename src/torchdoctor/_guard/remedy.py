@@ -289,15 +289,18 @@ def locals_made(frame: Any, named: set[Any], ref: Any) -> list[tuple[str, torch.
     return out[:4]
 
 
-def caller_lines(given: list[tuple[str, torch.Tensor]], kind: str, tb: Any = None) -> list[str]:
+def caller_lines(given: list[tuple[str, torch.Tensor]], kind: str, tb: Any = None,
+                 inside: Any = None) -> list[str]:
     """``kw['extra'][0] made by `torch.randn` at train.py:12 (...)``: the line of the caller's code that made each
-    tensor it passed in, where its frames show it (the frames outside any module's forward)."""
+    tensor it passed in, where its frames show it: the frames outside the guarded model's forwards (``inside``:
+    the ids of its modules; a wrapper module around it is the caller's code), or outside any module's."""
     from torchdoctor._guard.maker import find, user_frames
 
     if not given:
         return []
     try:
-        frames = [f for f in user_frames(tb) if not isinstance(f.f_locals.get("self"), nn.Module)]
+        frames = [f for f in user_frames(tb) if not (isinstance(me := f.f_locals.get("self"), nn.Module) and (
+            inside is None or id(me) in inside))]
         found = [(label, find(frames, t, kind)) for label, t in given[:4]]
     except Exception:  # the making line is extra: the argument is named without it
         return []
