@@ -18,13 +18,14 @@ prints both, run after run, side by side (docs/guard-speed.md).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,6 +37,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging
 
 import torchdoctor
+from torchdoctor._guard import fastpath
 
 logging.set_verbosity_error()
 MODES = ("explain", "strict", "fix")
@@ -248,11 +250,74 @@ class EmptyFunctionMode(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def workloads(rounds: int = 5) -> None:
+class FunctionCheck(TorchFunctionMode):
+    """A torch-function-level first stage: every torch call's tensor arguments compared (devices, floating dtypes),
+    the cost a function-mode strict would pay before any rule ran."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if len(args) + len(kwargs) > 1:
+            fastpath.odd(itertools.chain(args, kwargs.values()))
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def every_op(model: torch.nn.Module) -> Iterator[Any]:
+    """strict as it was before the module-boundary gate: the dispatch mode on every op of the block."""
+    fastpath.ENABLED = False
+    try:
+        with torchdoctor.guard(model, mode="strict") as g:
+            yield g
+    finally:
+        fastpath.ENABLED = True
+
+
+def census(fn: Callable[[], Any], model: torch.nn.Module) -> dict[str, int]:
+    """What one call runs: aten ops, those with several tensor operands or a device argument (where placement can
+    fail), torch-function calls, module calls, and the module calls the gated strict found suspect."""
+    n = dict.fromkeys(("ops", "multi", "calls", "modules", "suspect"), 0)
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            n["ops"] += 1
+            flat = [x for a in (*args, *kwargs.values()) for x in (a if isinstance(a, (list, tuple)) else (a,))]
+            if sum(isinstance(x, torch.Tensor) for x in flat) > 1 or "device" in kwargs:
+                n["multi"] += 1
+            return func(*args, **kwargs)
+
+    class Calls(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            n["calls"] += 1
+            return func(*args, **(kwargs or {}))
+
+    def hook(*_: Any) -> None:
+        n["modules"] += 1
+
+    h = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    try:
+        with Ops():
+            fn()
+        with Calls():
+            fn()
+    finally:
+        h.remove()
+    n["modules"] //= 2
+    with torchdoctor.guard(model, mode="strict") as g:
+        fn()
+        gate = g._local.sessions[-1].dispatch.gate
+        n["suspect"] = gate.suspects if gate is not None else -1
+    return n
+
+
+def workloads(rounds: int = 5, only: str = "") -> None:
     """Issue 43 point 2: guard around ``generate()`` (GPT-2-small from config, 24 new tokens, greedy) and around a
-    training step (seq 64, SGD), one thread, against the floors of the two mechanisms a cheaper strict could use:
-    an empty TorchDispatchMode (every aten op) and an empty TorchFunctionMode (every torch call). Interleaved one
-    call at a time in rotating order; the median of the per-round ratios to plain is printed."""
+    training step (seq 64, SGD), one thread, every mechanism in one process: explain (torch's own C++ kernel checks,
+    an escaping error explained), strict with the module-boundary gate (``_guard/fastpath.py``), strict with the
+    dispatch mode on every op (before the gate), an empty TorchDispatchMode and an empty TorchFunctionMode (the
+    floors of a per-aten-op and of a per-torch-call checker) and a function mode that compares every call's tensors
+    (a function-level first stage). Interleaved one call at a time, the order rotated each round; process CPU time;
+    per variant the median of the per-round ratios to plain, with min-max and the number of rounds."""
     torch.set_num_threads(1)
     model = build(12, 768, 12, 50257)
     prompt = torch.randint(0, 50256, (1, 32), generator=torch.Generator().manual_seed(0))
@@ -276,21 +341,42 @@ def workloads(rounds: int = 5) -> None:
                 return fn()
         return run
 
-    for name, fn in (("generate", gen), ("train step", step)):
+    print(f"torch {torch.__version__}, 1 thread, {rounds} rounds, process CPU time, interleaved one call at a time")
+    print("| workload | mechanism | median call | ratio to plain (min-max, rounds) | extra per aten op |")
+    print("|---|---|---|---|---|")
+    for name, fn in (("generate, 24 new tokens", gen), ("training step, seq 64, SGD", step)):
+        if only and not name.startswith(only):
+            continue
+        n = census(fn, model)
         fns = {"plain": fn, "explain": wrapped(fn, lambda: torchdoctor.guard(model, mode="explain")),
-               "strict": wrapped(fn, lambda: torchdoctor.guard(model, mode="strict")),
-               "noop_dispatch": wrapped(fn, NoopMode), "noop_function": wrapped(fn, EmptyFunctionMode)}
-        times = interleaved(fns, rounds, per_round=1, warm=1, clock=time.perf_counter)
-        print(f"{name}: {rounds} rounds, 1 thread, wall time, median of per-round ratios to plain")
-        for key, vals in times.items():
-            ratio = statistics.median(v / p for v, p in zip(vals, times["plain"]))
-            print(f"  {key:<14} {statistics.median(vals) * 1e3:9.1f} ms  x{ratio:.3f}")
+               "strict (gated)": wrapped(fn, lambda: torchdoctor.guard(model, mode="strict")),
+               "strict (every op)": wrapped(fn, lambda: every_op(model)),
+               "empty dispatch mode": wrapped(fn, NoopMode), "empty function mode": wrapped(fn, EmptyFunctionMode),
+               "function-mode compare": wrapped(fn, FunctionCheck)}
+        keys = list(fns)
+        for f in fns.values():
+            f()
+        times: dict[str, list[float]] = {k: [] for k in keys}
+        for r in range(rounds):
+            order = keys[r % len(keys):] + keys[:r % len(keys)]
+            for key in order if r % 2 == 0 else order[::-1]:
+                t = time.process_time()
+                fns[key]()
+                times[key].append(time.process_time() - t)
+        for key in keys:
+            ratios = [v / p for v, p in zip(times[key], times["plain"])]
+            extra = statistics.median(v - p for v, p in zip(times[key], times["plain"])) / n["ops"]
+            print(f"| {name} | {key} | {statistics.median(times[key]) * 1e3:.0f} ms | x{statistics.median(ratios):.3f} "
+                  f"({min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)}) | {extra * 1e6:+.1f} us |", flush=True)
+        print(f"<!-- {name}: {n['ops']} aten ops, {n['multi']} with several tensor operands or a device argument; "
+              f"{n['calls']} torch-function calls; {n['modules']} module calls, {n['suspect']} suspect under the "
+              f"gate -->", flush=True)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["estimators"]:
         estimators(*(int(a) for a in sys.argv[2:4]))
     elif sys.argv[1:2] == ["workloads"]:
-        workloads(*(int(a) for a in sys.argv[2:3]))
+        workloads(int(sys.argv[2]) if sys.argv[2:3] else 5, sys.argv[3] if sys.argv[3:4] else "")
     else:
         main(*(int(a) for a in sys.argv[1:3]))

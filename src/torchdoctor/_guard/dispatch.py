@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from torchdoctor._guard import float8 as _float8, promotion as _promotion
+from torchdoctor._guard import fastpath as _fastpath, float8 as _float8, promotion as _promotion
 from torchdoctor._rules import registry as _rules
 
 _find = _rules.find
@@ -118,7 +118,9 @@ never_compiled = _never_compiled  # the plain name other subpackages' dispatch m
 
 
 class CheckMode(TorchDispatchMode):
-    """Checks every op against the strict rules before it runs; problems go to the session."""
+    """Checks every op against the strict rules before it runs; problems go to the session. strict with a model
+    enters it only inside modules whose tensors disagree (``_guard/fastpath.py``): entering this object then
+    starts that gate, and leaving it stops the gate."""
 
     def __init__(self, session: Session) -> None:
         super().__init__()
@@ -127,6 +129,33 @@ class CheckMode(TorchDispatchMode):
         self.quick = self.profile is None  # the schema-based fast path knows no profile limits
         self.aligns = session.mode in ("fix", "warn")
         self.promotes = session.mode == "strict"  # _guard/promotion.py
+        self.gate = _fastpath.Gate(self._push, self._pop, session.frames.stack) \
+            if _fastpath.eligible(session) and not _simulating() else None
+
+    def __enter__(self) -> CheckMode:
+        if self.gate is None:
+            return super().__enter__()  # type: ignore[no-any-return]
+        self.gate.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.gate is None:
+            return super().__exit__(*exc)  # type: ignore[no-any-return]
+        self.gate.stop()
+        if self.gate.on:  # another mode was left above ours: pop as a plain strict session would
+            self.gate.on = False
+            super().__exit__(None, None, None)
+        return None
+
+    def _push(self) -> None:
+        TorchDispatchMode.__enter__(self)
+
+    def _pop(self) -> bool:
+        """Leave the mode, only when it is the innermost one (a mode the user entered inside stays intact)."""
+        if _get_current_dispatch_mode() is not self:
+            return False
+        TorchDispatchMode.__exit__(self, None, None, None)
+        return True
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:  # read by TorchDispatchMode.__init_subclass__: wrap or not
