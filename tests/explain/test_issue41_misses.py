@@ -151,3 +151,83 @@ def test_a_float_dtype_is_not_called_packed() -> None:
 
 def test_prose_about_it_is_not_the_error() -> None:
     assert not explain("bitsandbytes only supports 16/32-bit floats in this release, as far as I know")
+
+
+# --- 2: torchdoctor's own reports, caught and logged -------------------------------------------------------------
+E16 = ("ERROR:root:!!! Exception during processing !!! dtype problem in `patch` (Conv2d) at aten.convolution.default: "
+       "arg 2 (bias) is float32, expected bfloat16 like arg 0 (input)\n"
+       "  culprit patch.bias = arg 2 (bias): f32[8]@cpu  (expected bfloat16)\n")
+
+
+def test_a_logged_placement_error_is_our_own_problem() -> None:
+    report = explain(E16)
+    assert report, "our own headline fell through to 'no known error'"
+    d = report[0]
+    assert (d.category, d.signature) == ("dtype_mismatch", "own.dtype")
+    assert "`patch.bias` is float32, expected bfloat16" in d.what_happened and "`patch`" in d.what_happened
+    assert d.fixes[0][1] == "model.patch.bias.data = model.patch.bias.data.to(torch.bfloat16)"
+    assert len(d.likely_causes) == 1  # the culprit is named: no ComfyUI node guess beside it
+    assert not any("--force-fp32" in c for _, c in d.fixes)
+
+
+def test_the_headline_alone_names_the_layer_parameter() -> None:
+    d = explain(E16.split("\n")[0])[0]
+    assert d.signature == "own.dtype" and "`patch.bias` is float32" in d.what_happened
+    assert d.fixes[0][1] == "model.patch.bias.data = model.patch.bias.data.to(torch.bfloat16)"
+
+
+def test_the_printed_fix_and_its_proof_are_reported(tmp_path: object) -> None:
+    import torch
+
+    import torchdoctor
+
+    class Tower(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.patch = torch.nn.Conv2d(3, 4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.patch(x)
+
+    m = Tower().to(torch.bfloat16)
+    m.patch.bias.data = m.patch.bias.data.float()
+    with pytest.raises(torchdoctor.PlacementError) as info:
+        with torchdoctor.guard(m):
+            m(torch.rand(1, 3, 4, 4, dtype=torch.bfloat16))
+    err = info.value
+    for text in (f"ERROR:root:!!! Exception during processing !!! {err}",
+                 f"Traceback (most recent call last):\n  File \"app.py\", line 3, in <module>\n"
+                 f"torchdoctor.PlacementError: {err}"):
+        d = explain(text)[0]
+        assert d.signature == "own.dtype", text
+        assert d.fixes[0][1] == err.fix == "model.patch.bias.data = model.patch.bias.data.to(torch.bfloat16)"
+        assert d.fixes[0][0].startswith("The fix torchdoctor printed with the report")
+    with pytest.warns(torchdoctor.PlacementWarning) as record:
+        with torchdoctor.guard(m, mode="warn"):
+            m(torch.rand(1, 3, 4, 4, dtype=torch.bfloat16))
+    logged = f"/app/node.py:12: PlacementWarning: {record[0].message}"
+    d = explain(logged)[0]
+    assert d.signature == "own.dtype" and "`patch.bias` is float32, expected bfloat16" in d.what_happened
+    assert d.fixes[0][1] == "model.patch.bias.data = model.patch.bias.data.to(torch.bfloat16)"
+    assert d.fixes[0][0] == "The fix torchdoctor printed with the report (proven)"
+
+
+def test_a_device_report_and_a_virtual_run() -> None:
+    virtual = ("torchdoctor.PlacementError: 1 placement problem(s) on virtual cuda:0, first in <root> (M):\n"
+               "  device t f32[4]@cpu is on cpu when <root> (M) starts on cuda:0: a plain tensor attribute the "
+               "forward reads (Module.to moves parameters and buffers only)\n"
+               "Fix:\n    model.t.data = model.t.data.to('cuda:0')\n")
+    d = explain(virtual)[0]
+    assert (d.category, d.signature) == ("device_mismatch", "own.device")
+    assert "`t` is on cpu, expected cuda:0" in d.what_happened
+    assert d.fixes[0][1] == "model.t.data = model.t.data.to('cuda:0')"
+    caused = ("torchdoctor.PlacementError: device mismatch caused by `encoder.pos` (cpu, expected cuda:0); it "
+              "surfaced in `encoder.attn` (Linear) during forward: cpu where cuda:0 was expected\n"
+              "  culprit encoder.pos: f32[16]@cpu  is cpu, expected cuda:0\n")
+    d = explain(caused)[0]
+    assert d.signature == "own.device" and "read by `encoder.attn`" in d.what_happened
+    assert d.fixes[0][1] == "model.encoder.pos.data = model.encoder.pos.data.to('cuda:0')"
+
+
+def test_prose_with_our_words_is_not_a_report() -> None:
+    assert not explain("I have a dtype problem in my model at work, and a device problem in the other one")

@@ -31,6 +31,8 @@ from torchdoctor._explain.plugins import plugin_fields, plugin_fixes
 from torchdoctor._explain.report import SCHEMA, Alternative, Diagnosis, ExplainReport, render, to_json
 from torchdoctor._explain.scanner import BLOCK, Group, Scanner, clean
 from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
+from torchdoctor._explain.sigs_own import PREFIX as OWN
+from torchdoctor._explain.sigs_own import own_fields
 
 __all__ = ["Alternative", "Diagnosis", "ExplainReport", "SCHEMA", "best_fix", "classify", "explain",
            "explain_stream", "install_excepthook", "render", "to_json"]
@@ -91,6 +93,11 @@ def _diagnose(group: Group) -> Diagnosis:
     context = original.lower().replace("\\", "/")
     fields, flags = derive(sig.name, group.fields, group.message, context)
     fields.update(plugin_fields(original))
+    own_report = sig.name.startswith(OWN)
+    if own_report:  # torchdoctor's own report: its fix block and proof, from the message's first line on
+        at = original.find(group.message.split("\n", 1)[0])
+        fields.update(own_fields(original[at:] if at != -1 else group.message, fields,
+                                 "dtype" if sig.category == "dtype_mismatch" else "device"))
     categories, ranked, fired = rank(sig.category, sig.causes, sig.alternatives, context, flags, context_rules(),
                                      group.message.lower().replace("\\", "/"))
     category = categories[0][0]
@@ -98,7 +105,7 @@ def _diagnose(group: Group) -> Diagnosis:
     usable = [(c, s) for c, s in ranked if c in table and _try(table[c].text, fields) is not None]
     if not usable:  # the winning category has no cause of its own here: keep the signature's
         usable = [(c, w) for c, w in sig.causes if c in table and _try(table[c].text, fields) is not None]
-    usable = usable[:4]
+    usable = usable[:1] if own_report else usable[:4]  # torchdoctor named the culprit: no other cause
     likely = tuple(_render(table[c].text, fields) for c, _ in usable)
     fixes: list[tuple[str, str]] = []
     first = 0  # how many fixes the first cause gave: a plugin's update / disable steps follow them
@@ -119,6 +126,8 @@ def _diagnose(group: Group) -> Diagnosis:
     # a layer on another device (not another dtype) takes the app's placement fix, not its precision one
     as_app = "device_mismatch" if "iw_device" in flags and "iw_dtype" not in flags else category
     app, own = app_fixes(as_app, context, flags)
+    if own_report:  # the culprit is named: an app's precision or placement switch is not the fix
+        own = ()
     if "plugin" in fields:  # a plugin's frame ran the failing code: its fix first, the app's flags after it
         fixes.extend(f for f in own if f not in fixes)
     else:

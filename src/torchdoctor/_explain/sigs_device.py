@@ -197,7 +197,7 @@ _sig("quant.params_swap", "quantization_device", "A quantized parameter cannot b
 # quantized" mark was lost (re-wrapped, offloaded and brought back, loaded twice) is quantized again and refused
 _sig("quant.bnb_requantize", "quantization_device", "bitsandbytes refused to quantize a tensor of this dtype",
      ("only supports 16/32-bit floats",),
-     "bitsandbytes' blockwise[ {bits}] {phase} got a[ {dtype}] tensor; it takes only float16, bfloat16 and "
+     "bitsandbytes[' blockwise {phase}][ ({bits})] got a[ {dtype}] tensor; it takes only float16, bfloat16 and "
      "float32 tensors.",
      (("q.bnb_requantize", 3.0),),
      r"Blockwise (?:(?P<bits>4-?bit|8-?bit) )?(?P<phase>quantization|dequantization) only supports 16/32-bit floats,? "
