@@ -75,6 +75,38 @@ def _clones(values: Sequence[Any] | Mapping[str, Any]) -> Any:
     return [one(v) for v in values]
 
 
+def unbound(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+    """Why ``func`` cannot be called on these arguments as its schema says (a required argument missing, one too
+    many, a name it does not take), or None when it can: the replay is checked before it runs, so that a failure
+    of the replay itself is never shown as if it were the user's error."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return None
+    params = list(schema.arguments)
+    positional = [a for a in params if not a.kwarg_only]
+    if len(args) > len(positional):
+        return f"{len(args)} positional arguments, the schema takes {len(positional)}"
+    names = {a.name for a in params}
+    extra = [k for k in kwargs if k not in names]
+    if extra:
+        return f"no argument named {extra[0]!r}"
+    for i, a in enumerate(params):
+        given = (not a.kwarg_only and i < len(args)) or a.name in kwargs
+        if not given and not a.has_default_value():
+            return f"argument {a.name!r} missing"
+    return None
+
+
+_REPLAY_TEXTS = ("missing value for argument", "expected at most", "got an unexpected keyword", "Expected a value of",
+                 "takes from", "positional argument", "is not a valid value for argument")
+
+
+def _internal(exc: BaseException) -> bool:
+    """Did the replay fail on how it was called (an argument list the op does not take), not on the data?"""
+    text = str(exc)
+    return isinstance(exc, TypeError) or any(x in text for x in _REPLAY_TEXTS)
+
+
 def prove(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], plan: Plan, tensors: Mapping[Any, Any],
           op: Any) -> str:
     """Run the op once more with the alignment applied and say what happened, as one report line."""
@@ -82,6 +114,9 @@ def prove(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], plan: Plan,
                       for _, target, keys in plan if keys)
     if harmful(plan, tensors):
         return f"fix unproven: not tried ({tried or 'nothing to align'}): it would cast floating data to storage"
+    why = unbound(func, args, kwargs)
+    if why is not None:
+        return f"fix unproven: the op could not be replayed ({why}); the fix is kept"
     try:
         new_args, new_kwargs = aligned(args, kwargs, plan, tensors)
         if _writes(func):  # an op that writes into an argument: the trial must not touch the user's tensors
@@ -90,5 +125,7 @@ def prove(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], plan: Plan,
             func(*new_args, **new_kwargs)
     except Exception as exc:  # the trial's own failure is the answer, never a crash of the report
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if _internal(exc):
+            return f"fix unproven: the op could not be replayed ({type(exc).__name__}: {first}); the fix is kept"[:400]
         return f"fix unproven: tried {tried}: {type(exc).__name__}: {first}"[:400]
     return f"fix proven: {op} runs with {tried}"

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
@@ -50,6 +51,25 @@ def _tensors_of(value: Any) -> list[torch.Tensor]:
     if isinstance(value, dict):  # ModelOutput and plain dicts, one level
         return [v for v in dict.values(value) if isinstance(v, _Tensor)]
     return []
+
+
+class ConvReplay:
+    """A convolution module's op on (input, weight, bias), the rest of its arguments (stride, padding, dilation,
+    groups, output padding, padding mode) as the module holds them: what a proof re-runs."""
+
+    def __init__(self, mod: Any) -> None:
+        self.mod = mod
+
+    def __call__(self, x: Any, weight: Any, bias: Any) -> Any:
+        m = self.mod
+        if not getattr(m, "transposed", False):
+            return m._conv_forward(x, weight, bias)
+        n = len(m.kernel_size)
+        f = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[n - 1]
+        return f(x, weight, bias, m.stride, m.padding, m.output_padding, m.groups, m.dilation)
+
+    def __str__(self) -> str:
+        return str(_CONV)
 
 
 def _module_kind(tp: type, strict: bool) -> int:
@@ -197,8 +217,8 @@ class Session:
         if "forward" in mod.__dict__:  # a hook wrapper (diffusers layerwise casting, accelerate) runs first and
             return  # may cast or move the weights: the composite's own error is explained if it still fails
         found = _rules.find(_CONV, (x, mod.weight, bias), {}, self.g.profile)
-        if found:
-            self.on_problem(_CONV, (x, mod.weight, bias), {}, found)
+        if found:  # the replay (a proof) runs the module's own convolution: every argument as the module has it
+            self.on_problem(ConvReplay(mod), (x, mod.weight, bias), {}, found, schema_op=_CONV)
 
     def _bw_enter(self, mod: nn.Module) -> None:
         self.frames.enter_backward(mod)
