@@ -231,3 +231,10 @@ def test_a_device_report_and_a_virtual_run() -> None:
 
 def test_prose_with_our_words_is_not_a_report() -> None:
     assert not explain("I have a dtype problem in my model at work, and a device problem in the other one")
+
+
+def test_guard_does_not_explain_its_own_report_again() -> None:
+    from torchdoctor._explain.api import classify
+
+    assert classify(E16) is None  # guard's placement_category: its own PlacementError is not a torch error
+    assert classify("RuntimeError: mat1 and mat2 must have the same dtype, but got Float and Half") == "dtype_mismatch"

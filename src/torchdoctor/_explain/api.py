@@ -299,7 +299,8 @@ def classify(message: str) -> str | None:
     'dtype_mismatch'
     """
     try:
-        found = _explain_blocks([message[:20_000]], 1)
+        # torchdoctor's own report is not an error for guard to explain again (it would wrap its own PlacementError)
+        found = [d for d in _explain_blocks([message[:20_000]], 3) if not d.signature.startswith(OWN)]
         return found[0].category if found else None
     except Exception:
         return None
