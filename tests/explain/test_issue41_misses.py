@@ -238,3 +238,4 @@ def test_guard_does_not_explain_its_own_report_again() -> None:
 
     assert classify(E16) is None  # guard's placement_category: its own PlacementError is not a torch error
     assert classify("RuntimeError: mat1 and mat2 must have the same dtype, but got Float and Half") == "dtype_mismatch"
+    assert classify(PACKED[1]) is None  # bitsandbytes' own dtype refusal: nothing for guard to align

@@ -299,8 +299,10 @@ def classify(message: str) -> str | None:
     'dtype_mismatch'
     """
     try:
-        # torchdoctor's own report is not an error for guard to explain again (it would wrap its own PlacementError)
-        found = [d for d in _explain_blocks([message[:20_000]], 3) if not d.signature.startswith(OWN)]
+        # torchdoctor's own report is not an error for guard to explain again (it would wrap its own PlacementError),
+        # nor is bitsandbytes refusing a dtype it quantizes: no operand of the failing op is on the wrong side
+        found = [d for d in _explain_blocks([message[:20_000]], 3)
+                 if not d.signature.startswith(OWN) and d.signature != "quant.bnb_requantize"]
         return found[0].category if found else None
     except Exception:
         return None
