@@ -210,6 +210,7 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
             watcher.see("raised", exc)
             traceback.print_exception(type(exc), exc, _own_traceback(exc))
             code = 1
+        watcher.guarded(g)  # what guard recorded and no error named: swallowed, or aligned by fix / warn
         notes = _notes(session.problems if session is not None else [], trace)  # while the trace is active
     if os.getpid() != pid:  # a process the program forked ends here, as under python: no second summary
         raise SystemExit(code)

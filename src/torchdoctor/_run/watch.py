@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
+import traceback
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,9 +49,10 @@ class Finding:
 
     def text(self) -> str:
         lines = [f"[{self.category}] {self.error}" + (f"  (x{self.count})" if self.count > 1 else ""),
+                 f"  {self.how}: {self.title}" if self.where is None and "--mode" in self.how else
                  f"  {self.how} at {self.where or 'an unknown line'}: {self.title}"]
         if self.culprit:
-            lines += [f"  {line}" for line in self.culprit.splitlines()[:8]]
+            lines += [f"  {line}" for line in self.culprit.split("\nFix:", 1)[0].splitlines()[:8]]
         if self.trace:
             lines.append(f"  last change: {self.trace}")
         if self.fix:
@@ -98,8 +101,6 @@ def _frames(tb: types.TracebackType | None) -> list[tuple[str, int, str]]:
 
 
 def _frames_of_text(text: str) -> list[tuple[str, int, str]]:
-    import re
-
     return [(m.group(1), int(m.group(2)), m.group(3))
             for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', text)]
 
@@ -143,7 +144,7 @@ class Watcher:
         first = (str(exc).strip().splitlines() or [""])[0] if exc is not None else \
             next((ln.strip() for ln in (text or "").splitlines()[::-1] if "Error" in ln), (text or "").strip()[:200])
         error = f"{type(exc).__name__}: {first}" if exc is not None else first
-        key = (d.category, error[:300])
+        key = (d.category, re.sub(r"^[\w.]*(Error|Exception)\w*: ", "", error)[:300])  # as raised or as logged
         with self._lock:
             old = self._keys.get(key)
             if old is not None:
@@ -151,8 +152,9 @@ class Watcher:
                 return None
         frames = _frames(exc.__traceback__) if exc is not None else _frames_of_text(text or "")
         culprit = self._culprit(exc)
-        finding = Finding(how, error[:500], d.category, d.title, d.fixes[0][1] if d.fixes else None,
-                          first_own_frame(frames, self.root), culprit, _trace_note(culprit))
+        fix = culprit_fix(culprit) or (d.fixes[0][1] if d.fixes else None)  # the live culprit's fix first
+        finding = Finding(how, error[:500], d.category, d.title, fix, first_own_frame(frames, self.root), culprit,
+                          _trace_note(culprit))
         with self._lock:
             if key in self._keys:
                 self._keys[key].count += 1
@@ -199,8 +201,57 @@ class Watcher:
                 watcher.see(f"raised in thread {getattr(args.thread, 'name', '?')}", args.exc_value)
             prev_thread(args)
 
-        self._saved = [handle, prev_sys, prev_thread]
+        self._saved = [handle, prev_sys, prev_thread, *(getattr(traceback, n) for n in _PRINTERS)]
         sys.excepthook, threading.excepthook = sys_hook, thread_hook
+        for name in _PRINTERS:  # an error the program catches and prints (A1111 / Forge: traceback.print_exc())
+            setattr(traceback, name, self._printer(getattr(traceback, name)))
+
+    def _printer(self, original: Any) -> Any:
+        """``original`` (a traceback printer or formatter) that first shows the watcher the exception it is given;
+        its output is the original's."""
+        watcher, busy = self, threading.local()
+
+        def printer(*args: Any, **kwargs: Any) -> Any:
+            if not getattr(busy, "on", False):
+                busy.on = True
+                try:
+                    first = args[0] if args else kwargs.get("exc")
+                    value = first if isinstance(first, BaseException) else \
+                        (args[1] if len(args) > 1 else kwargs.get("value"))
+                    if isinstance(value, BaseException):
+                        watcher.see("caught and printed", value)
+                finally:
+                    busy.on = False
+            return original(*args, **kwargs)
+
+        return printer
+
+    def guarded(self, g: Any) -> None:
+        """What guard itself recorded (strict / fix / warn: problems it raised, aligned or warned of, with its
+        maker, fix and proof) and no finding named yet: an error the program swallowed, or one guard fixed."""
+        try:
+            report = g.report()
+        except Exception:
+            return
+        fixed = {f.path for f in report.fixes}
+        named = " ".join(f"{f.error} {f.culprit or ''}" for f in self.findings)
+        for p in report.problems:
+            if f"`{p.path}`" in named or f" {p.path} " in named or f" {p.path}:" in named:
+                continue
+            note = report.note(p)
+            aligned = p.path in fixed
+            how = f"aligned by --mode {report.mode}" if aligned else f"recorded by --mode {report.mode}"
+            lines = [f"culprit {p.path} is {p.found}, expected {p.expected}"
+                     + (f" (in `{p.module_path}` at {p.op})" if p.module_path else "")]
+            if note.maker:
+                lines.append(f"made {note.maker}")
+            if note.proof:
+                lines.append(note.proof)
+            if aligned:
+                lines.append("aligned for each call while the program ran; make the fix permanent")
+            error = f"{p.kind} problem: {p.path} is {p.found}, expected {p.expected}"
+            self.findings.append(Finding(how, error, f"{p.kind}_mismatch", "what guard recorded", note.fix,
+                                         None, "\n".join(lines), _trace_note(f"`{p.path}`")))
 
     def record(self, record: logging.LogRecord) -> None:
         """A log record: its exception (``log.exception``), or an error message logged as text."""
@@ -219,16 +270,33 @@ class Watcher:
 
     def uninstall(self) -> None:
         if self._saved:
-            logging.Logger.handle, sys.excepthook, threading.excepthook = self._saved  # type: ignore[method-assign]
+            logging.Logger.handle, sys.excepthook, threading.excepthook = self._saved[:3]  # type: ignore[method-assign]
+            for name, original in zip(_PRINTERS, self._saved[3:]):
+                setattr(traceback, name, original)
             self._saved = []
+
+
+# the traceback module's printers and formatters (print_exc / format_exc call these by their module names)
+_PRINTERS = ("print_exception", "format_exception")
+
+
+def culprit_fix(culprit: str | None) -> str | None:
+    """The code lines under guard's ``Fix:`` (the fix aimed at the culprit it named), None without one."""
+    if not culprit or "\nFix:" not in culprit:
+        return None
+    lines = []
+    for line in culprit.split("\nFix:", 1)[1].splitlines()[1:]:
+        if line and not line.startswith(" "):
+            break
+        if line.strip():
+            lines.append(line.strip())
+    return "\n".join(lines) or None
 
 
 def _trace_note(culprit: str | None) -> str | None:
     """What an active trace recorded for the first tensor path guard named (``unet.conv_in.weight``)."""
     if not culprit:
         return None
-    import re
-
     from torchdoctor._trace.api import active, note_for
 
     if not active():

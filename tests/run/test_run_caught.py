@@ -1,0 +1,95 @@
+"""torchdoctor run: an error the program catches and prints or logs as text is found in every --mode, with guard's
+culprit, its fix and proof label; fix / warn list what guard aligned; exit 1 when anything was found."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+APP = textwrap.dedent('''
+    import logging, sys, traceback, torch, torch.nn as nn
+    class VisionTower(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch = nn.Conv2d(3, 8, 2, stride=2)
+            self.norm = nn.LayerNorm(8)
+        def forward(self, images):
+            return self.norm(self.patch(images).flatten(2).transpose(1, 2))
+    class Node:
+        def __init__(self):
+            self.model = VisionTower().to(torch.bfloat16)
+            self.model.patch.bias.data = self.model.patch.bias.data.float()
+        def process(self, images):
+            return self.model(images.to(torch.bfloat16))
+    def execute():
+        try:
+            Node().process(torch.rand(1, 3, 8, 8))
+        except Exception as e:
+            REPORT
+    execute()
+    print("prompt executed")
+''')
+LOGGED = 'logging.error(f"!!! Exception during processing !!! {e}"); logging.error(traceback.format_exc())'
+PRINTED = 'print("!!! Exception during processing !!!", e); traceback.print_exc()'
+STDERR = 'print("!!! Exception during processing !!!", e, file=sys.stderr); traceback.print_exception(e)'
+
+
+def _run(tmp_path, report: str, *args: str) -> tuple[int, str, str]:
+    script = tmp_path / "app.py"
+    script.write_text(APP.replace("REPORT", report))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, "-m", "torchdoctor", "run", *args, str(script)], capture_output=True,
+                       text=True, timeout=240, env=env, cwd=tmp_path)
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict", "warn", "fix"])
+def test_logged_error_found_in_every_mode(tmp_path, mode):
+    code, out, err = _run(tmp_path, LOGGED, "--mode", mode)
+    assert code == 1, err
+    assert "prompt executed" in out
+    summary = err[err.index("torchdoctor run:"):]
+    assert "1 placement error(s) met" in summary
+    assert "patch.bias" in summary
+    assert "model.patch.bias.data = model.patch.bias.data.to(torch.bfloat16)" in summary
+    assert "fix proven" in summary
+    assert "x = x.to(" not in summary and "layer.to(" not in summary
+    if mode in ("fix", "warn"):
+        assert f"aligned by --mode {mode}: " in summary
+        assert "make the fix permanent" in summary
+        assert "since `.data =` at" in summary and "app.py:13" in summary
+
+
+@pytest.mark.parametrize("report", [PRINTED, STDERR])
+def test_caught_and_printed_error_found(tmp_path, report):
+    code, out, err = _run(tmp_path, report)
+    assert code == 1, err
+    assert "prompt executed" in out
+    # the program's own output is unchanged: its traceback is printed once
+    assert err.count("Traceback (most recent call last)") == 1
+    summary = err[err.index("torchdoctor run:"):]
+    assert "caught and printed at app.py:9 in forward" in summary
+    assert "culprit patch.bias" in summary
+    assert "model.patch.bias.data = model.patch.bias.data.to(torch.bfloat16)" in summary
+
+
+def test_fix_mode_json_lists_the_aligned_fix(tmp_path):
+    code, out, err = _run(tmp_path, LOGGED, "--mode", "fix", "--json")
+    assert code == 1, err
+    data = json.loads(out[out.index("{"):])
+    assert data["exit_code"] == 0 and not data["ok"]
+    (f,) = data["findings"]
+    assert f["how"] == "aligned by --mode fix"
+    assert "patch.bias" in f["culprit"] and f["fix"].startswith("model.patch.bias.data")
+
+
+def test_clean_program_in_fix_mode_is_ok(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "APP", APP.replace(".float()", ".to(torch.bfloat16)"))
+    code, out, err = _run(tmp_path, LOGGED, "--mode", "fix")
+    assert code == 0, err
+    assert "prompt executed" in out and err.strip().endswith("no placement error")
