@@ -86,13 +86,12 @@ class _Recorder(Hooks):
         return blamed + entry + [from_origin(p, origin) for p in rest] + ran_as_asked(self.dtype, roots)
 
     def _policy_blamed(self, problems: list[Problem], roots: list[Any], have: set[str]) -> list[Problem]:
-        from torchdoctor._guard.provenance import policy_problems, suspects
-        from torchdoctor._walk import walk
-
         bad = {p.found for p in problems if p.kind in ("dtype", "device")}
         kinds = {p.kind for p in problems} & {"dtype", "device"}
         if not bad:
             return []
+        from torchdoctor._guard.provenance import policy_problems, suspects  # culprits: only when there are some
+        from torchdoctor._walk import walk
         blamed: list[Problem] = []  # data flow: a tensor an op met, or one that a tensor made in the run came from
         reached = {p.path for p in problems} | {s for v in self.sources.values() for s in v}
         try:

@@ -24,7 +24,6 @@ from torchdoctor._report.text import format_error
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._virtual.atop import prove_at_ops
-from torchdoctor._virtual.fixes import fix_items
 from torchdoctor._virtual.prove import Fix, held, proof_lines
 from torchdoctor._virtual.groups import grouped
 from torchdoctor._virtual.makers import CastMakers
@@ -216,6 +215,8 @@ def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = N
             current = held(roots[0])
         except Exception:  # a strange object: the fix is written without it
             current = None
+    from torchdoctor._virtual.fixes import fix_items  # the fix is written only for a block that has problems
+
     items = fix_items(problems, session.device, session.dtype, session.sources, current) or []
     try:
         return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile))
@@ -312,7 +313,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     failure: BaseException | None = None
     # autograd as the program has it: training steps run (backward, optimizers), their tensors checked too
     # CastMakers: a cast in a forward (``h.float()``) is named at its line, as simulate names it
-    with virtual_world(space, profile), rec.modules.tracking(), train_checks(rec), CastMakers():
+    with virtual_world(space, profile, CastMakers()), rec.modules.tracking(), train_checks(rec):
         try:
             yield session
         except _Stop:

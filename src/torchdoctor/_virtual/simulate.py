@@ -20,8 +20,7 @@ import torch
 
 from torchdoctor._rules.presets import as_profile
 from torchdoctor._rules.profile import DeviceProfile
-from torchdoctor._report.text import exit_code as exit_code_of
-from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, schema
+from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, exit_code as exit_code_of, schema
 from torchdoctor._report.html import HtmlMapMixin
 from torchdoctor._report.model import Problem, Target, summarize
 from torchdoctor._placement import device_str, dtype_str, norm_device, parse_device, parse_dtype
@@ -29,8 +28,7 @@ from torchdoctor._virtual.copying import virtual_copy
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
-
-from torchdoctor._virtual.fixes import fix_for, fix_items
+from torchdoctor._virtual.fixes import fix_items
 from torchdoctor._virtual.prove import Fix, apply_fixes, fix_text, fixed_inputs, held, proven, recasts
 from torchdoctor._virtual.makers import CastMakers, place_inputs as _place_inputs, placed_on as _placed_on
 from torchdoctor._virtual.groups import grouped
@@ -344,7 +342,7 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
     on meta is taken as loaded on ``device``, and the report says so). ``sources``: where device/dtype/profile
     came from (``--device``, ``[tool.torchdoctor] in FILE``), said in the report."""
     from torchdoctor._scan.scan import scan
-    from torchdoctor._virtual.session import virtual_devices
+    from torchdoctor._virtual.session import proven_fixes, virtual_devices
     from torchdoctor._walk import walk
 
     start = time.perf_counter()
@@ -394,7 +392,8 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
         left = sum(int(p.found.split()[0]) for p in more) + max(len(kept) - limit, 0)
         problems = kept[:limit] + not_stored(left, limit)
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
-    fix = fix_for(problems, session.device, dt, session.sources, held(obj) if dt is not None else None)
+    items = proven_fixes(session, problems, held(obj) if dt is not None else None) if problems else ()  # at the op
+    fix = "\n".join(f.code for f in items) or None
     return SimulationReport(session.device, dt, session.data, session.profile, tuple(problems), session.ops,
                             time.perf_counter() - start, stopped, summary, session.culprits, fix, forward, assumed,
-                            expectation(session.device, dt, session.profile, sources))
+                            expectation(session.device, dt, session.profile, sources), items)
