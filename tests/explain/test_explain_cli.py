@@ -49,7 +49,7 @@ def test_json(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert isinstance(d["fixes"][0]["code"], str) and 0 <= d["confidence"] <= 1
     assert main(["explain", log_file(tmp_path, "fine"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"schema": "torchdoctor/explain/1", "source": str(tmp_path / "run.log"),
-                                                   "diagnoses": []}
+                                                   "diagnoses": [], "nothing_to_check": False}
 
 
 def test_stdin_and_undecodable(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str],
@@ -58,7 +58,7 @@ def test_stdin_and_undecodable(tmp_path: pathlib.Path, capsys: pytest.CaptureFix
     assert main(["explain", "-"]) == 1
     assert "device_mismatch" in capsys.readouterr().out
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
-    assert main(["explain"]) == 0
+    assert main(["explain"]) == 2  # an empty paste: nothing to check, as scan says of an object without tensors
     binary = tmp_path / "model.bin"
     binary.write_bytes(bytes(range(256)) * 100)
     assert main(["explain", str(binary)]) == 0  # decoded with replacement, nothing recognised

@@ -8,7 +8,6 @@ import os
 import sys
 from typing import IO
 
-from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS
 from torchdoctor._cli.common import UsageError, print_json
 from torchdoctor._explain.api import explain_stream
 
@@ -45,4 +44,4 @@ def command(args: argparse.Namespace) -> int:
         print_json(report.to_dict())
     else:
         print(report)
-    return EXIT_PROBLEMS if report else EXIT_OK
+    return report.exit_code()

@@ -277,6 +277,8 @@ def explain(text_or_exception: object, *, limit: int | None = None) -> ExplainRe
             text = text_or_exception
         else:
             text = str(text_or_exception)
+        if not text.strip():
+            return ExplainReport(nothing_to_check=True)
         return ExplainReport(tuple(_explain_blocks(_blocks(text), limit)))
     except Exception:  # explaining must never crash the caller
         return ExplainReport()
@@ -284,8 +286,16 @@ def explain(text_or_exception: object, *, limit: int | None = None) -> ExplainRe
 
 def explain_stream(source: IO[str], name: str | None = None) -> ExplainReport:
     """``explain`` over a text stream read in blocks (a file, stdin): memory stays bounded by the block size."""
+    seen = [False]
+
+    def blocks() -> Iterator[str]:
+        for block in _blocks(source):
+            seen[0] = seen[0] or not block.isspace() and block != ""
+            yield block
+
     try:
-        return ExplainReport(tuple(_explain_blocks(_blocks(source), None)), name)
+        found = tuple(_explain_blocks(blocks(), None))
+        return ExplainReport(found, name, nothing_to_check=not seen[0])
     except OSError:  # an unreadable file is the caller's to report
         raise
     except Exception:  # a stream that fails half-way still must not crash the caller

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
-from torchdoctor._report.text import public_types
+from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, public_types
 from torchdoctor._report.views import ResultViews
 
 __all__ = ["Alternative", "Diagnosis", "ExplainReport", "SCHEMA", "UNPROVEN", "environment_fix", "render", "to_json"]
@@ -112,10 +112,15 @@ class ExplainReport(ResultViews, Sequence[Diagnosis]):
 
     diagnoses: tuple[Diagnosis, ...] = ()
     source: str | None = None
+    nothing_to_check: bool = False  # the text was empty or blank: no answer either way (exit 2, as scan's)
 
     @property
     def ok(self) -> bool:
         return not self.diagnoses
+
+    def exit_code(self) -> int:
+        """The CLI's exit code: 1 an error recognised, 0 none, 2 nothing to check (an empty text)."""
+        return EXIT_USAGE if self.nothing_to_check else EXIT_PROBLEMS if self.diagnoses else EXIT_OK
 
     @overload
     def __getitem__(self, index: int) -> Diagnosis: ...
@@ -147,9 +152,12 @@ class ExplainReport(ResultViews, Sequence[Diagnosis]):
     __hash__ = None  # type: ignore[assignment]
 
     def to_dict(self) -> dict[str, Any]:
-        return to_json(self.diagnoses, self.source)
+        return {**to_json(self.diagnoses, self.source), "nothing_to_check": self.nothing_to_check}
 
     def __str__(self) -> str:
+        if self.nothing_to_check:
+            return ("torchdoctor explain: nothing to check: the text was empty (paste the error, or give a file: "
+                    "torchdoctor explain error.log)")
         return render(self.diagnoses)
 
     def __repr__(self) -> str:
