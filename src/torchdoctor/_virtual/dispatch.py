@@ -21,6 +21,8 @@ from torchdoctor._virtual.tensor import Space, VirtualTensor, make
 
 aten = torch.ops.aten
 _CPU = torch.device("cpu")
+_WIDE = (torch.float64, torch.complex128)
+_MOVES = (aten._to_copy, aten.copy_, aten.copy)  # a move or cast: the hooks' ``moving`` names it
 _META = torch.device("meta")
 
 
@@ -313,6 +315,10 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             space.hooks.failed(str(func), again)
             raise again from exc
     wrapped = _wrap(out, dev, owner, path)
+    if space is not None and isinstance(wrapped, VirtualTensor) and wrapped.dtype in _WIDE \
+            and func.overloadpacket not in _MOVES and all(t.dtype != wrapped.dtype for t in ts):
+        # an op that makes a float64 / complex128 result (sum(dtype=), new_zeros(dtype=), zeros_like(dtype=))
+        space.hooks.creating(func.overloadpacket.__name__, wrapped._td_device, {"dtype": wrapped.dtype})
     if space is not None and path is None and isinstance(wrapped, VirtualTensor) and wrapped._td_origin is None:
         # (integer results too: position_ids built by torch.arange(n).expand(...) name the factory call)
         # provenance: a result records the op, its module and the named tensors it took its dtype and device from

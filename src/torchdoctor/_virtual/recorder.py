@@ -14,6 +14,7 @@ from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
 from torchdoctor._virtual.atop import Cases, tags_of
+from torchdoctor._virtual.datadtype import data_dtype, factory_call
 from torchdoctor._virtual.escaped import escaped_problem
 from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest
 from torchdoctor._virtual.origin import from_origin, ran_as_asked
@@ -165,12 +166,13 @@ class _Recorder(Hooks):
                        f"{dtype_str(dtype)} tensors, so this raises; cast to float32 first", key=dtype_str(dtype))
         return dtype
 
-    def creating(self, name: str, device: torch.device, kwargs: dict[str, Any]) -> None:
+    def creating(self, name: str, device: torch.device, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> None:
         self.exists(device, None, f"torch.{name}")
-        dt = kwargs.get("dtype")
+        said = "dtype" in kwargs  # float64 numpy data makes a float64 tensor unasked
+        dt = kwargs.get("dtype") if said else data_dtype(name, args)
         if isinstance(dt, torch.dtype) and device.type == self.profile.type and not self.profile.supports(dt, "storage"):
             self._note("unsupported_dtype", None, dtype_str(dt), f"a dtype {device.type} supports",
-                       f"torch.{name}(dtype={dtype_str(dt)}, device={device_str(device)!r}): {device.type} cannot hold "
+                       f"{factory_call(name, dtype_str(dt), said, device_str(device))}: {device.type} cannot hold "
                        f"{dtype_str(dt)} tensors, so the factory raises; make it float32", f"torch.{name}", "factory",
                        key=f"{name}:{dtype_str(dt)}")
         gdev = getattr(kwargs.get("generator"), "device", None)

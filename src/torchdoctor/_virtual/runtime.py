@@ -309,7 +309,7 @@ class VirtualMode(TorchFunctionMode):
             kwargs = dict(zip(kwargs, lift_all(kwargs.values(), space, None)))
         if target is None or not is_virtual(target):
             return _made(_own(func(*args, **kwargs), space, target), func, space)
-        space.hooks.creating(name, target, kwargs)
+        space.hooks.creating(name, target, kwargs, args)
         grad = bool(kwargs.pop("requires_grad", False))  # a leaf that asks for grad is one on the device too
         out = func(*args, **dict(kwargs, device=space.inner))
         if space.data == "meta" and all(not isinstance(o, torch.Tensor) or plain(o) and o.numel() <= SMALL

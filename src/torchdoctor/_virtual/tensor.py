@@ -44,8 +44,8 @@ class Hooks:
         """A tensor is moved or cast; returns the dtype to continue with."""
         return dtype
 
-    def creating(self, name: str, device: torch.device, kwargs: dict[str, Any]) -> None:
-        """A factory is about to create a tensor on a virtual device."""
+    def creating(self, name: str, device: torch.device, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> None:
+        """A factory is about to create a tensor on a virtual device (``args``: its data, if it takes any)."""
 
     def failed(self, what: str, exc: BaseException | None, hint: str = "") -> None:
         """An op could not run on the inner tensors; may raise to end the simulation."""
