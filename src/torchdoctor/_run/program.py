@@ -244,7 +244,8 @@ def _notes(problems: list[Any], traced: bool) -> dict[str, str]:
 
     out = {}
     for p in problems:
-        note = note_for(p.path) if p.path and not p.path.startswith("<") else None
+        root = p.module_type if p.module_path == "" else None  # the object's own record, not another's path
+        note = note_for(p.path, root) if p.path and not p.path.startswith("<") else None
         if note:
             out[p.path] = note
     return out

@@ -116,6 +116,8 @@ class Watcher:
     _keys: dict[tuple[str, str], Finding] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _saved: list[Any] = field(default_factory=list)
+    _met: list[tuple[int, int]] = field(default_factory=list)  # the last exceptions seen (by id)
+    _last: tuple[str, str] | None = None  # the key of the last exception seen, for the text record that logs it
 
     def see(self, how: str, exc: BaseException | None = None, text: str | None = None) -> Finding | None:
         """An error met by the program (an exception, or a logged message); None when it is not about placement."""
@@ -145,11 +147,20 @@ class Watcher:
             next((ln.strip() for ln in (text or "").splitlines()[::-1] if "Error" in ln), (text or "").strip()[:200])
         error = f"{type(exc).__name__}: {first}" if exc is not None else first
         key = (d.category, re.sub(r"^[\w.]*(Error|Exception)\w*: ", "", error)[:300])  # as raised or as logged
+        # one exception met twice (logged with its traceback, then printed by the logger's formatter) is one; ids,
+        # not the exceptions (a traceback holds the program's frames): a reused id can only undercount a repeat
+        met = (id(exc), id(exc.__traceback__)) if exc is not None else None
         with self._lock:
             old = self._keys.get(key)
+            again = met is not None and met in self._met
+            if met is not None and not again:
+                self._met = [*self._met[-15:], met]
             if old is not None:
-                old.count += 1
+                if not again and (exc is not None or self._last != key):  # a text record of the error just met
+                    old.count += 1
+                self._last = key if exc is not None else None
                 return None
+            self._last = key if exc is not None else None
         frames = _frames(exc.__traceback__) if exc is not None else _frames_of_text(text or "")
         culprit = self._culprit(exc)
         fix = culprit_fix(culprit) or (d.fixes[0][1] if d.fixes else None)  # the live culprit's fix first

@@ -152,15 +152,18 @@ def active() -> bool:
     return bool(patches.SESSIONS)
 
 
-def note_for(tensor_or_path: torch.Tensor | str) -> str | None:
+def note_for(tensor_or_path: torch.Tensor | str, root: str | None = None) -> str | None:
     """What the active traces know about the last change of this tensor (or path), as a sentence:
-    ``on cpu since `unfuse_lora()` at app.py:42``; None when no trace is active or nothing was recorded."""
+    ``on cpu since `unfuse_lora()` at app.py:42``; None when no trace is active or nothing was recorded.
+    ``root``: the type name of the object the path is relative to; its records win over another object's at the
+    same path."""
     try:
         for s in reversed(patches.SESSIONS):
             path = s.path_of(tensor_or_path) if isinstance(tensor_or_path, torch.Tensor) else tensor_or_path
             if not isinstance(path, str):
                 continue
             recs = s.history(path)
+            recs = [r for r in recs if r.root == root] or recs if root else recs
             if recs:
                 return recs[-1].note()
     except Exception:  # called while an error is being explained: never raise

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchdoctor._trace.record import remember_birth
 from torchdoctor._trace.session import Call, Session
 
 log = logging.getLogger("torchdoctor.trace")
@@ -156,6 +157,8 @@ def _wrap(orig: Callable[..., Any], via: str, name: str, kind: str) -> Callable[
         if kind == ASSIGN and not _relevant_assign(args):
             return orig(*args, **kwargs)
         if kind == ASSIGN:
+            if len(args) > 2 and type(args[2]) is torch.Tensor and call is None and type(args[1]) is str:
+                remember_birth(args[0], args[1], args[2], sys._getframe(1))  # told if the module is adopted later
             # the module assigned into is the subject; a traced module stored into a new container (a
             # ModuleList sliced in forward) changes nothing of the traced object
             label = f".{args[1]} =" if len(args) > 1 and isinstance(args[1], str) else name

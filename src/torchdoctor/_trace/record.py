@@ -203,3 +203,35 @@ def this_thread() -> str:
     return threading.current_thread().name
 
 public_types(TraceRecord)
+
+
+# plain tensors assigned as attributes of a module no trace knows yet (``self.scale = torch.ones(4)`` in an
+# ``__init__``): (module -> name -> (weakref of the tensor, file, line)), told when that module is adopted, so its
+# record is this object's and not another's at the same path
+BIRTHS: Any = None
+
+
+def remember_birth(module: Any, name: str, tensor: Any, frame: types.FrameType | None) -> None:
+    import weakref
+
+    global BIRTHS
+    if BIRTHS is None:
+        BIRTHS = weakref.WeakKeyDictionary()
+    user, _ = user_site(frame)
+    if user is not None:
+        BIRTHS.setdefault(module, {})[name] = (weakref.ref(tensor), user.f_code.co_filename, user.f_lineno)
+
+
+def births(objects: dict[int, tuple[str, Any]]) -> list[tuple[str, str, str, int]]:
+    """``(path, name, file, line)`` of the remembered assignments still in place in these ``id -> (path, ref)``
+    objects of a newly traced root."""
+    out: list[tuple[str, str, str, int]] = []
+    if not BIRTHS:
+        return out
+    for scope, ref in objects.values():
+        obj = ref() if ref is not None else None
+        born = BIRTHS.get(obj) if obj is not None else None
+        for name, (tref, file, line) in (born or {}).items():
+            if tref() is not None and getattr(obj, "__dict__", {}).get(name) is tref():
+                out.append((f"{scope}.{name}" if scope else name, name, file, line))
+    return out

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from torchdoctor._placement import device_str, dtype_str
-from torchdoctor._trace.record import TraceRecord, describe_frame, this_thread, user_site
+from torchdoctor._trace.record import TraceRecord, births, describe_frame, this_thread, user_site
 from torchdoctor._trace.snapshot import Shape, Snap, drop, owned, ref as _ref, snapshot, strip
 
 log = logging.getLogger("torchdoctor.trace")
@@ -189,6 +189,10 @@ class Session:
                 self.objects[oid] = (root, scope, ref)
             rref = _ref(obj)
             self.objects[id(obj)] = (root, "", rref)
+        for path, name, file, line in births({**objects, id(obj): ("", rref)}):  # made before it was traced
+            if path in snap:
+                self._record(root, [("add", path, None, snap[path])], (f".{name} =", f"assignment to .{name}"),
+                             "Module.__setattr__", file, line)
         return root
 
     def find(self, obj: Any) -> tuple[Root, str] | None:
