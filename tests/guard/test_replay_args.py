@@ -32,7 +32,8 @@ def test_conv_bias_fp32_in_bf16_model_is_proven(make, shape) -> None:
     m = nn.Sequential(make()).to(BF)
     m[0].bias.data = m[0].bias.data.float()
     lines = _strict_fix_lines(m, torch.rand(*shape, dtype=BF))
-    assert lines == ["fix proven: aten.convolution.default runs with arg 2 (bias) -> bfloat16"], lines
+    assert lines == ["fix proven: the whole forward runs again on a copy of the model with 0.bias -> bfloat16",
+                     "fix proven: aten.convolution.default runs with arg 2 (bias) -> bfloat16"], lines
 
 
 @pytest.mark.parametrize("make, shape, odd, op", [
@@ -46,7 +47,8 @@ def test_norm_and_linear_ops_replayed_with_all_arguments(make, shape, odd, op) -
     p = getattr(m[0], odd)
     p.data = p.data.float()
     lines = _strict_fix_lines(m, torch.rand(*shape, dtype=BF))
-    assert len(lines) == 1 and lines[0].startswith(f"fix proven: aten.{op}.default runs with"), lines
+    assert len(lines) == 2 and lines[1].startswith(f"fix proven: aten.{op}.default runs with"), lines
+    assert lines[0] == f"fix proven: the whole forward runs again on a copy of the model with 0.{odd} -> bfloat16"
 
 
 def test_a_truncated_argument_list_is_an_unreplayable_op_not_the_users_error() -> None:

@@ -10,6 +10,8 @@ cast down and called on its inputs. Neither touches the user's component.
 from __future__ import annotations
 
 import copy
+import logging
+import warnings
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -64,3 +66,151 @@ def prove_module(mod: Any, inputs: Sequence[Any], want: torch.dtype) -> str:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return f"fix unproven: a copy of {label} cast to {dtype_str(want)}: {type(exc).__name__}: {first}"[:400]
     return f"fix proven: a copy of {label} cast to {dtype_str(want)} runs on the inputs it failed on"
+
+
+# --- a part of a component: the odd tensors belong to a submodule that is odd as a whole ----------------------------
+
+_COPY_LIMIT = 1 << 30  # bytes of parameters and buffers a whole-forward proof may copy
+
+
+def _parent(path: str) -> str:
+    return path.rsplit(".", 1)[0] if "." in path else ""
+
+
+def _inside(path: str, prefix: str) -> bool:
+    return not prefix or path == prefix or path.startswith(prefix + ".")
+
+
+def odd_groups(entries: Sequence[Any], culprits: Collection[str], value: Any) -> list[str] | None:
+    """The submodules that hold the culprits' odd value as a whole (every floating tensor under each is ``value``,
+    its parent's are not), with every other such submodule of the model that holds the same odd value (an adapter
+    added in float32 to each layer): what a fix casts so that the next layer does not fail the same way. None when
+    a culprit's submodule is not odd as a whole, when the odd tensors hold most of the model, or for over 8."""
+    floating = [(e.path, e.tensor) for e in entries if isinstance(e.tensor, torch.Tensor)
+                and e.tensor.is_floating_point()]
+    if not culprits or not floating:
+        return None
+
+    def uniform(prefix: str) -> bool:
+        return bool(prefix) and all(_value(t) == value for p, t in floating if _inside(p, prefix))
+
+    def _value(t: torch.Tensor) -> Any:
+        return t.dtype if isinstance(value, torch.dtype) else t.device
+
+    odd = [p for p, t in floating if _value(t) == value]
+    if sum(t.numel() for p, t in floating if p in set(odd)) * 2 >= sum(t.numel() for _, t in floating):
+        return None  # the odd value holds most of the model: it is the model's, not a part's
+    groups: dict[str, None] = {}
+    for p in odd:
+        top = _parent(p)
+        if not uniform(top):
+            if p in culprits:
+                return None  # a culprit's own module mixes values: its tensors are the fix, not a module
+            continue
+        while uniform(_parent(top)):
+            top = _parent(top)
+        groups.setdefault(top, None)
+    out = [g for g in groups if not any(_inside(g, h) and g != h for h in groups)]
+    # beside the culprits' own submodule, only its kind elsewhere (the same place in each layer: an adapter added
+    # to every block), never an unrelated odd module the failure did not involve
+    own = {_shape(_parent(g)) for g in out if any(_inside(c, g) for c in culprits)}
+    out = [g for g in out if _shape(_parent(g)) in own]
+    if {p for p in odd if any(_inside(p, g) for g in out)} <= set(culprits):
+        return None  # the culprits are all their submodules hold: the tensors are the fix
+    return out if 0 < len(out) <= 8 else None
+
+
+def _shape(path: str) -> str:
+    """``model.layers.3.mlp`` -> ``model.layers.#.mlp``: the same place in every layer."""
+    return ".".join("#" if x.isdigit() else x for x in path.split("."))
+
+
+def groups_fix(groups: Sequence[str], target: Any, root: Any, dicts: Collection[str]) -> str:
+    """``model.vae.to(torch.float16)``: one line per odd submodule."""
+    from torchdoctor._guard.maps import code_path, value_code
+
+    return "\n".join(f"{code_path(g, var=var_for(root), dicts=dicts)}.to({value_code(target)})" for g in groups)
+
+
+def prove_whole(session: Any, root: Any, apply: Any, tried: str) -> str | None:
+    """Run the whole forward again on a copy of the model with ``apply(copy)`` done (the fix), on the inputs the
+    model was called with: a fix that breaks a later op is not proven. None when it cannot be re-run (a pipeline,
+    keyword-only inputs, a model too large to copy): the op's own proof stands then."""
+    inputs = tuple(session.frames.inputs_of(root)) if isinstance(root, nn.Module) else ()
+    frames = session.frames
+    if not isinstance(root, nn.Module) or not inputs or session.replaying:
+        return None
+    try:
+        size = sum(t.nelement() * t.element_size() for t in (*root.parameters(), *root.buffers()))
+    except Exception:
+        return None
+    if size > _COPY_LIMIT:
+        return None
+    kept = {k: copy.copy(getattr(frames, k)) for k in ("stack", "inputs", "ran", "bw") if hasattr(frames, k)}
+    rng = torch.get_rng_state()
+    session.replaying = True
+    quiet = logging.root.manager.disable
+    try:
+        logging.disable(logging.WARNING)  # a library's note on the copy's cast is no part of the report
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            trial = copy.deepcopy(root)
+            apply(trial)
+            trial(*inputs)
+    except Exception as exc:  # the re-run's own failure is the answer, never a crash of the report
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"fix unproven: the whole forward re-run with {tried}: {type(exc).__name__}: {first}"[:400]
+    finally:
+        logging.disable(quiet)
+        session.replaying = False
+        for k, v in kept.items():  # guard's stack as it was (a re-run in backward starts a new forward)
+            getattr(frames, k).clear()
+            getattr(frames, k).update(v) if isinstance(v, (dict, set)) else getattr(frames, k).extend(v)
+        torch.set_rng_state(rng)
+    return f"fix proven: the whole forward runs again on a copy of the model with {tried}"
+
+
+def cast_paths(paths: Sequence[tuple[str, Any]]) -> Any:
+    """``apply`` for ``prove_whole``: each (module or tensor path, target) cast or moved on the copy."""
+    def apply(m: nn.Module) -> None:
+        for p, target in paths:
+            try:
+                m.get_submodule(p).to(target)
+                continue
+            except AttributeError:
+                pass
+            owner, _, name = p.rpartition(".")
+            t = getattr(m.get_submodule(owner), name)
+            t.data = t.data.to(target)
+    return apply
+
+
+def widen(session: Any, maps: Any, root: Any, paths: Sequence[str], target: Any, fix: str | None
+          ) -> tuple[str | None, list[str], str | None]:
+    """(fix, lines, proof) for culprits that are model tensors: the submodules odd as a whole when the culprits'
+    are (the fix casts each; the report names them), and the whole forward re-run on a copy with the fix done.
+    The proof is None when nothing could be re-run."""
+    from torchdoctor._placement import dtype_str as _ds
+
+    by = {e.path: e.tensor for e in maps.walk.entries}
+    ts = [t for t in (by.get(p) for p in paths) if isinstance(t, torch.Tensor)]
+    if not ts or target is None or len(ts) != len(paths):
+        return fix, [], None
+    dt = isinstance(target, torch.dtype)
+    values = {t.dtype if dt else t.device for t in ts}
+    if len(values) != 1:
+        return fix, [], None
+    value = values.pop()
+    show = (lambda v: _ds(v)) if dt else str
+    groups = odd_groups(maps.walk.entries, set(paths), value)
+    if groups is None:
+        tried = f"{', '.join(paths)} -> {show(target)}"
+        return fix, [], prove_whole(session, root, cast_paths([(p, target) for p in paths]), tried)
+    whole = "pipeline" if var_for(root) == "pipe" else "model"
+    lines = [f"culprit `{g}`: every tensor in it is {show(value)} while the rest of the {whole} is {show(target)} "
+             f"(the component is the odd one out: aligning only this op's tensors leaves its next layer failing)"
+             for g in groups]
+    tried = f"{', '.join(f'`{g}`' for g in groups)} -> {show(target)}"
+    proof = prove_whole(session, root, cast_paths([(g, target) for g in groups]), tried)
+    return groups_fix(groups, target, root, maps.dicts), lines, proof or f"fix unproven: {tried} not re-run " \
+        f"(the {whole}'s inputs are not known here, or it is too large to copy)"

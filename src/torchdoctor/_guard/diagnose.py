@@ -270,6 +270,12 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     culprits += [(c[0], c[1], kind, None if kind == "meta" else _also_dtype(ref, c[2], kind, message, maps))
                  for c in victims]
     fix = fix_code(culprits, maps.dicts if maps is not None else ())
+    held = [(c[0], c[3]) for c in culprits if c[0] is not None]
+    if held and len({t for _, t in held}) == 1 and kind in ("dtype", "device") and maps is not None \
+            and not compiled and aim is None:
+        # the culprits' submodule odd as a whole is what the fix casts; proven by re-running the whole forward
+        fix, more, proof = component.widen(session, maps, root, [p for p, _ in held], held[0][1], fix)
+        lines[-1:-1] = more + ([proof] if proof else [])
     comp = None
     if not blamed and bad and all(c[0] is None for c in bad) and kind == "dtype" and maps is not None:
         odd = provenance.odd_component(maps.walk, mpath, [c[2] for c in bad], ref)

@@ -57,12 +57,58 @@ class Maps:
         if self._policy_problems is None:
             from torchdoctor._guard.provenance import policy_problems
 
-            self._policy_problems = policy_problems(self.walk)
+            self._policy_problems = self._by_holding(policy_problems(self.walk))
         return self._policy_problems
+
+    def overruled(self, module_path: str | None) -> bool:
+        """Does the model's dtype, judged by what holds its parameters (bytes, the frozen base included), overrule
+        the policy's count of tensors for this module (two small float32 LoRA tensors beside one large bf16
+        weight: the model is bf16)? Only for the model's own component decided by a vote."""
+        held = self.held_dtype()
+        if held is None or module_path is None:
+            return False
+        try:
+            comp = self.expect.policy.ctx(module_path)[0]
+        except Exception:  # the policy's view stands
+            return False
+        return comp is not None and comp.path == "" and comp.dtype_rule == "vote" and comp.dtype is not None \
+            and comp.dtype != held and self.expect.dtype(module_path) == comp.dtype
+
+    def held_dtype(self) -> torch.dtype | None:
+        """The dtype that holds over half of the model's floating elements (float8 storage aside), or None."""
+        if not hasattr(self, "_held"):
+            n: dict[torch.dtype, int] = {}
+            for e in self.walk.entries:
+                t = e.tensor
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in FLOAT8_DTYPES:
+                    n[t.dtype] = n.get(t.dtype, 0) + t.nelement()
+            top = max(n, key=n.__getitem__) if n else None
+            self._held = top if top is not None and n[top] * 2 > sum(n.values()) else None
+        return self._held
+
+    def _by_holding(self, problems: list[Problem]) -> list[Problem]:
+        """The policy's dtype findings, with the model's dtype judged by what holds it where the vote disagrees."""
+        if not self.overruled(""):
+            return problems
+        held = self.held_dtype()
+        want = dtype_str(held)
+        out = [p for p in problems if not (p.kind == "dtype" and self.overruled(p.module_path or ""))]
+        for e in self.walk.entries:
+            t = e.tensor
+            mp = e.path.rsplit(".", 1)[0] if "." in e.path else ""
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in FLOAT8_DTYPES \
+                    and t.dtype != held and self.overruled(mp):
+                found = dtype_str(t.dtype)
+                out.append(Problem("dtype", e.path, "parameter" if isinstance(t, nn.Parameter) else "buffer", found,
+                                   want, f"{e.path} is {found} in a model whose parameters are {want}",
+                                   module_path=mp, tensors=(_rules._compact(t),)))
+        return out
 
     def dtype_for(self, module_path: str | None) -> torch.dtype | None:
         """The dtype a module's ops should agree on, as scan sees it (its component, its peft adapter ...)."""
         want = self.expect.dtype(module_path) if module_path is not None else None
+        if want is not None and self.overruled(module_path):
+            return self.held_dtype()
         return want if want is not None and want not in FLOAT8_DTYPES else self.dtype
 
     def tensor_path(self, t: torch.Tensor) -> tuple[str, str] | None:

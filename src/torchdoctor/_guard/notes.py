@@ -133,6 +133,16 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
         lines.append(proof or (aim.proof if aim is not None and aim.proof else prove(
             c.func, c.args, c.kwargs, plan, tensors, op) if c.fixable or session.mode == "strict"
             else "fix unproven: no alignment of this op is known"))
+        held = [(x[0], x[3]) for x in culprits if x[0] is not None]
+        if proof is None and aim is None and session.mode == "strict" and maps is not None and held \
+                and len({t for _, t in held}) == 1 and lines[-1].startswith("fix proven"):
+            # a fix that breaks a later op is not proven: the whole forward again, the odd submodule cast whole
+            fix, more, whole = _component.widen(session, maps, c.root, list(dict.fromkeys(p for p, _ in held)),
+                                                held[0][1], fix)
+            if more or (whole is not None and whole.startswith("fix unproven")):
+                lines[-1:] = more + [whole or lines[-1]]
+            elif whole is not None:  # both proven: the op's own proof stays the last word on this op
+                lines.insert(-1, whole)
     err = PlacementError(format_error(head, lines + [f"other operand {d}" for d in others], fix),
                          module_path=c.mpath, module_type=c.mtype, op=str(op),
                          tensors=tuple(c.findings[0].problem.tensors), problems=problems, fix=fix)

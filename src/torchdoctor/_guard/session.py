@@ -100,6 +100,7 @@ class Session:
         self.composite: CompositeCheck | None = None
         self.maps: dict[int, Maps] = {}
         self.pending: BaseException | None = None  # strict: a silent promotion's report (_guard/promotion.py)
+        self.replaying = False  # a whole-forward proof runs: module-entry checks stay quiet (_guard/component.py)
 
     # -- lifetime -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -212,7 +213,7 @@ class Session:
         """strict: ``conv2d`` checks the bias dtype before any aten op is dispatched, so the dispatch mode never
         sees it: look here (fix / warn align it in ``CompositeCheck``)."""
         bias = mod.bias
-        if not isinstance(x, _Tensor) or not isinstance(bias, _Tensor) or bias.dtype == x.dtype:
+        if self.replaying or not isinstance(x, _Tensor) or not isinstance(bias, _Tensor) or bias.dtype == x.dtype:
             return
         if "forward" in mod.__dict__:  # a hook wrapper (diffusers layerwise casting, accelerate) runs first and
             return  # may cast or move the weights: the composite's own error is explained if it still fails
