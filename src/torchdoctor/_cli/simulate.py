@@ -118,7 +118,7 @@ def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfil
         raise UsageError(str(exc)) from exc
     except Exception as exc:  # the target's own code failed before any placement problem was seen
         raise UsageError(f"running {spec} failed before any placement problem: {failure(exc)}") from exc
-    if report.ok and report.ops == 0 and not report.summary:
+    if report.nothing_to_check:
         raise UsageError(f"nothing to check: {spec} holds no tensors and ran no tensor op "
                          f"(a {type(getattr(target, 'obj', target)).__name__})")
     if args.html:

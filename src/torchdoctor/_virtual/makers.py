@@ -144,10 +144,16 @@ def place_inputs(space: Any, value: Any, device: torch.device, dtype: torch.dtyp
     return value
 
 
-def placed_on(value: Any, device: torch.device, dtype: torch.dtype | None, assume: torch.device | None,
+def built_on(found: Any, device: torch.device) -> bool:
+    """The TARGET's own code put its tensors on the virtual device (``model.to("mps")`` in ``build_target``): its
+    placement is checked as built, not redone (a redone move hides the inputs or quant state it left behind)."""
+    return any(getattr(e.tensor, "_td_device", e.tensor.device).type == device.type for e in found.entries)
+
+
+def placed_on(value: Any, device: torch.device | None, dtype: torch.dtype | None, assume: torch.device | None,
                path: str) -> Any:
     """Inputs a TARGET returned, where the user would put them: on ``device``, floating ones in ``dtype``; named
-    ``input 0`` / ``kwarg mask`` as ``simulate`` names them, and taken as loaded on ``assume`` when on meta, as the
+    ``input 0`` / ``kwarg mask`` as ``simulate`` names them (``device`` None: where the TARGET put them), and taken as loaded on ``assume`` when on meta, as the
     model's weights are."""
     if isinstance(value, torch.Tensor):
         space = current_space()
@@ -159,6 +165,8 @@ def placed_on(value: Any, device: torch.device, dtype: torch.dtype | None, assum
                 value._td_path = path
             if assume is not None and value._td_device.type == "meta":
                 value._td_device = assume
+        if device is None:  # placed by the TARGET's code: passed as built
+            return value
         return value.to(device, dtype) if dtype is not None and value.is_floating_point() else value.to(device)
     if isinstance(value, dict):
         return type(value)({k: placed_on(v, device, dtype, assume, f"{path}.{k}") for k, v in value.items()})

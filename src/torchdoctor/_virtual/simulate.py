@@ -12,29 +12,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from dataclasses import replace
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from torchdoctor._rules.presets import as_profile
 from torchdoctor._rules.profile import DeviceProfile
-from torchdoctor._report.text import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, exit_code as exit_code_of, schema
-from torchdoctor._report.html import HtmlMapMixin
-from torchdoctor._report.model import Problem, Target, summarize
-from torchdoctor._placement import device_str, dtype_str, norm_device, parse_device, parse_dtype
+from torchdoctor._report.model import Target, summarize
+from torchdoctor._placement import device_str, norm_device, parse_device, parse_dtype
 from torchdoctor._virtual.copying import virtual_copy
+from torchdoctor._virtual.simreport import SimulationReport
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
 from torchdoctor._virtual.fixes import fix_items
-from torchdoctor._virtual.prove import Fix, apply_fixes, fix_text, fixed_inputs, held, proven, recasts
-from torchdoctor._virtual.makers import CastMakers, place_inputs as _place_inputs, placed_on as _placed_on
-from torchdoctor._virtual.groups import grouped
-from torchdoctor._virtual.session import expectation, not_stored, whence_line
+from torchdoctor._virtual.prove import Fix, apply_fixes, fixed_inputs, held, proven, recasts
+from torchdoctor._virtual.makers import CastMakers, built_on, place_inputs as _place_inputs, placed_on as _placed_on
+from torchdoctor._virtual.session import expectation, not_stored
 from torchdoctor._virtual.hardware import ledger, over_memory
-from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
+from torchdoctor._virtual.recorder import LIMIT, _Recorder, _Stop
 
 __all__ = ["SimulationReport", "simulate"]
 
@@ -42,75 +40,6 @@ log = logging.getLogger("torchdoctor.simulate")
 # what a device runtime call this simulator does not answer raises: a cannot-check, not a finding about the model
 _NO_RUNTIME = ("not compiled with", "not linked with support", "Cannot access accelerator", "no CUDA GPUs",
                "Found no NVIDIA driver")
-@dataclass(frozen=True, repr=False)
-class SimulationReport(HtmlMapMixin):
-    """What ``simulate`` found: ``.ok``, ``.problems`` (every problem, not only the first), ``.to_dict()``.
-    ``device``/``dtype`` are torch objects here and strings in ``to_dict()``."""
-
-    device: torch.device
-    dtype: torch.dtype | None
-    data: str
-    profile: DeviceProfile
-    problems: tuple[Problem, ...]
-    ops: int = 0
-    seconds: float = 0.0
-    stopped: str | None = None  # why the run ended early, if it did
-    summary: tuple[dict[str, Any], ...] = ()  # tensors by device and dtype after the move
-    culprits: int = 0  # the first ``culprits`` problems are model tensors that caused the ones after them
-    fix: str | None = None  # the fix as code, on the user's model (paths are the same as the copy's)
-    forward: bool = True  # a forward (or the user's call) ran; False: only the move was checked
-    assumed: str | None = None  # weights on meta taken as loaded there (a model built on meta), said in the report
-    # what was expected and where each came from: device/dtype/profile and device_source/dtype_source/profile_source
-    expected: dict[str, str] = field(default_factory=dict)
-    fixes: tuple[Fix, ...] = ()  # the fix by parts, each proven or not by a re-run with it applied
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-    def exit_code(self) -> int:
-        """0 ok, 1 problems, 2 something could not be simulated (an ``unsupported_op``, a nested tensor ...)."""
-        return exit_code_of(self.problems)
-
-    def to_dict(self) -> dict[str, Any]:
-        p = self.profile
-        return {
-            "schema": schema("simulate"), "ok": self.ok, "device": device_str(self.device),
-            "dtype": dtype_str(self.dtype) if self.dtype is not None else None, "data": self.data,
-            "profile": {"type": p.type, "count": p.count, "capability": list(p.capability), "memory": p.memory,
-                        "name": p.name},
-            "problems": [q.to_dict() for q in self.problems], "ops": self.ops, "seconds": round(self.seconds, 4),
-            "stopped": self.stopped, "summary": list(self.summary), "fix": self.fix, "forward": self.forward,
-            "assumed": self.assumed, "expected": dict(self.expected), "fixes": [f.to_dict() for f in self.fixes],
-        }
-
-    def text(self, limit: int = 40) -> str:
-        ran = next((p for p in self.problems if p.role == "run"), None)  # the code ran in another dtype than asked
-        where = device_str(self.device) + (f" in {ran.found} ({ran.expected} asked for)" if ran is not None else
-                                           f" in {dtype_str(self.dtype)}" if self.dtype else "")
-        head = f"{self.ops} ops on {'' if self.device.type == 'cpu' else 'virtual '}{where}, {self.seconds:.2f} s"
-        ok = "ok: no placement problems" if self.forward else \
-            "ok: the move left nothing behind (no forward ran: pass inputs, or from the command line return " \
-            "torchdoctor.Target(model, args), to check the forward)"
-        lines = [f"{ok} ({head})"] if self.ok else \
-            [f"{len(self.problems)} problem(s) ({head}):", *_culprits_then_rest(*_grouped(self.problems, self.culprits),
-                                                                                limit)]
-        if self.assumed:  # right under the headline: it qualifies every line after it
-            lines.insert(1, self.assumed)
-        if self.stopped:
-            lines.append(f"stopped early: {self.stopped}")
-        lines.extend(f"  {g['device']:<8} {g['dtype']:<14} {g['tensors']:>7} tensors" for g in self.summary[:limit])
-        if self.expected:
-            lines.append(whence_line(self.expected))
-        if self.fixes or self.fix:
-            lines.extend(fix_text(self.fixes) or ["Fix:", *(f"    {line}" for line in (self.fix or "").splitlines())])
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.text()
 
 
 # -- the facade ----------------------------------------------------------------------------------------------------
@@ -323,11 +252,6 @@ def _api_name(exc: BaseException) -> str:
 public_types(SimulationReport)
 
 
-def _grouped(problems: tuple[Problem, ...], culprits: int) -> tuple[tuple[Problem, ...], int]:
-    shown, n = grouped(problems, culprits)
-    return tuple(shown), n
-
-
 def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: str | torch.dtype | None = None, *,
                     profile: DeviceProfile | str | None = None, limit: int = LIMIT,
                     assume_device: str | torch.device | bool | None = None,
@@ -351,17 +275,22 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
         from torchdoctor._virtual.cpudtype import simulate_cpu
 
         t = load()
-        return simulate_cpu(*((t.obj, tuple(t.args), dict(t.kwargs)) if isinstance(t, Target) else (t, (), {})), dt,
-                            call, limit, SimulationReport)  # type: ignore[no-any-return]
+        built = time.perf_counter() - start
+        report = simulate_cpu(*((t.obj, tuple(t.args), dict(t.kwargs)) if isinstance(t, Target) else (t, (), {})),
+                              dt, call, limit, SimulationReport)
+        return replace(report, built_seconds=built)  # type: ignore[no-any-return]
     placed: Any = None
     forward = False
     assumed = None
     with virtual_devices(dev, dt, profile=profile, limit=limit, raise_on_exit=False, data=data,
                          select=select) as session:
+        loading = time.perf_counter()
         target = load()
+        built = time.perf_counter() - loading  # importing the TARGET's file and its factory: said apart
         obj, args, kwargs = (target.obj, tuple(target.args), dict(target.kwargs)) if isinstance(target, Target) \
             else (target, (), {})
         found = walk(obj)
+        to = None if built_on(found, dev) else session.device  # the TARGET placed it: checked as built, as given
         # the objects ``load`` built in this block are virtual already: relabelled in place, not copied (a copy
         # of them would keep their meta label: their class is a virtual one, which ``virtual_copy`` copies as is)
         unloaded = not_loaded(found) if assume_device is None or assume_device is True else 0
@@ -373,13 +302,13 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
         if call is not None:  # the caller's own moving and calling (simulate's call= on an object run in place)
             forward = True
             call(obj)
-        elif callable(getattr(type(obj), "to", None)):
-            obj.to(*((session.device,) if dt is None else (session.device, dt)))
+        elif callable(getattr(type(obj), "to", None)) and (to or dt) is not None:
+            obj.to(*(() if to is None else (to,)), *(() if dt is None else (dt,)))
         placed = scan(obj, device=session.device, dtype=None if args or kwargs else dt) if call is None else None
         if call is None and (args or kwargs):
             forward = True
-            obj(*(_placed_on(a, session.device, dt, assume, f"input {i}") for i, a in enumerate(args)),
-                **{k: _placed_on(v, session.device, dt, assume, f"kwarg {k}") for k, v in kwargs.items()})
+            obj(*(_placed_on(a, to, dt, assume, f"input {i}") for i, a in enumerate(args)),
+                **{k: _placed_on(v, to, dt, assume, f"kwarg {k}") for k, v in kwargs.items()})
     problems = list(session.problems)
     seen = {(p.kind, p.path) for p in problems}
     problems.extend(q for q in (placed.problems if placed is not None else ()) if (q.kind, q.path) not in seen and (
@@ -395,5 +324,5 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
     items = proven_fixes(session, problems, held(obj) if dt is not None else None) if problems else ()  # at the op
     fix = "\n".join(f.code for f in items) or None
     return SimulationReport(session.device, dt, session.data, session.profile, tuple(problems), session.ops,
-                            time.perf_counter() - start, stopped, summary, session.culprits, fix, forward, assumed,
-                            expectation(session.device, dt, session.profile, sources), items)
+                            time.perf_counter() - start - built, stopped, summary, session.culprits, fix, forward,
+                            assumed, expectation(session.device, dt, session.profile, sources), items, built)
