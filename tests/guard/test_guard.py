@@ -748,9 +748,15 @@ def test_explain_does_no_per_op_work() -> None:
     with torchdoctor.guard(net):
         net(torch.ones(1, 4))
     assert seen == [[]]  # no dispatch mode (or anything else per op) on the happy path
-    with torchdoctor.guard(net, mode="strict"):
+    with torchdoctor.guard(net, mode="strict"):  # the module-boundary gate: a clean module runs with no mode
         net(torch.ones(1, 4))
-    assert len(seen[1]) == 1
+    assert seen[1] == []
+    with torchdoctor.guard(net, mode="strict", every_op=True):
+        net(torch.ones(1, 4))
+    assert len(seen[2]) == 1
+    with torchdoctor.guard(net, mode="fix"):  # fix aligns per op: its mode is on every op
+        net(torch.ones(1, 4))
+    assert len(seen[3]) == 1
 
 
 class ThreeLayers(nn.Module):

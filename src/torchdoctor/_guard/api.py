@@ -76,8 +76,8 @@ class guard:  # noqa: N801 - reads like torch.no_grad
     tensor and the fix.
 
     ``with guard(model, mode="fix") as g:`` / ``@guard`` / ``@guard(mode="strict")`` / ``@guard(model)``.
-    Modes: ``explain`` (default, no per-op cost: explains an error that escapes), ``strict`` (checks every op
-    against the rules before it runs), ``fix`` (aligns the values passed to an op, records ``g.fixes``),
+    Modes: ``explain`` (default, no per-op cost: explains an error that escapes), ``strict`` (checks ops against
+    the rules before they run: inside the modules whose tensors disagree, or every op with ``every_op=True``), ``fix`` (aligns the values passed to an op, records ``g.fixes``),
     ``warn`` (like fix, with one ``PlacementWarning`` per distinct problem). Paths are relative to ``obj``,
     or to the outermost module entered when ``obj`` is None. Every mode says the same of a problem: the culprit,
     the maker of an operand made in a forward (its line, where its dtype was read from), the fix aimed there,
@@ -87,14 +87,20 @@ class guard:  # noqa: N801 - reads like torch.no_grad
     fixes: list[Fix]
     problems: list[Problem]
 
-    def __new__(cls, obj: Any = None, *, mode: str = "explain", profile: DeviceProfile | str | None = None) -> Any:
+    def __new__(cls, obj: Any = None, *, mode: str = "explain", profile: DeviceProfile | str | None = None,
+                every_op: bool = False) -> Any:
         if _is_plain_callable(obj):  # bare @guard on a function
-            return cls(None, mode=mode, profile=profile)(obj)
+            return cls(None, mode=mode, profile=profile, every_op=every_op)(obj)
         return super().__new__(cls)
 
-    def __init__(self, obj: Any = None, *, mode: str = "explain", profile: DeviceProfile | str | None = None) -> None:
+    def __init__(self, obj: Any = None, *, mode: str = "explain", profile: DeviceProfile | str | None = None,
+                 every_op: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"guard mode must be one of {', '.join(MODES)}, not {mode!r}")
+        # strict with a model checks per op only inside modules whose tensors disagree (_guard/fastpath.py);
+        # every_op=True checks every op, as strict without a model does (a silent promotion by a tensor made
+        # inside a module whose own tensors agree raises nothing, so only a per-op check sees it)
+        self.every_op = bool(every_op)
         self.model = obj  # the guarded object (a module, a pipeline): paths are relative to it
         self.mode = mode
         self.profile = as_profile(profile)  # a preset name ("t4") or a DeviceProfile

@@ -16,7 +16,7 @@ a backward of modules that agreed, and the optimizer step, run unchecked.
 What the boundary cannot see is not checked per op: a tensor made inside a module that agreed, read from
 elsewhere (a global, a cache object, another module's attribute) or passed by keyword. There torch's own kernel
 check still raises, and the error is explained as in explain mode. ``guard(mode="strict")`` without a model, with a
-device profile, or in a running simulation keeps the mode on every op (``eligible``).
+device profile, in a running simulation, or with ``every_op=True`` keeps the mode on every op (``eligible``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def eligible(session: Any) -> bool:
     """Does this session's strict run use the boundary check? Not without a model (a decorated function's ops are
     all it has), not with a device profile (its limits hold for single-tensor ops too), not in a simulation."""
     g = session.g
-    return ENABLED and session.mode == "strict" and g.profile is None and g.model is not None
+    return ENABLED and session.mode == "strict" and g.profile is None and g.model is not None \
+        and not getattr(g, "every_op", False)
 
 
 def odd(values: Any) -> bool:
