@@ -108,3 +108,25 @@ def test_the_api_says_no_build_time() -> None:
     report = torchdoctor.simulate(torch.nn.Linear(2, 2), (torch.ones(1, 2),), device="mps")
     assert report.built_seconds is None and report.to_dict()["built_seconds"] is None
     assert "built in" not in report.text() and not report.nothing_to_check
+
+
+def test_a_factory_fix_names_the_tensor_in_scope_at_its_line(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    Path("builtapp.py").write_text(APP + '''
+class Codec(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(32, 8)
+        self.pos = nn.Embedding(16, 8)
+
+    def forward(self, codes):
+        positions = torch.arange(codes.shape[1])  # on cpu
+        return self.tok(codes) + torch.index_select(self.pos.weight, 0, positions)[None]
+
+def codec():
+    return torchdoctor.Target(Codec().to("cuda:0"), (torch.tensor([[1, 2, 3]], device="cuda:0"),))
+''')
+    code, doc = _run(capsys, "codec", "cuda:0")
+    assert code == 1
+    assert [(f["code"], f["proven"]) for f in doc["fixes"]] == [
+        ("# torch.arange in `<root>` made it on cpu: pass device= the input's device (torch.arange(..., "
+         "device=codes.device))", True)]

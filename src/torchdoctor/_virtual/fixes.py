@@ -10,6 +10,7 @@ import torch
 
 from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._report.model import Problem
+from torchdoctor._virtual.origin import IN_SCOPE
 from torchdoctor._virtual.prove import Fix
 
 _NAMED = ("parameter", "buffer", "quant_state", "attribute", "container")
@@ -93,10 +94,11 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         if made_from and made_from[0].startswith("factory "):
             if made_from[0] not in named:
                 named.add(made_from[0])
-                maker = made_from[0][8:].split(" ", 1)[0]
-                how = f"move it: {maker}(...).to(x.device)" if maker in _NO_DEVICE_ARG else \
-                    f"pass device= the input's device ({maker}(..., device=x.device))"
-                factories.append(Fix(f"# {made_from[0][8:]} made it on {p.found}: {how}", "note",
+                said, _, at = made_from[0][8:].partition(" at ")
+                maker, x = said.split(" ", 1)[0], IN_SCOPE.get(at) or "x"  # the tensor's name in scope at that line
+                how = f"move it: {maker}(...).to({x}.device)" if maker in _NO_DEVICE_ARG else \
+                    f"pass device= the input's device ({maker}(..., device={x}.device))"
+                factories.append(Fix(f"# {said} made it on {p.found}: {how}", "note",
                                      sets=((made_from[0], target),)))
             continue
         if made_from:  # fix the source: the tensor made from it follows

@@ -173,7 +173,15 @@ def where_called() -> str | None:
     f = user_frame(3)
     if f is None:
         return None
-    return short_at(f)
+    at = short_at(f)
+    if at not in IN_SCOPE and len(IN_SCOPE) < 4096:  # the tensor argument by the name its fix can use there
+        code = f.f_code
+        IN_SCOPE[at] = next((n for n in code.co_varnames[:code.co_argcount]
+                             if isinstance(f.f_locals.get(n), torch.Tensor)), "")
+    return at
+
+
+IN_SCOPE: dict[str, str] = {}  # "file:line" of a factory call -> the first tensor argument of its function
 
 
 def short_at(f: Any) -> str:

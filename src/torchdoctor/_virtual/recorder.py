@@ -313,9 +313,9 @@ class _Recorder(Hooks):
             elif path is None and origin is not None and origin.source.op.startswith("torch.") and p.kind == "device":
                 src = origin.source  # a factory without device= (``torch.arange(n)``): the fix is at that call
                 mp = self.modules.paths.get(id(src.module)) if src.module is not None else None
-                self.sources.setdefault((p.kind, place, op, found),
-                                        (f"factory {src.op} in `{mp or '<root>'}`" if src.module is not None
-                                         else f"factory {src.op}",))
+                self.sources.setdefault((p.kind, place, op, found), ((f"factory {src.op} in `{mp or '<root>'}`"
+                                        if src.module is not None else f"factory {src.op}")
+                                        + (f" at {src.at}" if src.at else ""),))
         if anchor is not None:
             for k, t in zip(culprits, tensors):
                 call.put(k, _fixed(t, anchor))
