@@ -38,6 +38,7 @@ class RunReport:
     missing: str | None = None  # `-m NAME` named no runnable module (python's line): the program never ran
     ran: str | None = None  # where a virtual run's work really ran ("ran on cuda:1", or the device the program picked)
     networks: tuple[str, ...] = ()  # networks patched into a model's forward, by the names the program holds them
+    fixes: tuple[Any, ...] = ()  # the virtual run's fix by parts (``_virtual.prove.Fix``), each proven at the op or not
 
     @property
     def ok(self) -> bool:
@@ -51,6 +52,7 @@ class RunReport:
                 "findings": [f.to_dict() for f in self.findings],
                 "problems": [{**p.to_dict(), "where": self.where.get((p.kind, p.path)),
                               "trace": self.notes.get(p.path)} for p in self.problems],
+                "fixes": [f.to_dict() for f in self.fixes],
                 "stopped": self.stopped, "expected": self.expected, "ran": self.ran}
 
     def text(self) -> str:
@@ -78,6 +80,10 @@ class RunReport:
                 lines.append(f"  last change: {self.notes[p.path]}")
         if self.stopped:
             lines.append(f"  the virtual run stopped early: {self.stopped}")
+        if self.fixes:  # each part proven at the failing op it changes, or saying what was tried
+            from torchdoctor._virtual.prove import fix_text
+
+            lines += fix_text(self.fixes)
         return "\n".join(lines)
 
 
@@ -221,7 +227,7 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
     return RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
                      time.perf_counter() - start, session.stopped, where, notes,
                      _expected(session, profile, sources or {}), watcher.missing, session.where_ran(),
-                     session.networks)
+                     session.networks, session.fixes)
 
 
 def _expected(session: Any, profile: Any, sources: dict[str, str]) -> dict[str, str]:

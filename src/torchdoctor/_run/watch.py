@@ -60,6 +60,19 @@ class Finding:
         return "\n".join(lines)
 
 
+def _met_before(exc: BaseException) -> bool:
+    """Was this exception, with this traceback, met already? Marked on the exception (its traceback's id is valid
+    while the exception holds it); an exception that takes no attribute is never taken for a repeat."""
+    mark = id(exc.__traceback__)
+    try:
+        if exc.__dict__.get("_torchdoctor_met") == mark:
+            return True
+        exc.__dict__["_torchdoctor_met"] = mark
+    except Exception:  # noqa: BLE001 - an exception without a __dict__
+        pass
+    return False
+
+
 def _parts(path: str) -> list[str]:
     return os.path.normcase(os.path.abspath(path)).replace("\\", "/").split("/")
 
@@ -116,7 +129,6 @@ class Watcher:
     _keys: dict[tuple[str, str], Finding] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _saved: list[Any] = field(default_factory=list)
-    _met: list[tuple[int, int]] = field(default_factory=list)  # the last exceptions seen (by id)
     _last: tuple[str, str] | None = None  # the key of the last exception seen, for the text record that logs it
 
     def see(self, how: str, exc: BaseException | None = None, text: str | None = None) -> Finding | None:
@@ -147,14 +159,12 @@ class Watcher:
             next((ln.strip() for ln in (text or "").splitlines()[::-1] if "Error" in ln), (text or "").strip()[:200])
         error = f"{type(exc).__name__}: {first}" if exc is not None else first
         key = (d.category, re.sub(r"^[\w.]*(Error|Exception)\w*: ", "", error)[:300])  # as raised or as logged
-        # one exception met twice (logged with its traceback, then printed by the logger's formatter) is one; ids,
-        # not the exceptions (a traceback holds the program's frames): a reused id can only undercount a repeat
-        met = (id(exc), id(exc.__traceback__)) if exc is not None else None
+        # one exception met twice (logged with its traceback, then printed by the logger's formatter) is one: the
+        # exception itself carries the mark (keeping it here would keep the program's frames alive; an id kept
+        # here could be reused by the next exception and undercount a repeat)
+        again = _met_before(exc) if exc is not None else False
         with self._lock:
             old = self._keys.get(key)
-            again = met is not None and met in self._met
-            if met is not None and not again:
-                self._met = [*self._met[-15:], met]
             if old is not None:
                 if not again and (exc is not None or self._last != key):  # a text record of the error just met
                     old.count += 1
