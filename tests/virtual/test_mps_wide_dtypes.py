@@ -65,3 +65,6 @@ def test_simulate_of_a_forward_that_makes_float64_data_on_mps():
     report = torchdoctor.simulate(StyleDecoder(), (torch.randn(2, 4),), "mps")
     assert not report.ok and report.exit_code() != 0
     assert any(p.kind == "unsupported_dtype" and p.found == "float64" for p in report.problems)
+    # the fix is at the factory call, never a model-wide cast: the model's own tensors are float32 already
+    assert report.fix is not None and "pass dtype=torch.float32 to torch.tensor" in report.fix
+    assert "model.to(" not in report.fix

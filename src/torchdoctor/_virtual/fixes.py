@@ -242,8 +242,14 @@ def _rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.
     """What no cast of one tensor fixes: a dtype the device cannot compute in, a packed layout, an op that cannot
     be simulated, the lasting fix of plain attributes, a model still too large."""
     out: list[Fix] = []
-    unsupported = [p for p in problems if p.kind == "unsupported_dtype"]
+    made = [p for p in problems if p.kind == "unsupported_dtype" and p.role == "factory"]
+    unsupported = [p for p in problems if p.kind == "unsupported_dtype" and p.role != "factory"]
     inside = sorted({p.found for p in unsupported if p.module_path is not None or p.role in _NAMED})
+    for p in made:  # a factory made it in a dtype the device cannot hold: that call, never a model-wide cast
+        other = _SAME_SIZE.get(p.found, "float32")
+        out.append(Fix(f"# pass dtype=torch.{other} to {p.op or 'the factory'} where {p.module_type or 'the code'} "
+                       f"makes it on {device_str(device)} ({device.type} cannot hold {p.found}; the model's own "
+                       "dtype is not the cause)", "note"))
     if inside:
         out.append(Fix(_instead(inside, device, bool(memory)), "note" if _instead(inside, device, bool(memory))
                        .startswith("#") else "path"))
