@@ -37,7 +37,14 @@ def param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> A
         # (the library's quant_state stays on it); the virtual twin's detach cannot, so it is kept as it is
         data.requires_grad_(requires_grad)
         return data
-    return _ORIG_PARAM_NEW(cls, data, requires_grad)
+    out = _ORIG_PARAM_NEW(cls, data, requires_grad)
+    space = V.current_space() if isinstance(data, torch.Tensor) else None
+    kept = space.real_record(data) if space is not None and space.real else None
+    if kept is not None and str(getattr(kept[1], "op", "")).startswith("torch.nn."):
+        # a module built in forward (nn.BatchNorm2d(8)(x)): its weight keeps its constructor's line (a Parameter the
+        # user builds from a factory is named by makers as a lazily built Parameter)
+        space.keep_real(out, kept[0], kept[1])  # type: ignore[union-attr]
+    return out
 
 
 def restore_default_device(before: Any) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from torchdoctor._virtual.origin import Made
+from torchdoctor._virtual.origin import Made, built_module
 from torchdoctor._virtual.tensor import Space, VirtualTensor, host_values
 
 
@@ -28,8 +28,8 @@ def cpu_work(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, A
     that one's origin (``torch.arange(n).expand(...)``), for the moment it meets a virtual tensor."""
     out = func(*args, **kwargs)
     if isinstance(out, torch.Tensor):
-        if factory:
-            space.keep_real(out, None, Made(f"torch.{getattr(func, '__name__', '') or 'tensor'}",
+        if factory:  # a module built in forward is made by its constructor's line (nn.BatchNorm2d(8)), not torch.empty
+            space.keep_real(out, None, Made(built_module(2) or f"torch.{getattr(func, '__name__', '') or 'tensor'}",
                                             space.hooks.running()))
         elif space.real:
             kept = next((k for a in args if isinstance(a, torch.Tensor)

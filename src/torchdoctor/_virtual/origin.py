@@ -167,6 +167,18 @@ def user_frame(depth: int = 2) -> Any:
     return f
 
 
+def built_module(depth: int = 2) -> str | None:
+    """``torch.nn.BatchNorm2d`` when the factory running now was called by a torch module's ``__init__`` that the user's
+    code called (a module built inside a forward): its parameters and buffers are made by that line, on the CPU."""
+    f: Any = sys._getframe(depth)
+    name = None
+    while f is not None and f.f_code.co_filename.startswith(_MACHINERY):
+        if f.f_code.co_name == "__init__" and isinstance(f.f_locals.get("self"), torch.nn.Module):
+            name = type(f.f_locals["self"]).__name__  # the outermost __init__ of the machinery wins
+        f = f.f_back
+    return f"torch.nn.{name}" if name and hasattr(torch.nn, name) else None
+
+
 def where_called() -> str | None:
     """``file:line`` of the first frame outside torch and torchdoctor (the code that called a factory); a path under
     the working directory is relative to it."""
