@@ -56,8 +56,6 @@ def test_an_empty_virtual_block_imports_no_explain_report_or_library(block_modul
     assert _imported(block_modules, LATER + ("torchdoctor._cli", "torchdoctor._trace")) == []
 
 
-@pytest.mark.xfail(strict=True, reason="the recorder imports guard's provenance at the end of every run, before it "
-                                       "knows there is a problem to blame (_virtual/recorder.py:_policy_blamed)")
 def test_an_empty_virtual_block_imports_no_culprit_machinery(block_modules: list[str]) -> None:
     assert _imported(block_modules, ("torchdoctor._guard",)) == []
 
