@@ -80,10 +80,6 @@ class RunReport:
                 lines.append(f"  last change: {self.notes[p.path]}")
         if self.stopped:
             lines.append(f"  the virtual run stopped early: {self.stopped}")
-        if self.fixes:  # each part proven at the failing op it changes, or saying what was tried
-            from torchdoctor._virtual.prove import fix_text
-
-            lines += fix_text(self.fixes)
         return "\n".join(lines)
 
 
