@@ -65,8 +65,16 @@ def test_diffusers_empty_fp32_list_warning_is_not_printed_by_simulate(capfd: pyt
         cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8)
     inputs = {"sample": torch.randn(1, 4, 8, 8), "timestep": torch.tensor([1]),
               "encoder_hidden_states": torch.randn(1, 4, 32)}
-    capfd.readouterr()
-    assert torchdoctor.simulate(unet, inputs, device="cuda:0", dtype="bfloat16").ok
-    assert "kept in float32" not in capfd.readouterr().err  # diffusers' own handler writes to stderr
-    unet.to(torch.bfloat16)  # the library's own line is untouched outside simulate
-    assert "should be kept in float32: []" in capfd.readouterr().err
+    from diffusers.utils import logging as dlogging
+
+    before = dlogging.get_verbosity()  # an earlier test may have quieted diffusers: its line must be printable here
+    dlogging.set_verbosity_warning()
+    dlogging.enable_default_handler()
+    try:
+        capfd.readouterr()
+        assert torchdoctor.simulate(unet, inputs, device="cuda:0", dtype="bfloat16").ok
+        assert "kept in float32" not in capfd.readouterr().err  # diffusers' own handler writes to stderr
+        unet.to(torch.bfloat16)  # the library's own line is untouched outside simulate
+        assert "should be kept in float32: []" in capfd.readouterr().err
+    finally:
+        dlogging.set_verbosity(before)
