@@ -118,3 +118,17 @@ def test_subprocess_script_importing_peft_after_the_trace_started(tmp_path: Path
     assert ("add_adapter()", "add", 9) in calls and ("delete_adapter()", "remove", 10) in calls
     added = {d["path"] for d in docs if d["call"] == "add_adapter()"}
     assert added and all(".v_proj.lora_" in p and p.endswith(".b.weight") for p in added)
+
+
+def test_a_logging_dictconfig_before_the_trace_does_not_mute_its_lines(app: Path, capsys) -> None:
+    import logging
+    import logging.config
+
+    logging.getLogger("torchdoctor.trace")  # exists before the app configures logging, as in a long test session
+    logging.config.dictConfig({"version": 1})  # disable_existing_loggers=True by default: disables it
+    try:
+        assert main(["trace", str(app), "3"]) == 3
+        assert "torchdoctor trace: [Sequential] 0.weight: float32@cpu -> float16@cpu by Sequential.half() at " \
+            in capsys.readouterr().err
+    finally:
+        logging.getLogger("torchdoctor.trace").disabled = False

@@ -84,10 +84,11 @@ def command(args: argparse.Namespace) -> int:
     logger = logging.getLogger("torchdoctor.trace")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("torchdoctor trace: %(message)s"))
-    saved_logger = (logger.level, logger.propagate)
+    saved_logger = (logger.level, logger.propagate, logger.disabled)
     if not getattr(args, "quiet", False):
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    logger.disabled = False  # an earlier logging.config.dictConfig (disable_existing_loggers) must not mute the trace
     logger.propagate = False  # a script's own logging.basicConfig must not print every line twice
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [script, *(args.script_args or [])]
@@ -110,6 +111,7 @@ def command(args: argparse.Namespace) -> int:
         logger.removeHandler(handler)
         logger.setLevel(saved_logger[0])
         logger.propagate = saved_logger[1]
+        logger.disabled = saved_logger[2]
         sys.stderr.flush()
     if os.getpid() != pid:  # a process the script forked ends here, as under python: no second summary
         raise SystemExit(code)
