@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 import socket
 from typing import Any
 
@@ -159,7 +158,7 @@ def test_fp8_table_in_bf16_math_is_a_problem_with_the_table_path() -> None:
     assert "float8_e4m3fn" in r.problems[0].found and "Promotion for Float8" in r.problems[0].message
 
 
-def test_dtensor_is_one_entry_with_its_local_shard_inside(tmp_path: Any) -> None:
+def test_dtensor_is_one_entry_with_its_local_shard_inside(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     dist = pytest.importorskip("torch.distributed")
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -167,7 +166,8 @@ def test_dtensor_is_one_entry_with_its_local_shard_inside(tmp_path: Any) -> None
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # the process group's rendezvous, for this test only
+    monkeypatch.setenv("MASTER_PORT", str(port))
     dist.init_process_group("gloo", rank=0, world_size=1, timeout=__import__("datetime").timedelta(seconds=60))
     try:
         mesh = init_device_mesh("cpu", (1,))
