@@ -69,7 +69,8 @@ def test_class_level_compute_dtype_is_fixed_at_the_attribute_and_proven() -> Non
     assert [(f.kind, f.proven) for f in report.fixes] == [("path", True)]
     assert report.fix is not None and report.fix.startswith("model[1].compute_dtype = torch.float16  # ")
     assert "weight_scale.data" not in report.fix and "weight.data" not in report.fix  # casting them changes nothing
-    assert "Fix (proven: a virtual re-run with it applied has no problem left):" in report.text()
+    # the verdict virtual_devices, run and the marker give: proven at the failing op (and the re-run agrees)
+    assert "# fix proven (at the failing op aten.mm.default at " in report.text()
     fixed = copy.deepcopy(model)
     exec(report.fix, {"model": fixed, "torch": torch})  # the printed code, run on the user's own kind of object
     assert torchdoctor.simulate(fixed, (torch.randn(2, 4).half(),), device="cuda:0").ok
@@ -111,7 +112,8 @@ def test_float64_tensor_outside_the_model_on_mps_is_never_fixed_with_model_to() 
     assert "# a float64 tensor made outside the model moves to mps:0, which cannot hold float64: cast that tensor " \
            "to float32 before moving it" in report.fix
     assert [(f.kind, f.proven) for f in report.fixes] == [("note", False)]
-    assert "Fix (unproven: advice only, nothing a re-run could apply):" in report.text()
+    assert "# fix unproven: not applied: advice or program state (not a tensor a failing op read), nothing to " \
+           "re-run" in report.text()
 
 
 def test_dtype_asked_casts_a_plain_attribute_too_and_the_fix_is_proven() -> None:
@@ -120,7 +122,10 @@ def test_dtype_asked_casts_a_plain_attribute_too_and_the_fix_is_proven() -> None
     assert report.fix.splitlines()[0] == "model.scale.data = model.scale.data.to('cuda:0', torch.bfloat16)"
     assert [(f.kind, f.proven) for f in report.fixes] == [("path", True), ("note", False)]
     assert report.to_dict()["fixes"][0] == {"code": report.fixes[0].code, "kind": "path", "proven": True,
-                                            "tried": "applied in a virtual re-run: no problem left"}
+                                            "tried": f"at the failing op aten.mul.Tensor at tests/virtual/"
+                                                     f"{Path(__file__).name}:{_line_of(Scaled, '* self.scale')}: its "
+                                                     "operands as the fix leaves them run with no problem; its "
+                                                     "output is the one the ops after it ran on"}
 
 
 class MovesBack(nn.Module):
@@ -139,8 +144,11 @@ def test_a_fix_the_re_run_disproves_is_labelled_unproven_with_what_was_tried() -
     assert not report.ok
     applied = [f for f in report.fixes if f.kind != "note"]
     assert applied and not any(f.proven for f in applied)
-    assert applied[0].tried.startswith("applied in a virtual re-run, which still found: ")
-    assert "Fix (unproven: applied in a virtual re-run, which still found: " in report.text()
+    # the failing op alone runs once the table is moved; the re-run shows the forward moves it back every call
+    assert applied[0].tried.startswith("at the failing op aten.add.Tensor at ")
+    assert applied[0].tried.endswith("; but a virtual re-run with it applied still found: table f32[4]@cpu is on "
+                                     "cpu while aten.add.Tensor runs on cuda:0 (in <root>, MovesBack)")
+    assert "# fix unproven: at the failing op aten.add.Tensor at " in report.text()
     assert all(d["proven"] is False for d in report.to_dict()["fixes"])
 
 

@@ -106,6 +106,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                 named.add(src)
                 _add(culprits, None if src.startswith(("input ", "kwarg ")) else src, src, p.kind, target)
             continue
+        if p.path.startswith(("input ", "kwarg ")):  # the caller's argument itself, by the name the run gave it
+            _add(culprits, None, p.path, p.kind, target)
+            continue
         if any(q.role in _NAMED and q.kind == p.kind and q.found == p.found for q in problems):
             continue  # a named culprit above holds this value: fixing it fixes what was made from it
         where = "on" if p.kind in ("device", "meta") else "in"

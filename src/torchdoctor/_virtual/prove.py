@@ -34,6 +34,7 @@ class Fix:
     # (path, maker, cast line, argument; ``*``: every model tensor): how a block's fix is proven at the op (atop)
     sets: tuple[tuple[str, Any], ...] = ()
     at_op: bool = False  # judged at the failing ops (``atop.prove_at_ops``), not by a re-run
+    rerun: bool = False  # judged by a virtual re-run (``proven``)
 
     def applied(self) -> bool:
         """A fix a re-run can apply (advice cannot)."""
@@ -81,11 +82,21 @@ def fixed_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], fixes: Sequence[
     return tuple(new_args), new_kwargs
 
 
-def proven(fixes: list[Fix], rerun: Callable[[list[Fix]], Sequence[Problem]]) -> list[Fix]:
-    """Try the fixes together in a re-run; each applied one is proven when nothing is left, else says what was."""
+def proven(fixes: list[Fix], rerun: Callable[[list[Fix]], Sequence[Problem]],
+           at_op: Callable[[list[Fix]], Any] | None = None) -> list[Fix]:
+    """Try the fixes together in a re-run; each applied one is proven when nothing is left, else says what was.
+    With ``at_op`` (the run's failing ops, as ``virtual_devices``, ``run`` and the marker judge a fix), a fix judged
+    there keeps that verdict, so one case gets one verdict whatever found it; the re-run judges the rest."""
+    if at_op is not None:
+        try:
+            at_op(fixes)
+        except Exception as exc:  # the proof at the op is extra: the re-run judges every fix then
+            for f in fixes:
+                f.proven, f.at_op, f.tried = False, False, f"the proof at the failing op failed: {exc}"[:400]
+    open_ = [f for f in fixes if not judged_at_op(f)]
     code = [f for f in fixes if f.applied()]
-    for f in fixes:
-        if not f.applied():
+    for f in open_:
+        if not f.applied() and not f.at_op:
             f.tried = "not applied: advice, not code a re-run can apply"
     if not code:
         return fixes
@@ -94,13 +105,26 @@ def proven(fixes: list[Fix], rerun: Callable[[list[Fix]], Sequence[Problem]]) ->
     except Exception as exc:  # the fix itself failed: unproven, with why; never a crash of the report
         first = (str(exc).strip().splitlines() or [""])[0]
         for f in code:
+            f.at_op, f.rerun, f.proven = False, True, False
             f.tried = f"applied in a virtual re-run, which raised {type(exc).__name__}: {first}"[:400]
         return fixes
     for f in code:
-        f.proven = not left
+        if judged_at_op(f):  # proven at the op, unless the re-run still finds a tensor it sets wrong (code in the
+            names = {n for n, _ in f.sets}  # forward that undoes it on every call)
+            still = [p for p in left if p.path in names or "*" in names]
+            if f.proven and still:
+                f.proven = False
+                f.tried = f"{f.tried}; but a virtual re-run with it applied still found: {still[0].message}"[:400]
+            continue
+        f.at_op, f.rerun, f.proven = False, True, not left
         f.tried = "applied in a virtual re-run: no problem left" if not left else \
             f"applied in a virtual re-run, which still found: {left[0].message}"[:400]
     return fixes
+
+
+def judged_at_op(f: Fix) -> bool:
+    """The failing ops gave ``f`` a verdict (they met a tensor it changes)."""
+    return f.at_op and bool(f.sets) and not f.tried.startswith(("no failing op", "the proof at the failing op"))
 
 
 def held(obj: Any) -> dict[str, tuple[torch.dtype, torch.device]]:
@@ -128,14 +152,14 @@ def fix_text(fixes: Sequence[Fix]) -> list[str]:
 
 def proof_lines(fixes: Sequence[Fix]) -> list[str]:
     """The fix as text: each part's code, then whether it was proven (``# fix proven (at the failing op …)``)."""
-    judged = [f for f in fixes if f.sets]
+    judged = [f for f in fixes if f.sets or f.rerun]
     lines = [line for f in fixes for line in f.code.splitlines()]
     if judged and all(f.proven for f in judged):
         return [*lines, f"# fix proven ({judged[0].tried})"]
     out: list[str] = []
     for f in fixes:
         out += f.code.splitlines()
-        if f.sets and not f.proven:
+        if (f.sets or f.rerun) and not f.proven:
             out.append(f"# ^ fix unproven: {f.tried}" if any(g.proven for g in judged) else "")
     first = next((f for f in judged if not f.proven), None) or (fixes[0] if fixes else None)
     tried = first.tried if first is not None and first.tried else "nothing a failing op read was changed"

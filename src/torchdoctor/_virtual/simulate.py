@@ -27,6 +27,7 @@ from torchdoctor._virtual.simreport import SimulationReport
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
+from torchdoctor._virtual.atop import prove_at_ops
 from torchdoctor._virtual.fixes import fix_items
 from torchdoctor._virtual.prove import Fix, apply_fixes, fixed_inputs, held, proven, recasts
 from torchdoctor._virtual.makers import CastMakers, built_on, place_inputs as _place_inputs, placed_on as _placed_on
@@ -199,7 +200,8 @@ def simulate(
     if _fixes is None and items:  # the fix is tried on a fresh copy before it is printed
         items = proven(items, lambda fixes: simulate(
             Target(obj, *fixed_inputs(args, kwargs, fixes)) if args or kwargs else obj, device=dev, dtype=dt,
-            call=call, assume_device=assume_device, profile=profile, data=data, limit=limit, _fixes=fixes).problems)
+            call=call, assume_device=assume_device, profile=profile, data=data, limit=limit, _fixes=fixes).problems,
+            lambda fixes: prove_at_ops(fixes, rec.cases.cases, rec.rules, rec.profile))  # as a block's: one verdict
     fix = "\n".join(f.code for f in items) or None
     return SimulationReport(dev, dt, data, profile,
                             tuple(problems), space.ops, time.perf_counter() - start, rec.stopped, summary,
