@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdoctor._run.watch import Finding, Watcher, first_own_frame
+from torchdoctor._run.watch import Finding, Located, Watcher, first_own_frame
 
 
 @dataclass
@@ -199,6 +199,7 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
 
             stack.enter_context(trace_(None, logger=_quiet_logger()))
         g = guard(None, mode=mode)
+        g.problems = Located(g.problems, watcher.root)  # each problem guard records keeps the program's line
         watcher.guard = g
         watcher.install()
         stack.callback(watcher.uninstall)

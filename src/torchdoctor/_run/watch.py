@@ -118,6 +118,27 @@ def _frames_of_text(text: str) -> list[tuple[str, int, str]]:
             for m in re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', text)]
 
 
+class Located(list):  # type: ignore[type-arg]
+    """guard's own list of problems, each append noted with the program's line that was running (the first own
+    frame, as every finding names it): a problem guard records and the program swallows still has its line."""
+
+    def __init__(self, items: Any, root: str) -> None:
+        super().__init__(items)
+        self.root = root
+        self.where: dict[tuple[Any, ...], str | None] = {}
+
+    def append(self, p: Any) -> None:
+        try:
+            frames, f = [], sys._getframe(1)
+            while f is not None:
+                frames.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+                f = f.f_back  # type: ignore[assignment]
+            self.where.setdefault((p.kind, p.path, p.module_path, p.op), first_own_frame(frames[::-1], self.root))
+        except Exception:  # a line is an extra: the problem itself is always kept
+            pass
+        super().append(p)
+
+
 @dataclass
 class Watcher:
     """Collects findings from the places errors end up; ``install`` / ``uninstall`` around a program."""
@@ -255,6 +276,7 @@ class Watcher:
         except Exception:
             return
         fixed = {f.path for f in report.fixes}
+        located = g.problems.where if isinstance(g.problems, Located) else {}
         named = " ".join(f"{f.error} {f.culprit or ''}" for f in self.findings)
         for p in report.problems:
             if f"`{p.path}`" in named or f" {p.path} " in named or f" {p.path}:" in named:
@@ -271,8 +293,9 @@ class Watcher:
             if aligned:
                 lines.append("aligned for each call while the program ran; make the fix permanent")
             error = f"{p.kind} problem: {p.path} is {p.found}, expected {p.expected}"
+            where = located.get((p.kind, p.path, p.module_path, p.op))
             self.findings.append(Finding(how, error, f"{p.kind}_mismatch", "what guard recorded", note.fix,
-                                         None, "\n".join(lines), _trace_note(f"`{p.path}`")))
+                                         where, "\n".join(lines), _trace_note(f"`{p.path}`")))
 
     def record(self, record: logging.LogRecord) -> None:
         """A log record: its exception (``log.exception``), or an error message logged as text."""

@@ -87,6 +87,7 @@ def unused_quant_field(e: Any) -> bool:
 
 
 _TORCH_FORWARD: dict[type, bool] = {}
+_SWITCHED: dict[type, bool] = {}  # a torch layer's subclass that casts its weight only behind a switch
 
 
 def computes_in_storage(module: nn.Module | None) -> bool:
@@ -101,7 +102,29 @@ def computes_in_storage(module: nn.Module | None) -> bool:
     if hit is None:
         fwd = getattr(tp, "forward", None)
         hit = _TORCH_FORWARD[tp] = (getattr(fwd, "__module__", "") or "").startswith("torch.nn.modules.")
-    return hit
+    if hit:
+        return True
+    # a torch layer's subclass whose forward casts its weight only behind a switch (ComfyUI's
+    # ``comfy_cast_weights``, Forge's ``parameters_manual_cast``) and otherwise runs the torch layer's own code:
+    # with the switch off on this instance it computes with the storage as it is
+    switched = _SWITCHED.get(tp)
+    if switched is None:
+        p = percall.plan(tp)
+        switched = _SWITCHED[tp] = p is not None and not p[0].get("weight", 0) & percall.DTYPE \
+            and any(moved.get("weight", 0) & percall.DTYPE for _, _, moved in p[1]) \
+            and any(_TORCH_FORWARD.get(k) or (getattr(k.__dict__.get("forward"), "__module__", "") or "")
+                    .startswith("torch.nn.modules.") for k in tp.__mro__[1:] if "forward" in k.__dict__)
+    return switched and not percall.moved_on_call(module).get("weight", 0) & percall.DTYPE
+
+
+def cast_switch(module: nn.Module | None) -> str | None:
+    """The instance attributes that switch on the per-call cast of this layer's weight (``comfy_cast_weights``),
+    for a layer whose class casts only behind a switch; None otherwise."""
+    if module is None or not _SWITCHED.get(type(module)):
+        return None
+    p = percall.plan(type(module))
+    names = [n for ns, _, moved in (p[1] if p else []) if moved.get("weight", 0) & percall.DTYPE for n in ns]
+    return ", ".join(f"`{n}`" for n in dict.fromkeys(names)) or None
 
 
 def type_facts(tp: type) -> tuple[tuple[str, ...], bool]:

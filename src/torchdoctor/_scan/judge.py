@@ -9,6 +9,7 @@ import torch
 
 from torchdoctor._placement import compact, device_str, dtype_str, same_device
 from torchdoctor._report.model import Problem
+from torchdoctor._scan import intent
 from torchdoctor._scan.intent import cpu_packed, judged_float, packed_param
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -190,11 +191,22 @@ def _dtype_problem(policy: Policy, e: Entry, d: Decision) -> Problem | None:
 
 
 def _storage_message(e: Entry, c: str, found: str, want: str, where: str) -> str:
-    return storage_message(type(e.module).__name__, e.tensor, c, found, want, where)
+    return storage_message(type(e.module).__name__, e.tensor, c, found, want, where,
+                           switch=intent.cast_switch(e.module))
 
 
-def storage_message(layer: str, t: torch.Tensor, c: str, found: str, want: str, where: str) -> str:
-    """Rule ``storage-computed``'s text, the same from scan and from a virtual run's module entry."""
+def storage_message(layer: str, t: torch.Tensor, c: str, found: str, want: str, where: str,
+                    switch: str | None = None) -> str:
+    """Rule ``storage-computed``'s text, the same from scan and from a virtual run's module entry. ``switch``: the
+    attributes that turn on the layer's own per-call cast, off on this instance (``intent.cast_switch``)."""
+    if switch:
+        return (f"{c} is {found} storage but {layer}'s per-call cast is switched off ({switch} off on this "
+                f"instance), so its forward computes with it as it is ({where} is {want}): switch the cast on, or "
+                f"load it as {want}; casting the stored values to {want} is not a dequantization"
+                if not t.is_floating_point() or packed_param(t) else
+                f"{c} is {found} storage but {layer}'s per-call cast is switched off ({switch} off on this "
+                f"instance), so its forward computes with it as it is (torch has no {found} math here; {where} is "
+                f"{want}): switch the cast on, or cast it to {want}")
     if t.is_floating_point() and not packed_param(t):  # float8 / float4: a cast is an upcast
         return (f"{c} is {found} storage but {layer}'s own forward computes with it as it is (torch has no {found} "
                 f"math here; {where} is {want}): cast it to {want}, or keep {found} storage behind a layer that "
