@@ -99,7 +99,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                 how = f"move it: {maker}(...).to({x}.device)" if maker in _NO_DEVICE_ARG else \
                     f"pass device= the input's device ({maker}(..., device={x}.device))"
                 factories.append(Fix(f"# {said} made it on {p.found}: {how}", "note",
-                                     sets=((made_from[0], target),)))
+                                     sets=((made_from[0], target),), diff=maker_diff(maker, at, target)))
             continue
         if made_from:  # fix the source: the tensor made from it follows
             for src in made_from:
@@ -188,20 +188,48 @@ def _cast_fix(p: Problem, at: str, target: Any, module_path: Callable[[Any], str
 def _diff(site: Any, target: torch.dtype) -> str | None:
     """The cast's line rewritten to ``target`` as a unified diff, when the line is in the user's own file (not an
     installed package's)."""
-    import os
-    import site as _site_mod
-
+    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._report.diff import line_patch
     from torchdoctor._virtual.castsites import patched_line
 
-    installed = [*_site_mod.getsitepackages(), _site_mod.getusersitepackages()]
-    if any(site.file.startswith(d + os.sep) for d in installed if d) or not os.path.isfile(site.file):
-        return None
-    try:
-        from torchdoctor._report.diff import line_patch
-    except ImportError:  # the diff writer is not installed in this tree yet: no diff, the fix stands
+    if not own_file(site.file):
         return None
     new = patched_line(site, target)
     return line_patch(site.file, site.lineno, new) if new is not None else None
+
+
+def maker_diff(op: str, at: str, target: Any) -> str | None:
+    """The line of the user's own file where factory ``op`` made a tensor on the wrong device (or in the wrong
+    dtype), fixed there (``device=`` added, as guard's remedy writes it), as a unified diff; None when the line is
+    not the user's, or the call is not found on it alone."""
+    import ast
+
+    from torchdoctor._guard.maker import Maker
+    from torchdoctor._guard.remedy import own_file, remedy
+    from torchdoctor._virtual.origin import IN_SCOPE, LINES
+
+    file, line = LINES.get(at, ("", 0))
+    if not file or not own_file(file):
+        return None
+    try:
+        with open(file, encoding="utf-8") as fh:
+            raw = fh.read().split("\n")[line - 1].rstrip("\r")
+        body = raw.lstrip(" \t")
+        tree = ast.parse(body)
+    except (OSError, IndexError, SyntaxError, ValueError):  # a statement over several lines: no diff, the fix stands
+        return None
+    pad = len(raw) - len(body)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) in (op, op[6:])
+             and n.end_col_offset is not None]
+    if len(calls) != 1 or not body.isascii():  # offsets are bytes: only a plain-ASCII line is cut by them
+        return None
+    call = calls[0]
+    name = IN_SCOPE.get(at)
+    m = Maker(op, file, line, body, span=(pad + call.col_offset, pad + int(call.end_col_offset)), factory=True,
+              no_device=not any(k.arg == "device" for k in call.keywords) and op not in _NO_DEVICE_ARG,
+              device_expr=f"{name}.device" if name and isinstance(target, torch.device) else None)
+    fixed = remedy(m, target, {})
+    return fixed.patch if fixed is not None else None
 
 
 _HELD_APART = ".forward.__self__."  # a module patched into another's forward: the model does not hold it

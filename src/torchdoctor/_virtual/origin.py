@@ -190,10 +190,12 @@ def where_called() -> str | None:
         code = f.f_code
         IN_SCOPE[at] = next((n for n in code.co_varnames[:code.co_argcount]
                              if isinstance(f.f_locals.get(n), torch.Tensor)), "")
+        LINES[at] = (code.co_filename, f.f_lineno)
     return at
 
 
 IN_SCOPE: dict[str, str] = {}  # "file:line" of a factory call -> the first tensor argument of its function
+LINES: dict[str, tuple[str, int]] = {}  # "file:line" as reports write it -> the full file name and the line
 
 
 def short_at(f: Any) -> str:

@@ -138,8 +138,10 @@ def fix_text(fixes: Sequence[Fix]) -> list[str]:
     """The report's fix lines: a headline saying whether the fix was proven, then the code."""
     if not fixes:
         return []
+    patches = [line for f in fixes if f.diff for line in ("Patch (git apply):", *(
+        f"    {x}" for x in f.diff.splitlines()))]  # the fix as a diff of the user's own file, where it is one line
     if any(f.at_op for f in fixes):
-        return ["Fix:", *(f"    {line}" for line in proof_lines(fixes))]
+        return ["Fix:", *(f"    {line}" for line in proof_lines(fixes)), *patches]
     code = [f for f in fixes if f.applied()]
     if code and all(f.proven for f in code):
         head = "Fix (proven: a virtual re-run with it applied has no problem left):"
@@ -147,7 +149,7 @@ def fix_text(fixes: Sequence[Fix]) -> list[str]:
         head = f"Fix (unproven: {code[0].tried}):"
     else:
         head = "Fix (unproven: advice only, nothing a re-run could apply):"
-    return [head, *(f"    {line}" for f in fixes for line in f.code.splitlines())]
+    return [head, *(f"    {line}" for f in fixes for line in f.code.splitlines()), *patches]
 
 
 def proof_lines(fixes: Sequence[Fix]) -> list[str]:
