@@ -97,3 +97,89 @@ def test_move_never_casts_integer_codes_and_integer_buffers_are_not_storage() ->
     assert [p.path for p in torchdoctor.scan(m).problems] == ["1.weight"]  # so it is still named
     norm = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).to(BF16)
     assert norm[1].num_batches_tracked.dtype == torch.int64 and torchdoctor.scan(norm).ok
+
+
+# --- a GGUF loader's layer re-created: blocks in a tensor subclass, dequantized behind ComfyUI's cast switch --------
+
+
+class QTensor(torch.Tensor):
+    """uint8 blocks that remember their logical shape and scale (a GGUF loader's tensor, in a few lines)."""
+
+    logical_shape: torch.Size
+    scale: torch.Tensor
+
+    def __new__(cls, data: torch.Tensor, shape: torch.Size, scale: torch.Tensor) -> QTensor:
+        t = torch.Tensor._make_subclass(cls, data, False)
+        t.logical_shape, t.scale = shape, scale
+        return t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        src = next((a for a in args if isinstance(a, QTensor)), None)
+        if isinstance(out, QTensor) and src is not None and not hasattr(out, "logical_shape"):
+            out.logical_shape, out.scale = src.logical_shape, src.scale
+        return out
+
+
+def dequantize_tensor(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if not isinstance(t, QTensor):
+        return t.to(dtype)
+    codes = t.as_subclass(torch.Tensor).float() - 128
+    return (codes.reshape(t.logical_shape) * t.scale.to(t.device)).to(dtype)
+
+
+class CastWeightBias:
+    comfy_cast_weights = False  # ComfyUI's ops: the plain torch forward unless switched on
+
+    def cast_bias_weight(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        w = dequantize_tensor(self.weight, x.dtype).to(x.device)  # type: ignore[attr-defined]
+        b = self.bias  # type: ignore[attr-defined]
+        return w, None if b is None else b.to(x.device, x.dtype)
+
+
+class SwitchedLinear(CastWeightBias, nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.comfy_cast_weights:
+            w, b = self.cast_bias_weight(x)
+            return F.linear(x, w, b)
+        return super().forward(x)
+
+
+def _gguf_model(switch: bool) -> nn.Sequential:
+    m = nn.Sequential(nn.Linear(8, 8), SwitchedLinear(8, 8), nn.Linear(8, 8)).to(BF16)
+    codes, scale = _blocks(m[1].weight.detach())
+    m[1].weight = nn.Parameter(QTensor(codes.flatten(), m[1].weight.shape, scale), requires_grad=False)
+    m[1].comfy_cast_weights = switch  # what a GGUF loader's layer class sets
+    return m
+
+
+def test_gguf_style_layer_quiet_with_its_cast_on_and_named_with_the_switch_off() -> None:
+    m = _gguf_model(switch=True)
+    assert m(torch.ones(1, 8, dtype=BF16)).dtype == BF16
+    assert torchdoctor.scan(m).ok and torchdoctor.scan(m, dtype=BF16).ok
+    m[1].comfy_cast_weights = False  # the torch forward computes with the blocks as they are
+    with pytest.raises(RuntimeError):
+        m(torch.ones(1, 8, dtype=BF16))
+    (p,) = torchdoctor.scan(m).problems
+    assert (p.path, p.kind, p.found, p.expected) == ("1.weight", "dtype", "uint8", "bfloat16")
+    assert "per-call cast is switched off (`comfy_cast_weights` off on this instance)" in p.message
+    assert "switch the cast on" in p.message
+    m[1].weight = nn.Parameter(m[1].weight.data.to(torch.float8_e4m3fn), requires_grad=False)  # float8 alike
+    (p,) = torchdoctor.scan(m).problems
+    assert p.found == "float8_e4m3fn" and "torch has no float8_e4m3fn math here" in p.message
+
+
+def test_packed_weights_in_a_plain_layer_are_named_and_bitsandbytes_layers_are_quiet() -> None:
+    bnb = pytest.importorskip("bitsandbytes")
+    m = nn.Sequential(nn.Linear(8, 8), bnb.nn.Linear4bit(8, 8, compute_dtype=BF16),
+                      bnb.nn.Linear8bitLt(8, 8, has_fp16_weights=False), nn.Linear(8, 8)).to(BF16).to("cpu")
+    assert m[1].weight.dtype == torch.uint8 and m[2].weight.dtype == torch.int8  # packed 4-bit, int8 codes
+    assert torchdoctor.scan(m).ok and torchdoctor.scan(m, dtype=BF16).ok
+    assert m(torch.ones(1, 8, dtype=BF16)).dtype == BF16  # (quantized by the move, as on a GPU)
+    m[3].weight = bnb.nn.Linear4bit(8, 8).to(BF16).to("cpu").weight  # packed 4-bit loaded into a plain Linear
+    m[0].weight = nn.Parameter(torch.zeros(8, 1, dtype=torch.int32), requires_grad=False)  # int32-packed codes
+    problems = {p.path: p for p in torchdoctor.scan(m).problems}
+    assert set(problems) == {"0.weight", "3.weight"}
+    assert problems["0.weight"].found == "int32" and "int32 (quantized integer) storage" in problems["0.weight"].message
+    assert "packed 4-bit storage but Linear's own forward" in problems["3.weight"].message
