@@ -84,6 +84,14 @@ _WIDE = ("float32", "float64")
 _REDUCED = ("float16", "bfloat16")
 
 
+def _gpu_word(value: str, context: str) -> str:
+    """Older messages say "GPU" for any accelerator ("is on CPU, but expected it to be on GPU" on a Mac too): the
+    Apple GPU where the text shows a Mac and no CUDA device, else CUDA (``device_name`` reads "GPU" as cuda:0)."""
+    if value.strip().lower() != "gpu" or _windows(context) or "cuda:" in context or "nvidia" in context:
+        return value
+    return "mps" if any(find_word(context, w) != -1 for w in MAC) else value
+
+
 def derive(sig_name: str, fields: dict[str, str], message: str,
            context: str = "") -> tuple[dict[str, str], frozenset[str]]:
     """Normalise the extracted fields, add derived ones (``target``, ``low``, ``devices``, ``dtype_kw`` ...) and flags.
@@ -102,7 +110,7 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
     dtype_sig = sig_name.startswith(("dtype", "unsupported"))
     for key in ("a", "b"):
         if key in f:
-            d = None if dtype_sig else device_name(f[key])
+            d = None if dtype_sig else device_name(_gpu_word(f[key], context))
             t = dtype_name(f[key]) or type_name(f[key])[1]
             if d:
                 f[key] = d
@@ -145,8 +153,9 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
     if "b" in f and sig_name.startswith("mixed.meta") and f["b"].isdigit():
         f["b"] = f"cuda:{f['b']}"
     named_devices, named_dtypes = names_in(message[:4000])
+    mac_gpu = "cuda" not in message.lower() and _gpu_word("GPU", context) == "mps"  # "GPU" read as cuda:0 there
     for d in named_devices:
-        add(devices, d)
+        add(devices, "mps:0" if mac_gpu and d == "cuda:0" else d)
     for t in named_dtypes if not dtypes or not dtype_sig else ():
         add(dtypes, t)
     if "dtype" in f:

@@ -176,7 +176,9 @@ _sig("quant.bnb_same_gpu", "quantization_device", "bitsandbytes got tensors on t
      alternatives=(_DEV_ALT,))
 _sig("quant.bnb_to", "quantization_device", ".to() is refused on a bitsandbytes model",
      ("is not supported for `4-bit` or `8-bit`", "is not supported for 4-bit or 8-bit",
-      "is not supported for `4-bit` quantized", "is not supported for `8-bit` quantized"),
+      "is not supported for `4-bit` quantized", "is not supported for `8-bit` quantized",
+      # diffusers' wording when offloading (or .to()) would move a bitsandbytes-quantized component
+      "has been loaded in `bitsandbytes`", "has been loaded in bitsandbytes"),
      "`.to()` / `.cuda()` was called on a model quantized with bitsandbytes.",
      (("q.bnb_to", 3.0),), confidence=0.95, alternatives=(_MIX_ALT,))
 _sig("quant.exllama_gpu", "quantization_device", "The GPTQ ExLlama kernels need every module on the GPU",

@@ -54,6 +54,21 @@ _sig("dtype.attn_mask", "dtype_mismatch", "An attention mask in the wrong dtype"
      (("dt.mask_dtype", 3.0),),
      rf"attn_mask\.dtype: (?P<a>[\w: ]{{1,30}}?) and +query\.dtype: (?P<b>{_DT})", confidence=0.9,
      alternatives=(_UD_ALT,))
+# lerp / addcmul-style ops name the operand that differs: "expected dtype float for `end` but got dtype BFloat16"
+_sig("dtype.operand_expected", "dtype_mismatch", "One operand of an operation in another dtype",
+     ("for `end` but got dtype", "for end but got dtype", "for `weight` but got dtype"),
+     "An operation (lerp, addcmul and the like) got one operand in another dtype than the rest[: its `{arg}` is "
+     "{a}, the others are {b}].",
+     (("dt.operand_cast", 3.0), ("dt.module_partially_cast", 1.0)),
+     r"expected dtype (?:torch\.)?(?P<b>[\w:]{1,30}) for [`'\"]?(?P<arg>end|weight)[`'\"]? but got dtype "
+     r"(?:torch\.)?(?P<a>[\w:]{1,30})",
+     require_pattern=True, confidence=0.9, before=40, after=300, alternatives=(_UD_ALT,))
+# the memory-efficient sdpa kernel's check of an additive mask (attn_bias) against the query
+_sig("dtype.attn_bias", "dtype_mismatch", "An attention mask (bias) in another dtype than the query",
+     ("invalid dtype for bias - should match query",),
+     "scaled_dot_product_attention got an additive mask (attn_bias) whose dtype differs from the query's; the "
+     "memory-efficient kernel needs them in one dtype.",
+     (("dt.mask_dtype", 3.0),), confidence=0.9, alternatives=(_UD_ALT,))
 _sig("dtype.mixed_cpu", "dtype_mismatch", "Normalization on the CPU with mixed dtypes",
      ("mixed dtype (CPU)",),
      "A normalization layer on the CPU got its input and parameters in different dtypes[ (it expected the "

@@ -51,3 +51,11 @@ _sig("partial.expected_same", "device_mismatch", "Tensors on two devices met in 
      "device', an operation that got tensors on two devices.",
      (("dev.module_not_moved", 2.0), ("dev.inputs_not_moved", 1.5)), confidence=0.6,
      alternatives=(("quantization_device", 0.4, "a quantized layer's state on another device raises it too"),))
+# the words of the meta-tensor family without its message ("a meta tensor error when calling
+# enable_sequential_cpu_offload()"): weak like the frames, quiet wherever a full message is recognised
+_sig("partial.meta_tensor", "mixed_device_model", "A meta-tensor error (message missing)",
+     ("meta tensor error", "meta tensor data", "error about meta tensor", "meta tensors error"),
+     "The message is missing; the text names a meta-tensor error: weights left on the meta device (a model built "
+     "empty for a device map or offloading, never filled) were read or moved.",
+     (("md.offload_meta", 2.0), ("md.meta_to", 1.5)), confidence=0.45,
+     alternatives=(("quantization_device", 0.3, "quantized weights offloaded to meta fail the same way"),))

@@ -1,0 +1,181 @@
+"""explain, issue 41 point 7 (session 11): every quoting, MPS and XPU wordings, frames and words as evidence.
+
+Each text is quoted from the public thread named beside it (most of them are in the ninth held-out collection,
+``holdout/``); where the test adds the quoting (a JSON string, HTML entities, a ``>`` prefix), it says so.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from torchdoctor._explain.api import Diagnosis, explain
+
+
+def top(text: str) -> Diagnosis:
+    found = explain(text)
+    assert found, text
+    return found[0]
+
+
+def codes(d: Diagnosis) -> str:
+    return "\n".join(c for _, c in d.fixes)
+
+
+def ranked(d: Diagnosis) -> list[str]:
+    return [d.category] + [a.category for a in d.alternatives]
+
+
+# --- families the ninth collection found missing -------------------------------------------------------------------
+@pytest.mark.parametrize("text", [
+    # zichongli5/NorMuon#7 (inline code quoting, a trailing period inside it)
+    "`RuntimeError: expected dtype float for end but got dtype c10::BFloat16. `",
+    # SqueezeAILab/LLM2LLM#5 (the operand's name in backticks)
+    "expected dtype float for `end` but got dtype c10::BFloat16",
+])
+def test_lerp_names_the_operand_in_another_dtype(text: str) -> None:
+    d = top(text)
+    assert d.category == "dtype_mismatch" and d.signature == "dtype.operand_expected"
+    assert "`end` is bfloat16, the others are float32" in d.what_happened
+    assert "t = t.float()  # t: the operand that is bfloat16" in codes(d)
+    assert "c10::" not in codes(d) and "bfloat16." not in codes(d)
+
+
+def test_sdpa_bias_in_another_dtype() -> None:
+    d = top("RuntimeError: invalid dtype for bias - should match query's dtype")  # aigc-apps/EasyAnimate#97
+    assert d.category == "dtype_mismatch" and d.signature == "dtype.attn_bias"
+    assert "attn_mask" in codes(d)
+
+
+def test_diffusers_refuses_to_move_a_bitsandbytes_component() -> None:
+    """huggingface/diffusers#10653: enable_model_cpu_offload on an 8-bit transformer."""
+    d = top("The module 'HunyuanVideoTransformer3DModel' has been loaded in `bitsandbytes` 8bit and moving it to cpu "
+            "via `.to()` is not supported. Module is still on cuda:0")
+    assert d.category == "quantization_device" and d.signature == "quant.bnb_to"
+
+
+META_WORDS = ("Loading T5 encoder separately with StableDiffusion3Pipeline causes meta tensor error on "
+              "sequential/model cpu offload\n\nsupplying a T5 encoder loaded separately causes a meta tensor data copy "
+              "error when calling ``enable_sequential_cpu_offload()``")  # huggingface/diffusers#8644
+
+
+def test_a_meta_tensor_error_told_in_words_is_weak_evidence() -> None:
+    d = top(META_WORDS)
+    assert d.category == "mixed_device_model" and d.signature == "partial.meta_tensor"
+    assert d.confidence < 0.7 and "missing" in d.title
+    # with the message itself, the message's signature speaks alone
+    full = explain(META_WORDS + "\nNotImplementedError: Cannot copy out of meta tensor; no data!")
+    assert full[0].category == "mixed_device_model"
+    assert not any(x.signature.startswith("partial.") for x in full), [x.signature for x in full]
+
+
+# --- "GPU" in older wordings: on a Mac it is the Apple GPU ---------------------------------------------------------
+LEGACY = "RuntimeError: Tensor for argument #2 'mat2' is on CPU, but expected it to be on GPU (while checking arguments for mm)"
+
+
+@pytest.mark.parametrize("text", [
+    # DanielAvdar/tabnet#269: the message in a markdown quote (">") below prose naming the MPS backend
+    "When running TabNetEncoder on Apple Silicon using the MPS backend, a RuntimeError occurs because "
+    "self.group_attention_matrix remains on the CPU even after calling .to(device).\n\n**Error Message:**\n\n> " + LEGACY,
+    # storyicon/comfyui_segment_anything#68: a ComfyUI log on a Mac (the test shortens its frames)
+    "platform: mac arm64\ndevice: mps\n\n!!! Exception during processing!!! " + LEGACY[14:] + "\nTraceback (most recent "
+    "call last):\n  File \"/Users/liangbinsi/Documents/ComfyUI/execution.py\", line 151, in recursive_execute",
+])
+def test_gpu_on_a_mac_is_mps(text: str) -> None:
+    d = top(text)
+    assert d.category == "device_mismatch"
+    assert "mps:0" in d.what_happened and "cuda" not in d.what_happened
+    assert "cuda" not in codes(d) and "device_map" not in codes(d)
+
+
+def test_gpu_elsewhere_stays_cuda() -> None:
+    assert "cuda:0" in top(LEGACY).what_happened
+    # a Mac user's paste of a CUDA machine's log: the log's own CUDA device wins
+    assert "cuda:0" in top("On my MacBook I ssh into the server:\nINFO device=cuda:0\n" + LEGACY).what_happened
+
+
+# --- every quoting and escaping (the quoting added by the test is named) ----------------------------------------
+DEVICE = ("RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
+          "cpu!")
+BNB_FRAME = ('  File "/venv/lib/python3.10/site-packages/bitsandbytes/nn/modules.py", line 484, in forward\n'
+             "    return bnb.matmul_4bit(x, self.weight.t(), bias=bias, quant_state=self.weight.quant_state)")
+
+
+def test_a_traceback_in_one_json_string_keeps_its_frames() -> None:
+    """A traceback logged as one JSON string: its lines joined by ``\\n`` escapes, its quotes as ``\\"``."""
+    text = json.dumps({"traceback": "Traceback (most recent call last):\n" + BNB_FRAME + "\n" + DEVICE})
+    assert "\\n" in text and '\\"' in text
+    d = top(text)
+    assert d.category == "quantization_device" and "device_map" in codes(d)
+
+
+def test_html_escaped_frame_and_message() -> None:
+    """unslothai/unsloth#212's frame and message, copied as a web page's source (the entities are the test's)."""
+    text = ("  File &quot;&lt;string&gt;&quot;, line 374, in _fast_inner_training_loop\n"
+            "RuntimeError: expected mat1 and mat2 to have the same dtype, but got: c10::Half != float")
+    d = top(text)
+    assert d.category == "dtype_mismatch" and "float16" in d.what_happened and "&" not in d.what_happened
+
+
+def test_a_fenced_log_with_a_language_tag_and_indented_frames() -> None:
+    """CS1o/Stable-Diffusion-Info#19: a web UI console log in a ```Shell fence, frames indented by the web UI."""
+    text = ("RuntimeError: Input type (float) and bias type (struct c10::Half) should be same\n\n```Shell\n"
+            '      File "E:\\Stable diffusion\\stable-diffusion-webui-amdgpu\\repositories\\k-diffusion\\k_diffusion'
+            '\\sampling.py", line 594, in sample_dpmpp_2m\n        denoised = model(x, sigmas[i] * s_in, **extra_args)\n'
+            "```")
+    d = top(text)
+    assert d.category == "dtype_mismatch" and "float32" in d.what_happened and "float16" in d.what_happened
+
+
+def test_float8_on_mps_after_a_full_width_colon() -> None:
+    """pytorch/pytorch#148420: "Error：" with a full-width colon; float8, never the bfloat16 / macOS 14 answer."""
+    d = top("MPS use Flux.1\n\nError：Trying to convert Float8_e4m3fn to the MPS backend but it does not have support "
+            "for that dtype.")
+    assert d.signature == "unsupported.mps_fp8" and "float8" in d.what_happened
+    assert d.likely_causes[0].startswith("float8 weights") and "a newer macOS does not help" in d.likely_causes[0]
+
+
+def test_mps_placeholder_under_a_linear_frame() -> None:
+    """YaoYinYing/RFdiffusion#5."""
+    d = top('File "/Users/rshams/anaconda3/envs/RFdiffusion/lib/python3.10/site-packages/torch/nn/modules/linear.py",'
+            " line 116, in forward\n    return F.linear(input, self.weight, self.bias)\nRuntimeError: Placeholder "
+            "storage has not been allocated on MPS device!")
+    assert d.category == "device_mismatch" and d.signature == "device.mps_placeholder"
+    assert "mps" in codes(d)
+
+
+# --- XPU wordings ----------------------------------------------------------------------------------------------
+def test_xpu_layer_with_a_cpu_input() -> None:
+    """Comfy-Org/ComfyUI#7089 (Intel Arc A770): oneDNN's longer wording."""
+    d = top("!!! Exception during processing !!! Input type (torch.FloatTensor) and weight type (XPUFloatType) should "
+            "be the same or input should be a MKLDNN tensor and weight is a dense tensor")
+    assert d.category == "input_weight_type_mismatch" and "xpu" in d.what_happened
+
+
+def test_xpu_not_linked() -> None:
+    d = top("RuntimeError: PyTorch is not linked with support for xpu devices")  # intel/ipex-llm#11525
+    assert d.category == "no_accelerator" and "xpu" in codes(d)
+
+
+# --- words in prose never outrank the message ----------------------------------------------------------------
+@pytest.mark.parametrize("text,category,prose", [
+    # huggingface/diffusers#5897: "LoRA" all over the prose
+    ("LORA error when running train_text_to_image_lora.py\n\nI tried to experiment with LoRA training following "
+     "examples/text_to_image/README.md#training-with-lora.\n\nHowever, I got the error ```RuntimeError: Expected all "
+     "tensors to be on the same device, but found at least two devices, cuda:0 and cpu! (when checking argument for "
+     "argument mat2 in method wrapper_CUDA_mm)``` on line 801.", "device_mismatch", "quantization_device"),
+    # XLabs-AI/x-flux-comfyui#11: an fp8 model in the log lines before the message
+    ("got prompt\nmodel weight dtype torch.float8_e4m3fn, manual cast: torch.bfloat16\nmodel_type FLUX\n!!! Exception "
+     "during processing!!! Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
+     "cpu! (when checking argument for argument mat1 in method wrapper_CUDA_addmm)", "device_mismatch",
+     "unsupported_dtype_on_device"),
+    # hiyouga/LlamaFactory#2022: 4-bit quantization and LoRA in the command line
+    ("unsloth 报错：RuntimeError: expected mat1 and mat2 to have the same dtype, but got: c10::BFloat16 != float\n\n"
+     "python3.10 train_bash.py --stage sft --finetuning_type lora --use_unsloth --quantization_bit 4",
+     "dtype_mismatch", "quantization_device"),
+])
+def test_words_around_the_message_do_not_refile_it(text: str, category: str, prose: str) -> None:
+    d = top(text)
+    assert d.category == category, ranked(d)
+    assert d.category != prose
