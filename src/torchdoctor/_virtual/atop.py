@@ -225,6 +225,11 @@ def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: A
     least one), else unproven with what was tried and what was still wrong."""
     results = [(c, *_check(c, fixes, rules, profile)) for c in cases]
     for i, f in enumerate(fixes):
+        if f.kind == "factory" and isinstance(f.target, torch.dtype):  # a factory's dtype=: the device holds it
+            f.at_op, f.proven = True, profile.supports(f.target, "storage")
+            f.tried = f"at the factory: {profile.type} {'holds' if f.proven else 'cannot hold'} " \
+                f"{dtype_str(f.target)} tensors"
+            continue
         if not f.sets:
             f.proven, f.at_op = False, True
             f.tried = "not applied: advice or program state (not a tensor a failing op read), nothing to re-run" \

@@ -70,5 +70,7 @@ def handlers(mode: Callable[[Space], Any]) -> dict[Any, Callable[..., Any]]:
                 return call(*args, **kwargs)
         return handler
 
+    from torchdoctor._virtual.datadtype import new_tensor_handlers  # also run again under the mode
+
     return {torch.Tensor.backward: under_mode(_tensor_backward), _autograd.backward: under_mode(_autograd.backward),
-            _autograd.grad: under_mode(_autograd.grad)}
+            _autograd.grad: under_mode(_autograd.grad), **new_tensor_handlers(mode)}

@@ -4,6 +4,7 @@ the factory makes its stand-in (the stand-in's own dtype is the same, but the ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,11 +21,40 @@ def data_dtype(name: str, args: tuple[Any, ...]) -> torch.dtype | None:
     return _of(args[0], 0)
 
 
-def factory_call(name: str, dtype: str, said: bool, device: str) -> str:
-    """How the call reads: ``torch.tensor(<float64 data>, device='mps:0')`` where the data chose the dtype."""
+def factory_call(name: str, dtype: str, said: bool, device: str, at: str | None = None) -> str:
+    """How the call reads: ``torch.tensor(<float64 data>, device='mps:0')`` where the data chose the dtype, a
+    tensor's own factory as ``Tensor.new_full(dtype=float64, device='mps:0')``; ``at``: the line that called it."""
+    where = f" at {at}" if at else ""
     if said:
-        return f"torch.{name}(dtype={dtype}, device={device!r})"
-    return f"torch.{name}(<{dtype} data>, device={device!r}) (pass dtype=torch.float32)"
+        return f"{maker_name(name)}(dtype={dtype}, device={device!r}){where}"
+    return f"{maker_name(name)}(<{dtype} data>, device={device!r}){where} (pass dtype=torch.float32)"
+
+
+def maker_name(name: str) -> str:
+    """``torch.zeros``; ``Tensor.new_zeros`` for a tensor's own factories (``x.new_zeros(...)``)."""
+    return f"Tensor.{name}" if name.startswith("new_") else f"torch.{name}"
+
+
+def new_tensor_handlers(mode: Callable[[Any], Any]) -> dict[Any, Callable[..., Any]]:
+    """``x.new_tensor(data, dtype=...)`` on a virtual tensor, run as ``torch.tensor`` on ``x``'s device in ``x``'s
+    dtype (or the one it names) under a fresh push of the run's mode ``mode(space)``: torch builds it in C++ from
+    ``x``'s wrapper, so it would otherwise come back a plain tensor off the device, and a float64 it asks for on
+    mps would go unseen."""
+    def new_tensor(space: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        this = args[0] if args else None
+        device = getattr(this, "_td_device", None)
+        if device is None or len(args) > 2 or (len(args) < 2 and "data" not in kwargs):
+            return func(*args, **kwargs)
+        kw = dict(kwargs)
+        data = args[1] if len(args) == 2 else kw.pop("data")
+        kw.pop("pin_memory", None)
+        dtype = kw.pop("dtype", None) or this.dtype  # type: ignore[union-attr]
+        where = kw.pop("device", None) or device
+        space.hooks.creating("new_tensor", space.norm(where), {"dtype": dtype})  # named as the program calls it
+        with mode(space):
+            return torch.tensor(data, dtype=dtype, device=where, **kw)
+
+    return {torch.Tensor.new_tensor: new_tensor}
 
 
 def _of(data: Any, depth: int) -> torch.dtype | None:

@@ -3,6 +3,7 @@ the tensors found by path and the sources of tensors made in the run."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -219,15 +220,19 @@ def maker_diff(op: str, at: str, target: Any) -> str | None:
     except (OSError, IndexError, SyntaxError, ValueError):  # a statement over several lines: no diff, the fix stands
         return None
     pad = len(raw) - len(body)
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) in (op, op[6:])
-             and n.end_col_offset is not None]
+    method = op[7:] if op.startswith("Tensor.") else None  # x.new_full(...): called on a tensor
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.end_col_offset is not None and (
+        ast.unparse(n.func) in (op, op[6:]) or isinstance(n.func, ast.Attribute) and n.func.attr == method)]
     if len(calls) != 1 or not body.isascii():  # offsets are bytes: only a plain-ASCII line is cut by them
         return None
     call = calls[0]
     name = IN_SCOPE.get(at)
+    said = next((k.value for k in call.keywords if k.arg == "dtype"), None)  # a dtype= it passed: replaced there
+    seg = (pad + said.col_offset, pad + int(said.end_col_offset), ast.unparse(said)) \
+        if said is not None and said.end_col_offset is not None and isinstance(target, torch.dtype) else None
     m = Maker(op, file, line, body, span=(pad + call.col_offset, pad + int(call.end_col_offset)), factory=True,
               no_device=not any(k.arg == "device" for k in call.keywords) and op not in _NO_DEVICE_ARG,
-              device_expr=f"{name}.device" if name and isinstance(target, torch.device) else None)
+              device_expr=f"{name}.device" if name and isinstance(target, torch.device) else None, segment=seg)
     fixed = remedy(m, target, {})
     return fixed.patch if fixed is not None else None
 
@@ -278,9 +283,13 @@ def _rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.
     inside = sorted({p.found for p in unsupported if p.module_path is not None or p.role in _NAMED})
     for p in made:  # a factory made it in a dtype the device cannot hold: that call, never a model-wide cast
         other = _SAME_SIZE.get(p.found, "float32")
-        out.append(Fix(f"# pass dtype=torch.{other} to {p.op or 'the factory'} where {p.module_type or 'the code'} "
-                       f"makes it on {device_str(device)} ({device.type} cannot hold {p.found}; the model's own "
-                       "dtype is not the cause)", "note"))
+        found = re.search(r" at (\S+:\d+): ", p.message)
+        at = found.group(1) if found else None
+        out.append(Fix(f"# pass dtype=torch.{other} to {p.op or 'the factory'}{f' at {at}' if at else ''} where "
+                       f"{p.module_type or 'the code'} makes it on {device_str(device)} ({device.type} cannot hold "
+                       f"{p.found}; the model's own dtype is not the cause)", "factory", parse_dtype(other),
+                       sets=((f"factory {p.op} at {at}", parse_dtype(other)),),
+                       diff=maker_diff(p.op or "", at, parse_dtype(other)) if at else None))
     if inside:
         out.append(Fix(_instead(inside, device, bool(memory)), "note" if _instead(inside, device, bool(memory))
                        .startswith("#") else "path"))

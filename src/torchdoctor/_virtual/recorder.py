@@ -14,10 +14,10 @@ from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
 from torchdoctor._virtual.atop import Cases, tags_of
-from torchdoctor._virtual.datadtype import data_dtype, factory_call
+from torchdoctor._virtual.datadtype import data_dtype, factory_call, maker_name
 from torchdoctor._virtual.escaped import escaped_problem
 from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest
-from torchdoctor._virtual.origin import from_origin, ran_as_asked
+from torchdoctor._virtual.origin import from_origin, ran_as_asked, where_called
 from torchdoctor._virtual.promote import Promotions, mixed
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, make
 from torchdoctor._tracker import ModuleStack
@@ -168,13 +168,13 @@ class _Recorder(Hooks):
 
     def creating(self, name: str, device: torch.device, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> None:
         self.exists(device, None, f"torch.{name}")
-        said = "dtype" in kwargs  # float64 numpy data makes a float64 tensor unasked
-        dt = kwargs.get("dtype") if said else data_dtype(name, args)
+        dt = kwargs.get("dtype") if (said := "dtype" in kwargs) else data_dtype(name, args)  # float64 numpy data
         if isinstance(dt, torch.dtype) and device.type == self.profile.type and not self.profile.supports(dt, "storage"):
+            at = where_called()  # one call is one problem (``x.new_tensor`` runs as ``torch.tensor`` at its line)
             self._note("unsupported_dtype", None, dtype_str(dt), f"a dtype {device.type} supports",
-                       f"{factory_call(name, dtype_str(dt), said, device_str(device))}: {device.type} cannot hold "
-                       f"{dtype_str(dt)} tensors, so the factory raises; make it float32", f"torch.{name}", "factory",
-                       key=f"{name}:{dtype_str(dt)}")
+                       f"{factory_call(name, dtype_str(dt), said, device_str(device), at)}: {device.type} cannot "
+                       f"hold {dtype_str(dt)} tensors, so the factory raises; make it float32", maker_name(name),
+                       "factory", key=f"{dtype_str(dt)}:{at or name}")
         gdev = getattr(kwargs.get("generator"), "device", None)
         if isinstance(gdev, torch.device) and gdev.type != device.type:
             self._note("device", None, device_str(gdev), device_str(device), f"torch.{name}(device="
