@@ -179,3 +179,23 @@ def test_words_around_the_message_do_not_refile_it(text: str, category: str, pro
     d = top(text)
     assert d.category == category, ranked(d)
     assert d.category != prose
+
+
+@pytest.mark.parametrize("message,category", [
+    ("RuntimeError: Tensor for argument input is on cpu but expected on mps", "device_mismatch"),
+    ("RuntimeError: Placeholder storage has not been allocated on MPS device!", "device_mismatch"),
+    ("RuntimeError: Expected all tensors to be on the same device, but got mat2 is on cpu, different from other "
+     "tensors on cuda:0 (when checking argument in method wrapper_CUDA_mm)", "device_mismatch"),
+    ("RuntimeError: Expected all tensors to be on the same device, but got index is on xpu:0, different from other "
+     "tensors on cpu (when checking argument in method wrapper_XPU__index_select)", "device_mismatch"),
+])
+def test_prose_typed_on_the_errors_own_line_is_prose(message: str, category: str) -> None:
+    """The hunter's finding: "Using qlora with peft on my mac, then: <message>" on one line re-filed the message as
+    quantization_device. The words before the error on its own line are what the user believes; they may offer an
+    alternative, never the diagnosis. In a frame or a line of code the same words count in full."""
+    d = top("Using qlora with peft on my mac, then: " + message)
+    assert d.category == category, ranked(d)
+    assert "quantization_device" in ranked(d)[1:]
+    frame = '  File "/envs/x/lib/python3.11/site-packages/bitsandbytes/nn/modules.py", line 484, in forward\n'
+    if "mps" not in message.lower():
+        assert top(frame + message).category == "quantization_device"

@@ -272,11 +272,25 @@ _LOG_HEAD = re.compile(r"\w{1,40}:|.{0,200}\d:\d")  # "WARNING:", "ValueError:",
 _PROSE_SCALE = 0.5  # a word only in prose weighs half, and never re-files the error
 
 
+# Where an error starts on a line typed as "Using qlora on my mac, then: RuntimeError: ..." (lower-cased text)
+_HEAD = re.compile(r"(?<![\w.])\w{0,40}(?:error|exception)(?::|\b)")
+
+
+def _lead(line: str) -> int:
+    """The length of the prose typed before the error on the error's own line, else 0."""
+    m = _HEAD.search(line, 0, 2000)
+    if not m or not m.start():
+        return 0
+    head = line[:m.start()].rstrip(" :`'\"(")
+    return m.start() if head.count(" ") >= 3 and _PROSE.fullmatch(head) and not _LOG_HEAD.match(head) else 0
+
+
 def _prose_only(context: str, word: str, message: str) -> bool:
     """Whether every occurrence of ``word`` in ``context`` (the first 16) sits on a line of prose, and the error's
     own message does not hold it: "I fine-tune with qlora" is what the user believes, a frame in bitsandbytes is
-    what ran."""
-    if not word or find_word(message, word) != -1:
+    what ran. Prose typed on the error's own line, before it, is prose too."""
+    first = message.split("\n", 1)[0]
+    if not word or find_word(message[_lead(first):], word) != -1:
         return False
     p = find_word(context, word)
     for _ in range(16):
@@ -285,7 +299,8 @@ def _prose_only(context: str, word: str, message: str) -> bool:
         start = context.rfind("\n", 0, p) + 1
         end = context.find("\n", p)
         line = context[start: end if end != -1 else len(context)].rstrip()
-        if line.count(" ") < 3 or not _PROSE.fullmatch(line) or _LOG_HEAD.match(line):
+        if not p - start < _lead(line) and (line.count(" ") < 3 or not _PROSE.fullmatch(line)
+                                            or _LOG_HEAD.match(line)):
             return False
         p = find_word(context, word, end) if end != -1 else -1
     return False
