@@ -155,4 +155,13 @@ def test_a_factory_in_forward_is_named_with_its_line(project: pathlib.Path) -> N
     err = _fail(net, torch.randn(2, 8, dtype=torch.bfloat16), "strict")
     assert "made by `torch.ones` at " in str(err) and "(`mask = torch.ones(8, 8)`)" in str(err)
     assert "layers.py:45" in str(err)
-    assert "# make `torch.ones` at layers.py:45" in (err.fix or "")
+    # the factory's line given the dtype, as code, as a diff, and applied the error is gone
+    assert err.fix == "mask = torch.ones(8, 8, dtype=torch.bfloat16)  # layers.py:45"
+    assert err.proof is not None and err.proof.startswith("fix proven")
+    assert err.patch is not None and "-        mask = torch.ones(8, 8)\n+        mask = torch.ones(8, 8, dtype=torch.bfloat16)\n" \
+        in err.patch
+    (project / "fix.patch").write_text(err.patch)
+    assert _git(project, "apply", "fix.patch").returncode == 0
+    fixed = _load(project / "layers.py", "td_layers_mask_fixed").Mask().to(torch.bfloat16)
+    with torchdoctor.guard(fixed, mode="strict"):
+        assert fixed(torch.randn(2, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16

@@ -80,6 +80,6 @@ def test_strict_still_checks_ops_run_eagerly_around_a_graph_break() -> None:
         return x @ w
 
     compiled = torch.compile(f, backend="eager")
-    with pytest.raises(torchdoctor.PlacementError, match="dtype problem in no module at aten.mm.default"), \
+    with pytest.raises(torchdoctor.PlacementError, match="dtype problem in code outside any module at aten.mm.default"), \
             torchdoctor.guard(mode="strict"):
         compiled(torch.ones(2, 3))

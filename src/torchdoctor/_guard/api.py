@@ -203,6 +203,17 @@ class guard:  # noqa: N801 - reads like torch.no_grad
             self._note(problems, note)
         return note
 
+    def _group_note(self, paths: list[str]) -> Note | None:
+        """The note of a component told as the odd one out that holds every one of ``paths`` (None if none)."""
+        if not paths:
+            return None
+        with self._lock:
+            told = [n for n in self._told.values() if n.groups]
+        for note in told:
+            if all(any(g and (p == g or p.startswith(g + ".")) for g in note.groups) for p in paths):
+                return note
+        return None
+
     def report(self) -> GuardReport:
         """What this guard saw: its problems and fixes, each with the maker, the fix, its proof and its diff
         (``report().to_dict()`` for JSON)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 import warnings
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -185,11 +186,12 @@ def cast_paths(paths: Sequence[tuple[str, Any]]) -> Any:
     return apply
 
 
-def widen(session: Any, maps: Any, root: Any, paths: Sequence[str], target: Any, fix: str | None
-          ) -> tuple[str | None, list[str], str | None]:
+def widen(session: Any, maps: Any, root: Any, paths: Sequence[str], target: Any, fix: str | None,
+          plain: bool = True) -> tuple[str | None, list[str], str | None]:
     """(fix, lines, proof) for culprits that are model tensors: the submodules odd as a whole when the culprits'
     are (the fix casts each; the report names them), and the whole forward re-run on a copy with the fix done.
-    The proof is None when nothing could be re-run."""
+    The proof is None when nothing could be re-run; with ``plain=False`` (fix / warn, where other problems of the
+    same forward are aligned as they come) culprits that are no odd submodule are left to the op's own proof."""
     from torchdoctor._placement import dtype_str as _ds
 
     by = {e.path: e.tensor for e in maps.walk.entries}
@@ -204,13 +206,43 @@ def widen(session: Any, maps: Any, root: Any, paths: Sequence[str], target: Any,
     show = (lambda v: _ds(v)) if dt else str
     groups = odd_groups(maps.walk.entries, set(paths), value)
     if groups is None:
+        if not plain:
+            return fix, [], None
         tried = f"{', '.join(paths)} -> {show(target)}"
         return fix, [], prove_whole(session, root, cast_paths([(p, target) for p in paths]), tried)
     whole = "pipeline" if var_for(root) == "pipe" else "model"
     lines = [f"culprit `{g}`: every tensor in it is {show(value)} while the rest of the {whole} is {show(target)} "
-             f"(the component is the odd one out: aligning only this op's tensors leaves its next layer failing)"
-             for g in groups]
+             f"({_held(maps.walk.entries, g, value)}; the component is the odd one out: aligning only this op's "
+             f"tensors leaves its next layer failing)" for g in groups]
     tried = f"{', '.join(f'`{g}`' for g in groups)} -> {show(target)}"
     proof = prove_whole(session, root, cast_paths([(g, target) for g in groups]), tried)
     return groups_fix(groups, target, root, maps.dicts), lines, proof or f"fix unproven: {tried} not re-run " \
         f"(the {whole}'s inputs are not known here, or it is too large to copy)"
+
+
+def _held(entries: Sequence[Any], group: str, value: Any) -> str:
+    """``41 tensors: vae.decoder.conv_in.weight, vae.decoder.conv_in.bias, ...``: what one fix of the group casts."""
+    paths = [e.path for e in entries if isinstance(e.tensor, torch.Tensor) and e.tensor.is_floating_point()
+             and e.alias_of is None and _inside(e.path, group)
+             and (e.tensor.dtype if isinstance(value, torch.dtype) else e.tensor.device) == value]
+    return f"{len(paths)} tensor{'s' if len(paths) != 1 else ''}: {', '.join(paths[:3])}" + (
+        ", ..." if len(paths) > 3 else "")
+
+
+_GROUP = re.compile(r"^culprit `([^`]*)`: (?:every tensor in it is|computes in) ")
+_ALSO = "also off-policy, not involved in this failure: "
+
+
+def groups_of(lines: Sequence[str]) -> list[str]:
+    """The components a report's lines name as the odd one out (``culprit `vae`: every tensor in it ...``)."""
+    return [m.group(1) for x in lines if (m := _GROUP.match(x))]
+
+
+def fold_also(lines: Sequence[str]) -> list[str]:
+    """The report's lines without the "also off-policy" ones inside a component the report names as the culprit:
+    that component's one finding counts them and its one fix casts them."""
+    groups = groups_of(lines)
+    if not groups:
+        return list(lines)
+    return [x for x in lines if not (x.startswith(_ALSO) and any(
+        _inside(x[len(_ALSO):].split(":", 1)[0], g) for g in groups if g not in ("", "<root>")))]

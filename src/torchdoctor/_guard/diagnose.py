@@ -148,9 +148,13 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
 
         root = session.g.model if session.g.model is not None else (
             session.frames.ran[0] if session.frames.ran else None)
-        out = explain_outside(exc, tb, kind, session.maps_for(root), _mentioned(message, kind))
-        if out is not None:
-            session.g._record_problems(list(out.problems))
+        told = explain_outside(exc, tb, kind, session.maps_for(root), _mentioned(message, kind))
+        if told is None:
+            return None
+        out, out_makers = told
+        session.g._record_problems(list(out.problems))
+        session.g._note(out.problems, Note(out_makers, out.fix, getattr(out, "proof", None),
+                                           getattr(out, "patch", None)))
         return out
     root = session.g.model  # else the outermost module entered: of the forward, or of the backward
     if root is None:
@@ -292,6 +296,7 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
                          f"{c[1]} is {_show(value(c[2]), kind)} in {where}, expected {expected}", op=op,
                          module_path=mpath, module_type=mtype) for c in bad]
     session.g._record_problems(problems)
+    lines = component.fold_also(lines)  # the odd component's other tensors are counted in its one finding
     infos = [TensorInfo.of(c[1], c[2], role=roles.get(c[1], "input")) for c in bad]
     err = PlacementError(format_error(head, lines, fix), module_path=mpath, module_type=mtype, op=op,
                          tensors=infos, problems=problems, fix=fix)

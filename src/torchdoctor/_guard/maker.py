@@ -200,15 +200,17 @@ def _expressions(tree: ast.AST, off: int, frame: Any, t: torch.Tensor) -> list[t
     for name, v in frame.f_locals.items():
         if isinstance(v, torch.Tensor) and name != "self" and _same(v, t):
             names.append(name)
-    now = frame.f_lineno - off
+    now = lineno(frame) - off
     exprs: list[tuple[int, ast.AST]] = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.lineno <= now and node.value:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(x, ast.Name) and x.id in names for x in targets):
                 exprs.append((node.lineno, node.value))
-    exprs.sort(key=lambda x: x[0])
-    found = [(e, True) for _, e in exprs[-1:]]
+    exprs.sort(key=lambda x: -x[0])
+    # the newest assignment first; an older one only when the newer made nothing (``sigma = sigmas[i]`` indexes
+    # the table ``sigmas = torch.tensor(...)`` made)
+    found = [(e, True) for _, e in exprs[:4]]
     stmt = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno <= now <= (n.end_lineno or n.lineno)
             and not isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))]
     if stmt:
@@ -226,6 +228,15 @@ def _same(v: torch.Tensor, t: torch.Tensor) -> bool:
         return False
 
 
+# a frame's line as its traceback entry gives it: a frame the error left has moved on (to a ``with`` exit)
+_TB_LINES: dict[int, tuple[Any, int]] = {}
+
+
+def lineno(frame: Any) -> int:
+    kept = _TB_LINES.get(id(frame))
+    return kept[1] if kept is not None and kept[0] is frame.f_code else frame.f_lineno
+
+
 def user_frames(tb: Any = None, limit: int = 12) -> list[Any]:
     """The frames of the user's code (not torch's, not torchdoctor's) on a traceback, or on the current stack,
     outermost first."""
@@ -235,8 +246,10 @@ def user_frames(tb: Any = None, limit: int = 12) -> list[Any]:
     skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
     out: list[Any] = []
     if tb is not None:
+        _TB_LINES.clear()
         while tb is not None:
             out.append(tb.tb_frame)
+            _TB_LINES[id(tb.tb_frame)] = (tb.tb_frame.f_code, tb.tb_lineno)  # never the frame: it holds tensors
             tb = tb.tb_next
     else:
         f: Any = sys._getframe(1)
@@ -244,15 +257,41 @@ def user_frames(tb: Any = None, limit: int = 12) -> list[Any]:
             out.append(f)
             f = f.f_back
         out.reverse()
-    return [f for f in out if not f.f_code.co_filename.startswith(skip)][-limit:]
+    kept = Frames(f for f in out if not f.f_code.co_filename.startswith(skip))
+    kept.callee = {id(a): b for a, b in zip(out, out[1:]) if not a.f_code.co_filename.startswith(skip)}
+    return kept[-limit:] if len(kept) > limit else kept
+
+
+class Frames(list):  # type: ignore[type-arg]
+    """The user's frames, outermost first, with the frame each one called (``callee``, by id): a frame's running
+    statement made a tensor only if the call it is in received it."""
+
+    callee: dict[int, Any] = {}
+
+    def __getitem__(self, i: Any) -> Any:
+        got = super().__getitem__(i)
+        if isinstance(i, slice):
+            got = Frames(got)
+            got.callee = self.callee
+        return got
+
+
+def _holds(frame: Any, t: torch.Tensor) -> bool:
+    """Does ``frame`` hold ``t`` as a local, or one container level inside one (``*args``, ``**kwargs``)?"""
+    for v in frame.f_locals.values():
+        for x in (v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(x, torch.Tensor) and _same(x, t):
+                return True
+    return False
 
 
 def find(frames: list[Any], t: torch.Tensor, kind: str, target: Any = None) -> Maker | None:
     """The maker of ``t`` in the running forwards' ``frames`` (innermost last), or None. For a device, ``target``
     (the device ``t`` should have been made on) lets the maker say how its forward names that device."""
+    callee = getattr(frames, "callee", {})
     for frame in reversed(frames):
         try:
-            found = _in_frame(frame, t, kind, target)
+            found = _in_frame(frame, t, kind, target, callee.get(id(frame)))
         except Exception:  # naming the maker is extra: the failure is still reported without it
             found = None
         if found is not None:
@@ -283,7 +322,12 @@ def _device_expr(frame: Any, target: Any) -> str | None:
     if not isinstance(target, torch.device):
         return None
     want = norm_device(target)
-    for name, v in frame.f_locals.items():
+    import linecache
+
+    line = linecache.getline(frame.f_code.co_filename, lineno(frame))  # names of the running line come first
+    words = set(line.replace(".", " ").replace("(", " ").replace(")", " ").replace(",", " ").split())
+    here = sorted(frame.f_locals.items(), key=lambda kv: kv[0] not in words)
+    for name, v in here:
         if isinstance(v, torch.Tensor) and name != "self" and name.isidentifier() and \
                 norm_device(tensor_device(v)) == want:
             return f"{name}.device"
@@ -295,13 +339,15 @@ def _device_expr(frame: Any, target: Any) -> str | None:
     return None
 
 
-def _in_frame(frame: Any, t: torch.Tensor, kind: str, target: Any = None) -> Maker | None:
+def _in_frame(frame: Any, t: torch.Tensor, kind: str, target: Any = None, callee: Any = None) -> Maker | None:
     parsed = _parsed(frame.f_code)
     if parsed is None:
         return None
     tree, off, path, lines = parsed
     shift = len(lines[0]) - len(lines[0].lstrip()) if lines else 0  # the dedented tree's columns -> the file's
     for expr, assigned in _expressions(tree, off, frame, t):
+        if not assigned and callee is not None and not _holds(callee, t):
+            continue  # the running statement's call never received it: it was made further in
         for call in _calls(expr):
             dtype, node = _dtype_of_call(call, frame)
             if not _accepts(call, kind, dtype, t, assigned, frame):
@@ -314,7 +360,7 @@ def _in_frame(frame: Any, t: torch.Tensor, kind: str, target: Any = None) -> Mak
             src = lines[call.lineno - 1].strip() if call.lineno - 1 < len(lines) else ""
             where = owner = attr = klass = None
             ch = _chain(node) if node is not None else None
-            if ch and len(ch) > 1:
+            if ch and len(ch) > 1 and ch[0] != "torch":  # ``torch.float32`` is written, not read from anywhere
                 _, owner, attr = _resolve(ch, frame)
                 if attr is not None and owner is not None:
                     where, klass = _where(owner, attr, ch)

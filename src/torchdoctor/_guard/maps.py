@@ -130,6 +130,8 @@ class Maps:
 
 
 def module_label(path: str | None, mod: Any) -> str:
+    if mod is None and path is None:  # an op in the user's code between modules (a scheduler step)
+        return "code outside any module"
     return f"`{path or '<root>'}`" if path is not None else f"`<{type(mod).__name__} outside the guarded model>`"
 
 

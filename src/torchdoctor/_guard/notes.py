@@ -35,6 +35,7 @@ class Note:
     fix: str | None = None
     proof: str | None = None
     patch: str | None = None
+    groups: tuple[str, ...] = ()  # the components the fix casts whole (fix / warn tell their later ops once)
 
     @property
     def proven(self) -> bool:
@@ -86,7 +87,7 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
     maps, op, plan, tensors = c.maps, c.op, c.plan, c.tensors
     lines, culprits, problems = list(c.lines), list(c.culprits), list(c.problems)
     first = problems[0] if problems else c.findings[0].problem
-    where = module_label(c.mpath, c.mod) + (f" ({c.mtype})" if c.mtype else "") if c.mod is not None else "no module"
+    where = module_label(c.mpath, c.mod) + (f" ({c.mtype})" if c.mtype else "") if c.mod is not None else "code outside any module"
     f0, t0, ks0 = plan[0]
     detail = c.findings[0].problem.message.split(": ", 1)[-1]
     if ks0 and (t0 != f0.target or ks0 != list(f0.offenders)):  # aligned on the model, not on an operand
@@ -134,21 +135,22 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
             c.func, c.args, c.kwargs, plan, tensors, op) if c.fixable or session.mode == "strict"
             else "fix unproven: no alignment of this op is known"))
         held = [(x[0], x[3]) for x in culprits if x[0] is not None]
-        if proof is None and aim is None and session.mode == "strict" and maps is not None and held \
+        if proof is None and aim is None and maps is not None and held and not session.replaying \
                 and len({t for _, t in held}) == 1 and lines[-1].startswith("fix proven"):
             # a fix that breaks a later op is not proven: the whole forward again, the odd submodule cast whole
             fix, more, whole = _component.widen(session, maps, c.root, list(dict.fromkeys(p for p, _ in held)),
-                                                held[0][1], fix)
+                                                held[0][1], fix, session.mode == "strict")
             if more or (whole is not None and whole.startswith("fix unproven")):
                 lines[-1:] = more + [whole or lines[-1]]
             elif whole is not None:  # both proven: the op's own proof stays the last word on this op
                 lines.insert(-1, whole)
+    lines = _component.fold_also(lines)  # the odd component's other tensors are counted in its one finding
     err = PlacementError(format_error(head, lines + [f"other operand {d}" for d in others], fix),
                          module_path=c.mpath, module_type=c.mtype, op=str(op),
                          tensors=tuple(c.findings[0].problem.tensors), problems=problems, fix=fix)
     err = with_patch(err, aim.patch if aim is not None else None, lines)
     makers = (aim.lines if aim is not None else []) + said
-    return err, Note("\n".join(makers) or None, fix, err.proof, err.patch)
+    return err, Note("\n".join(makers) or None, fix, err.proof, err.patch, tuple(_component.groups_of(lines)))
 
 
 def said(note: Note) -> str:

@@ -9,6 +9,7 @@ left as it was): a cast of the operand alone proves nothing about the attribute 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -115,9 +116,28 @@ def remedy(m: Maker, target: Any, paths: dict[int, str], dicts: Any = ()) -> Rem
                 new = raw[:col] + want + raw[end:]
         elif raw is not None and m.op in _CAST_TEXT:
             new = _replaced(raw, m.op, f".to({want})")
+        elif raw is not None:
+            new = _factory_line(m, raw, want)
         if new is not None:
             patch = line_patch(m.file, m.line, new.rstrip("\r\n"))
+            if m.segment is None and m.op not in _CAST_TEXT:  # a factory: the fixed line is the code to paste
+                return Remedy(f"{new.strip()}  # {os.path.basename(m.file)}:{m.line}", patch, None)
     return Remedy(f"# make `{m.op}` at {os.path.basename(m.file)}:{m.line}{_made_as(m)} give {want}", patch, None)
+
+
+def _factory_line(m: Maker, raw: str, want: str) -> str | None:
+    """A torch factory called without ``dtype=`` given one (``torch.ones(8, 8, dtype=torch.bfloat16)``), or
+    ``torch.from_numpy(...)`` (which takes none) cast after the call; None for anything else."""
+    if not m.factory or m.span is None or not m.op.startswith("torch."):
+        return None
+    col, end = m.span
+    seg = raw[col:end]
+    if not seg.endswith(")") or "(" not in seg:
+        return None
+    if m.op == "torch.from_numpy":
+        return raw[:end] + f".to({want})" + raw[end:]
+    sep = "" if seg[seg.index("(") + 1:-1].strip() == "" else ", "
+    return raw[:end - 1] + f"{sep}dtype={want}" + raw[end - 1:]
 
 
 def _made_as(m: Maker) -> str:
@@ -151,6 +171,30 @@ def prove_rerun(m: Maker, target: Any, mod: Any, args: Any, frames: Any) -> str 
             store[m.attr] = old
         else:
             store.pop(m.attr, None)
+
+
+def prove_line(m: Maker, target: torch.dtype, mod: nn.Module, args: Any, frames: Any) -> str:
+    """A literal cast or a factory: run ``mod`` again with what the maker's line makes given ``target``, as the
+    fixed line would (a function mode casts the results of torch calls made at that line; nothing is edited)."""
+    from torch.overrides import TorchFunctionMode
+
+    hits = [0]
+
+    class AtLine(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
+            out = func(*a, **(kw or {}))
+            f = sys._getframe(1)
+            if f.f_lineno == m.line and f.f_code.co_filename == m.file and isinstance(out, torch.Tensor) \
+                    and out.is_floating_point() and out.dtype != target:
+                hits[0] += 1
+                return out.to(target)
+            return out
+
+    said = rerun(mod, args, frames, f"`{m.op}` at {os.path.basename(m.file)}:{m.line} -> {value_code(target)}",
+                 AtLine())
+    if said.startswith("fix proven") and not hits[0]:
+        return f"fix unproven: the re-run of {type(mod).__name__} never reached {os.path.basename(m.file)}:{m.line}"
+    return said
 
 
 _KEEP = 64 << 20  # the most state a re-run copies so that it can put it back
@@ -213,10 +257,11 @@ def aimed(loose: list[tuple[str, torch.Tensor]], kind: str, target: Any, paths: 
         return Aim(lines, None, None, None, [x[2] for x in made])
     proof = None
     mod = m.owner if isinstance(m.owner, nn.Module) else m.this if isinstance(m.this, nn.Module) else None
-    if m.attr is not None and mod is not None and frames is not None:
+    if mod is not None and frames is not None and (m.attr is not None or isinstance(target, torch.dtype)):
         args = frames.inputs_of(mod)
         if args or not mod.forward.__code__.co_argcount > 1:
-            proof = prove_rerun(m, target, mod, args, frames)
+            proof = prove_rerun(m, target, mod, args, frames) if m.attr is not None else \
+                prove_line(m, target, mod, args, frames)
     return Aim(lines, fix.code, fix.patch, proof, [x[2] for x in made])
 
 
@@ -236,7 +281,7 @@ def moved_aim(loose: list[tuple[str, torch.Tensor]], target: Any, maps: Any, mod
         t.to(target) if isinstance(t, torch.Tensor) and id(t) in ids else t for t in given), frames, tried))
 
 
-def rerun(mod: nn.Module, args: Any, frames: Any, tried: str) -> str:
+def rerun(mod: nn.Module, args: Any, frames: Any, tried: str, during: Any = None) -> str:
     """Run ``mod`` on ``args`` once more, its state and the random numbers put back after: "fix proven" or
     "fix unproven" with what was tried and the error."""
     kept = _kept(mod)
@@ -246,7 +291,7 @@ def rerun(mod: nn.Module, args: Any, frames: Any, tried: str) -> str:
     depth = (len(frames.stack), len(frames.inputs), len(frames.ran)) if frames is not None else None
     rng = torch.get_rng_state()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), (during if during is not None else contextlib.nullcontext()):
             mod(*(args() if callable(args) else args))
     except Exception as exc:  # the re-run's own failure is the answer, never a crash of the report
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -294,13 +339,15 @@ def caller_lines(given: list[tuple[str, torch.Tensor]], kind: str, tb: Any = Non
     """``kw['extra'][0] made by `torch.randn` at train.py:12 (...)``: the line of the caller's code that made each
     tensor it passed in, where its frames show it: the frames outside the guarded model's forwards (``inside``:
     the ids of its modules; a wrapper module around it is the caller's code), or outside any module's."""
-    from torchdoctor._guard.maker import find, user_frames
+    from torchdoctor._guard.maker import Frames, find, user_frames
 
     if not given:
         return []
     try:
-        frames = [f for f in user_frames(tb) if not (isinstance(me := f.f_locals.get("self"), nn.Module) and (
-            inside is None or id(me) in inside))]
+        stack = user_frames(tb)
+        frames = Frames(f for f in stack if not (isinstance(me := f.f_locals.get("self"), nn.Module) and (
+            inside is None or id(me) in inside)))
+        frames.callee = getattr(stack, "callee", {})
         found = [(label, find(frames, t, kind)) for label, t in given[:4]]
     except Exception:  # the making line is extra: the argument is named without it
         return []

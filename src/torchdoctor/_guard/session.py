@@ -339,10 +339,16 @@ class Session:
             err, note = told(self, case)
             self.g._note(err.problems, note)
             raise err
-        # fix / warn: the same report, kept (the first time this problem is met) beside what is aligned
-        note = self.g._note_once((mpath, str(op), tuple(p.path for p in problems)), problems,
-                                 lambda: told(self, case)[1])
-        if self.mode == "warn":
+        # fix / warn: the same report, kept (the first time this problem is met) beside what is aligned; a later op
+        # of a component already told as the odd one out (every tensor of `vae` float32) is that one finding
+        note = self.g._group_note([p.path for p in problems if p.role == "parameter"])
+        folded = note is not None
+        if note is None:
+            note = self.g._note_once((mpath, str(op), tuple(p.path for p in problems)), problems,
+                                     lambda: told(self, case)[1])
+        else:
+            self.g._note(problems, note)
+        if self.mode == "warn" and not folded:
             for p in problems:
                 if self.g._first_time((p.module_path, p.op, p.kind)):
                     where = module_label(p.module_path, mod)
