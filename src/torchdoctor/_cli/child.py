@@ -40,6 +40,11 @@ def adopt(where: int | str) -> None:
         os.set_inheritable(where, False)  # a program the TARGET starts never gets it
 
 
+def in_child() -> bool:
+    """This process is a CLI child running the user's code (the whole process is the user's run, as under python)."""
+    return _ROLE.get("pid") == os.getpid()
+
+
 def child_role() -> bool:
     """True once, for the ``main()`` the boot code calls; a ``main()`` the TARGET's own code calls runs in-process."""
     pending = bool(_ROLE["pending"])

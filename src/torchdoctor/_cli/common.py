@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchdoctor._cli.child import tell_parent
+from torchdoctor._cli.child import in_child, tell_parent
 
 
 class UsageError(Exception):
@@ -26,8 +26,6 @@ def load_target(spec: str) -> Any:
     A function, class or ``functools.partial`` is called with no arguments (again, if it returns one); the result (or the object itself) is returned. A 2-tuple
     whose second item is a tuple or dict becomes a ``Target(obj, args/kwargs)``.
     """
-    from torchdoctor._report.model import Target
-
     if ":" not in spec or spec.endswith(":"):
         raise UsageError(
             f"TARGET {spec!r} is neither an existing file or directory nor 'path/to/file.py:name' or 'package.module:name'"
@@ -42,18 +40,30 @@ def load_target(spec: str) -> Any:
             raise UsageError(f"cannot import {where!r}")
         module = importlib.util.module_from_spec(spec_obj)
         sys.modules[mod_name] = module
-        sys.path.insert(0, os.path.dirname(os.path.abspath(where)))
+        folder = os.path.dirname(os.path.abspath(where))
+        # the file's folder is importable while it loads, while its factory runs (a `def build():` that imports a
+        # sibling module inside its body) and, in the CLI's child, for the whole run, as under `python file.py`
+        sys.path.insert(0, folder)
         try:
-            spec_obj.loader.exec_module(module)
-        except (Exception, SystemExit) as exc:  # a script that exits on import must not set our exit code
-            raise UsageError(f"importing {where!r} failed: {failure(exc)}") from exc
+            try:
+                spec_obj.loader.exec_module(module)
+            except (Exception, SystemExit) as exc:  # a script that exits on import must not set our exit code
+                raise UsageError(f"importing {where!r} failed: {failure(exc)}") from exc
+            return _resolved(spec, where, name, module)
         finally:
-            sys.path.pop(0)
-    else:
-        try:
-            module = importlib.import_module(where)
-        except (Exception, SystemExit) as exc:
-            raise UsageError(f"cannot import module {where!r}: {failure(exc)}") from exc
+            if not in_child() and folder in sys.path:
+                sys.path.remove(folder)
+    try:
+        module = importlib.import_module(where)
+    except (Exception, SystemExit) as exc:
+        raise UsageError(f"cannot import module {where!r}: {failure(exc)}") from exc
+    return _resolved(spec, where, name, module)
+
+
+def _resolved(spec: str, where: str, name: str, module: Any) -> Any:
+    """The object ``name`` of ``module``: factories called, a (model, inputs) pair made a Target."""
+    from torchdoctor._report.model import Target
+
     if not hasattr(module, name):
         raise UsageError(f"{where!r} has no attribute {name!r}")
     obj = getattr(module, name)
