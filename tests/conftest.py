@@ -2,6 +2,7 @@
 setting (pyproject.toml), so tests import the zoo and helpers as ``from support import zoo, helpers``."""
 
 import os
+from collections.abc import Iterator
 
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "DIFFUSERS_OFFLINE",
              "HF_HUB_DISABLE_TELEMETRY"):
@@ -14,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # CPU's own answer).
 import pytest  # noqa: E402
 
-from support import hardware  # noqa: E402
+from support import hardware, state  # noqa: E402
 
 hardware.pin_from_env()
 # Every child Python the suite starts (CLI runs, torchrun ranks, scripts) takes the same branch: the pin travels
@@ -29,3 +30,16 @@ collect_ignore = ["support/site"]  # a sitecustomize for child processes, not a 
 def bnb_cpu_branch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """Both branches of bitsandbytes' per-layer CPU check, on every machine (``support.hardware.Branch``)."""
     yield from hardware.branch_fixture(request, monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def _leaves_state_as_found() -> Iterator[None]:
+    """Fails a test that leaves shared state changed (``support.state``): loggers, torch settings, environment,
+    patched torch attributes, library modules. Such a leak makes a later test's outcome depend on the order."""
+    yield from state.guard("this test")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_leaves_state_as_found() -> Iterator[None]:
+    """The same for a module's own module-scoped fixtures, read when the module's last test is done."""
+    yield from state.guard("this module (its module-scoped fixtures)")

@@ -33,7 +33,7 @@ import logging
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,6 +182,9 @@ def leaks(before: Snapshot, after: Snapshot) -> list[str]:
                 found.append(f"logger {name!r} {what}: {was!r} -> {is_!r}")
         if handlers != now[4]:
             found.append(f"logger {name!r} handlers: {list(handlers)} -> {list(now[4])}")
+    for name, now in after.loggers.items():  # made during the test: a library's import may set its level and
+        if name not in before.loggers and now[2]:  # handlers, but a logger is born enabled
+            found.append(f"logger {name!r} disabled: False -> True")
     for name, was in before.flags.items():
         if was != after.flags[name]:
             found.append(f"torch {name}: {was} -> {after.flags[name]}")
@@ -214,6 +217,9 @@ def restore(before: Snapshot) -> None:
         logger.level, logger.disabled, logger.propagate = level, disabled, propagate
         ours = [h for h in logger.handlers if _own(h)]
         logger.handlers = list(handlers) + ours
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if name not in before.loggers and isinstance(logger, logging.Logger):
+            logger.disabled = False
     logging.disable(before.logging_disable)
     logging.Logger.manager._clear_cache()  # type: ignore[attr-defined]
     for name, (read, write) in _FLAGS.items():
@@ -242,3 +248,17 @@ def _stray(before: Snapshot) -> list[str]:
     """Entries a test put in sys.modules that are no modules (a fake left behind answers every later import)."""
     return sorted(name for name in set(sys.modules) - before.module_names
                   if not isinstance(sys.modules.get(name), types.ModuleType))
+
+
+def guard(what: str) -> Iterator[None]:
+    """Body of the suite's autouse fixtures (``tests/conftest.py``): a test (or module) that leaves state changed
+    fails, and the state is put back for the tests after it."""
+    import pytest
+
+    before = snapshot()
+    yield
+    changed = leaks(before, snapshot())
+    if changed:
+        restore(before)
+        pytest.fail(f"{what} left process-wide state changed (restore it in `finally`, or use monkeypatch): "
+                    + "; ".join(changed), pytrace=False)

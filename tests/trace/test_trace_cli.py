@@ -124,11 +124,15 @@ def test_a_logging_dictconfig_before_the_trace_does_not_mute_its_lines(app: Path
     import logging
     import logging.config
 
+    from support import state
+
     logging.getLogger("torchdoctor.trace")  # exists before the app configures logging, as in a long test session
+    saved = state.snapshot()
     logging.config.dictConfig({"version": 1})  # disable_existing_loggers=True by default: disables it
     try:
+        assert logging.getLogger("torchdoctor.trace").disabled  # the state the trace meets
         assert main(["trace", str(app), "3"]) == 3
         assert "torchdoctor trace: [Sequential] 0.weight: float32@cpu -> float16@cpu by Sequential.half() at " \
             in capsys.readouterr().err
-    finally:
-        logging.getLogger("torchdoctor.trace").disabled = False
+    finally:  # dictConfig disabled every logger there is (diffusers' too): a later test reads them
+        state.restore(saved)
