@@ -199,3 +199,27 @@ def test_prose_typed_on_the_errors_own_line_is_prose(message: str, category: str
     frame = '  File "/envs/x/lib/python3.11/site-packages/bitsandbytes/nn/modules.py", line 484, in forward\n'
     if "mps" not in message.lower():
         assert top(frame + message).category == "quantization_device"
+
+
+# --- one error printed twice is one diagnosis ----------------------------------------------------------------------
+SHORT_THEN_FULL = (
+    "got prompt\n"
+    "!!! Exception during processing !!! Expected all tensors to be on the same device, but found at least two "
+    "devices, cuda:0 and cpu!\nTraceback (most recent call last):\n"
+    '  File "D:\\ComfyUI_windows_portable\\ComfyUI\\execution.py", line 524, in execute\n'
+    '  File "D:\\ComfyUI_windows_portable\\ComfyUI\\custom_nodes\\LanPaint\\nodes.py", line 412, in sample\n'
+    "    x = torch.cat([latent, mask], dim=1)\n"
+    "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu! "
+    "(when checking argument for argument tensors in method wrapper_CUDA_cat)\n")
+
+
+def test_an_error_printed_short_then_in_full_is_one_diagnosis() -> None:
+    """The hunter's ComfyUI log: the header line and the traceback's last line are the same error."""
+    found = explain(SHORT_THEN_FULL)
+    assert len(found) == 1 and found[0].count == 2
+    assert "(cat)" in found[0].what_happened and "tensors" in found[0].what_happened
+
+
+def test_two_errors_of_one_family_stay_two() -> None:
+    other = SHORT_THEN_FULL.replace("cuda:0 and cpu! (when", "cuda:1 and cpu! (when")
+    assert len(explain(other)) == 2

@@ -231,6 +231,32 @@ def _explain_blocks(blocks: Iterable[str], limit: int | None) -> list[Diagnosis]
             gc.enable()
 
 
+def _merge_shorter(groups: list[Group]) -> list[Group]:
+    """One error printed twice, once short (ComfyUI's "!!! Exception during processing !!! <message>" header, a
+    logger's one-line record) and once in full at the end of its traceback ("... (when checking argument for
+    argument tensors in method wrapper_CUDA_cat)"), is one diagnosis: of two errors of one signature met one right
+    after the other, the one whose fields are a proper subset of the other's is folded into it."""
+    seq = sorted(groups, key=lambda g: g.last)
+    drop: set[int] = set()
+    for short, full in zip(seq, seq[1:]):
+        if short.sig is not full.sig or id(short) in drop:
+            continue
+        if full.fields.items() < short.fields.items():
+            short, full = full, short
+        if short.fields.items() < full.fields.items() and _said_again(short, full):
+            full.count += short.count
+            full.last = max(full.last, short.last)
+            drop.add(id(short))
+    return [g for g in groups if id(g) not in drop] if drop else groups
+
+
+def _said_again(short: Group, full: Group) -> bool:
+    """Whether the short record's message, from its signature's anchor on, is also in the full one."""
+    line = short.message.split("\n", 1)[0].lower()
+    at = min((p for p in (line.find(a) for a in short.sig.anchors) if p != -1), default=-1)
+    return at != -1 and line[at:].strip() in " ".join(full.message.lower().split())
+
+
 def _explain_paused(blocks: Iterable[str], limit: int | None) -> list[Diagnosis]:
     scanner = Scanner()
     for block in blocks:
@@ -239,7 +265,7 @@ def _explain_paused(blocks: Iterable[str], limit: int | None) -> list[Diagnosis]
     groups = list(scanner.groups.values())
     if any(not g.sig.name.startswith(WEAK_PREFIXES) for g in groups):  # frames speak only when no message does
         groups = [g for g in groups if not g.sig.name.startswith(WEAK_PREFIXES)]
-    order = sorted(groups, key=lambda g: -g.last)
+    order = sorted(_merge_shorter(groups), key=lambda g: -g.last)
     out: list[Diagnosis] = []
     for group in order[:1000]:
         try:
