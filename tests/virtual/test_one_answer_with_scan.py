@@ -53,3 +53,14 @@ def test_a_weight_backup_kept_on_the_cpu_is_quiet_in_a_virtual_run_and_in_scan()
     m[0].stray = m[0].weight.detach().to("cpu")  # the same tensor under another name is still judged
     with torchdoctor.virtual_devices("cuda:0", raise_on_exit=False):
         assert [p.path for p in torchdoctor.scan(m).problems] == ["0.stray"]
+
+
+def test_rotary_buffers_left_on_the_cpu_are_quiet_in_simulate_too() -> None:
+    def call(model: nn.Module) -> None:
+        model.to("cuda:0")
+        model.model.rotary_emb.to("cpu")  # as above: moved per call by its own forward
+        model.model.norm.to("cpu")  # a real leftover beside it
+        model(torch.ones(1, 8, dtype=torch.long, device="cuda:0"))
+
+    report = torchdoctor.simulate(_llama(), device="cuda:0", call=call)
+    assert [(p.kind, p.path) for p in report.problems] == [("device", "model.norm.weight")]

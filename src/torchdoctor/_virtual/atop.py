@@ -79,12 +79,12 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
             tags.append(held)
     o = getattr(t, "_td_origin", None)
     if o is not None:
-        src = o.source
-        tags.extend(src.paths)
-        if str(src.op).startswith("torch.") and not src.paths:
-            mp = module_paths.get(id(src.module)) if src.module is not None else None
-            tags.append((f"factory {src.op} in `{mp or '<root>'}`" if src.module is not None else f"factory {src.op}")
-                        + (f" at {src.at}" if src.at else ""))
+        for src in dict.fromkeys((o.source, o.placed_by)):  # what set its dtype, what placed it (through casts)
+            tags.extend(src.paths)
+            if str(src.op).startswith("torch.") and not src.paths:
+                mp = module_paths.get(id(src.module)) if src.module is not None else None
+                tags.append((f"factory {src.op} in `{mp or '<root>'}`" if src.module is not None else
+                             f"factory {src.op}") + (f" at {src.at}" if src.at else ""))
         if o.op == "Tensor.to" and o.at and path:
             tags.append(f"moved {path} at {o.at}")
     return tuple(tags), isinstance(path, str) and bool(path) and not path.startswith(("input ", "kwarg "))

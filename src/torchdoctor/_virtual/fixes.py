@@ -96,9 +96,11 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             if made_from[0] not in named:
                 named.add(made_from[0])
                 said, _, at = made_from[0][8:].partition(" at ")
-                maker, x = said.split(" ", 1)[0], IN_SCOPE.get(at) or "x"  # the tensor's name in scope at that line
-                how = f"move it: {maker}(...).to({x}.device)" if maker in _NO_DEVICE_ARG else \
-                    f"pass device= the input's device ({maker}(..., device={x}.device))"
+                maker, x = said.split(" ", 1)[0], IN_SCOPE.get(at)  # the tensor's name in scope at that line
+                where = f"{x}.device" if x else value_code(target)
+                how = f"move it: {maker}(...).to({where})" if maker in _NO_DEVICE_ARG else \
+                    f"pass device= the input's device ({maker}(..., device={where}))" if x else \
+                    f"pass device= ({maker}(..., device={where}))"
                 factories.append(Fix(f"# {said} made it on {p.found}: {how}", "note",
                                      sets=((made_from[0], target),), diff=maker_diff(maker, at, target)))
             continue

@@ -99,6 +99,15 @@ class Made:
         return link
 
     @property
+    def placed_by(self) -> Made:
+        """The first link of the chain for a device: a cast keeps its operand's device, so it goes through casts
+        (``(ids > 0).long().cumsum(-1)`` on cpu was placed by whatever made ``ids``)."""
+        link = self
+        while link.via is not None:
+            link = link.via
+        return link
+
+    @property
     def first_path(self) -> str | None:
         """The model tensor the chain started from, if any (for a cast, the tensor it cast)."""
         src = self.source

@@ -308,10 +308,10 @@ class _Recorder(Hooks):
             role = self.roles.get(path or "", "held" if held else "activation")
             self._add(Problem(p.kind, path or place, role, found, expected,
                               message + where, op=op, module_path=mpath, module_type=mtype, tensors=listed), key)
-            if path is None and origin is not None and origin.source.paths:
-                self.sources.setdefault((p.kind, place, op, found), origin.source.paths)
-            elif path is None and origin is not None and origin.source.op.startswith("torch.") and p.kind == "device":
-                src = origin.source  # a factory without device= (``torch.arange(n)``): the fix is at that call
+            if path is None and origin is not None and (src := origin.placed_by if on_device else origin.source).paths:
+                self.sources.setdefault((p.kind, place, op, found), src.paths)
+            elif path is None and origin is not None and src.op.startswith("torch.") and p.kind == "device":
+                # a factory without device= (``torch.arange(n)``): the fix is at that call
                 mp = self.modules.paths.get(id(src.module)) if src.module is not None else None
                 self.sources.setdefault((p.kind, place, op, found), ((f"factory {src.op} in `{mp or '<root>'}`"
                                         if src.module is not None else f"factory {src.op}")
