@@ -223,3 +223,16 @@ def test_an_error_printed_short_then_in_full_is_one_diagnosis() -> None:
 def test_two_errors_of_one_family_stay_two() -> None:
     other = SHORT_THEN_FULL.replace("cuda:0 and cpu! (when", "cuda:1 and cpu! (when")
     assert len(explain(other)) == 2
+
+
+@pytest.mark.parametrize("text,into", [
+    # kijai/ComfyUI-WanVideoWrapper#204: an fp16 input meeting an fp8 bias with full offloading
+    ("RuntimeError: Input type (struct c10::Half) and bias type (struct c10::Float8_e4m3fn) should be the same",
+     "float16"),
+    ("RuntimeError: mat1 and mat2 must have the same dtype, but got BFloat16 and Float8_e4m3fn", "bfloat16"),
+])
+def test_an_fp8_model_is_loaded_in_its_inputs_dtype(text: str, into: str) -> None:
+    """Loading the fp8 model in bf16 beside an fp16 input trades one mismatch for another: the input's dtype."""
+    d = top(text)
+    assert f"model.to(torch.{into})" in codes(d)
+    assert "float8" not in codes(d).replace("self.weight.to(x.dtype)", "")

@@ -65,7 +65,8 @@ _c("dt.fp8_storage",
    "cast its weight to the compute dtype (or use a scaled fp8 matmul).", 'torchdoctor.scan(model, dtype="bfloat16")',
    ("Upcast the fp8 weight to the input's dtype inside the layer",
     "w = self.weight.to(x.dtype)\nout = torch.nn.functional.linear(x, w, self.bias)"),
-   ("Or load this model (or the layer that failed) in bf16 instead of fp8", "model.to(torch.bfloat16)"))
+   ("Or load this model (or the layer that failed) in its input's dtype ({fp_eight_into}) instead of fp8",
+    "model.to(torch.{fp_eight_into})"))
 _c("dt.mask_dtype",
    "The attention mask was passed as it came from the tokenizer (int64) or was built in another float dtype than "
    "the query.", _GUARD, ("Give sdpa a bool mask", "attn_mask = attention_mask.bool()"),

@@ -245,11 +245,12 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
             f["high"] = high
     if low:
         f["low_t"] = f"torch.{low}"
-    if fp8:
-        f["fp_eight"] = fp8
     other = next((t for t in dtypes if not t.startswith("float8")), None)
     if other:
         f["other_dtype"] = other
+    if fp8:  # the dtype an fp8 model is loaded in instead: its input's (bf16 when the text names none)
+        f["fp_eight"] = fp8
+        f["fp_eight_into"] = other if other in ("float16", "bfloat16", "float32") else "bfloat16"
     for key in ("a", "b"):
         t = f.get(key, "")
         if t in _METHOD:
