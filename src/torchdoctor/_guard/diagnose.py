@@ -16,10 +16,10 @@ from torch import nn
 from torchdoctor._rules import registry as _rules
 from torchdoctor._explain.tokens import devices_in, dtypes_in
 from torchdoctor._guard import compiled as graph, provenance
-from torchdoctor._guard.float8 import FLOAT8, is_float8_message
+from torchdoctor._guard.float8 import is_float8_message
 from torchdoctor._guard import component
 from torchdoctor._guard.remedy import aimed, caller_lines, locals_made, moved_aim, with_patch
-from torchdoctor._guard.maps import Maps, fix_code, module_label
+from torchdoctor._guard.maps import Maps, fix_code, module_label, reference
 from torchdoctor._guard.notes import Note
 from torchdoctor._guard.session import Session
 from torchdoctor._placement import device_str, dtype_str, norm_device
@@ -195,13 +195,22 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     value: Callable[[torch.Tensor], Any] = (lambda t: t.dtype) if kind in ("dtype", "unsupported_dtype") else (
         lambda t: _rules._norm(_rules.tensor_device(t)))
     pool = [c for c in cands if kind not in ("dtype", "unsupported_dtype") or c[2].is_floating_point()]
-    ref = _reference(pool, kind, value, maps, _mentioned(message, kind), mpath)
+    ref = reference(pool, kind, value, maps, _mentioned(message, kind), mpath)
     if kind == "meta":
         bad = [c for c in pool if c[2].device.type == "meta"]
     elif kind == "unsupported_dtype":
         bad, ref = [], None  # every tensor may share the dtype the device cannot run: name the module only
     else:
         bad = [c for c in pool if ref is not None and value(c[2]) != ref]
+    stored: list[str] = []  # the storage's label and dtype
+    if kind == "dtype" and ref is not None and not compiled:
+        # integer storage a plain layer computes with directly (uint8 GGUF weights in a Conv3d): the error names its
+        # dtype; the storage is the culprit, never the activations cast to it
+        said = _mentioned(message, kind)
+        ints = [c for c in cands if c[0] is not None and not c[2].is_floating_point() and c[2].dtype in said
+                and roles.get(c[0]) in ("parameter", "buffer") and c not in bad]
+        bad += ints
+        stored = [ints[0][1], dtype_str(ints[0][2].dtype)] if ints else []
     aim = None
     if kind == "dtype" and frame is not None and maps is not None and ref is not None and not compiled:
         said = _mentioned(message, kind)  # the error names dtypes none of the suspects has: what the op met
@@ -230,8 +239,12 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
         # ids or a mask made in a forward on the wrong device: the line that made them (``torch.cat`` of CPU labels)
         aim = moved_aim([(c[1], c[2]) for c in bad if c[0] is None and id(c[2]) not in args], ref, maps, mod,
                         session.frames, exc.__traceback__ or tb)
+    elif kind == "dtype" and aim is None and maps is not None and ref is not None and not compiled \
+            and mod is not None:  # an input made by the calling forward (``torch.from_numpy``, ``.float()``)
+        aim = aimed([(c[1], c[2]) for c in bad if c[0] is None and id(c[2]) not in args], kind, ref,
+                    maps.modules, maps.dicts, session.frames, exc.__traceback__ or tb)
     passed = {c[1] for c in bad if c[0] is None and id(c[2]) in args}  # the caller's own arguments
-    if bad and all(c[0] is None and c[1] not in passed for c in bad):
+    if bad and all(c[0] is None and c[1] not in passed for c in bad) and aim is None:
         # made in forward from something that held the wrong value: the caller's arguments that hold it (no
         # model tensor does, or it would be a suspect below) are where it entered
         wrong = {value(c[2]) for c in bad}
@@ -280,6 +293,11 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
         # the culprits' submodule odd as a whole is what the fix casts; proven by re-running the whole forward
         fix, more, proof = component.widen(session, maps, root, [p for p, _ in held], held[0][1], fix)
         lines[-1:-1] = more + ([proof] if proof else [])
+    if stored and fix is not None:  # said once, on the first line of the fix
+        why = (f"  # `{mpath or '<root>'}` ({mtype}) computes with {stored[1]} storage directly: dequantize it (scale "
+               f"included) or load its {_show(ref, kind)} weights; a bare cast keeps the stored integers")
+        first, _, rest = fix.partition("\n")
+        fix = first + why + ("\n" + rest if rest else "")
     comp = None
     if not blamed and bad and all(c[0] is None for c in bad) and kind == "dtype" and maps is not None:
         odd = provenance.odd_component(maps.walk, mpath, [c[2] for c in bad], ref)
@@ -354,30 +372,6 @@ def _mentioned(message: str, kind: str) -> set[Any]:
             if isinstance(dt, torch.dtype):
                 out.add(dt)
     return out
-
-
-def _reference(pool: list[tuple[str | None, str, torch.Tensor]], kind: str, value: Callable[[torch.Tensor], Any],
-               maps: Maps | None, mentioned: set[Any], mpath: str | None = None) -> Any:
-    """What the culprits disagree with: the model's majority (for dtypes as scan sees it: the component's, the peft
-    adapter's) when present here or named by the error, else the first input, else the bytes-majority of the
-    module's own tensors."""
-    if not pool:
-        return None
-    values = [value(c[2]) for c in pool]
-    real = [v for v in values if not (isinstance(v, torch.device) and v.type == "meta")]
-    if kind == "dtype" and any(v not in FLOAT8 for v in real):  # float8 is storage: never what others should be
-        real = [v for v in real if v not in FLOAT8]
-    majority = (maps.dtype_for(mpath) if kind == "dtype" else maps.device) if maps is not None else None
-    if majority is not None and (majority in real or majority in mentioned):
-        return majority
-    inputs = [value(c[2]) for c in pool if c[0] is None and value(c[2]) in real]
-    if inputs:
-        return inputs[0]
-    weight: dict[Any, int] = {}
-    for c, v in zip(pool, values):
-        if v in real:
-            weight[v] = weight.get(v, 0) + c[2].nelement() * c[2].element_size()
-    return max(weight, key=weight.__getitem__) if weight else None
 
 
 def _also_dtype(ref: Any, t: torch.Tensor, kind: str, message: str, maps: Maps | None) -> Any:

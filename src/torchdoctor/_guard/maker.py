@@ -12,10 +12,12 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+
+from torchdoctor._guard.frames import Frames, holds as _holds, lineno, same as _same, user_frames
 
 _CASTS = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16, "double": torch.float64}
 _FACTORIES = {"zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint", "tensor", "as_tensor",
@@ -42,6 +44,7 @@ class Maker:
     no_device: bool = False  # a factory called without ``device=``: torch makes it on the CPU
     device_expr: str | None = None  # how that forward can name the device the fix wants (``x.device``)
     this: Any = None  # the ``self`` of the forward that made it (a config read as ``self.config.x`` is its own)
+    via: str | None = None  # the expression that carried it into the operand (``self.a(x) * gate``)
 
     def describe(self) -> str:
         out = f"made by `{self.op}` at {self.file}:{self.line} (`{self.source}`)"
@@ -51,6 +54,8 @@ class Maker:
             out += f", from {', '.join(self.made_from)}"
         if self.no_device:
             out += ", with no device= (made on the CPU)"
+        if self.via:
+            out += f", reaching the op through `{self.via}`"
         return out
 
 
@@ -218,73 +223,6 @@ def _expressions(tree: ast.AST, off: int, frame: Any, t: torch.Tensor) -> list[t
     return found
 
 
-def _same(v: torch.Tensor, t: torch.Tensor) -> bool:
-    if v is t or t._base is v or (v._base is not None and v._base is t._base):
-        return True
-    try:
-        return v.dtype == t.dtype and v.device == t.device and v.device.type != "meta" and \
-            v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
-    except Exception:  # odd subclasses have no storage to compare
-        return False
-
-
-# a frame's line as its traceback entry gives it: a frame the error left has moved on (to a ``with`` exit)
-_TB_LINES: dict[int, tuple[Any, int]] = {}
-
-
-def lineno(frame: Any) -> int:
-    kept = _TB_LINES.get(id(frame))
-    return kept[1] if kept is not None and kept[0] is frame.f_code else frame.f_lineno
-
-
-def user_frames(tb: Any = None, limit: int = 12) -> list[Any]:
-    """The frames of the user's code (not torch's, not torchdoctor's) on a traceback, or on the current stack,
-    outermost first."""
-    import os
-    import sys
-
-    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
-    out: list[Any] = []
-    if tb is not None:
-        _TB_LINES.clear()
-        while tb is not None:
-            out.append(tb.tb_frame)
-            _TB_LINES[id(tb.tb_frame)] = (tb.tb_frame.f_code, tb.tb_lineno)  # never the frame: it holds tensors
-            tb = tb.tb_next
-    else:
-        f: Any = sys._getframe(1)
-        while f is not None and len(out) < 200:
-            out.append(f)
-            f = f.f_back
-        out.reverse()
-    kept = Frames(f for f in out if not f.f_code.co_filename.startswith(skip))
-    kept.callee = {id(a): b for a, b in zip(out, out[1:]) if not a.f_code.co_filename.startswith(skip)}
-    return kept[-limit:] if len(kept) > limit else kept
-
-
-class Frames(list):  # type: ignore[type-arg]
-    """The user's frames, outermost first, with the frame each one called (``callee``, by id): a frame's running
-    statement made a tensor only if the call it is in received it."""
-
-    callee: dict[int, Any] = {}
-
-    def __getitem__(self, i: Any) -> Any:
-        got = super().__getitem__(i)
-        if isinstance(i, slice):
-            got = Frames(got)
-            got.callee = self.callee
-        return got
-
-
-def _holds(frame: Any, t: torch.Tensor) -> bool:
-    """Does ``frame`` hold ``t`` as a local, or one container level inside one (``*args``, ``**kwargs``)?"""
-    for v in frame.f_locals.values():
-        for x in (v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)):
-            if isinstance(x, torch.Tensor) and _same(x, t):
-                return True
-    return False
-
-
 def find(frames: list[Any], t: torch.Tensor, kind: str, target: Any = None) -> Maker | None:
     """The maker of ``t`` in the running forwards' ``frames`` (innermost last), or None. For a device, ``target``
     (the device ``t`` should have been made on) lets the maker say how its forward names that device."""
@@ -343,36 +281,63 @@ def _in_frame(frame: Any, t: torch.Tensor, kind: str, target: Any = None, callee
     parsed = _parsed(frame.f_code)
     if parsed is None:
         return None
-    tree, off, path, lines = parsed
-    shift = len(lines[0]) - len(lines[0].lstrip()) if lines else 0  # the dedented tree's columns -> the file's
-    for expr, assigned in _expressions(tree, off, frame, t):
+    exprs = _expressions(parsed[0], parsed[1], frame, t)
+    for expr, assigned in exprs:
         if not assigned and callee is not None and not _holds(callee, t):
             continue  # the running statement's call never received it: it was made further in
-        for call in _calls(expr):
-            dtype, node = _dtype_of_call(call, frame)
-            if not _accepts(call, kind, dtype, t, assigned, frame):
+        found = _by_call(expr, frame, t, kind, target, assigned, parsed)
+        if found is not None:
+            return found
+    for expr, assigned in exprs:  # ``self.a(x) * gate``: the named operand that gave the result its value
+        if not assigned and callee is not None and not _holds(callee, t):
+            continue
+        for node in ast.walk(expr):
+            if not isinstance(node, ast.BinOp):
                 continue
-            factory = _is_factory(call)
-            text = ast.unparse(call.func)
-            op = text if factory or _torch_call(call) else "." + text.rsplit(".", 1)[-1] + "(" + ", ".join(
-                ast.unparse(a) for a in call.args) + ")"
-            lineno = call.lineno + off
-            src = lines[call.lineno - 1].strip() if call.lineno - 1 < len(lines) else ""
-            where = owner = attr = klass = None
-            ch = _chain(node) if node is not None else None
-            if ch and len(ch) > 1 and ch[0] != "torch":  # ``torch.float32`` is written, not read from anywhere
-                _, owner, attr = _resolve(ch, frame)
-                if attr is not None and owner is not None:
-                    where, klass = _where(owner, attr, ch)
-            seg = span = None
-            if node is not None and node.lineno == node.end_lineno and call.lineno - 1 < len(lines):
-                col = node.col_offset + shift
-                seg = (col, (node.end_col_offset or node.col_offset) + shift, ast.unparse(node))
-            if call.lineno == call.end_lineno and call.end_col_offset is not None:
-                span = (call.col_offset + shift, call.end_col_offset + shift)
-            no_device = kind == "device" and factory and _chain(call.func.value) == ["torch"] and not any(  # type: ignore[attr-defined]
-                k.arg == "device" for k in call.keywords) and not call.func.attr.endswith("_like")  # type: ignore[attr-defined]
-            return Maker(op, path, lineno, src, where, _made_from(call, node, frame, kind), owner, attr, klass, seg,
-                         span, factory, no_device, _device_expr(frame, target) if kind == "device" else None,
-                         frame.f_locals.get("self"))
+            for side in (node.left, node.right):
+                v = frame.f_locals.get(side.id) if isinstance(side, ast.Name) else None
+                if isinstance(v, torch.Tensor) and v is not t and _value(v, kind) == _value(t, kind):
+                    inner = _in_frame(frame, v, kind, target)
+                    if inner is not None:
+                        return replace(inner, via=ast.unparse(node))
+    return None
+
+
+def _value(t: torch.Tensor, kind: str) -> Any:
+    from torchdoctor._placement import norm_device, tensor_device
+
+    return t.dtype if kind == "dtype" else norm_device(tensor_device(t))
+
+
+def _by_call(expr: ast.AST, frame: Any, t: torch.Tensor, kind: str, target: Any, assigned: bool,
+             parsed: tuple[ast.AST, int, str, list[str]]) -> Maker | None:
+    _, off, path, lines = parsed
+    shift = len(lines[0]) - len(lines[0].lstrip()) if lines else 0  # the dedented tree's columns -> the file's
+    for call in _calls(expr):
+        dtype, node = _dtype_of_call(call, frame)
+        if not _accepts(call, kind, dtype, t, assigned, frame):
+            continue
+        factory = _is_factory(call)
+        text = ast.unparse(call.func)
+        op = text if factory or _torch_call(call) else "." + text.rsplit(".", 1)[-1] + "(" + ", ".join(
+            ast.unparse(a) for a in call.args) + ")"
+        lineno = call.lineno + off
+        src = lines[call.lineno - 1].strip() if call.lineno - 1 < len(lines) else ""
+        where = owner = attr = klass = None
+        ch = _chain(node) if node is not None else None
+        if ch and len(ch) > 1 and ch[0] != "torch":  # ``torch.float32`` is written, not read from anywhere
+            _, owner, attr = _resolve(ch, frame)
+            if attr is not None and owner is not None:
+                where, klass = _where(owner, attr, ch)
+        seg = span = None
+        if node is not None and node.lineno == node.end_lineno and call.lineno - 1 < len(lines):
+            col = node.col_offset + shift
+            seg = (col, (node.end_col_offset or node.col_offset) + shift, ast.unparse(node))
+        if call.lineno == call.end_lineno and call.end_col_offset is not None:
+            span = (call.col_offset + shift, call.end_col_offset + shift)
+        no_device = kind == "device" and factory and _chain(call.func.value) == ["torch"] and not any(  # type: ignore[attr-defined]
+            k.arg == "device" for k in call.keywords) and not call.func.attr.endswith("_like")  # type: ignore[attr-defined]
+        return Maker(op, path, lineno, src, where, _made_from(call, node, frame, kind), owner, attr, klass, seg,
+                     span, factory, no_device, _device_expr(frame, target) if kind == "device" else None,
+                     frame.f_locals.get("self"))
     return None

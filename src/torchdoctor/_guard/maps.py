@@ -3,7 +3,7 @@ wrong), module labels, and the fix as code to paste."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -212,3 +212,26 @@ def value_str(t: torch.Tensor, attr: str) -> str:
 def value_str_of(v: Any) -> str:
     return dtype_str(v) if isinstance(v, torch.dtype) else device_str(v)
 
+
+def reference(pool: list[tuple[str | None, str, torch.Tensor]], kind: str, value: Callable[[torch.Tensor], Any],
+               maps: Maps | None, mentioned: set[Any], mpath: str | None = None) -> Any:
+    """What the culprits disagree with: the model's majority (for dtypes as scan sees it: the component's, the peft
+    adapter's) when present here or named by the error, else the first input, else the bytes-majority of the
+    module's own tensors."""
+    if not pool:
+        return None
+    values = [value(c[2]) for c in pool]
+    real = [v for v in values if not (isinstance(v, torch.device) and v.type == "meta")]
+    if kind == "dtype" and any(v not in FLOAT8_DTYPES for v in real):  # float8 is storage: never what others should be
+        real = [v for v in real if v not in FLOAT8_DTYPES]
+    majority = (maps.dtype_for(mpath) if kind == "dtype" else maps.device) if maps is not None else None
+    if majority is not None and (majority in real or majority in mentioned):
+        return majority
+    inputs = [value(c[2]) for c in pool if c[0] is None and value(c[2]) in real]
+    if inputs:
+        return inputs[0]
+    weight: dict[Any, int] = {}
+    for c, v in zip(pool, values):
+        if v in real:
+            weight[v] = weight.get(v, 0) + c[2].nelement() * c[2].element_size()
+    return max(weight, key=weight.__getitem__) if weight else None

@@ -120,7 +120,7 @@ def remedy(m: Maker, target: Any, paths: dict[int, str], dicts: Any = ()) -> Rem
             new = _factory_line(m, raw, want)
         if new is not None:
             patch = line_patch(m.file, m.line, new.rstrip("\r\n"))
-            if m.segment is None and m.op not in _CAST_TEXT:  # a factory: the fixed line is the code to paste
+            if m.segment is None:  # a factory or ``.float()``: the fixed line is the code to paste
                 return Remedy(f"{new.strip()}  # {os.path.basename(m.file)}:{m.line}", patch, None)
     return Remedy(f"# make `{m.op}` at {os.path.basename(m.file)}:{m.line}{_made_as(m)} give {want}", patch, None)
 
@@ -179,9 +179,31 @@ def prove_line(m: Maker, target: torch.dtype, mod: nn.Module, args: Any, frames:
     from torch.overrides import TorchFunctionMode
 
     hits = [0]
+    # the local the line assigns (``feats = torch.from_numpy(...)``): a call torch dispatches to no mode
+    # (``from_numpy``) is aligned where its result is used, read from the forward's frame, never written there
+    name = m.source.split("=", 1)[0].strip() if "=" in m.source.split("(", 1)[0] else None
+    name = name if name is not None and name.isidentifier() else None
+
+    def made_here(a: Any, kw: Any) -> tuple[Any, Any]:
+        f: Any = sys._getframe(2)
+        for _ in range(12):
+            if f is None or (f.f_code.co_filename == m.file and name in f.f_locals):
+                break
+            f = f.f_back
+        held = f.f_locals.get(name) if f is not None and f.f_code.co_filename == m.file and \
+            f.f_lineno > m.line else None
+        if not isinstance(held, torch.Tensor) or not held.is_floating_point() or held.dtype == target:
+            return a, kw
+        swap = (lambda x: x.to(target) if x is held else x)
+        if any(x is held for x in a) or any(x is held for x in (kw or {}).values()):
+            hits[0] += 1
+            return tuple(swap(x) for x in a), {k: swap(v) for k, v in (kw or {}).items()}
+        return a, kw
 
     class AtLine(TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
+            if name is not None:
+                a, kw = made_here(a, kw)
             out = func(*a, **(kw or {}))
             f = sys._getframe(1)
             if f.f_lineno == m.line and f.f_code.co_filename == m.file and isinstance(out, torch.Tensor) \
@@ -240,7 +262,8 @@ def aimed(loose: list[tuple[str, torch.Tensor]], kind: str, target: Any, paths: 
           frames: Any = None, tb: Any = None) -> Aim | None:
     """Name the maker of each operand in ``loose`` ((label, tensor), no model tensor, no caller argument) and aim
     the fix at the first one found (see the module docstring)."""
-    from torchdoctor._guard.maker import find, user_frames
+    from torchdoctor._guard.frames import user_frames
+    from torchdoctor._guard.maker import find
 
     try:
         stack = user_frames(tb)
@@ -339,7 +362,8 @@ def caller_lines(given: list[tuple[str, torch.Tensor]], kind: str, tb: Any = Non
     """``kw['extra'][0] made by `torch.randn` at train.py:12 (...)``: the line of the caller's code that made each
     tensor it passed in, where its frames show it: the frames outside the guarded model's forwards (``inside``:
     the ids of its modules; a wrapper module around it is the caller's code), or outside any module's."""
-    from torchdoctor._guard.maker import Frames, find, user_frames
+    from torchdoctor._guard.frames import Frames, user_frames
+    from torchdoctor._guard.maker import find
 
     if not given:
         return []
