@@ -52,6 +52,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     culprits: list[tuple[str | None, str, str, Any]] = []
     factories: list[Fix] = []
     named = {p.path for p in problems if p.role in _NAMED}
+    made: dict[str, dict[str, tuple[str, Any]]] = {}  # a factory's source -> kind -> (found, target)
     meta = [p for p in problems if p.kind == "meta"]
     ran = [p for p in problems if p.role == "run"]  # the run's own weights were in another dtype than asked
     for p in problems:
@@ -92,17 +93,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                                      "forward before the model's .to so the move takes it", "note",
                                      sets=((made_from[0], target),)))
             continue
-        if made_from and made_from[0].startswith("factory "):
-            if made_from[0] not in named:
-                named.add(made_from[0])
-                said, _, at = made_from[0][8:].partition(" at ")
-                maker, x = said.split(" ", 1)[0], IN_SCOPE.get(at)  # the tensor's name in scope at that line
-                where = f"{x}.device" if x else value_code(target)
-                how = f"move it: {maker}(...).to({where})" if maker in _NO_DEVICE_ARG else \
-                    f"pass device= the input's device ({maker}(..., device={where}))" if x else \
-                    f"pass device= ({maker}(..., device={where}))"
-                factories.append(Fix(f"# {said} made it on {p.found}: {how}", "note",
-                                     sets=((made_from[0], target),), diff=maker_diff(maker, at, target)))
+        if made_from and made_from[0].startswith("factory "):  # one fix per call, for its device and dtype
+            made.setdefault(made_from[0], {})[p.kind] = (p.found, target)
             continue
         if made_from:  # fix the source: the tensor made from it follows
             for src in made_from:
@@ -116,6 +108,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             continue  # a named culprit above holds this value: fixing it fixes what was made from it
         where = "on" if p.kind in ("device", "meta") else "in"
         culprits.append((None, f"the tensors made {where} {p.found}", p.kind, target))
+    factories.extend(_factory_fix(key, wrong) for key, wrong in made.items())
     culprits = [c for c in culprits if not _no_op(c, have)]
     apart = [c for c in culprits if c[0] is not None and _HELD_APART in c[0]]
     if len(apart) >= _NETWORK:  # a network patched into forward, held apart: it is moved where it is built
@@ -137,7 +130,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     items += factories
     items += [Fix(f"model.to(torch.{p.expected})  # the code ran with {p.found} weights: cast them so the run "
                   f"checks {p.expected}", "path", sets=(("*", parse_dtype(p.expected)),)) for p in ran[:1]]
-    items += _rest(problems, memory, device, any(not f.code.startswith("#") for f in items))
+    items += _rest(problems, memory, device, any(not f.code.startswith("#") for f in items), have)
     return items or [Fix(f"torchdoctor.move(model, {device_str(device)!r})", "path", sets=(("*", device),))]
 
 
@@ -188,6 +181,27 @@ def _cast_fix(p: Problem, at: str, target: Any, module_path: Callable[[Any], str
                sets=((f"cast at {at}", target),))
 
 
+def _factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
+    """A factory called in the run made a tensor on the wrong device and/or in the wrong dtype: that call is fixed
+    (``device=`` / ``dtype=`` the input's, a host-data maker moved and cast after it), for both at once."""
+    from torchdoctor._guard.maps import value_code
+
+    said, _, at = key[8:].partition(" at ")
+    maker, x = said.split(" ", 1)[0], IN_SCOPE.get(at)  # the tensor's name in scope at that line
+    dev, dt = wrong.get("device", (None, None))[1], wrong.get("dtype", (None, None))[1]
+    exprs = {k: f"{x}.{k}" if x else value_code(t) for k, t in (("device", dev), ("dtype", dt)) if t is not None}
+    found = " and ".join(f"{'on' if k == 'device' else 'in'} {f}" for k, (f, _) in wrong.items())
+    if maker in _NO_DEVICE_ARG:
+        how = f"move it: {maker}(...).to({', '.join(exprs.values())})"
+    else:
+        args = ", ".join(f"{k}={v}" for k, v in exprs.items())
+        how = f"pass {' and '.join(f'{k}=' for k in exprs)} the input's ({maker}(..., {args}))" if x else \
+            f"pass {' and '.join(f'{k}=' for k in exprs)} ({maker}(..., {args}))"
+    target = (dev, dt) if dev is not None and dt is not None else dev if dev is not None else dt
+    return Fix(f"# {said} made it {found}: {how}", "note", sets=((key, target),),
+               diff=maker_diff(maker, at, dev if dev is not None else dt, exprs))
+
+
 def _diff(site: Any, target: torch.dtype) -> str | None:
     """The cast's line rewritten to ``target`` as a unified diff, when the line is in the user's own file (not an
     installed package's)."""
@@ -201,13 +215,14 @@ def _diff(site: Any, target: torch.dtype) -> str | None:
     return line_patch(site.file, site.lineno, new) if new is not None else None
 
 
-def maker_diff(op: str, at: str, target: Any) -> str | None:
+def maker_diff(op: str, at: str, target: Any, exprs: dict[str, str] | None = None) -> str | None:
     """The line of the user's own file where factory ``op`` made a tensor on the wrong device (or in the wrong
     dtype), fixed there (``device=`` added, as guard's remedy writes it), as a unified diff; None when the line is
     not the user's, or the call is not found on it alone."""
     import ast
 
     from torchdoctor._guard.maker import Maker
+    from torchdoctor._guard.maps import value_code
     from torchdoctor._guard.remedy import own_file, remedy
     from torchdoctor._virtual.origin import IN_SCOPE, LINES
 
@@ -228,13 +243,25 @@ def maker_diff(op: str, at: str, target: Any) -> str | None:
     if len(calls) != 1 or not body.isascii():  # offsets are bytes: only a plain-ASCII line is cut by them
         return None
     call = calls[0]
-    name = IN_SCOPE.get(at)
+    name, exprs = IN_SCOPE.get(at), exprs or {}
     said = next((k.value for k in call.keywords if k.arg == "dtype"), None)  # a dtype= it passed: replaced there
     seg = (pad + said.col_offset, pad + int(said.end_col_offset), ast.unparse(said)) \
         if said is not None and said.end_col_offset is not None and isinstance(target, torch.dtype) else None
-    m = Maker(op, file, line, body, span=(pad + call.col_offset, pad + int(call.end_col_offset)), factory=True,
+    span = (pad + call.col_offset, pad + int(call.end_col_offset))
+    if isinstance(target, torch.dtype) and seg is None:  # no dtype= yet: added (a host-data maker: cast after it)
+        from torchdoctor._report.diff import line_patch
+
+        inner, want = raw[span[0]:span[1]], exprs.get("dtype") or value_code(target)
+        sep = "" if inner[inner.index("(") + 1:-1].strip() == "" else ", "
+        return line_patch(file, line, (raw[:span[1]] + f".to({want})" + raw[span[1]:] if op in _NO_DEVICE_ARG else
+                                       raw[:span[1] - 1] + f"{sep}dtype={want}" + raw[span[1] - 1:]).strip())
+    both = "dtype" in exprs and isinstance(target, torch.device)  # the device and the dtype in one call
+    expr = exprs.get("device") or (f"{name}.device" if name else None)
+    if both:
+        expr = f"{expr or value_code(target)}, {exprs['dtype'] if op in _NO_DEVICE_ARG else 'dtype=' + exprs['dtype']}"
+    m = Maker(op, file, line, body, span=span, factory=True,
               no_device=not any(k.arg == "device" for k in call.keywords) and op not in _NO_DEVICE_ARG,
-              device_expr=f"{name}.device" if name and isinstance(target, torch.device) else None, segment=seg)
+              device_expr=expr if isinstance(target, torch.device) else None, segment=seg)
     fixed = remedy(m, target, {})
     return fixed.patch if fixed is not None else None
 
@@ -276,13 +303,18 @@ def _no_op(culprit: tuple[str | None, str, str, Any], have: Mapping[str, tuple[t
     return all(w == (now[0] if isinstance(w, torch.dtype) else now[1]) for w in wants)
 
 
-def _rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.device, code: bool) -> list[Fix]:
+def _rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.device, code: bool,
+          have: Mapping[str, tuple[torch.dtype, torch.device]] | None = None) -> list[Fix]:
     """What no cast of one tensor fixes: a dtype the device cannot compute in, a packed layout, an op that cannot
-    be simulated, the lasting fix of plain attributes, a model still too large."""
+    be simulated, the lasting fix of plain attributes, a model still too large. A model-wide cast only for a dtype
+    the model's own tensors are in (``have``, when known): float64 made in a forward is fixed where it is made, and
+    float8 storage where it is stored."""
     out: list[Fix] = []
     made = [p for p in problems if p.kind == "unsupported_dtype" and p.role == "factory"]
     unsupported = [p for p in problems if p.kind == "unsupported_dtype" and p.role != "factory"]
-    inside = sorted({p.found for p in unsupported if p.module_path is not None or p.role in _NAMED})
+    held = {dtype_str(d) for d, _ in (have or {}).values()}
+    inside = sorted({p.found for p in unsupported if (p.module_path is not None or p.role in _NAMED) and (
+        not held or p.found in held) and p.found not in _FLOAT8_NAMES})
     for p in made:  # a factory made it in a dtype the device cannot hold: that call, never a model-wide cast
         other = _SAME_SIZE.get(p.found, "float32")
         found = re.search(r" at (\S+:\d+): ", p.message)
@@ -295,7 +327,8 @@ def _rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.
     if inside:
         out.append(Fix(_instead(inside, device, bool(memory)), "note" if _instead(inside, device, bool(memory))
                        .startswith("#") else "path"))
-    for name in sorted({p.found for p in unsupported} - set(inside)):  # made outside the model: that tensor, not it
+    outside = {p.found for p in unsupported if p.module_path is None and p.role not in _NAMED}
+    for name in sorted(outside - set(inside)):  # made outside the model: that tensor, not it
         other = _SAME_SIZE.get(name, "float32")
         out.append(Fix(f"# a {name} tensor made outside the model moves to {device_str(device)}, which cannot hold "
                        f"{name}: cast that tensor to {other} before moving it (tensor.to(torch.{other}))", "note"))
@@ -342,6 +375,7 @@ def _add(culprits: list[tuple[str | None, str, str, Any]], path: str | None, lab
 
 
 _SAME_SIZE = {"bfloat16": "float16", "float16": "bfloat16", "float64": "float32"}
+_FLOAT8_NAMES = frozenset(dtype_str(d) for d in FLOAT8_DTYPES)  # storage: dequantized where stored, never run in
 
 
 def _instead(unsupported: list[str], device: torch.device, over_memory: bool) -> str:

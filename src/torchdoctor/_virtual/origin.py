@@ -114,12 +114,13 @@ class Made:
         paths = src.made_of if src.site is not None else src.paths
         return paths[0] if paths else None
 
-    def describe(self, module_path: Callable[[Any], str | None]) -> str:
+    def describe(self, module_path: Callable[[Any], str | None], placed: bool = False) -> str:
         """``a tensor made by aten.mul in `lin`, 2 ops after aten.cat in `<root>` from params.0 … params.3``; a
-        chain through an argument of the call ends at the argument (``from extra[0] (an argument of ...)``)."""
+        chain through an argument of the call ends at the argument (``from extra[0] (an argument of ...)``).
+        ``placed``: for a device, the chain goes on through casts (a cast keeps its operand's device)."""
         if self.arg is not None:
             return self.arg
-        src = link = self.source
+        src = link = self.placed_by if placed and self.source.arg is None else self.source
         probe: Made | None = self.via
         while probe is not None:  # the caller's argument on the way, if any, is what the user knows it by
             if probe.arg is not None:

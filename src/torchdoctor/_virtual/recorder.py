@@ -288,7 +288,7 @@ class _Recorder(Hooks):
                 expected = device_str(anchor) if on_device else dtype_str(anchor)
             if t is not None and p.kind != "unsupported_dtype":
                 found = device_str(t._td_device) if on_device else dtype_str(t.dtype)
-                made = origin.describe(self.modules.path_of) if origin is not None else "a tensor made in forward"
+                made = origin.describe(self.modules.path_of, on_device) if origin else "a tensor made in forward"
                 what = f"{path or made} {compact(t.dtype, tuple(t.shape), t._td_device)}"
                 moved = origin.moved_copy(t, found, self.modules.path_of) if origin and path and on_device else None
                 if moved is not None:  # the model's own tensor is elsewhere: fixed at the line that moved the copy
@@ -310,7 +310,7 @@ class _Recorder(Hooks):
                               message + where, op=op, module_path=mpath, module_type=mtype, tensors=listed), key)
             if path is None and origin is not None and (src := origin.placed_by if on_device else origin.source).paths:
                 self.sources.setdefault((p.kind, place, op, found), src.paths)
-            elif path is None and origin is not None and src.op.startswith("torch.") and p.kind == "device":
+            elif path is None and origin is not None and src.op.startswith("torch.") and p.kind in ("device", "dtype"):
                 # a factory without device= (``torch.arange(n)``): the fix is at that call
                 mp = self.modules.paths.get(id(src.module)) if src.module is not None else None
                 self.sources.setdefault((p.kind, place, op, found), ((f"factory {src.op} in `{mp or '<root>'}`"
