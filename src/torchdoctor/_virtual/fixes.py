@@ -247,7 +247,7 @@ def maker_diff(op: str, at: str, target: Any, exprs: dict[str, str] | None = Non
     said = next((k.value for k in call.keywords if k.arg == "dtype"), None)  # a dtype= it passed: replaced there
     seg = (pad + said.col_offset, pad + int(said.end_col_offset), ast.unparse(said)) \
         if said is not None and said.end_col_offset is not None and isinstance(target, torch.dtype) else None
-    span = (pad + call.col_offset, pad + int(call.end_col_offset))
+    span = (pad + call.col_offset, pad + (call.end_col_offset or 0))
     if isinstance(target, torch.dtype) and seg is None:  # no dtype= yet: added (a host-data maker: cast after it)
         from torchdoctor._report.diff import line_patch
 
