@@ -50,7 +50,7 @@ def cacheable(func: Any) -> bool:
 def _part(x: Any, parts: list[Any]) -> bool:
     tp = type(x)
     if tp is torch.Tensor:
-        if x.device.type != "meta" or x.layout != torch.strided:
+        if not x.is_meta or x.layout != torch.strided:  # (``is_meta``: no device object made per argument)
             return False
         parts.append((x.shape, x.stride(), x.dtype, x.storage_offset()))
         return True
@@ -80,7 +80,7 @@ def key(func: Any, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, ...] |
 def _shape_of(out: Any, seen: set[int]) -> Any:
     if out is None:
         return None
-    if type(out) is torch.Tensor and out.device.type == "meta" and out.storage_offset() == 0 and id(out) not in seen:
+    if type(out) is torch.Tensor and out.is_meta and out.storage_offset() == 0 and id(out) not in seen:
         seen.add(id(out))
         return (out.shape, out.stride(), out.dtype)
     return _MISS
