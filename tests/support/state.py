@@ -48,8 +48,9 @@ _LIBRARIES = ("torch", "transformers", "diffusers", "peft", "accelerate", "bitsa
 # Where the libraries keep cached availability answers (read only when already imported).
 _CACHES = ("transformers.utils.import_utils", "diffusers.utils.import_utils", "accelerate.utils.imports",
            "peft.import_utils")
-# Set by a library the first time one of its modules is imported, not by a test (inductor's cache directory).
-_IMPORT_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
+# Set by torch itself the first time inductor is imported or compiles (its cache directory, a pointer of its own),
+# not by a test: never reported, never taken back.
+_IMPORT_ENV = ("TORCHINDUCTOR_", "_TORCHINDUCTOR_")
 _HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
           "_global_backward_pre_hooks", "_global_module_registration_hooks",
           "_global_parameter_registration_hooks", "_global_buffer_registration_hooks")
@@ -102,9 +103,16 @@ class Snapshot:
     caches: dict[str, Any]
 
 
+def _torchs(obj: Any) -> bool:
+    """Defined by torch itself (not ``torchdoctor``, not a test)."""
+    module = str(getattr(obj, "__module__", ""))
+    return module == "torch" or module.startswith("torch.")
+
+
 def _own(handler: logging.Handler) -> bool:
-    """pytest's capture handlers, which it swaps on the root logger between the phases of a test."""
-    return type(handler).__module__.startswith("_pytest")
+    """pytest's capture handlers, which it swaps on the root logger between the phases of a test, and torch's own,
+    which it manages itself (the first ``torch.compile`` takes ``LazyTraceHandler`` off ``torch.__trace``)."""
+    return type(handler).__module__.startswith("_pytest") or _torchs(type(handler))
 
 
 def _logger_state(logger: logging.Logger) -> tuple[logging.Logger, int, bool, bool, tuple[logging.Handler, ...]]:
@@ -161,9 +169,10 @@ def _cache_leaks(before: Snapshot) -> list[tuple[str, Any]]:
 
 
 def _library_wrap(old: Any, new: Any) -> bool:
-    """torch wrapping its own function as a module of it is first imported (torch._dynamo wraps
-    ``torch.manual_seed``): the wrapper is torch's, around the same function."""
-    return getattr(new, "__wrapped__", None) is old and str(getattr(new, "__module__", "")).startswith("torch")
+    """torch replacing its own function, once per process, as one of its modules is first used: torch._dynamo
+    wraps ``torch.manual_seed`` at import and patches ``nn.Module.__init__``/``__setstate__`` at the first
+    ``torch.compile``. The new function is torch's own; a test's or torchdoctor's patch is not."""
+    return _torchs(new)
 
 
 def leaks(before: Snapshot, after: Snapshot) -> list[str]:
@@ -193,7 +202,7 @@ def leaks(before: Snapshot, after: Snapshot) -> list[str]:
             if was != getattr(after, group)[name]:
                 found.append(f"torch {name}: {was} -> {getattr(after, group)[name]} left installed")
     for key in sorted(before.env.keys() | after.env.keys()):
-        if key in _IMPORT_ENV and key not in before.env:
+        if key.startswith(_IMPORT_ENV) and key not in before.env:
             continue
         if before.env.get(key) != after.env.get(key):
             found.append(f"environment {key}: {before.env.get(key)!r} -> {after.env.get(key)!r}")
@@ -226,7 +235,7 @@ def restore(before: Snapshot) -> None:
         if read() != before.flags[name]:
             write(before.flags[name])
     for key in list(os.environ):
-        if key not in before.env and key != "PYTEST_CURRENT_TEST":
+        if key not in before.env and key != "PYTEST_CURRENT_TEST" and not key.startswith(_IMPORT_ENV):
             del os.environ[key]
     os.environ.update(before.env)
     for owner, was in before.attrs.items():
