@@ -274,3 +274,32 @@ def test_the_ninth_collection_reads_the_same_in_every_quoting() -> None:
             if not got or got[0].category != want:
                 wrong.append((path.name, how, got[0].category if got else None))
     assert checked >= 120 * 7 and not wrong, wrong
+
+
+# --- an Intel GPU or a Mac gets no CUDA install --------------------------------------------------------------------
+@pytest.mark.parametrize("text", [
+    # IamCreateAI/Ruyi-Models#31: a node calling CUDA in ComfyUI on an Intel Arc A770
+    "Sampler for Image to Video ERROR：Torch not compiled with CUDA enabled（Intel Arc XPU ）\n\n# ComfyUI Error "
+    "Report\n## Error Details\n- **Node Type:** Ruyi_I2VSampler\n- **Exception Type:** AssertionError\n- **Exception "
+    "Message:** Torch not compiled with CUDA enabled\n## Stack Trace\n```\n  File \"/home/junwei161/ComfyUI/execution.py\""
+    ", line 327, in execute",
+    # eleiton/ollama-intel-arc#26: the comfyui-ipex container's log
+    "comfyui-ipex erroring over nvidia drivers\n\n`comfyui-ipex      | RuntimeError: Found no NVIDIA driver on your "
+    "system. Please check that you have an NVIDIA GPU and installed a driver from "
+    "http://www.nvidia.com/Download/index.aspx`",
+])
+def test_comfyui_on_an_intel_gpu_gets_the_xpu_build(text: str) -> None:
+    d = top(text)
+    assert d.category == "no_accelerator"
+    first = d.fixes[0][1] + "\n" + d.fixes[1][1]
+    assert "torch.xpu.is_available()" in first and "whl/xpu" in first
+    assert "whl/cu" not in codes(d) and "python_embeded" not in codes(d)
+
+
+def test_half_on_a_macs_cpu_picks_the_dtype_from_the_device() -> None:
+    """Parskatt/RoMa#26 on a Mac: "torch.cuda.is_available()" is never true there."""
+    d = top('  File "/Users/rkothari/anaconda3/envs/horizon/lib/python3.10/site-packages/torch/nn/functional.py", line '
+            "2546, in layer_norm\nRuntimeError: \"LayerNormKernelImpl\" not implemented for 'Half")
+    assert d.category == "unsupported_dtype_on_device"
+    assert 'dtype = torch.float32 if device.type == "cpu" else torch.float16' in codes(d)
+    assert "cuda.is_available" not in codes(d) and "whl/cu" not in codes(d)

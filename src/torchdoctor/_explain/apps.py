@@ -116,6 +116,16 @@ _COMFY_POSIX_NA = (
      "python -m pip install --force-reinstall torch torchvision torchaudio --index-url "
      "https://download.pytorch.org/whl/cu124"),
     ("ComfyUI: or run on the CPU", "python main.py --cpu"))
+# On an Intel GPU (XPU, IPEX images) a CUDA build is no answer either: ComfyUI runs on the XPU build of torch, and
+# the code that asked for CUDA (a node) must change
+_COMFY_XPU_NA = (
+    ("ComfyUI on an Intel GPU: ComfyUI itself runs on the XPU; check that this torch sees it (a CUDA build cannot use "
+     "an Intel GPU)", 'python -c "import torch; print(torch.xpu.is_available())"'),
+    ("ComfyUI: if it prints False, install the XPU build of torch into the Python that runs ComfyUI",
+     "python -m pip install --force-reinstall torch torchvision torchaudio --index-url "
+     "https://download.pytorch.org/whl/xpu"),
+    ("ComfyUI: or run everything on the CPU", "python main.py --cpu"))
+_INTEL = ("xpu", "ipex", "intel arc", "arc a770", "arc a750", "arc b580", "oneapi")
 _WEB_MAC = (("On a Mac the web UI runs on the Apple GPU: start it without CUDA flags",
              "./webui.sh  # no --use-cuda / --reinstall-torch: no CUDA build exists for macOS"),)
 
@@ -226,6 +236,8 @@ def app_fixes(category: str, context: str, flags: frozenset[str] = frozenset()
         return app, ()
     if category == _NA and _on_mac(context, flags):
         return app, _MAC_FIXES.get(app, _WEB_MAC)
+    if category == _NA and app == "ComfyUI" and ("xpu" in flags or any(find_word(context, w) != -1 for w in _INTEL)):
+        return app, _COMFY_XPU_NA
     if category == _NA and app == "ComfyUI" and "windows" not in flags and 'file "/' in context:
         return app, _COMFY_POSIX_NA
     for (name, cats), fixes in _FIXES.items():

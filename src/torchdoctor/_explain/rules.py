@@ -146,7 +146,10 @@ _rule("gpu_present", ("nvidia-smi", "driver version", "geforce", "rtx", "is_avai
       (), (_NA, _DS), ds__gpu_invisible=2.5, na__cpu_build=1.0)
 _rule("mac", MAC, (), (_NA,), unless=("windows", "xpu"), na__mac=3.0,
       na__cpu_build=-2.5)  # a Mac has no CUDA build to install: never "install a CUDA build" there
-_rule("xpu_build", flags=("xpu",), applies_to=(_NA,), na__xpu_build=5.0)
+_rule("xpu_build", flags=("xpu",), applies_to=(_NA,), na__xpu_build=5.0, na__cpu_build=-2.5)
+# an Intel GPU named in words (an IPEX image, an Arc card): a CUDA build is no answer there either
+_rule("intel_gpu", ("ipex", "intel arc", "arc a770", "arc a750", "arc b580", "oneapi"), (), (_NA,),
+      na__xpu_build=5.0, na__cpu_build=-2.5)
 _rule("directml", ("directml", "torch_directml", r"\bamd\b", "radeon"), (), (_NA,), na__directml=5.0)  # not AMD64
 _rule("hardcoded_cuda", (".cuda()", "device='cuda'", 'device="cuda"', "use_gpu", ".cuda("), (), (_NA,),
       na__hardcoded_cuda=1.5)
