@@ -302,3 +302,17 @@ def test_atoms_and_strange_roots_do_not_crash(bad: Any) -> None:
     if isinstance(bad, str):
         return  # a string is a checkpoint path for scan; covered in test_checkpoint
     assert walk(bad).entries == []
+
+
+def test_plans_of_nested_plain_lists_are_proved_tensor_free_and_a_tensor_inside_one_is_still_found() -> None:
+    from torchdoctor._walk.kinds import MAPPING, atoms_only
+
+    plan = {"embed_tokens": (["input_ids"], ["inputs_embeds"]), "norm": (["hidden_states"], ["hidden_states"])}
+    assert atoms_only(plan, MAPPING, 100)  # a transformers model's _pp_plan: two levels of plain lists
+    m = torch.nn.Linear(2, 2)
+    m._pp_plan = plan
+    m.routes = {"a": (["x"], [torch.ones(3)]), "b": (["y"], ["z"])}  # the same shape, holding a tensor
+    assert not atoms_only(m.routes, MAPPING, 100)
+    assert not atoms_only({"a": [[["deep"]]]}, MAPPING, 100)  # deeper than two levels: walked, not proved
+    paths = [e.path for e in walk(m).entries]
+    assert paths == ["weight", "bias", "routes.a.1.0"]

@@ -79,12 +79,26 @@ def atoms_only(v: Any, k: int, limit: int) -> bool:
     module names), proved at C speed through the builtin types' own methods: walking it item by item would find
     nothing. One past ``limit`` items is not proved (the walker's item loop reports it)."""
     if k == MAPPING:
-        return dict.__len__(v) <= limit and _ATOMS_GE(map(type, dict.values(v))) and _ATOMS_GE(map(type, dict.keys(v)))
+        if dict.__len__(v) > limit or not _ATOMS_GE(map(type, dict.keys(v))):
+            return False
+        # a transformers model's plans map names to tuples of lists of names (``_pp_plan``): two levels of plain
+        # tuples and lists of plain values are proved here too, instead of one walker record per inner list
+        return _ATOMS_GE(map(type, dict.values(v))) or all(map(_plain_seq, dict.values(v)))
     if k == SEQ:
         base: Any = list if isinstance(v, list) else tuple
     else:
         base = set if isinstance(v, set) else frozenset
     return bool(base.__len__(v) <= limit and _ATOMS_GE(map(type, base.__iter__(v))))
+
+
+def _plain_seq(x: Any, depth: int = 2) -> bool:
+    """``x`` is a plain value, or a short exact ``tuple`` / ``list`` of them (nested up to ``depth``)."""
+    tp = type(x)
+    if tp in FAST_ATOMS:
+        return True
+    if (tp is not tuple and tp is not list) or depth <= 0 or len(x) > 64:
+        return False
+    return _ATOMS_GE(map(type, x)) or all(_plain_seq(y, depth - 1) for y in x)
 
 
 def kind(obj: Any) -> int:
