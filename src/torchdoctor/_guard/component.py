@@ -133,11 +133,14 @@ def groups_fix(groups: Sequence[str], target: Any, root: Any, dicts: Collection[
     return "\n".join(f"{code_path(g, var=var_for(root), dicts=dicts)}.to({value_code(target)})" for g in groups)
 
 
-def prove_whole(session: Any, root: Any, apply: Any, tried: str) -> str | None:
+def prove_whole(session: Any, root: Any, apply: Any, tried: str, cast: Any = None) -> str | None:
     """Run the whole forward again on a copy of the model with ``apply(copy)`` done (the fix), on the inputs the
-    model was called with: a fix that breaks a later op is not proven. None when it cannot be re-run (a pipeline,
-    keyword-only inputs, a model too large to copy): the op's own proof stands then."""
+    model was called with (``cast``: the floating ones cast to it): a fix that breaks a later op is not proven.
+    None when it cannot be re-run (a pipeline, keyword-only inputs, a model too large to copy): the op's own proof
+    stands then."""
     inputs = tuple(session.frames.inputs_of(root)) if isinstance(root, nn.Module) else ()
+    if cast is not None:
+        inputs = tuple(x.to(cast[1]) if isinstance(x, torch.Tensor) and x.dtype == cast[0] else x for x in inputs)
     frames = session.frames
     if not isinstance(root, nn.Module) or not inputs or session.replaying:
         return None
@@ -169,6 +172,29 @@ def prove_whole(session: Any, root: Any, apply: Any, tried: str) -> str | None:
             getattr(frames, k).update(v) if isinstance(v, (dict, set)) else getattr(frames, k).extend(v)
         torch.set_rng_state(rng)
     return f"fix proven: the whole forward runs again on a copy of the model with {tried}"
+
+
+def _with_inputs(session: Any, root: Any, apply: Any, tried: str, fix: str | None, proof: str | None, value: Any,
+                 target: Any) -> tuple[str | None, list[str], str | None]:
+    """A cast that leaves the model's own inputs in the culprits' old dtype (an fp32 text encoder fed fp32 by the
+    caller): when the whole re-run fails, it is tried once more with those inputs cast too, and the fix says so."""
+    if not (proof and proof.startswith("fix unproven") and isinstance(value, torch.dtype) and fix is not None
+            and isinstance(root, nn.Module)):
+        return fix, [], proof
+    inputs = list(session.frames.inputs_of(root))
+    names = root.forward.__code__.co_varnames[1:root.forward.__code__.co_argcount]
+    odd = [f"input {i}" + (f" ({names[i]})" if i < len(names) else "") for i, x in enumerate(inputs)
+           if isinstance(x, torch.Tensor) and x.dtype == value]
+    if not odd:
+        return fix, [], proof
+    again = prove_whole(session, root, apply, f"{tried} and {', '.join(odd)} -> {dtype_str(target)}",
+                        (value, target))
+    if again is None or not again.startswith("fix proven"):
+        return fix, [], proof
+    from torchdoctor._guard.maps import value_code
+
+    more = [f"# pass {x} as tensor.to({value_code(target)})  # it is fed to what the fix casts" for x in odd]
+    return "\n".join([fix, *more]), [], again
 
 
 def cast_paths(paths: Sequence[tuple[str, Any]]) -> Any:
@@ -209,7 +235,8 @@ def widen(session: Any, maps: Any, root: Any, paths: Sequence[str], target: Any,
         if not plain:
             return fix, [], None
         tried = f"{', '.join(paths)} -> {show(target)}"
-        return fix, [], prove_whole(session, root, cast_paths([(p, target) for p in paths]), tried)
+        proof = prove_whole(session, root, cast_paths([(p, target) for p in paths]), tried)
+        return _with_inputs(session, root, cast_paths([(p, target) for p in paths]), tried, fix, proof, value, target)
     whole = "pipeline" if var_for(root) == "pipe" else "model"
     lines = [f"culprit `{g}`: every tensor in it is {show(value)} while the rest of the {whole} is {show(target)} "
              f"({_held(maps.walk.entries, g, value)}; the component is the odd one out: aligning only this op's "

@@ -22,7 +22,8 @@ from torchdoctor._guard.frames import Frames, holds as _holds, lineno, same as _
 _CASTS = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16, "double": torch.float64}
 _FACTORIES = {"zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint", "tensor", "as_tensor",
               "from_numpy", "zeros_like", "ones_like", "empty_like", "full_like", "linspace", "eye"}
-_TREES: dict[Any, tuple[ast.AST, int, str, list[str]] | None] = {}  # code object -> parsed forward
+# (file, code object) -> parsed forward: code objects compare equal across files that hold the same source
+_TREES: dict[Any, tuple[ast.AST, int, str, list[str]] | None] = {}
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class Maker:
 
 
 def _parsed(code: Any) -> tuple[ast.AST, int, str, list[str]] | None:
-    if code not in _TREES:
+    key = (code.co_filename, code)
+    if key not in _TREES:
         try:
             if code.co_name == "<module>":  # a script's top level: the whole file (getsourcelines gives one block)
                 import linecache
@@ -71,10 +73,10 @@ def _parsed(code: Any) -> tuple[ast.AST, int, str, list[str]] | None:
             else:
                 lines, start = inspect.getsourcelines(code)
             tree = ast.parse(textwrap.dedent("".join(lines)))
-            _TREES[code] = (tree, max(start - 1, 0), inspect.getsourcefile(code) or code.co_filename, lines)
+            _TREES[key] = (tree, max(start - 1, 0), inspect.getsourcefile(code) or code.co_filename, lines)
         except (OSError, TypeError, SyntaxError, IndentationError):
-            _TREES[code] = None
-    return _TREES[code]
+            _TREES[key] = None
+    return _TREES[key]
 
 
 def _chain(node: ast.AST) -> list[str] | None:

@@ -138,9 +138,10 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
         if proof is None and aim is None and maps is not None and held and not session.replaying \
                 and len({t for _, t in held}) == 1 and lines[-1].startswith("fix proven"):
             # a fix that breaks a later op is not proven: the whole forward again, the odd submodule cast whole
+            was = fix
             fix, more, whole = _component.widen(session, maps, c.root, list(dict.fromkeys(p for p, _ in held)),
-                                                held[0][1], fix, session.mode == "strict")
-            if more or (whole is not None and whole.startswith("fix unproven")):
+                                                held[0][1], fix, session.mode == "strict" or bool(blamed))
+            if more or (whole is not None and (whole.startswith("fix unproven") or fix != was)):
                 lines[-1:] = more + [whole or lines[-1]]
             elif whole is not None:  # both proven: the op's own proof stays the last word on this op
                 lines.insert(-1, whole)
