@@ -46,6 +46,8 @@ def test_no_cast_of_activations_to_integer_storage() -> None:
     code = _codes(sim)
     assert code.startswith("model[0].weight.data = model[0].weight.data.to(torch.float16)")
     assert "torch.uint8" not in code and "input 0" not in code
+    assert "# uint8 storage computed with directly: dequantize it (scale included) or load its float16 weights; a " \
+           "bare cast keeps the stored integers" in code
 
 
 def test_no_cast_of_activations_to_float8() -> None:

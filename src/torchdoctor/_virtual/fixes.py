@@ -76,6 +76,15 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             factories.append(Fix(f"# {at} moves {name} to {p.found} inside the forward: move it to the device of the "
                                  f"tensors it meets (e.g. .to(x.device)) instead", "note", sets=((made_from[0], target),)))
             continue
+        if p.role in _NAMED and p.found in _STORAGE_NAMES and isinstance(target, torch.dtype) and \
+                target.is_floating_point:  # integer storage a plain layer computes with: the cast says what it is
+            from torchdoctor._guard.maps import code_path
+
+            c = code_path(p.path)
+            factories.append(Fix(f"{c}.data = {c}.data.to(torch.{dtype_str(target)})  # {p.found} storage computed "
+                                 f"with directly: dequantize it (scale included) or load its {dtype_str(target)} "
+                                 "weights; a bare cast keeps the stored integers", "path", sets=((p.path, target),)))
+            continue
         if p.role in _NAMED:
             _add(culprits, p.path, p.path, p.kind, _with_dtype(p.path, target, dtype, have))
             continue
