@@ -65,6 +65,9 @@ def test_no_model_wide_cast_for_a_tensor_outside_the_model() -> None:
         m = nn.Linear(4, 4).to("mps")
         sigmas = torch.from_numpy(np.linspace(0, 1, 4)).to("mps")  # float64: MPS has none
         m(torch.ones(1, 4, device="mps")) * sigmas[0]
+    [p] = sim.problems  # its maker named, though it is a plain cpu tensor made outside any module
+    assert p.message.startswith("a tensor made by torch.from_numpy in code outside the model at "
+                                "tests/virtual/test_never_fixes.py:")
     code = _codes(sim)
     assert "model.to(" not in code and "torchdoctor.move(model" not in code
     assert "# a float64 tensor made outside the model moves to mps:0, which cannot hold float64: cast that tensor " \

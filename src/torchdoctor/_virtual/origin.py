@@ -204,6 +204,18 @@ def where_called() -> str | None:
     return at
 
 
+def maker_of(t: Any, module_path: Callable[[Any], str | None]) -> str | None:
+    """How a tensor the run made was made (its record, or the one kept for a real cpu tensor: ``a tensor made by
+    torch.from_numpy in code outside the model at app.py:17``); None when nothing was recorded."""
+    from torchdoctor._virtual.tensor import current_space
+
+    made = getattr(t, "_td_origin", None)
+    if made is None and (space := current_space()) is not None and space.real and isinstance(t, torch.Tensor):
+        kept = space.real_record(t)
+        made = kept[1] if kept is not None else None
+    return made.describe(module_path) if isinstance(made, Made) else None
+
+
 IN_SCOPE: dict[str, str] = {}  # "file:line" of a factory call -> the first tensor argument of its function
 LINES: dict[str, tuple[str, int]] = {}  # "file:line" as reports write it -> the full file name and the line
 

@@ -17,7 +17,7 @@ from torchdoctor._virtual.atop import Cases, tags_of
 from torchdoctor._virtual.datadtype import data_dtype, factory_call, maker_name
 from torchdoctor._virtual.escaped import escaped_problem
 from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest
-from torchdoctor._virtual.origin import from_origin, ran_as_asked, where_called
+from torchdoctor._virtual.origin import from_origin, maker_of, ran_as_asked, where_called
 from torchdoctor._virtual.promote import Promotions, mixed
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, make
 from torchdoctor._tracker import ModuleStack
@@ -152,10 +152,10 @@ class _Recorder(Hooks):
                        f"{self.profile.count} {self.profile.type} device(s)", op=op, key=device_str(target))
 
     def _moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
-        src = getattr(tensor, "_td_device", tensor.device)
-        path = getattr(tensor, "_td_path", None)
+        src, path = getattr(tensor, "_td_device", tensor.device), getattr(tensor, "_td_path", None)
         self.exists(target, path, "Tensor.to")
-        what = f"{path or 'a tensor'} {compact(tensor.dtype, tuple(tensor.shape), src)}"
+        what = f"{path or maker_of(tensor, self.modules.path_of) or 'a tensor'} " \
+            f"{compact(tensor.dtype, tuple(tensor.shape), src)}"
         if src.type == "meta" and target.type != "meta":
             self._note("meta", path, "meta", device_str(target), f"{what} holds no data (meta): moving it to "
                        f"{device_str(target)} raises 'Cannot copy out of meta tensor'. Load or materialise it first, "
