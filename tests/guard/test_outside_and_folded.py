@@ -188,16 +188,13 @@ class _Pipe(nn.Module):
         super().__init__()
         self.unet, self.vae = unet, vae
 
-    def forward(self, sample: torch.Tensor, ehs: torch.Tensor) -> torch.Tensor:
-        lat = self.unet(sample, 1, encoder_hidden_states=ehs).sample
+    def forward(self, sample: torch.Tensor) -> torch.Tensor:
+        lat = self.unet(sample)
         return self.vae.decode(lat / 0.18).sample
 
 
-def _unet() -> nn.Module:
-    return diffusers.UNet2DConditionModel(
-        block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4, out_channels=4,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=8, attention_head_dim=2, norm_num_groups=4)
+def _unet() -> nn.Module:  # a denoiser larger than the tiny VAE: the float16 majority
+    return nn.Sequential(nn.Conv2d(4, 200, 3, padding=1), nn.Conv2d(200, 4, 3, padding=1))
 
 
 def _vae() -> nn.Module:
@@ -210,8 +207,8 @@ def pipe() -> _Pipe:
     return _Pipe(_unet().to(H), _vae())  # the VAE left in float32
 
 
-def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(1, 4, 8, 8, dtype=H), torch.randn(1, 3, 8, dtype=H)
+def _inputs() -> tuple[torch.Tensor]:
+    return (torch.randn(1, 4, 4, 4, dtype=H),)
 
 
 @pytest.mark.parametrize("mode", ["explain", "strict", "fix", "warn"])
@@ -240,8 +237,8 @@ class _DPipe(diffusers.DiffusionPipeline):  # type: ignore[misc,name-defined]
         super().__init__()
         self.register_modules(unet=unet, vae=vae)
 
-    def __call__(self, sample: torch.Tensor, ehs: torch.Tensor) -> torch.Tensor:
-        lat = self.unet(sample, 1, encoder_hidden_states=ehs).sample
+    def __call__(self, sample: torch.Tensor) -> torch.Tensor:
+        lat = self.unet(sample)
         return self.vae.decode(lat / 0.18).sample
 
 
@@ -249,7 +246,7 @@ class _DPipe(diffusers.DiffusionPipeline):  # type: ignore[misc,name-defined]
 def test_in_a_pipeline_the_vae_is_the_culprit_and_the_callers_line_is_not_its_inputs_maker(
         pipe: _Pipe, mode: str) -> None:
     dp = _DPipe(pipe.unet, pipe.vae)
-    err, g, _ = _guarded(dp, mode, lambda: dp(torch.randn(1, 4, 8, 8, dtype=H), torch.randn(1, 3, 8, dtype=H)))
+    err, g, _ = _guarded(dp, mode, lambda: dp(torch.randn(1, 4, 4, 4, dtype=H)))
     assert err is not None
     text = str(err)
     assert "culprit `vae`: computes in float32 while the rest of the pipeline feeds it float16" in text
