@@ -75,3 +75,15 @@ def test_a_model_that_runs_in_the_dtype_on_cpu_is_ok() -> None:
 def test_cpu_without_a_dtype_says_what_to_pass() -> None:
     with pytest.raises(ValueError, match=r"simulate on device='cpu' checks a dtype on this CPU: pass dtype="):
         torchdoctor.simulate(nn.Linear(2, 2), (torch.randn(1, 2),), device="cpu")
+
+
+def test_with_call_the_dtype_switch_is_never_claimed_proven() -> None:
+    def app(m: nn.Module) -> None:  # the caller's own code casts the model: a re-run cannot try another dtype
+        m.to("cpu", torch.float16)
+        m(torch.randn(2, 8, dtype=torch.float16))
+
+    report = torchdoctor.simulate(Net(), device="cpu", dtype=torch.float16, call=app)
+    assert ("unsupported_dtype", "spec") in [(p.kind, p.path) for p in report.problems]
+    last = report.fixes[-1]
+    assert last.kind == "note" and not last.proven and "model.to(" not in last.code
+    assert last.tried == "not re-run: call= casts the model itself, so no re-run can put it in another dtype"

@@ -229,6 +229,10 @@ def _other_dtype(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype:
     where = next(p.path for p in problems if p.kind == "unsupported_dtype")
     name = dtype_str(dtype)
     tried: list[str] = []
+    if call is not None:  # the caller's own code casts the model: a re-run "in another dtype" would not be one
+        return Fix(f"# cpu has no {name} kernel for {', '.join(ops[:3])} (in {where}): run that part in float32, or "
+                   "cast the model where your code casts it to a dtype the cpu has kernels for", "note",
+                   tried="not re-run: call= casts the model itself, so no re-run can put it in another dtype")
     for other in [d for d in (torch.bfloat16, torch.float16, torch.float32) if d != dtype]:
         left, _, _ = check_cpu(obj, args, kwargs, other, call)
         if not left:
