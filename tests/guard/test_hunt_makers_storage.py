@@ -115,6 +115,53 @@ def test_an_input_made_by_the_calling_forward_is_named_and_its_line_fixed_and_pr
         assert fixed(x).dtype == dtype
 
 
+class Block(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        h = h.to(self.config.compute_dtype)
+        return h
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block(types.SimpleNamespace(compute_dtype=torch.float32))
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(x))
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict", "warn"])
+def test_a_cast_read_from_a_config_in_a_module_that_returned_is_named_and_fixed_at_the_config(mode: str) -> None:
+    net = Net().to(H)
+    x = torch.randn(2, 8, dtype=H)
+    err = None
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        try:
+            with torch.no_grad(), torchdoctor.guard(net, mode=mode) as g:
+                net(x)
+        except torchdoctor.PlacementError as e:
+            err = e
+    assert (err is None) == (mode == "warn")
+    note = g.report().to_dict()["problems"][0]
+    assert "made by `.to(self.config.compute_dtype)` at " in note["maker"]
+    assert "the dtype read from config `self.config.compute_dtype`" in note["maker"]
+    assert note["maker"].endswith("reaching the op through `self.block(x)`")
+    assert note["fix"].startswith("model.block.config.compute_dtype = torch.float16  # read by ")
+    assert note["proof"] == "fix proven: Net runs again with compute_dtype = torch.float16 on `SimpleNamespace`"
+    assert net.block.config.compute_dtype == torch.float32  # put back after the proof
+    net.block.config.compute_dtype = torch.float16  # the printed fix, applied: quiet under strict
+    with torch.no_grad(), torchdoctor.guard(net, mode="strict"):
+        assert net(x).dtype == H
+
+
 class Wan(nn.Module):
     def __init__(self) -> None:
         super().__init__()

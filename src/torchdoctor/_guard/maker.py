@@ -46,6 +46,7 @@ class Maker:
     device_expr: str | None = None  # how that forward can name the device the fix wants (``x.device``)
     this: Any = None  # the ``self`` of the forward that made it (a config read as ``self.config.x`` is its own)
     via: str | None = None  # the expression that carried it into the operand (``self.a(x) * gate``)
+    runner: Any = None  # a running module whose re-run reaches the maker (its submodule's forward has returned)
 
     def describe(self) -> str:
         out = f"made by `{self.op}` at {self.file}:{self.line} (`{self.source}`)"
@@ -302,7 +303,42 @@ def _in_frame(frame: Any, t: torch.Tensor, kind: str, target: Any = None, callee
                     inner = _in_frame(frame, v, kind, target)
                     if inner is not None:
                         return replace(inner, via=ast.unparse(node))
+    if kind != "dtype":
+        return None
+    for expr, assigned in exprs:  # ``self.head(self.block(x))``: a submodule whose forward has returned cast it
+        if not assigned and callee is not None and not _holds(callee, t):
+            continue
+        for call in _calls(expr):
+            sub = _submodule(_chain(call.func), frame)
+            if isinstance(sub, torch.nn.Module) and sub is not frame.f_locals.get("self"):
+                inner = _returned(sub, t)
+                if inner is not None:
+                    return replace(inner, via=ast.unparse(call), runner=frame.f_locals.get("self"))
     return None
+
+
+def _submodule(chain: list[str] | None, frame: Any) -> Any:
+    """``self.block`` -> the submodule it names (from ``_modules``, never through ``__getattr__``), else None."""
+    obj = frame.f_locals.get(chain[0]) if chain and len(chain) > 1 else None
+    for name in (chain or [])[1:]:
+        obj = obj.__dict__.get("_modules", {}).get(name) if isinstance(obj, torch.nn.Module) else None
+    return obj
+
+
+def _returned(sub: torch.nn.Module, t: torch.Tensor) -> Maker | None:
+    """The cast in ``sub``'s forward (read, never run: it has returned) that gives ``t``'s dtype."""
+    import types
+
+    fn = getattr(type(sub).forward, "__code__", None)
+    if fn is None:
+        return None
+    parsed = _parsed(fn)
+    if parsed is None:
+        return None
+    frame = types.SimpleNamespace(f_locals={"self": sub}, f_globals=type(sub).forward.__globals__, f_code=fn,
+                                  f_lineno=fn.co_firstlineno)
+    found = _by_call(parsed[0], frame, t, "dtype", None, False, parsed)
+    return found if found is not None and not found.factory else None
 
 
 def _value(t: torch.Tensor, kind: str) -> Any:

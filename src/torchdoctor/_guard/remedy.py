@@ -279,7 +279,8 @@ def aimed(loose: list[tuple[str, torch.Tensor]], kind: str, target: Any, paths: 
     if fix is None:
         return Aim(lines, None, None, None, [x[2] for x in made])
     proof = None
-    mod = m.owner if isinstance(m.owner, nn.Module) else m.this if isinstance(m.this, nn.Module) else None
+    mod = m.runner if isinstance(m.runner, nn.Module) else m.owner if isinstance(m.owner, nn.Module) else \
+        m.this if isinstance(m.this, nn.Module) else None
     if mod is not None and frames is not None and (m.attr is not None or isinstance(target, torch.dtype)):
         args = frames.inputs_of(mod)
         if args or not mod.forward.__code__.co_argcount > 1:
