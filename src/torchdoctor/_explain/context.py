@@ -11,14 +11,14 @@ import re
 
 from torchdoctor._explain.causes import ContextRule
 from torchdoctor._explain.direction import MATMUL_INPUT, sides
-from torchdoctor._explain.tokens import ACCELERATORS, device_name, dtype_name, names_in, type_name
+from torchdoctor._explain.tokens import (ACCELERATORS, device_name, dtype_name, names_in, transformers_version,
+                                        type_name)
 
 __all__ = ["MAC", "derive", "find_word", "rank", "transformers_version"]
 
 _LOW = ("float16", "bfloat16")
 _METHOD = {"float32": ".float()", "float16": ".half()", "bfloat16": ".bfloat16()", "float64": ".double()",
            "int64": ".long()", "int32": ".int()", "bool": ".bool()"}
-_TRANSFORMERS = re.compile(r"transformers(?:`|\*\*)?(?:==|>=|~=| version:? ?|: ?|-| v| )v?(\d{1,2})\.(\d{1,3})")
 
 
 def _windows(context: str) -> bool:
@@ -65,18 +65,6 @@ def find_word(text: str, word: str, start: int = 0) -> int:
             return p
         p = text.find(core, p + 1)
     return -1
-
-
-def transformers_version(context: str) -> tuple[int, int] | None:
-    """The transformers version a log shows (``transformers==4.36.2``, ``- `transformers` version: 4.41.2``).
-
-    >>> transformers_version("- `transformers` version: 4.41.2\\n- Platform: Linux")
-    (4, 41)
-    >>> transformers_version("site-packages/transformers/modeling_utils.py") is None
-    True
-    """
-    m = _TRANSFORMERS.search(context[:200_000])
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 _MPS_DT = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64", "i32": "int32"}

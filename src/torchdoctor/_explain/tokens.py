@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ACCELERATORS", "devices_in", "dtype_name", "device_name", "dtypes_in", "names_in", "type_name"]
+__all__ = ["ACCELERATORS", "devices_in", "dtype_name", "device_name", "dtypes_in", "names_in", "transformers_version",
+           "type_name"]
 
 ACCELERATORS = ("cuda", "xpu", "mps", "hpu", "npu", "xla", "mtia", "privateuseone")
 _LIMIT = 20_000  # characters of one message looked at; a token list is about one error, not a whole log
@@ -161,3 +162,18 @@ def dtypes_in(text: str) -> list[str]:
     ['float16', 'bfloat16']
     """
     return _scan(text)[1]
+
+
+_TRANSFORMERS = re.compile(r"transformers(?:`|\*\*)?(?:==|>=|~=| version:? ?|: ?|-| v| )v?(\d{1,2})\.(\d{1,3})")
+
+
+def transformers_version(context: str) -> tuple[int, int] | None:
+    """The transformers version a log shows (``transformers==4.36.2``, ``- `transformers` version: 4.41.2``).
+
+    >>> transformers_version("- `transformers` version: 4.41.2\\n- Platform: Linux")
+    (4, 41)
+    >>> transformers_version("site-packages/transformers/modeling_utils.py") is None
+    True
+    """
+    m = _TRANSFORMERS.search(context[:200_000])
+    return (int(m.group(1)), int(m.group(2))) if m else None
