@@ -39,13 +39,15 @@ import torchdoctor
 VARIANTS = ("Module.to", "move", "move(rollback='exact')")
 
 
-def build() -> torch.nn.Module:
+def build(scale: int = 1) -> torch.nn.Module:
+    """The GPT-2 110M shape (10 layers); ``scale=4``: 40 layers, the same widths (the table's 4x row)."""
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging
 
     logging.set_verbosity_error()
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(n_embd=768, n_layer=10, n_head=12, vocab_size=50257, n_positions=1024)).eval()
+    return GPT2LMHeadModel(GPT2Config(n_embd=768, n_layer=10 * scale, n_head=12, vocab_size=50257,
+                                      n_positions=1024)).eval()
 
 
 def cast(variant: str, model: torch.nn.Module) -> None:

@@ -89,6 +89,15 @@ def row(measure: str, anchor: str, res: dict[str, Any], goal: float, unit: str =
     print(f"  .. {measure}: x{res['ratio']:.2f}", flush=True)
 
 
+def growth_row(measure: str, anchor: str, at1: dict[str, Any], at4: dict[str, Any], note: str = "") -> None:
+    """Issue 43 point 6: the time at 4x over the time at 1x (medians), ours against the anchor's; linear growth
+    keeps the ratio at or under 1.1."""
+    ours, base = at4["ours"] / at1["ours"], at4["anchor"] / at1["anchor"]
+    res = {"ratio": ours / base, "lo": ours / base, "hi": ours / base, "n": 1, "ours": ours, "anchor": base}
+    row(f"{measure}: growth 4x/1x (time at 4x over time at 1x)", f"{anchor}'s growth", res, 1.1,
+        unit="growth", note=note or "grows faster than its anchor")
+
+
 def fmt(x: float, unit: str) -> str:
     if unit == "ms":
         return f"{x * 1e6:.1f} µs" if x < 1e-3 else f"{x * 1e3:.1f} ms" if x < 10 else f"{x:.2f} s"
@@ -331,10 +340,11 @@ def explain_rows(n: int) -> None:
             note="not linear (time per MB grows with the input)")
 
 
-def _move_pairs(n: int) -> tuple[list[float], list[float]]:
-    """``n`` interleaved pairs of a warm move and Module.to of the GPT-2 110M shape to bf16, in this process."""
+def _move_pairs(n: int, scale: int = 1) -> tuple[list[float], list[float]]:
+    """``n`` interleaved pairs of a warm move and Module.to of the GPT-2 110M shape (``scale=4``: four times its
+    layers) to bf16, in this process."""
     mv = bench_module("move")
-    model = mv.build()  # one instance for both: two instances of the same model differ by about 1.5 %
+    model = mv.build(scale)  # one instance for both: two instances of the same model differ by about 1.5 %
     for v in ("Module.to", "move"):  # first-touch page faults and allocator growth are not part of a warm cast
         mv.cast(v, model)
         model.to(torch.float32)
@@ -356,6 +366,9 @@ def move_rows(n: int) -> None:
         note=f"{how}; move's Python overhead is ~2 ms per cast over Module.to on meta (the plan's walk, policy "
              "and cast_target; one undo record per cast; the planned slots re-read to verify), and the OpenMP "
              "workers spin through the Python between casts, so process CPU counts it about twice")
+    res4, how4 = pooled("move", "4", max(n, 11))
+    row("move GPT-2 shape at 4x depth (40 layers, ~340M) to bf16, warm", "Module.to", res4, 1.05, note=how4)
+    growth_row("move GPT-2 shape to bf16", "Module.to", res, res4)
     first_call("move_cast", "move")  # writes the bytecode cache
     a: list[float] = []
     b: list[float] = []
@@ -411,8 +424,19 @@ def guard_rows(n: int) -> None:
     ids = torch.randint(0, 50257, (1, 128), generator=torch.Generator().manual_seed(0))
     big = gd.build(12, 768, 12, 50257)
     fns = gd.variants(big, ids)
-    row("guard explain, GPT-2-small", "plain forward", pairs(fns["explain"], fns["plain"], max(n, 21)), 1.03)
-    row("guard strict, GPT-2-small", "plain forward", pairs(fns["strict"], fns["plain"], max(n, 15)), 1.1)
+    explain1 = pairs(fns["explain"], fns["plain"], max(n, 21))
+    row("guard explain, GPT-2-small", "plain forward", explain1, 1.03)
+    strict1 = pairs(fns["strict"], fns["plain"], max(n, 15))
+    row("guard strict, GPT-2-small", "plain forward", strict1, 1.1)
+    del big, fns
+    big = gd.build(48, 768, 12, 50257)  # 4x depth: GPT-2-small's widths, 48 layers
+    fns = gd.variants(big, ids)
+    explain4 = pairs(fns["explain"], fns["plain"], max(n, 9))
+    row("guard explain, GPT-2-small widths at 4x depth (48 layers)", "plain forward", explain4, 1.03)
+    strict4 = pairs(fns["strict"], fns["plain"], max(n, 9))
+    row("guard strict, GPT-2-small widths at 4x depth (48 layers)", "plain forward", strict4, 1.1)
+    growth_row("guard explain, GPT-2-small widths", "plain forward", explain1, explain4)
+    growth_row("guard strict, GPT-2-small widths", "plain forward", strict1, strict4)
     del big, fns
     tiny = gd.build(2, 64, 4, 256)
     tiny_ids = ids[:, :16] % 256
@@ -433,13 +457,14 @@ def guard_rows(n: int) -> None:
     torch.set_num_threads(2)
 
 
-def _trace_pairs(n: int) -> tuple[list[float], list[float]]:
-    """``n`` interleaved pairs of a traced and an untraced ``.to(bf16)`` + back of a 108M Llama, in this process."""
+def _trace_pairs(n: int, scale: int = 1) -> tuple[list[float], list[float]]:
+    """``n`` interleaved pairs of a traced and an untraced ``.to(bf16)`` + back of a 108M Llama (``scale=4``: four
+    times its layers), in this process."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=1024, hidden_size=768, intermediate_size=3072,
-                                         num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=6,
+                                         num_hidden_layers=12 * scale, num_attention_heads=12, num_key_value_heads=6,
                                          max_position_embeddings=256)).eval()
 
     def cast() -> None:
@@ -475,6 +500,15 @@ def trace_row(n: int) -> None:
              "through the patched _apply and .data. Fewer reads would need a way to know nothing changed between "
              "two calls, which Python does not give; without the read before a call, a change made between "
              "calls by code no patch saw would be blamed on the next call (docs/trace.md)")
+    res4, how4 = pooled("trace", "4", max(n, 20))
+    row("trace on, .to(bf16) + back of the same Llama shape at 4x depth (48 layers)", "untraced", res4, 1.05,
+        note=how4)
+    growth_row("trace on, .to(bf16) + back", "untraced", res, res4)
+
+
+def _scale(arg: str) -> int:
+    """A child's size argument: ``-`` (the rows' base size) is 1."""
+    return 1 if arg == "-" else int(arg)
 
 
 def main() -> int:
@@ -491,8 +525,8 @@ def main() -> int:
 
         kind, arg, count = args.child[0], args.child[1], int(args.child[2])
         kinds: dict[str, Callable[[], tuple[list[float], ...]]] = {
-            "scan": lambda: _scan_pairs(arg, count), "move": lambda: _move_pairs(count),
-            "trace": lambda: _trace_pairs(count), "simulate": lambda: _simulate_triplets(arg, count),
+            "scan": lambda: _scan_pairs(arg, count), "move": lambda: _move_pairs(count, _scale(arg)),
+            "trace": lambda: _trace_pairs(count, _scale(arg)), "simulate": lambda: _simulate_triplets(arg, count),
             "depth_simulate": lambda: bench_module("depth").simulate_triplets(arg, count, triplet_times),
             "depth_scan": lambda: bench_module("depth").scan_pairs(arg, count)}
         if kind not in kinds:

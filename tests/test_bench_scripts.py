@@ -116,3 +116,24 @@ def test_growth_is_the_ratio_of_pooled_medians() -> None:
     docs = {1: [{"a": [1.0, 3.0, 2.0]}, {"a": [2.0]}], 4: [{"a": [8.0, 9.0]}, {"a": [7.0, 100.0]}]}
     # medians pooled over the processes of each depth: 2.0 at 1x, 8.5 at 4x
     assert depth.growth(docs, "a") == pytest.approx(4.25)
+
+
+def test_growth_row_compares_growth_not_time(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 43 point 6: a row at 4x size is judged by how its time grew against how its anchor's grew."""
+    table = _load("table")
+    table.ROWS.clear()
+    try:
+        at1 = {"ratio": 1.0, "lo": 1.0, "hi": 1.0, "n": 5, "ours": 0.010, "anchor": 0.010}
+        linear = {"ratio": 1.0, "lo": 1.0, "hi": 1.0, "n": 5, "ours": 0.040, "anchor": 0.040}
+        faster = {"ratio": 1.5, "lo": 1.5, "hi": 1.5, "n": 5, "ours": 0.060, "anchor": 0.040}
+        table.growth_row("a", "b", at1, linear)
+        table.growth_row("c", "d", at1, faster)
+        assert [(r["ratio"], r["ours"], r["anchor"], r["ok"]) for r in table.ROWS] == [
+            (pytest.approx(1.0), pytest.approx(4.0), pytest.approx(4.0), True),
+            (pytest.approx(1.5), pytest.approx(6.0), pytest.approx(4.0), False)]
+        assert table.ROWS[1]["measure"] == "c: growth 4x/1x (time at 4x over time at 1x)"
+        assert table.ROWS[1]["against"] == "d's growth"
+        assert (table._scale("-"), table._scale("4")) == (1, 4)
+    finally:
+        table.ROWS.clear()
+    capsys.readouterr()
