@@ -62,7 +62,7 @@ def test_a_host_tensor_wrong_in_device_and_dtype_gets_one_proven_fix_at_its_make
 def test_a_factory_in_the_wrong_dtype_gets_dtype_at_its_call() -> None:
     report = torchdoctor.simulate(Gate(), (torch.randn(2, 8),), device="cuda:0", dtype=torch.bfloat16)
     fix = _one(report)
-    assert fix.code == "# torch.ones in `<root>` made it in float32: pass dtype= the input's " \
+    assert fix.code == "# torch.ones in `<root>` made it in float32: pass dtype= the input's dtype " \
                        "(torch.ones(..., dtype=x.dtype))"
     assert fix.proven and "pass the tensors made" not in (report.fix or "")
     assert fix.diff is not None and \

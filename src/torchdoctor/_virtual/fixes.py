@@ -204,16 +204,16 @@ def _factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
         how = f"move it: {maker}(...).to({', '.join(exprs.values())})"
     else:
         args = ", ".join(f"{k}={v}" for k, v in exprs.items())
-        how = f"pass {' and '.join(f'{k}=' for k in exprs)} the input's ({maker}(..., {args}))" if x else \
-            f"pass {' and '.join(f'{k}=' for k in exprs)} ({maker}(..., {args}))"
+        kinds = " and ".join(f"{k}=" for k in exprs)
+        how = f"pass {kinds} the input's {' and '.join(exprs)} ({maker}(..., {args}))" if x else \
+            f"pass {kinds} ({maker}(..., {args}))"
     target = (dev, dt) if dev is not None and dt is not None else dev if dev is not None else dt
     return Fix(f"# {said} made it {found}: {how}", "note", sets=((key, target),),
                diff=maker_diff(maker, at, dev if dev is not None else dt, exprs))
 
 
 def _diff(site: Any, target: torch.dtype) -> str | None:
-    """The cast's line rewritten to ``target`` as a unified diff, when the line is in the user's own file (not an
-    installed package's)."""
+    """The cast's line rewritten to ``target`` as a unified diff, when the line is in the user's own file."""
     from torchdoctor._guard.remedy import own_file
     from torchdoctor._report.diff import line_patch
     from torchdoctor._virtual.castsites import patched_line
