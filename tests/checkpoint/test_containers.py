@@ -5,6 +5,7 @@ TorchScript archive) get no "can run code" alarm."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -18,21 +19,43 @@ from checkpoint import containers
 from checkpoint.capped import assert_bounded, run_scans
 from torchdoctor._checkpoint.scan import CheckpointError, check_checkpoint
 
-_LOADERS = {
-    "torch.load": "import torch, sys; torch.load(sys.argv[1], weights_only=False)",
-    "pickle.load": "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))",
-    "dcp.load": ("import sys, torch; from torch.distributed.checkpoint import load; "
-                 "load({'w': torch.zeros(2), 'extra': {'cfg': None}}, checkpoint_id=sys.argv[1])"),
+_LOADERS = {  # each reads the file at `path`
+    "torch.load": "import torch; torch.load(path, weights_only=False)",
+    "pickle.load": "import pickle; pickle.load(open(path, 'rb'))",
+    "dcp.load": ("import torch; from torch.distributed.checkpoint import load; "
+                 "load({'w': torch.zeros(2), 'extra': {'cfg': None}}, checkpoint_id=path)"),
 }
+# One child process runs every load in turn (one torch import, not one per file), clearing the marker before each.
+_RUN_EACH = r"""
+import json, os, sys, warnings
+warnings.simplefilter("ignore")
+marker, loaders, jobs = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+ran = {}
+for name, loader, path in jobs:
+    if os.path.exists(marker):
+        os.unlink(marker)
+    try:
+        exec(loaders[loader], {"path": path})
+    except BaseException:  # the load failing after the payload ran does not matter
+        pass
+    ran[name] = os.path.exists(marker)
+print(json.dumps(ran))
+"""
+
+
+def _runs_each(jobs: dict[str, tuple[str, Path]], marker: Path) -> dict[str, bool]:
+    """For each name, whether its loader runs the payload of its file (the file's load failing afterwards does
+    not matter)."""
+    done = subprocess.run([sys.executable, "-c", _RUN_EACH, str(marker), json.dumps(_LOADERS),
+                           json.dumps([(name, loader, str(path)) for name, (loader, path) in jobs.items()])],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _runs(loader: str, path: Path, marker: Path) -> bool:
-    """Whether ``loader`` runs the payload of ``path`` (its failure afterwards does not matter)."""
-    if marker.exists():
-        marker.unlink()
-    subprocess.run([sys.executable, "-c", _LOADERS[loader], str(path)], capture_output=True, timeout=120,
-                   env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    return marker.exists()
+    """Whether ``loader`` runs the payload of ``path``."""
+    return _runs_each({"one": (loader, path)}, marker)["one"]
 
 
 def _can_run(report) -> set[str]:
@@ -52,7 +75,7 @@ def payloads(tmp_path_factory):
 
 def test_every_container_payload_runs_under_its_loader(payloads):
     d, marker, files = payloads
-    ran = {name: _runs(loader, path, marker) for name, (path, loader) in files.items()}
+    ran = _runs_each({name: (loader, path) for name, (path, loader) in files.items()}, marker)
     # torch's reader picks the first of two duplicate names: the payload written second does not run, but the
     # scan judges every copy (test below)
     assert ran.pop("zip-duplicate-evil-last.pt") is False
