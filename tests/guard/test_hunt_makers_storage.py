@@ -156,6 +156,10 @@ def test_a_cast_read_from_a_config_in_a_module_that_returned_is_named_and_fixed_
     assert note["maker"].endswith("reaching the op through `self.block(x)`")
     assert note["fix"].startswith("model.block.config.compute_dtype = torch.float16  # read by ")
     assert note["proof"] == "fix proven: Net runs again with compute_dtype = torch.float16 on `SimpleNamespace`"
+    if mode == "warn":  # the record's message says what its fields say (the input retargeted, not the bias)
+        p = g.problems[0]
+        assert (p.path, p.found, p.expected) == ("arg 1 (mat1)", "float32", "float16")
+        assert p.message == "aten.addmm.default: arg 1 (mat1) is float32, expected float16 like the model"
     assert net.block.config.compute_dtype == torch.float32  # put back after the proof
     net.block.config.compute_dtype = torch.float16  # the printed fix, applied: quiet under strict
     with torch.no_grad(), torchdoctor.guard(net, mode="strict"):

@@ -324,8 +324,11 @@ class Session:
                 shown = f"{path}{hit[1]} = {label}" if hit else f"{label} (an argument of the {owner} call)" if arg else label
                 found = _value_str(t, f.attr) if f.attr else f.problem.found
                 expected = _value_str_of(target) if target is not None else f.problem.expected
+                msg = f.problem.message if target is f.target and offenders == list(f.offenders) else \
+                    f"{op}: {label} is {found}, expected {expected} like the model"  # retargeted: say it so
                 problems.append(replace(f.problem, path=path or label, role="parameter" if path else "argument",
-                                        found=found, expected=expected, module_path=mpath, module_type=mtype))
+                                        found=found, expected=expected, module_path=mpath, module_type=mtype,
+                                        message=msg))
                 if not (storage_target(target) and isinstance(t, torch.Tensor) and t.is_floating_point()):
                     culprits.append((path, label, f.problem.kind, target))  # never floating data cast to storage
                 lines.append(f"{'culprit ' if hit or arg else ''}{shown}: {_rules._compact(t)}  (expected {expected})")
