@@ -303,3 +303,21 @@ def test_half_on_a_macs_cpu_picks_the_dtype_from_the_device() -> None:
     assert d.category == "unsupported_dtype_on_device"
     assert 'dtype = torch.float32 if device.type == "cpu" else torch.float16' in codes(d)
     assert "cuda.is_available" not in codes(d) and "whl/cu" not in codes(d)
+
+
+ADDMM = ("RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu! "
+         "(when checking argument for argument mat1 in method wrapper_CUDA_addmm)")
+
+
+@pytest.mark.parametrize("prose", [
+    "Title: qlora training crash\n\n",  # a label typed before a title is prose, not a log record
+    "I am fine-tuning with qlora (peft + bitsandbytes not used yet, plain fp16)\n",  # an aside in parentheses
+])
+def test_prose_lines_with_a_label_or_an_aside_stay_prose(prose: str) -> None:
+    """The hunter's second E1 round: both re-filed the device message as quantization_device."""
+    d = top(prose + ADDMM)
+    assert d.category == "device_mismatch" and "quantization_device" in ranked(d)[1:]
+    # a log record and a line of code keep their full weight
+    assert top('  File "/x/site-packages/bitsandbytes/nn/modules.py", line 4, in forward\n' + ADDMM).category == \
+        "quantization_device"
+    assert top("return bnb.matmul_4bit(x, w)\n" + ADDMM).category == "quantization_device"

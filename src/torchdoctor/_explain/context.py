@@ -73,11 +73,9 @@ _REDUCED = ("float16", "bfloat16")
 
 
 def _gpu_word(value: str, context: str) -> str:
-    """Older messages say "GPU" for any accelerator ("is on CPU, but expected it to be on GPU" on a Mac too): the
-    Apple GPU where the text shows a Mac and no CUDA device, else CUDA (``device_name`` reads "GPU" as cuda:0)."""
-    if value.strip().lower() != "gpu" or _windows(context) or "cuda:" in context or "nvidia" in context:
-        return value
-    return "mps" if any(find_word(context, w) != -1 for w in MAC) else value
+    """Older messages say "GPU" for any accelerator (on a Mac too): mps where the text shows a Mac and no CUDA."""
+    mac = value.strip().lower() == "gpu" and not _windows(context) and "cuda:" not in context
+    return "mps" if mac and "nvidia" not in context and any(find_word(context, w) != -1 for w in MAC) else value
 
 
 def derive(sig_name: str, fields: dict[str, str], message: str,
@@ -258,20 +256,23 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
 # spaces, and none of the characters that frames, code, paths, log records and messages carry.
 _PROSE = re.compile(r"[^\W_][^/_=()\[\]{}<>\"|%#@$*+~&`\t]{0,2000}")
 _LOG_HEAD = re.compile(r"\w{1,40}:|.{0,200}\d:\d")  # "WARNING:", "ValueError:", a time stamp: a program wrote it
+# a label a person types ("Title: ...", "Update: ..."), and a parenthesis opened after a space, not a call
+_LABEL = re.compile(r"(?:title|subject|summary|description|question|problem|issue|context|note|update|edit): ")
+_ASIDE = re.compile(r"(?<= )\(|\)|\+")
 _PROSE_SCALE = 0.5  # a word only in prose weighs half, and never re-files the error
-
-
 # Where an error starts on a line typed as "Using qlora on my mac, then: RuntimeError: ..." (lower-cased text)
 _HEAD = re.compile(r"(?<![\w.])\w{0,40}(?:error|exception)(?::|\b)")
+
+
+def _is_prose(line: str) -> bool:
+    return line.count(" ") >= 3 and bool(_PROSE.fullmatch(_ASIDE.sub("", line))) and (
+        not _LOG_HEAD.match(line) or bool(_LABEL.match(line)))
 
 
 def _lead(line: str) -> int:
     """The length of the prose typed before the error on the error's own line, else 0."""
     m = _HEAD.search(line, 0, 2000)
-    if not m or not m.start():
-        return 0
-    head = line[:m.start()].rstrip(" :`'\"(")
-    return m.start() if head.count(" ") >= 3 and _PROSE.fullmatch(head) and not _LOG_HEAD.match(head) else 0
+    return m.start() if m and m.start() and _is_prose(line[:m.start()].rstrip(" :`'\"(")) else 0
 
 
 def _prose_only(context: str, word: str, message: str) -> bool:
@@ -288,8 +289,7 @@ def _prose_only(context: str, word: str, message: str) -> bool:
         start = context.rfind("\n", 0, p) + 1
         end = context.find("\n", p)
         line = context[start: end if end != -1 else len(context)].rstrip()
-        if not p - start < _lead(line) and (line.count(" ") < 3 or not _PROSE.fullmatch(line)
-                                            or _LOG_HEAD.match(line)):
+        if not p - start < _lead(line) and not _is_prose(line):
             return False
         p = find_word(context, word, end) if end != -1 else -1
     return False
