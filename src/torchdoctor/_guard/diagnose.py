@@ -240,7 +240,10 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
         aim = moved_aim([(c[1], c[2]) for c in bad if c[0] is None and id(c[2]) not in args], ref, maps, mod,
                         session.frames, exc.__traceback__ or tb)
     elif kind == "dtype" and aim is None and maps is not None and ref is not None and not compiled \
-            and mod is not None:  # an input made by the calling forward (``torch.from_numpy``, ``.float()``)
+            and mod is not None and not any(t.is_floating_point() and value(t) in {value(c[2]) for c in bad}
+                                            for _, t in args.values()):
+        # an input made by the calling forward (``torch.from_numpy``, ``.float()``); when the caller's own
+        # arguments hold the wrong value, they are where it entered (below)
         aim = aimed([(c[1], c[2]) for c in bad if c[0] is None and id(c[2]) not in args], kind, ref,
                     maps.modules, maps.dicts, session.frames, exc.__traceback__ or tb)
     passed = {c[1] for c in bad if c[0] is None and id(c[2]) in args}  # the caller's own arguments

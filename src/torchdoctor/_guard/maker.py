@@ -337,8 +337,17 @@ def _returned(sub: torch.nn.Module, t: torch.Tensor) -> Maker | None:
         return None
     frame = types.SimpleNamespace(f_locals={"self": sub}, f_globals=type(sub).forward.__globals__, f_code=fn,
                                   f_lineno=fn.co_firstlineno)
-    found = _by_call(parsed[0], frame, t, "dtype", None, False, parsed)
-    return found if found is not None and not found.factory else None
+    # only what the forward returns: a cast it undoes before returning (a norm's float32 upcast) made nothing
+    for ret in (n for n in ast.walk(parsed[0]) if isinstance(n, ast.Return) and n.value is not None):
+        value: Any = ret.value
+        if isinstance(value, ast.Name):
+            made = [n for n in ast.walk(parsed[0]) if isinstance(n, ast.Assign) and n.lineno < ret.lineno
+                    and any(isinstance(x, ast.Name) and x.id == value.id for x in n.targets)]
+            value = max(made, key=lambda n: n.lineno).value if made else None
+        found = _by_call(value, frame, t, "dtype", None, False, parsed) if value is not None else None
+        if found is not None and not found.factory:
+            return found
+    return None
 
 
 def _value(t: torch.Tensor, kind: str) -> Any:
