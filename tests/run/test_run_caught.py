@@ -60,7 +60,7 @@ def test_logged_error_found_in_every_mode(tmp_path, mode):
     assert "fix proven" in summary
     assert "x = x.to(" not in summary and "layer.to(" not in summary
     if mode in ("fix", "warn"):
-        assert f"aligned by --mode {mode}: " in summary
+        assert f"aligned by --mode {mode} at app.py:9 in forward: " in summary  # the line guard recorded it at
         assert "make the fix permanent" in summary
         assert "since `.data =` at" in summary and "app.py:13" in summary
 
@@ -84,7 +84,7 @@ def test_fix_mode_json_lists_the_aligned_fix(tmp_path):
     data = json.loads(out[out.index("{"):])
     assert data["exit_code"] == 0 and not data["ok"]
     (f,) = data["findings"]
-    assert f["how"] == "aligned by --mode fix"
+    assert f["how"] == "aligned by --mode fix" and f["where"] == "app.py:9 in forward"
     assert "patch.bias" in f["culprit"] and f["fix"].startswith("model.patch.bias.data")
 
 
