@@ -36,10 +36,11 @@ def bnb_cpu_branch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
 def _leaves_state_as_found() -> Iterator[None]:
     """Fails a test that leaves shared state changed (``support.state``): loggers, torch settings, environment,
     patched torch attributes, library modules. Such a leak makes a later test's outcome depend on the order."""
-    yield from state.guard("this test")
+    yield from state.guard("this test", full=False)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _module_leaves_state_as_found() -> Iterator[None]:
-    """The same for a module's own module-scoped fixtures, read when the module's last test is done."""
+    """The same for a module's own module-scoped fixtures, read when the module's last test is done, and for what
+    is read per module only (the libraries' cached answers, fakes left in sys.modules)."""
     yield from state.guard("this module (its module-scoped fixtures)")

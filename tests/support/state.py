@@ -99,8 +99,8 @@ class Snapshot:
     env: dict[str, str]
     attrs: dict[str, dict[str, Any]]
     modules: dict[str, Any]
-    module_names: set[str]
-    caches: dict[str, Any]
+    module_names: dict[str, None] | None  # None: not read (``snapshot(full=False)``)
+    caches: dict[str, Any] | None
 
 
 def _torchs(obj: Any) -> bool:
@@ -116,8 +116,12 @@ def _own(handler: logging.Handler) -> bool:
 
 
 def _logger_state(logger: logging.Logger) -> tuple[logging.Logger, int, bool, bool, tuple[logging.Handler, ...]]:
+    handlers = logger.handlers
     return (logger, logger.level, logger.disabled, logger.propagate,
-            tuple(h for h in logger.handlers if not _own(h)))
+            tuple(h for h in handlers if not _own(h)) if handlers else ())
+
+
+_FOUND: dict[int, dict[str, Any]] = {}  # id(module) -> its cached zero-argument functions (read once per module)
 
 
 def _cached_answers() -> dict[str, Any]:
@@ -125,19 +129,26 @@ def _cached_answers() -> dict[str, Any]:
     found = {}
     for name in _CACHES:
         module = sys.modules.get(name)
-        for attr, value in vars(module).items() if module is not None else ():
-            if hasattr(value, "cache_info") and hasattr(value, "__wrapped__"):
-                found[f"{name}.{attr}"] = value
+        if module is None:
+            continue
+        if id(module) not in _FOUND:
+            _FOUND[id(module)] = {
+                f"{name}.{attr}": value for attr, value in vars(module).items()
+                if hasattr(value, "cache_info") and getattr(getattr(value, "__wrapped__", None), "__code__", None)
+                is not None and not value.__wrapped__.__code__.co_argcount}
+        found.update(_FOUND[id(module)])
     return found
 
 
-def snapshot() -> Snapshot:
+def snapshot(full: bool = True) -> Snapshot:
+    """The shared state now; ``full=False`` leaves out the slower reads (the libraries' cached answers and the
+    names in sys.modules), which the suite reads per module rather than per test."""
     manager = logging.Logger.manager
     loggers = {"<root>": _logger_state(logging.getLogger())}
     for name, logger in list(manager.loggerDict.items()):
         if isinstance(logger, logging.Logger):
             loggers[name] = _logger_state(logger)
-    caches = {name: (f, f.cache_info().currsize) for name, f in _cached_answers().items()}
+    caches = {name: (f, f.cache_info().currsize) for name, f in _cached_answers().items()} if full else None
     return Snapshot(
         loggers=loggers, logging_disable=manager.disable,
         flags={name: read() for name, (read, _) in _FLAGS.items()},
@@ -146,18 +157,20 @@ def snapshot() -> Snapshot:
         hooks={name: len(getattr(torch.nn.modules.module, name)) for name in _HOOKS},
         env={k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"},  # pytest's, set per phase
         attrs={name: dict(vars(get())) for name, get in _PATCHED.items()},
-        modules={name: sys.modules.get(name) for name in _LIBRARIES}, module_names=set(sys.modules),
+        modules={name: sys.modules.get(name) for name in _LIBRARIES}, module_names=dict.fromkeys(sys.modules) if full else None,
         caches=caches,
     )
 
 
 def _cache_leaks(before: Snapshot) -> list[tuple[str, Any]]:
     """Cached answers first asked during the test that differ from what the function answers now."""
-    wrong = []
+    wrong: list[tuple[str, Any]] = []
+    if before.caches is None:
+        return wrong
     for name, f in _cached_answers().items():
         if name in before.caches and before.caches[name][1] > 0:
             continue  # asked before the test: the answer it kept is the one every test saw
-        if f.cache_info().currsize != 1 or f.__wrapped__.__code__.co_argcount:
+        if f.cache_info().currsize != 1:
             continue
         try:
             kept, fresh = f(), f.__wrapped__()
@@ -208,6 +221,8 @@ def leaks(before: Snapshot, after: Snapshot) -> list[str]:
             found.append(f"environment {key}: {before.env.get(key)!r} -> {after.env.get(key)!r}")
     for owner, was in before.attrs.items():
         now = after.attrs[owner]
+        if len(now) == len(was) and now == was:  # the usual case, compared in C (identity first)
+            continue
         for attr, value in was.items():  # new attributes are lazily loaded submodules, not patches
             if attr not in now or (now[attr] is not value and not _library_wrap(value, now[attr])):
                 found.append(f"{owner}.{attr}: {value!r} -> {now.get(attr, '<deleted>')!r}")
@@ -255,18 +270,20 @@ def restore(before: Snapshot) -> None:
 
 def _stray(before: Snapshot) -> list[str]:
     """Entries a test put in sys.modules that are no modules (a fake left behind answers every later import)."""
-    return sorted(name for name in set(sys.modules) - before.module_names
+    if before.module_names is None or len(sys.modules) == len(before.module_names):
+        return []
+    return sorted(name for name in sys.modules.keys() - before.module_names.keys()
                   if not isinstance(sys.modules.get(name), types.ModuleType))
 
 
-def guard(what: str) -> Iterator[None]:
+def guard(what: str, full: bool = True) -> Iterator[None]:
     """Body of the suite's autouse fixtures (``tests/conftest.py``): a test (or module) that leaves state changed
     fails, and the state is put back for the tests after it."""
     import pytest
 
-    before = snapshot()
+    before = snapshot(full)
     yield
-    changed = leaks(before, snapshot())
+    changed = leaks(before, snapshot(full))
     if changed:
         restore(before)
         pytest.fail(f"{what} left process-wide state changed (restore it in `finally`, or use monkeypatch): "
