@@ -152,7 +152,7 @@ def test_a_swallowed_problem_guard_recorded_carries_its_line_and_maker(tmp_path:
     assert f["how"] in (f"recorded by --mode {mode}", f"aligned by --mode {mode}")
     assert f["where"] == "app.py:12 in forward"  # the op's line in the user's script, not guard's or torch's
     assert "made by `.float()` at" in f["culprit"] and "app.py:11" in f["culprit"] and "from x (bfloat16)" in f["culprit"]
-    assert "fix proven" in f["culprit"] and "give torch.bfloat16" in f["fix"]
+    assert "fix proven" in f["culprit"] and "x.to(torch.bfloat16)" in f["fix"] and "app.py:11" in f["fix"]
     assert f"by --mode {mode} at app.py:12 in forward: what guard recorded" in proc.stderr  # the summary too
 
 

@@ -219,7 +219,7 @@ class EntryCheck:
             full = f"{path}.{rel}" if path else rel
             c = compact(t.dtype, tuple(t.shape), norm_device(tensor_device(t)))
             msg = storage_message(type(mod).__name__, t, f"{full} {c}", dtype_str(t.dtype), dtype_str(want),
-                                  "its input")
+                                  "its input", switch=intent.cast_switch(mod))
             self.note("dtype", full, dtype_str(t.dtype), dtype_str(want), msg, f"{type(mod).__name__}.forward",
                       role, c)
 

@@ -18,12 +18,24 @@ from typing import Any
 
 import torch
 
+from torchdoctor._placement import FLOAT8_DTYPES
 
 
 def mixed(args: tuple[Any, ...]) -> bool:
     """Two leading tensor arguments of different dtypes: the only ops a promotion check looks at."""
     return len(args) > 1 and isinstance(args[0], torch.Tensor) and isinstance(args[1], torch.Tensor) and \
         args[0].dtype is not args[1].dtype
+
+
+def _two_floats(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Two floating dtypes among the operands guard's finding weighs (not 0-dim, not float8): else it has none."""
+    seen: set[torch.dtype] = set()
+    for a in (*args, *kwargs.values()):
+        for t in a if type(a) is list or type(a) is tuple else (a,):
+            if isinstance(t, torch.Tensor) and t.dim() > 0 and t.is_floating_point() \
+                    and t.dtype not in FLOAT8_DTYPES:
+                seen.add(t.dtype)
+    return len(seen) > 1
 
 
 class Promotions:
@@ -60,8 +72,8 @@ class Promotions:
 
     def findings(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """Guard's promotion finding of this op (wider operands as ``offenders``), or none."""
-        if not mixed(args) or self._autocast(args):
-            return []
+        if not mixed(args) or not _two_floats(args, kwargs) or self._autocast(args):
+            return []  # (an index and a table, embedding's: no promotion, and no walk of the model to say so)
         from torchdoctor._guard.promotion import findings
 
         try:
