@@ -263,6 +263,9 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             _pairs(largs, cast, back)
             largs = cast
         checked, kwargs = space.hooks.check(func, tuple(largs), kwargs)
+        if low:  # what the run computed in, autocast and per-call casts included (``origin.ran_as_asked``)
+            d = next((a.dtype for a in checked if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
+            space.computed[d] = space.computed.get(d, 0) + 1
         if back or any(a is not b for a, b in zip(checked, largs)):
             _pairs(largs, checked, back)
         largs = list(checked)

@@ -276,17 +276,19 @@ def _cast_here(dtype: Any) -> Any:
     return cast_site(f, short_at(f), dtype) if f is not None and isinstance(dtype, torch.dtype) else None
 
 
-def ran_as_asked(dtype: Any, roots: list[Any]) -> list[Any]:
-    """A run asked for a dtype (``dtype=float16``) that the code's own weights do not have (``call=`` runs the
-    user's objects as they are): a problem saying in which dtype it ran, so the report never reads as if the run
-    checked the dtype asked for."""
+def ran_as_asked(dtype: Any, roots: list[Any], computed: dict[Any, int] | None = None) -> list[Any]:
+    """A run asked for a dtype (``dtype=float16``) that the code did not compute in (``call=`` runs the user's
+    objects as they are): a problem saying in which dtype it ran, so the report never reads as if the run checked
+    the dtype asked for. What ran is what the matmul-like ops computed in (``computed``: autocast over float32
+    weights, diffusers' layerwise casting of float8 storage ran in the dtype they cast to); the weights' dtype only
+    when no such op ran."""
     from torchdoctor._placement import dtype_str
     from torchdoctor._report.model import Problem
 
     if dtype is None:
         return []
-    sizes: dict[Any, int] = {}
-    for root in roots:
+    sizes: dict[Any, int] = {d: n for d, n in (computed or {}).items() if d is not None}
+    for root in roots if not sizes else ():
         if isinstance(root, torch.nn.Module):
             for t in root.parameters():
                 if t.is_floating_point():

@@ -84,7 +84,7 @@ class _Recorder(Hooks):
         origin: dict[tuple[str, ...], str] = {(b.kind, b.found): b.path for b in blamed}
         for p in entry:  # a module-entry finding is the origin of what its module's ops then meet
             origin.setdefault((p.kind, p.found, p.module_path or ""), p.path)
-        return blamed + entry + [from_origin(p, origin) for p in rest] + ran_as_asked(self.dtype, roots)
+        return blamed + entry + [from_origin(p, origin) for p in rest] + ran_as_asked(self.dtype, roots, getattr(self, "computed", None))
 
     def _policy_blamed(self, problems: list[Problem], roots: list[Any], have: set[str]) -> list[Problem]:
         bad = {p.found for p in problems if p.kind in ("dtype", "device")}
