@@ -98,17 +98,28 @@ def test_an_unknown_child_is_an_error() -> None:
 
 def test_depth_rows_build_real_widths_at_1x_and_4x() -> None:
     # the rows that must hold at any depth (issue 43): the same widths, four times the repeated blocks
+    import logging
+
     shapes = _load("shapes")
     counts = {}
+    levels = {n: logging.getLogger(n).level for n in ("transformers", "diffusers")}  # shapes.quiet() sets them
+    try:
+        _depth_rows(shapes, counts)
+    finally:
+        for n, level in levels.items():
+            logging.getLogger(n).setLevel(level)
+    assert counts == {"flux": [6, 24], "llama": [4, 16]}
+    flux, _ = shapes.flux(1)
+    assert flux.inner_dim == 3072 and flux.config.joint_attention_dim == 4096
+
+
+def _depth_rows(shapes: Any, counts: dict[str, list[int]]) -> None:
     for name, blocks in (("flux", lambda m: len(m.transformer_blocks) + len(m.single_transformer_blocks)),
                          ("llama", lambda m: len(m.model.layers))):
         built = {s: shapes.BUILDERS[name](s) for s in (1, 4)}
         counts[name] = [blocks(built[s][0]) for s in (1, 4)]
         assert all(p.is_meta for s in (1, 4) for p in built[s][0].parameters())
         assert all(not t.is_meta for t in built[1][1].values() if hasattr(t, "is_meta"))
-    assert counts == {"flux": [6, 24], "llama": [4, 16]}
-    flux, _ = shapes.flux(1)
-    assert flux.inner_dim == 3072 and flux.config.joint_attention_dim == 4096
 
 
 def test_growth_is_the_ratio_of_pooled_medians() -> None:

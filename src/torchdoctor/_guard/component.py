@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import threading
 import warnings
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -23,6 +24,25 @@ from torchdoctor._guard.maps import component_fix
 from torchdoctor._guard.proof import prove
 from torchdoctor._placement import dtype_str
 from torchdoctor._report.model import Problem
+
+
+_QUIET = threading.Lock()
+_QUIETED = {"depth": 0, "level": 0}  # re-runs in flight, and the logging.disable level the first one found
+
+
+def _quiet(on: bool) -> None:
+    """``logging.disable(WARNING)`` around whole-forward re-runs, counted: guards in two threads re-running at once
+    each put back what the other had set, and left the program's logging off."""
+    with _QUIET:
+        if on:
+            if _QUIETED["depth"] == 0:
+                _QUIETED["level"] = logging.root.manager.disable
+                logging.disable(logging.WARNING)
+            _QUIETED["depth"] += 1
+        elif _QUIETED["depth"] > 0:
+            _QUIETED["depth"] -= 1
+            if _QUIETED["depth"] == 0:
+                logging.disable(_QUIETED["level"])
 
 
 def var_for(root: Any) -> str:
@@ -153,9 +173,8 @@ def prove_whole(session: Any, root: Any, apply: Any, tried: str, cast: Any = Non
     kept = {k: copy.copy(getattr(frames, k)) for k in ("stack", "inputs", "ran", "bw") if hasattr(frames, k)}
     rng = torch.get_rng_state()
     session.replaying = True
-    quiet = logging.root.manager.disable
     try:
-        logging.disable(logging.WARNING)  # a library's note on the copy's cast is no part of the report
+        _quiet(True)  # a library's note on the copy's cast is no part of the report
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             trial = copy.deepcopy(root)
@@ -165,7 +184,7 @@ def prove_whole(session: Any, root: Any, apply: Any, tried: str, cast: Any = Non
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return f"fix unproven: the whole forward re-run with {tried}: {type(exc).__name__}: {first}"[:400]
     finally:
-        logging.disable(quiet)
+        _quiet(False)
         session.replaying = False
         for k, v in kept.items():  # guard's stack as it was (a re-run in backward starts a new forward)
             getattr(frames, k).clear()

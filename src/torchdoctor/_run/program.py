@@ -260,5 +260,6 @@ def _quiet_logger() -> Any:
 
     logger = logging.getLogger("torchdoctor.run.trace")
     logger.propagate = False
-    logger.addHandler(logging.NullHandler())
+    if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):  # once, however many runs
+        logger.addHandler(logging.NullHandler())
     return logger

@@ -325,7 +325,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     session.stopped = rec.stopped
     session.failure = failure
     session.ran_on = ran_on(space)
-    rec.computed = space.computed
+    rec.computed = space.computed  # type: ignore[attr-defined]  # read by culprits_first
     session.problems[:] = rename(rec.culprits_first(list(rec.problems), rec.modules.outermost), located.renames) \
         + over_memory(space) + not_stored(len(rec.overflow), limit)
     for old, new in located.renames.items():  # the lines recorded, under the paths the program knows

@@ -183,7 +183,7 @@ def simulate(
                 rec.stopped = f"the run ended after the problems above: {text}"  # most likely a consequence
             elif not rec.escaped(exc):
                 raise
-    rec.computed = space.computed
+    rec.computed = space.computed  # type: ignore[attr-defined]  # read by culprits_first
     problems = rec.culprits_first(list(rec.problems), rec.roots)
     if placed is not None:
         # what the move left behind; with inputs, the forward's checks judge the rest

@@ -81,7 +81,7 @@ class Space:
         self.inner = _META if data == "meta" else _CPU  # the C++ device of every wrapper of the run
         self.current: dict[str, int] = {}
         self.ops = 0
-        self.computed: dict[torch.dtype, int] = {}  # the dtypes matmul-like ops computed in (casts applied)
+        self.computed: dict[torch.dtype | None, int] = {}  # the dtypes matmul-like ops computed in (casts applied)
         self.autocast: torch.dtype | None = None  # the virtual type's autocast dtype while enabled
         self.api: dict[tuple[int, str], Any] = {}  # this run's answers of the patched runtime APIs
         self.closed = False  # the run ended: threads it started see the real machine from now on
