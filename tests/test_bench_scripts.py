@@ -100,16 +100,16 @@ def test_depth_rows_build_real_widths_at_1x_and_4x() -> None:
     # the rows that must hold at any depth (issue 43): the same widths, four times the repeated blocks
     import logging
 
-    shapes = _load("shapes")
-    counts = {}
     levels = {n: logging.getLogger(n).level for n in ("transformers", "diffusers")}  # shapes.quiet() sets them
+    counts: dict[str, list[int]] = {}
     try:
+        shapes = _load("shapes")
         _depth_rows(shapes, counts)
+        flux, _ = shapes.flux(1)
     finally:
         for n, level in levels.items():
             logging.getLogger(n).setLevel(level)
     assert counts == {"flux": [6, 24], "llama": [4, 16]}
-    flux, _ = shapes.flux(1)
     assert flux.inner_dim == 3072 and flux.config.joint_attention_dim == 4096
 
 
