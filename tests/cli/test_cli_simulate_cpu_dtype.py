@@ -55,6 +55,12 @@ def test_cli_and_api_agree_on_a_silent_promotion(app: Path, capsys: pytest.Captu
     assert code == api.exit_code() == 1
     assert [(p["kind"], p["path"]) for p in doc["problems"]] == [(p.kind, p.path) for p in api.problems]
     assert any(p["path"] == "scale" for p in doc["problems"])
+    # where device and dtype came from: the options, as every other CLI simulate says (the API says device=)
+    assert (doc["expected"]["device_source"], doc["expected"]["dtype_source"]) == ("--device", "--dtype")
+    assert api.expected["device_source"] == "the device= argument"
+    assert main(["simulate", "cpuapp.py:upcast", "--device", "cpu", "--dtype", "float16", "--color", "never"]) == 1
+    text = capsys.readouterr().out
+    assert "(device from --device; dtype from --dtype;" in text and "argument" not in text
 
 
 def test_cpu_without_a_dtype_names_the_option(app: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -112,6 +112,13 @@ def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfil
             report = simulate_target(load, device, dtype, profile=profile, assume_device=assume,
                                      sources=_sources(args), data=args.data or "meta")
             target = loaded[-1] if loaded else None
+            if device.type == "cpu":  # the CPU's check names the API's arguments: these name the options
+                from dataclasses import replace
+
+                from torchdoctor._virtual.session import expectation
+
+                report = replace(report, expected=expectation(report.device, report.dtype, report.profile,
+                                                              _sources(args)))
     except UsageError:
         raise
     except (ValueError, TypeError) as exc:  # bad arguments, or an object that cannot be copied

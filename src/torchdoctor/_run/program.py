@@ -80,6 +80,10 @@ class RunReport:
                 lines.append(f"  last change: {self.notes[p.path]}")
         if self.stopped:
             lines.append(f"  the virtual run stopped early: {self.stopped}")
+        if self.fixes:  # each fix with its proof label, as simulate prints them (--json carries the same)
+            from torchdoctor._virtual.prove import fix_text
+
+            lines += fix_text(list(self.fixes))
         return "\n".join(lines)
 
 

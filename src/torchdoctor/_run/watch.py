@@ -22,6 +22,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchdoctor._run.printed import handling, unwrap, wrap
+
 # frames in these folders are a plugin's, whatever app loaded them: ComfyUI custom nodes, SD.Next / A1111 / Forge
 # extensions, InvokeAI nodes
 PLUGIN_DIRS = ("custom_nodes", "extensions", "extensions-builtin", "nodes")
@@ -71,6 +73,11 @@ def _met_before(exc: BaseException) -> bool:
     except Exception:  # noqa: BLE001 - an exception without a __dict__
         pass
     return False
+
+
+def _was_met(exc: BaseException) -> bool:
+    """``_met_before`` without marking: each line of a traceback being printed is not a new look at it."""
+    return getattr(exc, "__dict__", {}).get("_torchdoctor_met") == id(exc.__traceback__)
 
 
 def _parts(path: str) -> list[str]:
@@ -150,17 +157,20 @@ class Watcher:
     _keys: dict[tuple[str, str], Finding] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _saved: list[Any] = field(default_factory=list)
-    _last: tuple[str, str] | None = None  # the key of the last exception seen, for the text record that logs it
+    _streams: tuple[Any, Any] = (None, None)  # sys.stdout and sys.stderr as they were before ``install``
+    _last: tuple[str, str, str] | None = None  # the key of the last exception seen, for the text record that logs it
 
-    def see(self, how: str, exc: BaseException | None = None, text: str | None = None) -> Finding | None:
-        """An error met by the program (an exception, or a logged message); None when it is not about placement."""
+    def see(self, how: str, exc: BaseException | None = None, text: str | None = None,
+            site: str | None = None) -> Finding | None:
+        """An error met by the program (an exception, or a logged message; ``site``: the line that logged it);
+        None when it is not about placement."""
         try:
-            return self._see(how, exc, text)
+            return self._see(how, exc, text, site)
         except Exception:  # a diagnostic must not break the program it watches
             logging.getLogger("torchdoctor.run").debug("could not explain", exc_info=True)
             return None
 
-    def _see(self, how: str, exc: BaseException | None, text: str | None) -> Finding | None:
+    def _see(self, how: str, exc: BaseException | None, text: str | None, site: str | None) -> Finding | None:
         from torchdoctor._explain.api import explain
 
         seen: set[int] = set()
@@ -179,24 +189,29 @@ class Watcher:
         first = (str(exc).strip().splitlines() or [""])[0] if exc is not None else \
             next((ln.strip() for ln in (text or "").splitlines()[::-1] if "Error" in ln), (text or "").strip()[:200])
         error = f"{type(exc).__name__}: {first}" if exc is not None else first
-        key = (d.category, re.sub(r"^[\w.]*(Error|Exception)\w*: ", "", error)[:300])  # as raised or as logged
+        said = (d.category, re.sub(r"^[\w.]*(Error|Exception)\w*: ", "", error)[:300])  # as raised or as logged
+        frames = _frames(exc.__traceback__) if exc is not None else _frames_of_text(text or "")
+        where = first_own_frame(frames, self.root) or site
+        # the same error at the same place is one finding (counted); the same message raised at two places (two
+        # nodes' "mat1 and mat2 ...") is two, each with its own line, culprit and fix
+        key = (*said, where or "")
         # one exception met twice (logged with its traceback, then printed by the logger's formatter) is one: the
         # exception itself carries the mark (keeping it here would keep the program's frames alive; an id kept
         # here could be reused by the next exception and undercount a repeat)
         again = _met_before(exc) if exc is not None else False
         with self._lock:
-            old = self._keys.get(key)
-            if old is not None:
-                if not again and (exc is not None or self._last != key):  # a text record of the error just met
-                    old.count += 1
-                self._last = key if exc is not None else None
+            if exc is None and self._last is not None and self._last[:2] == said:  # a text record of the error
+                self._last = None  # just met (its message logged after its traceback)
                 return None
             self._last = key if exc is not None else None
-        frames = _frames(exc.__traceback__) if exc is not None else _frames_of_text(text or "")
+            old = self._keys.get(key)
+            if old is not None:
+                if not again:
+                    old.count += 1
+                return None
         culprit = self._culprit(exc)
         fix = culprit_fix(culprit) or (d.fixes[0][1] if d.fixes else None)  # the live culprit's fix first
-        finding = Finding(how, error[:500], d.category, d.title, fix, first_own_frame(frames, self.root), culprit,
-                          _trace_note(culprit))
+        finding = Finding(how, error[:500], d.category, d.title, fix, where, culprit, _trace_note(culprit))
         with self._lock:
             if key in self._keys:
                 self._keys[key].count += 1
@@ -245,6 +260,7 @@ class Watcher:
 
         self._saved = [handle, prev_sys, prev_thread, *(getattr(traceback, n) for n in _PRINTERS)]
         sys.excepthook, threading.excepthook = sys_hook, thread_hook
+        self._streams = wrap(lambda exc: None if _was_met(exc) else watcher.see("caught and printed", exc))
         for name in _PRINTERS:  # an error the program catches and prints (A1111 / Forge: traceback.print_exc())
             setattr(traceback, name, self._printer(getattr(traceback, name)))
 
@@ -304,13 +320,17 @@ class Watcher:
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None:
             self.see("logged", exc)
-        elif record.levelno >= logging.WARNING:
+        elif record.levelno >= logging.WARNING:  # explain's prefilter passes over a message in microseconds
             try:
                 msg = record.getMessage()
             except Exception:  # a record whose arguments do not format: the program's own logging will say so
                 return
-            if "Error" in msg or "error" in msg:
-                self.see("logged", None, msg)
+            handled = handling(msg)  # `except RuntimeError as e: log.error(str(e))`: the exception itself
+            if handled is not None:
+                self.see("logged", handled)
+            else:
+                self.see("logged", None, msg, first_own_frame([(record.pathname, record.lineno, record.funcName)],
+                                                              self.root))
 
     def uninstall(self) -> None:
         if self._saved:
@@ -318,6 +338,7 @@ class Watcher:
             for name, original in zip(_PRINTERS, self._saved[3:]):
                 setattr(traceback, name, original)
             self._saved = []
+            unwrap(self._streams)
 
 
 # the traceback module's printers and formatters (print_exc / format_exc call these by their module names)
