@@ -309,6 +309,11 @@ def test_every_entry_gives_one_answer_on_the_state_and_on_a_bug_planted_after_it
         if at != "cpu":  # at rest everything is on the cpu: a cpu attribute is where the model is
             root.blocks[1].shift = torch.zeros(8, dtype=BF16)  # left on the cpu; the block adds it as it is
             planted = _answers(obj, root, at, kind, node, ext, sim)
+    if "fp8" in state and kind.startswith("mps"):  # MPS holds no float8: its move there is refused, as on a Mac
+        first = [p for p in sim.problems if p.kind == "unsupported_dtype"][:1]
+        assert first and first[0].found == "float8_e4m3fn" and "mps cannot hold float8_e4m3fn" in first[0].message, (
+            state, sim.problems)
+        return
     assert steps == [], (state, steps)
     assert quiet == {"scan": [], "node": [], "extension": [], "run": []}, (state, quiet)
     if planted is not None:

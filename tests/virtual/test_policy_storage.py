@@ -63,7 +63,14 @@ def test_scan_simulate_and_a_virtual_run_judge_storage_alike(case: str, kind: st
     assert _found(scanned.problems) == expected and len(scanned.problems) == len(expected), scanned.problems
     assert _found(simulated.problems) == expected, simulated.problems
     assert _found(sim.problems) == expected, sim.problems
-    assert {p.path for p in sim.problems} == {p.path for p in simulated.problems} == {e[0] for e in expected}
+    refused = kind.startswith("mps") and "float8" in case  # MPS holds no float8: the move itself raises, as on a Mac
+    assert {p.path for p in sim.problems} == {p.path for p in simulated.problems} == \
+        {e[0] for e in expected} | ({"1.weight"} if refused else set())
+    moved = [(p.path, p.found) for p in (*sim.problems, *simulated.problems) if p.op == "Tensor.to"]
+    assert moved == ([("1.weight", "float8_e4m3fn")] * 2 if refused else []), moved
+    if refused:
+        assert all("Trying to convert Float8_e4m3fn to the MPS backend" in p.message for p in sim.problems
+                   if p.op == "Tensor.to")
     if bad:
         (p,) = [p for p in sim.problems if p.kind == "dtype"]
         integer = "uint8" in case

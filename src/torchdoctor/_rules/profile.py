@@ -15,9 +15,12 @@ from torchdoctor._report.text import public_types
 
 _GIB = 1024**3
 
-# Dtypes a device type cannot compute in, whatever its capability (MPS has no float64 kernels).
+# Dtypes a device type cannot compute in, whatever its capability (MPS has no float64 kernels, and holds no float8:
+# moving one there raises "Trying to convert Float8_e4m3fn to the MPS backend but it does not have support for that
+# dtype").
 _NEVER = {
-    "mps": frozenset({"float64", "complex128"}),
+    "mps": frozenset({"float64", "complex128", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                      "float8_e8m0fnu"}),
 }
 
 
@@ -76,5 +79,18 @@ class DeviceProfile:
         if self.type == "mps" and name.startswith("float8") and family != "storage":
             return False
         return True
+
+
+def refusal(device_type: str, dtype: torch.dtype) -> str:
+    """What moving a tensor of ``dtype`` to a device that cannot hold it does, in torch's words, and the cast to make
+    before the move (to a dtype the device holds: float8 storage to float16 there, float64 to float32)."""
+    name = str(dtype).removeprefix("torch.")
+    if device_type == "mps" and name.startswith("float8"):
+        torch_name = {"float8_e4m3fn": "Float8_e4m3fn", "float8_e5m2": "Float8_e5m2"}.get(name, name)
+        said = (f'TypeError: Trying to convert {torch_name} to the MPS backend but it does not have support for '
+                'that dtype')
+        return f"{device_type} cannot hold {name} tensors, so this raises ({said}); cast it to float16 before the move"
+    return f"{device_type} cannot hold {name} tensors, so this raises; cast it to float32 before the move"
+
 
 public_types(DeviceProfile)

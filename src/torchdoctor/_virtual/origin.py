@@ -313,3 +313,20 @@ def from_origin(p: Problem, origin: dict[tuple[str, ...], str]) -> Problem:
         return p
     return replace(p, message=p.message.replace("a tensor made in forward",
                                                 f"a tensor made in forward from {src} ({p.found})", 1))
+
+
+def moved_by_apply(t: Any) -> str | None:
+    """The path of ``t`` while ``Module.to`` moves it (``_apply`` frames: the outermost module moved, and the
+    attribute of the innermost one that holds ``t``), for a move refused before the run named the tensor."""
+    f, frames = sys._getframe(1), []
+    while f is not None:
+        if f.f_code.co_name == "_apply" and isinstance(f.f_locals.get("self"), torch.nn.Module):
+            frames.append(f.f_locals)
+        f = f.f_back
+    if not frames:
+        return None
+    inner, root = frames[0]["self"], frames[-1]["self"]
+    key = next((k for k, v in [*inner._parameters.items(), *inner._buffers.items()] if v is t or (
+        v is not None and getattr(v, "data", None) is t)), frames[0].get("key"))
+    base = next((n for n, m in root.named_modules() if m is inner), None)
+    return None if key is None or base is None else f"{base}.{key}" if base else str(key)

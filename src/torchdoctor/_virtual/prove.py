@@ -60,6 +60,13 @@ def apply_fixes(model: Any, fixes: Sequence[Fix]) -> None:
                                                                    "torchdoctor": torchdoctor})
 
 
+def before_move(fixes: Sequence[Fix]) -> list[Fix]:
+    """The fixes that only cast named tensors: a re-run applies them before the move too (a float8 weight is cast
+    before it moves to MPS, which refuses to hold it), as well as after it."""
+    return [f for f in fixes if f.kind == "path" and f.sets and all(
+        isinstance(t, torch.dtype) and n != "*" for n, t in f.sets)]
+
+
 def recasts(fixes: Sequence[Fix]) -> dict[tuple[str, int], torch.dtype]:
     """The lines a re-run makes cast to the fixed dtype: ``(file, line) -> dtype``."""
     return {(f.site.file, f.site.lineno): f.target for f in fixes

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdoctor._rules.profile import DeviceProfile
+from torchdoctor._rules.profile import DeviceProfile, refusal
 from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
@@ -17,7 +17,7 @@ from torchdoctor._virtual.atop import Cases, tags_of
 from torchdoctor._virtual.datadtype import data_dtype, factory_call, maker_name
 from torchdoctor._virtual.escaped import escaped_problem
 from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest
-from torchdoctor._virtual.origin import from_origin, maker_of, ran_as_asked, where_called
+from torchdoctor._virtual.origin import from_origin, maker_of, moved_by_apply, ran_as_asked, where_called
 from torchdoctor._virtual.promote import Promotions, mixed
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, make
 from torchdoctor._tracker import ModuleStack
@@ -152,18 +152,18 @@ class _Recorder(Hooks):
                        f"{self.profile.count} {self.profile.type} device(s)", op=op, key=device_str(target))
 
     def _moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
-        src, path = getattr(tensor, "_td_device", tensor.device), getattr(tensor, "_td_path", None)
+        refused = target.type == self.profile.type and not self.profile.supports(dtype, "storage")
+        src, path = getattr(tensor, "_td_device", tensor.device), getattr(tensor, "_td_path", None) or (
+            moved_by_apply(tensor) if refused else None)  # a refused move named by Module.to's frames
         self.exists(target, path, "Tensor.to")
-        what = f"{path or maker_of(tensor, self.modules.path_of) or 'a tensor'} " \
-            f"{compact(tensor.dtype, tuple(tensor.shape), src)}"
+        what = f"{path or maker_of(tensor, self.modules.path_of) or 'a tensor'} {compact(tensor.dtype, tuple(tensor.shape), src)}"
         if src.type == "meta" and target.type != "meta":
             self._note("meta", path, "meta", device_str(target), f"{what} holds no data (meta): moving it to "
                        f"{device_str(target)} raises 'Cannot copy out of meta tensor'. Load or materialise it first, "
                        "or pass assume_device= if the model is built on meta on purpose")
-        if target.type == self.profile.type and not self.profile.supports(dtype, "storage"):
-            self._note("unsupported_dtype", path, dtype_str(dtype), f"a dtype {target.type} supports",
-                       f"{what} moved to {device_str(target)} as {dtype_str(dtype)}: {target.type} cannot hold "
-                       f"{dtype_str(dtype)} tensors, so this raises; cast to float32 first", key=dtype_str(dtype))
+        if refused:
+            self._note("unsupported_dtype", path, dtype_str(dtype), f"a dtype {target.type} supports", f"{what} moved to "
+                       f"{device_str(target)} as {dtype_str(dtype)}: {refusal(target.type, dtype)}", key=str(dtype))
         return dtype
 
     def creating(self, name: str, device: torch.device, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> None:

@@ -29,7 +29,7 @@ from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
 from torchdoctor._virtual.atop import prove_at_ops
 from torchdoctor._virtual.fixes import fix_items
-from torchdoctor._virtual.prove import Fix, apply_fixes, fixed_inputs, held, proven, recasts
+from torchdoctor._virtual.prove import Fix, apply_fixes, before_move, fixed_inputs, held, proven, recasts
 from torchdoctor._virtual.makers import CastMakers, built_on, place_inputs as _place_inputs, placed_on as _placed_on
 from torchdoctor._virtual.session import expectation, not_stored
 from torchdoctor._virtual.hardware import ledger, over_memory
@@ -159,6 +159,7 @@ def simulate(
                 call(clone)
             else:
                 to_args = (dev,) if dt is None else (dev, dt)
+                apply_fixes(clone, before_move(_fixes or []))  # a dtype the device cannot hold: cast before the move
                 with _quiet_moves():
                     if callable(getattr(type(clone), "to", None)):
                         clone.to(*to_args)  # as a user would: the object's own .to (a pipeline's, a model's)
