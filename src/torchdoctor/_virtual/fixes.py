@@ -22,8 +22,7 @@ _NO_DEVICE_ARG = ("torch.from_numpy", "torch.frombuffer", "torch.from_dlpack")
 def fix_for(problems: Sequence[Problem], device: torch.device, dtype: torch.dtype | None,
             sources: dict[tuple[str, ...], tuple[str, ...]] | None = None,
             current: Mapping[str, tuple[torch.dtype, torch.device]] | None = None) -> str | None:
-    """The fix as code (``fix_items`` joined): what the pytest marker and ``run`` print (``current``: the
-    tensors' dtype and device after the run, when the object is at hand)."""
+    """The fix as code (``fix_items`` joined): what the marker and ``run`` print (``current``: as in fix_items)."""
     items = fix_items(problems, device, dtype, sources, current)
     return "\n".join(f.code for f in items) if items else None
 
@@ -325,8 +324,7 @@ def _rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.
     inside = sorted({p.found for p in unsupported if (p.module_path is not None or p.role in _NAMED) and (
         not held or p.found in held) and p.found not in _FLOAT8_NAMES})
     for p in made:  # a factory made it in a dtype the device cannot hold: that call, never a model-wide cast
-        other = _SAME_SIZE.get(p.found, "float32")
-        found = re.search(r" at (\S+:\d+): ", p.message)
+        other, found = _SAME_SIZE.get(p.found, "float32"), re.search(r" at (\S+:\d+): ", p.message)
         at = found.group(1) if found else None
         out.append(Fix(f"# pass dtype=torch.{other} to {p.op or 'the factory'}{f' at {at}' if at else ''} where "
                        f"{p.module_type or 'the code'} makes it on {device_str(device)} ({device.type} cannot hold "
@@ -334,8 +332,7 @@ def _rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.
                        sets=((f"factory {p.op} at {at}", parse_dtype(other)),),
                        diff=maker_diff(p.op or "", at, parse_dtype(other)) if at else None))
     if inside:
-        out.append(Fix(_instead(inside, device, bool(memory)), "note" if _instead(inside, device, bool(memory))
-                       .startswith("#") else "path"))
+        out.append(_instead(inside, device, bool(memory)))
     outside = {p.found for p in unsupported if p.module_path is None and p.role not in _NAMED}
     for name in sorted(outside - set(inside)):  # made outside the model: that tensor, not it
         other = _SAME_SIZE.get(name, "float32")
@@ -383,18 +380,21 @@ def _add(culprits: list[tuple[str | None, str, str, Any]], path: str | None, lab
     culprits.append((path, label, kind, target))
 
 
-_SAME_SIZE = {"bfloat16": "float16", "float16": "bfloat16", "float64": "float32"}
+_SAME_SIZE = {"bfloat16": "float16", "float16": "bfloat16", "float64": "float32"}  # float64: none, the next one down
 _FLOAT8_NAMES = frozenset(dtype_str(d) for d in FLOAT8_DTYPES)  # storage: dequantized where stored, never run in
 
 
-def _instead(unsupported: list[str], device: torch.device, over_memory: bool) -> str:
-    """The dtype to run in when the device cannot compute in ``unsupported``: one of the same size first (bf16 ->
-    fp16 on a T4), so the fix never asks a model that already exceeds the device's memory to double it."""
+def _instead(unsupported: list[str], device: torch.device, over_memory: bool) -> Fix:
+    """The dtype to run in where the device cannot compute in ``unsupported``, one of the same size (or smaller) first
+    (bf16 -> fp16 on a T4: a model too large is never doubled); a switch whose proof re-runs asking the new dtype."""
     for name in unsupported:
         other = _SAME_SIZE.get(name)
         if other is not None and other not in unsupported:
-            return f"model.to(torch.{other})  # {device.type} cannot compute in {name}; {other} has the same size"
+            return Fix(f"model.to(torch.{other})  # {device.type} cannot compute in {name}; {other} " + (
+                "has the same size" if parse_dtype(other).itemsize == parse_dtype(name).itemsize else "is half its "
+                "size"), "path", asks=parse_dtype(other))
     if over_memory:
-        return (f"# {device.type} cannot compute in {', '.join(unsupported)} and the model already exceeds its "
-                "memory: float32 would double it; load it quantized (bitsandbytes) or offload")
-    return f"model.to(torch.float32)  # {device.type} cannot compute in {', '.join(unsupported)}"
+        return Fix(f"# {device.type} cannot compute in {', '.join(unsupported)} and the model already exceeds its "
+                   "memory: float32 would double it; load it quantized (bitsandbytes) or offload", "note")
+    return Fix(f"model.to(torch.float32)  # {device.type} cannot compute in {', '.join(unsupported)}", "path",
+               asks=torch.float32)

@@ -35,6 +35,7 @@ class Fix:
     sets: tuple[tuple[str, Any], ...] = ()
     at_op: bool = False  # judged at the failing ops (``atop.prove_at_ops``), not by a re-run
     rerun: bool = False  # judged by a virtual re-run (``proven``)
+    asks: torch.dtype | None = None  # the dtype the run asks for once it is applied (a switch bf16 -> fp16 on a T4)
 
     def applied(self) -> bool:
         """A fix a re-run can apply (advice cannot)."""
@@ -124,8 +125,9 @@ def proven(fixes: list[Fix], rerun: Callable[[list[Fix]], Sequence[Problem]],
                 f.tried = f"{f.tried}; but a virtual re-run with it applied still found: {still[0].message}"[:400]
             continue
         f.at_op, f.rerun, f.proven = False, True, not left
-        f.tried = "applied in a virtual re-run: no problem left" if not left else \
-            f"applied in a virtual re-run, which still found: {left[0].message}"[:400]
+        how = next((f" asking {str(g.asks)[6:]}, the dtype it switches to" for g in code if g.asks), "")
+        f.tried = f"applied in a virtual re-run{how}: no problem left" if not left else \
+            f"applied in a virtual re-run{how}{',' if how else ''} which still found: {left[0].message}"[:400]
     return fixes
 
 
@@ -150,8 +152,9 @@ def fix_text(fixes: Sequence[Fix]) -> list[str]:
     if any(f.at_op for f in fixes):
         return ["Fix:", *(f"    {line}" for line in proof_lines(fixes)), *patches]
     code = [f for f in fixes if f.applied()]
+    asks = next((f" asking {str(f.asks)[6:]}, the dtype it switches to," for f in code if f.asks), "")
     if code and all(f.proven for f in code):
-        head = "Fix (proven: a virtual re-run with it applied has no problem left):"
+        head = f"Fix (proven: a virtual re-run with it applied{asks} has no problem left):"
     elif code:
         head = f"Fix (unproven: {code[0].tried}):"
     else:

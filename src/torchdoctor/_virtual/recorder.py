@@ -163,7 +163,7 @@ class _Recorder(Hooks):
                        "or pass assume_device= if the model is built on meta on purpose")
         if refused:
             self._note("unsupported_dtype", path, dtype_str(dtype), f"a dtype {target.type} supports", f"{what} moved to "
-                       f"{device_str(target)} as {dtype_str(dtype)}: {refusal(target.type, dtype)}", key=str(dtype))
+                       f"{device_str(target)} as {dtype_str(dtype)}: {refusal(target.type, dtype)}", key=dtype_str(dtype))
         return dtype
 
     def creating(self, name: str, device: torch.device, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> None:

@@ -200,8 +200,9 @@ def simulate(
     items = fix_items(problems, dev, dt, rec.sources, held(clone),
                       lambda m: "" if any(m is r for r in rec.roots) else rec.modules.path_of(m)) or []
     if _fixes is None and items:  # the fix is tried on a fresh copy before it is printed
-        items = proven(items, lambda fixes: simulate(
-            Target(obj, *fixed_inputs(args, kwargs, fixes)) if args or kwargs else obj, device=dev, dtype=dt,
+        items = proven(items, lambda fixes: simulate(  # a switch of the dtype asked for is re-run asking the new one
+            Target(obj, *fixed_inputs(args, kwargs, fixes)) if args or kwargs else obj, device=dev,
+            dtype=next((f.asks for f in fixes if f.asks is not None), dt),
             call=call, assume_device=assume_device, profile=profile, data=data, limit=limit, _fixes=fixes).problems,
             lambda fixes: prove_at_ops(fixes, rec.cases.cases, rec.rules, rec.profile))  # as a block's: one verdict
     fix = "\n".join(f.code for f in items) or None
