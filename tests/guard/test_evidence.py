@@ -74,7 +74,11 @@ def test_an_attribute_the_forward_reads_is_the_culprit(mode: str) -> None:
     model.scale = torch.ones(16)  # Module.to never casts a plain attribute
     err = _fail(model, lambda: model(torch.randn(2, 16, dtype=BF)), mode)
     assert err.problems[0].path == "scale"
-    assert str(err).startswith("dtype mismatch caused by `scale` (float32, expected bfloat16)")
+    if mode == "explain":  # the error torch raised, at the head's addmm
+        assert str(err).startswith("dtype mismatch caused by `scale` (float32, expected bfloat16)")
+    else:  # strict stops where the float32 attribute promoted the bf16 data, before the addmm that refused it
+        assert str(err).startswith("dtype problem in `<root>` (_Scaled) at aten.mul.Tensor: arg 1 (other) is "
+                                   "float32 and promotes the model's bfloat16 to float32 silently")
     assert "model.scale.data = model.scale.data.to(torch.bfloat16)" in (err.fix or "")
 
 

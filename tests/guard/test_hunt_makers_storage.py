@@ -101,8 +101,11 @@ def test_an_input_made_by_the_calling_forward_is_named_and_its_line_fixed_and_pr
     err = info.value
     text = str(err)
     assert made in text and where in text, text
-    if cls == "Gate":
+    if cls == "Gate" and mode == "explain":  # the error torch raised, at b's addmm
         assert "reaching the op through `self.a(x) * gate`" in text
+    elif cls == "Gate":  # strict stops at the mul that promoted, though Gate's own tensors agree (issue 42 point 3)
+        assert text.startswith("dtype problem in `<root>` (Gate) at aten.mul.Tensor: arg 1 (other) is float32 and "
+                               "promotes the model's bfloat16"), text
     assert err.fix == f"{line}  # {where}"
     assert "pass input 0" not in (err.fix or "") and "pass arg" not in (err.fix or "")
     assert err.proof is not None and err.proof.startswith(f"fix proven: {cls} runs again with "), err.proof

@@ -63,7 +63,13 @@ def test_attribute_left_fp32_after_half_is_named_not_the_attention_inputs(mode: 
     x = torch.randn(2, 4, 8, dtype=BF)
     err = _fail(model, lambda: model(x), mode)
     assert err.problems[0].path == "encoder.pos_embed"
-    assert str(err).splitlines()[0].startswith("dtype mismatch caused by `encoder.pos_embed`")
+    head = str(err).splitlines()[0]
+    if mode == "explain":
+        assert head.startswith("dtype mismatch caused by `encoder.pos_embed`"), head
+    else:  # strict: at the add where the float32 attribute promoted the bf16 data, the attribute by path
+        assert head.startswith("dtype problem in `encoder` (_Encoder) at aten.add.Tensor: arg 1 (other) is float32 "
+                               "and promotes the model's bfloat16"), head
+        assert "culprit encoder.pos_embed = arg 1 (other)" in str(err)
 
 
 @pytest.mark.parametrize("mode", ["explain", "strict"])

@@ -128,10 +128,6 @@ class guard:  # noqa: N801 - reads like torch.no_grad
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: types.TracebackType | None) -> None:
         session: Session = self._local.sessions.pop()
         session.stop()
-        pending = getattr(session, "pending", None)  # strict: a silent promotion, when nothing else failed
-        if exc is None and isinstance(pending, PlacementError):
-            self._record_problems(list(pending.problems))
-            raise pending
         if exc is None or isinstance(exc, PlacementError) or not isinstance(exc, Exception):
             return None
         try:

@@ -220,14 +220,15 @@ def cast_paths(paths: Sequence[tuple[str, Any]]) -> Any:
     """``apply`` for ``prove_whole``: each (module or tensor path, target) cast or moved on the copy."""
     def apply(m: nn.Module) -> None:
         for p, target in paths:
+            to = target if isinstance(target, tuple) else (target,)  # (device, dtype): both
             try:
-                m.get_submodule(p).to(target)
+                m.get_submodule(p).to(*to)
                 continue
             except AttributeError:
                 pass
             owner, _, name = p.rpartition(".")
             t = getattr(m.get_submodule(owner), name)
-            t.data = t.data.to(target)
+            t.data = t.data.to(*to)
     return apply
 
 
@@ -248,7 +249,10 @@ def widen(session: Any, maps: Any, root: Any, paths: Sequence[str], target: Any,
     if len(values) != 1:
         return fix, [], None
     value = values.pop()
-    show = (lambda v: _ds(v)) if dt else str
+
+    def show(v: Any) -> str:  # (device, dtype): both, as a fix that mends both says them
+        return " and ".join(show(x) for x in v) if isinstance(v, tuple) else _ds(v) if isinstance(
+            v, torch.dtype) else str(v)
     groups = odd_groups(maps.walk.entries, set(paths), value)
     if groups is None:
         if not plain:

@@ -19,7 +19,7 @@ from torchdoctor._guard import compiled as graph, provenance
 from torchdoctor._guard.float8 import is_float8_message
 from torchdoctor._guard import component
 from torchdoctor._guard.remedy import aimed, caller_lines, locals_made, moved_aim, with_patch
-from torchdoctor._guard.maps import Maps, fix_code, module_label, reference
+from torchdoctor._guard.maps import Maps, both, fix_code, module_label, reference
 from torchdoctor._guard.notes import Note
 from torchdoctor._guard.session import Session
 from torchdoctor._placement import device_str, dtype_str, norm_device
@@ -289,6 +289,7 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     victims = [c for c in bad if not ((blamed or passed) and c[0] is None and c[1] not in passed)]
     culprits += [(c[0], c[1], kind, None if kind == "meta" else _also_dtype(ref, c[2], kind, message, maps))
                  for c in victims]
+    culprits = both(maps, culprits)  # a tensor off in device and in dtype: one fix for both
     fix = fix_code(culprits, maps.dicts if maps is not None else ())
     held = [(c[0], c[3]) for c in culprits if c[0] is not None]
     if held and len({t for _, t in held}) == 1 and kind in ("dtype", "device") and maps is not None \

@@ -81,8 +81,13 @@ def _check(self: CheckMode, func: Any, types: Any, args: Sequence[Any] = (),
     if kwargs is None:
         kwargs = _NO_KWARGS
     try:  # no cost until something raises (zero-cost exception handling)
-        if self.promotes and len(args) > 1 and _mixed(args[0], args[1]):  # strict: a binary op that may promote
-            _promotion.note(self.session, func, args, kwargs)  # silently: reported at the end if nothing fails
+        if len(args) > 1 and _mixed(args[0], args[1]) and not _simulating():
+            # a binary op that may promote silently (_guard/promotion.py): strict raises it here; fix / warn align
+            # the wider operand for this op (the result keeps the model's dtype) and record it
+            # (the rules first: an op that would fail, an fp32 bias in addmm, is reported as that failure)
+            found = _find(func, args, kwargs, self.profile) or _promotion.findings(self.session, func, args, kwargs, True)
+            if found:
+                return self.session.on_problem(func, args, kwargs, found)
         if self.quick and _quiet(func, args, kwargs):  # most ops: one device, nothing to judge
             return func(*args, **kwargs)
         if _simulating():  # a simulation checks its own ops with these rules
@@ -128,7 +133,6 @@ class CheckMode(TorchDispatchMode):
         self.profile = session.g.profile
         self.quick = self.profile is None  # the schema-based fast path knows no profile limits
         self.aligns = session.mode in ("fix", "warn")
-        self.promotes = session.mode == "strict"  # _guard/promotion.py
         self.gate = _fastpath.Gate(self._push, self._pop, session.frames.stack) \
             if _fastpath.eligible(session) and not _simulating() else None
 

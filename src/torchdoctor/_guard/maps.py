@@ -157,6 +157,32 @@ def value_code(v: Any) -> str:
     return repr(device_str(v))
 
 
+def both(maps: Any, culprits: Sequence[tuple[str | None, str, str, Any]]) -> list[tuple[str | None, str, str, Any]]:
+    """Culprits whose tensor the model's policy also finds off in the other kind (an fp32 CPU attribute of a bf16
+    CUDA model, blamed for its device) get (device, dtype) as their target: one fix mends both, and the next run
+    meets no silent promotion where the device error was."""
+    if maps is None or not any(c[0] is not None for c in culprits):
+        return list(culprits)
+    from torchdoctor._placement import parse_device, parse_dtype
+
+    off: dict[tuple[str, str], Any] = {}
+    for p in maps.policy_problems():
+        try:
+            off.setdefault((p.path, p.kind), parse_dtype(p.expected) if p.kind == "dtype" else
+                           parse_device(p.expected) if p.kind == "device" else None)
+        except (ValueError, TypeError):
+            continue
+    out = []
+    for path, label, kind, target in culprits:
+        if path is not None and kind in ("device", "dtype") and target is not None and not isinstance(target, tuple):
+            other = off.get((path, "dtype" if kind == "device" else "device"))
+            if isinstance(other, (torch.dtype, torch.device)) and not (
+                    isinstance(other, torch.dtype) and (not other.is_floating_point or other in FLOAT8_DTYPES)):
+                target = (target, other) if kind == "device" else (other, target)
+        out.append((path, label, kind, target))
+    return out
+
+
 def fix_code(culprits: Sequence[tuple[str | None, str, str, Any]], dicts: Collection[str] = ()) -> str | None:
     """Culprits as (model path or None, label, kind, target) -> code to paste (``dicts``: see ``code_path``)."""
     lines: list[str] = []

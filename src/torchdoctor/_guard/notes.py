@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from torchdoctor._guard import component as _component
-from torchdoctor._guard.maps import Maps, fix_code, module_label, value_str as _value_str, value_str_of
+from torchdoctor._guard.maps import Maps, both, fix_code, module_label, value_str as _value_str, value_str_of
 from torchdoctor._guard.proof import prove
 from torchdoctor._guard.remedy import Aim, aimed, caller_lines, with_patch
 from torchdoctor._placement import dtype_str
@@ -109,6 +109,7 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
     lines += [b.line() for b in sus if not b.culprit]
     others = [d for d in c.findings[0].problem.tensors if not any(d.startswith(_rules.label(op, k) + ":")
                                                                   for _, _, ks in plan for k in ks)]
+    culprits = both(maps, culprits)  # a tensor off in device and in dtype: one fix for both
     fix, proof = fix_code(culprits, maps.dicts if maps is not None else ()), None
     if not blamed and first.kind == "dtype" and maps is not None and all(x[0] is None for x in culprits):
         # a float32 component fed reduced-precision data by the rest of the pipeline: cast the component

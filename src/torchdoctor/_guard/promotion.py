@@ -1,16 +1,14 @@
-"""strict: a silent dtype promotion is a problem. An op that mixes floating dtypes runs without error when the
-result may promote (``bf16 * fp32 -> fp32``), and the model's compute dtype is lost from there on with no error
-to explain. strict reports it when the wider operand is one of the model's own tensors that the policy already
-finds off-policy (an fp32 plain attribute in a bf16 model), by path, with the fix that casts it.
+"""A silent dtype promotion is a problem. An op that mixes floating dtypes runs without error when the result may
+promote (``bf16 * fp32 -> fp32``), and the model's compute dtype is lost from there on with no error to explain.
+It is reported when the wider operand is one of the model's own tensors that the policy already finds off-policy
+(an fp32 plain attribute in a bf16 model), by path, with the fix that casts it: strict raises at the promoting op,
+fix and warn align that operand for the op (the result keeps the model's dtype) and record it; explain, which checks
+no op, sees the model's output come back wider and re-runs a copy of the model under strict (``_guard/outcome.py``).
 
 Narrowed on purpose: a forward's own upcast (T5's norm computes its variance in float32 from a ``.to(float32)``
 copy) mixes dtypes the same way and is intended, so a tensor made in forward is never blamed here, and neither is a
 tensor the policy keeps in float32 (``_keep_in_fp32_modules``). Only ops the rules found nothing wrong with reach
-this check, and only when their operands mix floating dtypes: the happy path never gets here.
-
-The report is built where the promotion happens (its module, its operands, its frames) but raised only when the
-guarded block ends without another error: a promotion that a later op refuses (``lin(x * scale)`` failing in
-``addmm``) is explained by that op's report, as before; one that never fails is raised at the block's end.
+this check, and only when their first two operands are tensors of different dtypes: the happy path never gets here.
 
 >>> import torch
 >>> wider([torch.bfloat16, torch.float32]), wider([torch.float16, torch.float16])
@@ -41,8 +39,41 @@ def wider(dtypes: Iterable[torch.dtype]) -> torch.dtype:
     return out
 
 
-def findings(session: Session, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[_rules.Finding]:
-    """The promotion finding of this op, or none."""
+_MADE: dict[tuple[Any, int], bool] = {}  # (code, line) of the running user statement -> a default-dtype factory?
+
+
+def _default_factory(t: torch.Tensor) -> bool:
+    """Was ``t`` made in the running forward by a factory given no dtype (``torch.ones(n, device=x.device)``,
+    ``torch.from_numpy``): the default dtype, nobody's choice? A cast (``x.to(torch.float32)``, ``.float()``) or an
+    op on such a copy (``torch.rsqrt(var)``) is a chosen upcast and is never blamed. Read once per source line."""
+    import sys
+
+    from torchdoctor._guard.frames import user_frames
+    from torchdoctor._guard.maker import find
+
+    f: Any = sys._getframe(1)
+    skip = __file__.rsplit("_guard", 1)[0], torch.__file__.rsplit("__init__", 1)[0]
+    while f is not None and f.f_code.co_filename.startswith(skip):
+        f = f.f_back
+    key = (f.f_code, f.f_lineno) if f is not None else None
+    if key is not None and key in _MADE:
+        return _MADE[key]
+    try:
+        m = find(user_frames(), t, "dtype")
+        made = m is not None and m.factory and m.segment is None and m.dtype_from is None
+    except Exception:  # naming the maker is extra: no finding then
+        made = False
+    if key is not None:
+        if len(_MADE) > 4096:
+            _MADE.clear()
+        _MADE[key] = made
+    return made
+
+
+def findings(session: Session, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+             made: bool = False) -> list[_rules.Finding]:
+    """The promotion finding of this op, or none. ``made``: an operand made in the running forward by a factory
+    given no dtype (``_default_factory``) is blamed too (guard: its report names the maker and aims the fix there)."""
     name = getattr(getattr(func, "_schema", None), "name", "")
     if name in _CASTS:  # a cast says which dtype it wants: that is no promotion
         return []
@@ -66,6 +97,8 @@ def findings(session: Session, func: Any, args: Sequence[Any], kwargs: Mapping[s
         hit = maps.tensor_path(t) if t.dtype == wide else None
         if hit is not None and hit[0] in off:
             bad.append(k)
+        elif made and hit is None and t.dtype == wide and _default_factory(t):
+            bad.append(k)
     if not bad:
         return []
     label = _rules.label(func, bad[0])
@@ -75,21 +108,3 @@ def findings(session: Session, func: Any, args: Sequence[Any], kwargs: Mapping[s
                       tensors=tuple(f"{_rules.label(func, k)}: {_rules._compact(t)}" for k, t in fl))
     return [_rules.Finding(problem, "dtype", want, tuple(bad), tuple(k for k, _ in fl))]
 
-
-def note(session: Session, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-    """Build the report of a silent promotion once per block and keep it on the session (``pending``)."""
-    if getattr(session, "pending", None) is not None:
-        return
-    found = findings(session, func, args, kwargs)
-    if not found:
-        return
-    g = session.g
-    with g._lock:  # the report's problems are recorded only if it is raised (guard.__exit__)
-        kept, seen = list(g.problems), set(g._seen)
-    try:
-        session.on_problem(func, args, kwargs, found)
-    except Exception as err:  # strict raises its report: keep it
-        session.pending = err
-    finally:
-        with g._lock:
-            g.problems[:], g._seen = kept, seen

@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.nn.modules.module import _global_forward_hooks_with_kwargs as _with_kwargs
 
 from torchdoctor._rules import registry as _rules
 from torchdoctor._report.model import PlacementWarning, Problem
@@ -30,6 +31,8 @@ from torchdoctor._guard.dispatch import _CONV, CheckMode, CompositeCheck, _simul
 from torchdoctor._guard.float8 import findings as float8_findings
 from torchdoctor._guard.proof import harmful, storage_target
 from torchdoctor._guard.notes import Case, said, told
+from torchdoctor._guard.outcome import Outcome
+from torchdoctor._guard import fastpath as _fastpath
 from torchdoctor._guard.maps import Maps, module_label, retarget as _retarget, value_str as _value_str
 from torchdoctor._guard.maps import value_str_of as _value_str_of
 from torchdoctor._report.text import user_stacklevel
@@ -99,7 +102,7 @@ class Session:
         self.dispatch: CheckMode | None = None
         self.composite: CompositeCheck | None = None
         self.maps: dict[int, Maps] = {}
-        self.pending: BaseException | None = None  # strict: a silent promotion's report (_guard/promotion.py)
+        self.kwarg_hook: int | None = None  # the id of the post hook registered with kwargs
         self.replaying = False  # a whole-forward proof runs: module-entry checks stay quiet (_guard/component.py)
 
     # -- lifetime -------------------------------------------------------------------------------------------
@@ -107,7 +110,8 @@ class Session:
         try:
             pre, post = self._hooks()
             self.handles.append(register_module_forward_pre_hook(pre))
-            self.handles.append(register_module_forward_hook(post))
+            self.handles.append(register_module_forward_hook(post, with_kwargs=True))
+            self.kwarg_hook = self.handles[-1].id  # its handle forgets the with-kwargs mark: removed in stop()
             if self.mode != "explain":
                 if torch.compiler.is_compiling():
                     self.g._warn_compiled()
@@ -136,6 +140,9 @@ class Session:
                     log.debug("hook removal failed", exc_info=True)
             self.handles.clear()
             self.grad_handles.clear()
+            if self.kwarg_hook is not None:
+                _with_kwargs.pop(self.kwarg_hook, None)
+                self.kwarg_hook = None
 
     # -- module stack ---------------------------------------------------------------------------------------
     def _new_forward(self) -> None:
@@ -153,6 +160,12 @@ class Session:
         kinds: dict[type, int] | None = None if self.mode == "explain" else {}
         get_ident, grad_enabled, track = _get_ident, _grad_enabled, self._track
         bw_enter, bw_leave = self._bw_enter, self._bw_leave
+        # explain, and strict at the module boundary, check no op where a forward's own tensors agree: the output
+        outcome = Outcome(self) if self.mode == "explain" or (self.mode == "strict" and _fastpath.eligible(self)) \
+            else None
+        model = self.g.model if isinstance(self.g.model, nn.Module) else None  # (a pipeline's paths: not its parts')
+        if self.g.model is not None and model is None:
+            outcome = None
 
         def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
             if get_ident() != tid:
@@ -175,7 +188,7 @@ class Session:
             if kind == 2 and args and not _simulating():
                 self._conv_pre(mod, args[0])
 
-        def post(mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+        def post(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
             if get_ident() != tid:
                 return
             if stack and stack[-1] is mod:
@@ -185,6 +198,8 @@ class Session:
                 pop(mod)
             if grad_enabled():
                 track(_tensors_of(out), bw_enter, mod)
+            if outcome is not None and not stack and (model is None or mod is model):
+                outcome.check(mod, args, kwargs, out)  # the model returned: did its dtype widen silently?
 
         return pre, post
 
@@ -264,6 +279,10 @@ class Session:
             log.debug("provenance failed", exc_info=True)
             return []
 
+    def _gated(self) -> bool:
+        """strict checks ops only inside modules whose tensors disagree (``_guard/fastpath.py``)."""
+        return self.dispatch is not None and self.dispatch.gate is not None
+
     # -- strict / fix / warn --------------------------------------------------------------------------------
     def on_float8(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], exc: BaseException) -> Any:
         """fix / warn: an op failed on its float8 operands (any of torch's texts for it): cast them to the op's
@@ -340,6 +359,12 @@ class Session:
             fixable = False
         case = Case(func, args, kwargs, op, findings, plan, tensors, problems, culprits, lines, loose, made, given,
                     maps, mod, root, mpath, mtype, compiled, fixable)
+        if self.mode == "strict" and made and self._gated() and findings[0].problem.kind == "dtype":
+            earlier = Outcome(self).earlier(root)  # the op that promoted it silently, unchecked at the boundary
+            if earlier is not None:
+                self.g._record_problems(list(earlier[0].problems))
+                self.g._note(earlier[0].problems, earlier[1])
+                raise earlier[0]
         if self.mode == "strict" or (self.mode == "fix" and not fixable):
             err, note = told(self, case)
             self.g._note(err.problems, note)
@@ -357,8 +382,10 @@ class Session:
             for p in problems:
                 if self.g._first_time((p.module_path, p.op, p.kind)):
                     where = module_label(p.module_path, mod)
-                    warnings.warn(f"torchdoctor.guard: {p.kind} problem in {where} at {p.op}: {p.path} is "
-                                  f"{p.found}, expected {p.expected}" + ("; aligned for this call" if fixable else "")
+                    what = f"{p.path} is {p.found}, expected {p.expected}" if "promotes the model's" not in \
+                        p.message else f"{p.path} is {p.found} and promotes the model's {p.expected} silently"
+                    warnings.warn(f"torchdoctor.guard: {p.kind} problem in {where} at {p.op}: {what}"
+                                  + ("; aligned for this call" if fixable else "")
                                   + said(note), PlacementWarning, stacklevel=user_stacklevel())
         if not fixable:
             return func(*args, **kwargs)
