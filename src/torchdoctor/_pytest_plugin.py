@@ -167,7 +167,9 @@ def _on_cpu(item: pytest.Item, dtype: Any, where: str) -> Generator[None, None, 
 
     pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: stack.append(m))
     post = torch.nn.modules.module.register_module_forward_hook(leave)
-    checks = Checks(dt, {}, stack, {})
+    paths: dict[int, str] = {}
+    checks = Checks(dt, _Names(stack, paths), stack, paths)
+    checks.problems = recorded = _Stacked()
     try:
         with checks, Calls(checks):
             yield
@@ -175,10 +177,53 @@ def _on_cpu(item: pytest.Item, dtype: Any, where: str) -> Generator[None, None, 
         pre.remove()
         post.remove()
     if checks.problems:
+        item.stash[_STACKS] = recorded.stacks  # the lines that failed, for the report (raised where none is)
         rows = [f"  {p}" for p in checks.problems[:40]]
         head = f"{len(checks.problems)} dtype problem(s) on cpu in {dtype_str(dt)}:"
         raise PlacementError("\n".join([head, *rows, f"expected: cpu {dtype_str(dt)} (dtype from {where})"]),
                              problems=tuple(checks.problems))
+
+
+class _Names(dict):  # type: ignore[type-arg]
+    """The marker's test builds its own model: the tensors of the outermost module running when an op is checked
+    are named by their paths in it (``scale``, ``lin.weight``), as ``simulate`` names its copy's; ``paths`` gets
+    its modules' paths. Walked once per model, at its first op that asks."""
+
+    def __init__(self, stack: list[Any], paths: dict[int, str]) -> None:
+        super().__init__()
+        self.stack, self.paths, self.walked = stack, paths, set()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key not in self and self.stack and id(self.stack[0]) not in self.walked:
+            from torchdoctor._walk import walk
+
+            root = self.stack[0]
+            self.walked.add(id(root))
+            found = walk(root)
+            for e in found.entries:
+                self.setdefault(id(e.tensor), (e.path, e.role))
+            for path, m in found.modules:
+                self.paths.setdefault(id(m), path)
+        return super().get(key, default)
+
+
+class _Stacked(list):  # type: ignore[type-arg]
+    """Problems as recorded, each kind and path with the call stack it was first met on (outermost first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stacks: dict[tuple[str, str], list[tuple[str, int, str]]] = {}
+
+    def append(self, p: Any) -> None:
+        import sys
+
+        if (p.kind, p.path) not in self.stacks:
+            frames, f = [], sys._getframe(1)
+            while f is not None:
+                frames.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+                f = f.f_back  # type: ignore[assignment]
+            self.stacks[(p.kind, p.path)] = frames[::-1]
+        super().append(p)
 
 
 @pytest.fixture()

@@ -31,8 +31,7 @@ def _run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult
 
 
 def test_header_says_what_is_on(pytester: pytest.Pytester) -> None:
-    result = _run(pytester, "def test_ok():\n    pass\n", "--torchdoctor=strict")
-    result.stdout.fnmatch_lines(["torchdoctor: every test runs under guard(mode='strict')"])
+    # (the header of a --torchdoctor=strict run is checked in test_plugin_shared.py's shared run)
     result = _run(pytester, "def test_ok():\n    pass\n")
     result.stdout.fnmatch_lines(["torchdoctor: off*"])
 
@@ -43,7 +42,7 @@ def test_bad_option_value_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*invalid choice: 'loud'*"])
 
 
-@pytest.mark.parametrize("mode", ["explain", "strict"])
+@pytest.mark.parametrize("mode", ["explain"])  # strict: the same suite in test_plugin_shared.py's shared run
 def test_option_passing_and_failing_suites(pytester: pytest.Pytester, mode: str) -> None:
     source = BROKEN_LINEAR + """
 def test_clean():
