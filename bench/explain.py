@@ -2,6 +2,8 @@
 
 ``python bench/explain.py --issue43 [MB] [rounds]`` prints only issue 43 point 5's two rates (a typical app log, a
 log made only of error texts), measured interleaved with the grep-like baseline in one process.
+``python bench/explain.py --growth [MB] [rounds]`` prints explain's growth from 1x to 4x the input on both logs
+against the grep-like pass's (issue 43 point 6).
 ``python bench/explain.py --accuracy`` prints the held-out figures of issue 29 per category and source kind instead;
 ``--golden`` rewrites ``tests/explain/golden_50mb.json``, the diagnoses of the 50 MB log that
 ``tests/explain/test_speed_findings.py`` holds every change to (only when the tables change on purpose).
@@ -130,6 +132,32 @@ def issue43(size: int, rounds: int) -> tuple[float, float, float]:
     return app_mbs, err_mbs, base
 
 
+def growth(size: int, rounds: int) -> dict[str, float]:
+    """Issue 43 point 6: explain's time at 4x the input over its time at 1x, on the typical app log and on the log
+    made only of error texts, against the grep-like pass's growth on the same texts (interleaved rounds, process
+    CPU time, medians). Linear growth reads ~4.0 and a ratio to grep's growth of ~1.0; a log of errors repeats a
+    few hundred distinct errors, each diagnosed once, so its growth may read under 4."""
+    texts = {("app", 1): app_log(size), ("app", 4): app_log(4 * size),
+             ("errors", 1): error_log(max(1, size // 5)), ("errors", 4): error_log(max(1, 4 * size // 5))}
+    times: dict[tuple[str, str, int], list[float]] = {}
+    for r in range(rounds):
+        order = sorted(texts, reverse=bool(r % 2))
+        for key in order:
+            for name, fn in (("explain", explain), ("grep", grep_baseline)):
+                t = time.process_time()
+                fn(texts[key])
+                times.setdefault((name, *key), []).append(time.process_time() - t)
+    out: dict[str, float] = {}
+    for kind in ("app", "errors"):
+        med = {(n, s): statistics.median(times[(n, kind, s)]) for n in ("explain", "grep") for s in (1, 4)}
+        g_ex, g_grep = med[("explain", 4)] / med[("explain", 1)], med[("grep", 4)] / med[("grep", 1)]
+        out[kind] = g_ex / g_grep
+        print(f"issue 43 point 6, explain on the {kind} log ({len(texts[(kind, 1)]) / 1e6:.1f} -> "
+              f"{len(texts[(kind, 4)]) / 1e6:.1f} MB, {rounds} interleaved rounds): time x{g_ex:.2f} at 4x "
+              f"(grep-like pass x{g_grep:.2f}); growth over grep's x{g_ex / g_grep:.2f} (goal <= 1.1)")
+    return out
+
+
 def rate(label: str, text_len: int, fn) -> float:  # type: ignore[no-untyped-def]
     t = time.perf_counter()
     out = fn()
@@ -235,6 +263,11 @@ def main() -> int:
         size = int(float(sys.argv[2]) * 1e6) if len(sys.argv) > 2 else 20_000_000
         explain("warm up")
         issue43(size, int(sys.argv[3]) if len(sys.argv) > 3 else 5)
+        return 0
+    if sys.argv[1:2] == ["--growth"]:  # issue 43 point 6: [size in MB at 1x] [rounds]
+        explain("warm up")
+        growth(int(float(sys.argv[2]) * 1e6) if len(sys.argv) > 2 else 5_000_000,
+               int(sys.argv[3]) if len(sys.argv) > 3 else 5)
         return 0
     size = int(float(sys.argv[1]) * 1e6) if len(sys.argv) > 1 else 50_000_000
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5

@@ -6,9 +6,10 @@ layers), Llama-3-8B and 70B, and the 1x/4x depths of ``bench/shapes.py``.
 
 Interleaved pairs in one process (the order alternates each round), thread CPU time (load from other processes
 disturbs it less than wall time); printed per shape: the median of the per-pair ratios, their quartiles and range,
-the walk alone against the same anchor, and the medians in ms. The garbage collector runs as it would in a program
-(scan pauses it for itself; accelerate's listing runs with it). Every tensor of a meta-built model is "not loaded":
-scan reports one problem per component and still builds a row per tensor.
+the walk alone against the same anchor, and the medians in ms; where a shape's 1x and 4x depths both ran, scan's
+growth from one to the other against accelerate's (issue 43 point 6). The garbage collector runs as it would in a
+program (scan pauses it for itself; accelerate's listing runs with it). Every tensor of a meta-built model is "not
+loaded": scan reports one problem per component and still builds a row per tensor.
 """
 
 from __future__ import annotations
@@ -116,14 +117,22 @@ def main() -> None:
     _shapes().quiet()
     print(f"torch {torch.__version__}, {args.rounds} interleaved rounds, thread CPU time; per-pair ratios to "
           "accelerate's named_module_tensors + find_tied_parameters (goal: scan <= 0.9x)")
+    medians: dict[str, dict[str, float]] = {}
     for name in (args.only.split(",") if args.only else SHAPES):
         model = SHAPES[name]()
         t = measure(model, args.rounds)
+        medians[name] = {k: statistics.median(v) for k, v in t.items()}
         scan_r = [s / a for s, a in zip(t["scan"], t["accelerate"])]
         walk_r = [w / a for w, a in zip(t["walk"], t["accelerate"])]
         med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
         print(f"{name}: {len(torchdoctor.scan(model).tensors)} tensors; scan {_spread(scan_r)}; walk {_spread(walk_r)}; "
               f"ms scan {med['scan']:.2f} / walk {med['walk']:.2f} / accelerate {med['accelerate']:.2f}", flush=True)
+    for name in ("flux", "sdxl", "llama"):  # issue 43 point 6: growth from 1x to 4x depth, against accelerate's
+        one, four = medians.get(f"{name}-1x"), medians.get(f"{name}-4x")
+        if one and four:
+            g_scan, g_acc = four["scan"] / one["scan"], four["accelerate"] / one["accelerate"]
+            print(f"{name} 1x -> 4x: scan x{g_scan:.2f}, accelerate x{g_acc:.2f}; growth over accelerate's "
+                  f"x{g_scan / g_acc:.2f} (goal <= 1.1)")
 
 
 if __name__ == "__main__":

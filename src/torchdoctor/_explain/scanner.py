@@ -33,6 +33,7 @@ _PER_KEY = 1              # occurrences of one error whose context is kept (the 
 # windows whose fields are remembered: a log made only of errors repeats a few hundred distinct ones, and 512
 # thrashed there (half the windows were matched again); a window is at most a few thousand characters
 _WINDOWS = 8192
+_WEAK: dict[str, bool] = {}  # signature name -> frames-only evidence (``WEAK_PREFIXES``)
 _STOP = ("traceback (most recent call last)", "exception during processing", "during handling of the above",
          "the above exception was the direct cause")
 _NOT_CONTINUED = ("File ", "Traceback", "During handling", "The above exception", "!!!", "\n", "#", "[")
@@ -132,6 +133,9 @@ class Scanner:
         self.continued: dict[str, bool] = {}  # lines after a message: whether they continue it
         self.pending: list[str] = []  # blocks of one enormous line, after buf, joined once
         self.pending_len = 0
+        # a group of a message (not frames-only evidence) exists: the frames-only signatures' hits are skipped, as
+        # ``api`` drops their groups then (in a log of errors they were a seventh of the hits)
+        self.spoken = False
 
     def feed(self, block: str, final: bool = False) -> None:
         # a paste is folded whole; a log (program output: no typed full-width punctuation) where it is examined
@@ -195,8 +199,13 @@ class Scanner:
         # once per error line of a log: written for speed (no min/max calls, bound methods), a log made only of
         # errors has thousands a megabyte
         self.hits += 1
-        until = self.until
-        if self.hits > _MAX_HITS or pos < until.get(sig.name, -1):  # or inside the window looked at last
+        until, name = self.until, sig.name
+        if self.hits > _MAX_HITS or pos < until.get(name, -1):  # or inside the window looked at last
+            return
+        weak = _WEAK.get(name)
+        if weak is None:
+            weak = _WEAK[name] = name.startswith(WEAK_PREFIXES)
+        if weak and self.spoken:  # frames speak only when no message does (``api``): once one has, they are moot
             return
         find, size = text.find, len(text)
         le = find("\n", pos, pos + _LINE_MAX)
@@ -234,9 +243,9 @@ class Scanner:
             lo = start
         if hi > end:
             hi = end
-        until[sig.name] = hi
+        until[name] = hi
         raw = text[lo:hi]
-        got = self.cache.get((sig.name, raw))
+        got = self.cache.get((name, raw))
         if got is None:
             window = _squeeze(_plain(raw))
             found: dict[str, str] = {}
@@ -251,18 +260,19 @@ class Scanner:
             if len(self.cache) > _WINDOWS:
                 self.cache.clear()
             # the group key is kept with the fields: a repeated window (a log of errors) costs one look-up
-            got = self.cache[(sig.name, raw)] = (found, matched, (sig.name, tuple(sorted(found.items()))))
+            got = self.cache[(name, raw)] = (found, matched, (name, tuple(sorted(found.items()))))
         fields, matched, key = got
         if sig.require_pattern and not matched:
             return
-        weak = sig.name.startswith(WEAK_PREFIXES)  # frames-only evidence never moves the context of real errors
-        if key != self.prev_key and not weak:  # a different error: its context starts after the previous one
+        # a different error: its context starts after the previous one (frames-only evidence never moves it)
+        if key != self.prev_key and not weak:
             self.floor = self.prev_end
         group = self.groups.get(key)
         if group is None:
             message = _plain(text[ls:msg_end])
             evidence = [clean(x) for x in message.split("\n") if x.strip()][: 1 + sig.follow]
             group = self.groups[key] = Group(sig, dict(fields), message[:_LINE_MAX], evidence)
+            self.spoken = self.spoken or not weak
         group.count += 1
         self.seq += 1
         group.last = self.seq
