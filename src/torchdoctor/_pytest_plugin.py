@@ -191,7 +191,8 @@ class _Names(dict):  # type: ignore[type-arg]
 
     def __init__(self, stack: list[Any], paths: dict[int, str]) -> None:
         super().__init__()
-        self.stack, self.paths, self.walked = stack, paths, set()
+        self.stack, self.paths = stack, paths
+        self.walked: set[int] = set()
 
     def get(self, key: Any, default: Any = None) -> Any:
         if key not in self and self.stack and id(self.stack[0]) not in self.walked:

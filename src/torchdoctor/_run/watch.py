@@ -154,7 +154,7 @@ class Watcher:
     guard: Any = None  # a torchdoctor.guard active in the program's main thread, for its culprit
     missing: str | None = None  # `-m NAME` named no runnable module: python's one line, nothing ran
     findings: list[Finding] = field(default_factory=list)
-    _keys: dict[tuple[str, str], Finding] = field(default_factory=dict)
+    _keys: dict[tuple[str, str, str], Finding] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _saved: list[Any] = field(default_factory=list)
     _streams: tuple[Any, Any] = (None, None)  # sys.stdout and sys.stderr as they were before ``install``
