@@ -11,6 +11,7 @@ import torch
 
 from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._report.model import Problem
+from torchdoctor._virtual.groups import whole_component
 from torchdoctor._virtual.origin import IN_SCOPE
 from torchdoctor._virtual.prove import Fix
 
@@ -42,9 +43,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     message is its own fix)."""
     from torchdoctor._guard.maps import fix_code, value_code
     from torchdoctor._guard.proof import storage_target
-
-    memory = [p for p in problems if p.kind == "memory"]
-    problems = [p for p in problems if p.kind != "memory"]
+    memory, problems = [p for p in problems if p.kind == "memory"], [p for p in problems if p.kind != "memory"]
     if not problems:
         return None
     have = current or {}
@@ -128,6 +127,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                          f"{meta[0].path}): load the weights onto the device, e.g. "
                          "model.load_state_dict(state_dict, assign=True) or from_pretrained(..., device_map=...)",
                          "note"))
+    whole, culprits = whole_component(culprits, have)  # one component in another dtype: that component is cast
     moves = fix_code([c for c in culprits if c[0] is not None])
     if meta and (moves or factories):
         items.append(Fix("# then, with the weights loaded:", "note"))
@@ -135,7 +135,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         items.append(Fix(moves, "path", sets=tuple((c[0], c[3]) for c in culprits if c[0] is not None)))
     items += [Fix(f"# pass {label} as tensor.to({value_code(t)})", "input", t, label, sets=((label, t),))
               for path, label, _, t in culprits if path is None and t is not None]
-    items += factories
+    items += [*whole, *factories]
     items += [Fix(f"model.to(torch.{p.expected})  # the code ran with {p.found} weights: cast them so the run "
                   f"checks {p.expected}", "path", sets=(("*", parse_dtype(p.expected)),)) for p in ran[:1]]
     items += _rest(problems, memory, device, any(not f.code.startswith("#") for f in items), have)

@@ -4,8 +4,11 @@ in the text of a virtual run's error and report. The problem list itself keeps e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
+
+import torch
 
 from torchdoctor._report.model import Problem
 from torchdoctor._report.text import render_problems
@@ -86,3 +89,34 @@ def culprits_then_rest(problems: tuple[Problem, ...], n: int, limit: int) -> lis
         return render_problems(problems, limit)
     return [*render_problems(problems[:n], limit), "  where they surfaced:",
             *render_problems(problems[n:], max(1, limit - n))]
+
+
+def whole_component(culprits: list[tuple[str | None, str, str, Any]], have: Mapping[str, tuple[Any, Any]]
+                    ) -> tuple[list[Any], list[tuple[str | None, str, str, Any]]]:
+    """Culprits cast to one dtype that are all inside one component whose every floating tensor is in another dtype
+    while the rest of the model is in the one asked (an fp32 ControlNet beside a bf16 UNet): that component is the
+    culprit and the fix casts it (``model.controlnet.to(torch.bfloat16)``), never the whole model, never each tensor.
+    The component is the outermost module holding them whose floating tensors are all in that other dtype."""
+    from torchdoctor._guard.maps import code_path, value_code
+    from torchdoctor._virtual.prove import Fix
+
+    cast = [c for c in culprits if c[0] is not None and c[2] == "dtype" and isinstance(c[3], torch.dtype)]
+    if len(cast) < 2 or len({c[3] for c in cast}) != 1 or any(c[0] not in have for c in cast):
+        return [], culprits
+    want, found = cast[0][3], {have[str(c[0])][0] for c in cast}
+    floating = {p: dt for p, (dt, _) in have.items() if getattr(dt, "is_floating_point", False)}
+    owner, comp = _owner([str(c[0]) for c in cast]).split("."), None
+    for n in range(1, len(owner) + 1):  # outermost first
+        prefix = ".".join(owner[:n]) + "."
+        inside = {dt for p, dt in floating.items() if p.startswith(prefix)}
+        if owner[0] and inside == found and len(found) == 1 and \
+                any(dt == want for p, dt in floating.items() if not p.startswith(prefix)):
+            comp = prefix[:-1]
+            break
+    if comp is None:
+        return [], culprits
+    (was,) = found
+    fix = Fix(f"{code_path(comp)}.to({value_code(want)})  # every floating tensor of {comp} is "
+              f"{str(was)[6:]} while the rest of the model is {str(want)[6:]}: cast that component (or load it with "
+              f"torch_dtype={value_code(want)})", "path", want, sets=((comp + ".", want),))
+    return [fix], [c for c in culprits if c not in cast]

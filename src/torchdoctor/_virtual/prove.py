@@ -9,7 +9,8 @@ Nothing the user holds is touched: the re-run works on its own copy, as the firs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,11 +91,27 @@ def fixed_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], fixes: Sequence[
     return tuple(new_args), new_kwargs
 
 
+@contextmanager
+def inputs_cast(root: Any, fixes: Sequence[Fix]) -> Iterator[None]:
+    """While ``call(root)`` runs in a re-run: the arguments of each call of ``root`` as the input fixes pass them
+    (``input 1 (t)`` cast to the fixed dtype), the caller's code untouched."""
+    if not isinstance(root, torch.nn.Module) or not any(f.kind == "input" and f.applied() for f in fixes):
+        yield
+        return
+    handle = root.register_forward_pre_hook(lambda _m, a, k: fixed_inputs(a, k, fixes), with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def proven(fixes: list[Fix], rerun: Callable[[list[Fix]], Sequence[Problem]],
-           at_op: Callable[[list[Fix]], Any] | None = None) -> list[Fix]:
+           at_op: Callable[[list[Fix]], Any] | None = None, before: Sequence[Problem] = ()) -> list[Fix]:
     """Try the fixes together in a re-run; each applied one is proven when nothing is left, else says what was.
     With ``at_op`` (the run's failing ops, as ``virtual_devices``, ``run`` and the marker judge a fix), a fix judged
-    there keeps that verdict, so one case gets one verdict whatever found it; the re-run judges the rest."""
+    there keeps that verdict, so one case gets one verdict whatever found it; the re-run judges the rest. A fix
+    proven at the op is still unproven when the re-run finds a problem the first run (``before``) did not have: the
+    failure is gone only without a new one (a cast that now meets the caller's fp32 input upstream)."""
     if at_op is not None:
         try:
             at_op(fixes)
@@ -120,15 +137,21 @@ def proven(fixes: list[Fix], rerun: Callable[[list[Fix]], Sequence[Problem]],
         if judged_at_op(f):  # proven at the op, unless the re-run still finds a tensor it sets wrong (code in the
             names = {n for n, _ in f.sets}  # forward that undoes it on every call)
             still = [p for p in left if p.path in names or "*" in names]
-            if f.proven and still:
+            had = {(p.kind, p.path) for p in before}
+            new = [p for p in left if (p.kind, p.path) not in had] if before else []
+            if f.proven and (still or new):
                 f.proven = False
-                f.tried = f"{f.tried}; but a virtual re-run with it applied still found: {still[0].message}"[:400]
+                f.tried = f"{f.tried}; but a virtual re-run with it applied still found: {still[0].message}"[:400] \
+                    if still else f"{f.tried}; but a virtual re-run with it applied {NEW}: {new[0].message}"[:400]
             continue
         f.at_op, f.rerun, f.proven = False, True, not left
         how = next((f" asking {str(g.asks)[6:]}, the dtype it switches to" for g in code if g.asks), "")
         f.tried = f"applied in a virtual re-run{how}: no problem left" if not left else \
             f"applied in a virtual re-run{how}{',' if how else ''} which still found: {left[0].message}"[:400]
     return fixes
+
+
+NEW = "found a new problem"  # what a fix proven at the op is labelled with when the re-run meets a new failure
 
 
 def judged_at_op(f: Fix) -> bool:

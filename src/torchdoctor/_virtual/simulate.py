@@ -29,7 +29,8 @@ from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
 from torchdoctor._virtual.atop import prove_at_ops
 from torchdoctor._virtual.fixes import fix_items
-from torchdoctor._virtual.prove import Fix, apply_fixes, before_move, fixed_inputs, held, proven, recasts
+from torchdoctor._virtual.prove import NEW, Fix, apply_fixes, before_move, fixed_inputs, held, inputs_cast, proven, \
+    recasts
 from torchdoctor._virtual.makers import CastMakers, built_on, place_inputs as _place_inputs, placed_on as _placed_on
 from torchdoctor._virtual.session import expectation, not_stored
 from torchdoctor._virtual.hardware import ledger, over_memory
@@ -156,7 +157,8 @@ def simulate(
         try:
             if call is not None:
                 apply_fixes(clone, _fixes or [])
-                call(clone)
+                with inputs_cast(clone, _fixes or []):
+                    call(clone)
             else:
                 to_args = (dev,) if dt is None else (dev, dt)
                 apply_fixes(clone, before_move(_fixes or []))  # a dtype the device cannot hold: cast before the move
@@ -200,11 +202,23 @@ def simulate(
     items = fix_items(problems, dev, dt, rec.sources, held(clone),
                       lambda m: "" if any(m is r for r in rec.roots) else rec.modules.path_of(m)) or []
     if _fixes is None and items:  # the fix is tried on a fresh copy before it is printed
-        items = proven(items, lambda fixes: simulate(  # a switch of the dtype asked for is re-run asking the new one
-            Target(obj, *fixed_inputs(args, kwargs, fixes)) if args or kwargs else obj, device=dev,
-            dtype=next((f.asks for f in fixes if f.asks is not None), dt),
-            call=call, assume_device=assume_device, profile=profile, data=data, limit=limit, _fixes=fixes).problems,
-            lambda fixes: prove_at_ops(fixes, rec.cases.cases, rec.rules, rec.profile))  # as a block's: one verdict
+        last: list[SimulationReport] = []
+
+        def rerun(fixes: list[Fix]) -> tuple[Any, ...]:  # a switch of the dtype asked for: re-run asking the new one
+            last[:] = [simulate(Target(obj, *fixed_inputs(args, kwargs, fixes)) if args or kwargs else obj, device=dev,
+                                dtype=next((f.asks for f in fixes if f.asks is not None), dt), call=call,
+                                assume_device=assume_device, profile=profile, data=data, limit=limit, _fixes=fixes)]
+            return last[0].problems
+
+        def at_op(fixes: list[Fix]) -> Any:  # as a block's: one verdict
+            return prove_at_ops(fixes, rec.cases.cases, rec.rules, rec.profile)
+
+        items = proven(items, rerun, at_op, problems)
+        if last and any(NEW in f.tried for f in items):  # the fix made a new failure upstream: its fix joins it
+            have = {f.code for f in items}
+            more = [f for f in last[0].fixes if f.code not in have and not f.code.startswith("torchdoctor.move(")]
+            items = proven(items + [replace(f, proven=False, tried="") for f in more], rerun, at_op, problems) \
+                if more else items
     fix = "\n".join(f.code for f in items) or None
     return SimulationReport(dev, dt, data, profile,
                             tuple(problems), space.ops, time.perf_counter() - start, rec.stopped, summary,
