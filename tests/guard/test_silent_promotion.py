@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 import torchdoctor
 
@@ -190,7 +191,7 @@ class _ScaledOnGpu(_Scaled):
     test_guard.py's GPU texts)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.lin(x)
+        _ = self.lin, self.scale  # what `self.lin(x) * self.scale` reads; no op runs on the tagged tensors
         raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
                            "cpu!")
 
@@ -208,3 +209,18 @@ def test_a_tensor_wrong_in_device_and_dtype_gets_one_fix_for_both(mode: str) -> 
     # the device fix alone would leave a float32 attribute that promotes the bf16 model silently on the GPU
     assert err.fix == "model.scale.data = model.scale.data.to('cuda:0', torch.bfloat16)"
     assert "scale -> cuda:0 and bfloat16" in str(err)
+
+
+class _Fp8PerCall(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.to(x.dtype), self.bias.to(x.dtype))
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict", "fix", "warn"])
+def test_a_float8_weight_cast_per_call_first_in_the_model_is_quiet(mode: str) -> None:
+    """The hunt's G8: the output check compared the bf16 output with the first weight, float8, which torch refuses
+    to promote with anything: the read-only check raised into a correct program."""
+    model = nn.Sequential(_Fp8PerCall(8, 8), nn.Linear(8, 8)).to(BF)
+    model[0].weight.data = model[0].weight.data.to(torch.float8_e4m3fn)
+    out, g, said = _run(model, mode)
+    assert out.dtype == BF and g.problems == [] and said == []

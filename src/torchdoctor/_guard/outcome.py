@@ -14,15 +14,18 @@ it. A model whose output is wider because its forward casts it so (``logits.floa
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
+from torchdoctor._placement import FLOAT8_DTYPES
 from torchdoctor._report.model import PlacementError, PlacementWarning
 from torchdoctor._report.text import user_stacklevel
 
+log = logging.getLogger("torchdoctor.guard")
 _COPY_LIMIT = 1 << 30  # bytes of parameters and buffers the re-run may copy (as a whole-forward proof)
 _T = torch.Tensor
 
@@ -57,7 +60,11 @@ class Outcome:
         if key in self.seen:
             return
         self.seen.add(key)
-        found = self._promoted(root, args, kwargs, t.dtype)
+        try:
+            found = self._promoted(root, args, kwargs, t.dtype)
+        except Exception:  # a read-only check never raises into the program it watches
+            log.debug("output check failed", exc_info=True)
+            return
         if found is None:
             return
         err, note = found
@@ -84,14 +91,14 @@ class Outcome:
                   dtype: torch.dtype) -> tuple[PlacementError, Any] | None:
         """The report of the op that promoted the model's dtype to ``dtype``, from a strict re-run on a copy; None
         when the output is not wider than the model's dtype or no op promoted it."""
-        p = next((x for x in root.parameters() if x.is_floating_point()), None)
-        if p is None or p.dtype == dtype or torch.promote_types(p.dtype, dtype) != dtype:
+        if not _widens(next((x.dtype for x in root.parameters()
+                                  if x.is_floating_point() and x.dtype not in FLOAT8_DTYPES), None), dtype):
             return None
         if any(isinstance(a, _T) and a.dtype == dtype for a in (*args, *kwargs.values())):
             return None  # the caller fed that dtype: no promotion of the model's own
         maps = self.session.maps_for(root)
         want = maps.dtype_for("") if maps is not None else None
-        if want is None or want == dtype or torch.promote_types(want, dtype) != dtype:
+        if not _widens(want, dtype):
             return None
         return self._rerun(root, args, kwargs)
 
@@ -140,6 +147,22 @@ class Outcome:
         note = next((n for n in notes if n.fix or n.maker), None) or Note(
             None, found.fix, getattr(found, "proof", None), getattr(found, "patch", None))
         return found, note
+
+
+def _widens(held: torch.dtype | None, out: torch.dtype) -> bool:
+    """Is ``out`` a promotion of ``held``? Never for float8 (torch promotes nothing with it: an fp8 weight cast per
+    call returns the compute dtype), integer, bool or complex dtypes.
+
+    >>> _widens(torch.bfloat16, torch.float32), _widens(torch.float8_e4m3fn, torch.bfloat16)
+    (True, False)
+    """
+    if held is None or held == out or held in FLOAT8_DTYPES or out in FLOAT8_DTYPES or not held.is_floating_point \
+            or not out.is_floating_point:
+        return False
+    try:
+        return torch.promote_types(held, out) == out
+    except (RuntimeError, TypeError):
+        return False
 
 
 def _name(dtype: torch.dtype) -> str:
