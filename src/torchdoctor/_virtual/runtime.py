@@ -27,7 +27,7 @@ from torchdoctor._virtual import devices_api as api
 from torchdoctor._virtual import hardware
 from torchdoctor._virtual import host as H
 from torchdoctor._virtual import dispatch as D
-from torchdoctor._virtual import makers, outside, parallel
+from torchdoctor._virtual import makers, outside, parallel, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
 from torchdoctor._virtual.deferred import deferred_imports
@@ -47,8 +47,7 @@ _device_of = tensor_device  # the one device reading (a virtual tensor's label, 
 
 def move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: torch.dtype | None,
          memory_format: Any = None, copy: bool = False) -> Any:
-    """``t.to(device, dtype)`` with virtual semantics: the same object when nothing changes, else a new one (a step
-    of the autograd graph when ``t`` requires grad and autograd records)."""
+    """``t.to(device, dtype)``, virtually: the same object when nothing changes, else a new one (autograd's step)."""
     if t.requires_grad and torch.is_grad_enabled():
         with torch.no_grad():
             made = _move(space, t, device, dtype, memory_format, copy)
@@ -96,10 +95,8 @@ def _move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: tor
 
 
 def _moved_in_block(space: Space, out: Any) -> Any:
-    """A tensor made before the run and moved or cast in the block outside any module: the user's line that did it
-    names it (``made by Tensor.to at app.py:7``), where nothing else would."""
-    if isinstance(out, VirtualTensor) and out._td_origin is None and out._td_path is None and \
-            space.hooks.running() is None:
+    """A tensor made before the run, moved or cast outside any module: named by that line (``Tensor.to at app.py:7``)."""
+    if isinstance(out, VirtualTensor) and out._td_origin is None and out._td_path is None and space.hooks.running() is None:
         out._td_origin = Made("Tensor.to", None)
     return out
 
@@ -291,6 +288,10 @@ class VirtualMode(TorchFunctionMode):
             cast = autocast_args(args, space.vtype, space.autocast)  # above autograd here: casts join the graph
             args = tuple(H.through_autograd(a, c) if isinstance(a, VirtualTensor) and a.requires_grad
                          and torch.is_grad_enabled() else c for a, c in zip(args, cast))
+        elif func in whole.ENTRIES:  # one op when nothing inside it can go wrong (whole.py)
+            one = whole.single(func, args, kwargs)
+            if one is not None:
+                return D.dispatch(*one)
         if func in D.CONV_ENTRY:
             args, kwargs = D.conv_precheck(space, func, args, kwargs)
         elif func is D.SDPA_ENTRY:
@@ -322,8 +323,7 @@ class VirtualMode(TorchFunctionMode):
 
 
 def _made(out: Any, func: Any, space: Space) -> Any:
-    """A factory's result records which factory made it in which module (a mask made on the wrong device is
-    named by where it was made)."""
+    """A factory's result records which factory made it in which module (a mask on the wrong device: where made)."""
     if isinstance(out, VirtualTensor) and out._td_origin is None and out._td_path is None \
             and func in _device_mod._device_constructors():
         out._td_origin = Made(f"torch.{getattr(func, '__name__', 'tensor')}", space.hooks.running())
