@@ -403,7 +403,8 @@ def test_python_level_dtype_check_is_a_problem_not_a_traceback() -> None:
     assert (rnn.kind, rnn.found, rnn.expected, rnn.module_type) == ("dtype", "float32", "bfloat16", "LSTM")
     assert "the run ended at a check torch makes before any op" in (report.stopped or "")
     assert report.fix is not None and "tensors made" not in report.fix
-    assert "model.proj.weight.data = model.proj.weight.data.to(torch.bfloat16)" in report.fix
+    assert "model.proj.to(torch.bfloat16)  # every floating tensor of proj is float32 while the rest of the model " \
+        "is bfloat16" in report.fix  # the layer in another dtype than its neighbours: that layer cast (issue 41 #5)
     err = _marker_run(lambda: _tagger().to("cuda:1")(torch.ones(1, 3, 4, device="cuda:1")))
     assert [p.path for p in err.problems] == ["proj.bias", "proj.weight", "rnn"], str(err)
 
