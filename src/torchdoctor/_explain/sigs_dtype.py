@@ -138,11 +138,13 @@ _sig("unsupported.mps_bf16", "unsupported_dtype_on_device", "bfloat16 is not ava
 # float8 shares the wording above but not its answer: Metal has no float8 on any macOS, so "update macOS" (the
 # bfloat16 answer) is wrong for it
 _sig("unsupported.mps_fp8", "unsupported_dtype_on_device", "MPS has no float8",
-     ("to the MPS backend but it does not have support for that dtype",),
+     ("to the MPS backend but it does not have support for that dtype", "mps does not support float8",
+      "mps backend does not support float8"),
      "A[ {dtype}] tensor (an fp8 checkpoint's weights) was sent to mps; Apple's MPS has no float8 type on any macOS "
      "or chip.",
      (("ud.mps_fp8", 3.0),),
-     r"Trying to convert (?P<dtype>float8_?\w{0,12}) to the MPS backend", require_pattern=True, confidence=0.95)
+     r"Trying to convert (?P<dtype>float8_?\w{0,12}) to the MPS backend",
+     r"MPS (?:backend )?does not support (?P<dtype>float8_?\w{0,12})", require_pattern=True, confidence=0.95)
 _sig("unsupported.mps_input_type", "unsupported_dtype_on_device", "An MPS kernel refuses this input dtype",
      ("does not support input type",),
      "The MPS kernel[ {kernel}] has no implementation[ for {dtype} inputs] in this PyTorch.",
