@@ -25,6 +25,15 @@ if _answer is not None:  # "host": children ask the CPU too
     os.environ.update(hardware.child_env("avx512bf16" if _answer else "portable"))
 collect_ignore = ["support/site"]  # a sitecustomize for child processes, not a test module
 
+# Under pytest-xdist (``-n N``, the Makefile's run) the workers share the cores: each computes on one thread, and so
+# do the processes it starts (CLI runs, scripts), else N workers each spinning up a thread per core oversubscribe
+# the machine. Set before any test runs: the state guard reads it as the worker's own setting.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch  # noqa: E402
+
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(params=hardware.BRANCHES)
 def bnb_cpu_branch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
@@ -44,3 +53,20 @@ def _module_leaves_state_as_found() -> Iterator[None]:
     """The same for a module's own module-scoped fixtures, read when the module's last test is done, and for what
     is read per module only (the libraries' cached answers, fakes left in sys.modules)."""
     yield from state.guard("this module (its module-scoped fixtures)")
+
+
+_SHARED_SCOPES = ("module", "class", "package")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``-n 2 --dist loadgroup`` (the Makefile's run) a module whose tests share a module-scoped fixture (a
+    launch, a built model, a browser) runs in one worker, so the fixture is built once; other tests are spread one
+    by one. An explicit ``xdist_group`` mark wins (tests/distributed: two modules share one launch)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.items() if info is not None else ()
+        if any(name != "_module_leaves_state_as_found" and d and d[-1].scope in _SHARED_SCOPES for name, d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

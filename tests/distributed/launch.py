@@ -12,6 +12,7 @@ from support import hardware
 
 WORKERS = Path(__file__).parent / "workers"
 TIMEOUT = 240  # seconds per launch; a 4-rank launch takes about 15 s here
+GROUP = "torchrun-two-ranks"  # the xdist_group of the modules that share the 2-rank launch (conftest.py)
 
 
 def torchrun(nproc: int, *argv: str, env: dict[str, str] | None = None, timeout: float = TIMEOUT,
@@ -27,3 +28,9 @@ def torchrun(nproc: int, *argv: str, env: dict[str, str] | None = None, timeout:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd,
                               check=False)
     return done
+
+
+def assert_launched(done: subprocess.CompletedProcess[str]) -> None:
+    """A launch that failed says why: the lines that name an error or a rank, else the end of its stderr."""
+    clues = [line for line in done.stderr.splitlines() if "Error" in line or "terminate" in line or "[rank" in line]
+    assert done.returncode == 0, "\n".join(clues[-60:]) or done.stderr[-4000:]

@@ -4,31 +4,31 @@ one 4-rank launch (a tiny transformers Llama with a bug planted on one rank), ea
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from distributed.launch import WORKERS, torchrun
+from distributed.launch import GROUP, WORKERS, assert_launched, torchrun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(GROUP)]
 
 
-def _launch(tmp_path_factory: pytest.TempPathFactory, nproc: int, suite: str) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp(suite)
-    done = torchrun(nproc, str(WORKERS / "check_scenarios.py"), str(out), suite)
-    clues = [line for line in done.stderr.splitlines() if "Error" in line or "terminate" in line or "[rank" in line]
-    assert done.returncode == 0, "\n".join(clues[-60:]) or done.stderr[-4000:]
+def _read(out: Path, nproc: int) -> list[dict[str, Any]]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return _launch(tmp_path_factory, 2, "small")
+def small(two_ranks: Path) -> list[dict[str, Any]]:
+    """The ``small`` scenarios, from the 2-rank launch ``test_cli.py`` shares (``conftest.py``)."""
+    return _read(two_ranks, 2)
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return _launch(tmp_path_factory, 4, "llama")
+    out = tmp_path_factory.mktemp("llama")
+    assert_launched(torchrun(4, str(WORKERS / "check_scenarios.py"), str(out), "llama"))
+    return _read(out, 4)
 
 
 def _problems(report: dict[str, Any]) -> list[tuple[int, str, str]]:

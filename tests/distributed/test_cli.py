@@ -8,19 +8,23 @@ from typing import Any
 
 import pytest
 
-from distributed.launch import WORKERS, torchrun
+from distributed.launch import GROUP, WORKERS, torchrun
 from support import hardware
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(GROUP)]
 TARGETS = WORKERS / "targets.py"
 
 
 @pytest.fixture(scope="module", params=hardware.BRANCHES)
 def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The runs on both of bitsandbytes' CPU import branches (its AVX512-BF16 one logs a line on every rank)."""
-    out = tmp_path_factory.mktemp("cli")
-    done = torchrun(2, str(WORKERS / "cli_runs.py"), str(out), branch=request.param)
-    assert done.returncode == 0, done.stderr[-4000:]
+    """The runs on both of bitsandbytes' CPU import branches (its AVX512-BF16 one logs a line on every rank); the
+    portable one comes from the 2-rank launch ``test_check.py`` shares (``conftest.py``), recorded there first."""
+    if request.param == "portable":
+        out = request.getfixturevalue("two_ranks") / "cli"
+    else:
+        out = tmp_path_factory.mktemp("cli")
+        done = torchrun(2, str(WORKERS / "cli_runs.py"), str(out), branch=request.param)
+        assert done.returncode == 0, done.stderr[-4000:]
     assert {(out / f"rank{r}.branch").read_text() for r in range(2)} == {request.param}
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 

@@ -178,8 +178,24 @@ LLAMA: dict[str, Callable[[], Any]] = {f.__name__: f for f in (
 
 
 def main() -> None:
+    """SUITE is ``small`` or ``llama``, optionally after ``cli+``: then the same launch first records the command
+    lines of ``cli_runs.py`` (``OUTDIR/cli/rank<R>.json``; first, before any scenario imports a library) and then
+    runs the scenarios (a launch costs seconds)."""
     out, suite = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
+    if suite.startswith("cli+"):
+        sys.path.insert(0, os.path.dirname(__file__))
+        import cli_runs
+
+        os.makedirs(os.path.join(out, "cli"), exist_ok=True)
+        cli_runs.record(os.path.join(out, "cli"))
+        suite = suite[len("cli+"):]
+    run_suite(out, suite)
+    dist.barrier()  # gloo may abort a rank whose peer closed its connections first
+    dist.destroy_process_group()
+
+
+def run_suite(out: str, suite: str) -> None:
     results: dict[str, Any] = {}
     for name, fn in {"small": SMALL, "llama": LLAMA}[suite].items():
         try:
@@ -190,8 +206,6 @@ def main() -> None:
                              "traceback": traceback.format_exc()[-2000:]}
     with open(os.path.join(out, f"rank{RANK}.json"), "w", encoding="utf-8") as fh:
         json.dump(results, fh, indent=1, default=str)
-    dist.barrier()  # gloo may abort a rank whose peer closed its connections first
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -45,12 +45,18 @@ class _Library(logging.Handler):
 
 
 def main() -> None:
-    out = sys.argv[1]
+    dist.init_process_group("gloo")
+    record(sys.argv[1])
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def record(out: str) -> None:
+    """Every run of ``RUNS`` on this rank, in the initialised process group, into ``OUT/rank<R>.json``."""
     rank = int(os.environ["RANK"])
     results = {}
     library = _Library()
     logging.getLogger().addHandler(library)
-    dist.init_process_group("gloo")
     for name, (env, argv) in RUNS.items():
         os.environ.pop("TD_BUG_RANK", None)
         os.environ.pop("TD_BUG", None)
@@ -68,8 +74,7 @@ def main() -> None:
         import bitsandbytes.backends.cpu.ops as cpu_ops  # the branch bitsandbytes took at import, as it records it
 
         fh.write("avx512bf16" if hasattr(cpu_ops, "gemm_4bit_forward_kernel") else "portable")
-    dist.barrier()
-    dist.destroy_process_group()
+    logging.getLogger().removeHandler(library)
 
 
 if __name__ == "__main__":
