@@ -12,7 +12,8 @@ Only when nothing inside the decomposition could be a problem: every tensor oper
 library ``__torch_function__``), all on one device label, all of one dtype (an attention mask bool or the query's
 dtype), and no autograd graph to record (grad off, or no operand requires grad: the op bypasses autograd). Anything
 else (a mixed dtype, a CPU operand, a plain tensor, training, autocast) decomposes as before, where the rules see
-each part. An attention on real values (small tensors, ``data="cpu"``) decomposes too: as one op it would run
+each part. A linear also needs its weight (and bias) named by the model, and a 2-d or contiguous 3-d input: then
+the provenance its result gets is the decomposition's, op for op (``named``). An attention on real values (small tensors, ``data="cpu"``) decomposes too: as one op it would run
 another CPU kernel (other rounding: data-dependent code after it, a MoE router's top-k, could take another branch),
 and the decomposed causal path makes its output meta (its mask is made on meta), which the code after it meets.
 """
@@ -23,14 +24,12 @@ from typing import Any
 
 import torch
 
-from torchdoctor._virtual.tensor import VirtualTensor
+from torchdoctor._virtual.origin import made_from
+from torchdoctor._virtual.tensor import VirtualTensor, current_space
 
 aten = torch.ops.aten
 ENABLED = True  # tests turn it off to compare runs with and without it
-# F.linear as one op: measured (bench/simulate_whole.py), off: a result's provenance would name ``aten.linear``
-# where the decomposed call names ``aten.addmm`` / ``aten.mm`` / a view after them, so reports that cite a tensor
-# made by a linear would read differently (same findings, another op name in the chain)
-LINEAR = False
+LINEAR = True  # F.linear as one op (bench/simulate_whole.py measures with and without)
 _PLAIN_TF = VirtualTensor.__torch_function__
 _LINEAR = (torch.nn.functional.linear, torch._C._nn.linear)
 _LINEAR_NAMES = ("input", "weight", "bias")
@@ -95,8 +94,40 @@ def single(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[An
         if got is None:
             return None
         vals, _ = got
-        ts = vals[:2] if vals[2] is None else vals
-        if not _agree(ts):
+        x, w, b = vals
+        ts = vals[:2] if b is None else vals
+        # ``named`` writes the provenance the decomposition would: known for a weight and bias the model holds
+        # (named by path), on a 2-d input or a contiguous 3-d one
+        if not _agree(ts) or w._td_path is None or (b is not None and b._td_path is None) or \
+                not (x.dim() == 2 or (x.dim() == 3 and x.is_contiguous())):
             return None
         return aten.linear.default, tuple(vals), {}
     return None
+
+
+class _Part:
+    """What ``origin.made_from`` reads of a tensor the decomposition made in between."""
+
+    __slots__ = ("dtype", "_td_device", "_td_path", "_td_origin")
+
+    def __init__(self, like: Any, origin: Any) -> None:
+        self.dtype, self._td_device, self._td_path, self._td_origin = like.dtype, like._td_device, None, origin
+
+
+def named(out: Any, one: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> Any:
+    """``out`` of ``single``'s op, its provenance as the decomposed call records it: a linear's result was made by
+    ``addmm`` (a bias) or ``mm`` from the input and the weight, and on a 3-d input by the view after it (``view``
+    with a bias, ``_unsafe_view`` without: ``at::linear`` flattens, multiplies and unflattens), so a problem a
+    linear's result causes reads the same either way. An attention's result is named by the attention."""
+    space = current_space()
+    if one[0] is not aten.linear.default or not isinstance(out, VirtualTensor) or space is None:
+        return out
+    x, w, b = one[1]
+    running = space.hooks.running()
+    made = made_from(aten.mm if b is None else aten.addmm, running, [x, w] if b is None else [b, x, w], out.dtype,
+                     out._td_device)
+    if x.dim() > 2:
+        made = made_from(aten._unsafe_view if b is None else aten.view, running, [_Part(out, made)], out.dtype,
+                         out._td_device)
+    out._td_origin = made
+    return out
