@@ -148,3 +148,17 @@ def test_growth_row_compares_growth_not_time(capsys: pytest.CaptureFixture[str])
     finally:
         table.ROWS.clear()
     capsys.readouterr()
+
+
+def test_simulate_whole_rounds_rotate_and_its_ratio_is_the_median_of_per_round_ratios(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _load("simulate_whole")
+    calls: list[str] = []
+    t = bench.rounds({k: (lambda k=k: calls.append(k)) for k in "abc"}, 3)
+    assert calls[:3] == ["a", "b", "c"]  # the warm-up, then each round starts one later
+    assert calls[3:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"] and all(len(v) == 3 for v in t.values())
+    assert bench.ratio([2.0, 9.0, 3.0], [1.0, 3.0, 1.0]) == "x3.00 (2.00-3.00)"
+    monkeypatch.setattr(sys, "argv", ["simulate_whole.py", "gpt:1"])
+    with pytest.raises(SystemExit) as err:
+        bench.main()
+    assert err.value.code == 2 and "gpt:1: expected name:scale with name flux, sdxl or llama" in capsys.readouterr().err
