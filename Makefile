@@ -28,9 +28,14 @@ BNB_TESTS := tests/move/test_cast_rule.py tests/move/test_move.py tests/move/tes
 	tests/virtual/test_simulate.py tests/distributed/test_cli.py
 BNB_K := 4bit or 8bit or bnb or kbit or packed or quant or bitsandbytes or qlora or branch
 
+# pytest-xdist: TEST_WORKERS processes (2 on CI's 2 cores; each computes on one thread, tests/conftest.py), the
+# tests of a module sharing a module-scoped fixture in one of them (--dist loadgroup). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:randomly src tests
-	TD_TEST_BNB_AVX512BF16=1 $(PY) -m pytest -q -p no:randomly $(BNB_TESTS) -k "$(BNB_K)"
+	$(PY) -m pytest -q -p no:randomly $(XDIST) src tests
+	TD_TEST_BNB_AVX512BF16=1 $(PY) -m pytest -q -p no:randomly $(XDIST) $(BNB_TESTS) -k "$(BNB_K)"
 	$(PY) -m mypy src/torchdoctor
 
 install: $(STAMP)

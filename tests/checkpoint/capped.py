@@ -1,7 +1,9 @@
 """Run the real CLI (``torchdoctor scan ...``) in a child process under a timeout and an address-space cap.
 
 One child runs several scans (importing torch costs seconds on a loaded machine); each scan's exit code,
-output, wall time and peak-RSS growth come back as one record. Going over the cap makes allocations fail
+output, CPU time and peak-RSS growth come back as one record. CPU time, not wall time: a bomb burns CPU however
+loaded the machine is, while a scan waiting for a core (other processes, ``pytest -n 2``) does not; a scan that
+hangs without burning CPU outlives the child's timeout. Going over the cap makes allocations fail
 inside the child: a scan whose output mentions ``MemoryError`` or that grows the peak RSS past its allowance
 is a failure, and so is a child that dies or outlives the timeout. An audit hook in the child records every
 call that would run code or change files (``os.system``, ``subprocess.Popen``, the default
@@ -34,7 +36,7 @@ for line in sys.stdin:
     out, err = io.StringIO(), io.StringIO()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     del events[:]
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             rc = main(argv)
@@ -46,7 +48,7 @@ for line in sys.stdin:
             rc = -1
     grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     print(json.dumps({"argv": argv, "rc": rc, "out": out.getvalue(), "err": err.getvalue(),
-                      "seconds": time.perf_counter() - t0, "rss_growth_mb": grew / 1024,
+                      "seconds": time.process_time() - t0, "rss_growth_mb": grew / 1024,
                       "events": sorted(set(events))}), flush=True)
 """
 
@@ -57,7 +59,7 @@ class Run:
     rc: int
     out: str
     err: str
-    seconds: float
+    seconds: float  # CPU time of the scan (every thread of the child)
     rss_growth_mb: float
     events: list[str]  # audited calls that run code (os.system, pickle.find_class, exec, ...) during the scan
 
@@ -92,7 +94,7 @@ def run_scans(argvs: list[list[str]], *, cap: int = CAP, timeout: float = 300, h
 
 
 def assert_bounded(run: Run, seconds: float = 30, rss_mb: float = 400) -> None:
-    """No traceback, no MemoryError, one-line error, and time and memory within their allowance."""
+    """No traceback, no MemoryError, one-line error, and CPU time and memory within their allowance."""
     assert run.rc in (0, 1, 2), run
     assert not run.events, (run.argv, run.events)  # no pickle code, no process, no exec: ever
     assert "Traceback" not in run.text and "MemoryError" not in run.text, run.text[-2000:]
