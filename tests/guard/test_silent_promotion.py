@@ -224,3 +224,21 @@ def test_a_float8_weight_cast_per_call_first_in_the_model_is_quiet(mode: str) ->
     model[0].weight.data = model[0].weight.data.to(torch.float8_e4m3fn)
     out, g, said = _run(model, mode)
     assert out.dtype == BF and g.problems == [] and said == []
+
+
+def test_explain_aims_at_the_callers_default_dtype_factory_that_promoted_the_input_as_strict_does() -> None:
+    """The hunt's GN4 (musubi-tuner#431): a training step's sigmas made by ``torch.tensor`` with no dtype promote
+    the bf16 latents; the model's first Linear refuses them. explain named the maker but printed ``# pass
+    hidden_states as tensor.to(...)``; strict (at the promoting mul, outside any module) fixed the line."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8)).to(BF)
+    latents = torch.randn(2, 4, 8, dtype=BF)
+    line = "sigmas = torch.tensor([1.0, 0.5], dtype=torch.bfloat16).view(-1, 1, 1)"
+    fixes = {}
+    for mode in ("explain", "strict"):
+        with pytest.raises(torchdoctor.PlacementError) as info, torchdoctor.guard(model, mode=mode):
+            sigmas = torch.tensor([1.0, 0.5]).view(-1, 1, 1)
+            model((1.0 - sigmas) * latents)
+        fixes[mode] = (info.value.fix or "").split("  # ")[0]
+        assert (info.value.proof or "").startswith("fix proven"), (mode, info.value.proof)
+        assert info.value.patch is not None and f"+            {line}\n" in info.value.patch, mode
+    assert fixes == {"explain": line, "strict": line}

@@ -18,7 +18,7 @@ from torchdoctor._explain.tokens import devices_in, dtypes_in
 from torchdoctor._guard import compiled as graph, provenance
 from torchdoctor._guard.float8 import is_float8_message
 from torchdoctor._guard import component
-from torchdoctor._guard.remedy import aimed, caller_lines, locals_made, moved_aim, with_patch
+from torchdoctor._guard.remedy import Aim, aimed, caller_fix, caller_makers, locals_made, moved_aim, with_patch
 from torchdoctor._guard.maps import Maps, both, fix_code, module_label, reference
 from torchdoctor._guard.notes import Note
 from torchdoctor._guard.session import Session
@@ -278,8 +278,9 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
               f": {_rules._compact(c[2])}  (expected {expected}){_trace_note(c[2])}" for c in bad]
     if not bad:
         lines += [f"{c[1]}: {_rules._compact(c[2])}" for c in cands[:8]]
-    given = caller_lines([(c[1], c[2]) for c in bad if c[1] in passed], kind, exc.__traceback__ or tb,
-                         maps.modules if maps is not None else None)
+    makers = caller_makers([(c[1], c[2]) for c in bad if c[1] in passed], kind, exc.__traceback__ or tb,
+                           maps.modules if maps is not None else None)
+    given = [f"{label} {m.describe()}" for label, m in makers]
     lines += given
     lines += [f"also off-policy, not involved in this failure: {c[1]}: {_rules._compact(c[2])}" for c in off]
     lines += [s.line() for s in also]
@@ -313,6 +314,11 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     if aim is not None and not blamed:  # the maker of the operand made in forward: the fix aims at it
         lines[-1:-1] = aim.lines + ([aim.proof] if aim.proof else [])
         fix = aim.code or fix
+    elif (at := caller_fix(makers, ref, maps.modules, maps.dicts) if maps is not None and not blamed else None):
+        tried = f"{', '.join(c[1] for c in bad if c[1] in passed)} -> {_show(ref, kind)}"  # the line gives it that
+        aim = Aim([], at.code, at.patch, component.prove_whole(session, root, lambda m: None, tried, (
+            next(c[2].dtype for c in bad if c[1] in passed), ref)), [])
+        lines[-1:-1], fix = [aim.proof] if aim.proof else [], at.code
     problems = [replace(b.problem, op=op) for b in blamed] + ([comp] if comp is not None else [])
     problems += [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,
                          f"{c[1]} is {_show(value(c[2]), kind)} in {where}, expected {expected}", op=op,

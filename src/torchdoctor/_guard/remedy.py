@@ -363,6 +363,12 @@ def caller_lines(given: list[tuple[str, torch.Tensor]], kind: str, tb: Any = Non
     """``kw['extra'][0] made by `torch.randn` at train.py:12 (...)``: the line of the caller's code that made each
     tensor it passed in, where its frames show it: the frames outside the guarded model's forwards (``inside``:
     the ids of its modules; a wrapper module around it is the caller's code), or outside any module's."""
+    return [f"{label} {m.describe()}" for label, m in caller_makers(given, kind, tb, inside)]
+
+
+def caller_makers(given: list[tuple[str, torch.Tensor]], kind: str, tb: Any = None,
+                  inside: Any = None) -> list[tuple[str, Maker]]:
+    """(label, maker) of each of the caller's tensors whose making line its frames show (``caller_lines``)."""
     from torchdoctor._guard.frames import Frames, user_frames
     from torchdoctor._guard.maker import find
 
@@ -376,4 +382,17 @@ def caller_lines(given: list[tuple[str, torch.Tensor]], kind: str, tb: Any = Non
         found = [(label, find(frames, t, kind)) for label, t in given[:4]]
     except Exception:  # the making line is extra: the argument is named without it
         return []
-    return [f"{label} {m.describe()}" for label, m in found if m is not None]
+    return [(label, m) for label, m in found if m is not None]
+
+
+def caller_fix(makers: list[tuple[str, Maker]], target: Any, paths: dict[int, str], dicts: Any) -> Remedy | None:
+    """A caller's argument in a wider dtype because the caller's code made it with a factory given no dtype (the
+    default float32: ``sigmas = torch.tensor(SCHED, device=device)`` promoting the bf16 latents): the fix is that
+    line given the dtype, as strict says at the promoting op. A cast the caller wrote (``.float()``) is its choice:
+    none then."""
+    for _, m in makers:
+        if isinstance(target, torch.dtype) and m.factory and m.segment is None and m.dtype_from is None:
+            fix = remedy(m, target, paths, dicts)
+            if fix is not None and not fix.code.startswith("#"):
+                return fix
+    return None
