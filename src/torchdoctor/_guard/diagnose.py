@@ -278,9 +278,9 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
               f": {_rules._compact(c[2])}  (expected {expected}){_trace_note(c[2])}" for c in bad]
     if not bad:
         lines += [f"{c[1]}: {_rules._compact(c[2])}" for c in cands[:8]]
-    makers = caller_makers([(c[1], c[2]) for c in bad if c[1] in passed], kind, exc.__traceback__ or tb,
-                           maps.modules if maps is not None else None)
-    given = [f"{label} {m.describe()}" for label, m in makers]
+    callers = caller_makers([(c[1], c[2]) for c in bad if c[1] in passed], kind, exc.__traceback__ or tb,
+                            maps.modules if maps is not None else None)
+    given = [f"{label} {m.describe()}" for label, m in callers]
     lines += given
     lines += [f"also off-policy, not involved in this failure: {c[1]}: {_rules._compact(c[2])}" for c in off]
     lines += [s.line() for s in also]
@@ -314,7 +314,7 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     if aim is not None and not blamed:  # the maker of the operand made in forward: the fix aims at it
         lines[-1:-1] = aim.lines + ([aim.proof] if aim.proof else [])
         fix = aim.code or fix
-    elif (at := caller_fix(makers, ref, maps.modules, maps.dicts) if maps is not None and not blamed else None):
+    elif (at := caller_fix(callers, ref, maps.modules, maps.dicts) if maps is not None and not blamed else None):
         tried = f"{', '.join(c[1] for c in bad if c[1] in passed)} -> {_show(ref, kind)}"  # the line gives it that
         aim = Aim([], at.code, at.patch, component.prove_whole(session, root, lambda m: None, tried, (
             next(c[2].dtype for c in bad if c[1] in passed), ref)), [])
