@@ -32,3 +32,42 @@ def test_mps_float8_short_wording_is_the_float8_answer(text: str) -> None:
 def test_another_backend_without_float8_is_not_read_as_mps() -> None:
     found = explain("RuntimeError: this GPU does not support float8_e4m3fn")
     assert all(d.signature != "unsupported.mps_fp8" for d in found)
+
+
+NUMPY_BF16 = "TypeError: Got unsupported ScalarType BFloat16"
+XPU_FP64 = "RuntimeError: Required aspect fp64 is not supported on the device"
+
+
+def _quotings(message: str) -> list[str]:
+    return [message, f"`{message}`", json.dumps({"error": message}), message.replace("'", "&#39;") + "<br>",
+            "!!! Exception during processing !!! " + message.split(": ", 1)[1] + "\nTraceback (most recent call "
+            'last):\n  File "/ComfyUI/execution.py", line 496, in execute\n' + message + "\n"]
+
+
+@pytest.mark.parametrize("text", _quotings(NUMPY_BF16))
+def test_numpy_has_no_bfloat16(text: str) -> None:  # hunt E3 (sdnext#4396, ComfyUI-VideoHelperSuite#685, ...)
+    found = explain(text)
+    assert found, text
+    d = found[0]
+    assert (d.signature, d.category) == ("unsupported.numpy_dtype", "unsupported_dtype_on_device")
+    assert d.what_happened == "A bfloat16 tensor was converted to numpy, which has no such type."
+    assert d.likely_causes[0].startswith("numpy has no bfloat16 type")
+    # the cast before numpy comes first, also in a ComfyUI log (its precision flags are not the answer)
+    assert d.fixes[0] == ("Cast to float32 before converting", "arr = t.detach().float().cpu().numpy()")
+    assert all("--force-fp32" not in code for _, code in d.fixes)
+
+
+def test_numpy_refusal_names_float8_too() -> None:
+    d = explain("TypeError: Got unsupported ScalarType Float8_e4m3fn")[0]
+    assert d.signature == "unsupported.numpy_dtype"
+    assert d.what_happened.startswith("A float8_e4m3fn tensor was converted to numpy")
+
+
+@pytest.mark.parametrize("text", _quotings(XPU_FP64))
+def test_intel_gpu_without_float64(text: str) -> None:  # hunt E4 (ComfyUI-WanVideoWrapper#711, torch-xpu-ops)
+    found = explain(text)
+    assert found, text
+    d = found[0]
+    assert (d.signature, d.category) == ("unsupported.xpu_fp64", "unsupported_dtype_on_device")
+    assert "no float64 kernels" in d.likely_causes[0]
+    assert d.fixes[0] == ("Make that tensor float32 before it reaches xpu", "t = t.to(torch.float32)")

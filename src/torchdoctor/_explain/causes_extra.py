@@ -94,3 +94,17 @@ _c("q.bnb_quantize_float",
    ("Or quantize from float16 weights: load them in that dtype, then quantize",
     "model = AutoModelForCausalLM.from_pretrained(name, quantization_config=cfg, {dtype_kw}=torch.float16)"))
 
+# The twelfth session's hunt (E3, E4): dtypes that a consumer of the tensor has no type for
+_c("ud.numpy_dtype",
+   "numpy has no {dtype} type: a {dtype} tensor was converted to numpy (.numpy(), np.asarray(t), np.array(t), or "
+   "a library that calls them: saving an image or video, a plot, a metric), which fails whatever its device.",
+   'torchdoctor.scan(model)',
+   ("Cast to float32 before converting", "arr = t.detach().float().cpu().numpy()"),
+   ("Or, for images, convert to uint8 first", "arr = (t.clamp(0, 1) * 255).to(torch.uint8).cpu().numpy()"))
+_c("ud.xpu_fp64",
+   "This Intel GPU (Arc and other consumer XPUs) has no float64 kernels, and a float64 tensor reached it: numpy "
+   "arrays and Python floats default to float64, and torch.from_numpy / torch.arange(..., dtype=torch.float64) "
+   "keep it (rotary embeddings are a common place).",
+   'torchdoctor.simulate(model, device="xpu")',
+   ("Make that tensor float32 before it reaches xpu", "t = t.to(torch.float32)"),
+   ("Make numpy inputs float32", 'torch.from_numpy(arr.astype("float32"))'))

@@ -184,8 +184,8 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
             flags.add("backend_absent")
     if f.get("have", "").endswith("+cpu"):
         flags.add("have_cpu")
-    if sig_name == "dtype.out_cast":
-        flags.add("out_cast")
+    if sig_name in ("dtype.out_cast", "unsupported.numpy_dtype", "unsupported.xpu_fp64"):  # the last two: a dtype
+        flags.add("out_cast" if sig_name == "dtype.out_cast" else "code_dtype")  # code chose, no app flag reaches
     if sig_name == "device.conv_input" and "a" in f:  # which side of the layer stayed behind
         flags.add("input_behind" if f["a"] == "cpu" else "weights_behind")
     if sig_name.startswith(("frames.", "partial.")):

@@ -145,6 +145,15 @@ _sig("unsupported.mps_fp8", "unsupported_dtype_on_device", "MPS has no float8",
      (("ud.mps_fp8", 3.0),),
      r"Trying to convert (?P<dtype>float8_?\w{0,12}) to the MPS backend",
      r"MPS (?:backend )?does not support (?P<dtype>float8_?\w{0,12})", require_pattern=True, confidence=0.95)
+_sig("unsupported.numpy_dtype", "unsupported_dtype_on_device", "numpy has no type for this tensor's dtype",
+     ("got unsupported scalartype",),
+     "A[ {dtype}] tensor was converted to numpy, which has no such type.",
+     (("ud.numpy_dtype", 3.0),),
+     r"Got unsupported ScalarType (?P<dtype>\w{1,20})", require_pattern=True, confidence=0.9)
+_sig("unsupported.xpu_fp64", "unsupported_dtype_on_device", "This Intel GPU has no float64",
+     ("required aspect fp64 is not supported",),
+     "A float64 tensor reached an Intel GPU (XPU) that has no float64 support.",
+     (("ud.xpu_fp64", 3.0),), confidence=0.9)
 _sig("unsupported.mps_input_type", "unsupported_dtype_on_device", "An MPS kernel refuses this input dtype",
      ("does not support input type",),
      "The MPS kernel[ {kernel}] has no implementation[ for {dtype} inputs] in this PyTorch.",
