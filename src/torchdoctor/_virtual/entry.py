@@ -252,10 +252,11 @@ class EntryCheck:
 
     def reached(self, tensors: list[Any]) -> None:
         """These tensors reached an op: a pending attribute / container among them is reported now."""
-        for t in tensors:
-            note = self.pending.pop(getattr(t, "_td_path", None) or "", None)
-            if note is not None:
-                self.note(*note)
+        for t in tensors:  # a copy the forward moved first (``w.scale.to(x.device)``) keeps the name, not the fault
+            path = getattr(t, "_td_path", None) or ""
+            note = self.pending.get(path)
+            if note is not None and device_str(getattr(t, "_td_device", t.device)) == note[2]:
+                self.note(*self.pending.pop(path))
 
     def _reference(self, mod: nn.Module, tensors: list[tuple[str, torch.Tensor, str]], args: Any) -> Any:
         """Where the module computes: the run's device when its input is there (and no accelerate hook spreads the

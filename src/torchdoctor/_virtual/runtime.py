@@ -34,7 +34,7 @@ from torchdoctor._virtual.deferred import deferred_imports
 from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.dispatch import autocast_args, lift_all, plain
 from torchdoctor._virtual.origin import Made
-from torchdoctor._virtual.tensor import SMALL, Space, VirtualTensor, host_values, is_virtual, make
+from torchdoctor._virtual.tensor import SMALL, Space, VirtualTensor, host_values, is_virtual, make, with_class_of
 
 _CPU = torch.device("cpu")
 
@@ -80,7 +80,7 @@ def _move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: tor
         elem, path = space.inner_of(t), kept[0] if kept is not None else None
     with torch._C.DisableTorchFunction():
         elem = elem.to(dtype=want, memory_format=memory_format or torch.preserve_format, copy=copy)
-    out = make(VirtualTensor, elem, target, path)
+    out = with_class_of(t, elem, target, path)  # a GGUF-style tensor subclass stays one, its attributes kept
     # a cast keeps where the tensor came from (a factory call, the caller)
     origin = t._td_origin if isinstance(t, VirtualTensor) else kept[1] if kept is not None else None
     if origin is not None:

@@ -319,3 +319,18 @@ def make(cls: type, elem: torch.Tensor, device: torch.device, path: str | None =
     )
     t._td_elem, t._td_device, t._td_path, t._td_origin = elem, device, path, None
     return t
+
+
+def with_class_of(t: torch.Tensor, elem: torch.Tensor, device: torch.device, path: str | None) -> Any:
+    """The virtual result of moving ``t``: a plain ``torch.Tensor`` subclass of the program's (a GGUF loader's
+    tensor made with ``_make_subclass``, with its ``logical_shape`` and ``scale``) stays one, attributes kept, as
+    torch's ``.to`` keeps it; parameters, wrapper subclasses (DTensor) and plain tensors become ``VirtualTensor``."""
+    cls = type(t)
+    base = next((c for c in cls.__mro__ if not issubclass(c, VirtualTensor)), torch.Tensor) \
+        if issubclass(cls, VirtualTensor) else cls
+    if base is torch.Tensor or issubclass(base, torch.nn.Parameter) or not issubclass(base, torch.Tensor) or any(
+            "__torch_dispatch__" in c.__dict__ for c in base.__mro__[:-3]):
+        return make(VirtualTensor, elem, device, path)
+    out = make(virtual_class(base), elem, device, path)
+    out.__dict__.update({k: v for k, v in getattr(t, "__dict__", {}).items() if not k.startswith("_td_")})
+    return out
