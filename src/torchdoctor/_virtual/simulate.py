@@ -29,8 +29,8 @@ from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
 from torchdoctor._virtual.atop import prove_at_ops
 from torchdoctor._virtual.fixes import fix_items
-from torchdoctor._virtual.prove import NEW, Fix, apply_fixes, before_move, fixed_inputs, held, inputs_cast, proven, \
-    recasts
+from torchdoctor._virtual.prove import NEW, Fix, apply_fixes, before_move, fixed_inputs, held, inputs_cast, judged_at_op, \
+    proven, recasts
 from torchdoctor._virtual.makers import CastMakers, built_on, place_inputs as _place_inputs, placed_on as _placed_on
 from torchdoctor._virtual.session import expectation, not_stored
 from torchdoctor._virtual.hardware import ledger, over_memory
@@ -341,7 +341,23 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
         problems = kept[:limit] + not_stored(left, limit)
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
     items = proven_fixes(session, problems, held(obj) if dt is not None else None) if problems else ()  # at the op
+    if call is None and any(f.applied() and not judged_at_op(f) for f in items):  # met at a layer's entry, not at
+        items = tuple(_rerun_fresh(load, list(items), dev, dt, session.profile, limit, assume_device, session.data))
     fix = "\n".join(f.code for f in items) or None
     return SimulationReport(session.device, dt, session.data, session.profile, tuple(problems), session.ops,
                             time.perf_counter() - start - built, stopped, summary, session.culprits, fix, forward,
                             assumed, expectation(session.device, dt, session.profile, sources), items, built)
+
+
+def _rerun_fresh(load: Callable[[], Any], items: list[Fix], dev: torch.device, dt: torch.dtype | None, profile: Any,
+                 limit: int, assume_device: Any, data: str) -> list[Fix]:
+    """The fixes no failing op judged (a uint8 weight named when its layer starts), proven as the API proves them:
+    a virtual re-run of a freshly built TARGET with them applied, so the command line and ``simulate`` give one
+    verdict. A TARGET that cannot be built again outside the run keeps the verdict it has."""
+    try:
+        fresh = load()
+    except Exception as exc:  # built on the device itself: only a run can build it
+        log.info("simulate: the TARGET could not be built again for the proof: %s", exc)
+        return items
+    return proven(items, lambda fixes: simulate(fresh, device=dev, dtype=dt, profile=profile, limit=limit,
+                                                assume_device=assume_device, data=data, _fixes=fixes).problems)
