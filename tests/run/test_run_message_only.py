@@ -119,3 +119,28 @@ def test_a_virtual_runs_text_summary_prints_each_fix_with_its_proof(tmp_path: Pa
     fix = summary[summary.index("\nFix"):]
     assert "device=x.device" in fix and "# fix proven (at the failing op aten.cat.default" in fix
     assert "Patch (git apply):" in fix and "+        mask = torch.zeros(x.shape[0], 4, device=x.device)" in fix
+
+
+NO_CUDA = """
+    import torch
+    m = torch.nn.Linear(8, 12)
+    m.to("cuda:0")
+    print(m(torch.ones(1, 8, device="cuda:0")).shape)
+"""
+
+
+def test_a_program_that_wants_missing_hardware_is_first_told_to_run_on_a_virtual_device(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("this machine has CUDA: the program runs")
+    script = write(tmp_path / "app.py", NO_CUDA)
+    proc = run("--file", str(tmp_path / "out.json"), str(script), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    (f,) = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))["findings"]
+    assert f["category"] == "no_accelerator" and f["where"] == "app.py:4 in <module>"  # m.to("cuda:0")
+    assert f["fix"].startswith(f"torchdoctor run --device cuda:0 {script}  # its placement checked on a virtual")
+    assert "pip install torch" in f["fix"]  # the real build, second
+    assert f["culprit"] is None  # the Linear guard saw last is no culprit of a missing GPU

@@ -222,13 +222,29 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
     if os.getpid() != pid:  # a process the program forked ends here, as under python: no second summary
         raise SystemExit(code)
     if session is None:
-        return RunReport(program, code, watcher.findings, seconds=time.perf_counter() - start,
-                         missing=watcher.missing)
+        return RunReport(program, code, [_virtual_advice(f, program) for f in watcher.findings],
+                         seconds=time.perf_counter() - start, missing=watcher.missing)
     where = {key: first_own_frame(frames, watcher.root) for key, frames in session.stacks.items()}
     return RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
                      time.perf_counter() - start, session.stopped, where, notes,
                      _expected(session, profile, sources or {}), watcher.missing, session.where_ran(),
                      session.networks, session.fixes)
+
+
+def _virtual_advice(f: Finding, program: list[str]) -> Finding:
+    """A program that asks for hardware this machine lacks ("Torch not compiled with CUDA enabled"): the first
+    advice is to run it here on a virtual device of that kind (``--device``); installing a build comes after. The
+    module guard saw last is no culprit of a missing device."""
+    if f.category != "no_accelerator":
+        return f
+    text = f.error.lower()
+    kind = "xpu" if "xpu" in text else "mps" if "mps" in text else "cuda:0"
+    import shlex
+
+    line = f"torchdoctor run --device {kind} {shlex.join(program)}  # its placement checked on a virtual {kind} here"
+    f.fix = line + (f"\n# or, to run it for real on this machine's hardware:\n{f.fix}" if f.fix else "")
+    f.culprit = None
+    return f
 
 
 def _expected(session: Any, profile: Any, sources: dict[str, str]) -> dict[str, str]:
