@@ -105,3 +105,22 @@ def test_a_tensor_computed_from_cpu_ids_is_fixed_where_the_ids_were_made() -> No
         assert code == "# torch.tensor made it on cpu: pass device= (torch.tensor(..., device='cuda:1'))"
         assert [f.proven for f in fixes] == [True] and fixes[0].diff is not None
         assert "+    ids = torch.tensor([[1, 2, 3]], device='cuda:1')" in fixes[0].diff
+
+
+class Depth(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = torch.from_numpy(np.full(8, 0.5)).to(x.device)  # float64 numpy data: MPS has no float64
+        return self.head(x - mean)
+
+
+def test_a_block_never_casts_a_float32_model_for_float64_made_in_its_forward() -> None:
+    # hunt V1: every model tensor is float32 already, so `model.to(torch.float32)` would be a no-op
+    with torchdoctor.virtual_devices("mps", raise_on_exit=False) as sim:
+        Depth().to("mps")(torch.ones(2, 8, device="mps"))
+    code = _codes(sim)
+    assert "model.to(" not in code and "torch.from_numpy(...).to(x.dtype)" in code, code
+    assert all(f.proven for f in sim.fixes), [(f.code, f.tried) for f in sim.fixes]
