@@ -27,9 +27,13 @@ collect_ignore = ["support/site"]  # a sitecustomize for child processes, not a 
 
 # Under pytest-xdist (``-n N``, the Makefile's run) the workers share the cores: each computes on one thread, and so
 # do the processes it starts (CLI runs, scripts), else N workers each spinning up a thread per core oversubscribe
-# the machine. Set before any test runs: the state guard reads it as the worker's own setting.
+# the machine. A worker also starts with COLUMNS=80 and LINES=24 in its environment, which a one-process run from a
+# pipe (CI) never has: every CLI child would wrap its report at 80 columns. Both are taken out. Set before any test
+# runs: the state guard reads it as the worker's own setting.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    for _var in ("COLUMNS", "LINES"):
+        os.environ.pop(_var, None)
     import torch  # noqa: E402
 
     torch.set_num_threads(1)
