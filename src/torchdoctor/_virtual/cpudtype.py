@@ -51,6 +51,7 @@ def _dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = No
     if any(t.dtype == self.dtype for t in ins) and any(t.dtype != self.dtype for t in outs):
         wider = [t for t in ins if t.dtype != self.dtype and t.dim() > 0]
         if wider:
+            self.met = (func, args, kwargs)  # the op, for the proof of a fix at it (``proven_at_op``)
             self._promoted(str(func), wider)
             return self._back(out)
     return out
@@ -71,6 +72,8 @@ class Checks(torch.utils._python_dispatch.TorchDispatchMode):
         self.problems: list[Problem] = []
         self.seen: set[tuple[str, ...]] = set()
         self.ops = 0
+        self.met: tuple[Any, Any, Any] | None = None
+        self.at: dict[str, tuple[Any, Any, Any]] = {}  # a named promoting tensor -> the op it promoted
 
     def where(self) -> tuple[str | None, str | None]:
         if not self.stack:
@@ -133,6 +136,8 @@ class Checks(torch.utils._python_dispatch.TorchDispatchMode):
             if key in self.seen:
                 continue
             self.seen.add(key)
+            if path is not None and self.met is not None and refused is None:
+                self.at.setdefault(path, self.met)
             what = path or "a tensor made in forward"
             how = f"meets {name} in {op}, which refuses the mix: {refused}" if refused else \
                 f"promotes {op} out of {name} into {dtype_str(t.dtype)}: a silent promotion (no error; what follows " \
@@ -243,3 +248,27 @@ def _other_dtype(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype:
         tried.append(f"{dtype_str(other)}: {left[0].message}")
     return Fix(f"# cpu has no {name} kernel for {', '.join(ops[:3])} (in {where}): run that part in float32", "note",
                tried=("re-run in " + "; ".join(tried))[:400])
+
+
+def proven_at_op(checks: Checks) -> list[Any]:
+    """The fixes of a run checked on the CPU in place (the pytest marker's ``@pytest.mark.simulate("cpu",
+    dtype=...)``, whose test body cannot be run again): each named tensor that promoted an op is cast, and the fix
+    is proven at that op: run again on its operands with the tensor cast, it computes in the dtype asked."""
+    from torchdoctor._virtual.fixes import fix_items
+
+    promoted = [p for p in checks.problems if p.kind == "dtype" and p.path in checks.at]
+    items = fix_items(promoted, torch.device("cpu"), checks.dtype) or [] if promoted else []
+    for f in items:
+        for name, _ in f.sets:
+            func, args, kwargs = checks.at.get(name, (None, (), {}))
+            if func is None:
+                continue
+            bad = {i for i, v in dict.items(checks.names) if v[0] == name}
+            fixed = tree_map(lambda t: t.to(checks.dtype) if isinstance(t, torch.Tensor) and id(t) in bad else t,
+                             (args, kwargs))
+            with torch.no_grad():
+                outs = [t for t in tree_flatten(func(*fixed[0], **fixed[1]))[0] if isinstance(t, torch.Tensor)]
+            f.at_op, f.proven = True, all(t.dtype == checks.dtype for t in outs if t.is_floating_point())
+            f.tried = f"at the failing op {func}: with {name} cast, it " + (
+                f"computes in {dtype_str(checks.dtype)}" if f.proven else f"still promotes out of {dtype_str(checks.dtype)}")
+    return items
