@@ -124,10 +124,10 @@ def named(out: Any, one: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> Any:
         return out
     x, w, b = one[1]
     running = space.hooks.running()
-    made = made_from(aten.mm if b is None else aten.addmm, running, [x, w] if b is None else [b, x, w], out.dtype,
-                     out._td_device)
+    op: Any = aten.mm if b is None else aten.addmm  # the op packet, as dispatch names a result's maker
+    made = made_from(op, running, [x, w] if b is None else [b, x, w], out.dtype, out._td_device)
     if x.dim() > 2:
-        made = made_from(aten._unsafe_view if b is None else aten.view, running, [_Part(out, made)], out.dtype,
-                         out._td_device)
+        op = aten._unsafe_view if b is None else aten.view
+        made = made_from(op, running, [_Part(out, made)], out.dtype, out._td_device)
     out._td_origin = made
     return out
