@@ -318,7 +318,8 @@ def from_origin(p: Problem, origin: dict[tuple[str, ...], str]) -> Problem:
 def moved_by_apply(t: Any) -> str | None:
     """The path of ``t`` while ``Module.to`` moves it (``_apply`` frames: the outermost module moved, and the
     attribute of the innermost one that holds ``t``), for a move refused before the run named the tensor."""
-    f, frames = sys._getframe(1), []
+    f: Any = sys._getframe(1)
+    frames: list[dict[str, Any]] = []
     while f is not None:
         if f.f_code.co_name == "_apply" and isinstance(f.f_locals.get("self"), torch.nn.Module):
             frames.append(f.f_locals)
