@@ -71,3 +71,16 @@ def test_intel_gpu_without_float64(text: str) -> None:  # hunt E4 (ComfyUI-WanVi
     assert (d.signature, d.category) == ("unsupported.xpu_fp64", "unsupported_dtype_on_device")
     assert "no float64 kernels" in d.likely_causes[0]
     assert d.fixes[0] == ("Make that tensor float32 before it reaches xpu", "t = t.to(torch.float32)")
+
+
+@pytest.mark.parametrize("text", [
+    XPU_FP64,
+    "NotImplementedError: The operator 'aten::_int_mm' is not currently implemented for the MPS device. If you want "
+    "this op to be added in priority during the prototype phase of this feature, please comment on "
+    "https://github.com/pytorch/pytorch/issues/77764.",
+])
+def test_confirmation_is_not_a_virtual_run_that_answers_ok(text: str) -> None:
+    # hunt N13/N15: a virtual xpu computes float64 and a virtual mps ran torch._int_mm, both answering "ok", so
+    # explain confirms these on the device itself
+    d = explain(text)[0]
+    assert d.confirm_with == "with torchdoctor.guard(model):\n    model(*inputs)"

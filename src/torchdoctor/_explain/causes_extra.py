@@ -105,6 +105,7 @@ _c("ud.xpu_fp64",
    "This Intel GPU (Arc and other consumer XPUs) has no float64 kernels, and a float64 tensor reached it: numpy "
    "arrays and Python floats default to float64, and torch.from_numpy / torch.arange(..., dtype=torch.float64) "
    "keep it (rotary embeddings are a common place).",
-   'torchdoctor.simulate(model, device="xpu")',
+   # on the device itself: a virtual xpu computes float64 (Arc's lack of it is not simulated for every op)
+   "with torchdoctor.guard(model):\n    model(*inputs)",
    ("Make that tensor float32 before it reaches xpu", "t = t.to(torch.float32)"),
    ("Make numpy inputs float32", 'torch.from_numpy(arr.astype("float32"))'))
