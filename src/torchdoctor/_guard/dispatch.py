@@ -84,10 +84,9 @@ def _check(self: CheckMode, func: Any, types: Any, args: Sequence[Any] = (),
         if len(args) > 1 and _mixed(args[0], args[1]) and not _simulating():
             # a binary op that may promote silently (_guard/promotion.py): strict raises it here; fix / warn align
             # the wider operand for this op (the result keeps the model's dtype) and record it
-            # (the rules first: an op that would fail, an fp32 bias in addmm, is reported as that failure)
-            found = _find(func, args, kwargs, self.profile) or _promotion.findings(self.session, func, args, kwargs, True)
-            if found:
-                return self.session.on_problem(func, args, kwargs, found)
+            found = _promotion.findings(self.session, func, args, kwargs, True)
+            if found:  # (an op that would fail, an fp32 bias in addmm, is reported as the failure the rules find)
+                return self.session.on_problem(func, args, kwargs, _find(func, args, kwargs, self.profile) or found)
         if self.quick and _quiet(func, args, kwargs):  # most ops: one device, nothing to judge
             return func(*args, **kwargs)
         if _simulating():  # a simulation checks its own ops with these rules
