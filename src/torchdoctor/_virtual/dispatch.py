@@ -265,9 +265,9 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         checked, kwargs = space.hooks.check(func, tuple(largs), kwargs)
         if low:  # what the run computed in, autocast and per-call casts included (``origin.ran_as_asked``)
             d = next((a.dtype for a in checked if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
-            # weighed by its largest operand: a low-rank branch kept float32 by design (peft's LoRA over an fp16
-            # base) never outvotes the layers it adapts
-            size = max((a.numel() for a in checked if isinstance(a, torch.Tensor)), default=1)
+            # weighed by its largest model tensor: a low-rank branch kept float32 by design (peft's LoRA over an
+            # fp16 base) never outvotes the layers it adapts; an op on activations alone counts once
+            size = max((a.numel() for a in checked if getattr(a, "_td_path", None) is not None), default=1)
             space.computed[d] = space.computed.get(d, 0) + size
         if back or any(a is not b for a, b in zip(checked, largs)):
             _pairs(largs, checked, back)
