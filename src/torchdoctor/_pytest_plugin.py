@@ -180,7 +180,11 @@ def _on_cpu(item: pytest.Item, dtype: Any, where: str) -> Generator[None, None, 
         item.stash[_STACKS] = recorded.stacks  # the lines that failed, for the report (raised where none is)
         rows = [f"  {p}" for p in checks.problems[:40]]
         head = f"{len(checks.problems)} dtype problem(s) on cpu in {dtype_str(dt)}:"
-        raise PlacementError("\n".join([head, *rows, f"expected: cpu {dtype_str(dt)} (dtype from {where})"]),
+        from torchdoctor._virtual.cpudtype import proven_at_op
+        from torchdoctor._virtual.prove import fix_text
+
+        fixes = fix_text(proven_at_op(checks))  # each cast proven at the op it promoted, as the device markers say
+        raise PlacementError("\n".join([head, *rows, f"expected: cpu {dtype_str(dt)} (dtype from {where})", *fixes]),
                              problems=tuple(checks.problems))
 
 

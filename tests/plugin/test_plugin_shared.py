@@ -210,6 +210,9 @@ def test_cpu_marker_points_at_the_call_and_the_forward_and_names_the_attribute(s
         "E   torchdoctor.PlacementError: 1 dtype problem(s) on cpu in float16:",
         "E     dtype    scale: scale float32?4? promotes aten.mul.Tensor out of float16 into float32*(in <root>, Upcast)",
         "E   expected: cpu float16 (dtype from @pytest.mark.simulate(*dtype='float16'*))",
+        "E   Fix:",
+        "E       model.scale.data = model.scale.data.to(torch.float16)",
+        "E       # fix proven (at the failing op aten.mul.Tensor*",
     ])
     assert not any("def test_upcast" in ln for ln in lines)  # not the def line: the lines that ran
     assert any(fnmatch.fnmatch(ln, "*test_no_dtype*@pytest.mark.simulate('cpu') checks a dtype on this CPU: add "
