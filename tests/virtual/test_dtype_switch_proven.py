@@ -44,9 +44,11 @@ def test_float8_bound_for_mps_is_refused_at_the_move_and_cast_before_it() -> Non
     moved = [p for p in report.problems if p.op == "Tensor.to"]
     assert [(p.kind, p.path, p.found) for p in moved] == [("unsupported_dtype", "0.weight", "float8_e4m3fn")]
     assert "TypeError: Trying to convert Float8_e4m3fn to the MPS backend but it does not have support for that " \
-        "dtype" in moved[0].message and "cast it to float16 before the move" in moved[0].message
+        "dtype" in moved[0].message
+    assert "cast it to a dtype mps holds (float16, bfloat16 or float32) before the move" in moved[0].message
     (fix,) = report.fixes
-    assert fix.code.startswith("model[0].weight.data = model[0].weight.data.to(torch.bfloat16)") and fix.proven
+    assert fix.code == "model[0].weight.data = model[0].weight.data.to(torch.bfloat16)  # float8_e4m3fn storage " \
+        "computed with directly: cast it before the model moves" and fix.proven, fix.code
     assert m[0].weight.dtype == torch.float8_e4m3fn  # the user's model untouched
     m[0].weight.data = m[0].weight.data.to(torch.bfloat16)  # the fix applied: quiet
     assert torchdoctor.simulate(m, (torch.randn(2, 8, dtype=torch.bfloat16),), "mps").ok

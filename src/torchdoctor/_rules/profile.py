@@ -89,7 +89,8 @@ def refusal(device_type: str, dtype: torch.dtype) -> str:
         torch_name = {"float8_e4m3fn": "Float8_e4m3fn", "float8_e5m2": "Float8_e5m2"}.get(name, name)
         said = (f'TypeError: Trying to convert {torch_name} to the MPS backend but it does not have support for '
                 'that dtype')
-        return f"{device_type} cannot hold {name} tensors, so this raises ({said}); cast it to float16 before the move"
+        return (f"{device_type} cannot hold {name} tensors, so this raises ({said}); cast it to a dtype {device_type} "
+                "holds (float16, bfloat16 or float32) before the move")
     return f"{device_type} cannot hold {name} tensors, so this raises; cast it to float32 before the move"
 
 

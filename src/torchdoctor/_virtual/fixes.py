@@ -77,11 +77,10 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         if p.role in _NAMED and p.found in _STORAGE_NAMES and isinstance(target, torch.dtype) and \
                 target.is_floating_point:  # integer storage a plain layer computes with: the cast says what it is
             from torchdoctor._guard.maps import code_path
-
-            c = code_path(p.path)
+            c, why = code_path(p.path), "cast it before the model moves" if p.found in _FLOAT8_NAMES else (
+                f"dequantize it (scale included) or load its {dtype_str(target)} weights; a bare cast keeps the stored integers")
             factories.append(Fix(f"{c}.data = {c}.data.to(torch.{dtype_str(target)})  # {p.found} storage computed "
-                                 f"with directly: dequantize it (scale included) or load its {dtype_str(target)} "
-                                 "weights; a bare cast keeps the stored integers", "path", sets=((p.path, target),)))
+                                 f"with directly: {why}", "path", sets=((p.path, target),)))
             continue
         if p.role in _NAMED:
             _add(culprits, p.path, p.path, p.kind, _with_dtype(p.path, target, dtype, have))
