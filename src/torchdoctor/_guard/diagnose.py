@@ -314,11 +314,13 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     if aim is not None and not blamed:  # the maker of the operand made in forward: the fix aims at it
         lines[-1:-1] = aim.lines + ([aim.proof] if aim.proof else [])
         fix = aim.code or fix
-    elif (at := caller_fix(callers, ref, maps.modules, maps.dicts) if maps is not None and not blamed else None):
+    elif (at := caller_fix(callers, ref, maps.modules, maps.dicts) if maps is not None and not blamed and all(
+            any(t is x for x in session.frames.inputs_of(root)) for _, t in args.values()) else None):
         tried = f"{', '.join(c[1] for c in bad if c[1] in passed)} -> {_show(ref, kind)}"  # the line gives it that
-        aim = Aim([], at.code, at.patch, component.prove_whole(session, root, lambda m: None, tried, (
-            next(c[2].dtype for c in bad if c[1] in passed), ref)), [])
-        lines[-1:-1], fix = [aim.proof] if aim.proof else [], at.code
+        proof = component.prove_whole(session, root, lambda m: None, tried, (
+            next(c[2].dtype for c in bad if c[1] in passed), ref))
+        if proof is not None and proof.startswith("fix proven"):  # else the argument's own fix stays (unproven)
+            aim, lines[-1:-1], fix = Aim([], at.code, at.patch, proof, []), [proof], at.code
     problems = [replace(b.problem, op=op) for b in blamed] + ([comp] if comp is not None else [])
     problems += [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,
                          f"{c[1]} is {_show(value(c[2]), kind)} in {where}, expected {expected}", op=op,
