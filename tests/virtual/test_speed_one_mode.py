@@ -78,7 +78,8 @@ def test_diffusers_empty_fp32_list_warning_is_not_printed_by_simulate() -> None:
         def emit(self, record: logging.LogRecord) -> None:
             seen.append(record.getMessage())
 
-    before, disabled, keep = dlogging.get_verbosity(), logger.disabled, Keep()
+    root = logging.getLogger("diffusers")  # its level as set (NOTSET included), not get_verbosity's effective one
+    before, disabled, keep = root.level, logger.disabled, Keep()
     dlogging.set_verbosity_warning()
     logger.disabled = False
     logger.addHandler(keep)
@@ -90,4 +91,4 @@ def test_diffusers_empty_fp32_list_warning_is_not_printed_by_simulate() -> None:
     finally:
         logger.removeHandler(keep)
         logger.disabled = disabled
-        dlogging.set_verbosity(before)
+        root.setLevel(before)
