@@ -114,7 +114,7 @@ def test_meta_model_is_simulated_as_loaded_and_says_so() -> None:
 
 def test_target_carries_the_inputs() -> None:
     report = torchdoctor.simulate(Target(Net(), (torch.randn(1, 3, 8, 8),)), device="xpu")
-    assert report.ok and report.ops >= 4  # convolution, mean, t, addmm
+    assert report.ok and report.ops >= 3  # convolution, mean, linear (one op: _virtual/whole.py)
 
 
 # --- the virtual runtime ------------------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ class Promotions:
 
         try:
             self._fresh(args)
-            return findings(self, func, args, kwargs)
+            return findings(self, func, args, kwargs, True)  # an operand a dtype-less factory made in forward too
         except Exception:  # the check is extra: the run goes on without it
             return []
 

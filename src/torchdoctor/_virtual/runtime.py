@@ -291,7 +291,7 @@ class VirtualMode(TorchFunctionMode):
         elif func in whole.ENTRIES:  # one op when nothing inside it can go wrong (whole.py)
             one = whole.single(func, args, kwargs)
             if one is not None:
-                return D.dispatch(*one)
+                return whole.named(D.dispatch(*one), one)
         if func in D.CONV_ENTRY:
             args, kwargs = D.conv_precheck(space, func, args, kwargs)
         elif func is D.SDPA_ENTRY:

@@ -29,7 +29,7 @@ from torchdoctor._virtual.tensor import VirtualTensor, current_space
 
 aten = torch.ops.aten
 ENABLED = True  # tests turn it off to compare runs with and without it
-LINEAR = False  # F.linear as one op: on once the call site names its result (``named``); bench/simulate_whole.py
+LINEAR = True  # F.linear as one op (its result named as the decomposition names it: ``named``); bench/simulate_whole.py
 _PLAIN_TF = VirtualTensor.__torch_function__
 _LINEAR = (torch.nn.functional.linear, torch._C._nn.linear)
 _LINEAR_NAMES = ("input", "weight", "bias")
