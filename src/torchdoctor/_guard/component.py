@@ -94,6 +94,15 @@ def prove_module(mod: Any, inputs: Sequence[Any], want: torch.dtype) -> str:
 _COPY_LIMIT = 1 << 30  # bytes of parameters and buffers a whole-forward proof may copy
 
 
+def copyable(root: nn.Module) -> bool:
+    """Small enough for a whole-forward re-run on a copy (a proof here, the output check's re-run)."""
+    try:
+        size = sum(t.nelement() * t.element_size() for t in (*root.parameters(), *root.buffers()))
+    except Exception:
+        return False
+    return size <= _COPY_LIMIT
+
+
 def _parent(path: str) -> str:
     return path.rsplit(".", 1)[0] if "." in path else ""
 
@@ -164,11 +173,7 @@ def prove_whole(session: Any, root: Any, apply: Any, tried: str, cast: Any = Non
     frames = session.frames
     if not isinstance(root, nn.Module) or not inputs or session.replaying:
         return None
-    try:
-        size = sum(t.nelement() * t.element_size() for t in (*root.parameters(), *root.buffers()))
-    except Exception:
-        return None
-    if size > _COPY_LIMIT:
+    if not copyable(root):
         return None
     kept = {k: copy.copy(getattr(frames, k)) for k in ("stack", "inputs", "ran", "bw") if hasattr(frames, k)}
     rng = torch.get_rng_state()

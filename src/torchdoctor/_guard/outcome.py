@@ -26,7 +26,6 @@ from torchdoctor._report.model import PlacementError, PlacementWarning
 from torchdoctor._report.text import user_stacklevel
 
 log = logging.getLogger("torchdoctor.guard")
-_COPY_LIMIT = 1 << 30  # bytes of parameters and buffers the re-run may copy (as a whole-forward proof)
 _T = torch.Tensor
 
 
@@ -105,14 +104,10 @@ class Outcome:
     def _rerun(self, root: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                ) -> tuple[PlacementError, Any] | None:
         s = self.session
-        try:
-            size = sum(t.nelement() * t.element_size() for t in (*root.parameters(), *root.buffers()))
-        except Exception:
-            return None
-        if size > _COPY_LIMIT:
-            return None
-        from torchdoctor._guard.component import _quiet
+        from torchdoctor._guard.component import _quiet, copyable
 
+        if not copyable(root):
+            return None
         frames = s.frames
         kept = {k: copy.copy(getattr(frames, k)) for k in ("stack", "inputs", "ran", "bw") if hasattr(frames, k)}
         rng = torch.get_rng_state()
