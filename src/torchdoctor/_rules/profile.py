@@ -7,6 +7,7 @@ GPU, enough devices for the index asked); pass your own to ask "would this run o
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -95,3 +96,24 @@ def refusal(device_type: str, dtype: torch.dtype) -> str:
 
 
 public_types(DeviceProfile)
+
+
+_FILLING = frozenset({"arange", "range", "linspace", "logspace", "ones", "zeros", "full", "eye", "rand", "randn",
+                      "randint", "normal", "ones_like", "zeros_like", "full_like", "rand_like", "randn_like",
+                      "new_ones", "new_zeros", "new_full"})  # factories that run a kernel of their dtype to fill
+
+
+def factory_refusal(profile: DeviceProfile, name: str, dtype: Any, device: torch.device) -> str | None:
+    """Why ``torch.<name>(dtype=dtype, device=device)`` raises on ``profile``'s device, or None: the device cannot
+    hold the dtype (MPS's float64), or it has no kernels of it (Arc's float64: a filling factory such as ``arange``
+    or ``ones`` raises, holding data does not)."""
+    if not isinstance(dtype, torch.dtype) or device.type != profile.type:
+        return None
+    dname = str(dtype).removeprefix("torch.")
+    if not profile.supports(dtype, "storage"):
+        return f"{profile.type} cannot hold {dname} tensors, so the factory raises; make it float32"
+    if dname in profile.unsupported_dtypes and name.removeprefix("torch.") in _FILLING:
+        said = ' ("Required aspect fp64 is not supported on the device")' if profile.type == "xpu" and dname in (
+            "float64", "complex128") else ""
+        return f"{profile.name or profile.type} has no {dname} kernels, so the factory raises{said}; make it float32"
+    return None

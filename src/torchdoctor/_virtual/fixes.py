@@ -326,8 +326,9 @@ def _rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.
         other, found = _SAME_SIZE.get(p.found, "float32"), re.search(r" at (\S+:\d+): ", p.message)
         at = found.group(1) if found else None
         out.append(Fix(f"# pass dtype=torch.{other} to {p.op or 'the factory'}{f' at {at}' if at else ''} where "
-                       f"{p.module_type or 'the code'} makes it on {device_str(device)} ({device.type} cannot hold "
-                       f"{p.found}; the model's own dtype is not the cause)", "factory", parse_dtype(other),
+                       f"{p.module_type or 'the code'} makes it on {device_str(device)} ({device.type} " + (
+                           f"has no {p.found} kernels" if " kernels" in p.message else f"cannot hold {p.found}") +
+                       "; the model's own dtype is not the cause)", "factory", parse_dtype(other),
                        sets=((f"factory {p.op} at {at}", parse_dtype(other)),),
                        diff=maker_diff(p.op or "", at, parse_dtype(other)) if at else None))
     if inside:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdoctor._rules.profile import DeviceProfile, refusal
+from torchdoctor._rules.profile import DeviceProfile, factory_refusal, refusal
 from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
@@ -169,11 +169,10 @@ class _Recorder(Hooks):
     def creating(self, name: str, device: torch.device, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> None:
         self.exists(device, None, f"torch.{name}")
         dt = kwargs.get("dtype") if (said := "dtype" in kwargs) else data_dtype(name, args)  # float64 numpy data
-        if isinstance(dt, torch.dtype) and device.type == self.profile.type and not self.profile.supports(dt, "storage"):
+        if (why := factory_refusal(self.profile, name, dt, device)) is not None:
             at = where_called()  # one call is one problem (``x.new_tensor`` runs as ``torch.tensor`` at its line)
             self._note("unsupported_dtype", None, dtype_str(dt), f"a dtype {device.type} supports",
-                       f"{factory_call(name, dtype_str(dt), said, device_str(device), at)}: {device.type} cannot "
-                       f"hold {dtype_str(dt)} tensors, so the factory raises; make it float32", maker_name(name),
+                       f"{factory_call(name, dtype_str(dt), said, device_str(device), at)}: {why}", maker_name(name),
                        "factory", key=f"{dtype_str(dt)}:{at or name}")
         gdev = getattr(kwargs.get("generator"), "device", None)
         if isinstance(gdev, torch.device) and gdev.type != device.type:
