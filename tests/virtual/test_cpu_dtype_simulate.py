@@ -87,3 +87,25 @@ def test_with_call_the_dtype_switch_is_never_claimed_proven() -> None:
     last = report.fixes[-1]
     assert last.kind == "note" and not last.proven and "model.to(" not in last.code
     assert last.tried == "not re-run: call= casts the model itself, so no re-run can put it in another dtype"
+
+
+class _ChosenFloat32(nn.Module):
+    """A timestep embedding computed in float32 on purpose and cast back, then a gate made with no dtype."""
+
+    def __init__(self, gate: bool) -> None:
+        super().__init__()
+        self.lin, self.time_mlp, self.gate = nn.Linear(8, 8), nn.Linear(8, 8), gate
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        freqs = torch.exp(-9.2 * torch.arange(4, dtype=torch.float32) / 4)  # chosen: float32 by name
+        emb = torch.cat([torch.cos(t[:, None] * freqs), torch.sin(t[:, None] * freqs)], -1).to(x.dtype)
+        h = self.lin(x) + self.time_mlp(emb)
+        return h * torch.ones(8) if self.gate else h  # torch.ones(8): float32 by default, nobody chose it
+
+
+def test_a_float32_the_code_chose_and_casts_back_is_quiet_a_default_dtype_factory_is_not() -> None:
+    args = (torch.randn(1, 8), torch.tensor([500.0]))
+    for dtype in (torch.float16, torch.bfloat16):
+        assert torchdoctor.simulate(_ChosenFloat32(False), args, device="cpu", dtype=dtype).ok
+        bad = torchdoctor.simulate(_ChosenFloat32(True), args, device="cpu", dtype=dtype)
+        assert [p.kind for p in bad.problems] == ["dtype"] and "silent promotion" in bad.problems[0].message

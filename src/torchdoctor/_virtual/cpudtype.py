@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -44,12 +45,14 @@ def _dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = No
     self.ops += 1
     op = str(func.overloadpacket)
     out = self.run(func, args, kwargs, str(func))
-    if op in _COPIES:
-        return out
     ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
     outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if kwargs.get("dtype") is not None or ins and all(self.deliberate(t) for t in ins):
+        self.chosen.update((id(t), weakref.ref(t)) for t in outs)  # a dtype the code chose (guard's policy too)
+    if op in _COPIES:
+        return out
     if any(t.dtype == self.dtype for t in ins) and any(t.dtype != self.dtype for t in outs):
-        wider = [t for t in ins if t.dtype != self.dtype and t.dim() > 0]
+        wider = [t for t in ins if t.dtype != self.dtype and t.dim() > 0 and not self.deliberate(t)]
         if wider:
             self.met = (func, args, kwargs)  # the op, for the proof of a fix at it (``proven_at_op``)
             self._promoted(str(func), wider)
@@ -74,6 +77,13 @@ class Checks(torch.utils._python_dispatch.TorchDispatchMode):
         self.ops = 0
         self.met: tuple[Any, Any, Any] | None = None
         self.at: dict[str, tuple[Any, Any, Any]] = {}  # a named promoting tensor -> the op it promoted
+        # tensors made in a dtype the code chose (a factory or cast told its dtype, and what only they made): the
+        # float32 timestep embedding or norm upcast a model casts back is no silent promotion
+        self.chosen: dict[int, weakref.ref[torch.Tensor]] = {}
+
+    def deliberate(self, t: torch.Tensor) -> bool:
+        ref = self.chosen.get(id(t))
+        return ref is not None and ref() is t and self.names.get(id(t)) is None
 
     def where(self) -> tuple[str | None, str | None]:
         if not self.stack:
