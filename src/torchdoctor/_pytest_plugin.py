@@ -223,11 +223,9 @@ class _Stacked(list):  # type: ignore[type-arg]
         import sys
 
         if (p.kind, p.path) not in self.stacks:
-            frames, f = [], sys._getframe(1)
-            while f is not None:
-                frames.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
-                f = f.f_back  # type: ignore[assignment]
-            self.stacks[(p.kind, p.path)] = frames[::-1]
+            from torchdoctor._report.text import call_stack
+
+            self.stacks[(p.kind, p.path)] = call_stack(sys._getframe(1))
         super().append(p)
 
 

@@ -327,6 +327,16 @@ _LIBRARIES = ("torchdoctor", "torch", "transformers", "diffusers", "peft", "acce
               "_pytest", "contextlib", "functools")
 
 
+def call_stack(frame: Any, limit: int | None = None) -> list[tuple[str, int, str]]:
+    """The live call stack from ``frame`` outward as (file, line, function), outermost first; ``limit`` keeps the
+    innermost frames only (a problem's stack, where the line that made it is read)."""
+    frames: list[tuple[str, int, str]] = []
+    while frame is not None and (limit is None or len(frames) < limit):
+        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return frames[::-1]
+
+
 def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning point at the user's line (the first frame outside torchdoctor, torch
     and the model libraries), for a ``warnings.warn`` made by the caller of this function."""

@@ -136,11 +136,10 @@ class Located(list):  # type: ignore[type-arg]
 
     def append(self, p: Any) -> None:
         try:
-            frames, f = [], sys._getframe(1)
-            while f is not None:
-                frames.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
-                f = f.f_back  # type: ignore[assignment]
-            self.where.setdefault((p.kind, p.path, p.module_path, p.op), first_own_frame(frames[::-1], self.root))
+            from torchdoctor._report.text import call_stack
+
+            frames = call_stack(sys._getframe(1))
+            self.where.setdefault((p.kind, p.path, p.module_path, p.op), first_own_frame(frames, self.root))
         except Exception:  # a line is an extra: the problem itself is always kept
             pass
         super().append(p)

@@ -20,7 +20,7 @@ import torch
 
 from torchdoctor._rules.presets import as_profile
 from torchdoctor._rules.profile import DeviceProfile
-from torchdoctor._report.text import format_error
+from torchdoctor._report.text import call_stack, format_error
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._virtual.atop import prove_at_ops
@@ -71,11 +71,7 @@ class _Located(list):  # type: ignore[type-arg]
             if held is not None:
                 self.renames[problem.path] = held[0]
                 self.networks.add(held[1])
-        frames: list[tuple[str, int, str]] = []
-        while f is not None and len(frames) < 400:
-            frames.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
-            f = f.f_back
-        self.stacks.setdefault((problem.kind, problem.path), frames[::-1])
+        self.stacks.setdefault((problem.kind, problem.path), call_stack(f, 400))
         super().append(problem)
 
 
