@@ -40,6 +40,16 @@ class OpArgs:
             value = type(seq)(value if i == j else x for i, x in enumerate(seq))
         holder[pos] = value
 
+    def all_tensors(self) -> list[Any]:
+        """Every tensor argument, those in a list or tuple argument included, in argument order."""
+        out: list[Any] = []
+        for a in (*self.args, *self.kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                out.append(a)
+            elif type(a) is list or type(a) is tuple:
+                out.extend(x for x in a if isinstance(x, torch.Tensor))
+        return out
+
 
 @dataclass
 class _Call(OpArgs):

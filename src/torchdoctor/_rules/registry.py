@@ -33,6 +33,7 @@ from torchdoctor._report.model import Problem
 from torchdoctor._rules.args import (_CASTS, _FLOAT8, LABELLER, Key, _arg_names, _Call, _gather, _inert,
                                      _plain_agree, _uniform, dispatch_slots)
 from torchdoctor._placement import compact, device_str, dtype_str
+from torchdoctor._rules.missing import MISSING, missing_problem
 from torchdoctor._rules.args import OpArgs as OpArgs  # guard's fixer reads it here
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -237,7 +238,15 @@ _NO_KWARGS: Mapping[str, Any] = {}
 # mixes it with another floating dtype fails on every device, whatever its family's rule says
 def find(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
          profile: DeviceProfile | None = None, rules: Rules | None = None) -> list[Finding]:
-    """Every finding of one op call, device/meta problems first (the machinery behind ``check``)."""
+    """Every finding of one op call, device/meta problems first (the machinery behind ``check``); first of all,
+    an op the profile's backend has no kernel for (``_rules.missing``: ``_int_mm`` on MPS)."""
+    if profile is not None and profile.type in MISSING and (lack := missing_problem(op, args, kwargs, profile)):
+        return [Finding(lack, "", None, ()), *_find(op, args, kwargs, profile, rules)]
+    return _find(op, args, kwargs, profile, rules)
+
+
+def _find(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None, profile: DeviceProfile | None,
+          rules: Rules | None) -> list[Finding]:
     if kwargs is None:
         kwargs = _NO_KWARGS
     if profile is None and rules is None:  # fastest path (per aten op): plain tensors on one device, nothing to judge

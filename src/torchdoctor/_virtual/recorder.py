@@ -114,7 +114,7 @@ class _Recorder(Hooks):
 
     def check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.entry.pending:  # an attribute / container tensor reached an op: the forward read it
-            self.entry.reached(_op_tensors(OpArgs(list(args), kwargs)))
+            self.entry.reached(OpArgs(list(args), kwargs).all_tensors())
         findings = self.rules.find(func, args, kwargs, self.profile)
         # a silent promotion (bf16 * fp32 -> fp32): guard's policy; an op the rules found in the wrong dtype is that
         promo = self.promotions.findings(func, args, kwargs) if mixed(args) and not any(
@@ -273,7 +273,7 @@ class _Recorder(Hooks):
         place = (mpath or "<root>") if mtype else "<top level>"
         where = f" (in {place}, {mtype})" if mtype else ""
         listed = tuple(f"{d} ({t._td_path})" if getattr(t, "_td_path", None) else d
-                       for d, t in zip(self.rules.describe_args(func, call.args, call.kwargs), _op_tensors(call)))
+                       for d, t in zip(self.rules.describe_args(func, call.args, call.kwargs), call.all_tensors()))
         op, on_device = p.op or str(func), p.kind in ("device", "meta")
         # one problem per named tensor (weights, buffers, quant_state); activations share one
         named = [t for t in tensors if _is_entry(t)]
@@ -283,6 +283,8 @@ class _Recorder(Hooks):
             if path is None and t is not None and t.dtype in FLOAT8_DTYPES and origin is not None and origin.first_path:
                 path = origin.first_path  # float8 flows unchanged from its table: the table is the culprit, by path
             found, expected, message = p.found, p.expected, p.message
+            if p.kind == "missing_kernel" and (at := where_called()):  # the op at the user's line
+                message = message.replace(": ", f" at {at}: ", 1)
             if anchor is not None:
                 expected = device_str(anchor) if on_device else dtype_str(anchor)
             if t is not None and p.kind != "unsupported_dtype":
@@ -322,7 +324,7 @@ class _Recorder(Hooks):
     def _culprits(self, func: Any, f: Any, call: OpArgs) -> tuple[list[Any], Any]:
         """Which arguments to blame and fix, and the value that fixes them (a device or a dtype)."""
         p, offenders = f.problem, list(f.offenders)
-        if p.kind == "unsupported_dtype":
+        if p.kind in ("unsupported_dtype", "missing_kernel"):
             return offenders, None  # reported; the kernel runs anyway, and casting would invent dtype problems
         if p.kind == "meta":
             with contextlib.suppress(ValueError, TypeError, RuntimeError):
@@ -377,16 +379,6 @@ def _is_entry(t: Any) -> bool:
     """A tensor of the user's object (a weight, buffer, quant_state ...), not an input or an activation."""
     path = getattr(t, "_td_path", None)
     return isinstance(path, str) and bool(path) and not path.startswith(("input ", "kwarg "))
-
-
-def _op_tensors(call: OpArgs) -> list[Any]:
-    out: list[Any] = []
-    for a in (*call.args, *call.kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            out.append(a)
-        elif type(a) is list or type(a) is tuple:
-            out.extend(x for x in a if isinstance(x, torch.Tensor))
-    return out
 
 
 def _fixed(t: VirtualTensor, anchor: Any) -> Any:
