@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 import types
 import warnings
@@ -28,14 +29,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import nn
 
-from torchdoctor._guard.notes import NOTHING, GuardReport, Note, key_of
+from torchdoctor._guard.record import NOTHING, GuardReport, Note, key_of
 from torchdoctor._guard.session import Session
-from torchdoctor._report.model import PlacementError, PlacementWarning, Problem
 from torchdoctor._report.text import public_types, user_stacklevel
-from torchdoctor._rules.presets import as_profile
 
 if TYPE_CHECKING:  # pragma: no cover
+    from torchdoctor._report.model import Problem
     from torchdoctor._rules.profile import DeviceProfile
+
+# the rules, the report types and the machinery that explains a problem load with the first problem a guard meets
+# (or a profile given by name): a watched program that raises nothing never imports them (issue 43 point 4)
 
 __all__ = ["Fix", "guard"]
 
@@ -103,7 +106,7 @@ class guard:  # noqa: N801 - reads like torch.no_grad
         self.every_op = bool(every_op)
         self.model = obj  # the guarded object (a module, a pipeline): paths are relative to it
         self.mode = mode
-        self.profile = as_profile(profile)  # a preset name ("t4") or a DeviceProfile
+        self.profile = _as_profile(profile)  # a preset name ("t4") or a DeviceProfile
         self.fixes = []
         self.problems = []
         self._lock = threading.Lock()
@@ -128,7 +131,7 @@ class guard:  # noqa: N801 - reads like torch.no_grad
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: types.TracebackType | None) -> None:
         session: Session = self._local.sessions.pop()
         session.stop()
-        if exc is None or isinstance(exc, PlacementError) or not isinstance(exc, Exception):
+        if exc is None or _is_placement_error(exc) or not isinstance(exc, Exception):
             return None
         try:
             from torchdoctor._guard.diagnose import explain_error  # the explanation is loaded by the first error
@@ -229,7 +232,27 @@ class guard:  # noqa: N801 - reads like torch.no_grad
                 return
             self._compiled_warned = True
         warnings.warn(f"torchdoctor.guard(mode={self.mode!r}) does not check inside torch.compile'd regions; "
-                      "only code that runs eagerly is checked", PlacementWarning, stacklevel=user_stacklevel())
+                      "only code that runs eagerly is checked", _placement_warning(), stacklevel=user_stacklevel())
+
+
+def _as_profile(profile: Any) -> Any:
+    if profile is None:
+        return None
+    from torchdoctor._rules.presets import as_profile
+
+    return as_profile(profile)
+
+
+def _is_placement_error(exc: BaseException) -> bool:
+    """Is ``exc`` a PlacementError? None can exist before its module is imported, so that is not imported here."""
+    model = sys.modules.get("torchdoctor._report.model")
+    return model is not None and isinstance(exc, model.PlacementError)
+
+
+def _placement_warning() -> type[Warning]:
+    from torchdoctor._report.model import PlacementWarning
+
+    return PlacementWarning
 
 
 def _is_plain_callable(obj: Any) -> bool:

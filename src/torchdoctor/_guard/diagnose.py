@@ -20,7 +20,7 @@ from torchdoctor._guard.float8 import is_float8_message
 from torchdoctor._guard import component
 from torchdoctor._guard.remedy import Aim, aimed, caller_fix, caller_makers, locals_made, moved_aim, with_patch
 from torchdoctor._guard.maps import Maps, both, fix_code, module_label, reference
-from torchdoctor._guard.notes import Note
+from torchdoctor._guard.record import Note
 from torchdoctor._guard.session import Session
 from torchdoctor._placement import device_str, dtype_str, norm_device
 from torchdoctor._report.model import PlacementError, Problem, TensorInfo

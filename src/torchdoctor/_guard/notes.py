@@ -1,8 +1,7 @@
 """One op's problem told in every mode: strict raises the report, fix and warn keep it beside what they aligned.
 Either way it names the culprit (by data flow), the maker of an operand made in a forward (``_guard.maker``), the fix
-aimed there with its proof and its diff (``_guard.remedy``). ``Note`` is what a recorded problem or fix carries
-beyond its ``Problem`` fields; ``GuardReport`` is ``guard.report()``: every problem and fix with its note, as JSON-ready
-data.
+aimed there with its proof and its diff (``_guard.remedy``), kept as a ``Note`` (``_guard/record.py``). Loaded by
+the first problem a guard meets.
 
 Told once per distinct problem (module, op, kind, tensors): fix mode meets the same op on every call, and naming the
 maker reads frames and source, which only the first call pays.
@@ -17,41 +16,15 @@ from typing import Any
 import torch
 
 from torchdoctor._guard import component as _component
-from torchdoctor._guard.maps import Maps, both, fix_code, module_label, value_str as _value_str, value_str_of
-from torchdoctor._guard.proof import prove
+from torchdoctor._guard.maps import Maps, both, fix_code, module_label, retarget, value_str as _value_str, value_str_of
+from torchdoctor._guard import compiled as graph
+from torchdoctor._guard.proof import harmful, prove, storage_target
+from torchdoctor._guard.record import Note
 from torchdoctor._guard.remedy import Aim, aimed, caller_lines, with_patch
 from torchdoctor._placement import dtype_str
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._report.text import format_error
 from torchdoctor._rules import registry as _rules
-
-
-@dataclass(frozen=True)
-class Note:
-    """What guard said of a problem beyond its ``Problem`` fields: where the operand was made (one line per maker),
-    the fix as code, its proof ("fix proven: ..." / "fix unproven: ..." with what was tried) and its diff."""
-
-    maker: str | None = None
-    fix: str | None = None
-    proof: str | None = None
-    patch: str | None = None
-    groups: tuple[str, ...] = ()  # the components the fix casts whole (fix / warn tell their later ops once)
-
-    @property
-    def proven(self) -> bool:
-        return bool(self.proof and self.proof.startswith("fix proven"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"maker": self.maker, "fix": self.fix, "proven": self.proven, "proof": self.proof,
-                "patch": self.patch}
-
-
-NOTHING = Note()
-
-
-def key_of(p: Problem) -> tuple[Any, ...]:
-    """The identity guard records a problem under (kind, path, module, op)."""
-    return (p.kind, p.path, p.module_path, p.op)
 
 
 @dataclass
@@ -80,6 +53,68 @@ class Case:
     compiled: bool
     fixable: bool
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def gather(session: Any, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], findings: list[_rules.Finding],
+           schema_op: Any = None) -> Case:
+    """What one failing op says (``Session.on_problem``): each finding aimed at the model's side where the model
+    holds the odd tensor, every offender labelled (a model path, the caller's argument, or made in a forward), its
+    problem recorded, and whether aligning it is safe."""
+    op = schema_op or func
+    mod, root = session.current()
+    maps = session.maps_for(root)
+    mpath = maps.modules.get(id(mod)) if maps is not None and mod is not None else None
+    mtype = type(mod).__name__ if mod is not None else None
+    compiled = mpath is None and graph.is_graph_of_model(mod, maps)
+    if compiled:  # a graph traced from the model (torch.compile, make_fx): the failure is in the model
+        mpath, mtype = "", graph.label(root)
+    tensors = dict(_rules._gather(args, kwargs))
+    fixable = all(f.target is not None for f in findings)
+    problems: list[Problem] = []
+    culprits: list[tuple[str | None, str, str, Any]] = []
+    lines: list[str] = []
+    plan: list[tuple[_rules.Finding, Any, list[_rules.Key]]] = []
+    loose: list[torch.Tensor] = []  # offenders that are no model tensor: where did they come from?
+    made: list[tuple[str, torch.Tensor]] = []  # of those, the ones made in a forward (no caller argument)
+    given: list[tuple[str, torch.Tensor]] = []  # and the caller's arguments: the line that made them
+    passed: dict[int, tuple[str, Any]] | None = None  # the caller's arguments, looked up once
+    owner = ""
+    for f in findings:
+        target, offenders = f.target, list(f.offenders)
+        if f.target is not None and maps is not None:  # strict too: blame the fp32 input, not the bf16 model
+            target, offenders = retarget(f, tensors, maps, mpath)
+        plan.append((f, target, offenders))
+        for k in offenders:
+            t = tensors[k]
+            label = _rules.label(op, k)
+            hit = maps.tensor_path(t) if maps is not None else None
+            path = hit[0] if hit else None
+            if hit is None and isinstance(t, torch.Tensor):  # the caller's own argument: named as it wrote it
+                if passed is None:
+                    from torchdoctor._guard.provenance import call_arguments, call_owner, running_frames
+                    frames = running_frames()
+                    passed, owner = call_arguments(frames, root), call_owner(frames, root)
+                label = passed[id(t)][0] if id(t) in passed else label
+            arg = hit is None and passed is not None and id(t) in passed
+            shown = f"{path}{hit[1]} = {label}" if hit else f"{label} (an argument of the {owner} call)" if arg else label
+            found = _value_str(t, f.attr) if f.attr else f.problem.found
+            expected = value_str_of(target) if target is not None else f.problem.expected
+            msg = f.problem.message if target is f.target and offenders == list(f.offenders) else \
+                f"{op}: {label} is {found}, expected {expected} like the model"  # retargeted: say it so
+            problems.append(replace(f.problem, path=path or label, role="parameter" if path else "argument",
+                                    found=found, expected=expected, module_path=mpath, module_type=mtype,
+                                    message=msg))
+            if not (storage_target(target) and isinstance(t, torch.Tensor) and t.is_floating_point()):
+                culprits.append((path, label, f.problem.kind, target))  # never floating data cast to storage
+            lines.append(f"{'culprit ' if hit or arg else ''}{shown}: {_rules._compact(t)}  (expected {expected})")
+            if not hit:
+                loose.append(t)
+                (given if arg else made).append((label, t))
+    session.g._record_problems(problems)
+    if fixable and harmful(plan, tensors):  # aligning would cast floating data to integer / float8 storage
+        fixable = False
+    return Case(func, args, kwargs, op, findings, plan, tensors, problems, culprits, lines, loose, made, given,
+                maps, mod, root, mpath, mtype, compiled, fixable)
 
 
 def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
@@ -153,32 +188,3 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
     err = with_patch(err, aim.patch if aim is not None else None, lines)
     makers = (aim.lines if aim is not None else []) + said
     return err, Note("\n".join(makers) or None, fix, err.proof, err.patch, tuple(_component.groups_of(lines)))
-
-
-def said(note: Note) -> str:
-    """What a warning adds of its note: the maker, the fix and whether it was proven (one line)."""
-    out = ""
-    if note.maker:
-        out += "; " + note.maker.replace("\n", "; ")
-    if note.fix:
-        out += f"; fix ({'proven' if note.proven else 'unproven'}): " + note.fix.replace("\n", "; ")
-    return out
-
-
-@dataclass(frozen=True)
-class GuardReport:
-    """``guard.report()``: what one guard saw, as fields (``problems``, ``fixes``, the ``Note`` of each problem by
-    ``key_of``) and as JSON-ready data (``to_dict``)."""
-
-    mode: str
-    problems: tuple[Problem, ...]
-    fixes: tuple[Any, ...]
-    notes: Mapping[tuple[Any, ...], Note]
-
-    def note(self, p: Problem) -> Note:
-        return self.notes.get(key_of(p), NOTHING)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "ok": not self.problems,
-                "problems": [{**p.to_dict(), **self.note(p).to_dict()} for p in self.problems],
-                "fixes": [f.to_dict() for f in self.fixes]}

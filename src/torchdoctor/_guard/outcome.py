@@ -16,14 +16,15 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from torchdoctor._placement import FLOAT8_DTYPES
-from torchdoctor._report.model import PlacementError, PlacementWarning
 from torchdoctor._report.text import user_stacklevel
+
+if TYPE_CHECKING:  # pragma: no cover - the report types load with the first model whose output widens
+    from torchdoctor._report.model import PlacementError
 
 log = logging.getLogger("torchdoctor.guard")
 _T = torch.Tensor
@@ -66,6 +67,8 @@ class Outcome:
             return
         if found is None:
             return
+        from torchdoctor._report.model import PlacementWarning
+
         err, note = found
         g = s.g
         problems = list(err.problems)
@@ -91,7 +94,7 @@ class Outcome:
         """The report of the op that promoted the model's dtype to ``dtype``, from a strict re-run on a copy; None
         when the output is not wider than the model's dtype or no op promoted it."""
         if not _widens(next((x.dtype for x in root.parameters()
-                                  if x.is_floating_point() and x.dtype not in FLOAT8_DTYPES), None), dtype):
+                                  if x.is_floating_point() and not _float8(x.dtype)), None), dtype):
             return None
         if any(isinstance(a, _T) and a.dtype == dtype for a in (*args, *kwargs.values())):
             return None  # the caller fed that dtype: no promotion of the model's own
@@ -105,6 +108,7 @@ class Outcome:
                ) -> tuple[PlacementError, Any] | None:
         s = self.session
         from torchdoctor._guard.component import _quiet, copyable
+        from torchdoctor._report.model import PlacementError
 
         if not copyable(root):
             return None
@@ -136,7 +140,7 @@ class Outcome:
             torch.set_rng_state(rng)
         if found is None:
             return None
-        from torchdoctor._guard.notes import Note
+        from torchdoctor._guard.record import Note
 
         notes = [inner.report().note(p) for p in found.problems]
         note = next((n for n in notes if n.fix or n.maker), None) or Note(
@@ -151,13 +155,18 @@ def _widens(held: torch.dtype | None, out: torch.dtype) -> bool:
     >>> _widens(torch.bfloat16, torch.float32), _widens(torch.float8_e4m3fn, torch.bfloat16)
     (True, False)
     """
-    if held is None or held == out or held in FLOAT8_DTYPES or out in FLOAT8_DTYPES or not held.is_floating_point \
+    if held is None or held == out or _float8(held) or _float8(out) or not held.is_floating_point \
             or not out.is_floating_point:
         return False
     try:
         return torch.promote_types(held, out) == out
     except (RuntimeError, TypeError):
         return False
+
+
+def _float8(dtype: torch.dtype) -> bool:
+    """A float8 (or packed float4) dtype, by its one-byte floating storage: torch promotes nothing with either."""
+    return dtype.is_floating_point and dtype.itemsize == 1
 
 
 def _name(dtype: torch.dtype) -> str:

@@ -14,8 +14,7 @@ import logging
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -24,23 +23,23 @@ from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.nn.modules.module import _global_forward_hooks_with_kwargs as _with_kwargs
 
-from torchdoctor._rules import registry as _rules
-from torchdoctor._report.model import PlacementWarning, Problem
-from torchdoctor._guard import compiled as graph
-from torchdoctor._guard.dispatch import _CONV, CheckMode, CompositeCheck, _simulating
-from torchdoctor._guard.float8 import findings as float8_findings
-from torchdoctor._guard.proof import harmful, storage_target
-from torchdoctor._guard.notes import Case, said, told
 from torchdoctor._guard.outcome import Outcome
-from torchdoctor._guard import fastpath as _fastpath
-from torchdoctor._guard.maps import Maps, module_label, retarget as _retarget, value_str as _value_str
-from torchdoctor._guard.maps import value_str_of as _value_str_of
+from torchdoctor._guard.record import said
 from torchdoctor._report.text import user_stacklevel
 from torchdoctor._tracker import ModuleStack
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchdoctor._guard.dispatch import CheckMode, CompositeCheck
+    from torchdoctor._guard.maps import Maps
+    from torchdoctor._rules.registry import Finding
+
+# explain mode loads nothing more unless something fails: the dispatch modes and the rules with strict / fix / warn,
+# the path maps, the culprit and the maker with the first problem (``_guard/notes.py``) (issue 43 point 4)
 
 guard = Any  # the public guard (torchdoctor._guard.api) that starts a session; it imports this module
 
 log = logging.getLogger("torchdoctor.guard")
+_CONV = torch.ops.aten.convolution.default  # what a convolution module's bias is checked as
 _Tensor = torch.Tensor
 _get_ident = threading.get_ident  # module globals: the hooks run on every module call
 _grad_enabled = torch.is_grad_enabled
@@ -81,6 +80,12 @@ def _module_kind(tp: type, strict: bool) -> int:
     return 1 if tp.__name__ == "OptimizedModule" else 2 if strict and issubclass(tp, _ConvNd) else 0
 
 
+def _eligible(session: Any) -> bool:
+    from torchdoctor._guard import fastpath
+
+    return fastpath.eligible(session)
+
+
 def _alive(handle: Any) -> bool:
     """Does a tensor-hook handle still point at a live tensor or graph node? (it holds its dict weakly)"""
     try:
@@ -113,6 +118,8 @@ class Session:
             self.handles.append(register_module_forward_hook(post, with_kwargs=True))
             self.kwarg_hook = self.handles[-1].id  # its handle forgets the with-kwargs mark: removed in stop()
             if self.mode != "explain":
+                from torchdoctor._guard.dispatch import CheckMode, CompositeCheck
+
                 if torch.compiler.is_compiling():
                     self.g._warn_compiled()
                 self.dispatch = CheckMode(self)
@@ -161,8 +168,10 @@ class Session:
         get_ident, grad_enabled, track = _get_ident, _grad_enabled, self._track
         bw_enter, bw_leave = self._bw_enter, self._bw_leave
         # explain, and strict at the module boundary, check no op where a forward's own tensors agree: the output
-        outcome = Outcome(self) if self.mode == "explain" or (self.mode == "strict" and _fastpath.eligible(self)) \
-            else None
+        outcome = Outcome(self) if self.mode == "explain" or (self.mode == "strict" and _eligible(self)) else None
+        simulating: Callable[[], bool] | None = None
+        if strict:  # a simulation checks its own ops: a convolution's bias is not checked twice
+            from torchdoctor._guard.dispatch import _simulating as simulating
         model = self.g.model if isinstance(self.g.model, nn.Module) else None  # (a pipeline's paths: not its parts')
         if self.g.model is not None and model is None:
             outcome = None
@@ -185,7 +194,7 @@ class Session:
                 self._new_forward()
             if grad_enabled():
                 track([t for a in args for t in _tensors_of(a)], bw_leave, mod)
-            if kind == 2 and args and not _simulating():
+            if kind == 2 and args and simulating is not None and not simulating():
                 self._conv_pre(mod, args[0])
 
         def post(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
@@ -232,6 +241,8 @@ class Session:
             return
         if "forward" in mod.__dict__:  # a hook wrapper (diffusers layerwise casting, accelerate) runs first and
             return  # may cast or move the weights: the composite's own error is explained if it still fails
+        from torchdoctor._rules import registry as _rules
+
         found = _rules.find(_CONV, (x, mod.weight, bias), {}, self.g.profile)
         if found:  # the replay (a proof) runs the module's own convolution: every argument as the module has it
             self.on_problem(ConvReplay(mod), (x, mod.weight, bias), {}, found, schema_op=_CONV)
@@ -251,6 +262,8 @@ class Session:
             return None
         m = self.maps.get(id(root))
         if m is None:
+            from torchdoctor._guard.maps import Maps
+
             try:
                 m = self.maps[id(root)] = Maps(root)
             except Exception:  # a diagnostic that cannot walk still names what it can
@@ -266,7 +279,7 @@ class Session:
         if maps is None:
             return []
         try:
-            from torchdoctor._guard import provenance as pv
+            from torchdoctor._guard import compiled as graph, provenance as pv
 
             fl = graph.reads_everything(maps) if compiled else pv.flow(maps.walk, self.frames.ran,
                                                                         pv.running_frames(), inputs, mpath)
@@ -287,6 +300,8 @@ class Session:
     def on_float8(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], exc: BaseException) -> Any:
         """fix / warn: an op failed on its float8 operands (any of torch's texts for it): cast them to the op's
         compute dtype and run it again, recorded like any other alignment; the original error when that fails."""
+        from torchdoctor._guard.float8 import findings as float8_findings
+
         mod, root = self.current()
         maps = self.maps_for(root)
         mpath = maps.modules.get(id(mod)) if maps is not None and mod is not None else None
@@ -300,66 +315,19 @@ class Session:
             raise exc from again
 
     def on_problem(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
-                   findings: list[_rules.Finding], schema_op: Any = None) -> Any:
+                   findings: list[Finding], schema_op: Any = None) -> Any:
         """Strict: raise. Fix / warn: record, warn once, align the offending arguments and run ``func``."""
         if self.replaying:  # a proof's re-run on a copy: it must meet what torch does, unaligned and unrecorded
             return func(*args, **kwargs)
-        op = schema_op or func
-        mod, root = self.current()
-        maps = self.maps_for(root)
-        mpath = maps.modules.get(id(mod)) if maps is not None and mod is not None else None
-        mtype = type(mod).__name__ if mod is not None else None
-        compiled = mpath is None and graph.is_graph_of_model(mod, maps)
-        if compiled:  # a graph traced from the model (torch.compile, make_fx): the failure is in the model
-            mpath, mtype = "", graph.label(root)
-        tensors = dict(_rules._gather(args, kwargs))
-        fixable = all(f.target is not None for f in findings)
-        problems: list[Problem] = []
-        culprits: list[tuple[str | None, str, str, Any]] = []
-        lines: list[str] = []
-        plan: list[tuple[_rules.Finding, Any, list[_rules.Key]]] = []
-        loose: list[torch.Tensor] = []  # offenders that are no model tensor: where did they come from?
-        made: list[tuple[str, torch.Tensor]] = []  # of those, the ones made in a forward (no caller argument)
-        given: list[tuple[str, torch.Tensor]] = []  # and the caller's arguments: the line that made them
-        passed: dict[int, tuple[str, Any]] | None = None  # the caller's arguments, looked up once
-        owner = ""
-        for f in findings:
-            target, offenders = f.target, list(f.offenders)
-            if f.target is not None and maps is not None:  # strict too: blame the fp32 input, not the bf16 model
-                target, offenders = _retarget(f, tensors, maps, mpath)
-            plan.append((f, target, offenders))
-            for k in offenders:
-                t = tensors[k]
-                label = _rules.label(op, k)
-                hit = maps.tensor_path(t) if maps is not None else None
-                path = hit[0] if hit else None
-                if hit is None and isinstance(t, torch.Tensor):  # the caller's own argument: named as it wrote it
-                    if passed is None:
-                        from torchdoctor._guard.provenance import call_arguments, call_owner, running_frames
-                        frames = running_frames()
-                        passed, owner = call_arguments(frames, root), call_owner(frames, root)
-                    label = passed[id(t)][0] if id(t) in passed else label
-                arg = hit is None and passed is not None and id(t) in passed
-                shown = f"{path}{hit[1]} = {label}" if hit else f"{label} (an argument of the {owner} call)" if arg else label
-                found = _value_str(t, f.attr) if f.attr else f.problem.found
-                expected = _value_str_of(target) if target is not None else f.problem.expected
-                msg = f.problem.message if target is f.target and offenders == list(f.offenders) else \
-                    f"{op}: {label} is {found}, expected {expected} like the model"  # retargeted: say it so
-                problems.append(replace(f.problem, path=path or label, role="parameter" if path else "argument",
-                                        found=found, expected=expected, module_path=mpath, module_type=mtype,
-                                        message=msg))
-                if not (storage_target(target) and isinstance(t, torch.Tensor) and t.is_floating_point()):
-                    culprits.append((path, label, f.problem.kind, target))  # never floating data cast to storage
-                lines.append(f"{'culprit ' if hit or arg else ''}{shown}: {_rules._compact(t)}  (expected {expected})")
-                if not hit:
-                    loose.append(t)
-                    (given if arg else made).append((label, t))
-        self.g._record_problems(problems)
-        if fixable and harmful(plan, tensors):  # aligning would cast floating data to integer / float8 storage
-            fixable = False
-        case = Case(func, args, kwargs, op, findings, plan, tensors, problems, culprits, lines, loose, made, given,
-                    maps, mod, root, mpath, mtype, compiled, fixable)
-        if self.mode == "strict" and made and self._gated() and findings[0].problem.kind == "dtype":
+        from torchdoctor._guard.maps import module_label
+        from torchdoctor._guard.notes import gather, told
+        from torchdoctor._report.model import PlacementWarning
+        from torchdoctor._rules import registry as _rules
+
+        case = gather(self, func, args, kwargs, findings, schema_op)
+        op, mod, root, mpath, problems, fixable = case.op, case.mod, case.root, case.mpath, case.problems, case.fixable
+        plan, tensors = case.plan, case.tensors
+        if self.mode == "strict" and case.made and self._gated() and findings[0].problem.kind == "dtype":
             earlier = Outcome(self).earlier(root)  # the op that promoted it silently, unchecked at the boundary
             if earlier is not None:
                 self.g._record_problems(list(earlier[0].problems))
