@@ -95,6 +95,12 @@ DTYPE_CASES: list[tuple[str, Callable[[], Any]]] = [
     ("mul by fp32 0-dim", lambda: x2.to(bf) * torch.tensor(2.0)),
     ("addcmul promotes", lambda: torch.addcmul(x2, x2.to(bf), x2)),
     ("gather", lambda: torch.gather(x2, 1, torch.zeros(2, 1, dtype=torch.long))),
+    # a loss's target in another dtype: bce refuses it at once, huber_loss in its backward, mse_loss never
+    ("huber_loss fp32 input with grad, bf16 target", lambda: F.huber_loss(x2.clone().requires_grad_(), x2.to(bf)).backward()),
+    ("huber_loss bf16 input with grad, fp32 target", lambda: F.huber_loss(x2.to(bf).requires_grad_(), x2).backward()),
+    ("huber_loss without grad, bf16 target", lambda: F.huber_loss(x2, x2.to(bf))),
+    ("binary_cross_entropy fp32 input, bf16 target", lambda: F.binary_cross_entropy(x2.sigmoid(), x2.sigmoid().to(bf))),
+    ("mse_loss fp32 input with grad, bf16 target", lambda: F.mse_loss(x2.clone().requires_grad_(), x2.to(bf)).backward()),
 ]
 
 

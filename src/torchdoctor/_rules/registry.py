@@ -64,6 +64,7 @@ class Finding:
     target: Any  # torch.device | torch.dtype | None
     offenders: tuple[Key, ...]
     considered: tuple[Key, ...] = ()
+    fixed: bool = False  # ``target`` is the only fix (a loss's target follows its input's dtype, never the reverse)
 
 
 @dataclass(frozen=True)

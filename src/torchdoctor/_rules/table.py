@@ -199,6 +199,22 @@ def _embedding_dtypes(c: _Call) -> list[Finding]:
     return [_dtype_finding(c, bad, torch.int64, "(embedding indices are int64 or int32)")]
 
 
+@rule("loss_target", ("huber_loss", "huber_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward"))
+def _loss_target(c: _Call) -> list[Finding]:
+    """The input, its target (and bce's weight) in one dtype, the input's: binary_cross_entropy refuses a mixed call
+    ("Found dtype BFloat16 but expected Float"), huber_loss computes it and then its backward refuses the same way
+    (so a huber_loss no gradient flows through is no problem)."""
+    considered = [(k, t) for k, t in c.tensors if c.name_of(k) in ("self", "target", "weight") and t.is_floating_point()]
+    if len({t.dtype for _, t in considered}) <= 1 or c.name_of(considered[0][0]) != "self":
+        return []
+    if getattr(getattr(c.op, "_schema", None), "name", "") == "aten::huber_loss" and not (
+            torch.is_grad_enabled() and any(t.requires_grad for _, t in considered)):
+        return []
+    f = _dtype_finding(c, considered, considered[0][1].dtype, f"like the loss's input {c.label(considered[0][0])} "
+                       "(the loss refuses a mixed call: Found dtype ... but expected ...)")
+    return [Finding(f.problem, f.attr, f.target, f.offenders, f.considered, fixed=True)]
+
+
 def _self_source(c: _Call) -> list[Finding]:
     """In-place writes and interpolations: the source in the destination's dtype (no promotion)."""
     fl = _floats(c)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
+import torch
 from torch import nn
 
 from torchdoctor._report.model import Problem
@@ -21,6 +23,8 @@ def escaped_problem(exc: BaseException, paths: Mapping[int, str]) -> tuple[Probl
     first = (str(exc).strip().splitlines() or [""])[0]
     if not first or placement_category(first) is None:
         return None
+    if (numpy := _to_numpy(exc, first, paths)) is not None:
+        return numpy
     kind = "device" if re.search(r"\bdevices?\b", first, re.IGNORECASE) else "dtype"
     names = [*(devices_in(first) if kind == "device" else dtypes_in(first)), "?", "?"]
     found, expected = (names[1], names[0]) if "got type" in first else (names[0], names[1])
@@ -39,3 +43,53 @@ def escaped_problem(exc: BaseException, paths: Mapping[int, str]) -> tuple[Probl
     return (Problem(kind, place, "activation", found, expected, message, op=f"{mtype}.forward" if mtype else "forward",
                     module_path=mpath, module_type=mtype),
             f"the run ended at a check torch makes before any op: {text}", tuple(sources))
+
+
+_NUMPY_CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*)((?:\.(?:cpu|detach|contiguous|squeeze|clone)\(\))*)\.numpy\(\)")
+
+
+def _to_numpy(exc: BaseException, first: str, paths: Mapping[int, str]) -> tuple[Problem, str, tuple[str, ...]] | None:
+    """``images.cpu().numpy()`` of a bfloat16 tensor (numpy has no bfloat16: "TypeError: Got unsupported ScalarType
+    BFloat16"): the line that called it, the tensor by the name the line gives it, and the fix at that line (the
+    tensor cast to float32 first, its source ``operand images at app.py:11``)."""
+    import linecache
+
+    from torchdoctor._placement import compact, dtype_str, tensor_device
+    from torchdoctor._virtual.origin import LINES, short_at
+
+    if not isinstance(exc, TypeError) or "unsupported ScalarType" not in first or exc.__traceback__ is None:
+        return None
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    f = _user(tb.tb_frame)
+    if f is None:
+        return None
+    line = linecache.getline(f.f_code.co_filename, f.f_lineno)
+    for name, _ in _NUMPY_CALL.findall(line):
+        t = f.f_locals.get(name)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in (torch.float16, torch.float32,
+                                                                                     torch.float64):
+            at = short_at(f)
+            LINES[at] = (f.f_code.co_filename, f.f_lineno)
+            shown = compact(t.dtype, tuple(t.shape), tensor_device(t))
+            module = f.f_locals.get("self")
+            mpath = paths.get(id(module)) if isinstance(module, nn.Module) else None
+            mtype = type(module).__name__ if mpath is not None else None
+            message = (f"{name} {shown} .numpy() at {at}: numpy has no {dtype_str(t.dtype)} ({type(exc).__name__}: "
+                       f"{first}); cast it first: {name}.float().cpu().numpy()")
+            problem = Problem("dtype", mpath or ("<root>" if mtype else "<top level>"), "activation",
+                              dtype_str(t.dtype), "float32", message, op="Tensor.numpy", module_path=mpath,
+                              module_type=mtype)
+            return problem, f"the run ended at .numpy() of a {dtype_str(t.dtype)} tensor at {at}", (
+                f"operand {name} at {at}",)
+    return None
+
+
+def _user(frame: Any) -> Any:
+    """The innermost frame outside torch and torchdoctor, from ``frame`` outwards."""
+    from torchdoctor._virtual.origin import MACHINERY
+
+    while frame is not None and frame.f_code.co_filename.startswith(MACHINERY):
+        frame = frame.f_back
+    return frame

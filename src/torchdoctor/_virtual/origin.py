@@ -165,14 +165,14 @@ def _link(m: Made, module_path: Callable[[Any], str | None]) -> str:
 
 
 # code whose frames are not where a user made a tensor: torchdoctor itself and torch
-_MACHINERY = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+MACHINERY = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
               os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep)
 
 
 def user_frame(depth: int = 2) -> Any:
     """The first frame outside torch and torchdoctor, from ``depth`` frames up (None when there is none)."""
     f: Any = sys._getframe(depth)
-    while f is not None and f.f_code.co_filename.startswith(_MACHINERY):
+    while f is not None and f.f_code.co_filename.startswith(MACHINERY):
         f = f.f_back
     return f
 
@@ -182,7 +182,7 @@ def built_module(depth: int = 2) -> str | None:
     code called (a module built inside a forward): its parameters and buffers are made by that line, on the CPU."""
     f: Any = sys._getframe(depth)
     name = None
-    while f is not None and f.f_code.co_filename.startswith(_MACHINERY):
+    while f is not None and f.f_code.co_filename.startswith(MACHINERY):
         if f.f_code.co_name == "__init__" and isinstance(f.f_locals.get("self"), torch.nn.Module):
             name = type(f.f_locals["self"]).__name__  # the outermost __init__ of the machinery wins
         f = f.f_back
@@ -228,8 +228,15 @@ def short_at(f: Any) -> str:
     return f"{short}:{f.f_lineno}"
 
 
+_LIKE = frozenset(f"aten.{n}_like" for n in ("randn", "rand", "randint", "zeros", "ones", "full", "empty"))
+
+
 def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Made | None:
-    """The record of a result of ``op`` with ``dtype`` on ``device``: the arguments that share both gave it."""
+    """The record of a result of ``op`` with ``dtype`` on ``device``: the arguments that share both gave it. A
+    ``*_like`` factory the user's code calls outside any module (``noise = torch.randn_like(latents)``) is a maker
+    of its own, named by its line."""
+    if module is None and str(op) in _LIKE:
+        return Made(f"torch.{str(op)[5:]}", None)
     paths: list[str] = []
     count = 0
     via = None
@@ -266,6 +273,22 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
     if via.depth >= DEPTH:
         return via
     return Made(op, module, via=via, depth=via.depth + 1)
+
+
+def operand_at(t: Any) -> str | None:
+    """``target at app.py:16``: the name the user's line calls the operand ``t`` by (a local holding it, written on
+    that line), where a fix casts it at the call; None when there is none."""
+    import linecache
+    import re
+
+    f = user_frame(2)
+    line = linecache.getline(f.f_code.co_filename, f.f_lineno) if f is not None else ""
+    for name, v in (f.f_locals.items() if f is not None else ()):
+        if v is t and re.search(rf"(?<![\w.]){re.escape(name)}\b", line):
+            at = short_at(f)
+            LINES[at] = (f.f_code.co_filename, f.f_lineno)
+            return f"{name} at {at}"
+    return None
 
 
 def _cast_here(dtype: Any) -> Any:

@@ -17,7 +17,8 @@ from torchdoctor._virtual.atop import Cases, tags_of
 from torchdoctor._virtual.datadtype import data_dtype, factory_call, maker_name
 from torchdoctor._virtual.escaped import escaped_problem
 from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest
-from torchdoctor._virtual.origin import from_origin, maker_of, moved_by_apply, ran_as_asked, where_called
+from torchdoctor._virtual.origin import (from_origin, maker_of, moved_by_apply, operand_at, ran_as_asked,
+                                         where_called)
 from torchdoctor._virtual.promote import Promotions, mixed
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, make
 from torchdoctor._tracker import ModuleStack
@@ -125,8 +126,9 @@ class _Recorder(Hooks):
         call = OpArgs(new_args, new_kwargs)
         for f in promo:
             self._promoted(f, OpArgs(args, kwargs))
+        quiet = torch._C._current_graph_task_id() != -1  # autograd's own op: its forward's problem said it
         for f in (*findings, *promo):  # device and meta first, then dtype, then what the profile cannot run
-            self._handle(func, f, call)
+            self._handle(func, f, call, quiet and any(q.kind == f.problem.kind for q in self.problems))
         # the operands as they came and as the run goes on with them: the fix is proven on them (``atop``)
         self.cases.keep(func, (args, kwargs), (new_args, new_kwargs), self._tags, promo[0].target if promo else None)
         return tuple(new_args), new_kwargs
@@ -265,7 +267,7 @@ class _Recorder(Hooks):
             return
         self.problems.append(problem)
 
-    def _handle(self, func: Any, f: Any, call: OpArgs) -> None:
+    def _handle(self, func: Any, f: Any, call: OpArgs, quiet: bool = False) -> None:
         p = f.problem
         culprits, anchor = self._culprits(func, f, call)
         tensors = [call.at(k) for k in culprits]
@@ -282,7 +284,7 @@ class _Recorder(Hooks):
             origin = getattr(t, "_td_origin", None)
             if path is None and t is not None and t.dtype in FLOAT8_DTYPES and origin is not None and origin.first_path:
                 path = origin.first_path  # float8 flows unchanged from its table: the table is the culprit, by path
-            found, expected, message = p.found, p.expected, p.message
+            found, expected, message, named_at = p.found, p.expected, p.message, None
             if p.kind == "missing_kernel" and (at := where_called()):  # the op at the user's line
                 message = message.replace(": ", f" at {at}: ", 1)
             if anchor is not None:
@@ -290,6 +292,8 @@ class _Recorder(Hooks):
             if t is not None and p.kind != "unsupported_dtype":
                 found = device_str(t._td_device) if on_device else dtype_str(t.dtype)
                 made = origin.describe(self.modules.path_of, on_device) if origin else "a tensor made in forward"
+                named_at = operand_at(t) if f.fixed else None  # a loss's target: named as the call passes it
+                made = f"{named_at} ({made})" if named_at and not path else made
                 what = f"{path or made} {compact(t.dtype, tuple(t.shape), t._td_device)}"
                 moved = origin.moved_copy(t, found, self.modules.path_of) if origin and path and on_device else None
                 if moved is not None:  # the model's own tensor is elsewhere: fixed at the line that moved the copy
@@ -307,8 +311,11 @@ class _Recorder(Hooks):
                 (p.kind, path) if entry else (p.kind, place, op, found)
             held = path is not None and t is not None and not t._td_path  # named by the program (``heldby``)
             role = self.roles.get(path or "", "held" if held else "activation")
-            self._add(Problem(p.kind, path or place, role, found, expected,
-                              message + where, op=op, module_path=mpath, module_type=mtype, tensors=listed), key)
+            if named_at is not None:  # fixed where the call passes it
+                self.sources.setdefault((p.kind, path or place, op, found), (f"operand {named_at}",))
+            if not quiet:
+                self._add(Problem(p.kind, path or place, role, found, expected,
+                                  message + where, op=op, module_path=mpath, module_type=mtype, tensors=listed), key)
             if path is None and origin is not None and (src := origin.placed_by if on_device else origin.source).paths:
                 self.sources.setdefault((p.kind, place, op, found), src.paths)
             elif path is None and origin is not None and src.op.startswith("torch.") and p.kind in ("device", "dtype"):
@@ -326,6 +333,8 @@ class _Recorder(Hooks):
         p, offenders = f.problem, list(f.offenders)
         if p.kind in ("unsupported_dtype", "missing_kernel"):
             return offenders, None  # reported; the kernel runs anyway, and casting would invent dtype problems
+        if f.fixed:
+            return offenders, f.target
         if p.kind == "meta":
             with contextlib.suppress(ValueError, TypeError, RuntimeError):
                 if (real := parse_device(p.expected)).type != "meta":
