@@ -48,6 +48,11 @@ class Maker:
     via: str | None = None  # the expression that carried it into the operand (``self.a(x) * gate``)
     runner: Any = None  # a running module whose re-run reaches the maker (its submodule's forward has returned)
 
+    @property
+    def default_dtype(self) -> bool:
+        """A factory given no dtype (none written, or ``dtype=None``): the default dtype, nobody's choice."""
+        return self.factory and self.dtype_from is None and (self.segment is None or self.segment[2] == "None")
+
     def describe(self) -> str:
         out = f"made by `{self.op}` at {self.file}:{self.line} (`{self.source}`)"
         if self.dtype_from:

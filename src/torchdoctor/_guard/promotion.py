@@ -60,7 +60,7 @@ def _default_factory(t: torch.Tensor) -> bool:
         return _MADE[key]
     try:
         m = find(user_frames(), t, "dtype")
-        made = m is not None and m.factory and m.segment is None and m.dtype_from is None
+        made = m is not None and m.default_dtype
     except Exception:  # naming the maker is extra: no finding then
         made = False
     if key is not None:

@@ -120,7 +120,7 @@ def remedy(m: Maker, target: Any, paths: dict[int, str], dicts: Any = ()) -> Rem
             new = _factory_line(m, raw, want)
         if new is not None:
             patch = line_patch(m.file, m.line, new.rstrip("\r\n"))
-            if m.segment is None:  # a factory or ``.float()``: the fixed line is the code to paste
+            if m.segment is None or m.default_dtype:  # a factory or ``.float()``: the fixed line is the code
                 return Remedy(f"{new.strip()}  # {os.path.basename(m.file)}:{m.line}", patch, None)
     return Remedy(f"# make `{m.op}` at {os.path.basename(m.file)}:{m.line}{_made_as(m)} give {want}", patch, None)
 
@@ -391,7 +391,7 @@ def caller_fix(makers: list[tuple[str, Maker]], target: Any, paths: dict[int, st
     line given the dtype, as strict says at the promoting op. A cast the caller wrote (``.float()``) is its choice:
     none then."""
     for _, m in makers:
-        if isinstance(target, torch.dtype) and m.factory and m.segment is None and m.dtype_from is None:
+        if isinstance(target, torch.dtype) and m.default_dtype:
             fix = remedy(m, target, paths, dicts)
             if fix is not None and not fix.code.startswith("#"):
                 return fix
