@@ -5,6 +5,8 @@ showed is not a second problem."""
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -81,3 +83,7 @@ def test_backward_of_an_op_already_reported_is_not_a_second_problem() -> None:
     assert not report.ok
     assert [p.path for p in report.problems] == ["img_in"], report.problems
     assert not any(p.path == "<top level>" for p in report.problems)
+    # the maker of the float32 and the line where it promoted the bfloat16 latents, both named
+    msg, line = report.problems[0].message, promoted_step.__code__.co_firstlineno + 4
+    assert "torch.tensor" in msg and re.search(rf"promot\w* bfloat16 (data )?(at|to) ", msg), msg
+    assert f"test_loss_target.py:{line}" in msg, msg

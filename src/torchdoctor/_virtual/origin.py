@@ -29,7 +29,7 @@ NAMES = 16  # source paths kept per record
 class Made:
     """How a tensor made in a run got its device and dtype."""
 
-    __slots__ = ("op", "module", "paths", "count", "via", "depth", "at", "arg", "site", "made_of")
+    __slots__ = ("op", "module", "paths", "count", "via", "depth", "at", "arg", "site", "made_of", "promotes")
 
     def __init__(self, op: str, module: Any, paths: tuple[str, ...] = (), count: int = 0, via: Made | None = None,
                  depth: int = 1) -> None:
@@ -44,6 +44,8 @@ class Made:
         self.arg: str | None = None  # an argument of the top-level call: its name as the forward sees it
         self.site: Any = None  # a cast at a line of the user's code (``castsites.CastSite``): the chain starts there
         self.made_of: tuple[str, ...] = ()  # the named tensor a cast was made from (its dtype is not the culprit)
+        # a factory's tensor that later promoted other data outside any module: (their dtype, its own, file:line)
+        self.promotes: tuple[str, str, str] | None = None
 
     @classmethod
     def argument(cls, label: str, fix_label: str, call: str, before: Made | None, chain: Made | None = None) -> Made:
@@ -55,7 +57,10 @@ class Made:
         so a device fix is written at that call."""
         m = cls("argument", None, (fix_label,), 1) if chain is None else \
             cls("argument", None, via=chain, depth=chain.depth + 1)
+        promoted = before.promotes if before is not None and before.at else None
         m.arg = f"{label} (an argument of the {call} call" + (
+            f", computed at {promoted[2]} where a {promoted[1]} tensor made by {before.op} at {before.at} promotes "
+            f"{promoted[0]} to {promoted[1]})" if promoted and before is not None else
             f", made by {before.op} at {before.at})" if before is not None and before.at else
             ")" if before is not None else ", made before the run)")
         return m
@@ -154,6 +159,8 @@ def _link(m: Made, module_path: Callable[[Any], str | None]) -> str:
     text = f"{m.op} in {_where(m.module, module_path)}"
     if m.at:  # a factory: the line that called it, inside a forward as outside one
         text += f" at {m.at}"
+    if m.promotes:  # its tensor met other data outside the model, which it promoted there
+        text += f" ({m.promotes[1]}, promoting {m.promotes[0]} data at {m.promotes[2]})"
     if not m.paths:
         return text
     if m.count == 1:
@@ -240,12 +247,13 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
     paths: list[str] = []
     count = 0
     via = None
-    cast = None  # a cast's source (``torch.arange(n).float()``): same device, the dtype set by the op
+    cast = high = None  # a cast's source (``torch.arange(n).float()``): same device, the dtype set by the op
     for t in tensors:
         if t.dtype != dtype or t._td_device != device:
             if cast is None and t._td_device == device:
                 cast = t
             continue
+        high = t if high is None else high
         path = t._td_path
         if path is not None:
             count += 1
@@ -253,6 +261,9 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
                 paths.append(path)
         elif via is None:
             via = t._td_origin
+    if module is None and high is not None and cast is not None and cast.is_floating_point() and \
+            dtype.is_floating_point:
+        _promoting(high, cast.dtype, dtype)
     if count:
         return Made(op, module, tuple(paths), count)
     if via is None and cast is not None:
@@ -289,6 +300,17 @@ def operand_at(t: Any) -> str | None:
             LINES[at] = (f.f_code.co_filename, f.f_lineno)
             return f"{name} at {at}"
     return None
+
+
+def _promoting(t: Any, low: Any, dtype: Any) -> None:
+    """``t`` (of ``dtype``) promotes data of ``low`` in an op outside any model (``(1 - sigmas) * latents``): the
+    factory it came from is told so, once, with that line (``Made.promotes``)."""
+    from torchdoctor._placement import dtype_str
+
+    origin = getattr(t, "_td_origin", None)
+    src = origin.source if origin is not None else None
+    if src is not None and src.at and src.promotes is None and torch.promote_types(low, dtype) == dtype:
+        src.promotes = (dtype_str(low), dtype_str(dtype), where_called() or "?")
 
 
 def _cast_here(dtype: Any) -> Any:
