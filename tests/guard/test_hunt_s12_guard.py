@@ -114,3 +114,46 @@ def test_strict_on_every_op_stops_at_the_promoting_mul_of_a_dtype_none_factory(
             mod.app(model)
     assert info.value.op == "aten.mul.Tensor" and "promotes the model's bfloat16" in str(info.value)
     assert info.value.fix == "gate = torch.ones(4, dtype=torch.bfloat16)  # app.py:12"
+
+
+NUMPY = '''\
+import numpy as np
+import torch
+from torch import nn
+
+
+def build():
+    return nn.Sequential(nn.Linear(8, 12), nn.Sigmoid()).to(torch.bfloat16)
+
+
+def save(images):
+    arr = (255.0 * images.cpu().numpy()).clip(0, 255).astype(np.uint8)
+    return np.asarray(images.detach()).shape, arr
+
+
+@torch.inference_mode()
+def app(m):
+    images = m(torch.randn(1, 8, dtype=torch.bfloat16)).view(-1, 2, 2, 3)
+    return save(images)
+'''
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict", "fix"])
+def test_numpy_of_a_bf16_tensor_is_explained_with_the_cast_at_its_line(project: pathlib.Path, mode: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    _reset(project, NUMPY)
+    err = _fails(_load(project / "app.py", f"td_h3_np_{mode}", monkeypatch), mode)
+    assert isinstance(err, TypeError)  # the program's own error, with guard's note
+    said = "\n".join(getattr(err, "__notes__", [])) or str(err)
+    assert "`images.cpu().numpy()` converts a bfloat16 tensor, and numpy has no bfloat16" in said
+    assert "fix proven: `images.float().cpu().numpy()` runs (ndarray of float32)" in said
+    assert "arr = (255.0 * images.float().cpu().numpy()).clip(0, 255).astype(np.uint8)  # app.py:11" in said
+    patch = said.split("Patch (git apply):\n", 1)[1]
+    patch = "\n".join(line[4:] for line in patch.splitlines()) + "\n"
+    (project / "fix.patch").write_text(patch)
+    assert _git(project, "apply", "fix.patch").returncode == 0
+    # the next conversion on the same path, np.asarray of the bf16 tensor, is told the same way at its own line
+    err2 = _fails(_load(project / "app.py", f"td_h3_np_{mode}_2", monkeypatch), mode)
+    said2 = "\n".join(getattr(err2, "__notes__", []))
+    assert "return np.asarray(images.float().detach()).shape, arr  # app.py:12" in said2, said2
+    assert "fix proven" in said2

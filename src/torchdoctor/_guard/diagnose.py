@@ -14,66 +14,20 @@ import torch
 from torch import nn
 
 from torchdoctor._rules import registry as _rules
-from torchdoctor._explain.tokens import devices_in, dtypes_in
 from torchdoctor._guard import compiled as graph, provenance
 from torchdoctor._guard.float8 import is_float8_message
 from torchdoctor._guard import component
 from torchdoctor._guard.remedy import Aim, aimed, caller_fix, caller_makers, locals_made, moved_aim, with_patch
 from torchdoctor._guard.maps import Maps, both, fix_code, module_label, reference
+from torchdoctor._guard.message import kind_of as _kind_of, mentioned as _mentioned, placement_category
 from torchdoctor._guard.record import Note
 from torchdoctor._guard.session import Session
-from torchdoctor._placement import device_str, dtype_str, norm_device
+from torchdoctor._placement import device_str, dtype_str
 from torchdoctor._report.model import PlacementError, Problem, TensorInfo
 from torchdoctor._report.text import format_error
 
 
 log = logging.getLogger("torchdoctor.guard")
-
-_PLACEMENT = re.compile(
-    r"same device|two devices|expected device|is on the expected device|should be the same|same dtype|"
-    r"expected scalar type|mixed dtype|expected m1 and m2|Input type \(|indices should be either on cpu|"
-    r"meta tensor|not compiled with|is not linked with support|found at least two devices|to match query dtype|"
-    r"must have the same (?:scalar )?type|expected both vectors|with arguments from the '\w+' backend|"
-    r"not implemented for '(?:BFloat16|Half|Float8\w*|Double|ComplexHalf)'|FakeTensor Device|"
-    r"deserialize object on a CUDA device|Expected all tensors", re.IGNORECASE)
-
-
-def placement_category(message: str) -> str | None:
-    """The explain category of a placement error message (``torchdoctor._explain``), ``"placement"`` when only
-    the guard's own short list knows it, None when it is not a placement error."""
-    try:
-        from torchdoctor._explain.api import classify
-
-        category = classify(message)
-    except Exception:  # explain missing or confused: the short list below still knows the common messages
-        log.debug("classify failed", exc_info=True)
-        category = None
-    if category:
-        return category
-    return "placement" if _PLACEMENT.search(message) else None
-
-
-def _devices_named(message: str) -> list[torch.device]:
-    """Devices a message names, in order (``cuda:0 and cpu``, ``CUDABFloat16Type``, ``torch.cuda.FloatTensor``,
-    ``on CPU, but expected it to be on GPU``), read by explain's one token parser."""
-    out: list[torch.device] = []
-    for name in devices_in(message):
-        try:
-            out.append(norm_device(torch.device(name)))
-        except (RuntimeError, ValueError):  # a device type this build does not know (npu, hpu)
-            continue
-    return out
-
-
-def _kind_of(message: str) -> str:
-    low = message.lower()
-    if re.search(r"\bmeta\b", low):
-        return "meta"
-    types_named = {d.type for d in _devices_named(message)}
-    if len(types_named) > 1 or re.search(r"\bdevices?\b|not compiled with|not linked with", low):
-        return "device"
-    return "dtype"
-
 
 def _innermost(session: Session, tb: types.TracebackType | None) -> tuple[nn.Module | None, Any, bool]:
     """(module, its forward frame or None, in_backward) from the traceback, else from the module stacks.
@@ -137,6 +91,13 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     category = placement_category(message)
     if category is None:
         return None
+    if category == "unsupported_dtype_on_device" and "ScalarType" in message:  # numpy has no bfloat16 / float8
+        from torchdoctor._guard.tonumpy import explain_numpy
+
+        if (told_np := explain_numpy(exc, tb)) is not None:
+            session.g._record_problems(list(told_np.problems))
+            session.g._note(told_np.problems, Note(None, told_np.fix, told_np.proof, told_np.patch))
+            return told_np
     kind = "unsupported_dtype" if category == "unsupported_dtype_on_device" else _kind_of(message)
     if is_float8_message(message):
         # a float8 tensor met another floating dtype, or a kernel without a float8 body (the text depends on the
@@ -371,19 +332,6 @@ def _suspects(session: Session, maps: Maps | None, kind: str, bad: list[Any], va
     except Exception:  # provenance is extra: the failure is still explained without it
         log.debug("provenance failed", exc_info=True)
         return []
-
-
-def _mentioned(message: str, kind: str) -> set[Any]:
-    """Dtypes or devices an error message names (``c10::BFloat16 != float``, ``cuda:0 and cpu``)."""
-    if kind == "device":
-        return set(_devices_named(message))
-    out: set[Any] = set()
-    if kind == "dtype":
-        for name in dtypes_in(message):
-            dt = getattr(torch, name, None)
-            if isinstance(dt, torch.dtype):
-                out.add(dt)
-    return out
 
 
 def _also_dtype(ref: Any, t: torch.Tensor, kind: str, message: str, maps: Maps | None) -> Any:
