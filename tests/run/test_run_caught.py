@@ -93,3 +93,78 @@ def test_clean_program_in_fix_mode_is_ok(tmp_path, monkeypatch):
     code, out, err = _run(tmp_path, LOGGED, "--mode", "fix")
     assert code == 0, err
     assert "prompt executed" in out and err.strip().endswith("no placement error")
+
+
+TWO_MODELS = textwrap.dedent('''
+    import logging, traceback, types, torch, torch.nn as nn
+    class AnyText(nn.Module):
+        def __init__(self):
+            super().__init__(); self.enc = nn.Linear(8, 8); self.dec = nn.Linear(8, 8)
+        def forward(self, x):
+            h = self.enc(x)
+            h = h.float()
+            return self.dec(h)
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__(); self.lin = nn.Linear(8, 8)
+            self.config = types.SimpleNamespace(compute_dtype=torch.float32)
+        def forward(self, x):
+            return self.lin(x).to(self.config.compute_dtype)
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__(); self.block = Block(); self.head = nn.Linear(8, 8)
+        def forward(self, x): return self.head(self.block(x))
+    for build in (AnyText, Net):
+        try:
+            build().to(torch.float16)(torch.randn(2, 8, dtype=torch.float16))
+        except Exception as e:
+            logging.error("!!! Exception during processing !!! %s", e); logging.error(traceback.format_exc())
+''')
+
+
+def test_second_caught_error_named_in_its_own_model(tmp_path):
+    """Two nodes' errors with one message, each caught and logged: the second is named in its own model (the first
+    one's forwards, left on guard's stack when its error escaped, are not its root), with its config fix."""
+    (tmp_path / "app.py").write_text(TWO_MODELS)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, "-m", "torchdoctor", "run", "--color", "never", "app.py"],
+                       capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert p.returncode == 1, p.stderr
+    summary = p.stderr[p.stderr.index("torchdoctor run:"):]
+    assert "2 placement error(s) met" in summary
+    second = summary[summary.index("app.py:19 in forward"):]
+    assert "outside the guarded model" not in second
+    assert "dtype mismatch in `head` (Linear)" in second
+    assert "model.block.config.compute_dtype = torch.float16" in second
+    assert "<self.config" not in second
+
+
+def test_explains_fix_speaks_of_the_tensor_by_the_users_name():
+    from torchdoctor._run.watch import named_fix
+
+    culprit = ("unsupported_dtype mismatch outside the guarded model, at save.py:11\n"
+               "    line: arr = (255.0 * images.cpu().numpy()).clip(0, 255)\n"
+               "    images: bf16[1,2,2,3]@cuda:0\n    original error: TypeError: Got unsupported ScalarType BFloat16")
+    assert named_fix("arr = t.detach().float().cpu().numpy()", culprit) == \
+        "arr = images.detach().float().cpu().numpy()"
+    # two tensors on the line, or none named: explain's fix as it is
+    two = culprit.replace("    images:", "    masks: f32[2]@cpu\n    images:").replace("images.cpu()", "images.cpu() * masks")
+    assert named_fix("arr = t.detach().float().cpu().numpy()", two) == "arr = t.detach().float().cpu().numpy()"
+    assert named_fix("arr = t.detach().float().cpu().numpy()", None) == "arr = t.detach().float().cpu().numpy()"
+
+
+def test_run_names_the_numpy_tensor_of_a_bf16_save(tmp_path):
+    (tmp_path / "app.py").write_text(textwrap.dedent('''
+        import numpy as np, torch
+        def save(images):
+            arr = (255.0 * images.cpu().numpy()).clip(0, 255)
+            return arr
+        save(torch.rand(1, 2, 2, 3).to(torch.bfloat16))
+    '''))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, "-m", "torchdoctor", "run", "--color", "never", "app.py"],
+                       capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert p.returncode == 1, p.stderr
+    summary = p.stderr[p.stderr.index("torchdoctor run:"):]
+    assert "Got unsupported ScalarType BFloat16" in summary
+    assert "images" in summary.split("fix:", 1)[1] and "= t." not in summary

@@ -209,7 +209,8 @@ class Watcher:
                     old.count += 1
                 return None
         culprit = self._culprit(exc)
-        fix = culprit_fix(culprit) or (d.fixes[0][1] if d.fixes else None)  # the live culprit's fix first
+        # the live culprit's fix first; explain's own speaks of a tensor `t`, said by the user's name where known
+        fix = culprit_fix(culprit) or (named_fix(d.fixes[0][1], culprit) if d.fixes else None)
         finding = Finding(how, error[:500], d.category, d.title, fix, where, culprit, _trace_note(culprit))
         with self._lock:
             if key in self._keys:
@@ -358,6 +359,17 @@ def culprit_fix(culprit: str | None) -> str | None:
         if line.strip():
             lines.append(line.strip())
     return "\n".join(lines) or None
+
+
+def named_fix(fix: str, culprit: str | None) -> str:
+    """Explain's fix, which speaks of a tensor ``t``, by the name the failing line gives it: guard's culprit lists
+    the one tensor that line holds (``images: bf16[1,2,2,3]@cuda:0``) under ``line: ...`` (the user's code)."""
+    if not culprit or not re.search(r"\bt\b", fix):
+        return fix
+    line = next((x.strip()[6:] for x in culprit.splitlines() if x.strip().startswith("line: ")), "")
+    names = {m.group(1) for m in re.finditer(r"(?m)^\s*([A-Za-z_]\w*): [a-z]+\d*[a-z0-9]*\[", culprit)}
+    names = {n for n in names if n != "t" and re.search(rf"\b{n}\b", line)}
+    return re.sub(r"\bt\b", names.pop(), fix) if len(names) == 1 else fix
 
 
 def _trace_note(culprit: str | None) -> str | None:
