@@ -50,6 +50,27 @@ def test_odd_compares_devices_and_floating_dtypes_only() -> None:
     assert fastpath.odd([nn.Parameter(f32), f32.as_subclass(type("Sub", (torch.Tensor,), {}))])  # the rules decide
 
 
+def test_a_module_call_is_judged_on_its_own_tensors_and_one_level_of_its_inputs() -> None:
+    """The gate's per-call check (``_disagree``): parameters, buffers, plain tensor attributes (a list of them
+    too) and positional inputs, lists and tuples among the inputs looked into one level deep, no deeper."""
+    f32 = torch.ones(2)
+    lin = nn.Linear(2, 2)
+    assert not fastpath._disagree(lin, (f32,), ())
+    assert fastpath._disagree(lin, (f32.to(BF),), ())
+    assert fastpath._disagree(lin, ([f32, f32.to(BF)],), ())  # a list argument: looked into
+    assert fastpath._disagree(lin, ((f32.to(BF),),), ())
+    assert not fastpath._disagree(lin, ([[f32.to(BF)]],), ())  # two levels down: not read (as before)
+    assert not fastpath._disagree(lin, (f32, None, 3, "x", torch.ones(2, dtype=torch.int64)), ())
+    lin.register_buffer("scale", torch.ones(2, device="meta"))
+    assert fastpath._disagree(lin, (), ())  # a meta buffer among real weights
+    plain = nn.Linear(2, 2)
+    plain.extra = [f32, f32.double()]  # a plain attribute holding a list of tensors
+    names = fastpath._attributes(plain)
+    assert names == ("extra",) and fastpath._disagree(plain, (f32,), names)
+    assert not fastpath._disagree(plain, (f32,), ())  # (what the names say is what is read)
+    assert fastpath._disagree(nn.Linear(2, 2), (f32.as_subclass(type("Sub", (torch.Tensor,), {})),), ())
+
+
 def test_clean_modules_run_without_the_mode_and_the_code_around_them_with_it() -> None:
     log: list[bool] = []
     net = nn.Sequential(Probe(log), nn.ReLU(), Probe(log))

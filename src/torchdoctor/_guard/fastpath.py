@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
 import torch
@@ -52,25 +53,46 @@ def odd(values: Any) -> bool:
     >>> odd([torch.ones(2), torch.ones(2, dtype=torch.int64)]), odd([torch.ones(2), torch.ones(2).double()])
     (False, True)
     """
+    return _odd(values, False)
+
+
+# the floating and complex dtypes: a set look-up is cheaper than a dtype's ``is_floating_point`` per tensor
+_FLOATING = frozenset(d for d in vars(torch).values()
+                      if isinstance(d, torch.dtype) and (d.is_floating_point or d.is_complex))
+
+
+def _odd(values: Any, nest: bool) -> bool:
+    """``odd``, run per module call: ``nest`` also looks one level into the lists and tuples among ``values``
+    (a module's ``*args``), without building a list of what it reads."""
     dev = fdt = None
-    for t in values:
-        tp = type(t)
-        if tp is not _T and tp is not _P:
-            if isinstance(t, _T):
+    more: list[Any] | None = None
+    while True:
+        for t in values:
+            tp = type(t)
+            if tp is not _T and tp is not _P:
+                if nest and (tp is list or tp is tuple):
+                    if more is None:
+                        more = []
+                    more.append(t)
+                elif isinstance(t, _T):
+                    return True
+                continue
+            if dev is None:
+                dev = t.device
+            elif t.device != dev:
                 return True
-            continue
-        d = t.device
-        if dev is None:
-            dev = d
-        elif d != dev:
-            return True
-        dt = t.dtype
-        if dt.is_floating_point or dt.is_complex:
-            if fdt is None:
-                fdt = dt
-            elif dt is not fdt:
-                return True
-    return False
+            dt = t.dtype
+            if dt in _FLOATING:
+                if fdt is None:
+                    fdt = dt
+                elif dt is not fdt:
+                    return True
+        if not more:
+            return False
+        values, more, nest = _flat(more), None, False
+
+
+_flat = chain.from_iterable
 
 
 def _attributes(mod: torch.nn.Module) -> tuple[str, ...]:
@@ -82,21 +104,13 @@ def _attributes(mod: torch.nn.Module) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _gather(mod: torch.nn.Module, args: tuple[Any, ...], names: tuple[str, ...]) -> list[Any]:
-    out: list[Any] = [*mod._parameters.values(), *mod._buffers.values()]
-    d = mod.__dict__
-    for k in names:
-        v: Any = d.get(k)
-        if type(v) in _CONTAINERS:
-            out.extend(v)
-        else:
-            out.append(v)
-    for a in args:
-        if type(a) in _CONTAINERS:
-            out.extend(a)
-        else:
-            out.append(a)
-    return out
+def _disagree(mod: torch.nn.Module, args: tuple[Any, ...], names: tuple[str, ...]) -> bool:
+    """Do a module's own tensors (parameters, buffers, the tensor attributes ``names``) and its positional inputs
+    disagree (``odd``, lists and tuples among them looked into)?"""
+    if names:
+        return _odd(chain(mod._parameters.values(), mod._buffers.values(), map(mod.__dict__.get, names), args),
+                    True)
+    return _odd(chain(mod._parameters.values(), mod._buffers.values(), args), True)
 
 
 class Gate:
@@ -156,7 +170,7 @@ class Gate:
             hit = names.get(id(mod))
             if hit is None or hit[0] is not mod:
                 hit = names[id(mod)] = (mod, _attributes(mod))
-            if whole or odd(_gather(mod, args, hit[1])):
+            if whole or _disagree(mod, args, hit[1]):
                 active.append(mod)
                 self.suspects += 1
             if self.on is not bool(active):
