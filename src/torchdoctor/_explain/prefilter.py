@@ -5,7 +5,7 @@ every anchor gets a short key: a piece of the anchor that real texts never re-ca
 through a look-behind, holds) one of a few pass characters. The keys of one pass character go into one regular
 expression shaped as a trie and starting with that literal character, so the regex engine skips to that
 character's next occurrence in a tight C loop and tries the keys only there — a few passes in C over the raw text,
-with no lower-cased or colour-free copy of a whole log. A line with a key is then cleaned (``strip``, ``fold``),
+with no lower-cased or colour-free copy of a whole log. A line with a key is then cleaned (``plaintext``),
 lower-cased and checked for the anchors themselves, so what is found is exactly what the anchors say; the keys
 only decide which lines are worth that look.
 
@@ -21,8 +21,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torchdoctor._explain.escapes import unescape
+from torchdoctor._explain.plaintext import clean_position, fold, raw_position, strip
 
-__all__ = ["ANSI", "EXACT_BELOW", "Prefilter", "fold", "key_of", "strip"]
+__all__ = ["EXACT_BELOW", "Memo", "Prefilter", "key_of", "new_memo"]
 
 EXACT_BELOW = 1 << 18
 # Words real texts write in capitals anywhere (CUDA, CPU, BFloat16, PyTorch, FakeTensor ...): never part of a key.
@@ -41,6 +42,7 @@ _RAREST = "vb_ut"
 _MIN, _MIN_INSIDE, _MIN_BEHIND, _MAX = 8, 6, 5, 14
 _BACK = 96  # an anchor starts at most this far before its key
 _PER_LINE = 32  # keys looked up one by one on one line
+_MEMO_LINE = 3000  # longer marked lines are not remembered
 _LINES = 8192  # distinct lines whose anchors are remembered (a log of errors repeats a few hundred; 1024 thrashed)
 # Characters a key never contains: terminal colours in logs sit next to them (rich highlights brackets, quotes,
 # ``name=`` and numbers; loggers colour whole lines or level names), so a key stays whole between escape sequences
@@ -48,72 +50,6 @@ _LINES = 8192  # distinct lines whose anchors are remembered (a log of errors re
 _KEY_BREAK = frozenset("()[]{}'\"`<>=")
 # The first letter of a message is capitalised, also after "Error: " inside an anchor.
 _SENTENCE = re.compile(r"(?:^|[:.!?] )([a-z])")
-ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)|[@-Z\\-_])")
-
-
-# Pasted text: full-width punctuation (CJK input methods), typographic quotes, no-break spaces, box-drawing
-# borders (rich tracebacks). Each maps to one character, so positions in the text do not move.
-_FOLD = {0xFF08: "(", 0xFF09: ")", 0xFF1A: ":", 0xFF0C: ",", 0xFF01: "!", 0xFF07: "'", 0xFF02: '"', 0xFF3B: "[",
-         0xFF3D: "]", 0xFF1B: ";", 0xFF0E: ".", 0x3001: ",", 0x3002: ".", 0x2018: "'", 0x2019: "'", 0x201C: '"',
-         0x201D: '"', 0x00A0: " ", 0x3000: " ", 0x2502: " ", 0x2503: " ", 0x2551: " ", 0x0130: "I", 0xFEFF: " "}
-
-
-def fold(text: str) -> str:
-    """The paste noise above as ASCII, one character for one, so positions do not move and ``lower()`` keeps the
-    length (U+0130 alone would lower to two characters).
-
-    >>> fold("RuntimeError\uff1a Input type\uff08float\uff09")
-    'RuntimeError: Input type(float)'
-    """
-    if text.isascii():
-        return text
-    for code, ascii_char in _FOLD.items():  # a few scans beat a regex callback per character
-        char = chr(code)
-        if char in text:
-            text = text.replace(char, ascii_char)
-    return text
-
-
-def strip(text: str) -> tuple[str, list[tuple[int, int]]]:
-    r"""``text`` without terminal escape sequences, and where they were: ``(position in the result, characters
-    removed so far)`` per sequence, for ``raw_position``.
-
-    >>> strip("\x1b[31mRuntimeError\x1b[0m: x")
-    ('RuntimeError: x', [(0, 5), (12, 9)])
-    """
-    if "\x1b" not in text:
-        return text, []
-    spans: list[tuple[int, int]] = []
-    removed = 0
-    for m in ANSI.finditer(text):
-        at = m.start() - removed
-        removed += m.end() - m.start()
-        spans.append((at, removed))
-    return (ANSI.sub("", text) if spans else text), spans
-
-
-def raw_position(spans: list[tuple[int, int]], p: int) -> int:
-    """The position in the text before ``strip`` of the character at ``p`` after it."""
-    shift = 0
-    for at, removed in spans:
-        if at > p:
-            break
-        shift = removed
-    return p + shift
-
-
-def _clean_position(spans: list[tuple[int, int]], p: int) -> int:
-    """The position after ``strip`` of the character at ``p`` before it (the start of a sequence ``p`` is in)."""
-    prev = 0
-    for at, removed in spans:
-        if p <= at + prev:
-            break
-        if p < at + removed:
-            return at
-        prev = removed
-    return p - prev
-
-
 def _stable(anchor: str) -> list[bool]:
     ok = [True] * len(anchor)
     for m in _SENTENCE.finditer(anchor):  # the first letter of a message is capitalised
@@ -221,6 +157,15 @@ def _trie(items: Sequence[tuple[str, str]]) -> str:
     return emit(root, "")
 
 
+# what marked lines held, by their text: for a log's blocks, and for short (lower-cased) texts apart
+Memo = dict[bool, dict[str, list[tuple[int, int]]]]
+
+
+def new_memo() -> Memo:
+    """An empty memo for ``Prefilter.hits``: one per text read, so nothing outlives it."""
+    return {False: {}, True: {}}
+
+
 class Prefilter:
     """The anchors' keys as one pattern per pass character; ``hits`` yields where anchors are, one look per line."""
 
@@ -252,17 +197,90 @@ class Prefilter:
         index = {a: i for i, a in enumerate(self.anchors)}
         self.plain = [(piece, tuple(index[a] for a in of)) for piece, of in _plain_keys(without)]
 
-    def hits(self, text: str, start: int, cut: int) -> Iterator[tuple[int, int]]:
-        """``(position, anchor index)`` of every anchor in ``text[start:cut]``, first occurrence per line. A log
+    def hits(self, text: str, start: int, cut: int, memo: Memo | None = None) -> Iterator[tuple[int, int]]:
+        """``(position, anchor index)`` of every anchor in ``text[start:cut]``, first occurrence per line, by
+        ``lines``."""
+        for base, found, _ in self.lines(text, start, cut, new_memo() if memo is None else memo):
+            for f, i in found:
+                yield base + f, i
+
+    def lines(self, text: str, start: int, cut: int, memo: Memo) -> Iterator[tuple[int, list[tuple[int, int]],
+                                                                                     str | None]]:
+        """Per marked line of ``text[start:cut]``, in order: its start, its anchors as ``(offset, anchor index)``
+        and, for a whole line short enough to be remembered, its text (the same list comes back for the same
+        text; a line cut by a block's end, a very long one, or a short text with colours gives ``None``). A log
         keeps its terminal colours (``strip`` is costly over a whole log): the passes read the raw text, and a
-        line they mark is read without its colours."""
+        line they mark is read without its colours. ``memo`` (from ``new_memo``) holds what repeated lines hold
+        across the blocks of one text."""
         exact = len(text) < EXACT_BELOW
         if exact and "\x1b" in text:  # a short text not cleaned by the caller (the end of a log): read it cleaned
             clean, spans = strip(text)
-            for p, i in self.hits(clean, _clean_position(spans, start), _clean_position(spans, cut)):
-                yield raw_position(spans, p), i
+            yield 0, [(raw_position(spans, ls + f), i) for ls, found, _ in
+                      self.lines(clean, clean_position(spans, start), clean_position(spans, cut), memo)
+                      for f, i in found], None
             return
         source = fold(text).lower() if exact else text  # fold keeps lower() length-preserving
+        # first the lines that hold a key, one search per line and pass (a log of errors marks a third of its
+        # lines); then each marked line is read as the keys' walk (``_segments``) would read it within the whole
+        # text, and what it holds is remembered by the line's text: a log repeats its error lines
+        marked: dict[int, int] = {}
+        tfind, trfind = text.find, text.rfind
+        for rx, _ in self.passes:  # one search per marked line, which it then skips
+            search = rx.search
+            m = search(source, start, cut)
+            while m is not None:
+                p = m.start()
+                nl = trfind("\n", start, p)
+                ls = nl + 1 if nl != -1 else start
+                le = tfind("\n", p, cut)
+                if le == -1:
+                    le = cut
+                marked[ls] = le
+                m = search(source, le + 1, cut)
+        for piece, _ in self.plain:
+            p = source.find(piece, start, cut)
+            while p != -1:
+                nl = trfind("\n", start, p)
+                ls = nl + 1 if nl != -1 else start
+                le = tfind("\n", p, cut)
+                if le == -1:
+                    le = cut
+                marked[ls] = le
+                p = source.find(piece, le + 1, cut)
+        lines = memo[exact]
+        for ls in sorted(marked):
+            le = marked[ls]
+            if le - ls <= _MEMO_LINE and (ls == 0 or source[ls - 1] == "\n"):
+                line = source[ls:le]
+                found = lines.get(line)
+                if found is None:
+                    found = self._read_line(source, text, exact, ls, le)
+                    if len(lines) > _LINES:
+                        lines.clear()
+                    lines[line] = found
+                yield ls, found, line
+            else:  # a line cut by a block's end, or too long to remember: read where it is
+                yield ls, self._read_line(source, text, exact, ls, le), None
+
+    def _read_line(self, source: str, text: str, exact: bool, ls: int, le: int) -> list[tuple[int, int]]:
+        """The anchors on the marked line ``[ls, le)`` as ``(offset from ls, index)``: the keys' walk over the line
+        (``_segments``), then each segment it marks checked for the anchors themselves."""
+        out: list[tuple[int, int]] = []
+        segments = self._segments(source, text, ls, le)
+        seen: dict[tuple[str, tuple[int, ...]], list[tuple[int, int]]] = {}
+        for s in sorted(segments):
+            e, which = segments[s]
+            raw = source[s:e] if exact else text[s:e]
+            key = (raw, tuple(which) if len(which) == 1 else tuple(sorted(which)))
+            found = seen.get(key)
+            if found is None:
+                found = seen[key] = self._check(raw, exact, key)
+            out.extend((s - ls + f, i) for f, i in found)
+        return out
+
+    def _segments(self, source: str, text: str, start: int, cut: int) -> dict[int, tuple[int, set[int]]]:
+        """Per segment start, its end and the anchors whose keys are in it: a segment runs from a key's line start
+        (at most ``_BACK`` before it) to the line's end (at most 2,000 after it)."""
         lines: dict[int, tuple[int, set[int]]] = {}
         tfind, trfind = text.find, text.rfind
         for rx, by_match in self.passes:
@@ -290,7 +308,7 @@ class Prefilter:
                 elif p == le:  # the character after a cut-off line is not looked at
                     m = search(source, le + 1, cut)
                     continue
-                else:  # a new line: its bounds (as ``_line``, inlined: once per marked line of a log of errors)
+                else:  # a new line: its bounds
                     back = p - _BACK if p - _BACK > start else start
                     nl = trfind("\n", back, p)
                     ls = nl + 1 if nl != -1 else back
@@ -310,20 +328,7 @@ class Prefilter:
                 ls, le = self._line(text, start, cut, p)
                 lines.setdefault(ls, (le, set()))[1].update(which_plain)
                 p = source.find(piece, le + 1, cut)
-        seen: dict[tuple[str, tuple[int, ...]], list[tuple[int, int]]] = {}  # lines read, by their text
-        check = self._check
-        for ls in sorted(lines):
-            le, which = lines[ls]
-            raw = source[ls:le] if exact else text[ls:le]
-            key = (raw, tuple(which) if len(which) == 1 else tuple(sorted(which)))
-            found = seen.get(key)
-            if found is None:  # a line not seen lately (a log repeats its errors: each is read once)
-                found = check(raw, exact, key)
-                if len(seen) > _LINES:
-                    seen.clear()
-                seen[key] = found
-            for f, i in found:
-                yield ls + f, i
+        return lines
 
     @staticmethod
     def _line(text: str, start: int, cut: int, p: int) -> tuple[int, int]:

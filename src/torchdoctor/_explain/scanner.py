@@ -17,7 +17,8 @@ from typing import Any
 
 from torchdoctor._explain.catalog import signatures
 from torchdoctor._explain.escapes import unescape
-from torchdoctor._explain.prefilter import ANSI, EXACT_BELOW, Prefilter, fold
+from torchdoctor._explain.plaintext import ANSI, fold
+from torchdoctor._explain.prefilter import EXACT_BELOW, Prefilter, new_memo
 from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
 from torchdoctor._explain.signatures import Signature
 
@@ -109,6 +110,53 @@ def _anchor_table() -> tuple[Prefilter, list[tuple[Signature, ...]]]:
 _ANCHORS: tuple[Prefilter, list[tuple[Signature, ...]]] | None = None
 
 
+def _weak(sig: Signature) -> bool:
+    """Whether the signature's evidence is frames only (``WEAK_PREFIXES``)."""
+    weak = _WEAK.get(sig.name)
+    if weak is None:
+        weak = _WEAK[sig.name] = sig.name.startswith(WEAK_PREFIXES)
+    return weak
+
+
+def _line_hits(found: list[tuple[int, int]],
+               sigs_of: list[tuple[Signature, ...]]) -> tuple[tuple[int, Signature, bool], ...]:
+    """The signatures a line's anchors start, by position (anchors at one place in the table's order), each
+    signature at its first place only (a signature is looked at once per line), and whether it is frames only."""
+    names: set[str] = set()
+    out = []
+    for off, sig in sorted([(f, s) for f, i in found for s in sigs_of[i]], key=_FIRST):
+        if sig.name not in names:
+            names.add(sig.name)
+            out.append((off, sig, _weak(sig)))
+    return tuple(out)
+
+
+def _window(text: str, pos: int, lo: int, msg_end: int, nxt: int, sig: Signature) -> list[Any]:
+    """What a signature's patterns find around its anchor at ``pos`` (from ``lo`` on): the fields, whether a
+    pattern matched, the group key, where the window ends (from ``lo``), and a place for the group once it is
+    known. The line after the message (ending at ``nxt``, -1: too far) is read too when it continues it (a
+    wrapped message)."""
+    end = msg_end
+    if nxt != -1:
+        after = text[msg_end + 1: nxt]
+        # the raw line decides when it is plain (most are); colours, escapes or paste noise: its clean form
+        if not (after if after.isascii() and "\x1b" not in after and "\\" not in after
+                and "&" not in after else _plain(after)).lstrip().startswith(_NOT_CONTINUED):
+            end = nxt
+    hi = min(pos + sig.after + 200 * sig.follow, end)
+    window = _squeeze(_plain(text[lo:hi]))
+    found: dict[str, str] = {}
+    matched = False
+    for rx in sig.compiled():
+        m = rx.search(window)
+        if m:
+            matched = True
+            for k, v in m.groupdict().items():
+                if v and k not in found:
+                    found[k] = v
+    return [found, matched, (sig.name, tuple(sorted(found.items()))), hi - lo, None]
+
+
 def clean(line: str, limit: int = 300) -> str:
     line = line.strip().strip("│|").strip()
     return line if len(line) <= limit else line[: limit - 3] + "..."
@@ -128,14 +176,16 @@ class Scanner:
         self.prev_end = 0
         self.prev_key: tuple[Any, ...] | None = None
         self.until: dict[str, int] = {}  # per signature, in buf: end of the last window examined
-        # repeated windows: their fields, whether a pattern matched, the group key
-        self.cache: dict[tuple[str, str], tuple[dict[str, str], bool, tuple[Any, ...]]] = {}
-        self.continued: dict[str, bool] = {}  # lines after a message: whether they continue it
+        # repeated windows: their fields, whether a pattern matched, the group key, where they end, the group
+        self.cache: dict[tuple[Any, ...], list[Any]] = {}
         self.pending: list[str] = []  # blocks of one enormous line, after buf, joined once
         self.pending_len = 0
         # a group of a message (not frames-only evidence) exists: the frames-only signatures' hits are skipped, as
         # ``api`` drops their groups then (in a log of errors they were a seventh of the hits)
         self.spoken = False
+        self.lines = new_memo()  # marked lines' anchors, by the line's text (``Prefilter.lines``)
+        # per remembered line (by its anchors' list, kept alive here): the signatures it starts, first per name
+        self.per_line: dict[int, tuple[list[tuple[int, int]], tuple[tuple[int, Signature, bool], ...]]] = {}
 
     def feed(self, block: str, final: bool = False) -> None:
         # a paste is folded whole; a log (program output: no typed full-width punctuation) where it is examined
@@ -162,26 +212,29 @@ class Scanner:
             if len(text) - cut > 4 * BLOCK:  # one enormous line: cut it anyway
                 cut = len(text) - _SPAN
         prefilter, sigs_of = _anchor_table()
-        found: list[tuple[int, Signature]] = []
-        append = found.append
-        for p, i in prefilter.hits(text, self.scan_from, cut):
-            sigs = sigs_of[i]
-            if len(sigs) == 1:  # most anchors belong to one signature: no generator per hit
-                append((p, sigs[0]))
-            else:
-                found.extend([(p, s) for s in sigs])
-        found.sort(key=_FIRST)
-        seen: set[tuple[int, str]] = set()
-        rfind, hit = text.rfind, self._hit
-        for pos, sig in found:
-            low = pos - _LINE_MAX
-            nl = rfind("\n", low if low > 0 else 0, pos)
-            ls = nl + 1 if nl != -1 or low < 0 else pos - 300  # an enormous line: look near the anchor
-            at = (ls, sig.name)
-            if at in seen:
+        rfind, hit, per_line = text.rfind, self._hit, self.per_line
+        for ls, found, line in prefilter.lines(text, self.scan_from, cut, self.lines):
+            if line is not None:  # a whole line: what its anchors start is worked out once per distinct line
+                got = per_line.get(id(found))
+                if got is None:
+                    if len(per_line) > _WINDOWS:
+                        per_line.clear()
+                    got = per_line[id(found)] = (found, _line_hits(found, sigs_of))
+                spoken = self.spoken
+                for off, sig, weak in got[1]:
+                    if weak and spoken:  # frames speak only when no message does (``api``): once one has, moot
+                        self.hits += 1
+                    else:
+                        hit(text, ls + off, ls, sig, weak)
                 continue
-            seen.add(at)
-            hit(text, pos, ls, sig)
+            seen: set[tuple[int, str]] = set()
+            for pos, sig in sorted([(ls + f, s) for f, i in found for s in sigs_of[i]], key=_FIRST):
+                low = pos - _LINE_MAX
+                nl = rfind("\n", low if low > 0 else 0, pos)
+                start = nl + 1 if nl != -1 or low < 0 else pos - 300  # an enormous line: look near the anchor
+                if (start, sig.name) not in seen:
+                    seen.add((start, sig.name))
+                    hit(text, pos, start, sig, _weak(sig))
         keep = cut
         for _ in range(_LEAD):
             keep = text.rfind("\n", max(0, keep - _SPAN), keep)
@@ -195,16 +248,13 @@ class Scanner:
         self.prev_end = max(0, self.prev_end - keep)
         self.until = {k: v - keep for k, v in self.until.items() if v > keep}
 
-    def _hit(self, text: str, pos: int, ls: int, sig: Signature) -> None:
+    def _hit(self, text: str, pos: int, ls: int, sig: Signature, weak: bool) -> None:
         # once per error line of a log: written for speed (no min/max calls, bound methods), a log made only of
         # errors has thousands a megabyte
         self.hits += 1
         until, name = self.until, sig.name
         if self.hits > _MAX_HITS or pos < until.get(name, -1):  # or inside the window looked at last
             return
-        weak = _WEAK.get(name)
-        if weak is None:
-            weak = _WEAK[name] = name.startswith(WEAK_PREFIXES)
         if weak and self.spoken:  # frames speak only when no message does (``api``): once one has, they are moot
             return
         find, size = text.find, len(text)
@@ -222,57 +272,34 @@ class Scanner:
             start = text.rfind("\n", ls - 400 if ls > 400 else 0, ls - 1) + 1
         else:
             start = ls
-        end = msg_end
         nxt = find("\n", msg_end + 1, msg_end + 401)
         if nxt == -1 and msg_end < size <= msg_end + 401:  # the last line of the text
             nxt = size
-        if nxt != -1:
-            after = text[msg_end + 1: nxt]
-            continued = self.continued.get(after)
-            if continued is None:
-                # the raw line decides when it is plain (most are); colours, escapes or paste noise: its clean form
-                continued = not (after if after.isascii() and "\x1b" not in after and "\\" not in after
-                                 and "&" not in after else _plain(after)).lstrip().startswith(_NOT_CONTINUED)
-                if len(self.continued) > _WINDOWS:
-                    self.continued.clear()
-                self.continued[after] = continued
-            if continued:
-                end = nxt
-        lo, hi = pos - sig.before, pos + sig.after + 200 * sig.follow
+        # all the window depends on, as the key of what it gave: a log of errors repeats its windows
+        lo = pos - sig.before
         if lo < start:
             lo = start
-        if hi > end:
-            hi = end
-        until[name] = hi
-        raw = text[lo:hi]
-        got = self.cache.get((name, raw))
+        memo = (name, pos - lo, text[lo:nxt if nxt != -1 else msg_end])
+        got = self.cache.get(memo)
         if got is None:
-            window = _squeeze(_plain(raw))
-            found: dict[str, str] = {}
-            matched = False
-            for rx in sig.compiled():
-                m = rx.search(window)
-                if m:
-                    matched = True
-                    for k, v in m.groupdict().items():
-                        if v and k not in found:
-                            found[k] = v
             if len(self.cache) > _WINDOWS:
                 self.cache.clear()
-            # the group key is kept with the fields: a repeated window (a log of errors) costs one look-up
-            got = self.cache[(name, raw)] = (found, matched, (name, tuple(sorted(found.items()))))
-        fields, matched, key = got
+            got = self.cache[memo] = _window(text, pos, lo, msg_end, nxt, sig)
+        fields, matched, key, hi, group = got
+        until[name] = hi + lo
         if sig.require_pattern and not matched:
             return
         # a different error: its context starts after the previous one (frames-only evidence never moves it)
         if key != self.prev_key and not weak:
             self.floor = self.prev_end
-        group = self.groups.get(key)
         if group is None:
-            message = _plain(text[ls:msg_end])
-            evidence = [clean(x) for x in message.split("\n") if x.strip()][: 1 + sig.follow]
-            group = self.groups[key] = Group(sig, dict(fields), message[:_LINE_MAX], evidence)
-            self.spoken = self.spoken or not weak
+            group = self.groups.get(key)
+            if group is None:
+                message = _plain(text[ls:msg_end])
+                evidence = [clean(x) for x in message.split("\n") if x.strip()][: 1 + sig.follow]
+                group = self.groups[key] = Group(sig, dict(fields), message[:_LINE_MAX], evidence)
+                self.spoken = self.spoken or not weak
+            got[4] = group
         group.count += 1
         self.seq += 1
         group.last = self.seq
