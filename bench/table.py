@@ -128,13 +128,16 @@ def print_table() -> None:
 # --- rows -----------------------------------------------------------------------------------------------------
 
 def llama(size: str) -> torch.nn.Module:
+    """The ``size`` Llama shape of ``bench/simulate.py`` on meta; ``8b-4x``: its widths at four times its layers."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging
 
     logging.set_verbosity_error()
-    shapes = bench_module("simulate").SHAPES
-    cfg = LlamaConfig(vocab_size=128256, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
-                      **shapes[size])
+    size, _, times = size.partition("-")
+    shape: dict[str, Any] = dict(bench_module("simulate").SHAPES[size])
+    shape["num_hidden_layers"] *= int(times.rstrip("x") or 1)
+    shape.update(vocab_size=128256, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0)
+    cfg = LlamaConfig(**shape)
     with torch.device("meta"):
         return LlamaForCausalLM(cfg).eval()
 
@@ -229,7 +232,8 @@ def _scan_pairs(size: str, n: int) -> tuple[list[float], list[float]]:
     a: list[float] = []
     b: list[float] = []
     for _ in range(2):
-        torchdoctor.scan(model), acc()
+        torchdoctor.scan(model)
+        acc()
     for i in range(n):
         for fn, out in ((lambda: torchdoctor.scan(model), a), (acc, b)) if i % 2 == 0 else \
                 ((acc, b), (lambda: torchdoctor.scan(model), a)):
@@ -264,12 +268,16 @@ def pooled(kind: str, arg: str, pairs: int, procs: int = 3) -> tuple[dict[str, A
 
 
 def scan_rows(n: int) -> None:
-    for size in ("8b", "70b"):
+    got = {}
+    for size in ("8b", "8b-4x", "70b"):
         res, how = pooled("scan", size, max(n, 15))
-        row(f"scan {size.upper()} on meta", "accelerate named_module_tensors + find_tied_parameters", res, 1.0,
+        got[size] = res
+        label = "8B widths at 4x depth (128 layers)" if size == "8b-4x" else size.upper()
+        row(f"scan {label} on meta", "accelerate named_module_tensors + find_tied_parameters", res, 0.9,
             note=f"{how}; the walk reads every "
                  "module's attributes (plain tensors, quant_state; accelerate reads none): ~0.5x of accelerate; "
                  "rows and votes ~0.2x, judging 0.05x; TensorInfo objects made when read")
+    growth_row("scan Llama-8B widths", "accelerate's pair", got["8b"], got["8b-4x"])
 
 
 def _child_cpu(argv: list[str]) -> float:
@@ -284,31 +292,40 @@ def _child_cpu(argv: list[str]) -> float:
 
 
 def checkpoint_row(n: int, tmp: str) -> None:
-    path = checkpoint_file(tmp)
-    pkl = legacy_pickle_file(tmp)
-    zpk = zip_pickle_file(tmp)
-    ours = [sys.executable, "-m", "torchdoctor", "scan", path]
-    pickle = [sys.executable, "-m", "torchdoctor", "scan", pkl]
-    zipped = [sys.executable, "-m", "torchdoctor", "scan", zpk]
+    """The checkpoint CLI as a whole process on a safetensors header and two pickles, each at 1x and at 4x the
+    tensors (issue 43 point 6: a growth row per file against linear growth in its tensors)."""
     anchor = [sys.executable, "-c", "import torch"]
-    _child_cpu(ours), _child_cpu(pickle), _child_cpu(zipped)  # writes the bytecode cache
-    a: list[float] = []
-    b: list[float] = []
-    c: list[float] = []
-    z: list[float] = []
+    files = {scale: (checkpoint_file(tmp, scale), legacy_pickle_file(tmp, scale), zip_pickle_file(tmp, scale))
+             for scale in (1, 4)}
+    argvs = {(scale, k): [sys.executable, "-m", "torchdoctor", "scan", f] for scale, fs in files.items()
+             for k, f in enumerate(fs)}
+    for argv in argvs.values():  # writes the bytecode cache
+        _child_cpu(argv)
+    times: dict[Any, list[float]] = {key: [] for key in [*argvs, "anchor"]}
+    order: list[Any] = [*argvs, "anchor"]
     for i in range(n):
-        order = ((ours, a), (pickle, c), (zipped, z), (anchor, b))
-        for argv, out in order if i % 2 == 0 else order[::-1]:
-            out.append(_child_cpu(argv))
-    row("`torchdoctor scan model.safetensors`, whole process", '`python -c "import torch"`', summary(a, b), 0.1,
-        note="torch is never imported on this path (tests/cli/test_cli_process.py)")
-    for file, times, kind in ((pkl, c, "legacy pickle"), (zpk, z, "torch.save zip")):
-        one = {"ratio": statistics.median(times), "lo": min(times), "hi": max(times), "n": len(times),
-               "ours": statistics.median(times), "anchor": statistics.median(b)}
-        row(f"`torchdoctor scan {os.path.basename(file)}` ({os.path.getsize(file) / 1e6:.1f} MB {kind}, 3,000 "
-            "tensors), whole process, child CPU seconds", '`python -c "import torch"` (shown, not a ratio)', one,
-            0.3, unit="s", note="the opcode pre-scan and the per-tensor records of the pickle; no torch, zipfile or "
-            "dataclasses on this path (tests/cli/test_cli_process.py)")
+        for key in order if i % 2 == 0 else order[::-1]:
+            times[key].append(_child_cpu(anchor if key == "anchor" else argvs[key]))
+    b = times["anchor"]
+    for scale in (1, 4):
+        safetensors, pkl, zpk = files[scale]
+        row(f"`torchdoctor scan {os.path.basename(safetensors)}` ({300 * scale} tensors, {scale}x), whole process",
+            '`python -c "import torch"`', summary(times[(scale, 0)], b), 0.1,
+            note="torch is never imported on this path (tests/cli/test_cli_process.py)")
+        for k, file, kind in ((1, pkl, "legacy pickle"), (2, zpk, "torch.save zip")):
+            t = times[(scale, k)]
+            one = {"ratio": statistics.median(t), "lo": min(t), "hi": max(t), "n": len(t),
+                   "ours": statistics.median(t), "anchor": statistics.median(b)}
+            row(f"`torchdoctor scan {os.path.basename(file)}` ({os.path.getsize(file) / 1e6:.1f} MB {kind}, "
+                f"{3000 * scale:,} tensors, {scale}x), whole process, child CPU seconds",
+                '`python -c "import torch"` (shown, not a ratio)', one, 0.3 * scale, unit="s",
+                note="the opcode pre-scan and the per-tensor records of the pickle; no torch, zipfile or "
+                "dataclasses on this path (tests/cli/test_cli_process.py)")
+    for k, kind in enumerate(("safetensors header", "legacy pickle", "torch.save zip")):
+        g = statistics.median(times[(4, k)]) / statistics.median(times[(1, k)])
+        res = {"ratio": g / 4, "lo": g / 4, "hi": g / 4, "n": 1, "ours": g, "anchor": 4.0}
+        row(f"checkpoint CLI, {kind}: growth 4x/1x (whole-process time at 4x the tensors over 1x)",
+            "linear growth in the tensors (x4)", res, 1.1, unit="growth", note="grows faster than its tensors")
 
 
 def explain_rows(n: int) -> None:
@@ -328,6 +345,29 @@ def explain_rows(n: int) -> None:
     r.update(ratio=statistics.median(a), lo=min(a), hi=max(a))
     row("explain, 50 MB log, in process (MB/s)", "grep-like pass (MB/s)", r, 80, unit="MB/s",
         higher_is_better=True, note="under load; see the grep-like pass for the machine's speed")
+    # issue 43 point 5 at 1x and 4x (point 6): a typical app log and a log made only of real error texts; the goals
+    # are the issue's (its machine ran the grep-like pass ~2.2x faster than this 2-core one)
+    for kind, make, size, goal in (("typical app log", ex.app_log, 5_000_000, 200),
+                                   ("log of error texts only", ex.error_log, 1_000_000, 60)):
+        at: dict[int, dict[str, Any]] = {}
+        for scale in (1, 4):
+            text = make(scale * size)
+            mbs = len(text) / 1e6
+            ours: list[float] = []
+            base: list[float] = []
+            for i in range(max(n, 7)):
+                for fn, out in ((ex.explain, ours), (ex.grep_baseline, base)) if i % 2 == 0 else \
+                        ((ex.grep_baseline, base), (ex.explain, ours)):
+                    t = time.process_time()
+                    fn(text)
+                    out.append(time.process_time() - t)
+            at[scale] = summary(ours, base)
+            rates = sorted(mbs / x for x in ours)
+            res = {**at[scale], "ratio": statistics.median(rates), "lo": rates[0], "hi": rates[-1],
+                   "ours": mbs / statistics.median(ours), "anchor": mbs / statistics.median(base)}
+            row(f"explain, {kind}, {mbs:.0f} MB ({scale}x), in process (MB/s)", "grep-like pass (MB/s)", res, goal,
+                unit="MB/s", higher_is_better=True, note="the issue's machine is ~2.2x this one")
+        growth_row(f"explain, {kind}", "the grep-like pass", at[1], at[4])
     for label, unit in (("' ' * N", " "), ("anchor line repeated", "Expected all tensors to be on the same device, "
                                                                    "but found at least two devices, cuda:0 and \n")):
         small, big = (unit * (size // len(unit)) for size in (1_000_000, 4_000_000))
@@ -562,29 +602,31 @@ def main() -> int:
     return 0
 
 
-def legacy_pickle_file(tmp: str) -> str:
-    """A 1 MB legacy (non-zip) torch pickle with 3,000 small tensors: issue 30's whole-process goal."""
-    path = os.path.join(tmp, "onemb.pt")
+def legacy_pickle_file(tmp: str, scale: int = 1) -> str:
+    """A 1 MB legacy (non-zip) torch pickle with 3,000 small tensors (``scale`` times that): issue 30's
+    whole-process goal."""
+    path = os.path.join(tmp, "onemb.pt" if scale == 1 else f"onemb_{scale}x.pt")
     if not os.path.exists(path):
-        torch.save({f"l{i}.w": torch.zeros(64) for i in range(3000)}, path, _use_new_zipfile_serialization=False)
+        torch.save({f"l{i}.w": torch.zeros(64) for i in range(3000 * scale)}, path,
+                   _use_new_zipfile_serialization=False)
     return path
 
 
-def zip_pickle_file(tmp: str) -> str:
-    """The same 3,000-tensor state dict as torch.save writes it by default (a zip archive)."""
-    path = os.path.join(tmp, "onemb_zip.pt")
+def zip_pickle_file(tmp: str, scale: int = 1) -> str:
+    """The same 3,000-tensor state dict (``scale`` times that) as torch.save writes it by default (a zip)."""
+    path = os.path.join(tmp, "onemb_zip.pt" if scale == 1 else f"onemb_zip_{scale}x.pt")
     if not os.path.exists(path):
-        torch.save({f"l{i}.w": torch.zeros(64) for i in range(3000)}, path)
+        torch.save({f"l{i}.w": torch.zeros(64) for i in range(3000 * scale)}, path)
     return path
 
 
-def checkpoint_file(tmp: str) -> str:
-    """A 300-tensor bf16 safetensors file (a typical checkpoint's tensor count)."""
+def checkpoint_file(tmp: str, scale: int = 1) -> str:
+    """A 300-tensor bf16 safetensors file (a typical checkpoint's tensor count; ``scale`` times that)."""
     from safetensors.torch import save_file
 
-    path = os.path.join(tmp, "model.safetensors")
+    path = os.path.join(tmp, "model.safetensors" if scale == 1 else f"model_{scale}x.safetensors")
     if not os.path.exists(path):
-        save_file({f"layers.{i}.weight": torch.zeros(8, 8, dtype=torch.bfloat16) for i in range(300)}, path)
+        save_file({f"layers.{i}.weight": torch.zeros(8, 8, dtype=torch.bfloat16) for i in range(300 * scale)}, path)
     return path
 
 
