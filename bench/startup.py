@@ -12,7 +12,10 @@ goes falls on every command alike):
 
 Each is timed by its process CPU time (user + system, from ``resource.getrusage(RUSAGE_CHILDREN)``) and wall
 time; the table gives each command's median and minimum and the median of the per-round differences to the
-anchor. Then ``python -X importtime`` of ``run`` and of the block: the modules beyond ``import torch``'s, each
+anchor. The start itself is also read inside each process, where other processes' load cannot reach it: the
+program prints ``time.process_time()`` once ``import torch`` is done (``app.py``), and the block prints the CPU
+time of ``import torchdoctor`` plus the empty block; "start" is that number, "start - anchor" its median per-round
+difference to ``python app.py``'s (what ``run`` adds before the program's first line). Then ``python -X importtime`` of ``run`` and of the block: the modules beyond ``import torch``'s, each
 with its minimum self time over the rounds (under load a median is mostly other processes' time slices) and the
 module that imported it. ``--cold``: every process compiles what it imports (a fresh ``PYTHONPYCACHEPREFIX`` per
 process), as a checkout or a wheel installed without bytecode starts the first time; otherwise bytecode is cached
@@ -36,8 +39,10 @@ from pathlib import Path
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]  # bench/trace.py shadows stdlib trace
 
-APP = "import torch\n"
-BLOCK = "import torch\nimport torchdoctor\nwith torchdoctor.virtual_devices(\"cuda:1\"):\n    pass\n"
+APP = "import sys, time\nimport torch\nsys.stderr.write(f'TD_START {time.process_time()}\\n')\n"
+BLOCK = ("import sys, time\nimport torch\nt0 = time.process_time()\nimport torchdoctor\n"
+         "with torchdoctor.virtual_devices(\"cuda:1\"):\n    pass\n"
+         "sys.stderr.write(f'TD_START {time.process_time() - t0}\\n')\n")
 _LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)")
 
 
@@ -51,6 +56,8 @@ def _commands(folder: Path) -> dict[str, list[str]]:
 
 def _env(cold: bool, prefix: str) -> dict[str, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    if not cold:  # a shell with PYTHONDONTWRITEBYTECODE=1 would make every "cached" process compile everything
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="td-pyc-") if cold else prefix
     return env
 
@@ -100,18 +107,30 @@ def main(argv: list[str] | None = None) -> int:
             _timed(cmd, _env(False, prefix), folder)
     cpu: dict[str, list[float]] = {n: [] for n in names}
     wall: dict[str, list[float]] = {n: [] for n in names}
+    start: dict[str, list[float]] = {n: [] for n in names}  # CPU seconds read inside the process (TD_START)
     for r in range(args.rounds):
         for n in names[r % len(names):] + names[:r % len(names)]:
-            c, w, _ = _timed(cmds[n], _env(args.cold, prefix), folder)
+            c, w, err = _timed(cmds[n], _env(args.cold, prefix), folder)
             cpu[n].append(c)
             wall[n].append(w)
+            got = re.findall(r"TD_START ([0-9.]+)", err)
+            if got:
+                start[n].append(float(got[0]))
     anchor = names[0]
     rows = []
     for n in names:
         diffs = [a - b for a, b in zip(cpu[n], cpu[anchor])]
-        rows.append({"command": n, "cpu_median_s": statistics.median(cpu[n]), "cpu_min_s": min(cpu[n]),
-                     "wall_median_s": statistics.median(wall[n]),
-                     "cpu_minus_anchor_median_ms": 1000 * statistics.median(diffs)})
+        row = {"command": n, "cpu_median_s": statistics.median(cpu[n]), "cpu_min_s": min(cpu[n]),
+               "wall_median_s": statistics.median(wall[n]),
+               "cpu_minus_anchor_median_ms": 1000 * statistics.median(diffs)}
+        if start[n]:
+            row["start_median_ms"] = 1000 * statistics.median(start[n])
+            if n == "virtual_devices block":  # read after `import torch`: the block's own cost already
+                row["start_minus_anchor_median_ms"] = row["start_median_ms"]
+            elif start[anchor] and len(start[n]) == len(start[anchor]):
+                row["start_minus_anchor_median_ms"] = 1000 * statistics.median(
+                    [a - b for a, b in zip(start[n], start[anchor])])
+        rows.append(row)
     # what each imports beyond `import torch`, minimum self time over the rounds
     modules: dict[str, dict[str, tuple[int, str]]] = {}
     for n in ("torchdoctor run app.py", "virtual_devices block"):
@@ -131,10 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{args.rounds} interleaved rounds, {'no bytecode (cold)' if args.cold else 'bytecode cached'}, "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'command':26} {'cpu median':>11} {'cpu min':>9} {'wall median':>12} {'cpu - anchor (median)':>22}")
+    print(f"{'command':26} {'cpu median':>11} {'cpu min':>9} {'wall median':>12} {'cpu - anchor':>13} "
+          f"{'start - anchor (in-process)':>28}")
     for row in rows:
+        added = row.get("start_minus_anchor_median_ms")
         print(f"{row['command']:26} {row['cpu_median_s']:10.3f}s {row['cpu_min_s']:8.3f}s "
-              f"{row['wall_median_s']:11.3f}s {row['cpu_minus_anchor_median_ms']:19.0f} ms")
+              f"{row['wall_median_s']:11.3f}s {row['cpu_minus_anchor_median_ms']:10.0f} ms "
+              f"{'' if added is None else f'{added:25.1f} ms'}")
     for n, seen in modules.items():
         total = sum(us for us, _ in seen.values()) / 1000
         print(f"\n{n}: {len(seen)} modules beyond `import torch`, minimum self times sum to {total:.1f} ms")

@@ -26,7 +26,7 @@ _MISSING: Any = object()  # an argument not passed (a default_factory field gets
 
 ROLES = ("parameter", "buffer", "attribute", "quant_state", "subclass_inner", "container", "offloaded")
 KINDS = ("device", "dtype", "meta", "saved_device", "quant_incomplete", "unsafe_global", "unsupported_dtype",
-         "unsupported_op", "truncated", "unsupported", "lost_precision", "not_restored", "memory")
+         "missing_kernel", "unsupported_op", "truncated", "unsupported", "lost_precision", "not_restored", "memory")
 
 
 # The public result types are frozen records (torchdoctor._report.records): dataclasses (``fields`` / ``replace``

@@ -16,7 +16,7 @@ _STYLES = (
     (r"^ok: .*$", "bold green"),
     (r"^\d+ problem\(s\).*$", "bold red"),
     (r"^  (device|meta|saved_device|unsafe_global|quant_incomplete)\b", "bold red"),
-    (r"^  (dtype|unsupported_dtype|unsupported_op|truncated)\b", "bold yellow"),
+    (r"^  (dtype|unsupported_dtype|missing_kernel|unsupported_op|truncated)\b", "bold yellow"),
     (r"\b[a-z0-9_]+\[[0-9, ]*\]@[a-z]+(:\d+)?", "cyan"),
     (r"^(Fix|fix):$", "bold"),
     (r"\b\d+ tensors (under|at) \S+", "bold"),

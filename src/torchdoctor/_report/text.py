@@ -187,7 +187,7 @@ def group_problems(problems: Sequence[Any], min_size: int = GROUP_MIN) -> list[P
 # what the user must act on first: a file that would run code, tensors without data, broken quantization, then
 # tensors a move leaves behind or casts wrongly; "cannot check" and truncation notes last
 _KIND_ORDER = {"unsafe_global": 0, "unreadable": 1, "meta": 2, "quant_incomplete": 3, "device": 4, "dtype": 5,
-               "saved_device": 6, "unsupported_dtype": 7, "unsupported_op": 8, "unsupported": 9, "truncated": 99}
+               "saved_device": 6, "unsupported_dtype": 7, "missing_kernel": 7, "unsupported_op": 8, "unsupported": 9, "truncated": 99}
 
 
 def by_urgency(groups: Sequence[ProblemGroup]) -> list[ProblemGroup]:
