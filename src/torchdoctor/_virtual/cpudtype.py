@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torchdoctor._guard.dispatch import never_compiled
 from torchdoctor._placement import dtype_str
 from torchdoctor._report.model import Problem
+from torchdoctor._virtual.origin import where_called
 
 # the words torch's CPU kernels use when a dtype has no kernel
 _NO_KERNEL = ("not implemented for", "Unsupported dtype", "doesn't support tensors of type", "Low precision dtypes",
@@ -49,6 +50,10 @@ def _dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = No
     outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if kwargs.get("dtype") is not None or ins and all(self.deliberate(t) for t in ins):
         self.chosen.update((id(t), weakref.ref(t)) for t in outs)  # a dtype the code chose (guard's policy too)
+    elif outs and (not ins and not any(isinstance(a, torch.Tensor) for a in args) or ins and all(
+            self.factory(t) for t in ins)):  # a factory given no dtype (``dtype=None`` too), and what only it made
+        made = self.factory(ins[0]) if ins else (f"torch.{op.removeprefix('aten.')}", where_called())
+        self.made.update((id(t), (weakref.ref(t), *made)) for t in outs)
     if op in _COPIES:
         return out
     if any(t.dtype == self.dtype for t in ins) and any(t.dtype != self.dtype for t in outs):
@@ -80,6 +85,13 @@ class Checks(torch.utils._python_dispatch.TorchDispatchMode):
         # tensors made in a dtype the code chose (a factory or cast told its dtype, and what only they made): the
         # float32 timestep embedding or norm upcast a model casts back is no silent promotion
         self.chosen: dict[int, weakref.ref[torch.Tensor]] = {}
+        self.made: dict[int, tuple[weakref.ref[torch.Tensor], str, str | None]] = {}  # default-dtype factories
+        self.sources: dict[tuple[str, ...], tuple[str, ...]] = {}  # (kind, path, op, found) -> the factory call
+
+    def factory(self, t: torch.Tensor) -> tuple[str, str | None] | None:
+        """``(torch.ones, file:line)`` of a tensor a factory given no dtype made (the default dtype), or None."""
+        hit = self.made.get(id(t))
+        return hit[1:] if hit is not None and hit[0]() is t else None
 
     def deliberate(self, t: torch.Tensor) -> bool:
         ref = self.chosen.get(id(t))
@@ -148,7 +160,12 @@ class Checks(torch.utils._python_dispatch.TorchDispatchMode):
             self.seen.add(key)
             if path is not None and self.met is not None and refused is None:
                 self.at.setdefault(path, self.met)
-            what = path or "a tensor made in forward"
+            made = self.factory(t) if path is None else None
+            what = path or (f"a tensor made by {made[0]} in `{place}`" + (f" at {made[1]}" if made[1] else "") +
+                            " (no dtype given: the default float32)" if made else "a tensor made in forward")
+            if made is not None:  # the fix is at that call: dtype= the input's
+                self.sources[("dtype", place, op, dtype_str(t.dtype))] = (
+                    f"factory {made[0]} in `{place}`" + (f" at {made[1]}" if made[1] else ""),)
             how = f"meets {name} in {op}, which refuses the mix: {refused}" if refused else \
                 f"promotes {op} out of {name} into {dtype_str(t.dtype)}: a silent promotion (no error; what follows " \
                 "computes wider)"
@@ -203,7 +220,12 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
     finally:
         pre.remove()
         post.remove()
+    SOURCES.clear()
+    SOURCES.update(mode.sources)
     return mode.problems, mode.ops, clone
+
+
+SOURCES: dict[tuple[str, ...], tuple[str, ...]] = {}  # the last check_cpu's factory calls, read by simulate_cpu
 
 
 def simulate_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype | None,
@@ -223,7 +245,7 @@ def simulate_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype:
     rest = [p for p in problems if p.kind != "unsupported_dtype"]
     items: list[Fix] = []
     if rest:  # proven in ``dtype``: the ops without a kernel there are the next fix's (they stay in the re-run)
-        more = fix_items(rest, torch.device("cpu"), dtype, None, held(clone)) or []
+        more = fix_items(rest, torch.device("cpu"), dtype, dict(SOURCES), held(clone)) or []
         items += proven(more, lambda fixes: [p for p in check_cpu(obj, args, kwargs, dtype, call, fixes)[0]
                                              if p.kind != "unsupported_dtype"])
     if any(p.kind == "unsupported_dtype" for p in problems):

@@ -331,6 +331,8 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         # (or the made tensor it came from), so a problem far downstream names where its float32 or its cpu entered
         wrapped._td_origin = made_from(func.overloadpacket, space.hooks.running(), ts, wrapped.dtype,
                                        wrapped._td_device)
+        if not ts and wrapped._td_origin is not None and ukwargs.get("dtype") is None:
+            wrapped._td_origin.default = wrapped.is_floating_point()  # told no dtype: a default-dtype factory
     return wrapped
 
 

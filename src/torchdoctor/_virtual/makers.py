@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from torchdoctor._virtual.castsites import cast_site
+from torchdoctor._virtual.origin import LOOSE
 from torchdoctor._virtual.tensor import VirtualTensor, current_space, make, unsupported_form
 
 # factories whose tensor stays real in a virtual run (made from host data): named by the line that called them
@@ -45,7 +46,7 @@ class CastMakers(torch.overrides.TorchFunctionMode):
             _real_made(None, args, None)
         out = func(*args, **kwargs)
         if name not in _CAST_METHODS or not args:
-            return out
+            return loose_call(name, args, out) if LOOSE[0] else out
         return self._made(args[0], out)
 
     def _made(self, t: Any, out: Any) -> Any:
@@ -71,6 +72,22 @@ class CastMakers(torch.overrides.TorchFunctionMode):
         made.site, made.made_of = site, ((t._td_path,) if t._td_path is not None else ())
         out._td_path, out._td_origin = None, made
         return out
+
+
+def loose_call(name: str | None, args: Any, out: Any) -> Any:
+    """``out`` of a torch function (``torch.kron(self.w1, self.w2)``) that made it from parameters no module of the
+    run holds: its record names that call, its line and every such parameter among its arguments, not the first
+    aten op it decomposed into. Asked only once such a parameter met an op (``origin.LOOSE``)."""
+    from torchdoctor._virtual.origin import Made
+
+    if type(out) is not VirtualTensor or out._td_origin is None or not out._td_origin.source.loose:
+        return out
+    loose = tuple(a for a in args if isinstance(a, VirtualTensor) and a._td_path is None and a._td_origin is None
+                  and a.requires_grad)
+    if loose and name and not name.startswith("_"):
+        made = Made(f"torch.{name}", out._td_origin.module)
+        made.loose, out._td_origin = loose, made
+    return out
 
 
 # makers torch's function modes never see (they take no tensor): wrapped while a run is active (``install``)

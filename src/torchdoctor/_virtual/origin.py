@@ -22,6 +22,7 @@ from torchdoctor._virtual.castsites import CAST_OPS
 if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._report.model import Problem
 
+LOOSE = [0]  # records made from parameters no module of the run named (``makers.loose_call`` asks only then)
 DEPTH = 8  # links of made-from-made kept per chain
 NAMES = 16  # source paths kept per record
 
@@ -29,7 +30,8 @@ NAMES = 16  # source paths kept per record
 class Made:
     """How a tensor made in a run got its device and dtype."""
 
-    __slots__ = ("op", "module", "paths", "count", "via", "depth", "at", "arg", "site", "made_of", "promotes")
+    __slots__ = ("op", "module", "paths", "count", "via", "depth", "at", "arg", "site", "made_of", "promotes",
+                 "loose", "default")
 
     def __init__(self, op: str, module: Any, paths: tuple[str, ...] = (), count: int = 0, via: Made | None = None,
                  depth: int = 1) -> None:
@@ -46,6 +48,8 @@ class Made:
         self.made_of: tuple[str, ...] = ()  # the named tensor a cast was made from (its dtype is not the culprit)
         # a factory's tensor that later promoted other data outside any module: (their dtype, its own, file:line)
         self.promotes: tuple[str, str, str] | None = None
+        self.loose: tuple[Any, ...] = ()  # parameters no module of the run named (a network patched in): named later
+        self.default = False  # a factory given no dtype (``dtype=None`` too): the default dtype, nobody's choice
 
     @classmethod
     def argument(cls, label: str, fix_label: str, call: str, before: Made | None, chain: Made | None = None) -> Made:
@@ -277,6 +281,12 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
         if cast._td_path is not None:
             return Made(op, module, (cast._td_path,), 1)
         via = cast._td_origin
+    if via is None and module is not None:  # parameters of a module the model does not hold (``patched``)
+        loose = tuple(t for t in tensors if t._td_path is None and t._td_origin is None and t.requires_grad)
+        if loose:
+            m = Made(str(op), module)
+            m.loose, LOOSE[0] = loose[:NAMES], LOOSE[0] + 1
+            return m
     if via is None:
         # outside the model, from tensors nothing recorded (made before the run): the user's line that made it, so
         # `y = x.to(torch.float16)` in the block is found by file:line (inside modules this stays free)

@@ -10,6 +10,7 @@ tensor is recorded, the program's frames are still alive; the module the program
 from __future__ import annotations
 
 import contextlib
+import sys
 from types import FrameType
 from typing import Any
 
@@ -77,3 +78,47 @@ def rename(problems: list[Any], renames: dict[str, str]) -> list[Any]:
         out.append(replace(p, path=new or p.path, message=said(p.message.replace(p.path, new) if new else p.message),
                            module_path=said(p.module_path)))
     return out
+
+
+def apart(made: Any, roots: list[torch.nn.Module]) -> tuple[tuple[str, ...], str, str] | None:
+    """The parameters a record's op took from a module patched into a layer's ``forward`` (a LoKr / LoRA network the
+    program holds apart from the model): named by their walk paths (``attn.forward.__self__.w1``, as ``made.paths``);
+    returned with every tensor of that network's patched modules (the sources of its fix: the whole network is
+    cast or moved where it is built), what to say of it, and its key (one problem per network)."""
+    if not made.loose or made.paths:
+        return None
+    patched: dict[int, tuple[str, torch.nn.Module]] = {}
+    for root in roots:
+        with contextlib.suppress(Exception):
+            for name, layer in root.named_modules():
+                obj = getattr(layer.forward, "__self__", None)
+                if isinstance(obj, torch.nn.Module) and obj is not layer:
+                    patched[id(obj)] = (name, obj)
+    names, owner = [], None
+    for t in made.loose:
+        for name, obj in patched.values():
+            rel = next((n for n, p in obj.named_parameters() if p is t), None)
+            if rel is not None:
+                names.append(f"{name}{MARK}{rel}" if name else f"forward.__self__.{rel}")
+                owner = owner or (name, obj)
+                break
+    if owner is None:
+        return None
+    made.paths, made.count = tuple(names), len(names)
+    held = held_path(f"{owner[0]}{MARK}", roots, sys._getframe(1), {})
+    holder = held[1] if held is not None else None
+    group = [(n, o) for n, o in patched.values() if holder is None or o is owner[1] or _holds(sys._getframe(1), holder, o)]
+    every = tuple(f"{n}{MARK}{r}" for n, o in group for r, _ in o.named_parameters())
+    said = (f"{held[0].rstrip('.')} as the program holds it, " if held is not None else "") + (
+        f"a {type(owner[1]).__name__} patched into {owner[0] or '<root>'}.forward: the model does not hold it")
+    return every, said, holder or owner[0]
+
+
+def _holds(frame: FrameType | None, holder: str, obj: torch.nn.Module) -> bool:
+    """The program's module called ``holder`` (a local of a live frame) holds ``obj``."""
+    while frame is not None:
+        v = frame.f_locals.get(holder)
+        if isinstance(v, torch.nn.Module):
+            return any(m is obj for m in v.modules())
+        frame = frame.f_back
+    return False

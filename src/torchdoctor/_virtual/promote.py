@@ -78,9 +78,34 @@ class Promotions:
 
         try:
             self._fresh(args)
-            return findings(self, func, args, kwargs, True)  # an operand a dtype-less factory made in forward too
+            # an operand a dtype-less factory made in forward too: by the source line (guard's), or by the call's
+            # own arguments where the line cannot tell (``torch.ones(n, dtype=self.dtype)`` with dtype None)
+            return findings(self, func, args, kwargs, True) or self._default_made(func, args, kwargs)
         except Exception:  # the check is extra: the run goes on without it
             return []
+
+    def _default_made(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        from torchdoctor._guard.promotion import wider
+        from torchdoctor._placement import dtype_str
+        from torchdoctor._report.model import Problem
+        from torchdoctor._rules.registry import Finding, label
+
+        fl = [(k, t) for k, t in _keyed(args, kwargs) if t.dim() > 0 and t.is_floating_point()
+              and t.dtype not in FLOAT8_DTYPES]
+        mod, root = self.current()
+        maps = self.maps_for(root)
+        if maps is None or mod is None or len({t.dtype for _, t in fl}) < 2:
+            return []
+        want, wide = maps.dtype_for(maps.modules.get(id(mod))), wider(t.dtype for _, t in fl)
+        bad = [k for k, t in fl if t.dtype == wide and getattr(getattr(t, "_td_origin", None), "default", False)]
+        if want is None or wide == want or want not in {t.dtype for _, t in fl} or not bad:
+            return []
+        msg = (f"{label(func, bad[0])} is {dtype_str(wide)} and promotes the model's {dtype_str(want)} to "
+               f"{dtype_str(wide)} silently (no error, and the result and everything after it compute in "
+               f"{dtype_str(wide)})")
+        return [Finding(Problem("dtype", label(func, bad[0]), "argument", dtype_str(wide), dtype_str(want), msg,
+                                op=str(func)), "dtype", want, tuple(bad), tuple(k for k, _ in fl))]
+
 
     def _fresh(self, args: tuple[Any, ...]) -> None:
         """A tensor the running module holds that the walk does not know (``model.scale = torch.ones(...)`` put
@@ -143,3 +168,14 @@ def _real(v: Any) -> Any:
     """The real tensor a virtual operand was lifted from (``_td_real``), else the value itself."""
     real = getattr(v, "_td_real", None) if isinstance(v, torch.Tensor) else None
     return real if real is not None else v
+
+
+def _keyed(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[Any, torch.Tensor]]:
+    """The tensor operands with the rules' keys: ``(position or kwarg name, index in a list or -1)``."""
+    out: list[tuple[Any, torch.Tensor]] = []
+    for pos, a in (*enumerate(args), *kwargs.items()):
+        if isinstance(a, torch.Tensor):
+            out.append(((pos, -1), a))
+        elif type(a) is list or type(a) is tuple:
+            out.extend(((pos, j), t) for j, t in enumerate(a) if isinstance(t, torch.Tensor))
+    return out

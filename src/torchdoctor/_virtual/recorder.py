@@ -17,10 +17,11 @@ from torchdoctor._virtual.atop import Cases, tags_of
 from torchdoctor._virtual.datadtype import data_dtype, factory_call, maker_name
 from torchdoctor._virtual.escaped import escaped_problem
 from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest
+from torchdoctor._virtual.patched import apart
 from torchdoctor._virtual.origin import (from_origin, maker_of, moved_by_apply, operand_at, ran_as_asked,
                                          where_called)
 from torchdoctor._virtual.promote import Promotions, mixed
-from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, make
+from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, standin
 from torchdoctor._tracker import ModuleStack
 
 LIMIT = 100  # problems stored; the run goes on and counts the rest
@@ -284,14 +285,18 @@ class _Recorder(Hooks):
             origin = getattr(t, "_td_origin", None)
             if path is None and t is not None and t.dtype in FLOAT8_DTYPES and origin is not None and origin.first_path:
                 path = origin.first_path  # float8 flows unchanged from its table: the table is the culprit, by path
-            found, expected, message, named_at = p.found, p.expected, p.message, None
+            found, expected, message, named_at, net = p.found, p.expected, p.message, None, None
             if p.kind == "missing_kernel" and (at := where_called()):  # the op at the user's line
                 message = message.replace(": ", f" at {at}: ", 1)
             if anchor is not None:
                 expected = device_str(anchor) if on_device else dtype_str(anchor)
             if t is not None and p.kind != "unsupported_dtype":
                 found = device_str(t._td_device) if on_device else dtype_str(t.dtype)
+                net = apart(origin.source, self.roots or self.modules.outermost) if origin is not None else None
                 made = origin.describe(self.modules.path_of, on_device) if origin else "a tensor made in forward"
+                if net is not None:  # a network patched into the model's forward: one problem, its fix the network's
+                    made = f"{made} ({net[1]})"
+                    self.sources.setdefault((p.kind, place, op, found), net[0])
                 named_at = operand_at(t) if f.fixed else None  # a loss's target: named as the call passes it
                 made = f"{named_at} ({made})" if named_at and not path else made
                 what = f"{path or made} {compact(t.dtype, tuple(t.shape), t._td_device)}"
@@ -308,7 +313,7 @@ class _Recorder(Hooks):
                     message += f" and promotes it to {found} silently (no error; the result computes in {found})"
             entry = _is_entry(t)
             key = (p.kind, found) if p.kind == "unsupported_dtype" else \
-                (p.kind, path) if entry else (p.kind, place, op, found)
+                (p.kind, path) if entry else (p.kind, net[2], found) if net else (p.kind, place, op, found)
             held = path is not None and t is not None and not t._td_path  # named by the program (``heldby``)
             role = self.roles.get(path or "", "held" if held else "activation")
             if named_at is not None:  # fixed where the call passes it
@@ -326,7 +331,7 @@ class _Recorder(Hooks):
                                         + (f" at {src.at}" if src.at else ""),))
         if anchor is not None:
             for k, t in zip(culprits, tensors):
-                call.put(k, _fixed(t, anchor))
+                call.put(k, standin(t, anchor))
 
     def _culprits(self, func: Any, f: Any, call: OpArgs) -> tuple[list[Any], Any]:
         """Which arguments to blame and fix, and the value that fixes them (a device or a dtype)."""
@@ -388,13 +393,3 @@ def _is_entry(t: Any) -> bool:
     """A tensor of the user's object (a weight, buffer, quant_state ...), not an input or an activation."""
     path = getattr(t, "_td_path", None)
     return isinstance(path, str) and bool(path) and not path.startswith(("input ", "kwarg "))
-
-
-def _fixed(t: VirtualTensor, anchor: Any) -> Any:
-    """The run goes on as if ``t`` had been moved or cast; the stand-in keeps its name and its provenance."""
-    if isinstance(anchor, torch.device):
-        new = make(VirtualTensor, t._td_elem, anchor, t._td_path)
-    else:
-        new = make(VirtualTensor, t._td_elem.to(anchor), t._td_device, t._td_path)
-    new._td_origin = t._td_origin
-    return new

@@ -23,11 +23,8 @@ from torch.overrides import TorchFunctionMode
 
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
-from torchdoctor._virtual import devices_api as api
-from torchdoctor._virtual import hardware
-from torchdoctor._virtual import host as H
-from torchdoctor._virtual import dispatch as D
-from torchdoctor._virtual import makers, outside, parallel, whole
+from torchdoctor._virtual import devices_api as api, dispatch as D, host as H
+from torchdoctor._virtual import hardware, makers, outside, parallel, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
 from torchdoctor._virtual.deferred import deferred_imports
@@ -261,7 +258,7 @@ class VirtualMode(TorchFunctionMode):
             makers._real_made(None, args, None)
         out = self.handle(func, args, kwargs or {})
         if name not in makers._CAST_METHODS or not args or not isinstance(out, VirtualTensor):
-            return out
+            return makers.loose_call(name, args, out) if makers.LOOSE[0] else out
         t = args[0]
         if not isinstance(t, VirtualTensor) or out is t or out.dtype == t.dtype or out._td_device != t._td_device:
             return out
@@ -309,24 +306,26 @@ class VirtualMode(TorchFunctionMode):
         if kwargs and any(plain(v) for v in kwargs.values()):
             kwargs = dict(zip(kwargs, lift_all(kwargs.values(), space, None)))
         if target is None or not is_virtual(target):
-            return _made(_own(func(*args, **kwargs), space, target), func, space)
+            return _made(_own(func(*args, **kwargs), space, target), func, space, kwargs.get("dtype"))
         space.hooks.creating(name, target, kwargs, args)
         grad = bool(kwargs.pop("requires_grad", False))  # a leaf that asks for grad is one on the device too
         out = func(*args, **dict(kwargs, device=space.inner))
         if space.data == "meta" and all(not isinstance(o, torch.Tensor) or plain(o) and o.numel() <= SMALL
                                         for o in (out if isinstance(out, (tuple, list)) else (out,))):
             out = func(*args, **dict(kwargs, device=_CPU))  # small: worth real values, make it again on cpu
-        made = _placed(space, _made(_own(out, space, target), func, space))
+        made = _placed(space, _made(_own(out, space, target), func, space, kwargs.get("dtype")))
         if grad and isinstance(made, VirtualTensor) and made.is_leaf and made.is_floating_point():
             made.requires_grad_(True)
         return made
 
 
-def _made(out: Any, func: Any, space: Space) -> Any:
-    """A factory's result records which factory made it in which module (a mask on the wrong device: where made)."""
+def _made(out: Any, func: Any, space: Space, dtype: Any = 0) -> Any:
+    """A factory's result records which factory made it in which module (a mask on the wrong device: where made),
+    and whether it was told a dtype (``dtype`` None: the default dtype, nobody's choice)."""
     if isinstance(out, VirtualTensor) and out._td_origin is None and out._td_path is None \
             and func in _device_mod._device_constructors():
         out._td_origin = Made(f"torch.{getattr(func, '__name__', 'tensor')}", space.hooks.running())
+        out._td_origin.default = dtype is None and out.is_floating_point()
     return out
 
 

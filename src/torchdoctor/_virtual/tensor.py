@@ -334,3 +334,14 @@ def with_class_of(t: torch.Tensor, elem: torch.Tensor, device: torch.device, pat
     out = make(virtual_class(base), elem, device, path)
     out.__dict__.update({k: v for k, v in getattr(t, "__dict__", {}).items() if not k.startswith("_td_")})
     return out
+
+
+def standin(t: VirtualTensor, anchor: Any) -> Any:
+    """``t`` as if it had been moved (``anchor`` a device) or cast (a dtype): the twin a recorder lets an op go on
+    with; it keeps the name and the provenance."""
+    if isinstance(anchor, torch.device):
+        new = make(VirtualTensor, t._td_elem, anchor, t._td_path)
+    else:
+        new = make(VirtualTensor, t._td_elem.to(anchor), t._td_device, t._td_path)
+    new._td_origin = t._td_origin
+    return new
