@@ -781,4 +781,5 @@ def test_many_culprits_in_one_module_get_one_move_call() -> None:
     e = info.value
     assert e.module_path == "2" and len(e.problems) == 6
     assert {(p.found, p.expected) for p in e.problems} == {("float64", "float32")}
-    assert e.fix == "torchdoctor.move(model, dtype=torch.float32)"
+    # the component odd as a whole is the one call (issue 41 point 5), proven by the whole forward again
+    assert e.fix == "model[2].to(torch.float32)" and e.proof.startswith("fix proven"), str(e)

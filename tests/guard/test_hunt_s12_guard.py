@@ -157,3 +157,167 @@ def test_numpy_of_a_bf16_tensor_is_explained_with_the_cast_at_its_line(project: 
     said2 = "\n".join(getattr(err2, "__notes__", []))
     assert "return np.asarray(images.float().detach()).shape, arr  # app.py:12" in said2, said2
     assert "fix proven" in said2
+
+
+HUBER = '''\
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def build():
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).to(torch.bfloat16)
+
+
+def app(m):
+    latents = torch.randn(2, 8, dtype=torch.bfloat16)
+    noise = torch.randn_like(latents)
+    noise_pred = m(latents + noise)
+    target = noise
+    loss = F.huber_loss(noise_pred.float(), target, reduction="none", delta=0.1).mean()
+    loss.backward()
+    return loss
+'''
+HUBER_FIX = 'loss = F.huber_loss(noise_pred.float(), target.float(), reduction="none", delta=0.1).mean()  # app.py:15'
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict"])
+def test_a_bf16_target_beside_the_users_float_cast_is_the_culprit_not_the_cast(
+        project: pathlib.Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _reset(project, HUBER)
+    err = _fails(_load(project / "app.py", f"td_h3_huber_{mode}", monkeypatch), mode)
+    assert isinstance(err, torchdoctor.PlacementError)
+    assert "culprit target: bf16[2,8]@cpu  (expected float32: it meets `.float()` at app.py:15" in str(err)
+    assert err.fix == HUBER_FIX and "noise_pred.to(" not in err.fix  # the trainer's upcast stays
+    assert err.proof.startswith("fix proven: `F.huber_loss(noise_pred.float(), target")
+    assert err.proof.endswith("with target.float() runs forward and backward on copies")
+    loss = _applied(project, err.patch, f"td_h3_huber_{mode}_fixed", monkeypatch)
+    assert loss.dtype == torch.float32
+
+
+def test_fix_mode_aligns_the_target_to_the_loss_not_the_users_cast_to_the_model(
+        project: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _reset(project, HUBER)
+    mod = _load(project / "app.py", "td_h3_huber_fixmode", monkeypatch)
+    model = mod.build()
+    with torchdoctor.guard(model, mode="fix") as g:
+        assert mod.app(model).dtype == torch.float32
+    first = g.report().to_dict()["problems"][0]
+    assert (first["path"], first["found"], first["expected"]) == ("arg 1 (target)", "bfloat16", "float32")
+    assert first["fix"] == HUBER_FIX and first["proven"]
+    assert "-    loss = F.huber_loss(noise_pred.float(), target, " in first["patch"]
+
+
+LERP = '''\
+import torch
+from torch import nn
+
+
+def build():
+    return nn.Linear(8, 8).to(torch.bfloat16)
+
+
+def opt_step(params, state, beta2=0.95):
+    for p in params:
+        st = state.setdefault(p, {})
+        if "buf" not in st:
+            st["buf"] = torch.zeros(p.shape[0], 1, device=p.device, dtype=torch.float32)
+        v_mean = (p.grad * p.grad).mean(dim=-1, keepdim=True) if p.grad.ndim > 1 else p.grad[:, None] ** 2
+        st["buf"].lerp_(v_mean, 1 - beta2)
+    return state
+
+
+def app(m):
+    m(torch.randn(2, 8, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+    return opt_step(list(m.parameters()), {})
+'''
+LERP_FIX = 'st["buf"].lerp_(v_mean.float(), 1 - beta2)  # app.py:15'
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict", "fix"])
+def test_an_optimizer_lerp_after_backward_is_told_at_its_line_with_the_state_maker(
+        project: pathlib.Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _reset(project, LERP)
+    mod = _load(project / "app.py", f"td_h3_lerp_{mode}", monkeypatch)
+    if mode == "fix":
+        model = mod.build()
+        with torchdoctor.guard(model, mode="fix") as g:
+            mod.app(model)
+        note = g.report().to_dict()["problems"][0]
+        fix, patch, maker, proof = note["fix"], note["patch"], note["maker"], note["proof"]
+        assert note["module_path"] is None and (note["found"], note["expected"]) == ("bfloat16", "float32")
+    else:
+        err = _fails(mod, mode)
+        fix, patch, maker, proof, text = err.fix, err.patch, str(err), err.proof, str(err)
+        assert "during backward" not in text and "<root>" not in text  # after backward, outside any module
+        assert "culprit v_mean: bf16[8,1]@cpu  (expected float32)" in text
+    assert fix == LERP_FIX
+    assert "st['buf'] (written in place by `.lerp_`) made by `torch.zeros` at " in maker and "app.py:13" in maker
+    assert proof.startswith("fix proven")
+    state = _applied(project, patch, f"td_h3_lerp_{mode}_fixed", monkeypatch)
+    assert all(s["buf"].dtype == torch.float32 for s in state.values())
+
+
+TE = '''\
+import torch
+from accelerate import cpu_offload_with_hook
+from torch import nn
+
+
+class TE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(16, 8)
+        self.enc = nn.Linear(8, 8)
+
+    def forward(self, ids):
+        return self.enc(self.tok(ids))
+
+
+class Pipe(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.text_encoder = TE()
+        self.text_encoder_2 = TE()
+        self.proj = nn.Linear(8, 8)
+        self.blocks = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
+
+    def forward(self, ids, x):
+        return self.blocks(x + self.proj(self.text_encoder(ids)) + self.text_encoder_2(ids))
+
+
+def build():
+    m = Pipe().to(torch.bfloat16)
+    m.text_encoder.to(torch.float16)
+    hook = None
+    for comp in (m.text_encoder, m.text_encoder_2):
+        _, hook = cpu_offload_with_hook(comp, execution_device=torch.device("cpu"), prev_module_hook=hook)
+    return m
+
+
+def app(m):
+    return m(torch.tensor([[1, 2, 3]]), torch.randn(1, 3, 8, dtype=torch.bfloat16))
+'''
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict", "warn"])
+def test_a_component_whose_every_tensor_differs_gets_the_component_line(
+        project: pathlib.Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("accelerate")
+    _reset(project, TE)
+    mod = _load(project / "app.py", f"td_h3_te_{mode}", monkeypatch)
+    if mode == "warn":
+        model = mod.build()
+        with pytest.warns(torchdoctor.PlacementWarning), torchdoctor.guard(model, mode="warn") as g:
+            mod.app(model)
+        fix, proof = g.report().to_dict()["problems"][0]["fix"], g.report().to_dict()["problems"][0]["proof"]
+    else:
+        err = _fails(mod, mode)
+        fix, proof = err.fix, err.proof
+        assert "culprit `text_encoder`: every tensor in it is float16" in str(err)
+    assert fix == "model.text_encoder.to(torch.bfloat16)"
+    assert proof is not None and "`text_encoder` -> bfloat16" in proof and proof.startswith("fix proven")
+    model = mod.build()
+    exec(fix, {"model": model, "torch": torch})  # the printed fix, as the user pastes it
+    with torchdoctor.guard(model, mode="strict"):
+        assert mod.app(model).dtype == BF

@@ -145,8 +145,9 @@ def odd_groups(entries: Sequence[Any], culprits: Collection[str], value: Any) ->
     # to every block), never an unrelated odd module the failure did not involve
     own = {_shape(_parent(g)) for g in out if any(_inside(c, g) for c in culprits)}
     out = [g for g in out if _shape(_parent(g)) in own]
-    if {p for p in odd if any(_inside(p, g) for g in out)} <= set(culprits):
-        return None  # the culprits are all their submodules hold: the tensors are the fix
+    held = {p for p in odd if any(_inside(p, g) for g in out)}
+    if held <= set(culprits) and len({_parent(p) for p in held}) < 2:
+        return None  # one layer's own tensors are all it holds: they are the fix (a component of layers: cast whole)
     return out if 0 < len(out) <= 8 else None
 
 

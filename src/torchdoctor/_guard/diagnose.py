@@ -51,7 +51,7 @@ def _innermost(session: Session, tb: types.TracebackType | None) -> tuple[nn.Mod
     if mod is not None:
         return mod, frame, backward
     frames = session.frames
-    if frames.bw:
+    if frames.bw and backward:  # (a module whose inputs needed no grad never says its backward ended)
         return frames.bw[-1], None, True
     if frames.stack and not backward:
         return frames.stack[-1], None, False

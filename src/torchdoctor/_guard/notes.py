@@ -81,7 +81,9 @@ def gather(session: Any, func: Any, args: Sequence[Any], kwargs: Mapping[str, An
     owner = ""
     for f in findings:
         target, offenders = f.target, list(f.offenders)
-        if f.target is not None and maps is not None:  # strict too: blame the fp32 input, not the bf16 model
+        # strict too: blame the fp32 input, not the bf16 model; code outside any module keeps the rule's own target
+        # (a loss or an optimizer step outside the model computes in what it chose, not in the model's dtype)
+        if f.target is not None and maps is not None and mod is not None:
             target, offenders = retarget(f, tensors, maps, mpath)
         plan.append((f, target, offenders))
         for k in offenders:
@@ -146,7 +148,8 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
                                                                   for _, _, ks in plan for k in ks)]
     culprits = both(maps, culprits)  # a tensor off in device and in dtype: one fix for both
     fix, proof = fix_code(culprits, maps.dicts if maps is not None else ()), None
-    if not blamed and first.kind == "dtype" and maps is not None and all(x[0] is None for x in culprits):
+    if not blamed and first.kind == "dtype" and maps is not None and all(x[0] is None for x in culprits) \
+            and c.mod is not None:  # (code outside any module is no component of the model)
         # a float32 component fed reduced-precision data by the rest of the pipeline: cast the component
         # (as explain mode says), not the data flowing in (_guard/component.py)
         from torchdoctor._guard.provenance import odd_component
@@ -166,6 +169,10 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
     if aim is not None:  # the maker of an operand made in forward: the fix is aimed at it (_guard/remedy.py)
         lines += aim.lines
         fix = aim.code or fix
+    use = _use_line(c, t0) if c.mod is None and not blamed and not (aim is not None and aim.code) else None
+    if use is not None:  # code outside any module: the line that passes the operand, cast there
+        fix, more = use[0], use[2]
+        lines += more
     if fix is not None:  # tried before it is shown: a re-run with the maker fixed, else the failing op
         lines.append(proof or (aim.proof if aim is not None and aim.proof else prove(
             c.func, c.args, c.kwargs, plan, tensors, op) if c.fixable or session.mode == "strict"
@@ -185,6 +192,34 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
     err = PlacementError(format_error(head, lines + [f"other operand {d}" for d in others], fix),
                          module_path=c.mpath, module_type=c.mtype, op=str(op),
                          tensors=tuple(c.findings[0].problem.tensors), problems=problems, fix=fix)
-    err = with_patch(err, aim.patch if aim is not None else None, lines)
-    makers = (aim.lines if aim is not None else []) + said
+    err = with_patch(err, aim.patch if aim is not None else use[1] if use is not None else None, lines)
+    makers = (aim.lines if aim is not None else []) + said + (use[2] if use is not None else [])
     return err, Note("\n".join(makers) or None, fix, err.proof, err.patch, tuple(_component.groups_of(lines)))
+
+
+def _use_line(c: Case, target: Any) -> tuple[str, str | None, list[str]] | None:
+    """(the fix, its diff, the makers' lines) for an op outside any module: the user's line that passes the
+    offending operands, each cast there to what the op expects (``_guard/useline.py``), and the maker of the tensor
+    an in-place op writes into."""
+    if not isinstance(target, torch.dtype):
+        return None
+    from torchdoctor._guard.frames import lineno, user_frames
+    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._guard.useline import destination, fixed_line, names_of, where
+    from torchdoctor._report.diff import line_patch
+
+    try:
+        frames = user_frames()
+        if not frames:
+            return None
+        frame = frames[-1]
+        at = lineno(frame)
+        names = names_of(frame, [c.tensors[k] for _, _, ks in c.plan for k in ks])
+        got = fixed_line(frame, at, names, target) if names else None
+        if got is None:
+            return None
+        new, _, path = got
+        patch = line_patch(path, at, new) if own_file(path) else None
+        return f"{new.strip()}  # {where(path, at)}", patch, destination(frame, at)
+    except Exception:  # the line is extra: the op's own fix stands without it
+        return None

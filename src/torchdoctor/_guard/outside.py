@@ -18,7 +18,10 @@ from torchdoctor._placement import device_str, dtype_str
 from torchdoctor._report.model import PlacementError, Problem, TensorInfo
 from torchdoctor._report.text import format_error
 from torchdoctor._rules import registry as _rules
-from torchdoctor._guard.remedy import aimed, with_patch
+from torchdoctor._explain.tokens import dtypes_in
+from torchdoctor._guard.remedy import aimed, own_file, with_patch
+from torchdoctor._guard.useline import destination, fixed_line
+from torchdoctor._report.diff import line_patch
 
 _TORCH = os.path.dirname(torch.__file__)
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +29,7 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONVERTS = re.compile(r"([A-Za-z_][\w.\[\]'\"]*)\.(float|double|half|bfloat16|cpu|cuda)\(\)")
 # a dispatch or function mode's hook raising the op's error is torch's machinery, not the line that called the op
 _MODES = ("__torch_dispatch__", "__torch_function__")
+_ASKED = re.compile(r"expected dtype (\w+) for `\w+`")  # lerp_, addcmul_ ...: the dtype the op itself requires
 _MADE = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -64,6 +68,9 @@ def explain_outside(exc: BaseException, tb: types.TracebackType | None, kind: st
     values = [value(t) for _, t in pool]
     if ref is None or (ref not in values and ref not in mentioned):
         ref = max(values, key=values.count) if values else ref
+    asked = _ASKED.search(str(exc)) if dtype else None  # the op's own demand (an in-place op into float32 state)
+    if asked and dtypes_in(asked.group(1)):
+        ref = getattr(torch, dtypes_in(asked.group(1))[0], ref)
     bad = [(n, t) for n, t in pool if ref is not None and value(t) != ref]
     converts = [(m.group(1), m.group(2)) for m in _CONVERTS.finditer(source)]
     converts = [(e, c) for e, c in converts if (c in _MADE) == dtype and _MADE.get(c, None) != ref]
@@ -83,16 +90,23 @@ def explain_outside(exc: BaseException, tb: types.TracebackType | None, kind: st
     # the maker of each wrong tensor the line names (a factory, a cast, a schedule table it was indexed from):
     # the fix is aimed at that line, as inside a module (_guard/remedy.py)
     aim = _aim(bad, kind, ref, maps, exc.__traceback__ or tb) if bad and ref is not None else None
+    twin = _twin(aim, frame) if dtype and aim is not None and aim.makers else None
+    if twin is not None:  # the user's own cast into the call is meant: the operand left beside it is the culprit
+        return _twin_report(exc, where, source, aim, *twin)
+    use = fixed_line(frame, lineno, [n for n, _ in bad], ref) if dtype and bad and isinstance(ref, torch.dtype) \
+        and not (aim is not None and aim.code) else None  # no maker to fix: the line that passes them, cast there
     if aim is not None and aim.code:
         fix_lines.append(aim.code)
     made = {x.split(" made by ", 1)[0] for x in (aim.lines if aim is not None else [])}
-    fix_lines += [f"# pass {n} as {n}.to({target})" for n, _ in bad if target is not None
-                  and not (aim is not None and aim.code and n in made)]
+    fix_lines += [f"{use[0].strip()}  # {where}"] if use else [f"# pass {n} as {n}.to({target})" for n, _ in bad if
+                                                              target is not None and not (aim is not None and aim.code
+                                                                                          and n in made)]
     fix = "\n".join(dict.fromkeys(fix_lines)) or None
-    makers = list(aim.lines) if aim is not None else []
+    makers = (list(aim.lines) if aim is not None else []) + (destination(frame, lineno, exc.__traceback__ or tb)
+                                                              if dtype else [])
     lines[-1:-1] = makers
     if fix is not None:  # the line's operator re-run on its operands with the fix applied (copies)
-        lines.insert(-1, _reprove(source, frame, bad, ref))
+        lines.insert(-1, use[1] if use else _reprove(source, frame, bad, ref))
     problems = [Problem(kind, f"{e}.{c}()", "input", dtype_str(_MADE[c]) if c in _MADE else c, expected,
                         f"{e}.{c}() at {where} makes {dtype_str(_MADE[c]) if c in _MADE else c}, expected {expected}")
                 for e, c in converts]
@@ -100,8 +114,8 @@ def explain_outside(exc: BaseException, tb: types.TracebackType | None, kind: st
                          f"expected {expected}") for n, t in bad]
     err = PlacementError(format_error(head, lines, fix), module_path=None, module_type=None, op=None,
                          tensors=[TensorInfo.of(n, t, role="input") for n, t in bad], problems=problems, fix=fix)
-    err = with_patch(err, aim.patch if aim is not None else None, lines)
-    return err, "\n".join(makers) or None
+    patch = aim.patch if aim is not None else line_patch(use[2], lineno, use[0]) if use and own_file(use[2]) else None
+    return with_patch(err, patch, lines), "\n".join(makers) or None
 
 
 def _aim(bad: list[tuple[str, torch.Tensor]], kind: str, ref: Any, maps: Any, tb: Any) -> Any:
@@ -146,3 +160,82 @@ def _reprove(source: str, frame: types.FrameType, bad: list[tuple[str, torch.Ten
             return f"fix unproven: `{text}` re-run with {tried}: {type(exc).__name__}: {first}"[:400]
         return f"fix proven: `{text}` runs again with {tried}"
     return f"fix unproven: not re-run ({why})"
+
+
+def _twin(aim: Any, frame: types.FrameType) -> tuple[str, torch.Tensor, Any, str, str] | None:
+    """A cast the user wrote on one operand of a call (``F.huber_loss(noise_pred.float(), target)``, the loss
+    computed in float32 on purpose) beside an operand left in another dtype (``target``, bf16): that operand is the
+    culprit and the fix casts it the same way at that line (``target.float()``), never undoing the user's cast.
+    (name, tensor, the maker, the fixed line, the proof), or None."""
+    m = aim.makers[0]
+    method = m.op[1:-2] if m.op.startswith(".") and m.op.endswith("()") else ""
+    if method not in _MADE or m.span is None or frame.f_code.co_filename != m.file or not own_file(m.file):
+        return None
+    raw = linecache.getline(m.file, m.line).rstrip("\r\n")
+    shift = len(raw) - len(raw.lstrip())
+    try:
+        tree = ast.parse(raw.strip())
+    except SyntaxError:
+        return None
+    want = _MADE[method]
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+        given = [*call.args, *(k.value for k in call.keywords)]
+        if not any(isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr == method
+                   and not a.args and a.col_offset + shift == m.span[0] for a in given):
+            continue
+        for a in given:
+            if not isinstance(a, ast.Name):
+                continue
+            t = frame.f_locals.get(a.id)
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != want and a.end_col_offset:
+                new = raw[:a.col_offset + shift] + f"{a.id}.{method}()" + raw[a.end_col_offset + shift:]
+                return a.id, t, m, new, _prove_twin(call, a.id, method, frame)
+    return None
+
+
+def _prove_twin(call: ast.Call, name: str, method: str, frame: types.FrameType) -> str:
+    """The call run again forward and backward on copies (leaves that need grad) with ``name`` cast too: only when
+    the function is torch's own (``F.huber_loss``), its arguments names, casts and literals."""
+    fixed = f"`{ast.unparse(call)}` with {name}.{method}()"
+    fn: Any = frame.f_locals.get(call.func.id, frame.f_globals.get(call.func.id)) if isinstance(
+        call.func, ast.Name) else None
+    if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name):
+        owner = frame.f_locals.get(call.func.value.id, frame.f_globals.get(call.func.value.id))
+        fn = getattr(owner, call.func.attr, None) if isinstance(owner, types.ModuleType) else None
+    if fn is None or not (getattr(fn, "__module__", "") or "").startswith("torch"):
+        return f"fix unproven: not re-run ({ast.unparse(call.func)} is not torch's own function)"
+
+    def value(node: ast.expr, cast: bool = False) -> Any:
+        if isinstance(node, ast.Name) and isinstance(frame.f_locals.get(node.id), torch.Tensor):
+            t = frame.f_locals[node.id].detach().clone()
+            t = getattr(t, method)() if cast or node.id == name else t
+            return t.requires_grad_(True) if t.is_floating_point() else t
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method \
+                and not node.args:
+            return value(node.func.value, cast=True)
+        return ast.literal_eval(node)
+
+    try:
+        out = fn(*(value(a) for a in call.args), **{k.arg: value(k.value) for k in call.keywords if k.arg})
+        out.float().sum().backward()
+    except Exception as err:  # the trial's own failure is the answer
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        return f"fix unproven: {fixed} on copies: {type(err).__name__}: {first}"[:400]
+    return f"fix proven: {fixed} runs forward and backward on copies"
+
+
+def _twin_report(exc: BaseException, where: str, source: str, aim: Any, name: str, t: torch.Tensor, m: Any,
+                 new: str, proof: str) -> tuple[PlacementError, str | None]:
+    want = dtype_str(_MADE[m.op[1:-2]])
+    at = f"{os.path.basename(m.file)}:{m.line}"
+    head = f"dtype mismatch outside the guarded model, at {where}: {dtype_str(t.dtype)} where {want} was expected"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    lines = ([f"line: {source}"] if source else []) + [
+        f"culprit {name}: {_rules._compact(t)}  (expected {want}: it meets `{m.op}` at {at}, a cast written on "
+        f"purpose, in the same call)", *aim.lines, proof, f"original error: {type(exc).__name__}: {first}"]
+    fix = f"{new.strip()}  # {at}"
+    problem = Problem("dtype", name, "input", dtype_str(t.dtype), want, f"{name} is {dtype_str(t.dtype)} at {at}, "
+                      f"beside the {want} the line casts to on purpose; expected {want}")
+    err = PlacementError(format_error(head, lines, fix), module_path=None, module_type=None, op=None,
+                         tensors=[TensorInfo.of(name, t, role="input")], problems=[problem], fix=fix)
+    return with_patch(err, line_patch(m.file, m.line, new), lines), "\n".join(aim.lines) or None

@@ -1,0 +1,193 @@
+"""Code outside any module (a loss, an optimizer step) where an op refuses an operand's dtype: the fix is the user's
+line that passes that operand, cast there to what the op expects (``lerp_(v_mean.float(), ...)`` into a float32
+state), proven by running that line's expression again on copies of what it reads, and offered as a diff.
+
+The re-run is a small interpreter over the line's parsed expression, never ``eval``: names and subscripts of the
+frame's values, constants, arithmetic, torch's own functions and tensor methods; every tensor it reads is a copy, so
+an in-place method (``lerp_``) changes nothing of the program's. Anything else (a user function, a property) is not
+run and the fix is said unproven.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import operator
+import os
+import types
+from typing import Any
+
+import torch
+
+_METHOD = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16", torch.float64: "double"}
+_OPS: dict[type, Any] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+                         ast.Div: operator.truediv, ast.MatMult: operator.matmul, ast.Pow: operator.pow}
+
+
+class _NotRun(Exception):
+    pass
+
+
+def cast_text(name: str, target: Any) -> str:
+    """``v_mean.float()``, or ``x.to(torch.float8_e4m3fn)`` where no method casts to it."""
+    if target in _METHOD:
+        return f"{name}.{_METHOD[target]}()"
+    from torchdoctor._guard.maps import value_code
+
+    return f"{name}.to({value_code(target)})"
+
+
+def names_of(frame: Any, tensors: list[torch.Tensor]) -> list[str]:
+    """The frame's local names bound to these very tensors (the operands the line passes)."""
+    ids = {id(t) for t in tensors}
+    return [n for n, v in frame.f_locals.items() if isinstance(v, torch.Tensor) and id(v) in ids and n != "self"]
+
+
+def fixed_line(frame: Any, lineno: int, names: list[str], target: Any) -> tuple[str, str, str] | None:
+    """(the line with each of ``names`` cast where it is passed, the fixed expression's proof, its file) or None when
+    the line passes none of them (a name only written to, or the receiver of an in-place method, is never cast)."""
+    path = frame.f_code.co_filename
+    raw = linecache.getline(path, lineno).rstrip("\r\n")
+    text = raw.strip()
+    shift = len(raw) - len(raw.lstrip())
+    try:
+        tree = ast.parse(text + " pass" if text.endswith(":") else text)
+    except SyntaxError:
+        return None
+    receivers = {id(n.func.value) for n in ast.walk(tree) if isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Attribute) and n.func.attr.endswith("_")}
+    spots = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
+             and id(n) not in receivers and n.end_col_offset is not None]
+    if not spots:
+        return None
+    new = raw
+    for n in sorted(spots, key=lambda n: -n.col_offset):
+        new = new[:n.col_offset + shift] + cast_text(n.id, target) + new[n.end_col_offset + shift:]  # type: ignore[operator]
+    stmt = tree.body[0] if tree.body else None
+    expr = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return)) else None
+    return new, _proof(expr, frame, set(names), target, text), path
+
+
+def _proof(expr: ast.expr | None, frame: Any, names: set[str], target: Any, text: str) -> str:
+    tried = ", ".join(f"{n} -> {cast_text(n, target)}" for n in sorted(names))
+    if expr is None:
+        return f"fix unproven: not re-run (`{text}` has no expression to re-run)"
+    try:
+        with torch.no_grad():
+            _eval(expr, frame, names, target)
+    except _NotRun as why:
+        return f"fix unproven: not re-run ({why})"
+    except Exception as err:  # the trial's own failure is the answer
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        return f"fix unproven: `{ast.unparse(expr)}` re-run with {tried}: {type(err).__name__}: {first}"[:400]
+    return f"fix proven: `{ast.unparse(expr)}` runs again on copies with {tried}"
+
+
+def _copy(v: Any) -> Any:
+    return v.detach().clone() if isinstance(v, torch.Tensor) else v
+
+
+def _eval(node: ast.expr, frame: Any, names: set[str], target: Any) -> Any:
+    ev = lambda n: _eval(n, frame, names, target)  # noqa: E731
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in frame.f_locals:
+            v = frame.f_locals[node.id]
+        elif node.id in frame.f_globals:
+            v = frame.f_globals[node.id]
+        else:
+            raise _NotRun(f"`{node.id}` is not a value of the frame")
+        if isinstance(v, torch.Tensor):
+            v = _copy(v)
+            return v.to(target) if node.id in names else v
+        if isinstance(v, (int, float, bool, str, dict, list, tuple, types.ModuleType, torch.dtype, torch.device)):
+            return v
+        raise _NotRun(f"`{node.id}` is a {type(v).__name__}")
+    if isinstance(node, ast.Subscript):
+        obj, key = ev(node.value), ev(node.slice)
+        if not isinstance(obj, (dict, list, tuple, torch.Tensor)):
+            raise _NotRun(f"`{ast.unparse(node)}` indexes a {type(obj).__name__}")
+        return _copy(obj[key])
+    if isinstance(node, ast.Tuple):
+        return tuple(ev(e) for e in node.elts)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -ev(node.operand)
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](ev(node.left), ev(node.right))
+    if isinstance(node, ast.Attribute):
+        base = ev(node.value)
+        if isinstance(base, types.ModuleType) and base.__name__.startswith("torch"):
+            return getattr(base, node.attr)
+        if isinstance(base, torch.Tensor) and callable(getattr(torch.Tensor, node.attr, None)):
+            return getattr(base, node.attr)
+        raise _NotRun(f"`{ast.unparse(node)}` is no torch function or tensor method")
+    if isinstance(node, ast.Call):
+        fn = ev(node.func)
+        owner = getattr(fn, "__self__", None)
+        if not (isinstance(owner, torch.Tensor) or (getattr(fn, "__module__", "") or "").startswith("torch")):
+            raise _NotRun(f"`{ast.unparse(node.func)}` is no torch function")
+        return fn(*(ev(a) for a in node.args), **{k.arg: ev(k.value) for k in node.keywords if k.arg})
+    raise _NotRun(f"`{ast.unparse(node)}` is not re-run")
+
+
+def where(path: str, lineno: int) -> str:
+    return f"{os.path.basename(path)}:{lineno}"
+
+
+def destination(frame: Any, lineno: int, tb: Any = None) -> list[str]:
+    """The maker of the tensor an in-place method on the line writes into (``st["buf"].lerp_(...)``: the state made
+    by ``torch.zeros(..., dtype=torch.float32)`` at its line): what set the dtype the op demands."""
+    from torchdoctor._guard.frames import user_frames
+    from torchdoctor._guard.maker import find
+
+    text = linecache.getline(frame.f_code.co_filename, lineno).strip()
+    try:
+        tree = ast.parse(text + " pass" if text.endswith(":") else text)
+    except SyntaxError:
+        return []
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr.endswith("_") \
+                and not n.func.attr.startswith("_"):
+            try:
+                t = _held(n.func.value, frame)
+                m = find(user_frames(tb), t, "dtype") if isinstance(t, torch.Tensor) else None
+                said = m.describe() if m is not None else _assigned(frame, ast.unparse(n.func.value), lineno)
+            except Exception:  # naming the maker is extra
+                said = None
+            if said:
+                out.append(f"{ast.unparse(n.func.value)} (written in place by `.{n.func.attr}`) {said}")
+    return out[:2]
+
+
+def _held(node: ast.expr, frame: Any) -> Any:
+    """The very object a name or a constant subscript of one holds (never a copy: its maker is looked up)."""
+    if isinstance(node, ast.Name):
+        return frame.f_locals.get(node.id)
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        obj = _held(node.value, frame)
+        return obj.get(node.slice.value) if isinstance(obj, dict) else None
+    return None
+
+
+def _assigned(frame: Any, target: str, lineno: int) -> str | None:
+    """``made by `torch.zeros` at file:line (`...`)`` for the newest ``<target> = torch.<factory>(...)`` before
+    ``lineno`` in the frame's function (a state kept in a dict: ``st["buf"] = torch.zeros(..., dtype=...)``)."""
+    from torchdoctor._guard.maker import _parsed as parsed_code
+
+    parsed = parsed_code(frame.f_code)
+    if parsed is None:
+        return None
+    tree, off, path, lines = parsed
+    best = None
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assign) and n.lineno + off < lineno and isinstance(n.value, ast.Call) \
+                and any(ast.unparse(t) == target for t in n.targets) and isinstance(n.value.func, ast.Attribute) \
+                and ast.unparse(n.value.func.value) == "torch":
+            best = n if best is None or n.lineno > best.lineno else best
+    if best is None:
+        return None
+    src = lines[best.lineno - 1].strip() if best.lineno - 1 < len(lines) else ""
+    call: Any = best.value
+    return f"made by `{ast.unparse(call.func)}` at {path}:{best.lineno + off} (`{src}`)"
