@@ -20,6 +20,7 @@ import torch
 
 from torchdoctor._placement import dtype_str
 from torchdoctor._virtual.origin import short_at, user_frame
+from torchdoctor._virtual.entrycheck import entry_check, targets
 from torchdoctor._virtual.prove import Fix
 
 CASES = 64  # failing ops kept per run (the first ones; each problem's first meeting is among them)
@@ -29,7 +30,7 @@ _PER_OP = 2  # cases kept per op and set of culprits
 class Operand:
     """A metadata-only twin of one operand and the names a fix may call it by."""
 
-    __slots__ = ("meta", "device", "tags", "named")
+    __slots__ = ("meta", "device", "tags", "named", "far")
 
     def __init__(self, t: torch.Tensor, tags: tuple[str, ...], named: bool) -> None:
         with torch._C.DisableTorchFunction():
@@ -38,7 +39,10 @@ class Operand:
             except (RuntimeError, TypeError):  # a layout without strides (sparse, nested): its shape is enough
                 self.meta = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
         self.device = getattr(t, "_td_device", t.device)
-        self.tags, self.named = tags, named
+        self.named = named
+        self.tags = tuple(x[len(FAR):] if x.startswith(FAR) else x for x in tags)
+        # the arguments and factories it was computed from through other ops: a cast of them is no cast of it
+        self.far = tuple(x[len(FAR):] for x in tags if x.startswith(FAR))
 
     def tensor(self, device: torch.device | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A new meta tensor standing for this operand (moved to ``device``, cast to ``dtype``)."""
@@ -63,10 +67,15 @@ class Case:
         return f"{self.op} at {self.at}" if self.at else self.op
 
 
+FAR = "far "  # a name's mark in ``tags_of``: an argument or factory the operand was computed from through other ops
+
+
 def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool]:
     """The names a fix may call operand ``t`` by (its path, the program's name for it, the named tensors, maker,
     cast line or caller's argument it was made from, the line that moved a copy of it), and whether it is a model
-    tensor. The same names the recorder writes into a problem's sources, so a fix's ``sets`` meet them."""
+    tensor. The caller's arguments and the factories it was computed from through other ops are marked ``FAR`` (a cast
+    of such an argument can be undone on the way: a bf16 timestep times fp32 frequencies is fp32 again, so only a
+    re-run proves it). The same names the recorder writes into a problem's sources, so a fix's ``sets`` meet them."""
     from torchdoctor._virtual.tensor import held_by
 
     path = getattr(t, "_td_path", None)
@@ -79,14 +88,17 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
             tags.append(held)
     o = getattr(t, "_td_origin", None)
     if o is not None:
+        near = o.paths if o.via is None else ()  # made from them by one op (a view of the argument), or it itself
         for src in dict.fromkeys((o.source, o.placed_by)):  # what set its dtype, what placed it (through casts)
             tags.extend(src.paths)
             if str(src.op).startswith("torch.") and not src.paths:
                 mp = module_paths.get(id(src.module)) if src.module is not None else None
-                tags.append((f"factory {src.op} in `{mp or '<root>'}`" if src.module is not None else
-                             f"factory {src.op}") + (f" at {src.at}" if src.at else ""))
+                tags.append((FAR if src is not o else "") + (
+                    f"factory {src.op} in `{mp or '<root>'}`" if src.module is not None else
+                    f"factory {src.op}") + (f" at {src.at}" if src.at else ""))
         if o.op == "Tensor.to" and o.at and path:
             tags.append(f"moved {path} at {o.at}")
+        tags = [FAR + x if x.startswith(("input ", "kwarg ")) and x not in near and x != path else x for x in tags]
     return tuple(tags), isinstance(path, str) and bool(path) and not path.startswith(("input ", "kwarg "))
 
 
@@ -148,19 +160,6 @@ def _operands(call: tuple[list[Any], dict[str, Any]]) -> list[Operand]:
     return out
 
 
-def _targets(o: Operand, fix: Fix) -> list[Any]:
-    """What ``fix`` sets on operand ``o``: devices and dtypes, in order (nothing when it does not name it)."""
-    out: list[Any] = []
-    for tag, target in fix.sets:
-        if tag == "*":  # the model moved or cast as a whole: its tensors (a cast: its floating ones)
-            if o.named:
-                out.extend(x for x in (target if isinstance(target, tuple) else (target,))
-                           if not isinstance(x, torch.dtype) or o.meta.is_floating_point())
-        elif tag in o.tags or (tag.endswith(".") and any(t.startswith(tag) for t in o.tags)):
-            out.extend(target if isinstance(target, tuple) else (target,))
-    return out
-
-
 def _applied(call: tuple[list[Any], dict[str, Any]], fixes: Sequence[Fix]) -> tuple[list[Any], dict[str, Any], set[int]]:
     """The call with every fix applied to its twins; the indexes of the fixes that changed an operand."""
     used: set[int] = set()
@@ -169,7 +168,7 @@ def _applied(call: tuple[list[Any], dict[str, Any]], fixes: Sequence[Fix]) -> tu
         if isinstance(v, Operand):
             device, dtype = None, None
             for i, f in enumerate(fixes):
-                for t in _targets(v, f):
+                for t in targets(v, f):
                     if isinstance(t, torch.device):
                         device = t
                     elif isinstance(t, torch.dtype):
@@ -183,6 +182,17 @@ def _applied(call: tuple[list[Any], dict[str, Any]], fixes: Sequence[Fix]) -> tu
         return v
 
     return [one(a) for a in call[0]], {k: one(v) for k, v in call[1].items()}, used
+
+
+def _far(fix: Fix, cases: Sequence[Case]) -> str | None:
+    """The caller's argument ``fix`` casts that a failing op met only several ops downstream, or None."""
+    names = {n for n, t in fix.sets if isinstance(t, torch.dtype) or isinstance(t, tuple)}
+    for c in cases:
+        for o in _operands(c.before):
+            hit = next((n for n in o.far if n in names), None)
+            if hit is not None:
+                return hit
+    return None
 
 
 def _run(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -220,9 +230,13 @@ def _check(case: Case, fixes: Sequence[Fix], rules: Any, profile: Any) -> tuple[
     return used, None, same
 
 
-def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: Any) -> list[Fix]:
+def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: Any,
+                 entries: dict[str, tuple[int, list[Any]]] | None = None) -> list[Fix]:
     """Label each fix proven when every failing op it changes runs with all the fixes applied (and it changes at
-    least one), else unproven with what was tried and what was still wrong."""
+    least one), else unproven with what was tried and what was still wrong. ``entries`` (layer path -> what it
+    was first given): a fix that casts or moves a whole component, or a module held apart, is proven at the
+    entries of its layers too: a tensor they are given from outside it would be left behind (the caller's fp32
+    input of an encoder cast to bf16) joins the fix, with its own fix (``fixes`` grows), else it is unproven."""
     results = [(c, *_check(c, fixes, rules, profile)) for c in cases]
     for i, f in enumerate(fixes):
         if f.kind == "factory" and isinstance(f.target, torch.dtype):  # a factory's dtype=: the device holds it
@@ -232,14 +246,19 @@ def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: A
             continue
         if not f.sets:
             f.proven, f.at_op = False, True
-            f.tried = "not applied: advice or program state (not a tensor a failing op read), nothing to re-run" \
+            f.tried = f.tried if f.tried.startswith("not re-run") else \
+                "not applied: advice or program state (not a tensor a failing op read), nothing to re-run" \
                 if f.code.startswith("#") else "not applied: it acts on program state no failing op's operands show"
             continue
         f.at_op = True
         mine = [(c, left, same) for c, used, left, same in results if i in used]
         if not mine:
             f.proven = False
-            f.tried = "no failing op recorded reads a tensor it changes, so it was not re-run"
+            far = _far(f, cases)
+            f.at_op = not far  # a re-run judges it (simulate), else it stays unproven saying why
+            f.tried = f"it casts {far}, which reaches the failing op only through several ops (one may promote it " \
+                "back): only a re-run of the whole program proves it" if far else \
+                "no failing op recorded reads a tensor it changes, so it was not re-run"
             continue
         bad = next(((c, left) for c, left, _ in mine if left is not None), None)
         f.proven = bad is None
@@ -250,4 +269,6 @@ def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: A
             more = f" (and {len(mine) - 1} more op(s))" if len(mine) > 1 else ""
             f.tried = (f"at the failing op {c.where()}{more}: its operands as the fix leaves them run with no "
                        "problem" + ("; its output is the one the ops after it ran on" if same else ""))
+    if entries:
+        entry_check(fixes, entries)
     return fixes

@@ -26,6 +26,7 @@ from torchdoctor._placement import compact, device_str, dtype_str, norm_device, 
 from torchdoctor._scan import apps, intent, percall
 from torchdoctor._scan.intent import STORAGE_DTYPES
 from torchdoctor._scan.judge import cpu_packed_message, storage_message
+from torchdoctor._virtual.apart import Apart, seen
 from torchdoctor._virtual.origin import Made
 from torchdoctor._virtual.tensor import Space, VirtualTensor, current_space, make, virtual_class
 from torchdoctor._walk import walk
@@ -123,8 +124,18 @@ class EntryCheck:
         # path -> the note of a plain attribute / container tensor, written when an op reads it: a tensor the
         # forward never reads (Lightning's example_input_array, a loss history, an alias of a moved buffer) is quiet
         self.pending: dict[str, tuple[Any, ...]] = {}
+        self.outer: dict[int, Apart] = {}  # id -> each module that started a forward as the outermost one
+        # an argument's fix label -> the factory, line and dtype it was made by (its dtype is fixed at that line)
+        self.made_args: dict[str, tuple[str, str, str]] = {}
+        # layer path -> (id of the layer, twins of the floating tensors it was first given): a fix that casts or
+        # moves a component is proven at its layers' entries too (``atop.entry_check``): what they are given must
+        # follow (a torch layer computes with its input as given)
+        self.inputs: dict[str, tuple[int, list[Any]]] = {}
 
     def __call__(self, mod: nn.Module, path: str, args: Any) -> None:
+        if path not in self.inputs and len(self.inputs) < _INPUTS and \
+                type(mod).__module__.startswith("torch.nn.modules"):  # a layer computing with what it is given
+            self.inputs[path] = (id(mod), _given(args))  # kept for the proof of a fix at its entry
         if "_orig_mod" in mod.__dict__.get("_modules", ()):
             return  # a torch.compile wrapper: the module it wraps starts next and is checked then
         if "forward" in mod.__dict__:  # a hook wrapper (accelerate, diffusers group offloading / layerwise casting)
@@ -229,6 +240,8 @@ class EntryCheck:
         ``kwargs['rotary_pos_emb_list'][0]``) and as the caller wrote it for the fix (``kwarg extra[0]``), with where
         it was made (a factory's file:line, or before the run). Tensors made before the run are replaced by twins
         (new positional arguments are returned; keyword ones are replaced in ``kwargs``, the call's own dict)."""
+        if id(mod) not in self.outer:  # named by the program's frames, alive now (a module held apart: ``apart``)
+            self.outer[id(mod)] = seen(mod)
         space = current_space()
         if space is None or not (args or kwargs):
             return None
@@ -240,12 +253,13 @@ class EntryCheck:
         out = list(args)
         for i, a in enumerate(args):
             if i < len(pos):
-                out[i] = _named(space, a, pos[i], f"input {i} ({{}})", who, _DEPTH)
+                out[i] = _named(space, a, pos[i], f"input {i} ({{}})", who, _DEPTH, makers=self.made_args)
             else:  # forward(*args): the caller's position
-                out[i] = _named(space, a, f"input {i}", f"input {i}{{}}", who, _DEPTH, suffix=True)
+                out[i] = _named(space, a, f"input {i}", f"input {i}{{}}", who, _DEPTH, suffix=True,
+                                makers=self.made_args)
         for k in list(kwargs):
             name = k if varkw is None or k in pos else f"{varkw}[{k!r}]"
-            new = _named(space, kwargs[k], name, f"kwarg {k}{{}}", who, _DEPTH, suffix=True)
+            new = _named(space, kwargs[k], name, f"kwarg {k}{{}}", who, _DEPTH, suffix=True, makers=self.made_args)
             if new is not kwargs[k]:
                 kwargs[k] = new
         return tuple(out) if any(a is not b for a, b in zip(out, args)) else None
@@ -271,6 +285,23 @@ class EntryCheck:
                 d = norm_device(tensor_device(t))
                 counts[d] = counts.get(d, 0) + 1
         return max(counts, key=counts.__getitem__) if counts else None
+
+
+_INPUTS = 4096  # modules whose inputs are kept (the first ones; a bound on a huge model's memory)
+
+
+def _given(args: Any) -> list[Any]:
+    """Metadata twins of the floating tensors among a torch layer's positional arguments (at most 4)."""
+    from torchdoctor._virtual.atop import Operand, tags_of
+
+    out: list[Any] = []
+    for a in (args if isinstance(args, tuple) else ())[:4]:
+        if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
+            try:
+                out.append(Operand(a, *tags_of(a, {})))
+            except Exception:  # an odd tensor: not kept, never a break of the run
+                continue
+    return out
 
 
 _WHY = {  # why a tensor the module owns can sit elsewhere than the rest
@@ -299,22 +330,24 @@ def _signature_of(mod: nn.Module) -> tuple[tuple[str, ...], str | None]:
 
 
 def _named(space: Space, v: Any, label: str, fix: str, who: str, depth: int, suffix: bool = False,
-           index: str = "") -> Any:
+           index: str = "", makers: dict[str, tuple[str, str, str]] | None = None) -> Any:
     """``v`` with its tensors named as arguments of the call (``fix`` holds ``{}`` where the label or, with
     ``suffix``, the container index goes); a container is rebuilt only when a tensor in it is replaced."""
     if isinstance(v, torch.Tensor):
-        return _as_argument(space, v, label + index, fix.format(index if suffix else label + index), who)
+        return _as_argument(space, v, label + index, fix.format(index if suffix else label + index), who, makers)
     if depth and type(v) in (list, tuple):
-        items = [_named(space, x, label, fix, who, depth - 1, suffix, f"{index}[{i}]") for i, x in enumerate(v[:64])]
+        items = [_named(space, x, label, fix, who, depth - 1, suffix, f"{index}[{i}]", makers)
+                 for i, x in enumerate(v[:64])]
         return v if all(a is b for a, b in zip(items, v)) else type(v)([*items, *v[64:]])
     if depth and type(v) is dict:
-        new = {k: _named(space, x, label, fix, who, depth - 1, suffix, f"{index}[{k!r}]") if n < 64 else x
+        new = {k: _named(space, x, label, fix, who, depth - 1, suffix, f"{index}[{k!r}]", makers) if n < 64 else x
                for n, (k, x) in enumerate(v.items())}
         return v if all(new[k] is x for k, x in v.items()) else new
     return v
 
 
-def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str) -> torch.Tensor:
+def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str,
+                 makers: dict[str, tuple[str, str, str]] | None = None) -> torch.Tensor:
     if isinstance(t, VirtualTensor):
         origin = t._td_origin
         # a model tensor, an input simulate placed ("input 0"), a value made from model tensors or named already
@@ -324,6 +357,8 @@ def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str) 
         # still on cpu from a factory the user called without device=: the fix is at that call; moved since (or
         # made with a device), the fix is the argument itself
         at_factory = src is not None and src.at and src.op.startswith("torch.") and t._td_device.type == "cpu"
+        if makers is not None and src is not None and src.at and str(src.op).startswith("torch."):
+            makers[fix] = (str(src.op), src.at, dtype_str(t.dtype))  # the factory the caller's argument came from
         t._td_origin = Made.argument(label, fix, who, src or _IN_RUN, origin if at_factory else None)
         return t
     hit = space.named.get(id(t))
@@ -333,7 +368,7 @@ def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str) 
     kept = space.real_record(t) if space.real else None  # a real tensor the run made (a factory call, a copy back)
     if kept is not None and kept[1] is not None:
         twin._td_origin = kept[1]
-        return _as_argument(space, twin, label, fix, who)
+        return _as_argument(space, twin, label, fix, who, makers)
     twin._td_origin = Made.argument(label, fix, who, None)
     space.named[id(t)] = (t, fix)  # if the call's positional arguments cannot be replaced, ops still name it
     return twin

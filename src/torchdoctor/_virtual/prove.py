@@ -24,7 +24,8 @@ class Fix:
     """One fix of a virtual run: code (or advice, ``kind="note"``) and whether a re-run proved it."""
 
     code: str
-    kind: str  # "path": code run on the copy; "line": a cast at a line of the user's code; "input"; "note"
+    kind: str  # "path": code run on the copy; "line": a cast at a line of the user's code; "input"; "note";
+    # "apart": a module the program holds apart from the model, moved where it is built (``apart``)
     target: Any = None  # the device or dtype the fix sets
     label: str = ""  # an input's name (``input 0``, ``kwarg mask``) for kind "input"
     site: Any = None  # the ``castsites.CastSite`` of a kind "line" fix
@@ -37,11 +38,13 @@ class Fix:
     at_op: bool = False  # judged at the failing ops (``atop.prove_at_ops``), not by a re-run
     rerun: bool = False  # judged by a virtual re-run (``proven``)
     asks: torch.dtype | None = None  # the dtype the run asks for once it is applied (a switch bf16 -> fp16 on a T4)
+    # a factory call fixed at its line: (file, line, function name, device, dtype), made so in a re-run (``remake``)
+    remake: tuple[str, int, str, Any, Any] | None = None
 
     def applied(self) -> bool:
         """A fix a re-run can apply (advice cannot)."""
-        return self.kind in ("path", "line") or (self.kind == "input" and isinstance(self.target, torch.dtype)
-                                                 and self.label.startswith(("input ", "kwarg ")))
+        return self.kind in ("path", "line", "apart") or self.remake is not None or (
+            self.kind == "input" and isinstance(self.target, torch.dtype) and self.label.startswith(("input ", "kwarg ")))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"code": self.code, "kind": self.kind, "proven": self.proven, "tried": self.tried}
@@ -60,6 +63,53 @@ def apply_fixes(model: Any, fixes: Sequence[Fix]) -> None:
         if f.kind == "path":
             exec(compile(f.code, "<torchdoctor fix>", "exec"), {"model": model, "torch": torch,  # noqa: S102
                                                                    "torchdoctor": torchdoctor})
+
+
+_NOT_THERE = (AttributeError, IndexError, KeyError)  # a fix's path the model does not hold (yet)
+
+
+@contextmanager
+def applied_when_there(model: Any, fixes: Sequence[Fix]) -> Iterator[None]:
+    """While ``call(model)`` runs in a re-run: each code fix applied before the call, as ``apply_fixes`` does; one
+    whose path the model does not hold yet (a block the program appends after its own ``.to``: ``model.blocks[1]``)
+    is applied when it first can, as a module's forward starts. One never applied raises what it raised, after the
+    call: the fix is then unproven, saying so."""
+    pending: list[tuple[Fix, BaseException]] = []
+    for f in fixes:
+        try:
+            apply_fixes(model, (f,))
+        except _NOT_THERE as exc:
+            pending.append((f, exc))
+    if not pending:
+        yield
+        return
+
+    def retry(_mod: Any, _args: Any) -> None:
+        for item in list(pending):
+            try:
+                apply_fixes(model, (item[0],))
+            except _NOT_THERE:
+                continue
+            pending.remove(item)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(retry)
+    try:
+        yield
+    finally:
+        handle.remove()
+    if pending:
+        raise pending[0][1]
+
+
+def switch_advice(f: Fix) -> Fix:
+    """A switch of the dtype the run computes in (``model.to(torch.float16)`` where the device has no bfloat16) when
+    the caller's own code casts the model (``call=``, ``torchdoctor run``): a cast before that code runs is undone by
+    it, so the switch is made where that code casts, and said as advice, never as a line proven by a re-run."""
+    what = f.code.split("#", 1)[1].strip() if "#" in f.code else "the device cannot compute in the dtype asked"
+    new = str(f.asks)[6:]
+    return Fix(f"# {what}: where your code casts the model (and makes its inputs) in the dtype asked, use "
+               f"torch.{new} instead (m.to(device, torch.{new}))", "note", f.asks,
+               tried="not re-run: call= casts the model itself, so a cast before it would be undone")
 
 
 def before_move(fixes: Sequence[Fix]) -> list[Fix]:

@@ -27,10 +27,12 @@ from torchdoctor._virtual.simreport import SimulationReport
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
+from torchdoctor._virtual.apart import moved
+from torchdoctor._virtual.remake import remade
 from torchdoctor._virtual.atop import prove_at_ops
 from torchdoctor._virtual.fixes import fix_items
-from torchdoctor._virtual.prove import NEW, Fix, apply_fixes, before_move, fixed_inputs, held, inputs_cast, judged_at_op, \
-    proven, recasts
+from torchdoctor._virtual.prove import NEW, Fix, applied_when_there, apply_fixes, before_move, fixed_inputs, held, \
+    inputs_cast, judged_at_op, proven, recasts, switch_advice
 from torchdoctor._virtual.makers import CastMakers, built_on, place_inputs as _place_inputs, placed_on as _placed_on
 from torchdoctor._virtual.session import expectation, not_stored
 from torchdoctor._virtual.hardware import ledger, over_memory
@@ -155,26 +157,29 @@ def simulate(
         rec.modules.paths = {id(memo[id(m)]): p for p, m in found.modules if id(m) in memo}
         rec.roots = [memo[id(m)] for _, m in found.roots if id(m) in memo]
         try:
-            if call is not None:
-                apply_fixes(clone, _fixes or [])
-                with inputs_cast(clone, _fixes or []):
-                    call(clone)
-            else:
-                to_args = (dev,) if dt is None else (dev, dt)
-                apply_fixes(clone, before_move(_fixes or []))  # a dtype the device cannot hold: cast before the move
-                with _quiet_moves():
-                    if callable(getattr(type(clone), "to", None)):
-                        clone.to(*to_args)  # as a user would: the object's own .to (a pipeline's, a model's)
-                    else:
-                        for _, m in found.roots:
-                            memo[id(m)].to(*to_args)
-                apply_fixes(clone, _fixes or [])
-                from torchdoctor._scan.scan import scan
+            with remade(_fixes or []):  # a factory fixed at its line makes its tensor so
+                if call is not None:
+                    with applied_when_there(clone, _fixes or []), inputs_cast(clone, _fixes or []), \
+                            moved(clone, _fixes or []):
+                        call(clone)
+                else:
+                    to_args = (dev,) if dt is None else (dev, dt)
+                    apply_fixes(clone, before_move(_fixes or []))  # a dtype the device cannot hold: cast first
+                    with _quiet_moves():
+                        if callable(getattr(type(clone), "to", None)):
+                            clone.to(*to_args)  # as a user would: the object's own .to (a pipeline's, a model's)
+                        else:
+                            for _, m in found.roots:
+                                memo[id(m)].to(*to_args)
+                    apply_fixes(clone, _fixes or [])
+                    from torchdoctor._scan.scan import scan
 
-                placed = scan(clone, device=dev, dtype=None if args or kwargs else dt)
-                if args or kwargs:
-                    clone(*(_place_inputs(space, a, dev, in_dt, f"input {i}", assume) for i, a in enumerate(args)),
-                          **{k: _place_inputs(space, v, dev, in_dt, f"kwarg {k}", assume) for k, v in kwargs.items()})
+                    placed = scan(clone, device=dev, dtype=None if args or kwargs else dt)
+                    if args or kwargs:
+                        clone(*(_place_inputs(space, a, dev, in_dt, f"input {i}", assume)
+                                for i, a in enumerate(args)),
+                              **{k: _place_inputs(space, v, dev, in_dt, f"kwarg {k}", assume)
+                                 for k, v in kwargs.items()})
         except _Stop:
             pass
         except Exception as exc:
@@ -200,7 +205,10 @@ def simulate(
     log.info("simulated %s on %s: %d op(s), %d problem(s)", type(obj).__name__, device_str(dev), space.ops,
              len(problems))
     items = fix_items(problems, dev, dt, rec.sources, held(clone),
-                      lambda m: "" if any(m is r for r in rec.roots) else rec.modules.path_of(m)) or []
+                      lambda m: "" if any(m is r for r in rec.roots) else rec.modules.path_of(m),
+                      [a for a in rec.entry.outer.values() if a.module() is not clone], rec.entry.made_args) or []
+    if call is not None:  # the caller's code casts the model itself: a switch of dtype is made on its lines
+        items = [switch_advice(f) if f.asks is not None else f for f in items]
     if _fixes is None and items:  # the fix is tried on a fresh copy before it is printed
         last: list[SimulationReport] = []
 
@@ -211,10 +219,12 @@ def simulate(
             return last[0].problems
 
         def at_op(fixes: list[Fix]) -> Any:  # as a block's: one verdict
-            return prove_at_ops(fixes, rec.cases.cases, rec.rules, rec.profile)
+            return prove_at_ops(fixes, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs)
 
         items = proven(items, rerun, at_op, problems)
-        if last and any(NEW in f.tried for f in items):  # the fix made a new failure upstream: its fix joins it
+        # the fix made a new failure upstream, or left one with another maker (a bf16 timestep still meets the
+        # forward's fp32 frequencies): the re-run's own fix joins it, and both are tried together
+        if last and any(NEW in f.tried or (f.rerun and not f.proven and "still found" in f.tried) for f in items):
             have = {f.code for f in items}
             more = [f for f in last[0].fixes if f.code not in have and not f.code.startswith("torchdoctor.move(")]
             items = proven(items + [replace(f, proven=False, tried="") for f in more], rerun, at_op, problems) \

@@ -1,0 +1,181 @@
+"""Modules the program holds apart from the model: a pipeline wrapper's ``self._cn = CN()``, loaded on the CPU and
+never moved, whose output then reaches the model. ``model.to`` never reaches them, and a fix on a ``model.<path>``
+names a path the model does not have. When such a module starts a forward of its own (it is outermost: no module
+of the model runs it), the program's frames are alive: the first frame of the program's own code whose locals hold
+it, directly (``cn``) or as an attribute of an object (``self._cn``, ``pipe._cn``), gives its name; the line that
+built it is the assignment of that name to a call of its class in that file (``self._cn = CN()``). The fix moves
+that object where it is built (a diff, when the line is the user's), and a re-run proves it by moving each module
+of that class the program runs apart from the model, as the fixed line would.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import linecache
+import re
+import sys
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torchdoctor._virtual.prove import Fix
+
+_SKIP = ("site-packages", "dist-packages", "/torch/", "/torchdoctor/", "<frozen")  # machinery, not the program
+
+
+@dataclass
+class Apart:
+    """A module that started a forward of its own, and what the program calls it."""
+
+    cls: str  # its class name (``CN``)
+    module: Any  # a weak reference to it
+    name: str | None = None  # the program's name for it: ``self._cn``, ``pipe._cn``, ``cn``
+    called_at: str | None = None  # ``app.py:19``, where the program called it
+    file: str | None = None  # the file whose line built it
+    line: int = 0  # the line that built it (``self._cn = CN()``), 0 when not found
+
+    def holds(self, path: str) -> bool:
+        """``path`` names one of its parameters or buffers (by its own paths: it ran as a root)."""
+        mod = self.module()
+        if mod is None:
+            return False
+        try:
+            return any(n == path for n, _ in (*mod.named_parameters(), *mod.named_buffers()))
+        except Exception:  # a strange module: not this one
+            return False
+
+
+def seen(mod: torch.nn.Module) -> Apart:
+    """The record of ``mod`` starting as an outermost module, named from the program's frames (now alive)."""
+    out = Apart(type(mod).__name__, weakref.ref(mod))
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        file = frame.f_code.co_filename.replace("\\", "/")
+        if not any(s in file for s in _SKIP):
+            name = _name_in(frame.f_locals, mod)
+            if name is not None:
+                from torchdoctor._virtual.origin import short_at
+
+                out.name, out.called_at, out.file = name, short_at(frame), frame.f_code.co_filename
+                out.line = _built_at(out.file, name, out.cls)
+                return out
+        frame = frame.f_back
+    return out
+
+
+def _name_in(scope: dict[str, Any], mod: torch.nn.Module) -> str | None:
+    """``name`` or ``name.attr`` of ``mod`` among the locals (one attribute deep, never through a module)."""
+    for name, obj in list(scope.items()):
+        if obj is mod and not name.startswith("__"):
+            return name
+    for name, obj in list(scope.items()):
+        if name.startswith("__") or isinstance(obj, (torch.nn.Module, torch.Tensor, type)):
+            continue
+        attrs = getattr(obj, "__dict__", None)
+        if isinstance(attrs, dict):
+            hit = next((k for k, v in list(attrs.items()) if v is mod), None)
+            if hit is not None:
+                return f"{name}.{hit}"
+    return None
+
+
+def _built_at(file: str, name: str, cls: str) -> int:
+    """The line of ``file`` assigning a call of ``cls`` to ``name``'s last part (``self._cn = CN()``), or 0."""
+    attr = name.rsplit(".", 1)[-1]
+    pattern = re.compile(rf"(^|[\s.;:]){re.escape(attr)}\s*=[^=].*\b{re.escape(cls)}\s*\(")
+    for i, text in enumerate(linecache.getlines(file), 1):
+        if pattern.search(text):
+            return i
+    return 0
+
+
+def find(culprits: Sequence[tuple[str | None, str, str, Any]], apart: Sequence[Apart],
+         model: dict[str, Any]) -> dict[int, tuple[Apart, list[tuple[str | None, str, str, Any]]]]:
+    """The culprits whose path the model lacks and a module held apart holds, by that module."""
+    out: dict[int, tuple[Apart, list[tuple[str | None, str, str, Any]]]] = {}
+    for c in culprits:
+        if c[0] is None or c[0] in model:
+            continue
+        hit = next((a for a in apart if a.holds(str(c[0]))), None)
+        if hit is not None:
+            out.setdefault(id(hit), (hit, []))[1].append(c)
+    return out
+
+
+def fix(a: Apart, culprits: list[tuple[str | None, str, str, Any]]) -> Fix:
+    """Move (or cast) the module held apart where the program builds it: its name ``.to(...)``, the built line as
+    a diff when it is the user's; proven by a re-run that moves every module of its class run apart (``moved``)."""
+    from torchdoctor._guard.maps import value_code
+
+    targets: list[Any] = []
+    for c in culprits:
+        for t in (c[3] if isinstance(c[3], tuple) else (c[3],)):
+            if t is not None and all(type(t) is not type(x) for x in targets):
+                targets.append(t)
+    targets.sort(key=lambda v: isinstance(v, torch.dtype))  # device first, as .to takes them
+    want = value_code(tuple(targets)) if len(targets) > 1 else value_code(targets[0])
+    built = f", built at {_short(a.file)}:{a.line}" if a.file and a.line else ""
+    called = f", called at {a.called_at}" if a.called_at else ""
+    shown = ", ".join(str(c[0]) for c in culprits[:3])
+    who = a.name or f"the {a.cls} module"
+    code = (f"{a.name}.to({want})" if a.name else f"torchdoctor.move(<the {a.cls} module>, {want})") + (
+        f"  # {who} ({a.cls}{built}{called}) is held by the program, not by the model: model.to never moves it "
+        f"({shown}); move it where it is built")
+    target = tuple(targets) if len(targets) > 1 else targets[0]
+    return Fix(code, "apart", target, a.cls, diff=_diff(a, want),
+               sets=tuple((str(c[0]), target) for c in culprits))
+
+
+def _short(file: str) -> str:
+    return file.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _diff(a: Apart, want: str) -> str | None:
+    """The line that built the module, with ``.to(...)`` after the call of its class, as a unified diff."""
+    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._report.diff import line_patch
+
+    if not a.file or not a.line or not own_file(a.file):
+        return None
+    raw = linecache.getline(a.file, a.line).rstrip("\r\n")
+    body = raw.lstrip(" \t")
+    try:
+        tree = ast.parse(body)
+    except SyntaxError:  # a statement over several lines: no diff, the fix stands
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.end_col_offset is not None and
+             ast.unparse(n.func).rsplit(".", 1)[-1] == a.cls and n.lineno == n.end_lineno == 1]
+    if len(calls) != 1 or not body.isascii():
+        return None
+    end = len(raw) - len(body) + int(calls[0].end_col_offset or 0)
+    return line_patch(a.file, a.line, (raw[:end] + f".to({want})" + raw[end:]).strip())
+
+
+@contextlib.contextmanager
+def moved(model: Any, fixes: Sequence[Fix]) -> Iterator[None]:
+    """While a re-run's ``call(model)`` runs: each module of a fixed class that starts apart from the model is
+    moved (or cast) as the fix says, once, before its forward, as the fixed line would have made it."""
+    todo = {f.label: f.target for f in fixes if f.kind == "apart"}
+    if not todo:
+        yield
+        return
+    done: set[int] = set()
+
+    def pre(mod: torch.nn.Module, _args: Any) -> None:
+        want = todo.get(type(mod).__name__)
+        if want is None or id(mod) in done or mod is model:
+            return
+        done.add(id(mod))
+        if isinstance(model, torch.nn.Module) and any(m is mod for m in model.modules()):
+            return  # part of the model: the fix is not about it
+        mod.to(*(want if isinstance(want, tuple) else (want,)))
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -1,0 +1,154 @@
+"""The fixes of a dtype met where it is stored or where a forward cast it: integer or float8 storage a plain layer
+computes with (dequantized or cast where stored, never the activations to it), and a cast at a line (fixed at the
+attribute it read its dtype from, or at the line, with a diff of the user's file; never a line of an installed
+library, which casts by design)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from torchdoctor._placement import dtype_str, parse_dtype
+from torchdoctor._report.model import Problem
+from torchdoctor._virtual.prove import Fix
+
+# makers of host data that take no device= (the tensor they make is moved after them)
+NO_DEVICE_ARG = ("torch.from_numpy", "torch.frombuffer", "torch.from_dlpack")
+
+
+def storage_fix(p: Problem, have: Mapping[str, tuple[torch.dtype, torch.device]]) -> list[Fix]:
+    """Floating activations met integer or float8 storage that the layer uses directly (a plain ``Conv3d`` holding
+    uint8 weights): the storage is what is wrong; it is dequantized or cast to the activations' dtype, never the
+    activations to it."""
+    from torchdoctor._guard.maps import code_path
+
+    want = parse_dtype(p.found)
+    inside = (p.module_path or "") + "." if p.module_path else ""
+    stored = [path for path, (dt, _) in have.items() if path.startswith(inside) and "." not in path[len(inside):]
+              and dtype_str(dt) == p.expected]
+    where = f"`{p.module_path}` ({p.module_type})" if p.module_path is not None else "the layer"
+    why = (f"  # {where} computes with {p.expected} storage directly: dequantize it (scale included) or load its "
+           f"{dtype_str(want)} weights; a bare cast keeps the stored integers")
+    if not stored:
+        return [Fix(f"#{why[3:]}", "note")]
+    return [Fix("\n".join(f"{code_path(s)}.data = {code_path(s)}.data.to(torch.{dtype_str(want)})" +
+                          (why if i == 0 else "") for i, s in enumerate(stored)), "path",
+                sets=tuple((s, want) for s in stored))]
+
+
+def cast_fix(p: Problem, at: str, target: Any, module_path: Callable[[Any], str | None] | None) -> Fix | None:
+    """A tensor a forward cast at ``at`` is in the wrong dtype: set the attribute the cast read its dtype from, on
+    the module holding it, or else fix the cast at its line (with a diff of the user's file, when it is theirs)."""
+    from torchdoctor._guard.maps import code_path
+    from torchdoctor._virtual.castsites import SITES
+
+    site = SITES.get(at)
+    if site is None or not isinstance(target, torch.dtype):
+        return None
+    owner = site.owner()
+    where = module_path(owner) if owner is not None and module_path is not None else None
+    if site.attr is not None and where is not None:
+        return Fix(f"{code_path(where)}.{site.attr} = torch.{dtype_str(target)}  # {site.read_from} is "
+                   f"{dtype_str(site.dtype)}; `{site.cast}` at {site.at} casts to it, {p.op} computes in "
+                   f"{dtype_str(target)}", "path", target, site=site, sets=((f"cast at {at}", target),))
+    src = f" (dtype read from {site.read_from})" if site.read_from else ""
+    return Fix(f"# {site.at}: `{site.text}` casts to {dtype_str(site.dtype)}{src} where {p.op} computes in "
+               f"{dtype_str(target)}: cast to {dtype_str(target)} there (or to the dtype of the tensor it meets, "
+               "x.to(other.dtype))", "line", target, site=site, diff=_diff(site, target),
+               sets=((f"cast at {at}", target),))
+
+
+def in_library(site: Any) -> bool:
+    """The cast's line is in an installed library (or torch), not in the user's own code."""
+    from torchdoctor._guard.remedy import own_file
+
+    return site is not None and not own_file(site.file)
+
+
+def library_note(fix: Fix) -> Fix:
+    """A library's own cast (an upcast by design) meets a tensor in another dtype: the tensors it meets are fixed,
+    the library's line never edited."""
+    site = fix.site
+    return Fix(f"# {site.at} (an installed library) casts with `{site.cast}` by design; the tensors it meets come "
+               f"in another dtype: cast what feeds it (the model's inputs, or the component made before it) to "
+               f"{dtype_str(fix.target)}, never that line", "note", fix.target)
+
+
+def _diff(site: Any, target: torch.dtype) -> str | None:
+    """The cast's line rewritten to ``target`` as a unified diff, when the line is in the user's own file."""
+    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._report.diff import line_patch
+    from torchdoctor._virtual.castsites import patched_line
+
+    if not own_file(site.file):
+        return None
+    new = patched_line(site, target)
+    return line_patch(site.file, site.lineno, new) if new is not None else None
+
+
+def maker_diff(op: str, at: str, target: Any, exprs: dict[str, str] | None = None) -> str | None:
+    """The line of the user's own file where factory ``op`` made a tensor on the wrong device (or in the wrong
+    dtype), fixed there (``device=`` added, as guard's remedy writes it), as a unified diff; None when the line is
+    not the user's, or the call is not found on it alone."""
+    import ast
+
+    from torchdoctor._guard.maker import Maker
+    from torchdoctor._guard.maps import value_code
+    from torchdoctor._guard.remedy import own_file, remedy
+    from torchdoctor._virtual.origin import IN_SCOPE, LINES
+
+    file, line = LINES.get(at, ("", 0))
+    if not file or not own_file(file):
+        return None
+    try:
+        with open(file, encoding="utf-8") as fh:
+            raw = fh.read().split("\n")[line - 1].rstrip("\r")
+        body = raw.lstrip(" \t")
+        tree = ast.parse(body)
+    except (OSError, IndexError, SyntaxError, ValueError):  # a statement over several lines: no diff, the fix stands
+        return None
+    pad = len(raw) - len(body)
+    method = op[7:] if op.startswith("Tensor.") else None  # x.new_full(...): called on a tensor
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.end_col_offset is not None and (
+        ast.unparse(n.func) in (op, op[6:]) or isinstance(n.func, ast.Attribute) and n.func.attr == method)]
+    if len(calls) > 1 and isinstance(target, torch.dtype) and target.is_floating_point:
+        calls = [c for c in calls if not _makes_ints(op, c)]  # ``torch.tensor([1, 2])`` beside it is an index
+    if len(calls) != 1 or not body.isascii():  # offsets are bytes: only a plain-ASCII line is cut by them
+        return None
+    call = calls[0]
+    name, exprs = IN_SCOPE.get(at), exprs or {}
+    said = next((k.value for k in call.keywords if k.arg == "dtype"), None)  # a dtype= it passed: replaced there
+    seg = (pad + said.col_offset, pad + int(said.end_col_offset), ast.unparse(said)) \
+        if said is not None and said.end_col_offset is not None and isinstance(target, torch.dtype) else None
+    span = (pad + call.col_offset, pad + (call.end_col_offset or 0))
+    if isinstance(target, torch.dtype) and seg is None:  # no dtype= yet: added (a host-data maker: cast after it)
+        from torchdoctor._report.diff import line_patch
+
+        inner, want = raw[span[0]:span[1]], exprs.get("dtype") or value_code(target)
+        sep = "" if inner[inner.index("(") + 1:-1].strip() == "" else ", "
+        return line_patch(file, line, (raw[:span[1]] + f".to({want})" + raw[span[1]:] if op in NO_DEVICE_ARG else
+                                       raw[:span[1] - 1] + f"{sep}dtype={want}" + raw[span[1] - 1:]).strip())
+    both = "dtype" in exprs and isinstance(target, torch.device)  # the device and the dtype in one call
+    expr = exprs.get("device") or (f"{name}.device" if name else None)
+    if both:
+        expr = f"{expr or value_code(target)}, {exprs['dtype'] if op in NO_DEVICE_ARG else 'dtype=' + exprs['dtype']}"
+    m = Maker(op, file, line, body, span=span, factory=True,
+              no_device=not any(k.arg == "device" for k in call.keywords) and op not in NO_DEVICE_ARG,
+              device_expr=expr if isinstance(target, torch.device) else None, segment=seg)
+    fixed = remedy(m, target, {})
+    return fixed.patch if fixed is not None else None
+
+
+def _makes_ints(op: str, call: Any) -> bool:
+    """A data or range factory call that makes integers whatever runs (``torch.tensor([1, 2])``, ``torch.arange(4)``:
+    integer literals, no ``dtype=``): not the maker of a float."""
+    import ast
+
+    if op not in ("torch.tensor", "torch.as_tensor", "torch.asarray", "torch.arange") or not call.args or \
+            any(k.arg == "dtype" for k in call.keywords):
+        return False
+    data = call.args if op == "torch.arange" else call.args[:1]
+    items = [y for x in data for y in (x.elts if isinstance(x, (ast.List, ast.Tuple)) else [x])]
+    return all(isinstance(x, ast.Constant) and type(x.value) is int for x in items)

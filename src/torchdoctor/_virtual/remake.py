@@ -1,0 +1,64 @@
+"""A factory fix applied in a proof's re-run: the call at that line of the program (``torch.rand(1, 8)`` at
+``app.py:23``) makes its tensor as the fix says (``device=`` / ``dtype=`` given, a host-data maker moved after it),
+so a fix written as a change of the program's line is proven by running the program with that line changed, never
+assumed. Only the re-run's own calls at those lines are changed, while it runs (a function mode, left on exit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from torchdoctor._virtual.prove import Fix
+
+_HOST = frozenset({"from_numpy", "frombuffer", "from_dlpack"})  # no device=: moved after the call
+
+
+class _Remade(torch.overrides.TorchFunctionMode):
+    def __init__(self, lines: dict[tuple[str, int, str], tuple[Any, Any]]) -> None:
+        super().__init__()
+        self.lines = lines
+        self.names = {name for _, _, name in lines}
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        name = getattr(func, "__name__", None)
+        if name not in self.names:
+            return func(*args, **kwargs)
+        from torchdoctor._virtual.origin import user_frame
+
+        f = user_frame(2)
+        want = self.lines.get((f.f_code.co_filename, f.f_lineno, name)) if f is not None else None
+        if want is None:
+            return func(*args, **kwargs)
+        device, dtype = want
+        out = func(*args, **kwargs)
+        if dtype is not None and dtype.is_floating_point and isinstance(out, torch.Tensor) and \
+                not out.is_floating_point():
+            dtype = None  # an index made beside the float (``torch.tensor([1, 2])``): not the call the fix names
+        if name in _HOST or (device is None and dtype is None):
+            return out if device is None and dtype is None else out.to(*(x for x in (device, dtype) if x is not None))
+        if device is not None:
+            kwargs["device"] = device
+        if dtype is not None:
+            kwargs["dtype"] = dtype
+        return func(*args, **kwargs)
+
+
+def lines_of(fixes: Sequence[Fix]) -> dict[tuple[str, int, str], tuple[Any, Any]]:
+    """(file, line, factory name) -> (device, dtype) each factory fix sets."""
+    return {f.remake[:3]: f.remake[3:] for f in fixes if f.remake is not None}
+
+
+@contextlib.contextmanager
+def remade(fixes: Sequence[Fix]) -> Iterator[None]:
+    """While a re-run runs: each factory call a fix changes makes its tensor as the fix says."""
+    lines = lines_of(fixes)
+    if not lines:
+        yield
+        return
+    with _Remade(lines):
+        yield

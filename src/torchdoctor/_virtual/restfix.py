@@ -1,0 +1,95 @@
+"""What no cast of one tensor fixes, as fixes of a virtual run: a dtype the device cannot compute in (a factory's
+dtype, or the model's run in another dtype of the same size), a packed layout, an op without a kernel there or
+that cannot be simulated, the lasting fix of plain attributes, a model still too large."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_dtype
+from torchdoctor._report.model import Problem
+from torchdoctor._virtual.castfix import maker_diff
+from torchdoctor._virtual.prove import Fix
+
+_NAMED = ("parameter", "buffer", "quant_state", "attribute", "container")
+
+
+def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.device, code: bool,
+          have: Mapping[str, tuple[torch.dtype, torch.device]] | None = None) -> list[Fix]:
+    """What no cast of one tensor fixes: a dtype the device cannot compute in, a packed layout, an op that cannot
+    be simulated, the lasting fix of plain attributes, a model still too large. A model-wide cast only for a dtype
+    the model's own tensors are in (``have``, when known): float64 made in a forward is fixed where it is made, and
+    float8 storage where it is stored."""
+    out: list[Fix] = []
+    made = [p for p in problems if p.kind == "unsupported_dtype" and p.role == "factory"]
+    unsupported = [p for p in problems if p.kind == "unsupported_dtype" and p.role != "factory"]
+    held = {dtype_str(d) for d, _ in (have or {}).values()}
+    inside = sorted({p.found for p in unsupported if (p.module_path is not None or p.role in _NAMED) and (
+        not held or p.found in held) and p.found not in FLOAT8_NAMES})
+    for p in made:  # a factory made it in a dtype the device cannot hold: that call, never a model-wide cast
+        other, found = _SAME_SIZE.get(p.found, "float32"), re.search(r" at (\S+:\d+): ", p.message)
+        at = found.group(1) if found else None
+        out.append(Fix(f"# pass dtype=torch.{other} to {p.op or 'the factory'}{f' at {at}' if at else ''} where "
+                       f"{p.module_type or 'the code'} makes it on {device_str(device)} ({device.type} " + (
+                           f"has no {p.found} kernels" if " kernels" in p.message else f"cannot hold {p.found}") +
+                       "; the model's own dtype is not the cause)", "factory", parse_dtype(other),
+                       sets=((f"factory {p.op} at {at}", parse_dtype(other)),),
+                       diff=maker_diff(p.op or "", at, parse_dtype(other)) if at else None))
+    if inside:
+        out.append(_instead(inside, device, bool(memory)))
+    outside = {p.found for p in unsupported if p.module_path is None and p.role not in _NAMED}
+    for name in sorted(outside - set(inside)):  # made outside the model: that tensor, not it
+        other = _SAME_SIZE.get(name, "float32")
+        out.append(Fix(f"# a {name} tensor made outside the model moves to {device_str(device)}, which cannot hold "
+                       f"{name}: cast that tensor to {other} before moving it (tensor.to(torch.{other}))", "note"))
+    from torchdoctor._rules.missing import missing_fix
+    for p in {p.found: p for p in problems if p.kind == "missing_kernel"}.values():  # no kernel there: never a move
+        at = re.search(r" at (\S+:\d+): ", p.message)
+        out.append(Fix(missing_fix(device.type, p.found, at.group(1) if at else None), "note"))
+    packed = [p for p in problems if p.kind == "quant_incomplete" and p.found == "cpu-packed"]
+    if packed:  # Params4bit.to keeps bitsandbytes' CPU layout; only .cuda() / .xpu() unpack it (move refuses it)
+        call = {"cuda": "cuda", "xpu": "xpu"}.get(device.type)
+        out.append(Fix(f"model.{call}({device.index or 0})  # unpacks bitsandbytes' CPU-packed 4-bit layout "
+                       f"({packed[0].path}); .to() keeps it", "path") if call else
+                   Fix(f"# reload the model: bitsandbytes' CPU-packed 4-bit layout ({packed[0].path}) runs on cpu "
+                       "only", "note"))
+    ops = {p.found for p in problems if p.kind == "unsupported_op"}
+    if "Tensor.backward" in ops:
+        out.append(Fix("# backward() is not simulated: simulate the forward and its loss; run the training step on "
+                       "the real device", "note"))
+    if ops - {"Tensor.backward"}:
+        out.append(Fix("# an op without a meta/fake kernel ran: it cannot be simulated; skip it under the marker",
+                       "note"))
+    attrs = sorted({p.path for p in problems if p.role == "attribute" and p.kind == "device"})
+    if attrs:  # the cast above fixes this model; a buffer is moved by every later .to()
+        out.append(Fix(f"# lasting fix: register {', '.join(attrs[:3])}{' …' if len(attrs) > 3 else ''} as a buffer "
+                       "in its module's __init__ (self.register_buffer(name, tensor, persistent=False)): Module.to "
+                       "moves buffers, never plain attributes", "note"))
+    if memory and (code or any(f.kind == "path" for f in out)):  # the lines above do not make it fit
+        m = memory[0]
+        out.append(Fix(f"# still too large: it needs {m.found} on {m.path}, which has {m.expected.lstrip('<= ')}; "
+                       "load it quantized (bitsandbytes) or offload (device_map='auto')", "note"))
+    return out
+
+
+_SAME_SIZE = {"bfloat16": "float16", "float16": "bfloat16", "float64": "float32"}  # float64: none, the next one down
+FLOAT8_NAMES = frozenset(dtype_str(d) for d in FLOAT8_DTYPES)  # storage: dequantized where stored, never run in
+
+
+def _instead(unsupported: list[str], device: torch.device, over_memory: bool) -> Fix:
+    """The dtype to run in where the device cannot compute in ``unsupported``, one of the same size (or smaller) first
+    (bf16 -> fp16 on a T4: a model too large is never doubled); a switch whose proof re-runs asking the new dtype."""
+    for name in unsupported:
+        other = _SAME_SIZE.get(name)
+        if other is not None and other not in unsupported:
+            return Fix(f"model.to(torch.{other})  # {device.type} cannot compute in {name}; {other} " + (
+                "has the same size" if parse_dtype(other).itemsize == parse_dtype(name).itemsize else "is half its "
+                "size"), "path", asks=parse_dtype(other))
+    if over_memory:
+        return Fix(f"# {device.type} cannot compute in {', '.join(unsupported)} and the model already exceeds its "
+                   "memory: float32 would double it; load it quantized (bitsandbytes) or offload", "note")
+    return Fix(f"model.to(torch.float32)  # {device.type} cannot compute in {', '.join(unsupported)}", "path",
+               asks=torch.float32)
