@@ -120,7 +120,10 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     root = session.g.model  # else the outermost module entered: of the forward, or of the backward
     if root is None:
         frames = session.frames
-        root = frames.stack[0] if frames.stack else frames.bw[0] if backward and frames.bw else mod
+        stack = frames.stack or (frames.bw if backward else [])
+        # an error the program caught earlier left its forwards on the stack (their post-hooks never ran): this
+        # error's root is the outermost entry that holds `mod`
+        root = next((r for r in stack if any(m is mod for m in r.modules())), mod)
     maps = session.maps_for(root)
     mpath = maps.modules.get(id(mod)) if maps is not None and mod is not None else None
     mtype = type(mod).__name__ if mod is not None else None
