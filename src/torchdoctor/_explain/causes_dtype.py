@@ -137,6 +137,16 @@ _c("dt.vae_dtype",
    ("Give the VAE the latents' dtype«: {a}»", "pipe.vae.to({a_t})"),
    ("Or cast the latents to the VAE's dtype before decoding",
     "latents = latents.to(pipe.vae.dtype)\nimage = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample"))
+_c("dt.fp16_master_weights",
+   "The parameters being trained are float16 (model.half(), .to(torch.float16) or torch_dtype=torch.float16), so "
+   "their gradients are float16 too; GradScaler refuses to unscale those. Mixed precision keeps the weights in "
+   "float32 and computes in float16 under autocast; bfloat16 training needs no GradScaler at all.",
+   'torchdoctor.scan(model, dtype="float32")',
+   ("Keep float32 weights and let autocast compute in float16",
+    'model = model.float()  # master weights in float32\nwith torch.autocast("cuda", dtype=torch.float16):\n'
+    '    loss = model(x)\nscaler.scale(loss).backward()'),
+   ("Or train in bfloat16 and drop the GradScaler", "model = model.to(torch.bfloat16)  # no GradScaler: "
+    "bfloat16 has float32's range"))
 _c("iw.model_not_on_device",
    "The input is on {input_device} but the layer's weights are on {weight_device}: the model was not moved "
    "(or only partly), or the input was not.", _SCAN,

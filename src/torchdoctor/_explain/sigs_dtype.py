@@ -54,6 +54,12 @@ _sig("dtype.attn_mask", "dtype_mismatch", "An attention mask in the wrong dtype"
      (("dt.mask_dtype", 3.0),),
      rf"attn_mask\.dtype: (?P<a>[\w: ]{{1,30}}?) and +query\.dtype: (?P<b>{_DT})", confidence=0.9,
      alternatives=(_UD_ALT,))
+# torch.amp.GradScaler.unscale_ (a model trained in float16 itself, not under autocast)
+_sig("dtype.unscale_fp16", "dtype_mismatch", "GradScaler found float16 gradients",
+     ("Attempting to unscale FP16 gradients",),
+     "GradScaler was asked to unscale float16 gradients: the parameters being trained are float16 themselves. "
+     "Mixed precision keeps float32 weights and computes in float16 under autocast.",
+     (("dt.fp16_master_weights", 3.0),), confidence=0.9)
 # lerp / addcmul-style ops name the operand that differs: "expected dtype float for `end` but got dtype BFloat16"
 _sig("dtype.operand_expected", "dtype_mismatch", "One operand of an operation in another dtype",
      ("for `end` but got dtype", "for end but got dtype", "for `weight` but got dtype"),
