@@ -45,7 +45,7 @@ def escaped_problem(exc: BaseException, paths: Mapping[int, str]) -> tuple[Probl
             f"the run ended at a check torch makes before any op: {text}", tuple(sources))
 
 
-_NUMPY_CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*)((?:\.(?:cpu|detach|contiguous|squeeze|clone)\(\))*)\.numpy\(\)")
+_NUMPY_CALL = r"(?<![\w.])([A-Za-z_]\w*)((?:\.(?:cpu|detach|contiguous|squeeze|clone)\(\))*)\.numpy\(\)"  # compiled on use
 
 
 def _to_numpy(exc: BaseException, first: str, paths: Mapping[int, str]) -> tuple[Problem, str, tuple[str, ...]] | None:
@@ -66,7 +66,7 @@ def _to_numpy(exc: BaseException, first: str, paths: Mapping[int, str]) -> tuple
     if f is None:
         return None
     line = linecache.getline(f.f_code.co_filename, f.f_lineno)
-    for name, _ in _NUMPY_CALL.findall(line):
+    for name, _ in re.findall(_NUMPY_CALL, line):
         t = f.f_locals.get(name)
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in (torch.float16, torch.float32,
                                                                                      torch.float64):
