@@ -321,3 +321,49 @@ def test_a_component_whose_every_tensor_differs_gets_the_component_line(
     exec(fix, {"model": model, "torch": torch})  # the printed fix, as the user pastes it
     with torchdoctor.guard(model, mode="strict"):
         assert mod.app(model).dtype == BF
+
+
+SCALER = '''\
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def build():
+    return nn.Sequential(nn.Embedding(32, 8), nn.Linear(8, 32))
+
+
+def app(m, dtype=torch.float16):
+    m.to(dtype)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu")
+    ids = torch.randint(0, 32, (2, 4))
+    with torch.autocast("cpu", dtype=dtype):
+        loss = F.cross_entropy(m(ids).reshape(-1, 32).float(), ids.reshape(-1))
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    scaler.step(opt)
+    scaler.update()
+    return loss
+'''
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict"])
+def test_a_grad_scaler_on_float16_parameters_is_explained_with_the_cast_line(
+        project: pathlib.Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _reset(project, SCALER)
+    mod = _load(project / "app.py", f"td_h3_scaler_{mode}", monkeypatch)
+    err = _fails(mod, mode)
+    assert isinstance(err, ValueError)
+    said = "\n".join(getattr(err, "__notes__", []))
+    assert "GradScaler met float16 gradients because 3 trained parameters are float16 themselves" in said
+    assert "culprit 0.weight: f16[32,8]@cpu  (trained in float16: expected float32 master weights)" in said
+    assert "the model was cast to float16 at app.py:11 (`m.to(dtype)`)" in said
+    assert "fix unproven: not re-run" in said  # said so, never claimed
+    fix = said.split("Fix:\n", 1)[1]
+    assert fix.splitlines()[0].strip().startswith("m.float()  # float32 master weights")
+    model = mod.build()  # the fix applied: the model kept in float32, autocast computing in float16
+    monkeypatch.setattr(model, "to", lambda *a, **k: model)  # the app's own cast to float16 left out
+    exec(fix.splitlines()[0].strip(), {"m": model})
+    with torchdoctor.guard(model, mode="strict"):
+        assert mod.app(model).dtype == torch.float32

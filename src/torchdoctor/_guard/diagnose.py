@@ -91,13 +91,10 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     category = placement_category(message)
     if category is None:
         return None
-    if category == "unsupported_dtype_on_device" and "ScalarType" in message:  # numpy has no bfloat16 / float8
-        from torchdoctor._guard.tonumpy import explain_numpy
-
-        if (told_np := explain_numpy(exc, tb)) is not None:
-            session.g._record_problems(list(told_np.problems))
-            session.g._note(told_np.problems, Note(None, told_np.fix, told_np.proof, told_np.patch))
-            return told_np
+    if (own := _own_kind(session, exc, tb, category, message)) is not None:  # numpy's dtypes, a GradScaler's
+        session.g._record_problems(list(own.problems))
+        session.g._note(own.problems, Note(None, own.fix, own.proof, own.patch))
+        return own
     kind = "unsupported_dtype" if category == "unsupported_dtype_on_device" else _kind_of(message)
     if is_float8_message(message):
         # a float8 tensor met another floating dtype, or a kernel without a float8 body (the text depends on the
@@ -298,6 +295,20 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     makers = (aim.lines if aim is not None and not blamed else []) + given
     session.g._note(problems, Note("\n".join(makers) or None, fix, err.proof, err.patch))
     return err
+
+
+def _own_kind(session: Session, exc: BaseException, tb: Any, category: str, message: str) -> Any:
+    """Errors of a kind of their own, explained at their line: numpy has no bfloat16 / float8 (``_guard/tonumpy``),
+    a GradScaler met float16 gradients (``_guard/scaler``); None for every other error."""
+    if category == "unsupported_dtype_on_device" and "ScalarType" in message:
+        from torchdoctor._guard.tonumpy import explain_numpy
+
+        return explain_numpy(exc, tb)
+    if "unscale FP16 gradients" in message:
+        from torchdoctor._guard.scaler import explain_scaler
+
+        return explain_scaler(session, exc, tb)
+    return None
 
 
 def _trace_note(t: torch.Tensor) -> str:
