@@ -24,9 +24,9 @@ def _is_cpu_scalar(t: torch.Tensor, d: torch.device) -> bool:
     return d.type == "cpu" and t.dim() == 0
 
 
-def _device_findings(c: _Call, items: list[tuple[Key, torch.Tensor]]) -> list[Finding]:
+def _device_findings(c: _Call, items: list[tuple[Key, torch.Tensor]], scalars: bool = True) -> list[Finding]:
     devs = [(k, _norm(tensor_device(t)), t) for k, t in items]
-    if any(d.type != "cpu" for _, d, _ in devs):  # CPU 0-dim scalars may join any device's op
+    if scalars and any(d.type != "cpu" for _, d, _ in devs):  # CPU 0-dim scalars may join an elementwise op
         devs = [x for x in devs if not _is_cpu_scalar(x[2], x[1])]
     if len({d for _, d, _ in devs}) <= 1:
         return []
@@ -97,6 +97,8 @@ def _copy_device(c: _Call) -> list[Finding]:
 
 DEVICE_POLICIES.update({
     "same": lambda c: _device_findings(c, c.tensors),
+    # cat / stack copy every input into one output: no TensorIterator, so a CPU 0-dim tensor is no scalar there
+    "all": lambda c: _device_findings(c, c.tensors, scalars=False),
     "index": _index_device,
     "copy": _copy_device,
     "free": lambda c: [],
@@ -234,5 +236,7 @@ rule("copy", ("_to_copy", "copy_", "to", "_copy_from", "_copy_from_and_resize", 
               "randint_like", "new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided", "clone",
               "set_", "_has_compatible_shallow_copy_type", "is_same_size", "_pin_memory", "tensor_split"),
      device="copy")(None)
+rule("concat", ("cat", "stack", "concat", "concatenate", "hstack", "vstack", "dstack", "column_stack"),
+     device="all")(None)
 rule("multi_tensor", device="free")(None)
 rule("elementwise")(None)
