@@ -301,3 +301,25 @@ def group_offloading(registry: Any) -> bool:
         return False
     inner = (instance_dict(registry) or {}).get("hooks")
     return isinstance(inner, dict) and any(type(h).__name__ == "GroupOffloadingHook" for h in inner.values())
+
+
+SCRIPTED: dict[type, bool] = {}  # module class -> a TorchScript module (scripted or traced)
+
+
+def is_script(tp: type) -> bool:
+    """Whether a module class is TorchScript's (remembered per class in ``SCRIPTED``)."""
+    got = SCRIPTED[tp] = issubclass(tp, torch.jit.ScriptModule)
+    return got
+
+
+def script_dict(mod: nn.Module) -> dict[str, Any]:
+    """A TorchScript module's parameters, buffers and submodules as the plain dicts an ``nn.Module`` keeps: its
+    ``__dict__`` holds C++-backed wrappers (a traced model's top holds none and forwards to its script module).
+    Read through torch's own wrappers, whose ``items`` run no user code; its other attributes live in C++."""
+    out: dict[str, Any] = {}
+    for store in ("_parameters", "_buffers", "_modules"):
+        try:
+            out[store] = {k: v for k, v in getattr(mod, store).items() if v is not None}
+        except Exception:  # a wrapper torch changed: nothing to read rather than a crash
+            out[store] = {}
+    return out

@@ -22,9 +22,10 @@ from torch import nn
 
 from torchdoctor._report.model import Problem
 from torchdoctor._walk.entry import Entry, Walk, join_path, offloaded, set_tensor
-from torchdoctor._walk.kinds import (ATOM, FAST_ATOMS, FUNC, HOOK, MAPPING, MEMBER_KINDS, MODULE, OBJ, PLAIN, SEQ, SET,
-                                     SKIP, TENSOR, atoms_only, form_of, group_offloading, has_members, hook_chain, inner_value,
-                                     instance_dict, is_jagged_type, is_quant_type, kind, members, slot_items, unreadable)
+from torchdoctor._walk.kinds import (ATOM, FAST_ATOMS, FUNC, HOOK, MAPPING, MEMBER_KINDS, MODULE, OBJ, PLAIN, SCRIPTED, SEQ,
+                                     SET, SKIP, TENSOR, atoms_only, form_of, group_offloading, has_members, hook_chain,
+                                     inner_value, instance_dict, is_jagged_type, is_quant_type, is_script, kind, members,
+                                     script_dict, slot_items, unreadable)
 
 MAX_DEPTH = 64  # nesting of plain objects / containers below a module attribute
 MAX_ITEMS = 100_000  # items read from one container
@@ -105,7 +106,7 @@ class _Walker:
         nodes = self.nodes
         tensor, param, module_type, new = torch.Tensor, nn.Parameter, nn.Module, object.__new__
         atoms, hooks, batch, done = FAST_ATOMS, self.w.hooks, self.batch, self.attrs_done
-        classes = self.classes  # this walk's classes -> their key sets (the class table, read once per class)
+        classes, scripted = self.classes, SCRIPTED  # this walk's classes -> their key sets; TorchScript classes
         pop, push, add_later = stack.pop, stack.append, later.append
         slots = (("_parameters", "parameter", "param", params, attach[0]), ("_buffers", "buffer", "buffer", buffers,
                                                                               attach[1]))
@@ -125,6 +126,8 @@ class _Walker:
                 fresh = module_set[mid] != batch and done.get(mid) != batch
                 done[mid] = batch
             d = mod.__dict__
+            if scripted.get(type(mod)) is not False and is_script(type(mod)):  # TorchScript: C++-backed wrappers
+                d = script_dict(mod)
             try:  # one join per module, not one per tensor and child
                 prefix = path + "." if path else ""
             except TypeError:  # a path that is not a string (a key set through __dict__): joined as it was
