@@ -54,8 +54,9 @@ def explain_scaler(session: Any, exc: BaseException, tb: types.TracebackType | N
                         "needs float32 master weights (autocast computes in float16)") for n, _ in half]
     err = PlacementError(format_error(head, lines, fix), module_path=None, module_type=None, op=None,
                          problems=problems, fix=fix)
-    err.proof, err.patch = lines[-2], None
-    return err
+    from torchdoctor._guard.remedy import with_patch
+
+    return with_patch(err, None, lines)
 
 
 def _cast_line(frames: list[Any], model: torch.nn.Module) -> tuple[str, int, str, str] | None:
