@@ -261,6 +261,39 @@ class FunctionCheck(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class SkipOneTensor(TorchDispatchMode):
+    """A dispatch mode that returns at once from ops with at most one tensor operand and compares the rest's
+    tensors (``fastpath.odd``): what skipping one-tensor ops saves when the Python hop itself is the cost."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if len(args) > 1 or kwargs:
+            fastpath.odd(itertools.chain(args, kwargs.values()))
+        return func(*args, **kwargs)
+
+
+def _inside_only(gate: fastpath.Gate) -> None:
+    """``Gate.sync`` with no mode around the model's code: what strict's per-op check outside modules costs."""
+    want = bool(gate.active) or gate.sticky
+    if want and not gate.on:
+        gate.enter()
+        gate.on = True
+    elif gate.on and not want and gate.leave():
+        gate.on = False
+
+
+@contextlib.contextmanager
+def inside_only(model: torch.nn.Module) -> Iterator[Any]:
+    """strict's gate with nothing checked outside modules (a bench-only variant, not a mode of guard)."""
+    sync = fastpath.Gate.sync
+    fastpath.Gate.sync = _inside_only  # type: ignore[method-assign]
+    try:
+        with torchdoctor.guard(model, mode="strict") as g:
+            yield g
+    finally:
+        fastpath.Gate.sync = sync  # type: ignore[method-assign]
+
+
 @contextlib.contextmanager
 def every_op(model: torch.nn.Module) -> Iterator[Any]:
     """strict as it was before the module-boundary gate: the dispatch mode on every op of the block."""
@@ -274,13 +307,16 @@ def every_op(model: torch.nn.Module) -> Iterator[Any]:
 
 def census(fn: Callable[[], Any], model: torch.nn.Module) -> dict[str, int]:
     """What one call runs: aten ops, those with several tensor operands or a device argument (where placement can
-    fail), torch-function calls, module calls, and the module calls the gated strict found suspect."""
-    n = dict.fromkeys(("ops", "multi", "calls", "modules", "suspect"), 0)
+    fail), those outside any module, torch-function calls, module calls, and the module calls the gated strict
+    found suspect."""
+    n = dict.fromkeys(("ops", "multi", "outside", "calls", "modules", "suspect"), 0)
+    depth = [0]
 
     class Ops(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             n["ops"] += 1
+            n["outside"] += depth[0] == 0
             flat = [x for a in (*args, *kwargs.values()) for x in (a if isinstance(a, (list, tuple)) else (a,))]
             if sum(isinstance(x, torch.Tensor) for x in flat) > 1 or "device" in kwargs:
                 n["multi"] += 1
@@ -293,15 +329,21 @@ def census(fn: Callable[[], Any], model: torch.nn.Module) -> dict[str, int]:
 
     def hook(*_: Any) -> None:
         n["modules"] += 1
+        depth[0] += 1
 
-    h = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    def leave(*_: Any) -> None:
+        depth[0] -= 1
+
+    hs = [torch.nn.modules.module.register_module_forward_pre_hook(hook),
+          torch.nn.modules.module.register_module_forward_hook(leave, always_call=True)]
     try:
         with Ops():
             fn()
         with Calls():
             fn()
     finally:
-        h.remove()
+        for h in hs:
+            h.remove()
     n["modules"] //= 2
     with torchdoctor.guard(model, mode="strict") as g:
         fn()
@@ -314,10 +356,12 @@ def workloads(rounds: int = 5, only: str = "") -> None:
     """Issue 43 point 2: guard around ``generate()`` (GPT-2-small from config, 24 new tokens, greedy) and around a
     training step (seq 64, SGD), one thread, every mechanism in one process: explain (torch's own C++ kernel checks,
     an escaping error explained), strict with the module-boundary gate (``_guard/fastpath.py``), strict with the
-    dispatch mode on every op (before the gate), an empty TorchDispatchMode and an empty TorchFunctionMode (the
-    floors of a per-aten-op and of a per-torch-call checker) and a function mode that compares every call's tensors
-    (a function-level first stage). Interleaved one call at a time, the order rotated each round; process CPU time;
-    per variant the median of the per-round ratios to plain, with min-max and the number of rounds."""
+    dispatch mode on every op (before the gate), the gate with no mode around the model's code (what the per-op check
+    outside modules costs), an empty TorchDispatchMode, one that skips one-tensor ops, an empty TorchFunctionMode
+    (the floors of a per-aten-op and of a per-torch-call checker) and a function mode that compares every call's
+    tensors (a function-level first stage). Interleaved one call at a time, the order rotated each round; process
+    CPU time (run it under ``nice``: the machine is shared); per variant the median of the per-round ratios to plain,
+    with min-max, the quartiles and the number of rounds."""
     torch.set_num_threads(1)
     model = build(12, 768, 12, 50257)
     prompt = torch.randint(0, 50256, (1, 32), generator=torch.Generator().manual_seed(0))
@@ -342,7 +386,7 @@ def workloads(rounds: int = 5, only: str = "") -> None:
         return run
 
     print(f"torch {torch.__version__}, 1 thread, {rounds} rounds, process CPU time, interleaved one call at a time")
-    print("| workload | mechanism | median call | ratio to plain (min-max, rounds) | extra per aten op |")
+    print("| workload | mechanism | median call | ratio to plain (min-max; quartiles; rounds) | extra per aten op |")
     print("|---|---|---|---|---|")
     for name, fn in (("generate, 24 new tokens", gen), ("training step, seq 64, SGD", step)):
         if only and not name.startswith(only):
@@ -351,7 +395,10 @@ def workloads(rounds: int = 5, only: str = "") -> None:
         fns = {"plain": fn, "explain": wrapped(fn, lambda: torchdoctor.guard(model, mode="explain")),
                "strict (gated)": wrapped(fn, lambda: torchdoctor.guard(model, mode="strict")),
                "strict (every op)": wrapped(fn, lambda: every_op(model)),
-               "empty dispatch mode": wrapped(fn, NoopMode), "empty function mode": wrapped(fn, EmptyFunctionMode),
+               "strict (gated, no mode outside modules)": wrapped(fn, lambda: inside_only(model)),
+               "empty dispatch mode": wrapped(fn, NoopMode),
+               "dispatch mode skipping one-tensor ops": wrapped(fn, SkipOneTensor),
+               "empty function mode": wrapped(fn, EmptyFunctionMode),
                "function-mode compare": wrapped(fn, FunctionCheck)}
         keys = list(fns)
         for f in fns.values():
@@ -366,11 +413,13 @@ def workloads(rounds: int = 5, only: str = "") -> None:
         for key in keys:
             ratios = [v / p for v, p in zip(times[key], times["plain"])]
             extra = statistics.median(v - p for v, p in zip(times[key], times["plain"])) / n["ops"]
+            q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
             print(f"| {name} | {key} | {statistics.median(times[key]) * 1e3:.0f} ms | x{statistics.median(ratios):.3f} "
-                  f"({min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)}) | {extra * 1e6:+.1f} us |", flush=True)
+                  f"({min(ratios):.3f}-{max(ratios):.3f}; quartiles {q[0]:.3f}-{q[2]:.3f}; {len(ratios)}) | "
+                  f"{extra * 1e6:+.1f} us |", flush=True)
         print(f"<!-- {name}: {n['ops']} aten ops, {n['multi']} with several tensor operands or a device argument; "
-              f"{n['calls']} torch-function calls; {n['modules']} module calls, {n['suspect']} suspect under the "
-              f"gate -->", flush=True)
+              f"{n['outside']} outside any module; {n['calls']} torch-function calls; {n['modules']} module calls, "
+              f"{n['suspect']} suspect under the gate -->", flush=True)
 
 
 if __name__ == "__main__":
