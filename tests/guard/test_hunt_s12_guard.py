@@ -367,3 +367,52 @@ def test_a_grad_scaler_on_float16_parameters_is_explained_with_the_cast_line(
     exec(fix.splitlines()[0].strip(), {"m": model})
     with torchdoctor.guard(model, mode="strict"):
         assert mod.app(model).dtype == torch.float32
+
+
+TIMESTEP = '''\
+import math
+import torch
+from torch import nn
+
+
+class K5(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.time_mlp = nn.Linear(8, 8)
+        self.x_in = nn.Linear(8, 8)
+
+    def forward(self, hidden_states, timestep):
+        freqs = torch.exp(-math.log(10000) * torch.arange(4, dtype=torch.float32) / 4)
+        args = timestep[:, None] * freqs[None]
+        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        return self.x_in(hidden_states) + self.time_mlp(emb)
+
+
+def build():
+    return K5().to(torch.bfloat16)
+
+
+def app(m):
+    return m(hidden_states=torch.randn(1, 8, dtype=torch.bfloat16), timestep=torch.tensor([999.0]))
+'''
+TIMESTEP_FIX = "emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1).to(hidden_states.dtype)  # app.py:15"
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict", "warn"])
+def test_an_embedding_computed_from_fp32_sources_is_cast_where_it_is_assigned(
+        project: pathlib.Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _reset(project, TIMESTEP)
+    mod = _load(project / "app.py", f"td_h3_ts_{mode}", monkeypatch)
+    if mode == "warn":
+        model = mod.build()
+        with pytest.warns(torchdoctor.PlacementWarning), torchdoctor.guard(model, mode="warn") as g:
+            mod.app(model)
+        note = g.report().to_dict()["problems"][0]
+        fix, proof, patch, maker = note["fix"], note["proof"], note["patch"], note["maker"]
+    else:
+        err = _fails(mod, mode)
+        fix, proof, patch, maker = err.fix, err.proof, err.patch, str(err)
+    assert fix == TIMESTEP_FIX  # never the caller's timestep cast, which the float32 freqs undo
+    assert "emb computed by `torch.cat` at " in maker and "app.py:15" in maker
+    assert proof == "fix proven: K5 runs again with `torch.cat` at app.py:15 -> torch.bfloat16"
+    assert _applied(project, patch, f"td_h3_ts_{mode}_fixed", monkeypatch).dtype == BF

@@ -169,6 +169,14 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
     if aim is not None:  # the maker of an operand made in forward: the fix is aimed at it (_guard/remedy.py)
         lines += aim.lines
         fix = aim.code or fix
+    if aim is None and not blamed and c.mod is not None and (fix or "").startswith("# pass") \
+            and isinstance(t0, torch.dtype):  # computed in the calling forward from sources in another dtype
+        from torchdoctor._guard.computed import computed_aim
+
+        aim = computed_aim([t for _, t in c.made], t0, session.frames, None)
+        if aim is not None:
+            lines += aim.lines
+            fix = aim.code
     use = _use_line(c, t0) if c.mod is None and not blamed and not (aim is not None and aim.code) else None
     if use is not None:  # code outside any module: the line that passes the operand, cast there
         fix, more = use[0], use[2]

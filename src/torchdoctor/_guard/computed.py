@@ -1,0 +1,94 @@
+"""An operand a forward computed in the wrong dtype from several tensors (``emb = torch.cat([cos(args), sin(args)])``,
+with ``args`` from a float32 timestep times float32 ``freqs``): no single cast or factory made it, and casting one
+source (the timestep) leaves the others promoting it again. The fix is where the forward assigns it: that line's
+result cast to the dtype the forward's own input has (``.to(hidden_states.dtype)``), proven by running the forward
+again with that line's results so cast (``remedy.prove_line``), and offered as a diff of the user's file.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from typing import Any
+
+import torch
+
+
+def computed_aim(loose: list[torch.Tensor], target: torch.dtype, frames: Any, tb: Any) -> Any:
+    """An ``Aim`` at the line a running forward assigned one of ``loose`` from a torch call, proven; None when there
+    is none or its proof fails."""
+    from torchdoctor._guard.frames import user_frames
+    from torchdoctor._guard.maker import Maker, _parsed as parsed_code
+    from torchdoctor._guard.remedy import Aim, own_file, prove_line
+    from torchdoctor._report.diff import line_patch
+
+    for frame in reversed(user_frames(tb)):
+        me = frame.f_locals.get("self")
+        names = [n for n, v in frame.f_locals.items() if any(v is t for t in loose) and n != "self"]
+        parsed = parsed_code(frame.f_code) if names and isinstance(me, torch.nn.Module) else None
+        if parsed is None:
+            continue
+        tree, off, path, lines = parsed
+        shift = len(lines[0]) - len(lines[0].lstrip()) if lines else 0
+        spots = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                 and isinstance(n.targets[0], ast.Name) and n.targets[0].id in names and isinstance(n.value, ast.Call)
+                 and n.value.lineno == n.value.end_lineno and n.value.end_col_offset is not None]
+        if not spots or not own_file(path):
+            continue
+        node = max(spots, key=lambda n: n.lineno)
+        call: Any = node.value
+        lineno, name = node.lineno + off, node.targets[0].id  # type: ignore[attr-defined]
+        raw = lines[node.lineno - 1].rstrip("\r\n")
+        end = call.end_col_offset + shift
+        expr = _dtype_expr(frame, target)
+        new = raw[:end] + f".to({expr})" + raw[end:]
+        op = ast.unparse(call.func)
+        m = Maker(op, path, lineno, raw.strip(), span=(call.col_offset + shift, end))
+        proof = prove_line(m, target, me, tuple(frames.inputs_of(me)) or _inputs(frame, tree), frames)
+        if not proof.startswith("fix proven"):
+            return None
+        at = f"{os.path.basename(path)}:{lineno}"
+        said = [f"{name} computed by `{op}` at {path}:{lineno} (`{raw.strip()}`) in {type(me).__name__}.forward, "
+                f"from tensors that hold {_dtypes(frame, call, target)}: casting one source leaves the others "
+                "promoting it again"]
+        return Aim(said, f"{new.strip()}  # {at}", line_patch(path, lineno, new), proof, [m])
+    return None
+
+
+def _inputs(frame: Any, tree: ast.AST) -> tuple[Any, ...]:
+    """The forward's arguments as its frame still holds them (passed by keyword, guard's hooks saw none), when its
+    body never rebinds one; else none."""
+    code = frame.f_code
+    names = code.co_varnames[1:code.co_argcount]
+    bound = {t.id for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    if bound & set(names) or code.co_kwonlyargcount:
+        return ()
+    return tuple(frame.f_locals.get(n) for n in names)
+
+
+def _dtype_expr(frame: Any, target: torch.dtype) -> str:
+    """How the forward names ``target``: one of its own tensor arguments' dtype (``hidden_states.dtype``), else its
+    module's parameters', else the dtype written out."""
+    code = frame.f_code
+    for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+        v = frame.f_locals.get(n)
+        if n != "self" and isinstance(v, torch.Tensor) and v.dtype == target:
+            return f"{n}.dtype"
+    me = frame.f_locals.get("self")
+    p = next(me.parameters(), None) if isinstance(me, torch.nn.Module) else None
+    if p is not None and p.dtype == target:
+        return "next(self.parameters()).dtype"
+    from torchdoctor._guard.maps import value_code
+
+    return value_code(target)
+
+
+def _dtypes(frame: Any, call: ast.Call, target: torch.dtype) -> str:
+    """The dtypes of the frame's tensors the call's line reads, other than ``target`` (``float32``)."""
+    from torchdoctor._placement import dtype_str
+
+    used = {n.id for n in ast.walk(call) if isinstance(n, ast.Name)}
+    seen = {dtype_str(v.dtype) for n, v in frame.f_locals.items() if n in used and isinstance(v, torch.Tensor)
+            and v.is_floating_point() and v.dtype != target}
+    return ", ".join(sorted(seen)) or "another dtype"
