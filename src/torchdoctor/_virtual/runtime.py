@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api, dispatch as D, host as H
-from torchdoctor._virtual import hardware, makers, outside, parallel, whole
+from torchdoctor._virtual import hardware, makers, outside, parallel, training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
 from torchdoctor._virtual.deferred import deferred_imports
@@ -350,6 +350,7 @@ def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> It
             parallel.install(installs)  # DataParallel's copies (Trainer wraps the model when it sees two GPUs)
         installs.set(torch, "Generator", api.VirtualGenerator, shared=True)
         makers.install(installs)  # torch.from_numpy / frombuffer: named by their maker and line
+        training.install(installs)  # foreach grouping keyed by the devices the program sees
         # pass-through for anything that is not virtual: one wrapper serves every run
         installs.set(torch.Tensor, "_make_subclass", staticmethod(make_subclass), shared=True)
         installs.set(torch.nn.Parameter, "__new__", staticmethod(param_new), shared=True)
@@ -394,6 +395,5 @@ def _enter_thread(space: Space) -> Any:
 
 
 _HANDLERS.update(handlers(VirtualMode))  # the backward pass under the run's mode (backward.py)
-api.ENTER[:] = [_enter_thread]
-api.MOVE[:] = [move]
+api.ENTER[:], api.MOVE[:] = [_enter_thread], [move]
 H.MOVE = move

@@ -137,3 +137,23 @@ def train_checks(rec: Any) -> Iterator[None]:
         _SCALERS[0] -= 1
         if _SCALERS[0] == 0:
             torch.amp.GradScaler.scale = _SCALE  # type: ignore[method-assign]
+
+
+_GROUP = torch._C._group_tensors_by_device_and_dtype  # the real one, taken before any run installs its own
+
+
+def install(installs: Any) -> None:
+    """Foreach optimizers and ``clip_grad_norm_`` group their tensors by device in C++, which reads a virtual
+    tensor's inner (meta) device: the groups are keyed by the device the program sees instead, as on the real
+    machine (a clip coefficient moved to the ``meta`` key met the gradients as a tensor with no data)."""
+
+    def grouped(tensorlistlist: Any, with_indices: bool = False) -> Any:
+        out = _GROUP(tensorlistlist, with_indices)
+        keyed: dict[Any, Any] = {}
+        for (dev, dt), value in out.items():
+            first = next((t for t in value[0][0] if t is not None), None) if value[0] else None
+            key = (getattr(first, "_td_device", None) or dev, dt)
+            keyed[key if key not in keyed else (dev, dt)] = value
+        return keyed
+
+    installs.set(torch._C, "_group_tensors_by_device_and_dtype", grouped)
