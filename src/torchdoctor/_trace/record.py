@@ -6,7 +6,6 @@ Torch-free: devices and dtypes arrive here as the strings every report uses (``c
 from __future__ import annotations
 
 import os
-import sysconfig
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -123,15 +122,18 @@ def short_file(path: str) -> str:
 # -- where a call came from ---------------------------------------------------------------------------------
 
 def _library_dirs() -> tuple[str, ...]:
+    import sysconfig  # read on the first frame judged, not at import: ``run``'s start pays nothing for it
+
+    paths = sysconfig.get_paths()  # one call: each one rebuilds the scheme's paths
     dirs = set()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
+        path = paths.get(key)
         if path:
             dirs.add(os.path.normcase(os.path.realpath(path)) + os.sep)
     return tuple(sorted(dirs, key=len, reverse=True))
 
 
-_LIB_DIRS = _library_dirs()
+_LIB_DIRS: tuple[str, ...] = ()  # filled by the first ``is_library`` that needs a file's answer
 _FILE_IS_LIB: dict[str, bool] = {}
 
 
@@ -145,6 +147,9 @@ def is_library(frame: types.FrameType) -> bool:
         return True
     hit = _FILE_IS_LIB.get(filename)
     if hit is None:
+        global _LIB_DIRS
+        if not _LIB_DIRS:
+            _LIB_DIRS = _library_dirs()
         real = os.path.normcase(os.path.realpath(filename)) if os.path.isabs(filename) else filename
         hit = filename.startswith("<frozen ") or real.startswith(_LIB_DIRS)
         if len(_FILE_IS_LIB) < 65536:

@@ -28,7 +28,6 @@ import torch
 from torch import nn
 
 from torchdoctor._trace.flat import Flat, inert
-from torchdoctor._walk import walk
 from torchdoctor._walk.kinds import FAST_ATOMS
 
 # path -> (the tensor, or None once stripped; its id; device; dtype)
@@ -71,6 +70,8 @@ def owned(owner: Any, objects: Objects) -> Any:
 def full(obj: Any, prefix: str) -> tuple[Read, Any]:
     """Walk ``obj`` (found at ``prefix``): placement per tensor path, ``id -> (scope, ref)`` of the modules,
     tensors and tensor owners met, ``path -> ref`` of the modules; and the walk itself."""
+    from torchdoctor._walk import walk  # the walker and its report types load with the first read, not at start
+
     w = walk(obj)
     join = prefix + "." if prefix else ""
     snap: Snap = {}
