@@ -26,6 +26,9 @@ def any_virtual(args: Any, kwargs: dict[str, Any], named: dict[int, Any] | None 
 def cpu_work(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], factory: bool) -> Any:
     """``func`` run as it is; a factory's result keeps its line, and a result made from a tensor the run made keeps
     that one's origin (``torch.arange(n).expand(...)``), for the moment it meets a virtual tensor."""
+    if factory and kwargs.get("generator") is not None:  # a virtual GPU's generator drawing on the CPU raises there
+        space.hooks.creating(getattr(func, "__name__", "") or "tensor", torch.device("cpu"),
+                             {"generator": kwargs["generator"]})
     out = func(*args, **kwargs)
     if isinstance(out, torch.Tensor):
         if factory:  # a module built in forward is made by its constructor's line (nn.BatchNorm2d(8)), not torch.empty

@@ -179,9 +179,14 @@ class _Recorder(Hooks):
                        "factory", key=f"{dtype_str(dt)}:{at or name}")
         gdev = getattr(kwargs.get("generator"), "device", None)
         if isinstance(gdev, torch.device) and gdev.type != device.type:
-            self._note("device", None, device_str(gdev), device_str(device), f"torch.{name}(device="
-                       f"{device_str(device)!r}) got a generator on {device_str(gdev)}; real PyTorch expects a "
-                       f"'{device.type}' generator: torch.Generator({device.type!r})", f"torch.{name}", "generator")
+            at = where_called()  # the draw, at its line: "Cannot generate a cpu tensor from a generator of type cuda"
+            self._note("device", None, device_str(device), device_str(gdev), f"torch.{name}(device="
+                       f"{device_str(device)!r}){f' at {at}' if at else ''} draws from a generator on "
+                       f"{device_str(gdev)}: real PyTorch raises (Cannot generate a {device.type} tensor from a "
+                       f"generator of type {gdev.type}); pass device=generator.device", f"torch.{name}", "generator")
+            if at:  # fixed at that call: device= the generator's
+                self.sources.setdefault(("device", self.problems[-1].path, f"torch.{name}", device_str(device)),
+                                        (f"factory torch.{name} at {at}",))
 
     def reading(self, tensor: torch.Tensor, what: str) -> None:
         path, dev = getattr(tensor, "_td_path", None), getattr(tensor, "_td_device", tensor.device)

@@ -306,26 +306,26 @@ class VirtualMode(TorchFunctionMode):
         if kwargs and any(plain(v) for v in kwargs.values()):
             kwargs = dict(zip(kwargs, lift_all(kwargs.values(), space, None)))
         if target is None or not is_virtual(target):
-            return _made(_own(func(*args, **kwargs), space, target), func, space, kwargs.get("dtype"))
+            return _made(_own(func(*args, **kwargs), space, target), func, space, kwargs)
         space.hooks.creating(name, target, kwargs, args)
         grad = bool(kwargs.pop("requires_grad", False))  # a leaf that asks for grad is one on the device too
         out = func(*args, **dict(kwargs, device=space.inner))
         if space.data == "meta" and all(not isinstance(o, torch.Tensor) or plain(o) and o.numel() <= SMALL
                                         for o in (out if isinstance(out, (tuple, list)) else (out,))):
             out = func(*args, **dict(kwargs, device=_CPU))  # small: worth real values, make it again on cpu
-        made = _placed(space, _made(_own(out, space, target), func, space, kwargs.get("dtype")))
+        made = _placed(space, _made(_own(out, space, target), func, space, kwargs))
         if grad and isinstance(made, VirtualTensor) and made.is_leaf and made.is_floating_point():
             made.requires_grad_(True)
         return made
 
 
-def _made(out: Any, func: Any, space: Space, dtype: Any = 0) -> Any:
+def _made(out: Any, func: Any, space: Space, kwargs: Any = None) -> Any:
     """A factory's result records which factory made it in which module (a mask on the wrong device: where made),
-    and whether it was told a dtype (``dtype`` None: the default dtype, nobody's choice)."""
+    and whether it was told a dtype (none: the default dtype, nobody's choice)."""
     if isinstance(out, VirtualTensor) and out._td_origin is None and out._td_path is None \
             and func in _device_mod._device_constructors():
         out._td_origin = Made(f"torch.{getattr(func, '__name__', 'tensor')}", space.hooks.running())
-        out._td_origin.default = dtype is None and out.is_floating_point()
+        out._td_origin.default = (kwargs or {}).get("dtype") is None and out.is_floating_point()
     return out
 
 
@@ -390,10 +390,6 @@ def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> It
                 sys.modules["torch._dynamo.trace_rules"].get_torch_obj_rule_map.cache_clear()
 
 
-def _enter_thread(space: Space) -> Any:
-    return VirtualMode(space)
-
-
 _HANDLERS.update(handlers(VirtualMode))  # the backward pass under the run's mode (backward.py)
-api.ENTER[:], api.MOVE[:] = [_enter_thread], [move]
+api.ENTER[:], api.MOVE[:] = [VirtualMode], [move]  # a thread the run starts enters its mode
 H.MOVE = move
