@@ -2,11 +2,12 @@
 
     python bench/startup.py [--rounds N] [--cold] [--top K] [--json]
 
-Four fresh processes per round, interleaved (a round runs each once, in a rotated order, so load that comes and
+Five fresh processes per round, interleaved (a round runs each once, in a rotated order, so load that comes and
 goes falls on every command alike):
 
 - ``python app.py`` where ``app.py`` is ``import torch`` (the anchor: a program that uses torch);
-- ``python -m torchdoctor run app.py`` (the same program, watched);
+- ``python -m torchdoctor run app.py`` (the same program, watched), and with ``--no-trace`` (what the trace's
+  import and patches cost);
 - ``python block.py``: ``import torch; import torchdoctor; with torchdoctor.virtual_devices("cuda:1"): pass``;
 - ``python -c "import torch; import torchdoctor"`` (the package's own import).
 
@@ -50,6 +51,7 @@ def _commands(folder: Path) -> dict[str, list[str]]:
     py = sys.executable
     return {"python app.py": [py, str(folder / "app.py")],
             "torchdoctor run app.py": [py, "-m", "torchdoctor", "run", str(folder / "app.py")],
+            "run --no-trace app.py": [py, "-m", "torchdoctor", "run", "--no-trace", str(folder / "app.py")],
             "virtual_devices block": [py, str(folder / "block.py")],
             "import torchdoctor": [py, "-c", "import torch; import torchdoctor"]}
 
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cold", action="store_true", help="compile every import in every process (no bytecode)")
     ap.add_argument("--top", type=int, default=15, help="modules to list per command")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-modules", action="store_true", help="skip the -X importtime listing (the timed rounds only)")
     args = ap.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="td-startup-"))
     (folder / "app.py").write_text(APP, encoding="utf-8")
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     # what each imports beyond `import torch`, minimum self time over the rounds
     modules: dict[str, dict[str, tuple[int, str]]] = {}
-    for n in ("torchdoctor run app.py", "virtual_devices block"):
+    for n in () if args.no_modules else ("torchdoctor run app.py", "virtual_devices block"):
         seen: dict[str, tuple[int, str]] = {}
         for _ in range(args.rounds):
             base = _importtime(_timed([sys.executable, "-X", "importtime", "-c", "import torch"],

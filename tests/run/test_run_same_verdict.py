@@ -1,6 +1,6 @@
 """One case, one fix and one verdict on every verb: ``torchdoctor run --device`` (a whole program on virtual devices,
-its fix proven at the failing op) prints the code ``simulate(model, call=app)`` prints for the same program, and
-never calls a fix proven that simulate's re-run could not prove (hunt RN1).
+its fix proven at the failing op) and the block the pytest marker runs print the code ``simulate(model, call=app)``
+prints for the same program, and never call a fix proven that simulate's re-run could not prove (hunt RN1).
 
 The programs re-create the reports' mechanisms in a few lines: a pipeline wrapper that loads its ControlNet apart
 from the model on the CPU and never moves it (modl-org/modl#122), a text encoder left in float32 in a bfloat16
@@ -129,6 +129,11 @@ def test_run_prints_simulates_fix_and_verdict(tmp_path: Path, name: str, program
     assert not sim.ok
     ran, simulated = _said(doc["fixes"]), _said(sim.to_dict()["fixes"])
     assert ran and ran == simulated, (ran, simulated)
+    # the pytest marker runs a test body in this block (select=False, as the marker does): the same again
+    with torchdoctor.virtual_devices("cuda:0", getattr(torch, dtype) if dtype else None, raise_on_exit=False,
+                                     select=False) as block:
+        mod.app(mod.build())
+    assert _said([f.to_dict() for f in block.fixes]) == ran
     # a fix run calls proven is one simulate's re-run proved: never upgraded by the proof at the op
     for code, proven in ran:
         assert proven, code

@@ -65,6 +65,26 @@ def _script_traceback(exc: BaseException, script: str) -> types.TracebackType | 
     return exc.__traceback__
 
 
+def no_device_hint(exc: BaseException, program: list[str]) -> str | None:
+    """For a program that asks for hardware this machine's torch lacks ("Torch not compiled with CUDA enabled"):
+    the line that runs it here on a virtual device of that kind, where ``run`` traces it too."""
+    try:
+        from torchdoctor._explain.api import explain
+
+        found = explain(exc, limit=1)
+    except Exception:  # a hint is extra
+        return None
+    if not found or found[0].category != "no_accelerator":
+        return None
+    import shlex
+
+    text = str(exc).lower()
+    kind = "xpu" if "xpu" in text else "mps" if "mps" in text else "cuda:0"
+    return (f"this program asks for {kind.split(':')[0]}, which this machine's torch does not have: "
+            f"`torchdoctor run --device {kind} {shlex.join(program)}` runs it here on a virtual {kind} "
+            "and records its moves too")
+
+
 def command(args: argparse.Namespace) -> int:
     script = args.script
     if not os.path.isfile(script):
@@ -104,6 +124,9 @@ def command(args: argparse.Namespace) -> int:
         raise
     except BaseException as exc:  # the script's own error: shown as python would show it
         traceback.print_exception(type(exc), exc, _script_traceback(exc, script))
+        hint = no_device_hint(exc, [script, *(args.script_args or [])])
+        if hint:
+            print(f"torchdoctor trace: {hint}", file=sys.stderr)
         code = 1
     finally:
         sys.argv = saved_argv

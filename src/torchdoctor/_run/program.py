@@ -9,36 +9,48 @@ and the placement problems the virtual run recorded join the findings.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import runpy
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 from torchdoctor._run.watch import Finding, Located, Watcher, first_own_frame
 
 
-@dataclass
-class RunReport:
+class RunReport:  # a plain class: a dataclass compiles its methods at import, before the program's first line
     """What ``torchdoctor run`` found: ``findings`` (each distinct placement error met), ``problems`` (a virtual
     run's recorded placement problems), the program's ``exit_code``."""
 
-    program: list[str]
-    exit_code: int
-    findings: list[Finding] = field(default_factory=list)
-    problems: list[Any] = field(default_factory=list)
-    device: str | None = None
-    seconds: float = 0.0
-    stopped: str | None = None
-    where: dict[tuple[str, str], str | None] = field(default_factory=dict)  # (kind, path) -> the program's line
-    notes: dict[str, str] = field(default_factory=dict)  # path -> the trace's last move or cast of that tensor
-    expected: dict[str, str] = field(default_factory=dict)  # device/dtype/profile -> "value (from where)"
-    missing: str | None = None  # `-m NAME` named no runnable module (python's line): the program never ran
-    ran: str | None = None  # where a virtual run's work really ran ("ran on cuda:1", or the device the program picked)
-    networks: tuple[str, ...] = ()  # networks patched into a model's forward, by the names the program holds them
-    fixes: tuple[Any, ...] = ()  # the virtual run's fix by parts (``_virtual.prove.Fix``), each proven at the op or not
+    def __init__(self, program: list[str], exit_code: int, findings: list[Finding] | None = None,
+                 problems: list[Any] | None = None, device: str | None = None, seconds: float = 0.0,
+                 stopped: str | None = None, where: dict[tuple[str, str], str | None] | None = None,
+                 notes: dict[str, str] | None = None, expected: dict[str, str] | None = None,
+                 missing: str | None = None, ran: str | None = None, networks: tuple[str, ...] = (),
+                 fixes: tuple[Any, ...] = ()) -> None:
+        self.program = program
+        self.exit_code = exit_code
+        self.findings = findings if findings is not None else []
+        self.problems = problems if problems is not None else []
+        self.device = device
+        self.seconds = seconds
+        self.stopped = stopped
+        self.where = where if where is not None else {}  # (kind, path) -> the program's line
+        self.notes = notes if notes is not None else {}  # path -> the trace's last move or cast of that tensor
+        self.expected = expected if expected is not None else {}  # device/dtype/profile -> "value (from where)"
+        self.missing = missing  # `-m NAME` named no runnable module (python's line): the program never ran
+        self.ran = ran  # where a virtual run's work really ran ("ran on cuda:1", or the device the program picked)
+        self.networks = networks  # networks patched into a model's forward, by the names the program holds them
+        self.fixes = fixes  # the virtual run's fix by parts (``_virtual.prove.Fix``), each proven at the op or not
+        self.internal: list[str] = []  # torchdoctor's own warnings while the program ran, one line each
+
+    def __repr__(self) -> str:
+        return (f"<RunReport of {' '.join(self.program)[:80]!r}: exit {self.exit_code}, {len(self.findings)} "
+                f"finding(s), {len(self.problems)} problem(s)>")
 
     @property
     def ok(self) -> bool:
@@ -53,14 +65,16 @@ class RunReport:
                 "problems": [{**p.to_dict(), "where": self.where.get((p.kind, p.path)),
                               "trace": self.notes.get(p.path)} for p in self.problems],
                 "fixes": [f.to_dict() for f in self.fixes],
-                "stopped": self.stopped, "expected": self.expected, "ran": self.ran}
+                "stopped": self.stopped, "expected": self.expected, "ran": self.ran, "internal": self.internal}
 
     def text(self) -> str:
         where = f" on virtual {self.device}" if self.device else ""
         head = f"torchdoctor run: {' '.join(self.program)}{where} exited with {self.exit_code} ({self.seconds:.1f} s)"
         ran = f"; {self.ran}" if self.ran else ""
         if self.ok:
-            return f"{head}: no placement error{ran}"
+            return "\n".join([f"{head}: no placement error{ran}",
+                              *(f"note: {n} (torchdoctor's own limit; the program ran as without it)"
+                                for n in self.internal)])
         lines = [f"{head}: {len(self.findings)} placement error(s) met, {len(self.problems)} problem(s) recorded{ran}"]
         if self.expected:
             lines.append("expected: " + "; ".join(f"{k} {v}" for k, v in self.expected.items()))
@@ -78,6 +92,7 @@ class RunReport:
                 lines.append(f"  recorded at {self.where[(p.kind, p.path)]}")
             if p.path in self.notes:
                 lines.append(f"  last change: {self.notes[p.path]}")
+        lines += [f"note: {n} (torchdoctor's own limit; the program ran as without it)" for n in self.internal]
         if self.stopped:
             lines.append(f"  the virtual run stopped early: {self.stopped}")
         if self.fixes:  # each fix with its proof label, as simulate prints them (--json carries the same)
@@ -94,6 +109,30 @@ def _exit_code(code: Any) -> int:
         return code
     print(code, file=sys.stderr)  # sys.exit("message"), as python prints it
     return 1
+
+
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the torchdoctor package folder
+
+
+def print_program_error(exc: BaseException) -> None:
+    """The program's error as python prints it, without torchdoctor's frames: those before the program's first
+    frame (runpy, this runner) and those between the program's own (the virtual devices' wrappers of a backward or
+    a factory). Frames after the program's last one stay: an error raised inside torchdoctor is shown where."""
+    try:
+        te = traceback.TracebackException(type(exc), exc, _own_traceback(exc))
+        seen: set[int] = set()
+        cur: traceback.TracebackException | None = te
+        while cur is not None and id(cur) not in seen:  # each chained exception's frames too
+            seen.add(id(cur))
+            frames = list(cur.stack)
+            last = max((i for i, f in enumerate(frames) if not f.filename.startswith(_OURS)), default=-1)
+            kept = [f for i, f in enumerate(frames) if i > last or not f.filename.startswith(_OURS)]
+            if len(kept) != len(frames):
+                cur.stack = traceback.StackSummary.from_list(kept)
+            cur = cur.__cause__ or cur.__context__
+        sys.stderr.write("".join(te.format()))
+    except Exception:  # never lose the program's error over how it is shown
+        traceback.print_exception(type(exc), exc, _own_traceback(exc))
 
 
 def _own_traceback(exc: BaseException) -> Any:
@@ -154,7 +193,7 @@ def execute(script: str | None, module: str | None, args: list[str], watcher: Wa
             print(watcher.missing, file=sys.stderr)
             return 1
         watcher.see("raised", exc)
-        traceback.print_exception(type(exc), exc, _own_traceback(exc))
+        print_program_error(exc)
         return 1
     finally:
         sys.argv = saved_argv
@@ -182,8 +221,6 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
         trace: bool = True, sources: dict[str, str] | None = None) -> RunReport:
     """Run a program watched (the CLI's ``torchdoctor run``); with ``device``, on virtual devices. ``sources``:
     where device/dtype/profile came from (``--device``), said in the report."""
-    import contextlib
-
     from torchdoctor._guard.api import guard
 
     args = list(args or [])
@@ -193,7 +230,9 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
     start = time.perf_counter()
     session: Any = None
     code, notes = 1, {}  # a virtual run that stops early (backward(), an op it cannot simulate) ends the program
+    internal: list[str] = []
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_internal_notes(internal))
         if device is not None:
             from torchdoctor._virtual.session import virtual_devices
 
@@ -215,20 +254,24 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
             if isinstance(exc, KeyboardInterrupt) or _stopped(exc):
                 raise
             watcher.see("raised", exc)
-            traceback.print_exception(type(exc), exc, _own_traceback(exc))
+            print_program_error(exc)
             code = 1
         watcher.guarded(g)  # what guard recorded and no error named: swallowed, or aligned by fix / warn
         notes = _notes(session.problems if session is not None else [], trace)  # while the trace is active
     if os.getpid() != pid:  # a process the program forked ends here, as under python: no second summary
         raise SystemExit(code)
     if session is None:
-        return RunReport(program, code, [_virtual_advice(f, program) for f in watcher.findings],
-                         seconds=time.perf_counter() - start, missing=watcher.missing)
+        report = RunReport(program, code, [_virtual_advice(f, program) for f in watcher.findings],
+                           seconds=time.perf_counter() - start, missing=watcher.missing)
+        report.internal = internal
+        return report
     where = {key: first_own_frame(frames, watcher.root) for key, frames in session.stacks.items()}
-    return RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
-                     time.perf_counter() - start, session.stopped, where, notes,
-                     _expected(session, profile, sources or {}), watcher.missing, session.where_ran(),
-                     session.networks, session.fixes)
+    report = RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
+                       time.perf_counter() - start, session.stopped, where, notes,
+                       _expected(session, profile, sources or {}), watcher.missing, session.where_ran(),
+                       session.networks, session.fixes)
+    report.internal = internal
+    return report
 
 
 def _virtual_advice(f: Finding, program: list[str]) -> Finding:
@@ -274,10 +317,44 @@ def _notes(problems: list[Any], traced: bool) -> dict[str, str]:
     return out
 
 
+class _Notes(logging.Handler):
+    """Keeps torchdoctor's own warnings as one line each (the exception's type and first line, never its
+    traceback): the program's output is the program's."""
+
+    def __init__(self, notes: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.notes = notes
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage().removeprefix("torchdoctor.trace: ")
+            if record.exc_info and record.exc_info[1] is not None:
+                exc = record.exc_info[1]
+                text += f" ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]})"
+        except Exception:  # a record that does not format: said without its text
+            text = f"{record.name}: an internal warning"
+        if text not in self.notes and len(self.notes) < 8:
+            self.notes.append(text)
+
+
+@contextlib.contextmanager
+def _internal_notes(notes: list[str]) -> Iterator[None]:
+    """While the program runs, torchdoctor's loggers (a walk that cannot read an object, a trace that cannot look at
+    a state) report into ``notes`` instead of the program's logging configuration or Python's last-resort handler."""
+    logger = logging.getLogger("torchdoctor")
+    saved = logger.propagate
+    handler = _Notes(notes)
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = saved
+
+
 def _quiet_logger() -> Any:
     """The trace records for the report, without a log line per move."""
-    import logging
-
     logger = logging.getLogger("torchdoctor.run.trace")
     logger.propagate = False
     if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):  # once, however many runs

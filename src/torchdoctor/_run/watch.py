@@ -19,7 +19,6 @@ import sys
 import threading
 import traceback
 import types
-from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor._run.printed import handling, unwrap, wrap
@@ -30,20 +29,27 @@ PLUGIN_DIRS = ("custom_nodes", "extensions", "extensions-builtin", "nodes")
 # an app's own helper packages (the frame to name is the plugin's or the user's line that called them)
 
 
-@dataclass
+# The classes of this module and program.py are plain classes, not dataclasses: a dataclass compiles its methods
+# with exec() when the module is imported, and these modules are imported before the program's first line (issue 43
+# point 4: run adds < 50 ms to a program's start; three dataclasses cost ~3-5 ms of it).
 class Finding:
     """One distinct placement error: how the program met it (``raised``, ``logged``, ``thread``), the explanation,
     where in the user's or plugin's code it came from, and what a trace knows of the tensor."""
 
-    how: str
-    error: str  # ``RuntimeError: Expected all tensors ...`` (first line)
-    category: str
-    title: str
-    fix: str | None
-    where: str | None  # ``custom_nodes/pack/nodes.py:42 in run`` (relative to the program's folder)
-    culprit: str | None = None  # guard's headline and culprit lines, when guard saw the error
-    trace: str | None = None
-    count: int = 1
+    def __init__(self, how: str, error: str, category: str, title: str, fix: str | None, where: str | None,
+                 culprit: str | None = None, trace: str | None = None, count: int = 1) -> None:
+        self.how = how
+        self.error = error  # ``RuntimeError: Expected all tensors ...`` (first line)
+        self.category = category
+        self.title = title
+        self.fix = fix
+        self.where = where  # ``custom_nodes/pack/nodes.py:42 in run`` (relative to the program's folder)
+        self.culprit = culprit  # guard's headline and culprit lines, when guard saw the error
+        self.trace = trace
+        self.count = count
+
+    def __repr__(self) -> str:
+        return f"Finding({self.category!r}, {self.error[:80]!r}, where={self.where!r}, count={self.count})"
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("how", "error", "category", "title", "fix", "where", "culprit", "trace",
@@ -145,19 +151,19 @@ class Located(list):  # type: ignore[type-arg]
         super().append(p)
 
 
-@dataclass
 class Watcher:
     """Collects findings from the places errors end up; ``install`` / ``uninstall`` around a program."""
 
-    root: str = field(default_factory=os.getcwd)
-    guard: Any = None  # a torchdoctor.guard active in the program's main thread, for its culprit
-    missing: str | None = None  # `-m NAME` named no runnable module: python's one line, nothing ran
-    findings: list[Finding] = field(default_factory=list)
-    _keys: dict[tuple[str, str, str], Finding] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _saved: list[Any] = field(default_factory=list)
-    _streams: tuple[Any, Any] = (None, None)  # sys.stdout and sys.stderr as they were before ``install``
-    _last: tuple[str, str, str] | None = None  # the key of the last exception seen, for the text record that logs it
+    def __init__(self, root: str | None = None, guard: Any = None) -> None:
+        self.root = root if root is not None else os.getcwd()
+        self.guard = guard  # a torchdoctor.guard active in the program's main thread, for its culprit
+        self.missing: str | None = None  # `-m NAME` named no runnable module: python's one line, nothing ran
+        self.findings: list[Finding] = []
+        self._keys: dict[tuple[str, str, str], Finding] = {}
+        self._lock = threading.Lock()
+        self._saved: list[Any] = []
+        self._streams: tuple[Any, Any] = (None, None)  # sys.stdout and sys.stderr as they were before ``install``
+        self._last: tuple[str, str, str] | None = None  # the last exception's key, for the text record that logs it
 
     def see(self, how: str, exc: BaseException | None = None, text: str | None = None,
             site: str | None = None) -> Finding | None:

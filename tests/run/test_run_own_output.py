@@ -1,0 +1,80 @@
+"""The program's output is the program's: under ``torchdoctor run`` its traceback has no torchdoctor frame between
+its own (the virtual devices' backward wrapper), torchdoctor's own warnings (a trace that cannot read a
+TorchScript module's state) are one line in the summary and never a traceback in the program's stream, and
+``trace`` of a program written for a GPU this machine lacks says how to run it here (hunt T15b, T21, T27).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from run.test_run_cli import ENV, TIMEOUT, run, write
+
+HOOK_RAISES = """
+    import torch
+    model = torch.nn.Linear(4, 4).to("cuda:0")
+    def hook(grad):
+        raise ValueError("boom in the hook")
+    out = model(torch.ones(2, 4, device="cuda:0"))
+    out.register_hook(hook)
+    out.sum().backward()
+"""
+
+
+def test_the_programs_traceback_has_no_torchdoctor_frame_between_its_own(tmp_path: Path) -> None:
+    script = write(tmp_path / "app.py", HOOK_RAISES)
+    proc = run("--color", "never", "--device", "cuda:0", str(script), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    shown = proc.stderr[:proc.stderr.index("torchdoctor run:")]
+    assert 'app.py", line 8, in <module>' in shown and 'app.py", line 5, in hook' in shown
+    assert "ValueError: boom in the hook" in shown
+    assert "torchdoctor" not in shown.replace("torchdoctor run", "")  # no frame of ours, inner or outer
+    assert "torch/autograd" in shown  # torch's own frames stay, as python shows them
+
+
+SCRIPTED = """
+    import logging, torch
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
+    class RelPos(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = torch.nn.Linear(4, 4)
+            self.table = torch.randn(9, 4)  # a plain attribute: the tracer bakes it as a constant
+        def forward(self, x):
+            return self.q(x) + self.table[: x.shape[1]]
+    traced = torch.jit.trace(RelPos().eval(), (torch.randn(1, 5, 4),), check_trace=False)
+    traced = traced.to("cpu")
+    print("out", traced(torch.randn(1, 5, 4)).shape)
+    logging.getLogger("torchdoctor.trace").warning("torchdoctor.trace: could not look at X", exc_info=ValueError("odd"))
+"""
+
+
+def test_torchdoctors_own_warnings_are_a_line_in_the_summary_never_a_traceback(tmp_path: Path) -> None:
+    script = write(tmp_path / "app.py", SCRIPTED)
+    proc = run("--color", "never", str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "out torch.Size([1, 5, 4])" in proc.stdout
+    assert "Traceback" not in proc.stderr and "torchdoctor/_" not in proc.stderr
+    summary = proc.stderr[proc.stderr.index("torchdoctor run:"):]
+    assert "note: could not look at X (ValueError: odd) (torchdoctor's own limit" in summary
+
+
+NEEDS_CUDA = """
+    import torch
+    model = torch.nn.Linear(4, 4).cuda()
+    print(model(torch.ones(1, 4, device="cuda")))
+"""
+
+
+def test_trace_of_a_gpu_program_on_a_machine_without_one_says_how_to_run_it_here(tmp_path: Path) -> None:
+    if __import__("torch").cuda.is_available():  # pragma: no cover - the message is for machines without one
+        return
+    script = write(tmp_path / "app.py", NEEDS_CUDA)
+    proc = subprocess.run([sys.executable, "-m", "torchdoctor", "trace", "--moves", str(script), "--flag"],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 1, proc.stderr
+    assert "Torch not compiled with CUDA enabled" in proc.stderr
+    assert (f"torchdoctor trace: this program asks for cuda, which this machine's torch does not have: "
+            f"`torchdoctor run --device cuda:0 {script} --flag` runs it here on a virtual cuda:0") in proc.stderr
