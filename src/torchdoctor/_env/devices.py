@@ -16,6 +16,7 @@ device and cached.
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Mapping
@@ -33,6 +34,16 @@ PRIORITY = ("cuda", "xpu", "mps", "cpu")
 # a virtual-device run answers for the hardware its thread sees (the virtual runtime registers it): None outside a
 # run, else {"type", "facts": to lay over the machine's, "run": (family, dtype) -> error or None, from its profile}
 VIRTUAL: list[Callable[[], Mapping[str, Any] | None]] = []
+
+
+def virtual_view() -> Mapping[str, Any] | None:
+    """What a virtual-device run on this thread answers, or None. The runtime need not import this package (its
+    start stays cheap): its ``env_view`` is read from the module when the runtime is loaded at all."""
+    hardware = sys.modules.get("torchdoctor._virtual.hardware")
+    view = getattr(hardware, "env_view", None) if hardware is not None else None
+    if view is not None:
+        return view()
+    return VIRTUAL[0]() if VIRTUAL else None
 _NAMES = {"cuda": "CUDA", "xpu": "XPU", "mps": "MPS", "cpu": "CPU"}
 _ORDER = "priority CUDA > XPU > MPS > CPU"
 
@@ -239,7 +250,7 @@ def choose_device(preferred: str | torch.device | None = None, *, facts: Mapping
     """
     from torchdoctor._env.facts import device_facts
 
-    f = {**device_facts(), **((VIRTUAL[0]() if VIRTUAL else None) or {}).get("facts", {})} if facts is None else facts
+    f = {**device_facts(), **(virtual_view() or {}).get("facts", {})} if facts is None else facts
     pref = None if preferred is None else str(preferred)
     doc = decide(f, pref)
     if doc["device"] is None:
@@ -321,7 +332,7 @@ def capabilities(device: torch.device | str = "cpu") -> dict[str, Any]:
     key = device_str(d)
     if d.type == "meta":
         raise ValueError("meta tensors have no kernels: capabilities are for real devices (cpu, cuda:N, xpu:N, mps)")
-    here = VIRTUAL[0]() if VIRTUAL else None
+    here = virtual_view()
     if here is not None and d.type == here["type"]:  # never cached: the profile's answer, not the machine's
         return {**_probe_device(torch, d, key, here["run"]), "probed": False, "virtual": True}
     with _LOCK, here["outside"]() if here else threading.Lock():  # the machine's probe is not the run's own ops

@@ -95,7 +95,7 @@ def env_report(facts: dict[str, Any] | None = None, *, probe: bool = False) -> E
     recorded: dict[str, Any] | None = None
     if facts is None:
         full, source = complete_facts(collect_facts(probe=probe)), "this machine"
-        here = _devices.VIRTUAL[0]() if _devices.VIRTUAL else None
+        here = _devices.virtual_view()
         if here is not None:  # inside virtual_devices / run --device: the device choice follows the virtual world
             full = complete_facts({**full, **here.get("facts", {})})
             source = f"this machine, as the virtual {here.get('type', 'device')} run sees it"
