@@ -259,3 +259,48 @@ def test_a_library_s_own_upcast_is_never_advised_an_edit_the_component_fix_is_pr
     assert code.startswith("model.speech_embedding.") and all(f.proven for f in report.fixes), text
     again = torchdoctor.simulate(_CosyLM(), device="cuda:0", dtype=BF16, call=functools.partial(_cosy, fix=code))
     assert again.ok, again.text()
+
+
+LOKR_APP = """
+import torch, torch.nn as nn, torch.nn.functional as F
+class LoKr(nn.Module):
+    def __init__(self, org):
+        super().__init__(); self.w1 = nn.Parameter(torch.randn(2, 2) * 0.01); self.w2 = nn.Parameter(torch.zeros(4, 4))
+        self.org_forward = org.forward; org.forward = self.forward
+    def forward(self, x): return self.org_forward(x) + F.linear(x, torch.kron(self.w1, self.w2))
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__(); self.attn = nn.Linear(8, 8); self.mlp = nn.Linear(8, 8)
+    def forward(self, x): return self.mlp(torch.relu(self.attn(x)))
+def app(m):
+    m.to("cuda:0", torch.bfloat16).requires_grad_(False)
+    network = nn.ModuleList([LoKr(m.attn), LoKr(m.mlp)]).to("cuda:0")
+    opt = torch.optim.AdamW(network.parameters(), lr=1e-4)
+    loss = F.mse_loss(m(torch.randn(2, 8, device="cuda:0", dtype=torch.bfloat16)).float(), torch.zeros(2, 8, device="cuda:0"))
+    loss.backward(); opt.step()
+    return loss
+"""
+
+
+def test_a_network_patched_into_the_forward_is_cast_where_the_program_builds_it(tmp_path: Path) -> None:
+    from torchdoctor._virtual.apart import moved, network_fix, patched_into
+
+    mod = _module(tmp_path, LOKR_APP)
+    model = mod.Block()
+    network = nn.ModuleList([mod.LoKr(model.attn), mod.LoKr(model.mlp)])  # patched into attn's and mlp's forward
+    culprits = [(f"{layer}.forward.__self__.{w}", f"{layer}.forward.__self__.{w}", "dtype", BF16)
+                for layer in ("attn", "mlp") for w in ("w1", "w2")]
+    fix = network_fix(culprits, patched_into(model))
+    assert fix is not None and fix.kind == "apart" and fix.label == "LoKr", fix
+    assert fix.code.startswith("network.to(torch.bfloat16)  # 4 tensors of the LoKr modules patched into the model's "
+                               "forward are held by the program as network (built at "), fix.code
+    assert fix.diff is not None and \
+        '+    network = nn.ModuleList([LoKr(m.attn), LoKr(m.mlp)]).to("cuda:0", torch.bfloat16)' in fix.diff, fix.diff
+    fixed = _apply(tmp_path, mod, [fix.diff])
+    assert torchdoctor.simulate(fixed.Block(), device="cuda:0", dtype=BF16, call=fixed.app).ok
+    # the re-run's way of applying it: each LoKr the model does not hold is cast as its patched layer starts
+    model.to(BF16)  # the model's own .to never reaches the network
+    assert {p.dtype for p in network.parameters()} == {torch.float32}
+    with moved(model, [fix]):
+        model(torch.randn(2, 8, dtype=BF16))
+    assert {p.dtype for p in network.parameters()} == {BF16}

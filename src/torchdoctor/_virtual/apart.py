@@ -37,6 +37,7 @@ class Apart:
     called_at: str | None = None  # ``app.py:19``, where the program called it
     file: str | None = None  # the file whose line built it
     line: int = 0  # the line that built it (``self._cn = CN()``), 0 when not found
+    prefix: str = ""  # a module patched into a layer's forward: its walk path (``attn.forward.__self__.``)
 
     def holds(self, path: str) -> bool:
         """``path`` names one of its parameters or buffers (by its own paths: it ran as a root)."""
@@ -100,7 +101,7 @@ def find(culprits: Sequence[tuple[str | None, str, str, Any]], apart: Sequence[A
     for c in culprits:
         if c[0] is None or c[0] in model:
             continue
-        hit = next((a for a in apart if a.holds(str(c[0]))), None)
+        hit = next((a for a in apart if not a.prefix and a.holds(str(c[0]))), None)
         if hit is not None:
             out.setdefault(id(hit), (hit, []))[1].append(c)
     return out
@@ -155,6 +156,98 @@ def _diff(a: Apart, want: str) -> str | None:
     return line_patch(a.file, a.line, (raw[:end] + f".to({want})" + raw[end:]).strip())
 
 
+def patched_into(model: Any) -> list[Apart]:
+    """The modules patched into the forward of ``model``'s layers (a LoKr network: ``attn.forward = lokr.forward``),
+    by their walk paths."""
+    out: list[Apart] = []
+    if not isinstance(model, torch.nn.Module):
+        return out
+    try:
+        for name, layer in model.named_modules():
+            obj = getattr(layer.__dict__.get("forward"), "__self__", None)
+            if isinstance(obj, torch.nn.Module) and obj is not layer:
+                out.append(Apart(type(obj).__name__, weakref.ref(obj),
+                                 prefix=f"{name}.forward.__self__." if name else "forward.__self__."))
+    except Exception:  # a strange module tree: no network named
+        return []
+    return out
+
+
+def network_fix(culprits: Sequence[tuple[str | None, str, str, Any]], apart: Sequence[Apart]) -> Fix | None:
+    """The network whose modules (one class) are patched into the model's forward, cast or moved where the program
+    builds it (``network = nn.ModuleList([LoKr(m.attn), ...]).to(device)``: its name ``.to(...)``, the line as a
+    diff); proven by a re-run that casts each module of that class the model does not hold. None when the modules
+    are not of one known class."""
+    from torchdoctor._guard.maps import value_code
+
+    classes = {next((a for a in apart if a.prefix and str(c[0]).startswith(a.prefix)), None) is not None and next(
+        a for a in apart if a.prefix and str(c[0]).startswith(a.prefix)).cls for c in culprits}
+    if len(classes) != 1 or False in classes:
+        return None
+    (cls,) = classes
+    mod = next((a.module() for a in apart if a.cls == cls and a.module() is not None), None)
+    file = _class_file(mod)
+    name, line = _assigned(file, str(cls)) if file else (None, 0)
+    target = culprits[0][3]
+    want = value_code(target)
+    shown = ", ".join(str(c[0]) for c in culprits[:2])
+    built = f" (built at {_short(file)}:{line})" if file and line else ""
+    code = f"{name or 'network'}.to({want})  # {len(culprits)} tensors of the {cls} modules patched into the " \
+        f"model's forward are held by the program as {name or 'a network'}{built}, not by the model: model.to " \
+        f"never reaches them (e.g. {shown}); cast it where it is built"
+    diff = _to_diff(file, line, want) if file and line else None
+    return Fix(code, "apart", target, str(cls), diff=diff, sets=tuple((str(c[0]), c[3]) for c in culprits))
+
+
+def _class_file(mod: Any) -> str | None:
+    """The file defining ``mod``'s class (its ``forward``'s code, else ``inspect``'s answer)."""
+    import inspect
+
+    code = getattr(getattr(type(mod), "forward", None), "__code__", None)
+    if code is not None and mod is not None:
+        return str(code.co_filename)
+    try:
+        return inspect.getsourcefile(type(mod)) if mod is not None else None
+    except (TypeError, OSError):
+        return None
+
+
+def _assigned(file: str, cls: str) -> tuple[str | None, int]:
+    """(name, line) of the first plain assignment in ``file`` whose value calls ``cls``, or (None, 0)."""
+    pattern = re.compile(rf"^\s*([A-Za-z_][\w.]*)\s*=[^=].*\b{re.escape(cls)}\s*\(")
+    for i, text in enumerate(linecache.getlines(file), 1):
+        m = pattern.match(text)
+        if m and not text.lstrip().startswith(("def ", "class ")):
+            return m.group(1), i
+    return None, 0
+
+
+def _to_diff(file: str, line: int, want: str) -> str | None:
+    """The assignment at ``line`` with its value cast: ``want`` added to a trailing ``.to(...)``, or ``.to(want)``."""
+    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._report.diff import line_patch
+
+    if not own_file(file):
+        return None
+    raw = linecache.getline(file, line).rstrip("\r\n")
+    body = raw.lstrip(" \t")
+    try:
+        tree = ast.parse(body)
+    except SyntaxError:
+        return None
+    stmt = tree.body[0] if tree.body else None
+    if not isinstance(stmt, ast.Assign) or stmt.value.end_col_offset is None or not body.isascii():
+        return None
+    pad, value = len(raw) - len(body), stmt.value
+    end = pad + int(value.end_col_offset or 0)
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "to" and \
+            value.args and not value.keywords and len(value.args) == 1:
+        new = raw[:end - 1] + f", {want}" + raw[end - 1:]
+    else:
+        new = raw[:pad + value.col_offset] + "(" + raw[pad + value.col_offset:end] + f").to({want})" + raw[end:]
+    return line_patch(file, line, new.strip())
+
+
 @contextlib.contextmanager
 def moved(model: Any, fixes: Sequence[Fix]) -> Iterator[None]:
     """While a re-run's ``call(model)`` runs: each module of a fixed class that starts apart from the model is
@@ -165,14 +258,16 @@ def moved(model: Any, fixes: Sequence[Fix]) -> Iterator[None]:
         return
     done: set[int] = set()
 
-    def pre(mod: torch.nn.Module, _args: Any) -> None:
-        want = todo.get(type(mod).__name__)
-        if want is None or id(mod) in done or mod is model:
-            return
-        done.add(id(mod))
-        if isinstance(model, torch.nn.Module) and any(m is mod for m in model.modules()):
-            return  # part of the model: the fix is not about it
-        mod.to(*(want if isinstance(want, tuple) else (want,)))
+    def pre(layer: torch.nn.Module, _args: Any) -> None:
+        patched = getattr(layer.__dict__.get("forward"), "__self__", None)  # a module patched into its forward
+        for mod in (layer, patched):
+            want = todo.get(type(mod).__name__) if isinstance(mod, torch.nn.Module) else None
+            if want is None or not isinstance(mod, torch.nn.Module) or id(mod) in done or mod is model:
+                continue
+            done.add(id(mod))
+            if isinstance(model, torch.nn.Module) and any(m is mod for m in model.modules()):
+                continue  # part of the model: the fix is not about it
+            mod.to(*(want if isinstance(want, tuple) else (want,)))
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(pre)
     try:

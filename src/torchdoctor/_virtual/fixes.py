@@ -12,7 +12,7 @@ from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_d
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.groups import whole_component
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
-from torchdoctor._virtual.apart import Apart, find, fix as apart_fix
+from torchdoctor._virtual.apart import Apart, find, fix as apart_fix, network_fix
 from torchdoctor._virtual.castfix import NO_DEVICE_ARG, cast_fix, in_library, library_note, maker_diff, storage_fix
 from torchdoctor._virtual.prove import Fix
 from torchdoctor._virtual.restfix import FLOAT8_NAMES, rest
@@ -135,7 +135,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     patched = [c for c in culprits if c[0] is not None and _HELD_APART in c[0]]
     if len(patched) >= _NETWORK:  # a network patched into forward, held apart: it is moved where it is built
         culprits = [c for c in culprits if c not in patched]
-        factories.append(_network_fix(patched))
+        factories.append(network_fix(patched, apart) or _network_fix(patched))
     items: list[Fix] = []
     if meta:  # moving a meta tensor raises "Cannot copy out of meta tensor": the weights are loaded first
         items.append(Fix(f"# {len(meta)} tensor{'s are' if len(meta) > 1 else ' is'} on meta (no data, e.g. "

@@ -27,7 +27,7 @@ from torchdoctor._virtual.simreport import SimulationReport
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
-from torchdoctor._virtual.apart import moved
+from torchdoctor._virtual.apart import moved, patched_into
 from torchdoctor._virtual.remake import remade
 from torchdoctor._virtual.atop import prove_at_ops
 from torchdoctor._virtual.fixes import fix_items
@@ -206,7 +206,8 @@ def simulate(
              len(problems))
     items = fix_items(problems, dev, dt, rec.sources, held(clone),
                       lambda m: "" if any(m is r for r in rec.roots) else rec.modules.path_of(m),
-                      [a for a in rec.entry.outer.values() if a.module() is not clone], rec.entry.made_args) or []
+                      [*(a for a in rec.entry.outer.values() if a.module() is not clone), *patched_into(clone)],
+                      rec.entry.made_args) or []
     if call is not None:  # the caller's code casts the model itself: a switch of dtype is made on its lines
         items = [switch_advice(f) if f.asks is not None else f for f in items]
     if _fixes is None and items:  # the fix is tried on a fresh copy before it is printed
