@@ -416,3 +416,62 @@ def test_an_embedding_computed_from_fp32_sources_is_cast_where_it_is_assigned(
     assert "emb computed by `torch.cat` at " in maker and "app.py:15" in maker
     assert proof == "fix proven: K5 runs again with `torch.cat` at app.py:15 -> torch.bfloat16"
     assert _applied(project, patch, f"td_h3_ts_{mode}_fixed", monkeypatch).dtype == BF
+
+
+LOKR = '''\
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LoKr(nn.Module):
+    def __init__(self, org):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(2, 2) * 0.01)
+        self.w2 = nn.Parameter(torch.zeros(4, 4))
+        self.org_forward = org.forward
+        org.forward = self.forward
+
+    def forward(self, x):
+        return self.org_forward(x) + F.linear(x, torch.kron(self.w1, self.w2))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.Linear(8, 8)
+        self.mlp = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.mlp(torch.relu(self.attn(x)))
+
+
+def build():
+    return Block()
+
+
+def app(m):
+    m.to(torch.bfloat16).requires_grad_(False)
+    network = nn.ModuleList([LoKr(m.attn), LoKr(m.mlp)])
+    opt = torch.optim.AdamW(network.parameters(), lr=1e-4)
+    loss = F.mse_loss(m(torch.randn(2, 8, dtype=torch.bfloat16)).float(), torch.zeros(2, 8))
+    loss.backward()
+    opt.step()
+    return loss
+'''
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict"])
+def test_a_lokr_network_patched_into_the_forwards_is_cast_as_the_program_holds_it(
+        project: pathlib.Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _reset(project, LOKR)
+    err = _fails(_load(project / "app.py", f"td_h3_lokr_{mode}", monkeypatch), mode)
+    text = str(err)
+    assert "forward.__self__" not in text and "model.to(" not in (err.fix or "")  # no no-op, no model path
+    assert "dtype mismatch in `network` (LoKr patched into `attn`, `mlp`)" in text
+    assert "culprit network.0.w1: f32[2,2]@cpu  (expected bfloat16)" in text
+    assert "w1, w2 read by `" in text and "torch.kron(self.w1, self.w2)" in text and "app.py:15" in text
+    assert err.fix == "network.to(torch.bfloat16)  # after app.py:34"
+    assert err.proof == "fix proven: Block runs again with `network` -> torch.bfloat16"
+    assert "+    network.to(torch.bfloat16)\n" in err.patch
+    assert _applied(project, err.patch, f"td_h3_lokr_{mode}_fixed", monkeypatch).dtype == torch.float32

@@ -122,6 +122,13 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
         # error's root is the outermost entry that holds `mod`
         root = next((r for r in stack if any(m is mod for m in r.modules())), mod)
     maps = session.maps_for(root)
+    if kind == "dtype" and mod is not None:  # a network patched into the model's forwards (LoRA / LoKr)
+        from torchdoctor._guard.network import explain_network
+
+        if (net := explain_network(session, exc, tb, mod, maps, root)) is not None:
+            session.g._record_problems(list(net.problems))
+            session.g._note(net.problems, Note(None, net.fix, net.proof, net.patch))
+            return net
     mpath = maps.modules.get(id(mod)) if maps is not None and mod is not None else None
     mtype = type(mod).__name__ if mod is not None else None
     compiled = mpath is None and graph.is_graph_of_model(mod, maps)  # a graph torch traced from the model
