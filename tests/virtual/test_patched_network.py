@@ -52,7 +52,7 @@ def test_a_float32_network_patched_into_a_bf16_model_is_one_problem_naming_its_m
     assert "from attn.forward.__self__.w1 and attn.forward.__self__.w2" in msg
     assert "network.0 as the program holds it, a LoKr patched into attn.forward: the model does not hold it" in msg
     text = str(report)
-    assert "network.to(torch.bfloat16) where the network is built" in text and "4 tensors" in text
+    assert "network.to(torch.bfloat16)" in text and "4 tensors" in text and "not by the model" in text
     assert "pass the tensors made in float32" not in text and "model.to(torch.bfloat16)" not in text
 
 

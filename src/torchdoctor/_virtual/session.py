@@ -206,16 +206,20 @@ def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = N
     problems = [replace(p, path=walked[p.path]) if p.path in walked else p
                 for p in (session.problems if problems is None else problems)]
     roots = rec.modules.outermost
-    if current is None and roots:  # no-op casts left out, a component in another dtype named (any dtype asked)
+    # the model: the outermost module holding the most tensors; the others ran apart from it (a pipeline's ControlNet)
+    main = max(roots, key=lambda m: len(m.state_dict(keep_vars=True)), default=None) if roots else None
+    if current is None and main is not None:  # no-op casts left out, a component in another dtype named
         try:
-            current = held(roots[0])
+            current = held(main)
         except Exception:  # a strange object: the fix is written without it
             current = None
     from torchdoctor._virtual.fixes import fix_items  # the fix is written only for a block that has problems
 
-    items = fix_items(problems, session.device, session.dtype, session.sources, current) or []
+    apart = [a for a in rec.entry.outer.values() if a.module() is not None and a.module() is not main]
+    items = fix_items(problems, session.device, session.dtype, session.sources, current, None, apart,
+                      rec.entry.made_args) or []
     try:
-        return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile))
+        return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs))
     except Exception as exc:  # the proof is extra: the fix stands, said unproven, never a crash of the report
         for f in items:
             f.proven, f.tried = False, f"the proof at the failing op failed: {type(exc).__name__}: {exc}"[:400]
