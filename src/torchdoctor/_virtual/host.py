@@ -110,3 +110,19 @@ def through_autograd(src: torch.Tensor, made: Any) -> Any:
     if made is src or not isinstance(made, torch.Tensor) or made.requires_grad or made._base is not None:
         return made
     return _Moved.apply(src, [made])
+
+
+def graphed(before: Any, lifted: list[Any]) -> list[Any]:
+    """``lifted`` (``lift_all`` of ``before``: the program's real tensors made virtual where they meet virtual ones)
+    with each tensor that was in a graph linked into it (``through_autograd``): a LoRA's CPU parameters meeting the
+    GPU weights still receive their gradients, so the run goes past the device problem as a training step would."""
+    if not torch.is_grad_enabled():
+        return lifted
+
+    def one(src: Any, new: Any) -> Any:
+        if new is src or not isinstance(src, torch.Tensor) or not src.requires_grad:
+            return new
+        return through_autograd(src, new)
+
+    return [type(b)(one(x, y) for x, y in zip(b, a)) if isinstance(b, (list, tuple)) and isinstance(a, (list, tuple))
+            else one(b, a) for b, a in zip(before, lifted)]

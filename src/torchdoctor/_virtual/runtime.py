@@ -302,7 +302,7 @@ class VirtualMode(TorchFunctionMode):
             # would have them, so what it saves or converts is real
             return H.cpu_work(space, func, args, kwargs, func in _device_mod._device_constructors())
         if any(plain(a) or isinstance(a, (list, tuple)) and any(plain(x) for x in a) for a in args):
-            args = tuple(lift_all(args, space, None))
+            args = tuple(H.graphed(args, lift_all(args, space, None)))  # in the program's graph still
         if kwargs and any(plain(v) for v in kwargs.values()):
             kwargs = dict(zip(kwargs, lift_all(kwargs.values(), space, None)))
         if target is None or not is_virtual(target):
