@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import types
+import warnings
 from typing import Any
 
 import pytest
@@ -475,3 +476,19 @@ def test_a_lokr_network_patched_into_the_forwards_is_cast_as_the_program_holds_i
     assert err.proof == "fix proven: Block runs again with `network` -> torch.bfloat16"
     assert "+    network.to(torch.bfloat16)\n" in err.patch
     assert _applied(project, err.patch, f"td_h3_lokr_{mode}_fixed", monkeypatch).dtype == torch.float32
+
+
+
+@pytest.mark.parametrize("mode", ["warn", "fix"])
+def test_fix_and_warn_say_the_same_of_the_patched_network(project: pathlib.Path, mode: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    _reset(project, LOKR)
+    mod = _load(project / "app.py", f"td_h3_lokr_{mode}", monkeypatch)
+    model = mod.build()
+    with warnings.catch_warnings(record=True), torchdoctor.guard(model, mode=mode) as g:
+        warnings.simplefilter("always")
+        mod.app(model)
+    note = g.report().to_dict()["problems"][0]
+    assert note["fix"] == "network.to(torch.bfloat16)  # after app.py:34"
+    assert note["proof"] == "fix proven: Block runs again with `network` -> torch.bfloat16"
+    assert _applied(project, note["patch"], f"td_h3_lokr_{mode}_fixed", monkeypatch).dtype == torch.float32

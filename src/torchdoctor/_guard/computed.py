@@ -8,13 +8,15 @@ again with that line's results so cast (``remedy.prove_line``), and offered as a
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 
-def computed_aim(loose: list[torch.Tensor], target: torch.dtype, frames: Any, tb: Any) -> Any:
+def computed_aim(loose: list[torch.Tensor], target: torch.dtype, frames: Any, tb: Any, session: Any = None) -> Any:
     """An ``Aim`` at the line a running forward assigned one of ``loose`` from a torch call, proven; None when there
     is none or its proof fails."""
     from torchdoctor._guard.frames import user_frames
@@ -44,7 +46,8 @@ def computed_aim(loose: list[torch.Tensor], target: torch.dtype, frames: Any, tb
         new = raw[:end] + f".to({expr})" + raw[end:]
         op = ast.unparse(call.func)
         m = Maker(op, path, lineno, raw.strip(), span=(call.col_offset + shift, end))
-        proof = prove_line(m, target, me, tuple(frames.inputs_of(me)) or _inputs(frame, tree), frames)
+        with replaying(session):  # fix / warn align nothing in the re-run: it meets what torch does
+            proof = prove_line(m, target, me, tuple(frames.inputs_of(me)) or _inputs(frame, tree), frames)
         if not proof.startswith("fix proven"):
             return None
         at = f"{os.path.basename(path)}:{lineno}"
@@ -53,6 +56,19 @@ def computed_aim(loose: list[torch.Tensor], target: torch.dtype, frames: Any, tb
                 "promoting it again"]
         return Aim(said, f"{new.strip()}  # {at}", line_patch(path, lineno, new), proof, [m])
     return None
+
+
+@contextlib.contextmanager
+def replaying(session: Any) -> Iterator[None]:
+    """The session's alignments and checks off for a proof's re-run (``Session.replaying``)."""
+    was = getattr(session, "replaying", None)
+    if session is not None:
+        session.replaying = True
+    try:
+        yield
+    finally:
+        if session is not None:
+            session.replaying = was
 
 
 def _inputs(frame: Any, tree: ast.AST) -> tuple[Any, ...]:

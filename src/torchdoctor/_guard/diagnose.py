@@ -292,7 +292,8 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     if kind == "dtype" and not blamed and aim is None and (fix or "").startswith("# pass") and isinstance(ref, torch.dtype):
         from torchdoctor._guard.computed import computed_aim  # computed in forward from sources in another dtype
 
-        if (aim := computed_aim([c[2] for c in bad if c[0] is None], ref, session.frames, exc.__traceback__ or tb)):
+        if (aim := computed_aim([c[2] for c in bad if c[0] is None], ref, session.frames, exc.__traceback__ or tb,
+                                session)):
             lines[-1:-1], fix = aim.lines + [aim.proof], aim.code
     problems = [replace(b.problem, op=op) for b in blamed] + ([comp] if comp is not None else [])
     problems += [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,

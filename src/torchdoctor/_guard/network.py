@@ -20,6 +20,25 @@ from torch import nn
 
 def explain_network(session: Any, exc: BaseException, tb: Any, mod: Any, maps: Any, root: Any) -> Any:
     """The report (a ``PlacementError``) when the failing module is such a network's, else None."""
+    from torchdoctor._guard.frames import user_frames
+    from torchdoctor._guard.remedy import with_patch
+    from torchdoctor._report.model import PlacementError
+    from torchdoctor._report.text import format_error
+
+    told = network_told(session, mod, maps, root, user_frames(exc.__traceback__ or tb))
+    if told is None:
+        return None
+    head, lines, fix, patch, problems, kind = told
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    lines = [*lines, f"original error: {type(exc).__name__}: {first}"]
+    err = PlacementError(format_error(head, lines, fix), module_path=None, module_type=kind, op=None,
+                         problems=problems, fix=fix)
+    return with_patch(err, patch, lines)
+
+
+def network_told(session: Any, mod: Any, maps: Any, root: Any, frames: list[Any]) -> Any:
+    """(headline, lines ending in the proof, fix, diff, problems, the network's module type) when ``mod`` belongs
+    to a network patched into ``root``'s forwards whose parameters differ from the model's dtype, else None."""
     if not isinstance(mod, nn.Module) or not isinstance(root, nn.Module) or maps is None \
             or any(m is mod for m in root.modules()):
         return None
@@ -29,16 +48,15 @@ def explain_network(session: Any, exc: BaseException, tb: Any, mod: Any, maps: A
     odd = [(n, p) for n, p in mod.named_parameters() if p.is_floating_point() and p.dtype != want]
     if not layers or not isinstance(want, torch.dtype) or not odd:
         return None
-    from torchdoctor._guard.frames import user_frames
+    from torchdoctor._guard.computed import replaying
     from torchdoctor._guard.maps import value_code
-    from torchdoctor._guard.remedy import own_file, rerun, with_patch
+    from torchdoctor._guard.remedy import own_file, rerun
     from torchdoctor._placement import dtype_str
     from torchdoctor._report.diff import line_patch
-    from torchdoctor._report.model import PlacementError, Problem
-    from torchdoctor._report.text import format_error
+    from torchdoctor._report.model import Problem
     from torchdoctor._rules import registry as _rules
 
-    held = _holder(user_frames(exc.__traceback__ or tb), mod, root)
+    held = _holder(frames, mod, root)
     name, sub, frame, net = held if held is not None else ("network", "", None, mod)
     patched = [p or "<root>" for p, m in root.named_modules() if any(
         getattr(m.__dict__.get("forward"), "__self__", None) is x for x in net.modules())]
@@ -60,16 +78,14 @@ def explain_network(session: Any, exc: BaseException, tb: Any, mod: Any, maps: A
         patch = line_patch(made[0], made[1], f"{made[2].strip()}\n{name}.to({value_code(want)})")
     tried = f"`{name}` -> {value_code(want)}"
     inputs = tuple(session.frames.inputs_of(root))
-    proof = rerun(root, inputs, session.frames, tried, _cast(net, want)) if inputs else \
+    with replaying(session):
+        proof = rerun(root, inputs, session.frames, tried, _cast(net, want)) if inputs else None
+    proof = proof or \
         f"fix unproven: {tried} not re-run (the model's inputs are not known)"
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    lines += [proof, f"original error: {type(exc).__name__}: {first}"]
     problems = [Problem("dtype", f"{where}{n}", "parameter", dtype_str(p.dtype), dtype_str(want),
                         f"{where}{n} is {dtype_str(p.dtype)} in a network patched into the model's forwards, expected "
                         f"{dtype_str(want)}", module_type=kind) for n, p in odd]
-    err = PlacementError(format_error(head, lines, fix), module_path=None, module_type=kind, op=None,
-                         problems=problems, fix=fix)
-    return with_patch(err, patch, lines)
+    return head, lines + [proof], fix, patch, problems, kind
 
 
 def _holder(frames: list[Any], mod: nn.Module, root: nn.Module) -> tuple[str, str, Any, nn.Module] | None:

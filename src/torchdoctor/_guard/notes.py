@@ -169,11 +169,15 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
     if aim is not None:  # the maker of an operand made in forward: the fix is aimed at it (_guard/remedy.py)
         lines += aim.lines
         fix = aim.code or fix
-    if aim is None and not blamed and c.mod is not None and (fix or "").startswith("# pass") \
+    net = _network(session, c) if c.mod is not None and not c.compiled else None
+    if net is not None:  # a network patched into the model's forwards: cast it as the program holds it
+        head, lines, fix, proof, aim = net[0], lines + net[1][:-1], net[2], net[1][-1], None
+        problems = [*net[4], *problems]
+    if net is None and aim is None and not blamed and c.mod is not None and (fix or "").startswith("# pass") \
             and isinstance(t0, torch.dtype):  # computed in the calling forward from sources in another dtype
         from torchdoctor._guard.computed import computed_aim
 
-        aim = computed_aim([t for _, t in c.made], t0, session.frames, None)
+        aim = computed_aim([t for _, t in c.made], t0, session.frames, None, session)
         if aim is not None:
             lines += aim.lines
             fix = aim.code
@@ -200,7 +204,8 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
     err = PlacementError(format_error(head, lines + [f"other operand {d}" for d in others], fix),
                          module_path=c.mpath, module_type=c.mtype, op=str(op),
                          tensors=tuple(c.findings[0].problem.tensors), problems=problems, fix=fix)
-    err = with_patch(err, aim.patch if aim is not None else use[1] if use is not None else None, lines)
+    err = with_patch(err, net[3] if net is not None else aim.patch if aim is not None else use[1] if use is not None
+                     else None, lines)
     makers = (aim.lines if aim is not None else []) + said + (use[2] if use is not None else [])
     return err, Note("\n".join(makers) or None, fix, err.proof, err.patch, tuple(_component.groups_of(lines)))
 
@@ -230,4 +235,18 @@ def _use_line(c: Case, target: Any) -> tuple[str, str | None, list[str]] | None:
         patch = line_patch(path, at, new) if own_file(path) else None
         return f"{new.strip()}  # {where(path, at)}", patch, destination(frame, at)
     except Exception:  # the line is extra: the op's own fix stands without it
+        return None
+
+
+
+def _network(session: Any, c: Case) -> Any:
+    """``_guard/network.py``'s report parts when the op runs in a network patched into the model's forwards."""
+    from torchdoctor._guard.frames import user_frames
+    from torchdoctor._guard.network import network_told
+
+    try:
+        held = getattr(c.mod.__dict__.get("forward"), "__self__", None)  # a layer whose forward it replaced
+        mod = held if isinstance(held, torch.nn.Module) else c.mod if c.mpath is None else None
+        return network_told(session, mod, c.maps, c.root, user_frames()) if mod is not None else None
+    except Exception:  # the network is extra: the op's own report stands without it
         return None
