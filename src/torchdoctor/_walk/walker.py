@@ -22,42 +22,18 @@ from torch import nn
 
 from torchdoctor._report.model import Problem
 from torchdoctor._walk.entry import Entry, Walk, join_path, offloaded, set_tensor
-from torchdoctor._walk.kinds import (ATOM, FAST_ATOMS, FUNC, HOOK, MAPPING, MEMBER_KINDS, MODULE, OBJ, PLAIN, SCRIPTED, SEQ,
-                                     SET, SKIP, TENSOR, atoms_only, form_of, group_offloading, has_members, hook_chain,
-                                     inner_value, instance_dict, is_jagged_type, is_quant_type, is_script, kind, members,
-                                     script_dict, slot_items, unreadable)
+from torchdoctor._walk.kinds import (ATOM, FAST_ATOMS, FUNC, HOOK, MAPPING, MEMBER_KINDS, MODULE, NO_KEYS, OBJ, PLAIN,
+                                     SCRIPTED, SEQ, SET, SKIP, TENSOR, atoms_only, class_keys, form_of, group_offloading,
+                                     has_members, hook_chain, inner_value, instance_dict, is_jagged_type, is_quant_type,
+                                     is_script, kind, members, script_dict, slot_items, unreadable)
 
 MAX_DEPTH = 64  # nesting of plain objects / containers below a module attribute
 MAX_ITEMS = 100_000  # items read from one container
 MAX_NODES = 5_000_000  # objects visited in one walk
 
-# nn.Module bookkeeping: never user data (skipping these by a frozen set is what makes the walk cost about a bare named_parameters() loop).
-_MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "__dict__",
-                                                       "_diffusers_hook"}
-_ATTR_KEYS: dict[type, list[tuple[frozenset[str], tuple[str, ...], bool, bool]]] = {}  # class -> [(keys, extra, hooked, forward)]
 _FORWARD: Any = object()  # in expand's ``later`` list: the module's own ``forward`` attribute, not a key
 _UNSEEN: Any = object()
 __all__ = ["MAX_DEPTH", "MAX_ITEMS", "Entry", "Walk", "form_of", "hook_chain", "is_quant_type", "set_tensor", "walk"]
-
-
-def _class_keys(tp: type, d: dict[str, Any]) -> tuple[frozenset[str], tuple[str, ...], bool, bool]:
-    """The key set of a module's ``__dict__`` and what follows from it, remembered per class. A class may have a
-    few key sets (a Linear some library tagged, a ResNet block with or without a shortcut): every one is kept, so
-    instances that alternate between them never rebuild one (Flux: 76 rebuilds per walk with one slot per class)."""
-    known = _ATTR_KEYS.get(tp)
-    if known is not None:
-        for hit in known:
-            if d.keys() == hit[0]:
-                return hit
-    elif len(_ATTR_KEYS) > 4096:  # fx GraphModules make a class per instance
-        _ATTR_KEYS.clear()
-    keys = frozenset(d)
-    hit = (keys, tuple(sorted(keys - _MODULE_INTERNALS)), "_hf_hook" in keys or "_diffusers_hook" in keys,
-           "forward" in keys)
-    if known is None or len(known) >= 8:  # a class whose instances all differ: the newest few
-        known = _ATTR_KEYS[tp] = []
-    known.append(hit)
-    return hit
 
 
 class _Walker:
@@ -72,7 +48,7 @@ class _Walker:
         self.out: list[Entry] = []
         self.batch = 0  # run_modules' batch: a module's attributes are walked once per batch
         self.attrs_done: dict[int, int] = {}  # module id -> the batch that walked its attributes
-        self.classes: dict[type, tuple[frozenset[str], tuple[str, ...], bool, bool]] = {}  # the walk's module classes
+        self.classes: dict[type, tuple[frozenset[str], tuple[str, ...], bool, bool, bool]] = {}  # the walk's classes
 
     # -- bounds ---------------------------------------------------------------------------------------
     def truncate(self, path: str, why: str) -> None:
@@ -126,7 +102,15 @@ class _Walker:
                 fresh = module_set[mid] != batch and done.get(mid) != batch
                 done[mid] = batch
             d = mod.__dict__
-            if scripted.get(type(mod)) is not False and is_script(type(mod)):  # TorchScript: C++-backed wrappers
+            if fresh:
+                # a class's modules nearly always have one key set: comparing with the class's last one is half the
+                # cost of a set difference and a sort; ``==``: dict views compare equal faster than unequal
+                hit = classes.get(type(mod)) or NO_KEYS
+                if not d.keys() == hit[0]:
+                    hit = classes[type(mod)] = class_keys(type(mod), d)
+                if hit[4]:  # TorchScript: C++-backed wrappers in __dict__ (a traced model's top: none)
+                    d = script_dict(mod)
+            elif scripted.get(type(mod)) is not False and is_script(type(mod)):
                 d = script_dict(mod)
             try:  # one join per module, not one per tensor and child
                 prefix = path + "." if path else ""
@@ -153,13 +137,6 @@ class _Walker:
             # module attributes (plain tensors, objects, containers, list-held modules: never moved by Module.to),
             # once per batch for a module reached twice, at its first path
             if fresh:
-                # modules of one class nearly always have the same __dict__ keys: comparing them with the last key
-                # set seen for the class is half the cost of a set difference and a sort per module
-                tp = type(mod)
-                hit = classes.get(tp)
-                if hit is None or not d.keys() == hit[0]:  # ``==``: dict views compare equal faster than unequal
-                    hit = _class_keys(tp, d)
-                    classes[tp] = hit
                 if hit[2]:
                     if "_hf_hook" in d:
                         hooks.append((path, mod, d["_hf_hook"]))
