@@ -21,7 +21,7 @@ from torchdoctor._virtual.patched import apart
 from torchdoctor._virtual.origin import (from_origin, maker_of, moved_by_apply, operand_at, ran_as_asked,
                                          where_called)
 from torchdoctor._virtual.promote import Promotions, mixed
-from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, standin
+from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, is_entry as _is_entry, standin
 from torchdoctor._tracker import ModuleStack
 
 LIMIT = 100  # problems stored; the run goes on and counts the rest
@@ -328,9 +328,10 @@ class _Recorder(Hooks):
                                   message + where, op=op, module_path=mpath, module_type=mtype, tensors=listed), key)
             if path is None and origin is not None and (src := origin.placed_by if on_device else origin.source).paths:
                 self.sources.setdefault((p.kind, place, op, found), src.paths)
+            elif path is None and origin is not None and src.op == "Tensor.to" and src.at and on_device:
+                self.sources.setdefault((p.kind, place, op, found), (f"moved a tensor at {src.at}",))  # taken back
             elif path is None and origin is not None and src.op.startswith("torch.") and p.kind in ("device", "dtype"):
-                # a factory without device= (``torch.arange(n)``): the fix is at that call
-                mp = self.modules.paths.get(id(src.module)) if src.module is not None else None
+                mp = self.modules.paths.get(id(src.module)) if src.module is not None else None  # a factory's call
                 self.sources.setdefault((p.kind, place, op, found), ((f"factory {src.op} in `{mp or '<root>'}`"
                                         if src.module is not None else f"factory {src.op}")
                                         + (f" at {src.at}" if src.at else ""),))
@@ -392,9 +393,3 @@ class _Recorder(Hooks):
 
 _INDEX_OPS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put", "aten::index_put_",
                         "aten::_index_put_impl_", "aten::_unsafe_index_put"})
-
-
-def _is_entry(t: Any) -> bool:
-    """A tensor of the user's object (a weight, buffer, quant_state ...), not an input or an activation."""
-    path = getattr(t, "_td_path", None)
-    return isinstance(path, str) and bool(path) and not path.startswith(("input ", "kwarg "))

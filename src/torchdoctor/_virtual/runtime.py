@@ -64,7 +64,9 @@ def _move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: tor
     if isinstance(t, VirtualTensor) and target.type == "cpu" and is_virtual(src):
         # taken back from a virtual device: a real CPU tensor, which torch.save, safetensors, numpy and PIL take
         origin = t._td_origin
-        if origin is None and t._td_path is not None and space.hooks.running() is not None:
+        if t._td_path is None:  # an activation taken back: this line put it on the cpu (``.to(cache_device)``)
+            origin = Made("Tensor.to", space.hooks.running())
+        elif origin is None and space.hooks.running() is not None:
             origin = Made.moved(t._td_path, space.hooks.running())
         return space.keep_real(host_values(t, want, memory_format), t._td_path, origin)
     if isinstance(t, VirtualTensor):

@@ -345,3 +345,9 @@ def standin(t: VirtualTensor, anchor: Any) -> Any:
         new = make(VirtualTensor, t._td_elem.to(anchor), t._td_device, t._td_path)
     new._td_origin = t._td_origin
     return new
+
+
+def is_entry(t: Any) -> bool:
+    """A tensor of the user's object (a weight, buffer, quant_state ...), not an input or an activation."""
+    path = getattr(t, "_td_path", None)
+    return isinstance(path, str) and bool(path) and not path.startswith(("input ", "kwarg "))
