@@ -188,6 +188,8 @@ def network_fix(culprits: Sequence[tuple[str | None, str, str, Any]], apart: Seq
     mod = next((a.module() for a in apart if a.cls == cls and a.module() is not None), None)
     file = _class_file(mod)
     name, line = _assigned(file, str(cls)) if file else (None, 0)
+    if file and line and not _a_module(linecache.getline(file, line)):
+        return None  # held in a list (``network = [Lora(q), ...]``): no ``.to`` of its own
     target = culprits[0][3]
     want = value_code(target)
     shown = ", ".join(str(c[0]) for c in culprits[:2])
@@ -220,6 +222,16 @@ def _assigned(file: str, cls: str) -> tuple[str | None, int]:
         if m and not text.lstrip().startswith(("def ", "class ")):
             return m.group(1), i
     return None, 0
+
+
+def _a_module(text: str) -> bool:
+    """The assignment's value is a call (a module built, ``.to``-ed), not a list or tuple of them."""
+    try:
+        tree = ast.parse(text.strip())
+    except SyntaxError:
+        return True  # over several lines: said, without a diff
+    stmt = tree.body[0] if tree.body else None
+    return isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call)
 
 
 def _to_diff(file: str, line: int, want: str) -> str | None:

@@ -67,6 +67,10 @@ class Case:
         return f"{self.op} at {self.at}" if self.at else self.op
 
 
+# one op between a factory and the operand that cannot change its dtype: its dtype fix is judged at the op still
+_KEEPS_DTYPE = frozenset({"Tensor.to", "aten.view", "aten._unsafe_view", "aten.reshape", "aten.clone", "aten.expand",
+                          "aten.unsqueeze", "aten.squeeze", "aten.t", "aten.transpose", "aten.permute", "aten.slice",
+                          "aten.select", "aten.contiguous", "aten.detach", "aten._to_copy"})
 FAR = "far "  # a name's mark in ``tags_of``: an argument or factory the operand was computed from through other ops
 
 
@@ -93,7 +97,7 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
             tags.extend(src.paths)
             if str(src.op).startswith("torch.") and not src.paths:
                 mp = module_paths.get(id(src.module)) if src.module is not None else None
-                tags.append((FAR if src is not o else "") + (
+                tags.append((FAR if src is not o and not (o.via is src and str(o.op) in _KEEPS_DTYPE) else "") + (
                     f"factory {src.op} in `{mp or '<root>'}`" if src.module is not None else
                     f"factory {src.op}") + (f" at {src.at}" if src.at else ""))
         if o.op == "Tensor.to" and o.at and path:
@@ -185,8 +189,8 @@ def _applied(call: tuple[list[Any], dict[str, Any]], fixes: Sequence[Fix]) -> tu
 
 
 def _far(fix: Fix, cases: Sequence[Case]) -> str | None:
-    """The caller's argument ``fix`` casts that a failing op met only several ops downstream, or None."""
-    names = {n for n, t in fix.sets if isinstance(t, torch.dtype) or isinstance(t, tuple)}
+    """The caller's argument or factory ``fix`` changes that a failing op met only through other ops, or None."""
+    names = {n for n, t in fix.sets if isinstance(t, (torch.dtype, tuple))}
     for c in cases:
         for o in _operands(c.before):
             hit = next((n for n in o.far if n in names), None)
@@ -256,8 +260,8 @@ def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: A
             f.proven = False
             far = _far(f, cases)
             f.at_op = not far  # a re-run judges it (simulate), else it stays unproven saying why
-            f.tried = f"it casts {far}, which reaches the failing op only through several ops (one may promote it " \
-                "back): only a re-run of the whole program proves it" if far else \
+            f.tried = f"it changes {far}, which reaches the failing op only through other ops (one may undo it: a " \
+                "promotion, another operand): only a re-run of the whole program proves it" if far else \
                 "no failing op recorded reads a tensor it changes, so it was not re-run"
             continue
         bad = next(((c, left) for c, left, _ in mine if left is not None), None)

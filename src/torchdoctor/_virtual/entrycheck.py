@@ -28,8 +28,10 @@ def targets(o: Any, fix: Fix) -> list[Any]:
                 out.extend(x for x in (target if isinstance(target, tuple) else (target,))
                            if not isinstance(x, torch.dtype) or o.meta.is_floating_point())
         elif tag in o.tags or (tag.endswith(".") and any(t.startswith(tag) for t in o.tags)):
+            # a far argument's or factory's dtype: the ops between may promote it back (a bf16 timestep times fp32
+            # frequencies), so only a re-run judges it
             out.extend(x for x in (target if isinstance(target, tuple) else (target,))
-                       if not (isinstance(x, torch.dtype) and tag in o.far))  # a far argument's cast: a re-run's
+                       if not (tag in o.far and isinstance(x, torch.dtype)))
     return out
 
 

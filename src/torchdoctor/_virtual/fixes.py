@@ -201,7 +201,8 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
     file, line = LINES.get(at, ("", 0))
     diff = maker_diff(maker, at, dev if dev is not None else dt, exprs)
     # made so in a re-run where the line holds that one call (the diff found it alone on the line)
-    remake = (file, line, maker[6:], dev, dt) if file and maker.startswith("torch.") and diff is not None else None
+    remake = (file, line, maker[6:], dev, dt) if file and maker.startswith("torch.") and diff is not None and \
+        maker not in NO_DEVICE_ARG else None  # host-data makers are not seen by a function mode: judged at the op
     return Fix(f"# {said} made it {found}: {how}", "note", sets=((key, target),), diff=diff, remake=remake)
 
 

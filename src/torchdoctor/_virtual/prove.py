@@ -189,6 +189,9 @@ def proven(fixes: list[Fix], rerun: Callable[[list[Fix]], Sequence[Problem]],
             still = [p for p in left if p.path in names or "*" in names]
             had = {(p.kind, p.path) for p in before}
             new = [p for p in left if (p.kind, p.path) not in had] if before else []
+            # the very failure it was proven at is still there (another operand of the op, made elsewhere, is wrong too)
+            at = {(p.kind, p.path, p.op) for p in before if p.op and f"at the failing op {p.op}" in f.tried}
+            still += [p for p in left if (p.kind, p.path, p.op) in at and p not in still]
             if f.proven and (still or new):
                 f.proven = False
                 f.tried = f"{f.tried}; but a virtual re-run with it applied still found: {still[0].message}"[:400] \
