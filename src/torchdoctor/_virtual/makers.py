@@ -61,10 +61,8 @@ class CastMakers(torch.overrides.TorchFunctionMode):
         if want is not None and out.dtype != want:  # the fix at this line, applied in a proof's re-run
             out = out.to(want)
         space = current_space()
-        module = space.hooks.running() if space is not None else None
-        if module is None and t._td_path is None:
-            return out  # outside any module: the run's own line record names it already
-        site = cast_site(f, short_at(f), out.dtype)
+        module = space.hooks.running() if space is not None else None  # outside any module too (an optimizer's
+        site = cast_site(f, short_at(f), out.dtype)  # ``update.float()``): the cast set its dtype
         if site is None:
             return out
         made = Made(f"Tensor.{site.cast.split('(')[0]}", module, (f"cast at {site.at}",), 1, via=t._td_origin,

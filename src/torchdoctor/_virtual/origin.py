@@ -239,7 +239,7 @@ def short_at(f: Any) -> str:
     return f"{short}:{f.f_lineno}"
 
 
-_LIKE = frozenset(f"aten.{n}_like" for n in ("randn", "rand", "randint", "zeros", "ones", "full", "empty"))
+_LIKE = frozenset(f"aten.{n}_like" for n in ("randn", "rand", "randint"))  # new data; zeros_like(p) copies p's dtype
 
 
 def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Made | None:
