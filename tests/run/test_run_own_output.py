@@ -78,3 +78,27 @@ def test_trace_of_a_gpu_program_on_a_machine_without_one_says_how_to_run_it_here
     assert "Torch not compiled with CUDA enabled" in proc.stderr
     assert (f"torchdoctor trace: this program asks for cuda, which this machine's torch does not have: "
             f"`torchdoctor run --device cuda:0 {script} --flag` runs it here on a virtual cuda:0") in proc.stderr
+
+
+FP16_SCALER = """
+    import torch
+    m = torch.nn.Linear(8, 8).half()  # "mixed precision" by casting the model
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    loss = m(torch.ones(2, 8, dtype=torch.float16)).float().sum()
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+"""
+
+
+def test_a_gradscaler_on_float16_weights_is_one_explained_error(tmp_path: Path) -> None:
+    """Hunt T11b: the program's traceback, then the explained error (never "no placement error")."""
+    script = write(tmp_path / "app.py", FP16_SCALER)
+    proc = run("--color", "never", str(script), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    summary = proc.stderr[proc.stderr.index("torchdoctor run:"):]
+    assert "1 placement error(s) met" in summary and "no placement error" not in summary
+    assert "[dtype_mismatch] ValueError: Attempting to unscale FP16 gradients." in summary
+    assert "raised at app.py:8 in <module>" in summary
+    assert "culprit weight: f16[8,8]@cpu" in summary
+    assert ".float()  # float32 master weights" in summary.split("fix:", 1)[1]
