@@ -16,7 +16,6 @@ device and cached.
 from __future__ import annotations
 
 import copy
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Mapping
@@ -25,25 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from torchdoctor._env.complete import complete_facts
 from torchdoctor._env.versions import oneapi_hides_gpus, visible_count
+from torchdoctor._env.virtual import VIRTUAL, virtual_view  # noqa: F401 (VIRTUAL: the runtime's older hook)
 from torchdoctor._report.text import public_types
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 PRIORITY = ("cuda", "xpu", "mps", "cpu")
-# a virtual-device run answers for the hardware its thread sees (the virtual runtime registers it): None outside a
-# run, else {"type", "facts": to lay over the machine's, "run": (family, dtype) -> error or None, from its profile}
-VIRTUAL: list[Callable[[], Mapping[str, Any] | None]] = []
-
-
-def virtual_view() -> Mapping[str, Any] | None:
-    """What a virtual-device run on this thread answers, or None. The runtime need not import this package (its
-    start stays cheap): its ``env_view`` is read from the module when the runtime is loaded at all."""
-    hardware = sys.modules.get("torchdoctor._virtual.hardware")
-    view = getattr(hardware, "env_view", None) if hardware is not None else None
-    if view is not None:
-        return view()
-    return VIRTUAL[0]() if VIRTUAL else None
 _NAMES = {"cuda": "CUDA", "xpu": "XPU", "mps": "MPS", "cpu": "CPU"}
 _ORDER = "priority CUDA > XPU > MPS > CPU"
 
