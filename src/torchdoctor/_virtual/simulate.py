@@ -112,6 +112,11 @@ def simulate(
                              f"{profile.type} device(s); pass profile=DeviceProfile(..., count=N)")
     start = time.perf_counter()
     found = walk(obj)
+    scripted = next((p or "the model" for p, m in found.modules if isinstance(m, torch.jit.ScriptModule)), None)
+    if scripted is not None and call is None:  # its tensors live in TorchScript's C++ object: no virtual copy holds them
+        raise TypeError(f"simulate cannot place {scripted}, a TorchScript module (torch.jit.trace / torch.jit.script), "
+                        "on a virtual device: simulate the Python module before it is traced or scripted, or pass "
+                        "call= with the code that traces it; scan(model, device) reads a TorchScript module as it is")
     assumed = None
     unloaded = not_loaded(found) if assume_device is None or assume_device is True else 0
     if unloaded:  # weights not loaded: check the structure as if they were
