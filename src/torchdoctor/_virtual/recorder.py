@@ -183,7 +183,9 @@ class _Recorder(Hooks):
             self._note("device", None, device_str(device), device_str(gdev), f"torch.{name}(device="
                        f"{device_str(device)!r}){f' at {at}' if at else ''} draws from a generator on "
                        f"{device_str(gdev)}: real PyTorch raises (Cannot generate a {device.type} tensor from a "
-                       f"generator of type {gdev.type}); pass device=generator.device", f"torch.{name}", "generator")
+                       f"generator of type {gdev.type}); " + ("pass device=generator.device" if device.type == "cpu" else
+                       f"real PyTorch expects a '{device.type}' generator: torch.Generator({device.type!r})"),
+                       f"torch.{name}", "generator")
             if at:  # fixed at that call: device= the generator's
                 self.sources.setdefault(("device", self.problems[-1].path, f"torch.{name}", device_str(device)),
                                         (f"factory torch.{name} at {at}",))
