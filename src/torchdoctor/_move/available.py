@@ -65,7 +65,7 @@ def _reason(dev: torch.device) -> str | None:
         from torchdoctor._env.facts import device_facts
 
         facts = device_facts()
-        here = devices.VIRTUAL[0]() if devices.VIRTUAL else None  # a virtual run lays its hardware over the machine's
+        here = devices.virtual_view()  # a virtual run lays its hardware over the machine's
         if here:
             facts = {**facts, **here.get("facts", {})}
         return devices.unavailable_reason(facts, device_str(dev))

@@ -177,6 +177,7 @@ def _at_maker(label: str, target: Any, made_args: Mapping[str, tuple[str, str, s
         return None
     op, at, found = hit
     fix = factory_fix(f"factory {op} at {at}", {"dtype": (found, target)})
+    fix.sets = ((label, target),)  # it makes the argument in ``target``: judged at the failing op as its cast would be
     return fix if fix.diff is not None else None
 
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from torchdoctor._env.devices import VIRTUAL
 from torchdoctor._report.model import Problem
 from torchdoctor._rules.profile import DeviceProfile
 
@@ -294,6 +293,3 @@ def _outside(space: Any) -> Iterator[None]:
             yield
     finally:
         swap_space(prev)
-
-
-VIRTUAL[:] = [env_view]
