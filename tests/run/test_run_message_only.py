@@ -69,8 +69,8 @@ def test_errors_reported_by_message_only_are_found_each_at_its_own_line(tmp_path
     # each its own maker and fix, not the first one's
     assert "float()" in by_where[upcasts]["culprit"] and "h = self.enc(x).to(torch.float16)" in \
         by_where[upcasts]["fix"]
-    assert "self.compute_dtype" in by_where[reads]["culprit"] and "self.compute_dtype> = torch.float16" in \
-        by_where[reads]["fix"]
+    assert "self.compute_dtype" in by_where[reads]["culprit"] and "model.compute_dtype = torch.float16" in \
+        by_where[reads]["fix"]  # the attribute by the path the program's model has, not a placeholder
     summary = proc.stderr[proc.stderr.index("torchdoctor run:"):]
     assert "2 placement error(s) met" in summary and "no placement error" not in summary
     assert f"logged at {upcasts}" in summary and f"logged at {reads}" in summary

@@ -321,12 +321,20 @@ def app(m):
 """
 
 
-def test_a_fix_of_one_operand_s_maker_is_unproven_when_the_re_run_still_fails_at_that_op(tmp_path: Path) -> None:
+def test_a_tensor_computed_from_two_factories_is_fixed_where_it_is_passed_not_at_either_factory(
+        tmp_path: Path) -> None:
+    """``latent + noise * s``: neither factory alone puts the sum on the device (the other operand stays behind: hunt
+    T1), so the maker named is the sum at its line and the fix moves what is passed, proven the same in a block (run,
+    the marker) as in simulate; applied, the program runs clean."""
     mod = _module(tmp_path, NOISE_APP)
     report = torchdoctor.simulate(mod.UNet(), device="cuda:0", call=mod.app)
-    codes = [f.code for f in report.fixes]
-    assert any("torch.zeros" in c for c in codes), codes
-    # the latent's maker alone is proven at the failing op, but the cpu noise (drawn with a cpu generator) still
-    # meets it there in a re-run: never printed as proven
-    assert not all(f.proven for f in report.fixes), [(f.code, f.tried) for f in report.fixes]
-    assert "fix proven" not in report.text()
+    with torchdoctor.virtual_devices("cuda:0", raise_on_exit=False) as block:
+        mod.app(mod.UNet())
+    for fixes, text in ((report.fixes, report.text()), (block.fixes, str(block.error()))):
+        codes = [f.code for f in fixes]
+        assert not any("torch.zeros" in c or "torch.randn" in c for c in codes), codes
+        assert "made by Tensor.add at " in text and ".py:12)" in text, text  # the line of the sum
+        assert codes == ["# pass input 0 (x) as tensor.to('cuda:0')"] and all(f.proven for f in fixes), codes
+    fixed = _module(tmp_path, NOISE_APP.replace("m(latent + noise * 14.6)",
+                                                          "m((latent + noise * 14.6).to('cuda:0'))"))
+    assert torchdoctor.simulate(fixed.UNet(), device="cuda:0", call=fixed.app).ok
