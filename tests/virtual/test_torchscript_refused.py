@@ -52,3 +52,13 @@ def test_the_python_module_before_tracing_is_simulated_and_its_attribute_named()
     report = torchdoctor.simulate(_PosTable(), (torch.randn(5, 4),), "cuda:0")
     assert not report.ok
     assert any(p.path == "pos_table" for p in report.problems)
+
+
+def test_a_program_that_traces_its_model_inside_a_block_runs_through_the_tracer() -> None:
+    """``torch.jit.trace`` inside a virtual run records the program's ops, never the runtime's own autograd link for
+    a real tensor meeting virtual ones (it has no data to trace: "data is not allocated yet")."""
+    model = _PosTable()
+    with torchdoctor.virtual_devices("cuda:0", raise_on_exit=False):
+        traced = torch.jit.trace(model.eval(), (torch.randn(5, 4),), check_trace=False)
+        out = traced.to("cuda:0")(torch.randn(5, 4, device="cuda:0"))
+    assert out.shape == (5, 4)  # (the trace's CPU constant meeting cuda is not judged yet: hunt T17, open)

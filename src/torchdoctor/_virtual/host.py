@@ -113,6 +113,8 @@ def through_autograd(src: torch.Tensor, made: Any) -> Any:
     ``x.to(dtype)`` inside a forward and ``out.cpu()`` before a loss pass their gradients back."""
     if made is src or not isinstance(made, torch.Tensor) or made.requires_grad or made._base is not None:
         return made
+    if torch._C._get_tracing_state() is not None:  # torch.jit.trace records the program's ops, never ours
+        return made
     return _Moved.apply(src, [made])
 
 
