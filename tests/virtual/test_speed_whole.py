@@ -103,7 +103,12 @@ def test_planted_bugs_around_attention_read_the_same(mask: str, monkeypatch: pyt
     assert _report(one) == _report(off)
     assert one.ok == (mask == "none"), (mask, one.problems)
     # a float64 mask is recorded where it is made and the run goes on with it cast: the attention then agrees
-    assert (aten.scaled_dot_product_attention.default in on) == (mask != "cpu")
+    sdpa, bmm = aten.scaled_dot_product_attention.default, aten.bmm.default
+    if mask == "cpu":  # the checked run decomposes what meets the cpu mask; a proof's re-run, with the mask made on
+        # the device by the printed fix, may then take the path
+        assert bmm in on and (sdpa not in on or on.index(bmm) < on.index(sdpa)), on
+    else:
+        assert sdpa in on, on
 
 
 class _Floats(nn.Module):
