@@ -69,6 +69,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         except (ValueError, TypeError, RuntimeError):
             target = dtype if p.kind == "dtype" else device
         made_from = (sources or {}).get((p.kind, p.path, p.op or "", p.found), ())
+        if "unscale FP16 gradients" in p.message:  # GradScaler met float16 parameters: casting anything to float16 is
+            factories.append(Fix(_SCALER, "note"))  # no fix; float32 master weights under autocast are
+            continue
         if storage_target(target) and p.found not in _STORAGE_NAMES:  # activations never become storage
             factories.extend(storage_fix(p, have))
             continue
@@ -164,6 +167,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     return items or [Fix(f"torchdoctor.move(model, {device_str(device)!r})", "path", sets=(("*", device),))]
 
 
+_SCALER = ("# GradScaler unscales float32 gradients only: keep the trained parameters float32 (drop the model's "
+           ".half() / .to(torch.float16)) and run the forward under torch.autocast(device_type, dtype=torch.float16), "
+           "or train in bfloat16 without GradScaler")
 # dtypes that are storage, never compute: a tensor found in one of them is the stored side, not the activation
 _STORAGE_NAMES = frozenset(dtype_str(d) for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                                                   torch.bool, *FLOAT8_DTYPES))
