@@ -47,12 +47,12 @@ def _conversion(raw: str, frame: Any) -> tuple[str, torch.Tensor, int, int, str]
     """(the tensor's name, the tensor, columns of the converting expression, that expression with ``.float()``
     after the tensor) for the first ``<name>....numpy()`` / ``np.asarray(<name>...)`` on the line whose tensor numpy
     cannot take."""
-    text = raw.strip()
-    shift = len(raw) - len(raw.lstrip())
-    try:
-        tree = ast.parse(text + " pass" if text.endswith(":") else text)
-    except SyntaxError:
+    from torchdoctor._guard.useline import parsed_line
+
+    got = parsed_line(raw)
+    if got is None:
         return None
+    tree, shift = got
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute) or node.end_col_offset is None:
             continue

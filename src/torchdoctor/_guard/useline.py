@@ -43,17 +43,26 @@ def names_of(frame: Any, tensors: list[torch.Tensor]) -> list[str]:
     return [n for n, v in frame.f_locals.items() if isinstance(v, torch.Tensor) and id(v) in ids and n != "self"]
 
 
+def parsed_line(raw: str) -> tuple[ast.Module, int] | None:
+    """One source line parsed on its own (a block opener completed with ``pass``) and its indent, the column shift
+    back to the file's line; None when it does not parse alone."""
+    text = raw.strip()
+    try:
+        return ast.parse(text + " pass" if text.endswith(":") else text), len(raw) - len(raw.lstrip())
+    except SyntaxError:
+        return None
+
+
 def fixed_line(frame: Any, lineno: int, names: list[str], target: Any) -> tuple[str, str, str] | None:
     """(the line with each of ``names`` cast where it is passed, the fixed expression's proof, its file) or None when
     the line passes none of them (a name only written to, or the receiver of an in-place method, is never cast)."""
     path = frame.f_code.co_filename
     raw = linecache.getline(path, lineno).rstrip("\r\n")
-    text = raw.strip()
-    shift = len(raw) - len(raw.lstrip())
-    try:
-        tree = ast.parse(text + " pass" if text.endswith(":") else text)
-    except SyntaxError:
+    got = parsed_line(raw)
+    if got is None:
         return None
+    tree, shift = got
+    text = raw.strip()
     receivers = {id(n.func.value) for n in ast.walk(tree) if isinstance(n, ast.Call)
                  and isinstance(n.func, ast.Attribute) and n.func.attr.endswith("_")}
     spots = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
@@ -141,11 +150,10 @@ def destination(frame: Any, lineno: int, tb: Any = None) -> list[str]:
     from torchdoctor._guard.frames import user_frames
     from torchdoctor._guard.maker import find
 
-    text = linecache.getline(frame.f_code.co_filename, lineno).strip()
-    try:
-        tree = ast.parse(text + " pass" if text.endswith(":") else text)
-    except SyntaxError:
+    got = parsed_line(linecache.getline(frame.f_code.co_filename, lineno))
+    if got is None:
         return []
+    tree = got[0]
     out = []
     for n in ast.walk(tree):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr.endswith("_") \
