@@ -78,6 +78,8 @@ def test_trace_of_a_gpu_program_on_a_machine_without_one_says_how_to_run_it_here
     assert "Torch not compiled with CUDA enabled" in proc.stderr
     assert (f"torchdoctor trace: this program asks for cuda, which this machine's torch does not have: "
             f"`torchdoctor run --device cuda:0 {script} --flag` runs it here on a virtual cuda:0") in proc.stderr
+    assert "torchdoctor/_trace" not in proc.stderr  # the trace's wrappers of Module.to are not the program's frames
+    assert proc.stderr.strip().splitlines()[-1].startswith("torchdoctor trace: this program asks for cuda")
 
 
 FP16_SCALER = """

@@ -65,6 +65,17 @@ def _script_traceback(exc: BaseException, script: str) -> types.TracebackType | 
     return exc.__traceback__
 
 
+def _print_script_error(exc: BaseException, script: str) -> None:
+    """The script's error as python prints it, without torchdoctor's frames (the trace's wrappers of ``Module.to``
+    between the script's own)."""
+    try:
+        from torchdoctor._run.program import print_program_error
+
+        print_program_error(exc)
+    except Exception:  # never lose the script's error over how it is shown
+        traceback.print_exception(type(exc), exc, _script_traceback(exc, script))
+
+
 def no_device_hint(exc: BaseException, program: list[str]) -> str | None:
     """For a program that asks for hardware this machine's torch lacks ("Torch not compiled with CUDA enabled"):
     the line that runs it here on a virtual device of that kind, where ``run`` traces it too."""
@@ -113,7 +124,7 @@ def command(args: argparse.Namespace) -> int:
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [script, *(args.script_args or [])]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    code, pid = 0, os.getpid()
+    code, pid, hint = 0, os.getpid(), None
     t = trace(None, moves=moves, lora=lora, file=out)
     try:
         with ProgramSignals("trace", 2), t:  # SIGTERM / SIGHUP end what the script started, then this
@@ -123,10 +134,8 @@ def command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # the script's own error: shown as python would show it
-        traceback.print_exception(type(exc), exc, _script_traceback(exc, script))
+        _print_script_error(exc, script)
         hint = no_device_hint(exc, [script, *(args.script_args or [])])
-        if hint:
-            print(f"torchdoctor trace: {hint}", file=sys.stderr)
         code = 1
     finally:
         sys.argv = saved_argv
@@ -141,6 +150,8 @@ def command(args: argparse.Namespace) -> int:
     shown = sum(1 for r in t.records if t.selected(r))
     where = f"; JSON lines in {out}" if out else ""
     print(f"torchdoctor trace: {shown} change(s) shown, {len(t.records)} recorded{where}", file=sys.stderr)
+    if hint:  # the last line says what to do
+        print(f"torchdoctor trace: {hint}", file=sys.stderr)
     if getattr(args, "json", False):
         from torchdoctor._cli.common import print_json
         from torchdoctor._report.text import schema
