@@ -144,11 +144,7 @@ class guard:  # noqa: N801 - reads like torch.no_grad
             return None
         if isinstance(exc, RuntimeError):
             raise explained from exc
-        note = str(explained)
-        if hasattr(exc, "add_note"):
-            exc.add_note(note)
-        else:  # Python 3.10
-            exc.args = (*exc.args, note)
+        _tell(exc, str(explained))
         return None
 
     def __call__(self, fn: F) -> F:
@@ -233,6 +229,20 @@ class guard:  # noqa: N801 - reads like torch.no_grad
             self._compiled_warned = True
         warnings.warn(f"torchdoctor.guard(mode={self.mode!r}) does not check inside torch.compile'd regions; "
                       "only code that runs eagerly is checked", _placement_warning(), stacklevel=user_stacklevel())
+
+
+def _tell(exc: BaseException, note: str) -> None:
+    """Put guard's explanation of an error that is no RuntimeError (numpy's ``TypeError`` on bfloat16, GradScaler's
+    ``ValueError``) into ``str(exc)`` itself: the program's ``except TypeError`` still holds, and every frontend
+    that prints the message shows it (notes are dropped by some: loggers' ``%s``, web UIs, ``str(e)``). An exception
+    whose text is not its one string argument gets a note instead."""
+    args = exc.args
+    if type(exc).__str__ is BaseException.__str__ and len(args) == 1 and isinstance(args[0], str):
+        exc.args = (f"{args[0]}\n\n{note}" if args[0] else note,)
+    elif hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10
+        exc.args = (*args, note)
 
 
 def _as_profile(profile: Any) -> Any:
