@@ -7,7 +7,7 @@ row stays on one line, its label left-aligned at its indent, clear of the size c
 scoped under its own id, all 69 rows of this pipeline's outline broke under the JupyterLab rules and all 69
 under the VS Code rules (right-aligned, off their indent, and under JupyterLab run into the size column). A plain
 table beside the map proves the host's rules are loaded and match: it is right-aligned, striped and padded as
-that host draws it."""
+that host draws it. The first culprit's card stays on the first screen of a 1280x720 window under each host's rules."""
 
 from __future__ import annotations
 
@@ -92,6 +92,13 @@ var cell=getComputedStyle(document.querySelector('.tdmap table.totals td'));
 return {rows: out, totals_left: totals.left, h2_left: h2.left, totals_border: cell.borderTopWidth + ' ' + cell.borderTopStyle};
 """
 
+_CARD = """
+var c=document.querySelector('.tdmap .card'), r=c.getBoundingClientRect();
+var out=document.querySelector('.tdmap').parentElement.getBoundingClientRect();
+return {path: c.getAttribute('data-path'), top: r.top, bottom: r.bottom, output_top: out.top, width: innerWidth,
+        height: innerHeight, fix_bottom: c.querySelector('.fix pre').getBoundingClientRect().bottom};
+"""
+
 
 @pytest.fixture(scope="module")
 def fragment() -> str:
@@ -124,13 +131,23 @@ def test_outline_rows_hold_under_notebook_css(browser: Any, fragment: str, host:
     page = tmp_path / f"{host}.html"
     page.write_text(f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><style>{css}</style></head>'
                     f"<body>{wrap.format(PROBE + fragment)}</body></html>", encoding="utf-8")
-    browser.get(page.resolve().as_uri())
-    deadline = time.monotonic() + 30
-    while browser.execute_script("var m=document.querySelector('.tdmap'); return m && m.getAttribute('data-ready')") != "1":
-        assert time.monotonic() < deadline, "the map's script never finished"
-        time.sleep(0.05)
-    assert browser.execute_script(_PROBE) == PROBED[host]  # the host's rules are live on this page
-    seen = browser.execute_script(_MEASURE)
+    browser.set_window_size(1280, 720)
+    try:
+        browser.get(page.resolve().as_uri())
+        deadline = time.monotonic() + 30
+        while browser.execute_script("var m=document.querySelector('.tdmap'); return m && m.getAttribute('data-ready')") != "1":
+            assert time.monotonic() < deadline, "the map's script never finished"
+            time.sleep(0.05)
+        browser.execute_script("window.scrollTo(0, 0)")
+        assert browser.execute_script(_PROBE) == PROBED[host]  # the host's rules are live on this page
+        seen = browser.execute_script(_MEASURE)
+        card = browser.execute_script(_CARD)
+    finally:
+        browser.set_window_size(1200, 1600)
+    # the first culprit's whole card, fix included, on the first screen of the output at 1280x720 (measured from
+    # the top of the output, where the notebook scrolls it into view): 174..306 px under JupyterLab's rules
+    assert card["path"] == "unet.conv_in.weight" and card["width"] == 1280, card
+    assert card["bottom"] - card["output_top"] <= card["height"] and card["fix_bottom"] <= card["bottom"], card
     rows = seen["rows"]
     assert len(rows) > 60 and any(r["path"] == "unet.down_blocks" for r in rows)
     broken = {r["path"]: why for r in rows if (why := _broken(r))}
