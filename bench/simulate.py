@@ -1,12 +1,13 @@
 """Simulation cost on realistic shapes: Llama-3-8B and 70B built on meta, 128 tokens, virtual cuda:1.
 
-Run: ``python bench/simulate.py [8b|70b|both|layers]``. Each size runs in a fresh subprocess, so peak RSS is per
+Run: ``python bench/simulate.py [8b|70b|both|layers|cli [ROUNDS]]``. Each size runs in a fresh subprocess, so peak RSS is per
 size. Prints the wall time of ``torchdoctor.simulate`` (median of 5 after a first call, interleaved with a plain
 forward of the same meta model as the baseline), the number of aten ops checked, and the process's peak RSS.
 Targets (issue 5): 8B < 2 s, 70B < 10 s, peak RSS < 1 GB. ``layers`` runs the 8B shape with 8 and with 32 layers
 and prints the cost of one more layer for both (issue 28: the cost stays linear in layers; the table of meta-kernel
 outputs, kept for the process since issue 43, makes every layer after the first cheaper, and every call after the
-first in a process: ``first_s`` is the cold table).
+first in a process: ``first_s`` is the cold table). ``cli`` compares the command line's simulate of a model built on
+meta with the API's, whole processes interleaved (issue 42 point 9: within 1.2x).
 """
 
 from __future__ import annotations
@@ -81,7 +82,74 @@ def layers() -> None:
         print(f"{what}: 8 layers {a:.3f} s, 32 layers {b:.3f} s, {(b - a) / 24 * 1e3:.1f} ms per layer")
 
 
+_APP = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+def _build(hidden, inter, layers, heads):
+    cfg = LlamaConfig(vocab_size=128256, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=8)
+    with torch.device("meta"):  # weights never loaded
+        return LlamaForCausalLM(cfg)
+
+def l8():
+    return _build(4096, 14336, 8, 32)
+
+def l70():
+    return _build(8192, 28672, 80, 64)
+"""
+_API = ("import json, sys, torchdoctor; sys.path.insert(0, '.'); import app; "
+        "r = torchdoctor.simulate(getattr(app, sys.argv[1])(), device='cuda:1'); "
+        "print(json.dumps({'ok': r.ok, 'ops': r.ops}))")
+
+
+def _timed(argv: list[str], cwd: str) -> tuple[float, float, dict[str, Any]]:
+    """Wall and CPU seconds (this process's children: the CLI's TARGET child included) of one whole command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run(argv, cwd=cwd, capture_output=True, text=True,
+                         env=dict(os.environ, HF_HUB_OFFLINE="1", TORCHDOCTOR_PROGRESS="0"))
+    wall = time.perf_counter() - t0
+    if out.returncode:
+        raise SystemExit(f"{' '.join(argv[:4])} ... exited with {out.returncode}:\n{out.stderr[-3000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    text = out.stdout.strip()
+    return wall, cpu, json.loads(text[text.index("{"):])  # the CLI's --json is indented, the API's one line
+
+
+def cli(rounds: int = 3) -> None:
+    """``torchdoctor simulate app.py:NAME --device cuda:1`` against ``torchdoctor.simulate(app.NAME(), device=
+    "cuda:1")``, each a whole fresh process as a user runs it, interleaved (the order flips each round): the Llama-3-8B
+    width with 8 layers and the 80-layer 70B shape, both built on meta. Medians of wall and CPU seconds."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        with open(os.path.join(folder, "app.py"), "w", encoding="utf-8") as fh:
+            fh.write(_APP)
+        for name, what in (("l8", "8-layer Llama-3-8B width"), ("l70", "80-layer Llama-3-70B shape")):
+            runs: dict[str, list[tuple[float, float]]] = {"api": [], "cli": []}
+            ops = {}
+            argv = {"api": [sys.executable, "-c", _API, name],
+                    "cli": [sys.executable, "-m", "torchdoctor", "simulate", f"app.py:{name}", "--device", "cuda:1",
+                            "--json", "-q"]}
+            for i in range(rounds):
+                for key in (("api", "cli") if i % 2 == 0 else ("cli", "api")):
+                    wall, cpu, doc = _timed(argv[key], folder)
+                    assert doc["ok"], doc
+                    runs[key].append((wall, cpu))
+                    ops[key] = doc.get("ops")
+            med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in runs.items()}
+            print(f"{name} ({what}, on meta), {rounds} interleaved rounds, whole process: API {med['api'][0]:.1f} s wall"
+                  f" / {med['api'][1]:.1f} s CPU, CLI {med['cli'][0]:.1f} s wall / {med['cli'][1]:.1f} s CPU: CLI/API "
+                  f"x{med['cli'][0] / med['api'][0]:.2f} wall, x{med['cli'][1] / med['api'][1]:.2f} CPU; ops {ops}; "
+                  f"per round (wall api/cli): " + ", ".join(f"{a[0]:.1f}/{c[0]:.1f}" for a, c in zip(runs["api"], runs["cli"])))
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "cli":
+        cli(int(sys.argv[2]) if len(sys.argv) > 2 else 3)
+        return
     if len(sys.argv) > 2 and sys.argv[1] == "--one":
         print(json.dumps(one(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)))
         return

@@ -85,7 +85,11 @@ class _Parser(argparse.ArgumentParser):
         from torchdoctor._cli.hints import with_hint
 
         tolerant_streams()  # the command ends here: an argument in another script must not fail the message
-        self.exit(EXIT_USAGE, f"{self.prog}: {with_hint(self, message)}\n")
+        prog = self.prog
+        verb = getattr(self, "verb_word", None)  # argparse reports a verb's unknown options from the top parser
+        if verb and message.startswith("unrecognized arguments"):
+            prog = f"{prog} {verb}"
+        self.exit(EXIT_USAGE, f"{prog}: {with_hint(self, message)}\n")
 
 
 def _parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -326,6 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return help_command(words, list(_VERB_MODULES), main)
     parser = _parser(words[0] if words and words[0] in _BUILDERS else None)
+    if words and words[0] in _VERB_MODULES:
+        parser.verb_word = words[0]  # type: ignore[attr-defined]
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse printed the usage error (or --help / --version): a code, not an exit
