@@ -55,13 +55,14 @@ class Operand:
 class Case:
     """One failing op: its operands as they were (``before``) and as the run went on with them (``after``)."""
 
-    __slots__ = ("func", "op", "at", "before", "after", "want")
+    __slots__ = ("func", "op", "at", "before", "after", "want", "line")
 
     def __init__(self, func: Any, before: tuple[list[Any], dict[str, Any]], after: tuple[list[Any], dict[str, Any]],
                  want: torch.dtype | None) -> None:
         self.func, self.op, self.before, self.after, self.want = func, str(func), before, after, want
         f = user_frame(2)
         self.at = short_at(f) if f is not None else None
+        self.line = (f.f_code.co_filename, f.f_lineno) if f is not None else None  # the file and line of ``at``
 
     def where(self) -> str:
         return f"{self.op} at {self.at}" if self.at else self.op
@@ -102,6 +103,10 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
                     f"factory {src.op}") + (f" at {src.at}" if src.at else ""))
         if o.op == "Tensor.to" and o.at and path:
             tags.append(f"moved {path} at {o.at}")
+        pb = o.placed_by
+        if not path and pb.op == "Tensor.to" and pb.at:  # a copy moved by the program's own line (``.cuda()``)
+            near_move = pb is o or (o.via is pb and str(o.op) in _KEEPS_DTYPE)
+            tags.append(("" if near_move else FAR) + f"moved a tensor at {pb.at}")
         tags = [FAR + x if x.startswith(("input ", "kwarg ")) and x not in near and x != path else x for x in tags]
     return tuple(tags), isinstance(path, str) and bool(path) and not path.startswith(("input ", "kwarg "))
 
@@ -241,6 +246,7 @@ def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: A
     was first given): a fix that casts or moves a whole component, or a module held apart, is proven at the
     entries of its layers too: a tensor they are given from outside it would be left behind (the caller's fp32
     input of an encoder cast to bf16) joins the fix, with its own fix (``fixes`` grows), else it is unproven."""
+    _at_moves(fixes, cases)
     results = [(c, *_check(c, fixes, rules, profile)) for c in cases]
     for i, f in enumerate(fixes):
         if f.kind == "factory" and isinstance(f.target, torch.dtype):  # a factory's dtype=: the device holds it
@@ -273,6 +279,45 @@ def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: A
             more = f" (and {len(mine) - 1} more op(s))" if len(mine) > 1 else ""
             f.tried = (f"at the failing op {c.where()}{more}: its operands as the fix leaves them run with no "
                        "problem" + ("; its output is the one the ops after it ran on" if same else ""))
+    _left_over(fixes, results, rules, profile)
     if entries:
         entry_check(fixes, entries)
     return fixes
+
+
+def _at_moves(fixes: list[Fix], cases: Sequence[Case]) -> None:
+    """A move at the program's own line to a fixed device (``.cuda()``) is fixed at that line, to the device of what
+    it meets at the failing op (``moveline``), where both lines can be read."""
+    from torchdoctor._placement import device_str
+    from torchdoctor._virtual.moveline import moved_line_fix
+
+    for f in fixes:
+        tag = next((n for n, t in f.sets if n.startswith("moved a tensor at ") and isinstance(t, torch.device)), None)
+        if tag is None or f.diff is not None or f.kind != "note":
+            continue
+        hit = next(((c, o) for c in cases for o in _operands(c.before) if tag in o.tags), None)
+        if hit is None:
+            continue
+        line = moved_line_fix(tag[len("moved a tensor at "):], hit[0].at, hit[0].line, device_str(hit[1].device))
+        if line is not None:
+            f.code, f.diff = line
+
+
+def _left_over(fixes: list[Fix], results: Sequence[tuple[Case, set[int], str | None, bool]], rules: Any,
+               profile: Any) -> None:
+    """A fix proven at an op is unproven when the same op at the same line also failed on operands no fix changes
+    (a second ``mm`` of the same forward reading another CPU tensor, recorded under the same layer): that failure
+    is still there with every fix applied, as a re-run would find."""
+    open_ = {c.where(): c for c, used, _, _ in results if not used}
+    if not open_:
+        return
+    for i, f in enumerate(fixes):
+        if not (f.proven and f.at_op):
+            continue
+        hit = next((open_[c.where()] for c, used, _, _ in results if i in used and c.where() in open_), None)
+        if hit is None:
+            continue
+        found = rules.find(hit.func, *_applied(hit.before, ())[:2], profile)
+        said = found[0].problem.message if found else "a failure no fix changes"
+        f.proven = False
+        f.tried = f"{f.tried}; but {hit.where()} also failed on an operand no fix changes, still: {said}"[:400]

@@ -42,6 +42,13 @@ def _covered(fix: Fix, entries: dict[str, tuple[int, list[Any]]]) -> tuple[str, 
         layers = sorted({n.rsplit(".", 1)[0] for n in names if "." in n} & set(entries))
         return ("", layers) if layers else None
     prefix = next((n for n in names if n.endswith(".") and n != "*"), None)
+    if fix.kind == "path" and prefix is None and names and "*" not in names and \
+            all(isinstance(t, torch.device) for _, t in fix.sets):
+        # tensors of torch layers moved one by one (``model.seg.conv.weight.data = ….to('xpu:0')``): each layer then
+        # computes on that device with what it is given, which the program may place elsewhere (its own device
+        # variable): checked at those layers' entries as a component's are
+        layers = sorted({n.rsplit(".", 1)[0] for n in names if "." in n} & set(entries))
+        return ("", layers) if layers else None
     if fix.kind != "path" or prefix is None or len(names) != 1:
         return None
     layers = [p for p in entries if p.startswith(prefix) or p == prefix[:-1]]
@@ -90,6 +97,8 @@ def entry_check(fixes: list[Fix], entries: dict[str, tuple[int, list[Any]]]) -> 
             continue
         prefix, layers = cover
         want = f.target if isinstance(f.target, tuple) else (f.target,)
+        if all(w is None for w in want):  # a fix by tensors: what it sets on them
+            want = tuple(dict.fromkeys(t for _, t in f.sets if isinstance(t, (torch.device, torch.dtype))))
         for layer in layers:
             for o in entries[layer][1]:
                 wrong = _wrong(o, want, prefix, fixes)

@@ -1,0 +1,101 @@
+"""A move at a line of the user's own code that sends a tensor to a fixed device (``timestep = timestep.cuda()``:
+the current device, cuda:0, on a cuda:1 run) fixed at that line: moved to the device of the tensor it meets at the
+failing op (``timestep.to(self.timesteps.device)``), as a diff of that file. The other operand is read from the
+failing op's line (``self.timesteps - timestep``), in the same function; where it cannot be read the fix stays the
+note it was.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+_MOVES = ("cuda", "to", "xpu", "mps", "cpu")
+
+
+def _line(file: str, lineno: int) -> str | None:
+    try:
+        with open(file, encoding="utf-8") as fh:
+            return fh.read().split("\n")[lineno - 1].rstrip("\r")
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None
+
+
+def _one(body: str) -> ast.stmt | None:
+    try:
+        tree = ast.parse(body)
+    except (SyntaxError, ValueError):
+        return None
+    return tree.body[0] if len(tree.body) == 1 else None
+
+
+def _same_function(file: str, a: int, b: int) -> bool:
+    """Lines ``a`` and ``b`` of ``file`` are in one function (a name read at ``b`` means the same at ``a``)."""
+    try:
+        with open(file, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return False
+    def innermost(x: int) -> Any:
+        hits = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.lineno <= x <= (n.end_lineno or 0)]
+        return max(hits, key=lambda n: n.lineno) if hits else None
+
+    return innermost(a) is not None and innermost(a) is innermost(b)
+
+
+def other_operand(var: str, body: str) -> str | None:
+    """The expression ``var`` meets in a binary op or comparison on a line (``self.timesteps`` in
+    ``(self.timesteps - timestep).abs()``), or None (none, or more than one)."""
+    stmt = _one(body)
+    if stmt is None:
+        return None
+    found: set[str] = set()
+    for n in ast.walk(stmt):
+        sides: list[ast.expr] = [n.left, n.right] if isinstance(n, ast.BinOp) else \
+            [n.left, *n.comparators] if isinstance(n, ast.Compare) else []
+        names = [ast.unparse(s) for s in sides]
+        if var in names:
+            found.update(x for x, s in zip(names, sides) if x != var and not isinstance(s, ast.Constant))
+    return found.pop() if len(found) == 1 else None
+
+
+def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | None,
+                   found: str) -> tuple[str, str] | None:
+    """(code, diff) of the move at ``moved_at`` ("file:line") sent to the device of what it meets at the failing
+    op's line ``op_at`` (``op_line``: its file and line); None when the lines are not one simple assignment and one
+    binary op of one function."""
+    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._report.diff import line_patch
+    from torchdoctor._virtual.origin import LINES
+
+    file, line = LINES.get(moved_at, ("", 0))
+    ofile, oline = op_line or ("", 0)
+    if not file or file != ofile or not own_file(file) or oline == line or not _same_function(file, line, oline):
+        return None
+    raw, other_raw = _line(file, line), _line(file, oline)
+    if raw is None or other_raw is None or not raw.isascii():
+        return None
+    body = raw.lstrip(" \t")
+    stmt = _one(body)
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
+        return None
+    var = stmt.targets[0].id
+    calls = [n for n in ast.walk(stmt.value) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr in _MOVES]
+    other = other_operand(var, other_raw.strip())
+    if len(calls) != 1 or other is None or calls[0].end_col_offset is None:
+        return None
+    call, pad, end = calls[0], len(raw) - len(body), calls[0].end_col_offset or 0
+    func: Any = call.func
+    receiver = ast.get_source_segment(body, func.value)
+    if receiver is None:
+        return None
+    new = raw[:pad + call.col_offset] + f"{receiver}.to({other}.device)" + raw[pad + end:]
+    diff = line_patch(file, line, new)
+    if diff is None:
+        return None
+    said = ast.get_source_segment(body, call) or "the move"
+    code = body[:call.col_offset] + f"{receiver}.to({other}.device)" + body[end:stmt.end_col_offset or 0]
+    return (f"# {moved_at}: {said} sends it to {found}, not to the device of {other}, which it meets at {op_at}: "
+            f"{code}", diff)
