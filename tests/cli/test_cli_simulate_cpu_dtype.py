@@ -68,3 +68,16 @@ def test_cpu_without_a_dtype_names_the_option(app: Path, capsys: pytest.CaptureF
     assert capsys.readouterr().err == ("torchdoctor simulate: --device cpu checks a dtype on this CPU: add --dtype "
                                        "(e.g. --dtype float16), or pick a virtual device (--device cuda:1, xpu, "
                                        "mps)\n")
+
+
+def test_a_model_without_inputs_is_never_said_to_hold_no_tensors(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A factory that returns a bare module: on the CPU the dtype is checked by running it, and nothing ran; the
+    line says what to return instead, never "holds no tensors" (it holds three)."""
+    Path("cpuapp.py").write_text(APP + "\ndef bare():\n    return Upcast()\n\nanswer = 42\n")
+    assert main(["simulate", "cpuapp.py:bare", "--device", "cpu", "--dtype", "float16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("torchdoctor simulate: cpuapp.py:bare returned a Upcast module but no inputs, so no forward ran on "
+                   "this cpu (a dtype on the CPU is checked by running the model): return torchdoctor.Target(model, "
+                   "(x,)) from it with an input x, as the README's `torchdoctor simulate my_app.py:build_target` does")
+    assert main(["simulate", "cpuapp.py:answer", "--device", "cpu", "--dtype", "float16"]) == 2
+    assert "nothing to check: cpuapp.py:answer holds no tensors and ran no tensor op (a int)" in capsys.readouterr().err

@@ -126,8 +126,7 @@ def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfil
     except Exception as exc:  # the target's own code failed before any placement problem was seen
         raise UsageError(f"running {spec} failed before any placement problem: {failure(exc)}") from exc
     if report.nothing_to_check:
-        raise UsageError(f"nothing to check: {spec} holds no tensors and ran no tensor op "
-                         f"(a {type(getattr(target, 'obj', target)).__name__})")
+        raise UsageError(_nothing_ran(spec, target, device))
     if args.html:
         write_html(report, args.html)
     if args.json:
@@ -135,6 +134,37 @@ def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfil
     else:
         emit(report.text(limit=args.limit))
     return int(report.exit_code())
+
+
+def _nothing_ran(spec: str, target: Any, device: Any) -> str:
+    """Why a simulate checked nothing: an object without tensors, or a model given without inputs where a forward
+    is the check (``--device cpu --dtype``: the dtype is checked by running the model on this CPU)."""
+    from torchdoctor._report.model import Target
+
+    obj = target.obj if isinstance(target, Target) else target
+    name = type(obj).__name__
+    tensors = 0
+    if not isinstance(target, Target):
+        try:
+            from torchdoctor import scan
+
+            tensors = len(scan(obj).tensors)
+        except Exception:  # noqa: BLE001 - the count only picks the words
+            tensors = 0
+    if not tensors:
+        return f"nothing to check: {spec} holds no tensors and ran no tensor op (a {name})"
+    what = f"a {name} module" if _is_module(obj) else f"a {name} holding {tensors} tensor(s)"
+    where = "on this cpu (a dtype on the CPU is checked by running the model)" if device.type == "cpu" else \
+        f"on virtual {device}"
+    return (f"{spec} returned {what} but no inputs, so no forward ran {where}: return "
+            "torchdoctor.Target(model, (x,)) from it with an input x, as the README's `torchdoctor simulate "
+            "my_app.py:build_target` does")
+
+
+def _is_module(obj: Any) -> bool:
+    import torch
+
+    return isinstance(obj, torch.nn.Module)
 
 
 def command(args: argparse.Namespace) -> int:
