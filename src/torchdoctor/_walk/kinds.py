@@ -328,25 +328,37 @@ def script_dict(mod: nn.Module) -> dict[str, Any]:
 # nn.Module bookkeeping: never user data (skipping these by a frozen set is what makes the walk cost about a bare named_parameters() loop).
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "__dict__",
                                                        "_diffusers_hook"}
-_ATTR_KEYS: dict[type, list[tuple[frozenset[str], tuple[str, ...], bool, bool, bool]]] = {}  # class -> [(keys, extra, hooked, forward, script)]
-NO_KEYS = (frozenset({"<none>"}), (), False, False, False)  # no module's __dict__ has these keys
+# per class: [(keys, extra, hooked, forward, script, order)]; ``order`` is the keys in one instance's insertion order
+_ATTR_KEYS: dict[type, list[tuple[frozenset[str], tuple[str, ...], bool, bool, bool, tuple[str, ...]]]] = {}
+NO_KEYS = (frozenset({"<none>"}), (), False, False, False, ())  # no module's __dict__ has these keys
 
 
-def class_keys(tp: type, d: dict[str, Any]) -> tuple[frozenset[str], tuple[str, ...], bool, bool, bool]:
+def class_keys(tp: type, d: dict[str, Any]) -> tuple[frozenset[str], tuple[str, ...], bool, bool, bool, tuple[str, ...]]:
     """The key set of a module's ``__dict__`` and what follows from it, remembered per class. A class may have a
     few key sets (a Linear some library tagged, a ResNet block with or without a shortcut): every one is kept, so
-    instances that alternate between them never rebuild one (Flux: 76 rebuilds per walk with one slot per class)."""
+    instances that alternate between them never rebuild one (Flux: 76 rebuilds per walk with one slot per class).
+    Each is also kept in one instance's insertion order: the walker compares ``tuple(d)`` with it (a tuple of the
+    same interned names compares by identity, about half the cost of comparing a keys view with a set), and a
+    key set met in another order gets a variant in that order."""
     known = _ATTR_KEYS.get(tp)
+    order = tuple(d)
     if known is not None:
         for hit in known:
-            if d.keys() == hit[0]:
+            if order == hit[5]:
                 return hit
+        for hit in known:
+            if d.keys() == hit[0]:
+                variant = (hit[0], hit[1], hit[2], hit[3], hit[4], order)
+                if len(known) < 8:
+                    known.append(variant)
+                return variant
     elif len(_ATTR_KEYS) > 4096:  # fx GraphModules make a class per instance
         _ATTR_KEYS.clear()
     keys = frozenset(d)
     script = is_script(tp)  # its attributes live in C++: none walked
     hit = (keys, () if script else tuple(sorted(keys - _MODULE_INTERNALS)),
-           not script and ("_hf_hook" in keys or "_diffusers_hook" in keys), not script and "forward" in keys, script)
+           not script and ("_hf_hook" in keys or "_diffusers_hook" in keys), not script and "forward" in keys, script,
+           order)
     if known is None or len(known) >= 8:  # a class whose instances all differ: the newest few
         known = _ATTR_KEYS[tp] = []
     known.append(hit)
