@@ -319,5 +319,9 @@ def _left_over(fixes: list[Fix], results: Sequence[tuple[Case, set[int], str | N
             continue
         found = rules.find(hit.func, *_applied(hit.before, ())[:2], profile)
         said = found[0].problem.message if found else "a failure no fix changes"
+        ops = _operands(hit.before)
+        odd = [t for o in ops[1:] if o.device != ops[0].device or o.meta.dtype != ops[0].meta.dtype
+               for t in o.tags[:1]]
+        said += f" ({', '.join(x.removeprefix('factory ') for x in odd)})" if odd else ""
         f.proven = False
         f.tried = f"{f.tried}; but {hit.where()} also failed on an operand no fix changes, still: {said}"[:400]
