@@ -1,7 +1,8 @@
 """Training programs of three kinds finish on virtual cuda:1 with 0 problems (issue 40, point 1): a peft LoRA
 model, an sd-scripts-style network patched into a model's Linear layers, and a real ``transformers.Trainer`` loop;
 gradient checkpointing inside autocast (reentrant or not) and bitsandbytes' 8-bit optimizers on their CPU path.
-Planted training bugs are named by path with the program's line."""
+Planted training bugs are named by path with the program's line. The programs say "cuda": ``select=True`` makes
+cuda:1 the current device, as ``torch.cuda.set_device(1)`` would."""
 
 from __future__ import annotations
 
@@ -21,14 +22,14 @@ CUDA1 = torch.device("cuda", 1)
 
 
 def test_a_peft_lora_loop_finishes_with_no_problem() -> None:
-    with torchdoctor.virtual_devices("cuda:1") as sim:
+    with torchdoctor.virtual_devices("cuda:1", select=True) as sim:
         lora_b = rt_apps.lora_llama_steps()
     assert sim.ok and sim.ran_on == ("cuda:1",)
     assert lora_b.weight.device == CUDA1 and lora_b.weight.abs().sum().item() > 0  # trained from its zero init
 
 
 def test_an_sd_scripts_style_network_moved_with_network_to_trains_with_no_problem() -> None:
-    with torchdoctor.virtual_devices("cuda:1") as sim:
+    with torchdoctor.virtual_devices("cuda:1", select=True) as sim:
         network = rt_apps.sd_network_steps()
     assert sim.ok and sim.ran_on == ("cuda:1",)
     up = network.loras[0].lora_up.weight
@@ -38,7 +39,7 @@ def test_an_sd_scripts_style_network_moved_with_network_to_trains_with_no_proble
 def test_a_transformers_trainer_loop_finishes_and_says_where_it_ran() -> None:
     """Trainer sees two GPUs, takes cuda:0 and wraps the model in DataParallel over both (as on a real two-GPU
     machine): scatter, replicate and gather run as virtual moves, and the report says where the work went."""
-    with torchdoctor.virtual_devices("cuda:1") as sim:
+    with torchdoctor.virtual_devices("cuda:1", select=True) as sim:
         result, model = rt_apps.trainer_steps()
     assert sim.ok, sim.problems
     assert result.global_step == 3 and result.training_loss > 0
@@ -50,7 +51,7 @@ def test_a_transformers_trainer_loop_finishes_and_says_where_it_ran() -> None:
 @pytest.mark.parametrize("reentrant", [True, False])
 def test_gradient_checkpointing_inside_autocast(reentrant: bool) -> None:
     """The recomputation runs inside the backward pass: with the run's autocast and the run's devices."""
-    with torchdoctor.virtual_devices("cuda:1") as sim:
+    with torchdoctor.virtual_devices("cuda:1", select=True) as sim:
         m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to("cuda")
         x = torch.randn(3, 4, device="cuda", requires_grad=True)  # a leaf that asks for grad keeps asking
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -65,7 +66,7 @@ def test_gradient_checkpointing_inside_autocast(reentrant: bool) -> None:
 @pytest.mark.parametrize("name", ["AdamW8bit", "Adam8bit"])
 def test_bitsandbytes_8bit_optimizers_step_on_their_cpu_path(name: str) -> None:
     bnb = pytest.importorskip("bitsandbytes")
-    with torchdoctor.virtual_devices("cuda:1") as sim:
+    with torchdoctor.virtual_devices("cuda:1", select=True) as sim:
         m = nn.Linear(64, 64).to("cuda")  # 4096 elements: bitsandbytes keeps 8-bit state from 4096 up
         before = m.weight.detach().clone()
         opt = getattr(bnb.optim, name)(m.parameters(), lr=1e-2)
@@ -84,7 +85,7 @@ def _problem(sim: VirtualSession, path: str) -> torchdoctor.Problem:
 
 
 def test_a_gradient_of_another_dtype_is_named_with_the_line() -> None:
-    with torchdoctor.virtual_devices("cuda:1", raise_on_exit=False) as sim:
+    with torchdoctor.virtual_devices("cuda:1", raise_on_exit=False, select=True) as sim:
         m = nn.Linear(4, 2).to("cuda")
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
         m(torch.ones(3, 4, device="cuda")).sum().backward()
@@ -117,7 +118,7 @@ def test_a_grad_scaler_for_another_device_is_named(device: str, made_for: str, s
 
 
 def test_a_grad_scaler_for_the_device_is_quiet() -> None:
-    with torchdoctor.virtual_devices("cuda:1") as sim:
+    with torchdoctor.virtual_devices("cuda:1", select=True) as sim:
         m = nn.Linear(4, 2).to("cuda")
         scaler = torch.amp.GradScaler("cuda")
         scaler.scale(m(torch.ones(3, 4, device="cuda")).sum()).backward()
@@ -125,7 +126,7 @@ def test_a_grad_scaler_for_the_device_is_quiet() -> None:
 
 
 def test_an_ema_copy_left_on_the_cpu_is_named_at_the_line() -> None:
-    with torchdoctor.virtual_devices("cuda:1", raise_on_exit=False) as sim:
+    with torchdoctor.virtual_devices("cuda:1", raise_on_exit=False, select=True) as sim:
         m = nn.Linear(4, 2)
         ema = copy.deepcopy(m)  # the planted bug: the EMA copy is made before the move and never moved
         m.to("cuda")

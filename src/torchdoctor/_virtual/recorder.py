@@ -57,11 +57,13 @@ class _Recorder(Hooks):
     def use_stack(self, stack: ModuleStack) -> None:
         """Track modules with ``stack``; owned tensors are checked when each module starts."""
         from torchdoctor._virtual.entry import EntryCheck
+        from torchdoctor._virtual.scripted import Entered
 
         self.modules = stack
         self.where = stack.where
         self.promotions = Promotions(stack)
-        stack.on_enter = self.entry = EntryCheck(self.device, self._entry_note, self._dispatched)
+        self.entry = EntryCheck(self.device, self._entry_note, self._dispatched)
+        stack.on_enter = Entered(self.entry, self._entry_note, self.device)
 
     def _entry_note(self, kind: str, path: str, found: str, expected: str, message: str, op: str, role: str,
                     shown: str) -> None:

@@ -1,0 +1,96 @@
+"""TorchScript in a virtual run: ``torch.jit.trace`` inside the run records the program's own ops (module-entry checks
+stand aside, so the trace keeps its inputs), and a TorchScript module's tensor constants (a plain attribute the
+tracer baked into its code) are judged when it starts: ``.to`` never moves a constant, and the ops inside run in C++
+where a virtual run cannot tell a constant from a tensor made like the inputs, so one on another device than the
+module's inputs is said there, named as the program holds it (``m.pos_table``) (docs/architecture.md, _virtual)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from torchdoctor._placement import compact, norm_device
+from torchdoctor._virtual.tensor import VirtualTensor
+
+_SKIP = ("site-packages", "dist-packages", "/torch/", "/torchdoctor/", "<frozen")
+
+
+def tracing() -> bool:
+    return torch._C._get_tracing_state() is not None
+
+
+def constants(mod: nn.Module) -> list[torch.Tensor]:
+    """The tensor constants of a TorchScript module's code (its submodules' inlined) with more than one element."""
+    try:
+        graph: Any = getattr(mod, "inlined_graph")
+    except Exception:  # a module whose code cannot be inlined: nothing read, nothing claimed
+        return []
+    found = []
+    for node in graph.nodes():
+        if node.kind() != "prim::Constant" or node.output().type().kind() != "TensorType":
+            continue
+        try:
+            t = node.t("value")
+        except RuntimeError:
+            continue
+        if isinstance(t, torch.Tensor) and t.dim() > 0 and t.device.type != "meta":  # a CPU scalar meets any device
+            found.append(t)
+    return found
+
+
+def held_as(t: torch.Tensor) -> str | None:
+    """``m.pos_table``: the program's own module that holds ``t`` (the tracer keeps the very tensor) as a plain
+    attribute, a parameter or a buffer, read from the program's live frames (innermost first)."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if not any(s in frame.f_code.co_filename for s in _SKIP):
+            for name, obj in list(frame.f_locals.items()):
+                if isinstance(obj, nn.Module) and not isinstance(obj, torch.jit.ScriptModule):
+                    for path, sub in list(obj.named_modules())[:2000]:
+                        for attr, value in list(vars(sub).items()):
+                            if value is t:
+                                return ".".join(p for p in (name, path, attr) if p)
+                        for attr, value in (*sub._parameters.items(), *sub._buffers.items()):
+                            if value is t:
+                                return ".".join(p for p in (name, path, attr) if p)
+        frame = frame.f_back
+    return None
+
+
+class Entered:
+    """The module-entry check (``entry.EntryCheck``) as the module stack calls it, with TorchScript's two cases."""
+
+    def __init__(self, entry: Any, note: Callable[..., None], device: torch.device) -> None:
+        self.entry, self.note, self.device = entry, note, device
+
+    def call(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        if tracing():  # a twin of a traced input would be baked into the graph as a constant
+            return None
+        return self.entry.call(mod, args, kwargs)  # type: ignore[no-any-return]
+
+    def __call__(self, mod: nn.Module, path: str, args: Any) -> None:
+        if tracing():  # the program's own trace (CPU work, judged when the traced module runs)
+            return
+        if isinstance(mod, torch.jit.ScriptModule):
+            self.scripted(mod, path, args)
+        self.entry(mod, path, args)
+
+    def scripted(self, mod: nn.Module, path: str, args: Any) -> None:
+        given = next((a for a in (args if isinstance(args, tuple) else (args,)) if isinstance(a, VirtualTensor)), None)
+        if given is None:
+            return
+        where, kind = given._td_device, type(mod).__name__
+        for t in constants(mod):
+            if t.device == where or isinstance(t, VirtualTensor) and t._td_device == where:
+                continue
+            name = held_as(t) or f"{path or '<root>'}.<constant>"
+            shown = compact(t.dtype, tuple(t.shape), norm_device(t.device))
+            self.note("device", name, str(t.device), str(where),
+                      f"{name} {shown} is a constant of the TorchScript module `{path or '<root>'}` ({kind}): "
+                      f"torch.jit.trace baked it into the code on {t.device}, and `.to()` never moves a constant, "
+                      f"so it meets the inputs on {where}; register it as a buffer "
+                      f"(self.register_buffer(...)) before tracing, or trace on {where}",
+                      f"{kind}.forward", "attribute", shown)
