@@ -351,7 +351,7 @@ def app(m, dtype=torch.float16):
 '''
 
 
-@pytest.mark.parametrize("mode", ["explain", "strict"])
+@pytest.mark.parametrize("mode", ["explain", "strict", "warn", "fix"])
 def test_a_grad_scaler_on_float16_parameters_is_explained_with_the_cast_line(
         project: pathlib.Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _reset(project, SCALER)
@@ -362,7 +362,10 @@ def test_a_grad_scaler_on_float16_parameters_is_explained_with_the_cast_line(
     assert "GradScaler met float16 gradients because 3 trained parameters are float16 themselves" in said
     assert "culprit 0.weight: f16[32,8]@cpu  (trained in float16: expected float32 master weights)" in said
     assert "the model was cast to float16 at app.py:11 (`m.to(dtype)`)" in said
-    assert "fix unproven: not re-run" in said  # said so, never claimed
+    # proven on copies: a fresh GradScaler unscales float32 copies of the parameters and their gradients, and
+    # refuses float16 ones as the program's did
+    assert "fix proven: a GradScaler unscales float32 copies of the 3 parameters and their gradients (float32 " \
+           "master weights), and refuses the float16 ones as the program's did" in said
     fix = said.split("Fix:\n", 1)[1]
     assert fix.splitlines()[0].strip().startswith("m.float()  # float32 master weights")
     model = mod.build()  # the fix applied: the model kept in float32, autocast computing in float16

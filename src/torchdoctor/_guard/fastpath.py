@@ -11,7 +11,8 @@ the rules exactly as before. A suspect module whose output takes part in autogra
 outermost forward starts, so its backward (where a saved tensor of the wrong dtype surfaces) is checked too.
 The code around the model (outside any module: a generate loop's sampling, a function that calls no module) is
 checked per op as before, except between a forward whose output autograd will differentiate and the next forward:
-a backward of modules that agreed, and the optimizer step, run unchecked.
+the backward of modules that agreed runs unchecked, and what follows it (the optimizer step, an unscale, an EMA
+update) is checked per op only in the calls whose tensors disagree (``_guard/aftergrad.py``).
 
 What the boundary cannot see is not checked per op: a tensor made inside a module that agreed, read from
 elsewhere (a global, a cache object, another module's attribute) or passed by keyword. There torch's own kernel
@@ -127,6 +128,7 @@ class Gate:
         self.on = False
         self.handles: list[Any] = []
         self.suspects = 0  # module calls that turned the mode on (bench/guard.py reports it)
+        self.after: Any = None  # the first stage between a backward and the next forward (_guard/aftergrad.py)
 
     def start(self) -> None:
         pre, post = self._hooks()
@@ -137,6 +139,8 @@ class Gate:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        if self.after is not None:
+            self.after.stop()
         self.active.clear()
         self.sticky = self.trained = False
         if self.on and self.leave():
@@ -162,6 +166,8 @@ class Gate:
             whole = False
             if len(stack) <= 1:  # the outermost module starts: the last run and its backward are over
                 active.clear()
+                if self.trained and self.after is not None:
+                    self.after.disarm()
                 self.sticky = self.trained = False
                 root = roots.get(id(mod))
                 if root is None or root[0] is not mod:
@@ -187,9 +193,19 @@ class Gate:
                     break
             if not stack:  # the outermost module returned
                 self.trained = _grad_enabled() and _feeds_autograd(out)
+                if self.trained:  # what follows its backward (the optimizer step, an EMA update) is checked
+                    self._after().arm(out)
             sync()
 
         return pre, post
+
+
+    def _after(self) -> Any:
+        if self.after is None:
+            from torchdoctor._guard.aftergrad import AfterBackward
+
+            self.after = AfterBackward(self.enter, self.leave, lambda: self.on, lambda v: _odd(v, True))
+        return self.after
 
 
 def _compiled_inside(root: torch.nn.Module) -> bool:

@@ -9,6 +9,8 @@ maker reads frames and source, which only the first call pays.
 
 from __future__ import annotations
 
+import linecache
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -218,6 +220,7 @@ def _use_line(c: Case, target: Any) -> tuple[str, str | None, list[str]] | None:
         return None
     from torchdoctor._guard.frames import lineno, user_frames
     from torchdoctor._guard.remedy import own_file
+    from torchdoctor._guard.returned import returned_maker
     from torchdoctor._guard.useline import destination, fixed_line, names_of, where
     from torchdoctor._report.diff import line_patch
 
@@ -233,7 +236,17 @@ def _use_line(c: Case, target: Any) -> tuple[str, str | None, list[str]] | None:
             return None
         new, _, path = got
         patch = line_patch(path, at, new) if own_file(path) else None
-        return f"{new.strip()}  # {where(path, at)}", patch, destination(frame, at)
+        said = [f"line {where(path, at)}: {linecache.getline(path, at).strip()}"]
+        for n in names:  # the operands by the names the line gives them
+            v = frame.f_locals.get(n) if "." not in n else getattr(frame.f_locals.get(n.split(".")[0]), "grad", None)
+            if isinstance(v, torch.Tensor):
+                said.append(f"culprit {n}: {_rules._compact(v)}  (expected {dtype_str(target)})")
+        said += destination(frame, at)
+        for n in names:  # a cast in a helper that has returned (`update = zeropower(m)`, its `return x.float()`)
+            v = frame.f_locals.get(n)
+            made = returned_maker(frame, n, at, v.dtype) if isinstance(v, torch.Tensor) else None
+            said += [made] if made else []
+        return f"{new.strip()}  # {where(path, at)}", patch, said
     except Exception:  # the line is extra: the op's own fix stands without it
         return None
 

@@ -20,7 +20,7 @@ from torchdoctor._report.text import format_error
 from torchdoctor._rules import registry as _rules
 from torchdoctor._explain.tokens import dtypes_in
 from torchdoctor._guard.remedy import aimed, own_file, with_patch
-from torchdoctor._guard.useline import destination, fixed_line
+from torchdoctor._guard.useline import destination, fixed_line, grads_in
 from torchdoctor._report.diff import line_patch
 
 _TORCH = os.path.dirname(torch.__file__)
@@ -62,7 +62,11 @@ def explain_outside(exc: BaseException, tb: types.TracebackType | None, kind: st
         return dtype_str(v) if isinstance(v, torch.dtype) else device_str(v)
 
     used = set(re.findall(r"[A-Za-z_]\w*", source))  # the line's own names: a stale local is not an operand
-    named = [(n, v) for n, v in frame.f_locals.items() if isinstance(v, torch.Tensor) and n in used]
+    # a local read only as the base of `p.grad` is no operand: its gradient is (an optimizer's loop)
+    grads = grads_in(source, frame)
+    named = [(n, v) for n, v in frame.f_locals.items() if isinstance(v, torch.Tensor) and n in used and not (
+        any(g == f"{n}.grad" for g, _ in grads) and not re.search(rf"(?<![\w.]){re.escape(n)}\b(?!\.grad\b)", source))]
+    named += grads
     pool = [(n, t) for n, t in named if not dtype or t.is_floating_point()]
     ref = (maps.dtype if dtype else maps.device) if maps is not None else None
     values = [value(t) for _, t in pool]
@@ -104,6 +108,8 @@ def explain_outside(exc: BaseException, tb: types.TracebackType | None, kind: st
     fix = "\n".join(dict.fromkeys(fix_lines)) or None
     makers = (list(aim.lines) if aim is not None else []) + (destination(frame, lineno, exc.__traceback__ or tb)
                                                               if dtype else [])
+    if dtype:  # a cast in a helper that has returned (`update = zeropower(m)`, its `return x.float()`)
+        makers += _returned(frame, [(n, t) for n, t in bad if not any(x.startswith(f"{n} ") for x in makers)], lineno)
     lines[-1:-1] = makers
     if fix is not None:  # the line's operator re-run on its operands with the fix applied (copies)
         lines.insert(-1, use[1] if use else _reprove(source, frame, bad, ref))
@@ -116,6 +122,20 @@ def explain_outside(exc: BaseException, tb: types.TracebackType | None, kind: st
                          tensors=[TensorInfo.of(n, t, role="input") for n, t in bad], problems=problems, fix=fix)
     patch = aim.patch if aim is not None else line_patch(use[2], lineno, use[0]) if use and own_file(use[2]) else None
     return with_patch(err, patch, lines), "\n".join(makers) or None
+
+
+def _returned(frame: types.FrameType, bad: list[tuple[str, torch.Tensor]], lineno: int) -> list[str]:
+    from torchdoctor._guard.returned import returned_maker
+
+    out = []
+    for n, t in bad:
+        try:
+            said = returned_maker(frame, n, lineno, t.dtype)
+        except Exception:  # naming the maker is extra
+            said = None
+        if said:
+            out.append(said)
+    return out
 
 
 def _aim(bad: list[tuple[str, torch.Tensor]], kind: str, ref: Any, maps: Any, tb: Any) -> Any:

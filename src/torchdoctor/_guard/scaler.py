@@ -43,8 +43,7 @@ def explain_scaler(session: Any, exc: BaseException, tb: types.TracebackType | N
         lines.append(f"... and {len(half) - 3} more float16 parameters")
     if cast is not None:
         lines.append(f"the model was cast to float16 at {os.path.basename(cast[0])}:{cast[1]} (`{cast[3]}`)")
-    lines.append("fix unproven: not re-run (a training step is not re-run; GradScaler unscales float32 gradients "
-                 "only, and autocast computes the forward in float16 from float32 weights)")
+    lines.append(_prove([p for _, p in half]))
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     lines.append(f"original error: {type(exc).__name__}: {first}")
     fix = (f"{var}.float()  # float32 master weights; keep `with torch.autocast(..., dtype=torch.float16)` around the "
@@ -57,6 +56,41 @@ def explain_scaler(session: Any, exc: BaseException, tb: types.TracebackType | N
     from torchdoctor._guard.remedy import with_patch
 
     return with_patch(err, None, lines)
+
+
+def _prove(params: list[torch.Tensor]) -> str:
+    """The fix tried on copies: a fresh GradScaler unscales float32 copies of the parameters and their gradients
+    (the float32 master weights), and still refuses the float16 ones (the failure is the one explained)."""
+    with_grad = [p for p in params if p.grad is not None]
+    if not with_grad:
+        return "fix unproven: not re-run (the float16 parameters hold no gradients to unscale)"
+    dev = with_grad[0].device
+
+    def unscale(dtype: torch.dtype) -> BaseException | None:
+        copies = []
+        for p in with_grad:
+            c = p.detach().to(dtype).requires_grad_()
+            c.grad = p.grad.detach().to(dtype)  # type: ignore[union-attr]
+            copies.append(c)
+        scaler = torch.amp.GradScaler(dev.type)
+        scaler.scale(torch.ones((), device=dev))  # the scale a training step's scaler.scale(loss) made
+        try:
+            scaler.unscale_(torch.optim.SGD(copies, lr=0.0))
+        except (ValueError, RuntimeError) as err:
+            return err
+        return None
+
+    try:
+        with torch.no_grad():
+            again, fixed = unscale(torch.float16), unscale(torch.float32)
+    except Exception as err:  # a device this process cannot run (a virtual one): said, never claimed
+        first = str(err).strip().splitlines()[0][:120] if str(err).strip() else ""
+        return f"fix unproven: not re-run ({type(err).__name__}: {first})"
+    n = f"{len(with_grad)} parameter{'s' if len(with_grad) != 1 else ''}"
+    if fixed is not None:
+        return f"fix unproven: GradScaler.unscale_ of float32 copies of the {n} raised {type(fixed).__name__}: {fixed}"
+    return (f"fix proven: a GradScaler unscales float32 copies of the {n} and their gradients (float32 master "
+            "weights)" + (", and refuses the float16 ones as the program's did" if again is not None else ""))
 
 
 def _cast_line(frames: list[Any], model: torch.nn.Module) -> tuple[str, int, str, str] | None:

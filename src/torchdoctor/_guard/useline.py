@@ -14,12 +14,14 @@ import ast
 import linecache
 import operator
 import os
+import re
 import types
 from typing import Any
 
 import torch
 
 _METHOD = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16", torch.float64: "double"}
+_GRAD = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\.grad\b(?!\s*\()")
 _OPS: dict[type, Any] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
                          ast.Div: operator.truediv, ast.MatMult: operator.matmul, ast.Pow: operator.pow}
 
@@ -38,9 +40,38 @@ def cast_text(name: str, target: Any) -> str:
 
 
 def names_of(frame: Any, tensors: list[torch.Tensor]) -> list[str]:
-    """The frame's local names bound to these very tensors (the operands the line passes)."""
+    """The frame's local names bound to these very tensors (the operands the line passes), or ``p.grad`` where a
+    local leaf's gradient is one (an optimizer's loop passes ``p.grad``)."""
     ids = {id(t) for t in tensors}
-    return [n for n, v in frame.f_locals.items() if isinstance(v, torch.Tensor) and id(v) in ids and n != "self"]
+    out = [n for n, v in frame.f_locals.items() if isinstance(v, torch.Tensor) and id(v) in ids and n != "self"]
+    for n, v in frame.f_locals.items():
+        if isinstance(v, torch.Tensor) and v.is_leaf and n != "self" and id(v.grad) in ids:
+            out.append(f"{n}.grad")
+    return out
+
+
+def grads_in(source: str, frame: Any) -> list[tuple[str, torch.Tensor]]:
+    """``p.grad`` as the line reads it, for each local leaf ``p`` whose gradient the line passes."""
+    out = []
+    for m in _GRAD.finditer(source):
+        v = frame.f_locals.get(m.group(1))
+        if isinstance(v, torch.Tensor) and v.is_leaf and isinstance(v.grad, torch.Tensor):
+            out.append((f"{m.group(1)}.grad", v.grad))
+    return list(dict(out).items())
+
+
+def _operands(tree: ast.AST, names: list[str]) -> list[ast.expr]:
+    """The places the line passes one of ``names`` (a name, or ``p.grad``), read (never the receiver of an in-place
+    method, nor a name that is only the base of ``p.grad``)."""
+    receivers = {id(n.func.value) for n in ast.walk(tree) if isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Attribute) and n.func.attr.endswith("_")}
+    spots: list[ast.expr] = []
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and id(n) not in receivers \
+                and n.end_col_offset is not None and ast.unparse(n) in names:
+            spots.append(n)
+    inner = {id(n.value) for n in spots if isinstance(n, ast.Attribute)}
+    return [n for n in spots if id(n) not in inner]
 
 
 def parsed_line(raw: str) -> tuple[ast.Module, int] | None:
@@ -63,15 +94,13 @@ def fixed_line(frame: Any, lineno: int, names: list[str], target: Any) -> tuple[
         return None
     tree, shift = got
     text = raw.strip()
-    receivers = {id(n.func.value) for n in ast.walk(tree) if isinstance(n, ast.Call)
-                 and isinstance(n.func, ast.Attribute) and n.func.attr.endswith("_")}
-    spots = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
-             and id(n) not in receivers and n.end_col_offset is not None]
+    spots = _operands(tree, names)
     if not spots:
         return None
     new = raw
     for n in sorted(spots, key=lambda n: -n.col_offset):
-        new = new[:n.col_offset + shift] + cast_text(n.id, target) + new[n.end_col_offset + shift:]  # type: ignore[operator]
+        end: int = n.end_col_offset  # type: ignore[assignment]
+        new = new[:n.col_offset + shift] + cast_text(ast.unparse(n), target) + new[end + shift:]
     stmt = tree.body[0] if tree.body else None
     expr = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return)) else None
     return new, _proof(expr, frame, set(names), target, text), path
@@ -126,6 +155,13 @@ def _eval(node: ast.expr, frame: Any, names: set[str], target: Any) -> Any:
         return _OPS[type(node.op)](ev(node.left), ev(node.right))
     if isinstance(node, ast.Attribute):
         base = ev(node.value)
+        if isinstance(base, torch.Tensor) and node.attr == "grad":  # a gradient the line passes: a copy of it
+            g = base.grad if base.grad is not None else getattr(frame.f_locals.get(ast.unparse(node.value)), "grad",
+                                                                None)
+            if not isinstance(g, torch.Tensor):
+                raise _NotRun(f"`{ast.unparse(node)}` holds no gradient")
+            g = _copy(g)
+            return g.to(target) if ast.unparse(node) in names else g
         if isinstance(base, types.ModuleType) and base.__name__.startswith("torch"):
             return getattr(base, node.attr)
         if isinstance(base, torch.Tensor) and callable(getattr(torch.Tensor, node.attr, None)):
