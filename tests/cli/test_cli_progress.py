@@ -51,7 +51,8 @@ def test_simulate_draws_a_bar_over_modules_when_asked_and_none_with_json_or_q(tm
     out = {extra: (*(b.decode() for b in p.communicate(timeout=300)), p.returncode) for extra, p in runs.items()}
     stdout, stderr, code = out[""]
     assert code == 0 and stdout.startswith("ok: no placement problems"), stdout + stderr
-    assert "simulating slowapp.py:target on virtual cuda:1 (NVIDIA H100 (virtual)), modules 1/3 (" in stderr, stderr
+    assert "simulating slowapp.py:target on virtual cuda:1 (NVIDIA H100 (virtual)), modules 1/3 [###.......] (" \
+        in stderr, stderr
     assert stderr.endswith("\r")  # the line is erased before the command ends
     stdout, stderr, code = out["--json"]
     assert code == 0 and json.loads(stdout)["ok"] is True and "simulating" not in stderr, stderr

@@ -150,6 +150,21 @@ def test_progress_draws_only_on_a_terminal_after_the_delay_and_erases_itself() -
         assert silent.getvalue() == ""
 
 
+def test_a_narrow_terminal_shortens_the_label_never_the_count_bar_or_time() -> None:
+    """At 80 columns simulate's long label ("simulating app.py:target on virtual cuda:1 (NVIDIA H100 (virtual)),
+    modules") used to be cut from the right, so the count was never seen."""
+    from torchdoctor._report.progress import Progress
+
+    p = Progress("simulating app.py:target on virtual cuda:1 (NVIDIA H100 (virtual)), modules", 40, None, 1.0, 0.1)
+    p.advance(10)
+    wide = p.line()
+    assert wide.startswith("| simulating app.py:target on virtual cuda:1 (NVIDIA H100 (virtual)), modules 10/40 ")
+    assert "10/40 [##........] (0 s)" in wide
+    narrow = p.line(60)
+    assert len(narrow) == 60 and narrow.endswith("... 10/40 [##........] (0 s)"), narrow
+    assert narrow.startswith("| simulating app.py:target on v")
+
+
 def test_scan_report_is_frozen_and_json_keys_are_field_names() -> None:
     model = zoo.tiny_llama(torch.bfloat16)
     model.lm_head.weight.data = model.lm_head.weight.data.float()

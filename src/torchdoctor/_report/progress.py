@@ -6,8 +6,9 @@
 
 Nothing is drawn unless the stream is a terminal (or ``TORCHDOCTOR_PROGRESS=1`` asks for it, e.g. in a CI log),
 ``quiet`` is off and the work has run for ``delay`` seconds (a background thread draws a spinner then, so a single
-long call such as one forward is covered too; with a ``total`` it shows ``done/total``). The line is erased when
-the work ends, so what the command prints afterwards starts on a clean line.
+long call such as one forward is covered too; with a ``total`` it shows ``done/total`` and a bar). A line wider
+than the terminal shortens its label, never the count, the bar or the time. The line is erased when the work ends,
+so what the command prints afterwards starts on a clean line.
 """
 
 from __future__ import annotations
@@ -55,11 +56,19 @@ class Progress:
     def elapsed(self) -> float:
         return time.monotonic() - self._start
 
-    def line(self) -> str:
+    def line(self, width: int | None = None) -> str:
+        """The line; within ``width`` the label is shortened first, so the count, the bar and the time stay."""
         # a count past its total (work repeated, as simulate's proof re-runs are) stays at the total
-        count = f" {min(self.done, self.total)}/{self.total}" if self.total else (f" {self.done}" if self.done else "")
+        done = min(self.done, self.total) if self.total else self.done
+        count = f" {done}/{self.total}" if self.total else (f" {done}" if done else "")
         detail = f" {self.detail}" if self.detail else ""
-        return f"{_FRAMES[self._tick % len(_FRAMES)]} {self.label}{count}{detail} ({self.elapsed:.0f} s)"
+        bar = f" [{'#' * (10 * done // self.total):.<10}]" if self.total else ""
+        head, tail = f"{_FRAMES[self._tick % len(_FRAMES)]} ", f"{count}{detail}{bar} ({self.elapsed:.0f} s)"
+        label = self.label
+        if width is not None and len(head) + len(label) + len(tail) > width:
+            room = width - len(head) - len(tail) - 1
+            label = label[: room - 2] + "..." if room > 8 else label
+        return (head + label + tail)[:width] if width is not None else head + label + tail
 
     def _run(self) -> None:
         if self._stop.wait(self._delay):
@@ -74,11 +83,10 @@ class Progress:
             return
         with self._lock:
             self._tick += 1
-            text = self.line()
             try:
                 import shutil
 
-                text = text[: max(10, shutil.get_terminal_size().columns - 1)]
+                text = self.line(max(10, shutil.get_terminal_size().columns - 1))
                 stream.write("\r" + text + " " * max(0, self._drawn - len(text)))
                 stream.flush()
                 self._drawn = len(text)
