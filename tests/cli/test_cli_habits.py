@@ -36,7 +36,9 @@ def test_a_word_far_from_every_verb_gets_no_guess(capsys: pytest.CaptureFixture[
 
 def test_help_and_help_verb(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["help"]) == 0
-    assert "Find, explain and fix device and dtype placement bugs" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Find, explain and fix device and dtype placement bugs" in out
+    assert "`torchdoctor help VERB` (or VERB --help) shows a verb's options." in " ".join(out.split())
     for verb in VERBS:
         assert main(["help", verb]) == 0
         assert capsys.readouterr().out.startswith(f"usage: torchdoctor {verb} ")

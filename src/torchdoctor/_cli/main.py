@@ -98,7 +98,8 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     p = _Parser(
         prog="torchdoctor",
         description="Find, explain and fix device and dtype placement bugs in PyTorch.",
-        epilog="Exit codes: 0 nothing found, 1 problems found, 2 bad usage or cannot check. Defaults for "
+        epilog="`torchdoctor help VERB` (or VERB --help) shows a verb's options. "
+               "Exit codes: 0 nothing found, 1 problems found, 2 bad usage or cannot check. Defaults for "
                "--device, --dtype, --profile, --assume-device and --limit come from [tool.torchdoctor] in the "
                "nearest pyproject.toml.",
     )
