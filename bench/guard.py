@@ -295,6 +295,17 @@ def inside_only(model: torch.nn.Module) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
+def nothing_after_backward(model: torch.nn.Module) -> Iterator[Any]:
+    """strict's gate as it was before ``_guard/aftergrad.py``: nothing after a backward checked (bench-only)."""
+    fastpath.AFTER = False
+    try:
+        with torchdoctor.guard(model, mode="strict") as g:
+            yield g
+    finally:
+        fastpath.AFTER = True
+
+
+@contextlib.contextmanager
 def every_op(model: torch.nn.Module) -> Iterator[Any]:
     """strict as it was before the module-boundary gate: the dispatch mode on every op of the block."""
     fastpath.ENABLED = False
@@ -309,7 +320,7 @@ def census(fn: Callable[[], Any], model: torch.nn.Module) -> dict[str, int]:
     """What one call runs: aten ops, those with several tensor operands or a device argument (where placement can
     fail), those outside any module, torch-function calls, module calls, and the module calls the gated strict
     found suspect."""
-    n = dict.fromkeys(("ops", "multi", "outside", "calls", "modules", "suspect"), 0)
+    n = dict.fromkeys(("ops", "multi", "outside", "calls", "modules", "suspect", "after"), 0)
     depth = [0]
 
     class Ops(TorchDispatchMode):
@@ -349,6 +360,7 @@ def census(fn: Callable[[], Any], model: torch.nn.Module) -> dict[str, int]:
         fn()
         gate = g._local.sessions[-1].dispatch.gate
         n["suspect"] = gate.suspects if gate is not None else -1
+        n["after"] = gate.after.checked if gate is not None and gate.after is not None else 0
     return n
 
 
@@ -379,6 +391,20 @@ def workloads(rounds: int = 5, only: str = "") -> None:
         opt.step()
         model.eval()
 
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    ema = [p.detach().clone() for p in model.parameters()]
+
+    def full_step() -> Any:  # what follows the backward is what strict's first stage looks at (_guard/aftergrad.py)
+        model.train()
+        adamw.zero_grad(set_to_none=True)
+        model(input_ids=batch, labels=batch).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        adamw.step()
+        with torch.no_grad():
+            for e, p in zip(ema, model.parameters()):
+                e.lerp_(p, 0.001)
+        model.eval()
+
     def wrapped(fn: Callable[[], Any], ctx: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
             with ctx():
@@ -388,12 +414,14 @@ def workloads(rounds: int = 5, only: str = "") -> None:
     print(f"torch {torch.__version__}, 1 thread, {rounds} rounds, process CPU time, interleaved one call at a time")
     print("| workload | mechanism | median call | ratio to plain (min-max; quartiles; rounds) | extra per aten op |")
     print("|---|---|---|---|---|")
-    for name, fn in (("generate, 24 new tokens", gen), ("training step, seq 64, SGD", step)):
+    for name, fn in (("generate, 24 new tokens", gen), ("training step, seq 64, SGD", step),
+                     ("training step, seq 64, AdamW + clip + EMA lerp_", full_step)):
         if only and not name.startswith(only):
             continue
         n = census(fn, model)
         fns = {"plain": fn, "explain": wrapped(fn, lambda: torchdoctor.guard(model, mode="explain")),
                "strict (gated)": wrapped(fn, lambda: torchdoctor.guard(model, mode="strict")),
+               "strict (gated, nothing checked after the backward)": wrapped(fn, lambda: nothing_after_backward(model)),
                "strict (every op)": wrapped(fn, lambda: every_op(model)),
                "strict (gated, no mode outside modules)": wrapped(fn, lambda: inside_only(model)),
                "empty dispatch mode": wrapped(fn, NoopMode),
@@ -419,7 +447,7 @@ def workloads(rounds: int = 5, only: str = "") -> None:
                   f"{extra * 1e6:+.1f} us |", flush=True)
         print(f"<!-- {name}: {n['ops']} aten ops, {n['multi']} with several tensor operands or a device argument; "
               f"{n['outside']} outside any module; {n['calls']} torch-function calls; {n['modules']} module calls, "
-              f"{n['suspect']} suspect under the gate -->", flush=True)
+              f"{n['suspect']} suspect under the gate; {n['after']} calls after the backward checked per op -->", flush=True)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 ENABLED = True  # False: strict checks every op again (bench/guard.py times both in one process)
+AFTER = True  # False: nothing after a backward is checked (bench/guard.py times the first stage's cost)
 
 _T, _P = torch.Tensor, torch.nn.Parameter
 _grad_enabled = torch.is_grad_enabled
@@ -193,7 +194,7 @@ class Gate:
                     break
             if not stack:  # the outermost module returned
                 self.trained = _grad_enabled() and _feeds_autograd(out)
-                if self.trained:  # what follows its backward (the optimizer step, an EMA update) is checked
+                if self.trained and AFTER:  # what follows its backward (the optimizer step, an EMA update)
                     self._after().arm(out)
             sync()
 
