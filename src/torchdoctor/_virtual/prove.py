@@ -40,10 +40,12 @@ class Fix:
     asks: torch.dtype | None = None  # the dtype the run asks for once it is applied (a switch bf16 -> fp16 on a T4)
     # a factory call fixed at its line: (file, line, function name, device, dtype), made so in a re-run (``remake``)
     remake: tuple[str, int, str, Any, Any] | None = None
+    modcast: tuple[str, int, torch.dtype] | None = None  # a module cast of the program's line (file, line) fixed to
+    # that dtype in a re-run (``modcast``)
 
     def applied(self) -> bool:
         """A fix a re-run can apply (advice cannot)."""
-        return self.kind in ("path", "line", "apart") or self.remake is not None or (
+        return self.kind in ("path", "line", "apart") or self.remake is not None or self.modcast is not None or (
             self.kind == "input" and isinstance(self.target, torch.dtype) and self.label.startswith(("input ", "kwarg ")))
 
     def to_dict(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from torchdoctor._virtual.atop import prove_at_ops
 from torchdoctor._virtual.prove import Fix, held, proof_lines
 from torchdoctor._virtual.groups import grouped
 from torchdoctor._virtual.makers import CastMakers
+from torchdoctor._virtual.modcast import at_cast_lines, module_casts
 from torchdoctor._virtual.patched import MARK, held_path, rename
 from torchdoctor._virtual.hardware import over_memory, ran_on
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
@@ -101,6 +102,7 @@ class VirtualSession:
     whence: dict[str, str] = field(default_factory=dict)
     fixes: tuple[Fix, ...] = ()  # the fix by parts, each proven at the failing ops or saying what was tried
     _rec: Any = field(default=None, init=False, repr=False, compare=False)
+    _casts: Any = field(default=None, init=False, repr=False, compare=False)  # the program's module casts (modcast)
 
     @property
     def ok(self) -> bool:
@@ -216,8 +218,8 @@ def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = N
     from torchdoctor._virtual.fixes import fix_items  # the fix is written only for a block that has problems
 
     apart = [a for a in rec.entry.outer.values() if a.module() is not None and a.module() is not main]
-    items = fix_items(problems, session.device, session.dtype, session.sources, current, None, apart,
-                      rec.entry.made_args) or []
+    items = at_cast_lines(fix_items(problems, session.device, session.dtype, session.sources, current, None, apart,
+                                    rec.entry.made_args) or [], session._casts, main)
     try:
         return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs))
     except Exception as exc:  # the proof is extra: the fix stands, said unproven, never a crash of the report
@@ -313,7 +315,8 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     failure: BaseException | None = None
     # autograd as the program has it: training steps run (backward, optimizers), their tensors checked too
     # CastMakers: a cast in a forward (``h.float()``) is named at its line, as simulate names it
-    with virtual_world(space, profile, CastMakers()), rec.modules.tracking(), train_checks(rec):
+    with virtual_world(space, profile, CastMakers()), rec.modules.tracking(), train_checks(rec), \
+            module_casts() as casts:  # a component the program casts itself is fixed at that line
         try:
             yield session
         except _Stop:
@@ -322,6 +325,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
             if not rec.problems and not rec.escaped(exc):
                 raise
             failure = exc  # most likely a consequence of the problems: report them, chained to it
+    session._casts = casts
     session.stopped = rec.stopped
     session.failure = failure
     session.ran_on = ran_on(space)

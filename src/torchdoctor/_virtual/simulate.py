@@ -30,6 +30,7 @@ from torchdoctor._report.text import public_types
 from torchdoctor._virtual.apart import moved, patched_into
 from torchdoctor._virtual.remake import remade
 from torchdoctor._virtual.atop import prove_at_ops
+from torchdoctor._virtual.modcast import at_cast_lines, module_casts
 from torchdoctor._virtual.fixes import fix_items
 from torchdoctor._virtual.prove import NEW, Fix, applied_when_there, apply_fixes, before_move, fixed_inputs, held, \
     inputs_cast, judged_at_op, proven, recasts, switch_advice
@@ -133,6 +134,7 @@ def simulate(
     listed = [(e.tensor, assume if assume is not None and e.tensor.device.type == "meta" else e.tensor.device, e.path)
               for e in found.entries if e.alias_of is None]
     placed: Any = None
+    casts: Any = None  # the program's own module casts (``modcast``)
     recast = recasts(_fixes or [])  # a proof's re-run: the casts at the fixed lines write the fixed dtype
     uncopied: TypeError | None = None
     # fork_rng: random tensors made for a virtual device come from the CPU generator, which must not move on
@@ -162,7 +164,7 @@ def simulate(
         rec.modules.paths = {id(memo[id(m)]): p for p, m in found.modules if id(m) in memo}
         rec.roots = [memo[id(m)] for _, m in found.roots if id(m) in memo]
         try:
-            with remade(_fixes or []):  # a factory fixed at its line makes its tensor so
+            with remade(_fixes or []), module_casts(_fixes or []) as casts:  # fixed lines make their tensor so
                 if call is not None:
                     with applied_when_there(clone, _fixes or []), inputs_cast(clone, _fixes or []), \
                             moved(clone, _fixes or []):
@@ -213,6 +215,7 @@ def simulate(
                       lambda m: "" if any(m is r for r in rec.roots) else rec.modules.path_of(m),
                       [*(a for a in rec.entry.outer.values() if a.module() is not clone), *patched_into(clone)],
                       rec.entry.made_args) or []
+    items = at_cast_lines(items, casts if call is not None else None, clone)  # a component the program casts itself
     if call is not None:  # the caller's code casts the model itself: a switch of dtype is made on its lines
         items = [switch_advice(f) if f.asks is not None else f for f in items]
     if _fixes is None and items:  # the fix is tried on a fresh copy before it is printed
