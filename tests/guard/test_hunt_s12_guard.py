@@ -211,6 +211,22 @@ def test_fix_mode_aligns_the_target_to_the_loss_not_the_users_cast_to_the_model(
     assert "-    loss = F.huber_loss(noise_pred.float(), target, " in first["patch"]
 
 
+def test_warn_mode_tells_the_loss_once_and_its_backward_carries_the_same_fix(
+        project: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """autograd saved the bf16 target as it was: huber_loss_backward meets it again. That is the same problem, one
+    warning, and its alignment carries the loss line's fix, never `# pass arg 2 (target) as tensor...`."""
+    _reset(project, HUBER)
+    mod = _load(project / "app.py", "td_h3_huber_warnmode", monkeypatch)
+    model = mod.build()
+    with warnings.catch_warnings(record=True) as w, torchdoctor.guard(model, mode="warn") as g:
+        warnings.simplefilter("always")
+        mod.app(model)
+    told = [str(x.message) for x in w if issubclass(x.category, torchdoctor.PlacementWarning)]
+    assert len(told) == 1 and "aten.huber_loss.default: arg 1 (target) is bfloat16" in told[0]
+    assert [f.op for f in g.fixes] == ["aten.huber_loss.default", "aten.huber_loss_backward.default"]
+    assert all(f.code == HUBER_FIX and f.proven for f in g.fixes)
+
+
 LERP = '''\
 import torch
 from torch import nn

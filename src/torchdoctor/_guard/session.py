@@ -296,6 +296,19 @@ class Session:
         """strict checks ops only inside modules whose tensors disagree (``_guard/fastpath.py``)."""
         return self.dispatch is not None and self.dispatch.gate is not None
 
+    def _forward_note(self, mpath: str | None, op: Any) -> Any:
+        """fix / warn: the note told of the forward op whose backward this is (``huber_loss`` for
+        ``huber_loss_backward``: autograd saved the operand as it was, the one problem met again), or None."""
+        name = str(op)
+        if "_backward" not in name:
+            return None
+        forward = name.replace("_backward", "").rsplit(".", 1)[0]
+        with self.g._lock:
+            for key, note in self.g._told.items():
+                if key[0] == mpath and str(key[1]).rsplit(".", 1)[0] == forward and note.fix:
+                    return note
+        return None
+
     # -- strict / fix / warn --------------------------------------------------------------------------------
     def on_float8(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], exc: BaseException) -> Any:
         """fix / warn: an op failed on its float8 operands (any of torch's texts for it): cast them to the op's
@@ -339,7 +352,7 @@ class Session:
             raise err
         # fix / warn: the same report, kept (the first time this problem is met) beside what is aligned; a later op
         # of a component already told as the odd one out (every tensor of `vae` float32) is that one finding
-        note = self.g._group_note([p.path for p in problems if p.role == "parameter"])
+        note = self.g._group_note([p.path for p in problems if p.role == "parameter"]) or self._forward_note(mpath, op)
         folded = note is not None
         if note is None:
             note = self.g._note_once((mpath, str(op), tuple(p.path for p in problems)), problems,
