@@ -259,3 +259,63 @@ def test_an_ema_copy_on_cpu_updated_from_cuda_parameters_is_told_in_every_mode(m
     assert "ema.0.weight f32[8,8]@cpu is on cpu while aten.lerp_.Scalar runs on cuda:0" in said
     assert "ema.to('cuda:0')" in said and "# fix proven (at the failing op aten.lerp_.Scalar at " in said
     assert "test_after_backward.py:" in said.split("# fix proven", 1)[1]  # the update's line
+
+
+SCALED_BF16 = '''\
+import torch
+from torch import nn
+
+
+def build():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))
+
+
+def app(m, dtype=torch.bfloat16, cuda_text=False):
+    m.to(dtype)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = m(torch.randn(4, 8, dtype=dtype)).float().square().mean()
+    scaler.scale(loss).backward()
+    if cuda_text:  # what the same step raises on a GPU
+        raise RuntimeError("\\"_amp_foreach_non_finite_check_and_unscale_cuda\\" not implemented for 'BFloat16'")
+    scaler.step(opt)
+    scaler.update()
+    return loss.detach()
+'''
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict", "warn", "fix"])
+def test_a_grad_scaler_over_bf16_parameters_is_told_before_the_gpu_would_refuse_it(
+        project: pathlib.Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    (project / "app.py").write_text(SCALED_BF16)
+    mod = _load(project / "app.py", f"td_h3_scaled_bf16_{mode}", monkeypatch)
+    model = mod.build()
+    head = ("GradScaler unscales bfloat16 gradients because 4 trained parameters are bfloat16: CUDA has no unscale "
+            "kernel for bfloat16, and bfloat16 needs no loss scaling")
+    proof = "fix proven: an optimizer step runs on bfloat16 copies of the 4 parameters and their gradients"
+    if mode == "warn":
+        with pytest.warns(torchdoctor.PlacementWarning) as w, torchdoctor.guard(model, mode=mode) as g:
+            mod.app(model)
+        said = "\n".join(str(x.message) for x in w if issubclass(x.category, torchdoctor.PlacementWarning))
+        assert said.count(head) == 1 and [p.path for p in g.problems] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    else:  # explain: this CPU's kernel takes bfloat16, so only the GPU's error is told
+        with pytest.raises(torchdoctor.PlacementError) as info, torchdoctor.guard(model, mode=mode):
+            mod.app(model, cuda_text=mode == "explain")
+        said = str(info.value)
+        assert ("original error: RuntimeError: \"_amp_foreach_non_finite_check_and_unscale_cuda\" not implemented for "
+                "'BFloat16'" in said) is (mode == "explain")
+    assert head in said and proof in said
+    assert "the model was cast to bfloat16 at app.py:11 (`m.to(dtype)`)" in said
+    assert "loss.backward(); optimizer.step()  # bfloat16 keeps float32's exponent range: no GradScaler" in said
+
+
+def test_a_grad_scaler_over_float32_weights_with_bf16_autocast_is_quiet_in_strict(
+        project: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (project / "app.py").write_text(SCALED_BF16)
+    mod = _load(project / "app.py", "td_h3_scaled_fp32", monkeypatch)
+    model = mod.build()
+    with torchdoctor.guard(model, mode="strict") as g:
+        mod.app(model, dtype=torch.float32)
+    assert not g.problems

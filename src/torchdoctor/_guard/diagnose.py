@@ -317,7 +317,7 @@ def _own_kind(session: Session, exc: BaseException, tb: Any, category: str, mess
         from torchdoctor._guard.tonumpy import explain_numpy
 
         return explain_numpy(exc, tb)
-    if "unscale FP16 gradients" in message:
+    if "unscale FP16 gradients" in message or "non_finite_check_and_unscale" in message:
         from torchdoctor._guard.scaler import explain_scaler
 
         return explain_scaler(session, exc, tb)

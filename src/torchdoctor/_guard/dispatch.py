@@ -12,7 +12,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from torchdoctor._guard import fastpath as _fastpath, float8 as _float8, promotion as _promotion
+from torchdoctor._guard import fastpath as _fastpath, float8 as _float8, promotion as _promotion, scaler as _scaler
 from torchdoctor._rules import registry as _rules
 
 _find = _rules.find
@@ -29,6 +29,7 @@ def _simulating() -> bool:
 
 
 _CONV = torch.ops.aten.convolution.default
+_UNSCALE = _scaler.UNSCALE
 
 
 _CONV_FUNCS = frozenset({torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_transpose1d, torch.conv_transpose2d,
@@ -81,6 +82,8 @@ def _check(self: CheckMode, func: Any, types: Any, args: Sequence[Any] = (),
     if kwargs is None:
         kwargs = _NO_KWARGS
     try:  # no cost until something raises (zero-cost exception handling)
+        if func is _UNSCALE and not _simulating():  # bfloat16 gradients: no CUDA kernel, told on any machine
+            _scaler.check_unscale(self.session, args)
         if len(args) > 1 and _mixed(args[0], args[1]) and not _simulating():
             # a binary op that may promote silently (_guard/promotion.py): strict raises it here; fix / warn align
             # the wider operand for this op (the result keeps the model's dtype) and record it

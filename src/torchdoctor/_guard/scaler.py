@@ -1,7 +1,10 @@
-"""``ValueError: Attempting to unscale FP16 gradients.``: a GradScaler met float16 gradients, because the parameters
-being trained are float16 themselves (the model was cast: ``model.half()``, ``.to(torch.float16)``). Explained with
-those parameters by path, the line that cast the model when the user's frames show it, and the fix mixed precision
-means: float32 master weights, float16 compute under autocast (or bfloat16 with no scaler).
+"""A GradScaler over parameters that are not float32. ``ValueError: Attempting to unscale FP16 gradients.``: the
+parameters being trained are float16 themselves (the model was cast: ``model.half()``, ``.to(torch.float16)``).
+``"_amp_foreach_non_finite_check_and_unscale_cuda" not implemented for 'BFloat16'``: they are bfloat16, which CUDA's
+unscale has no kernel for, and which needs no loss scaling at all. Explained with those parameters by path, the line
+that cast the model when the user's frames show it, and the fix mixed precision means: float32 master weights,
+float16 compute under autocast (or bfloat16 with no scaler). strict / fix / warn tell the bfloat16 case before the
+unscale runs, on a CPU too (whose kernel takes bfloat16): the same program fails on the GPU.
 """
 
 from __future__ import annotations
@@ -17,10 +20,47 @@ _CASTS = {"half", "to", "type"}
 
 
 def explain_scaler(session: Any, exc: BaseException, tb: types.TracebackType | None) -> Any:
-    """The report (a ``PlacementError``) of a GradScaler refusing float16 gradients, or None for any other error."""
-    if "unscale FP16 gradients" not in str(exc):
+    """The report (a ``PlacementError``) of a GradScaler refusing float16 or bfloat16 gradients, or None for any
+    other error."""
+    text = str(exc)
+    dtype = torch.float16 if "unscale FP16 gradients" in text else torch.bfloat16 if (
+        "non_finite_check_and_unscale" in text and "BFloat16" in text) else None
+    if dtype is None:
         return None
     from torchdoctor._guard.frames import user_frames
+
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return _report(session, dtype, user_frames(exc.__traceback__ or tb), f"{type(exc).__name__}: {first}")
+
+
+UNSCALE = torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default
+
+
+def check_unscale(session: Any, args: Any) -> None:
+    """strict / fix / warn, before a GradScaler's unscale runs: bfloat16 gradients raise (strict, fix) or warn once
+    (warn) — CUDA has no unscale kernel for them, whatever this machine's CPU kernel accepts."""
+    grads = args[0] if args and isinstance(args[0], (list, tuple)) else ()
+    if session.replaying or not any(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in grads):
+        return
+    from torchdoctor._guard.frames import user_frames
+
+    err = _report(session, torch.bfloat16, user_frames(), None)
+    if err is None:
+        return
+    session.g._record_problems(list(err.problems))
+    if session.mode == "warn":
+        if session.g._first_time(("scaler", "bfloat16")):
+            import warnings
+
+            from torchdoctor._report.model import PlacementWarning
+            from torchdoctor._report.text import user_stacklevel
+
+            warnings.warn(f"torchdoctor.guard: {err}", PlacementWarning, stacklevel=user_stacklevel())
+        return
+    raise err
+
+
+def _report(session: Any, dtype: torch.dtype, frames: list[Any], original: str | None) -> Any:
     from torchdoctor._report.model import PlacementError, Problem
     from torchdoctor._report.text import format_error
     from torchdoctor._rules import registry as _rules
@@ -30,32 +70,67 @@ def explain_scaler(session: Any, exc: BaseException, tb: types.TracebackType | N
         session.frames.ran[0] if session.frames.ran else None)
     if not isinstance(model, torch.nn.Module):
         return None
-    half = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
+    half = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.dtype == dtype]
     if not half:
         return None
-    frames = user_frames(exc.__traceback__ or tb)
-    cast = _cast_line(frames, model)
+    name = "float16" if dtype == torch.float16 else "bfloat16"
+    cast = _cast_line(frames, model, dtype)
     var = cast[2] if cast else "model"
-    head = (f"dtype problem outside the guarded model: GradScaler met float16 gradients because {len(half)} trained "
-            f"parameter{'s are' if len(half) != 1 else ' is'} float16 themselves")
-    lines = [f"culprit {n}: {_rules._compact(p)}  (trained in float16: expected float32 master weights)" for n, p in half[:3]]
+    many = len(half) != 1
+    if dtype == torch.float16:
+        head = (f"dtype problem outside the guarded model: GradScaler met float16 gradients because {len(half)} "
+                f"trained parameter{'s are' if many else ' is'} float16 themselves")
+        why = "trained in float16: expected float32 master weights"
+        proof = _prove([p for _, p in half])
+        fix = (f"{var}.float()  # float32 master weights; keep `with torch.autocast(..., dtype=torch.float16)` around "
+               "the forward and the GradScaler\n# or train in bfloat16 with no GradScaler: "
+               f"{var}.to(torch.bfloat16)")
+        said = "GradScaler needs float32 master weights (autocast computes in float16)"
+    else:
+        head = (f"dtype problem outside the guarded model: GradScaler unscales bfloat16 gradients because {len(half)} "
+                f"trained parameter{'s are' if many else ' is'} bfloat16: CUDA has no unscale kernel for bfloat16, "
+                "and bfloat16 needs no loss scaling")
+        why = "trained in bfloat16: no GradScaler needed"
+        proof = _prove_plain([p for _, p in half])
+        fix = ("loss.backward(); optimizer.step()  # bfloat16 keeps float32's exponent range: no GradScaler (drop "
+               "scaler.scale / unscale_ / step / update)\n# or keep the GradScaler with float32 master weights and "
+               f"float16 autocast: {var}.float()")
+        said = "bfloat16 needs no GradScaler (CUDA cannot unscale bfloat16 gradients)"
+    lines = [f"culprit {n}: {_rules._compact(p)}  ({why})" for n, p in half[:3]]
     if len(half) > 3:
-        lines.append(f"... and {len(half) - 3} more float16 parameters")
+        lines.append(f"... and {len(half) - 3} more {name} parameter{'s' if len(half) > 4 else ''}")
     if cast is not None:
-        lines.append(f"the model was cast to float16 at {os.path.basename(cast[0])}:{cast[1]} (`{cast[3]}`)")
-    lines.append(_prove([p for _, p in half]))
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    lines.append(f"original error: {type(exc).__name__}: {first}")
-    fix = (f"{var}.float()  # float32 master weights; keep `with torch.autocast(..., dtype=torch.float16)` around the "
-           "forward and the GradScaler\n# or train in bfloat16 with no GradScaler: "
-           f"{var}.to(torch.bfloat16)")
-    problems = [Problem("dtype", n, "parameter", "float16", "float32", f"{n} is trained in float16: GradScaler "
-                        "needs float32 master weights (autocast computes in float16)") for n, _ in half]
+        lines.append(f"the model was cast to {name} at {os.path.basename(cast[0])}:{cast[1]} (`{cast[3]}`)")
+    lines.append(proof)
+    if original is not None:
+        lines.append(f"original error: {original}")
+    problems = [Problem("dtype", n, "parameter", name, "float32" if dtype == torch.float16 else name,
+                        f"{n} is trained in {name}: {said}") for n, _ in half]
     err = PlacementError(format_error(head, lines, fix), module_path=None, module_type=None, op=None,
                          problems=problems, fix=fix)
     from torchdoctor._guard.remedy import with_patch
 
     return with_patch(err, None, lines)
+
+
+def _prove_plain(params: list[torch.Tensor]) -> str:
+    """The fix tried on copies: the optimizer's step of bfloat16 copies of the parameters and their gradients, with
+    no GradScaler."""
+    with_grad = [p for p in params if p.grad is not None]
+    if not with_grad:
+        return "fix unproven: not re-run (the bfloat16 parameters hold no gradients yet)"
+    try:
+        with torch.no_grad():
+            copies = []
+            for p in with_grad:
+                c = p.detach().clone().requires_grad_()
+                c.grad = p.grad.detach().clone()  # type: ignore[union-attr]
+                copies.append(c)
+            torch.optim.SGD(copies, lr=1e-3).step()
+    except Exception as err:  # the trial's own failure is the answer
+        return f"fix unproven: an optimizer step of bfloat16 copies raised {type(err).__name__}: {err}"[:300]
+    n = f"{len(with_grad)} parameter{'s' if len(with_grad) != 1 else ''}"
+    return f"fix proven: an optimizer step runs on bfloat16 copies of the {n} and their gradients with no GradScaler"
 
 
 def _prove(params: list[torch.Tensor]) -> str:
@@ -93,7 +168,8 @@ def _prove(params: list[torch.Tensor]) -> str:
             "weights)" + (", and refuses the float16 ones as the program's did" if again is not None else ""))
 
 
-def _cast_line(frames: list[Any], model: torch.nn.Module) -> tuple[str, int, str, str] | None:
+def _cast_line(frames: list[Any], model: torch.nn.Module, dtype: torch.dtype = torch.float16
+               ) -> tuple[str, int, str, str] | None:
     """(file, line, the model's name, source) of ``<name>.half()`` / ``<name>....to(<float16>)`` in a user frame
     whose local ``<name>`` is the model, read from the frame's parsed code (nothing is run)."""
     from torchdoctor._guard.maker import _parsed as parsed_code
@@ -112,19 +188,19 @@ def _cast_line(frames: list[Any], model: torch.nn.Module) -> tuple[str, int, str
                 root = root.func if isinstance(root, ast.Call) else root.value
             if not (isinstance(root, ast.Name) and root.id in names):
                 continue
-            if node.func.attr == "half" or any(_float16(a, frame) for a in [*node.args, *(
-                    k.value for k in node.keywords if k.arg == "dtype")]):
+            given = [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")]
+            if (node.func.attr == "half" and dtype == torch.float16) or any(_float16(a, frame, dtype) for a in given):
                 src = lines[node.lineno - 1].strip() if node.lineno - 1 < len(lines) else ""
                 return path, node.lineno + off, root.id, src
     return None
 
 
-def _float16(node: ast.expr, frame: Any) -> bool:
-    """Does this argument name float16 (``torch.float16``, ``torch.half``, a local or global holding it)?"""
+def _float16(node: ast.expr, frame: Any, dtype: torch.dtype = torch.float16) -> bool:
+    """Does this argument name ``dtype`` (``torch.float16``, ``torch.half``, a local or global holding it)?"""
     text = ast.unparse(node)
-    if text in ("torch.float16", "torch.half"):
+    if text.startswith("torch.") and getattr(torch, text[6:], None) is dtype:
         return True
     if isinstance(node, ast.Name):
         v = frame.f_locals.get(node.id, frame.f_globals.get(node.id))
-        return v is torch.float16
+        return v is dtype
     return False
