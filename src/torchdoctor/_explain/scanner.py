@@ -16,6 +16,7 @@ from operator import itemgetter
 from typing import Any
 
 from torchdoctor._explain.catalog import signatures
+from torchdoctor._explain.chunks import FAR, FRESH, scan_chunked
 from torchdoctor._explain.escapes import unescape
 from torchdoctor._explain.plaintext import ANSI, fold
 from torchdoctor._explain.prefilter import EXACT_BELOW, Prefilter, new_memo
@@ -186,6 +187,16 @@ class Scanner:
         self.lines = new_memo()  # marked lines' anchors, by the line's text (``Prefilter.lines``)
         # per remembered line (by its anchors' list, kept alive here): the signatures it starts, first per name
         self.per_line: dict[int, tuple[list[tuple[int, int]], tuple[tuple[int, Signature, bool], ...]]] = {}
+        # repeated paragraphs (``chunks``): their effects by text; while one is recorded, the groups counted, the
+        # previous error's key when it began and the first one met in it
+        self.chunks: dict[tuple[str, bool], Any] = {}
+        self.kept = 0
+        self.touched: list[Group] | None = None
+        self.entry_key: Any = FRESH
+        self.first_key: Any = None
+        self.moved = False  # the context's floor moved inside the paragraph being recorded
+        self.attempts: list[tuple[str, int]] | None = None  # (signature, position) of each hit looked at there
+        self.tried = self.replayed = 0  # paragraphs looked up, and replayed, in this text
 
     def feed(self, block: str, final: bool = False) -> None:
         # a paste is folded whole; a log (program output: no typed full-width punctuation) where it is examined
@@ -211,30 +222,10 @@ class Scanner:
             cut = max(p, 0)
             if len(text) - cut > 4 * BLOCK:  # one enormous line: cut it anyway
                 cut = len(text) - _SPAN
-        prefilter, sigs_of = _anchor_table()
-        rfind, hit, per_line = text.rfind, self._hit, self.per_line
-        for ls, found, line in prefilter.lines(text, self.scan_from, cut, self.lines):
-            if line is not None:  # a whole line: what its anchors start is worked out once per distinct line
-                got = per_line.get(id(found))
-                if got is None:
-                    if len(per_line) > _WINDOWS:
-                        per_line.clear()
-                    got = per_line[id(found)] = (found, _line_hits(found, sigs_of))
-                spoken = self.spoken
-                for off, sig, weak in got[1]:
-                    if weak and spoken:  # frames speak only when no message does (``api``): once one has, moot
-                        self.hits += 1
-                    else:
-                        hit(text, ls + off, ls, sig, weak)
-                continue
-            seen: set[tuple[int, str]] = set()
-            for pos, sig in sorted([(ls + f, s) for f, i in found for s in sigs_of[i]], key=_FIRST):
-                low = pos - _LINE_MAX
-                nl = rfind("\n", low if low > 0 else 0, pos)
-                start = nl + 1 if nl != -1 or low < 0 else pos - 300  # an enormous line: look near the anchor
-                if (start, sig.name) not in seen:
-                    seen.add((start, sig.name))
-                    hit(text, pos, start, sig, _weak(sig))
+        if len(text) >= EXACT_BELOW:  # a log (a paste is short): its repeated paragraphs are read once
+            scan_chunked(self, text, self.scan_from, cut, _MAX_HITS)
+        else:
+            self._lines_hits(text, self.scan_from, cut)
         keep = cut
         for _ in range(_LEAD):
             keep = text.rfind("\n", max(0, keep - _SPAN), keep)
@@ -248,15 +239,50 @@ class Scanner:
         self.prev_end = max(0, self.prev_end - keep)
         self.until = {k: v - keep for k, v in self.until.items() if v > keep}
 
-    def _hit(self, text: str, pos: int, ls: int, sig: Signature, weak: bool) -> None:
+    def _lines_hits(self, text: str, start: int, cut: int) -> int:
+        """The hits of the marked lines of ``text[start:cut]``; returns the end of what they read (``FAR``: not
+        known, or before ``start``)."""
+        prefilter, sigs_of = _anchor_table()
+        rfind, hit, per_line = text.rfind, self._hit, self.per_line
+        reach = 0
+        for ls, found, line in prefilter.lines(text, start, cut, self.lines):
+            if line is not None:  # a whole line: what its anchors start is worked out once per distinct line
+                got = per_line.get(id(found))
+                if got is None:
+                    if len(per_line) > _WINDOWS:
+                        per_line.clear()
+                    got = per_line[id(found)] = (found, _line_hits(found, sigs_of))
+                spoken = self.spoken
+                for off, sig, weak in got[1]:
+                    if weak and spoken:  # frames speak only when no message does (``api``): once one has, moot
+                        self.hits += 1
+                    else:
+                        if self.attempts is not None:
+                            self.attempts.append((sig.name, ls + off))
+                        r = hit(text, ls + off, ls, sig, weak)
+                        if r > reach:
+                            reach = r
+                continue
+            reach = FAR
+            seen: set[tuple[int, str]] = set()
+            for pos, sig in sorted([(ls + f, s) for f, i in found for s in sigs_of[i]], key=_FIRST):
+                low = pos - _LINE_MAX
+                nl = rfind("\n", low if low > 0 else 0, pos)
+                start = nl + 1 if nl != -1 or low < 0 else pos - 300  # an enormous line: look near the anchor
+                if (start, sig.name) not in seen:
+                    seen.add((start, sig.name))
+                    hit(text, pos, start, sig, _weak(sig))
+        return reach
+
+    def _hit(self, text: str, pos: int, ls: int, sig: Signature, weak: bool) -> int:
         # once per error line of a log: written for speed (no min/max calls, bound methods), a log made only of
         # errors has thousands a megabyte
         self.hits += 1
         until, name = self.until, sig.name
         if self.hits > _MAX_HITS or pos < until.get(name, -1):  # or inside the window looked at last
-            return
+            return 0
         if weak and self.spoken:  # frames speak only when no message does (``api``): once one has, they are moot
-            return
+            return 0
         find, size = text.find, len(text)
         le = find("\n", pos, pos + _LINE_MAX)
         if le == -1:
@@ -273,8 +299,11 @@ class Scanner:
         else:
             start = ls
         nxt = find("\n", msg_end + 1, msg_end + 401)
-        if nxt == -1 and msg_end < size <= msg_end + 401:  # the last line of the text
-            nxt = size
+        reach = nxt + 1  # the end of what this hit reads (a paragraph's replay needs it)
+        if nxt == -1:
+            reach = FAR
+            if msg_end < size <= msg_end + 401:  # the last line of the text
+                nxt = size
         # all the window depends on, as the key of what it gave: a log of errors repeats its windows
         lo = pos - sig.before
         if lo < start:
@@ -288,10 +317,16 @@ class Scanner:
         fields, matched, key, hi, group = got
         until[name] = hi + lo
         if sig.require_pattern and not matched:
-            return
+            return reach
         # a different error: its context starts after the previous one (frames-only evidence never moves it)
         if key != self.prev_key and not weak:
-            self.floor = self.prev_end
+            if self.prev_key is FRESH:  # the first in a paragraph being recorded (``chunks``): against the real one
+                self.first_key = key
+                if key != self.entry_key:
+                    self.floor = self.prev_end
+            else:
+                self.floor = self.prev_end
+                self.moved = True
         if group is None:
             group = self.groups.get(key)
             if group is None:
@@ -303,10 +338,13 @@ class Scanner:
         group.count += 1
         self.seq += 1
         group.last = self.seq
+        if self.touched is not None:
+            self.touched.append(group)
         if group.count <= _PER_KEY and self.budget > 0:
             group.contexts.append(self._context(text, ls, msg_end))
         if not weak:
             self.prev_key, self.prev_end = key, msg_end
+        return reach
 
     def _context(self, text: str, ls: int, le: int) -> str:
         lead = ls

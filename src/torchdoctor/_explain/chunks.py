@@ -1,0 +1,137 @@
+"""Repeated paragraphs of a log read once: what the scanner did with a paragraph is replayed where it comes again.
+
+A log made of error texts repeats whole paragraphs (one failure every step, the same few errors over and over,
+each text followed by a blank line). The scanner's work per marked line is Python (its line, its window's bounds
+and memo key, the group update); a paragraph met again is found at C speed (a slice and a dict look-up) and its
+effect applied at once: the hit count, each group's count and last sequence number, each signature's window end,
+and the previous error's key and end (which bound the next new error's leading context).
+
+A paragraph runs from the line after a blank line up to and with the next blank line(s). Its effect is recorded
+when it is read the ordinary way and is replayed only where that gives exactly what reading it again would:
+- what the reading looked at lies in the paragraph, the blank line before it (the same ``"\\n\\n"`` everywhere),
+  and a recorded tail after it that must follow it again (a message whose ``follow`` lines or continuation check
+  reached into the next paragraph); a line the scanner read the other way (cut, too long) makes it not replayable;
+- no window examined before it reaches into it (an earlier error's window would hide its hits), before recording
+  and before replaying;
+- every group it counts exists already (it made them when recorded), so no context is taken again;
+- the frames-only switch (``spoken``) is part of the key, and the hit limit holds.
+Where replays are rare (every paragraph different: time stamps) the rest of a block is read the ordinary way, so
+a log without repeats pays for a few dozen look-ups a block.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["FAR", "FRESH", "scan_chunked"]
+
+FAR = 1 << 62  # "read up to somewhere unknown": never replayable
+FRESH: Any = object()  # the scanner's previous error key while a paragraph is recorded: none met in it yet
+_PARA = re.compile(r"\n\n+")  # the blank line(s) that end a paragraph
+_TRY = 256  # paragraphs of a text read, not replayed, before the replays must be half as many
+_MAX_CHUNK = 1 << 14  # longer paragraphs are read the ordinary way (their text is not kept)
+_KEPT = 1 << 23  # characters of paragraph text remembered per text read (then the memo starts again)
+_NONE: Any = object()
+
+
+def scan_chunked(sc: Any, text: str, start: int, cut: int, max_hits: int) -> None:
+    """The marked lines of ``text[start:cut]`` as ``sc._lines_hits`` reads them, paragraph by paragraph,
+    replaying a paragraph's recorded effect where it is exact to. Written for speed: a log of short error texts
+    has a paragraph every few hundred characters, and the replay is all the Python most of them cost (the
+    scanner's counters are kept in locals while paragraphs are replayed, and written back before any reading)."""
+    chunks, until, get = sc.chunks, sc.until, sc.chunks.get
+    umax = max(until.values(), default=-1)  # no window examined so far reaches past this
+    pos = start
+    hits, seq, prev_key, prev_end, floor, spoken = sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor, sc.spoken
+    replayed = 0
+    for m in _PARA.finditer(text, start, cut):
+        ce = m.end()
+        if ce >= cut:
+            break
+        cs = pos
+        pos = ce
+        if cs != start and ce - cs <= _MAX_CHUNK:  # the block's first piece: the line before it is not a blank one
+            eff = get((text[cs:ce], spoken), _NONE)
+            if eff is not _NONE and eff is not None and hits + eff[0] <= max_hits and (
+                    not eff[7] or text.startswith(eff[7], ce)) and (
+                    umax <= cs or all(until.get(name, -1) <= cs + rel for name, rel in eff[8])):
+                n_hits, n_seq, groups, ends, first, at_floor, last, _, _, reach = eff
+                hits += n_hits
+                for g, n, rel in groups:
+                    g.count += n
+                    g.last = seq + rel
+                seq += n_seq
+                for name, rel in ends:
+                    until[name] = cs + rel
+                if cs + reach > umax:
+                    umax = cs + reach
+                if first is not _NONE:
+                    if first is not prev_key and first != prev_key:  # its first error against the one before
+                        floor = prev_end
+                    if at_floor is not None:
+                        floor = cs + at_floor
+                    prev_key, prev_end = last[0], cs + last[1]
+                replayed += 1
+                continue
+        # read the ordinary way: the scanner's state as replayed so far first
+        sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor = hits, seq, prev_key, prev_end, floor
+        sc.replayed += replayed
+        replayed = 0
+        if cs == start or ce - cs > _MAX_CHUNK:
+            sc._lines_hits(text, cs, ce)
+        else:
+            sc.tried += 1  # looked up and not replayed
+            if sc.tried > _TRY and sc.replayed * 2 < sc.tried:  # paragraphs do not repeat here: the rest at once
+                pos = cs
+                break
+            if eff is _NONE:
+                if sc.kept + ce - cs > _KEPT:
+                    chunks.clear()
+                    sc.kept = 0
+                chunks[(text[cs:ce], spoken)] = _record(sc, text, cs, ce, max_hits)
+                sc.kept += ce - cs
+            else:
+                sc._lines_hits(text, cs, ce)
+        umax = max(until.values(), default=-1)
+        hits, seq, prev_key, prev_end, floor, spoken = sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor, sc.spoken
+    sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor = hits, seq, prev_key, prev_end, floor
+    sc.replayed += replayed
+    sc._lines_hits(text, pos, cut)
+
+
+def _record(sc: Any, text: str, cs: int, ce: int, max_hits: int) -> tuple[Any, ...] | None:
+    """Read ``text[cs:ce]`` the ordinary way, noting its effect; None when it cannot be replayed."""
+    hits0, seq0, pk0, until0 = sc.hits, sc.seq, sc.prev_key, dict(sc.until)
+    sc.prev_key, sc.entry_key, sc.touched, sc.attempts, sc.moved = FRESH, pk0, [], [], False
+    try:
+        reach = sc._lines_hits(text, cs, ce)
+    finally:
+        touched, attempts, sc.touched, sc.attempts, sc.entry_key = sc.touched, sc.attempts, None, None, FRESH
+        if sc.prev_key is FRESH:  # no error that moves the context's bounds was met
+            sc.prev_key = pk0
+            first = _NONE
+        else:
+            first = sc.first_key
+    if reach >= FAR or sc.hits > max_hits:
+        return None
+    firsts: dict[str, int] = {}
+    for name, p in attempts:
+        firsts.setdefault(name, p)
+    if any(until0.get(name, -1) > p for name, p in firsts.items()):
+        return None  # a window examined before it hid some of its hits: what it did depends on what came before
+    counted: dict[int, list[Any]] = {}
+    for g in touched:
+        c = counted.get(id(g))
+        if c is None:
+            counted[id(g)] = [g, 1]
+        else:
+            c[1] += 1
+    groups = tuple((g, n, g.last - seq0) for g, n in counted.values())
+    ends = tuple((name, v - cs) for name, v in sc.until.items() if until0.get(name) != v)
+    floor = sc.floor - cs if first is not _NONE and sc.moved else None
+    last = (sc.prev_key, sc.prev_end - cs) if first is not _NONE else None
+    # (hits, sequence numbers, (group, count, last), (signature, window end), first error key, floor, last error,
+    #  what must follow the paragraph, (signature, first hit), the end of the windows)
+    return (sc.hits - hits0, sc.seq - seq0, groups, ends, first, floor, last, text[ce:reach] if reach > ce else "",
+            tuple((name, p - cs) for name, p in firsts.items()), max((rel for _, rel in ends), default=-1))
