@@ -23,6 +23,22 @@ def any_virtual(args: Any, kwargs: dict[str, Any], named: dict[int, Any] | None 
     return False
 
 
+def labelled(args: tuple[Any, ...], kwargs: dict[str, Any], lift: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Real tensors given a device label by ``.data =`` (diffusers' group offloading onloads a model built before
+    the run: ``param.data = param.data.to(onload)``) made virtual where they are used, so what is computed from them
+    (``weight.to(x.dtype) * scale``) is on the labelled device, and a CPU tensor meeting them is found there."""
+
+    def one(a: Any) -> bool:
+        return isinstance(a, torch.Tensor) and not isinstance(a, VirtualTensor) and "_td_device" in a.__dict__
+
+    if not any(one(a) for a in args) and not (kwargs and any(one(v) for v in kwargs.values())):
+        return args, kwargs
+    args = tuple(lift([a])[0] if one(a) else a for a in args)
+    if kwargs:
+        kwargs = {k: lift([v])[0] if one(v) else v for k, v in kwargs.items()}
+    return args, kwargs
+
+
 def cpu_work(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], factory: bool) -> Any:
     """``func`` run as it is; a factory's result keeps its line, and a result made from a tensor the run made keeps
     that one's origin (``torch.arange(n).expand(...)``), for the moment it meets a virtual tensor."""

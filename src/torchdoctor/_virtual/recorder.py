@@ -18,9 +18,9 @@ from torchdoctor._virtual.datadtype import data_dtype, factory_call, maker_name
 from torchdoctor._virtual.escaped import escaped_problem
 from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest
 from torchdoctor._virtual.patched import apart
-from torchdoctor._virtual.origin import (from_origin, maker_of, moved_by_apply, operand_at, ran_as_asked,
-                                         where_called)
+from torchdoctor._virtual.origin import from_origin, maker_of, moved_by_apply, operand_at, ran_as_asked, where_called
 from torchdoctor._virtual.promote import Promotions, mixed
+from torchdoctor._virtual.scripted import Entered, attribute_of
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, is_entry as _is_entry, standin
 from torchdoctor._tracker import ModuleStack
 
@@ -57,7 +57,6 @@ class _Recorder(Hooks):
     def use_stack(self, stack: ModuleStack) -> None:
         """Track modules with ``stack``; owned tensors are checked when each module starts."""
         from torchdoctor._virtual.entry import EntryCheck
-        from torchdoctor._virtual.scripted import Entered
 
         self.modules = stack
         self.where = stack.where
@@ -113,8 +112,10 @@ class _Recorder(Hooks):
 
     # -- Hooks --------------------------------------------------------------------------------------------------
     def running(self) -> Any:
-        stack = self.modules.stack
-        return stack[-1] if stack else None
+        return self.modules.stack[-1] if self.modules.stack else None
+
+    def attribute_of(self, tensor: torch.Tensor) -> str | None:  # a plain attribute of the running module
+        return attribute_of(self.modules, tensor)
 
     def check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.entry.pending:  # an attribute / container tensor reached an op: the forward read it

@@ -278,6 +278,8 @@ class VirtualMode(TorchFunctionMode):
             # (half of all calls: .shape, .dtype ...; none of the properties that dispatch is an autocast op, so
             # the autocast state read below for the next op may wait)
             return outside.attribute(space, func, name, args, kwargs)
+        if space.relabelled:  # a real tensor with a device label: virtual where it is used
+            args, kwargs = H.labelled(args, kwargs, lambda xs: H.graphed(xs, lift_all(xs, space, None)))
         # read here: inside __torch_dispatch__ the autocast keys are excluded and report "disabled"
         space.autocast = torch.get_autocast_dtype(space.vtype) if torch.is_autocast_enabled(space.vtype) else None
         handler = _HANDLERS.get(func)

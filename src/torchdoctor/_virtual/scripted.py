@@ -60,6 +60,16 @@ def held_as(t: torch.Tensor) -> str | None:
     return None
 
 
+def attribute_of(stack: Any, tensor: torch.Tensor) -> str | None:
+    """``blocks.0.scale``: ``tensor`` as a plain attribute of the innermost running module (of ``stack``)."""
+    mod = stack.stack[-1] if stack.stack else None
+    name = next((k for k, v in vars(mod).items() if v is tensor), None) if mod is not None else None
+    if name is None:
+        return None
+    path = stack.paths.get(id(mod))
+    return f"{path}.{name}" if path else name
+
+
 class Entered:
     """The module-entry check (``entry.EntryCheck``) as the module stack calls it, with TorchScript's two cases."""
 
