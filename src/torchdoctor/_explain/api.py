@@ -27,7 +27,7 @@ from typing import IO, Any
 from torchdoctor._explain.apps import app_fixes, step_fixes
 from torchdoctor._explain.catalog import causes, context_rules
 from torchdoctor._explain.context import derive, find_word, rank
-from torchdoctor._explain.plugins import plugin_fields, plugin_fixes
+from torchdoctor._explain.plugins import line_fixes, plugin_fields, plugin_fixes
 from torchdoctor._explain.report import SCHEMA, Alternative, Diagnosis, ExplainReport, render, to_json
 from torchdoctor._explain.scanner import BLOCK, Group, Scanner, clean
 from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
@@ -134,6 +134,7 @@ def _diagnose(group: Group) -> Diagnosis:
         fixes[:0] = [f for f in own if f not in fixes]
     if app is None:  # a bare paste: the app that runs this step itself is a likely source
         fixes.extend(f for f in step_fixes(sig.name, context) if f not in fixes)
+    fixes[:0] = [f for f in line_fixes(sig.name, original) if f not in fixes]  # at the traceback's own line
     if not likely:
         likely = (f"{sig.title}.",)
     top = table[usable[0][0]] if usable else None

@@ -232,7 +232,8 @@ def app_fixes(category: str, context: str, flags: frozenset[str] = frozenset()
     app = app_of(context)
     if app is None:
         return None, ()
-    if category in _PRECISION and "fp64" in flags and not flags & _REDUCED or "code_dtype" in flags:
+    if category in _PRECISION and "fp64" in flags and not flags & _REDUCED or "code_dtype" in flags \
+            or "to_numpy" in flags:  # (and a GPU tensor the code hands to numpy: its own conversion is the fix)
         return app, ()  # (numpy's missing bfloat16, an Intel GPU's missing float64: the code's own cast is the fix)
     if category == _NA and _on_mac(context, flags):
         return app, _MAC_FIXES.get(app, _WEB_MAC)

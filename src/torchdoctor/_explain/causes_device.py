@@ -31,6 +31,13 @@ _c("dev.created_inside",
    "the CPU while the activations are on {target}.", _GUARD,
    ("Create new tensors on the input's device",
     "torch.arange(n, device=x.device)  # also torch.zeros(..., device=x.device)"))
+_c("dev.attn_bias_device",
+   "The attention bias or mask was made on another device than q/k/v: a mask built with device='cuda' (that is "
+   "the current device, cuda:0, unless torch.cuda.set_device was called) while the model sits on another GPU, a "
+   "mask kept on the CPU, or a KV cache that builds its mask on its own device.", _GUARD,
+   ("Build the mask on the queries' device", "mask = torch.full((q_len, n), float('-inf'), device=q.device, "
+    "dtype=q.dtype)"),
+   ("Or move it where the attention runs", "attn_bias = attn_bias.to(q.device)"))
 _c("dev.two_gpus_device_map",
    "The model is split over several GPUs (device_map), and a tensor crossed a layer boundary without being "
    "moved: custom code mixing outputs of two layers, a cached tensor on the first GPU, or .to()/.cuda() "
@@ -152,6 +159,12 @@ _c("md.peft_meta",
    "device), so the adapter weights are placeholders.", "torchdoctor.scan(model)",
    ("Add adapters after the base weights are loaded",
     'base = AutoModelForCausalLM.from_pretrained(name, device_map={"": 0})\nmodel = get_peft_model(base, config)'))
+_c("md.fake_input_cpu",
+   "The traced call's input ({fake_input}: a FakeTensor printed without device= is a CPU tensor) is on the CPU "
+   "while the layer's parameters are on {wdev}: the input was never moved to the model's device (torch.compile "
+   "traces the call with the devices it is given).", 'torchdoctor.simulate(model, device={tq})',
+   ("Move the input to the model's device before calling the compiled model", "x = x.to({tq})"),
+   ("Check the placement without the hardware", 'torchdoctor.simulate(model, device={tq})'))
 _c("md.fake_tensor",
    "Under FakeTensorMode / torch.compile / export tracing, a tensor on {a} met one on {b}: .to() inside the "
    "fake mode does not move real parameters, and constants created without device= are CPU tensors.",

@@ -190,6 +190,8 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
         flags.add("input_behind" if f["a"] == "cpu" else "weights_behind")
     if sig_name.startswith(("frames.", "partial.")):
         flags.add("frames_only")
+    if sig_name == "device.numpy":  # the code converts a GPU tensor itself: no placement or app flag is the cause
+        flags.add("to_numpy")
     if sig_name == "dtype.mps_broadcast":  # MPSGraph spells dtypes f32 / f16 / i64
         for key in ("a", "b"):
             if key in f:

@@ -49,6 +49,32 @@ def _last(rx: re.Pattern[str], text: str) -> re.Match[str] | None:
     return last
 
 
+# the innermost frame whose code converts a tensor to numpy: 'File "...", line N, in f' and its code line
+_NUMPY_AT = re.compile(r'File "(?P<file>[^"\n]{1,300})", line (?P<line>\d{1,7})[^\n]{0,300}\n[ \t]*'
+                       r'(?P<code>[^\n]{0,300}\.numpy\(\)[^\n]{0,300})')
+
+
+def line_fixes(sig_name: str, text: str) -> tuple[tuple[str, str], ...]:
+    """A fix written at the line the traceback shows, where the text holds that line: a GPU tensor's
+    ``t.numpy()`` there becomes ``t.cpu().numpy()`` (the innermost frame whose code calls ``.numpy()``).
+
+    >>> line_fixes("device.numpy", 'File "n/face.py", line 10, in f\n    a = image.numpy()')
+    (('Copy it to the CPU where the code converts it (face.py:10)', 'a = image.cpu().numpy()  # face.py:10'),)
+    """
+    if sig_name != "device.numpy":
+        return ()
+    last = _last(_NUMPY_AT, text[-_READ:])
+    if last is None:
+        return ()
+    code = last.group("code").strip()
+    fixed = re.sub(r"(?<!\.cpu\(\))\.numpy\(\)", ".cpu().numpy()", code)
+    if fixed == code:
+        return ()
+    name = re.split(r"[/\\]+", last.group("file"))[-1]
+    where = f"{name}:{last.group('line')}"
+    return ((f"Copy it to the CPU where the code converts it ({where})", f"{fixed}  # {where}"),)
+
+
 def _script(text: str) -> re.Match[str] | None:
     """The innermost frame in a web UI's own scripts/ folder, or None (not in a web UI log, or in a package)."""
     if "scripts/" not in text:

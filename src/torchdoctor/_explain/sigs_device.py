@@ -87,6 +87,15 @@ _sig("device.mps_placeholder", "device_mismatch", "An MPS operation got a tensor
      (("dev.inputs_not_moved", 2.0), ("dev.module_not_moved", 1.8), ("dev.created_inside", 0.8)),
      r"allocated on (?P<b>MPS) device", confidence=0.9,
      alternatives=(("backend_op_missing", 0.25, "an op that falls back to the CPU on MPS leaves a CPU tensor"),))
+# xformers' memory_efficient_attention (and code built on it: mistral-inference, ComfyUI's attention) checks its
+# bias apart: "ValueError: Attention bias and Query/Key/Value should be on the same device"
+_sig("device.attention_bias", "device_mismatch", "The attention bias (mask) is on another device than q/k/v",
+     ("Attention bias and Query/Key/Value should be on the same device",),
+     "The attention bias (the mask) reached the attention kernel on another device than the queries, keys and "
+     "values. It is usually built apart from the model: with device='cuda' (the current device, cuda:0) while the "
+     "model runs on another GPU, or on the CPU.",
+     (("dev.attn_bias_device", 3.0), ("dev.two_gpus_device_map", 1.0), ("dev.created_inside", 0.8)),
+     r"(?P<op>Attention bias) and Query/Key/Value should be on the same device", confidence=0.9)
 _sig("device.numpy", "device_mismatch", "A GPU tensor was converted to numpy",
      ("device type tensor to numpy",),
      "A tensor on {a} was converted to numpy, which only reads CPU memory.",
@@ -148,8 +157,12 @@ _sig("mixed.meta_copy", "mixed_device_model", "A meta tensor (no data) was copie
 _sig("mixed.fake_tensor", "mixed_device_model", "FakeTensor tracing met two devices",
      ("Unhandled FakeTensor Device Propagation",),
      "While tracing with fake tensors (torch.compile / export / FakeTensorMode), {op} got tensors on {a} and {b}.",
-     (("md.fake_tensor", 3.0),),
+     (("md.fake_input_cpu", 4.0), ("md.fake_tensor", 3.0)),
      rf"Propagation for (?P<op>[\w.]{{1,80}}), found two different devices (?P<a>{DEV}), (?P<b>{DEV})",
+     # dynamo prints the failing call's arguments: a first FakeTensor with no device (a CPU one) before parameters
+     # on a device is the input the program never moved (``md.fake_input_cpu`` needs ``fake_input``)
+     rf"call_function <?(?:built-in function )?(?P<fn>[\w.]{{1,60}})>?\(\*\((?P<fake_input>FakeTensor\(\.\.\., "
+     rf"size=\([\d, ]{{0,60}}\)\)), Parameter\(FakeTensor\(\.\.\., device='(?P<wdev>{DEV})'",
      alternatives=(_DEV_ALT,))
 _sig("mixed.meta_value", "mixed_device_model", "A weight is still on meta when it was needed",
      ("is on the meta device",),
