@@ -58,7 +58,7 @@ def line_fixes(sig_name: str, text: str) -> tuple[tuple[str, str], ...]:
     """A fix written at the line the traceback shows, where the text holds that line: a GPU tensor's
     ``t.numpy()`` there becomes ``t.cpu().numpy()`` (the innermost frame whose code calls ``.numpy()``).
 
-    >>> line_fixes("device.numpy", 'File "n/face.py", line 10, in f\n    a = image.numpy()')
+    >>> line_fixes("device.numpy", 'File "n/face.py", line 10, in f\\n    a = image.numpy()')
     (('Copy it to the CPU where the code converts it (face.py:10)', 'a = image.cpu().numpy()  # face.py:10'),)
     """
     if sig_name != "device.numpy":
