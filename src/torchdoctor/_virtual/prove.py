@@ -42,10 +42,12 @@ class Fix:
     remake: tuple[str, int, str, Any, Any] | None = None
     modcast: tuple[str, int, torch.dtype] | None = None  # a module cast of the program's line (file, line) fixed to
     # that dtype in a re-run (``modcast``)
+    rebuffer: tuple[str, ...] = ()  # plain attributes registered as buffers in a re-run (``hooked``)
 
     def applied(self) -> bool:
         """A fix a re-run can apply (advice cannot)."""
-        return self.kind in ("path", "line", "apart") or self.remake is not None or self.modcast is not None or (
+        return self.kind in ("path", "line", "apart") or self.remake is not None or self.modcast is not None or \
+            bool(self.rebuffer) or (
             self.kind == "input" and isinstance(self.target, torch.dtype) and self.label.startswith(("input ", "kwarg ")))
 
     def to_dict(self) -> dict[str, Any]:
@@ -62,6 +64,10 @@ def apply_fixes(model: Any, fixes: Sequence[Fix]) -> None:
     import torchdoctor
 
     for f in fixes:
+        if f.rebuffer:
+            from torchdoctor._virtual.hooked import rebuffered
+
+            rebuffered(model, f.rebuffer)
         if f.kind == "path":
             exec(compile(f.code, "<torchdoctor fix>", "exec"), {"model": model, "torch": torch,  # noqa: S102
                                                                    "torchdoctor": torchdoctor})

@@ -28,6 +28,7 @@ from torchdoctor._virtual.prove import Fix, held, proof_lines
 from torchdoctor._virtual.groups import grouped
 from torchdoctor._virtual.makers import CastMakers
 from torchdoctor._virtual.modcast import at_cast_lines, module_casts
+from torchdoctor._virtual.hooked import under_hooks
 from torchdoctor._virtual.patched import MARK, held_path, rename
 from torchdoctor._virtual.hardware import over_memory, ran_on
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
@@ -220,6 +221,7 @@ def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = N
     apart = [a for a in rec.entry.outer.values() if a.module() is not None and a.module() is not main]
     items = at_cast_lines(fix_items(problems, session.device, session.dtype, session.sources, current, None, apart,
                                     rec.entry.made_args) or [], session._casts, main)
+    items = under_hooks(items, main, session.device)  # a model the hooks place: never torchdoctor.move
     try:
         return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs))
     except Exception as exc:  # the proof is extra: the fix stands, said unproven, never a crash of the report

@@ -31,6 +31,7 @@ from torchdoctor._virtual.apart import moved, patched_into
 from torchdoctor._virtual.remake import remade
 from torchdoctor._virtual.atop import prove_at_ops
 from torchdoctor._virtual.modcast import at_cast_lines, module_casts
+from torchdoctor._virtual.hooked import under_hooks
 from torchdoctor._virtual.fixes import fix_items
 from torchdoctor._virtual.prove import NEW, Fix, applied_when_there, apply_fixes, before_move, fixed_inputs, held, \
     inputs_cast, judged_at_op, proven, recasts, switch_advice
@@ -215,7 +216,7 @@ def simulate(
                       lambda m: "" if any(m is r for r in rec.roots) else rec.modules.path_of(m),
                       [*(a for a in rec.entry.outer.values() if a.module() is not clone), *patched_into(clone)],
                       rec.entry.made_args) or []
-    items = at_cast_lines(items, casts if call is not None else None, clone)  # a component the program casts itself
+    items = under_hooks(at_cast_lines(items, casts if call is not None else None, clone), clone, dev)  # modcast, hooked
     if call is not None:  # the caller's code casts the model itself: a switch of dtype is made on its lines
         items = [switch_advice(f) if f.asks is not None else f for f in items]
     if _fixes is None and items:  # the fix is tried on a fresh copy before it is printed

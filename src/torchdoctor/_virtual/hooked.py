@@ -1,0 +1,115 @@
+"""A model placed by accelerate or diffusers hooks (group offloading, CPU offload): ``torchdoctor.move`` refuses to
+move it, so it is never the fix. A plain tensor attribute of a hooked module (a quantized layer's ``scale`` kept
+outside its parameters) is never onloaded: the hooks move parameters and buffers only. Its fix is to register it as
+a buffer where the module builds it (``self.register_buffer('scale', ..., persistent=False)`` at that line of its
+``__init__``, a diff), proven by a re-run in which those attributes are buffers of the copy (``rebuffer``).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from typing import Any
+
+import torch
+
+from torchdoctor._placement import device_str
+from torchdoctor._virtual.prove import Fix
+
+
+def _hooked(root: Any, device: torch.device) -> tuple[list[tuple[str, Any]], str]:
+    """(the hooked modules with a hook that refuses a move, by path; the first refusal), or ([], "")."""
+    from torchdoctor._move.owners import hook_refusal
+    from torchdoctor._walk import walk
+
+    hooked, why = [], ""
+    for mpath, mod, hook in walk(root).hooks:
+        said = hook_refusal(hook, device)
+        if said:
+            hooked.append((mpath, mod))
+            why = why or said
+    return hooked, why
+
+
+def _built_at(mod: torch.nn.Module, name: str) -> tuple[str, int, str] | None:
+    """(file, line, the line rewritten) where ``mod``'s class assigns ``self.<name> = ...`` in ``__init__`` on one
+    line; None otherwise."""
+    init = type(mod).__init__
+    try:
+        lines, start = inspect.getsourcelines(init)
+        file = inspect.getsourcefile(init) or ""
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return None
+    hits = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1 and
+            ast.unparse(n.targets[0]) == f"self.{name}" and n.lineno == n.end_lineno]
+    if len(hits) != 1 or not file:
+        return None
+    line = start + hits[0].lineno - 1
+    raw = lines[hits[0].lineno - 1].rstrip("\n").rstrip("\r")
+    body = raw.lstrip(" \t")
+    if not body.startswith(f"self.{name}") or not raw.isascii():
+        return None
+    stmt = ast.parse(body).body[0]
+    assert isinstance(stmt, ast.Assign)
+    expr = ast.get_source_segment(body, stmt.value)
+    end = stmt.end_col_offset or len(body)
+    if expr is None:
+        return None
+    new = raw[:len(raw) - len(body)] + f"self.register_buffer({name!r}, {expr}, persistent=False)" + body[end:]
+    return file, line, new
+
+
+def under_hooks(items: list[Fix], root: Any, device: torch.device) -> list[Fix]:
+    """The fixes with ``torchdoctor.move(model, …)`` and the moves of plain attributes of hooked modules replaced by
+    their registration as buffers where they are built, when hooks place the model; the others as they were."""
+    if not isinstance(root, torch.nn.Module) or not any(
+            f.code.startswith("torchdoctor.move(") or "the tensors made on" in f.code or f.sets for f in items):
+        return items
+    try:
+        hooked, why = _hooked(root, device)
+    except Exception:  # a strange model: the fixes as written
+        return items
+    if not hooked:
+        return items
+    attrs: dict[tuple[type, str], list[tuple[str, Any]]] = {}
+    for mpath, mod in hooked:
+        for name, value in list(vars(mod).items()):
+            dev = getattr(value, "_td_device", getattr(value, "device", None))
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and dev is not None \
+                    and dev.type != device.type:
+                attrs.setdefault((type(mod), name), []).append((f"{mpath}.{name}" if mpath else name, mod))
+    out = [f for f in items if not (f.code.startswith("torchdoctor.move(") or f.code.startswith("# lasting fix:"))]
+    for (cls, name), held in attrs.items():
+        paths = [p for p, _ in held]
+        out = [f for f in out if not ("the tensors made on" in f.code or (f.sets and all(
+            n in paths for n, _ in f.sets)))]
+        built = _built_at(held[0][1], name)
+        from torchdoctor._report.diff import line_patch
+
+        diff = line_patch(built[0], built[1], built[2]) if built is not None else None
+        where = f" at {built[0].rsplit('/', 1)[-1]}:{built[1]}" if built is not None else " in its __init__"
+        shown = ", ".join(paths[:3]) + (" …" if len(paths) > 3 else "")
+        are = "is a plain attribute" if len(paths) == 1 else "are plain attributes"
+        out.insert(0, Fix(f"# {shown} {are} of {cls.__name__}: the hooks that place the model "
+                          f"({why.split(':', 1)[0]}) onload parameters and buffers only; register it as a buffer"
+                          f"{where}: self.register_buffer({name!r}, ..., persistent=False)", "note", device,
+                          sets=tuple((p, device) for p in paths), diff=diff, rebuffer=tuple(paths)))
+    if not attrs and len(out) < len(items):
+        out.append(Fix(f"# the model is placed by accelerate or diffusers hooks ({why.split(':', 1)[0]}), which "
+                       f"torchdoctor.move refuses: keep the hooks and give them {device_str(device)} as their "
+                       "execution/onload device", "note"))
+    return out
+
+
+def rebuffered(model: Any, paths: tuple[str, ...]) -> None:
+    """Each plain tensor attribute at ``paths`` of ``model`` (a copy) made a non-persistent buffer, as the fix's
+    ``register_buffer`` line makes it."""
+    for path in paths:
+        prefix, _, name = path.rpartition(".")
+        mod = model.get_submodule(prefix) if prefix else model
+        value = vars(mod).get(name)
+        if isinstance(value, torch.Tensor):
+            del mod.__dict__[name]
+            mod.register_buffer(name, value, persistent=False)
