@@ -138,8 +138,6 @@ def test_api_block_and_run_agree(tmp_path: Path, name: str) -> None:
     assert _verdicts([f.to_dict() for f in block.fixes]) == said, str(block.error())
     text = str(block.error())
     assert ("# fix proven (at the failing op" in text) is proven, text
-    if name == "cuda_call":  # run makes the device asked for current (as CUDA_VISIBLE_DEVICES): .cuda() lands there
-        return
     proc = subprocess.run([sys.executable, "-m", "torchdoctor", "run", "--device", device, "--json", path.name],
                           cwd=path.parent, capture_output=True, text=True, timeout=TIMEOUT,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -268,7 +268,7 @@ _CALL = {"device": "the virtual_devices() device argument", "dtype": "the virtua
 def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dtype | None = None, *,
                     profile: DeviceProfile | str | None = None, count: int | None = None, data: str = "cpu",
                     limit: int = LIMIT, raise_on_exit: bool = True,
-                    select: bool = True) -> Iterator[VirtualSession]:
+                    select: bool = False) -> Iterator[VirtualSession]:
     """Run your own code on virtual ``device`` hardware (``cuda:1``, ``xpu``, ``mps``) on any machine.
 
     Inside the block the program sees that hardware: ``torch.cuda.is_available()``, ``device_count()``,
@@ -280,10 +280,11 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     fixed; on exit they are raised together as one ``PlacementError`` (``raise_on_exit=False``: read
     ``session.problems`` instead). ``data="cpu"`` keeps real values, so the block's own numbers still hold.
     ``@pytest.mark.simulate`` runs a test body in this block; ``torchdoctor run --device`` a whole program.
-    ``device`` is the current device (``select``, the default), as ``CUDA_VISIBLE_DEVICES`` plus
-    ``torch.cuda.set_device(N)`` would make it: ``torch.cuda.current_device()`` is N and the program's own
-    ``"cuda"`` lands there; ``session.ran_on`` lists the devices the work ran on. ``select=False`` (what the pytest
-    marker does) keeps device 0 current, so a bare ``"cuda"`` meeting ``cuda:1`` tensors is a problem.
+    Device 0 stays current, as on real hardware: a bare ``"cuda"`` (``.cuda()``, ``torch.device("cuda")``) is
+    ``cuda:0`` unless the program calls ``torch.cuda.set_device(N)``, so a program that hard-codes ``.cuda()`` in a
+    ``cuda:1`` run meets the ``cuda:1`` tensors as it would there; ``session.ran_on`` lists the devices the work ran
+    on. ``select=True`` makes ``device`` current, as ``CUDA_VISIBLE_DEVICES`` plus ``torch.cuda.set_device(N)``
+    would.
 
     >>> import torch
     >>> with virtual_devices("cuda:1") as sim:
