@@ -50,6 +50,10 @@ def cpu_work(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, A
         if factory:  # a module built in forward is made by its constructor's line (nn.BatchNorm2d(8)), not torch.empty
             space.keep_real(out, None, Made(built_module(2) or f"torch.{getattr(func, '__name__', '') or 'tensor'}",
                                             space.hooks.running()))
+        elif (named := _params_of_running(space, args)):  # the module's own CPU parameters (an adapter attached
+            # after the model's move): named, so the fix moves them, not "the tensors made in forward"
+            space.keep_real(out, None, Made(f"Tensor.{(getattr(func, '__name__', '') or 'op').strip('_')}",
+                                            space.hooks.running(), named))
         elif space.real:
             kept = next((k for a in args if isinstance(a, torch.Tensor)
                          for k in (space.real_record(a),) if k is not None and k[1] is not None), None)
@@ -60,6 +64,23 @@ def cpu_work(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, A
             elif kept is not None:
                 space.keep_real(out, None, kept[1])
     return out
+
+
+def _params_of_running(space: Space, args: tuple[Any, ...]) -> tuple[str, ...]:
+    """The paths of the real parameters among ``args`` that the running module holds (its submodules' included)."""
+    params = [a for a in args if isinstance(a, torch.nn.Parameter) and not isinstance(a, VirtualTensor)]
+    mod = space.hooks.running() if params else None
+    if mod is None:
+        return ()
+    path = space.hooks.path_of(mod)
+    names = []
+    for p in params:
+        hit = space.named.get(id(p))
+        name = hit[1] if hit is not None and hit[0] is p else next(
+            (f"{path}.{n}" if path else n for n, q in mod.named_parameters(remove_duplicate=False) if q is p), None)
+        if name is not None and name not in names:
+            names.append(name)
+    return tuple(names)
 
 
 def real(space: Space, out: Any, op: str, src: Any) -> Any:

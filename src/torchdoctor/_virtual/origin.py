@@ -357,9 +357,13 @@ def ran_as_asked(dtype: Any, roots: list[Any], computed: dict[Any, int] | None =
                     f"first, e.g. model.to(torch.{asked}))", op="simulate")]
 
 
-def from_origin(p: Problem, origin: dict[tuple[str, ...], str]) -> Problem:
-    """A tensor made in forward names the model tensor its wrong dtype or device came from."""
+def from_origin(p: Problem, origin: dict[tuple[str, ...], str], culprits: Any = ()) -> Problem:
+    """A tensor made in forward names the model tensor its wrong dtype or device came from (unless it names one
+    of the ``culprits`` already: ``made ... from a.adapter.up and a.adapter.down``)."""
     src = origin.get((p.kind, p.found)) or origin.get((p.kind, p.found, p.module_path or ""))
+    words = set(p.message.replace(",", " ").split()) if culprits else set()
+    if src is not None and any(c in words for c in culprits):
+        return p
     if src is not None and "a tensor made by " in p.message and f" {src} " not in p.message:
         # the chain ends at a tensor that is right as it is (a rotary buffer kept float32, cast with
         # ``.to(x.dtype)`` where x came from the culprit): the data flow cannot see a dtype read from another tensor

@@ -20,7 +20,8 @@ from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_res
 from torchdoctor._virtual.patched import apart
 from torchdoctor._virtual.origin import from_origin, maker_of, moved_by_apply, operand_at, ran_as_asked, where_called
 from torchdoctor._virtual.promote import Promotions, mixed
-from torchdoctor._virtual.scripted import Entered, attribute_of
+from torchdoctor._virtual.scripted import Entered
+from torchdoctor._virtual.stackview import StackView
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, is_entry as _is_entry, standin
 from torchdoctor._tracker import ModuleStack
 
@@ -33,7 +34,7 @@ class _Stop(BaseException):
     """Ends a simulation early (what it cannot run); a BaseException: ``except Exception`` does not swallow it."""
 
 
-class _Recorder(Hooks):
+class _Recorder(StackView, Hooks):
     """Runs the strict rules on every op, records problems by path, and lets the op go on as if fixed."""
 
     def __init__(self, profile: DeviceProfile, device: torch.device, dtype: torch.dtype | None, limit: int,
@@ -62,7 +63,7 @@ class _Recorder(Hooks):
         self.where = stack.where
         self.promotions = Promotions(stack)
         self.entry = EntryCheck(self.device, self._entry_note, self._dispatched)
-        stack.on_enter = Entered(self.entry, self._entry_note, self.device)
+        stack.on_enter = Entered(self.entry, self._entry_note, self.device, stack)
 
     def _entry_note(self, kind: str, path: str, found: str, expected: str, message: str, op: str, role: str,
                     shown: str) -> None:
@@ -87,7 +88,7 @@ class _Recorder(Hooks):
         origin: dict[tuple[str, ...], str] = {(b.kind, b.found): b.path for b in blamed}
         for p in entry:  # a module-entry finding is the origin of what its module's ops then meet
             origin.setdefault((p.kind, p.found, p.module_path or ""), p.path)
-        return blamed + entry + [from_origin(p, origin) for p in rest] + ran_as_asked(self.dtype, roots, getattr(self, "computed", None))
+        return blamed + entry + [from_origin(p, origin, {b.path for b in blamed}) for p in rest] + ran_as_asked(self.dtype, roots, getattr(self, "computed", None))
 
     def _policy_blamed(self, problems: list[Problem], roots: list[Any], have: set[str]) -> list[Problem]:
         bad = {p.found for p in problems if p.kind in ("dtype", "device")}
@@ -111,12 +112,6 @@ class _Recorder(Hooks):
         return blamed
 
     # -- Hooks --------------------------------------------------------------------------------------------------
-    def running(self) -> Any:
-        return self.modules.stack[-1] if self.modules.stack else None
-
-    def attribute_of(self, tensor: torch.Tensor) -> str | None:  # a plain attribute of the running module
-        return attribute_of(self.modules, tensor)
-
     def check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.entry.pending:  # an attribute / container tensor reached an op: the forward read it
             self.entry.reached(OpArgs(list(args), kwargs).all_tensors())

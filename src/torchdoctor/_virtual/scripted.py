@@ -1,4 +1,4 @@
-"""TorchScript in a virtual run: ``torch.jit.trace`` inside the run records the program's own ops (module-entry checks
+"""The module-entry hook of a virtual run, and TorchScript in it: ``torch.jit.trace`` inside the run records the program's own ops (module-entry checks
 stand aside, so the trace keeps its inputs), and a TorchScript module's tensor constants (a plain attribute the
 tracer baked into its code) are judged when it starts: ``.to`` never moves a constant, and the ops inside run in C++
 where a virtual run cannot tell a constant from a tensor made like the inputs, so one on another device than the
@@ -60,21 +60,37 @@ def held_as(t: torch.Tensor) -> str | None:
     return None
 
 
-def attribute_of(stack: Any, tensor: torch.Tensor) -> str | None:
-    """``blocks.0.scale``: ``tensor`` as a plain attribute of the innermost running module (of ``stack``)."""
-    mod = stack.stack[-1] if stack.stack else None
-    name = next((k for k, v in vars(mod).items() if v is tensor), None) if mod is not None else None
-    if name is None:
-        return None
-    path = stack.paths.get(id(mod))
-    return f"{path}.{name}" if path else name
+def local_name(obj: Any) -> str | None:
+    """The name the program's own code (innermost frame first) holds ``obj`` by in its locals, or None."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if not any(s in frame.f_code.co_filename for s in _SKIP):
+            name = next((k for k, v in list(frame.f_locals.items()) if v is obj and k != "self"), None)
+            if name is not None:
+                return name
+        frame = frame.f_back
+    return None
 
 
 class Entered:
-    """The module-entry check (``entry.EntryCheck``) as the module stack calls it, with TorchScript's two cases."""
+    """The module-entry check (``entry.EntryCheck``) as the module stack calls it, with TorchScript's two cases,
+    and a second copy of the model run on its own (an EMA copy: ``ema(x)``) named under the program's name for it
+    (``ema.backbone.weight``), never as the model's own ``backbone.weight``."""
 
-    def __init__(self, entry: Any, note: Callable[..., None], device: torch.device) -> None:
-        self.entry, self.note, self.device = entry, note, device
+    def __init__(self, entry: Any, note: Callable[..., None], device: torch.device, stack: Any) -> None:
+        self.entry, self.note, self.device, self.stack = entry, note, device, stack
+        self.names: dict[int, str] = {}
+
+    def _rooted(self, path: str) -> str:
+        st = self.stack
+        root = st.stack[0] if st.stack else None
+        first = st.outermost[0] if st.outermost else None
+        if root is None or first is None or root is first or type(root) is not type(first):
+            return path
+        name = self.names.get(id(root))
+        if name is None:
+            name = self.names[id(root)] = local_name(root) or ""
+        return f"{name}.{path}" if name and path else name or path
 
     def call(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         if tracing():  # a twin of a traced input would be baked into the graph as a constant
@@ -84,6 +100,7 @@ class Entered:
     def __call__(self, mod: nn.Module, path: str, args: Any) -> None:
         if tracing():  # the program's own trace (CPU work, judged when the traced module runs)
             return
+        path = self._rooted(path)
         if isinstance(mod, torch.jit.ScriptModule):
             self.scripted(mod, path, args)
         self.entry(mod, path, args)

@@ -70,6 +70,10 @@ class Hooks:
         """The innermost running module (provenance of the tensors made now), or None."""
         return None
 
+    def path_of(self, module: Any) -> str | None:
+        """The path of a module of the run (``a``, ``blocks.0``), or None."""
+        return None
+
     def attribute_of(self, tensor: torch.Tensor) -> str | None:
         """``blocks.0.scale``: the path of ``tensor`` as a plain attribute of the running module, or None."""
         return None
