@@ -104,3 +104,49 @@ def test_a_gradscaler_on_float16_weights_is_one_explained_error(tmp_path: Path) 
     assert "raised at app.py:8 in <module>" in summary
     assert "culprit weight: f16[8,8]@cpu" in summary
     assert ".float()  # float32 master weights" in summary.split("fix:", 1)[1]
+
+
+
+RESUMED = """
+    import io, torch, torch.nn as nn
+
+    class Masked(torch.optim.Optimizer):
+        def __init__(self, params, lr=1e-3):
+            super().__init__(params, dict(lr=lr))
+        @torch.no_grad()
+        def step(self):
+            for g in self.param_groups:
+                for p in g["params"]:
+                    st = self.state[p]
+                    if "lr_mask" not in st: st["lr_mask"] = torch.full_like(p, g["lr"])
+                    p.add_(-st["lr_mask"] * p.grad.sign())
+        def state_dict(self):
+            sd = super().state_dict(); sd["lr_masks"] = [self.state[p]["lr_mask"] for p in self.param_groups[0]["params"]]
+            return sd
+        def load_state_dict(self, sd):
+            masks = sd.pop("lr_masks"); super().load_state_dict(sd)
+            for p, m in zip(self.param_groups[0]["params"], masks):
+                self.state[p]["lr_mask"] = m.clone()  # not moved to p.device
+
+    def step(m, opt):
+        opt.zero_grad(); m(torch.randn(4, 8, device="cuda:0")).square().mean().backward(); opt.step()
+
+    m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)).to("cuda:0")
+    opt = Masked(m.parameters()); step(m, opt)
+    buf = io.BytesIO(); torch.save(opt.state_dict(), buf); buf.seek(0)
+    opt2 = Masked(m.parameters()); opt2.load_state_dict(torch.load(buf, map_location="cpu"))  # a resumed run
+    step(m, opt2)
+"""
+
+
+def test_the_fix_block_says_each_line_once(tmp_path: Path) -> None:
+    """A resumed optimizer whose four state tensors were loaded on cpu (wochenlong/lora-scripts-next#320's
+    mechanism) gets each fix line once, never one identical `# pass the tensors made on cpu as tensor.to('cuda:0')`
+    per tensor (hunt U12: four)."""
+    script = write(tmp_path / "app.py", RESUMED)
+    proc = run("--color", "never", "--device", "cuda:0", str(script), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    summary = proc.stderr[proc.stderr.index("torchdoctor run:"):]
+    block = summary[summary.index("\nFix"):].splitlines()[1:]
+    code = [line for line in block if line.startswith("    ") and line.strip()]
+    assert code and len(code) == len(set(code)), summary

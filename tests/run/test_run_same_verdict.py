@@ -115,10 +115,7 @@ def _said(fixes: list[dict[str, Any]]) -> list[tuple[str, bool]]:
 @pytest.mark.parametrize("name, program, dtype", [
     ("held_apart", HELD_APART, None),
     ("encoder_fp32", ENCODER_FP32, "bfloat16"),
-    pytest.param("offloaded_fp16", OFFLOADED_FP16, "bfloat16", marks=pytest.mark.xfail(strict=True, reason=(
-        "open: the program casts the encoder to float16 itself, so simulate's re-run of the component fix still "
-        "fails and says unproven, while a block (run, the marker) can only prove it at the failing op; the fix "
-        "belongs at the program's cast line"))),
+    ("offloaded_fp16", OFFLOADED_FP16, "bfloat16"),  # the program's own cast line is fixed (a diff), proven alike
 ])
 def test_run_prints_simulates_fix_and_verdict(tmp_path: Path, name: str, program: str, dtype: str | None) -> None:
     folder = tmp_path / name

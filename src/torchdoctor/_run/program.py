@@ -98,8 +98,23 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
         if self.fixes:  # each fix with its proof label, as simulate prints them (--json carries the same)
             from torchdoctor._virtual.prove import fix_text
 
-            lines += fix_text(list(self.fixes))
+            lines += _once(fix_text(list(self.fixes)))
         return "\n".join(lines)
+
+
+def _once(block: list[str]) -> list[str]:
+    """The fix block with a code line said once: four tensors of one kind get one
+    ``# pass the tensors made on cpu as tensor.to('cuda:0')``, not four (a diff after ``Patch`` is kept whole)."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for i, line in enumerate(block):
+        if line.startswith("Patch"):
+            return out + block[i:]
+        if line.startswith("    ") and line.strip() and line in seen:
+            continue
+        seen.add(line)
+        out.append(line)
+    return out
 
 
 def _exit_code(code: Any) -> int:
