@@ -95,10 +95,12 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
     if o is not None:
         near = o.paths if o.via is None else ()  # made from them by one op (a view of the argument), or it itself
         for src in dict.fromkeys((o.source, o.placed_by)):  # what set its dtype, what placed it (through casts)
-            tags.extend(src.paths)
+            # a cast at a line several ops upstream (``w.float() + delta`` then more): another operand may set the
+            # dtype on the way, so only a re-run proves its fix
+            tags.extend(FAR + x if x.startswith("cast at ") and not _near(o, src) else x for x in src.paths)
             if str(src.op).startswith("torch.") and not src.paths:
                 mp = module_paths.get(id(src.module)) if src.module is not None else None
-                tags.append((FAR if src is not o and not (o.via is src and str(o.op) in _KEEPS_DTYPE) else "") + (
+                tags.append((FAR if not _near(o, src) else "") + (
                     f"factory {src.op} in `{mp or '<root>'}`" if src.module is not None else
                     f"factory {src.op}") + (f" at {src.at}" if src.at else ""))
         if o.op == "Tensor.to" and o.at and path:
@@ -109,6 +111,16 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
             tags.append(("" if near_move else FAR) + f"moved a tensor at {pb.at}")
         tags = [FAR + x if x.startswith(("input ", "kwarg ")) and x not in near and x != path else x for x in tags]
     return tuple(tags), isinstance(path, str) and bool(path) and not path.startswith(("input ", "kwarg "))
+
+
+def _near(o: Any, src: Any) -> bool:
+    """``src`` made ``o`` itself, or ``o`` came from it through ops that keep a dtype and a device (views, copies)."""
+    link, n = o, 0
+    while link is not src:
+        if link is None or str(link.op) not in _KEEPS_DTYPE or n > 8:
+            return False
+        link, n = link.via, n + 1
+    return True
 
 
 def twins(args: Sequence[Any], kwargs: dict[str, Any], tags: Any) -> tuple[list[Any], dict[str, Any]]:
