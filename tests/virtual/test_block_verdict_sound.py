@@ -7,7 +7,8 @@ factors on the CPU, read by two ``mm`` of one forward (yaoliliu/FreeFuse#7); a n
 ``"cuda" if torch.cuda.is_available() else "cpu"`` and moves its network's layers and its input there, on an XPU box
 (1038lab/ComfyUI-RMBG#205); a scheduler that calls ``.cuda()`` on the timestep on a cuda:1 run
 (bytedance/Bernini#61); a latent and a noise made on the CPU and added before an MPS model
-(jags111/efficiency-nodes-comfyui#350).
+(jags111/efficiency-nodes-comfyui#350); a weight cast with ``.float()`` and added to a float32 delta held apart
+(wochenlong/lora-scripts-next#161).
 """
 
 from __future__ import annotations
@@ -98,9 +99,24 @@ ADDED = """
         return m(x)
 """
 
+CAST_MIXED = """
+    import torch, torch.nn as nn, torch.nn.functional as F
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__(); self.lin = nn.Linear(8, 8); self.extra = [torch.randn(8, 8)]  # held apart, float32
+        def forward(self, x):
+            merged = self.lin.weight.float() + self.extra[0].to(x.device)
+            return F.linear(x, merged * 2)
+    def build(): return Net()
+    def app(m, device="cuda:0"):
+        m.to(device, torch.bfloat16)
+        return m(torch.randn(1, 8, device=device, dtype=torch.bfloat16))
+"""
+
 # name -> (program, device, every fix proven?)
 PROGRAMS = {"two_mm": (TWO_MM, "cuda:0", False), "device_var": (DEVICE_VAR, "xpu", False),
-            "cuda_call": (CUDA_CALL, "cuda:1", True), "added": (ADDED, "mps", True)}
+            "cuda_call": (CUDA_CALL, "cuda:1", True), "added": (ADDED, "mps", True),
+            "cast_mixed": (CAST_MIXED, "cuda:0", False)}
 TIMEOUT = 300
 
 
