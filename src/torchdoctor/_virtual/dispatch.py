@@ -311,13 +311,15 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     except (NotImplementedError, RuntimeError, TypeError) as exc:
         if space is None:
             raise
-        retry = _refused(space, func, largs, uargs, ukwargs, owner, exc)
-        if retry is None:
+        out = kernels.device_has(func, uargs, ukwargs, space.vtype)  # the device has it, the CPU lacks it
+        retry = _refused(space, func, largs, uargs, ukwargs, owner, exc) if out is None else None
+        if out is None and retry is None:
             space.hooks.failed(str(func), exc)
             raise
-        uargs, ukwargs = retry
         try:
-            out = override(func, *uargs, **ukwargs) if override is not None else func(*uargs, **ukwargs)
+            if retry is not None:
+                uargs, ukwargs = retry
+                out = override(func, *uargs, **ukwargs) if override is not None else func(*uargs, **ukwargs)
         except (NotImplementedError, RuntimeError, TypeError) as again:
             space.hooks.failed(str(func), again)
             raise again from exc

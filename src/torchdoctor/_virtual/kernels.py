@@ -129,3 +129,24 @@ def recall(entry: Any) -> Any:
     if type(entry[0]) is type:
         return entry[0](_new(m) for m in entry[1])
     return _new(entry)
+
+
+def _histc(func: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    if x.is_floating_point():
+        return None
+    return func(x.float(), *args, **kwargs).to(x.dtype)  # CUDA counts integers; the CPU kernel refuses them
+
+
+# ops the device computes in dtypes the CPU kernel (or the meta one) refuses: computed another way, same result
+_DEVICE_HAS: dict[str, tuple[tuple[str, ...], Any]] = {"histc": (("cuda",), _histc)}
+
+
+def device_has(func: Any, args: Any, kwargs: dict[str, Any], vtype: str) -> Any:
+    """The result of ``func`` as the ``vtype`` device computes it where the CPU kernel refused it, or None."""
+    hit = _DEVICE_HAS.get(getattr(getattr(func, "overloadpacket", None), "__name__", ""))
+    if hit is None or vtype not in hit[0] or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    try:
+        return hit[1](func, *args, **kwargs)
+    except (NotImplementedError, RuntimeError, TypeError):
+        return None
