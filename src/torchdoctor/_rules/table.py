@@ -225,6 +225,21 @@ def _self_source(c: _Call) -> list[Finding]:
     return [_dtype_finding(c, fl, fl[0][1].dtype, f"like the destination {c.label(fl[0][0])} (no type promotion)")]
 
 
+@rule("amp_unscale", ("_amp_foreach_non_finite_check_and_unscale_",), device="free")
+def _amp_unscale(c: _Call) -> list[Finding]:
+    """CUDA's unscale kernel (GradScaler.unscale_) has float16 and float32 only: bfloat16 gradients raise there
+    (the CPU kernel takes them)."""
+    bad = [k for k, t in c.tensors if c.name_of(k) == "self" and t.dtype == torch.bfloat16
+           and tensor_device(t).type == "cuda"]
+    if not bad:
+        return []
+    msg = (f"{c.label(bad[0])} is a bfloat16 gradient: GradScaler.unscale_ has no CUDA kernel for bfloat16 "
+           "(\"_amp_foreach_non_finite_check_and_unscale_cuda\" not implemented for 'BFloat16'), so the parameters "
+           "it steps are bfloat16; bfloat16 needs no GradScaler: drop the scaler (step the optimizer directly), or "
+           "keep float32 weights and train under autocast with it")
+    return [Finding(_problem(c, "dtype", bad, "bfloat16", "float32", msg), "", None, tuple(bad))]
+
+
 rule("scaled_mm", ("_scaled_mm", "_scaled_mm_v2", "_scaled_grouped_mm"), support="scaled_mm")(None)  # e4m3 x e5m2 is legal
 rule("index", ("index", "_unsafe_index"), device="index")(None)
 rule("index_put", ("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put"), device="index")(_self_source)
