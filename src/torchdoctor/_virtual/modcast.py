@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -54,32 +55,48 @@ def _dtype_of(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch
         return None
 
 
+_ACTIVE: list[Casts] = []  # the runs recording now (runs in threads may end in any order)
+_SAVED: dict[str, Any] = {}  # the methods as torch has them, while patched
+_LOCK = threading.Lock()
+
+
+def _wrap(name: str, orig: Any) -> Any:
+    from torchdoctor._virtual.origin import user_frame
+
+    def cast(self: Any, *args: Any, **kwargs: Any) -> Any:
+        want = None
+        if _ACTIVE:
+            dtype, frame = _dtype_of(name, args, kwargs), user_frame(2)  # past a tracer's wrapper
+            for c in list(_ACTIVE):
+                want = c.record(self, dtype, frame) or want
+        out = orig(self, *args, **kwargs)
+        return _SAVED.get("to", torch.nn.Module.to)(self, want) if want is not None else out
+
+    cast.__wrapped__ = orig  # type: ignore[attr-defined]
+    return cast
+
+
 @contextlib.contextmanager
 def module_casts(fixes: Sequence[Fix] = ()) -> Iterator[Casts]:
     """Record the program's module casts while a run runs; at a fixed line (``modcast`` of a fix) cast to the fixed
-    dtype instead."""
-    from torchdoctor._virtual.origin import user_frame
-
+    dtype instead. The methods are patched once for all the runs at a time and put back when the last one ends."""
     casts = Casts({f.modcast[:2]: f.modcast[2] for f in fixes if f.modcast is not None})
     Module = torch.nn.Module
-    saved = {name: Module.__dict__[name] for name in ("to", *_NAMED)}
-
-    def wrap(name: str, orig: Any) -> Any:
-        def cast(self: Any, *args: Any, **kwargs: Any) -> Any:
-            want = casts.record(self, _dtype_of(name, args, kwargs), user_frame(2))  # past a tracer's wrapper
-            out = orig(self, *args, **kwargs)
-            return saved["to"](self, want) if want is not None else out
-
-        cast.__wrapped__ = orig  # type: ignore[attr-defined]
-        return cast
-
-    for name, orig in saved.items():
-        setattr(Module, name, wrap(name, orig))
+    with _LOCK:
+        if not _ACTIVE:
+            _SAVED.update({name: Module.__dict__[name] for name in ("to", *_NAMED)})
+            for name, orig in _SAVED.items():
+                setattr(Module, name, _wrap(name, orig))
+        _ACTIVE.append(casts)
     try:
         yield casts
     finally:
-        for name, orig in saved.items():
-            setattr(Module, name, orig)
+        with _LOCK:
+            _ACTIVE.remove(casts)
+            if not _ACTIVE:
+                for name, orig in _SAVED.items():
+                    setattr(Module, name, orig)
+                _SAVED.clear()
 
 
 def at_cast_lines(fixes: list[Fix], casts: Casts | None, root: Any) -> list[Fix]:
