@@ -50,7 +50,7 @@ def lift_all(items: Any, space: Space | None, follow: torch.device | None) -> li
         kept = space.real_record(x) if space.real else None  # a real tensor the run made: its name, its origin
         # else a plain attribute of the running module (one a hook's onload never moves: ``self.scale``)
         v = make(VirtualTensor, space.inner_of(x), tensor_device(x), hit[1] if hit is not None and hit[0] is x
-                 else kept[0] if kept is not None and kept[0] is not None else space.hooks.attribute_of(x))
+                 else kept[0] if kept is not None and kept[0] is not None else space.hooks.attribute_of(x, kept is None))
         if kept is not None:
             v._td_origin = kept[1]
         elif hit is None:

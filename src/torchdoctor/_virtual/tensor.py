@@ -74,7 +74,7 @@ class Hooks:
         """The path of a module of the run (``a``, ``blocks.0``), or None."""
         return None
 
-    def attribute_of(self, tensor: torch.Tensor) -> str | None:
+    def attribute_of(self, tensor: torch.Tensor, holders: bool = True) -> str | None:
         """``blocks.0.scale``: the path of ``tensor`` as a plain attribute of the running module, or None."""
         return None
 
