@@ -2,10 +2,8 @@
 (``.to(self.compute_dtype)``, ``.float()``, ``torch.zeros``, ``torch.from_numpy``), its line, where a dtype it cast
 to was read from (an attribute, a class attribute, a config) and the tensors it was made from.
 
-Only read at a failure, from the failing forwards' frames and their parsed source: nothing is recorded per op, so the
-happy path pays nothing. A dtype expression is resolved by attribute look-ups on the frame's values (never ``eval``):
-naming the maker must not run the user's code.
-"""
+Only read at a failure, from the failing forwards' frames and their parsed source: nothing is recorded per op. A dtype
+expression is resolved by attribute look-ups on the frame's values (never ``eval``): the user's code is never run."""
 
 from __future__ import annotations
 
@@ -175,6 +173,13 @@ def _is_factory(call: ast.Call) -> bool:
         ["torch"], ["np"], ["numpy"])
 
 
+def _ints(call: ast.Call) -> bool:
+    """``torch.tensor([[1, 5]])``: data of int literals only makes an integer tensor, never a floating operand."""
+    data = call.args[0] if call.args and isinstance(call.args[0], (ast.List, ast.Tuple)) else None
+    leaves = [n.value for n in ast.walk(data) if isinstance(n, ast.Constant)] if data is not None else []
+    return bool(leaves) and all(type(v) in (int, bool) for v in leaves)
+
+
 def _torch_call(call: ast.Call) -> bool:
     """``torch.cat(...)``, ``torch.stack(...)``: a torch function whose result is a new tensor on some device."""
     return isinstance(call.func, ast.Attribute) and _chain(call.func.value) == ["torch"]
@@ -251,7 +256,7 @@ def _accepts(call: ast.Call, kind: str, dtype: Any, t: torch.Tensor, assigned: b
     tensor (``.view``, ``.long()``) keeps its tensor's device, so the search goes on to where that came from."""
     factory = _is_factory(call)
     if kind == "dtype":
-        return dtype == t.dtype or (factory and dtype is None)
+        return dtype == t.dtype or (factory and dtype is None and not (t.is_floating_point() and _ints(call)))
     attr = call.func.attr  # type: ignore[attr-defined]
     if attr in ("to", "type") and len(call.args) == 1 and not any(k.arg == "device" for k in call.keywords):
         ch = _chain(call.args[0])

@@ -178,11 +178,11 @@ def prove_line(m: Maker, target: torch.dtype, mod: nn.Module, args: Any, frames:
     fixed line would (a function mode casts the results of torch calls made at that line; nothing is edited)."""
     from torch.overrides import TorchFunctionMode
 
+    from torchdoctor._guard.useline import called_name, whole_value
     hits = [0]
-    # the local the line assigns (``feats = torch.from_numpy(...)``): a call torch dispatches to no mode
-    # (``from_numpy``) is aligned where its result is used, read from the forward's frame, never written there
+    # ``feats = torch.from_numpy(...)`` (a call no mode sees) as the line's whole value: the local aligned where used
     name = m.source.split("=", 1)[0].strip() if "=" in m.source.split("(", 1)[0] else None
-    name = name if name is not None and name.isidentifier() else None
+    name = name if name is not None and name.isidentifier() and whole_value(m.source, m.op) else None
 
     def made_here(a: Any, kw: Any) -> tuple[Any, Any]:
         f: Any = sys._getframe(2)
@@ -200,14 +200,16 @@ def prove_line(m: Maker, target: torch.dtype, mod: nn.Module, args: Any, frames:
             return tuple(swap(x) for x in a), {k: swap(v) for k, v in (kw or {}).items()}
         return a, kw
 
+    called = called_name(m.op)  # only the maker's own call is cast: the rest of its line runs as written (hunt U29)
+
     class AtLine(TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
             if name is not None:
                 a, kw = made_here(a, kw)
             out = func(*a, **(kw or {}))
             f = sys._getframe(1)
-            if f.f_lineno == m.line and f.f_code.co_filename == m.file and isinstance(out, torch.Tensor) \
-                    and out.is_floating_point() and out.dtype != target:
+            if f.f_lineno == m.line and f.f_code.co_filename == m.file and isinstance(out, torch.Tensor) and \
+                    getattr(func, "__name__", called) == called and out.is_floating_point() and out.dtype != target:
                 hits[0] += 1
                 return out.to(target)
             return out

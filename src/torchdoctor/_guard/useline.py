@@ -235,3 +235,22 @@ def _assigned(frame: Any, target: str, lineno: int) -> str | None:
     src = lines[best.lineno - 1].strip() if best.lineno - 1 < len(lines) else ""
     call: Any = best.value
     return f"made by `{ast.unparse(call.func)}` at {path}:{best.lineno + off} (`{src}`)"
+
+
+def called_name(op: str) -> str:
+    """The function a maker's op calls: ``to`` for ``.to(original_dtype)``, ``zeros`` for ``torch.zeros``."""
+    op = op.strip("`")
+    return (op[1:] if op.startswith(".") else op).split("(", 1)[0].rsplit(".", 1)[-1]
+
+
+def whole_value(source: str, op: str) -> bool:
+    """Is the maker's call the whole value the line assigns (``feats = torch.from_numpy(a)``)? Then its result is
+    the local, and aligning the local where it is used is the fix; not when the line goes on with it
+    (``w = self.weight.to(dt) * self.scale``: the multiply decides the local's dtype)."""
+    got = parsed_line(source)
+    stmt = got[0].body[0] if got is not None and got[0].body else None
+    if not isinstance(stmt, ast.Assign) or not isinstance(stmt.value, ast.Call):
+        return False
+    func = stmt.value.func
+    return (func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else "") == \
+        called_name(op)

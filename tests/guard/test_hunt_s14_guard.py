@@ -1,0 +1,69 @@
+"""Session 14's hunt, guard: a line's fix is proven only when the rest of its line keeps it (U29), and an int-literal
+``torch.tensor`` on the call line is never named as the maker of a float32 argument (U20)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchdoctor
+
+BF = torch.bfloat16
+
+
+def _dequant_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    original_dtype = self.scale_weight.dtype
+    dequantized_weight = self.weight.to(original_dtype) * self.scale_weight
+    return F.linear(x, dequantized_weight, self.bias.to(x.dtype))
+
+
+def _fp8_scaled(lin: nn.Linear) -> nn.Linear:
+    w = lin.weight.data.float()
+    s = w.abs().amax() / 448.0
+    lin.weight.data = (w / s).to(torch.float8_e4m3fn)
+    lin.register_buffer("scale_weight", s.reshape(1).float())  # float32 by design: the dequant multiplies by it
+    lin.forward = _dequant_forward.__get__(lin)  # type: ignore[method-assign]
+    return lin
+
+
+def test_a_cast_the_rest_of_its_line_undoes_is_never_proven() -> None:
+    """musubi-tuner's fp8_scaled dequant: `self.weight.to(original_dtype) * self.scale_weight`. Casting the `.to`
+    to bf16 alone still leaves a float32 weight after the multiply by the float32 scale: unproven, with the error."""
+    torch.manual_seed(0)
+    model = nn.Sequential(_fp8_scaled(nn.Linear(8, 16).to(BF)))
+    with pytest.raises(torchdoctor.PlacementError) as info, torch.no_grad(), torchdoctor.guard(model, mode="strict"):
+        model(torch.randn(1, 8, dtype=BF))
+    err = info.value
+    assert "made by `.to(original_dtype)` at " in str(err)
+    assert err.proof is not None and err.proof.startswith("fix unproven: re-ran Linear with `.to(original_dtype)` at "
+                                                          "test_hunt_s14_guard.py:")
+    assert err.proof.endswith("RuntimeError: self and mat2 must have the same dtype, but got BFloat16 and Float")
+    assert "fix proven" not in str(err)
+
+
+class _Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(8, 8, 3, padding=1)
+        self.emb = nn.Embedding(8, 8)
+
+    def forward(self, input_features: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.conv(input_features).mean(-1) + self.emb(ids).mean(1)
+
+
+def _features() -> dict[str, torch.Tensor]:
+    return {"input_features": torch.rand(1, 8, 16)}  # a feature extractor's float32 output
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict"])
+def test_an_int_literal_tensor_on_the_call_line_is_not_the_float_arguments_maker(mode: str) -> None:
+    torch.manual_seed(0)
+    model = _Encoder().to(BF)
+    feats = _features()["input_features"]
+    with pytest.raises(torchdoctor.PlacementError) as info, torch.no_grad(), torchdoctor.guard(model, mode=mode):
+        model(input_features=feats, ids=torch.tensor([[1, 5]]))
+    said = str(info.value)
+    assert "culprit input_features (an argument of the _Encoder call): f32[1,8,16]@cpu  (expected bfloat16)" in said
+    assert "made by `torch.tensor`" not in said
