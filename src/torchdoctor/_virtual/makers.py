@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from torchdoctor._virtual import loading
 from torchdoctor._virtual.castsites import cast_site
 from torchdoctor._virtual.origin import LOOSE
 from torchdoctor._virtual.tensor import VirtualTensor, current_space, make, unsupported_form
@@ -99,6 +100,7 @@ def install(installs: Any) -> None:
         original = getattr(torch, name, None)
         if original is not None:
             installs.set(torch, name, _unseen(name, original))
+    loading.install(installs)  # torch.load of a GPU checkpoint: its tensors on the virtual device
 
 
 def _unseen(name: str, original: Any) -> Any:
