@@ -131,6 +131,14 @@ def maker_diff(op: str, at: str, target: Any, exprs: dict[str, str] | None = Non
         return line_patch(file, line, (raw[:span[1]] + f".to({want})" + raw[span[1]:] if op in NO_DEVICE_ARG else
                                        raw[:span[1] - 1] + f"{sep}dtype={want}" + raw[span[1] - 1:]).strip())
     both = "dtype" in exprs and isinstance(target, torch.device)  # the device and the dtype in one call
+    given = next((k.value for k in call.keywords if k.arg == "device"), None)
+    if isinstance(target, torch.device) and not both and given is not None and given.end_col_offset is not None:
+        # a device= it passed (``device="cuda"``, the current device; ``device=device`` left None): replaced there,
+        # never a second move appended after the call
+        from torchdoctor._report.diff import line_patch
+
+        want = exprs.get("device") or (f"{name}.device" if name else value_code(target))
+        return line_patch(file, line, raw[:pad + given.col_offset] + want + raw[pad + given.end_col_offset:])
     expr = exprs.get("device") or (f"{name}.device" if name else None)
     if both:
         expr = f"{expr or value_code(target)}, {exprs['dtype'] if op in NO_DEVICE_ARG else 'dtype=' + exprs['dtype']}"

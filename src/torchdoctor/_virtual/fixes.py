@@ -132,7 +132,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         if any(q.role in _NAMED and q.kind == p.kind and q.found == p.found for q in problems):
             continue  # a named culprit above holds this value: fixing it fixes what was made from it
         where = "on" if p.kind in ("device", "meta") else "in"
-        culprits.append((None, f"the tensors made {where} {p.found}", p.kind, target))
+        said = f"the tensors made {where} {p.found}" if p.found not in ("", "?") else "the tensors the failing op met"
+        culprits.append((None, said, p.kind, target))
     factories.extend(factory_fix(key, wrong) for key, wrong in made.items())
     culprits = [c for c in culprits if not _no_op(c, have)]
     patched = [c for c in culprits if c[0] is not None and _HELD_APART in c[0]]
@@ -207,10 +208,21 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
     target = (dev, dt) if dev is not None and dt is not None else dev if dev is not None else dt
     file, line = LINES.get(at, ("", 0))
     diff = maker_diff(maker, at, dev if dev is not None else dt, exprs)
+    if diff is None and file and not _on_line(file, line, maker):  # made inside a library call at that line
+        how = f"it was made inside the call at {at} (no {maker} there to change): move what that call returns " \
+            f"(.to({', '.join(exprs.values())}))"
     # made so in a re-run where the line holds that one call (the diff found it alone on the line)
     remake = (file, line, maker[6:], dev, dt) if file and maker.startswith("torch.") and diff is not None and \
         maker not in NO_DEVICE_ARG else None  # host-data makers are not seen by a function mode: judged at the op
     return Fix(f"# {said} made it {found}: {how}", "note", sets=((key, target),), diff=diff, remake=remake)
+
+
+def _on_line(file: str, line: int, maker: str) -> bool:
+    """The factory's name is written on that line of the file (``torch.empty`` inside ``torch.load`` is not)."""
+    import linecache
+
+    text = linecache.getline(file, line)
+    return not text or maker.rsplit(".", 1)[-1] + "(" in text
 
 
 _HELD_APART = ".forward.__self__."  # a module patched into another's forward: the model does not hold it
