@@ -87,6 +87,13 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             factories.append(Fix(f"# {at} moves {name} to {p.found} inside the forward: move it to the device of the "
                                  f"tensors it meets (e.g. .to(x.device)) instead", "note", sets=((made_from[0], target),)))
             continue
+        if made_from and made_from[0].startswith("read at "):  # .numpy() of a device tensor at the user's line
+            from torchdoctor._virtual.moveline import numpy_fix
+            read = numpy_fix(made_from[0][8:], p.found)
+            if read is not None and read[0] not in {f.code for f in factories}:
+                factories.append(Fix(read[0], "note", target, diff=read[1], tried="not re-run: a host read at "
+                                     "that line; .cpu() copies the tensor to host memory, which numpy reads"))
+                continue
         if made_from and made_from[0].startswith("operand "):  # an operand the op refuses in its dtype: at the call
             from torchdoctor._virtual.makers import operand_fix
             fixed = operand_fix(made_from[0], target) if isinstance(target, torch.dtype) else None

@@ -99,3 +99,32 @@ def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | 
     code = body[:call.col_offset] + f"{receiver}.to({other}.device)" + body[end:stmt.end_col_offset or 0]
     return (f"# {moved_at}: {said} sends it to {found}, not to the device of {other}, which it meets at {op_at}: "
             f"{code}", diff)
+
+
+def numpy_fix(at: str, found: str) -> tuple[str, str] | None:
+    """(code, diff) of a ``.numpy()`` of a device tensor at ``at`` ("file:line" of the user's code): read as
+    ``x.cpu().numpy()`` there; None when the line does not hold one such call."""
+    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._report.diff import line_patch
+    from torchdoctor._virtual.origin import LINES
+
+    file, line = LINES.get(at, ("", 0))
+    raw = _line(file, line) if file and own_file(file) else None
+    if raw is None or not raw.isascii():
+        return None
+    body = raw.lstrip(" \t")
+    stmt = _one(body)
+    calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "numpy" and not n.args] if stmt is not None else []
+    if len(calls) != 1:
+        return None
+    func: Any = calls[0].func
+    recv = ast.get_source_segment(body, func.value)
+    if recv is None or recv.endswith(".cpu()") or func.value.end_col_offset is None:
+        return None
+    cut = len(raw) - len(body) + func.value.end_col_offset
+    new = raw[:cut] + ".cpu()" + raw[cut:]
+    diff = line_patch(file, line, new)
+    if diff is None:
+        return None
+    return (f"# {at}: {recv}.numpy() reads a tensor on {found}; numpy reads host memory: {recv}.cpu().numpy()", diff)
