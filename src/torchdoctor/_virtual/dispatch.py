@@ -50,10 +50,10 @@ def lift_all(items: Any, space: Space | None, follow: torch.device | None) -> li
         kept = space.real_record(x) if space.real else None  # a real tensor the run made: its name, its origin
         # else a plain attribute of the running module (one a hook's onload never moves: ``self.scale``)
         v = make(VirtualTensor, space.inner_of(x), tensor_device(x), hit[1] if hit is not None and hit[0] is x
-                 else kept[0] if kept is not None and kept[0] is not None else space.hooks.attribute_of(x, kept is None))
+                 else kept[0] if kept is not None and kept[0] is not None else space.hooks.attribute_of(x, kept))
         if kept is not None:
             v._td_origin = kept[1]
-        elif hit is None:
+        if hit is None and v._td_path is None and (kept is None or space.hooks.library_made(kept[1])):
             v._td_real = x  # no name yet: a recorded problem asks the program's frames for one (``heldby``)
         return v
 

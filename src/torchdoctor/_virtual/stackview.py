@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+_MAX_ITEMS = 100_000  # a container bigger than this is not searched (a name is a courtesy, never a cost)
 _SKIP = ("site-packages", "dist-packages", "/torch/", "/torchdoctor/", "<frozen")  # machinery, not the program
 
 
@@ -22,23 +23,58 @@ class StackView:
     def path_of(self, module: Any) -> str | None:
         return self.modules.paths.get(id(module))  # type: ignore[no-any-return]
 
-    def attribute_of(self, tensor: torch.Tensor, holders: bool = True) -> str | None:
-        """``blocks.0.scale``: ``tensor`` as a plain attribute of the innermost running module; else (``holders``:
-        a tensor with no maker on record) of the object whose method of the program's own code reads it
-        (``TeaCache.previous_residual``: a caching wrapper patched in as ``model.forward``); or None."""
+    def library_made(self, origin: Any) -> bool:
+        """A record whose maker's line is a library's own (diffusers' ``EMAModel.to``), not the program's."""
+        return origin is not None and any(s in (getattr(origin, "at", None) or "") for s in _SKIP)
+
+    def attribute_of(self, tensor: torch.Tensor, kept: Any = None) -> str | None:
+        """``blocks.0.scale``: ``tensor`` as a plain attribute of the innermost running module; else, when no maker
+        of the program's own code is on record (``kept``: the run's record of it), of the object whose method of
+        the program reads it: ``TeaCache.previous_residual`` (a caching wrapper patched in as ``model.forward``);
+        or None (``held_locally`` names it when a problem is recorded: ``ema.shadow_params[0]``)."""
         mod = self.running()
         name = next((k for k, v in vars(mod).items() if v is tensor), None) if mod is not None else None
         if name is not None:
             path = self.path_of(mod)
             return f"{path}.{name}" if path else name
-        if not holders:  # its maker's line names it better (``made by Tensor.to at app.py:16``)
-            return None
+        if kept is not None and not self.library_made(kept[1]):
+            return None  # its maker's line in the program names it better (``made by Tensor.to at app.py:16``)
         frame: Any = sys._getframe(1)
         while frame is not None and any(s in frame.f_code.co_filename for s in _SKIP):
             frame = frame.f_back
         holder = frame.f_locals.get("self") if frame is not None else None
-        attrs = getattr(holder, "__dict__", None)
-        if not isinstance(attrs, dict) or isinstance(holder, torch.nn.Module):
-            return None
-        name = next((k for k, v in list(attrs.items()) if v is tensor), None)
-        return f"{type(holder).__name__}.{name}" if name is not None else None
+        hit = _held(holder, tensor) if holder is not None else None
+        return f"{type(holder).__name__}.{hit}" if hit is not None else None
+
+
+def held_locally(tensor: torch.Tensor) -> str | None:
+    """``ema.shadow_params[0]``: ``tensor`` as an object in the program's own frames (innermost first) holds it,
+    one container deep (diffusers' EMAModel, a cache dict); asked only when a problem is recorded."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if not any(s in frame.f_code.co_filename for s in _SKIP):
+            for local, obj in list(frame.f_locals.items()):
+                hit = _held(obj, tensor) if local != "self" else None
+                if hit is not None:
+                    return f"{local}.{hit}"
+        frame = frame.f_back
+    return None
+
+
+def _held(obj: Any, tensor: torch.Tensor) -> str | None:
+    """``shadow_params[0]``: where ``obj`` (not a module, not a tensor) holds ``tensor``, one container deep."""
+    attrs = getattr(obj, "__dict__", None)
+    if not isinstance(attrs, dict) or isinstance(obj, (torch.nn.Module, torch.Tensor, type)):
+        return None
+    for name, value in list(attrs.items()):
+        if value is tensor:
+            return name  # type: ignore[no-any-return]
+        if isinstance(value, (list, tuple)) and len(value) <= _MAX_ITEMS:
+            i = next((i for i, v in enumerate(value) if v is tensor), None)
+            if i is not None:
+                return f"{name}[{i}]"
+        elif isinstance(value, dict) and len(value) <= _MAX_ITEMS:
+            k = next((k for k, v in value.items() if v is tensor), None)
+            if k is not None:
+                return f"{name}[{k!r}]"
+    return None

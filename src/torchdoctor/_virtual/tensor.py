@@ -74,7 +74,11 @@ class Hooks:
         """The path of a module of the run (``a``, ``blocks.0``), or None."""
         return None
 
-    def attribute_of(self, tensor: torch.Tensor, holders: bool = True) -> str | None:
+    def library_made(self, origin: Any) -> bool:
+        """A record whose maker's line is a library's own, not the program's."""
+        return False
+
+    def attribute_of(self, tensor: torch.Tensor, kept: Any = None) -> str | None:
         """``blocks.0.scale``: the path of ``tensor`` as a plain attribute of the running module, or None."""
         return None
 
@@ -310,11 +314,13 @@ def _converting(tf: Any) -> Any:
 def held_by(t: Any) -> str | None:
     """The program's name (``ema.weight``) for a real operand no module of the run holds (``heldby``); asked only
     when a problem is recorded."""
-    if getattr(t, "_td_real", None) is None:
+    real = getattr(t, "_td_real", None)
+    if real is None:
         return None
     from torchdoctor._virtual.heldby import held_by as find
+    from torchdoctor._virtual.stackview import held_locally
 
-    return find(t)
+    return find(t) or held_locally(real)  # a module's tensor (``ema.weight``), else an object's (``ema.shadow_params[0]``)
 
 
 def make(cls: type, elem: torch.Tensor, device: torch.device, path: str | None = None,
