@@ -62,8 +62,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     ran = [p for p in problems if p.role == "run"]  # the run's own weights were in another dtype than asked
     library: list[Fix] = []  # casts at a line of an installed library (transformers' rotary upcast, by design)
     for p in problems:
-        if p.kind not in ("device", "dtype") or p.role == "run":
-            continue  # meta: no move fixes it (below)
+        if p.kind not in ("device", "dtype") or p.role == "run" or "<constant>" in p.path:
+            continue  # meta: no move fixes it (below); a TorchScript constant has no path code can move
         try:
             target: Any = parse_dtype(p.expected) if p.kind == "dtype" else parse_device(p.expected)
         except (ValueError, TypeError, RuntimeError):
@@ -214,6 +214,11 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
             f"pass {kinds} ({maker}(..., {args}))"
     target = (dev, dt) if dev is not None and dt is not None else dev if dev is not None else dt
     file, line = LINES.get(at, ("", 0))
+    if file and _on_line(file, line, "trace") and "jit.trace(" in _text(file, line):  # a trace's example input
+        return Fix(f"# {said} at {at} made the example input torch.jit.trace recorded: what the trace computed from "
+                   f"it is baked into the traced code as constants {found}; trace on the device it runs on (model and "
+                   "example input moved first), or register the tensors the forward reads as buffers", "note",
+                   tried="not re-run: a change of the traced code, not of a tensor the program passes")
     diff = maker_diff(maker, at, dev if dev is not None else dt, exprs)
     if diff is None and file and not _on_line(file, line, maker):  # made inside a library call at that line
         how = f"it was made inside the call at {at} (no {maker} there to change): move what that call returns " \
@@ -222,6 +227,12 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
     remake = (file, line, maker[6:], dev, dt) if file and maker.startswith("torch.") and diff is not None and \
         maker not in NO_DEVICE_ARG else None  # host-data makers are not seen by a function mode: judged at the op
     return Fix(f"# {said} made it {found}: {how}", "note", sets=((key, target),), diff=diff, remake=remake)
+
+
+def _text(file: str, line: int) -> str:
+    import linecache
+
+    return linecache.getline(file, line)
 
 
 def _on_line(file: str, line: int, maker: str) -> bool:

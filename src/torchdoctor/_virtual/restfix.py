@@ -63,7 +63,7 @@ def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.d
     if ops - {"Tensor.backward"}:
         out.append(Fix("# an op without a meta/fake kernel ran: it cannot be simulated; skip it under the marker",
                        "note"))
-    attrs = sorted({p.path for p in problems if p.role == "attribute" and p.kind == "device"})
+    attrs = sorted({p.path for p in problems if p.role == "attribute" and p.kind == "device" and "<" not in p.path})
     if attrs:  # the cast above fixes this model; a buffer is moved by every later .to()
         out.append(Fix(f"# lasting fix: register {', '.join(attrs[:3])}{' …' if len(attrs) > 3 else ''} as a buffer "
                        "in its module's __init__ (self.register_buffer(name, tensor, persistent=False)): Module.to "
