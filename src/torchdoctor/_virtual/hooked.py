@@ -2,7 +2,8 @@
 move it, so it is never the fix. A plain tensor attribute of a hooked module (a quantized layer's ``scale`` kept
 outside its parameters) is never onloaded: the hooks move parameters and buffers only. Its fix is to register it as
 a buffer where the module builds it (``self.register_buffer('scale', ..., persistent=False)`` at that line of its
-``__init__``, a diff), proven by a re-run in which those attributes are buffers of the copy (``rebuffer``).
+``__init__``, a diff), proven by a re-run in which those attributes are buffers of the copy
+(``Fix.rebuffer``, applied by ``prove.rebuffered``).
 """
 
 from __future__ import annotations
@@ -102,14 +103,3 @@ def under_hooks(items: list[Fix], root: Any, device: torch.device) -> list[Fix]:
                        "execution/onload device", "note"))
     return out
 
-
-def rebuffered(model: Any, paths: tuple[str, ...]) -> None:
-    """Each plain tensor attribute at ``paths`` of ``model`` (a copy) made a non-persistent buffer, as the fix's
-    ``register_buffer`` line makes it."""
-    for path in paths:
-        prefix, _, name = path.rpartition(".")
-        mod = model.get_submodule(prefix) if prefix else model
-        value = vars(mod).get(name)
-        if isinstance(value, torch.Tensor):
-            del mod.__dict__[name]
-            mod.register_buffer(name, value, persistent=False)

@@ -65,12 +65,22 @@ def apply_fixes(model: Any, fixes: Sequence[Fix]) -> None:
 
     for f in fixes:
         if f.rebuffer:
-            from torchdoctor._virtual.hooked import rebuffered
-
             rebuffered(model, f.rebuffer)
         if f.kind == "path":
             exec(compile(f.code, "<torchdoctor fix>", "exec"), {"model": model, "torch": torch,  # noqa: S102
                                                                    "torchdoctor": torchdoctor})
+
+
+def rebuffered(model: Any, paths: tuple[str, ...]) -> None:
+    """Each plain tensor attribute at ``paths`` of ``model`` (a copy) made a non-persistent buffer, as a fix's
+    ``register_buffer`` line makes it (``hooked``)."""
+    for path in paths:
+        prefix, _, name = path.rpartition(".")
+        mod = model.get_submodule(prefix) if prefix else model
+        value = vars(mod).get(name)
+        if isinstance(value, torch.Tensor):
+            del mod.__dict__[name]
+            mod.register_buffer(name, value, persistent=False)
 
 
 _NOT_THERE = (AttributeError, IndexError, KeyError)  # a fix's path the model does not hold (yet)
