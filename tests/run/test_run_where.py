@@ -12,6 +12,7 @@ from run.test_run_cli import run, write
 def test_the_report_names_the_device_the_work_ran_on(tmp_path: Path) -> None:
     script = write(tmp_path / "app.py", """
         import torch
+        torch.cuda.set_device(1)                  # the app's own choice of GPU
         m = torch.nn.Linear(4, 4).to("cuda")      # the app's own choice: the current device
         print(m(torch.ones(2, 4, device="cuda")).shape)
     """)
