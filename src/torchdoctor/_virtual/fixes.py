@@ -61,6 +61,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     meta = [p for p in problems if p.kind == "meta"]
     ran = [p for p in problems if p.role == "run"]  # the run's own weights were in another dtype than asked
     library: list[Fix] = []  # casts at a line of an installed library (transformers' rotary upcast, by design)
+    scripted = any("<constant>" in p.path or "TracedModule" in str(p.op or "") or "ScriptModule" in str(p.op or "")
+                   for p in problems)  # a TorchScript module ran: its constants are fixed before tracing (a buffer)
     for p in problems:
         if p.kind not in ("device", "dtype") or p.role == "run" or "<constant>" in p.path:
             continue  # meta: no move fixes it (below); a TorchScript constant has no path code can move
@@ -69,6 +71,12 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         except (ValueError, TypeError, RuntimeError):
             target = dtype if p.kind == "dtype" else device
         made_from = (sources or {}).get((p.kind, p.path, p.op or "", p.found), ())
+        if str(p.op or "").startswith("aten._amp_foreach_non_finite_check_and_unscale_") and p.found == "bfloat16":
+            if _SCALER_BF16 not in {f.code for f in factories}:  # CUDA has no bf16 unscale kernel
+                factories.append(Fix(_SCALER_BF16, "note"))
+            continue
+        if scripted and p.role == "attribute" and p.kind == "device":
+            continue  # a traced module's constant: a move of the attribute changes nothing in the traced code
         if "unscale FP16 gradients" in p.message:  # GradScaler met float16 parameters: casting anything to float16 is
             factories.append(Fix(_SCALER, "note"))  # no fix; float32 master weights under autocast are
             continue
@@ -178,6 +186,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
 _SCALER = ("# GradScaler unscales float32 gradients only: keep the trained parameters float32 (drop the model's "
            ".half() / .to(torch.float16)) and run the forward under torch.autocast(device_type, dtype=torch.float16), "
            "or train in bfloat16 without GradScaler")
+_SCALER_BF16 = ("# bfloat16 gradients need no GradScaler (CUDA has no bfloat16 unscale kernel): drop the scaler "
+                "(scaler.scale(loss).backward() -> loss.backward(); scaler.step(opt) -> opt.step()), or keep float32 "
+                "weights and compute under torch.autocast(device_type, dtype=torch.bfloat16)")
 # dtypes that are storage, never compute: a tensor found in one of them is the stored side, not the activation
 _STORAGE_NAMES = frozenset(dtype_str(d) for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                                                   torch.bool, *FLOAT8_DTYPES))

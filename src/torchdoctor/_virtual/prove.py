@@ -253,18 +253,18 @@ def fix_text(fixes: Sequence[Fix]) -> list[str]:
         head = f"Fix (unproven: {code[0].tried}):"
     else:
         head = "Fix (unproven: advice only, nothing a re-run could apply):"
-    return [head, *(f"    {line}" for f in fixes for line in f.code.splitlines()), *patches]
+    return [head, *(f"    {line}" for line in dict.fromkeys(x for f in fixes for x in f.code.splitlines())), *patches]
 
 
 def proof_lines(fixes: Sequence[Fix]) -> list[str]:
     """The fix as text: each part's code, then whether it was proven (``# fix proven (at the failing op …)``)."""
     judged = [f for f in fixes if f.sets or f.rerun]
-    lines = [line for f in fixes for line in f.code.splitlines()]
+    lines = list(dict.fromkeys(line for f in fixes for line in f.code.splitlines()))  # each line once
     if judged and all(f.proven for f in judged):
         return [*lines, f"# fix proven ({judged[0].tried})"]
     out: list[str] = []
     for f in fixes:
-        out += f.code.splitlines()
+        out += [x for x in f.code.splitlines() if x not in out]
         if (f.sets or f.rerun) and not f.proven:
             out.append(f"# ^ fix unproven: {f.tried}" if any(g.proven for g in judged) else "")
     first = next((f for f in judged if not f.proven), None) or (fixes[0] if fixes else None)
