@@ -21,14 +21,12 @@ a log without repeats pays for a few dozen look-ups a block.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 __all__ = ["FAR", "FRESH", "scan_chunked"]
 
 FAR = 1 << 62  # "read up to somewhere unknown": never replayable
 FRESH: Any = object()  # the scanner's previous error key while a paragraph is recorded: none met in it yet
-_PARA = re.compile(r"\n\n+")  # the blank line(s) that end a paragraph
 _TRY = 256  # paragraphs of a text read, not replayed, before the replays must be half as many
 _MAX_CHUNK = 1 << 14  # longer paragraphs are read the ordinary way (their text is not kept)
 _KEPT = 1 << 23  # characters of paragraph text remembered per text read (then the memo starts again)
@@ -39,65 +37,86 @@ def scan_chunked(sc: Any, text: str, start: int, cut: int, max_hits: int) -> Non
     """The marked lines of ``text[start:cut]`` as ``sc._lines_hits`` reads them, paragraph by paragraph,
     replaying a paragraph's recorded effect where it is exact to. Written for speed: a log of short error texts
     has a paragraph every few hundred characters, and the replay is all the Python most of them cost (the
-    scanner's counters are kept in locals while paragraphs are replayed, and written back before any reading)."""
-    chunks, until, get = sc.chunks, sc.until, sc.chunks.get
+    scanner's counters are kept in locals while paragraphs are replayed, and written back before any reading);
+    paragraphs read the ordinary way one after another are read in one go (a log's long ones: as without this)."""
+    chunks, until, get, find = sc.chunks, sc.until, sc.chunks.get, text.find
     umax = max(until.values(), default=-1)  # no window examined so far reaches past this
     pos = start
+    pending = -1  # where paragraphs waiting to be read the ordinary way begin
     hits, seq, prev_key, prev_end, floor, spoken = sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor, sc.spoken
     replayed = 0
-    for m in _PARA.finditer(text, start, cut):
-        ce = m.end()
+    blank = find("\n\n", start, cut)
+    while blank != -1:
+        ce = blank + 2
+        while ce < cut and text[ce] == "\n":  # several blank lines: the paragraph ends after the last
+            ce += 1
         if ce >= cut:
             break
+        blank = find("\n\n", ce, cut)
         cs = pos
         pos = ce
-        if cs != start and ce - cs <= _MAX_CHUNK:  # the block's first piece: the line before it is not a blank one
-            eff = get((text[cs:ce], spoken), _NONE)
-            if eff is not _NONE and eff is not None and hits + eff[0] <= max_hits and (
-                    not eff[7] or text.startswith(eff[7], ce)) and (
-                    umax <= cs or all(until.get(name, -1) <= cs + rel for name, rel in eff[8])):
-                n_hits, n_seq, groups, ends, first, at_floor, last, _, _, reach = eff
-                hits += n_hits
-                for g, n, rel in groups:
-                    g.count += n
-                    g.last = seq + rel
-                seq += n_seq
-                for name, rel in ends:
-                    until[name] = cs + rel
-                if cs + reach > umax:
-                    umax = cs + reach
-                if first is not _NONE:
-                    if first is not prev_key and first != prev_key:  # its first error against the one before
-                        floor = prev_end
-                    if at_floor is not None:
-                        floor = cs + at_floor
-                    prev_key, prev_end = last[0], cs + last[1]
-                replayed += 1
-                continue
-        # read the ordinary way: the scanner's state as replayed so far first
-        sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor = hits, seq, prev_key, prev_end, floor
+        if cs == start or ce - cs > _MAX_CHUNK:  # the block's first piece (the line before it is not a blank one)
+            if pending == -1:
+                pending = cs
+            continue
+        key = (text[cs:ce], spoken)
+        eff = get(key, _NONE)
+        if eff is None:  # not replayable: read with its neighbours
+            if pending == -1:
+                pending = cs
+            continue
+        # read what waits first: the scanner's state as replayed so far, then as that reading leaves it
+        if pending != -1:
+            sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor = hits, seq, prev_key, prev_end, floor
+            sc._lines_hits(text, pending, cs)
+            pending = -1
+            umax = max(until.values(), default=-1)
+            hits, seq, prev_key, prev_end, floor, spoken = sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor, \
+                sc.spoken
+            if key[1] is not spoken:
+                key = (key[0], spoken)
+                eff = get(key, _NONE)
+        if eff is not _NONE and eff is not None and hits + eff[0] <= max_hits and (
+                not eff[7] or text.startswith(eff[7], ce)) and (
+                umax <= cs or all(until.get(name, -1) <= cs + rel for name, rel in eff[8])):
+            n_hits, n_seq, groups, ends, first, at_floor, last, _, _, reach = eff
+            hits += n_hits
+            for g, n, rel in groups:
+                g.count += n
+                g.last = seq + rel
+            seq += n_seq
+            for name, rel in ends:
+                until[name] = cs + rel
+            if cs + reach > umax:
+                umax = cs + reach
+            if first is not _NONE:
+                if first is not prev_key and first != prev_key:  # its first error against the one before
+                    floor = prev_end
+                if at_floor is not None:
+                    floor = cs + at_floor
+                prev_key, prev_end = last[0], cs + last[1]
+            replayed += 1
+            continue
+        sc.tried += 1  # looked up and not replayed
         sc.replayed += replayed
         replayed = 0
-        if cs == start or ce - cs > _MAX_CHUNK:
-            sc._lines_hits(text, cs, ce)
-        else:
-            sc.tried += 1  # looked up and not replayed
-            if sc.tried > _TRY and sc.replayed * 2 < sc.tried:  # paragraphs do not repeat here: the rest at once
-                pos = cs
-                break
-            if eff is _NONE:
-                if sc.kept + ce - cs > _KEPT:
-                    chunks.clear()
-                    sc.kept = 0
-                chunks[(text[cs:ce], spoken)] = _record(sc, text, cs, ce, max_hits)
-                sc.kept += ce - cs
-            else:
-                sc._lines_hits(text, cs, ce)
+        if sc.tried > _TRY and sc.replayed * 2 < sc.tried:  # paragraphs do not repeat here: the rest at once
+            pos = cs
+            break
+        if eff is not _NONE:  # recorded, not replayable here (what follows it, or an earlier window, differs)
+            pending = cs
+            continue
+        sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor = hits, seq, prev_key, prev_end, floor
+        if sc.kept + ce - cs > _KEPT:
+            chunks.clear()
+            sc.kept = 0
+        chunks[key] = _record(sc, text, cs, ce, max_hits)
+        sc.kept += ce - cs
         umax = max(until.values(), default=-1)
         hits, seq, prev_key, prev_end, floor, spoken = sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor, sc.spoken
     sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor = hits, seq, prev_key, prev_end, floor
     sc.replayed += replayed
-    sc._lines_hits(text, pos, cut)
+    sc._lines_hits(text, pending if pending != -1 else pos, cut)
 
 
 def _record(sc: Any, text: str, cs: int, ce: int, max_hits: int) -> tuple[Any, ...] | None:

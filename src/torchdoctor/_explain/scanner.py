@@ -197,6 +197,7 @@ class Scanner:
         self.moved = False  # the context's floor moved inside the paragraph being recorded
         self.attempts: list[tuple[str, int]] | None = None  # (signature, position) of each hit looked at there
         self.tried = self.replayed = 0  # paragraphs looked up, and replayed, in this text
+        self.last_hits = 0  # hits when the last block was read
 
     def feed(self, block: str, final: bool = False) -> None:
         # a paste is folded whole; a log (program output: no typed full-width punctuation) where it is examined
@@ -222,10 +223,15 @@ class Scanner:
             cut = max(p, 0)
             if len(text) - cut > 4 * BLOCK:  # one enormous line: cut it anyway
                 cut = len(text) - _SPAN
-        if len(text) >= EXACT_BELOW:  # a log (a paste is short): its repeated paragraphs are read once
+        # a log (a paste is short) dense with errors: its repeated paragraphs are read once. Finding paragraphs
+        # costs a pass over the block, which a log of few errors (the last block had few hits and its start few
+        # blank lines) does not repay
+        if len(text) >= EXACT_BELOW and (self.hits - self.last_hits >= 64 or text.count(
+                "\n\n", self.scan_from, self.scan_from + (1 << 16)) >= 16):
             scan_chunked(self, text, self.scan_from, cut, _MAX_HITS)
         else:
             self._lines_hits(text, self.scan_from, cut)
+        self.last_hits = self.hits
         keep = cut
         for _ in range(_LEAD):
             keep = text.rfind("\n", max(0, keep - _SPAN), keep)

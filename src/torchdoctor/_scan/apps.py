@@ -223,7 +223,18 @@ def intended_at(module: nn.Module, name: str, tensor: torch.Tensor, role: str) -
         return "schedule-table", percall.DEVICE | percall.DTYPE
     if role in ("attribute", "container") and backup_named(module, name, tensor):
         return "backup-copy", percall.DEVICE | percall.DTYPE
+    if role == "attribute" and recomputed(module, name):
+        return "casts-per-call", percall.DEVICE | percall.DTYPE
     return None
+
+
+def recomputed(module: nn.Module, name: str) -> bool:
+    """``name`` is recomputed by the module's own forward pre-hook at every call (``torch.nn.utils.weight_norm``:
+    ``weight`` from ``weight_g`` and ``weight_v``, in their device and dtype): between calls it may be stale (a
+    ``.to(float16)`` leaves it float32 until the next forward), and the stored tensors are the ones judged."""
+    hooks = module.__dict__.get("_forward_pre_hooks")
+    return bool(hooks) and any(type(h).__name__ == "WeightNorm" and getattr(h, "name", None) == name
+                               for h in dict.values(hooks))
 
 
 def intended(e: Entry, casting: dict[int, dict[str, int]], strict: bool) -> tuple[str, int] | None:
@@ -244,6 +255,8 @@ def intended(e: Entry, casting: dict[int, dict[str, int]], strict: bool) -> tupl
             return "schedule-table", both
         if role in ("attribute", "container") and backup_copy(e):
             return "backup-copy", both
+        if role == "attribute" and e.owner is mod and isinstance(e.key, str) and recomputed(mod, e.key):
+            return "casts-per-call", both  # weight_norm's weight, made from weight_g / weight_v at each call
         return None
     if backup_path(e.path):
         return "backup-copy", both
@@ -259,4 +272,5 @@ def _name_on(e: Entry) -> str | None:
 
 
 __all__ = ["backup_copy", "backup_named", "backup_path", "cast_conditions", "casting_modules", "casts_per_call",
-           "convention", "intended", "intended_at", "network_adapters", "on_call", "reads", "schedule_table"]
+           "convention", "intended", "intended_at", "network_adapters", "on_call", "reads", "recomputed",
+           "schedule_table"]
