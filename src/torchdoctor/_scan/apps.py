@@ -233,8 +233,8 @@ def recomputed(module: nn.Module, name: str) -> bool:
     ``weight`` from ``weight_g`` and ``weight_v``, in their device and dtype): between calls it may be stale (a
     ``.to(float16)`` leaves it float32 until the next forward), and the stored tensors are the ones judged."""
     hooks = module.__dict__.get("_forward_pre_hooks")
-    return bool(hooks) and any(type(h).__name__ == "WeightNorm" and getattr(h, "name", None) == name
-                               for h in dict.values(hooks))
+    return isinstance(hooks, dict) and any(type(h).__name__ == "WeightNorm" and getattr(h, "name", None) == name
+                                           for h in dict.values(hooks))
 
 
 def intended(e: Entry, casting: dict[int, dict[str, int]], strict: bool) -> tuple[str, int] | None:
