@@ -111,7 +111,6 @@ class _Recorder(StackView, Hooks):
             return []
         return blamed
 
-    # -- Hooks --------------------------------------------------------------------------------------------------
     def check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.entry.pending:  # an attribute / container tensor reached an op: the forward read it
             self.entry.reached(OpArgs(list(args), kwargs).all_tensors())
@@ -189,10 +188,12 @@ class _Recorder(StackView, Hooks):
                                         (f"factory torch.{name} at {at}",))
 
     def reading(self, tensor: torch.Tensor, what: str) -> None:
-        path, dev = getattr(tensor, "_td_path", None), getattr(tensor, "_td_device", tensor.device)
+        path, dev, at = getattr(tensor, "_td_path", None), getattr(tensor, "_td_device", tensor.device), where_called()
         self._note("device", path, device_str(dev), "cpu", f"{what}() of {path or 'a tensor'} "
                    f"{compact(tensor.dtype, tuple(tensor.shape), dev)}: can't convert {device_str(dev)} device type "
-                   "tensor to numpy; call .cpu() first", op=what)
+                   "tensor to numpy; call .cpu() first" + (f" (at {at})" if at else ""), op=what)
+        if at and self.problems:  # the user's line that read it: the fix writes ``.cpu()`` there (``fixes``)
+            self.sources.setdefault(("device", self.problems[-1].path, what, device_str(dev)), (f"read at {at}",))
 
     def failed(self, what: str, exc: BaseException | None, hint: str = "") -> None:
         text = str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else ""
