@@ -1,7 +1,8 @@
 """A module traced on the CPU with ``torch.jit.trace`` and moved to the GPU afterwards (a plain-attribute table the
 tracer bakes into the code as a constant, as a relative-position attention does): the trace's example input
 is never patched as if it were the program's data (moving it would break the trace on real hardware), never called
-proven, and no fix names a TorchScript constant by a path code cannot reach (issue 41 point 1, hunt T9)."""
+proven, and no fix moves a table after tracing (the traced code keeps its constants) or names a TorchScript
+constant by a path code cannot reach (issue 41 point 1, hunt T9)."""
 
 from __future__ import annotations
 
@@ -40,5 +41,6 @@ def test_the_trace_example_input_is_advice_never_a_patch(tmp_path: Path) -> None
     fixes = api.to_dict()["fixes"]
     assert not any(f.get("diff") and "jit.trace" in f["diff"] for f in fixes), fixes
     assert "<constant>" not in "\n".join(f["code"] for f in fixes), fixes
+    assert not any(".data = " in f["code"] for f in fixes), fixes  # a move after tracing never reaches a constant
     traced = [f for f in fixes if "made the example input torch.jit.trace recorded" in f["code"]]
     assert traced and all(not f["proven"] for f in traced), fixes

@@ -136,6 +136,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         if made_from and made_from[0].startswith("factory "):  # one fix per call, for its device and dtype
             made.setdefault(made_from[0], {})[p.kind] = (p.found, target)
             continue
+        if made_from and scripted and "Traced" in str(p.module_type or ""):
+            continue  # computed in traced code from its constants: only their registration before tracing fixes it
         if made_from:  # fix the source: the tensor made from it follows
             for src in made_from:
                 named.add(src)
