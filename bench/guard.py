@@ -306,6 +306,18 @@ def nothing_after_backward(model: torch.nn.Module) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
+def per_op_around(model: torch.nn.Module) -> Iterator[Any]:
+    """strict's gate with the dispatch mode on every op of the code around the model (before the first stage
+    checked it call by call, ``_guard/aftergrad.py``; bench-only)."""
+    fastpath.BY_CALL = False
+    try:
+        with torchdoctor.guard(model, mode="strict") as g:
+            yield g
+    finally:
+        fastpath.BY_CALL = True
+
+
+@contextlib.contextmanager
 def every_op(model: torch.nn.Module) -> Iterator[Any]:
     """strict as it was before the module-boundary gate: the dispatch mode on every op of the block."""
     fastpath.ENABLED = False
@@ -364,7 +376,7 @@ def census(fn: Callable[[], Any], model: torch.nn.Module) -> dict[str, int]:
     return n
 
 
-def workloads(rounds: int = 5, only: str = "") -> None:
+def workloads(rounds: int = 5, only: str = "", pick: tuple[str, ...] = ()) -> None:
     """Issue 43 point 2: guard around ``generate()`` (GPT-2-small from config, 24 new tokens, greedy) and around a
     training step (seq 64, SGD), one thread, every mechanism in one process: explain (torch's own C++ kernel checks,
     an escaping error explained), strict with the module-boundary gate (``_guard/fastpath.py``), strict with the
@@ -422,13 +434,15 @@ def workloads(rounds: int = 5, only: str = "") -> None:
         fns = {"plain": fn, "explain": wrapped(fn, lambda: torchdoctor.guard(model, mode="explain")),
                "strict (gated)": wrapped(fn, lambda: torchdoctor.guard(model, mode="strict")),
                "strict (gated, nothing checked after the backward)": wrapped(fn, lambda: nothing_after_backward(model)),
+               "strict (gated, dispatch mode on every op around the model)": wrapped(fn, lambda: per_op_around(model)),
                "strict (every op)": wrapped(fn, lambda: every_op(model)),
                "strict (gated, no mode outside modules)": wrapped(fn, lambda: inside_only(model)),
                "empty dispatch mode": wrapped(fn, NoopMode),
                "dispatch mode skipping one-tensor ops": wrapped(fn, SkipOneTensor),
                "empty function mode": wrapped(fn, EmptyFunctionMode),
                "function-mode compare": wrapped(fn, FunctionCheck)}
-        keys = list(fns)
+        keys = [k for k in fns if not pick or k == "plain" or any(w in k for w in pick)]
+        fns = {k: fns[k] for k in keys}
         for f in fns.values():
             f()
         times: dict[str, list[float]] = {k: [] for k in keys}
@@ -454,6 +468,8 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["estimators"]:
         estimators(*(int(a) for a in sys.argv[2:4]))
     elif sys.argv[1:2] == ["workloads"]:
-        workloads(int(sys.argv[2]) if sys.argv[2:3] else 5, sys.argv[3] if sys.argv[3:4] else "")
+        # python bench/guard.py workloads ROUNDS [WORKLOAD-PREFIX] [MECHANISM-WORDS,...] (plain is always timed)
+        workloads(int(sys.argv[2]) if sys.argv[2:3] else 5, sys.argv[3] if sys.argv[3:4] else "",
+                  tuple(w for w in sys.argv[4].split(",") if w) if sys.argv[4:5] else ())
     else:
         main(*(int(a) for a in sys.argv[1:3]))

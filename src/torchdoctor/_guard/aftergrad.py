@@ -1,4 +1,5 @@
-"""strict after a backward: the optimizer step, a GradScaler's unscale, an EMA update, an optimizer state's ``lerp_``.
+"""strict around the model, call by call: a generate loop's sampling, and after a backward the optimizer step, a
+GradScaler's unscale, an EMA update, an optimizer state's ``lerp_``.
 
 strict's module-boundary gate (``_guard/fastpath.py``) leaves the dispatch mode off after a forward whose output
 autograd will differentiate, so that the backward of modules that agreed costs nothing. The code that follows the
@@ -13,7 +14,10 @@ From then on, a call whose tensors disagree (two devices, two floating dtypes, a
 runs under strict's dispatch mode, so the rules check each aten op it makes exactly as inside a suspect module: the
 problem is raised before the op, with the culprit, its maker, the fix aimed there and its proof. The optimizer's
 global step pre-hook counts as the end of the backward too (a backward that did not run through the model's output,
-or whose callback ran on another thread). The mode is popped when the next outermost forward starts.
+or whose callback ran on another thread). The mode is popped when the next outermost forward starts. The code around
+a model that feeds no autograd (before the first forward, between the forwards of ``generate()``) is checked the same
+way at once: per torch call it costs a Python hop of a few microseconds where the dispatch mode cost one of tens per
+aten op (bench/guard.py).
 """
 
 from __future__ import annotations
@@ -51,16 +55,17 @@ class AfterBackward(TorchFunctionMode):
         self.checked = 0  # calls that ran under the dispatch mode (bench/guard.py reports it)
 
     # -- lifetime: armed when a training forward returns, disarmed when the next outermost forward starts --------
-    def arm(self, out: Any) -> None:
-        """The outermost module returned ``out``, which autograd will differentiate."""
+    def arm(self, out: Any, ready: bool = False) -> None:
+        """The outermost module returned ``out``, which autograd will differentiate (checks start when its backward
+        has run), or code outside any module runs now (``ready``: the code around a model that feeds no autograd)."""
         self._drop_grad_hooks()
-        self.ready = False
-        for t in _grad_tensors(out):
+        self.ready = ready
+        for t in _grad_tensors(out) if not ready else ():
             try:
                 self.grad_handles.append(t.register_hook(self._grad_arrived))
             except Exception:  # a tensor that takes no hook: the optimizer's step hook still starts the checks
                 log.debug("guard: no backward hook on the model's output", exc_info=True)
-        if self.step_handle is None:
+        if self.step_handle is None and not ready:
             self.step_handle = register_optimizer_step_pre_hook(self._step_pre)
         if not self.pushed:
             self.__enter__()

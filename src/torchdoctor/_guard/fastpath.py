@@ -10,9 +10,10 @@ the dispatch mode is pushed until the module returns, and every op inside it, su
 the rules exactly as before. A suspect module whose output takes part in autograd keeps the mode on until the next
 outermost forward starts, so its backward (where a saved tensor of the wrong dtype surfaces) is checked too.
 The code around the model (outside any module: a generate loop's sampling, a function that calls no module) is
-checked per op as before, except between a forward whose output autograd will differentiate and the next forward:
-the backward of modules that agreed runs unchecked, and what follows it (the optimizer step, an unscale, an EMA
-update) is checked per op only in the calls whose tensors disagree (``_guard/aftergrad.py``).
+checked call by call (``_guard/aftergrad.py``): a torch call whose tensors disagree runs under the dispatch mode, so
+the rules see each of its aten ops; the others pay one Python hop per torch call, not one per aten op. Between a
+forward whose output autograd will differentiate and the end of its backward nothing is checked (the backward of
+modules that agreed); what follows the backward (the optimizer step, an unscale, an EMA update) is checked so too.
 
 What the boundary cannot see is not checked per op: a tensor made inside a module that agreed, read from
 elsewhere (a global, a cache object, another module's attribute) or passed by keyword. There torch's own kernel
@@ -32,6 +33,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 
 ENABLED = True  # False: strict checks every op again (bench/guard.py times both in one process)
 AFTER = True  # False: nothing after a backward is checked (bench/guard.py times the first stage's cost)
+BY_CALL = True  # False: the code around the model runs under the dispatch mode, every op (bench/guard.py times both)
 
 _T, _P = torch.Tensor, torch.nn.Parameter
 _grad_enabled = torch.is_grad_enabled
@@ -116,9 +118,9 @@ def _disagree(mod: torch.nn.Module, args: tuple[Any, ...], names: tuple[str, ...
 
 
 class Gate:
-    """When the dispatch mode of one strict session is on: inside suspect modules (and the backward they feed),
-    and outside any module (the code around the model), except after a forward that autograd will differentiate
-    (its backward and optimizer step are not checked per op; a suspect module's backward is)."""
+    """When the dispatch mode of one strict session is on: inside suspect modules (and the backward they feed);
+    outside any module the first stage decides call by call (``by_call``; else the mode is on there too, except
+    after a forward that autograd will differentiate)."""
 
     def __init__(self, enter: Callable[[], Any], leave: Callable[[], bool], stack: list[Any]) -> None:
         self.enter, self.leave = enter, leave  # push / pop the dispatch mode itself (pop: False when not on top)
@@ -129,11 +131,14 @@ class Gate:
         self.on = False
         self.handles: list[Any] = []
         self.suspects = 0  # module calls that turned the mode on (bench/guard.py reports it)
-        self.after: Any = None  # the first stage between a backward and the next forward (_guard/aftergrad.py)
+        self.after: Any = None  # the first stage around the model and after a backward (_guard/aftergrad.py)
+        self.by_call = BY_CALL and AFTER  # the code around the model: the first stage, not the dispatch mode
 
     def start(self) -> None:
         pre, post = self._hooks()
         self.handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
+        if BY_CALL and AFTER:  # the code before the first forward: checked by the first stage
+            self._after().arm(None, ready=True)
         self.sync()
 
     def stop(self) -> None:
@@ -149,7 +154,7 @@ class Gate:
 
     def sync(self) -> None:
         """Push or pop the mode to match the state (a pop waits while a mode entered later sits above ours)."""
-        want = bool(self.active) or self.sticky or (not self.stack and not self.trained)
+        want = bool(self.active) or self.sticky or (not self.stack and not self.trained and not self.by_call)
         if want and not self.on:
             self.enter()
             self.on = True
@@ -167,7 +172,7 @@ class Gate:
             whole = False
             if len(stack) <= 1:  # the outermost module starts: the last run and its backward are over
                 active.clear()
-                if self.trained and self.after is not None:
+                if self.after is not None and self.after.pushed:
                     self.after.disarm()
                 self.sticky = self.trained = False
                 root = roots.get(id(mod))
@@ -196,6 +201,8 @@ class Gate:
                 self.trained = _grad_enabled() and _feeds_autograd(out)
                 if self.trained and AFTER:  # what follows its backward (the optimizer step, an EMA update)
                     self._after().arm(out)
+                elif self.by_call:  # the code around the model (a generate loop's sampling)
+                    self._after().arm(None, ready=True)
             sync()
 
         return pre, post
