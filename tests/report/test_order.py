@@ -105,3 +105,21 @@ def test_dtype_problems_of_a_moved_component_fold_into_its_cast() -> None:
     real, moves = split_relocations(ps, exp, tensors)
     assert real == [] and len(moves) == 1 and len(moves[0].members) == 6
     assert moves[0].fix() == "model.unet.to('cuda:0', torch.bfloat16)"
+
+
+def test_a_tensor_kept_in_float32_on_purpose_folds_into_its_components_move() -> None:
+    """A real T5 in float16 with its `wo` layers kept in float32 (transformers' _keep_in_fp32_modules), all on cpu,
+    scanned for cuda:0 in float16: one move (`model.to('cuda:0')` moves wo too and keeps its float32), never "first
+    the 2 to fix: wo.weight on cpu" beside it (hunt T24). Asked for bfloat16, the move casts: wo stays a problem."""
+    from transformers import T5Config, T5EncoderModel
+
+    m = T5EncoderModel(T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=4)).half()
+    for name, mod in m.named_modules():
+        if name.endswith("DenseReluDense.wo"):
+            mod.float()
+    report = torchdoctor.scan(m, "cuda:0", torch.float16)
+    real, moves = report.relocations()
+    assert real == [] and [(mv.component, len(mv.members)) for mv in moves] == [("", 19)]
+    assert str(report).splitlines()[0].endswith("every one a tensor not yet on the device asked for:")
+    real, _ = torchdoctor.scan(m, "cuda:0", torch.bfloat16).relocations()
+    assert {p.path for p in real} == {f"encoder.block.{i}.layer.1.DenseReluDense.wo.weight" for i in range(2)}

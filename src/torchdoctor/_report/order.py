@@ -127,7 +127,11 @@ def split_relocations(problems: Sequence[Any], expected: Mapping[str, Mapping[st
         home = {c: max(w, key=lambda d: w[d]) for c, w in weight.items()}
         main = {c: max(w, key=lambda d: w[d]) for c, w in dweight.items()}
     # a floating tensor in another dtype than its component's is a stray: more than a move is wrong with it
-    odd = {p for p, dt in dtypes.items() if main.get(_component(p, asked) or "", dt) != dt}
+    # (unless no dtype problem was found for it — kept in float32 on purpose by _keep_in_fp32_modules — and its
+    # component's move casts nothing: Module.to moves it and keeps its dtype)
+    judged = {str(_get(p, "path") or "") for p in problems if _get(p, "kind") == "dtype"}
+    odd = {p for p, dt in dtypes.items() if main.get(_component(p, asked) or "", dt) != dt
+           and (p in judged or _cast(expected, _component(p, asked) or "", main))}
     real: list[Any] = []
     moves: dict[tuple[str, str, str], list[Any]] = {}
     casts: list[Any] = []  # dtype problems of tensors in their component's dtype, when another one was asked
