@@ -67,3 +67,30 @@ def test_an_int_literal_tensor_on_the_call_line_is_not_the_float_arguments_maker
     said = str(info.value)
     assert "culprit input_features (an argument of the _Encoder call): f32[1,8,16]@cpu  (expected bfloat16)" in said
     assert "made by `torch.tensor`" not in said
+
+
+class _WeightNormed(nn.Module):
+    """An audio VAE's convolutions under weight_norm: `weight` is remade from weight_g / weight_v by the module's own
+    pre-hook on every call, so the attribute is stale (float32 after `.to(float16)`) until that hook runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.utils.weight_norm(nn.Conv1d(2, 4, 7, padding=3))
+        self.conv2 = torch.nn.utils.weight_norm(nn.Conv1d(4, 4, 3, padding=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2(torch.relu(self.conv1(x)))
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict"])
+def test_a_weight_norm_weight_remade_per_call_is_never_the_culprit(mode: str) -> None:
+    """hunt U23 (stable-audio's fp32 init audio into an fp16 AutoencoderOobleck): the input is the culprit."""
+    torch.manual_seed(0)
+    with pytest.warns(FutureWarning):  # torch.nn.utils.weight_norm is deprecated, still what the library calls
+        model = _WeightNormed().to(torch.float16)
+    with pytest.raises(torchdoctor.PlacementError) as info, torch.no_grad(), torchdoctor.guard(model, mode=mode):
+        model(torch.randn(1, 2, 16))
+    err = info.value
+    assert "culprit x (an argument of the _WeightNormed call): f32[1,2,16]@cpu  (expected float16)" in str(err)
+    assert [p.path for p in err.problems if p.role == "parameter"] == []
+    assert ".weight.data" not in (err.fix or "")

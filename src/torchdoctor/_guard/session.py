@@ -239,8 +239,9 @@ class Session:
         bias = mod.bias
         if self.replaying or not isinstance(x, _Tensor) or not isinstance(bias, _Tensor) or bias.dtype == x.dtype:
             return
-        if "forward" in mod.__dict__:  # a hook wrapper (diffusers layerwise casting, accelerate) runs first and
-            return  # may cast or move the weights: the composite's own error is explained if it still fails
+        if "forward" in mod.__dict__ or mod._forward_pre_hooks:  # a hook wrapper (diffusers layerwise casting,
+            return  # accelerate) or the module's own pre-hook (weight_norm recomputes `weight`) runs after this one
+            # and may cast, move or remake the weights: the composite's own error is explained if it still fails
         from torchdoctor._rules import registry as _rules
 
         found = _rules.find(_CONV, (x, mod.weight, bias), {}, self.g.profile)
