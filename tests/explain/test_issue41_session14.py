@@ -73,3 +73,17 @@ def test_numpy_without_the_code_line_keeps_the_generic_fix() -> None:
     d = explain("TypeError: can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
                 "to host memory first.")[0]
     assert d.fixes[0] == ("Copy to the CPU first", "arr = t.detach().cpu().numpy()")
+
+
+UNSCALE_BF16 = "RuntimeError: \"_amp_foreach_non_finite_check_and_unscale_cuda\" not implemented for 'BFloat16'"
+
+
+@pytest.mark.parametrize("text", [UNSCALE_BF16, f"I get `{UNSCALE_BF16}`", json.dumps({"error": UNSCALE_BF16}),
+                                  "<pre>" + html.escape(UNSCALE_BF16) + "</pre>"])
+def test_grad_scaler_over_bf16_gradients_is_told_to_drop_the_scaler(text: str) -> None:
+    """Hunt U18: not a missing kernel to work around on the CPU, but a GradScaler over bfloat16 weights."""
+    d = explain(text)[0]
+    assert (d.signature, d.category) == ("dtype.unscale_bf16", "dtype_mismatch")
+    assert d.fixes[0][1].startswith("scaler = torch.amp.GradScaler(enabled=False)")
+    assert "needs no loss scaling" in d.likely_causes[0] and "CPU" not in d.likely_causes[0]
+    assert d.confirm_with == 'torchdoctor.scan(model, dtype="bfloat16")'

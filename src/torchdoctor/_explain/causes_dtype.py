@@ -137,6 +137,14 @@ _c("dt.vae_dtype",
    ("Give the VAE the latents' dtype«: {a}»", "pipe.vae.to({a_t})"),
    ("Or cast the latents to the VAE's dtype before decoding",
     "latents = latents.to(pipe.vae.dtype)\nimage = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample"))
+_c("dt.bf16_no_scaler",
+   "The parameters being trained are bfloat16 (model.to(torch.bfloat16) or torch_dtype=torch.bfloat16), so their "
+   "gradients are bfloat16, and a GradScaler unscales them with a kernel that has no bfloat16. bfloat16 has "
+   "float32's range: it needs no loss scaling.", 'torchdoctor.scan(model, dtype="bfloat16")',
+   ("Drop the GradScaler for bfloat16 training",
+    "scaler = torch.amp.GradScaler(enabled=False)  # or call loss.backward() and optimizer.step() directly"),
+   ("Or keep float32 weights and compute in bfloat16 under autocast",
+    'model = model.float()\nwith torch.autocast("cuda", dtype=torch.bfloat16):\n    loss = model(x)'))
 _c("dt.fp16_master_weights",
    "The parameters being trained are float16 (model.half(), .to(torch.float16) or torch_dtype=torch.float16), so "
    "their gradients are float16 too; GradScaler refuses to unscale those. Mixed precision keeps the weights in "

@@ -60,6 +60,14 @@ _sig("dtype.unscale_fp16", "dtype_mismatch", "GradScaler found float16 gradients
      "GradScaler was asked to unscale float16 gradients: the parameters being trained are float16 themselves. "
      "Mixed precision keeps float32 weights and computes in float16 under autocast.",
      (("dt.fp16_master_weights", 3.0),), confidence=0.9)
+# the same scaler over bfloat16 gradients: its CUDA kernel has no bfloat16 (HERMES#12, trl#4901, pytorch#127176)
+_sig("dtype.unscale_bf16", "dtype_mismatch", "GradScaler met bfloat16 gradients",
+     ("_amp_foreach_non_finite_check_and_unscale",),
+     "GradScaler's unscale step ({op}) got bfloat16 gradients: the parameters being trained are bfloat16 "
+     "themselves, and bfloat16 needs no loss scaling.",
+     (("dt.bf16_no_scaler", 3.0),),
+     r"(?P<op>_amp_foreach_non_finite_check_and_unscale\w{0,10})\W{1,3} not implemented for \W?(?P<a>BFloat16)",
+     require_pattern=True, confidence=0.97)
 # lerp / addcmul-style ops name the operand that differs: "expected dtype float for `end` but got dtype BFloat16"
 _sig("dtype.operand_expected", "dtype_mismatch", "One operand of an operation in another dtype",
      ("for `end` but got dtype", "for end but got dtype", "for `weight` but got dtype"),
