@@ -69,8 +69,9 @@ def test_class_level_compute_dtype_is_fixed_at_the_attribute_and_proven() -> Non
     assert [(f.kind, f.proven) for f in report.fixes] == [("path", True)]
     assert report.fix is not None and report.fix.startswith("model[1].compute_dtype = torch.float16  # ")
     assert "weight_scale.data" not in report.fix and "weight.data" not in report.fix  # casting them changes nothing
-    # the verdict virtual_devices, run and the marker give: proven at the failing op (and the re-run agrees)
-    assert "# fix proven (at the failing op aten.mm.default at " in report.text()
+    # the cast is two ops upstream of the failing op (mul, t), combined with another tensor on the way: the failing op
+    # alone cannot prove it (a block says unproven), the re-run does
+    assert "Fix (proven: a virtual re-run with it applied has no problem left):" in report.text()
     fixed = copy.deepcopy(model)
     exec(report.fix, {"model": fixed, "torch": torch})  # the printed code, run on the user's own kind of object
     assert torchdoctor.simulate(fixed, (torch.randn(2, 4).half(),), device="cuda:0").ok
