@@ -83,3 +83,20 @@ def test_json_and_html_name_what_module_to_would_have_missed_first() -> None:
     assert head in page
     assert page.index(head) < page.index('class="legend"') < page.index('class="totals"') < page.index('class="tree"')
     assert "What Module.to" not in torchdoctor.move(nn.Linear(2, 2), dtype=torch.float64).to_html()
+
+
+def test_a_weight_its_own_pre_hook_remakes_is_not_a_tensor_module_to_misses() -> None:
+    # torch.nn.utils.weight_norm keeps `weight` as a plain attribute remade from weight_g and weight_v before every
+    # call: move (and scan --plan) leave it to that hook, never list it as missed by Module.to
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model = nn.Sequential(nn.utils.weight_norm(nn.Conv1d(4, 4, 3)), nn.Conv1d(4, 4, 1))
+    report = torchdoctor.move(model, "meta", torch.float16)
+    assert report.missed == ()
+    assert {m.path for m in report.moved} == {"0.bias", "0.weight_g", "0.weight_v", "1.weight", "1.bias"}
+    assert model[0].weight_v.device.type == "meta" and model[0].weight_v.dtype == torch.float16
+    # the control: a plain attribute no hook remakes is still missed by Module.to and moved
+    model[1].mask = torch.ones(4)
+    assert torchdoctor.move(model, "meta").missed == ("1.mask",)

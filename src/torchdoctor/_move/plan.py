@@ -37,6 +37,7 @@ import torch
 
 from torchdoctor._move import owners as q
 from torchdoctor._move.expect import Expect
+from torchdoctor._scan.apps import recomputed
 from torchdoctor._scan.casts import cast_target
 from torchdoctor._scan.policy import Policy
 from torchdoctor._report.model import PlacementError, Target
@@ -300,6 +301,8 @@ def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep
         t = e.tensor
         if (e.slot == "inner" and q.is_wrapper(e.owner)) or e.role == "offloaded":
             continue  # moved by the wrapper's own .to; offloaded weights belong to their (refused) hook
+        if e.owner is e.module and isinstance(e.key, str) and e.role == "attribute" and recomputed(e.module, e.key):
+            continue  # remade from its parameters by the module's own pre-hook at every call (weight_norm)
         target_dt, reason = cast_target(policy, e, keep_fp32) if policy is not None else (t.dtype, None)
         if seen is not None:
             seen.append((e, target_dt))
