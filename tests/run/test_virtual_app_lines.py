@@ -58,6 +58,7 @@ TRAIN = """
     from library import train_util
     from networks import lora
 
+    torch.cuda.set_device(1)  # the user's choice of GPU: device 0 stays current otherwise, as on real hardware
     device = train_util.get_device()
     model = nn.Sequential(*(nn.Linear(8, 8) for _ in range(12))).requires_grad_(False)
     network = lora.LoRANetwork(model)
@@ -85,7 +86,7 @@ def test_a_network_left_behind_is_one_finding_at_the_scripts_line(tmp_path: Path
                                   "(network.to('cuda:1')): 24 tensors of `network`, patched into the model's "
                                   "forward, are on cpu while the run is on cuda:1; e.g. "
                                   "network.loras.0.lora_down.weight, network.loras.0.lora_up.weight"), summary
-    assert "recorded at train_network.py:13 in <module>" in summary  # the script's line, not networks/lora.py
+    assert "recorded at train_network.py:14 in <module>" in summary  # the script's line, not networks/lora.py
     problems = summary.split("\nFix", 1)[0]  # the fix lines (printed since C3) are the virtual run's own: see below
     assert "__self__" not in problems and "networks/lora.py" not in problems
 
@@ -93,4 +94,4 @@ def test_a_network_left_behind_is_one_finding_at_the_scripts_line(tmp_path: Path
     doc = json.loads(doc_proc.stdout[doc_proc.stdout.index("\n{") + 1:])
     paths = [p["path"] for p in doc["problems"]]
     assert len(paths) == 24 and all(p.startswith("network.loras.") and "__self__" not in p for p in paths)
-    assert {p["where"] for p in doc["problems"]} == {"train_network.py:13 in <module>"}
+    assert {p["where"] for p in doc["problems"]} == {"train_network.py:14 in <module>"}

@@ -14,6 +14,7 @@ from run.test_run_cli import ENV, TIMEOUT, run, write
 WITHOUT = """
     import sys
     import torch
+    torch.cuda.set_device(1)  # device 0 stays current otherwise, as on real hardware
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to("cuda")
     model(torch.ones(3, 4, device="cuda")).sum().backward()
     print("bitsandbytes imported:", "bitsandbytes" in sys.modules, "ran on", next(model.parameters()).device)
@@ -35,7 +36,7 @@ WITH = """
     import torchdoctor
 
     assert "bitsandbytes" not in sys.modules
-    with torchdoctor.virtual_devices("cuda:1") as sim:
+    with torchdoctor.virtual_devices("cuda:1", select=True) as sim:  # cuda:1 current: a bare "cuda" is cuda:1
         import bitsandbytes as bnb  # imported inside the run: as the real machine would import it
         layer = bnb.nn.Linear4bit(64, 32, compute_dtype=torch.float32, quant_type="nf4").to("cuda")
         y = layer(torch.randn(3, 64, device="cuda"))

@@ -49,18 +49,22 @@ PICKS = """
 """
 
 
-def test_the_apps_own_device_choice_lands_on_the_device_asked_for(tmp_path: Path) -> None:
+def test_the_apps_own_device_choice_is_the_current_device_as_on_real_hardware(tmp_path: Path) -> None:
+    """Device 0 stays current in a virtual run, as on a real two-GPU machine: ComfyUI's pick is cuda:0, and the
+    summary says the program picked it."""
     script = write(tmp_path / "app.py", PICKS)
     proc = run("--device", "cuda:1", str(script), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "current 1 count 2 ran on cuda:1" in proc.stdout
+    assert "current 0 count 2 ran on cuda:0" in proc.stdout
     assert "on virtual cuda:1" in proc.stderr and "no placement error" in proc.stderr
+    assert "ran on cuda:0 (the program picked it; cuda:1 was asked for)" in proc.stderr
 
 
 TRAINS = """
     import torch
     from safetensors.torch import save_file
 
+    torch.cuda.set_device(1)  # device 0 stays current otherwise, as on real hardware
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)).to("cuda")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -15,6 +15,7 @@ PROGRAM = """
     import torch
     import bitsandbytes as bnb
 
+    torch.cuda.set_device(1)  # device 0 stays current otherwise, as on real hardware
     layer = bnb.nn.Linear4bit(64, 64, bias=False, compute_dtype=torch.float32, quant_type="nf4").to("cuda")
     with torch.no_grad():
         y = layer(torch.randn(2, 64, device="cuda"))

@@ -22,6 +22,8 @@ PROGRAM = f"""
     import torch
     from tests.virtual import rt_apps
 
+    torch.cuda.set_device(1)  # device 0 stays current otherwise, as on real hardware
+
     lora_b = rt_apps.lora_llama_steps()
     network = rt_apps.sd_network_steps()
     result, model = rt_apps.trainer_steps()
