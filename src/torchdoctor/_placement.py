@@ -195,6 +195,8 @@ def compact(dtype: torch.dtype | None, shape: Sequence[int] | None, device: torc
     'bf16[320]@cuda:0'
     >>> compact(torch.float32, (), "cpu")
     'f32[]@cpu'
+    >>> compact(torch.float32, (torch.tensor(73), torch.tensor(4)), "cpu")  # sizes read under torch.jit.trace
+    'f32[73,4]@cpu'
     """
     key = (dtype, shape, device)
     try:
@@ -213,8 +215,18 @@ _COMPACT: dict[tuple[Any, ...], str] = {}
 
 def _compact(dtype: torch.dtype | None, shape: Sequence[int] | None, device: torch.device | str | None) -> str:
     short = _DTYPE_SHORT.get(dtype, dtype_str(dtype)) if dtype is not None else "?"  # type: ignore[arg-type]
-    dims = "" if shape is None else ",".join(map(str, shape))
+    dims = "" if shape is None else ",".join(map(_dim, shape))
     return f"{short}[{dims}]@{device_str(device)}"
+
+
+def _dim(d: Any) -> str:
+    """One size as a number: under ``torch.jit.trace`` sizes are 0-dim tensors (``tensor(73)`` is ``73``)."""
+    if isinstance(d, torch.Tensor):
+        try:
+            return str(int(d))
+        except Exception:  # a size without a value (meta): its place is still shown
+            return "?"
+    return str(d)
 
 
 def short_dtype(dtype: torch.dtype) -> str:
