@@ -192,9 +192,10 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
               call: Callable[[Any], Any] | None, fixes: list[Any] | None = None) -> tuple[list[Problem], int, Any]:
     """One run of a copy of ``obj`` in ``dtype`` on the CPU: (problems, ops, the copy)."""
     from torchdoctor._virtual.prove import apply_fixes
+    from torchdoctor._virtual.remake import remade
     from torchdoctor._walk import walk
 
-    clone = copy.deepcopy(obj)
+    clone = _copy(obj)
     cast = tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
                     (args, kwargs))
     if call is None and callable(getattr(type(clone), "to", None)):
@@ -212,7 +213,8 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
     post = torch.nn.modules.module.register_module_forward_hook(leave)
     mode = Checks(dtype, names, stack, paths)
     try:
-        with torch.no_grad() if call is None else torch.enable_grad(), mode, Calls(mode):
+        # a factory fixed at its line makes its tensor as the fix says in a proof's re-run
+        with remade(fixes or []), torch.no_grad() if call is None else torch.enable_grad(), mode, Calls(mode):
             if call is not None:
                 call(clone)
             elif args or kwargs:
@@ -223,6 +225,25 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
     SOURCES.clear()
     SOURCES.update(mode.sources)
     return mode.problems, mode.ops, clone
+
+
+def _copy(obj: Any) -> Any:
+    """A deep copy of ``obj``. A tensor computed with autograd that the object holds (``torch.nn.utils.weight_norm``
+    keeps ``weight`` so, remade from ``weight_g`` and ``weight_v`` before every call) refuses deepcopy: it is copied
+    detached, as the value it holds."""
+    try:
+        return copy.deepcopy(obj)
+    except RuntimeError as exc:
+        if "graph leaves" not in str(exc):
+            raise
+    from torchdoctor._walk import walk
+
+    memo: dict[int, Any] = {}
+    held = [e.tensor for e in walk(obj).entries if e.tensor.grad_fn is not None]
+    for t in held:
+        memo[id(t)] = t.detach().clone()
+    memo[id(memo)] = held  # keep-alive, as copy.deepcopy does
+    return copy.deepcopy(obj, memo)
 
 
 SOURCES: dict[tuple[str, ...], tuple[str, ...]] = {}  # the last check_cpu's factory calls, read by simulate_cpu
