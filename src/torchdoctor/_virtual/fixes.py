@@ -92,6 +92,14 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             continue
         if made_from and made_from[0].startswith("moved "):  # a copy moved inside the forward: fixed at that line
             name, at = made_from[0][6:].split(" at ", 1)
+            if _library_line(at):  # the library's own move (EMAModel.to('cpu')), made on the program's request
+                note = (f"# {name} was moved to {p.found} by a library call ({at}) the program made; it then meets "
+                        f"tensors on {p.expected}: move the object that holds it to {p.expected} before that (its own "
+                        f".to({p.expected!r})), or make that call where they are; never an edit of the library's line")
+                if note not in {f.code for f in factories}:
+                    factories.append(Fix(note, "note", tried="not re-run: the call that asked for the move is the "
+                                         "program's, and its line is not on record"))
+                continue
             factories.append(Fix(f"# {at} moves {name} to {p.found} inside the forward: move it to the device of the "
                                  f"tensors it meets (e.g. .to(x.device)) instead", "note", sets=((made_from[0], target),)))
             continue
@@ -307,3 +315,17 @@ def _add(culprits: list[tuple[str | None, str, str, Any]], path: str | None, lab
         culprits[i] = (p, lab, "device" if "device" in (k, kind) else k, both)
         return
     culprits.append((path, label, kind, target))
+
+
+def _library_line(at: str) -> bool:
+    """``at`` (``file:line`` as a maker records it, a library's path from its package) is an installed library's."""
+    import os
+    import sys
+
+    file = at.rsplit(":", 1)[0]
+    if os.path.isfile(file):
+        from torchdoctor._guard.remedy import own_file
+
+        return not own_file(file)
+    top = file.replace("\\", "/").split("/", 1)[0]
+    return "/" in file.replace("\\", "/") and top in sys.modules
