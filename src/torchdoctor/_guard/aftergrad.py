@@ -31,8 +31,10 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 
+
 log = logging.getLogger("torchdoctor.guard")
 _NO_KWARGS: Mapping[str, Any] = {}
+_is_compiling = torch.compiler.is_compiling
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback  # type: ignore[attr-defined]
 
 
@@ -112,6 +114,8 @@ class AfterBackward(TorchFunctionMode):
                            kwargs: Mapping[str, Any] | None = None) -> Any:
         if kwargs is None:
             kwargs = _NO_KWARGS
+        if _is_compiling():  # dynamo tracing the program's compiled code: no check baked into its graph
+            torch._dynamo.graph_break()
         if not self.ready or len(args) + len(kwargs) < 2 or not self.disagree(chain(args, kwargs.values())) \
                 or self.checking():
             return func(*args, **kwargs)
@@ -134,3 +138,20 @@ def _grad_tensors(out: Any) -> list[torch.Tensor]:
 def _top_function_mode() -> Any:
     n = torch._C._len_torch_function_stack()
     return torch._C._get_function_stack_at(n - 1) if n else None
+
+
+
+def _run_uncompiled(code: Any) -> None:
+    """dynamo traces into an active function mode's ``__torch_function__`` and would bake the first stage's checks
+    into the graphs it compiles (checked once, at trace time): its frames run uncompiled (as the dispatch mode's
+    do) and a trace that reaches it breaks there, so the program's compiled code runs eagerly under strict and each
+    call is checked as it runs. Nothing where this torch has no such switch."""
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    except Exception:
+        pass
+
+
+_run_uncompiled(AfterBackward.__torch_function__.__code__)
