@@ -123,3 +123,28 @@ def test_a_tensor_kept_in_float32_on_purpose_folds_into_its_components_move() ->
     assert str(report).splitlines()[0].endswith("every one a tensor not yet on the device asked for:")
     real, _ = torchdoctor.scan(m, "cuda:0", torch.bfloat16).relocations()
     assert {p.path for p in real} == {f"encoder.block.{i}.layer.1.DenseReluDense.wo.weight" for i in range(2)}
+
+
+def test_float8_storage_is_moved_never_cast_by_its_components_move() -> None:
+    """float8 weights (fp8-scaled checkpoints: musubi-tuner, ComfyUI) beside a bfloat16 bias, all on cpu, scanned for
+    cuda:0 in bfloat16: the move keeps the storage dtype (`model.to('cuda:0')`); `model.to('cuda:0', torch.bfloat16)`
+    would turn the float8 weights into bfloat16 and lose the quantization (hunt U28)."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc2(self.fc1(x))
+
+    m = Block().to(torch.bfloat16)
+    for lin in (m.fc1, m.fc2):
+        lin.weight.data = lin.weight.data.to(torch.float8_e4m3fn)
+        lin.register_buffer("scale_weight", torch.ones(1))
+    report = torchdoctor.scan(m, "cuda:0", torch.bfloat16)
+    real, moves = report.relocations()
+    assert [mv.fix() for mv in moves] == ["model.to('cuda:0')"], str(report)
+    assert "torch.bfloat16)" not in str(report)
+    _, moves = torchdoctor.scan(Block(), "cuda:0", torch.bfloat16).relocations()  # the control: float32 is cast
+    assert [mv.fix() for mv in moves] == ["model.to('cuda:0', torch.bfloat16)"]

@@ -117,7 +117,9 @@ def split_relocations(problems: Sequence[Any], expected: Mapping[str, Mapping[st
                 continue
             size = int(_get(t, "nbytes") or 0) + 1
             dt = str(_get(t, "dtype")).removeprefix("torch.")  # a TensorInfo holds a torch.dtype, a document its name
-            if dt.startswith(("float", "bfloat", "complex")):
+            # compute dtypes only: float8 is storage (Module.to(dtype) would turn it into the compute dtype and lose
+            # the quantization), never what a component's move casts to or from
+            if dt.startswith(("float", "bfloat", "complex")) and not dt.startswith("float8"):
                 dtypes[path] = dt
                 dw = dweight.setdefault(c, {})
                 dw[dt] = dw.get(dt, 0) + size
