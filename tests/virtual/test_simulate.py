@@ -256,10 +256,39 @@ def test_llama_generate_with_cpu_data(device: str) -> None:
 def test_data_dependent_code_needs_cpu_data() -> None:
     model = zoo.tiny_llama()
     run = lambda m: (m.to("cuda:1"), m.generate(IDS.to("cuda:1"), max_new_tokens=3, do_sample=False))  # noqa: E731
-    report = torchdoctor.simulate(model, device="cuda:1", call=run)
+    report = torchdoctor.simulate(model, device="cuda:1", call=run, data="meta")  # asked for: no values at all
     assert [p.kind for p in report.problems] == ["unsupported_op"]
     assert "_local_scalar_dense" in report.problems[0].op and "data='cpu'" in report.problems[0].message
     assert report.exit_code() == 2 and report.stopped
+    # by default a run that stops at a value read is run again with real values, when the model holds data
+    report = assert_unchanged(model, torchdoctor.simulate, model, device="cuda:1", call=run)
+    assert report.ok and report.data == "cpu", report.text()
+    meta = zoo.tiny_llama().to("meta")  # weights not loaded: no values to read, so the value read stays a problem
+    report = torchdoctor.simulate(meta, device="cuda:1", call=run)
+    assert report.data == "meta" and [p.kind for p in report.problems][-1:] == ["unsupported_op"], report.text()
+
+
+def test_a_training_step_that_reads_its_loss_is_quiet() -> None:
+    # everyday code: `loss.item()` after a step (hunt U6: a correct program stopped with "simulate with data='cpu'")
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def step(m: nn.Module) -> float:
+        m.to("cuda:0")
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        loss = m(torch.randn(4, 8, device="cuda:0")).square().mean()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    report = torchdoctor.simulate(model, device="cuda:0", call=step)
+    assert report.ok, report.text()
+    model.extra = [nn.Linear(1, 1)]  # the control: a list-held layer Module.to never moves, met after the value read
+
+    def bad(m: nn.Module) -> float:
+        return m.extra[0](step(m) * torch.ones(1, 1, device="cuda:0")).item()
+
+    report = torchdoctor.simulate(model, device="cuda:0", call=bad)
+    assert {p.path for p in report.problems} >= {"extra.0.weight"}, report.text()
 
 
 def test_accelerate_dispatch_over_two_virtual_gpus() -> None:

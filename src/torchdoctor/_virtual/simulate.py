@@ -60,7 +60,7 @@ def simulate(
     call: Callable[[Any], Any] | None = None,
     assume_device: str | torch.device | bool | None = None,
     profile: DeviceProfile | str | None = None,
-    data: str = "meta",
+    data: str | None = None,
     limit: int = LIMIT,
     _fixes: list[Fix] | None = None,
 ) -> SimulationReport:
@@ -70,7 +70,9 @@ def simulate(
     called on ``inputs`` (a tuple of positional or a dict of keyword arguments, placed on ``device``), or
     ``call(copy)`` does its own moving and calling. Without either: the move and a placement report. Autograd
     stays off for the forward (on for ``call``, a training step) and the user's objects are never modified. ``data="cpu"`` keeps real values (``.item()``,
-    ``generate``); ``assume_device`` treats meta tensors as holding data there — by default, a model whose
+    ``generate``); by default (``data=None``) the values are kept on meta, and a run that stops at a value read
+    (``loss.item()`` in a training step) is run again with ``data="cpu"`` when the object's tensors hold data and
+    fit in 2 GiB; ``assume_device`` treats meta tensors as holding data there — by default, a model whose
     parameters are all on meta (built on meta, weights not loaded) is taken as loaded on ``device`` and the report
     says so (``assume_device=False`` checks them as missing); ``profile`` describes the hardware.
 
@@ -113,6 +115,7 @@ def simulate(
             raise ValueError(f"device {device_str(dev)} does not exist: the profile has {profile.count} "
                              f"{profile.type} device(s); pass profile=DeviceProfile(..., count=N)")
     start = time.perf_counter()
+    auto, data = data is None, data or "meta"
     found = walk(obj)
     scripted = next((p or "the model" for p, m in found.modules if isinstance(m, torch.jit.ScriptModule)), None)
     if scripted is not None and call is None:  # its tensors live in TorchScript's C++ object: no virtual copy holds them
@@ -212,6 +215,10 @@ def simulate(
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
     log.info("simulated %s on %s: %d op(s), %d problem(s)", type(obj).__name__, device_str(dev), space.ops,
              len(problems))
+    if auto and _fixes is None and not unloaded and _needs_values(problems) and _small(found):
+        # a value the program reads (`loss.item()`, `argmax().item()`): meta tensors have none, real ones do
+        return simulate(Target(obj, args, kwargs) if args or kwargs else obj, device=device, dtype=dtype, call=call,
+                        assume_device=assume_device, profile=profile if profile_given else None, data="cpu", limit=limit)
     items = fix_items(problems, dev, dt, rec.sources, held(clone),
                       lambda m: "" if any(m is r for r in rec.roots) else rec.modules.path_of(m),
                       [*(a for a in rec.entry.outer.values() if a.module() is not clone), *patched_into(clone)],
@@ -289,6 +296,16 @@ def _api_name(exc: BaseException) -> str:
     return name
 
 public_types(SimulationReport)
+
+
+def _needs_values(problems: list[Any]) -> bool:
+    return any(p.kind == "unsupported_op" and "it needs tensor values" in p.message for p in problems)
+
+
+def _small(found: Any) -> bool:
+    """The object's tensors hold data (none on meta) and fit in 2 GiB: a run with real values copies them."""
+    ts = [e.tensor for e in found.entries if e.alias_of is None]
+    return not any(t.is_meta for t in ts) and sum(t.nbytes for t in ts) <= 2 << 30
 
 
 def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: str | torch.dtype | None = None, *,
