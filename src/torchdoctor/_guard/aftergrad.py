@@ -145,7 +145,8 @@ def _run_uncompiled(code: Any) -> None:
     """dynamo traces into an active function mode's ``__torch_function__`` and would bake the first stage's checks
     into the graphs it compiles (checked once, at trace time): its frames run uncompiled (as the dispatch mode's
     do) and a trace that reaches it breaks there, so the program's compiled code runs eagerly under strict and each
-    call is checked as it runs. Nothing where this torch has no such switch."""
+    call is checked as it runs. Nothing where this torch has no such switch. (``dispatch.never_compiled`` says the
+    same to torch; it is not imported here because ``dispatch`` imports this module through ``fastpath``.)"""
     try:
         from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
 
