@@ -81,6 +81,11 @@ def normalise(block: str, paste: bool = True) -> str:
     return fold(block)
 
 
+def _blank(line: str) -> bool:
+    """Whether a line is blank as a reader sees it: nothing but spaces and terminal colours."""
+    return not (ANSI.sub("", line) if "\x1b" in line else line).strip()
+
+
 def _plain(raw: str) -> str:
     """A piece of a log as the patterns and rules read it: without colours or escapes, folded."""
     return fold(unescape(ANSI.sub("", raw) if "\x1b" in raw else raw))
@@ -294,9 +299,9 @@ class Scanner:
         if le == -1:
             le = pos + _LINE_MAX if pos + _LINE_MAX < size else size
         msg_end = le
-        for _ in range(sig.follow):
+        for _ in range(sig.follow):  # a blank line ends the message (the next paragraph is not part of it)
             nxt = find("\n", msg_end + 1, msg_end + 1 + _LINE_MAX)
-            if nxt == -1:
+            if nxt == -1 or nxt - msg_end < 64 and _blank(text[msg_end + 1:nxt]):
                 break
             msg_end = nxt
         # a wrapped message: the patterns also see the line before and a continuation line after
