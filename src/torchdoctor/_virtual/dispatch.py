@@ -42,12 +42,12 @@ def lift_all(items: Any, space: Space | None, follow: torch.device | None) -> li
             return x
         if space is not None and id(x) in space.foreign:
             foreign(space, x)
-        if follow is not None and (x.device.type == "meta" or space is None or x.device == space.inner):
+        kept = space.real_record(x) if space is not None and space.real else None  # the run's (a saved CPU copy)
+        if follow is not None and kept is None and (x.device.type == "meta" or space is None or x.device == space.inner):
             return make(VirtualTensor, x, follow)
         if space is None:
             return make(VirtualTensor, x, tensor_device(x))
         hit = space.named.get(id(x))
-        kept = space.real_record(x) if space.real else None  # a real tensor the run made: its name, its origin
         # else a plain attribute of the running module (one a hook's onload never moves: ``self.scale``)
         v = make(VirtualTensor, space.inner_of(x), tensor_device(x), hit[1] if hit is not None and hit[0] is x
                  else kept[0] if kept is not None and kept[0] is not None else space.hooks.attribute_of(x, kept))

@@ -11,6 +11,7 @@ import torch
 from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.groups import whole_component
+from torchdoctor._virtual.intread import STORAGE, storage_note
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
 from torchdoctor._virtual.apart import Apart, find, fix as apart_fix, network_fix
 from torchdoctor._virtual.castfix import NO_DEVICE_ARG, cast_fix, in_library, library_note, maker_diff, storage_fix
@@ -110,6 +111,12 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                 factories.append(Fix(read[0], "note", target, diff=read[1], tried="not re-run: a host read at "
                                      "that line; .cpu() copies the tensor to host memory, which numpy reads"))
                 continue
+        if made_from and made_from[0].startswith(STORAGE):  # stored integers read directly at the program's line
+            note = storage_note(made_from[0], p.found, target)
+            if note not in {f.code for f in factories}:
+                factories.append(Fix(note, "note", tried="not re-run: a dequantization needs the layer's own scale, "
+                                     "which only its code applies"))
+            continue
         if made_from and made_from[0].startswith("operand "):  # an operand the op refuses in its dtype: at the call
             from torchdoctor._virtual.makers import operand_fix
             fixed = operand_fix(made_from[0], target) if isinstance(target, torch.dtype) else None
@@ -156,11 +163,15 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             continue
         if any(q.role in _NAMED and q.kind == p.kind and q.found == p.found for q in problems):
             continue  # a named culprit above holds this value: fixing it fixes what was made from it
+        if p.found == (dtype_str(target) if isinstance(target, torch.dtype) else str(target)):
+            continue  # a cast to what the tensor already is changes nothing: never printed
         where = "on" if p.kind in ("device", "meta") else "in"
         said = f"the tensors made {where} {p.found}" if p.found not in ("", "?") else "the tensors the failing op met"
         culprits.append((None, said, p.kind, target))
     factories.extend(factory_fix(key, wrong) for key, wrong in made.items())
     culprits = [c for c in culprits if not _no_op(c, have)]
+    held = {p.path.split(".", 1)[0] + "." for p in problems if p.role == "held"}  # moved as the program holds it:
+    culprits = [c for c in culprits if not (c[0] or "").startswith(tuple(held))]  # never `model.ema...` lines
     patched = [c for c in culprits if c[0] is not None and _HELD_APART in c[0]]
     if len(patched) >= _NETWORK:  # a network patched into forward, held apart: it is moved where it is built
         culprits = [c for c in culprits if c not in patched]

@@ -31,7 +31,7 @@ class Made:
     """How a tensor made in a run got its device and dtype."""
 
     __slots__ = ("op", "module", "paths", "count", "via", "depth", "at", "arg", "site", "made_of", "promotes",
-                 "loose", "default")
+                 "loose", "default", "hook")
 
     def __init__(self, op: str, module: Any, paths: tuple[str, ...] = (), count: int = 0, via: Made | None = None,
                  depth: int = 1) -> None:
@@ -50,6 +50,7 @@ class Made:
         self.promotes: tuple[str, str, str] | None = None
         self.loose: tuple[Any, ...] = ()  # parameters no module of the run named (a network patched in): named later
         self.default = False  # a factory given no dtype (``dtype=None`` too): the default dtype, nobody's choice
+        self.hook: str | None = None  # a saved-tensor unpack hook that gave it back (``saved.py``): said as such
 
     @classmethod
     def argument(cls, label: str, fix_label: str, call: str, before: Made | None, chain: Made | None = None) -> Made:
@@ -153,8 +154,8 @@ def _where(module: Any, module_path: Callable[[Any], str | None]) -> str:
 
 
 def _link(m: Made, module_path: Callable[[Any], str | None]) -> str:
-    if m.arg is not None:
-        return m.arg
+    if m.arg is not None or m.hook is not None:
+        return m.arg or m.hook or ""
     if m.site is not None:  # the cast as written, its line and where its dtype was read from
         text = f"{m.site.describe()} in {_where(m.module, module_path)}"
         if m.made_of:
@@ -270,6 +271,8 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
         _promoting(high, cast.dtype, dtype)
     if count:
         return Made(op, module, tuple(paths), count)
+    if via is not None and via.hook is not None:  # autograd's own views of what an unpack hook gave back: its own
+        return via
     if via is None and cast is not None:
         if str(op) in CAST_OPS:  # a dtype cast in the user's code: the line, and where the dtype was read from
             site = _cast_here(dtype)

@@ -31,6 +31,7 @@ from torchdoctor._virtual.modcast import at_cast_lines, module_casts
 from torchdoctor._virtual.hooked import under_hooks
 from torchdoctor._virtual.patched import MARK, held_path, rename
 from torchdoctor._virtual.hardware import over_memory, ran_on
+from torchdoctor._virtual.intread import storage_read
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._tracker import ModuleStack
@@ -325,7 +326,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
         except _Stop:
             pass
         except Exception as exc:
-            if not rec.problems and not rec.escaped(exc):
+            if not rec.problems and not storage_read(exc, rec) and not rec.escaped(exc):
                 raise
             failure = exc  # most likely a consequence of the problems: report them, chained to it
     session._casts = casts

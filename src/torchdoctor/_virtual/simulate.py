@@ -38,6 +38,7 @@ from torchdoctor._virtual.prove import NEW, Fix, applied_when_there, apply_fixes
 from torchdoctor._virtual.makers import CastMakers, built_on, place_inputs as _place_inputs, placed_on as _placed_on
 from torchdoctor._virtual.session import expectation, not_stored
 from torchdoctor._virtual.hardware import ledger, over_memory
+from torchdoctor._virtual.intread import storage_read
 from torchdoctor._virtual.recorder import LIMIT, _Recorder, _Stop
 
 __all__ = ["SimulationReport", "simulate"]
@@ -46,7 +47,6 @@ log = logging.getLogger("torchdoctor.simulate")
 # what a device runtime call this simulator does not answer raises: a cannot-check, not a finding about the model
 _NO_RUNTIME = ("not compiled with", "not linked with support", "Cannot access accelerator", "no CUDA GPUs",
                "Found no NVIDIA driver")
-
 
 # -- the facade ----------------------------------------------------------------------------------------------------
 
@@ -200,7 +200,7 @@ def simulate(
                     rec.stop_unsupported(_api_name(exc), f"a device runtime call is not simulated: {text}")
             elif rec.problems:
                 rec.stopped = f"the run ended after the problems above: {text}"  # most likely a consequence
-            elif not rec.escaped(exc):
+            elif not storage_read(exc, rec) and not rec.escaped(exc):
                 raise
     rec.computed = space.computed  # type: ignore[attr-defined]  # read by culprits_first
     problems = rec.culprits_first(list(rec.problems), rec.roots)

@@ -1,0 +1,134 @@
+"""Integer or float8 storage read directly by a compute op in the program's own code (``torch.matmul(h,
+lm_head.weight.t())`` with a bitsandbytes ``Int8Params``): torch refuses the pair in a check before any op, with
+no tensor named. The line that raised is read, the stored tensor named as the program holds it (``lm_head.weight``),
+and its fix is to dequantize it where it is used or to call its layer: never a cast of the activations to the
+storage dtype, never a cast of the storage alone (it keeps the stored integers)."""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchdoctor._placement import FLOAT8_DTYPES, compact, dtype_str, parse_dtype, tensor_device
+from torchdoctor._report.model import Problem
+
+__all__ = ["STORAGE", "storage_note", "storage_read"]
+
+STORAGE = "storage "  # the source prefix of such a problem: "storage <name> at <file:line>"
+_STORED = frozenset({torch.uint8, torch.int8, *FLOAT8_DTYPES})
+_NAME = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
+_C10 = {"signed char": torch.int8, "char": torch.int8, "unsigned char": torch.uint8, "byte": torch.uint8}
+_C10_NAME = re.compile(r"\b(signed char|unsigned char|Char|Byte)\b")  # c10's names for int8 and uint8
+_HOLDERS: dict[str, str] = {}  # "name at file:line" -> the holder's type, for the note
+
+
+def storage_read(exc: BaseException, rec: Any) -> bool:
+    """Record ``exc`` (a dtype error torch raised before any op) as stored integers or float8 read directly at the
+    program's line, when that line names such a tensor; False otherwise (the caller's other handling goes on)."""
+    from torchdoctor._explain.tokens import dtypes_in
+    from torchdoctor._virtual.origin import LINES, MACHINERY, short_at
+    from torchdoctor._virtual.recorder import _Stop
+
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if not isinstance(exc, RuntimeError) or "dtype" not in first or exc.__traceback__ is None:
+        return False
+    named = {_dtype(n) for n in dtypes_in(first)} | {_C10[n.lower()] for n in _C10_NAME.findall(first)}
+    stored = [d for d in named if d in _STORED]
+    compute = [d for d in named if d is not None and d.is_floating_point and d not in _STORED]
+    if not stored or not compute:
+        return False
+    tb, frame, line = exc.__traceback__, None, 0
+    while tb is not None:  # the innermost of the program's frames the error passed (its line as it raised there)
+        if not tb.tb_frame.f_code.co_filename.startswith(MACHINERY):
+            frame, line = tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+    if frame is None:
+        return False
+    file = frame.f_code.co_filename
+    hit = _stored_on_line(linecache.getline(file, line), frame, stored[0], rec.modules.paths)
+    if hit is None:
+        return False
+    name, path, t, holder = hit
+    at = short_at(frame).rsplit(":", 1)[0] + f":{line}"
+    LINES[at] = (file, line)
+    of = f" of {holder}" if holder else ""
+    message = (f"{path} {compact(t.dtype, tuple(t.shape), tensor_device(t))} ({dtype_str(t.dtype)} "
+               f"storage{of}) is read directly at {at} by an op that computes in {dtype_str(compute[0])}: stored "
+               "weights are computed with only after their layer dequantizes them")
+    problem = Problem("dtype", path, "parameter" if path != name or holder else "activation", dtype_str(t.dtype),
+                      dtype_str(compute[0]), message, op="forward")
+    key = f"{name} at {at}"
+    _HOLDERS[key] = holder
+    rec.sources.setdefault((problem.kind, problem.path, problem.op or "", problem.found), (STORAGE + key,))
+    rec.stopped = f"the run ended at {at}: {type(exc).__name__}: {first}"
+    with contextlib.suppress(_Stop):
+        rec._add(problem, key=("storage", path, at))
+    return True
+
+
+def storage_note(source: str, found: str, target: Any) -> str:
+    """The fix of stored ``found`` read directly (``source``: ``storage lm_head.weight at app.py:15``)."""
+    key = source[len(STORAGE):]
+    name, _, at = key.partition(" at ")
+    owner = name.rsplit(".", 1)[0] if "." in name else ""
+    call = f"call the layer instead ({owner}(x)), or " if owner and _HOLDERS.get(key) else ""
+    to = f"torch.{dtype_str(target)}" if isinstance(target, torch.dtype) else "x.dtype"
+    return (f"# {at}: {name} is {found} storage read directly: {call}dequantize it there "
+            f"({name}.to({to}) * its scale, the layer's own dequantization); a bare cast keeps the stored integers, "
+            f"and the other operand is never cast to {found}")
+
+
+def _dtype(name: str) -> torch.dtype | None:
+    try:
+        return parse_dtype(name)
+    except (ValueError, TypeError, RuntimeError):
+        return None
+
+
+def _stored_on_line(text: str, frame: Any, dtype: torch.dtype, paths: Mapping[int, str]
+                    ) -> tuple[str, str, torch.Tensor, str] | None:
+    """(the name at the line, the path the run knows it by, the tensor, its holder's type) for the first dotted name
+    at ``text`` that resolves in ``frame`` to a tensor in ``dtype``."""
+    for name in _NAME.findall(text):
+        parts = name.split(".")
+        if parts[0] in frame.f_locals:
+            obj: Any = frame.f_locals[parts[0]]
+        elif parts[0] in frame.f_globals:
+            obj = frame.f_globals[parts[0]]
+        else:
+            continue
+        owner: Any = None
+        used = 1
+        for attr in parts[1:]:
+            if isinstance(obj, torch.Tensor):
+                break  # ``.t`` of ``lm_head.weight.t()``: a method of the tensor, not part of its name
+            owner, used = obj, used + 1
+            try:
+                obj = getattr(obj, attr)
+            except Exception:  # a property that raises: not this name
+                obj = None
+                break
+        if not isinstance(obj, torch.Tensor) or obj.dtype != dtype:
+            continue
+        name = ".".join(parts[:used])
+        held = paths.get(id(owner)) if isinstance(owner, nn.Module) else None
+        path = (f"{held}.{parts[used - 1]}" if held else parts[used - 1]) if held is not None else name
+        return name, path, obj, type(owner).__name__ if isinstance(owner, nn.Module) and _library(owner) else ""
+    return None
+
+
+def _library(module: nn.Module) -> bool:
+    """The module's class is an installed library's (a quantized layer whose forward dequantizes its storage)."""
+    import inspect
+
+    try:
+        file = inspect.getfile(type(module))
+    except (TypeError, OSError):
+        return False
+    return "site-packages" in file or "dist-packages" in file
