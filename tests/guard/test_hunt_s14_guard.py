@@ -28,19 +28,33 @@ def _fp8_scaled(lin: nn.Linear) -> nn.Linear:
     return lin
 
 
+def _float_bias_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    original_dtype = self.scale_weight.dtype
+    dequantized_weight = self.weight.to(original_dtype) * self.scale_weight
+    return F.linear(x, dequantized_weight, self.bias.float())
+
+
 def test_a_cast_the_rest_of_its_line_undoes_is_never_proven() -> None:
     """musubi-tuner's fp8_scaled dequant: `self.weight.to(original_dtype) * self.scale_weight`. Casting the `.to`
-    to bf16 alone still leaves a float32 weight after the multiply by the float32 scale: unproven, with the error."""
+    to bf16 alone still leaves a float32 weight after the multiply by the float32 scale: that fix is never proven.
+    Assigned to a local, the line's whole value cast is (tests/guard/test_hunt_s15_guard.py); with a float32 bias
+    beside it, neither proves: unproven, with the error, and no patch (a diff that does not fix is never offered)."""
     torch.manual_seed(0)
     model = nn.Sequential(_fp8_scaled(nn.Linear(8, 16).to(BF)))
     with pytest.raises(torchdoctor.PlacementError) as info, torch.no_grad(), torchdoctor.guard(model, mode="strict"):
         model(torch.randn(1, 8, dtype=BF))
     err = info.value
     assert "made by `.to(original_dtype)` at " in str(err)
-    assert err.proof is not None and err.proof.startswith("fix unproven: re-ran Linear with `.to(original_dtype)` at "
+    assert err.proof is not None and err.proof.startswith("fix proven: Linear runs again with `dequantized_weight` "
+                                                          "cast where it is assigned at test_hunt_s14_guard.py:")
+    model[0].forward = _float_bias_forward.__get__(model[0])
+    with pytest.raises(torchdoctor.PlacementError) as info, torch.no_grad(), torchdoctor.guard(model, mode="strict"):
+        model(torch.randn(1, 8, dtype=BF))
+    err = info.value
+    assert "arg 0 (self) made by `.float()` at " in str(err)
+    assert err.proof is not None and err.proof.startswith("fix unproven: re-ran Linear with `.float()` at "
                                                           "test_hunt_s14_guard.py:")
-    assert err.proof.endswith("RuntimeError: self and mat2 must have the same dtype, but got BFloat16 and Float")
-    assert "fix proven" not in str(err)
+    assert "fix proven" not in str(err) and err.patch is None
 
 
 class _Encoder(nn.Module):

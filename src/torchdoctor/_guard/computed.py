@@ -42,7 +42,9 @@ def computed_aim(loose: list[torch.Tensor], target: torch.dtype, frames: Any, tb
         lineno, name = node.lineno + off, node.targets[0].id  # type: ignore[attr-defined]
         raw = lines[node.lineno - 1].rstrip("\r\n")
         end = call.end_col_offset + shift
-        expr = _dtype_expr(frame, target)
+        from torchdoctor._guard.wrapfix import dtype_expr
+
+        expr = dtype_expr(frame, target)
         new = raw[:end] + f".to({expr})" + raw[end:]
         op = ast.unparse(call.func)
         m = Maker(op, path, lineno, raw.strip(), span=(call.col_offset + shift, end))
@@ -81,23 +83,6 @@ def _inputs(frame: Any, tree: ast.AST) -> tuple[Any, ...]:
     if bound & set(names) or code.co_kwonlyargcount:
         return ()
     return tuple(frame.f_locals.get(n) for n in names)
-
-
-def _dtype_expr(frame: Any, target: torch.dtype) -> str:
-    """How the forward names ``target``: one of its own tensor arguments' dtype (``hidden_states.dtype``), else its
-    module's parameters', else the dtype written out."""
-    code = frame.f_code
-    for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
-        v = frame.f_locals.get(n)
-        if n != "self" and isinstance(v, torch.Tensor) and v.dtype == target:
-            return f"{n}.dtype"
-    me = frame.f_locals.get("self")
-    p = next(me.parameters(), None) if isinstance(me, torch.nn.Module) else None
-    if p is not None and p.dtype == target:
-        return "next(self.parameters()).dtype"
-    from torchdoctor._guard.maps import value_code
-
-    return value_code(target)
 
 
 def _dtypes(frame: Any, call: ast.Call, target: torch.dtype) -> str:

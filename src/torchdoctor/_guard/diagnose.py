@@ -17,7 +17,8 @@ from torchdoctor._rules import registry as _rules
 from torchdoctor._guard import compiled as graph, provenance
 from torchdoctor._guard.float8 import is_float8_message
 from torchdoctor._guard import component
-from torchdoctor._guard.remedy import Aim, aimed, caller_fix, caller_makers, locals_made, moved_aim, with_patch
+from torchdoctor._guard.remedy import Aim, aimed, caller_fix, caller_makers, moved_aim, with_patch
+from torchdoctor._guard.wrapfix import locals_made
 from torchdoctor._guard.maps import Maps, both, fix_code, module_label, reference
 from torchdoctor._guard.message import kind_of as _kind_of, mentioned as _mentioned, placement_category
 from torchdoctor._guard.record import Note
@@ -45,7 +46,8 @@ def _innermost(session: Session, tb: types.TracebackType | None) -> tuple[nn.Mod
             if s is not mod:
                 frame = None
             mod = s
-            if f.f_code.co_name == "forward":
+            if f.f_code.co_name == "forward" or getattr(getattr(s.__dict__.get("forward"), "__func__", None),
+                                                        "__code__", None) is f.f_code:  # a forward patched in
                 frame = f
         tb = tb.tb_next
     if mod is not None:
@@ -182,7 +184,9 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     aim = None
     if kind == "dtype" and frame is not None and maps is not None and ref is not None and not compiled:
         said = _mentioned(message, kind)  # the error names dtypes none of the suspects has: what the op met
-        if ref in said and not any(c[2].dtype in said for c in bad):  # is a tensor its forward made
+        # float8 / integer storage the error never names was dequantized per call: not what the op met (41 #3)
+        deq = any(not c[2].is_floating_point() or c[2].element_size() == 1 for c in bad if c[2].dtype not in said)
+        if ref in said and (deq or not any(c[2].dtype in said for c in bad)):  # is a tensor its forward made
             made = locals_made(frame, said, ref)
             aim = aimed(made, kind, ref, maps.modules, maps.dicts, session.frames, exc.__traceback__ or tb)
             if aim is not None:

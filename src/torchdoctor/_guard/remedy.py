@@ -173,16 +173,18 @@ def prove_rerun(m: Maker, target: Any, mod: Any, args: Any, frames: Any) -> str 
             store.pop(m.attr, None)
 
 
-def prove_line(m: Maker, target: torch.dtype, mod: nn.Module, args: Any, frames: Any) -> str:
+def prove_line(m: Maker, target: torch.dtype, mod: nn.Module, args: Any, frames: Any,
+               local: str | None = None) -> str:
     """A literal cast or a factory: run ``mod`` again with what the maker's line makes given ``target``, as the
-    fixed line would (a function mode casts the results of torch calls made at that line; nothing is edited)."""
+    fixed line would (a function mode casts the results of torch calls made at that line; nothing is edited);
+    ``local``: the line's assigned local cast where it is used instead (``_guard.wrapfix``)."""
     from torch.overrides import TorchFunctionMode
 
     from torchdoctor._guard.useline import called_name, whole_value
     hits = [0]
     # ``feats = torch.from_numpy(...)`` (a call no mode sees) as the line's whole value: the local aligned where used
     name = m.source.split("=", 1)[0].strip() if "=" in m.source.split("(", 1)[0] else None
-    name = name if name is not None and name.isidentifier() and whole_value(m.source, m.op) else None
+    name = name if name is not None and name.isidentifier() and whole_value(m.source, m.op) else local
 
     def made_here(a: Any, kw: Any) -> tuple[Any, Any]:
         f: Any = sys._getframe(2)
@@ -208,7 +210,8 @@ def prove_line(m: Maker, target: torch.dtype, mod: nn.Module, args: Any, frames:
                 a, kw = made_here(a, kw)
             out = func(*a, **(kw or {}))
             f = sys._getframe(1)
-            if f.f_lineno == m.line and f.f_code.co_filename == m.file and isinstance(out, torch.Tensor) and \
+            if local is None and f.f_lineno == m.line and f.f_code.co_filename == m.file and \
+                    isinstance(out, torch.Tensor) and \
                     getattr(func, "__name__", called) == called and out.is_floating_point() and out.dtype != target:
                 hits[0] += 1
                 return out.to(target)
@@ -288,6 +291,12 @@ def aimed(loose: list[tuple[str, torch.Tensor]], kind: str, target: Any, paths: 
         if args or not mod.forward.__code__.co_argcount > 1:
             proof = prove_rerun(m, target, mod, args, frames) if m.attr is not None else \
                 prove_line(m, target, mod, args, frames)
+        if proof is not None and proof.startswith("fix unproven: re-ran") and m.attr is None:
+            from torchdoctor._guard.wrapfix import whole_line  # the cast's line goes on: its whole value cast
+
+            whole = whole_line(m, target, stack, _line(m.file, m.line) if own_file(m.file) else None,
+                               lambda local: prove_line(m, target, mod, args, frames, local=local))
+            fix, proof = (Remedy(*whole[:2], None), whole[2]) if whole else (replace(fix, patch=None), proof)
     return Aim(lines, fix.code, fix.patch, proof, [x[2] for x in made])
 
 
@@ -347,17 +356,6 @@ def error_dict(err: Any) -> dict[str, Any]:
             "problems": [p.to_dict() for p in err.problems], "fix": err.fix,
             "proof": getattr(err, "proof", None), "patch": getattr(err, "patch", None),
             "message": str(err.args[0]) if err.args else ""}
-
-
-def locals_made(frame: Any, named: set[Any], ref: Any) -> list[tuple[str, torch.Tensor]]:
-    """The failing forward's local tensors in a dtype the error names other than ``ref``: in explain mode the op's
-    operands are gone, its frame still holds what it computed with (``w`` in ``x @ w.t()``)."""
-    out = []
-    for name, v in frame.f_locals.items():
-        if isinstance(v, torch.Tensor) and name != "self" and v.is_floating_point() and v.dtype in named \
-                and v.dtype != ref:
-            out.append((f"`{name}` (a local of {frame.f_code.co_name})", v))
-    return out[:4]
 
 
 def caller_lines(given: list[tuple[str, torch.Tensor]], kind: str, tb: Any = None,
