@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api, dispatch as D, host as H
-from torchdoctor._virtual import hardware, makers, outside, parallel, training, whole
+from torchdoctor._virtual import hardware, makers, outside, parallel, saved, training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
 from torchdoctor._virtual.deferred import deferred_imports
@@ -355,6 +355,7 @@ def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> It
         installs.set(torch, "Generator", api.VirtualGenerator, shared=True)
         makers.install(installs)  # torch.from_numpy / frombuffer: named by their maker and line
         training.install(installs)  # foreach grouping keyed by the devices the program sees
+        saved.install(installs, VirtualMode)  # saved-tensor hooks (activation offloading) run under this mode
         # pass-through for anything that is not virtual: one wrapper serves every run
         installs.set(torch.Tensor, "_make_subclass", staticmethod(make_subclass), shared=True)
         installs.set(torch.nn.Parameter, "__new__", staticmethod(param_new), shared=True)

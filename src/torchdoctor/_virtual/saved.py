@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from torchdoctor._virtual import devices_api as api, tensor as V
+from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.origin import LINES, Made, short_at
 
 _AUTOGRAD = torch._C._autograd
 _PUSH = _AUTOGRAD._push_saved_tensors_default_hooks
-MODE = api.ENTER  # the run's mode class, set by the runtime (which imports this module, never the other way round)
+MODE: list[Any] = []  # the run's mode class, given by the runtime (which imports this module, never the other way)
 
 
 def _mode_on() -> bool:
@@ -109,6 +109,7 @@ def _push(pack: Callable[[Any], Any], unpack: Callable[[Any], Any]) -> None:
     _PUSH(wrap(pack), wrap(unpack, unpack=True))  # in a thread a run is on (``Installs.set``: others get torch's)
 
 
-def install(installs: Any) -> None:
+def install(installs: Any, mode: Any) -> None:
     """Hooks pushed while the run is on (``with saved_tensors_hooks(pack, unpack):`` in a forward) run under it."""
+    MODE[:] = [mode]
     installs.set(_AUTOGRAD, "_push_saved_tensors_default_hooks", _push)

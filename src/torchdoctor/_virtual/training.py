@@ -157,6 +157,3 @@ def install(installs: Any) -> None:
         return keyed
 
     installs.set(torch._C, "_group_tensors_by_device_and_dtype", grouped)
-    from torchdoctor._virtual import saved  # saved-tensor hooks (activation offloading) under the run's mode
-
-    saved.install(installs)
