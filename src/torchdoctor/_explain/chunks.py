@@ -38,13 +38,18 @@ def scan_chunked(sc: Any, text: str, start: int, cut: int, max_hits: int) -> Non
     replaying a paragraph's recorded effect where it is exact to. Written for speed: a log of short error texts
     has a paragraph every few hundred characters, and the replay is all the Python most of them cost (the
     scanner's counters are kept in locals while paragraphs are replayed, and written back before any reading);
-    paragraphs read the ordinary way one after another are read in one go (a log's long ones: as without this)."""
-    chunks, until, get, find = sc.chunks, sc.until, sc.chunks.get, text.find
+    paragraphs read the ordinary way one after another are read in one go (a log's long ones: as without this).
+    A replay only counts itself in its effect's cell (times, sequence number and place of its last replay); the
+    groups' counts and last sequence numbers and the windows' ends are written once, before anything reads them
+    (``_flush``): a replay costs a slice, a look-up and a few stores."""
+    chunks, until, find = sc.chunks, sc.until, text.find
     umax = max(until.values(), default=-1)  # no window examined so far reaches past this
     pos = start
     pending = -1  # where paragraphs waiting to be read the ordinary way begin
     hits, seq, prev_key, prev_end, floor, spoken = sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor, sc.spoken
+    get = chunks[spoken].get
     replayed = 0
+    used: list[Any] = []  # the effects replayed since the last flush
     blank = find("\n\n", start, cut)
     while blank != -1:
         ce = blank + 2
@@ -59,41 +64,44 @@ def scan_chunked(sc: Any, text: str, start: int, cut: int, max_hits: int) -> Non
             if pending == -1:
                 pending = cs
             continue
-        key = (text[cs:ce], spoken)
-        eff = get(key, _NONE)
+        eff = get(text[cs:ce], _NONE)
         if eff is None:  # not replayable: read with its neighbours
             if pending == -1:
                 pending = cs
             continue
         # read what waits first: the scanner's state as replayed so far, then as that reading leaves it
         if pending != -1:
+            if used:
+                _flush(used, until)
             sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor = hits, seq, prev_key, prev_end, floor
             sc._lines_hits(text, pending, cs)
             pending = -1
             umax = max(until.values(), default=-1)
-            hits, seq, prev_key, prev_end, floor, spoken = sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor, \
-                sc.spoken
-            if key[1] is not spoken:
-                key = (key[0], spoken)
-                eff = get(key, _NONE)
+            hits, seq, prev_key, prev_end, floor = sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor
+            if sc.spoken is not spoken:
+                spoken = sc.spoken
+                get = chunks[spoken].get
+                eff = get(text[cs:ce], _NONE)
         if eff is not _NONE and eff is not None and hits + eff[0] <= max_hits and (
                 not eff[7] or text.startswith(eff[7], ce)) and (
-                umax <= cs or all(until.get(name, -1) <= cs + rel for name, rel in eff[8])):
-            n_hits, n_seq, groups, ends, first, at_floor, last, _, _, reach = eff
-            hits += n_hits
-            for g, n, rel in groups:
-                g.count += n
-                g.last = seq + rel
-            seq += n_seq
-            for name, rel in ends:
-                until[name] = cs + rel
-            if cs + reach > umax:
-                umax = cs + reach
+                umax <= cs or _flush(used, until) or all(until.get(name, -1) <= cs + rel for name, rel in eff[8])):
+            hits += eff[0]
+            cell = eff[10]
+            if not cell[0]:
+                used.append(eff)
+            cell[0] += 1
+            cell[1] = seq
+            cell[2] = cs
+            seq += eff[1]
+            if cs + eff[9] > umax:
+                umax = cs + eff[9]
+            first = eff[4]
             if first is not _NONE:
                 if first is not prev_key and first != prev_key:  # its first error against the one before
                     floor = prev_end
-                if at_floor is not None:
-                    floor = cs + at_floor
+                if eff[5] is not None:
+                    floor = cs + eff[5]
+                last = eff[6]
                 prev_key, prev_end = last[0], cs + last[1]
             replayed += 1
             continue
@@ -106,17 +114,48 @@ def scan_chunked(sc: Any, text: str, start: int, cut: int, max_hits: int) -> Non
         if eff is not _NONE:  # recorded, not replayable here (what follows it, or an earlier window, differs)
             pending = cs
             continue
+        if used:
+            _flush(used, until)
         sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor = hits, seq, prev_key, prev_end, floor
         if sc.kept + ce - cs > _KEPT:
-            chunks.clear()
+            for memo in chunks:
+                memo.clear()
             sc.kept = 0
-        chunks[key] = _record(sc, text, cs, ce, max_hits)
+        chunks[spoken][text[cs:ce]] = _record(sc, text, cs, ce, max_hits)
         sc.kept += ce - cs
         umax = max(until.values(), default=-1)
-        hits, seq, prev_key, prev_end, floor, spoken = sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor, sc.spoken
+        hits, seq, prev_key, prev_end, floor = sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor
+        if sc.spoken is not spoken:
+            spoken = sc.spoken
+            get = chunks[spoken].get
+    if used:
+        _flush(used, until)
     sc.hits, sc.seq, sc.prev_key, sc.prev_end, sc.floor = hits, seq, prev_key, prev_end, floor
     sc.replayed += replayed
     sc._lines_hits(text, pending if pending != -1 else pos, cut)
+
+
+def _flush(used: list[Any], until: dict[str, int]) -> bool:
+    """Write what the replays since the last flush did: each group's count and last sequence number, each
+    window's end, the later replays last (a group's last number and a window's end are its latest replay's).
+    Empties ``used``; returns False."""
+    if len(used) > 1:
+        used.sort(key=_at)
+    for eff in used:
+        cell = eff[10]
+        times, base, at = cell
+        for g, n, rel in eff[2]:
+            g.count += n * times
+            g.last = base + rel
+        for name, rel in eff[3]:
+            until[name] = at + rel
+        cell[0] = 0
+    used.clear()
+    return False
+
+
+def _at(eff: Any) -> int:
+    return eff[10][2]  # type: ignore[no-any-return]
 
 
 def _record(sc: Any, text: str, cs: int, ce: int, max_hits: int) -> tuple[Any, ...] | None:
@@ -151,6 +190,7 @@ def _record(sc: Any, text: str, cs: int, ce: int, max_hits: int) -> tuple[Any, .
     floor = sc.floor - cs if first is not _NONE and sc.moved else None
     last = (sc.prev_key, sc.prev_end - cs) if first is not _NONE else None
     # (hits, sequence numbers, (group, count, last), (signature, window end), first error key, floor, last error,
-    #  what must follow the paragraph, (signature, first hit), the end of the windows)
+    #  what must follow the paragraph, (signature, first hit), the end of the windows, a cell for ``_flush``)
+    # the last: (times replayed since the last flush, the sequence number and place of the last such replay)
     return (sc.hits - hits0, sc.seq - seq0, groups, ends, first, floor, last, text[ce:reach] if reach > ce else "",
-            tuple((name, p - cs) for name, p in firsts.items()), max((rel for _, rel in ends), default=-1))
+            tuple((name, p - cs) for name, p in firsts.items()), max((rel for _, rel in ends), default=-1), [0, 0, 0])

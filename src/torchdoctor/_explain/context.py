@@ -53,10 +53,13 @@ def find_word(text: str, word: str, start: int = 0) -> int:
     >>> find_word("timestamps: 3", r"\bmps\b"), find_word("slow_conv2d_forward_mps", r"\bmps\b")
     (-1, 20)
     """
-    lead, trail = word.startswith(_EDGE), len(word) > 2 and word.endswith(_EDGE)
+    parsed = _PARSED.get(word)
+    if parsed is None:
+        lead, trail = word.startswith(_EDGE), len(word) > 2 and word.endswith(_EDGE)
+        parsed = _PARSED[word] = (lead, trail, word[2 if lead else 0: len(word) - 2 if trail else len(word)])
+    lead, trail, core = parsed
     if not (lead or trail):
         return text.find(word, start)
-    core = word[2 if lead else 0: len(word) - 2 if trail else len(word)]
     p = text.find(core, start)
     while p != -1:
         end = p + len(core)
@@ -67,6 +70,7 @@ def find_word(text: str, word: str, start: int = 0) -> int:
     return -1
 
 
+_PARSED: dict[str, tuple[bool, bool, str]] = {}  # a rule word: (marked at its start, at its end, its core)
 _MPS_DT = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64", "i32": "int32"}
 _WIDE = ("float32", "float64")
 _REDUCED = ("float16", "bfloat16")
@@ -321,6 +325,8 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
             got = prose[word] = _prose_only(context, word, message)
         return _PROSE_SCALE if got else 1.0
 
+    held: dict[int, str | None] = {}  # per rule: its flags and words, whatever the category (read once)
+
     def fires(rule: ContextRule, cats: tuple[str, ...]) -> str | None:
         # plain loops, no generators: called twice per rule per diagnosis (a log of errors has hundreds)
         applies = rule.applies_to
@@ -330,6 +336,12 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
                     break
             else:
                 return None
+        got = held.get(id(rule), _UNSEEN)
+        if got is _UNSEEN:
+            got = held[id(rule)] = holds(rule)
+        return got  # type: ignore[return-value]
+
+    def holds(rule: ContextRule) -> str | None:
         for fl in rule.flags:
             if fl not in flags:
                 return None
@@ -390,6 +402,7 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     return ordered, ranked, fired
 
 
+_UNSEEN = object()
 # Which causes make sense under each category (a rule may fire for several categories).
 _FAMILIES = {"device_mismatch": ("dev.",), "quantization_device": ("q.", "dev."),
              "mixed_device_model": ("md.", "dev."), "input_weight_type_mismatch": ("iw.", "dt."),

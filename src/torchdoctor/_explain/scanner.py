@@ -194,7 +194,7 @@ class Scanner:
         self.per_line: dict[int, tuple[list[tuple[int, int]], tuple[tuple[int, Signature, bool], ...]]] = {}
         # repeated paragraphs (``chunks``): their effects by text; while one is recorded, the groups counted, the
         # previous error's key when it began and the first one met in it
-        self.chunks: dict[tuple[str, bool], Any] = {}
+        self.chunks: tuple[dict[str, Any], dict[str, Any]] = ({}, {})  # by text, before and after ``spoken``
         self.kept = 0
         self.touched: list[Group] | None = None
         self.entry_key: Any = FRESH
