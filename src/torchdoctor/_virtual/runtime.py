@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api, dispatch as D, host as H
-from torchdoctor._virtual import hardware, makers, outside, parallel, saved, training, whole
+from torchdoctor._virtual import hardware, makers, outside, parallel, saved, storage, training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
 from torchdoctor._virtual.deferred import deferred_imports
@@ -58,7 +58,7 @@ def _move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: tor
         D.foreign(space, t)
     src = _device_of(t)
     target = src if device is None else device
-    want = t.dtype if dtype is None else dtype
+    want = t.dtype if dtype is None else storage.cast_to(t.dtype, dtype)  # a verb's own cast keeps float8 storage
     if src != target or want != t.dtype:
         want = space.hooks.moving(t, target, want)
     if isinstance(t, VirtualTensor) and target.type == "cpu" and is_virtual(src):
