@@ -115,6 +115,10 @@ def maker_diff(op: str, at: str, target: Any, exprs: dict[str, str] | None = Non
         ast.unparse(n.func) in (op, op[6:]) or isinstance(n.func, ast.Attribute) and n.func.attr == method)]
     if len(calls) > 1 and isinstance(target, torch.dtype) and target.is_floating_point:
         calls = [c for c in calls if not _makes_ints(op, c)]  # ``torch.tensor([1, 2])`` beside it is an index
+    if len(calls) > 1 and isinstance(target, torch.device) and "dtype" not in (exprs or {}) and body.isascii() and \
+            op not in NO_DEVICE_ARG and not any(k.arg == "device" for c in calls for k in c.keywords):
+        return _all_calls(file, line, raw, pad, calls, (exprs or {}).get("device") or (
+            f"{IN_SCOPE[at]}.device" if IN_SCOPE.get(at) else value_code(target)))
     if len(calls) != 1 or not body.isascii():  # offsets are bytes: only a plain-ASCII line is cut by them
         return None
     call = calls[0]
@@ -147,6 +151,20 @@ def maker_diff(op: str, at: str, target: Any, exprs: dict[str, str] | None = Non
               device_expr=expr if isinstance(target, torch.device) else None, segment=seg)
     fixed = remedy(m, target, {})
     return fixed.patch if fixed is not None else None
+
+
+def _all_calls(file: str, line: int, raw: str, pad: int, calls: list[Any], device: str) -> str | None:
+    """Every call of the factory at the line gets ``device=`` (``{"input_ids": torch.tensor(a), "labels":
+    torch.tensor(b)}``: which one made the tensor is not known at the line; the other one's later move is then a
+    no-op), as a diff; a proof's re-run makes every call at the line so too."""
+    from torchdoctor._report.diff import line_patch
+
+    fixed = raw
+    for call in sorted(calls, key=lambda c: c.end_col_offset, reverse=True):  # from the right: offsets stay valid
+        end = pad + int(call.end_col_offset) - 1  # its closing parenthesis
+        sep = "" if fixed[pad + call.col_offset:end].rstrip().endswith("(") else ", "
+        fixed = fixed[:end] + f"{sep}device={device}" + fixed[end:]
+    return line_patch(file, line, fixed.strip())
 
 
 def _makes_ints(op: str, call: Any) -> bool:
