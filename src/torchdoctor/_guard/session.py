@@ -23,6 +23,7 @@ from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.nn.modules.module import _global_forward_hooks_with_kwargs as _with_kwargs
 
+from torchdoctor._guard import savedhooks
 from torchdoctor._guard.outcome import Outcome
 from torchdoctor._guard.record import said
 from torchdoctor._report.text import user_stacklevel
@@ -117,6 +118,7 @@ class Session:
             self.handles.append(register_module_forward_pre_hook(pre))
             self.handles.append(register_module_forward_hook(post, with_kwargs=True))
             self.kwarg_hook = self.handles[-1].id  # its handle forgets the with-kwargs mark: removed in stop()
+            savedhooks.install(self)  # what saved-tensor unpack hooks give back is checked (_guard/savedhooks.py)
             if self.mode != "explain":
                 from torchdoctor._guard.dispatch import CheckMode, CompositeCheck
 
@@ -134,6 +136,7 @@ class Session:
     def stop(self) -> None:
         mode, self.dispatch = self.dispatch, None
         composite, self.composite = self.composite, None
+        savedhooks.uninstall(self)
         try:
             if composite is not None:
                 composite.__exit__(None, None, None)
