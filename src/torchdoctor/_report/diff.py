@@ -113,3 +113,80 @@ def line_patch(path: str, lineno: int, new_line: str) -> str | None:
     out += [_emit("+", line) for line in new]
     out += [_emit(" ", line) for line in after]
     return "".join(out)
+
+
+def merged(diffs: list[str]) -> str | None:
+    """The one-line diffs ``line_patch`` writes, of one file or several, as one patch that ``git apply`` takes whole:
+    two fixes three lines apart each quote the other's old line as context, so applied one after the other the second
+    no longer applies. None when a diff is not of that shape or two change one line differently.
+
+    >>> a = "--- a/m.py\\n+++ b/m.py\\n@@ -1,3 +1,3 @@\\n x\\n-y\\n+Y\\n z\\n"
+    >>> b = "--- a/m.py\\n+++ b/m.py\\n@@ -2,2 +2,2 @@\\n y\\n-z\\n+Z\\n"
+    >>> print(merged([a, b]), end="")
+    --- a/m.py
+    +++ b/m.py
+    @@ -1,3 +1,3 @@
+     x
+    -y
+    +Y
+    -z
+    +Z
+    """
+    files: dict[str, tuple[dict[int, str], dict[int, tuple[str, list[str]]], list[tuple[int, int]]]] = {}
+    for diff in diffs:
+        lines = diff.splitlines(keepends=True)
+        if len(lines) < 4 or not lines[0].startswith("--- a/") or not lines[1].startswith("+++ b/") \
+                or _NO_EOL in lines or sum(x.startswith("@@") for x in lines) != 1:
+            return None
+        try:
+            start, length = (int(v) for v in lines[2].split()[1][1:].split(","))
+        except ValueError:
+            return None
+        known, changes, spans = files.setdefault(lines[0][6:].rstrip("\n"), ({}, {}, []))
+        spans.append((start, start + length - 1))
+        at, removed = start, None
+        mine: dict[int, tuple[str, list[str]]] = {}
+        for line in lines[3:]:
+            kind, text = line[:1], line[1:]
+            if kind == " ":
+                known[at], at, removed = text, at + 1, None
+            elif kind == "-" and removed is None:
+                removed, at = at, at + 1
+                mine[removed] = (text, [])
+            elif kind == "+" and removed is not None:
+                mine[removed][1].append(text)
+            else:
+                return None
+        for n, change in mine.items():  # one line changed by two fixes: the same change, else no patch
+            if changes.setdefault(n, change) != change:
+                return None
+    out: list[str] = []
+    for name, (known, changes, spans) in files.items():
+        out += [f"--- a/{name}\n", f"+++ b/{name}\n"]
+        delta = 0
+        for lo, hi in _joined(spans):
+            body: list[str] = []
+            size = 0
+            for n in range(lo, hi + 1):
+                if n in changes:
+                    body += ["-" + changes[n][0], *("+" + x for x in changes[n][1])]
+                    size += len(changes[n][1])
+                elif n in known:
+                    body.append(" " + known[n])
+                    size += 1
+                else:
+                    return None
+            out += [f"@@ -{lo},{hi - lo + 1} +{lo + delta},{size} @@\n", *body]
+            delta += size - (hi - lo + 1)
+    return "".join(out)
+
+
+def _joined(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Line ranges, overlapping or touching ones joined (one hunk each)."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out

@@ -64,8 +64,19 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
                 "findings": [f.to_dict() for f in self.findings],
                 "problems": [{**p.to_dict(), "where": self.where.get((p.kind, p.path)),
                               "trace": self.notes.get(p.path)} for p in self.problems],
-                "fixes": [f.to_dict() for f in self.fixes],
+                "fixes": [f.to_dict() for f in self.fixes], "patch": self.patch(),
                 "stopped": self.stopped, "expected": self.expected, "ran": self.ran, "internal": self.internal}
+
+    def patch(self) -> str | None:
+        """Every fix that is a change of the program's own files (the virtual run's and guard's), as one unified diff
+        that ``git apply`` takes whole: one diff per fix would not apply together where two fixes are near."""
+        diffs = [d for d in [*(getattr(f, "diff", None) for f in self.fixes),
+                             *(f.diff for f in self.findings)] if d]
+        if len(diffs) < 2:
+            return diffs[0] if diffs else None
+        from torchdoctor._report.diff import merged
+
+        return merged(diffs)
 
     def text(self) -> str:
         where = f" on virtual {self.device}" if self.device else ""

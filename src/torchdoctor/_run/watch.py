@@ -21,6 +21,7 @@ import traceback
 import types
 from typing import Any
 
+from torchdoctor._run.evidence import aimed_fix, culprit_fix, culprit_patch, named_fix  # noqa: F401 - named here too
 from torchdoctor._run.printed import handling, unwrap, wrap
 
 # frames in these folders are a plugin's, whatever app loaded them: ComfyUI custom nodes, SD.Next / A1111 / Forge
@@ -47,13 +48,15 @@ class Finding:
         self.culprit = culprit  # guard's headline and culprit lines, when guard saw the error
         self.trace = trace
         self.count = count
+        self.fix_from = "guard"  # "guard" (aimed at its culprit), "run" (the failing line's objects), "explain"
+        self.diff: str | None = None  # guard's fix as a unified diff of the user's file (``git apply`` takes it)
 
     def __repr__(self) -> str:
         return f"Finding({self.category!r}, {self.error[:80]!r}, where={self.where!r}, count={self.count})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("how", "error", "category", "title", "fix", "where", "culprit", "trace",
-                                              "count")}
+        return {k: getattr(self, k) for k in ("how", "error", "category", "title", "fix", "fix_from", "diff", "where",
+                                              "culprit", "trace", "count")}
 
     def text(self) -> str:
         lines = [f"[{self.category}] {self.error}" + (f"  (x{self.count})" if self.count > 1 else ""),
@@ -64,8 +67,13 @@ class Finding:
         if self.trace:
             lines.append(f"  last change: {self.trace}")
         if self.fix:
-            lines += ["  fix:", *(f"    {line}" for line in self.fix.splitlines())]
+            lines += [_FIX_HEAD.get(self.fix_from, "  fix:"), *(f"    {line}" for line in self.fix.splitlines())]
+        if self.diff:
+            lines += ["  patch (git apply):", *(f"    {line}" for line in self.diff.splitlines())]
         return "\n".join(lines)
+
+
+_FIX_HEAD = {"explain": "  fix (explain's advice for this message: this run named no culprit or maker to aim one at):"}
 
 
 def _met_before(exc: BaseException) -> bool:
@@ -214,10 +222,10 @@ class Watcher:
                 if not again:
                     old.count += 1
                 return None
-        culprit = self._culprit(exc)
-        # the live culprit's fix first; explain's own speaks of a tensor `t`, said by the user's name where known
-        fix = culprit_fix(culprit) or (named_fix(d.fixes[0][1], culprit) if d.fixes else None)
+        # the live culprit's fix first, then what the failing line held, explain's catalogue last (said so)
+        culprit, fix, source = aimed_fix(self._culprit(exc), exc, d.fixes[0][1] if d.fixes else None)
         finding = Finding(how, error[:500], d.category, d.title, fix, where, culprit, _trace_note(culprit))
+        finding.fix_from, finding.diff = source, culprit_patch(culprit)
         with self._lock:
             if key in self._keys:
                 self._keys[key].count += 1
@@ -354,30 +362,6 @@ _WORDS = re.compile(r"(?i)error|device|dtype|cuda|cpu|mps|xpu|half|float|double|
 _PRINTERS = ("print_exception", "format_exception")
 
 
-def culprit_fix(culprit: str | None) -> str | None:
-    """The code lines under guard's ``Fix:`` (the fix aimed at the culprit it named), None without one."""
-    if not culprit or "\nFix:" not in culprit:
-        return None
-    lines = []
-    for line in culprit.split("\nFix:", 1)[1].splitlines()[1:]:
-        if line and not line.startswith(" "):
-            break
-        if line.strip():
-            lines.append(line.strip())
-    return "\n".join(lines) or None
-
-
-def named_fix(fix: str, culprit: str | None) -> str:
-    """Explain's fix, which speaks of a tensor ``t``, by the name the failing line gives it: guard's culprit lists
-    the one tensor that line holds (``images: bf16[1,2,2,3]@cuda:0``) under ``line: ...`` (the user's code)."""
-    if not culprit or not re.search(r"\bt\b", fix):
-        return fix
-    line = next((x.strip()[6:] for x in culprit.splitlines() if x.strip().startswith("line: ")), "")
-    names = {m.group(1) for m in re.finditer(r"(?m)^\s*([A-Za-z_]\w*): [a-z]+\d*[a-z0-9]*\[", culprit)}
-    names = {n for n in names if n != "t" and re.search(rf"\b{n}\b", line)}
-    return re.sub(r"\bt\b", names.pop(), fix) if len(names) == 1 else fix
-
-
 def _trace_note(culprit: str | None) -> str | None:
     """What an active trace recorded for the first tensor path guard named (``unet.conv_in.weight``)."""
     if not culprit:
@@ -386,7 +370,9 @@ def _trace_note(culprit: str | None) -> str | None:
 
     if not active():
         return None
-    for path in re.findall(r"`([A-Za-z_][\w.]*\.[\w.]+)`", culprit):
+    # a path in backticks, or guard's ``culprit lm_head.weight: i8[128,64]@cuda:0`` line
+    for path in re.findall(r"(?m)`([A-Za-z_][\w.]*\.[\w.]+)`|^\s*culprit ([A-Za-z_][\w.]*\.[\w.]+):", culprit):
+        path = path[0] or path[1]
         note = note_for(path)
         if note:
             return f"{path}: {note}"
