@@ -14,6 +14,7 @@ from torchdoctor._virtual.groups import whole_component
 from torchdoctor._virtual.intread import STORAGE, storage_note
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
 from torchdoctor._virtual.apart import Apart, find, fix as apart_fix, network_fix
+from torchdoctor._virtual.callsite import caller_fix
 from torchdoctor._virtual.castfix import NO_DEVICE_ARG, cast_fix, in_library, library_note, maker_diff, storage_fix
 from torchdoctor._virtual.prove import Fix
 from torchdoctor._virtual.restfix import FLOAT8_NAMES, rest
@@ -251,6 +252,9 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
                    f"it is baked into the traced code as constants {found}; trace on the device it runs on (model and "
                    "example input moved first), or register the tensors the forward reads as buffers", "note",
                    tried="not re-run: a change of the traced code, not of a tensor the program passes")
+    if dev is not None and dt is None and (called := caller_fix(key, file, line, at, dev)) is not None:
+        return Fix(called.note, "note", dev, sets=tuple((k, dev) for k in dict.fromkeys((key, *called.keys))),
+                   diff=called.diff, recall=called)  # the call that left out the function's device=, fixed there
     diff = maker_diff(maker, at, dev if dev is not None else dt, exprs)
     if diff is None and file and not _on_line(file, line, maker):  # made inside a library call at that line
         how = f"it was made inside the call at {at} (no {maker} there to change): move what that call returns " \

@@ -39,11 +39,12 @@ def storage_read(exc: BaseException, rec: Any) -> bool:
     if not isinstance(exc, RuntimeError) or "dtype" not in first or exc.__traceback__ is None:
         return False
     named = {_dtype(n) for n in dtypes_in(first)} | {_C10[n.lower()] for n in _C10_NAME.findall(first)}
-    stored = [d for d in named if d in _STORED]
+    stored = [d for d in named if d is not None and d in _STORED]
     compute = [d for d in named if d is not None and d.is_floating_point and d not in _STORED]
     if not stored or not compute:
         return False
-    tb, frame, line = exc.__traceback__, None, 0
+    tb: Any = exc.__traceback__
+    frame, line = None, 0
     while tb is not None:  # the innermost of the program's frames the error passed (its line as it raised there)
         if not tb.tb_frame.f_code.co_filename.startswith(MACHINERY):
             frame, line = tb.tb_frame, tb.tb_lineno

@@ -43,11 +43,12 @@ class Fix:
     modcast: tuple[str, int, torch.dtype] | None = None  # a module cast of the program's line (file, line) fixed to
     # that dtype in a re-run (``modcast``)
     rebuffer: tuple[str, ...] = ()  # plain attributes registered as buffers in a re-run (``hooked``)
+    recall: Any = None  # a call of the program given its missing device= (``callsite.Recall``), so in a re-run
 
     def applied(self) -> bool:
         """A fix a re-run can apply (advice cannot)."""
         return self.kind in ("path", "line", "apart") or self.remake is not None or self.modcast is not None or \
-            bool(self.rebuffer) or (
+            bool(self.rebuffer) or self.recall is not None or (
             self.kind == "input" and isinstance(self.target, torch.dtype) and self.label.startswith(("input ", "kwarg ")))
 
     def to_dict(self) -> dict[str, Any]:

@@ -55,10 +55,10 @@ def lines_of(fixes: Sequence[Fix]) -> dict[tuple[str, int, str], tuple[Any, Any]
 
 @contextlib.contextmanager
 def remade(fixes: Sequence[Fix]) -> Iterator[None]:
-    """While a re-run runs: each factory call a fix changes makes its tensor as the fix says."""
+    """While a re-run runs: each factory call a fix changes makes its tensor as the fix says (and the factories of
+    a call a fix gives its missing ``device=``: ``callsite``)."""
+    from torchdoctor._virtual.callsite import recalled
+
     lines = lines_of(fixes)
-    if not lines:
-        yield
-        return
-    with _Remade(lines):
+    with recalled(fixes), _Remade(lines) if lines else contextlib.nullcontext():
         yield
