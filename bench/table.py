@@ -458,6 +458,37 @@ def first_call_rows(n: int, tmp: str) -> None:
             note="imports of the verb's modules on the first call (none left when they are preloaded)")
 
 
+def startup_rows(n: int) -> None:
+    """Issue 43 point 4: what ``torchdoctor run app.py`` and an empty ``virtual_devices`` block add to a program's
+    start (goal < 50 ms), each against ``python app.py`` (``import torch``) in the same round, fresh processes with
+    cached bytecode, process CPU time (``bench/startup.py`` has the commands and a per-module listing)."""
+    import tempfile
+    from pathlib import Path
+
+    st = bench_module("startup")
+    folder = Path(tempfile.mkdtemp(prefix="td-startup-"))
+    (folder / "app.py").write_text(st.APP, encoding="utf-8")
+    (folder / "block.py").write_text(st.BLOCK, encoding="utf-8")
+    cmds = st._commands(folder)
+    env = {**CHILD_ENV, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    names = ["python app.py", "torchdoctor run app.py", "virtual_devices block"]
+    for name in names:  # bytecode written once
+        st._timed(cmds[name], env, folder)
+    cpu: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(max(n, 9)):
+        for name in names[r % 3:] + names[:r % 3]:
+            cpu[name].append(st._timed(cmds[name], env, folder)[0])
+    for name, label in (("torchdoctor run app.py", "`torchdoctor run app.py`"),
+                        ("virtual_devices block", "`import torchdoctor` + an empty `virtual_devices` block")):
+        extra = [(a - b) * 1e3 for a, b in zip(cpu[name], cpu["python app.py"])]
+        r = {"ratio": statistics.median(extra), "lo": min(extra), "hi": max(extra), "n": len(extra),
+             "ours": statistics.median(cpu[name]) * 1e3, "anchor": statistics.median(cpu["python app.py"]) * 1e3}
+        row(f"start-up: {label}, extra CPU ms over the same program", "`python app.py` (import torch)", r, 50,
+            unit="ms extra", note="fresh processes, one of each a round; the per-round differences swing by "
+                                  "the noise of a whole `import torch` (see bench/startup.py for the in-process "
+                                  "start and the modules imported)")
+
+
 def guard_rows(n: int) -> None:
     gd = bench_module("guard")
     torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -575,7 +606,7 @@ def main() -> int:
         return 0
     n = max(5, args.pairs)
     only = {"first" if k == "first_call" else k for k in filter(None, args.only.split(","))}
-    known = {"simulate", "scan", "checkpoint", "explain", "move", "first", "guard", "trace", "depth"}
+    known = {"simulate", "scan", "checkpoint", "explain", "move", "first", "guard", "trace", "depth", "startup"}
     if only - known:  # a misspelt row would be skipped in silence
         ap.error(f"--only {','.join(sorted(only - known))}: unknown row; the rows are {', '.join(sorted(known))}")
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} cpus, "
@@ -590,7 +621,7 @@ def main() -> int:
             "simulate": lambda: simulate_rows(n), "scan": lambda: scan_rows(n),
             "checkpoint": lambda: checkpoint_row(n, tmp), "explain": lambda: explain_rows(n),
             "move": lambda: move_rows(n), "first": lambda: first_call_rows(n, tmp),
-            "guard": lambda: guard_rows(n), "trace": lambda: trace_row(n),
+            "guard": lambda: guard_rows(n), "trace": lambda: trace_row(n), "startup": lambda: startup_rows(n),
             "depth": lambda: bench_module("depth").rows(n, children, summary, row)}
         for key, step in steps.items():
             if not only or key in only:

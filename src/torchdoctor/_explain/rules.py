@@ -54,7 +54,9 @@ _rule("quant_config", ("quantization_config", "bitsandbytesconfig", "8bit", "4bi
       _Q, weight=0.5, why="the log loads a quantized model")
 _rule("accelerate_mixed", ACCEL + ("offload",), (), (_DEV,), _MIX, weight=0.6,
       why="accelerate hooks / device_map in the traceback: a model dispatched or offloaded over devices")
-_rule("two_gpus_alt", flags=("two_accels",), applies_to=(_DEV,), category=_Q, weight=0.5,
+# two GPUs alone say nothing of quantization (hunt U9: a plain split read as "quantized" at 0.90 beside 0.95): a
+# small nudge; bitsandbytes / GPTQ frames or a quantization config are what make it the reading
+_rule("two_gpus_alt", flags=("two_accels",), applies_to=(_DEV,), category=_Q, weight=0.1,
       why="quantized models loaded with device_map='auto' over several GPUs fail this way")
 _rule("index_op", ("index_select", "gather", "embedding", "index"), ("cpu_and_accel",), (_DEV,),
       "cpu_gpu_indexing", weight=0.4, why="the failing op indexes a tensor with another tensor")
