@@ -192,20 +192,22 @@ def placed_on(value: Any, device: torch.device | None, dtype: torch.dtype | None
     return value
 
 
-def operand_fix(source: str, target: torch.dtype) -> tuple[str, str | None] | None:
-    """The fix of an operand an op refuses in its dtype (a loss's ``target`` where its input is float32), at the
+def operand_fix(source: str, target: torch.dtype | torch.device) -> tuple[str, str | None] | None:
+    """The fix of an operand an op refuses in its dtype (a loss's ``target`` where its input is float32), or on its
+    device (between the parts of a model the program split: ``image_features.to(inputs_embeds.device)``), at the
     user's call: ``source`` is ``operand target at app.py:16`` (``origin.operand_at``); the line as it should read,
-    the operand cast there, and its unified diff. None when the line cannot be read back."""
+    the operand cast or moved there, and its unified diff. None when the line cannot be read back."""
     import linecache
     import re
 
     from torchdoctor._report.diff import line_patch
-    from torchdoctor._virtual.origin import LINES
+    from torchdoctor._virtual.origin import LIKE, LINES
 
     name, _, at = source.removeprefix("operand ").partition(" at ")
     file, line = LINES.get(at, ("", 0))
     old = linecache.getline(file, line) if file else ""
-    new = re.sub(rf"(?<![\w.]){re.escape(name)}\b(?!\s*=[^=])", f"{name}.to({target})", old.rstrip("\r\n"), count=1)
+    to = target if isinstance(target, torch.dtype) else f"{LIKE[source]}.device" if source in LIKE else repr(str(target))
+    new = re.sub(rf"(?<![\w.]){re.escape(name)}\b(?!\s*=[^=])", f"{name}.to({to})", old.rstrip("\r\n"), count=1)
     if not old or new == old.rstrip("\r\n"):
         return None
     return new.strip(), line_patch(file, line, new)

@@ -230,6 +230,7 @@ def maker_of(t: Any, module_path: Callable[[Any], str | None]) -> str | None:
 
 IN_SCOPE: dict[str, str] = {}  # "file:line" of a factory call -> the first tensor argument of its function
 LINES: dict[str, tuple[str, int]] = {}  # "file:line" as reports write it -> the full file name and the line
+LIKE: dict[str, str] = {}  # "operand x at app.py:9" -> the operand whose device x should take there (a split model)
 
 
 def short_at(f: Any) -> str:

@@ -12,7 +12,7 @@ from torch import nn
 from torchdoctor._rules.profile import DeviceProfile, factory_refusal, refusal
 from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.model import Problem
-from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
+from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device, tensor_device
 from torchdoctor._virtual.atop import Cases, tags_of
 from torchdoctor._virtual.datadtype import data_dtype, factory_call, maker_name
 from torchdoctor._virtual.escaped import escaped_problem
@@ -21,6 +21,7 @@ from torchdoctor._virtual.patched import apart
 from torchdoctor._virtual.origin import from_origin, maker_of, moved_by_apply, operand_at, ran_as_asked, where_called
 from torchdoctor._virtual.promote import Promotions, mixed
 from torchdoctor._virtual.scripted import Entered
+from torchdoctor._virtual.split import note_like, odd_ones, placed_apart
 from torchdoctor._virtual.stackview import StackView
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, is_entry as _is_entry, standin
 from torchdoctor._tracker import ModuleStack
@@ -45,6 +46,7 @@ class _Recorder(StackView, Hooks):
         self.roles = roles
         self.roots: list[nn.Module] = []
         self._model_dtype: torch.dtype | None = None
+        self._apart: bool | None = None  # the program placed the model's parts on several devices (``split``)
         self.problems: list[Problem] = []
         self.seen: set[tuple[str, ...]] = set()
         self.stopped: str | None = None
@@ -91,8 +93,8 @@ class _Recorder(StackView, Hooks):
         return blamed + entry + [from_origin(p, origin, {b.path for b in blamed}) for p in rest] + ran_as_asked(self.dtype, roots, getattr(self, "computed", None))
 
     def _policy_blamed(self, problems: list[Problem], roots: list[Any], have: set[str]) -> list[Problem]:
-        bad = {p.found for p in problems if p.kind in ("dtype", "device")}
-        kinds = {p.kind for p in problems} & {"dtype", "device"}
+        kinds = {p.kind for p in problems} & ({"dtype"} if self._split() else {"dtype", "device"})  # parts as placed
+        bad = {p.found for p in problems if p.kind in kinds}
         if not bad:
             return []
         from torchdoctor._guard.provenance import policy_problems, suspects  # culprits: only when there are some
@@ -152,6 +154,7 @@ class _Recorder(StackView, Hooks):
                        f"{self.profile.count} {self.profile.type} device(s)", op=op, key=device_str(target))
 
     def _moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
+        self._apart = None
         refused = target.type == self.profile.type and not self.profile.supports(dtype, "storage")
         src, path = getattr(tensor, "_td_device", tensor.device), getattr(tensor, "_td_path", None) or (
             moved_by_apply(tensor) if refused else None)  # a refused move named by Module.to's frames
@@ -303,7 +306,10 @@ class _Recorder(StackView, Hooks):
                 if net is not None:  # a network patched into the model's forward: one problem, its fix the network's
                     made = f"{made} ({net[1]})"
                     self.sources.setdefault((p.kind, place, op, found), net[0])
-                named_at = operand_at(t) if f.fixed else None  # a loss's target: named as the call passes it
+                split = on_device and anchor is not None and self._split()  # an operand between parts: at its line
+                named_at = operand_at(t) if f.fixed or split else None  # a loss's target: named as the call passes it
+                if split and named_at:
+                    note_like(named_at, call.all_tensors(), anchor)  # moved to the device of what it meets
                 made = f"{named_at} ({made})" if named_at and not path else made
                 what = f"{path or made} {compact(t.dtype, tuple(t.shape), t._td_device)}"
                 moved = origin.moved_copy(t, found, self.modules.path_of) if origin and path and on_device else None
@@ -365,6 +371,9 @@ class _Recorder(StackView, Hooks):
         # ... unless the weights sit where the run was asked to go (and no accelerate hook spreads the model over
         # devices): then a tensor made on the wrong device is the culprit (a bare ``.cuda()`` meeting cuda:1 weights)
         with_entries = [v for v, ks in groups.items() if any(_is_entry(call.at(k)) for k in ks)]
+        if p.kind == "device" and self._split() and (odd := odd_ones(groups, with_entries, norm_device(
+                tensor_device(call.all_tensors()[0])))) is not None:  # each part where the program put it
+            return odd
         if p.kind == "device" and len(groups) == 2 and len(with_entries) == 1:
             other = next(v for v in groups if v != with_entries[0])
             if with_entries[0] == self.device and not self._dispatched():
@@ -376,20 +385,14 @@ class _Recorder(StackView, Hooks):
         return offenders, f.target
 
     def _dispatched(self) -> bool:
-        """A running module under an accelerate hook: its device comes from the hook, not from ``device=``."""
-        return any("_hf_hook" in getattr(m, "__dict__", {}) for m in self.modules.stack)
+        """A running module under an accelerate hook, or in a model the program split over devices itself: its
+        device comes from the hook or the program, not from ``device=``."""
+        return any("_hf_hook" in getattr(m, "__dict__", {}) for m in self.modules.stack) or self._split()
 
-    def model_dtype(self) -> torch.dtype | None:
-        """The model's dtype as the placement policy decides it for the first root (in ``virtual_devices``, the
-        module the user's code called; looked up once, at the first dtype problem): declared, else a vote."""
-        roots = self.roots or self.modules.outermost
-        if self._model_dtype is None and roots:
-            from torchdoctor._scan.policy import Policy
-            from torchdoctor._walk import walk
-
-            comps = Policy(walk(roots[0]), None, None, False).components
-            self._model_dtype = next((c.dtype for c in reversed(comps) if c.dtype is not None), torch.float32)
-        return self._model_dtype
+    def _split(self) -> bool:
+        if self._apart is None:
+            self._apart = placed_apart(self.roots or self.modules.outermost, self.profile.type)
+        return self._apart
 
 
 _INDEX_OPS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put", "aten::index_put_",

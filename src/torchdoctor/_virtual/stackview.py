@@ -16,6 +16,20 @@ class StackView:
     """Mixed into the recorder: ``modules`` is its ``ModuleStack``."""
 
     modules: Any
+    roots: list[Any]
+    _model_dtype: torch.dtype | None
+
+    def model_dtype(self) -> torch.dtype | None:
+        """The model's dtype as the placement policy decides it for the first root (in ``virtual_devices``, the
+        module the user's code called; looked up once, at the first dtype problem): declared, else a vote."""
+        roots = self.roots or self.modules.outermost
+        if self._model_dtype is None and roots:
+            from torchdoctor._scan.policy import Policy
+            from torchdoctor._walk import walk
+
+            comps = Policy(walk(roots[0]), None, None, False).components
+            self._model_dtype = next((c.dtype for c in reversed(comps) if c.dtype is not None), torch.float32)
+        return self._model_dtype
 
     def running(self) -> Any:
         return self.modules.stack[-1] if self.modules.stack else None

@@ -1,0 +1,47 @@
+"""A model the program split over accelerators itself (``vision_tower.to("cuda:1")``, ``language_model.to("cuda:0")``;
+a device map written by hand): each part computes where the program put it, not on the device the run was asked for.
+
+Then no part is "not moved", and at an op that mixes two devices the odd operand is the one away from the part's
+weights or, among activations alone, away from the op's first operand (torch's device for the op): the projector's
+``image_features`` on cuda:1 scattered into ``inputs_embeds`` on cuda:0 is the culprit, fixed by
+``image_features.to(inputs_embeds.device)`` at that line, never by moving the whole model.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from torchdoctor._placement import norm_device, tensor_device
+from torchdoctor._virtual.origin import LIKE, operand_at
+
+
+def placed_apart(roots: list[Any], vtype: str) -> bool:
+    """The floating parameters and buffers of ``roots`` sit on two or more ``vtype`` devices."""
+    seen: set[Any] = set()
+    for root in roots:
+        for t in itertools.chain(root.parameters(), root.buffers()):
+            d = tensor_device(t)
+            if d.type == vtype and t.is_floating_point():
+                seen.add(norm_device(d))
+                if len(seen) > 1:
+                    return True
+    return False
+
+
+def odd_ones(groups: dict[Any, list[Any]], with_entries: list[Any], first: Any) -> tuple[list[Any], Any] | None:
+    """In a split model: the operands to blame and the device they belong on (the weights' device when one group
+    holds model tensors, else the first operand's), or None when that device is not among the groups."""
+    ref = with_entries[0] if len(with_entries) == 1 else first
+    if ref not in groups:
+        return None
+    return [k for v, ks in groups.items() if v != ref for k in ks], ref
+
+
+def note_like(named_at: str, tensors: list[Any], device: Any) -> None:
+    """The operand on ``device`` at the culprit's line, by the name the line calls it (``inputs_embeds``): the fix
+    moves the culprit to its device (``origin.LIKE``, read by ``makers.operand_fix``)."""
+    like = next((x for x in tensors if norm_device(tensor_device(x)) == device), None)
+    other = operand_at(like) if like is not None else None
+    if other is not None and other.partition(" at ")[2] == named_at.partition(" at ")[2]:
+        LIKE[f"operand {named_at}"] = other.partition(" at ")[0]
