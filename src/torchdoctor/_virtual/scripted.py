@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from torchdoctor._placement import compact, norm_device
+from torchdoctor._placement import compact, norm_device, tensor_device
 from torchdoctor._virtual.tensor import VirtualTensor
 
 _SKIP = ("site-packages", "dist-packages", "/torch/", "/torchdoctor/", "<frozen")
@@ -39,6 +39,38 @@ def constants(mod: nn.Module) -> list[torch.Tensor]:
         if isinstance(t, torch.Tensor) and t.dim() > 0 and t.device.type != "meta":  # a CPU scalar meets any device
             found.append(t)
     return found
+
+
+def plain_attributes(mod: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """A scripted module's tensor attributes that are neither parameters nor buffers (``self.scale = torch.ones(4)``),
+    its submodules' included, that its code reads: ``.to()`` moves none of them. A CPU scalar meets any device."""
+    try:
+        found = torch._C._jit_debug_module_iterators(mod._c)["named_attributes_r"]  # type: ignore[attr-defined]
+        owned = {id(t) for t in (*mod.parameters(), *mod.buffers())}
+    except Exception:  # not a scripted module's C++ object: nothing read, nothing claimed
+        return []
+    out = []
+    for item in found:
+        name = item[0] if isinstance(item, tuple) else item
+        holder, _, leaf = name.rpartition(".")
+        try:
+            sub = mod
+            for part in holder.split(".") if holder else ():  # ``get_submodule`` is refused on ScriptModules
+                sub = getattr(sub, part)
+            t = getattr(sub, leaf)
+            uses = _uses(sub.graph, leaf) if isinstance(t, torch.Tensor) and id(t) not in owned else None
+        except Exception:  # an attribute the C++ side holds and Python cannot read back
+            continue
+        # read by the forward, and not moved first by its own code (``self.scale.to(x.device)``)
+        if uses and t.dim() > 0 and not uses & {"aten::to", "aten::cuda", "aten::type_as"}:
+            out.append((name, t))
+    return out
+
+
+def _uses(graph: Any, leaf: str) -> set[str]:
+    """The kinds of the nodes that take ``self.<leaf>`` as the forward's graph reads it."""
+    return {u.user.kind() for node in graph.nodes() if node.kind() == "prim::GetAttr" and node.s("name") == leaf
+            for u in node.output().uses()}
 
 
 def held_as(t: torch.Tensor) -> str | None:
@@ -121,3 +153,15 @@ class Entered:
                       f"so it meets the inputs on {where}; register it as a buffer "
                       f"(self.register_buffer(...)) before tracing, or trace on {where}",
                       f"{kind}.forward", "attribute", shown)
+        for rel, t in plain_attributes(mod) if isinstance(mod, torch.jit.RecursiveScriptModule) else ():
+            dev = norm_device(tensor_device(t))
+            if dev == where:
+                continue
+            root = local_name(mod) if not path else None  # as the program holds it: ``scripted.scale``
+            name = ".".join(p for p in (root or path, rel) if p)
+            shown = compact(t.dtype, tuple(t.shape), dev)
+            self.note("device", name, str(dev), str(where),
+                      f"{name} {shown} is a plain tensor attribute of the TorchScript module `{path or '<root>'}` "
+                      f"({kind}): `.to()` moves only parameters and buffers, so it stays on {dev} and meets the "
+                      f"inputs on {where}; register it as a buffer (self.register_buffer({rel.rpartition('.')[2]!r}, "
+                      f"...)) before torch.jit.script, or move it yourself", f"{kind}.forward", "attribute", shown)
