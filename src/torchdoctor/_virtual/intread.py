@@ -28,12 +28,12 @@ _C10_NAME = re.compile(r"\b(signed char|unsigned char|Char|Byte)\b")  # c10's na
 _HOLDERS: dict[str, str] = {}  # "name at file:line" -> the holder's type, for the note
 
 
-def storage_read(exc: BaseException, rec: Any) -> bool:
+def storage_read(exc: BaseException, rec: Any, stop: type[BaseException]) -> bool:
     """Record ``exc`` (a dtype error torch raised before any op) as stored integers or float8 read directly at the
-    program's line, when that line names such a tensor; False otherwise (the caller's other handling goes on)."""
+    program's line, when that line names such a tensor; False otherwise (the caller's other handling goes on).
+    ``stop``: what the recorder raises to end a run at its first problem."""
     from torchdoctor._explain.tokens import dtypes_in
     from torchdoctor._virtual.origin import LINES, MACHINERY, short_at
-    from torchdoctor._virtual.recorder import _Stop
 
     first = (str(exc).strip().splitlines() or [""])[0]
     if not isinstance(exc, RuntimeError) or "dtype" not in first or exc.__traceback__ is None:
@@ -68,7 +68,7 @@ def storage_read(exc: BaseException, rec: Any) -> bool:
     _HOLDERS[key] = holder
     rec.sources.setdefault((problem.kind, problem.path, problem.op or "", problem.found), (STORAGE + key,))
     rec.stopped = f"the run ended at {at}: {type(exc).__name__}: {first}"
-    with contextlib.suppress(_Stop):
+    with contextlib.suppress(stop):
         rec._add(problem, key=("storage", path, at))
     return True
 

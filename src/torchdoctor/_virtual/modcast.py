@@ -29,6 +29,16 @@ class Casts:
     def __init__(self, subst: dict[tuple[str, int], torch.dtype]) -> None:
         self.subst = subst  # (file, line) -> the dtype a fixed line casts to (a re-run)
         self.seen: list[tuple[Any, torch.dtype, str, int, str]] = []
+        # module moves, as ``seen``, with the globals of the moving code (``globaldev``)
+        self.moves: list[tuple[Any, torch.device, str, int, str, dict[str, Any]]] = []
+
+    def record_move(self, mod: torch.nn.Module, device: torch.device | None, frame: Any) -> None:
+        from torchdoctor._guard.remedy import own_file
+        from torchdoctor._virtual.origin import short_at
+
+        if device is not None and frame is not None and own_file(frame.f_code.co_filename) and len(self.moves) < 4096:
+            self.moves.append((weakref.ref(mod), device, frame.f_code.co_filename, frame.f_lineno, short_at(frame),
+                               frame.f_globals))
 
     def record(self, mod: torch.nn.Module, dtype: torch.dtype | None, frame: Any) -> torch.dtype | None:
         from torchdoctor._guard.remedy import own_file
@@ -55,6 +65,13 @@ def _dtype_of(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch
         return None
 
 
+def _device_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
+    try:
+        return torch._C._nn._parse_to(*args, **kwargs)[0]
+    except Exception:  # not a call Module.to takes: it raises itself
+        return None
+
+
 _ACTIVE: list[Casts] = []  # the runs recording now (runs in threads may end in any order)
 _SAVED: dict[str, Any] = {}  # the methods as torch has them, while patched
 _LOCK = threading.Lock()
@@ -67,8 +84,10 @@ def _wrap(name: str, orig: Any) -> Any:
         want = None
         if _ACTIVE:
             dtype, frame = _dtype_of(name, args, kwargs), user_frame(2)  # past a tracer's wrapper
+            device = _device_of(args, kwargs) if name == "to" else None
             for c in list(_ACTIVE):
                 want = c.record(self, dtype, frame) or want
+                c.record_move(self, device, frame)
         out = orig(self, *args, **kwargs)
         return _SAVED.get("to", torch.nn.Module.to)(self, want) if want is not None else out
 
@@ -102,11 +121,14 @@ def module_casts(fixes: Sequence[Fix] = ()) -> Iterator[Casts]:
 def at_cast_lines(fixes: list[Fix], casts: Casts | None, root: Any) -> list[Fix]:
     """Each component cast (``model.text_encoder.to(torch.bfloat16)``) of a component the program itself casts to
     another dtype at a line of its own file, replaced by that line fixed (a diff); the others as they were."""
-    if casts is None or not casts.seen or not isinstance(root, torch.nn.Module):
+    if casts is None or not isinstance(root, torch.nn.Module):
         return fixes
+    from torchdoctor._virtual.builtat import build_line_fix
+    from torchdoctor._virtual.globaldev import device_line_fix
+
     out: list[Fix] = []
     for f in fixes:
-        out.append(_line_fix(f, casts, root) or f)
+        out.append(_line_fix(f, casts, root) or device_line_fix(f, casts.moves, root) or build_line_fix(f, root) or f)
     return out
 
 

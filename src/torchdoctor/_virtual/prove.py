@@ -44,11 +44,16 @@ class Fix:
     # that dtype in a re-run (``modcast``)
     rebuffer: tuple[str, ...] = ()  # plain attributes registered as buffers in a re-run (``hooked``)
     recall: Any = None  # a call of the program given its missing device= (``callsite.Recall``), so in a re-run
+    reglobal: tuple[dict[str, Any], str, Any] | None = None  # (globals, name, value): a module-level device pick
+    # set so in a re-run (``globaldev``)
+    rebuild: tuple[type, str, int, tuple[Any, ...]] | None = None  # modules of a class built at (file, line) moved
+    # there in a re-run (``builtat``)
 
     def applied(self) -> bool:
         """A fix a re-run can apply (advice cannot)."""
         return self.kind in ("path", "line", "apart") or self.remake is not None or self.modcast is not None or \
-            bool(self.rebuffer) or self.recall is not None or (
+            bool(self.rebuffer) or self.recall is not None or self.reglobal is not None or \
+            self.rebuild is not None or (
             self.kind == "input" and isinstance(self.target, torch.dtype) and self.label.startswith(("input ", "kwarg ")))
 
     def to_dict(self) -> dict[str, Any]:

@@ -57,8 +57,10 @@ def lines_of(fixes: Sequence[Fix]) -> dict[tuple[str, int, str], tuple[Any, Any]
 def remade(fixes: Sequence[Fix]) -> Iterator[None]:
     """While a re-run runs: each factory call a fix changes makes its tensor as the fix says (and the factories of
     a call a fix gives its missing ``device=``: ``callsite``)."""
+    from torchdoctor._virtual.builtat import rebuilt
     from torchdoctor._virtual.callsite import recalled
+    from torchdoctor._virtual.globaldev import reglobals
 
     lines = lines_of(fixes)
-    with recalled(fixes), _Remade(lines) if lines else contextlib.nullcontext():
+    with recalled(fixes), reglobals(fixes), rebuilt(fixes), _Remade(lines) if lines else contextlib.nullcontext():
         yield

@@ -326,7 +326,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
         except _Stop:
             pass
         except Exception as exc:
-            if not rec.problems and not storage_read(exc, rec) and not rec.escaped(exc):
+            if not rec.problems and not storage_read(exc, rec, _Stop) and not rec.escaped(exc):
                 raise
             failure = exc  # most likely a consequence of the problems: report them, chained to it
     session._casts = casts

@@ -200,7 +200,7 @@ def simulate(
                     rec.stop_unsupported(_api_name(exc), f"a device runtime call is not simulated: {text}")
             elif rec.problems:
                 rec.stopped = f"the run ended after the problems above: {text}"  # most likely a consequence
-            elif not storage_read(exc, rec) and not rec.escaped(exc):
+            elif not storage_read(exc, rec, _Stop) and not rec.escaped(exc):
                 raise
     rec.computed = space.computed  # type: ignore[attr-defined]  # read by culprits_first
     problems = rec.culprits_first(list(rec.problems), rec.roots)

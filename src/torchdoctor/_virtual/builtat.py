@@ -1,0 +1,118 @@
+"""Modules of the program's own class built after the model was moved (a trainer's ``lin.adapter = LoraAdapter(8,
+8)`` after ``model.to(device)``: ComfyUI's TrainLoraNode) are on the cpu: the fix is the line that builds them,
+moved there (``LoraAdapter(8, 8).to(device, dtype)``, a diff), never ``.data`` lines under an optimizer that already
+holds the parameters. Proven by a re-run where the modules built at that line are moved as the diff says."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import inspect
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from torchdoctor._virtual.prove import Fix
+
+__all__ = ["build_line_fix", "rebuilt"]
+
+
+def build_line_fix(f: Fix, root: Any) -> Fix | None:
+    """``f`` (``.data`` moves of the tensors of modules of one class of the program's own file) replaced by the one
+    line of that file that builds them, moved there; None otherwise."""
+    from torchdoctor._guard.maps import value_code
+    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._report.diff import line_patch
+
+    if f.kind != "path" or not f.sets or not isinstance(root, torch.nn.Module):
+        return None
+    targets = {t for _, t in f.sets}
+    if len(targets) != 1:
+        return None
+    target = next(iter(targets))
+    parts = target if isinstance(target, tuple) else (target,)
+    if not isinstance(parts[0], torch.device):
+        return None
+    owners = []
+    for path, _ in f.sets:
+        try:
+            owners.append(root.get_submodule(path.rsplit(".", 1)[0]) if "." in path else None)
+        except AttributeError:
+            return None
+    kinds = {type(o) for o in owners}
+    if len(kinds) != 1 or None in owners or (cls := next(iter(kinds))).__module__.startswith("torch."):
+        return None
+    try:
+        file = next((v.__code__.co_filename for v in vars(cls).values() if hasattr(v, "__code__")), "") or \
+            inspect.getsourcefile(cls) or ""  # a function of the class: its module may be in no sys.modules
+        with open(file, encoding="utf-8") as fh:
+            text = fh.read()
+        tree = ast.parse(text)
+    except (OSError, TypeError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    if not own_file(file):
+        return None
+    lines = text.split("\n")
+    sites = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and (
+        isinstance(c.func, ast.Name) and c.func.id == cls.__name__ or
+        isinstance(c.func, ast.Attribute) and c.func.attr == cls.__name__)]
+    if len(sites) != 1 or sites[0].lineno != sites[0].end_lineno or not lines[sites[0].lineno - 1].isascii():
+        return None
+    call = sites[0]
+    fn = min((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and
+              n.lineno <= call.lineno <= (n.end_lineno or 0)), key=lambda n: (n.end_lineno or 0) - n.lineno,
+             default=None)
+    known = {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)} if fn is not None else set()
+    exprs = [("device" if "device" in known else value_code(parts[0])) if isinstance(x, torch.device) else
+             ("dtype" if "dtype" in known else value_code(x)) for x in parts]
+    raw, end = lines[call.lineno - 1], int(call.end_col_offset or 0)
+    moved = f".to({', '.join(exprs)})"
+    diff = line_patch(file, call.lineno, (raw[:end] + moved + raw[end:]).strip())
+    if diff is None:
+        return None
+    short = f"{file.rsplit('/', 1)[-1]}:{call.lineno}"
+    count = len({id(o) for o in owners})
+    many = (f"{count} {cls.__name__} modules are", "them", "they are") if count > 1 else \
+        (f"1 {cls.__name__} module is", "it", "it is")
+    return Fix(f"# {many[0]} built at {short} after the model was moved, on the cpu: move {many[1]} where {many[2]} "
+               f"built ({ast.unparse(call)}{moved})", "note", target,
+               sets=f.sets, diff=diff, rebuild=(cls, file, call.lineno, parts))
+
+
+class _Moved:
+    """``cls.__init__`` wrapped: a module built at the fixed line is moved right after it is built."""
+
+    def __init__(self, cls: Any, file: str, line: int, parts: tuple[Any, ...]) -> None:
+        self.cls, self.file, self.line, self.parts = cls, file, line, parts
+        self.orig = cls.__dict__.get("__init__")
+
+    def __enter__(self) -> None:
+        from torchdoctor._virtual.origin import user_frame
+
+        orig: Any = vars(self.cls).get("__init__") or getattr(self.cls, "__init__")
+        want, parts = (self.file, self.line), self.parts
+
+        def init(mod: Any, *args: Any, **kwargs: Any) -> None:
+            orig(mod, *args, **kwargs)
+            f = user_frame(2)
+            if f is not None and (f.f_code.co_filename, f.f_lineno) == want and type(mod) is self.cls:
+                mod.to(*parts)
+
+        self.cls.__init__ = init  # type: ignore[misc]
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.orig is None:
+            del self.cls.__init__  # type: ignore[misc]
+        else:
+            self.cls.__init__ = self.orig  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def rebuilt(fixes: Sequence[Fix]) -> Iterator[None]:
+    """While a re-run runs: the modules each fix builds at its line are moved as the fix says; put back after."""
+    with contextlib.ExitStack() as stack:
+        for f in fixes:
+            if f.rebuild is not None:
+                stack.enter_context(_Moved(*f.rebuild))
+        yield
