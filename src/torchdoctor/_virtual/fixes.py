@@ -12,6 +12,7 @@ from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_d
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.groups import whole_component
 from torchdoctor._virtual.intread import STORAGE, storage_note
+from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
 from torchdoctor._virtual.apart import Apart, find, fix as apart_fix, network_fix
 from torchdoctor._virtual.callsite import caller_fix
@@ -120,9 +121,10 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             continue
         if made_from and made_from[0].startswith("operand "):  # an operand the op refuses in its dtype: at the call
             from torchdoctor._virtual.makers import operand_fix
-            fixed = operand_fix(made_from[0], target) if isinstance(target, torch.dtype) else None
+            fixed = operand_fix(made_from[0], target) if isinstance(target, (torch.dtype, torch.device)) else None
             if fixed is not None and fixed[0] not in {f.code for f in factories}:
-                factories.append(Fix(fixed[0], "note", target, sets=((made_from[0], target),), diff=fixed[1]))
+                factories.append(Fix(fixed[0], "note", target, sets=((made_from[0], target),), diff=fixed[1],
+                                     reoperand=reoperand(made_from[0], target)))  # a re-run gives it so there
             continue
         if p.role in _NAMED and p.found in _STORAGE_NAMES and isinstance(target, torch.dtype) and \
                 target.is_floating_point:  # integer storage a plain layer computes with: the cast says what it is

@@ -60,7 +60,9 @@ def remade(fixes: Sequence[Fix]) -> Iterator[None]:
     from torchdoctor._virtual.builtat import rebuilt
     from torchdoctor._virtual.callsite import recalled
     from torchdoctor._virtual.globaldev import reglobals
+    from torchdoctor._virtual.operandfix import reoperated
 
     lines = lines_of(fixes)
-    with recalled(fixes), reglobals(fixes), rebuilt(fixes), _Remade(lines) if lines else contextlib.nullcontext():
+    with recalled(fixes), reglobals(fixes), rebuilt(fixes), reoperated(fixes), \
+            _Remade(lines) if lines else contextlib.nullcontext():
         yield
