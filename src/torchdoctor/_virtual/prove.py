@@ -271,8 +271,9 @@ def proof_lines(fixes: Sequence[Fix]) -> list[str]:
         return [*lines, f"# fix proven ({judged[0].tried})"]
     out: list[str] = []
     for f in fixes:
-        out += [x for x in f.code.splitlines() if x not in out]
-        if (f.sets or f.rerun) and not f.proven:
+        new = [x for x in f.code.splitlines() if x not in out]
+        out += new
+        if (f.sets or f.rerun) and not f.proven and (new or not f.code.strip()):  # one verdict per line said
             out.append(f"# ^ fix unproven: {f.tried}" if any(g.proven for g in judged) else "")
     first = next((f for f in judged if not f.proven), None) or (fixes[0] if fixes else None)
     tried = first.tried if first is not None and first.tried else "nothing a failing op read was changed"
