@@ -26,7 +26,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from torchdoctor._guard.dispatch import never_compiled
-from torchdoctor._placement import dtype_str
+from torchdoctor._placement import PACKED_DTYPES, dtype_str
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.origin import where_called
 
@@ -198,7 +198,9 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
     clone = _copy(obj)
     cast = tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
                     (args, kwargs))
-    if call is None and callable(getattr(type(clone), "to", None)):
+    if call is None and isinstance(clone, torch.nn.Module):  # float8 and packed storage kept, as the program holds it
+        clone.to("cpu")._apply(lambda t: t.to(dtype) if t.is_floating_point() and t.dtype not in PACKED_DTYPES else t)
+    elif call is None and callable(getattr(type(clone), "to", None)):
         clone.to("cpu", dtype)
     apply_fixes(clone, fixes or [])
     found = walk(clone)

@@ -262,10 +262,12 @@ class _EmptyFp32(logging.Filter):
 
 @contextlib.contextmanager
 def _quiet_moves() -> Any:
+    from torchdoctor._virtual.storage import kept  # the verb's own cast keeps float8 and packed storage
     logger, quiet = logging.getLogger("diffusers.models.modeling_utils"), _EmptyFp32()
     logger.addFilter(quiet)
     try:
-        yield
+        with kept():
+            yield
     finally:
         logger.removeFilter(quiet)
 
@@ -280,8 +282,7 @@ def assumed_note(n: int, device: torch.device) -> str:
 
 
 def not_loaded(found: Any) -> int:
-    """How many parameters a walked object holds when every one of them is on meta (a model built on the meta
-    device, weights not loaded), else 0."""
+    """How many parameters a walked object holds when all are on meta (built on meta, not loaded), else 0."""
     params = [e for e in found.entries if e.role == "parameter" and e.alias_of is None]
     return len(params) if params and all(e.tensor.device.type == "meta" for e in params) else 0
 
@@ -316,11 +317,10 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
                     select: bool = True) -> SimulationReport:
     """``simulate`` of a TARGET whose own code must run on the virtual devices: ``load()`` (importing the file and
     calling its factory) runs inside the virtual session, so a function that builds its model on ``cuda:N`` works
-    on any machine; then the object is moved with its own ``.to`` and called on its inputs, as ``simulate`` does.
-    Nothing is copied: the objects are the ones ``load`` made in the run, named by their paths as ``simulate``
-    names its copy's, and ``assume_device`` means what it means there (by default a model whose parameters are all
-    on meta is taken as loaded on ``device``, and the report says so). ``sources``: where device/dtype/profile
-    came from (``--device``, ``[tool.torchdoctor] in FILE``), said in the report."""
+    on any machine; then the object is moved with its own ``.to`` (float8 and packed storage kept) and called on its
+    inputs. Nothing is copied: the objects are the ones ``load`` made in the run, named by their paths, and
+    ``assume_device`` means what it means in ``simulate`` (a model whose parameters are all on meta is taken as
+    loaded on ``device``, said so). ``sources``: where device/dtype/profile came from, said in the report."""
     from torchdoctor._scan.scan import scan
     from torchdoctor._virtual.session import proven_fixes, virtual_devices
     from torchdoctor._walk import walk
@@ -359,7 +359,8 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
             forward = True
             call(obj)
         elif callable(getattr(type(obj), "to", None)) and (to or dt) is not None:
-            obj.to(*(() if to is None else (to,)), *(() if dt is None else (dt,)))
+            with _quiet_moves():
+                obj.to(*(() if to is None else (to,)), *(() if dt is None else (dt,)))
         placed = scan(obj, device=session.device, dtype=None if args or kwargs else dt) if call is None else None
         if call is None and (args or kwargs):
             forward = True
@@ -388,9 +389,8 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
 
 def _rerun_fresh(load: Callable[[], Any], items: list[Fix], dev: torch.device, dt: torch.dtype | None, profile: Any,
                  limit: int, assume_device: Any, data: str) -> list[Fix]:
-    """The fixes no failing op judged (a uint8 weight named when its layer starts), proven as the API proves them:
-    a virtual re-run of a freshly built TARGET with them applied, so the command line and ``simulate`` give one
-    verdict. A TARGET that cannot be built again outside the run keeps the verdict it has."""
+    """The fixes no failing op judged, proven as the API proves them (a re-run of a freshly built TARGET with them
+    applied: one verdict for the CLI and ``simulate``); a TARGET that cannot be built again keeps its verdict."""
     try:
         fresh = load()
     except Exception as exc:  # built on the device itself: only a run can build it
