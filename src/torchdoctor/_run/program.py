@@ -291,11 +291,13 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
                            seconds=time.perf_counter() - start, missing=watcher.missing)
         report.internal = internal
         return report
+    from torchdoctor._run.rerun import said_why_not
+
     where = {key: first_own_frame(frames, watcher.root) for key, frames in session.stacks.items()}
     report = RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
                        time.perf_counter() - start, session.stopped, where, notes,
                        _expected(session, profile, sources or {}), watcher.missing, session.where_ran(),
-                       session.networks, session.fixes)
+                       session.networks, said_why_not(session.fixes))
     report.internal = internal
     return report
 
