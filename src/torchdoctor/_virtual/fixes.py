@@ -11,7 +11,7 @@ import torch
 from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.groups import whole_component
-from torchdoctor._virtual.intread import STORAGE, storage_note
+from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage_note
 from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
 from torchdoctor._virtual.apart import Apart, find, fix as apart_fix, network_fix
@@ -78,6 +78,13 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             if _SCALER_BF16 not in {f.code for f in factories}:  # CUDA has no bf16 unscale kernel
                 factories.append(Fix(_SCALER_BF16, "note"))
             continue
+        if p.kind == "device" and "does not exist (invalid device ordinal)" in p.message:  # the profile, not the
+            note = (f"# {p.found} is a device the simulated profile does not have: simulate as many devices as the "
+                    f"program uses (simulate(..., profile=torchdoctor.DeviceProfile.for_device({p.found!r})), or "
+                    f"run --device {p.found}); no placement change is needed for it")  # program, is short of devices
+            if note not in {f.code for f in factories}:
+                factories.append(Fix(note, "note", tried="not re-run: a setting of the check, not of the program"))
+            continue
         if scripted and p.role == "attribute" and p.kind == "device":
             continue  # a traced module's constant: a move of the attribute changes nothing in the traced code
         if "unscale FP16 gradients" in p.message:  # GradScaler met float16 parameters: casting anything to float16 is
@@ -113,6 +120,10 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                 factories.append(Fix(read[0], "note", target, diff=read[1], tried="not re-run: a host read at "
                                      "that line; .cpu() copies the tensor to host memory, which numpy reads"))
                 continue
+        if made_from and made_from[0].startswith(NUMPY) and (floated := float_read_fix(made_from[0])) is not None:
+            factories.append(Fix(f"{floated[0]}  # numpy has no {p.found}: cast it to float32 first", "note", target,
+                                 diff=floated[1], renumpy=floated[2]))  # a re-run reads it so at that line
+            continue
         if made_from and made_from[0].startswith(STORAGE):  # stored integers read directly at the program's line
             note = storage_note(made_from[0], p.found, target)
             if note not in {f.code for f in factories}:

@@ -116,6 +116,12 @@ def whole_component(culprits: list[tuple[str | None, str, str, Any]], have: Mapp
     if comp is None:
         return [], culprits
     (was,) = found
+    held = [p for p in floating if p.startswith(comp + ".")]
+    if all(p[len(comp) + 1:].isdigit() for p in held):  # a tuple or list of tensors (rope tables): no .to of its own
+        c = code_path(comp)
+        return [Fix(f"{c} = type({c})(t.to({value_code(want)}) for t in {c})  # every tensor of {comp} is "
+                    f"{str(was)[6:]} while the rest of the model is {str(want)[6:]}", "path", want,
+                    sets=tuple((p, want) for p in held))], [c for c in culprits if c not in cast]
     fix = Fix(f"{code_path(comp)}.to({value_code(want)})  # every floating tensor of {comp} is "
               f"{str(was)[6:]} while the rest of the model is {str(want)[6:]}: cast that component (or load it with "
               f"torch_dtype={value_code(want)})", "path", want, sets=((comp + ".", want),))

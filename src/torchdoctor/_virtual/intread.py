@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import linecache
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,7 +18,7 @@ from torch import nn
 from torchdoctor._placement import FLOAT8_DTYPES, compact, dtype_str, parse_dtype, tensor_device
 from torchdoctor._report.model import Problem
 
-__all__ = ["STORAGE", "storage_note", "storage_read"]
+__all__ = ["NUMPY", "STORAGE", "float_read_fix", "float_reads", "storage_note", "storage_read"]
 
 STORAGE = "storage "  # the source prefix of such a problem: "storage <name> at <file:line>"
 _STORED = frozenset({torch.uint8, torch.int8, *FLOAT8_DTYPES})
@@ -36,6 +36,8 @@ def storage_read(exc: BaseException, rec: Any, stop: type[BaseException]) -> boo
     from torchdoctor._virtual.origin import LINES, MACHINERY, short_at
 
     first = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, TypeError) and "unsupported ScalarType" in first and exc.__traceback__ is not None:
+        return _numpy_read(exc, first, rec, stop)
     if not isinstance(exc, RuntimeError) or "dtype" not in first or exc.__traceback__ is None:
         return False
     named = {_dtype(n) for n in dtypes_in(first)} | {_C10[n.lower()] for n in _C10_NAME.findall(first)}
@@ -133,3 +135,75 @@ def _library(module: nn.Module) -> bool:
     except (TypeError, OSError):
         return False
     return "site-packages" in file or "dist-packages" in file
+
+
+NUMPY = "numpy at "  # the source prefix of a host read numpy refused: "numpy at <file:line>"
+_READ = re.compile(r"(?<!\.float\(\))\.numpy\(\)")
+
+
+def _numpy_read(exc: BaseException, first: str, rec: Any, stop: type[BaseException]) -> bool:
+    """``pred["boxes"].cpu().numpy()`` of a bfloat16 tensor (numpy has no bfloat16) at a line whose tensor has no
+    plain name (``escaped`` names a plain one): the line fixed, ``.float()`` before each ``.numpy()``."""
+    from torchdoctor._explain.tokens import dtypes_in
+    from torchdoctor._virtual.origin import LINES, MACHINERY, short_at
+
+    tb: Any = exc.__traceback__
+    frame, line = None, 0
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(MACHINERY):
+            frame, line = tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+    text = linecache.getline(frame.f_code.co_filename, line) if frame is not None else ""
+    if frame is None or not _READ.search(text) or re.search(r"(?<![\w.])[A-Za-z_]\w*(?:\.\w+\(\))*\.numpy\(\)", text):
+        return False  # a plain name's read: ``escaped`` names it
+    found = (dtypes_in(first) or ["bfloat16"])[0]
+    at = short_at(frame).rsplit(":", 1)[0] + f":{line}"
+    LINES[at] = (frame.f_code.co_filename, line)
+    problem = Problem("dtype", "<top level>", "activation", found, "float32",
+                      f"a {found} tensor read with .numpy() at {at}: numpy has no {found} ({type(exc).__name__}: "
+                      f"{first}); cast it first: .float().numpy()", op="Tensor.numpy")
+    rec.sources.setdefault((problem.kind, problem.path, problem.op or "", problem.found), (NUMPY + at,))
+    rec.stopped = f"the run ended at .numpy() of a {found} tensor at {at}"
+    with contextlib.suppress(stop):
+        rec._add(problem, key=("numpy", at))
+    return True
+
+
+def float_read_fix(source: str) -> tuple[str, str | None, tuple[str, int]] | None:
+    """(the line as it should read, its diff, (file, line)) for ``numpy at app.py:18``."""
+    from torchdoctor._report.diff import line_patch
+    from torchdoctor._virtual.origin import LINES
+
+    file, line = LINES.get(source[len(NUMPY):], ("", 0))
+    old = linecache.getline(file, line).rstrip("\r\n") if file else ""
+    new = _READ.sub(".float().numpy()", old)
+    if not old or new == old:
+        return None
+    return new.strip(), line_patch(file, line, new), (file, line)
+
+
+class _FloatRead(torch.overrides.TorchFunctionMode):
+    def __init__(self, lines: set[tuple[str, int]]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if getattr(func, "__name__", None) == "numpy" and args and isinstance(args[0], torch.Tensor) and \
+                args[0].dtype == torch.bfloat16:
+            from torchdoctor._virtual.origin import user_frame
+
+            f = user_frame(2)
+            if f is not None and (f.f_code.co_filename, f.f_lineno) in self.lines:
+                args = (args[0].float(), *args[1:])
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def float_reads(fixes: Sequence[Any]) -> Iterator[None]:
+    """While a re-run runs: a ``.numpy()`` at a line a fix rewrites reads its tensor as float32 first."""
+    lines = {f.renumpy for f in fixes if getattr(f, "renumpy", None) is not None}
+    if not lines:
+        yield
+        return
+    with _FloatRead(lines):
+        yield

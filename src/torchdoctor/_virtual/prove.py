@@ -49,12 +49,13 @@ class Fix:
     rebuild: tuple[type, str, int, tuple[Any, ...]] | None = None  # modules of a class built at (file, line) moved
     # there in a re-run (``builtat``)
     reoperand: tuple[str, int, str, str | None, Any] | None = None  # an operand fixed at a call (``operandfix``)
+    renumpy: tuple[str, int] | None = None  # a line whose .numpy() reads float32 in a re-run (``intread``)
 
     def applied(self) -> bool:
         """A fix a re-run can apply (advice cannot)."""
         return self.kind in ("path", "line", "apart") or self.remake is not None or self.modcast is not None or \
             bool(self.rebuffer) or self.recall is not None or self.reglobal is not None or \
-            self.rebuild is not None or self.reoperand is not None or (
+            self.rebuild is not None or self.reoperand is not None or self.renumpy is not None or (
             self.kind == "input" and isinstance(self.target, torch.dtype) and self.label.startswith(("input ", "kwarg ")))
 
     def to_dict(self) -> dict[str, Any]:

@@ -60,9 +60,10 @@ def remade(fixes: Sequence[Fix]) -> Iterator[None]:
     from torchdoctor._virtual.builtat import rebuilt
     from torchdoctor._virtual.callsite import recalled
     from torchdoctor._virtual.globaldev import reglobals
+    from torchdoctor._virtual.intread import float_reads
     from torchdoctor._virtual.operandfix import reoperated
 
     lines = lines_of(fixes)
-    with recalled(fixes), reglobals(fixes), rebuilt(fixes), reoperated(fixes), \
+    with recalled(fixes), reglobals(fixes), rebuilt(fixes), reoperated(fixes), float_reads(fixes), \
             _Remade(lines) if lines else contextlib.nullcontext():
         yield
