@@ -36,6 +36,7 @@ _OFFLOAD_HOOKS = frozenset({"CpuOffload", "UserCpuOffloadHook"})
 _MOVED_AT_USE = r"(^|_)original_inv_freq$"
 
 _IS_NORM: dict[type, bool] = {}
+NORM_TYPES = _IS_NORM  # read by ``tally`` per tensor without a call
 _TYPE_FACTS: dict[type, tuple[tuple[str, ...], bool]] = {}
 _SELF_MANAGED: dict[type, frozenset[str]] = {}
 

@@ -68,6 +68,9 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
     comp: Any = None
     kept = cast = False
     norm: bool | None = None
+    norms = intent.NORM_TYPES  # module class -> a normalisation layer (``intent.is_norm`` fills it)
+    last_dt: Any = None
+    ok = False
     for e in policy.w.entries:
         t = e.tensor
         tp = type(t)
@@ -129,9 +132,11 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
             c[2] += meta
         if cast:
             continue
-        ok = votable.get(dt)
-        if ok is None:
-            ok = votable[dt] = dt.is_floating_point and dt not in STORAGE_DTYPES
+        if dt is not last_dt:
+            last_dt = dt
+            ok = votable.get(dt)
+            if ok is None:
+                ok = votable[dt] = dt.is_floating_point and dt not in STORAGE_DTYPES
         if not ok or not info[6] or (adapters and info[0] in adapters):
             continue
         if tp is not _PARAM and tp is not _TENSOR and intent.packed_param(t):
@@ -152,18 +157,19 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
             v[2] += nbytes
         if nonpersistent and info[0] in nonpersistent or (kbit and intent.follows_input(e)):
             continue
-        key = e.key
-        if type(key) is str:
-            scale = scaled.get(key)
-            if scale is None:
-                if len(scaled) > 4096:
-                    scaled.clear()
-                scale = scaled[key] = "scale" in key.lower()
-            if scale and packed_scale(e):
-                continue
+        key = e.key  # a parameter's or buffer's name: a dict key (hashable), nearly always a str
+        scale = scaled.get(key)
+        if scale is None:
+            if len(scaled) > 4096:
+                scaled.clear()
+            scale = scaled[key] = type(key) is str and "scale" in key.lower()
+        if scale and packed_scale(e):
+            continue
         if dt is _F32:
             if norm is None:
-                norm = intent.is_norm(mod)
+                norm = norms.get(type(mod))
+                if norm is None:
+                    norm = intent.is_norm(mod)
             if norm:
                 continue
         dtable = dts[i]
