@@ -359,7 +359,7 @@ class _Recorder(StackView, Hooks):
                     return offenders, real
             return offenders, self.device
         name = getattr(getattr(func, "_schema", None), "name", "")
-        if p.kind == "device" and name in _INDEX_OPS and offenders and offenders[0][0] != 0:
+        if p.kind == "device" and name in _INDEX_OPS and offenders and offenders[0][0] != 0 and not self._split():
             table = call.at((0, -1))  # a table left behind, indexed with indices on the device
             if _is_entry(table) and not any(_is_entry(call.at(k)) for k in offenders):
                 return [(0, -1)], call.at(offenders[0])._td_device

@@ -17,15 +17,20 @@ from torchdoctor._virtual.origin import LIKE, operand_at
 
 
 def placed_apart(roots: list[Any], vtype: str) -> bool:
-    """The floating parameters and buffers of ``roots`` sit on two or more ``vtype`` devices."""
+    """The floating parameters of ``roots`` sit on two or more ``vtype`` devices, or some on the CPU in a module
+    the program hooks on both sides itself (experts kept on the CPU, a pre-hook moving their inputs there and a
+    forward hook their output back: a deliberate offload)."""
     seen: set[Any] = set()
     for root in roots:
-        for t in itertools.chain(root.parameters(), root.buffers()):
-            d = tensor_device(t)
-            if d.type == vtype and t.is_floating_point():
-                seen.add(norm_device(d))
-                if len(seen) > 1:
-                    return True
+        for mod in root.modules():
+            for t in itertools.chain(mod._parameters.values(), mod._buffers.values()):
+                if t is None or not t.is_floating_point():
+                    continue
+                d = tensor_device(t)
+                if d.type == vtype or d.type == "cpu" and mod._forward_pre_hooks and mod._forward_hooks:
+                    seen.add(norm_device(d))
+                    if len(seen) > 1:
+                        return True
     return False
 
 
