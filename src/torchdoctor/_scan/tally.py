@@ -70,7 +70,7 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
     norm: bool | None = None
     norms = intent.NORM_TYPES  # module class -> a normalisation layer (``intent.is_norm`` fills it)
     last_dt: Any = None
-    ok = False
+    ok: bool | None = False
     for e in policy.w.entries:
         t = e.tensor
         tp = type(t)
