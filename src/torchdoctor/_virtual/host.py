@@ -57,7 +57,9 @@ def cpu_work(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, A
         elif space.real:
             kept = next((k for a in args if isinstance(a, torch.Tensor)
                          for k in (space.real_record(a),) if k is not None and k[1] is not None), None)
-            if kept is not None and sum(isinstance(a, torch.Tensor) and a.dim() > 0 for a in args) > 1:
+            made = {id(k[1]) if k is not None else None for a in args if isinstance(a, torch.Tensor) and a.dim() > 0
+                    for k in (space.real_record(a),)}
+            if kept is not None and len(made) > 1:  # (one factory's tensors among themselves: still its own)
                 # computed from several tensors (``latent + noise * s``): no one factory made it, so none is its fix
                 name = (getattr(func, "__name__", "") or "op").strip("_")
                 space.keep_real(out, None, Made(f"Tensor.{name}", space.hooks.running()))
