@@ -3,6 +3,7 @@ the tensors found by path and the sources of tensors made in the run."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -132,7 +133,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             continue
         if made_from and made_from[0].startswith("operand "):  # an operand the op refuses in its dtype: at the call
             from torchdoctor._virtual.makers import operand_fix
-            fixed = operand_fix(made_from[0], target) if isinstance(target, (torch.dtype, torch.device)) else None
+            at_line = LINES.get(made_from[0].partition(" at ")[2], ("", 0))[0]
+            fixed = operand_fix(made_from[0], target) if isinstance(target, (torch.dtype, torch.device)) and \
+                (not at_line or _own(at_line)) else None  # never an edit of an installed library's line
             if fixed is not None and fixed[0] not in {f.code for f in factories}:
                 factories.append(Fix(fixed[0], "note", target, sets=((made_from[0], target),), diff=fixed[1],
                                      reoperand=reoperand(made_from[0], target)))  # a re-run gives it so there
@@ -265,6 +268,10 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
                    f"it is baked into the traced code as constants {found}; trace on the device it runs on (model and "
                    "example input moved first), or register the tensors the forward reads as buffers", "note",
                    tried="not re-run: a change of the traced code, not of a tensor the program passes")
+    if dev is not None and file and not _own(file) and re.search(r"\bdevice\s*=", _text(file, line)):
+        return Fix(f"# {said} at {at} (a library's line) already makes its tensor on the device of what it is "
+                   f"given (device=...): it was given tensors {found}; fix what the library's call receives, not "
+                   "that line", "note", tried="not re-run: the library's line is as it should be")  # never a no-op
     if dev is not None and dt is None and (called := caller_fix(key, file, line, at, dev)) is not None:
         return Fix(called.note, "note", dev, sets=tuple((k, dev) for k in dict.fromkeys((key, *called.keys))),
                    diff=called.diff, recall=called)  # the call that left out the function's device=, fixed there
@@ -276,6 +283,12 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
     remake = (file, line, maker[6:], dev, dt) if file and maker.startswith("torch.") and diff is not None and \
         maker not in NO_DEVICE_ARG else None  # host-data makers are not seen by a function mode: judged at the op
     return Fix(f"# {said} made it {found}: {how}", "note", sets=((key, target),), diff=diff, remake=remake)
+
+
+def _own(file: str) -> bool:
+    from torchdoctor._guard.remedy import own_file
+
+    return own_file(file)
 
 
 def _text(file: str, line: int) -> str:
