@@ -143,3 +143,39 @@ def test_int8_storage_read_by_matmul_outside_the_model_is_the_culprit_and_the_la
     with torch.no_grad(), torchdoctor.guard(model, mode="strict"):
         out = fixed.app(model)
     assert out.dtype == torch.bfloat16 and tuple(out.shape) == (2, 128)
+
+
+class _ParentReadsHead(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import bitsandbytes as bnb
+
+        self.body = torch.nn.Linear(64, 64)
+        self.lm_head = bnb.nn.Linear8bitLt(64, 128, bias=False, has_fp16_weights=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        return torch.matmul(h, self.lm_head.weight.t())
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict", "warn", "fix"])
+def test_int8_storage_of_another_layer_read_in_a_forward_is_the_culprit_never_its_scale(mode: str) -> None:
+    """The parent's forward reads lm_head's Int8Params directly: the int8 storage is named (never its float32 SCB
+    scale, which the error's `signed char` hides), fixed by calling the layer, proven on a copy."""
+    pytest.importorskip("bitsandbytes")
+    torch.manual_seed(0)
+    m = _ParentReadsHead()
+    m.to("cpu")
+    m.body.to(BF)
+    with pytest.raises(torchdoctor.PlacementError) as info, torch.no_grad(), torchdoctor.guard(m, mode=mode):
+        m(torch.randn(2, 64, dtype=BF))
+    err = info.value
+    said = str(err)
+    assert said.startswith("dtype mismatch in `<root>` (_ParentReadsHead), at test_hunt_s15_guard.py:")
+    assert "int8 storage computed with directly where bfloat16 was expected" in said
+    assert "culprit self.lm_head.weight: i8[128,64]@cpu  (Int8Params storage, the model's `lm_head.weight`" in said
+    assert "SCB" not in said
+    assert err.fix is not None and err.fix.startswith("return self.lm_head(h)  # test_hunt_s15_guard.py:")
+    assert err.proof == "fix proven: the layer (Linear8bitLt) called on a copy of `h` gives the product's [2, 128] " \
+                        "in bfloat16"
+    assert m.lm_head.weight.dtype == torch.int8

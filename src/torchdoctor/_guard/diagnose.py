@@ -133,6 +133,13 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
             return net
     mpath = maps.modules.get(id(mod)) if maps is not None and mod is not None else None
     mtype = type(mod).__name__ if mod is not None else None
+    if kind == "dtype" and frame is not None and mod is not None:  # another layer's storage read directly (41 #3)
+        from torchdoctor._guard.storageuse import inside_report
+
+        if (st := inside_report(session, exc, frame, mod, maps, mpath)) is not None:
+            session.g._record_problems(list(st.problems))
+            session.g._note(st.problems, Note(None, st.fix, st.proof, st.patch))
+            return st
     compiled = mpath is None and graph.is_graph_of_model(mod, maps)  # a graph torch traced from the model
     if compiled:
         mpath, mtype = "", graph.label(root)

@@ -77,10 +77,10 @@ def explain_outside(exc: BaseException, tb: types.TracebackType | None, kind: st
         ref = getattr(torch, dtypes_in(asked.group(1))[0], ref)
     bad = [(n, t) for n, t in pool if ref is not None and value(t) != ref]
     if dtype and isinstance(ref, torch.dtype):  # integer / float8 storage the line computes with directly
-        from torchdoctor._guard.storageuse import stored_reads
+        from torchdoctor._guard.storageuse import storage_report, stored_reads
 
         if reads := stored_reads(source, frame):
-            return _storage_report(exc, frame, lineno, source, reads, ref, maps, pool)
+            return storage_report(exc, frame, lineno, source, reads, ref, maps, pool), None
     converts = [(m.group(1), m.group(2)) for m in _CONVERTS.finditer(source)]
     converts = [(e, c) for e, c in converts if (c in _MADE) == dtype and _MADE.get(c, None) != ref]
     found = ", ".join(dict.fromkeys(show(value(t)) for _, t in bad)) or (
@@ -265,28 +265,3 @@ def _twin_report(exc: BaseException, where: str, source: str, aim: Any, name: st
                          tensors=[TensorInfo.of(name, t, role="input")], problems=[problem], fix=fix)
     return with_patch(err, line_patch(m.file, m.line, new), lines), "\n".join(aim.lines) or None
 
-
-def _storage_report(exc: BaseException, frame: types.FrameType, lineno: int, source: str, reads: list[Any],
-                    ref: torch.dtype, maps: Any, pool: list[tuple[str, torch.Tensor]]) -> tuple[PlacementError, None]:
-    """The storage a line outside any module computes with directly is the culprit (``_guard.storageuse``)."""
-    from torchdoctor._guard.storageuse import storage_lines
-
-    path = frame.f_code.co_filename
-    where = f"{os.path.basename(path)}:{lineno}"
-    said, fix, proof, new = storage_lines(reads, source, frame, path, lineno, maps)
-    kinds = ", ".join(dict.fromkeys(dtype_str(t.dtype) for _, t, _, _ in reads))
-    head = f"dtype mismatch outside the guarded model, at {where}: {kinds} storage computed with directly where " \
-           f"{dtype_str(ref)} was expected"
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    lines = ([f"line: {source}"] if source else []) + said + [f"{n}: {_rules._compact(t)}" for n, t in pool][:4]
-    lines += ([proof] if proof else []) + [f"original error: {type(exc).__name__}: {first}"]
-    problems = [Problem("dtype", text, "parameter" if isinstance(t, torch.nn.Parameter) else "buffer",
-                        dtype_str(t.dtype), dtype_str(ref), f"{text} is {dtype_str(t.dtype)} storage computed with "
-                        f"directly at {where}, expected {dtype_str(ref)} (through {type(layer).__name__})")
-                for text, t, layer, _ in reads]
-    err = PlacementError(format_error(head, lines, fix), module_path=None, module_type=None, op=None,
-                         tensors=[TensorInfo.of(text, t, role="parameter") for text, t, _, _ in reads],
-                         problems=problems, fix=fix)
-    patch = line_patch(path, lineno, new) if new is not None and own_file(path) and proof and \
-        proof.startswith("fix proven") else None
-    return with_patch(err, patch, lines), None

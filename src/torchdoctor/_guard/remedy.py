@@ -10,7 +10,6 @@ left as it was): a cast of the operand alone proves nothing about the attribute 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 import sysconfig
@@ -23,6 +22,7 @@ from torch import nn
 from torchdoctor._report.diff import line_patch
 from torchdoctor._guard.maker import Maker, class_attribute_line
 from torchdoctor._guard.maps import code_path, value_code
+from torchdoctor._guard.offer import error_dict, with_patch  # noqa: F401  (where they were)
 
 _LIBS = tuple(p for p in {sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"),
                           sys.prefix, getattr(sys, "base_prefix", sys.prefix)} if p)
@@ -122,7 +122,8 @@ def remedy(m: Maker, target: Any, paths: dict[int, str], dicts: Any = ()) -> Rem
             patch = line_patch(m.file, m.line, new.rstrip("\r\n"))
             if m.segment is None or m.default_dtype:  # a factory or ``.float()``: the fixed line is the code
                 return Remedy(f"{new.strip()}  # {os.path.basename(m.file)}:{m.line}", patch, None)
-    return Remedy(f"# make `{m.op}` at {os.path.basename(m.file)}:{m.line}{_made_as(m)} give {want}", patch, None)
+    made = f" ({m.source})" if m.source else ""
+    return Remedy(f"# make `{m.op}` at {os.path.basename(m.file)}:{m.line}{made} give {want}", patch, None)
 
 
 def _factory_line(m: Maker, raw: str, want: str) -> str | None:
@@ -138,10 +139,6 @@ def _factory_line(m: Maker, raw: str, want: str) -> str | None:
         return raw[:end] + f".to({want})" + raw[end:]
     sep = "" if seg[seg.index("(") + 1:-1].strip() == "" else ", "
     return raw[:end - 1] + f"{sep}dtype={want}" + raw[end - 1:]
-
-
-def _made_as(m: Maker) -> str:
-    return f" ({m.source})" if m.source else ""
 
 
 def _line(path: str, lineno: int) -> str | None:
@@ -337,25 +334,6 @@ def rerun(mod: nn.Module, args: Any, frames: Any, tried: str, during: Any = None
         _put_back(kept)
         torch.set_rng_state(rng)
     return f"fix proven: {type(mod).__name__} runs again with {tried}"
-
-
-def with_patch(err: Any, patch: str | None, lines: list[str]) -> Any:
-    """The report's machine-readable extras on the error: ``patch`` (a unified diff of the user's file, or None),
-    ``proof`` (the "fix proven" / "fix unproven" line) and ``to_dict()`` for ``--json``."""
-    err.patch = patch
-    err.proof = next((x for x in reversed(lines) if x.startswith(("fix proven", "fix unproven"))), None)
-    if patch:
-        err.args = (f"{err.args[0]}\nPatch (git apply):\n" + "".join(f"    {x}" for x in patch.splitlines(True)),)
-    err.to_dict = functools.partial(error_dict, err)  # a partial, not a lambda: the error stays picklable
-    return err
-
-
-def error_dict(err: Any) -> dict[str, Any]:
-    """A guard report as JSON-ready data: where, what, the fix, its proof and its diff."""
-    return {"module_path": err.module_path, "module_type": err.module_type, "op": err.op,
-            "problems": [p.to_dict() for p in err.problems], "fix": err.fix,
-            "proof": getattr(err, "proof", None), "patch": getattr(err, "patch", None),
-            "message": str(err.args[0]) if err.args else ""}
 
 
 def caller_lines(given: list[tuple[str, torch.Tensor]], kind: str, tb: Any = None,

@@ -64,7 +64,7 @@ def layer_call(source: str, text: str, layer: nn.Module) -> tuple[str, str, str]
     on either side; None for any other form."""
     from torchdoctor._guard.useline import parsed_line
 
-    if not text.endswith(".weight") or getattr(layer, "bias", None) is not None:
+    if not text.endswith(".weight") or text == "self.weight" or getattr(layer, "bias", None) is not None:
         return None
     got = parsed_line(source)
     owner = text[:-len(".weight")]
@@ -141,3 +141,60 @@ def storage_lines(reads: list[tuple[str, torch.Tensor, nn.Module, str]], source:
     if new is None:  # the line's own spelling differs from its parsed form: say the call to write
         return lines, f"# {call[0]} -> {call[2]}  # {where}", proof, None
     return lines, f"{new.strip()}  # {where}", proof, new
+
+
+def storage_report(exc: BaseException, frame: Any, lineno: int, source: str, reads: list[Any], ref: torch.dtype,
+                   maps: Any, pool: list[tuple[str, torch.Tensor]], inside: tuple[str, str | None, str] | None = None
+                   ) -> Any:
+    """The report (a ``PlacementError``) naming the storage a line computes with directly as the culprit: outside any
+    module, or ``inside`` one (its label, path and type) whose forward's line reads another layer's storage."""
+    from torchdoctor._guard.remedy import own_file, with_patch
+    from torchdoctor._placement import dtype_str
+    from torchdoctor._report.diff import line_patch
+    from torchdoctor._report.model import PlacementError, Problem, TensorInfo
+    from torchdoctor._report.text import format_error
+
+    path = frame.f_code.co_filename
+    where = f"{os.path.basename(path)}:{lineno}"
+    said, fix, proof, new = storage_lines(reads, source, frame, path, lineno, maps)
+    kinds = ", ".join(dict.fromkeys(dtype_str(t.dtype) for _, t, _, _ in reads))
+    head = f"dtype mismatch {f'in {inside[0]}' if inside else 'outside the guarded model'}, at {where}: {kinds} " \
+           f"storage computed with directly where {dtype_str(ref)} was expected"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    lines = ([f"line: {source}"] if source else []) + said
+    lines += [f"{n}: {compact(t.dtype, tuple(t.shape), tensor_device(t))}" for n, t in pool][:4]
+    lines += ([proof] if proof else []) + [f"original error: {type(exc).__name__}: {first}"]
+    problems = [Problem("dtype", text, "parameter" if isinstance(t, torch.nn.Parameter) else "buffer",
+                        dtype_str(t.dtype), dtype_str(ref), f"{text} is {dtype_str(t.dtype)} storage computed with "
+                        f"directly at {where}, expected {dtype_str(ref)} (through {type(layer).__name__})")
+                for text, t, layer, _ in reads]
+    err = PlacementError(format_error(head, lines, fix), module_path=inside[1] if inside else None,
+                         module_type=inside[2] if inside else None, op=None,
+                         tensors=[TensorInfo.of(text, t, role="parameter") for text, t, _, _ in reads],
+                         problems=problems, fix=fix)
+    patch = line_patch(path, lineno, new) if new is not None and own_file(path) and proof and \
+        proof.startswith("fix proven") else None
+    return with_patch(err, patch, lines)
+
+
+def inside_report(session: Any, exc: BaseException, frame: Any, mod: nn.Module, maps: Any, mpath: str | None) -> Any:
+    """A module's forward whose failing line reads another layer's storage directly (``x @ self.lm_head.weight.t()``
+    in the parent's forward): that storage is the culprit (``storage_report``); None when the line reads none."""
+    import linecache
+
+    lineno = frame.f_lineno
+    source = linecache.getline(frame.f_code.co_filename, lineno).strip()
+    me = frame.f_locals.get("self")  # its own storage: the layer itself computes with it (diagnose's `stored`)
+    reads = [r for r in stored_reads(source, frame) if r[2] is not me]
+    if not reads:
+        return None
+    used = set(source.replace(".", " ").replace("(", " ").replace(")", " ").replace(",", " ").split())
+    pool = [(n, v) for n, v in frame.f_locals.items() if n in used and n != "self" and isinstance(v, torch.Tensor)
+            and v.is_floating_point() and not stored(v)]
+    dtypes = [t.dtype for _, t in pool]
+    ref = max(dtypes, key=dtypes.count) if dtypes else getattr(maps, "dtype", None)
+    if not isinstance(ref, torch.dtype):
+        return None
+    label = f"`{mpath}`" if mpath else "`<root>`"
+    return storage_report(exc, frame, lineno, source, reads, ref, maps, pool,
+                          (f"{label} ({type(mod).__name__})", mpath, type(mod).__name__))
