@@ -84,6 +84,8 @@ def _one(spec: str, args: argparse.Namespace, device: Any, dtype: Any, docs: lis
     with progress(f"scanning {spec}", quiet=args.quiet or args.json):
         report = scan(target, device=device, dtype=dtype)
     report = with_sources(dataclasses.replace(report, source=spec), getattr(args, "sources", {}))
+    if isinstance(target, dict) and report.tensors:  # components by key: a fix reads obj['model'].to(...)
+        report = dataclasses.replace(report, extra={**report.extra, "keyed": True})
     if not report.tensors:
         raise UsageError(f"nothing to check: {spec} holds no tensors (a {type(target).__name__}); "
                          "point TARGET at a model, a pipeline or a checkpoint")

@@ -284,7 +284,7 @@ class ScanReport(HtmlMapMixin, FrozenRecord):  # the views' one-line repr, the r
             "truncated": self.truncated,
             "expected": with_whence(self.expected),  # each row says where its expectation came from
             "problems": [p.to_dict() for p in self.problems],
-            "relocations": [m.to_dict() for m in self.relocations()[1]],
+            "relocations": [m.to_dict(bool(self.extra.get("keyed"))) for m in self.relocations()[1]],
             "summary": list(self.summary),
             "tensors": [t.to_dict() for t in self.tensors],
         }
@@ -357,8 +357,9 @@ def summary_of(groups: dict[tuple[torch.device, torch.dtype], list[int]]) -> tup
 
 def render_report(report: ScanReport, limit: int = 40) -> str:
     """Problems first, by path, then the compact summary."""
-    from torchdoctor._report.order import render_relocations, with_whence
+    from torchdoctor._report.order import held_as, render_relocations, with_whence
 
+    keyed = bool(report.extra.get("keyed"))  # a dict of components: the fix reads obj['model'].to(...)
     lines: list[str] = []
     head = report.source or "object"
     n_alias = sum(1 for t in report.tensors if t.alias_of)
@@ -368,11 +369,11 @@ def render_report(report: ScanReport, limit: int = 40) -> str:
         rest = f"; first the {len(real)} to fix, then {moved} not yet on the device asked for" if moves else ""
         lines.append(f"{len(report.problems)} problem(s) in {head}{rest}:")
         lines.extend(render_problems(real, limit, urgent_first=True))
-        lines.extend(render_relocations(moves))
+        lines.extend(render_relocations(moves, held_as(keyed), keyed))
     elif moves:
         lines.append(f"{len(report.problems)} problem(s) in {head}, every one a tensor not yet on the device "
                      "asked for:")
-        lines.extend(render_relocations(moves))
+        lines.extend(render_relocations(moves, held_as(keyed), keyed))
     elif report.nothing_to_check:  # the command line's words: exit 2 there, exit_code() 2 here
         lines.append(f"nothing to check: {head} holds no tensors; point scan at a model, a pipeline or a checkpoint")
     else:

@@ -64,13 +64,13 @@ class Relocation(FrozenRecord):
         d["component"], d["found"], d["expected"], d["members"] = component, found, expected, members
         d["dtype"], d["from_dtype"] = dtype, from_dtype
 
-    def fix(self, var: str = "model") -> str:
+    def fix(self, var: str = "model", keyed: bool = False) -> str:
         cast = f", torch.{self.dtype}" if self.dtype else ""
-        return f"{code_path(self.component, var)}.to({self.expected!r}{cast})"
+        return f"{code_path(self.component, var, keyed)}.to({self.expected!r}{cast})"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, keyed: bool = False) -> dict[str, Any]:
         return {"component": self.component, "found": self.found, "expected": self.expected,
-                "tensors": len(self.members), "fix": self.fix(), "dtype": self.dtype or None,
+                "tensors": len(self.members), "fix": self.fix(held_as(keyed), keyed), "dtype": self.dtype or None,
                 "found_dtype": self.from_dtype or None}
 
 
@@ -166,8 +166,14 @@ def _cast(expected: Mapping[str, Mapping[str, Any]], c: str, main: Mapping[str, 
     return str(want) if want and want != "none" and c in main and main[c] != want else ""
 
 
-def render_relocations(moves: Sequence[Relocation], var: str = "model") -> list[str]:
-    """One line per component not yet on the device asked for, with the move that fixes it."""
+def held_as(keyed: bool) -> str:
+    """The name a pasted fix gives the scanned object: ``obj`` for a dict of components (``obj['model']``)."""
+    return "obj" if keyed else "model"
+
+
+def render_relocations(moves: Sequence[Relocation], var: str = "model", keyed: bool = False) -> list[str]:
+    """One line per component not yet on the device asked for, with the move that fixes it (``keyed``: the scanned
+    object is a dict, its components its keys)."""
     if not moves:
         return []
     wanted = sorted({m.expected for m in moves})
@@ -175,7 +181,7 @@ def render_relocations(moves: Sequence[Relocation], var: str = "model") -> list[
     w = max(len(m.component or "<root>") for m in moves)
     for m in sorted(moves, key=lambda m: m.component):
         dt = f" in {m.from_dtype}" if m.dtype else ""
-        lines.append(f"  {m.component or '<root>':<{w}}  {len(m.members)} tensors on {m.found}{dt}  ->  {m.fix(var)}")
+        lines.append(f"  {m.component or '<root>':<{w}}  {len(m.members)} tensors on {m.found}{dt}  ->  {m.fix(var, keyed)}")
     casts = sorted({m.dtype for m in moves})
     if len(moves) > 1 and len(wanted) == 1 and len(casts) == 1:
         cast = f", dtype=torch.{casts[0]}" if casts[0] else ""

@@ -242,15 +242,20 @@ def render_problems(problems: Sequence[Any], limit: int = 40, width: int | None 
     return lines
 
 
-def code_path(path: str, var: str = "model") -> str:
-    """A dotted path as Python to paste: ``layers.0.mlp.weight`` -> ``model.layers[0].mlp.weight``.
+def code_path(path: str, var: str = "model", keyed: bool = False) -> str:
+    """A dotted path as Python to paste: ``layers.0.mlp.weight`` -> ``model.layers[0].mlp.weight``; ``keyed``: the
+    object is a dict, its first part a key (``obj['model'].layers``).
 
     >>> code_path("blocks.0.attn-1.weight")
     "model.blocks[0]['attn-1'].weight"
+    >>> code_path("model.fc", "obj", keyed=True)
+    "obj['model'].fc"
     """
     out = var
-    for part in path.split(".") if path else []:
-        if part.isdigit():
+    for i, part in enumerate(path.split(".") if path else []):
+        if keyed and i == 0:
+            out += f"[{part!r}]"
+        elif part.isdigit():
             out += f"[{part}]"
         else:
             out += f".{part}" if part.isidentifier() else f"[{part!r}]"
