@@ -1,4 +1,5 @@
-"""The ``@pytest.mark.simulate`` marker gives a fix the verdict ``simulate(model, call=app)`` gives it (hunt N2/N4/U12).
+"""The ``@pytest.mark.simulate`` marker gives a fix the verdict ``simulate(model, call=app)`` gives it (hunt N2/N4/U12);
+``torchdoctor run`` and ``virtual_devices`` run the code once and say that only a re-run proves such a fix.
 
 A cast several ops upstream of the failing op (``h = self.a(x).float()``, then ``h * 2 + 1``, then the layer) cannot be
 judged at the op -- an op in between may undo it -- so a block of the user's code used to leave it "unproven: only a
@@ -81,11 +82,16 @@ def _section(out: str, name: str) -> str:
     return out[start:end if end != -1 else len(out)]
 
 
-def _api(folder: Path, cls: str) -> Any:
+def _load(folder: Path) -> Any:
     spec = importlib.util.spec_from_file_location("_h4_rerun_suite", folder / "test_suite.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def _api(folder: Path, cls: str) -> Any:
+    mod = _load(folder)
     return torchdoctor.simulate(getattr(mod, cls)(), device="cuda:0", dtype=torch.bfloat16, call=mod.app)
 
 
@@ -105,6 +111,12 @@ def test_a_far_cast_fix_is_proven_by_rerunning_the_test_as_the_api_proves_it(sha
     (fix,) = _api(folder, "Far").to_dict()["fixes"]  # the API: the same fix, proven, the same diff
     assert fix["proven"] and f"test_suite.py:{line}" in fix["code"]
     assert "+        h = self.a(x).to(torch.bfloat16)  # FAR-CAST" in fix["diff"]
+    # virtual_devices around a block cannot run the block twice: it says so, never "proven"
+    mod = _load(folder)
+    with torchdoctor.virtual_devices("cuda:0", torch.bfloat16, raise_on_exit=False) as block:
+        mod.app(mod.Far())
+    (part,) = block.fixes
+    assert not part.proven and "only a re-run of the whole program proves it" in part.tried
 
 
 def test_a_far_cast_fix_the_rerun_still_fails_stays_unproven_in_both(shared: tuple[Path, str]) -> None:
