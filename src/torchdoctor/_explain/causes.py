@@ -46,6 +46,7 @@ class ContextRule:
 
 _CAUSES: dict[str, Cause] = {}
 _RULES: dict[str, ContextRule] = {}
+_TABLE: list[tuple[ContextRule, ...]] = []  # context_rules()'s tuple, made once per set of rules
 
 
 def register_cause(cause: Cause) -> Cause:
@@ -64,6 +65,7 @@ def register_rule(rule: ContextRule) -> ContextRule:
     if any(w != w.lower() for w in rule.words):
         raise ValueError(f"context rule {rule.name!r}: words are matched lower-case")
     _RULES[rule.name] = rule
+    _TABLE.clear()
     return rule
 
 
@@ -72,7 +74,10 @@ def causes() -> dict[str, Cause]:
 
 
 def context_rules() -> tuple[ContextRule, ...]:
-    return tuple(_RULES.values())
+    """Every rule in registration order: one tuple until a rule is registered (``rank`` indexes it per category)."""
+    if not _TABLE:
+        _TABLE.append(tuple(_RULES.values()))
+    return _TABLE[0]
 
 
 def define_cause(id: str, text: str, confirm: str, *fixes: tuple[str, str]) -> None:

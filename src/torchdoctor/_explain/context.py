@@ -327,15 +327,8 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
 
     held: dict[int, str | None] = {}  # per rule: its flags and words, whatever the category (read once)
 
-    def fires(rule: ContextRule, cats: tuple[str, ...]) -> str | None:
-        # plain loops, no generators: called twice per rule per diagnosis (a log of errors has hundreds)
-        applies = rule.applies_to
-        if applies:
-            for c in cats:
-                if c in applies:
-                    break
-            else:
-                return None
+    def fires(rule: ContextRule) -> str | None:
+        # a rule that applies (``_applying``): called twice per rule per diagnosis (a log of errors has hundreds)
         got = held.get(id(rule), _UNSEEN)
         if got is _UNSEEN:
             got = held[id(rule)] = holds(rule)
@@ -364,10 +357,10 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     for cat, weight, reason in alternatives:
         score[cat] = score.get(cat, 0.0) + weight
         why.setdefault(cat, reason)
-    for rule in rules:
+    for rule in _applying(rules, (category,)):
         if rule.category is None:
             continue
-        word = fires(rule, (category,))
+        word = fires(rule)
         if word is None:
             continue
         if scale(word) < 1.0:  # prose alone offers a category as an alternative, never as the diagnosis
@@ -388,8 +381,8 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     for cid, w in base:
         scores[cid] = scores.get(cid, 0.0) + w
     fired: list[tuple[ContextRule, str]] = []
-    for rule in rules:
-        word = fires(rule, (category, top))
+    for rule in _applying(rules, (category, top) if top != category else (category,)):
+        word = fires(rule)
         if word is None:
             continue
         if rule.category and rule.category != top:
@@ -403,6 +396,19 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
 
 
 _UNSEEN = object()
+_APPLYING: dict[tuple[int, tuple[str, ...]], tuple[tuple[ContextRule, ...], tuple[ContextRule, ...]]] = {}
+
+
+def _applying(rules: tuple[ContextRule, ...], cats: tuple[str, ...]) -> tuple[ContextRule, ...]:
+    """The rules that apply to any of ``cats`` (``applies_to`` empty or naming one), in their order; per rule table
+    and categories once per process (most rules apply to one family: a diagnosis looked at all of them twice)."""
+    got = _APPLYING.get((id(rules), cats))
+    if got is None or got[0] is not rules:  # the table itself is kept with its answer: an id is never reused stale
+        if len(_APPLYING) > 512:
+            _APPLYING.clear()
+        got = _APPLYING[(id(rules), cats)] = (rules, tuple(
+            r for r in rules if not r.applies_to or any(c in r.applies_to for c in cats)))
+    return got[1]
 # Which causes make sense under each category (a rule may fire for several categories).
 _FAMILIES = {"device_mismatch": ("dev.",), "quantization_device": ("q.", "dev."),
              "mixed_device_model": ("md.", "dev."), "input_weight_type_mismatch": ("iw.", "dt."),
