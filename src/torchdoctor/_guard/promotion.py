@@ -17,6 +17,9 @@ this check, and only when their first two operands are tensors of different dtyp
 
 from __future__ import annotations
 
+import ast
+import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -40,6 +43,9 @@ def wider(dtypes: Iterable[torch.dtype]) -> torch.dtype:
 
 
 _MADE: dict[tuple[Any, int], bool] = {}  # (code, line) of the running user statement -> a default-dtype factory?
+_BACK: dict[tuple[Any, int], bool] = {}  # (code, line) -> does the statement's result go back to the input's dtype?
+# a cast back to the compute dtype written on the result: `.type_as(x)`, `.to(x.dtype)`, `.to(dtype=...)`
+_CAST_BACK = re.compile(r"\.type_as\(|\.to\([^()]*\.dtype\b|\.to\(\s*dtype\s*=|\.(half|bfloat16)\(\)")
 
 
 def _default_factory(t: torch.Tensor) -> bool:
@@ -99,7 +105,7 @@ def findings(session: Session, func: Any, args: Sequence[Any], kwargs: Mapping[s
             bad.append(k)
         elif made and hit is None and t.dtype == wide and _default_factory(t):
             bad.append(k)
-    if not bad:
+    if not bad or _cast_back():
         return []
     label = _rules.label(func, bad[0])
     msg = (f"{label} is {dtype_str(wide)} and promotes the model's {dtype_str(want)} to {dtype_str(wide)} silently "
@@ -108,3 +114,44 @@ def findings(session: Session, func: Any, args: Sequence[Any], kwargs: Mapping[s
                       tensors=tuple(f"{_rules.label(func, k)}: {_rules._compact(t)}" for k, t in fl))
     return [_rules.Finding(problem, "dtype", want, tuple(bad), tuple(k for k, _ in fl))]
 
+
+
+def _user_frame() -> Any:
+    f: Any = sys._getframe(2)
+    skip = __file__.rsplit("_guard", 1)[0], torch.__file__.rsplit("__init__", 1)[0]
+    while f is not None and f.f_code.co_filename.startswith(skip):
+        f = f.f_back
+    return f
+
+
+def _cast_back() -> bool:
+    """Does the running user statement put its result back in the compute dtype (``torch.stack([x1 * cos, ...])
+    .type_as(x)``, or ``out = x * freqs`` then ``return out.type_as(x)``)? A float32 table multiplied in and cast
+    back on purpose (Wan's and many rope implementations) promotes nothing the model keeps. Read once per line."""
+    from torchdoctor._guard.maker import _parsed as parsed_code
+
+    f = _user_frame()
+    key = (f.f_code, f.f_lineno) if f is not None else None
+    if key is None:
+        return False
+    if key not in _BACK:
+        if len(_BACK) > 4096:
+            _BACK.clear()
+        parsed = parsed_code(f.f_code)
+        _BACK[key] = parsed is not None and _backs(parsed[0], f.f_lineno - parsed[1])
+    return _BACK[key]
+
+
+def _backs(tree: ast.AST, line: int) -> bool:
+    simple = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return,
+                                                           ast.Expr)) and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    if not simple:
+        return False
+    stmt = min(simple, key=lambda n: (n.end_lineno or n.lineno) - n.lineno)
+    if _CAST_BACK.search(ast.unparse(stmt)):
+        return True
+    names = [t.id for t in getattr(stmt, "targets", [getattr(stmt, "target", None)]) if isinstance(t, ast.Name)]
+    later = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.Return, ast.Expr))
+             and n.lineno > (stmt.end_lineno or stmt.lineno)]
+    return any(re.search(rf"(?<![\w.]){re.escape(n)}\.(type_as\(|to\([^()]*dtype|half\(|bfloat16\()", text)
+               for n in names for text in later)

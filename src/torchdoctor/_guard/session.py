@@ -240,7 +240,8 @@ class Session:
         """strict: ``conv2d`` checks the bias dtype before any aten op is dispatched, so the dispatch mode never
         sees it: look here (fix / warn align it in ``CompositeCheck``)."""
         bias = mod.bias
-        if self.replaying or not isinstance(x, _Tensor) or not isinstance(bias, _Tensor) or bias.dtype == x.dtype:
+        if self.replaying or not isinstance(x, _Tensor) or not isinstance(bias, _Tensor) or bias.dtype == x.dtype \
+                or torch.is_autocast_enabled(x.device.type):  # autocast casts input, weight and bias alike (V15)
             return
         if "forward" in mod.__dict__ or mod._forward_pre_hooks:  # a hook wrapper (diffusers layerwise casting,
             return  # accelerate) or the module's own pre-hook (weight_norm recomputes `weight`) runs after this one
