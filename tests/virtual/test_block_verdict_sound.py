@@ -114,7 +114,7 @@ CAST_MIXED = """
 """
 
 # name -> (program, device, every fix proven?)
-PROGRAMS = {"two_mm": (TWO_MM, "cuda:0", False), "device_var": (DEVICE_VAR, "xpu", False),
+PROGRAMS = {"two_mm": (TWO_MM, "cuda:0", True), "device_var": (DEVICE_VAR, "xpu", False),
             "cuda_call": (CUDA_CALL, "cuda:1", True), "added": (ADDED, "mps", True),
             "cast_mixed": (CAST_MIXED, "cuda:0", False)}
 TIMEOUT = 300
@@ -165,8 +165,10 @@ def test_what_each_unproven_fix_says_was_tried(tmp_path: Path) -> None:
     mod = _load(_write(tmp_path / "two", "two_mm"))
     with torchdoctor.virtual_devices("cuda:0", raise_on_exit=False, select=False) as block:
         mod.app(mod.build())
-    tried = " ".join(f.tried for f in block.fixes)
-    assert "also failed on an operand no fix changes, still: aten.mm.default: arg 1 (mat2) is on cpu, the first operand arg 0 (self) on cuda:0 (torch.zeros at two/two_mm_app.py:8)" in tried, tried
+    # the call that left out device= is fixed: both factors (down at :7, up at :8) are judged at both mm ops
+    [fix] = block.fixes
+    assert fix.proven and "is called without device= (device defaults to None, so torch.randn at " in fix.code, fix
+    assert fix.tried.startswith("at the failing op aten.mm.default at two/two_mm_app.py:10 (and 1 more op(s))")
     mod = _load(_write(tmp_path / "var", "device_var"))
     with torchdoctor.virtual_devices("xpu", raise_on_exit=False, select=False) as block:
         mod.app(mod.build())
@@ -216,7 +218,8 @@ def test_the_marker_says_the_same(tmp_path: Path, pytester: pytest.Pytester) -> 
     result.assert_outcomes(failed=3)
     out = result.stdout.str()
     parts = {n: out[out.index(f"_ test_{n} _"):] for n in ("two_mm", "device_var", "cuda_call")}
-    for n in ("two_mm", "device_var"):
-        body = parts[n].split("\n_", 1)[0]
-        assert "fix unproven" in body and "# fix proven" not in body, body
+    body = parts["device_var"].split("\n_", 1)[0]
+    assert "fix unproven" in body and "# fix proven" not in body, body
+    body = parts["two_mm"].split("\n_", 1)[0]
+    assert "# fix proven (at the failing op aten.mm.default" in body and "is called without device=" in body, body
     assert "# fix proven (at the failing op aten.sub.Tensor" in parts["cuda_call"].split("\n_", 1)[0]

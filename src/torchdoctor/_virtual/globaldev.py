@@ -33,17 +33,19 @@ def device_line_fix(f: Fix, moves: Sequence[_Move], root: Any) -> Fix | None:
     targets = {t for _, t in f.sets}
     if len(targets) != 1 or not isinstance(want := next(iter(targets)), torch.device) or want.type == "cpu":
         return None
-    hits = [_moved_by(path, moves, root) for path, _ in f.sets]
+    found_by = [_moved_by(path, moves, root) for path, _ in f.sets]
+    hits = [h[1] if h is not None else None for h in found_by]
     hit = hits[0]
     if hit is None or any(h is None or h[:4] != hit[:4] for h in hits):
         return None
     was, file, line, at, names = hit
+    comps = {h[0] for h in found_by if h is not None}
     if was.type == want.type:
         return None
     found = _global_pick(file, line)
     if found is None:
         return None
-    name, def_line, raw, value = found
+    name, def_line, raw, value, uses = found
     if name not in names:
         return None
     new = raw[:value[0]] + _PICK + raw[value[1]:]
@@ -54,11 +56,12 @@ def device_line_fix(f: Fix, moves: Sequence[_Move], root: Any) -> Fix | None:
     return Fix(f"# {at} moves its component to {name} = {raw[value[0]:value[1]]} ({short}:{def_line}), which is "
                f"{was.type} here while the run is on {want}: pick the device torch finds, any kind "
                f"({name} = {_PICK}; it is read when the module is imported)", "note", want, diff=diff,
-               reglobal=(names, name, want.type))
+               reglobal=(names, name, want.type), sets=(*((c + ".", want) for c in sorted(comps)), *(
+                   (f"moved a tensor at {short}:{n}", want) for n in uses)))  # what it moves there, judged at the op
 
 
 def _moved_by(path: str, moves: Sequence[_Move], root: torch.nn.Module
-              ) -> tuple[torch.device, str, int, str, dict[str, Any]] | None:
+              ) -> tuple[str, tuple[torch.device, str, int, str, dict[str, Any]]] | None:
     """The program's last move of the module holding ``path`` (or of a module above it)."""
     parts = path.split(".")
     for i in range(len(parts) - 1, 0, -1):
@@ -68,11 +71,11 @@ def _moved_by(path: str, moves: Sequence[_Move], root: torch.nn.Module
             continue
         hit = next((m[1:] for m in reversed(moves) if m[0]() is mod), None)
         if hit is not None:
-            return hit
+            return ".".join(parts[:i]), hit
     return None
 
 
-def _global_pick(file: str, line: int) -> tuple[str, int, str, tuple[int, int]] | None:
+def _global_pick(file: str, line: int) -> tuple[str, int, str, tuple[int, int], tuple[int, ...]] | None:
     """(the name, its line, the line's text, the value's span) when the move at ``line`` passes a module-level name
     whose value asks ``torch.cuda.is_available()``."""
     try:
@@ -88,8 +91,11 @@ def _global_pick(file: str, line: int) -> tuple[str, int, str, tuple[int, int]] 
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and \
                 node.targets[0].id in names and node.lineno == node.end_lineno and \
                 "cuda.is_available()" in ast.unparse(node.value) and lines[node.lineno - 1].isascii():
-            raw = lines[node.lineno - 1]
-            return node.targets[0].id, node.lineno, raw, (node.value.col_offset, int(node.value.end_col_offset or 0))
+            raw, name = lines[node.lineno - 1], node.targets[0].id
+            uses = tuple(sorted({c.lineno for c in ast.walk(tree) if isinstance(c, ast.Call) and isinstance(
+                c.func, ast.Attribute) and c.func.attr == "to" and any(isinstance(a, ast.Name) and a.id == name
+                                                                       for a in c.args)}))
+            return name, node.lineno, raw, (node.value.col_offset, int(node.value.end_col_offset or 0)), uses
     return None
 
 
