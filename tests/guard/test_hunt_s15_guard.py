@@ -179,3 +179,52 @@ def test_int8_storage_of_another_layer_read_in_a_forward_is_the_culprit_never_it
     assert err.proof == "fix proven: the layer (Linear8bitLt) called on a copy of `h` gives the product's [2, 128] " \
                         "in bfloat16"
     assert m.lm_head.weight.dtype == torch.int8
+
+
+POS_PROGRAM = '''import torch
+from torch import nn
+
+
+class PosEmbed(nn.Module):
+    def forward(self, x):
+        h, w = x.shape[-2:]
+        mask = torch.zeros((1, h, w), device="cuda", dtype=torch.bool)
+        return (~mask).cumsum(1, dtype=torch.float32)[:, None].to(x.dtype)
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.patch, self.pos = nn.Conv2d(3, 4, 4, 4), PosEmbed()
+
+    def forward(self, img):
+        f = self.patch(img)
+        return f + self.pos(f)
+'''
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine must lack the device the line asks for")
+@pytest.mark.parametrize("mode", ["explain", "strict"])
+def test_a_device_written_in_a_forward_that_this_machine_lacks_is_fixed_at_its_line(
+        tmp_path: pathlib.Path, mode: str) -> None:
+    """sam3#587: `torch.zeros(..., device="cuda")` in a position encoding, run on a Mac or a CPU box (hunt s15 V16):
+    the line is the maker, the fix the input's device there, proven by a re-run, and the diff makes it run."""
+    src = tmp_path / f"posprog_{mode}.py"
+    src.write_text(POS_PROGRAM)
+    prog = _load(src, f"posprog_{mode}")
+    model = prog.Encoder()
+    with pytest.raises(Exception) as info, torch.no_grad(), torchdoctor.guard(model, mode=mode):
+        model(torch.rand(1, 3, 16, 16))
+    said = str(info.value)
+    assert f"device problem in `pos` (PosEmbed): posprog_{mode}.py:8 asks for cuda, which this machine has none of; " \
+           "the module runs on cpu" in said
+    assert f"fix proven: PosEmbed runs again with 'cuda' -> x.device (cpu) at posprog_{mode}.py:8" in said
+    assert f"mask = torch.zeros((1, h, w), device=x.device, dtype=torch.bool)  # posprog_{mode}.py:8" in said
+    patch = said[said.index("\n    --- a/") + 1:]  # the diff as printed, four spaces in
+    (tmp_path / "fix.patch").write_text("".join(x[4:] + "\n" for x in patch.splitlines()))
+    done = subprocess.run(["patch", "-p1", "-i", "fix.patch"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    fixed = _load(src, f"posprog_{mode}_fixed")
+    with torch.no_grad(), torchdoctor.guard(fixed.Encoder(), mode="strict"):
+        assert fixed.Encoder()(torch.rand(1, 3, 16, 16)).shape == (1, 4, 4, 4)

@@ -133,6 +133,13 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
             return net
     mpath = maps.modules.get(id(mod)) if maps is not None and mod is not None else None
     mtype = type(mod).__name__ if mod is not None else None
+    if category == "no_accelerator" and frame is not None and mod is not None:  # `device="cuda"` on a Mac
+        from torchdoctor._guard.hardcoded import hardcoded_report
+
+        if (hc := hardcoded_report(session, exc, frame, mod, mpath)) is not None:
+            session.g._record_problems(list(hc.problems))
+            session.g._note(hc.problems, Note(None, hc.fix, hc.proof, hc.patch))
+            return hc
     if kind == "dtype" and frame is not None and mod is not None:  # another layer's storage read directly (41 #3)
         from torchdoctor._guard.storageuse import inside_report
 
