@@ -11,8 +11,8 @@ import re
 
 from torchdoctor._explain.causes import ContextRule
 from torchdoctor._explain.direction import MATMUL_INPUT, sides
-from torchdoctor._explain.tokens import (ACCELERATORS, device_name, dtype_name, names_in, transformers_version,
-                                        type_name)
+from torchdoctor._explain.tokens import (ACCELERATORS, device_name, dtype_name, find_word, names_in,
+                                        transformers_version, type_name)
 
 __all__ = ["MAC", "derive", "find_word", "rank", "transformers_version"]
 
@@ -33,44 +33,12 @@ def _windows(context: str) -> bool:
     return False
 
 
-_EDGE = "\\b"  # a rule word's end marked so matches only where no letter or digit touches that side
-
-
 # Words of a Mac (lower-cased context): its home folders, the ComfyUI desktop app's bundle
 # (/Applications/ComfyUI.app/Contents), Homebrew; "c:/users/" is a Windows path (the ``windows`` flag rules it out)
 MAC = ("/users/", "/applications/", ".app/contents/", "/opt/homebrew/", "macos", "darwin", "macbook", "apple",
        r"\bmps\b", "arm64")
 
 
-def find_word(text: str, word: str, start: int = 0) -> int:
-    r"""Where a context rule's ``word`` first occurs in ``text`` from ``start`` (-1: nowhere). A word is a plain
-    substring, except at an end marked ``\b``: there no letter or digit may touch it, so a short token is not
-    found inside a longer one (``\bamd\b`` is not in the "AMD64" of a Python version line, ``\bmps\b`` is not in
-    "timestamps").
-
-    >>> find_word("python 3.10 (amd64)", r"\bamd\b"), find_word("an amd gpu", r"\bamd\b")
-    (-1, 3)
-    >>> find_word("timestamps: 3", r"\bmps\b"), find_word("slow_conv2d_forward_mps", r"\bmps\b")
-    (-1, 20)
-    """
-    parsed = _PARSED.get(word)
-    if parsed is None:
-        lead, trail = word.startswith(_EDGE), len(word) > 2 and word.endswith(_EDGE)
-        parsed = _PARSED[word] = (lead, trail, word[2 if lead else 0: len(word) - 2 if trail else len(word)])
-    lead, trail, core = parsed
-    if not (lead or trail):
-        return text.find(word, start)
-    p = text.find(core, start)
-    while p != -1:
-        end = p + len(core)
-        if (not lead or p == 0 or not text[p - 1].isalnum()) and (not trail or end == len(text)
-                                                                   or not text[end].isalnum()):
-            return p
-        p = text.find(core, p + 1)
-    return -1
-
-
-_PARSED: dict[str, tuple[bool, bool, str]] = {}  # a rule word: (marked at its start, at its end, its core)
 _MPS_DT = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64", "i32": "int32"}
 _WIDE = ("float32", "float64")
 _REDUCED = ("float16", "bfloat16")

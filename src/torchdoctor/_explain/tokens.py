@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ACCELERATORS", "devices_in", "dtype_name", "device_name", "dtypes_in", "names_in", "transformers_version",
-           "type_name"]
+__all__ = ["ACCELERATORS", "devices_in", "dtype_name", "device_name", "dtypes_in", "find_word", "names_in",
+           "transformers_version", "type_name"]
 
 ACCELERATORS = ("cuda", "xpu", "mps", "hpu", "npu", "xla", "mtia", "privateuseone")
 _LIMIT = 20_000  # characters of one message looked at; a token list is about one error, not a whole log
@@ -177,3 +177,35 @@ def transformers_version(context: str) -> tuple[int, int] | None:
     """
     m = _TRANSFORMERS.search(context[:200_000])
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+_EDGE = "\\b"  # a rule word's end marked so matches only where no letter or digit touches that side
+_PARSED: dict[str, tuple[bool, bool, str]] = {}  # a rule word: (marked at its start, at its end, its core)
+
+
+def find_word(text: str, word: str, start: int = 0) -> int:
+    r"""Where a context rule's ``word`` first occurs in ``text`` from ``start`` (-1: nowhere). A word is a plain
+    substring, except at an end marked ``\b``: there no letter or digit may touch it, so a short token is not
+    found inside a longer one (``\bamd\b`` is not in the "AMD64" of a Python version line, ``\bmps\b`` is not in
+    "timestamps").
+
+    >>> find_word("python 3.10 (amd64)", r"\bamd\b"), find_word("an amd gpu", r"\bamd\b")
+    (-1, 3)
+    >>> find_word("timestamps: 3", r"\bmps\b"), find_word("slow_conv2d_forward_mps", r"\bmps\b")
+    (-1, 20)
+    """
+    parsed = _PARSED.get(word)
+    if parsed is None:
+        lead, trail = word.startswith(_EDGE), len(word) > 2 and word.endswith(_EDGE)
+        parsed = _PARSED[word] = (lead, trail, word[2 if lead else 0: len(word) - 2 if trail else len(word)])
+    lead, trail, core = parsed
+    if not (lead or trail):
+        return text.find(word, start)
+    p = text.find(core, start)
+    while p != -1:
+        end = p + len(core)
+        if (not lead or p == 0 or not text[p - 1].isalnum()) and (not trail or end == len(text)
+                                                                   or not text[end].isalnum()):
+            return p
+        p = text.find(core, p + 1)
+    return -1
