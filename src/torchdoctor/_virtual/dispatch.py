@@ -26,8 +26,6 @@ _MOVES = (aten._to_copy, aten.copy_, aten.copy)  # a move or cast: the hooks' ``
 _META = torch.device("meta")
 
 
-
-
 def plain(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and not isinstance(x, VirtualTensor)
 
@@ -311,7 +309,7 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     except (NotImplementedError, RuntimeError, TypeError) as exc:
         if space is None:
             raise
-        out = kernels.device_has(func, uargs, ukwargs, space.vtype)  # the device has it, the CPU lacks it
+        out = kernels.device_has(func, uargs, ukwargs, space.vtype, exc, largs)  # the device has it, not the CPU
         retry = _refused(space, func, largs, uargs, ukwargs, owner, exc) if out is None else None
         if out is None and retry is None:
             space.hooks.failed(str(func), exc)
@@ -354,7 +352,8 @@ def _device_of_outputs(ts: list[VirtualTensor], kwargs: dict[str, Any], space: S
 # what kernels say when they refuse a dtype (on every device: the simulation reports what the hardware would)
 _REFUSALS = ("Promotion for Float8 Types is not supported", "not implemented for '", "expected scalar type",
              "must have the same dtype", "expected both inputs to have same dtype", "should be the same",
-             "is not supported for", "does not support", "Expected all tensors to have the same dtype")
+             "is not supported for", "does not support", "Expected all tensors to have the same dtype",
+             "Expected scalar types of")  # (group_norm's backward: ``Expected scalar types of X and dY are same.``)
 _LOW = (torch.float16, torch.bfloat16, torch.float32)
 
 

@@ -141,12 +141,50 @@ def _histc(func: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
 _DEVICE_HAS: dict[str, tuple[tuple[str, ...], Any]] = {"histc": (("cuda",), _histc)}
 
 
-def device_has(func: Any, args: Any, kwargs: dict[str, Any], vtype: str) -> Any:
-    """The result of ``func`` as the ``vtype`` device computes it where the CPU kernel refused it, or None."""
+def device_has(func: Any, args: Any, kwargs: dict[str, Any], vtype: str, exc: BaseException | None = None,
+               virtual: Any = None) -> Any:
+    """The result of ``func`` as the ``vtype`` device computes it where the CPU kernel refused it, or None; an aten
+    op with no meta kernel (``exc`` says so) met on meta operands is run on the values the run holds (``on_zeros``:
+    ``virtual``, the op's virtual arguments, hold them where they are small)."""
     hit = _DEVICE_HAS.get(getattr(getattr(func, "overloadpacket", None), "__name__", ""))
+    if hit is None:
+        return on_zeros(func, virtual or args, kwargs) if "no fake impl or Meta kernel" in str(exc) else None
     if hit is None or vtype not in hit[0] or not args or not isinstance(args[0], torch.Tensor):
         return None
     try:
         return hit[1](func, *args, **kwargs)
     except (NotImplementedError, RuntimeError, TypeError):
+        return None
+
+
+ZEROS_LIMIT = 1 << 24  # elements of meta operands an op without a meta kernel is run on as zeros, at most
+
+
+def on_zeros(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """An aten op with no meta kernel (``aten._ctc_loss``: the device has its kernel, meta has none) run by the CPU
+    kernel on zeros of its meta operands, its outputs as meta tensors: their metadata is the kernel's answer (the
+    loss's shape; a length-sized buffer sized by the zeros is only ever read by the op's own backward). None for a
+    custom op, operands past ``ZEROS_LIMIT``, or a kernel that refuses zeros."""
+    if not getattr(getattr(func, "_schema", None), "name", "").startswith("aten::"):  # a custom op: kernel unknown
+        return None
+    flat = [getattr(x, "_td_elem", x) for a in (*args, *kwargs.values())
+            for x in (a if isinstance(a, (list, tuple)) else (a,))]
+    metas = [x.numel() for x in flat if isinstance(x, torch.Tensor) and x.is_meta]
+    if not metas or sum(metas) > ZEROS_LIMIT:
+        return None
+
+    def real(x: Any) -> Any:  # the values the run holds (a small tensor's: lengths, targets), else zeros
+        x = getattr(x, "_td_elem", x)
+        if isinstance(x, torch.Tensor):
+            return torch.zeros(x.shape, dtype=x.dtype) if x.is_meta else x
+        return type(x)(real(y) for y in x) if isinstance(x, (list, tuple)) else x
+
+    def meta(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            return torch.empty_strided(o.size(), o.stride(), dtype=o.dtype, device=_META)
+        return type(o)(meta(y) for y in o) if isinstance(o, (list, tuple)) else o
+
+    try:
+        return meta(func(*(real(a) for a in args), **{k: real(v) for k, v in kwargs.items()}))
+    except (NotImplementedError, RuntimeError, TypeError, ValueError, IndexError):
         return None

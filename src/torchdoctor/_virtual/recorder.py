@@ -24,6 +24,7 @@ from torchdoctor._virtual.scripted import Entered
 from torchdoctor._virtual.split import note_like, odd_ones, placed_apart
 from torchdoctor._virtual.stackview import StackView
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, is_entry as _is_entry, standin
+from torchdoctor._virtual.training import amp_backward
 from torchdoctor._tracker import ModuleStack
 
 LIMIT = 100  # problems stored; the run goes on and counts the rest
@@ -128,7 +129,7 @@ class _Recorder(StackView, Hooks):
             self._promoted(f, OpArgs(args, kwargs))
         quiet = torch._C._current_graph_task_id() != -1  # autograd's own op: its forward's problem said it
         for f in (*findings, *promo):  # device and meta first, then dtype, then what the profile cannot run
-            self._handle(func, f, call, quiet and any(q.kind == f.problem.kind for q in self.problems))
+            self._handle(func, f, call, quiet and (any(q.kind == f.problem.kind for q in self.problems) or amp_backward(f)))
         # the operands as they came and as the run goes on with them: the fix is proven on them (``atop``)
         self.cases.keep(func, (args, kwargs), (new_args, new_kwargs), self._tags, promo[0].target if promo else None)
         return tuple(new_args), new_kwargs
@@ -211,6 +212,8 @@ class _Recorder(StackView, Hooks):
     def refused(self, op: str, culprits: list[torch.Tensor], expected: torch.dtype, exc: BaseException) -> bool:
         """The kernel refused the odd-dtype tensors (fp8 promotion and kin): a problem by path, then go on cast."""
         text = (str(exc).strip().splitlines() or [""])[0]
+        if torch._C._current_graph_task_id() != -1 and amp_backward(None):
+            return True  # a backward op under the run's autocast: autograd casts each grad on the device
         for t in culprits:
             origin = getattr(t, "_td_origin", None)
             path = getattr(t, "_td_path", None) or (origin.first_path if origin is not None else None)
@@ -367,9 +370,8 @@ class _Recorder(StackView, Hooks):
         groups: dict[Any, list[Any]] = {}
         for k in list(f.considered) or offenders:
             groups.setdefault(value(call.at(k)), []).append(k)
-        # for devices, weights are the usual culprits: activations follow the inputs, placed where asked
-        # ... unless the weights sit where the run was asked to go (and no accelerate hook spreads the model over
-        # devices): then a tensor made on the wrong device is the culprit (a bare ``.cuda()`` meeting cuda:1 weights)
+        # for devices, weights are the usual culprits (activations follow the inputs) unless they sit where the run was
+        # asked to go, no hook spreading them: then a tensor made elsewhere is (``.cuda()`` meeting cuda:1 weights)
         with_entries = [v for v, ks in groups.items() if any(_is_entry(call.at(k)) for k in ks)]
         if p.kind == "device" and self._split() and (odd := odd_ones(groups, with_entries, norm_device(
                 tensor_device(call.all_tensors()[0])))) is not None:  # each part where the program put it
@@ -385,8 +387,7 @@ class _Recorder(StackView, Hooks):
         return offenders, f.target
 
     def _dispatched(self) -> bool:
-        """A running module under an accelerate hook, or in a model the program split over devices itself: its
-        device comes from the hook or the program, not from ``device=``."""
+        """A module under an accelerate hook, or in a model the program split itself: not ``device=``'s device."""
         return any("_hf_hook" in getattr(m, "__dict__", {}) for m in self.modules.stack) or self._split()
 
     def _split(self) -> bool:
@@ -397,3 +398,4 @@ class _Recorder(StackView, Hooks):
 
 _INDEX_OPS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put", "aten::index_put_",
                         "aten::_index_put_impl_", "aten::_unsafe_index_put"})
+

@@ -281,7 +281,7 @@ class VirtualMode(TorchFunctionMode):
         if space.relabelled:  # a real tensor with a device label: virtual where it is used
             args, kwargs = H.labelled(args, kwargs, lambda xs: H.graphed(xs, lift_all(xs, space, None)))
         # read here: inside __torch_dispatch__ the autocast keys are excluded and report "disabled"
-        space.autocast = torch.get_autocast_dtype(space.vtype) if torch.is_autocast_enabled(space.vtype) else None
+        space.read_autocast()
         handler = _HANDLERS.get(func)
         if handler is not None:
             return handler(space, func, args, kwargs)

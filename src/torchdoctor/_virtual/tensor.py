@@ -95,6 +95,7 @@ class Space:
         self.ops = 0
         self.computed: dict[torch.dtype | None, int] = {}  # the dtypes matmul-like ops computed in (casts applied)
         self.autocast: torch.dtype | None = None  # the virtual type's autocast dtype while enabled
+        self.amp = False  # autocast was on at some op: a backward's dtype mismatches are the emulation's (recorder)
         self.api: dict[tuple[int, str], Any] = {}  # this run's answers of the patched runtime APIs
         self.closed = False  # the run ended: threads it started see the real machine from now on
         self.grad = False  # the grad mode the run started in (threads it starts take it too)
@@ -117,6 +118,11 @@ class Space:
         if d.index is None and d.type not in _REAL_TYPES:
             return torch.device(d.type, self.current.get(d.type, 0))
         return d
+
+    def read_autocast(self) -> None:
+        """The virtual type's autocast dtype now (read above dispatch, where autocast reports its state)."""
+        self.autocast = torch.get_autocast_dtype(self.vtype) if torch.is_autocast_enabled(self.vtype) else None
+        self.amp = self.amp or self.autocast is not None
 
     def keep_real(self, t: Any, path: str | None, origin: Any) -> Any:
         """``t`` stays a real tensor (so ``torch.save``, safetensors and numpy take it); its name and provenance are

@@ -157,3 +157,12 @@ def install(installs: Any) -> None:
         return keyed
 
     installs.set(torch._C, "_group_tensors_by_device_and_dtype", grouped)
+
+
+def amp_backward(f: Any) -> bool:
+    """A dtype finding (``f``; None: a kernel's refusal) in a backward pass of a run that used autocast: the run casts
+    below autograd, so a backward meets the forward's uncast saved tensors; on the device autograd casts each grad."""
+    from torchdoctor._virtual.tensor import current_space
+
+    space = current_space()
+    return space is not None and space.amp and (f is None or f.problem.kind == "dtype")
