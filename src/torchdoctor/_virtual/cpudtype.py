@@ -218,7 +218,11 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
         # a factory fixed at its line makes its tensor as the fix says in a proof's re-run
         with remade(fixes or []), torch.no_grad() if call is None else torch.enable_grad(), mode, Calls(mode):
             if call is not None:
-                call(clone)
+                try:
+                    call(clone)
+                except (AssertionError, RuntimeError) as exc:
+                    if not _asks_accelerator(exc, mode):
+                        raise
             elif args or kwargs:
                 clone(*cast[0], **cast[1])
     finally:
@@ -227,6 +231,44 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
     SOURCES.clear()
     SOURCES.update(mode.sources)
     return mode.problems, mode.ops, clone
+
+
+def _asks_accelerator(exc: BaseException, mode: Any) -> bool:
+    """The program asked this CPU-only machine for an accelerator (``device="cuda"``: "Torch not compiled with CUDA
+    enabled"): recorded as a device problem at the program's line, with its factory when the line makes the tensor
+    there (fixed at it: ``device=`` the input's), never a traceback out of ``simulate``."""
+    import linecache
+    import re
+
+    from torchdoctor._report.model import Problem
+    from torchdoctor._virtual.origin import IN_SCOPE, LINES, MACHINERY, short_at
+
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if not re.search(r"not compiled with (CUDA|XPU|MPS)|no (CUDA|XPU) GPUs|Found no NVIDIA driver", first, re.I):
+        return False
+    tb: Any = exc.__traceback__
+    frame, line = None, 0
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(MACHINERY):
+            frame, line = tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+    if frame is None:
+        return False
+    at = short_at(frame).rsplit(":", 1)[0] + f":{line}"
+    code = frame.f_code
+    LINES[at] = (code.co_filename, line)
+    IN_SCOPE.setdefault(at, next((n for n in code.co_varnames[:code.co_argcount]
+                                  if isinstance(frame.f_locals.get(n), torch.Tensor)), ""))
+    asked = (re.search(r"compiled with (\w+)", first) or re.search(r"no (\w+)", first))
+    found = (asked.group(1) if asked else "cuda").lower()
+    p = Problem("device", "<top level>", "activation", found, "cpu",
+                f"the program asks for {found} at {at} while the run checks the cpu ({type(exc).__name__}: {first}): "
+                "make it on the device of what it meets", op="forward")
+    mode.problems.append(p)
+    made = re.search(r"torch\.(\w+)\([^#]*device\s*=", linecache.getline(code.co_filename, line))
+    if made:
+        mode.sources[(p.kind, p.path, p.op or "", p.found)] = (f"factory torch.{made.group(1)} at {at}",)
+    return True
 
 
 def _copy(obj: Any) -> Any:

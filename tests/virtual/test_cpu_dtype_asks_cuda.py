@@ -1,0 +1,37 @@
+"""``simulate(device="cpu", dtype=...)`` on a program that hard-codes ``device="cuda"`` (SAM's decoder
+``torch.arange(..., device="cuda")``) on a machine without CUDA: a report naming the line and its factory, with
+the fix at that call (``device=`` the input's, a diff), never torch's AssertionError out of simulate (hunt s15 V11)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torchdoctor
+
+
+class Decoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Linear(4, 2)
+
+    def forward(self, boxes: torch.Tensor) -> torch.Tensor:
+        coords = torch.arange(8, device="cuda", dtype=torch.float32) / 8
+        return self.mlp(boxes) + coords.mean()
+
+
+def app(m: Decoder) -> torch.Tensor:
+    return m(torch.rand(2, 4))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_a_hard_coded_cuda_is_a_report_on_the_cpu() -> None:
+    r = torchdoctor.simulate(Decoder(), device="cpu", dtype=torch.float32, call=app)
+    [p] = r.problems
+    assert p.kind == "device" and p.message.startswith(
+        "the program asks for cuda at tests/virtual/test_cpu_dtype_asks_cuda.py:")
+    [fix] = r.fixes
+    assert fix.code.startswith("# torch.arange made it on cuda: pass device= the input's device")
+    assert fix.diff is not None and "+        coords = torch.arange(8, device=boxes.device, dtype=torch.float32) / 8" \
+        in fix.diff
