@@ -201,17 +201,21 @@ def execute(script: str | None, module: str | None, args: list[str], watcher: Wa
         assert script is not None
         sys.argv = [script, *args]
         sys.path.insert(0, path0(script))
+    from torchdoctor._run.names import program_names  # the program's names, which its fixes are written with
+
     try:
         if module is not None:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            watcher.names = runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(script or "", run_name="__main__")
+            watcher.names = runpy.run_path(script or "", run_name="__main__")
         return 0
     except SystemExit as exc:
+        watcher.names = program_names(exc)
         return _exit_code(exc.code)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # the program's own error: explained, and shown as python would show it
+        watcher.names = program_names(exc)
         if _stopped(exc):
             raise
         if module is not None and _not_found(exc):  # one line, as `python -m NAME` prints it
@@ -291,13 +295,14 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
                            seconds=time.perf_counter() - start, missing=watcher.missing)
         report.internal = internal
         return report
+    from torchdoctor._run.names import as_held
     from torchdoctor._run.rerun import said_why_not
 
     where = {key: first_own_frame(frames, watcher.root) for key, frames in session.stacks.items()}
     report = RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
                        time.perf_counter() - start, session.stopped, where, notes,
                        _expected(session, profile, sources or {}), watcher.missing, session.where_ran(),
-                       session.networks, said_why_not(session.fixes))
+                       session.networks, as_held(said_why_not(session.fixes), watcher.names))
     report.internal = internal
     return report
 

@@ -166,6 +166,7 @@ class Watcher:
         self.root = root if root is not None else os.getcwd()
         self.guard = guard  # a torchdoctor.guard active in the program's main thread, for its culprit
         self.missing: str | None = None  # `-m NAME` named no runnable module: python's one line, nothing ran
+        self.names: dict[str, Any] = {}  # the program's module globals once it ended (its fixes use its names)
         self.findings: list[Finding] = []
         self._keys: dict[tuple[str, str, str], Finding] = {}
         self._lock = threading.Lock()

@@ -1,0 +1,111 @@
+"""A virtual run's fix written with the names the program itself holds (hunt V8, T18's class).
+
+A fix of a virtual run reads ``model.<path>`` -- ``model`` standing for the model the run found. A program run by
+``torchdoctor run`` has its own names: its network may be ``net`` (and ``model`` another object, or nothing), and a
+problem's path may already be one of its names (``gen.mean``, not a path inside ``model``). Each ``model.<path>`` of a
+fix is resolved against the program's module globals, from the tables of the objects (a Module's parameters, buffers,
+submodules, an object's ``__dict__``, a list or dict's items) -- never ``eval``, never a property of the program's own:
+kept when ``model`` holds it, else written as the program's own name that does (``gen.mean``, ``net.pos_embed``).
+A path no name of the program resolves is left as it is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_EXPR = re.compile(r"\bmodel((?:\.[A-Za-z_]\w*|\[\d+\]|\['[^'\]]*'\])+)")
+_PART = re.compile(r"\.([A-Za-z_]\w*)|\[(\d+)\]|\['([^'\]]*)'\]")
+_MISSING = object()
+
+
+def _member(obj: Any, part: str | int) -> Any:
+    """``obj.part`` / ``obj[part]`` read from tables only; ``_MISSING`` when it is not there."""
+    import torch
+
+    if isinstance(part, int):
+        if isinstance(obj, (list, tuple, torch.nn.ModuleList, torch.nn.Sequential)) and -len(obj) <= part < len(obj):
+            return obj[part]
+        return _MISSING
+    if isinstance(obj, Mapping):
+        return obj.get(part, _MISSING)
+    if isinstance(obj, torch.nn.Module):
+        for table in ("_parameters", "_buffers", "_modules"):
+            got = vars(obj).get(table, {})
+            if part in got:
+                return got[part]
+    try:
+        return vars(obj).get(part, _MISSING)
+    except TypeError:  # no __dict__
+        return _MISSING
+
+
+def _resolve(root: Any, parts: Sequence[str | int]) -> Any:
+    """What ``parts`` reach from ``root``; a tensor reached early ends it (``.data`` is the tensor's own)."""
+    import torch
+
+    for part in parts:
+        if isinstance(root, torch.Tensor):
+            return root
+        root = _member(root, part)
+        if root is _MISSING:
+            return _MISSING
+    return root
+
+
+def _parts(text: str) -> list[str | int]:
+    return [m.group(1) if m.group(1) else int(m.group(2)) if m.group(2) else m.group(3) for m in _PART.finditer(text)]
+
+
+def _spelled(parts: Sequence[str | int]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" if p.isidentifier() else f"[{p!r}]" for p in parts)
+
+
+def held_name(expr: str, names: Mapping[str, Any]) -> str | None:
+    """``expr`` (``.gen.mean`` after ``model``) as the program holds it, or None when ``model`` holds it or nothing
+    of the program does."""
+    import torch
+
+    parts = _parts(expr)
+    if not parts:
+        return None
+    model = names.get("model", _MISSING)
+    if model is not _MISSING and _resolve(model, parts) is not _MISSING:
+        return None  # the program's own `model` holds it: the fix reads as printed
+    first = parts[0]
+    if isinstance(first, str) and first in names and _resolve(names[first], parts[1:]) is not _MISSING:
+        return first + _spelled(parts[1:])  # the path starts with the program's own name
+    for name, value in names.items():  # the module the program holds that has the path
+        if isinstance(value, torch.nn.Module) and not name.startswith("_") and \
+                isinstance(_resolve(value, parts), torch.Tensor):
+            return name + _spelled(parts)
+    return None
+
+
+def as_held(fixes: Sequence[Any], names: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    """The fixes with each ``model.<path>`` the program holds under another name written with that name."""
+    if not names:
+        return tuple(fixes)
+    for f in fixes:
+        if getattr(f, "kind", None) not in ("path", "note") or "model" not in (f.code or ""):
+            continue
+        try:
+            f.code = _EXPR.sub(lambda m: held_name(m.group(1), names) or m.group(0), f.code)
+        except Exception:  # a name is an extra: the fix stands as printed
+            continue
+    return tuple(fixes)
+
+
+def program_names(exc: BaseException | None, result: Any = None) -> dict[str, Any]:
+    """The program's module globals: what ``runpy`` returned, else those of its ``__main__`` frame in the traceback of
+    the exception that ended it."""
+    if isinstance(result, dict):
+        return result
+    tb = exc.__traceback__ if exc is not None else None
+    while tb is not None:
+        g = tb.tb_frame.f_globals
+        if g.get("__name__") == "__main__":
+            return dict(g)
+        tb = tb.tb_next
+    return {}

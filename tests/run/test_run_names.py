@@ -1,0 +1,67 @@
+"""``torchdoctor run`` writes a virtual run's fix with the names the program holds (hunt V8, T18's class): a path the
+program's ``model`` does not hold is written as the program's own name that does (``gen.mean``, ``net.pos_embed``);
+what ``model`` holds, or what no name holds, stays as printed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from run.test_run_cli import run, write
+from torchdoctor._run.names import as_held, held_name
+
+
+class Gen(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+        self.register_buffer("mean", torch.zeros(2))
+
+
+def test_a_path_is_written_with_the_programs_own_name() -> None:
+    model, gen, net = Gen(), Gen(), nn.Sequential(Gen())
+    names = {"model": model, "gen": gen, "net": net, "torch": torch}
+    assert held_name(".gen.mean.data", names) == "gen.mean.data"  # the path starts with a name of the program
+    assert held_name(".fc.weight.data", names) is None  # the program's `model` holds it: as printed
+    assert held_name(".fc.weight", {"net": Gen()}) == "net.fc.weight"  # no `model`: the module that has the path
+    assert held_name("[0].mean", {"net": net}) == "net[0].mean"
+    assert held_name(".nothing.here", names) is None  # nothing holds it: as printed
+    fix = SimpleNamespace(kind="path", code="model.gen.mean.data = model.gen.mean.data.to('cuda:0')\n"
+                                            "model.fc.bias.data = model.fc.bias.data.to('cuda:0')")
+    (same,) = as_held([fix], names)
+    assert same.code == "gen.mean.data = gen.mean.data.to('cuda:0')\nmodel.fc.bias.data = model.fc.bias.data.to('cuda:0')"
+    advice = SimpleNamespace(kind="note", code="torchdoctor.move(model, 'cuda:0')")
+    assert as_held([advice], names)[0].code == "torchdoctor.move(model, 'cuda:0')"
+
+
+RELOAD = """\
+    import torch, torch.nn as nn
+
+    class Gen(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.register_buffer("mean", torch.zeros(8))
+        def forward(self, z):
+            return self.fc(z) - self.mean
+
+    model = Gen().to("cuda:0")  # the trained one
+    model(torch.randn(2, 8, device="cuda:0"))
+    gen = Gen()
+    gen.load_state_dict(model.state_dict())
+    gen.to(torch.bfloat16)  # the device forgotten
+    gen(torch.randn(1, 8, device="cuda:0", dtype=torch.bfloat16))
+"""
+
+
+def test_run_names_a_reloaded_module_by_the_programs_name_not_as_a_part_of_model(tmp_path: Path) -> None:
+    script = write(tmp_path / "app.py", RELOAD)
+    proc = run("--device", "cuda:0", "--json", str(script), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout[proc.stdout.index('{\n  "schema"'):])
+    code = "\n".join(f["code"] for f in doc["fixes"])
+    assert "gen.mean" in code and "model.gen" not in code, code  # `model` is the other Gen: it has no `gen`
