@@ -41,7 +41,7 @@ def lift_all(items: Any, space: Space | None, follow: torch.device | None) -> li
         if space is not None and id(x) in space.foreign:
             foreign(space, x)
         kept = space.real_record(x) if space is not None and space.real else None  # the run's (a saved CPU copy)
-        if follow is not None and kept is None and (x.device.type == "meta" or space is None or x.device == space.inner):
+        if follow is not None and (x.device.type == "meta" or space is None or kept is None and x.device == space.inner):
             return make(VirtualTensor, x, follow)
         if space is None:
             return make(VirtualTensor, x, tensor_device(x))
