@@ -91,6 +91,9 @@ def test_each_planted_bug_is_named_at_its_line_and_one_proven_patch_fixes_the_pr
     assert "a tensor made by torch.rand in code outside the model at app.py:23" in report["problems"][0]["message"]
     assert "z (an argument of the Gen call, made by torch.randn at app.py:36)" in report["problems"][1]["message"]
     (numpy,) = report["findings"]  # the third bug raises: numpy has no bfloat16
+    # its traceback ends at the program's line, as on the device (no frame of the virtual devices' stand-ins)
+    trace = proc.stderr[proc.stderr.index("Traceback"):proc.stderr.index("TypeError: Got unsupported ScalarType")]
+    assert trace.rstrip().endswith("^") and 'app.py", line 37, in <module>' in trace and "_virtual" not in trace
     assert numpy["where"] == "app.py:37 in <module>" and numpy["fix_from"] == "guard"
     assert "fix proven" in numpy["culprit"] and "img.float().cpu().numpy()" in numpy["fix"]
     assert [f["proven"] for f in report["fixes"]] == [True, True] and all(f["diff"] for f in report["fixes"])

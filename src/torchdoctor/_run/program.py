@@ -138,6 +138,7 @@ def _exit_code(code: Any) -> int:
 
 
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the torchdoctor package folder
+_VIRTUAL = os.path.join(_OURS, "_virtual") + os.sep
 
 
 def print_program_error(exc: BaseException) -> None:
@@ -152,7 +153,9 @@ def print_program_error(exc: BaseException) -> None:
             seen.add(id(cur))
             frames = list(cur.stack)
             last = max((i for i, f in enumerate(frames) if not f.filename.startswith(_OURS)), default=-1)
-            kept = [f for i, f in enumerate(frames) if i > last or not f.filename.startswith(_OURS)]
+            # after the program's last frame the virtual devices' own frames stand for torch's kernels, which
+            # python never shows: the traceback ends at the program's line, as on the real device
+            kept = [f for i, f in enumerate(frames) if not f.filename.startswith(_VIRTUAL if i > last else _OURS)]
             if len(kept) != len(frames):
                 cur.stack = traceback.StackSummary.from_list(kept)
             cur = cur.__cause__ or cur.__context__
