@@ -65,3 +65,22 @@ def test_run_names_a_reloaded_module_by_the_programs_name_not_as_a_part_of_model
     doc = json.loads(proc.stdout[proc.stdout.index('{\n  "schema"'):])
     code = "\n".join(f["code"] for f in doc["fixes"])
     assert "gen.mean" in code and "model.gen" not in code, code  # `model` is the other Gen: it has no `gen`
+
+
+TWO_GPUS = """\
+    import torch, torch.nn as nn
+    a, b = nn.Linear(4, 4).to("cuda:0"), nn.Linear(4, 4).to("cuda:1")  # a deliberate split
+    h = a(torch.randn(1, 4, device="cuda:0"))
+    print(torch.cuda.device_count(), b(h.to("cuda:1")).device)
+"""
+
+
+def test_run_count_gives_the_program_two_gpus(tmp_path: Path) -> None:
+    script = write(tmp_path / "split.py", TWO_GPUS)
+    proc = run("--device", "cuda:0", "--count", "2", str(script), cwd=tmp_path)
+    assert proc.returncode == 0 and "2 cuda:1" in proc.stdout, proc.stderr[-2000:]
+    assert "no placement error; ran on cuda:0, cuda:1" in proc.stderr
+    one = run("--device", "cuda:0", str(script), cwd=tmp_path)  # one device by default: cuda:1 does not exist
+    assert one.returncode == 1 and "cuda:1 does not exist" in one.stderr
+    bad = run("--count", "2", str(script), cwd=tmp_path)
+    assert bad.returncode == 2 and "--dtype, --profile and --count describe the virtual device" in bad.stderr

@@ -16,7 +16,8 @@ from typing import Any
 
 from torchdoctor._cli.common import GUARD_MODES, UsageError
 
-USAGE = "torchdoctor run [--device cuda:1|xpu|mps] [--dtype D] [--profile P] [--mode M] script.py ARGS | -m module ARGS"
+USAGE = ("torchdoctor run [--device cuda:1|xpu|mps] [--dtype D] [--profile P] [--count N] [--mode M] script.py ARGS | "
+         "-m module ARGS")
 
 
 def add_parser(subparsers: Any, parents: list[argparse.ArgumentParser] | None = None) -> argparse.ArgumentParser:
@@ -31,6 +32,9 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--device", help="run on this virtual device (cuda:1, xpu, mps): the program sees that hardware")
     r.add_argument("--dtype", help="the dtype the virtual run expects the model in (e.g. bfloat16)")
     r.add_argument("--profile", metavar="NAME", help="device preset for --device (t4, a100, h100, m2, arc ...)")
+    r.add_argument("--count", type=int, metavar="N",
+                   help="how many virtual devices of --device's kind the machine has (a program that uses two GPUs: "
+                        "--count 2; default: enough for --device)")
     r.add_argument("--mode", choices=[m for m in GUARD_MODES if m != "off"], default="explain",
                    help="guard mode in the program (default explain: no per-op cost)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
@@ -72,8 +76,11 @@ def command(args: argparse.Namespace) -> int:
     if device is not None and device.type not in ("cuda", "xpu", "mps"):
         raise UsageError(f"--device {args.device}: a virtual device is cuda:N, xpu or mps (to run on this machine's "
                          "own hardware, leave --device out)")
-    if (args.dtype or args.profile) and device is None:
-        raise UsageError("--dtype and --profile describe the virtual device: give --device too (e.g. --device cuda:0)")
+    if (args.dtype or args.profile or args.count) and device is None:
+        raise UsageError("--dtype, --profile and --count describe the virtual device: give --device too (e.g. "
+                         "--device cuda:0)")
+    if args.count is not None and args.count < 1:
+        raise UsageError(f"--count {args.count}: the number of virtual devices is 1 or more (e.g. --count 2)")
     if args.file:
         try:
             open(args.file, "w", encoding="utf-8").close()
@@ -97,7 +104,7 @@ def command(args: argparse.Namespace) -> int:
     try:
         with ProgramSignals("run", 2 if own[2][1] is None else own[2][1]):
             report = run(script, rest, module=module, device=args.device, dtype=dtype, profile=args.profile,
-                         mode=args.mode, trace=args.trace,
+                         mode=args.mode, trace=args.trace, count=args.count,
                          sources={k: f"--{k}" for k in ("device", "dtype", "profile") if getattr(args, k, None)})
     except ValueError as exc:  # the virtual device and the profile disagree
         _close(own)

@@ -251,9 +251,9 @@ def _join_threads(timeout: float = 3600.0) -> None:
 
 def run(script: str | None = None, args: list[str] | None = None, *, module: str | None = None,
         device: str | None = None, dtype: Any = None, profile: Any = None, mode: str = "explain",
-        trace: bool = True, sources: dict[str, str] | None = None) -> RunReport:
-    """Run a program watched (the CLI's ``torchdoctor run``); with ``device``, on virtual devices. ``sources``:
-    where device/dtype/profile came from (``--device``), said in the report."""
+        trace: bool = True, sources: dict[str, str] | None = None, count: int | None = None) -> RunReport:
+    """Run a program watched (the CLI's ``torchdoctor run``); with ``device``, on virtual devices (``count`` of its
+    kind). ``sources``: where device/dtype/profile came from (``--device``), said in the report."""
     from torchdoctor._guard.api import guard
 
     args = list(args or [])
@@ -269,7 +269,8 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
         if device is not None:
             from torchdoctor._virtual.session import virtual_devices
 
-            session = stack.enter_context(virtual_devices(device, dtype, profile=profile, raise_on_exit=False))
+            session = stack.enter_context(virtual_devices(device, dtype, profile=profile, count=count,
+                                                          raise_on_exit=False))
         if trace:
             from torchdoctor._trace.api import trace as trace_
 
