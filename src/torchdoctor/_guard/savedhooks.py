@@ -22,29 +22,35 @@ import torch
 _HOOKS = torch.autograd.graph.saved_tensors_hooks
 _ON: list[Any] = []  # the sessions that patched, oldest first
 _ORIGINAL: list[Any] = []
+_TORCH_ENTER = _HOOKS.__enter__
+
+
+_LOCK = threading.Lock()  # sessions of several threads start and stop at once
 
 
 def install(session: Any) -> None:
-    if not _ON:
-        _ORIGINAL[:] = [_HOOKS.__dict__.get("__enter__")]
-        _HOOKS.__enter__ = _enter  # type: ignore[method-assign]
-    _ON.append(session)
+    with _LOCK:
+        if not _ON and _HOOKS.__dict__.get("__enter__") is not _enter:
+            _ORIGINAL[:] = [_HOOKS.__dict__.get("__enter__")]
+            _HOOKS.__enter__ = _enter  # type: ignore[method-assign]
+        _ON.append(session)
 
 
 def uninstall(session: Any) -> None:
-    if session in _ON:
-        _ON.remove(session)
-    if not _ON and _ORIGINAL:
-        if _HOOKS.__dict__.get("__enter__") is _enter:
-            _HOOKS.__enter__ = _ORIGINAL[0]  # type: ignore[method-assign]
-        _ORIGINAL.clear()
+    with _LOCK:
+        if session in _ON:
+            _ON.remove(session)
+        if not _ON and _ORIGINAL:
+            if _HOOKS.__dict__.get("__enter__") is _enter:
+                _HOOKS.__enter__ = _ORIGINAL[0]  # type: ignore[method-assign]
+            _ORIGINAL.clear()
 
 
 def _enter(self: Any) -> None:
     me = threading.get_ident()
     session = next((s for s in reversed(_ON) if s.tid == me), None)
     if session is None:
-        return _ORIGINAL[0](self)  # type: ignore[no-any-return]
+        return (_ORIGINAL or [_TORCH_ENTER])[0](self)  # type: ignore[no-any-return]
     pack, unpack = self.pack_hook, self.unpack_hook
     torch._C._autograd._push_saved_tensors_default_hooks(
         _Hook(lambda t: _Saved(t, pack(t)), pack),
