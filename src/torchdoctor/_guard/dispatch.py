@@ -50,7 +50,8 @@ class CompositeCheck(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: Mapping[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if args and isinstance(args[0], torch.Tensor) and torch.is_autocast_enabled(args[0].device.type):
+        if (func in _CONV_FUNCS or func is _SDPA_FUNC) and args and isinstance(args[0], torch.Tensor) and \
+                torch.is_autocast_enabled(args[0].device.type):
             return func(*args, **kwargs)  # autocast casts a convolution's and attention's operands alike (V15)
         if func in _CONV_FUNCS and len(args) >= 2:
             args = (*args[:2], kwargs.get("bias") if len(args) < 3 else args[2], *args[3:])
