@@ -299,7 +299,7 @@ class VirtualMode(TorchFunctionMode):
             args, kwargs = D.sdpa_precheck(space, args, kwargs)
         dev = kwargs.get("device")
         if dev is None and _device_mod.CURRENT_DEVICE is not None and func in _device_mod._device_constructors():
-            dev = kwargs["device"] = _device_mod.CURRENT_DEVICE  # torch.set_default_device: its mode is below ours
+            dev = kwargs["device"] = training.default_device(space)  # set_default_device's: its mode is below ours
         target = space.norm(dev) if dev is not None else None
         if (target is None or not is_virtual(target)) and not H.any_virtual(args, kwargs, space.named):
             # CPU work of the program's own (no virtual tensor, no virtual device): real tensors, as the program

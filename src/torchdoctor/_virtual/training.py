@@ -166,3 +166,25 @@ def amp_backward(f: Any) -> bool:
 
     space = current_space()
     return space is not None and space.amp and (f is None or f.problem.kind == "dtype")
+
+
+def default_device(space: Any) -> Any:
+    """The device ``torch.set_default_device`` gives a factory told none. A backward pass on an accelerator runs in
+    the device's own thread, which never sees that setting (pytorch#124788): a factory there without ``device=``
+    makes its tensor on the CPU (a reentrant checkpoint's recompute), unless the non-reentrant checkpoint's
+    ``recompute_fn`` runs it, which enters the device context of its forward again."""
+    import sys
+
+    import torch.utils._device as device_mod
+
+    if space.vtype not in ("cpu", "meta") and torch._C._current_graph_task_id() != -1:
+        f: Any = sys._getframe(1)
+        for _ in range(64):
+            if f is None or f.f_code.co_name == "recompute_fn" and f.f_code.co_filename.endswith("checkpoint.py"):
+                break
+            f = f.f_back
+        else:
+            f = None
+        if f is None:
+            return torch.device("cpu")
+    return device_mod.CURRENT_DEVICE
