@@ -12,7 +12,7 @@ from torch import nn
 from torchdoctor._rules.profile import DeviceProfile, factory_refusal, refusal
 from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.model import Problem
-from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device, tensor_device
+from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
 from torchdoctor._virtual.atop import Cases, tags_of
 from torchdoctor._virtual.datadtype import data_dtype, factory_call, maker_name
 from torchdoctor._virtual.escaped import escaped_problem
@@ -373,9 +373,8 @@ class _Recorder(StackView, Hooks):
         # for devices, weights are the usual culprits (activations follow the inputs) unless they sit where the run was
         # asked to go, no hook spreading them: then a tensor made elsewhere is (``.cuda()`` meeting cuda:1 weights)
         with_entries = [v for v, ks in groups.items() if any(_is_entry(call.at(k)) for k in ks)]
-        if p.kind == "device" and self._split() and (odd := odd_ones(groups, with_entries, norm_device(
-                tensor_device(call.all_tensors()[0])))) is not None:  # each part where the program put it
-            return odd
+        if p.kind == "device" and self._split() and (odd := odd_ones(groups, with_entries, call.all_tensors())):
+            return odd  # each part where the program put it
         if p.kind == "device" and len(groups) == 2 and len(with_entries) == 1:
             other = next(v for v in groups if v != with_entries[0])
             if with_entries[0] == self.device and not self._dispatched():

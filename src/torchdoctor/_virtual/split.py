@@ -34,10 +34,10 @@ def placed_apart(roots: list[Any], vtype: str) -> bool:
     return False
 
 
-def odd_ones(groups: dict[Any, list[Any]], with_entries: list[Any], first: Any) -> tuple[list[Any], Any] | None:
+def odd_ones(groups: dict[Any, list[Any]], with_entries: list[Any], tensors: list[Any]) -> tuple[list[Any], Any] | None:
     """In a split model: the operands to blame and the device they belong on (the weights' device when one group
-    holds model tensors, else the first operand's), or None when that device is not among the groups."""
-    ref = with_entries[0] if len(with_entries) == 1 else first
+    holds model tensors, else the first operand's, of ``tensors``), or None when that device is not among the groups."""
+    ref = with_entries[0] if len(with_entries) == 1 else norm_device(tensor_device(tensors[0])) if tensors else None
     if ref not in groups:
         return None
     return [k for v, ks in groups.items() if v != ref for k in ks], ref
