@@ -392,7 +392,7 @@ class _Recorder(StackView, Hooks):
     def _split(self) -> bool:
         if self._apart is None:
             self._apart = placed_apart(self.roots or self.modules.outermost, self.profile.type)
-        return self._apart
+        return self._apart and not any("_hf_hook" in getattr(m, "__dict__", {}) for m in self.modules.stack)
 
 
 _INDEX_OPS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put", "aten::index_put_",
