@@ -40,6 +40,15 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
             owners.append(root.get_submodule(path.rsplit(".", 1)[0]) if "." in path else None)
         except AttributeError:
             return None
+    # the module's own move fixes only what .to() moves, and only a module left behind whole: every parameter and
+    # buffer of it among the tensors fixed (a plain attribute, `blocks.1.shift`, is not moved by moving its block)
+    fixed = {path for path, _ in f.sets}
+    for path, o in zip((p for p, _ in f.sets), owners):
+        if o is None or path.rsplit(".", 1)[-1] not in {*o._parameters, *o._buffers}:
+            return None
+        base = path.rsplit(".", 1)[0]
+        if any(f"{base}.{n}" not in fixed for n, _ in (*o.named_parameters(), *o.named_buffers())):
+            return None
     kinds = {type(o) for o in owners}
     if len(kinds) != 1 or None in owners or (cls := next(iter(kinds))).__module__.startswith("torch."):
         return None
