@@ -69,7 +69,10 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
             with torch._C.DisableTorchFunction():  # storage keys of real tensors, also inside a virtual-device run
                 summary = summarize_rows(rows, [_real(e.tensor) for e in w.entries])
         # TensorInfo objects are made from the rows when report.tensors is first read
-        return ScanReport.of_rows(rows, tuple(problems), expected, type(obj).__name__, w.truncated, summary)
+        report = ScanReport.of_rows(rows, tuple(problems), expected, type(obj).__name__, w.truncated, summary)
+        if isinstance(obj, dict) and rows:  # components by key: a fix reads obj['model'].to(...)
+            report.extra["keyed"] = True
+        return report
     finally:
         if gc_was_enabled:
             gc.enable()
