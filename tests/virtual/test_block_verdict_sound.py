@@ -116,7 +116,11 @@ CAST_MIXED = """
 # name -> (program, device, every fix proven?)
 PROGRAMS = {"two_mm": (TWO_MM, "cuda:0", True), "device_var": (DEVICE_VAR, "xpu", False),
             "cuda_call": (CUDA_CALL, "cuda:1", True), "added": (ADDED, "mps", True),
-            "cast_mixed": (CAST_MIXED, "cuda:0", False)}
+            "cast_mixed": (CAST_MIXED, "cuda:0", True)}
+# the API's re-run finds what a block, which runs once, cannot prove: the float32 delta held apart is combined with the
+# cast weight by an add, so casting it alone proves nothing at the mm; the re-run adds the cast line's fix and proves
+# both; a block names the cast line and says it is unproven (never a claim the op cannot carry)
+BLOCK_UNPROVEN = {"cast_mixed"}
 TIMEOUT = 300
 
 
@@ -151,6 +155,11 @@ def test_api_block_and_run_agree(tmp_path: Path, name: str) -> None:
     assert said and all(said) is proven, api.text()
     with torchdoctor.virtual_devices(device, raise_on_exit=False, select=False) as block:
         mod.app(mod.build())
+    if name in BLOCK_UNPROVEN:
+        said = [False]
+        assert "a virtual re-run with it applied has no problem left" in api.text(), api.text()
+        assert "only a re-run of the whole program proves it" in str(block.error()), str(block.error())
+        proven = False
     assert _verdicts([f.to_dict() for f in block.fixes]) == said, str(block.error())
     text = str(block.error())
     assert ("# fix proven (at the failing op" in text) is proven, text

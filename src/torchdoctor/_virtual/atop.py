@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from torchdoctor._placement import dtype_str
-from torchdoctor._virtual.origin import short_at, user_frame
+from torchdoctor._virtual.origin import DEPTH, short_at, user_frame
 from torchdoctor._virtual.entrycheck import entry_check, targets
 from torchdoctor._virtual.prove import Fix
 
@@ -97,7 +97,10 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
         for src in dict.fromkeys((o.source, o.placed_by)):  # what set its dtype, what placed it (through casts)
             # a cast at a line several ops upstream (``w.float() + delta`` then more): another operand may set the
             # dtype on the way, so only a re-run proves its fix
-            tags.extend(FAR + x if x.startswith("cast at ") and not _near(o, src) else x for x in src.paths)
+            # a model tensor an op combined with an unnamed one of its dtype (``image_embeds = proj(h)`` from the
+            # weight and an fp32 activation): casting the weight alone does not cast what the op makes
+            tags.extend(FAR + x if x.startswith("cast at ") and not _near(o, src) or src.mixed else x
+                        for x in src.paths)
             if str(src.op).startswith("torch.") and not src.paths:
                 mp = module_paths.get(id(src.module)) if src.module is not None else None
                 tags.append((FAR if not _near(o, src) else "") + (
@@ -117,7 +120,8 @@ def _near(o: Any, src: Any) -> bool:
     """``src`` made ``o`` itself, or ``o`` came from it through ops that keep a dtype and a device (views, copies)."""
     link, n = o, 0
     while link is not src:
-        if link is None or str(link.op) not in _KEEPS_DTYPE or n > 8:
+        # a record past the chain's last kept link stands for any number of ops: never near what it came from
+        if link is None or str(link.op) not in _KEEPS_DTYPE or n > 8 or link.depth >= DEPTH:
             return False
         link, n = link.via, n + 1
     return True

@@ -31,7 +31,7 @@ class Made:
     """How a tensor made in a run got its device and dtype."""
 
     __slots__ = ("op", "module", "paths", "count", "via", "depth", "at", "arg", "site", "made_of", "promotes",
-                 "loose", "default", "hook")
+                 "loose", "default", "hook", "mixed")
 
     def __init__(self, op: str, module: Any, paths: tuple[str, ...] = (), count: int = 0, via: Made | None = None,
                  depth: int = 1) -> None:
@@ -51,6 +51,7 @@ class Made:
         self.loose: tuple[Any, ...] = ()  # parameters no module of the run named (a network patched in): named later
         self.default = False  # a factory given no dtype (``dtype=None`` too): the default dtype, nobody's choice
         self.hook: str | None = None  # a saved-tensor unpack hook that gave it back (``saved.py``): said as such
+        self.mixed = False  # made from its named tensors and an unnamed one of their dtype (activation x weight)
 
     @classmethod
     def argument(cls, label: str, fix_label: str, call: str, before: Made | None, chain: Made | None = None) -> Made:
@@ -136,7 +137,7 @@ class Made:
             if probe.arg is not None:
                 link = probe
                 break
-            probe = probe.via
+            probe = None if probe is src else probe.via  # never past a cast that set the dtype
         head = f"a tensor made by {_link(src, module_path)}"
         if src is self:
             return head
@@ -271,7 +272,9 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
             dtype.is_floating_point:
         _promoting(high, cast.dtype, dtype)
     if count:
-        return Made(op, module, tuple(paths), count)
+        (m := Made(op, module, tuple(paths), count)).mixed = count < sum(t.dtype == dtype and t._td_device == device
+                                                                          for t in tensors)
+        return m
     if via is not None and via.hook is not None:  # autograd's own views of what an unpack hook gave back: its own
         return via
     if via is None and cast is not None:
@@ -295,8 +298,8 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
         # outside the model, from tensors nothing recorded (made before the run): the user's line that made it, so
         # `y = x.to(torch.float16)` in the block is found by file:line (inside modules this stays free)
         return Made(str(op), None) if module is None and tensors else None
-    if via.depth >= DEPTH:
-        return via
+    if via.depth >= DEPTH and via.site is None and not via.paths and via.arg is None and via.at is None:
+        return via  # a plain record past the kept links stands for every op after it; never a cast or a source
     return Made(op, module, via=via, depth=via.depth + 1)
 
 
