@@ -245,12 +245,21 @@ def held(obj: Any) -> dict[str, tuple[torch.dtype, torch.device]]:
     return {e.path: (e.tensor.dtype, getattr(e.tensor, "_td_device", e.tensor.device)) for e in walk(obj).entries}
 
 
+def patch_of(fixes: Sequence[Fix]) -> list[str]:
+    """The fixes as diffs of the user's own files: one patch ``git apply`` takes whole where several fixes change
+    nearby lines (each one-line diff quotes the other's old line as context, so the second would not apply)."""
+    from torchdoctor._report.diff import merged
+
+    diffs = list(dict.fromkeys(f.diff for f in fixes if f.diff))
+    one = merged(diffs) if len(diffs) > 1 else None
+    return [one] if one else diffs
+
+
 def fix_text(fixes: Sequence[Fix]) -> list[str]:
     """The report's fix lines: a headline saying whether the fix was proven, then the code."""
     if not fixes:
         return []
-    patches = [line for f in fixes if f.diff for line in ("Patch (git apply):", *(
-        f"    {x}" for x in f.diff.splitlines()))]  # the fix as a diff of the user's own file, where it is one line
+    patches = [line for d in patch_of(fixes) for line in ("Patch (git apply):", *(f"    {x}" for x in d.splitlines()))]
     if any(f.at_op for f in fixes):
         return ["Fix:", *(f"    {line}" for line in proof_lines(fixes)), *patches]
     code = [f for f in fixes if f.applied()]

@@ -14,7 +14,7 @@ from torchdoctor._report.model import Problem
 from torchdoctor._report.text import EXIT_USAGE, exit_code as exit_code_of, schema
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual.groups import grouped
-from torchdoctor._virtual.prove import Fix, fix_text
+from torchdoctor._virtual.prove import Fix, fix_text, patch_of
 from torchdoctor._virtual.recorder import _culprits_then_rest
 from torchdoctor._virtual.session import whence_line
 
@@ -74,6 +74,8 @@ class SimulationReport(HtmlMapMixin):
             "built_seconds": None if self.built_seconds is None else round(self.built_seconds, 4),
             "stopped": self.stopped, "summary": list(self.summary), "fix": self.fix, "forward": self.forward,
             "assumed": self.assumed, "expected": dict(self.expected), "fixes": [f.to_dict() for f in self.fixes],
+            # every fix's diff as one patch git apply takes whole (None: none, or diffs no one patch can carry)
+            "patch": d[0] if len(d := patch_of(self.fixes)) == 1 else None,
         }
 
     def text(self, limit: int = 40) -> str:
