@@ -20,6 +20,7 @@ import copy
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -217,14 +218,14 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
     try:
         # a factory fixed at its line makes its tensor as the fix says in a proof's re-run
         with remade(fixes or []), torch.no_grad() if call is None else torch.enable_grad(), mode, Calls(mode):
-            if call is not None:
-                try:
+            try:
+                if call is not None:
                     call(clone)
-                except (AssertionError, RuntimeError) as exc:
-                    if not _asks_accelerator(exc, mode):
-                        raise
-            elif args or kwargs:
-                clone(*cast[0], **cast[1])
+                elif args or kwargs:
+                    clone(*cast[0], **cast[1])
+            except (AssertionError, RuntimeError) as exc:
+                if not _asks_accelerator(exc, mode):
+                    raise
     finally:
         pre.remove()
         post.remove()
@@ -311,8 +312,21 @@ def simulate_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype:
     items: list[Fix] = []
     if rest:  # proven in ``dtype``: the ops without a kernel there are the next fix's (they stay in the re-run)
         more = fix_items(rest, torch.device("cpu"), dtype, dict(SOURCES), held(clone)) or []
-        items += proven(more, lambda fixes: [p for p in check_cpu(obj, args, kwargs, dtype, call, fixes)[0]
-                                             if p.kind != "unsupported_dtype"])
+        left: list[Any] = []
+
+        def rerun(fixes: list[Fix]) -> list[Any]:
+            left[:] = [p for p in check_cpu(obj, args, kwargs, dtype, call, fixes)[0] if p.kind != "unsupported_dtype"]
+            return left
+
+        for _ in range(4):  # a run stops at the first line that asks for cuda: the re-run finds the next one
+            more = proven(more, rerun)
+            have = {(f.code, f.diff) for f in more}  # one code line for two calls: their diffs differ
+            extra = [f for f in fix_items(left, torch.device("cpu"), dtype, dict(SOURCES), held(clone)) or []
+                     if (f.code, f.diff) not in have] if left and not all(f.proven for f in more) else []
+            if not extra:
+                break
+            more = [replace(f, proven=False, tried="") for f in more] + extra
+        items += more
     if any(p.kind == "unsupported_dtype" for p in problems):
         items.append(_other_dtype(obj, args, kwargs, dtype, call, problems))
     cpu = torch.device("cpu")

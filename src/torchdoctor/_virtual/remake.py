@@ -35,16 +35,17 @@ class _Remade(torch.overrides.TorchFunctionMode):
         if want is None:
             return func(*args, **kwargs)
         device, dtype = want
+        if device is not None and name not in _HOST:  # given first: ``device="cuda"`` on a CPU-only build fails
+            kwargs["device"] = device
         out = func(*args, **kwargs)
         if dtype is not None and dtype.is_floating_point and isinstance(out, torch.Tensor) and \
                 not out.is_floating_point():
             dtype = None  # an index made beside the float (``torch.tensor([1, 2])``): not the call the fix names
-        if name in _HOST or (device is None and dtype is None):
+        if name in _HOST:
             return out if device is None and dtype is None else out.to(*(x for x in (device, dtype) if x is not None))
-        if device is not None:
-            kwargs["device"] = device
-        if dtype is not None:
-            kwargs["dtype"] = dtype
+        if dtype is None:
+            return out
+        kwargs["dtype"] = dtype
         return func(*args, **kwargs)
 
 
