@@ -280,8 +280,8 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
         how = f"it was made inside the call at {at} (no {maker} there to change): move what that call returns " \
             f"(.to({', '.join(exprs.values())}))"
     # made so in a re-run where the line holds that one call (the diff found it alone on the line)
-    remake = (file, line, maker[6:], dev, dt) if file and maker.startswith("torch.") and diff is not None and \
-        maker not in NO_DEVICE_ARG else None  # host-data makers are not seen by a function mode: judged at the op
+    # host-data makers are not seen by a function mode: the re-run follows their call at that line (``remake``)
+    remake = (file, line, maker[6:], dev, dt) if file and maker.startswith("torch.") and diff is not None else None
     return Fix(f"# {said} made it {found}: {how}", "note", sets=((key, target),), diff=diff, remake=remake)
 
 

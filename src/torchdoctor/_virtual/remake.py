@@ -65,6 +65,37 @@ def remade(fixes: Sequence[Fix]) -> Iterator[None]:
     from torchdoctor._virtual.operandfix import reoperated
 
     lines = lines_of(fixes)
-    with recalled(fixes), reglobals(fixes), rebuilt(fixes), reoperated(fixes), float_reads(fixes), \
+    with recalled(fixes), reglobals(fixes), rebuilt(fixes), reoperated(fixes), float_reads(fixes), _host(lines), \
             _Remade(lines) if lines else contextlib.nullcontext():
         yield
+
+
+@contextlib.contextmanager
+def _host(lines: dict[tuple[str, int, str], tuple[Any, Any]]) -> Iterator[None]:
+    """Host-data makers (``torch.from_numpy``) are not seen by a function mode: while the re-run runs, the call at a
+    fixed line is followed by the fix's ``.to(...)``, as its diff writes it; torch's own function is put back after
+    (any other call passes through unchanged)."""
+    from torchdoctor._virtual.origin import user_frame
+
+    host = {k: v for k, v in lines.items() if k[2] in _HOST}
+    saved: dict[str, Any] = {}
+    for name in {n for _, _, n in host}:
+        orig = getattr(torch, name, None)
+        if orig is None:
+            continue
+
+        def made(*args: Any, _orig: Any = orig, _name: str = name, **kwargs: Any) -> Any:
+            out = _orig(*args, **kwargs)
+            f = user_frame(1)
+            want = host.get((f.f_code.co_filename, f.f_lineno, _name)) if f is not None else None
+            if want is None or not isinstance(out, torch.Tensor):
+                return out
+            return out.to(*(x for x in want if x is not None))
+
+        saved[name] = orig
+        setattr(torch, name, made)
+    try:
+        yield
+    finally:
+        for name, orig in saved.items():
+            setattr(torch, name, orig)
