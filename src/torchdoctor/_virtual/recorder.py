@@ -30,6 +30,7 @@ from torchdoctor._tracker import ModuleStack
 LIMIT = 100  # problems stored; the run goes on and counts the rest
 _DATA_OPS = ("_local_scalar_dense", "nonzero", "item", "tolist", "numpy", "masked_select", "unique", "equal",
              "is_nonzero", "repeat_interleave", "__array__")
+_DATA_TEXTS = ("cannot be called on meta", "data-dependent", "data-independent", "nonzero()")  # a mask's index
 
 
 class _Stop(BaseException):
@@ -75,9 +76,8 @@ class _Recorder(StackView, Hooks):
                           module_path=mpath, module_type=mtype, tensors=(f"{path}: {shown}",)), key=(kind, path))
 
     def culprits_first(self, problems: list[Problem], roots: list[Any]) -> list[Problem]:
-        """Culprits go first, the ops where problems surfaced second: the model tensors the policy finds off (what
-        scan reports on the run's own objects) that match what the ops found wrong, then what module-entry checks
-        found by path (a leftover the module owns)."""
+        """Culprits first, the ops where problems surfaced second: the model tensors the policy finds off (scan's
+        verdict on the run's own objects) that match what the ops found wrong, then the module-entry checks' finds."""
         entry = [p for p in problems if _at_entry(p)]
         rest = [p for p in problems if not _at_entry(p)]
         blamed = self._policy_blamed(problems, roots, {p.path for p in entry})
@@ -204,7 +204,7 @@ class _Recorder(StackView, Hooks):
         if exc is not None and not isinstance(exc, NotImplementedError) and "meta" not in text.lower() \
                 and "fake impl" not in text:
             return  # a genuine error of the user's code: it propagates
-        if not hint and (any(n in what for n in _DATA_OPS) or "cannot be called on meta" in text):
+        if not hint and (any(n in what for n in _DATA_OPS) or any(n in text for n in _DATA_TEXTS)):
             hint = "it needs tensor values; simulate with data='cpu'"
         hint = hint or "it has no meta/fake kernel, so it cannot run without the hardware"
         self.stop_unsupported(what, f"{what} cannot be simulated: {hint}" + (f" ({text})" if text else ""))
