@@ -72,6 +72,8 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
     fn = min((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and
               n.lineno <= call.lineno <= (n.end_lineno or 0)), key=lambda n: (n.end_lineno or 0) - n.lineno,
              default=None)
+    if fn is not None and fn.name == "__init__":  # built with the module that holds it, before any move of that
+        return None  # module: what left it behind came later (a buffer moved back, a loader's offload)
     known = {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)} if fn is not None else set()
     exprs = [("device" if "device" in known else value_code(parts[0])) if isinstance(x, torch.device) else
              ("dtype" if "dtype" in known else value_code(x)) for x in parts]
