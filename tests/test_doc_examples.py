@@ -60,7 +60,8 @@ def test_the_pages_hold_the_examples_this_test_knows() -> None:
 NOT_CODE: dict[tuple[str, str], str] = {
     ("docs/architecture.md", "src/torchdoctor/"): "the source tree, not a command",
     ("docs/fixes.md", "Fix (proven: a virtual re-run with it applied has no problem left):"): "a report's output",
-    ("docs/run.md", "torchdoctor run [--device cuda:1|xpu|mps] [--dtype D] [--profile P] [--count N] [--mode explain|strict|fix|warn]"):
+    ("docs/run.md", "torchdoctor run [--device cuda:1|xpu|mps] [--dtype D] [--profile P] [--count N] "
+                    "[--mode explain|strict|fix|warn]"):
         "the usage synopsis (brackets are options)",
     ("docs/run.md", "[device] network: the LoRA network was not moved: `network.to(device)` (network.to('cuda:1')): 24 "
                     "tensors of"): "a summary's output",
