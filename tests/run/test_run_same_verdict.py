@@ -10,7 +10,6 @@ bfloat16 pipeline under accelerate's CPU offload hooks (huggingface/diffusers#11
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import torch
 
 import torchdoctor
 from run.test_run_cli import run, write
+from support.apps import load_file as _load
 
 HELD_APART = """
     import torch, torch.nn as nn
@@ -93,13 +93,6 @@ OFFLOADED_FP16 = """
         app(build())
 """
 
-
-def _load(path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(f"_h4_verdict_{path.parent.name}", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _doc(out: str) -> dict[str, Any]:

@@ -13,19 +13,18 @@ factors on the CPU, read by two ``mm`` of one forward (yaoliliu/FreeFuse#7); a n
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 import torchdoctor
+from support.apps import load_file as _load
 
 pytest_plugins = ["pytester"]
 
@@ -123,13 +122,6 @@ PROGRAMS = {"two_mm": (TWO_MM, "cuda:0", True), "device_var": (DEVICE_VAR, "xpu"
 BLOCK_UNPROVEN = {"cast_mixed"}
 TIMEOUT = 300
 
-
-def _load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_h1_sound_{path.parent.name}", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _write(folder: Path, name: str) -> Path:

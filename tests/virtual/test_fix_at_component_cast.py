@@ -5,19 +5,18 @@ the patch applied makes the program run clean (issue 41 point 1)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
 import torchdoctor
+from support.apps import load_file as _load
 
 PROGRAM = """
     import torch, torch.nn as nn
@@ -44,13 +43,6 @@ PROGRAM = """
 """
 CASTS = {"to": ("to(torch.float16)", "m.encoder.to(torch.bfloat16)"), "half": ("half()", "m.encoder.to(torch.bfloat16)")}
 
-
-def _load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_h1_cast_{path.parent.name}_{path.stat().st_mtime_ns}", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _run(path: Path) -> tuple[int, dict]:

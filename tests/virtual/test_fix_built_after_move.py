@@ -5,7 +5,6 @@ that builds them, moved there (a diff `git apply` takes), proven by a re-run wit
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import textwrap
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 import torchdoctor
+from support.apps import committed, load_file as _load
 
 APP = """\
     import torch
@@ -57,23 +57,14 @@ APP = """\
         opt.step()
         return loss.detach()
 """
-GIT = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
 
-
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
 def test_adapters_built_after_the_move_are_fixed_where_they_are_built(tmp_path: Path) -> None:
     path = tmp_path / "trainlora.py"
     path.write_text(textwrap.dedent(APP), encoding="utf-8")
-    for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "app"]):
-        subprocess.run([*GIT, *cmd], cwd=tmp_path, check=True, timeout=60)
+    committed(tmp_path, "app")
     mod = _load(path, "trainlora_built")
     r = torchdoctor.simulate(mod.Net(), device="cuda:0", dtype=torch.bfloat16, call=mod.train)
     assert {p.path for p in r.problems if p.role == "parameter"} == {"a.adapter.up", "a.adapter.down",

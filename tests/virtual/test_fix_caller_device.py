@@ -6,18 +6,17 @@ factory (issue 41 point 1, hunt T2)."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
 import torchdoctor
+from support.apps import committed, load_file as _load
 
 APP = """\
     import torch
@@ -59,22 +58,13 @@ APP = """\
         loader.load(m)
         return m(torch.randn(1, 8, device=device, dtype=torch.bfloat16))
 """
-GIT = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
 
-
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _repo(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "reload.py"
     path.write_text(textwrap.dedent(text), encoding="utf-8")
-    for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "app"]):
-        subprocess.run([*GIT, *cmd], cwd=tmp_path, check=True, timeout=60)
+    committed(tmp_path, "app")
     return path
 
 

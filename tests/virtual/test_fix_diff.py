@@ -4,20 +4,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
 import torchdoctor
 from torchdoctor._cli.main import main
+from support.apps import committed, load_file as _load
 
 APP = """
     import numpy as np
@@ -49,23 +48,14 @@ APP = """
         return torchdoctor.Target(FromNumpy(), (torch.ones(2, 4),))
 """
 
-GIT = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
 
-
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "diffapp.py").write_text(textwrap.dedent(APP), encoding="utf-8")
-    for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "app"]):
-        subprocess.run([*GIT, *cmd], cwd=tmp_path, check=True, timeout=60)
+    committed(tmp_path, "app")
     return tmp_path
 
 

@@ -4,18 +4,17 @@ call at the line gets ``device=``, and the program with the diff applied runs qu
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
 import torchdoctor
+from support.apps import committed, load_file as _load
 
 APP = """\
     import torch
@@ -37,23 +36,14 @@ APP = """\
         batch = collate([[5, 6, 7, 8], [9, 10, 11, 12]])
         return m(input_ids=batch["input_ids"].to("cuda:0"), labels=batch["labels"]).loss
 """
-GIT = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
 
-
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
 def test_two_calls_at_the_maker_line_are_both_given_the_device(tmp_path: Path) -> None:
     path = tmp_path / "t5app.py"
     path.write_text(textwrap.dedent(APP), encoding="utf-8")
-    for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "app"]):
-        subprocess.run([*GIT, *cmd], cwd=tmp_path, check=True, timeout=60)
+    committed(tmp_path, "app")
     mod = _load(path, "t5app_each_call")
     r = torchdoctor.simulate(mod.build(), device="cuda:0", dtype=torch.bfloat16, call=mod.app)
     [p] = r.problems

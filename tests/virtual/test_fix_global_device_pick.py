@@ -6,18 +6,17 @@ the device, runs quiet (issue 41 point 1, hunt T3)."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import textwrap
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
 import torchdoctor
+from support.apps import committed, load_file as _load
 
 NODE = """\
     import torch
@@ -48,23 +47,14 @@ NODE = """\
         mask = m.seg(image.to(node_device))
         return m.refine(image) * mask
 """
-GIT = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
 
-
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
 def test_a_module_level_cuda_or_cpu_pick_is_fixed_where_it_is_made(tmp_path: Path) -> None:
     path = tmp_path / "rmbg.py"
     path.write_text(textwrap.dedent(NODE), encoding="utf-8")
-    for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "node"]):
-        subprocess.run([*GIT, *cmd], cwd=tmp_path, check=True, timeout=60)
+    committed(tmp_path, "node")
     mod = _load(path, "rmbg_node")
     r = torchdoctor.simulate(mod.Node(), device="xpu", call=mod.app)
     assert [p.kind for p in r.problems] == ["device"]

@@ -5,7 +5,6 @@ Wav2Vec2); torch's own function is put back after the re-run."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ from pathlib import Path
 import torch
 
 import torchdoctor
+from support.apps import load_file as _load
 
 APP = """
     import numpy as np
@@ -36,13 +36,6 @@ APP = """
             return m(x).last_hidden_state
 """
 
-
-def _load(path: Path, name: str) -> object:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_a_from_numpy_fix_is_proven_by_a_re_run_and_its_diff_works(tmp_path: Path) -> None:

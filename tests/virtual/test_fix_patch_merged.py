@@ -4,13 +4,13 @@ each one-line diff quoted the other's old line as context, so after the first th
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import torchdoctor
+from support.apps import load_file as _load
 
 APP = """
     import torch
@@ -34,13 +34,6 @@ APP = """
         return boxes, scores
 """
 
-
-def _load(path: Path, name: str) -> object:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_two_adjacent_fixes_are_one_patch_that_applies_and_runs(tmp_path: Path) -> None:

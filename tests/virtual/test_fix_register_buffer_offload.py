@@ -5,13 +5,12 @@ refuse, and never a note that its weight was "built in forward" (issue 41 point 
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import textwrap
 from pathlib import Path
-from types import ModuleType
 
 import torchdoctor
+from support.apps import load_file as _load
 
 PROGRAM = """
     import torch, torch.nn as nn, torch.nn.functional as F
@@ -37,13 +36,6 @@ PROGRAM = """
         return m(torch.randn(1, 8, device=device))
 """
 
-
-def _load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_h1_rebuffer_{path.stat().st_mtime_ns}", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_a_plain_attribute_under_group_offloading_becomes_a_buffer_where_it_is_built(tmp_path: Path) -> None:
