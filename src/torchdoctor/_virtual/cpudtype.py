@@ -242,17 +242,13 @@ def _asks_accelerator(exc: BaseException, mode: Any) -> bool:
     import re
 
     from torchdoctor._report.model import Problem
-    from torchdoctor._virtual.origin import IN_SCOPE, LINES, MACHINERY, short_at
+    from torchdoctor._virtual.escaped import raised_at
+    from torchdoctor._virtual.origin import IN_SCOPE, LINES, short_at
 
     first = (str(exc).strip().splitlines() or [""])[0]
     if not re.search(r"not compiled with (CUDA|XPU|MPS)|no (CUDA|XPU) GPUs|Found no NVIDIA driver", first, re.I):
         return False
-    tb: Any = exc.__traceback__
-    frame, line = None, 0
-    while tb is not None:
-        if not tb.tb_frame.f_code.co_filename.startswith(MACHINERY):
-            frame, line = tb.tb_frame, tb.tb_lineno
-        tb = tb.tb_next
+    frame, line = raised_at(exc)
     if frame is None:
         return False
     at = short_at(frame).rsplit(":", 1)[0] + f":{line}"

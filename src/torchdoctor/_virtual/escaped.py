@@ -93,3 +93,17 @@ def _user(frame: Any) -> Any:
     while frame is not None and frame.f_code.co_filename.startswith(MACHINERY):
         frame = frame.f_back
     return frame
+
+
+def raised_at(exc: BaseException) -> tuple[Any, int]:
+    """(frame, line) of the innermost of the program's own frames ``exc`` passed (its line as it raised there), not
+    torch's or torchdoctor's; (None, 0) when it passed none."""
+    from torchdoctor._virtual.origin import MACHINERY
+
+    tb: Any = exc.__traceback__
+    frame, line = None, 0
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(MACHINERY):
+            frame, line = tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+    return frame, line

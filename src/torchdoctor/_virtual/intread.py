@@ -33,7 +33,8 @@ def storage_read(exc: BaseException, rec: Any, stop: type[BaseException]) -> boo
     program's line, when that line names such a tensor; False otherwise (the caller's other handling goes on).
     ``stop``: what the recorder raises to end a run at its first problem."""
     from torchdoctor._explain.tokens import dtypes_in
-    from torchdoctor._virtual.origin import LINES, MACHINERY, short_at
+    from torchdoctor._virtual.escaped import raised_at
+    from torchdoctor._virtual.origin import LINES, short_at
 
     first = (str(exc).strip().splitlines() or [""])[0]
     if isinstance(exc, TypeError) and "unsupported ScalarType" in first and exc.__traceback__ is not None:
@@ -45,12 +46,7 @@ def storage_read(exc: BaseException, rec: Any, stop: type[BaseException]) -> boo
     compute = [d for d in named if d is not None and d.is_floating_point and d not in _STORED]
     if not stored or not compute:
         return False
-    tb: Any = exc.__traceback__
-    frame, line = None, 0
-    while tb is not None:  # the innermost of the program's frames the error passed (its line as it raised there)
-        if not tb.tb_frame.f_code.co_filename.startswith(MACHINERY):
-            frame, line = tb.tb_frame, tb.tb_lineno
-        tb = tb.tb_next
+    frame, line = raised_at(exc)
     if frame is None:
         return False
     file = frame.f_code.co_filename
@@ -145,14 +141,10 @@ def _numpy_read(exc: BaseException, first: str, rec: Any, stop: type[BaseExcepti
     """``pred["boxes"].cpu().numpy()`` of a bfloat16 tensor (numpy has no bfloat16) at a line whose tensor has no
     plain name (``escaped`` names a plain one): the line fixed, ``.float()`` before each ``.numpy()``."""
     from torchdoctor._explain.tokens import dtypes_in
-    from torchdoctor._virtual.origin import LINES, MACHINERY, short_at
+    from torchdoctor._virtual.escaped import raised_at
+    from torchdoctor._virtual.origin import LINES, short_at
 
-    tb: Any = exc.__traceback__
-    frame, line = None, 0
-    while tb is not None:
-        if not tb.tb_frame.f_code.co_filename.startswith(MACHINERY):
-            frame, line = tb.tb_frame, tb.tb_lineno
-        tb = tb.tb_next
+    frame, line = raised_at(exc)
     text = linecache.getline(frame.f_code.co_filename, line) if frame is not None else ""
     if frame is None or not _READ.search(text) or re.search(r"(?<![\w.])[A-Za-z_]\w*(?:\.\w+\(\))*\.numpy\(\)", text):
         return False  # a plain name's read: ``escaped`` names it
