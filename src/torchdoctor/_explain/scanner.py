@@ -137,30 +137,33 @@ def _line_hits(found: list[tuple[int, int]],
     return tuple(out)
 
 
-def _window(text: str, pos: int, lo: int, msg_end: int, nxt: int, sig: Signature) -> list[Any]:
-    """What a signature's patterns find around its anchor at ``pos`` (from ``lo`` on): the fields, whether a
-    pattern matched, the group key, where the window ends (from ``lo``), and a place for the group once it is
-    known. The line after the message (ending at ``nxt``, -1: too far) is read too when it continues it (a
-    wrapped message)."""
-    end = msg_end
+def _window_end(text: str, msg_end: int, nxt: int) -> int:
+    """Where a message's window may end: at the message's end, or at the end of the line after it (ending at
+    ``nxt``; -1: too far) when that line continues the message (a wrapped message)."""
     if nxt != -1:
         after = text[msg_end + 1: nxt]
         # the raw line decides when it is plain (most are); colours, escapes or paste noise: its clean form
         if not (after if after.isascii() and "\x1b" not in after and "\\" not in after
                 and "&" not in after else _plain(after)).lstrip().startswith(_NOT_CONTINUED):
-            end = nxt
-    hi = min(pos + sig.after + 200 * sig.follow, end)
-    window = _squeeze(_plain(text[lo:hi]))
+            return nxt
+    return msg_end
+
+
+def _window(window: str, sig: Signature) -> list[Any]:
+    """What a signature's patterns find in ``window`` (the raw text from the window's start to its end): the
+    fields, whether a pattern matched, the group key, the window's length, and a place for the group once it is
+    known."""
+    squeezed = _squeeze(_plain(window))
     found: dict[str, str] = {}
     matched = False
     for rx in sig.compiled():
-        m = rx.search(window)
+        m = rx.search(squeezed)
         if m:
             matched = True
             for k, v in m.groupdict().items():
                 if v and k not in found:
                     found[k] = v
-    return [found, matched, (sig.name, tuple(sorted(found.items()))), hi - lo, None]
+    return [found, matched, (sig.name, tuple(sorted(found.items()))), len(window), None]
 
 
 def clean(line: str, limit: int = 300) -> str:
@@ -315,16 +318,21 @@ class Scanner:
             reach = FAR
             if msg_end < size <= msg_end + 401:  # the last line of the text
                 nxt = size
-        # all the window depends on, as the key of what it gave: a log of errors repeats its windows
+        # the window's text is all its patterns read, and the key of what it gave: a log of errors repeats its
+        # windows (the line after a message only decides where the window ends: a frame or the next text's first
+        # line, which differ from one repeat to the next, are not part of the key)
         lo = pos - sig.before
         if lo < start:
             lo = start
-        memo = (name, pos - lo, text[lo:nxt if nxt != -1 else msg_end])
+        hi = _window_end(text, msg_end, nxt)
+        if hi > pos + sig.after + 200 * sig.follow:
+            hi = pos + sig.after + 200 * sig.follow
+        memo = (name, text[lo:hi])
         got = self.cache.get(memo)
         if got is None:
             if len(self.cache) > _WINDOWS:
                 self.cache.clear()
-            got = self.cache[memo] = _window(text, pos, lo, msg_end, nxt, sig)
+            got = self.cache[memo] = _window(memo[1], sig)
         fields, matched, key, hi, group = got
         until[name] = hi + lo
         if sig.require_pattern and not matched:
