@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torchdoctor._guard.dispatch import never_compiled
 from torchdoctor._placement import PACKED_DTYPES, dtype_str
 from torchdoctor._report.model import Problem
+from torchdoctor._virtual.cpucasts import CastRecords, cast_words
 from torchdoctor._virtual.origin import where_called
 
 # the words torch's CPU kernels use when a dtype has no kernel
@@ -55,6 +56,7 @@ def _dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = No
             self.factory(t) for t in ins)):  # a factory given no dtype (``dtype=None`` too), and what only it made
         made = self.factory(ins[0]) if ins else (f"torch.{op.removeprefix('aten.')}", where_called())
         self.made.update((id(t), (weakref.ref(t), *made)) for t in outs)
+    self.casts.follow(ins, outs, self.names)  # a view of a cast's result is still the cast's
     if op in _COPIES:
         return out
     if any(t.dtype == self.dtype for t in ins) and any(t.dtype != self.dtype for t in outs):
@@ -88,6 +90,7 @@ class Checks(torch.utils._python_dispatch.TorchDispatchMode):
         self.chosen: dict[int, weakref.ref[torch.Tensor]] = {}
         self.made: dict[int, tuple[weakref.ref[torch.Tensor], str, str | None]] = {}  # default-dtype factories
         self.sources: dict[tuple[str, ...], tuple[str, ...]] = {}  # (kind, path, op, found) -> the factory call
+        self.casts = CastRecords(self.where)  # the program's casts to another dtype, named by their line
 
     def factory(self, t: torch.Tensor) -> tuple[str, str | None] | None:
         """``(torch.ones, file:line)`` of a tensor a factory given no dtype made (the default dtype), or None."""
@@ -162,8 +165,13 @@ class Checks(torch.utils._python_dispatch.TorchDispatchMode):
             if path is not None and self.met is not None and refused is None:
                 self.at.setdefault(path, self.met)
             made = self.factory(t) if path is None else None
+            site = self.casts.of(t) if path is None and made is None else None
             what = path or (f"a tensor made by {made[0]} in `{place}`" + (f" at {made[1]}" if made[1] else "") +
-                            " (no dtype given: the default float32)" if made else "a tensor made in forward")
+                            " (no dtype given: the default float32)" if made else
+                            cast_words(site, self.casts.place(t))[0] if site is not None else
+                            "a tensor made in forward")
+            if site is not None:  # the fix is at that cast, or at the attribute it read its dtype from
+                self.sources[("dtype", place, op, dtype_str(t.dtype))] = cast_words(site, "")[1]
             if made is not None:  # the fix is at that call: dtype= the input's
                 self.sources[("dtype", place, op, dtype_str(t.dtype))] = (
                     f"factory {made[0]} in `{place}`" + (f" at {made[1]}" if made[1] else ""),)
@@ -186,13 +194,14 @@ class Calls(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
         module = getattr(func, "__module__", None) or "torch"
-        return self.checks.run(func, args, kwargs or {}, f"{module.removeprefix('torch._C.')}.{name}")
+        out = self.checks.run(func, args, kwargs or {}, f"{module.removeprefix('torch._C.')}.{name}")
+        return self.checks.casts.made(func, args, out)
 
 
 def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype,
               call: Callable[[Any], Any] | None, fixes: list[Any] | None = None) -> tuple[list[Problem], int, Any]:
     """One run of a copy of ``obj`` in ``dtype`` on the CPU: (problems, ops, the copy)."""
-    from torchdoctor._virtual.prove import apply_fixes
+    from torchdoctor._virtual.prove import apply_fixes, recasts
     from torchdoctor._virtual.remake import remade
     from torchdoctor._walk import walk
 
@@ -215,6 +224,7 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
     pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: stack.append(m))
     post = torch.nn.modules.module.register_module_forward_hook(leave)
     mode = Checks(dtype, names, stack, paths)
+    mode.casts.recast = recasts(fixes or [])  # a proof's re-run: the casts at the fixed lines write the fixed dtype
     try:
         # a factory fixed at its line makes its tensor as the fix says in a proof's re-run
         with remade(fixes or []), torch.no_grad() if call is None else torch.enable_grad(), mode, Calls(mode):
@@ -307,7 +317,7 @@ def simulate_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype:
     rest = [p for p in problems if p.kind != "unsupported_dtype"]
     items: list[Fix] = []
     if rest:  # proven in ``dtype``: the ops without a kernel there are the next fix's (they stay in the re-run)
-        more = fix_items(rest, torch.device("cpu"), dtype, dict(SOURCES), held(clone)) or []
+        more = fix_items(rest, torch.device("cpu"), dtype, dict(SOURCES), held(clone), _paths(clone)) or []
         left: list[Any] = []
 
         def rerun(fixes: list[Fix]) -> list[Any]:
@@ -317,7 +327,8 @@ def simulate_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype:
         for _ in range(4):  # a run stops at the first line that asks for cuda: the re-run finds the next one
             more = proven(more, rerun)
             have = {(f.code, f.diff) for f in more}  # one code line for two calls: their diffs differ
-            extra = [f for f in fix_items(left, torch.device("cpu"), dtype, dict(SOURCES), held(clone)) or []
+            extra = [f for f in fix_items(left, torch.device("cpu"), dtype, dict(SOURCES), held(clone),
+                                          _paths(clone)) or []
                      if (f.code, f.diff) not in have] if left and not all(f.proven for f in more) else []
             if not extra:
                 break
@@ -330,6 +341,12 @@ def simulate_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype:
                             time.perf_counter() - start, None, (), 0, "\n".join(f.code for f in items) or None,
                             bool(args or kwargs or call is not None), None, expectation(cpu, dtype,
                             DeviceProfile.for_device(cpu), None), tuple(items))
+
+
+def _paths(clone: Any) -> Callable[[Any], str | None]:
+    """A module's path in the checked copy (a cast that read its dtype from a module's attribute is fixed there)."""
+    paths = {id(m): p for p, m in clone.named_modules()} if isinstance(clone, torch.nn.Module) else {}
+    return lambda m: paths.get(id(m))
 
 
 def _other_dtype(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype,
