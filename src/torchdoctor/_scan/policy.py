@@ -15,8 +15,6 @@ Rule names (stable, shown in reports): ``explicit``, ``declared-dtype``, ``vote`
 
 from __future__ import annotations
 
-from itertools import compress
-from operator import attrgetter, itemgetter
 from typing import Any
 
 import torch
@@ -60,9 +58,6 @@ def _dominated(votes: dict[torch.dtype, list[Any]], declared: torch.dtype) -> bo
     d = votes[declared]
     return any(len(v[0]) >= len(d[0]) and v[1] >= d[1] and (len(v[0]), v[1]) != (len(d[0]), d[1])
                for k, v in votes.items() if k != declared)
-
-
-_MODULE, _FORWARD_HOOKS, _GETATTRIBUTE = itemgetter(1), attrgetter("_forward_hooks"), nn.Module.__getattribute__
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -164,19 +159,8 @@ class Policy:
         there, a forward hook moving the output back: experts offloaded by hand): at rest and run there by design,
         as an offload hook's module is (hunt V18; the virtual runs read them so, ``_virtual.split``)."""
         cpu = None
-        # the modules with a forward hook, picked in C (most models have none: a Python loop over every module
-        # was a few % of a UNet's scan); an attribute read runs no user code unless a class overrides
-        # __getattribute__, and then each module's __dict__ is read instead
-        types = w.types or {type(mod) for _, mod in w.modules}
-        try:
-            if any(tp.__getattribute__ is not _GETATTRIBUTE for tp in types):
-                raise AttributeError
-            hooked = list(compress(w.modules, map(_FORWARD_HOOKS, map(_MODULE, w.modules))))
-        except AttributeError:
-            hooked = [(p, m) for p, m in w.modules if m.__dict__.get("_forward_hooks")]
+        hooked = w.hooked  # the walker read each module's hooks from its __dict__ as it passed (never user code)
         for path, mod in hooked:
-            if not mod.__dict__.get("_forward_pre_hooks") or w.module_paths.get(id(mod)) != path:
-                continue
             first = next(mod.parameters(), None)  # its own or its layers' (a list of expert MLPs)
             if first is not None and first.device.type == "cpu" and not any(_under(path, p) for p, _ in self.offloaded):
                 cpu = cpu or torch.device("cpu")

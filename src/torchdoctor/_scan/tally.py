@@ -39,6 +39,14 @@ def row_of(e: Any) -> tuple[Any, ...]:
     return (e.path, e.role, t.device, t.dtype, shape, nbytes, e.moved_by_module_to, e.alias_of)
 
 
+def _add(groups: dict[tuple[torch.device, torch.dtype], list[int]], key: tuple[Any, Any], n: int, nbytes: int) -> None:
+    g = groups.get(key)
+    if g is None:
+        g = groups[key] = [0, 0]
+    g[0] += n
+    g[1] += nbytes
+
+
 def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[Any]]], list[dict[torch.dtype, list[Any]]]]:
     """Fill ``policy.rows``, ``canon``, ``nonpersistent``, ``unloaded`` and (``summary``) ``groups``; return the
     vote tables per component (device and dtype -> [layers, tensors, bytes]), in ``policy.components`` order."""
@@ -59,8 +67,6 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
     last_dev: Any = None
     meta = False
     last_comp: Any = None
-    gkey: Any = None
-    g: Any = None
     c: Any = None
     i = 0
     last_mod: Any = None  # the module of the entry before, its path, and what follows from them
@@ -71,6 +77,22 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
     norms = intent.NORM_TYPES  # module class -> a normalisation layer (``intent.is_norm`` fills it)
     last_dt: Any = None
     ok: bool | None = False
+    # Runs of entries with one key (a summary group, a component's device or dtype) are counted in locals and
+    # added to their table when the key changes and at the end: a table read and two item updates per tensor
+    # were a tenth of a scan after the walk.
+    gdev: Any = None  # the summary group counted: (device, dtype), tensors, bytes
+    gdt: Any = None
+    gn = gb = 0
+    dv: Any = None  # the device vote counted: component index, device, its vote, tensors, bytes, last layer
+    dv_i = -1
+    dv_dev: Any = None
+    dn = db = 0
+    dl: Any = None
+    tv: Any = None  # the same for the dtype vote
+    tv_i = -1
+    tv_dt: Any = None
+    tn = tb = 0
+    tl: Any = None
     for e in policy.w.entries:
         t = e.tensor
         tp = type(t)
@@ -97,13 +119,12 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
             # a storage is counted once (tied weights, views): that needs its storage, read apart from any
             # function mode (``ScanReport`` fills it in then); meta and virtual tensors have none to share
             if meta or hasattr(tp, "_td_device"):
-                if gkey is None or dev is not gkey[0] or dt is not gkey[1]:
-                    gkey = (dev, dt)
-                    g = groups.get(gkey)
-                    if g is None:
-                        g = groups[gkey] = [0, 0]
-                g[0] += 1
-                g[1] += nbytes
+                if dev is not gdev or dt is not gdt:
+                    if gn:
+                        _add(groups, (gdev, gdt), gn, gb)
+                    gdev, gdt, gn, gb = dev, dt, 0, 0
+                gn += 1
+                gb += nbytes
             else:
                 groups = None
         role = info[1]
@@ -146,15 +167,20 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
         # one vote per layer (module) holding compute weights (>= 2 dims), then tensors, then bytes: a single
         # large tensor (an upcast tied embedding) cannot swing a component; vectors decide only where no layer does
         layer = id(mod) if role == "parameter" and len(shape) >= 2 else None
-        if not meta:  # votes inlined: once or twice per tensor
-            table = devs[i]
-            v = table.get(dev)
-            if v is None:
-                v = table[dev] = [set(), 0, 0]
-            if layer is not None:
-                v[0].add(layer)
-            v[1] += 1
-            v[2] += nbytes
+        if not meta:
+            if dev is not dv_dev or i != dv_i:
+                if dv is not None:
+                    dv[1] += dn
+                    dv[2] += db
+                dv_i, dv_dev, dn, db, dl = i, dev, 0, 0, None
+                dv = devs[i].get(dev)
+                if dv is None:
+                    dv = devs[i][dev] = [set(), 0, 0]
+            if layer is not None and layer != dl:
+                dv[0].add(layer)
+                dl = layer
+            dn += 1
+            db += nbytes
         if nonpersistent and info[0] in nonpersistent or (kbit and intent.follows_input(e)):
             continue
         key = e.key  # a parameter's or buffer's name: a dict key (hashable), nearly always a str
@@ -172,14 +198,27 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
                     norm = intent.is_norm(mod)
             if norm:
                 continue
-        dtable = dts[i]
-        v = dtable.get(dt)
-        if v is None:
-            v = dtable[dt] = [set(), 0, 0]
-        if layer is not None:
-            v[0].add(layer)
-        v[1] += 1
-        v[2] += nbytes
+        if dt is not tv_dt or i != tv_i:
+            if tv is not None:
+                tv[1] += tn
+                tv[2] += tb
+            tv_i, tv_dt, tn, tb, tl = i, dt, 0, 0, None
+            tv = dts[i].get(dt)
+            if tv is None:
+                tv = dts[i][dt] = [set(), 0, 0]
+        if layer is not None and layer != tl:
+            tv[0].add(layer)
+            tl = layer
+        tn += 1
+        tb += nbytes
+    if groups is not None and gn:
+        _add(groups, (gdev, gdt), gn, gb)
+    if dv is not None:
+        dv[1] += dn
+        dv[2] += db
+    if tv is not None:
+        tv[1] += tn
+        tv[2] += tb
     policy.rows, policy.canon, policy.groups = rows, canon, groups
     # components whose parameters are all on meta (at least two): a model built without weights, one summary each
     policy.unloaded = {k: (v[0], v[1]) for k, v in counts.items() if v[1] >= 2 and v[1] == v[2]}

@@ -94,6 +94,9 @@ class Walk:
         self.module_paths: dict[int, str] = {}
         self.types: set[type] = set()  # the classes of ``modules`` (every class is checked once per class)
         self.hooks: list[tuple[str, nn.Module, Any]] = []  # (module path, module, accelerate hook)
+        # modules with both forward pre-hooks and forward hooks of their own, at their first path (read from each
+        # module's __dict__ as the walk passes it: a second loop over the modules was a few % of a UNet's scan)
+        self.hooked: list[tuple[str, nn.Module]] = []
         # forwards replaced by another module's method: (patched module path, patched module, its network's path)
         self.patches: list[tuple[str, nn.Module, str]] = []
         # component path -> the plain object holding it as an attribute (ComfyUI's / Forge's ModelPatcher.model)

@@ -33,6 +33,7 @@ MAX_NODES = 5_000_000  # objects visited in one walk
 
 _FORWARD: Any = object()  # in expand's ``later`` list: the module's own ``forward`` attribute, not a key
 _UNSEEN: Any = object()
+_ATOMS_GE = FAST_ATOMS.issuperset
 __all__ = ["MAX_DEPTH", "MAX_ITEMS", "Entry", "Walk", "form_of", "hook_chain", "is_quant_type", "set_tensor", "walk"]
 
 
@@ -79,6 +80,7 @@ class _Walker:
         stack: list[tuple[str, nn.Module, int]] = [(root_path, root, 0)]
         ancestors: list[int] = []
         module_set, modules, module_paths = self.module_set, self.w.modules, self.w.module_paths
+        hooked = self.w.hooked
         nodes = self.nodes
         tensor, param, module_type, new = torch.Tensor, nn.Parameter, nn.Module, object.__new__
         atoms, hooks, batch, done = FAST_ATOMS, self.w.hooks, self.batch, self.attrs_done
@@ -93,15 +95,17 @@ class _Walker:
                 self.truncate(path, f"more than {MAX_NODES} module paths")
                 break
             mid = id(mod)
+            d = mod.__dict__
             if mid not in module_set:
                 module_set[mid] = batch
                 modules.append((path, mod))
                 module_paths[mid] = path
                 fresh = True
+                if d.get("_forward_hooks") and d.get("_forward_pre_hooks"):  # hooked on both sides, at its first path
+                    hooked.append((path, mod))
             else:  # reached again: its attributes once per batch (at the first path)
                 fresh = module_set[mid] != batch and done.get(mid) != batch
                 done[mid] = batch
-            d = mod.__dict__
             if fresh:
                 # a class's modules nearly always have one key set, inserted in one order: comparing the keys in
                 # order with the class's last ones is a quarter of the cost of a set difference and a sort (tuples
@@ -182,6 +186,11 @@ class _Walker:
             # then the module attributes, in module order (a replaced forward first), keys sorted
             seen = self.seen_obj
             for path, mod, key, v in later:
+                if type(v) is tuple and len(v) <= MAX_ITEMS and _ATOMS_GE(map(type, v)) and self.nodes < MAX_NODES:
+                    # an exact tuple of plain values (a norm's normalized_shape, several per block): immutable and
+                    # holding no tensor, nothing to record for a second visit, which proves it again as cheaply
+                    self.nodes += 1
+                    continue
                 if key is _FORWARD:
                     self.patched_forward(v, path, mod)
                     continue
