@@ -79,16 +79,21 @@ def judge(policy: Policy) -> list[Problem]:
     meta_judged = not meta_ok and not offloaded
     texts: dict[tuple[Any, ...], tuple[str, str, tuple[str, ...]]] = {}  # meta problems: shapes repeat across layers
     unloaded = policy.unloaded if meta_judged else {}
+    last_comp: Any = None
+    whole = False
     # rows are tuples in TensorInfo's field order (torchdoctor._scan.tally): path, role, device, dtype, shape, ...
     for e, info in policy.canon:
         module = e.module
         if meta_judged and info[2] == _META and info[1] != "offloaded" and (module is not None or strict):
             comp = None
-            where = fixed_dev
             if module is not None:
                 comp, _, hook_dev = const or cache.get(e.module_path) or ctx(e.module_path)
-                where = where or hook_dev or (comp.device if comp else None)
-            if comp is None or id(comp) not in unloaded:
+            if comp is not last_comp:  # a component's tensors come together
+                last_comp, whole = comp, comp is not None and id(comp) in unloaded
+            if not whole:  # one problem for a component not loaded at all: said after the loop
+                where = fixed_dev
+                if module is not None:
+                    where = where or hook_dev or (comp.device if comp else None)
                 key = (info[3], info[4], where)
                 hit = texts.get(key)
                 if hit is None:
@@ -99,7 +104,9 @@ def judge(policy: Policy) -> list[Problem]:
                 problems.append(Problem("meta", e.path, e.role, "meta", hit[0], hit[1], None, e.module_path,
                                         type(module).__name__ if module is not None else None, hit[2]))
             # a tensor can carry several problems: what else is wrong with it (a planted dtype) is still named
-            if module is not None and info[3].is_floating_point and comp is not None and info[3] != comp.dtype:
+            dt = info[3]
+            if comp is not None and dt is not comp.dtype and dt.is_floating_point and dt != comp.dtype \
+                    and module is not None:
                 p = _judge_entry(policy, e, meta_ok=True)
                 if p is not None:
                     problems.append(p)

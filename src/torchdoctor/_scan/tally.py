@@ -10,6 +10,9 @@ A row is a tuple in ``TensorInfo``'s field order (``PATH`` .. ``ALIAS`` index it
 
 from __future__ import annotations
 
+from functools import partial
+from itertools import compress
+from operator import is_, itemgetter
 from typing import Any
 
 import torch
@@ -29,6 +32,7 @@ _TENSOR = torch.Tensor
 _VOTABLE: dict[torch.dtype, bool] = {}  # dtype -> floating and not packed storage (dtypes are few)
 _SCALE_KEYS: dict[str, bool] = {}  # tensor name -> has "scale" in it (names repeat across layers)
 PATH, ROLE, DEVICE, DTYPE, SHAPE, NBYTES, MOVED, ALIAS = range(8)  # a row's fields, in TensorInfo's order
+_ALIAS_OF, _is_none = itemgetter(ALIAS), partial(is_, None)
 
 
 def row_of(e: Any) -> tuple[Any, ...]:
@@ -57,11 +61,10 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
     counts: dict[int, list[Any]] = {}  # component -> [component, parameters, parameters on meta]
     groups: dict[tuple[torch.device, torch.dtype], list[int]] | None = {} if summary else None
     rows: list[Any] = []
-    canon: list[tuple[Any, Any]] = []
     adapters, nonpersistent, votable = policy.adapter_of, policy.nonpersistent, _VOTABLE
     const, cache, ctx, prefixes, kbit = policy._const_ctx, policy._ctx_cache, policy.ctx, policy.fp32_prefixes, \
         policy.kbit
-    scaled, casting, add_row, add_canon = _SCALE_KEYS, policy.casting, rows.append, canon.append
+    scaled, casting, add_row = _SCALE_KEYS, policy.casting, rows.append
     # Reading a tensor's device makes a new object each time: rows share one per device (equal, fewer kept), and
     # what depends only on the device, the component or the group is carried from the previous entry while it holds.
     last_dev: Any = None
@@ -93,7 +96,9 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
     tv_dt: Any = None
     tn = tb = 0
     tl: Any = None
-    for e in policy.w.entries:
+    aliased = False
+    entries = policy.w.entries
+    for e in entries:
         t = e.tensor
         tp = type(t)
         info = None
@@ -113,8 +118,8 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
             last_dev, meta = dev, dev == _META
         add_row(info)
         if info[7] is not None:
+            aliased = True
             continue
-        add_canon((e, info))
         if groups is not None:
             # a storage is counted once (tied weights, views): that needs its storage, read apart from any
             # function mode (``ScanReport`` fills it in then); meta and virtual tensors have none to share
@@ -219,6 +224,9 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
     if tv is not None:
         tv[1] += tn
         tv[2] += tb
+    # the canonical (entry, row) pairs, made at C speed: every entry has its row, an alias's is left out
+    canon = list(zip(entries, rows)) if not aliased else list(compress(zip(entries, rows), map(_is_none, map(
+        _ALIAS_OF, rows))))
     policy.rows, policy.canon, policy.groups = rows, canon, groups
     # components whose parameters are all on meta (at least two): a model built without weights, one summary each
     policy.unloaded = {k: (v[0], v[1]) for k, v in counts.items() if v[1] >= 2 and v[1] == v[2]}
