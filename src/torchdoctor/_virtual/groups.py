@@ -126,3 +126,29 @@ def whole_component(culprits: list[tuple[str | None, str, str, Any]], have: Mapp
               f"{str(was)[6:]} while the rest of the model is {str(want)[6:]}: cast that component (or load it with "
               f"torch_dtype={value_code(want)})", "path", want, sets=((comp + ".", want),))
     return [fix], [c for c in culprits if c not in cast]
+
+
+def policy_blamed(problems: list[Problem], roots: list[Any], have: set[str], split: bool,
+                  sources: Mapping[tuple[str, ...], tuple[str, ...]]) -> list[Problem]:
+    """The culprits of a run: the model tensors the placement policy finds off that match what the ops found wrong
+    and that reached them (an operand, or a tensor one made in the run came from). ``split``: the program placed the
+    model's parts on several devices itself, so only dtypes are judged."""
+    kinds = {p.kind for p in problems} & ({"dtype"} if split else {"dtype", "device"})  # parts as placed
+    bad = {p.found for p in problems if p.kind in kinds}
+    if not bad:
+        return []
+    from torchdoctor._guard.provenance import policy_problems, suspects  # culprits: only when there are some
+    from torchdoctor._walk import walk
+    blamed: list[Problem] = []  # data flow: a tensor an op met, or one that a tensor made in the run came from
+    reached = {p.path for p in problems} | {s for v in sources.values() for s in v}
+    try:
+        for root in roots:
+            found = policy_problems(walk(root))
+            for kind in sorted(kinds):
+                for sus in suspects(found, kind, bad, [], None):
+                    if sus.matches and sus.problem.path not in have and sus.problem.path in reached:
+                        have.add(sus.problem.path)
+                        blamed.append(replace(sus.problem, message=f"culprit: {sus.problem.message}"))
+    except Exception:  # provenance is extra: the problems stand without it
+        return []
+    return blamed

@@ -13,10 +13,8 @@ from torchdoctor._rules.profile import DeviceProfile, factory_refusal, refusal
 from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
-from torchdoctor._virtual.atop import Cases, tags_of
 from torchdoctor._virtual.datadtype import data_dtype, factory_call, maker_name
-from torchdoctor._virtual.escaped import escaped_problem
-from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest
+from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest, policy_blamed
 from torchdoctor._virtual.patched import apart
 from torchdoctor._virtual.origin import from_origin, maker_of, moved_by_apply, operand_at, ran_as_asked, where_called
 from torchdoctor._virtual.promote import Promotions, mixed
@@ -56,8 +54,15 @@ class _Recorder(StackView, Hooks):
         self.blamed = 0
         # (kind, path, op, found) of a problem on a tensor made in the run -> the named tensors it was made from
         self.sources: dict[tuple[str, ...], tuple[str, ...]] = {}
-        self.cases = Cases()  # the failing ops, as metadata twins: each fix is proven on them after the run
+        self._cases: Any = None  # the failing ops, as metadata twins: each fix is proven on them after the run
         self.use_stack(ModuleStack(roles))
+
+    @property
+    def cases(self) -> Any:  # ``atop.Cases``: the proof machinery loads with the first failing op, never before
+        if self._cases is None:
+            from torchdoctor._virtual.atop import Cases
+            self._cases = Cases()
+        return self._cases
 
     def use_stack(self, stack: ModuleStack) -> None:
         """Track modules with ``stack``; owned tensors are checked when each module starts."""
@@ -80,7 +85,7 @@ class _Recorder(StackView, Hooks):
         verdict on the run's own objects) that match what the ops found wrong, then the module-entry checks' finds."""
         entry = [p for p in problems if _at_entry(p)]
         rest = [p for p in problems if not _at_entry(p)]
-        blamed = self._policy_blamed(problems, roots, {p.path for p in entry})
+        blamed = policy_blamed(problems, roots, {p.path for p in entry}, self._split(), self.sources)
         # an op that met the culprit itself (a tied lm_head reading the upcast embedding) joins the culprit's line
         met = {(p.path, p.kind, p.found): p for p in reversed(rest)}
         blamed = [replace(b, message=f"{b.message}; it surfaced at {m.op}: {m.message}", op=m.op)
@@ -92,27 +97,6 @@ class _Recorder(StackView, Hooks):
         for p in entry:  # a module-entry finding is the origin of what its module's ops then meet
             origin.setdefault((p.kind, p.found, p.module_path or ""), p.path)
         return blamed + entry + [from_origin(p, origin, {b.path for b in blamed}) for p in rest] + ran_as_asked(self.dtype, roots, getattr(self, "computed", None))
-
-    def _policy_blamed(self, problems: list[Problem], roots: list[Any], have: set[str]) -> list[Problem]:
-        kinds = {p.kind for p in problems} & ({"dtype"} if self._split() else {"dtype", "device"})  # parts as placed
-        bad = {p.found for p in problems if p.kind in kinds}
-        if not bad:
-            return []
-        from torchdoctor._guard.provenance import policy_problems, suspects  # culprits: only when there are some
-        from torchdoctor._walk import walk
-        blamed: list[Problem] = []  # data flow: a tensor an op met, or one that a tensor made in the run came from
-        reached = {p.path for p in problems} | {s for v in self.sources.values() for s in v}
-        try:
-            for root in roots:
-                found = policy_problems(walk(root))
-                for kind in sorted(kinds):
-                    for sus in suspects(found, kind, bad, [], None):
-                        if sus.matches and sus.problem.path not in have and sus.problem.path in reached:
-                            have.add(sus.problem.path)
-                            blamed.append(replace(sus.problem, message=f"culprit: {sus.problem.message}"))
-        except Exception:  # provenance is extra: the problems stand without it
-            return []
-        return blamed
 
     def check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.entry.pending:  # an attribute / container tensor reached an op: the forward read it
@@ -135,6 +119,7 @@ class _Recorder(StackView, Hooks):
         return tuple(new_args), new_kwargs
 
     def _tags(self, t: Any) -> tuple[tuple[str, ...], bool]:
+        from torchdoctor._virtual.atop import tags_of
         return tags_of(t, self.modules.paths)
 
     def _promoted(self, f: Any, call: OpArgs) -> None:
@@ -248,6 +233,7 @@ class _Recorder(StackView, Hooks):
         """A placement error raised by a check in Python before any op ran (``nn.LSTM`` compares its input's dtype
         with its weights' in Python): recorded at the module whose code raised, and the run ends there. False when
         the exception is not about placement (it is the user's own, and propagates)."""
+        from torchdoctor._virtual.escaped import escaped_problem  # what an error the program met was: only on one
         found = escaped_problem(exc, self.modules.paths)
         if found is None:
             return False

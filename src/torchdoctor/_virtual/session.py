@@ -14,7 +14,7 @@ import contextlib
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,20 +23,19 @@ from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._report.text import call_stack, format_error
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
-from torchdoctor._virtual.atop import prove_at_ops
-from torchdoctor._virtual.prove import Fix, held, proof_lines
 from torchdoctor._virtual.groups import grouped
 from torchdoctor._virtual.makers import CastMakers
-from torchdoctor._virtual.modcast import at_cast_lines, module_casts
-from torchdoctor._virtual.hooked import under_hooks
+from torchdoctor._virtual.modcast import module_casts
 from torchdoctor._virtual.patched import MARK, held_path, rename
 from torchdoctor._virtual.hardware import over_memory, ran_on
-from torchdoctor._virtual.intread import storage_read
 from torchdoctor._virtual.recorder import LIMIT, _culprits_then_rest, _Recorder, _Stop
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._tracker import ModuleStack
 from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._virtual.training import train_checks
+
+if TYPE_CHECKING:  # the proof machinery loads with the first problem: a block that runs clean never imports it
+    from torchdoctor._virtual.prove import Fix
 
 __all__ = ["VirtualSession", "virtual_devices"]
 
@@ -185,6 +184,7 @@ class VirtualSession:
             rows.append(f"the work {self.where_ran()}")
         # a block of the program's own code runs once: its fix is proven at the failing ops (``atop``)
         fix = "\n".join(f.code for f in self.fixes) or None
+        from torchdoctor._virtual.prove import proof_lines
         said = "\n".join(proof_lines(self.fixes)) if self.fixes else None
         return PlacementError(format_error(head, rows, said, limit=len(rows)), module_path=first.module_path,
                               module_type=first.module_type,
@@ -205,6 +205,11 @@ def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = N
     changes (or saying what was tried). ``current``: the tensors' dtype and device after the run, by path (the
     outermost module's, by default, when a dtype was asked for): a device fix of a tensor also in the wrong dtype
     casts it too. The fixes know a patched network by its walk path (``….forward.__self__.…``)."""
+    from torchdoctor._virtual.atop import prove_at_ops  # the proof machinery: only for a block with problems
+    from torchdoctor._virtual.hooked import under_hooks
+    from torchdoctor._virtual.modcast import at_cast_lines
+    from torchdoctor._virtual.prove import held
+
     rec = session._rec
     walked = {new: old for old, new in session.renamed.items()}
     problems = [replace(p, path=walked[p.path]) if p.path in walked else p
@@ -326,6 +331,8 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
         except _Stop:
             pass
         except Exception as exc:
+            from torchdoctor._virtual.intread import storage_read  # what the program's error was: only on one
+
             if not rec.problems and not storage_read(exc, rec, _Stop) and not rec.escaped(exc):
                 raise
             failure = exc  # most likely a consequence of the problems: report them, chained to it
