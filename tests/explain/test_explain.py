@@ -98,7 +98,7 @@ def test_holdout_is_the_fixed_fifth() -> None:
     third = [p for p in CASES + HELD if _collection(p) == "3"]
     assert {p.name for p in third if hashlib.sha256(_source(p).encode()).hexdigest()[:2] < "33"} == \
         {p.name for p in HELD if _collection(p) == "3"}
-    for whole in ("4", "6", "7", "8", "9"):  # held out whole (issues 40-42, and issue 41 point 7 in session 11)
+    for whole in ("4", "6", "7", "8", "9", "10"):  # held out whole (issues 40-42; issue 41 point 7 in sessions 11, 16)
         held = [p for p in CASES + HELD if _collection(p) == whole]
         assert len(held) >= 20 and all(p.parent == HOLDOUT for p in held), whole
 
@@ -118,11 +118,13 @@ def test_holdout_accuracy() -> None:
     """Measured only, never tuned on; pinned at the measured figures (``python bench/explain.py --accuracy``,
     bench/RESULTS.md): 101 of 101 held-out texts right first and in the top two, every category at least 85 % right
     first; with the fourth and sixth collections (issue 41), 156 of 156; with the seventh, 181 of 181; with the
-    eighth, 250 of 250; with the ninth, 371 of 374 first and 373 of 374 in the top two. (The one earlier miss,
-    GPTQ's ExLlama refusal, was fixed as a family with texts of other threads.)"""
+    eighth, 250 of 250; with the ninth, 371 of 374 first and 373 of 374 in the top two; with the tenth, 470 of 475
+    first and 473 in the top two (two of the tenth's 101 texts missed first: a title in prose only, and a bf16 input
+    meeting an fp16 bias, whose first answer is the layer's cast as for two texts of the ninth). (The one earlier
+    miss, GPTQ's ExLlama refusal, was fixed as a family with texts of other threads.)"""
     top1, top2 = _accuracy(HELD)
-    assert len(HELD) >= 374
-    assert top1 >= 0.99 and top2 >= 0.99, (top1, top2)
+    assert len(HELD) >= 475
+    assert top1 >= 0.985 and top2 >= 0.995, (top1, top2)
     for cat in CATEGORIES:
         of_cat = [p for p in HELD if load(p)[0]["category"] == cat]
         assert of_cat and _accuracy(of_cat)[0] >= 0.85, cat

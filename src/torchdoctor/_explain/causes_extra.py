@@ -109,3 +109,17 @@ _c("ud.xpu_fp64",
    "with torchdoctor.guard(model):\n    model(*inputs)",
    ("Make that tensor float32 before it reaches xpu", "t = t.to(torch.float32)"),
    ("Make numpy inputs float32", 'torch.from_numpy(arr.astype("float32"))'))
+
+# a torch build that refuses a dtype on its platform, and the FFT libraries' missing dtypes
+_c("ud.dtype_platform",
+   "This torch build refuses {dtype} on this GPU[ ({backend} below {need})]: the fp8 checkpoint's weights cannot even "
+   "be created here, so they must be loaded (and computed) in bfloat16 or float16.",
+   "torchdoctor env",
+   ("Load the fp8 checkpoint's weights in bfloat16", "model = model.to(torch.bfloat16)"),
+   ("Check which torch build and ROCm / CUDA version this environment has", "torchdoctor env"))
+_c("ud.fft_dtype",
+   "The FFT library (cuFFT on CUDA, MKL / pocketfft on the CPU) has no {dtype} transform (float16 only for "
+   "power-of-two sizes): under a bfloat16 model or autocast the signal reaches torch.fft in that dtype.",
+   "with torchdoctor.guard(model):\n    model(*inputs)",
+   ("Run the FFT in float32", "X = torch.fft.rfft(x.float())  # complex64: cast what is computed from it back with .to(x.dtype)"),
+   ("Or run that block with autocast off", "with torch.autocast(x.device.type, enabled=False):\n    out = block(x.float())"))

@@ -48,6 +48,8 @@ _LINES = 8192  # distinct lines whose anchors are remembered (a log of errors re
 # ``name=`` and numbers; loggers colour whole lines or level names), so a key stays whole between escape sequences
 # and a log needs no colour removal before the passes (see ``strip``).
 _KEY_BREAK = frozenset("()[]{}'\"`<>=")
+# A number standing alone ("16/32-bit floats") is coloured by rich as a whole: a key never spans one either.
+_NUMBER = re.compile(r"(?<![a-z_])\d+(?:\.\d+)?")
 # The first letter of a message is capitalised, also after "Error: " inside an anchor.
 _SENTENCE = re.compile(r"(?:^|[:.!?] )([a-z])")
 def _stable(anchor: str) -> list[bool]:
@@ -56,6 +58,8 @@ def _stable(anchor: str) -> list[bool]:
         ok[m.start(1)] = False
     ok[0] = False
     for m in _CASED.finditer(anchor):
+        ok[m.start(): m.end()] = [False] * (m.end() - m.start())
+    for m in _NUMBER.finditer(anchor):
         ok[m.start(): m.end()] = [False] * (m.end() - m.start())
     for i, ch in enumerate(anchor):
         if ch in _KEY_BREAK:

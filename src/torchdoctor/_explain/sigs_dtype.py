@@ -127,6 +127,33 @@ _sig("unsupported.kernel", "unsupported_dtype_on_device", "No kernel for this dt
      # the kernel and the dtype come quoted in every way a paste or a markdown editor quotes them
      r"[\"'`]?(?P<kernel>\w{1,80})[\"'`]? not implemented for [\"'`]?(?P<dtype>\w{1,30})[\"'`]?", require_pattern=True,
      alternatives=(_DT_ALT, ("backend_op_missing", 0.25, "the op has no kernel for this device at all")))
+# the kernel's message retold in words ("Slow conv2d cpu not implemented in half."): no quotes, spaces for the
+# underscores; the kernel must come right before the phrase, so prose that only mentions half precision is not read
+_sig("unsupported.kernel_words", "unsupported_dtype_on_device", "No kernel for this dtype on this device",
+     ("not implemented in half", "not implemented for half", "not implemented in bfloat16",
+      "not implemented for bfloat16", "not implemented in float16", "not implemented for float16"),
+     "The kernel {kernel} has no implementation[ for {dtype}][ on {device}].",
+     (("ud.half_on_cpu", 2.0), ("ud.kernel_missing", 1.0)),
+     r"(?P<kernel>[a-z][\w]{1,40}(?: [\w]{1,40}){0,3}) not implemented (?:in|for) (?P<dtype>half|bfloat16|float16)"
+     r"(?=\s*(?:[.!,;:'\"`)]|$))", require_pattern=True, confidence=0.8,
+     alternatives=(_DT_ALT, ("backend_op_missing", 0.25, "the op has no kernel for this device at all")))
+# a torch build that refuses a dtype on its platform below some version (float8 on ROCm before 6.5)
+_sig("unsupported.dtype_platform", "unsupported_dtype_on_device", "This torch build refuses the dtype here",
+     ("is only supported for rocm", "is only supported on rocm"),
+     "A[ {dtype}] tensor (an fp8 checkpoint's weights) was created on a GPU whose torch build refuses that "
+     "dtype[ below {backend} {need}].",
+     (("ud.dtype_platform", 3.0),),
+     r"(?P<dtype>float8_?\w{0,12}|\w{1,20}) is only supported (?:for|on) (?P<backend>ROCm) ?(?P<need>[\d.]{1,6})?",
+     require_pattern=True, confidence=0.9, alternatives=(_NA_ALT,))
+# the FFT libraries have no bfloat16 (and float16 only for powers of two): cuFFT, MKL, pocketfft
+_sig("unsupported.fft_dtype", "unsupported_dtype_on_device", "The FFT has no kernel for this dtype",
+     ("fft doesn't support tensor", "fft does not support tensor", "fft only supports dimensions whose sizes are "
+      "powers of two when computing in half precision"),
+     "An FFT got a[ {dtype}] input, a dtype its library has no transform for on this device.",
+     (("ud.fft_dtype", 3.0),),
+     r"FFT (?:doesn't|does not) support tensors? of type:? ?(?P<dtype>\w{1,20})",
+     r"FFT only supports dimensions whose sizes are powers of two when computing in (?P<dtype>half) precision",
+     confidence=0.9, alternatives=(_DT_ALT,))
 _sig("unsupported.complex", "unsupported_dtype_on_device", "torch.complex / polar has no kernel for this dtype",
      ("Expected both inputs to be Half, Float or Double tensors",),
      "torch.complex / torch.polar got {a} inputs; they accept only float16, float32 and float64 (no bfloat16).",
@@ -255,7 +282,7 @@ _sig("no_accel.ordinal", "no_accelerator", "A GPU index that does not exist",
      (("na.ordinal", 3.0),), confidence=0.9,
      alternatives=(("device_mismatch", 0.3, "a tensor or module placed on a GPU index other processes use"),))
 _sig("no_accel.arch", "no_accelerator", "This PyTorch has no kernels for this GPU",
-     ("no kernel image is available for execution on the device",),
+     ("no kernel image is available for execution on the device", "device kernel image is invalid"),
      "The GPU is there, but the installed PyTorch (or an extension) was not compiled for its architecture.",
      (("na.arch_not_in_build", 3.0),), confidence=0.9, alternatives=(_BO_ALT,))
 _sig("no_accel.not_linked", "no_accelerator", "This PyTorch has no support for that device type",
