@@ -4,6 +4,8 @@ keyword containers is named by its full argument path."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -58,6 +60,28 @@ def test_the_float32_controlnet_is_the_culprit_not_the_pipeline_inputs(pipe: _Pi
             assert pipe(*_inputs()).dtype == BF
     finally:
         pipe.controlnet.to(torch.float32)
+
+
+@pytest.mark.parametrize("mode", ["fix", "warn"])
+def test_fix_and_warn_tell_the_float32_controlnet_once_and_align_it_not_its_inputs(pipe: _Pipe, mode: str) -> None:
+    """One cause, one problem: fix and warn name the component as strict does, and align its ops to the pipeline's
+    dtype as the fix casts it, so that nothing downstream (the UNet fed float32 residuals) is a problem of its own."""
+    with warnings.catch_warnings(record=True) as seen, torch.no_grad(), torchdoctor.guard(pipe, mode=mode) as g:
+        warnings.simplefilter("always")
+        out = pipe(*_inputs())
+    told = [str(w.message) for w in seen if issubclass(w.category, torchdoctor.PlacementWarning)]
+    assert out.dtype == BF
+    assert [(p.path, p.role, p.found, p.expected) for p in g.problems] == [
+        ("controlnet", "component", "float32", "bfloat16")]
+    assert [(f.path, f.found, f.expected) for f in g.fixes] == [("controlnet", "float32", "bfloat16")]
+    report = g.report().to_dict()["problems"]
+    assert report[0]["fix"].startswith("pipe.controlnet.to(torch.bfloat16)") and report[0]["proven"]
+    assert len(told) == (1 if mode == "warn" else 0)
+    if told:
+        assert "`controlnet` is float32 in a bfloat16 pipeline; load or cast it in bfloat16; aligned for this " \
+               "call; fix (proven): pipe.controlnet.to(torch.bfloat16)" in told[0]
+        assert "# pass" not in told[0] and "arg 1 (mat1) is" not in told[0]
+    assert pipe.controlnet.dtype == torch.float32  # aligned per call, never the component itself
 
 
 class _Inner(nn.Module):

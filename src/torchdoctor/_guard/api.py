@@ -160,18 +160,26 @@ class guard:  # noqa: N801 - reads like torch.no_grad
         return wrapper  # type: ignore[return-value]
 
     # -- bookkeeping (sessions in several threads share one guard) -------------------------------------------
-    def _record_problems(self, problems: list[Problem]) -> None:
+    def _record_problems(self, problems: list[Problem], instead: list[Problem] | None = None) -> None:
+        """Keep each problem once; ``instead``: problems recorded before that these take the place of (the data fed
+        to a component that is the odd one out was no problem of its own)."""
         with self._lock:
+            at = len(self.problems)
+            if instead:
+                gone = {id(p) for p in instead}
+                at = next((i for i, p in enumerate(self.problems) if id(p) in gone), at)
+                self.problems[:] = [p for p in self.problems if id(p) not in gone]
             for p in problems:
                 key = (p.kind, p.path, p.module_path, p.op)
                 if key not in self._seen:
                     self._seen.add(key)
-                    self.problems.append(p)
+                    self.problems.insert(at, p)
+                    at += 1
 
     def _record_fixes(self, problems: list[Problem], note: Note = NOTHING) -> None:
         with self._lock:
             for p in problems:
-                path = p.path if p.role == "parameter" else f"{p.module_path or '<root>'}: {p.path}"
+                path = p.path if p.role in ("parameter", "component") else f"{p.module_path or '<root>'}: {p.path}"
                 if path not in self._fixed:
                     self._fixed.add(path)
                     self.fixes.append(Fix(path, p.found, p.expected, p.kind, p.op, p.module_path, note.maker,
@@ -198,14 +206,22 @@ class guard:  # noqa: N801 - reads like torch.no_grad
             self._note(problems, note)
         return note
 
-    def _group_note(self, paths: list[str]) -> Note | None:
-        """The note of a component told as the odd one out that holds every one of ``paths`` (None if none)."""
-        if not paths:
+    def _group_note(self, paths: list[str], running: str | None = None) -> Note | None:
+        """The note of a component told as the odd one out that holds every one of ``paths`` (None if none); with
+        no model tensor among the operands, the one whose module ``running`` runs inside that component (the data
+        fed to a float32 ControlNet is the same finding at each of its ops)."""
+        if not paths and running is None:
             return None
         with self._lock:
             told = [n for n in self._told.values() if n.groups]
+
+        def inside(p: str, g: str) -> bool:
+            return bool(g) and (p == g or p.startswith(g + "."))
+
         for note in told:
-            if all(any(g and (p == g or p.startswith(g + ".")) for g in note.groups) for p in paths):
+            if paths and all(any(inside(p, g) for g in note.groups) for p in paths):
+                return note
+            if not paths and running is not None and any(g == "<root>" or inside(running, g) for g in note.groups):
                 return note
         return None
 

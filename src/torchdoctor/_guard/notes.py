@@ -121,6 +121,41 @@ def gather(session: Any, func: Any, args: Sequence[Any], kwargs: Mapping[str, An
                 maps, mod, root, mpath, mtype, compiled, fixable)
 
 
+def tell_once(session: Any, c: Case) -> tuple[Note, list[Problem]]:
+    """fix / warn: the note of ``c``, told the first time it is met, and the problems a warning names. Where the
+    report names a component as the odd one out, that component is the problem (recorded in place of the data fed
+    to it), as strict raises it: one remedy in every mode."""
+    made: list[PlacementError] = []
+
+    def tell() -> Note:
+        err, note = told(session, c)
+        made.append(err)
+        comp = next((p for p in err.problems if p.role == "component"), None)
+        return replace(note, aligns=(comp.found, comp.expected)) if comp is not None else note
+
+    note = session.g._note_once((c.mpath, str(c.op), tuple(p.path for p in c.problems)), c.problems, tell)
+    comps = [p for p in (made[0].problems if made else ()) if p.role == "component"]
+    if not comps:
+        return note, list(c.problems)
+    session.g._record_problems(comps, instead=[p for p in c.problems if p.role == "argument"])
+    session.g._note(comps, note)
+    return note, comps
+
+
+def as_component(plan: list[Any], tensors: Mapping[Any, Any], aligns: tuple[str, str]) -> list[Any]:
+    """fix / warn inside a component told as the odd one out: its operands in the component's dtype are cast to its
+    neighbours', as the fix casts the component, so that what it gives the rest of the pipeline is in their dtype
+    (casting the data fed to it would hand float32 on to them)."""
+    from torchdoctor._placement import parse_dtype
+
+    try:
+        odd, want = parse_dtype(aligns[0]), parse_dtype(aligns[1])
+    except (ValueError, TypeError):
+        return plan
+    keys = [k for k, t in tensors.items() if isinstance(t, torch.Tensor) and t.dtype == odd]
+    return [(plan[0][0], want, keys)] if keys and plan else plan
+
+
 def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
     """The report of ``c`` (raised by strict, and by fix when nothing can be aligned) and its ``Note``."""
     maps, op, plan, tensors = c.maps, c.op, c.plan, c.tensors

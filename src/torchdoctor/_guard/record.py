@@ -21,6 +21,7 @@ class Note:
     proof: str | None = None
     patch: str | None = None
     groups: tuple[str, ...] = ()  # the components the fix casts whole (fix / warn tell their later ops once)
+    aligns: tuple[str, str] = ("", "")  # a component's dtype and its neighbours': fix / warn align its ops to these
 
     @property
     def proven(self) -> bool:

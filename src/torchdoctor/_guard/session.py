@@ -338,7 +338,7 @@ class Session:
         if self.replaying:  # a proof's re-run on a copy: it must meet what torch does, unaligned and unrecorded
             return func(*args, **kwargs)
         from torchdoctor._guard.maps import module_label
-        from torchdoctor._guard.notes import gather, told
+        from torchdoctor._guard.notes import as_component, gather, tell_once, told
         from torchdoctor._report.model import PlacementWarning
         from torchdoctor._rules import registry as _rules
 
@@ -357,24 +357,30 @@ class Session:
             raise err
         # fix / warn: the same report, kept (the first time this problem is met) beside what is aligned; a later op
         # of a component already told as the odd one out (every tensor of `vae` float32) is that one finding
-        note = self.g._group_note([p.path for p in problems if p.role == "parameter"]) or self._forward_note(mpath, op)
-        folded = note is not None
+        params = [p.path for p in problems if p.role == "parameter"]
+        fed = mpath if not params and all(p.kind == "dtype" for p in problems) else None
+        note = self.g._group_note(params, fed) or self._forward_note(mpath, op)
+        folded, shown = note is not None, problems
         if note is None:
-            note = self.g._note_once((mpath, str(op), tuple(p.path for p in problems)), problems,
-                                     lambda: told(self, case)[1])
+            note, shown = tell_once(self, case)
         else:
             self.g._note(problems, note)
+            if fed is not None and note.groups:  # fed to the component told as the odd one out: no problem of its own
+                self.g._record_problems([], instead=problems)
         if self.mode == "warn" and not folded:
-            for p in problems:
+            for p in shown:
                 if self.g._first_time((p.module_path, p.op, p.kind)):
                     where = module_label(p.module_path, mod)
-                    what = f"{p.path} is {p.found}, expected {p.expected}" if "promotes the model's" not in \
-                        p.message else f"{p.path} is {p.found} and promotes the model's {p.expected} silently"
+                    what = p.message if p.role == "component" else f"{p.path} is {p.found}, expected {p.expected}" \
+                        if "promotes the model's" not in p.message else \
+                        f"{p.path} is {p.found} and promotes the model's {p.expected} silently"
                     warnings.warn(f"torchdoctor.guard: {p.kind} problem in {where} at {p.op}: {what}"
                                   + ("; aligned for this call" if fixable else "")
                                   + said(note), PlacementWarning, stacklevel=user_stacklevel())
         if not fixable:
             return func(*args, **kwargs)
+        if fed is not None and note.aligns[0]:  # the odd component's operands aligned, not the data fed to it
+            plan, problems = as_component(plan, tensors, note.aligns), shown if not folded else []
         new_args, new_kwargs = list(args), dict(kwargs)
         for f, target, offenders in plan:
             for k in offenders:
