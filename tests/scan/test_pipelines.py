@@ -43,6 +43,28 @@ def test_an_fp32_component_the_pipeline_does_not_cast_is_named_with_its_fix(sd_b
         ("dtype", name, "float32", "bfloat16")]
     assert f"pipe.{name}.to(torch.bfloat16)" in report.problems[0].message
     assert "torch_dtype=torch.bfloat16" in report.problems[0].message
+    getattr(sd_bf16, name).to(BF16)  # the printed fix, applied: quiet, and the pipeline runs
+    assert torchdoctor.scan(sd_bf16).ok
+    _run(sd_bf16)
+
+
+def test_the_denoiser_alone_in_another_dtype_is_the_component_named(sd_bf16) -> None:
+    """Its neighbours (text encoder, VAE) agree on bf16: the fp32 UNet is the odd one, never its neighbours."""
+    sd_bf16.unet.to(torch.float32)
+    with pytest.raises(RuntimeError):
+        _run(sd_bf16)
+    report = torchdoctor.scan(sd_bf16)
+    assert [(p.kind, p.path, p.found, p.expected) for p in report.problems] == [
+        ("dtype", "unet", "float32", "bfloat16")]
+    msg = report.problems[0].message
+    assert "the components it meets (text_encoder, vae) compute in bfloat16" in msg
+    assert "pipe.unet.to(torch.bfloat16)" in msg and "UNet2DConditionModel.from_pretrained(" in msg
+    sd_bf16.unet.to(BF16)  # the printed fix, applied
+    assert torchdoctor.scan(sd_bf16).ok
+    _run(sd_bf16)
+    sd_bf16.unet.to(torch.float32)
+    sd_bf16.vae.to(torch.float32)  # one neighbour against the denoiser: the denoiser's dtype is the pipeline's
+    assert [p.path for p in torchdoctor.scan(sd_bf16).problems] == ["text_encoder"]
 
 
 def test_controlnet_left_fp32_in_a_bf16_controlnet_pipeline() -> None:
@@ -69,6 +91,9 @@ def test_controlnet_left_fp32_in_a_bf16_controlnet_pipeline() -> None:
     assert [(p.path, p.role) for p in report.problems] == [("controlnet", "component")]
     msg = report.problems[0].message
     assert "pipe.controlnet.to(torch.bfloat16)" in msg and "ControlNetModel.from_pretrained(" in msg
+    pipe.controlnet.to(BF16)  # the printed fix, applied: quiet, and the pipeline runs
+    assert torchdoctor.scan(pipe).ok
+    pipe("a cat", image=image, num_inference_steps=1, height=16, width=16, output_type="np")
 
 
 def test_a_pipeline_that_casts_at_the_boundary_is_quiet() -> None:
