@@ -140,7 +140,7 @@ def test_second_caught_error_named_in_its_own_model(tmp_path):
 
 
 def test_explains_fix_speaks_of_the_tensor_by_the_users_name():
-    from torchdoctor._run.watch import named_fix
+    from torchdoctor._run.evidence import named_fix
 
     culprit = ("unsupported_dtype mismatch outside the guarded model, at save.py:11\n"
                "    line: arr = (255.0 * images.cpu().numpy()).clip(0, 255)\n"

@@ -20,7 +20,11 @@ LATER = ("torchdoctor._explain", "torchdoctor._move", "torchdoctor._checkpoint",
          "torchdoctor._report.terminal", "torchdoctor._report.diff", "torchdoctor._report.order",
          "torchdoctor._report.layout", "torchdoctor._report.folded", "torchdoctor._guard.diagnose",
          "torchdoctor._scan.policy", "torchdoctor._scan.tally", "rich", "bitsandbytes", "transformers", "diffusers",
-         "accelerate", "peft")
+         "accelerate", "peft",
+         # the page code (a report class is defined at start, its page drawn when asked) and run's error-only parts:
+         # what the failing line held, the program's names a fix is written with, the marker's re-run
+         "torchdoctor._report.html", "torchdoctor._report.html_assets", "torchdoctor._run.evidence",
+         "torchdoctor._run.names", "torchdoctor._run.rerun")
 
 BLOCK = """
     import json, sys
@@ -36,6 +40,21 @@ APP = """
     import json, sys
     print("MODULES" + json.dumps(sorted(sys.modules)))
 """
+
+# a trivial program that works: a model built, moved and cast (the trace's patches see it), one forward
+MODEL_APP = """
+    import json, sys
+    import torch
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model = model.to("cuda" if torch.cuda.is_available() else "cpu", torch.float32)
+    y = model(torch.ones(3, 4, device=next(model.parameters()).device))
+    print("MODULES" + json.dumps(sorted(sys.modules)))
+"""
+
+# what explains, blames or fixes an error: never loaded by a program that has none
+CULPRIT = ("torchdoctor._guard.diagnose", "torchdoctor._guard.provenance", "torchdoctor._guard.remedy",
+           "torchdoctor._guard.maker", "torchdoctor._guard.offer", "torchdoctor._guard.notes",
+           "torchdoctor._guard.proof")
 
 
 def _imported(new: list[str], prefixes: tuple[str, ...]) -> list[str]:
@@ -60,8 +79,8 @@ def test_an_empty_virtual_block_imports_no_culprit_machinery(block_modules: list
     assert _imported(block_modules, ("torchdoctor._guard",)) == []
 
 
-def _run_modules(tmp_path: Path, *args: str) -> list[str]:
-    script = write(tmp_path / "app.py", APP)
+def _run_modules(tmp_path: Path, *args: str, app: str = APP) -> list[str]:
+    script = write(tmp_path / "app.py", app)
     proc = subprocess.run([sys.executable, "-m", "torchdoctor", "run", *args, str(script)], cwd=tmp_path, env=ENV,
                           capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr
@@ -72,9 +91,8 @@ def _run_modules(tmp_path: Path, *args: str) -> list[str]:
     return modules
 
 
-# `run` still imports these two at its start: the CLI's colour settings (_cli/main.py) and guard's remedy diff
-# (_guard/remedy.py, through guard's api)
-RUN_LATER = tuple(m for m in LATER if m not in ("torchdoctor._report.terminal", "torchdoctor._report.diff"))
+# `run` imports the CLI's colour settings at its start (_cli/main.py: torch-free, rich only when colouring)
+RUN_LATER = tuple(m for m in LATER if m != "torchdoctor._report.terminal")
 
 
 def test_run_imports_no_explain_and_no_virtual_devices_before_an_error(tmp_path: Path) -> None:
@@ -86,3 +104,10 @@ def test_run_on_a_virtual_device_imports_no_explain_before_an_error(tmp_path: Pa
     modules = _run_modules(tmp_path, "--device", "cuda:1")
     assert "torchdoctor._virtual.session" in modules
     assert _imported(modules, RUN_LATER) == []
+
+
+def test_a_clean_run_of_a_program_that_moves_and_runs_a_model_loads_no_error_machinery(tmp_path: Path) -> None:
+    modules = _run_modules(tmp_path, app=MODEL_APP)
+    assert "torchdoctor._trace.session" in modules  # the trace saw the move: the probe is not vacuous
+    assert _imported(modules, RUN_LATER + CULPRIT + ("torchdoctor._virtual", "torchdoctor._scan",
+                                                     "torchdoctor._env", "torchdoctor._rules")) == []

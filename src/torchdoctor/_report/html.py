@@ -359,7 +359,7 @@ def render_html(doc: Mapping[str, Any], *, title: str | None = None, full: bool 
             f"<body>{body}</body></html>\n")
 
 
-class HtmlMapMixin(ResultViews):
+class HtmlMapMixin(ResultViews):  # kept until simreport and move/plan import it from htmlmap; then removed
     """``to_html()`` and the notebook views for any report with ``to_dict()`` (scan, move, simulate); the one-line
     ``repr()`` of :class:`ResultViews` (declare the dataclass with ``repr=False``)."""
 

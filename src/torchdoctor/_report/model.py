@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from torchdoctor._placement import compact, device_str, dtype_str
-from torchdoctor._report.html import HtmlMapMixin
 from torchdoctor._report.records import FrozenRecord, record_repr
+from torchdoctor._report.htmlmap import HtmlMapMixin
 from torchdoctor._report.text import EXIT_USAGE, exit_code, human_bytes, render_problems, schema
 from torchdoctor._report.text import public_types
 

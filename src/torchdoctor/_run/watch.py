@@ -21,7 +21,6 @@ import traceback
 import types
 from typing import Any
 
-from torchdoctor._run.evidence import aimed_fix, culprit_fix, culprit_patch, named_fix  # noqa: F401 - named here too
 from torchdoctor._run.printed import handling, unwrap, wrap
 
 # frames in these folders are a plugin's, whatever app loaded them: ComfyUI custom nodes, SD.Next / A1111 / Forge
@@ -223,6 +222,8 @@ class Watcher:
                 if not again:
                     old.count += 1
                 return None
+        from torchdoctor._run.evidence import aimed_fix, culprit_patch  # loaded with the first error, never before
+
         # the live culprit's fix first, then what the failing line held, explain's catalogue last (said so)
         culprit, fix, source = aimed_fix(self._culprit(exc), exc, d.fixes[0][1] if d.fixes else None)
         finding = Finding(how, error[:500], d.category, d.title, fix, where, culprit, _trace_note(culprit))
