@@ -95,8 +95,13 @@ def _copy_device(c: _Call) -> list[Finding]:
     return [Finding(_problem(c, "meta", [key], "meta", device_str(dst_dev), msg), "", None, (key,))]
 
 
+# F.ctc_loss reads its lengths on the CPU (``input_lengths.to(kCPU)``, an IntArrayRef underneath) and moves its
+# targets to the log-probs' device itself: only the float operands must agree (CUDA accepts CPU int64 lengths)
+_CTC_FREE = frozenset({"targets", "input_lengths", "target_lengths"})
+
 DEVICE_POLICIES.update({
     "same": lambda c: _device_findings(c, c.tensors),
+    "ctc": lambda c: _device_findings(c, [(k, t) for k, t in c.tensors if c.name_of(k) not in _CTC_FREE]),
     # cat / stack copy every input into one output: no TensorIterator, so a CPU 0-dim tensor is no scalar there
     "all": lambda c: _device_findings(c, c.tensors, scalars=False),
     "index": _index_device,
@@ -242,6 +247,7 @@ def _amp_unscale(c: _Call) -> list[Finding]:
 
 rule("scaled_mm", ("_scaled_mm", "_scaled_mm_v2", "_scaled_grouped_mm"), support="scaled_mm")(None)  # e4m3 x e5m2 is legal
 rule("index", ("index", "_unsafe_index"), device="index")(None)
+rule("ctc", ("ctc_loss", "_ctc_loss", "_ctc_loss_backward"), device="ctc")(None)
 rule("index_put", ("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put"), device="index")(_self_source)
 rule("write_source", ("index_add", "index_add_", "scatter", "scatter_", "scatter_add", "scatter_add_", "scatter_reduce",
                       "scatter_reduce_", "index_copy", "index_copy_", "masked_scatter", "masked_scatter_", "lerp",

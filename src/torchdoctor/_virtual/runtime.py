@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api, dispatch as D, host as H
-from torchdoctor._virtual import hardware, makers, outside, parallel, saved, storage, training, whole
+from torchdoctor._virtual import hardware, lengths, makers, outside, parallel, saved, storage, training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
 from torchdoctor._virtual.deferred import deferred_imports
@@ -395,6 +395,6 @@ def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> It
                 sys.modules["torch._dynamo.trace_rules"].get_torch_obj_rule_map.cache_clear()
 
 
-_HANDLERS.update(handlers(VirtualMode))  # the backward pass under the run's mode (backward.py)
+_HANDLERS.update({**handlers(VirtualMode), **lengths.handlers(VirtualMode)})  # backward.py; CPU lengths (lengths.py)
 api.ENTER[:], api.MOVE[:] = [VirtualMode], [move]  # a thread the run starts enters its mode
 H.MOVE = move
