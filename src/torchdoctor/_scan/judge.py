@@ -132,7 +132,7 @@ def judge(policy: Policy) -> list[Problem]:
         if p is not None:
             problems.append(p)
             if p.kind == "device":  # a tensor can carry several problems: its dtype is judged too (one decision)
-                q = _dtype_problem(policy, e, d)
+                q = _dtype_problem(policy, e, d) or _no_storage_problem(e, d)
                 if q is not None:
                     problems.append(q)
     if adapters:
@@ -173,6 +173,26 @@ def _judge_entry(policy: Policy, e: Entry, meta_ok: bool = False, dtype_only: bo
         assert d.device is not None
         return _device_problem(e, d.device, d)
     return _dtype_problem(policy, e, d)
+
+
+# dtypes a device cannot hold at all: the move itself raises there ("Cannot convert a MPS Tensor to float64 dtype")
+_NO_STORAGE = {"mps": (torch.float64, torch.complex128)}
+
+
+def _no_storage_problem(e: Entry, d: Decision) -> Problem | None:
+    """A tensor bound for a device that cannot hold its dtype (float64 on MPS): the move that puts it there raises,
+    so what a move would fix is wrong until the tensor is cast first (to float32; complex64 for complex128)."""
+    dev, t = d.device, e.tensor
+    if dev is None or t.dtype not in _NO_STORAGE.get(dev.type, ()):
+        return None
+    to = torch.complex64 if t.is_complex() else torch.float32
+    target = f"model.{e.path}" if e.path else "model"
+    fix = f"{target}.data = {target}.data.to(torch.{dtype_str(to)})" if e.role in ("parameter", "buffer") else \
+        f"{target} = {target}.to(torch.{dtype_str(to)})"
+    found, kind = dtype_str(t.dtype), dev.type
+    return _problem("unsupported_dtype", e, found, f"a dtype {kind} supports",
+                    f"{e.info().compact} is {found}, which {kind} cannot hold: moving it to {device_str(dev)} raises "
+                    f"(\"Cannot convert a MPS Tensor to {found} dtype\"); cast it before the move: {fix}")
 
 
 def _dtype_problem(policy: Policy, e: Entry, d: Decision) -> Problem | None:
