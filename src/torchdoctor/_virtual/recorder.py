@@ -96,7 +96,11 @@ class _Recorder(StackView, Hooks):
         origin: dict[tuple[str, ...], str] = {(b.kind, b.found): b.path for b in blamed}
         for p in entry:  # a module-entry finding is the origin of what its module's ops then meet
             origin.setdefault((p.kind, p.found, p.module_path or ""), p.path)
-        return blamed + entry + [from_origin(p, origin, {b.path for b in blamed}) for p in rest] + ran_as_asked(self.dtype, roots, getattr(self, "computed", None))
+        # a run some of whose matmul-like ops computed in the dtype asked for ran in it: a component kept in another
+        # dtype on purpose (a VAE kept float32 in a float16 pipeline, peft's float32 adapters) is the program's choice
+        computed = getattr(self, "computed", None)
+        ran = ran_as_asked(self.dtype, roots, computed) if self.dtype not in (computed or {}) else []
+        return blamed + entry + [from_origin(p, origin, {b.path for b in blamed}) for p in rest] + ran
 
     def check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.entry.pending:  # an attribute / container tensor reached an op: the forward read it
