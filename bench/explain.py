@@ -2,6 +2,9 @@
 
 ``python bench/explain.py --issue43 [MB] [rounds]`` prints only issue 43 point 5's two rates (a typical app log, a
 log made only of error texts), measured interleaved with the grep-like baseline in one process.
+``python bench/explain.py --errors [rounds] [MB ...]`` prints explain on three logs made only of error texts (repeated
+exactly, alike with varying line numbers and shapes, alike with a time stamp on every line) at 4 and 16 MB against
+the grep-like pass on the same text.
 ``python bench/explain.py --growth [MB] [rounds]`` prints explain's growth from 1x to 4x the input on both logs
 against the grep-like pass's (issue 43 point 6).
 ``python bench/explain.py --accuracy`` prints the held-out figures of issue 29 per category and source kind instead;
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 import pathlib
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -67,6 +71,50 @@ def error_log(size: int, seed: int = 0) -> str:
         parts.append(body)
         total += len(body) + 1
     return "\n".join(parts)[:size]
+
+
+_LINE_NO = re.compile(r"(line )(\d+)")
+_SHAPE = re.compile(r"\d+x\d+")
+
+
+def alike_log(size: int, seed: int = 0, stamps: bool = False) -> str:
+    """A log made only of real error texts that are alike but not equal, as a failing job's log is: the frames'
+    line numbers and any ``NxM`` shapes differ from one repeat to the next, and (``stamps``) every line carries
+    its own time stamp, as ComfyUI's log does. No paragraph repeats exactly, so nothing is read once and replayed."""
+    rng = random.Random(seed)
+    bodies = [p.read_text(encoding="utf-8").partition("\n---\n")[2] for p in sorted(FIXTURES.glob("*.txt"))]
+    parts: list[str] = []
+    total, t = 0, 0.0
+    while total < size:
+        body = _LINE_NO.sub(lambda m: m.group(1) + str(rng.randrange(1, 3000)), bodies[rng.randrange(len(bodies))])
+        body = _SHAPE.sub(lambda m: f"{rng.randrange(1, 4096)}x{rng.randrange(1, 4096)}", body)
+        if stamps:
+            t += rng.random()
+            body = "\n".join(f"2025-05-28T10:{int(t // 60) % 60:02d}:{t % 60:09.6f} - {ln}" for ln in body.split("\n"))
+        parts.append(body)
+        total += len(body) + 1
+    return "\n".join(parts)[:size]
+
+
+def error_rates(sizes: tuple[int, ...], rounds: int) -> None:
+    """explain on the three logs made only of error texts (repeated exactly, alike, alike with time stamps) at each
+    size, against the grep-like pass on the same text, interleaved in one process (process CPU time, medians)."""
+    kinds = {"repeated": lambda n: error_log(n), "alike": lambda n: alike_log(n),
+             "alike+stamps": lambda n: alike_log(n, stamps=True)}
+    texts = {(k, n): make(n) for k, make in kinds.items() for n in sizes}
+    times: dict[tuple[str, str, int], list[float]] = {}
+    for r in range(rounds):
+        for key in sorted(texts, reverse=bool(r % 2)):
+            for name, fn in (("explain", explain), ("grep", grep_baseline)):
+                t = time.process_time()
+                fn(texts[key])
+                times.setdefault((name, *key), []).append(time.process_time() - t)
+    for key in sorted(texts):
+        ex, gr = statistics.median(times[("explain", *key)]), statistics.median(times[("grep", *key)])
+        mb = len(texts[key]) / 1e6
+        print(f"error texts ({key[0]}), {mb:5.1f} MB: explain {mb / ex:6.1f} MB/s ({ex:.3f} s), grep-like pass "
+              f"{mb / gr:6.1f} MB/s; explain/grep time x{ex / gr:.1f} (median of {rounds})")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus")
 
 
 _BAR = "\u2588"
@@ -263,6 +311,11 @@ def main() -> int:
         size = int(float(sys.argv[2]) * 1e6) if len(sys.argv) > 2 else 20_000_000
         explain("warm up")
         issue43(size, int(sys.argv[3]) if len(sys.argv) > 3 else 5)
+        return 0
+    if sys.argv[1:2] == ["--errors"]:  # the error-only logs at 4 and 16 MB (or the sizes given): [rounds] [MB ...]
+        explain("warm up")
+        rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+        error_rates(tuple(int(float(a) * 1e6) for a in sys.argv[3:]) or (4_000_000, 16_000_000), rounds)
         return 0
     if sys.argv[1:2] == ["--growth"]:  # issue 43 point 6: [size in MB at 1x] [rounds]
         explain("warm up")
