@@ -183,3 +183,50 @@ def test_packed_weights_in_a_plain_layer_are_named_and_bitsandbytes_layers_are_q
     assert set(problems) == {"0.weight", "3.weight"}
     assert problems["0.weight"].found == "int32" and "int32 (quantized integer) storage" in problems["0.weight"].message
     assert "packed 4-bit storage but Linear's own forward" in problems["3.weight"].message
+
+
+# --- a layer of the model's own code: judged by what its forward hands to torch's compute functions ---------------
+
+
+class DirectLinear(nn.Module):
+    """A model's own layer that computes with its weight as it is (no cast anywhere in its forward)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(weight.shape[0], dtype=BF16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class CastingLinear(DirectLinear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.to(x.dtype), self.bias)
+
+
+class Lookup(nn.Module):
+    """Integer codes used as the indices of an embedding lookup: what an integer tensor is for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.codes = nn.Parameter(torch.tensor([0, 3]), requires_grad=False)
+        self.table = nn.Parameter(torch.ones(8, 8, dtype=BF16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.embedding(self.codes, self.table).sum(0)
+
+
+@pytest.mark.parametrize("dt", [torch.uint8, torch.float8_e4m3fn])
+def test_a_custom_layer_handing_its_storage_to_f_linear_is_named_and_one_that_casts_is_quiet(dt: torch.dtype) -> None:
+    codes = torch.ones(8, 8).to(dt)
+    m = nn.Sequential(nn.Linear(8, 8), DirectLinear(codes), nn.Linear(8, 8), Lookup()).to(BF16)
+    m[1].weight = nn.Parameter(codes, requires_grad=False)  # loaded after the cast, as a loader does
+    with pytest.raises(RuntimeError):
+        m(torch.ones(1, 8, dtype=BF16))  # computed with the storage as it is
+    (p,) = torchdoctor.scan(m).problems
+    assert (p.path, p.kind, p.found, p.expected) == ("1.weight", "dtype", str(dt).removeprefix("torch."), "bfloat16")
+    assert "DirectLinear's own forward computes with it as it is" in p.message
+    m[1] = CastingLinear(codes)
+    assert m(torch.ones(1, 8, dtype=BF16)).dtype == BF16
+    assert torchdoctor.scan(m).ok and torchdoctor.scan(m, dtype=BF16).ok

@@ -91,11 +91,13 @@ _TORCH_FORWARD: dict[type, bool] = {}
 _SWITCHED: dict[type, bool] = {}  # a torch layer's subclass that casts its weight only behind a switch
 
 
-def computes_in_storage(module: nn.Module | None) -> bool:
+def computes_in_storage(module: nn.Module | None, name: str | None = None) -> bool:
     """A module whose forward is torch's own (``nn.Linear``, ``nn.Conv2d``, ``nn.Embedding``, ...) with nothing
     that could upcast its weights first: no forward replaced on the instance (accelerate's and diffusers' hooks,
     diffusers ``enable_layerwise_casting``) and no forward pre-hook. float8/float4 storage there is used as it is,
-    which torch refuses ("Promotion for Float8 Types is not supported", no float8 matmul without scales)."""
+    which torch refuses ("Promotion for Float8 Types is not supported", no float8 matmul without scales).
+    With ``name``: also a module of any class whose own forward hands that tensor as it is to a torch compute
+    function (``F.linear(x, self.weight)``) and casts it nowhere."""
     if module is None or "forward" in module.__dict__ or module._forward_pre_hooks:
         return False
     tp = type(module)
@@ -104,6 +106,9 @@ def computes_in_storage(module: nn.Module | None) -> bool:
         fwd = getattr(tp, "forward", None)
         hit = _TORCH_FORWARD[tp] = (getattr(fwd, "__module__", "") or "").startswith("torch.nn.modules.")
     if hit:
+        return True
+    if name is not None and name in percall.direct_operands(tp) \
+            and not percall.moved_on_call(module).get(name, 0) & percall.DTYPE:
         return True
     # a torch layer's subclass whose forward casts its weight only behind a switch (ComfyUI's
     # ``comfy_cast_weights``, Forge's ``parameters_manual_cast``) and otherwise runs the torch layer's own code:

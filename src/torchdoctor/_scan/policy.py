@@ -290,7 +290,7 @@ class Policy:
             # whose forward is torch's own computes with it as it is
             base = comp.dtype if comp is not None else self.dtype
             if base is not None and role == "parameter" and t.dtype != torch.bool and not t.is_complex() \
-                    and intent.computes_in_storage(e.module):
+                    and intent.computes_in_storage(e.module, e.key):
                 return Decision(dev, base, "storage-computed", alt_dev)
             return Decision(dev, None, dev_rule, alt_dev)
         if role == "quant_state" or intent.quantized_wrapper(t):
@@ -299,7 +299,7 @@ class Policy:
             return Decision(dev, None, "quant-metadata", alt_dev)
         if intent.packed_param(t) or t.dtype in STORAGE_DTYPES:  # packed 4-bit data, float8/float4 storage
             base = comp.dtype if comp is not None else self.dtype
-            if base is not None and role == "parameter" and intent.computes_in_storage(e.module):
+            if base is not None and role == "parameter" and intent.computes_in_storage(e.module, e.key):
                 return Decision(dev, base, "storage-computed", alt_dev)
             return Decision(dev, None, "quant-storage", alt_dev)
         if packed_scale(e):
