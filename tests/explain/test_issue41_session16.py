@@ -42,6 +42,8 @@ def test_a_kernel_message_retold_in_words() -> None:
     assert d.category == "unsupported_dtype_on_device" and d.signature == "unsupported.kernel_words"
     assert "Slow conv2d cpu" in d.what_happened and "float16" in d.what_happened
     assert any(code == "model = model.float()" for _, code in d.fixes)
+    d = explain('RuntimeError: "addmm_impl_cpu_" not implemented for Half')[0]  # the kernel quoted, the dtype not
+    assert d.category == "unsupported_dtype_on_device" and "addmm_impl_cpu_" in d.what_happened
     d = explain("RuntimeError: LayerNormKernelImpl not implemented for BFloat16")[0]
     assert d.category == "unsupported_dtype_on_device" and "LayerNormKernelImpl" in d.what_happened
     assert not explain("is flash attention not implemented for half precision yet? just asking")

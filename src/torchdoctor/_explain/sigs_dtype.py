@@ -134,7 +134,7 @@ _sig("unsupported.kernel_words", "unsupported_dtype_on_device", "No kernel for t
       "not implemented for bfloat16", "not implemented in float16", "not implemented for float16"),
      "The kernel {kernel} has no implementation[ for {dtype}][ on {device}].",
      (("ud.half_on_cpu", 2.0), ("ud.kernel_missing", 1.0)),
-     r"(?P<kernel>[a-z][\w]{1,40}(?: [\w]{1,40}){0,3}) not implemented (?:in|for) (?P<dtype>half|bfloat16|float16)"
+     r"(?P<kernel>[a-z][\w]{1,40}(?: [\w]{1,40}){0,3})[\"'`]? not implemented (?:in|for) (?P<dtype>half|bfloat16|float16)"
      r"(?=\s*(?:[.!,;:'\"`)]|$))", require_pattern=True, confidence=0.8,
      alternatives=(_DT_ALT, ("backend_op_missing", 0.25, "the op has no kernel for this device at all")))
 # a torch build that refuses a dtype on its platform below some version (float8 on ROCm before 6.5)
