@@ -301,3 +301,34 @@ def test_a_weight_copied_into_a_tensor_on_the_input_device_is_quiet_and_its_bias
     m[0].bias = nn.Parameter(torch.zeros(8, device="meta"))
     m[1].to_empty(device="cpu")
     assert paths(torchdoctor.scan(m, device="meta")) == ["1.bias", "1.weight"]
+
+
+def test_per_call_moves_are_read_from_the_code_never_from_a_rotary_name() -> None:
+    class LlamaRotaryEmbedding(nn.Module):  # the name of transformers' class, a forward that never moves inv_freq
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("inv_freq", torch.ones(4), persistent=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.inv_freq
+
+    class Freqs(nn.Module):  # no rotary in its name, a forward that moves its buffer to the input's device
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("table", torch.ones(4), persistent=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.table.to(x.device)
+
+    m = nn.Sequential(nn.Linear(4, 4), LlamaRotaryEmbedding(), Freqs())
+    with torchdoctor.virtual_devices("cuda:0", raise_on_exit=False) as sim:
+        m[0].to("cuda:0")
+        assert paths(torchdoctor.scan(m, device="cuda:0")) == ["1.inv_freq"]
+        m(torch.ones(1, 4, device="cuda:0"))  # inv_freq on the cpu meets a cuda input
+    assert [p.path for p in sim.problems if p.kind == "device"] == ["1.inv_freq"], sim.problems
+    with torchdoctor.virtual_devices("cuda:0", raise_on_exit=False) as sim:
+        m.to("cuda:0")
+        m[2].to("cpu")  # table moved per call: runs
+        assert torchdoctor.scan(m).ok
+        m(torch.ones(1, 4, device="cuda:0"))
+    assert sim.problems == []
