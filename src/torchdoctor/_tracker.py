@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 # frames of the module machinery and of torchdoctor: never where the caller holds its model
 _MACHINERY = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
               os.path.dirname(os.path.abspath(__file__)) + os.sep)
+_LIVE: weakref.WeakSet[ModuleStack] = weakref.WeakSet()  # the stacks alive now: ``held_names`` reads their names
 
 
 class ModuleStack:
@@ -38,6 +40,10 @@ class ModuleStack:
         self._keep: list[torch.nn.Module] = []  # ids in ``paths`` stay unique while the stack lives
         self.outermost: list[torch.nn.Module] = []  # the modules that started a forward, first first
         self._replaced: Any = None  # positional arguments ``_pre`` replaced for the call starting now
+        # name -> module of the callers' own frames when an outermost forward started: ``net`` in
+        # ``def main(): net = build(); net(x)``, the name a fix is written with once ``main`` has returned
+        self.held: dict[str, torch.nn.Module] = {}
+        _LIVE.add(self)
 
     def path_of(self, mod: torch.nn.Module) -> str | None:
         """``mod``'s path; unknown modules are looked up under the outermost running module (once per module)."""
@@ -147,6 +153,7 @@ class ModuleStack:
         outer = not self.stack
         if outer and not any(m is mod for m in self.outermost):
             self.outermost.append(mod)
+            self._note_held(sys._getframe(1))
             self._reroot(mod, sys._getframe(1))
         self.push(mod, args)
         replaced = None
@@ -169,6 +176,22 @@ class ModuleStack:
         if self.on_enter is not None:
             self.on_enter(mod, path, args)
         return replaced
+
+    def _note_held(self, frame: Any) -> None:
+        """The modules the callers' own frames (the innermost first, at most four) hold in local variables, by
+        name; once per module that starts a forward, and at most 32 names."""
+        frames, f = 0, frame
+        while f is not None and frames < 4 and len(self.held) < 32:
+            if not f.f_code.co_filename.startswith(_MACHINERY):
+                frames += 1
+                if f.f_locals is not f.f_globals:  # a module's globals are the program's names already
+                    try:
+                        for name, value in list(f.f_locals.items()):
+                            if isinstance(value, torch.nn.Module) and name != "self" and not name.startswith("_"):
+                                self.held.setdefault(name, value)
+                    except Exception:  # a frame whose locals cannot be read: nothing to learn from it
+                        pass
+            f = f.f_back
 
     def _reroot(self, mod: torch.nn.Module, frame: Any) -> None:
         """``mod`` starts a forward as its own root (path ``""``) while a module that holds it is in the caller's
@@ -241,3 +264,14 @@ def _call_kwargs(mod: torch.nn.Module, frame: Any) -> dict[str, Any]:
                 return loc["kwargs"]  # type: ignore[no-any-return]
         f = f.f_back
     return {}
+
+
+def held_names() -> dict[str, torch.nn.Module]:
+    """The modules the program's functions held by name when their forwards started, over every live stack (the
+    innermost frame's name first): what a fix written ``model.<path>`` is resolved against besides the program's
+    module globals."""
+    out: dict[str, torch.nn.Module] = {}
+    for stack in list(_LIVE):
+        for name, mod in stack.held.items():
+            out.setdefault(name, mod)
+    return out

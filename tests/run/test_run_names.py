@@ -84,3 +84,35 @@ def test_run_count_gives_the_program_two_gpus(tmp_path: Path) -> None:
     assert one.returncode == 1 and "cuda:1 does not exist" in one.stderr
     bad = run("--count", "2", str(script), cwd=tmp_path)
     assert bad.returncode == 2 and "--dtype, --profile and --count describe the virtual device" in bad.stderr
+
+
+IN_MAIN = """\
+    import torch, torch.nn as nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.register_buffer("table", torch.ones(4))
+        def forward(self, x):
+            return self.lin(x) * self.table
+
+    def main():
+        with torch.device("cuda"):  # the buffer registered in __init__ under the device context
+            net = Net()
+        net.table = net.table.cpu()
+        print(net(torch.randn(2, 4, device="cuda")).shape)
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_run_names_a_model_held_only_by_a_function_by_that_functions_name(tmp_path: Path) -> None:
+    # `net` is a local of main(), gone when the program ends: its name is read when its forward starts
+    script = write(tmp_path / "app.py", IN_MAIN)
+    proc = run("--device", "cuda:0", "--json", str(script), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout[proc.stdout.index('{\n  "schema"'):])
+    code = "\n".join(f["code"] for f in doc["fixes"])
+    assert "net.table" in code and "model." not in code, code

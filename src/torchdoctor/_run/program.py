@@ -206,9 +206,20 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
     report = RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
                        time.perf_counter() - start, session.stopped, where, notes,
                        _expected(session, profile, sources or {}), watcher.missing, session.where_ran(),
-                       session.networks, as_held(said_why_not(session.fixes), watcher.names))
+                       session.networks, as_held(said_why_not(session.fixes), _held(watcher.names)))
     report.internal = internal
     return report
+
+
+def _held(names: dict[str, Any] | None) -> dict[str, Any]:
+    """The program's module globals, then the modules its functions held by name when their forwards started
+    (``net`` of ``def main(): net = build()``, gone with ``main``'s frame when the program ends)."""
+    from torchdoctor._tracker import held_names
+
+    out = dict(names or {})
+    for name, mod in held_names().items():
+        out.setdefault(name, mod)
+    return out
 
 
 def _virtual_advice(f: Finding, program: list[str]) -> Finding:
