@@ -144,11 +144,14 @@ class _Recorder(StackView, Hooks):
                        f"{self.profile.count} {self.profile.type} device(s)", op=op, key=device_str(target))
 
     def _moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
-        self._apart = None
         refused = target.type == self.profile.type and not self.profile.supports(dtype, "storage")
         src, path = getattr(tensor, "_td_device", tensor.device), getattr(tensor, "_td_path", None) or (
             moved_by_apply(tensor) if refused else None)  # a refused move named by Module.to's frames
+        if src != target and norm_device(src) != norm_device(target):  # a rotary's per-call .to(x.device) is none
+            self._apart = None  # the parts' placement may change: read again when next asked (a walk of the model)
         self.exists(target, path, "Tensor.to")
+        if not refused and (src.type != "meta" or target.type == "meta"):
+            return dtype
         what = f"{path or maker_of(tensor, self.modules.path_of) or 'a tensor'} {compact(tensor.dtype, tuple(tensor.shape), src)}"
         if src.type == "meta" and target.type != "meta":
             self._note("meta", path, "meta", device_str(target), f"{what} holds no data (meta): moving it to "
