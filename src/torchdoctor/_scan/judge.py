@@ -167,11 +167,11 @@ def _judge_entry(policy: Policy, e: Entry, meta_ok: bool = False, dtype_only: bo
         if base is not None and base.type != "meta" and not same_device(t.device, base) and policy.device is None:
             return None  # reported per adapter by _judge_adapters
         if policy.device is not None and not same_device(t.device, policy.device):
-            return _device_problem(e, policy.device, d)
+            return _device_problem(e, policy.device, d, policy.subject)
         return None
     if not d.device_ok(t.device) and t.device != _META:
         assert d.device is not None
-        return _device_problem(e, d.device, d)
+        return _device_problem(e, d.device, d, policy.subject)
     return _dtype_problem(policy, e, d)
 
 
@@ -257,9 +257,15 @@ def _meta_message(text: str, where: str) -> str:
             "garbage. Load or materialise it (load_state_dict(..., assign=True) or to_empty() then load).")
 
 
-def _device_problem(e: Entry, exp: torch.device, d: Decision) -> Problem:
+def _device_problem(e: Entry, exp: torch.device, d: Decision, subject: Any = None) -> Problem:
     why = ""
-    if not e.moved_by_module_to:
+    own_to = _own_to(subject) if e.module is None else None
+    if own_to is not None:
+        # an object that is not a module but moves its tensors itself (diffusers' EMAModel.to(device=)): scan
+        # never runs it, so the move is named as the one to try
+        why = (f" (held by {own_to}, not by a module, so no Module.to moves it; {own_to} has its own to(): call it "
+               f"with device={device_str(exp)!r} (unproven: scan never runs it))")
+    elif not e.moved_by_module_to:
         why = " (Module.to never moves it: it is not a parameter or buffer of the tree)"
     elif d.rule == "hook-device":
         why = " (its accelerate hook runs it there: device_map)"
@@ -269,6 +275,15 @@ def _device_problem(e: Entry, exp: torch.device, d: Decision) -> Problem:
         why = " (device= asked for)"
     found = device_str(e.tensor.device)
     return _problem("device", e, found, device_str(exp), f"{e.info().compact} is on {found}, expected {device_str(exp)}{why}")
+
+
+def _own_to(subject: Any) -> str | None:
+    """The class name of a scanned object that is not a module nor a container and defines its own ``to``."""
+    if subject is None or isinstance(subject, (torch.nn.Module, torch.Tensor, dict, list, tuple, set)):
+        return None
+    tp = type(subject)
+    fn = next((k.__dict__["to"] for k in tp.__mro__ if "to" in k.__dict__), None)
+    return tp.__name__ if callable(fn) else None
 
 
 def _judge_adapters(policy: Policy) -> list[Problem]:

@@ -79,6 +79,7 @@ class Policy:
         self.plain_root = not w.modules  # a batch, a state_dict, an optimizer: no module anywhere
         self.nonpersistent: set[str] = set()
         self.kbit = False
+        self.subject: Any = None  # the object scanned (set by scan): a plain object's own ``to`` is named in fixes
         # filled by the one pass over the entries (``tally``): every row (a tuple in TensorInfo's field order), the
         # canonical (entry, row) pairs, the components with no loaded weight (id -> (component, parameters)), the
         # summary groups when asked for

@@ -59,6 +59,7 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     try:
         w = walk(obj)
         policy = Policy(w, dev, dt, strict, summary=True)
+        policy.subject = obj
         problems = pipeline_problems(obj, policy) + _with_trace_notes(
             policy.judge() + optimizer_problems(obj, w), w) + list(w.problems)
         rows = policy.rows
