@@ -61,3 +61,33 @@ def test_a_window_remembered_never_stands_for_one_with_another_next_line() -> No
     half = log.count(wrapped)
     assert found[("cuda:0", "cpu", "wrapper_CUDA_addmm")] == half, found
     assert found[("cuda:0", None, None)] == half, found  # the line after it is a frame: no second device
+
+
+def stamped(lines: int) -> str:
+    """A log whose every line carries its own time stamp or rank tag, as ComfyUI, ``logging`` and torchrun write."""
+    rows = [CPU_GPU, "cpu!", "  File \"train.py\", line 3, in step", TYPES, "\x1b[31m" + TYPES + "\x1b[0m",
+            "Traceback (most recent call last):", "torch.cuda.OutOfMemoryError: " + TYPES.lower()]
+    heads = ("2025-05-28T10:00:{:09.6f} - ", "2025-03-01 12:00:{:06.3f} ERROR ", "[rank{:.0f}]: ", "[rank{:.0f}]:",
+             "2025-03-01 12:00:{:06.3f} ", "2025-05-28T10:00:01Z | ")
+    return "\n".join(heads[i % len(heads)].format(i % 60 + i / 997) + rows[i % len(rows)] for i in range(lines))
+
+
+def test_a_loggers_prefix_is_left_out_of_what_a_line_is_remembered_by() -> None:
+    pf, _ = _anchor_table()
+    text = stamped(20_000)
+    assert len(text) > EXACT_BELOW
+    memo = new_memo()
+    got = list(pf.hits(text, 0, len(text), memo))
+    assert got == walk_whole(text, 0, len(text))  # positions as the walk from each line's real start finds them
+    # each distinct text after a prefix once per prefix length (a level name stays in it): not once per time stamp
+    by_length = {k: len(v) for k, v in memo.items() if k < 0}
+    assert set(by_length) == {-28, -23, -22, -9, -8}, by_length  # [rank10]: is one longer than [rank2]:
+    assert sum(by_length.values()) <= 2 * 7 * 6 and not memo[False], by_length
+
+
+def test_a_prefix_is_left_out_only_where_no_anchor_or_key_can_start_inside_it() -> None:
+    pf, _ = _anchor_table()
+    assert pf._inert("2025-05-28T10:00:01.123456 -") and pf._inert("[rank0]:[rank0]:")
+    assert not pf._inert("2025-03-01 12:00:01,123 error")  # "error about meta tensor" may start in it
+    assert not pf._inert("2025-03-01 12:00:01 tbd") and not pf._inert("12:00 \x1b[0m")  # a pass character, a colour
+    assert not pf._inert("2025-03-01 12:00:01 ,")  # ", in stft" may start at its last character

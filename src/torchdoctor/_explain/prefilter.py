@@ -52,6 +52,16 @@ _KEY_BREAK = frozenset("()[]{}'\"`<>=")
 _NUMBER = re.compile(r"(?<![a-z_])\d+(?:\.\d+)?")
 # The first letter of a message is capitalised, also after "Error: " inside an anchor.
 _SENTENCE = re.compile(r"(?:^|[:.!?] )([a-z])")
+# What a logger writes before each line of a log (a time stamp, a rank tag): a log of errors repeats its lines
+# under a new one each time, so a marked line's anchors are remembered by the text after it. The blank after it
+# and a level name stay in that text (a level is one of a few words, and "ERROR about ..." may be an anchor's
+# start), and only a prefix proven inert (``Prefilter._inert``) is left out.
+_PREFIX = re.compile(r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?(?: -| \|)?"
+                     r"|\[rank\d{1,5}\]:)+")
+_DIGITS = str.maketrans("123456789", "000000000")
+_PREFIXED = frozenset("0123456789[")
+
+
 def _stable(anchor: str) -> list[bool]:
     ok = [True] * len(anchor)
     for m in _SENTENCE.finditer(anchor):  # the first letter of a message is capitalised
@@ -161,8 +171,9 @@ def _trie(items: Sequence[tuple[str, str]]) -> str:
     return emit(root, "")
 
 
-# what marked lines held, by their text: for a log's blocks, and for short (lower-cased) texts apart
-Memo = dict[bool, dict[str, list[tuple[int, int]]]]
+# what marked lines held, by their text: for a log's blocks, and for short (lower-cased) texts apart; a log's lines
+# after an inert prefix by the prefix's length (as a negative number) and the text after it
+Memo = dict[int, dict[str, list[tuple[int, int]]]]
 
 
 def new_memo() -> Memo:
@@ -177,6 +188,7 @@ class Prefilter:
         self.anchors = tuple(anchors)
         keys: dict[str, dict[tuple[str, str], set[int]]] = {c: {} for c in _PASSES}
         without: list[str] = []
+        danger = set(self.anchors)  # what must not start inside a stripped prefix (``_inert``)
         for i, a in enumerate(self.anchors):
             ok = _stable(a)
             # identifiers and titles are written in capitals too (CUBLAS_STATUS_NOT_SUPPORTED, Unhandled FakeTensor
@@ -190,6 +202,7 @@ class Prefilter:
                     continue
                 s, e, at = span
                 keys[form[at]].setdefault((form[at + 1: e], form[s: e]), set()).add(i)
+                danger.add(form[s: e].lower())
         self.passes: list[tuple[re.Pattern[str], dict[str, tuple[int, ...]]]] = []
         for ch, ks in keys.items():
             if not ks:
@@ -200,6 +213,25 @@ class Prefilter:
             self.passes.append((re.compile(re.escape(ch) + _trie(sorted(ks))), by_match))
         index = {a: i for i, a in enumerate(self.anchors)}
         self.plain = [(piece, tuple(index[a] for a in of)) for piece, of in _plain_keys(without)]
+        danger.update(piece for piece, _ in self.plain)
+        self._danger = tuple(sorted({d.translate(_DIGITS) for d in danger}))
+        self._inert_memo: dict[str, bool] = {}
+
+    def _inert(self, prefix: str) -> bool:
+        """Whether a line's anchors are found as well after ``prefix`` as with it: it holds no pass character,
+        colour, escape or non-ASCII character, and no anchor, key or plain piece can start inside it (none starts
+        with what follows any of its characters, nor lies inside it). Decided on its shape (digits as 0, lower
+        case), which only makes more strings alike, so a shape found inert is inert for each prefix of it."""
+        shape = prefix.translate(_DIGITS)
+        got = self._inert_memo.get(shape)
+        if got is None:
+            low = shape.lower()
+            got = shape.isascii() and not any(c in shape for c in _PASSES + "\x1b\\&\n") and not any(
+                d.startswith(low[j:]) or low[j:].startswith(d) for j in range(len(low)) for d in self._danger)
+            if len(self._inert_memo) > 256:
+                self._inert_memo.clear()
+            self._inert_memo[shape] = got
+        return got
 
     def hits(self, text: str, start: int, cut: int, memo: Memo | None = None) -> Iterator[tuple[int, int]]:
         """``(position, anchor index)`` of every anchor in ``text[start:cut]``, first occurrence per line, by
@@ -212,7 +244,8 @@ class Prefilter:
                                                                                      str | None]]:
         """Per marked line of ``text[start:cut]``, in order: its start, its anchors as ``(offset, anchor index)``
         and, for a whole line short enough to be remembered, its text (the same list comes back for the same
-        text; a line cut by a block's end, a very long one, or a short text with colours gives ``None``). A log
+        text; a line cut by a block's end, a very long one, or a short text with colours gives ``None``; a line
+        after a logger's prefix, ``_PREFIX``, is remembered by the text after it and the prefix's length). A log
         keeps its terminal colours (``strip`` is costly over a whole log): the passes read the raw text, and a
         line they mark is read without its colours. ``memo`` (from ``new_memo``) holds what repeated lines hold
         across the blocks of one text."""
@@ -252,16 +285,25 @@ class Prefilter:
                 marked[ls] = le
                 p = source.find(piece, le + 1, cut)
         lines = memo[exact]
+        prefix = None if exact else _PREFIX.match
         for ls in sorted(marked):
             le = marked[ls]
             if le - ls <= _MEMO_LINE and (ls == 0 or source[ls - 1] == "\n"):
+                into = lines
                 line = source[ls:le]
-                found = lines.get(line)
+                if prefix is not None and line[:1] in _PREFIXED:
+                    # the anchors' offsets (and the order the keys' walk finds them in) depend on the prefix only
+                    # through its length once it is inert: lines under prefixes of one length share a memo
+                    m = prefix(source, ls, le)
+                    if m is not None and m.end() < le and self._inert(m.group()):
+                        into = memo.setdefault(ls - m.end(), {})
+                        line = source[m.end():le]
+                found = into.get(line)
                 if found is None:
                     found = self._read_line(source, text, exact, ls, le)
-                    if len(lines) > _LINES:
-                        lines.clear()
-                    lines[line] = found
+                    if len(into) > _LINES:
+                        into.clear()
+                    into[line] = found
                 yield ls, found, line
             else:  # a line cut by a block's end, or too long to remember: read where it is
                 yield ls, self._read_line(source, text, exact, ls, le), None
