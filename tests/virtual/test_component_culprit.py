@@ -81,4 +81,6 @@ def test_real_diffusers_controlnet_in_fp32_beside_a_bf16_unet_under_a_virtual_ru
                   mid_block_additional_residual=mid)
     assert sim.problems and all(p.path.startswith("controlnet") for p in sim.problems if p.role == "parameter")
     fix = str(sim.error()).split("Fix:", 1)[1]
-    assert WHOLE in fix and "# fix proven (at the failing op" in fix and "torchdoctor.move(model" not in fix, fix
+    # the block's fix names the object as the program holds it: `pipe`, never a `model` the program does not have
+    assert "pipe." + WHOLE.removeprefix("model.") in fix and "# fix proven (at the failing op" in fix, fix
+    assert "torchdoctor.move(" not in fix and "model.controlnet" not in fix, fix

@@ -44,7 +44,7 @@ def test_no_cast_of_activations_to_integer_storage() -> None:
         m[0].weight = nn.Parameter(m[0].weight.data.to(torch.uint8), requires_grad=False)
         m.to("cuda:0")(torch.randn(1, 2, 2, 2, 2, device="cuda:0").half())
     code = _codes(sim)
-    assert code.startswith("model[0].weight.data = model[0].weight.data.to(torch.float16)")
+    assert code.startswith("m[0].weight.data = m[0].weight.data.to(torch.float16)")  # the block's own name for it
     assert "torch.uint8" not in code and "input 0" not in code
     assert "# uint8 storage computed with directly: dequantize it (scale included) or load its float16 weights; a " \
            "bare cast keeps the stored integers" in code

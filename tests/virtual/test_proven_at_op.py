@@ -46,7 +46,7 @@ def test_a_silent_promotion_on_the_right_device_is_a_problem_by_path_with_a_prov
     assert "promotes it to float32 silently" in p.message and "aten.mul.Tensor" in p.message
     assert y.dtype == torch.bfloat16  # the run goes on as if fixed
     [fix] = sim.fixes
-    assert fix.code == "model.scale.data = model.scale.data.to(torch.bfloat16)"
+    assert fix.code == "m.scale.data = m.scale.data.to(torch.bfloat16)"
     assert fix.proven and fix.tried.startswith("at the failing op aten.mul.Tensor at ")
     assert "its output is the one the ops after it ran on" in fix.tried
     text = str(sim.error())
@@ -59,7 +59,7 @@ def test_a_tensor_wrong_in_device_and_dtype_gets_one_proven_fix_for_both() -> No
     sim, y = _scaled_block(move_scale=False)
     assert {(p.kind, p.path) for p in sim.problems} == {("device", "scale"), ("dtype", "scale")}
     code = [f.code for f in sim.fixes if not f.code.startswith("#")]
-    assert code == ["model.scale.data = model.scale.data.to('cuda:0', torch.bfloat16)"]
+    assert code == ["m.scale.data = m.scale.data.to('cuda:0', torch.bfloat16)"]
     assert all(f.proven for f in sim.fixes if f.sets)
     assert y.dtype == torch.bfloat16
 
@@ -69,7 +69,7 @@ def test_a_device_move_is_proven_at_the_op_that_met_the_tensor() -> None:
         m = Scaled().to("cuda:1")
         m(torch.ones(2, 4, device="cuda:1"))
     [move] = [f for f in sim.fixes if f.kind == "path"]
-    assert move.code == "model.scale.data = model.scale.data.to('cuda:1')"
+    assert move.code == "m.scale.data = m.scale.data.to('cuda:1')"
     assert move.proven and move.tried.startswith("at the failing op aten.mul.Tensor at ")
     assert PROVEN + "aten.mul.Tensor at " in str(sim.error())
 

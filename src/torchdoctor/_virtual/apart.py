@@ -101,7 +101,8 @@ def find(culprits: Sequence[tuple[str | None, str, str, Any]], apart: Sequence[A
     for c in culprits:
         if c[0] is None or c[0] in model:
             continue
-        hit = next((a for a in apart if not a.prefix and a.holds(str(c[0]))), None)
+        hit = next((a for a in apart if not a.prefix and (a.holds(str(c[0])) or a.name is not None and str(
+            c[0]).startswith(a.name + ".") and a.holds(str(c[0])[len(a.name) + 1:]))), None)  # named as held: ema.x
         if hit is not None:
             out.setdefault(id(hit), (hit, []))[1].append(c)
     return out

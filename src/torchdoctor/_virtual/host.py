@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from torchdoctor._virtual import hostmade
 from torchdoctor._virtual.origin import Made, built_module
 from torchdoctor._virtual.tensor import Space, VirtualTensor, host_values
 
@@ -48,8 +49,9 @@ def cpu_work(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, A
     out = func(*args, **kwargs)
     if isinstance(out, torch.Tensor):
         if factory:  # a module built in forward is made by its constructor's line (nn.BatchNorm2d(8)), not torch.empty
-            space.keep_real(out, None, Made(built_module(2) or f"torch.{getattr(func, '__name__', '') or 'tensor'}",
-                                            space.hooks.running()))
+            by = Made(built_module(2) or f"torch.{getattr(func, '__name__', '') or 'tensor'}", space.hooks.running())
+            space.keep_real(out, None, by)
+            hostmade.remember(out, by)  # a model's tensor loaded from it is fixed at that line
         elif (named := _params_of_running(space, args)):  # the module's own CPU parameters (an adapter attached
             # after the model's move): named, so the fix moves them, not "the tensors made in forward"
             space.keep_real(out, None, Made(f"Tensor.{(getattr(func, '__name__', '') or 'op').strip('_')}",

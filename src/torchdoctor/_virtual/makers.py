@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from torchdoctor._virtual import loading
+from torchdoctor._virtual import hostmade, loading
 from torchdoctor._virtual.castsites import cast_site
 from torchdoctor._virtual.origin import LOOSE
 from torchdoctor._virtual.tensor import VirtualTensor, current_space, make, unsupported_form
@@ -101,6 +101,7 @@ def install(installs: Any) -> None:
         if original is not None:
             installs.set(torch, name, _unseen(name, original))
     loading.install(installs)  # torch.load of a GPU checkpoint: its tensors on the virtual device
+    hostmade.clear()  # the makers of the model's CPU tensors are this run's
 
 
 def _unseen(name: str, original: Any) -> Any:
@@ -127,7 +128,8 @@ def _real_made(name: str | None, args: Any, out: Any) -> Any:
         return out
     module = space.hooks.running()
     if name in _REAL_MAKERS and isinstance(out, torch.Tensor) and not isinstance(out, VirtualTensor):
-        space.keep_real(out, None, Made(f"torch.{name}", module))
+        space.keep_real(out, None, made := Made(f"torch.{name}", module))
+        hostmade.remember(out, made)  # a model's buffer registered from it is fixed at that line
         return out
     held = getattr(module, "_parameters", {}) if module is not None else {}
     for a in args:

@@ -21,6 +21,7 @@ import torch
 from torchdoctor._virtual.prove import Fix
 
 _NAMED = {"half": torch.float16, "bfloat16": torch.bfloat16, "float": torch.float32, "double": torch.float64}
+_CPU = torch.device("cpu")  # ``Module.cpu()``: a move the program makes (an EMA copy kept on the cpu)
 
 
 class Casts:
@@ -84,7 +85,7 @@ def _wrap(name: str, orig: Any) -> Any:
         want = None
         if _ACTIVE:
             dtype, frame = _dtype_of(name, args, kwargs), user_frame(2)  # past a tracer's wrapper
-            device = _device_of(args, kwargs) if name == "to" else None
+            device = _device_of(args, kwargs) if name == "to" else _CPU if name == "cpu" else None
             for c in list(_ACTIVE):
                 want = c.record(self, dtype, frame) or want
                 c.record_move(self, device, frame)
@@ -103,7 +104,7 @@ def module_casts(fixes: Sequence[Fix] = ()) -> Iterator[Casts]:
     Module = torch.nn.Module
     with _LOCK:
         if not _ACTIVE:
-            _SAVED.update({name: Module.__dict__[name] for name in ("to", *_NAMED)})
+            _SAVED.update({name: Module.__dict__[name] for name in ("to", "cpu", *_NAMED)})
             for name, orig in _SAVED.items():
                 setattr(Module, name, _wrap(name, orig))
         _ACTIVE.append(casts)
@@ -120,16 +121,50 @@ def module_casts(fixes: Sequence[Fix] = ()) -> Iterator[Casts]:
 
 def at_cast_lines(fixes: list[Fix], casts: Casts | None, root: Any) -> list[Fix]:
     """Each component cast (``model.text_encoder.to(torch.bfloat16)``) of a component the program itself casts to
-    another dtype at a line of its own file, replaced by that line fixed (a diff); the others as they were."""
-    if casts is None or not isinstance(root, torch.nn.Module):
-        return fixes
+    another dtype at a line of its own file, replaced by that line fixed (a diff); a move of a model tensor the
+    program made on the CPU in the run, by the fix of the factory's line (``hostline``); the others as they were."""
+    from torchdoctor._virtual.hostline import made_lines
+    from torchdoctor._virtual.progname import program_named
+
+    fixes = made_lines(fixes, root)
+    if casts is None:
+        return program_named(fixes, root)
     from torchdoctor._virtual.builtat import build_line_fix
     from torchdoctor._virtual.globaldev import device_line_fix
 
     out: list[Fix] = []
     for f in fixes:
-        out.append(_line_fix(f, casts, root) or device_line_fix(f, casts.moves, root) or build_line_fix(f, root) or f)
-    return out
+        fixed = _line_fix(f, casts, root) or device_line_fix(f, casts.moves, root) or build_line_fix(f, root) \
+            if isinstance(root, torch.nn.Module) else None
+        out.append(fixed or f)
+    # written for the program's object (a block's model as its frame calls it)
+    return program_named([_put_apart(f, casts, root) for f in out], root)
+
+
+def _put_apart(f: Fix, casts: Casts, root: Any) -> Fix:
+    """A module the program holds apart (an EMA copy) moved to the run's device: the program's line that last put
+    it elsewhere (``ema = ema.cpu()``, ``ema.to("cpu")``) is named in the fix, so the reader sees why it is there."""
+    import linecache
+
+    import re
+
+    held = f.sets[0][0][:-1] if f.kind == "note" and len(f.sets) == 1 and f.sets[0][0].endswith(".") and \
+        f.code.startswith(f.sets[0][0][:-1] + ".to(") else None  # a holder's tensors met outside any forward
+    target = f.sets[0][1] if held is not None else f.target
+    if f.kind != "apart" and held is None or not isinstance(target, torch.device) or "; put on " in f.code:
+        return f
+    inside = {id(m) for m in root.modules()} if isinstance(root, torch.nn.Module) else set()
+    hit = next((x for x in reversed(casts.moves) if (m := x[0]()) is not None and id(m) not in inside and
+                x[1].type != target.type and (type(m).__name__ == f.label if held is None else re.search(
+                    rf"(?<![\w.]){re.escape(held)}\b", linecache.getline(x[2], x[3])))), None)
+    if hit is None:
+        return f
+    text = re.sub(r"\s+#[^'\"]*$", "", linecache.getline(hit[2], hit[3]).strip())  # the code, not its comment
+    put = f"put on {hit[1]} by `{text}` at {hit[4]}" if text else f"put on {hit[1]} at {hit[4]}"
+    for was in (f": {held} was made before the move, or never moved", "; move it where it is built"):
+        f.code = f.code.replace(was, "", 1)  # the program's own line says why it is there
+    f.code += f"; {put}: move it back before it meets tensors on {target}"
+    return f
 
 
 def _line_fix(f: Fix, casts: Casts, root: torch.nn.Module) -> Fix | None:
