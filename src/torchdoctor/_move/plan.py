@@ -42,7 +42,7 @@ from torchdoctor._scan.casts import cast_target
 from torchdoctor._scan.policy import Policy
 from torchdoctor._report.model import PlacementError, Target
 from torchdoctor._placement import PACKED_DTYPES, compact, device_str, dtype_str, parse_device, parse_dtype, same_device
-from torchdoctor._report.html import HtmlMapMixin
+from torchdoctor._report.htmlmap import HtmlMapMixin
 from torchdoctor._report.records import FrozenRecord
 from torchdoctor._report.text import format_error, human_bytes, schema, public_types
 from torchdoctor._walk import Entry, walk
