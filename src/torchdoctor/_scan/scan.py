@@ -51,6 +51,7 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
     from torchdoctor._scan.pipeline import pipeline_problems
     from torchdoctor._scan.policy import Policy
     from torchdoctor._walk import walk
+    from torchdoctor._walk.kinds import SCRIPTED
 
     # Every object scan allocates (entries, rows, problems) survives into the report; pausing the cyclic GC
     # (restored after, as the checkpoint reader does) keeps a collection of the user's whole heap out of the scan.
@@ -62,6 +63,10 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
         policy.subject = obj
         problems = pipeline_problems(obj, policy) + _with_trace_notes(
             policy.judge() + optimizer_problems(obj, w), w) + list(w.problems)
+        if any(SCRIPTED.get(tp) for tp in w.types):  # constants a trace baked into a module's code
+            from torchdoctor._scan.scripted import constant_problems
+
+            problems += constant_problems(policy)
         rows = policy.rows
         expected = {c.path: _expected_row(c) for c in reversed(policy.components)}
         if policy.groups is not None:  # no storage to share: grouped in the policy's pass
