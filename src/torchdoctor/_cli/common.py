@@ -149,6 +149,17 @@ def parse_common(args: argparse.Namespace) -> tuple[Any, Any]:
     return device, dtype
 
 
+def mps_is_one(device: Any, count: int | None) -> None:
+    """A Mac has one GPU, ``mps`` (``mps:0``): ``--device mps:1`` or ``--count 2`` with mps describe no machine."""
+    if device is None or device.type != "mps":
+        return
+    if device.index:
+        raise UsageError(f"--device mps:{device.index}: a Mac has one GPU, mps (mps:0); there is no "
+                         f"mps:{device.index}")
+    if count is not None and count > 1:
+        raise UsageError(f"--count {count}: a Mac has one GPU (mps); --count is for cuda and xpu")
+
+
 def assume_option(value: Any) -> Any:
     """``--assume-device``: a device that tensors on meta are taken as loaded on; ``off`` checks them as missing
     (False); unset (None), a model whose parameters are all on meta is taken as loaded on ``--device``."""

@@ -141,7 +141,8 @@ def _add_scan(sub: Any, shared: argparse.ArgumentParser) -> None:
     s.add_argument("--json", action="store_true", help="print the report as JSON (a list of reports for several TARGETs)")
     s.add_argument("--html", metavar="FILE", help="write the device map (one self-contained HTML page) to FILE")
     s.add_argument("--plan", action="store_true", help="list what torchdoctor.move would do (needs --device or --dtype)")
-    s.add_argument("--limit", type=positive_int, default=None, help="rows shown per section in text output (default 40)")
+    s.add_argument("--limit", type=positive_int, default=None, metavar="N",
+                   help="rows shown per section in text output (default 40)")
     s.add_argument("--distributed", action="store_true",
                    help="under torchrun: every rank scans, rank 0 prints one report of all ranks")
 
@@ -150,19 +151,21 @@ def _add_simulate(sub: Any, shared: argparse.ArgumentParser) -> None:
     m = sub.add_parser("simulate", parents=[_quiet(shared), _limit()],
                        help="would TARGET run on cuda:N / xpu / mps? (no hardware needed)")
     m.add_argument("target", metavar="TARGET", nargs="*", help="path/to/file.py:name or package.module:name (several allowed)")
-    m.add_argument("--device", help="the virtual device, e.g. cuda:1, mps, xpu (default: the profile's type)")
+    m.add_argument("--device", help="the virtual device, e.g. cuda:1, mps, xpu (default: the profile's type); or cpu "
+                   "with --dtype: that dtype checked on this CPU for real")
     m.add_argument("--dtype", help="the dtype the model should compute in there, e.g. bfloat16 (judged by the rules)")
     m.add_argument("--profile", metavar="NAME",
                    help="device preset: t4, v100, a100, h100, l4, rtx3090, rtx4090, m1, m2, m3, arc, cpu ... "
                         "(`--profile help` lists them)")
-    m.add_argument("--assume-device", dest="assume_device", help="treat tensors on meta as holding data on this device; 'off' checks them as missing "
+    m.add_argument("--assume-device", dest="assume_device", metavar="DEVICE", help="treat tensors on meta as holding data on this device; 'off' checks them as missing "
                    "(default: a model whose parameters are all on meta is taken as loaded on --device)")
     m.add_argument("--data", choices=("meta", "cpu"), default=None,
                    help="where the virtual tensors keep values: meta (the default, as simulate(): weights cost no "
                         "memory, a model built on meta checks in seconds) or cpu (real values, for a TARGET whose "
                         "forward steers on large tensors' values)")
-    m.add_argument("--count", type=positive_int, default=None, help="number of virtual devices (default: enough for --device)")
-    m.add_argument("--limit", type=positive_int, default=None, help="problems shown in text output (default 40)")
+    m.add_argument("--count", type=positive_int, default=None, metavar="N",
+                   help="number of virtual devices (default: enough for --device)")
+    m.add_argument("--limit", type=positive_int, default=None, metavar="N", help="problems shown in text output (default 40)")
     m.add_argument("--json", action="store_true",
                    help="print the report as JSON (schema torchdoctor/simulate/1; a list for several TARGETs)")
     m.add_argument("--html", metavar="FILE", help="write the device map of the problems found to FILE")

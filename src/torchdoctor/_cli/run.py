@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from torchdoctor._cli.common import GUARD_MODES, UsageError
+from torchdoctor._cli.common import GUARD_MODES, UsageError, mps_is_one, parse_common
 
 USAGE = ("torchdoctor run [--device cuda:1|xpu|mps] [--dtype D] [--profile P] [--count N] [--mode M] script.py ARGS | "
          "-m module ARGS")
@@ -48,8 +48,6 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from torchdoctor._placement import parse_device, parse_dtype
-
     rest = list(args.program or [])
     if rest and rest[0] == "--":
         rest = rest[1:]
@@ -68,11 +66,7 @@ def command(args: argparse.Namespace) -> int:
                              f"{USAGE}")
         if not os.path.exists(script):
             raise UsageError(f"the script {script!r} does not exist; usage: {USAGE}")
-    try:
-        device = parse_device(args.device) if args.device else None
-        dtype = parse_dtype(args.dtype) if args.dtype else None
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    device, dtype = parse_common(args)
     if device is not None and device.type not in ("cuda", "xpu", "mps"):
         raise UsageError(f"--device {args.device}: a virtual device is cuda:N, xpu or mps (to run on this machine's "
                          "own hardware, leave --device out)")
@@ -81,6 +75,7 @@ def command(args: argparse.Namespace) -> int:
                          "--device cuda:0)")
     if args.count is not None and args.count < 1:
         raise UsageError(f"--count {args.count}: the number of virtual devices is 1 or more (e.g. --count 2)")
+    mps_is_one(device, args.count)
     if args.file:
         try:
             open(args.file, "w", encoding="utf-8").close()

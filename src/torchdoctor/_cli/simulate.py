@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from torchdoctor._cli.common import assume_option, each_target, UsageError, failure, parse_common, resolve_target
+from torchdoctor._cli.common import assume_option, each_target, UsageError, failure, mps_is_one, parse_common, resolve_target
 from torchdoctor._cli.scan import single, write_html
 from torchdoctor._placement import parse_device
 from torchdoctor._report.progress import progress
@@ -33,6 +33,7 @@ def _profile(args: argparse.Namespace) -> tuple[Any, DeviceProfile]:
         raise UsageError(f"--profile {args.profile} is a {named.type} device ({named.name}); --device {args.device} "
                          f"is {device.type}: drop one of them")
     profile = named or DeviceProfile.for_device(device if is_virtual(device) else "cuda")
+    mps_is_one(device, args.count)
     need = (device.index or 0) + 1
     if args.count is not None:
         if args.count < need:
