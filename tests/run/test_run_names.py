@@ -116,3 +116,26 @@ def test_run_names_a_model_held_only_by_a_function_by_that_functions_name(tmp_pa
     doc = json.loads(proc.stdout[proc.stdout.index('{\n  "schema"'):])
     code = "\n".join(f["code"] for f in doc["fixes"])
     assert "net.table" in code and "model." not in code, code
+
+
+CAUGHT = """\
+    import torch, torch.nn as nn
+    base = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)).to(torch.bfloat16)
+    merged = base.requires_grad_(False)  # the same object under its new name (as peft's merge_and_unload returns)
+    merged[2].float()  # a stray cast by hand
+    try:
+        merged(torch.randn(2, 16, dtype=torch.bfloat16))
+    except RuntimeError as e:
+        print("error:", e)
+"""
+
+
+def test_run_writes_guards_fix_with_the_programs_current_name(tmp_path: Path) -> None:
+    script = write(tmp_path / "app.py", CAUGHT)
+    proc = run("--json", str(script), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout[proc.stdout.index('{\n  "schema"'):])
+    (finding,) = doc["findings"]
+    assert finding["fix_from"] == "guard"
+    assert "merged[2].weight.data = merged[2].weight.data.to(torch.bfloat16)" in finding["fix"], finding["fix"]
+    assert "model[" not in finding["fix"] and "base[" not in finding["fix"]

@@ -2,7 +2,8 @@
 ``patch -p1`` take as is.
 
 The file is read, never written. The path in the diff is relative to the git work tree the file is in (found by
-looking for ``.git`` upward, so no ``git`` process is started), else the file's bare name, with the ``a/`` and ``b/``
+looking for ``.git`` upward, so no ``git`` process is started), else relative to the current directory when the
+file lies under it (an app's root, where the user ran the command), else the file's bare name, with the ``a/`` and ``b/``
 prefixes both tools expect. The replaced line keeps its line ending, and its indentation when the new text has none,
 so a fix written as ``x = x.to(torch.float16)`` lands at the depth of the line it replaces.
 
@@ -29,7 +30,8 @@ _NO_EOL = "\\ No newline at end of file\n"
 
 
 def repo_path(path: str) -> str:
-    """``path`` relative to the git work tree holding it (``/`` separated), else the file's bare name."""
+    """``path`` relative to the git work tree holding it (``/`` separated), else to the current directory when it
+    lies under it (``git apply`` and ``patch -p1`` run there), else the file's bare name."""
     full = os.path.realpath(path)
     folder = os.path.dirname(full)
     while True:
@@ -37,8 +39,15 @@ def repo_path(path: str) -> str:
             return os.path.relpath(full, folder).replace(os.sep, "/")
         parent = os.path.dirname(folder)
         if parent == folder:
-            return os.path.basename(full)
+            break
         folder = parent
+    try:
+        here = os.path.realpath(os.getcwd())
+    except OSError:  # the current directory was removed
+        return os.path.basename(full)
+    if full.startswith(here.rstrip(os.sep) + os.sep):
+        return os.path.relpath(full, here).replace(os.sep, "/")
+    return os.path.basename(full)
 
 
 def _read_lines(path: str) -> list[str] | None:

@@ -76,24 +76,31 @@ def held_name(expr: str, names: Mapping[str, Any]) -> str | None:
     first = parts[0]
     if isinstance(first, str) and first in names and _resolve(names[first], parts[1:]) is not _MISSING:
         return first + _spelled(parts[1:])  # the path starts with the program's own name
+    found: tuple[str, Any] | None = None
     for name, value in names.items():  # the module the program holds that has the path
         if isinstance(value, torch.nn.Module) and not name.startswith("_") and \
-                isinstance(_resolve(value, parts), torch.Tensor):
-            return name + _spelled(parts)
-    return None
+                (value is found[1] if found else isinstance(_resolve(value, parts), torch.Tensor)):
+            # the first module that has it; of the names bound to that one object, the last bound: the program's
+            # current name for it (``merged = pm.merge_and_unload()`` is ``base`` itself)
+            found = (name, value)
+    return found[0] + _spelled(parts) if found else None
+
+
+def held_code(code: str, names: Mapping[str, Any] | None) -> str:
+    """``code`` with each ``model.<path>`` the program holds under another name written with that name."""
+    if not names or "model" not in code:
+        return code
+    try:
+        return _EXPR.sub(lambda m: held_name(m.group(1), names) or m.group(0), code)
+    except Exception:  # a name is an extra: the fix stands as printed
+        return code
 
 
 def as_held(fixes: Sequence[Any], names: Mapping[str, Any] | None) -> tuple[Any, ...]:
     """The fixes with each ``model.<path>`` the program holds under another name written with that name."""
-    if not names:
-        return tuple(fixes)
     for f in fixes:
-        if getattr(f, "kind", None) not in ("path", "note") or "model" not in (f.code or ""):
-            continue
-        try:
-            f.code = _EXPR.sub(lambda m: held_name(m.group(1), names) or m.group(0), f.code)
-        except Exception:  # a name is an extra: the fix stands as printed
-            continue
+        if getattr(f, "kind", None) in ("path", "note") and f.code:
+            f.code = held_code(f.code, names)
     return tuple(fixes)
 
 

@@ -194,6 +194,7 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
         notes = _notes(session.problems if session is not None else [], trace)  # while the trace is active
     if os.getpid() != pid:  # a process the program forked ends here, as under python: no second summary
         raise SystemExit(code)
+    _guard_fixes_as_held(watcher.findings, watcher.names)
     if session is None:
         report = RunReport(program, code, [_virtual_advice(f, program) for f in watcher.findings],
                            seconds=time.perf_counter() - start, missing=watcher.missing)
@@ -209,6 +210,19 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
                        session.networks, as_held(said_why_not(session.fixes), _held(watcher.names)))
     report.internal = internal
     return report
+
+
+def _guard_fixes_as_held(findings: list[Finding], names: dict[str, Any] | None) -> None:
+    """guard's fixes (``model[2].weight.data = ...``) written with the names the program holds (``merged[2]...``);
+    explain's catalogue advice is generic and stays as it is."""
+    if not any(f.fix and f.fix_from == "guard" for f in findings):
+        return
+    from torchdoctor._run.names import held_code
+
+    held = _held(names)
+    for f in findings:
+        if f.fix and f.fix_from == "guard":
+            f.fix = held_code(f.fix, held)
 
 
 def _held(names: dict[str, Any] | None) -> dict[str, Any]:

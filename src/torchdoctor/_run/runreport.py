@@ -85,7 +85,7 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
         shown, _ = grouped(self.problems, 0, self.networks)  # one cause, one line (the JSON keeps every path)
         for p in shown[:40]:
             lines.append(f"[{p.kind}] {p.path}: {p.message}")
-            if p.tensors and p.path not in self.where:  # a group: the line its first member was recorded at
+            if p.tensors and not self.where.get((p.kind, p.path)):  # a group: the line its first member was recorded at
                 first = next((self.where.get((p.kind, t)) for t in p.tensors if self.where.get((p.kind, t))), None)
                 if first:
                     lines.append(f"  recorded at {first}")
