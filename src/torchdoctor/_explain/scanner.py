@@ -22,6 +22,7 @@ from torchdoctor._explain.plaintext import ANSI, fold
 from torchdoctor._explain.prefilter import EXACT_BELOW, Prefilter, new_memo
 from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
 from torchdoctor._explain.signatures import Signature
+from torchdoctor._explain.windows import Shapes, find_fields, squeeze
 
 __all__ = ["BLOCK", "Group", "Scanner", "clean", "normalise"]
 
@@ -39,25 +40,8 @@ _WEAK: dict[str, bool] = {}  # signature name -> frames-only evidence (``WEAK_PR
 _STOP = ("traceback (most recent call last)", "exception during processing", "during handling of the above",
          "the above exception was the direct cause")
 _NOT_CONTINUED = ("File ", "Traceback", "During handling", "The above exception", "!!!", "\n", "#", "[")
-# A message wrapped over lines (terminal width, rich boxes, quoted replies) reads as one line for the patterns.
-_WRAP = re.compile(r"[ \t]*(?:\r?\n[ \t>|]*)+[ \t]*|[ \t]{2,}")
-# a quoted reply's prefix after a line end: only then is _WRAP needed (it drops the "> " / "| " prefixes); without
-# one, splitting on whitespace gives the same squeezed window at a fifth of the cost (_WRAP starts with a
-# character class, which ``re`` tries at every position: it was a sixth of explain's time on a log of errors)
 _FIRST = itemgetter(0)
-_QUOTED = re.compile(r"\n[ \t]*[>|]")
 _CRLF = re.compile("\n(?<=\r\n)")
-
-
-def _squeeze(window: str) -> str:
-    r"""``window`` with its line ends and runs of blanks as single spaces, a quoted reply's prefixes dropped.
-
-    >>> _squeeze("Input type (float)\n  > and bias type   (c10::Half)")
-    'Input type (float) and bias type (c10::Half)'
-    """
-    if _QUOTED.search(window):
-        return _WRAP.sub(" ", window)
-    return " ".join(window.split())
 
 
 def normalise(block: str, paste: bool = True) -> str:
@@ -149,20 +133,11 @@ def _window_end(text: str, msg_end: int, nxt: int) -> int:
     return msg_end
 
 
-def _window(window: str, sig: Signature) -> list[Any]:
+def _window(window: str, sig: Signature, shapes: Shapes) -> list[Any]:
     """What a signature's patterns find in ``window`` (the raw text from the window's start to its end): the
     fields, whether a pattern matched, the group key, the window's length, and a place for the group once it is
     known."""
-    squeezed = _squeeze(_plain(window))
-    found: dict[str, str] = {}
-    matched = False
-    for rx in sig.compiled():
-        m = rx.search(squeezed)
-        if m:
-            matched = True
-            for k, v in m.groupdict().items():
-                if v and k not in found:
-                    found[k] = v
+    found, matched = find_fields(squeeze(_plain(window)), sig, shapes)
     return [found, matched, (sig.name, tuple(sorted(found.items()))), len(window), None]
 
 
@@ -187,6 +162,7 @@ class Scanner:
         self.until: dict[str, int] = {}  # per signature, in buf: end of the last window examined
         # repeated windows: their fields, whether a pattern matched, the group key, where they end, the group
         self.cache: dict[tuple[Any, ...], list[Any]] = {}
+        self.shapes: Shapes = {}  # windows' fields by their shape (``windows``): numbers differ from repeat to repeat
         self.pending: list[str] = []  # blocks of one enormous line, after buf, joined once
         self.pending_len = 0
         # a group of a message (not frames-only evidence) exists: the frames-only signatures' hits are skipped, as
@@ -332,7 +308,7 @@ class Scanner:
         if got is None:
             if len(self.cache) > _WINDOWS:
                 self.cache.clear()
-            got = self.cache[memo] = _window(memo[1], sig)
+            got = self.cache[memo] = _window(memo[1], sig, self.shapes)
         fields, matched, key, hi, group = got
         until[name] = hi + lo
         if sig.require_pattern and not matched:

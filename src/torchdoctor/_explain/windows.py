@@ -1,0 +1,142 @@
+"""What a signature's patterns find in the window around a hit, remembered by the window's shape.
+
+A log of errors repeats its messages with other numbers in them: line numbers of the frame before a message, shapes,
+addresses, and a time stamp on every line. A pattern that treats every ASCII digit alike (each of its atoms matches
+all ten or none, no back-reference: ``uniform``) behaves the same, position for position, on two texts that differ
+only in which digits they hold: the same places match and the same groups span the same places. So where every
+pattern of a signature is uniform, what they found is remembered by the squeezed window with its digits as 0, as
+the places of the groups, and each window's fields are read from its own text at those places: exact, whatever the
+digits were.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+try:  # the parser of ``re`` (its module moved in Python 3.11)
+    import re._parser as _sre_parse  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+from torchdoctor._explain.signatures import Signature
+
+__all__ = ["Shapes", "find_fields", "squeeze", "uniform"]
+
+# a quoted reply's prefix after a line end: only then is _WRAP needed (it drops the "> " / "| " prefixes); without
+# one, splitting on whitespace gives the same squeezed window at a fifth of the cost (_WRAP starts with a
+# character class, which ``re`` tries at every position: it was a sixth of explain's time on a log of errors)
+_WRAP = re.compile(r"[ \t]*(?:\r?\n[ \t>|]*)+[ \t]*|[ \t]{2,}")
+_QUOTED = re.compile(r"\n[ \t]*[>|]")
+# digits as 0 over the UTF-8 bytes: a C table look-up per byte (``str.translate`` was a third of a window's cost);
+# no other character's bytes are ASCII digits, so the shape is exact
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_TEN = frozenset(range(48, 58))
+# classes that match every ASCII digit (the rest of the categories match none)
+_ALL_DIGITS = frozenset({"CATEGORY_DIGIT", "CATEGORY_WORD", "CATEGORY_NOT_SPACE", "CATEGORY_UNI_DIGIT",
+                         "CATEGORY_UNI_WORD", "CATEGORY_UNI_NOT_SPACE"})
+_NO_DIGITS = frozenset({"CATEGORY_NOT_DIGIT", "CATEGORY_NOT_WORD", "CATEGORY_SPACE", "CATEGORY_UNI_NOT_DIGIT",
+                        "CATEGORY_UNI_NOT_WORD", "CATEGORY_UNI_SPACE"})
+_UNIFORM: dict[str, bool] = {}
+# shape -> (whether a pattern matched, (group, start, end) of each field in the order they were taken)
+Shapes = dict[tuple[str, bytes], tuple[bool, tuple[tuple[str, int, int], ...]]]
+
+
+def squeeze(window: str) -> str:
+    r"""``window`` with its line ends and runs of blanks as single spaces, a quoted reply's prefixes dropped.
+
+    >>> squeeze("Input type (float)\n  > and bias type   (c10::Half)")
+    'Input type (float) and bias type (c10::Half)'
+    """
+    if _QUOTED.search(window):
+        return _WRAP.sub(" ", window)
+    return " ".join(window.split())
+
+
+def _same_digits(items: Any) -> bool:
+    """Whether every atom of a parsed pattern matches all ten ASCII digits or none of them (anything unknown:
+    no)."""
+    for op, av in items:
+        name = str(op)
+        if name in ("LITERAL", "NOT_LITERAL"):
+            if av in _TEN:
+                return False
+        elif name == "IN":
+            held: set[int] = set()
+            for op2, av2 in av:
+                name2 = str(op2)
+                if name2 == "LITERAL":
+                    held.update({av2} & _TEN)
+                elif name2 == "RANGE":
+                    held.update(set(range(av2[0], av2[1] + 1)) & _TEN)
+                elif name2 == "CATEGORY":
+                    if str(av2) in _ALL_DIGITS:
+                        held.update(_TEN)
+                    elif str(av2) not in _NO_DIGITS:
+                        return False
+                elif name2 != "NEGATE":
+                    return False
+            if held and held != _TEN:
+                return False
+        elif name == "SUBPATTERN":
+            if not _same_digits(av[-1]):
+                return False
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            if not _same_digits(av[2]):
+                return False
+        elif name == "BRANCH":
+            if not all(_same_digits(b) for b in av[1]):
+                return False
+        elif name in ("ASSERT", "ASSERT_NOT"):
+            if not _same_digits(av[1]):
+                return False
+        elif name == "ATOMIC_GROUP":
+            if not _same_digits(av):
+                return False
+        elif name == "CATEGORY":
+            if str(av) not in _ALL_DIGITS and str(av) not in _NO_DIGITS:
+                return False
+        elif name not in ("ANY", "AT"):  # a back-reference compares digits; anything else is not known here
+            return False
+    return True
+
+
+def uniform(sig: Signature) -> bool:
+    """Whether every pattern of ``sig`` treats all ASCII digits alike (see the module's doc)."""
+    got = _UNIFORM.get(sig.name)
+    if got is None:
+        got = _UNIFORM[sig.name] = all(_same_digits(_sre_parse.parse(rx.pattern, rx.flags)) for rx in sig.compiled())
+    return got
+
+
+def find_fields(squeezed: str, sig: Signature, shapes: Shapes | None) -> tuple[dict[str, str], bool]:
+    """The fields the patterns of ``sig`` find in the squeezed window (a group's first non-empty value, patterns in
+    order) and whether one matched; remembered in ``shapes`` by the window's shape where ``sig`` is ``uniform``."""
+    if shapes is not None and uniform(sig):
+        shape = (sig.name, squeezed.encode("utf-8", "surrogatepass").translate(_DIGITS))
+        got = shapes.get(shape)
+        if got is None:
+            taken: dict[str, tuple[str, int, int]] = {}
+            matched = False
+            for rx in sig.compiled():
+                m = rx.search(squeezed)
+                if m:
+                    matched = True
+                    for k in m.groupdict():
+                        a, b = m.span(k)
+                        if b > a and k not in taken:
+                            taken[k] = (k, a, b)
+            if len(shapes) > 8192:
+                shapes.clear()
+            got = shapes[shape] = (matched, tuple(taken.values()))
+        return {k: squeezed[a:b] for k, a, b in got[1]}, got[0]
+    found: dict[str, str] = {}
+    matched = False
+    for rx in sig.compiled():
+        m = rx.search(squeezed)
+        if m:
+            matched = True
+            for k, v in m.groupdict().items():
+                if v and k not in found:
+                    found[k] = v
+    return found, matched
