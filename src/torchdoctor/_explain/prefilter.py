@@ -52,13 +52,12 @@ _KEY_BREAK = frozenset("()[]{}'\"`<>=")
 _NUMBER = re.compile(r"(?<![a-z_])\d+(?:\.\d+)?")
 # The first letter of a message is capitalised, also after "Error: " inside an anchor.
 _SENTENCE = re.compile(r"(?:^|[:.!?] )([a-z])")
-# What a logger writes before each line of a log (a time stamp, a rank tag): a log of errors repeats its lines
-# under a new one each time, so a marked line's anchors are remembered by the text after it. The blank after it
-# and a level name stay in that text (a level is one of a few words, and "ERROR about ..." may be an anchor's
-# start), and only a prefix proven inert (``Prefilter._inert``) is left out.
-_PREFIX = re.compile(r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?(?: -| \|)?"
-                     r"|\[rank\d{1,5}\]:)+")
-_DIGITS = str.maketrans("123456789", "000000000")
+# What a logger writes before each line of a log (a time stamp, a rank tag): a log of errors repeats its lines under
+# a new one each time, so a marked line's anchors are remembered by the text after it (with the blank after it and
+# a level name: "ERROR about ..." may start an anchor), where the prefix is inert (``Prefilter._inert``).
+_PREFIX = re.compile(r"(?:[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?"
+                     r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?(?: -| \|)?|\[rank[0-9]{1,5}\]:)+")
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")  # over ASCII bytes: a C table look-up
 _PREFIXED = frozenset("0123456789[")
 
 
@@ -214,19 +213,22 @@ class Prefilter:
         index = {a: i for i, a in enumerate(self.anchors)}
         self.plain = [(piece, tuple(index[a] for a in of)) for piece, of in _plain_keys(without)]
         danger.update(piece for piece, _ in self.plain)
-        self._danger = tuple(sorted({d.translate(_DIGITS) for d in danger}))
-        self._inert_memo: dict[str, bool] = {}
+        self._danger = tuple(sorted({re.sub("[1-9]", "0", d) for d in danger}))
+        self._inert_memo: dict[bytes, bool] = {}
 
     def _inert(self, prefix: str) -> bool:
         """Whether a line's anchors are found as well after ``prefix`` as with it: it holds no pass character,
         colour, escape or non-ASCII character, and no anchor, key or plain piece can start inside it (none starts
         with what follows any of its characters, nor lies inside it). Decided on its shape (digits as 0, lower
         case), which only makes more strings alike, so a shape found inert is inert for each prefix of it."""
-        shape = prefix.translate(_DIGITS)
+        if not prefix.isascii():
+            return False
+        shape = prefix.encode("ascii").translate(_DIGITS)
         got = self._inert_memo.get(shape)
         if got is None:
-            low = shape.lower()
-            got = shape.isascii() and not any(c in shape for c in _PASSES + "\x1b\\&\n") and not any(
+            raw = shape.decode("ascii")
+            low = raw.lower()  # the passes read the raw text (an upper-case T is no pass character), anchors lower
+            got = not any(c in raw for c in _PASSES + "\x1b\\&\n") and not any(
                 d.startswith(low[j:]) or low[j:].startswith(d) for j in range(len(low)) for d in self._danger)
             if len(self._inert_memo) > 256:
                 self._inert_memo.clear()
