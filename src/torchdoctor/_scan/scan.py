@@ -63,7 +63,7 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
         policy.subject = obj
         problems = pipeline_problems(obj, policy) + _with_trace_notes(
             policy.judge() + optimizer_problems(obj, w), w) + list(w.problems)
-        if any(SCRIPTED.get(tp) for tp in w.types):  # constants a trace baked into a module's code
+        if any(map(SCRIPTED.get, w.types)):  # constants a trace baked into a module's code
             from torchdoctor._scan.scripted import constant_problems
 
             problems += constant_problems(policy)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import types
 from itertools import compress
-from operator import not_
+from operator import attrgetter, not_
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ MAX_NODES = 5_000_000  # objects visited in one walk
 _FORWARD: Any = object()  # in expand's ``later`` list: the module's own ``forward`` attribute, not a key
 _UNSEEN: Any = object()
 _ATOMS_GE = FAST_ATOMS.issuperset
+_TENSOR_OF = attrgetter("tensor")
 __all__ = ["MAX_DEPTH", "MAX_ITEMS", "Entry", "Walk", "form_of", "hook_chain", "is_quant_type", "set_tensor", "walk"]
 
 
@@ -378,7 +379,7 @@ def walk(obj: Any) -> Walk:
     offloaded(wk.w, wk.w.entries)
     wk.w.types.update(wk.classes)
     entries = wk.w.entries
-    if len({id(e.tensor) for e in entries}) != len(entries):  # a tensor reached twice: later paths are aliases
+    if len(set(map(id, map(_TENSOR_OF, entries)))) != len(entries):  # a tensor reached twice: later paths are aliases
         first: dict[int, str] = {}
         for e in entries:
             p = first.setdefault(id(e.tensor), e.path)
