@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from torchdoctor._virtual import tensor as V
+from torchdoctor._virtual import replaced, tensor as V
 from torchdoctor._virtual.dispatch import lift_all
 from torchdoctor._virtual.tensor import VirtualTensor, make, virtual_class
 
@@ -31,7 +31,9 @@ def param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> A
     """``Parameter(virtual)`` is a (virtual) ``Parameter``, as ``Parameter(tensor)`` is: accelerate's offload hooks
     rebuild weights with ``type(param)(value)``, which a plain tensor with ``_is_param`` cannot do."""
     if isinstance(data, VirtualTensor) and type(data) in (VirtualTensor, virtual_class(torch.nn.Parameter)):
-        return make_subclass(cls, data, requires_grad)
+        made = make_subclass(cls, data, requires_grad)
+        replaced.note(V.current_space(), made)  # Module.to's new Parameter: optimizers built before are pointed at it
+        return made
     if isinstance(data, VirtualTensor) and isinstance(data, torch.nn.Parameter) and cls is torch.nn.Parameter:
         # Module._apply wraps a moved Params4bit / Int8Params in Parameter(...): a real one detaches to its own class
         # (the library's quant_state stays on it); the virtual twin's detach cannot, so it is kept as it is

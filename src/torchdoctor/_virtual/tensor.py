@@ -103,6 +103,7 @@ class Space:
         self.foreign: dict[int, tuple[str, str]] = {}
         self.named: dict[int, tuple[torch.Tensor, str]] = {}  # real tensors a module-entry check named, by id
         self.relabelled: list[Any] = []  # weak references to real tensors given a device label by ``.data =``
+        self.replaced: dict[int, tuple[Any, Any]] = {}  # Parameters Module.to replaced: id -> (weak old, new)
         from torchdoctor._virtual.kernels import TABLE
 
         self.kernels: dict[Any, Any] = TABLE  # meta-kernel outputs by op and argument metadata, for the process

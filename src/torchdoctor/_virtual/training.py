@@ -118,11 +118,13 @@ def _scale(self: Any, outputs: Any) -> Any:
 @contextlib.contextmanager
 def train_checks(rec: Any) -> Iterator[None]:
     """The optimizer step checks while the block runs (a global pre-hook of ``torch.optim``, removed on exit)."""
+    from torchdoctor._virtual.replaced import retarget
     from torchdoctor._virtual.tensor import current_space
 
     def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
         space = current_space()
         if space is not None and space.hooks is rec:
+            retarget(space, optimizer)  # built before Module.to: the parameters the model holds now, as on the device
             check_step(rec, optimizer)
 
     from torch.optim.optimizer import register_optimizer_step_pre_hook
