@@ -58,10 +58,33 @@ def test_a_from_numpy_buffer_under_a_device_context_is_fixed_at_its_line() -> No
     (fix,) = sim.fixes
     at = _at(Table, "torch.from_numpy")
     assert fix.code == (f"# torch.from_numpy at {at} made table on cpu (it ignores the torch.device context): move "
-                        "it: torch.from_numpy(...).to('cuda:0')")
+                        "it: torch.from_numpy(...).to(torch.get_default_device())")  # the program's own choice
     assert fix.proven, fix.tried
-    want = '+        self.register_buffer("table", torch.from_numpy(np.ones(4, dtype=np.float32)).to(\'cuda:0\'))'
+    want = '+        self.register_buffer("table", torch.from_numpy(np.ones(4, dtype=np.float32))' \
+        '.to(torch.get_default_device()))'
     assert fix.diff is not None and want in fix.diff, fix.diff
+
+
+class Grid(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        grid = np.arange(32, dtype=np.float64).reshape(4, 8) / 32  # numpy's default float64
+        self.register_buffer("pos", torch.from_numpy(grid), persistent=False)
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x + self.pos[: x.shape[1]].float())
+
+
+def test_a_float64_numpy_buffer_moved_to_mps_is_cast_at_its_maker() -> None:
+    with torchdoctor.virtual_devices("mps", raise_on_exit=False) as sim:
+        net = Grid().to("mps")
+        net(torch.randn(2, 4, 8, device="mps"))
+    assert [(p.kind, p.path) for p in sim.problems] == [("unsupported_dtype", "pos")]
+    (fix,) = sim.fixes
+    assert fix.code == (f"# torch.from_numpy at {_at(Grid, 'torch.from_numpy')} made pos in float64 (the dtype of its "
+                        "data): cast it there: torch.from_numpy(...).to(torch.float32)")
+    assert fix.proven and fix.diff is not None and "torch.from_numpy(grid).to(torch.float32)" in fix.diff
 
 
 def test_a_state_dict_filled_by_a_device_less_factory_is_fixed_at_that_factory() -> None:

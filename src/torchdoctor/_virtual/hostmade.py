@@ -11,13 +11,16 @@ the next run starts), bounded.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 _LIMIT = 4096
-# (storage, data pointer, bytes) -> (maker, file:line, whether a default-device context was set when it ran)
-_MADE: dict[tuple[int, int, int], tuple[str, str, bool]] = {}
+# (storage, data pointer, bytes) -> (maker, file:line, whether a default-device context was set when it ran, whether
+# a module's __init__ was running)
+_MADE: dict[tuple[int, int, int], tuple[str, str, bool, bool]] = {}
+_SHAPES: dict[tuple[int, int, int], tuple[tuple[int, ...], torch.dtype]] = {}  # its shape and dtype when made
 
 
 def _key(t: torch.Tensor) -> tuple[int, int, int] | None:
@@ -29,24 +32,34 @@ def _key(t: torch.Tensor) -> tuple[int, int, int] | None:
 
 
 def remember(t: Any, made: Any) -> None:
-    """A real CPU tensor a factory made at a line of the program (``made.at``) during a run: kept when the
-    factory ignored a default-device context (``torch.from_numpy`` under ``with torch.device("cuda"):``) or made it
-    outside any module's ``__init__`` (a state dict filled to be loaded with ``assign=True``); a tensor a model's
-    ``__init__`` makes on the cpu is moved with the model, which is that fix."""
+    """A real CPU tensor a factory made at a line of the program (``made.at``) during a run, with whether it ignored
+    a default-device context (``torch.from_numpy`` under ``with torch.device("cuda"):``) and whether a module's
+    ``__init__`` made it: its device is that line's fault when it ignored the context or was made outside any
+    ``__init__`` (a state dict filled to be loaded with ``assign=True``); a tensor a model's ``__init__`` makes on the
+    cpu is moved with the model, which is that fix. Its dtype is that line's in any case (numpy's float64)."""
     op, at = getattr(made, "op", None), getattr(made, "at", None)
     if not at or not isinstance(op, str) or not op.startswith("torch.") or op.startswith("torch.nn.") or \
             type(t) is not torch.Tensor or t.device.type != "cpu" or len(_MADE) >= _LIMIT:
         return
-    ctx = _default_device_set()
-    if not ctx and _building():  # a model built on the cpu and never moved: its move is the fix, not this line
-        return
     key = _key(t)
-    if key is not None and key[1]:
-        _MADE[key] = (op, at, ctx)
+    if key is not None and key[1]:  # a model built on the cpu and never moved: its move, not this line, fixes its
+        _MADE[key] = (op, at, _default_device_set(), _building())  # device (its dtype is this line's)
+        _SHAPES[key] = (tuple(t.shape), t.dtype)
 
 
 def clear() -> None:
     _MADE.clear()
+    _SHAPES.clear()
+
+
+def made_like(t: Any, dtype: torch.dtype, makers: Sequence[str]) -> tuple[str, str, bool, bool] | None:
+    """The one record of ``makers`` (host-data makers) that made a tensor of ``t``'s shape in ``dtype``: a buffer
+    whose refused move (float64 to MPS) left a stand-in in its place; None unless exactly one matches."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    hits = {_MADE[k] for k, (shape, dt) in _SHAPES.items() if shape == tuple(t.shape) and dt == dtype and
+            k in _MADE and _MADE[k][0] in makers}
+    return next(iter(hits)) if len(hits) == 1 else None
 
 
 def recorded() -> bool:
@@ -54,8 +67,9 @@ def recorded() -> bool:
     return bool(_MADE)
 
 
-def maker(t: Any) -> tuple[str, str, bool] | None:
-    """(maker, file:line, context ignored) of the factory that made ``t``'s storage in this run, or None."""
+def maker(t: Any) -> tuple[str, str, bool, bool] | None:
+    """(maker, file:line, context ignored, made in an ``__init__``) of the factory that made ``t``'s storage in this
+    run, or None."""
     if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or not _MADE:
         return None
     key = _key(t)
@@ -68,7 +82,9 @@ def maker_note(t: Any) -> str:
     hit = maker(t)
     if hit is None:
         return ""
-    op, at, ctx = hit
+    op, at, ctx, building = hit
+    if building and not ctx:
+        return ""  # a model built on the cpu: not moved, whatever made its tensors
     return f" (made by {op} at {at}" + (", which ignores the torch.device context)" if ctx else ")")
 
 

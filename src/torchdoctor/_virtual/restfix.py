@@ -43,8 +43,11 @@ def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.d
     outside = {p.found for p in unsupported if p.module_path is None and p.role not in _NAMED}
     for name in sorted(outside - set(inside)):  # made outside the model: that tensor, not it
         other = _SAME_SIZE.get(name, "float32")
+        paths = tuple(p.path for p in unsupported if p.found == name and p.module_path is None and p.path and
+                      not p.path.startswith("<"))  # named by the move (a buffer): its maker may fix it (``hostline``)
         out.append(Fix(f"# a {name} tensor made outside the model moves to {device_str(device)}, which cannot hold "
-                       f"{name}: cast that tensor to {other} before moving it (tensor.to(torch.{other}))", "note"))
+                       f"{name}: cast that tensor to {other} before moving it (tensor.to(torch.{other}))", "note",
+                       sets=tuple((path, parse_dtype(other)) for path in paths)))
     from torchdoctor._rules.missing import missing_fix
     for p in {p.found: p for p in problems if p.kind == "missing_kernel"}.values():  # no kernel there: never a move
         at = re.search(r" at (\S+:\d+): ", p.message)
