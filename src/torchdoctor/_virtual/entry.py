@@ -182,10 +182,12 @@ class EntryCheck:
         if app is not None and app[1] & percall.DEVICE:
             return
         full = f"{path}.{rel}" if path else rel
+        from torchdoctor._virtual.hostmade import maker_note  # the program's factory that made it, if one did
+
         note = ("device", full, device_str(dev), device_str(ref),
                 f"{full} {compact(t.dtype, tuple(t.shape), dev)} is on {device_str(dev)} when "
                 f"{path or '<root>'} ({type(mod).__name__}) starts on {device_str(ref)}: "
-                f"{_WHY.get(role, f'a {role} the forward reads')}", f"{type(mod).__name__}.forward", role,
+                f"{_WHY.get(role, f'a {role} the forward reads')}{maker_note(t)}", f"{type(mod).__name__}.forward", role,
                 compact(t.dtype, tuple(t.shape), dev))
         if role in ("attribute", "container"):
             self.pending[full] = note

@@ -63,9 +63,10 @@ def _one(p: Problem, paths: list[str], networks: Sequence[str] = ()) -> Problem:
                    f"tensors of `{net}`, patched into the model's forward, are on {p.found} while the run is on "
                    f"{p.expected}; e.g. {shown}")
         return replace(p, path=net, message=message, tensors=tuple(paths))
-    held = f"{owner}" if owner else "the model"
+    held = f"{owner}" if owner else "model"
     via = " (a network patched into the model's forward)" if all(".forward.__self__." in x for x in paths) else ""
-    what = f"{p.module_type} modules of " if p.module_type else ""
+    what = f"{p.module_type} modules of the " if p.module_type and not owner else \
+        f"{p.module_type} modules of " if p.module_type else ""
     shown = ", ".join(paths[:_SHOWN]) + (", ..." if len(paths) > _SHOWN else "")
     fix = f"{owner}.to({p.expected!r})" if owner else f"model.to({p.expected!r})"
     if via:
