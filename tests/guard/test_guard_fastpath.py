@@ -81,6 +81,32 @@ def test_a_module_call_is_judged_on_its_own_tensors_and_one_level_of_its_inputs(
     assert fastpath._disagree(nn.Linear(2, 2), (f32.as_subclass(type("Sub", (torch.Tensor,), {})),), ())
 
 
+def test_the_common_calls_judged_without_the_general_loop_say_what_it_says() -> None:
+    """A container (no tensors of its own) and a layer called on one plain tensor take shorter paths through
+    ``_disagree``: they must answer as the general comparison ``odd`` does."""
+    f32, bf, meta = torch.ones(2), torch.ones(2, dtype=BF), torch.ones(2, device="meta")
+    ids = torch.ones(2, dtype=torch.int64)
+    box = nn.Sequential(nn.Linear(2, 2))
+    for args in [(f32,), (bf,), (f32, bf), (f32, meta), ([f32, bf],), (ids, f32), (None,), ()]:
+        assert fastpath._disagree(box, args, ()) == fastpath.odd([a for x in args for a in (
+            x if isinstance(x, list) else [x])]), args
+    emb = nn.Embedding(4, 2)
+    assert not fastpath._disagree(emb, (ids,), ())  # integer ids beside float weights agree
+    assert fastpath._disagree(emb, (ids.to("meta"),), ())
+    lin = nn.Linear(2, 2, bias=False)
+    assert not fastpath._disagree(lin, (f32,), ()) and fastpath._disagree(lin, (bf,), ())
+    lin.weight.data = lin.weight.data.to(BF)  # the same Parameter, another dtype: read afresh at every call
+    assert fastpath._disagree(lin, (f32,), ()) and not fastpath._disagree(lin, (bf,), ())
+    lin.weight = nn.Parameter(torch.ones(2, 2, device="meta"))
+    assert fastpath._disagree(lin, (f32,), ())
+    odd_param = nn.Linear(2, 2)
+    odd_param.bias = nn.Parameter(torch.ones(2).as_subclass(type("Sub", (torch.Tensor,), {})))
+    assert fastpath._disagree(odd_param, (f32,), ())  # a subclass: the rules decide what it means
+    mixed = nn.Linear(2, 2)
+    mixed.bias.data = mixed.bias.data.double()
+    assert fastpath._disagree(mixed, (ids,), ())  # two floating dtypes among its own tensors, whatever the input
+
+
 def test_clean_modules_run_without_the_mode_and_the_code_around_them_with_it() -> None:
     log: list[bool] = []
     net = nn.Sequential(Probe(log), nn.ReLU(), Probe(log))

@@ -114,7 +114,31 @@ def _disagree(mod: torch.nn.Module, args: tuple[Any, ...], names: tuple[str, ...
     if names:
         return _odd(chain(mod._parameters.values(), mod._buffers.values(), map(mod.__dict__.get, names), args),
                     True)
-    return _odd(chain(mod._parameters.values(), mod._buffers.values(), args), True)
+    params, buffers = mod._parameters, mod._buffers
+    if not params and not buffers:  # a container (a block, an MLP) or a parameterless layer: its inputs alone
+        if len(args) == 1 and type(args[0]) is _T:  # most module calls: one plain tensor agrees with itself
+            return False
+        return _odd(args, True)
+    if not buffers and len(args) == 1 and type(args[0]) is _T:  # a layer and its one input: no chain, no nesting
+        x = args[0]
+        dev = x.device
+        fdt: torch.dtype | None = x.dtype if x.dtype in _FLOATING else None
+        for t in params.values():
+            tp = type(t)
+            if t is None or (tp is not _P and tp is not _T):
+                if isinstance(t, _T):  # a subclass: the rules decide what it means
+                    return True
+                continue
+            if t.device != dev:
+                return True
+            dt = t.dtype
+            if dt in _FLOATING:
+                if fdt is None:
+                    fdt = dt
+                elif dt is not fdt:
+                    return True
+        return False
+    return _odd(chain(params.values(), buffers.values(), args), True)
 
 
 class Gate:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import linecache
 import textwrap
+import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,6 +24,7 @@ _FACTORIES = {"zeros", "ones", "empty", "full", "arange", "rand", "randn", "rand
               "from_numpy", "zeros_like", "ones_like", "empty_like", "full_like", "linspace", "eye"}
 # (file, code object) -> parsed forward: code objects compare equal across files that hold the same source
 _TREES: dict[Any, tuple[ast.AST, int, str, list[str]] | None] = {}
+_PARSING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -69,14 +72,13 @@ def _parsed(code: Any) -> tuple[ast.AST, int, str, list[str]] | None:
     if key not in _TREES:
         try:
             if code.co_name == "<module>":  # a script's top level: the whole file (getsourcelines gives one block)
-                import linecache
-
                 lines, start = linecache.getlines(code.co_filename), 1
                 if not lines:
                     raise OSError(code.co_filename)
             else:
                 lines, start = inspect.getsourcelines(code)
-            tree = ast.parse(textwrap.dedent("".join(lines)))
+            with _PARSING:  # CPython 3.11's ast.parse is not safe in two threads at once (guards in two threads)
+                tree = ast.parse(textwrap.dedent("".join(lines)))
             _TREES[key] = (tree, max(start - 1, 0), inspect.getsourcefile(code) or code.co_filename, lines)
         except (OSError, TypeError, SyntaxError, IndentationError):
             _TREES[key] = None
@@ -273,8 +275,6 @@ def _device_expr(frame: Any, target: Any) -> str | None:
     if not isinstance(target, torch.device):
         return None
     want = norm_device(target)
-    import linecache
-
     line = linecache.getline(frame.f_code.co_filename, lineno(frame))  # names of the running line come first
     words = set(line.replace(".", " ").replace("(", " ").replace(")", " ").replace(",", " ").split())
     here = sorted(frame.f_locals.items(), key=lambda kv: kv[0] not in words)

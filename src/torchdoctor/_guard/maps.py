@@ -75,15 +75,27 @@ class Maps:
             and comp.dtype != held and self.expect.dtype(module_path) == comp.dtype
 
     def held_dtype(self) -> torch.dtype | None:
-        """The dtype that holds over half of the model's floating elements (float8 storage aside), or None."""
+        """The dtype that holds over half of the model's floating elements (float8 storage aside), or None. It
+        speaks for a frozen base (parameters that take no gradient beside trainable ones in another dtype, as
+        adapters are trained on a base) or for whole layers in it (two tensors or more, in layers that hold no
+        other floating dtype: a large denoiser beside a small float32 VAE). One large weight left in another dtype
+        beside its own layer's bias is the odd one, however many elements it holds."""
         if not hasattr(self, "_held"):
             n: dict[torch.dtype, int] = {}
+            frozen: set[torch.dtype] = set()
+            trained: set[torch.dtype] = set()
+            layers: dict[str, list[torch.dtype]] = {}
             for e in self.walk.entries:
                 t = e.tensor
                 if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in FLOAT8_DTYPES:
                     n[t.dtype] = n.get(t.dtype, 0) + t.nelement()
+                    if isinstance(t, nn.Parameter):
+                        (trained if t.requires_grad else frozen).add(t.dtype)
+                    layers.setdefault(e.path.rpartition(".")[0], []).append(t.dtype)
             top = max(n, key=n.__getitem__) if n else None
-            self._held = top if top is not None and n[top] * 2 > sum(n.values()) else None
+            whole = sum(len(ds) for ds in layers.values() if all(d == top for d in ds))
+            based = (top in frozen and bool(trained - {top})) or whole >= 2
+            self._held = top if top is not None and based and n[top] * 2 > sum(n.values()) else None
         return self._held
 
     def _by_holding(self, problems: list[Problem]) -> list[Problem]:

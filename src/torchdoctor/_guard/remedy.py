@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import sysconfig
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,9 +22,8 @@ from torchdoctor._report.diff import line_patch
 from torchdoctor._guard.maker import Maker, class_attribute_line
 from torchdoctor._guard.maps import code_path, value_code
 from torchdoctor._guard.offer import error_dict, with_patch  # noqa: F401  (where they were)
+from torchdoctor._guard.ownfile import own_file  # noqa: F401  (where it was: its callers import it from here)
 
-_LIBS = tuple(p for p in {sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"),
-                          sys.prefix, getattr(sys, "base_prefix", sys.prefix)} if p)
 _CAST_TEXT = {".float()", ".half()", ".bfloat16()", ".double()"}
 
 
@@ -34,12 +32,6 @@ class Remedy:
     code: str  # what to paste
     patch: str | None  # a unified diff of the user's file, when the maker's line is in it
     proof: str | None  # "fix proven: ..." / "fix unproven: ..." when proven here by a re-run
-
-
-def own_file(path: str) -> bool:
-    """Is this the user's own source (not an installed library's, not the standard library's)?"""
-    full = os.path.realpath(path)
-    return os.path.isfile(full) and not any(full.startswith(os.path.realpath(p) + os.sep) for p in _LIBS)
 
 
 def _owner_expr(m: Maker, paths: dict[int, str], dicts: Any) -> str | None:
