@@ -18,11 +18,12 @@ import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchdoctor._virtual.prove import Fix
+if TYPE_CHECKING:  # pragma: no cover  # the proof machinery loads only when a fix is built
+    from torchdoctor._virtual.prove import Fix
 
 _SKIP = ("site-packages", "dist-packages", "/torch/", "/torchdoctor/", "<frozen")  # machinery, not the program
 
@@ -112,6 +113,7 @@ def fix(a: Apart, culprits: list[tuple[str | None, str, str, Any]]) -> Fix:
     """Move (or cast) the module held apart where the program builds it: its name ``.to(...)``, the built line as
     a diff when it is the user's; proven by a re-run that moves every module of its class run apart (``moved``)."""
     from torchdoctor._guard.maps import value_code
+    from torchdoctor._virtual.prove import Fix
 
     targets: list[Any] = []
     for c in culprits:
@@ -180,6 +182,7 @@ def network_fix(culprits: Sequence[tuple[str | None, str, str, Any]], apart: Seq
     diff); proven by a re-run that casts each module of that class the model does not hold. None when the modules
     are not of one known class."""
     from torchdoctor._guard.maps import value_code
+    from torchdoctor._virtual.prove import Fix
 
     classes = {next((a for a in apart if a.prefix and str(c[0]).startswith(a.prefix)), None) is not None and next(
         a for a in apart if a.prefix and str(c[0]).startswith(a.prefix)).cls for c in culprits}

@@ -14,14 +14,15 @@ it stays unproven, saying so. Nothing the program holds is touched: the twins ar
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchdoctor._placement import dtype_str
 from torchdoctor._virtual.origin import DEPTH, short_at, user_frame
-from torchdoctor._virtual.entrycheck import entry_check, targets
-from torchdoctor._virtual.prove import Fix
+
+if TYPE_CHECKING:  # pragma: no cover  # a clean run keeps operand twins only: the proof loads with a fix
+    from torchdoctor._virtual.prove import Fix
 
 CASES = 64  # failing ops kept per run (the first ones; each problem's first meeting is among them)
 _PER_OP = 2  # cases kept per op and set of culprits
@@ -187,6 +188,8 @@ def _operands(call: tuple[list[Any], dict[str, Any]]) -> list[Operand]:
 
 def _applied(call: tuple[list[Any], dict[str, Any]], fixes: Sequence[Fix]) -> tuple[list[Any], dict[str, Any], set[int]]:
     """The call with every fix applied to its twins; the indexes of the fixes that changed an operand."""
+    from torchdoctor._virtual.entrycheck import targets
+
     used: set[int] = set()
 
     def one(v: Any) -> Any:
@@ -297,6 +300,8 @@ def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: A
                        "problem" + ("; its output is the one the ops after it ran on" if same else ""))
     _left_over(fixes, results, rules, profile)
     if entries:
+        from torchdoctor._virtual.entrycheck import entry_check
+
         entry_check(fixes, entries)
     return fixes
 

@@ -14,11 +14,13 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchdoctor._virtual.prove import Fix
+if TYPE_CHECKING:  # pragma: no cover  # the proof machinery loads only when a fix is built
+    from torchdoctor._virtual.prove import Fix
+
 
 _NAMED = {"half": torch.float16, "bfloat16": torch.bfloat16, "float": torch.float32, "double": torch.float64}
 _CPU = torch.device("cpu")  # ``Module.cpu()``: a move the program makes (an EMA copy kept on the cpu)
@@ -169,6 +171,7 @@ def _put_apart(f: Fix, casts: Casts, root: Any) -> Fix:
 
 def _line_fix(f: Fix, casts: Casts, root: torch.nn.Module) -> Fix | None:
     from torchdoctor._report.diff import line_patch
+    from torchdoctor._virtual.prove import Fix
 
     if f.kind != "path" or len(f.sets) != 1 or not f.sets[0][0].endswith(".") or \
             not isinstance(f.sets[0][1], torch.dtype):

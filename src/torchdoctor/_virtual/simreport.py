@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from torchdoctor._placement import device_str, dtype_str
-from torchdoctor._report.html import HtmlMapMixin
+from torchdoctor._report.htmlmap import HtmlMapMixin
 from torchdoctor._report.model import Problem
 from torchdoctor._report.text import EXIT_USAGE, exit_code as exit_code_of, schema
 from torchdoctor._rules.profile import DeviceProfile
