@@ -42,3 +42,11 @@ def test_a_time_stamped_log_of_alike_errors_keeps_each_error_apart() -> None:
     counts = {g.fields.get("a"): g.count for g in scanner.groups.values() if g.sig.name == "device.expected_same"}
     assert counts == {f"cuda:{d}": len(range(d, len(lines), 4)) for d in range(4)}, counts
     assert len(scanner.shapes) < 20  # the time stamps and line numbers made no new shapes
+
+
+def test_the_shape_memo_is_left_off_where_shapes_do_not_repeat() -> None:
+    sig, shapes = SIGS["device.expected_same"], Shapes()
+    for i in range(600):  # every window its own shape: the memo only costs
+        text = squeeze(SAME.format(f"cuda:{i % 8}", "cpu") + " step" + "s" * i)
+        assert find_fields(text, sig, shapes) == ({"a": f"cuda:{i % 8}", "b": "cpu"}, True)
+    assert not shapes.on and len(shapes) == 512

@@ -55,8 +55,8 @@ _SENTENCE = re.compile(r"(?:^|[:.!?] )([a-z])")
 # What a logger writes before each line of a log (a time stamp, a rank tag): a log of errors repeats its lines under
 # a new one each time, so a marked line's anchors are remembered by the text after it (with the blank after it and
 # a level name: "ERROR about ..." may start an anchor), where the prefix is inert (``Prefilter._inert``).
-_PREFIX = re.compile(r"(?:[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?"
-                     r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?(?: -| \|)?|\[rank[0-9]{1,5}\]:)+")
+_PREFIX = re.compile(r"(?:\[?(?:[0-9]{4}-[0-9]{2}-[0-9]{2}[T ])?[0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?"
+                     r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?\]?(?: -| \|)?|\[rank[0-9]{1,5}\]:)+")
 _DIGITS = bytes.maketrans(b"123456789", b"000000000")  # over ASCII bytes: a C table look-up
 _PREFIXED = frozenset("0123456789[")
 

@@ -162,7 +162,7 @@ class Scanner:
         self.until: dict[str, int] = {}  # per signature, in buf: end of the last window examined
         # repeated windows: their fields, whether a pattern matched, the group key, where they end, the group
         self.cache: dict[tuple[Any, ...], list[Any]] = {}
-        self.shapes: Shapes = {}  # windows' fields by their shape (``windows``): numbers differ from repeat to repeat
+        self.shapes = Shapes()  # windows' fields by their shape (``windows``): numbers differ from repeat to repeat
         self.pending: list[str] = []  # blocks of one enormous line, after buf, joined once
         self.pending_len = 0
         # a group of a message (not frames-only evidence) exists: the frames-only signatures' hits are skipped, as

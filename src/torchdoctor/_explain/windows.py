@@ -38,8 +38,22 @@ _ALL_DIGITS = frozenset({"CATEGORY_DIGIT", "CATEGORY_WORD", "CATEGORY_NOT_SPACE"
 _NO_DIGITS = frozenset({"CATEGORY_NOT_DIGIT", "CATEGORY_NOT_WORD", "CATEGORY_SPACE", "CATEGORY_UNI_NOT_DIGIT",
                         "CATEGORY_UNI_NOT_WORD", "CATEGORY_UNI_SPACE"})
 _UNIFORM: dict[str, bool] = {}
-# shape -> (whether a pattern matched, (group, start, end) of each field in the order they were taken)
-Shapes = dict[tuple[str, bytes], tuple[bool, tuple[tuple[str, int, int], ...]]]
+_TRY = 512  # windows looked up by shape before the memo must have served a quarter of them
+
+
+class Shapes:
+    """Per text read: shape -> (whether a pattern matched, (group, start, end) of each field in the order they were
+    taken). A log whose numbers differ in length from line to line makes few shapes twice; where the memo serves
+    fewer than a quarter of its look-ups it is left off for the rest of the text (a look-up that misses costs more
+    than reading the window)."""
+
+    def __init__(self) -> None:
+        self.memo: dict[tuple[str, bytes], tuple[bool, tuple[tuple[str, int, int], ...]]] = {}
+        self.tried = self.missed = 0
+        self.on = True
+
+    def __len__(self) -> int:
+        return len(self.memo)
 
 
 def squeeze(window: str) -> str:
@@ -112,9 +126,10 @@ def uniform(sig: Signature) -> bool:
 def find_fields(squeezed: str, sig: Signature, shapes: Shapes | None) -> tuple[dict[str, str], bool]:
     """The fields the patterns of ``sig`` find in the squeezed window (a group's first non-empty value, patterns in
     order) and whether one matched; remembered in ``shapes`` by the window's shape where ``sig`` is ``uniform``."""
-    if shapes is not None and uniform(sig):
+    if shapes is not None and shapes.on and uniform(sig):
         shape = (sig.name, squeezed.encode("utf-8", "surrogatepass").translate(_DIGITS))
-        got = shapes.get(shape)
+        shapes.tried += 1
+        got = shapes.memo.get(shape)
         if got is None:
             taken: dict[str, tuple[str, int, int]] = {}
             matched = False
@@ -126,9 +141,12 @@ def find_fields(squeezed: str, sig: Signature, shapes: Shapes | None) -> tuple[d
                         a, b = m.span(k)
                         if b > a and k not in taken:
                             taken[k] = (k, a, b)
-            if len(shapes) > 8192:
-                shapes.clear()
-            got = shapes[shape] = (matched, tuple(taken.values()))
+            if len(shapes.memo) > 8192:
+                shapes.memo.clear()
+            got = shapes.memo[shape] = (matched, tuple(taken.values()))
+            shapes.missed += 1
+            if shapes.tried >= _TRY and shapes.missed * 4 > shapes.tried * 3:
+                shapes.on = False
         return {k: squeezed[a:b] for k, a, b in got[1]}, got[0]
     found: dict[str, str] = {}
     matched = False
