@@ -21,6 +21,9 @@ _LIMIT = 4096
 # a module's __init__ was running)
 _MADE: dict[tuple[int, int, int], tuple[str, str, bool, bool]] = {}
 _SHAPES: dict[tuple[int, int, int], tuple[tuple[int, ...], torch.dtype]] = {}  # its shape and dtype when made
+_STORAGES: dict[tuple[int, int, int], Any] = {}  # the storages themselves, so no other one takes their address
+_HELD = [0]  # their bytes
+_BYTES = 1 << 28  # at most this much is held past the tensors' own life (a state dict the program filled)
 
 
 def _key(t: torch.Tensor) -> tuple[int, int, int] | None:
@@ -39,17 +42,29 @@ def remember(t: Any, made: Any) -> None:
     cpu is moved with the model, which is that fix. Its dtype is that line's in any case (numpy's float64)."""
     op, at = getattr(made, "op", None), getattr(made, "at", None)
     if not at or not isinstance(op, str) or not op.startswith("torch.") or op.startswith("torch.nn.") or \
-            type(t) is not torch.Tensor or t.device.type != "cpu" or len(_MADE) >= _LIMIT:
+            getattr(made, "module", None) is not None or type(t) is not torch.Tensor or t.device.type != "cpu" or \
+            len(_MADE) >= _LIMIT:
+        return  # a forward's own factories (the run's bulk) are named by the ops they meet
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return
+    if _HELD[0] + storage.nbytes() > _BYTES:
         return
     key = _key(t)
     if key is not None and key[1]:  # a model built on the cpu and never moved: its move, not this line, fixes its
         _MADE[key] = (op, at, _default_device_set(), _building())  # device (its dtype is this line's)
         _SHAPES[key] = (tuple(t.shape), t.dtype)
+        # held until the next run: its address is never another storage's while its record stands
+        _STORAGES[key] = storage
+        _HELD[0] += storage.nbytes()
 
 
 def clear() -> None:
     _MADE.clear()
     _SHAPES.clear()
+    _STORAGES.clear()
+    _HELD[0] = 0
 
 
 def made_like(t: Any, dtype: torch.dtype, makers: Sequence[str]) -> tuple[str, str, bool, bool] | None:
