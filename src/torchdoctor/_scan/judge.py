@@ -82,7 +82,16 @@ def judge(policy: Policy) -> list[Problem]:
     last_comp: Any = None
     whole = False
     # rows are tuples in TensorInfo's field order (torchdoctor._scan.tally): path, role, device, dtype, shape, ...
-    for e, info in policy.canon:
+    canon: Any = policy.canon
+    only = const[0] if const is not None else None  # the one component, where there is one
+    groups = policy.groups  # scan's summary, counted by tally only when every tensor is on meta or virtual
+    if meta_judged and only is not None and id(only) in unloaded and groups is not None and len(groups) == 1 \
+            and next(iter(groups)) == (_META, only.dtype) and not strict and not policy.plain_root \
+            and not policy.w.hooks:
+        # one component, not loaded at all, every tensor on meta in its dtype: the component's one problem says it
+        # all, and the loop below would find nothing else
+        canon = ()
+    for e, info in canon:
         module = e.module
         if meta_judged and info[2] == _META and info[1] != "offloaded" and (module is not None or strict):
             comp = None
