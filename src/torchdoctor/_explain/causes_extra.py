@@ -123,3 +123,12 @@ _c("ud.fft_dtype",
    "with torchdoctor.guard(model):\n    model(*inputs)",
    ("Run the FFT in float32", "X = torch.fft.rfft(x.float())  # complex64: cast what is computed from it back with .to(x.dtype)"),
    ("Or run that block with autocast off", "with torch.autocast(x.device.type, enabled=False):\n    out = block(x.float())"))
+_c("dev.ctc_cudnn",
+   "F.ctc_loss / nn.CTCLoss took cuDNN's path, which it does for float32 log_probs on CUDA with int32 targets, "
+   "and that path reads targets, input_lengths and target_lengths on the CPU: they were made or moved to the GPU "
+   "with the rest of the batch.",
+   "print(targets.device, targets.dtype, input_lengths.device, target_lengths.device)",
+   ("Pass the targets and lengths on the CPU (cuDNN's path reads them there)",
+    "loss = F.ctc_loss(log_probs, targets.cpu(), input_lengths.cpu(), target_lengths.cpu())"),
+   ("Or give int64 targets and lengths: torch then takes its own CUDA kernel, which reads them on the GPU",
+    "loss = F.ctc_loss(log_probs, targets.long(), input_lengths.long(), target_lengths.long())"))

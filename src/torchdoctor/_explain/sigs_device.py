@@ -71,15 +71,28 @@ _sig("device.first_device", "device_mismatch", "A multi-GPU wrapper got tensors 
      rf"on device (?P<b>{DEV}) \(device_ids\[0\]\) but found one of them on device:? (?P<a>{DEV})",
      r"must be on devices\[0\]:? ?(?P<index>\d{1,3})", require_pattern=True, alternatives=(_MIX_ALT,))
 _sig("device.cuda_api", "device_mismatch", "A CUDA-only call got a CPU device",
-     ("Expected a cuda device, but got:", "device type for generator but found", "generator device but found",
-      "from a generator of type"),
+     ("Expected a cuda device, but got:",),
      "A call that only works on {b} was given {a}.",
      (("dev.cuda_api_on_cpu", 2.5), ("dev.module_not_moved", 1.0)),
-     rf"Expected a (?P<b>cuda|xpu) device, but got:? (?P<a>{DEV})",
-     r"Expected a '?(?P<b>\w{1,10})'? device type for generator but found '?(?P<a>\w{1,10})'?",
-     rf"Expected a '?(?P<b>{DEV})'? generator device but found '?(?P<a>{DEV})'?",
-     r"Cannot generate a (?P<a>\w{1,10}) tensor from a generator of type (?P<b>\w{1,10})", require_pattern=True,
-     alternatives=(_Q_ALT,))
+     rf"Expected a (?P<b>cuda|xpu) device, but got:? (?P<a>{DEV})", require_pattern=True, alternatives=(_Q_ALT,))
+# a: the device of the tensor the generator was asked to fill, b: the generator's (torch says it both ways round)
+_sig("device.generator", "device_mismatch", "A random generator on one device drew for a tensor on another",
+     ("device type for generator but found", "generator device but found", "from a generator of type"),
+     "A torch.Generator on {b} was asked for random numbers for a tensor on {a}: a generator only draws for "
+     "tensors on its own device.",
+     (("dev.generator_device", 3.0), ("dev.cuda_api_on_cpu", 1.0), ("dev.module_not_moved", 0.5)),
+     r"Expected a '?(?P<a>\w{1,10})'? device type for generator but found '?(?P<b>\w{1,10})'?",
+     rf"Expected a '?(?P<a>{DEV})'? generator device but found '?(?P<b>{DEV})'?",
+     r"Cannot generate a (?P<a>\w{1,10}) tensor from a generator of type (?P<b>\w{1,10})", require_pattern=True)
+# cuDNN's CTC loss (float32 log_probs on CUDA, int32 targets) reads the targets and lengths on the CPU: CUDA ones
+# of int32 pick that path and are refused by its argument check
+_sig("device.ctc_cudnn", "device_mismatch", "cuDNN's CTC loss got its targets or lengths on the GPU",
+     ("backend (while checking arguments for cudnn_ctc_loss)",),
+     "torch's CTC loss took the cuDNN path (int32 targets) and found an argument[ ({arg})] on {b}; cuDNN's CTC reads "
+     "targets, input_lengths and target_lengths on the CPU.",
+     (("dev.ctc_cudnn", 4.0),),
+     r"Expected tensor (?:for argument #\d{1,2} '(?P<arg>\w{1,30})' )?to have (?P<a>\w{1,10}) Backend, but got "
+     r"tensor with (?P<b>\w{1,10}) Backend \(while checking arguments for cudnn_ctc_loss\)", require_pattern=True)
 _sig("device.mps_placeholder", "device_mismatch", "An MPS operation got a tensor that is not on mps",
      ("Placeholder storage has not been allocated on MPS device",),
      "An operation running on {b} got a tensor that is still on another device (usually the CPU). Every tensor of "
