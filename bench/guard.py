@@ -317,6 +317,24 @@ def per_op_around(model: torch.nn.Module) -> Iterator[Any]:
         fastpath.BY_CALL = True
 
 
+def _general(mod: torch.nn.Module, args: tuple[Any, ...], names: tuple[str, ...]) -> bool:
+    """``fastpath._disagree`` without its short paths (containers, a layer on one plain tensor): the general loop."""
+    own = itertools.chain(mod._parameters.values(), mod._buffers.values(), map(mod.__dict__.get, names))
+    return fastpath._odd(itertools.chain(own, args), True)
+
+
+@contextlib.contextmanager
+def general_gate(model: torch.nn.Module) -> Iterator[Any]:
+    """strict's gate with every module call compared by the general loop (before its short paths; bench-only)."""
+    short = fastpath._disagree
+    fastpath._disagree = _general  # type: ignore[assignment]
+    try:
+        with torchdoctor.guard(model, mode="strict") as g:
+            yield g
+    finally:
+        fastpath._disagree = short  # type: ignore[assignment]
+
+
 @contextlib.contextmanager
 def every_op(model: torch.nn.Module) -> Iterator[Any]:
     """strict as it was before the module-boundary gate: the dispatch mode on every op of the block."""
@@ -433,6 +451,7 @@ def workloads(rounds: int = 5, only: str = "", pick: tuple[str, ...] = ()) -> No
         n = census(fn, model)
         fns = {"plain": fn, "explain": wrapped(fn, lambda: torchdoctor.guard(model, mode="explain")),
                "strict (gated)": wrapped(fn, lambda: torchdoctor.guard(model, mode="strict")),
+               "strict (gated, general loop per module call)": wrapped(fn, lambda: general_gate(model)),
                "strict (gated, nothing checked after the backward)": wrapped(fn, lambda: nothing_after_backward(model)),
                "strict (gated, dispatch mode on every op around the model)": wrapped(fn, lambda: per_op_around(model)),
                "strict (every op)": wrapped(fn, lambda: every_op(model)),
