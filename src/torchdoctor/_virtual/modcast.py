@@ -140,7 +140,27 @@ def at_cast_lines(fixes: list[Fix], casts: Casts | None, root: Any) -> list[Fix]
             if isinstance(root, torch.nn.Module) else None
         out.append(fixed or f)
     # written for the program's object (a block's model as its frame calls it)
-    return program_named([_put_apart(f, casts, root) for f in out], root)
+    return program_named([_in_parts(_put_apart(f, casts, root), casts, root) for f in out], root)
+
+
+def _in_parts(f: Fix, casts: Casts, root: Any) -> Fix:
+    """A move of model tensors the program left behind where it moved the model's modules one by one (``for m in
+    model.modules(): if isinstance(m, nn.Linear): m.to(device)``) and never the model itself: that line is named, and
+    the move of the whole model is the lasting fix (an adapter's own modules are no ``nn.Linear``)."""
+    if f.kind != "path" or not f.sets or not isinstance(root, torch.nn.Module) or not all(
+            isinstance(t, torch.device) for _, t in f.sets) or "  #" in f.code:
+        return f
+    target = f.sets[0][1]
+    mods = {id(m) for m in root.modules()}
+    moved = [x for x in casts.moves if (m := x[0]()) is not None and id(m) in mods and x[1].type == target.type]
+    if not moved or any(x[0]() is root for x in moved):
+        return f
+    at = max({x[4] for x in moved}, key=lambda a: sum(x[4] == a for x in moved))
+    if sum(x[4] == at for x in moved) < 2:  # a component moved at its own line (a pipeline's): no loop to name
+        return f
+    f.code += (f"  # {at} moves {sum(x[4] == at for x in moved)} of the model's modules one by one, never these: "
+               f"move the model itself (model.to({str(target)!r}))")
+    return f
 
 
 def _put_apart(f: Fix, casts: Casts, root: Any) -> Fix:
