@@ -77,3 +77,51 @@ def test_one_large_weight_left_bf16_is_the_culprit_not_the_float32_rest(mode: st
             fix, text = e.fix, str(e)
     assert "conv.bias" not in text and "pass img" not in text and "lin.weight" not in text, text
     assert fix == want if mode != "warn" else text.count("fix (proven): " + want) == 1, text
+
+
+class _TextEncoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.lin = nn.Embedding(32, 16), nn.Linear(16, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.emb(ids))
+
+
+class _Transformer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.caption_proj, self.out = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        return self.out(x + self.caption_proj(ctx).mean(1, keepdim=True))
+
+
+@pytest.mark.parametrize("mode", ["strict", "fix", "warn"])
+def test_a_float16_component_feeding_a_bf16_one_is_the_culprit_not_the_data_it_hands_on(mode: str) -> None:
+    """An fp16 text encoder's output reaches a bf16 transformer: the text encoder is named and cast, never
+    ``# pass arg 1 (mat1) as tensor.to(...)`` (the data is made inside the guarded object, not passed by the user)."""
+    torch.manual_seed(0)
+    te, tr = _TextEncoder().to(torch.float16), _Transformer().to(BF)
+    parts = {"text_encoder": te, "transformer": tr}
+    want = "pipe.text_encoder.to(torch.bfloat16)  # or load it with torch_dtype=torch.bfloat16"
+
+    def call() -> torch.Tensor:
+        return tr(torch.randn(2, 4, 16, dtype=BF), te(torch.randint(0, 32, (2, 5))))
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            with torchdoctor.guard(parts, mode=mode) as g:
+                assert call().dtype == BF
+            fix, text = None, "\n".join(str(w.message) for w in seen)
+        except torchdoctor.PlacementError as e:
+            fix, text = e.fix, str(e)
+    assert "# pass" not in text and "pass arg" not in (fix or ""), text
+    if mode == "strict":
+        assert fix == want and "culprit `text_encoder`: every tensor in it is float16 while the rest of the " \
+            "pipeline is bfloat16" in text, text
+    else:
+        assert [(p.path, p.role) for p in g.problems] == [("text_encoder", "component")]
+        assert [f.code for f in g.fixes] == [want]
+        assert text.count(want) == (1 if mode == "warn" else 0), text

@@ -67,6 +67,42 @@ def blame(odd: tuple[str, torch.dtype], lines: Sequence[str], root: Any, dicts: 
     return [first, *rest], fix, problem
 
 
+def feeder(walk: Any, mpath: str | None, fed: Sequence[torch.Tensor], want: Any) -> tuple[str, torch.dtype] | None:
+    """(component path, dtype) when the data a component's op received in another dtype can only have come from
+    another component of the guarded object held whole in that dtype (an fp16 text encoder handing its output to a
+    bf16 transformer): that component is the odd one out, not the data it hands on. None when none is, or several."""
+    odd = {t.dtype for t in fed if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    if len(odd) != 1 or not isinstance(want, torch.dtype) or mpath is None:
+        return None
+    dt = odd.pop()
+    hits = []
+    for comp, _ in walk.roots:
+        if not comp or mpath == comp or mpath.startswith(comp + "."):
+            continue
+        own = [e.tensor.dtype for e in walk.entries if (e.path.startswith(comp + ".")) and isinstance(
+            e.tensor, torch.Tensor) and e.tensor.is_floating_point()]
+        if own and all(d == dt for d in own):
+            hits.append(comp)
+    return (hits[0], dt) if len(hits) == 1 else None
+
+
+def blame_feeder(odd: tuple[str, torch.dtype], want: torch.dtype, lines: Sequence[str], root: Any,
+                 dicts: Collection[str], mpath: str | None, mtype: str | None, op: str | None
+                 ) -> tuple[list[str], str, Problem]:
+    """(report lines with the feeding component first, the fix casting it, its problem)."""
+    comp, dt = odd
+    whole = "pipeline" if var_for(root) == "pipe" else "model"
+    first = (f"culprit `{comp}`: every tensor in it is {dtype_str(dt)} while the rest of the {whole} is "
+             f"{dtype_str(want)} (its output reaches `{mpath}`: the component is the odd one out, not the data it "
+             "hands on)")
+    rest = [x if not x.startswith("culprit ") else "fed from it: " + x[len("culprit "):] for x in lines]
+    problem = Problem("dtype", comp, "component", dtype_str(dt), dtype_str(want),
+                      f"`{comp}` is {dtype_str(dt)} in a {dtype_str(want)} {whole}; load or cast it in "
+                      f"{dtype_str(want)}", op=op, module_path=mpath, module_type=mtype)
+    fix = component_fix(comp, want, dicts).replace("model", var_for(root), 1).splitlines()[0]
+    return [first, *rest], fix, problem
+
+
 def prove_op(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], tensors: Mapping[Any, Any], want: Any,
              op: Any) -> str:
     """strict: the failing op with the component's float32 operands cast to ``want``."""

@@ -199,8 +199,14 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
             lines, fix, comp = _component.blame(odd, lines, c.root, maps.dicts, c.mpath, c.mtype, str(op))
             problems = [comp, *problems]
             proof = _component.prove_op(c.func, c.args, c.kwargs, tensors, odd[1], op)
+        elif (src := _component.feeder(maps.walk, c.mpath, fed, t0)) is not None:  # another component made it
+            head = f"dtype problem in {where} at {op}: `{src[0]}` computes in {dtype_str(src[1])} while the rest " \
+                   f"is {dtype_str(t0)}"
+            lines, fix, comp = _component.blame_feeder(src, t0, lines, c.root, maps.dicts, c.mpath, c.mtype, str(op))
+            problems = [comp, *problems]
+    by_comp = any(p.role == "component" for p in problems)  # a component's fix: no maker of the data it hands on
     aim: Aim | None = aimed(c.made, first.kind, t0, maps.modules, maps.dicts, session.frames) \
-        if c.made and not blamed and maps is not None else None
+        if c.made and not blamed and maps is not None and not by_comp else None
     said = caller_lines(c.given, first.kind, inside=maps.modules if maps is not None else None)
     lines += said
     if aim is not None:  # the maker of an operand made in forward: the fix is aimed at it (_guard/remedy.py)
