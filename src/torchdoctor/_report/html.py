@@ -20,12 +20,10 @@ True
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from torchdoctor._report.text import by_urgency, group_fix, group_problems, human_bytes, reason
-from torchdoctor._report.views import ResultViews
 
 if TYPE_CHECKING:
     from torchdoctor._report.order import Relocation
@@ -359,25 +357,4 @@ def render_html(doc: Mapping[str, Any], *, title: str | None = None, full: bool 
             f"<body>{body}</body></html>\n")
 
 
-class HtmlMapMixin(ResultViews):  # kept until simreport and move/plan import it from htmlmap; then removed
-    """``to_html()`` and the notebook views for any report with ``to_dict()`` (scan, move, simulate); the one-line
-    ``repr()`` of :class:`ResultViews` (declare the dataclass with ``repr=False``)."""
-
-    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - provided by the report
-        raise NotImplementedError
-
-    def to_html(self, path: str | os.PathLike[str] | None = None) -> str:
-        """The device map as one self-contained HTML page; with ``path``, the page is written there and the path
-        is returned (a REPL or a notebook then shows the file name, not the page)."""
-        page = render_html(self.to_dict())
-        if path is None:
-            return page
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(page)
-        return os.fspath(path)
-
-    def _repr_html_(self) -> str:
-        return render_html(self.to_dict(), full=False)
-
-
-__all__ = ["HtmlMapMixin", "device_color", "dtype_color", "dtype_name", "render_html"]
+__all__ = ["device_color", "dtype_color", "dtype_name", "render_html"]
