@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 
 import bitsandbytes as bnb
 import pytest
@@ -115,7 +116,10 @@ def test_an_ema_held_apart_is_fixed_as_the_program_holds_it() -> None:
     r = torchdoctor.simulate(Det(), device="cuda:0", call=ema_app)
     assert any(p.path.startswith("ema.") for p in r.problems)
     codes = [f.code for f in r.fixes]
-    assert codes == ["ema.to('cuda:0')  # ema.backbone.weight is on cpu: ema was made before the move, or never moved"]
+    at = f"tests/virtual/test_fix_storage_read.py:{inspect.getsourcelines(ema_app)[1] + 2}"
+    assert codes == ["ema.to('cuda:0')  # ema.backbone.weight is on cpu; put on cpu by `ema = copy.deepcopy(m)"
+                     f".to(ema_device).eval().requires_grad_(False)` at {at}: move it back before it meets tensors on "
+                     "cuda:0"]  # the program's line that put it there, its comment left out
     assert not any("model.ema" in c for c in codes)  # Det has no `ema`: such a line raises AttributeError
     # the fix applied where the program makes the copy: quiet
     assert torchdoctor.simulate(Det(), device="cuda:0", call=functools.partial(ema_app, ema_device="cuda:0")).ok
