@@ -103,6 +103,19 @@ def blame_feeder(odd: tuple[str, torch.dtype], want: torch.dtype, lines: Sequenc
     return [first, *rest], fix, problem
 
 
+def prove_fed(mod: Any, inputs: Sequence[Any], odd: torch.dtype, want: torch.dtype) -> str:
+    """explain: the failing module called on its inputs with the ones in the feeding component's dtype cast."""
+    label = type(mod).__name__
+    if not isinstance(mod, nn.Module) or not inputs:
+        return "fix unproven: the failing module's inputs are not known"
+    try:
+        with torch.no_grad():
+            mod(*[x.to(want) if isinstance(x, torch.Tensor) and x.dtype == odd else x for x in inputs])
+    except Exception as exc:  # the trial's own failure is the answer, never a crash of the report
+        return f"fix unproven: {label} on its inputs in {dtype_str(want)}: {type(exc).__name__}"[:400]
+    return f"fix proven: {label} runs on its inputs as the cast component gives them ({dtype_str(want)})"
+
+
 def prove_op(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], tensors: Mapping[Any, Any], want: Any,
              op: Any) -> str:
     """strict: the failing op with the component's float32 operands cast to ``want``."""

@@ -297,6 +297,11 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
                     f"flowing in is {dtype_str(odd[1])}")
             lines, fix, comp = component.blame(odd, lines, root, maps.dicts, mpath, mtype, op)
             lines.insert(-1, component.prove_module(mod, tuple(session.frames.inputs_of(mod)), odd[1]))
+        elif isinstance(ref, torch.dtype) and (src := component.feeder(maps.walk, mpath, [c[2] for c in bad], ref)):
+            head = f"{kind} mismatch in {where}{phase}: `{src[0]}` computes in {dtype_str(src[1])}, the rest in " \
+                   f"{dtype_str(ref)}"
+            lines, fix, comp = component.blame_feeder(src, ref, lines, root, maps.dicts, mpath, mtype, op)
+            lines.insert(-1, component.prove_fed(mod, tuple(session.frames.inputs_of(mod)), src[1], ref))
     if aim is not None and not blamed:  # the maker of the operand made in forward: the fix aims at it
         lines[-1:-1] = aim.lines + ([aim.proof] if aim.proof else [])
         fix = aim.code or fix
