@@ -111,7 +111,7 @@ def _one(spec: str, args: argparse.Namespace, device: Any, profile: DeviceProfil
                 return loaded[-1]
 
             report = simulate_target(load, device, dtype, profile=profile, assume_device=assume,
-                                     sources=_sources(args), data=args.data or "meta")
+                                     sources=_sources(args), data=args.data or "meta", select=False)
             target = loaded[-1] if loaded else None
             if device.type == "cpu":  # the CPU's check names the API's arguments: these name the options
                 from dataclasses import replace
