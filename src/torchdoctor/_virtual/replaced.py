@@ -32,7 +32,7 @@ def note(space: Any, new: torch.Tensor) -> None:
         if frame.f_code is _APPLY:
             old = frame.f_locals.get("param")
             if isinstance(old, torch.nn.Parameter) and old is not new:
-                space.replaced[id(old)] = (weakref.ref(old), new)
+                space.replaced[id(old)] = (weakref.ref(old), weakref.ref(new))  # never keeps either alive
             return
 
 
@@ -40,9 +40,10 @@ def _now(space: Any, p: Any) -> Any:
     """What the model holds now in place of ``p`` (through several moves), or ``p`` itself."""
     for _ in range(16):
         hit = space.replaced.get(id(p))
-        if hit is None or hit[0]() is not p:
+        new = hit[1]() if hit is not None and hit[0]() is p else None
+        if new is None:
             return p
-        p = hit[1]
+        p = new
     return p
 
 
