@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 # loaded by a block only once a problem (or an error of the program's) is met
-LATER = ("torchdoctor._virtual.escaped", "torchdoctor._virtual.intread", "torchdoctor._virtual.hooked",
+LATER = ("torchdoctor._virtual.prove", "torchdoctor._virtual.entrycheck", "torchdoctor._virtual.escaped", "torchdoctor._virtual.intread", "torchdoctor._virtual.hooked",
          "torchdoctor._virtual.fixes", "torchdoctor._virtual.simulate", "torchdoctor._virtual.simreport",
          "torchdoctor._guard.provenance", "torchdoctor._guard.diagnose", "torchdoctor._explain", "torchdoctor._move",
          "torchdoctor._report.terminal", "bitsandbytes", "transformers", "diffusers", "accelerate", "peft")
