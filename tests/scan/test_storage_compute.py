@@ -230,3 +230,24 @@ def test_a_custom_layer_handing_its_storage_to_f_linear_is_named_and_one_that_ca
     m[1] = CastingLinear(codes)
     assert m(torch.ones(1, 8, dtype=BF16)).dtype == BF16
     assert torchdoctor.scan(m).ok and torchdoctor.scan(m, dtype=BF16).ok
+
+
+class BranchingLinear(DirectLinear):
+    """transformers' FP8Linear's shape: ``F.linear`` on the weight only when it is no longer 1-byte storage, a
+    dequantizing path otherwise. The branch reads the weight's own storage, so the call under it is not a use of it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.element_size() > 1:
+            return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight.to(x.dtype) * 0.5, self.bias)
+
+
+@pytest.mark.parametrize("dt", [torch.uint8, torch.float8_e4m3fn])
+def test_a_call_under_a_test_of_the_weights_own_storage_is_not_computing_in_it(dt: torch.dtype) -> None:
+    codes = torch.ones(8, 8).to(dt)
+    m = nn.Sequential(nn.Linear(8, 8), BranchingLinear(codes), nn.Linear(8, 8)).to(BF16)
+    m[1].weight = nn.Parameter(codes, requires_grad=False)
+    assert m(torch.ones(1, 8, dtype=BF16)).dtype == BF16  # the dequantizing branch runs
+    assert torchdoctor.scan(m).ok and torchdoctor.scan(m, dtype=BF16).ok
+    m[1] = DirectLinear(codes)  # the same layer without the branch is still named
+    assert [p.path for p in torchdoctor.scan(m).problems] == ["1.weight"]

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from torchdoctor._placement import PACKED_DTYPES, same_device
-from torchdoctor._scan import percall
+from torchdoctor._scan import direct, percall
 from torchdoctor._walk import Entry, hook_chain, is_quant_type
 
 # Packed / quantized storage dtypes: no dtype expectation (a float8 weight with a bf16 compute dtype is by design),
@@ -107,7 +107,7 @@ def computes_in_storage(module: nn.Module | None, name: str | None = None) -> bo
         hit = _TORCH_FORWARD[tp] = (getattr(fwd, "__module__", "") or "").startswith("torch.nn.modules.")
     if hit:
         return True
-    if name is not None and name in percall.direct_operands(tp) \
+    if name is not None and name in direct.direct_operands(tp) \
             and not percall.moved_on_call(module).get(name, 0) & percall.DTYPE:
         return True
     # a torch layer's subclass whose forward casts its weight only behind a switch (ComfyUI's

@@ -316,55 +316,6 @@ def plan(tp: type) -> Plan | None:
     return _PLANS[tp]
 
 
-# torch functions that compute with a weight as it is (a module's forward handing ``self.weight`` straight to one
-# computes in the weight's storage dtype)
-_COMPUTE = frozenset({"linear", "bilinear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-                      "conv_transpose3d", "embedding", "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum"})
-_DIRECT: dict[type, frozenset[str]] = {}
-
-
-def direct_operands(tp: type) -> frozenset[str]:
-    """The module's own attributes (``weight``) its forward hands as they are to a torch compute function
-    (``F.linear(x, self.weight, self.bias)``, ``x @ self.weight``), read from its own code; empty for torch's own
-    layers (judged as such) and for a forward that cannot be read. Per class, cached."""
-    hit = _DIRECT.get(tp)
-    if hit is not None:
-        return hit
-    _DIRECT[tp] = frozenset()
-    owner = next((k for k in tp.__mro__ if "forward" in k.__dict__), None)
-    fwd = owner.__dict__["forward"] if owner is not None and not _torch_own(owner) else None
-    if not isinstance(fwd, types.FunctionType):
-        return _DIRECT[tp]
-    node = _tree(fwd)  # asked only for a layer holding integer, packed or float8 weights: parsed once per class
-    if node is None:
-        return _DIRECT[tp]
-    params = fwd.__code__.co_varnames[:1]
-    me = params[0] if params else "self"
-
-    def own(x: ast.AST) -> str | None:
-        return x.attr if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id == me else None
-
-    def torch_fn(f: ast.AST) -> bool:  # F.linear / torch.matmul / torch.nn.functional.conv2d: torch's own
-        while isinstance(f, ast.Attribute):
-            f = f.value
-        base = _resolve(fwd, f.id) if isinstance(f, ast.Name) else None
-        return isinstance(base, types.ModuleType) and (base.__name__ == "torch" or base.__name__.startswith("torch."))
-
-    found: set[str] = set()
-    for n in _nodes(node):
-        operands: list[ast.AST] = []
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _COMPUTE \
-                and torch_fn(n.func.value):
-            # embedding's first operand is the indices: integers there are what it expects
-            operands = [*n.args[1:], *(k.value for k in n.keywords if k.arg != "input")] \
-                if n.func.attr == "embedding" else [*n.args, *(k.value for k in n.keywords)]
-        elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult):
-            operands = [n.left, n.right]
-        found.update(a for a in map(own, operands) if a is not None)
-    _DIRECT[tp] = frozenset(found)
-    return _DIRECT[tp]
-
-
 def moved_on_call(module: nn.Module) -> dict[str, int]:
     """The module's own tensors (attribute names: ``weight``, ``inv_freq``) its forward moves or casts on this call,
     each with what it changes (``DEVICE`` / ``DTYPE`` bits); empty when it moves nothing."""
@@ -396,4 +347,4 @@ def _truthy(v: Any) -> bool:
     return True
 
 
-__all__ = ["DEVICE", "DTYPE", "direct_operands", "moved_on_call", "plan"]
+__all__ = ["DEVICE", "DTYPE", "moved_on_call", "plan"]
