@@ -85,6 +85,18 @@ def test_simulate_on_four_cpu_ranks_finds_the_rank_that_computes_on_cuda_0(tmp_p
     assert done.stdout.count('"schema"') == 1  # rank 0 alone printed
 
 
+def test_a_bare_cuda_call_lands_on_cuda_0_on_every_rank_as_on_a_real_node() -> None:
+    # torchrun sets no current device: a program that never calls set_device puts ``.cuda()`` on cuda:0 on every
+    # rank, as simulate() and run see it (the CLI used to make cuda:LOCAL_RANK current and found nothing)
+    done = torchrun(2, "-m", "torchdoctor", "simulate", f"{TARGETS}:target", "--distributed", "--device", "cuda",
+                    "--json", env={"TD_BUG_RANK": "1", "TD_BUG": "dotcuda"})
+    assert done.returncode != 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout[done.stdout.index("{"):])
+    assert [r["ok"] for r in doc["ranks"]] == [True, False]
+    problem = doc["ranks"][1]["problems"][0]
+    assert problem["kind"] == "device" and problem["found"] == "cuda:0" and problem["expected"] == "cuda:1"
+
+
 def test_without_torchrun_it_is_a_usage_error() -> None:
     import subprocess
     import sys

@@ -94,7 +94,10 @@ def _simulate_payload(spec: str, args: argparse.Namespace, template: str | None,
         count = int(args.count)
     profile = DeviceProfile.for_device(device.type).with_count(max(count, (device.index or 0) + 1))
     assume = assume_option(getattr(args, "assume_device", None))  # as ``torchdoctor simulate`` reads it
-    report = simulate_target(lambda: _resolve(spec), device, dtype, profile=profile, assume_device=assume)
+    # a real node keeps cuda:0 current in every rank until the program calls set_device: a hard-coded .cuda()
+    # lands there, as simulate() and run see it
+    report = simulate_target(lambda: _resolve(spec), device, dtype, profile=profile, assume_device=assume,
+                             select=False)
     problems = [{**p.to_dict(), "tensors": list(p.tensors)} for p in report.problems]
     if report.stopped and not problems:
         raise RuntimeError(f"simulation stopped early: {report.stopped}")

@@ -25,6 +25,8 @@ class Net(nn.Module):
         h = self.inp(x)
         if RANK == BUG_RANK and BUG == "cuda0":
             shift = torch.ones(16, device="cuda:0")  # the planted bug: a hard-coded device instead of h.device
+        elif RANK == BUG_RANK and BUG == "dotcuda":
+            shift = torch.ones(16).cuda()  # no set_device in this program: the current device is cuda:0 on every rank
         else:
             shift = torch.ones(16, device=h.device)
         return self.out(h + shift)
