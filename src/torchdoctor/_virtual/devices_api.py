@@ -292,7 +292,11 @@ def device_api(p: Installs, profile: DeviceProfile, space: Space) -> None:
             get_device_name=lambda device=None: props.name, get_device_capability=lambda device=None: (major, minor),
             get_device_properties=lambda device=None: (_check_index(profile, space, device), props)[1],
             reset_accumulated_memory_stats=_nothing, is_current_stream_capturing=lambda: False, get_arch_list=list,
-            is_bf16_supported=lambda including_emulation=True: profile.supports(torch.bfloat16, "matmul"),
+            # torch answers True below sm80 too unless asked for native support (a bf16 tensor can be made there,
+            # and autocast asks exactly this): only including_emulation=False tells the hardware
+            is_bf16_supported=lambda including_emulation=True: (including_emulation and kind == "cuda"
+                                                                and profile.supports(torch.bfloat16, "storage"))
+            or profile.supports(torch.bfloat16, "matmul"),
             is_tf32_supported=lambda: kind == "cuda" and (major, minor) >= (8, 0), manual_seed_all=_nothing,
             seed_all=_nothing, initial_seed=lambda: 0, get_rng_state_all=lambda: [rng() for _ in range(profile.count)],
             set_rng_state_all=_nothing, default_stream=stream, stream=lambda s=None: contextlib.nullcontext(s),
