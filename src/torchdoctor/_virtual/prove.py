@@ -250,9 +250,28 @@ def patch_of(fixes: Sequence[Fix]) -> list[str]:
     nearby lines (each one-line diff quotes the other's old line as context, so the second would not apply)."""
     from torchdoctor._report.diff import merged
 
-    diffs = list(dict.fromkeys(f.diff for f in fixes if f.diff))
+    diffs = list(dict.fromkeys(f.diff for f in fixes if f.diff and not refuted(f)))
     one = merged(diffs) if len(diffs) > 1 else None
     return [one] if one else diffs
+
+
+def refuted(f: Fix) -> bool:
+    """A line fix whose re-run still found a problem at the very line it changes: its diff is never offered (the
+    headline says what the re-run found)."""
+    if f.proven or not f.diff or "still found" not in f.tried:
+        return False
+    found = f.tried.split("still found", 1)[1]
+    lines = f.diff.splitlines()
+    name = next((x[6:].rsplit("/", 1)[-1] for x in lines if x.startswith("--- a/")), None)
+    hunk = next((x for x in lines if x.startswith("@@ -")), None)
+    if name is None or hunk is None:
+        return False
+    n = int(hunk[4:].split(",", 1)[0].split(" ", 1)[0])
+    for x in lines[lines.index(hunk) + 1:]:
+        if x.startswith("-"):
+            return f"{name}:{n}" in found
+        n += 1
+    return False
 
 
 def fix_text(fixes: Sequence[Fix]) -> list[str]:
