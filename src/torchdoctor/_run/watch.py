@@ -147,15 +147,22 @@ class Located(list):  # type: ignore[type-arg]
         self.root = root
         self.where: dict[tuple[Any, ...], str | None] = {}
 
-    def append(self, p: Any) -> None:
+    def _note(self, p: Any) -> None:
         try:
             from torchdoctor._report.text import call_stack
 
-            frames = call_stack(sys._getframe(1))
+            frames = call_stack(sys._getframe(2))
             self.where.setdefault((p.kind, p.path, p.module_path, p.op), first_own_frame(frames, self.root))
         except Exception:  # a line is an extra: the problem itself is always kept
             pass
+
+    def append(self, p: Any) -> None:
+        self._note(p)
         super().append(p)
+
+    def insert(self, i: Any, p: Any) -> None:  # guard keeps a problem in its place among those it replaces
+        self._note(p)
+        super().insert(i, p)
 
 
 class Watcher:
