@@ -209,8 +209,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         items.append(Fix("# then, with the weights loaded:", "note"))
     if moves:
         items.append(Fix(moves, "path", sets=tuple((c[0], c[3]) for c in culprits if c[0] is not None)))
-    items += [_at_maker(label, t, made_args) or Fix(f"# pass {label} as tensor.to({value_code(t)})", "input", t, label,
-                                                      sets=((label, t),))
+    items += [_at_maker(label, t, made_args) or Fix(_pass(label, t), "input", t, label, sets=((label, t),))
               for path, label, _, t in culprits if path is None and t is not None]
     items += [*whole, *factories]
     items += [Fix(f"model.to(torch.{p.expected})  # the code ran with {p.found} weights: cast them so the run "
@@ -242,6 +241,18 @@ def _at_maker(label: str, target: Any, made_args: Mapping[str, tuple[str, str, s
     fix = factory_fix(f"factory {op} at {at}", {"dtype": (found, target)})
     fix.sets = ((label, target),)  # it makes the argument in ``target``: judged at the failing op as its cast would be
     return fix if fix.diff is not None else None
+
+
+def _pass(label: str, t: Any) -> str:
+    """A caller's argument is passed fixed; tensors no record names a maker for (no caller passed them) are fixed
+    where they are made, never "passed"."""
+    from torchdoctor._guard.maps import value_code
+
+    if not label.startswith("the tensors "):
+        return f"# pass {label} as tensor.to({value_code(t)})"
+    verb = "cast" if isinstance(t, torch.dtype) else "move"
+    return (f"# {label} reached the failing op and no line that made them was recorded: {verb} them where they "
+            f"are made (tensor.to({value_code(t)}))")
 
 
 def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
