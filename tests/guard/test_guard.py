@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import traceback
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -364,25 +365,31 @@ def test_guards_in_two_threads() -> None:
     shared = torchdoctor.guard(mode="fix")
     barrier = threading.Barrier(2)
 
+    errors: list[str] = []
+
     def work(i: int) -> None:
         net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4))
         getattr(net, str(i)).bias.data = getattr(net, str(i)).bias.data.double()
         barrier.wait()
         try:
+            try:
+                for _ in range(20):
+                    with torch.no_grad(), torchdoctor.guard(net):
+                        net(torch.ones(1, 4))
+            except PlacementError as e:
+                results[i] = (e.module_path, [p.path for p in e.problems])
             for _ in range(20):
-                with torch.no_grad(), torchdoctor.guard(net):
+                with torch.no_grad(), shared:
                     net(torch.ones(1, 4))
-        except PlacementError as e:
-            results[i] = (e.module_path, [p.path for p in e.problems])
-        for _ in range(20):
-            with torch.no_grad(), shared:
-                net(torch.ones(1, 4))
+        except BaseException:  # a thread's error is the test's failure, with its traceback (not a missing entry)
+            errors.append(traceback.format_exc())
 
     threads = [threading.Thread(target=work, args=(i,)) for i in (1, 2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
+    assert not errors, "\n".join(errors)
     assert results == {1: ("1", ["1.bias"]), 2: ("2", ["2.bias"])}
     assert sorted(f.path for f in shared.fixes) == ["1.bias", "2.bias"]
 
