@@ -7,6 +7,11 @@ classes' layouts differ, so ``torch.utils.swap_tensors`` refuses them): ``Module
 around the twin. The run records which one it replaced, and before every optimizer step the optimizer's groups and
 state are pointed at the parameters the model now holds, as they would be on the device. Its state then meets the
 step's checks beside the parameter it belongs to (a state loaded onto the CPU before the move is found there).
+
+Everything else the program does with a replaced ``Parameter`` it still holds (a freeze list taken before the move:
+``p.requires_grad_(False)``, ``p.grad``, an in-place update) reaches the one the model holds: for the run the old
+object's class is ``Moved``, whose ``__torch_function__`` hands every call to its successor, and it is put back to
+``Parameter`` when the run ends. Only identity (``id(p)``, ``p is q``) still tells the two apart.
 """
 
 from __future__ import annotations
@@ -16,8 +21,56 @@ import weakref
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from torchdoctor._virtual import tensor as V
 
 _APPLY = torch.nn.Module._apply.__code__
+
+
+class Moved(torch.nn.Parameter):
+    """A ``Parameter`` that ``Module.to`` replaced in the running run (the same layout as ``Parameter``, so its
+    class can be switched in place): every torch call, method, getter and setter on it goes to its successor (the
+    run's function mode does the same before it handles a call)."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        moved = successors(V.current_space(), args, kwargs, sys._getframe(1))
+        if moved is not None:
+            return on_successors(func, moved[0], moved[1], func)
+        return torch._C._disabled_torch_function_impl(func, types, args, kwargs)
+
+
+def successors(space: Any, args: Any, kwargs: Any, caller: Any) -> tuple[Any, Any] | None:
+    """``args`` and ``kwargs`` with each ``Moved`` parameter replaced by the one the model holds now; None when
+    ``caller`` is ``Module._apply`` (which still moves the old one's grad) or one has no successor."""
+    if space is None or caller.f_code is _APPLY:
+        return None
+    args, kwargs = tree_map(lambda a: _now(space, a) if type(a) is Moved else a, (args, kwargs))
+    return None if any(type(a) is Moved for a in tree_flatten((args, kwargs))[0]) else (args, kwargs)
+
+
+def through(space: Any, func: Any, args: Any, kwargs: Any, caller: Any, handle: Any) -> Any:
+    """The run's function mode meets a ``Moved`` parameter: ``handle`` (the mode's own handling, given no types)
+    takes the call on its successors, or on the parameter itself when it has none."""
+    moved = successors(space, args, kwargs, caller)
+    if moved is None:
+        return handle(func, (), args, kwargs)
+    return on_successors(func, moved[0], moved[1], lambda *a, **k: handle(func, (), a, k))
+
+
+def on_successors(func: Any, args: Any, kwargs: Any, call: Any) -> Any:
+    """``func`` run on the successors: an attribute is read or written by name (a twin's ``device`` is a Python
+    property the C getter behind ``func`` would bypass); anything else goes to ``call``."""
+    name = getattr(func, "__name__", "")
+    attr = getattr(getattr(func, "__self__", None), "__name__", None) if name in ("__get__", "__set__") else None
+    if attr is None:
+        return call(*args, **kwargs)
+    if name == "__get__":
+        return getattr(args[0], attr)
+    setattr(args[0], attr, args[1])
+    return None
 
 
 def note(space: Any, new: torch.Tensor) -> None:
@@ -33,6 +86,8 @@ def note(space: Any, new: torch.Tensor) -> None:
             old = frame.f_locals.get("param")
             if isinstance(old, torch.nn.Parameter) and old is not new:
                 space.replaced[id(old)] = (weakref.ref(old), weakref.ref(new))  # never keeps either alive
+                if type(old) is torch.nn.Parameter:
+                    old.__class__ = Moved
             return
 
 
@@ -63,3 +118,15 @@ def retarget(space: Any, optimizer: Any) -> None:
             params[i] = new
             if state is not None and p in state:
                 state[new] = state.pop(p)
+
+
+def end(space: Any) -> None:
+    """The run is over: replaced ``Parameter`` objects are plain ones again, real tensors lose their labels."""
+    for ref, _ in space.replaced.values():
+        old: Any = ref()
+        if type(old) is Moved:
+            old.__class__ = torch.nn.Parameter  # type: ignore[assignment]
+    for ref in space.relabelled:
+        t = ref()
+        if t is not None:
+            t.__dict__.pop("_td_device", None)

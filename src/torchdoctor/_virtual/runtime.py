@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api, dispatch as D, host as H
-from torchdoctor._virtual import hardware, lengths, makers, outside, parallel, saved, storage, training, whole
+from torchdoctor._virtual import hardware, lengths, makers, outside, parallel, replaced, saved, storage, training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
 from torchdoctor._virtual.deferred import deferred_imports
@@ -247,6 +247,8 @@ class VirtualMode(TorchFunctionMode):
         self.space, self.casts = space, casts
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if types and replaced.Moved in types:  # a Parameter the model's move replaced: its successor's call
+            return replaced.through(self.space, func, args, kwargs or {}, sys._getframe(1), self.__torch_function__)
         if (func.__self__ in _PLAIN_ATTRS if type(func) is _METHOD_WRAPPER else func in _QUERIES) and not kwargs \
                 and (self.casts is None or not makers._lazy_params(args)):
             return func(*args)
@@ -377,10 +379,7 @@ def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> It
                 restore_default_device(before)
     finally:
         space.closed = True
-        for ref in space.relabelled:
-            t = ref()
-            if t is not None:
-                t.__dict__.pop("_td_device", None)
+        replaced.end(space)
         installs.release()
         V.swap_space(None)
         if api.active_runs() == 0:
