@@ -308,9 +308,11 @@ def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: A
 
 def _at_moves(fixes: list[Fix], cases: Sequence[Case]) -> None:
     """A move at the program's own line to a fixed device (``.cuda()``) is fixed at that line, to the device of what
-    it meets at the failing op (``moveline``), where both lines can be read."""
+    it meets at the failing op (``moveline``), where both lines can be read; a re-run sends what that line moves to
+    the device the fix names (``remake``), so ``simulate`` proves the changed line itself."""
     from torchdoctor._placement import device_str
     from torchdoctor._virtual.moveline import moved_line_fix
+    from torchdoctor._virtual.origin import LINES
 
     for f in fixes:
         tag = next((n for n, t in f.sets if n.startswith("moved a tensor at ") and isinstance(t, torch.device)), None)
@@ -319,9 +321,14 @@ def _at_moves(fixes: list[Fix], cases: Sequence[Case]) -> None:
         hit = next(((c, o) for c in cases for o in _operands(c.before) if tag in o.tags), None)
         if hit is None:
             continue
-        line = moved_line_fix(tag[len("moved a tensor at "):], hit[0].at, hit[0].line, device_str(hit[1].device))
+        want = next((o.device for o in _operands(hit[0].before) if o.device != hit[1].device), None)
+        at = tag[len("moved a tensor at "):]
+        line = moved_line_fix(at, hit[0].at, hit[0].line, device_str(hit[1].device),
+                              device_str(want) if want is not None else None)
         if line is not None:
-            f.code, f.diff = line
+            f.code, f.diff = line[0], line[1]
+            if want is not None and at in LINES:
+                f.remake = (*LINES[at], line[2], want, None)
 
 
 def _left_over(fixes: list[Fix], results: Sequence[tuple[Case, set[int], str | None, bool]], rules: Any,

@@ -60,21 +60,24 @@ def other_operand(var: str, body: str) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | None,
-                   found: str) -> tuple[str, str] | None:
-    """(code, diff) of the move at ``moved_at`` ("file:line") sent to the device of what it meets at the failing
-    op's line ``op_at`` (``op_line``: its file and line); None when the lines are not one simple assignment and one
-    binary op of one function."""
+def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | None, found: str,
+                   want: str | None = None) -> tuple[str, str, str] | None:
+    """(code, diff, the move's method name) of the move at ``moved_at`` ("file:line") sent to the device of what it
+    meets at the failing op's line ``op_at`` (``op_line``: its file and line), read there when it is a name or an
+    attribute of one function (``self.timesteps``); else to the device of a tensor argument of the move's own
+    function that was on ``want`` (the failing op's device) when the move ran (``x`` in ``forward(self, x)``), never
+    to a call written again (``self.lin(x)`` would run the layer twice). None when the move's line is not one simple
+    assignment, or no such tensor can be named."""
     from torchdoctor._guard.remedy import own_file
     from torchdoctor._report.diff import line_patch
+    from torchdoctor._virtual.moveby import ARGS
     from torchdoctor._virtual.origin import LINES
 
     file, line = LINES.get(moved_at, ("", 0))
-    ofile, oline = op_line or ("", 0)
-    if not file or file != ofile or not own_file(file) or oline == line or not _same_function(file, line, oline):
+    if not file or not own_file(file):
         return None
-    raw, other_raw = _line(file, line), _line(file, oline)
-    if raw is None or other_raw is None or not raw.isascii():
+    raw = _line(file, line)
+    if raw is None or not raw.isascii():
         return None
     body = raw.lstrip(" \t")
     stmt = _one(body)
@@ -83,8 +86,17 @@ def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | 
     var = stmt.targets[0].id
     calls = [n for n in ast.walk(stmt.value) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
              and n.func.attr in _MOVES]
-    other = other_operand(var, other_raw.strip())
-    if len(calls) != 1 or other is None or calls[0].end_col_offset is None:
+    if len(calls) != 1 or calls[0].end_col_offset is None:
+        return None
+    ofile, oline = op_line or ("", 0)
+    other_raw = _line(file, oline) if file == ofile and oline != line and _same_function(file, line, oline) else None
+    other = other_operand(var, other_raw.strip()) if other_raw is not None else None
+    if other is not None and any(isinstance(n, ast.Call) for n in ast.walk(ast.parse(other, mode="eval"))):
+        other = None  # a call: written again it would compute again
+    read = other is not None
+    if other is None:
+        other = next((n for n, d in ARGS.get(moved_at, ()) if want is not None and d == want), None)
+    if other is None:
         return None
     call, pad, end = calls[0], len(raw) - len(body), calls[0].end_col_offset or 0
     func: Any = call.func
@@ -97,8 +109,8 @@ def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | 
         return None
     said = ast.get_source_segment(body, call) or "the move"
     code = body[:call.col_offset] + f"{receiver}.to({other}.device)" + body[end:stmt.end_col_offset or 0]
-    return (f"# {moved_at}: {said} sends it to {found}, not to the device of {other}, which it meets at {op_at}: "
-            f"{code}", diff)
+    meets = f"{other}, which it meets at {op_at}" if read else f"{other} ({want}, where it meets the tensors of {op_at})"
+    return f"# {moved_at}: {said} sends it to {found}, not to the device of {meets}: {code}", diff, func.attr
 
 
 def numpy_fix(at: str, found: str) -> tuple[str, str] | None:

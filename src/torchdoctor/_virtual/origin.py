@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchdoctor._virtual.asked import ran_as_asked as ran_as_asked  # recorder reads it here
 from torchdoctor._virtual.castsites import CAST_OPS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,7 +32,7 @@ class Made:
     """How a tensor made in a run got its device and dtype."""
 
     __slots__ = ("op", "module", "paths", "count", "via", "depth", "at", "arg", "site", "made_of", "promotes",
-                 "loose", "default", "hook", "mixed")
+                 "loose", "default", "hook", "mixed", "moves")
 
     def __init__(self, op: str, module: Any, paths: tuple[str, ...] = (), count: int = 0, via: Made | None = None,
                  depth: int = 1) -> None:
@@ -52,6 +53,7 @@ class Made:
         self.default = False  # a factory given no dtype (``dtype=None`` too): the default dtype, nobody's choice
         self.hook: str | None = None  # a saved-tensor unpack hook that gave it back (``saved.py``): said as such
         self.mixed = False  # made from its named tensors and an unnamed one of their dtype (activation x weight)
+        self.moves = False  # the program's own line sent it to another device: for its device, the maker (``moveby.carried``)
 
     @classmethod
     def argument(cls, label: str, fix_label: str, call: str, before: Made | None, chain: Made | None = None) -> Made:
@@ -114,7 +116,7 @@ class Made:
         """The first link of the chain for a device: a cast keeps its operand's device, so it goes through casts
         (``(ids > 0).long().cumsum(-1)`` on cpu was placed by whatever made ``ids``)."""
         link = self
-        while link.via is not None:
+        while link.via is not None and not link.moves:  # a move at the program's line placed it, not its maker
             link = link.via
         return link
 
@@ -163,6 +165,8 @@ def _link(m: Made, module_path: Callable[[Any], str | None]) -> str:
             return f"{text} from {m.made_of[0]}"
         return text + (f" from a tensor made by {m.via.op} in {_where(m.via.module, module_path)}" if m.via else "")
     text = f"{m.op} in {_where(m.module, module_path)}"
+    if m.moves and m.via is not None:  # the program's move of a tensor made before it: both named
+        return f"{_link(m.via.source, module_path)}, then moved by the line at {m.at}"
     if m.at:  # a factory: the line that called it, inside a forward as outside one
         text += f" at {m.at}"
     if m.promotes:  # its tensor met other data outside the model, which it promoted there
@@ -336,32 +340,6 @@ def _cast_here(dtype: Any) -> Any:
 
     f = user_frame(3)
     return cast_site(f, short_at(f), dtype) if f is not None and isinstance(dtype, torch.dtype) else None
-
-
-def ran_as_asked(dtype: Any, roots: list[Any], computed: dict[Any, int] | None = None) -> list[Any]:
-    """A run asked for a dtype (``dtype=float16``) that the code did not compute in (``call=`` runs the user's
-    objects as they are): a problem saying in which dtype it ran, so the report never reads as if the run checked
-    the dtype asked for. What ran is what the matmul-like ops computed in (``computed``: autocast over float32
-    weights, diffusers' layerwise casting of float8 storage ran in the dtype they cast to); the weights' dtype only
-    when no such op ran."""
-    from torchdoctor._placement import dtype_str
-    from torchdoctor._report.model import Problem
-
-    if dtype is None:
-        return []
-    sizes: dict[Any, int] = {d: n for d, n in (computed or {}).items() if d is not None}
-    for root in roots if not sizes else ():
-        if isinstance(root, torch.nn.Module):
-            for t in root.parameters():
-                if t.is_floating_point():
-                    sizes[t.dtype] = sizes.get(t.dtype, 0) + t.nelement() * t.element_size()
-    ran = max(sizes, key=sizes.__getitem__) if sizes else None
-    if ran is None or ran == dtype:
-        return []
-    asked, got = dtype_str(dtype), dtype_str(ran)
-    return [Problem("dtype", "<run>", "run", got, asked, f"the code ran with {got} weights, not {asked}: this run "
-                    f"does not show whether it works in {asked} (call= runs your objects as they are; cast them "
-                    f"first, e.g. model.to(torch.{asked}))", op="simulate")]
 
 
 def from_origin(p: Problem, origin: dict[tuple[str, ...], str], culprits: Any = ()) -> Problem:

@@ -222,6 +222,8 @@ def proven(fixes: list[Fix], rerun: Callable[[list[Fix]], Sequence[Problem]],
                 f.proven = False
                 f.tried = f"{f.tried}; but a virtual re-run with it applied still found: {still[0].message}"[:400] \
                     if still else f"{f.tried}; but a virtual re-run with it applied {NEW}: {new[0].message}"[:400]
+            elif f.proven and f.diff and not left:  # the changed line itself ran in the re-run: said so
+                f.rerun, f.tried = True, f"{f.tried}; a virtual re-run with the line changed: no problem left"[:400]
             continue
         f.at_op, f.rerun, f.proven = False, True, not left
         how = next((f" asking {str(g.asks)[6:]}, the dtype it switches to" for g in code if g.asks), "")

@@ -15,6 +15,7 @@ import torch
 from torchdoctor._virtual.prove import Fix
 
 _HOST = frozenset({"from_numpy", "frombuffer", "from_dlpack"})  # no device=: moved after the call
+_MOVES = frozenset({"cuda", "to", "xpu", "mps", "cpu"})  # a move at a fixed line (``moveline``): then to the device
 
 
 class _Remade(torch.overrides.TorchFunctionMode):
@@ -35,6 +36,9 @@ class _Remade(torch.overrides.TorchFunctionMode):
         if want is None:
             return func(*args, **kwargs)
         device, dtype = want
+        if name in _MOVES and args and isinstance(args[0], torch.Tensor):  # the line's move sends it there
+            out = func(*args, **kwargs)
+            return out.to(device) if isinstance(out, torch.Tensor) and device is not None else out
         if device is not None and name not in _HOST:  # given first: ``device="cuda"`` on a CPU-only build fails
             kwargs["device"] = device
         out = func(*args, **kwargs)

@@ -1,0 +1,49 @@
+"""A move at the program's own line as the maker of where a tensor is: ``bias = torch.ones(8).cuda()`` made the
+tensor with a factory, but the ``.cuda()`` put it on cuda:0, so a device problem it causes on a cuda:1 run is fixed
+at the move (``.to(x.device)``), never by a ``device=`` given to the factory, which the move undoes. Recorded only
+when a tensor the run already has a record for crosses devices, at a line of the program's own file (a library's
+hook that moves a layer's inputs is no line of the program's), so nothing is added to the per-op path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchdoctor._virtual.origin import LINES, Made, short_at, user_frame
+
+OWN: dict[str, bool] = {}  # a frame's file name -> it is the program's own (``ownfile.own_file``), per process
+# a move's "file:line" -> the tensor arguments of its function and their devices when it ran: a fix can move the
+# tensor to the device of one of them (``x.device``), read from the program's own names
+ARGS: dict[str, tuple[tuple[str, str], ...]] = {}
+
+
+def _own(name: str) -> bool:
+    hit = OWN.get(name)
+    if hit is None:
+        from torchdoctor._guard.ownfile import own_file
+
+        hit = OWN[name] = own_file(name) if len(OWN) < 4096 else False
+    return hit
+
+
+def carried(made: Made | None, module: Any) -> Made | None:
+    """``made``'s tensor sent to another device by the program's line running now: a record of that move, whose
+    line is the device's maker (``Made.placed_by`` stops there) while the dtype still comes from ``made``; ``made``
+    itself when the line is not the program's own. Called by the run's move of a tensor to another device."""
+    if made is None:
+        return None
+    f = user_frame(3)
+    if f is None or not _own(f.f_code.co_filename):
+        return made
+    m = Made("Tensor.to", module, via=made, depth=made.depth + 1)
+    m.at, m.moves = short_at(f), True
+    LINES.setdefault(m.at, (f.f_code.co_filename, f.f_lineno))
+    if m.at not in ARGS and len(ARGS) < 4096:
+        from torchdoctor._placement import device_str, tensor_device
+
+        code = f.f_code
+        ARGS[m.at] = tuple((n, device_str(tensor_device(v))) for n in code.co_varnames[:code.co_argcount]
+                           if isinstance(v := f.f_locals.get(n), torch.Tensor))
+    return m
