@@ -328,12 +328,14 @@ def script_dict(mod: nn.Module) -> dict[str, Any]:
 # nn.Module bookkeeping: never user data (skipping these by a frozen set is what makes the walk cost about a bare named_parameters() loop).
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "__dict__",
                                                        "_diffusers_hook"}
-# per class: [(keys, extra, hooked, forward, script, order)]; ``order`` is the keys in one instance's insertion order
-_ATTR_KEYS: dict[type, list[tuple[frozenset[str], tuple[str, ...], bool, bool, bool, tuple[str, ...]]]] = {}
-NO_KEYS = (frozenset({"<none>"}), (), False, False, False, ())  # no module's __dict__ has these keys
+# per class: [(keys, extra, hooked, forward, script, order, forward hooks both ways, _parameters, _buffers, _modules,
+# compiled)]; ``order`` is the keys in one instance's insertion order; the next four say which of the module's dicts
+# exist (read with a subscript where the keys matched); ``compiled``: torch.compile's wrapper (its paths are the model's)
+_ATTR_KEYS: dict[type, list[Any]] = {}
+NO_KEYS: Any = (frozenset({"<none>"}), (), False, False, False, (), False, False, False, False, False)  # no dict's keys
 
 
-def class_keys(tp: type, d: dict[str, Any]) -> tuple[frozenset[str], tuple[str, ...], bool, bool, bool, tuple[str, ...]]:
+def class_keys(tp: type, d: dict[str, Any]) -> Any:
     """The key set of a module's ``__dict__`` and what follows from it, remembered per class. A class may have a
     few key sets (a Linear some library tagged, a ResNet block with or without a shortcut): every one is kept, so
     instances that alternate between them never rebuild one (Flux: 76 rebuilds per walk with one slot per class).
@@ -348,7 +350,7 @@ def class_keys(tp: type, d: dict[str, Any]) -> tuple[frozenset[str], tuple[str, 
                 return hit
         for hit in known:
             if d.keys() == hit[0]:
-                variant = (hit[0], hit[1], hit[2], hit[3], hit[4], order)
+                variant = hit[:5] + (order,) + hit[6:]
                 if len(known) < 8:
                     known.append(variant)
                 return variant
@@ -358,7 +360,8 @@ def class_keys(tp: type, d: dict[str, Any]) -> tuple[frozenset[str], tuple[str, 
     script = is_script(tp)  # its attributes live in C++: none walked
     hit = (keys, () if script else tuple(sorted(keys - _MODULE_INTERNALS)),
            not script and ("_hf_hook" in keys or "_diffusers_hook" in keys), not script and "forward" in keys, script,
-           order)
+           order, "_forward_hooks" in keys and "_forward_pre_hooks" in keys, script or "_parameters" in keys,
+           script or "_buffers" in keys, script or "_modules" in keys, tp.__name__ == "OptimizedModule")
     if known is None or len(known) >= 8:  # a class whose instances all differ: the newest few
         known = _ATTR_KEYS[tp] = []
     known.append(hit)

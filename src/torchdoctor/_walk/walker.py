@@ -13,32 +13,26 @@ then containers; a tensor reached again is an alias of its first path.
 from __future__ import annotations
 
 import types
-from itertools import compress
-from operator import attrgetter, not_
+from operator import attrgetter
 from typing import Any
 
 import torch
 from torch import nn
 
-from torchdoctor._report.model import Problem
 from torchdoctor._walk.entry import Entry, Walk, join_path, offloaded, set_tensor
-from torchdoctor._walk.kinds import (ATOM, FAST_ATOMS, FUNC, HOOK, MAPPING, MEMBER_KINDS, MODULE, NO_KEYS, OBJ, PLAIN,
-                                     SCRIPTED, SEQ, SET, SKIP, TENSOR, atoms_only, class_keys, form_of, group_offloading,
-                                     has_members, hook_chain, inner_value, instance_dict, is_jagged_type, is_quant_type,
-                                     is_script, kind, members, script_dict, slot_items, unreadable)
-
-MAX_DEPTH = 64  # nesting of plain objects / containers below a module attribute
-MAX_ITEMS = 100_000  # items read from one container
-MAX_NODES = 5_000_000  # objects visited in one walk
+from torchdoctor._walk.kinds import (FAST_ATOMS, MAPPING, MEMBER_KINDS, NO_KEYS, OBJ, SCRIPTED, SEQ, SET, atoms_only,
+                                     class_keys, form_of, group_offloading, hook_chain, is_quant_type, is_script, kind,
+                                     script_dict)
+from torchdoctor._walk.values import MAX_DEPTH, MAX_ITEMS, MAX_NODES, Values
 
 _FORWARD: Any = object()  # in expand's ``later`` list: the module's own ``forward`` attribute, not a key
 _UNSEEN: Any = object()
 _ATOMS_GE = FAST_ATOMS.issuperset
 _TENSOR_OF = attrgetter("tensor")
-__all__ = ["MAX_DEPTH", "MAX_ITEMS", "Entry", "Walk", "form_of", "hook_chain", "is_quant_type", "set_tensor", "walk"]
+__all__ = ["MAX_DEPTH", "MAX_ITEMS", "MAX_NODES", "Entry", "Walk", "form_of", "hook_chain", "is_quant_type", "set_tensor", "walk"]
 
 
-class _Walker:
+class _Walker(Values):
     def __init__(self) -> None:
         self.w = Walk()
         self.nodes = 0
@@ -50,24 +44,7 @@ class _Walker:
         self.out: list[Entry] = []
         self.batch = 0  # run_modules' batch: a module's attributes are walked once per batch
         self.attrs_done: dict[int, int] = {}  # module id -> the batch that walked its attributes
-        self.classes: dict[type, tuple[frozenset[str], tuple[str, ...], bool, bool, bool, tuple[str, ...]]] = {}
-
-    # -- bounds ---------------------------------------------------------------------------------------
-    def truncate(self, path: str, why: str) -> None:
-        if len(self.w.problems) < 100:
-            self.w.problems.append(Problem("truncated", path or "<root>", "container", why, "", f"walk stopped here: {why}"))
-
-    def readable(self, t: torch.Tensor, path: str, role: str) -> bool:
-        """A tensor of an unusual class whose device, dtype or shape raise is reported here and handed to no verb."""
-        why = unreadable(t)
-        if why is None:
-            return True
-        if len(self.w.problems) < 1000:
-            self.w.problems.append(Problem(
-                "unsupported", path or "<root>", role, type(t).__name__, "",
-                f"{path or 'the object'} is a {type(t).__module__}.{type(t).__qualname__} whose device, dtype or shape "
-                f"cannot be read ({why}): it is not checked"))
-        return False
+        self.classes: dict[type, Any] = {}  # class -> its key set and what follows (``kinds.class_keys``)
 
     # -- module tree ----------------------------------------------------------------------------------
     def expand(self, root_path: str, root: nn.Module, moved: bool, later: list[tuple[str, nn.Module, Any, Any]],
@@ -81,18 +58,17 @@ class _Walker:
         stack: list[tuple[str, nn.Module, int]] = [(root_path, root, 0)]
         ancestors: list[int] = []
         module_set, modules, module_paths = self.module_set, self.w.modules, self.w.module_paths
-        hooked = self.w.hooked
+        hooked, max_nodes = self.w.hooked, MAX_NODES
         nodes = self.nodes
         tensor, param, module_type, new = torch.Tensor, nn.Parameter, nn.Module, object.__new__
         atoms, hooks, batch, done = FAST_ATOMS, self.w.hooks, self.batch, self.attrs_done
         classes, scripted = self.classes, SCRIPTED  # this walk's classes -> their key sets; TorchScript classes
         pop, push, add_later = stack.pop, stack.append, later.append
-        slots = (("_parameters", "parameter", "param", params, attach[0]), ("_buffers", "buffer", "buffer", buffers,
-                                                                              attach[1]))
+        att_p, att_b = attach
         while stack:
             path, mod, depth = pop()
             nodes += 1
-            if nodes > MAX_NODES:
+            if nodes > max_nodes:
                 self.truncate(path, f"more than {MAX_NODES} module paths")
                 break
             mid = id(mod)
@@ -101,45 +77,62 @@ class _Walker:
                 module_set[mid] = batch
                 modules.append((path, mod))
                 module_paths[mid] = path
-                fresh = True
-                if d.get("_forward_hooks") and d.get("_forward_pre_hooks"):  # hooked on both sides, at its first path
-                    hooked.append((path, mod))
+                first = fresh = True
             else:  # reached again: its attributes once per batch (at the first path)
+                first = False
                 fresh = module_set[mid] != batch and done.get(mid) != batch
                 done[mid] = batch
             if fresh:
                 # a class's modules nearly always have one key set, inserted in one order: comparing the keys in
                 # order with the class's last ones is a quarter of the cost of a set difference and a sort (tuples
-                # of the same interned names compare by identity)
-                hit = classes.get(type(mod)) or NO_KEYS
+                # of the same interned names compare by identity). The keys known, the module's dicts are read by
+                # subscript (no method call).
+                tp = type(mod)
+                hit = classes.get(tp) or NO_KEYS
                 if tuple(d) != hit[5]:
-                    hit = classes[type(mod)] = class_keys(type(mod), d)
+                    hit = classes[tp] = class_keys(tp, d)
+                if first and hit[6] and d["_forward_hooks"] and d["_forward_pre_hooks"]:
+                    hooked.append((path, mod))  # hooked on both sides, at its first path
                 if hit[4]:  # TorchScript: C++-backed wrappers in __dict__ (a traced model's top: none)
                     d = script_dict(mod)
-            elif scripted.get(type(mod)) is not False and is_script(type(mod)):
-                d = script_dict(mod)
+                ps = d["_parameters"] if hit[7] else None
+                bs = d["_buffers"] if hit[8] else None
+                sub = d["_modules"] if hit[9] else None
+                compiled = hit[10]
+            else:
+                if scripted.get(type(mod)) is not False and is_script(type(mod)):
+                    d = script_dict(mod)
+                ps, bs, sub = d.get("_parameters"), d.get("_buffers"), d.get("_modules")
+                compiled = type(mod).__name__ == "OptimizedModule"
             try:  # one join per module, not one per tensor and child
                 prefix = path + "." if path else ""
             except TypeError:  # a path that is not a string (a key set through __dict__): joined as it was
                 prefix = None
-            for store, role, slot, out, att in slots:  # parameters, then buffers: the canonical order
-                tensors = d.get(store)
-                if not tensors:
-                    continue
-                for name, t in dict.items(tensors):
+            if ps:  # parameters, then buffers: the canonical order
+                for name, t in dict.items(ps):
                     tp = type(t)
                     plain = tp is param or tp is tensor
                     if plain or isinstance(t, tensor):
                         p = prefix + name if prefix is not None and type(name) is str else \
                             f"{path}.{name}" if path else name
-                        if plain or self.readable(t, p, role):
+                        if plain or self.readable(t, p, "parameter"):
                             e = new(Entry)  # new_entry inlined: one call frame less per tensor
-                            e.path, e.role, e.tensor, e.owner, e.key, e.slot = p, role, t, mod, name, slot
-                            e.module, e.module_path, e.moved_by_module_to, e.alias_of, e._info = \
-                                mod, path, moved, None, None
-                            out.append(e)
+                            e.path = p
+                            e.role = "parameter"
+                            e.tensor = t
+                            e.owner = mod
+                            e.key = name
+                            e.slot = "param"
+                            e.module = mod
+                            e.module_path = path
+                            e.moved_by_module_to = moved
+                            e.alias_of = None
+                            e._info = None
+                            params.append(e)
                             if not plain or t.__dict__:  # attributes of its own (weight.quant_state, GPTQ's)
-                                att.append(e)
+                                att_p.append(e)
+            if bs:
+                self.tensors(bs, prefix, path, mod, moved, buffers, att_b)
             # module attributes (plain tensors, objects, containers, list-held modules: never moved by Module.to),
             # once per batch for a module reached twice, at its first path
             if fresh:
@@ -154,18 +147,35 @@ class _Walker:
                     v = d[key]
                     if type(v) not in atoms:
                         add_later((path, mod, key, v))
-            sub = d.get("_modules")
             if not sub:
                 continue
             del ancestors[depth:]
             ancestors.append(mid)
             depth += 1
-            compiled = type(mod).__name__ == "OptimizedModule"  # torch.compile's wrapper: its paths are the model's
-            for name, child in reversed(dict.items(sub)):
+            if prefix is not None and not compiled:
+                for name, child in reversed(dict.items(sub)):
+                    if isinstance(child, module_type) and (id(child) not in module_set or id(child) not in ancestors):
+                        push((prefix + name if type(name) is str else f"{path}.{name}" if path else name, child, depth))
+                continue
+            for name, child in reversed(dict.items(sub)):  # torch.compile's wrapper: its paths are the model's
                 if isinstance(child, module_type) and (id(child) not in module_set or id(child) not in ancestors):
                     push((path if compiled and name == "_orig_mod" else prefix + name if prefix is not None and
                           type(name) is str else f"{path}.{name}" if path else name, child, depth))
         self.nodes = nodes
+
+    def tensors(self, bs: dict[str, Any], prefix: str | None, path: str, mod: nn.Module, moved: bool,
+                out: list[Entry], att: list[Entry]) -> None:
+        """A module's buffers as entries (its parameters are read in ``expand``'s own loop: most modules hold some)."""
+        for name, t in dict.items(bs):
+            tp = type(t)
+            plain = tp is nn.Parameter or tp is torch.Tensor
+            if plain or isinstance(t, torch.Tensor):
+                p = prefix + name if prefix is not None and type(name) is str else f"{path}.{name}" if path else name
+                if plain or self.readable(t, p, "buffer"):
+                    e = Entry(p, "buffer", t, mod, name, "buffer", mod, path, moved)
+                    out.append(e)
+                    if not plain or t.__dict__:
+                        att.append(e)
 
     def run_modules(self) -> None:
         while self.pending:
@@ -220,127 +230,6 @@ class _Walker:
             self.w.patches.append((path, mod, join_path(path, "forward.__self__")))
             self.value(owner, join_path(path, "forward.__self__"), mod, "forward", "attr", mod, path, "attribute", 0)
 
-    # -- tensors --------------------------------------------------------------------------------------
-    def attached(self, t: torch.Tensor, path: str, module: nn.Module | None, mpath: str, moved: bool, depth: int) -> None:
-        tp = type(t)
-        if tp is torch.Tensor or tp is nn.Parameter:
-            d = instance_dict(t)
-            if not d:
-                return
-        if depth > 8 or is_jagged_type(tp):  # a jagged nested tensor is one tensor: its parts are internals
-            return
-        quant = is_quant_type(tp)
-        role = "quant_state" if quant else "attribute"
-        custom_to = quant and "to" in tp.__dict__
-        names: list[str] = []
-        flatten = getattr(tp, "__tensor_flatten__", None)
-        if flatten is not None and tp not in PLAIN:
-            try:
-                names = list(flatten(t)[0])  # the subclass protocol, side-effect free by contract
-            except Exception:
-                names = []
-            inner_role = "quant_state" if quant else "subclass_inner"
-            for n in names:
-                inner = inner_value(t, n)  # __dict__ or a slot (DTensor._local_tensor)
-                if isinstance(inner, torch.Tensor):
-                    p = join_path(path, n)
-                    if type(inner) in PLAIN or self.readable(inner, p, inner_role):
-                        self.out.append(Entry(p, inner_role, inner, t, n, "inner", module, mpath, moved))
-                        self.attached(inner, p, module, mpath, moved, depth + 1)
-        d = instance_dict(t)
-        if d:
-            for key in d:
-                if key in names or type(d[key]) in FAST_ATOMS:  # value() returns at once for these (a buffer's flags)
-                    continue
-                self.value(d[key], join_path(path, key), t, key, "attr", module, mpath, role, depth + 1,
-                           moved=custom_to)
-
-    # -- everything else ------------------------------------------------------------------------------
-    def value(self, v: Any, path: str, owner: Any, key: Any, slot: str, module: nn.Module | None, mpath: str,
-              role: str, depth: int, moved: bool = False) -> None:
-        k = kind(v)
-        if k == ATOM or k == SKIP:
-            return
-        self.nodes += 1
-        if self.nodes > MAX_NODES:
-            if self.nodes == MAX_NODES + 1:
-                self.truncate(path, f"more than {MAX_NODES} objects visited")
-            return
-        if k == TENSOR:
-            if type(v) in PLAIN or self.readable(v, path, role):
-                self.out.append(Entry(path, role, v, owner, key, slot, module, mpath, moved))
-                self.attached(v, path, module, mpath, moved, depth + 1)
-            return
-        if k == MODULE:
-            if id(v) not in self.module_set and id(v) not in self.pending_ids:
-                # reached outside any _modules tree (plain list/dict/attribute): Module.to of the parent skips it
-                self.pending_ids.add(id(v))
-                self.pending.append((path, v, module is None))
-                if module is None and slot == "attr":  # a component a plain object holds (an app's patcher)
-                    self.w.holders[path] = owner
-            return
-        if k == HOOK or (k == FUNC and not has_members(v, k)):
-            return
-        if depth >= MAX_DEPTH:
-            self.truncate(path, f"nesting deeper than {MAX_DEPTH}")
-            return
-        oid = id(v)
-        if oid in self.seen_obj:
-            rec = self.seen_obj[oid]
-            if rec is not None:  # already walked: its tensors are aliases here
-                old, lst, start, end = rec
-                for e in lst[start:end]:
-                    if e.path.startswith(old):
-                        self.out.append(Entry(path + e.path[len(old):], e.role, e.tensor, e.owner, e.key, e.slot,
-                                             e.module, e.module_path, e.moved_by_module_to))
-            return
-        self.seen_obj[oid] = None
-        self.keep_alive.append(v)
-        lst, start = self.out, len(self.out)
-        if (k == MAPPING or k == SEQ or k == SET) and atoms_only(v, k, MAX_ITEMS):
-            self.seen_obj[oid] = (path, lst, start, start)  # walked: it holds no tensor
-            return
-        if k == OBJ and is_quant_type(type(v)):
-            role = "quant_state"
-        child_role = role if role == "quant_state" else "container"
-        if k in MEMBER_KINDS:  # set, frozenset, deque, functools.partial, closures: each child has its own slot
-            for i, (ck, cv, cslot, cowner) in enumerate(members(v, k)):
-                if i >= MAX_ITEMS:
-                    self.truncate(path, f"more than {MAX_ITEMS} items in one container")
-                    break
-                self.value(cv, join_path(path, ck), cowner, ck, cslot, module, mpath, child_role, depth + 1, moved)
-            self.seen_obj[oid] = (path, lst, start, len(lst))
-            return
-        if k == MAPPING:
-            items: Any = dict.items(v)
-        elif k == SEQ:
-            fields = getattr(type(v), "_fields", None)
-            seq = list.__iter__(v) if isinstance(v, list) else tuple.__iter__(v)
-            items = zip(fields, seq) if isinstance(fields, tuple) else enumerate(seq)
-        else:
-            d = instance_dict(v)
-            if d and len(d) <= MAX_ITEMS and not hasattr(type(v), "__slots__"):
-                # an object's plain values (most of a config's) are skipped by the loop below: filtered at C speed
-                items = list(compress(dict.items(d), map(not_, map(FAST_ATOMS.__contains__, map(type, d.values())))))
-            else:
-                items = list(d.items()) if d else []
-                if hasattr(type(v), "__slots__"):
-                    items.extend(slot_items(v))
-            child_role = "quant_state" if role == "quant_state" else "attribute"
-        cslot = "item" if k == MAPPING or k == SEQ else "attr"
-        atoms = FAST_ATOMS
-        for i, (ck, cv) in enumerate(items):
-            if i >= MAX_ITEMS:
-                self.truncate(path, f"more than {MAX_ITEMS} items in one container")
-                break
-            name: Any = ck
-            if k == MAPPING and type(ck) not in atoms:  # tensors and modules used as dict keys
-                self.value(ck, join_path(path, f"<key {i}>"), v, ck, "key", module, mpath, child_role, depth + 1, moved)
-                if not isinstance(ck, (str, int, tuple)):  # one path per value (optimizer state keyed by parameters)
-                    name = f"<{type(ck).__name__} {i}>"
-            if type(cv) not in atoms:  # value() returns at once for these: a config's ints and strings
-                self.value(cv, join_path(path, name), v, ck, cslot, module, mpath, child_role, depth + 1, moved)
-        self.seen_obj[oid] = (path, lst, start, len(lst))
 
 
 def walk(obj: Any) -> Walk:
