@@ -8,7 +8,7 @@ refuses its arguments' dtypes, as the real device would, reaches the hooks as ``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -167,36 +167,6 @@ def _pairs(before: Any, after: Any, back: dict[int, VirtualTensor]) -> None:
             _pairs(b, a, back)
 
 
-def _grouped_mm(func: Any, a: torch.Tensor, b: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    # the meta kernel mirrors the CUDA bf16 fast path only; eager CUDA falls back to a loop for other dtypes
-    if a.dtype == torch.bfloat16 or a.dtype != b.dtype or kwargs.get("out_dtype") not in (None, a.dtype):
-        return func(a, b, *args, **kwargs)  # type: ignore[no-any-return]
-    bf = torch.bfloat16
-    rest = [x.to(bf) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in args]
-    return func(a.to(bf), b.to(bf), *rest, **kwargs).to(a.dtype)  # type: ignore[no-any-return]
-
-
-# ops whose meta kernel is stricter than the device kernels it stands for
-_META_OVERRIDES: dict[Any, Callable[..., Any]] = {p: _grouped_mm for p in _ops("_grouped_mm")}
-
-
-_FAKE_OK: dict[Any, bool] = {}
-
-
-def has_fake(func: Any) -> bool:
-    """Can ``func`` run without its device: an aten op, a composite, or a custom op with a fake/meta kernel?"""
-    hit = _FAKE_OK.get(func)
-    if hit is None:
-        name = getattr(getattr(func, "_schema", None), "name", "aten::?")
-        has = torch._C._dispatch_has_kernel_for_dispatch_key
-        opdef = torch._library.custom_ops.OPDEFS.get(name)
-        hit = _FAKE_OK[func] = name.split("::")[0] in ("aten", "prims") or any(
-            has(name, k) for k in ("CompositeImplicitAutograd", "CompositeExplicitAutograd")) or (
-            opdef._abstract_fn is not None if opdef is not None else has(name, "Meta")
-            or torch._library.simple_registry.singleton.find(name).fake_impl.kernel is not None)
-    return hit
-
-
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     with torch._C.DisableTorchFunction():  # VirtualMode is for the user's Python, not for this machinery
         return _dispatch_op(func, args, kwargs)
@@ -226,8 +196,8 @@ def _info(func: Any) -> tuple[Any, ...]:
     hit = _INFO.get(id(func))
     if hit is None:  # keyed by id (OpOverload hashes in Python); the tuple keeps ``func`` alive
         packet = func.overloadpacket
-        hit = _INFO[id(func)] = (func, has_fake(func), kernels.cacheable(func),
-                                 getattr(func, "is_view", False) or packet in _KEEP_PATH, _META_OVERRIDES.get(packet),
+        hit = _INFO[id(func)] = (func, kernels.has_fake(func), kernels.cacheable(func),
+                                 getattr(func, "is_view", False) or packet in _KEEP_PATH, kernels.OVERRIDES.get(packet),
                                  torch.float32 if packet in _AUTOCAST_FP32 else None, packet in _AUTOCAST_LOW)
     return hit
 
@@ -302,6 +272,8 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     try:
         if hit is not None:
             out = kernels.recall(hit)
+        elif not on_meta and space is not None and space.data == "meta":  # the few values a meta run keeps
+            out = kernels.on_one_thread(func, *uargs, **ukwargs)
         else:
             out = override(func, *uargs, **ukwargs) if override is not None else func(*uargs, **ukwargs)
             if known is not None:
