@@ -30,6 +30,9 @@ class CastRecords:
         self.recast: dict[tuple[str, int], torch.dtype] = {}
         self.where = where  # the running module's path and type, when a cast runs
         self.sites: dict[int, tuple[weakref.ref[torch.Tensor], CastSite, str]] = {}
+        # what several makers made together (``w * s``: a default-dtype factory's tensor and a cast's): each maker's
+        # words and source for the fix, so every line that gave it its dtype is fixed, none lost one op downstream
+        self.mixed: dict[int, tuple[weakref.ref[torch.Tensor], tuple[tuple[str, str], ...]]] = {}
 
     def of(self, t: Any) -> CastSite | None:
         hit = self.sites.get(id(t)) if isinstance(t, torch.Tensor) else None
@@ -60,8 +63,10 @@ class CastRecords:
         if getattr(func, "__name__", None) not in _CAST_METHODS or not args:
             return out
         t = args[0]
-        if not isinstance(t, torch.Tensor) or not isinstance(out, torch.Tensor) or out is t or \
-                out.dtype == t.dtype or not out.is_floating_point() or not t.is_floating_point():
+        if not isinstance(t, torch.Tensor) or not isinstance(out, torch.Tensor) or not out.is_floating_point() or \
+                not t.is_floating_point():
+            return out
+        if out.dtype == t.dtype and not _names_dtype(func, args):  # a move, or a copy: no dtype was chosen there
             return out
         f = user_frame(2)
         if f is None:
@@ -74,18 +79,65 @@ class CastRecords:
             self.keep(out, site)
         return out
 
-    def follow(self, ins: list[torch.Tensor], outs: list[torch.Tensor], named: Any) -> None:
+    def follow(self, ins: list[torch.Tensor], outs: list[torch.Tensor], named: Any,
+               factory: Callable[[torch.Tensor], tuple[str, str | None] | None] | None = None) -> None:
         """What only a cast's result made (a view, a reshape), in its dtype, takes the cast's record; model tensors
-        (``named``) among the inputs do not count against it."""
-        if not self.sites or not outs:
+        (``named``) among the inputs do not count against it. What several makers made together (a cast's result
+        times a default-dtype ``factory``'s tensor, two casts), through any number of ops, takes all their records
+        (``makers_of``)."""
+        if not outs or not (self.sites or self.mixed):
             return
         cast = [t for t in ins if self.of(t) is not None]
-        if not cast or any(self.of(t) is None and id(t) not in named for t in ins):
+        if cast and not any(self.of(t) is None and id(t) not in named for t in ins) and \
+                len({getattr(self.of(t), 'at', None) for t in cast}) == 1:
+            site = self.of(cast[0])
+            for t in outs:
+                if site is not None and t.dtype == site.dtype:
+                    self.keep(t, site, self.place(cast[0]))
             return
-        site = self.of(cast[0])
+        if factory is None:
+            return
+        dtype = outs[0].dtype  # the inputs that set it: an operand in another dtype took no part in it
+        makers: dict[tuple[str, str], None] = {}
+        for t in ins:
+            if id(t) in named or t.dtype != dtype:
+                continue
+            mine = self.makers_of(t, factory)
+            if not mine:
+                return  # an input nothing names: not all its makers are known
+            makers.update(dict.fromkeys(mine))
+        if len(makers) < 2:
+            return
         for t in outs:
-            if site is not None and t.dtype == site.dtype:
-                self.keep(t, site, self.place(cast[0]))
+            if t.dtype == dtype and len(self.mixed) < _LIMIT:
+                try:
+                    self.mixed[id(t)] = (weakref.ref(t), tuple(makers)[:8])
+                except TypeError:
+                    return
+
+    def makers_of(self, t: torch.Tensor, factory: Callable[[torch.Tensor], tuple[str, str | None] | None]
+                  ) -> tuple[tuple[str, str], ...]:
+        """(words, source) of each maker of ``t``: its cast, its default-dtype factory, or the makers of a mix."""
+        site = self.of(t)
+        if site is not None:
+            return (cast_words(site, self.place(t))[0].removeprefix("a tensor made by "), f"cast at {site.at}"),
+        made = factory(t)
+        if made is not None:
+            place = self.where()[0] if self.where is not None else None
+            at = f" at {made[1]}" if made[1] else ""
+            return (f"{made[0]}{at} (no dtype given)", f"factory {made[0]} in `{place or '<root>'}`{at}"),
+        hit = self.mixed.get(id(t))
+        return hit[1] if hit is not None and hit[0]() is t else ()
+
+
+_DTYPE_METHODS = frozenset({"float", "half", "double", "bfloat16"})
+
+
+def _names_dtype(func: Any, args: Any) -> bool:
+    """A cast that writes its dtype (``.float()``, ``.to(self.compute_dtype)``) chose it even where the tensor has it
+    already: a factory's float32 cast ``.to(torch.float32)`` after it is the line that sets its dtype, so a fix of the
+    factory alone is undone there."""
+    return getattr(func, "__name__", None) in _DTYPE_METHODS or any(isinstance(a, torch.dtype) for a in args[1:])
 
 
 def cast_words(site: CastSite, place: str) -> tuple[str, tuple[str, ...]]:
@@ -93,3 +145,8 @@ def cast_words(site: CastSite, place: str) -> tuple[str, tuple[str, ...]]:
     app.py:9``)."""
     where = place if place == "code outside the model" else f"`{place}`"
     return f"a tensor made by {site.describe()} in {where}", (f"cast at {site.at}",)
+
+
+def mixed_words(makers: tuple[tuple[str, str], ...]) -> tuple[str, tuple[str, ...]]:
+    """How a problem names a tensor several makers made, and the sources of the fix: every one of them."""
+    return f"a tensor made from {', '.join(w for w, _ in makers[:-1])} and {makers[-1][0]}", tuple(s for _, s in makers)

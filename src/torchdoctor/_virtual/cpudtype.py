@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torchdoctor._guard.dispatch import never_compiled
 from torchdoctor._placement import PACKED_DTYPES, dtype_str
 from torchdoctor._report.model import Problem
-from torchdoctor._virtual.cpucasts import CastRecords, cast_words
+from torchdoctor._virtual.cpucasts import CastRecords, cast_words, mixed_words
 from torchdoctor._virtual.origin import where_called
 
 # the words torch's CPU kernels use when a dtype has no kernel
@@ -56,7 +56,7 @@ def _dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = No
             self.factory(t) for t in ins)):  # a factory given no dtype (``dtype=None`` too), and what only it made
         made = self.factory(ins[0]) if ins else (f"torch.{op.removeprefix('aten.')}", where_called())
         self.made.update((id(t), (weakref.ref(t), *made)) for t in outs)
-    self.casts.follow(ins, outs, self.names)  # a view of a cast's result is still the cast's
+    self.casts.follow(ins, outs, self.names, self.factory)  # a view of a cast's result is still the cast's
     if op in _COPIES:
         return out
     if any(t.dtype == self.dtype for t in ins) and any(t.dtype != self.dtype for t in outs):
@@ -164,14 +164,16 @@ class Checks(torch.utils._python_dispatch.TorchDispatchMode):
             self.seen.add(key)
             if path is not None and self.met is not None and refused is None:
                 self.at.setdefault(path, self.met)
-            made = self.factory(t) if path is None else None
+            made = self.factory(t) if path is None and self.casts.of(t) is None else None  # the last cast wins
             site = self.casts.of(t) if path is None and made is None else None
+            mix = self.casts.makers_of(t, self.factory) if path is None and made is None and site is None else ()
             what = path or (f"a tensor made by {made[0]} in `{place}`" + (f" at {made[1]}" if made[1] else "") +
                             " (no dtype given: the default float32)" if made else
                             cast_words(site, self.casts.place(t))[0] if site is not None else
-                            "a tensor made in forward")
-            if site is not None:  # the fix is at that cast, or at the attribute it read its dtype from
-                self.sources[("dtype", place, op, dtype_str(t.dtype))] = cast_words(site, "")[1]
+                            mixed_words(mix)[0] if mix else "a tensor made in forward")
+            if site is not None or mix:  # the fix is at that cast (or at the attribute it read), at every maker
+                self.sources[("dtype", place, op, dtype_str(t.dtype))] = mixed_words(mix)[1] if mix else \
+                    cast_words(site, "")[1]  # type: ignore[arg-type]
             if made is not None:  # the fix is at that call: dtype= the input's
                 self.sources[("dtype", place, op, dtype_str(t.dtype))] = (
                     f"factory {made[0]} in `{place}`" + (f" at {made[1]}" if made[1] else ""),)

@@ -4,7 +4,7 @@ the tensors found by path and the sources of tensors made in the run."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -67,14 +67,13 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     library: list[Fix] = []  # casts at a line of an installed library (transformers' rotary upcast, by design)
     scripted = any("<constant>" in p.path or "TracedModule" in str(p.op or "") or "ScriptModule" in str(p.op or "")
                    for p in problems)  # a TorchScript module ran: its constants are fixed before tracing (a buffer)
-    for p in problems:
+    for p, made_from in _each_maker(problems, sources or {}):
         if p.kind not in ("device", "dtype") or p.role == "run" or "<constant>" in p.path:
             continue  # meta: no move fixes it (below); a TorchScript constant has no path code can move
         try:
             target: Any = parse_dtype(p.expected) if p.kind == "dtype" else parse_device(p.expected)
         except (ValueError, TypeError, RuntimeError):
             target = dtype if p.kind == "dtype" else device
-        made_from = (sources or {}).get((p.kind, p.path, p.op or "", p.found), ())
         if str(p.op or "").startswith("aten._amp_foreach_non_finite_check_and_unscale_") and p.found == "bfloat16":
             if _SCALER_BF16 not in {f.code for f in factories}:  # CUDA has no bf16 unscale kernel
                 factories.append(Fix(_SCALER_BF16, "note"))
@@ -229,6 +228,16 @@ _SCALER_BF16 = ("# bfloat16 gradients need no GradScaler (CUDA has no bfloat16 u
 # dtypes that are storage, never compute: a tensor found in one of them is the stored side, not the activation
 _STORAGE_NAMES = frozenset(dtype_str(d) for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                                                   torch.bool, *FLOAT8_DTYPES))
+
+
+def _each_maker(problems: Sequence[Problem], sources: Mapping[tuple[str, ...], tuple[str, ...]]
+                ) -> Iterator[tuple[Problem, tuple[str, ...]]]:
+    """Each problem with its sources; one made by several lines (a cast's result times a default-dtype factory's
+    tensor) once per line, so each is fixed where it is (a fix of one alone leaves the other's dtype, promoted)."""
+    for p in problems:
+        made_from = sources.get((p.kind, p.path, p.op or "", p.found), ())
+        lines = len(made_from) > 1 and all(m.startswith(("cast at ", "factory torch.")) for m in made_from)
+        yield from ((p, (m,)) for m in made_from) if lines else ((p, made_from),)
 
 
 def _at_maker(label: str, target: Any, made_args: Mapping[str, tuple[str, str, str]] | None) -> Fix | None:
