@@ -99,7 +99,9 @@ def plugin_fields(text: str) -> dict[str, str]:
     fields = dict(_PLACEHOLDERS)
     raw = text[-_READ:]
     text = raw.replace("\\", "/") if "\\" in raw else raw  # one character for one: positions hold in raw
-    folder_frame, script = _last(_FRAME, text), _script(text)
+    # the pattern starts with one of its folders' names: where neither is in the text (most logs) it is not run
+    folder_frame = _last(_FRAME, text) if "custom_nodes" in text or "extensions" in text else None
+    script = _script(text)
     if folder_frame is None and script is None:
         return fields
     if script is not None and (folder_frame is None or script.start() > folder_frame.start()):

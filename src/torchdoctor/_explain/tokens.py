@@ -175,7 +175,7 @@ def transformers_version(context: str) -> tuple[int, int] | None:
     >>> transformers_version("site-packages/transformers/modeling_utils.py") is None
     True
     """
-    m = _TRANSFORMERS.search(context[:200_000])
+    m = _TRANSFORMERS.search(context[:200_000]) if "transformers" in context else None  # its first word, found fast
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
