@@ -53,6 +53,9 @@ _c("dt.operand_cast",
    "One operand is {a} while the operation expects {b}, the dtype of its other operands: that operand (a "
    "tensor built in another dtype, a buffer, a matrix passed to an extension) was not cast.", _GUARD,
    ("Cast the odd operand to the expected dtype", "t = t{b_method}  # t: the operand that is {a}"),
+   # the text cannot tell which side is odd: a VAE or a norm kept in float32 on purpose is met the other way
+   ("Or, where the {a} side is kept in {a} on purpose (a VAE or a norm upcast), cast the {b} operand to it instead",
+    "x = x{a_method}  # x: the operand that is {b}"),
    ("Find which model tensor is off", _SCAN_DT))
 _c("dt.out_cast",
    "An in-place op (x += y, add_, mul_, clamp_ with float bounds) or an out= tensor would store a {a} result in "
@@ -179,6 +182,16 @@ _c("ud.kernel_missing",
    ("Run this op in float32", "out = op(x.float()).to(x.dtype)"),
    ("Or upgrade torch (kernels for more dtypes arrive with new releases)", "pip install -U torch"),
    ("Pick a dtype the device supports", 'torchdoctor.recommend_dtype({tq})'))
+# float8 stores weights; elementwise ops and most others have no float8 kernel on any device, so the tensor is
+# upcast before the op and the result kept: "op(x.float()).to(x.dtype)" would hand the next op float8 again
+_c("ud.fp8_kernel",
+   "{fp_eight} is a storage dtype: {kernel} (like most ops) has no {fp_eight} kernel, so a float8 tensor reached "
+   "an op without being upcast. Casting the result back to {fp_eight} makes the next op fail the same way.",
+   'torchdoctor.scan(model, dtype="{fp_eight_into}")',
+   ("Upcast the float8 tensor before the op and keep the result in the compute dtype",
+    "x = x.to(torch.{fp_eight_into})  # then run the op; do not cast the result back to float8"),
+   ("Or load the model (or the layer that failed) in {fp_eight_into} instead of float8",
+    "model.to(torch.{fp_eight_into})"))
 _c("ud.mps_fp64",
    "A float64 tensor (numpy arrays and Python floats default to float64) was moved to mps, which has no float64.",
    'torchdoctor.simulate(model, device="mps")',

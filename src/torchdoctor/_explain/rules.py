@@ -158,6 +158,11 @@ _rule("hardcoded_cuda", (".cuda()", "device='cuda'", 'device="cuda"', "use_gpu",
 _rule("mps_bf16", flags=("mps", "bf16"), applies_to=(_UD,), ud__mps_bf16=4.0)
 _rule("mps_kernel", flags=("kernel_mps",), applies_to=(_UD,), ud__kernel_missing=2.0)
 _rule("gpu_kernel", flags=("kernel_cuda",), applies_to=(_UD,), ud__kernel_missing=2.5)
+# a float8 tensor at a kernel: float8 stores, it does not compute (no round trip through float32 back to float8);
+# a CUDA or XPU kernel is no sign of a CPU-only torch
+for _kernel in ("kernel_cpu", "kernel_cuda", "kernel_xpu"):
+    _rule(f"fp8_{_kernel}", flags=(_kernel, "fp8"), applies_to=(_UD,), unless=("mps",), ud__fp8_kernel=6.0,
+          ud__kernel_missing=-4.0, **({} if _kernel == "kernel_cpu" else {"ud__half_on_cpu": -2.0}))
 _rule("fp8_block_swap", ("block swap", "swapping", "cpu donor", "distorch", "donor"), (), (_BO,), bo__scaled_mm_cpu=1.0)
 _rule("ordinal_launch", ("torchrun", "local_rank", "world_size", "nproc", "launch", "rank"), (), (_NA,),
       na__ordinal=1.0)
