@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchdoctor._placement import dtype_str
+from torchdoctor._virtual.libout import OUTPUT, own_frame
 from torchdoctor._virtual.origin import DEPTH, short_at, user_frame
 
 if TYPE_CHECKING:  # pragma: no cover  # a clean run keeps operand twins only: the proof loads with a fix
@@ -56,7 +57,7 @@ class Operand:
 class Case:
     """One failing op: its operands as they were (``before``) and as the run went on with them (``after``)."""
 
-    __slots__ = ("func", "op", "at", "before", "after", "want", "line")
+    __slots__ = ("func", "op", "at", "before", "after", "want", "line", "own")
 
     def __init__(self, func: Any, before: tuple[list[Any], dict[str, Any]], after: tuple[list[Any], dict[str, Any]],
                  want: torch.dtype | None) -> None:
@@ -64,6 +65,7 @@ class Case:
         f = user_frame(2)
         self.at = short_at(f) if f is not None else None
         self.line = (f.f_code.co_filename, f.f_lineno) if f is not None else None  # the file and line of ``at``
+        self.own = own_frame(2)  # the program's own line (a library layer failed: the line that called into it)
 
     def where(self) -> str:
         return f"{self.op} at {self.at}" if self.at else self.op
@@ -82,6 +84,7 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
     tensor. The caller's arguments and the factories it was computed from through other ops are marked ``FAR`` (a cast
     of such an argument can be undone on the way: a bf16 timestep times fp32 frequencies is fp32 again, so only a
     re-run proves it). The same names the recorder writes into a problem's sources, so a fix's ``sets`` meet them."""
+    from torchdoctor._virtual.moveby import is_own
     from torchdoctor._virtual.tensor import held_by
 
     path = getattr(t, "_td_path", None)
@@ -107,6 +110,11 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
                 tags.append((FAR if not _near(o, src) else "") + (
                     f"factory {src.op} in `{mp or '<root>'}`" if src.module is not None else
                     f"factory {src.op}") + (f" at {src.at}" if src.at else ""))
+        src = o.source
+        if src.site is not None and src.module is not None and not is_own(src.site.file):  # a library's cast
+            tags.append(("" if o.module is src.module else FAR) +  # made in that module: its output as it is
+                        f"{OUTPUT}`{module_paths.get(id(src.module), '')}` {type(src.module).__name__} cast at "
+                        f"{src.site.at}")
         if o.op == "Tensor.to" and o.at and path:
             tags.append(f"moved {path} at {o.at}")
         pb = o.placed_by
@@ -266,6 +274,7 @@ def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: A
     entries of its layers too: a tensor they are given from outside it would be left behind (the caller's fp32
     input of an encoder cast to bf16) joins the fix, with its own fix (``fixes`` grows), else it is unproven."""
     _at_moves(fixes, cases)
+    _at_outputs(fixes, cases)
     results = [(c, *_check(c, fixes, rules, profile)) for c in cases]
     for i, f in enumerate(fixes):
         if f.kind == "factory" and isinstance(f.target, torch.dtype):  # a factory's dtype=: the device holds it
@@ -329,6 +338,27 @@ def _at_moves(fixes: list[Fix], cases: Sequence[Case]) -> None:
             f.code, f.diff = line[0], line[1]
             if want is not None and at in LINES:
                 f.remake = (*LINES[at], line[2], want, None)
+
+
+def _at_outputs(fixes: list[Fix], cases: Sequence[Case]) -> None:
+    """A library's cast by design (``Timesteps``' float32) whose module's output is what a failing op met: fixed at
+    the program's line that takes that output back (``libout``), a cast of the operand itself, proven at the op."""
+    from torchdoctor._virtual.libout import output_fix
+
+    for f in fixes:
+        if f.kind != "note" or f.site is None or f.diff is not None or not isinstance(f.target, torch.dtype):
+            continue
+        end = f" cast at {f.site.at}"
+        hit = next(((c, n) for c in cases if c.own is not None for o in _operands(c.before) for n in o.tags
+                    if n.startswith(OUTPUT) and n.endswith(end)), None)
+        if hit is None:
+            continue
+        path, _, cls = hit[1][len(OUTPUT) + 1:-len(end)].partition("` ")
+        own = hit[0].own
+        line = output_fix(own, path.rsplit(".", 1)[-1], cls, f.site.at, f.target) if path and own else None
+        if line is not None:
+            f.code, f.diff, f.reout, f.site = *line, None  # its line is the program's now, not the library's
+            f.sets = ((hit[1], f.target),)
 
 
 def _left_over(fixes: list[Fix], results: Sequence[tuple[Case, set[int], str | None, bool]], rules: Any,

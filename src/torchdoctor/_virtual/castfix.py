@@ -73,7 +73,7 @@ def library_note(fix: Fix) -> Fix:
     site = fix.site
     return Fix(f"# {site.at} (an installed library) casts with `{site.cast}` by design; the tensors it meets come "
                f"in another dtype: cast what feeds it (the model's inputs, or the component made before it) to "
-               f"{dtype_str(fix.target)}, never that line", "note", fix.target)
+               f"{dtype_str(fix.target)}, never that line", "note", fix.target, site=site)
 
 
 def _diff(site: Any, target: torch.dtype) -> str | None:

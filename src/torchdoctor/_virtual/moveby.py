@@ -19,7 +19,7 @@ OWN: dict[str, bool] = {}  # a frame's file name -> it is the program's own (``o
 ARGS: dict[str, tuple[tuple[str, str], ...]] = {}
 
 
-def _own(name: str) -> bool:
+def is_own(name: str) -> bool:
     hit = OWN.get(name)
     if hit is None:
         from torchdoctor._guard.ownfile import own_file
@@ -35,7 +35,7 @@ def carried(made: Made | None, module: Any) -> Made | None:
     if made is None:
         return None
     f = user_frame(3)
-    if f is None or not _own(f.f_code.co_filename):
+    if f is None or not is_own(f.f_code.co_filename):
         return made
     m = Made("Tensor.to", module, via=made, depth=made.depth + 1)
     m.at, m.moves = short_at(f), True

@@ -50,12 +50,15 @@ class Fix:
     # there in a re-run (``builtat``)
     reoperand: tuple[str, int, str, str | None, Any] | None = None  # an operand fixed at a call (``operandfix``)
     renumpy: tuple[str, int] | None = None  # a line whose .numpy() reads float32 in a re-run (``intread``)
+    # a library module's output cast where the program's line takes it back: (file, line, class, dtype) (``libout``)
+    reout: tuple[str, int, str, torch.dtype] | None = None
 
     def applied(self) -> bool:
         """A fix a re-run can apply (advice cannot)."""
         return self.kind in ("path", "line", "apart") or self.remake is not None or self.modcast is not None or \
             bool(self.rebuffer) or self.recall is not None or self.reglobal is not None or \
-            self.rebuild is not None or self.reoperand is not None or self.renumpy is not None or (
+            self.rebuild is not None or self.reoperand is not None or self.renumpy is not None or \
+            self.reout is not None or (
             self.kind == "input" and isinstance(self.target, torch.dtype) and self.label.startswith(("input ", "kwarg ")))
 
     def to_dict(self) -> dict[str, Any]:

@@ -66,11 +66,12 @@ def remade(fixes: Sequence[Fix]) -> Iterator[None]:
     from torchdoctor._virtual.callsite import recalled
     from torchdoctor._virtual.globaldev import reglobals
     from torchdoctor._virtual.intread import float_reads
+    from torchdoctor._virtual.libout import outputs_cast
     from torchdoctor._virtual.operandfix import reoperated
 
     lines = lines_of(fixes)
-    with recalled(fixes), reglobals(fixes), rebuilt(fixes), reoperated(fixes), float_reads(fixes), _host(lines), \
-            _Remade(lines) if lines else contextlib.nullcontext():
+    with recalled(fixes), reglobals(fixes), rebuilt(fixes), reoperated(fixes), float_reads(fixes), \
+            outputs_cast(fixes), _host(lines), _Remade(lines) if lines else contextlib.nullcontext():
         yield
 
 
