@@ -162,7 +162,7 @@ _rule("gpu_kernel", flags=("kernel_cuda",), applies_to=(_UD,), ud__kernel_missin
 # a CUDA or XPU kernel is no sign of a CPU-only torch
 for _kernel in ("kernel_cpu", "kernel_cuda", "kernel_xpu"):
     _rule(f"fp8_{_kernel}", flags=(_kernel, "fp8"), applies_to=(_UD,), unless=("mps",), ud__fp8_kernel=6.0,
-          ud__kernel_missing=-4.0, **({} if _kernel == "kernel_cpu" else {"ud__half_on_cpu": -2.0}))
+          ud__kernel_missing=-4.0, ud__half_on_cpu=0.0 if _kernel == "kernel_cpu" else -2.0)
 _rule("fp8_block_swap", ("block swap", "swapping", "cpu donor", "distorch", "donor"), (), (_BO,), bo__scaled_mm_cpu=1.0)
 _rule("ordinal_launch", ("torchrun", "local_rank", "world_size", "nproc", "launch", "rank"), (), (_NA,),
       na__ordinal=1.0)
