@@ -141,67 +141,67 @@ def simulate(
     casts: Any = None  # the program's own module casts (``modcast``)
     recast = recasts(_fixes or [])  # a proof's re-run: the casts at the fixed lines write the fixed dtype
     uncopied: TypeError | None = None
-    # fork_rng: random tensors made for a virtual device come from the CPU generator, which must not move on
-    with torch.random.fork_rng(devices=[]), torch.no_grad(), virtual_world(space, profile), rec.modules.tracking():
+    # fork_rng: random tensors made for a virtual device come from the CPU generator, which must not move on; a forward
+    # runs with autograd off, the caller's code (a training step) with it; one world (~120 patches) for copy and run
+    grad = torch.enable_grad() if call is not None else torch.no_grad()
+    with torch.random.fork_rng(devices=[]), grad, virtual_world(space, profile, CastMakers(recast)), \
+            rec.modules.tracking():
         try:
-            clone, memo = virtual_copy(obj, listed, space)
+            with torch.no_grad():
+                clone, memo = virtual_copy(obj, listed, space)
         except TypeError as exc:  # ComfyUI's model configs answer None for any attribute: deepcopy calls it
             log.info("simulate: %s; run in place and put back", exc)
             uncopied = exc
+        if uncopied is None:
+            led = ledger(space)
+            if led is not None:  # what sits on the device already (weights assumed there) and the move keeps takes
+                for t, where, _ in listed:  # memory too; what it casts counts once cast
+                    if is_virtual(where) and (dt is None or call is not None or t.dtype == dt
+                                              or not t.is_floating_point()):
+                        led.add(memo.get(id(t)))
+            rec.modules.paths = {id(memo[id(m)]): p for p, m in found.modules if id(m) in memo}
+            rec.roots = [memo[id(m)] for _, m in found.roots if id(m) in memo]
+            try:
+                with remade(_fixes or []), module_casts(_fixes or []) as casts:  # fixed lines make their tensor so
+                    if call is not None:
+                        with applied_when_there(clone, _fixes or []), inputs_cast(clone, _fixes or []), \
+                                moved(clone, _fixes or []):
+                            call(clone)
+                    else:
+                        to_args = (dev,) if dt is None else (dev, dt)
+                        apply_fixes(clone, before_move(_fixes or []))  # a dtype the device cannot hold: cast first
+                        with _quiet_moves():
+                            if callable(getattr(type(clone), "to", None)):
+                                clone.to(*to_args)  # as a user would: the object's own .to (a pipeline's, a model's)
+                            else:
+                                for _, m in found.roots:
+                                    memo[id(m)].to(*to_args)
+                        apply_fixes(clone, _fixes or [])
+                        from torchdoctor._scan.scan import scan
+
+                        placed = scan(clone, device=dev, dtype=None if args or kwargs else dt)
+                        if args or kwargs:
+                            clone(*(_place_inputs(space, a, dev, in_dt, f"input {i}", assume)
+                                    for i, a in enumerate(args)),
+                                  **{k: _place_inputs(space, v, dev, in_dt, f"kwarg {k}", assume)
+                                     for k, v in kwargs.items()})
+            except _Stop:
+                pass
+            except Exception as exc:
+                text = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+                if any(s in str(exc) for s in _NO_RUNTIME):
+                    with contextlib.suppress(_Stop):
+                        rec.stop_unsupported(_api_name(exc), f"a device runtime call is not simulated: {text}")
+                elif rec.problems:
+                    rec.stopped = f"the run ended after the problems above: {text}"  # most likely a consequence
+                elif not storage_read(exc, rec, _Stop) and not rec.escaped(exc):
+                    raise
     if uncopied is not None:  # run on the object itself in a virtual session, then put everything back
         from torchdoctor._virtual.restore import put_back
-
         with put_back(found):
             return simulate_target(lambda: obj if not (args or kwargs) else Target(obj, args, kwargs), dev, dt,
                                    profile=profile, limit=limit, assume_device=assume_device, call=call,
                                    data=data, select=False)  # as on a copy: device 0 stays current
-    space.closed = False  # the run goes on, on the copy: the same space in the world again
-    # a forward is checked with autograd off; the caller's own code (a training step) runs with it, as it would
-    grad = torch.enable_grad() if call is not None else torch.no_grad()
-    with torch.random.fork_rng(devices=[]), grad, virtual_world(space, profile, CastMakers(recast)), \
-            rec.modules.tracking():
-        led = ledger(space)
-        if led is not None:  # what sits on the device already (weights assumed there) and the move keeps takes
-            for t, where, _ in listed:  # memory too; what it casts counts once cast
-                if is_virtual(where) and (dt is None or call is not None or t.dtype == dt or not t.is_floating_point()):
-                    led.add(memo.get(id(t)))
-        rec.modules.paths = {id(memo[id(m)]): p for p, m in found.modules if id(m) in memo}
-        rec.roots = [memo[id(m)] for _, m in found.roots if id(m) in memo]
-        try:
-            with remade(_fixes or []), module_casts(_fixes or []) as casts:  # fixed lines make their tensor so
-                if call is not None:
-                    with applied_when_there(clone, _fixes or []), inputs_cast(clone, _fixes or []), \
-                            moved(clone, _fixes or []):
-                        call(clone)
-                else:
-                    to_args = (dev,) if dt is None else (dev, dt)
-                    apply_fixes(clone, before_move(_fixes or []))  # a dtype the device cannot hold: cast first
-                    with _quiet_moves():
-                        if callable(getattr(type(clone), "to", None)):
-                            clone.to(*to_args)  # as a user would: the object's own .to (a pipeline's, a model's)
-                        else:
-                            for _, m in found.roots:
-                                memo[id(m)].to(*to_args)
-                    apply_fixes(clone, _fixes or [])
-                    from torchdoctor._scan.scan import scan
-
-                    placed = scan(clone, device=dev, dtype=None if args or kwargs else dt)
-                    if args or kwargs:
-                        clone(*(_place_inputs(space, a, dev, in_dt, f"input {i}", assume)
-                                for i, a in enumerate(args)),
-                              **{k: _place_inputs(space, v, dev, in_dt, f"kwarg {k}", assume)
-                                 for k, v in kwargs.items()})
-        except _Stop:
-            pass
-        except Exception as exc:
-            text = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-            if any(s in str(exc) for s in _NO_RUNTIME):
-                with contextlib.suppress(_Stop):
-                    rec.stop_unsupported(_api_name(exc), f"a device runtime call is not simulated: {text}")
-            elif rec.problems:
-                rec.stopped = f"the run ended after the problems above: {text}"  # most likely a consequence
-            elif not storage_read(exc, rec, _Stop) and not rec.escaped(exc):
-                raise
     rec.computed = space.computed  # type: ignore[attr-defined]  # read by culprits_first
     problems = rec.culprits_first(list(rec.problems), rec.roots)
     if placed is not None:
