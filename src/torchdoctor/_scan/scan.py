@@ -47,11 +47,7 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
 
         return scan_checkpoint(obj, device=dev, dtype=dt)
     # imported past the path branch: a checkpoint's first scan never pays for the object machinery
-    from torchdoctor._scan.optim import optimizer_problems
-    from torchdoctor._scan.pipeline import pipeline_problems
-    from torchdoctor._scan.policy import Policy
-    from torchdoctor._walk import walk
-    from torchdoctor._walk.kinds import SCRIPTED
+    optimizer_problems, pipeline_problems, Policy, walk, SCRIPTED = _MACHINERY or _machinery()
 
     # Every object scan allocates (entries, rows, problems) survives into the report; pausing the cyclic GC
     # (restored after, as the checkpoint reader does) keeps a collection of the user's whole heap out of the scan.
@@ -84,6 +80,22 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
             gc.enable()
         if log.isEnabledFor(logging.INFO) and "w" in locals() and "problems" in locals():
             log.info("scanned %s: %d tensor paths, %d problem(s)", type(obj).__name__, len(w.entries), len(problems))
+
+
+_MACHINERY: tuple[Any, ...] = ()  # what an object's scan uses, imported at its first call (five imports a call
+# were a few microseconds of every scan)
+
+
+def _machinery() -> tuple[Any, ...]:
+    global _MACHINERY
+    from torchdoctor._scan.optim import optimizer_problems
+    from torchdoctor._scan.pipeline import pipeline_problems
+    from torchdoctor._scan.policy import Policy
+    from torchdoctor._walk import walk
+    from torchdoctor._walk.kinds import SCRIPTED
+
+    _MACHINERY = (optimizer_problems, pipeline_problems, Policy, walk, SCRIPTED)
+    return _MACHINERY
 
 
 def _with_trace_notes(problems: list[Any], w: Any) -> list[Any]:

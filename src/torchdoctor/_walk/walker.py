@@ -29,6 +29,7 @@ _FORWARD: Any = object()  # in expand's ``later`` list: the module's own ``forwa
 _UNSEEN: Any = object()
 _ATOMS_GE = FAST_ATOMS.issuperset
 _TENSOR_OF = attrgetter("tensor")
+_EMPTIES = frozenset({dict, list, set, frozenset})  # exact builtin containers: ``not v`` runs no user code
 __all__ = ["MAX_DEPTH", "MAX_ITEMS", "MAX_NODES", "Entry", "Walk", "form_of", "hook_chain", "is_quant_type", "set_tensor", "walk"]
 
 
@@ -197,7 +198,13 @@ class _Walker(Values):
             # then the module attributes, in module order (a replaced forward first), keys sorted
             seen = self.seen_obj
             for path, mod, key, v in later:
-                if type(v) is tuple and len(v) <= MAX_ITEMS and _ATOMS_GE(map(type, v)) and self.nodes < MAX_NODES:
+                tv = type(v)
+                if tv in _EMPTIES and not v and self.nodes < MAX_NODES:
+                    # an empty dict, list or set (a transformers model's key lists and plans, a score per root):
+                    # nothing in it, now or at a second visit, which finds it as empty again
+                    self.nodes += 1
+                    continue
+                if tv is tuple and len(v) <= MAX_ITEMS and _ATOMS_GE(map(type, v)) and self.nodes < MAX_NODES:
                     # an exact tuple of plain values (a norm's normalized_shape, several per block): immutable and
                     # holding no tensor, nothing to record for a second visit, which proves it again as cheaply
                     self.nodes += 1
