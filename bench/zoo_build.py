@@ -1,4 +1,4 @@
-"""Build and forward times of every test-zoo entry (tests/zoo.py), and the cost of the read-only fingerprint.
+"""Build and forward times of every test-zoo entry (tests/support/zoo.py), and the cost of the read-only fingerprint.
 
 Run: .venv/bin/python bench/zoo_build.py   (prints a markdown table; best of 7, CPU, no_grad)
 Best-of rather than median: the machine is shared, and a median of a 1 ms forward still picks up other jobs.
@@ -13,7 +13,7 @@ import time
 
 for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "DIFFUSERS_OFFLINE"):
     os.environ.setdefault(var, "1")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
 
 import torch  # noqa: E402
 
