@@ -43,3 +43,20 @@ def test_a_scalar_type_mismatch_offers_both_directions() -> None:
     assert codes[:2] == ["t = t.half()  # t: the operand that is float32",
                          "x = x.float()  # x: the operand that is float16"]
     assert "kept in float32 on purpose (a VAE or a norm upcast)" in d.fixes[1][0]
+
+
+def test_a_meta_read_under_offload_reads_the_weight_inside_its_module() -> None:
+    """A parent's forward reading an offloaded child's parameter (diffusers' sequential offload: only the child's
+    own forward gets its weights from accelerate's hook) is told to read it there or offload the model whole, not
+    to materialise the model and load a state dict it does not have."""
+    text = ('Traceback (most recent call last):\n  File "/work/app.py", line 12, in forward\n'
+            '    a = s.gate.alpha.item()\n'
+            '  File "/usr/lib/python3.11/site-packages/accelerate/hooks.py", line 170, in new_forward\n'
+            'RuntimeError: Tensor.item() cannot be called on meta tensors')
+    d = explain(text)[0]
+    assert d.category == "mixed_device_model"
+    assert d.fixes[:2] == (("See which modules were offloaded", "print(model.hf_device_map)"),
+                           ("Read an offloaded module's weights only inside its own forward (its hook loads them "
+                            "there), or offload the whole model as one unit",
+                            "cpu_offload(model, execution_device=device)  # not each child on its own"))
+    assert not any("to_empty" in code for _, code in d.fixes[:3])

@@ -151,6 +151,9 @@ _c("md.offload_meta",
    "offload): those modules hold meta placeholders and get real weights only inside their own hook; code that "
    "uses them outside the hook, or moves the model, meets meta.", "torchdoctor.scan(model)",
    ("See which modules were offloaded", "print(model.hf_device_map)"),
+   # a parent's forward reading a child's weight (child.alpha.item()) while only the child is offloaded
+   ("Read an offloaded module's weights only inside its own forward (its hook loads them there), or offload the "
+    "whole model as one unit", "cpu_offload(model, execution_device=device)  # not each child on its own"),
    ("Make it fit so nothing is offloaded (more memory, or a quantized variant)",
     'model = AutoModel.from_pretrained(name, device_map="auto", max_memory={0: "22GiB", "cpu": "64GiB"})'),
    ("For diffusers, prefer model offload to sequential offload", "pipe.enable_model_cpu_offload()"))
