@@ -242,6 +242,7 @@ def test_an_accelerate_wrapper_and_its_optimizer_count_once() -> None:
     from accelerate.state import AcceleratorState, GradientState
 
     m, opt = _trained()
+    AcceleratorState._reset_state(True)  # a test before may have left one (e.g. a training app run with accelerate)
     try:
         wrapped = accelerate.Accelerator(cpu=True).prepare_optimizer(opt)
         assert wrapped.state is opt.state  # the wrapper shares its optimizer's state

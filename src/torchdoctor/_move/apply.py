@@ -19,7 +19,8 @@ from torchdoctor._move import holders
 from torchdoctor._move import owners as q
 from torchdoctor._move.available import refuse_missing
 from torchdoctor._move.plan import Expect, Moved, MoveReport, _Plan, build
-from torchdoctor._move.undo import CastBack, Outcome, UndoLog, Unit, compact_of, irreplaceable, owns_storage
+from torchdoctor._move.undo import (CastBack, Outcome, SetSlots, UndoLog, Unit, compact_of, irreplaceable,
+                                   owns_storage)
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype, same_device
 from torchdoctor._report.model import PlacementError, Problem
 from torchdoctor._report.text import format_error, human_bytes
@@ -185,6 +186,7 @@ def _move(obj: Any, dev: torch.device | None, dt: torch.dtype | None, keep_fp32:
         if stop is not None:
             raise _interrupt(stop, format_error(head, rows, fix, limit=len(rows)))
         raise PlacementError(format_error(head, rows, fix), problems=problems, fix=fix)
+    _successors(log)
     kept = p.kept
     missed = [s.entry.path for s in p.steps if not s.entry.moved_by_module_to] + extra
     log.clear()  # frees kept originals now, not at the next gc
@@ -351,3 +353,17 @@ def _verify(obj: Any, device: torch.device | None, dtype: torch.dtype | None, ke
             if prob.kind in ("device", "meta") and not any(x.startswith(prob.path + "  ") for x in left):
                 left.append(f"{prob.path}  {prob.message}")
     return left
+
+
+def _successors(log: UndoLog) -> None:
+    """In a virtual run the moved Parameters are new objects (a twin cannot live in a real one): what the program
+    does with the old ones it holds reaches the new ones, as the same objects would on the device."""
+    space = sys.modules.get("torchdoctor._virtual.tensor")
+    space = space.current_space() if space is not None else None
+    if space is None:
+        return
+    from torchdoctor._virtual.replaced import succeeded
+
+    for rec in log.records:
+        if isinstance(rec, SetSlots) and isinstance(rec.strong, _PARAM) and rec.strong is not rec.new:
+            succeeded(space, rec.strong, rec.new)

@@ -164,7 +164,10 @@ def new_tensors(unit: list[tuple[torch.Tensor, torch.device, torch.dtype]], non_
     st = datas[0].untyped_storage()
     flat = torch.empty(0, dtype=datas[0].dtype if cast else torch.uint8, device=datas[0].device)
     flat.set_(st, 0, (st.nbytes() // flat.element_size(),), (1,))
-    moved = convert(flat, device, dtype if cast else flat.dtype, non_blocking).untyped_storage()
+    whole = convert(flat, device, dtype if cast else flat.dtype, non_blocking)
+    if type(whole) is not torch.Tensor:  # a subclass (a virtual run's twin): its storage is not where its data is
+        return [whole.view(dt).as_strided(d.size(), d.stride(), d.storage_offset()) for (_, _, dt), d in zip(unit, datas)]
+    moved = whole.untyped_storage()
     return [torch.empty(0, dtype=dt, device=moved.device).set_(moved, d.storage_offset(), d.size(), d.stride())
             for (_, _, dt), d in zip(unit, datas)]
 

@@ -345,7 +345,8 @@ def build(obj: Any, device: torch.device | None, dtype: torch.dtype | None, keep
             refusals.append((s.refused[0], e.path, e.info().compact, s.refused[1], s.refused[2]))
         if not wrapper and q.real_storage(t):
             try:
-                st = t.untyped_storage()
+                with torch._C.DisableTorchFunction():  # its own storage, never one a function mode builds for it
+                    st = t.untyped_storage()
                 s.sid = sid = st._cdata
                 n = st.nbytes()
                 if n:

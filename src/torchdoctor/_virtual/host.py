@@ -24,6 +24,32 @@ def any_virtual(args: Any, kwargs: dict[str, Any], named: dict[int, Any] | None 
     return False
 
 
+_IN_PLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                               "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",
+                               "__imatmul__", "__setitem__"})
+
+
+def mutates(name: str) -> bool:
+    """An in-place call (``add_``, ``_foreach_add_``, ``x += y``, ``x[i] = v``): on real tensors alone it is the
+    program's CPU work, never a private copy's (an optimizer stepping a model left on the CPU must train it)."""
+    return name[-1:] == "_" and (name[:2] != "__" or name in _IN_PLACE_DUNDERS)
+
+
+def written(real: tuple[Any, ...] | None, lifted: tuple[Any, ...], out: Any) -> Any:
+    """After an in-place call on twins of the program's real tensors (``p.addcdiv_(exp_avg, denom)`` with a state
+    the run made): the values it wrote are copied back into the real ones, and the call returns its real ``self``."""
+    if real is None:
+        return out
+    pairs = [(r, v) for rs, vs in zip(real, lifted) for r, v in
+             (zip(rs, vs) if isinstance(rs, (list, tuple)) and isinstance(vs, (list, tuple)) else [(rs, vs)])]
+    with torch.no_grad(), torch._C.DisableTorchFunction():
+        for r, v in pairs:
+            if r is not v and isinstance(v, VirtualTensor) and not isinstance(r, VirtualTensor) \
+                    and isinstance(r, torch.Tensor) and v._td_elem.device == r.device and v._td_elem.shape == r.shape:
+                r.copy_(v._td_elem)
+    return real[0] if real and out is lifted[0] else out
+
+
 def labelled(args: tuple[Any, ...], kwargs: dict[str, Any], lift: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Real tensors given a device label by ``.data =`` (diffusers' group offloading onloads a model built before
     the run: ``param.data = param.data.to(onload)``) made virtual where they are used, so what is computed from them

@@ -85,10 +85,15 @@ def note(space: Any, new: torch.Tensor) -> None:
         if frame.f_code is _APPLY:
             old = frame.f_locals.get("param")
             if isinstance(old, torch.nn.Parameter) and old is not new:
-                space.replaced[id(old)] = (weakref.ref(old), weakref.ref(new))  # never keeps either alive
-                if type(old) is torch.nn.Parameter:
-                    old.__class__ = Moved
+                succeeded(space, old, new)
             return
+
+
+def succeeded(space: Any, old: torch.nn.Parameter, new: torch.Tensor) -> None:
+    """``new`` stands in the model for ``old`` from now on (``Module.to``, ``torchdoctor.move``)."""
+    space.replaced[id(old)] = (weakref.ref(old), weakref.ref(new))  # never keeps either alive
+    if type(old) is torch.nn.Parameter:
+        old.__class__ = Moved
 
 
 def _now(space: Any, p: Any) -> Any:

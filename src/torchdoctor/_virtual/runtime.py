@@ -303,16 +303,17 @@ class VirtualMode(TorchFunctionMode):
         if dev is None and _device_mod.CURRENT_DEVICE is not None and func in _device_mod._device_constructors():
             dev = kwargs["device"] = training.default_device(space)  # set_default_device's: its mode is below ours
         target = space.norm(dev) if dev is not None else None
-        if (target is None or not is_virtual(target)) and not H.any_virtual(args, kwargs, space.named):
-            # CPU work of the program's own (no virtual tensor, no virtual device): real tensors, as the program
-            # would have them, so what it saves or converts is real
+        real = args if H.mutates(name) else None  # an in-place call changes the program's real tensors
+        if (target is None or not is_virtual(target)) and \
+                not H.any_virtual(args, kwargs, space.named if real is None else None):
+            # the program's own CPU work (no virtual tensor or device): real tensors, as the program would have them
             return H.cpu_work(space, func, args, kwargs, func in _device_mod._device_constructors())
         if any(plain(a) or isinstance(a, (list, tuple)) and any(plain(x) for x in a) for a in args):
             args = tuple(H.graphed(args, lift_all(args, space, None)))  # in the program's graph still
         if kwargs and any(plain(v) for v in kwargs.values()):
-            kwargs = dict(zip(kwargs, lift_all(kwargs.values(), space, None)))
+            kwargs = dict(zip(kwargs, H.graphed(list(kwargs.values()), lift_all(kwargs.values(), space, None))))
         if target is None or not is_virtual(target):
-            return _made(_own(func(*args, **kwargs), space, target), func, space, kwargs)
+            return _made(_own(H.written(real, args, func(*args, **kwargs)), space, target), func, space, kwargs)
         space.hooks.creating(name, target, kwargs, args)
         grad = bool(kwargs.pop("requires_grad", False))  # a leaf that asks for grad is one on the device too
         out = func(*args, **dict(kwargs, device=space.inner))
