@@ -5,16 +5,17 @@ log made only of error texts), measured interleaved with the grep-like baseline 
 ``python bench/explain.py --errors [rounds] [MB ...]`` prints explain on three logs made only of error texts (repeated
 exactly, alike with varying line numbers and shapes, alike with a time stamp on every line) at 4 and 16 MB against
 the grep-like pass on the same text.
+``--stages [MB]``: where explain's time goes on the app log and those logs (reading, normalising, diagnoses).
 ``python bench/explain.py --growth [MB] [rounds]`` prints explain's growth from 1x to 4x the input on both logs
 against the grep-like pass's (issue 43 point 6).
 ``python bench/explain.py --accuracy`` prints the held-out figures of issue 29 per category and source kind instead;
 ``--golden`` rewrites ``tests/explain/golden_50mb.json``, the diagnoses of the 50 MB log that
 ``tests/explain/test_speed_findings.py`` holds every change to (only when the tables change on purpose).
 
-Prints MB/s for: a 50 MB training/inference log with a few hundred real errors spread through it (as a str,
-and streamed from a file through the CLI path), a log a tenth that size made only of real error texts, and for strings built to trip regex engines (runs of "(", ":",
-spaces, repeated anchors). Target (issue 28): >= 80 MB/s in process on the log, linear on adversarial input.
-The machine is shared: the grep-like baseline, run interleaved, shows how busy it was.
+Prints MB/s for: a 50 MB training/inference log with a few hundred real errors in it (as a str, and streamed from a
+file through the CLI path), a log a tenth that size made only of real error texts, and strings built to trip regex
+engines (runs of "(", ":", spaces, repeated anchors). Target (issue 28): >= 80 MB/s in process on the log, linear on
+adversarial input. The machine is shared: the grep-like baseline, run interleaved, shows how busy it was.
 """
 
 from __future__ import annotations
@@ -206,6 +207,30 @@ def growth(size: int, rounds: int) -> dict[str, float]:
     return out
 
 
+def stages(size: int) -> None:
+    """Where explain's time goes, CPU time: reading (passes, lines, hits, replays), normalising alone, diagnoses."""
+    from torchdoctor._explain import api, scanner
+    spent: dict[str, float] = {}
+    for owner, name, label in ((scanner.Scanner, "feed", "reading"), (scanner, "normalise", "normalising"),
+                               (api, "_diagnose", "diagnoses")):
+        def wrapper(*args, _fn=getattr(owner, name), _label=label, **kwargs):  # type: ignore[no-untyped-def]
+            t = time.process_time()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.process_time() - t
+        setattr(owner, name, wrapper)
+    for label, text in (("app log", app_log(size)), ("error texts", error_log(size)), ("alike", alike_log(size)),
+                        ("alike+stamps", alike_log(size, stamps=True))):
+        explain(text)
+        spent.clear()
+        t = time.process_time()
+        n, total = len(explain(text)), time.process_time() - t
+        print(f"{label:<13} {len(text) / 1e6:5.1f} MB {total * 1e3:5.0f} ms ({len(text) / 1e6 / total:5.1f} MB/s, {n} "
+              f"diagnoses): " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in spent.items())
+              + f"; load average {os.getloadavg()[0]:.1f}")
+
+
 def rate(label: str, text_len: int, fn) -> float:  # type: ignore[no-untyped-def]
     t = time.perf_counter()
     out = fn()
@@ -316,6 +341,9 @@ def main() -> int:
         explain("warm up")
         rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
         error_rates(tuple(int(float(a) * 1e6) for a in sys.argv[3:]) or (4_000_000, 16_000_000), rounds)
+        return 0
+    if sys.argv[1:2] == ["--stages"]:  # where the time goes: [size in MB]
+        stages(int(float(sys.argv[2]) * 1e6) if len(sys.argv) > 2 else 8_000_000)
         return 0
     if sys.argv[1:2] == ["--growth"]:  # issue 43 point 6: [size in MB at 1x] [rounds]
         explain("warm up")
