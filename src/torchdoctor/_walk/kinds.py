@@ -15,6 +15,7 @@ import functools
 import types
 import weakref
 from collections.abc import Iterator
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -98,7 +99,7 @@ def _plain_seq(x: Any, depth: int = 2) -> bool:
         return True
     if (tp is not tuple and tp is not list) or depth <= 0 or len(x) > 64:
         return False
-    return _ATOMS_GE(map(type, x)) or all(_plain_seq(y, depth - 1) for y in x)
+    return _ATOMS_GE(map(type, x)) or all(map(_plain_seq, x, repeat(depth - 1, len(x))))  # no generator frame
 
 
 def kind(obj: Any) -> int:

@@ -21,6 +21,7 @@ from torchdoctor._walk.kinds import (ATOM, FAST_ATOMS, FUNC, HOOK, MAPPING, MEMB
 MAX_DEPTH = 64  # nesting of plain objects / containers below a module attribute
 MAX_ITEMS = 100_000  # items read from one container
 MAX_NODES = 5_000_000  # objects visited in one walk
+_ATOMS_GE = FAST_ATOMS.issuperset
 
 
 class Values:
@@ -154,8 +155,10 @@ class Values:
         else:
             d = instance_dict(v)
             if d and len(d) <= MAX_ITEMS and not hasattr(type(v), "__slots__"):
-                # an object's plain values (most of a config's) are skipped by the loop below: filtered at C speed
-                items = list(compress(dict.items(d), map(not_, map(FAST_ATOMS.__contains__, map(type, d.values())))))
+                # an object's plain values (most of a config's) are skipped by the loop below: filtered at C speed,
+                # after one pass that proves the common case of none left (a generation config)
+                items = () if _ATOMS_GE(map(type, d.values())) else list(compress(dict.items(d), map(not_, map(
+                    FAST_ATOMS.__contains__, map(type, d.values())))))
             else:
                 items = list(d.items()) if d else []
                 if hasattr(type(v), "__slots__"):
