@@ -55,7 +55,7 @@ def _copy_ordered_dict(x: Any, memo: dict[int, Any]) -> Any:
         return copy._reconstruct(x, memo, *x.__reduce_ex__(4))  # type: ignore[attr-defined]
     y: collections.OrderedDict[Any, Any] = collections.OrderedDict()
     memo[id(x)] = y
-    deep, atomic = copy.deepcopy, _ATOMIC
+    deep, atomic = _deep, _ATOMIC
     for k, v in x.items():
         y[k if type(k) in atomic else deep(k, memo)] = v if type(v) in atomic else deep(v, memo)
     return y
@@ -67,11 +67,25 @@ _ATOMIC = frozenset({type(None), int, float, bool, complex, bytes, str, types.Co
                      types.BuiltinFunctionType, weakref.ref, property, type(Ellipsis), type(NotImplemented)})
 
 
+_NIL = object()
+
+
+def _deep(x: Any, memo: dict[int, Any]) -> Any:
+    """``copy.deepcopy(x, memo)`` of a value an object holds; the dicts, lists and sets of a module's ``__dict__`` (its
+    eleven hook tables) go straight to their copier, past deepcopy's dispatch and keep-alive list (what the copied
+    object holds stays alive with it; the list is for temporaries a ``__reduce__`` makes)."""
+    hit = memo.get(id(x), _NIL)
+    if hit is not _NIL:
+        return hit
+    fast = _FAST_COPY.get(type(x))
+    return fast(x, memo) if fast is not None else copy.deepcopy(x, memo)
+
+
 def _copy_dict(x: dict[Any, Any], memo: dict[int, Any]) -> dict[Any, Any]:
     """A dict copied as ``deepcopy`` copies it, its atomic keys and values taken as they are without a call each."""
     y: dict[Any, Any] = {}
     memo[id(x)] = y
-    deep, atomic = copy.deepcopy, _ATOMIC
+    deep, atomic = _deep, _ATOMIC
     for k, v in x.items():
         y[k if type(k) in atomic else deep(k, memo)] = v if type(v) in atomic else deep(v, memo)
     return y
@@ -80,7 +94,7 @@ def _copy_dict(x: dict[Any, Any], memo: dict[int, Any]) -> dict[Any, Any]:
 def _copy_list(x: list[Any], memo: dict[int, Any]) -> list[Any]:
     y: list[Any] = []
     memo[id(x)] = y
-    deep, atomic = copy.deepcopy, _ATOMIC
+    deep, atomic = _deep, _ATOMIC
     y.extend(v if type(v) in atomic else deep(v, memo) for v in x)
     return y
 
@@ -90,7 +104,8 @@ def _copy_set(x: Any, memo: dict[int, Any]) -> Any:
 
 
 # by exact type, as deepcopy looks up
-_FAST_COPY = {collections.OrderedDict: _copy_ordered_dict, set: _copy_set, dict: _copy_dict, list: _copy_list}
+_FAST_COPY: dict[type, Any] = {collections.OrderedDict: _copy_ordered_dict, set: _copy_set, dict: _copy_dict,
+                              list: _copy_list}
 
 
 def virtual_copy(obj: Any, tensors: list[tuple[torch.Tensor, torch.device, str]],
@@ -100,15 +115,16 @@ def virtual_copy(obj: Any, tensors: list[tuple[torch.Tensor, torch.device, str]]
     memo: dict[int, Any] = {}
     made: list[tuple[torch.Tensor, Any]] = []
     foreign: list[tuple[torch.Tensor, str, str]] = []
-    for t, device, path in tensors:
-        if id(t) not in memo:
-            why = unsupported_form(t)
-            if why is not None:  # copied as it is (outside any mode); the run reports it where used or moved
-                memo[id(t)] = _copy_foreign(t, memo, path, why)
-                foreign.append((t, path, why))
-                continue
-            memo[id(t)] = v = make(virtual_class(type(t)), space.inner_of(t), device, path, t.requires_grad)
-            made.append((t, v))
+    with torch._C.DisableTorchFunction():  # the user's tensors' metadata, read past the run's mode (~2 reads each)
+        for t, device, path in tensors:
+            if id(t) not in memo:
+                why = unsupported_form(t)
+                if why is not None:  # copied as it is (outside any mode); the run reports it where used or moved
+                    memo[id(t)] = _copy_foreign(t, memo, path, why)
+                    foreign.append((t, path, why))
+                    continue
+                memo[id(t)] = v = make(virtual_class(type(t)), space.inner_of(t), device, path, t.requires_grad)
+                made.append((t, v))
     memo[id(memo)] = [t for t, _ in made]  # keep-alive, as copy.deepcopy does
     dispatch = copy._deepcopy_dispatch  # type: ignore[attr-defined]
     with _COPY_LOCK:
@@ -134,7 +150,9 @@ def virtual_copy(obj: Any, tensors: list[tuple[torch.Tensor, torch.device, str]]
                     else:
                         dispatch[tp] = old
     for t, v in made:  # library attributes of tensors (bnb: quant_state, module, blocksize, CB, SCB)
-        for k, val in (getattr(t, "__dict__", None) or {}).items():
+        with torch._C.DisableTorchFunction():
+            attrs = getattr(t, "__dict__", None)
+        for k, val in (attrs or {}).items():
             v.__dict__[k] = copy.deepcopy(val, memo)
     for t, path, why in foreign:
         twin = memo.get(id(t))

@@ -346,15 +346,27 @@ def with_class_of(t: torch.Tensor, elem: torch.Tensor, device: torch.device, pat
     """The virtual result of moving ``t``: a plain ``torch.Tensor`` subclass of the program's (a GGUF loader's
     tensor made with ``_make_subclass``, with its ``logical_shape`` and ``scale``) stays one, attributes kept, as
     torch's ``.to`` keeps it; parameters, wrapper subclasses (DTensor) and plain tensors become ``VirtualTensor``."""
-    cls = type(t)
-    base = next((c for c in cls.__mro__ if not issubclass(c, VirtualTensor)), torch.Tensor) \
-        if issubclass(cls, VirtualTensor) else cls
-    if base is torch.Tensor or issubclass(base, torch.nn.Parameter) or not issubclass(base, torch.Tensor) or any(
-            "__torch_dispatch__" in c.__dict__ for c in base.__mro__[:-3]):
+    base = _KEPT_CLASS.get(type(t), _KEPT_CLASS)
+    if base is _KEPT_CLASS:  # (a move of every weight asks: the answer is the class's, looked up once)
+        base = _KEPT_CLASS[type(t)] = _kept_class(type(t))
+    if base is None:
         return make(VirtualTensor, elem, device, path)
     out = make(virtual_class(base), elem, device, path)
     out.__dict__.update({k: v for k, v in getattr(t, "__dict__", {}).items() if not k.startswith("_td_")})
     return out
+
+
+_KEPT_CLASS: dict[type, Any] = {}
+
+
+def _kept_class(cls: type) -> type | None:
+    """The program's own plain subclass a moved ``cls`` stays (``with_class_of``), or None for ``VirtualTensor``."""
+    base = next((c for c in cls.__mro__ if not issubclass(c, VirtualTensor)), torch.Tensor) \
+        if issubclass(cls, VirtualTensor) else cls
+    if base is torch.Tensor or issubclass(base, torch.nn.Parameter) or not issubclass(base, torch.Tensor) or any(
+            "__torch_dispatch__" in c.__dict__ for c in base.__mro__[:-3]):
+        return None
+    return base
 
 
 def standin(t: VirtualTensor, anchor: Any) -> Any:
