@@ -31,9 +31,12 @@ def _param_paths(rec: Any) -> dict[int, str]:
 
 
 def check_step(rec: Any, optimizer: Any) -> None:
-    """Gradients and optimizer state against their parameters, before ``optimizer.step()`` runs."""
+    """Gradients and optimizer state against their parameters, before ``optimizer.step()`` runs. A state left on
+    another device (loaded before the model's move) is one finding for the optimizer, and the step goes on with it
+    on its parameters' device, as after the fix."""
     names = _param_paths(rec)
     state = getattr(optimizer, "state", {})
+    off: list[tuple[str, str, torch.Tensor, torch.device, dict[str, Any]]] = []
     for group in getattr(optimizer, "param_groups", ()):
         for i, p in enumerate(group.get("params", ())):
             if not isinstance(p, torch.Tensor):
@@ -43,12 +46,73 @@ def check_step(rec: Any, optimizer: Any) -> None:
             g = p.grad
             if g is not None:
                 _against(rec, f"{name}.grad", g, where, dt, "a gradient", "its parameter")
-            for key, v in (state.get(p) or {}).items():
+            held = state.get(p) or {}
+            for key, v in held.items():
                 # the step count is a cpu scalar by design (unless capturable / fused); 8-bit states keep their
                 # own dtype and shape: only floating tensors shaped as the parameter are held to it
                 if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() and v.shape == p.shape:
-                    _against(rec, f"optimizer.state[{name}].{key}", v, where, dt, "optimizer state",
-                             "its parameter", dtype=False)
+                    if tensor_device(v) != where:
+                        off.append((name, key, v, where, held))
+    if off:
+        _state_off(rec, optimizer, off)
+
+
+def _state_off(rec: Any, optimizer: Any, off: list[tuple[str, str, torch.Tensor, torch.device, dict[str, Any]]]
+               ) -> None:
+    """One finding for an optimizer's state on another device than its parameters; the run then moves it."""
+    first, key, v, where, _ = off[0]
+    here = tensor_device(v)
+    held = heldby_name(optimizer) or "optimizer"
+    model = next((heldby_name(root) for root in rec.modules.outermost), None) or "model"
+    keys = ", ".join(dict.fromkeys(k for _, k, _, _, _ in off))
+    params = len(dict.fromkeys(n for n, _, _, _, _ in off))
+    path = f"optimizer.state[{first}].{key}"
+    more = f" and {len(off) - 1} more ({keys} of {params} parameter(s))" if len(off) > 1 else ""
+    to = device_str(where)
+    fix = (f"# the state stays where it was loaded ({device_str(here)}): Module.to moves only the model\n"
+           f"{held}.load_state_dict(...)  # after {model}.to({to!r}): torch puts each state tensor on its parameter's "
+           f"device\n# or move the model and the state together, in place of {model}.to({to!r}):\n"
+           f"torchdoctor.move({model}, {to!r}, optimizer={held})")
+    message = (f"{path} {compact(v.dtype, tuple(v.shape), here)}{more}: optimizer state on {device_str(here)} while "
+               f"its parameter is on {to} ({type(optimizer).__name__} {held}); the step raises on real hardware. "
+               f"Load it after the model's move ({held}.load_state_dict after {model}.to), or move it with the model: "
+               f"torchdoctor.move({model}, {to!r}, optimizer={held})")
+    STATE_FIXES[message] = fix
+    while len(STATE_FIXES) > 64:
+        STATE_FIXES.pop(next(iter(STATE_FIXES)))
+    rec._note("device", path, device_str(here), to, message, op="Optimizer.step", role="optimizer",
+              key=f"step:state:{id(optimizer)}")
+    for _, k, t, dev, state in off:  # as after the fix: each state tensor on its parameter's device
+        with contextlib.suppress(Exception):
+            state[k] = t.to(dev)
+
+
+# a finding's message -> its fix as code (the optimizer named as the program holds it), for ``state_fix``
+STATE_FIXES: dict[str, str] = {}
+
+
+def state_fix(problem: Any) -> str | None:
+    """The fix of an optimizer state left on another device (``check_step``'s finding), or None."""
+    return STATE_FIXES.get(problem.message) if problem.role == "optimizer" else None
+
+
+def heldby_name(obj: Any) -> str | None:
+    """The name the program's innermost frame outside torch and torchdoctor binds to ``obj`` (``opt``)."""
+    import sys
+
+    f: Any = sys._getframe(1)
+    for _ in range(32):
+        if f is None:
+            return None
+        file = f.f_code.co_filename
+        if not any(part in file for part in ("/torch/", "/torchdoctor/", "site-packages", "<frozen")):
+            for scope in (f.f_locals, f.f_globals):
+                hit = next((n for n, x in scope.items() if x is obj and not n.startswith("_")), None)
+                if hit is not None:
+                    return hit
+            return None
+        f = f.f_back
+    return None
 
 
 def _against(rec: Any, path: str, t: torch.Tensor, where: torch.device, dt: torch.dtype, what: str, of: str,
