@@ -138,7 +138,7 @@ class CheckMode(TorchDispatchMode):
         self.profile = session.g.profile
         self.quick = self.profile is None  # the schema-based fast path knows no profile limits
         self.aligns = session.mode in ("fix", "warn")
-        self.gate = _fastpath.Gate(self._push, self._pop, session.frames.stack) \
+        self.gate = _fastpath.Gate(self._push, self._pop, session.frames.stack, session.chain) \
             if _fastpath.eligible(session) and not _simulating() else None
 
     def __enter__(self) -> CheckMode:

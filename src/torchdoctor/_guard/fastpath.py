@@ -34,6 +34,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 ENABLED = True  # False: strict checks every op again (bench/guard.py times both in one process)
 AFTER = True  # False: nothing after a backward is checked (bench/guard.py times the first stage's cost)
 BY_CALL = True  # False: the code around the model runs under the dispatch mode, every op (bench/guard.py times both)
+CHAINED = True  # False: the gate registers a global hook pair of its own, as before (bench/guard.py times both)
 
 _T, _P = torch.Tensor, torch.nn.Parameter
 _grad_enabled = torch.is_grad_enabled
@@ -146,9 +147,11 @@ class Gate:
     outside any module the first stage decides call by call (``by_call``; else the mode is on there too, except
     after a forward that autograd will differentiate)."""
 
-    def __init__(self, enter: Callable[[], Any], leave: Callable[[], bool], stack: list[Any]) -> None:
+    def __init__(self, enter: Callable[[], Any], leave: Callable[[], bool], stack: list[Any],
+                 chain: list[Any] | None = None) -> None:
         self.enter, self.leave = enter, leave  # push / pop the dispatch mode itself (pop: False when not on top)
         self.stack = stack  # the session's module stack (its pre-hook runs before ours, its post-hook before ours)
+        self.chain = chain  # the session's hooks call ours (pre, post, our suspects); else a global pair of our own
         self.active: list[torch.nn.Module] = []  # suspect modules running now, outermost first
         self.sticky = False  # a suspect module fed autograd: keep checking through its backward
         self.trained = False  # the last outermost forward fed autograd: what follows is its backward
@@ -160,7 +163,10 @@ class Gate:
 
     def start(self) -> None:
         pre, post = self._hooks()
-        self.handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
+        if self.chain is not None and CHAINED:
+            self.chain[:] = [pre, post, self.active]
+        else:
+            self.handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
         if BY_CALL and AFTER:  # the code before the first forward: checked by the first stage
             self._after().arm(None, ready=True)
         self.sync()
@@ -169,6 +175,8 @@ class Gate:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        if self.chain is not None:
+            self.chain[:] = [None, None, ()]
         if self.after is not None:
             self.after.stop()
         self.active.clear()

@@ -110,6 +110,9 @@ class Session:
         self.maps: dict[int, Maps] = {}
         self.kwarg_hook: int | None = None  # the id of the post hook registered with kwargs
         self.replaying = False  # a whole-forward proof runs: module-entry checks stay quiet (_guard/component.py)
+        # strict's module-boundary gate (_guard/fastpath.py) runs in these hooks, not in a global pair of its own
+        # (each global hook costs torch's hook loop again on every module call): its pre, its post, its suspects
+        self.chain: list[Any] = [None, None, ()]
 
     # -- lifetime -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -169,7 +172,7 @@ class Session:
         stack, inputs, ran, push, pop = frames.stack, frames.inputs, frames.ran, frames.push, frames.pop
         kinds: dict[type, int] | None = None if self.mode == "explain" else {}
         get_ident, grad_enabled, track = _get_ident, _grad_enabled, self._track
-        bw_enter, bw_leave = self._bw_enter, self._bw_leave
+        bw_enter, bw_leave, chain = self._bw_enter, self._bw_leave, self.chain
         # explain, and strict at the module boundary, check no op where a forward's own tensors agree: the output
         outcome = Outcome(self) if self.mode == "explain" or (self.mode == "strict" and _eligible(self)) else None
         simulating: Callable[[], bool] | None = None
@@ -199,6 +202,8 @@ class Session:
                 track([t for a in args for t in _tensors_of(a)], bw_leave, mod)
             if kind == 2 and args and simulating is not None and not simulating():
                 self._conv_pre(mod, args[0])
+            if chain[0] is not None:
+                chain[0](mod, args)
 
         def post(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
             if get_ident() != tid:
@@ -212,6 +217,8 @@ class Session:
                 track(_tensors_of(out), bw_enter, mod)
             if outcome is not None and not stack and (model is None or mod is model):
                 outcome.check(mod, args, kwargs, out)  # the model returned: did its dtype widen silently?
+            if chain[1] is not None and (not stack or chain[2]):  # the gate's post: a suspect or the outermost
+                chain[1](mod, args, out)
 
         return pre, post
 
