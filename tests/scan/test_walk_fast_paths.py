@@ -82,3 +82,13 @@ def test_a_compiled_model_keeps_the_model_s_paths_and_the_same_report() -> None:
     report = torchdoctor.scan(compiled)
     assert [(p.kind, p.path) for p in report.problems] == [(p.kind, p.path) for p in plain.problems] == [
         ("dtype", "1.weight")]
+
+
+def test_a_list_of_plain_values_among_a_module_s_attributes_is_read_again_once_it_holds_a_tensor() -> None:
+    m = nn.Sequential(nn.Conv2d(2, 2, 3), nn.Conv2d(2, 2, 3))  # convs keep tuples of ints (kernel_size, stride, ...)
+    sizes = [3, 3]
+    m[0].sizes, m[1].also = sizes, sizes  # the same list at two modules
+    assert [p for p, _, _ in _paths(m) if "sizes" in p or "also" in p] == []
+    sizes.append(torch.zeros(1))
+    assert [x for x in _paths(m) if "sizes" in x[0] or "also" in x[0]] == [("0.sizes.2", "container", None),
+                                                                            ("1.also.2", "container", "0.sizes.2")]

@@ -146,8 +146,16 @@ class _Walker(Values):
                     add_later((path, mod, _FORWARD, d["forward"]))
                 for key in hit[1]:
                     v = d[key]
-                    if type(v) not in atoms:
-                        add_later((path, mod, key, v))
+                    tv = type(v)
+                    if tv in atoms:
+                        continue
+                    if nodes < max_nodes and ((tv is tuple or tv is list) and len(v) <= MAX_ITEMS and _ATOMS_GE(map(
+                            type, v)) or tv in _EMPTIES and not v):
+                        # a conv's kernel_size, stride and padding, an empty key list: plain values or none, nothing
+                        # to record for a second visit, which proves it again as cheaply (counted as ``value`` would)
+                        nodes += 1
+                        continue
+                    add_later((path, mod, key, v))
             if not sub:
                 continue
             del ancestors[depth:]
@@ -198,13 +206,7 @@ class _Walker(Values):
             # then the module attributes, in module order (a replaced forward first), keys sorted
             seen = self.seen_obj
             for path, mod, key, v in later:
-                tv = type(v)
-                if tv in _EMPTIES and not v and self.nodes < MAX_NODES:
-                    # an empty dict, list or set (a transformers model's key lists and plans, a score per root):
-                    # nothing in it, now or at a second visit, which finds it as empty again
-                    self.nodes += 1
-                    continue
-                if tv is tuple and len(v) <= MAX_ITEMS and _ATOMS_GE(map(type, v)) and self.nodes < MAX_NODES:
+                if type(v) is tuple and len(v) <= MAX_ITEMS and _ATOMS_GE(map(type, v)) and self.nodes < MAX_NODES:
                     # an exact tuple of plain values (a norm's normalized_shape, several per block): immutable and
                     # holding no tensor, nothing to record for a second visit, which proves it again as cheaply
                     self.nodes += 1
