@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import re
 import sys
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
@@ -27,6 +26,9 @@ from typing import IO, Any
 from torchdoctor._explain.apps import app_fixes, step_fixes
 from torchdoctor._explain.catalog import causes, context_rules
 from torchdoctor._explain.context import derive, find_word, rank
+from torchdoctor._explain.fill import fill as _render
+from torchdoctor._explain.fill import forget
+from torchdoctor._explain.fill import fill_or_none as _try
 from torchdoctor._explain.plugins import line_fixes, plugin_fields, plugin_fixes
 from torchdoctor._explain.report import SCHEMA, Alternative, Diagnosis, ExplainReport, render, to_json
 from torchdoctor._explain.scanner import BLOCK, Group, Scanner, clean
@@ -39,49 +41,6 @@ __all__ = ["Alternative", "Diagnosis", "ExplainReport", "SCHEMA", "best_fix", "c
 
 log = logging.getLogger("torchdoctor.explain")
 _RULE_SPAN = 12_000  # characters of context (before and after the error line) the rules read, per occurrence
-_FIELD = re.compile(r"\{([a-z_]{1,20})\}")
-_OPTIONAL = re.compile(r"\[([^\[\]]{0,400})\]")
-_OPTIONAL_CODE = re.compile(r"\u00ab([^\u00ab\u00bb]{0,400})\u00bb")
-# Neutral words for fields a text may not give; a field without one leaves its sentence or fix out.
-_DEFAULTS = {"a": "one device", "b": "another device", "op": "an operator", "kernel": "this kernel",
-             "saved": "a GPU", "param": "weight", "input_device": "one device", "weight_device": "another",
-             "count": "fewer", "target": "the GPU", "backend_name": "that device", "low": "half precision",
-             "high": "another dtype", "other_dtype": "another dtype", "fp_eight": "float8"}
-_CODE_DEFAULTS: dict[str, str] = {}
-
-
-class _Missing(Exception):
-    pass
-
-
-def _render(template: str, fields: dict[str, str], prose: bool = True) -> str:
-    """Fill ``{field}``; drop optional parts whose fields are unknown; raise ``_Missing`` when a required field is
-    unknown and has no neutral default (code never gets a default: it would name something the text did not)."""
-    defaults = _DEFAULTS if prose else _CODE_DEFAULTS
-
-    def sub(m: re.Match[str]) -> str:
-        name = m.group(1)
-        value = fields[name] if name in fields else defaults.get(name)
-        if value is None:
-            raise _Missing(m.group(1))
-        return value
-
-    def opt(m: re.Match[str]) -> str:
-        inner = m.group(1)
-        return _FIELD.sub(sub, inner) if all(fields.get(n) for n in _FIELD.findall(inner)) else ""
-
-    if ("[" if prose else "\u00ab") in template:  # most templates have no optional part, many no field
-        template = (_OPTIONAL if prose else _OPTIONAL_CODE).sub(opt, template)
-    return _FIELD.sub(sub, template) if "{" in template else template
-
-
-def _try(template: str, fields: dict[str, str], prose: bool = True) -> str | None:
-    try:
-        return _render(template, fields, prose)
-    except _Missing:
-        return None
-
-
 def _diagnose(group: Group) -> Diagnosis:
     sig = group.sig
     # the first occurrence is enough (repeats bring the same frames); the frames that decide sit near the error
@@ -259,6 +218,7 @@ def _said_again(short: Group, full: Group) -> bool:
 
 
 def _explain_paused(blocks: Iterable[str], limit: int | None) -> list[Diagnosis]:
+    forget()
     scanner = Scanner()
     for block in blocks:
         scanner.feed(block)

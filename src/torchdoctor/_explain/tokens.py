@@ -16,6 +16,7 @@ names and signatures are stable:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 __all__ = ["ACCELERATORS", "devices_in", "dtype_name", "device_name", "dtypes_in", "find_word", "names_in",
            "transformers_version", "type_name"]
@@ -53,6 +54,15 @@ _TOKEN = re.compile(
     r"complex64|complex128|ComplexFloat|ComplexDouble|ComplexHalf|int64|int32|int16|int8|uint8|long int|"
     r"Half|half|Float|float|Double|double|Long|Int|Short|Char|Byte|Bool|fp16|bf16|fp32)\b(?![.(])")
 _DEVICE_WORD = {"gpu": "cuda"}
+# Where a token can start: every alternative of ``_TOKEN`` begins with one of these words (its look-behinds and
+# ``\b`` only narrow that). ``_TOKEN`` itself starts with look-arounds, so ``re`` tries it at every character (~120
+# ns each); this pattern starts with a literal character at each branch, so ``re`` skips to the next one of them,
+# and ``_TOKEN`` is tried only where one of these words starts: the same matches, about a third of the time.
+_STARTS = ("B(?:Float16|ool|yte)|C(?:PU|UDA|har|omplex(?:Double|Float|Half)|uda)|Double|Float|H(?:PU|alf)|Int|Long|"
+           "MPS|NPU|Short|X(?:LA|PU)|bf(?:16|loat16)|c(?:10::|omplex(?:128|64)|pu|uda)|d(?:evice\\(type=|ouble)|"
+           "f(?:loat|p(?:16|32))|h(?:alf|pu)|int(?:16|32|64|8)|long\\ int|m(?:eta|ps)|npu|on\\ |"
+           "to(?:\\ be\\ on\\ |rch\\.)|uint8|x(?:la|pu)")
+_START = re.compile(_STARTS)
 
 
 def dtype_name(text: str) -> str | None:
@@ -102,10 +112,23 @@ def type_name(text: str) -> tuple[str | None, str | None]:
 _DOTLESS = re.compile(r"(CUDA|CPU)(\w{1,12})Tensor")
 
 
+def _tokens(text: str) -> Iterator[re.Match[str]]:
+    """``_TOKEN.finditer(text)``, tried only where a token can start (``_START``)."""
+    search, match = _START.search, _TOKEN.match
+    c = search(text)
+    while c is not None:
+        m = match(text, c.start())
+        if m is None:
+            c = search(text, c.start() + 1)
+        else:
+            yield m
+            c = search(text, m.end())  # a token is never empty: the next one starts at or after its end
+
+
 def _scan(text: str) -> tuple[list[str], list[str]]:
     devices: list[str] = []
     dtypes: list[str] = []
-    for m in _TOKEN.finditer(text[:_LIMIT]):
+    for m in _tokens(text[:_LIMIT]):
         dev: str | None = None
         dt: str | None = None
         if m.group("ldt"):
