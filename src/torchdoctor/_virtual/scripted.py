@@ -7,14 +7,16 @@ module's inputs is said there, named as the program holds it (``m.pos_table``) (
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from torchdoctor._placement import compact, norm_device, tensor_device
-from torchdoctor._virtual.tensor import VirtualTensor
+from torchdoctor._virtual.tensor import VirtualTensor, current_space
 
+_FLOATING = frozenset({"Float", "Double", "Half", "BFloat16"})
 _SKIP = ("site-packages", "dist-packages", "/torch/", "/torchdoctor/", "<frozen")
 
 
@@ -38,6 +40,33 @@ def constants(mod: nn.Module) -> list[torch.Tensor]:
             continue
         if isinstance(t, torch.Tensor) and t.dim() > 0 and t.device.type != "meta":  # a CPU scalar meets any device
             found.append(t)
+    return found
+
+
+def cpu_made(mod: nn.Module) -> list[tuple[str, str]]:
+    """Factories of a TorchScript module's code given the constant device ``cpu`` (``torch.arange(n)`` traced: the
+    tracer records the device it ran on), whose tensor (not a scalar) is used other than moved: (op, file:line)."""
+    try:
+        graph: Any = getattr(mod, "inlined_graph")
+    except Exception:
+        return []
+    found = []
+    for node in graph.nodes():
+        cpu = any(i.node().kind() == "prim::Constant" and i.type().kind() == "DeviceObjType"
+                  and i.node().kindOf("value") == "s" and i.node().s("value") == "cpu" for i in node.inputs())
+        if not cpu or node.outputsSize() != 1 or node.output().type().kind() != "TensorType":
+            continue
+        ty = node.output().type()
+        if getattr(ty, "scalarType", lambda: None)() not in _FLOATING:  # integer positions index: the rules' case
+            continue
+        sizes = getattr(ty, "sizes", lambda: None)()
+        uses = {u.user.kind() for u in node.output().uses()}
+        if sizes == [] or not uses - {"aten::to", "aten::cuda", "aten::type_as"}:
+            continue
+        frames = [ln.rpartition(":")[0] for ln in node.sourceRange().splitlines() if "(" in ln]
+        own = next((f for f in frames if not any(k in f for k in _SKIP)), frames[0] if frames else "?(?)")
+        file, _, line = own.partition("(")  # ``app.py(6)``: the program's line, not the run's own frame
+        found.append((node.kind().partition("::")[2], f"{file}:{line.rstrip(')')}"))
     return found
 
 
@@ -145,7 +174,10 @@ class Entered:
         for t in constants(mod):
             if t.device == where or isinstance(t, VirtualTensor) and t._td_device == where:
                 continue
-            name = held_as(t) or f"{path or '<root>'}.<constant>"
+            space = current_space()
+            kept = space.real_record(t) if space is not None and space.real else None  # traced in this run
+            name = held_as(t) or (kept[0] if kept is not None and kept[0] else None) or \
+                f"{path or '<root>'}.<constant>"
             shown = compact(t.dtype, tuple(t.shape), norm_device(t.device))
             self.note("device", name, str(t.device), str(where),
                       f"{name} {shown} is a constant of the TorchScript module `{path or '<root>'}` ({kind}): "
@@ -153,6 +185,19 @@ class Entered:
                       f"so it meets the inputs on {where}; register it as a buffer "
                       f"(self.register_buffer(...)) before tracing, or trace on {where}",
                       f"{kind}.forward", "attribute", shown)
+            if space is not None:  # said once: the ops that meet it go on as if it were fixed (kept alive, named)
+                t.__dict__["_td_device"] = where
+                space.relabelled.append(weakref.ref(t))
+                space.named[id(t)] = (t, name)
+        space = current_space()
+        for op, at in cpu_made(mod) if space is not None and space.data == "cpu" else ():  # a meta run's ops see it
+            name = f"{path or '<root>'}.<{op} at {at.rpartition('/')[2]}>"
+            self.note("device", name, "cpu", str(where),
+                      f"{name}: torch.{op} at {at} in the TorchScript module `{path or '<root>'}` ({kind}) makes its "
+                      f"tensor on cpu: torch.jit.trace recorded the device it ran on, so it meets the inputs on "
+                      f"{where} (device=x.device and .to(x) are recorded as the constants they were too); make it "
+                      f"once in __init__ as a buffer (self.register_buffer(...)), which .to() moves, or trace on "
+                      f"{where}", f"{kind}.forward", "attribute", name)
         for rel, t in plain_attributes(mod) if isinstance(mod, torch.jit.RecursiveScriptModule) else ():
             dev = norm_device(tensor_device(t))
             if dev == where:
