@@ -293,14 +293,9 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
             got = prose[word] = _prose_only(context, word, message)
         return _PROSE_SCALE if got else 1.0
 
-    held: dict[int, str | None] = {}  # per rule: its flags and words, whatever the category (read once)
-
-    def fires(rule: ContextRule) -> str | None:
-        # a rule that applies (``_applying``): called twice per rule per diagnosis (a log of errors has hundreds)
-        got = held.get(id(rule), _UNSEEN)
-        if got is _UNSEEN:
-            got = held[id(rule)] = holds(rule)
-        return got  # type: ignore[return-value]
+    # per rule: its flags and words, whatever the category (read once: the categories' and the causes' loops both
+    # ask, and a log of errors has hundreds of diagnoses)
+    held: dict[int, str | None] = {}
 
     def holds(rule: ContextRule) -> str | None:
         for fl in rule.flags:
@@ -313,8 +308,8 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
             return ""
         for w in rule.words:
             got = present.get(w)
-            if got is None:
-                got = present[w] = find_word(context, w) != -1
+            if got is None:  # a word without a marked end is a plain substring (``find_word``), found in C
+                got = present[w] = w in context if "\\b" not in w else find_word(context, w) != -1
             if got:
                 return w
         return None
@@ -325,19 +320,18 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     for cat, weight, reason in alternatives:
         score[cat] = score.get(cat, 0.0) + weight
         why.setdefault(cat, reason)
-    for rule in _applying(rules, (category,)):
-        if rule.category is None:
-            continue
-        word = fires(rule)
+    for rule in _applying(rules, (category,), True):
+        word = held[id(rule)] = holds(rule)
         if word is None:
             continue
+        cat = rule.category or ""  # never None here (``scoring``)
         if scale(word) < 1.0:  # prose alone offers a category as an alternative, never as the diagnosis
-            from_prose[rule.category] = from_prose.get(rule.category, 0.0) + rule.weight * _PROSE_SCALE
-            why.setdefault(rule.category, rule.why or f"the text mentions '{word}'")
+            from_prose[cat] = from_prose.get(cat, 0.0) + rule.weight * _PROSE_SCALE
+            why.setdefault(cat, rule.why or f"the text mentions '{word}'")
             continue
-        score[rule.category] = score.get(rule.category, 0.0) + rule.weight
+        score[cat] = score.get(cat, 0.0) + rule.weight
         reason = rule.why or f"the text mentions '{word}'"
-        why[rule.category] = reason + (f" ('{word}')" if word and rule.why else "")
+        why[cat] = reason + (f" ('{word}')" if word and rule.why else "")
     own = score[category]
     for cat, extra in from_prose.items():  # all prose together stays below the message's own category
         base_score = score.get(cat, 0.0)
@@ -350,7 +344,9 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
         scores[cid] = scores.get(cid, 0.0) + w
     fired: list[tuple[ContextRule, str]] = []
     for rule in _applying(rules, (category, top) if top != category else (category,)):
-        word = fires(rule)
+        word = held.get(id(rule), _UNSEEN)  # type: ignore[arg-type]
+        if word is _UNSEEN:
+            word = held[id(rule)] = holds(rule)
         if word is None:
             continue
         if rule.category and rule.category != top:
@@ -364,18 +360,20 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
 
 
 _UNSEEN = object()
-_APPLYING: dict[tuple[int, tuple[str, ...]], tuple[tuple[ContextRule, ...], tuple[ContextRule, ...]]] = {}
+_APPLYING: dict[tuple[int, tuple[str, ...], bool], tuple[tuple[ContextRule, ...], tuple[ContextRule, ...]]] = {}
 
 
-def _applying(rules: tuple[ContextRule, ...], cats: tuple[str, ...]) -> tuple[ContextRule, ...]:
-    """The rules that apply to any of ``cats`` (``applies_to`` empty or naming one), in their order; per rule table
-    and categories once per process (most rules apply to one family: a diagnosis looked at all of them twice)."""
-    got = _APPLYING.get((id(rules), cats))
+def _applying(rules: tuple[ContextRule, ...], cats: tuple[str, ...], scoring: bool = False) -> tuple[ContextRule, ...]:
+    """The rules that apply to any of ``cats`` (``applies_to`` empty or naming one), in their order (``scoring``:
+    only those that score a category); per rule table and categories once per process (most rules apply to one
+    family: a diagnosis looked at all of them twice)."""
+    got = _APPLYING.get((id(rules), cats, scoring))
     if got is None or got[0] is not rules:  # the table itself is kept with its answer: an id is never reused stale
         if len(_APPLYING) > 512:
             _APPLYING.clear()
-        got = _APPLYING[(id(rules), cats)] = (rules, tuple(
-            r for r in rules if not r.applies_to or any(c in r.applies_to for c in cats)))
+        got = _APPLYING[(id(rules), cats, scoring)] = (rules, tuple(
+            r for r in rules if (not r.applies_to or any(c in r.applies_to for c in cats))
+            and (not scoring or r.category is not None)))
     return got[1]
 # Which causes make sense under each category (a rule may fire for several categories).
 _FAMILIES = {"device_mismatch": ("dev.",), "quantization_device": ("q.", "dev."),
