@@ -3,6 +3,7 @@ on real-width models built on meta: Flux's transformer (19+38 blocks), SDXL's UN
 layers), Llama-3-8B and 70B, and the 1x/4x depths of ``bench/shapes.py``.
 
     python bench/scan.py [--rounds 41] [--only flux,llama3-8b]
+    python bench/scan.py --dump reports.json   # no timing: every report, to compare two trees byte for byte
 
 Interleaved pairs in one process (the order alternates each round), thread CPU time (load from other processes
 disturbs it less than wall time); printed per shape: the median of the per-pair ratios, their quartiles and range,
@@ -10,14 +11,21 @@ the walk alone against the same anchor, and the medians in ms; where a shape's 1
 growth from one to the other against accelerate's (issue 43 point 6). The garbage collector runs as it would in a
 program (scan pauses it for itself; accelerate's listing runs with it). Every tensor of a meta-built model is "not
 loaded": scan reports one problem per component and still builds a row per tensor.
+
+``--dump`` pins what a speed change must keep: scan's whole report (``to_dict()``, text, expected rows, summary) on
+every test-zoo entry (``tests/support/zoo.py``) in float32 and bfloat16, with ``dtype=`` and ``device=``, after one
+tensor is cast and layers are moved to meta or half, and on every shape here, written as JSON; run it on the old and
+the new source and compare the files.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -109,12 +117,55 @@ def measure(model: torch.nn.Module, rounds: int) -> dict[str, list[float]]:
     return times
 
 
+def dump(path: str) -> None:
+    """Every report ``--dump`` pins (see the module docstring), keyed by what was scanned."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
+    import zoo  # the test suite's model zoo
+
+    out: dict[str, Any] = {}
+
+    def rec(name: str, obj: Any, **kw: Any) -> None:
+        try:
+            r = torchdoctor.scan(obj, **kw)
+            out[name] = {"dict": r.to_dict(), "text": r.text(100_000), "expected": repr(r.expected),
+                         "summary": repr(getattr(r, "summary", None)), "extra": {k: repr(v) for k, v in r.extra.items()}}
+        except Exception as exc:  # an error is a result too
+            out[name] = f"error: {exc!r}"
+
+    for name in zoo.NAMES:
+        for dt in (torch.float32, torch.bfloat16):
+            obj = zoo.build(name, dt).obj
+            rec(f"{name}/{dt}", obj)
+            rec(f"{name}/{dt}/dtype=bf16", obj, dtype="bfloat16")
+            rec(f"{name}/{dt}/device=meta", obj, device="meta")
+            if isinstance(obj, torch.nn.Module) and len(list(obj.parameters())) > 2:
+                first = list(obj.parameters())[1]
+                first.data = first.data.double()
+                linears = [m for m in obj.modules() if isinstance(m, torch.nn.Linear)]
+                if linears:
+                    linears[-1].to("meta")
+                if len(linears) > 2:
+                    linears[1].half()
+                rec(f"{name}/{dt}/changed", obj)
+    for name, build in SHAPES.items():
+        model = build()
+        rec(name, model)
+        rec(f"{name}/dtype=bf16", model, dtype="bfloat16")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=0, sort_keys=True, default=repr)
+    print(f"{len(out)} reports written to {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=41)
     ap.add_argument("--only", default="", help="comma-separated shapes: " + ", ".join(SHAPES))
+    ap.add_argument("--dump", default="", help="write every pinned report to this JSON file and time nothing")
     args = ap.parse_args()
     _shapes().quiet()
+    if args.dump:
+        dump(args.dump)
+        return
     print(f"torch {torch.__version__}, {args.rounds} interleaved rounds, thread CPU time; per-pair ratios to "
           "accelerate's named_module_tensors + find_tied_parameters (goal: scan <= 0.9x)")
     medians: dict[str, dict[str, float]] = {}
