@@ -66,12 +66,12 @@ def test_a_run_with_float32_weights_never_reads_as_checked_in_float16() -> None:
 
 
 def test_t4_without_bf16_suggests_float16_never_float32() -> None:
-    """A T4 (capability 7.5) cannot compute in bf16: the fix must not double the model's memory."""
-    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)]).to(torch.bfloat16)
-    report = torchdoctor.simulate(model, (torch.randn(2, 64, dtype=torch.bfloat16),), "cuda:0", profile="t4")
+    """A T4 (capability 7.5) cannot convolve in bf16: the fix must not double the model's memory."""
+    model = nn.Sequential(*[nn.Conv2d(16, 16, 3, padding=1) for _ in range(4)]).to(torch.bfloat16)
+    report = torchdoctor.simulate(model, (torch.randn(1, 16, 8, 8, dtype=torch.bfloat16),), "cuda:0", profile="t4")
     assert any(p.kind == "unsupported_dtype" for p in report.problems)
     assert "model.to(torch.float16)" in (report.fix or "") and "float32" not in (report.fix or "")
-    ok = torchdoctor.simulate(model.to(torch.float16), (torch.randn(2, 64, dtype=torch.float16),), "cuda:0",
+    ok = torchdoctor.simulate(model.to(torch.float16), (torch.randn(1, 16, 8, 8, dtype=torch.float16),), "cuda:0",
                               profile="t4")
     assert ok.ok, ok.text()
 

@@ -118,14 +118,14 @@ def test_a_target_that_needs_the_virtual_devices_is_assumed_too(app: Path, capsy
 
 
 def _big() -> nn.Module:
-    with torch.device("meta"):  # 3 x 8 GiB in bfloat16: more than a T4's 16 GiB
-        return nn.Sequential(*[nn.Linear(65536, 65536, bias=False) for _ in range(3)])
+    with torch.device("meta"):  # 3 x 8 GiB in bfloat16: more than a T4's 16 GiB; a T4 has no bf16 convolution
+        return nn.Sequential(*[nn.Conv2d(65536, 65536, 1, bias=False) for _ in range(3)])
 
 
 @pytest.mark.parametrize("cast_first", [False, True])
 def test_t4_fix_never_contradicts_its_memory(cast_first: bool) -> None:
     model = _big()
-    x = torch.ones(1, 65536)
+    x = torch.ones(1, 65536, 1, 1)
     if cast_first:  # already in the dtype asked for: no move counts it, what sits on the device must
         model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
     report = torchdoctor.simulate(model, (x,), device="cuda:0", dtype="bfloat16", profile="t4")

@@ -359,13 +359,13 @@ def test_simulation_report_carries_the_fix_and_the_lasting_one() -> None:
 
 
 def test_profiles_by_preset_name_in_the_python_api() -> None:
-    """``profile="t4"`` as on the command line (``--profile t4``): a T4 has no bf16 matmul."""
-    m = nn.Linear(4, 4).to(BF)
-    report = torchdoctor.simulate(m, (torch.ones(2, 4, dtype=BF),), device="cuda:0", profile="t4")
+    """``profile="t4"`` as on the command line (``--profile t4``): a T4 has no bf16 convolution."""
+    m = nn.Conv2d(3, 4, 3).to(BF)
+    report = torchdoctor.simulate(m, (torch.ones(1, 3, 8, 8, dtype=BF),), device="cuda:0", profile="t4")
     assert report.profile.name.startswith("NVIDIA T4") and not report.ok
     assert report.problems[0].kind == "unsupported_dtype"
     with pytest.raises(ValueError, match="unknown device profile 'h900'; known profiles: "):
-        torchdoctor.simulate(m, (torch.ones(2, 4, dtype=BF),), device="cuda:0", profile="h900")
+        torchdoctor.simulate(m, (torch.ones(1, 3, 8, 8, dtype=BF),), device="cuda:0", profile="h900")
     with pytest.raises(TypeError, match="profile must be a DeviceProfile or a preset name"):
         torchdoctor.guard(m, profile=3)  # type: ignore[arg-type]
     with virtual_devices("cuda:0", profile="a100") as sim:
