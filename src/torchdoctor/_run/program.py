@@ -200,14 +200,17 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
                            seconds=time.perf_counter() - start, missing=watcher.missing)
         report.internal = internal
         return report
-    from torchdoctor._run.names import as_held
-    from torchdoctor._run.rerun import said_why_not
+    fixes = tuple(session.fixes)
+    if fixes:  # the fixes' names and labels: loaded only for a run that has fixes
+        from torchdoctor._run.names import as_held
+        from torchdoctor._run.rerun import said_why_not
 
+        fixes = as_held(said_why_not(fixes), _held(watcher.names))
     where = {key: first_own_frame(frames, watcher.root) for key, frames in session.stacks.items()}
     report = RunReport(program, code, watcher.findings, list(session.problems), str(session.device),
                        time.perf_counter() - start, session.stopped, where, notes,
                        _expected(session, profile, sources or {}), watcher.missing, session.where_ran(),
-                       session.networks, as_held(said_why_not(session.fixes), _held(watcher.names)))
+                       session.networks, fixes)
     report.internal = internal
     return report
 
