@@ -206,12 +206,14 @@ def fix_code(culprits: Sequence[tuple[str | None, str, str, Any]], dicts: Collec
         kw = ", ".join(f"{'dtype' if isinstance(t, torch.dtype) else 'device'}={value_code(t)}" for t in targets)
         lines.append(f"torchdoctor.move(model, {kw})")
     else:
+        meta = [code_path(c[0] or "", dicts=dicts) for c in params if c[2] == "meta"]
+        if meta:  # one load brings every tensor on meta: said once, whichever of them are named
+            lines.append(f"# {', '.join(meta)} {'is' if len(meta) == 1 else 'are'} on meta (no data): "
+                         f"load {'its' if len(meta) == 1 else 'their'} weights, e.g.")
+            lines.append("model.load_state_dict(state_dict, strict=False, assign=True)")
         for path, _label, kind, target in params:
-            expr = code_path(path or "", dicts=dicts)
-            if kind == "meta":
-                lines.append(f"# {expr} is on meta (no data): load its weights, e.g.")
-                lines.append("model.load_state_dict(state_dict, strict=False, assign=True)")
-            elif target is not None:
+            if kind != "meta" and target is not None:
+                expr = code_path(path or "", dicts=dicts)
                 lines.append(f"{expr}.data = {expr}.data.to({value_code(target)})")
     for path, label, kind, target in culprits:
         if path is None and target is not None and kind != "meta":

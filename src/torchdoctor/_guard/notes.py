@@ -260,7 +260,7 @@ def _use_line(c: Case, target: Any) -> tuple[str, str | None, list[str]] | None:
     if not isinstance(target, torch.dtype):
         return None
     from torchdoctor._guard.frames import lineno, user_frames
-    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._guard.ownfile import own_file
     from torchdoctor._guard.returned import returned_maker
     from torchdoctor._guard.useline import destination, fixed_line, names_of, where
     from torchdoctor._report.diff import line_patch
