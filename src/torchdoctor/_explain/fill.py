@@ -65,9 +65,11 @@ def fill(template: str, fields: dict[str, str], prose: bool = True) -> str:
     names = _NAMES[template]
     if names is None:
         return _fill(template, fields, prose)
-    values = tuple(fields.get(n, _ABSENT) for n in names)
-    if not all(v is _ABSENT or type(v) is str and "{" not in v and "}" not in v for v in values):
-        return _fill(template, fields, prose)
+    get = fields.get
+    values = tuple([get(n, _ABSENT) for n in names])
+    for v in values:
+        if v is not _ABSENT and (type(v) is not str or "{" in v or "}" in v):
+            return _fill(template, fields, prose)
     key = (template, prose, values)
     got = _FILLED.get(key)
     if got is None:
