@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import torchdoctor
 from torchdoctor._rules import registry as _rules
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._rules.registry import RULES, Rule, check, check_all, describe_args, find, tensor_device
@@ -246,8 +247,12 @@ def test_profile_dtype_limits() -> None:
     assert p is not None and p.kind == "unsupported_dtype"
     t4 = DeviceProfile(type="cuda", capability=(7, 5))
     a = on("cuda:0", torch.ones(2, 2, dtype=bf))
-    p = check(aten.mm.default, (a, a), profile=t4)
-    assert p is not None and p.kind == "unsupported_dtype" and "capability 7.5" in p.message
+    # a T4 runs bf16 matmuls by emulation (cuBLAS in float32), slowly: a speed note once, never a problem
+    with pytest.warns(torchdoctor.PlacementWarning, match=r"capability 7.5\) has no bfloat16 tensor cores"):
+        assert check(aten.mm.default, (a, a), profile=t4) is None
+    w = on("cuda:0", torch.ones(2, 2, 3, 3, dtype=bf))
+    p = check(aten.convolution.default, (w, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), profile=t4)
+    assert p is not None and p.kind == "unsupported_dtype" and "capability 7.5" in p.message  # no bf16 conv
     assert check(aten.add.Tensor, (a, a), profile=t4) is None  # elementwise bf16 runs on a T4
     assert check(aten.mm.default, (a, a), profile=DeviceProfile.for_device("cuda")) is None
     f8 = on("cuda:0", torch.ones(2, 2).to(torch.float8_e4m3fn))

@@ -102,7 +102,8 @@ def test_pick_device_and_capabilities_agree_with_the_virtual_world() -> None:
         assert torchdoctor.pick_device() == torch.device("cuda", 0)
         assert torchdoctor.pick_device("cuda:1") == torch.device("cuda", 1)
         caps = torchdoctor.capabilities("cuda:0")
-        assert caps["virtual"] and not caps["dtypes"]["bfloat16"]["matmul"]  # capability 7.5
+        assert caps["virtual"] and caps["dtypes"]["bfloat16"]["matmul"]  # capability 7.5: emulated, it runs
+        assert not caps["dtypes"]["bfloat16"]["conv"]
         assert torchdoctor.recommend_dtype("cuda:0") == torch.float16
         assert torchdoctor.capabilities("cpu")["dtypes"]["float32"]["matmul"]  # the machine's, not the run's ops
     assert sim.ok and sim.stopped is None

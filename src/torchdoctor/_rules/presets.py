@@ -1,11 +1,11 @@
 """Named device profiles: ``torchdoctor simulate --profile t4`` and ``DeviceProfile`` values for the API.
 
-Capabilities and memory are the public specifications of each part; what a capability implies (no bf16 matmul
-below 8.0, no float8 below 8.9) is decided by ``DeviceProfile.supports``, not here. Intel Arc (Alchemist)
+Capabilities and memory are the public specifications of each part; what a capability implies (bf16 matmuls
+emulated and no bf16 convolution below 8.0, no float8 below 8.9) is decided by ``DeviceProfile.supports``, not here. Intel Arc (Alchemist)
 has no float64 hardware: IPEX refuses double kernels there ("Required aspect fp64 is not supported").
 
->>> preset("T4").capability, preset("t4").supports("bfloat16", "matmul")
-((7, 5), False)
+>>> preset("T4").capability, preset("t4").supports("bfloat16", "matmul"), preset("t4").supports("bfloat16", "conv")
+((7, 5), True, False)
 >>> preset("m2").type, preset("m2").supports("float64", "compute")
 ('mps', False)
 """

@@ -31,7 +31,7 @@ class DeviceProfile:
 
     >>> DeviceProfile.for_device("cuda:1").count
     2
-    >>> DeviceProfile(type="cuda", capability=(7, 5)).supports("bfloat16", "matmul")
+    >>> DeviceProfile(type="cuda", capability=(7, 5)).supports("bfloat16", "conv")
     False
     """
 
@@ -64,6 +64,18 @@ class DeviceProfile:
     def with_count(self, count: int) -> DeviceProfile:
         return replace(self, count=max(count, self.count))
 
+    def runs(self, dtype: torch.dtype | str, family: str = "compute") -> bool:
+        """``supports``, and a ``PlacementWarning`` when it runs only by emulation, slowly (``emulated``)."""
+        ok = self.supports(dtype, family)
+        note = emulated(self, dtype, family) if ok else None
+        if note is not None:  # a speed note, never a problem
+            import warnings
+
+            from torchdoctor._report.model import PlacementWarning
+
+            warnings.warn(PlacementWarning(note), stacklevel=3)
+        return ok
+
     def supports(self, dtype: torch.dtype | str, family: str = "compute") -> bool:
         """Can this device run ``family`` (matmul, conv, norm, sdpa, scaled_mm, storage, compute) in ``dtype``?"""
         name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
@@ -73,13 +85,26 @@ class DeviceProfile:
             return False  # GPUs compute float8 only through _scaled_mm ("addmm_cuda" not implemented for 'Float8_e4m3fn')
         if self.type == "cuda":
             major_minor = self.capability
-            if name == "bfloat16" and family in ("matmul", "conv", "sdpa", "compute") and major_minor < (8, 0):
-                return False
+            if name == "bfloat16" and family == "conv" and major_minor < (8, 0):
+                return False  # (matmuls, attention and elementwise kernels run: ``emulated``)
             if name.startswith("float8") and family in ("matmul", "scaled_mm", "compute") and major_minor < (8, 9):
                 return False
         if self.type == "mps" and name.startswith("float8") and family != "storage":
             return False
         return True
+
+
+def emulated(profile: DeviceProfile, dtype: torch.dtype | str, family: str) -> str | None:
+    """Why ``family`` in ``dtype`` runs on ``profile``'s device but slowly, or None. A CUDA card below capability 8.0
+    (T4, V100) has no bfloat16 tensor cores: torch runs bfloat16 matmuls there by emulation (cuBLAS computes them
+    in float32), several times slower than float16, and ``torch.cuda.is_bf16_supported()`` says True."""
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    if profile.type == "cuda" and name == "bfloat16" and family in ("matmul", "sdpa") and profile.capability < (8, 0):
+        cap = f"{profile.capability[0]}.{profile.capability[1]}"
+        return (f"{profile.name or 'this GPU'} (capability {cap}) has no bfloat16 tensor cores: bfloat16 {family} runs "
+                "by emulation, several times slower than float16; float16 (with a GradScaler to train) is the fast "
+                "dtype there")
+    return None
 
 
 def refusal(device_type: str, dtype: torch.dtype) -> str:

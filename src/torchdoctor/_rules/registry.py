@@ -178,8 +178,8 @@ _SUPPORT_CACHE: dict[tuple[int, torch.dtype, str], tuple[Any, bool]] = {}
 def _supports(profile: DeviceProfile, dtype: torch.dtype, family: str) -> bool:
     key = (id(profile), dtype, family)
     hit = _SUPPORT_CACHE.get(key)
-    if hit is None or hit[0] is not profile:
-        hit = _SUPPORT_CACHE[key] = (profile, profile.supports(dtype, family))
+    if hit is None or hit[0] is not profile:  # (a dtype it runs slowly is said once here: ``DeviceProfile.runs``)
+        hit = _SUPPORT_CACHE[key] = (profile, profile.runs(dtype, family))
     return hit[1]
 
 

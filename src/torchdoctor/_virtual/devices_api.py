@@ -296,7 +296,7 @@ def device_api(p: Installs, profile: DeviceProfile, space: Space) -> None:
             # and autocast asks exactly this): only including_emulation=False tells the hardware
             is_bf16_supported=lambda including_emulation=True: (including_emulation and kind == "cuda"
                                                                 and profile.supports(torch.bfloat16, "storage"))
-            or profile.supports(torch.bfloat16, "matmul"),
+            or profile.supports(torch.bfloat16, "matmul") and (kind != "cuda" or (major, minor) >= (8, 0)),
             is_tf32_supported=lambda: kind == "cuda" and (major, minor) >= (8, 0), manual_seed_all=_nothing,
             seed_all=_nothing, initial_seed=lambda: 0, get_rng_state_all=lambda: [rng() for _ in range(profile.count)],
             set_rng_state_all=_nothing, default_stream=stream, stream=lambda s=None: contextlib.nullcontext(s),
