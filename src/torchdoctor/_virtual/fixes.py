@@ -15,7 +15,7 @@ from torchdoctor._virtual.groups import whole_component
 from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage_note
 from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
-from torchdoctor._virtual.apart import Apart, find, fix as apart_fix, network_fix
+from torchdoctor._virtual.apart import Apart, find, fix as apart_fix, left_whole, network_fix
 from torchdoctor._virtual.callsite import caller_fix
 from torchdoctor._virtual.castfix import NO_DEVICE_ARG, cast_fix, in_library, library_note, maker_diff, storage_fix
 from torchdoctor._virtual.prove import Fix
@@ -67,8 +67,10 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     library: list[Fix] = []  # casts at a line of an installed library (transformers' rotary upcast, by design)
     scripted = any("<constant>" in p.path or "TracedModule" in str(p.op or "") or "ScriptModule" in str(p.op or "")
                    for p in problems)  # a TorchScript module ran: its constants are fixed before tracing (a buffer)
+    unmoved = left_whole(problems, dict(have)) if have else None  # a module never moved: one move, whole
     for p, made_from in _each_maker(problems, sources or {}):
-        if p.kind not in ("device", "dtype") or p.role == "run" or "<constant>" in p.path:
+        if p.kind not in ("device", "dtype") or p.role == "run" or "<constant>" in p.path or \
+                unmoved is not None and p.kind == "device" and p.path in have:
             continue  # meta: no move fixes it (below); a TorchScript constant has no path code can move
         try:
             target: Any = parse_dtype(p.expected) if p.kind == "dtype" else parse_device(p.expected)
@@ -204,8 +206,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         factories.insert(0, apart_fix(mod, mine))
     whole, culprits = whole_component(culprits, have)  # one component in another dtype: that component is cast
     moves = fix_code([c for c in culprits if c[0] is not None])
-    if meta and (moves or factories):
+    if meta and (moves or factories or unmoved):
         items.append(Fix("# then, with the weights loaded:", "note"))
+    items += [unmoved] if unmoved is not None else []  # after the weights are loaded, if on meta
     if moves:
         items.append(Fix(moves, "path", sets=tuple((c[0], c[3]) for c in culprits if c[0] is not None)))
     items += [_at_maker(label, t, made_args) or Fix(_pass(label, t), "input", t, label, sets=((label, t),))

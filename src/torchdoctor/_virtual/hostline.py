@@ -30,11 +30,18 @@ def made_lines(fixes: Sequence[Fix], root: Any) -> list[Fix]:
     for f in fixes:
         if f.kind == "note" and f.sets and all(isinstance(t, torch.dtype) for _, t in f.sets):
             out.extend(_dtype_lines(f, root))
-        elif f.kind == "path" and f.sets and all(isinstance(t, torch.device) for _, t in f.sets):
+        elif f.kind == "path" and f.sets and all(isinstance(t, torch.device) for _, t in f.sets) and not (
+                f.code.startswith("torchdoctor.move(") and not _made_here(f, root)):  # a module never moved: whole
             out.extend(_device_lines(f, root))
         else:
             out.append(f)
     return out
+
+
+def _made_here(f: Fix, root: torch.nn.Module) -> bool:
+    """A tensor ``f`` moves was made on the CPU by a factory of the program in this run, outside a module's
+    ``__init__`` (``torch.empty`` filled for ``load_state_dict(assign=True)``): that line is its fix."""
+    return any((hit := maker(_tensor_at(root, path))) is not None and (hit[2] or not hit[3]) for path, _ in f.sets)
 
 
 def _device_lines(f: Fix, root: torch.nn.Module) -> list[Fix]:

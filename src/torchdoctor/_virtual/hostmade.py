@@ -111,7 +111,9 @@ def _building() -> bool:
     for _ in range(64):
         if f is None:
             return False
-        if f.f_code.co_name == "__init__" and isinstance(f.f_locals.get("self"), torch.nn.Module):
+        code = f.f_code  # its first argument by whatever name (``def __init__(s)``)
+        if code.co_name == "__init__" and code.co_argcount and \
+                isinstance(f.f_locals.get(code.co_varnames[0]), torch.nn.Module):
             return True
         f = f.f_back
     return False

@@ -24,13 +24,16 @@ def program_named(fixes: Sequence[Fix], root: Any) -> list[Fix]:
     program calls it ``model``). Only the code is renamed: a proof judges the fix by the tensors it sets."""
     if not fixes or not isinstance(root, torch.nn.Module):
         return list(fixes)
-    from torchdoctor._virtual.apart import seen
+    from torchdoctor._virtual.apart import named_before, seen
 
-    name = seen(root).name
+    name, late = seen(root).name, False
+    if not name:  # the program has ended (``torchdoctor run``): its name when the module started, for a move of a
+        name, late = named_before(root), True  # module (a tensor's path is named by the run's own names)
     if not name or name == "model":
         return list(fixes)
     for f in fixes:
-        if f.kind in ("path", "note", "input") and "model" in f.code:
+        if f.kind in ("path", "note", "input") and "model" in f.code and not (
+                late and not f.code.startswith("torchdoctor.move(")):
             code, _, comment = f.code.partition("  #")
             f.code = "\n".join(_MODEL.sub(name, line) for line in code.split("\n")) + (f"  #{comment}" if _ else "")
     return list(fixes)
