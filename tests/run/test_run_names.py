@@ -38,6 +38,19 @@ def test_a_path_is_written_with_the_programs_own_name() -> None:
     assert as_held([advice], names)[0].code == "torchdoctor.move(model, 'cuda:0')"
 
 
+
+def test_a_component_cast_is_written_with_the_programs_own_name() -> None:
+    # a float32 head put on a bf16 network after its cast (the program's `net`): the fix casts the component
+    net = nn.Sequential(Gen(), nn.Linear(2, 2))
+    names = {"net": net, "torch": torch}
+    fix = SimpleNamespace(kind="path", code="model[1].to(torch.bfloat16)  # every floating tensor of 1 is float32")
+    assert as_held([fix], names)[0].code == "net[1].to(torch.bfloat16)  # every floating tensor of 1 is float32"
+    moved = SimpleNamespace(kind="path", code="torchdoctor.move(model[0].fc, 'cuda:0')")
+    assert as_held([moved], names)[0].code == "torchdoctor.move(net[0].fc, 'cuda:0')"
+    data = SimpleNamespace(kind="path", code="model[0].mean.data = model[0].mean.data.to('cuda:0')")
+    assert as_held([data], names)[0].code == "net[0].mean.data = net[0].mean.data.to('cuda:0')"
+
+
 RELOAD = """\
     import torch, torch.nn as nn
 

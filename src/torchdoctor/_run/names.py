@@ -15,7 +15,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-_EXPR = re.compile(r"\bmodel((?:\.[A-Za-z_]\w*|\[\d+\]|\['[^'\]]*'\])+)")
+# a part followed by "(" is a method called on the path (``model.out.to(torch.bfloat16)``), not a part of it
+_EXPR = re.compile(r"\bmodel((?:\.[A-Za-z_]\w*(?![\w(])|\[\d+\]|\['[^'\]]*'\])+)")
 _PART = re.compile(r"\.([A-Za-z_]\w*)|\[(\d+)\]|\['([^'\]]*)'\]")
 _MISSING = object()
 
@@ -79,7 +80,7 @@ def held_name(expr: str, names: Mapping[str, Any]) -> str | None:
     found: tuple[str, Any] | None = None
     for name, value in names.items():  # the module the program holds that has the path
         if isinstance(value, torch.nn.Module) and not name.startswith("_") and \
-                (value is found[1] if found else isinstance(_resolve(value, parts), torch.Tensor)):
+                (value is found[1] if found else isinstance(_resolve(value, parts), (torch.Tensor, torch.nn.Module))):
             # the first module that has it; of the names bound to that one object, the last bound: the program's
             # current name for it (``merged = pm.merge_and_unload()`` is ``base`` itself)
             found = (name, value)
