@@ -4,6 +4,8 @@ one (docs/virtual.md)."""
 
 from __future__ import annotations
 
+import sys
+import warnings
 from typing import Any
 
 import torch
@@ -48,6 +50,31 @@ def written(real: tuple[Any, ...] | None, lifted: tuple[Any, ...], out: Any) -> 
                     and isinstance(r, torch.Tensor) and v._td_elem.device == r.device and v._td_elem.shape == r.shape:
                 r.copy_(v._td_elem)
     return real[0] if real and out is lifted[0] else out
+
+
+# frames of the run's machinery a torch warning from C++ (which takes the innermost Python frame) is raised in
+_MACHINERY = ("/torchdoctor/", "/torch/overrides.py", "/torch/utils/_python_dispatch.py")
+
+
+def run_warnings() -> None:
+    """Inside a run's ``warnings.catch_warnings()``: the run's own warnings ignored, and a torch warning raised while
+    the run handles the program's call (``torch.tensor(t)``'s copy-construct advice) shown at the program's line."""
+    # torch warns that global module hooks fire twice around a compiled module: they are the run's own
+    warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+    # DataParallel's gradient sum asks for NCCL, which a CUDA build has and this one lacks
+    warnings.filterwarnings("ignore", message="PyTorch is not compiled with NCCL support")
+    show = warnings.showwarning
+
+    def shown(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if "/torchdoctor/" in filename:
+            f: Any = sys._getframe(1)
+            while f is not None and any(k in f.f_code.co_filename for k in _MACHINERY + ("/warnings.py",)):
+                f = f.f_back
+            if f is not None:
+                filename, lineno, line = f.f_code.co_filename, f.f_lineno, None
+        show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = shown
 
 
 def labelled(args: tuple[Any, ...], kwargs: dict[str, Any], lift: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

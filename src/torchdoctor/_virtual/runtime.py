@@ -370,10 +370,7 @@ def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> It
         # bitsandbytes and its kind, if the program imports them, import as on the real machine (deferred.py)
         with outside.compiled_run_eagerly(had_dynamo), deferred_imports(), warnings.catch_warnings(), \
                 VirtualMode(space, casts):
-            # torch warns that global module hooks fire twice around a compiled module: they are the run's own
-            warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
-            # DataParallel's gradient sum asks for NCCL, which a CUDA build has and this one lacks
-            warnings.filterwarnings("ignore", message="PyTorch is not compiled with NCCL support")
+            H.run_warnings()  # the run's own warnings kept quiet; torch's shown at the program's line
             try:
                 yield
             finally:  # a set_default_device("cuda:1") of the run must not outlive it (and its mode sits above ours)
