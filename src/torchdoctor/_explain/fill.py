@@ -56,13 +56,13 @@ def fill(template: str, fields: dict[str, str], prose: bool = True) -> str:
     """``_fill``, remembered by the template and the values of the fields it names."""
     if "{" not in template:
         return _fill(template, fields, prose)
-    if template not in _NAMES:
+    names = _NAMES.get(template, ())
+    if names == ():  # not seen yet (a template with a brace names at least one field, or is None)
         if len(_NAMES) >= _KEPT:
             _NAMES.clear()
         found = _FIELD.findall(template)
         braces = template.count("{") == template.count("}") == len(found)
-        _NAMES[template] = tuple(dict.fromkeys(found)) if braces else None
-    names = _NAMES[template]
+        names = _NAMES[template] = tuple(dict.fromkeys(found)) if braces else None
     if names is None:
         return _fill(template, fields, prose)
     get = fields.get
