@@ -216,11 +216,11 @@ def test_a_path_the_model_never_gets_leaves_the_fix_unproven_saying_what_it_rais
 
 def _no_bf16(m: nn.Module) -> torch.Tensor:
     m.to("cuda:0", torch.bfloat16)  # the app casts the model itself
-    return m(torch.randn(2, 8, device="cuda:0", dtype=torch.bfloat16))
+    return m(torch.randn(1, 3, 8, 8, device="cuda:0", dtype=torch.bfloat16))
 
 
 def test_under_call_a_switch_of_dtype_is_advice_at_the_app_s_cast_not_a_model_to() -> None:
-    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.GELU(), nn.Conv2d(8, 8, 3))  # a P100 has no bf16 convolution
     report = torchdoctor.simulate(model, device="cuda:0", dtype=BF16, profile="p100", call=_no_bf16)
     [fix] = report.fixes
     assert fix.kind == "note" and not fix.proven and "model.to(" not in fix.code.split("#", 1)[0]

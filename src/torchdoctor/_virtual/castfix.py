@@ -5,7 +5,7 @@ library, which casts by design)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -178,3 +178,24 @@ def _makes_ints(op: str, call: Any) -> bool:
     data = call.args if op == "torch.arange" else call.args[:1]
     items = [y for x in data for y in (x.elts if isinstance(x, (ast.List, ast.Tuple)) else [x])]
     return all(isinstance(x, ast.Constant) and type(x.value) is int for x in items)
+
+
+def each_maker(problems: Sequence[Problem], sources: Mapping[tuple[str, ...], tuple[str, ...]]
+                ) -> Iterator[tuple[Problem, tuple[str, ...]]]:
+    """Each problem with its sources; one made by several lines (a cast's result times a default-dtype factory's
+    tensor) once per line, so each is fixed where it is (a fix of one alone leaves the other's dtype, promoted)."""
+    for p in problems:
+        made_from = sources.get((p.kind, p.path, p.op or "", p.found), ())
+        lines = len(made_from) > 1 and all(m.startswith(("cast at ", "factory torch.")) for m in made_from)
+        yield from ((p, (m,)) for m in made_from) if lines else ((p, made_from),)
+
+
+def traced_note(p: Problem, said: set[str]) -> list[Fix]:
+    """A traced module's tensor constant (or a plain attribute its traced code reads) on another device: no move of
+    the module or the attribute reaches the traced code; it is registered as a buffer before tracing, or the module
+    is traced where it runs. Said once."""
+    what = "a tensor constant" if "<" in p.path else p.path  # ``<root>.<constant>`` is no path code can reach
+    note = (f"# {what} is on {p.found} in the traced code, which holds it as a constant (no move reaches it): "
+            f"register it as a buffer in its module's __init__ (self.register_buffer(name, tensor)) before tracing, "
+            f"or trace on {p.expected}")
+    return [] if note in said else [Fix(note, "note", tried="not re-run: the traced code holds it")]

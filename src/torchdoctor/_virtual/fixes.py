@@ -4,7 +4,7 @@ the tensors found by path and the sources of tensors made in the run."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,7 +17,8 @@ from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
 from torchdoctor._virtual.apart import Apart, find, fix as apart_fix, left_whole, network_fix
 from torchdoctor._virtual.callsite import caller_fix
-from torchdoctor._virtual.castfix import NO_DEVICE_ARG, cast_fix, in_library, library_note, maker_diff, storage_fix
+from torchdoctor._virtual.castfix import NO_DEVICE_ARG, cast_fix, each_maker, in_library, library_note, maker_diff, \
+    storage_fix, traced_note
 from torchdoctor._virtual.prove import Fix
 from torchdoctor._virtual.restfix import FLOAT8_NAMES, rest
 
@@ -68,7 +69,14 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     scripted = any("<constant>" in p.path or "TracedModule" in str(p.op or "") or "ScriptModule" in str(p.op or "")
                    for p in problems)  # a TorchScript module ran: its constants are fixed before tracing (a buffer)
     unmoved = left_whole(problems, dict(have)) if have else None  # a module never moved: one move, whole
-    for p, made_from in _each_maker(problems, sources or {}):
+    for p, made_from in each_maker(problems, sources or {}):
+        if p.role == "optimizer" and (code := _state_fix(p)) is not None:  # a state loaded off its params' device
+            if code not in {f.code for f in factories}:
+                factories.append(Fix(code, "note", tried="not re-run: both ways were run clean by the run's own "
+                                     "tests; the state's move is torch's own (load_state_dict casts to the parameter)"))
+            continue
+        if scripted and p.role == "attribute" and p.kind == "device":
+            continue  # a traced module's constant: a move of the attribute changes nothing in the traced code
         if p.kind not in ("device", "dtype") or p.role == "run" or "<constant>" in p.path or \
                 unmoved is not None and p.kind == "device" and p.path in have:
             continue  # meta: no move fixes it (below); a TorchScript constant has no path code can move
@@ -87,8 +95,6 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             if note not in {f.code for f in factories}:
                 factories.append(Fix(note, "note", tried="not re-run: a setting of the check, not of the program"))
             continue
-        if scripted and p.role == "attribute" and p.kind == "device":
-            continue  # a traced module's constant: a move of the attribute changes nothing in the traced code
         if "unscale FP16 gradients" in p.message:  # GradScaler met float16 parameters: casting anything to float16 is
             factories.append(Fix(_SCALER, "note"))  # no fix; float32 master weights under autocast are
             continue
@@ -219,6 +225,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     items += rest(problems, memory, device, any(not f.code.startswith("#") for f in items), have)
     if library and not items:  # nothing else to do: what the library's cast meets is said, never an edit of it
         items = [library_note(library[0])]
+    if not items and scripted:  # a traced constant alone: no move reaches the traced code
+        return traced_note(next(p for p in problems if p.kind == "device"), set()) if any(
+            p.kind == "device" for p in problems) else None
     return items or [Fix(f"torchdoctor.move(model, {device_str(device)!r})", "path", sets=(("*", device),))]
 
 
@@ -233,14 +242,10 @@ _STORAGE_NAMES = frozenset(dtype_str(d) for d in (torch.uint8, torch.int8, torch
                                                   torch.bool, *FLOAT8_DTYPES))
 
 
-def _each_maker(problems: Sequence[Problem], sources: Mapping[tuple[str, ...], tuple[str, ...]]
-                ) -> Iterator[tuple[Problem, tuple[str, ...]]]:
-    """Each problem with its sources; one made by several lines (a cast's result times a default-dtype factory's
-    tensor) once per line, so each is fixed where it is (a fix of one alone leaves the other's dtype, promoted)."""
-    for p in problems:
-        made_from = sources.get((p.kind, p.path, p.op or "", p.found), ())
-        lines = len(made_from) > 1 and all(m.startswith(("cast at ", "factory torch.")) for m in made_from)
-        yield from ((p, (m,)) for m in made_from) if lines else ((p, made_from),)
+def _state_fix(p: Problem) -> str | None:
+    from torchdoctor._virtual.training import state_fix
+
+    return state_fix(p)
 
 
 def _at_maker(label: str, target: Any, made_args: Mapping[str, tuple[str, str, str]] | None) -> Fix | None:
