@@ -152,3 +152,33 @@ def test_run_writes_guards_fix_with_the_programs_current_name(tmp_path: Path) ->
     assert finding["fix_from"] == "guard"
     assert "merged[2].weight.data = merged[2].weight.data.to(torch.bfloat16)" in finding["fix"], finding["fix"]
     assert "model[" not in finding["fix"] and "base[" not in finding["fix"]
+
+
+NODE = """\
+    import logging
+    import torch, torch.nn as nn
+
+    class Head(nn.Module):
+        def __init__(s):
+            super().__init__(); s.enc = nn.Linear(8, 8); s.out = nn.Linear(8, 2)
+        def forward(s, x): return s.out(s.enc(x))
+
+    def run_node(x):
+        net = Head().to(torch.bfloat16)
+        net.out = nn.Linear(8, 2)  # a float32 head built after the cast
+        return net(x.to(torch.bfloat16))
+
+    try:  # an app's executor: the node's error logged, the app goes on
+        run_node(torch.randn(2, 8))
+    except Exception as e:
+        logging.getLogger("app").error("!!! Exception during processing !!! %s", e, exc_info=True)
+"""
+
+
+def test_guards_fix_names_the_module_as_the_failing_function_holds_it(tmp_path: Path) -> None:
+    script = write(tmp_path / "app.py", NODE)
+    proc = run("--json", str(script), cwd=tmp_path)
+    doc = json.loads(proc.stdout[proc.stdout.index('{\n  "schema"'):])
+    (finding,) = doc["findings"]
+    assert "net.out.weight.data = net.out.weight.data.to(torch.bfloat16)" in finding["fix"], finding["fix"]
+    assert "model." not in finding["fix"]

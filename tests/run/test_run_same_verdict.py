@@ -11,6 +11,7 @@ bfloat16 pipeline under accelerate's CPU offload hooks (huggingface/diffusers#11
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +101,11 @@ def _doc(out: str) -> dict[str, Any]:
 
 
 def _said(fixes: list[dict[str, Any]]) -> list[tuple[str, bool]]:
-    """Each fix's code lines (comments dropped: run names the file relative to its folder) with its verdict."""
-    return sorted(("\n".join(x.split("  #")[0].rstrip() for x in f["code"].splitlines() if not x.startswith("#")),
+    """Each fix's code lines (comments dropped: run names the file relative to its folder) with its verdict; the
+    name the program's function holds the model by (``app(m)``: run writes ``m.text_encoder``) read as simulate's
+    ``model``."""
+    return sorted(("\n".join(re.sub(r"(?<![\w.])m\.", "model.", x.split("  #")[0].rstrip())
+                             for x in f["code"].splitlines() if not x.startswith("#")),
                    bool(f["proven"])) for f in fixes)
 
 

@@ -185,3 +185,30 @@ def named_fix(fix: str, culprit: str | None) -> str:
     names = {m.group(1) for m in re.finditer(r"(?m)^\s*([A-Za-z_]\w*): [a-z]+\d*[a-z0-9]*\[", culprit)}
     names = {n for n in names if n != "t" and re.search(rf"\b{n}\b", line)}
     return re.sub(r"\bt\b", names.pop(), fix) if len(names) == 1 else fix
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # torchdoctor's own frames
+
+
+def frame_names(exc: BaseException, root: str) -> dict[str, Any]:
+    """The modules the program's own frames of ``exc``'s traceback held by name, innermost first (a node's
+    ``net = Head()...; net(x)`` inside ``run_node``): what guard's ``model.<path>`` fix is written against when the
+    error is met, while those frames are alive (nothing of them is kept)."""
+    import torch
+
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    top = os.path.abspath(root) + os.sep
+    out: dict[str, Any] = {}
+    for frame in reversed(frames):
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not name.startswith(top) or name.startswith(_PACKAGE) or os.sep + "site-packages" + os.sep in name:
+            continue
+        for key, value in frame.f_locals.items():  # a method's `self` is no name the program's line can use
+            if isinstance(value, torch.nn.Module) and key not in ("self", "cls") and not key.startswith("_"):
+                out.setdefault(key, value)
+    return out
+

@@ -233,6 +233,11 @@ class Watcher:
 
         # the live culprit's fix first, then what the failing line held, explain's catalogue last (said so)
         culprit, fix, source = aimed_fix(self._culprit(exc), exc, d.fixes[0][1] if d.fixes else None)
+        if source == "guard" and fix and exc is not None:  # the names the failing frames hold (a node's `net`)
+            from torchdoctor._run.evidence import frame_names
+            from torchdoctor._run.names import held_code
+
+            fix = held_code(fix, frame_names(exc, self.root))
         finding = Finding(how, error[:500], d.category, d.title, fix, where, culprit, _trace_note(culprit))
         finding.fix_from, finding.diff = source, culprit_patch(culprit)
         with self._lock:
