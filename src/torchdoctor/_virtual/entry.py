@@ -367,6 +367,10 @@ def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str,
     if type(t) is not torch.Tensor or (hit is not None and hit[0] is t and not hit[1].startswith(("input ", "kwarg "))):
         return t  # a Parameter or library subclass passed in, or a model tensor an entry check named
     twin: VirtualTensor = make(VirtualTensor, space.inner_of(t), tensor_device(t))  # new per call: it may change
+    if t.requires_grad and torch.is_grad_enabled():  # still in the program's graph: x.grad as on the CPU
+        from torchdoctor._virtual.host import through_autograd
+
+        twin = through_autograd(t, twin)
     kept = space.real_record(t) if space.real else None  # a real tensor the run made (a factory call, a copy back)
     if kept is not None and kept[1] is not None:
         twin._td_origin = kept[1]

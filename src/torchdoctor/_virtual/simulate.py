@@ -40,6 +40,7 @@ from torchdoctor._virtual.session import expectation, not_stored
 from torchdoctor._virtual.hardware import ledger, over_memory
 from torchdoctor._virtual.intread import storage_read
 from torchdoctor._virtual.recorder import LIMIT, _Recorder, _Stop
+from torchdoctor._virtual.quietmove import quiet_moves as _quiet_moves
 
 __all__ = ["SimulationReport", "simulate"]
 
@@ -254,24 +255,6 @@ def simulate(
                                         else None), tuple(items))
 
 
-class _EmptyFp32(logging.Filter):
-    # diffusers' ModelMixin.to warns on every .to(dtype), its list of float32 modules empty or not: empty, it names none
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "should be kept in float32: []" not in record.getMessage()
-
-
-@contextlib.contextmanager
-def _quiet_moves() -> Any:
-    from torchdoctor._virtual.storage import kept  # the verb's own cast keeps float8 and packed storage
-    logger, quiet = logging.getLogger("diffusers.models.modeling_utils"), _EmptyFp32()
-    logger.addFilter(quiet)
-    try:
-        with kept():
-            yield
-    finally:
-        logger.removeFilter(quiet)
-
-
 def assumed_note(n: int, device: torch.device) -> str:
     """What a report says when the weights of a model built on meta were taken as loaded on ``device``."""
     where = device_str(device)
@@ -396,5 +379,11 @@ def _rerun_fresh(load: Callable[[], Any], items: list[Fix], dev: torch.device, d
     except Exception as exc:  # built on the device itself: only a run can build it
         log.info("simulate: the TARGET could not be built again for the proof: %s", exc)
         return items
-    return proven(items, lambda fixes: simulate(fresh, device=dev, dtype=dt, profile=profile, limit=limit,
-                                                assume_device=assume_device, data=data, _fixes=fixes).problems)
+
+    def rerun(fixes: list[Fix]) -> Any:  # as simulate's own: the dtype a fix switches to, the inputs as it passes them
+        again = Target(fresh.obj, *fixed_inputs(tuple(fresh.args), dict(fresh.kwargs), fixes)) \
+            if isinstance(fresh, Target) else fresh
+        return simulate(again, device=dev, dtype=next((f.asks for f in fixes if f.asks is not None), dt),
+                        profile=profile, limit=limit, assume_device=assume_device, data=data, _fixes=fixes).problems
+
+    return proven(items, rerun)

@@ -235,7 +235,8 @@ class VirtualTensor(torch.Tensor):
         space = _STATE.space
         v: VirtualTensor = new if isinstance(new, VirtualTensor) else \
             make(VirtualTensor, space.inner_of(new) if space else new.detach(), new.device)
-        torch._C.TensorBase.data.__set__(self, v)  # type: ignore[attr-defined]  # shape/dtype on the C++ side
+        with torch._C.DisableTorchFunction():  # (machinery: the run's mode passed it on as it is, a hop per weight)
+            torch._C.TensorBase.data.__set__(self, v)  # type: ignore[attr-defined]  # shape/dtype on the C++ side
         self._td_elem, self._td_device = v._td_elem, v._td_device
 
     data = property(_get_data, _set_data)  # type: ignore[assignment]
