@@ -77,6 +77,16 @@ def run_warnings() -> None:
     warnings.showwarning = shown
 
 
+def absent(space: Space, device: torch.device) -> None:
+    """A move or factory to a device type the virtual machine does not have (``.to("cuda")`` on a virtual Mac or an
+    XPU machine) raises as that machine's torch build does."""
+    if device.type == space.vtype or device.type in ("cpu", "meta"):
+        return
+    if device.type in ("cuda", "xpu"):
+        raise AssertionError(f"Torch not compiled with {device.type.upper()} enabled")
+    raise RuntimeError(f"PyTorch is not linked with support for {device.type} devices")
+
+
 def labelled(args: tuple[Any, ...], kwargs: dict[str, Any], lift: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Real tensors given a device label by ``.data =`` (diffusers' group offloading onloads a model built before
     the run: ``param.data = param.data.to(onload)``) made virtual where they are used, so what is computed from them

@@ -58,6 +58,7 @@ def _move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: tor
         D.foreign(space, t)
     src = _device_of(t)
     target = src if device is None else device
+    H.absent(space, target)  # a device type this machine lacks raises as its build does
     want = t.dtype if dtype is None else storage.cast_to(t.dtype, dtype)  # a verb's own cast keeps float8 storage
     if src != target or want != t.dtype:
         want = space.hooks.moving(t, target, want)
@@ -314,6 +315,7 @@ class VirtualMode(TorchFunctionMode):
             kwargs = dict(zip(kwargs, H.graphed(list(kwargs.values()), lift_all(kwargs.values(), space, None))))
         if target is None or not is_virtual(target):
             return _made(_own(H.written(real, args, func(*args, **kwargs)), space, target), func, space, kwargs)
+        H.absent(space, target)
         space.hooks.creating(name, target, kwargs, args)
         grad = bool(kwargs.pop("requires_grad", False))  # a leaf that asks for grad is one on the device too
         out = func(*args, **dict(kwargs, device=space.inner))
