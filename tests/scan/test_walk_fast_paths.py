@@ -1,6 +1,7 @@
 """The walker's shortcuts (issue 43's speed work) must never change what it finds: an empty builtin container counted
 without a record, an object whose values are all plain skipped in one pass, plans of tuples of lists proved at C
-speed, a module's dicts read by subscript once its class's key set matched, torch.compile's wrapper pushed apart."""
+speed, a module's dicts read by subscript once its class's key set matched, torch.compile's wrapper pushed apart, a
+tensor's plain flags and a config's dicts of plain values proved in place."""
 
 from __future__ import annotations
 
@@ -92,3 +93,29 @@ def test_a_list_of_plain_values_among_a_module_s_attributes_is_read_again_once_i
     sizes.append(torch.zeros(1))
     assert [x for x in _paths(m) if "sizes" in x[0] or "also" in x[0]] == [("0.sizes.2", "container", None),
                                                                             ("1.also.2", "container", "0.sizes.2")]
+
+
+def test_a_buffer_with_flag_attributes_is_skipped_and_one_with_a_tensor_attribute_is_read() -> None:
+    m = nn.Linear(2, 2)
+    m.register_buffer("freq", torch.ones(2))
+    m.freq.persistent, m.freq._is_buffer = False, True  # transformers 5 tags its buffers so: plain flags only
+    m.weight.tag = "w"
+    assert _paths(m) == [("weight", "parameter", None), ("bias", "parameter", None), ("freq", "buffer", None)]
+    m.freq.scale = torch.zeros(1)  # an attribute that is a tensor beside the flags
+    m.weight.absmax = torch.zeros(1)
+    assert _paths(m)[3:] == [("weight.absmax", "attribute", None), ("freq.scale", "attribute", None)]
+
+
+def test_a_config_s_dicts_of_plain_values_are_proved_and_one_that_gains_a_tensor_is_read() -> None:
+    class Config:
+        def __init__(self) -> None:
+            self.hidden = 4
+            self.id2label = {0: "a", 1: "b"}
+            self.rope = {"theta": 1e4, "kind": ("default", [1, 2])}
+
+    m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    m[0].config = m[1].config = Config()
+    assert [p for p, _, _ in _paths(m) if "config" in p] == []
+    m[0].config.id2label[2] = torch.ones(1)  # the same dict, no longer plain: nothing about it was remembered
+    assert [x for x in _paths(m) if "config" in x[0]] == [("0.config.id2label.2", "container", None),
+                                                          ("1.config.id2label.2", "container", "0.config.id2label.2")]

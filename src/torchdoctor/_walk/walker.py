@@ -130,8 +130,8 @@ class _Walker(Values):
                             e.alias_of = None
                             e._info = None
                             params.append(e)
-                            if not plain or t.__dict__:  # attributes of its own (weight.quant_state, GPTQ's)
-                                att_p.append(e)
+                            if not plain or (td := t.__dict__) and not _ATOMS_GE(map(type, td.values())):
+                                att_p.append(e)  # attributes of its own (weight.quant_state, GPTQ's), not flags only
             if bs:
                 self.tensors(bs, prefix, path, mod, moved, buffers, att_b)
             # module attributes (plain tensors, objects, containers, list-held modules: never moved by Module.to),
@@ -183,7 +183,9 @@ class _Walker(Values):
                 if plain or self.readable(t, p, "buffer"):
                     e = Entry(p, "buffer", t, mod, name, "buffer", mod, path, moved)
                     out.append(e)
-                    if not plain or t.__dict__:
+                    # a plain tensor whose attributes are all plain values (transformers' ``_is_buffer`` and
+                    # ``persistent`` flags) has nothing for ``attached`` to find
+                    if not plain or (td := t.__dict__) and not _ATOMS_GE(map(type, td.values())):
                         att.append(e)
 
     def run_modules(self) -> None:
