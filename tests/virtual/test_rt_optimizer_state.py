@@ -59,6 +59,23 @@ def test_a_state_loaded_before_the_move_is_one_finding_with_its_fix() -> None:
     assert "torchdoctor.move(model, 'cuda:0', optimizer=opt)" in fix
 
 
+def test_the_fix_names_the_model_the_optimizer_trains() -> None:
+    with torchdoctor.virtual_devices("cuda:0", raise_on_exit=False) as sim:
+        other = nn.Linear(4, 4).to("cuda")  # another model that runs first
+        other(torch.randn(2, 4, device="cuda"))
+        model2 = nn.Linear(4, 1)
+        opt2 = torch.optim.Adam(model2.parameters())
+        model2(torch.randn(2, 4)).sum().backward()
+        opt2.step()
+        model2.to("cuda")
+        model2(torch.randn(2, 4, device="cuda")).sum().backward()
+        opt2.step()
+    [p] = sim.problems  # the cpu warm-up's loss is model2's own, on the cpu: no "<loss>" finding
+    fix = state_fix(p) or ""
+    assert "torchdoctor.move(model2, 'cuda:0', optimizer=opt2)" in fix and "after model2.to('cuda:0')" in fix, fix
+    assert other is not None
+
+
 def test_both_fixes_run_clean() -> None:
     for order in ("move, then load", "torchdoctor.move"):
         with torchdoctor.virtual_devices("cuda:0", raise_on_exit=False) as sim:

@@ -63,7 +63,9 @@ def _state_off(rec: Any, optimizer: Any, off: list[tuple[str, str, torch.Tensor,
     first, key, v, where, _ = off[0]
     here = tensor_device(v)
     held = heldby_name(optimizer) or "optimizer"
-    model = next((heldby_name(root) for root in rec.modules.outermost), None) or "model"
+    mine = {id(p) for g in getattr(optimizer, "param_groups", ()) for p in g.get("params", ())}
+    model = next((heldby_name(root) for root in rec.modules.outermost  # the model whose parameters it holds
+                  if any(id(p) in mine for p in root.parameters())), None) or "model"
     keys = ", ".join(dict.fromkeys(k for _, k, _, _, _ in off))
     params = len(dict.fromkeys(n for n, _, _, _, _ in off))
     path = f"optimizer.state[{first}].{key}"
@@ -138,7 +140,9 @@ def check_backward(rec: Any, loss: torch.Tensor) -> None:
         return
     on = next((tensor_device(p) for root in rec.modules.outermost for p in root.parameters()
                if p.requires_grad and tensor_device(p).type == rec.device.type), None)
-    if on is None:
+    # a model the program keeps wholly on the cpu (a warm-up, a second model) trains there: its loss is its own
+    if on is None or any(next(iter(ps), None) is not None and all(tensor_device(p).type == "cpu" for p in ps)
+                         for ps in (list(root.parameters()) for root in rec.modules.outermost)):
         return
     rec._note("device", "<loss>", "cpu", device_str(on),
               f"the loss {compact(loss.dtype, tuple(loss.shape), tensor_device(loss))} is computed on the cpu while "
