@@ -200,6 +200,8 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
                            seconds=time.perf_counter() - start, missing=watcher.missing)
         report.internal = internal
         return report
+    kind = session.device.type
+    watcher.findings[:] = [_other_kind_advice(f, kind) for f in watcher.findings]
     fixes = tuple(session.fixes)
     if fixes:  # the fixes' names and labels: loaded only for a run that has fixes
         from torchdoctor._run.names import as_held
@@ -252,6 +254,23 @@ def _virtual_advice(f: Finding, program: list[str]) -> Finding:
     line = f"torchdoctor run --device {kind} {shlex.join(program)}  # its placement checked on a virtual {kind} here"
     f.fix = line + (f"\n# or, to run it for real on this machine's hardware:\n{f.fix}" if f.fix else "")
     f.culprit = None
+    return f
+
+
+def _other_kind_advice(f: Finding, kind: str) -> Finding:
+    """A virtual run on ``kind`` (xpu, mps) where the program asks for another kind of device this build lacks
+    ("Torch not compiled with CUDA enabled", as on an Intel GPU or a Mac): the fix is the machine's own device, not
+    another torch build."""
+    if f.category != "no_accelerator":
+        return f
+    text = f.error.lower()
+    asked = next((k for k in ("cuda", "xpu", "mps") if k in text), None)
+    if asked is None or asked == kind:
+        return f
+    f.fix = (f"device = torch.accelerator.current_accelerator()  # {kind} on this machine, {asked} where there is one\n"
+             f"# then .to(device) / device=device where the program names '{asked}'"
+             + (f" ({f.where})" if f.where else ""))
+    f.culprit, f.fix_from = None, "run"
     return f
 
 
