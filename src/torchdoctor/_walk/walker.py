@@ -29,7 +29,8 @@ _FORWARD: Any = object()  # in expand's ``later`` list: the module's own ``forwa
 _UNSEEN: Any = object()
 _ATOMS_GE = FAST_ATOMS.issuperset
 _TENSOR_OF = attrgetter("tensor")
-_EMPTIES = frozenset({dict, list, set, frozenset})  # exact builtin containers: ``not v`` runs no user code
+# exact builtin containers (``not v`` runs no user code) and their kinds
+_EMPTIES: dict[type, int] = {dict: MAPPING, list: SEQ, set: SET, frozenset: SET}
 __all__ = ["MAX_DEPTH", "MAX_ITEMS", "MAX_NODES", "Entry", "Walk", "form_of", "hook_chain", "is_quant_type", "set_tensor", "walk"]
 
 
@@ -150,9 +151,10 @@ class _Walker(Values):
                     if tv in atoms:
                         continue
                     if nodes < max_nodes and ((tv is tuple or tv is list) and len(v) <= MAX_ITEMS and _ATOMS_GE(map(
-                            type, v)) or tv in _EMPTIES and not v):
-                        # a conv's kernel_size, stride and padding, an empty key list: plain values or none, nothing
-                        # to record for a second visit, which proves it again as cheaply (counted as ``value`` would)
+                            type, v)) or tv in _EMPTIES and (not v or atoms_only(v, _EMPTIES[tv], MAX_ITEMS))):
+                        # a conv's kernel_size, stride and padding, an empty key list, a transformers model's plans
+                        # and sets of names: plain values or none, nothing to record for a second visit, which
+                        # proves it again as cheaply (counted as ``value`` would)
                         nodes += 1
                         continue
                     add_later((path, mod, key, v))
