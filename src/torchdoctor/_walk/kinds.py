@@ -15,7 +15,7 @@ import functools
 import types
 import weakref
 from collections.abc import Iterator
-from itertools import chain, compress
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -42,8 +42,6 @@ _QUANT_PREFIXES = ("bitsandbytes", "torchao", "optimum.quanto", "optimum_quanto"
 FAST_ATOMS = frozenset({str, int, float, bool, type(None), torch.dtype, torch.device})
 PLAIN = (torch.Tensor, nn.Parameter)
 _ATOMS_GE = FAST_ATOMS.issuperset
-_SEQS = frozenset({tuple, list})
-_ATOMS_OR_SEQ = FAST_ATOMS | _SEQS
 
 _KIND_CACHE: dict[type, int] = {}
 
@@ -86,7 +84,7 @@ def atoms_only(v: Any, k: int, limit: int) -> bool:
             return False
         # a transformers model's plans map names to tuples of lists of names (``_pp_plan``): two levels of plain
         # tuples and lists of plain values are proved here too, instead of one walker record per inner list
-        return _ATOMS_GE(map(type, dict.values(v))) or _plain_nested(dict.values(v))
+        return _ATOMS_GE(map(type, dict.values(v))) or all(map(_plain_seq, dict.values(v)))
     if k == SEQ:
         base: Any = list if isinstance(v, list) else tuple
     else:
@@ -94,20 +92,14 @@ def atoms_only(v: Any, k: int, limit: int) -> bool:
     return bool(base.__len__(v) <= limit and _ATOMS_GE(map(type, base.__iter__(v))))
 
 
-def _plain_nested(values: Any) -> bool:
-    """Each of ``values`` is a plain value or a short exact ``tuple`` / ``list`` of them, nested two deep (each
-    no longer than 64), proved a level at a time at C speed: a plan's values are tuples of lists."""
-    for _ in range(2):
-        types = set(map(type, values))
-        if _ATOMS_GE(types):
-            return True
-        if not _ATOMS_OR_SEQ.issuperset(types):
-            return False
-        seqs = list(compress(values, map(_SEQS.__contains__, map(type, values))))
-        if max(map(len, seqs)) > 64:
-            return False
-        values = list(chain.from_iterable(seqs))  # exact lists and tuples: their own iterators, no user code
-    return _ATOMS_GE(map(type, values))
+def _plain_seq(x: Any, depth: int = 2) -> bool:
+    """``x`` is a plain value, or a short exact ``tuple`` / ``list`` of them (nested up to ``depth``)."""
+    tp = type(x)
+    if tp in FAST_ATOMS:
+        return True
+    if (tp is not tuple and tp is not list) or depth <= 0 or len(x) > 64:
+        return False
+    return _ATOMS_GE(map(type, x)) or all(map(_plain_seq, x, repeat(depth - 1, len(x))))  # no generator frame
 
 
 def kind(obj: Any) -> int:
