@@ -80,3 +80,15 @@ def test_views_of_one_storage_move_together_in_a_virtual_run() -> None:
     assert m.head.weight is m.emb.weight
     assert devices == {"cuda:1"}
     assert sums == (6.0, 6.0)  # still views of one storage
+
+
+def test_an_optimizer_of_another_model_is_refused_before_anything_moves() -> None:
+    import pytest
+
+    model, other = nn.Linear(2, 2), nn.Linear(2, 2)
+    opt = torch.optim.Adam(other.parameters())
+    with pytest.raises(ValueError, match="optimizer=Adam holds none of the parameters of the Linear moved"):
+        torchdoctor.move(model, dtype=torch.float64, optimizer=opt)
+    assert model.weight.dtype == torch.float32  # nothing moved
+    torchdoctor.move(other, dtype=torch.float64, optimizer=opt)  # its own model: moved
+    assert other.weight.dtype == torch.float64

@@ -142,6 +142,7 @@ def move(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
 def _move(obj: Any, dev: torch.device | None, dt: torch.dtype | None, keep_fp32: bool, non_blocking: bool,
           log: UndoLog, optimizer: Any, t0: float) -> MoveReport:
     given = _given(optimizer)
+    _owned(obj, given)
     p = build(obj, dev, dt, keep_fp32)
     p.raise_refusals()
     opt_state, opts, was, held, note = _optimizers(optimizer, given, p.steps)
@@ -367,3 +368,16 @@ def _successors(log: UndoLog) -> None:
     for rec in log.records:
         if isinstance(rec, SetSlots) and isinstance(rec.strong, _PARAM) and rec.strong is not rec.new:
             succeeded(space, rec.strong, rec.new)
+
+
+def _owned(obj: Any, given: list[Any]) -> None:
+    """An optimizer passed for a model that holds none of its parameters is another model's: refused before
+    anything moves (its state would stay behind, and the model meant was not moved)."""
+    if not given or not isinstance(obj, torch.nn.Module):
+        return
+    mine = {id(t) for t in obj.parameters()}
+    for opt in given:
+        held = [t for g in getattr(opt, "param_groups", ()) for t in g.get("params", ())]
+        if held and not any(id(t) in mine for t in held):
+            raise ValueError(f"optimizer={type(opt).__name__} holds none of the parameters of the "
+                             f"{type(obj).__name__} moved: pass the model it trains, or the optimizer of this one")
