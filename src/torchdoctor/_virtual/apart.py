@@ -151,7 +151,7 @@ def _short(file: str) -> str:
 
 def _diff(a: Apart, want: str) -> str | None:
     """The line that built the module, with ``.to(...)`` after the call of its class, as a unified diff."""
-    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
 
     if not a.file or not a.line or not own_file(a.file):
@@ -251,7 +251,7 @@ def _a_module(text: str) -> bool:
 
 def _to_diff(file: str, line: int, want: str) -> str | None:
     """The assignment at ``line`` with its value cast: ``want`` added to a trailing ``.to(...)``, or ``.to(want)``."""
-    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
 
     if not own_file(file):

@@ -22,7 +22,7 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
     """``f`` (``.data`` moves of the tensors of modules of one class of the program's own file) replaced by the one
     line of that file that builds them, moved there; None otherwise."""
     from torchdoctor._guard.maps import value_code
-    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
 
     if f.kind != "path" or not f.sets or not isinstance(root, torch.nn.Module):

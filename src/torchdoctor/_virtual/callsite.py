@@ -48,7 +48,7 @@ def caller_fix(key: str, file: str, line: int, at: str, target: Any) -> Recall |
     """``key`` (``factory torch.randn ... at app.py:10``): the call of its function that leaves out the device
     parameter the factory passes, fixed there; None unless there is exactly one such call in the file."""
     from torchdoctor._guard.maps import value_code
-    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
 
     parsed = _tree(file) if file and isinstance(target, torch.device) and own_file(file) else None

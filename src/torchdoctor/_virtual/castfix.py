@@ -62,7 +62,7 @@ def cast_fix(p: Problem, at: str, target: Any, module_path: Callable[[Any], str 
 
 def in_library(site: Any) -> bool:
     """The cast's line is in an installed library (or torch), not in the user's own code."""
-    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._guard.ownfile import own_file
 
     return site is not None and not own_file(site.file)
 
@@ -78,7 +78,7 @@ def library_note(fix: Fix) -> Fix:
 
 def _diff(site: Any, target: torch.dtype) -> str | None:
     """The cast's line rewritten to ``target`` as a unified diff, when the line is in the user's own file."""
-    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
     from torchdoctor._virtual.castsites import patched_line
 

@@ -314,7 +314,7 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
 
 
 def _own(file: str) -> bool:
-    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._guard.ownfile import own_file
 
     return own_file(file)
 
@@ -393,7 +393,7 @@ def _library_line(at: str) -> bool:
 
     file = at.rsplit(":", 1)[0]
     if os.path.isfile(file):
-        from torchdoctor._guard.remedy import own_file
+        from torchdoctor._guard.ownfile import own_file
 
         return not own_file(file)
     top = file.replace("\\", "/").split("/", 1)[0]

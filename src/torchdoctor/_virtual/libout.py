@@ -42,7 +42,7 @@ def output_fix(own: tuple[str, int, str, tuple[tuple[str, Any], ...]], leaf: str
     """(code, diff, what a re-run casts) of the call of the module held as ``leaf`` (``time_proj``) on the program's
     line ``own``, its output cast to ``target`` there: to the dtype of a tensor argument of that function in
     ``target`` (``x.dtype``), else to ``target`` written out. None when the line holds no single such call."""
-    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._guard.ownfile import own_file
     from torchdoctor._placement import dtype_str
     from torchdoctor._report.diff import line_patch
 

@@ -36,7 +36,7 @@ class Casts:
         self.moves: list[tuple[Any, torch.device, str, int, str, dict[str, Any]]] = []
 
     def record_move(self, mod: torch.nn.Module, device: torch.device | None, frame: Any) -> None:
-        from torchdoctor._guard.remedy import own_file
+        from torchdoctor._guard.ownfile import own_file
         from torchdoctor._virtual.origin import short_at
 
         if device is not None and frame is not None and own_file(frame.f_code.co_filename) and len(self.moves) < 4096:
@@ -44,7 +44,7 @@ class Casts:
                                frame.f_globals))
 
     def record(self, mod: torch.nn.Module, dtype: torch.dtype | None, frame: Any) -> torch.dtype | None:
-        from torchdoctor._guard.remedy import own_file
+        from torchdoctor._guard.ownfile import own_file
         from torchdoctor._virtual.origin import short_at
 
         if dtype is None or frame is None or not own_file(frame.f_code.co_filename):

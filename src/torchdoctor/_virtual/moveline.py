@@ -68,7 +68,7 @@ def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | 
     function that was on ``want`` (the failing op's device) when the move ran (``x`` in ``forward(self, x)``), never
     to a call written again (``self.lin(x)`` would run the layer twice). None when the move's line is not one simple
     assignment, or no such tensor can be named."""
-    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
     from torchdoctor._virtual.moveby import ARGS
     from torchdoctor._virtual.origin import LINES
@@ -116,7 +116,7 @@ def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | 
 def numpy_fix(at: str, found: str) -> tuple[str, str] | None:
     """(code, diff) of a ``.numpy()`` of a device tensor at ``at`` ("file:line" of the user's code): read as
     ``x.cpu().numpy()`` there; None when the line does not hold one such call."""
-    from torchdoctor._guard.remedy import own_file
+    from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
     from torchdoctor._virtual.origin import LINES
 
