@@ -23,7 +23,7 @@ from torch.overrides import TorchFunctionMode
 
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
-from torchdoctor._virtual import devices_api as api, dispatch as D, host as H
+from torchdoctor._virtual import devices_api as api, dispatch as D, host as H, moveby
 from torchdoctor._virtual import hardware, lengths, makers, outside, parallel, replaced, saved, storage, training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
@@ -84,7 +84,7 @@ def _move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: tor
     # a cast keeps where the tensor came from (a factory call, the caller)
     origin = t._td_origin if isinstance(t, VirtualTensor) else kept[1] if kept is not None else None
     if origin is not None:
-        out._td_origin = origin
+        out._td_origin = origin if src == target else moveby.carried(origin, space.hooks.running())
     elif path is None:
         _moved_in_block(space, out)
     elif src != target and space.hooks.running() is not None:
