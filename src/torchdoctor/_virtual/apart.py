@@ -106,10 +106,42 @@ def _built_at(file: str, name: str, cls: str) -> int:
     return 0
 
 
+def at_root(problems: Sequence[Any], apart: Sequence[Apart]) -> tuple[list[tuple[Apart, tuple[str | None, str, str,
+                                                                                                 Any]]], list[Any]]:
+    """The problems of a module held apart that started as a root of its own, as (that module, culprit), and the
+    others. Its tensors' paths are its own (``weight``), which the model may hold too (a Linear beside an Embedding
+    the program never moved): told apart by the class the problem names at the root, that one module held apart
+    holding that path (none other of its class). Never a problem of the model's own class."""
+    from torchdoctor._placement import parse_device, parse_dtype
+
+    theirs: list[tuple[Apart, tuple[str | None, str, str, Any]]] = []
+    rest: list[Any] = []
+    for p in problems:
+        hits = [a for a in apart if not a.prefix and a.cls == p.module_type] if p.module_path == "" and \
+            p.kind in ("device", "dtype") and p.role in ("parameter", "buffer") else []
+        if len(hits) != 1 or not hits[0].holds(p.path):
+            rest.append(p)
+            continue
+        try:
+            target = parse_dtype(p.expected) if p.kind == "dtype" else parse_device(p.expected)
+        except (ValueError, TypeError, RuntimeError):
+            rest.append(p)
+            continue
+        theirs.append((hits[0], (p.path, p.path, p.kind, target)))
+    types = {p.module_type for p in rest if p.module_path == ""}
+    if theirs and types & {a.cls for a, _ in theirs}:  # the model's own class: which root was meant is unknown
+        return [], list(problems)
+    return theirs, rest
+
+
 def find(culprits: Sequence[tuple[str | None, str, str, Any]], apart: Sequence[Apart],
-         model: dict[str, Any]) -> dict[int, tuple[Apart, list[tuple[str | None, str, str, Any]]]]:
-    """The culprits whose path the model lacks and a module held apart holds, by that module."""
+         model: dict[str, Any], rooted: Sequence[tuple[Apart, tuple[str | None, str, str, Any]]] = ()
+         ) -> dict[int, tuple[Apart, list[tuple[str | None, str, str, Any]]]]:
+    """The culprits whose path the model lacks and a module held apart holds, by that module (``rooted``: those
+    ``at_root`` found, first)."""
     out: dict[int, tuple[Apart, list[tuple[str | None, str, str, Any]]]] = {}
+    for a, c in rooted:
+        out.setdefault(id(a), (a, []))[1].append(c)
     for c in culprits:
         if c[0] is None or c[0] in model:
             continue
@@ -303,11 +335,13 @@ def moved(model: Any, fixes: Sequence[Fix]) -> Iterator[None]:
         handle.remove()
 
 
-def left_whole(problems: Sequence[Any], have: dict[str, tuple[Any, Any]]) -> Fix | None:
+def left_whole(problems: Sequence[Any], have: dict[str, tuple[Any, Any]], shadowed: set[str] | None = None
+               ) -> Fix | None:
     """A module never moved: every tensor it holds was met on the device its problems found — the model, or a
     helper it keeps in a list (``self.helpers = [aux]``, which ``Module.to`` never reaches) — moved whole, once,
     never a line per tensor or a ``device=`` in its class's ``__init__`` for the buffer it registers there. None
-    when part of it did move."""
+    when part of it did move. ``shadowed``: paths a module held apart reported at its own root, which the run
+    records once (the model's tensor of that path is not named again): counted as met when on that device."""
     from torchdoctor._guard.maps import code_path
     from torchdoctor._placement import device_str, parse_device
     from torchdoctor._virtual.prove import Fix
@@ -322,7 +356,7 @@ def left_whole(problems: Sequence[Any], have: dict[str, tuple[Any, Any]]) -> Fix
     common = next((i for i in range(min(map(len, parts))) if len({x[i] for x in parts}) > 1), min(map(len, parts)))
     prefix = ".".join(parts[0][:min(common, len(parts[0]) - 1)])  # a module's path: never a tensor's own
     under = {k: d for k, (_, d) in have.items() if not prefix or k.startswith(prefix + ".")}
-    if set(under) != {p.path for p in dev} or {device_str(d) for d in under.values()} != {dev[0].found} or \
+    if set(under) != {p.path for p in dev} | (set(under) & (shadowed or set())) or {device_str(d) for d in under.values()} != {dev[0].found} or \
             len(under) < 2:  # each of its tensors was met on the wrong device: none is placed by a hook at its call
         return None
     try:

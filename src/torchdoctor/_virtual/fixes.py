@@ -15,7 +15,7 @@ from torchdoctor._virtual.groups import whole_component
 from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage_note
 from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
-from torchdoctor._virtual.apart import Apart, find, fix as apart_fix, left_whole, network_fix
+from torchdoctor._virtual.apart import Apart, at_root, find, fix as apart_fix, left_whole, network_fix
 from torchdoctor._virtual.callsite import caller_fix
 from torchdoctor._virtual.castfix import NO_DEVICE_ARG, cast_fix, each_maker, in_library, library_note, maker_diff, \
     storage_fix, traced_note
@@ -59,6 +59,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     if not problems:
         return None
     have = current or {}
+    rooted, problems = at_root(problems, apart)  # a module held apart that started on its own: its paths are its own
     culprits: list[tuple[str | None, str, str, Any]] = []
     factories: list[Fix] = []
     named = {p.path for p in problems if p.role in _NAMED}
@@ -68,7 +69,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     library: list[Fix] = []  # casts at a line of an installed library (transformers' rotary upcast, by design)
     scripted = any("<constant>" in p.path or "TracedModule" in str(p.op or "") or "ScriptModule" in str(p.op or "")
                    for p in problems)  # a TorchScript module ran: its constants are fixed before tracing (a buffer)
-    unmoved = left_whole(problems, dict(have)) if have else None  # a module never moved: one move, whole
+    unmoved = left_whole(problems, dict(have), {c[0] for _, c in rooted if c[0]}) if have else None  # a module never moved: one move, whole
     for p, made_from in each_maker(problems, sources or {}):
         if p.role == "optimizer" and (code := _state_fix(p)) is not None:  # a state loaded off its params' device
             if code not in {f.code for f in factories}:
@@ -206,7 +207,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                          f"{meta[0].path}): load the weights onto the device, e.g. "
                          "model.load_state_dict(state_dict, assign=True) or from_pretrained(..., device_map=...)",
                          "note"))
-    held_apart = find(culprits, apart, dict(have)) if apart and have else {}
+    held_apart = find(culprits if have else [], apart, dict(have), rooted)
     for mod, mine in held_apart.values():  # a module the model does not hold: moved where the program builds it
         culprits = [c for c in culprits if c not in mine]
         factories.insert(0, apart_fix(mod, mine))
@@ -244,7 +245,6 @@ _STORAGE_NAMES = frozenset(dtype_str(d) for d in (torch.uint8, torch.int8, torch
 
 def _state_fix(p: Problem) -> str | None:
     from torchdoctor._virtual.training import state_fix
-
     return state_fix(p)
 
 
