@@ -109,7 +109,12 @@ def cpu_work(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, A
     if factory and kwargs.get("generator") is not None:  # a virtual GPU's generator drawing on the CPU raises there
         space.hooks.creating(getattr(func, "__name__", "") or "tensor", torch.device("cpu"),
                              {"generator": kwargs["generator"]})
+    pinned = factory and kwargs.get("pin_memory")
+    if pinned:  # pinned host memory (safetensors' load to a device, loaders): the machine's GPU would allocate it
+        kwargs = dict(kwargs, pin_memory=False)
     out = func(*args, **kwargs)
+    if pinned and isinstance(out, torch.Tensor):
+        out._td_pinned = True  # type: ignore[attr-defined]
     if isinstance(out, torch.Tensor):
         if factory:  # a module built in forward is made by its constructor's line (nn.BatchNorm2d(8)), not torch.empty
             by = Made(built_module(2) or f"torch.{getattr(func, '__name__', '') or 'tensor'}", space.hooks.running())
@@ -177,13 +182,25 @@ def host(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     self, name = args[0], getattr(func, "__name__", "")
     if not isinstance(self, VirtualTensor):
         if name in ("pin_memory", "is_pinned") and isinstance(self, torch.Tensor) and self.device.type == "cpu":
-            # pinning asks the accelerator this build lacks; a loader with pin_memory=True (Trainer's default)
-            # gets the batch as it is, a CPU tensor, as pinned memory is one
-            return self if name == "pin_memory" else False
+            # pinning asks the accelerator this build lacks: answered as the GPU machine does (a pinned copy, then
+            # is_pinned() True), the copy a plain CPU tensor marked pinned for this run
+            if name == "is_pinned" or getattr(self, "_td_pinned", False):
+                return getattr(self, "_td_pinned", False) if name == "is_pinned" else self
+            return _pinned_copy(space, self)
         return func(*args, **kwargs)
     if name == "data_ptr":  # distinct tensors, distinct pointers (meta says 0 for all)
         return id(self._td_elem) if self._td_elem.device.type == "meta" else self._td_elem.data_ptr()
     return {"is_pinned": False, "record_stream": None}.get(name, self)
+
+
+def _pinned_copy(space: Space, src: torch.Tensor) -> torch.Tensor:
+    """``t.pin_memory()``: a new tensor with ``t``'s values (pinning copies), keeping where ``t`` was made."""
+    out = src.clone()
+    out._td_pinned = True  # type: ignore[attr-defined]
+    kept = space.real_record(src) if space.real else None
+    if kept is not None and kept[1] is not None:
+        space.keep_real(out, None, kept[1])
+    return out
 
 
 class _Moved(torch.autograd.Function):
