@@ -43,6 +43,10 @@ def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.d
     outside = {p.found for p in unsupported if p.module_path is None and p.role not in _NAMED}
     for name in sorted(outside - set(inside)):  # made outside the model: that tensor, not it
         other = _SAME_SIZE.get(name, "float32")
+        at_maker = [f for p in unsupported if p.found == name and p.module_path is None for f in _at_maker(p, other)]
+        if at_maker:
+            out.extend(f for i, f in enumerate(at_maker) if f.code not in {g.code for g in at_maker[:i]})
+            continue
         paths = tuple(p.path for p in unsupported if p.found == name and p.module_path is None and p.path and
                       not p.path.startswith("<"))  # named by the move (a buffer): its maker may fix it (``hostline``)
         out.append(Fix(f"# a {name} tensor made outside the model moves to {device_str(device)}, which cannot hold "
@@ -96,3 +100,26 @@ def _instead(unsupported: list[str], device: torch.device, over_memory: bool) ->
                    "memory: float32 would double it; load it quantized (bitsandbytes) or offload", "note")
     return Fix(f"model.to(torch.float32)  # {device.type} cannot compute in {', '.join(unsupported)}", "path",
                asks=torch.float32)
+
+
+_MADE = re.compile(r"made by (torch\.\w+) in code outside the model at (\S+:\d+) \S+@(\S+) moved to (\S+) as ")
+
+
+def _at_maker(p: Problem, other: str) -> list[Fix]:
+    """A tensor the program's factory made on another device (numpy's float64 data, ``torch.from_numpy``) moved to
+    a device that cannot hold its dtype: cast at that factory's line (a diff, proven as a factory's fix is). A
+    tensor already on that device when it was cast (``sigmas.to(torch.float64)`` of a tensor made there) was not
+    made so by its maker: the cast is said, never a cast at the maker, which changes nothing."""
+    m = _MADE.search(p.message)
+    if m is None:
+        return []
+    op, at, src, dst = m.groups()
+    if src == dst:
+        return [Fix(f"# {op} at {at} made it on {dst}; a later cast of it to {p.found} (Tensor.to, "
+                    f".double()) on {dst}, which cannot hold {p.found}, raises: keep it {other} there, or do the "
+                    f"{p.found} math on the cpu (t.cpu().to(torch.{p.found}))", "note",
+                    tried="not re-run: the cast's line is not on record")]
+    want = parse_dtype(other)
+    return [Fix(f"# a {p.found} tensor made outside the model moves to {dst}, which cannot hold {p.found}: cast that "
+                f"tensor to {other} before moving it, at {at} where {op} makes it", "factory", want,
+                sets=((f"factory {op} at {at}", want),), diff=maker_diff(op, at, want))]
