@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 from torchdoctor._rules import registry as _rules
-from torchdoctor._guard import compiled as graph, provenance
+from torchdoctor._guard import compiled as graph, component, provenance
 from torchdoctor._guard.float8 import is_float8_message
-from torchdoctor._guard import component
+from torchdoctor._guard.assigned import assigned_fix, trace_note as _trace_note
+from torchdoctor._guard.kept import kept_aim, kept_float32  # (a component kept in float32 on purpose)
 from torchdoctor._guard.remedy import Aim, aimed, caller_fix, caller_makers, moved_aim, with_patch
 from torchdoctor._guard.wrapfix import locals_made
 from torchdoctor._guard.maps import Maps, both, fix_code, module_label, reference
@@ -284,6 +285,9 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
         # the culprits' submodule odd as a whole is what the fix casts; proven by re-running the whole forward
         fix, more, proof = component.widen(session, maps, root, [p for p, _ in held], held[0][1], fix)
         lines[-1:-1] = more + ([proof] if proof else [])
+        if not more and not blamed and (asg := assigned_fix([p for p, _ in held], {
+                e.path: e.tensor for e in maps.walk.entries}, held[0][1])):  # a submodule the program assigned
+            fix, aim = asg[0], Aim([], asg[0], asg[1], None, [])
     if stored and fix is not None:  # said once, on the first line of the fix
         why = (f"  # `{mpath or '<root>'}` ({mtype}) computes with {stored[1]} storage directly: dequantize it (scale "
                f"included) or load its {_show(ref, kind)} weights; a bare cast keeps the stored integers")
@@ -292,7 +296,9 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     comp = None
     if not blamed and bad and all(c[0] is None for c in bad) and kind == "dtype" and maps is not None:
         odd = provenance.odd_component(maps.walk, mpath, [c[2] for c in bad], ref)
-        if odd is not None:  # the component is the odd one out, not the data the rest of the model feeds it
+        if odd is not None and kept_float32(root, odd[0]):  # on purpose: the data is odd, fixed where made
+            aim = kept_aim(odd, root, callers, mod, tuple(session.frames.inputs_of(mod)), maps)
+        elif odd is not None:  # the component is the odd one out, not the data the rest of the model feeds it
             head = (f"{kind} mismatch in {where}{phase}: `{odd[0] or '<root>'}` runs in float32 while the data "
                     f"flowing in is {dtype_str(odd[1])}")
             lines, fix, comp = component.blame(odd, lines, root, maps.dicts, mpath, mtype, op)
@@ -345,17 +351,6 @@ def _own_kind(session: Session, exc: BaseException, tb: Any, category: str, mess
 
         return explain_scaler(session, exc, tb)
     return None
-
-
-def _trace_note(t: torch.Tensor) -> str:
-    """What an active ``torchdoctor.trace`` knows of how this tensor got where it is (the call and line)."""
-    try:
-        from torchdoctor import _trace
-
-        note = _trace.note_for(t) if _trace.active() else None
-    except Exception:  # the trace is extra: the culprit stands without it
-        note = None
-    return f"  ({note})" if note else ""
 
 
 def _flow(session: Session, maps: Maps | None, frames: list[Any], inputs: list[torch.Tensor], mpath: str | None

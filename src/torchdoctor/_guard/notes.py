@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from torchdoctor._guard import component as _component
+from torchdoctor._guard.assigned import assigned_fix
 from torchdoctor._guard.maps import Maps, both, fix_code, module_label, retarget, value_str as _value_str, value_str_of
 from torchdoctor._guard import compiled as graph
 from torchdoctor._guard.proof import harmful, prove, storage_target
@@ -137,7 +138,8 @@ def tell_once(session: Any, c: Case) -> tuple[Note, list[Problem]]:
     comps = [p for p in (made[0].problems if made else ()) if p.role == "component"]
     if not comps:
         return note, list(c.problems)
-    session.g._record_problems(comps, instead=[p for p in c.problems if p.role == "argument"])
+    session.g._record_problems(comps, instead=[p for p in c.problems if p.role == "argument" or any(
+        p.path.startswith(x.path + ".") for x in comps)])  # (a submodule assigned after the cast: its tensors)
     session.g._note(comps, note)
     return note, comps
 
@@ -189,10 +191,12 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
             and c.mod is not None:  # (code outside any module is no component of the model)
         # a float32 component fed reduced-precision data by the rest of the pipeline: cast the component
         # (as explain mode says), not the data flowing in (_guard/component.py)
+        from torchdoctor._guard.kept import kept_float32
         from torchdoctor._guard.provenance import odd_component
 
         fed = [tensors[k] for _, _, ks in plan for k in ks if isinstance(tensors[k], torch.Tensor)]
         odd = odd_component(maps.walk, c.mpath, fed, t0)
+        odd = None if odd is not None and kept_float32(c.root, odd[0]) else odd  # the data is the odd one
         if odd is not None:
             head = f"dtype problem in {where} at {op}: `{odd[0] or '<root>'}` runs in float32 while the data " \
                    f"flowing in is {dtype_str(odd[1])}"
@@ -243,6 +247,14 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
                 lines[-1:] = more + [whole or lines[-1]]
             elif whole is not None:  # both proven: the op's own proof stays the last word on this op
                 lines.insert(-1, whole)
+            if not more and not blamed and (asg := assigned_fix(list(dict.fromkeys(p for p, _ in held)), {
+                    e.path: e.tensor for e in maps.walk.entries}, held[0][1])):  # a submodule the program assigned
+                fix, aim = asg[0], Aim([], asg[0], asg[1], None, [])
+                sub, p0 = held[0][0].rpartition(".")[0], problems[0]  # one problem: the submodule assigned
+                problems = [Problem(p0.kind, sub, "component", p0.found, p0.expected, f"`{sub}` is {p0.found} in a "
+                                    f"{p0.expected} model: it was assigned after the model's cast", op=str(op),
+                                    module_path=c.mpath, module_type=c.mtype),
+                            *[p for p in problems if not p.path.startswith(sub + ".")]]
     lines = _component.fold_also(lines)  # the odd component's other tensors are counted in its one finding
     err = PlacementError(format_error(head, lines + [f"other operand {d}" for d in others], fix),
                          module_path=c.mpath, module_type=c.mtype, op=str(op),

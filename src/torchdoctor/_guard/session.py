@@ -370,6 +370,7 @@ class Session:
         folded, shown = note is not None, problems
         if note is None:
             note, shown = tell_once(self, case)
+            problems = shown if params and any(p.role == "component" for p in shown) else problems  # one, aligned
         else:
             self.g._note(problems, note)
             if fed is not None and note.groups:  # fed to the component told as the odd one out: no problem of its own

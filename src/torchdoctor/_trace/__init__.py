@@ -4,6 +4,6 @@ guard and scan ask ``active()`` and ``note_for(tensor_or_path)`` to add the call
 a tensor to their messages.
 """
 
-from torchdoctor._trace.api import TraceRecord, active, note_for, trace
+from torchdoctor._trace.api import TraceRecord, active, note_for, record_for, trace
 
-__all__ = ["TraceRecord", "active", "note_for", "trace"]
+__all__ = ["TraceRecord", "active", "note_for", "record_for", "trace"]

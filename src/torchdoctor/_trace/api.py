@@ -152,11 +152,10 @@ def active() -> bool:
     return bool(patches.SESSIONS)
 
 
-def note_for(tensor_or_path: torch.Tensor | str, root: str | None = None) -> str | None:
-    """What the active traces know about the last change of this tensor (or path), as a sentence:
-    ``on cpu since `unfuse_lora()` at app.py:42``; None when no trace is active or nothing was recorded.
-    ``root``: the type name of the object the path is relative to; its records win over another object's at the
-    same path."""
+def record_for(tensor_or_path: torch.Tensor | str, root: str | None = None) -> TraceRecord | None:
+    """The active traces' last record of this tensor (or path), or None when no trace is active or nothing was
+    recorded. ``root``: the type name of the object the path is relative to; its records win over another
+    object's at the same path."""
     try:
         for s in reversed(patches.SESSIONS):
             path = s.path_of(tensor_or_path) if isinstance(tensor_or_path, torch.Tensor) else tensor_or_path
@@ -165,12 +164,19 @@ def note_for(tensor_or_path: torch.Tensor | str, root: str | None = None) -> str
             recs = s.history(path)
             recs = [r for r in recs if r.root == root] or recs if root else recs
             if recs:
-                return recs[-1].note()
+                return recs[-1]
     except Exception:  # called while an error is being explained: never raise
-        log.debug("torchdoctor.trace: note_for failed", exc_info=True)
+        log.debug("torchdoctor.trace: record_for failed", exc_info=True)
     return None
 
 
-__all__ = ["TraceRecord", "active", "note_for", "trace"]
+def note_for(tensor_or_path: torch.Tensor | str, root: str | None = None) -> str | None:
+    """What the active traces know about the last change of this tensor (or path), as a sentence:
+    ``on cpu since `unfuse_lora()` at app.py:42``; None when no trace is active or nothing was recorded."""
+    rec = record_for(tensor_or_path, root)
+    return rec.note() if rec is not None else None
+
+
+__all__ = ["TraceRecord", "active", "note_for", "record_for", "trace"]
 
 public_types(trace)
