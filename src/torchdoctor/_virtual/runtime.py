@@ -23,7 +23,7 @@ from torch.overrides import TorchFunctionMode
 
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
-from torchdoctor._virtual import devices_api as api, dispatch as D, host as H, moveby
+from torchdoctor._virtual import devices_api as api, devrng, dispatch as D, host as H, moveby
 from torchdoctor._virtual import hardware, lengths, makers, outside, parallel, replaced, saved, storage, training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
@@ -356,6 +356,7 @@ def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> It
     try:
         if profile.type not in ("cpu", "meta"):
             api.device_api(installs, profile, space)
+            devrng.install(installs, profile, space)  # default generators, seeds, NVTX
             parallel.install(installs)  # DataParallel's copies (Trainer wraps the model when it sees two GPUs)
         installs.set(torch, "Generator", api.VirtualGenerator, shared=True)
         makers.install(installs)  # torch.from_numpy / frombuffer: named by their maker and line
