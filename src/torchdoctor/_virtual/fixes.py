@@ -140,10 +140,10 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                                      "which only its code applies"))
             continue
         if made_from and made_from[0].startswith("operand "):  # an operand the op refuses in its dtype: at the call
-            from torchdoctor._virtual.makers import operand_fix
+            from torchdoctor._virtual.makers import operand_fix, reversed_by
             at_line = LINES.get(made_from[0].partition(" at ")[2], ("", 0))[0]
             fixed = operand_fix(made_from[0], target) if isinstance(target, (torch.dtype, torch.device)) and \
-                (not at_line or _own(at_line)) else None  # never an edit of an installed library's line
+                (not at_line or _own(at_line)) and not reversed_by(p, problems, sources or {}, have) else None
             if fixed is not None and fixed[0] not in {f.code for f in factories}:
                 factories.append(Fix(fixed[0], "note", target, sets=((made_from[0], target),), diff=fixed[1],
                                      reoperand=reoperand(made_from[0], target)))  # a re-run gives it so there

@@ -12,6 +12,7 @@ The cast sites themselves (``SITES``, ``cast_site``, ``patched_line``) are in ``
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -209,7 +210,23 @@ def operand_fix(source: str, target: torch.dtype | torch.device) -> tuple[str, s
     file, line = LINES.get(at, ("", 0))
     old = linecache.getline(file, line) if file else ""
     to = target if isinstance(target, torch.dtype) else f"{LIKE[source]}.device" if source in LIKE else repr(str(target))
-    new = re.sub(rf"(?<![\w.]){re.escape(name)}\b(?!\s*=[^=])", f"{name}.to({to})", old.rstrip("\r\n"), count=1)
+    new = re.sub(rf"(?<![\w.]){re.escape(name)}\b(?!\s*=[^=]){_NOT_READ}", f"{name}.to({to})", old.rstrip("\r\n"),
+                 count=1)  # the operand itself, never a read of its size or placement (``enc.size(0)``)
     if not old or new == old.rstrip("\r\n"):
         return None
     return new.strip(), line_patch(file, line, new)
+
+
+# what reads a tensor's metadata, not its data: a ``.to()`` there changes nothing the op meets
+_NOT_READ = r"(?!\s*\.\s*(?:size|shape|dim|ndim|ndimension|numel|nelement|device|dtype|stride|get_device|is_\w+)\b)"
+
+
+def reversed_by(p: Any, problems: Sequence[Any], sources: Mapping[tuple[str, ...], tuple[str, ...]],
+                model: Mapping[str, Any]) -> bool:
+    """A device problem of an operand whose op ran where a tensor of the model (``model``: its paths) was met the
+    other way round (a split model's top-level parameter left on cuda:0 made the op run there, and that tensor is
+    fixed to the operand's device): the operand moved to the op's device would undo that fix, so it keeps its
+    place. An operand met the other way round, not a model's tensor (a second crossing of a split), is no reason."""
+    return p.kind == "device" and any(
+        q is not p and q.kind == "device" and q.found == p.expected and q.expected == p.found and
+        any(s in model for s in sources.get((q.kind, q.path, q.op or "", q.found), ())) for q in problems)
