@@ -17,6 +17,7 @@ from torchdoctor._rules import registry as _rules
 from torchdoctor._guard import compiled as graph, component, provenance
 from torchdoctor._guard.float8 import is_float8_message
 from torchdoctor._guard.assigned import assigned_fix, trace_note as _trace_note
+from torchdoctor._guard.handed import handed_aim
 from torchdoctor._guard.kept import kept_aim, kept_float32  # (a component kept in float32 on purpose)
 from torchdoctor._guard.remedy import Aim, aimed, caller_fix, caller_makers, moved_aim, with_patch
 from torchdoctor._guard.wrapfix import locals_made
@@ -322,7 +323,8 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
         from torchdoctor._guard.computed import computed_aim  # computed in forward from sources in another dtype
 
         if (aim := computed_aim([c[2] for c in bad if c[0] is None], ref, session.frames, exc.__traceback__ or tb,
-                                session)):
+                                session) or handed_aim(mod, bad[0][2].dtype, ref, exc.__traceback__ or tb, session,
+                                                       root, maps.modules if maps is not None else {})):
             lines[-1:-1], fix = aim.lines + [aim.proof], aim.code
     problems = [replace(b.problem, op=op) for b in blamed] + ([comp] if comp is not None else [])
     problems += [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,
