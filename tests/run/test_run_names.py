@@ -180,5 +180,6 @@ def test_guards_fix_names_the_module_as_the_failing_function_holds_it(tmp_path: 
     proc = run("--json", str(script), cwd=tmp_path)
     doc = json.loads(proc.stdout[proc.stdout.index('{\n  "schema"'):])
     (finding,) = doc["findings"]
-    assert "net.out = nn.Linear(8, 2).to(torch.bfloat16)" in finding["fix"], finding["fix"]  # at the assignment (run keeps a trace)
+    # fixed at the assignment: run keeps a trace
+    assert "net.out = nn.Linear(8, 2).to(torch.bfloat16)" in finding["fix"], finding["fix"]
     assert "model." not in finding["fix"]
