@@ -2,19 +2,103 @@
 ``map_location="cuda"``, cannot make real storages on a device this machine lacks (torch raises ``Storage device
 not recognized: cuda``). Every storage is read onto the CPU, and each tensor is then moved where the file or
 ``map_location`` puts it, by the run's own move: virtual where the device is virtual, real where it is the CPU, so a
-resumed training program goes on (docs/architecture.md, _virtual)."""
+resumed training program goes on (docs/architecture.md, _virtual). A file the run itself wrote from virtual
+tensors holds CPU tensors (it loads anywhere), but read back in the run without ``map_location`` its tensors come
+back on the devices they were saved from, where a GPU machine's ``torch.load`` puts them."""
 
 from __future__ import annotations
 
+import os
+import pickle
+import weakref
 from typing import Any
 
 import torch
 
-from torchdoctor._virtual.tensor import current_space, is_virtual
+from torchdoctor._virtual.tensor import VirtualTensor, current_space, host_values, is_virtual
 
 
 def install(installs: Any) -> None:
     installs.set(torch, "load", _load(torch.load))
+    installs.set(torch, "save", _save(torch.save))
+
+
+def _file_key(f: Any) -> Any:
+    """The file a save wrote and a load reads: a path as written, or the buffer object itself (its id and type: the
+    entry is dropped when a save finds another object at that id)."""
+    if isinstance(f, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(f))
+    return (id(f), type(f))
+
+
+def _written(space: Any, f: Any) -> list[Any] | None:
+    entry = space.__dict__.get("_td_saved_files", {}).get(_file_key(f))
+    if entry is None or entry[1] is not None and entry[1]() is not f:
+        return None
+    return entry[0]  # type: ignore[no-any-return]
+
+
+class _Recorder(pickle.Pickler):
+    """torch.save's pickler base in a run: the device of each distinct storage, in the order torch numbers them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.td_order: dict[int, Any] = {}
+        self.td_keep: list[Any] = []
+
+    def reducer_override(self, obj: Any) -> Any:
+        if not isinstance(obj, torch.Tensor):
+            return NotImplemented
+        if isinstance(obj, VirtualTensor):
+            with torch._C.DisableTorchFunction():
+                host = host_values(obj)
+            self.td_keep.append(host)  # alive until the save ends: its storage's address names it
+            self.td_order.setdefault(host.untyped_storage()._cdata, obj._td_device)
+            return host.__reduce_ex__(2)
+        with torch._C.DisableTorchFunction():
+            if obj.device.type == "cpu" and obj.layout == torch.strided:
+                self.td_order.setdefault(obj.untyped_storage()._cdata, None)
+        return NotImplemented
+
+
+class _Pickle:
+    """A pickle module whose Pickler records (the rest is the standard library's)."""
+
+    def __init__(self) -> None:
+        self.made: list[_Recorder] = []
+        recorded = self.made
+
+        class Pickler(_Recorder):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                recorded.append(self)
+
+        self.Pickler = Pickler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(pickle, name)
+
+
+def _save(original: Any) -> Any:
+    def save(obj: Any, f: Any, pickle_module: Any = pickle, *args: Any, **kwargs: Any) -> Any:
+        space = current_space()
+        if space is None or pickle_module is not pickle:
+            return original(obj, f, pickle_module, *args, **kwargs)
+        module = _Pickle()
+        out = original(obj, f, module, *args, **kwargs)
+        devices = [d for p in module.made for d in p.td_order.values()]
+        saved = space.__dict__.setdefault("_td_saved_files", {})
+        alive: Any
+        try:
+            alive = None if isinstance(f, (str, os.PathLike)) else weakref.ref(f)
+        except TypeError:  # an object that takes no weak reference: not read back as saved
+            alive = lambda: None  # noqa: E731
+        saved[_file_key(f)] = (devices if any(d is not None for d in devices) else None, alive)
+        return out
+
+    save.__name__ = save.__qualname__ = "save"
+    save.__doc__ = original.__doc__
+    return save
 
 
 def _target(map_location: Any, saved: str) -> Any:
@@ -34,8 +118,13 @@ def _load(original: Any) -> Any:
         if space is None:
             return original(f, map_location, *args, **kwargs)
         where: dict[int, Any] = {}
+        written = _written(space, f) if map_location is None else None
+        order: list[Any] = []
 
         def to_cpu(storage: Any, location: str) -> Any:
+            if written is not None:  # written by this run from device tensors: their devices, in torch's order
+                order.append(storage)
+                return storage
             if callable(map_location) and not isinstance(map_location, (str, torch.device, dict)):
                 out = map_location(storage, location)
                 if out is not None and getattr(out, "device", torch.device("cpu")).type == "cpu":
@@ -50,7 +139,10 @@ def _load(original: Any) -> Any:
                 where[storage.data_ptr()] = dev
             return storage
 
-        return _place(original(f, to_cpu, *args, **kwargs), where, set())
+        out = original(f, to_cpu, *args, **kwargs)
+        if written is not None and len(order) == len(written):
+            where.update((st.data_ptr(), dev) for st, dev in zip(order, written) if dev is not None)
+        return _place(out, where, set())
 
     load.__name__ = load.__qualname__ = "load"
     load.__doc__ = original.__doc__
