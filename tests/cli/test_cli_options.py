@@ -49,6 +49,9 @@ MODELS = textwrap.dedent(
     def bf16_linear():
         return (nn.Linear(4, 4).to(torch.bfloat16), (torch.ones(1, 4, dtype=torch.bfloat16),))
 
+    def bf16_conv():
+        return (nn.Conv2d(3, 4, 3).to(torch.bfloat16), (torch.ones(1, 3, 8, 8, dtype=torch.bfloat16),))
+
     def big():
         return nn.Sequential(*[nn.Linear(2, 2) for _ in range(600)]).double()
 
@@ -77,13 +80,15 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.startswith(f"torchdoctor {torchdoctor.__version__} (torch {torch.__version__.split('+')[0]}")
 
 
-def test_profile_t4_flags_bf16_matmul_and_a100_does_not(models: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", f"{models}:bf16_linear", "--profile", "t4", "--json"]) == 1
+def test_profile_t4_flags_bf16_conv_and_a100_does_not(models: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", f"{models}:bf16_conv", "--profile", "t4", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["profile"]["capability"] == [7, 5] and doc["profile"]["name"] == "NVIDIA T4 16GB"
     assert [(p["kind"], p["found"]) for p in doc["problems"]][0] == ("unsupported_dtype", "bfloat16")
     assert doc["device"] == "cuda:0"
-    assert main(["simulate", f"{models}:bf16_linear", "--profile", "a100"]) == 0
+    assert main(["simulate", f"{models}:bf16_conv", "--profile", "a100"]) == 0
+    assert capsys.readouterr().out.startswith("ok: no placement problems")
+    assert main(["simulate", f"{models}:bf16_linear", "--profile", "t4"]) == 0  # a bf16 matmul runs emulated there
     assert capsys.readouterr().out.startswith("ok: no placement problems")
 
 
@@ -144,7 +149,7 @@ def test_several_targets_worst_exit_code_and_json_list(models: str, capsys: pyte
     captured = capsys.readouterr()
     assert f"torchdoctor scan: {models}:relu: nothing to check" in captured.err
     assert "ok: no placement problems" in captured.out and "1 problem(s)" in captured.out  # the others still ran
-    assert main(["simulate", f"{models}:fine", f"{models}:bf16_linear", "--profile", "t4", "--json"]) == 1
+    assert main(["simulate", f"{models}:fine", f"{models}:bf16_conv", "--profile", "t4", "--json"]) == 1
     assert [d["ok"] for d in json.loads(capsys.readouterr().out)] == [True, False]
 
 
@@ -162,7 +167,7 @@ def test_html_option_writes_the_map(models: str, tmp_path: Path, capsys: pytest.
     assert text.startswith("<!DOCTYPE html>") and 'data-path="1.bias"' in text
     assert f"device map written to {page}" in capsys.readouterr().err
     sim = tmp_path / "sim.html"
-    assert main(["simulate", f"{models}:bf16_linear", "--profile", "t4", "--html", str(sim)]) == 1
+    assert main(["simulate", f"{models}:bf16_conv", "--profile", "t4", "--html", str(sim)]) == 1
     assert "unsupported_dtype" in sim.read_text() and "virtual cuda:0" in sim.read_text()
 
 
@@ -180,7 +185,7 @@ def test_pyproject_config_from_a_parent_directory(models: str, tmp_path: Path, m
     assert {p["expected"] for p in json.loads(capsys.readouterr().out)["problems"]} == {"bfloat16"}
     assert main(["scan", f"{models}:fine", "--dtype", "float32"]) == 0  # the command line wins
     capsys.readouterr()
-    assert main(["simulate", f"{models}:bf16_linear", "--json"]) == 1  # profile t4 from the config
+    assert main(["simulate", f"{models}:bf16_conv", "--json"]) == 1  # profile t4 from the config
     assert json.loads(capsys.readouterr().out)["profile"]["capability"] == [7, 5]
 
 

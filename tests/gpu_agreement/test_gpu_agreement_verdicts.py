@@ -104,8 +104,6 @@ def test_the_hardware_table_names_the_gpu_the_driver_and_the_real_error() -> Non
 KNOWN = {  # what the CPU part found: visible as xfail until the virtual runtime is fixed (then strict fails)
     "quant_state_left": "virtual_devices: a Parameter moved inside the block loses the attributes set on it "
                         "(weight.quant_state): the program raises AttributeError, the hardware does not",
-    "train_correct": "virtual_devices: an optimizer made before the block still holds the CPU Parameters after "
-                     "model.to inside it (real Module.to keeps them): named opt.param_groups.0.params.0",
     "fp32_norm_no_upcast": "rules: the norm rule was measured on CPU kernels, where layer_norm takes a bf16 input "
                            "with fp32 weights; CUDA's refuses it (pytorch/pytorch#135969): simulate says ok",
     "train_grad_on_cpu": "simulate: a gradient assigned on the CPU (p.grad = ...cpu()) is not checked at the "
