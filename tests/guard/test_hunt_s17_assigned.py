@@ -4,15 +4,13 @@ the model's dtype, with its diff, and in fix mode the head is one finding, not o
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
 import torchdoctor
+from support.apps import load_file
 from torchdoctor import PlacementError
 
 NODE = '''import torch, torch.nn as nn
@@ -37,34 +35,26 @@ LINE = "        net.out = nn.Linear(8, 2)  # float32 head built after the cast"
 FIXED = "        net.out = nn.Linear(8, 2).to(torch.bfloat16)  # float32 head built after the cast"
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
 
 @pytest.mark.parametrize("mode", ["explain", "strict"])
 def test_a_head_assigned_after_the_cast_is_fixed_at_its_assignment(tmp_path: Path, mode: str) -> None:
     node = tmp_path / "node.py"
     node.write_text(NODE)
     with pytest.raises(PlacementError) as info:
-        _load(node, f"_td_node_{mode}").run_node(torch.randn(2, 8), mode)
+        load_file(node, f"_td_node_{mode}").run_node(torch.randn(2, 8), mode)
     e = info.value
     assert e.fix == "net.out = nn.Linear(8, 2).to(torch.bfloat16)  # node.py:15", str(e)
     assert f"-{LINE}\n" in (e.patch or "") and f"+{FIXED}\n" in (e.patch or ""), e.patch
     assert "fix proven" in str(e)
     node.write_text(NODE.replace(LINE, FIXED))  # the printed diff, applied: the node runs quiet
-    out, g = _load(node, f"_td_node_{mode}_fixed").run_node(torch.randn(2, 8), mode)
+    out, g = load_file(node, f"_td_node_{mode}_fixed").run_node(torch.randn(2, 8), mode)
     assert out.dtype == torch.bfloat16 and not g.report().problems
 
 
 def test_fix_mode_says_the_assigned_head_once(tmp_path: Path) -> None:
     node = tmp_path / "node.py"
     node.write_text(NODE)
-    out, g = _load(node, "_td_node_fix").run_node(torch.randn(2, 8), "fix")
+    out, g = load_file(node, "_td_node_fix").run_node(torch.randn(2, 8), "fix")
     report = g.report()
     assert out.dtype == torch.bfloat16
     assert [(p.path, p.role, p.found, p.expected) for p in report.problems] == [

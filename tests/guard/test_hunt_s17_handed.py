@@ -5,15 +5,13 @@ output cast to the forward's input dtype, proven by the whole forward on a copy,
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
 import torchdoctor
+from support.apps import load_file
 from torchdoctor import PlacementError
 
 NET = '''import torch, torch.nn as nn
@@ -35,14 +33,6 @@ LINE = "        emb = s.time_embedding(s.time_proj(t))"
 FIXED = "        emb = s.time_embedding(s.time_proj(t).to(x.dtype))"
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def _call(net: torch.nn.Module) -> torch.Tensor:
     out: torch.Tensor = net(torch.randn(2, 8, dtype=torch.bfloat16), torch.tensor([10, 20]))
@@ -52,7 +42,7 @@ def _call(net: torch.nn.Module) -> torch.Tensor:
 def test_a_library_output_handed_on_is_cast_at_the_forward_line(tmp_path: Path) -> None:
     src = tmp_path / "net.py"
     src.write_text(NET)
-    net = _load(src, "_td_handed").Net().to(torch.bfloat16)
+    net = load_file(src, "_td_handed").Net().to(torch.bfloat16)
     with pytest.raises(PlacementError) as info, torchdoctor.guard(net):
         _call(net)
     e = info.value
@@ -62,7 +52,7 @@ def test_a_library_output_handed_on_is_cast_at_the_forward_line(tmp_path: Path) 
            "bfloat16" in str(e)
     assert "is what `s.time_proj(t)` returns at " in str(e)
     src.write_text(NET.replace(LINE, FIXED))  # the printed diff, applied: quiet, in the model's dtype
-    fixed = _load(src, "_td_handed_fixed").Net().to(torch.bfloat16)
+    fixed = load_file(src, "_td_handed_fixed").Net().to(torch.bfloat16)
     with torchdoctor.guard(fixed) as g:
         out = _call(fixed)
     assert out.dtype == torch.bfloat16 and not g.report().problems
