@@ -5,7 +5,9 @@ fix's diff, loaded from its file (``load_file``) in a folder git knows (``commit
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,3 +39,10 @@ def committed(folder: Path, message: str = "app") -> None:
     """``folder`` made a git repository holding its files, committed: a diff of them applies with ``git apply``."""
     for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", message]):
         subprocess.run([*GIT, *cmd], cwd=folder, check=True, timeout=60)
+
+
+def run_json(path: Path, device: str) -> Any:
+    """``torchdoctor run --device DEVICE --json`` of the app at ``path``, run from its folder: the JSON document."""
+    proc = subprocess.run([sys.executable, "-m", "torchdoctor", "run", "--device", device, "--json", path.name],
+                          cwd=path.parent, capture_output=True, text=True, timeout=300)
+    return json.loads(proc.stdout[proc.stdout.index('{\n  "schema"'):])

@@ -5,16 +5,14 @@ which changes nothing: the cast is said."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from support.apps import committed
+from support.apps import committed, run_json
 
 APP = """
     import numpy as np, torch, torch.nn as nn
@@ -32,28 +30,23 @@ CAST = """
 """
 
 
-def _run(path: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "torchdoctor", "run", "--device", "mps", "--json", path.name],
-                          cwd=path.parent, capture_output=True, text=True, timeout=300)
-    return json.loads(proc.stdout[proc.stdout.index('{\n  "schema"'):])
-
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
 def test_numpy_float64_moved_to_mps_is_cast_at_its_line(tmp_path: Path) -> None:
     path = tmp_path / "app.py"
     path.write_text(textwrap.dedent(APP))
     committed(tmp_path)
-    [fix] = _run(path)["fixes"]
+    [fix] = run_json(path, "mps")["fixes"]
     assert fix["proven"] and "torch.from_numpy" in fix["code"], fix
     assert "+x = torch.from_numpy(data).to(torch.float32).to(\"mps\")" in fix["diff"], fix["diff"]
     (tmp_path / "fix.diff").write_text(fix["diff"])
     subprocess.run(["git", "apply", "fix.diff"], cwd=tmp_path, check=True, timeout=60)
-    assert not _run(path)["problems"]
+    assert not run_json(path, "mps")["problems"]
 
 
 def test_a_cast_on_the_device_is_not_fixed_at_the_maker(tmp_path: Path) -> None:
     path = tmp_path / "app.py"
     path.write_text(textwrap.dedent(CAST))
-    [fix] = _run(path)["fixes"]
+    [fix] = run_json(path, "mps")["fixes"]
     assert fix["code"].startswith("# torch.linspace at app.py:3 made it on mps:0; a later cast of it to float64")
     assert fix.get("diff") is None, fix

@@ -6,10 +6,8 @@ library's line; proven at the failing op (block, ``torchdoctor run``) and by a r
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 import torch
 
 import torchdoctor
-from support.apps import committed, load_file
+from support.apps import committed, load_file, run_json
 
 pytest.importorskip("diffusers")
 
@@ -52,11 +50,6 @@ def _block(path: Path) -> torchdoctor.SimulationReport:
     return sim
 
 
-def _run(path: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "torchdoctor", "run", "--device", "cuda", "--json", path.name],
-                          cwd=path.parent, capture_output=True, text=True, timeout=300)
-    return json.loads(proc.stdout[proc.stdout.index('{\n  "schema"'):])
-
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
 def test_a_library_output_is_cast_at_the_program_line_that_hands_it_on(tmp_path: Path) -> None:
@@ -64,7 +57,7 @@ def test_a_library_output_is_cast_at_the_program_line_that_hands_it_on(tmp_path:
     path.write_text(textwrap.dedent(APP))
     committed(tmp_path)
     api = torchdoctor.simulate(load_file(path).Net(), _inputs(), device="cuda", dtype=torch.bfloat16)
-    block, run = _block(path), _run(path)
+    block, run = _block(path), run_json(path, "cuda")
     fixes = [*api.fixes, *block.fixes]
     assert len(api.fixes) == len(block.fixes) == len(run["fixes"]) == 1
     assert {f.diff for f in fixes} == {run["fixes"][0]["diff"]} and FIXED in run["fixes"][0]["diff"]
@@ -74,4 +67,4 @@ def test_a_library_output_is_cast_at_the_program_line_that_hands_it_on(tmp_path:
     (tmp_path / "fix.diff").write_text(run["fixes"][0]["diff"])
     subprocess.run(["git", "apply", "fix.diff"], cwd=tmp_path, check=True, timeout=60)
     assert torchdoctor.simulate(load_file(path).Net(), _inputs(), device="cuda", dtype=torch.bfloat16).ok
-    assert _block(path).ok and not _run(path)["problems"]
+    assert _block(path).ok and not run_json(path, "cuda")["problems"]

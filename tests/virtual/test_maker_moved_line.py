@@ -6,10 +6,8 @@ line changed in ``simulate``; the diff applied, every verb is quiet."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 import torch
 
 import torchdoctor
-from support.apps import committed, load_file
+from support.apps import committed, load_file, run_json
 
 APP = """
     import torch, torch.nn as nn
@@ -48,18 +46,13 @@ def _block(path: Path) -> torchdoctor.SimulationReport:
     return sim
 
 
-def _run(path: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "torchdoctor", "run", "--device", "cuda:1", "--json", path.name],
-                          cwd=path.parent, capture_output=True, text=True, timeout=300)
-    return json.loads(proc.stdout[proc.stdout.index('{\n  "schema"'):])
-
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
 @pytest.mark.parametrize("move", [".cuda()", '.to("cuda")'])
 def test_the_move_is_the_maker_and_its_line_the_fix(tmp_path: Path, move: str) -> None:
     path = _app(tmp_path, move)
     api = torchdoctor.simulate(load_file(path).M(), (torch.randn(2, 8),), device="cuda:1")
-    block, run = _block(path), _run(path) if move == ".cuda()" else {"problems": [], "fixes": []}
+    block, run = _block(path), run_json(path, "cuda:1") if move == ".cuda()" else {"problems": [], "fixes": []}
     said = [(p.found, p.message) for p in [*api.problems, *block.problems]]
     for found, message in said + [(x["found"], x["message"]) for x in run["problems"]]:
         assert found == "cuda:0" and "app.py:7, then moved by the line at " in message, message
@@ -72,7 +65,7 @@ def test_the_move_is_the_maker_and_its_line_the_fix(tmp_path: Path, move: str) -
     (tmp_path / "fix.diff").write_text(diff)
     subprocess.run(["git", "apply", "fix.diff"], cwd=tmp_path, check=True, timeout=60)
     assert torchdoctor.simulate(load_file(path).M(), (torch.randn(2, 8),), device="cuda:1").ok
-    assert _block(path).ok and (move != ".cuda()" or not _run(path)["problems"])
+    assert _block(path).ok and (move != ".cuda()" or not run_json(path, "cuda:1")["problems"])
 
 
 def test_a_factory_without_a_move_is_still_fixed_at_the_factory(tmp_path: Path) -> None:
