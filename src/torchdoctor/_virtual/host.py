@@ -66,15 +66,41 @@ def run_warnings() -> None:
     show = warnings.showwarning
 
     def shown(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        if "/torchdoctor/" in filename:
-            f: Any = sys._getframe(1)
-            while f is not None and any(k in f.f_code.co_filename for k in _MACHINERY + ("/warnings.py",)):
-                f = f.f_back
-            if f is not None:
-                filename, lineno, line = f.f_code.co_filename, f.f_lineno, None
+        if any(k in filename for k in _MACHINERY):
+            at = _program_frame(sys._getframe(1), filename, lineno)
+            if at is not None:
+                filename, lineno, line = at.f_code.co_filename, at.f_lineno, None
         show(message, category, filename, lineno, file, line)
 
     warnings.showwarning = shown
+
+
+def _program_frame(f: Any, filename: str, lineno: int) -> Any:
+    """The frame a warning that landed in the run's machinery (``filename:lineno``) lands in without the run: its
+    stack level counted on the stack with the run's frames taken out, and with them the outer half of a call the
+    run's function mode re-entered (``F.softmax`` called again by the mode: its ``stacklevel=3`` means the program's
+    line); a C++ warning (level 1) lands in the first frame of the program or library that called the op."""
+    while f is not None and f.f_code.co_filename.endswith("/warnings.py"):
+        f = f.f_back
+    stack = []
+    while f is not None:
+        stack.append(f)
+        f = f.f_back
+    level = next((i for i, g in enumerate(stack) if g.f_code.co_filename == filename and g.f_lineno == lineno), None)
+    if level is None:
+        return None
+    kept: list[Any] = []
+    inside = False
+    for g in stack:
+        if any(k in g.f_code.co_filename for k in _MACHINERY):
+            inside = True
+            continue
+        if inside and kept and kept[-1].f_code is g.f_code:
+            inside = False  # the call the mode re-entered: its outer frame is the same call
+            continue
+        inside = False
+        kept.append(g)
+    return kept[min(level, len(kept) - 1)] if kept else None
 
 
 def absent(space: Space, device: torch.device) -> None:
