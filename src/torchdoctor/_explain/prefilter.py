@@ -252,8 +252,8 @@ class Prefilter:
         line they mark is read without its colours. ``memo`` (from ``new_memo``) holds what repeated lines hold
         across the blocks of one text."""
         exact = len(text) < EXACT_BELOW
-        if exact and "\x1b" in text:  # a short text not cleaned by the caller (the end of a log): read it cleaned
-            clean, spans = strip(text)
+        clean, spans = strip(text) if exact and "\x1b" in text else (text, [])
+        if spans:  # a short text not cleaned by the caller (the end of a log): read it cleaned (a lone escape stays)
             yield 0, [(raw_position(spans, ls + f), i) for ls, found, _ in
                       self.lines(clean, clean_position(spans, start), clean_position(spans, cut), memo)
                       for f, i in found], None
