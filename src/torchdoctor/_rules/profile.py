@@ -81,8 +81,8 @@ class DeviceProfile:
         name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
         if name in self.unsupported_dtypes or name in _NEVER.get(self.type, frozenset()):
             return family == "storage" and self.type != "mps"
-        if name.startswith("float8") and family in ("matmul", "conv", "norm", "sdpa") and self.type != "cpu":
-            return False  # GPUs compute float8 only through _scaled_mm ("addmm_cuda" not implemented for 'Float8_e4m3fn')
+        if name.startswith("float8") and family in ("matmul", "conv", "norm", "sdpa", "compute") and self.type != "cpu":
+            return False  # GPUs compute float8 only through _scaled_mm ("mul_cuda" not implemented for 'Float8_e4m3fn')
         if self.type == "cuda":
             major_minor = self.capability
             if name == "bfloat16" and family == "conv" and major_minor < (8, 0):

@@ -33,6 +33,7 @@ from torchdoctor._report.model import Problem
 from torchdoctor._rules.args import (_CASTS, _FLOAT8, LABELLER, Key, _arg_names, _Call, _gather, _inert,
                                      _plain_agree, _uniform, dispatch_slots)
 from torchdoctor._placement import compact, device_str, dtype_str
+from torchdoctor._rules.dtypeops import float8_message, judged_family, storage_only
 from torchdoctor._rules.missing import MISSING, missing_problem
 from torchdoctor._rules.args import OpArgs as OpArgs  # guard's fixer reads it here
 
@@ -183,24 +184,6 @@ def _supports(profile: DeviceProfile, dtype: torch.dtype, family: str) -> bool:
     return hit[1]
 
 
-# ops that only hold, move or re-view data: a device with no kernels of a dtype (Arc's float64) still holds it
-_DATA_ONLY = frozenset(f"aten::{n}" for n in (
-    "_to_copy", "copy_", "_copy_from", "clone", "detach", "alias", "lift_fresh", "view", "_unsafe_view", "reshape",
-    "t", "transpose", "permute", "expand", "slice", "select", "unsqueeze", "squeeze", "as_strided", "contiguous",
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "set_", "split", "chunk", "unbind"))
-
-
-def _family(op: Any, family: str, profile: DeviceProfile, dt: torch.dtype) -> str:
-    """The family an op is judged in: an op family judged by storage (elementwise, reductions, factories) computes
-    all the same, so a dtype the profile has no kernels for at all (``unsupported_dtypes``: Arc's float64, where
-    every kernel raises "Required aspect fp64 is not supported on the device") is judged as compute."""
-    if family != "storage" or not profile.unsupported_dtypes:
-        return family
-    name = getattr(getattr(op, "_schema", None), "name", "")
-    return "compute" if str(dt).removeprefix("torch.") in profile.unsupported_dtypes and name not in _DATA_ONLY \
-        else family
-
-
 def _profile_findings(c: _Call, r: Rule, profile: DeviceProfile) -> list[Finding]:
     out: list[Finding] = []
     seen: set[torch.dtype] = set()
@@ -208,14 +191,17 @@ def _profile_findings(c: _Call, r: Rule, profile: DeviceProfile) -> list[Finding
         dt = t.dtype
         if dt in seen or not (dt.is_floating_point or dt.is_complex):
             continue
-        fam = _family(c.op, r.support, profile, dt)
+        fam = judged_family(c.op, r.support, profile, dt)
         if tensor_device(t).type != profile.type or _supports(profile, dt, fam):
             continue
         seen.add(dt)
+        if fam != r.support and dt in _FLOAT8 and any(x.is_floating_point() and x.dtype not in _FLOAT8
+                                                      for _, x in c.tensors):
+            continue  # float8 met by another dtype: torch refuses the promotion before any kernel (``_float8_mixed``)
         out.append(_unsupported(c, k, dt, fam, profile))
     want_dt, want_dev = c.kwargs.get("dtype"), c.kwargs.get("device")
     if isinstance(want_dt, torch.dtype) and want_dt not in seen and want_dev is not None:
-        fam = _family(c.op, "storage", profile, want_dt)
+        fam = judged_family(c.op, "storage", profile, want_dt)
         if torch.device(want_dev).type == profile.type and not _supports(profile, want_dt, fam):
             out.append(_unsupported(c, ("dtype", -1), want_dt, fam, profile))
     return out
@@ -226,7 +212,8 @@ def _unsupported(c: _Call, k: Key, dt: torch.dtype, family: str, profile: Device
         else profile.type
     what = f"hold {dtype_str(dt)} tensors" if family == "storage" else f"compute in {dtype_str(dt)} (it has no " \
         f"{dtype_str(dt)} kernels)" if family == "compute" else f"run {family} in {dtype_str(dt)}"
-    msg = f"{c.label(k)}: {where} cannot {what}"
+    msg = f"{c.label(k)}: {where} cannot {what}" if not storage_only(profile, c.op, dt) else \
+        f"{c.label(k)}: {float8_message(profile.type, c.op, dt)}"
     return Finding(_problem(c, "unsupported_dtype", [k], dtype_str(dt), f"a dtype {profile.type} supports", msg),
                    "", None, (k,))
 
@@ -271,7 +258,8 @@ def _find(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None, profil
         elif state[1] is None:
             if "dtype" not in kwargs or "device" not in kwargs:
                 return []
-        elif state[0].type != profile.type or _supports(profile, state[1], _family(op, r.support, profile, state[1])):
+        elif state[0].type != profile.type or _supports(profile, state[1],
+                                                        judged_family(op, r.support, profile, state[1])):
             return []
     c = _Call(op, args, kwargs, _gather(args, kwargs), _arg_names(op))
     out = DEVICE_POLICIES[r.device](c)

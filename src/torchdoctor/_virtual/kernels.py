@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from torchdoctor._placement import FLOAT8_DTYPES as _FLOAT8
+
 ENABLED = True  # tests turn it off to compare runs with and without it
 # entries kept; past it the oldest half goes (a long generate loop grows its shapes each step, and a process that
 # simulates many models must not grow without end). 20k entries of a few tuples each: a few MB at most.
@@ -192,6 +194,8 @@ def device_has(func: Any, args: Any, kwargs: dict[str, Any], vtype: str, exc: Ba
     """The result of ``func`` as the ``vtype`` device computes it where the CPU kernel refused it, or None; an aten
     op with no meta kernel (``exc`` says so) met on meta operands is run on the values the run holds (``on_zeros``:
     ``virtual``, the op's virtual arguments, hold them where they are small)."""
+    if exc is not None and "not implemented for 'Float8" in str(exc):
+        return float8_upcast(func, args, kwargs)
     hit = _DEVICE_HAS.get(getattr(getattr(func, "overloadpacket", None), "__name__", ""))
     if hit is None:
         return on_zeros(func, virtual or args, kwargs) if "no fake impl or Meta kernel" in str(exc) else None
@@ -200,6 +204,39 @@ def device_has(func: Any, args: Any, kwargs: dict[str, Any], vtype: str, exc: Ba
     try:
         return hit[1](func, *args, **kwargs)
     except (NotImplementedError, RuntimeError, TypeError):
+        return None
+
+
+def float8_upcast(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """``func`` on float8 operands this CPU build has no kernel for (``"add_stub" not implemented for
+    'Float8_e4m3fn'``), computed in float32 and its floating results stored back in the float8 dtype: what the op
+    gives where a kernel exists, and what the run goes on with where the device has none either (the rules said so
+    before the op ran, from the device's kernel table, never this CPU's). An in-place op writes its first argument.
+    None when it still fails."""
+    low = next((x.dtype for a in (*args, *kwargs.values()) for x in (a if isinstance(a, (list, tuple)) else (a,))
+                if isinstance(x, torch.Tensor) and x.dtype in _FLOAT8), None)
+    if low is None:
+        return None
+
+    def up(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.float() if x.dtype in _FLOAT8 else x
+        return type(x)(up(y) for y in x) if isinstance(x, (list, tuple)) else x
+
+    def down(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            return o.to(low) if o.dtype == torch.float32 else o
+        return type(o)(down(y) for y in o) if isinstance(o, (list, tuple)) else o
+
+    try:
+        out = down(func(*(up(a) for a in args), **{k: up(v) for k, v in kwargs.items()}))
+        schema = getattr(func, "_schema", None)
+        first = schema.arguments[0] if schema is not None and schema.arguments else None
+        if first is not None and first.alias_info is not None and first.alias_info.is_write and args \
+                and isinstance(args[0], torch.Tensor) and isinstance(out, torch.Tensor):
+            return args[0].copy_(out)  # in place: the program holds its first argument
+        return out
+    except (NotImplementedError, RuntimeError, TypeError, ValueError):
         return None
 
 
