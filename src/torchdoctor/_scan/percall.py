@@ -323,6 +323,8 @@ def moved_on_call(module: nn.Module) -> dict[str, int]:
     if p is None:
         return {}
     always, branches = p
+    if not branches:  # what it moves does not depend on the instance (a rotary embedding's inv_freq)
+        return {k: v for k, v in always.items() if v}
     out = dict(always)
     d = module.__dict__
     tensors = {**(d.get("_parameters") or {}), **(d.get("_buffers") or {})}

@@ -29,8 +29,9 @@ _FORWARD: Any = object()  # in expand's ``later`` list: the module's own ``forwa
 _UNSEEN: Any = object()
 _ATOMS_GE = FAST_ATOMS.issuperset
 _TENSOR_OF = attrgetter("tensor")
-# exact builtin containers (``not v`` runs no user code) and their kinds
-_EMPTIES: dict[type, int] = {dict: MAPPING, list: SEQ, set: SET, frozenset: SET}
+# class -> the key-set record its last module matched, across walks: a walk's first module of each class reads it
+# here instead of calling ``class_keys`` (a dozen classes a model, ~0.4 us each, on every scan)
+_LAST_KEYS: dict[type, Any] = {}
 __all__ = ["MAX_DEPTH", "MAX_ITEMS", "MAX_NODES", "Entry", "Walk", "form_of", "hook_chain", "is_quant_type", "set_tensor", "walk"]
 
 
@@ -65,6 +66,7 @@ class _Walker(Values):
         tensor, param, module_type, new = torch.Tensor, nn.Parameter, nn.Module, object.__new__
         atoms, hooks, batch, done = FAST_ATOMS, self.w.hooks, self.batch, self.attrs_done
         classes, scripted = self.classes, SCRIPTED  # this walk's classes -> their key sets; TorchScript classes
+        last_keys = _LAST_KEYS
         pop, push, add_later = stack.pop, stack.append, later.append
         att_p, att_b = attach
         while stack:
@@ -90,9 +92,11 @@ class _Walker(Values):
                 # of the same interned names compare by identity). The keys known, the module's dicts are read by
                 # subscript (no method call).
                 tp = type(mod)
-                hit = classes.get(tp) or NO_KEYS
+                hit: Any = classes.get(tp)
+                if hit is None:  # the class's record from the walks before (a dict read, not a class_keys call)
+                    hit = classes[tp] = last_keys.get(tp) or NO_KEYS
                 if tuple(d) != hit[5]:
-                    hit = classes[tp] = class_keys(tp, d)
+                    hit = classes[tp] = last_keys[tp] = class_keys(tp, d)
                 if first and hit[6] and d["_forward_hooks"] and d["_forward_pre_hooks"]:
                     hooked.append((path, mod))  # hooked on both sides, at its first path
                 if hit[4]:  # TorchScript: C++-backed wrappers in __dict__ (a traced model's top: none)
@@ -150,8 +154,9 @@ class _Walker(Values):
                     tv = type(v)
                     if tv in atoms:
                         continue
-                    if nodes < max_nodes and ((tv is tuple or tv is list) and len(v) <= MAX_ITEMS and _ATOMS_GE(map(
-                            type, v)) or tv in _EMPTIES and (not v or atoms_only(v, _EMPTIES[tv], MAX_ITEMS))):
+                    if nodes < max_nodes and ((tv is tuple or tv is list or tv is set or tv is frozenset) and len(
+                            v) <= MAX_ITEMS and _ATOMS_GE(map(type, v)) or tv is dict and (
+                            not v or atoms_only(v, MAPPING, MAX_ITEMS))):
                         # a conv's kernel_size, stride and padding, an empty key list, a transformers model's plans
                         # and sets of names: plain values or none, nothing to record for a second visit, which
                         # proves it again as cheaply (counted as ``value`` would)
@@ -253,6 +258,8 @@ def walk(obj: Any) -> Walk:
     >>> [(e.path, e.role) for e in walk(m).entries]
     [('0.weight', 'parameter'), ('0.bias', 'parameter'), ('extra', 'attribute')]
     """
+    if len(_LAST_KEYS) > 4096:  # fx GraphModules make a class per instance
+        _LAST_KEYS.clear()
     wk = _Walker()
     if isinstance(obj, nn.Module):
         wk.pending.append(("", obj, True))
