@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from dataclasses import replace
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -207,9 +207,7 @@ def simulate(
     problems = rec.culprits_first(list(rec.problems), rec.roots)
     if placed is not None:
         # what the move left behind; with inputs, the forward's checks judge the rest
-        seen = {(p.kind, p.path) for p in (*problems, *rec.overflow)}
-        problems.extend(q for q in placed.problems if (q.kind, q.path) not in seen and (not (args or kwargs) or (
-            q.kind == "device" and q.role in ("parameter", "buffer", "quant_state"))))
+        problems.extend(left_behind(placed.problems, [*problems, *rec.overflow], bool(args or kwargs)))
     problems.extend(over_memory(space))
     problems = problems[:limit] + not_stored(len(rec.overflow) + max(len(problems) - limit, 0), limit)
     # virtual tensors have no storage to share: each canonical path counts once
@@ -350,10 +348,7 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
             obj(*(_placed_on(a, to, dt, assume, f"input {i}") for i, a in enumerate(args)),
                 **{k: _placed_on(v, to, dt, assume, f"kwarg {k}") for k, v in kwargs.items()})
     problems = list(session.problems)
-    seen = {(p.kind, p.path) for p in problems}
-    problems.extend(q for q in (placed.problems if placed is not None else ()) if (q.kind, q.path) not in seen and (
-        not forward or (
-        q.kind == "device" and q.role in ("parameter", "buffer", "quant_state"))))
+    problems.extend(left_behind(placed.problems if placed is not None else (), problems, forward))
     stopped = session.stopped
     if len(problems) > limit:  # the session's own line of what it left out is the last one: counted again here
         more = [p for p in problems if p.kind == "truncated" and p.op == "limit"]
@@ -368,6 +363,17 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
     return SimulationReport(session.device, dt, session.data, session.profile, tuple(problems), session.ops,
                             time.perf_counter() - start - built, stopped, summary, session.culprits, fix, forward,
                             assumed, expectation(session.device, dt, session.profile, sources), items, built)
+
+
+def left_behind(placed: Sequence[Any], problems: Sequence[Any], forward: bool) -> list[Any]:
+    """What the placement check after the move adds to the run's problems: each one not said already (by kind and
+    path), none about a tensor the device cannot hold (the run's ``unsupported_dtype`` of that path is the cause: its
+    float64 next to a float32 model says it again), and, when a forward ran, only tensors the move left on another
+    device (the forward's checks judge the rest)."""
+    seen = {(p.kind, p.path) for p in problems}
+    refused = {p.path for p in problems if p.kind == "unsupported_dtype"}
+    return [q for q in placed if (q.kind, q.path) not in seen and q.path not in refused and (not forward or (
+        q.kind == "device" and q.role in ("parameter", "buffer", "quant_state")))]
 
 
 def _rerun_fresh(load: Callable[[], Any], items: list[Fix], dev: torch.device, dt: torch.dtype | None, profile: Any,
