@@ -224,7 +224,13 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
             and isinstance(t0, torch.dtype):  # computed in the calling forward from sources in another dtype
         from torchdoctor._guard.computed import computed_aim
 
-        aim = computed_aim([t for _, t in c.made], t0, session.frames, None, session)
+        from torchdoctor._guard.handed import handed_aim
+
+        odd_dtype = next((tensors[k].dtype for _, _, ks in plan for k in ks if isinstance(tensors[k], torch.Tensor)),
+                         None)
+        aim = computed_aim([t for _, t in c.made], t0, session.frames, None, session) or (handed_aim(
+            c.mod, odd_dtype, t0, None, session, c.root, maps.modules if maps is not None else {})
+            if odd_dtype is not None else None)
         if aim is not None:
             lines += aim.lines
             fix = aim.code

@@ -64,14 +64,15 @@ def dtype_expr(frame: Any, target: torch.dtype) -> str:
     """How the forward names ``target``: one of its own tensor arguments' dtype (``hidden_states.dtype``), else its
     module's parameters', else the dtype written out."""
     code = frame.f_code
+    own = code.co_varnames[0] if code.co_argcount else "self"  # a forward's first argument: `self`, or `s`
     for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
         v = frame.f_locals.get(n)
-        if n != "self" and isinstance(v, torch.Tensor) and v.dtype == target:
+        if n != own and isinstance(v, torch.Tensor) and v.dtype == target:
             return f"{n}.dtype"
-    me = frame.f_locals.get("self")
+    me = frame.f_locals.get(own)
     p = next(me.parameters(), None) if isinstance(me, torch.nn.Module) else None
     if p is not None and p.dtype == target:
-        return "next(self.parameters()).dtype"
+        return f"next({own}.parameters()).dtype"
     from torchdoctor._guard.maps import value_code
 
     return value_code(target)
