@@ -26,6 +26,7 @@ _KEY = pytest.StashKey[str]()
 _WHY = pytest.StashKey[str]()
 _FIXTURE_GUARD = pytest.StashKey[Any]()
 _STACKS = pytest.StashKey[Any]()  # (kind, path) -> the call stack when a simulate problem was recorded
+_FRAME = pytest.StashKey[Any]()  # {"frame": the test function's frame}, caught as it starts (simulate marker)
 _SIM_KEYS = ("device", "dtype", "profile", "count", "data", "limit")
 
 
@@ -89,6 +90,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     with contextlib.ExitStack() as stack:
         if marker is not None:  # simulate checks every op with guard's strict rules already
             stack.enter_context(_simulated(item, marker))
+            item.stash[_FRAME] = stack.enter_context(_test_frame(item))
         elif own is not None:  # entered here, not in the fixture, so the test's own error passes through it
             stack.enter_context(own)
         else:
@@ -96,6 +98,31 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
             stack.enter_context(guard(mode=mode))
         return (yield)
+
+
+@contextlib.contextmanager
+def _test_frame(item: pytest.Item) -> Generator[dict[str, Any], None, None]:
+    """The test function's frame, caught by a profile function that removes itself when the test's own code starts:
+    simulate's error is raised after the test returned, where no frame of the test is on its traceback, and the fix
+    is written with the names the test holds (``net.out``, not ``model.out``). Nothing when a profiler is set."""
+    import sys
+
+    code = getattr(getattr(item, "obj", None), "__code__", None)
+    got: dict[str, Any] = {}
+    if code is None or sys.getprofile() is not None:
+        yield got
+        return
+
+    def catch(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is code:
+            got["frame"] = frame
+            sys.setprofile(None)
+    sys.setprofile(catch)
+    try:
+        yield got
+    finally:
+        if sys.getprofile() is catch:
+            sys.setprofile(None)
 
 
 def _marker_kwargs(item: pytest.Item, marker: pytest.Mark) -> dict[str, Any]:
@@ -268,17 +295,40 @@ def placement_guard(request: pytest.FixtureRequest) -> Generator[Any, None, None
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
-    excinfo = call.excinfo
+    excinfo, held = call.excinfo, _held(item)  # the test's frame let go, failed or not
     if excinfo is None or report.passed or not (_is_placement_error(excinfo.value) or _from_assert_placement(excinfo)):
         return report
     try:
         from torchdoctor._report.testfailure import named_as_in_test, short
 
         named_as_in_test(excinfo.value, item)
+        _named_as_held(excinfo.value, held)
         report.longrepr = short(excinfo, item, item.stash.get(_STACKS, {}) or {})
     except Exception:  # a diagnostic must not break the program it watches
         pass
     return report
+
+
+def _held(item: pytest.Item) -> dict[str, Any] | None:
+    """The names the test's frame held as it ended (its globals, then its locals), caught by ``_test_frame``; the
+    frame is let go here."""
+    got: dict[str, Any] = item.stash.get(_FRAME, {})
+    frame = got.pop("frame", None)
+    return {**frame.f_globals, **frame.f_locals} if frame is not None else None
+
+
+def _named_as_held(exc: BaseException, names: dict[str, Any] | None) -> None:
+    """The fix of simulate's error written with the names the test held (``named_as_in_test`` reads them from a
+    traceback, which holds no frame of the test when the error is raised after it returned)."""
+    message = str(exc.args[0]) if exc.args else ""
+    if not names or "Fix:" not in message:
+        return
+    from torchdoctor._run.names import held_code
+
+    head, sep, fix = message.partition("Fix:")
+    exc.args = (head + sep + held_code(fix, names), *exc.args[1:])
+    if isinstance(getattr(exc, "fix", None), str):
+        exc.fix = held_code(exc.fix, names)  # type: ignore[attr-defined]
 
 
 def _is_placement_error(exc: BaseException) -> bool:

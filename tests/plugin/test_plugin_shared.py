@@ -211,7 +211,7 @@ def test_cpu_marker_points_at_the_call_and_the_forward_and_names_the_attribute(s
         "E     dtype    scale: scale float32?4? promotes aten.mul.Tensor out of float16 into float32*(in <root>, Upcast)",
         "E   expected: cpu float16 (dtype from @pytest.mark.simulate(*dtype='float16'*))",
         "E   Fix:",
-        "E       model.scale.data = model.scale.data.to(torch.float16)",
+        "E       m.scale.data = m.scale.data.to(torch.float16)",  # the test holds the model as `m`
         "E       # fix proven (at the failing op aten.mul.Tensor*",
     ])
     assert not any("def test_upcast" in ln for ln in lines)  # not the def line: the lines that ran
@@ -256,7 +256,7 @@ def test_marker_says_where_its_expectation_came_from_and_proves_its_fix(shared: 
     text = "\n".join(lines)
     assert "surfaced at aten.mul.Tensor: scale f32[4]@cuda:0 is float32 while aten.mul.Tensor computes in " \
            "bfloat16 and promotes it to float32 silently" in text
-    assert "model.scale.data = model.scale.data.to(torch.bfloat16)" in text
+    assert "m.scale.data = m.scale.data.to(torch.bfloat16)" in text and "model.scale" not in text
     line = _line("test_promotes.py", "PROMOTES-FORWARD")
     assert f"# fix proven (at the failing op aten.mul.Tensor at test_promotes.py:{line}: " in text
     assert "fix unproven" not in text
