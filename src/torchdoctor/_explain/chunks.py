@@ -21,6 +21,7 @@ a log without repeats pays for a few dozen look-ups a block.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 __all__ = ["FAR", "FRESH", "scan_chunked"]
@@ -31,6 +32,7 @@ _TRY = 256  # paragraphs of a text read, not replayed, before the replays must b
 _MAX_CHUNK = 1 << 14  # longer paragraphs are read the ordinary way (their text is not kept)
 _KEPT = 1 << 23  # characters of paragraph text remembered per text read (then the memo starts again)
 _NONE: Any = object()
+_BLANKS = re.compile("\n\n+")
 
 
 def scan_chunked(sc: Any, text: str, start: int, cut: int, max_hits: int) -> None:
@@ -42,7 +44,7 @@ def scan_chunked(sc: Any, text: str, start: int, cut: int, max_hits: int) -> Non
     A replay only counts itself in its effect's cell (times, sequence number and place of its last replay); the
     groups' counts and last sequence numbers and the windows' ends are written once, before anything reads them
     (``_flush``): a replay costs a slice, a look-up and a few stores."""
-    chunks, until, find = sc.chunks, sc.until, text.find
+    chunks, until = sc.chunks, sc.until
     umax = max(until.values(), default=-1)  # no window examined so far reaches past this
     pos = start
     pending = -1  # where paragraphs waiting to be read the ordinary way begin
@@ -50,14 +52,10 @@ def scan_chunked(sc: Any, text: str, start: int, cut: int, max_hits: int) -> Non
     get = chunks[spoken].get
     replayed = 0
     used: list[Any] = []  # the effects replayed since the last flush
-    blank = find("\n\n", start, cut)
-    while blank != -1:
-        ce = blank + 2
-        while ce < cut and text[ce] == "\n":  # several blank lines: the paragraph ends after the last
-            ce += 1
+    for m in _BLANKS.finditer(text, start, cut):  # several blank lines: the paragraph ends after the last
+        ce = m.end()
         if ce >= cut:
             break
-        blank = find("\n\n", ce, cut)
         cs = pos
         pos = ce
         if cs == start or ce - cs > _MAX_CHUNK:  # the block's first piece (the line before it is not a blank one)

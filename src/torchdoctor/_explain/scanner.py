@@ -22,7 +22,7 @@ from torchdoctor._explain.plaintext import ANSI, fold
 from torchdoctor._explain.prefilter import EXACT_BELOW, Prefilter, new_memo
 from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
 from torchdoctor._explain.signatures import Signature
-from torchdoctor._explain.windows import Shapes, find_fields, squeeze
+from torchdoctor._explain.windows import DIGITS, Shapes, find_fields, squeeze, uniform
 
 __all__ = ["BLOCK", "Group", "Scanner", "clean", "normalise"]
 
@@ -162,6 +162,7 @@ class Scanner:
         self.until: dict[str, int] = {}  # per signature, in buf: end of the last window examined
         # repeated windows: their fields, whether a pattern matched, the group key, where they end, the group
         self.cache: dict[tuple[Any, ...], list[Any]] = {}
+        self.like: dict[tuple[str, bytes], list[Any]] = {}  # the same, by the window with its digits as 0
         self.shapes = Shapes()  # windows' fields by their shape (``windows``): numbers differ from repeat to repeat
         self.pending: list[str] = []  # blocks of one enormous line, after buf, joined once
         self.pending_len = 0
@@ -308,7 +309,7 @@ class Scanner:
         if got is None:
             if len(self.cache) > _WINDOWS:
                 self.cache.clear()
-            got = self.cache[memo] = _window(memo[1], sig, self.shapes)
+            got = self.cache[memo] = self._alike(memo[1], sig)
         fields, matched, key, hi, group = got
         until[name] = hi + lo
         if sig.require_pattern and not matched:
@@ -340,6 +341,23 @@ class Scanner:
         if not weak:
             self.prev_key, self.prev_end = key, msg_end
         return reach
+
+    def _alike(self, window: str, sig: Signature) -> list[Any]:
+        """``_window``'s answer, shared with a window met before that differs only in its ASCII digits (a time stamp,
+        a frame's line number) where ``sig`` is ``uniform`` and none of that window's fields holds a digit: the
+        patterns then matched the same places, and what they took there is the same text. Without HTML or JSON
+        escapes only (undoing ``&#39;`` or ``\\u0027`` reads the digits)."""
+        if "&" in window or "\\" in window or not uniform(sig):
+            return _window(window, sig, self.shapes)
+        like = (sig.name, window.encode("utf-8", "surrogatepass").translate(DIGITS))
+        got = self.like.get(like)
+        if got is None:
+            got = _window(window, sig, self.shapes)
+            if not any(d in v for v in got[0].values() for d in "0123456789"):
+                if len(self.like) > _WINDOWS:
+                    self.like.clear()
+                self.like[like] = got
+        return got
 
     def _context(self, text: str, ls: int, le: int) -> str:
         lead = ls

@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 from torchdoctor._explain.signatures import Signature
 
-__all__ = ["Shapes", "find_fields", "squeeze", "uniform"]
+__all__ = ["DIGITS", "Shapes", "find_fields", "squeeze", "uniform"]
 
 # a quoted reply's prefix after a line end: only then is _WRAP needed (it drops the "> " / "| " prefixes); without
 # one, splitting on whitespace gives the same squeezed window at a fifth of the cost (_WRAP starts with a
@@ -30,7 +30,7 @@ _WRAP = re.compile(r"[ \t]*(?:\r?\n[ \t>|]*)+[ \t]*|[ \t]{2,}")
 _QUOTED = re.compile(r"\n[ \t]*[>|]")
 # digits as 0 over the UTF-8 bytes: a C table look-up per byte (``str.translate`` was a third of a window's cost);
 # no other character's bytes are ASCII digits, so the shape is exact
-_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+DIGITS = _DIGITS = bytes.maketrans(b"123456789", b"000000000")
 _TEN = frozenset(range(48, 58))
 # classes that match every ASCII digit (the rest of the categories match none)
 _ALL_DIGITS = frozenset({"CATEGORY_DIGIT", "CATEGORY_WORD", "CATEGORY_NOT_SPACE", "CATEGORY_UNI_DIGIT",
