@@ -78,6 +78,7 @@ class Policy:
         self.offload_by: dict[str, str] = {}  # their paths -> who moves them at call
         self.plain_root = not w.modules  # a batch, a state_dict, an optimizer: no module anywhere
         self.nonpersistent: set[str] = set()
+        self.computed16: list[Entry] = []  # non-persistent buffers in bfloat16/float16 (``tally``)
         self.kbit = False
         self.subject: Any = None  # the object scanned (set by scan): a plain object's own ``to`` is named in fixes
         # filled by the one pass over the entries (``tally``): every row (a tuple in TensorInfo's field order), the

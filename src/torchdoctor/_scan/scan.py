@@ -74,6 +74,12 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
         report = ScanReport.of_rows(rows, tuple(problems), expected, type(obj).__name__, w.truncated, summary)
         if isinstance(obj, dict) and rows:  # components by key: a fix reads obj['model'].to(...)
             report.extra["keyed"] = True
+        if policy.computed16 and policy.casting:  # computed buffers a forward upcasts, rounded by a cast: notes
+            from torchdoctor._scan.rounded import rounded_notes
+
+            notes = rounded_notes(policy)
+            if notes:
+                report.extra["notes"] = [n.to_dict() for n in notes]
         return report
     finally:
         if gc_was_enabled:

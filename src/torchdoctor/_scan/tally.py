@@ -27,6 +27,7 @@ Policy = Any
 
 _META = torch.device("meta")
 _F32 = torch.float32
+_BF16, _F16 = torch.bfloat16, torch.float16
 _PARAM = nn.Parameter
 _TENSOR = torch.Tensor
 _VOTABLE: dict[torch.dtype, bool] = {}  # dtype -> floating and not packed storage (dtypes are few)
@@ -138,6 +139,8 @@ def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[A
                 continue
             if e.key in (e.owner.__dict__.get("_non_persistent_buffers_set") or ()):
                 nonpersistent.add(info[0])
+                if dt is _BF16 or dt is _F16:  # a computed buffer in 16 bits: ``rounded`` reads these
+                    policy.computed16.append(e)
         mod = e.module
         if mod is None:
             continue
