@@ -12,7 +12,9 @@ import re
 
 __all__ = ["ANSI", "clean_position", "fold", "raw_position", "strip"]
 
-ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)|[@-Z\\-_])")
+# colours and cursor moves (CSI), window titles and links (OSC), the one-character sequences, and the character set
+# choices ``tput sgr0`` writes after every colour (``ESC ( B``: an escape, one intermediate byte, a final one)
+ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)|[@-Z\\-_]|[()*+\-./#%][0-~])")
 
 
 # Pasted text: full-width punctuation (CJK input methods), typographic quotes, no-break spaces, box-drawing
