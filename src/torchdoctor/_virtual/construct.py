@@ -10,6 +10,7 @@ import torch
 
 from torchdoctor._virtual import replaced, tensor as V
 from torchdoctor._virtual.dispatch import lift_all
+from torchdoctor._virtual.takenback import TakenBack
 from torchdoctor._virtual.tensor import VirtualTensor, make, virtual_class
 
 
@@ -42,9 +43,10 @@ def param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> A
     out = _ORIG_PARAM_NEW(cls, data, requires_grad)
     space = V.current_space() if isinstance(data, torch.Tensor) else None
     kept = space.real_record(data) if space is not None and space.real else None
-    if kept is not None and str(getattr(kept[1], "op", "")).startswith("torch.nn."):
+    if kept is not None and (str(getattr(kept[1], "op", "")).startswith("torch.nn.") or isinstance(kept[1], TakenBack)):
         # a module built in forward (nn.BatchNorm2d(8)(x)): its weight keeps its constructor's line (a Parameter the
-        # user builds from a factory is named by makers as a lazily built Parameter)
+        # user builds from a factory is named by makers as a lazily built Parameter); a parameter ``model.cpu()``
+        # took to the cpu at the program's line keeps that line
         space.keep_real(out, kept[0], kept[1])  # type: ignore[union-attr]
     return out
 

@@ -14,7 +14,6 @@ same answer the walk gives (``_plain_owned``, pinned equal to the walk by the te
 from __future__ import annotations
 
 import functools
-import inspect
 import types
 from collections.abc import Callable
 from typing import Any
@@ -26,9 +25,10 @@ from torchdoctor._placement import compact, device_str, dtype_str, norm_device, 
 from torchdoctor._scan import apps, intent, percall
 from torchdoctor._scan.intent import STORAGE_DTYPES
 from torchdoctor._scan.judge import cpu_packed_message, storage_message
+from torchdoctor._virtual import takenback
 from torchdoctor._virtual.apart import Apart, seen
-from torchdoctor._virtual.origin import Made
-from torchdoctor._virtual.tensor import Space, VirtualTensor, current_space, make, virtual_class
+from torchdoctor._virtual.callargs import DEPTH as _DEPTH, named as _named, signature_of as _signature_of
+from torchdoctor._virtual.tensor import VirtualTensor, current_space, virtual_class
 from torchdoctor._walk import walk
 from torchdoctor._walk.kinds import FAST_ATOMS, PLAIN
 
@@ -131,6 +131,9 @@ class EntryCheck:
         # moves a component is proven at its layers' entries too (``atop.entry_check``): what they are given must
         # follow (a torch layer computes with its input as given)
         self.inputs: dict[str, tuple[int, list[Any]]] = {}
+        # path -> (its last change, when): a copy the program took to the cpu at its own line (``takenback``)
+        self.changes: dict[str, tuple[str, float]] = {}
+        self.copies: dict[str, str] = {}  # path -> "moved <path> at <line>": a copy handed in there, by its line
 
     def __call__(self, mod: nn.Module, path: str, args: Any) -> None:
         if path not in self.inputs and len(self.inputs) < _INPUTS and \
@@ -184,11 +187,20 @@ class EntryCheck:
         full = f"{path}.{rel}" if path else rel
         from torchdoctor._virtual.hostmade import maker_note  # the program's factory that made it, if one did
 
+        back, source, said = takenback.of(t), None, ""  # a copy the program took to the cpu at its own line
+        if back is not None:
+            from torchdoctor._virtual.stackview import held_as
+
+            held = held_as(t)  # as the program holds it (``master['lin.weight']``)
+            said = back.said(device_str(dev), held)
+            self.changes[full] = (back.note(device_str(dev)), back.time)
+            if role in _COPIES and not back.by_module:  # a copy held apart and handed in: fixed at that line
+                source = self.copies[full] = f"moved {full} at {back.at}"
         note = ("device", full, device_str(dev), device_str(ref),
-                f"{full} {compact(t.dtype, tuple(t.shape), dev)} is on {device_str(dev)} when "
-                f"{path or '<root>'} ({type(mod).__name__}) starts on {device_str(ref)}: "
+                f"{full} {compact(t.dtype, tuple(t.shape), dev)}{said} is on "
+                f"{device_str(dev)} when {path or '<root>'} ({type(mod).__name__}) starts on {device_str(ref)}: "
                 f"{_WHY.get(role, f'a {role} the forward reads')}{maker_note(t)}", f"{type(mod).__name__}.forward", role,
-                compact(t.dtype, tuple(t.shape), dev))
+                compact(t.dtype, tuple(t.shape), dev), source)
         if role in ("attribute", "container"):
             self.pending[full] = note
         else:
@@ -289,6 +301,7 @@ class EntryCheck:
         return max(counts, key=counts.__getitem__) if counts else None
 
 
+_COPIES = ("parameter", "buffer", "container")  # what a copy handed to a module stands in for (functional_call)
 _INPUTS = 4096  # modules whose inputs are kept (the first ones; a bound on a huge model's memory)
 
 
@@ -313,76 +326,6 @@ _WHY = {  # why a tensor the module owns can sit elsewhere than the rest
     "container": "a tensor in a list or dict the forward reads (Module.to moves parameters and buffers only)",
     "quant_state": "quantization state the kernel reads (Module.to moved the weight, not the state hanging off it)",
 }
-
-
-_SIGNATURES: dict[Any, tuple[tuple[str, ...], str | None]] = {}
-
-
-def _signature_of(mod: nn.Module) -> tuple[tuple[str, ...], str | None]:
-    """(names of the forward's positional parameters, name of its ``**kwargs`` or None), once per function."""
-    fn = mod.forward
-    key = getattr(fn, "__func__", fn)
-    hit = _SIGNATURES.get(key)
-    if hit is None:
-        params = inspect.signature(fn).parameters.values()
-        pos = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-        varkw = next((p.name for p in params if p.kind == p.VAR_KEYWORD), None)
-        hit = _SIGNATURES[key] = (pos, varkw)
-    return hit
-
-
-def _named(space: Space, v: Any, label: str, fix: str, who: str, depth: int, suffix: bool = False,
-           index: str = "", makers: dict[str, tuple[str, str, str]] | None = None) -> Any:
-    """``v`` with its tensors named as arguments of the call (``fix`` holds ``{}`` where the label or, with
-    ``suffix``, the container index goes); a container is rebuilt only when a tensor in it is replaced."""
-    if isinstance(v, torch.Tensor):
-        return _as_argument(space, v, label + index, fix.format(index if suffix else label + index), who, makers)
-    if depth and type(v) in (list, tuple):
-        items = [_named(space, x, label, fix, who, depth - 1, suffix, f"{index}[{i}]", makers)
-                 for i, x in enumerate(v[:64])]
-        return v if all(a is b for a, b in zip(items, v)) else type(v)([*items, *v[64:]])
-    if depth and type(v) is dict:
-        new = {k: _named(space, x, label, fix, who, depth - 1, suffix, f"{index}[{k!r}]", makers) if n < 64 else x
-               for n, (k, x) in enumerate(v.items())}
-        return v if all(new[k] is x for k, x in v.items()) else new
-    return v
-
-
-def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str,
-                 makers: dict[str, tuple[str, str, str]] | None = None) -> torch.Tensor:
-    if isinstance(t, VirtualTensor):
-        origin = t._td_origin
-        # a model tensor, an input simulate placed ("input 0"), a value made from model tensors or named already
-        if t._td_path is not None or (origin is not None and (origin.arg or origin.source.paths or origin.source.arg)):
-            return t
-        src = origin.source if origin is not None else None
-        # still on cpu from a factory the user called without device=: the fix is at that call; moved since (or
-        # made with a device), the fix is the argument itself
-        at_factory = src is not None and src.at and src.op.startswith("torch.") and t._td_device.type == "cpu"
-        if makers is not None and src is not None and src.at and str(src.op).startswith("torch."):
-            makers[fix] = (str(src.op), src.at, dtype_str(t.dtype))  # the factory the caller's argument came from
-        t._td_origin = Made.argument(label, fix, who, src or _IN_RUN, origin if at_factory else None)
-        return t
-    hit = space.named.get(id(t))
-    if type(t) is not torch.Tensor or (hit is not None and hit[0] is t and not hit[1].startswith(("input ", "kwarg "))):
-        return t  # a Parameter or library subclass passed in, or a model tensor an entry check named
-    twin: VirtualTensor = make(VirtualTensor, space.inner_of(t), tensor_device(t))  # new per call: it may change
-    if t.requires_grad and torch.is_grad_enabled():  # still in the program's graph: x.grad as on the CPU
-        from torchdoctor._virtual.host import through_autograd
-
-        twin = through_autograd(t, twin)
-    kept = space.real_record(t) if space.real else None  # a real tensor the run made (a factory call, a copy back)
-    if kept is not None and kept[1] is not None:
-        twin._td_origin = kept[1]
-        return _as_argument(space, twin, label, fix, who, makers)
-    twin._td_origin = Made.argument(label, fix, who, None)
-    space.named[id(t)] = (t, fix)  # if the call's positional arguments cannot be replaced, ops still name it
-    return twin
-
-
-# containers of the caller's arguments are named this deep (``kwargs['extra']['a'][0]``), 64 items each
-_DEPTH = 4
-_IN_RUN = Made("argument", None, ("",))  # a tensor made in the run without a recorded factory
 
 
 def _signature(mod: nn.Module) -> tuple[Any, ...]:

@@ -9,14 +9,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdoctor._rules.profile import DeviceProfile, factory_refusal, refusal
+from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
-from torchdoctor._virtual.datadtype import data_dtype, factory_call, maker_name
 from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest, policy_blamed
+from torchdoctor._virtual.movecheck import MoveChecks
 from torchdoctor._virtual.patched import apart
-from torchdoctor._virtual.origin import from_origin, maker_of, moved_by_apply, operand_at, ran_as_asked, where_called
+from torchdoctor._virtual.origin import from_origin, operand_at, ran_as_asked, where_called
 from torchdoctor._virtual.promote import Promotions, mixed
 from torchdoctor._virtual.scripted import Entered
 from torchdoctor._virtual.split import note_like, odd_ones, placed_apart
@@ -25,6 +25,7 @@ from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, is_entry 
 from torchdoctor._virtual.training import amp_backward
 from torchdoctor._tracker import ModuleStack
 
+_CPU = torch.device("cpu")
 LIMIT = 100  # problems stored; the run goes on and counts the rest
 _DATA_OPS = ("_local_scalar_dense", "nonzero", "item", "tolist", "numpy", "masked_select", "unique", "equal",
              "is_nonzero", "repeat_interleave", "__array__")
@@ -35,7 +36,7 @@ class _Stop(BaseException):
     """Ends a simulation early (what it cannot run); a BaseException: ``except Exception`` does not swallow it."""
 
 
-class _Recorder(StackView, Hooks):
+class _Recorder(MoveChecks, StackView, Hooks):
     """Runs the strict rules on every op, records problems by path, and lets the op go on as if fixed."""
 
     def __init__(self, profile: DeviceProfile, device: torch.device, dtype: torch.dtype | None, limit: int,
@@ -75,10 +76,19 @@ class _Recorder(StackView, Hooks):
         stack.on_enter = Entered(self.entry, self._entry_note, self.device, stack)
 
     def _entry_note(self, kind: str, path: str, found: str, expected: str, message: str, op: str, role: str,
-                    shown: str) -> None:
+                    shown: str, source: str | None = None) -> None:
         mpath, mtype = self.where()
+        if source is not None:  # the line that made it so (a copy taken to the cpu there): its fix goes there
+            self.sources.setdefault((kind, path, op, found), (source,))
         self._add(Problem(kind, path, self.roles.get(path, role), found, expected, message, op=op,
-                          module_path=mpath, module_type=mtype, tensors=(f"{path}: {shown}",)), key=(kind, path))
+                          module_path=mpath, module_type=mtype, tensors=(f"{path}: {shown}",)),
+                  key=(kind, path, self._root_key()))
+
+    def _root_key(self) -> int:
+        """The outermost running module: two roots of a run may hold one path (an Embedding's weight and a
+        Linear's, both ``weight``), each its own problem; a tensor's entry finding and the ops that meet it, one."""
+        stack = self.modules.stack
+        return id(stack[0]) if stack else 0
 
     def culprits_first(self, problems: list[Problem], roots: list[Any]) -> list[Problem]:
         """Culprits first, the ops where problems surfaced second: the model tensors the policy finds off (scan's
@@ -124,7 +134,11 @@ class _Recorder(StackView, Hooks):
 
     def _tags(self, t: Any) -> tuple[tuple[str, ...], bool]:
         from torchdoctor._virtual.atop import tags_of
-        return tags_of(t, self.modules.paths)
+        tags, named = tags_of(t, self.modules.paths)
+        # a copy the program took to the cpu and handed in as a module's tensor (``functional_call``): its views
+        # (``weight.t()`` in a linear) are named by that line too, so its fix is proven at the op
+        moved = self.entry.copies.get(tags[0]) if tags and getattr(t, "_td_device", None) == _CPU else None
+        return ((*tags, moved) if moved is not None and moved not in tags else tags), named
 
     def _promoted(self, f: Any, call: OpArgs) -> None:
         """A model tensor of a wider floating dtype promotes what it meets: named by its path, as the model holds
@@ -136,60 +150,6 @@ class _Recorder(StackView, Hooks):
                 self.roles.setdefault(hit[0], hit[1])
                 if isinstance(t, VirtualTensor) and t._td_path is None and getattr(t, "_td_real", None) is None:
                     t._td_path = hit[0]
-
-    def exists(self, target: torch.device, path: str | None, op: str) -> None:
-        if target.type == self.profile.type and (target.index or 0) >= self.profile.count:
-            self._note("device", path, device_str(target), f"{self.profile.type}:0..{self.profile.count - 1}",
-                       f"{device_str(target)} does not exist (invalid device ordinal): the simulated profile has "
-                       f"{self.profile.count} {self.profile.type} device(s)", op=op, key=device_str(target))
-
-    def _moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
-        refused = target.type == self.profile.type and not self.profile.supports(dtype, "storage")
-        src, path = getattr(tensor, "_td_device", tensor.device), getattr(tensor, "_td_path", None) or (
-            moved_by_apply(tensor) if refused else None)  # a refused move named by Module.to's frames
-        if src != target and norm_device(src) != norm_device(target):  # a rotary's per-call .to(x.device) is none
-            self._apart = None  # the parts' placement may change: read again when next asked (a walk of the model)
-        self.exists(target, path, "Tensor.to")
-        if not refused and (src.type != "meta" or target.type == "meta"):
-            return dtype
-        what = f"{path or maker_of(tensor, self.modules.path_of) or 'a tensor'} {compact(tensor.dtype, tuple(tensor.shape), src)}"
-        if src.type == "meta" and target.type != "meta":
-            self._note("meta", path, "meta", device_str(target), f"{what} holds no data (meta): moving it to "
-                       f"{device_str(target)} raises 'Cannot copy out of meta tensor'. Load or materialise it first, "
-                       "or pass assume_device= if the model is built on meta on purpose")
-        if refused:
-            self._note("unsupported_dtype", path, dtype_str(dtype), f"a dtype {target.type} supports", f"{what} moved to "
-                       f"{device_str(target)} as {dtype_str(dtype)}: {refusal(target.type, dtype)}", key=dtype_str(dtype))
-        return dtype
-
-    def creating(self, name: str, device: torch.device, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> None:
-        self.exists(device, None, f"torch.{name}")
-        dt = kwargs.get("dtype") if (said := "dtype" in kwargs) else data_dtype(name, args)  # float64 numpy data
-        if (why := factory_refusal(self.profile, name, dt, device)) is not None:
-            at = where_called()  # one call is one problem (``x.new_tensor`` runs as ``torch.tensor`` at its line)
-            self._note("unsupported_dtype", None, dtype_str(dt), f"a dtype {device.type} supports",
-                       f"{factory_call(name, dtype_str(dt), said, device_str(device), at)}: {why}", maker_name(name),
-                       "factory", key=f"{dtype_str(dt)}:{at or name}")
-        gdev = getattr(kwargs.get("generator"), "device", None)
-        if isinstance(gdev, torch.device) and gdev.type != device.type:
-            at = where_called()  # the draw, at its line: "Cannot generate a cpu tensor from a generator of type cuda"
-            self._note("device", None, device_str(device), device_str(gdev), f"torch.{name}(device="
-                       f"{device_str(device)!r}){f' at {at}' if at else ''} draws from a generator on "
-                       f"{device_str(gdev)}: real PyTorch raises (Cannot generate a {device.type} tensor from a "
-                       f"generator of type {gdev.type}); " + ("pass device=generator.device" if device.type == "cpu" else
-                       f"real PyTorch expects a '{device.type}' generator: torch.Generator({device.type!r})"),
-                       f"torch.{name}", "generator")
-            if at:  # fixed at that call: device= the generator's
-                self.sources.setdefault(("device", self.problems[-1].path, f"torch.{name}", device_str(device)),
-                                        (f"factory torch.{name} at {at}",))
-
-    def reading(self, tensor: torch.Tensor, what: str) -> None:
-        path, dev, at = getattr(tensor, "_td_path", None), getattr(tensor, "_td_device", tensor.device), where_called()
-        self._note("device", path, device_str(dev), "cpu", f"{what}() of {path or 'a tensor'} "
-                   f"{compact(tensor.dtype, tuple(tensor.shape), dev)}: can't convert {device_str(dev)} device type "
-                   "tensor to numpy; call .cpu() first" + (f" (at {at})" if at else ""), op=what)
-        if at and self.problems:  # the user's line that read it: the fix writes ``.cpu()`` there (``fixes``)
-            self.sources.setdefault(("device", self.problems[-1].path, what, device_str(dev)), (f"read at {at}",))
 
     def failed(self, what: str, exc: BaseException | None, hint: str = "") -> None:
         text = str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else ""
@@ -220,21 +180,6 @@ class _Recorder(StackView, Hooks):
         """A tensor no virtual twin can stand in for: reported at its path, the run goes on without it."""
         self._note("unsupported", path, what, "", f"{path or 'a tensor'} cannot be simulated: {why}", op=what,
                    role="attribute", key=f"{path}:{what}")
-
-    def moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
-        if not self.modules.stack:  # the program moves or casts its model: the promotion check walks it again
-            self.promotions.moved(tensor)
-        # a model tensor cast with loss (a complex freqs_cis under dtype=bf16); computations that round on purpose
-        # (T5's position buckets: float -> long) are activations, not model tensors
-        if _is_entry(tensor) and ((tensor.is_complex() and not dtype.is_complex) or (tensor.is_floating_point() and not (
-                dtype.is_floating_point or dtype.is_complex) and dtype != torch.bool)):
-            path = getattr(tensor, "_td_path", None)
-            src = getattr(tensor, "_td_device", tensor.device)
-            self._note("dtype", path, dtype_str(tensor.dtype), dtype_str(tensor.dtype),
-                       f"{path or 'a tensor'} {compact(tensor.dtype, tuple(tensor.shape), src)} is cast to "
-                       f"{dtype_str(dtype)}: the cast loses data (complex to real drops the imaginary part, float to "
-                       "int the fraction); keep it or cast the result instead", key=f"lossy:{path}:{dtype}")
-        return self._moving(tensor, target, dtype)
 
     def escaped(self, exc: BaseException) -> bool:
         """A placement error raised by a check in Python before any op ran (``nn.LSTM`` compares its input's dtype
@@ -321,7 +266,7 @@ class _Recorder(StackView, Hooks):
                     message += f" and promotes it to {found} silently (no error; the result computes in {found})"
             entry = _is_entry(t)
             key = (p.kind, found) if p.kind == "unsupported_dtype" else \
-                (p.kind, path) if entry else (p.kind, net[2], found) if net else (p.kind, place, op, found)
+                (p.kind, path, self._root_key()) if entry else (p.kind, net[2], found) if net else (p.kind, place, op, found)
             held = path is not None and t is not None and not t._td_path  # named by the program (``heldby``)
             role = self.roles.get(path or "", "held" if held else "activation")
             if named_at is not None:  # fixed where the call passes it

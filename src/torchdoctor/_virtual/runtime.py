@@ -24,10 +24,12 @@ from torch.overrides import TorchFunctionMode
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api, devrng, dispatch as D, host as H, moveby
-from torchdoctor._virtual import hardware, lengths, makers, outside, parallel, replaced, saved, storage, training, whole
+from torchdoctor._virtual import hardware, lengths, makers, outside, parallel, replaced, saved, storage, takenback
+from torchdoctor._virtual import training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
 from torchdoctor._virtual.deferred import deferred_imports
+from torchdoctor._virtual.legacy import legacy_type
 from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.dispatch import autocast_args, lift_all, plain
 from torchdoctor._virtual.origin import Made
@@ -43,17 +45,18 @@ _device_of = tensor_device  # the one device reading (a virtual tensor's label, 
 
 
 def move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: torch.dtype | None,
-         memory_format: Any = None, copy: bool = False) -> Any:
-    """``t.to(device, dtype)``, virtually: the same object when nothing changes, else a new one (autograd's step)."""
+         memory_format: Any = None, copy: bool = False, verb: str = ".to()") -> Any:
+    """``t.to(device, dtype)``, virtually: the same object when nothing changes, else a new one (autograd's step).
+    ``verb``: the call as the program wrote it (``.cpu()``), said where a copy taken back is met."""
     if t.requires_grad and torch.is_grad_enabled():
         with torch.no_grad():
-            made = _move(space, t, device, dtype, memory_format, copy)
+            made = _move(space, t, device, dtype, memory_format, copy, verb)
         return H.through_autograd(t, made)
-    return _move(space, t, device, dtype, memory_format, copy)
+    return _move(space, t, device, dtype, memory_format, copy, verb)
 
 
 def _move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: torch.dtype | None,
-          memory_format: Any = None, copy: bool = False) -> Any:
+          memory_format: Any = None, copy: bool = False, verb: str = ".to()") -> Any:
     if not isinstance(t, VirtualTensor) and id(t) in space.foreign:
         D.foreign(space, t)
     src = _device_of(t)
@@ -64,11 +67,14 @@ def _move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: tor
         want = space.hooks.moving(t, target, want)
     if isinstance(t, VirtualTensor) and target.type == "cpu" and is_virtual(src):
         # taken back from a virtual device: a real CPU tensor, which torch.save, safetensors, numpy and PIL take
-        origin = t._td_origin
-        if t._td_path is None:  # an activation taken back: this line put it on the cpu (``.to(cache_device)``)
-            origin = Made("Tensor.to", space.hooks.running())
-        elif origin is None and space.hooks.running() is not None:
-            origin = Made.moved(t._td_path, space.hooks.running())
+        origin, running = t._td_origin, space.hooks.running()
+        back = takenback.made(t._td_path, verb) if running is None else None  # at the program's line: its record
+        if back is not None:
+            origin = back
+        elif t._td_path is None:  # an activation taken back: this line put it on the cpu (``.to(cache_device)``)
+            origin = Made("Tensor.to", running)
+        elif origin is None and running is not None:
+            origin = Made.moved(t._td_path, running)
         return space.keep_real(host_values(t, want, memory_format), t._td_path, origin)
     if isinstance(t, VirtualTensor):
         if target == src and want == t.dtype and not copy and memory_format in (None, torch.preserve_format):
@@ -135,7 +141,7 @@ def _to_kind(kind: str) -> Callable[..., Any]:
             else space.norm(kind if dev is None else dev)
         if not isinstance(args[0], VirtualTensor) and not is_virtual(target):
             return H.real(space, func(*args, **kwargs), "Tensor.to", args[0])
-        return move(space, args[0], target, None, kwargs.get("memory_format"))
+        return move(space, args[0], target, None, kwargs.get("memory_format"), verb=f".{kind}()")
 
     return handler
 
@@ -167,31 +173,6 @@ def _device_ctor(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[st
     return func(*args, **kwargs)
 
 
-def _type(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``t.type()`` -> ``'torch.cuda.FloatTensor'``; ``t.type('torch.cuda.HalfTensor')`` / ``t.type(torch.cuda.
-    HalfTensor)`` / ``t.type(torch.float16)`` move and cast as on the device."""
-    self, want = args[0], args[1] if len(args) > 1 else kwargs.get("dtype")
-    if want is None:
-        if not isinstance(self, VirtualTensor):
-            return func(*args, **kwargs)
-        name = api.legacy_name(self.dtype) or self._td_elem.type().rpartition(".")[2]
-        here = self._td_device.type
-        return f"torch.{name}" if here == "cpu" else f"torch.{here}.{name}"
-    if isinstance(want, torch.dtype):
-        return move(space, self, None, want) if isinstance(self, VirtualTensor) else func(*args, **kwargs)
-    parsed = api.parse_legacy(want if isinstance(want, str) else
-                              f"{getattr(want, '__module__', 'torch')}.{getattr(want, '__name__', '')}")
-    if parsed is None:
-        return func(*args, **kwargs)
-    kind, dtype = parsed
-    src = _device_of(self)
-    # a type of the device type the tensor is on keeps its index, as on the device
-    target = _CPU if kind is None else src if src.type == kind else space.norm(kind)
-    if not isinstance(self, VirtualTensor) and not is_virtual(target):
-        return func(*args, **kwargs)
-    return move(space, self, target, dtype)
-
-
 T = torch.Tensor
 _HANDLERS: dict[Any, Callable[..., Any]] = {
     T.to: _to, T.cuda: _to_kind("cuda"), T.cpu: _to_kind("cpu"), torch.device: _device_ctor,
@@ -199,7 +180,7 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
     T.numpy: H.values, T.tolist: H.values, T.__array__: H.values,
     T.half: _cast_to(torch.float16), T.float: _cast_to(torch.float32), T.double: _cast_to(torch.float64),
     T.bfloat16: _cast_to(torch.bfloat16),
-    T.type: _type, T.data_ptr: H.host, T.pin_memory: H.host, T.is_pinned: H.host, T.record_stream: H.host,
+    T.type: legacy_type, T.data_ptr: H.host, T.pin_memory: H.host, T.is_pinned: H.host, T.record_stream: H.host,
     T.share_memory_: H.host,
 }
 if hasattr(T, "xpu"):

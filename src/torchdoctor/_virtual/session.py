@@ -60,7 +60,7 @@ class _Located(list):  # type: ignore[type-arg]
 
     def __init__(self) -> None:
         super().__init__()
-        self.stacks: dict[tuple[str, str], list[tuple[str, int, str]]] = {}
+        self.stacks: dict[tuple[str, ...], list[tuple[str, int, str]]] = {}
         self.roots: Any = None  # the run's outermost modules (a network patched into them is named as held)
         self.renames: dict[str, str] = {}  # a patched path -> the path the program holds it by
         self.networks: set[str] = set()  # the names of the networks held so
@@ -73,7 +73,12 @@ class _Located(list):  # type: ignore[type-arg]
             if held is not None:
                 self.renames[problem.path] = held[0]
                 self.networks.add(held[1])
-        self.stacks.setdefault((problem.kind, problem.path), call_stack(f, 400))
+        key = (problem.kind, problem.path)
+        if key not in self.stacks or problem.module_type and key + (problem.module_type,) not in self.stacks:
+            stack = call_stack(f, 400)
+            self.stacks.setdefault(key, stack)
+            if problem.module_type:  # two roots may hold one path (an Embedding's weight, a Linear's): each its line
+                self.stacks[key + (problem.module_type,)] = stack
         super().append(problem)
 
 
@@ -91,7 +96,7 @@ class VirtualSession:
     # (kind, path, op, found) of a problem on a tensor made in the run -> the named tensors it was made from
     sources: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
     # (kind, path) -> the call stack (file, line, function; outermost first) when the problem was recorded
-    stacks: dict[tuple[str, str], list[tuple[str, int, str]]] = field(default_factory=dict)
+    stacks: dict[tuple[str, ...], list[tuple[str, int, str]]] = field(default_factory=dict)
     ops: int = 0  # aten ops the block ran on virtual tensors (known on exit)
     ran_on: tuple[str, ...] = ()  # the virtual devices the block placed tensors on (known on exit)
     networks: tuple[str, ...] = ()  # names of networks patched into a model's forward, as the program holds them
@@ -108,6 +113,12 @@ class VirtualSession:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def changes(self) -> dict[str, tuple[str, float]]:
+        """Problem path -> (its last change as the run saw it, ``time.time()`` then): a copy the program's own line
+        took to the cpu (``on cpu since `.cpu()` at app.py:7``), which no trace of the model records."""
+        return dict(self._rec.entry.changes) if self._rec is not None else {}
 
     def adopt(self, found: Any, assume: torch.device | None = None) -> int:
         """Name the tensors and modules of an object the block built (``found``: its walk) by their paths, as
@@ -345,7 +356,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
         + over_memory(space) + not_stored(len(rec.overflow), limit)
     for old, new in located.renames.items():  # the lines recorded, under the paths the program knows
         for key in [k for k in located.stacks if k[1] == old]:
-            located.stacks[(key[0], new)] = located.stacks.pop(key)
+            located.stacks[(key[0], new) + key[2:]] = located.stacks.pop(key)
     session.networks = tuple(sorted(located.networks))
     session.renamed = dict(located.renames)
     session.culprits = rec.blamed

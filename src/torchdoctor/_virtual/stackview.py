@@ -75,6 +75,27 @@ def held_locally(tensor: torch.Tensor) -> str | None:
     return None
 
 
+def held_as(tensor: torch.Tensor) -> str | None:
+    """``master['lin.weight']``, ``ema[0]``: ``tensor`` as a dict, list or tuple the program's own frames hold it
+    (innermost first), else as ``held_locally`` finds it; asked only when a problem is recorded."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if not any(s in frame.f_code.co_filename for s in _SKIP):
+            for local, obj in list(frame.f_locals.items()):
+                if local.startswith("__"):
+                    continue
+                if isinstance(obj, dict) and len(obj) <= _MAX_ITEMS:
+                    k = next((k for k, v in obj.items() if v is tensor), None)
+                    if k is not None:
+                        return f"{local}[{k!r}]"
+                elif isinstance(obj, (list, tuple)) and len(obj) <= _MAX_ITEMS:
+                    i = next((i for i, v in enumerate(obj) if v is tensor), None)
+                    if i is not None:
+                        return f"{local}[{i}]"
+        frame = frame.f_back
+    return held_locally(tensor)
+
+
 def _held(obj: Any, tensor: torch.Tensor) -> str | None:
     """``shadow_params[0]``: where ``obj`` (not a module, not a tensor) holds ``tensor``, one container deep."""
     attrs = getattr(obj, "__dict__", None)

@@ -1,0 +1,107 @@
+"""The recorder's checks of moves, casts, factories and host reads of a virtual run (a mixin of ``recorder``): a
+device the profile lacks, a dtype the device cannot hold (a refused cast of a tensor already there keeps its line),
+a lossy cast of a model tensor, meta data copied out, a factory drawing from another device's generator, and
+``.numpy()`` of a device tensor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchdoctor._rules.profile import DeviceProfile, factory_refusal, refusal
+from torchdoctor._placement import compact, device_str, dtype_str, norm_device
+from torchdoctor._virtual.datadtype import data_dtype, factory_call, maker_name
+from torchdoctor._virtual.origin import maker_of, moved_by_apply, where_called
+from torchdoctor._virtual.tensor import is_entry as _is_entry
+
+
+class MoveChecks:
+    """Mixed into the recorder, which supplies ``_note``, the profile, the module stack and the problem list."""
+
+    profile: DeviceProfile
+    modules: Any
+    promotions: Any
+    problems: list[Any]
+    sources: dict[tuple[str, ...], tuple[str, ...]]
+    _apart: bool | None
+
+    def _note(self, kind: str, path: str | None, found: str, expected: str, message: str, op: str = "Tensor.to",
+              role: str = "activation", key: str | None = None) -> None:
+        raise NotImplementedError
+
+    def exists(self, target: torch.device, path: str | None, op: str) -> None:
+        if target.type == self.profile.type and (target.index or 0) >= self.profile.count:
+            self._note("device", path, device_str(target), f"{self.profile.type}:0..{self.profile.count - 1}",
+                       f"{device_str(target)} does not exist (invalid device ordinal): the simulated profile has "
+                       f"{self.profile.count} {self.profile.type} device(s)", op=op, key=device_str(target))
+
+    def _moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
+        refused = target.type == self.profile.type and not self.profile.supports(dtype, "storage")
+        src, path = getattr(tensor, "_td_device", tensor.device), getattr(tensor, "_td_path", None) or (
+            moved_by_apply(tensor) if refused else None)  # a refused move named by Module.to's frames
+        if src != target and norm_device(src) != norm_device(target):  # a rotary's per-call .to(x.device) is none
+            self._apart = None  # the parts' placement may change: read again when next asked (a walk of the model)
+        self.exists(target, path, "Tensor.to")
+        if not refused and (src.type != "meta" or target.type == "meta"):
+            return dtype
+        what = f"{path or maker_of(tensor, self.modules.path_of) or 'a tensor'} " \
+            f"{compact(tensor.dtype, tuple(tensor.shape), src)}"
+        if src.type == "meta" and target.type != "meta":
+            self._note("meta", path, "meta", device_str(target), f"{what} holds no data (meta): moving it to "
+                       f"{device_str(target)} raises 'Cannot copy out of meta tensor'. Load or materialise it first, "
+                       "or pass assume_device= if the model is built on meta on purpose")
+        if refused:
+            # a cast of a tensor already there (``sigmas.to(torch.float64)`` on mps): its line, where the fix goes
+            at = where_called() if norm_device(src) == norm_device(target) else None
+            self._note("unsupported_dtype", path, dtype_str(dtype), f"a dtype {target.type} supports",
+                       f"{what} moved to {device_str(target)} as {dtype_str(dtype)}" + (f" (cast at {at})" if at else "")
+                       + f": {refusal(target.type, dtype)}", key=dtype_str(dtype))
+            if at and self.problems and self.problems[-1].found == dtype_str(dtype):
+                p = self.problems[-1]
+                self.sources.setdefault((p.kind, p.path, p.op or "", p.found), (f"cast at {at}",))
+        return dtype
+
+    def creating(self, name: str, device: torch.device, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> None:
+        self.exists(device, None, f"torch.{name}")
+        dt = kwargs.get("dtype") if (said := "dtype" in kwargs) else data_dtype(name, args)  # float64 numpy data
+        if (why := factory_refusal(self.profile, name, dt, device)) is not None:
+            at = where_called()  # one call is one problem (``x.new_tensor`` runs as ``torch.tensor`` at its line)
+            self._note("unsupported_dtype", None, dtype_str(dt), f"a dtype {device.type} supports",
+                       f"{factory_call(name, dtype_str(dt), said, device_str(device), at)}: {why}", maker_name(name),
+                       "factory", key=f"{dtype_str(dt)}:{at or name}")
+        gdev = getattr(kwargs.get("generator"), "device", None)
+        if isinstance(gdev, torch.device) and gdev.type != device.type:
+            at = where_called()  # the draw, at its line: "Cannot generate a cpu tensor from a generator of type cuda"
+            self._note("device", None, device_str(device), device_str(gdev), f"torch.{name}(device="
+                       f"{device_str(device)!r}){f' at {at}' if at else ''} draws from a generator on "
+                       f"{device_str(gdev)}: real PyTorch raises (Cannot generate a {device.type} tensor from a "
+                       f"generator of type {gdev.type}); " + ("pass device=generator.device" if device.type == "cpu" else
+                       f"real PyTorch expects a '{device.type}' generator: torch.Generator({device.type!r})"),
+                       f"torch.{name}", "generator")
+            if at:  # fixed at that call: device= the generator's
+                self.sources.setdefault(("device", self.problems[-1].path, f"torch.{name}", device_str(device)),
+                                        (f"factory torch.{name} at {at}",))
+
+    def reading(self, tensor: torch.Tensor, what: str) -> None:
+        path, dev, at = getattr(tensor, "_td_path", None), getattr(tensor, "_td_device", tensor.device), where_called()
+        self._note("device", path, device_str(dev), "cpu", f"{what}() of {path or 'a tensor'} "
+                   f"{compact(tensor.dtype, tuple(tensor.shape), dev)}: can't convert {device_str(dev)} device type "
+                   "tensor to numpy; call .cpu() first" + (f" (at {at})" if at else ""), op=what)
+        if at and self.problems:  # the user's line that read it: the fix writes ``.cpu()`` there (``fixes``)
+            self.sources.setdefault(("device", self.problems[-1].path, what, device_str(dev)), (f"read at {at}",))
+
+    def moving(self, tensor: torch.Tensor, target: torch.device, dtype: torch.dtype) -> torch.dtype:
+        if not self.modules.stack:  # the program moves or casts its model: the promotion check walks it again
+            self.promotions.moved(tensor)
+        # a model tensor cast with loss (a complex freqs_cis under dtype=bf16); computations that round on purpose
+        # (T5's position buckets: float -> long) are activations, not model tensors
+        if _is_entry(tensor) and ((tensor.is_complex() and not dtype.is_complex) or (tensor.is_floating_point() and not (
+                dtype.is_floating_point or dtype.is_complex) and dtype != torch.bool)):
+            path = getattr(tensor, "_td_path", None)
+            src = getattr(tensor, "_td_device", tensor.device)
+            self._note("dtype", path, dtype_str(tensor.dtype), dtype_str(tensor.dtype),
+                       f"{path or 'a tensor'} {compact(tensor.dtype, tuple(tensor.shape), src)} is cast to "
+                       f"{dtype_str(dtype)}: the cast loses data (complex to real drops the imaginary part, float to "
+                       "int the fraction); keep it or cast the result instead", key=f"lossy:{path}:{dtype}")
+        return self._moving(tensor, target, dtype)
