@@ -333,7 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from torchdoctor._cli.hints import help_command
 
         return help_command(words, list(_VERB_MODULES), main)
-    parser = _parser(words[0] if words and words[0] in _BUILDERS else None)
+    # only the verb's own subparser (`run` too): argparse asks gettext for every parser's texts, and all the
+    # verbs' parsers cost a `run` a sizeable part of its start (issue 43 point 4)
+    parser = _parser(words[0] if words and words[0] in _VERB_MODULES else None)
     if words and words[0] in _VERB_MODULES:
         parser.verb_word = words[0]  # type: ignore[attr-defined]
     try:

@@ -17,10 +17,12 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchdoctor._run.runreport import RunReport
 from torchdoctor._run.watch import Finding, Located, Watcher, first_own_frame
+
+if TYPE_CHECKING:
+    from torchdoctor._run.runreport import RunReport
 
 
 def _exit_code(code: Any) -> int:
@@ -195,6 +197,8 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
     if os.getpid() != pid:  # a process the program forked ends here, as under python: no second summary
         raise SystemExit(code)
     _guard_fixes_as_held(watcher.findings, watcher.names)
+    from torchdoctor._run.runreport import RunReport  # the report's machinery: once the program ended
+
     if session is None:
         report = RunReport(program, code, [_virtual_advice(f, program) for f in watcher.findings],
                            seconds=time.perf_counter() - start, missing=watcher.missing)

@@ -230,16 +230,22 @@ class Watcher:
                     old.count += 1
                 return None
         from torchdoctor._run.evidence import aimed_fix, culprit_patch  # loaded with the first error, never before
+        from torchdoctor._run.offloaded import offloaded_read
 
-        # the live culprit's fix first, then what the failing line held, explain's catalogue last (said so)
-        culprit, fix, source = aimed_fix(self._culprit(exc), exc, d.fixes[0][1] if d.fixes else None)
+        # a weight an offload hook keeps on meta, read outside its module's forward; else the live culprit's fix,
+        # then what the failing line held, explain's catalogue last (said so)
+        offloaded = offloaded_read(exc) if exc is not None and "meta" in first else None
+        culprit: str | None
+        fix: str | None
+        culprit, fix, source = (*offloaded[:2], "run") if offloaded else \
+            aimed_fix(self._culprit(exc), exc, d.fixes[0][1] if d.fixes else None)
         if source == "guard" and fix and exc is not None:  # the names the failing frames hold (a node's `net`)
             from torchdoctor._run.evidence import frame_names
             from torchdoctor._run.names import held_code
 
             fix = held_code(fix, frame_names(exc, self.root))
         finding = Finding(how, error[:500], d.category, d.title, fix, where, culprit, _trace_note(culprit))
-        finding.fix_from, finding.diff = source, culprit_patch(culprit)
+        finding.fix_from, finding.diff = source, offloaded[2] if offloaded is not None else culprit_patch(culprit)
         with self._lock:
             if key in self._keys:
                 self._keys[key].count += 1
