@@ -26,9 +26,17 @@ def attribute(space: Space, func: Any, name: str, args: tuple[Any, ...], kwargs:
     attr = getattr(owner, "__name__", "")
     if not attr and isinstance(owner, property) and owner is vars(torch.Tensor).get("data"):
         attr = "data"  # ``Tensor.data`` replaced by a Python property (a trace watching ``.data =``): still data
-    if attr == "data" and name == "__set__" and len(args) == 2 and plain(args[0]) \
-            and isinstance(args[1], VirtualTensor):
-        return _relabel(space, args[0], args[1])
+    if attr == "data" and name == "__set__" and len(args) == 2 and plain(args[0]):
+        if isinstance(args[1], VirtualTensor):
+            return _relabel(space, args[0], args[1])
+        if "_td_device" in args[0].__dict__:  # a labelled tensor given real data again (an offload hook's
+            out = func(*args, **kwargs)  # ``p.data = p.data.to("cpu")``): it is where that data is
+            label = getattr(args[1], "__dict__", {}).get("_td_device")
+            if label is None:
+                del args[0].__dict__["_td_device"]
+            else:
+                args[0].__dict__["_td_device"] = label
+            return out
     if name == "__get__" and attr in _LABELLED and args and plain(args[0]):
         label = args[0].__dict__.get("_td_device")
         if label is not None:
