@@ -88,7 +88,11 @@ def held_name(expr: str, names: Mapping[str, Any]) -> str | None:
 
 
 def held_code(code: str, names: Mapping[str, Any] | None) -> str:
-    """``code`` with each ``model.<path>`` the program holds under another name written with that name."""
+    """``code`` with each ``model.<path>`` the program holds under another name written with that name, and a module
+    named by a method's locals when it started (``s.text_encoder``, ``s`` the pipeline's ``self``) by the program's
+    own global name for it (``pipe.text_encoder``)."""
+    if names:
+        code = _global_named(code, names)
     if not names or "model" not in code:
         return code
     try:
@@ -97,10 +101,40 @@ def held_code(code: str, names: Mapping[str, Any] | None) -> str:
         return code
 
 
+def _global_named(code: str, names: Mapping[str, Any]) -> str:
+    """``code`` with each module name a frame's locals gave (``apart.NAMES``) whose first part is no global of the
+    program written as a global holds that module: bound to a name, or one attribute of an object bound to one."""
+    try:
+        from torchdoctor._virtual.apart import NAMES
+
+        for ref, name in list(NAMES.values()):
+            mod = ref()
+            if mod is None or "." not in name or name.split(".", 1)[0] in names or name not in code:
+                continue
+            better = next((n for n, v in names.items() if v is mod and not n.startswith("_")), None) or next(
+                (f"{n}.{k}" for n, v in names.items() if not n.startswith("_") and not isinstance(v, type)
+                 for k, w in list(_table(v).items()) if w is mod), None)
+            if better is not None:
+                code = re.sub(rf"(?<![\w.]){re.escape(name)}\b", better, code)
+    except Exception:  # a name is an extra: the fix stands as printed
+        return code
+    return code
+
+
+def _table(obj: Any) -> dict[str, Any]:
+    """An object's attributes, or a module's submodules, read from their tables."""
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        return dict(vars(obj).get("_modules", {}))
+    got = getattr(obj, "__dict__", None)
+    return got if isinstance(got, dict) and not isinstance(obj, type(re)) else {}
+
+
 def as_held(fixes: Sequence[Any], names: Mapping[str, Any] | None) -> tuple[Any, ...]:
     """The fixes with each ``model.<path>`` the program holds under another name written with that name."""
     for f in fixes:
-        if getattr(f, "kind", None) in ("path", "note") and f.code:
+        if getattr(f, "kind", None) in ("path", "note", "apart") and f.code:
             f.code = held_code(f.code, names)
     return tuple(fixes)
 

@@ -365,3 +365,17 @@ def left_whole(problems: Sequence[Any], have: dict[str, tuple[Any, Any]], shadow
         return None
     return Fix(f"torchdoctor.move({code_path(prefix)}, {device_str(target)!r})  # none of its {len(under)} tensors "
                f"moved: it was left on {dev[0].found}", "path", target, sets=tuple((k, target) for k in under))
+
+
+def loose_network_fix(apart: list[tuple[str | None, str, str, Any]]) -> Fix:
+    """The network whose modules were patched into the model's forward is held by the program, not the model:
+    ``torchdoctor.move(model)`` and ``model.to`` never reach it; ``network.to`` where it is built does."""
+    from torchdoctor._guard.maps import value_code
+    from torchdoctor._virtual.prove import Fix
+
+    target = apart[0][3]
+    shown = ", ".join(str(c[0]) for c in apart[:2])
+    return Fix(f"# network.to({value_code(target)}) where the network is built: {len(apart)} tensors of a network "
+               f"patched into the model's forward are held apart from the model (e.g. {shown}); moving the model "
+               "does not move them", "note", target, sets=tuple((str(c[0]), c[3]) for c in apart))
+

@@ -42,12 +42,14 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
             return None
     # the module's own move fixes only what .to() moves, and only a module left behind whole: every parameter and
     # buffer of it among the tensors fixed (a plain attribute, `blocks.1.shift`, is not moved by moving its block)
+    # (a layer it wraps, built before the move and moved with the model, is there already: LoRA injected after it)
     fixed = {path for path, _ in f.sets}
     for path, o in zip((p for p, _ in f.sets), owners):
         if o is None or path.rsplit(".", 1)[-1] not in {*o._parameters, *o._buffers}:
             return None
         base = path.rsplit(".", 1)[0]
-        if any(f"{base}.{n}" not in fixed for n, _ in (*o.named_parameters(), *o.named_buffers())):
+        if any(f"{base}.{n}" not in fixed and not (_there(t, parts[0]) and "." in n)
+               for n, t in (*o.named_parameters(), *o.named_buffers())):
             return None
     kinds = {type(o) for o in owners}
     if len(kinds) != 1 or None in owners or (cls := next(iter(kinds))).__module__.startswith("torch."):
@@ -77,6 +79,9 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
     known = {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)} if fn is not None else set()
     exprs = [("device" if "device" in known else value_code(parts[0])) if isinstance(x, torch.device) else
              ("dtype" if "dtype" in known else value_code(x)) for x in parts]
+    if (wrapped := _wrapped(call, owners, parts[0])) is not None:  # the layer it wraps is where it belongs
+        exprs = [x if x in ("device", "dtype") else f"{wrapped}.weight.{'device' if i == 0 else 'dtype'}"
+                 for i, x in enumerate(exprs)]
     raw, end = lines[call.lineno - 1], int(call.end_col_offset or 0)
     moved = f".to({', '.join(exprs)})"
     diff = line_patch(file, call.lineno, (raw[:end] + moved + raw[end:]).strip())
@@ -89,6 +94,23 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
     return Fix(f"# {many[0]} built at {short} after the model was moved, on the cpu: move {many[1]} where {many[2]} "
                f"built ({ast.unparse(call)}{moved})", "note", target,
                sets=f.sets, diff=diff, rebuild=(cls, file, call.lineno, parts))
+
+
+def _there(t: torch.Tensor, device: torch.device) -> bool:
+    """``t`` is on ``device`` now (a virtual tensor's device, where it is one)."""
+    return getattr(t, "_td_device", t.device) == device
+
+
+def _wrapped(call: ast.Call, owners: Sequence[Any], device: torch.device) -> str | None:
+    """The name of the call's one argument when each module built holds one child layer with a ``weight`` on
+    ``device`` (the base layer a LoRA wraps: ``LoRALinear(mod)``), else None."""
+    if len(call.args) != 1 or call.keywords or not isinstance(call.args[0], (ast.Name, ast.Attribute, ast.Subscript)):
+        return None
+    for o in owners:
+        kids = [m for m in o.children() if isinstance(getattr(m, "weight", None), torch.Tensor)]
+        if len(kids) != 1 or not _there(kids[0].weight, device):
+            return None
+    return ast.unparse(call.args[0])
 
 
 class _Moved:

@@ -53,11 +53,27 @@ def cast_fix(p: Problem, at: str, target: Any, module_path: Callable[[Any], str 
         return Fix(f"{code_path(where)}.{site.attr} = torch.{dtype_str(target)}  # {site.read_from} is "
                    f"{dtype_str(site.dtype)}; `{site.cast}` at {site.at} casts to it, {p.op} computes in "
                    f"{dtype_str(target)}", "path", target, site=site, sets=((f"cast at {at}", target),))
+    if _upcast_into_norm(p, site, target):  # a deliberate per-call upcast: the norm is kept float32, as intended
+        norm = code_path(str(p.module_path))
+        return Fix(f"{norm}.float()  # `{site.cast}` at {site.at} feeds {p.module_path} ({p.module_type}) float32 on "
+                   f"purpose: keep that norm in float32 (its forward upcasts; never cast that path down)", "path",
+                   torch.float32, sets=((str(p.module_path) + ".", torch.float32),))
     src = f" (dtype read from {site.read_from})" if site.read_from else ""
     return Fix(f"# {site.at}: `{site.text}` casts to {dtype_str(site.dtype)}{src} where {p.op} computes in "
                f"{dtype_str(target)}: cast to {dtype_str(target)} there (or to the dtype of the tensor it meets, "
                "x.to(other.dtype))", "line", target, site=site, diff=_diff(site, target),
                sets=((f"cast at {at}", target),))
+
+
+_NORMS = ("layer_norm", "group_norm", "rms_norm", "batch_norm")
+
+
+def _upcast_into_norm(p: Problem, site: Any, target: torch.dtype) -> bool:
+    """A cast to float32 written in the forward (``norm(x.float())``) met a normalization layer held in a reduced
+    dtype: the upcast is the program's intent, the layer's dtype is what is off."""
+    return site.dtype == torch.float32 and target != torch.float32 and target.is_floating_point and \
+        p.module_path not in (None, "") and any(n in str(p.op or "") for n in _NORMS) and \
+        site.cast in ("float()", "to(torch.float32)", "to(torch.float)")
 
 
 def in_library(site: Any) -> bool:
@@ -88,10 +104,12 @@ def _diff(site: Any, target: torch.dtype) -> str | None:
     return line_patch(site.file, site.lineno, new) if new is not None else None
 
 
-def maker_diff(op: str, at: str, target: Any, exprs: dict[str, str] | None = None) -> str | None:
+def maker_diff(op: str, at: str, target: Any, exprs: dict[str, str] | None = None,
+               wide: torch.dtype | None = None) -> str | None:
     """The line of the user's own file where factory ``op`` made a tensor on the wrong device (or in the wrong
     dtype), fixed there (``device=`` added, as guard's remedy writes it), as a unified diff; None when the line is
-    not the user's, or the call is not found on it alone."""
+    not the user's, or the call is not found on it alone. ``wide``: the dtype it had, which a cast the line applies
+    to the call (``.float()``) gave it: that cast goes when the fix moves and casts in one ``.to``."""
     import ast
 
     from torchdoctor._guard.maker import Maker
@@ -146,6 +164,12 @@ def maker_diff(op: str, at: str, target: Any, exprs: dict[str, str] | None = Non
     expr = exprs.get("device") or (f"{name}.device" if name else None)
     if both:
         expr = f"{expr or value_code(target)}, {exprs['dtype'] if op in NO_DEVICE_ARG else 'dtype=' + exprs['dtype']}"
+    if both and op in NO_DEVICE_ARG and wide is not None:  # host data moved and cast in one .to, its cast dropped
+        from torchdoctor._report.diff import line_patch
+        from torchdoctor._virtual.keepdtype import drop_cast
+
+        kept = drop_cast(raw, pad, call, tree, wide)
+        return line_patch(file, line, (kept[:span[1]] + f".to({expr})" + kept[span[1]:]).strip())
     m = Maker(op, file, line, body, span=span, factory=True,
               no_device=not any(k.arg == "device" for k in call.keywords) and op not in NO_DEVICE_ARG,
               device_expr=expr if isinstance(target, torch.device) else None, segment=seg)

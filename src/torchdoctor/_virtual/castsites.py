@@ -78,6 +78,9 @@ def _written(text: str) -> str:
 def _read_from(site: CastSite, frame: Any) -> None:
     """Where ``.to(<expr>)`` read its dtype: ``self.compute_dtype`` is the module's attribute or a class attribute
     of its class; ``self.config.x`` / ``config.x`` a config."""
+    method = _METHOD.search(site.text)
+    if method is not None and method.group(0).lstrip(".") == site.cast:  # ``x.float()``: written in the call, read
+        return  # from nothing (a ``.to(x.dtype)`` beside it on the line is another cast)
     m = _TO.search(site.text)
     expr = m.group(1).strip() if m else ""
     kw = _KW.search(expr)
@@ -89,8 +92,8 @@ def _read_from(site: CastSite, frame: Any) -> None:
     for name in parts[1:-1]:
         obj = getattr(obj, name, None)
     attr = parts[-1]
-    if obj is None or not isinstance(getattr(obj, attr, None), torch.dtype):
-        return
+    if obj is None or isinstance(obj, torch.Tensor) or not isinstance(getattr(obj, attr, None), torch.dtype):
+        return  # (a tensor's own dtype, ``x.dtype``, is no attribute a fix sets)
     if "config" in expr.lower() or type(obj).__name__.endswith("Config"):
         site.read_from = f"the config {expr}"
     elif attr in getattr(obj, "__dict__", {}):

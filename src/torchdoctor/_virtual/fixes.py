@@ -11,15 +11,21 @@ import torch
 
 from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._report.model import Problem
+from torchdoctor._virtual.feeder import odd_feeder
 from torchdoctor._virtual.groups import whole_component
+from torchdoctor._virtual.genfix import generator_fix
+from torchdoctor._virtual.keepdtype import FLOATS, narrower_partner
+from torchdoctor._virtual.libout import library_line
 from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage_note
 from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
-from torchdoctor._virtual.apart import Apart, at_root, find, fix as apart_fix, left_whole, network_fix
+from torchdoctor._virtual.apart import Apart, at_root, find, fix as apart_fix, left_whole, loose_network_fix, \
+    network_fix
 from torchdoctor._virtual.callsite import caller_fix
 from torchdoctor._virtual.castfix import NO_DEVICE_ARG, cast_fix, each_maker, in_library, library_note, maker_diff, \
     storage_fix, traced_note
 from torchdoctor._virtual.prove import Fix
+from torchdoctor._virtual.stalename import stale_fix
 from torchdoctor._virtual.restfix import FLOAT8_NAMES, rest
 
 __all__ = ["factory_fix", "fix_for", "fix_items", "maker_diff"]
@@ -39,8 +45,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
               sources: dict[tuple[str, ...], tuple[str, ...]] | None = None,
               current: Mapping[str, tuple[torch.dtype, torch.device]] | None = None,
               module_path: Callable[[Any], str | None] | None = None,
-              apart: Sequence[Apart] = (), made_args: Mapping[str, tuple[str, str, str]] | None = None
-              ) -> list[Fix] | None:
+              apart: Sequence[Apart] = (), made_args: Mapping[str, tuple[str, str, str]] | None = None,
+              cases: Sequence[Any] = ()) -> list[Fix] | None:
     """The fix, one ``Fix`` per part, from guard's generator: the named tensors cast or moved (``torchdoctor.move``
     for many), the model tensors a wrong tensor made in the run came from, a cast at a line of the user's code fixed
     there (or at the attribute it read its dtype from), tensors the test made passed on the right device; then what
@@ -52,7 +58,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     message is its own fix). ``apart``: the modules the program ran apart from the model (``apart``): a culprit
     the model does not hold but one of them does is fixed on that module, by the program's name for it.
     ``made_args``: an argument's label -> the factory, line and dtype it was made by (the caller's own code): its
-    dtype is fixed at that line (a diff), not by a cast of the argument."""
+    dtype is fixed at that line (a diff), not by a cast of the argument. ``cases``: the run's failing ops (``atop``):
+    what fed them tells the odd component of a pipeline (``feeder``)."""
     from torchdoctor._guard.maps import fix_code, value_code
     from torchdoctor._guard.proof import storage_target
     memory, problems = [p for p in problems if p.kind == "memory"], [p for p in problems if p.kind != "memory"]
@@ -111,7 +118,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             continue
         if made_from and made_from[0].startswith("moved "):  # a copy moved inside the forward: fixed at that line
             name, at = made_from[0][6:].split(" at ", 1)
-            if _library_line(at):  # the library's own move (EMAModel.to('cpu')), made on the program's request
+            if library_line(at):  # the library's own move (EMAModel.to('cpu')), made on the program's request
                 note = (f"# {name} was moved to {p.found} by a library call ({at}) the program made; it then meets "
                         f"tensors on {p.expected}: move the object that holds it to {p.expected} before that (its own "
                         f".to({p.expected!r})), or make that call where they are; never an edit of the library's line")
@@ -173,8 +180,17 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                                      "forward before the model's .to so the move takes it", "note",
                                      sets=((made_from[0], target),)))
             continue
+        if p.role == "generator" and (drawn := generator_fix(p, made_from)) is not None:
+            factories.append(drawn)  # drawn where the generator is, moved where the program wants it
+            continue
+        if made_from and made_from[0].startswith("factory ") and p.kind == "device" and cases and \
+                (stale := stale_fix(made_from[0], cases, target)) is not None:
+            factories.append(stale)  # a name bound before the code moved its tensor: fixed where it is read
+            continue
         if made_from and made_from[0].startswith("factory "):  # one fix per call, for its device and dtype
             made.setdefault(made_from[0], {})[p.kind] = (p.found, target)
+            if p.kind == "device" and (keep := narrower_partner(p.tensors, p.found, p.expected)) is not None:
+                made[made_from[0]].setdefault("dtype", (dtype_str(keep[0]), keep[1]))  # moved alone, it promotes
             continue
         if made_from and scripted and "Traced" in str(p.module_type or ""):
             continue  # computed in traced code from its constants: only their registration before tracing fixes it
@@ -200,7 +216,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     patched = [c for c in culprits if c[0] is not None and _HELD_APART in c[0]]
     if len(patched) >= _NETWORK:  # a network patched into forward, held apart: it is moved where it is built
         culprits = [c for c in culprits if c not in patched]
-        factories.append(network_fix(patched, apart) or _network_fix(patched))
+        factories.append(network_fix(patched, apart) or loose_network_fix(patched))
     items: list[Fix] = []
     if meta:  # moving a meta tensor raises "Cannot copy out of meta tensor": the weights are loaded first
         items.append(Fix(f"# {len(meta)} tensor{'s are' if len(meta) > 1 else ' is'} on meta (no data, e.g. "
@@ -211,6 +227,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     for mod, mine in held_apart.values():  # a module the model does not hold: moved where the program builds it
         culprits = [c for c in culprits if c not in mine]
         factories.insert(0, apart_fix(mod, mine))
+    fed, culprits = odd_feeder(culprits, have, apart, cases)  # the component that fed the op the other dtype
     whole, culprits = whole_component(culprits, have)  # one component in another dtype: that component is cast
     moves = fix_code([c for c in culprits if c[0] is not None])
     if meta and (moves or factories or unmoved):
@@ -220,7 +237,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         items.append(Fix(moves, "path", sets=tuple((c[0], c[3]) for c in culprits if c[0] is not None)))
     items += [_at_maker(label, t, made_args) or Fix(_pass(label, t), "input", t, label, sets=((label, t),))
               for path, label, _, t in culprits if path is None and t is not None]
-    items += [*whole, *factories]
+    items += [*fed, *whole, *factories]
     items += [Fix(f"model.to(torch.{p.expected})  # the code ran with {p.found} weights: cast them so the run "
                   f"checks {p.expected}", "path", sets=(("*", parse_dtype(p.expected)),)) for p in ran[:1]]
     items += rest(problems, memory, device, any(not f.code.startswith("#") for f in items), have)
@@ -303,7 +320,9 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
     if dev is not None and dt is None and (called := caller_fix(key, file, line, at, dev)) is not None:
         return Fix(called.note, "note", dev, sets=tuple((k, dev) for k in dict.fromkeys((key, *called.keys))),
                    diff=called.diff, recall=called)  # the call that left out the function's device=, fixed there
-    diff = maker_diff(maker, at, dev if dev is not None else dt, exprs)
+    wide = parse_dtype(wrong["dtype"][0]) if dev is not None and dt is not None and wrong["dtype"][0] in FLOATS \
+        else None
+    diff = maker_diff(maker, at, dev if dev is not None else dt, exprs, wide)
     if diff is None and file and not _on_line(file, line, maker):  # made inside a library call at that line
         how = f"it was made inside the call at {at} (no {maker} there to change): move what that call returns " \
             f"(.to({', '.join(exprs.values())}))"
@@ -335,18 +354,6 @@ def _on_line(file: str, line: int, maker: str) -> bool:
 
 _HELD_APART = ".forward.__self__."  # a module patched into another's forward: the model does not hold it
 _NETWORK = 4  # this many of its tensors: a network (LoRA) whose own .to was forgotten
-
-
-def _network_fix(apart: list[tuple[str | None, str, str, Any]]) -> Fix:
-    """The network whose modules were patched into the model's forward is held by the program, not the model:
-    ``torchdoctor.move(model)`` and ``model.to`` never reach it; ``network.to`` where it is built does."""
-    from torchdoctor._guard.maps import value_code
-
-    target = apart[0][3]
-    shown = ", ".join(str(c[0]) for c in apart[:2])
-    return Fix(f"# network.to({value_code(target)}) where the network is built: {len(apart)} tensors of a network "
-               f"patched into the model's forward are held apart from the model (e.g. {shown}); moving the model "
-               "does not move them", "note", target, sets=tuple((str(c[0]), c[3]) for c in apart))
 
 
 def _with_dtype(path: str, target: Any, dtype: torch.dtype | None,
@@ -385,16 +392,3 @@ def _add(culprits: list[tuple[str | None, str, str, Any]], path: str | None, lab
         return
     culprits.append((path, label, kind, target))
 
-
-def _library_line(at: str) -> bool:
-    """``at`` (``file:line`` as a maker records it, a library's path from its package) is an installed library's."""
-    import os
-    import sys
-
-    file = at.rsplit(":", 1)[0]
-    if os.path.isfile(file):
-        from torchdoctor._guard.ownfile import own_file
-
-        return not own_file(file)
-    top = file.replace("\\", "/").split("/", 1)[0]
-    return "/" in file.replace("\\", "/") and top in sys.modules

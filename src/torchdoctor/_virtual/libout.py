@@ -92,3 +92,17 @@ def outputs_cast(fixes: Sequence[Any]) -> Iterator[None]:
         yield
     finally:
         handle.remove()
+
+
+def library_line(at: str) -> bool:
+    """``at`` (``file:line`` as a maker records it, a library's path from its package) is an installed library's."""
+    import os
+    import sys
+
+    file = at.rsplit(":", 1)[0]
+    if os.path.isfile(file):
+        from torchdoctor._guard.ownfile import own_file
+
+        return not own_file(file)
+    top = file.replace("\\", "/").split("/", 1)[0]
+    return "/" in file.replace("\\", "/") and top in sys.modules

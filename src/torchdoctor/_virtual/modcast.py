@@ -86,7 +86,7 @@ def _wrap(name: str, orig: Any) -> Any:
     def cast(self: Any, *args: Any, **kwargs: Any) -> Any:
         want = None
         if _ACTIVE:
-            dtype, frame = _dtype_of(name, args, kwargs), user_frame(2)  # past a tracer's wrapper
+            dtype, frame = _dtype_of(name, args, kwargs), _program_frame(user_frame(2))  # past a tracer's wrapper
             device = _device_of(args, kwargs) if name == "to" else _CPU if name == "cpu" else None
             for c in list(_ACTIVE):
                 want = c.record(self, dtype, frame) or want
@@ -96,6 +96,17 @@ def _wrap(name: str, orig: Any) -> Any:
 
     cast.__wrapped__ = orig  # type: ignore[attr-defined]
     return cast
+
+
+def _program_frame(frame: Any) -> Any:
+    """The first frame of the program's own files from ``frame`` out: a library's ``to`` override calling
+    ``Module.to`` (transformers' ``PreTrainedModel.to``) was asked by the program's line that called it."""
+    from torchdoctor._guard.ownfile import own_file
+
+    f = frame
+    while f is not None and not own_file(f.f_code.co_filename):
+        f = f.f_back
+    return f if f is not None else frame
 
 
 @contextlib.contextmanager
@@ -131,13 +142,14 @@ def at_cast_lines(fixes: list[Fix], casts: Casts | None, root: Any) -> list[Fix]
     fixes = made_lines(fixes, root)
     if casts is None:
         return program_named(fixes, root)
+    from torchdoctor._virtual.awayline import away_fix
     from torchdoctor._virtual.builtat import build_line_fix
     from torchdoctor._virtual.globaldev import device_line_fix
 
     out: list[Fix] = []
     for f in fixes:
         fixed = _line_fix(f, casts, root) or device_line_fix(f, casts.moves, root) or build_line_fix(f, root) \
-            if isinstance(root, torch.nn.Module) else None
+            or away_fix(f, casts, root) if isinstance(root, torch.nn.Module) else None
         out.append(fixed or f)
     # written for the program's object (a block's model as its frame calls it)
     return program_named([_in_parts(_put_apart(f, casts, root), casts, root) for f in out], root)
@@ -193,15 +205,19 @@ def _line_fix(f: Fix, casts: Casts, root: torch.nn.Module) -> Fix | None:
     from torchdoctor._report.diff import line_patch
     from torchdoctor._virtual.prove import Fix
 
-    if f.kind != "path" or len(f.sets) != 1 or not f.sets[0][0].endswith(".") or \
-            not isinstance(f.sets[0][1], torch.dtype):
+    # a component cast (the consumer it feeds may follow, kept as it is: ``feeder``), or a module held apart
+    if f.kind not in ("path", "apart") or not f.sets or not all(n.endswith(".") and t == f.sets[0][1]
+                                                              for n, t in f.sets) or \
+            not isinstance(f.sets[0][1], torch.dtype) or f.kind == "apart" and f.diff is not None:
         return None
     comp, want = f.sets[0][0][:-1], f.sets[0][1]
     try:
-        mod = root.get_submodule(comp)
+        mod = root.get_submodule(comp) if f.kind == "path" else _held_apart(f.label, casts, root)
     except AttributeError:
         return None
-    hit = casts.last(mod)
+    if f.kind == "apart":
+        comp = f.code.split(".to(", 1)[0] if ".to(" in f.code.split("  #", 1)[0] else f.label
+    hit = casts.last(mod) if mod is not None else None
     if hit is None or hit[0] == want:
         return None
     was, file, line, at = hit
@@ -216,6 +232,14 @@ def _line_fix(f: Fix, casts: Casts, root: torch.nn.Module) -> Fix | None:
         return None
     return Fix(f"# {at} casts {comp} to {str(was)[6:]} while the rest of the model is {str(want)[6:]} (a cast before "
                f"it is undone there): {new.strip()}", "note", want, sets=f.sets, diff=diff, modcast=(file, line, want))
+
+
+def _held_apart(cls: str, casts: Casts, root: torch.nn.Module) -> torch.nn.Module | None:
+    """The one module of class ``cls`` the program cast outside the model (a pipeline's text encoder)."""
+    inside = {id(m) for m in root.modules()}
+    found = {id(m): m for x in casts.seen if (m := x[0]()) is not None and type(m).__name__ == cls and
+             id(m) not in inside}
+    return next(iter(found.values())) if len(found) == 1 else None
 
 
 def _recast(raw: str, leaf: str, was: torch.dtype, want: torch.dtype) -> str | None:

@@ -114,6 +114,9 @@ def _at_maker(p: Problem, other: str) -> list[Fix]:
     if m is None:
         return []
     op, at, src, dst = m.groups()
+    cast = re.search(r" as \w+ \(cast at (\S+:\d+)\)", p.message)
+    if src == dst and cast is not None and (fixed := _at_cast(cast.group(1), parse_dtype(other), p, dst)) is not None:
+        return [fixed]
     if src == dst:
         return [Fix(f"# {op} at {at} made it on {dst}; a later cast of it to {p.found} (Tensor.to, "
                     f".double()) on {dst}, which cannot hold {p.found}, raises: keep it {other} there, or do the "
@@ -123,3 +126,25 @@ def _at_maker(p: Problem, other: str) -> list[Fix]:
     return [Fix(f"# a {p.found} tensor made outside the model moves to {dst}, which cannot hold {p.found}: cast that "
                 f"tensor to {other} before moving it, at {at} where {op} makes it", "factory", want,
                 sets=((f"factory {op} at {at}", want),), diff=maker_diff(op, at, want))]
+
+
+def _at_cast(at: str, want: torch.dtype, p: Problem, dst: str) -> Fix | None:
+    """The program's cast of a tensor already on ``dst`` to a dtype ``dst`` cannot hold, written to ``want`` at its
+    line (a diff); proven as a factory's dtype is: the device holds ``want``."""
+    from torchdoctor._guard.ownfile import own_file
+    from torchdoctor._virtual.castsites import CastSite, patched_line
+    from torchdoctor._virtual.origin import LINES
+    from torchdoctor._report.diff import line_patch
+    import linecache
+
+    file, line = LINES.get(at, ("", 0))
+    if not file or not own_file(file):
+        return None
+    text = re.sub(r"\s+#[^'\"]*$", "", linecache.getline(file, line).strip())  # the code, not its comment
+    new = patched_line(CastSite(at, file, line, text, text, parse_dtype(p.found)), want)
+    diff = line_patch(file, line, new.strip()) if new is not None else None
+    if diff is None:
+        return None
+    return Fix(f"# {at}: `{text}` casts to {p.found} on {dst}, which cannot hold {p.found}: cast to "
+               f"{dtype_str(want)} there (or do the {p.found} math on the cpu: t.cpu().to(torch.{p.found}))",
+               "factory", want, sets=((f"cast at {at}", want),), diff=diff)
