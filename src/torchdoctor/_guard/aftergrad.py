@@ -34,7 +34,10 @@ from torch.overrides import TorchFunctionMode
 
 log = logging.getLogger("torchdoctor.guard")
 _NO_KWARGS: Mapping[str, Any] = {}
+_LISTS = (list, tuple)
 _is_compiling = torch.compiler.is_compiling
+# what ``is_compiling()`` returns, read without its two calls (dynamo holds the flag while it compiles)
+_FLAGS = torch.compiler if isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool) else None
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback  # type: ignore[attr-defined]
 
 
@@ -42,11 +45,11 @@ class AfterBackward(TorchFunctionMode):
     """The first stage between a backward and the next forward: calls whose tensors disagree are checked per op.
 
     ``enter`` / ``leave`` push and pop strict's dispatch mode (``leave``: False when it is not the innermost);
-    ``checking`` says whether it is on already (a suspect module's backward keeps it on); ``disagree`` is the gate's
-    comparison of tensors (lists and tuples looked into)."""
+    ``checking`` says whether it is on already (a suspect module's backward keeps it on); ``disagree(values, True)``
+    is the gate's comparison of tensors (lists and tuples looked into)."""
 
     def __init__(self, enter: Callable[[], Any], leave: Callable[[], bool], checking: Callable[[], bool],
-                 disagree: Callable[[Any], bool]) -> None:
+                 disagree: Callable[[Any, bool], bool]) -> None:
         super().__init__()
         self.enter, self.leave, self.checking, self.disagree = enter, leave, checking, disagree
         self.ready = False  # the backward through the last training forward has finished
@@ -112,11 +115,16 @@ class AfterBackward(TorchFunctionMode):
     # -- the first stage --------------------------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: Mapping[str, Any] | None = None) -> Any:
-        if kwargs is None:
+        # most calls pass: one tensor (``x.view(1, -1)``), or tensors that agree; the test is ordered so that
+        # they pay the least Python beyond the mode's own hop (no chain, no empty dict, the flag read inline)
+        if _FLAGS._is_compiling_flag if _FLAGS is not None else _is_compiling():
+            torch._dynamo.graph_break()  # dynamo tracing the program's compiled code: no check baked into its graph
+        if not kwargs:  # one argument can disagree only as a list of tensors (``torch.cat([a, b])``)
+            if not self.ready or (len(args) < 2 and (not args or type(args[0]) not in _LISTS)) \
+                    or not self.disagree(args, True) or self.checking():
+                return func(*args)
             kwargs = _NO_KWARGS
-        if _is_compiling():  # dynamo tracing the program's compiled code: no check baked into its graph
-            torch._dynamo.graph_break()
-        if not self.ready or len(args) + len(kwargs) < 2 or not self.disagree(chain(args, kwargs.values())) \
+        elif not self.ready or len(args) + len(kwargs) < 2 or not self.disagree(chain(args, kwargs.values()), True) \
                 or self.checking():
             return func(*args, **kwargs)
         self.checked += 1

@@ -244,7 +244,7 @@ class Gate:
         if self.after is None:
             from torchdoctor._guard.aftergrad import AfterBackward
 
-            self.after = AfterBackward(self.enter, self.leave, lambda: self.on, lambda v: _odd(v, True))
+            self.after = AfterBackward(self.enter, self.leave, lambda: self.on, _odd)
         return self.after
 
 
