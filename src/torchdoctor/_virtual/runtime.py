@@ -25,7 +25,7 @@ from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api, devrng, dispatch as D, host as H, moveby
 from torchdoctor._virtual import hardware, lengths, makers, outside, parallel, replaced, saved, storage, takenback
-from torchdoctor._virtual import training, whole
+from torchdoctor._virtual import tracecheck, training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
 from torchdoctor._virtual.deferred import deferred_imports
@@ -342,6 +342,7 @@ def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> It
         installs.set(torch, "Generator", api.VirtualGenerator, shared=True)
         makers.install(installs)  # torch.from_numpy / frombuffer: named by their maker and line
         training.install(installs)  # foreach grouping keyed by the devices the program sees
+        tracecheck.install(installs)  # torch.jit.trace's check, as far as the run's values let it
         saved.install(installs, VirtualMode)  # saved-tensor hooks (activation offloading) run under this mode
         # pass-through for anything that is not virtual: one wrapper serves every run
         installs.set(torch.Tensor, "_make_subclass", staticmethod(make_subclass), shared=True)
