@@ -110,13 +110,14 @@ def _at_maker(p: Problem, other: str) -> list[Fix]:
     a device that cannot hold its dtype: cast at that factory's line (a diff, proven as a factory's fix is). A
     tensor already on that device when it was cast (``sigmas.to(torch.float64)`` of a tensor made there) was not
     made so by its maker: the cast is said, never a cast at the maker, which changes nothing."""
+    cast = re.search(r"\S+@(\S+) moved to (\S+) as \w+ \(cast at (\S+:\d+)\)", p.message)
+    if cast is not None and cast.group(1) == cast.group(2) and \
+            (fixed := _at_cast(cast.group(3), parse_dtype(other), p, cast.group(2))) is not None:
+        return [fixed]  # a tensor on the device cast there by the program's line: fixed at that line
     m = _MADE.search(p.message)
     if m is None:
         return []
     op, at, src, dst = m.groups()
-    cast = re.search(r" as \w+ \(cast at (\S+:\d+)\)", p.message)
-    if src == dst and cast is not None and (fixed := _at_cast(cast.group(1), parse_dtype(other), p, dst)) is not None:
-        return [fixed]
     if src == dst:
         return [Fix(f"# {op} at {at} made it on {dst}; a later cast of it to {p.found} (Tensor.to, "
                     f".double()) on {dst}, which cannot hold {p.found}, raises: keep it {other} there, or do the "
