@@ -193,7 +193,7 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
             print_program_error(exc)
             code = 1
         watcher.guarded(g)  # what guard recorded and no error named: swallowed, or aligned by fix / warn
-        notes = _notes(session.problems if session is not None else [], trace)  # while the trace is active
+        notes = _notes(session, trace)  # while the trace is active
     if os.getpid() != pid:  # a process the program forked ends here, as under python: no second summary
         raise SystemExit(code)
     _guard_fixes_as_held(watcher.findings, watcher.names)
@@ -291,17 +291,25 @@ def _expected(session: Any, profile: Any, sources: dict[str, str]) -> dict[str, 
     return out
 
 
-def _notes(problems: list[Any], traced: bool) -> dict[str, str]:
-    if not traced or not problems:
+def _notes(session: Any, traced: bool) -> dict[str, str]:
+    """Each problem's last change: the trace's record, or the virtual run's own when it is newer (a copy the
+    program's line took back to the cpu, ``qs.code = qs.code.cpu()``, which no trace of the model records)."""
+    if session is None or not session.problems:
         return {}
-    from torchdoctor._trace.api import note_for
-
+    changes = session.changes
+    if traced:
+        from torchdoctor._trace.api import record_for
     out = {}
-    for p in problems:
+    for p in session.problems:
+        if not p.path or p.path.startswith("<"):
+            continue
         root = p.module_type if p.module_path == "" else None  # the object's own record, not another's path
-        note = note_for(p.path, root) if p.path and not p.path.startswith("<") else None
-        if note:
-            out[p.path] = note
+        rec = record_for(p.path, root) if traced else None
+        mine = changes.get(p.path)
+        if mine is not None and (rec is None or rec.time < mine[1]):
+            out[p.path] = mine[0]
+        elif rec is not None:
+            out[p.path] = rec.note()
     return out
 
 

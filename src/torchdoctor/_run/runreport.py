@@ -18,7 +18,7 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
 
     def __init__(self, program: list[str], exit_code: int, findings: list[Finding] | None = None,
                  problems: list[Any] | None = None, device: str | None = None, seconds: float = 0.0,
-                 stopped: str | None = None, where: dict[tuple[str, str], str | None] | None = None,
+                 stopped: str | None = None, where: dict[tuple[str, ...], str | None] | None = None,
                  notes: dict[str, str] | None = None, expected: dict[str, str] | None = None,
                  missing: str | None = None, ran: str | None = None, networks: tuple[str, ...] = (),
                  fixes: tuple[Any, ...] = ()) -> None:
@@ -46,13 +46,18 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
     def ok(self) -> bool:
         return not self.findings and not self.problems
 
+    def _at(self, p: Any) -> str | None:
+        """The program's line where ``p`` was recorded: two roots may hold one path (an Embedding's ``weight`` and a
+        Linear's), so the module's own stack first."""
+        return self.where.get((p.kind, p.path, p.module_type or "")) or self.where.get((p.kind, p.path))
+
     def to_dict(self) -> dict[str, Any]:
         from torchdoctor._report.text import schema
 
         return {"schema": schema("run"), "ok": self.ok, "program": self.program, "exit_code": self.exit_code,
                 "device": self.device, "seconds": round(self.seconds, 3),
                 "findings": [f.to_dict() for f in self.findings],
-                "problems": [{**p.to_dict(), "where": self.where.get((p.kind, p.path)),
+                "problems": [{**p.to_dict(), "where": self._at(p),
                               "trace": self.notes.get(p.path)} for p in self.problems],
                 "fixes": [f.to_dict() for f in self.fixes], "patch": self.patch(),
                 "stopped": self.stopped, "expected": self.expected, "ran": self.ran, "internal": self.internal}
@@ -85,12 +90,13 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
         shown, _ = grouped(self.problems, 0, self.networks)  # one cause, one line (the JSON keeps every path)
         for p in shown[:40]:
             lines.append(f"[{p.kind}] {p.path}: {p.message}")
-            if p.tensors and not self.where.get((p.kind, p.path)):  # a group: the line its first member was recorded at
+            at = self._at(p)
+            if p.tensors and not at:  # a group: the line its first member was recorded at
                 first = next((self.where.get((p.kind, t)) for t in p.tensors if self.where.get((p.kind, t))), None)
                 if first:
                     lines.append(f"  recorded at {first}")
-            if self.where.get((p.kind, p.path)):
-                lines.append(f"  recorded at {self.where[(p.kind, p.path)]}")
+            if at:
+                lines.append(f"  recorded at {at}")
             if p.path in self.notes:
                 lines.append(f"  last change: {self.notes[p.path]}")
         lines += [f"note: {n} (torchdoctor's own limit; the program ran as without it)" for n in self.internal]
