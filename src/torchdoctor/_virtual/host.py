@@ -151,10 +151,10 @@ def cpu_work(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, A
             space.keep_real(out, None, Made(f"Tensor.{(getattr(func, '__name__', '') or 'op').strip('_')}",
                                             space.hooks.running(), named))
         elif space.real:
-            kept = next((k for a in args if isinstance(a, torch.Tensor)
-                         for k in (space.real_record(a),) if k is not None and k[1] is not None), None)
-            made = {id(k[1]) if k is not None else None for a in args if isinstance(a, torch.Tensor) and a.dim() > 0
-                    for k in (space.real_record(a),)}
+            # the tensors among the arguments, a list's too (``torch.cat([uncond, cond])`` of cpu conditioning)
+            ts = [a for x in args for a in (x if isinstance(x, (list, tuple)) else (x,)) if isinstance(a, torch.Tensor)]
+            kept = next((k for a in ts for k in (space.real_record(a),) if k is not None and k[1] is not None), None)
+            made = {id(k[1]) if k is not None else None for a in ts if a.dim() > 0 for k in (space.real_record(a),)}
             if kept is not None and len(made) > 1:  # (one factory's tensors among themselves: still its own)
                 # computed from several tensors (``latent + noise * s``): no one factory made it, so none is its fix
                 name = (getattr(func, "__name__", "") or "op").strip("_")
