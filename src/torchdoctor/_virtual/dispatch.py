@@ -241,29 +241,18 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         if back or any(a is not b for a, b in zip(checked, largs)):
             _pairs(largs, checked, back)
         largs = list(checked)
-    ts = list(tensors_of(largs, kwargs))  # the virtual arguments, once: device, meta-ness, provenance
+    ts = _virtuals(largs, kwargs)  # the virtual arguments, once: device, meta-ness, provenance
     dev = _device_of_outputs(ts, kwargs, space)
     first = largs[0] if largs else None
     path = first._td_path if keep_path and isinstance(first, VirtualTensor) else None
-    on_meta = any(t._td_elem.is_meta for t in ts)
+    on_meta = False
+    for t in ts:
+        if t._td_elem.is_meta:
+            on_meta = True
+            break
     owner: dict[int, VirtualTensor] = {}
-
-    def unwrap(x: Any) -> Any:
-        if isinstance(x, VirtualTensor):
-            e = x._td_elem
-            if on_meta and not e.is_meta:
-                e = torch.empty_strided(e.size(), e.stride(), dtype=e.dtype, device=_META)
-            owner[id(e)] = back.get(id(x), x) if back else x
-            return e
-        if isinstance(x, (list, tuple)) and any(isinstance(y, VirtualTensor) for y in x):
-            return type(x)(unwrap(y) for y in x)
-        return x
-
-    uargs = [unwrap(a) for a in largs]
-    ukwargs = {k: unwrap(v) for k, v in kwargs.items()} if kwargs else {}
-    # ``unwrap`` calls itself through its closure cell: a cycle that kept every op's tensors (``owner``) alive
-    # until the cyclic GC ran (~30k objects a 8B simulation, and real tensors in a virtual run)
-    del unwrap
+    uargs = [_unwrap(a, on_meta, owner, back) if isinstance(a, _UNWRAPPED) else a for a in largs]
+    ukwargs = {k: _unwrap(v, on_meta, owner, back) for k, v in kwargs.items()} if kwargs else {}
     if not on_meta:
         override = None
     known = kernels.key(func, uargs, ukwargs) if on_meta and cacheable and space is not None and override is None \
@@ -298,15 +287,47 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             and func.overloadpacket not in _MOVES and all(t.dtype != wrapped.dtype for t in ts):
         # an op that makes a float64 / complex128 result (sum(dtype=), new_zeros(dtype=), zeros_like(dtype=))
         space.hooks.creating(func.overloadpacket.__name__, wrapped._td_device, {"dtype": wrapped.dtype})
-    if space is not None and path is None and isinstance(wrapped, VirtualTensor) and wrapped._td_origin is None:
+    if space is not None and path is None:
         # (integer results too: position_ids built by torch.arange(n).expand(...) name the factory call)
         # provenance: a result records the op, its module and the named tensors it took its dtype and device from
-        # (or the made tensor it came from), so a problem far downstream names where its float32 or its cpu entered
-        wrapped._td_origin = made_from(func.overloadpacket, space.hooks.running(), ts, wrapped.dtype,
-                                       wrapped._td_device)
-        if not ts and wrapped._td_origin is not None and ukwargs.get("dtype") is None:
-            wrapped._td_origin.default = wrapped.is_floating_point()  # told no dtype: a default-dtype factory
+        # (or the made tensor it came from), so a problem far downstream names where its float32 or its cpu entered;
+        # each tensor of a tuple result too (layer_norm's ``(out, mean, rstd)``: a text encoder's last hidden state)
+        for w in (wrapped,) if isinstance(wrapped, VirtualTensor) else wrapped if isinstance(wrapped, (tuple, list)) \
+                else ():
+            if isinstance(w, VirtualTensor) and w._td_origin is None:
+                w._td_origin = made_from(func.overloadpacket, space.hooks.running(), ts, w.dtype, w._td_device)
+                if not ts and w._td_origin is not None and ukwargs.get("dtype") is None:
+                    w._td_origin.default = w.is_floating_point()  # told no dtype: a default-dtype factory
     return wrapped
+
+
+_UNWRAPPED = (VirtualTensor, list, tuple)  # what ``_unwrap`` may change
+
+
+def _virtuals(largs: list[Any], kwargs: dict[str, Any]) -> list[VirtualTensor]:
+    """``tensors_of`` as a list, in one loop (it runs per op)."""
+    out: list[VirtualTensor] = []
+    for a in (*largs, *kwargs.values()) if kwargs else largs:
+        if isinstance(a, VirtualTensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(x for x in a if isinstance(x, VirtualTensor))
+    return out
+
+
+def _unwrap(x: Any, on_meta: bool, owner: dict[int, VirtualTensor], back: dict[int, VirtualTensor]) -> Any:
+    """The inner tensor of a virtual argument (a meta twin when the op runs on meta), its owner remembered; lists
+    and tuples of them likewise; anything else as it is. Module-level, not a closure: a closure calling itself
+    through its cell is a cycle that kept every op's tensors alive until the cyclic GC ran."""
+    if isinstance(x, VirtualTensor):
+        e = x._td_elem
+        if on_meta and not e.is_meta:
+            e = torch.empty_strided(e.size(), e.stride(), dtype=e.dtype, device=_META)
+        owner[id(e)] = back.get(id(x), x) if back else x
+        return e
+    if isinstance(x, (list, tuple)) and any(isinstance(y, VirtualTensor) for y in x):
+        return type(x)(_unwrap(y, on_meta, owner, back) for y in x)
+    return x
 
 
 def _device_of_outputs(ts: list[VirtualTensor], kwargs: dict[str, Any], space: Space | None) -> torch.device:

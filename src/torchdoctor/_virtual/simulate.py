@@ -221,7 +221,7 @@ def simulate(
     items = (fix_items(problems, dev, dt, rec.sources, held(clone),  # (a walk of the copy: only with problems)
                        lambda m: "" if any(m is r for r in rec.roots) else rec.modules.path_of(m),
                        [*(a for a in rec.entry.outer.values() if a.module() is not clone), *patched_into(clone)],
-                       rec.entry.made_args) or []) if problems else []
+                       rec.entry.made_args, cases=rec.cases.cases) or []) if problems else []
     items = under_hooks(at_cast_lines(items, casts if call is not None else None, clone), clone, dev)  # modcast, hooked
     if call is not None:  # the caller's code casts the model itself: a switch of dtype is made on its lines
         items = [switch_advice(f) if f.asks is not None else f for f in items]
