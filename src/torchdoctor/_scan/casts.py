@@ -63,19 +63,7 @@ _BY_DESIGN = frozenset({"keep_in_fp32", "adapter", "kbit-fp32"})
 _WHY = {"quant-metadata": "quantization metadata", "quant-storage": "packed storage dtype",
         "no-expectation": "tensor of a non-module object", "self-managed": "its module's own code casts it",
         "keep_in_fp32": "_keep_in_fp32_modules", "adapter": "peft adapter kept float32",
-        "kbit-fp32": "prepare_model_for_kbit_training keeps it float32",
-        "upcast-computed": "its forward computes with it in float32 (a buffer built in float32, never loaded)"}
-_HALF = frozenset({torch.bfloat16, torch.float16})
-
-
-def _upcast_computed(e: Entry) -> bool:
-    """A non-persistent buffer its module's forward casts up to float32 on every call (a rotary ``inv_freq``)."""
-    if e.role != "buffer" or e.module is None or not isinstance(e.key, str):
-        return False
-    from torchdoctor._scan.rounded import upcast_at_use
-
-    return e.key in (e.owner.__dict__.get("_non_persistent_buffers_set") or ()) and e.key in upcast_at_use(
-        type(e.module))
+        "kbit-fp32": "prepare_model_for_kbit_training keeps it float32"}
 
 
 def cast_target(policy: Any, e: Entry, keep_fp32: bool = True) -> tuple[torch.dtype, str | None]:
@@ -90,8 +78,6 @@ def cast_target(policy: Any, e: Entry, keep_fp32: bool = True) -> tuple[torch.dt
     d = policy.decide(e)
     if d.rule == "storage-computed" and not t.is_floating_point() or _packed(t):
         return t.dtype, _WHY["quant-storage"]  # a cast of packed data scrambles it: dequantizing is the fix
-    if d.rule in _PER_CALL and t.dtype == _F32 and dtype in _HALF and _upcast_computed(e):
-        return t.dtype, _WHY["upcast-computed"]  # from_pretrained(dtype=) keeps it so: a cast would round it
     if d.dtype is None and d.rule in _PER_CALL and e.role in ("parameter", "buffer") and not _storage(t):
         return dtype, None  # its module casts it per call, from any dtype: the cast Module.to makes is harmless
     if d.dtype is None:

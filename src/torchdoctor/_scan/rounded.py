@@ -3,9 +3,8 @@ and its own forward casts up to float32 on every call (transformers' rotary embe
 ``self.inv_freq.to(device=x.device, dtype=torch.float)``; a user's ``self.inv_freq.float()``) is meant to hold
 float32 values. ``model.to(torch.bfloat16)`` / ``.half()`` casts every floating buffer, so it now holds rounded
 values, and the per-call upcast cannot bring the lost digits back (long positions get the wrong angles).
-``from_pretrained(dtype=...)`` builds it in float32 and keeps it so (and so does ``move``: ``casts.cast_target``);
-a float32 one is quiet. The model still runs, so this is a note (``report.extra["notes"]``: problem records that
-leave ``ok`` alone), not a problem.
+``from_pretrained(dtype=...)`` builds it in float32 and keeps it so: a float32 one is quiet. The model still runs,
+so this is a note (``report.extra["notes"]``: problem records that leave ``ok`` alone), not a problem.
 
 Read from the forward's parsed code (``percall``'s reader), per class, never run. The fix (rebuild the values) is
 proven when the module, holding no layers or weights, can be built again from its own ``config`` (transformers'
@@ -42,6 +41,15 @@ def upcast_at_use(tp: type) -> frozenset[str]:
         return hit
     if len(_UPCAST) > 4096:  # fx GraphModules make a class per instance
         _UPCAST.clear()
+    try:
+        hit = _UPCAST[tp] = _read(tp)
+    except Exception:  # code the reader does not follow: nothing known, never a crash
+        log.debug("reading %s's forward failed", tp.__name__, exc_info=True)
+        hit = _UPCAST[tp] = frozenset()
+    return hit
+
+
+def _read(tp: type) -> frozenset[str]:
     found: set[str] = set()
     owner = next((k for k in tp.__mro__ if "forward" in k.__dict__), None)
     fwd = owner.__dict__["forward"] if owner is not None and not percall._torch_own(owner) else None
@@ -67,8 +75,7 @@ def upcast_at_use(tp: type) -> frozenset[str]:
                 a = reader._attr(n.func.value, me, alias)
                 if a is not None:
                     found.add(a)
-    hit = _UPCAST[tp] = frozenset(found)
-    return hit
+    return frozenset(found)
 
 
 def _widens(n: ast.Call) -> bool:

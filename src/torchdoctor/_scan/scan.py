@@ -77,7 +77,11 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
         if policy.computed16 and policy.casting:  # computed buffers a forward upcasts, rounded by a cast: notes
             from torchdoctor._scan.rounded import rounded_notes
 
-            notes = rounded_notes(policy)
+            try:
+                notes = rounded_notes(policy)
+            except Exception:  # a note is extra: the report stands without it
+                log.debug("rounded-buffer notes failed", exc_info=True)
+                notes = []
             if notes:
                 report.extra["notes"] = [n.to_dict() for n in notes]
         return report
