@@ -39,6 +39,12 @@ MAC = ("/users/", "/applications/", ".app/contents/", "/opt/homebrew/", "macos",
        r"\bmps\b", "arm64")
 
 
+# kernels that take only integer or bool tensors on every device (bitwise logic and shifts, gcd, counting, a loss's
+# class targets), and kernels that have no integer version on any device (lerp, softmax, norms, convolutions,
+# activations, random fills): a kernel that lacks an integer version on one device only (abs on mps) is neither
+_INTEGER_OP = re.compile(r"(?:^|_)(?:bitwise|lshift|rshift|gcd|lcm|bincount|nll)(?:_|$)")
+_FLOAT_OP = re.compile(r"(?:^|_)(?:lerp|\w*softmax|\w*norm\w*|\w*conv\w*|gelu|silu|sigmoid|tanh|erf|erfinv|"
+                       r"uniform|bernoulli|dropout|mse)(?:_|$)")
 _MPS_DT = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64", "i32": "int32"}
 _WIDE = ("float32", "float64")
 _REDUCED = ("float16", "bfloat16")
@@ -129,6 +135,13 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
         f["device"] = kdev or "cpu"
         flags.add(f"kernel_{kdev or 'cpu'}")
         add(devices, device_name(kdev or "cpu"))
+        kind = f.get("dtype", "")  # a dtype the op never takes, whatever the device: not a precision question
+        if (kind == "bool" or kind.startswith(("int", "uint"))) and _FLOAT_OP.search(kernel):
+            flags.add("kernel_integer_dtype")  # an integer / bool tensor reached floating-point math (lerp, conv)
+            flags.update(("kernel_lerp",) if "lerp" in kernel.split("_") else ())
+        elif kind.startswith(("float", "bfloat")) and _INTEGER_OP.search(kernel):
+            flags.add("kernel_integer_op")  # a floating tensor reached an op for integers / bools (bitwise_and)
+            flags.update(("kernel_targets",) if "nll" in kernel.split("_") else ())
     op = f.get("op", "")
     backend = f.get("backend", "").lower()
     if backend and device_name(backend):
