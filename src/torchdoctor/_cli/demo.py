@@ -203,7 +203,7 @@ def _run(plain: bool) -> tuple[int, dict[str, Any]]:
         steps["guard"] = exc.module_path
         culprit = next((p.path for p in exc.problems), None)
         steps["culprit"] = culprit
-        print(str(exc))
+        print(_as_unet(str(exc), unet))
         print(f"culprit: {culprit}")
 
     _section("4. move(unet, 'cpu', torch.bfloat16): fix everything, verified")
@@ -223,7 +223,7 @@ def _run(plain: bool) -> tuple[int, dict[str, Any]]:
     with _quiet():
         sim = torchdoctor.simulate(unet, inputs, device="cuda:1", dtype=torch.bfloat16)
     steps["simulate_ok"] = sim.ok
-    print("unet.to('cuda:1') then forward, would it run? " + ("yes" if sim.ok else "no\n" + sim.text()))
+    print("unet.to('cuda:1') then forward, would it run? " + ("yes" if sim.ok else "no\n" + _as_unet(sim.text(), unet)))
 
     _section("6. simulate again, with torchdoctor.move(unet, 'cuda:1') instead of .to()")
 
@@ -242,6 +242,13 @@ def _run(plain: bool) -> tuple[int, dict[str, Any]]:
         and steps.get("simulate_after_move_ok") is True
     print(f"\ndemo finished in {elapsed:.1f} s")
     return (0 if ok else 1), steps
+
+
+def _as_unet(text: str, unet: Any) -> str:
+    """A fix the API writes for its ``model`` argument, written with the demo's own name for it (``unet``)."""
+    from torchdoctor._run.names import held_code
+
+    return held_code(text, {"unet": unet})
 
 
 def command(args: argparse.Namespace) -> int:

@@ -97,7 +97,9 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     other verbs' subparsers cost more than reading a small checkpoint). Help and errors read the same."""
     p = _Parser(
         prog="torchdoctor",
-        description="Find, explain and fix device and dtype placement bugs in PyTorch.",
+        description="Find, explain and fix device and dtype placement bugs in PyTorch. Start with `torchdoctor run "
+                    "app.py` (your program, watched), `torchdoctor run --device cuda app.py` (on a virtual GPU, none "
+                    "needed here) or `torchdoctor demo`.",
         epilog="`torchdoctor help VERB` (or VERB --help) shows a verb's options. "
                "Exit codes: 0 nothing found, 1 problems found, 2 bad usage or cannot check. Defaults for "
                "--device, --dtype, --profile, --assume-device and --limit come from [tool.torchdoctor] in the "

@@ -23,20 +23,27 @@ USAGE = ("torchdoctor run [--device cuda:1|xpu|mps] [--dtype D] [--profile P] [-
 def add_parser(subparsers: Any, parents: list[argparse.ArgumentParser] | None = None) -> argparse.ArgumentParser:
     r = subparsers.add_parser(
         "run", parents=parents or [], help="run a program as python would, explaining every placement error it "
-                                           "raises, catches or logs (with --device: on virtual cuda:N / xpu / mps)")
+                                           "raises, catches or logs (with --device: on virtual cuda:N / xpu / mps)",
+        usage="torchdoctor run [options] script.py [ARGS ...]\n       torchdoctor run [options] -m MODULE [ARGS ...]",
+        description="Run an unmodified program as `python script.py ARGS` would, and explain each placement error it "
+                    "raises, catches or logs: the culprit tensor by path, its last move, and a fix. With --device, the "
+                    "whole program runs on virtual devices (no GPU needed): `torchdoctor run --device cuda app.py`.")
     add_arguments(r)
     return r  # type: ignore[no-any-return]
 
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
-    r.add_argument("--device", help="run on this virtual device (cuda:1, xpu, mps): the program sees that hardware")
+    r.add_argument("--device", help="run on this virtual device (cuda, cuda:1, xpu, mps): the program sees that "
+                                    "hardware, none is needed on this machine")
     r.add_argument("--dtype", help="the dtype the virtual run expects the model in (e.g. bfloat16)")
     r.add_argument("--profile", metavar="NAME", help="device preset for --device (t4, a100, h100, m2, arc ...)")
     r.add_argument("--count", type=int, metavar="N",
                    help="how many virtual devices of --device's kind the machine has (a program that uses two GPUs: "
                         "--count 2; default: enough for --device)")
     r.add_argument("--mode", choices=[m for m in GUARD_MODES if m != "off"], default="explain",
-                   help="guard mode in the program (default explain: no per-op cost)")
+                   help="how guard watches the program: explain (default, no per-op cost: explains an error "
+                        "that escapes), strict (checks ops before they run and raises at the first bad one), fix "
+                        "(aligns the operands and goes on, recording each fix), warn (like fix, with a warning)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     r.add_argument("--file", metavar="OUT", help="also write the JSON summary to OUT")
     r.add_argument("--no-trace", dest="trace", action="store_false",
