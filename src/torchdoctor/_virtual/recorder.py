@@ -48,6 +48,7 @@ class _Recorder(MoveChecks, StackView, Hooks):
         self.roots: list[nn.Module] = []
         self._model_dtype: torch.dtype | None = None
         self._apart: bool | None = None  # the program placed the model's parts on several devices (``split``)
+        self._into = False  # the op's culprits are 0-dim tensors joining an in-place op's written tensor
         self.problems: list[Problem] = []
         self.seen: set[tuple[str, ...]] = set()
         self.stopped: str | None = None
@@ -247,7 +248,8 @@ class _Recorder(MoveChecks, StackView, Hooks):
                 if net is not None:  # a network patched into the model's forward: one problem, its fix the network's
                     made = f"{made} ({net[1]})"
                     self.sources.setdefault((p.kind, place, op, found), net[0])
-                split = on_device and anchor is not None and self._split()  # an operand between parts: at its line
+                # an operand between parts, or a 0-dim into an in-place op: at its line
+                split = on_device and anchor is not None and (self._into or self._split())
                 named_at = operand_at(t) if f.fixed or split else None  # a loss's target: named as the call passes it
                 if split and named_at:
                     note_like(named_at, call.all_tensors(), anchor)  # moved to the device of what it meets
@@ -290,6 +292,7 @@ class _Recorder(MoveChecks, StackView, Hooks):
     def _culprits(self, func: Any, f: Any, call: OpArgs) -> tuple[list[Any], Any]:
         """Which arguments to blame and fix, and the value that fixes them (a device or a dtype)."""
         p, offenders = f.problem, list(f.offenders)
+        self._into = False
         if p.kind in ("unsupported_dtype", "missing_kernel"):
             return offenders, None  # reported; the kernel runs anyway, and casting would invent dtype problems
         if f.fixed:
@@ -299,7 +302,11 @@ class _Recorder(MoveChecks, StackView, Hooks):
                 if (real := parse_device(p.expected)).type != "meta":
                     return offenders, real
             return offenders, self.device
-        name = getattr(getattr(func, "_schema", None), "name", "")
+        schema = getattr(func, "_schema", None)
+        name = getattr(schema, "name", "")
+        if p.kind == "device" and (odd := _scalars_into(schema, f, call)) is not None:
+            self._into = True  # fixed at the op's line, by the name it has there (``coef.to(g.device)``)
+            return odd  # ``cpu_grad.mul_(cuda_coef)``: the written tensor stays; the 0-dim joins it
         if p.kind == "device" and name in _INDEX_OPS and offenders and offenders[0][0] != 0 and not self._split():
             table = call.at((0, -1))  # a table left behind, indexed with indices on the device
             if _is_entry(table) and not any(_is_entry(call.at(k)) for k in offenders):
@@ -331,6 +338,22 @@ class _Recorder(MoveChecks, StackView, Hooks):
         if self._apart is None:
             self._apart = placed_apart(self.roots or self.modules.outermost, self.profile.type)
         return self._apart and not any("_hf_hook" in getattr(m, "__dict__", {}) for m in self.modules.stack)
+
+
+def _scalars_into(schema: Any, f: Any, call: OpArgs) -> tuple[list[Any], torch.device] | None:
+    """An in-place op whose written tensor meets 0-dim tensors of another device (a cuda grad-norm coefficient into
+    a gradient kept on the cpu: real PyTorch raises, only a cpu 0-dim joins a device op): those 0-dim tensors, to go
+    where the written tensor is; moving the written one would write a copy. None for any other op."""
+    args = getattr(schema, "arguments", None)
+    alias = getattr(args[0], "alias_info", None) if args else None
+    if alias is None or not alias.is_write or not call.args or not isinstance(call.args[0], VirtualTensor):
+        return None
+    own = norm_device(call.args[0]._td_device)
+    keys = [k for k in (list(f.considered) or list(f.offenders)) if k != (0, -1)]
+    odd = [k for k in keys if isinstance(t := call.at(k), VirtualTensor) and norm_device(t._td_device) != own]
+    if not odd or any(call.at(k).dim() != 0 for k in odd):
+        return None
+    return odd, own
 
 
 _INDEX_OPS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put", "aten::index_put_",

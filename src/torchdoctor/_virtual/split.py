@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import torch
+
 from torchdoctor._placement import norm_device, tensor_device
 from torchdoctor._virtual.origin import LIKE, operand_at
 
@@ -48,5 +50,25 @@ def note_like(named_at: str, tensors: list[Any], device: Any) -> None:
     moves the culprit to its device (``origin.LIKE``, read by ``makers.operand_fix``)."""
     like = next((x for x in tensors if norm_device(tensor_device(x)) == device), None)
     other = operand_at(like) if like is not None else None
+    if other is None and like is not None:  # a twin of the program's real tensor: the one local of the line there
+        other = _local_on(device, named_at)
     if other is not None and other.partition(" at ")[2] == named_at.partition(" at ")[2]:
         LIKE[f"operand {named_at}"] = other.partition(" at ")[0]
+
+
+def _local_on(device: Any, named_at: str) -> str | None:
+    """``g at app.py:20``: the one tensor local of the program's frame at ``named_at``'s line that is on ``device``
+    and written on that line (``g.mul_(coef)``), or None."""
+    import linecache
+    import re
+
+    from torchdoctor._virtual.origin import short_at, user_frame
+
+    f = user_frame(3)
+    at = named_at.partition(" at ")[2]
+    if f is None or short_at(f) != at:
+        return None
+    line = linecache.getline(f.f_code.co_filename, f.f_lineno)
+    hits = [n for n, v in f.f_locals.items() if isinstance(v, torch.Tensor) and re.search(
+        rf"(?<![\w.]){re.escape(n)}\b", line) and norm_device(tensor_device(v)) == device]
+    return f"{hits[0]} at {at}" if len(hits) == 1 else None

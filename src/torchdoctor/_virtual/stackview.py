@@ -38,8 +38,11 @@ class StackView:
         return self.modules.paths.get(id(module))  # type: ignore[no-any-return]
 
     def library_made(self, origin: Any) -> bool:
-        """A record whose maker's line is a library's own (diffusers' ``EMAModel.to``), not the program's."""
-        return origin is not None and any(s in (getattr(origin, "at", None) or "") for s in _SKIP)
+        """A record whose maker's line is a library's own (diffusers' ``EMAModel.to``), not the program's, or a
+        module's own move (``ema.to("cpu")``, ``takenback``): the program's frames name its tensor better
+        (``ema.weight``)."""
+        return origin is not None and (any(s in (getattr(origin, "at", None) or "") for s in _SKIP)
+                                       or getattr(origin, "by_module", False))
 
     def attribute_of(self, tensor: torch.Tensor, kept: Any = None) -> str | None:
         """``blocks.0.scale``: ``tensor`` as a plain attribute of the innermost running module; else, when no maker
