@@ -19,7 +19,7 @@ CASES = [
      "MetalPerformanceShadersGraph/mpsgraph/MetalPerformanceShadersGraph/Core/Files/MPSGraphUtilities.mm:233:0: "
      "error: 'mps.divide' op requires the same element type for all operands and results", "dtype_mismatch", "divide"),
     ("error: 'mps.matmul' op requires the same element type for all operands and results", "dtype_mismatch",
-     "matmul"),
+     "mps.matmul"),
     ("RuntimeError: Cannot access data pointer of Tensor that doesn't have storage", "mixed_device_model", ""),
     ("Pointer argument (at 1) cannot be accessed from Triton (cpu tensor?)", "device_mismatch", "1"),
     ("ValueError: Pointer argument (at 3) cannot be accessed from Triton (cpu tensor?)", "device_mismatch", "3"),

@@ -32,12 +32,13 @@ _c("dev.collective_cpu",
    ("Or give the process group a backend for CPU tensors too",
     'dist.init_process_group(backend="cpu:gloo,cuda:nccl")'))
 
-_sig("dtype.mps_graph_same_type", _DT, "An MPS graph op got operands of two dtypes",
+# MPS builds each op as an MLIR graph op ('mps.divide'); other MLIR-based backends word their check alike
+_sig("dtype.mps_graph_same_type", _DT, "A graph op got operands of two dtypes",
      ("op requires the same element type for all operands and results",),
-     "The MPS graph op[ mps.{op}] got operands of different dtypes (a float16 input and float32 weights, or the "
-     "other way round); MPS checks this when it builds the op's graph.",
+     "The graph op[ {op}] got operands of different dtypes (a float16 input and float32 weights, or the other way "
+     "round); MPS (and other MLIR-based backends) check this when they build the op's graph.",
      (("dt.input_not_cast", 2.0), ("dt.operand_cast", 1.5)),
-     r"'mps\.(?P<op>\w{1,40})' op requires the same element type", confidence=0.85)
+     r"'(?P<op>[\w.]{1,40})' op requires the same element type", confidence=0.85)
 
 _sig("mixed.no_storage", _MIX, "A tensor without storage reached a kernel",
      ("data pointer of tensor that doesn't have storage", "data pointer of tensor that does not have storage"),
