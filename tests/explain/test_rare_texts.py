@@ -71,3 +71,22 @@ def test_an_integer_kernel_missing_on_one_device_only_is_not_called_impossible()
     # abs has int64 kernels on the CPU and CUDA; an old MPS build lacked it (pytorch issue 80784)
     d = explain("NotImplementedError: \"abs_out_mps\" not implemented for 'Long'")[0]
     assert "on every device" not in " ".join(d.likely_causes)
+
+
+@pytest.mark.parametrize("text", [
+    # torch before 2.4 and after: autocast("cuda") on a machine without CUDA (an XPU, a Mac, the CPU)
+    "UserWarning: User provided device_type of 'cuda', but CUDA is not available. Disabling",
+    "/home/u/train.py:10: UserWarning: CUDA is not available or torch_xla is imported. Disabling autocast.\n"
+    "  with torch.autocast(\"cuda\", dtype=torch.bfloat16):",
+])
+def test_autocast_switched_off_for_a_missing_cuda_is_told_with_the_device_s_own_autocast(text: str) -> None:
+    d = explain(text)[0]
+    assert d.category == "no_accelerator" and "float32" in d.what_happened
+    assert "device_type=x.device.type" in d.fixes[0][1]
+
+
+def test_autocast_switched_off_for_a_dtype_is_told_with_a_dtype_the_device_has() -> None:
+    d = explain("UserWarning: In CPU autocast, but the target dtype is not supported. Disabling autocast.\n"
+                "CPU Autocast only supports dtypes of torch.bfloat16, torch.float16 currently.")[0]
+    assert d.category == "unsupported_dtype_on_device" and "torch.bfloat16, torch.float16" in d.what_happened
+    assert "dtype=torch.bfloat16" in d.fixes[0][1]

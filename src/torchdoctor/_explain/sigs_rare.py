@@ -1,8 +1,10 @@
 """Signatures, causes and rules for rarer placement texts, each seen in public reports: a CPU tensor handed to an
 NCCL collective, an MPS graph op's own dtype check, a Triton kernel given a CPU tensor, a tensor without storage
 reaching a kernel, Adam's step counters moved to the GPU, the ``expected dtype X but got dtype Y`` and
-``Query/Key/Value`` wordings, xformers' ``cutlassF`` without a kernel for the GPU; and a dtype an op never takes
-(an integer tensor in ``lerp``, a float mask in ``bitwise_and``), which is not a precision or device question.
+``Query/Key/Value`` wordings, xformers' ``cutlassF`` without a kernel for the GPU, autocast switched off (for a
+missing CUDA, or a dtype the device's autocast lacks: the block then runs in float32 without an error); and a dtype
+an op never takes (an integer tensor in ``lerp``, a float mask in ``bitwise_and``), which is not a precision or
+device question.
 """
 
 from __future__ import annotations
@@ -136,3 +138,29 @@ for _name, _flags, _unless in (("integer_operand", ("kernel_integer_dtype",), ("
     register_rule(ContextRule(f"rare.{_name}", flags=_flags, unless=_unless, applies_to=(_UD,),
                               boosts=((f"ud.{_name}", 6.0), ("ud.half_on_cpu", -9.0), ("ud.kernel_missing", -9.0),
                                       ("ud.cpu_only_build", -9.0))))
+
+# autocast asked for a device this process has not: torch warns and runs the block in float32, without an error
+_sig("no_accel.autocast_disabled", _NA, "Autocast was switched off: the device it names is not available",
+     ("cuda is not available or torch_xla is imported. disabling autocast", "but cuda is not available. disabling"),
+     "torch.autocast was asked for cuda, which this process does not have, so autocast is switched off: the block "
+     "runs in float32 (twice the memory, no bfloat16 / float16 speed) and no error says so.",
+     (("na.autocast_device", 3.0),), confidence=0.85)
+_c("na.autocast_device",
+   "The code names 'cuda' for autocast (torch.autocast(\"cuda\"), torch.cuda.amp.autocast) while the model runs "
+   "elsewhere: an Intel XPU, a Mac's MPS, the CPU, or a torch without CUDA.", "torchdoctor env",
+   ("Ask autocast for the device the model is on",
+    "with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):\n    out = model(x)"),
+   ("Check which devices this torch sees", "torchdoctor env"))
+_sig("unsupported.autocast_dtype", _UD, "Autocast was switched off: the dtype is not one it supports there",
+     ("autocast, but the target dtype is not supported",),
+     "torch.autocast on[ {backend}] was asked for a dtype it does not support there, so it is switched off and the "
+     "block runs in the tensors' own dtype[ ({backend} autocast supports {supported})].",
+     (("ud.autocast_dtype", 3.0),),
+     r"In (?P<backend>\w{1,12}) autocast, but the target dtype is not supported",
+     r"autocast only supports dtypes of (?P<supported>[\w., ]{1,80}?) currently", confidence=0.85)
+_c("ud.autocast_dtype",
+   "The autocast dtype is not one this device's autocast has: float16 on an older CPU build, float32 (autocast "
+   "only lowers precision), or a dtype written for another device.", "torchdoctor env",
+   ("Give autocast a dtype the device supports (bfloat16 on the CPU and on an XPU)",
+    "with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):\n    out = model(x)"),
+   ("Pick the dtype from the device", "torchdoctor.recommend_dtype(x.device)"))
