@@ -26,7 +26,6 @@ from torchdoctor._run.printed import handling, unwrap, wrap
 # frames in these folders are a plugin's, whatever app loaded them: ComfyUI custom nodes, SD.Next / A1111 / Forge
 # extensions, InvokeAI nodes
 PLUGIN_DIRS = ("custom_nodes", "extensions", "extensions-builtin", "nodes")
-# an app's own helper packages (the frame to name is the plugin's or the user's line that called them)
 
 
 # The classes of this module and program.py are plain classes, not dataclasses: a dataclass compiles its methods
@@ -328,10 +327,12 @@ class Watcher:
         fixed = {f.path for f in report.fixes}
         located = g.problems.where if isinstance(g.problems, Located) else {}
         named = " ".join(f"{f.error} {f.culprit or ''}" for f in self.findings)
+        said = {(f.category, f.fix) for f in self.findings if f.fix}  # an error's culprit list may end "and N more"
         for p in report.problems:
-            if f"`{p.path}`" in named or f" {p.path} " in named or f" {p.path}:" in named:
-                continue
             note = report.note(p)
+            if f"`{p.path}`" in named or f" {p.path} " in named or f" {p.path}:" in named \
+                    or (f"{p.kind}_mismatch", note.fix) in said:  # one cause, one fix: the error's finding has it
+                continue
             aligned = p.path in fixed
             how = f"aligned by --mode {report.mode}" if aligned else f"recorded by --mode {report.mode}"
             lines = [f"culprit {p.path} is {p.found}, expected {p.expected}"
