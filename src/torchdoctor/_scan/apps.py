@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import re
 import types
-from itertools import compress
-from operator import itemgetter
 from typing import Any
 
 import torch
@@ -31,7 +29,6 @@ from torchdoctor._walk import Entry
 _READS: dict[type, frozenset[str]] = {}  # class -> every attribute name its code reads
 _TABLES: dict[type, bool] = {}  # class -> no forward of its own
 _NO_FORWARD = nn.Module.forward
-_MODULE_OF = itemgetter(1)  # a walk's (path, module) pair -> the module
 
 
 def _code_names(fn: Any) -> set[str]:
@@ -174,11 +171,11 @@ def casting_modules(modules: list[tuple[str, nn.Module]], types_: set[type]) -> 
     if not classes:
         return {}
     out = {}
-    mods = list(map(_MODULE_OF, modules))  # the modules of those classes picked at C speed (a model has hundreds)
-    for m in compress(mods, map(classes.__contains__, map(type, mods))):
-        moved = percall.moved_on_call(m)
-        if moved:
-            out[id(m)] = moved
+    for _, m in modules:
+        if type(m) in classes:
+            moved = percall.moved_on_call(m)
+            if moved:
+                out[id(m)] = moved
     return out
 
 

@@ -43,6 +43,7 @@ _DEPTH = 4
 # class -> (always: name -> bits, branches: (switch names, negated, name -> bits)); None: its forward moves nothing
 Plan = tuple[dict[str, int], list[tuple[tuple[str, ...], bool, dict[str, int]]]]
 _PLANS: dict[type, Plan | None] = {}
+_STATIC: dict[type, dict[str, int]] = {}  # class -> what ``moved_on_call`` gives for any instance (no switch read)
 _TREES: dict[types.CodeType, ast.FunctionDef | None] = {}
 
 
@@ -319,12 +320,23 @@ def plan(tp: type) -> Plan | None:
 def moved_on_call(module: nn.Module) -> dict[str, int]:
     """The module's own tensors (attribute names: ``weight``, ``inv_freq``) its forward moves or casts on this call,
     each with what it changes (``DEVICE`` / ``DTYPE`` bits); empty when it moves nothing."""
-    p = plan(type(module))
+    tp = type(module)
+    static = _STATIC.get(tp)
+    if static is not None:  # what it moves does not depend on the instance (a rotary embedding's inv_freq)
+        return dict(static)
+    p = plan(tp)
     if p is None:
         return {}
     always, branches = p
-    if not branches:  # what it moves does not depend on the instance (a rotary embedding's inv_freq)
-        return {k: v for k, v in always.items() if v}
+    if not any(names for names, _, _ in branches):  # no switch: every branch's test reads nothing of the instance
+        out = dict(always)
+        for _, _, moved in branches:
+            for k, v in moved.items():
+                out[k] = out.get(k, 0) | v
+        if len(_STATIC) > 4096:  # fx GraphModules make a class per instance
+            _STATIC.clear()
+        static = _STATIC[tp] = {k: v for k, v in out.items() if v}
+        return dict(static)
     out = dict(always)
     d = module.__dict__
     tensors = {**(d.get("_parameters") or {}), **(d.get("_buffers") or {})}

@@ -184,7 +184,8 @@ class Policy:
 
     def _components(self, summary: bool) -> None:
         comps = [Component(path, mod, None, None) for path, mod in self.w.roots]
-        comps.sort(key=lambda c: -len(c.path))
+        if len(comps) > 1:
+            comps.sort(key=lambda c: -len(c.path))
         self.components = comps
         self._ctx_cache: dict[str, tuple[Component | None, bool, torch.device | None]] = {}
         self._const_ctx = (comps[0], False, None) if len(comps) == 1 and not comps[0].path \
@@ -202,14 +203,16 @@ class Policy:
             if self.device is not None:
                 c.device, c.device_rule = self.device, "explicit"
             elif devs[i]:
-                c.device = max(devs[i], key=lambda k: (len(devs[i][k][0]), devs[i][k][1], devs[i][k][2]))
+                c.device = next(iter(devs[i])) if len(devs[i]) == 1 else max(
+                    devs[i], key=lambda k: (len(devs[i][k][0]), devs[i][k][1], devs[i][k][2]))
             declared = intent.declared_dtype(c.module)
             if self.dtype is not None:
                 c.dtype, c.dtype_rule = self.dtype, "explicit"
             elif declared is not None and declared in dts[i] and not _dominated(dts[i], declared):
                 c.dtype, c.dtype_rule = declared, "declared-dtype"
             elif dts[i]:
-                c.dtype = max(dts[i], key=lambda k: (len(dts[i][k][0]), dts[i][k][1], dts[i][k][2]))
+                c.dtype = next(iter(dts[i])) if len(dts[i]) == 1 else max(
+                    dts[i], key=lambda k: (len(dts[i][k][0]), dts[i][k][1], dts[i][k][2]))
 
     def ctx(self, module_path: str) -> tuple[Component | None, bool, torch.device | None]:
         """(component, kept in fp32, dispatch hook device) of a module path, cached."""

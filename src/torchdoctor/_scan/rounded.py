@@ -139,8 +139,8 @@ def _prove(mod: nn.Module, key: str, t: torch.Tensor) -> str:
         new = fresh.__dict__.get("_buffers", {}).get(key)
         if isinstance(new, torch.Tensor) and new.dtype == torch.float32 and new.shape == t.shape and torch.equal(
                 new.to(t.dtype), t.detach().to("cpu")):
-            return f"fix proven: a {type(mod).__name__} rebuilt from its config holds it in float32, and those values " \
-                   f"round to exactly the stored ones"
+            return (f"fix proven: a {type(mod).__name__} rebuilt from its config holds it in float32, and those "
+                    f"values round to exactly the stored ones")
         what = "differ from the stored ones" if isinstance(new, torch.Tensor) else "hold no such buffer"
     except Exception as exc:  # a constructor that wants more than its config
         log.debug("rebuilding %s failed", type(mod).__name__, exc_info=True)

@@ -104,7 +104,7 @@ class Walk:
 
     @property
     def truncated(self) -> bool:
-        return any(p.kind == "truncated" for p in self.problems)
+        return bool(self.problems) and any(p.kind == "truncated" for p in self.problems)
 
     def canonical(self) -> Iterator[Entry]:
         return (e for e in self.entries if e.alias_of is None)
