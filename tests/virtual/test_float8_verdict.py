@@ -106,3 +106,13 @@ def test_simulate_of_a_model_that_computes_in_its_float8_storage_dtype() -> None
         report = torchdoctor.simulate(Backbone(), (torch.randn(2, 4, 8),), "cuda", profile=profile)
         assert [p.kind for p in report.problems] == ["unsupported_dtype"], (profile, report.problems)
         assert "mul_cuda" in report.problems[0].message
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_float8_times_a_python_number_is_found_too(size: str) -> None:
+    with torchdoctor.virtual_devices("cuda:0", raise_on_exit=False) as sim:
+        a = _f8(SIZES[size], "cuda:0")
+        b = a * 2  # this CPU build refuses it ("mul_cpu_reduced_float"), meta takes it: CUDA has no kernel either way
+        noise = torch.randn_like(b, dtype=F8)  # no CPU kernel draws float8: drawn in float32 and stored, the run goes on
+    assert [(p.kind, p.op) for p in sim.problems] == [("unsupported_dtype", "aten.mul.Tensor")], sim.problems
+    assert b.dtype == noise.dtype == F8 and noise.shape == a.shape

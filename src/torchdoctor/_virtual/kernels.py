@@ -215,6 +215,8 @@ def float8_upcast(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     None when it still fails."""
     low = next((x.dtype for a in (*args, *kwargs.values()) for x in (a if isinstance(a, (list, tuple)) else (a,))
                 if isinstance(x, torch.Tensor) and x.dtype in _FLOAT8), None)
+    if kwargs.get("dtype") in _FLOAT8:  # a factory asked for float8 (``torch.randn(..., dtype=float8)``)
+        low, kwargs = kwargs["dtype"], {**kwargs, "dtype": torch.float32}
     if low is None:
         return None
 
