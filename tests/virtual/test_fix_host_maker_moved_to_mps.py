@@ -47,6 +47,6 @@ def test_numpy_float64_moved_to_mps_is_cast_at_its_line(tmp_path: Path) -> None:
 def test_a_cast_on_the_device_is_not_fixed_at_the_maker(tmp_path: Path) -> None:
     path = tmp_path / "app.py"
     path.write_text(textwrap.dedent(CAST))
-    [fix] = run_json(path, "mps")["fixes"]
-    assert fix["code"].startswith("# torch.linspace at app.py:3 made it on mps:0; a later cast of it to float64")
-    assert fix.get("diff") is None, fix
+    [fix] = run_json(path, "mps")["fixes"]  # fixed at the cast's line, never at the maker (line 3)
+    assert fix["code"].startswith("# app.py:4: `sig = sigmas.to(torch.float64)` casts to float64 on mps:0"), fix
+    assert "+sig = sigmas.to(torch.float32)" in fix["diff"] and "-sigmas = " not in fix["diff"], fix

@@ -223,3 +223,40 @@ def traced_note(p: Problem, said: set[str]) -> list[Fix]:
             f"register it as a buffer in its module's __init__ (self.register_buffer(name, tensor)) before tracing, "
             f"or trace on {p.expected}")
     return [] if note in said else [Fix(note, "note", tried="not re-run: the traced code holds it")]
+
+
+def op_moved(label: str, op: str, at: str, target: torch.device) -> Fix | None:
+    """An argument of the model's call made by an op of the program's line on the CPU (``both =
+    torch.cat([uncond, cond])`` of embeddings parked there): its result moved at that line, to the device of the
+    tensor the line's function was given (``.to(x.device)``), a diff; proven at the failing op as the argument."""
+    import ast
+    import linecache
+
+    from torchdoctor._guard.maps import value_code
+    from torchdoctor._guard.ownfile import own_file
+    from torchdoctor._report.diff import line_patch
+    from torchdoctor._virtual.origin import IN_SCOPE, LINES
+
+    file, line = LINES.get(at, ("", 0))
+    if not file or not own_file(file):
+        return None
+    raw = linecache.getline(file, line).rstrip("\r\n")
+    body = raw.lstrip(" \t")
+    try:
+        tree = ast.parse(body)
+    except SyntaxError:
+        return None
+    name = op.rsplit(".", 1)[-1]
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name))
+             and (n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id) == name]
+    if len(calls) != 1 or not body.isascii() or calls[0].end_col_offset is None:
+        return None
+    end = len(raw) - len(body) + int(calls[0].end_col_offset)
+    x = IN_SCOPE.get(at)
+    want = f"{x}.device" if x else value_code(target)
+    diff = line_patch(file, line, (raw[:end] + f".to({want})" + raw[end:]).strip())
+    if diff is None:
+        return None
+    return Fix(f"# {label} is made by {op[7:]} at {at} on the cpu (what it combines was left there): move the result "
+               f"at that line ({ast.unparse(calls[0])}.to({want}))", "note", target, sets=((label, target),),
+               diff=diff)

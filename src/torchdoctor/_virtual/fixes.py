@@ -16,13 +16,14 @@ from torchdoctor._virtual.groups import whole_component
 from torchdoctor._virtual.genfix import generator_fix
 from torchdoctor._virtual.keepdtype import FLOATS, narrower_partner
 from torchdoctor._virtual.libout import library_line
+from torchdoctor._virtual.moveline import taken_back
 from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage_note
 from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
 from torchdoctor._virtual.apart import Apart, at_root, find, fix as apart_fix, left_whole, loose_network_fix, \
     network_fix
 from torchdoctor._virtual.callsite import caller_fix
-from torchdoctor._virtual.castfix import NO_DEVICE_ARG, cast_fix, each_maker, in_library, library_note, maker_diff, \
+from torchdoctor._virtual.castfix import NO_DEVICE_ARG, cast_fix, op_moved, each_maker, in_library, library_note, maker_diff, \
     storage_fix, traced_note
 from torchdoctor._virtual.prove import Fix
 from torchdoctor._virtual.stalename import stale_fix
@@ -125,6 +126,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                 if note not in {f.code for f in factories}:
                     factories.append(Fix(note, "note", tried="not re-run: the call that asked for the move is the "
                                          "program's, and its line is not on record"))
+                continue
+            if taken_back(factories, p, name, at, made_from[0], target):  # copies the program took back, handed in
                 continue
             factories.append(Fix(f"# {at} moves {name} to {p.found} inside the forward: move it to the device of the "
                                  f"tensors it meets (e.g. .to(x.device)) instead", "note", sets=((made_from[0], target),)))
@@ -269,6 +272,8 @@ def _at_maker(label: str, target: Any, made_args: Mapping[str, tuple[str, str, s
     """An argument the caller made with a factory at a line of its own file, in the wrong dtype: that call is
     fixed (``dtype=``, a diff), never a cast of the argument after it; None when that line cannot be rewritten."""
     hit = (made_args or {}).get(label)
+    if hit is not None and isinstance(target, torch.device) and hit[0].startswith("Tensor."):
+        return op_moved(label, *hit[:2], target)  # a CPU op's result at the program's line: moved after it there
     if hit is None or not isinstance(target, torch.dtype):
         return None
     op, at, found = hit

@@ -8,6 +8,7 @@ note it was.
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any
 
 _MOVES = ("cuda", "to", "xpu", "mps", "cpu")
@@ -140,3 +141,37 @@ def numpy_fix(at: str, found: str) -> tuple[str, str] | None:
     if diff is None:
         return None
     return (f"# {at}: {recv}.numpy() reads a tensor on {found}; numpy reads host memory: {recv}.cpu().numpy()", diff)
+
+
+_TAKEN = re.compile(r"\(taken to (\S+) by `([^`]+)` at \S+(?:, held as ([^)]+))?\)")
+
+
+def taken_back(fixes: list[Any], p: Any, name: str, at: str, key: str, target: Any) -> bool:
+    """A copy of a model tensor the program's own line took to another device (``master = {n: p.detach().cpu()
+    ...}``) and handed to a module that runs on ``target`` (``functional_call(model, master, ...)``): one fix per
+    line, naming every tensor it took and how the program holds them; False when ``p`` is no such copy."""
+    from torchdoctor._virtual.prove import Fix
+
+    m = _TAKEN.search(p.message)
+    if m is None:
+        return False
+    went, call, held = m.groups()
+    head = f"# {at} takes copies of "
+    mine = next((f for f in fixes if f.code.startswith(head) and f.kind == "note"), None)  # that line's fix so far
+    was_names, _, was_held = mine.label.partition(";") if mine is not None else ("", "", "")
+    if name in was_names.split(", "):
+        return True
+    names = [*(was_names.split(", ") if was_names else []), name]
+    helds = [*(was_held.split(", ") if was_held else []), *([held] if held else [])]
+    holder = helds[0].split("[", 1)[0] if helds else None
+    shown = f" (held as {', '.join(helds[:3])}{', ...' if len(helds) > 3 else ''})" if helds else ""
+    back = f"{{k: v.to(x.device) for k, v in {holder}.items()}}" if holder else ".to(x.device)"
+    code = (f"{head}{', '.join(names)} to {went}{shown} and they are handed to a module on {p.expected}: keep them "
+            f"where the model is (drop `{call}`), or move them back where they are passed ({back})")
+    sets = (*(mine.sets if mine is not None else ()), (key, target))
+    fix = Fix(code, "note", target, f"{', '.join(names)};{', '.join(helds)}", sets=sets)  # (the next copy joins)
+    if mine is not None:
+        fixes[fixes.index(mine)] = fix
+    else:
+        fixes.append(fix)
+    return True
