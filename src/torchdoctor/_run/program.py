@@ -182,6 +182,9 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
         watcher.guard = g
         watcher.install()
         stack.callback(watcher.uninstall)
+        from torchdoctor._run.warned import watched_warnings
+
+        stack.enter_context(watched_warnings(watcher))  # a warning that says the step runs otherwise (autocast off)
         try:
             with g:
                 code = execute(script, module, args, watcher)
