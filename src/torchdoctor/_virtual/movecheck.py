@@ -48,9 +48,16 @@ class MoveChecks:
         what = f"{path or maker_of(tensor, self.modules.path_of) or 'a tensor'} " \
             f"{compact(tensor.dtype, tuple(tensor.shape), src)}"
         if src.type == "meta" and target.type != "meta":
+            from torchdoctor._virtual.metaread import offloaded_here  # an offloaded weight moved outside its call
+
+            hit = offloaded_here()
             self._note("meta", path, "meta", device_str(target), f"{what} holds no data (meta): moving it to "
-                       f"{device_str(target)} raises 'Cannot copy out of meta tensor'. Load or materialise it first, "
-                       "or pass assume_device= if the model is built on meta on purpose")
+                       f"{device_str(target)} raises 'Cannot copy out of meta tensor'. " + (
+                           f"{hit[1][0].splitlines()[0].removeprefix('culprit ')}" if hit else "Load or materialise "
+                           "it first, or pass assume_device= if the model is built on meta on purpose"))
+            if hit and self.problems and self.problems[-1].kind == "meta":
+                q = self.problems[-1]
+                self.sources.setdefault((q.kind, q.path, q.op or "", q.found), (hit[0],))
         if refused:
             # a cast of a tensor already there (``sigmas.to(torch.float64)`` on mps): its line, where the fix goes
             at = where_called() if norm_device(src) == norm_device(target) else None

@@ -14,6 +14,7 @@ from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
 from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest, policy_blamed
+from torchdoctor._virtual.metaread import offloaded_here
 from torchdoctor._virtual.movecheck import MoveChecks
 from torchdoctor._virtual.patched import apart
 from torchdoctor._virtual.origin import from_origin, operand_at, ran_as_asked, where_called
@@ -262,6 +263,10 @@ class _Recorder(MoveChecks, StackView, Hooks):
                 message = {"device": f"{what} is on {found} while {op} runs on {expected}",
                            "meta": f"{what} holds no data (meta) and meets real tensors on {expected} in {op}",
                            "dtype": f"{what} is {found} while {op} computes in {expected}"}.get(p.kind, message)
+                if p.kind == "meta" and (p.kind, path or place, op, found) not in self.sources and \
+                        (hit := offloaded_here()) is not None:  # an offloaded weight read outside
+                    message += f" ({hit[1][0].splitlines()[0].removeprefix('culprit ')})"  # its module's call
+                    self.sources.setdefault((p.kind, path or place, op, found), (hit[0],))
                 if t.dtype in FLOAT8_DTYPES and p.kind == "dtype":
                     message += " (torch refuses: Promotion for Float8 Types is not supported; cast it first)"
                 elif "promotes the model's" in p.message:  # guard's promotion finding: no error says it
