@@ -80,6 +80,25 @@ def _mixed(a: Any, b: Any) -> bool:
     return (ta is _T or ta is _P) and (tb is _T or tb is _P) and a.dtype is not b.dtype
 
 
+# ops that join a list of tensors into one, promoting the list's dtypes as a binary op does (a ``_foreach_`` op works
+# element by element: a list of mixed dtypes is no promotion there)
+_JOINS = frozenset(getattr(torch.ops.aten, n).default for n in ("cat", "stack", "concat", "concatenate")
+                   if hasattr(torch.ops.aten, n))
+
+
+def _mixed_in(values: Any) -> bool:
+    """Plain tensors of two dtypes in one list (``torch.cat([bf16, fp32])``)."""
+    first = None
+    for v in values if type(values) is list or type(values) is tuple else ():
+        tv = type(v)
+        if tv is _T or tv is _P:
+            if first is None:
+                first = v.dtype
+            elif v.dtype is not first:
+                return True
+    return False
+
+
 def _check(self: CheckMode, func: Any, types: Any, args: Sequence[Any] = (),
            kwargs: Mapping[str, Any] | None = None) -> Any:
     if kwargs is None:
@@ -87,7 +106,8 @@ def _check(self: CheckMode, func: Any, types: Any, args: Sequence[Any] = (),
     try:  # no cost until something raises (zero-cost exception handling)
         if func is _UNSCALE and not _simulating():  # bfloat16 gradients: no CUDA kernel, told on any machine
             _scaler.check_unscale(self.session, args)
-        if len(args) > 1 and _mixed(args[0], args[1]) and not _simulating():
+        if (len(args) > 1 and _mixed(args[0], args[1]) or func in _JOINS and _mixed_in(args[0])) \
+                and not _simulating():
             # a binary op that may promote silently (_guard/promotion.py): strict raises it here; fix / warn align
             # the wider operand for this op (the result keeps the model's dtype) and record it
             found = _promotion.findings(self.session, func, args, kwargs, True)
