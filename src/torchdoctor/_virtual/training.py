@@ -220,10 +220,19 @@ def install(installs: Any) -> None:
     def grouped(tensorlistlist: Any, with_indices: bool = False) -> Any:
         out = _GROUP(tensorlistlist, with_indices)
         keyed: dict[Any, Any] = {}
-        for (dev, dt), value in out.items():
-            first = next((t for t in value[0][0] if t is not None), None) if value[0] else None
-            key = (getattr(first, "_td_device", None) or dev, dt)
-            keyed[key if key not in keyed else (dev, dt)] = value
+        for (dev, dt), (lists, idx) in out.items():
+            # one C++ group may hold tensors of several virtual devices (their inner device is one): split by label
+            labels = [getattr(t, "_td_device", None) or dev for t in lists[0]] if lists else []
+            for label in dict.fromkeys(labels) or (dev,):
+                sel = [i for i, lab in enumerate(labels) if lab == label]
+                part = ([[x[i] for i in sel] if x else [] for x in lists], [idx[i] for i in sel] if idx else [])
+                have = keyed.get((label, dt))
+                if have is None:
+                    keyed[(label, dt)] = part
+                else:  # (the same label from two C++ groups: one group, as on the machine)
+                    for into, more in zip(have[0], part[0]):
+                        into.extend(more)
+                    have[1].extend(part[1])
         return keyed
 
     installs.set(torch._C, "_group_tensors_by_device_and_dtype", grouped)
