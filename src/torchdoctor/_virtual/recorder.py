@@ -3,6 +3,7 @@ culprits first, and the op going on as if fixed so one run finds every problem."
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -158,6 +159,8 @@ class _Recorder(MoveChecks, StackView, Hooks):
         if exc is not None and not isinstance(exc, NotImplementedError) and "meta" not in text.lower() \
                 and "fake impl" not in text:
             return  # a genuine error of the user's code: it propagates
+        if exc is not None and _INT_KERNEL.search(text):  # no kernel for an integer or bool dtype: every device
+            return  # refuses it alike (a lerp of an int64 buffer), the program's own error, raised as there
         if not hint and (any(n in what for n in _DATA_OPS) or any(n in text for n in _DATA_TEXTS)):
             hint = "it needs tensor values; simulate with data='cpu'"
         hint = hint or "it has no meta/fake kernel, so it cannot run without the hardware"
@@ -361,6 +364,8 @@ def _scalars_into(schema: Any, f: Any, call: OpArgs) -> tuple[list[Any], torch.d
     return odd, own
 
 
+# a kernel's dtype dispatch refusing an integer or bool dtype ("lerp_kernel_scalar" not implemented for 'Long')
+_INT_KERNEL = re.compile(r"not implemented for '(Long|Int|Short|Char|Byte|Bool|UInt16|UInt32|UInt64)'")
 _INDEX_OPS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put", "aten::index_put_",
                         "aten::_index_put_impl_", "aten::_unsafe_index_put"})
 
