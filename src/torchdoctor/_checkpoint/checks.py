@@ -47,6 +47,7 @@ _QUANT_NAMES = {
     "qzeros": "gptq", "scales": "gptq", "g_idx": "gptq",
     "weight_scale": "fp8", "weight_scale_inv": "fp8", "input_scale": "fp8", "output_scale": "fp8",
     "weight_zero_point": "fp8", "input_zero_point": "fp8",
+    "scale_weight": "fp8", "scale_input": "fp8",  # ComfyUI's fp8_scaled checkpoints: float32 by design
 }  # fmt: skip
 
 
@@ -235,6 +236,8 @@ def _dtype_problems(group: Group, entries: list[Entry], exp: Any) -> list[Proble
         if not (e.dtype is FLOAT32 and exp.keeps(e.key)):
             by_dtype.setdefault(e.dtype, []).append(e)
     name = want.name
+    # float8 weights and their scales (an fp8-scaled checkpoint): a model-wide cast would cast them too
+    quantized = any(e.role == "quant_state" or e.dtype.is_floating_point and e.dtype.itemsize == 1 for e in entries)
     out = []
     for dt, es in by_dtype.items():
         paths = tuple(group.path_of(e.key) for e in es)
@@ -244,7 +247,11 @@ def _dtype_problems(group: Group, entries: list[Entry], exp: Any) -> list[Proble
                f"{exp.why}")
         if exp.kept_why:
             msg += f" ({exp.kept_why}{f': {len(kept)} such tensor(s) are float32 as expected' if kept else ''})"
-        msg += f"; cast when loading: from_pretrained(..., dtype=torch.{name}) or model.to(torch.{name})"
+        if quantized:
+            msg += (f"; cast only these tensors to {name} when loading: the file also holds float8 or quantized "
+                    f"weights and their float32 scales, which a model-wide model.to(torch.{name}) would cast too")
+        else:
+            msg += f"; cast when loading: from_pretrained(..., dtype=torch.{name}) or model.to(torch.{name})"
         out.append(Problem("dtype", paths[0], "parameter", dt.name, name, msg, tensors=paths))
     return out
 
