@@ -74,7 +74,8 @@ def test_lean_check_agrees_with_the_walk_and_the_fresh_plan(name: str) -> None:
             e.tensor.data = e.tensor.data.to(F32 if e.tensor.dtype != F32 else torch.float64)
         else:
             setattr(e.owner, e.key, e.tensor.to(F32 if e.tensor.dtype != F32 else torch.float64)) \
-                if e.slot == "attr" else e.owner._buffers.__setitem__(e.key, e.tensor.to(F32))
+                if e.slot == "attr" else e.owner._buffers.__setitem__(e.key, e.tensor.to(
+                    F32 if e.tensor.dtype != F32 else torch.float64))  # a buffer move keeps float32: still off
         assert _both(expect, other) == (False, False), path
         assert build(other, None, BF16, True).public(), path
 

@@ -1,6 +1,7 @@
 """A model-wide cast rounds a computed float32 buffer its forward upcasts on every call (RoPE ``inv_freq``): scan notes
 it (``report.extra["notes"]``, the model still runs), with the fix, on transformers' rotary classes and on a user's
-own; a float32 one, a persistent one, and one the forward casts to the input's dtype give no note."""
+own; a float32 one, a persistent one, and one the forward casts to the input's dtype give no note; ``move`` to a
+16-bit dtype keeps it float32, as ``from_pretrained(dtype=...)`` does (``keep_fp32=False``: as ``Module.to``)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,19 @@ def test_a_cast_llama_notes_its_rounded_inv_freq_with_a_proven_fix() -> None:
     assert _rounded(torchdoctor.scan(model)) == []
     assert _rounded(torchdoctor.scan(_llama(cast=BF16), dtype="bfloat16")) == [
         ("model.rotary_emb.inv_freq", "bfloat16", "float32")]
+
+
+def test_move_to_16_bits_keeps_it_float32_as_from_pretrained_does() -> None:
+    model = _llama()
+    report = torchdoctor.move(model, dtype=torch.float16)
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.float16
+    assert "its forward computes with it in float32" in str(report)
+    assert _rounded(torchdoctor.scan(model)) == []
+    plain = _llama()
+    torchdoctor.move(plain, dtype=torch.float16, keep_fp32=False)  # Module.to's cast, bit for bit
+    assert plain.model.rotary_emb.inv_freq.dtype == torch.float16
+    assert _rounded(torchdoctor.scan(plain)) == [("model.rotary_emb.inv_freq", "float16", "float32")]
 
 
 def test_a_llama_built_in_bf16_or_kept_in_fp32_is_quiet() -> None:

@@ -63,7 +63,21 @@ _BY_DESIGN = frozenset({"keep_in_fp32", "adapter", "kbit-fp32"})
 _WHY = {"quant-metadata": "quantization metadata", "quant-storage": "packed storage dtype",
         "no-expectation": "tensor of a non-module object", "self-managed": "its module's own code casts it",
         "keep_in_fp32": "_keep_in_fp32_modules", "adapter": "peft adapter kept float32",
-        "kbit-fp32": "prepare_model_for_kbit_training keeps it float32"}
+        "kbit-fp32": "prepare_model_for_kbit_training keeps it float32",
+        "upcast-computed": "its forward computes with it in float32 (a buffer built in float32, never loaded)"}
+_HALF = frozenset({torch.bfloat16, torch.float16})
+_KEPT_RULES = _PER_CALL | {"computed-buffer"}  # rules a computed float32 buffer of such a module gets
+
+
+def _upcast_computed(e: Entry) -> bool:
+    """A non-persistent buffer of a module whose forward casts its computed buffers up to float32 on every call (a
+    rotary embedding's ``inv_freq``, and ``original_inv_freq`` it is reset from): from_pretrained keeps them float32."""
+    if e.role != "buffer" or e.module is None or not isinstance(e.key, str):
+        return False
+    from torchdoctor._scan.rounded import upcast_at_use
+
+    computed = e.owner.__dict__.get("_non_persistent_buffers_set") or ()
+    return e.key in computed and not upcast_at_use(type(e.module)).isdisjoint(computed)
 
 
 def cast_target(policy: Any, e: Entry, keep_fp32: bool = True) -> tuple[torch.dtype, str | None]:
@@ -78,6 +92,8 @@ def cast_target(policy: Any, e: Entry, keep_fp32: bool = True) -> tuple[torch.dt
     d = policy.decide(e)
     if d.rule == "storage-computed" and not t.is_floating_point() or _packed(t):
         return t.dtype, _WHY["quant-storage"]  # a cast of packed data scrambles it: dequantizing is the fix
+    if keep_fp32 and d.rule in _KEPT_RULES and t.dtype == _F32 and dtype in _HALF and _upcast_computed(e):
+        return t.dtype, _WHY["upcast-computed"]  # from_pretrained(dtype=) keeps it so: a cast would round it
     if d.dtype is None and d.rule in _PER_CALL and e.role in ("parameter", "buffer") and not _storage(t):
         return dtype, None  # its module casts it per call, from any dtype: the cast Module.to makes is harmless
     if d.dtype is None:
