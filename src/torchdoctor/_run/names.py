@@ -1,4 +1,4 @@
-"""A virtual run's fix written with the names the program itself holds (hunt V8, T18's class).
+"""A virtual run's fix written with the names the program itself holds.
 
 A fix of a virtual run reads ``model.<path>`` -- ``model`` standing for the model the run found. A program run by
 ``torchdoctor run`` has its own names: its network may be ``net`` (and ``model`` another object, or nothing), and a

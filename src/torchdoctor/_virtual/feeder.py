@@ -27,12 +27,14 @@ Culprit = tuple[str | None, str, str, Any]
 
 
 def odd_feeder(culprits: list[Culprit], have: Mapping[str, tuple[Any, Any]], apart: Sequence[Apart],
-               cases: Sequence[Any]) -> tuple[list[Fix], list[Culprit]]:
+               cases: Sequence[Any], asked: torch.dtype | None = None) -> tuple[list[Fix], list[Culprit]]:
     """(the fix casting the feeding component, the culprits it replaces taken out), or ``([], culprits)`` when the
-    consumer is the odd one, nothing fed it, or the cases do not show who did."""
+    consumer is the odd one, nothing fed it, or the cases do not show who did. ``asked``: the dtype the run was
+    asked to check (a cast of the culprits to it is the fix as written)."""
     cast = [c for c in culprits if c[0] is not None and c[2] == "dtype" and isinstance(c[3], torch.dtype)]
-    if not cast or not cases or len({c[3] for c in cast}) != 1 or any(c[0] not in have for c in cast):
-        return [], culprits
+    if not cast or not cases or len({c[3] for c in cast}) != 1 or any(c[0] not in have for c in cast) or \
+            asked is not None and cast[0][3] == asked:
+        return [], culprits  # (cast to the dtype the run asked for: the culprits are what is off, as said)
     fed = cast[0][3]  # the dtype the consumer's ops computed in: the feeder's
     found = {have[str(c[0])][0] for c in cast}
     if len(found) != 1:
@@ -75,8 +77,8 @@ def _fed_tags(cases: Sequence[Any], paths: set[str], fed: torch.dtype) -> set[st
     blank = False
     for c in cases:
         ops = operands(c.before)
-        if not any(set(o.tags) & paths for o in ops):
-            continue
+        if not any(o.named and o.tags[:1] and o.tags[0] in paths for o in ops):
+            continue  # the consumer's own tensor is no operand here (what reached the op was made from it)
         for o in ops:
             if o.meta.dtype == fed and not set(o.tags) & paths:
                 out.update(t for t in o.tags if not t.startswith(("input ", "kwarg ")))

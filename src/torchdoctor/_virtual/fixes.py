@@ -230,7 +230,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     for mod, mine in held_apart.values():  # a module the model does not hold: moved where the program builds it
         culprits = [c for c in culprits if c not in mine]
         factories.insert(0, apart_fix(mod, mine))
-    fed, culprits = odd_feeder(culprits, have, apart, cases)  # the component that fed the op the other dtype
+    fed, culprits = odd_feeder(culprits, have, apart, cases, dtype)  # the component that fed the op the other dtype
     whole, culprits = whole_component(culprits, have)  # one component in another dtype: that component is cast
     moves = fix_code([c for c in culprits if c[0] is not None])
     if meta and (moves or factories or unmoved):

@@ -156,6 +156,14 @@ def taken_back(fixes: list[Any], p: Any, name: str, at: str, key: str, target: A
     if m is None:
         return False
     went, call, held = m.groups()
+    if not held:  # the model holds the copy again (``net.table = net.table.cpu()``): put back, by its path
+        from torchdoctor._guard.maps import code_path
+
+        c = code_path(name)
+        fixes.append(Fix(f"# {at} takes {name} to {went} with `{call}` and the model holds that copy: keep it on "
+                         f"{p.expected} (drop `{call}`), or put it back before the forward: {c} = "
+                         f"{c}.to({p.expected!r})", "note", target, sets=((key, target),)))
+        return True
     head = f"# {at} takes copies of "
     mine = next((f for f in fixes if f.code.startswith(head) and f.kind == "note"), None)  # that line's fix so far
     was_names, _, was_held = mine.label.partition(";") if mine is not None else ("", "", "")
