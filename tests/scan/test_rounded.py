@@ -47,6 +47,8 @@ def test_a_cast_llama_notes_its_rounded_inv_freq_with_a_proven_fix() -> None:
            ".to(model.model.rotary_emb.inv_freq.device)")
     assert fix in msg and "(fix proven:" in msg
     assert report.to_dict()["notes"] == report.extra["notes"]  # the JSON report carries it
+    text = report.text()  # and the text says it, after the all-clear it does not change
+    assert text.startswith("ok: no placement problems") and "\nnote: model.rotary_emb.inv_freq: bf16[4]@cpu" in text
     # the printed fix, applied, gives float32 values the stored ones round to, and the note goes
     before = model.model.rotary_emb.inv_freq.clone()
     exec(fix, {"model": model})

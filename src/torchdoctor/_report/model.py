@@ -378,6 +378,8 @@ def render_report(report: ScanReport, limit: int = 40) -> str:
         lines.append(f"nothing to check: {head} holds no tensors; point scan at a model, a pipeline or a checkpoint")
     else:
         lines.append(f"ok: no placement problems in {head}")
+    for n in report.extra.get("notes") or ():  # notes leave ``ok`` alone (a rounded rotary buffer): said, not counted
+        lines.append(f"note: {n.get('path')}: {n.get('message')}" if isinstance(n, dict) else f"note: {n}")
     if report.expected:
         exp = ", ".join(
             f"{name or '<root>'}: {e.get('device', '?')} {e.get('dtype', '?')}" for name, e in list(report.expected.items())[:8]
