@@ -22,7 +22,7 @@ class _Offset(nn.Module):
         return self.lin(x) + self.c
 
 
-@pytest.mark.parametrize("n", [4])
+@pytest.mark.parametrize("n", [4, 512])
 def test_simulate_call_that_traces_reports_the_constant(n: int) -> None:
     def app(model: nn.Module) -> torch.Tensor:
         traced = torch.jit.trace(model.to("cuda:1"), (torch.randn(300, n, device="cuda:1"),))
@@ -43,7 +43,7 @@ def test_simulate_call_traced_on_the_cpu_then_moved() -> None:
     assert any("constant of the TorchScript module" in p.message for p in report.problems), report.text()
 
 
-@pytest.mark.parametrize("n", [4])
+@pytest.mark.parametrize("n", [4, 512])
 def test_a_trace_in_a_block_of_a_placed_model_is_clean(n: int) -> None:
     with torchdoctor.virtual_devices("cuda:1", raise_on_exit=False) as sim:
         m = _Offset(n).to("cuda:1")

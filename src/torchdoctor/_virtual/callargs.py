@@ -59,7 +59,7 @@ def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str,
         # still on cpu from a factory the user called without device=: the fix is at that call; moved since (or
         # made with a device), the fix is the argument itself
         at_factory = src is not None and src.at and src.op.startswith("torch.") and t._td_device.type == "cpu"
-        if makers is not None and src is not None and src.at and str(src.op).startswith("torch."):
+        if makers is not None and src is not None and src.at and str(src.op).startswith(("torch.", "Tensor.")):
             makers[fix] = (str(src.op), src.at, dtype_str(t.dtype))  # the factory the caller's argument came from
         t._td_origin = Made.argument(label, fix, who, src or _IN_RUN, origin if at_factory else None)
         return t

@@ -71,7 +71,7 @@ def _agree(ts: list[Any], meta: bool = False) -> bool:
 def single(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...],
                                                                               dict[str, Any]] | None:
     """``(aten op, args, kwargs)`` to send to dispatch as one op, or None: the call decomposes as before."""
-    if not ENABLED:
+    if not ENABLED or torch._C._get_tracing_state() is not None:  # torch.jit.trace sees only what decomposes
         return None
     if func is _SDPA:
         got = _positional(args, kwargs, _SDPA_NAMES, _SDPA_DEFAULTS, _SDPA_KW)
