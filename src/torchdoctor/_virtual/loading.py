@@ -136,6 +136,7 @@ def _load(original: Any) -> Any:
                 except (RuntimeError, TypeError, ValueError):
                     dev = None
             if dev is not None and is_virtual(dev):
+                _exists(dev)
                 where[storage.data_ptr()] = dev
             return storage
 
@@ -147,6 +148,19 @@ def _load(original: Any) -> Any:
     load.__name__ = load.__qualname__ = "load"
     load.__doc__ = original.__doc__
     return load
+
+
+def _exists(dev: torch.device) -> None:
+    """A storage bound for a device index the machine lacks: torch's own refusal, as a one-GPU machine raises it at
+    ``torch.load`` (a checkpoint saved on ``cuda:3``, read without ``map_location``); the run explains it."""
+    count = getattr(getattr(torch, dev.type, None), "device_count", None)
+    if dev.type == "mps" or not callable(count):
+        return  # torch puts every mps storage on the one mps device
+    n = count()
+    if (dev.index or 0) >= n:
+        raise RuntimeError(f"Attempting to deserialize object on {dev.type.upper()} device {dev.index or 0} but "
+                           f"torch.{dev.type}.device_count() is {n}. Please use torch.load with map_location to map "
+                           "your storages to an existing device.")
 
 
 def _place(obj: Any, where: dict[int, Any], seen: set[int]) -> Any:
