@@ -26,6 +26,9 @@ def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.d
     out: list[Fix] = []
     made = [p for p in problems if p.kind == "unsupported_dtype" and p.role == "factory"]
     unsupported = [p for p in problems if p.kind == "unsupported_dtype" and p.role != "factory"]
+    stored = [p for p in unsupported if _STORED in p.message]  # float8 the device holds but computes no op in
+    unsupported = [p for p in unsupported if p not in stored]
+    out.extend(float8_compute(stored, device))
     held = {dtype_str(d) for d, _ in (have or {}).values()}
     inside = sorted({p.found for p in unsupported if (p.module_path is not None or p.role in _NAMED) and (
         not held or p.found in held) and p.found not in FLOAT8_NAMES})
@@ -82,6 +85,26 @@ def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.d
     return out
 
 
+_STORED = "float8 is a storage dtype on"  # the rules' words for an op a GPU has no float8 kernel of
+
+
+def float8_compute(stored: Sequence[Problem], device: torch.device) -> list[Fix]:
+    """An op a GPU has no float8 kernel of, met by float8 operands it holds: never a move (the device holds them),
+    never a cast of anything to float8; the operands are computed in a compute dtype at the op, or made in one where
+    the program cast them to float8 for compute (its storage dtype taken as its compute dtype)."""
+    out: list[Fix] = []
+    for p in {(p.found, p.op): p for p in stored}.values():
+        op = str(p.op or "the op").removeprefix("aten.").split(".")[0]
+        out.append(Fix(f"# {device.type} holds {p.found} but computes no {op} in it (float8 is storage there; only "
+                       f"torch._scaled_mm computes with it): cast the float8 operands to torch.bfloat16 at the {op}'s "
+                       f"line (a.to(torch.bfloat16) {_SIGN.get(op, op)} b.to(torch.bfloat16)), or make them bfloat16 "
+                       f"where the code casts them to {p.found} for compute (a dtype attribute set to {p.found} used "
+                       "as the compute dtype); keep float8 for stored weights only, and never move them",
+                       "note", tried="not re-run: the op's line is not on record"))
+    return out
+
+
+_SIGN = {"add": "+", "mul": "*", "sub": "-", "div": "/", "matmul": "@"}
 _SAME_SIZE = {"bfloat16": "float16", "float16": "bfloat16", "float64": "float32"}  # float64: none, the next one down
 FLOAT8_NAMES = frozenset(dtype_str(d) for d in FLOAT8_DTYPES)  # storage: dequantized where stored, never run in
 
