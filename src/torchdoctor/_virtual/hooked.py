@@ -62,14 +62,36 @@ def _built_at(mod: torch.nn.Module, name: str) -> tuple[str, int, str] | None:
     return file, line, new
 
 
-def under_hooks(items: list[Fix], root: Any, device: torch.device) -> list[Fix]:
+def _plain(root: torch.nn.Module, paths: Any, device: torch.device) -> list[tuple[str, Any]]:
+    """The modules (by path) whose plain tensor attribute named by a failing op's operand (``2.scale``) sits on
+    another device type than ``device``: a layer the program moves with ``Module.to`` (a per-layer offloader's
+    ``m.to(device)``) leaves it where ``__init__`` made it."""
+    out = []
+    for path in dict.fromkeys(paths or ()):
+        mpath, _, name = (path or "").rpartition(".")
+        try:
+            mod = root.get_submodule(mpath)
+        except (AttributeError, TypeError):
+            continue
+        value = vars(mod).get(name)
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and \
+                getattr(value, "_td_device", value.device).type != device.type and (mpath, mod) not in out:
+            out.append((mpath, mod))
+    return out
+
+
+def under_hooks(items: list[Fix], root: Any, device: torch.device, paths: Any = ()) -> list[Fix]:
     """The fixes with ``torchdoctor.move(model, …)`` and the moves of plain attributes of hooked modules replaced by
-    their registration as buffers where they are built, when hooks place the model; the others as they were."""
+    their registration as buffers where they are built, when hooks place the model; the others as they were.
+    ``paths``: the failing ops' operands by name: a plain attribute among them is registered so too when the
+    program's own ``Module.to`` moves its layer (no hook)."""
     if not isinstance(root, torch.nn.Module) or not any(
             f.code.startswith("torchdoctor.move(") or "the tensors made on" in f.code or f.sets for f in items):
         return items
     try:
         hooked, why = _hooked(root, device)
+        if not hooked and any("the tensors made on" in f.code for f in items):  # no maker line was recorded
+            hooked, why = _plain(root, paths, device), "Module.to"
     except Exception:  # a strange model: the fixes as written
         return items
     if not hooked:
@@ -79,7 +101,7 @@ def under_hooks(items: list[Fix], root: Any, device: torch.device) -> list[Fix]:
         for name, value in list(vars(mod).items()):
             dev = getattr(value, "_td_device", getattr(value, "device", None))
             if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and dev is not None \
-                    and dev.type != device.type:
+                    and dev.type != device.type and (why != "Module.to" or f"{mpath}.{name}" in paths):
                 attrs.setdefault((type(mod), name), []).append((f"{mpath}.{name}" if mpath else name, mod))
     out = [f for f in items if not (f.code.startswith("torchdoctor.move(") or f.code.startswith("# lasting fix:"))]
     for (cls, name), held in attrs.items():
@@ -93,11 +115,13 @@ def under_hooks(items: list[Fix], root: Any, device: torch.device) -> list[Fix]:
         where = f" at {built[0].rsplit('/', 1)[-1]}:{built[1]}" if built is not None else " in its __init__"
         shown = ", ".join(paths[:3]) + (" …" if len(paths) > 3 else "")
         are = "is a plain attribute" if len(paths) == 1 else "are plain attributes"
-        out.insert(0, Fix(f"# {shown} {are} of {cls.__name__}: the hooks that place the model "
-                          f"({why.split(':', 1)[0]}) onload parameters and buffers only; register it as a buffer"
+        moves = f" set{where}: Module.to moves" if why == "Module.to" else \
+            f": the hooks that place the model ({why.split(':', 1)[0]}) onload"
+        out.insert(0, Fix(f"# {shown} {are} of {cls.__name__}{moves} parameters and buffers only; register it as a "
+                          "buffer"
                           f"{where}: self.register_buffer({name!r}, ..., persistent=False)", "note", device,
                           sets=tuple((p, device) for p in paths), diff=diff, rebuffer=tuple(paths)))
-    if not attrs and len(out) < len(items):
+    if not attrs and len(out) < len(items) and why != "Module.to":
         out.append(Fix(f"# the model is placed by accelerate or diffusers hooks ({why.split(':', 1)[0]}), which "
                        f"torchdoctor.move refuses: keep the hooks and give them {device_str(device)} as their "
                        "execution/onload device", "note"))

@@ -238,7 +238,7 @@ def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = N
     apart = [a for a in rec.entry.outer.values() if a.module() is not None and a.module() is not main]
     items = at_cast_lines(fix_items(problems, session.device, session.dtype, session.sources, current, None, apart,
                                     rec.entry.made_args, cases=rec.cases.cases) or [], session._casts, main)
-    items = under_hooks(items, main, session.device)  # a model the hooks place: never torchdoctor.move
+    items = under_hooks(items, main, session.device, [p.path for p in problems if p.kind == "device"])  # hooked
     try:
         return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs))
     except Exception as exc:  # the proof is extra: the fix stands, said unproven, never a crash of the report
