@@ -221,7 +221,20 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
                        _expected(session, profile, sources or {}), watcher.missing, session.where_ran(),
                        session.networks, fixes)
     report.internal = internal
+    if report.problems:  # the models the problems are in, by name: one model's tensors are one cause
+        report.roots = _roots(session)
     return report
+
+
+def _roots(session: Any) -> list[tuple[str, frozenset[str]]]:
+    import torch
+
+    out = []
+    for m in list(getattr(session.problems, "roots", None) or ())[:16]:
+        if isinstance(m, torch.nn.Module):
+            names = [n for n, _ in m.named_parameters(remove_duplicate=False)]
+            out.append((type(m).__name__, frozenset(names + [n for n, _ in m.named_buffers(remove_duplicate=False)])))
+    return out
 
 
 def _guard_fixes_as_held(findings: list[Finding], names: dict[str, Any] | None) -> None:

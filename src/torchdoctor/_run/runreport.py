@@ -37,6 +37,7 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
         self.networks = networks  # networks patched into a model's forward, by the names the program holds them
         self.fixes = fixes  # the virtual run's fix by parts (``_virtual.prove.Fix``), each proven at the op or not
         self.internal: list[str] = []  # torchdoctor's own warnings while the program ran, one line each
+        self.roots: list[tuple[str, frozenset[str]]] = []  # outermost modules: class name, parameter/buffer paths
 
     def __repr__(self) -> str:
         return (f"<RunReport of {' '.join(self.program)[:80]!r}: exit {self.exit_code}, {len(self.findings)} "
@@ -59,8 +60,19 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
                 "findings": [f.to_dict() for f in self.findings],
                 "problems": [{**p.to_dict(), "where": self._at(p),
                               "trace": self.notes.get(p.path)} for p in self.problems],
+                "causes": [c.to_dict() for c in self._causes()],
                 "fixes": [f.to_dict() for f in self.fixes], "patch": self.patch(),
                 "stopped": self.stopped, "expected": self.expected, "ran": self.ran, "internal": self.internal}
+
+    def _causes(self) -> list[Any]:
+        """The problems by cause: one line per tensor or model however many ops met it (the JSON keeps each)."""
+        if not self.problems:
+            return []
+        from torchdoctor._run.onecause import causes
+        from torchdoctor._virtual.groups import grouped
+
+        shown, _ = grouped(self.problems, 0, self.networks)  # one module type's tensors first, then one cause
+        return causes(shown, self.roots)
 
     def patch(self) -> str | None:
         """Every fix that is a change of the program's own files (the virtual run's and guard's), as one unified diff
@@ -81,24 +93,27 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
             return "\n".join([f"{head}: no placement error{ran}",
                               *(f"note: {n} (torchdoctor's own limit; the program ran as without it)"
                                 for n in self.internal)])
-        lines = [f"{head}: {len(self.findings)} placement error(s) met, {len(self.problems)} problem(s) recorded{ran}"]
+        causes = self._causes()
+        one = f" ({len(causes)} cause(s))" if len(causes) < len(self.problems) else ""
+        lines = [f"{head}: {len(self.findings)} placement error(s) met, {len(self.problems)} problem(s) recorded{one}"
+                 f"{ran}"]
         if self.expected:
             lines.append("expected: " + "; ".join(f"{k} {v}" for k, v in self.expected.items()))
         lines += [f.text() for f in self.findings]
-        from torchdoctor._virtual.groups import grouped
-
-        shown, _ = grouped(self.problems, 0, self.networks)  # one cause, one line (the JSON keeps every path)
-        for p in shown[:40]:
+        for c in causes[:40]:
+            p = c.shown
             lines.append(f"[{p.kind}] {p.path}: {p.message}")
-            at = self._at(p)
+            at = self._at(p) or self._at(c.first)  # a cause folded here: the line its first member was met at
             if p.tensors and not at:  # a group: the line its first member was recorded at
                 first = next((self.where.get((p.kind, t)) for t in p.tensors if self.where.get((p.kind, t))), None)
                 if first:
                     lines.append(f"  recorded at {first}")
             if at:
                 lines.append(f"  recorded at {at}")
-            if p.path in self.notes:
-                lines.append(f"  last change: {self.notes[p.path]}")
+            note = self.notes.get(p.path) or next((self.notes[t] for t in [c.first.path, *c.members]
+                                                   if t in self.notes), None)
+            if note:
+                lines.append(f"  last change: {note}")
         lines += [f"note: {n} (torchdoctor's own limit; the program ran as without it)" for n in self.internal]
         if self.stopped:
             lines.append(f"  the virtual run stopped early: {self.stopped}")

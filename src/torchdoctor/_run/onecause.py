@@ -1,0 +1,113 @@
+"""One cause, one finding in ``torchdoctor run``'s report: problems that are one tensor or one model said once.
+
+A virtual run records a problem per op that meets a misplaced tensor. One cpu tensor handed to a UNet reaches every
+cross-attention ``to_k`` / ``to_v`` (16 problems for one ``torch.cat``); one model a manager offloaded between prompts
+reaches every layer (a dozen problems, some already folded by module type). The report says each such cause once:
+
+- the same operand: problems whose tensor has one description (the same maker, argument and made-at line) and the
+  same compact form, wherever the op runs, read as that tensor reaching N ops (``to_k, to_v in 8 attn2 modules``);
+- the same model: parameters and buffers of one root module found on one device, read as that model's N tensors.
+
+The problem list itself (``--json``'s ``problems``) keeps every problem; ``causes`` names each cause's members.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+_OPERAND = re.compile(r"^(?P<desc>.+?) (?P<form>[a-z0-9_]+\[[^\]]*\]@\S+) is on (?P<found>\S+) while (?P<op>\S+) runs "
+                      r"on (?P<on>\S+)")
+_MADE_AT = re.compile(r" at \S+:\d+")  # a description that names the line its tensor was made at
+_IN = re.compile(r" in `[^`]*`")  # the module an op's view was taken in: one tensor, many modules
+_ROLES = ("parameter", "buffer")
+_SHOWN = 3
+
+
+class Cause:
+    """One cause: the line it is shown as (a ``Problem``) and its members' paths."""
+
+    __slots__ = ("shown", "members", "first")
+
+    def __init__(self, shown: Any, members: list[str], first: Any = None) -> None:
+        self.shown, self.members, self.first = shown, members, first if first is not None else shown
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.shown.path, "message": self.shown.message, "problems": list(self.members)}
+
+
+def _paths(p: Any) -> list[str]:
+    """The tensor paths a problem stands for: a folded problem's members, else its own (a single problem's
+    ``tensors`` are its op's operands as ``arg 0 (self): f32[16]@cpu``, not paths)."""
+    return list(p.tensors) if p.tensors and not any(" " in t for t in p.tensors) else [p.path]
+
+
+def _own(path: str) -> str:
+    """A tensor's path as its model names it: an op's operand read off ``self`` (``self.enc.norm.bias``)."""
+    return path[5:] if path.startswith("self.") else path
+
+
+def causes(problems: Sequence[Any], roots: Sequence[tuple[str, frozenset[str]]] = ()) -> list[Cause]:
+    """``problems`` (already folded by module type) as causes, in the order their first member came.
+    ``roots``: the run's outermost modules, each as (class name, its parameter and buffer paths)."""
+    owner: dict[int, int] = {}  # problem index -> index of the root that holds all its tensors
+    for i, p in enumerate(problems):
+        if p.kind != "device" or not (p.role in _ROLES or p.path.startswith("self.")):
+            continue
+        paths = [_own(x) for x in _paths(p)]
+        hit = [r for r, (_, names) in enumerate(roots) if all(x in names for x in paths)]
+        if len(hit) == 1:
+            owner[i] = hit[0]
+    keys: dict[tuple[Any, ...], list[int]] = {}
+    for i, p in enumerate(problems):
+        if i in owner:
+            keys.setdefault(("model", owner[i], p.found, p.expected), []).append(i)
+            continue
+        m = _OPERAND.match(p.message or "")
+        if p.role in _ROLES or m is None or not _MADE_AT.search(m.group("desc")):
+            keys.setdefault(("one", i), []).append(i)
+            continue
+        keys.setdefault(("operand", p.kind, _IN.sub("", m.group("desc")), m.group("form"), m.group("on")),
+                        []).append(i)
+    out: list[tuple[int, Cause]] = []
+    for key, ix in keys.items():
+        members = [problems[i] for i in ix]
+        paths = [x for p in members for x in _paths(p)]
+        if len(ix) < 2 or key[0] == "one":
+            out += [(i, Cause(problems[i], _paths(problems[i]))) for i in ix]
+        elif key[0] == "model":
+            out.append((ix[0], Cause(_model(members, paths, roots[key[1]]), paths, members[0])))
+        else:
+            out.append((ix[0], Cause(_operand(members, key[2], key[3], key[4]), paths, members[0])))
+    return [c for _, c in sorted(out, key=lambda x: x[0])]
+
+
+def _model(members: list[Any], paths: list[str], root: tuple[str, frozenset[str]]) -> Any:
+    first = members[0]
+    own = list(dict.fromkeys(_own(x) for x in paths))
+    shown = ", ".join(own[:_SHOWN]) + (", ..." if len(own) > _SHOWN else "")
+    whole = "all of them" if len(own) == len(root[1]) else f"of its {len(root[1])}"
+    message = (f"{root[0]}'s {len(own)} tensors ({whole}) are on {first.found} while the run is on {first.expected}: "
+               f"the {root[0]} model was left there (offloaded, or not moved, before this use); one cause, "
+               f"{len(members)} line(s) folded; e.g. {shown}")
+    return replace(first, path=root[0], message=message, tensors=tuple(paths))
+
+
+def _operand(members: list[Any], desc: str, form: str, on: str) -> Any:
+    first = members[0]
+    where = [p.module_path or p.path for p in members]
+    leaves = list(dict.fromkeys(w.rsplit(".", 1)[-1] for w in where))
+    parents = list(dict.fromkeys(w.rsplit(".", 1)[0] for w in where if "." in w))
+    kinds = {x.rsplit(".", 1)[-1] for x in parents}
+    noun = f"{kinds.pop()} modules" if len(kinds) == 1 else "modules"
+    inside = f" in {len(parents)} {noun}" if len(parents) > 1 else f" in {parents[0]}" if parents else ""
+    ops = len(members)
+    message = (f"{desc} {form} is on {first.found} while the run is on {on}: one tensor reaches {ops} ops: "
+               f"{', '.join(leaves[:6])}{', ...' if len(leaves) > 6 else ''}{inside}"
+               + (f" ({', '.join(parents[:_SHOWN])}{', ...' if len(parents) > _SHOWN else ''})"
+                  if len(parents) > 1 else ""))
+    name = re.search(r"(?:^| from )([\w.]+) \(", desc)  # the operand as the call names it (an argument)
+    return replace(first, path=name.group(1) if name else first.path, message=message,
+                   tensors=tuple(x for p in members for x in _paths(p)))
