@@ -25,6 +25,10 @@ def escaped_problem(exc: BaseException, paths: Mapping[int, str]) -> tuple[Probl
         return None
     if (numpy := _to_numpy(exc, first, paths)) is not None:
         return numpy
+    from torchdoctor._virtual.intrefused import refused_operand  # an integer operand a kernel refuses everywhere
+
+    if (refused := refused_operand(exc, first, paths, raised_at(exc)[0])) is not None:
+        return refused
     kind = "device" if re.search(r"\bdevices?\b", first, re.IGNORECASE) else "dtype"
     names = [*(devices_in(first) if kind == "device" else dtypes_in(first)), "?", "?"]
     found, expected = (names[1], names[0]) if "got type" in first else (names[0], names[1])

@@ -218,6 +218,7 @@ def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = N
     casts it too. The fixes know a patched network by its walk path (``….forward.__self__.…``)."""
     from torchdoctor._virtual.atop import prove_at_ops  # the proof machinery: only for a block with problems
     from torchdoctor._virtual.hooked import under_hooks
+    from torchdoctor._virtual.intrefused import refusal_fixes
     from torchdoctor._virtual.modcast import at_cast_lines
     from torchdoctor._virtual.prove import held
 
@@ -239,6 +240,7 @@ def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = N
     items = at_cast_lines(fix_items(problems, session.device, session.dtype, session.sources, current, None, apart,
                                     rec.entry.made_args, cases=rec.cases.cases) or [], session._casts, main)
     items = under_hooks(items, main, session.device, [p.path for p in problems if p.kind == "device"])  # hooked
+    items = refusal_fixes(problems, items)  # an integer operand a kernel refuses: the program's line, not a move
     try:
         return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs))
     except Exception as exc:  # the proof is extra: the fix stands, said unproven, never a crash of the report
