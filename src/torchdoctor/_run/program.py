@@ -223,6 +223,9 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
     report.internal = internal
     if report.problems:  # the models the problems are in, by name: one model's tensors are one cause
         report.roots = _roots(session)
+        from torchdoctor._run.offhook import hook_notes
+
+        report.hooks = hook_notes(report.problems, list(getattr(session.problems, "roots", None) or ()))
     return report
 
 

@@ -37,6 +37,7 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
         self.networks = networks  # networks patched into a model's forward, by the names the program holds them
         self.fixes = fixes  # the virtual run's fix by parts (``_virtual.prove.Fix``), each proven at the op or not
         self.internal: list[str] = []  # torchdoctor's own warnings while the program ran, one line each
+        self.hooks: dict[str, str] = {}  # path -> an offload hook above it that the op went around
         self.roots: list[tuple[str, frozenset[str]]] = []  # outermost modules: class name, parameter/buffer paths
 
     def __repr__(self) -> str:
@@ -59,7 +60,8 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
                 "device": self.device, "seconds": round(self.seconds, 3),
                 "findings": [f.to_dict() for f in self.findings],
                 "problems": [{**p.to_dict(), "where": self._at(p),
-                              "trace": self.notes.get(p.path)} for p in self.problems],
+                              "trace": self.notes.get(p.path), "hook": self.hooks.get(p.path)}
+                             for p in self.problems],
                 "causes": [c.to_dict() for c in self._causes()],
                 "fixes": [f.to_dict() for f in self.fixes], "patch": self.patch(),
                 "stopped": self.stopped, "expected": self.expected, "ran": self.ran, "internal": self.internal}
@@ -114,6 +116,9 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
                                                    if t in self.notes), None)
             if note:
                 lines.append(f"  last change: {note}")
+            hook = next((self.hooks[t] for t in [p.path, c.first.path, *c.members] if t in self.hooks), None)
+            if hook:
+                lines.append(f"  offloaded: {hook}")
         lines += [f"note: {n} (torchdoctor's own limit; the program ran as without it)" for n in self.internal]
         if self.stopped:
             lines.append(f"  the virtual run stopped early: {self.stopped}")
