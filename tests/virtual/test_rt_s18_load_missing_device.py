@@ -58,3 +58,13 @@ def test_run_explains_it_at_the_load_line(tmp_path: Path, monkeypatch: pytest.Mo
     out = proc.stdout + proc.stderr
     assert _MSG.format(T="CUDA", t="cuda") in out and "raised at app.py:3" in out
     assert "cuda:3 does not exist" not in out and "the program picked" not in out
+
+
+def test_a_cuda_checkpoint_in_an_xpu_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "ckpt.pt"
+    _saved_on(f, "cuda:0", monkeypatch)
+    with torchdoctor.virtual_devices("xpu", raise_on_exit=False):  # an Arc machine has no CUDA
+        with pytest.raises(RuntimeError, match=r"^Attempting to deserialize object on a CUDA device but "
+                           r"torch\.cuda\.is_available\(\) is False\. If you are running on a CPU-only machine"):
+            torch.load(f)
+        assert torch.load(f, map_location="xpu")["net"]["weight"].device == torch.device("xpu", 0)

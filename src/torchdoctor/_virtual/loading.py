@@ -153,9 +153,14 @@ def _load(original: Any) -> Any:
 def _exists(dev: torch.device) -> None:
     """A storage bound for a device index the machine lacks: torch's own refusal, as a one-GPU machine raises it at
     ``torch.load`` (a checkpoint saved on ``cuda:3``, read without ``map_location``); the run explains it."""
-    count = getattr(getattr(torch, dev.type, None), "device_count", None)
+    module = getattr(torch, dev.type, None)
+    count, available = getattr(module, "device_count", None), getattr(module, "is_available", None)
     if dev.type == "mps" or not callable(count):
         return  # torch puts every mps storage on the one mps device
+    if callable(available) and not available():  # a cuda checkpoint in an xpu run
+        raise RuntimeError(f"Attempting to deserialize object on a {dev.type.upper()} device but torch.{dev.type}."
+                           "is_available() is False. If you are running on a CPU-only machine, please use torch.load "
+                           "with map_location=torch.device('cpu') to map your storages to the CPU.")
     n = count()
     if (dev.index or 0) >= n:
         raise RuntimeError(f"Attempting to deserialize object on {dev.type.upper()} device {dev.index or 0} but "
