@@ -20,14 +20,15 @@ from torchdoctor._virtual.moveline import taken_back
 from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage_note
 from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
-from torchdoctor._virtual.apart import Apart, at_root, find, fix as apart_fix, left_whole, loose_network_fix, \
-    network_fix
+from torchdoctor._virtual.apart import (Apart, at_root, find, fix as apart_fix, left_whole, loose_network_fix,
+                                        network_fix)
 from torchdoctor._virtual.callsite import caller_fix
-from torchdoctor._virtual.castfix import NO_DEVICE_ARG, cast_fix, op_moved, each_maker, in_library, library_note, maker_diff, \
-    storage_fix, traced_note
+from torchdoctor._virtual.castfix import (NO_DEVICE_ARG, cast_fix, op_moved, each_maker, in_library, library_note,
+                                          maker_diff, storage_fix, traced_note)
+from torchdoctor._virtual.inplacefix import inplace_fix
 from torchdoctor._virtual.prove import Fix
 from torchdoctor._virtual.stalename import stale_fix
-from torchdoctor._virtual.restfix import FLOAT8_NAMES, rest
+from torchdoctor._virtual.restfix import FLOAT8_NAMES, SCALER, SCALER_BF16, rest
 
 __all__ = ["factory_fix", "fix_for", "fix_items", "maker_diff"]
 
@@ -94,8 +95,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         except (ValueError, TypeError, RuntimeError):
             target = dtype if p.kind == "dtype" else device
         if str(p.op or "").startswith("aten._amp_foreach_non_finite_check_and_unscale_") and p.found == "bfloat16":
-            if _SCALER_BF16 not in {f.code for f in factories}:  # CUDA has no bf16 unscale kernel
-                factories.append(Fix(_SCALER_BF16, "note"))
+            if SCALER_BF16 not in {f.code for f in factories}:  # CUDA has no bf16 unscale kernel
+                factories.append(Fix(SCALER_BF16, "note"))
             continue
         if p.kind == "device" and "does not exist (invalid device ordinal)" in p.message:  # the profile, not the
             note = (f"# {p.found} is a device the simulated profile does not have: simulate as many devices as the "
@@ -105,10 +106,13 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                 factories.append(Fix(note, "note", tried="not re-run: a setting of the check, not of the program"))
             continue
         if "unscale FP16 gradients" in p.message:  # GradScaler met float16 parameters: casting anything to float16 is
-            factories.append(Fix(_SCALER, "note"))  # no fix; float32 master weights under autocast are
+            factories.append(Fix(SCALER, "note"))  # no fix; float32 master weights under autocast are
             continue
         if storage_target(target) and p.found not in _STORAGE_NAMES:  # activations never become storage
             factories.extend(storage_fix(p, have))
+            continue
+        if cases and (kept := inplace_fix(p, cases)) is not None:  # in place: what it reads goes to self's device
+            factories.append(kept)
             continue
         if made_from and made_from[0].startswith("cast at "):  # fixed at the cast, or where it read its dtype
             fix = cast_fix(p, made_from[0][8:], target, module_path)
@@ -252,12 +256,6 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     return items or [Fix(f"torchdoctor.move(model, {device_str(device)!r})", "path", sets=(("*", device),))]
 
 
-_SCALER = ("# GradScaler unscales float32 gradients only: keep the trained parameters float32 (drop the model's "
-           ".half() / .to(torch.float16)) and run the forward under torch.autocast(device_type, dtype=torch.float16), "
-           "or train in bfloat16 without GradScaler")
-_SCALER_BF16 = ("# bfloat16 gradients need no GradScaler (CUDA has no bfloat16 unscale kernel): drop the scaler "
-                "(scaler.scale(loss).backward() -> loss.backward(); scaler.step(opt) -> opt.step()), or keep float32 "
-                "weights and compute under torch.autocast(device_type, dtype=torch.bfloat16)")
 # dtypes that are storage, never compute: a tensor found in one of them is the stored side, not the activation
 _STORAGE_NAMES = frozenset(dtype_str(d) for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                                                   torch.bool, *FLOAT8_DTYPES))

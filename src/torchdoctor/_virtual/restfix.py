@@ -85,6 +85,13 @@ def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.d
     return out
 
 
+# GradScaler met 16-bit parameters or gradients: what to do instead, said (no cast of anything fixes it)
+SCALER = ("# GradScaler unscales float32 gradients only: keep the trained parameters float32 (drop the model's "
+          ".half() / .to(torch.float16)) and run the forward under torch.autocast(device_type, dtype=torch.float16), "
+          "or train in bfloat16 without GradScaler")
+SCALER_BF16 = ("# bfloat16 gradients need no GradScaler (CUDA has no bfloat16 unscale kernel): drop the scaler "
+               "(scaler.scale(loss).backward() -> loss.backward(); scaler.step(opt) -> opt.step()), or keep float32 "
+               "weights and compute under torch.autocast(device_type, dtype=torch.bfloat16)")
 _STORED = "float8 is a storage dtype on"  # the rules' words for an op a GPU has no float8 kernel of
 
 

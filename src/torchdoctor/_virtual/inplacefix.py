@@ -1,0 +1,81 @@
+"""An in-place op (``ema[n].lerp_(p.detach(), 0.01)``) whose self is on another device than its other operands: the
+op writes into self where it is, so its other operands are moved to self's device at the op's line. A move of self
+there would update a copy the program never reads again, and a move where the program placed self (a cpu EMA kept on
+purpose) undoes its choice; both are never written."""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchdoctor._report.model import Problem
+from torchdoctor._virtual.prove import Fix
+
+_INPLACE = re.compile(r"^aten\.(\w+_)(?:\.\w+)?$")  # aten.lerp_.Scalar, aten.add_.Tensor (never aten.__ior__)
+
+
+def inplace_fix(p: Problem, cases: Sequence[Any]) -> Fix | None:
+    """The fix of ``p`` (a device problem at an in-place op, its self on ``p.found``) at the op's line: the other
+    tensor arguments moved to ``<self>.device``, a diff; ``sets`` name those operands for the proof at the op.
+    None when the op is not in place, its self is not the tensor on ``p.found``, or the line cannot be rewritten."""
+    from torchdoctor._guard.ownfile import own_file
+    from torchdoctor._report.diff import line_patch
+
+    m = _INPLACE.match(str(p.op or ""))
+    if p.kind != "device" or m is None or m.group(1).startswith("_"):
+        return None
+    case = next((c for c in cases if c.op == p.op and c.line is not None and c.before[0] and
+                 _operand(c.before[0][0]) and str(c.before[0][0].device) == p.found), None)
+    if case is None or not own_file(case.line[0]):
+        return None
+    others = [o for c in cases if c.op == p.op and c.line == case.line  # each call of that line (a loop's)
+              for o in (*c.before[0][1:], *c.before[1].values()) if _operand(o)
+              and str(o.device) != p.found and o.tags]
+    if not others:
+        return None
+    file, line = case.line
+    old = linecache.getline(file, line)
+    new = _moved_args(old.rstrip("\r\n"), m.group(1))
+    if new is None:
+        return None
+    dev = torch.device(p.found)
+    return Fix(f"{new.strip()}  # {case.at}: {m.group(1)} writes into its self on {p.found}, where the program keeps "
+               f"it: move what it reads to self's device there (never self: the op would update a copy)", "note", dev,
+               sets=tuple(dict.fromkeys((o.tags[0], dev) for o in others)), diff=line_patch(file, line, new))
+
+
+def _operand(o: Any) -> bool:
+    """``o`` is a failing op's operand twin (``atop.Operand``: its device and the names a fix calls it by)."""
+    return hasattr(o, "tags") and hasattr(o, "device") and hasattr(o, "meta")
+
+
+def _moved_args(text: str, name: str) -> str | None:
+    """``text`` with each tensor-looking argument of its ``<self>.<name>(...)`` call written ``arg.to(<self>.device)``
+    (numbers and keywords' constants kept), or None when the line holds no such call (or cannot be parsed alone)."""
+    body = text.lstrip()
+    indent = text[:len(text) - len(body)]
+    try:
+        tree = ast.parse(body)
+    except SyntaxError:
+        return None
+    call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
+                 n.func.attr == name), None)
+    if call is None or not isinstance(call.func, ast.Attribute):
+        return None
+    self_src = ast.get_source_segment(body, call.func.value)
+    args = [a for a in (*call.args, *(k.value for k in call.keywords)) if not isinstance(a, ast.Constant)]
+    if self_src is None or not args or any(isinstance(n, ast.Call) for n in ast.walk(call.func.value)):
+        return None
+    out = body
+    for a in sorted(args, key=lambda a: a.col_offset, reverse=True):  # from the right: offsets stay valid
+        seg = ast.get_source_segment(body, a)
+        if seg is None or a.end_col_offset is None or a.lineno != 1 or a.end_lineno != 1:
+            return None
+        wrapped = seg if isinstance(a, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) else f"({seg})"
+        out = out[:a.col_offset] + f"{wrapped}.to({self_src}.device)" + out[a.end_col_offset:]
+    return indent + out

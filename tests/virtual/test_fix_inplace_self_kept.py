@@ -1,0 +1,52 @@
+"""An in-place op whose self the program keeps on the cpu on purpose (an EMA of a cuda model's weights pinned on the
+cpu, SimpleTuner's ``ema[n].lerp_(p.detach(), 0.01)`` missing its ``.to(ema[n].device)``): the fix moves what the
+op reads to self's device at the op's line, a patch proven at every call of that line; never a move of self there (the
+op would update a copy) and never the program's cpu placement undone. The patch applied leaves the run clean."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.apps import run_json
+
+EMA = '''import torch, torch.nn as nn
+net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).to("cuda")
+ema = {n: p.detach().to("cpu", copy=True) for n, p in net.named_parameters()}
+for step in range(2):
+    net(torch.randn(3, 4, device="cuda")).sum().backward()
+    with torch.no_grad():
+        for n, p in net.named_parameters():
+            ema[n].lerp_(p.detach(), 0.01)
+print(sorted(ema)[0], ema["0.weight"].device)
+'''
+TOTAL = '''import torch
+def running_sum(batches):
+    total = torch.zeros(8)  # kept on the cpu: the host-side statistics
+    for b in batches:
+        total.add_(b * 2, alpha=0.5)
+    return total
+print(running_sum([torch.randn(8, device="cuda") for _ in range(3)]).device)
+'''
+CASES = {"ema lerp_ of a model's parameters": (EMA, "ema[n].lerp_(p.detach().to(ema[n].device), 0.01)"),
+         "a running sum's add_ in a function": (TOTAL, "total.add_((b * 2).to(total.device), alpha=0.5)")}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_in_place_op_reads_at_its_self_device(tmp_path: Path, case: str) -> None:
+    text, line = CASES[case]
+    app = tmp_path / "app.py"
+    app.write_text(text)
+    doc = run_json(app, "cuda")
+    assert not doc["ok"]
+    [fix] = doc["fixes"]
+    assert fix["code"].startswith(line) and "writes into its self on cpu" in fix["code"]
+    assert fix["proven"] is True
+    codes = fix["code"] + doc["patch"]
+    assert '"cpu"' not in doc["patch"].split("+", 1)[-1] and "inside the forward" not in codes
+    subprocess.run(["git", "apply", "-"], input=doc["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    assert line in app.read_text()
+    again = run_json(app, "cuda")
+    assert again["ok"] and not again["fixes"], again
