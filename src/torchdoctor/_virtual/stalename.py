@@ -9,6 +9,7 @@ line that bound it named. Found from the program's source: the failing op's line
 from __future__ import annotations
 
 import ast
+import builtins
 import linecache
 from collections.abc import Sequence
 from typing import Any
@@ -33,7 +34,59 @@ def stale_fix(key: str, cases: Sequence[Any], target: Any) -> Fix | None:
         hit = _stale(file, line)
         if hit is not None:
             return _fix(key, file, line, c.at, target, *hit)
+        used = _used_before(key, file, line)
+        if used is not None:
+            return _at_use(key, file, line, c.at, target, *used)
     return None
+
+
+def _used_before(key: str, file: str, line: int) -> tuple[str, int, int] | None:
+    """(the name, the maker's line, the line that read it before) where ``key``'s factory (``factory torch.randn at
+    app.py:5``) bound a name in ``file`` that a call read between that line and the failing ``line`` (a model ran
+    on it there before it moved), and nothing bound it again: the maker's tensor is right for that use, so it is moved at ``line``."""
+    from torchdoctor._virtual.origin import LINES
+
+    made_file, made = LINES.get(key.rpartition(" at ")[2], ("", 0))
+    if made_file != file or not 0 < made < line:
+        return None
+    try:
+        tree = ast.parse("".join(linecache.getlines(file)))
+    except (SyntaxError, ValueError):
+        return None
+    scope = min((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and
+                 n.lineno <= line <= (n.end_lineno or 0)), key=lambda n: (n.end_lineno or 0) - n.lineno, default=tree)
+    bound = next((n.targets[0].id for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.lineno == made and
+                  len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)), None)
+    if bound is None:
+        return None
+    loads = [n.lineno for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == bound and
+             isinstance(n.ctx, ast.Load)]
+    again = [n.lineno for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == bound and
+             isinstance(n.ctx, ast.Store) and made < n.lineno <= line]
+    calls = {a.lineno for n in ast.walk(scope) if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and
+             n.func.id in dir(builtins)) for a in (*n.args, *(k.value for k in n.keywords))
+             if isinstance(a, ast.Name) and a.id == bound}  # handed as it is to a call that computes (never print)
+    before = sorted(n for n in loads if made < n < line and n in calls)
+    if again or not before or line not in loads:
+        return None
+    return bound, made, before[0]
+
+
+def _at_use(key: str, file: str, line: int, at: str | None, target: Any, name: str, made: int,
+            used: int) -> Fix | None:
+    import re
+
+    from torchdoctor._report.diff import line_patch
+
+    raw = linecache.getline(file, line).rstrip("\r\n")
+    new = re.sub(rf"(?<![\w.]){re.escape(name)}\b(?!\s*=[^=])", f"{name}.to({str(target)!r})", raw, count=1)
+    if new == raw:
+        return None
+    short = file.replace("\\", "/").rsplit("/", 1)[-1]
+    return Fix(f"{new.strip()}  # {short}:{made} makes {name} where {short}:{used} uses it as it is; "
+               f"{at or f'{short}:{line}'} hands it to code on {target}: moved there, at that use (a device= at its "
+               "maker would break the earlier use)", "note", target, sets=((key, target),),
+               diff=line_patch(file, line, new.strip()))
 
 
 def _stale(file: str, line: int) -> tuple[str, str, int, int] | None:
