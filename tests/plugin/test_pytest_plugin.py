@@ -170,7 +170,8 @@ def test_one_adapter_left_on_cpu():
     result = _run(pytester, source)
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
-    assert "attn1.to_q.lora_A.default.weight f32[4,4]@cpu is on cpu" in out, out
+    assert "attn1.to_q.lora_A.default.weight f32[4,4]@cpu (taken to cpu by `.to()` at test_suite.py:" in out, out
+    assert "is on cpu when" in out
     assert "cuda:1" in out and "Fix:" in out
     assert "_virtual" not in out  # no simulator internals in the failure
 

@@ -96,7 +96,9 @@ class _Recorder(MoveChecks, StackView, Hooks):
     def culprits_first(self, problems: list[Problem], roots: list[Any]) -> list[Problem]:
         """Culprits first, the ops where problems surfaced second: the model tensors the policy finds off (scan's
         verdict on the run's own objects) that match what the ops found wrong, then the module-entry checks' finds."""
-        entry = [p for p in problems if _at_entry(p)]
+        # one tensor met by two outermost calls (a helper held in a list, called after the model) is one problem;
+        # two roots' tensors that share a path differ in what they hold (``tensors``) and stay two
+        entry = list({(p.kind, p.path, p.found, p.tensors): p for p in problems if _at_entry(p)}.values())
         rest = [p for p in problems if not _at_entry(p)]
         blamed = policy_blamed(problems, roots, {p.path for p in entry}, self._split(), self.sources)
         # an op that met the culprit itself (a tied lm_head reading the upcast embedding) joins the culprit's line
