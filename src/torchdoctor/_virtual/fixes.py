@@ -247,7 +247,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     items += [*fed, *whole, *factories]
     items += [Fix(f"model.to(torch.{p.expected})  # the code ran with {p.found} weights: cast them so the run "
                   f"checks {p.expected}", "path", sets=(("*", parse_dtype(p.expected)),)) for p in ran[:1]]
-    items += rest(problems, memory, device, any(not f.code.startswith("#") for f in items), have)
+    items += rest(problems, memory, device, any(not f.code.startswith("#") for f in items), have, cases)
     if library and not items:  # nothing else to do: what the library's cast meets is said, never an edit of it
         items = [library_note(library[0])]
     if not items and scripted:  # a traced constant alone: no move reaches the traced code

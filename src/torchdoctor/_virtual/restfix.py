@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -18,7 +19,7 @@ _NAMED = ("parameter", "buffer", "quant_state", "attribute", "container")
 
 
 def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.device, code: bool,
-          have: Mapping[str, tuple[torch.dtype, torch.device]] | None = None) -> list[Fix]:
+          have: Mapping[str, tuple[torch.dtype, torch.device]] | None = None, cases: Sequence[Any] = ()) -> list[Fix]:
     """What no cast of one tensor fixes: a dtype the device cannot compute in, a packed layout, an op that cannot
     be simulated, the lasting fix of plain attributes, a model still too large. A model-wide cast only for a dtype
     the model's own tensors are in (``have``, when known): float64 made in a forward is fixed where it is made, and
@@ -28,7 +29,7 @@ def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.d
     unsupported = [p for p in problems if p.kind == "unsupported_dtype" and p.role != "factory"]
     stored = [p for p in unsupported if _STORED in p.message]  # float8 the device holds but computes no op in
     unsupported = [p for p in unsupported if p not in stored]
-    out.extend(float8_compute(stored, device))
+    out.extend(float8_compute(stored, device, cases))  # ``cases``: the failing ops, where it is fixed
     held = {dtype_str(d) for d, _ in (have or {}).values()}
     inside = sorted({p.found for p in unsupported if (p.module_path is not None or p.role in _NAMED) and (
         not held or p.found in held) and p.found not in FLOAT8_NAMES})
@@ -95,13 +96,17 @@ SCALER_BF16 = ("# bfloat16 gradients need no GradScaler (CUDA has no bfloat16 un
 _STORED = "float8 is a storage dtype on"  # the rules' words for an op a GPU has no float8 kernel of
 
 
-def float8_compute(stored: Sequence[Problem], device: torch.device) -> list[Fix]:
+def float8_compute(stored: Sequence[Problem], device: torch.device, cases: Sequence[Any] = ()) -> list[Fix]:
     """An op a GPU has no float8 kernel of, met by float8 operands it holds: never a move (the device holds them),
     never a cast of anything to float8; the operands are computed in a compute dtype at the op, or made in one where
     the program cast them to float8 for compute (its storage dtype taken as its compute dtype)."""
     out: list[Fix] = []
     for p in {(p.found, p.op): p for p in stored}.values():
         op = str(p.op or "the op").removeprefix("aten.").split(".")[0]
+        from torchdoctor._virtual.f8line import f8_line_fix
+        if (at_line := f8_line_fix(p, cases, op, device.type)) is not None:
+            out.append(at_line)
+            continue
         out.append(Fix(f"# {device.type} holds {p.found} but computes no {op} in it (float8 is storage there; only "
                        f"torch._scaled_mm computes with it): cast the float8 operands to torch.bfloat16 at the {op}'s "
                        f"line (a.to(torch.bfloat16) {_SIGN.get(op, op)} b.to(torch.bfloat16)), or make them bfloat16 "
