@@ -298,6 +298,9 @@ def virtual_class(cls: type) -> type:
                 if klass not in (torch.Tensor, torch.nn.Parameter, torch._C.TensorBase):
                     ns["__torch_function__"] = classmethod(_converting(tf))
                 break
+        become = cls.__dict__.get("cls_to_become")  # a lazy module's parameter becomes a virtual Parameter
+        if isinstance(become, type):  # when materialized (``__class__`` assigned: the same layout)
+            ns["cls_to_become"] = VirtualTensor if become is torch.Tensor else virtual_class(become)
         hit = _VCLASSES[cls] = type(f"Virtual{cls.__name__}", (VirtualTensor, cls), ns)
     return hit
 
