@@ -36,6 +36,10 @@ def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.d
     for p in made:  # a factory made it in a dtype the device cannot hold: that call, never a model-wide cast
         other, found = _SAME_SIZE.get(p.found, "float32"), re.search(r" at (\S+:\d+): ", p.message)
         at = found.group(1) if found else None
+        if at and (inside_call := library_made(p, at, device)) is not None:
+            out.append(inside_call)  # torch's own factory under the program's line: nothing there to pass dtype= to
+            unsupported = [q for q in unsupported if q.found != p.found or q.module_path is not None]
+            continue
         out.append(Fix(f"# pass dtype=torch.{other} to {p.op or 'the factory'}{f' at {at}' if at else ''} where "
                        f"{p.module_type or 'the code'} makes it on {device_str(device)} ({device.type} " + (
                            f"has no {p.found} kernels" if " kernels" in p.message else f"cannot hold {p.found}") +
@@ -93,6 +97,28 @@ SCALER = ("# GradScaler unscales float32 gradients only: keep the trained parame
 SCALER_BF16 = ("# bfloat16 gradients need no GradScaler (CUDA has no bfloat16 unscale kernel): drop the scaler "
                "(scaler.scale(loss).backward() -> loss.backward(); scaler.step(opt) -> opt.step()), or keep float32 "
                "weights and compute under torch.autocast(device_type, dtype=torch.bfloat16)")
+def library_made(p: Problem, at: str, device: torch.device) -> Fix | None:
+    """A factory (``torch.as_tensor(weights, dtype=torch.double)`` in torch's ``WeightedRandomSampler``) a library
+    ran under the program's line ``at`` made a ``p.found`` tensor on ``device`` (the default device the program set):
+    the line named, and the fix of its cause (that call made on the cpu, or no global default device); None when
+    the program's line makes it itself."""
+    import linecache
+
+    from torchdoctor._virtual.origin import LINES
+
+    file, line = LINES.get(at, ("", 0))
+    text = linecache.getline(file, line).strip() if file else ""
+    name = str(p.op or "").rpartition(".")[2]
+    if not text or not name or re.search(rf"\b{re.escape(name)}\b", text):
+        return None
+    return Fix(f"# {at}: `{text}` calls a library that makes a {p.found} tensor itself ({p.op}, by design), and it "
+               f"lands on {device_str(device)}, which cannot hold {p.found}, as the default device there "
+               f"(torch.set_default_device, a `with torch.device(...)` block): run that line on the cpu (`with "
+               f"torch.device('cpu'): {text}`), or do not make {device.type} the global default; nothing moves it, so "
+               "no cast before a move fixes it", "note",
+               tried=f"not re-run: the {p.found} is made inside the library, not at a line of the program")
+
+
 _STORED = "float8 is a storage dtype on"  # the rules' words for an op a GPU has no float8 kernel of
 
 
