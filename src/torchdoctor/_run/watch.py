@@ -1,13 +1,13 @@
 """Every placement error a program raises, catches or only logs, explained once.
 
 Apps catch their users' errors themselves: ComfyUI's executor logs "!!! Exception during processing !!!" with the
-traceback through ``logging``, SD.Next logs them, a script may ``except Exception: log.exception(...)``; an
-excepthook never sees those. So a ``Watcher`` listens where errors end up: every log record of every logger (one
-with ``exc_info``, or whose text is an error message; read in ``Logger.handle``, so the program's own logging
-configuration is untouched), ``sys.excepthook`` and ``threading.excepthook``, and the
-exception that ends the program. Each distinct error (its category and first line) becomes one ``Finding``: the
-explanation (``torchdoctor.explain``), guard's culprit when guard watched the thread that raised it, the last move
-or cast of that tensor when a trace recorded it, and the first frame in the user's or plugin's own code.
+traceback through ``logging``, SD.Next logs them, a script may ``except Exception: log.exception(...)``; an excepthook
+never sees those. So a ``Watcher`` listens where errors end up: every log record of every logger (one with
+``exc_info``, or whose text is an error message; read in ``Logger.handle``, so the program's own logging configuration
+is untouched), ``sys.excepthook`` and ``threading.excepthook``, and the exception that ends the program. Each distinct
+error (its category and first line) becomes one ``Finding``: the explanation (``torchdoctor.explain``), guard's
+culprit when guard watched the thread that raised it, the last move or cast of that tensor when a trace recorded it,
+and the first frame in the user's or plugin's own code.
 """
 
 from __future__ import annotations
@@ -223,16 +223,15 @@ class Watcher:
                 self._last = None  # just met (its message logged after its traceback)
                 return None
             self._last = key if exc is not None else None
-            old = self._keys.get(key)
-            if old is not None:
+            if (old := self._keys.get(key)) is not None:
                 if not again:
                     old.count += 1
                 return None
         from torchdoctor._run.evidence import aimed_fix, culprit_patch  # loaded with the first error, never before
+        from torchdoctor._run.loadfix import aim_load
         from torchdoctor._run.offloaded import offloaded_read
 
-        # a weight an offload hook keeps on meta, read outside its module's forward; else the live culprit's fix,
-        # then what the failing line held, explain's catalogue last (said so)
+        # an offloaded weight read on meta outside its forward; the culprit's fix; the line's objects; explain's last
         offloaded = offloaded_read(exc) if exc is not None and "meta" in first else None
         culprit: str | None
         fix: str | None
@@ -245,6 +244,7 @@ class Watcher:
             fix = held_code(fix, frame_names(exc, self.root))
         finding = Finding(how, error[:500], d.category, d.title, fix, where, culprit, _trace_note(culprit))
         finding.fix_from, finding.diff = source, offloaded[2] if offloaded is not None else culprit_patch(culprit)
+        aim_load(finding, d.category, exc)  # a load of storages for a missing GPU: at the program's torch.load line
         with self._lock:
             if key in self._keys:
                 self._keys[key].count += 1
