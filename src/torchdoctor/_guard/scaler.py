@@ -74,8 +74,8 @@ def _report(session: Any, dtype: torch.dtype, frames: list[Any], original: str |
     if not half:
         return None
     name = "float16" if dtype == torch.float16 else "bfloat16"
-    cast = _cast_line(frames, model, dtype)
-    var = cast[2] if cast else "model"
+    cast = _cast_line(frames, model, dtype, frozenset(id(p) for _, p in half))
+    var = cast[2] if cast else _held_name(frames, model)
     many = len(half) != 1
     if dtype == torch.float16:
         head = (f"dtype problem outside the guarded model: GradScaler met float16 gradients because {len(half)} "
@@ -168,18 +168,21 @@ def _prove(params: list[torch.Tensor]) -> str:
             "weights)" + (", and refuses the float16 ones as the program's did" if again is not None else ""))
 
 
-def _cast_line(frames: list[Any], model: torch.nn.Module, dtype: torch.dtype = torch.float16
-               ) -> tuple[str, int, str, str] | None:
-    """(file, line, the model's name, source) of ``<name>.half()`` / ``<name>....to(<float16>)`` in a user frame
-    whose local ``<name>`` is the model, read from the frame's parsed code (nothing is run)."""
+def _cast_line(frames: list[Any], model: torch.nn.Module, dtype: torch.dtype = torch.float16,
+               trained: frozenset[int] = frozenset()) -> tuple[str, int, str, str] | None:
+    """(file, line, the name, source) of the last ``<name>.half()`` / ``<name>....to(<float16>)`` in a user frame
+    whose local ``<name>`` is the model or a module holding its trained parameters (a LoRA network the program casts
+    on its own, ``network.to("cuda", dtype=weight_dtype)``), read from the frame's parsed code (nothing is run)."""
     from torchdoctor._guard.maker import _parsed as parsed_code
 
     for frame in reversed(frames):
-        names = [n for n, v in frame.f_locals.items() if v is model]
+        names = [n for n, v in frame.f_locals.items() if v is model or (
+            trained and isinstance(v, torch.nn.Module) and any(id(p) in trained for p in v.parameters()))]
         parsed = parsed_code(frame.f_code) if names else None
         if parsed is None:
             continue
         tree, off, path, lines = parsed
+        found: tuple[str, int, str, str] | None = None
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS):
                 continue
@@ -191,8 +194,20 @@ def _cast_line(frames: list[Any], model: torch.nn.Module, dtype: torch.dtype = t
             given = [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")]
             if (node.func.attr == "half" and dtype == torch.float16) or any(_float16(a, frame, dtype) for a in given):
                 src = lines[node.lineno - 1].strip() if node.lineno - 1 < len(lines) else ""
-                return path, node.lineno + off, root.id, src
+                if found is None or node.lineno + off > found[1]:  # the last cast made them so
+                    found = (path, node.lineno + off, root.id, src)
+        if found is not None:
+            return found
     return None
+
+
+def _held_name(frames: list[Any], model: torch.nn.Module) -> str:
+    """The program's own name for the model in the nearest user frame that holds it (``unet``), else ``model``."""
+    for frame in reversed(frames):
+        for n, v in frame.f_locals.items():
+            if v is model and n.isidentifier() and not n.startswith("_"):
+                return n
+    return "model"
 
 
 def _float16(node: ast.expr, frame: Any, dtype: torch.dtype = torch.float16) -> bool:
