@@ -48,6 +48,16 @@ def named(space: Space, v: Any, label: str, fix: str, who: str, depth: int, suff
     return v
 
 
+_MOVES = frozenset({"Tensor.to", "Tensor.cuda", "Tensor.cpu", "Tensor.xpu", "Tensor.mps", "Tensor.type",
+                    "Tensor.float", "Tensor.half", "Tensor.double", "Tensor.bfloat16"})
+
+
+def _maker_op(op: str) -> bool:
+    """A factory (``torch.zeros``) or an op that made a new tensor at the caller's line (``Tensor.cat`` of parked
+    conditioning); a move or cast carries its operand's maker and is not one."""
+    return op.startswith("torch.") or (op.startswith("Tensor.") and op not in _MOVES)
+
+
 def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str,
                  makers: dict[str, tuple[str, str, str]] | None = None) -> torch.Tensor:
     if isinstance(t, VirtualTensor):
@@ -59,7 +69,7 @@ def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str,
         # still on cpu from a factory the user called without device=: the fix is at that call; moved since (or
         # made with a device), the fix is the argument itself
         at_factory = src is not None and src.at and src.op.startswith("torch.") and t._td_device.type == "cpu"
-        if makers is not None and src is not None and src.at and str(src.op).startswith(("torch.", "Tensor.")):
+        if makers is not None and src is not None and src.at and _maker_op(str(src.op)):
             makers[fix] = (str(src.op), src.at, dtype_str(t.dtype))  # the factory the caller's argument came from
         t._td_origin = Made.argument(label, fix, who, src or _IN_RUN, origin if at_factory else None)
         return t
