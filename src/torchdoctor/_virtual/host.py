@@ -80,8 +80,13 @@ def _program_frame(f: Any, filename: str, lineno: int) -> Any:
     stack level counted on the stack with the run's frames taken out, and with them the outer half of a call the
     run's function mode re-entered (``F.softmax`` called again by the mode: its ``stacklevel=3`` means the program's
     line); a C++ warning (level 1) lands in the first frame of the program or library that called the op."""
-    while f is not None and f.f_code.co_filename.endswith("/warnings.py"):
-        f = f.f_back
+    # the display chain first (another showwarning of the run's may wrap this one): up to warnings' own last frame
+    g, n, last = f, 0, None
+    while g is not None and n < 8:
+        if g.f_code.co_filename.endswith("/warnings.py"):
+            last = g
+        g, n = g.f_back, n + 1
+    f = last.f_back if last is not None else f
     stack = []
     while f is not None:
         stack.append(f)
