@@ -70,6 +70,7 @@ class _Te(torch.nn.Module):
                              num_attention_heads=2, max_position_embeddings=16, bos_token_id=0, eos_token_id=1)
         self.text_encoder = CLIPTextModel(cfg)
         self.transformer = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
+        self.vae = torch.nn.Linear(16, 4)  # a third part in the transformer's dtype (decodes later): the parts vote
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.transformer(self.text_encoder(ids).last_hidden_state)
@@ -80,6 +81,7 @@ def test_a_clip_text_encoder_inside_the_pipeline_module_is_cast_at_its_line() ->
         pipe = _Te()
         pipe.text_encoder.to("cuda", torch.float16)
         pipe.transformer.to("cuda", torch.bfloat16)
+        pipe.vae.to("cuda", torch.bfloat16)
         pipe(torch.tensor([[1, 2, 3]], device="cuda"))
     codes = "\n".join(f.code for f in sim.fixes)
     assert "casts text_encoder to float16 while the rest of the model is bfloat16" in codes, codes

@@ -49,8 +49,11 @@ def odd_feeder(culprits: list[Culprit], have: Mapping[str, tuple[Any, Any]], apa
     if hit is None:
         return [], culprits
     comp, mod = hit
-    if _votes(comp, mod, floating, apart, own) < _votes(comp, mod, floating, apart, fed):
-        return [], culprits  # more components are in the feeder's dtype: the consumer is the odd one
+    mine, theirs = _votes(comp, mod, floating, apart, own), _votes(comp, mod, floating, apart, fed)
+    if mine < theirs or (mine == theirs and mod is None):
+        # more components are in the feeder's dtype: the consumer is the odd one; two parts of one model, one each
+        # (a head built after the model's cast fed by its encoder): nothing says which is odd, the fix stays as written
+        return [], culprits
     rest = [c for c in culprits if c not in cast]
     # the consumer stays as it is: what its ops compute from its own tensors is then in its dtype (the run went on
     # with them cast to the feeder's, so its later failing ops met operands made in that dtype)
