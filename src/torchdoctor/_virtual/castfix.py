@@ -230,22 +230,17 @@ def op_moved(label: str, op: str, at: str, target: torch.device) -> Fix | None:
     torch.cat([uncond, cond])`` of embeddings parked there): its result moved at that line, to the device of the
     tensor the line's function was given (``.to(x.device)``), a diff; proven at the failing op as the argument."""
     import ast
-    import linecache
 
     from torchdoctor._guard.maps import value_code
-    from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
     from torchdoctor._virtual.origin import IN_SCOPE, LINES
+    from torchdoctor._virtual.ownline import own_line
 
-    file, line = LINES.get(at, ("", 0))
-    if not file or not own_file(file):
+    read = own_line(*LINES.get(at, ("", 0)))
+    if read is None:
         return None
-    raw = linecache.getline(file, line).rstrip("\r\n")
-    body = raw.lstrip(" \t")
-    try:
-        tree = ast.parse(body)
-    except SyntaxError:
-        return None
+    file, line = LINES[at]
+    raw, body, tree = read
     name = op.rsplit(".", 1)[-1]
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name))
              and (n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id) == name]

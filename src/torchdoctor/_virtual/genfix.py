@@ -9,7 +9,6 @@ it, as diffusers' ``randn_tensor`` does (the same numbers on every device for on
 from __future__ import annotations
 
 import ast
-import linecache
 from typing import Any
 
 from torchdoctor._report.model import Problem
@@ -19,9 +18,9 @@ from torchdoctor._virtual.prove import Fix
 def generator_fix(p: Problem, made_from: tuple[str, ...]) -> Fix | None:
     """The draw made on the generator's device (``p.expected``) and moved to the device the program asked for
     (``p.found``) at the factory's line; None when the line cannot be rewritten (the fix below it then speaks)."""
-    from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
     from torchdoctor._virtual.origin import LINES
+    from torchdoctor._virtual.ownline import own_line
 
     key = next((m for m in made_from if m.startswith("factory ")), None)
     if key is None:
@@ -29,14 +28,10 @@ def generator_fix(p: Problem, made_from: tuple[str, ...]) -> Fix | None:
     said, _, at = key[8:].partition(" at ")
     maker = said.split(" ", 1)[0]
     file, line = LINES.get(at, ("", 0))
-    if not file or not own_file(file):
+    read = own_line(file, line)
+    if read is None:
         return None
-    raw = linecache.getline(file, line).rstrip("\r\n")
-    body = raw.lstrip(" \t")
-    try:
-        tree = ast.parse(body)
-    except SyntaxError:
-        return None
+    raw, body, tree = read
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) in (maker, maker[6:]) and
              any(k.arg == "generator" for k in n.keywords)]
     if len(calls) != 1 or not body.isascii() or calls[0].end_col_offset is None:
