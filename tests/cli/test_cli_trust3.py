@@ -32,7 +32,8 @@ APP = textwrap.dedent(
 
     def _fork_a_sleeper():
         pid = os.fork()
-        if pid == 0:  # the grandchild: sleeps "forever"
+        if pid == 0:  # the grandchild: says it is past the fork, then sleeps "forever"
+            open(os.environ["PIDFILE"] + ".up", "w").close()
             time.sleep(600)
             os._exit(0)
         with open(os.environ["PIDFILE"] + ".tmp", "w") as fh:
@@ -160,6 +161,14 @@ def _wait_for(path: Path, proc: subprocess.Popen[bytes], within: float = 120.0) 
     return int(path.read_text())
 
 
+def _wait_for_file(path: Path, proc: subprocess.Popen[bytes], within: float = 120.0) -> None:
+    deadline = time.monotonic() + within
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the grandchild never started"
+        time.sleep(0.05)
+
+
 posix_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and /proc: Linux")
 
 
@@ -189,6 +198,9 @@ def test_a_signal_ends_the_whole_tree_with_128_plus_n_and_one_line(work: Path, s
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
         grandchild = _wait_for(work / "pid", proc)
+        # a signal inside the grandchild's own fork (python's after-fork hooks) is printed by python as "Exception
+        # ignored ... Traceback", as it would be without torchdoctor: wait until the grandchild is past it
+        _wait_for_file(work / "pid.up", proc)
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=60)
     finally:
