@@ -18,9 +18,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from torchdoctor._virtual.prove import Fix
 
 
-def away_fix(f: Fix, casts: Any, root: Any) -> Fix | None:
+def away_fix(f: Fix, casts: Any, root: Any, used: list[Fix] | None = None) -> Fix | None:
     """``f`` (a move of model tensors to one device) fixed at the program's line that last moved their module to
-    another device type (``casts``: the run's ``modcast.Casts``); None when no such line is on record."""
+    another device type (``casts``: the run's ``modcast.Casts``); None when no such line is on record. Where that
+    line is an offloading mechanism's (a manager's free-memory call, an accelerate hook), the fix is written where
+    the program uses the model (``offloaduse``) and joins ``used``."""
     from torchdoctor._placement import device_str
 
     if f.kind != "path" or not f.sets or not isinstance(root, torch.nn.Module) or \
@@ -49,6 +51,13 @@ def away_fix(f: Fix, casts: Any, root: Any) -> Fix | None:
         return Fix(f"# {at} moves {saved[3]} to {device_str(went)} in place to save it ({saved[0]}: Module.cpu() moves the "
                    f"module, not a copy), and the run then meets it on {device_str(target)}: copy the state dict to "
                    f"the cpu instead: {saved[1]}", "note", target, sets=f.sets, diff=saved[2])
+    from torchdoctor._virtual.offloaduse import use_fix
+
+    at_use = use_fix(f, casts, root)
+    if at_use is not None:
+        if used is not None:
+            used.append(at_use)
+        return at_use
     f.code += f"  # moved to {device_str(went)} in place at {at}: move it back after that line"
     return f
 

@@ -34,6 +34,7 @@ class Casts:
         self.seen: list[tuple[Any, torch.dtype, str, int, str]] = []
         # module moves, as ``seen``, with the globals of the moving code (``globaldev``)
         self.moves: list[tuple[Any, torch.device, str, int, str, dict[str, Any]]] = []
+        self.trails: list[Trail] = []  # of each move, at the same index: the program's frames that asked for it
 
     def record_move(self, mod: torch.nn.Module, device: torch.device | None, frame: Any) -> None:
         from torchdoctor._guard.ownfile import own_file
@@ -42,6 +43,7 @@ class Casts:
         if device is not None and frame is not None and own_file(frame.f_code.co_filename) and len(self.moves) < 4096:
             self.moves.append((weakref.ref(mod), device, frame.f_code.co_filename, frame.f_lineno, short_at(frame),
                                frame.f_globals))
+            self.trails.append(Trail(frame))
 
     def record(self, mod: torch.nn.Module, dtype: torch.dtype | None, frame: Any) -> torch.dtype | None:
         from torchdoctor._guard.ownfile import own_file
@@ -57,6 +59,35 @@ class Casts:
     def last(self, mod: torch.nn.Module) -> tuple[torch.dtype, str, int, str] | None:
         """The last cast of ``mod`` itself by the program's code: its dtype, file, line and ``file:line``."""
         return next((x[1:] for x in reversed(self.seen) if x[0]() is mod), None)
+
+
+class Trail:
+    """The program's own frames, innermost first (at most 8), that asked for one module move: (file, line, code) —
+    a manager's ``unpatch_model`` called by ``free_memory`` called by the app's loop — and the modules the first
+    one held in local variables, by name, weakly (how that code names a layer of the model it moved)."""
+
+    __slots__ = ("frames", "held")
+
+    def __init__(self, frame: Any) -> None:
+        from torchdoctor._virtual.usesite import own_cached
+
+        self.frames: list[tuple[str, int, Any]] = []
+        self.held: dict[str, Any] = {}
+        f, n = frame, 0
+        while f is not None and n < 32 and len(self.frames) < 8:
+            if own_cached(f.f_code.co_filename):
+                self.frames.append((f.f_code.co_filename, f.f_lineno, f.f_code))
+            f, n = f.f_back, n + 1
+        try:  # a script's top level: its globals are its names
+            self.held = {k: weakref.ref(v) for k, v in list(frame.f_locals.items())[:256]
+                         if isinstance(v, torch.nn.Module) and not k.startswith("_")}
+        except Exception:  # a frame whose locals cannot be read: no names
+            self.held = {}
+
+
+def counts() -> dict[int, int]:
+    """How many module moves each run recording now has recorded (a use noted now reads the moves before it)."""
+    return {id(c): len(c.moves) for c in list(_ACTIVE)}
 
 
 def _dtype_of(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.dtype | None:
@@ -145,12 +176,15 @@ def at_cast_lines(fixes: list[Fix], casts: Casts | None, root: Any) -> list[Fix]
     from torchdoctor._virtual.awayline import away_fix
     from torchdoctor._virtual.builtat import build_line_fix
     from torchdoctor._virtual.globaldev import device_line_fix
+    from torchdoctor._virtual.offloaduse import drop_covered
 
     out: list[Fix] = []
+    used: list[Fix] = []  # written where the program uses a model an offloading mechanism moved away
     for f in fixes:
         fixed = _line_fix(f, casts, root) or device_line_fix(f, casts.moves, root) or build_line_fix(f, root) \
-            or away_fix(f, casts, root) if isinstance(root, torch.nn.Module) else None
+            or away_fix(f, casts, root, used) if isinstance(root, torch.nn.Module) else None
         out.append(fixed or f)
+    out = drop_covered(out, used, root)
     # written for the program's object (a block's model as its frame calls it)
     return program_named([_in_parts(_put_apart(f, casts, root), casts, root) for f in out], root)
 

@@ -156,6 +156,10 @@ class Entered:
     def call(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         if tracing():  # a twin of a traced input would be baked into the graph as a constant
             return None
+        from torchdoctor._virtual.modcast import counts
+        from torchdoctor._virtual.usesite import note
+
+        note(mod, counts())  # the program's line that uses it: a model offloaded between two uses is fixed there
         return self.entry.call(mod, args, kwargs)  # type: ignore[no-any-return]
 
     def __call__(self, mod: nn.Module, path: str, args: Any) -> None:

@@ -1,0 +1,156 @@
+"""Where the program uses a module it calls itself: the line of its own code that called a module starting a forward
+outside any other (``emb = self.clip.model(ids)`` in a node, ``self.semantic.input_embeds_layer(input_ids)`` in a
+``generate``), with the call as that line writes it and the tensor it passes first. A model that an offloading
+mechanism moved away between two uses (a manager's free-memory call, an accelerate hook) is fixed there, where the
+program uses it (``offloaduse``), never inside the mechanism.
+
+Noted when such a module starts, in a virtual run only: the line is parsed once, the call's names are looked up in
+the frame (instance dicts and submodules only: no property runs), and the run's module moves recorded so far are
+counted, so a fix reads the moves that came before the use and not those after it.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import sys
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_MISSING = object()
+_OWN: dict[str, bool] = {}  # file -> own_file's answer, for the run's process
+_CALLS: dict[tuple[str, int], tuple[tuple[str, int, int, str], ...] | None] = {}  # a line's calls, parsed once
+
+
+@dataclass
+class Use:
+    """One use: the program's ``file:line``, its function's code, the call's text and span in the line's body (its
+    indent apart), the text of the tensor it passes first ("" when it is no plain name), the indent, and how many
+    module moves each active run had recorded when it started."""
+
+    file: str
+    line: int
+    at: str
+    code: Any
+    func: str
+    span: tuple[int, int]
+    arg: str
+    indent: str
+    moved: dict[int, int] = field(default_factory=dict)
+    callers: tuple[Any, ...] = ()  # the code of the program's own frames that called it, innermost first
+
+
+_USES: weakref.WeakKeyDictionary[torch.nn.Module, Use] = weakref.WeakKeyDictionary()
+
+
+def own_cached(file: str) -> bool:
+    hit = _OWN.get(file)
+    if hit is None:
+        from torchdoctor._guard.ownfile import own_file
+
+        hit = _OWN[file] = own_file(file) if not file.startswith("<") else False
+        if len(_OWN) > 4096:
+            _OWN.clear()
+    return hit
+
+
+def _calls(file: str, line: int) -> tuple[tuple[str, int, int, str], ...] | None:
+    """(the callee's text, its start and end in the body, the first argument's text when a name) of each call at the
+    line whose callee is a name or a chain of attributes; None when the line does not parse alone."""
+    key = (file, line)
+    if key in _CALLS:
+        return _CALLS[key]
+    body = linecache.getline(file, line).strip()
+    out: tuple[tuple[str, int, int, str], ...] | None
+    try:
+        tree = ast.parse(body) if body.isascii() else None
+    except SyntaxError:
+        tree = None
+    if tree is None:
+        out = None
+    else:
+        found = []
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call) and _chain(n.func) is not None and n.func.end_col_offset is not None:
+                first = n.args[0] if n.args else None
+                arg = ast.unparse(first) if first is not None and _chain(first) is not None else ""
+                found.append((ast.unparse(n.func), n.func.col_offset, n.func.end_col_offset, arg))
+        out = tuple(found)
+    if len(_CALLS) < 4096:
+        _CALLS[key] = out
+    return out
+
+
+def _chain(node: Any) -> list[str] | None:
+    """``a.b.c`` as ``["a", "b", "c"]``; None for anything else."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(parts)]
+
+
+def resolve(text: str, frame_locals: Any, frame_globals: Any) -> Any:
+    """The object ``a.b.c`` names in a frame, read from instance dicts and submodules only; ``_MISSING`` when not."""
+    parts = text.split(".")
+    obj = frame_locals.get(parts[0], _MISSING)
+    if obj is _MISSING:
+        obj = frame_globals.get(parts[0], _MISSING)
+    for p in parts[1:]:
+        if obj is _MISSING:
+            break
+        d = getattr(obj, "__dict__", None)
+        val = d.get(p, _MISSING) if isinstance(d, dict) else _MISSING
+        if val is _MISSING and isinstance(obj, torch.nn.Module):
+            val = obj._modules.get(p, _MISSING)
+        obj = val
+    return obj
+
+
+def note(mod: torch.nn.Module, moved: dict[int, int], depth: int = 2) -> None:
+    """``mod`` starts a forward outside any other: remember the program's line that called it, if that line calls
+    it by a name the frame holds. ``moved``: the module moves each active run had recorded (``modcast.counts``)."""
+    try:
+        f: Any = sys._getframe(depth)
+        n = 0
+        while f is not None and n < 40 and not own_cached(f.f_code.co_filename):
+            f, n = f.f_back, n + 1
+        if f is None or n >= 40:
+            return
+        file, line = f.f_code.co_filename, f.f_lineno
+        calls = _calls(file, line)
+        if not calls:
+            return
+        hit = next((c for c in calls if resolve(c[0], f.f_locals, f.f_globals) is mod), None)
+        if hit is None:
+            return
+        arg = hit[3] if hit[3] and isinstance(resolve(hit[3], f.f_locals, f.f_globals), torch.Tensor) else ""
+        raw = linecache.getline(file, line).rstrip("\r\n")
+        from torchdoctor._virtual.origin import short_at
+
+        callers: list[Any] = []
+        g, n = f.f_back, 0
+        while g is not None and n < 32 and len(callers) < 8:
+            if own_cached(g.f_code.co_filename):
+                callers.append(g.f_code)
+            g, n = g.f_back, n + 1
+        _USES[mod] = Use(file, line, short_at(f), f.f_code, hit[0], (hit[1], hit[2]), arg,
+                         raw[:len(raw) - len(raw.lstrip(" \t"))], moved, tuple(callers))
+    except Exception:  # a diagnostic never breaks the program it watches: no use is noted
+        return
+
+
+def use_of(mod: Any) -> Use | None:
+    """The last use noted of ``mod``."""
+    try:
+        return _USES.get(mod)
+    except TypeError:  # an unhashable module
+        return None
+
+
+__all__ = ["Use", "note", "own_cached", "resolve", "use_of"]
