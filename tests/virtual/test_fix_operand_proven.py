@@ -44,7 +44,9 @@ def test_the_crossing_operand_is_fixed_at_its_call_and_proven() -> None:
     assert p.kind == "device" and p.message.startswith("image_features at tests/virtual/test_fix_operand_proven.py:")
     [fix] = r.fixes
     assert fix.code == "inputs_embeds = inputs_embeds.masked_scatter(mask, image_features.to(inputs_embeds.device))"
-    assert fix.proven and fix.tried == "applied in a virtual re-run: no problem left", fix.tried
+    # proven at the failing op (its operand moved as the line writes it), and by a re-run with the line changed
+    assert fix.proven and fix.tried.startswith("at the failing op aten.masked_scatter.default at "), fix.tried
+    assert fix.tried.endswith("a virtual re-run with the line changed: no problem left"), fix.tried
     assert fix.diff is not None and "+            inputs_embeds = inputs_embeds.masked_scatter(mask, " \
         "image_features.to(inputs_embeds.device))\n" in fix.diff
     assert "torchdoctor.move" not in str(r) and "not moved" not in str(r)

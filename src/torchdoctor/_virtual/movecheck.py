@@ -63,7 +63,8 @@ class MoveChecks:
             at = where_called() if norm_device(src) == norm_device(target) else None
             self._note("unsupported_dtype", path, dtype_str(dtype), f"a dtype {target.type} supports",
                        f"{what} moved to {device_str(target)} as {dtype_str(dtype)}" + (f" (cast at {at})" if at else "")
-                       + f": {refusal(target.type, dtype)}", key=dtype_str(dtype))
+                       + f": {refusal(target.type, dtype)}" + ("" if self.modules.stack else _library()),
+                       key=dtype_str(dtype))
             if at and self.problems and self.problems[-1].found == dtype_str(dtype):
                 p = self.problems[-1]
                 self.sources.setdefault((p.kind, p.path, p.op or "", p.found), (f"cast at {at}",))
@@ -75,7 +76,9 @@ class MoveChecks:
         if (why := factory_refusal(self.profile, name, dt, device)) is not None:
             at = where_called()  # one call is one problem (``x.new_tensor`` runs as ``torch.tensor`` at its line)
             self._note("unsupported_dtype", None, dtype_str(dt), f"a dtype {device.type} supports",
-                       f"{factory_call(name, dtype_str(dt), said, device_str(device), at)}: {why}", maker_name(name),
+                       f"{factory_call(name, dtype_str(dt), said, device_str(device), at)}: {why}"
+                       f"{'' if self.modules.stack else _library()}",
+                       maker_name(name),
                        "factory", key=f"{dtype_str(dt)}:{at or name}")
         gdev = getattr(kwargs.get("generator"), "device", None)
         if isinstance(gdev, torch.device) and gdev.type != device.type:
@@ -112,3 +115,11 @@ class MoveChecks:
                        f"{dtype_str(dtype)}: the cast loses data (complex to real drops the imaginary part, float to "
                        "int the fraction); keep it or cast the result instead", key=f"lossy:{path}:{dtype}")
         return self._moving(tensor, target, dtype)
+
+
+def _library() -> str:
+    """The library line that made or cast a tensor in a dtype the device refuses (a mark in the problem's message:
+    ``libfloat``), or ''. Asked only when it refuses."""
+    from torchdoctor._virtual.libfloat import library_line
+
+    return library_line(2) or ""  # outside a forward only: the caller asks when no module runs

@@ -143,7 +143,11 @@ class _Recorder(MoveChecks, StackView, Hooks):
         # a copy the program took to the cpu and handed in as a module's tensor (``functional_call``): its views
         # (``weight.t()`` in a linear) are named by that line too, so its fix is proven at the op
         moved = self.entry.copies.get(tags[0]) if tags and getattr(t, "_td_device", None) == _CPU else None
-        return ((*tags, moved) if moved is not None and moved not in tags else tags), named
+        tags = (*tags, moved) if moved is not None and moved not in tags else tags
+        # the name the program's failing line calls it by (``coef`` in ``g.mul_(coef)``): a fix of that operand at
+        # the call (``operandfix``) sets it so, and is proven on these twins (kept for failing ops only)
+        at = operand_at(t) if not named else None
+        return ((*tags, f"operand {at}") if at is not None else tags), named
 
     def _promoted(self, f: Any, call: OpArgs) -> None:
         """A model tensor of a wider floating dtype promotes what it meets: named by its path, as the model holds
@@ -245,6 +249,10 @@ class _Recorder(MoveChecks, StackView, Hooks):
             found, expected, message, named_at, net = p.found, p.expected, p.message, None, None
             if p.kind == "missing_kernel" and (at := where_called()):  # the op at the user's line
                 message = message.replace(": ", f" at {at}: ", 1)
+            if p.kind == "unsupported_dtype" and not mtype:  # a library's own op outside the model (GradScaler's
+                # float64): its line named; a forward's dtype is the model's
+                from torchdoctor._virtual.libfloat import library_line
+                message += library_line(1) or ""
             if anchor is not None:
                 expected = device_str(anchor) if on_device else dtype_str(anchor)
             if t is not None and p.kind != "unsupported_dtype":

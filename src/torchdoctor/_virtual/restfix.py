@@ -13,6 +13,7 @@ import torch
 from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_dtype
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.castfix import maker_diff
+from torchdoctor._virtual.libfloat import library_fixes, library_of, own_line
 from torchdoctor._virtual.prove import Fix
 
 _NAMED = ("parameter", "buffer", "quant_state", "attribute", "container")
@@ -31,8 +32,11 @@ def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.d
     unsupported = [p for p in unsupported if p not in stored]
     out.extend(float8_compute(stored, device, cases))  # ``cases``: the failing ops, where it is fixed
     held = {dtype_str(d) for d, _ in (have or {}).values()}
+    # a dtype the model does not hold met by a library's own op (GradScaler's float64): the library's line, and what
+    # the program can change there
+    lib = [p for p in unsupported if library_of(p.message) is not None and not (held and p.found in held)]
     inside = sorted({p.found for p in unsupported if (p.module_path is not None or p.role in _NAMED) and (
-        not held or p.found in held) and p.found not in FLOAT8_NAMES})
+        not held or p.found in held) and p.found not in FLOAT8_NAMES and p not in lib})
     for p in made:  # a factory made it in a dtype the device cannot hold: that call, never a model-wide cast
         other, found = _SAME_SIZE.get(p.found, "float32"), re.search(r" at (\S+:\d+): ", p.message)
         at = found.group(1) if found else None
@@ -40,12 +44,17 @@ def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.d
             out.append(inside_call)  # torch's own factory under the program's line: nothing there to pass dtype= to
             unsupported = [q for q in unsupported if q.found != p.found or q.module_path is not None]
             continue
+        if at and library_of(p.message) is not None and not own_line(at):  # a library's own factory line
+            lib.append(p)
+            continue
         out.append(Fix(f"# pass dtype=torch.{other} to {p.op or 'the factory'}{f' at {at}' if at else ''} where "
                        f"{p.module_type or 'the code'} makes it on {device_str(device)} ({device.type} " + (
                            f"has no {p.found} kernels" if " kernels" in p.message else f"cannot hold {p.found}") +
                        "; the model's own dtype is not the cause)", "factory", parse_dtype(other),
                        sets=((f"factory {p.op} at {at}", parse_dtype(other)),),
                        diff=maker_diff(p.op or "", at, parse_dtype(other)) if at else None))
+    out.extend(library_fixes([p for p in problems if p in lib and (p in unsupported or p in made)], device))
+    unsupported = [p for p in unsupported if p not in lib]
     if inside:
         out.append(_instead(inside, device, bool(memory)))
     outside = {p.found for p in unsupported if p.module_path is None and p.role not in _NAMED}
