@@ -296,10 +296,10 @@ class Session:
             _, paths, bs, afters = zip(*changes)  # a whole-model cast: every change a move, made at C speed
             items = list(zip(kinds, paths, map(_2, bs), map(_3, bs), map(_2, afters), map(_3, afters),
                              map(_SHAPE, map(_0, afters))))
-        except (LookupError, AttributeError, ValueError):
+        except (LookupError, AttributeError, ValueError, RuntimeError):  # RuntimeError: a lazy module's parameter
             items = [(kind, path, b[2] if b is not None else None, b[3] if b is not None else None,
                       a[2] if a is not None else None, a[3] if a is not None else None,
-                      getattr(a[0] if a is not None else b[0], "shape", None)) for kind, path, b, a in changes]
+                      _shape_of(a[0] if a is not None else b[0])) for kind, path, b, a in changes]
         batch = (items, root.label, label, via, file, line, time.time(), this_thread())
         with self.lock:
             self._pending.append(batch)
@@ -384,3 +384,9 @@ def _site(call: Call) -> tuple[tuple[str, str], str | None, int | None]:
     return label, user.f_code.co_filename, user.f_lineno
 
 
+def _shape_of(t: Any) -> Any:
+    """``t.shape``, or None where it has none to tell (a lazy module's uninitialized parameter refuses the read)."""
+    try:
+        return getattr(t, "shape", None)
+    except RuntimeError:
+        return None

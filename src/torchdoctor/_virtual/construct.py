@@ -38,7 +38,9 @@ def param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> A
     if isinstance(data, VirtualTensor) and isinstance(data, torch.nn.Parameter) and cls is torch.nn.Parameter:
         # Module._apply wraps a moved Params4bit / Int8Params in Parameter(...): a real one detaches to its own class
         # (the library's quant_state stays on it); the virtual twin's detach cannot, so it is kept as it is
-        data.requires_grad_(requires_grad)
+        if data.requires_grad != requires_grad:  # (a lazy module's uninitialized one refuses a call, even this one)
+            with torch._C.DisableTorchFunctionSubclass():
+                data.requires_grad_(requires_grad)
         return data
     out = _ORIG_PARAM_NEW(cls, data, requires_grad)
     space = V.current_space() if isinstance(data, torch.Tensor) else None

@@ -361,12 +361,15 @@ def with_class_of(t: torch.Tensor, elem: torch.Tensor, device: torch.device, pat
 
 
 _KEPT_CLASS: dict[type, Any] = {}
+_LAZY: Any = getattr(torch.nn.parameter, "UninitializedTensorMixin", ())  # a lazy module's parameters and buffers
 
 
 def _kept_class(cls: type) -> type | None:
     """The program's own plain subclass a moved ``cls`` stays (``with_class_of``), or None for ``VirtualTensor``."""
     base = next((c for c in cls.__mro__ if not issubclass(c, VirtualTensor)), torch.Tensor) \
         if issubclass(cls, VirtualTensor) else cls
+    if issubclass(base, _LAZY):  # a lazy module moved before its first call:
+        return base  # still lazy on the device, as torch's move keeps it; its first call materializes it there
     if base is torch.Tensor or issubclass(base, torch.nn.Parameter) or not issubclass(base, torch.Tensor) or any(
             "__torch_dispatch__" in c.__dict__ for c in base.__mro__[:-3]):
         return None
