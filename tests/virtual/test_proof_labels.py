@@ -1,10 +1,15 @@
 """Fixes a run can prove are proven, and say how: an operand fixed at the program's call (a cpu gradient times a cuda
 0-dim norm, NeMo Automodel PR #3461: ``g.mul_(coef.to(g.device))``) is re-run at the failing op on copies of its
-operands with the fix applied; the patch applied leaves the run clean."""
+operands with the fix applied; a ``.numpy()`` of a device tensor is fixed with what a cpu copy of the tensor read
+needs (``.cpu()``, ``.detach()`` when it requires grad, ``.float()`` for bfloat16) and proven by running it on that
+copy. Each patch applied leaves the run clean."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from tests.support.apps import run_json
 
@@ -33,5 +38,31 @@ def test_a_cuda_scalar_into_a_cpu_in_place_op_is_fixed_at_the_call_and_proven(tm
     assert fix["proven"] is True and fix["tried"].startswith("at the failing op aten.mul_.Tensor at app.py:11")
     assert "+        g.mul_(coef.to(g.device))" in doc["patch"]
     app.write_text(CLIP.replace("g.mul_(coef)", "g.mul_(coef.to(g.device))"))
+    again = run_json(app, "cuda")
+    assert again["ok"] and not again["fixes"], again["problems"]
+
+
+READS = {  # a voice pack saved on a GPU, read with torch.load(...).numpy() (stavsap/comfyui-kokoro #21)
+    "a loaded tensor": ('torch.save(torch.randn(2, 3, device="cuda"), "voice.pt")\n'
+                        'data = torch.load("voice.pt", weights_only=True).numpy()\n',
+                        'torch.load("voice.pt", weights_only=True).cpu().numpy()', "(float32)"),
+    "a model's output": ('net = torch.nn.Linear(4, 2).to("cuda")\ndata = net(torch.randn(3, 4, device="cuda")).numpy()\n',
+                         'net(torch.randn(3, 4, device="cuda")).detach().cpu().numpy()', "(float32, requiring grad)"),
+    "a bfloat16 tensor": ('x = torch.ones(3, device="cuda", dtype=torch.bfloat16)\ndata = x.numpy()\n',
+                          "x.cpu().float().numpy()", "(bfloat16)"),
+}
+
+
+@pytest.mark.parametrize("case", READS)
+def test_a_host_read_is_fixed_with_what_a_copy_of_it_needs_and_proven(tmp_path: Path, case: str) -> None:
+    body, read, state = READS[case]
+    app = tmp_path / "app.py"
+    app.write_text(f"import torch\n{body}print(data.shape)\n")
+    doc = run_json(app, "cuda")
+    [fix] = [f for f in doc["fixes"] if "numpy reads host memory" in f["code"]]
+    assert fix["code"].split("numpy reads host memory: ", 1)[1].startswith(read), fix["code"]
+    assert fix["proven"] is True and fix["tried"].startswith(f"on a cpu copy of what app.py:3 read {state}: ")
+    subprocess.run(["git", "apply", "-"], input=doc["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    assert f"data = {read}" in app.read_text()
     again = run_json(app, "cuda")
     assert again["ok"] and not again["fixes"], again["problems"]

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from torchdoctor._placement import tensor_device
+
 _REFUSED = re.compile(r"unsupported ScalarType (\w+)")
 _CONVERTERS = {"asarray", "array", "ascontiguousarray"}  # np.asarray(t): the tensor is the first argument
 # tensor methods a converting expression may chain (re-run for the proof on a copy; nothing else is ever called)
@@ -71,7 +73,10 @@ def _conversion(raw: str, frame: Any) -> tuple[str, torch.Tensor, int, int, str]
         if not isinstance(t, torch.Tensor) or not _lacking(t.dtype):
             continue
         col, end = node.col_offset + shift, node.end_col_offset + shift
-        cast = ast.Call(ast.Attribute(ast.Name(root.id, ast.Load()), "float", ast.Load()), [], [])
+        held: Any = ast.Name(root.id, ast.Load())
+        if parent is holder and tensor_device(t).type != "cpu":  # ``x.numpy()`` of a device tensor: numpy reads
+            held = ast.Call(ast.Attribute(held, "cpu", ast.Load()), [], [])  # host memory, whatever its dtype
+        cast = ast.Call(ast.Attribute(held, "float", ast.Load()), [], [])
         if field == "args":
             parent.args[0] = cast
         else:

@@ -277,6 +277,8 @@ def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: A
     _at_outputs(fixes, cases)
     results = [(c, *_check(c, fixes, rules, profile)) for c in cases]
     for i, f in enumerate(fixes):
+        if f.proven and f.at_op:  # proven on a copy of what it changes before (a host read's ``.cpu()``): kept
+            continue
         if f.kind == "factory" and isinstance(f.target, torch.dtype):  # a factory's dtype=: the device holds it
             f.at_op, f.proven = True, profile.supports(f.target, "storage")
             f.tried = f"at the factory: {profile.type} {'holds' if f.proven else 'cannot hold'} " \

@@ -137,11 +137,10 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                                  f"tensors it meets (e.g. .to(x.device)) instead", "note", sets=((made_from[0], target),)))
             continue
         if made_from and made_from[0].startswith("read at "):  # .numpy() of a device tensor at the user's line
-            from torchdoctor._virtual.moveline import numpy_fix
-            read = numpy_fix(made_from[0][8:], p.found)
-            if read is not None and read[0] not in {f.code for f in factories}:
-                factories.append(Fix(read[0], "note", target, diff=read[1], tried="not re-run: a host read at "
-                                     "that line; .cpu() copies the tensor to host memory, which numpy reads"))
+            from torchdoctor._virtual.hostread import read_fix
+            read = read_fix(made_from[0][8:], p.found)  # proven on a cpu copy of what the line read
+            if read is not None and read.code not in {f.code for f in factories}:
+                factories.append(read)
                 continue
         if made_from and made_from[0].startswith(NUMPY) and (floated := float_read_fix(made_from[0])) is not None:
             factories.append(Fix(f"{floated[0]}  # numpy has no {p.found}: cast it to float32 first", "note", target,

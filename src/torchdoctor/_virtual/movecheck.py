@@ -98,6 +98,9 @@ class MoveChecks:
         self._note("device", path, device_str(dev), "cpu", f"{what}() of {path or 'a tensor'} "
                    f"{compact(tensor.dtype, tuple(tensor.shape), dev)}: can't convert {device_str(dev)} device type "
                    "tensor to numpy; call .cpu() first" + (f" (at {at})" if at else ""), op=what)
+        if at:  # what the line read: its fix is proven on a cpu copy of it (``hostread``)
+            from torchdoctor._virtual.hostread import note_read
+            note_read(tensor, at)
         if at and self.problems:  # the user's line that read it: the fix writes ``.cpu()`` there (``fixes``)
             self.sources.setdefault(("device", self.problems[-1].path, what, device_str(dev)), (f"read at {at}",))
 

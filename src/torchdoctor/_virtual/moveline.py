@@ -114,9 +114,10 @@ def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | 
     return f"# {moved_at}: {said} sends it to {found}, not to the device of {meets}: {code}", diff, func.attr
 
 
-def numpy_fix(at: str, found: str) -> tuple[str, str] | None:
+def numpy_fix(at: str, found: str, before: str = ".cpu()") -> tuple[str, str] | None:
     """(code, diff) of a ``.numpy()`` of a device tensor at ``at`` ("file:line" of the user's code): read as
-    ``x.cpu().numpy()`` there; None when the line does not hold one such call."""
+    ``x.cpu().numpy()`` there (``before``: what goes before ``.numpy()``, ``.detach().cpu()`` for a tensor that requires
+    grad); None when the line does not hold one such call."""
     from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
     from torchdoctor._virtual.origin import LINES
@@ -136,11 +137,11 @@ def numpy_fix(at: str, found: str) -> tuple[str, str] | None:
     if recv is None or recv.endswith(".cpu()") or func.value.end_col_offset is None:
         return None
     cut = len(raw) - len(body) + func.value.end_col_offset
-    new = raw[:cut] + ".cpu()" + raw[cut:]
+    new = raw[:cut] + before + raw[cut:]
     diff = line_patch(file, line, new)
     if diff is None:
         return None
-    return (f"# {at}: {recv}.numpy() reads a tensor on {found}; numpy reads host memory: {recv}.cpu().numpy()", diff)
+    return (f"# {at}: {recv}.numpy() reads a tensor on {found}; numpy reads host memory: {recv}{before}.numpy()", diff)
 
 
 _TAKEN = re.compile(r"\(taken to (\S+) by `([^`]+)` at \S+(?:, held as ([^)]+))?\)")
