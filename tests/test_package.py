@@ -190,3 +190,44 @@ def test_import_is_cheap() -> None:
             "print(heavy, dt < 0.5)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[] True", out.stdout + out.stderr
+
+
+# what only an error needs: explain, the report's diffs and names, guard's and the virtual run's culprit and proof
+# machinery (issue 43 point 4: `run --device` adds < 50 ms to a program's start)
+_ERROR_ONLY = ("torchdoctor._explain", "torchdoctor._run.evidence", "torchdoctor._run.names", "torchdoctor._run.rerun",
+               "torchdoctor._run.offloaded", "torchdoctor._report.diff", "torchdoctor._guard.diagnose",
+               "torchdoctor._guard.provenance", "torchdoctor._guard.maker", "torchdoctor._guard.remedy",
+               "torchdoctor._guard.proof", "torchdoctor._guard.notes", "torchdoctor._virtual.prove",
+               "torchdoctor._virtual.fixes", "torchdoctor._virtual.castfix", "torchdoctor._virtual.restfix",
+               "bitsandbytes")
+_WATCHED = """
+import atexit, sys
+import torch
+
+NAMES = {names!r}
+def loaded():
+    return sorted(m for m in sys.modules if m.startswith(NAMES))
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to("cuda")
+y = model(torch.ones(3, 4, device="cuda"{extra})).sum()
+print("at the last line:", loaded())
+atexit.register(lambda: print("at exit:", loaded()))
+"""
+
+
+def test_run_device_loads_the_error_machinery_only_for_an_error(tmp_path: pathlib.Path) -> None:
+    for name in _ERROR_ONLY[:-1]:  # every name is a module of the package: a renamed one must be renamed here
+        assert (PKG / (name.removeprefix("torchdoctor.").replace(".", "/") + ".py")).exists() or \
+            (PKG / name.removeprefix("torchdoctor.").replace(".", "/")).is_dir(), name
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDOCTOR")}
+    outs = []
+    for extra in ("", ", dtype=torch.float64"):  # clean; then a dtype error the run records and explains
+        app = tmp_path / f"app{len(outs)}.py"
+        app.write_text(_WATCHED.format(names=_ERROR_ONLY, extra=extra), encoding="utf-8")
+        outs.append(subprocess.run([sys.executable, "-m", "torchdoctor", "run", "--device", "cuda:1", str(app)],
+                                   capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env))
+    clean, failing = outs
+    assert clean.returncode == 0, clean.stderr
+    assert "at the last line: []\nat exit: []" in clean.stdout, clean.stdout + clean.stderr
+    assert "no placement error" in clean.stderr
+    assert failing.returncode == 1 and "at exit: [" in failing.stdout and "at exit: []" not in failing.stdout, \
+        failing.stdout + failing.stderr

@@ -48,6 +48,25 @@ class FrozenRecord:
         super().__delattr__(name)
 
 
+class MutableRecord:
+    """Equality and repr of a plain (mutable) dataclass over ``_fields``; unhashable, as the decorator leaves it.
+    For the internal records a virtual run imports before the program's first line (issue 43 point 4)."""
+
+    __slots__ = ()
+    _fields: tuple[str, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            d, o = self.__dict__, other.__dict__
+            return tuple([d[n] for n in self._fields]) == tuple([o[n] for n in self._fields])
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return record_repr(self, self._fields)
+
+
 def record_repr(obj: Any, names: Any) -> str:
     """``Name(field=value, ...)``, as the generated ``__repr__`` writes it."""
     d = obj.__dict__

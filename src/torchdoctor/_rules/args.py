@@ -4,7 +4,6 @@ fast checks that run on every aten op before any rule looks (one device, one dty
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,15 +50,16 @@ class OpArgs:
         return out
 
 
-@dataclass
 class _Call(OpArgs):
-    """One op call, tensors gathered once (slow path only)."""
+    """One op call, tensors gathered once (slow path only). A plain class: a dataclass compiles its methods when the
+    module is imported, which a virtual run pays before the program's first line (issue 43 point 4)."""
 
-    op: Any
-    args: Sequence[Any]
-    kwargs: Mapping[str, Any]
-    tensors: list[tuple[Key, torch.Tensor]]
-    names: tuple[str, ...]
+    def __init__(self, op: Any, args: Sequence[Any], kwargs: Mapping[str, Any], tensors: list[tuple[Key, torch.Tensor]],
+                 names: tuple[str, ...]) -> None:
+        self.op, self.args, self.kwargs, self.tensors, self.names = op, args, kwargs, tensors, names
+
+    def __repr__(self) -> str:
+        return f"_Call(op={self.op!r}, args={self.args!r}, kwargs={self.kwargs!r}, names={self.names!r})"
 
     def name_of(self, key: Key) -> str:
         pos = key[0]

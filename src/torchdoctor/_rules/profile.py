@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from torchdoctor._placement import parse_device
+from torchdoctor._report.records import FrozenRecord
 from torchdoctor._report.text import public_types
 
 _GIB = 1024**3
@@ -25,8 +26,10 @@ _NEVER = {
 }
 
 
-@dataclass(frozen=True)
-class DeviceProfile:
+# a frozen record written once, not compiled per class by the decorator: a virtual run imports this module before
+# the program's first line (issue 43 point 4)
+@dataclass(init=False, repr=False, eq=False)
+class DeviceProfile(FrozenRecord):
     """A virtual device type: how many, which capability, how much memory, which dtypes it cannot run.
 
     >>> DeviceProfile.for_device("cuda:1").count
@@ -41,12 +44,16 @@ class DeviceProfile:
     memory: int = 80 * _GIB
     name: str = ""
     unsupported_dtypes: frozenset[str] = field(default_factory=frozenset)
+    _fields = ("type", "count", "capability", "memory", "name", "unsupported_dtypes")
 
-    def __post_init__(self) -> None:
-        if self.count < 1:
-            raise ValueError(f"DeviceProfile.count must be >= 1, got {self.count}")
-        if self.type not in ("cuda", "xpu", "mps", "cpu", "meta", "hpu", "npu"):
-            raise ValueError(f"DeviceProfile.type {self.type!r} is not a device type (cuda, xpu, mps, cpu)")
+    def __init__(self, type: str = "cuda", count: int = 1, capability: tuple[int, int] = (9, 0),  # noqa: A002
+                 memory: int = 80 * _GIB, name: str = "", unsupported_dtypes: frozenset[str] | None = None) -> None:
+        if count < 1:
+            raise ValueError(f"DeviceProfile.count must be >= 1, got {count}")
+        if type not in ("cuda", "xpu", "mps", "cpu", "meta", "hpu", "npu"):
+            raise ValueError(f"DeviceProfile.type {type!r} is not a device type (cuda, xpu, mps, cpu)")
+        self.__dict__.update(type=type, count=count, capability=capability, memory=memory, name=name,
+                             unsupported_dtypes=frozenset() if unsupported_dtypes is None else unsupported_dtypes)
 
     @classmethod
     def for_device(cls, device: str | torch.device, **overrides: object) -> DeviceProfile:

@@ -30,6 +30,7 @@ import torch
 
 from torchdoctor import _placement
 from torchdoctor._report.model import Problem
+from torchdoctor._report.records import FrozenRecord
 from torchdoctor._rules.args import (_CASTS, _FLOAT8, LABELLER, Key, _arg_names, _Call, _gather, _inert,
                                      _plain_agree, _uniform, dispatch_slots)
 from torchdoctor._placement import compact, device_str, dtype_str
@@ -52,8 +53,8 @@ tensor_device = _placement.tensor_device
 _norm = _placement.norm_device
 
 
-@dataclass(frozen=True)
-class Finding:
+@dataclass(init=False, repr=False, eq=False)
+class Finding(FrozenRecord):
     """A problem plus what a fixer needs: which arguments to move (``offenders``) and where (``target``).
 
     ``considered`` are the arguments that take part in the agreement; a fixer may pick another ``target``
@@ -66,10 +67,16 @@ class Finding:
     offenders: tuple[Key, ...]
     considered: tuple[Key, ...] = ()
     fixed: bool = False  # ``target`` is the only fix (a loss's target follows its input's dtype, never the reverse)
+    _fields = ("problem", "attr", "target", "offenders", "considered", "fixed")
+
+    def __init__(self, problem: Problem, attr: str, target: Any, offenders: tuple[Key, ...],
+                 considered: tuple[Key, ...] = (), fixed: bool = False) -> None:
+        self.__dict__.update(problem=problem, attr=attr, target=target, offenders=offenders, considered=considered,
+                             fixed=fixed)
 
 
-@dataclass(frozen=True)
-class Rule:
+@dataclass(init=False, repr=False, eq=False)
+class Rule(FrozenRecord):
     """One op family: its device policy, its dtype check and the profile family for dtype support."""
 
     family: str
@@ -78,6 +85,11 @@ class Rule:
     dtype: Check | None
     support: str = "storage"  # DeviceProfile.supports family (matmul, conv, norm, sdpa, scaled_mm, storage)
     uniform_too: bool = False  # judge even when every tensor shares device and dtype (float embedding indices)
+    _fields = ("family", "ops", "device", "dtype", "support", "uniform_too")
+
+    def __init__(self, family: str, ops: tuple[str, ...], device: str, dtype: Check | None, support: str = "storage",
+                 uniform_too: bool = False) -> None:
+        self.__dict__.update(family=family, ops=ops, device=device, dtype=dtype, support=support, uniform_too=uniform_too)
 
 
 Check = Callable[["_Call"], "list[Finding]"]

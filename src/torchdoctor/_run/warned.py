@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 _CUDA_OFF = "CUDA is not available or torch_xla is imported. Disabling autocast."
-_LITERAL = re.compile(r"""(?:device_type\s*=\s*)?(["'])cuda\1""")
+_LITERAL = r"""(?:device_type\s*=\s*)?(["'])cuda\1"""  # compiled (by ``re``) when a warning is read
 
 
 @contextlib.contextmanager
@@ -79,7 +79,7 @@ def _fix(source: str, kind: str, frame: Any, filename: str, lineno: int) -> tupl
 
     name = _device_name(frame, kind)
     expr = f"{name}.type" if name else ("torch.accelerator.current_accelerator().type" if kind != "cpu" else '"cpu"')
-    m = _LITERAL.search(source) if "autocast" in source else None
+    m = re.search(_LITERAL, source) if "autocast" in source else None
     found = re.search(r"dtype\s*=\s*torch\.(\w+)", source)
     dtype = getattr(torch, found.group(1), None) if found else None
     if not isinstance(dtype, torch.dtype):

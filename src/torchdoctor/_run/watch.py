@@ -363,7 +363,7 @@ class Watcher:
             handled = handling(msg)  # `except RuntimeError as e: log.error(str(e))`: the exception itself
             if handled is not None:
                 self.see("logged", handled)
-            elif _WORDS.search(msg):  # a message with no word of a placement error never loads explain
+            elif re.search(_WORDS, msg):  # a message with no word of a placement error never loads explain
                 self.see("logged", None, msg, first_own_frame([(record.pathname, record.lineno, record.funcName)],
                                                               self.root))
 
@@ -376,8 +376,8 @@ class Watcher:
             unwrap(self._streams)
 
 
-# words one of them holds: every placement error names an error, a device, a dtype or a tensor type
-_WORDS = re.compile(r"(?i)error|device|dtype|cuda|cpu|mps|xpu|half|float|double|scalar ?type|tensor|kernel|driver")
+# words one of them holds: every placement error names an error, a device, a dtype or a tensor type (compiled when read)
+_WORDS = r"(?i)error|device|dtype|cuda|cpu|mps|xpu|half|float|double|scalar ?type|tensor|kernel|driver"
 
 # the traceback module's printers and formatters (print_exc / format_exc call these by their module names)
 _PRINTERS = ("print_exception", "format_exception")

@@ -10,6 +10,7 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+from torchdoctor._report.records import FrozenRecord
 from torchdoctor._report.text import schema
 from torchdoctor._report.text import public_types
 
@@ -27,8 +28,10 @@ APP_HELPERS = frozenset({"comfy", "comfy_extras", "comfy_execution", "modules", 
 _CALL_FRAMES = ("_wrapped_call_impl", "_call_impl", "__call__")  # a module called: name it by its forward
 
 
-@dataclass(frozen=True)
-class TraceRecord:
+# a frozen record written once, not compiled per class by the decorator: `run` imports this module before the
+# program's first line (issue 43 point 4); tests/trace compare it with a twin the decorator makes
+@dataclass(init=False, repr=False, eq=False)
+class TraceRecord(FrozenRecord):
     """One change of the tensor at ``path`` (relative to the traced object ``root``).
 
     ``kind`` is ``move`` (device and/or dtype changed), ``add`` (a tensor appeared at ``path``) or ``remove``.
@@ -53,6 +56,30 @@ class TraceRecord:
     shape: tuple[int, ...] | None = None
     lora: bool = False
     thread: str = ""
+    _fields = ("path", "kind", "from_device", "from_dtype", "to_device", "to_dtype", "call", "qualname", "via", "file",
+               "line", "time", "root", "shape", "lora", "thread")
+
+    def __init__(self, path: str, kind: str, from_device: str | None, from_dtype: str | None, to_device: str | None,
+                 to_dtype: str | None, call: str, qualname: str, via: str, file: str | None, line: int | None,
+                 time: float, root: str = "", shape: tuple[int, ...] | None = None, lora: bool = False,
+                 thread: str = "") -> None:
+        d = self.__dict__
+        d["path"] = path
+        d["kind"] = kind
+        d["from_device"] = from_device
+        d["from_dtype"] = from_dtype
+        d["to_device"] = to_device
+        d["to_dtype"] = to_dtype
+        d["call"] = call
+        d["qualname"] = qualname
+        d["via"] = via
+        d["file"] = file
+        d["line"] = line
+        d["time"] = time
+        d["root"] = root
+        d["shape"] = shape
+        d["lora"] = lora
+        d["thread"] = thread
 
     @property
     def where(self) -> str:

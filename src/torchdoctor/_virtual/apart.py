@@ -22,14 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchdoctor._report.records import MutableRecord
+
 if TYPE_CHECKING:  # pragma: no cover  # the proof machinery loads only when a fix is built
     from torchdoctor._virtual.prove import Fix
 
 _SKIP = ("site-packages", "dist-packages", "/torch/", "/torchdoctor/", "<frozen")  # machinery, not the program
 
 
-@dataclass
-class Apart:
+@dataclass(init=False, repr=False, eq=False)
+class Apart(MutableRecord):
     """A module that started a forward of its own, and what the program calls it."""
 
     cls: str  # its class name (``CN``)
@@ -39,6 +41,12 @@ class Apart:
     file: str | None = None  # the file whose line built it
     line: int = 0  # the line that built it (``self._cn = CN()``), 0 when not found
     prefix: str = ""  # a module patched into a layer's forward: its walk path (``attn.forward.__self__.``)
+    _fields = ("cls", "module", "name", "called_at", "file", "line", "prefix")
+
+    def __init__(self, cls: str, module: Any, name: str | None = None, called_at: str | None = None,
+                 file: str | None = None, line: int = 0, prefix: str = "") -> None:
+        self.cls, self.module, self.name, self.called_at, self.file, self.line = cls, module, name, called_at, file, line
+        self.prefix = prefix
 
     def holds(self, path: str) -> bool:
         """``path`` names one of its parameters or buffers (by its own paths: it ran as a root)."""

@@ -18,16 +18,19 @@ from typing import Any
 
 import torch
 
+from torchdoctor._report.records import MutableRecord
+
 # ops a dtype cast dispatches to (``.float()``, ``.to(dtype)``, ``.type(...)``, ``type_as``)
 CAST_OPS = frozenset({"aten._to_copy", "aten.to", "aten._to_dtype", "aten.type_as", "aten.to_dtype"})
 _LIMIT = 512  # sites kept (a forward has few cast lines; the bound keeps a long program's memory flat)
-_METHOD = re.compile(r"\.(float|half|double|bfloat16)\(\s*\)")
-_TO = re.compile(r"\.(?:to|type)\(([^()]*(?:\([^()]*\))?[^()]*)\)")
-_KW = re.compile(r"dtype\s*=\s*([\w.\[\]'\"]+)")
+# patterns, compiled by ``re`` (and kept in its cache) when a cast first changes a dtype, not when a run starts
+_METHOD = r"\.(float|half|double|bfloat16)\(\s*\)"
+_TO = r"\.(?:to|type)\(([^()]*(?:\([^()]*\))?[^()]*)\)"
+_KW = r"dtype\s*=\s*([\w.\[\]'\"]+)"
 
 
-@dataclass
-class CastSite:
+@dataclass(init=False, repr=False, eq=False)
+class CastSite(MutableRecord):
     """A line of the user's code that cast a tensor to ``dtype``."""
 
     at: str  # ``app.py:12`` as reports write it
@@ -39,6 +42,12 @@ class CastSite:
     read_from: str | None = None  # ``the class attribute Deq.compute_dtype``, ``the config self.config.dtype``
     attr: str | None = None  # the attribute the dtype was read from, set on the module to fix it
     module: Any = None  # a weak reference to the module whose attribute it is
+    _fields = ("at", "file", "lineno", "text", "cast", "dtype", "read_from", "attr", "module")
+
+    def __init__(self, at: str, file: str, lineno: int, text: str, cast: str, dtype: torch.dtype,
+                 read_from: str | None = None, attr: str | None = None, module: Any = None) -> None:
+        self.at, self.file, self.lineno, self.text, self.cast, self.dtype = at, file, lineno, text, cast, dtype
+        self.read_from, self.attr, self.module = read_from, attr, module
 
     def owner(self) -> Any:
         return self.module() if self.module is not None else None
@@ -71,19 +80,19 @@ def cast_site(frame: Any, at: str, dtype: torch.dtype) -> CastSite | None:
 
 def _written(text: str) -> str:
     """The cast as written on the line (the whole line when no cast call is found)."""
-    m = _METHOD.search(text) or _TO.search(text)
+    m = re.search(_METHOD, text) or re.search(_TO, text)
     return m.group(0).lstrip(".") if m else text
 
 
 def _read_from(site: CastSite, frame: Any) -> None:
     """Where ``.to(<expr>)`` read its dtype: ``self.compute_dtype`` is the module's attribute or a class attribute
     of its class; ``self.config.x`` / ``config.x`` a config."""
-    method = _METHOD.search(site.text)
+    method = re.search(_METHOD, site.text)
     if method is not None and method.group(0).lstrip(".") == site.cast:  # ``x.float()``: written in the call, read
         return  # from nothing (a ``.to(x.dtype)`` beside it on the line is another cast)
-    m = _TO.search(site.text)
+    m = re.search(_TO, site.text)
     expr = m.group(1).strip() if m else ""
-    kw = _KW.search(expr)
+    kw = re.search(_KW, expr)
     expr = kw.group(1) if kw else expr.split(",")[-1].strip()
     parts = expr.split(".")
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
@@ -115,6 +124,6 @@ def patched_line(site: CastSite, want: torch.dtype) -> str | None:
     line = linecache.getline(site.file, site.lineno).rstrip("\r\n")
     new = f".to(torch.{dtype_str(want)})"
     for pattern in (_METHOD, _TO):
-        if pattern.search(line):
-            return pattern.sub(new, line, count=1)
+        if re.search(pattern, line):
+            return re.sub(pattern, new, line, count=1)
     return None
