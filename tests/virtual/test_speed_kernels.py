@@ -12,6 +12,7 @@ from support import zoo
 from torch import nn
 
 import torchdoctor
+from torchdoctor._virtual import dispatch as D
 from torchdoctor._virtual import kernels
 from torchdoctor._virtual import tensor as V
 
@@ -75,16 +76,43 @@ def _findings(report: Any) -> list[tuple[Any, ...]]:
 
 
 def counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """``kernels.recall`` counted for the test: the list's one item is the number of remembered answers used."""
+    """Remembered answers used, counted for the test (the list's one item): ``kernels.recall`` (a tuple of outputs)
+    and the op path's own making of one output from the table's answer (``dispatch._answered``)."""
     hits = [0]
-    recall = kernels.recall
+    recall, answered = kernels.recall, D._answered
 
     def counted(entry: Any) -> Any:
         hits[0] += 1
         return recall(entry)
 
+    def counted_one(*args: Any) -> Any:
+        hits[0] += 1
+        return answered(*args)
+
     monkeypatch.setattr(kernels, "recall", counted)
+    monkeypatch.setattr(D, "_answered", counted_one)
     return hits
+
+
+def test_one_output_made_from_the_table_is_what_recall_and_wrap_make() -> None:
+    # the op path makes a single output's wrapper straight from the remembered size, stride and dtype
+    out = aten.add.Tensor(_meta(4, 1, 5).as_strided((4, 1, 5), (1, 20, 4)), _meta(4, 6, 5))
+    entry = kernels._shape_of(out, set())
+    space = V.Space("meta", "cuda")
+    dev = torch.device("cuda", 1)
+    prev = V.swap_space(space)
+    try:
+        made = D._answered(entry, dev, "w", space, aten.add.Tensor, [], {})
+        wrapped = D._wrap(kernels.recall(entry), dev, {}, "w")
+    finally:
+        V.swap_space(prev)
+
+    def meta(x: Any) -> Any:
+        return (x.shape, x.stride(), x.dtype, x.device, x.storage_offset(), x.requires_grad, type(x))
+
+    assert meta(made) == meta(wrapped) and meta(made._td_elem) == meta(wrapped._td_elem) == meta(out)
+    assert (made._td_device, made._td_path, made._td_origin) == (wrapped._td_device, "w", None)
+    assert made._td_elem is not out
 
 
 def _both_ways(monkeypatch: pytest.MonkeyPatch, run: Any) -> tuple[Any, Any, int]:

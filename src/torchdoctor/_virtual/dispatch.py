@@ -8,7 +8,7 @@ refuses its arguments' dtypes, as the real device would, reaches the hooks as ``
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -17,7 +17,8 @@ from torchdoctor._placement import tensor_device
 from torchdoctor._virtual import kernels
 from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.origin import made_from
-from torchdoctor._virtual.tensor import Space, VirtualTensor, make
+from torchdoctor._virtual.prechecks import CONV_ENTRY, SDPA_ENTRY, conv_precheck, sdpa_precheck  # noqa: F401
+from torchdoctor._virtual.tensor import _STATE, Space, VirtualTensor, make
 
 aten = torch.ops.aten
 _CPU = torch.device("cpu")
@@ -112,52 +113,6 @@ def autocast_args(args: Any, kind: str, want: torch.dtype) -> list[Any]:
     return [cast(a) if not isinstance(a, (list, tuple)) else type(a)(cast(x) for x in a) for a in args]
 
 
-# C++ conv composites compare input and bias dtypes before dispatch ("Input type (float) and bias type
-# (c10::BFloat16) should be the same"): the rules must see these calls first, or the error escapes unrecorded
-_CONV_NAMES = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
-CONV_ENTRY = {getattr(torch, n): getattr(getattr(aten, n), getattr(aten, n).overloads()[0]) for n in _CONV_NAMES}
-
-
-def conv_precheck(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    """Input, weight and bias of a conv call checked (and fixed) by the space's hooks when input and bias differ."""
-    names = ("input", "weight", "bias")
-    vals = [args[i] if i < len(args) else kwargs.get(n) for i, n in enumerate(names)]
-    x, _, b = vals
-    if not (isinstance(x, VirtualTensor) and isinstance(b, VirtualTensor) and isinstance(vals[1], VirtualTensor)) \
-            or x.dtype == b.dtype:
-        return args, kwargs
-    fixed, _ = space.hooks.check(CONV_ENTRY[func], tuple(vals), {})
-    out, kw = list(args), dict(kwargs)
-    for i, (n, v) in enumerate(zip(names, fixed)):
-        if i < len(out):
-            out[i] = v
-        else:
-            kw[n] = v
-    return tuple(out), kw
-
-
-SDPA_ENTRY = torch._C._nn.scaled_dot_product_attention
-_SDPA = aten.scaled_dot_product_attention.default
-_SDPA_NAMES = ("query", "key", "value", "attn_mask")
-
-
-def sdpa_precheck(space: Space, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    """Query, key, value and mask of ``scaled_dot_product_attention`` checked (and fixed) by the space's hooks
-    when their dtypes differ: the composite refuses the mix before any aten op is dispatched."""
-    vals = [args[i] if i < len(args) else kwargs.get(n) for i, n in enumerate(_SDPA_NAMES)]
-    qkv = [v for v in vals[:3] if isinstance(v, VirtualTensor)]
-    if len(qkv) < 3 or (len({v.dtype for v in qkv}) == 1 and not isinstance(vals[3], VirtualTensor)):
-        return args, kwargs
-    fixed, _ = space.hooks.check(_SDPA, tuple(vals), {})
-    out, kw = list(args), dict(kwargs)
-    for i, (n, v) in enumerate(zip(_SDPA_NAMES, fixed)):
-        if i < len(out):
-            out[i] = v
-        elif n in kw:
-            kw[n] = v
-    return tuple(out), kw
-
-
 def _pairs(before: Any, after: Any, back: dict[int, VirtualTensor]) -> None:
     """Which original argument each replaced one stands for (an in-place op returns the original)."""
     for b, a in zip(before, after):
@@ -213,12 +168,12 @@ def _any_plain(args: Any, kwargs: dict[str, Any]) -> bool:
 
 
 def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    space = V.current_space()
+    space = _STATE.space  # (``V.current_space()``, without a call per op)
     _, fake, cacheable, keep_path, override, fp32, low = _info(func)
     if space is not None and not fake:  # even with CPU values: its device kernel is unknown here
         space.hooks.failed(str(func), None, "it is a custom op with no fake/meta kernel (register_fake), so "
                                             "it cannot run without the hardware")
-    largs: list[Any] = list(args)
+    largs: Sequence[Any] = args  # (a tuple, or the list made when arguments change; never mutated)
     if _any_plain(args, kwargs):
         follow = out_device(args, kwargs)
         largs = lift_all(args, space, follow)
@@ -231,25 +186,21 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             cast = autocast_args(largs, space.vtype, space.autocast if low else fp32)
             _pairs(largs, cast, back)
             largs = cast
-        checked, kwargs = space.hooks.check(func, tuple(largs), kwargs)
+        given = largs if type(largs) is tuple else tuple(largs)
+        checked, kwargs = space.hooks.check(func, given, kwargs)
         if low:  # what the run computed in, autocast and per-call casts included (``origin.ran_as_asked``)
             d = next((a.dtype for a in checked if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
             # weighed by its largest model tensor: a low-rank branch kept float32 by design (peft's LoRA over an
             # fp16 base) never outvotes the layers it adapts; an op on activations alone counts once
             size = max((a.numel() for a in checked if getattr(a, "_td_path", None) is not None), default=1)
             space.computed[d] = space.computed.get(d, 0) + size
-        if back or any(a is not b for a, b in zip(checked, largs)):
-            _pairs(largs, checked, back)
-        largs = list(checked)
-    ts = _virtuals(largs, kwargs)  # the virtual arguments, once: device, meta-ness, provenance
+        if checked is not given:  # (the same tuple back: nothing was replaced)
+            _pairs(given, checked, back)
+        largs = checked
+    ts, on_meta = _virtuals(largs, kwargs)  # the virtual arguments, once: device, meta-ness, provenance
     dev = _device_of_outputs(ts, kwargs, space)
     first = largs[0] if largs else None
     path = first._td_path if keep_path and isinstance(first, VirtualTensor) else None
-    on_meta = False
-    for t in ts:
-        if t._td_elem.is_meta:
-            on_meta = True
-            break
     owner: dict[int, VirtualTensor] = {}
     uargs = [_unwrap(a, on_meta, owner, back) if isinstance(a, _UNWRAPPED) else a for a in largs]
     ukwargs = {k: _unwrap(v, on_meta, owner, back) for k, v in kwargs.items()} if kwargs else {}
@@ -258,6 +209,8 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     known = kernels.key(func, uargs, ukwargs) if on_meta and cacheable and space is not None and override is None \
         and kernels.ENABLED else None
     hit = space.kernels.get(known) if known is not None else None  # type: ignore[union-attr]
+    if hit is not None and type(hit[0]) is not type and space is not None:  # one fresh tensor, as answered before
+        return _answered(hit, dev, path, space, func, ts, ukwargs)
     try:
         if hit is not None:
             out = kernels.recall(hit)
@@ -282,7 +235,29 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         except (NotImplementedError, RuntimeError, TypeError) as again:
             space.hooks.failed(str(func), again)
             raise again from exc
-    wrapped = _wrap(out, dev, owner, path)
+    return _labelled(_wrap(out, dev, owner, path), space, func, ts, path, ukwargs)
+
+
+def _answered(hit: tuple[Any, ...], dev: torch.device, path: str | None, space: Space, func: Any,
+              ts: list[VirtualTensor], ukwargs: dict[str, Any]) -> Any:
+    """The op's one output from the kernel table's answer: a fresh meta tensor and its wrapper made from the
+    remembered size, stride and dtype (as ``kernels.recall`` then ``_wrap`` make them, without reading them back)."""
+    size, stride, dtype = hit
+    t: Any = _WRAPPER(VirtualTensor, size, strides=stride, storage_offset=0, dtype=dtype, device=space.inner,
+                      requires_grad=False)
+    t._td_elem, t._td_device, t._td_path, t._td_origin = \
+        _EMPTY(size, stride, dtype=dtype, device=_META), dev, path, None
+    return _labelled(t, space, func, ts, path, ukwargs)
+
+
+_WRAPPER = torch.Tensor._make_wrapper_subclass  # type: ignore[attr-defined]
+_EMPTY = torch.empty_strided
+
+
+def _labelled(wrapped: Any, space: Space | None, func: Any, ts: list[VirtualTensor], path: str | None,
+              ukwargs: dict[str, Any]) -> Any:
+    """The op's wrapped outputs, told to the hooks when they are float64 / complex128 made from narrower operands,
+    and each given its provenance record."""
     if space is not None and isinstance(wrapped, VirtualTensor) and wrapped.dtype in _WIDE \
             and func.overloadpacket not in _MOVES and all(t.dtype != wrapped.dtype for t in ts):
         # an op that makes a float64 / complex128 result (sum(dtype=), new_zeros(dtype=), zeros_like(dtype=))
@@ -304,15 +279,19 @@ def _dispatch_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
 _UNWRAPPED = (VirtualTensor, list, tuple)  # what ``_unwrap`` may change
 
 
-def _virtuals(largs: list[Any], kwargs: dict[str, Any]) -> list[VirtualTensor]:
-    """``tensors_of`` as a list, in one loop (it runs per op)."""
+def _virtuals(largs: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[VirtualTensor], bool]:
+    """``tensors_of`` as a list, in one loop (it runs per op), and whether any of them holds a meta tensor (then
+    the op runs on meta)."""
     out: list[VirtualTensor] = []
     for a in (*largs, *kwargs.values()) if kwargs else largs:
         if isinstance(a, VirtualTensor):
             out.append(a)
         elif isinstance(a, (list, tuple)):
             out.extend(x for x in a if isinstance(x, VirtualTensor))
-    return out
+    for t in out:
+        if t._td_elem.is_meta:
+            return out, True
+    return out, False
 
 
 def _unwrap(x: Any, on_meta: bool, owner: dict[int, VirtualTensor], back: dict[int, VirtualTensor]) -> Any:
@@ -350,7 +329,7 @@ _REFUSALS = ("Promotion for Float8 Types is not supported", "not implemented for
 _LOW = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _refused(space: Space, func: Any, largs: list[Any], uargs: list[Any], ukwargs: dict[str, Any],
+def _refused(space: Space, func: Any, largs: Sequence[Any], uargs: list[Any], ukwargs: dict[str, Any],
              owner: dict[int, VirtualTensor], exc: BaseException) -> tuple[list[Any], dict[str, Any]] | None:
     """A dtype refusal of the kernel: the odd-dtype tensors, the dtype the others compute in, and (when the hooks
     accept) the inner arguments with the culprits cast to it."""

@@ -37,6 +37,7 @@ _REFUSE_TAGS = frozenset(getattr(torch.Tag, n) for n in ("dynamic_output_shape",
 _RETURNS = frozenset({"Tensor", "Tensor?", "List[Tensor]"})
 _OK: dict[Any, bool] = {}
 _MISS = object()
+_TENSOR, _STRIDED = torch.Tensor, torch.strided
 
 
 def cacheable(func: Any) -> bool:
@@ -71,7 +72,11 @@ def key(func: Any, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, ...] |
     ``cacheable``)."""
     parts: list[Any] = [func, torch.get_default_dtype()]
     for a in args:
-        if not _part(a, parts):
+        if type(a) is _TENSOR:  # (``_part``'s first case, inline: most arguments are tensors)
+            if not a.is_meta or a.layout != _STRIDED:
+                return None
+            parts.append((a.shape, a.stride(), a.dtype, a.storage_offset()))
+        elif not _part(a, parts):
             return None
     for k, v in kwargs.items():
         parts.append(k)

@@ -22,6 +22,7 @@ from torchdoctor._rules.presets import as_profile
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._report.text import call_stack, format_error
 from torchdoctor._report.model import PlacementError, Problem
+from torchdoctor._report.records import MutableRecord
 from torchdoctor._placement import device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._virtual.groups import grouped
 from torchdoctor._virtual.makers import CastMakers
@@ -82,9 +83,10 @@ class _Located(list):  # type: ignore[type-arg]
         super().append(problem)
 
 
-@dataclass
-class VirtualSession:
-    """The running simulation of a block: ``device``, ``dtype``, ``profile`` and the ``problems`` recorded so far."""
+@dataclass(init=False, repr=False, eq=False)
+class VirtualSession(MutableRecord):
+    """The running simulation of a block: ``device``, ``dtype``, ``profile`` and the ``problems`` recorded so far.
+    (Methods written out, not generated: a virtual run imports it before the program's first line.)"""
 
     device: torch.device
     dtype: torch.dtype | None
@@ -109,6 +111,23 @@ class VirtualSession:
     fixes: tuple[Fix, ...] = ()  # the fix by parts, each proven at the failing ops or saying what was tried
     _rec: Any = field(default=None, init=False, repr=False, compare=False)
     _casts: Any = field(default=None, init=False, repr=False, compare=False)  # the program's module casts (modcast)
+    _fields = ("device", "dtype", "profile", "data", "problems", "stopped", "culprits", "sources", "stacks", "ops",
+               "ran_on", "networks", "renamed", "failure", "whence", "fixes")  # compared and shown (not _rec, _casts)
+
+    def __init__(self, device: torch.device, dtype: torch.dtype | None, profile: DeviceProfile, data: str = "cpu",
+                 problems: list[Problem] | None = None, stopped: str | None = None, culprits: int = 0,
+                 sources: dict[tuple[str, ...], tuple[str, ...]] | None = None,
+                 stacks: dict[tuple[str, ...], list[tuple[str, int, str]]] | None = None, ops: int = 0,
+                 ran_on: tuple[str, ...] = (), networks: tuple[str, ...] = (), renamed: dict[str, str] | None = None,
+                 failure: BaseException | None = None, whence: dict[str, str] | None = None,
+                 fixes: tuple[Fix, ...] = ()) -> None:
+        self.device, self.dtype, self.profile, self.data, self.stopped = device, dtype, profile, data, stopped
+        self.problems = [] if problems is None else problems  # (the very objects given: a block's recorder fills them)
+        self.sources, self.stacks = {} if sources is None else sources, {} if stacks is None else stacks
+        self.culprits, self.ops, self.ran_on, self.networks, self.failure = culprits, ops, ran_on, networks, failure
+        self.renamed, self.whence = {} if renamed is None else renamed, {} if whence is None else whence
+        self.fixes = fixes
+        self._rec = self._casts = None
 
     @property
     def ok(self) -> bool:
