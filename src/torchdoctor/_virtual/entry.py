@@ -307,7 +307,7 @@ _INPUTS = 4096  # modules whose inputs are kept (the first ones; a bound on a hu
 
 def _given(args: Any) -> list[Any]:
     """Metadata twins of the floating tensors among a torch layer's positional arguments (at most 4)."""
-    from torchdoctor._virtual.atop import Operand, tags_of
+    from torchdoctor._virtual.twins import Operand, tags_of
 
     out: list[Any] = []
     for a in (args if isinstance(args, tuple) else ())[:4]:
