@@ -199,7 +199,7 @@ _ERROR_ONLY = ("torchdoctor._explain", "torchdoctor._run.evidence", "torchdoctor
                "torchdoctor._guard.provenance", "torchdoctor._guard.maker", "torchdoctor._guard.remedy",
                "torchdoctor._guard.proof", "torchdoctor._guard.notes", "torchdoctor._virtual.prove",
                "torchdoctor._virtual.fixes", "torchdoctor._virtual.castfix", "torchdoctor._virtual.restfix",
-               "bitsandbytes")
+               "torchdoctor._virtual.atop", "torchdoctor._virtual.libout", "bitsandbytes")
 _WATCHED = """
 import atexit, sys
 import torch

@@ -66,6 +66,11 @@ def causes(problems: Sequence[Any], roots: Sequence[tuple[str, frozenset[str]]] 
             keys.setdefault(("model", owner[i], p.found, p.expected), []).append(i)
             continue
         m = _OPERAND.match(p.message or "")
+        attr = _attribute(p, m)
+        if attr is not None:  # one plain attribute of one class (``QLinear.scale``) in many of its modules
+            keys.setdefault(("attribute", p.kind, p.module_type, attr, m.group("op") if m else "", p.found,
+                             p.expected), []).append(i)
+            continue
         if p.role in _ROLES or m is None or not _MADE_AT.search(m.group("desc")):
             keys.setdefault(("one", i), []).append(i)
             continue
@@ -77,11 +82,31 @@ def causes(problems: Sequence[Any], roots: Sequence[tuple[str, frozenset[str]]] 
         paths = [x for p in members for x in _paths(p)]
         if len(ix) < 2 or key[0] == "one":
             out += [(i, Cause(problems[i], _paths(problems[i]))) for i in ix]
+        elif key[0] == "attribute":
+            out.append((ix[0], Cause(_attr(members, str(key[2]), str(key[3]), str(key[4])), paths, members[0])))
         elif key[0] == "model":
             out.append((ix[0], Cause(_model(members, paths, roots[key[1]]), paths, members[0])))
         else:
             out.append((ix[0], Cause(_operand(members, key[2], key[3], key[4]), paths, members[0])))
     return [c for _, c in sorted(out, key=lambda x: x[0])]
+
+
+def _attribute(p: Any, m: Any) -> str | None:
+    """The attribute's name when ``p`` is about a tensor its module holds as a plain attribute (``2.scale`` read in
+    module ``2``, a ``QLinear``: not a parameter or buffer, met as an op's operand)."""
+    if p.kind != "device" or p.role in _ROLES or not p.module_type or not p.module_path or m is None:
+        return None
+    mpath, _, leaf = p.path.rpartition(".")
+    return leaf if mpath == p.module_path and leaf.isidentifier() and m.group("desc") == p.path else None
+
+
+def _attr(members: list[Any], cls: str, name: str, op: str) -> Any:
+    first = members[0]
+    where = list(dict.fromkeys(p.module_path for p in members))
+    shown = ", ".join(f"{w}.{name}" for w in where[:_SHOWN]) + (", ..." if len(where) > _SHOWN else "")
+    message = (f"{cls}.{name}, a plain tensor attribute, is on {first.found} in {len(where)} {cls} modules while "
+               f"{op} runs on {first.expected}: one cause, {len(members)} line(s) folded; {shown}")
+    return replace(first, path=f"{cls}.{name}", message=message, tensors=tuple(p.path for p in members))
 
 
 def _model(members: list[Any], paths: list[str], root: tuple[str, frozenset[str]]) -> Any:
