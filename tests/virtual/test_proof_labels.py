@@ -66,3 +66,31 @@ def test_a_host_read_is_fixed_with_what_a_copy_of_it_needs_and_proven(tmp_path: 
     assert f"data = {read}" in app.read_text()
     again = run_json(app, "cuda")
     assert again["ok"] and not again["fixes"], again["problems"]
+
+
+def test_a_load_refused_for_a_missing_gpu_is_proven_mapped_to_the_cpu(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint saved on ``cuda:3`` (DESOBAv2 #18) read on a one-GPU run: torch refuses at ``torch.load``; the fix
+    ``map_location="cpu"`` is tried on the same file, from a path and from a file object (left where the refusal
+    left it), and never re-run where unpickling may run the file's code."""
+    import io
+
+    import torch
+
+    import torchdoctor
+    from torchdoctor._virtual.loading import mapped_note
+
+    path = tmp_path / "ckpt.pt"
+    with monkeypatch.context() as m:  # a file as a training box's GPU 3 writes it: its storages tagged cuda:3
+        m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:3")
+        torch.save({"w": torch.ones(2, 2), "step": 7}, path)
+    notes = []
+    with torchdoctor.virtual_devices("cuda", raise_on_exit=False):
+        data = io.BytesIO(path.read_bytes())
+        for source, kw in ((path, {}), (data, {}), (path, {"weights_only": False})):
+            with pytest.raises(RuntimeError, match="Attempting to deserialize object on CUDA device 3") as info:
+                torch.load(source, **kw)
+            notes.append(mapped_note(info.value))
+        assert data.tell() > 0
+    assert notes[0] == notes[1] == '(proven: the same file loaded with map_location="cpu": 1 tensor(s), on the cpu)'
+    assert notes[2].startswith("(unproven: not re-run: the file is loaded without weights_only=True")

@@ -140,7 +140,13 @@ def _load(original: Any) -> Any:
                 where[storage.data_ptr()] = dev
             return storage
 
-        out = original(f, to_cpu, *args, **kwargs)
+        start = _position(f)
+        try:
+            out = original(f, to_cpu, *args, **kwargs)
+        except RuntimeError as exc:  # storages for a GPU the machine lacks: the fix's load tried on the same file
+            if str(exc).startswith(DESERIALIZE):
+                exc.td_mapped = _mapped(original, f, start, args, kwargs)  # type: ignore[attr-defined]
+            raise
         if written is not None and len(order) == len(written):
             where.update((st.data_ptr(), dev) for st, dev in zip(order, written) if dev is not None)
         return _place(out, where, set())
@@ -148,6 +154,64 @@ def _load(original: Any) -> Any:
     load.__name__ = load.__qualname__ = "load"
     load.__doc__ = original.__doc__
     return load
+
+
+DESERIALIZE = "Attempting to deserialize object on"  # torch's refusal of a storage for a device the machine lacks
+
+
+def _position(f: Any) -> int | None:
+    """Where a seekable file object stands (a path: None)."""
+    try:
+        return int(f.tell()) if hasattr(f, "seek") and hasattr(f, "tell") else None
+    except (OSError, ValueError):
+        return None
+
+
+def _mapped(original: Any, f: Any, start: int | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, str]:
+    """(proven, what was tried) of the fix ``map_location="cpu"`` at a load that refused: the same file loaded
+    again so, only under the weights-only unpickler (a full unpickling may run the file's code, so twice is not
+    free of effects); a file object is read from where the load started and left where the refusal left it."""
+    weights = kwargs.get("weights_only")
+    if weights is False or args or (weights is None and tuple(int(x) for x in torch.__version__.split(".")[:2] if
+                                                              x.isdigit()) < (2, 6)):
+        return False, "not re-run: the file is loaded without weights_only=True, whose unpickling may run its code"
+    if not isinstance(f, (str, os.PathLike)) and start is None:
+        return False, "not re-run: the file object cannot be read again from where the load started"
+    after = _position(f)
+    try:
+        if start is not None:
+            f.seek(start)
+        got = original(f, "cpu", **kwargs)
+    except Exception as exc:  # the re-load's own failure is the answer
+        return False, f"the same file loaded with map_location=\"cpu\" raised {type(exc).__name__}: " \
+            f"{(str(exc).strip().splitlines() or [''])[0]}"[:300]
+    finally:
+        if after is not None:
+            f.seek(after)
+    tensors = [t for t in _tensors(got, set()) if isinstance(t, torch.Tensor)]
+    where = sorted({str(getattr(t, "_td_device", t.device)) for t in tensors})
+    if where and where != ["cpu"]:
+        return False, f"the same file loaded with map_location=\"cpu\" put tensors on {', '.join(where)}"
+    return True, f"the same file loaded with map_location=\"cpu\": {len(tensors)} tensor(s), on the cpu"
+
+
+def _tensors(obj: Any, seen: set[int]) -> list[Any]:
+    """The tensors of a loaded object (dicts, lists, tuples), each container once."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if id(obj) in seen or not isinstance(obj, (dict, list, tuple)):
+        return []
+    seen.add(id(obj))
+    return [t for x in (obj.values() if isinstance(obj, dict) else obj) for t in _tensors(x, seen)]
+
+
+def mapped_note(exc: BaseException) -> str:
+    """How the fix ``map_location="cpu"`` of a refused load was judged, as the fix's note says it: ``(proven: ...)``
+    or ``(unproven: ...)``."""
+    tried = getattr(exc, "td_mapped", None)
+    if not isinstance(tried, tuple):
+        return "(unproven: the patched load was not re-run)"
+    return f"({'proven' if tried[0] else 'unproven'}: {tried[1]})"
 
 
 def _exists(dev: torch.device) -> None:
