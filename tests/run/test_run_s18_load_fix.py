@@ -34,7 +34,8 @@ def test_a_load_of_a_missing_gpu_index_is_fixed_at_the_load_line(tmp_path: Path,
     assert f["category"] == "deserialize_device" and f["fix_from"] == "run"
     assert f["fix"].startswith('ckpt = torch.load("ckpt.pt", map_location="cpu")  # the file\'s storages name a '
                                "device this machine lacks")
-    assert "unproven" in f["fix"]
+    # the patched load re-run on the file (a load changes nothing): proven
+    assert f["fix"].endswith("(fix proven: the patched load read the file onto the cpu)"), f["fix"]
     assert '+ckpt = torch.load("ckpt.pt", map_location="cpu")' in doc["patch"]
     subprocess.run(["git", "apply", "-"], input=doc["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
     again = run_json(app, "cuda")
@@ -46,3 +47,17 @@ def test_a_map_location_already_there_has_its_value_replaced() -> None:
         '    sd = torch.load(p, map_location="cpu")["model"]'
     assert _mapped("x = torch.load(p, weights_only=True)") == 'x = torch.load(p, weights_only=True, map_location="cpu")'
     assert _mapped("x = torch.load(*a)") is None and _mapped("x = load(p)") is None
+
+
+OPENED = APP.replace('torch.load("ckpt.pt")', 'torch.load(open("ckpt.pt", "rb"))')
+
+
+def test_a_load_from_an_open_file_is_fixed_and_said_unproven(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as m:
+        m.setattr(ser, "location_tag", lambda storage: "cuda:3")
+        torch.save({"net": {"weight": torch.ones(2, 4), "bias": torch.zeros(2)}, "step": 7}, tmp_path / "ckpt.pt")
+    app = tmp_path / "app.py"
+    app.write_text(OPENED)
+    [f] = run_json(app, "cuda")["findings"]
+    assert f["fix"].startswith('ckpt = torch.load(open("ckpt.pt", "rb"), map_location="cpu")')
+    assert "(unproven: the patched load was not re-run (torch.load was given no file path))" in f["fix"]

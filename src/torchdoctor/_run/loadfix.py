@@ -39,9 +39,38 @@ def load_fix(exc: BaseException) -> tuple[str, str | None] | None:
         return None
     from torchdoctor._report.diff import line_patch
 
-    note = (f"  # the file's storages name a device this machine lacks: map them to {WHERE} at the load "
-            "(unproven: the patched load was not re-run)")
+    note = f"  # the file's storages name a device this machine lacks: map them to {WHERE} at the load ({_proof(exc)})"
     return new.strip() + note, line_patch(at[0], at[1], new)
+
+
+_PROVE_BELOW = 1 << 28  # bytes: a bigger file is not read a second time to prove the fix
+
+
+def _proof(exc: BaseException) -> str:
+    """The patched load run again on the same file (a load reads it and changes nothing): "fix proven" when it
+    loads, else "unproven" with why. Only a file named by its path and smaller than ``_PROVE_BELOW`` is read again
+    (an open file object has been read already)."""
+    import os
+
+    tb, frame = exc.__traceback__, None
+    while tb is not None:  # torch.load's own frame: the file it was given and how it was asked to load
+        code = tb.tb_frame.f_code
+        if code.co_name == "load" and code.co_filename.replace("\\", "/").endswith("torch/serialization.py"):
+            frame = tb.tb_frame
+        tb = tb.tb_next
+    f = frame.f_locals.get("f") if frame is not None else None
+    if frame is None or not isinstance(f, (str, os.PathLike)) or not os.path.isfile(f):
+        return "unproven: the patched load was not re-run (torch.load was given no file path)"
+    size = os.path.getsize(f)
+    if size >= _PROVE_BELOW:
+        return f"unproven: the file is {size / 2**30:.1f} GiB, not read a second time to re-run the patched load"
+    import torch
+
+    try:
+        torch.load(f, map_location=WHERE, weights_only=frame.f_locals.get("weights_only"))
+    except Exception as e:  # the patched load fails too: said, never offered as proven
+        return f"unproven: the patched load raised {type(e).__name__}: {str(e).strip()[:120]}"
+    return f"fix proven: the patched load read the file onto the {WHERE}"
 
 
 def _mapped(raw: str) -> str | None:
