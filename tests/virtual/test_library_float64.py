@@ -89,3 +89,17 @@ def test_a_float64_the_program_computes_itself_is_not_a_library_s() -> None:
         x = torch.ones(3, device="xpu").double()
         (x * 2).sum()
     assert sim.problems and not any("library's own code" in p.message for p in sim.problems)
+
+
+def test_a_library_line_under_the_default_device_is_the_library_s_not_torch_s_mode() -> None:
+    import torch
+    from torch.utils.data import WeightedRandomSampler
+
+    import torchdoctor
+
+    with torchdoctor.virtual_devices("mps", raise_on_exit=False) as sim:
+        with torch.device("mps"):
+            list(WeightedRandomSampler([1.0, 2.0, 3.0], 2))
+    said = [p.message for p in sim.problems]
+    assert said and all("torch/utils/data/sampler.py:" in m for m in said), said
+    assert not any("_device.py" in m for m in said) and any("WeightedRandomSampler.__iter__" in m for m in said)

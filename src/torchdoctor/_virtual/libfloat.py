@@ -28,6 +28,7 @@ _PLUMBING = tuple(os.sep.join(("torch", x)) for x in ("_tensor.py", "overrides.p
                                                       os.path.join("utils", "_python_dispatch.py"),
                                                       os.path.join("utils", "_contextlib.py"), "_jit_internal.py",
                                                       os.path.join("nn", "functional.py"), "_compile.py"))
+_MODES = ("__torch_function__", "__torch_dispatch__")  # a mode's or subclass's hop (torch.set_default_device's)
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__ or "")) + os.sep
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _LAYERS = os.path.join(_TORCH, "nn", "modules") + os.sep  # a torch layer computing what it is given: the model's
@@ -40,7 +41,8 @@ def library_line(depth: int = 2) -> str | None:
     from torchdoctor._guard.ownfile import own_file
 
     f: Any = sys._getframe(depth)
-    while f is not None and (f.f_code.co_filename.startswith(_OURS) or f.f_code.co_filename.endswith(_PLUMBING)):
+    while f is not None and (f.f_code.co_filename.startswith(_OURS) or f.f_code.co_filename.endswith(_PLUMBING) or
+                             f.f_code.co_name in _MODES):
         f = f.f_back
     if f is None:
         return None
