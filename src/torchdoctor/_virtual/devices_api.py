@@ -24,12 +24,12 @@ import torch
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import hardware
 from torchdoctor._virtual import tensor as V
+from torchdoctor._virtual.legacy import legacy_types
 from torchdoctor._virtual.tensor import Space
 
 _MISSING = object()
-# filled by ``runtime`` (which imports this module): the mode a thread of a run enters, and the virtual move
+# filled by ``runtime`` (which imports this module): the mode a thread of a run enters
 ENTER: list[Callable[[Space], Any]] = []
-MOVE: list[Callable[..., Any]] = []
 _LOCK = threading.RLock()
 # (id(owner), name) -> [owner, name, original, users]
 _INSTALLED: dict[tuple[int, str], list[Any]] = {}
@@ -145,7 +145,16 @@ class VirtualStream:
 
 
 def stream_class(name: str, original: Any = _MISSING) -> type:
-    return type(name, (VirtualStream,), {"_td_original": original})
+    """One class per name and original for the process: a run's enter made them anew each time (with the legacy
+    types, ~0.4 ms of class creation a run)."""
+    key = (name, id(original))
+    hit = _CLASSES.get(key)
+    if hit is None or hit[0] is not original:
+        hit = _CLASSES[key] = (original, type(name, (VirtualStream,), {"_td_original": original}))
+    return hit[1]  # type: ignore[no-any-return]
+
+
+_CLASSES: dict[tuple[str, int], tuple[Any, type]] = {}  # (name, id(original)) -> (original, class)
 
 
 class _GeneratorMeta(type(torch._C.Generator)):  # type: ignore[misc]
@@ -171,66 +180,6 @@ class VirtualGenerator(torch._C.Generator, metaclass=_GeneratorMeta):
         pass
 
     device = property(lambda self: self.__dict__["_td_device"])  # type: ignore[assignment]
-
-
-_LEGACY = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16,
-           "Long": torch.int64, "Int": torch.int32, "Short": torch.int16, "Char": torch.int8, "Byte": torch.uint8,
-           "Bool": torch.bool}
-
-
-class _LegacyMeta(type):
-    """``torch.cuda.FloatTensor``: called in a simulating thread it builds a virtual tensor, else the real type."""
-
-    _td_original: Any
-    _td_kind: str
-    dtype: torch.dtype
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        space = V.current_space()
-        if space is None or space.vtype != cls._td_kind:
-            return cls._td_original(*args, **kwargs)
-        with torch._C.DisableTorchFunction():
-            cpu = getattr(torch, cls.__name__)(*args, **kwargs)  # the CPU legacy constructor: same arguments
-        return MOVE[0](space, cpu, space.norm(cls._td_kind), None)
-
-    def __instancecheck__(cls, obj: Any) -> bool:
-        return isinstance(obj, torch.Tensor) and obj.type() == f"torch.{cls._td_kind}.{cls.__name__}"
-
-
-def legacy_types(kind: str, module: Any) -> dict[str, Any]:
-    """The legacy tensor types of ``torch.<kind>`` that exist here, as virtual-aware classes."""
-    out: dict[str, Any] = {}
-    for short, dtype in _LEGACY.items():
-        name = f"{short}Tensor"
-        original = module.__dict__.get(name)
-        if original is not None:
-            out[name] = _LegacyMeta(name, (), {"_td_original": original, "_td_kind": kind, "dtype": dtype,
-                                               "is_cuda": kind == "cuda", "is_sparse": False,
-                                               "__module__": f"torch.{kind}"})
-    return out
-
-
-def legacy_name(dtype: torch.dtype) -> str | None:
-    """``torch.float32`` -> ``FloatTensor`` (None for dtypes without a legacy type)."""
-    try:
-        return torch.empty(0, dtype=dtype, device="meta").type().rpartition(".")[2]
-    except Exception:  # quantized dtypes cannot be allocated this way
-        return None
-
-
-def parse_legacy(name: str) -> tuple[str | None, torch.dtype] | None:
-    """``'torch.cuda.HalfTensor'`` -> ``('cuda', torch.float16)``; ``'torch.FloatTensor'`` -> ``(None, float32)``."""
-    parts = name.split(".")
-    if len(parts) not in (2, 3) or parts[0] != "torch" or not parts[-1].endswith("Tensor"):
-        return None
-    short = parts[-1][: -len("Tensor")]
-    dtype = _LEGACY.get(short)
-    if dtype is None:
-        cpu = getattr(torch, parts[-1], None)
-        dtype = getattr(cpu, "dtype", None)
-    if not isinstance(dtype, torch.dtype):
-        return None
-    return (parts[1] if len(parts) == 3 else None), dtype
 
 
 # -- the profile's answers -----------------------------------------------------------------------------------------

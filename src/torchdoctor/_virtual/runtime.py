@@ -378,5 +378,5 @@ def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> It
 
 
 _HANDLERS.update({**handlers(VirtualMode), **lengths.handlers(VirtualMode)})  # backward.py; CPU lengths (lengths.py)
-api.ENTER[:], api.MOVE[:] = [VirtualMode], [move]  # a thread the run starts enters its mode
+api.ENTER[:] = [VirtualMode]  # a thread the run starts enters its mode
 H.MOVE = move
