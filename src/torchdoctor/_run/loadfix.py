@@ -39,7 +39,13 @@ def load_fix(exc: BaseException) -> tuple[str, str | None] | None:
         return None
     from torchdoctor._report.diff import line_patch
 
-    note = f"  # the file's storages name a device this machine lacks: map them to {WHERE} at the load ({_proof(exc)})"
+    if isinstance(getattr(exc, "td_mapped", None), tuple):  # a virtual run's torch.load tried the fix already
+        from torchdoctor._virtual.loading import mapped_note
+
+        said = mapped_note(exc)
+    else:
+        said = f"({_proof(exc)})"
+    note = f"  # the file's storages name a device this machine lacks: map them to {WHERE} at the load {said}"
     return new.strip() + note, line_patch(at[0], at[1], new)
 
 
@@ -47,9 +53,10 @@ _PROVE_BELOW = 1 << 28  # bytes: a bigger file is not read a second time to prov
 
 
 def _proof(exc: BaseException) -> str:
-    """The patched load run again on the same file (a load reads it and changes nothing): "fix proven" when it
-    loads, else "unproven" with why. Only a file named by its path and smaller than ``_PROVE_BELOW`` is read again
-    (an open file object has been read already)."""
+    """The patched load run again on the same file (a load reads it and changes nothing), where no virtual run's
+    load tried it (a program run on this machine's own devices): "proven" when it loads, else "unproven" with why.
+    Only a file named by its path and smaller than ``_PROVE_BELOW`` is read again (an open file object has been read
+    already)."""
     import os
 
     tb, frame = exc.__traceback__, None
@@ -70,7 +77,7 @@ def _proof(exc: BaseException) -> str:
         torch.load(f, map_location=WHERE, weights_only=frame.f_locals.get("weights_only"))
     except Exception as e:  # the patched load fails too: said, never offered as proven
         return f"unproven: the patched load raised {type(e).__name__}: {str(e).strip()[:120]}"
-    return f"fix proven: the patched load read the file onto the {WHERE}"
+    return f"proven: the patched load read the same file onto the {WHERE}"
 
 
 def _mapped(raw: str) -> str | None:
