@@ -31,6 +31,7 @@ from torch import nn
 
 from torchdoctor._guard.record import NOTHING, GuardReport, Note, key_of
 from torchdoctor._guard.session import Session
+from torchdoctor._report.records import FrozenRecord
 from torchdoctor._report.text import public_types, user_stacklevel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,8 +48,10 @@ MODES = ("explain", "strict", "fix", "warn")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass(frozen=True)
-class Fix:
+# a frozen record written once, not compiled per class by the decorator (issue 43 point 4): equal, hashed and shown
+# by its first six fields, as the decorator made it (the rest were repr=False, compare=False)
+@dataclass(init=False, repr=False, eq=False)
+class Fix(FrozenRecord):
     """One repair ``fix`` (or ``warn``) mode applied on the fly: the tensor at ``path`` went from ``found``
     to ``expected`` for the ops that needed it. The model itself is never changed. What strict would have said of
     it comes along: ``maker`` (where an operand made in a forward was made: op, line, where its dtype was read from,
@@ -65,6 +68,22 @@ class Fix:
     code: str | None = field(default=None, repr=False, compare=False)
     proof: str | None = field(default=None, repr=False, compare=False)
     patch: str | None = field(default=None, repr=False, compare=False)
+    _fields = ("path", "found", "expected", "kind", "op", "module_path")
+
+    def __init__(self, path: str, found: str, expected: str, kind: str = "dtype", op: str | None = None,
+                 module_path: str | None = None, maker: str | None = None, code: str | None = None,
+                 proof: str | None = None, patch: str | None = None) -> None:
+        d = self.__dict__
+        d["path"] = path
+        d["found"] = found
+        d["expected"] = expected
+        d["kind"] = kind
+        d["op"] = op
+        d["module_path"] = module_path
+        d["maker"] = maker
+        d["code"] = code
+        d["proof"] = proof
+        d["patch"] = patch
 
     @property
     def proven(self) -> bool:

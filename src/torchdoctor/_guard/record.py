@@ -10,9 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from torchdoctor._report.records import FrozenRecord
 
-@dataclass(frozen=True)
-class Note:
+
+# frozen records written once, not compiled per class by the decorator: guard's api imports this module when `run`
+# builds its guard before the program's first line (issue 43 point 4); tests/guard compare each with a twin the
+# decorator makes
+@dataclass(init=False, repr=False, eq=False)
+class Note(FrozenRecord):
     """What guard said of a problem beyond its ``Problem`` fields: where the operand was made (one line per maker),
     the fix as code, its proof ("fix proven: ..." / "fix unproven: ..." with what was tried) and its diff."""
 
@@ -22,6 +27,17 @@ class Note:
     patch: str | None = None
     groups: tuple[str, ...] = ()  # the components the fix casts whole (fix / warn tell their later ops once)
     aligns: tuple[str, str] = ("", "")  # a component's dtype and its neighbours': fix / warn align its ops to these
+    _fields = ("maker", "fix", "proof", "patch", "groups", "aligns")
+
+    def __init__(self, maker: str | None = None, fix: str | None = None, proof: str | None = None,
+                 patch: str | None = None, groups: tuple[str, ...] = (), aligns: tuple[str, str] = ("", "")) -> None:
+        d = self.__dict__
+        d["maker"] = maker
+        d["fix"] = fix
+        d["proof"] = proof
+        d["patch"] = patch
+        d["groups"] = groups
+        d["aligns"] = aligns
 
     @property
     def proven(self) -> bool:
@@ -50,8 +66,8 @@ def said(note: Note) -> str:
     return out
 
 
-@dataclass(frozen=True)
-class GuardReport:
+@dataclass(init=False, repr=False, eq=False)
+class GuardReport(FrozenRecord):
     """``guard.report()``: what one guard saw, as fields (``problems``, ``fixes``, the ``Note`` of each problem by
     ``key_of``) and as JSON-ready data (``to_dict``)."""
 
@@ -59,6 +75,15 @@ class GuardReport:
     problems: tuple[Any, ...]
     fixes: tuple[Any, ...]
     notes: Mapping[tuple[Any, ...], Note]
+    _fields = ("mode", "problems", "fixes", "notes")
+
+    def __init__(self, mode: str, problems: tuple[Any, ...], fixes: tuple[Any, ...],
+                 notes: Mapping[tuple[Any, ...], Note]) -> None:
+        d = self.__dict__
+        d["mode"] = mode
+        d["problems"] = problems
+        d["fixes"] = fixes
+        d["notes"] = notes
 
     def note(self, p: Any) -> Note:
         return self.notes.get(key_of(p), NOTHING)
