@@ -71,6 +71,30 @@ def test_keys_tell_values_and_metadata_apart() -> None:
     assert kernels.key(aten.mul.Tensor, [x, object()], {}) is None
 
 
+def test_a_key_read_from_the_wrappers_is_the_key_of_what_the_kernel_is_given() -> None:
+    # the op path looks the table up from the wrappers before it unwraps them: the same key, or None
+    space, dev = V.Space("meta", "cuda"), torch.device("cuda", 1)
+    prev = V.swap_space(space)
+    try:
+        w = [V.make(V.VirtualTensor, _meta(2, 3, dtype=BF), dev), V.make(V.VirtualTensor, _meta(3), dev),
+             V.make(V.VirtualTensor, _meta(4, 6, 5).as_strided((4, 1, 5), (30, 5, 1), 5), dev)]
+        real = V.make(V.VirtualTensor, torch.ones(3), dev)  # a small real tensor: a meta twin once unwrapped
+        calls = [(aten.mul.Tensor, [w[0], w[1]], {}), (aten.add.Tensor, [w[2], w[2]], {"alpha": 2}),
+                 (aten.cat.default, [[w[0], w[0]], 1], {}), (aten.cat.default, [(w[1], _meta(3))], {}),
+                 (aten.mul.Tensor, [w[0], 2.0], {}), (aten.mul.Tensor, [w[1], real], {}),
+                 (aten.stack.default, [[[w[0]]]], {}), (aten.mul.Tensor, [w[1], object()], {})]
+        for func, args, kwargs in calls:
+            owner: dict[int, Any] = {}
+            on_meta = any(getattr(a, "_td_elem", torch.ones(0)).is_meta for a in args)
+            unwrapped = [D._unwrap(a, on_meta, owner, {}) for a in args]
+            slow = kernels.key(func, unwrapped, {k: D._unwrap(v, on_meta, owner, {}) for k, v in kwargs.items()})
+            fast = kernels.virtual_key(func, args, kwargs, V.VirtualTensor)
+            assert fast == slow or (fast is None and any(a is real for a in args)), (func, fast, slow)
+    finally:
+        V.swap_space(prev)
+    assert fast is None and slow is None  # an object no key reads
+
+
 def _findings(report: Any) -> list[tuple[Any, ...]]:
     return [(p.kind, p.path, p.found, p.expected, p.message, p.op, p.module_path) for p in report.problems]
 

@@ -85,6 +85,35 @@ def key(func: Any, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, ...] |
     return tuple(parts)
 
 
+def virtual_key(func: Any, args: Any, kwargs: dict[str, Any], wrapper: type) -> tuple[Any, ...] | None:
+    """``key`` of the arguments the op path would hand the kernel, read from the virtual wrappers themselves
+    (``args`` and ``kwargs`` as the op was called; ``wrapper``: their class, each holding its tensor in ``_td_elem``):
+    what ``key`` gives once they are unwrapped, without unwrapping them. None when a wrapper holds anything but a
+    meta tensor (the op path then unwraps and asks ``key``)."""
+    parts: list[Any] = [func, torch.get_default_dtype()]
+    for a in args:
+        if not _virtual_part(a, parts, wrapper):
+            return None
+    for k, v in kwargs.items():
+        parts.append(k)
+        if not _virtual_part(v, parts, wrapper):
+            return None
+    return tuple(parts)
+
+
+def _virtual_part(x: Any, parts: list[Any], wrapper: type) -> bool:
+    if isinstance(x, wrapper):
+        e = x._td_elem  # type: ignore[attr-defined]
+        if type(e) is not _TENSOR or not e.is_meta or e.layout != _STRIDED:
+            return False
+        parts.append((e.shape, e.stride(), e.dtype, e.storage_offset()))
+        return True
+    if (type(x) is list or type(x) is tuple) and any(isinstance(y, wrapper) for y in x):
+        parts.append((type(x), len(x)))  # (the op path unwraps a list that holds a wrapper itself, so does this)
+        return all(_virtual_part(y, parts, wrapper) for y in x)
+    return _part(x, parts)
+
+
 def _shape_of(out: Any, seen: set[int]) -> Any:
     if out is None:
         return None
