@@ -8,6 +8,7 @@ program makes itself stays the program's."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,49 @@ def test_a_library_line_under_the_default_device_is_the_library_s_not_torch_s_mo
     said = [p.message for p in sim.problems]
     assert said and all("torch/utils/data/sampler.py:" in m for m in said), said
     assert not any("_device.py" in m for m in said) and any("WeightedRandomSampler.__iter__" in m for m in said)
+
+
+def test_simulate_proves_training_without_a_scaler_by_a_re_run() -> None:
+    import torch
+    from torch import nn
+
+    import torchdoctor
+
+    seen: list[torch.dtype] = []
+
+    def step(m: nn.Module) -> None:
+        m = m.to("xpu")
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler(device="xpu")
+        with torch.autocast("xpu", dtype=torch.float16):
+            out = m(torch.randn(2, 4, device="xpu"))
+        seen.append(out.dtype)
+        scaler.scale(out.float().sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    report = torchdoctor.simulate(nn.Linear(4, 2), device="xpu", profile="arc", call=step)
+    [fix] = report.fixes
+    assert "GradScaler.unscale_, torch's own code" in fix.code and "dtype=torch.bfloat16" in fix.code
+    assert fix.proven and fix.tried == "applied in a virtual re-run: no problem left", fix.tried
+    assert seen == [torch.float16, torch.bfloat16], seen  # the re-run trained as the fix says: bfloat16 autocast
+    assert torch.amp.GradScaler.step.__qualname__ == "GradScaler.step"  # the scaler is put back after the re-run
+
+
+def test_a_scheduler_s_own_float64_on_arc_names_diffusers_line() -> None:
+    import torch
+    from diffusers import FlowMapEulerDiscreteScheduler
+
+    import torchdoctor
+
+    with torchdoctor.virtual_devices("xpu", profile="arc", raise_on_exit=False) as sim:
+        scheduler = FlowMapEulerDiscreteScheduler()
+        scheduler.set_timesteps(4, device="xpu")  # float64 sigmas on an xpu, as diffusers keeps them off mps/npu
+    assert scheduler.sigmas.dtype == torch.float64
+    [p] = sim.problems
+    assert "diffusers/schedulers/scheduling_flow_map_euler_discrete.py:" in p.message
+    assert "in FlowMapEulerDiscreteScheduler.set_timesteps" in p.message and "xpu cannot compute in float64" in p.message
+    [fix] = sim.fixes
+    assert "diffusers' own code, reached from your line " in fix.code, fix.code
+    assert re.search(r'test_library_float64\.py:\d+ \(`scheduler\.set_timesteps\(4, device="xpu"\)`\)', fix.code)
+    assert 'device="cpu" at your line' in fix.code and not fix.proven and "pass dtype=" not in fix.code

@@ -119,7 +119,8 @@ def library_fix(p: Any, lib: tuple[str, str, str, str | None], device: torch.dev
     which = f"cannot hold {p.found}" if "cannot hold" in p.message else \
         f"has no {p.found} kernels (it holds {p.found} but computes nothing in it)"
     also = f", and {len(more)} more of its line(s): {', '.join(more[:3])}{' …' if len(more) > 3 else ''}" if more else ""
-    head = (f"# {at} ({qual}, {package}'s own code{reached}{also}) computes in {p.found} on {device_str(device)}, which "
+    owner = f"{package}'" if package.endswith("s") else f"{package}'s"
+    head = (f"# {at} ({qual}, {owner} own code{reached}{also}) computes in {p.found} on {device_str(device)}, which "
             f"{which}; your program makes and moves no {p.found} tensor there, so no cast of yours reaches it")
     if qual.startswith("GradScaler."):
         fix = (f"{head}. Train without a GradScaler under torch.autocast(device_type={device.type!r}, "
@@ -127,13 +128,16 @@ def library_fix(p: Any, lib: tuple[str, str, str, str | None], device: torch.dev
                "(scaler.scale(loss).backward() -> loss.backward(); scaler.step(optimizer) -> optimizer.step(); drop "
                "scaler.update()), or use a torch whose GradScaler keeps that math in float32 on "
                f"{device.type}")
-        tried = ("not re-run: the change is to the program's training loop (no GradScaler, bfloat16 autocast), and "
-                 "torchdoctor run runs a program once")
+        return Fix(fix, "note", noscale=device.type,  # a re-run (simulate's call=) trains so, and judges it
+                   tried="not re-run: the change is to the program's training loop (no GradScaler, bfloat16 "
+                         "autocast); simulate(model, call=...) re-runs it so")
+    if "device=" in line:  # the call places what it makes: made on the cpu, then moved
+        fix = (f"{head}. Make that call on the cpu (device=\"cpu\" at your line) and move what you then use to "
+               f"{device.type}, or use a path of {package} that does not compute in {p.found} on {device.type}")
     else:
         fix = (f"{head}. Give that call its tensors on the cpu (x.cpu()) and move its result to {device.type} after, "
                f"or use a path of {package} that does not compute in {p.found} on {device.type}")
-        tried = "not re-run: the computation is the library's, and torchdoctor run runs a program once"
-    return Fix(fix, "note", tried=tried)
+    return Fix(fix, "note", tried="not re-run: the computation is the library's, called from the program's line")
 
 
 def _program_line(where: str | None) -> str:
@@ -141,4 +145,4 @@ def _program_line(where: str | None) -> str:
     from torchdoctor._virtual.origin import LINES
 
     file, line = LINES.get(where or "", ("", 0))
-    return linecache.getline(file, line).strip() if file else ""
+    return re.sub(r"\s+#[^'\"]*$", "", linecache.getline(file, line).strip()) if file else ""  # the code, no comment

@@ -52,13 +52,14 @@ class Fix:
     renumpy: tuple[str, int] | None = None  # a line whose .numpy() reads float32 in a re-run (``intread``)
     # a library module's output cast where the program's line takes it back: (file, line, class, dtype) (``libout``)
     reout: tuple[str, int, str, torch.dtype] | None = None
+    noscale: str | None = None  # a device type trained with bfloat16 autocast and no GradScaler in a re-run (``noscale``)
 
     def applied(self) -> bool:
         """A fix a re-run can apply (advice cannot)."""
         return self.kind in ("path", "line", "apart") or self.remake is not None or self.modcast is not None or \
             bool(self.rebuffer) or self.recall is not None or self.reglobal is not None or \
             self.rebuild is not None or self.reoperand is not None or self.renumpy is not None or \
-            self.reout is not None or (
+            self.reout is not None or self.noscale is not None or (
             self.kind == "input" and isinstance(self.target, torch.dtype) and self.label.startswith(("input ", "kwarg ")))
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,6 +104,14 @@ def applied_when_there(model: Any, fixes: Sequence[Fix]) -> Iterator[None]:
     whose path the model does not hold yet (a block the program appends after its own ``.to``: ``model.blocks[1]``)
     is applied when it first can, as a module's forward starts. One never applied raises what it raised, after the
     call: the fix is then unproven, saying so."""
+    from torchdoctor._virtual.noscale import unscaled
+
+    with unscaled(fixes), _applied_when_there(model, fixes):
+        yield
+
+
+@contextmanager
+def _applied_when_there(model: Any, fixes: Sequence[Fix]) -> Iterator[None]:
     pending: list[tuple[Fix, BaseException]] = []
     for f in fixes:
         try:
