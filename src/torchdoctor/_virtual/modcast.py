@@ -85,9 +85,10 @@ class Trail:
             self.held = {}
 
 
-def counts() -> dict[int, int]:
-    """How many module moves each run recording now has recorded (a use noted now reads the moves before it)."""
-    return {id(c): len(c.moves) for c in list(_ACTIVE)}
+def counts() -> tuple[tuple[Any, int], ...]:
+    """How many module moves each run recording now has recorded, by a weak reference to the run's ``Casts`` (a use
+    noted now reads the moves before it)."""
+    return tuple((weakref.ref(c), len(c.moves)) for c in list(_ACTIVE))
 
 
 def _dtype_of(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.dtype | None:

@@ -89,7 +89,7 @@ def use_fix(f: Fix, casts: Any, root: Any) -> Fix | None:
     if found is None:
         return None
     upath, use, away = found
-    n = use.moved[id(casts)]
+    n = use.moved_in(casts) or 0
     # its tensors, the module as a whole, and what the offloading line moved (views of a weight a layer reads
     # without calling its owner: ``out_proj.weight`` in ``nn.MultiheadAttention``)
     moved = (f"moved a tensor at {casts.moves[away][4]}", target)
@@ -112,7 +112,7 @@ def _away(use: Use, casts: Any, mod: torch.nn.Module, upath: str, paths: dict[in
           target: torch.device) -> int | None:
     """The index of the last module move before ``use`` of the used module or a module above it, when it moved
     them away from ``target``'s device type (None when none did, or the last one brought them there)."""
-    n = use.moved.get(id(casts))
+    n = use.moved_in(casts)
     if n is None or _offloads(vars(mod).get("_hf_hook")):  # its own hook onloads it
         return None
     around = set(_above(upath))
@@ -205,14 +205,10 @@ def _own_hook(use: Use, upath: str, layer: torch.nn.Module, hook: tuple[str, str
         diff = line_patch(file, ins, f"{stmt}\n{body}") if body is not None else None
         return Fix(f"{stmt}  # before {os.path.basename(file)}:{ins}: {why}", "note", target, sets=tuple(sets),
                    diff=diff)
-    return Fix(f"accelerate.cpu_offload_with_hook({_root_name(upath)}, {str(target)!r})  # {why}", "note", target,
+    # the layer as the program names it where it calls it; the hooks were put by a library call at ``at``
+    # (``pipe.enable_model_cpu_offload()``): the program adds the layer's own hook after it
+    return Fix(f"accelerate.cpu_offload_with_hook({use.func}, {str(target)!r})  # after {at}: {why}", "note", target,
                sets=tuple(sets))
-
-
-def _root_name(upath: str) -> str:
-    from torchdoctor._guard.maps import code_path
-
-    return code_path(upath) if upath else "model"
 
 
 def _line_body(file: str, line: int) -> str | None:

@@ -15,7 +15,7 @@ import ast
 import linecache
 import sys
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,8 +39,13 @@ class Use:
     span: tuple[int, int]
     arg: str
     indent: str
-    moved: dict[int, int] = field(default_factory=dict)
+    moved: tuple[tuple[Any, int], ...] = ()  # (a weak reference to a run's ``modcast.Casts``, its move count)
     callers: tuple[Any, ...] = ()  # the code of the program's own frames that called it, innermost first
+
+
+    def moved_in(self, casts: Any) -> int | None:
+        """How many module moves ``casts`` had recorded when this use started; None when it was not recording."""
+        return next((n for ref, n in self.moved if ref() is casts), None)
 
 
 _USES: weakref.WeakKeyDictionary[torch.nn.Module, Use] = weakref.WeakKeyDictionary()
@@ -112,7 +117,7 @@ def resolve(text: str, frame_locals: Any, frame_globals: Any) -> Any:
     return obj
 
 
-def note(mod: torch.nn.Module, moved: dict[int, int], depth: int = 2) -> None:
+def note(mod: torch.nn.Module, moved: tuple[tuple[Any, int], ...], depth: int = 2) -> None:
     """``mod`` starts a forward outside any other: remember the program's line that called it, if that line calls
     it by a name the frame holds. ``moved``: the module moves each active run had recorded (``modcast.counts``)."""
     try:
