@@ -35,7 +35,7 @@ def inplace_fix(p: Problem, cases: Sequence[Any]) -> Fix | None:
         return None
     others = [o for c in cases if c.op == p.op and c.line == case.line  # each call of that line (a loop's)
               for o in (*c.before[0][1:], *c.before[1].values()) if _operand(o)
-              and str(o.device) != p.found and o.tags]
+              and str(o.device) != p.found and _named(o)]
     if not others:
         return None
     file, line = case.line
@@ -46,7 +46,14 @@ def inplace_fix(p: Problem, cases: Sequence[Any]) -> Fix | None:
     dev = torch.device(p.found)
     return Fix(f"{new.strip()}  # {case.at}: {m.group(1)} writes into its self on {p.found}, where the program keeps "
                f"it: move what it reads to self's device there (never self: the op would update a copy)", "note", dev,
-               sets=tuple(dict.fromkeys((o.tags[0], dev) for o in others)), diff=line_patch(file, line, new))
+               sets=tuple(dict.fromkeys((_named(o)[0], dev) for o in others)), diff=line_patch(file, line, new))
+
+
+def _named(o: Any) -> list[str]:
+    """What names operand ``o`` beyond the failing line's own name for it (``operand p at app.py:9``): its path,
+    maker or the line that moved it. An operand only the line names is none the program placed (a model's parameter
+    met by a copy made before the model's move): the in-place self is the one left behind, fixed where it is held."""
+    return [t for t in o.tags if not t.startswith("operand ")]
 
 
 def _operand(o: Any) -> bool:
