@@ -225,9 +225,14 @@ def test_run_device_loads_the_error_machinery_only_for_an_error(tmp_path: pathli
         app.write_text(_WATCHED.format(names=_ERROR_ONLY, extra=extra), encoding="utf-8")
         outs.append(subprocess.run([sys.executable, "-m", "torchdoctor", "run", "--device", "cuda:1", str(app)],
                                    capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env))
-    clean, failing = outs
-    assert clean.returncode == 0, clean.stderr
-    assert "at the last line: []\nat exit: []" in clean.stdout, clean.stdout + clean.stderr
-    assert "no placement error" in clean.stderr
+    app = tmp_path / "plain.py"  # `run` on this machine's own devices alike
+    app.write_text(_WATCHED.format(names=_ERROR_ONLY, extra="").replace('"cuda"', '"cpu"'), encoding="utf-8")
+    outs.append(subprocess.run([sys.executable, "-m", "torchdoctor", "run", str(app)], capture_output=True, text=True,
+                               timeout=300, cwd=tmp_path, env=env))
+    clean, failing, plain = outs
+    for proc in (clean, plain):
+        assert proc.returncode == 0, proc.stderr
+        assert "at the last line: []\nat exit: []" in proc.stdout, proc.stdout + proc.stderr
+        assert "no placement error" in proc.stderr
     assert failing.returncode == 1 and "at exit: [" in failing.stdout and "at exit: []" not in failing.stdout, \
         failing.stdout + failing.stderr
