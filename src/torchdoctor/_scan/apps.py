@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 import types
+from itertools import compress
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -25,6 +27,8 @@ from torch import nn
 from torchdoctor._scan import percall
 from torchdoctor._scan.conventions import BACKUP_NAME, TABLE
 from torchdoctor._walk import Entry
+
+_MODULE = itemgetter(1)  # a (path, module) pair's module
 
 _READS: dict[type, frozenset[str]] = {}  # class -> every attribute name its code reads
 _TABLES: dict[type, bool] = {}  # class -> no forward of its own
@@ -171,11 +175,11 @@ def casting_modules(modules: list[tuple[str, nn.Module]], types_: set[type]) -> 
     if not classes:
         return {}
     out = {}
-    for _, m in modules:
-        if type(m) in classes:
-            moved = percall.moved_on_call(m)
-            if moved:
-                out[id(m)] = moved
+    # the modules of those classes picked at C speed (a model's one rotary embedding among all its layers)
+    for _, m in compress(modules, map(classes.__contains__, map(type, map(_MODULE, modules)))):
+        moved = percall.moved_on_call(m)
+        if moved:
+            out[id(m)] = moved
     return out
 
 
