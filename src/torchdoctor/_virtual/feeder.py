@@ -83,9 +83,10 @@ def _fed_tags(cases: Sequence[Any], paths: set[str], fed: torch.dtype) -> set[st
         if not any(o.named and o.tags[:1] and o.tags[0] in paths for o in ops):
             continue  # the consumer's own tensor is no operand here (what reached the op was made from it)
         for o in ops:
-            if o.meta.dtype == fed and not set(o.tags) & paths:
-                out.update(t for t in o.tags if not t.startswith(("input ", "kwarg ")))
-                blank = blank or not o.tags
+            tags = [t for t in o.tags if not t.startswith("operand ")]  # what made it: never the line's own name
+            if o.meta.dtype == fed and not set(tags) & paths:
+                out.update(t for t in tags if not t.startswith(("input ", "kwarg ")))
+                blank = blank or not tags
     return out if out or blank else None
 
 
