@@ -196,3 +196,68 @@ def test_a_layer_called_outside_its_hooked_sub_model_gets_its_own_hook(tmp_path:
     assert fix.diff is not None and "+        cpu_offload_with_hook(self.semantic.embed, device)\n" \
         "+        for m in (self.semantic, self.coarse):\n" in fix.diff
     _applied_clean(tmp_path, path, fix.diff, "offload_bark_fixed")
+
+
+RACE = """\
+    import threading
+
+    import torch
+    from torch import nn
+
+
+    class Offloader:
+        def __init__(self, blocks, device):
+            self.blocks, self.device, self.pending, self.go = blocks, device, [], threading.Event()
+
+        def _move(self, i, dev):
+            self.go.wait(5)
+            self.blocks[i].to(dev)
+
+        def submit(self, i, dev):
+            t = threading.Thread(target=self._move, args=(i, dev))
+            t.start()
+            self.pending.append(t)
+
+        def prepare(self):
+            for b in self.blocks:
+                b.to(self.device)
+
+
+    class DiT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x, off):
+            for i, b in enumerate(self.blocks):
+                x = b(x)
+                if i == 0 and not off.pending:
+                    off.submit(0, "cpu")
+            return x
+
+
+    def main():
+        model = DiT()
+        off = Offloader(model.blocks, torch.device("cuda", 0))
+        with torch.no_grad():
+            for prompt in range(2):
+                off.prepare()
+                if prompt == 1:
+                    off.go.set()
+                    off.pending[0].join()
+                model(torch.randn(1, 4, device="cuda:0"), off)
+"""
+
+
+def test_a_block_a_pending_transfer_moved_back_names_both_moves_and_their_threads(tmp_path: Path) -> None:
+    # an offloader's transfer, still pending when the next prompt's prepare put every block back, lands after it
+    path = tmp_path / "race.py"
+    path.write_text(textwrap.dedent(RACE), encoding="utf-8")
+    s = _run(path, "offload_race")
+    assert {p.path for p in s.problems if p.kind == "device"} == {"blocks.0.weight", "blocks.0.bias"}
+    [fix] = s.fixes
+    assert fix.code.startswith("# `model`: blocks.0 was moved to cpu by `_move` at race.py:13 in another thread (a "
+                               "transfer still pending), after `prepare` at race.py:22 had put it on cuda:0 in the "
+                               "program's thread, and "), fix.code
+    assert "race.py:47 uses it: wait for the pending transfers before this use" in fix.code
+    assert "move it back after" not in fix.code and fix.diff is None and fix.proven, fix.tried

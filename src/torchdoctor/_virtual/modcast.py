@@ -66,13 +66,14 @@ class Trail:
     a manager's ``unpatch_model`` called by ``free_memory`` called by the app's loop — and the modules the first
     one held in local variables, by name, weakly (how that code names a layer of the model it moved)."""
 
-    __slots__ = ("frames", "held")
+    __slots__ = ("frames", "held", "thread")
 
     def __init__(self, frame: Any) -> None:
         from torchdoctor._virtual.usesite import own_cached
 
         self.frames: list[tuple[str, int, Any]] = []
         self.held: dict[str, Any] = {}
+        self.thread = threading.get_ident()  # an offloader's worker moves in its own thread
         f, n = frame, 0
         while f is not None and n < 32 and len(self.frames) < 8:
             if own_cached(f.f_code.co_filename):

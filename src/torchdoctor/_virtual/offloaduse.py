@@ -81,7 +81,7 @@ def use_fix(f: Fix, casts: Any, root: Any) -> Fix | None:
     # the module the program called: the holder or a module above it, else the one module under it (a fix of the
     # whole model, ``*``) that the program called after an offload moved it away
     found = next(((p, u, a) for p in _above(held) if (u := use_of(root.get_submodule(p))) is not None
-                  and (a := _away(u, casts, root.get_submodule(p), p, paths, target)) is not None), None)
+                  and (a := _away(u, casts, root.get_submodule(p), held, paths, target)) is not None), None)
     if found is None and next((p for p in _above(held) if use_of(root.get_submodule(p)) is not None), None) is None:
         below = [(p, u, a) for p, m in root.named_modules() if (p.startswith(held + ".") if held else p) and
                  (u := use_of(m)) is not None and (a := _away(u, casts, m, p, paths, target)) is not None]
@@ -90,6 +90,7 @@ def use_fix(f: Fix, casts: Any, root: Any) -> Fix | None:
         return None
     upath, use, away = found
     n = use.moved_in(casts) or 0
+    deep = held if held.startswith(upath + ".") or not upath else upath  # what the program moved: at or above it
     # its tensors, the module as a whole, and what the offloading line moved (views of a weight a layer reads
     # without calling its owner: ``out_proj.weight`` in ``nn.MultiheadAttention``)
     moved = (f"moved a tensor at {casts.moves[away][4]}", target)
@@ -101,8 +102,10 @@ def use_fix(f: Fix, casts: Any, root: Any) -> Fix | None:
         out: Fix | None = _own_hook(use, upath, root.get_submodule(upath), hook, casts, away, target, sets)
     elif trail is None or not trail.frames or trail.frames[0][2] is use.code:
         return None  # the program moved it away in the function that uses it: that line is named (``awayline``)
+    elif trail.thread != use.thread:
+        out = _raced(use, deep, casts, away, n, target, sets, paths)
     else:
-        out = _at_use(use, upath, casts, away, n, target, sets, paths)
+        out = _at_use(use, deep, casts, away, n, target, sets, paths)
     if out is not None and out.diff is None:  # advice: a move at that line is not what it changes (``moveline``)
         out.sets = tuple(s for s in out.sets if s is not moved)
     return out
@@ -110,8 +113,9 @@ def use_fix(f: Fix, casts: Any, root: Any) -> Fix | None:
 
 def _away(use: Use, casts: Any, mod: torch.nn.Module, upath: str, paths: dict[int, str],
           target: torch.device) -> int | None:
-    """The index of the last module move before ``use`` of the used module or a module above it, when it moved
-    them away from ``target``'s device type (None when none did, or the last one brought them there)."""
+    """The index of the last module move before ``use`` of the module at ``upath`` (the deeper of the used module and
+    the one holding the tensors) or a module above it, when it moved them away from ``target``'s device type (None
+    when none did, or the last one brought them there)."""
     n = use.moved_in(casts)
     if n is None or _offloads(vars(mod).get("_hf_hook")):  # its own hook onloads it
         return None
@@ -121,6 +125,31 @@ def _away(use: Use, casts: Any, mod: torch.nn.Module, upath: str, paths: dict[in
         if m is not None and paths.get(id(m)) in around:
             return i if casts.moves[i][1].type != target.type else None
     return None
+
+
+def _raced(use: Use, upath: str, casts: Any, away: int, n: int, target: torch.device, sets: Any,
+           paths: dict[int, str]) -> Fix:
+    """A move made by another thread (an offloader's pending transfer) after the program's own line put the module
+    on ``target``: both moves named with their threads; the fix waits for the transfer before the use."""
+    import os
+
+    from torchdoctor._placement import device_str
+
+    def line(i: int) -> str:
+        fr = casts.trails[i].frames
+        return f"`{fr[0][2].co_name}` at {os.path.basename(fr[0][0])}:{fr[0][1]}" if fr else casts.moves[away][4]
+
+    around = set(_above(upath))
+    put = next((i for i in range(min(n, len(casts.moves)) - 1, -1, -1) if i < away and i < len(casts.trails) and
+                (m := casts.moves[i][0]()) is not None and paths.get(id(m)) in around and
+                casts.moves[i][1].type == target.type), None)
+    before = f", after {line(put)} had put it on {device_str(target)} in the program's thread" if put is not None \
+        else ""
+    went = device_str(casts.moves[away][1])
+    return Fix(f"# `{use.func}`: {upath or 'the model'} was moved to {went} by {line(away)} "
+               f"in another thread (a transfer still pending){before}, and {use.at} uses it: wait for the pending "
+               "transfers before this use (a future's .result(), a thread's .join()); moving it back inside the "
+               "transfer would undo every offload", "note", target, sets=tuple(sets))
 
 
 def _at_use(use: Use, upath: str, casts: Any, away: int, n: int, target: torch.device, sets: Any,

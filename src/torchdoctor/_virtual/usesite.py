@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import linecache
 import sys
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ class Use:
     indent: str
     moved: tuple[tuple[Any, int], ...] = ()  # (a weak reference to a run's ``modcast.Casts``, its move count)
     callers: tuple[Any, ...] = ()  # the code of the program's own frames that called it, innermost first
+    thread: int = 0  # the thread it ran in
 
 
     def moved_in(self, casts: Any) -> int | None:
@@ -145,7 +147,8 @@ def note(mod: torch.nn.Module, moved: tuple[tuple[Any, int], ...], depth: int = 
                 callers.append(g.f_code)
             g, n = g.f_back, n + 1
         _USES[mod] = Use(file, line, short_at(f), f.f_code, hit[0], (hit[1], hit[2]), arg,
-                         raw[:len(raw) - len(raw.lstrip(" \t"))], moved, tuple(callers))
+                         raw[:len(raw) - len(raw.lstrip(" \t"))], moved, tuple(callers),
+                         threading.get_ident())
     except Exception:  # a diagnostic never breaks the program it watches: no use is noted
         return
 
