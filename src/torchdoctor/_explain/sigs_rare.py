@@ -164,3 +164,19 @@ _c("ud.autocast_dtype",
    ("Give autocast a dtype the device supports (bfloat16 on the CPU and on an XPU)",
     "with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):\n    out = model(x)"),
    ("Pick the dtype from the device", "torchdoctor.recommend_dtype(x.device)"))
+
+# a CUDA-only stream API on a torch without CUDA (an Intel GPU's xpu build, a Mac, a CPU build): torch's own words
+# (torch/cuda/streams.py; the dummy base classes of torch/_utils.py in older builds)
+_sig("no_accel.cuda_api", _NA, "A CUDA-only API on a torch without CUDA",
+     ("torch.cuda.stream requires cuda support", "tried to instantiate dummy base class"),
+     "Code called a CUDA-only API (torch.cuda.Stream, Event, stream(), current_stream(), synchronize()) on a torch "
+     "that has no CUDA: an Intel GPU's xpu build, a Mac's mps, or a CPU build.",
+     (("na.cuda_api", 3.0),), confidence=0.85)
+_c("na.cuda_api",
+   "The code hard-codes torch.cuda's streams and events (a layer streamer, a prefetcher) where the device is an "
+   "xpu, mps or the CPU; torch (2.6 and later) has the same API for every device.", "torchdoctor env",
+   ("Use the device-generic streams and events (torch.Stream, torch.Event, torch.accelerator)",
+    "stream = torch.Stream(device=device)  # was torch.cuda.Stream()\nevent = torch.Event(device=device)  # was "
+    "torch.cuda.Event()\nwith stream:  # was torch.cuda.stream(stream)\n    ...\n"
+    "torch.accelerator.current_stream().wait_event(event)\ntorch.accelerator.synchronize()"),
+   ("Check which devices this torch sees", "torchdoctor env"))

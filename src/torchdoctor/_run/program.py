@@ -288,6 +288,9 @@ def _other_kind_advice(f: Finding, kind: str) -> Finding:
         return f
     text = f.error.lower()
     asked = next((k for k in ("cuda", "xpu", "mps") if k in text), None)
+    if "requires cuda support" in text or "dummy base class" in text:  # a CUDA-only stream API: no tensor is the
+        f.culprit = None  # culprit, and its fix is the same streams and events for every device (explain's)
+        return f
     if asked is None or asked == kind:
         return f
     f.fix = (f"device = torch.accelerator.current_accelerator()  # {kind} on this machine, {asked} where there is one\n"
