@@ -16,6 +16,7 @@ from torch import nn
 from torchdoctor._rules import registry as _rules
 from torchdoctor._guard import compiled as graph, component, provenance
 from torchdoctor._guard.float8 import is_float8_message
+from torchdoctor._guard.argproof import proof_line
 from torchdoctor._guard.assigned import assigned_fix, trace_note as _trace_note
 from torchdoctor._guard.handed import handed_aim
 from torchdoctor._guard.kept import kept_aim, kept_float32  # (a component kept in float32 on purpose)
@@ -326,6 +327,10 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
                                 session) or handed_aim(mod, bad[0][2].dtype, ref, exc.__traceback__ or tb, session,
                                                        root, maps.modules if maps is not None else {})):
             lines[-1:-1], fix = aim.lines + [aim.proof], aim.code
+    if (fix or "").startswith("# pass") and ref is not None and not any(
+            x.startswith(("fix proven", "fix unproven")) for x in lines) and (handed := [c for c in bad if c[1] in passed]):
+        # the caller's argument handed over in another dtype or device: the failing module re-run with it sent there
+        lines.insert(-1, proof_line(session, mod, root, [(c[1], c[2]) for c in handed], ref))
     problems = [replace(b.problem, op=op) for b in blamed] + ([comp] if comp is not None else [])
     problems += [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,
                          f"{c[1]} is {_show(value(c[2]), kind)} in {where}, expected {expected}", op=op,
