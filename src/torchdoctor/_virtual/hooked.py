@@ -80,6 +80,47 @@ def _plain(root: torch.nn.Module, paths: Any, device: torch.device) -> list[tupl
     return out
 
 
+def _exec_index(mod: Any) -> int | None:
+    """The device index a module's accelerate hook runs it on (``execution_device``: an int, ``"cuda:1"`` or a
+    device), read without parsing a device (a virtual run's answers need none); None without one."""
+    from torchdoctor._walk.kinds import hook_chain
+
+    for h in hook_chain(vars(mod).get("_hf_hook")):
+        dev = (getattr(h, "__dict__", None) or {}).get("execution_device")
+        text = str(dev) if dev is not None else ""
+        tail = text.rpartition(":")[2] if ":" in text else text
+        if tail.isdigit():
+            return int(tail)
+    return None
+
+
+def _elsewhere(name: str, target: torch.device, placed: dict[str, int | None]) -> bool:
+    """The tensor ``name`` is under a module a hook runs on another device index than ``target``'s."""
+    hits = [(m, i) for m, i in placed.items() if i is not None and (not m or name.startswith(m + "."))]
+    if not hits:
+        return False
+    _, index = max(hits, key=lambda x: len(x[0]))  # the innermost hook decides where the layer runs
+    return index != (target.index or 0)
+
+
+def _placed_by_hand(fixes: list[Fix], hooked: list[tuple[str, Any]], why: str) -> tuple[list[Fix], Fix] | None:
+    """The fixes that move a tensor of a module the hooks place (``model.lm_head.weight.data = ….to('cuda:0')`` under
+    a device map whose hook runs ``lm_head`` on cuda:1), and the note said in their place; None when there are none.
+    The hook moves the module's inputs to its own device on every call: a hand move splits the layer from them."""
+    if why == "Module.to" or not hooked:
+        return None
+    placed = {m: _exec_index(mod) for m, mod in hooked}
+    hits = [f for f in fixes if f.kind == "path" and ".data = " in f.code and f.sets and all(
+        n != "*" and isinstance(t, torch.device) and _elsewhere(n, t, placed) for n, t in f.sets)]
+    if not hits:
+        return None
+    names = list(dict.fromkeys(n for f in hits for n, _ in f.sets))
+    shown = ", ".join(names[:3]) + (" …" if len(names) > 3 else "")
+    return hits, Fix(f"# {shown}: placed by accelerate's hooks ({why.split(':', 1)[0]}), which move each layer's "
+                     "inputs to its own device on every call; never moved by hand (the layer would meet its inputs "
+                     "elsewhere): move what the program hands it to its device where the program does", "note")
+
+
 def under_hooks(items: list[Fix], root: Any, device: torch.device, paths: Any = ()) -> list[Fix]:
     """The fixes with ``torchdoctor.move(model, …)`` and the moves of plain attributes of hooked modules replaced by
     their registration as buffers where they are built, when hooks place the model; the others as they were.
@@ -90,6 +131,14 @@ def under_hooks(items: list[Fix], root: Any, device: torch.device, paths: Any = 
         return items
     try:
         hooked, why = _hooked(root, device)
+        if not hooked:  # a device map's hooks run each layer where the map put it: no refusal for the run's device
+            from torchdoctor._walk import walk
+
+            mapped = [(m, mod) for m, mod, _ in walk(root).hooks if _exec_index(mod) is not None]
+            placed = _placed_by_hand(items, mapped, "AlignDevicesHook: a device map") \
+                if len({_exec_index(m) for _, m in mapped}) > 1 else None
+            if placed is not None:  # only the hand moves of its layers' tensors change
+                return [f for f in items if not any(f is g for g in placed[0])] + [placed[1]]
         if not hooked and any("the tensors made on" in f.code for f in items):  # no maker line was recorded
             hooked, why = _plain(root, paths, device), "Module.to"
     except Exception:  # a strange model: the fixes as written
@@ -104,6 +153,9 @@ def under_hooks(items: list[Fix], root: Any, device: torch.device, paths: Any = 
                     and dev.type != device.type and (why != "Module.to" or f"{mpath}.{name}" in paths):
                 attrs.setdefault((type(mod), name), []).append((f"{mpath}.{name}" if mpath else name, mod))
     out = [f for f in items if not (f.code.startswith("torchdoctor.move(") or f.code.startswith("# lasting fix:"))]
+    placed = _placed_by_hand(out, hooked, why)
+    if placed is not None:  # a part of a model the hooks place (a device map's layer): never moved by hand
+        out = [f for f in out if not any(f is g for g in placed[0])]
     for (cls, name), held in attrs.items():
         paths = [p for p, _ in held]
         out = [f for f in out if not ("the tensors made on" in f.code or (f.sets and all(
@@ -121,7 +173,9 @@ def under_hooks(items: list[Fix], root: Any, device: torch.device, paths: Any = 
                           "buffer"
                           f"{where}: self.register_buffer({name!r}, ..., persistent=False)", "note", device,
                           sets=tuple((p, device) for p in paths), diff=diff, rebuffer=tuple(paths)))
-    if not attrs and len(out) < len(items) and why != "Module.to":
+    if placed is not None:
+        out.append(placed[1])
+    elif not attrs and len(out) < len(items) and why != "Module.to":
         out.append(Fix(f"# the model is placed by accelerate or diffusers hooks ({why.split(':', 1)[0]}), which "
                        f"torchdoctor.move refuses: keep the hooks and give them {device_str(device)} as their "
                        "execution/onload device", "note"))
