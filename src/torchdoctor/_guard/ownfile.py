@@ -1,7 +1,6 @@
 """Is a source file the user's own (not an installed library's, not the standard library's, never torchdoctor's)?
 Imports nothing of torchdoctor's: a virtual run asks it on every module cast the program makes, before anything has
-failed. The install paths are read on the first question (``sysconfig`` costs a millisecond to import: never at
-start). torchdoctor's own package folder is never the program's, installed or not: an editable install (a checkout
+failed. The install paths are read on the first question, from ``site`` (imported at every start already). torchdoctor's own package folder is never the program's, installed or not: an editable install (a checkout
 on ``sys.path``) lies outside site-packages, and its wrappers (a trace's patched ``Module.to``) would otherwise be
 "the line that moved the tensor"."""
 
@@ -16,11 +15,17 @@ _OURS = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 
 def _libs() -> list[str]:
     if not _LIBS:
-        import sysconfig
+        import site  # imported at every start already (``sysconfig`` would cost a millisecond more)
 
-        paths = sysconfig.get_paths()
-        _LIBS.extend(os.path.realpath(p) + os.sep for p in {paths.get("purelib"), paths.get("platlib"), sys.prefix,
-                                                              getattr(sys, "base_prefix", sys.prefix)} if p)
+        dirs = {os.path.dirname(os.__file__), sys.prefix, getattr(sys, "base_prefix", sys.prefix)}
+        try:
+            dirs.update(site.getsitepackages())
+        except AttributeError:  # an old virtualenv's site module
+            pass
+        user = getattr(site, "getusersitepackages", lambda: "")()
+        if user:
+            dirs.add(user)
+        _LIBS.extend(os.path.realpath(p) + os.sep for p in dirs if p)
         _LIBS.append(_OURS)
     return _LIBS
 

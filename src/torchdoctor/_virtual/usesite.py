@@ -16,7 +16,6 @@ import linecache
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,24 +25,21 @@ _OWN: dict[str, bool] = {}  # file -> own_file's answer, for the run's process
 _CALLS: dict[tuple[str, int], tuple[tuple[str, int, int, str], ...] | None] = {}  # a line's calls, parsed once
 
 
-@dataclass
 class Use:
     """One use: the program's ``file:line``, its function's code, the call's text and span in the line's body (its
-    indent apart), the text of the tensor it passes first ("" when it is no plain name), the indent, and how many
-    module moves each active run had recorded when it started."""
+    indent apart), the text of the tensor it passes first ("" when it is no plain name), the indent, how many module
+    moves each active run had recorded when it started (by a weak reference to the run's ``modcast.Casts``), the code
+    of the program's own frames that called it (innermost first), and its thread. A plain class: a dataclass would
+    compile its methods at import, on the path of every virtual run."""
 
-    file: str
-    line: int
-    at: str
-    code: Any
-    func: str
-    span: tuple[int, int]
-    arg: str
-    indent: str
-    moved: tuple[tuple[Any, int], ...] = ()  # (a weak reference to a run's ``modcast.Casts``, its move count)
-    callers: tuple[Any, ...] = ()  # the code of the program's own frames that called it, innermost first
-    thread: int = 0  # the thread it ran in
+    __slots__ = ("file", "line", "at", "code", "func", "span", "arg", "indent", "moved", "callers", "thread")
 
+    def __init__(self, file: str, line: int, at: str, code: Any, func: str, span: tuple[int, int], arg: str,
+                 indent: str, moved: tuple[tuple[Any, int], ...] = (), callers: tuple[Any, ...] = (),
+                 thread: int = 0) -> None:
+        self.file, self.line, self.at, self.code, self.func = file, line, at, code, func
+        self.span, self.arg, self.indent, self.moved, self.callers, self.thread = span, arg, indent, moved, callers, \
+            thread
 
     def moved_in(self, casts: Any) -> int | None:
         """How many module moves ``casts`` had recorded when this use started; None when it was not recording."""
