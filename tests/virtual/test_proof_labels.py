@@ -94,3 +94,32 @@ def test_a_load_refused_for_a_missing_gpu_is_proven_mapped_to_the_cpu(tmp_path: 
         assert data.tell() > 0
     assert notes[0] == notes[1] == '(proven: the same file loaded with map_location="cpu": 1 tensor(s), on the cpu)'
     assert notes[2].startswith("(unproven: not re-run: the file is loaded without weights_only=True")
+
+
+SCHEDULER = '''import torch
+class Scheduler:
+    def set_timesteps(self, n, device=None):
+        self.sigmas = torch.linspace(1.0, 0.05, n + 1, device=device)
+        self.sigmas = self.sigmas.to("cpu")
+    def step(self, sample):
+        both = torch.stack([self.sigmas[1], torch.ones((), device=sample.device)])
+        return sample * both[0]
+sched = Scheduler()
+sched.set_timesteps(4, device="cuda")
+print(sched.step(torch.randn(2, device="cuda")).shape)
+'''
+
+
+def test_a_move_to_the_cpu_in_a_function_given_the_device_is_sent_there(tmp_path: Path) -> None:
+    """A scheduler's ``set_timesteps(n, device="cuda")`` that keeps its sigmas on the cpu (diffusers #13488): the move's
+    line is fixed to the function's own ``device`` argument (``.to(device)``, PR #13450), proven at the failing op."""
+    app = tmp_path / "app.py"
+    app.write_text(SCHEDULER)
+    doc = run_json(app, "cuda")
+    [fix] = doc["fixes"]
+    assert fix["code"].startswith("# app.py:5: self.sigmas.to(\"cpu\") sends it to cpu, not to its function's "
+                                  "`device` argument (cuda:0, "), fix["code"]
+    assert fix["code"].endswith("self.sigmas = self.sigmas.to(device)") and fix["proven"] is True
+    subprocess.run(["git", "apply", "-"], input=doc["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    again = run_json(app, "cuda")
+    assert again["ok"] and not again["fixes"], again["problems"]

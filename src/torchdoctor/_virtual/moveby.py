@@ -17,6 +17,9 @@ OWN: dict[str, bool] = {}  # a frame's file name -> it is the program's own (``o
 # a move's "file:line" -> the tensor arguments of its function and their devices when it ran: a fix can move the
 # tensor to the device of one of them (``x.device``), read from the program's own names
 ARGS: dict[str, tuple[tuple[str, str], ...]] = {}
+# the same for its device arguments (``set_timesteps(self, n, device=None)`` called with ``device="cuda"``): a fix can
+# move the tensor there (``.to(device)``) where the function was given the device the failing op runs on
+DEVARGS: dict[str, tuple[tuple[str, str], ...]] = {}
 
 
 def is_own(name: str) -> bool:
@@ -40,10 +43,30 @@ def carried(made: Made | None, module: Any) -> Made | None:
     m = Made("Tensor.to", module, via=made, depth=made.depth + 1)
     m.at, m.moves = short_at(f), True
     LINES.setdefault(m.at, (f.f_code.co_filename, f.f_lineno))
-    if m.at not in ARGS and len(ARGS) < 4096:
-        from torchdoctor._placement import device_str, tensor_device
-
-        code = f.f_code
-        ARGS[m.at] = tuple((n, device_str(tensor_device(v))) for n in code.co_varnames[:code.co_argcount]
-                           if isinstance(v := f.f_locals.get(n), torch.Tensor))
+    note_args(f, m.at)
     return m
+
+
+def note_args(f: Any, at: str) -> None:
+    """Keep the tensor and device arguments of the function whose line ``at`` (frame ``f``) moves a tensor."""
+    if at in ARGS or len(ARGS) >= 4096:
+        return
+    from torchdoctor._placement import device_str, tensor_device
+
+    code = f.f_code
+    ARGS[at] = tuple((n, device_str(tensor_device(v))) for n in code.co_varnames[:code.co_argcount]
+                     if isinstance(v := f.f_locals.get(n), torch.Tensor))
+    DEVARGS[at] = tuple((n, d) for n in code.co_varnames[:code.co_argcount]
+                        if "device" in n and (d := _device_named(f.f_locals.get(n))) is not None)
+
+
+def _device_named(v: Any) -> str | None:
+    """``cuda:0`` for a device argument (``"cuda"``, ``torch.device("cuda", 0)``, ``0``), else None."""
+    from torchdoctor._placement import device_str, norm_device
+
+    if not isinstance(v, (str, torch.device)) or isinstance(v, bool):
+        return None
+    try:
+        return device_str(norm_device(torch.device(v)))
+    except (RuntimeError, TypeError, ValueError):
+        return None

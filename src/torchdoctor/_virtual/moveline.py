@@ -71,7 +71,7 @@ def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | 
     assignment, or no such tensor can be named."""
     from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
-    from torchdoctor._virtual.moveby import ARGS
+    from torchdoctor._virtual.moveby import ARGS, DEVARGS
     from torchdoctor._virtual.origin import LINES
 
     file, line = LINES.get(moved_at, ("", 0))
@@ -82,9 +82,10 @@ def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | 
         return None
     body = raw.lstrip(" \t")
     stmt = _one(body)
-    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1 or \
+            not isinstance(stmt.targets[0], (ast.Name, ast.Attribute)):  # ``x = ...`` or ``self.sigmas = ...``
         return None
-    var = stmt.targets[0].id
+    var = ast.unparse(stmt.targets[0])
     calls = [n for n in ast.walk(stmt.value) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
              and n.func.attr in _MOVES]
     if len(calls) != 1 or calls[0].end_col_offset is None:
@@ -97,6 +98,10 @@ def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | 
     read = other is not None
     if other is None:
         other = next((n for n, d in ARGS.get(moved_at, ()) if want is not None and d == want), None)
+    to = f"{other}.device"
+    if other is None:  # the function's own device argument, given the device the failing op runs on
+        other = next((n for n, d in DEVARGS.get(moved_at, ()) if want is not None and d == want), None)
+        to = other or ""
     if other is None:
         return None
     call, pad, end = calls[0], len(raw) - len(body), calls[0].end_col_offset or 0
@@ -104,14 +109,16 @@ def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | 
     receiver = ast.get_source_segment(body, func.value)
     if receiver is None:
         return None
-    new = raw[:pad + call.col_offset] + f"{receiver}.to({other}.device)" + raw[pad + end:]
+    new = raw[:pad + call.col_offset] + f"{receiver}.to({to})" + raw[pad + end:]
     diff = line_patch(file, line, new)
     if diff is None:
         return None
     said = ast.get_source_segment(body, call) or "the move"
-    code = body[:call.col_offset] + f"{receiver}.to({other}.device)" + body[end:stmt.end_col_offset or 0]
-    meets = f"{other}, which it meets at {op_at}" if read else f"{other} ({want}, where it meets the tensors of {op_at})"
-    return f"# {moved_at}: {said} sends it to {found}, not to the device of {meets}: {code}", diff, func.attr
+    code = body[:call.col_offset] + f"{receiver}.to({to})" + body[end:stmt.end_col_offset or 0]
+    meets = f"the device of {other}, which it meets at {op_at}" if read else \
+        f"the device of {other} ({want}, where it meets the tensors of {op_at})" if to != other else \
+        f"its function's `{other}` argument ({want}, where it meets the tensors of {op_at})"
+    return f"# {moved_at}: {said} sends it to {found}, not to {meets}: {code}", diff, func.attr
 
 
 def numpy_fix(at: str, found: str, before: str = ".cpu()") -> tuple[str, str] | None:

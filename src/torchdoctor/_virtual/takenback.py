@@ -58,6 +58,8 @@ def made(path: str | None, verb: str) -> TakenBack | None:
         return None
     at = short_at(f)
     LINES.setdefault(at, (f.f_code.co_filename, f.f_lineno))
+    from torchdoctor._virtual.moveby import note_args
+    note_args(f, at)  # its function's arguments: a fix may send it to one's device instead
     by_module = caller is not None and caller.f_code.co_filename.startswith(_TORCH) and _in_apply(caller)
     return TakenBack(path, verb, at, by_module)
 
