@@ -123,3 +123,17 @@ def test_a_move_to_the_cpu_in_a_function_given_the_device_is_sent_there(tmp_path
     subprocess.run(["git", "apply", "-"], input=doc["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
     again = run_json(app, "cuda")
     assert again["ok"] and not again["fixes"], again["problems"]
+
+
+def test_run_prints_the_load_fix_proven(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    with monkeypatch.context() as m:  # saved on a training box's GPU 3
+        m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:3")
+        torch.save({"net": {"weight": torch.ones(2, 4)}}, tmp_path / "ckpt.pt")
+    app = tmp_path / "app.py"
+    app.write_text('import torch\nckpt = torch.load("ckpt.pt")\nprint(sorted(ckpt))\n')
+    doc = run_json(app, "cuda")
+    [finding] = doc["findings"]
+    assert 'ckpt = torch.load("ckpt.pt", map_location="cpu")' in finding["fix"]
+    assert '(proven: the same file loaded with map_location="cpu": 1 tensor(s), on the cpu)' in finding["fix"]
