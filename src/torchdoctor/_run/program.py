@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from torchdoctor._run.threadend import join_program_threads, threads_now
 from torchdoctor._run.watch import Finding, Located, Watcher, first_own_frame
 
 if TYPE_CHECKING:
@@ -142,15 +143,6 @@ def _stopped(exc: BaseException) -> bool:
     return type(exc).__name__ == "_Stop" and type(exc).__module__.startswith("torchdoctor.")
 
 
-def _join_threads(timeout: float = 3600.0) -> None:
-    """Python waits for non-daemon threads before it exits; the summary waits too."""
-    import threading
-
-    for t in threading.enumerate():
-        if t is not threading.current_thread() and not t.daemon and t.is_alive():
-            t.join(timeout)
-
-
 def run(script: str | None = None, args: list[str] | None = None, *, module: str | None = None,
         device: str | None = None, dtype: Any = None, profile: Any = None, mode: str = "explain",
         trace: bool = True, sources: dict[str, str] | None = None, count: int | None = None) -> RunReport:
@@ -186,9 +178,10 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
 
         stack.enter_context(watched_warnings(watcher))  # a warning that says the step runs otherwise (autocast off)
         try:
+            before = threads_now()
             with g:
                 code = execute(script, module, args, watcher)
-            _join_threads()
+            join_program_threads(before)  # Python waits for them before it exits; the summary waits too
         except BaseException as exc:  # guard re-raised the program's error as a PlacementError
             if isinstance(exc, KeyboardInterrupt) or _stopped(exc):
                 raise
