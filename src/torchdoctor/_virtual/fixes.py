@@ -133,7 +133,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                 continue
             if taken_back(factories, p, name, at, made_from[0], target):  # copies the program took back, handed in
                 continue
-            factories.append(Fix(f"# {at} moves {name} to {p.found} inside the forward: move it to the device of the "
+            where = "inside the forward" if p.module_path is not None else "by name"  # None: outside any module
+            factories.append(Fix(f"# {at} moves {name} to {p.found} {where}: move it to the device of the "
                                  f"tensors it meets (e.g. .to(x.device)) instead", "note", sets=((made_from[0], target),)))
             continue
         if made_from and made_from[0].startswith("read at "):  # .numpy() of a device tensor at the user's line

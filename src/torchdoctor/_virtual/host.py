@@ -186,13 +186,20 @@ def _params_of_running(space: Space, args: tuple[Any, ...]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def real(space: Space, out: Any, op: str, src: Any) -> Any:
+def real(space: Space, out: Any, op: str, src: Any, to_cpu: bool = False) -> Any:
     """A real tensor's move or cast that stays on the CPU stays real: it keeps where ``src`` came from (a factory
     call), else, made outside any module, the user's line that made it, for the moment it meets virtual tensors
-    (``made by Tensor.to at app.py:7``)."""
+    (``made by Tensor.to at app.py:7``). ``to_cpu``: the program's line asked for the cpu by name
+    (``torch.linspace(...).to("cpu")``): that line, not the factory, decides where it is, even with nothing moved
+    (a ``device=`` given to the factory would not change it)."""
     if isinstance(out, torch.Tensor) and not isinstance(out, VirtualTensor):
         kept = space.real_record(src) if space.real and isinstance(src, torch.Tensor) else None
         if kept is not None and kept[1] is not None:
+            if to_cpu:
+                from torchdoctor._virtual.moveby import carried
+
+                space.keep_real(out, None, carried(kept[1], space.hooks.running()))
+                return out
             space.keep_real(out, None, kept[1])
         elif space.hooks.running() is None:
             space.keep_real(out, None, Made(op, None))

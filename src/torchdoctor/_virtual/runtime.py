@@ -130,7 +130,7 @@ def _to(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         device, dtype, _, memory_format = torch._C._nn._parse_to(*rest, **kw)
         device = space.norm(device) if device is not None else None
     if not isinstance(self, VirtualTensor) and (device is None or not is_virtual(device)):
-        return H.real(space, func(*args, **kwargs), "Tensor.to", args[0])
+        return H.real(space, func(*args, **kwargs), "Tensor.to", args[0], device is not None)
     return move(space, self, device, dtype, memory_format, copy)
 
 
@@ -140,7 +140,7 @@ def _to_kind(kind: str) -> Callable[..., Any]:
         target = _CPU if kind == "cpu" else torch.device(kind, dev) if isinstance(dev, int) \
             else space.norm(kind if dev is None else dev)
         if not isinstance(args[0], VirtualTensor) and not is_virtual(target):
-            return H.real(space, func(*args, **kwargs), "Tensor.to", args[0])
+            return H.real(space, func(*args, **kwargs), "Tensor.to", args[0], True)
         return move(space, args[0], target, None, kwargs.get("memory_format"), verb=f".{kind}()")
 
     return handler
