@@ -152,21 +152,17 @@ def _gone(pid: int, within: float = 10.0) -> bool:
     return True
 
 
-def _wait_for(path: Path, proc: subprocess.Popen[bytes], within: float = 120.0) -> int:
-    deadline = time.monotonic() + within
-    while not path.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the TARGET never forked"
-        time.sleep(0.05)
-    return int(path.read_text())
-
-
 def _wait_for_file(path: Path, proc: subprocess.Popen[bytes], within: float = 120.0) -> None:
     deadline = time.monotonic() + within
     while not path.exists():
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the grandchild never started"
+        assert time.monotonic() < deadline, f"{path.name} was never written (the TARGET never forked)"
         time.sleep(0.05)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[bytes], within: float = 120.0) -> int:
+    _wait_for_file(path, proc, within)
+    return int(path.read_text())
 
 
 posix_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and /proc: Linux")

@@ -12,16 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-_OFFLOADING = ("CpuOffload", "UserCpuOffloadHook", "AlignDevicesHook")
-
-
-def _offloads(hook: Any) -> str | None:
-    """The offloading hook's class name in ``hook`` (a ``SequentialHook`` holds several), or None."""
-    for h in [hook, *(getattr(hook, "hooks", ()) or ())]:
-        name = type(h).__name__
-        if name in _OFFLOADING and (name != "AlignDevicesHook" or getattr(h, "offload", False)):
-            return name
-    return None
+from torchdoctor._virtual.offloaduse import offloading_hook
 
 
 def hook_notes(problems: Sequence[Any], roots: Sequence[Any]) -> dict[str, str]:
@@ -54,7 +45,7 @@ def _hooked_above(root: Any, path: str) -> tuple[str, str, str] | None:
         chain.append((".".join(parts[:i + 1]), m))
     inner = ".".join(parts)
     for name, mod in chain[:-1]:  # a module above the one the op ran in: its own forward would have loaded it
-        cls = _offloads(vars(mod).get("_hf_hook"))
+        cls = offloading_hook(vars(mod).get("_hf_hook"))
         if cls is not None:
             return name, cls, inner
     return None

@@ -32,7 +32,7 @@ _OFFLOADING = ("CpuOffload", "UserCpuOffloadHook", "AlignDevicesHook")  # accele
 _IS_ON = re.compile(r"#\s*self\.([\w.]+) is on ")
 
 
-def _offloads(hook: Any) -> str | None:
+def offloading_hook(hook: Any) -> str | None:
     """The offloading hook's class name in ``hook`` (a ``SequentialHook`` holds several), or None."""
     for h in [hook, *(getattr(hook, "hooks", ()) or ())]:
         name = type(h).__name__
@@ -95,7 +95,7 @@ def use_fix(f: Fix, casts: Any, root: Any) -> Fix | None:
     # without calling its owner: ``out_proj.weight`` in ``nn.MultiheadAttention``)
     moved = (f"moved a tensor at {casts.moves[away][4]}", target)
     sets = (*f.sets, ("*" if not upath else upath + ".", target), moved)
-    hook = next(((p, c) for p in _above(upath)[1:] if (c := _offloads(vars(root.get_submodule(p)).get("_hf_hook")))),
+    hook = next(((p, c) for p in _above(upath)[1:] if (c := offloading_hook(vars(root.get_submodule(p)).get("_hf_hook")))),
                 None)
     trail = casts.trails[away] if away < len(casts.trails) else None
     if hook is not None:
@@ -117,7 +117,7 @@ def _away(use: Use, casts: Any, mod: torch.nn.Module, upath: str, paths: dict[in
     the one holding the tensors) or a module above it, when it moved them away from ``target``'s device type (None
     when none did, or the last one brought them there)."""
     n = use.moved_in(casts)
-    if n is None or _offloads(vars(mod).get("_hf_hook")):  # its own hook onloads it
+    if n is None or offloading_hook(vars(mod).get("_hf_hook")):  # its own hook onloads it
         return None
     around = set(_above(upath))
     for i in range(min(n, len(casts.moves)) - 1, -1, -1):
