@@ -10,17 +10,9 @@ import pickle
 
 import pytest
 
+from tests.support.twins import dataclass_twin
 from torchdoctor._guard.api import Fix
 from torchdoctor._guard.record import GuardReport, Note
-
-
-def _twin(cls: type) -> type:
-    ns: dict[str, object] = {"__annotations__": {}}
-    for f in dataclasses.fields(cls):
-        ns["__annotations__"][f.name] = object  # type: ignore[index]
-        ns[f.name] = dataclasses.field(default=f.default, repr=f.repr, compare=f.compare) \
-            if f.default is not dataclasses.MISSING else dataclasses.field(repr=f.repr, compare=f.compare)
-    return dataclasses.dataclass(frozen=True)(type(cls.__name__, (), ns))
 
 
 CASES = [
@@ -35,7 +27,7 @@ CASES = [
 
 @pytest.mark.parametrize("cls,base,more,change", CASES, ids=[c[0].__name__ for c in CASES])
 def test_guard_records_behave_as_generated(cls, base, more, change):
-    twin = _twin(cls)
+    twin = dataclass_twin(cls, frozen=True)
     for kw in (base, {**base, **more}):
         a, ta = cls(**kw), twin(**kw)
         assert repr(a) == repr(ta)

@@ -12,19 +12,8 @@ import pytest
 import torch
 
 import torchdoctor
+from tests.support.twins import dataclass_twin
 from torchdoctor import Problem, ScanReport, Target, TensorInfo
-
-
-def _twin(cls: type, frozen: bool) -> type:
-    """A class with ``cls``'s fields (names, types, defaults) whose methods the dataclass decorator generates."""
-    ns: dict[str, object] = {"__annotations__": {}}
-    for f in dataclasses.fields(cls):
-        ns["__annotations__"][f.name] = object  # type: ignore[index]
-        if f.default is not dataclasses.MISSING:
-            ns[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            ns[f.name] = dataclasses.field(default_factory=f.default_factory)
-    return dataclasses.dataclass(frozen=frozen)(type(cls.__name__, (), ns))
 
 
 def _info(**kw: object) -> dict[str, object]:
@@ -47,7 +36,7 @@ CASES = [(TensorInfo, True, _info, {"path": "b", "alias_of": "a.weight", "shape"
 
 @pytest.mark.parametrize("cls,frozen,make,change", CASES, ids=["TensorInfo", "Problem"])
 def test_value_records_behave_as_generated(cls, frozen, make, change):
-    twin = _twin(cls, frozen)
+    twin = dataclass_twin(cls, frozen)
     a, b = cls(**make()), cls(**make())
     ta, tb = twin(**make()), twin(**make())
     assert repr(a) == repr(ta)
@@ -86,7 +75,7 @@ def test_positional_and_default_arguments_as_generated():
 
 
 def test_target_behaves_as_generated():
-    twin = _twin(Target, False)
+    twin = dataclass_twin(Target, False)
     m = torch.nn.Linear(2, 2)
     a, ta = Target(m, (1,), {"k": 2}), twin(m, (1,), {"k": 2})
     assert repr(a) == repr(ta)
@@ -124,7 +113,7 @@ def test_scan_report_behaves_as_generated():
 def test_relocation_behaves_as_generated():
     from torchdoctor._report.order import Relocation
 
-    twin = _twin(Relocation, True)
+    twin = dataclass_twin(Relocation, True)
     args = ("unet", "cpu", "cuda:0", ("a", "b"), "bfloat16", "float32")
     a, ta = Relocation(*args), twin(*args)
     assert repr(a) == repr(ta) and a == Relocation(*args) and hash(a) == hash(Relocation(*args))

@@ -18,17 +18,7 @@ from torchdoctor._report.model import Problem
 from torchdoctor._trace.record import TraceRecord
 from torchdoctor._virtual.apart import Apart
 from torchdoctor._virtual.castsites import CastSite
-
-
-def _twin(cls: type, frozen: bool) -> type:
-    ns: dict[str, object] = {"__annotations__": {}}
-    for f in dataclasses.fields(cls):
-        ns["__annotations__"][f.name] = object  # type: ignore[index]
-        if f.default is not dataclasses.MISSING:
-            ns[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            ns[f.name] = dataclasses.field(default_factory=f.default_factory)
-    return dataclasses.dataclass(frozen=frozen)(type(cls.__name__, (), ns))
+from tests.support.twins import dataclass_twin
 
 
 def _check(x: object) -> None:
@@ -59,7 +49,7 @@ MUTABLE = [
 
 @pytest.mark.parametrize("cls,base,more,change", FROZEN, ids=[c[0].__name__ for c in FROZEN])
 def test_frozen_records_behave_as_generated(cls, base, more, change):
-    twin = _twin(cls, True)
+    twin = dataclass_twin(cls, True)
     for kw in (base, {**base, **more}):
         a, ta = cls(**kw), twin(**kw)
         assert repr(a) == repr(ta)
@@ -84,7 +74,7 @@ def test_frozen_records_behave_as_generated(cls, base, more, change):
 
 @pytest.mark.parametrize("cls,base,more,change", MUTABLE, ids=[c[0].__name__ for c in MUTABLE])
 def test_mutable_records_behave_as_generated(cls, base, more, change):
-    twin = _twin(cls, False)
+    twin = dataclass_twin(cls, False)
     for kw in (base, {**base, **more}):
         a, ta = cls(**kw), twin(**kw)
         assert repr(a) == repr(ta) and a == cls(**kw) and a.__eq__(ta) is NotImplemented

@@ -9,20 +9,10 @@ import dataclasses
 import pytest
 import torch
 
+from tests.support.twins import dataclass_twin
 from torchdoctor._report.model import Problem
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual.session import VirtualSession
-
-
-def _twin() -> type:
-    ns: dict[str, object] = {"__annotations__": {}}
-    for f in dataclasses.fields(VirtualSession):
-        ns["__annotations__"][f.name] = object  # type: ignore[index]
-        if f.default is not dataclasses.MISSING:
-            ns[f.name] = dataclasses.field(default=f.default, init=f.init, repr=f.repr, compare=f.compare)
-        elif f.default_factory is not dataclasses.MISSING:
-            ns[f.name] = dataclasses.field(default_factory=f.default_factory)
-    return dataclasses.dataclass(type("VirtualSession", (), ns))
 
 
 _BASE = dict(device=torch.device("cuda", 1), dtype=torch.bfloat16, profile=DeviceProfile("cuda", 2))
@@ -34,7 +24,7 @@ _MORE = dict(data="meta", problems=[Problem("dtype", "1.bias", "parameter", "flo
 
 @pytest.mark.parametrize("kw", [_BASE, {**_BASE, **_MORE}], ids=["defaults", "all"])
 def test_virtual_session_behaves_as_generated(kw: dict[str, object]) -> None:
-    twin = _twin()
+    twin = dataclass_twin(VirtualSession)
     a, t = VirtualSession(**kw), twin(**kw)  # type: ignore[arg-type]
     assert repr(a) == repr(t) and a == VirtualSession(**kw) and a.__eq__(t) is NotImplemented  # type: ignore[arg-type]
     a._rec = object()  # neither compared nor shown
