@@ -55,7 +55,7 @@ def kind_of(message: str) -> str:
     if re.search(r"\bmeta\b", low):
         return "meta"
     types_named = {d.type for d in _devices_named(message)}
-    if len(types_named) > 1 or re.search(r"\bdevices?\b|not compiled with|not linked with", low):
+    if len(types_named) > 1 or re.search(r"\bdevices?\b|not compiled with|not linked with|generator of type", low):
         return "device"
     return "dtype"
 
