@@ -5,6 +5,8 @@ the cpu, met by a stack on the GPU). Without the move, the factory is the maker 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -41,3 +43,26 @@ def test_without_the_move_the_factory_gets_its_device() -> None:
     text = _error("none")
     assert "then moved by the line" not in text
     assert "torch.linspace made it on cpu: pass device= (torch.linspace(..., device='cuda:0'))" in text, text
+
+
+def test_the_factory_keeps_its_maker_after_transformers_from_pretrained(tmp_path: Path) -> None:
+    """transformers' ``from_pretrained`` puts a wrapper in ``torch.linspace`` while it builds the model on meta; torch
+    caches its set of factories the first time a device context asks, which is then, and keeps the wrapper for the
+    rest of the process. A virtual run after it still names ``torch.linspace`` as the maker (CI stop 55: the suite's
+    order put a ``from_pretrained`` first on one worker)."""
+    import torch.utils._device as device_mod
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    device_mod._device_constructors.cache_clear()
+    try:
+        LlamaForCausalLM.from_pretrained(tmp_path)
+        assert torch.linspace not in device_mod._device_constructors()  # torch's cache holds the wrapper
+        text = _error("none")
+        assert "torch.linspace made it on cpu: pass device= (torch.linspace(..., device='cuda:0'))" in text, text
+        text = _error("to")
+        assert "a tensor made by torch.linspace" in text and "then moved by the line at " in text, text
+    finally:
+        device_mod._device_constructors.cache_clear()
