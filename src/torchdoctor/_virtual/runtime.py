@@ -321,7 +321,7 @@ def _constructors() -> frozenset[Any]:
     if not _CONSTRUCTORS:
         own = {getattr(torch._C._VariableFunctions, getattr(f, "__name__", ""), None) for f in
                _device_mod._device_constructors()}
-        own |= {getattr(torch._C._fft, n, None) for n in ("fft_fftfreq", "fft_rfftfreq")}
+        own |= {getattr(getattr(torch._C, "_fft", None), n, None) for n in ("fft_fftfreq", "fft_rfftfreq")}
         own |= {getattr(torch._C._VariableFunctions, n, None) for n in
                 ("empty", "empty_permuted", "empty_strided", "ones", "zeros", "full", "arange", "range", "linspace",
                  "logspace", "eye", "rand", "randn", "randint", "randperm", "tensor", "as_tensor", "asarray",
