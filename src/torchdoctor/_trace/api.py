@@ -162,12 +162,29 @@ def record_for(tensor_or_path: torch.Tensor | str, root: str | None = None) -> T
             if not isinstance(path, str):
                 continue
             recs = s.history(path)
-            recs = [r for r in recs if r.root == root] or recs if root else recs
+            if root:  # another object's record at a path that merely ends the same (``0.weight`` for ``weight``)
+                recs = [r for r in recs if r.root == root] or [r for r in recs if _holds(s, r, path, root)]
             if recs:
                 return recs[-1]
     except Exception:  # called while an error is being explained: never raise
         log.debug("torchdoctor.trace: record_for failed", exc_info=True)
     return None
+
+
+def _holds(s: Any, r: TraceRecord, path: str, root: str) -> bool:
+    """Record ``r`` of another traced root is the last change of the tensor at ``path`` of a ``root`` object only
+    when that root holds such an object where ``r.path`` says (``loss_fn.weight`` of a model holding its
+    ``CrossEntropyLoss``): a module's ``.to()`` is the last change of the tensors it holds, never of another's; an
+    unlabelled root (``trace(obj)``) records the object asked for, at exactly that path."""
+    if r.path == path:
+        return not r.root
+    prefix = r.path[:-len(path) - 1]
+    for traced in s.roots:
+        if traced.label == r.root:
+            held = traced.resolve(prefix)
+            if held is not None and type(held).__name__ == root:
+                return True
+    return False
 
 
 def note_for(tensor_or_path: torch.Tensor | str, root: str | None = None) -> str | None:

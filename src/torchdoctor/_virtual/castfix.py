@@ -117,6 +117,11 @@ def maker_diff(op: str, at: str, target: Any, exprs: dict[str, str] | None = Non
     from torchdoctor._guard.remedy import own_file, remedy
     from torchdoctor._virtual.origin import IN_SCOPE, LINES
 
+    if op == "torch.load":  # its device is map_location=, written at the load (``loaded``)
+        from torchdoctor._virtual.loaded import map_diff
+
+        mapped = map_diff(at, target)
+        return mapped[1] if mapped is not None else None
     file, line = LINES.get(at, ("", 0))
     if not file or not own_file(file):
         return None

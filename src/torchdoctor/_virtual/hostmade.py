@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from torchdoctor._placement import FLOAT8_DTYPES
+
 _LIMIT = 4096
 # (storage, data pointer, bytes) -> (maker, file:line, whether a default-device context was set when it ran, whether
 # a module's __init__ was running)
@@ -27,9 +29,10 @@ _BYTES = 1 << 28  # at most this much is held past the tensors' own life (a stat
 
 
 def _key(t: torch.Tensor) -> tuple[int, int, int] | None:
-    try:
-        s = t.untyped_storage()
-        return (s._cdata, s.data_ptr(), s.nbytes())
+    try:  # machinery: under the run's function mode a storage asked for outside its handler is not a valid one
+        with torch._C.DisableTorchFunction():  # (a module-entry check's ``maker_note``: "invalid python storage")
+            s = t.untyped_storage()
+            return (s._cdata, s.data_ptr(), s.nbytes())
     except (RuntimeError, NotImplementedError, AttributeError, TypeError):
         return None
 
@@ -60,7 +63,44 @@ def remember(t: Any, made: Any) -> None:
         _HELD[0] += storage.nbytes()
 
 
+# dtypes some device cannot hold (float8 on mps, float64 on mps and some xpu): a host cast to one keeps its line
+REFUSABLE = frozenset({*FLOAT8_DTYPES, torch.float64})
+_CASTS: dict[tuple[int, int, int], Any] = {}  # storage key -> ``dtypevar.HostCast`` (the program's cast, its dtype's
+# binding), for this run
+
+
+def cast(t: Any, src: Any) -> Any:
+    """``t``, the program's host cast of ``src``; a cast to a dtype some device refuses (``w.data.to(weight_dtype)``
+    to float8) keeps its line and where its dtype was bound (``weight_dtype = torch.float8_e4m3fn``) by the storage
+    the tensors share, for a refused move of the parameter that holds it later."""
+    if type(t) is torch.Tensor and t.dtype in REFUSABLE and t.dtype != src.dtype and len(_CASTS) < _LIMIT:
+        _cast(t)
+    return t
+
+
+def _cast(t: torch.Tensor) -> None:
+    from torchdoctor._virtual.dtypevar import host_cast
+
+    key = _key(t)
+    rec = host_cast(t.dtype) if key is not None and key[1] else None
+    if rec is not None:  # (its storage is not held: a model's weights; a record is read for its dtype only)
+        _CASTS[key] = rec  # type: ignore[index]
+
+
+def cast_of(t: Any) -> Any:
+    """The program's host cast that made ``t``'s storage (``dtypevar.HostCast``), or None."""
+    if not _CASTS or not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+        return None
+    key = _key(t)
+    rec = _CASTS.get(key) if key is not None else None
+    return rec if rec is not None and rec.dtype == t.dtype else None
+
+
 def clear() -> None:
+    from torchdoctor._virtual.dtypevar import SAID
+
+    SAID.clear()
+    _CASTS.clear()
     _MADE.clear()
     _SHAPES.clear()
     _STORAGES.clear()
@@ -96,11 +136,47 @@ def maker_note(t: Any) -> str:
     program made on the CPU in this run; empty when no factory of the program made it."""
     hit = maker(t)
     if hit is None:
-        return ""
+        return _computed_note(t)
     op, at, ctx, building = hit
     if building and not ctx:
         return ""  # a model built on the cpu: not moved, whatever made its tensors
-    return f" (made by {op} at {at}" + (", which ignores the torch.device context)" if ctx else ")")
+    name = bound_name(at)
+    return f" (made by {op} at {at}" + (f" as `{name}`" if name else "") + (
+        ", which ignores the torch.device context)" if ctx else ")")
+
+
+def _computed_note(t: Any) -> str:
+    """`` (made by torch.ones at app.py:3 as `pos`)`` for a tensor the program computed on the host from one
+    factory's tensor at its own line (``torch.ones(3) * 2``), outside any forward; else empty."""
+    from torchdoctor._virtual.tensor import current_space
+
+    space = current_space()
+    kept = space.real_record(t) if space is not None and space.real and isinstance(t, torch.Tensor) else None
+    made = kept[1] if kept is not None else None
+    op, at = getattr(made, "op", None), getattr(made, "at", None)
+    if not isinstance(op, str) or not op.startswith("torch.") or op.startswith("torch.nn.") or not at or \
+            getattr(made, "module", None) is not None:
+        return ""
+    name = bound_name(at)
+    return f" (made by {op} at {at}" + (f" as `{name}`)" if name else ")")
+
+
+def bound_name(at: str) -> str | None:
+    """``class_weights`` of ``class_weights = torch.tensor([...])`` at ``at`` (the program's own line): the name the
+    program gave what the line made, which it then handed on; None for a line that binds no one name."""
+    import ast
+
+    from torchdoctor._virtual.origin import LINES
+    from torchdoctor._virtual.ownline import own_line
+
+    file, line = LINES.get(at, ("", 0))
+    read = own_line(file, line) if file else None
+    stmt = read[2].body[0] if read is not None and len(read[2].body) == 1 else None
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
+        stmt, ast.AnnAssign) else []
+    if len(targets) != 1 or not isinstance(targets[0], (ast.Name, ast.Attribute, ast.Subscript)):
+        return None
+    return ast.unparse(targets[0])
 
 
 def _building() -> bool:

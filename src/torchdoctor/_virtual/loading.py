@@ -19,8 +19,25 @@ from torchdoctor._virtual.tensor import VirtualTensor, current_space, host_value
 
 
 def install(installs: Any) -> None:
+    from torchdoctor._virtual import loaded
+
+    loaded.clear()  # the loads and optimizer state loads on record are this run's
     installs.set(torch, "load", _load(torch.load))
     installs.set(torch, "save", _save(torch.save))
+    installs.set(torch.optim.Optimizer, "load_state_dict", _state_load(torch.optim.Optimizer.load_state_dict))
+
+
+def _state_load(original: Any) -> Any:
+    """``Optimizer.load_state_dict`` whose line is remembered: a param_group value it leaves as loaded is said so."""
+    def load_state_dict(self: Any, state_dict: Any) -> Any:
+        from torchdoctor._virtual.loaded import state_loaded
+
+        state_loaded(self)
+        return original(self, state_dict)
+
+    load_state_dict.__name__ = load_state_dict.__qualname__ = "load_state_dict"
+    load_state_dict.__doc__ = original.__doc__
+    return load_state_dict
 
 
 def _file_key(f: Any) -> Any:
@@ -149,7 +166,11 @@ def _load(original: Any) -> Any:
             raise
         if written is not None and len(order) == len(written):
             where.update((st.data_ptr(), dev) for st, dev in zip(order, written) if dev is not None)
-        return _place(out, where, set())
+        out = _place(out, where, set())
+        from torchdoctor._virtual.loaded import record
+
+        record(out, map_location, space)  # what stays on the cpu keeps this line as its maker, not torch.empty
+        return out
 
     load.__name__ = load.__qualname__ = "load"
     load.__doc__ = original.__doc__
@@ -188,21 +209,13 @@ def _mapped(original: Any, f: Any, start: int | None, args: tuple[Any, ...], kwa
     finally:
         if after is not None:
             f.seek(after)
-    tensors = [t for t in _tensors(got, set()) if isinstance(t, torch.Tensor)]
+    from torchdoctor._virtual.loaded import tensors_of
+
+    tensors = tensors_of(got)
     where = sorted({str(getattr(t, "_td_device", t.device)) for t in tensors})
     if where and where != ["cpu"]:
         return False, f"the same file loaded with map_location=\"cpu\" put tensors on {', '.join(where)}"
     return True, f"the same file loaded with map_location=\"cpu\": {len(tensors)} tensor(s), on the cpu"
-
-
-def _tensors(obj: Any, seen: set[int]) -> list[Any]:
-    """The tensors of a loaded object (dicts, lists, tuples), each container once."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if id(obj) in seen or not isinstance(obj, (dict, list, tuple)):
-        return []
-    seen.add(id(obj))
-    return [t for x in (obj.values() if isinstance(obj, dict) else obj) for t in _tensors(x, seen)]
 
 
 def mapped_note(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ import torch
 
 from torchdoctor._rules.profile import DeviceProfile, factory_refusal, refusal
 from torchdoctor._placement import compact, device_str, dtype_str, norm_device
+from torchdoctor._virtual import hostmade
 from torchdoctor._virtual.datadtype import data_dtype, factory_call, maker_name
 from torchdoctor._virtual.origin import maker_of, moved_by_apply, where_called
 from torchdoctor._virtual.tensor import is_entry as _is_entry
@@ -47,6 +48,10 @@ class MoveChecks:
             return dtype
         what = f"{path or maker_of(tensor, self.modules.path_of) or 'a tensor'} " \
             f"{compact(tensor.dtype, tuple(tensor.shape), src)}"
+        if refused and src.type == "cpu" and (cast := hostmade.cast_of(tensor)) is not None:
+            from torchdoctor._virtual.dtypevar import named  # the program's cast that made its dtype, and its name
+
+            what += named(cast)
         if src.type == "meta" and target.type != "meta":
             from torchdoctor._virtual.metaread import offloaded_here  # an offloaded weight moved outside its call
 

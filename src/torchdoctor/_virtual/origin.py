@@ -32,7 +32,7 @@ class Made:
     """How a tensor made in a run got its device and dtype."""
 
     __slots__ = ("op", "module", "paths", "count", "via", "depth", "at", "arg", "site", "made_of", "promotes",
-                 "loose", "default", "hook", "mixed", "moves")
+                 "loose", "default", "hook", "mixed", "moves", "loaded")
 
     def __init__(self, op: str, module: Any, paths: tuple[str, ...] = (), count: int = 0, via: Made | None = None,
                  depth: int = 1) -> None:
@@ -54,6 +54,7 @@ class Made:
         self.hook: str | None = None  # a saved-tensor unpack hook that gave it back (``saved.py``): said as such
         self.mixed = False  # made from its named tensors and an unnamed one of their dtype (activation x weight)
         self.moves = False  # the program's own line sent it to another device: for its device, the maker (``moveby.carried``)
+        self.loaded: Any = None  # made by torch.load at the program's line (``loaded.Loaded``): said so, by its holder
 
     @classmethod
     def argument(cls, label: str, fix_label: str, call: str, before: Made | None, chain: Made | None = None) -> Made:
@@ -141,6 +142,8 @@ class Made:
                 break
             probe = None if probe is src else probe.via  # never past a cast that set the dtype
         head = f"a tensor made by {_link(src, module_path)}"
+        if src.loaded is not None:  # torch.load at the program's line, not the torch.empty inside it (``loaded``)
+            head = src.loaded.describe(src)
         if src is self:
             return head
         here = f"a tensor made by {self.op} in {_where(self.module, module_path)}"

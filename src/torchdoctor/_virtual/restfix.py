@@ -13,6 +13,7 @@ import torch
 from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_dtype
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.castfix import maker_diff
+from torchdoctor._virtual.dtypevar import SAID, fix as dtypevar_fix
 from torchdoctor._virtual.libfloat import library_fixes, library_of, own_line
 from torchdoctor._virtual.prove import Fix
 
@@ -172,6 +173,9 @@ def _instead(unsupported: list[str], device: torch.device, over_memory: bool) ->
                asks=torch.float32)
 
 
+_HOST_CAST = re.compile(r"\(cast to \w+ by `.*?` at (\S+:\d+)[,)].*? moved to (\w+)")
+_HOLDS = {name: "float16" for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")}  # float8
+# stored weights made float16 (not float32): a model that chose 8 bits keeps its memory small, and loses nothing
 _MADE = re.compile(r"made by (torch\.\w+) in code outside the model at (\S+:\d+) \S+@(\S+) moved to (\S+) as ")
 
 
@@ -184,6 +188,11 @@ def _at_maker(p: Problem, other: str) -> list[Fix]:
     if cast is not None and cast.group(1) == cast.group(2) and \
             (fixed := _at_cast(cast.group(3), parse_dtype(other), p, cast.group(2))) is not None:
         return [fixed]  # a tensor on the device cast there by the program's line: fixed at that line
+    host = _HOST_CAST.search(p.message)
+    if host is not None and (rec := SAID.get(host.group(1))) is not None:  # the program's cast, at its dtype's line
+        fixed = dtypevar_fix(rec, p.path if p.path and not p.path.startswith("<") else "it", p.found,
+                             parse_dtype(_HOLDS.get(p.found, other)), host.group(2))
+        return [fixed] if fixed is not None else []
     m = _MADE.search(p.message)
     if m is None:
         return []

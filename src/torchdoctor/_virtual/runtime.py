@@ -24,8 +24,8 @@ from torch.overrides import TorchFunctionMode
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api, devrng, dispatch as D, host as H, moveby
-from torchdoctor._virtual import hardware, lengths, makers, outside, parallel, replaced, saved, storage, takenback
-from torchdoctor._virtual import tracecheck, training, whole
+from torchdoctor._virtual import hardware, hostmade, lengths, makers, outside, parallel, replaced, saved, storage
+from torchdoctor._virtual import takenback, tracecheck, training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
 from torchdoctor._virtual.deferred import deferred_imports
@@ -130,7 +130,7 @@ def _to(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         device, dtype, _, memory_format = torch._C._nn._parse_to(*rest, **kw)
         device = space.norm(device) if device is not None else None
     if not isinstance(self, VirtualTensor) and (device is None or not is_virtual(device)):
-        return H.real(space, func(*args, **kwargs), "Tensor.to", args[0], device is not None)
+        return hostmade.cast(H.real(space, func(*args, **kwargs), "Tensor.to", args[0], device is not None), self)
     return move(space, self, device, dtype, memory_format, copy)
 
 

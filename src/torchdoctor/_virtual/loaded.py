@@ -1,0 +1,246 @@
+"""A tensor ``torch.load`` made at the program's line, in a virtual run: its maker is that call (with the
+``map_location`` the program wrote), never the ``torch.empty`` torch's unpickler builds it with; the program's
+objects name it (``opt.param_groups[0]['d']``, an optimizer's param_group value), and its device is fixed at the
+load: ``map_location=<device>``, a diff of that line.
+
+The case this exists for: an optimizer that keeps a tensor in its param_groups (a D-Adaptation ``d``), resumed with
+``torch.load(path, map_location="cpu")``: ``Optimizer.load_state_dict`` moves per-parameter state to each
+parameter's device but leaves param_group values as loaded, so the first step after the resume mixes devices.
+"""
+
+from __future__ import annotations
+
+import ast
+import weakref
+from typing import Any
+
+import torch
+
+_LIMIT = 4096  # loaded tensors recorded per run at most (a checkpoint's count; the rest keep torch's own record)
+# "file:line" of an optimizer's load_state_dict at the program's line, by the optimizer's id (this run's)
+_STATE_LOADS: dict[int, str] = {}
+_MAPPED: dict[str, str] = {}  # "file:line" of a load -> its map_location as written there (this run's)
+_HELD: dict[str, str] = {}  # "file:line" of a load -> the program's name of a tensor it made that a problem met
+
+
+class Loaded:
+    """How ``torch.load`` made a tensor: ``map_location`` as written at the program's line. A copy of the tensor
+    (``Optimizer.load_state_dict`` deep-copies its param_groups) keeps the same record, by which the program's
+    objects are searched for it."""
+
+    __slots__ = ("mapped",)
+
+    def __init__(self, mapped: str) -> None:
+        self.mapped = mapped  # ``map_location='cpu'``, or "" when the call passed none
+
+    def describe(self, made: Any) -> str:
+        return describe(made)
+
+
+def record(out: Any, map_location: Any, space: Any) -> None:
+    """Each real CPU tensor of a loaded object (dicts, lists, tuples) keeps ``torch.load`` at the program's line as
+    its maker, for the moment it meets tensors on a device."""
+    from torchdoctor._virtual.origin import Made
+
+    mapped = _said(map_location)
+    for t in tensors_of(out)[:_LIMIT]:
+        if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter or t.device.type != "cpu":
+            continue
+        made = Made("torch.load", None)
+        if made.at is None or not _own(made.at):
+            return  # a library's own load: torch's record stands (its line is not the program's to change)
+        made.loaded = Loaded(mapped)
+        space.keep_real(t, None, made)
+        if len(_MAPPED) < _LIMIT:
+            _MAPPED[made.at] = mapped
+
+
+def tensors_of(obj: Any) -> list[torch.Tensor]:
+    """The tensors of a loaded object (dicts, lists, tuples), each container once."""
+    return [t for t in _tensors(obj, set()) if isinstance(t, torch.Tensor)]
+
+
+def _tensors(obj: Any, seen: set[int]) -> list[Any]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if id(obj) in seen or not isinstance(obj, (dict, list, tuple)):
+        return []
+    seen.add(id(obj))
+    return [t for x in (obj.values() if isinstance(obj, dict) else obj) for t in _tensors(x, seen)]
+
+
+def _own(at: str) -> bool:
+    from torchdoctor._guard.ownfile import own_file
+    from torchdoctor._virtual.origin import LINES
+
+    file = LINES.get(at, ("", 0))[0]
+    return bool(file) and own_file(file)
+
+
+def _said(map_location: Any) -> str:
+    if map_location is None:
+        return ""
+    if isinstance(map_location, (str, torch.device)):
+        return f"map_location={str(map_location)!r}"
+    return "map_location=<its own function>" if callable(map_location) else "map_location=<a dict>"
+
+
+def state_loaded(opt: Any) -> None:
+    """An optimizer's ``load_state_dict`` called at the program's line: remembered for its param_group values."""
+    from torchdoctor._virtual.origin import where_called
+
+    at = where_called()
+    if at and len(_STATE_LOADS) < _LIMIT:
+        _STATE_LOADS[id(opt)] = at
+
+
+def clear() -> None:
+    _STATE_LOADS.clear()
+    _MAPPED.clear()
+    _HELD.clear()
+
+
+def held_name(made: Any) -> tuple[str, str] | None:
+    """``("opt.param_groups[0]['d']", why)``: a tensor whose record is ``made`` as a value of an optimizer's
+    param_groups that the program's frames hold by name (innermost first; a method's own ``self`` only when no frame
+    names it); None when no frame holds one."""
+    import sys
+
+    from torchdoctor._virtual.stackview import _SKIP
+    from torchdoctor._virtual.tensor import current_space
+
+    space = current_space()
+    if space is None:
+        return None
+    frame: Any = sys._getframe(1)
+    own: tuple[str, str] | None = None
+    while frame is not None:
+        if not any(s in frame.f_code.co_filename for s in _SKIP):
+            for local, obj in list(frame.f_locals.items()):
+                if isinstance(obj, torch.optim.Optimizer) and (hit := _in_groups(space, obj, made)) is not None:
+                    named = (f"{local}.{hit}", _why(obj))
+                    if local != "self":
+                        return named
+                    own = own or named
+        frame = frame.f_back
+    return own or _in_locals(space, made)
+
+
+def _in_locals(space: Any, made: Any) -> tuple[str, str] | None:
+    """``sd['scale']``, ``scale``: a tensor whose record is ``made`` as the program's frames hold it, by a name or
+    one dict, list or tuple deep (innermost first)."""
+    import sys
+
+    from torchdoctor._virtual.stackview import _SKIP
+
+    def mine(v: Any) -> bool:
+        return type(v) is torch.Tensor and (kept := space.real_record(v)) is not None and kept[1] is made
+
+    frame: Any = sys._getframe(2)
+    while frame is not None:
+        if not any(s in frame.f_code.co_filename for s in _SKIP):
+            for local, obj in list(frame.f_locals.items()):
+                if local.startswith("__"):
+                    continue
+                if mine(obj):
+                    return local, ""
+                if isinstance(obj, dict) and len(obj) <= _LIMIT:
+                    key = next((k for k, v in obj.items() if mine(v)), None)
+                    if key is not None:
+                        return f"{local}[{key!r}]", ""
+                elif isinstance(obj, (list, tuple)) and len(obj) <= _LIMIT:
+                    i = next((i for i, v in enumerate(obj) if mine(v)), None)
+                    if i is not None:
+                        return f"{local}[{i}]", ""
+        frame = frame.f_back
+    return None
+
+
+def _in_groups(space: Any, opt: Any, made: Any) -> str | None:
+    for i, group in enumerate(getattr(opt, "param_groups", ())[:1024]):
+        if isinstance(group, dict):
+            for k, v in group.items():
+                if type(v) is torch.Tensor and (kept := space.real_record(v)) is not None and kept[1] is made:
+                    return f"param_groups[{i}][{k!r}]"
+    return None
+
+
+def _why(opt: Any) -> str:
+    at = _STATE_LOADS.get(id(opt))
+    return (f"{type(opt).__name__}.load_state_dict" + (f" at {at}" if at else "") + " moves per-parameter state to "
+            "each parameter's device and leaves param_group values as loaded")
+
+
+def describe(made: Any) -> str:
+    """``opt.param_groups[0]['d'] (an optimizer's param_group value, loaded by torch.load at app.py:34 with
+    map_location='cpu'; Adam.load_state_dict at app.py:35 moves ...)``, or ``a tensor loaded by torch.load at
+    app.py:34 with map_location='cpu'`` when no frame holds it by name."""
+    rec: Loaded = made.loaded
+    how = f"torch.load at {made.at}" + (f" with {rec.mapped}" if rec.mapped else " with no map_location")
+    held = held_name(made)
+    if held is None:
+        return f"a tensor loaded by {how}"
+    name, why = held
+    if made.at is not None and len(_HELD) < _LIMIT:
+        _HELD.setdefault(made.at, name)
+    kind = "an optimizer's param_group value, " if ".param_groups[" in name else ""
+    return f"{name} ({kind}loaded by {how}" + (f"; {why})" if why else ")")
+
+
+def load_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Any:
+    """The fix of a tensor ``torch.load`` made on the wrong device (``key``: ``factory torch.load ... at app.py:34``):
+    ``map_location`` set to the device at that line, a diff; judged at the failing ops like a factory's ``device=``.
+    None for another maker, a dtype, or a line that is not the program's own or holds no single ``torch.load(...)``
+    call."""
+    from torchdoctor._guard.maps import value_code
+    from torchdoctor._virtual.prove import Fix
+
+    said, _, at = key[8:].partition(" at ")
+    if not said.startswith("torch.load") or set(wrong) != {"device"}:
+        return None
+    found, dev = wrong["device"]
+    fixed = map_diff(at, dev)
+    if fixed is None:
+        return None
+    how = f"as {_MAPPED[at]} says" if _MAPPED.get(at) else "where the file saved it"
+    name = _HELD.get(at)
+    group = name is not None and ".param_groups[" in name
+    code = (f"{fixed[0]}  # the load put what it read on {found} ({how}) and nothing moves "
+            f"{name or 'it'} to {value_code(dev)} after" + (
+                " (an optimizer's load_state_dict moves per-parameter state only, never its param_groups' values): "
+                "load onto the device it is used on, or move the groups' tensors after load_state_dict" if group else
+                ": load onto the device it is used on, or move it there after the load"))
+    return Fix(code, "note", dev, sets=((key, dev),), diff=fixed[1])
+
+
+def map_diff(at: str, dev: Any) -> tuple[str, str] | None:
+    """(the line, its diff) of the program's ``torch.load(...)`` at ``at`` with ``map_location=`` the device
+    (replaced where given, else added); None where the line is not the program's own, holds no single such call,
+    or passes map_location by position or in ``**kwargs``."""
+    from torchdoctor._guard.maps import value_code
+    from torchdoctor._report.diff import line_patch
+    from torchdoctor._virtual.origin import LINES
+    from torchdoctor._virtual.ownline import own_line
+
+    file, line = LINES.get(at, ("", 0))
+    read = own_line(file, line) if file and isinstance(dev, torch.device) else None
+    if read is None or not read[0].isascii():
+        return None
+    raw, body, tree = read
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) in ("torch.load", "load")]
+    if len(calls) != 1 or calls[0].end_col_offset is None:
+        return None
+    call, pad, want = calls[0], len(raw) - len(body), value_code(dev)
+    given = next((k.value for k in call.keywords if k.arg == "map_location"), None)
+    if given is not None and given.end_col_offset is not None:
+        new = raw[:pad + given.col_offset] + want + raw[pad + given.end_col_offset:]
+    elif len(call.args) >= 2 or any(k.arg is None for k in call.keywords):
+        return None  # map_location passed by position, or in **kwargs: no one place to write it
+    else:
+        end = pad + int(call.end_col_offset or 0) - 1
+        new = raw[:end] + f", map_location={want}" + raw[end:]
+    diff = line_patch(file, line, new.strip())
+    return (new.strip(), diff) if diff is not None else None
+
+
+__all__ = ["Loaded", "clear", "describe", "held_name", "load_fix", "map_diff", "tensors_of", "record", "state_loaded"]

@@ -1,0 +1,107 @@
+"""A tensor ``torch.load`` made at the program's line is made by that call (with its ``map_location``), never by the
+``torch.empty`` torch's unpickler builds it with; the program's objects name it (an optimizer's param_group value:
+``Optimizer.load_state_dict`` moves per-parameter state only), and its fix is ``map_location=`` the device at the
+load, a diff that applied lets the program run clean."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from support.apps import run_json
+
+# an optimizer keeping a tensor in its param_groups (D-Adaptation's ``d``), resumed from a cpu-mapped load
+RESUME = '''import os, tempfile, torch, torch.nn as nn
+
+class Scaled(torch.optim.Optimizer):
+    def __init__(self, params):
+        super().__init__(params, dict(lr=0.1, d=None))
+    @torch.no_grad()
+    def step(self):
+        for g in self.param_groups:
+            if g["d"] is None:
+                g["d"] = torch.ones(1, device=g["params"][0].device)
+            for p in g["params"]:
+                p.sub_(p.grad * g["d"] * g["lr"])
+
+def fit(net, opt):
+    net(torch.randn(2, 4, device="cuda")).sum().backward(); opt.step(); opt.zero_grad()
+
+path = os.path.join(tempfile.mkdtemp(), "s.pt")
+net = nn.Linear(4, 4).to("cuda"); opt = Scaled(net.parameters())
+fit(net, opt)
+torch.save({"opt": opt.state_dict()}, path)
+net = nn.Linear(4, 4).to("cuda"); opt = Scaled(net.parameters())
+state = torch.load(path, map_location="cpu", weights_only=True)
+opt.load_state_dict(state["opt"])
+fit(net, opt)
+print("resumed")
+'''
+
+# a plain tensor saved on the cpu and loaded without map_location, used beside a moved model
+PLAIN = '''import os, tempfile, torch, torch.nn as nn
+path = os.path.join(tempfile.mkdtemp(), "t.pt")
+torch.save({"scale": torch.ones(4)}, path)
+net = nn.Linear(4, 4).to("cuda")
+tables = torch.load(path)
+print((net(torch.randn(2, 4, device="cuda")) * tables["scale"]).shape)
+'''
+
+
+def _line(src: str, text: str) -> int:
+    return next(i for i, ln in enumerate(src.splitlines(), 1) if text in ln)
+
+
+def test_a_param_group_tensor_of_a_resume_is_named_with_its_load(tmp_path: Path) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(RESUME)
+    doc = run_json(app, "cuda")
+    load, state = _line(RESUME, "torch.load("), _line(RESUME, "opt.load_state_dict(")
+    [p] = doc["problems"]
+    assert p["message"].startswith(
+        f"opt.param_groups[0]['d'] (an optimizer's param_group value, loaded by torch.load at app.py:{load} with "
+        f"map_location='cpu'; Scaled.load_state_dict at app.py:{state} moves per-parameter state to each "
+        "parameter's device and leaves param_group values as loaded) f32[1]@cpu is on cpu"), p["message"]
+    assert "torch.empty" not in p["message"]
+    [f] = doc["fixes"]
+    assert f["proven"] and "device=" not in doc["patch"]
+    assert "+state = torch.load(path, map_location='cuda:0', weights_only=True)" in doc["patch"]
+    subprocess.run(["git", "apply", "-"], input=doc["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    again = run_json(app, "cuda")
+    assert again["ok"] and again["problems"] == []
+
+
+def test_a_tensor_loaded_without_map_location_is_named_as_the_program_holds_it(tmp_path: Path) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(PLAIN)
+    doc = run_json(app, "cuda")
+    load = _line(PLAIN, "torch.load(")
+    [p] = doc["problems"]
+    assert p["message"].startswith(f"tables['scale'] (loaded by torch.load at app.py:{load} with no map_location) "
+                                   "f32[4]@cpu is on cpu while aten.mul.Tensor runs on cuda:0"), p["message"]
+    assert "+tables = torch.load(path, map_location='cuda:0')" in doc["patch"]
+    subprocess.run(["git", "apply", "-"], input=doc["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    assert run_json(app, "cuda")["ok"]
+
+
+def test_the_map_location_diff_replaces_or_adds_the_argument(tmp_path: Path) -> None:
+    import torch
+
+    from torchdoctor._virtual.loaded import map_diff
+    from torchdoctor._virtual.origin import LINES
+
+    src = tmp_path / "load_app.py"
+    src.write_text('sd = torch.load(p, map_location="cpu")\nsd = torch.load(p)\nsd = torch.load(p, "cpu")\n'
+                   'sd = torch.load(p, **kw)\n')
+    cuda = torch.device("cuda", 0)
+    for n in range(1, 5):
+        LINES[f"load_app.py:{n}"] = (str(src), n)
+    try:
+        assert map_diff("load_app.py:1", cuda)[0] == "sd = torch.load(p, map_location='cuda:0')"  # type: ignore[index]
+        assert map_diff("load_app.py:2", cuda)[0] == "sd = torch.load(p, map_location='cuda:0')"  # type: ignore[index]
+        assert map_diff("load_app.py:3", cuda) is None  # by position: no one place to write it
+        assert map_diff("load_app.py:4", cuda) is None
+        assert map_diff("load_app.py:1", torch.float16) is None  # a dtype is no map_location
+    finally:
+        for n in range(1, 5):
+            LINES.pop(f"load_app.py:{n}", None)
