@@ -105,3 +105,29 @@ def test_the_map_location_diff_replaces_or_adds_the_argument(tmp_path: Path) -> 
     finally:
         for n in range(1, 5):
             LINES.pop(f"load_app.py:{n}", None)
+
+
+# safetensors' load_file makes its tensors with torch's host-data factories inside the library: the call at the
+# program's line is their maker, and its own device= the fix
+SAFETENSORS = '''import os, tempfile, torch, torch.nn as nn
+from safetensors.torch import save_file, load_file
+path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+save_file({"scale": torch.ones(4)}, path)
+net = nn.Linear(4, 4).to("cuda")
+weights = load_file(path, device="cpu")
+print((net(torch.randn(2, 4, device="cuda")) * weights["scale"]).shape)
+'''
+
+
+def test_a_library_loader_is_the_maker_of_what_it_returns(tmp_path: Path) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(SAFETENSORS)
+    doc = run_json(app, "cuda")
+    load = _line(SAFETENSORS, "load_file(path")
+    [p] = doc["problems"]
+    assert p["message"].startswith(f"weights['scale'] (loaded by safetensors.torch.load_file at app.py:{load} with "
+                                   "device='cpu') f32[4]@cpu is on cpu"), p["message"]
+    assert "torch.asarray" not in p["message"] and "safetensors/torch.py" not in p["message"]
+    assert "+weights = load_file(path, device='cuda:0')" in doc["patch"]
+    subprocess.run(["git", "apply", "-"], input=doc["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    assert run_json(app, "cuda")["ok"]

@@ -117,9 +117,9 @@ def maker_diff(op: str, at: str, target: Any, exprs: dict[str, str] | None = Non
     from torchdoctor._guard.remedy import own_file, remedy
     from torchdoctor._virtual.origin import IN_SCOPE, LINES
 
-    if op == "torch.load":  # its device is map_location=, written at the load (``loaded``)
-        from torchdoctor._virtual.loaded import map_diff
+    from torchdoctor._virtual.loaded import map_diff, through
 
+    if op == "torch.load" or through(at):  # its device is map_location= / the loader's device=, at that line
         mapped = map_diff(at, target)
         return mapped[1] if mapped is not None else None
     file, line = LINES.get(at, ("", 0))

@@ -28,10 +28,11 @@ class Loaded:
     (``Optimizer.load_state_dict`` deep-copies its param_groups) keeps the same record, by which the program's
     objects are searched for it."""
 
-    __slots__ = ("mapped",)
+    __slots__ = ("mapped", "via")
 
-    def __init__(self, mapped: str) -> None:
+    def __init__(self, mapped: str, via: str = "torch.load") -> None:
         self.mapped = mapped  # ``map_location='cpu'``, or "" when the call passed none
+        self.via = via  # the call at the program's line: torch.load, or a library's loader (safetensors' load_file)
 
     def describe(self, made: Any) -> str:
         return describe(made)
@@ -69,6 +70,56 @@ def _tensors(obj: Any, seen: set[int]) -> list[Any]:
     return [t for x in (obj.values() if isinstance(obj, dict) else obj) for t in _tensors(x, seen)]
 
 
+_VIA: dict[str, tuple[str, str]] = {}  # "file:line" -> (a library loader called there, its device parameter)
+
+
+def through_call(made: Any) -> None:
+    """A host-data factory (``torch.asarray``) a library's function ran under the program's line (safetensors'
+    ``load_file(path, device="cpu")``): its record is that call at the program's line, with the device argument
+    as written there, when the function takes one (``device`` / ``map_location``); else it stays as it is."""
+    import sys
+
+    from torchdoctor._virtual.origin import LINES, short_at
+    from torchdoctor._virtual.ownline import own_line
+
+    if _own(made.at) or len(_VIA) >= _LIMIT:
+        return
+    inner: Any = None
+    frame: Any = sys._getframe(1)
+    while frame is not None and not (_own_file(frame.f_code.co_filename)):
+        inner, frame = frame, frame.f_back
+    if frame is None or inner is None:
+        return
+    code = inner.f_code
+    params = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    param = next((p for p in ("device", "map_location") if p in params), None)
+    read = own_line(frame.f_code.co_filename, frame.f_lineno) if param is not None else None
+    if param is None or read is None:
+        return  # (a loader without a device parameter, torchvision's to_tensor: torch's record stands)
+    calls = [n for n in ast.walk(read[2]) if isinstance(n, ast.Call) and
+             ast.unparse(n.func).rsplit(".", 1)[-1] == code.co_name]
+    if len(calls) != 1:
+        return
+    given = next((k for k in calls[0].keywords if k.arg == param), None)
+    mapped = f"{param}={ast.unparse(given.value)}" if given is not None else ""
+    module = str(inner.f_globals.get("__name__", ""))
+    at = short_at(frame)
+    LINES.setdefault(at, (frame.f_code.co_filename, frame.f_lineno))
+    made.at, made.loaded = at, Loaded(mapped, f"{module}.{code.co_name}" if module else code.co_name)
+    _VIA[at] = (code.co_name, param)
+    if len(_MAPPED) < _LIMIT:
+        _MAPPED[at] = mapped
+
+
+def _own_file(file: str) -> bool:
+    from torchdoctor._guard.ownfile import own_file
+
+    return own_file(file) and not file.startswith(_MACHINERY)
+
+
+_MACHINERY = (__file__.rsplit("/_virtual/", 1)[0] + "/", torch.__file__.rsplit("/", 1)[0] + "/")
+
+
 def _own(at: str) -> bool:
     from torchdoctor._guard.ownfile import own_file
     from torchdoctor._virtual.origin import LINES
@@ -98,6 +149,7 @@ def clear() -> None:
     _STATE_LOADS.clear()
     _MAPPED.clear()
     _HELD.clear()
+    _VIA.clear()
 
 
 def held_name(made: Any) -> tuple[str, str] | None:
@@ -176,7 +228,8 @@ def describe(made: Any) -> str:
     map_location='cpu'; Adam.load_state_dict at app.py:35 moves ...)``, or ``a tensor loaded by torch.load at
     app.py:34 with map_location='cpu'`` when no frame holds it by name."""
     rec: Loaded = made.loaded
-    how = f"torch.load at {made.at}" + (f" with {rec.mapped}" if rec.mapped else " with no map_location")
+    how = f"{rec.via} at {made.at}" + (f" with {rec.mapped}" if rec.mapped else " with no map_location" if
+                                       rec.via == "torch.load" else "")
     held = held_name(made)
     if held is None:
         return f"a tensor loaded by {how}"
@@ -196,13 +249,14 @@ def load_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Any:
     from torchdoctor._virtual.prove import Fix
 
     said, _, at = key[8:].partition(" at ")
-    if not said.startswith("torch.load") or set(wrong) != {"device"}:
+    if not (said.startswith("torch.load") or at in _VIA) or set(wrong) != {"device"}:
         return None
     found, dev = wrong["device"]
     fixed = map_diff(at, dev)
     if fixed is None:
         return None
-    how = f"as {_MAPPED[at]} says" if _MAPPED.get(at) else "where the file saved it"
+    how = f"as {_MAPPED[at]} says" if _MAPPED.get(at) else "where the file saved it" if at not in _VIA else \
+        "its default"
     name = _HELD.get(at)
     group = name is not None and ".param_groups[" in name
     code = (f"{fixed[0]}  # the load put what it read on {found} ({how}) and nothing moves "
@@ -213,10 +267,15 @@ def load_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Any:
     return Fix(code, "note", dev, sets=((key, dev),), diff=fixed[1])
 
 
+def through(at: str) -> bool:
+    """A library's loader called at ``at`` made tensors this run keeps a record of (``through_call``)."""
+    return at in _VIA
+
+
 def map_diff(at: str, dev: Any) -> tuple[str, str] | None:
-    """(the line, its diff) of the program's ``torch.load(...)`` at ``at`` with ``map_location=`` the device
-    (replaced where given, else added); None where the line is not the program's own, holds no single such call,
-    or passes map_location by position or in ``**kwargs``."""
+    """(the line, its diff) of the program's ``torch.load(...)`` at ``at`` with ``map_location=`` the device, or of
+    a library loader's call there with its ``device=`` (replaced where given, else added); None where the line is
+    not the program's own, holds no single such call, or passes it by position or in ``**kwargs``."""
     from torchdoctor._guard.maps import value_code
     from torchdoctor._report.diff import line_patch
     from torchdoctor._virtual.origin import LINES
@@ -227,20 +286,23 @@ def map_diff(at: str, dev: Any) -> tuple[str, str] | None:
     if read is None or not read[0].isascii():
         return None
     raw, body, tree = read
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) in ("torch.load", "load")]
+    function, param = _VIA.get(at, ("load", "map_location"))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and (
+        ast.unparse(n.func) in ("torch.load", "load") if function == "load" else
+        ast.unparse(n.func).rsplit(".", 1)[-1] == function)]
     if len(calls) != 1 or calls[0].end_col_offset is None:
         return None
     call, pad, want = calls[0], len(raw) - len(body), value_code(dev)
-    given = next((k.value for k in call.keywords if k.arg == "map_location"), None)
+    given = next((k.value for k in call.keywords if k.arg == param), None)
     if given is not None and given.end_col_offset is not None:
         new = raw[:pad + given.col_offset] + want + raw[pad + given.end_col_offset:]
     elif len(call.args) >= 2 or any(k.arg is None for k in call.keywords):
-        return None  # map_location passed by position, or in **kwargs: no one place to write it
+        return None  # passed by position, or in **kwargs: no one place to write it
     else:
         end = pad + int(call.end_col_offset or 0) - 1
-        new = raw[:end] + f", map_location={want}" + raw[end:]
+        new = raw[:end] + f", {param}={want}" + raw[end:]
     diff = line_patch(file, line, new.strip())
     return (new.strip(), diff) if diff is not None else None
 
 
-__all__ = ["Loaded", "clear", "describe", "held_name", "load_fix", "map_diff", "tensors_of", "record", "state_loaded"]
+__all__ = ["Loaded", "clear", "describe", "held_name", "load_fix", "map_diff", "tensors_of", "through", "through_call", "record", "state_loaded"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from torchdoctor._virtual import hostmade, loading
+from torchdoctor._virtual import hostmade, loaded, loading
 from torchdoctor._virtual.castsites import cast_site
 from torchdoctor._virtual.origin import LOOSE
 from torchdoctor._virtual.tensor import VirtualTensor, current_space, make, unsupported_form
@@ -130,6 +130,8 @@ def _real_made(name: str | None, args: Any, out: Any) -> Any:
     module = space.hooks.running()
     if name in _REAL_MAKERS and isinstance(out, torch.Tensor) and not isinstance(out, VirtualTensor):
         space.keep_real(out, None, made := Made(f"torch.{name}", module))
+        if module is None and made.at is not None:  # made inside a library's loader (safetensors' load_file): that
+            loaded.through_call(made)  # call at the program's line is its maker
         hostmade.remember(out, made)  # a model's buffer registered from it is fixed at that line
         return out
     held = getattr(module, "_parameters", {}) if module is not None else {}
