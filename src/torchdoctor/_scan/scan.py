@@ -47,14 +47,15 @@ def scan(obj: Any, device: str | torch.device | int | None = None, dtype: str | 
 
         return scan_checkpoint(obj, device=dev, dtype=dt)
     # imported past the path branch: a checkpoint's first scan never pays for the object machinery
-    optimizer_problems, pipeline_problems, Policy, walk, SCRIPTED = _MACHINERY or _machinery()
+    optimizer_problems, pipeline_problems, Policy, walk, SCRIPTED, kept_walk = _MACHINERY or _machinery()
 
     # Every object scan allocates (entries, rows, problems) survives into the report; pausing the cyclic GC
     # (restored after, as the checkpoint reader does) keeps a collection of the user's whole heap out of the scan.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        w = walk(obj)
+        # a module scanned again reuses its last walk where flat re-reads prove the tree unchanged
+        w = kept_walk(obj, walk) if isinstance(obj, torch.nn.Module) else walk(obj)
         policy = Policy(w, dev, dt, strict, summary=True)
         policy.subject = obj
         problems = pipeline_problems(obj, policy) + _with_trace_notes(
@@ -101,10 +102,10 @@ def _machinery() -> tuple[Any, ...]:
     from torchdoctor._scan.optim import optimizer_problems
     from torchdoctor._scan.pipeline import pipeline_problems
     from torchdoctor._scan.policy import Policy
-    from torchdoctor._walk import walk
+    from torchdoctor._walk import kept_walk, walk
     from torchdoctor._walk.kinds import SCRIPTED
 
-    _MACHINERY = (optimizer_problems, pipeline_problems, Policy, walk, SCRIPTED)
+    _MACHINERY = (optimizer_problems, pipeline_problems, Policy, walk, SCRIPTED, kept_walk)
     return _MACHINERY
 
 
