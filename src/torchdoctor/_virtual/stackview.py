@@ -42,7 +42,7 @@ class StackView:
         module's own move (``ema.to("cpu")``, ``takenback``): the program's frames name its tensor better
         (``ema.weight``)."""
         return origin is not None and (any(s in (getattr(origin, "at", None) or "") for s in _SKIP)
-                                       or getattr(origin, "by_module", False))
+                                       or getattr(origin, "by_module", False) or _built_apart(origin))
 
     def attribute_of(self, tensor: torch.Tensor, kept: Any = None) -> str | None:
         """``blocks.0.scale``: ``tensor`` as a plain attribute of the innermost running module; else, when no maker
@@ -54,7 +54,7 @@ class StackView:
         if name is not None:
             path = self.path_of(mod)
             return f"{path}.{name}" if path else name
-        if kept is not None and not self.library_made(kept[1]):
+        if kept is not None and (not self.library_made(kept[1]) or _built_apart(kept[1])):
             return None  # its maker's line in the program names it better (``made by Tensor.to at app.py:16``)
         frame: Any = sys._getframe(1)
         while frame is not None and any(s in frame.f_code.co_filename for s in _SKIP):
@@ -64,18 +64,37 @@ class StackView:
         return f"{type(holder).__name__}.{hit}" if hit is not None else None
 
 
+def _built_apart(origin: Any) -> bool:
+    """A parameter of a module the program built outside any forward (``torch.nn.Conv2d`` at app.py:7) met as a
+    real tensor at an op: that module was never moved, or this is a copy of its parameter an object keeps (an EMA's
+    ``shadow_params[0]``, cloned before the model's move); the program's frames name which."""
+    op = getattr(origin, "op", None)
+    return isinstance(op, str) and op.startswith("torch.nn.") and getattr(origin, "module", 1) is None and \
+        getattr(origin, "at", None) is not None
+
+
 def held_locally(tensor: torch.Tensor) -> str | None:
     """``ema.shadow_params[0]``: ``tensor`` as an object in the program's own frames (innermost first) holds it,
     one container deep (diffusers' EMAModel, a cache dict); asked only when a problem is recorded."""
     frame: Any = sys._getframe(1)
+    movable = _copied(tensor)  # a copy of a built module's parameter: named by a holder its fix can move (``.to``)
     while frame is not None:
         if not any(s in frame.f_code.co_filename for s in _SKIP):
             for local, obj in list(frame.f_locals.items()):
-                hit = _held(obj, tensor) if local != "self" else None
+                hit = _held(obj, tensor) if local != "self" and (not movable or callable(getattr(obj, "to", None))) \
+                    else None
                 if hit is not None:
                     return f"{local}.{hit}"
         frame = frame.f_back
     return None
+
+
+def _copied(tensor: torch.Tensor) -> bool:
+    from torchdoctor._virtual.tensor import current_space
+
+    space = current_space()
+    kept = space.real_record(tensor) if space is not None and space.real else None
+    return kept is not None and _built_apart(kept[1])
 
 
 def held_as(tensor: torch.Tensor) -> str | None:
