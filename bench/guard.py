@@ -37,7 +37,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging
 
 import torchdoctor
-from torchdoctor._guard import fastpath
+from torchdoctor._guard import fastpath, lean
 
 logging.set_verbosity_error()
 MODES = ("explain", "strict", "fix")
@@ -348,6 +348,33 @@ def own_pair(model: torch.nn.Module) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
+def explain_pair(model: torch.nn.Module) -> Iterator[Any]:
+    """explain with its global pre and post hook on every forward (before no-grad forwards ran with no global post
+    hook, ``_guard/lean.py``; bench-only)."""
+    lean.LEAN = False
+    try:
+        with torchdoctor.guard(model) as g:
+            yield g
+    finally:
+        lean.LEAN = True
+
+
+@contextlib.contextmanager
+def empty_hooks(post: bool = True) -> Iterator[None]:
+    """An empty global forward pre hook (and post hook): torch's hooked module-call path, nothing of guard's."""
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+    handles = [register_module_forward_pre_hook(lambda m, a: None)]
+    if post:
+        handles.append(register_module_forward_hook(lambda m, a, o: None))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
 def every_op(model: torch.nn.Module) -> Iterator[Any]:
     """strict as it was before the module-boundary gate: the dispatch mode on every op of the block."""
     fastpath.ENABLED = False
@@ -471,6 +498,9 @@ def workloads(rounds: int = 5, only: str = "", pick: tuple[str, ...] = ()) -> No
             continue
         n = census(fn, model)
         fns = {"plain": fn, "explain": wrapped(fn, lambda: torchdoctor.guard(model, mode="explain")),
+               "explain (both global hooks on every forward)": wrapped(fn, lambda: explain_pair(model)),
+               "empty global pre hook": wrapped(fn, lambda: empty_hooks(False)),
+               "empty global hook pair": wrapped(fn, empty_hooks),
                "strict (gated)": wrapped(fn, lambda: torchdoctor.guard(model, mode="strict")),
                "strict (gated, own global hook pair)": wrapped(fn, lambda: own_pair(model)),
                "strict (gated, general loop per module call)": wrapped(fn, lambda: general_gate(model)),

@@ -155,6 +155,8 @@ class guard:  # noqa: N801 - reads like torch.no_grad
         try:
             from torchdoctor._guard.diagnose import explain_error  # the explanation is loaded by the first error
 
+            if session.lean is not None:  # a no-grad forward's running modules, from the traceback
+                session.lean.rebuild(exc.__traceback__ or tb)
             explained = explain_error(session, exc, tb)
         except Exception:  # never let the explanation replace the user's error
             log.debug("guard could not explain %r", exc, exc_info=True)
@@ -315,7 +317,13 @@ def explain_running(g: guard, exc: BaseException) -> str | None:
         return None
     from torchdoctor._guard.diagnose import explain_error
 
-    explained = explain_error(sessions[-1], exc, exc.__traceback__)
+    session = sessions[-1]
+    filled = session.lean is not None and session.lean.rebuild(exc.__traceback__)
+    try:
+        explained = explain_error(session, exc, exc.__traceback__)
+    finally:
+        if filled:  # the program may go on: its next forward starts from an empty stack, as the post hooks leave it
+            session.lean.clear()
     return str(explained) if explained is not None else None
 
 

@@ -1,11 +1,10 @@
 """Machinery behind ``guard``: global module hooks, a per-thread module stack, backward tracking and the
 dispatch mode of ``strict`` / ``fix`` / ``warn``.
 
-Hooks are global and removed by handle; ``module.forward`` is never rewritten. Backward tracking
-uses tensor grad hooks on module inputs and outputs, as ``torch.utils.module_tracker`` does with
-``register_multi_grad_hook``: global full backward hooks would break in-place ops on module outputs
-(``register_module_full_backward_hook``: "Output 0 of BackwardHookFunction is a view and is being modified
-inplace"). Nothing here runs per op in ``explain`` mode.
+Hooks are global and removed by handle; ``module.forward`` is never rewritten. Backward tracking uses tensor grad
+hooks on module inputs and outputs, as ``torch.utils.module_tracker`` does with ``register_multi_grad_hook``: global
+full backward hooks break in-place ops on module outputs ("Output 0 of BackwardHookFunction is a view and is being
+modified inplace"). Nothing here runs per op in ``explain`` mode (nor, under no_grad, on a module's return).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.nn.modules.module import _global_forward_hooks_with_kwargs as _with_kwargs
 
-from torchdoctor._guard import savedhooks
+from torchdoctor._guard import lean, savedhooks
 from torchdoctor._guard.outcome import Outcome
 from torchdoctor._guard.record import said
 from torchdoctor._report.text import user_stacklevel
@@ -81,10 +80,10 @@ def _module_kind(tp: type, strict: bool) -> int:
     return 1 if tp.__name__ == "OptimizedModule" else 2 if strict and issubclass(tp, _ConvNd) else 0
 
 
-def _eligible(session: Any) -> bool:
-    from torchdoctor._guard import fastpath
+def _gate(session: Any) -> bool:
+    from torchdoctor._guard.fastpath import eligible
 
-    return fastpath.eligible(session)
+    return eligible(session)
 
 
 def _alive(handle: Any) -> bool:
@@ -111,16 +110,22 @@ class Session:
         self.kwarg_hook: int | None = None  # the id of the post hook registered with kwargs
         self.replaying = False  # a whole-forward proof runs: module-entry checks stay quiet (_guard/component.py)
         # strict's module-boundary gate (_guard/fastpath.py) runs in these hooks, not in a global pair of its own
-        # (each global hook costs torch's hook loop again on every module call): its pre, its post, its suspects
+        # (each global hook costs torch's hook loop again per module call): its pre, its post, its suspects
         self.chain: list[Any] = [None, None, ()]
+        self.lean: lean.Lean | None = None  # explain's no-grad forwards: no global post hook
+        self.outcome: Outcome | None = None  # the output check when the outermost module (or the model) returns
+        self.outcome_model: nn.Module | None = None  # (None: any outermost module)
 
     # -- lifetime -------------------------------------------------------------------------------------------
     def start(self) -> None:
         try:
             pre, post = self._hooks()
-            self.handles.append(register_module_forward_pre_hook(pre))
             self.handles.append(register_module_forward_hook(post, with_kwargs=True))
             self.kwarg_hook = self.handles[-1].id  # its handle forgets the with-kwargs mark: removed in stop()
+            if lean.eligible(self):  # no-grad forwards run with no global post hook (_guard/lean.py)
+                self.lean = lean.Lean(self, pre, post, self.kwarg_hook)
+                pre = self.lean.hook()
+            self.handles.insert(0, register_module_forward_pre_hook(pre))
             savedhooks.install(self)  # what saved-tensor unpack hooks give back is checked (_guard/savedhooks.py)
             if self.mode != "explain":
                 from torchdoctor._guard.dispatch import CheckMode, CompositeCheck
@@ -140,6 +145,8 @@ class Session:
         mode, self.dispatch = self.dispatch, None
         composite, self.composite = self.composite, None
         savedhooks.uninstall(self)
+        if self.lean is not None:
+            self.lean.stop()
         try:
             if composite is not None:
                 composite.__exit__(None, None, None)
@@ -147,10 +154,7 @@ class Session:
                 mode.__exit__(None, None, None)
         finally:
             for h in (*self.handles, *self.grad_handles):
-                try:
-                    h.remove()
-                except Exception:  # pragma: no cover - removal never fails in practice
-                    log.debug("hook removal failed", exc_info=True)
+                h.remove()
             self.handles.clear()
             self.grad_handles.clear()
             if self.kwarg_hook is not None:
@@ -172,15 +176,15 @@ class Session:
         stack, inputs, ran, push, pop = frames.stack, frames.inputs, frames.ran, frames.push, frames.pop
         kinds: dict[type, int] | None = None if self.mode == "explain" else {}
         get_ident, grad_enabled, track = _get_ident, _grad_enabled, self._track
-        bw_enter, bw_leave, chain = self._bw_enter, self._bw_leave, self.chain
+        bw_enter, bw_leave, chain = frames.enter_backward, frames.leave_backward, self.chain
         # explain, and strict at the module boundary, check no op where a forward's own tensors agree: the output
-        outcome = Outcome(self) if self.mode == "explain" or (self.mode == "strict" and _eligible(self)) else None
+        outcome = Outcome(self) if self.mode == "explain" or (self.mode == "strict" and _gate(self)) else None
         simulating: Callable[[], bool] | None = None
         if strict:  # a simulation checks its own ops: a convolution's bias is not checked twice
             from torchdoctor._guard.dispatch import _simulating as simulating
         model = self.g.model if isinstance(self.g.model, nn.Module) else None  # (a pipeline's paths: not its parts')
-        if self.g.model is not None and model is None:
-            outcome = None
+        outcome = None if self.g.model is not None and model is None else outcome
+        self.outcome, self.outcome_model = outcome, model
 
         def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
             if get_ident() != tid:
@@ -259,11 +263,6 @@ class Session:
         if found:  # the replay (a proof) runs the module's own convolution: every argument as the module has it
             self.on_problem(ConvReplay(mod), (x, mod.weight, bias), {}, found, schema_op=_CONV)
 
-    def _bw_enter(self, mod: nn.Module) -> None:
-        self.frames.enter_backward(mod)
-
-    def _bw_leave(self, mod: nn.Module) -> None:
-        self.frames.leave_backward(mod)
 
     def current(self) -> tuple[nn.Module | None, Any]:
         """(innermost module, root) right now; in backward the module whose backward is running."""

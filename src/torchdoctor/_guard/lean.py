@@ -1,0 +1,236 @@
+"""explain in a no-grad forward with no global post hook: the module stack rebuilt from the traceback (issue 43).
+
+Any global module hook sends every module call down torch's hooked ``_call_impl`` path; a global post hook costs
+that path's second hook loop plus guard's own body on every return. In explain mode nothing runs per op, and under
+``no_grad`` no backward follows, so what a module's return had to tell (pop the stack, track outputs for backward)
+is needed only when an error escapes. So when an outermost forward starts under ``no_grad`` (``generate()``'s
+steps, an inference call), guard's global post hook leaves torch's hook dict for that forward: the pre hook only
+records the order modules start in (what provenance calls "ran"), one hook on the outermost module alone (removed
+when it returns) checks the output for a silent promotion, and the running modules and their positional inputs are
+read back from the failing traceback's ``Module._call_impl`` frames (their ``self`` and ``args``) when an error is
+explained. A forward that starts with grad on, or that turns grad on inside (the modules then running are read from
+the live frames), runs with both hooks as before. ``LEAN = False`` keeps both hooks on every forward.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.module import _global_forward_hooks as _posts
+from torch.nn.modules.module import _global_forward_hooks_with_kwargs as _with_kwargs
+
+LEAN = True  # False: both global hooks on every forward, as before (bench/guard.py times both in one process)
+
+_CALL = nn.Module._call_impl.__code__  # the frame that holds a running module's ``self`` and ``args``
+_grad_enabled = torch.is_grad_enabled
+_get_ident = threading.get_ident
+
+
+def eligible(session: Any) -> bool:
+    """explain only: strict's gate, fix and warn read the stack on every op."""
+    return LEAN and session.mode == "explain"
+
+
+def calls(frames: Iterator[Any]) -> list[tuple[nn.Module, Any]]:
+    """(module, positional inputs) of the ``Module._call_impl`` frames among ``frames``, in their order."""
+    out = []
+    for f in frames:
+        if f.f_code is _CALL:
+            loc = f.f_locals
+            s = loc.get("self")
+            if isinstance(s, nn.Module):
+                args = loc.get("args")
+                out.append((s, args if type(args) is tuple else ()))
+    return out
+
+
+def _traceback_frames(tb: Any) -> Iterator[Any]:
+    while tb is not None:
+        yield tb.tb_frame
+        tb = tb.tb_next
+
+
+def _live_frames(frame: Any) -> list[Any]:
+    out = []
+    while frame is not None:
+        out.append(frame)
+        frame = frame.f_back
+    return out[::-1]
+
+
+def _gone(*_: Any) -> None:
+    """What a copy of a module made while guard's hook sat on it holds in that hook's place: nothing to do."""
+
+
+class _RootHook:
+    """The hook on the outermost module. A deep copy or a pickle of the module taken inside its forward gets
+    ``_gone`` in its place, not the session."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., None]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> None:
+        self.fn(*args)
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return _gone
+
+    def __reduce__(self) -> tuple[Callable[[], Any], tuple[()]]:
+        return _gone_hook, ()
+
+
+def _gone_hook() -> Callable[..., None]:
+    return _gone
+
+
+class Lean:
+    """One explain session's hooks: the global pre hook (always) and the global post hook (only in forwards that
+    start with grad on). ``post_id`` is the post hook's id in torch's dict of global forward hooks."""
+
+    def __init__(self, session: Any, pre: Callable[..., None], post: Callable[..., None], post_id: int) -> None:
+        self.session = session
+        self.full_pre, self.post, self.post_id = pre, post, post_id
+        self.post_on = True
+        self.root: nn.Module | None = None  # the outermost module of the no-grad forward running now
+        self.depth = 0  # its calls running now (a forward that calls its own module again)
+        self.local: Any = None  # the hook on ``root`` alone
+        self.stale: Any = None  # a root hook to remove once torch no longer walks that module's hook dict
+        self.ran_lean = False  # the last outermost forward ran without the post hook: rebuild its stack on failure
+        self.compiled: dict[int, tuple[nn.Module, bool]] = {}  # an outermost module: does it hold compiled code?
+
+    def hook(self) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        """The global pre hook."""
+        tid, frames, full_pre = self.session.tid, self.session.frames, self.full_pre
+        stack, ran = frames.stack, frames.ran
+
+        def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
+            if self.depth:
+                if _get_ident() != tid:
+                    return
+                if _grad_enabled():  # grad turned on inside a no-grad forward: a backward may follow
+                    self._to_full(mod)
+                    full_pre(mod, args)
+                    return
+                if mod is self.root:
+                    self.depth += 1
+                ran.append(mod)
+                return
+            if _get_ident() != tid:
+                return
+            if not stack and not _grad_enabled() and self._start(mod):
+                return
+            if not self.post_on:
+                self._set_post(True)
+            self.ran_lean = False
+            full_pre(mod, args)
+
+        return pre
+
+    def _set_post(self, on: bool) -> None:
+        if on:
+            _posts[self.post_id] = self.post
+            _with_kwargs[self.post_id] = True
+        else:
+            _posts.pop(self.post_id, None)
+        self.post_on = on
+
+    def _start(self, mod: nn.Module) -> bool:
+        """An outermost forward starts under no_grad: run it with no global post hook (False: it cannot)."""
+        if self.stale is not None:
+            self.stale.remove()
+            self.stale = None
+        s = self.session
+        if s.replaying or torch.compiler.is_compiling() or self._compiled(mod):
+            return False
+        try:
+            self.local = mod.register_forward_hook(_RootHook(self._root_post), with_kwargs=True, always_call=True)
+        except Exception:  # a module that takes no hooks (a scripted one): both global hooks, as before
+            return False
+        if self.post_on:
+            self._set_post(False)
+        self.root, self.depth, self.ran_lean = mod, 1, True
+        frames = s.frames
+        frames.ran.clear()
+        frames.bw.clear()
+        s._new_forward()
+        frames.ran.append(mod)
+        return True
+
+    def _compiled(self, mod: nn.Module) -> bool:
+        """Does the module hold compiled code? dynamo traces the hooks inside it: both hooks, as before."""
+        hit = self.compiled.get(id(mod))
+        if hit is None or hit[0] is not mod:
+            hit = self.compiled[id(mod)] = (mod, any(type(m).__name__ == "OptimizedModule" or getattr(
+                m, "_compiled_call_impl", None) is not None for m in mod.modules()))
+        return hit[1]
+
+    def _root_post(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """The hook on the outermost module: it returned (or raised: then ``out`` is None)."""
+        if mod is not self.root or not self.depth or _get_ident() != self.session.tid:
+            return  # (a deep copy of the module carries this hook along)
+        self.depth -= 1
+        if self.depth:
+            return
+        self._end()
+        s = self.session
+        if s.outcome is not None and out is not None and (s.outcome_model is None or mod is s.outcome_model):
+            s.outcome.check(mod, args, kwargs, out)  # the model returned: did its dtype widen silently?
+
+    def _end(self) -> None:
+        self.root, self.depth = None, 0
+        if self.local is not None:
+            if sys.exc_info()[0] is None:  # (torch walks the module's hook dict itself while an error unwinds)
+                self.local.remove()
+            else:
+                self.stale = self.local
+            self.local = None
+
+    def _to_full(self, mod: nn.Module) -> None:
+        """Grad turned on inside a no-grad forward: the running modules (all but ``mod``, starting now) go on the
+        stack from the live frames, and the post hook pops them as they return."""
+        running = calls(iter(_live_frames(sys._getframe(2))))
+        if running and running[-1][0] is mod:
+            running.pop()
+        frames = self.session.frames
+        start = next((i for i, (m, _) in enumerate(running) if m is self.root), 0)
+        for m, a in running[start:]:
+            frames.stack.append(m)
+            frames.inputs.append(a)
+        self._end()
+        self.ran_lean = False
+        self._set_post(True)
+
+    def stop(self) -> None:
+        for h in (self.local, self.stale):
+            if h is not None:
+                h.remove()
+        self.local = self.stale = self.root = None
+        self.depth = 0
+        _posts.pop(self.post_id, None)
+
+    def rebuild(self, tb: Any) -> bool:
+        """Before an escaping error is explained: the running modules and their inputs from the traceback (when the
+        forward ran without the post hook). True when the stack was filled (``clear`` empties it again)."""
+        frames = self.session.frames
+        if not self.ran_lean or frames.stack or tb is None:
+            return False
+        running = calls(_traceback_frames(tb))
+        ran = frames.ran
+        first = ran[0] if ran else None
+        start = next((i for i, (m, _) in enumerate(running) if m is first), None)
+        if start is None:
+            return False
+        for m, a in running[start:]:
+            frames.stack.append(m)
+            frames.inputs.append(a)
+        return True
+
+    def clear(self) -> None:
+        del self.session.frames.stack[:], self.session.frames.inputs[:]
