@@ -64,6 +64,9 @@ def test_a_param_group_tensor_of_a_resume_is_named_with_its_load(tmp_path: Path)
         "parameter's device and leaves param_group values as loaded) f32[1]@cpu is on cpu"), p["message"]
     assert "torch.empty" not in p["message"]
     [f] = doc["fixes"]
+    assert f["code"].startswith("state = torch.load(path, map_location='cuda:0', weights_only=True)  # the load put "
+                                "what it read where map_location='cpu' says and nothing moves opt.param_groups[0]['d'] "
+                                "to 'cuda:0' after (an optimizer's load_state_dict moves per-parameter state only"), f
     assert f["proven"] and "device=" not in doc["patch"]
     assert "+state = torch.load(path, map_location='cuda:0', weights_only=True)" in doc["patch"]
     subprocess.run(["git", "apply", "-"], input=doc["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
@@ -128,6 +131,10 @@ def test_a_library_loader_is_the_maker_of_what_it_returns(tmp_path: Path) -> Non
     assert p["message"].startswith(f"weights['scale'] (loaded by safetensors.torch.load_file at app.py:{load} with "
                                    "device='cpu') f32[4]@cpu is on cpu"), p["message"]
     assert "torch.asarray" not in p["message"] and "safetensors/torch.py" not in p["message"]
+    [f] = doc["fixes"]
+    assert f["code"].startswith("weights = load_file(path, device='cuda:0')  # the load put what it read where "
+                                "device='cpu' says and nothing moves weights['scale'] to 'cuda:0' after"), f
+    assert f["proven"] and "move what that call returns" not in f["code"]
     assert "+weights = load_file(path, device='cuda:0')" in doc["patch"]
     subprocess.run(["git", "apply", "-"], input=doc["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
     assert run_json(app, "cuda")["ok"]

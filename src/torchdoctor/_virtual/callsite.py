@@ -51,6 +51,10 @@ def caller_fix(key: str, file: str, line: int, at: str, target: Any) -> Recall |
     from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
 
+    from torchdoctor._virtual.loaded import loader_fix  # torch.load / a library loader at the program's line
+
+    if (loaded := loader_fix(key, at, target)) is not None:  # its device parameter, map_location= / device=
+        return Recall(loaded[0], loaded[1], file, line, "", target, (key,))
     parsed = _tree(file) if file and isinstance(target, torch.device) and own_file(file) else None
     if parsed is None:
         return None

@@ -245,26 +245,36 @@ def load_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Any:
     ``map_location`` set to the device at that line, a diff; judged at the failing ops like a factory's ``device=``.
     None for another maker, a dtype, or a line that is not the program's own or holds no single ``torch.load(...)``
     call."""
-    from torchdoctor._guard.maps import value_code
     from torchdoctor._virtual.prove import Fix
 
-    said, _, at = key[8:].partition(" at ")
-    if not (said.startswith("torch.load") or at in _VIA) or set(wrong) != {"device"}:
+    if set(wrong) != {"device"}:
         return None
     found, dev = wrong["device"]
+    made = loader_fix(key, key[8:].partition(" at ")[2], dev, found)
+    return Fix(made[0], "note", dev, sets=((key, dev),), diff=made[1]) if made is not None else None
+
+
+def loader_fix(key: str, at: str, dev: Any, found: str | None = None) -> tuple[str, str] | None:
+    """(the fix's code, its diff) of a tensor made on ``found`` by ``torch.load`` or a library loader called at the
+    program's line ``at``: its ``map_location=`` / ``device=`` set to ``dev`` there; None for another maker."""
+    from torchdoctor._guard.maps import value_code
+
+    said = key[8:].partition(" at ")[0]
+    if not (said.startswith("torch.load") or at in _VIA) or not isinstance(dev, torch.device):
+        return None
     fixed = map_diff(at, dev)
     if fixed is None:
         return None
-    how = f"as {_MAPPED[at]} says" if _MAPPED.get(at) else "where the file saved it" if at not in _VIA else \
-        "its default"
+    how = f"where {_MAPPED[at]} says" if _MAPPED.get(at) else "where the file saved it" if at not in _VIA else \
+        "on the loader's default device"
     name = _HELD.get(at)
     group = name is not None and ".param_groups[" in name
-    code = (f"{fixed[0]}  # the load put what it read on {found} ({how}) and nothing moves "
+    code = (f"{fixed[0]}  # the load put what it read {how}" + (f" ({found})" if found else "") + " and nothing moves "
             f"{name or 'it'} to {value_code(dev)} after" + (
                 " (an optimizer's load_state_dict moves per-parameter state only, never its param_groups' values): "
                 "load onto the device it is used on, or move the groups' tensors after load_state_dict" if group else
                 ": load onto the device it is used on, or move it there after the load"))
-    return Fix(code, "note", dev, sets=((key, dev),), diff=fixed[1])
+    return code, fixed[1]
 
 
 def through(at: str) -> bool:
@@ -305,4 +315,4 @@ def map_diff(at: str, dev: Any) -> tuple[str, str] | None:
     return (new.strip(), diff) if diff is not None else None
 
 
-__all__ = ["Loaded", "clear", "describe", "held_name", "load_fix", "map_diff", "tensors_of", "through", "through_call", "record", "state_loaded"]
+__all__ = ["Loaded", "clear", "describe", "held_name", "load_fix", "loader_fix", "map_diff", "tensors_of", "through", "through_call", "record", "state_loaded"]
