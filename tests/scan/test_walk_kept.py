@@ -148,3 +148,13 @@ def test_an_unchanged_transformers_model_is_reused_and_equal() -> None:
     assert again is not None
     assert torchdoctor.scan(model).to_dict() == torchdoctor.scan(model).to_dict()
     assert [p.path for p in torchdoctor.scan(model).problems] == ["model.layers.0.mlp.up_proj.weight"]
+
+
+def test_a_single_layer_gains_hooks_and_its_walk_is_read_again() -> None:
+    m = nn.Linear(2, 2)
+    kept = Kept.prime(m, walk(m))
+    assert kept is not None and kept.read(m) is not None
+    m.register_forward_pre_hook(lambda *a: None)
+    m.register_forward_hook(lambda *a: None)
+    assert kept.read(m) is None
+    assert _sig(kept_walk(m, walk)) == _sig(walk(m)) and walk(m).hooked

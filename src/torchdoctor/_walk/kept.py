@@ -21,7 +21,7 @@ from __future__ import annotations
 import types
 import weakref
 from itertools import chain
-from operator import attrgetter, is_
+from operator import attrgetter, is_, itemgetter
 from typing import Any
 
 import torch
@@ -108,12 +108,20 @@ def _inert(roots: list[Any], objs: list[Any], views: list[Any]) -> bool:
     return True
 
 
+def _picker(at: list[int]) -> Any:
+    """``vals -> tuple(vals[i] for i in at)`` at C speed (``itemgetter`` of one place returns the value alone)."""
+    if not at:
+        return lambda vals: ()
+    return itemgetter(*at, at[0]) if len(at) == 1 else itemgetter(*at)
+
+
 class Kept:
     """One walk's reads as flat lists (see the module docstring)."""
 
     __slots__ = ("root", "refs", "types", "keys", "at_mod", "at_key", "vtypes", "held_at", "held", "slot_at",
+                 "held_of", "slots_of",
                  "slot_keys", "slot_ids", "trefs", "ttypes", "objs", "otypes", "owners", "odicts", "views", "flat",
-                 "paths", "rows", "root_path", "__weakref__")
+                 "paths", "mpaths", "typeset", "rows", "root_path", "__weakref__")
     root: weakref.ref[nn.Module]
     root_path: str
     refs: list[weakref.ref[nn.Module]]  # the modules in the walk's order
@@ -125,6 +133,8 @@ class Kept:
     held_at: list[int]  # where the attributes that are not plain values are, and those objects
     held: list[Any]
     slot_at: list[int]
+    held_of: Any  # the values at held_at and at slot_at, picked at C speed (always a tuple)
+    slots_of: Any
     slot_keys: list[Any]
     slot_ids: list[int]  # each slot value's place in [*modules, *tensors, None]
     trefs: list[weakref.ref[torch.Tensor]]
@@ -136,6 +146,8 @@ class Kept:
     views: list[Any]  # what identity must find in them again, and what it found
     flat: list[Any]
     paths: list[str]
+    mpaths: dict[int, str]  # the walk's module_paths and classes, copied into each walk made from this
+    typeset: set[type]
     rows: list[tuple[Any, ...]]  # each entry: path, role, tensor, module (places), key, slot, module path, flags
 
     @classmethod
@@ -192,8 +204,9 @@ class Kept:
             return None
         vals = list(map(dict.__getitem__, map(ds.__getitem__, self.at_mod), self.at_key))
         self.vtypes = list(map(type, vals))
-        self.held = attrs
-        slots = [vals[i] for i in self.slot_at]
+        self.held_of, self.slots_of = _picker(self.held_at), _picker(self.slot_at)
+        self.held = list(self.held_of(vals))
+        slots = list(self.slots_of(vals))
         self.slot_keys = list(_flat(slots))
         # each slot's value as a place in [*modules, *tensors, None] (identity is compared there, nothing held)
         place = {id(m): i for i, m in enumerate(mods)}
@@ -208,6 +221,7 @@ class Kept:
         self.views = views
         self.flat = list(_flat(views))
         self.paths = [p for p, _ in w.modules]
+        self.mpaths, self.typeset = dict(w.module_paths), set(w.types)
         self.rows = [(e.path, e.role, tindex[id(e.tensor)], index[id(e.module)], e.key, e.slot, e.module_path,
                       e.moved_by_module_to, e.alias_of) for e in entries]
         return self
@@ -227,13 +241,12 @@ class Kept:
         vals = list(map(dict.__getitem__, map(ds.__getitem__, self.at_mod), self.at_key))
         if list(map(type, vals)) != self.vtypes:
             return None
-        held = [vals[i] for i in self.held_at]
-        if len(held) != len(self.held) or not all(map(is_, held, self.held)):
+        if not all(map(is_, self.held_of(vals), self.held)):
             return None
         ts = list(map(_deref, self.trefs))
         if list(map(type, ts)) != self.ttypes:
             return None
-        slots = [vals[i] for i in self.slot_at]
+        slots = self.slots_of(vals)
         if list(_flat(slots)) != self.slot_keys:
             return None
         pool = live + ts
@@ -251,9 +264,9 @@ class Kept:
             return None
         w = Walk()
         w.modules = list(zip(self.paths, live))  # type: ignore[arg-type]  # alive: their types matched
-        w.module_paths = dict(zip(map(id, live), self.paths))
+        w.module_paths = self.mpaths.copy()  # the same modules: the same ids
         w.roots = [(self.root_path, root)]
-        w.types = set(self.types)
+        w.types = self.typeset.copy()
         new = object.__new__
         out = w.entries
         for path, role, ti, mi, key, slot, mpath, moved, alias in self.rows:
