@@ -158,3 +158,20 @@ def test_a_single_layer_gains_hooks_and_its_walk_is_read_again() -> None:
     m.register_forward_hook(lambda *a: None)
     assert kept.read(m) is None
     assert _sig(kept_walk(m, walk)) == _sig(walk(m)) and walk(m).hooked
+
+
+def test_a_tree_that_cannot_be_kept_is_walked_each_time_and_kept_once_it_can() -> None:
+    from torchdoctor._walk import kept as kept_module
+
+    m = Net()
+    m.block[0].act = lambda x: x  # a function: it may gain a closure later, so identity cannot vouch for it
+    assert Kept.prime(m, walk(m)) is None
+    for i in range(kept_module._RETRY + 2):
+        if i == 3:
+            m.block[0].act.extra = torch.ones(1)  # type: ignore[attr-defined]  # not walked: a function's dict
+            m.block[1].extra = torch.zeros(1)
+        assert _sig(kept_walk(m, walk)) == _sig(walk(m))
+    del m.block[0].act, m.block[1].extra
+    for _ in range(kept_module._RETRY + 2):
+        assert _sig(kept_walk(m, walk)) == _sig(walk(m))
+    assert type(kept_module._KEPT[id(m)]) is Kept

@@ -40,26 +40,28 @@ _PLAIN_TENSORS = frozenset({torch.Tensor, nn.Parameter})
 _SLOTS = ("_parameters", "_buffers", "_modules")
 _EXACT = frozenset({list, tuple, set, frozenset})
 _INERT_LIMIT = 5_000  # objects in one tree's attributes; beyond, the walker decides each time
-_KEPT: dict[int, Kept] = {}  # id(root) -> its kept walk (the root held by weak reference, checked on use)
+# id(root) -> its kept walk (the root held by weak reference, checked on use), or, for a tree that could not be
+# kept, (its weak reference, walks left before trying again): priming costs part of a walk, not paid on every scan
+_KEPT: dict[int, Any] = {}
+_RETRY = 15
 _MAX_KEPT = 16
 
 
 def kept_walk(root: nn.Module, walk: Any) -> Walk:
     """``walk(root)``, reusing the last walk of this very tree when ``Kept.read`` proves it unchanged."""
     k = _KEPT.get(id(root))
-    if k is not None:
+    if type(k) is Kept:
         w = k.read(root)
         if w is not None:
             return w
+    elif k is not None and k[0]() is root and k[1] > 0:  # refused lately: walked without priming for a while
+        _KEPT[id(root)] = (k[0], k[1] - 1)
+        return walk(root)  # type: ignore[no-any-return]
     w = walk(root)
-    k = Kept.prime(root, w)
-    if k is not None:
-        if len(_KEPT) >= _MAX_KEPT:
-            _KEPT.clear()
-        _KEPT[id(root)] = k
-    else:
-        _KEPT.pop(id(root), None)
-    return w
+    if len(_KEPT) >= _MAX_KEPT:
+        _KEPT.clear()
+    _KEPT[id(root)] = Kept.prime(root, w) or (weakref.ref(root), _RETRY)
+    return w  # type: ignore[no-any-return]
 
 
 def _inert(roots: list[Any], objs: list[Any], views: list[Any]) -> bool:
