@@ -138,3 +138,37 @@ def test_a_library_loader_is_the_maker_of_what_it_returns(tmp_path: Path) -> Non
     assert "+weights = load_file(path, device='cuda:0')" in doc["patch"]
     subprocess.run(["git", "apply", "-"], input=doc["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
     assert run_json(app, "cuda")["ok"]
+
+
+SIMULATED = '''import torch, torch.nn as nn
+def build():
+    return nn.Linear(4, 4)
+def app(m, path):
+    m.to("cuda")
+    tables = torch.load(path, map_location="cpu")
+    return m(torch.randn(2, 4, device="cuda")) * tables["scale"]
+'''
+
+
+def test_simulate_proves_the_map_location_fix_by_a_re_run_that_loads_so(tmp_path: Path) -> None:
+    import importlib.util
+    import sys
+
+    import torch
+
+    import torchdoctor
+
+    torch.save({"scale": torch.ones(4)}, tmp_path / "t.pt")
+    (tmp_path / "sim_loaded_app.py").write_text(SIMULATED)
+    spec = importlib.util.spec_from_file_location("sim_loaded_app", tmp_path / "sim_loaded_app.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = torchdoctor.simulate(mod.build(), device="cuda:0", call=lambda m: mod.app(m, str(tmp_path / "t.pt")))
+    assert [p.path for p in r.problems] == ["<top level>"] and "tables['scale'] (loaded by torch.load at " in \
+        r.problems[0].message
+    [fix] = r.fixes
+    assert fix.code.startswith("tables = torch.load(path, map_location='cuda:0')  # the load put what it read where "
+                               "map_location='cpu' says"), fix.code
+    assert fix.proven and "re-run with it applied still found" not in fix.tried, fix.tried
+    assert "sim_loaded_app" not in sys.modules

@@ -170,5 +170,7 @@ def recalled(fixes: Sequence[Any]) -> Iterator[None]:
     if not sites:
         yield
         return
-    with _Recalled(sites):
+    from torchdoctor._virtual.loaded import remapped  # a load's map_location= fix (function ""): at that load
+
+    with remapped({(file, line): dev for (file, line, fn), dev in sites.items() if not fn}), _Recalled(sites):
         yield

@@ -11,7 +11,8 @@ parameter's device but leaves param_group values as loaded, so the first step af
 from __future__ import annotations
 
 import ast
-import weakref
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -277,6 +278,32 @@ def loader_fix(key: str, at: str, dev: Any, found: str | None = None) -> tuple[s
     return code, fixed[1]
 
 
+REMAP: dict[tuple[str, int], Any] = {}  # (file, line) of a torch.load -> the map_location a proof's re-run gives it
+
+
+@contextlib.contextmanager
+def remapped(sites: dict[tuple[str, int], Any]) -> Iterator[None]:
+    """While a proof's re-run runs: each ``torch.load`` at those lines loads with ``map_location=`` the device (the
+    fix applied as its diff writes it); put back after."""
+    before = dict(REMAP)
+    REMAP.update(sites)
+    try:
+        yield
+    finally:
+        REMAP.clear()
+        REMAP.update(before)
+
+
+def remap(map_location: Any) -> Any:
+    """The ``map_location`` a load at the program's line runs with: its own, or a re-run's fix at that line."""
+    if not REMAP:
+        return map_location
+    from torchdoctor._virtual.origin import user_frame
+
+    f = user_frame(3)
+    return REMAP.get((f.f_code.co_filename, f.f_lineno), map_location) if f is not None else map_location
+
+
 def through(at: str) -> bool:
     """A library's loader called at ``at`` made tensors this run keeps a record of (``through_call``)."""
     return at in _VIA
@@ -315,4 +342,4 @@ def map_diff(at: str, dev: Any) -> tuple[str, str] | None:
     return (new.strip(), diff) if diff is not None else None
 
 
-__all__ = ["Loaded", "clear", "describe", "held_name", "load_fix", "loader_fix", "map_diff", "tensors_of", "through", "through_call", "record", "state_loaded"]
+__all__ = ["Loaded", "clear", "describe", "held_name", "REMAP", "load_fix", "loader_fix", "map_diff", "remap", "remapped", "tensors_of", "through", "through_call", "record", "state_loaded"]

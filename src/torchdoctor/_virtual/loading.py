@@ -134,6 +134,10 @@ def _load(original: Any) -> Any:
         space = current_space()
         if space is None:
             return original(f, map_location, *args, **kwargs)
+        from torchdoctor._virtual.loaded import REMAP, remap
+
+        if REMAP:  # a proof's re-run of the fix map_location= at this line
+            map_location = remap(map_location)
         where: dict[int, Any] = {}
         written = _written(space, f) if map_location is None else None
         order: list[Any] = []
