@@ -20,6 +20,7 @@ import torch
 
 from torchdoctor._placement import dtype_str
 from torchdoctor._virtual.libout import OUTPUT, own_frame
+from torchdoctor._virtual.meetsite import line_names
 from torchdoctor._virtual.origin import short_at, user_frame
 from torchdoctor._virtual.twins import Operand, tags_of
 
@@ -35,15 +36,17 @@ _PER_OP = 2  # cases kept per op and set of culprits
 class Case:
     """One failing op: its operands as they were (``before``) and as the run went on with them (``after``)."""
 
-    __slots__ = ("func", "op", "at", "before", "after", "want", "line", "own")
+    __slots__ = ("func", "op", "at", "before", "after", "want", "line", "own", "names")
 
     def __init__(self, func: Any, before: tuple[list[Any], dict[str, Any]], after: tuple[list[Any], dict[str, Any]],
-                 want: torch.dtype | None) -> None:
+                 want: torch.dtype | None, tags: Any = None) -> None:
         self.func, self.op, self.before, self.after, self.want = func, str(func), before, after, want
         f = user_frame(2)
         self.at = short_at(f) if f is not None else None
         self.line = (f.f_code.co_filename, f.f_lineno) if f is not None else None  # the file and line of ``at``
         self.own = own_frame(2)  # the program's own line (a library layer failed: the line that called into it)
+        # the tensors the program's own line reads by name, with their devices and makers (``meetsite``)
+        self.names = line_names(2, tags) if tags is not None else ()
 
     def where(self) -> str:
         return f"{self.op} at {self.at}" if self.at else self.op
@@ -82,7 +85,7 @@ class Cases:
         n = self._count.get(key, 0)
         if n < _PER_OP:
             self._count[key] = n + 1
-            self.cases.append(Case(func, twins(*before, tags), twins(*after, tags), want))
+            self.cases.append(Case(func, twins(*before, tags), twins(*after, tags), want, tags))
 
 
 def _name(t: Any) -> str:

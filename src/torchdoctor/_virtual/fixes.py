@@ -12,11 +12,13 @@ import torch
 from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.feeder import odd_feeder
+from torchdoctor._virtual.fixjoin import add_culprit, no_op, with_dtype
 from torchdoctor._virtual.groups import whole_component
 from torchdoctor._virtual.genfix import generator_fix
 from torchdoctor._virtual.keepdtype import FLOATS, narrower_partner
 from torchdoctor._virtual.libout import library_line
 from torchdoctor._virtual.moveline import taken_back
+from torchdoctor._virtual.meetsite import made_by, made_pass, meet_fix
 from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage_note
 from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
@@ -171,7 +173,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                                  f"with directly: {why}", "path", sets=((p.path, target),)))
             continue
         if p.role in _NAMED:
-            _add(culprits, p.path, p.path, p.kind, _with_dtype(p.path, target, dtype, have))
+            add_culprit(culprits, p.path, p.path, p.kind, with_dtype(p.path, target, dtype, have))
             continue
         if p.role == "held":  # a module the program holds and never moved (an EMA copy): moved where it is made
             holder = p.path.split(".", 1)[0]
@@ -191,9 +193,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             factories.append(drawn)  # drawn where the generator is, moved where the program wants it
             continue
         if made_from and made_from[0].startswith("factory ") and p.kind == "device" and cases and \
-                (stale := stale_fix(made_from[0], cases, target)) is not None:
-            factories.append(stale)  # a name bound before the code moved its tensor: fixed where it is read
-            continue
+                (stale := stale_fix(made_from[0], cases, target) or meet_fix(made_from[0], cases, target)) is not None:
+            factories.append(stale)  # a name bound before the code moved its tensor (``stalename``), a loader's
+            continue  # tensor or one meeting a device decided at run time (``meetsite``): fixed where it is read
         if made_from and made_from[0].startswith("factory "):  # one fix per call, for its device and dtype
             made.setdefault(made_from[0], {})[p.kind] = (p.found, target)
             if p.kind == "device" and (keep := narrower_partner(p.tensors, p.found, p.expected)) is not None:
@@ -204,20 +206,21 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         if made_from:  # fix the source: the tensor made from it follows
             for src in made_from:
                 named.add(src)
-                _add(culprits, None if src.startswith(("input ", "kwarg ")) else src, src, p.kind, target)
+                add_culprit(culprits, None if src.startswith(("input ", "kwarg ")) else src, src, p.kind, target)
             continue
         if p.path.startswith(("input ", "kwarg ")):  # the caller's argument itself, by the name the run gave it
-            _add(culprits, None, p.path, p.kind, target)
+            add_culprit(culprits, None, p.path, p.kind, target)
             continue
         if any(q.role in _NAMED and q.kind == p.kind and q.found == p.found for q in problems):
             continue  # a named culprit above holds this value: fixing it fixes what was made from it
         if p.found == (dtype_str(target) if isinstance(target, torch.dtype) else str(target)):
             continue  # a cast to what the tensor already is changes nothing: never printed
         where = "on" if p.kind in ("device", "meta") else "in"
-        said = f"the tensors made {where} {p.found}" if p.found not in ("", "?") else "the tensors the failing op met"
+        said = made_by(p.message, p.found, where) or (f"the tensors made {where} {p.found}" if p.found not in (
+            "", "?") else "the tensors the failing op met")  # its maker, when the problem names one
         culprits.append((None, said, p.kind, target))
     factories.extend(factory_fix(key, wrong) for key, wrong in made.items())
-    culprits = [c for c in culprits if not _no_op(c, have)]
+    culprits = [c for c in culprits if not no_op(c, have)]
     held = {p.path.split(".", 1)[0] + "." for p in problems if p.role == "held"}  # moved as the program holds it:
     culprits = [c for c in culprits if not (c[0] or "").startswith(tuple(held))]  # never `model.ema...` lines
     patched = [c for c in culprits if c[0] is not None and _HELD_APART in c[0]]
@@ -285,8 +288,9 @@ def _pass(label: str, t: Any) -> str:
     where they are made, never "passed"."""
     from torchdoctor._guard.maps import value_code
 
-    if not label.startswith("the tensors "):
-        return f"# pass {label} as tensor.to({value_code(t)})"
+    named = made_pass(label, t)  # a maker the problem names: never "no line that made them was recorded"
+    if not label.startswith("the tensors ") or named:
+        return named or f"# pass {label} as tensor.to({value_code(t)})"
     verb = "cast" if isinstance(t, torch.dtype) else "move"
     return (f"# {label} reached the failing op and no line that made them was recorded: {verb} them where they "
             f"are made (tensor.to({value_code(t)}))")
@@ -357,41 +361,3 @@ def _on_line(file: str, line: int, maker: str) -> bool:
 
 _HELD_APART = ".forward.__self__."  # a module patched into another's forward: the model does not hold it
 _NETWORK = 4  # this many of its tensors: a network (LoRA) whose own .to was forgotten
-
-
-def _with_dtype(path: str, target: Any, dtype: torch.dtype | None,
-                have: Mapping[str, tuple[torch.dtype, torch.device]]) -> Any:
-    """A device fix of a floating tensor that is not in the dtype the run asked for moves and casts it in one
-    ``.to``: a device-only fix would leave it in its old dtype, silently promoting what it meets."""
-    now = have.get(path)
-    if dtype is None or now is None or isinstance(target, torch.dtype) or not now[0].is_floating_point or \
-            now[0] == dtype or now[0] in FLOAT8_DTYPES:
-        return target
-    return (target, dtype)
-
-
-def _no_op(culprit: tuple[str | None, str, str, Any], have: Mapping[str, tuple[torch.dtype, torch.device]]) -> bool:
-    """A cast to the dtype (or a move to the device) the tensor already has: it would change nothing."""
-    path, _, _, target = culprit
-    now = have.get(path or "")
-    if now is None:
-        return False
-    wants = target if isinstance(target, tuple) else (target,)
-    return all(w == (now[0] if isinstance(w, torch.dtype) else now[1]) for w in wants)
-
-
-def _add(culprits: list[tuple[str | None, str, str, Any]], path: str | None, label: str, kind: str,
-         target: Any) -> None:
-    """One culprit per tensor: a tensor wrong in device and in dtype gets one ``.to(device, dtype)``, not a move
-    that leaves the dtype wrong (the fix of its second problem)."""
-    for i, (p, lab, k, t) in enumerate(culprits):
-        if lab != label:
-            continue
-        have = t if isinstance(t, tuple) else (t,)
-        if kind == k or any(type(x) is type(target) for x in have):
-            return
-        both = tuple(sorted((*have, target), key=lambda v: isinstance(v, torch.dtype)))  # device first
-        culprits[i] = (p, lab, "device" if "device" in (k, kind) else k, both)
-        return
-    culprits.append((path, label, kind, target))
-
