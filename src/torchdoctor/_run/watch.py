@@ -228,9 +228,8 @@ class Watcher:
                     old.count += 1
                 return None
         from torchdoctor._run.evidence import aimed_fix, culprit_patch  # loaded with the first error, never before
-        from torchdoctor._run.loadfix import aim_load
+        from torchdoctor._run import gendraw, loadfix
         from torchdoctor._run.offloaded import offloaded_read
-
         # an offloaded weight read on meta outside its forward; the culprit's fix; the line's objects; explain's last
         offloaded = offloaded_read(exc) if exc is not None and "meta" in first else None
         culprit: str | None
@@ -244,7 +243,8 @@ class Watcher:
             fix = held_code(fix, frame_names(exc, self.root))
         finding = Finding(how, error[:500], d.category, d.title, fix, where, culprit, _trace_note(culprit))
         finding.fix_from, finding.diff = source, offloaded[2] if offloaded is not None else culprit_patch(culprit)
-        aim_load(finding, d.category, exc)  # a load of storages for a missing GPU: at the program's torch.load line
+        loadfix.aim_load(finding, d.category, exc)  # storages for a missing GPU: at the program's torch.load line
+        gendraw.aim_draw(finding, exc)  # a generator handed to a library call whose modules are on another device
         with self._lock:
             if key in self._keys:
                 self._keys[key].count += 1
