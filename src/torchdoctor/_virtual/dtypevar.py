@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 _DEPTH = 8  # callers followed at most
-SAID: dict[str, HostCast] = {}  # "file:line" of a cast a refused move's problem named -> its record (this run's)
+SAID: dict[str, Any] = {}  # "file:line" of a cast a refused move's problem named -> its record (this run's)
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,24 @@ def host_cast(dtype: torch.dtype) -> HostCast | None:
     from torchdoctor._virtual.ownline import own_line
 
     f = user_frame(3)
-    read = own_line(f.f_code.co_filename, f.f_lineno) if f is not None else None
-    if f is None or read is None:
+    if f is None:
         return None
-    at, body = short_at(f), read[1]
+    at = short_at(f)
+    known = _KNOWN.get((at, dtype))
+    if known is not None or (at, dtype) in _KNOWN:  # the same line again (a loop): read once
+        return known
+    read = own_line(f.f_code.co_filename, f.f_lineno)
+    rec = _read(f, at, read[1], dtype) if read is not None else None
+    if len(_KNOWN) >= 512:
+        _KNOWN.pop(next(iter(_KNOWN)))
+    _KNOWN[(at, dtype)] = rec
+    return rec
+
+
+_KNOWN: dict[tuple[str, torch.dtype], HostCast | None] = {}  # (file:line, dtype) -> its record, read once a run
+
+
+def _read(f: Any, at: str, body: str, dtype: torch.dtype) -> HostCast | None:
     m = _TO.search(body)
     bound = _bound(f, m.group(1)) if m is not None and "." not in m.group(1) else None
     if bound is None:

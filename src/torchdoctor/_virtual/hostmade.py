@@ -73,7 +73,7 @@ def cast(t: Any, src: Any) -> Any:
     """``t``, the program's host cast of ``src``; a cast to a dtype some device refuses (``w.data.to(weight_dtype)``
     to float8) keeps its line and where its dtype was bound (``weight_dtype = torch.float8_e4m3fn``) by the storage
     the tensors share, for a refused move of the parameter that holds it later."""
-    if type(t) is torch.Tensor and t.dtype in REFUSABLE and t.dtype != src.dtype and len(_CASTS) < _LIMIT:
+    if type(t) is torch.Tensor and t.dtype in REFUSABLE and t.dtype != src.dtype:
         _cast(t)
     return t
 
@@ -84,6 +84,8 @@ def _cast(t: torch.Tensor) -> None:
     key = _key(t)
     rec = host_cast(t.dtype) if key is not None and key[1] else None
     if rec is not None:  # (its storage is not held: a model's weights; a record is read for its dtype only)
+        if len(_CASTS) >= _LIMIT:  # the oldest goes (a loop of float64 math before the weights' cast)
+            _CASTS.pop(next(iter(_CASTS)))
         _CASTS[key] = rec  # type: ignore[index]
 
 
@@ -97,9 +99,10 @@ def cast_of(t: Any) -> Any:
 
 
 def clear() -> None:
-    from torchdoctor._virtual.dtypevar import SAID
+    from torchdoctor._virtual.dtypevar import _KNOWN, SAID
 
     SAID.clear()
+    _KNOWN.clear()
     _CASTS.clear()
     _MADE.clear()
     _SHAPES.clear()

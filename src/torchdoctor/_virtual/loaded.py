@@ -112,21 +112,26 @@ def through_call(made: Any) -> None:
         _MAPPED[at] = mapped
 
 
+_OWN: dict[str, bool] = {}  # file -> the program's own (asked per frame of every host factory a library runs)
+
+
 def _own_file(file: str) -> bool:
-    from torchdoctor._guard.ownfile import own_file
+    hit = _OWN.get(file)
+    if hit is None:
+        from torchdoctor._guard.ownfile import own_file
+        from torchdoctor._virtual.origin import MACHINERY
 
-    return own_file(file) and not file.startswith(_MACHINERY)
-
-
-_MACHINERY = (__file__.rsplit("/_virtual/", 1)[0] + "/", torch.__file__.rsplit("/", 1)[0] + "/")
+        hit = own_file(file) and not file.startswith(MACHINERY)
+        if len(_OWN) < _LIMIT:
+            _OWN[file] = hit
+    return hit
 
 
 def _own(at: str) -> bool:
-    from torchdoctor._guard.ownfile import own_file
     from torchdoctor._virtual.origin import LINES
 
     file = LINES.get(at, ("", 0))[0]
-    return bool(file) and own_file(file)
+    return bool(file) and _own_file(file)
 
 
 def _said(map_location: Any) -> str:
