@@ -8,7 +8,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from support.apps import run_json
+
+pytest_plugins = ["pytester"]
 
 # an optimizer keeping a tensor in its param_groups (D-Adaptation's ``d``), resumed from a cpu-mapped load
 RESUME = '''import os, tempfile, torch, torch.nn as nn
@@ -172,3 +176,24 @@ def test_simulate_proves_the_map_location_fix_by_a_re_run_that_loads_so(tmp_path
                                "map_location='cpu' says"), fix.code
     assert fix.proven and "re-run with it applied still found" not in fix.tried, fix.tried
     assert "sim_loaded_app" not in sys.modules
+
+
+def test_the_marker_names_the_load_and_fixes_its_map_location(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_marker_load='''
+        import os, tempfile, pytest, torch
+        from torch import nn
+
+        @pytest.mark.simulate(device="cuda:0")
+        def test_scaled():
+            path = os.path.join(tempfile.mkdtemp(), "t.pt")
+            torch.save({"scale": torch.ones(4)}, path)
+            net = nn.Linear(4, 4).to("cuda")
+            tables = torch.load(path, map_location="cpu")
+            net(torch.randn(2, 4, device="cuda")) * tables["scale"]
+    ''')
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider", "-W", "ignore", timeout=300)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "tables['scale'] (loaded by torch.load at test_marker_load.py:9 with map_location='cpu') f32[4]@cpu" in out
+    assert "tables = torch.load(path, map_location='cuda:0')  # the load put what it read" in out
+    assert "torch.empty" not in out
