@@ -57,19 +57,20 @@ def host_cast(dtype: torch.dtype) -> HostCast | None:
     f = user_frame(3)
     if f is None:
         return None
-    at = short_at(f)
-    known = _KNOWN.get((at, dtype))
-    if known is not None or (at, dtype) in _KNOWN:  # the same line again (a loop): read once
-        return known
+    key = (f.f_code, f.f_lineno, dtype)
+    known = _KNOWN.get(key, _UNREAD)
+    if known is not _UNREAD:  # the same line again (a loop): read once
+        return known  # type: ignore[return-value]
     read = own_line(f.f_code.co_filename, f.f_lineno)
-    rec = _read(f, at, read[1], dtype) if read is not None else None
+    rec = _read(f, short_at(f), read[1], dtype) if read is not None else None
     if len(_KNOWN) >= 512:
         _KNOWN.pop(next(iter(_KNOWN)))
-    _KNOWN[(at, dtype)] = rec
+    _KNOWN[key] = rec
     return rec
 
 
-_KNOWN: dict[tuple[str, torch.dtype], HostCast | None] = {}  # (file:line, dtype) -> its record, read once a run
+_UNREAD = object()
+_KNOWN: dict[tuple[Any, int, torch.dtype], HostCast | None] = {}  # (code, line, dtype) -> its record, once a run
 
 
 def _read(f: Any, at: str, body: str, dtype: torch.dtype) -> HostCast | None:
