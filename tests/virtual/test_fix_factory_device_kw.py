@@ -62,12 +62,13 @@ def test_the_device_the_call_passed_is_replaced(tmp_path: Path) -> None:
     assert torchdoctor.simulate(fixed.build(), device="cuda:1", call=fixed.app).ok
 
 
-def test_a_tensor_a_library_call_made_is_moved_where_it_returns(tmp_path: Path) -> None:
+def test_a_tensor_torch_load_made_is_fixed_at_its_map_location(tmp_path: Path) -> None:
     mod = _load(tmp_path / "loaded.py", LOADED)
     api = torchdoctor.simulate(mod.build(), device="cuda:0", call=mod.app)
     assert not api.ok
-    (fix,) = api.fixes
-    assert fix.code.startswith("# torch.empty made it on cpu: it was made inside the call at ") and \
-        "loaded.py:7 (no torch.empty there to change): move what that call returns (.to('cuda:0'))" in fix.code, \
-        api.text()
-    assert "device=" not in fix.code and fix.diff is None and fix.proven
+    (fix,) = api.fixes  # the load at the program's line made it (never torch.empty inside it): its map_location
+    assert "state['s'] (loaded by torch.load at " in api.problems[0].message and "torch.empty" not in api.text()
+    assert fix.code.startswith("state = torch.load(buf, map_location='cuda:0')  # the load put what it read where "
+                               "map_location='cpu' says"), api.text()
+    assert "device=" not in fix.code and fix.diff is not None and fix.proven
+    assert "a virtual re-run with the line changed: no problem left" in fix.tried, fix.tried
