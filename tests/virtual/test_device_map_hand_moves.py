@@ -1,7 +1,8 @@
 """A layer a device map's hooks place (accelerate's ``AlignDevicesHook`` on each module of a model split over two
 GPUs) is never moved by hand in a fix: ``model.lm_head.weight.data = ….to('cuda:0')`` would split ``lm_head`` from
 the inputs its hook moves to cuda:1 on every call. A trainer's loss patched into the model that masks cuda:1 losses
-with cuda:0 labels (unsloth's chunked cross-entropy under ``device_map``) gets a note in place of such a move."""
+with cuda:0 labels (unsloth's chunked cross-entropy under ``device_map``) is fixed at the mask: the labels are the odd
+operand, the losses stay where the model's split put them."""
 
 from __future__ import annotations
 
@@ -37,8 +38,11 @@ def test_a_layer_a_device_map_places_is_never_moved_by_hand(tmp_path: Path) -> N
         labels = ids.clone()
         labels[:, :2] = -100
         model(input_ids=ids, labels=labels)
-    assert any(p.op == "aten.masked_fill_.Scalar" for p in s.problems), [p.message for p in s.problems]
+    [masked] = [p for p in s.problems if p.op == "aten.masked_fill_.Scalar"]
+    # the mask made from the caller's labels is the odd one out, never the model's side (lm_head's cuda:1 losses)
+    assert (masked.found, masked.expected) == ("cuda:0", "cuda:1") and "labels (an argument of the " \
+        "LlamaForCausalLM call" in masked.message, masked.message
+    assert not any("lm_head" in p.path or ".grad" in p.path for p in s.problems), [p.message for p in s.problems]
     codes = [f.code for f in s.fixes]
     assert not [c for c in codes if "lm_head.weight.data" in c or c.startswith("torchdoctor.move(")], codes
-    assert any(c.startswith("# lm_head.weight: placed by accelerate's hooks (AlignDevicesHook), which move each "
-                            "layer's inputs to its own device on every call; never moved by hand") for c in codes), codes
+    assert "losses.masked_fill_((labels == -100).to(losses.device), 0.0)" in " ".join(codes), codes

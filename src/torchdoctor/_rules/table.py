@@ -37,10 +37,13 @@ def _device_findings(c: _Call, items: list[tuple[Key, torch.Tensor]], scalars: b
         msg = (f"{c.label(metas[0])} is on meta (no data) and meets real tensors on {where}; "
                "a meta weight in linear/matmul/conv silently computes garbage on CPU")
         return [Finding(_problem(c, "meta", metas, "meta", where, msg), "", None, tuple(metas))]
-    want = devs[0][1]
+    # the first operand (an in-place op's self), or the ``out=`` tensor the op writes: where the result must go
+    first = next((x for x in devs if x[0][0] == "out"), devs[0])
+    want = first[1]
     bad = [k for k, d, _ in devs if d != want]
     found = device_str(next(d for k, d, _ in devs if d != want))
-    msg = f"{c.label(bad[0])} is on {found}, the first operand {c.label(devs[0][0])} on {device_str(want)}"
+    what = "the out= tensor" if first[0][0] == "out" else "the first operand"
+    msg = f"{c.label(bad[0])} is on {found}, {what} {c.label(first[0])} on {device_str(want)}"
     return [Finding(_problem(c, "device", bad, found, device_str(want), msg), "device", want, tuple(bad),
                     tuple(k for k, _, _ in devs))]
 
@@ -99,6 +102,24 @@ def _copy_device(c: _Call) -> list[Finding]:
 # targets to the log-probs' device itself: only the float operands must agree (CUDA accepts CPU int64 lengths)
 _CTC_FREE = frozenset({"targets", "input_lengths", "target_lengths"})
 
+def _foreach_device(c: _Call) -> list[Finding]:
+    """A ``_foreach_*`` op runs per index (its slow path is ``self[i].lerp_(other[i], w)``): the tensors at one index
+    of its lists, with its single tensors, must agree; an index of one list against another is never compared (a
+    gradient list spread over two GPUs is fine)."""
+    singles = [(k, t) for k, t in c.tensors if k[1] == -1]
+    lists: dict[int, list[tuple[Key, torch.Tensor]]] = {}
+    for k, t in c.tensors:
+        if k[1] >= 0:
+            lists.setdefault(k[1], []).append((k, t))
+    if len({k[0] for k, _ in c.tensors}) < 2 or "_fused_" in str(c.op):
+        return []
+    for i in sorted(lists):
+        out = _device_findings(c, [*lists[i], *singles])
+        if out:
+            return out
+    return []
+
+
 DEVICE_POLICIES.update({
     "same": lambda c: _device_findings(c, c.tensors),
     "ctc": lambda c: _device_findings(c, [(k, t) for k, t in c.tensors if c.name_of(k) not in _CTC_FREE]),
@@ -107,6 +128,7 @@ DEVICE_POLICIES.update({
     "index": _index_device,
     "copy": _copy_device,
     "free": lambda c: [],
+    "foreach": _foreach_device,
 })
 
 
@@ -259,5 +281,8 @@ rule("copy", ("_to_copy", "copy_", "to", "_copy_from", "_copy_from_and_resize", 
      device="copy")(None)
 rule("concat", ("cat", "stack", "concat", "concatenate", "hstack", "vstack", "dstack", "column_stack"),
      device="all")(None)
-rule("multi_tensor", device="free")(None)
+rule("multi_tensor", device="foreach")(None)
+# copies cross devices (``_foreach_copy_`` of an EMA's cpu shadow into cuda parameters); fused optimizer steps are
+# judged by the run's gradient checks before them
+rule("multi_tensor_free", ("_foreach_copy_", "_foreach_copy"), device="free")(None)
 rule("elementwise")(None)

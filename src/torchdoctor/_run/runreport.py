@@ -51,7 +51,8 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
     def _at(self, p: Any) -> str | None:
         """The program's line where ``p`` was recorded: two roots may hold one path (an Embedding's ``weight`` and a
         Linear's), so the module's own stack first."""
-        return self.where.get((p.kind, p.path, p.module_type or "")) or self.where.get((p.kind, p.path))
+        return self.where.get((p.kind, p.path, p.module_type or "", p.op or "")) or \
+            self.where.get((p.kind, p.path, p.module_type or "")) or self.where.get((p.kind, p.path))
 
     def to_dict(self) -> dict[str, Any]:
         from torchdoctor._report.text import schema

@@ -44,6 +44,8 @@ def param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> A
         return data
     out = _ORIG_PARAM_NEW(cls, data, requires_grad)
     space = V.current_space() if isinstance(data, torch.Tensor) else None
+    if space is not None and data.device.type == "cpu":
+        replaced.note(space, out)  # a virtual one Module.to took to the cpu: what holds the old one reads it there
     kept = space.real_record(data) if space is not None and space.real else None
     if kept is not None and (str(getattr(kept[1], "op", "")).startswith("torch.nn.") or isinstance(kept[1], TakenBack)):
         # a module built in forward (nn.BatchNorm2d(8)(x)): its weight keeps its constructor's line (a Parameter the

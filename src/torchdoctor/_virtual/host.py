@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from torchdoctor._virtual import hostmade
+from torchdoctor._virtual import hostmade, lifted as lifted_twins
 from torchdoctor._virtual.origin import Made, built_module
 from torchdoctor._virtual.tensor import Space, VirtualTensor, host_values
 
@@ -128,9 +128,15 @@ def labelled(args: tuple[Any, ...], kwargs: dict[str, Any], lift: Any) -> tuple[
 
     if not any(one(a) for a in args) and not (kwargs and any(one(v) for v in kwargs.values())):
         return args, kwargs
-    args = tuple(lift([a])[0] if one(a) else a for a in args)
+
+    def lifted(a: Any) -> Any:
+        twin = lift([a])[0]
+        lifted_twins.note(a, twin)  # a backward that saved it reads the parameter where a later ``.data =`` put it
+        return twin
+
+    args = tuple(lifted(a) if one(a) else a for a in args)
     if kwargs:
-        kwargs = {k: lift([v])[0] if one(v) else v for k, v in kwargs.items()}
+        kwargs = {k: lifted(v) if one(v) else v for k, v in kwargs.items()}
     return args, kwargs
 
 

@@ -20,22 +20,25 @@ _INPLACE = re.compile(r"^aten\.(\w+_)(?:\.\w+)?$")  # aten.lerp_.Scalar, aten.ad
 
 
 def inplace_fix(p: Problem, cases: Sequence[Any]) -> Fix | None:
-    """The fix of ``p`` (a device problem at an in-place op, its self on ``p.found``) at the op's line: the other
-    tensor arguments moved to ``<self>.device``, a diff; ``sets`` name those operands for the proof at the op.
-    None when the op is not in place, its self is not the tensor on ``p.found``, or the line cannot be rewritten."""
+    """The fix of ``p`` (a device problem at an in-place op, said of its self on ``p.found`` or of what it reads,
+    self then on ``p.expected``) at the op's line: the other tensor arguments moved to ``<self>.device``, a diff;
+    ``sets`` name those operands for the proof at the op. None when the op is not in place, self is on neither
+    device, or the line cannot be rewritten."""
     from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
 
     m = _INPLACE.match(str(p.op or ""))
     if p.kind != "device" or m is None or m.group(1).startswith("_"):
         return None
+    # self on ``p.found`` (a problem said of self) or on ``p.expected`` (said of what it reads: the run kept self)
     case = next((c for c in cases if c.op == p.op and c.line is not None and c.before[0] and
-                 _operand(c.before[0][0]) and str(c.before[0][0].device) == p.found), None)
+                 _operand(c.before[0][0]) and str(c.before[0][0].device) in (p.found, p.expected)), None)
     if case is None or not own_file(case.line[0]):
         return None
+    home = str(case.before[0][0].device)
     others = [o for c in cases if c.op == p.op and c.line == case.line  # each call of that line (a loop's)
               for o in (*c.before[0][1:], *c.before[1].values()) if _operand(o)
-              and str(o.device) != p.found and _named(o)]
+              and str(o.device) != home and _named(o)]
     if not others:
         return None
     file, line = case.line
@@ -43,8 +46,8 @@ def inplace_fix(p: Problem, cases: Sequence[Any]) -> Fix | None:
     new = _moved_args(old.rstrip("\r\n"), m.group(1))
     if new is None:
         return None
-    dev = torch.device(p.found)
-    return Fix(f"{new.strip()}  # {case.at}: {m.group(1)} writes into its self on {p.found}, where the program keeps "
+    dev = torch.device(home)
+    return Fix(f"{new.strip()}  # {case.at}: {m.group(1)} writes into its self on {home}, where the program keeps "
                f"it: move what it reads to self's device there (never self: the op would update a copy)", "note", dev,
                sets=tuple(dict.fromkeys((_named(o)[0], dev) for o in others)), diff=line_patch(file, line, new))
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from torchdoctor._virtual import lifted
 from torchdoctor._virtual.dispatch import plain
 from torchdoctor._virtual.tensor import Space, VirtualTensor
 
@@ -36,6 +37,7 @@ def attribute(space: Space, func: Any, name: str, args: tuple[Any, ...], kwargs:
                 del args[0].__dict__["_td_device"]
             else:
                 args[0].__dict__["_td_device"] = label
+            lifted.follow(args[0], label if label is not None else args[1].device)  # what a backward saved of it
             return out
     if name == "__get__" and attr in _LABELLED and args and plain(args[0]):
         label = args[0].__dict__.get("_td_device")
@@ -56,6 +58,7 @@ def _relabel(space: Space, t: torch.Tensor, v: VirtualTensor) -> None:
         if elem is not None:
             t.data = elem
     t.__dict__["_td_device"] = v._td_device
+    lifted.follow(t, v._td_device)
     space.relabelled.append(weakref.ref(t))
 
 

@@ -25,6 +25,9 @@ from torchdoctor._virtual.split import note_like, odd_ones, placed_apart
 from torchdoctor._virtual.stackview import StackView
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, is_entry as _is_entry, standin
 from torchdoctor._virtual.training import amp_backward
+from torchdoctor._virtual.written import keeps_written
+from torchdoctor._virtual.argside import computed, local_at, model_made, model_side
+from torchdoctor._virtual.lifted import note_source as swap_source, said as swapped_said, swapped_odd
 from torchdoctor._tracker import ModuleStack
 
 _CPU = torch.device("cpu")
@@ -50,7 +53,8 @@ class _Recorder(MoveChecks, StackView, Hooks):
         self.roots: list[nn.Module] = []
         self._model_dtype: torch.dtype | None = None
         self._apart: bool | None = None  # the program placed the model's parts on several devices (``split``)
-        self._into = False  # the op's culprits are 0-dim tensors joining an in-place op's written tensor
+        self._into = False  # the op's culprits are read by an in-place op (or its ``out=``) into its written tensor
+        self._go_on: tuple[list[Any], Any] | None = None  # (culprits, device) the op goes on with, when not the named
         self.problems: list[Problem] = []
         self.seen: set[tuple[str, ...]] = set()
         self.stopped: str | None = None
@@ -147,6 +151,8 @@ class _Recorder(MoveChecks, StackView, Hooks):
         # the name the program's failing line calls it by (``coef`` in ``g.mul_(coef)``): a fix of that operand at
         # the call (``operandfix``) sets it so, and is proven on these twins (kept for failing ops only)
         at = operand_at(t) if not named else None
+        if at is None and not named and self._into and isinstance(t, VirtualTensor):
+            at = local_at(t)  # made at the line from the local a fix moves there (``labels != -100``)
         return ((*tags, f"operand {at}") if at is not None else tags), named
 
     def _promoted(self, f: Any, call: OpArgs) -> None:
@@ -265,6 +271,8 @@ class _Recorder(MoveChecks, StackView, Hooks):
                 # an operand between parts, or a 0-dim into an in-place op: at its line
                 split = on_device and anchor is not None and (self._into or self._split())
                 named_at = operand_at(t) if f.fixed or split else None  # a loss's target: named as the call passes it
+                if named_at is None and split and self._into:  # made at the line from a local (``labels != -100``)
+                    named_at = local_at(t)
                 if split and named_at:
                     note_like(named_at, call.all_tensors(), anchor)  # moved to the device of what it meets
                 made = f"{named_at} ({made})" if named_at and not path else made
@@ -280,6 +288,9 @@ class _Recorder(MoveChecks, StackView, Hooks):
                         (hit := offloaded_here()) is not None:  # an offloaded weight read outside
                     message += f" ({hit[1][0].splitlines()[0].removeprefix('culprit ')})"  # its module's call
                     self.sources.setdefault((p.kind, path or place, op, found), (hit[0],))
+                if on_device and (swap := swapped_said(t)) is not None:  # offloaded between forward and backward
+                    message += f" ({swap})"
+                    self.sources.setdefault((p.kind, path or place, op, found), (swap_source(t, path),))
                 if t.dtype in FLOAT8_DTYPES and p.kind == "dtype":
                     message += " (torch refuses: Promotion for Float8 Types is not supported; cast it first)"
                 elif "promotes the model's" in p.message:  # guard's promotion finding: no error says it
@@ -303,6 +314,9 @@ class _Recorder(MoveChecks, StackView, Hooks):
                 self.sources.setdefault((p.kind, place, op, found), ((f"factory {src.op} in `{mp or '<root>'}`"
                                         if src.module is not None else f"factory {src.op}")
                                         + (f" at {src.at}" if src.at else ""),))
+        if self._go_on is not None:  # named as before, but the written tensor stays where the program keeps it
+            culprits, anchor = self._go_on
+            tensors = [call.at(k) for k in culprits]
         if anchor is not None:
             for k, t in zip(culprits, tensors):
                 call.put(k, standin(t, anchor))
@@ -310,7 +324,7 @@ class _Recorder(MoveChecks, StackView, Hooks):
     def _culprits(self, func: Any, f: Any, call: OpArgs) -> tuple[list[Any], Any]:
         """Which arguments to blame and fix, and the value that fixes them (a device or a dtype)."""
         p, offenders = f.problem, list(f.offenders)
-        self._into = False
+        self._into, self._go_on = False, None
         if p.kind in ("unsupported_dtype", "missing_kernel"):
             return offenders, None  # reported; the kernel runs anyway, and casting would invent dtype problems
         if f.fixed:
@@ -320,11 +334,19 @@ class _Recorder(MoveChecks, StackView, Hooks):
                 if (real := parse_device(p.expected)).type != "meta":
                     return offenders, real
             return offenders, self.device
+        if p.kind == "device" and (swapped := swapped_odd(list(f.considered) or offenders, call)) is not None:
+            return swapped  # a parameter an offload took away after an op saved it: the backward meets it there
         schema = getattr(func, "_schema", None)
         name = getattr(schema, "name", "")
-        if p.kind == "device" and (odd := _scalars_into(schema, f, call)) is not None:
+        if p.kind == "device" and (kept := keeps_written(schema, f, call)) is not None:
             self._into = True  # fixed at the op's line, by the name it has there (``coef.to(g.device)``)
-            return odd  # ``cpu_grad.mul_(cuda_coef)``: the written tensor stays; the 0-dim joins it
+            if not any(model_made(call.at(k)) for k in kept[0]) or computed(call.at(kept[2][0])):
+                return kept[0], kept[1]  # ``losses.masked_fill_(mask, 0)``: what it reads is the odd one out
+            # the model's tensors (or what they made) read into a copy kept elsewhere (``ema[n].lerp_(p)``, an EMA's
+            # ``s.sub_(d * (s - p))``): the problem names the written one (the model is where it belongs, and a
+            # copy of self is no fix), and the op still writes where self is
+            self._go_on, self._into = (kept[0], kept[1]), False
+            return kept[2], norm_device(call.at(kept[0][0])._td_device)  # ``losses.masked_fill_(mask, 0)``: the written tensor stays; what it reads joins it
         if p.kind == "device" and name in _INDEX_OPS and offenders and offenders[0][0] != 0 and not self._split():
             table = call.at((0, -1))  # a table left behind, indexed with indices on the device
             if _is_entry(table) and not any(_is_entry(call.at(k)) for k in offenders):
@@ -338,6 +360,9 @@ class _Recorder(MoveChecks, StackView, Hooks):
         with_entries = [v for v, ks in groups.items() if any(_is_entry(call.at(k)) for k in ks)]
         if p.kind == "device" and self._split() and (odd := odd_ones(groups, with_entries, call.all_tensors())):
             return odd  # each part where the program put it
+        if p.kind == "device" and not with_entries and self._dispatched() and (odd := model_side(groups, call)):
+            self._into = True  # fixed at the op's line: the argument's name there, moved to the model's side
+            return odd  # a loss inside a split model's forward: the caller's ``labels`` join the model's side
         if p.kind == "device" and len(groups) == 2 and len(with_entries) == 1:
             other = next(v for v in groups if v != with_entries[0])
             if with_entries[0] == self.device and not self._dispatched():
@@ -356,22 +381,6 @@ class _Recorder(MoveChecks, StackView, Hooks):
         if self._apart is None:
             self._apart = placed_apart(self.roots or self.modules.outermost, self.profile.type)
         return self._apart and not any("_hf_hook" in getattr(m, "__dict__", {}) for m in self.modules.stack)
-
-
-def _scalars_into(schema: Any, f: Any, call: OpArgs) -> tuple[list[Any], torch.device] | None:
-    """An in-place op whose written tensor meets 0-dim tensors of another device (a cuda grad-norm coefficient into
-    a gradient kept on the cpu: real PyTorch raises, only a cpu 0-dim joins a device op): those 0-dim tensors, to go
-    where the written tensor is; moving the written one would write a copy. None for any other op."""
-    args = getattr(schema, "arguments", None)
-    alias = getattr(args[0], "alias_info", None) if args else None
-    if alias is None or not alias.is_write or not call.args or not isinstance(call.args[0], VirtualTensor):
-        return None
-    own = norm_device(call.args[0]._td_device)
-    keys = [k for k in (list(f.considered) or list(f.offenders)) if k != (0, -1)]
-    odd = [k for k in keys if isinstance(t := call.at(k), VirtualTensor) and norm_device(t._td_device) != own]
-    if not odd or any(call.at(k).dim() != 0 for k in odd):
-        return None
-    return odd, own
 
 
 # a kernel's dtype dispatch refusing an integer or bool dtype ("lerp_kernel_scalar" not implemented for 'Long')

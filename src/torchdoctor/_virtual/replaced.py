@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from torchdoctor._virtual import tensor as V
+from torchdoctor._virtual import lifted, tensor as V
 
 _APPLY = torch.nn.Module._apply.__code__
 
@@ -94,6 +94,20 @@ def succeeded(space: Any, old: torch.nn.Parameter, new: torch.Tensor) -> None:
     space.replaced[id(old)] = (weakref.ref(old), weakref.ref(new))  # never keeps either alive
     if type(old) is torch.nn.Parameter:
         old.__class__ = Moved
+    follow(old, new)
+
+
+def follow(old: Any, new: Any) -> None:
+    """``Module.to`` on the device keeps each ``Parameter`` object and swaps its data, so whatever still holds it
+    reads it where it went: a backward whose op saved the parameter itself (``native_layer_norm`` saves its weight,
+    a convolution its kernel) reads it after an offload moved it away; a view taken before the move (a linear's
+    ``weight.t()``) keeps the old data. The virtual twin ``Module._apply`` replaced (and those it replaced before)
+    takes its successor's device."""
+    before = [r for r in old.__dict__.get("_td_before", ()) if r() is not None] + [weakref.ref(old)]
+    device = new._td_device if isinstance(new, V.VirtualTensor) else new.device
+    # (a real one the run replaced hands every call on: ``Moved``)
+    lifted.swapped([t for r in before if isinstance(t := r(), V.VirtualTensor)], device)
+    new.__dict__["_td_before"] = before
 
 
 def _now(space: Any, p: Any) -> Any:

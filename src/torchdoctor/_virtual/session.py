@@ -74,12 +74,12 @@ class _Located(list):  # type: ignore[type-arg]
             if held is not None:
                 self.renames[problem.path] = held[0]
                 self.networks.add(held[1])
-        key = (problem.kind, problem.path)
-        if key not in self.stacks or problem.module_type and key + (problem.module_type,) not in self.stacks:
-            stack = call_stack(f, 400)
+        key, op = (problem.kind, problem.path), (problem.module_type or "", problem.op or "")  # each op its line
+        if key + op not in self.stacks:
+            stack = self.stacks[key + op] = call_stack(f, 400)
             self.stacks.setdefault(key, stack)
             if problem.module_type:  # two roots may hold one path (an Embedding's weight, a Linear's): each its line
-                self.stacks[key + (problem.module_type,)] = stack
+                self.stacks.setdefault(key + (problem.module_type,), stack)
         super().append(problem)
 
 
