@@ -348,12 +348,12 @@ def own_pair(model: torch.nn.Module) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def explain_pair(model: torch.nn.Module) -> Iterator[Any]:
-    """explain with its global pre and post hook on every forward (before no-grad forwards ran with no global post
+def both_hooks(model: torch.nn.Module, mode: str = "explain") -> Iterator[Any]:
+    """guard with its global pre and post hook on every forward (before no-grad forwards ran with no global post
     hook, ``_guard/lean.py``; bench-only)."""
     lean.LEAN = False
     try:
-        with torchdoctor.guard(model) as g:
+        with torchdoctor.guard(model, mode=mode) as g:
             yield g
     finally:
         lean.LEAN = True
@@ -498,7 +498,8 @@ def workloads(rounds: int = 5, only: str = "", pick: tuple[str, ...] = ()) -> No
             continue
         n = census(fn, model)
         fns = {"plain": fn, "explain": wrapped(fn, lambda: torchdoctor.guard(model, mode="explain")),
-               "explain (both global hooks on every forward)": wrapped(fn, lambda: explain_pair(model)),
+               "explain (both global hooks on every forward)": wrapped(fn, lambda: both_hooks(model)),
+               "strict (gated, both global hooks on every forward)": wrapped(fn, lambda: both_hooks(model, "strict")),
                "empty global pre hook": wrapped(fn, lambda: empty_hooks(False)),
                "empty global hook pair": wrapped(fn, empty_hooks),
                "strict (gated)": wrapped(fn, lambda: torchdoctor.guard(model, mode="strict")),

@@ -150,3 +150,60 @@ def test_explain_running_leaves_the_stack_empty_for_the_next_forward() -> None:
         model(torch.tensor([[1, 2]]))  # the next forward runs lean again, from an empty stack
         assert session.lean.ran_lean and not session.frames.stack
     assert said is not None and said.startswith("dtype mismatch caused by `emb.weight`") and "in `head`" in said
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(8, 8), nn.Identity())
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.inner(x))
+
+
+def _strict(model: nn.Module) -> str:
+    with pytest.raises(torchdoctor.PlacementError) as err:
+        with torch.no_grad(), torchdoctor.guard(model, mode="strict"):
+            model(torch.ones(2, 8, dtype=BF))
+    return str(err.value)
+
+
+@pytest.mark.parametrize("where", ["1.inner.0", "1.out"])
+def test_strict_in_a_no_grad_forward_names_the_module_inside_a_suspect_as_before(
+        monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    def broken() -> nn.Module:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Identity(), _Block(), nn.Linear(8, 8)).to(BF)
+        model.get_submodule(where).bias.data = model.get_submodule(where).bias.data.float()
+        return model
+
+    lean_text = _strict(broken())
+    monkeypatch.setattr(lean, "LEAN", False)
+    assert lean_text == _strict(broken())
+    assert lean_text.startswith(f"dtype problem in `{where}` (Linear) at aten.addmm.default: arg 0 (self) is "
+                                "float32, expected bfloat16")  # the innermost module, from the live frames
+    assert f"model[1].{where[2:]}.bias.data = model[1].{where[2:]}.bias.data.to(torch.bfloat16)".replace(
+        ".0.", "[0].") in lean_text
+
+
+def test_strict_keeps_checking_after_a_suspect_returns_in_a_no_grad_forward() -> None:
+    seen: list[tuple[bool, int]] = []
+
+    class Probe(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            session = guard._local.sessions[-1]
+            seen.append((session.kwarg_hook in _global_forward_hooks, len(session.dispatch.gate.active)))
+            return x
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), Probe(), nn.Linear(8, 8)).to(BF)
+    model[0].register_buffer("scale", torch.ones(8))  # float32, never read: a suspect that runs quietly
+    model[2].weight.data = model[2].weight.data.float()
+    guard = torchdoctor.guard(model, mode="strict")
+    with pytest.raises(torchdoctor.PlacementError) as err, torch.no_grad(), guard:
+        model(torch.ones(2, 8, dtype=BF))
+    assert seen[0] == (False, 0)  # the suspect returned: no post hook, no mode, until the next one starts
+    # (later entries: the proof's re-runs of the forward on a copy)
+    assert str(err.value).startswith("dtype problem in `2` (Linear) at aten.")
+    assert [p.path for p in guard.problems] == ["2.weight"]

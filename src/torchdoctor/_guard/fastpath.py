@@ -202,7 +202,8 @@ class Gate:
             if _get_ident() != tid:
                 return
             whole = False
-            if len(stack) <= 1:  # the outermost module starts: the last run and its backward are over
+            if len(stack) <= 1 and (not stack or stack[0] is mod):  # the outermost module starts: the last run
+                # and its backward are over (a no-grad forward keeps its outermost module alone on the stack)
                 active.clear()
                 if self.after is not None and self.after.pushed:
                     self.after.disarm()

@@ -32,8 +32,15 @@ _get_ident = threading.get_ident
 
 
 def eligible(session: Any) -> bool:
-    """explain only: strict's gate, fix and warn read the stack on every op."""
-    return LEAN and session.mode == "explain"
+    """explain, and strict at the module boundary with the gate in the session's hooks (fix and warn, and strict on
+    every op, read the running module on every op)."""
+    if not LEAN:
+        return False
+    if session.mode == "explain":
+        return True
+    from torchdoctor._guard import fastpath
+
+    return session.mode == "strict" and fastpath.eligible(session) and fastpath.CHAINED
 
 
 def calls(frames: Iterator[Any]) -> list[tuple[nn.Module, Any]]:
@@ -91,13 +98,15 @@ def _gone_hook() -> Callable[..., None]:
 
 
 class Lean:
-    """One explain session's hooks: the global pre hook (always) and the global post hook (only in forwards that
-    start with grad on). ``post_id`` is the post hook's id in torch's dict of global forward hooks."""
+    """One session's hooks: the global pre hook (always) and the global post hook (in forwards that start with grad
+    on; in strict, also while a module whose tensors disagree runs, for the gate to see it return). ``post_id`` is
+    the post hook's id in torch's dict of global forward hooks. During a no-grad forward the stack holds the
+    outermost module alone (``fill_live`` puts the running ones on it where a problem is told)."""
 
     def __init__(self, session: Any, pre: Callable[..., None], post: Callable[..., None], post_id: int) -> None:
         self.session = session
         self.full_pre, self.post, self.post_id = pre, post, post_id
-        self.post_on = True
+        self.post_on: Any = post  # the function in torch's dict under ``post_id`` now (None: not there)
         self.root: nn.Module | None = None  # the outermost module of the no-grad forward running now
         self.depth = 0  # its calls running now (a forward that calls its own module again)
         self.local: Any = None  # the hook on ``root`` alone
@@ -107,8 +116,10 @@ class Lean:
 
     def hook(self) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         """The global pre hook."""
-        tid, frames, full_pre = self.session.tid, self.session.frames, self.full_pre
+        s = self.session
+        tid, frames, full_pre, checks, chain = s.tid, s.frames, self.full_pre, s.checks, s.chain
         stack, ran = frames.stack, frames.ran
+        suspect_post = self._suspect_post()
 
         def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
             if self.depth:
@@ -121,27 +132,49 @@ class Lean:
                 if mod is self.root:
                     self.depth += 1
                 ran.append(mod)
+                if checks is not None:
+                    checks(mod, args)
+                    if chain[2] and self.post_on is None:  # a suspect runs: the gate must see it return
+                        self._set_post(suspect_post)
                 return
             if _get_ident() != tid:
                 return
-            if not stack and not _grad_enabled() and self._start(mod):
+            if not stack and not _grad_enabled() and self._start(mod, args):
+                if checks is not None:
+                    checks(mod, args)
+                    if chain[2] and self.post_on is None:
+                        self._set_post(suspect_post)
                 return
-            if not self.post_on:
-                self._set_post(True)
+            if self.post_on is not self.post:
+                self._set_post(self.post)
             self.ran_lean = False
             full_pre(mod, args)
 
         return pre
 
-    def _set_post(self, on: bool) -> None:
-        if on:
-            _posts[self.post_id] = self.post
+    def _suspect_post(self) -> Callable[..., None]:
+        """The post hook while a suspect module runs in a no-grad forward: the gate's post, until none runs."""
+        tid, chain = self.session.tid, self.session.chain
+
+        def post(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+            if _get_ident() != tid:
+                return
+            if chain[2] and chain[1] is not None:
+                chain[1](mod, args, out)
+            if not chain[2] and self.depth:
+                self._set_post(None)
+
+        return post
+
+    def _set_post(self, fn: Any) -> None:
+        if fn is not None:
+            _posts[self.post_id] = fn
             _with_kwargs[self.post_id] = True
         else:
             _posts.pop(self.post_id, None)
-        self.post_on = on
+        self.post_on = fn
 
-    def _start(self, mod: nn.Module) -> bool:
+    def _start(self, mod: nn.Module, args: tuple[Any, ...]) -> bool:
         """An outermost forward starts under no_grad: run it with no global post hook (False: it cannot)."""
         if self.stale is not None:
             self.stale.remove()
@@ -153,14 +186,16 @@ class Lean:
             self.local = mod.register_forward_hook(_RootHook(self._root_post), with_kwargs=True, always_call=True)
         except Exception:  # a module that takes no hooks (a scripted one): both global hooks, as before
             return False
-        if self.post_on:
-            self._set_post(False)
+        if self.post_on is not None:
+            self._set_post(None)
         self.root, self.depth, self.ran_lean = mod, 1, True
         frames = s.frames
         frames.ran.clear()
         frames.bw.clear()
         s._new_forward()
         frames.ran.append(mod)
+        frames.stack.append(mod)
+        frames.inputs.append(args)
         return True
 
     def _compiled(self, mod: nn.Module) -> bool:
@@ -172,40 +207,56 @@ class Lean:
         return hit[1]
 
     def _root_post(self, mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        """The hook on the outermost module: it returned (or raised: then ``out`` is None)."""
+        """The hook on the outermost module: it returned (or raised)."""
         if mod is not self.root or not self.depth or _get_ident() != self.session.tid:
             return  # (a deep copy of the module carries this hook along)
         self.depth -= 1
         if self.depth:
             return
-        self._end()
+        raised = sys.exc_info()[0] is not None
+        self._end(raised)
         s = self.session
-        if s.outcome is not None and out is not None and (s.outcome_model is None or mod is s.outcome_model):
+        del s.frames.stack[:], s.frames.inputs[:]
+        if raised:  # (the post hooks never ran on an error before: the gate and the output check stay as they are)
+            return
+        if s.outcome is not None and (s.outcome_model is None or mod is s.outcome_model):
             s.outcome.check(mod, args, kwargs, out)  # the model returned: did its dtype widen silently?
+        if s.chain[1] is not None:  # the gate's post: the outermost module returned
+            s.chain[1](mod, args, out)
 
-    def _end(self) -> None:
+    def _end(self, raised: bool) -> None:
         self.root, self.depth = None, 0
+        if self.post_on is not None:  # a suspect's post still on (an error skipped its return)
+            self._set_post(None)
         if self.local is not None:
-            if sys.exc_info()[0] is None:  # (torch walks the module's hook dict itself while an error unwinds)
+            if not raised:
                 self.local.remove()
-            else:
+            else:  # torch walks the module's hook dict itself while an error unwinds
                 self.stale = self.local
             self.local = None
 
     def _to_full(self, mod: nn.Module) -> None:
         """Grad turned on inside a no-grad forward: the running modules (all but ``mod``, starting now) go on the
         stack from the live frames, and the post hook pops them as they return."""
-        running = calls(iter(_live_frames(sys._getframe(2))))
-        if running and running[-1][0] is mod:
+        self.fill_live(sys._getframe(2), mod)
+        self._end(sys.exc_info()[0] is not None)
+        self.ran_lean = False
+        self._set_post(self.post)
+
+    def fill_live(self, frame: Any = None, starting: nn.Module | None = None) -> None:
+        """The running modules of this no-grad forward and their inputs on the stack, from the live frames (the
+        outermost first); ``starting``: a module whose pre hook runs now, left for its own push."""
+        running = calls(iter(_live_frames(frame if frame is not None else sys._getframe(1))))
+        if running and starting is not None and running[-1][0] is starting:
             running.pop()
+        start = next((i for i, (m, _) in enumerate(running) if m is self.root), None)
+        if start is None:
+            return
         frames = self.session.frames
-        start = next((i for i, (m, _) in enumerate(running) if m is self.root), 0)
+        del frames.stack[:], frames.inputs[:]
         for m, a in running[start:]:
             frames.stack.append(m)
             frames.inputs.append(a)
-        self._end()
-        self.ran_lean = False
-        self._set_post(True)
 
     def stop(self) -> None:
         for h in (self.local, self.stale):
@@ -214,6 +265,7 @@ class Lean:
         self.local = self.stale = self.root = None
         self.depth = 0
         _posts.pop(self.post_id, None)
+        self.post_on = None
 
     def rebuild(self, tb: Any) -> bool:
         """Before an escaping error is explained: the running modules and their inputs from the traceback (when the

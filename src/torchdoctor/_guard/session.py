@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.nn.modules.module import _global_forward_hooks_with_kwargs as _with_kwargs
@@ -39,7 +38,6 @@ if TYPE_CHECKING:  # pragma: no cover
 guard = Any  # the public guard (torchdoctor._guard.api) that starts a session; it imports this module
 
 log = logging.getLogger("torchdoctor.guard")
-_CONV = torch.ops.aten.convolution.default  # what a convolution module's bias is checked as
 _Tensor = torch.Tensor
 _get_ident = threading.get_ident  # module globals: the hooks run on every module call
 _grad_enabled = torch.is_grad_enabled
@@ -53,25 +51,6 @@ def _tensors_of(value: Any) -> list[torch.Tensor]:
     if isinstance(value, dict):  # ModelOutput and plain dicts, one level
         return [v for v in dict.values(value) if isinstance(v, _Tensor)]
     return []
-
-
-class ConvReplay:
-    """A convolution module's op on (input, weight, bias), the rest of its arguments (stride, padding, dilation,
-    groups, output padding, padding mode) as the module holds them: what a proof re-runs."""
-
-    def __init__(self, mod: Any) -> None:
-        self.mod = mod
-
-    def __call__(self, x: Any, weight: Any, bias: Any) -> Any:
-        m = self.mod
-        if not getattr(m, "transposed", False):
-            return m._conv_forward(x, weight, bias)
-        n = len(m.kernel_size)
-        f = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[n - 1]
-        return f(x, weight, bias, m.stride, m.padding, m.output_padding, m.groups, m.dilation)
-
-    def __str__(self) -> str:
-        return str(_CONV)
 
 
 def _module_kind(tp: type, strict: bool) -> int:
@@ -115,6 +94,7 @@ class Session:
         self.lean: lean.Lean | None = None  # explain's no-grad forwards: no global post hook
         self.outcome: Outcome | None = None  # the output check when the outermost module (or the model) returns
         self.outcome_model: nn.Module | None = None  # (None: any outermost module)
+        self.checks: Callable[[nn.Module, tuple[Any, ...]], None] | None = None  # strict's per-module checks
 
     # -- lifetime -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -186,16 +166,22 @@ class Session:
         outcome = None if self.g.model is not None and model is None else outcome
         self.outcome, self.outcome_model = outcome, model
 
+        def checks(mod: nn.Module, args: tuple[Any, ...]) -> None:  # strict / fix / warn, once a module is on
+            kind = kinds.get(type(mod), -1)  # type: ignore[union-attr]
+            if kind < 0:
+                kind = kinds[type(mod)] = _module_kind(type(mod), strict)  # type: ignore[index]
+            if kind == 1:
+                self.g._warn_compiled()
+            if kind == 2 and args and simulating is not None and not simulating():
+                self._conv_pre(mod, args[0])
+            if chain[0] is not None:
+                chain[0](mod, args)
+
+        self.checks = checks if kinds is not None else None
+
         def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
             if get_ident() != tid:
                 return
-            kind = 0
-            if kinds is not None:
-                kind = kinds.get(type(mod), -1)
-                if kind < 0:
-                    kind = kinds[type(mod)] = _module_kind(type(mod), strict)
-                if kind == 1:
-                    self.g._warn_compiled()
             if stack:
                 stack.append(mod)
                 inputs.append(args)
@@ -204,10 +190,8 @@ class Session:
                 self._new_forward()
             if grad_enabled():
                 track([t for a in args for t in _tensors_of(a)], bw_leave, mod)
-            if kind == 2 and args and simulating is not None and not simulating():
-                self._conv_pre(mod, args[0])
-            if chain[0] is not None:
-                chain[0](mod, args)
+            if kinds is not None:
+                checks(mod, args)
 
         def post(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
             if get_ident() != tid:
@@ -248,24 +232,14 @@ class Session:
                 log.debug("backward tracking skipped for %s", type(mod).__name__, exc_info=True)
 
     def _conv_pre(self, mod: nn.Module, x: Any) -> None:
-        """strict: ``conv2d`` checks the bias dtype before any aten op is dispatched, so the dispatch mode never
-        sees it: look here (fix / warn align it in ``CompositeCheck``)."""
-        bias = mod.bias
-        if self.replaying or not isinstance(x, _Tensor) or not isinstance(bias, _Tensor) or bias.dtype == x.dtype \
-                or torch.is_autocast_enabled(x.device.type):  # autocast casts input, weight and bias alike (V15)
-            return
-        if "forward" in mod.__dict__ or mod._forward_pre_hooks:  # a hook wrapper (diffusers layerwise casting,
-            return  # accelerate) or the module's own pre-hook (weight_norm recomputes `weight`) runs after this one
-            # and may cast, move or remake the weights: the composite's own error is explained if it still fails
-        from torchdoctor._rules import registry as _rules
+        from torchdoctor._guard.convcheck import conv_pre
 
-        found = _rules.find(_CONV, (x, mod.weight, bias), {}, self.g.profile)
-        if found:  # the replay (a proof) runs the module's own convolution: every argument as the module has it
-            self.on_problem(ConvReplay(mod), (x, mod.weight, bias), {}, found, schema_op=_CONV)
-
+        conv_pre(self, mod, x)
 
     def current(self) -> tuple[nn.Module | None, Any]:
         """(innermost module, root) right now; in backward the module whose backward is running."""
+        if self.lean is not None and self.lean.depth:  # a no-grad forward: the running modules from the live frames
+            self.lean.fill_live()
         return self.frames.current(self.g.model)
 
     def maps_for(self, root: Any) -> Maps | None:
@@ -343,6 +317,8 @@ class Session:
         """Strict: raise. Fix / warn: record, warn once, align the offending arguments and run ``func``."""
         if self.replaying:  # a proof's re-run on a copy: it must meet what torch does, unaligned and unrecorded
             return func(*args, **kwargs)
+        if self.lean is not None and self.lean.depth:
+            self.lean.fill_live()
         from torchdoctor._guard.maps import module_label
         from torchdoctor._guard.notes import as_component, gather, tell_once, told
         from torchdoctor._report.model import PlacementWarning
