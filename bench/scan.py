@@ -7,7 +7,8 @@ layers), Llama-3-8B and 70B, and the 1x/4x depths of ``bench/shapes.py``.
 
 Interleaved pairs in one process (the order alternates each round), thread CPU time (load from other processes
 disturbs it less than wall time); printed per shape: the median of the per-pair ratios, their quartiles and range,
-the walk alone against the same anchor, and the medians in ms; where a shape's 1x and 4x depths both ran, scan's
+a model's first scan (no walk kept from an earlier scan of it: ``_walk.kept``) and the walk alone against the same
+anchor, and the medians in ms; where a shape's 1x and 4x depths both ran, scan's
 growth from one to the other against accelerate's (issue 43 point 6). The garbage collector runs as it would in a
 program (scan pauses it for itself; accelerate's listing runs with it). Every tensor of a meta-built model is "not
 loaded": scan reports one problem per component and still builds a row per tensor.
@@ -101,7 +102,14 @@ def measure(model: torch.nn.Module, rounds: int) -> dict[str, list[float]]:
         list(named_module_tensors(model, include_buffers=True, recurse=True))
         find_tied_parameters(model)
 
-    fns = {"scan": lambda: torchdoctor.scan(model), "walk": lambda: walk(model), "accelerate": acc}
+    from torchdoctor._walk import kept
+
+    def first() -> None:  # a model's first scan: no walk kept from an earlier one (the kept one put back after)
+        was = kept._KEPT.pop(id(model), None)
+        torchdoctor.scan(model)
+        kept._KEPT[id(model)] = was
+
+    fns = {"scan": lambda: torchdoctor.scan(model), "first": first, "walk": lambda: walk(model), "accelerate": acc}
     for _ in range(3):
         for fn in fns.values():
             fn()
@@ -175,9 +183,11 @@ def main() -> None:
         medians[name] = {k: statistics.median(v) for k, v in t.items()}
         scan_r = [s / a for s, a in zip(t["scan"], t["accelerate"])]
         walk_r = [w / a for w, a in zip(t["walk"], t["accelerate"])]
+        first_r = [f / a for f, a in zip(t["first"], t["accelerate"])]
         med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
-        print(f"{name}: {len(torchdoctor.scan(model).tensors)} tensors; scan {_spread(scan_r)}; walk {_spread(walk_r)}; "
-              f"ms scan {med['scan']:.2f} / walk {med['walk']:.2f} / accelerate {med['accelerate']:.2f}", flush=True)
+        print(f"{name}: {len(torchdoctor.scan(model).tensors)} tensors; scan {_spread(scan_r)}; first scan "
+              f"{_spread(first_r)}; walk {_spread(walk_r)}; ms scan {med['scan']:.2f} / first {med['first']:.2f} / "
+              f"walk {med['walk']:.2f} / accelerate {med['accelerate']:.2f}", flush=True)
     for name in ("flux", "sdxl", "llama"):  # issue 43 point 6: growth from 1x to 4x depth, against accelerate's
         one, four = medians.get(f"{name}-1x"), medians.get(f"{name}-4x")
         if one and four:

@@ -175,3 +175,15 @@ def test_a_tree_that_cannot_be_kept_is_walked_each_time_and_kept_once_it_can() -
     for _ in range(kept_module._RETRY + 2):
         assert _sig(kept_walk(m, walk)) == _sig(walk(m))
     assert type(kept_module._KEPT[id(m)]) is Kept
+
+
+def test_a_tree_is_kept_from_its_second_walk_on() -> None:
+    from torchdoctor._walk import kept as kept_module
+
+    m = Net()
+    kept_walk(m, walk)
+    assert type(kept_module._KEPT[id(m)]) is tuple  # a tree scanned once never pays for priming
+    kept_walk(m, walk)
+    k = kept_module._KEPT[id(m)]
+    assert type(k) is Kept
+    assert _sig(kept_walk(m, walk)) == _sig(walk(m)) and kept_module._KEPT[id(m)] is k

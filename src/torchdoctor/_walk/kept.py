@@ -40,27 +40,30 @@ _PLAIN_TENSORS = frozenset({torch.Tensor, nn.Parameter})
 _SLOTS = ("_parameters", "_buffers", "_modules")
 _EXACT = frozenset({list, tuple, set, frozenset})
 _INERT_LIMIT = 5_000  # objects in one tree's attributes; beyond, the walker decides each time
-# id(root) -> its kept walk (the root held by weak reference, checked on use), or, for a tree that could not be
-# kept, (its weak reference, walks left before trying again): priming costs part of a walk, not paid on every scan
+# id(root) -> its kept walk (the root held by weak reference, checked on use), or (its weak reference, walks left
+# before priming): 0 after a tree's first walk, _RETRY after one that could not be kept (priming costs more than a
+# walk: not paid on every scan of a tree that cannot be kept)
 _KEPT: dict[int, Any] = {}
 _RETRY = 15
 _MAX_KEPT = 16
 
 
 def kept_walk(root: nn.Module, walk: Any) -> Walk:
-    """``walk(root)``, reusing the last walk of this very tree when ``Kept.read`` proves it unchanged."""
-    k = _KEPT.get(id(root))
-    if type(k) is Kept:
+    """``walk(root)``, reusing the last walk of this very tree when ``Kept.read`` proves it unchanged. A tree is
+    kept from its second walk on: priming costs more than a walk, which a tree scanned once never repays."""
+    k: Any = _KEPT.get(id(root))
+    again = k is not None and (k.root() if type(k) is Kept else k[0]()) is root
+    if again and type(k) is Kept:
         w = k.read(root)
         if w is not None:
             return w
-    elif k is not None and k[0]() is root and k[1] > 0:  # refused lately: walked without priming for a while
+    elif again and k[1] > 0:  # refused lately: walked without priming for a while
         _KEPT[id(root)] = (k[0], k[1] - 1)
         return walk(root)  # type: ignore[no-any-return]
     w = walk(root)
     if len(_KEPT) >= _MAX_KEPT:
         _KEPT.clear()
-    _KEPT[id(root)] = Kept.prime(root, w) or (weakref.ref(root), _RETRY)
+    _KEPT[id(root)] = (Kept.prime(root, w) or (weakref.ref(root), _RETRY)) if again else (weakref.ref(root), 0)
     return w  # type: ignore[no-any-return]
 
 
