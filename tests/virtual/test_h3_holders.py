@@ -10,8 +10,6 @@ import pytest
 
 from support.apps import run_json
 
-pytest.importorskip("diffusers")
-
 DIFFUSERS_EMA = '''import torch, torch.nn as nn
 from diffusers.training_utils import EMAModel
 net = nn.Sequential(nn.Linear(4, 8), nn.SiLU(), nn.Linear(8, 4))
@@ -40,6 +38,7 @@ print("updated")
 
 
 def test_an_ema_copy_made_before_the_move_is_named_and_its_holder_moved(tmp_path: Path) -> None:
+    pytest.importorskip("diffusers")
     (tmp_path / "app.py").write_text(DIFFUSERS_EMA)
     doc = run_json(tmp_path / "app.py", "cuda")
     assert doc["problems"], doc
@@ -58,3 +57,41 @@ def test_a_holder_without_to_is_never_told_to_call_it(tmp_path: Path) -> None:
     doc = run_json(tmp_path / "app.py", "cuda")
     assert doc["problems"]
     assert not any(f["code"].startswith("avg.to(") for f in doc["fixes"]), doc["fixes"]
+
+
+OFFLOADED_STATE = '''import torch, torch.nn as nn
+def place(opt, device):
+    for st in opt.state.values():
+        for k, v in st.items():
+            if torch.is_tensor(v) and k != "step":
+                st[k] = v.to(device)
+net = nn.Linear(4, 4).to("cuda")
+opt = torch.optim.Adam(net.parameters())
+for _ in range(2):
+    net(torch.randn(2, 4, device="cuda")).sum().backward()
+    {back}
+    opt.step(); opt.zero_grad()
+    place(opt, "cpu")
+print("done")
+'''
+
+
+def test_an_optimizer_state_the_program_offloaded_is_named_by_that_line_not_as_loaded(tmp_path: Path) -> None:
+    src = OFFLOADED_STATE.replace("{back}", "pass")
+    (tmp_path / "app.py").write_text(src)
+    doc = run_json(tmp_path / "app.py", "cuda")
+    [p] = doc["problems"]
+    moved = next(i for i, ln in enumerate(src.splitlines(), 1) if "st[k] = v.to(device)" in ln)
+    step = next(i for i, ln in enumerate(src.splitlines(), 1) if "opt.step()" in ln)
+    assert f"optimizer state on cpu (taken to cpu by `.to()` at app.py:{moved}) while its parameter is on cuda:0 " \
+        f"when opt.step() at app.py:{step} runs" in p["message"], p["message"]
+    assert "load_state_dict" not in p["message"]
+    [f] = doc["fixes"]
+    assert f["code"].startswith(f"# opt's state was moved to cpu at app.py:{moved} and not moved back before "
+                                f"opt.step() at app.py:{step}"), f["code"]
+    assert not f["proven"] and "load_state_dict" not in f["code"]
+
+
+def test_an_optimizer_state_moved_back_before_the_step_is_quiet(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(OFFLOADED_STATE.replace("{back}", 'place(opt, "cuda")'))
+    assert run_json(tmp_path / "app.py", "cuda")["ok"]

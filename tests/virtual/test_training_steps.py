@@ -4,6 +4,8 @@ fused), clip_grad_norm_, GradScaler with autocast, gradient checkpointing and an
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import peft
 import pytest
 import torch
@@ -103,7 +105,10 @@ def test_an_optimizer_state_left_on_the_cpu_and_a_cpu_loss_are_named() -> None:
     state = found["optimizer.state[weight].exp_avg"]
     assert "and 1 more (exp_avg of 2 parameter(s))" in state.message
     assert (state.kind, state.found, state.expected, state.op) == ("device", "cpu", "cuda:1", "Optimizer.step")
-    assert "optimizer state on cpu while its parameter is on cuda:1" in state.message
+    assert "optimizer state on cpu (taken to cpu by `.cpu()` at " in state.message  # the program's line moved it
+    moved = next(i for i, ln in enumerate(Path(__file__).read_text().splitlines(), 1)
+                 if '= state["exp_avg"].cpu()' in ln)
+    assert f"test_training_steps.py:{moved}) while its parameter is on cuda:1 when opt.step() at " in state.message
     assert found["<loss>"].message.startswith("the loss f32[]@cpu is computed on the cpu while the model trains on")
     here = __file__
     assert any(f == here for f, _, _ in sim.stacks[("device", "optimizer.state[weight].exp_avg")])

@@ -347,4 +347,5 @@ def map_diff(at: str, dev: Any) -> tuple[str, str] | None:
     return (new.strip(), diff) if diff is not None else None
 
 
-__all__ = ["Loaded", "clear", "describe", "held_name", "REMAP", "load_fix", "loader_fix", "map_diff", "remap", "remapped", "tensors_of", "through", "through_call", "record", "state_loaded"]
+__all__ = ["REMAP", "Loaded", "clear", "describe", "held_name", "load_fix", "loader_fix", "map_diff", "record", "remap",
+           "remapped", "state_loaded", "tensors_of", "through", "through_call"]

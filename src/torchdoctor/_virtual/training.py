@@ -79,6 +79,9 @@ def _state_off(rec: Any, optimizer: Any, off: list[tuple[str, str, torch.Tensor,
                f"its parameter is on {to} ({type(optimizer).__name__} {held}); the step raises on real hardware. "
                f"Load it after the model's move ({held}.load_state_dict after {model}.to), or move it with the model: "
                f"torchdoctor.move({model}, {to!r}, optimizer={held})")
+    moved = _moved_away(v, held, to)
+    if moved is not None:  # the program's own offload between steps, not a load: that line, and the move back
+        message, fix = f"{path} {compact(v.dtype, tuple(v.shape), here)}{more}: {moved[0]}", moved[1]
     STATE_FIXES[message] = fix
     while len(STATE_FIXES) > 64:
         STATE_FIXES.pop(next(iter(STATE_FIXES)))
@@ -87,6 +90,24 @@ def _state_off(rec: Any, optimizer: Any, off: list[tuple[str, str, torch.Tensor,
     for _, k, t, dev, state in off:  # as after the fix: each state tensor on its parameter's device
         with contextlib.suppress(Exception):
             state[k] = t.to(dev)
+
+
+def _moved_away(v: torch.Tensor, held: str, to: str) -> tuple[str, str] | None:
+    """(message, fix) for a state tensor the program's own line moved off its parameter's device (an offload between
+    steps, ``st[k] = v.to("cpu")``), the move back before the step left out; None when no line of the program did."""
+    from torchdoctor._virtual.origin import where_called
+    from torchdoctor._virtual.takenback import of
+
+    back = of(v)
+    if back is None or back.by_module:
+        return None
+    here, step = device_str(v.device), where_called()
+    at = f" at {step}" if step else ""
+    return (f"optimizer state on {here} (taken to {here} by `{back.verb}` at {back.at}) while its parameter is on "
+            f"{to} when {held}.step(){at} runs: the step raises on real hardware",
+            f"# {held}'s state was moved to {here} at {back.at} and not moved back before {held}.step(){at}: move it "
+            f"to its parameters' device ({to!r}) before the step, as the program's own move at {back.at} does the "
+            "other way")
 
 
 # a finding's message -> its fix as code (the optimizer named as the program holds it), for ``state_fix``
