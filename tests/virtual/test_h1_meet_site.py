@@ -167,15 +167,36 @@ def test_a_literal_device_meeting_one_a_flag_decides_follows_it_where_they_meet(
         assert again.returncode == 0 and doc2["problems"] == [], (flags, again.stderr[-2000:])
 
 
-def test_a_tensor_made_by_a_recorded_op_is_said_so_never_unrecorded(tmp_path: Path) -> None:
-    """The same app with the mask's literal device turned to 'cuda:0', in its default mode (images on the cpu): the
-    cpu image made by ``torch.cat`` at images.py:6 is named as its maker, never "no line that made them was
-    recorded" beside a message that names that line."""
+def test_a_mask_written_out_on_cuda_follows_images_a_helper_placed_through_an_op(tmp_path: Path) -> None:
+    """The app patched the old way (the mask's ``device="cpu"`` turned to 'cuda:0'), in its default mode: the cpu
+    image the run blames was made by ``torch.cat`` at images.py:7 of tensors whose lines ask the helper for their
+    device; the mask written out on 'cuda:0' follows the image where they meet, and both modes then run clean."""
     files = dict(FLAG_APP)
     files["masks.py"] = files["masks.py"].replace('device="cpu"', "device='cuda:0'")
     _write(tmp_path, files)
     proc, doc = _run(tmp_path)
-    assert proc.returncode == 1 and doc["problems"], proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert any("made by Tensor.cat" in p["message"] and "images.py:7" in p["message"] for p in doc["problems"]), doc
+    fix = next(f for f in doc["fixes"] if f["code"].startswith("src = src.to(region.device)"))
+    assert fix["proven"], fix
+    assert ("region was made by Tensor.cat at images.py:7 from tensors whose device the program picks at run time "
+            "(images.py:5: mm.intermediate_device()), src's is written out (masks.py:4: 'cuda:0')") in fix["code"], fix
+    _apply(tmp_path, doc["patch"])
+    for flags in (("--gpu-only",), ()):
+        again, doc2 = _run(tmp_path, *flags)
+        assert again.returncode == 0 and doc2["problems"] == [], (flags, again.stderr[-2000:])
+
+
+def test_a_tensor_made_by_a_recorded_op_is_said_so_never_unrecorded(tmp_path: Path) -> None:
+    """Both devices written out (the image's ``device="cpu"``, the mask's 'cuda:0'): nothing says which one follows;
+    the cpu image made by ``torch.cat`` at images.py:7 is named by its maker, never "no line that made them was
+    recorded" beside a message that names that line."""
+    files = dict(FLAG_APP)
+    files["images.py"] = files["images.py"].replace("device=mm.intermediate_device()", 'device="cpu"')
+    files["masks.py"] = files["masks.py"].replace('device="cpu"', "device='cuda:0'")
+    _write(tmp_path, files)
+    proc, doc = _run(tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
     assert any("made by Tensor.cat" in p["message"] and "images.py:7" in p["message"] for p in doc["problems"]), doc
     codes = "\n".join(f["code"] for f in doc["fixes"])
     assert "no line that made them was recorded" not in codes, codes

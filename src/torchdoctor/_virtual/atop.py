@@ -20,7 +20,7 @@ import torch
 
 from torchdoctor._placement import dtype_str
 from torchdoctor._virtual.libout import OUTPUT, own_frame
-from torchdoctor._virtual.meetsite import line_names
+from torchdoctor._virtual.linenames import line_names
 from torchdoctor._virtual.origin import short_at, user_frame
 from torchdoctor._virtual.twins import Operand, tags_of
 

@@ -18,7 +18,7 @@ from torchdoctor._virtual.genfix import generator_fix
 from torchdoctor._virtual.keepdtype import FLOATS, narrower_partner
 from torchdoctor._virtual.libout import library_line
 from torchdoctor._virtual.moveline import taken_back
-from torchdoctor._virtual.meetsite import made_by, made_pass, meet_fix
+from torchdoctor._virtual.meetsite import made_by, made_pass, meet_fix, written_follows
 from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage_note
 from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
@@ -215,6 +215,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             continue  # a named culprit above holds this value: fixing it fixes what was made from it
         if p.found == (dtype_str(target) if isinstance(target, torch.dtype) else str(target)):
             continue  # a cast to what the tensor already is changes nothing: never printed
+        if cases and p.kind == "device" and (odd := written_follows(p.message, p.found, cases)) is not None:
+            factories.append(odd)  # a device written out meets one the program picks at run time: it follows
+            continue
         where = "on" if p.kind in ("device", "meta") else "in"
         said = made_by(p.message, p.found, where) or (f"the tensors made {where} {p.found}" if p.found not in (
             "", "?") else "the tensors the failing op met")  # its maker, when the problem names one

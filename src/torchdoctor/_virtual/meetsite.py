@@ -15,7 +15,7 @@ Its shapes, all from ComfyUI-like apps:
   written out; the tensor whose device is written out follows it where they meet.
 
 The names come from the failing op's own line: the locals it reads, with their devices and the names of what made
-them, kept when the op failed (``line_names``, on ``atop.Case``). The statement moving the tensor is put before the
+them, kept when the op failed (``linenames``, on ``atop.Case``). The statement moving the tensor is put before the
 statement of the function's body that holds the failing line (so every branch after it gets it), or right before the
 failing line's statement when a name is bound again on the way. Proven as the maker's fix would be: at the failing
 op, with the operands that maker made on the device of the tensor they meet.
@@ -25,78 +25,17 @@ from __future__ import annotations
 
 import ast
 import linecache
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from torchdoctor._virtual.linenames import Named
 from torchdoctor._virtual.prove import Fix
 
-__all__ = ["line_names", "made_by", "made_pass", "meet_fix", "runtime_device"]
+__all__ = ["made_by", "made_pass", "meet_fix", "runtime_device", "written_follows"]
 
 _PARSED: dict[str, ast.Module | None] = {}  # an own file's parse, for the run's process (a fix's lines only)
-
-
-class Named:
-    """A local the failing line reads: its name, device, the names of what made it, and whether a statement in
-    its frame may bind it again (a local or a module-level name; a global read inside a function may not)."""
-
-    __slots__ = ("name", "device", "tags", "local", "shape")
-
-    def __init__(self, name: str, device: torch.device, tags: tuple[str, ...], local: bool,
-                 shape: tuple[int, ...] = ()) -> None:
-        self.name, self.device, self.tags, self.local, self.shape = name, device, tags, local, shape
-
-
-def line_names(depth: int, tags: Callable[[Any], tuple[tuple[str, ...], bool]]) -> tuple[Named, ...]:
-    """The tensors the innermost frame of the program's own files reads by a plain name at its current line (asked
-    at a failing op only); empty when that line does not parse alone."""
-    from torchdoctor._virtual.moveby import is_own
-    from torchdoctor._virtual.origin import MACHINERY
-
-    try:
-        f: Any = sys._getframe(depth)
-        while f is not None and (f.f_code.co_filename.startswith(MACHINERY) or not is_own(f.f_code.co_filename)):
-            f = f.f_back
-        if f is None:
-            return ()
-        body = linecache.getline(f.f_code.co_filename, f.f_lineno).strip().rstrip(":")
-        try:
-            tree = ast.parse(body)
-        except SyntaxError:
-            return ()
-        code = f.f_code
-        mine = set(code.co_varnames) | set(code.co_cellvars)
-        top = code.co_name == "<module>"
-        out: list[Named] = []
-        seen: set[str] = set()
-        for n in ast.walk(tree):
-            if not isinstance(n, ast.Name) or not isinstance(n.ctx, ast.Load) or n.id in seen:
-                continue
-            seen.add(n.id)
-            v = f.f_locals.get(n.id)
-            if isinstance(v, torch.Tensor):
-                out.append(Named(n.id, getattr(v, "_td_device", v.device), (*tags(v)[0], *_real_maker(v)),
-                                 top or n.id in mine, tuple(v.shape)))
-        return tuple(out)
-    except Exception:  # a diagnostic never breaks the program it watches
-        return ()
-
-
-def _real_maker(t: torch.Tensor) -> tuple[str, ...]:
-    """A real (cpu) tensor's maker kept by the run (``torch.from_numpy`` at the program's line), as its virtual
-    stand-in at an op is tagged; empty for a virtual tensor or none kept."""
-    from torchdoctor._virtual.tensor import current_space
-
-    space = current_space()
-    if hasattr(t, "_td_device") or space is None or not space.real:
-        return ()
-    kept = space.real_record(t)
-    src = getattr(kept[1], "source", None) if kept is not None else None
-    if src is None or not str(src.op).startswith("torch.") or src.paths or src.module is not None:
-        return ()
-    return (f"factory {src.op}" + (f" at {src.at}" if src.at else ""),)
 
 
 def _tree(file: str) -> ast.Module | None:
@@ -368,3 +307,64 @@ def made_pass(label: str, target: Any) -> str | None:
     verb = "cast" if isinstance(target, torch.dtype) else "move"
     return (f"# {label} reached the failing op: {verb} it after that line (tensor.to({value_code(target)})), or "
             f"where it meets the op's other tensors, to their {'dtype' if verb == 'cast' else 'device'}")
+
+
+def written_follows(message: str, found: str, cases: Sequence[Any]) -> Fix | None:
+    """A tensor the problem names by the op and line that made it (``torch.cat`` of images the app made with a
+    helper's device, ``mm.intermediate_device()``) meets one whose maker writes its device out (``device='cuda:0'``):
+    the one written out follows it where they meet; None when the maker's line (or the lines that bound what it
+    combined) picks no device with a helper, or the failing line names no such pair."""
+    import os
+    import re
+
+    from torchdoctor._guard.ownfile import own_file
+    from torchdoctor._virtual.origin import LINES
+
+    hit = re.search(r"a tensor made by (\S+) (?:in .*? )?at (\S+):(\d+) ", message)
+    if hit is None:
+        return None
+    at = f"{hit.group(2)}:{hit.group(3)}"
+    file, line = LINES.get(at, (os.path.abspath(hit.group(2)), int(hit.group(3))))
+    pick = _picked_before(file, line) if os.path.isfile(file) and own_file(file) else None
+    if pick is None:
+        return None
+    for c in cases:
+        names = getattr(c, "names", ())
+        if c.line is None or not names or not own_file(c.line[0]):
+            continue
+        shapes = {(o.device, tuple(o.meta.shape)) for o in _operands(c)}
+        wrong = [n for n in names if str(n.device) == found and (n.device, n.shape) in shapes]
+        partner = [(n, odd) for n in names if str(n.device) != found and n.local and
+                   (odd := _decided(n.tags, literal=True)) is not None]
+        if len(wrong) != 1 or len(partner) != 1:
+            continue
+        (p, odd), w = partner[0], wrong[0]
+        why = (f"{w.name} was made by {hit.group(1)} at {at} from tensors whose device the program picks at run "
+               f"time ({pick[0]}: {pick[1]}), {p.name}'s is written out ({odd[1]}: {odd[2]}): the one written out "
+               "follows")
+        return _fix(odd[0], c, p.name, w.name, w.device, why)
+    return None
+
+
+def _picked_before(file: str, line: int) -> tuple[str, str] | None:
+    """(``file:line``, the helper call) where ``line`` picks its device with a helper, or a line of its function that
+    bound a name ``line`` reads did; None otherwise."""
+    import os
+
+    short = os.path.basename(file)
+    if _helper_pick(file, line):
+        return f"{short}:{line}", runtime_device(file, line) or ""
+    tree = _tree(file)
+    if tree is None:
+        return None
+    fn = _function(tree, line)
+    here = linecache.getline(file, line).strip().rstrip(":")
+    try:
+        read = {n.id for n in ast.walk(ast.parse(here)) if isinstance(n, ast.Name)}
+    except SyntaxError:
+        return None
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Assign) and n.lineno < line and any(
+                isinstance(t, ast.Name) and t.id in read for t in n.targets) and _helper_pick(file, n.lineno):
+            return f"{short}:{n.lineno}", runtime_device(file, n.lineno) or ""
+    return None

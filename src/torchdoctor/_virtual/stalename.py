@@ -107,6 +107,8 @@ def _stale(file: str, line: int) -> tuple[str, str, int, int] | None:
             binds.append((node.lineno, node.targets[0].id, node.value))
     binds.sort(key=lambda b: b[0])
     for at, name, value in binds:
+        if isinstance(value, ast.IfExp):  # ``a = b if isinstance(b, torch.Tensor) else None``: b when it holds one
+            value = value.body if isinstance(value.body, ast.Name) else value.orelse
         if name not in read or not isinstance(value, ast.Name):
             continue
         other = value.id
