@@ -187,3 +187,15 @@ def test_a_tree_is_kept_from_its_second_walk_on() -> None:
     k = kept_module._KEPT[id(m)]
     assert type(k) is Kept
     assert _sig(kept_walk(m, walk)) == _sig(walk(m)) and kept_module._KEPT[id(m)] is k
+
+
+def test_an_attribute_renamed_in_a_plain_object_keeps_the_walk_and_its_answer() -> None:
+    m = Net()
+    kept = Kept.prime(m, walk(m))
+    assert kept is not None
+    d = m.config.__dict__  # the same values in the same order, one under another name: no tensor either way
+    items = list(d.items())
+    d.clear()
+    d.update(("width" if k == "hidden" else k, v) for k, v in items)
+    again = kept.read(m)
+    assert again is not None and _sig(again) == _sig(walk(m))

@@ -103,8 +103,7 @@ def _inert(roots: list[Any], objs: list[Any], views: list[Any]) -> bool:
             d = instance_dict(v)
             if d is None:
                 return False
-            views.append(dict.keys(d))
-            views.append(dict.values(d))
+            views.append(dict.values(d))  # its keys are names: the walker reads its values only
             stack.extend(d.values())
             objs.append(d)  # the object's own dict, by identity below
         else:  # tensors, modules, functions, partials, deques, slotted objects, container subclasses
