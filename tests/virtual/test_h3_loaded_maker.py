@@ -197,3 +197,35 @@ def test_the_marker_names_the_load_and_fixes_its_map_location(pytester: pytest.P
     assert "tables['scale'] (loaded by torch.load at test_marker_load.py:9 with map_location='cpu') f32[4]@cpu" in out
     assert "tables = torch.load(path, map_location='cuda:0')  # the load put what it read" in out
     assert "torch.empty" not in out
+
+
+HELD_BY_OBJECT = '''import os, tempfile, torch, torch.nn as nn
+class Averager:
+    def __init__(self, net):
+        self.shadow = [p.detach().clone() for p in net.parameters()]
+    def blend(self, net):
+        return [p * 0.5 + s * 0.5 for p, s in zip(net.parameters(), self.shadow)]
+path = os.path.join(tempfile.mkdtemp(), "avg.pt")
+net = nn.Linear(4, 4).to("cuda")
+avg = Averager(net)
+torch.save(avg.shadow, path)
+avg.shadow = torch.load(path, map_location="cpu")  # resume
+print(len(avg.blend(net)))
+'''
+
+
+def test_a_loaded_tensor_an_object_keeps_is_named_by_that_object(tmp_path: Path) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(HELD_BY_OBJECT)
+    doc = run_json(app, "cuda")
+    load = _line(HELD_BY_OBJECT, "torch.load(")
+    assert doc["problems"]
+    p = doc["problems"][0]
+    assert p["message"].startswith(f"avg.shadow[0] (loaded by torch.load at app.py:{load} with map_location='cpu') "
+                                   "f32[4,4]@cpu is on cpu"), p["message"]
+    f = doc["fixes"][0]
+    assert f["code"].startswith("avg.shadow = torch.load(path, map_location='cuda:0')  # the load put"), f["code"]
+    assert "# resume  #" not in f["code"]  # the line's own comment stays in the diff, not in the code shown
+    assert "+avg.shadow = torch.load(path, map_location='cuda:0')  # resume" in doc["patch"]
+    subprocess.run(["git", "apply", "-"], input=doc["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    assert run_json(app, "cuda")["ok"]

@@ -195,22 +195,34 @@ def _in_locals(space: Any, made: Any) -> tuple[str, str] | None:
         return type(v) is torch.Tensor and (kept := space.real_record(v)) is not None and kept[1] is made
 
     frame: Any = sys._getframe(2)
+    bare = ""
     while frame is not None:
         if not any(s in frame.f_code.co_filename for s in _SKIP):
             for local, obj in list(frame.f_locals.items()):
                 if local.startswith("__"):
                     continue
-                if mine(obj):
-                    return local, ""
-                if isinstance(obj, dict) and len(obj) <= _LIMIT:
-                    key = next((k for k, v in obj.items() if mine(v)), None)
-                    if key is not None:
-                        return f"{local}[{key!r}]", ""
-                elif isinstance(obj, (list, tuple)) and len(obj) <= _LIMIT:
-                    i = next((i for i, v in enumerate(obj) if mine(v)), None)
-                    if i is not None:
-                        return f"{local}[{i}]", ""
+                if mine(obj):  # a bare name (a loop's ``s``): only when no object or container holds it
+                    bare = bare or local
+                    continue
+                hit = _inside(obj, mine)
+                if hit is None and local != "self" and not isinstance(obj, (torch.nn.Module, torch.Tensor, type)) \
+                        and isinstance(attrs := getattr(obj, "__dict__", None), dict):  # an object's (``ema.shadow[0]``)
+                    hit = next((f".{k}{sub}" for k, v in list(attrs.items()) for sub in (
+                        "" if mine(v) else _inside(v, mine),) if sub is not None), None)
+                if hit is not None:
+                    return f"{local}{hit}", ""
         frame = frame.f_back
+    return (bare, "") if bare else None
+
+
+def _inside(obj: Any, mine: Any) -> str | None:
+    """``['scale']`` / ``[0]``: where a dict, list or tuple holds a tensor ``mine`` accepts."""
+    if isinstance(obj, dict) and len(obj) <= _LIMIT:
+        key = next((k for k, v in obj.items() if mine(v)), None)
+        return f"[{key!r}]" if key is not None else None
+    if isinstance(obj, (list, tuple)) and len(obj) <= _LIMIT:
+        i = next((i for i, v in enumerate(obj) if mine(v)), None)
+        return f"[{i}]" if i is not None else None
     return None
 
 
@@ -275,7 +287,8 @@ def loader_fix(key: str, at: str, dev: Any, found: str | None = None) -> tuple[s
         "on the loader's default device"
     name = _HELD.get(at)
     group = name is not None and ".param_groups[" in name
-    code = (f"{fixed[0]}  # the load put what it read {how}" + (f" ({found})" if found else "") + " and nothing moves "
+    shown = _code(fixed[0])  # the line as code, its own comment left out (the diff keeps it)
+    code = (f"{shown}  # the load put what it read {how}" + (f" ({found})" if found else "") + " and nothing moves "
             f"{name or 'it'} to {value_code(dev)} after" + (
                 " (an optimizer's load_state_dict moves per-parameter state only, never its param_groups' values): "
                 "load onto the device it is used on, or move the groups' tensors after load_state_dict" if group else
@@ -307,6 +320,19 @@ def remap(map_location: Any) -> Any:
 
     f = user_frame(3)
     return REMAP.get((f.f_code.co_filename, f.f_lineno), map_location) if f is not None else map_location
+
+
+def _code(line: str) -> str:
+    """``line`` without its trailing comment, as written (quotes kept)."""
+    import io
+    import tokenize
+
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return line
+    cut = next((t.start[1] for t in tokens if t.type == tokenize.COMMENT), None)
+    return line[:cut].rstrip() if cut is not None else line
 
 
 def through(at: str) -> bool:
