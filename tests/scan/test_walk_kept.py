@@ -122,12 +122,18 @@ def test_scans_between_changes_equal_scans_of_a_copy_never_kept() -> None:
 
 
 def test_a_kept_walk_never_keeps_a_model_alive_and_a_new_model_at_its_address_is_walked() -> None:
+    from torchdoctor._walk import kept as kept_module
+
     m = Net()
     kept_walk(m, walk)
+    kept_walk(m, walk)
+    key = id(m)
+    assert type(kept_module._KEPT[key]) is Kept
     ref = __import__("weakref").ref(m)
     del m
     gc.collect()
     assert ref() is None
+    assert key not in kept_module._KEPT  # its config and plans are let go with it
     n = Net()
     n.head.extra = torch.zeros(1)
     assert _sig(kept_walk(n, walk)) == _sig(walk(n))

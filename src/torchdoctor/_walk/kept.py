@@ -173,7 +173,16 @@ class Kept:
                 return None
             tindex.setdefault(id(e.tensor), len(tindex))
         uniq = list({id(t): t for t in tensors}.values())
-        self.root, self.root_path = weakref.ref(root), w.roots[0][0]
+        rid = id(root)
+
+        def forget(_: Any) -> None:  # the model is gone: drop what was kept for it (its configs, plans) now
+            try:
+                if _KEPT.get(rid) is self:
+                    _KEPT.pop(rid, None)
+            except Exception:  # at interpreter shutdown the table may be gone already
+                pass
+
+        self.root, self.root_path = weakref.ref(root, forget), w.roots[0][0]
         self.refs = [weakref.ref(m) for m in mods]
         self.types = [type(m) for m in mods]
         ds = [m.__dict__ for m in mods]
