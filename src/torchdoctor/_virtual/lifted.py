@@ -100,8 +100,10 @@ def swap_fix(source: str, found: str, expected: str) -> Any:
     from torchdoctor._virtual.prove import Fix
 
     path, _, mover = source[len(SOURCE):].partition(" by ")
-    return Fix(f"# {path}: {mover} moved it to {found} after the forward that saved it for the backward, which then "
-               f"reads it there on {expected}: do not offload modules that are trained (offload the frozen parts "
-               f"only, or keep the trained ones on {expected}), or offload them after the backward", "note",
+    owner = path.rpartition(".")[0] or path  # one note per module: its weight and bias were moved together
+    return Fix(f"# {owner}: {mover} moved its parameters to {found} after the forward that saved them for the "
+               f"backward, which then reads them there on {expected}: do not offload modules that are trained "
+               f"(offload the frozen parts only, or keep the trained ones on {expected}), or offload them after the "
+               "backward", "note",
                tried="not re-run: the move is the offloading's own, made after each forward; the fix changes what "
                      "is offloaded, not a tensor")
