@@ -73,11 +73,12 @@ def _built_apart(origin: Any) -> bool:
         getattr(origin, "at", None) is not None
 
 
-def held_locally(tensor: torch.Tensor) -> str | None:
+def held_locally(tensor: torch.Tensor, origin: Any = None) -> str | None:
     """``ema.shadow_params[0]``: ``tensor`` as an object in the program's own frames (innermost first) holds it,
     one container deep (diffusers' EMAModel, a cache dict); asked only when a problem is recorded."""
     frame: Any = sys._getframe(1)
-    movable = _copied(tensor)  # a copy of a built module's parameter: named by a holder its fix can move (``.to``)
+    movable = _built_apart(origin)  # a copy of a built module's parameter (its record): named by a holder its fix
+    # can move (``.to``)
     while frame is not None:
         if not any(s in frame.f_code.co_filename for s in _SKIP):
             for local, obj in list(frame.f_locals.items()):
@@ -88,13 +89,6 @@ def held_locally(tensor: torch.Tensor) -> str | None:
         frame = frame.f_back
     return None
 
-
-def _copied(tensor: torch.Tensor) -> bool:
-    from torchdoctor._virtual.tensor import current_space
-
-    space = current_space()
-    kept = space.real_record(tensor) if space is not None and space.real else None
-    return kept is not None and _built_apart(kept[1])
 
 
 def held_as(tensor: torch.Tensor) -> str | None:

@@ -331,7 +331,8 @@ def held_by(t: Any) -> str | None:
     from torchdoctor._virtual.heldby import held_by as find
     from torchdoctor._virtual.stackview import held_locally
 
-    return find(t) or held_locally(real)  # a module's tensor (``ema.weight``), else an object's (``ema.shadow_params[0]``)
+    # a module's tensor (``ema.weight``), else an object's (``ema.shadow_params[0]``)
+    return find(t) or held_locally(real, getattr(t, "_td_origin", None))
 
 
 def make(cls: type, elem: torch.Tensor, device: torch.device, path: str | None = None,
