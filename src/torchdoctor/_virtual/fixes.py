@@ -17,6 +17,7 @@ from torchdoctor._virtual.groups import whole_component
 from torchdoctor._virtual.genfix import generator_fix
 from torchdoctor._virtual.keepdtype import FLOATS, narrower_partner
 from torchdoctor._virtual.libout import library_line
+from torchdoctor._virtual.lifted import SOURCE as SWAPPED, swap_fix
 from torchdoctor._virtual.moveline import taken_back
 from torchdoctor._virtual.meetsite import made_by, made_pass, meet_fix, written_follows
 from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage_note
@@ -83,9 +84,15 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     unmoved = left_whole(problems, dict(have), {c[0] for _, c in rooted if c[0]}) if have else None  # a module never moved: one move, whole
     for p, made_from in each_maker(problems, sources or {}):
         if p.role == "optimizer" and (code := _state_fix(p)) is not None:  # a state loaded off its params' device
-            if code not in {f.code for f in factories}:
-                factories.append(Fix(code, "note", tried="not re-run: both ways were run clean by the run's own "
-                                     "tests; the state's move is torch's own (load_state_dict casts to the parameter)"))
+            if code not in {f.code for f in factories}:  # (or moved there by the program's own line, not back)
+                factories.append(Fix(code, "note", tried="not re-run: the move back is the program's own code" if
+                                     code.startswith("# ") and "was moved to" in code else "not re-run: both ways "
+                                     "were run clean by the run's own tests; the state's move is torch's own "
+                                     "(load_state_dict casts to the parameter)"))
+            continue
+        if made_from and made_from[0].startswith(SWAPPED):  # an offload moved a saved parameter before the backward
+            if (swap := swap_fix(made_from[0], p.found, p.expected)).code not in {f.code for f in factories}:
+                factories.append(swap)
             continue
         if scripted and p.role == "attribute" and p.kind == "device":
             continue  # a traced module's constant: a move of the attribute changes nothing in the traced code
