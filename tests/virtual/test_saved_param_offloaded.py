@@ -92,3 +92,9 @@ def test_diffusers_group_offloading_and_a_training_step(norm: bool) -> None:
     assert "an op saved it for the backward on cuda:0, and `ModuleGroup._offload_to_memory` of " \
         "diffusers.hooks.group_offloading (line " in weight.message, weight.message
     assert "then moved its data to cpu in place" in weight.message, weight.message
+    # never a move of the weight (the offloading moves it again after every forward): the offloading is the fix
+    [fix] = sim.fixes
+    norm = weight.path.rpartition(".")[0]
+    assert fix.code.startswith(f"# {norm}: `ModuleGroup._offload_to_memory` of diffusers.hooks.group_offloading")
+    assert "do not offload modules that are trained" in fix.code and not fix.proven
+    assert fix.tried.startswith("not re-run: the move is the offloading's own"), fix.tried
