@@ -200,11 +200,7 @@ def fix_code(culprits: Sequence[tuple[str | None, str, str, Any]], dicts: Collec
     lines: list[str] = []
     params = [c for c in culprits if c[0] is not None]
     if len(params) > 4:
-        targets = sorted(dict.fromkeys(t for c in params if c[3] is not None
-                                       for t in (c[3] if isinstance(c[3], tuple) else (c[3],))),
-                         key=lambda t: isinstance(t, torch.dtype))  # device=..., then dtype=...
-        kw = ", ".join(f"{'dtype' if isinstance(t, torch.dtype) else 'device'}={value_code(t)}" for t in targets)
-        lines.append(f"torchdoctor.move(model, {kw})")
+        lines.extend(_moves(params, dicts))
     else:
         meta = [code_path(c[0] or "", dicts=dicts) for c in params if c[2] == "meta"]
         if meta:  # one load brings every tensor on meta: said once, whichever of them are named
@@ -219,6 +215,39 @@ def fix_code(culprits: Sequence[tuple[str | None, str, str, Any]], dicts: Collec
         if path is None and target is not None and kind != "meta":
             lines.append(f"# pass {label} as tensor.to({value_code(target)})")
     return "\n".join(dict.fromkeys(lines)) or None
+
+
+def _moves(params: Sequence[tuple[str | None, str, str, Any]], dicts: Collection[str]) -> list[str]:
+    """Many culprits as ``torchdoctor.move`` calls: one for the model when they ask for one device and one dtype at
+    most; else one per target, at the deepest module holding all of that target's tensors (one call never names a
+    keyword twice, ``dtype=torch.bfloat16, dtype=torch.float32``), the largest group kept where two would move the
+    same module two ways, the outer modules' moves before the inner ones'."""
+    def keywords(targets: Any) -> str:
+        ordered = sorted(targets, key=lambda t: isinstance(t, torch.dtype))  # device=..., then dtype=...
+        return ", ".join(f"{'dtype' if isinstance(t, torch.dtype) else 'device'}={value_code(t)}" for t in ordered)
+
+    flat = list(dict.fromkeys(t for c in params if c[3] is not None
+                              for t in (c[3] if isinstance(c[3], tuple) else (c[3],))))
+    if sum(isinstance(t, torch.dtype) for t in flat) <= 1 and sum(not isinstance(t, torch.dtype) for t in flat) <= 1:
+        return [f"torchdoctor.move(model, {keywords(flat)})"]
+    groups: dict[Any, list[list[str]]] = {}
+    for path, _label, _kind, target in params:
+        if target is not None:
+            groups.setdefault(target, []).append((path or "").split(".")[:-1])
+    where: dict[str, tuple[int, str]] = {}
+    for target, paths in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        common = paths[0]
+        for parts in paths[1:]:
+            n = 0
+            while n < min(len(common), len(parts)) and common[n] == parts[n]:
+                n += 1
+            common = common[:n]
+        prefix = ".".join(common)
+        if prefix not in where:
+            where[prefix] = (len(paths), f"torchdoctor.move({code_path(prefix, dicts=dicts)}, "
+                                         f"{keywords(target if isinstance(target, tuple) else (target,))})")
+    # the model's own move first, then each deeper module's, so no later move undoes an earlier one
+    return [where[k][1] for k in sorted(where, key=lambda k: (k.count(".") + (1 if k else 0), k))]
 
 
 def component_fix(comp: str, want: torch.dtype, dicts: Collection[str] = ()) -> str:
