@@ -360,6 +360,18 @@ def both_hooks(model: torch.nn.Module, mode: str = "explain") -> Iterator[Any]:
 
 
 @contextlib.contextmanager
+def pre_kept(model: torch.nn.Module) -> Iterator[Any]:
+    """explain with its global pre hook kept in no-grad forwards whose tensors all agree (before they ran with no
+    global hook at all, ``lean.BARE``; bench-only)."""
+    lean.BARE = False
+    try:
+        with torchdoctor.guard(model) as g:
+            yield g
+    finally:
+        lean.BARE = True
+
+
+@contextlib.contextmanager
 def empty_hooks(post: bool = True) -> Iterator[None]:
     """An empty global forward pre hook (and post hook): torch's hooked module-call path, nothing of guard's."""
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -499,6 +511,7 @@ def workloads(rounds: int = 5, only: str = "", pick: tuple[str, ...] = ()) -> No
         n = census(fn, model)
         fns = {"plain": fn, "explain": wrapped(fn, lambda: torchdoctor.guard(model, mode="explain")),
                "explain (both global hooks on every forward)": wrapped(fn, lambda: both_hooks(model)),
+               "explain (global pre hook kept)": wrapped(fn, lambda: pre_kept(model)),
                "strict (gated, both global hooks on every forward)": wrapped(fn, lambda: both_hooks(model, "strict")),
                "empty global pre hook": wrapped(fn, lambda: empty_hooks(False)),
                "empty global hook pair": wrapped(fn, empty_hooks),

@@ -96,7 +96,9 @@ def test_grad_turned_on_inside_a_no_grad_forward_puts_the_running_modules_on_the
             with torch.enable_grad():  # (a guidance step inside a no-grad sampling loop)
                 return self.inner(x)
 
-    model = nn.Sequential(Outer())
+    model = nn.Sequential(Outer(), nn.Linear(2, 2))
+    model[1].register_buffer("extra", torch.zeros(1, dtype=torch.float64))  # tensors that disagree: the pre hook
+    # stays in every forward (one whose tensors all agree runs with no global hook: it cannot see grad turn on)
     guard = torchdoctor.guard(model)
     with torch.no_grad(), guard:
         model(torch.ones(2))
@@ -207,3 +209,61 @@ def test_strict_keeps_checking_after_a_suspect_returns_in_a_no_grad_forward() ->
     # (later entries: the proof's re-runs of the forward on a copy)
     assert str(err.value).startswith("dtype problem in `2` (Linear) at aten.")
     assert [p.path for p in guard.problems] == ["2.weight"]
+
+
+class _Made(nn.Module):
+    """Agreeing tensors (all bf16); the forward makes a float32 tensor that meets them two modules down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(8, 8)
+        self.second = nn.Linear(8, 8)
+        self.register_module("dropped", None)  # a submodule slot set to None
+
+    def forward(self, x: torch.Tensor, again: bool = False) -> torch.Tensor:
+        h = self.first(x)
+        if again:  # the outermost module called again inside its own forward
+            h = self(h)
+        mask = torch.ones(8)  # float32: no dtype given
+        return self.second(h * mask)
+
+
+def test_a_no_grad_forward_of_agreeing_tensors_runs_with_no_global_hook_and_is_explained_as_before(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.nn.modules.module import _global_forward_pre_hooks
+
+    pres: list[int] = []
+    model = _Made().to(BF)
+    model.second.register_forward_pre_hook(lambda m, a: pres.append(len(_global_forward_pre_hooks)))
+    before = len(_global_forward_pre_hooks)
+
+    def explain(again: bool) -> str:
+        with pytest.raises(torchdoctor.PlacementError) as err:
+            with torch.no_grad(), torchdoctor.guard(model):
+                model(torch.ones(2, 8, dtype=BF), again=again)
+        return str(err.value)
+
+    bare = [explain(False), explain(True)]
+    assert pres[0] == before  # guard's pre hook left torch's dict for the forward (later: the proofs' re-runs)
+    assert len(_global_forward_pre_hooks) == before and not model._forward_hooks and not model._forward_pre_hooks
+    monkeypatch.setattr(lean, "LEAN", False)
+    at = len(pres)
+    assert bare == [explain(False), explain(True)]
+    assert pres[at] == before + 1
+    assert bare[0].startswith("dtype mismatch in `second` (Linear)")
+    assert "mask = torch.ones(8)" in bare[0]  # the maker, read from the failing frames
+
+
+def test_a_model_whose_tensors_disagree_keeps_the_pre_hook_that_records_what_ran() -> None:
+    from torch.nn.modules.module import _global_forward_pre_hooks
+
+    model = _broken()
+    g = torchdoctor.guard(model)
+    with torch.no_grad(), g:
+        try:
+            model(torch.tensor([[1, 2]]))
+        except RuntimeError:
+            pass
+        assert g._local.sessions[-1].lean.pre_id in _global_forward_pre_hooks
+        assert [type(m).__name__ for m in g._local.sessions[-1].frames.ran][:3] == ["_Chain", "Embedding",
+                                                                                   "Sequential"]

@@ -17,17 +17,23 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from itertools import chain
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.modules.module import _global_forward_hooks as _posts
+from torch.nn.modules.module import _global_forward_pre_hooks as _pres
 from torch.nn.modules.module import _global_forward_hooks_with_kwargs as _with_kwargs
 
 LEAN = True  # False: both global hooks on every forward, as before (bench/guard.py times both in one process)
+BARE = True  # False: explain's no-grad forwards keep the global pre hook even where the model's tensors agree
 
 _CALL = nn.Module._call_impl.__code__  # the frame that holds a running module's ``self`` and ``args``
 _grad_enabled = torch.is_grad_enabled
+_T, _P = torch.Tensor, nn.Parameter
+_FLOATING = frozenset(d for d in vars(torch).values()
+                      if isinstance(d, torch.dtype) and (d.is_floating_point or d.is_complex))
 _get_ident = threading.get_ident
 
 
@@ -54,6 +60,12 @@ def calls(frames: Iterator[Any]) -> list[tuple[nn.Module, Any]]:
                 args = loc.get("args")
                 out.append((s, args if type(args) is tuple else ()))
     return out
+
+
+def _tensor_attributes(mod: nn.Module) -> tuple[str, ...]:
+    """The names of a module's plain tensor attributes (and lists or tuples holding tensors)."""
+    return tuple(k for k, v in vars(mod).items() if isinstance(v, _T) or (
+        type(v) in (list, tuple) and any(isinstance(x, _T) for x in v)))
 
 
 def _traceback_frames(tb: Any) -> Iterator[Any]:
@@ -113,6 +125,11 @@ class Lean:
         self.stale: Any = None  # a root hook to remove once torch no longer walks that module's hook dict
         self.ran_lean = False  # the last outermost forward ran without the post hook: rebuild its stack on failure
         self.compiled: dict[int, tuple[nn.Module, bool]] = {}  # an outermost module: does it hold compiled code?
+        self.pre_id: int | None = None  # the global pre hook's id in torch's dict, and the hook
+        self.pre_fn: Any = None
+        self.bare = False  # the no-grad forward running now runs with no global hook at all
+        self.local_pre: Any = None  # the root's own pre hook while ``bare`` (a forward calling its module again)
+        self.names: dict[int, tuple[nn.Module, tuple[str, ...]]] = {}  # a module's plain tensor attributes
 
     def hook(self) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         """The global pre hook."""
@@ -196,7 +213,57 @@ class Lean:
         frames.ran.append(mod)
         frames.stack.append(mod)
         frames.inputs.append(args)
+        if BARE and s.checks is None and s.g.profile is None and self.pre_id is not None and self._agree(mod):
+            try:
+                self.local_pre = mod.register_forward_pre_hook(_RootHook(self._root_pre))
+            except Exception:  # (the post hook took; a pre hook should too: else keep the global one)
+                return True
+            _pres.pop(self.pre_id, None)  # (torch walks a copy of the dict for this call)
+            self.bare = True
         return True
+
+    def _agree(self, root: nn.Module) -> bool:
+        """Do all of the model's tensors agree (one device, one floating dtype, no subclass, not meta)? Then the
+        policy finds no tensor of it off-policy, and which of its modules ran before a failure names no culprit:
+        its no-grad forward runs with no global hook (what it ran is the outermost module alone)."""
+        dev = fdt = None
+        names = self.names
+        todo: list[Any] = [root]
+        while todo:
+            m = todo.pop()
+            if m is None:  # (a submodule slot set to None)
+                continue
+            todo.extend(m._modules.values())
+            hit = names.get(id(m))
+            if hit is None or hit[0] is not m:
+                hit = names[id(m)] = (m, _tensor_attributes(m))
+            own = chain(m._parameters.values(), m._buffers.values(), map(m.__dict__.get, hit[1])) if hit[1] else \
+                chain(m._parameters.values(), m._buffers.values())
+            t: Any
+            for t in own:
+                tp = type(t)
+                if tp is not _T and tp is not _P:
+                    if t is None:
+                        continue
+                    if isinstance(t, _T) or type(t) in (list, tuple):  # a subclass, or tensors in a container
+                        return False
+                    continue
+                if dev is None:
+                    dev = t.device
+                elif t.device != dev:
+                    return False
+                dt = t.dtype
+                if dt in _FLOATING:
+                    if fdt is None:
+                        fdt = dt
+                    elif dt is not fdt:
+                        return False
+        return dev is None or dev.type != "meta"
+
+    def _root_pre(self, mod: nn.Module, args: tuple[Any, ...]) -> None:
+        """The outermost module's own pre hook while no global hook runs: it is called again inside its forward."""
+        if mod is self.root and self.bare and _get_ident() == self.session.tid:
+            self.depth += 1
 
     def _compiled(self, mod: nn.Module) -> bool:
         """Does the module hold compiled code? dynamo traces the hooks inside it: both hooks, as before."""
@@ -226,6 +293,12 @@ class Lean:
 
     def _end(self, raised: bool) -> None:
         self.root, self.depth = None, 0
+        if self.bare:  # the global pre hook back, for the next forward
+            self.bare = False
+            _pres[self.pre_id] = self.pre_fn  # type: ignore[index]
+            if self.local_pre is not None:
+                self.local_pre.remove()
+                self.local_pre = None
         if self.post_on is not None:  # a suspect's post still on (an error skipped its return)
             self._set_post(None)
         if self.local is not None:
@@ -259,10 +332,12 @@ class Lean:
             frames.inputs.append(a)
 
     def stop(self) -> None:
-        for h in (self.local, self.stale):
+        for h in (self.local, self.stale, self.local_pre):
             if h is not None:
                 h.remove()
-        self.local = self.stale = self.root = None
+        self.local = self.stale = self.root = self.local_pre = None
+        self.bare = False
+        _pres.pop(self.pre_id, None)  # type: ignore[arg-type]
         self.depth = 0
         _posts.pop(self.post_id, None)
         self.post_on = None

@@ -106,6 +106,8 @@ class Session:
                 self.lean = lean.Lean(self, pre, post, self.kwarg_hook)
                 pre = self.lean.hook()
             self.handles.insert(0, register_module_forward_pre_hook(pre))
+            if self.lean is not None:  # (it leaves torch's dict while a no-grad forward of agreeing tensors runs)
+                self.lean.pre_id, self.lean.pre_fn = self.handles[0].id, pre
             savedhooks.install(self)  # what saved-tensor unpack hooks give back is checked (_guard/savedhooks.py)
             if self.mode != "explain":
                 from torchdoctor._guard.dispatch import CheckMode, CompositeCheck
