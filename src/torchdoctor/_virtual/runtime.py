@@ -28,6 +28,7 @@ from torchdoctor._virtual import hardware, hostmade, lengths, makers, outside, p
 from torchdoctor._virtual import takenback, tracecheck, training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
+from torchdoctor._virtual.ctors import constructors
 from torchdoctor._virtual.deferred import deferred_imports
 from torchdoctor._virtual.legacy import legacy_type
 from torchdoctor._virtual import tensor as V
@@ -289,7 +290,7 @@ class VirtualMode(TorchFunctionMode):
         if (target is None or not is_virtual(target)) and \
                 not H.any_virtual(args, kwargs, space.named if real is None else None):
             # the program's own CPU work (no virtual tensor or device): real tensors, as the program would have them
-            return H.cpu_work(space, func, args, kwargs, func in _constructors())
+            return H.cpu_work(space, func, args, kwargs, func in constructors())
         if any(plain(a) or isinstance(a, (list, tuple)) and any(plain(x) for x in a) for a in args):
             args = tuple(H.graphed(args, lift_all(args, space, None)))  # in the program's graph still
         if kwargs and any(plain(v) for v in kwargs.values()):
@@ -309,33 +310,11 @@ class VirtualMode(TorchFunctionMode):
         return made
 
 
-_CONSTRUCTORS: list[frozenset[Any]] = []
-
-
-def _constructors() -> frozenset[Any]:
-    """torch's factories as its C functions, whoever has put a wrapper in ``torch.linspace`` since: torch's own set
-    (``torch.utils._device._device_constructors``) is cached the first time a device context asks, and transformers'
-    ``from_pretrained`` asks inside a patch of its own (``meta_device_safe_creation_ops``), so that cache can hold
-    the wrapper for the rest of the process and miss every later ``torch.linspace`` (which then loses its maker).
-    torch's cache still decides where ``set_default_device`` puts a factory's tensor, as it does on the machine."""
-    if not _CONSTRUCTORS:
-        own = {getattr(torch._C._VariableFunctions, getattr(f, "__name__", ""), None) for f in
-               _device_mod._device_constructors()}
-        own |= {getattr(getattr(torch._C, "_fft", None), n, None) for n in ("fft_fftfreq", "fft_rfftfreq")}
-        own |= {getattr(torch._C._VariableFunctions, n, None) for n in
-                ("empty", "empty_permuted", "empty_strided", "ones", "zeros", "full", "arange", "range", "linspace",
-                 "logspace", "eye", "rand", "randn", "randint", "randperm", "tensor", "as_tensor", "asarray",
-                 "scalar_tensor", "tril_indices", "triu_indices")}
-        own |= _device_mod._device_constructors()  # (its Python ones: torch.nested.nested_tensor)
-        _CONSTRUCTORS.append(frozenset(own - {None}))
-    return _CONSTRUCTORS[0]
-
-
 def _made(out: Any, func: Any, space: Space, kwargs: Any = None) -> Any:
     """A factory's result records which factory made it in which module (a mask on the wrong device: where made),
     and whether it was told a dtype (none: the default dtype, nobody's choice)."""
     if isinstance(out, VirtualTensor) and out._td_origin is None and out._td_path is None \
-            and func in _constructors():
+            and func in constructors():
         out._td_origin = Made(f"torch.{getattr(func, '__name__', 'tensor')}", space.hooks.running())
         out._td_origin.default = (kwargs or {}).get("dtype") is None and out.is_floating_point()
     return out
