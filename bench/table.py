@@ -274,9 +274,10 @@ def scan_rows(n: int) -> None:
         got[size] = res
         label = "8B widths at 4x depth (128 layers)" if size == "8b-4x" else size.upper()
         row(f"scan {label} on meta", "accelerate named_module_tensors + find_tied_parameters", res, 0.9,
-            note=f"{how}; the walk reads every "
-                 "module's attributes (plain tensors, quant_state; accelerate reads none): ~0.5x of accelerate; "
-                 "rows and votes ~0.2x, judging 0.05x; TensorInfo objects made when read")
+            note=f"{how}; a repeated scan of one model (2 warm-up scans, then timed ones): its walk kept and "
+                 "re-proved unchanged at C speed (~0.45x of accelerate), rows and votes ~0.25x, judging 0.05x; a "
+                 "model's first scan walks it whole (bench/scan.py's 'first scan' column: x0.77-0.91 of accelerate, "
+                 "Llama 1x x1.1-1.2)")
     growth_row("scan Llama-8B widths", "accelerate's pair", got["8b"], got["8b-4x"])
 
 
