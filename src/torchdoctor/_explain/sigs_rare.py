@@ -180,3 +180,22 @@ _c("na.cuda_api",
     "torch.cuda.Event()\nwith stream:  # was torch.cuda.stream(stream)\n    ...\n"
     "torch.accelerator.current_stream().wait_event(event)\ntorch.accelerator.synchronize()"),
    ("Check which devices this torch sees", "torchdoctor env"))
+
+# a torch.Generator asked for on a device this torch makes none for: a Mac's torch before MPS generators
+# ("Device type MPS is not supported for torch.Generator() api."), a build without that backend
+# ("Cannot execute getNewGenerator() without MPS backend.", torch's own words on a CPU build)
+_sig("no_accel.generator", _NA, "A random generator on a device this torch cannot make one for",
+     ("is not supported for torch.generator() api", "cannot execute getnewgenerator() without"),
+     "Code asked for a torch.Generator on[ {dev}], and this torch makes no generator there: an older torch on a "
+     "Mac (no MPS generators yet) or a build without that backend.",
+     (("na.generator", 3.0),),
+     r"Device type (?P<dev>\w{1,10}) is not supported for torch\.Generator\(\) api",
+     r"Cannot execute getNewGenerator\(\) without (?P<dev>\w{1,10}) backend", confidence=0.85)
+_c("na.generator",
+   "The seed's generator is made on the accelerator (torch.Generator(device='mps'), a pipeline's generator built "
+   "from the model's device); this torch has no generator on that device, so make it on the cpu: pipelines and "
+   "torch.randn draw with a cpu generator and move the result.", "torchdoctor env",
+   ("Make the generator on the cpu and draw there, then move",
+    "generator = torch.Generator(device='cpu').manual_seed(seed)\n"
+    "noise = torch.randn(shape, generator=generator, device='cpu').to(device)"),
+   ("Or a newer torch, which makes generators on MPS", "pip install -U torch"))
