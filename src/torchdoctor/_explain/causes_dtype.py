@@ -32,6 +32,11 @@ _c("dt.layer_not_cast",
    "after the cast.", 'torchdoctor.scan(model, dtype="{a}")',
    ("Cast that layer, {param} included, to its input's dtype ({a}; its {param} is {b})",
     "layer.to({a_t})  # layer: the module whose {param} is {b}; its input is already {a}"),
+   # a component kept in its own dtype on purpose (a VAE upcast by force_upcast, one loaded at the app's dtype)
+   # is fixed at the call that feeds it: diffusers' own fix in every such report
+   ("Or, where that layer's part is kept in {b} on purpose (a VAE upcast, a component loaded in its own dtype), "
+    "cast its input to it where the call passes it",
+    "out = part(x.to({b_t}))  # e.g. vae.decode(latents.to(vae.dtype))"),
    ("Or cast the whole model to one dtype once, after every part is attached", "model.to({a_t})"),
    ("Or run the forward under autocast", "with torch.autocast(x.device.type, dtype={low_t}):\n    out = model(x)"))
 _c("dt.storage_weight",
