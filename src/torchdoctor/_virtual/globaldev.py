@@ -56,15 +56,16 @@ def device_line_fix(f: Fix, moves: Sequence[_Move], root: Any) -> Fix | None:
     return Fix(f"# {at} moves its component to {name} = {raw[value[0]:value[1]]} ({short}:{def_line}), which is "
                f"{was.type} here while the run is on {want}: pick the device torch finds, any kind "
                f"({name} = {_PICK}; it is read when the module is imported)", "note", want, diff=diff,
-               reglobal=(names, name, want.type), sets=(*((c + ".", want) for c in sorted(comps)), *(
+               reglobal=(names, name, want.type), sets=(*((c + "." if c else "*", want) for c in sorted(comps)), *(
                    (f"moved a tensor at {short}:{n}", want) for n in uses)))  # what it moves there, judged at the op
 
 
 def _moved_by(path: str, moves: Sequence[_Move], root: torch.nn.Module
               ) -> tuple[str, tuple[torch.device, str, int, str, dict[str, Any]]] | None:
-    """The program's last move of the module holding ``path`` (or of a module above it)."""
+    """The program's last move of the module holding ``path`` (or of a module above it, the model itself too:
+    ``net = nn.Sequential(...).to(device)``)."""
     parts = path.split(".")
-    for i in range(len(parts) - 1, 0, -1):
+    for i in range(len(parts) - 1, -1, -1):
         try:
             mod = root.get_submodule(".".join(parts[:i]))
         except AttributeError:
