@@ -3,7 +3,9 @@
 the operand it reads is the odd one out, and the run goes on with the op on the written tensor's device. In a model a
 device map splits over two GPUs, a tensor made from the caller's argument (``labels``) meeting one made from the
 model's weights (the losses of ``lm_head`` on the last GPU) is the odd one too; the run never carries the loss, its
-backward and the gradients to the first GPU (no gradient finding real hardware never reaches)."""
+backward and the gradients to the first GPU (no gradient finding real hardware never reaches), and never moves a
+layer the device map's hooks place (``model.lm_head.weight.data = ….to('cuda:0')`` would split ``lm_head`` from the
+inputs its hook moves to cuda:1 on every call)."""
 
 from __future__ import annotations
 
