@@ -217,6 +217,19 @@ def fix_code(culprits: Sequence[tuple[str | None, str, str, Any]], dicts: Collec
     return "\n".join(dict.fromkeys(lines)) or None
 
 
+def holding_module(paths: Sequence[str]) -> str:
+    """The path of the deepest module holding every tensor of ``paths`` (``blocks.0.attn.weight``, ...; "" for the
+    model itself)."""
+    mods = [p.rpartition(".")[0].split(".") if "." in p else [] for p in paths]
+    common = mods[0] if mods else []
+    for parts in mods[1:]:
+        n = 0
+        while n < min(len(common), len(parts)) and common[n] == parts[n]:
+            n += 1
+        common = common[:n]
+    return ".".join(common)
+
+
 def _moves(params: Sequence[tuple[str | None, str, str, Any]], dicts: Collection[str]) -> list[str]:
     """Many culprits as ``torchdoctor.move`` calls: one for the model when they ask for one device and one dtype at
     most; else one per target, at the deepest module holding all of that target's tensors (one call never names a
@@ -230,19 +243,13 @@ def _moves(params: Sequence[tuple[str | None, str, str, Any]], dicts: Collection
                               for t in (c[3] if isinstance(c[3], tuple) else (c[3],))))
     if sum(isinstance(t, torch.dtype) for t in flat) <= 1 and sum(not isinstance(t, torch.dtype) for t in flat) <= 1:
         return [f"torchdoctor.move(model, {keywords(flat)})"]
-    groups: dict[Any, list[list[str]]] = {}
+    groups: dict[Any, list[str]] = {}
     for path, _label, _kind, target in params:
         if target is not None:
-            groups.setdefault(target, []).append((path or "").split(".")[:-1])
+            groups.setdefault(target, []).append(path or "")
     where: dict[str, tuple[int, str]] = {}
     for target, paths in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        common = paths[0]
-        for parts in paths[1:]:
-            n = 0
-            while n < min(len(common), len(parts)) and common[n] == parts[n]:
-                n += 1
-            common = common[:n]
-        prefix = ".".join(common)
+        prefix = holding_module(paths)
         if prefix not in where:
             where[prefix] = (len(paths), f"torchdoctor.move({code_path(prefix, dicts=dicts)}, "
                                          f"{keywords(target if isinstance(target, tuple) else (target,))})")

@@ -43,17 +43,12 @@ def offloading_hook(hook: Any) -> str | None:
 
 def _holder(f: Fix, root: torch.nn.Module) -> str | None:
     """The path of the deepest module holding every tensor ``f`` moves ("" for the model), or None."""
+    from torchdoctor._guard.maps import holding_module
+
     names = [n for n, _ in f.sets]
     if "*" in names:
         return ""
-    mods = [n.rpartition(".")[0].split(".") if "." in n else [] for n in names]
-    parts = mods[0]
-    for mp in mods[1:]:
-        k = 0
-        while k < min(len(parts), len(mp)) and parts[k] == mp[k]:
-            k += 1
-        parts = parts[:k]
-    path = ".".join(parts)
+    path = holding_module(names)
     try:
         root.get_submodule(path)
     except AttributeError:
