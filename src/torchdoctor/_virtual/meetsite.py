@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from torchdoctor._virtual.linenames import Named
+from torchdoctor._virtual.ownline import statements_at
 from torchdoctor._virtual.prove import Fix
 
 __all__ = ["made_by", "made_pass", "meet_fix", "runtime_device", "written_follows"]
@@ -135,13 +136,7 @@ def _insert_at(file: str, line: int, names: Sequence[str]) -> int | None:
                   (isinstance(outer, loops) or n.lineno < line) for n in ast.walk(outer))
     if not rebound and outer.lineno == _first_line(file, outer):
         return outer.lineno
-    inner: Any = outer
-    while True:
-        nxt = next((s for s in ast.iter_child_nodes(inner) if isinstance(s, ast.stmt) and
-                    s.lineno <= line <= (s.end_lineno or s.lineno)), None)
-        if nxt is None:
-            break
-        inner = nxt
+    inner: Any = ([outer, *statements_at(outer, line)])[-1]
     simple = not isinstance(inner, (ast.If, *loops, ast.With, ast.AsyncWith, ast.Try, ast.FunctionDef,
                                     ast.AsyncFunctionDef, ast.ClassDef))
     return inner.lineno if simple and inner.lineno == _first_line(file, inner) else None

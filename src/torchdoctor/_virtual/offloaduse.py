@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from torchdoctor._virtual.ownline import statements_at
 from torchdoctor._virtual.prove import Fix
 from torchdoctor._virtual.usesite import Use, use_of
 
@@ -266,15 +267,7 @@ def _placement(file: str, line: int) -> tuple[str, str, int, tuple[str, ...]] | 
             tree = ast.parse(fh.read())
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
         return None
-    chain: list[Any] = []
-    node: Any = tree
-    while True:
-        inner = next((s for s in ast.iter_child_nodes(node) if isinstance(s, ast.stmt) and
-                      s.lineno <= line <= (s.end_lineno or s.lineno)), None)
-        if inner is None:
-            break
-        chain.append(inner)
-        node = inner
+    chain: list[Any] = statements_at(tree, line)
     if not chain:
         return None
     calls = [c for c in ast.walk(chain[-1]) if isinstance(c, ast.Call) and c.lineno == line and

@@ -1,10 +1,12 @@
 """One line of the program's own source, read for a fix written at it: the line, its text without the indent, and
-that text parsed; None for a library's or the standard library's file, or a line that does not parse alone."""
+that text parsed; None for a library's or the standard library's file, or a line that does not parse alone.
+``statements_at``: the statements of a parsed file that hold a line, outermost first."""
 
 from __future__ import annotations
 
 import ast
 import linecache
+from typing import Any
 
 
 def own_line(file: str, line: int) -> tuple[str, str, ast.Module] | None:
@@ -20,4 +22,17 @@ def own_line(file: str, line: int) -> tuple[str, str, ast.Module] | None:
         return None
 
 
-__all__ = ["own_line"]
+def statements_at(node: Any, line: int) -> list[ast.stmt]:
+    """The statements under ``node`` (a module, a function, a statement) whose lines hold ``line``, outermost
+    first; empty when none does."""
+    out: list[ast.stmt] = []
+    while True:
+        inner = next((s for s in ast.iter_child_nodes(node) if isinstance(s, ast.stmt) and
+                      s.lineno <= line <= (s.end_lineno or s.lineno)), None)
+        if inner is None:
+            return out
+        out.append(inner)
+        node = inner
+
+
+__all__ = ["own_line", "statements_at"]
