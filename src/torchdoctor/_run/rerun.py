@@ -28,7 +28,10 @@ def at_lines(fixes: Sequence[Any]) -> list[Any]:
     from torchdoctor._virtual.prove import judged_at_op
 
     return [f for f in fixes if not f.proven and not judged_at_op(f) and f.applied()
-            and (f.kind == "line" or f.remake is not None or f.modcast is not None)]
+            and (f.kind == "line" or f.remake is not None or f.modcast is not None or f.noscale is not None)]
+
+
+_UNSCALE = "aten._amp_foreach_non_finite_check_and_unscale_"
 
 
 def _line_of(f: Any) -> str | None:
@@ -79,7 +82,8 @@ def prove_by_rerun(session: Any, call: Callable[[Any], Any], data: str = "cpu") 
     new = [p for p in left if (p.kind, p.path) not in before]
     for f in fixes:
         line = _line_of(f)
-        still = [p for p in left if line and line in (p.message or "")]
+        still = [p for p in left if line and line in (p.message or "") or f.noscale is not None and str(
+            p.op or "").startswith(_UNSCALE)]  # a fix with no GradScaler: no unscale is left
         f.rerun, f.at_op = True, False
         f.proven = not new and not still
         f.tried = ("applied in a virtual re-run of the test: no problem left" if not left else
