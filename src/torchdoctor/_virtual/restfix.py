@@ -139,16 +139,19 @@ def float8_compute(stored: Sequence[Problem], device: torch.device, cases: Seque
     out: list[Fix] = []
     for p in {(p.found, p.op): p for p in stored}.values():
         op = str(p.op or "the op").removeprefix("aten.").split(".")[0]
+        from torchdoctor._virtual.f8dtype import f8_dtype_fix
         from torchdoctor._virtual.f8line import f8_line_fix
-        if (at_line := f8_line_fix(p, cases, op, device.type)) is not None:
+        if (at_line := f8_line_fix(p, cases, op, device.type) or f8_dtype_fix(p, cases, op, device.type)) is not None:
             out.append(at_line)
             continue
+        seen = next((c.at for c in cases if c.op == p.op and c.at), None)
         out.append(Fix(f"# {device.type} holds {p.found} but computes no {op} in it (float8 is storage there; only "
                        f"torch._scaled_mm computes with it): cast the float8 operands to torch.bfloat16 at the {op}'s "
                        f"line (a.to(torch.bfloat16) {_SIGN.get(op, op)} b.to(torch.bfloat16)), or make them bfloat16 "
                        f"where the code casts them to {p.found} for compute (a dtype attribute set to {p.found} used "
                        "as the compute dtype); keep float8 for stored weights only, and never move them",
-                       "note", tried="not re-run: the op's line is not on record"))
+                       "note", tried=f"not re-run: the op's line {seen} casts to no dtype it names and holds no "
+                       f"expression of it to rewrite" if seen else "not re-run: the op's line is not on record"))
     return out
 
 
