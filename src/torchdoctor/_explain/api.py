@@ -29,6 +29,7 @@ from torchdoctor._explain.context import derive, find_word, rank
 from torchdoctor._explain.fill import fill as _render
 from torchdoctor._explain.fill import forget
 from torchdoctor._explain.fill import fill_or_none as _try
+from torchdoctor._explain.inplace import Text, feed_span
 from torchdoctor._explain.plugins import line_fixes, plugin_fields, plugin_fixes
 from torchdoctor._explain.report import SCHEMA, Alternative, Diagnosis, ExplainReport, render, to_json
 from torchdoctor._explain.scanner import BLOCK, Group, Scanner, clean
@@ -165,11 +166,13 @@ def _exception_text(exc: BaseException) -> str:
     return "\n".join(parts)
 
 
-def _blocks(source: str | IO[str]) -> Iterator[str]:
-    if isinstance(source, str):
-        for i in range(0, len(source), BLOCK):
-            yield source[i: i + BLOCK]
-        return
+def _blocks(source: str | IO[str]) -> Iterable[str]:
+    if isinstance(source, str):  # its blocks are read in place (``inplace``); iterated, its slices
+        return Text(source)
+    return _stream_blocks(source)
+
+
+def _stream_blocks(source: IO[str]) -> Iterator[str]:
     while True:
         block = source.read(BLOCK)
         if not block:
@@ -220,8 +223,13 @@ def _said_again(short: Group, full: Group) -> bool:
 def _explain_paused(blocks: Iterable[str], limit: int | None) -> list[Diagnosis]:
     forget()
     scanner = Scanner()
-    for block in blocks:
-        scanner.feed(block)
+    if isinstance(blocks, Text):  # a string: its blocks read in place
+        text = blocks.text
+        for i in range(0, len(text), BLOCK):
+            feed_span(scanner, text, i, min(i + BLOCK, len(text)))
+    else:
+        for block in blocks:
+            scanner.feed(block)
     scanner.feed("", final=True)
     groups = list(scanner.groups.values())
     if any(not g.sig.name.startswith(WEAK_PREFIXES) for g in groups):  # frames speak only when no message does

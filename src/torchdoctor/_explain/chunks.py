@@ -158,7 +158,7 @@ def _at(eff: Any) -> int:
 
 def _record(sc: Any, text: str, cs: int, ce: int, max_hits: int) -> tuple[Any, ...] | None:
     """Read ``text[cs:ce]`` the ordinary way, noting its effect; None when it cannot be replayed."""
-    hits0, seq0, pk0, until0 = sc.hits, sc.seq, sc.prev_key, dict(sc.until)
+    hits0, seq0, pk0 = sc.hits, sc.seq, sc.prev_key
     sc.prev_key, sc.entry_key, sc.touched, sc.attempts, sc.moved = FRESH, pk0, [], [], False
     try:
         reach = sc._lines_hits(text, cs, ce)
@@ -171,10 +171,13 @@ def _record(sc: Any, text: str, cs: int, ce: int, max_hits: int) -> tuple[Any, .
             first = sc.first_key
     if reach >= FAR or sc.hits > max_hits:
         return None
-    firsts: dict[str, int] = {}
-    for name, p in attempts:
-        firsts.setdefault(name, p)
-    if any(until0.get(name, -1) > p for name, p in firsts.items()):
+    # per signature, its first hit looked at and where its window ended before the paragraph (only its own hits
+    # move that end, and only those looked at: so the signatures whose ends moved are among these)
+    firsts: dict[str, tuple[int, int]] = {}
+    for name, p, before in attempts:
+        if name not in firsts:
+            firsts[name] = (p, before)
+    if any(before > p for p, before in firsts.values()):
         return None  # a window examined before it hid some of its hits: what it did depends on what came before
     counted: dict[int, list[Any]] = {}
     for g in touched:
@@ -184,11 +187,12 @@ def _record(sc: Any, text: str, cs: int, ce: int, max_hits: int) -> tuple[Any, .
         else:
             c[1] += 1
     groups = tuple((g, n, g.last - seq0) for g, n in counted.values())
-    ends = tuple((name, v - cs) for name, v in sc.until.items() if until0.get(name) != v)
+    until = sc.until
+    ends = tuple((name, until[name] - cs) for name, (_, before) in firsts.items() if until.get(name, -1) != before)
     floor = sc.floor - cs if first is not _NONE and sc.moved else None
     last = (sc.prev_key, sc.prev_end - cs) if first is not _NONE else None
     # (hits, sequence numbers, (group, count, last), (signature, window end), first error key, floor, last error,
     #  what must follow the paragraph, (signature, first hit), the end of the windows, a cell for ``_flush``)
     # the last: (times replayed since the last flush, the sequence number and place of the last such replay)
     return (sc.hits - hits0, sc.seq - seq0, groups, ends, first, floor, last, text[ce:reach] if reach > ce else "",
-            tuple((name, p - cs) for name, p in firsts.items()), max((rel for _, rel in ends), default=-1), [0, 0, 0])
+            tuple((name, p - cs) for name, (p, _) in firsts.items()), max((rel for _, rel in ends), default=-1), [0, 0, 0])

@@ -11,6 +11,7 @@ import re
 
 from torchdoctor._explain.causes import ContextRule
 from torchdoctor._explain.direction import MATMUL_INPUT, sides
+from torchdoctor._explain.present import Present, plans
 from torchdoctor._explain.tokens import (ACCELERATORS, device_name, dtype_name, find_word, names_in,
                                         transformers_version, type_name)
 
@@ -297,7 +298,9 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     >>> rank("device_mismatch", (), (), text, frozenset({"cpu_and_accel"}), context_rules())[0][0][0]
     'device_mismatch'
     """
-    present: dict[str, bool] = {}  # a word is looked up only for a rule that could fire (one pass per word)
+    # a word is looked up only for a rule that could fire, once (``present``: by its shape, behind shorter words)
+    look = Present(context, plans(rules, (w for r in rules for w in r.words)))
+    present = look.known
     prose: dict[str, bool] = {}
 
     def scale(word: str) -> float:
@@ -321,8 +324,8 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
             return ""
         for w in rule.words:
             got = present.get(w)
-            if got is None:  # a word without a marked end is a plain substring (``find_word``), found in C
-                got = present[w] = w in context if "\\b" not in w else find_word(context, w) != -1
+            if got is None:
+                got = look(w)
             if got:
                 return w
         return None

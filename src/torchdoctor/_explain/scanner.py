@@ -180,9 +180,11 @@ class Scanner:
         self.entry_key: Any = FRESH
         self.first_key: Any = None
         self.moved = False  # the context's floor moved inside the paragraph being recorded
-        self.attempts: list[tuple[str, int]] | None = None  # (signature, position) of each hit looked at there
+        # (signature, position, its window's end before) of each hit looked at there
+        self.attempts: list[tuple[str, int, int]] | None = None
         self.tried = self.replayed = 0  # paragraphs looked up, and replayed, in this text
         self.last_hits = 0  # hits when the last block was read
+        self.raw_at: int | None = 0  # where ``buf`` ends in a text read in place (``inplace``), None: not so read
 
     def feed(self, block: str, final: bool = False) -> None:
         # a paste is folded whole; a log (program output: no typed full-width punctuation) where it is examined
@@ -198,6 +200,10 @@ class Scanner:
             return
         text = "".join([self.buf, *self.pending, block]) if self.pending else self.buf + block
         self.pending, self.pending_len = [], 0
+        self.read(text, final)
+
+    def read(self, text: str, final: bool = False) -> None:
+        """Read ``text``: what is kept of the previous blocks (``buf``), then the new block, normalised."""
         cut = len(text)
         if not final:  # hits need _TRAIL lines after them; keep the rest for the next block
             p = len(text)
@@ -249,7 +255,7 @@ class Scanner:
                         self.hits += 1
                     else:
                         if self.attempts is not None:
-                            self.attempts.append((sig.name, ls + off))
+                            self.attempts.append((sig.name, ls + off, self.until.get(sig.name, -1)))
                         r = hit(text, ls + off, ls, sig, weak)
                         if r > reach:
                             reach = r
@@ -360,11 +366,13 @@ class Scanner:
         return got
 
     def _context(self, text: str, ls: int, le: int) -> str:
-        lead = ls
-        for _ in range(_LEAD):
+        lead, lo = ls, max(self.floor, ls - _SPAN)
+        if lo < ls - 1 < lo + 16384 and text.count("\n", lo, ls - 1) < _LEAD:
+            lead = 0  # (fewer lines than _LEAD since the floor: the walk below would pass them all, then stop at 0)
+        for _ in range(_LEAD if lead else 0):
             if lead <= self.floor or lead <= 0:
                 break
-            lead = text.rfind("\n", max(self.floor, ls - _SPAN), lead - 1) + 1
+            lead = text.rfind("\n", lo, lead - 1) + 1
         lead = max(lead, self.floor, ls - _SPAN)
         trail_end = le
         for _ in range(_TRAIL):

@@ -1,0 +1,89 @@
+"""Whether the context rules' words occur in one error's context: each word looked up once, a long context read
+through the shape of its distinct lines, and a word skipped where a shorter rule word it holds is absent.
+
+A diagnosis asks about fifty words of its context (``context.rank``), nearly all absent, and each look-up is a
+pass over the whole context in C; in an app's log that context is ~11,000 characters of progress bars and time
+stamps that differ only in their digits. Three things make the answer cheaper and never different:
+- a word without digits, line ends or marked ends (``\\b``) is in the context exactly when it is in the context's
+  *shape*: its distinct lines, each with its digits as ``0``, as UTF-8 bytes (the words are ASCII: a UTF-8 byte
+  below 128 is always that ASCII character; a digit-free word matches a line where it matches that line's shape,
+  and a word without a line end lies within one line);
+- a word that holds a shorter rule word (``bnb_4bit`` holds ``4bit``) is absent where that word is absent;
+- every answer is kept for the context's diagnosis (``known``).
+Words with digits and marked words are looked up in the context itself, as ``find_word`` reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torchdoctor._explain.tokens import find_word
+
+__all__ = ["Plan", "Present", "plans"]
+
+_LONG = 4096  # a context longer than this is read through its shape (its lines a few times over, as a log's are)
+_SHAPE = bytes.maketrans(b"123456789", b"000000000")
+Plan = tuple[str | None, bytes | None, bool]  # a shorter rule word it holds, its bytes for the shape, marked ends
+_PLANS: dict[int, tuple[object, dict[str, Plan]]] = {}
+
+
+def _plan(word: str, held: str | None) -> Plan:
+    marked = "\\b" in word
+    plain = word.isascii() and "\n" not in word and not marked and not any(c.isdigit() for c in word) and word
+    return held, word.encode("ascii") if plain else None, marked
+
+
+def plans(owner: object, words: Iterable[str]) -> dict[str, Plan]:
+    """How each of ``words`` is looked up: the shortest other plain word of them it holds (none for a marked word),
+    whose absence answers for it; its bytes where the shape answers for it; whether its ends are marked. Made once
+    per ``owner`` (a rule table, kept alive with its answer)."""
+    got = _PLANS.get(id(owner))
+    if got is None or got[0] is not owner:
+        words = tuple(words)
+        plain = sorted({w for w in words if "\\b" not in w}, key=lambda w: (len(w), w))
+        table = {w: _plan(w, None) for w in words}
+        for i, w in enumerate(plain):
+            table[w] = _plan(w, next((g for g in plain[:i] if len(g) < len(w) and g in w), None))
+        if len(_PLANS) > 64:
+            _PLANS.clear()
+        got = _PLANS[id(owner)] = (owner, table)
+    return got[1]
+
+
+class Present:
+    """``present(word)``: whether a context rule's word occurs in ``context`` as ``find_word`` finds it, for a word
+    not asked before: ``known`` holds every answer given, and a caller reads it first (a dict look-up is cheaper
+    than a call)."""
+
+    __slots__ = ("context", "known", "plans", "_shape")
+
+    def __init__(self, context: str, plans: dict[str, Plan]) -> None:
+        self.context = context
+        self.known: dict[str, bool] = {}
+        self.plans = plans
+        self._shape: bytes | None = None
+
+    def __call__(self, word: str) -> bool:
+        known = self.known
+        plan = self.plans.get(word)
+        held, form, marked = _plan(word, None) if plan is None else plan
+        if held is not None:
+            got = known.get(held)
+            if got is None:
+                got = self(held)
+            if not got:
+                known[word] = False
+                return False
+        context = self.context
+        if marked:
+            got = find_word(context, word) != -1
+        elif form is not None and len(context) > _LONG:
+            shape = self._shape
+            if shape is None:
+                lines = context.encode("utf-8", "surrogatepass").translate(_SHAPE).split(b"\n")
+                shape = self._shape = b"\n".join(dict.fromkeys(lines))
+            got = form in shape
+        else:
+            got = word in context
+        known[word] = got
+        return got
