@@ -32,7 +32,9 @@ def param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> A
     """``Parameter(virtual)`` is a (virtual) ``Parameter``, as ``Parameter(tensor)`` is: accelerate's offload hooks
     rebuild weights with ``type(param)(value)``, which a plain tensor with ``_is_param`` cannot do."""
     if isinstance(data, VirtualTensor) and type(data) in (VirtualTensor, virtual_class(torch.nn.Parameter)):
-        made = make_subclass(cls, data, requires_grad)
+        made = replaced.kept(V.current_space(), data, requires_grad) if cls is torch.nn.Parameter else None
+        if made is None:  # (else the twin the model held on this device before: a round trip keeps the object)
+            made = make_subclass(cls, data, requires_grad)
         replaced.note(V.current_space(), made)  # Module.to's new Parameter: optimizers built before are pointed at it
         return made
     if isinstance(data, VirtualTensor) and isinstance(data, torch.nn.Parameter) and cls is torch.nn.Parameter:
@@ -42,8 +44,10 @@ def param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> A
             with torch._C.DisableTorchFunctionSubclass():
                 data.requires_grad_(requires_grad)
         return data
-    out = _ORIG_PARAM_NEW(cls, data, requires_grad)
     space = V.current_space() if isinstance(data, torch.Tensor) else None
+    out = replaced.kept(space, data, requires_grad) if space is not None and cls is torch.nn.Parameter else None
+    if out is None:  # (else the real one the model held on the cpu before)
+        out = _ORIG_PARAM_NEW(cls, data, requires_grad)
     if space is not None and data.device.type == "cpu":
         replaced.note(space, out)  # a virtual one Module.to took to the cpu: what holds the old one reads it there
     kept = space.real_record(data) if space is not None and space.real else None

@@ -8,6 +8,11 @@ around the twin. The run records which one it replaced, and before every optimiz
 state are pointed at the parameters the model now holds, as they would be on the device. Its state then meets the
 step's checks beside the parameter it belongs to (a state loaded onto the CPU before the move is found there).
 
+A module moved back (a block swap's ``block.to("cpu")`` then ``block.to("cuda")``, an offload hook's round trip) gets
+back the very ``Parameter`` object it held there before, while the program still holds it (``kept``): only the
+first move of a real parameter onto a virtual device makes a new object, so an optimizer, a hook or an ``id(p)`` map
+made on the device keeps stepping, firing and naming the parameter the model holds, however often it is swapped.
+
 Everything else the program does with a replaced ``Parameter`` it still holds (a freeze list taken before the move:
 ``p.requires_grad_(False)``, ``p.grad``, an in-place update) reaches the one the model holds: for the run the old
 object's class is ``Moved``, whose ``__torch_function__`` hands every call to its successor, and it is put back to
@@ -73,41 +78,113 @@ def on_successors(func: Any, args: Any, kwargs: Any, call: Any) -> Any:
     return None
 
 
-def note(space: Any, new: torch.Tensor) -> None:
-    """``new`` is the ``Parameter`` that ``Module._apply`` (a frame or two up) builds in place of its ``param``."""
-    if space is None:
-        return
-    frame = sys._getframe(1)
+def _apply_frame(depth: int) -> Any:
+    """The ``Module._apply`` frame at most three frames above the caller's caller, or None."""
+    frame = sys._getframe(depth)
     for _ in range(3):
         frame = frame.f_back  # type: ignore[assignment]
         if frame is None:
-            return
+            return None
         if frame.f_code is _APPLY:
-            old = frame.f_locals.get("param")
-            if isinstance(old, torch.nn.Parameter) and old is not new:
-                succeeded(space, old, new)
-            return
+            return frame
+    return None
+
+
+def kept(space: Any, data: torch.Tensor, requires_grad: bool) -> Any:
+    """``Module._apply`` (a frame or two up) is about to build a new ``Parameter`` around ``data`` in place of its
+    ``param``: the ``Parameter`` of ``data``'s kind (a real one for the cpu, a twin for a virtual device) the model
+    held before in that slot and the program still holds, given ``data`` — on the device ``Module.to`` keeps the
+    object — or None (a new one is built, as the first move onto a virtual device must)."""
+    frame = _apply_frame(2) if space is not None and space.replaced else None
+    if frame is None or not _keeps_objects():
+        return None
+    old = frame.f_locals.get("param")
+    virtual = isinstance(data, V.VirtualTensor)
+    for ref in reversed(getattr(old, "__dict__", {}).get("_td_before", ())):
+        p = ref()
+        if p is None or p is old or p.shape != data.shape or (
+                type(p) is not V.virtual_class(torch.nn.Parameter) if virtual else type(p) not in (Moved, _PARAM)):
+            continue
+        with torch._C.DisableTorchFunction():  # machinery: neither the run's mode nor ``Moved`` may see these
+            if type(p) is Moved:
+                p.__class__ = _PARAM  # type: ignore[assignment]
+            p.__dict__.pop("_td_swapped", None)
+            if not virtual:
+                p.__dict__.pop("_td_device", None)
+            p.data = data
+            p.grad = None  # ``Module._apply`` gives it the moved one's grad, if it had one
+            p.requires_grad_(requires_grad)
+        space.replaced.pop(id(p), None)
+        return p
+    return None
+
+
+_PARAM = torch.nn.Parameter
+_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
+_SWAP_FLAG = [torch.__future__.get_swap_module_params_on_conversion]
+
+
+def _keeps_objects() -> bool:
+    """``Module._apply`` keeps each ``Parameter`` object on the device: unless the program asked for new ones
+    (``torch.__future__.set_overwrite_module_params_on_conversion(True)``, a swap not asked for)."""
+    return bool(_SWAP_FLAG[0]()) or not torch.__future__.get_overwrite_module_params_on_conversion()
+
+
+def no_swap_in_apply() -> bool:
+    """``torch.__future__.get_swap_module_params_on_conversion`` in a virtual run: False to ``Module._apply``, which
+    cannot swap a real ``Parameter`` with a virtual twin (their layouts differ, and the run holds weak references to
+    both), so it takes the path that keeps the object (``.data =``, or ``kept``), as the swap keeps it on the
+    device; the program's own reading of the flag, and any other thread's, is the flag."""
+    if sys._getframe(1).f_code is _APPLY and V.current_space() is not None:
+        return False
+    return bool(_SWAP_FLAG[0]())
+
+
+def note(space: Any, new: torch.Tensor) -> None:
+    """``new`` is the ``Parameter`` that ``Module._apply`` (a frame or two up) builds in place of its ``param``."""
+    frame = _apply_frame(2) if space is not None and _keeps_objects() else None  # (else new ones there too)
+    old = frame.f_locals.get("param") if frame is not None else None
+    if isinstance(old, torch.nn.Parameter) and old is not new:
+        succeeded(space, old, new)
 
 
 def succeeded(space: Any, old: torch.nn.Parameter, new: torch.Tensor) -> None:
-    """``new`` stands in the model for ``old`` from now on (``Module.to``, ``torchdoctor.move``)."""
-    space.replaced[id(old)] = (weakref.ref(old), weakref.ref(new))  # never keeps either alive
+    """``new`` stands in the model for ``old`` from now on (``Module.to``, ``torchdoctor.move``); so it does for
+    every earlier one still held, which need not reach it through ``old`` (nobody may hold ``old`` any more)."""
+    # never keeps either alive, but for a twin a real one replaced: while the model holds ``new`` (the reference
+    # lives as long as this entry), it comes back with the module (``kept``) with its id, hooks and attributes
+    nref = weakref.ref(new, _holding(old)) if isinstance(old, V.VirtualTensor) and not isinstance(
+        new, V.VirtualTensor) else weakref.ref(new)
+    space.replaced[id(old)] = (weakref.ref(old), nref)
+    with torch._C.DisableTorchFunction():  # (``old`` may be a ``Moved`` already: its own hooks, not its successor's)
+        for name in _HOOKS:  # hooks registered on the parameter fire wherever the model's move puts it
+            if getattr(new, name) is None and (hooks := getattr(old, name)) is not None:
+                setattr(new, name, hooks)  # the same dict: a handle's remove() reaches both
     if type(old) is torch.nn.Parameter:
         old.__class__ = Moved
-    follow(old, new)
+    for ref in follow(old, new):
+        if (t := ref()) is not None:
+            space.replaced[id(t)] = (ref, nref)
 
 
-def follow(old: Any, new: Any) -> None:
+def _holding(t: Any) -> Any:
+    """A weak reference's callback that holds ``t`` (a plain tensor attribute would be walked as the model's)."""
+    return lambda _ref: t
+
+
+def follow(old: Any, new: Any) -> list[Any]:
     """``Module.to`` on the device keeps each ``Parameter`` object and swaps its data, so whatever still holds it
     reads it where it went: a backward whose op saved the parameter itself (``native_layer_norm`` saves its weight,
     a convolution its kernel) reads it after an offload moved it away; a view taken before the move (a linear's
     ``weight.t()``) keeps the old data. The virtual twin ``Module._apply`` replaced (and those it replaced before)
     takes its successor's device."""
-    before = [r for r in old.__dict__.get("_td_before", ()) if r() is not None] + [weakref.ref(old)]
+    before = [r for r in old.__dict__.get("_td_before", ()) if r() is not None and r() is not new]
+    before.append(weakref.ref(old))
     device = new._td_device if isinstance(new, V.VirtualTensor) else new.device
     # (a real one the run replaced hands every call on: ``Moved``)
     lifted.swapped([t for r in before if isinstance(t := r(), V.VirtualTensor)], device)
     new.__dict__["_td_before"] = before
+    return before
 
 
 def _now(space: Any, p: Any) -> Any:

@@ -72,6 +72,9 @@ def _move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: tor
         back = takenback.made(t._td_path, verb) if running is None else None  # at the program's line: its record
         if back is not None:
             origin = back
+            if back.loaded:  # a state load: the module moves made by then tell where its parameter was (swapload)
+                from torchdoctor._virtual.modcast import counts
+                back.before = counts()
         elif t._td_path is None:  # an activation taken back: this line put it on the cpu (``.to(cache_device)``)
             origin = Made("Tensor.to", running)
         elif origin is None and running is not None:
@@ -349,6 +352,8 @@ def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> It
         installs.set(torch.Tensor, "_make_subclass", staticmethod(make_subclass), shared=True)
         installs.set(torch.nn.Parameter, "__new__", staticmethod(param_new), shared=True)
         installs.set(torch, "_has_compatible_shallow_copy_type", outside.compatible, shared=True)
+        installs.set(torch.__future__, "get_swap_module_params_on_conversion", replaced.no_swap_in_apply,
+                     shared=True)
         # compiled code places tensors as eager code does; inductor needs the GPU
         installs.set(torch, "compile", outside.eager)
         api.follow_threads(installs)

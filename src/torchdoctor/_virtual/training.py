@@ -36,7 +36,7 @@ def check_step(rec: Any, optimizer: Any) -> None:
     on its parameters' device, as after the fix."""
     names = _param_paths(rec)
     state = getattr(optimizer, "state", {})
-    off: list[tuple[str, str, torch.Tensor, torch.device, dict[str, Any]]] = []
+    off: list[tuple[str, str, torch.Tensor, torch.device, dict[str, Any], torch.Tensor]] = []
     for group in getattr(optimizer, "param_groups", ()):
         for i, p in enumerate(group.get("params", ())):
             if not isinstance(p, torch.Tensor):
@@ -52,22 +52,22 @@ def check_step(rec: Any, optimizer: Any) -> None:
                 # own dtype and shape: only floating tensors shaped as the parameter are held to it
                 if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() and v.shape == p.shape:
                     if tensor_device(v) != where:
-                        off.append((name, key, v, where, held))
+                        off.append((name, key, v, where, held, p))
     if off:
         _state_off(rec, optimizer, off)
 
 
-def _state_off(rec: Any, optimizer: Any, off: list[tuple[str, str, torch.Tensor, torch.device, dict[str, Any]]]
-               ) -> None:
+def _state_off(rec: Any, optimizer: Any,
+               off: list[tuple[str, str, torch.Tensor, torch.device, dict[str, Any], torch.Tensor]]) -> None:
     """One finding for an optimizer's state on another device than its parameters; the run then moves it."""
-    first, key, v, where, _ = off[0]
+    first, key, v, where, _, param = off[0]
     here = tensor_device(v)
     held = heldby_name(optimizer) or "optimizer"
     mine = {id(p) for g in getattr(optimizer, "param_groups", ()) for p in g.get("params", ())}
     model = next((heldby_name(root) for root in rec.modules.outermost  # the model whose parameters it holds
                   if any(id(p) in mine for p in root.parameters())), None) or "model"
-    keys = ", ".join(dict.fromkeys(k for _, k, _, _, _ in off))
-    params = len(dict.fromkeys(n for n, _, _, _, _ in off))
+    keys = ", ".join(dict.fromkeys(k for _, k, _, _, _, _ in off))
+    params = len(dict.fromkeys(n for n, _, _, _, _, _ in off))
     path = f"optimizer.state[{first}].{key}"
     more = f" and {len(off) - 1} more ({keys} of {params} parameter(s))" if len(off) > 1 else ""
     to = device_str(where)
@@ -79,23 +79,25 @@ def _state_off(rec: Any, optimizer: Any, off: list[tuple[str, str, torch.Tensor,
                f"its parameter is on {to} ({type(optimizer).__name__} {held}); the step raises on real hardware. "
                f"Load it after the model's move ({held}.load_state_dict after {model}.to), or move it with the model: "
                f"torchdoctor.move({model}, {to!r}, optimizer={held})")
-    moved = _moved_away(v, held, to)
-    if moved is not None:  # the program's own offload between steps, not a load: that line, and the move back
+    moved = _moved_away(v, param, key, held, to)
+    if moved is not None:  # the program's own offload between steps, or a load while a block was swapped out
         message, fix = f"{path} {compact(v.dtype, tuple(v.shape), here)}{more}: {moved[0]}", moved[1]
     STATE_FIXES[message] = fix
     while len(STATE_FIXES) > 64:
         STATE_FIXES.pop(next(iter(STATE_FIXES)))
     rec._note("device", path, device_str(here), to, message, op="Optimizer.step", role="optimizer",
               key=f"step:state:{id(optimizer)}")
-    for _, k, t, dev, state in off:  # as after the fix: each state tensor on its parameter's device
+    for _, k, t, dev, state, _ in off:  # as after the fix: each state tensor on its parameter's device
         with contextlib.suppress(Exception):
             state[k] = t.to(dev)
 
 
-def _moved_away(v: torch.Tensor, held: str, to: str) -> tuple[str, str] | None:
+def _moved_away(v: torch.Tensor, param: torch.Tensor, key: str, held: str, to: str) -> tuple[str, str] | None:
     """(message, fix) for a state tensor the program's own line moved off its parameter's device (an offload between
-    steps, ``st[k] = v.to("cpu")``), the move back before the step left out; None when no line of the program did."""
+    steps, ``st[k] = v.to("cpu")``), the move back before the step left out, or loaded while its parameter's block
+    was swapped out to the cpu (``swapload``); None when no line of the program did."""
     from torchdoctor._virtual.origin import where_called
+    from torchdoctor._virtual.swapload import loaded_away
     from torchdoctor._virtual.takenback import of
 
     back = of(v)
@@ -103,6 +105,9 @@ def _moved_away(v: torch.Tensor, held: str, to: str) -> tuple[str, str] | None:
         return None
     here, step = device_str(v.device), where_called()
     at = f" at {step}" if step else ""
+    swapped = loaded_away(back, param, key, held, to, at)
+    if swapped is not None:
+        return swapped
     return (f"optimizer state on {here} (taken to {here} by `{back.verb}` at {back.at}) while its parameter is on "
             f"{to} when {held}.step(){at} runs: the step raises on real hardware",
             f"# {held}'s state was moved to {here} at {back.at} and not moved back before {held}.step(){at}: move it "
