@@ -80,29 +80,27 @@ def scan_chunked(sc: Any, text: str, start: int, cut: int, max_hits: int) -> Non
                 spoken = sc.spoken
                 get = chunks[spoken].get
                 eff = get(text[cs:ce], _NONE)
-        if eff is not _NONE and eff is not None and hits + eff[0] <= max_hits and (
-                not eff[7] or text.startswith(eff[7], ce)) and (
-                umax <= cs or _flush(used, until) or all(until.get(name, -1) <= cs + rel for name, rel in eff[8])):
-            hits += eff[0]
-            cell = eff[10]
-            if not cell[0]:
-                used.append(eff)
-            cell[0] += 1
-            cell[1] = seq
-            cell[2] = cs
-            seq += eff[1]
-            if cs + eff[9] > umax:
-                umax = cs + eff[9]
-            first = eff[4]
-            if first is not _NONE:
-                if first is not prev_key and first != prev_key:  # its first error against the one before
-                    floor = prev_end
-                if eff[5] is not None:
-                    floor = cs + eff[5]
-                last = eff[6]
-                prev_key, prev_end = last[0], cs + last[1]
-            replayed += 1
-            continue
+        if eff is not _NONE and eff is not None:
+            n, more, first, moved, last, last_end, follow, firsts, reach, cell, _, _ = eff
+            if hits + n <= max_hits and (not follow or text.startswith(follow, ce)) and (
+                    umax <= cs or _flush(used, until) or all(until.get(name, -1) <= cs + rel for name, rel in firsts)):
+                hits += n
+                if not cell[0]:
+                    used.append(eff)
+                cell[0] += 1
+                cell[1] = seq
+                cell[2] = cs
+                seq += more
+                if cs + reach > umax:
+                    umax = cs + reach
+                if first is not _NONE:
+                    if first is not prev_key and first != prev_key:  # its first error against the one before
+                        floor = prev_end
+                    if moved is not None:
+                        floor = cs + moved
+                    prev_key, prev_end = last, cs + last_end
+                replayed += 1
+                continue
         sc.tried += 1  # looked up and not replayed
         sc.replayed += replayed
         replayed = 0
@@ -140,12 +138,12 @@ def _flush(used: list[Any], until: dict[str, int]) -> bool:
     if len(used) > 1:
         used.sort(key=_at)
     for eff in used:
-        cell = eff[10]
+        cell = eff[9]
         times, base, at = cell
-        for g, n, rel in eff[2]:
+        for g, n, rel in eff[10]:
             g.count += n * times
             g.last = base + rel
-        for name, rel in eff[3]:
+        for name, rel in eff[11]:
             until[name] = at + rel
         cell[0] = 0
     used.clear()
@@ -153,7 +151,7 @@ def _flush(used: list[Any], until: dict[str, int]) -> bool:
 
 
 def _at(eff: Any) -> int:
-    return eff[10][2]  # type: ignore[no-any-return]
+    return eff[9][2]  # type: ignore[no-any-return]
 
 
 def _record(sc: Any, text: str, cs: int, ce: int, max_hits: int) -> tuple[Any, ...] | None:
@@ -190,9 +188,11 @@ def _record(sc: Any, text: str, cs: int, ce: int, max_hits: int) -> tuple[Any, .
     until = sc.until
     ends = tuple((name, until[name] - cs) for name, (_, before) in firsts.items() if until.get(name, -1) != before)
     floor = sc.floor - cs if first is not _NONE and sc.moved else None
-    last = (sc.prev_key, sc.prev_end - cs) if first is not _NONE else None
-    # (hits, sequence numbers, (group, count, last), (signature, window end), first error key, floor, last error,
-    #  what must follow the paragraph, (signature, first hit), the end of the windows, a cell for ``_flush``)
-    # the last: (times replayed since the last flush, the sequence number and place of the last such replay)
-    return (sc.hits - hits0, sc.seq - seq0, groups, ends, first, floor, last, text[ce:reach] if reach > ce else "",
-            tuple((name, p - cs) for name, (p, _) in firsts.items()), max((rel for _, rel in ends), default=-1), [0, 0, 0])
+    last, last_end = (sc.prev_key, sc.prev_end - cs) if first is not _NONE else (None, 0)
+    # (hits, sequence numbers, first error key, floor, last error's key and end, what must follow the paragraph,
+    #  (signature, first hit), the end of the windows, a cell for ``_flush``, (group, count, last), (signature,
+    #  window end)): what a replay reads first, unpacked at once. The cell: (times replayed since the last flush,
+    #  the sequence number and place of the last such replay)
+    return (sc.hits - hits0, sc.seq - seq0, first, floor, last, last_end, text[ce:reach] if reach > ce else "",
+            tuple((name, p - cs) for name, (p, _) in firsts.items()), max((rel for _, rel in ends), default=-1),
+            [0, 0, 0], groups, ends)

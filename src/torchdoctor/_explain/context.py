@@ -300,7 +300,7 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     """
     # a word is looked up only for a rule that could fire, once (``present``: by its shape, behind shorter words)
     look = Present(context, plans(rules, (w for r in rules for w in r.words)))
-    present = look.known
+    by_words: dict[int, str | None] = {}
     prose: dict[str, bool] = {}
 
     def scale(word: str) -> float:
@@ -320,15 +320,12 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
         for fl in rule.unless:
             if fl in flags:
                 return None
-        if not rule.words:
+        words = rule.words
+        if not words:
             return ""
-        for w in rule.words:
-            got = present.get(w)
-            if got is None:
-                got = look(w)
-            if got:
-                return w
-        return None
+        if id(words) not in by_words:  # rules that share one word list (BNB, PEFT ...): read once
+            by_words[id(words)] = look.first(words)
+        return by_words[id(words)]
 
     score: dict[str, float] = {category: 1.0}
     from_prose: dict[str, float] = {}

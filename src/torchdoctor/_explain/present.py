@@ -52,8 +52,8 @@ def plans(owner: object, words: Iterable[str]) -> dict[str, Plan]:
 
 class Present:
     """``present(word)``: whether a context rule's word occurs in ``context`` as ``find_word`` finds it, for a word
-    not asked before: ``known`` holds every answer given, and a caller reads it first (a dict look-up is cheaper
-    than a call)."""
+    not asked before; ``first(words)``: the first of a rule's words that occurs. ``known`` holds every answer given
+    (read before a call: a dict look-up is cheaper than one)."""
 
     __slots__ = ("context", "known", "plans", "_shape")
 
@@ -62,6 +62,17 @@ class Present:
         self.known: dict[str, bool] = {}
         self.plans = plans
         self._shape: bytes | None = None
+
+    def first(self, words: tuple[str, ...]) -> str | None:
+        """The first of ``words`` the context holds, else None."""
+        known = self.known
+        for w in words:
+            got = known.get(w)
+            if got is None:
+                got = self(w)
+            if got:
+                return w
+        return None
 
     def __call__(self, word: str) -> bool:
         known = self.known
