@@ -65,7 +65,15 @@ class Present:
 
     def first(self, words: tuple[str, ...]) -> str | None:
         """The first of ``words`` the context holds, else None."""
-        known = self.known
+        known, context = self.known, self.context
+        if len(context) <= _LONG:  # a short context: a look-up costs less than a word's plan, so none is read
+            for w in words:
+                got = known.get(w)
+                if got is None:
+                    got = known[w] = w in context if "\\b" not in w else find_word(context, w) != -1
+                if got:
+                    return w
+            return None
         for w in words:
             got = known.get(w)
             if got is None:
