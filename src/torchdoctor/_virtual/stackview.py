@@ -42,7 +42,8 @@ class StackView:
         module's own move (``ema.to("cpu")``, ``takenback``): the program's frames name its tensor better
         (``ema.weight``)."""
         return origin is not None and (any(s in (getattr(origin, "at", None) or "") for s in _SKIP)
-                                       or getattr(origin, "by_module", False) or _built_apart(origin))
+                                       or getattr(origin, "by_module", False) or _built_apart(origin)
+                                       or _moved_by_library(origin))
 
     def attribute_of(self, tensor: torch.Tensor, kept: Any = None) -> str | None:
         """``blocks.0.scale``: ``tensor`` as a plain attribute of the innermost running module; else, when no maker
@@ -71,6 +72,12 @@ def _built_apart(origin: Any) -> bool:
     op = getattr(origin, "op", None)
     return isinstance(op, str) and op.startswith("torch.nn.") and getattr(origin, "module", 1) is None and \
         getattr(origin, "at", None) is not None
+
+
+def _moved_by_library(origin: Any) -> bool:
+    from torchdoctor._virtual.deepheld import library_move
+
+    return library_move(origin)
 
 
 def held_locally(tensor: torch.Tensor, origin: Any = None) -> str | None:

@@ -328,11 +328,14 @@ def held_by(t: Any) -> str | None:
     real = getattr(t, "_td_real", None)
     if real is None:
         return None
+    from torchdoctor._virtual.deepheld import held_deep, library_move
     from torchdoctor._virtual.heldby import held_by as find
     from torchdoctor._virtual.stackview import held_locally
 
-    # a module's tensor (``ema.weight``), else an object's (``ema.shadow_params[0]``)
-    return find(t) or held_locally(real, getattr(t, "_td_origin", None))
+    # a module's tensor (``ema.weight``), else an object's (``ema.shadow_params[0]``), else, moved by a library's
+    # own line, one an object holds inside a list (an offloaded cache layer's ``cache.layers[1].keys``)
+    origin = getattr(t, "_td_origin", None)
+    return find(t) or held_locally(real, origin) or (held_deep(real, origin) if library_move(origin) else None)
 
 
 def make(cls: type, elem: torch.Tensor, device: torch.device, path: str | None = None,
