@@ -17,7 +17,7 @@ import torch
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.prove import Fix
 
-__all__ = ["f8_dtype_fix"]
+__all__ = ["chosen", "f8_dtype_fix", "function_at"]
 
 _COMPUTE = torch.bfloat16
 
@@ -38,8 +38,8 @@ def f8_dtype_fix(p: Problem, cases: Sequence[Any], op: str, device: str) -> Fix 
         return None
     lines = text.split("\n")
     names = _cast_names(tree, line)
-    func = _function_at(tree, line)
-    hit = next((h for n in names if (h := _chosen(tree, lines, func, n, line, file)) is not None), None)
+    func = function_at(tree, line)
+    hit = next((h for n in names if (h := chosen(tree, lines, func, n, line, file)) is not None), None)
     if hit is None:
         return None
     name, at_line, expr, how = hit
@@ -91,7 +91,7 @@ def _cast_names(tree: ast.Module, line: int) -> list[str]:
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _function_at(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+def function_at(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     best = None
     for n in ast.walk(tree):
         if isinstance(n, _FUNCS) and n.lineno <= line <= int(n.end_lineno or 0) and (best is None or
@@ -100,7 +100,7 @@ def _function_at(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunc
     return best
 
 
-def _chosen(tree: ast.Module, lines: list[str], func: Any, name: str, line: int, file: str
+def chosen(tree: ast.Module, lines: list[str], func: Any, name: str, line: int, file: str
             ) -> tuple[str, int, ast.expr, str] | None:
     """(name, line, the expression written there, how it is bound) for ``name`` as the function at ``line`` reads it:
     a one-line assignment before ``line``, else the argument the one call of that function passes for its
@@ -114,23 +114,26 @@ def _chosen(tree: ast.Module, lines: list[str], func: Any, name: str, line: int,
     params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
     if name not in params and name not in [a.arg for a in func.args.kwonlyargs]:
         return None
+    callee = func.name
+    if callee == "__init__":  # a class's constructor: called by the class's name
+        callee = next((c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and func in c.body), "")
     calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and (
-        isinstance(c.func, ast.Name) and c.func.id == func.name or
-        isinstance(c.func, ast.Attribute) and c.func.attr == func.name)]
+        isinstance(c.func, ast.Name) and c.func.id == callee or
+        isinstance(c.func, ast.Attribute) and c.func.attr == callee)]
     if len(calls) != 1:  # several callers: none of them alone chose it
         return None
     call = calls[0]
     arg = next((k.value for k in call.keywords if k.arg == name), None)
     if arg is None and name in params:
-        index = params.index(name) - (1 if params[0] in ("self", "cls") and isinstance(call.func, ast.Attribute)
-                                      else 0)
+        index = params.index(name) - (1 if params[0] in ("self", "cls") and (
+            isinstance(call.func, ast.Attribute) or callee != func.name) else 0)
         if 0 <= index < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:index + 1]):
             arg = call.args[index]
     if arg is None:
         return None
     if isinstance(arg, ast.Name):  # passed on by name: where the caller bound it
-        return _chosen(tree, lines, _function_at(tree, call.lineno), arg.id, call.lineno, file)
-    return _one_line(name, arg.lineno, arg, f"passes {func.name}()", lines)
+        return chosen(tree, lines, function_at(tree, call.lineno), arg.id, call.lineno, file)
+    return _one_line(name, arg.lineno, arg, f"passes {callee}()", lines)
 
 
 def _one_line(name: str, at: int, value: ast.expr, how: str, lines: list[str]

@@ -177,6 +177,7 @@ def at_cast_lines(fixes: list[Fix], casts: Casts | None, root: Any) -> list[Fix]
         return program_named(fixes, root)
     from torchdoctor._virtual.awayline import away_fix
     from torchdoctor._virtual.builtat import build_line_fix
+    from torchdoctor._virtual.dtypesource import dtype_source_fix
     from torchdoctor._virtual.heldfix import held_fix
     from torchdoctor._virtual.globaldev import device_line_fix
     from torchdoctor._virtual.mixedfix import scaler_fix
@@ -187,7 +188,7 @@ def at_cast_lines(fixes: list[Fix], casts: Casts | None, root: Any) -> list[Fix]
     for f in fixes:
         fixed = _line_fix(f, casts, root) or device_line_fix(f, casts.moves, root) or build_line_fix(f, root) \
             or away_fix(f, casts, root, used) or scaler_fix(f, casts, root) or held_fix(f) \
-            if isinstance(root, torch.nn.Module) else None
+            or dtype_source_fix(f, casts, root) if isinstance(root, torch.nn.Module) else None
         out.append(fixed or f)
     out = drop_covered(out, used, root)
     # written for the program's object (a block's model as its frame calls it)
