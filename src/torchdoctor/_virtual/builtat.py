@@ -15,7 +15,7 @@ import torch
 
 from torchdoctor._virtual.prove import Fix
 
-__all__ = ["build_line_fix", "rebuilt"]
+__all__ = ["build_line_fix", "covered_notes", "rebuilt"]
 
 
 def build_line_fix(f: Fix, root: Any) -> Fix | None:
@@ -76,6 +76,10 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
              default=None)
     if fn is not None and fn.name == "__init__":  # built with the module that holds it, before any move of that
         return None  # module: what left it behind came later (a buffer moved back, a loader's offload)
+    cast = ""
+    if len(parts) == 1 and (dt := _wrapped_dtype(owners)) is not None:  # the layer it wraps is in another dtype
+        parts = (parts[0], dt)  # (LoRA injected after a .to(device, dtype)): built there in the layer's dtype too
+        target, cast = parts, f" and cast to {str(dt).rsplit('.', 1)[-1]}"
     known = {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)} if fn is not None else set()
     exprs = [("device" if "device" in known else value_code(parts[0])) if isinstance(x, torch.device) else
              ("dtype" if "dtype" in known else value_code(x)) for x in parts]
@@ -91,9 +95,30 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
     count = len({id(o) for o in owners})
     many = (f"{count} {cls.__name__} modules are", "them", "they are") if count > 1 else \
         (f"1 {cls.__name__} module is", "it", "it is")
-    return Fix(f"# {many[0]} built at {short} after the model was moved, on the cpu: move {many[1]} where {many[2]} "
-               f"built ({ast.unparse(call)}{moved})", "note", target,
-               sets=f.sets, diff=diff, rebuild=(cls, file, call.lineno, parts))
+    return Fix(f"# {many[0]} built at {short} after the model was moved{cast}, on the cpu: move {many[1]} where "
+               f"{many[2]} built ({ast.unparse(call)}{moved})", "note", target,
+               sets=tuple((p, target) for p, _ in f.sets), diff=diff, rebuild=(cls, file, call.lineno, parts))
+
+
+def covered_notes(fixes: Sequence[Fix]) -> list[Fix]:
+    """``fixes`` without the generic "made in <dtype> ... no line that made them was recorded" notes where a fix
+    builds the modules at their line in the dtype those tensors lacked (the same tensors: one cause, one fix)."""
+    built = {str(f.rebuild[3][1]).rsplit(".", 1)[-1] for f in fixes if f.rebuild is not None and len(f.rebuild[3]) > 1}
+    return [f for f in fixes if not (f.kind == "input" and "no line that made them was recorded" in f.code and any(
+        f"cast them where they are made (tensor.to(torch.{d}))" in f.code for d in built))] if built else list(fixes)
+
+
+def _wrapped_dtype(owners: Sequence[Any]) -> torch.dtype | None:
+    """The floating dtype of the one layer each module wraps (``LoRALinear(child)``'s ``child``) when the module's
+    own floating parameters are in another one; None otherwise."""
+    kinds: set[torch.dtype] = set()
+    for o in owners:
+        kids = [m for m in o.children() if isinstance(getattr(m, "weight", None), torch.Tensor)]
+        own = {p.dtype for p in o._parameters.values() if p is not None and p.is_floating_point()}
+        if len(kids) != 1 or not kids[0].weight.is_floating_point() or not own or kids[0].weight.dtype in own:
+            return None
+        kinds.add(kids[0].weight.dtype)
+    return next(iter(kinds)) if len(kinds) == 1 else None
 
 
 def _there(t: torch.Tensor, device: torch.device) -> bool:

@@ -176,7 +176,7 @@ def at_cast_lines(fixes: list[Fix], casts: Casts | None, root: Any) -> list[Fix]
     if casts is None:
         return program_named(fixes, root)
     from torchdoctor._virtual.awayline import away_fix
-    from torchdoctor._virtual.builtat import build_line_fix
+    from torchdoctor._virtual.builtat import build_line_fix, covered_notes
     from torchdoctor._virtual.dtypesource import dtype_source_fix
     from torchdoctor._virtual.heldfix import held_fix
     from torchdoctor._virtual.globaldev import device_line_fix
@@ -190,7 +190,7 @@ def at_cast_lines(fixes: list[Fix], casts: Casts | None, root: Any) -> list[Fix]
             or away_fix(f, casts, root, used) or scaler_fix(f, casts, root) or held_fix(f) \
             or dtype_source_fix(f, casts, root) if isinstance(root, torch.nn.Module) else None
         out.append(fixed or f)
-    out = drop_covered(out, used, root)
+    out = covered_notes(drop_covered(out, used, root))
     # written for the program's object (a block's model as its frame calls it)
     return program_named([_in_parts(_put_apart(f, casts, root), casts, root) for f in out], root)
 
