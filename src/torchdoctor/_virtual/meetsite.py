@@ -30,59 +30,12 @@ from typing import Any
 
 import torch
 
+from torchdoctor._virtual.devexpr import function_at as _function, tree_of as _tree, written_device
 from torchdoctor._virtual.linenames import Named
 from torchdoctor._virtual.ownline import statements_at
 from torchdoctor._virtual.prove import Fix
 
 __all__ = ["made_by", "made_pass", "meet_fix", "runtime_device", "written_follows"]
-
-_PARSED: dict[str, ast.Module | None] = {}  # an own file's parse, for the run's process (a fix's lines only)
-
-
-def _tree(file: str) -> ast.Module | None:
-    if file not in _PARSED:
-        try:
-            _PARSED[file] = ast.parse("".join(linecache.getlines(file)))
-        except (SyntaxError, ValueError):
-            _PARSED[file] = None
-    return _PARSED[file]
-
-
-def _function(tree: ast.Module, line: int) -> Any:
-    """The innermost function holding ``line``, else the module."""
-    return min((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and
-                n.lineno <= line <= (n.end_lineno or n.lineno)),
-               key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=tree)
-
-
-def _literal(node: ast.expr) -> bool:
-    """A device written out: ``"cpu"``, ``0``, ``torch.device("cuda", 0)``."""
-    if isinstance(node, ast.Constant):
-        return True
-    return isinstance(node, ast.Call) and ast.unparse(node.func) in ("torch.device", "device") and \
-        all(isinstance(a, ast.Constant) for a in (*node.args, *(k.value for k in node.keywords)))
-
-
-def written_device(file: str, line: int) -> tuple[str, bool] | None:
-    """(the device the program's ``line`` gives a factory's ``device=`` or a ``.to()`` / ``.cuda()``, as written;
-    whether it is written out) — a run-time pick (``mm.intermediate_device()``, ``dev``) first; None when the line
-    gives none or is not the program's."""
-    from torchdoctor._virtual.ownline import own_line
-
-    here = own_line(file, line)
-    if here is None:
-        return None
-    found: list[tuple[str, bool]] = []
-    for n in ast.walk(here[2]):
-        if not isinstance(n, ast.Call):
-            continue
-        dev = next((k.value for k in n.keywords if k.arg == "device"), None)
-        if dev is None and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda") and n.args:
-            dev = n.args[0]
-        if dev is not None:
-            found.append((ast.unparse(dev), _literal(dev)))
-    return min(found, key=lambda d: d[1], default=None)
-
 
 def runtime_device(file: str, line: int) -> str | None:
     """The expression at the program's ``line`` that decides a device at run time (``mm.intermediate_device()`` in
@@ -151,7 +104,14 @@ def _first_line(file: str, stmt: ast.stmt) -> int:
 def meet_fix(key: str, cases: Sequence[Any], target: torch.device) -> Fix | None:
     """The fix of a tensor made by ``key`` (``factory torch.from_numpy at comfy/nodes.py:12``) at the failing op's
     line, moved to the device of the tensor it meets there, when the maker's line is the wrong place (module doc);
-    None otherwise."""
+    else, when the program has a name for the device its tensors go to, the fix written with that name
+    (``devname``); None otherwise."""
+    from torchdoctor._virtual.devname import named_fix
+
+    return _meet(key, cases, target) or named_fix(key, cases, target)
+
+
+def _meet(key: str, cases: Sequence[Any], target: torch.device) -> Fix | None:
     from torchdoctor._guard.ownfile import own_file
     from torchdoctor._virtual.origin import IN_SCOPE, LINES
 

@@ -1,0 +1,67 @@
+"""A device as the program's own line writes it: the innermost function of an own file holding a line (files parsed
+once per process, a fix's lines only), and the device a line gives a factory's ``device=`` or a ``.to()`` /
+``.cuda()`` — a run-time pick (a name, a helper's call) or a device written out. Read by ``meetsite`` and
+``devname``."""
+
+from __future__ import annotations
+
+import ast
+import linecache
+from typing import Any
+
+__all__ = ["enclosing", "function_at", "tree_of", "written_device"]
+
+_PARSED: dict[str, ast.Module | None] = {}  # an own file's parse, for the run's process (a fix's lines only)
+
+
+def tree_of(file: str) -> ast.Module | None:
+    if file not in _PARSED:
+        try:
+            _PARSED[file] = ast.parse("".join(linecache.getlines(file)))
+        except (SyntaxError, ValueError):
+            _PARSED[file] = None
+    return _PARSED[file]
+
+
+def function_at(tree: ast.Module, line: int) -> Any:
+    """The innermost function holding ``line``, else the module."""
+    return min((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and
+                n.lineno <= line <= (n.end_lineno or n.lineno)),
+               key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=tree)
+
+
+def enclosing(file: str, line: int) -> Any:
+    """The innermost function of ``file`` holding ``line``, else its module; None when the file does not parse."""
+    tree = tree_of(file)
+    return function_at(tree, line) if tree is not None else None
+
+
+def _literal(node: ast.expr) -> bool:
+    """A device written out: ``"cpu"``, ``0``, ``torch.device("cuda", 0)``."""
+    if isinstance(node, ast.Constant):
+        return True
+    return isinstance(node, ast.Call) and ast.unparse(node.func) in ("torch.device", "device") and \
+        all(isinstance(a, ast.Constant) for a in (*node.args, *(k.value for k in node.keywords)))
+
+
+def written_device(file: str, line: int) -> tuple[str, bool] | None:
+    """(the device the program's ``line`` gives a factory's ``device=`` or a ``.to()`` / ``.cuda()``, as written;
+    whether it is written out) — a run-time pick (``mm.intermediate_device()``, ``dev``) first; None when the line
+    gives none or is not the program's."""
+    from torchdoctor._virtual.ownline import own_line
+
+    here = own_line(file, line)
+    if here is None:
+        return None
+    found: list[tuple[str, bool]] = []
+    for n in ast.walk(here[2]):
+        if not isinstance(n, ast.Call):
+            continue
+        dev = next((k.value for k in n.keywords if k.arg == "device"), None)
+        if dev is None and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda") and n.args:
+            dev = n.args[0]
+        if dev is not None:
+            found.append((ast.unparse(dev), _literal(dev)))
+    return min(found, key=lambda d: d[1], default=None)
+
+
