@@ -185,7 +185,8 @@ def test_a_state_loaded_while_its_block_sat_on_the_cpu_is_found_at_the_step(fore
            "when opt.step() at " in p.message, p.message
     assert re.search(rf"opt\.load_state_dict at \S*{here}\d+ put it on the cpu, where its parameter was then: "
                      rf"`step\(\)` at \S*{here}\d+ \(in `_resume.<locals>.step` at \S*{here}\d+\) had moved", p.message)
-    assert "had moved `blocks.1` there, and `step()` at" in p.message and "brought it back" in p.message
+    assert re.search(rf"had moved `blocks\.1` there, and `blocks\[1\]\.to\(dev\)` at \S*{here}\d+ brought it back",
+                     p.message), p.message
     [fix] = sim.fixes
     assert fix.code.startswith("# load opt's state while its parameters are on cuda:0: bring the swapped blocks "
                                "back before opt.load_state_dict at "), fix.code
@@ -239,3 +240,30 @@ def test_offloaded_training_with_the_libraries_computes_what_the_cpu_does(train:
         got = train("cuda")
     assert sim.problems == [], [p.message for p in sim.problems]
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+def _loaded_swapped_out(dev: str) -> None:
+    """The optimizer built on the device, its state loaded while a block is swapped out by the program's own line."""
+    torch.manual_seed(0)
+    blocks = nn.ModuleList([nn.Linear(8, 8) for _ in range(2)]).to(dev)
+    opt = torch.optim.AdamW(blocks.parameters(), lr=1e-3)
+    blocks[1](blocks[0](torch.randn(2, 8, device=dev))).sum().backward()
+    opt.step()
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    buf.seek(0)
+    blocks[1].to("cpu")  # swapped out
+    opt.load_state_dict(torch.load(buf))
+    blocks[1].to(dev)
+    blocks[1](blocks[0](torch.randn(2, 8, device=dev))).sum().backward()
+    opt.step()
+
+
+def test_a_state_loaded_into_an_optimizer_built_on_the_device_while_a_block_is_out_is_found() -> None:
+    _loaded_swapped_out("cpu")
+    with torchdoctor.virtual_devices("cuda:0", raise_on_exit=False) as sim:
+        _loaded_swapped_out("cuda")
+    [p] = [p for p in sim.problems if p.kind == "device"]
+    assert "(opt.state[blocks[1].weight]['exp_avg']) while its parameter is on cuda:0" in p.message, p.message
+    assert re.search(r"where its parameter was then: `blocks\[1\]\.to\(\"cpu\"\)` at \S+:\d+ had moved `blocks\.1` "
+                     r"there, and `blocks\[1\]\.to\(dev\)` at \S+:\d+ brought it back", p.message), p.message

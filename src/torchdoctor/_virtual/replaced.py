@@ -99,13 +99,18 @@ def kept(space: Any, data: torch.Tensor, requires_grad: bool) -> Any:
     if frame is None or not _keeps_objects():
         return None
     old = frame.f_locals.get("param")
+    before = getattr(old, "__dict__", {}).get("_td_before")
+    if not before:
+        return None
     virtual = isinstance(data, V.VirtualTensor)
-    for ref in reversed(getattr(old, "__dict__", {}).get("_td_before", ())):
+    kinds = (V.virtual_class(_PARAM),) if virtual else (Moved, _PARAM)
+    for ref in reversed(before):
         p = ref()
-        if p is None or p is old or p.shape != data.shape or (
-                type(p) is not V.virtual_class(torch.nn.Parameter) if virtual else type(p) not in (Moved, _PARAM)):
+        if p is None or p is old or type(p) not in kinds:
             continue
         with torch._C.DisableTorchFunction():  # machinery: neither the run's mode nor ``Moved`` may see these
+            if p.shape != data.shape:  # (another tensor the program put in that slot)
+                continue
             if type(p) is Moved:
                 p.__class__ = _PARAM  # type: ignore[assignment]
             p.__dict__.pop("_td_swapped", None)

@@ -72,7 +72,7 @@ def _move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: tor
         back = takenback.made(t._td_path, verb) if running is None else None  # at the program's line: its record
         if back is not None:
             origin = back
-            if back.loaded:  # a state load: the module moves made by then tell where its parameter was (swapload)
+            if back.by_load:  # a state load: the module moves made by then tell where its parameter was (swapload)
                 from torchdoctor._virtual.modcast import counts
                 back.before = counts()
         elif t._td_path is None:  # an activation taken back: this line put it on the cpu (``.to(cache_device)``)

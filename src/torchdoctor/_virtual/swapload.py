@@ -7,7 +7,7 @@ block swap on) gets a cpu ``exp_avg`` beside a parameter the next step brings ba
 there. The finding names the state as the program holds it (``opt.state[blocks[2].weight]['exp_avg']``), the load's
 line, the program's move that had put the block on the cpu by then and the one that brought it back; the fix is the
 load with the blocks on the device, or the state moved after they come back — never a move of the blocks, which the
-swapping moves again at every step. Read from the runtime's record of the load (``takenback.TakenBack.loaded``) and
+swapping moves again at every step. Read from the runtime's record of the load (``takenback.TakenBack.by_load``) and
 the program's module moves (``modcast``), when the step's check finds the state on another device.
 """
 
@@ -28,7 +28,7 @@ def loaded_away(back: Any, param: torch.Tensor, key: str, held: str, to: str, st
     """(message, fix) for the state ``key`` of ``param`` that ``back`` (its ``TakenBack``, made by the optimizer's
     ``load_state_dict``) put on the cpu while ``param``'s module sat there; None when no module move of the program
     put it there before the load."""
-    if not getattr(back, "loaded", False) or not back.before:
+    if not getattr(back, "by_load", False) or not back.before:
         return None
     ref, n = back.before[0]
     casts = ref()
@@ -42,15 +42,21 @@ def loaded_away(back: Any, param: torch.Tensor, key: str, held: str, to: str, st
     owner = _module_name(casts.moves[away][0](), param)
     name = _program_name(param) or (f"{owner}.weight" if owner else "its parameter")
     state = f"{held}.state[{_py(name)}][{key!r}]"
-    by = _said(casts, away)
-    back_by = f", and {_said(casts, came)} brought it back" if came is not None else ""
+    from torchdoctor._virtual.origin import LINES
+
+    load = LINES.get(back.at)  # each move said at the line of the function that loads, or that steps
+    stepping = _own_frame()
+    by = _said(casts, away, lambda code: load is not None and _holds(code, *load))
+    came_by = _said(casts, came, lambda code: stepping is not None and code is stepping.f_code) \
+        if came is not None else ""
+    back_by = f", and {came_by} brought it back" if came is not None else ""
     message = (f"optimizer state on {here} ({state}) while its parameter is on {to} when {held}.step(){step} runs: the "
                f"step raises on real hardware. {held}.load_state_dict at {back.at} put it on the {here}, where its "
                f"parameter was then: {by} had moved `{owner}` there{back_by} (torch's load_state_dict puts each "
                "state tensor on its parameter's device at the time of the load)")
     fix = (f"# load {held}'s state while its parameters are on {to}: bring the swapped blocks back before "
            f"{held}.load_state_dict at {back.at} and swap them out after it"
-           + (f", or move each state tensor to its parameter's device after {_said(casts, came)} brings them back"
+           + (f", or move each state tensor to its parameter's device after {came_by} brings them back"
               if came is not None else ", or move each state tensor to its parameter's device after they come back")
            + f", before {held}.step(); moving the blocks themselves would undo the swap")
     return message, fix
@@ -65,19 +71,47 @@ def _last_move(casts: Any, param: torch.Tensor, indices: range, kind: str) -> in
     return None
 
 
-def _said(casts: Any, i: int) -> str:
+def _said(casts: Any, i: int, level: Any) -> str:
     """```swap.prepare()` at app.py:44 (in `BlockSwap.prepare` at app.py:12)``: the program's call that moved the
-    module — the line above the move itself when a function of the program made it."""
+    module, at the level of the function ``level`` accepts (the one that loads, or steps), else where it moved."""
     frames = casts.trails[i].frames if i < len(casts.trails) else []
     if not frames:
         return f"the move at {casts.moves[i][4]}"
-    file, line, code = frames[1] if len(frames) > 1 else frames[0]
-    text = linecache.getline(file, line).strip()
+    at = next((k for k, (_, _, code) in enumerate(frames) if level(code)), 0)
+    file, line, code = frames[at]
+    text = _code(linecache.getline(file, line))
     said = f"`{text}` at {_short(file, line)}" if text and len(text) <= 80 else f"the line {_short(file, line)}"
-    if len(frames) > 1:
+    if at > 0:
         inner = frames[0]
         said += f" (in `{getattr(inner[2], 'co_qualname', inner[2].co_name)}` at {_short(inner[0], inner[1])})"
     return said
+
+
+def _holds(code: Any, file: str, line: int) -> bool:
+    """``code`` is the function (or module body) whose lines hold ``file:line``."""
+    return code.co_filename == file and any(n == line for _, _, n in code.co_lines())
+
+
+def _own_frame() -> Any:
+    """The first frame of the program's own code on the stack (the one that called the optimizer's step)."""
+    f: Any = sys._getframe(2)
+    while f is not None and any(s in f.f_code.co_filename for s in _SKIP):
+        f = f.f_back
+    return f
+
+
+def _code(raw: str) -> str:
+    """A source line without its comment (``blocks[1].to("cpu")  # swapped out`` -> ``blocks[1].to("cpu")``)."""
+    import io
+    import tokenize
+
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(raw.strip() + "\n").readline):
+            if tok.type == tokenize.COMMENT:
+                return raw.strip()[:tok.start[1]].rstrip()
+    except (tokenize.TokenError, SyntaxError):  # a line that does not tokenize alone: as it is
+        pass
+    return raw.strip()
 
 
 def _short(file: str, line: int) -> str:

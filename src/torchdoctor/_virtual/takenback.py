@@ -22,15 +22,15 @@ from torchdoctor._virtual.origin import LINES, MACHINERY, Made, short_at
 class TakenBack(Made):
     """``Made`` for a copy the program's line took to the CPU: ``verb`` as written (``.cpu()``, ``.to()``),
     ``by_module`` when a module's own move made it (``model.cpu()`` runs ``Module._apply``), ``time`` when;
-    ``loaded``: torch's ``Optimizer.load_state_dict`` made it (each state tensor on its parameter's device then),
+    ``by_load``: torch's ``Optimizer.load_state_dict`` made it (each state tensor on its parameter's device then),
     ``before``: how many module moves each recording run had recorded by then (``modcast.counts``)."""
 
-    __slots__ = ("verb", "by_module", "time", "loaded", "before")
+    __slots__ = ("verb", "by_module", "time", "by_load", "before")  # (``loaded`` is Made's: a torch.load record)
 
-    def __init__(self, path: str | None, verb: str, at: str, by_module: bool, loaded: bool = False) -> None:
+    def __init__(self, path: str | None, verb: str, at: str, by_module: bool, by_load: bool = False) -> None:
         super().__init__("Tensor.to", None, (path,) if path else ())
         self.at, self.moves = at, True
-        self.verb, self.by_module, self.time, self.loaded = verb, by_module, time.time(), loaded
+        self.verb, self.by_module, self.time, self.by_load = verb, by_module, time.time(), by_load
         self.before: tuple[tuple[Any, int], ...] = ()  # (set by the runtime's move, which may import modcast)
 
     def said(self, device: str, held: str | None = None) -> str:
@@ -53,11 +53,11 @@ def made(path: str | None, verb: str) -> TakenBack | None:
 
     f: Any = sys._getframe(2)
     caller = None  # the first frame outside torchdoctor: the program's, or torch's (a module's move)
-    loaded = False
+    by_load = False
     while f is not None and f.f_code.co_filename.startswith(MACHINERY):
         if caller is None and not f.f_code.co_filename.startswith(_OWN):
             caller = f
-        loaded = loaded or f.f_code is _LOAD
+        by_load = by_load or f.f_code is _LOAD
         f = f.f_back
     if f is None or not is_own(f.f_code.co_filename):
         return None
@@ -66,7 +66,7 @@ def made(path: str | None, verb: str) -> TakenBack | None:
     from torchdoctor._virtual.moveby import note_args
     note_args(f, at)  # its function's arguments: a fix may send it to one's device instead
     by_module = caller is not None and caller.f_code.co_filename.startswith(_TORCH) and _in_apply(caller)
-    return TakenBack(path, verb, at, by_module, loaded)
+    return TakenBack(path, verb, at, by_module, by_load)
 
 
 _LOAD = torch.optim.Optimizer.load_state_dict.__code__
