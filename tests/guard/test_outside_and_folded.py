@@ -197,8 +197,9 @@ def _unet() -> nn.Module:  # a denoiser larger than the tiny VAE: the float16 ma
     return nn.Sequential(nn.Conv2d(4, 200, 3, padding=1), nn.Conv2d(200, 4, 3, padding=1))
 
 
-def _vae() -> nn.Module:
-    return diffusers.AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, latent_channels=4, layers_per_block=1)
+def _vae(force_upcast: bool = True) -> nn.Module:
+    return diffusers.AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, latent_channels=4, layers_per_block=1,
+                                   force_upcast=force_upcast)
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +246,8 @@ class _DPipe(diffusers.DiffusionPipeline):  # type: ignore[misc,name-defined]
 @pytest.mark.parametrize("mode", ["explain", "strict"])
 def test_in_a_pipeline_the_vae_is_the_culprit_and_the_callers_line_is_not_its_inputs_maker(
         pipe: _Pipe, mode: str) -> None:
-    dp = _DPipe(pipe.unet, pipe.vae)
+    torch.manual_seed(0)
+    dp = _DPipe(pipe.unet, _vae(force_upcast=False))  # float32 by nobody's choice: its config asks for no upcast
     err, g, _ = _guarded(dp, mode, lambda: dp(torch.randn(1, 4, 4, 4, dtype=H)))
     assert err is not None
     text = str(err)
@@ -255,3 +257,17 @@ def test_in_a_pipeline_the_vae_is_the_culprit_and_the_callers_line_is_not_its_in
     # the VAE's input is `lat / 0.18`, made in the pipeline's __call__: the caller's `dp(torch.randn(...))` line
     # passed other tensors and is not where it was made
     assert "made by `torch.randn`" not in text, text
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict"])
+def test_in_a_pipeline_a_vae_kept_in_float32_gets_its_latents_cast_where_the_pipeline_decodes(pipe: _Pipe,
+                                                                                            mode: str) -> None:
+    dp = _DPipe(pipe.unet, pipe.vae)  # its config sets force_upcast: float32 is what it asks for at the decode
+    err, _, _ = _guarded(dp, mode, lambda: dp(torch.randn(1, 4, 4, 4, dtype=H)))
+    assert err is not None
+    text = str(err)
+    assert "`AutoencoderKL` computes in float32 on purpose (its config sets force_upcast)" in text, text
+    assert (err.fix or "").startswith("return self.vae.decode(lat.to(self.vae.dtype) / 0.18).sample  # "
+                                      "test_outside_and_folded.py:"), err.fix
+    assert "vae.to(torch.float16)" not in (err.fix or "") and "+        return self.vae.decode(lat.to(" \
+        "self.vae.dtype) / 0.18).sample\n" in (err.patch or ""), err.patch

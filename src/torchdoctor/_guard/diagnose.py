@@ -19,7 +19,7 @@ from torchdoctor._guard.float8 import is_float8_message
 from torchdoctor._guard.argproof import proof_line
 from torchdoctor._guard.assigned import assigned_fix, trace_note as _trace_note
 from torchdoctor._guard.handed import handed_aim
-from torchdoctor._guard.kept import kept_aim, kept_float32  # (a component kept in float32 on purpose)
+from torchdoctor._guard.kept import kept_aim, kept_float32, kept_site  # (a component kept in float32 on purpose)
 from torchdoctor._guard.remedy import Aim, aimed, caller_fix, caller_makers, moved_aim, with_patch
 from torchdoctor._guard.wrapfix import locals_made
 from torchdoctor._guard.maps import Maps, both, fix_code, module_label, reference
@@ -298,8 +298,9 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     comp = None
     if not blamed and bad and all(c[0] is None for c in bad) and kind == "dtype" and maps is not None:
         odd = provenance.odd_component(maps.walk, mpath, [c[2] for c in bad], ref)
-        if odd is not None and kept_float32(root, odd[0]):  # on purpose: the data is odd, fixed where made
-            aim = kept_aim(odd, root, callers, mod, tuple(session.frames.inputs_of(mod)), maps)
+        site = kept_site(exc.__traceback__ or tb, mod, odd, ref)  # the program's line handing a kept component data
+        if odd is not None and (kept_float32(root, odd[0]) or site is not None):
+            aim = kept_aim(odd, root, callers, mod, tuple(session.frames.inputs_of(mod)), maps, site)
         elif odd is not None:  # the component is the odd one out, not the data the rest of the model feeds it
             head = (f"{kind} mismatch in {where}{phase}: `{odd[0] or '<root>'}` runs in float32 while the data "
                     f"flowing in is {dtype_str(odd[1])}")

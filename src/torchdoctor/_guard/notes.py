@@ -186,17 +186,18 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
     others = [d for d in c.findings[0].problem.tensors if not any(d.startswith(_rules.label(op, k) + ":")
                                                                   for _, _, ks in plan for k in ks)]
     culprits = both(maps, culprits)  # a tensor off in device and in dtype: one fix for both
-    fix, proof = fix_code(culprits, maps.dicts if maps is not None else ()), None
+    fix, proof, site = fix_code(culprits, maps.dicts if maps is not None else ()), None, None
     if not blamed and first.kind == "dtype" and maps is not None and all(x[0] is None for x in culprits) \
             and c.mod is not None:  # (code outside any module is no component of the model)
         # a float32 component fed reduced-precision data by the rest of the pipeline: cast the component
         # (as explain mode says), not the data flowing in (_guard/component.py)
-        from torchdoctor._guard.kept import kept_float32
+        from torchdoctor._guard.kept import kept_float32, kept_site
         from torchdoctor._guard.provenance import odd_component
 
         fed = [tensors[k] for _, _, ks in plan for k in ks if isinstance(tensors[k], torch.Tensor)]
         odd = odd_component(maps.walk, c.mpath, fed, t0)
-        odd = None if odd is not None and kept_float32(c.root, odd[0]) else odd  # the data is the odd one
+        site = (odd, kept_site(None, c.mod, odd, t0)) if odd is not None else None  # handed over at the program's line
+        odd = None if odd is not None and (kept_float32(c.root, odd[0]) or site and site[1]) else odd  # the data is odd
         if odd is not None:
             head = f"dtype problem in {where} at {op}: `{odd[0] or '<root>'}` runs in float32 while the data " \
                    f"flowing in is {dtype_str(odd[1])}"
@@ -211,6 +212,10 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
     by_comp = any(p.role == "component" for p in problems)  # a component's fix: no maker of the data it hands on
     aim: Aim | None = aimed(c.made, first.kind, t0, maps.modules, maps.dicts, session.frames) \
         if c.made and not blamed and maps is not None and not by_comp else None
+    if aim is None and site is not None and site[1] is not None and maps is not None:  # a component kept in float32
+        from torchdoctor._guard.kept import kept_aim  # (its config's force_upcast): the data cast where handed over
+
+        aim = kept_aim(site[0], c.root, (), c.mod, tuple(session.frames.inputs_of(c.mod)), maps, site[1])
     said = caller_lines(c.given, first.kind, inside=maps.modules if maps is not None else None)
     lines += said
     if aim is not None:  # the maker of an operand made in forward: the fix is aimed at it (_guard/remedy.py)

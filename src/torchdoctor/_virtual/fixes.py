@@ -15,6 +15,7 @@ from torchdoctor._virtual.feeder import odd_feeder
 from torchdoctor._virtual.fixjoin import add_culprit, no_op, with_dtype
 from torchdoctor._virtual.groups import whole_component
 from torchdoctor._virtual.genfix import generator_fix
+from torchdoctor._virtual.keptfix import KEPT, kept_fix
 from torchdoctor._virtual.keepdtype import FLOATS, narrower_partner
 from torchdoctor._virtual.libout import library_line
 from torchdoctor._virtual.lifted import SOURCE as SWAPPED, swap_fix
@@ -119,6 +120,10 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             continue
         if storage_target(target) and p.found not in _STORAGE_NAMES:  # activations never become storage
             factories.extend(storage_fix(p, have))
+            continue
+        if made_from and made_from[0].startswith(KEPT):  # a component kept so on purpose: fixed where it is handed
+            if (kf := kept_fix(made_from[0])) is not None and kf.code not in {f.code for f in factories}:
+                factories.append(kf)  # its input (``keptside``)
             continue
         if cases and (kept := inplace_fix(p, cases)) is not None:  # in place: what it reads goes to self's device
             factories.append(kept)

@@ -23,6 +23,7 @@ from torchdoctor._virtual.promote import Promotions, mixed
 from torchdoctor._virtual.scripted import Entered
 from torchdoctor._virtual.split import note_like, odd_ones, placed_apart
 from torchdoctor._virtual.stackview import StackView
+from torchdoctor._virtual.keptside import kept_home, kept_side, kept_tag
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, is_entry as _is_entry, standin
 from torchdoctor._virtual.training import amp_backward
 from torchdoctor._virtual.written import keeps_written
@@ -84,6 +85,8 @@ class _Recorder(MoveChecks, StackView, Hooks):
 
     def _entry_note(self, kind: str, path: str, found: str, expected: str, message: str, op: str, role: str,
                     shown: str, source: str | None = None) -> None:
+        if kind == "device" and kept_home(self, found, expected):
+            return  # a component kept there on purpose: the op that meets its input says so (``keptside``)
         mpath, mtype = self.where()
         if source is not None:  # the line that made it so (a copy taken to the cpu there): its fix goes there
             self.sources.setdefault((kind, path, op, found), (source,))
@@ -148,6 +151,8 @@ class _Recorder(MoveChecks, StackView, Hooks):
         # (``weight.t()`` in a linear) are named by that line too, so its fix is proven at the op
         moved = self.entry.copies.get(tags[0]) if tags and getattr(t, "_td_device", None) == _CPU else None
         tags = (*tags, moved) if moved is not None and moved not in tags else tags
+        if (mine := kept_tag(t)) is not None:  # an input handed to a component kept so on purpose (``keptside``)
+            tags = (*tags, mine)
         # the name the program's failing line calls it by (``coef`` in ``g.mul_(coef)``): a fix of that operand at
         # the call (``operandfix``) sets it so, and is proven on these twins (kept for failing ops only)
         at = operand_at(t) if not named else None
@@ -363,6 +368,8 @@ class _Recorder(MoveChecks, StackView, Hooks):
         if p.kind == "device" and not with_entries and self._dispatched() and (odd := model_side(groups, call)):
             self._into = True  # fixed at the op's line: the argument's name there, moved to the model's side
             return odd  # a loss inside a split model's forward: the caller's ``labels`` join the model's side
+        if (side := kept_side(self, p, p.op or str(func), groups, with_entries, call)) is not None:
+            return side  # a component kept so on purpose: the input handed to it is the odd one (``keptside``)
         if p.kind == "device" and len(groups) == 2 and len(with_entries) == 1:
             other = next(v for v in groups if v != with_entries[0])
             if with_entries[0] == self.device and not self._dispatched():

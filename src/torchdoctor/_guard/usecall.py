@@ -1,0 +1,133 @@
+"""The program's line that hands a component its input: the call at a frame's line on a module holding the failing
+layer (``self.vae.decode(latents / s)``, ``vae(latents)``), the component as that line names it, the local tensors it
+passes in the odd dtype or on the odd device, and the line rewritten with those cast or moved where they are handed
+over (``latents.to(self.vae.dtype)``). Read from live frames (a virtual run's failing op, guard's traceback): names
+are looked up in instance dicts and submodules only, never a property, and the line is parsed, never run.
+
+A component the program keeps in its dtype or on its device on purpose is fixed there (``_virtual/keptside``,
+``kept``): casting the component undoes the program's choice, and the input's maker feeds other components too."""
+
+from __future__ import annotations
+
+import ast
+import linecache
+from typing import Any
+
+import torch
+
+__all__ = ["Site", "site_call", "use_site"]
+
+_MISSING = object()
+
+
+class Site:
+    """One call that hands a component its input: the component, its name at the line, the input's local names, the
+    line's body fixed, the line's file and number."""
+
+    __slots__ = ("comp", "recv", "names", "new", "file", "line")
+
+    def __init__(self, comp: torch.nn.Module, recv: str, names: tuple[str, ...], new: str, file: str,
+                 line: int) -> None:
+        self.comp, self.recv, self.names, self.new, self.file, self.line = comp, recv, names, new, file, line
+
+
+def site_call(frame: Any, line: int, layer: torch.nn.Module, kind: str, other: Any) -> Site | None:
+    """The call at ``line`` of ``frame`` on a module holding ``layer`` given local tensors in ``other`` (a dtype,
+    or a device as ``norm_device`` writes it); None when the line holds no such call or is not the program's own."""
+    from torchdoctor._guard.ownfile import own_file
+
+    file = frame.f_code.co_filename
+    if not own_file(file):
+        return None
+    body = linecache.getline(file, line).strip()
+    try:
+        tree = ast.parse(body) if body.isascii() else None
+    except SyntaxError:
+        return None
+    if tree is None or _inside(frame, layer):
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        for recv_node in (node.func, getattr(node.func, "value", None)):
+            if recv_node is None or not _chain(recv_node):
+                continue
+            recv = ast.unparse(recv_node)
+            comp = _resolve(recv, frame)
+            if not isinstance(comp, torch.nn.Module) or not any(m is layer for m in comp.modules()):
+                continue
+            if recv_node is not node.func and not _method(comp, node.func.attr):  # type: ignore[attr-defined]
+                continue  # ``s.blocks(h)``: a submodule called, not a method of ``s``
+            spots = [n for a in (*node.args, *(k.value for k in node.keywords)) for n in ast.walk(a)
+                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and
+                     _odd(frame.f_locals.get(n.id, frame.f_globals.get(n.id)), kind, other)]
+            if not spots:
+                return None
+            want = f"{recv}.{kind}" if isinstance(getattr(type(comp), kind, None), property) else \
+                f"next({recv}.parameters()).{kind}"
+            new = body
+            for n in sorted(spots, key=lambda n: n.col_offset, reverse=True):
+                new = new[:n.col_offset] + f"{n.id}.to({want})" + new[n.end_col_offset or n.col_offset:]
+            return Site(comp, recv, tuple(dict.fromkeys(n.id for n in spots)), new, file, line)
+    return None
+
+
+def use_site(tb: Any, layer: torch.nn.Module, kind: str, other: Any) -> Site | None:
+    """The innermost frame of the program's own code on traceback ``tb`` whose line hands ``layer``'s component an
+    input in ``other`` (``site_call``); None when none does."""
+    from torchdoctor._guard.frames import lineno, user_frames
+
+    try:
+        for f in reversed(user_frames(tb)):
+            site = site_call(f, lineno(f), layer, kind, other)
+            if site is not None:
+                return site
+    except Exception:  # a diagnostic never breaks the program it watches: no use site
+        return None
+    return None
+
+
+def _inside(frame: Any, layer: torch.nn.Module) -> bool:
+    """The frame runs a method of a module holding ``layer`` (the model's own forward calling its parts): the model
+    hands its parts their inputs, not the program."""
+    code = frame.f_code
+    me = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
+    if not isinstance(me, torch.nn.Module) or not any(m is layer for m in me.modules()):
+        return False
+    return any(getattr(k.__dict__.get(code.co_name), "__code__", None) is code for k in type(me).__mro__)
+
+
+def _method(comp: torch.nn.Module, name: str) -> bool:
+    """``name`` is a method of ``comp``'s class (``decode``), not a submodule or a plain attribute."""
+    return name not in comp._modules and callable(getattr(type(comp), name, None))
+
+
+def _chain(node: Any) -> bool:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name)
+
+
+def _resolve(text: str, frame: Any) -> Any:
+    """The object ``a.b.c`` names in ``frame``, read from instance dicts and submodules only."""
+    parts = text.split(".")
+    obj = frame.f_locals.get(parts[0], _MISSING)
+    if obj is _MISSING:
+        obj = frame.f_globals.get(parts[0], _MISSING)
+    for p in parts[1:]:
+        if obj is _MISSING:
+            break
+        d = getattr(obj, "__dict__", None)
+        val = d.get(p, _MISSING) if isinstance(d, dict) else _MISSING
+        if val is _MISSING and isinstance(obj, torch.nn.Module):
+            val = obj._modules.get(p, _MISSING)
+        obj = val
+    return obj
+
+
+def _odd(v: Any, kind: str, other: Any) -> bool:
+    from torchdoctor._placement import norm_device, tensor_device
+
+    if not isinstance(v, torch.Tensor):
+        return False
+    return v.dtype == other if kind == "dtype" else norm_device(tensor_device(v)) == other
