@@ -121,11 +121,12 @@ def _placed_by_hand(fixes: list[Fix], hooked: list[tuple[str, Any]], why: str) -
                      "elsewhere): move what the program hands it to its device where the program does", "note")
 
 
-def under_hooks(items: list[Fix], root: Any, device: torch.device, paths: Any = ()) -> list[Fix]:
+def under_hooks(items: list[Fix], root: Any, device: torch.device, paths: Any = (), cases: Any = ()) -> list[Fix]:
     """The fixes with ``torchdoctor.move(model, …)`` and the moves of plain attributes of hooked modules replaced by
     their registration as buffers where they are built, when hooks place the model; the others as they were.
     ``paths``: the failing ops' operands by name: a plain attribute among them is registered so too when the
-    program's own ``Module.to`` moves its layer (no hook)."""
+    program's own ``Module.to`` moves its layer (no hook). ``cases``: the failing ops; a hand move of a device
+    map's layer gives way to the operand moved where the program's line adds it to the stream (``streamfix``)."""
     if not isinstance(root, torch.nn.Module) or not any(
             f.code.startswith("torchdoctor.move(") or "the tensors made on" in f.code or f.sets for f in items):
         return items
@@ -138,7 +139,9 @@ def under_hooks(items: list[Fix], root: Any, device: torch.device, paths: Any = 
             placed = _placed_by_hand(items, mapped, "AlignDevicesHook: a device map") \
                 if len({_exec_index(m) for _, m in mapped}) > 1 else None
             if placed is not None:  # only the hand moves of its layers' tensors change
-                return [f for f in items if not any(f is g for g in placed[0])] + [placed[1]]
+                from torchdoctor._virtual.streamfix import stream_fix
+
+                return [f for f in items if not any(f is g for g in placed[0])] + [stream_fix(cases) or placed[1]]
         if not hooked and any("the tensors made on" in f.code for f in items):  # no maker line was recorded
             hooked, why = _plain(root, paths, device), "Module.to"
     except Exception:  # a strange model: the fixes as written

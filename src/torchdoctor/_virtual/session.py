@@ -258,7 +258,7 @@ def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = N
     apart = [a for a in rec.entry.outer.values() if a.module() is not None and a.module() is not main]
     items = at_cast_lines(fix_items(problems, session.device, session.dtype, session.sources, current, None, apart,
                                     rec.entry.made_args, cases=rec.cases.cases) or [], session._casts, main)
-    items = under_hooks(items, main, session.device, [p.path for p in problems if p.kind == "device"])  # hooked
+    items = under_hooks(items, main, session.device, [p.path for p in problems if p.kind == "device"], rec.cases.cases)
     items = refusal_fixes(problems, items)  # an integer operand a kernel refuses: the program's line, not a move
     try:
         return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs))
