@@ -182,6 +182,7 @@ def at_cast_lines(fixes: list[Fix], casts: Casts | None, root: Any) -> list[Fix]
     from torchdoctor._virtual.globaldev import device_line_fix
     from torchdoctor._virtual.mixedfix import scaler_fix
     from torchdoctor._virtual.offloaduse import drop_covered
+    from torchdoctor._virtual.stalector import stale_factory_fix
 
     out: list[Fix] = []
     used: list[Fix] = []  # written where the program uses a model an offloading mechanism moved away
@@ -189,6 +190,7 @@ def at_cast_lines(fixes: list[Fix], casts: Casts | None, root: Any) -> list[Fix]
         fixed = _line_fix(f, casts, root) or device_line_fix(f, casts.moves, root) or build_line_fix(f, root) \
             or away_fix(f, casts, root, used) or scaler_fix(f, casts, root) or held_fix(f) \
             or dtype_source_fix(f, casts, root) if isinstance(root, torch.nn.Module) else None
+        fixed = stale_factory_fix(fixed or f) or fixed
         out.append(fixed or f)
     out = covered_notes(drop_covered(out, used, root))
     # written for the program's object (a block's model as its frame calls it)
