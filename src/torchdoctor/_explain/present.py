@@ -3,7 +3,8 @@ through the shape of its distinct lines, and a word skipped where a shorter rule
 
 A diagnosis asks about fifty words of its context (``context.rank``), nearly all absent, and each look-up is a
 pass over the whole context in C; in an app's log that context is ~11,000 characters of progress bars and time
-stamps that differ only in their digits. Three things make the answer cheaper and never different:
+stamps that differ only in their digits. There (over ``_LONG`` characters; a shorter context is looked up word by
+word, cheaper than reading a word's plan) three things make the answer cheaper and never different:
 - a word without digits, line ends or marked ends (``\\b``) is in the context exactly when it is in the context's
   *shape*: its distinct lines, each with its digits as ``0``, as UTF-8 bytes (the words are ASCII: a UTF-8 byte
   below 128 is always that ASCII character; a digit-free word matches a line where it matches that line's shape,
