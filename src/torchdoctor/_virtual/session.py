@@ -236,7 +236,7 @@ def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = N
     outermost module's, by default, when a dtype was asked for): a device fix of a tensor also in the wrong dtype
     casts it too. The fixes know a patched network by its walk path (``….forward.__self__.…``)."""
     from torchdoctor._virtual.atop import prove_at_ops  # the proof machinery: only for a block with problems
-    from torchdoctor._virtual.hooked import under_hooks
+    from torchdoctor._virtual.callmove import placed_fixes
     from torchdoctor._virtual.intrefused import refusal_fixes
     from torchdoctor._virtual.modcast import at_cast_lines
     from torchdoctor._virtual.prove import held
@@ -258,7 +258,7 @@ def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = N
     apart = [a for a in rec.entry.outer.values() if a.module() is not None and a.module() is not main]
     items = at_cast_lines(fix_items(problems, session.device, session.dtype, session.sources, current, None, apart,
                                     rec.entry.made_args, cases=rec.cases.cases) or [], session._casts, main)
-    items = under_hooks(items, main, session.device, [p.path for p in problems if p.kind == "device"], rec.cases.cases)
+    items = placed_fixes(items, main, session.device, problems, rec)  # parked arguments moved at the call; hooked
     items = refusal_fixes(problems, items)  # an integer operand a kernel refuses: the program's line, not a move
     try:
         return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs))

@@ -30,16 +30,18 @@ class Use:
     indent apart), the text of the tensor it passes first ("" when it is no plain name), the indent, how many module
     moves each active run had recorded when it started (by a weak reference to the run's ``modcast.Casts``), the code
     of the program's own frames that called it (innermost first), and its thread. A plain class: a dataclass would
-    compile its methods at import, on the path of every virtual run."""
+    compile its methods at import, on the path of every virtual run. ``lines``: the line each of ``callers`` was
+    at."""
 
-    __slots__ = ("file", "line", "at", "code", "func", "span", "arg", "indent", "moved", "callers", "thread")
+    __slots__ = ("file", "line", "at", "code", "func", "span", "arg", "indent", "moved", "callers", "thread", "lines")
 
     def __init__(self, file: str, line: int, at: str, code: Any, func: str, span: tuple[int, int], arg: str,
                  indent: str, moved: tuple[tuple[Any, int], ...] = (), callers: tuple[Any, ...] = (),
-                 thread: int = 0) -> None:
+                 thread: int = 0, lines: tuple[int, ...] = ()) -> None:
         self.file, self.line, self.at, self.code, self.func = file, line, at, code, func
         self.span, self.arg, self.indent, self.moved, self.callers, self.thread = span, arg, indent, moved, callers, \
             thread
+        self.lines = lines
 
     def moved_in(self, casts: Any) -> int | None:
         """How many module moves ``casts`` had recorded when this use started; None when it was not recording."""
@@ -137,14 +139,16 @@ def note(mod: torch.nn.Module, moved: tuple[tuple[Any, int], ...], depth: int = 
         from torchdoctor._virtual.origin import short_at
 
         callers: list[Any] = []
+        lines: list[int] = []
         g, n = f.f_back, 0
         while g is not None and n < 32 and len(callers) < 8:
             if own_cached(g.f_code.co_filename):
                 callers.append(g.f_code)
+                lines.append(g.f_lineno)
             g, n = g.f_back, n + 1
         _USES[mod] = Use(file, line, short_at(f), f.f_code, hit[0], (hit[1], hit[2]), arg,
                          raw[:len(raw) - len(raw.lstrip(" \t"))], moved, tuple(callers),
-                         threading.get_ident())
+                         threading.get_ident(), tuple(lines))
     except Exception:  # a diagnostic never breaks the program it watches: no use is noted
         return
 
