@@ -3,7 +3,8 @@ stages, ``embeds.cpu()``) and hands back to a model on the accelerator: one fix,
 the program's own name for the device — the parking kept (``_virtual/callmove``). Under ``torchdoctor run --device
 cuda`` on tiny apps written here: a pipeline class whose ``__call__`` passes its parameters on to diffusers'
 ``LTX2TextConnectors`` (the fix goes to the app's ``pipe(...)`` call), and a model the app calls itself (the fix goes
-to that call). Applied, a virtual re-run is clean and plain python still runs on this cpu."""
+to that call). Applied, a virtual re-run is clean and plain python still runs on this cpu. The tensors made from
+the parked arguments are one cause in the report (``_run/onecause``)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,10 @@ def _applied(root: Path, text: str) -> tuple[dict, subprocess.CompletedProcess[s
 def test_cached_prompt_embeddings_are_moved_at_the_apps_call_of_the_pipeline(tmp_path: Path) -> None:
     doc, plain = _applied(tmp_path, PIPELINE)
     assert len(doc["fixes"]) == 1, doc["fixes"]
+    assert len(doc["causes"]) == 1, doc["causes"]  # one parking line, however many ops its tensors reach
+    assert doc["causes"][0]["message"].startswith("text_encoder_hidden_states, attention_mask (arguments of the "
+                                                  "LTX2TextConnectors call, made by Tensor.to at main.py:24) are on "
+                                                  "cpu while the run is on cuda:0: one cause, "), doc["causes"]
     fix = doc["fixes"][0]
     assert fix["proven"], fix
     assert fix["code"].startswith("# input 0 (text_encoder_hidden_states), input 1 (attention_mask): parked on the "

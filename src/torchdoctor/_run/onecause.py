@@ -6,7 +6,9 @@ reaches every layer (a dozen problems, some already folded by module type). The 
 
 - the same operand: problems whose tensor has one description (the same maker, argument and made-at line) and the
   same compact form, wherever the op runs, read as that tensor reaching N ops (``to_k, to_v in 8 attn2 modules``);
-- the same model: parameters and buffers of one root module found on one device, read as that model's N tensors.
+- the same model: parameters and buffers of one root module found on one device, read as that model's N tensors;
+- the same call's arguments: tensors made in the model from arguments of one call that one line of the program made
+  (``embeds.cpu()``, ``mask.cpu()`` parked between a pipeline's stages), read as those arguments reaching N ops.
 
 The problem list itself (``--json``'s ``problems``) keeps every problem; ``causes`` names each cause's members.
 """
@@ -22,6 +24,8 @@ _OPERAND = re.compile(r"^(?P<desc>.+?) (?P<form>[a-z0-9_]+\[[^\]]*\]@\S+) is on 
                       r"on (?P<on>\S+)")
 _MADE_AT = re.compile(r" at \S+:\d+")  # a description that names the line its tensor was made at
 _IN = re.compile(r" in `[^`]*`")  # the module an op's view was taken in: one tensor, many modules
+_ARG = re.compile(r"(?P<name>[\w.]+) \(an argument of the (?P<call>\S+) call, made by (?P<maker>\S+) at "
+                  r"(?P<at>\S+:\d+)\)")  # what a tensor made in the model came from: the caller's argument
 _ROLES = ("parameter", "buffer")
 _SHOWN = 3
 
@@ -74,6 +78,12 @@ def causes(problems: Sequence[Any], roots: Sequence[tuple[str, frozenset[str]]] 
         if p.role in _ROLES or m is None or not _MADE_AT.search(m.group("desc")):
             keys.setdefault(("one", i), []).append(i)
             continue
+        arg = _ARG.search(m.group("desc"))
+        if arg is not None and arg.start() > 0 and p.kind == "device":  # made from arguments of one call made at
+            # one line (the argument itself, as it is, is one operand below): one cause
+            keys.setdefault(("arguments", arg.group("call"), arg.group("maker"), arg.group("at"), p.found,
+                             m.group("on")), []).append(i)
+            continue
         keys.setdefault(("operand", p.kind, _IN.sub("", m.group("desc")), m.group("form"), m.group("on")),
                         []).append(i)
     out: list[tuple[int, Cause]] = []
@@ -84,6 +94,8 @@ def causes(problems: Sequence[Any], roots: Sequence[tuple[str, frozenset[str]]] 
             out += [(i, Cause(problems[i], _paths(problems[i]))) for i in ix]
         elif key[0] == "attribute":
             out.append((ix[0], Cause(_attr(members, str(key[2]), str(key[3]), str(key[4])), paths, members[0])))
+        elif key[0] == "arguments":
+            out.append((ix[0], Cause(_arguments(members, *(str(k) for k in key[1:])), paths, members[0])))
         elif key[0] == "model":
             out.append((ix[0], Cause(_model(members, paths, roots[key[1]]), paths, members[0])))
         else:
@@ -126,7 +138,7 @@ def _operand(members: list[Any], desc: str, form: str, on: str) -> Any:
     leaves = list(dict.fromkeys(w.rsplit(".", 1)[-1] for w in where))
     parents = list(dict.fromkeys(w.rsplit(".", 1)[0] for w in where if "." in w))
     kinds = {x.rsplit(".", 1)[-1] for x in parents}
-    noun = f"{kinds.pop()} modules" if len(kinds) == 1 else "modules"
+    noun = f"{kinds.pop()} modules" if len(kinds) == 1 and not next(iter(kinds)).isdigit() else "modules"
     inside = f" in {len(parents)} {noun}" if len(parents) > 1 else f" in {parents[0]}" if parents else ""
     ops = len(members)
     message = (f"{desc} {form} is on {first.found} while the run is on {on}: one tensor reaches {ops} ops: "
@@ -135,4 +147,16 @@ def _operand(members: list[Any], desc: str, form: str, on: str) -> Any:
                   if len(parents) > 1 else ""))
     name = re.search(r"(?:^| from )([\w.]+) \(", desc)  # the operand as the call names it (an argument)
     return replace(first, path=name.group(1) if name else first.path, message=message,
+                   tensors=tuple(x for p in members for x in _paths(p)))
+
+
+def _arguments(members: list[Any], call: str, maker: str, at: str, found: str, on: str) -> Any:
+    first = members[0]
+    names = list(dict.fromkeys(hit.group("name") for p in members if (hit := _ARG.search(p.message or ""))))
+    what = f"{names[0]} (an argument" if len(names) == 1 else f"{', '.join(names)} (arguments"
+    leaves = list(dict.fromkeys((p.module_path or p.path).rsplit(".", 1)[-1] for p in members))
+    message = (f"{what} of the {call} call, made by {maker} at {at}) {'is' if len(names) == 1 else 'are'} on {found} "
+               f"while the run is on {on}: one cause, {len(members)} ops reached: {', '.join(leaves[:6])}"
+               f"{', ...' if len(leaves) > 6 else ''}")
+    return replace(first, path=names[0] if names else first.path, message=message,
                    tensors=tuple(x for p in members for x in _paths(p)))
