@@ -111,6 +111,26 @@ NOT_KEPT = """\
         return dec(x)
 """
 
+SIMULATED = """\
+    import torch
+    from torch import nn
+
+
+    class App(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.den = nn.Conv2d(4, 4, 1)
+            self.dec = nn.Sequential(nn.Conv2d(4, 3, 3, padding=1), nn.GroupNorm(1, 3))
+
+
+    def run(app):
+        app.den.to("cuda", torch.float16)
+        app.dec.to("cuda", torch.float32)
+        x = torch.randn(1, 4, 8, 8, device="cuda", dtype=torch.float16)
+        x = x - 0.1 * app.den(x)
+        return app.dec(x)
+"""
+
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
 
 
@@ -197,3 +217,17 @@ def test_a_component_the_program_never_put_in_its_dtype_is_not_kept(tmp_path: Pa
     s = _run(path, "kept_not")
     assert s.problems
     assert not any("on purpose" in f.code for f in s.fixes), [f.code for f in s.fixes]
+
+
+def test_simulate_casts_an_input_another_component_reads_where_the_decoder_gets_it(tmp_path: Path) -> None:
+    # the decoder is in the model's own dtype (float32) here, and x also feeds the float16 denoiser: a fix at x's
+    # maker (dtype=torch.float32) would break the denoiser, so x is cast where the decoder is handed it
+    path = tmp_path / "simapp.py"
+    path.write_text(textwrap.dedent(SIMULATED), encoding="utf-8")
+    mod = load_file(path, "kept_simulated")
+    report = torchdoctor.simulate(mod.App(), device="cuda", call=mod.run)
+    assert len(report.problems) == 1, [p.message for p in report.problems]
+    [fix] = report.to_dict()["fixes"]
+    assert fix["code"].startswith("return app.dec(x.to(next(app.dec.parameters()).dtype))  # at "), fix["code"]
+    assert "dtype=torch.float32" not in fix["code"] and fix["proven"], fix["tried"]
+    assert "a virtual re-run with the line changed" in fix["tried"], fix["tried"]

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import ast
 import linecache
+import textwrap
 from typing import Any
 
 import torch
 
-__all__ = ["Site", "site_call", "use_site"]
+__all__ = ["Site", "fed_elsewhere", "site_call", "use_site"]
 
 _MISSING = object()
 
@@ -85,6 +86,35 @@ def use_site(tb: Any, layer: torch.nn.Module, kind: str, other: Any) -> Site | N
     except Exception:  # a diagnostic never breaks the program it watches: no use site
         return None
     return None
+
+
+def fed_elsewhere(frame: Any, names: tuple[str, ...], layer: torch.nn.Module) -> bool:
+    """A local in ``names`` is handed, at another line of the frame's function, to a module that does not hold
+    ``layer`` (``self.transformer(latents, t)`` before ``self.vae.decode(latents / s)``): the input has another
+    consumer, which needs it as its maker makes it."""
+    import inspect
+
+    code = frame.f_code
+    try:
+        if code.co_name == "<module>":
+            lines, start = linecache.getlines(code.co_filename), 1
+        else:
+            lines, start = inspect.getsourcelines(code)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return False
+    here = frame.f_lineno - start + 1
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or node.lineno == here or not _chain(node.func):
+            continue
+        if not any(isinstance(n, ast.Name) and n.id in names for a in (*node.args, *(k.value for k in node.keywords))
+                   for n in ast.walk(a)):
+            continue
+        for recv in (node.func, getattr(node.func, "value", None)):
+            obj = _resolve(ast.unparse(recv), frame) if recv is not None and _chain(recv) else None
+            if isinstance(obj, torch.nn.Module) and not any(m is layer for m in obj.modules()):
+                return True
+    return False
 
 
 def _inside(frame: Any, layer: torch.nn.Module) -> bool:

@@ -60,12 +60,12 @@ def kept_side(rec: Any, p: Any, op: str, groups: dict[Any, list[Any]], with_entr
 
 def _judge(rec: Any, p: Any, op: str, groups: dict[Any, list[Any]], home: Any, other: Any,
            call: Any) -> tuple[list[Any], Any] | None:
-    from torchdoctor._guard.usecall import site_call
+    from torchdoctor._guard.usecall import fed_elsewhere, site_call
     from torchdoctor._virtual.tensor import is_entry
 
     if any(is_entry(call.at(k)) for k in groups[other]):
         return None
-    if home == (norm_device(rec.device) if p.kind == "device" else rec.dtype or rec.model_dtype()):
+    if p.kind == "device" and home == norm_device(rec.device):
         return None  # the component is where the run is: the input is blamed as before, at its maker
     running = rec.modules.stack[0]
     f = _own_frame()
@@ -75,6 +75,9 @@ def _judge(rec: Any, p: Any, op: str, groups: dict[Any, list[Any]], home: Any, o
     if key in miss:
         return None
     hit = site_call(f, f.f_lineno, running, p.kind, other)
+    if hit is not None and p.kind == "dtype" and home == (rec.dtype or rec.model_dtype()) and \
+            not fed_elsewhere(f, hit.names, running):
+        hit = None  # the component computes in the run's dtype and nothing else reads the input: fixed at its maker
     kept = _why(hit.comp, p.kind, home, f) if hit is not None else None
     if hit is None or kept is None:
         miss.add(key)
