@@ -69,7 +69,7 @@ class MoveChecks:
             self._note("unsupported_dtype", path, dtype_str(dtype), f"a dtype {target.type} supports",
                        f"{what} moved to {device_str(target)} as {dtype_str(dtype)}" + (f" (cast at {at})" if at else "")
                        + f": {refusal(target.type, dtype)}" + ("" if self.modules.stack else _library()),
-                       key=dtype_str(dtype))
+                       key=dtype_str(dtype) if path else _per_line(dtype))
             if at and self.problems and self.problems[-1].found == dtype_str(dtype):
                 p = self.problems[-1]
                 self.sources.setdefault((p.kind, p.path, p.op or "", p.found), (f"cast at {at}",))
@@ -131,3 +131,16 @@ def _library() -> str:
     from torchdoctor._virtual.libfloat import library_line
 
     return library_line(2) or ""  # outside a forward only: the caller asks when no module runs
+
+
+def _per_line(dtype: Any) -> str:
+    """One refused move of a tensor no module holds per dtype; inside a library's code, one per line of the program
+    that called it (a library's float64 in one call is one problem; the same library's second site, reached from
+    another of the program's lines — a scheduler's ``step`` after its ``set_timesteps`` — is its own)."""
+    from torchdoctor._virtual.libout import own_frame
+    from torchdoctor._virtual.origin import user_frame
+
+    own, first = own_frame(3), user_frame(3)
+    if own is None or first is None or first.f_code.co_filename == own[0]:
+        return dtype_str(dtype)
+    return f"{dtype_str(dtype)}:{own[2]}"
