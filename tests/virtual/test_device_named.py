@@ -8,7 +8,8 @@ proof) and the pytest marker:
   moved at that line, ``net(x.to(device))``, never the dataset's factory given ``device='xpu:0'``;
 - index_select, embedding, gather, where and matmul with a cpu operand: the factory gets ``device=d``, the name the
   tensor it meets was made with;
-- cross_entropy with cpu targets meeting a model's output: ``target.to(logits.device)`` at the line.
+- cross_entropy with cpu targets meeting a model's output: ``target.to(logits.device)`` at the line, or
+  ``target.to(accelerator.device)`` where the line moves another tensor so (accelerate's ``Accelerator``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,25 @@ BATCH = """
     for x, y in data:
         loss = nn.functional.cross_entropy(net(x), y.to(device))
         loss.backward()
+    print("trained")
+"""
+
+ACCELERATE = """
+    import torch
+    from torch import nn
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    model = nn.Linear(8, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = accelerator.prepare(model, opt)
+    table = torch.randn(10, 8, device=accelerator.device)
+    ids = torch.randint(0, 10, (4,))
+    target = torch.randint(0, 3, (4,))
+    for _ in range(2):
+        loss = nn.functional.cross_entropy(model(table[ids.to(accelerator.device)]), target)
+        accelerator.backward(loss)
+        opt.step(); opt.zero_grad()
     print("trained")
 """
 
@@ -104,6 +124,16 @@ def test_a_batch_whose_labels_the_line_moves_is_moved_there_never_the_dataset(tm
     assert "where it was made stays as it is" in code
     assert plain.returncode == 0 and "trained" in plain.stdout, plain.stderr[-600:]  # the program's own cpu fallback
     _, again = _run(tmp_path, "xpu")
+    assert again["ok"] and not again["problems"], again
+
+
+def test_accelerates_device_is_the_name_a_target_is_moved_with(tmp_path: Path) -> None:
+    doc, patch, plain = _applied(tmp_path, ACCELERATE, "cuda")
+    assert ("+    loss = nn.functional.cross_entropy(model(table[ids.to(accelerator.device)]), "
+            "target.to(accelerator.device))") in patch, patch
+    assert "cuda:0" not in patch and doc["fixes"][0]["proven"], doc["fixes"]
+    assert plain.returncode == 0 and "trained" in plain.stdout, plain.stderr[-600:]
+    _, again = _run(tmp_path, "cuda")
     assert again["ok"] and not again["problems"], again
 
 
