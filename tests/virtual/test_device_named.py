@@ -154,6 +154,21 @@ def test_ops_with_a_cpu_operand_get_the_programs_device_name(tmp_path: Path) -> 
     assert again["ok"] and not again["problems"], again
 
 
+def test_a_cast_on_the_line_is_no_device_name(tmp_path: Path) -> None:
+    (tmp_path / "main.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        net = nn.Linear(4, 2).to(device)
+        x = torch.randn(3, 4)
+        w = torch.ones(3, 2, device=device)
+        out = nn.functional.mse_loss(net(x), w.to(torch.float32))
+    """).lstrip())
+    _, doc = _run(tmp_path, "cuda")
+    assert "+x = torch.randn(3, 4, device=device)" in doc["patch"], doc["patch"]  # never x.to(torch.float32)
+
+
 def _build() -> nn.Module:
     return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 16, 2))
 

@@ -90,10 +90,27 @@ def _moved_with(file: str, line: int, wrong: str) -> tuple[str, str] | None:
     tree = read[2]
     moves = [(ast.unparse(n.args[0]), ast.unparse(n.func.value)) for n in ast.walk(tree) if isinstance(n, ast.Call)
              and isinstance(n.func, ast.Attribute) and n.func.attr == "to" and n.args and _chain(n.args[0])
-             and ast.unparse(n.func.value) != wrong]
+             and ast.unparse(n.func.value) != wrong and _a_device(ast.unparse(n.args[0]), file)]
     if not moves or not _argument_spans(tree, wrong):
         return None
     return moves[0]
+
+
+def _a_device(expr: str, file: str) -> bool:
+    """``expr`` names a device, not a dtype (``.to(weight_dtype)``, ``.to(torch.float32)``): its last part says so
+    (``device``, ``accelerator.device``, ``dev``), or the file binds it from a device pick (``torch.device(...)``,
+    ``... is_available() ...``)."""
+    from torchdoctor._virtual.devexpr import tree_of
+
+    last = expr.rsplit(".", 1)[-1].lower()
+    if "dtype" in last or expr.startswith("torch."):
+        return False
+    if "dev" in last:
+        return True
+    tree = tree_of(file)
+    return tree is not None and any(
+        isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == expr for t in n.targets) and
+        any(w in ast.unparse(n.value) for w in ("device(", "is_available()")) for n in ast.walk(tree))
 
 
 def _chain(node: ast.expr) -> bool:
