@@ -172,8 +172,9 @@ def _why(comp: torch.nn.Module, kind: str, home: Any, f: Any) -> str | None:
         if cast is not None and cast[0] == home:
             said.append(f"{cast[3]} casts it to {dtype_str(home)}")
         return f"{type(comp).__name__} computes in {dtype_str(home)} on purpose ({'; '.join(said)})" if said else None
-    if any(norm_device(tensor_device(t)) != home for t in tensors):
-        return None
+    if any(norm_device(tensor_device(t)) != home for t in tensors) or any(
+            "_hf_hook" in vars(m) or "_diffusers_hook" in vars(m) for m in comp.modules()):
+        return None  # (an offload hook onloads it for its own forward: ``offloaduse`` fixes where it is used)
     for casts in list(active):
         moves = [(i, x) for i, x in enumerate(casts.moves) if x[0]() is comp]
         if not moves or any(x[1].type != home.type for _, x in moves):
