@@ -131,6 +131,20 @@ SIMULATED = """\
         return app.dec(x)
 """
 
+CAST_AT_USE = """\
+    import torch
+    from torch import nn
+
+
+    def main():
+        weight_dtype = torch.float16
+        enc = nn.Conv2d(3, 4, 3, padding=1).to("cuda", dtype=torch.float32)
+        img = torch.rand(1, 3, 8, 8)
+        a = enc(img.to("cuda", dtype=torch.float32))
+        b = enc(img.to("cuda", dtype=weight_dtype))
+        return torch.cat([a, b], 1)
+"""
+
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
 
 
@@ -231,3 +245,19 @@ def test_simulate_casts_an_input_another_component_reads_where_the_decoder_gets_
     assert fix["code"].startswith("return app.dec(x.to(next(app.dec.parameters()).dtype))  # at "), fix["code"]
     assert "dtype=torch.float32" not in fix["code"] and fix["proven"], fix["tried"]
     assert "a virtual re-run with the line changed" in fix["tried"], fix["tried"]
+
+
+@needs_git
+def test_an_input_cast_on_the_line_that_hands_it_over_gets_the_components_dtype_there(tmp_path: Path) -> None:
+    # kohya's --no_half_vae (sd-scripts PR #2320): the masked image is encoded in weight_dtype by the VAE kept in
+    # float32; the cast on the encode line itself is written with the component's dtype
+    path = _app(tmp_path, CAST_AT_USE, "castuse")
+    s = _run(path, "kept_cast_use")
+    assert len(s.problems) == 1, [p.message for p in s.problems]
+    [fix] = s.fixes
+    code, _, why = fix.code.partition("  # at ")
+    assert code == 'b = enc(img.to("cuda", dtype=next(enc.parameters()).dtype))', fix.code
+    assert "castuse.py:10: Conv2d computes in float32 on purpose (" in why and "castuse.py:7 casts it to float32)" \
+        in why and fix.proven, (why, fix.tried)
+    assert fix.diff is not None
+    _applied_clean(tmp_path, path, fix.diff, "kept_cast_use_fixed")

@@ -23,13 +23,14 @@ _MISSING = object()
 
 class Site:
     """One call that hands a component its input: the component, its name at the line, the input's local names, the
-    line's body fixed, the line's file and number."""
+    line's body fixed, the line's file and number, and whether the input is cast on that line itself."""
 
-    __slots__ = ("comp", "recv", "names", "new", "file", "line")
+    __slots__ = ("comp", "recv", "names", "new", "file", "line", "cast")
 
     def __init__(self, comp: torch.nn.Module, recv: str, names: tuple[str, ...], new: str, file: str,
-                 line: int) -> None:
+                 line: int, cast: bool = False) -> None:
         self.comp, self.recv, self.names, self.new, self.file, self.line = comp, recv, names, new, file, line
+        self.cast = cast  # the input is cast on this line itself: its only reader is the component
 
 
 def site_call(frame: Any, line: int, layer: torch.nn.Module, kind: str, other: Any) -> Site | None:
@@ -62,14 +63,31 @@ def site_call(frame: Any, line: int, layer: torch.nn.Module, kind: str, other: A
             spots = [n for a in (*node.args, *(k.value for k in node.keywords)) for n in ast.walk(a)
                      if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and
                      _odd(frame.f_locals.get(n.id, frame.f_globals.get(n.id)), kind, other)]
-            if not spots:
-                return None
             want = f"{recv}.{kind}" if isinstance(getattr(type(comp), kind, None), property) else \
                 f"next({recv}.parameters()).{kind}"
+            if not spots:
+                return _cast_arg(node, kind, want, body, comp, recv, file, line)
             new = body
             for n in sorted(spots, key=lambda n: n.col_offset, reverse=True):
                 new = new[:n.col_offset] + f"{n.id}.to({want})" + new[n.end_col_offset or n.col_offset:]
             return Site(comp, recv, tuple(dict.fromkeys(n.id for n in spots)), new, file, line)
+    return None
+
+
+def _cast_arg(node: ast.Call, kind: str, want: str, body: str, comp: torch.nn.Module, recv: str, file: str,
+              line: int) -> Site | None:
+    """The call's argument cast at the line itself (``vae.encode(batch["x"].to(device, dtype=weight_dtype))``): its
+    dtype written as the component's (``dtype=vae.dtype``); None when no argument is such a cast."""
+    if kind != "dtype":
+        return None
+    for a in (*node.args, *(k.value for k in node.keywords)):
+        if not isinstance(a, ast.Call) or not isinstance(a.func, ast.Attribute) or a.func.attr != "to":
+            continue
+        dt = next((k.value for k in a.keywords if k.arg == "dtype"), a.args[1] if len(a.args) == 2 else None)
+        if dt is None or dt.end_col_offset is None:
+            continue
+        new = body[:dt.col_offset] + want + body[dt.end_col_offset:]
+        return Site(comp, recv, (ast.unparse(a.func.value),), new, file, line, cast=True)
     return None
 
 

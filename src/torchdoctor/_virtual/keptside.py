@@ -76,7 +76,7 @@ def _judge(rec: Any, p: Any, op: str, groups: dict[Any, list[Any]], home: Any, o
         return None
     hit = site_call(f, f.f_lineno, running, p.kind, other)
     if hit is not None and p.kind == "dtype" and home == (rec.dtype or rec.model_dtype()) and \
-            not fed_elsewhere(f, hit.names, running):
+            not hit.cast and not fed_elsewhere(f, hit.names, running):
         hit = None  # the component computes in the run's dtype and nothing else reads the input: fixed at its maker
     kept = _why(hit.comp, p.kind, home, f) if hit is not None else None
     if hit is None or kept is None:
