@@ -87,7 +87,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         if p.role == "optimizer" and (code := _state_fix(p)) is not None:  # a state loaded off its params' device
             if code not in {f.code for f in factories}:  # (or moved there by the program's own line, not back)
                 factories.append(Fix(code, "note", tried="not re-run: the move back is the program's own code" if
-                                     code.startswith("# ") and "was moved to" in code else "not re-run: both ways "
+                                     code.startswith("# ") and "was moved to" in code else _LOAD_ORDER if
+                                     code.startswith("# load ") else "not re-run: both ways "
                                      "were run clean by the run's own tests; the state's move is torch's own "
                                      "(load_state_dict casts to the parameter)"))
             continue
@@ -277,6 +278,10 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
 # dtypes that are storage, never compute: a tensor found in one of them is the stored side, not the activation
 _STORAGE_NAMES = frozenset(dtype_str(d) for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                                                   torch.bool, *FLOAT8_DTYPES))
+
+
+_LOAD_ORDER = ("not re-run: the load's placement is torch's own (load_state_dict casts each state tensor to its "
+               "parameter's device at the time of the load); the fix changes the order of the program's lines")
 
 
 def _state_fix(p: Problem) -> str | None:
