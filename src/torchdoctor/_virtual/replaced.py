@@ -9,9 +9,14 @@ state are pointed at the parameters the model now holds, as they would be on the
 step's checks beside the parameter it belongs to (a state loaded onto the CPU before the move is found there).
 
 A module moved back (a block swap's ``block.to("cpu")`` then ``block.to("cuda")``, an offload hook's round trip) gets
-back the very ``Parameter`` object it held there before, while the program still holds it (``kept``): only the
-first move of a real parameter onto a virtual device makes a new object, so an optimizer, a hook or an ``id(p)`` map
-made on the device keeps stepping, firing and naming the parameter the model holds, however often it is swapped.
+back the very ``Parameter`` object it held there before (``kept``): a twin lives on while the real one that replaced
+it on the cpu is in the model, a real one while the program holds it. Only the first move of a real parameter onto a
+virtual device makes a new object, so an optimizer, a hook or an ``id(p)`` map made on the device keeps stepping,
+firing and naming the parameter the model holds, however often it is swapped (while a block sits on the cpu its
+parameters are real tensors: other objects than the twins). Hooks registered on a parameter follow it through every
+move, the first included. ``torch.__future__``'s swap flag is answered False to ``Module._apply`` alone (a real
+``Parameter`` cannot be swapped with a twin; the object is kept as above, as the swap keeps it on the device); its
+overwrite flag gives new objects, as on the device.
 
 Everything else the program does with a replaced ``Parameter`` it still holds (a freeze list taken before the move:
 ``p.requires_grad_(False)``, ``p.grad``, an in-place update) reaches the one the model holds: for the run the old
