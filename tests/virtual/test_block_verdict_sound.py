@@ -47,7 +47,7 @@ TWO_MM = """
 """
 
 DEVICE_VAR = """
-    import torch, torch.nn as nn
+    import os, torch, torch.nn as nn
     class Seg(nn.Module):
         def __init__(self):
             super().__init__(); self.conv = nn.Conv2d(3, 1, 3, padding=1)
@@ -57,7 +57,7 @@ DEVICE_VAR = """
             super().__init__(); self.seg = Seg(); self.refine = nn.Conv2d(3, 3, 1)
     def build(): return Node()
     def app(m, device="xpu"):
-        node_device = "cuda" if torch.cuda.is_available() else "cpu"
+        node_device = os.environ.get("NODE_DEVICE", "cpu")  # an app setting (a CUDA-only pick is globaldev's)
         m.refine.to(device)
         m.seg.to(node_device)
         image = torch.rand(1, 3, 8, 8, device=device)
