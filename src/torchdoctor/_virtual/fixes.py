@@ -12,7 +12,7 @@ import torch
 from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_device, parse_dtype
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.feeder import odd_feeder
-from torchdoctor._virtual.fixjoin import add_culprit, no_op, with_dtype
+from torchdoctor._virtual.fixjoin import add_culprit, no_op, stale_source, with_dtype
 from torchdoctor._virtual.groups import whole_component
 from torchdoctor._virtual.genfix import generator_fix
 from torchdoctor._virtual.keptfix import KEPT, kept_fix
@@ -236,7 +236,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             "", "?") else "the tensors the failing op met")  # its maker, when the problem names one
         culprits.append((None, said, p.kind, target))
     factories.extend(factory_fix(key, wrong) for key, wrong in made.items())
-    culprits = [c for c in culprits if not no_op(c, have)]
+    dropped = [c for c in culprits if no_op(c, have)]  # right already: what was made from them is not
+    culprits = [c for c in culprits if c not in dropped]
     held = {p.path.split(".", 1)[0] + "." for p in problems if p.role == "held"}  # moved as the program holds it:
     culprits = [c for c in culprits if not (c[0] or "").startswith(tuple(held))]  # never `model.ema...` lines
     patched = [c for c in culprits if c[0] is not None and _HELD_APART in c[0]]
@@ -272,6 +273,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     if not items and scripted:  # a traced constant alone: no move reaches the traced code
         return traced_note(next(p for p in problems if p.kind == "device"), set()) if any(
             p.kind == "device" for p in problems) else None
+    if not items and (again := stale_source(dropped, have)) is not None:  # never a move that changes nothing
+        return [Fix(again, "note", tried="not re-run: the tensors to make again are the program's own state")]
     return items or [Fix(f"torchdoctor.move(model, {device_str(device)!r})", "path", sets=(("*", device),))]
 
 

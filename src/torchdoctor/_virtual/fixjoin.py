@@ -11,7 +11,7 @@ import torch
 
 from torchdoctor._placement import FLOAT8_DTYPES
 
-__all__ = ["add_culprit", "no_op", "with_dtype"]
+__all__ = ["add_culprit", "no_op", "stale_source", "with_dtype"]
 
 
 def with_dtype(path: str, target: Any, dtype: torch.dtype | None,
@@ -50,3 +50,18 @@ def add_culprit(culprits: list[tuple[str | None, str, str, Any]], path: str | No
         return
     culprits.append((path, label, kind, target))
 
+
+
+def stale_source(dropped: list[tuple[str | None, str, str, Any]],
+                 have: Mapping[str, tuple[torch.dtype, torch.device]]) -> str | None:
+    """The note for tensors made from a model tensor that is right now: they were made while it was still in its old
+    dtype or on its old device (a KV cache filled before ``model.to(torch.bfloat16)``), so no move or cast of the model
+    changes them; ``None`` when nothing was dropped as a no-op."""
+    named = [(c[1], have[c[0] or ""]) for c in dropped if (c[0] or "") in have]
+    if not named:
+        return None
+    src, (dtype, device) = named[0]
+    more = f" (and {len(named) - 1} more)" if len(named) > 1 else ""
+    return (f"# the tensors the failing op met were made from {src}{more} before it became {str(dtype)[6:]} on "
+            f"{device}: no move or cast of the model changes them now; make them again after the model's cast or move "
+            "(a cache or state filled before it is filled again after), or cast them where the program holds them")
