@@ -110,6 +110,22 @@ def forget_availability() -> None:
                 clear()
 
 
+# per-process tensor caches of libraries, filled on first use on the device the caller's tensor is on: one filled in a
+# run holds a virtual tensor that outlives it (bitsandbytes' quantization map, made on the run's cuda, then met by a
+# cpu quantization after the run as "Torch not compiled with CUDA enabled")
+_TENSOR_CACHES = (("bitsandbytes.functional", "name2qmap"),)
+
+
+def forget_virtual_cached() -> None:
+    """Drop the entries of those caches that hold a virtual tensor (never imports a library): the library makes them
+    again on the device of its next caller, as a fresh process would."""
+    for name, attr in _TENSOR_CACHES:
+        cache = getattr(sys.modules.get(name), attr, None)
+        if isinstance(cache, dict):
+            for key in [k for k, v in cache.items() if isinstance(v, V.VirtualTensor)]:
+                cache.pop(key, None)
+
+
 @contextlib.contextmanager
 def deferred_imports() -> Iterator[None]:
     """The finder at the front of ``sys.meta_path`` while any run is active (it asks the importing thread's run)."""
@@ -122,6 +138,7 @@ def deferred_imports() -> Iterator[None]:
         yield
     finally:
         forget_availability()
+        forget_virtual_cached()
         with _LOCK:
             _ACTIVE[0] -= 1
             if _ACTIVE[0] == 0:
