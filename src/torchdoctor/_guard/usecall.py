@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from torchdoctor._virtual.usesite import resolve
+
 __all__ = ["Site", "fed_elsewhere", "site_call", "use_site"]
 
-_MISSING = object()
 
 
 class Site:
@@ -158,19 +159,7 @@ def _chain(node: Any) -> bool:
 
 def _resolve(text: str, frame: Any) -> Any:
     """The object ``a.b.c`` names in ``frame``, read from instance dicts and submodules only."""
-    parts = text.split(".")
-    obj = frame.f_locals.get(parts[0], _MISSING)
-    if obj is _MISSING:
-        obj = frame.f_globals.get(parts[0], _MISSING)
-    for p in parts[1:]:
-        if obj is _MISSING:
-            break
-        d = getattr(obj, "__dict__", None)
-        val = d.get(p, _MISSING) if isinstance(d, dict) else _MISSING
-        if val is _MISSING and isinstance(obj, torch.nn.Module):
-            val = obj._modules.get(p, _MISSING)
-        obj = val
-    return obj
+    return resolve(text, frame.f_locals, frame.f_globals)
 
 
 def _odd(v: Any, kind: str, other: Any) -> bool:

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from torchdoctor._virtual.ownline import source
+
 __all__ = ["dtype_source_fix"]
 
 
@@ -60,12 +62,8 @@ def dtype_source_fix(f: Any, casts: Any, root: Any) -> Any:
 
 
 def _parsed(file: str) -> tuple[ast.Module | None, str]:
-    try:
-        with open(file, encoding="utf-8") as fh:
-            text = fh.read()
-        return ast.parse(text), text
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
-        return None, ""
+    got = source(file)
+    return got if got is not None else (None, "")
 
 
 _NAMED = {"half": "torch.float16", "bfloat16": "torch.bfloat16", "float": "torch.float32"}

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from torchdoctor._virtual.ownline import source
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.prove import Fix
 
@@ -68,12 +69,8 @@ def _computed(seg: str) -> str:
 
 
 def _parsed(file: str) -> tuple[ast.Module | None, str]:
-    try:
-        with open(file, encoding="utf-8") as fh:
-            text = fh.read()
-        return ast.parse(text), text
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
-        return None, ""
+    got = source(file)
+    return got if got is not None else (None, "")
 
 
 def _cast_names(tree: ast.Module, line: int) -> list[str]:

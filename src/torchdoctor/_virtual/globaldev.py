@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from torchdoctor._virtual.ownline import source
 from torchdoctor._virtual.prove import Fix
 
 __all__ = ["device_line_fix", "reglobals"]
@@ -82,12 +83,10 @@ def _global_pick(file: str, line: int) -> tuple[str, int, str, tuple[int, int], 
     """(the name, its line, the line's text, the value's span, the lines that move to it, the function that picks it
     — None at module level) when the move at ``line`` passes a name whose value asks ``torch.cuda.is_available()``:
     a local of the function that moves (a test, a ``main()``, a trainer's ``__init__``), else a module-level one."""
-    try:
-        with open(file, encoding="utf-8") as fh:
-            text = fh.read()
-        tree = ast.parse(text)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+    got = source(file)
+    if got is None:
         return None
+    tree, text = got
     lines = text.split("\n")
     names = {n.id for c in ast.walk(tree) if isinstance(c, ast.Call) and c.lineno == line and
              isinstance(c.func, ast.Attribute) and c.func.attr == "to" for n in c.args if isinstance(n, ast.Name)}

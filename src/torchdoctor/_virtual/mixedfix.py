@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from torchdoctor._virtual.ownline import source
+
 __all__ = ["scaler_fix"]
 
 _FP16 = ("fp16", "float16")
@@ -94,12 +96,10 @@ def _maker(file: str) -> tuple[str, str, str, str, str | None] | None:
     """(file, ``file:line``, kind, the call's code, the line fixed or None) of the scaler's maker in ``file``:
     ``Accelerator(mixed_precision="fp16")`` (kind "fp16"), an ``Accelerator()`` whose fp16 comes from accelerate's
     config (kind "config"), or the program's own ``GradScaler(...)`` (kind "scaler")."""
-    try:
-        with open(file, encoding="utf-8") as fh:
-            text = fh.read()
-        tree = ast.parse(text)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+    got = source(file)
+    if got is None:
         return None
+    tree, text = got
     lines = text.split("\n")
     short = os.path.basename(file)
     scaler = None

@@ -1,6 +1,7 @@
 """One line of the program's own source, read for a fix written at it: the line, its text without the indent, and
 that text parsed; None for a library's or the standard library's file, or a line that does not parse alone.
-``statements_at``: the statements of a parsed file that hold a line, outermost first."""
+``statements_at``: the statements of a parsed file that hold a line, outermost first; ``source``: a whole file,
+parsed, with its text."""
 
 from __future__ import annotations
 
@@ -36,3 +37,13 @@ def statements_at(node: Any, line: int) -> list[ast.stmt]:
 
 
 __all__ = ["own_line", "statements_at"]
+
+
+def source(file: str) -> tuple[ast.Module, str] | None:
+    """A whole file parsed, with its text; None when it cannot be read or parsed."""
+    try:
+        with open(file, encoding="utf-8") as fh:
+            text = fh.read()
+        return ast.parse(text), text
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
