@@ -273,7 +273,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     if not items and scripted:  # a traced constant alone: no move reaches the traced code
         return traced_note(next(p for p in problems if p.kind == "device"), set()) if any(
             p.kind == "device" for p in problems) else None
-    if not items and (again := stale_source(dropped, have)) is not None:  # never a move that changes nothing
+    if not items and all(p.kind == "dtype" for p in problems) and (again := stale_source(dropped, have)):
+        # never a cast or move of the model that changes nothing (a device problem goes on to offloaduse & co.)
         return [Fix(again, "note", tried="not re-run: the tensors to make again are the program's own state")]
     return items or [Fix(f"torchdoctor.move(model, {device_str(device)!r})", "path", sets=(("*", device),))]
 
