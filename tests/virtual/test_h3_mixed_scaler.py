@@ -80,6 +80,7 @@ def test_simulate_call_proves_the_setting_by_a_rerun(tmp_path: Path) -> None:
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent(TRAIN.format(arg='mixed_precision="fp16"')))
     mod = load_file(path)
+    AcceleratorState._reset_state(True)  # another test of this process may have left its state initialized
     try:
         r = torchdoctor.simulate(nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)), device="cuda",
                                  call=mod.train)
