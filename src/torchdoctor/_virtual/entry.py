@@ -161,6 +161,9 @@ class EntryCheck:
         ref = self._reference(mod, tensors, args)
         if ref is None:
             return
+        # the module's own forward pre-hooks run after this check (an app's sequential offload moving each layer
+        # to the device just before its forward): what they leave on another device is told when an op reads it
+        later = bool(mod.__dict__.get("_forward_pre_hooks"))
         for rel, t, role in tensors:
             dev = norm_device(tensor_device(t))
             if role == "parameter" and dev.type not in ("cpu", "meta") and intent.cpu_packed(t):
@@ -169,10 +172,10 @@ class EntryCheck:
                           cpu_packed_message(full, device_str(dev)), f"{type(mod).__name__}.forward", role,
                           compact(t.dtype, tuple(t.shape), dev))
                 continue
-            self._place(mod, path, rel, t, role, dev, ref)
+            self._place(mod, path, rel, t, role, dev, ref, later)
 
     def _place(self, mod: nn.Module, path: str, rel: str, t: torch.Tensor, role: str, dev: torch.device,
-               ref: torch.device) -> None:
+               ref: torch.device, later: bool = False) -> None:
         """One owned tensor on ``dev`` when ``mod`` computes on ``ref``: noted unless a mechanism puts it there on
         purpose (scan's answer); a plain attribute or container tensor only once an op reads it."""
         if dev == ref or dev.type == "meta" or (dev.type == "cpu" and t.dim() == 0):
@@ -201,7 +204,7 @@ class EntryCheck:
                 f"{device_str(dev)} when {path or '<root>'} ({type(mod).__name__}) starts on {device_str(ref)}: "
                 f"{_WHY.get(role, f'a {role} the forward reads')}{maker_note(t)}", f"{type(mod).__name__}.forward", role,
                 compact(t.dtype, tuple(t.shape), dev), source)
-        if role in ("attribute", "container"):
+        if role in ("attribute", "container") or later:
             self.pending[full] = note
         else:
             self.note(*note)

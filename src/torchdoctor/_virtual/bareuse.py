@@ -1,0 +1,253 @@
+"""Tensors a per-layer placement mechanism never moves, fixed where the forward uses them.
+
+An app that places a model layer by layer — partial loading that moves leaf layers while they fit a budget and
+leaves the rest casting their weights per call (ComfyUI's lowvram ops), a sequential offload by forward pre-hooks on
+leaf layers — never moves a Parameter or buffer that a module above the layers owns and reads itself (a decoder's
+register tokens, a block's layer scale, a position embedding). Moving the whole model would undo the mechanism (the
+model is placed so because it does not fit), so each such tensor is fixed at the line of its forward that uses it:
+through the app's own per-call helper when its cast layers use one (``ops.cast_to(self.register_tokens, h.device,
+h.dtype)``), else ``.to(h.device)``, with a tensor that the same line holds on the run's device. Proven at the failing
+ops as a move of those tensors is (``atop``); a tensor with no such line keeps the fix it had.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchdoctor._placement import device_str, norm_device, tensor_device
+from torchdoctor._virtual.prove import Fix
+
+__all__ = ["bare_use_fixes", "placement_of"]
+
+
+class Placement:
+    """How the program places its model layer by layer: what it is (said in a fix), the layers it places, and the
+    app's per-call helper (a function, its call in a cast layer's forward, that forward's own and input names)."""
+
+    __slots__ = ("said", "layers", "helper")
+
+    def __init__(self, said: str, layers: set[int], helper: tuple[Any, ast.Call, str, str] | None) -> None:
+        self.said, self.layers, self.helper = said, layers, helper
+
+
+def placement_of(root: torch.nn.Module, device: torch.device) -> Placement | None:
+    """The program's own per-layer placement of ``root`` (module doc), or None when it has none."""
+    from torchdoctor._scan import percall
+
+    hooked, casting, placed = [], [], 0
+    for mod in root.modules():
+        d = mod.__dict__
+        own = [t for t in (d.get("_parameters") or {}).values() if t is not None]
+        if not own:
+            continue
+        if "forward" not in d and any(not _torch_own(h) for h in dict.values(d.get("_forward_pre_hooks") or {})):
+            hooked.append(mod)
+        elif percall.moved_on_call(mod).get("weight", 0) & percall.DEVICE:
+            casting.append(mod)
+        elif norm_device(tensor_device(own[0])) == device:
+            placed += 1
+    if len(hooked) >= 2:
+        hook = next(h for h in dict.values(hooked[0].__dict__["_forward_pre_hooks"]) if not _torch_own(h))
+        code = getattr(hook, "__code__", None) or getattr(getattr(hook, "__call__", None), "__code__", None)
+        at = f" ({_short(code.co_filename)}:{code.co_firstlineno})" if isinstance(code, types.CodeType) else ""
+        return Placement(f"forward pre-hooks{at} place {len(hooked)} of its layers per call", {id(m) for m in hooked},
+                         None)
+    if casting:
+        off = [norm_device(tensor_device(w)) for m in casting if isinstance(w := getattr(m, "weight", None),
+                                                                                 torch.Tensor)]
+        where = ", ".join(sorted({device_str(d) for d in off if d != device})) or device_str(device)
+        names = sorted({type(m).__name__ for m in casting})
+        said = (f"its layers are placed one by one: {placed} on {device_str(device)}, {len(casting)} left on {where} "
+                f"casting their weights per call ({', '.join(names[:3])})")
+        return Placement(said, {id(m) for m in casting}, _helper(casting))
+    return None
+
+
+def _torch_own(hook: Any) -> bool:
+    """A hook of torch's own (``weight_norm``'s recompute, FSDP's gather): no placement of the program's."""
+    return str(getattr(hook, "__module__", None) or type(hook).__module__).startswith("torch.")
+
+
+def _short(file: str) -> str:
+    try:
+        rel = os.path.relpath(file)
+    except ValueError:  # another drive
+        return os.path.basename(file)
+    return rel if not rel.startswith("..") else os.path.basename(file)
+
+
+def _helper(layers: list[torch.nn.Module]) -> tuple[Any, ast.Call, str, str] | None:
+    """The app's function a cast layer's forward moves its ``self.weight`` with (``cast_to(self.weight, x.device,
+    x.dtype)``), when its other arguments read only the forward's input: (the function, the call, the forward's own
+    name, its input's name)."""
+    import inspect
+    import textwrap
+
+    for tp in dict.fromkeys(type(m) for m in layers):
+        fwd = next((k.__dict__["forward"] for k in tp.__mro__ if "forward" in k.__dict__), None)
+        if not isinstance(fwd, types.FunctionType) or fwd.__code__.co_argcount < 2:
+            continue
+        me, x = fwd.__code__.co_varnames[:2]
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fwd)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.Call) or not n.args or ast.unparse(n.args[0]) != f"{me}.weight" or \
+                    not isinstance(n.func, (ast.Name, ast.Attribute)):
+                continue
+            rest = [*n.args[1:], *(k.value for k in n.keywords)]
+            if any(isinstance(v, ast.Name) and v.id == me for a in rest for v in ast.walk(a)):
+                continue  # it reads the layer: not a helper of the tensor alone
+            fn = _resolve(ast.unparse(n.func), fwd.__globals__)
+            if isinstance(fn, types.FunctionType):
+                return fn, n, me, x
+    return None
+
+
+def _resolve(text: str, names: dict[str, Any]) -> Any:
+    parts = text.split(".")
+    obj = names.get(parts[0])
+    for p in parts[1:]:
+        obj = inspect_static(obj, p)
+    return obj
+
+
+def inspect_static(obj: Any, name: str) -> Any:
+    import inspect
+
+    try:
+        return inspect.getattr_static(obj, name, None)
+    except Exception:  # an odd object: not followed
+        return None
+
+
+def bare_use_fixes(items: list[Fix], root: Any, device: torch.device, cases: Sequence[Any]) -> list[Fix]:
+    """``items`` with each move of model tensors that the program's per-layer placement never moves replaced by the
+    fix at the lines that use them (module doc); the others as they were."""
+    if not cases or not isinstance(root, torch.nn.Module) or not any(f.kind == "path" and f.sets for f in items):
+        return items
+    placed = placement_of(root, norm_device(device))
+    if placed is None:
+        return items
+    out: list[Fix] = []
+    for f in items:
+        out.extend((_at_uses(f, root, placed, cases) if f.kind == "path" and f.sets else None) or [f])
+    return out
+
+
+def _at_uses(f: Fix, root: torch.nn.Module, placed: Placement, cases: Sequence[Any]) -> list[Fix] | None:
+    from torchdoctor._guard.ownfile import own_file
+    from torchdoctor._virtual.feeder import operands
+
+    sites: dict[tuple[str, int], list[tuple[str, Any, Any, Any]]] = {}
+    for path, target in f.sets:
+        if not isinstance(target, torch.device) or not _bare(root, path, placed):
+            return None
+        hit = None
+        for c in cases:
+            if c.line is None or not own_file(c.line[0]):
+                continue
+            ops = operands(c.before)
+            wrong = next((o for o in ops if o.tags[:1] == (path,) and norm_device(o.device) != target), None)
+            partner = next((n for n in c.names if norm_device(n.device) == target), None)
+            if wrong is not None and partner is not None:
+                like = next((o for o in ops if f"operand {partner.name} at {c.at}" in o.tags), None)
+                hit = (c, wrong, partner, like)
+                break
+        if hit is None:
+            return None
+        sites.setdefault(hit[0].line, []).append((path, *hit[1:]))
+    out = [_fix_line(file, line, uses, root, placed) for (file, line), uses in sites.items()]
+    return None if any(x is None for x in out) else [x for x in out if x is not None]
+
+
+def _bare(root: torch.nn.Module, path: str, placed: Placement) -> bool:
+    """``path`` is a Parameter or buffer of a module the placement never places."""
+    owner, _, leaf = path.rpartition(".")
+    try:
+        mod = root.get_submodule(owner)
+    except AttributeError:
+        return False
+    d = mod.__dict__
+    return id(mod) not in placed.layers and (leaf in (d.get("_parameters") or {}) or leaf in (d.get("_buffers") or {}))
+
+
+def _fix_line(file: str, line: int, uses: list[tuple[str, Any, Any, Any]], root: torch.nn.Module,
+              placed: Placement) -> Fix | None:
+    from torchdoctor._report.diff import line_patch
+    from torchdoctor._virtual.ownline import own_line
+
+    here = own_line(file, line)
+    if here is None:
+        return None
+    _, body, tree = here
+    spans: dict[tuple[int, int], str] = {}
+    target = uses[0][2].device
+    for path, wrong, partner, like in uses:
+        leaf = path.rpartition(".")[2]
+        found = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == leaf
+                 and isinstance(n.ctx, ast.Load)]
+        if len({(n.col_offset, n.end_col_offset) for n in found}) != 1 or found[0].end_col_offset is None:
+            return None
+        n, end = found[0], found[0].end_col_offset
+        dtype = like.meta.dtype if like is not None and like.meta.dtype != wrong.meta.dtype and \
+            like.meta.dtype.is_floating_point and wrong.meta.dtype.is_floating_point else None
+        spans[(n.col_offset, end)] = _moved(ast.unparse(n), partner.name, dtype, placed, file)
+    new = body
+    for (a, b), text in sorted(spans.items(), reverse=True):
+        new = new[:a] + text + new[b:]
+    diff = line_patch(file, line, new)
+    if diff is None:
+        return None
+    names = ", ".join(dict.fromkeys(p for p, *_ in uses))
+    owner = type(root.get_submodule(uses[0][0].rpartition(".")[0])).__name__
+    at = f"{_short(file)}:{line}"
+    how = "cast with the app's own per-call helper" if placed.helper is not None and \
+        _callee(placed.helper[0], file) is not None else "moved to the device of what it meets"
+    code = (f"{new}  # at {at}: {names} ({owner}'s own) meet{'s' if len(uses) == 1 else ''} tensors on "
+            f"{device_str(target)}; {placed.said}, and nothing moves what no layer owns: {how} where it is used "
+            "(moving the whole model would undo that placement)")
+    return Fix(code, "note", target, sets=tuple((p, target) for p, *_ in uses), diff=diff)
+
+
+def _moved(expr: str, partner: str, dtype: torch.dtype | None, placed: Placement, file: str) -> str:
+    """``expr`` (``self.scale1``) brought to ``partner``'s device (and dtype), as the app's helper does it."""
+    if placed.helper is not None:
+        fn, call, me, x = placed.helper
+        callee = _callee(fn, file)
+        if callee is not None:
+            new = _Swap(x, partner).visit(ast.parse(ast.unparse(call), mode="eval").body)
+            new.func = ast.parse(callee, mode="eval").body
+            new.args[0] = ast.parse(expr, mode="eval").body
+            return ast.unparse(new)
+    return f"{expr}.to({partner}.device, {partner}.dtype)" if dtype is not None else f"{expr}.to({partner}.device)"
+
+
+class _Swap(ast.NodeTransformer):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return ast.Name(self.new, node.ctx) if node.id == self.old else node
+
+
+def _callee(fn: types.FunctionType, file: str) -> str | None:
+    """How the code of ``file`` names function ``fn``: a global of its module bound to it, or to a module that has
+    it (``ops.cast_to``); None when it has no name for it."""
+    real = os.path.realpath(file)
+    mod = next((m for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)
+                and os.path.realpath(f) == real), None)
+    names = vars(mod) if mod is not None else {}
+    hit = next((k for k, v in names.items() if v is fn), None)
+    if hit is not None:
+        return hit
+    return next((f"{k}.{fn.__name__}" for k, v in names.items() if isinstance(v, types.ModuleType)
+                 and inspect_static(v, fn.__name__) is fn), None)
