@@ -2,6 +2,7 @@
 
     python bench/explain_ab.py answers [--rev REV] [--corpus CORPUS.pkl]   # every diagnosis, old against new
     python bench/explain_ab.py speed [--rev REV] [ROUNDS] [MB]             # issue 43 point 5, old / new / grep
+    ... [--mine a.py,b.py]   # the old side: only these modules as REV has them, the rest as the working tree's
 
 The old side is ``src/torchdoctor/_explain`` as commit ``REV`` (default ``HEAD``) has it, read with ``git show``
 and imported beside the working tree's as ``torchdoctor._explain_ab`` (explain imports nothing of torchdoctor's
@@ -9,7 +10,9 @@ but its own modules and two report helpers, so both sides keep their own tables)
 every text ``bench/explain_dump.py`` reads (the recorded suite texts with ``--corpus``, every fixture and held-out
 text, the bench logs) and prints each text whose diagnoses differ, whole (``to_dict()``), with exit status 1;
 ``speed`` times old, new and the grep-like pass interleaved on the typical app log and the log made only of error
-texts (process CPU time, medians, the load average beside them).
+texts (process CPU time, medians, the load average beside them). ``--mine`` puts one engineer's change alone on
+trial while others edit other modules of ``_explain`` in the same tree: the old side takes the named modules from
+``REV`` and every other module from the working tree.
 """
 
 from __future__ import annotations
@@ -40,16 +43,22 @@ def _load(name: str, path: pathlib.Path) -> ModuleType:
     return module
 
 
-def old_explain(rev: str, into: pathlib.Path) -> ModuleType:
-    """``torchdoctor._explain_ab.api``: explain's modules as ``rev`` has them, under a name of their own."""
+def old_explain(rev: str, into: pathlib.Path, mine: frozenset[str] | None = None) -> ModuleType:
+    """``torchdoctor._explain_ab.api``: explain's modules as ``rev`` has them (only those in ``mine`` when given,
+    the others as the working tree has them), under a name of their own."""
     names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:{_PKG}"], check=True,
                            capture_output=True, text=True).stdout.split()
+    if mine is not None:
+        names = sorted(set(names) | {p.name for p in (ROOT / _PKG).glob("*.py")})
     folder = into / "_explain_ab"
     folder.mkdir()
     for name in names:
-        if name.endswith(".py"):
-            text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{_PKG}/{name}"], check=True,
-                                  capture_output=True, text=True).stdout
+        if name.endswith(".py") and (mine is None or name in mine or (ROOT / _PKG / name).exists()):
+            if mine is not None and name not in mine:
+                text = (ROOT / _PKG / name).read_text()
+            else:
+                text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{_PKG}/{name}"], check=True,
+                                      capture_output=True, text=True).stdout
             (folder / name).write_text(re.sub(r"\btorchdoctor\._explain\b", "torchdoctor._explain_ab", text))
     import torchdoctor
 
@@ -120,11 +129,12 @@ def main() -> int:
         return 2
     rev = args[args.index("--rev") + 1] if "--rev" in args else "HEAD"
     corpus = args[args.index("--corpus") + 1] if "--corpus" in args else None
+    mine = frozenset(args[args.index("--mine") + 1].split(",")) if "--mine" in args else None
     rest = [a for i, a in enumerate(args[1:], 1) if not a.startswith("--") and not args[i - 1].startswith("--")]
     from torchdoctor._explain import api as new
 
     with tempfile.TemporaryDirectory() as tmp:
-        old = old_explain(rev, pathlib.Path(tmp))
+        old = old_explain(rev, pathlib.Path(tmp), mine)
         if args[0] == "answers":
             return answers(old, new, corpus, rev)
         return speed(old, new, int(rest[0]) if rest else 9, int(float(rest[1]) * 1e6) if len(rest) > 1 else 20_000_000)

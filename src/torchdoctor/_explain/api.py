@@ -62,17 +62,20 @@ def _diagnose(group: Group) -> Diagnosis:
                                      group.message.lower().replace("\\", "/"))
     category = categories[0][0]
     table = causes()
-    usable = [(c, s) for c, s in ranked if c in table and _try(table[c].text, fields) is not None]
+    # each cause whose text the fields fill, with that text (the first four, one for torchdoctor's own report)
+    usable = [(c, text) for c, _ in ranked if c in table and (text := _try(table[c].text, fields)) is not None]
     if not usable:  # the winning category has no cause of its own here: keep the signature's
-        usable = [(c, w) for c, w in sig.causes if c in table and _try(table[c].text, fields) is not None]
+        usable = [(c, text) for c, _ in sig.causes if c in table and (text := _try(table[c].text, fields)) is not None]
     usable = usable[:1] if own_report else usable[:4]  # torchdoctor named the culprit: no other cause
-    likely = tuple(_render(table[c].text, fields) for c, _ in usable)
+    likely = tuple(text for _, text in usable)
     fixes: list[tuple[str, str]] = []
     first = 0  # how many fixes the first cause gave: a plugin's update / disable steps follow them
     for cid, _ in usable:
         for title, code in table[cid].fixes:
+            if len(fixes) >= 6:  # (six at most: the rest is not filled)
+                break
             t, c = _try(title, fields), _try(code, fields, prose=False)
-            if t is not None and c is not None and all(c != code for _, code in fixes) and len(fixes) < 6:
+            if t is not None and c is not None and all(c != code for _, code in fixes):
                 fixes.append((t, c))
         first = first or len(fixes)
     # the plugin whose frame ran the failing code, named in its own update and disable steps (issue 42, point 5)
@@ -112,9 +115,10 @@ def _diagnose(group: Group) -> Diagnosis:
     plugin_line = fields.get("plugin_line")
     if plugin_line and plugin_line not in evidence:  # the plugin that ran the failing code, whatever the category
         evidence.append(clean(plugin_line, 200))
+    lines: list[str] = []  # the original's lines, split once
     for rule, word in fired:
         if word and len(evidence) < len(group.evidence) + 3:
-            line = _context_line(original, context, word)
+            line = _context_line(original, context, word, lines)
             if line and not any(line[:60] in e or e[:60] in line for e in evidence):
                 evidence.append(line)
     confirm = (_try(top.confirm, fields, prose=False) if top else None) or "torchdoctor env"
@@ -123,12 +127,14 @@ def _diagnose(group: Group) -> Diagnosis:
                      evidence=tuple(evidence), signature=sig.name, count=group.count, alternatives=alternatives)
 
 
-def _context_line(original: str, context: str, word: str) -> str:
-    """The line of the original text (not the lower-cased copy) where a context word was found."""
+def _context_line(original: str, context: str, word: str, lines: list[str]) -> str:
+    """The line of the original text (not the lower-cased copy) where a context word was found; ``lines``: the
+    original's lines (filled here when empty)."""
     p = find_word(context, word)
     if p == -1:
         return ""
-    lines = original.split("\n")
+    if not lines:
+        lines.extend(original.split("\n"))
     n = context.count("\n", 0, p)
     return clean(lines[n], 200) if n < len(lines) else ""
 
@@ -272,7 +278,7 @@ def explain(text_or_exception: object, *, limit: int | None = None) -> ExplainRe
             text = text_or_exception
         else:
             text = str(text_or_exception)
-        if not text.strip():
+        if not text or text.isspace():  # (not ``strip``: a log that ends with a line end would be copied whole)
             return ExplainReport(nothing_to_check=True)
         return ExplainReport(tuple(_explain_blocks(_blocks(text), limit)))
     except Exception:  # explaining must never crash the caller

@@ -12,6 +12,8 @@ import re
 from torchdoctor._explain.causes import ContextRule
 from torchdoctor._explain.direction import MATMUL_INPUT, sides
 from torchdoctor._explain.present import Present, plans
+from torchdoctor._explain.prose import prose_only
+from torchdoctor._explain.prose import said as said_of
 from torchdoctor._explain.tokens import (ACCELERATORS, device_name, dtype_name, find_word, names_in,
                                         transformers_version, type_name)
 
@@ -240,47 +242,8 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
     return f, frozenset(flags)
 
 
-# A line of prose: a sentence someone typed around a paste. It starts with a letter or digit, holds at least three
-# spaces, and none of the characters that frames, code, paths, log records and messages carry.
-_PROSE = re.compile(r"[^\W_][^/_=()\[\]{}<>\"|%#@$*+~&`\t]{0,2000}")
-_LOG_HEAD = re.compile(r"\w{1,40}:|.{0,200}\d:\d")  # "WARNING:", "ValueError:", a time stamp: a program wrote it
-# a label a person types ("Title: ...", "Update: ..."), and a parenthesis opened after a space, not a call
-_LABEL = re.compile(r"(?:title|subject|summary|description|question|problem|issue|context|note|update|edit): ")
-_ASIDE = re.compile(r"(?<= )\(|\)|\+")
+
 _PROSE_SCALE = 0.5  # a word only in prose weighs half, and never re-files the error
-# Where an error starts on a line typed as "Using qlora on my mac, then: RuntimeError: ..." (lower-cased text)
-_HEAD = re.compile(r"(?<![\w.])\w{0,40}(?:error|exception)(?::|\b)")
-
-
-def _is_prose(line: str) -> bool:
-    return line.count(" ") >= 3 and bool(_PROSE.fullmatch(_ASIDE.sub("", line))) and (
-        not _LOG_HEAD.match(line) or bool(_LABEL.match(line)))
-
-
-def _lead(line: str) -> int:
-    """The length of the prose typed before the error on the error's own line, else 0."""
-    m = _HEAD.search(line, 0, 2000)
-    return m.start() if m and m.start() and _is_prose(line[:m.start()].rstrip(" :`'\"(")) else 0
-
-
-def _prose_only(context: str, word: str, message: str) -> bool:
-    """Whether every occurrence of ``word`` in ``context`` (the first 16) sits on a line of prose, and the error's
-    own message does not hold it: "I fine-tune with qlora" is what the user believes, a frame in bitsandbytes is
-    what ran. Prose typed on the error's own line, before it, is prose too."""
-    first = message.split("\n", 1)[0]
-    if not word or find_word(message[_lead(first):], word) != -1:
-        return False
-    p = find_word(context, word)
-    for _ in range(16):
-        if p == -1:
-            return True
-        start = context.rfind("\n", 0, p) + 1
-        end = context.find("\n", p)
-        line = context[start: end if end != -1 else len(context)].rstrip()
-        if not p - start < _lead(line) and not _is_prose(line):
-            return False
-        p = find_word(context, word, end) if end != -1 else -1
-    return False
 
 
 def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple[tuple[str, float, str], ...],
@@ -302,11 +265,15 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     look = Present(context, plans(rules, (w for r in rules for w in r.words)))
     by_words: dict[int, str | None] = {}
     prose: dict[str, bool] = {}
+    said: list[str] = []  # the message without typed prose, and what each line read was, once per diagnosis
+    lines: dict[str, tuple[int, bool | None]] = {}
 
     def scale(word: str) -> float:
         got = prose.get(word)
         if got is None:
-            got = prose[word] = _prose_only(context, word, message)
+            if not said:
+                said.append(said_of(message))
+            got = prose[word] = prose_only(context, word, said[0], lines)
         return _PROSE_SCALE if got else 1.0
 
     # per rule: its flags and words, whatever the category (read once: the categories' and the causes' loops both

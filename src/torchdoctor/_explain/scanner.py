@@ -382,16 +382,17 @@ class Scanner:
                 break
             trail_end = nxt
         raw_trail = text[le:trail_end]
-        if "\x1b" in raw_trail:
-            raw_trail = ANSI.sub("", raw_trail)
+        raw_trail = ANSI.sub("", raw_trail) if "\x1b" in raw_trail else raw_trail
         trail = raw_trail.lower()
         if len(trail) != len(raw_trail):  # U+0130 and the like lower to two characters: positions must not move
             trail = fold(raw_trail).lower()
         # "!!! Exception during processing !!! <message>" (ComfyUI) is followed by its own traceback
         skip = trail.find("\n", 1) + 1 if "exception during processing" in _plain(text[ls:le]).lower() else 0
-        stops = [i for i in (trail.find(s, skip) for s in _STOP) if i != -1]
-        if stops:
-            trail = trail[: min(stops)]
+        stop = len(trail)  # the first of the stops: each later one is looked for only before the one found
+        for s in _STOP:
+            i = trail.find(s, skip, stop + len(s) - 1)
+            stop = i if i != -1 else stop
+        trail = trail[:stop]
         # rules read ASCII words: a context is not folded (a log's are long), only its colours removed
         head = text[lead:le]
         ctx = (ANSI.sub("", head) if "\x1b" in head else head) + raw_trail[: len(trail)]
