@@ -20,6 +20,7 @@ from torch import nn
 
 from torchdoctor._scan import intent
 from torchdoctor._scan.intent import STORAGE_DTYPES, packed_scale
+from torchdoctor._scan.uniform import uniform_tally
 from torchdoctor._walk import describe
 
 # ``Policy`` (torchdoctor._scan.policy) calls in here; annotated ``Any`` so this module never imports the policy back.
@@ -54,7 +55,15 @@ def _add(groups: dict[tuple[torch.device, torch.dtype], list[int]], key: tuple[A
 
 def tally(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[Any]]], list[dict[torch.dtype, list[Any]]]]:
     """Fill ``policy.rows``, ``canon``, ``nonpersistent``, ``unloaded`` and (``summary``) ``groups``; return the
-    vote tables per component (device and dtype -> [layers, tensors, bytes]), in ``policy.components`` order."""
+    vote tables per component (device and dtype -> [layers, tensors, bytes]), in ``policy.components`` order.
+    A one-component walk on one device in one dtype is read at C speed (``uniform``); anything else by the loop."""
+    got = uniform_tally(policy, summary, _VOTABLE, _SCALE_KEYS)
+    return got if got is not None else tally_loop(policy, summary)
+
+
+def tally_loop(policy: Policy, summary: bool) -> tuple[list[dict[torch.device, list[Any]]],
+                                                       list[dict[torch.dtype, list[Any]]]]:
+    """``tally`` entry by entry: any walk."""
     comps = policy.components
     devs: list[dict[torch.device, list[Any]]] = [{} for _ in comps]
     dts: list[dict[torch.dtype, list[Any]]] = [{} for _ in comps]
