@@ -52,26 +52,46 @@ def plans(owner: object, words: Iterable[str]) -> dict[str, Plan]:
     return got[1]
 
 
+_NONE: frozenset[str] = frozenset()
+_DIRECT: dict[int, tuple[object, frozenset[str]]] = {}
+
+
+def _direct(plans: dict[str, Plan]) -> frozenset[str]:
+    """The words of ``plans`` with neither a shorter word that holds them nor marked ends (once per table)."""
+    got = _DIRECT.get(id(plans))
+    if got is None or got[0] is not plans:
+        if len(_DIRECT) > 64:
+            _DIRECT.clear()
+        got = _DIRECT[id(plans)] = (plans, frozenset(w for w, (held, _, marked) in plans.items()
+                                                     if held is None and not marked))
+    return got[1]
+
+
 class Present:
     """``present(word)``: whether a context rule's word occurs in ``context`` as ``find_word`` finds it, for a word
     not asked before; ``first(words)``: the first of a rule's words that occurs. ``known`` holds every answer given
     (read before a call: a dict look-up is cheaper than one)."""
 
-    __slots__ = ("context", "known", "plans", "_shape")
+    __slots__ = ("context", "known", "plans", "_shape", "_direct")
 
     def __init__(self, context: str, plans: dict[str, Plan]) -> None:
         self.context = context
         self.known: dict[str, bool] = {}
         self.plans = plans
         self._shape: bytes | None = None
+        # the words a short context is read for as they are (no shorter word holds them, no marked end)
+        self._direct = _direct(plans) if len(context) <= _LONG else _NONE
 
     def first(self, words: tuple[str, ...]) -> str | None:
         """The first of ``words`` the context holds, else None."""
-        known = self.known
+        known, context, direct = self.known, self.context, self._direct
         for w in words:
             got = known.get(w)
             if got is None:
-                got = self(w)
+                if w in direct:
+                    got = known[w] = w in context
+                else:
+                    got = self(w)
             if got:
                 return w
         return None
