@@ -19,9 +19,9 @@ from torchdoctor._guard.float8 import is_float8_message
 from torchdoctor._guard.argproof import proof_line
 from torchdoctor._guard.assigned import assigned_fix, trace_note as _trace_note
 from torchdoctor._guard.handed import handed_aim
+from torchdoctor._guard.heldarg import aim_made, locals_made
 from torchdoctor._guard.kept import kept_aim, kept_float32, kept_site  # (a component kept in float32 on purpose)
 from torchdoctor._guard.remedy import Aim, aimed, caller_fix, caller_makers, moved_aim, with_patch
-from torchdoctor._guard.wrapfix import locals_made
 from torchdoctor._guard.maps import Maps, both, fix_code, module_label, reference
 from torchdoctor._guard.message import kind_of as _kind_of, mentioned as _mentioned, placement_category
 from torchdoctor._guard.record import Note
@@ -204,8 +204,8 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
         # float8 / integer storage the error never names was dequantized per call: not what the op met (41 #3)
         deq = any(not c[2].is_floating_point() or c[2].element_size() == 1 for c in bad if c[2].dtype not in said)
         if ref in said and (deq or not any(c[2].dtype in said for c in bad)):  # is a tensor its forward made
-            made = locals_made(frame, said, ref)
-            aim = aimed(made, kind, ref, maps.modules, maps.dicts, session.frames, exc.__traceback__ or tb)
+            made = locals_made(frame, said, ref)  # (or held by an object the program hands in: a KV cache)
+            aim, made = aim_made(made, kind, ref, maps, session.frames, frame, exc.__traceback__ or tb, root)
             if aim is not None:
                 bad = [(None, label, t) for label, t in made]
     first_line = message.strip().splitlines()[0] if message.strip() else type(exc).__name__

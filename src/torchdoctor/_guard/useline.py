@@ -24,6 +24,9 @@ _METHOD = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloa
 _GRAD = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\.grad\b(?!\s*\()")
 _OPS: dict[type, Any] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
                          ast.Div: operator.truediv, ast.MatMult: operator.matmul, ast.Pow: operator.pow}
+_COMPARE: dict[type, Any] = {ast.Gt: operator.gt, ast.Lt: operator.lt, ast.GtE: operator.ge, ast.LtE: operator.le,
+                             ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Is: operator.is_,
+                             ast.IsNot: operator.is_not}
 
 
 class _NotRun(Exception):
@@ -139,7 +142,8 @@ def _eval(node: ast.expr, frame: Any, names: set[str], target: Any) -> Any:
         if isinstance(v, torch.Tensor):
             v = _copy(v)
             return v.to(target) if node.id in names else v
-        if isinstance(v, (int, float, bool, str, dict, list, tuple, types.ModuleType, torch.dtype, torch.device)):
+        if v is None or isinstance(v, (int, float, bool, str, dict, list, tuple, types.ModuleType, torch.dtype,
+                                       torch.device)):
             return v
         raise _NotRun(f"`{node.id}` is a {type(v).__name__}")
     if isinstance(node, ast.Subscript):
@@ -153,6 +157,8 @@ def _eval(node: ast.expr, frame: Any, names: set[str], target: Any) -> Any:
         return -ev(node.operand)
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
         return _OPS[type(node.op)](ev(node.left), ev(node.right))
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:  # `is_causal=(t > 1)`
+        return _COMPARE[type(node.ops[0])](ev(node.left), ev(node.comparators[0]))
     if isinstance(node, ast.Attribute):
         base = ev(node.value)
         if isinstance(base, torch.Tensor) and node.attr == "grad":  # a gradient the line passes: a copy of it
@@ -172,7 +178,11 @@ def _eval(node: ast.expr, frame: Any, names: set[str], target: Any) -> Any:
         owner = getattr(fn, "__self__", None)
         if not (isinstance(owner, torch.Tensor) or (getattr(fn, "__module__", "") or "").startswith("torch")):
             raise _NotRun(f"`{ast.unparse(node.func)}` is no torch function")
-        return fn(*(ev(a) for a in node.args), **{k.arg: ev(k.value) for k in node.keywords if k.arg})
+        more = [ev(k.value) for k in node.keywords if k.arg is None]  # `**sdpa_kwargs`: a dict the frame holds
+        if not all(isinstance(d, dict) for d in more):
+            raise _NotRun(f"`{ast.unparse(node)}` passes ** of no dict")
+        return fn(*(ev(a) for a in node.args), **{k.arg: ev(k.value) for k in node.keywords if k.arg},
+                  **{k: v for d in more for k, v in d.items()})
     raise _NotRun(f"`{ast.unparse(node)}` is not re-run")
 
 
