@@ -169,3 +169,53 @@ def test_sequential_offload_by_hooks_names_only_what_no_hook_moves(tmp_path: Pat
     assert "forward pre-hooks (main.py:7) place 5 of its layers per call" in codes
     assert all(f["proven"] for f in doc["fixes"]), doc["fixes"]
     _applied(tmp_path, doc)
+
+
+OUTSIDE = '''import torch, torch.nn as nn
+from accelerate import cpu_offload
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.gate = nn.Parameter(torch.full((d,), 0.5))
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class Net(nn.Module):
+    def __init__(self, d=8):
+        super().__init__()
+        self.inp = nn.Linear(4, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(2))
+
+    def forward(self, z):
+        x = self.inp(z)
+        for b in self.blocks:
+            x = x + b.gate * b(x)
+        return x
+
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+net = cpu_offload(Net(), device)
+with torch.no_grad():
+    y = net(torch.randn(1, 3, 4, device=device))
+print("ran", tuple(y.shape))
+'''
+
+
+def test_accelerate_cpu_offload_weight_read_outside_its_call_reads_the_hooks_copy(tmp_path: Path) -> None:
+    """accelerate's sequential offload moves every module's own Parameters in its hook, but a parent reading a
+    child's Parameter outside the child's call meets its meta placeholder: fixed at that line with the hook's own
+    copy, never "load the weights" (which would undo the offload) nor a move of the model."""
+    (tmp_path / "main.py").write_text(OUTSIDE)
+    committed(tmp_path)
+    doc = run_json(tmp_path / "main.py", "cuda")
+    codes = "\n".join(f["code"] for f in doc["fixes"])
+    assert "load_state_dict(state_dict" not in codes and "torchdoctor.move(" not in codes, codes
+    assert "# `b.gate` has its values only while `b(...)` runs: read it there (in Block.forward)" in codes
+    assert "x = x + b._hf_hook.weights_map['gate'].to(b._hf_hook.execution_device) * b(x)" in doc["patch"]
+    assert all(f["proven"] for f in doc["fixes"]), doc["fixes"]
+    _applied(tmp_path, doc)

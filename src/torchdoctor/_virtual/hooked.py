@@ -128,9 +128,10 @@ def under_hooks(items: list[Fix], root: Any, device: torch.device, paths: Any = 
     program's own ``Module.to`` moves its layer (no hook). ``cases``: the failing ops; a hand move of a device
     map's layer gives way to the operand moved where the program's line adds it to the stream (``streamfix``)."""
     from torchdoctor._virtual.bareuse import bare_use_fixes
+    from torchdoctor._virtual.metaread import hook_copy_fixes
 
     try:  # a layer-by-layer placement of the program's own: what it never moves is fixed where it is used
-        items = bare_use_fixes(items, root, device, cases)
+        items = hook_copy_fixes(bare_use_fixes(items, root, device, cases), cases, device)
     except Exception:  # a diagnostic never breaks the report: the fixes as they were
         pass
     if not isinstance(root, torch.nn.Module) or not any(
