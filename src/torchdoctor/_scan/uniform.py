@@ -29,8 +29,9 @@ _F32 = torch.float32
 _BF16, _F16 = torch.bfloat16, torch.float16
 _PLAIN = frozenset({torch.Tensor, nn.Parameter})
 _TENSOR = attrgetter("tensor")
-# what a row holds of the entry and of its tensor, read at C speed
-_ENTRY = attrgetter("path", "role", "moved_by_module_to", "alias_of", "module")
+# what a row holds of the entry and of its tensor, read at C speed (one getter a field: a tuple getter and a
+# transpose cost more)
+_PATH, _ROLE, _MOVED, _ALIAS = (attrgetter(n) for n in ("path", "role", "moved_by_module_to", "alias_of"))
 _DEVICE, _DTYPE, _SHAPE, _NBYTES = (attrgetter(n) for n in ("device", "dtype", "shape", "nbytes"))
 
 
@@ -55,9 +56,10 @@ def uniform_tally(policy: Any, summary: bool, votable: dict[torch.dtype, bool], 
     dev, dt = devs[0], dts[0]
     if dts.count(dt) != n or devs.count(dev) != n:  # dtypes are singletons; devices compare by value
         return None
-    paths, roles, moved, aliases, modules = zip(*map(_ENTRY, entries))
-    if any(map(is_, modules, repeat(None))):
-        return None
+    # a parameter's or buffer's entry always has its module (the walker reads them from modules' slots): what has
+    # none (a tensor beside the component in a dict) has another role, which the loop skips before its module too
+    paths, roles = list(map(_PATH, entries)), list(map(_ROLE, entries))
+    moved, aliases = list(map(_MOVED, entries)), list(map(_ALIAS, entries))
     # every row shares one device object, as the loop's rows share one per run of a device
     rows = list(zip(paths, roles, repeat(dev, n), dts, shapes, nbytes, moved, aliases))
     canonical = aliases.count(None)

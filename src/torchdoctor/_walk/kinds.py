@@ -15,7 +15,7 @@ import functools
 import types
 import weakref
 from collections.abc import Iterator
-from itertools import repeat
+from itertools import chain, compress
 from typing import Any
 
 import torch
@@ -42,6 +42,8 @@ _QUANT_PREFIXES = ("bitsandbytes", "torchao", "optimum.quanto", "optimum_quanto"
 FAST_ATOMS = frozenset({str, int, float, bool, type(None), torch.dtype, torch.device})
 PLAIN = (torch.Tensor, nn.Parameter)
 _ATOMS_GE = FAST_ATOMS.issuperset
+_SEQS = frozenset({tuple, list})  # exact types only: a subclass's iteration could run its own code
+_ATOMS_OR_SEQS = FAST_ATOMS | _SEQS
 
 _KIND_CACHE: dict[type, int] = {}
 
@@ -84,7 +86,7 @@ def atoms_only(v: Any, k: int, limit: int) -> bool:
             return False
         # a transformers model's plans map names to tuples of lists of names (``_pp_plan``): two levels of plain
         # tuples and lists of plain values are proved here too, instead of one walker record per inner list
-        return _ATOMS_GE(map(type, dict.values(v))) or all(map(_plain_seq, dict.values(v)))
+        return _ATOMS_GE(map(type, dict.values(v))) or _plain_nested(list(dict.values(v)))
     if k == SEQ:
         base: Any = list if isinstance(v, list) else tuple
     else:
@@ -92,14 +94,21 @@ def atoms_only(v: Any, k: int, limit: int) -> bool:
     return bool(base.__len__(v) <= limit and _ATOMS_GE(map(type, base.__iter__(v))))
 
 
-def _plain_seq(x: Any, depth: int = 2) -> bool:
-    """``x`` is a plain value, or a short exact ``tuple`` / ``list`` of them (nested up to ``depth``)."""
-    tp = type(x)
-    if tp in FAST_ATOMS:
-        return True
-    if (tp is not tuple and tp is not list) or depth <= 0 or len(x) > 64:
-        return False
-    return _ATOMS_GE(map(type, x)) or all(map(_plain_seq, x, repeat(depth - 1, len(x))))  # no generator frame
+def _plain_nested(vals: list[Any]) -> bool:
+    """Every one of ``vals`` is a plain value or a short (at most 64) exact ``tuple`` / ``list`` of them, nested two
+    deep (a plan's tuples of lists of names), proved a level at a time at C speed: one recursive call per
+    sequence cost more than the proof of the rest of a transformers root."""
+    for depth in (2, 1, 0):
+        tps = list(map(type, vals))
+        if _ATOMS_GE(tps):
+            return True
+        if not depth or not _ATOMS_OR_SEQS.issuperset(tps):
+            return False
+        seqs = list(compress(vals, map(_SEQS.__contains__, tps)))
+        if max(map(len, seqs)) > 64:
+            return False
+        vals = list(chain.from_iterable(seqs))
+    return False  # not reached: depth 0 returned above
 
 
 def kind(obj: Any) -> int:

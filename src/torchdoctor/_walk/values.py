@@ -20,6 +20,9 @@ MAX_DEPTH = 64  # nesting of plain objects / containers below a module attribute
 MAX_ITEMS = 100_000  # items read from one container
 MAX_NODES = 5_000_000  # objects visited in one walk
 _ATOMS_GE = FAST_ATOMS.issuperset
+# the record of an object walked that held no tensor: (first path, list, start, end) with an empty range, shared
+# (its path names no alias, so none is made per object)
+EMPTY: tuple[str, list[Entry], int, int] = ("", [], 0, 0)
 _CONTAINERS: dict[type, int] = {dict: MAPPING, list: SEQ, tuple: SEQ, set: SET, frozenset: SET}  # exact builtin types: their kinds
 
 
@@ -132,7 +135,7 @@ class Values:
         self.keep_alive.append(v)
         lst, start = self.out, len(self.out)
         if (k == MAPPING or k == SEQ or k == SET) and atoms_only(v, k, MAX_ITEMS):
-            self.seen_obj[oid] = (path, lst, start, start)  # walked: it holds no tensor
+            self.seen_obj[oid] = EMPTY  # walked: it holds no tensor
             return
         if k == OBJ and is_quant_type(type(v)):
             role = "quant_state"
@@ -182,8 +185,7 @@ class Values:
                         atoms_only(cv, ck_kind, MAX_ITEMS):
                     # a config's label maps and rope parameters: recorded here as ``value`` would record them
                     self.nodes += 1
-                    at = len(self.out)
-                    seen[id(cv)] = (join_path(path, name), self.out, at, at)
+                    seen[id(cv)] = EMPTY
                     self.keep_alive.append(cv)
                     continue
                 self.value(cv, join_path(path, name), v, ck, cslot, module, mpath, child_role, depth + 1, moved)

@@ -23,7 +23,7 @@ from torchdoctor._walk.entry import Entry, Walk, join_path, offloaded, set_tenso
 from torchdoctor._walk.kinds import (FAST_ATOMS, MAPPING, MEMBER_KINDS, NO_KEYS, OBJ, SCRIPTED, SEQ, SET, atoms_only,
                                      class_keys, form_of, group_offloading, hook_chain, is_quant_type, is_script, kind,
                                      script_dict)
-from torchdoctor._walk.values import MAX_DEPTH, MAX_ITEMS, MAX_NODES, Values
+from torchdoctor._walk.values import EMPTY, MAX_DEPTH, MAX_ITEMS, MAX_NODES, Values
 
 _FORWARD: Any = object()  # in expand's ``later`` list: the module's own ``forward`` attribute, not a key
 _UNSEEN: Any = object()
@@ -234,7 +234,7 @@ class _Walker(Values):
                 if rec is _UNSEEN and (k == MAPPING or k == SEQ or k == SET) and self.nodes < MAX_NODES \
                         and atoms_only(v, k, MAX_ITEMS):
                     self.nodes += 1
-                    seen[id(v)] = (f"{path}.{key}" if path else key, self.out, len(self.out), len(self.out))
+                    seen[id(v)] = EMPTY
                     self.keep_alive.append(v)
                     continue
                 self.value(v, f"{path}.{key}" if path else key, mod, key, "attr", mod, path, "attribute", 0)
