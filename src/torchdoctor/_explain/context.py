@@ -120,7 +120,8 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
     if "b" in f and sig_name.startswith("mixed.meta") and f["b"].isdigit():
         f["b"] = f"cuda:{f['b']}"
     named_devices, named_dtypes = names_in(message[:4000])
-    mac_gpu = "cuda" not in message.lower() and _gpu_word("GPU", context) == "mps"  # "GPU" read as cuda:0 there
+    # "GPU" read as cuda:0 there (asked only where the message names cuda:0)
+    mac_gpu = "cuda:0" in named_devices and "cuda" not in message.lower() and _gpu_word("GPU", context) == "mps"
     for d in named_devices:
         add(devices, "mps:0" if mac_gpu and d == "cuda:0" else d)
     for t in named_dtypes if not dtypes or not dtype_sig else ():
