@@ -252,6 +252,10 @@ def test_the_xpu_runtimes_bare_error(text: str) -> None:
      "partial.cuda_assumed"),
     ("Training crashes when torch.cuda.is_available() == False, the optimizer is created with device='cuda'.",
      "no_accelerator", "partial.cuda_assumed"),
+    ("On Linux the sampler stops: the script assumes that an MPS device is available.", "no_accelerator",
+     "partial.cuda_assumed"),
+    ("The notebook doesn't work if torch.xpu.is_available() is False (a laptop without an Arc GPU).",
+     "no_accelerator", "partial.cuda_assumed"),
     ("It will raise 'expect all tensor on the same device' when you are using Ascend NPU", "device_mismatch",
      "partial.device_words"),
     ("On my M3 the &quot;expect all tensors to be on the same device&quot; thing happens in the vae",
@@ -266,6 +270,10 @@ def test_the_xpu_runtimes_bare_error(text: str) -> None:
 def test_words_of_a_family_without_its_message(text: str, category: str, signature: str) -> None:
     d = explain(text)[0]
     assert (d.category, d.signature) == (category, signature)
+
+
+def test_words_of_no_placement_family() -> None:
+    assert not explain("torch.distributed.is_available() is False on this build, so the launcher exits.")
 
 
 @pytest.mark.parametrize(("words", "message", "signature"), [

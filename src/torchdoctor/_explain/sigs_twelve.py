@@ -167,15 +167,21 @@ _sig("partial.no_kernel_image", _NA, "A kernel with no build for this GPU (messa
      "(flash-attn, xformers) has no kernel compiled for its architecture[ ({arch})].",
      (("na.arch_not_in_build", 3.0),), r"\b(?P<arch>sm_?\d{2,3})\b", confidence=0.5,
      alternatives=((_BO, 0.3, "a compiled extension was built for other GPU architectures"),))
-# code said to need CUDA where there is none ("... assumes that a cuda device is available", "doesn't support
-# torch if torch.cuda.is_available() = False")
-_sig("partial.cuda_assumed", _NA, "Code that needs CUDA where there is none (said in words)",
-     ("assumes that a cuda device is available", "assumes a cuda device is available", "assumes cuda is available",
-      "cuda.is_available() = false", "cuda.is_available() == false", "cuda.is_available() returns false",
-      "cuda.is_available() is false"),
-     "The text says the code needs CUDA (it assumes a CUDA device, or fails where torch.cuda.is_available() is "
-     "False): it runs on a machine or build without a usable NVIDIA GPU.",
-     (("na.hardcoded_cuda", 3.0), ("na.cpu_build", 1.0)), confidence=0.5)
+# code said to need CUDA (or MPS, XPU) where there is none ("... assumes that a cuda device is available", "doesn't
+# support torch if torch.cuda.is_available() = False", "torch.backends.mps.is_available() is False")
+_sig("partial.cuda_assumed", _NA, "Code that needs a GPU where there is none (said in words)",
+     ("assumes that a cuda device", "assumes a cuda device is available", "assumes cuda is available",
+      "assumes that an mps device", "assumes that a mps device", "assumes an mps device is available",
+      "assumes a mps device is available", "assumes mps is available", "assumes that an xpu device",
+      "assumes that a xpu device", "assumes an xpu device is available", "assumes a xpu device is available",
+      "assumes xpu is available",
+      ".is_available() = false", ".is_available() == false", ".is_available() returns false",
+      ".is_available() is false"),
+     "The text says the code needs a GPU[ ({dev})] on a machine or build without one: it assumes one is there, or "
+     "fails where torch reports none.",
+     (("na.hardcoded_cuda", 3.0), ("na.cpu_build", 1.0)),
+     r"(?P<dev>cuda|mps|xpu)\.is_available\(\)", r"assumes (?:that )?an? (?P<dev>cuda|mps|xpu) device",
+     r"assumes (?P<dev>cuda|mps|xpu) is available", require_pattern=True, confidence=0.5)
 
 # --- torchaudio transforms: nn.Modules whose kernel / window is made on the CPU when they are created -------------
 _c("iw.transform_not_moved",
