@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from torchdoctor._explain.apps import app_fixes, step_fixes
 from torchdoctor._explain.catalog import causes, context_rules
-from torchdoctor._explain.context import derive, find_word, rank
+from torchdoctor._explain.context import derive, find_word, lookup, rank
 from torchdoctor._explain.fill import fill as _render
 from torchdoctor._explain.fill import forget
 from torchdoctor._explain.fill import fill_or_none as _try
@@ -58,8 +58,10 @@ def _diagnose(group: Group) -> Diagnosis:
         at = original.find(group.message.split("\n", 1)[0])
         fields.update(own_fields(original[at:] if at != -1 else group.message, fields,
                                  "dtype" if sig.category == "dtype_mismatch" else "device"))
-    categories, ranked, fired = rank(sig.category, sig.causes, sig.alternatives, context, flags, context_rules(),
-                                     group.message.lower().replace("\\", "/"))
+    rules = context_rules()
+    look = lookup(context, rules)  # words found or not in the context: the rules' first, the app's after them
+    categories, ranked, fired = rank(sig.category, sig.causes, sig.alternatives, context, flags, rules,
+                                     group.message.lower().replace("\\", "/"), look)
     category = categories[0][0]
     table = causes()
     # each cause whose text the fields fill, with that text (the first four, one for torchdoctor's own report)
@@ -88,7 +90,7 @@ def _diagnose(group: Group) -> Diagnosis:
     # an app's user rarely edits the app's code: its own flag or setting comes first, the generic fix after it
     # a layer on another device (not another dtype) takes the app's placement fix, not its precision one
     as_app = "device_mismatch" if "iw_device" in flags and "iw_dtype" not in flags else category
-    app, own = app_fixes(as_app, context, flags)
+    app, own = app_fixes(as_app, context, flags, look.known)
     if own_report:  # the culprit is named: an app's precision or placement switch is not the fix
         own = ()
     if "plugin" in fields:  # a plugin's frame ran the failing code: its fix first, the app's flags after it
@@ -96,7 +98,7 @@ def _diagnose(group: Group) -> Diagnosis:
     else:
         fixes[:0] = [f for f in own if f not in fixes]
     if app is None:  # a bare paste: the app that runs this step itself is a likely source
-        fixes.extend(f for f in step_fixes(sig.name, context) if f not in fixes)
+        fixes.extend(f for f in step_fixes(sig.name, context, look.known) if f not in fixes)
     fixes[:0] = [f for f in line_fixes(sig.name, original) if f not in fixes]  # at the traceback's own line
     if not likely:
         likely = (f"{sig.title}.",)

@@ -134,6 +134,32 @@ def _on_mac(context: str, flags: frozenset[str]) -> bool:
     return "windows" not in flags and any(find_word(context, w) != -1 for w in MAC)
 
 
+# Pieces several app words hold: where one is absent, so is every word that holds it (one scan for five Forge words)
+_GUARDS = ("comfy", "custom_nodes", "forge", "webui", "train", "invoke")
+_HELD = {w: next((g for g in _GUARDS if g in w and g != w), None) for _, words in APPS for w in words}
+
+
+def _shows(context: str, known: dict[str, bool]) -> str | None:
+    """``app_of`` reading and filling ``known`` (whether a word occurs in ``context``: the answers a diagnosis's
+    rule words already got, ``present.Present.known``), a word skipped where a piece it holds is absent."""
+    for app, words in APPS:
+        for w in words:
+            got = known.get(w)
+            if got is None:
+                held = _HELD[w]
+                if held is not None:
+                    h = known.get(held)
+                    if h is None:
+                        h = known[held] = held in context
+                    if not h:
+                        known[w] = False
+                        continue
+                got = known[w] = w in context
+            if got:
+                return app
+    return None
+
+
 @lru_cache(maxsize=64)  # asked per diagnosis by app_fixes and step_fixes, each scan a whole context per word
 def app_of(context: str) -> str | None:
     """The app a lower-cased text (``\\`` read as ``/``) shows, or None.
@@ -145,10 +171,7 @@ def app_of(context: str) -> str | None:
     >>> app_of("plain traceback") is None
     True
     """
-    for app, words in APPS:
-        if any(w in context for w in words):
-            return app
-    return None
+    return _shows(context, {})
 
 
 # Steps an app runs itself, by the error signature they raise: when a paste shows no app and no program of its own
@@ -202,7 +225,7 @@ def _own_program(context: str) -> bool:
     return False
 
 
-def step_fixes(signature: str, context: str) -> tuple[tuple[str, str], ...]:
+def step_fixes(signature: str, context: str, known: dict[str, bool] | None = None) -> tuple[tuple[str, str], ...]:
     """The switch of the app that runs the failing step itself, for a paste that shows no app (a bare message,
     or frames inside libraries only, or, for the apps' own texts, any frames).
 
@@ -214,7 +237,7 @@ def step_fixes(signature: str, context: str) -> tuple[tuple[str, str], ...]:
     >>> [code for _, code in step_fixes("app.nan_check", "a tensor with all nans was produced in vae.")]
     ['--no-half-vae  # SD.Next: Settings > Compute Settings > no-half VAE']
     """
-    if app_of(context) is not None:
+    if (app_of(context) if known is None else _shows(context, known)) is not None:
         return ()
     for words, own_text, fixes in _STEPS.get(signature, ()):
         if words in context:
@@ -222,14 +245,15 @@ def step_fixes(signature: str, context: str) -> tuple[tuple[str, str], ...]:
     return ()
 
 
-def app_fixes(category: str, context: str, flags: frozenset[str] = frozenset()
+def app_fixes(category: str, context: str, flags: frozenset[str] = frozenset(), known: dict[str, bool] | None = None
               ) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-    """The app shown in ``context`` and its own fixes for ``category`` (none when no app shows).
+    """The app shown in ``context`` and its own fixes for ``category`` (none when no app shows). ``known``: what a
+    diagnosis already found of words in ``context`` (``present.Present.known``), read and filled.
 
     An app's precision flags are offered only where they can be the cause: they choose between float16,
     bfloat16 and float32, so an error between float32 and float64 alone (a plugin's own float64 tensor) gets none.
     """
-    app = app_of(context)
+    app = app_of(context) if known is None else _shows(context, known)
     if app is None:
         return None, ()
     if category in _PRECISION and "fp64" in flags and not flags & _REDUCED or "code_dtype" in flags \

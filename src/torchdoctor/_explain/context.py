@@ -17,7 +17,7 @@ from torchdoctor._explain.prose import said as said_of
 from torchdoctor._explain.tokens import (ACCELERATORS, device_name, dtype_name, find_word, names_in,
                                         transformers_version, type_name)
 
-__all__ = ["MAC", "derive", "find_word", "rank", "transformers_version"]
+__all__ = ["MAC", "derive", "find_word", "lookup", "rank", "transformers_version"]
 
 _LOW = ("float16", "bfloat16")
 _METHOD = {"float32": ".float()", "float16": ".half()", "bfloat16": ".bfloat16()", "float64": ".double()",
@@ -248,7 +248,8 @@ _PROSE_SCALE = 0.5  # a word only in prose weighs half, and never re-files the e
 
 
 def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple[tuple[str, float, str], ...],
-         context: str, flags: frozenset[str], rules: tuple[ContextRule, ...], message: str = ""
+         context: str, flags: frozenset[str], rules: tuple[ContextRule, ...], message: str = "",
+         look: Present | None = None
          ) -> tuple[list[tuple[str, float, str]], list[tuple[str, float]], list[tuple[ContextRule, str]]]:
     r"""Apply the rules. Returns the categories best first as ``(category, score, why)`` (the signature's own
     category scores 1.0), the causes best first, and the rules that fired with the word that fired them.
@@ -262,8 +263,10 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     >>> rank("device_mismatch", (), (), text, frozenset({"cpu_and_accel"}), context_rules())[0][0][0]
     'device_mismatch'
     """
-    # a word is looked up only for a rule that could fire, once (``present``: by its shape, behind shorter words)
-    look = Present(context, plans(rules, (w for r in rules for w in r.words)))
+    # a word is looked up only for a rule that could fire, once (``present``: by its shape, behind shorter words);
+    # ``look``: the diagnosis's own, for ``context`` (its answers serve the app's words after it)
+    if look is None:
+        look = lookup(context, rules)
     by_words: dict[int, str | None] = {}
     prose: dict[str, bool] = {}
     said: list[str] = []  # the message without typed prose, and what each line read was, once per diagnosis
@@ -338,6 +341,11 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     families = _FAMILIES.get(top, ())
     ranked = sorted(((c, s) for c, s in scores.items() if s > 0 and c.startswith(families)), key=lambda cs: -cs[1])
     return ordered, ranked, fired
+
+
+def lookup(context: str, rules: tuple[ContextRule, ...]) -> Present:
+    """Whether words occur in ``context``, each answered once, as ``rank`` reads the rules' words."""
+    return Present(context, plans(rules, (w for r in rules for w in r.words)))
 
 
 _UNSEEN = object()
