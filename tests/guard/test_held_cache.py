@@ -173,3 +173,31 @@ def test_cpu_run_names_the_cache_and_its_dtype_rule(tmp_path: os.PathLike) -> No
     assert "fix proven: Blk runs again on a copy, given a copy of `cache` with its float32 tensors" in text
     assert "dtype = DT  # chat.py:13" in text
     assert "t = t.float()" not in text
+
+
+class _Shared:
+    def __init__(self) -> None:
+        self.keys = torch.zeros(1, 3, 8)
+
+
+SHARED = _Shared()
+
+
+class _ReadsGlobal(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keys = SHARED.keys
+        return F.scaled_dot_product_attention(self.q(x), keys, keys)
+
+
+def test_global_object_the_forward_reads_is_named() -> None:
+    model = _ReadsGlobal().to(torch.bfloat16)
+    with pytest.raises(torchdoctor.PlacementError) as info, torchdoctor.guard(model, mode="strict"):
+        model(torch.randn(1, 2, 8, dtype=torch.bfloat16))
+    text = str(info.value)
+    assert "`keys` (a local of forward, `SHARED.keys`): f32[1,3,8]" in text
+    assert "`SHARED` (a _Shared, a global forward reads) holds `SHARED.keys` in float32" in text
+    assert "`SHARED.keys` made by `torch.zeros` at " in text and ", with no dtype= (the default dtype)" in text

@@ -73,22 +73,24 @@ def held_aim(made: list[tuple[str, torch.Tensor]], frame: Any, ref: torch.dtype,
     relabelled += [(label, t) for label, t in made if not any(t is h[1] for h in hits)]
     chain = _tb_frames(tb)
     cls = type(holder).__name__
-    where = "an attribute of its module" if "." in name else f"an argument of {frame.f_code.co_name}"
+    where = f"an argument of {frame.f_code.co_name}" if name in frame.f_locals else \
+        f"a global {frame.f_code.co_name} reads"
     held = ", ".join(f"`{name}{p}`" for p in _odd_paths(holder, odd)[:4])
     lines = [f"`{name}` (a {cls}, {where}) holds {held or 'tensors'} in {dtype_str(odd)} while the model computes in "
              f"{dtype_str(ref)}"]
     prog = _program(chain, frame, holder)
-    code = patch = None
+    told = None
     if prog is not None:
         pf, pname, pline, via = prog
         short = f"{os.path.basename(pf.f_code.co_filename)}:{pline}"
         made_at = _assigned_at(pf, pname, pline)
         lines.append(f"the program holds it as `{pname}` of {_func(pf)}, made at {made_at or short}" if via is None else
                      f"the program hands it in as `{via}` at {short}")
-        said = _allocated(holder, path0, pname, pf, chain, root, ref)
-        told = _filled(pf, pname, pline, holder, odd, ref, root) if said is None or said[1] is None else None
-        lines += (said[0] if said is not None else []) + (told[0] if told is not None and said is None else [])
-        code, patch = said[1:] if said is not None and said[1] is not None else told[1:] if told else (None, None)
+    said = _allocated(holder, path0, prog[1] if prog is not None else name, chain, root, ref)
+    if prog is not None and (said is None or said[1] is None):
+        told = _filled(prog[0], prog[1], prog[2], holder, odd, ref, root)
+    lines += (said[0] if said is not None else []) + (told[0] if told is not None and said is None else [])
+    code, patch = said[1:] if said is not None and said[1] is not None else told[1:] if told else (None, None)
     proof = prove_call(chain, odd, ref, [n + p for _, _, n, _, p in hits])
     if not proof.startswith("fix proven"):  # the call reads what the interpreter does not run (`self.q(x)`)
         proof = prove_module(chain, frame, holder, name, odd, ref) or proof
@@ -100,23 +102,22 @@ def _is(holder: Any, path: str, t: torch.Tensor) -> bool:
 
 
 def _holders(frame: Any) -> list[tuple[str, Any]]:
-    """The forward's arguments that are plain objects (positional, keyword, ``**kwargs``), then its module's plain
-    object attributes (``self.cache``), by the names the forward reads them with."""
+    """The forward's arguments that are plain objects (positional, keyword, ``**kwargs``), then the module-level
+    objects its code reads by name, by the names the forward reads them with (a module's own plain attributes are
+    the walk's: named as the model's tensors already)."""
     code, loc = frame.f_code, frame.f_locals
     n = code.co_argcount + code.co_kwonlyargcount
     names = list(code.co_varnames[:n])
     out: list[tuple[str, Any]] = []
-    mine: list[tuple[str, Any]] = []
-    for i, name in enumerate(names):
-        v = loc.get(name)
-        if i == 0 and isinstance(v, nn.Module):
-            mine = [(f"{name}.{a}", x) for a, x in list(vars(v).items())[:_MAX] if plain(x)]
-        elif plain(v):
+    for name in names:
+        if plain(v := loc.get(name)):
             out.append((name, v))
     if code.co_flags & 0x08:  # CO_VARKEYWORDS
         extra = loc.get(code.co_varnames[n + bool(code.co_flags & 0x04)])
         out += [(k, v) for k, v in list((extra or {}).items())[:_MAX] if isinstance(k, str) and plain(v)]
-    return out + mine
+    glob = [(n, frame.f_globals[n]) for n in code.co_names[:_MAX] if n in frame.f_globals and n not in loc
+            and plain(frame.f_globals[n])]  # an object of the module the forward reads by name (``CACHE.k``)
+    return out + glob
 
 
 def _path(obj: Any, t: torch.Tensor, depth: int) -> str | None:
@@ -202,7 +203,7 @@ def _assigned_at(frame: Any, name: str, line: int) -> str | None:
     return f"{os.path.basename(file)}:{best + off} (`{src[best - 1].strip()}`)" if best is not None else None
 
 
-def _allocated(holder: Any, path: str, pname: str, pf: Any, chain: list[tuple[Any, int]], root: Any,
+def _allocated(holder: Any, path: str, pname: str, chain: list[tuple[Any, int]], root: Any,
                ref: torch.dtype) -> tuple[list[str], str | None, str | None] | None:
     """A holder of the program's own class: the line of its class that allocates the attribute (``self.k =
     torch.zeros(..., dtype=dtype)``) and, where the dtype it was handed is a name, the program's line that chose it
@@ -238,7 +239,8 @@ def _allocated(holder: Any, path: str, pname: str, pf: Any, chain: list[tuple[An
     _, at, expr, how = hit
     raw = lines[at - 1]
     seg = raw[expr.col_offset:int(expr.end_col_offset or 0)]
-    said += f", the dtype `{arg.id}` {how.replace('assigns', 'assigned')} at {file}:{at} (`{raw.strip()}`)"
+    how = "assigned" if how == "assigns" else f"given by the call {how.split()[-1].replace('()', '(...)')}"
+    said += f", the dtype `{arg.id}` {how} at {file}:{at} (`{raw.strip()}`)"
     model = _model_dtype(file, root, ref, [f for f, _ in chain])
     if model is None or model[0] == seg:
         return [said], None, None
@@ -261,12 +263,14 @@ def _model_dtype(file: str, root: Any, ref: torch.dtype, frames: list[Any]) -> t
         tree = ast.parse("".join(linecache.getlines(file)))
     except SyntaxError:
         return None
+    found = []  # (a literal after a name, then the first line), a name of the module that holds ``ref`` first
     for c in ast.walk(tree):
         if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "to":
             for a in [*(k.value for k in c.keywords if k.arg == "dtype"), *c.args]:
-                if isinstance(a, ast.Name) and glob.get(a.id) is ref:
-                    return a.id, f"{os.path.basename(file)}:{c.lineno}"
-    return None
+                if isinstance(a, ast.Name) and glob.get(a.id) is ref or ast.unparse(a) == value_code(ref):
+                    found.append((not isinstance(a, ast.Name), c.lineno, ast.unparse(a)))
+    best = min(found, default=None)
+    return (best[2], f"{os.path.basename(file)}:{best[1]}") if best is not None else None
 
 
 def _filled(pf: Any, pname: str, pline: int, holder: Any, odd: torch.dtype, ref: torch.dtype, root: Any
