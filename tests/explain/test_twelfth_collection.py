@@ -295,3 +295,33 @@ def test_words_of_no_placement_family() -> None:
 def test_words_never_outrank_the_message(words: str, message: str, signature: str) -> None:
     found = explain(f"{words}\n\nTraceback (most recent call last):\n  File \"app.py\", line 3, in <module>\n{message}")
     assert [d.signature for d in found] == [signature]
+
+
+# --- the collection in every quoting -------------------------------------------------------------------------------
+def _quotings(text: str) -> dict[str, str]:
+    import html
+    import json
+
+    return {
+        "json": json.dumps({"error": text}),  # an app's error answer
+        "json in json": json.dumps({"body": json.dumps({"exception_message": text})}),
+        "html": "<pre>" + html.escape(text) + "</pre>",  # a web page's source
+        "quote": "\n".join("> " + line for line in text.split("\n")),  # a markdown reply
+        "fence": "```python\n" + text + "\n```",
+        "crlf": text.replace("\n", "\r\n"),  # a Windows log
+        "repr": repr(text),  # printed from Python
+    }
+
+
+def test_the_twelfth_collection_reads_the_same_in_every_quoting() -> None:
+    """Every text of the collection, re-quoted as a JSON string, a JSON string inside one, HTML, a markdown quote or
+    fence, with Windows line ends or as a Python repr, keeps its first answer (measured: 45 texts x 7, all kept)."""
+    checked, wrong = 0, []
+    for meta, body in map(_meta, HELD):
+        if meta.get("collection") != "12" or _ranked(body)[:1] != [meta["category"]]:
+            continue
+        for how, text in _quotings(body).items():
+            checked += 1
+            if _ranked(text)[:1] != [meta["category"]]:
+                wrong.append((meta["source"], how))
+    assert checked >= 44 * 7 and not wrong, wrong
