@@ -219,3 +219,21 @@ def test_accelerate_cpu_offload_weight_read_outside_its_call_reads_the_hooks_cop
     assert "x = x + b._hf_hook.weights_map['gate'].to(b._hf_hook.execution_device) * b(x)" in doc["patch"]
     assert all(f["proven"] for f in doc["fixes"]), doc["fixes"]
     _applied(tmp_path, doc)
+
+
+def test_group_offloading_weight_read_outside_its_call_is_moved_at_that_line(tmp_path: Path) -> None:
+    """diffusers' group offloading (leaf level: a block's own Parameter joins a group onloaded with that block's
+    call) leaves it on the cpu when the parent reads it outside that call: moved where it is read, proven; never a
+    move of the whole model (``self.to('cuda:0')``) nor a rebuild of the Parameter."""
+    app = OUTSIDE.replace("from accelerate import cpu_offload", "from diffusers.hooks import apply_group_offloading")
+    app = app.replace("net = cpu_offload(Net(), device)",
+                      'net = Net()\napply_group_offloading(net, onload_device=device, offload_type="leaf_level")')
+    (tmp_path / "main.py").write_text(app)
+    committed(tmp_path)
+    doc = run_json(tmp_path / "main.py", "cuda")
+    codes = "\n".join(f["code"] for f in doc["fixes"])
+    assert ".to('cuda:0')" not in codes and "build it in __init__" not in codes, codes
+    assert "this line reads Block's own gate outside its call, and diffusers' group offloading onloads" in codes
+    assert "x = x + b.gate.to(x.device) * b(x)" in doc["patch"]
+    assert all(f["proven"] for f in doc["fixes"]), doc["fixes"]
+    _applied(tmp_path, doc)

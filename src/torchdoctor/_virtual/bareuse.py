@@ -31,19 +31,24 @@ class Placement:
     """How the program places its model layer by layer: what it is (said in a fix), the layers it places, and the
     app's per-call helper (a function, its call in a cast layer's forward, that forward's own and input names)."""
 
-    __slots__ = ("said", "layers", "helper")
+    __slots__ = ("said", "layers", "helper", "hooks")
 
-    def __init__(self, said: str, layers: set[int], helper: tuple[Any, ast.Call, str, str] | None) -> None:
+    def __init__(self, said: str, layers: set[int], helper: tuple[Any, ast.Call, str, str] | None,
+                 hooks: bool = False) -> None:
         self.said, self.layers, self.helper = said, layers, helper
+        self.hooks = hooks  # a library's offload hooks place the modules: a tensor read outside its module's call
 
 
 def placement_of(root: torch.nn.Module, device: torch.device) -> Placement | None:
     """The program's own per-layer placement of ``root`` (module doc), or None when it has none."""
     from torchdoctor._scan import percall
+    from torchdoctor._walk.kinds import group_offloading
 
-    hooked, casting, placed = [], [], 0
+    hooked, casting, grouped, placed = [], [], [], 0
     for mod in root.modules():
         d = mod.__dict__
+        if group_offloading(d.get("_diffusers_hook")):
+            grouped.append(mod)
         own = [t for t in (d.get("_parameters") or {}).values() if t is not None]
         if not own:
             continue
@@ -53,6 +58,9 @@ def placement_of(root: torch.nn.Module, device: torch.device) -> Placement | Non
             casting.append(mod)
         elif norm_device(tensor_device(own[0])) == device:
             placed += 1
+    if grouped:
+        return Placement(f"diffusers' group offloading onloads {len(grouped)} of its modules only while each one "
+                         "runs", {id(m) for m in grouped}, None, hooks=True)
     if len(hooked) >= 2:
         hook = next(h for h in dict.values(hooked[0].__dict__["_forward_pre_hooks"]) if not _torch_own(h))
         code = getattr(hook, "__code__", None) or getattr(getattr(hook, "__call__", None), "__code__", None)
@@ -131,23 +139,40 @@ def inspect_static(obj: Any, name: str) -> Any:
 
 def bare_use_fixes(items: list[Fix], root: Any, device: torch.device, cases: Sequence[Any]) -> list[Fix]:
     """``items`` with each move of model tensors that the program's per-layer placement never moves replaced by the
-    fix at the lines that use them (module doc); the others as they were."""
-    if not cases or not isinstance(root, torch.nn.Module) or not any(f.kind == "path" and f.sets for f in items):
+    fix at the lines that use them (module doc), and under a library's offload hooks each move of a module's own
+    tensor that a line reads outside that module's call; the others as they were."""
+    if not cases or not isinstance(root, torch.nn.Module) or not any(f.sets for f in items):
         return items
     placed = placement_of(root, norm_device(device))
     if placed is None:
         return items
     out: list[Fix] = []
     for f in items:
-        out.extend((_at_uses(f, root, placed, cases) if f.kind == "path" and f.sets else None) or [f])
+        new = _at_uses(f, root, placed, cases) if f.kind == "path" and f.sets and not placed.hooks else None
+        if new is None and placed.hooks and f.sets:
+            new = _read_outside(f, root, placed, cases)
+        out.extend(new or [f])
     return out
+
+
+Use = tuple[str, Any, Any, Any]  # (the attribute's name, the operand off the device, the name on it, its operand)
+
+
+def _meeting(c: Any, wrong: Any, target: torch.device) -> tuple[Any, Any] | None:
+    """(a name the failing line holds on ``target``, its operand at the op) for operand ``wrong`` of case ``c``."""
+    from torchdoctor._virtual.feeder import operands
+
+    partner = next((n for n in c.names if norm_device(n.device) == target), None)
+    if partner is None:
+        return None
+    return partner, next((o for o in operands(c.before) if f"operand {partner.name} at {c.at}" in o.tags), None)
 
 
 def _at_uses(f: Fix, root: torch.nn.Module, placed: Placement, cases: Sequence[Any]) -> list[Fix] | None:
     from torchdoctor._guard.ownfile import own_file
     from torchdoctor._virtual.feeder import operands
 
-    sites: dict[tuple[str, int], list[tuple[str, Any, Any, Any]]] = {}
+    sites: dict[tuple[str, int], list[tuple[str, Use]]] = {}
     for path, target in f.sets:
         if not isinstance(target, torch.device) or not _bare(root, path, placed):
             return None
@@ -155,18 +180,81 @@ def _at_uses(f: Fix, root: torch.nn.Module, placed: Placement, cases: Sequence[A
         for c in cases:
             if c.line is None or not own_file(c.line[0]):
                 continue
-            ops = operands(c.before)
-            wrong = next((o for o in ops if o.tags[:1] == (path,) and norm_device(o.device) != target), None)
-            partner = next((n for n in c.names if norm_device(n.device) == target), None)
-            if wrong is not None and partner is not None:
-                like = next((o for o in ops if f"operand {partner.name} at {c.at}" in o.tags), None)
-                hit = (c, wrong, partner, like)
+            wrong = next((o for o in operands(c.before) if o.tags[:1] == (path,) and norm_device(o.device) != target),
+                         None)
+            met = _meeting(c, wrong, target) if wrong is not None else None
+            if met is not None:
+                hit = (c, (path.rpartition(".")[2], wrong, *met))
                 break
         if hit is None:
             return None
-        sites.setdefault(hit[0].line, []).append((path, *hit[1:]))
-    out = [_fix_line(file, line, uses, root, placed) for (file, line), uses in sites.items()]
+        sites.setdefault(hit[0].line, []).append((path, hit[1]))
+    out: list[Fix | None] = []
+    for (file, line), uses in sites.items():
+        paths = list(dict.fromkeys(p for p, _ in uses))
+        owner = type(root.get_submodule(paths[0].rpartition(".")[0])).__name__
+        how = "cast with the app's own per-call helper" if placed.helper is not None and \
+            _callee(placed.helper[0], file) is not None else "moved to the device of what it meets"
+        why = (f"{', '.join(paths)} ({owner}'s own) meet{'s' if len(paths) == 1 else ''} tensors on "
+               f"{{device}}; {placed.said}, and nothing moves what no layer owns: {how} where it is used (moving "
+               "the whole model would undo that placement)")
+        out.append(_fix_line(file, line, [u for _, u in uses], placed, why, tuple((p, uses[0][1][2].device) for p in paths)))
     return None if any(x is None for x in out) else [x for x in out if x is not None]
+
+
+def _read_outside(f: Fix, root: torch.nn.Module, placed: Placement, cases: Sequence[Any]) -> list[Fix] | None:
+    """Under offload hooks: the operands ``f`` moves that a line of the program reads as a module's own tensor
+    outside that module's call (``x + block.gate * block(x)``), moved at that line to what they meet there."""
+    from torchdoctor._guard.ownfile import own_file
+    from torchdoctor._virtual.feeder import operands
+
+    target = f.sets[0][1]
+    if not isinstance(target, torch.device):
+        return None
+    def named(o: Any) -> bool:
+        return any(n in o.tags or n.endswith(".") and any(t.startswith(n) for t in o.tags) for n, _ in f.sets)
+
+    own = [c for c in cases if c.line is not None and own_file(c.line[0])]
+    lines = {c.line for c in own for o in operands(c.before) if norm_device(o.device) != target and named(o)}
+    sites: dict[tuple[str, int], list[tuple[str, Use]]] = {}
+    sets = list(f.sets)
+    for c in (c for c in own if c.line in lines):  # the same read met again (the next block's): fixed alike
+        for o in operands(c.before):
+            if norm_device(o.device) == target or o.device.type == "meta" or not o.tags:
+                continue
+            leaf = _leaf_on_line(c.line, o, root, placed)
+            met = _meeting(c, o, target) if leaf is not None else None
+            if leaf is None or met is None:
+                if named(o):
+                    return None
+                continue
+            sets.append((o.tags[0], target))
+            if all(u[1][0] != leaf[0] for u in sites.get(c.line, [])):
+                sites.setdefault(c.line, []).append((leaf[1], (leaf[0], o, *met)))
+    out: list[Fix | None] = []
+    for (file, line), uses in sites.items():
+        owners = ", ".join(dict.fromkeys(w for w, _ in uses))
+        why = (f"this line reads {owners}'s own {', '.join(u[0] for _, u in uses)} outside its call, and "
+               f"{placed.said}: it is on {{found}} here; moved where it is used (moving the whole model would undo "
+               "the offload)")
+        out.append(_fix_line(file, line, [u for _, u in uses], placed, why, tuple(dict.fromkeys(sets))))
+    return None if not out or any(x is None for x in out) else [x for x in out if x is not None]
+
+
+def _leaf_on_line(where: tuple[str, int], o: Any, root: torch.nn.Module, placed: Placement) -> tuple[str, str] | None:
+    """(the attribute name, its owner's class) of the one attribute the line reads that names a Parameter or
+    buffer of a module the hooks place, with operand ``o``'s shape, dtype and device; None when not one."""
+    from torchdoctor._virtual.ownline import own_line
+
+    here = own_line(*where)
+    if here is None:
+        return None
+    attrs = {n.attr for n in ast.walk(here[2]) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)}
+    hits = {(k, type(m).__name__) for m in root.modules() if id(m) in placed.layers
+            for store in ("_parameters", "_buffers") for k, t in (m.__dict__.get(store) or {}).items()
+            if k in attrs and t is not None and tuple(t.shape) == tuple(o.meta.shape) and t.dtype == o.meta.dtype
+            and norm_device(tensor_device(t)) == norm_device(o.device)}
+    return next(iter(hits)) if len(hits) == 1 else None
 
 
 def _bare(root: torch.nn.Module, path: str, placed: Placement) -> bool:
@@ -180,8 +268,10 @@ def _bare(root: torch.nn.Module, path: str, placed: Placement) -> bool:
     return id(mod) not in placed.layers and (leaf in (d.get("_parameters") or {}) or leaf in (d.get("_buffers") or {}))
 
 
-def _fix_line(file: str, line: int, uses: list[tuple[str, Any, Any, Any]], root: torch.nn.Module,
-              placed: Placement) -> Fix | None:
+def _fix_line(file: str, line: int, uses: list[Use], placed: Placement, why: str,
+              sets: tuple[tuple[str, Any], ...]) -> Fix | None:
+    """The line with each attribute ``uses`` names moved (``_moved``); ``why`` is said after it (``{device}``: the
+    run's, ``{found}``: where the tensor was)."""
     from torchdoctor._report.diff import line_patch
     from torchdoctor._virtual.ownline import own_line
 
@@ -191,8 +281,7 @@ def _fix_line(file: str, line: int, uses: list[tuple[str, Any, Any, Any]], root:
     _, body, tree = here
     spans: dict[tuple[int, int], str] = {}
     target = uses[0][2].device
-    for path, wrong, partner, like in uses:
-        leaf = path.rpartition(".")[2]
+    for leaf, wrong, partner, like in uses:
         found = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == leaf
                  and isinstance(n.ctx, ast.Load)]
         if len({(n.col_offset, n.end_col_offset) for n in found}) != 1 or found[0].end_col_offset is None:
@@ -207,15 +296,8 @@ def _fix_line(file: str, line: int, uses: list[tuple[str, Any, Any, Any]], root:
     diff = line_patch(file, line, new)
     if diff is None:
         return None
-    names = ", ".join(dict.fromkeys(p for p, *_ in uses))
-    owner = type(root.get_submodule(uses[0][0].rpartition(".")[0])).__name__
-    at = f"{_short(file)}:{line}"
-    how = "cast with the app's own per-call helper" if placed.helper is not None and \
-        _callee(placed.helper[0], file) is not None else "moved to the device of what it meets"
-    code = (f"{new}  # at {at}: {names} ({owner}'s own) meet{'s' if len(uses) == 1 else ''} tensors on "
-            f"{device_str(target)}; {placed.said}, and nothing moves what no layer owns: {how} where it is used "
-            "(moving the whole model would undo that placement)")
-    return Fix(code, "note", target, sets=tuple((p, target) for p, *_ in uses), diff=diff)
+    said = why.format(device=device_str(target), found=device_str(uses[0][1].device))
+    return Fix(f"{new}  # at {_short(file)}:{line}: {said}", "note", target, sets=sets, diff=diff)
 
 
 def _moved(expr: str, partner: str, dtype: torch.dtype | None, placed: Placement, file: str) -> str:
