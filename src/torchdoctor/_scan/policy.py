@@ -122,7 +122,7 @@ class Policy:
                 kbit = hit if hit is not None else intent.kbit_model([(path, mod)])
         self.kbit = kbit
         self.casting = apps.casting_modules(w.modules, types)  # layers that cast or move their weights per call
-        self.patched = {p for p, _, _ in w.patches}
+        self.patched = {p for p, _, _ in w.patches} if w.patches else set()
         if w.patches:  # forward-replacing LoRA networks: adapters of the module they patch
             of, base = apps.network_adapters(w)
             self.adapter_of.update(of)
@@ -138,7 +138,8 @@ class Policy:
             dev = intent.dispatch_device(hook)
             if dev is not None:
                 self.hook_device.append((path, dev))
-        self._held_by_hooks(w)
+        if w.hooked:
+            self._held_by_hooks(w)
         self.patcher_loaded: set[str] = set()  # components an app's model patcher loaded on its load device
         if w.holders:
             roots = dict(w.roots)
@@ -153,8 +154,10 @@ class Policy:
                 else:  # at rest on the offload device until the app loads it
                     self.offloaded.append((path, state[0]))
                     self.offload_by[path] = f"the app's {type(holder).__name__} (load_device)"
-        self.hook_device.sort(key=lambda x: -len(x[0]))
-        self.offloaded.sort(key=lambda x: -len(x[0]))
+        if len(self.hook_device) > 1:  # the deepest path first
+            self.hook_device.sort(key=lambda x: -len(x[0]))
+        if len(self.offloaded) > 1:
+            self.offloaded.sort(key=lambda x: -len(x[0]))
 
     def _held_by_hooks(self, w: Walk) -> None:
         """Modules the program keeps on the CPU itself, hooked on both sides (a forward pre-hook moving the inputs
@@ -197,7 +200,7 @@ class Policy:
             and info[3] not in STORAGE_DTYPES and not intent.packed_param(e.tensor) and info[0] not in
             self.adapter_of])  # rows: tuples in TensorInfo's field order (tally)
         for i, c in enumerate(comps):
-            hit = next(((p, d) for p, d in self.offloaded if _under(c.path, p)), None)
+            hit = next(((p, d) for p, d in self.offloaded if _under(c.path, p)), None) if self.offloaded else None
             if hit is not None:
                 c.offload, c.offload_by = hit[1], self.offload_by.get(hit[0], "accelerate")
             if self.device is not None:

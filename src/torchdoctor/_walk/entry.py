@@ -91,7 +91,7 @@ class Walk:
         self.roots: list[tuple[str, nn.Module]] = []  # components: the root module or top-level modules
         self.detached: list[tuple[str, nn.Module]] = []  # modules held in plain lists/dicts/attributes of modules
         self.problems: list[Problem] = []
-        self.module_paths: dict[int, str] = {}
+        self._module_paths: dict[int, str] | None = None  # made from ``modules`` when first read
         self.types: set[type] = set()  # the classes of ``modules`` (every class is checked once per class)
         self.hooks: list[tuple[str, nn.Module, Any]] = []  # (module path, module, accelerate hook)
         # modules with both forward pre-hooks and forward hooks of their own, at their first path (read from each
@@ -101,6 +101,19 @@ class Walk:
         self.patches: list[tuple[str, nn.Module, str]] = []
         # component path -> the plain object holding it as an attribute (ComfyUI's / Forge's ModelPatcher.model)
         self.holders: dict[str, Any] = {}
+
+    @property
+    def module_paths(self) -> dict[int, str]:
+        """Module id -> its first path. ``modules`` lists each module once, at its first path, so this is made from
+        it when first read (most scans never read it: a dict store per module was a few % of a first scan)."""
+        mp = self._module_paths
+        if mp is None:
+            mp = self._module_paths = {id(m): p for p, m in self.modules}
+        return mp
+
+    @module_paths.setter
+    def module_paths(self, value: dict[int, str]) -> None:
+        self._module_paths = value
 
     @property
     def truncated(self) -> bool:

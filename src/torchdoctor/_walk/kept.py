@@ -125,7 +125,7 @@ class Kept:
     __slots__ = ("root", "refs", "types", "keys", "at_mod", "at_key", "vtypes", "held_at", "held", "slot_at",
                  "held_of", "slots_of",
                  "slot_keys", "slot_ids", "trefs", "ttypes", "objs", "otypes", "owners", "odicts", "views", "flat",
-                 "paths", "mpaths", "typeset", "rows", "root_path", "__weakref__")
+                 "paths", "typeset", "rows", "root_path", "__weakref__")
     root: weakref.ref[nn.Module]
     root_path: str
     refs: list[weakref.ref[nn.Module]]  # the modules in the walk's order
@@ -150,8 +150,8 @@ class Kept:
     views: list[Any]  # what identity must find in them again, and what it found
     flat: list[Any]
     paths: list[str]
-    mpaths: dict[int, str]  # the walk's module_paths and classes, copied into each walk made from this
-    typeset: set[type]
+    typeset: set[type]  # the walk's classes, copied into each walk made from this (its module_paths follow
+    # from its modules)
     rows: list[tuple[Any, ...]]  # each entry: path, role, tensor, module (places), key, slot, module path, flags
 
     @classmethod
@@ -234,7 +234,7 @@ class Kept:
         self.views = views
         self.flat = list(_flat(views))
         self.paths = [p for p, _ in w.modules]
-        self.mpaths, self.typeset = dict(w.module_paths), set(w.types)
+        self.typeset = set(w.types)
         self.rows = [(e.path, e.role, tindex[id(e.tensor)], index[id(e.module)], e.key, e.slot, e.module_path,
                       e.moved_by_module_to, e.alias_of) for e in entries]
         return self
@@ -277,7 +277,6 @@ class Kept:
             return None
         w = Walk()
         w.modules = list(zip(self.paths, live))  # type: ignore[arg-type]  # alive: their types matched
-        w.module_paths = self.mpaths.copy()  # the same modules: the same ids
         w.roots = [(self.root_path, root)]
         w.types = self.typeset.copy()
         new = object.__new__

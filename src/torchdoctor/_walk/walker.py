@@ -60,7 +60,7 @@ class _Walker(Values):
         # against the ancestors of the current path (kept by depth: no per-module set bookkeeping).
         stack: list[tuple[str, nn.Module, int]] = [(root_path, root, 0)]
         ancestors: list[int] = []
-        module_set, modules, module_paths = self.module_set, self.w.modules, self.w.module_paths
+        module_set, modules = self.module_set, self.w.modules
         hooked, max_nodes = self.w.hooked, MAX_NODES
         nodes = self.nodes
         tensor, param, module_type, new = torch.Tensor, nn.Parameter, nn.Module, object.__new__
@@ -80,7 +80,6 @@ class _Walker(Values):
             if mid not in module_set:
                 module_set[mid] = batch
                 modules.append((path, mod))
-                module_paths[mid] = path
                 first = fresh = True
             else:  # reached again: its attributes once per batch (at the first path)
                 first = False
