@@ -90,7 +90,7 @@ def _diagnose(group: Group) -> Diagnosis:
     # an app's user rarely edits the app's code: its own flag or setting comes first, the generic fix after it
     # a layer on another device (not another dtype) takes the app's placement fix, not its precision one
     as_app = "device_mismatch" if "iw_device" in flags and "iw_dtype" not in flags else category
-    app, own = app_fixes(as_app, context, flags, look.known)
+    app, own = app_fixes(as_app, context, flags, look)
     if own_report:  # the culprit is named: an app's precision or placement switch is not the fix
         own = ()
     if "plugin" in fields:  # a plugin's frame ran the failing code: its fix first, the app's flags after it
@@ -98,7 +98,7 @@ def _diagnose(group: Group) -> Diagnosis:
     else:
         fixes[:0] = [f for f in own if f not in fixes]
     if app is None:  # a bare paste: the app that runs this step itself is a likely source
-        fixes.extend(f for f in step_fixes(sig.name, context, look.known) if f not in fixes)
+        fixes.extend(f for f in step_fixes(sig.name, context, look) if f not in fixes)
     fixes[:0] = [f for f in line_fixes(sig.name, original) if f not in fixes]  # at the traceback's own line
     if not likely:
         likely = (f"{sig.title}.",)

@@ -11,10 +11,12 @@ flags and Forge's ``--all-in-fp32`` are their documented names, not re-checked (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 from torchdoctor._explain.causes import define_cause as _c
 from torchdoctor._explain.context import MAC, find_word
+from torchdoctor._explain.present import Present
 from torchdoctor._explain.signatures import define as _sig
 
 __all__ = ["APPS", "app_fixes", "app_of", "step_fixes"]
@@ -139,9 +141,11 @@ _GUARDS = ("comfy", "custom_nodes", "forge", "webui", "train", "invoke")
 _HELD = {w: next((g for g in _GUARDS if g in w and g != w), None) for _, words in APPS for w in words}
 
 
-def _shows(context: str, known: dict[str, bool]) -> str | None:
-    """``app_of`` reading and filling ``known`` (whether a word occurs in ``context``: the answers a diagnosis's
-    rule words already got, ``present.Present.known``), a word skipped where a piece it holds is absent."""
+def _shows(context: str, look: Present | None) -> str | None:
+    """``app_of``, through ``look`` where given (the diagnosis's own look-ups in ``context``: what its rule words
+    already got, and a long context's shape), a word skipped where a piece it holds is absent."""
+    known: dict[str, bool] = {} if look is None else look.known
+    has: Callable[[str], bool] = context.__contains__ if look is None else look
     for app, words in APPS:
         for w in words:
             got = known.get(w)
@@ -150,11 +154,11 @@ def _shows(context: str, known: dict[str, bool]) -> str | None:
                 if held is not None:
                     h = known.get(held)
                     if h is None:
-                        h = known[held] = held in context
+                        h = known[held] = has(held)
                     if not h:
                         known[w] = False
                         continue
-                got = known[w] = w in context
+                got = known[w] = has(w)
             if got:
                 return app
     return None
@@ -171,7 +175,7 @@ def app_of(context: str) -> str | None:
     >>> app_of("plain traceback") is None
     True
     """
-    return _shows(context, {})
+    return _shows(context, None)
 
 
 # Steps an app runs itself, by the error signature they raise: when a paste shows no app and no program of its own
@@ -225,7 +229,7 @@ def _own_program(context: str) -> bool:
     return False
 
 
-def step_fixes(signature: str, context: str, known: dict[str, bool] | None = None) -> tuple[tuple[str, str], ...]:
+def step_fixes(signature: str, context: str, look: Present | None = None) -> tuple[tuple[str, str], ...]:
     """The switch of the app that runs the failing step itself, for a paste that shows no app (a bare message,
     or frames inside libraries only, or, for the apps' own texts, any frames).
 
@@ -237,7 +241,7 @@ def step_fixes(signature: str, context: str, known: dict[str, bool] | None = Non
     >>> [code for _, code in step_fixes("app.nan_check", "a tensor with all nans was produced in vae.")]
     ['--no-half-vae  # SD.Next: Settings > Compute Settings > no-half VAE']
     """
-    if (app_of(context) if known is None else _shows(context, known)) is not None:
+    if (app_of(context) if look is None else _shows(context, look)) is not None:
         return ()
     for words, own_text, fixes in _STEPS.get(signature, ()):
         if words in context:
@@ -245,15 +249,15 @@ def step_fixes(signature: str, context: str, known: dict[str, bool] | None = Non
     return ()
 
 
-def app_fixes(category: str, context: str, flags: frozenset[str] = frozenset(), known: dict[str, bool] | None = None
+def app_fixes(category: str, context: str, flags: frozenset[str] = frozenset(), look: Present | None = None
               ) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-    """The app shown in ``context`` and its own fixes for ``category`` (none when no app shows). ``known``: what a
-    diagnosis already found of words in ``context`` (``present.Present.known``), read and filled.
+    """The app shown in ``context`` and its own fixes for ``category`` (none when no app shows). ``look``: the
+    diagnosis's own look-ups in ``context`` (``present.Present``), asked and filled.
 
     An app's precision flags are offered only where they can be the cause: they choose between float16,
     bfloat16 and float32, so an error between float32 and float64 alone (a plugin's own float64 tensor) gets none.
     """
-    app = app_of(context) if known is None else _shows(context, known)
+    app = app_of(context) if look is None else _shows(context, look)
     if app is None:
         return None, ()
     if category in _PRECISION and "fp64" in flags and not flags & _REDUCED or "code_dtype" in flags \
