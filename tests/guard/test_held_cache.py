@@ -201,3 +201,24 @@ def test_global_object_the_forward_reads_is_named() -> None:
     assert "`keys` (a local of forward, `SHARED.keys`): f32[1,3,8]" in text
     assert "`SHARED` (a _Shared, a global forward reads) holds `SHARED.keys` in float32" in text
     assert "`SHARED.keys` made by `torch.zeros` at " in text and ", with no dtype= (the default dtype)" in text
+
+
+def test_dynamic_cache_of_another_architecture_with_eager_attention() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                  attn_implementation="eager")
+    torch.manual_seed(0)
+    model, prompt_cache = transformers.GPT2LMHeadModel(cfg).eval(), transformers.DynamicCache(config=cfg)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model(torch.tensor([[1, 5, 7, 9]]), past_key_values=prompt_cache)
+        model.half()
+        with pytest.raises(torchdoctor.PlacementError) as info, torchdoctor.guard(model):
+            model(torch.tensor([[11, 12]]), past_key_values=copy.deepcopy(prompt_cache))
+    text = str(info.value)  # the eager path: a matmul refuses the float32 key, not SDPA
+    assert "dtype mismatch in `transformer.h.0.attn` (GPT2Attention): float32 where float16 was expected" in text
+    assert "(a local of forward, `cache.layers[0].keys`): f32[1,4,6,8]" in text
+    assert "before the model's cast at test_held_cache.py:" in text and "(`model.half()`)" in text
+    assert "fix proven: `torch.matmul(query, key.transpose(-1, -2))` at modeling_gpt2.py:" in text
+    assert (info.value.fix or "").startswith("for layer in prompt_cache.layers: layer.keys, layer.values = "
+                                             "layer.keys.to(torch.float16), layer.values.to(torch.float16)")
