@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support.apps import committed, run_json
 
 OPS = '''import torch, torch.nn as nn
@@ -28,6 +29,38 @@ class Linear(nn.Linear):
             w = cast_to(self.weight, dtype=x.dtype, device=x.device)
             return nn.functional.linear(x, w, cast_to(self.bias, dtype=x.dtype, device=x.device))
         return super().forward(x)
+'''
+
+# the shape of ComfyUI's ops: the layer hands itself to ``cast_bias_weight``; its module has ``cast_to_input``
+OPS_HANDED = '''import torch, torch.nn as nn
+
+
+def cast_to(weight, dtype=None, device=None, non_blocking=False):
+    return weight.to(device=device, dtype=dtype, non_blocking=non_blocking)
+
+
+def cast_to_input(weight, input, non_blocking=False):
+    return cast_to(weight, input.dtype, input.device, non_blocking=non_blocking)
+
+
+def cast_bias_weight(s, input=None, dtype=None, device=None):
+    if input is not None:
+        dtype = input.dtype if dtype is None else dtype
+        device = input.device if device is None else device
+    return cast_to(s.weight, dtype, device), None if s.bias is None else cast_to(s.bias, dtype, device)
+
+
+class Linear(nn.Linear):
+    cast_weights = False
+
+    def forward_cast_weights(self, input):
+        weight, bias = cast_bias_weight(self, input)
+        return nn.functional.linear(input, weight, bias)
+
+    def forward(self, *args, **kwargs):
+        if self.cast_weights:
+            return self.forward_cast_weights(*args, **kwargs)
+        return super().forward(*args, **kwargs)
 '''
 
 LOADER = '''def load_partial(model, device, budget):
@@ -137,10 +170,15 @@ def _applied(folder: Path, doc: dict) -> None:
     assert plain.returncode == 0, plain.stderr[-2000:]
 
 
-def test_partial_loading_fixes_the_decoders_own_tensors_with_the_apps_cast_helper(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ops, tokens, scale", [
+    (OPS, "ops.cast_to(self.tokens, dtype=h.dtype, device=h.device)",
+     "ops.cast_to(self.scale, dtype=x.dtype, device=x.device)"),
+    (OPS_HANDED, "ops.cast_to_input(self.tokens, h)", "ops.cast_to_input(self.scale, x)")], ids=["direct", "handed"])
+def test_partial_loading_fixes_the_decoders_own_tensors_with_the_apps_cast_helper(tmp_path: Path, ops: str,
+                                                                                 tokens: str, scale: str) -> None:
     pkg = tmp_path / "vaeapp"
     pkg.mkdir()
-    for name, text in (("__init__.py", ""), ("ops.py", OPS), ("loader.py", LOADER), ("model.py", MODEL)):
+    for name, text in (("__init__.py", ""), ("ops.py", ops), ("loader.py", LOADER), ("model.py", MODEL)):
         (pkg / name).write_text(text)
     (tmp_path / "main.py").write_text(MAIN)
     committed(tmp_path)
@@ -148,8 +186,8 @@ def test_partial_loading_fixes_the_decoders_own_tensors_with_the_apps_cast_helpe
     assert {p["path"] for p in doc["problems"]} == {"tokens", "blocks.0.scale", "blocks.1.scale", "blocks.2.scale"}
     codes = "\n".join(f["code"] for f in doc["fixes"])
     assert "torchdoctor.move(" not in codes and "model.to(" not in codes and ".data =" not in codes, codes
-    assert "ops.cast_to(self.tokens, dtype=h.dtype, device=h.device).expand(h.shape[0], -1, -1)" in doc["patch"]
-    assert "return x + ops.cast_to(self.scale, dtype=x.dtype, device=x.device) * self.fc(x)" in doc["patch"]
+    assert f"h = torch.cat([{tokens}.expand(h.shape[0], -1, -1), h], dim=1)" in doc["patch"]
+    assert f"return x + {scale} * self.fc(x)" in doc["patch"]
     assert "its layers are placed one by one" in codes and "cast with the app's own per-call helper" in codes
     assert "moving the whole model would undo that placement" in codes
     assert all(f["proven"] for f in doc["fixes"]), doc["fixes"]

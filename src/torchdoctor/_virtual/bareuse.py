@@ -92,32 +92,75 @@ def _short(file: str) -> str:
 
 
 def _helper(layers: list[torch.nn.Module]) -> tuple[Any, ast.Call, str, str] | None:
-    """The app's function a cast layer's forward moves its ``self.weight`` with (``cast_to(self.weight, x.device,
-    x.dtype)``), when its other arguments read only the forward's input: (the function, the call, the forward's own
-    name, its input's name)."""
+    """The app's function a cast layer's forward (or the method of its own it calls) moves its ``self.weight`` with
+    (``cast_to(self.weight, x.device, x.dtype)``), when its other arguments read only the input; else, when it hands
+    itself to a function (``cast_bias_weight(self, input)``), that function's module's helper of a tensor and an
+    input (``cast_to_input(weight, input)``): (the function, its call, the forward's own name, its input's name)."""
+    for tp in dict.fromkeys(type(m) for m in layers):
+        fwd = next((k.__dict__["forward"] for k in tp.__mro__ if "forward" in k.__dict__), None)
+        tree = _parsed(fwd)
+        if tree is None or not isinstance(fwd, types.FunctionType):
+            continue
+        me = fwd.__code__.co_varnames[0] if fwd.__code__.co_argcount else "self"
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+        inner = [getattr(tp, n.func.attr, None) for n in calls if isinstance(n.func, ast.Attribute)
+                 and isinstance(n.func.value, ast.Name) and n.func.value.id == me]
+        for fn in (fwd, *(f for f in inner if isinstance(f, types.FunctionType))):
+            hit = _weight_call(fn)
+            if hit is not None:
+                return hit
+    return None
+
+
+def _parsed(fn: Any) -> ast.AST | None:
     import inspect
     import textwrap
 
-    for tp in dict.fromkeys(type(m) for m in layers):
-        fwd = next((k.__dict__["forward"] for k in tp.__mro__ if "forward" in k.__dict__), None)
-        if not isinstance(fwd, types.FunctionType) or fwd.__code__.co_argcount < 2:
+    if not isinstance(fn, types.FunctionType):
+        return None
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+
+
+def _weight_call(fn: types.FunctionType) -> tuple[Any, ast.Call, str, str] | None:
+    tree = _parsed(fn)
+    if tree is None or fn.__code__.co_argcount < 2:
+        return None
+    me, x = fn.__code__.co_varnames[:2]
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.Call) or not n.args or not isinstance(n.func, (ast.Name, ast.Attribute)):
             continue
-        me, x = fwd.__code__.co_varnames[:2]
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(fwd)))
-        except (OSError, TypeError, SyntaxError):
-            continue
-        for n in ast.walk(tree):
-            if not isinstance(n, ast.Call) or not n.args or ast.unparse(n.args[0]) != f"{me}.weight" or \
-                    not isinstance(n.func, (ast.Name, ast.Attribute)):
-                continue
-            rest = [*n.args[1:], *(k.value for k in n.keywords)]
-            if any(isinstance(v, ast.Name) and v.id == me for a in rest for v in ast.walk(a)):
-                continue  # it reads the layer: not a helper of the tensor alone
-            fn = _resolve(ast.unparse(n.func), fwd.__globals__)
-            if isinstance(fn, types.FunctionType):
-                return fn, n, me, x
+        first = ast.unparse(n.args[0])
+        rest = [*n.args[1:], *(k.value for k in n.keywords)]
+        got = _resolve(ast.unparse(n.func), fn.__globals__)
+        if first == f"{me}.weight" and isinstance(got, types.FunctionType) and not any(
+                isinstance(v, ast.Name) and v.id == me for a in rest for v in ast.walk(a)):
+            return got, n, me, x
+        if first == me and isinstance(got, types.FunctionType) and any(ast.unparse(a) == x for a in rest):
+            helper = _input_helper(got.__globals__)  # handed the layer itself: its module's tensor-and-input helper
+            if helper is not None:
+                call = ast.Call(ast.Name(helper.__name__, ast.Load()), [ast.parse(f"{me}.weight", mode="eval").body,
+                                                                        ast.Name(x, ast.Load())], [])
+                return helper, call, me, x
     return None
+
+
+def _input_helper(names: dict[str, Any]) -> types.FunctionType | None:
+    """The one function of a module taking a tensor and an input whose body reads the input's device and dtype
+    (``cast_to_input(weight, input)``), as the helper a model's own tensors are cast with."""
+    found = []
+    for v in list(names.values()):
+        if not isinstance(v, types.FunctionType) or v.__globals__ is not names or v.__code__.co_argcount < 2:
+            continue
+        w, t = v.__code__.co_varnames[:2]
+        tree = _parsed(v)
+        reads = [(n.value.id, n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                 and isinstance(n.value, ast.Name)] if tree is not None else []
+        if {(t, "device"), (t, "dtype")} <= set(reads) and not {(w, "weight"), (w, "bias")} & set(reads):
+            found.append(v)  # a layer helper reads its first argument's weight: that one takes a tensor
+    return found[0] if len(found) == 1 else None
 
 
 def _resolve(text: str, names: dict[str, Any]) -> Any:

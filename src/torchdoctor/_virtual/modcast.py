@@ -212,6 +212,10 @@ def _in_parts(f: Fix, casts: Casts, root: Any) -> Fix:
     at = max({x[4] for x in moved}, key=lambda a: sum(x[4] == a for x in moved))
     if sum(x[4] == at for x in moved) < 2:  # a component moved at its own line (a pipeline's): no loop to name
         return f
+    from torchdoctor._virtual.bareuse import placement_of
+
+    if placement_of(root, target) is not None:  # a placement of the program's own (partial loading, offload
+        return f  # hooks): moving the model itself would undo it (``bareuse`` fixes these where they are used)
     f.code += (f"  # {at} moves {sum(x[4] == at for x in moved)} of the model's modules one by one, never these: "
                f"move the model itself (model.to({str(target)!r}))")
     return f
