@@ -18,6 +18,7 @@ from torchdoctor._placement import dtype_str
 __all__ = ["odd_paths", "plain", "prove_call", "prove_module", "statement", "value_at"]
 
 _MAX = 256  # a list or object bigger than this is not searched
+_COPY_LIMIT = 256 << 20  # a holder whose tensors hold more bytes than this is not copied for a proof
 
 
 _PLAIN = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, nn.Module,
@@ -123,6 +124,8 @@ def prove_module(chain: list[tuple[Any, int]], frame: Any, holder: Any, name: st
     args, kwargs = tuple(call.f_locals.get("args", ())), dict(call.f_locals.get("kwargs", {}))
     if not any(a is holder for a in (*args, *kwargs.values())):
         return None
+    if _nbytes(holder, 3) > _COPY_LIMIT:
+        return f"fix unproven: `{name}` is too large to copy for a re-run of {type(mod).__name__}"
     mine = copy.deepcopy(holder)
     for p in odd_paths(mine, odd):
         parent, _, last = p.rpartition(".")
@@ -131,7 +134,7 @@ def prove_module(chain: list[tuple[Any, int]], frame: Any, holder: Any, name: st
             getattr(where, last.split("[")[0])[int(last.split("[")[1][:-1])] = value_at(mine, p).to(ref)
         else:
             setattr(where, last, getattr(where, last).to(ref))
-    swap = lambda v: mine if v is holder else v  # noqa: E731
+    swap = lambda v: mine if v is holder else v.detach().clone() if isinstance(v, torch.Tensor) else v  # noqa: E731
     label = type(mod).__name__
     try:
         with torch.no_grad():
@@ -142,3 +145,16 @@ def prove_module(chain: list[tuple[Any, int]], frame: Any, holder: Any, name: st
                f"{dtype_str(ref)}: {type(err).__name__}: {first}"[:400]
     return f"fix proven: {label} runs again on a copy, given a copy of `{name}` with its {dtype_str(odd)} tensors " \
            f"-> {dtype_str(ref)}"
+
+
+def _nbytes(obj: Any, depth: int) -> int:
+    """The bytes of the tensors ``obj`` holds (attributes, lists, tuples, ``depth`` objects deep)."""
+    attrs = getattr(obj, "__dict__", None)
+    if depth <= 0 or not isinstance(attrs, dict):
+        return 0
+    total = 0
+    for v in list(attrs.values())[:_MAX]:
+        for x in (list(v)[:_MAX] if type(v) in (list, tuple) else [v]):
+            total += x.numel() * x.element_size() if isinstance(x, torch.Tensor) else _nbytes(x, depth - 1) \
+                if plain(x) else 0
+    return total
