@@ -208,10 +208,11 @@ def growth(size: int, rounds: int) -> dict[str, float]:
 
 
 def stages(size: int) -> None:
-    """Where explain's time goes, CPU time: reading (passes, lines, hits, replays), normalising alone, diagnoses."""
+    """Where explain's time goes, CPU time: reading (passes, lines, hits, replays: ``Scanner.read``, which a string's
+    blocks read in place reach without ``feed``), normalising a stream's blocks alone, diagnoses."""
     from torchdoctor._explain import api, scanner
     spent: dict[str, float] = {}
-    for owner, name, label in ((scanner.Scanner, "feed", "reading"), (scanner, "normalise", "normalising"),
+    for owner, name, label in ((scanner.Scanner, "read", "reading"), (scanner, "normalise", "normalising"),
                                (api, "_diagnose", "diagnoses")):
         def wrapper(*args, _fn=getattr(owner, name), _label=label, **kwargs):  # type: ignore[no-untyped-def]
             t = time.process_time()
