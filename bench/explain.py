@@ -208,8 +208,7 @@ def growth(size: int, rounds: int) -> dict[str, float]:
 
 
 def stages(size: int) -> None:
-    """Where explain's time goes, CPU time: reading (passes, lines, hits, replays: ``Scanner.read``, which a string's
-    blocks read in place reach without ``feed``), normalising a stream's blocks alone, diagnoses."""
+    """Where explain's time goes, CPU time: reading (``Scanner.read``: passes, lines, hits, replays), diagnoses."""
     from torchdoctor._explain import api, scanner
     spent: dict[str, float] = {}
     for owner, name, label in ((scanner.Scanner, "read", "reading"), (scanner, "normalise", "normalising"),
