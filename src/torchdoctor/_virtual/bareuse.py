@@ -198,7 +198,7 @@ def bare_use_fixes(items: list[Fix], root: Any, device: torch.device, cases: Seq
     return out
 
 
-Use = tuple[str, Any, Any, Any]  # (the attribute's name, the operand off the device, the name on it, its operand)
+Use = tuple[str, Any, Any, Any]  # (the attribute's name, the operand off the device, the name on it, the dtype to meet)
 
 
 def _meeting(c: Any, wrong: Any, target: torch.device) -> tuple[Any, Any] | None:
@@ -208,7 +208,10 @@ def _meeting(c: Any, wrong: Any, target: torch.device) -> tuple[Any, Any] | None
     partner = next((n for n in c.names if norm_device(n.device) == target), None)
     if partner is None:
         return None
-    return partner, next((o for o in operands(c.before) if f"operand {partner.name} at {c.at}" in o.tags), None)
+    ops = operands(c.before)  # the dtype it must meet: the partner's at the op, else the op's other operand's there
+    like = next((o for o in ops if f"operand {partner.name} at {c.at}" in o.tags), None) or next(
+        (o for o in ops if o is not wrong and norm_device(o.device) == target and o.meta.dtype.is_floating_point), None)
+    return partner, like.meta.dtype if like is not None else None
 
 
 def _at_uses(f: Fix, root: torch.nn.Module, placed: Placement, cases: Sequence[Any]) -> list[Fix] | None:
@@ -324,14 +327,16 @@ def _fix_line(file: str, line: int, uses: list[Use], placed: Placement, why: str
     _, body, tree = here
     spans: dict[tuple[int, int], str] = {}
     target = uses[0][2].device
-    for leaf, wrong, partner, like in uses:
+    cast: torch.dtype | None = None
+    for leaf, wrong, partner, need in uses:
         found = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == leaf
                  and isinstance(n.ctx, ast.Load)]
         if len({(n.col_offset, n.end_col_offset) for n in found}) != 1 or found[0].end_col_offset is None:
             return None
         n, end = found[0], found[0].end_col_offset
-        dtype = like.meta.dtype if like is not None and like.meta.dtype != wrong.meta.dtype and \
-            like.meta.dtype.is_floating_point and wrong.meta.dtype.is_floating_point else None
+        dtype = need if need is not None and need != wrong.meta.dtype and need.is_floating_point and \
+            wrong.meta.dtype.is_floating_point and getattr(partner, "dtype", None) == need else None
+        cast = cast or dtype
         spans[(n.col_offset, end)] = _moved(ast.unparse(n), partner.name, dtype, placed, file)
     new = body
     for (a, b), text in sorted(spans.items(), reverse=True):
@@ -340,6 +345,8 @@ def _fix_line(file: str, line: int, uses: list[Use], placed: Placement, why: str
     if diff is None:
         return None
     said = why.format(device=device_str(target), found=device_str(uses[0][1].device))
+    if cast is not None:  # the dtype the line casts to is part of what the proof applies
+        sets = (*sets, *((k, cast) for k, t in sets if isinstance(t, torch.device)))
     return Fix(f"{new}  # at {_short(file)}:{line}: {said}", "note", target, sets=sets, diff=diff)
 
 

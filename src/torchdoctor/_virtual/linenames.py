@@ -20,11 +20,12 @@ class Named:
     """A local the failing line reads: its name, device, the names of what made it, and whether a statement in
     its frame may bind it again (a local or a module-level name; a global read inside a function may not)."""
 
-    __slots__ = ("name", "device", "tags", "local", "shape")
+    __slots__ = ("name", "device", "tags", "local", "shape", "dtype")
 
     def __init__(self, name: str, device: torch.device, tags: tuple[str, ...], local: bool,
-                 shape: tuple[int, ...] = ()) -> None:
+                 shape: tuple[int, ...] = (), dtype: torch.dtype | None = None) -> None:
         self.name, self.device, self.tags, self.local, self.shape = name, device, tags, local, shape
+        self.dtype = dtype
 
 
 def line_names(depth: int, tags: Callable[[Any], tuple[tuple[str, ...], bool]]) -> tuple[Named, ...]:
@@ -56,7 +57,7 @@ def line_names(depth: int, tags: Callable[[Any], tuple[tuple[str, ...], bool]]) 
             v = f.f_locals.get(n.id)
             if isinstance(v, torch.Tensor):
                 out.append(Named(n.id, getattr(v, "_td_device", v.device), (*tags(v)[0], *_real_maker(v)),
-                                 top or n.id in mine, tuple(v.shape)))
+                                 top or n.id in mine, tuple(v.shape), v.dtype))
         return tuple(out)
     except Exception:  # a diagnostic never breaks the program it watches
         return ()
