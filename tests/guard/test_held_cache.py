@@ -222,3 +222,32 @@ def test_dynamic_cache_of_another_architecture_with_eager_attention() -> None:
     assert "fix proven: `torch.matmul(query, key.transpose(-1, -2))` at modeling_gpt2.py:" in text
     assert (info.value.fix or "").startswith("for layer in prompt_cache.layers: layer.keys, layer.values = "
                                              "layer.keys.to(torch.float16), layer.values.to(torch.float16)")
+
+
+class _Half:
+    def __init__(self) -> None:
+        self.k = torch.zeros(1, 3, 8, dtype=torch.float16)  # written out at the allocation
+
+
+class _UsesHalf(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, held: _Half) -> torch.Tensor:
+        keys = held.k
+        return F.scaled_dot_product_attention(self.q(x), keys, keys)
+
+
+def test_dtype_written_at_the_allocation_replaced_by_the_models_name() -> None:
+    model = _UsesHalf().to(dtype=COMPUTE)
+    with pytest.raises(torchdoctor.PlacementError) as info, torchdoctor.guard(model):
+        model(torch.randn(1, 2, 8, dtype=COMPUTE), _Half())
+    text = str(info.value)
+    assert "dtype mismatch in `<root>` (_UsesHalf): float16 where bfloat16 was expected" in text
+    assert "`held.k` made by `torch.zeros` at " in text and ", the dtype written there; the model was cast with " \
+                                                             "`COMPUTE` at test_held_cache.py:" in text
+    assert "fix proven: _UsesHalf runs again on a copy, given a copy of `held` with its float16 tensors" in text
+    assert (info.value.fix or "").startswith("self.k = torch.zeros(1, 3, 8, dtype=COMPUTE)  # test_held_cache.py:")
+    assert "+        self.k = torch.zeros(1, 3, 8, dtype=COMPUTE)  # written out at the allocation" in \
+        (info.value.patch or "")

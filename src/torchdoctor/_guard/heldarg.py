@@ -232,15 +232,17 @@ def _allocated(holder: Any, path: str, pname: str, chain: list[tuple[Any, int]],
     said = f"`{pname}.{attr}` made by `{ast.unparse(call.func)}` at {file}:{site.lineno} " \
            f"(`{lines[site.lineno - 1].strip()}`)"
     arg = next((k.value for k in call.keywords if k.arg == "dtype"), None)
+    literal = arg is not None and not isinstance(arg, ast.Name) and arg.lineno == arg.end_lineno  # dtype=torch.half
     hit = chosen(tree, lines, function_at(tree, site.lineno), arg.id, site.lineno, file) \
-        if isinstance(arg, ast.Name) else None
-    if hit is None or hit[1] == site.lineno or not isinstance(arg, ast.Name):
+        if isinstance(arg, ast.Name) else ("dtype", arg.lineno, arg, "writes") if literal and arg is not None else None
+    if hit is None or hit[1] == site.lineno and not literal or arg is None:
         return [said + (", with no dtype= (the default dtype)" if arg is None else "")], None, None
     _, at, expr, how = hit
     raw = lines[at - 1]
     seg = raw[expr.col_offset:int(expr.end_col_offset or 0)]
     how = "assigned" if how == "assigns" else f"given by the call {how.split()[-1].replace('()', '(...)')}"
-    said += f", the dtype `{arg.id}` {how} at {file}:{at} (`{raw.strip()}`)"
+    said += f", the dtype written there" if literal else f", the dtype `{ast.unparse(arg)}` {how} at {file}:{at} " \
+                                                         f"(`{raw.strip()}`)"
     model = _model_dtype(file, root, ref, [f for f, _ in chain])
     if model is None or model[0] == seg:
         return [said], None, None
@@ -248,9 +250,23 @@ def _allocated(holder: Any, path: str, pname: str, chain: list[tuple[Any, int]],
     rest = raw[int(expr.end_col_offset or 0):]
     new = raw[:expr.col_offset] + value + rest
     note = f"  # {os.path.basename(file)}:{at}: the dtype the model was cast with at {cast_at}, not `{seg}`"
-    code = raw[:expr.col_offset] + value + ("" if rest.lstrip().startswith("#") else rest)  # (its comment: in the diff)
+    code = _uncommented(new)  # (its comment stays in the diff)
     return [said + f"; the model was cast with `{value}` at {cast_at}"], code.strip() + note, \
         line_patch(file, at, new.strip())
+
+
+def _uncommented(line: str) -> str:
+    """``line`` without its trailing comment (read by the tokenizer: a ``#`` inside a string is no comment)."""
+    import io
+    import tokenize
+
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline):
+            if tok.type == tokenize.COMMENT:
+                return line.strip()[:tok.start[1]].rstrip()
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return line.strip()
 
 
 def _model_dtype(file: str, root: Any, ref: torch.dtype, frames: list[Any]) -> tuple[str, str] | None:
