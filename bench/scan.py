@@ -4,6 +4,7 @@ layers), Llama-3-8B and 70B, and the 1x/4x depths of ``bench/shapes.py``.
 
     python bench/scan.py [--rounds 41] [--only flux,llama3-8b]
     python bench/scan.py --dump reports.json   # no timing: every report, to compare two trees byte for byte
+    python bench/scan.py --rev fc5f573 --only llama-1x   # also that commit's torchdoctor, in the same process
 
 Interleaved pairs in one process (the order alternates each round), thread CPU time (load from other processes
 disturbs it less than wall time); printed per shape: the median of the per-pair ratios, their quartiles and range,
@@ -12,6 +13,10 @@ anchor, and the medians in ms; where a shape's 1x and 4x depths both ran, scan's
 growth from one to the other against accelerate's (issue 43 point 6). The garbage collector runs as it would in a
 program (scan pauses it for itself; accelerate's listing runs with it). Every tensor of a meta-built model is "not
 loaded": scan reports one problem per component and still builds a row per tensor.
+
+``--rev REV`` loads the whole package as commit REV has it (``git archive``, renamed ``torchdoctor_ab``) beside the
+working tree's and times both in the same interleaved rounds, first and repeated scans (their reports asserted equal
+first): new / old ratios that load on the machine moves far less than either's ratio to accelerate.
 
 ``--dump`` pins what a speed change must keep: scan's whole report (``to_dict()``, text, expected rows, summary) on
 every test-zoo entry (``tests/support/zoo.py``) in float32 and bfloat16, with ``dtype=`` and ``device=``, after one
@@ -25,8 +30,11 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -95,7 +103,32 @@ def _spread(xs: list[float]) -> str:
     return f"x{statistics.median(s):.3f} (quartiles {q(0.25):.3f}-{q(0.75):.3f}, range {s[0]:.3f}-{s[-1]:.3f})"
 
 
-def measure(model: torch.nn.Module, rounds: int) -> dict[str, list[float]]:
+def old_package(rev: str) -> Any:
+    """torchdoctor as commit ``rev`` has it, imported as ``torchdoctor_ab`` (its own imports renamed)."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    into = tempfile.mkdtemp(prefix="scan_ab_")
+    tar = subprocess.run(["git", "-C", root, "archive", rev, "src/torchdoctor"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=tar, check=True)
+    pkg = os.path.join(into, "torchdoctor_ab")
+    os.rename(os.path.join(into, "src", "torchdoctor"), pkg)
+    for folder, _, files in os.walk(pkg):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                text = re.sub(r"\btorchdoctor\._", "torchdoctor_ab._", text)
+                text = re.sub(r"\bfrom torchdoctor import\b", "from torchdoctor_ab import", text)
+                text = re.sub(r"^(\s*)import torchdoctor$", r"\1import torchdoctor_ab as torchdoctor", text, flags=re.M)
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text)
+    sys.path.insert(0, into)
+    import torchdoctor_ab  # type: ignore[import-not-found]
+
+    return torchdoctor_ab
+
+
+def measure(model: torch.nn.Module, rounds: int, old: Any = None) -> dict[str, list[float]]:
     from accelerate.utils import find_tied_parameters, named_module_tensors
 
     def acc() -> None:
@@ -110,6 +143,17 @@ def measure(model: torch.nn.Module, rounds: int) -> dict[str, list[float]]:
         kept._KEPT[id(model)] = was
 
     fns = {"scan": lambda: torchdoctor.scan(model), "first": first, "walk": lambda: walk(model), "accelerate": acc}
+    if old is not None:
+        a, b = torchdoctor.scan(model), old.scan(model)
+        assert a.to_dict() == b.to_dict() and a.text(10**6) == b.text(10**6), "the two trees' reports differ"
+        old_kept = importlib.import_module("torchdoctor_ab._walk.kept")
+
+        def old_first() -> None:
+            was = old_kept._KEPT.pop(id(model), None)
+            old.scan(model)
+            old_kept._KEPT[id(model)] = was
+
+        fns.update({"old scan": lambda: old.scan(model), "old first": old_first})
     for _ in range(3):
         for fn in fns.values():
             fn()
@@ -169,6 +213,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=41)
     ap.add_argument("--only", default="", help="comma-separated shapes: " + ", ".join(SHAPES))
     ap.add_argument("--dump", default="", help="write every pinned report to this JSON file and time nothing")
+    ap.add_argument("--rev", default="", help="also time this commit's torchdoctor in the same rounds (new / old)")
     args = ap.parse_args()
     _shapes().quiet()
     if args.dump:
@@ -177,9 +222,10 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.rounds} interleaved rounds, thread CPU time; per-pair ratios to "
           "accelerate's named_module_tensors + find_tied_parameters (goal: scan <= 0.9x)")
     medians: dict[str, dict[str, float]] = {}
+    old = old_package(args.rev) if args.rev else None
     for name in (args.only.split(",") if args.only else SHAPES):
         model = SHAPES[name]()
-        t = measure(model, args.rounds)
+        t = measure(model, args.rounds, old)
         medians[name] = {k: statistics.median(v) for k, v in t.items()}
         scan_r = [s / a for s, a in zip(t["scan"], t["accelerate"])]
         walk_r = [w / a for w, a in zip(t["walk"], t["accelerate"])]
@@ -188,6 +234,12 @@ def main() -> None:
         print(f"{name}: {len(torchdoctor.scan(model).tensors)} tensors; scan {_spread(scan_r)}; first scan "
               f"{_spread(first_r)}; walk {_spread(walk_r)}; ms scan {med['scan']:.2f} / first {med['first']:.2f} / "
               f"walk {med['walk']:.2f} / accelerate {med['accelerate']:.2f}", flush=True)
+        if old is not None:
+            ratio = {k: [n / o for n, o in zip(t[k], t[f"old {k}"])] for k in ("scan", "first")}
+            print(f"  {args.rev}: first scan {_spread([o / a for o, a in zip(t['old first'], t['accelerate'])])}, "
+                  f"repeated {_spread([o / a for o, a in zip(t['old scan'], t['accelerate'])])}; new / old: first "
+                  f"{_spread(ratio['first'])}, repeated {_spread(ratio['scan'])}; ms old first "
+                  f"{med['old first']:.2f} / repeated {med['old scan']:.2f}", flush=True)
     for name in ("flux", "sdxl", "llama"):  # issue 43 point 6: growth from 1x to 4x depth, against accelerate's
         one, four = medians.get(f"{name}-1x"), medians.get(f"{name}-4x")
         if one and four:
