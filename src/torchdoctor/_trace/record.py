@@ -238,20 +238,35 @@ public_types(TraceRecord)
 
 
 # plain tensors assigned as attributes of a module no trace knows yet (``self.scale = torch.ones(4)`` in an
-# ``__init__``): (module -> name -> (weakref of the tensor, file, line)), told when that module is adopted, so its
-# record is this object's and not another's at the same path
-BIRTHS: Any = None
+# ``__init__``): id(module) -> (weakref of the module, name -> (weakref of the tensor, file, line)), told when that
+# module is adopted, so its record is this object's and not another's at the same path. Keyed by id, never by the
+# object: a module or a library object met later may define ``__eq__`` without ``__hash__`` (bitsandbytes'
+# QuantState, a dataclass), and hashing runs the program's code.
+BIRTHS: dict[int, tuple[Any, dict[str, tuple[Any, str, int]]]] = {}
+
+
+def _forget(key: int, mref: Any) -> None:
+    entry = BIRTHS.get(key)
+    if entry is not None and entry[0] is mref:
+        del BIRTHS[key]
 
 
 def remember_birth(module: Any, name: str, tensor: Any, frame: types.FrameType | None) -> None:
+    import functools
     import weakref
 
-    global BIRTHS
-    if BIRTHS is None:
-        BIRTHS = weakref.WeakKeyDictionary()
     user, _ = user_site(frame)
-    if user is not None:
-        BIRTHS.setdefault(module, {})[name] = (weakref.ref(tensor), user.f_code.co_filename, user.f_lineno)
+    if user is None:
+        return
+    key = id(module)
+    entry = BIRTHS.get(key)
+    if entry is None or entry[0]() is not module:
+        try:
+            mref = weakref.ref(module, functools.partial(_forget, key))
+        except TypeError:  # an object that takes no weak reference: its birth is not remembered
+            return
+        entry = BIRTHS[key] = (mref, {})
+    entry[1][name] = (weakref.ref(tensor), user.f_code.co_filename, user.f_lineno)
 
 
 def births(objects: dict[int, tuple[str, Any]]) -> list[tuple[str, str, str, int]]:
@@ -262,8 +277,10 @@ def births(objects: dict[int, tuple[str, Any]]) -> list[tuple[str, str, str, int
         return out
     for scope, ref in objects.values():
         obj = ref() if ref is not None else None
-        born = BIRTHS.get(obj) if obj is not None else None
-        for name, (tref, file, line) in (born or {}).items():
+        entry = BIRTHS.get(id(obj)) if obj is not None else None
+        if entry is None or entry[0]() is not obj:
+            continue
+        for name, (tref, file, line) in entry[1].items():
             if tref() is not None and getattr(obj, "__dict__", {}).get(name) is tref():
                 out.append((f"{scope}.{name}" if scope else name, name, file, line))
     return out
