@@ -53,18 +53,21 @@ def plans(owner: object, words: Iterable[str]) -> dict[str, Plan]:
 
 
 _NONE: frozenset[str] = frozenset()
-_DIRECT: dict[int, tuple[object, frozenset[str]]] = {}
+_NO_HELD: dict[str, str] = {}
+_DIRECT: dict[int, tuple[object, frozenset[str], dict[str, str]]] = {}
 
 
-def _direct(plans: dict[str, Plan]) -> frozenset[str]:
-    """The words of ``plans`` with neither a shorter word that holds them nor marked ends (once per table)."""
+def _direct(plans: dict[str, Plan]) -> tuple[frozenset[str], dict[str, str]]:
+    """The words of ``plans`` with neither a shorter word that holds them nor marked ends, and the word each other
+    unmarked one holds (once per table)."""
     got = _DIRECT.get(id(plans))
     if got is None or got[0] is not plans:
         if len(_DIRECT) > 64:
             _DIRECT.clear()
-        got = _DIRECT[id(plans)] = (plans, frozenset(w for w, (held, _, marked) in plans.items()
-                                                     if held is None and not marked))
-    return got[1]
+        got = _DIRECT[id(plans)] = (
+            plans, frozenset(w for w, (held, _, marked) in plans.items() if held is None and not marked),
+            {w: held for w, (held, _, marked) in plans.items() if held is not None and not marked})
+    return got[1], got[2]
 
 
 class Present:
@@ -72,7 +75,7 @@ class Present:
     not asked before; ``first(words)``: the first of a rule's words that occurs. ``known`` holds every answer given
     (read before a call: a dict look-up is cheaper than one)."""
 
-    __slots__ = ("context", "known", "plans", "_shape", "_direct")
+    __slots__ = ("context", "known", "plans", "_shape", "_direct", "_held")
 
     def __init__(self, context: str, plans: dict[str, Plan]) -> None:
         self.context = context
@@ -80,17 +83,25 @@ class Present:
         self.plans = plans
         self._shape: bytes | None = None
         # the words a short context is read for as they are (no shorter word holds them, no marked end)
-        self._direct = _direct(plans) if len(context) <= _LONG else _NONE
+        self._direct, self._held = _direct(plans) if len(context) <= _LONG else (_NONE, _NO_HELD)
 
     def first(self, words: tuple[str, ...]) -> str | None:
         """The first of ``words`` the context holds, else None."""
-        known, context, direct = self.known, self.context, self._direct
+        known, context, direct, holds = self.known, self.context, self._direct, self._held
         for w in words:
             got = known.get(w)
             if got is None:
                 if w in direct:
                     got = known[w] = w in context
                 else:
+                    held = holds.get(w)  # a short context: the word an unmarked word holds, asked first
+                    if held is not None:
+                        h = known.get(held)
+                        if h is None:
+                            h = known[held] = held in context if held in direct else self(held)
+                        if not h:
+                            known[w] = False
+                            continue
                     got = self(w)
             if got:
                 return w
