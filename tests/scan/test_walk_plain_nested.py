@@ -18,7 +18,8 @@ class _Names(list):  # a list subclass: its own iteration could run code, so it 
 
 
 @pytest.mark.parametrize(("plan", "plain"), [
-    ({"lm_head": (["hidden_states"], ["logits"]), "model.layers": (["hidden_states", "mask"], ["hidden_states"])}, True),
+    ({"lm_head": (["hidden_states"], ["logits"]),
+      "model.layers": (["hidden_states", "mask"], ["hidden_states"])}, True),
     ({"a": "colwise", "b": None, "c": 3}, True),
     ({"a": ((("x",),),)}, False),  # three levels deep
     ({"a": (["x"] * 65,)}, False),  # a sequence past 64 items
