@@ -220,6 +220,12 @@ def _own_hook(use: Use, upath: str, layer: torch.nn.Module, hook: tuple[str, str
     trail = casts.trails[away] if away < len(casts.trails) else None
     placed = _placement(file, line)
     name = _named(trail.held if trail is not None else {}, layer, placed[3] if placed else ())
+    if not parent and use.func.endswith("()"):  # a getter on the hooked model (``te.get_input_embeddings()``):
+        parent = use.func[:-2].rpartition(".")[0]  # the model as the use names it, its hook put at the program's
+        put = _put_line(use.file, parent)  # line that offloads it (not the line whose call moved it away)
+        if put is not None:
+            file, line, at = use.file, put, f"{os.path.basename(use.file)}:{put}"
+            placed, name = _placement(file, line), use.func
     why = (f"`{parent}` is offloaded by accelerate's hook ({cls}, put at {at}): its weights reach "
            f"{device_str(target)} only while `{parent}(...)` runs, and {use.at} calls `{use.func}` outside it; give "
            f"that layer its own hook (or call through `{parent}`): moving its weights by hand fights the hook")
@@ -234,6 +240,17 @@ def _own_hook(use: Use, upath: str, layer: torch.nn.Module, hook: tuple[str, str
     # (``pipe.enable_model_cpu_offload()``): the program adds the layer's own hook after it
     return Fix(f"accelerate.cpu_offload_with_hook({use.func}, {str(target)!r})  # after {at}: {why}", "note", target,
                sets=tuple(sets))
+
+
+def _put_line(file: str, model: str) -> int | None:
+    """The line of ``file`` that calls ``cpu_offload_with_hook(model, ...)``, when one does."""
+    from torchdoctor._virtual.devexpr import tree_of
+
+    tree = tree_of(file)
+    hits = {c.lineno for c in ast.walk(tree) if isinstance(c, ast.Call) and c.args and
+            ast.unparse(c.func).rsplit(".", 1)[-1] == "cpu_offload_with_hook" and ast.unparse(c.args[0]) == model} \
+        if tree is not None else set()
+    return hits.pop() if len(hits) == 1 else None
 
 
 def _line_body(file: str, line: int) -> str | None:

@@ -79,7 +79,8 @@ def _calls(file: str, line: int) -> tuple[tuple[str, int, int, str], ...] | None
     else:
         found = []
         for n in ast.walk(tree):
-            if isinstance(n, ast.Call) and _chain(n.func) is not None and n.func.end_col_offset is not None:
+            if isinstance(n, ast.Call) and (_chain(n.func) is not None or _getter(n.func)) and \
+                    n.func.end_col_offset is not None:
                 first = n.args[0] if n.args else None
                 arg = ast.unparse(first) if first is not None and _chain(first) is not None else ""
                 found.append((ast.unparse(n.func), n.func.col_offset, n.func.end_col_offset, arg))
@@ -98,6 +99,21 @@ def _chain(node: Any) -> list[str] | None:
     if not isinstance(node, ast.Name):
         return None
     return [node.id, *reversed(parts)]
+
+
+def _getter(node: Any) -> bool:
+    """``a.b.get_input_embeddings()``: a method called with no argument on a chain (it hands back a submodule)."""
+    return isinstance(node, ast.Call) and not node.args and not node.keywords and \
+        isinstance(node.func, ast.Attribute) and _chain(node.func.value) is not None
+
+
+def _under(text: str, mod: torch.nn.Module, frame_locals: Any, frame_globals: Any) -> bool:
+    """``text`` is a getter call (``_getter``) on a module that holds ``mod``: the getter is never run, the module
+    is found under the chain it is called on."""
+    if not text.endswith("()") or "." not in text:
+        return False
+    owner = resolve(text[:-2].rpartition(".")[0], frame_locals, frame_globals)
+    return isinstance(owner, torch.nn.Module) and any(m is mod for _, m in zip(range(4096), owner.modules()))
 
 
 def resolve(text: str, frame_locals: Any, frame_globals: Any) -> Any:
@@ -131,7 +147,8 @@ def note(mod: torch.nn.Module, moved: tuple[tuple[Any, int], ...], depth: int = 
         calls = _calls(file, line)
         if not calls:
             return
-        hit = next((c for c in calls if resolve(c[0], f.f_locals, f.f_globals) is mod), None)
+        hit = next((c for c in calls if resolve(c[0], f.f_locals, f.f_globals) is mod), None) or next(
+            (c for c in calls if _under(c[0], mod, f.f_locals, f.f_globals)), None)
         if hit is None:
             return
         arg = hit[3] if hit[3] and isinstance(resolve(hit[3], f.f_locals, f.f_globals), torch.Tensor) else ""
