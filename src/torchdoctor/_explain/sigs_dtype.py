@@ -28,7 +28,22 @@ _sig("dtype.same_dtype", "dtype_mismatch", "Matrix multiply with two different d
      rf"expected (?P<lhs>\w{{1,10}}) and (?P<rhs>\w{{1,10}}) to have the same dtype, "
      rf"but got:? ?(?P<a>{_DT}) ?!= ?(?P<b>{_DT})",
      r"expected (?P<lhs>\w{1,10}) and (?P<rhs>\w{1,10}) to have the same dtype",
-     rf"query\.dtype: (?P<a>{_DT}) key\.dtype: (?P<b>{_DT})", before=40, after=300, alternatives=(_IW_ALT, _UD_ALT))
+     # any other wording of the anchors, but attention's (its own signature below)
+     r"must have the same dtype", r"(?<!value )to have the same dtype",
+     before=40, after=300, require_pattern=True, alternatives=(_IW_ALT, _UD_ALT))
+# scaled_dot_product_attention: "Expected query, key, and value to have the same dtype, but got query.dtype: ...
+# key.dtype: ... and value.dtype: ... instead." Field a is the operand that differs from the query (the key, or the
+# value where the key has the query's dtype), b the query's dtype: what the odd operand is cast to.
+_QKV = r"(?P<{0}>(?:struct )?[\w:]{{1,30}})"
+_sig("dtype.attention_qkv", "dtype_mismatch", "Attention got query, key and value in different dtypes",
+     ("and value to have the same dtype",),
+     "Attention (scaled_dot_product_attention) got query, key and value in different dtypes[: the query is {b}, "
+     "the {other} {a}]. All three must share one dtype.",
+     (("dt.input_not_cast", 2.0), ("dt.module_partially_cast", 1.5)),
+     rf"query\.dtype: {_QKV.format('b')},? key\.dtype: (?:struct )?(?P=b),? and (?P<other>value)\.dtype: "
+     + _QKV.format("a"),
+     rf"query\.dtype: {_QKV.format('b')},? (?P<other>key)\.dtype: {_QKV.format('a')}",
+     before=40, after=300, alternatives=(_IW_ALT, _UD_ALT))
 _sig("dtype.scalar_type", "dtype_mismatch", "An operation expected another dtype",
      ("expected scalar type", "Expected object of scalar type", "Found dtype "),
      "An operation expected {b} but got {a}[ (argument '{arg}')].",
