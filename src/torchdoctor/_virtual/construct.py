@@ -4,6 +4,7 @@ made with ``Tensor._make_subclass`` (``Params4bit``) stay virtual; the default d
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any
 
 import torch
@@ -39,12 +40,28 @@ def param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> A
         return made
     if isinstance(data, VirtualTensor) and isinstance(data, torch.nn.Parameter) and cls is torch.nn.Parameter:
         # Module._apply wraps a moved Params4bit / Int8Params in Parameter(...): a real one detaches to its own class
-        # (the library's quant_state stays on it); the virtual twin's detach cannot, so it is kept as it is
+        # (the library's quant_state stays on it); the virtual twin's detach cannot, so it is kept as it is. Where the
+        # library's ``to`` built a new one for a real one the model held, the object the device keeps is that one
+        # (torch assigns ``.data``): the twin is given its attributes (Int8Params' CB/SCB as the layer's forward
+        # left them, not the fresh ones of the library's copy)
+        _keep_attributes(data, _held_before(data))
         if data.requires_grad != requires_grad:  # (a lazy module's uninitialized one refuses a call, even this one)
             with torch._C.DisableTorchFunctionSubclass():
                 data.requires_grad_(requires_grad)
         return data
     space = V.current_space() if isinstance(data, torch.Tensor) else None
+    twin = _held_before(data) if space is not None and cls is torch.nn.Parameter else None
+    if twin is not None:
+        # a twin Params4bit / Int8Params that Module.to takes back to the cpu (a layer streamed by module.to): on the
+        # device torch assigns ``param.data``, so the object stays with its own attributes (its quant_state, which
+        # the library's ``to`` moved in place; Int8Params' CB/SCB as the layer's forward left them). The library's
+        # ``to`` has built a real one of its class, which ``Parameter(...)`` refuses (its detach returns a plain
+        # tensor): it is the parameter the model holds on the cpu, given the twin's attributes
+        _keep_attributes(data, twin)
+        if data.requires_grad != requires_grad:
+            data.requires_grad_(requires_grad)
+        replaced.note(space, data)
+        return data
     out = replaced.kept(space, data, requires_grad) if space is not None and cls is torch.nn.Parameter else None
     if out is None:  # (else the real one the model held on the cpu before)
         out = _ORIG_PARAM_NEW(cls, data, requires_grad)
@@ -57,6 +74,29 @@ def param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> A
         # took to the cpu at the program's line keeps that line
         space.keep_real(out, kept[0], kept[1])  # type: ignore[union-attr]
     return out
+
+
+def _held_before(data: Any) -> Any:
+    """The parameter ``Module._apply`` (the caller of ``param_new``) replaces when it calls ``Parameter(data)`` for a
+    library subclass of ``Parameter`` (``Params4bit``, ``Int8Params``) because one side is virtual (torch could not
+    assign ``.data`` between them, as it does on the device), or None."""
+    if type(data) is torch.nn.Parameter or not isinstance(data, torch.nn.Parameter):
+        return None
+    frame = sys._getframe(2)  # (this, param_new, its caller)
+    held = frame.f_locals.get("param") if frame.f_code is replaced._APPLY else None
+    if held is None or held is data:
+        return None
+    return held if isinstance(data, type(held)) or isinstance(held, type(data)) else None
+
+
+def _keep_attributes(new: Any, old: Any) -> None:
+    """``new`` takes ``old``'s own attributes, as the object torch keeps on the device would (the run's own
+    ``_td_`` marks stay ``new``'s)."""
+    if old is None:
+        return
+    own = {k: v for k, v in vars(new).items() if k.startswith("_td_")}
+    vars(new).clear()
+    vars(new).update({k: v for k, v in vars(old).items() if not k.startswith("_td_")}, **own)
 
 
 def restore_default_device(before: Any) -> None:
