@@ -275,3 +275,53 @@ def test_group_offloading_weight_read_outside_its_call_is_moved_at_that_line(tmp
     assert "x = x + b.gate.to(x.device) * b(x)" in doc["patch"]
     assert all(f["proven"] for f in doc["fixes"]), doc["fixes"]
     _applied(tmp_path, doc)
+
+
+SWAPPED = '''import torch, torch.nn as nn
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm, self.fc = nn.LayerNorm(d), nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.fc(self.norm(x))
+
+
+def swap_in(m, args):
+    m.to(device)
+
+
+def swap_out(m, args, out):
+    m.to("cpu")
+
+
+net = nn.Sequential(nn.Linear(4, 8), Block(8), Block(8)).to(device)
+net[2].requires_grad_(False)
+net[2].register_forward_pre_hook(swap_in)
+net[2].register_forward_hook(swap_out)
+
+
+def step(x):
+    return net(x.to(device)).square().mean()
+
+
+for _ in range(2):
+    step(torch.randn(3, 4)).backward()
+print("trained")
+'''
+
+
+def test_a_block_swapped_out_before_the_backward_is_never_moved_back_at_the_forwards_call(tmp_path: Path) -> None:
+    """A block-swap trainer whose swap-out hook moves a block back to the cpu right after its forward: the backward
+    reads the saved layer-norm weight there. The fix names the swap-out and the backward, never a move of the whole
+    model at the forward's call (the hook moves it away again after every forward)."""
+    (tmp_path / "main.py").write_text(SWAPPED)
+    doc = run_json(tmp_path / "main.py", "cuda")
+    codes = "\n".join(f["code"] for f in doc["fixes"])
+    assert "net.to(" not in codes and "torchdoctor.move(" not in codes, codes
+    assert "# 2.norm: `swap_out` at main.py:20 moved its parameters to cpu after the forward that saved them for " \
+        "the backward" in codes, codes

@@ -192,9 +192,25 @@ def at_cast_lines(fixes: list[Fix], casts: Casts | None, root: Any) -> list[Fix]
             or dtype_source_fix(f, casts, root) if isinstance(root, torch.nn.Module) else None
         fixed = stale_factory_fix(fixed or f) or fixed
         out.append(fixed or f)
-    out = covered_notes(drop_covered(out, used, root))
+    out = covered_notes(drop_covered(_not_swapped(out, used), used, root))
     # written for the program's object (a block's model as its frame calls it)
     return program_named([_in_parts(_put_apart(f, casts, root), casts, root) for f in out], root)
+
+
+_SWAPPED = "moved its parameters to "  # the note of a parameter an offload moved between forward and backward
+
+
+def _not_swapped(out: list[Fix], used: list[Fix]) -> list[Fix]:
+    """``out`` without a use-site fix (``offloaduse``) of the tensors an offload moved between the forward that saved
+    them and the backward that read them (``lifted``): the backward is where they fail, and a move at the forward's
+    call would undo the offload without bringing them back for the backward."""
+    owners = [f.code[2:].split(": ", 1)[0] for f in out if f.code.startswith("# ") and _SWAPPED in f.code]
+    if not owners:
+        return out
+    gone = [u for u in used if any(n.startswith(o + ".") for n, _ in u.sets for o in owners)]
+    for u in gone:
+        used.remove(u)
+    return [f for f in out if not any(f is u for u in gone)]
 
 
 def _in_parts(f: Fix, casts: Casts, root: Any) -> Fix:
