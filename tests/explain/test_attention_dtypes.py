@@ -65,6 +65,7 @@ def test_without_the_dtypes_one_attention_diagnosis(text: str) -> None:
     assert (d.category, d.title) == ("dtype_mismatch", ATTENTION)
     assert d.what_happened == ("Attention (scaled_dot_product_attention) got query, key and value in different "
                                "dtypes. All three must share one dtype.")
+    assert any(c.startswith("The query is in the model's dtype but key and value") for c in d.likely_causes[:2])
 
 
 def test_matrix_multiplies_keep_their_title() -> None:

@@ -103,7 +103,8 @@ _c("dt.kv_cache_dtype",
    ("Make the cache after the model's cast, in the dtype the model computes in",
     "cache = torch.zeros(shape, dtype=next(model.parameters()).dtype, device=device)"),
    ("Or cast key and value to the query's dtype before attention", "k, v = k.to(q.dtype), v.to(q.dtype)"))
-register_rule(ContextRule("attention.qkv_dtypes", words=("query, key, and value", "query.dtype:", "query.dtype ="),
+register_rule(ContextRule("attention.qkv_dtypes",
+                          words=("query, key, and value", "query, key and value", "query.dtype:", "query.dtype ="),
                           applies_to=(_DT,), boosts=(("dt.kv_cache_dtype", 3.0),)))
 
 # --- checkpoints -------------------------------------------------------------------------------------------------
