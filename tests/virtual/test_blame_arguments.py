@@ -288,7 +288,7 @@ def test_a_tensor_made_before_the_run_and_cast_in_the_block_names_that_line_and_
     line = _line_of("y = x.to(torch.float16)  # the line")
     assert sorted(p.kind for p in sim.problems) == ["device", "dtype"]
     for p in sim.problems:
-        assert "(an argument of the Sequential call, made by Tensor.to at " in p.message, p.message
+        assert "(an argument of the Sequential call, made by `to(torch.float16)` at " in p.message, p.message
         assert f"test_blame_arguments.py:{line})" in p.message, p.message
     assert sim.error().fix == "# pass input 0 (input) as tensor.to('cuda:0', torch.float32)"
     with torchdoctor.virtual_devices("cuda:0", raise_on_exit=False) as quiet:

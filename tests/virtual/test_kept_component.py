@@ -183,8 +183,8 @@ def test_a_force_upcast_vae_upcast_by_a_first_call_gets_the_latents_cast_at_the_
     assert code == "image = self.vae.decode(latents.to(self.vae.dtype) / self.vae.config.scaling_factor, " \
         "return_dict=False)[0]", fix.code
     assert why.split(": ", 1)[0].endswith("reused.py:27") and ": AutoencoderKL computes in float32 on purpose (its " \
-        "config sets force_upcast; " in why and "reused.py:25 casts it to float32); latents (float16) is made for " \
-        "another component: cast where self.vae is handed it" in why, why
+        "config sets force_upcast; " in why and "reused.py:25 casts it to float32); latents (float16, made by cast " \
+        "at " in why and "reused.py:21) is made for another component: cast where self.vae is handed it" in why, why
     assert "never self.vae itself" in fix.code and "torchdoctor.move" not in fix.code
     assert fix.proven, fix.tried
     assert fix.diff is not None and "+        image = self.vae.decode(latents.to(self.vae.dtype) / " in fix.diff

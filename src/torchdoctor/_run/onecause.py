@@ -20,11 +20,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-_OPERAND = re.compile(r"^(?P<desc>.+?) (?P<form>[a-z0-9_]+\[[^\]]*\]@\S+) is on (?P<found>\S+) while (?P<op>\S+) runs "
-                      r"on (?P<on>\S+)")
+# a device problem's operand (``is on cpu while aten.mm.default runs on cuda:0``) or a dtype one's (``is float32
+# while aten.scaled_dot_product_attention.default computes in bfloat16``)
+_OPERAND = re.compile(r"^(?P<desc>.+?) (?P<form>[a-z0-9_]+\[[^\]]*\]@\S+) is (?:on )?(?P<found>\S+) while (?P<op>\S+) "
+                      r"(?:runs on|computes in) (?P<on>\S+)")
+_FROM = re.compile(r" from (?P<path>[\w.]+) \((?P<found>[^)]+)\)")  # a tensor made in forward from a named one
 _MADE_AT = re.compile(r" at \S+:\d+")  # a description that names the line its tensor was made at
 _IN = re.compile(r" in `[^`]*`")  # the module an op's view was taken in: one tensor, many modules
-_ARG = re.compile(r"(?P<name>[\w.]+) \(an argument of the (?P<call>\S+) call, made by (?P<maker>\S+) at "
+_ARG = re.compile(r"(?P<name>[\w.]+) \(an argument of the (?P<call>\S+) call, made by (?P<maker>`[^`]*`|\S+) at "
                   r"(?P<at>\S+:\d+)\)")  # what a tensor made in the model came from: the caller's argument
 _ROLES = ("parameter", "buffer")
 _SHOWN = 3
@@ -87,20 +90,102 @@ def causes(problems: Sequence[Any], roots: Sequence[tuple[str, frozenset[str]]] 
         keys.setdefault(("operand", p.kind, _IN.sub("", m.group("desc")), m.group("form"), m.group("on")),
                         []).append(i)
     out: list[tuple[int, Cause]] = []
+    keys, joined = _with_their_tensor(problems, keys)
     for key, ix in keys.items():
-        members = [problems[i] for i in ix]
-        paths = [x for p in members for x in _paths(p)]
-        if len(ix) < 2 or key[0] == "one":
+        if joined.get(ix[0]):
+            out.append((ix[0], _joined(_causes_of(problems, key, ix, roots), [problems[i] for i in joined[ix[0]]])))
+        elif len(ix) < 2 or key[0] == "one":
             out += [(i, Cause(problems[i], _paths(problems[i]))) for i in ix]
-        elif key[0] == "attribute":
-            out.append((ix[0], Cause(_attr(members, str(key[2]), str(key[3]), str(key[4])), paths, members[0])))
-        elif key[0] == "arguments":
-            out.append((ix[0], Cause(_arguments(members, *(str(k) for k in key[1:])), paths, members[0])))
-        elif key[0] == "model":
-            out.append((ix[0], Cause(_model(members, paths, roots[key[1]]), paths, members[0])))
         else:
-            out.append((ix[0], Cause(_operand(members, key[2], key[3], key[4]), paths, members[0])))
+            out.append((ix[0], _causes_of(problems, key, ix, roots)))
     return [c for _, c in sorted(out, key=lambda x: x[0])]
+
+
+def _causes_of(problems: Sequence[Any], key: tuple[Any, ...], ix: list[int],
+               roots: Sequence[tuple[str, frozenset[str]]]) -> Cause:
+    """The one cause of ``problems[ix]`` under ``key``, shown as ``causes`` shows it."""
+    members = [problems[i] for i in ix]
+    paths = [x for p in members for x in _paths(p)]
+    if len(ix) < 2 or key[0] == "one":
+        return Cause(members[0], paths)
+    if key[0] == "attribute":
+        return Cause(_attr(members, str(key[2]), str(key[3]), str(key[4])), paths, members[0])
+    if key[0] == "arguments":
+        return Cause(_arguments(members, *(str(k) for k in key[1:])), paths, members[0])
+    if key[0] == "model":
+        return Cause(_model(members, paths, roots[key[1]]), paths, members[0])
+    return Cause(_operand(members, key[2], key[3], key[4], key[1]), paths, members[0])
+
+
+def _with_their_tensor(problems: Sequence[Any], keys: dict[tuple[Any, ...], list[int]]
+                       ) -> tuple[dict[tuple[Any, ...], list[int]], dict[int, list[int]]]:
+    """``keys`` with the problems of the ops that met a named tensor joined to that tensor's own problem: one fix
+    (the tensor moved or cast, or the line that made it) is one cause however many ops met it. An op's problem
+    joins when its operand was made in forward from a tensor another problem names (``a tensor made in forward from
+    layers.0.q.lora_A (cpu)``, the group of LoRA tensors left on the cpu), and the dtype problem the same op met
+    once the run went on with that operand on the device (same module, op, dtype and shape) joins it too."""
+    named: dict[tuple[str, str, str], int] = {}  # (kind, tensor path, found) -> the problem that names it
+    for i, p in enumerate(problems):
+        for x in _paths(p):
+            named.setdefault((p.kind, _own(x), p.found), i)
+    home: dict[int, int] = {}  # problem index -> the problem it joins
+    first: dict[str, int] = {}  # tensor path -> the first problem of a group that names it (any kind)
+    for i, p in enumerate(problems):
+        if p.role in _ROLES and len(_paths(p)) > 1:
+            for x in _paths(p):
+                first.setdefault(_own(x), i)
+    for i, p in enumerate(problems):
+        hit = _FROM.search(p.message or "")
+        j = named.get((p.kind, hit.group("path"), hit.group("found")), i) if hit is not None else i
+        if j != i and hit is not None and hit.group("found") == p.found:
+            home[i] = j
+        elif len(_paths(p)) == 1 and (g := first.get(_own(p.path), i)) != i:
+            home[i] = g  # a tensor of a group found off in the other kind too (its dtype beside its device): one fix
+    for i, p in enumerate(problems):  # the same operand's dtype, met at the same op after its device was fixed
+        if i in home or p.kind != "dtype":
+            continue
+        m = _OPERAND.match(p.message or "")
+        twin = next((j for j in home if _same_operand(problems[j], p, m)), None) if m is not None else None
+        if twin is not None:
+            home[i] = home[twin]
+    if not home:
+        return keys, {}
+    out: dict[tuple[Any, ...], list[int]] = {}
+    for key, ix in keys.items():
+        if (rest := [i for i in ix if i not in home]):
+            out[key] = rest
+    joined: dict[int, list[int]] = {}  # a cause's first member -> the op problems joined to it
+    for i, j in home.items():
+        for _ in range(len(home)):  # joined to a problem that joined another: the one it joined
+            j = home.get(j, j)
+        lead = next((v[0] for v in out.values() if j in v), None)
+        if lead is not None:
+            joined.setdefault(lead, []).append(i)
+        else:  # never lost from the report
+            out[("one", i)] = [i]
+    return out, joined
+
+
+def _same_operand(device: Any, p: Any, m: Any) -> bool:
+    """``p`` (a dtype problem) met the operand of the device problem ``device`` at the same op of the same module:
+    its form is that operand's, on the device the run moved it to."""
+    d = _OPERAND.match(device.message or "")
+    return device.kind == "device" and d is not None and device.module_path == p.module_path and \
+        device.op == p.op and d.group("form").split("@")[0] == m.group("form").split("@")[0]
+
+
+def _joined(cause: Cause, met: list[Any]) -> Cause:
+    """``cause`` with the problems of the ops that met its tensors counted in its line and its members."""
+    said = []
+    for kind in dict.fromkeys(p.kind for p in met):
+        ps = [p for p in met if p.kind == kind]
+        where = list(dict.fromkeys(p.module_path or p.path for p in ps))
+        inside = f"in {', '.join(where[:_SHOWN])}{', ...' if len(where) > _SHOWN else ''}"
+        said.append(f"{len(ps)} op(s) met them {inside}" if kind == cause.shown.kind else
+                    f"they are {ps[0].found} where {len(ps)} op(s) compute in {ps[0].expected} ({inside})"
+                    if kind == "dtype" else f"{len(ps)} op(s) met them on {ps[0].found} ({inside})")
+    shown = replace(cause.shown, message=f"{cause.shown.message}; one cause: {'; '.join(said)}")
+    return Cause(shown, [*cause.members, *(x for p in met for x in _paths(p))], cause.first)
 
 
 def _attribute(p: Any, m: Any) -> str | None:
@@ -125,14 +210,19 @@ def _model(members: list[Any], paths: list[str], root: tuple[str, frozenset[str]
     first = members[0]
     own = list(dict.fromkeys(_own(x) for x in paths))
     shown = ", ".join(own[:_SHOWN]) + (", ..." if len(own) > _SHOWN else "")
-    whole = "all of them" if len(own) == len(root[1]) else f"of its {len(root[1])}"
-    message = (f"{root[0]}'s {len(own)} tensors ({whole}) are on {first.found} while the run is on {first.expected}: "
-               f"the {root[0]} model was left there (offloaded, or not moved, before this use); one cause, "
-               f"{len(members)} line(s) folded; e.g. {shown}")
+    whole = len(own) == len(root[1])
+    # some of them only: the rest of the model was moved, so these were skipped (a placement of its layers that
+    # leaves out the Parameters no layer owns), not the model left behind
+    why = f"the {root[0]} model was left there (offloaded, or not moved, before this use)" if whole else \
+        f"they were not moved with the rest of the {root[0]} model (a placement of its layers that skips them, or " \
+        f"a move that missed them)"
+    message = (f"{root[0]}'s {len(own)} tensors ({'all of them' if whole else f'of its {len(root[1])}'}) are on "
+               f"{first.found} while the run is on {first.expected}: {why}; one cause, {len(members)} line(s) folded; "
+               f"e.g. {shown}")
     return replace(first, path=root[0], message=message, tensors=tuple(paths))
 
 
-def _operand(members: list[Any], desc: str, form: str, on: str) -> Any:
+def _operand(members: list[Any], desc: str, form: str, on: str, kind: str = "device") -> Any:
     first = members[0]
     where = [p.module_path or p.path for p in members]
     leaves = list(dict.fromkeys(w.rsplit(".", 1)[-1] for w in where))
@@ -141,7 +231,9 @@ def _operand(members: list[Any], desc: str, form: str, on: str) -> Any:
     noun = f"{kinds.pop()} modules" if len(kinds) == 1 and not next(iter(kinds)).isdigit() else "modules"
     inside = f" in {len(parents)} {noun}" if len(parents) > 1 else f" in {parents[0]}" if parents else ""
     ops = len(members)
-    message = (f"{desc} {form} is on {first.found} while the run is on {on}: one tensor reaches {ops} ops: "
+    said = f"is on {first.found} while the run is on {on}" if kind == "device" else \
+        f"is {first.found} while the ops compute in {on}"
+    message = (f"{desc} {form} {said}: one tensor reaches {ops} ops: "
                f"{', '.join(leaves[:6])}{', ...' if len(leaves) > 6 else ''}{inside}"
                + (f" ({', '.join(parents[:_SHOWN])}{', ...' if len(parents) > _SHOWN else ''})"
                   if len(parents) > 1 else ""))

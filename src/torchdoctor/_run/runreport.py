@@ -39,6 +39,11 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
         self.internal: list[str] = []  # torchdoctor's own warnings while the program ran, one line each
         self.hooks: dict[str, str] = {}  # path -> an offload hook above it that the op went around
         self.roots: list[tuple[str, frozenset[str]]] = []  # outermost modules: class name, parameter/buffer paths
+        if any("Recomputed values" in f.error for f in self.findings):  # a checkpoint's recompute in another dtype:
+            from torchdoctor._virtual.defaultdtype import aim  # the default-dtype factory the run noted, if any
+
+            for f in self.findings:
+                aim(f)
 
     def __repr__(self) -> str:
         return (f"<RunReport of {' '.join(self.program)[:80]!r}: exit {self.exit_code}, {len(self.findings)} "

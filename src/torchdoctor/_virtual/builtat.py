@@ -51,6 +51,8 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
         if any(f"{base}.{n}" not in fixed and not (_there(t, parts[0]) and "." in n)
                for n, t in (*o.named_parameters(), *o.named_buffers())):
             return None
+    lifted = _program_parents(root, [p for p, _ in f.sets], owners, fixed, parts[0])
+    owners = lifted or owners  # torch layers (``nn.Linear`` lora_down / lora_up) built by a wrapper of the program's
     kinds = {type(o) for o in owners}
     if len(kinds) != 1 or None in owners or (cls := next(iter(kinds))).__module__.startswith("torch."):
         return None
@@ -77,7 +79,8 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
     if fn is not None and fn.name == "__init__":  # built with the module that holds it, before any move of that
         return None  # module: what left it behind came later (a buffer moved back, a loader's offload)
     cast = ""
-    if len(parts) == 1 and (dt := _wrapped_dtype(owners)) is not None:  # the layer it wraps is in another dtype
+    if len(parts) == 1 and (dt := _wrapped_dtype(owners) if not lifted else _there_dtype(owners, parts[0])) is not None:
+        # the layer it wraps is in another dtype
         parts = (parts[0], dt)  # (LoRA injected after a .to(device, dtype)): built there in the layer's dtype too
         target, cast = parts, f" and cast to {str(dt).rsplit('.', 1)[-1]}"
     known = {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)} if fn is not None else set()
@@ -108,6 +111,45 @@ def covered_notes(fixes: Sequence[Fix]) -> list[Fix]:
         f"cast them where they are made (tensor.to(torch.{d}))" in f.code for d in built))] if built else list(fixes)
 
 
+def _program_parents(root: Any, paths: Sequence[str], owners: Sequence[Any], fixed: set[str],
+                     device: torch.device) -> list[Any] | None:
+    """The modules of the program's own class that hold the torch layers ``owners`` (``Adapter.lora_down``, an
+    ``nn.Linear``), one per path, when each holds nothing else but what is fixed and what is on ``device`` already
+    (the layer it wraps); None otherwise (the layers are the program's own class, or anything else is left behind)."""
+    if not owners or any(o is None or not type(o).__module__.startswith("torch.") for o in owners):
+        return None
+    out = []
+    for path in paths:
+        parts = path.split(".")
+        if len(parts) < 3:
+            return None
+        base = ".".join(parts[:-2])
+        try:
+            parent = root.get_submodule(base)
+        except AttributeError:
+            return None
+        if type(parent).__module__.startswith("torch.") or any(
+                f"{base}.{n}" not in fixed and not _there(t, device)
+                for n, t in (*parent.named_parameters(), *parent.named_buffers())):
+            return None
+        out.append(parent)
+    return out
+
+
+def _there_dtype(owners: Sequence[Any], device: torch.device) -> torch.dtype | None:
+    """The one floating dtype of what each module holds on ``device`` already (the layer it wraps) when what it
+    holds elsewhere (the layers it built) is in another one; None otherwise."""
+    there: set[torch.dtype] = set()
+    for o in owners:
+        ps = [p for p in o.parameters() if p.is_floating_point()]
+        here = {p.dtype for p in ps if _there(p, device)}
+        left = {p.dtype for p in ps if not _there(p, device)}
+        if len(here) != 1 or not left or here <= left:
+            return None
+        there |= here
+    return next(iter(there)) if len(there) == 1 else None
+
+
 def _wrapped_dtype(owners: Sequence[Any]) -> torch.dtype | None:
     """The floating dtype of the one layer each module wraps (``LoRALinear(child)``'s ``child``) when the module's
     own floating parameters are in another one; None otherwise."""
@@ -129,10 +171,13 @@ def _there(t: torch.Tensor, device: torch.device) -> bool:
 def _wrapped(call: ast.Call, owners: Sequence[Any], device: torch.device) -> str | None:
     """The name of the call's one argument when each module built holds one child layer with a ``weight`` on
     ``device`` (the base layer a LoRA wraps: ``LoRALinear(mod)``), else None."""
-    if len(call.args) != 1 or call.keywords or not isinstance(call.args[0], (ast.Name, ast.Attribute, ast.Subscript)):
+    arg = call.args[0] if len(call.args) == 1 and not call.keywords else None
+    if not isinstance(arg, (ast.Name, ast.Attribute, ast.Subscript)) and not (  # ``getattr(mod, n)`` reads it too
+            isinstance(arg, ast.Call) and isinstance(arg.func, ast.Name) and arg.func.id == "getattr"):
         return None
     for o in owners:
         kids = [m for m in o.children() if isinstance(getattr(m, "weight", None), torch.Tensor)]
+        kids = kids if len(kids) == 1 else [m for m in kids if _there(m.weight, device)]  # beside layers it built
         if len(kids) != 1 or not _there(kids[0].weight, device):
             return None
     return ast.unparse(call.args[0])

@@ -58,12 +58,19 @@ def _maker_op(op: str) -> bool:
     return op.startswith("torch.") or (op.startswith("Tensor.") and op not in _MOVES)
 
 
+def _cast_outside(src: Made) -> bool:
+    """``src`` is a cast at a line of the program outside any model (``net(x.to(device, dtype=weight_dtype))``):
+    the argument is still named as the caller's, made by that cast."""
+    return src.site is not None and src.module is None and src.at is not None
+
+
 def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str,
                  makers: dict[str, tuple[str, str, str]] | None = None) -> torch.Tensor:
     if isinstance(t, VirtualTensor):
         origin = t._td_origin
         # a model tensor, an input simulate placed ("input 0"), a value made from model tensors or named already
-        if t._td_path is not None or (origin is not None and (origin.arg or origin.source.paths or origin.source.arg)):
+        if t._td_path is not None or (origin is not None and (origin.arg or origin.source.arg or origin.source.paths
+                                                               and not _cast_outside(origin.source))):
             return t
         src = origin.source if origin is not None else None
         # still on cpu from a factory the user called without device=: the fix is at that call; moved since (or
@@ -71,7 +78,11 @@ def _as_argument(space: Space, t: torch.Tensor, label: str, fix: str, who: str,
         at_factory = src is not None and src.at and src.op.startswith("torch.") and t._td_device.type == "cpu"
         if makers is not None and src is not None and src.at and _maker_op(str(src.op)):
             makers[fix] = (str(src.op), src.at, dtype_str(t.dtype))  # the factory the caller's argument came from
-        t._td_origin = Made.argument(label, fix, who, src or _IN_RUN, origin if at_factory else None)
+        # cast at the program's line as it was moved (``x.to(device, dtype=weight_dtype)``): that line chose its
+        # dtype, which is fixed there; its device stays the argument's own
+        # (still on the cpu it is passed as it is, moved and cast in one ``.to``)
+        cast = src if src is not None and _cast_outside(src) and not at_factory and t._td_device.type != "cpu" else None
+        t._td_origin = Made.argument(label, fix, who, src or _IN_RUN, origin if at_factory else None, cast)
         return t
     hit = space.named.get(id(t))
     if type(t) is not torch.Tensor or (hit is not None and hit[0] is t and not hit[1].startswith(("input ", "kwarg "))):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import linecache
 import re
+import types
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,8 @@ def _read_from(site: CastSite, frame: Any) -> None:
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
         return
     obj = frame.f_locals.get(parts[0])
+    if isinstance(obj, types.ModuleType):  # ``torch.float16`` at a module's top level: written out, read from nothing
+        return
     for name in parts[1:-1]:
         obj = getattr(obj, name, None)
     attr = parts[-1]
@@ -123,7 +126,32 @@ def patched_line(site: CastSite, want: torch.dtype) -> str | None:
 
     line = linecache.getline(site.file, site.lineno).rstrip("\r\n")
     new = f".to(torch.{dtype_str(want)})"
-    for pattern in (_METHOD, _TO):
-        if re.search(pattern, line):
-            return re.sub(pattern, new, line, count=1)
-    return None
+    if re.search(_METHOD, line):
+        return re.sub(_METHOD, new, line, count=1)
+    m = re.search(_TO, line)
+    if m is None:
+        return None
+    kept = _dtype_only(m.group(1), f"torch.{dtype_str(want)}")  # a device beside the dtype stays as written
+    return line[:m.start()] + (f".to({kept})" if kept is not None else new) + line[m.end():]
+
+
+def _dtype_only(args: str, want: str) -> str | None:
+    """The arguments of ``.to(...)`` with only the dtype rewritten, the rest as written (``device, dtype=weight_dtype``
+    -> ``device, dtype=torch.float32``; ``device, weight_dtype`` -> ``device, torch.float32``); None when the call
+    gives the dtype alone (or nothing it can tell), so the whole call becomes ``.to(want)``."""
+    import ast
+
+    if not args.isascii():  # offsets are bytes: only plain ASCII is cut by them
+        return None
+    try:
+        call = ast.parse(f"f({args})", mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(call, ast.Call) or any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    kw = [k.value for k in call.keywords if k.arg == "dtype"]
+    node = kw[0] if kw else call.args[1] if len(call.args) >= 2 else \
+        call.args[0] if call.keywords and len(call.args) == 1 else None  # ``.to(dtype, non_blocking=True)``
+    if node is None or node.end_col_offset is None:
+        return None
+    return args[:node.col_offset - 2] + want + args[node.end_col_offset - 2:]

@@ -75,7 +75,38 @@ def cast(t: Any, src: Any) -> Any:
     the tensors share, for a refused move of the parameter that holds it later."""
     if type(t) is torch.Tensor and t.dtype in REFUSABLE and t.dtype != src.dtype:
         _cast(t)
+    if isinstance(t, torch.Tensor) and isinstance(src, torch.Tensor) and t is not src and t.dtype != src.dtype and \
+            t.is_floating_point() and src.is_floating_point():
+        _cast_made(t, src)
     return t
+
+
+def _cast_made(t: torch.Tensor, src: torch.Tensor) -> None:
+    """The program's own line cast ``src`` on the CPU (``(img * 2).to(weight_dtype)``, ``img.half()``): that line
+    chose ``t``'s dtype, so it is the dtype's maker once ``t`` meets the virtual tensors (``Made.source`` stops at
+    its cast site), never the factory that made ``src`` in the dtype it had; its device stays ``src``'s maker's."""
+    from torchdoctor._virtual.castsites import cast_site
+    from torchdoctor._virtual.moveby import is_own
+    from torchdoctor._virtual.origin import LINES, Made, short_at, user_frame
+    from torchdoctor._virtual.tensor import current_space
+
+    space = current_space()
+    f = user_frame(3) if space is not None and space.real else None
+    if f is None or not is_own(f.f_code.co_filename):
+        return
+    at = short_at(f)
+    site = cast_site(f, at, t.dtype)
+    if site is None:
+        return
+    kept = space.real_record(src)  # type: ignore[union-attr]
+    running = space.hooks.running()  # type: ignore[union-attr]
+    # its device's maker: what made ``src``, else this line as the run names a tensor made before it (never the
+    # cast's site, which only a dtype is fixed at)
+    via = kept[1] if kept is not None and kept[1] is not None else Made("Tensor.to", running)
+    made = Made("Tensor.to", running, (f"cast at {at}",), 1, via=via, depth=via.depth + 1)
+    made.site, made.at = site, at
+    LINES.setdefault(at, (f.f_code.co_filename, f.f_lineno))
+    space.keep_real(t, None, made)  # type: ignore[union-attr]
 
 
 def _cast(t: torch.Tensor) -> None:
@@ -99,8 +130,10 @@ def cast_of(t: Any) -> Any:
 
 
 def clear() -> None:
+    from torchdoctor._virtual.defaultdtype import clear as default_made
     from torchdoctor._virtual.dtypevar import _KNOWN, SAID
 
+    default_made()  # the default-dtype factories noted are this run's too
     SAID.clear()
     _KNOWN.clear()
     _CASTS.clear()

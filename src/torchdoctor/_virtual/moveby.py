@@ -31,20 +31,48 @@ def is_own(name: str) -> bool:
     return hit
 
 
-def carried(made: Made | None, module: Any) -> Made | None:
+def carried(made: Made | None, module: Any, cast: torch.dtype | None = None) -> Made | None:
     """``made``'s tensor sent to another device by the program's line running now: a record of that move, whose
     line is the device's maker (``Made.placed_by`` stops there) while the dtype still comes from ``made``; ``made``
-    itself when the line is not the program's own. Called by the run's move of a tensor to another device."""
+    itself when the line is not the program's own. Called by the run's move of a tensor to another device.
+    ``cast``: the move also cast it to that dtype (``x.to(device, dtype=weight_dtype)``): the line chose the dtype, so
+    it is the dtype's maker too (``Made.source`` stops there), never the op that made ``x`` in another dtype."""
     if made is None:
         return None
     f = user_frame(3)
     if f is None or not is_own(f.f_code.co_filename):
         return made
+    at = short_at(f)
+    if cast is not None and (site := _site(f, at, cast)) is not None:  # the dtype's link, then the device's
+        made = Made("Tensor.to", module, (f"cast at {at}",), 1, via=made, depth=made.depth + 1)
+        made.site, made.at = site, at
     m = Made("Tensor.to", module, via=made, depth=made.depth + 1)
-    m.at, m.moves = short_at(f), True
+    m.at, m.moves = at, True
     LINES.setdefault(m.at, (f.f_code.co_filename, f.f_lineno))
     note_args(f, m.at)
     return m
+
+
+def moved_in(cast: torch.dtype | None) -> Made:
+    """The record of a tensor made before the run and moved (or cast) at the program's line outside any module: that
+    line (``Tensor.to at app.py:7``); with ``cast`` (it changed the dtype too) the line is the dtype's maker, a cast
+    site, as ``carried`` records it."""
+    m = Made("Tensor.to", None)
+    f = user_frame(3) if cast is not None else None
+    if cast is None or f is None or not is_own(f.f_code.co_filename) or (site := _site(f, short_at(f), cast)) is None:
+        return m
+    c = Made("Tensor.to", None, (f"cast at {site.at}",), 1)
+    c.site, c.at = site, site.at
+    m = Made("Tensor.to", None, via=c, depth=2)
+    m.at, m.moves = site.at, True
+    LINES.setdefault(site.at, (f.f_code.co_filename, f.f_lineno))
+    return m
+
+
+def _site(f: Any, at: str, dtype: torch.dtype) -> Any:
+    from torchdoctor._virtual.castsites import cast_site
+
+    return cast_site(f, at, dtype)
 
 
 def note_args(f: Any, at: str) -> None:

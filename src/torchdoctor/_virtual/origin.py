@@ -57,19 +57,24 @@ class Made:
         self.loaded: Any = None  # made by torch.load at the program's line (``loaded.Loaded``): said so, by its holder
 
     @classmethod
-    def argument(cls, label: str, fix_label: str, call: str, before: Made | None, chain: Made | None = None) -> Made:
+    def argument(cls, label: str, fix_label: str, call: str, before: Made | None, chain: Made | None = None,
+                 cast: Made | None = None) -> Made:
         """The record of a tensor the caller passed to the outermost ``forward`` (``input_ids``, ``extra[0]``,
         ``kwargs['rotary_pos_emb_list'][0]``): the source of everything made from it. ``fix_label`` is how the fix
         names it (``kwarg extra[0]``), ``before`` how it was made (a factory at file:line), None: before the run
         (a tensor moved in from before the run, or made by an op outside any module, is said to be neither).
         With ``chain`` (its record from a factory the user called without ``device=``), the chain stays the source,
-        so a device fix is written at that call."""
+        so a device fix is written at that call. With ``cast`` (the program's line that moved it cast it too), the
+        dtype's source is that cast (``Made.source``) while its device stays the argument's own (``Made.placed_by``)."""
         m = cls("argument", None, (fix_label,), 1) if chain is None else \
             cls("argument", None, via=chain, depth=chain.depth + 1)
+        if cast is not None and chain is None:
+            m.via, m.depth, m.moves = cast, cast.depth + 1, True
         promoted = before.promotes if before is not None and before.at else None
         m.arg = f"{label} (an argument of the {call} call" + (
             f", computed at {promoted[2]} where a {promoted[1]} tensor made by {before.op} at {before.at} promotes "
             f"{promoted[0]} to {promoted[1]})" if promoted and before is not None else
+            f", made by {before.site.describe()})" if before is not None and before.site is not None and before.at else
             f", made by {before.op} at {before.at})" if before is not None and before.at else
             ")" if before is not None else ", made before the run)")
         return m

@@ -24,8 +24,8 @@ from torch.overrides import TorchFunctionMode
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api, devrng, dispatch as D, host as H, moveby
-from torchdoctor._virtual import hardware, hostmade, lengths, makers, outside, parallel, replaced, saved, storage
-from torchdoctor._virtual import takenback, tracecheck, training, whole
+from torchdoctor._virtual import defaultdtype, hardware, hostmade, lengths, makers, outside, parallel, replaced, saved
+from torchdoctor._virtual import storage, takenback, tracecheck, training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
 from torchdoctor._virtual.ctors import constructors
@@ -94,9 +94,10 @@ def _move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: tor
     # a cast keeps where the tensor came from (a factory call, the caller)
     origin = t._td_origin if isinstance(t, VirtualTensor) else kept[1] if kept is not None else None
     if origin is not None:
-        out._td_origin = origin if src == target else moveby.carried(origin, space.hooks.running())
+        out._td_origin = origin if src == target else \
+            moveby.carried(origin, space.hooks.running(), want if want != t.dtype else None)
     elif path is None:
-        _moved_in_block(space, out)
+        _moved_in_block(space, out, want if want != t.dtype else None)
     elif src != target and space.hooks.running() is not None:
         # a model tensor copied to another device inside a forward (``self.inv_freq.to("cpu")``): the copy keeps
         # its name, and the line that moved it, so a problem it causes is fixed there and not on the model's own
@@ -104,10 +105,11 @@ def _move(space: Space, t: torch.Tensor, device: torch.device | None, dtype: tor
     return _placed(space, out)
 
 
-def _moved_in_block(space: Space, out: Any) -> Any:
-    """A tensor made before the run, moved or cast outside any module: named by that line (``Tensor.to at app.py:7``)."""
+def _moved_in_block(space: Space, out: Any, cast: torch.dtype | None = None) -> Any:
+    """A tensor made before the run, moved or cast outside any module: named by that line (``Tensor.to at app.py:7``);
+    ``cast``: the line cast it too, so its dtype is that line's (``moveby.moved_in``)."""
     if isinstance(out, VirtualTensor) and out._td_origin is None and out._td_path is None and space.hooks.running() is None:
-        out._td_origin = Made("Tensor.to", None)
+        out._td_origin = moveby.moved_in(cast)
     return out
 
 
@@ -155,8 +157,8 @@ def _cast_to(dtype: torch.dtype) -> Callable[..., Any]:
 
     def handler(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if len(args) > 1 or set(kwargs) - {"memory_format"} or not isinstance(args[0], VirtualTensor):
-            return H.real(space, func(*args, **kwargs), "Tensor.to", args[0]) if not H.any_virtual(args, kwargs) else \
-                _own(func(*args, **kwargs), space, None)
+            return hostmade.cast(H.real(space, func(*args, **kwargs), "Tensor.to", args[0]), args[0]) \
+                if not H.any_virtual(args, kwargs) else _own(func(*args, **kwargs), space, None)
         return move(space, args[0], None, dtype, kwargs.get("memory_format"))
 
     return handler
@@ -293,7 +295,9 @@ class VirtualMode(TorchFunctionMode):
         if (target is None or not is_virtual(target)) and \
                 not H.any_virtual(args, kwargs, space.named if real is None else None):
             # the program's own CPU work (no virtual tensor or device): real tensors, as the program would have them
-            return H.cpu_work(space, func, args, kwargs, func in constructors())
+            factory = func in constructors()
+            out = H.cpu_work(space, func, args, kwargs, factory)
+            return defaultdtype.note(out, func, kwargs) if factory else out
         if any(plain(a) or isinstance(a, (list, tuple)) and any(plain(x) for x in a) for a in args):
             args = tuple(H.graphed(args, lift_all(args, space, None)))  # in the program's graph still
         if kwargs and any(plain(v) for v in kwargs.values()):
@@ -307,7 +311,7 @@ class VirtualMode(TorchFunctionMode):
         if space.data == "meta" and all(not isinstance(o, torch.Tensor) or plain(o) and o.numel() <= SMALL
                                         for o in (out if isinstance(out, (tuple, list)) else (out,))):
             out = func(*args, **dict(kwargs, device=_CPU))  # small: worth real values, make it again on cpu
-        made = _placed(space, _made(_own(out, space, target), func, space, kwargs))
+        made = defaultdtype.note(_placed(space, _made(_own(out, space, target), func, space, kwargs)), func, kwargs)
         if grad and isinstance(made, VirtualTensor) and made.is_leaf and made.is_floating_point():
             made.requires_grad_(True)
         return made

@@ -95,7 +95,9 @@ def _near(o: Any, src: Any) -> bool:
     link, n = o, 0
     while link is not src:
         # a record past the chain's last kept link stands for any number of ops: never near what it came from
-        if link is None or str(link.op) not in _KEEPS_DTYPE or n > 8 or link.depth >= DEPTH:
+        # (the caller's argument cast as it was moved, ``x.to(device, dtype=...)``: the argument is that cast's tensor)
+        if link is None or str(link.op) not in _KEEPS_DTYPE and not (link.op == "argument" and link.moves) or \
+                n > 8 or link.depth >= DEPTH:
             return False
         link, n = link.via, n + 1
     return True
