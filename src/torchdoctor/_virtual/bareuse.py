@@ -31,11 +31,11 @@ class Placement:
     """How the program places its model layer by layer: what it is (said in a fix), the layers it places, and the
     app's per-call helper (a function, its call in a cast layer's forward, that forward's own and input names)."""
 
-    __slots__ = ("said", "layers", "helper", "hooks")
+    __slots__ = ("said", "layers", "helper", "hooks", "pre")
 
     def __init__(self, said: str, layers: set[int], helper: tuple[Any, ast.Call, str, str] | None,
-                 hooks: bool = False) -> None:
-        self.said, self.layers, self.helper = said, layers, helper
+                 hooks: bool = False, pre: Any = None) -> None:
+        self.said, self.layers, self.helper, self.pre = said, layers, helper, pre  # pre: the program's pre-hook
         self.hooks = hooks  # a library's offload hooks place the modules: a tensor read outside its module's call
 
 
@@ -50,10 +50,11 @@ def placement_of(root: torch.nn.Module, device: torch.device) -> Placement | Non
         if group_offloading(d.get("_diffusers_hook")):
             grouped.append(mod)
         own = [t for t in (d.get("_parameters") or {}).values() if t is not None]
-        if not own:
-            continue
-        if "forward" not in d and any(not _torch_own(h) for h in dict.values(d.get("_forward_pre_hooks") or {})):
+        if "forward" not in d and any(not _torch_own(h) for h in dict.values(d.get("_forward_pre_hooks") or {})) \
+                and (own or d.get("_modules")):
             hooked.append(mod)
+        elif not own:
+            continue
         elif percall.moved_on_call(mod).get("weight", 0) & percall.DEVICE:
             casting.append(mod)
         elif norm_device(tensor_device(own[0])) == device:
@@ -65,8 +66,8 @@ def placement_of(root: torch.nn.Module, device: torch.device) -> Placement | Non
         hook = next(h for h in dict.values(hooked[0].__dict__["_forward_pre_hooks"]) if not _torch_own(h))
         code = getattr(hook, "__code__", None) or getattr(getattr(hook, "__call__", None), "__code__", None)
         at = f" ({_short(code.co_filename)}:{code.co_firstlineno})" if isinstance(code, types.CodeType) else ""
-        return Placement(f"forward pre-hooks{at} place {len(hooked)} of its layers per call", {id(m) for m in hooked},
-                         None)
+        return Placement(f"forward pre-hooks{at} place {len(hooked)} of its layers per call",
+                         {id(m) for h in hooked for m in h.modules()}, None, pre=hook)
     if casting:
         off = [norm_device(tensor_device(w)) for m in casting if isinstance(w := getattr(m, "weight", None),
                                                                                  torch.Tensor)]
@@ -194,6 +195,10 @@ def bare_use_fixes(items: list[Fix], root: Any, device: torch.device, cases: Seq
         new = _at_uses(f, root, placed, cases) if f.kind == "path" and f.sets and not placed.hooks else None
         if new is None and placed.hooks and f.sets:
             new = _read_outside(f, root, placed, cases)
+        if new is None and placed.pre is not None and f.kind == "path" and f.sets:
+            from torchdoctor._virtual.hookleft import left_by_hook
+
+            new = left_by_hook(f, root, placed.layers, placed.pre, placed.said)
         out.extend(new or [f])
     return out
 
