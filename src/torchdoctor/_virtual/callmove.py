@@ -31,8 +31,11 @@ def placed_fixes(items: list[Fix], main: Any, device: torch.device, problems: Se
     ops and the makers of the model's arguments)."""
     from torchdoctor._virtual.hooked import under_hooks
 
+    from torchdoctor._virtual.calldtype import cast_at_call
+
     try:
         items = _at_call(items, main, rec.entry.made_args, problems)
+        items = cast_at_call(items, main)  # an argument cast where the call line casts its siblings
     except Exception:  # a diagnostic never breaks the report: the fixes as they were
         pass
     return under_hooks(items, main, device, [p.path for p in problems if p.kind == "device"], rec.cases.cases)
