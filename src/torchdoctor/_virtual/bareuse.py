@@ -99,7 +99,7 @@ def _helper(layers: list[torch.nn.Module]) -> tuple[Any, ast.Call, str, str] | N
     input (``cast_to_input(weight, input)``): (the function, its call, the forward's own name, its input's name)."""
     for tp in dict.fromkeys(type(m) for m in layers):
         fwd = next((k.__dict__["forward"] for k in tp.__mro__ if "forward" in k.__dict__), None)
-        tree = parsed(fwd)
+        tree = _parsed(fwd)
         if tree is None or not isinstance(fwd, types.FunctionType):
             continue
         me = fwd.__code__.co_varnames[0] if fwd.__code__.co_argcount else "self"
@@ -113,8 +113,7 @@ def _helper(layers: list[torch.nn.Module]) -> tuple[Any, ast.Call, str, str] | N
     return None
 
 
-def parsed(fn: Any) -> ast.AST | None:
-    """The source of a plain function, parsed (dedented), or None where there is none to read."""
+def _parsed(fn: Any) -> ast.AST | None:
     import inspect
     import textwrap
 
@@ -127,7 +126,7 @@ def parsed(fn: Any) -> ast.AST | None:
 
 
 def _weight_call(fn: types.FunctionType) -> tuple[Any, ast.Call, str, str] | None:
-    tree = parsed(fn)
+    tree = _parsed(fn)
     if tree is None or fn.__code__.co_argcount < 2:
         return None
     me, x = fn.__code__.co_varnames[:2]
@@ -157,7 +156,7 @@ def _input_helper(names: dict[str, Any]) -> types.FunctionType | None:
         if not isinstance(v, types.FunctionType) or v.__globals__ is not names or v.__code__.co_argcount < 2:
             continue
         w, t = v.__code__.co_varnames[:2]
-        tree = parsed(v)
+        tree = _parsed(v)
         reads = [(n.value.id, n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
                  and isinstance(n.value, ast.Name)] if tree is not None else []
         if {(t, "device"), (t, "dtype")} <= set(reads) and not {(w, "weight"), (w, "bias")} & set(reads):

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import ast
 import os
+import types
 from typing import Any
 
 import torch
 
 from torchdoctor._placement import device_str, norm_device, tensor_device
-from torchdoctor._virtual.bareuse import parsed as _parsed
 from torchdoctor._virtual.prove import Fix
 
 __all__ = ["left_by_hook"]
@@ -59,6 +59,18 @@ def _param_of(root: torch.nn.Module, path: str) -> tuple[torch.nn.Module, str, t
                 obj = getattr(obj, k, None)
             return (mod, ".".join(parts[i:]), obj) if isinstance(obj, torch.Tensor) and i < len(parts) else None
     return None
+
+
+def _parsed(fn: Any) -> ast.AST | None:
+    import inspect
+    import textwrap
+
+    if not isinstance(fn, types.FunctionType):
+        return None
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
 
 
 def _short(file: str) -> str:
