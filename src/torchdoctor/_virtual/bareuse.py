@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from torchdoctor._placement import device_str, norm_device, tensor_device
+from torchdoctor._virtual.hookleft import parsed as _parsed, short_file as _short
 from torchdoctor._virtual.prove import Fix
 
 __all__ = ["bare_use_fixes", "placement_of"]
@@ -84,14 +85,6 @@ def _torch_own(hook: Any) -> bool:
     return str(getattr(hook, "__module__", None) or type(hook).__module__).startswith("torch.")
 
 
-def _short(file: str) -> str:
-    try:
-        rel = os.path.relpath(file)
-    except ValueError:  # another drive
-        return os.path.basename(file)
-    return rel if not rel.startswith("..") else os.path.basename(file)
-
-
 def _helper(layers: list[torch.nn.Module]) -> tuple[Any, ast.Call, str, str] | None:
     """The app's function a cast layer's forward (or the method of its own it calls) moves its ``self.weight`` with
     (``cast_to(self.weight, x.device, x.dtype)``), when its other arguments read only the input; else, when it hands
@@ -111,18 +104,6 @@ def _helper(layers: list[torch.nn.Module]) -> tuple[Any, ast.Call, str, str] | N
             if hit is not None:
                 return hit
     return None
-
-
-def _parsed(fn: Any) -> ast.AST | None:
-    import inspect
-    import textwrap
-
-    if not isinstance(fn, types.FunctionType):
-        return None
-    try:
-        return ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError, IndentationError):
-        return None
 
 
 def _weight_call(fn: types.FunctionType) -> tuple[Any, ast.Call, str, str] | None:

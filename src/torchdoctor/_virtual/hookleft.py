@@ -28,7 +28,7 @@ def left_by_hook(f: Fix, root: torch.nn.Module, layers: set[int], pre: Any, said
     if not isinstance(target, torch.device) or any(o is None or id(o[0]) not in layers for o in owners):
         return None
     code = getattr(pre, "__code__", None)
-    tree = _parsed(pre)
+    tree = parsed(pre)
     lines = sorted({code.co_firstlineno + n.lineno - 1 for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(
         isinstance(t, ast.Attribute) and t.attr == "data" for t in n.targets)}) if tree is not None and code else []
     if not lines or code is None:
@@ -36,7 +36,7 @@ def left_by_hook(f: Fix, root: torch.nn.Module, layers: set[int], pre: Any, said
     hung = ", ".join(dict.fromkeys(o[1] for o in owners if o is not None))
     first = owners[0]
     left = device_str(norm_device(tensor_device(first[2]))) if first is not None else "?"
-    at = f"{_short(code.co_filename)}:{lines[0]}"
+    at = f"{short_file(code.co_filename)}:{lines[0]}"
     return [Fix(f"# `{code.co_name}` at {at} moves each parameter's data (`p.data = ...`) and not what hangs off it "
                 f"({hung}), so those stay on {left} "
                 f"({said}): move each layer with Module.to there (a 4-bit weight's own .to moves its "
@@ -61,7 +61,8 @@ def _param_of(root: torch.nn.Module, path: str) -> tuple[torch.nn.Module, str, t
     return None
 
 
-def _parsed(fn: Any) -> ast.AST | None:
+def parsed(fn: Any) -> ast.AST | None:
+    """The source of a plain function, parsed (dedented), or None where there is none to read."""
     import inspect
     import textwrap
 
@@ -73,7 +74,8 @@ def _parsed(fn: Any) -> ast.AST | None:
         return None
 
 
-def _short(file: str) -> str:
+def short_file(file: str) -> str:
+    """A file as a report names it: relative to the working directory, else its base name."""
     try:
         rel = os.path.relpath(file)
     except ValueError:  # another drive
