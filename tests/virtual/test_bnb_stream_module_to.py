@@ -29,7 +29,8 @@ def _streamed(layers: nn.ModuleList) -> None:
 
 
 @pytest.mark.parametrize("kind", ["nf4", "int8"])
-def test_a_quantized_layer_streamed_by_module_to_runs_to_its_end(kind: str) -> None:
+def test_a_quantized_layer_streamed_by_module_to_runs_to_its_end(kind: str, bnb_cpu_branch: object) -> None:
+    """Both branches of bitsandbytes' per-layer CPU check (the layers are quantized and parked on the cpu)."""
     bnb = __import__("bitsandbytes")
     torch.manual_seed(0)
     if kind == "nf4":
