@@ -90,20 +90,35 @@ SOURCE = "swapped "  # a problem's source: ``swapped <path> by <mover>`` (``note
 def note_source(t: Any, path: str | None) -> str:
     """The source a problem on ``t`` (whose data was swapped after an op saved it: ``said``) is fixed by."""
     hit = getattr(t, "__dict__", {}).get("_td_swapped") or (None, None, "code outside the program")
-    return f"{SOURCE}{path or 'a tensor'} by {hit[2]}"
+    frozen = _FROZEN if isinstance(t, torch.Tensor) and not t.requires_grad else ""
+    return f"{SOURCE}{path or 'a tensor'} by {hit[2]}{frozen}"
+
+
+_FROZEN = " [frozen]"  # the swapped parameter takes no gradient: the backward reads it to reach the trained ones
 
 
 def swap_fix(source: str, found: str, expected: str) -> Any:
     """The fix of a parameter an offload moved away between the forward that saved it and the backward that reads
     it: never a move of the parameter (the offloading moves it again after every forward), but no offloading of what
-    is trained (or the move after the backward); not re-run, since the offloading is the library's own."""
+    is trained (or the move after the backward); a frozen one (a LoRA's base layer) is still read by the backward
+    that carries the gradient through it to the trained ones, so it is brought back before that backward. Not re-run,
+    since the offloading is the program's or the library's own."""
     from torchdoctor._virtual.prove import Fix
 
     path, _, mover = source[len(SOURCE):].partition(" by ")
+    frozen = mover.endswith(_FROZEN)
+    mover = mover.removesuffix(_FROZEN)
     owner = path.rpartition(".")[0] or path  # one note per module: its weight and bias were moved together
-    return Fix(f"# {owner}: {mover} moved its parameters to {found} after the forward that saved them for the "
-               f"backward, which then reads them there on {expected}: do not offload modules that are trained "
-               f"(offload the frozen parts only, or keep the trained ones on {expected}), or offload them after the "
-               "backward", "note",
+    head = (f"# {owner}: {mover} moved its parameters to {found} after the forward that saved them for the "
+            f"backward, which then reads them there on {expected}: ")
+    if frozen:  # frozen, yet the gradient of what is trained before it flows back through this layer's weights
+        return Fix(head + "they are frozen, but the backward reads them to carry the gradient through this layer "
+                   f"to the trained ones before it: bring them back to {expected} before its backward (a "
+                   "register_full_backward_pre_hook that moves the module in, as the forward pre-hook does), or "
+                   "offload them only after the backward", "note",
+                   tried="not re-run: the move is the offloading's own, made after each forward; the fix changes when "
+                         "it moves, not a tensor")
+    return Fix(head + f"do not offload modules that are trained (offload the frozen parts only, or keep the trained "
+               f"ones on {expected}), or offload them after the backward", "note",
                tried="not re-run: the move is the offloading's own, made after each forward; the fix changes what "
                      "is offloaded, not a tensor")

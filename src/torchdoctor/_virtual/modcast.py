@@ -210,6 +210,10 @@ def _not_swapped(out: list[Fix], used: list[Fix]) -> list[Fix]:
     gone = [u for u in used if any(n.startswith(o + ".") for n, _ in u.sets for o in owners)]
     for u in gone:
         used.remove(u)
+    # a move of those tensors alone (the module never moved whole, or moved back after the offload's line) is
+    # undone by the offload's next move as well: the note says what changes
+    gone += [f for f in out if f.kind == "path" and f.sets and _SWAPPED not in f.code and all(
+        any(n.startswith(o + ".") for o in owners) for n, _ in f.sets)]
     return [f for f in out if not any(f is u for u in gone)]
 
 

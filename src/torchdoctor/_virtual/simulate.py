@@ -32,6 +32,7 @@ from torchdoctor._virtual.remake import remade
 from torchdoctor._virtual.atop import prove_at_ops
 from torchdoctor._virtual.modcast import at_cast_lines, module_casts
 from torchdoctor._virtual.hooked import under_hooks
+from torchdoctor._virtual.ownplace import placed_by_hooks
 from torchdoctor._virtual.fixes import fix_items
 from torchdoctor._virtual.prove import NEW, Fix, applied_when_there, apply_fixes, before_move, fixed_inputs, held, \
     inputs_cast, judged_at_op, proven, recasts, switch_advice
@@ -134,6 +135,7 @@ def simulate(
     model_dt = next((c.dtype for c in reversed(comps) if c.dtype is not None), None)
     # inputs are cast only where simulate itself converts the model: a model already in ``dtype`` gets them as given
     in_dt = None if model_dt == dt else dt
+    hooked = placed_by_hooks(found, dev) if call is None else None  # checked as its hooks place it (``ownplace``)
     rec = _Recorder(profile, dev, dt, limit, {e.path: e.role for e in found.entries})
     space = Space(data, profile.type, rec)
     listed = [(e.tensor, assume if assume is not None and e.tensor.device.type == "meta" else e.tensor.device, e.path)
@@ -168,13 +170,13 @@ def simulate(
                         with applied_when_there(clone, _fixes or []), inputs_cast(clone, _fixes or []), \
                                 moved(clone, _fixes or []):
                             call(clone)
-                    else:
-                        to_args = (dev,) if dt is None else (dev, dt)
+                    else:  # hooks that place the layers per call: the program never moves the model whole
+                        to_args = (() if hooked else (dev,)) + (() if dt is None else (dt,))
                         apply_fixes(clone, before_move(_fixes or []))  # a dtype the device cannot hold: cast first
                         with _quiet_moves():
-                            if callable(getattr(type(clone), "to", None)):
+                            if to_args and callable(getattr(type(clone), "to", None)):
                                 clone.to(*to_args)  # as a user would: the object's own .to (a pipeline's, a model's)
-                            else:
+                            elif to_args:
                                 for _, m in found.roots:
                                     memo[id(m)].to(*to_args)
                         apply_fixes(clone, _fixes or [])
@@ -222,7 +224,8 @@ def simulate(
                        lambda m: "" if any(m is r for r in rec.roots) else rec.modules.path_of(m),
                        [*(a for a in rec.entry.outer.values() if a.module() is not clone), *patched_into(clone)],
                        rec.entry.made_args, cases=rec.cases.cases) or []) if problems else []
-    items = under_hooks(at_cast_lines(items, casts if call is not None else None, clone), clone, dev)  # modcast, hooked
+    items = under_hooks(at_cast_lines(items, casts if call is not None else None, clone), clone, dev,  # modcast,
+                        [p.path for p in problems if p.kind == "device"], rec.cases.cases)  # hooked, bareuse
     if call is not None:  # the caller's code casts the model itself: a switch of dtype is made on its lines
         items = [switch_advice(f) if f.asks is not None else f for f in items]
     if _fixes is None and items:  # the fix is tried on a fresh copy before it is printed
@@ -327,7 +330,8 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
         obj, args, kwargs = (target.obj, tuple(target.args), dict(target.kwargs)) if isinstance(target, Target) \
             else (target, (), {})
         found = walk(obj)
-        to = None if built_on(found, dev) else session.device  # the TARGET placed it: checked as built, as given
+        # the TARGET placed it, or hooks place its layers per call: checked as built, as given (``ownplace``)
+        to = None if built_on(found, dev) or placed_by_hooks(found, dev) else session.device
         # the objects ``load`` built in this block are virtual already: relabelled in place, not copied (a copy
         # of them would keep their meta label: their class is a virtual one, which ``virtual_copy`` copies as is)
         unloaded = not_loaded(found) if assume_device is None or assume_device is True else 0
