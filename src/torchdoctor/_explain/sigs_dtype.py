@@ -140,7 +140,9 @@ _sig("unsupported.kernel", "unsupported_dtype_on_device", "No kernel for this dt
      "The kernel {kernel} has no implementation[ for {dtype}][ on {device}].",
      (("ud.half_on_cpu", 2.0), ("ud.kernel_missing", 1.0)),
      # the kernel and the dtype come quoted in every way a paste or a markdown editor quotes them
-     r"[\"'`]?(?P<kernel>\w{1,80})[\"'`]? not implemented for [\"'`]?(?P<dtype>\w{1,30})[\"'`]?", require_pattern=True,
+     # a dispatch key in the dtype's place ("... is not implemented for `SparseMPS`") is a layout, not a dtype
+     r"[\"'`]?(?P<kernel>\w{1,80})[\"'`]? not implemented for [\"'`]?(?P<dtype>(?!Sparse)\w{1,30})[\"'`]?",
+     require_pattern=True,
      alternatives=(_DT_ALT, ("backend_op_missing", 0.25, "the op has no kernel for this device at all")))
 # the kernel's message retold in words ("Slow conv2d cpu not implemented in half."): no quotes, spaces for the
 # underscores; the kernel must come right before the phrase, so prose that only mentions half precision is not read
@@ -228,7 +230,8 @@ _sig("unsupported.cublas_bf16", "unsupported_dtype_on_device", "This GPU has no 
      "GTX/RTX 20xx, M40), which has no bf16 GEMM in cuBLAS.",
      (("ud.bf16_old_gpu", 3.0),),
      r"CUDA_R_16BF", r"compute capability (?:of at least 8\.0\. .{0,60}?has compute capability )?(?P<cap>\d\.\d)",
-     r"Current CUDA Device does not support bfloat16", require_pattern=True, confidence=0.85, follow=3,
+     require_pattern=True, confidence=0.85, follow=3,  # autocast's "Current CUDA Device does not support bfloat16":
+     # sigs_thirteen's unsupported.autocast_bf16
      alternatives=(_BO_ALT,))
 _sig("unsupported.fp8_promotion", "unsupported_dtype_on_device", "float8 cannot be mixed with other dtypes",
      ("Promotion for Float8 Types is not supported",),

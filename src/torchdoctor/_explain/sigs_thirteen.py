@@ -1,0 +1,159 @@
+"""Signatures and causes for families seen in public reports that nothing recognised (the thirteenth held-out
+collection's first run): FSDP refusing where a module's parameters are (CPU offloading, one device per module),
+torch's autocast refusing bfloat16 on a GPU without it, torch.utils.cpp_extension finding no CUDA toolkit
+(CUDA_HOME), sparse tensors on MPS / XPU (the "SparseMPS" dispatch key); and the words of these families when
+PyTorch's message is missing: an op named as unsupported on MPS / XPU, a dtype named as unsupported with MPS / XPU,
+CUDA asked for on a Mac, a script's own print that CUDA is not there.
+
+Every anchor has a key (``prefilter.key_of``): an anchor without one costs a search of the whole text.
+
+The words signatures are weak (``sigs_frames.WEAK_PREFIXES``): they speak only where no message does.
+"""
+
+from __future__ import annotations
+
+from torchdoctor._explain import causes_device, causes_dtype, causes_extra  # noqa: F401  (the causes reused below)
+from torchdoctor._explain.causes import ContextRule, register_rule
+from torchdoctor._explain.causes import define_cause as _c
+from torchdoctor._explain.signatures import DEV
+from torchdoctor._explain.signatures import define as _sig
+
+__all__: list[str] = []
+
+_UD, _BO, _NA, _MD = "unsupported_dtype_on_device", "backend_op_missing", "no_accelerator", "mixed_device_model"
+_GUARD = "with torchdoctor.guard(model):\n    model(*inputs)"
+
+# --- FSDP: where a wrapped module's parameters may be ---------------------------------------------------------------
+# torch.distributed.fsdp's own checks: "An FSDP-managed module with parameter CPU offloading enabled has parameters
+# on cuda:0. Make sure to not move the module from CPU when offloading parameters.", "An FSDP-managed module
+# unexpectedly has parameters on cpu. Make sure to move the module to cuda:0 before training.", "FSDP only supports
+# single device modules but got params on {...}", "FSDP does not support modules with different device types but got
+# params on cuda and cpu", "To support a module with both CPU and GPU params, please pass in device_id argument."
+_sig("mixed.fsdp_param_device", _MD, "FSDP found the module's parameters on a device it does not allow",
+     ("fsdp-managed module with parameter cpu offloading enabled has parameters on",
+      "fsdp-managed module unexpectedly has parameters on",
+      "fsdp only supports single device modules but got params on",
+      "fsdp does not support modules with different device types",
+      "to support a module with both cpu and gpu params"),
+     "FSDP found the wrapped module's parameters[ on {dev}], where its settings do not allow them: with parameter "
+     "CPU offloading they must stay on the CPU, without it they must be on the compute device, and a module with "
+     "parameters on two devices needs device_id.",
+     (("md.fsdp_placement", 3.0),),
+     rf"has parameters on (?P<dev>{DEV})", rf"got params on \{{[^}}\n]{{0,80}}?(?P<dev>{DEV})",
+     rf"got params on (?P<dev>{DEV}) and", confidence=0.9)
+_c("md.fsdp_placement",
+   "The module was moved before (or after) FSDP wrapped it against FSDP's settings: .cuda() / .to(device) on a "
+   "model wrapped with CPUOffload(offload_params=True) (FSDP keeps the shards on the CPU and moves them itself), a "
+   "model left on the CPU without offloading, or a model with some parameters on the GPU and the rest on the CPU "
+   "wrapped without device_id. Trainer configs (NeMo, Lightning, accelerate) do this when both a device placement "
+   "and CPU offloading are switched on.", "torchdoctor.scan(model)",
+   ("With CPU offloading: wrap the module while it is on the CPU and do not move it yourself",
+    "model = FSDP(model, cpu_offload=CPUOffload(offload_params=True), device_id=torch.cuda.current_device())"),
+   ("Without offloading: let FSDP move the module to its GPU (device_id), or move it there before wrapping",
+    "model = FSDP(model, device_id=local_rank)"))
+
+# --- torch's autocast refusing bfloat16 on a GPU without it -------------------------------------------------------
+# "RuntimeError: Current CUDA Device does not support bfloat16. Please switch dtype to float16." (torch.amp): the
+# GPU's own limit, so it comes first among the errors of one paste (an error that follows a workaround, "if I cast
+# to float16 then ...", is its consequence)
+_sig("unsupported.autocast_bf16", _UD, "autocast asked for bfloat16 on a GPU without it",
+     ("current cuda device does not support bfloat16",),
+     "torch.autocast was asked for bfloat16 on a CUDA GPU below compute capability 8.0 (T4, V100, GTX/RTX 20xx), "
+     "which has no bfloat16 support.",
+     (("ud.bf16_old_gpu", 3.0),), confidence=0.97,
+     alternatives=(("dtype_mismatch", 0.3, "casting only the input to float16 leaves float32 weights behind"),))
+
+# --- torch.utils.cpp_extension with no CUDA toolkit -----------------------------------------------------------------
+# "OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root." raised when a
+# package builds (or JIT-compiles) its CUDA extension: on a Mac or a CPU-only machine there is no CUDA at all
+_sig("noaccel.cuda_home", _NA, "A CUDA extension was built where there is no CUDA toolkit",
+     ("cuda_home environment variable is not set",),
+     "A package compiles a CUDA extension (torch.utils.cpp_extension) and found no CUDA toolkit: CUDA_HOME is not "
+     "set and no nvcc was found.",
+     (("na.cuda_toolkit", 3.0), ("na.mac", 1.0)), confidence=0.9,
+     alternatives=((_BO, 0.3, "the package's compiled CUDA kernels are unavailable here"),))
+_c("na.cuda_toolkit",
+   "The package builds its own CUDA kernels when imported or installed (an exllama / GPTQ / flash-attn style "
+   "extension), which needs NVIDIA's CUDA toolkit (nvcc). On a Mac or a machine without an NVIDIA GPU there is no "
+   "CUDA toolkit to find; on a GPU machine only the driver (not the toolkit) is installed, or CUDA_HOME is not "
+   "set.", "torchdoctor env",
+   ("On a Mac or without an NVIDIA GPU: use a loader or package version that does not need the CUDA extension",
+    "pip uninstall <the package that builds the CUDA extension>"),
+   ("On an NVIDIA machine: install the CUDA toolkit matching torch.version.cuda and point CUDA_HOME at it",
+    "export CUDA_HOME=/usr/local/cuda"))
+
+# --- sparse tensors on MPS / XPU ------------------------------------------------------------------------------------
+# "`aten::empty.memory_format` is not implemented for `SparseMPS`" (the message retold): a sparse buffer (whisper's
+# alignment heads, a graph's adjacency) moved with the model
+_sig("backend.sparse_device", _BO, "A sparse tensor on a device without sparse kernels",
+     ("implemented for `sparse", "implemented for 'sparse", 'implemented for "sparse', "implemented for sparse"),
+     "A sparse tensor was moved to (or made on)[ {dev}] a device whose PyTorch has no kernels for sparse layouts[ "
+     "({op})].",
+     (("bo.sparse_device", 3.0),),
+     r"(?P<op>aten::\w{1,60}(?:\.\w{1,30})?)\W{1,4}(?:is )?not implemented for\W{1,4}Sparse(?P<dev>MPS|XPU)\b",
+     r"not implemented for\W{1,4}Sparse(?P<dev>MPS|XPU)\b", require_pattern=True, confidence=0.9,
+     alternatives=((_UD, 0.2, "the sparse layout, not the dtype, is what the device lacks"),))
+_c("bo.sparse_device",
+   "A sparse tensor (torch.sparse_coo_tensor: whisper's alignment_heads buffer, a graph's adjacency matrix) is "
+   "moved with the model to MPS / XPU, whose PyTorch has no kernels (or few) for sparse layouts.", _GUARD,
+   ("Keep the sparse tensor on the CPU (or make it dense) before moving the model",
+    "buf = buf.to_dense()  # or keep it on the CPU and move only dense results"),
+   ("Or run that model on the CPU", 'model.to("cpu")'),
+   ("Or update torch (sparse MPS kernels are being added)", "pip install -U torch"))
+# PyTorch's own "Could not run '...' with arguments from the 'SparseMPS' backend" stays backend.could_not_run's; its
+# first cause is this one
+register_rule(ContextRule("sparse_device", words=("sparsemps", "sparsexpu"), applies_to=(_BO,),
+                          boosts=(("bo.sparse_device", 6.0),)))
+
+# --- the words of these families when PyTorch's message is missing (weak) --------------------------------------------
+# an op named as unsupported on a device: "Unsupported Ops in MPS: _upsample_bilinear2d_aa", "op not supported on
+# XPU: aten::linalg_qr"
+_sig("partial.op_unsupported_words", _BO, "An op without a kernel on this device (said in words)",
+     ("unsupported ops in mps", "unsupported op in mps", "unsupported ops on mps", "unsupported op on mps",
+      "unsupported operator on mps", "unsupported ops in xpu", "unsupported ops on xpu", "unsupported op on xpu",
+      "op not supported on mps", "ops not supported on mps", "op is not supported on mps",
+      "ops are not supported on mps", "op not supported on xpu", "ops not supported on xpu"),
+     "The text names an op as unsupported on[ {dev}] this device[ ({op})] without PyTorch's own message: the op has "
+     "no kernel there in this PyTorch.",
+     (("bo.op_named_missing", 3.0),),
+     r"unsupported op(?:erator)?s? (?:in|on) (?:the )?(?P<dev>mps|xpu)\b(?:\W{1,4}(?P<op>(?:aten::)?_?[a-z]\w{2,60}))?",
+     r"ops? (?:is |are )?not supported on (?:the )?(?P<dev>mps|xpu)\b(?:\W{1,4}(?P<op>(?:aten::)?_?[a-z]\w{2,60}))?",
+     require_pattern=True, confidence=0.5)
+_c("bo.op_named_missing",
+   "An op[ ({op})] has no kernel for this device in this PyTorch (MPS and XPU gain kernels with each release).",
+   _GUARD,
+   ("Let unsupported ops fall back to the CPU (MPS)", "export PYTORCH_ENABLE_MPS_FALLBACK=1"),
+   ("Or run that step on the CPU", "out = fn(x.cpu()).to(x.device)"),
+   ("Or update torch", "pip install -U torch torchvision"))
+# a dtype named as unsupported with a device: "Unsupported BFloat16 Data Type Issue with MPS Backend", "MPS:
+# unsupported float64"
+_DTW = r"(?P<dtype>bfloat16|bf16|float64|fp64|double|float8\w{0,8}|fp8)"
+_sig("partial.dtype_device_words", _UD, "A dtype the device does not have (said in words)",
+     ("unsupported bfloat16", "unsupported bf16", "unsupported float64", "unsupported fp64", "unsupported double",
+      "unsupported float8", "unsupported fp8", "bfloat16 unsupported", "float64 unsupported",
+      "bfloat16 is unsupported", "float64 is unsupported"),
+     "The text names[ {dtype}] a dtype as unsupported with[ {dev}] the device without PyTorch's own message.",
+     (("ud.mps_bf16", 1.0), ("ud.mps_fp64", 1.0), ("ud.xpu_fp64", 0.8), ("ud.mps_fp8", 0.8)),
+     rf"unsupported {_DTW}\b[^\n]{{0,60}}?\b(?P<dev>mps|xpu)\b",
+     rf"\b(?P<dev>mps|xpu)\b[^\n]{{0,60}}?unsupported {_DTW}",
+     rf"{_DTW} (?:is )?unsupported (?:on|in|by|with) (?:the )?(?P<dev>mps|xpu)\b",
+     rf"\b(?P<dev>mps|xpu)\b[^\n]{{0,60}}?{_DTW}\W{{0,3}}(?:is )?unsupported", require_pattern=True,
+     confidence=0.5)
+# CUDA asked for on a Mac, said in words: "Attempt to initialize CUDA on Apple Silicon", "trying to use cuda on an M1"
+# (the anchors hold a verb: "cuda on mac" alone has no prefilter key)
+_sig("partial.cuda_on_mac", _NA, "CUDA asked for on a Mac (said in words)",
+     ("cuda on apple silicon", "initialize cuda on", "initialise cuda on", "attempt to use cuda on",
+      "attempting to use cuda on", "trying to use cuda on", "tried to use cuda on", "want to use cuda on",
+      "trying to run cuda on", "to enable cuda on"),
+     "The text says CUDA is asked for on a Mac[ ({where})]: there is no CUDA there; Apple GPUs are the 'mps' device.",
+     (("na.mac", 3.0), ("na.hardcoded_cuda", 2.0)),
+     r"cuda on (?:an? )?(?P<where>apple silicon\w{0,2}|apple m\d|mac(?:os|book\w{0,4})?|m[1-5](?: \w{3,5})?)\b",
+     require_pattern=True, confidence=0.5)
+# a script's own print that CUDA is not there, right before a cut traceback: llama's "Is CUDA supported by this
+# system?False", "CUDA available? False" (collect_env's "Is CUDA available: False" is left out: every environment
+# dump of a Mac or an XPU machine carries it, whatever the error)
+_sig("partial.cuda_reported_false", _NA, "The script reports no CUDA (message missing)",
+     ("supported by this system?false", "supported by this system? false", "cuda available? false",
+      "cuda available?false", "cuda is available: false", "cuda is available? false"),
+     "The script printed that CUDA is not available here and then failed; the error message itself is missing.",
+     (("na.hardcoded_cuda", 3.0), ("na.mac", 1.0), ("na.cpu_build", 1.0)), confidence=0.45)
