@@ -8,6 +8,7 @@ default; a template that needs a field the text does not give is left out by the
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from torchdoctor._explain.causes import ContextRule
 from torchdoctor._explain.direction import MATMUL_INPUT, sides
@@ -267,7 +268,7 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     # ``look``: the diagnosis's own, for ``context`` (its answers serve the app's words after it)
     if look is None:
         look = lookup(context, rules)
-    by_words: dict[int, str | None] = {}
+    by_words: dict[int, Any] = {}
     prose: dict[str, bool] = {}
     said: list[str] = []  # the message without typed prose, and what each line read was, once per diagnosis
     lines: dict[str, tuple[int, bool | None]] = {}
@@ -280,23 +281,9 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
             got = prose[word] = prose_only(context, word, said[0], lines)
         return _PROSE_SCALE if got else 1.0
 
-    # per rule: its flags and words, whatever the category (read once: the categories' and the causes' loops both
-    # ask, and a log of errors has hundreds of diagnoses)
-    held: dict[int, str | None] = {}
-
-    def holds(rule: ContextRule) -> str | None:
-        for fl in rule.flags:
-            if fl not in flags:
-                return None
-        for fl in rule.unless:
-            if fl in flags:
-                return None
-        words = rule.words
-        if not words:
-            return ""
-        if id(words) not in by_words:  # rules that share one word list (BNB, PEFT ...): read once
-            by_words[id(words)] = look.first(words)
-        return by_words[id(words)]
+    # a rule's words are read once per word list (rules that share one, BNB, PEFT ...: once), and only for a rule
+    # whose flags hold (``_passing``: those rules per category and flags, once per process)
+    first = look.first
 
     score: dict[str, float] = {category: 1.0}
     from_prose: dict[str, float] = {}
@@ -304,10 +291,16 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     for cat, weight, reason in alternatives:
         score[cat] = score.get(cat, 0.0) + weight
         why.setdefault(cat, reason)
-    for rule in _applying(rules, (category,), True):
-        word = held[id(rule)] = holds(rule)
-        if word is None:
-            continue
+    for rule in _passing(rules, (category,), True, flags):
+        words = rule.words
+        if words:
+            word = by_words.get(id(words), _UNSEEN)
+            if word is _UNSEEN:
+                word = by_words[id(words)] = first(words)
+            if word is None:
+                continue
+        else:
+            word = ""
         cat = rule.category or ""  # never None here (``scoring``)
         if scale(word) < 1.0:  # prose alone offers a category as an alternative, never as the diagnosis
             from_prose[cat] = from_prose.get(cat, 0.0) + rule.weight * _PROSE_SCALE
@@ -327,14 +320,18 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     for cid, w in base:
         scores[cid] = scores.get(cid, 0.0) + w
     fired: list[tuple[ContextRule, str]] = []
-    for rule in _applying(rules, (category, top) if top != category else (category,)):
-        word = held.get(id(rule), _UNSEEN)  # type: ignore[arg-type]
-        if word is _UNSEEN:
-            word = held[id(rule)] = holds(rule)
-        if word is None:
-            continue
+    for rule in _passing(rules, (category, top) if top != category else (category,), False, flags):
         if rule.category and rule.category != top:
             continue  # its causes belong to a category that did not win
+        words = rule.words
+        if words:
+            word = by_words.get(id(words), _UNSEEN)
+            if word is _UNSEEN:
+                word = by_words[id(words)] = first(words)
+            if word is None:
+                continue
+        else:
+            word = ""
         for cid, w in rule.boosts:
             scores[cid] = scores.get(cid, 0.0) + w * (scale(word) if w > 0 else 1.0)
         fired.append((rule, word))
@@ -348,7 +345,7 @@ def lookup(context: str, rules: tuple[ContextRule, ...]) -> Present:
     return Present(context, plans(rules, (w for r in rules for w in r.words)))
 
 
-_UNSEEN = object()
+_UNSEEN: Any = object()
 _APPLYING: dict[tuple[int, tuple[str, ...], bool], tuple[tuple[ContextRule, ...], tuple[ContextRule, ...]]] = {}
 
 
@@ -364,6 +361,23 @@ def _applying(rules: tuple[ContextRule, ...], cats: tuple[str, ...], scoring: bo
             r for r in rules if (not r.applies_to or any(c in r.applies_to for c in cats))
             and (not scoring or r.category is not None)))
     return got[1]
+_PASSING: dict[tuple[int, tuple[str, ...], bool, frozenset[str]], tuple[object, tuple[ContextRule, ...]]] = {}
+
+
+def _passing(rules: tuple[ContextRule, ...], cats: tuple[str, ...], scoring: bool,
+             flags: frozenset[str]) -> tuple[ContextRule, ...]:
+    """``_applying``'s rules whose ``flags`` all hold and none of whose ``unless`` does, in their order; per rule
+    table, categories and flags once per process (a log of errors has a hundred distinct sets of flags at most)."""
+    got = _PASSING.get((id(rules), cats, scoring, flags))
+    if got is None or got[0] is not rules:
+        if len(_PASSING) > 2048:
+            _PASSING.clear()
+        got = _PASSING[(id(rules), cats, scoring, flags)] = (rules, tuple(
+            r for r in _applying(rules, cats, scoring)
+            if all(fl in flags for fl in r.flags) and not any(fl in flags for fl in r.unless)))
+    return got[1]
+
+
 # Which causes make sense under each category (a rule may fire for several categories).
 _FAMILIES = {"device_mismatch": ("dev.",), "quantization_device": ("q.", "dev."),
              "mixed_device_model": ("md.", "dev."), "input_weight_type_mismatch": ("iw.", "dt."),

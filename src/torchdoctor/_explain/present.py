@@ -27,6 +27,7 @@ _LONG = 4096  # a context longer than this is read through its shape (its lines 
 _SHAPE = bytes.maketrans(b"123456789", b"000000000")
 Plan = tuple[str | None, bytes | None, bool]  # a shorter rule word it holds, its bytes for the shape, marked ends
 _PLANS: dict[int, tuple[object, dict[str, Plan]]] = {}
+_LOOSE: dict[str, Plan] = {}
 
 
 def _plan(word: str, held: str | None) -> Plan:
@@ -110,7 +111,13 @@ class Present:
     def __call__(self, word: str) -> bool:
         known = self.known
         plan = self.plans.get(word)
-        held, form, marked = _plan(word, None) if plan is None else plan
+        if plan is None:  # a word no rule table plans (an app's word): its plan made once per process
+            plan = _LOOSE.get(word)
+            if plan is None:
+                if len(_LOOSE) > 4096:
+                    _LOOSE.clear()
+                plan = _LOOSE[word] = _plan(word, None)
+        held, form, marked = plan
         if held is not None:
             got = known.get(held)
             if got is None:

@@ -53,6 +53,8 @@ _TOKEN = re.compile(
     r"float8_e5m2|Float8_e4m3fnuz|Float8_e5m2fnuz|Float8_e4m3fn|Float8_e5m2|float16|float32|float64|"
     r"complex64|complex128|ComplexFloat|ComplexDouble|ComplexHalf|int64|int32|int16|int8|uint8|long int|"
     r"Half|half|Float|float|Double|double|Long|Int|Short|Char|Byte|Bool|fp16|bf16|fp32)\b(?![.(])")
+# ``_scan`` reads a match's groups in this order
+assert tuple(_TOKEN.groupindex) == ("ldev", "ldt", "pdev", "pdt", "rdev", "ridx", "word", "dev", "idx", "dt")
 _DEVICE_WORD = {"gpu": "cuda"}
 # Where a token can start: every alternative of ``_TOKEN`` begins with one of these words (its look-behinds and
 # ``\b`` only narrow that). ``_TOKEN`` itself starts with look-arounds, so ``re`` tries it at every character (~120
@@ -129,20 +131,20 @@ def _scan(text: str) -> tuple[list[str], list[str]]:
     devices: list[str] = []
     dtypes: list[str] = []
     for m in _tokens(text[:_LIMIT]):
-        dev: str | None = None
-        dt: str | None = None
-        if m.group("ldt"):
-            dev, dt = m.group("ldev") or "cpu", m.group("ldt")
-        elif m.group("pdt"):
-            dev, dt = m.group("pdev"), m.group("pdt")
-        elif m.group("rdev"):
-            dev = m.group("rdev") + (f":{m.group('ridx')}" if m.group("ridx") else "")
-        elif m.group("word"):
-            dev = m.group("word")
-        elif m.group("dev"):
-            dev = m.group("dev") + (f":{m.group('idx')}" if m.group("idx") else "")
+        # each match's groups read in one call (a log of errors reads hundreds of messages); one alternative matched
+        ldev, ldt, pdev, pdt, rdev, ridx, word, dev, idx, dt = m.groups()
+        if ldt:
+            dev, dt = ldev or "cpu", ldt
+        elif pdt:
+            dev, dt = pdev, pdt
+        elif rdev:
+            dev = rdev + (f":{ridx}" if ridx else "")
+        elif word:
+            dev = word
+        elif dev:
+            dev = dev + (f":{idx}" if idx else "")
         else:
-            dt = m.group("dt")
+            dev = None
         d = device_name(dev) if dev else None
         if d and d not in devices:
             devices.append(d)
