@@ -30,6 +30,7 @@ from torchdoctor._virtual.callsite import caller_fix
 from torchdoctor._virtual.castfix import (NO_DEVICE_ARG, cast_fix, op_moved, each_maker, in_library, library_note,
                                           maker_diff, storage_fix, traced_note)
 from torchdoctor._virtual.inplacefix import inplace_fix
+from torchdoctor._virtual.nofix import whole_move
 from torchdoctor._virtual.prove import Fix
 from torchdoctor._virtual.stalename import stale_fix
 from torchdoctor._virtual.restfix import FLOAT8_NAMES, SCALER, SCALER_BF16, rest
@@ -276,7 +277,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     if not items and all(p.kind == "dtype" for p in problems) and (again := stale_source(dropped, have)):
         # never a cast or move of the model that changes nothing (a device problem goes on to offloaduse & co.)
         return [Fix(again, "note", tried="not re-run: the tensors to make again are the program's own state")]
-    return items or [Fix(f"torchdoctor.move(model, {device_str(device)!r})", "path", sets=(("*", device),))]
+    return items or [whole_move(problems, device, have)]  # never a move of a model already there
 
 
 # dtypes that are storage, never compute: a tensor found in one of them is the stored side, not the activation

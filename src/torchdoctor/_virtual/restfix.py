@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_dtype
+from torchdoctor._placement import FLOAT8_DTYPES, device_str, dtype_str, parse_dtype, short_dtype
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.castfix import maker_diff
 from torchdoctor._virtual.dtypevar import SAID, fix as dtypevar_fix
@@ -59,6 +59,12 @@ def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.d
     if inside:
         out.append(_instead(inside, device, bool(memory)))
     outside = {p.found for p in unsupported if p.module_path is None and p.role not in _NAMED}
+    for p in unsupported:  # a forward's line cast a tensor to a dtype its device refuses (a rope's
+        if p.module_path is not None and p.role not in _NAMED and p.found not in inside and \
+                (cast := _cast_here(p)) is not None:  # pos.to(torch.float64)): the dtype fixed at that line
+            f = _at_cast(cast[0], parse_dtype(_SAME_SIZE.get(p.found, "float32")), p, cast[1])
+            if f is not None and f.code not in {g.code for g in out}:
+                out.append(f)  # never a move of the model, which is there already
     for name in sorted(outside - set(inside)):  # made outside the model: that tensor, not it
         other = _SAME_SIZE.get(name, "float32")
         at_maker = [f for p in unsupported if p.found == name and p.module_path is None for f in _at_maker(p, other)]
@@ -182,14 +188,31 @@ _HOLDS = {name: "float16" for name in ("float8_e4m3fn", "float8_e5m2", "float8_e
 _MADE = re.compile(r"made by (torch\.\w+) in code outside the model at (\S+:\d+) \S+@(\S+) moved to (\S+) as ")
 
 
+_CAST_HERE = re.compile(r"(\S+)@(\S+) moved to (\S+) as (\w+) \(cast at (\S+:\d+)\)")
+
+
+def _cast_here(p: Problem) -> tuple[str, str] | None:
+    """(line, device) of the program's cast that gave the tensor the dtype its device refuses (``(cast at …)``): a
+    tensor already on that device cast there, or one whose move changed its dtype (``.to(x.device, torch.float64)``
+    of integer positions); None when the tensor had that dtype before its move (its maker chose it)."""
+    cast = _CAST_HERE.search(p.message)
+    if cast is None:
+        return None
+    held, src, dst, found, at = cast.groups()
+    try:
+        changed = held.split("[", 1)[0] != short_dtype(parse_dtype(found))
+    except (ValueError, TypeError):
+        return None
+    return (at, dst) if src == dst or changed else None
+
+
 def _at_maker(p: Problem, other: str) -> list[Fix]:
     """A tensor the program's factory made on another device (numpy's float64 data, ``torch.from_numpy``) moved to
     a device that cannot hold its dtype: cast at that factory's line (a diff, proven as a factory's fix is). A
     tensor already on that device when it was cast (``sigmas.to(torch.float64)`` of a tensor made there) was not
     made so by its maker: the cast is said, never a cast at the maker, which changes nothing."""
-    cast = re.search(r"\S+@(\S+) moved to (\S+) as \w+ \(cast at (\S+:\d+)\)", p.message)
-    if cast is not None and cast.group(1) == cast.group(2) and \
-            (fixed := _at_cast(cast.group(3), parse_dtype(other), p, cast.group(2))) is not None:
+    cast = _cast_here(p)
+    if cast is not None and (fixed := _at_cast(cast[0], parse_dtype(other), p, cast[1])) is not None:
         return [fixed]  # a tensor on the device cast there by the program's line: fixed at that line
     host = _HOST_CAST.search(p.message)
     if host is not None and (rec := SAID.get(host.group(1))) is not None:  # the program's cast, at its dtype's line
