@@ -83,7 +83,8 @@ def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | 
     body = raw.lstrip(" \t")
     stmt = _one(body)
     if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1 or \
-            not isinstance(stmt.targets[0], (ast.Name, ast.Attribute)):  # ``x = ...`` or ``self.sigmas = ...``
+            not isinstance(stmt.targets[0], (ast.Name, ast.Attribute, ast.Subscript)):  # ``x = ...``,
+        # ``self.sigmas = ...`` or a cache's entry (``grid_cache[k] = torch.cat(...).to(device)``)
         return None
     var = ast.unparse(stmt.targets[0])
     calls = [n for n in ast.walk(stmt.value) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
@@ -118,7 +119,27 @@ def moved_line_fix(moved_at: str, op_at: str | None, op_line: tuple[str, int] | 
     meets = f"the device of {other}, which it meets at {op_at}" if read else \
         f"the device of {other} ({want}, where it meets the tensors of {op_at})" if to != other else \
         f"its function's `{other}` argument ({want}, where it meets the tensors of {op_at})"
-    return f"# {moved_at}: {said} sends it to {found}, not to {meets}: {code}", diff, func.attr
+    pick = _module_pick(file, call)
+    return f"# {moved_at}: {said} sends it to {found}, not to {meets}{pick}: {code}", diff, func.attr
+
+
+def _module_pick(file: str, call: ast.Call) -> str:
+    """`` (`device` is picked once at module level, warplayer.py:4: `device = ...`)`` when the move's device is a
+    name the file assigns at its top level (RIFE's ``device = torch.device("cuda" if torch.cuda.is_available() else
+    "cpu")``: the cpu on a Mac or an Intel GPU), else ""."""
+    import os
+
+    from torchdoctor._virtual.ownline import source
+
+    arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "device"), None)
+    got = source(file) if isinstance(arg, ast.Name) else None
+    if got is None or not isinstance(arg, ast.Name):
+        return ""
+    for stmt in got[0].body:
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == arg.id for t in stmt.targets):
+            text = (ast.get_source_segment(got[1], stmt) or "").split("\n", 1)[0]
+            return f" (`{arg.id}` is picked once at module level, {os.path.basename(file)}:{stmt.lineno}: `{text}`)"
+    return ""
 
 
 def numpy_fix(at: str, found: str, before: str = ".cpu()") -> tuple[str, str] | None:
