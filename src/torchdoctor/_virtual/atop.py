@@ -224,13 +224,27 @@ def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: A
             c, _, same = mine[0]
             more = f" (and {len(mine) - 1} more op(s))" if len(mine) > 1 else ""
             f.tried = (f"at the failing op {c.where()}{more}: its operands as the fix leaves them run with no "
-                       "problem" + ("; its output is the one the ops after it ran on" if same else ""))
+                       "problem" + ("; its output is the one the ops after it ran on" if same else "") +
+                       _carried(f, c))
     _left_over(fixes, results, rules, profile)
     if entries:
         from torchdoctor._virtual.entrycheck import entry_check
 
         entry_check(fixes, entries)
     return fixes
+
+
+def _carried(f: Fix, case: Case) -> str:
+    """How a cast of a caller's argument reached an operand that views it (``; the cast of input 0 (x) carried
+    through aten.select to the operand``), or ""."""
+    from torchdoctor._virtual.entrycheck import targets
+
+    hit = next((o for o in _operands(case.before) if o.through and any(
+        isinstance(t, torch.dtype) for t in targets(o, f))), None)
+    if hit is None:
+        return ""
+    arg = next((n for n, _ in f.sets if n in hit.tags and n.startswith(("input ", "kwarg "))), "the argument")
+    return f"; the cast of {arg} carried through {', '.join(dict.fromkeys(hit.through))} to the operand"
 
 
 def _at_moves(fixes: list[Fix], cases: Sequence[Case]) -> None:

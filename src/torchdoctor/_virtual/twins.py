@@ -13,7 +13,7 @@ from torchdoctor._virtual.origin import DEPTH
 class Operand:
     """A metadata-only twin of one operand and the names a fix may call it by."""
 
-    __slots__ = ("meta", "device", "tags", "named", "far")
+    __slots__ = ("meta", "device", "tags", "named", "far", "through")
 
     def __init__(self, t: torch.Tensor, tags: tuple[str, ...], named: bool) -> None:
         with torch._C.DisableTorchFunction():
@@ -26,6 +26,9 @@ class Operand:
         self.tags = tuple(x[len(FAR):] if x.startswith(FAR) else x for x in tags)
         # the arguments and factories it was computed from through other ops: a cast of them is no cast of it
         self.far = tuple(x[len(FAR):] for x in tags if x.startswith(FAR))
+        # a caller's argument it is a view of (``x[:, 0]``, ``x.view(...)``): the ops a cast of it is carried through
+        self.through = viewed(getattr(t, "_td_origin", None))[1] if any(
+            x.startswith(("input ", "kwarg ")) for x in self.tags) else ()
 
     def tensor(self, device: torch.device | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A new meta tensor standing for this operand (moved to ``device``, cast to ``dtype``)."""
@@ -61,7 +64,9 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
             tags.append(held)
     o = getattr(t, "_td_origin", None)
     if o is not None:
-        near = o.paths if o.via is None else ()  # made from them by one op (a view of the argument), or it itself
+        # made from them by one op, or it itself; or a caller's argument it views through ops that keep its dtype
+        # (``x[:, 0]``, a linear's ``x.view(-1, n)``): a cast of the argument is a cast of the view
+        near = o.paths if o.via is None else viewed(o)[0]
         for src in dict.fromkeys((o.source, o.placed_by)):  # what set its dtype, what placed it (through casts)
             # a cast at a line several ops upstream (``w.float() + delta`` then more): another operand may set the
             # dtype on the way, so only a re-run proves its fix
@@ -88,6 +93,20 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
             tags.append(("" if near_move else FAR) + f"moved a tensor at {pb.at}")
         tags = [FAR + x if x.startswith(("input ", "kwarg ")) and x not in near and x != path else x for x in tags]
     return tuple(tags), isinstance(path, str) and bool(path) and not path.startswith(("input ", "kwarg "))
+
+
+def viewed(o: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the caller's arguments, the ops from them in order) when origin record ``o`` was made from a caller's
+    argument through ops that keep its dtype and device only (views, copies); else ((), ())."""
+    link, ops = o, []
+    while link is not None and link.via is not None and str(link.op) in _KEEPS_DTYPE and len(ops) < DEPTH:
+        if link.depth >= DEPTH:  # a record past the chain's last kept link stands for any number of ops
+            return (), ()
+        ops.append(str(link.op))
+        link = link.via
+    if link is None or link.via is not None or not ops or str(link.op) != "argument":
+        return (), ()
+    return tuple(p for p in link.paths if p.startswith(("input ", "kwarg "))), tuple(reversed(ops))
 
 
 def _near(o: Any, src: Any) -> bool:
