@@ -98,7 +98,7 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
 def viewed(o: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the caller's arguments, the ops from them in order) when origin record ``o`` was made from a caller's
     argument through ops that keep its dtype and device only (views, copies); else ((), ())."""
-    link, ops = o, []
+    link, ops = o, list[str]()
     while link is not None and link.via is not None and str(link.op) in _KEEPS_DTYPE and len(ops) < DEPTH:
         if link.depth >= DEPTH:  # a record past the chain's last kept link stands for any number of ops
             return (), ()
