@@ -22,11 +22,13 @@ _NA, _BO, _Q = "no_accelerator", "backend_op_missing", "quantization_device"
 # the op exists on MPS but refuses this case: a convolution with more than 65536 output channels (lifted on macOS
 # 15 with a recent torch), a 3D convolution on an older macOS / torch
 _sig("backend.mps_limit", _BO, "An MPS kernel refuses this case on this macOS / torch",
-     ("not supported at the mps device", "conv3d is not supported on mps"),
+     ("not supported at the mps device", "conv3d is not supported on mps",
+      "output channels > 65536 not supported"),  # the last: the message cut before "at the MPS device" (a title)
      "The MPS kernel of this torch and macOS refuses the case[ ({what})]: the op runs on MPS, but not with these "
      "arguments here.",
      (("bo.mps_limit", 3.0), ("bo.mps_fallback", 1.0)),
-     r"(?P<what>Output channels > \d{1,7}|Conv3D)\s+(?:is\s+)?not supported (?:at|on) (?:the )?MPS", confidence=0.9,
+     r"(?P<what>Output channels > \d{1,7}|Conv3D)\s+(?:is\s+)?not supported(?: (?:at|on) (?:the )?MPS)?",
+     confidence=0.9,
      alternatives=((_NA, 0.3, "the Mac's macOS is older than the MPS features this model needs"),))
 _c("bo.mps_limit",
    "A layer of the model hits a limit of the MPS kernels of this torch and macOS: a convolution with more than "

@@ -1,9 +1,10 @@
-"""Signatures and causes for families seen in public reports that nothing recognised (the thirteenth held-out
-collection's first run): FSDP refusing where a module's parameters are (CPU offloading, one device per module),
-torch's autocast refusing bfloat16 on a GPU without it, torch.utils.cpp_extension finding no CUDA toolkit
-(CUDA_HOME), sparse tensors on MPS / XPU (the "SparseMPS" dispatch key); and the words of these families when
-PyTorch's message is missing: an op named as unsupported on MPS / XPU, a dtype named as unsupported with MPS / XPU,
-CUDA asked for on a Mac, a script's own print that CUDA is not there.
+"""Signatures and causes for families seen in public reports that nothing recognised (the thirteenth and fourteenth
+held-out collections' first runs): FSDP refusing where a module's parameters are (CPU offloading, one device per
+module), torch's autocast refusing bfloat16 on a GPU without it, torch.utils.cpp_extension finding no CUDA toolkit
+(CUDA_HOME), sparse tensors on MPS / XPU (the "SparseMPS" dispatch key), CTranslate2 (faster-whisper, whisperX)
+refusing a compute type or CUDA; and the words of these families when the message is missing: an op named as
+unsupported on MPS / XPU, a dtype named as unsupported with MPS / XPU, CUDA asked for on a Mac or said to be absent,
+a script's own print that CUDA is not there, a float16 compute type used off an NVIDIA GPU.
 
 Every anchor has a key (``prefilter.key_of``): an anchor without one costs a search of the whole text.
 
@@ -126,18 +127,23 @@ _c("bo.op_named_missing",
    ("Or run that step on the CPU", "out = fn(x.cpu()).to(x.device)"),
    ("Or update torch", "pip install -U torch torchvision"))
 # a dtype named as unsupported with a device: "Unsupported BFloat16 Data Type Issue with MPS Backend", "MPS:
-# unsupported float64"
+# unsupported float64", "pytorch only supports float32 for MPS"
 _DTW = r"(?P<dtype>bfloat16|bf16|float64|fp64|double|float8\w{0,8}|fp8)"
 _sig("partial.dtype_device_words", _UD, "A dtype the device does not have (said in words)",
      ("unsupported bfloat16", "unsupported bf16", "unsupported float64", "unsupported fp64", "unsupported double",
       "unsupported float8", "unsupported fp8", "bfloat16 unsupported", "float64 unsupported",
-      "bfloat16 is unsupported", "float64 is unsupported"),
+      "bfloat16 is unsupported", "float64 is unsupported", "only supports float32 for mps",
+      "only supports float32 on mps", "only supports float32 for xpu", "only supports float32 on xpu",
+      "mps only supports float32", "xpu only supports float32", "mps does not support float64",
+      "mps doesn't support float64"),
      "The text names[ {dtype}] a dtype as unsupported with[ {dev}] the device without PyTorch's own message.",
      (("ud.mps_bf16", 1.0), ("ud.mps_fp64", 1.0), ("ud.xpu_fp64", 0.8), ("ud.mps_fp8", 0.8)),
      rf"unsupported {_DTW}\b[^\n]{{0,60}}?\b(?P<dev>mps|xpu)\b",
      rf"\b(?P<dev>mps|xpu)\b[^\n]{{0,60}}?unsupported {_DTW}",
      rf"{_DTW} (?:is )?unsupported (?:on|in|by|with) (?:the )?(?P<dev>mps|xpu)\b",
-     rf"\b(?P<dev>mps|xpu)\b[^\n]{{0,60}}?{_DTW}\W{{0,3}}(?:is )?unsupported", require_pattern=True,
+     rf"\b(?P<dev>mps|xpu)\b[^\n]{{0,60}}?{_DTW}\W{{0,3}}(?:is )?unsupported",
+     r"only supports? float32 (?:for|on|in) (?:the )?(?P<dev>mps|xpu)\b", r"\b(?P<dev>mps|xpu) only supports? float32",
+     r"\b(?P<dev>mps) (?:does not|doesn't) support (?P<dtype>float64)", require_pattern=True,
      confidence=0.5)
 # CUDA asked for on a Mac, said in words: "Attempt to initialize CUDA on Apple Silicon", "trying to use cuda on an M1"
 # (the anchors hold a verb: "cuda on mac" alone has no prefilter key)
@@ -157,3 +163,47 @@ _sig("partial.cuda_reported_false", _NA, "The script reports no CUDA (message mi
       "cuda available?false", "cuda is available: false", "cuda is available? false"),
      "The script printed that CUDA is not available here and then failed; the error message itself is missing.",
      (("na.hardcoded_cuda", 3.0), ("na.mac", 1.0), ("na.cpu_build", 1.0)), confidence=0.45)
+
+# --- CTranslate2 (faster-whisper, whisperX): a compute type the device has no kernels for ---------------------------
+# "ValueError: Requested float16 compute type, but the target device or backend do not support efficient float16
+# computation." (CTranslate2's own check; also int8_float16 / bfloat16): the CPU, a Mac, a Pascal GPU
+_sig("unsupported.ctranslate2_compute_type", _UD, "CTranslate2 was asked for a compute type this device lacks",
+     ("compute type, but the target device or backend",),
+     "CTranslate2 (faster-whisper, whisperX) was asked for the[ {ctype}] compute type on a device or backend that has "
+     "no efficient kernels for it.",
+     (("ud.ctranslate2_compute_type", 3.0),),
+     r"Requested (?P<ctype>\w{1,20})\s{1,40}compute type", confidence=0.95,
+     alternatives=((_NA, 0.3, "the model was meant for an NVIDIA GPU this machine does not have"),))
+_c("ud.ctranslate2_compute_type",
+   "faster-whisper / whisperX run on CTranslate2, whose float16 (and int8_float16, bfloat16) compute types need a "
+   "recent NVIDIA GPU: the CPU, a Mac (CTranslate2 has no MPS backend) and older NVIDIA GPUs (Pascal, GTX 10xx, "
+   "for float16; pre-Ampere for bfloat16) refuse them; int8 or float32 run everywhere.", "torchdoctor env",
+   ("Ask CTranslate2 what this device supports",
+    'import ctranslate2\nprint(ctranslate2.get_supported_compute_types(device))'),
+   ("Pick the compute type by device", 'compute_type = "float16" if device == "cuda" else "int8"'),
+   ("Or let CTranslate2 choose", 'model = WhisperModel(size, device=device, compute_type="default")'))
+# "ValueError: This CTranslate2 package was not compiled with CUDA support" (device="cuda" on a Mac or a CPU wheel)
+_sig("noaccel.ctranslate2_no_cuda", _NA, "CTranslate2 was asked for CUDA but this build has none",
+     ("ctranslate2 package was not compiled with cuda support",),
+     "CTranslate2 (faster-whisper, whisperX) was asked for device='cuda', but the installed package has no CUDA.",
+     (("na.ctranslate2_cpu_build", 3.0), ("na.mac", 1.0)), confidence=0.95)
+_c("na.ctranslate2_cpu_build",
+   "The installed CTranslate2 is a CPU-only build (every macOS wheel; a CPU wheel on Linux / Windows) while the code "
+   "asks it for device='cuda' (often hard-coded next to compute_type='float16').", "torchdoctor env",
+   ("Run faster-whisper on the CPU here", 'model = WhisperModel(size, device="cpu", compute_type="int8")'),
+   ("Or, on an NVIDIA machine, install the CUDA build of CTranslate2 that matches the CUDA / cuDNN libraries",
+    "pip install -U ctranslate2"))
+# the same said in words ("compute_type is hardcoded to float16 ... a ValueError on any non-CUDA device")
+_sig("partial.ctranslate2_float16_words", _UD, "A float16 compute type asked for off an NVIDIA GPU (said in words)",
+     ("compute_type",),
+     "The text says a float16 compute type is used where there is no NVIDIA GPU, without CTranslate2's own message.",
+     (("ud.ctranslate2_compute_type", 3.0),),
+     r"compute_type[^\n]{0,120}?float16[^\n]{0,200}?(?:non-CUDA|CPU|Apple|Mac|M[1-5]\b|without an? NVIDIA)",
+     require_pattern=True, confidence=0.55)
+# a machine without CUDA, said in words ("Mac users don't have Cuda", "fails on machines without CUDA (e.g. M1 Macs)")
+_sig("partial.no_cuda_words", _NA, "Code that needs CUDA where there is none (said in words)",
+     ("don't have cuda", "doesn't have cuda", "dont have cuda", "does not have cuda", "machines without cuda",
+      "machine without cuda", "with no cuda gpu", "if no cuda gpu", "inference when no cuda", "without a cuda gpu"),
+     "The text says the code is run where there is no CUDA: it assumes an NVIDIA GPU that this machine does not "
+     "have.",
+     (("na.hardcoded_cuda", 3.0), ("na.mac", 1.5)), confidence=0.45)
