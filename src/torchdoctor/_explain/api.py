@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from torchdoctor._explain.apps import app_fixes, step_fixes
+from torchdoctor._explain.backends import forget as forget_backends
 from torchdoctor._explain.catalog import causes, context_rules
 from torchdoctor._explain.context import derive, find_word, lookup, rank
 from torchdoctor._explain.fill import fill as _render
@@ -230,6 +231,7 @@ def _said_again(short: Group, full: Group) -> bool:
 
 def _explain_paused(blocks: Iterable[str], limit: int | None) -> list[Diagnosis]:
     forget()
+    forget_backends()
     scanner = Scanner()
     if isinstance(blocks, Text):  # a string: its blocks read in place
         text = blocks.text

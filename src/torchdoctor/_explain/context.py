@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from torchdoctor._explain.backends import backends
 from torchdoctor._explain.causes import ContextRule
 from torchdoctor._explain.direction import MATMUL_INPUT, sides
 from torchdoctor._explain.present import Present, plans
@@ -161,16 +162,13 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
         flags.add("op_torchvision")
     if "_scaled_mm" in op:
         flags.add("op_scaled_mm")
-    available = " ".join(f.get("available", "").split())
-    if available:
-        names = [a.strip() for a in available.split(",")]
-        f["available_short"] = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-        usable = [d for d in (device_name(n) for n in names) if d and d != "meta"]
-        accel = next((d for d in usable if d != "cpu"), None) or next(iter(usable), None)
+    short, accel, named = backends(f.get("available", ""))
+    if short:
+        f["available_short"] = short
         if accel:
-            f["available_device"] = accel.split(":")[0]
+            f["available_device"] = accel
         if (op.startswith("aten::") and backend.split("_")[0] in ACCELERATORS + ("hip",)
-                and backend.upper() not in (n.upper() for n in names)):
+                and backend.upper() not in named):
             flags.add("backend_absent")
     if f.get("have", "").endswith("+cpu"):
         flags.add("have_cpu")

@@ -54,8 +54,8 @@ def _fill(template: str, fields: dict[str, str], prose: bool) -> str:
 
 def fill(template: str, fields: dict[str, str], prose: bool = True) -> str:
     """``_fill``, remembered by the template and the values of the fields it names."""
-    if "{" not in template:
-        return _fill(template, fields, prose)
+    if "{" not in template:  # no field: as it is, or without its optional parts' fields
+        return template if ("[" if prose else "\u00ab") not in template else _fill(template, fields, prose)
     names = _NAMES.get(template, ())
     if names == ():  # not seen yet (a template with a brace names at least one field, or is None)
         if len(_NAMES) >= _KEPT:

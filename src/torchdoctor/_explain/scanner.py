@@ -41,7 +41,7 @@ _STOP = ("traceback (most recent call last)", "exception during processing", "du
          "the above exception was the direct cause")
 _NOT_CONTINUED = ("File ", "Traceback", "During handling", "The above exception", "!!!", "\n", "#", "[")
 _FIRST = itemgetter(0)
-_CRLF = re.compile("\n(?<=\r\n)")
+_CRLF, _HAS_DIGIT = re.compile("\n(?<=\r\n)"), re.compile("[0-9]").search  # (a field's value holds an ASCII digit)
 
 
 def normalise(block: str, paste: bool = True) -> str:
@@ -359,7 +359,7 @@ class Scanner:
         got = self.like.get(like)
         if got is None:
             got = _window(window, sig, self.shapes)
-            if not any(d in v for v in got[0].values() for d in "0123456789"):
+            if not any(map(_HAS_DIGIT, got[0].values())):
                 if len(self.like) > _WINDOWS:
                     self.like.clear()
                 self.like[like] = got
