@@ -161,7 +161,7 @@ def test_a_dispatch_key_is_not_read_as_a_dtype() -> None:
 @pytest.mark.parametrize("text, category, signature", [
     ("Unsupported ops on MPS: aten::_linalg_eigh", "backend_op_missing", "partial.op_unsupported_words"),
     ("## op not supported on XPU: aten::_fft_c2c", "backend_op_missing", "partial.op_unsupported_words"),
-    ("[MPS] unsupported op in MPS backend (grid_sampler_3d)", "backend_op_missing", "partial.op_unsupported_words"),
+    ("[MPS] unsupported ops in MPS backend (grid_sampler_3d)", "backend_op_missing", "partial.op_unsupported_words"),
     ("BFloat16 Unsupported on MPS (macOS Sequoia 15.1.1, Intel, AMD)", "unsupported_dtype_on_device",
      "partial.dtype_device_words"),
     ("macOS Sequoia 15.1.1 with MPS and PyTorch (BFloat16 Unsupported)", "unsupported_dtype_on_device",
