@@ -146,6 +146,9 @@ def maker_diff(op: str, at: str, target: Any, exprs: dict[str, str] | None = Non
         return None
     call = calls[0]
     name, exprs = IN_SCOPE.get(at), exprs or {}
+    if op.endswith("Tensor") and isinstance(target, torch.device) and "dtype" not in exprs:
+        return _legacy_diff(file, line, raw, pad, call, exprs.get("device") or (
+            f"{name}.device" if name else value_code(target)))
     said = next((k.value for k in call.keywords if k.arg == "dtype"), None)  # a dtype= it passed: replaced there
     seg = (pad + said.col_offset, pad + int(said.end_col_offset), ast.unparse(said)) \
         if said is not None and said.end_col_offset is not None and isinstance(target, torch.dtype) else None
@@ -180,6 +183,39 @@ def maker_diff(op: str, at: str, target: Any, exprs: dict[str, str] | None = Non
               device_expr=expr if isinstance(target, torch.device) else None, segment=seg)
     fixed = remedy(m, target, {})
     return fixed.patch if fixed is not None else None
+
+
+def _legacy_diff(file: str, line: int, raw: str, pad: int, call: Any, device: str) -> str | None:
+    """A legacy constructor's call (``torch.LongTensor([0])``), which takes no device but the cpu, written as the
+    factory that does (``torch.tensor([0], dtype=torch.int64, device=input_ids.device)``), as a diff."""
+    from torchdoctor._report.diff import line_patch
+
+    new = modern_call(call, device)
+    if new is None or call.end_col_offset is None:
+        return None
+    return line_patch(file, line, (raw[:pad + call.col_offset] + new + raw[pad + call.end_col_offset:]).strip())
+
+
+def modern_call(call: Any, device: str) -> str | None:
+    """``torch.LongTensor([0])`` (an ``ast.Call``) as the factory that takes a device: ``torch.tensor([0],
+    dtype=torch.int64, device=<device>)`` for data, ``torch.empty(2, 3, dtype=torch.int64, device=<device>)`` for
+    sizes (a legacy constructor refuses any device but the cpu: "legacy constructor expects device type: cpu").
+    None for a call this cannot read (keywords, unpacking, no argument)."""
+    import ast
+
+    from torchdoctor._placement import dtype_str
+
+    name = ast.unparse(call.func)
+    dtype = getattr(getattr(torch, name.rpartition(".")[2], None), "dtype", None) if name.startswith("torch.") \
+        and name.endswith("Tensor") and name.count(".") == 1 else None
+    if not isinstance(dtype, torch.dtype) or not call.args or call.keywords or \
+            any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    sizes = all(isinstance(a, ast.Constant) and type(a.value) is int for a in call.args)
+    if not sizes and len(call.args) != 1:
+        return None
+    args = ", ".join(ast.unparse(a) for a in call.args)
+    return f"torch.{'empty' if sizes else 'tensor'}({args}, dtype=torch.{dtype_str(dtype)}, device={device})"
 
 
 def _all_calls(file: str, line: int, raw: str, pad: int, calls: list[Any], device: str) -> str | None:

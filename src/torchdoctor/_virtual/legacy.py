@@ -58,6 +58,60 @@ def legacy_types(kind: str, module: Any) -> dict[str, Any]:
     return out
 
 
+class _HostMeta(type):
+    """``torch.LongTensor`` in a run: the CPU tensor it makes (``torch.LongTensor([0]).repeat(n)``, decoder start
+    ids) is named by its maker and line when it meets the virtual tensors, as ``torch.zeros`` is; a legacy
+    constructor takes no device, so its tensor is on the CPU whatever the run's device."""
+
+    _td_original: Any
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        out = cls._td_original(*args, **kwargs)
+        if V.current_space() is None:
+            return out
+        return _host_made(f"torch.{cls.__name__}", out)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, cls._td_original)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        return issubclass(sub, cls._td_original)
+
+
+def _host_made(op: str, out: Any) -> Any:
+    """``out``, a real CPU tensor a legacy constructor made at the program's line in a run: kept with its maker, so
+    what it meets names that line (``makers`` keeps ``torch.from_numpy``'s so)."""
+    from torchdoctor._virtual import hostmade
+    from torchdoctor._virtual.origin import Made
+
+    space = V.current_space()
+    if space is None or not isinstance(out, torch.Tensor) or isinstance(out, VirtualTensor) or \
+            space.real_record(out) is not None:
+        return out
+    space.keep_real(out, None, made := Made(op, space.hooks.running()))
+    hostmade.remember(out, made)
+    return out
+
+
+def host_types() -> dict[str, Any]:
+    """torch's CPU legacy constructors (``torch.FloatTensor``, ``torch.LongTensor`` ...) as classes that name what
+    they make in a run (made once per process)."""
+    out: dict[str, Any] = {}
+    for short, dtype in _LEGACY.items():
+        name = f"{short}Tensor"
+        original = torch.__dict__.get(name)
+        if original is None or isinstance(original, _HostMeta):
+            continue
+        key = (f"cpu.{name}", id(original))
+        hit = _TYPES.get(key)
+        if hit is None or hit[0] is not original:
+            hit = _TYPES[key] = (original, _HostMeta(name, (), {
+                "_td_original": original, "dtype": dtype, "is_cuda": False, "is_sparse": False,
+                "__module__": "torch"}))
+        out[name] = hit[1]
+    return out
+
+
 def legacy_name(dtype: torch.dtype) -> str | None:
     """``torch.float32`` -> ``FloatTensor`` (None for dtypes without a legacy type)."""
     try:

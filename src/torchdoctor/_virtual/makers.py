@@ -64,6 +64,9 @@ class CastMakers(torch.overrides.TorchFunctionMode):
             out = out.to(want)
         space = current_space()
         module = space.hooks.running() if space is not None else None  # outside any module too (an optimizer's
+        if (given := carried_from(f, out)) is not None:  # ``.to(t.dtype)``: ``t``'s maker chose the dtype
+            out._td_path, out._td_origin = None, given
+            return out
         site = cast_site(f, short_at(f), out.dtype)  # ``update.float()``): the cast set its dtype
         if site is None:
             return out
@@ -72,6 +75,29 @@ class CastMakers(torch.overrides.TorchFunctionMode):
         made.site, made.made_of = site, ((t._td_path,) if t._td_path is not None else ())
         out._td_path, out._td_origin = None, made
         return out
+
+
+def carried_from(frame: Any, out: Any) -> Any:
+    """The record of a cast at ``frame``'s line that reads its dtype from another tensor (``.to(t.dtype)``,
+    ``.type_as(t)``): a link through to that tensor's own record, whose maker chose the dtype (``carried``); None for
+    a cast that writes its dtype, or a donor the run has no record of."""
+    from torchdoctor._virtual.carried import donor
+    from torchdoctor._virtual.origin import Made
+
+    t = donor(frame, out.dtype)
+    if t is None:
+        return None
+    if isinstance(t, VirtualTensor):
+        via = t._td_origin
+        if via is None and t._td_path is not None:
+            return Made("Tensor.to", None, (t._td_path,), 1)
+    else:
+        space = current_space()
+        kept = space.real_record(t) if space is not None and space.real else None
+        via = kept[1] if kept is not None else None
+    if via is None:
+        return None
+    return Made("Tensor.to", via.module, via=via, depth=via.depth + 1)
 
 
 def loose_call(name: str | None, args: Any, out: Any) -> Any:
@@ -101,6 +127,10 @@ def install(installs: Any) -> None:
         original = getattr(torch, name, None)
         if original is not None:
             installs.set(torch, name, _unseen(name, original))
+    from torchdoctor._virtual.legacy import host_types
+
+    for name, cls in host_types().items():  # torch.LongTensor([0]): named by its maker and line, as torch.zeros is
+        installs.set(torch, name, cls, shared=True)
     loading.install(installs)  # torch.load of a GPU checkpoint: its tensors on the virtual device
     hostmade.clear()  # the makers of the model's CPU tensors are this run's
 

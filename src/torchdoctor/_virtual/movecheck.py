@@ -26,10 +26,17 @@ class MoveChecks:
     problems: list[Any]
     sources: dict[tuple[str, ...], tuple[str, ...]]
     _apart: bool | None
+    seen: set[tuple[str, ...]]
 
     def _note(self, kind: str, path: str | None, found: str, expected: str, message: str, op: str = "Tensor.to",
               role: str = "activation", key: str | None = None) -> None:
         raise NotImplementedError
+
+    def _said_refused(self, dtype: Any) -> None:
+        """A factory, cast or move of ``dtype`` refused at its line is that dtype's cause in the run: the ops that later
+        compute in it are its tensors' (``freqs / dim`` after ``torch.arange(..., dtype=torch.float64)``), not another
+        problem. Each refusing line stays its own (a rope's ``arange`` and its ``pos.to(torch.float64)``)."""
+        self.seen.add(("unsupported_dtype", dtype_str(dtype), "op"))
 
     def exists(self, target: torch.device, path: str | None, op: str) -> None:
         if target.type == self.profile.type and (target.index or 0) >= self.profile.count:
@@ -66,10 +73,13 @@ class MoveChecks:
         if refused:
             # a cast of a tensor already there (``sigmas.to(torch.float64)`` on mps): its line, where the fix goes
             at = where_called() if norm_device(src) == norm_device(target) else None
+            if at and ("unsupported_dtype", dtype_str(dtype), "op") in self.seen and _carried(dtype):
+                return dtype  # ``x.to(sig.dtype)``: ``sig``'s refused line, already said, is this dtype's maker
             self._note("unsupported_dtype", path, dtype_str(dtype), f"a dtype {target.type} supports",
                        f"{what} moved to {device_str(target)} as {dtype_str(dtype)}" + (f" (cast at {at})" if at else "")
                        + f": {refusal(target.type, dtype)}" + ("" if self.modules.stack else _library()),
-                       key=dtype_str(dtype) if path else _per_line(dtype))
+                       key=dtype_str(dtype) if path else f"{dtype_str(dtype)}:{at}" if at else _per_line(dtype))
+            self._said_refused(dtype)
             if at and self.problems and self.problems[-1].found == dtype_str(dtype):
                 p = self.problems[-1]
                 self.sources.setdefault((p.kind, p.path, p.op or "", p.found), (f"cast at {at}",))
@@ -85,6 +95,8 @@ class MoveChecks:
                        f"{'' if self.modules.stack else _library()}",
                        maker_name(name),
                        "factory", key=f"{dtype_str(dt)}:{at or name}")
+            if isinstance(dt, torch.dtype) and not self.profile.supports(dt, "storage"):  # (a card that holds float64 but has no kernels for it: the
+                self._said_refused(dt)  # ops that compute in it are where it fails, said too)
         gdev = getattr(kwargs.get("generator"), "device", None)
         if isinstance(gdev, torch.device) and gdev.type != device.type:
             at = where_called()  # the draw, at its line: "Cannot generate a cpu tensor from a generator of type cuda"
@@ -123,6 +135,14 @@ class MoveChecks:
                        f"{dtype_str(dtype)}: the cast loses data (complex to real drops the imaginary part, float to "
                        "int the fraction); keep it or cast the result instead", key=f"lossy:{path}:{dtype}")
         return self._moving(tensor, target, dtype)
+
+
+def _carried(dtype: torch.dtype) -> bool:
+    """The cast at the program's line reads its dtype from another tensor (``.to(t.dtype)``, ``.type_as(t)``)."""
+    from torchdoctor._virtual.carried import donor
+    from torchdoctor._virtual.origin import user_frame
+
+    return donor(user_frame(3), dtype) is not None
 
 
 def _library() -> str:

@@ -301,7 +301,7 @@ class _Recorder(MoveChecks, StackView, Hooks):
                 elif "promotes the model's" in p.message:  # guard's promotion finding: no error says it
                     message += f" and promotes it to {found} silently (no error; the result computes in {found})"
             entry = _is_entry(t)
-            key = (p.kind, found) if p.kind == "unsupported_dtype" else \
+            key = (p.kind, found, "op") if p.kind == "unsupported_dtype" else \
                 (p.kind, path, self._root_key()) if entry else (p.kind, net[2], found) if net else (p.kind, place, op, found)
             held = path is not None and t is not None and not t._td_path  # named by the program (``heldby``)
             role = self.roles.get(path or "", "held" if held else "activation")
