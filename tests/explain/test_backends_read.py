@@ -1,5 +1,6 @@
-"""A "Could not run ... is only available for these backends: [...]" list is read once per text (``_explain.backends``):
-each text's diagnoses read their own list, and a new text starts with nothing remembered."""
+"""What explain keeps for one text only: a "Could not run ... is only available for these backends: [...]" list
+read once per text (``_explain.backends``), and whether a line is typed prose (``_explain.prose.LINES``): each text's
+diagnoses read their own, and a new text starts with nothing remembered."""
 
 from __future__ import annotations
 
@@ -38,3 +39,16 @@ def test_a_backend_the_list_lacks_is_named_absent() -> None:
     short, accel, named = backends.backends(" XPU,  CPU , Meta, AutogradXPU, AutogradCPU ")
     assert (short, accel) == ("XPU, CPU, Meta, AutogradXPU, ...", "xpu") and "AUTOGRADXPU" in named
     backends.forget()
+
+
+def test_what_a_line_is_is_kept_for_one_text_only() -> None:
+    # rank reads whether a line is typed prose once per text (``prose.LINES``); a new text starts without it
+    from torchdoctor._explain import prose
+
+    text = ("i fine-tune llama with qlora and get this\nRuntimeError: Expected all tensors to be on the same device, "
+            "but found at least two devices, cuda:0 and cpu!")
+    fresh = explain(text).to_dict()
+    prose.LINES["i fine-tune llama with qlora and get this"] = (0, False)  # a wrong reading left behind
+    assert explain(text).to_dict() == fresh
+    assert "i fine-tune llama with qlora and get this" in prose.LINES  # read again, as prose
+    assert prose.LINES["i fine-tune llama with qlora and get this"][1] is True

@@ -32,6 +32,7 @@ from torchdoctor._explain.fill import forget
 from torchdoctor._explain.fill import fill_or_none as _try
 from torchdoctor._explain.inplace import Text, feed_span
 from torchdoctor._explain.plugins import line_fixes, plugin_fields, plugin_fixes
+from torchdoctor._explain.prose import forget as forget_lines
 from torchdoctor._explain.report import SCHEMA, Alternative, Diagnosis, ExplainReport, render, to_json
 from torchdoctor._explain.scanner import BLOCK, Group, Scanner, clean
 from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
@@ -232,6 +233,7 @@ def _said_again(short: Group, full: Group) -> bool:
 def _explain_paused(blocks: Iterable[str], limit: int | None) -> list[Diagnosis]:
     forget()
     forget_backends()
+    forget_lines()
     scanner = Scanner()
     if isinstance(blocks, Text):  # a string: its blocks read in place
         text = blocks.text

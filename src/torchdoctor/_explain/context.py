@@ -14,7 +14,7 @@ from torchdoctor._explain.backends import backends
 from torchdoctor._explain.causes import ContextRule
 from torchdoctor._explain.direction import MATMUL_INPUT, sides
 from torchdoctor._explain.present import Present, plans
-from torchdoctor._explain.prose import prose_only
+from torchdoctor._explain.prose import LINES, prose_only
 from torchdoctor._explain.prose import said as said_of
 from torchdoctor._explain.tokens import (ACCELERATORS, device_name, dtype_name, find_word, names_in,
                                         transformers_version, type_name)
@@ -269,7 +269,7 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     by_words: dict[int, Any] = {}
     prose: dict[str, bool] = {}
     said: list[str] = []  # the message without typed prose, and what each line read was, once per diagnosis
-    lines: dict[str, tuple[int, bool | None]] = {}
+    lines = LINES if len(LINES) < 8192 else {}  # what each line is: pure in the line, kept for the text (``prose``)
 
     def scale(word: str) -> float:
         got = prose.get(word)

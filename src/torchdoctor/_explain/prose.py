@@ -7,7 +7,7 @@ import re
 
 from torchdoctor._explain.tokens import find_word
 
-__all__ = ["prose_only", "said"]
+__all__ = ["LINES", "forget", "prose_only", "said"]
 
 # A line of prose: a sentence someone typed around a paste. It starts with a letter or digit, holds at least three
 # spaces, and none of the characters that frames, code, paths, log records and messages carry.
@@ -18,6 +18,16 @@ _LABEL = re.compile(r"(?:title|subject|summary|description|question|problem|issu
 _ASIDE = re.compile(r"(?<= )\(|\)|\+")
 # Where an error starts on a line typed as "Using qlora on my mac, then: RuntimeError: ..." (lower-cased text)
 _HEAD = re.compile(r"(?<![\w.])\w{0,40}(?:error|exception)(?::|\b)")
+
+
+# What each line of a text's contexts was found to be (``prose_only``'s ``lines``), for all its diagnoses: a log of
+# errors puts one traceback's lines in the contexts of the errors around it too (a line is read ~4 times there)
+LINES: dict[str, tuple[int, bool | None]] = {}
+
+
+def forget() -> None:
+    """Start a new text: nothing found in the last one is reused (a run's speed is that text's own)."""
+    LINES.clear()
 
 
 def _is_prose(line: str) -> bool:
