@@ -135,7 +135,7 @@ _sig("partial.dtype_device_words", _UD, "A dtype the device does not have (said 
       "bfloat16 is unsupported", "float64 is unsupported", "only supports float32 for mps",
       "only supports float32 on mps", "only supports float32 for xpu", "only supports float32 on xpu",
       "mps only supports float32", "xpu only supports float32", "mps does not support float64",
-      "mps doesn't support float64"),
+      "mps doesn't support float64", "float64 not supported", "float64 is not supported", "bfloat16 not supported"),
      "The text names[ {dtype}] a dtype as unsupported with[ {dev}] the device without PyTorch's own message.",
      (("ud.mps_bf16", 1.0), ("ud.mps_fp64", 1.0), ("ud.xpu_fp64", 0.8), ("ud.mps_fp8", 0.8)),
      rf"unsupported {_DTW}\b[^\n]{{0,60}}?\b(?P<dev>mps|xpu)\b",
@@ -143,7 +143,9 @@ _sig("partial.dtype_device_words", _UD, "A dtype the device does not have (said 
      rf"{_DTW} (?:is )?unsupported (?:on|in|by|with) (?:the )?(?P<dev>mps|xpu)\b",
      rf"\b(?P<dev>mps|xpu)\b[^\n]{{0,60}}?{_DTW}\W{{0,3}}(?:is )?unsupported",
      r"only supports? float32 (?:for|on|in) (?:the )?(?P<dev>mps|xpu)\b", r"\b(?P<dev>mps|xpu) only supports? float32",
-     r"\b(?P<dev>mps) (?:does not|doesn't) support (?P<dtype>float64)", require_pattern=True,
+     r"\b(?P<dev>mps) (?:does not|doesn't) support (?P<dtype>float64)",
+     rf"\b(?P<dev>mps|xpu)\b[^\n]{{0,80}}?{_DTW} (?:is )?not supported",
+     rf"{_DTW} (?:is )?not supported (?:on|in|by) (?:the )?(?P<dev>mps|xpu)\b", require_pattern=True,
      confidence=0.5)
 # CUDA asked for on a Mac, said in words: "Attempt to initialize CUDA on Apple Silicon", "trying to use cuda on an M1"
 # (the anchors hold a verb: "cuda on mac" alone has no prefilter key; few verbs, each new key costs every scan a little)
@@ -205,3 +207,45 @@ _sig("partial.no_cuda_words", _NA, "Code that needs CUDA where there is none (sa
      "The text says the code is run where there is no CUDA: it assumes an NVIDIA GPU that this machine does not "
      "have.",
      (("na.hardcoded_cuda", 3.0), ("na.mac", 1.5)), confidence=0.45)
+
+# --- torch.distributed: a collective on a device its backend does not serve ----------------------------------------
+# gloo's own checks: "ProcessGroupGloo::allgather: invalid tensor type at index 0 (expected TensorOptions(dtype=long
+# int, device=cpu, ...), got TensorOptions(dtype=long int, device=mps:0, ...))", "ProcessGroupGloo::allreduce:
+# unsupported device type mps"; c10d's "No backend type associated with device type mps"
+_sig("device.collective_backend", "device_mismatch", "A collective on a device its distributed backend does not serve",
+     ("processgroupgloo::", "no backend type associated with device type"),
+     "A torch.distributed collective[ ({op})] got tensors on[ {b}] a device its backend does not move[ (it expects "
+     "{a})].",
+     (("dev.collective_backend", 3.0),),
+     rf"ProcessGroupGloo::(?P<op>\w{{1,40}}): invalid tensor type[\s\S]{{0,240}}?device=(?P<a>{DEV})[\s\S]{{0,400}}?"
+     rf"got TensorOptions\([^\n]{{0,80}}?device=(?P<b>{DEV})",
+     rf"ProcessGroupGloo::(?P<op>\w{{1,40}}): unsupported device type (?P<b>\w{{1,20}})",
+     r"No backend type associated with device type (?P<b>\w{1,20})", require_pattern=True, confidence=0.9,
+     alternatives=((_BO, 0.4, "the backend has no collectives for this device at all"),
+                   (_UD, 0.2, "gloo also refuses some dtypes")))
+_c("dev.collective_backend",
+   "torch.distributed's gloo backend moves CPU (and CUDA) tensors only, NCCL CUDA tensors only: a model on MPS (a "
+   "Mac) or XPU wrapped in DistributedDataParallel, or an all_gather / all_reduce of its tensors, hands the process "
+   "group device tensors it cannot send (trainers do this when they start DDP with backend='gloo' on one Mac).",
+   _GUARD,
+   ("Run the collective on CPU copies and move the result back",
+    "out = [torch.empty_like(t, device=\"cpu\") for _ in range(world)]\ndist.all_gather(out, t.cpu())\n"
+    "t_all = torch.stack(out).to(t.device)"),
+   ("On one Mac, do not start DDP at all (one process needs no collectives)", 'model = model.to("mps")'),
+   ("On Intel GPUs use the XPU backend", 'dist.init_process_group("xccl")'))
+
+# --- diffusers' model offload with no accelerator -------------------------------------------------------------------
+# "RuntimeError: `enable_model_cpu_offload` requires accelerator, but not found" (also enable_sequential_cpu_offload)
+_sig("noaccel.diffusers_offload", _NA, "Model offload asked for where there is no accelerator",
+     ("requires accelerator, but not found",),
+     "diffusers' [{how} ]CPU offload was switched on, but no accelerator (CUDA, XPU, MPS) was found to offload to.",
+     (("na.offload_no_accelerator", 3.0),), r"`?(?P<how>enable_\w{1,30}_cpu_offload)`? requires accelerator",
+     confidence=0.95)
+_c("na.offload_no_accelerator",
+   "enable_model_cpu_offload / enable_sequential_cpu_offload move each model to the accelerator when it runs and back "
+   "to the CPU after; with no GPU here (a CPU-only server, a container without GPU access, a CPU build of torch) "
+   "there is nowhere to move it, so diffusers refuses. Code that calls it unconditionally fails on every CPU-only "
+   "machine.", "torchdoctor env",
+   ("Switch offload on only where an accelerator is there",
+    "if torch.cuda.is_available() or torch.backends.mps.is_available():\n    pipe.enable_model_cpu_offload()\n"
+    "else:\n    pipe.to(\"cpu\")"))
