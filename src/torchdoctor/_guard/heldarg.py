@@ -304,6 +304,7 @@ def _filled(pf: Any, pname: str, pline: int, holder: Any, odd: torch.dtype, ref:
         return [], None, None
     tree, off, file, src = parsed
     fill = cast = None
+    later: list[tuple[ast.stmt, int, str]] = []  # what the program did with it after the fill (a writeback)
     for n in sorted((n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno + off < pline and
                      not isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.With, ast.For, ast.If))),
                     key=lambda n: n.lineno):
@@ -313,9 +314,17 @@ def _filled(pf: Any, pname: str, pline: int, holder: Any, odd: torch.dtype, ref:
             fill = n
         elif fill is not None and cast is None and any(_casts_model(c, pf, root) for c in calls):
             cast = n
+        elif fill is not None:
+            later.append((n, n.lineno + off, src[n.lineno - 1].strip()))
     lines: list[str] = []
     want = value_code(ref)
-    if fill is not None:
+    from torchdoctor._guard.rewritten import writeback
+
+    back = writeback(pf, later, pname, dtype_str(odd)) if fill is not None and cast is None else None
+    if fill is not None and back is not None:  # the dtype came from that writeback, not from the fill
+        lines.append(f"`{pname}` was filled at {file}:{fill.lineno + off} (`{src[fill.lineno - 1].strip()}`)")
+        lines.append(back)
+    elif fill is not None:
         at = f"{file}:{fill.lineno + off} (`{src[fill.lineno - 1].strip()}`)"
         lines.append(f"`{pname}` was filled at {at}" + (
             f" before the model's cast at {os.path.basename(file)}:{cast.lineno + off} "
