@@ -241,9 +241,10 @@ def step_fixes(signature: str, context: str, look: Present | None = None) -> tup
     >>> [code for _, code in step_fixes("app.nan_check", "a tensor with all nans was produced in vae.")]
     ['--no-half-vae  # SD.Next: Settings > Compute Settings > no-half VAE']
     """
-    if (app_of(context) if look is None else _shows(context, look)) is not None:
+    steps = _STEPS.get(signature, ())  # (most signatures have none: no app asked for)
+    if not steps or (app_of(context) if look is None else _shows(context, look)) is not None:
         return ()
-    for words, own_text, fixes in _STEPS.get(signature, ()):
+    for words, own_text, fixes in steps:
         if words in context:
             return fixes if own_text or not _own_program(context) else ()
     return ()

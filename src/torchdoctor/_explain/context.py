@@ -80,11 +80,10 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
     for key in ("a", "b"):
         if key in f:
             d = None if dtype_sig else device_name(_gpu_word(f[key], context))
-            t = dtype_name(f[key]) or type_name(f[key])[1]
             if d:
                 f[key] = d
                 add(devices, d)
-            elif t:
+            elif t := dtype_name(f[key]) or type_name(f[key])[1]:  # (read only where no device is)
                 f[key] = t
                 add(dtypes, t)
     if "input" in f and "weight" in f:  # conv/linear "Input type (X) and weight type (Y)"
