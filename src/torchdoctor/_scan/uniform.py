@@ -12,7 +12,7 @@ None and ``tally``'s loop decides (tests/scan/test_tally_uniform.py compares the
 
 from __future__ import annotations
 
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from operator import attrgetter, eq, is_
 from typing import Any
 
@@ -79,8 +79,9 @@ def uniform_tally(policy: Any, summary: bool, votable: dict[torch.dtype, bool], 
     n_params = roles_c.count("parameter")
     policy.unloaded = {id(comp): (comp, n_params)} if meta and n_params >= 2 else {}
     nonpersistent = policy.nonpersistent
-    if "buffer" in roles_c:  # the few buffers picked at C speed, in order
-        for e, row in compress(canon, map(eq, roles_c, repeat("buffer"))):
+    if "buffer" in roles_c:  # the few buffers picked at C speed, in order, from the first (after the parameters)
+        at = roles_c.index("buffer")
+        for e, row in compress(islice(canon, at, None), map(eq, islice(roles_c, at, None), repeat("buffer"))):
             if e.key in (e.owner.__dict__.get("_non_persistent_buffers_set") or ()):
                 nonpersistent.add(row[0])
                 if dt is _BF16 or dt is _F16:  # a computed buffer in 16 bits: ``rounded`` reads these

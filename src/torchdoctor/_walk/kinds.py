@@ -44,6 +44,8 @@ PLAIN = (torch.Tensor, nn.Parameter)
 _ATOMS_GE = FAST_ATOMS.issuperset
 _SEQS = frozenset({tuple, list})  # exact types only: a subclass's iteration could run its own code
 _ATOMS_OR_SEQS = FAST_ATOMS | _SEQS
+_SEQS_GE = _SEQS.issuperset
+_flat = chain.from_iterable
 
 _KIND_CACHE: dict[type, int] = {}
 
@@ -86,12 +88,26 @@ def atoms_only(v: Any, k: int, limit: int) -> bool:
             return False
         # a transformers model's plans map names to tuples of lists of names (``_pp_plan``): two levels of plain
         # tuples and lists of plain values are proved here too, instead of one walker record per inner list
-        return _ATOMS_GE(map(type, dict.values(v))) or _plain_nested(list(dict.values(v)))
+        return plain_values(dict.values(v))
     if k == SEQ:
         base: Any = list if isinstance(v, list) else tuple
     else:
         base = set if isinstance(v, set) else frozenset
     return bool(base.__len__(v) <= limit and _ATOMS_GE(map(type, base.__iter__(v))))
+
+
+def plain_values(vals: Any) -> bool:
+    """Every one of ``vals`` (a dict's values, re-iterable) is a plain value or a short exact ``tuple`` / ``list``
+    of them, two deep (``_plain_nested``): a plan's own shape (every value a sequence of sequences of plain values)
+    is proved in one pass a level; any other mix level by level."""
+    if _ATOMS_GE(map(type, vals)):
+        return True
+    if _SEQS_GE(map(type, vals)) and max(map(len, vals)) <= 64:
+        inner = list(_flat(vals))
+        if _SEQS_GE(map(type, inner)) and (not inner or max(map(len, inner)) <= 64) and _ATOMS_GE(
+                map(type, _flat(inner))):
+            return True
+    return _plain_nested(list(vals))
 
 
 def _plain_nested(vals: list[Any]) -> bool:
@@ -339,10 +355,12 @@ def script_dict(mod: nn.Module) -> dict[str, Any]:
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"_hf_hook", "_old_forward", "forward", "__dict__",
                                                        "_diffusers_hook"}
 # per class: [(keys, extra, hooked, forward, script, order, forward hooks both ways, _parameters, _buffers, _modules,
-# compiled)]; ``order`` is the keys in one instance's insertion order; the next four say which of the module's dicts
-# exist (read with a subscript where the keys matched); ``compiled``: torch.compile's wrapper (its paths are the model's)
+# compiled, plain)]; ``order`` is the keys in one instance's insertion order; the next four say which of the module's
+# dicts exist (read with a subscript where the keys matched); ``compiled``: torch.compile's wrapper (its paths are the
+# model's); ``plain``: none of the hook keys, no instance ``forward``, not TorchScript or compiled, all three dicts
 _ATTR_KEYS: dict[type, list[Any]] = {}
-NO_KEYS: Any = (frozenset({"<none>"}), (), False, False, False, (), False, False, False, False, False)  # no dict's keys
+NO_KEYS: Any = (frozenset({"<none>"}), (), False, False, False, (), False, False, False, False, False,
+                False)  # no dict's keys
 
 
 def class_keys(tp: type, d: dict[str, Any]) -> Any:
@@ -372,6 +390,7 @@ def class_keys(tp: type, d: dict[str, Any]) -> Any:
            not script and ("_hf_hook" in keys or "_diffusers_hook" in keys), not script and "forward" in keys, script,
            order, "_forward_hooks" in keys and "_forward_pre_hooks" in keys, script or "_parameters" in keys,
            script or "_buffers" in keys, script or "_modules" in keys, tp.__name__ == "OptimizedModule")
+    hit += (not hit[2] and not hit[3] and not script and hit[7] and hit[8] and hit[9] and not hit[10],)
     if known is None or len(known) >= 8:  # a class whose instances all differ: the newest few
         known = _ATTR_KEYS[tp] = []
     known.append(hit)

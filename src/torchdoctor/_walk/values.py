@@ -24,6 +24,15 @@ _ATOMS_GE = FAST_ATOMS.issuperset
 # (its path names no alias, so none is made per object)
 EMPTY: tuple[str, list[Entry], int, int] = ("", [], 0, 0)
 _CONTAINERS: dict[type, int] = {dict: MAPPING, list: SEQ, tuple: SEQ, set: SET, frozenset: SET}  # exact builtin types: their kinds
+# plain object class -> (a quantization library's, has ``__slots__``): a config or a scheduler is met on every walk
+_OBJ_FACTS: dict[type, tuple[bool, bool]] = {}
+
+
+def _obj_facts(tp: type) -> tuple[bool, bool]:
+    if len(_OBJ_FACTS) > 4096:  # classes made per instance
+        _OBJ_FACTS.clear()
+    facts = _OBJ_FACTS[tp] = (is_quant_type(tp), hasattr(tp, "__slots__"))
+    return facts
 
 
 class Values:
@@ -137,8 +146,10 @@ class Values:
         if (k == MAPPING or k == SEQ or k == SET) and atoms_only(v, k, MAX_ITEMS):
             self.seen_obj[oid] = EMPTY  # walked: it holds no tensor
             return
-        if k == OBJ and is_quant_type(type(v)):
-            role = "quant_state"
+        if k == OBJ:
+            facts = _OBJ_FACTS.get(type(v)) or _obj_facts(type(v))
+            if facts[0]:
+                role = "quant_state"
         child_role = role if role == "quant_state" else "container"
         if k in MEMBER_KINDS:  # set, frozenset, deque, functools.partial, closures: each child has its own slot
             for i, (ck, cv, cslot, cowner) in enumerate(members(v, k)):
@@ -156,7 +167,7 @@ class Values:
             items = zip(fields, seq) if isinstance(fields, tuple) else enumerate(seq)
         else:
             d = instance_dict(v)
-            if d and len(d) <= MAX_ITEMS and not hasattr(type(v), "__slots__"):
+            if d and len(d) <= MAX_ITEMS and not facts[1]:
                 # an object's plain values (most of a config's) are skipped by the loop below: left out by one
                 # comprehension (half the cost of a chain of maps under ``compress``), after one C-speed
                 # pass that proves the common case of none left (a generation config)
@@ -165,7 +176,7 @@ class Values:
                                                                      if type(cv) not in atoms]
             else:
                 items = list(d.items()) if d else []
-                if hasattr(type(v), "__slots__"):
+                if facts[1]:
                     items.extend(slot_items(v))
             child_role = "quant_state" if role == "quant_state" else "attribute"
         cslot = "item" if k == MAPPING or k == SEQ else "attr"

@@ -29,6 +29,7 @@ _FORWARD: Any = object()  # in expand's ``later`` list: the module's own ``forwa
 _UNSEEN: Any = object()
 _ATOMS_GE = FAST_ATOMS.issuperset
 _TENSOR_OF = attrgetter("tensor")
+_SEQ_SETS = frozenset({tuple, list, set, frozenset})  # exact types: their own length and iteration run no user code
 # class -> the key-set record its last module matched, across walks: a walk's first module of each class reads it
 # here instead of calling ``class_keys`` (a dozen classes a model, ~0.4 us each, on every scan)
 _LAST_KEYS: dict[type, Any] = {}
@@ -98,12 +99,16 @@ class _Walker(Values):
                     hit = classes[tp] = last_keys[tp] = class_keys(tp, d)
                 if first and hit[6] and d["_forward_hooks"] and d["_forward_pre_hooks"]:
                     hooked.append((path, mod))  # hooked on both sides, at its first path
-                if hit[4]:  # TorchScript: C++-backed wrappers in __dict__ (a traced model's top: none)
-                    d = script_dict(mod)
-                ps = d["_parameters"] if hit[7] else None
-                bs = d["_buffers"] if hit[8] else None
-                sub = d["_modules"] if hit[9] else None
-                compiled = hit[10]
+                simple = hit[11]  # nearly every class: its three dicts, nothing of what follows
+                if simple:
+                    ps, bs, sub, compiled = d["_parameters"], d["_buffers"], d["_modules"], False
+                else:
+                    if hit[4]:  # TorchScript: C++-backed wrappers in __dict__ (a traced model's top: none)
+                        d = script_dict(mod)
+                    ps = d["_parameters"] if hit[7] else None
+                    bs = d["_buffers"] if hit[8] else None
+                    sub = d["_modules"] if hit[9] else None
+                    compiled = hit[10]
             else:
                 if scripted.get(type(mod)) is not False and is_script(type(mod)):
                     d = script_dict(mod)
@@ -125,10 +130,9 @@ class _Walker(Values):
                             e.path = p
                             e.role = "parameter"
                             e.tensor = t
-                            e.owner = mod
+                            e.owner = e.module = mod
                             e.key = name
                             e.slot = "param"
-                            e.module = mod
                             e.module_path = path
                             e.moved_by_module_to = moved
                             e.alias_of = None
@@ -141,21 +145,22 @@ class _Walker(Values):
             # module attributes (plain tensors, objects, containers, list-held modules: never moved by Module.to),
             # once per batch for a module reached twice, at its first path
             if fresh:
-                if hit[2]:
+                if simple:
+                    pass
+                elif hit[2]:
                     if "_hf_hook" in d:
                         hooks.append((path, mod, d["_hf_hook"]))
                     if group_offloading(d.get("_diffusers_hook")):
                         hooks.append((path, mod, d["_diffusers_hook"]))
-                if hit[3] and d["forward"] is not None:
+                if not simple and hit[3] and d["forward"] is not None:
                     add_later((path, mod, _FORWARD, d["forward"]))
                 for key in hit[1]:
                     v = d[key]
                     tv = type(v)
                     if tv in atoms:
                         continue
-                    if nodes < max_nodes and ((tv is tuple or tv is list or tv is set or tv is frozenset) and len(
-                            v) <= MAX_ITEMS and _ATOMS_GE(map(type, v)) or tv is dict and (
-                            not v or atoms_only(v, MAPPING, MAX_ITEMS))):
+                    if nodes < max_nodes and (tv in _SEQ_SETS and (not v or len(v) <= MAX_ITEMS and _ATOMS_GE(map(
+                            type, v))) or tv is dict and (not v or atoms_only(v, MAPPING, MAX_ITEMS))):
                         # a conv's kernel_size, stride and padding, an empty key list, a transformers model's plans
                         # and sets of names: plain values or none, nothing to record for a second visit, which
                         # proves it again as cheaply (counted as ``value`` would)
@@ -284,7 +289,8 @@ def walk(obj: Any) -> Walk:
     wk.out = wk.w.entries
     wk.run_modules()
     wk.w.entries.extend(rest)
-    offloaded(wk.w, wk.w.entries)
+    if wk.w.hooks:  # accelerate's offload hooks: their weights_map copies
+        offloaded(wk.w, wk.w.entries)
     wk.w.types.update(wk.classes)
     entries = wk.w.entries
     if len(set(map(id, map(_TENSOR_OF, entries)))) != len(entries):  # a tensor reached twice: later paths are aliases
