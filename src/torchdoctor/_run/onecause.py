@@ -30,6 +30,10 @@ _IN = re.compile(r" in `[^`]*`")  # the module an op's view was taken in: one te
 _ARG = re.compile(r"(?P<name>[\w.]+) \(an argument of the (?P<call>\S+) call, made by (?P<maker>`[^`]*`|\S+) at "
                   r"(?P<at>\S+:\d+)\)")  # what a tensor made in the model came from: the caller's argument
 _ROLES = ("parameter", "buffer")
+# a model tensor's move refused in its dtype: ``data_mean f64[1]@cpu (made by torch.from_numpy at app.py:16) moved to
+# mps:0 as float64: mps cannot hold float64 tensors``
+_REFUSED = re.compile(r"^(?P<path>[\w.]+) (?P<form>\S+@\S+)(?P<made> \(made by [^)]*\))? moved to (?P<to>\S+) as "
+                      r"(?P<dtype>\w+)(?P<why>: .*)?$")
 _SHOWN = 3
 
 
@@ -72,6 +76,11 @@ def causes(problems: Sequence[Any], roots: Sequence[tuple[str, frozenset[str]]] 
         if i in owner:
             keys.setdefault(("model", owner[i], p.found, p.expected), []).append(i)
             continue
+        moved = _REFUSED.match(p.message or "") if p.kind == "unsupported_dtype" and not p.path.startswith("<") \
+            else None
+        if moved is not None:  # model tensors one move sends to a device that cannot hold their dtype: one move
+            keys.setdefault(("refused", p.found, moved.group("to")), []).append(i)
+            continue
         m = _OPERAND.match(p.message or "")
         attr = _attribute(p, m)
         if attr is not None:  # one plain attribute of one class (``QLinear.scale``) in many of its modules
@@ -112,6 +121,8 @@ def _causes_of(problems: Sequence[Any], key: tuple[Any, ...], ix: list[int],
         return Cause(_attr(members, str(key[2]), str(key[3]), str(key[4])), paths, members[0])
     if key[0] == "arguments":
         return Cause(_arguments(members, *(str(k) for k in key[1:])), paths, members[0])
+    if key[0] == "refused":
+        return Cause(_refused(members, str(key[1]), str(key[2])), paths, members[0])
     if key[0] == "model":
         return Cause(_model(members, paths, roots[key[1]]), paths, members[0])
     return Cause(_operand(members, key[2], key[3], key[4], key[1]), paths, members[0])
@@ -204,6 +215,20 @@ def _attr(members: list[Any], cls: str, name: str, op: str) -> Any:
     message = (f"{cls}.{name}, a plain tensor attribute, is on {first.found} in {len(where)} {cls} modules while "
                f"{op} runs on {first.expected}: one cause, {len(members)} line(s) folded; {shown}")
     return replace(first, path=f"{cls}.{name}", message=message, tensors=tuple(p.path for p in members))
+
+
+def _refused(members: list[Any], found: str, to: str) -> Any:
+    """Model tensors one move sent to a device that cannot hold their dtype, said once with each one's maker."""
+    first = members[0]
+    said = []
+    for p in members:
+        hit = _REFUSED.match(p.message or "")
+        said.append(p.path + (hit.group("made") or "" if hit is not None else ""))
+    head = _REFUSED.match(first.message or "")
+    tail = head.group("why") or "" if head is not None else ""
+    message = (f"{len(members)} tensors of the model moved to {to} as {found}{tail}; one cause, {len(members)} "
+               f"line(s) folded: {', '.join(said[:_SHOWN])}{', ...' if len(said) > _SHOWN else ''}")
+    return replace(first, message=message, tensors=tuple(p.path for p in members))
 
 
 def _model(members: list[Any], paths: list[str], root: tuple[str, frozenset[str]]) -> Any:

@@ -15,7 +15,7 @@ import torch
 
 from torchdoctor._guard.maps import value_code
 from torchdoctor._placement import dtype_str, parse_dtype
-from torchdoctor._virtual.hostmade import made_like, maker, recorded
+from torchdoctor._virtual.hostmade import made_like, maker, recorded, refused_maker
 from torchdoctor._virtual.prove import Fix
 
 
@@ -85,7 +85,8 @@ def _dtype_lines(f: Fix, root: torch.nn.Module) -> list[Fix]:
     was = parse_dtype(found.group(1)) if found else None
     for path, dt in f.sets:
         t = _tensor_at(root, path)
-        hit = maker(t) or (made_like(t, was, NO_DEVICE_ARG) if was is not None else None)  # a refused move's stand-in
+        hit = maker(t) or refused_maker(path) or (made_like(t, was, NO_DEVICE_ARG) if was is not None else None)  # a
+        # refused move's stand-in: its maker kept by path at the move, else the one record of its shape
         if hit is None or hit[0] not in NO_DEVICE_ARG or not isinstance(t, torch.Tensor) or was is None:
             return [f]
         lines.setdefault(f"factory {hit[0]} at {hit[1]}", []).append((path, dt))

@@ -138,9 +138,30 @@ def clear() -> None:
     _KNOWN.clear()
     _CASTS.clear()
     _MADE.clear()
+    _REFUSED.clear()
     _SHAPES.clear()
     _STORAGES.clear()
     _HELD[0] = 0
+
+
+_REFUSED: dict[str, tuple[str, str, bool, bool]] = {}  # a model tensor's path -> the maker of the tensor whose move
+# the device refused in its dtype (the model then holds a stand-in, no longer that storage), for this run
+
+
+def refused(path: str, t: Any) -> str:
+    """``t``, the model tensor at ``path`` whose move the device refuses in its dtype (numpy's float64 statistics
+    registered as a buffer, bound for mps): its maker kept by path for the fix at that line, and said as
+    `` (made by torch.from_numpy at app.py:16)``; empty when no factory of the program made it in this run."""
+    hit = maker(t)
+    if hit is None:
+        return ""
+    if len(_REFUSED) < _LIMIT:
+        _REFUSED[path] = hit
+    return f" (made by {hit[0]} at {hit[1]})"
+
+
+def refused_maker(path: str) -> tuple[str, str, bool, bool] | None:
+    return _REFUSED.get(path)
 
 
 def made_like(t: Any, dtype: torch.dtype, makers: Sequence[str]) -> tuple[str, str, bool, bool] | None:

@@ -55,6 +55,8 @@ class MoveChecks:
             return dtype
         what = f"{path or maker_of(tensor, self.modules.path_of) or 'a tensor'} " \
             f"{compact(tensor.dtype, tuple(tensor.shape), src)}"
+        made = hostmade.refused(path, tensor) if refused and src.type == "cpu" and path else ""
+        what += made  # a model tensor a factory of the program made: that line, one problem per line
         if refused and src.type == "cpu" and (cast := hostmade.cast_of(tensor)) is not None:
             from torchdoctor._virtual.dtypevar import named  # the program's cast that made its dtype, and its name
 
@@ -78,7 +80,8 @@ class MoveChecks:
             self._note("unsupported_dtype", path, dtype_str(dtype), f"a dtype {target.type} supports",
                        f"{what} moved to {device_str(target)} as {dtype_str(dtype)}" + (f" (cast at {at})" if at else "")
                        + f": {refusal(target.type, dtype)}" + ("" if self.modules.stack else _library()),
-                       key=dtype_str(dtype) if path else f"{dtype_str(dtype)}:{at}" if at else _per_line(dtype))
+                       key=f"{dtype_str(dtype)}{made}" if path else f"{dtype_str(dtype)}:{at}" if at else
+                       _per_line(dtype))
             self._said_refused(dtype)
             if at and self.problems and self.problems[-1].found == dtype_str(dtype):
                 p = self.problems[-1]
@@ -135,6 +138,15 @@ class MoveChecks:
                        f"{dtype_str(dtype)}: the cast loses data (complex to real drops the imaginary part, float to "
                        "int the fraction); keep it or cast the result instead", key=f"lossy:{path}:{dtype}")
         return self._moving(tensor, target, dtype)
+
+
+def not_refused(problems: list[Any], among: list[Any]) -> list[Any]:
+    """``problems`` less the dtype problems of a model tensor whose move the device refused in that dtype (``among``):
+    numpy's float64 buffer bound for mps never computes there in float64, so the ops that met it so in the run (a
+    silent promotion) are that refusal's, not problems of their own."""
+    refused = {(p.path, p.found) for p in among if p.kind == "unsupported_dtype" and not p.path.startswith("<")}
+    return [p for p in problems if not (p.kind == "dtype" and p.role in ("parameter", "buffer") and
+                                        (p.path, p.found) in refused)] if refused else problems
 
 
 def _carried(dtype: torch.dtype) -> bool:

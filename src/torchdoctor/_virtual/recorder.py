@@ -16,7 +16,7 @@ from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
 from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest, policy_blamed
 from torchdoctor._virtual.metaread import offloaded_here
-from torchdoctor._virtual.movecheck import MoveChecks
+from torchdoctor._virtual.movecheck import MoveChecks, not_refused
 from torchdoctor._virtual.patched import apart
 from torchdoctor._virtual.origin import from_origin, operand_at, ran_as_asked, where_called
 from torchdoctor._virtual.promote import Promotions, mixed
@@ -103,6 +103,7 @@ class _Recorder(MoveChecks, StackView, Hooks):
     def culprits_first(self, problems: list[Problem], roots: list[Any]) -> list[Problem]:
         """Culprits first, the ops where problems surfaced second: the model tensors the policy finds off (scan's
         verdict on the run's own objects) that match what the ops found wrong, then the module-entry checks' finds."""
+        problems = not_refused(problems, problems)  # (the ops that met a tensor whose move was refused: its own)
         # one tensor met by two outermost calls (a helper held in a list, called after the model) is one problem;
         # two roots' tensors that share a path differ in what they hold (``tensors``) and stay two
         entry = list({(p.kind, p.path, p.found, p.tensors): p for p in problems if _at_entry(p)}.values())
@@ -122,7 +123,8 @@ class _Recorder(MoveChecks, StackView, Hooks):
         # dtype on purpose (a VAE kept float32 in a float16 pipeline, peft's float32 adapters) is the program's choice
         computed = getattr(self, "computed", None)
         ran = ran_as_asked(self.dtype, roots, computed) if self.dtype not in (computed or {}) else []
-        return blamed + entry + [from_origin(p, origin, {b.path for b in blamed}) for p in rest] + ran
+        return not_refused(blamed, problems) + entry + \
+            [from_origin(p, origin, {b.path for b in blamed}) for p in rest] + ran
 
     def check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.entry.pending:  # an attribute / container tensor reached an op: the forward read it
