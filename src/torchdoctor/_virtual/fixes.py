@@ -31,6 +31,7 @@ from torchdoctor._virtual.castfix import (NO_DEVICE_ARG, cast_fix, op_moved, eac
                                           maker_diff, storage_fix, traced_note)
 from torchdoctor._virtual.inplacefix import inplace_fix
 from torchdoctor._virtual.nofix import whole_move
+from torchdoctor._virtual.widened import KEY as WIDENED, widened_fix
 from torchdoctor._virtual.prove import Fix
 from torchdoctor._virtual.stalename import stale_fix
 from torchdoctor._virtual.restfix import FLOAT8_NAMES, SCALER, SCALER_BF16, rest
@@ -129,6 +130,10 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             continue
         if cases and (kept := inplace_fix(p, cases)) is not None:  # in place: what it reads goes to self's device
             factories.append(kept)
+            continue
+        if made_from and made_from[0].startswith(WIDENED) and (w := widened_fix(made_from[0], target, LINES)):
+            if w.code not in {f.code for f in factories}:  # a line promoted the model's data: its value cast back
+                factories.append(w)
             continue
         if made_from and made_from[0].startswith("cast at "):  # fixed at the cast, or where it read its dtype
             fix = cast_fix(p, made_from[0][8:], target, module_path)

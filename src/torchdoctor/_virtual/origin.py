@@ -32,7 +32,7 @@ class Made:
     """How a tensor made in a run got its device and dtype."""
 
     __slots__ = ("op", "module", "paths", "count", "via", "depth", "at", "arg", "site", "made_of", "promotes",
-                 "loose", "default", "hook", "mixed", "moves", "loaded")
+                 "loose", "default", "hook", "mixed", "moves", "loaded", "widened")
 
     def __init__(self, op: str, module: Any, paths: tuple[str, ...] = (), count: int = 0, via: Made | None = None,
                  depth: int = 1) -> None:
@@ -55,6 +55,7 @@ class Made:
         self.mixed = False  # made from its named tensors and an unnamed one of their dtype (activation x weight)
         self.moves = False  # the program's own line sent it to another device: for its device, the maker (``moveby.carried``)
         self.loaded: Any = None  # made by torch.load at the program's line (``loaded.Loaded``): said so, by its holder
+        self.widened: Any = None  # the program's line where it promoted the model's data (``widened.Widened``)
 
     @classmethod
     def argument(cls, label: str, fix_label: str, call: str, before: Made | None, chain: Made | None = None,
@@ -113,7 +114,8 @@ class Made:
     def source(self) -> Made:
         """The first link of the chain: the op that made it from named tensors (or a factory)."""
         link = self
-        while link.via is not None and link.site is None:  # a cast set the dtype: it is where the chain starts
+        while link.via is not None and link.site is None and link.widened is None:  # a cast set the dtype (or a
+            # line promoted the model's data with the cast's tensor): it is where the chain starts
             link = link.via
         return link
 
@@ -167,6 +169,8 @@ def _where(module: Any, module_path: Callable[[Any], str | None]) -> str:
 def _link(m: Made, module_path: Callable[[Any], str | None]) -> str:
     if m.arg is not None or m.hook is not None:
         return m.arg or m.hook or ""
+    if m.widened is not None:  # the program's line where the model's data met it and was promoted
+        return m.widened.describe(m, _link(m.via.source, module_path) if m.via is not None else "")
     if m.site is not None:  # the cast as written, its line and where its dtype was read from
         text = f"{m.site.describe()} in {_where(m.module, module_path)}"
         if m.made_of:
@@ -310,6 +314,12 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
         # outside the model, from tensors nothing recorded (made before the run): the user's line that made it, so
         # `y = x.to(torch.float16)` in the block is found by file:line (inside modules this stays free)
         return Made(str(op), None) if module is None and tensors else None
+    if module is not None and cast is not None and cast.is_floating_point() and via.source.site is not None:
+        from torchdoctor._virtual.widened import widened_at  # the model's data promoted by a cast's tensor there
+
+        if (w := widened_at(cast, dtype, via.source.site, user_frame(2), short_at, LINES)) is not None:
+            (m := Made(str(op), module, (f"widened at {w.at}",), 1, via=via, depth=via.depth + 1)).widened = w
+            return m
     if via.depth >= DEPTH and via.site is None and not via.paths and via.arg is None and via.at is None:
         return via  # a plain record past the kept links stands for every op after it; never a cast or a source
     return Made(op, module, via=via, depth=via.depth + 1)
