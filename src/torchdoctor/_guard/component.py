@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchdoctor._placement import dtype_str
+
 from torchdoctor._guard.maps import component_fix
 from torchdoctor._guard.proof import prove
 from torchdoctor._placement import dtype_str
@@ -321,8 +323,37 @@ def widen(session: Any, maps: Any, root: Any, paths: Sequence[str], target: Any,
              f"tensors leaves its next layer failing)" for g in groups]
     tried = f"{', '.join(f'`{g}`' for g in groups)} -> {show(target)}"
     proof = prove_whole(session, root, cast_paths([(g, target) for g in groups]), tried)
+    failed = proof is not None and proof.startswith("fix unproven: the whole forward re-run")
+    if failed and isinstance(value, torch.dtype) and isinstance(target, torch.dtype) and \
+            (other := _other_side(session, maps, root, groups, target, value, whole)) is not None:
+        return other[0], other[1] + [f"(the other way fails: {(proof or '').removeprefix('fix unproven: ')})"], other[2]
     return groups_fix(groups, target, root, maps.dicts), lines, proof or f"fix unproven: {tried} not re-run " \
         f"(the {whole}'s inputs are not known here, or it is too large to copy)"
+
+
+def _other_side(session: Any, maps: Any, root: Any, groups: Sequence[str], target: torch.dtype, value: torch.dtype,
+                whole: str) -> tuple[str, list[str], str] | None:
+    """When casting the odd-looking groups to ``target`` fails the whole forward (the model's tensors in ``target``
+    are fewer but larger: one float16 weight merged into a bfloat16 model, its elements outvoting the rest), the
+    fewer tensors in ``target`` cast to ``value`` instead, proven by the same re-run; None when that fails too."""
+    floating = [e for e in maps.walk.entries if isinstance(e.tensor, torch.Tensor) and e.tensor.is_floating_point()
+                and e.alias_of is None]
+    theirs = [e.path for e in floating if e.tensor.dtype == target]
+    mine = sum(1 for e in floating if e.tensor.dtype == value and any(_inside(e.path, g) for g in groups))
+    if not theirs or len(theirs) >= mine:
+        return None
+    # their modules, whole (odd_groups refuses tensors that hold most of the model's elements: these do)
+    odd = odd_groups(maps.walk.entries, theirs, target) or sorted({p.rpartition(".")[0] for p in theirs})
+    if "" in odd or any(e.tensor.dtype != target for e in floating for g in odd if _inside(e.path, g)):
+        return None
+    tried = f"{', '.join(f'`{g}`' for g in odd)} -> {dtype_str(value)}"
+    proof = prove_whole(session, root, cast_paths([(g, value) for g in odd]), tried)
+    if proof is None or not proof.startswith("fix proven"):
+        return None
+    lines = [f"culprit `{g}`: every tensor in it is {dtype_str(target)} while the rest of the {whole} is "
+             f"{dtype_str(value)} ({_held(maps.walk.entries, g, target)}; fewer tensors, though larger: the "
+             f"{dtype_str(value)} side is the model's dtype)" for g in odd]
+    return groups_fix(odd, value, root, maps.dicts), lines, proof
 
 
 def _held(entries: Sequence[Any], group: str, value: Any) -> str:
