@@ -76,6 +76,9 @@ def causes(problems: Sequence[Any], roots: Sequence[tuple[str, frozenset[str]]] 
         if i in owner:
             keys.setdefault(("model", owner[i], p.found, p.expected), []).append(i)
             continue
+        if p.kind == "device" and p.role == "quant_state" and p.module_type:  # the state of many quantized layers
+            keys.setdefault(("state", p.module_type, p.found, p.expected), []).append(i)  # left behind: one mover
+            continue
         moved = _REFUSED.match(p.message or "") if p.kind == "unsupported_dtype" and not p.path.startswith("<") \
             else None
         if moved is not None:  # model tensors one move sends to a device that cannot hold their dtype: one move
@@ -121,6 +124,8 @@ def _causes_of(problems: Sequence[Any], key: tuple[Any, ...], ix: list[int],
         return Cause(_attr(members, str(key[2]), str(key[3]), str(key[4])), paths, members[0])
     if key[0] == "arguments":
         return Cause(_arguments(members, *(str(k) for k in key[1:])), paths, members[0])
+    if key[0] == "state":
+        return Cause(_state(members, str(key[1])), paths, members[0])
     if key[0] == "refused":
         return Cause(_refused(members, str(key[1]), str(key[2])), paths, members[0])
     if key[0] == "model":
@@ -215,6 +220,20 @@ def _attr(members: list[Any], cls: str, name: str, op: str) -> Any:
     message = (f"{cls}.{name}, a plain tensor attribute, is on {first.found} in {len(where)} {cls} modules while "
                f"{op} runs on {first.expected}: one cause, {len(members)} line(s) folded; {shown}")
     return replace(first, path=f"{cls}.{name}", message=message, tensors=tuple(p.path for p in members))
+
+
+def _state(members: list[Any], cls: str) -> Any:
+    """The quantization state of many quantized layers left on one device (a stream of ``p.data`` swaps moved each
+    weight, not the state hanging off it), said once: how many layers, which parts, why."""
+    first = members[0]
+    layers = list(dict.fromkeys(p.module_path or p.path for p in members))
+    parts = list(dict.fromkeys(p.path.rpartition("quant_state.")[2] for p in members))
+    why = (first.message or "").partition(": ")[2] if ": " in (first.message or "") else ""
+    message = (f"the quantization state ({', '.join(parts[:_SHOWN])}) of {len(layers)} {cls} layers is on "
+               f"{first.found} when they start on {first.expected}" + (f": {why}" if why else "") +
+               f"; one cause, {len(members)} line(s) folded; e.g. {', '.join(layers[:_SHOWN])}"
+               f"{', ...' if len(layers) > _SHOWN else ''}")
+    return replace(first, path=f"{cls}.weight.quant_state", message=message, tensors=tuple(p.path for p in members))
 
 
 def _refused(members: list[Any], found: str, to: str) -> Any:
