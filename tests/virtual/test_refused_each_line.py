@@ -6,6 +6,7 @@ The ops that then compute in float64 are those tensors' (one cause each), never 
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 import torch.nn as nn
@@ -56,3 +57,15 @@ def test_simulate_of_a_model_names_both_lines() -> None:
     line = LINE
     assert f"at {HERE}:{line}:" in said and f"(cast at {HERE}:{line + 1})" in said, said
 
+
+
+def test_an_op_a_card_has_no_kernels_for_names_its_operand_s_maker() -> None:
+    import numpy as np
+
+    with torchdoctor.virtual_devices("xpu", profile="arc", raise_on_exit=False) as sim:
+        sig = torch.from_numpy(np.linspace(0, 1, 8)).to("xpu"); line = sys._getframe().f_lineno  # noqa: E702
+        (sig * 2).sum()
+    [p] = [p for p in sim.problems if p.kind == "unsupported_dtype"]
+    assert "xpu cannot compute in float64" in p.message, p.message
+    assert "; the operand is a tensor made by " in p.message and f"torch.from_numpy in code outside the model at " \
+        f"{HERE}:{line}" in p.message, p.message

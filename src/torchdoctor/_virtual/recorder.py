@@ -263,9 +263,10 @@ class _Recorder(MoveChecks, StackView, Hooks):
             if p.kind == "missing_kernel" and (at := where_called()):  # the op at the user's line
                 message = message.replace(": ", f" at {at}: ", 1)
             if p.kind == "unsupported_dtype" and not mtype:  # a library's own op outside the model (GradScaler's
-                # float64): its line named; a forward's dtype is the model's
-                from torchdoctor._virtual.libfloat import library_line
+                from torchdoctor._virtual.libfloat import library_line  # float64): its line named; a forward's: the model's
                 message += library_line(1) or ""
+            if p.kind == "unsupported_dtype" and origin is not None and origin.source.at:  # its maker's line
+                message += f"; the operand is {origin.describe(self.modules.path_of)}"
             if anchor is not None:
                 expected = device_str(anchor) if on_device else dtype_str(anchor)
             if t is not None and p.kind != "unsupported_dtype":
