@@ -35,7 +35,9 @@ def param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> A
     if isinstance(data, VirtualTensor) and type(data) in (VirtualTensor, virtual_class(torch.nn.Parameter)):
         made = replaced.kept(V.current_space(), data, requires_grad) if cls is torch.nn.Parameter else None
         if made is None:  # (else the twin the model held on this device before: a round trip keeps the object)
-            made = make_subclass(cls, data, requires_grad)
+            own = _own_held(data) if cls is torch.nn.Parameter else None
+            made = make_subclass(cls if own is None else type(own), data, requires_grad)
+            _keep_attributes(made, own)
         replaced.note(V.current_space(), made)  # Module.to's new Parameter: optimizers built before are pointed at it
         return made
     if isinstance(data, VirtualTensor) and isinstance(data, torch.nn.Parameter) and cls is torch.nn.Parameter:
@@ -63,7 +65,11 @@ def param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> A
         replaced.note(space, data)
         return data
     out = replaced.kept(space, data, requires_grad) if space is not None and cls is torch.nn.Parameter else None
-    if out is None:  # (else the real one the model held on the cpu before)
+    own = _own_held(data) if out is None and space is not None and cls is torch.nn.Parameter else None
+    if own is not None:  # the program's own Parameter subclass taken back to the cpu: its class and attributes
+        out = _ORIG_MAKE_SUBCLASS(_real_class(type(own)), data, requires_grad)
+        _keep_attributes(out, own)
+    elif out is None:  # (else the real one the model held on the cpu before)
         out = _ORIG_PARAM_NEW(cls, data, requires_grad)
     if space is not None and data.device.type == "cpu":
         replaced.note(space, out)  # a virtual one Module.to took to the cpu: what holds the old one reads it there
@@ -87,6 +93,24 @@ def _held_before(data: Any) -> Any:
     if held is None or held is data:
         return None
     return held if isinstance(data, type(held)) or isinstance(held, type(data)) else None
+
+
+def _own_held(data: Any) -> Any:
+    """The parameter ``Module._apply`` replaces with ``Parameter(data)`` when it is of a ``Parameter`` subclass of its
+    own (a user's class with extra attributes, ``GGUFParameter``) and ``data`` is a plain tensor: on the machine torch
+    assigns ``.data`` and the object, its class and its attributes, stay; or None."""
+    if type(data) not in (torch.Tensor, torch.nn.Parameter, VirtualTensor, virtual_class(torch.nn.Parameter)):
+        return None
+    frame = sys._getframe(2)  # (this, param_new, its caller)
+    held = frame.f_locals.get("param") if frame.f_code is replaced._APPLY else None
+    if held is None or held is data or not isinstance(held, torch.nn.Parameter):
+        return None
+    return held if _real_class(type(held)) is not torch.nn.Parameter else None
+
+
+def _real_class(cls: type) -> type:
+    """The program's class behind a virtual twin's (``VirtualGGUFParameter`` -> ``GGUFParameter``)."""
+    return next((c for c in cls.__mro__ if not issubclass(c, VirtualTensor)), torch.Tensor)
 
 
 def _keep_attributes(new: Any, old: Any) -> None:

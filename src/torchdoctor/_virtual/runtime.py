@@ -24,7 +24,8 @@ from torch.overrides import TorchFunctionMode
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api, devrng, dispatch as D, host as H, moveby
-from torchdoctor._virtual import defaultdtype, hardware, hostmade, lengths, makers, outside, parallel, replaced, saved
+from torchdoctor._virtual import defaultdtype, hardware, hostmade, lengths, makers, outside, ownclass, parallel, replaced
+from torchdoctor._virtual import saved
 from torchdoctor._virtual import storage, takenback, tracecheck, training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
@@ -191,6 +192,9 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
 }
 if hasattr(T, "xpu"):
     _HANDLERS[T.xpu] = _to_kind("xpu")
+for _f in (T.to, T.cuda, T.cpu, getattr(T, "xpu", None), T.half, T.float, T.double, T.bfloat16):
+    if _f is not None:  # a subclass's own __torch_function__ (GGUFParameter's quant_type) around the move
+        _HANDLERS[_f] = ownclass.keeping(_HANDLERS[_f])
 
 
 F = torch.nn.functional
