@@ -183,6 +183,14 @@ def casting_modules(modules: list[tuple[str, nn.Module]], types_: set[type]) -> 
     return out
 
 
+def module_casts(m: nn.Module) -> bool:
+    """Whether ``casting_modules`` of a walk holding ``m`` holds it (``m`` holds tensors of its own), asked of that
+    one module: its class's plan (made once per class), then what its forward moves on this call."""
+    tp = type(m)
+    plan = percall._PLANS[tp] if tp in percall._PLANS else percall.plan(tp)
+    return plan is not None and bool(percall.moved_on_call(m))
+
+
 def network_adapters(w: Any) -> tuple[dict[str, tuple[str, str]], dict[str, torch.device]]:
     """Tensors of forward-replacing LoRA networks as adapters of the module they patch: ``path -> (patched module
     path, network name)``, and the patched module's weight device (what the network must sit beside)."""

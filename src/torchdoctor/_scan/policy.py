@@ -64,8 +64,20 @@ def _under(path: str, prefix: str) -> bool:
     return not prefix or path == prefix or path.startswith(prefix + ".")
 
 
+class _Casting:
+    """``Policy.casting``: module id -> what its forward moves or casts per call (``apps.casting_modules``), made
+    when first read and kept on the policy (a model on one device in one dtype whose first voting tensor is no such
+    layer's never reads it: ``uniform`` asks that one module)."""
+
+    def __get__(self, policy: Any, owner: Any = None) -> dict[int, dict[str, int]]:
+        got = policy.__dict__["casting"] = apps.casting_modules(policy.w.modules, policy._types)
+        return got
+
+
 class Policy:
     """Expectations for one walk: ``decide(entry)`` per tensor, ``judge()`` for the problems, ``components``."""
+
+    casting = _Casting()
 
     def __init__(self, w: Walk, device: torch.device | None, dtype: torch.dtype | None, strict: bool,
                  summary: bool = False) -> None:
@@ -121,7 +133,7 @@ class Policy:
                 hit = bnb.get(tp)
                 kbit = hit if hit is not None else intent.kbit_model([(path, mod)])
         self.kbit = kbit
-        self.casting = apps.casting_modules(w.modules, types)  # layers that cast or move their weights per call
+        self._types = types  # ``casting`` (the layers that cast or move their weights per call) is made when read
         self.patched = {p for p, _, _ in w.patches} if w.patches else set()
         if w.patches:  # forward-replacing LoRA networks: adapters of the module they patch
             of, base = apps.network_adapters(w)

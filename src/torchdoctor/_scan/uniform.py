@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from torchdoctor._scan import intent
+from torchdoctor._scan.apps import module_casts
 from torchdoctor._scan.intent import STORAGE_DTYPES, packed_scale
 
 __all__ = ["uniform_tally"]
@@ -91,12 +92,14 @@ def uniform_tally(policy: Any, summary: bool, votable: dict[torch.dtype, bool], 
         ok = votable[dt] = dt.is_floating_point and dt not in STORAGE_DTYPES
     dev_vote = dt_vote = False
     if ok:
-        casting, adapters, kbit = policy.casting, policy.adapter_of, policy.kbit
+        # the layers that cast or move their weights per call: the policy's table where it was made, else the one
+        # module asked (``apps.module_casts``: the same answer)
+        casting, adapters, kbit = policy.__dict__.get("casting"), policy.adapter_of, policy.kbit
         norms = intent.NORM_TYPES
         for e, row in canon:  # the first tensor that votes decides; the loop's filters, in its order
             role = row[1]
-            if role != "parameter" and role != "buffer" or not row[6] or (casting and id(e.module) in casting) \
-                    or (adapters and row[0] in adapters):
+            if role != "parameter" and role != "buffer" or not row[6] or (adapters and row[0] in adapters) or (
+                    id(e.module) in casting if casting is not None else module_casts(e.module)):
                 continue
             dev_vote = True
             if nonpersistent and row[0] in nonpersistent or (kbit and intent.follows_input(e)):
