@@ -74,3 +74,34 @@ def test_warn_and_fix_aim_at_the_same_line_for_another_maker(tmp_path: Path, mod
     assert "t made by `torch.as_tensor` at " in out, out
     assert "t = torch.as_tensor(np.linspace(0, 1, 2), dtype=torch.bfloat16)  # app.py:26" in out, out
     assert "# pass arg 1 (mat1)" not in out, out
+
+
+COLLATED = '''import sys
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.utils.data import default_collate
+import torchdoctor
+
+model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).to(torch.bfloat16)
+batch = default_collate([np.ones(8, dtype=np.float32), np.zeros(8, dtype=np.float32)])
+try:
+    with torchdoctor.guard(model, mode=sys.argv[1]):
+        model(batch)
+except torchdoctor.PlacementError as e:
+    print(e)
+'''
+
+
+@pytest.mark.parametrize("mode", ["explain", "strict"])
+def test_an_argument_a_library_call_made_is_fixed_at_the_program_s_line(tmp_path: Path, mode: str) -> None:
+    # the tensor is made inside torch's default_collate: its maker is the program's line that got it
+    (tmp_path / "app.py").write_text(COLLATED)
+    r = subprocess.run([sys.executable, "app.py", mode], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert "input made by `default_collate(...)` at " in out and "app.py:9 (`batch = default_collate(" in out, out
+    assert out.count("culprit input (an argument of the Sequential call)") == 1, out
+    assert "fix proven: the whole forward runs again on a copy of the model with input -> bfloat16" in out, out
+    assert "batch = default_collate([np.ones(8, dtype=np.float32), np.zeros(8, dtype=np.float32)]).to(" \
+           "torch.bfloat16)  # app.py:9" in out, out
+    assert "+batch = default_collate(" in out and "# pass input as" not in out, out

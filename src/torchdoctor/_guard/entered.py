@@ -7,6 +7,7 @@ argument of the call holds the operand's dtype, or that line cannot be written."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -16,10 +17,11 @@ from torchdoctor._guard.remedy import Aim
 __all__ = ["entered_aim"]
 
 
-def entered_aim(session: Any, made: list[tuple[str, torch.Tensor]], root: Any, maps: Any, target: torch.dtype
-                ) -> Aim | None:
-    """The caller's arguments in the dtype of the operands ``made`` in a forward, their makers and the fix at the
-    line that made them; None when there is none to aim at."""
+def entered_aim(session: Any, made: list[tuple[str, torch.Tensor]], root: Any, maps: Any, target: torch.dtype,
+                said: Sequence[str] = ()) -> Aim | None:
+    """The caller's arguments in the dtype of the operands ``made`` in a forward (or given as they are), their
+    makers and the fix at the line that made them; None when there is none to aim at. ``said``: the report's lines
+    already naming a maker, not said twice."""
     from torchdoctor._guard import component
     from torchdoctor._guard.provenance import call_arguments, call_owner, running_frames
     from torchdoctor._guard.remedy import caller_fix, caller_makers
@@ -38,10 +40,11 @@ def entered_aim(session: Any, made: list[tuple[str, torch.Tensor]], root: Any, m
             and t.dtype in wrong and any(t is x for x in given)]
     if not held:
         return None
-    lines = [f"culprit {n} (an argument of the {owner} call): {compact(t.dtype, tuple(t.shape), t.device)}  (expected {dtype_str(target)})"
-             for n, t in held]
+    lines = [f"culprit {n} (an argument of the {owner} call): {compact(t.dtype, tuple(t.shape), t.device)}  "
+             f"(expected {dtype_str(target)})" for n, t in held]
     makers = caller_makers(held, "dtype", inside=maps.modules)
     lines += [f"{label} {m.describe()}" for label, m in makers]
+    lines = [x for x in lines if x not in said and x.replace("culprit ", "", 1) not in said]
     at = caller_fix(makers, target, maps.modules, maps.dicts)
     if at is None:
         return None

@@ -239,11 +239,11 @@ def told(session: Any, c: Case) -> tuple[PlacementError, Note]:
         if aim is not None:
             lines += aim.lines
             fix = aim.code
-    if net is None and not (aim is not None and aim.code) and not blamed and c.mod is not None and c.made and \
-            (fix or "").startswith("# pass") and isinstance(t0, torch.dtype):  # the caller's argument gave the dtype
-        from torchdoctor._guard.entered import entered_aim
+    if net is None and not (aim is not None and aim.code) and not blamed and c.mod is not None and \
+            (c.made or c.given) and (fix or "").startswith("# pass") and isinstance(t0, torch.dtype):
+        from torchdoctor._guard.entered import entered_aim  # the caller's argument gave the dtype (or is the operand)
 
-        if (came := entered_aim(session, c.made, c.root, maps, t0)) is not None:
+        if (came := entered_aim(session, [*c.made, *c.given], c.root, maps, t0, lines)) is not None:
             lines += came.lines
             fix, aim = came.code, replace(came, lines=(aim.lines if aim is not None else []) + came.lines)
     use = _use_line(c, t0) if c.mod is None and not blamed and not (aim is not None and aim.code) else None

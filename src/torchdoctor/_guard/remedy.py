@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from torchdoctor._report.diff import line_patch
+from torchdoctor._guard.assignedarg import LIBCALL
 from torchdoctor._guard.maker import Maker, class_attribute_line
 from torchdoctor._guard.maps import code_path, value_code
 from torchdoctor._guard.offer import error_dict, with_patch  # noqa: F401  (where they were)
@@ -121,6 +122,8 @@ def remedy(m: Maker, target: Any, paths: dict[int, str], dicts: Any = ()) -> Rem
 def _factory_line(m: Maker, raw: str, want: str) -> str | None:
     """A torch factory called without ``dtype=`` given one (``torch.ones(8, 8, dtype=torch.bfloat16)``), or
     ``torch.from_numpy(...)`` (which takes none) cast after the call; None for anything else."""
+    if m.factory and m.span is not None and m.op.endswith(LIBCALL):  # a library call's result: cast after it
+        return raw[:m.span[1]] + f".to({want})" + raw[m.span[1]:]
     if not m.factory or m.span is None or not m.op.startswith("torch."):
         return None
     col, end = m.span
@@ -340,6 +343,7 @@ def caller_makers(given: list[tuple[str, torch.Tensor]], kind: str, tb: Any = No
                   inside: Any = None) -> list[tuple[str, Maker]]:
     """(label, maker) of each of the caller's tensors whose making line its frames show (``caller_lines``)."""
     from torchdoctor._guard.frames import Frames, user_frames
+    from torchdoctor._guard.assignedarg import assigned_maker
     from torchdoctor._guard.maker import find
 
     if not given:
@@ -349,7 +353,8 @@ def caller_makers(given: list[tuple[str, torch.Tensor]], kind: str, tb: Any = No
         frames = Frames(f for f in stack if not (isinstance(me := f.f_locals.get("self"), nn.Module) and (
             inside is None or id(me) in inside)))
         frames.callee = getattr(stack, "callee", {})
-        found = [(label, find(frames, t, kind)) for label, t in given[:4]]
+        found = [(label, find(frames, t, kind) or (assigned_maker(frames, t) if kind == "dtype" else None))
+                 for label, t in given[:4]]  # else the program's line that got it from a library's call
     except Exception:  # the making line is extra: the argument is named without it
         return []
     return [(label, m) for label, m in found if m is not None]

@@ -22,8 +22,8 @@ def writeback(frame: Any, stmts: list[tuple[ast.stmt, int, str]], pname: str, od
     dtype the op met), else None."""
     for stmt, line, text in stmts:
         for call in (c for c in ast.walk(stmt) if isinstance(c, ast.Call)):
-            if not any(isinstance(x, ast.Name) and x.id == pname for a in [*call.args, *(k.value for k in call.keywords)]
-                       for x in ast.walk(a)):
+            given = [*call.args, *(k.value for k in call.keywords)]
+            if not any(isinstance(x, ast.Name) and x.id == pname for a in given for x in ast.walk(a)):
                 continue
             fn = _resolve(call.func, frame.f_locals, frame.f_globals)
             cast = _cast_in(fn, _DEPTH) if fn is not None else None
@@ -48,8 +48,9 @@ def _resolve(func: ast.expr, local: dict[str, Any], glob: dict[str, Any]) -> Any
 
 
 def _cast_in(fn: Any, depth: int) -> tuple[str, str, str] | None:
-    """(``file:line``, the line's text, the dtype's name or "") of the first floating dtype cast in ``fn``'s body (``.half()``,
-    ``.to(torch.float16)``), or in a helper of the program's own it calls, ``depth`` calls deep; None when none."""
+    """(``file:line``, the line's text, the dtype's name or "") of the first floating dtype cast in ``fn``'s body
+    (``.half()``, ``.to(torch.float16)``), or in a helper of the program's own it calls, ``depth`` calls deep; None
+    when none."""
     from torchdoctor._virtual.ownline import source
 
     code = fn.__code__

@@ -53,8 +53,8 @@ def widened_at(cast: torch.Tensor, dtype: torch.dtype, site: Any, frame: Any, sh
         return SEEN[at]
     code, loc = frame.f_code, frame.f_locals
     args = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
-    name = next((n for n in args if n != "self" and isinstance(loc.get(n), torch.Tensor) and loc[n].dtype == cast.dtype),
-                next((n for n, v in loc.items() if v is cast), ""))
+    name = next((n for n in args if n != "self" and isinstance(loc.get(n), torch.Tensor)
+                 and loc[n].dtype == cast.dtype), next((n for n, v in loc.items() if v is cast), ""))
     lines[at] = (code.co_filename, frame.f_lineno)
     w = Widened(at, name, dtype_str(cast.dtype), dtype_str(dtype), getattr(site, "at", "") or "")
     if len(SEEN) < 1024:
