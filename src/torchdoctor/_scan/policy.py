@@ -69,7 +69,9 @@ class _Casting:
     when first read and kept on the policy (a model on one device in one dtype whose first voting tensor is no such
     layer's never reads it: ``uniform`` asks that one module)."""
 
-    def __get__(self, policy: Any, owner: Any = None) -> dict[int, dict[str, int]]:
+    def __get__(self, policy: Any, owner: Any = None) -> Any:
+        if policy is None:  # read on the class (help(), inspect)
+            return self
         got = policy.__dict__["casting"] = apps.casting_modules(policy.w.modules, policy._types)
         return got
 
