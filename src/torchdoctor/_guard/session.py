@@ -10,6 +10,7 @@ modified inplace"). Nothing here runs per op in ``explain`` mode (nor, under no_
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -119,6 +120,10 @@ class Session:
                 if self.mode != "strict":
                     self.composite = CompositeCheck(self)
                     self.composite.__enter__()
+                else:  # attention's own C++ check comes before any op: looked at per attention call
+                    from torchdoctor._guard import attncheck
+
+                    attncheck.install(self)
         except BaseException:
             self.stop()
             raise
@@ -127,6 +132,8 @@ class Session:
         mode, self.dispatch = self.dispatch, None
         composite, self.composite = self.composite, None
         savedhooks.uninstall(self)
+        if self.mode == "strict" and (attn := sys.modules.get("torchdoctor._guard.attncheck")) is not None:
+            attn.uninstall(self)
         if self.lean is not None:
             self.lean.stop()
         try:
