@@ -168,7 +168,13 @@ def _real_made(name: str | None, args: Any, out: Any) -> Any:
     for a in args:
         if type(a) is torch.nn.Parameter and space.real_record(a) is None:
             attr = next((k for k, v in held.items() if v is a), None)
-            if attr is not None:  # the module holds it, yet it is real: built in forward, after the move
+            hit = hostmade.maker(a) if attr is not None else None
+            if hit is not None and hit[3]:  # built in its module's __init__ (no lazy layer): a placement of the
+                # model's layers that left it behind; no factory of a forward to fix
+                made = Made(f"Parameter `{attr}` built in __init__ at {hit[1]}, not moved with its module", module)
+                made.at = None
+                space.keep_real(a, None, made)
+            elif attr is not None:  # the module holds it, yet it is real: built in forward, after the move
                 made = Made(f"torch.nn.Parameter `{attr}` built in forward after the model's .to", module)
                 made.at = None  # the line at hand uses it; the line that built it ran earlier
                 space.keep_real(a, None, made)
