@@ -12,7 +12,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from run.test_run_cli import run, write
+
+pytest_plugins = ["pytester"]
 
 APP = """
     import torch
@@ -86,7 +90,41 @@ def test_to_cuda_of_a_holder_without_a_device_name_uses_the_holders_device(tmp_p
 
 
 def test_set_device_first_is_quiet(tmp_path: Path) -> None:
-    app = APP.format(move=".cuda()").replace("voice = Voice()", "torch.cuda.set_device(device)\nvoice = Voice()")
+    app = APP.format(move=".cuda()").replace("voice = Voice()", "torch.cuda.set_device(device)\n    voice = Voice()")
     write(tmp_path / "app.py", app)
     r = run("--device", "cuda", "--count", "2", "app.py", cwd=tmp_path)
     assert "no placement error" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+MARKED = """
+import pytest, torch, torch.nn as nn
+
+
+@pytest.mark.simulate(device="cuda", count=2)
+def test_inference_copy():
+    device = torch.device("cuda:1")
+    emb = nn.Embedding(40, 8).to(device)
+    inference_emb = nn.Embedding(40, 8).cuda()
+    inference_emb.load_state_dict(emb.state_dict())
+    ids = torch.tensor([[1, 2, 3]], device=device)
+    assert inference_emb(ids).shape == (1, 3, 8)
+
+
+@pytest.mark.simulate(device="cuda", count=2)
+def test_inference_copy_fixed():
+    device = torch.device("cuda:1")
+    inference_emb = nn.Embedding(40, 8).to(device)
+    ids = torch.tensor([[1, 2, 3]], device=device)
+    assert inference_emb(ids).shape == (1, 3, 8)
+"""
+
+
+def test_the_marker_names_the_bare_cuda_line_of_the_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=MARKED)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider", timeout=600)
+    result.assert_outcomes(failed=1, passed=1)  # the fixed line, as the fix writes it, passes
+    out = result.stdout.str()
+    assert "# test_suite.py:8 moves inference_emb with a bare `.cuda()`: that is the current device, cuda:0, not " \
+           "the program's cuda:1 the tensors it meets are on; move it there: " \
+           "inference_emb = nn.Embedding(40, 8).to(device)" in out, out[-3000:]
+    assert "to('cuda:0')" not in out, out[-3000:]

@@ -39,7 +39,7 @@ def bare_move_fixes(items: list[Fix], problems: Sequence[Any], root: Any) -> lis
     if found is None:
         return items
     fix, path, was = found
-    inside = path + "."
+    inside = path + "." if path else "\0"  # a root moved whole: only the moves to where it is are needless
     kept = [f for f in items if not _covered(f, inside, was)]
     return [fix, *kept]
 
@@ -60,26 +60,25 @@ def _find(problems: Sequence[Any], root: torch.nn.Module) -> tuple[Fix, str, tor
             continue
         for path in _paths(p):
             mpath = _module_of(path, named)
-            if not mpath:
+            if mpath is None:
                 continue
-            mod = named[mpath]
-            was = _one_device(mod)
+            was = _one_device(named[mpath])
             other = _other_device(p, was)
             if was is None or other is None:
                 continue
             rest = [t.device for n, t in _tensors(root) if not n.startswith(mpath + ".")]
-            if not rest or any(d != other for d in rest):  # the holder is on the program's device, whole
+            if mpath and (not rest or any(d != other for d in rest)):  # the holder is on the program's device
                 continue
             made = _MADE.search(p.message)
             maker = LINES.get(made.group(1)) if made else None
-            hit = _bare_line(root, mpath)
+            hit = _bare_line(root, mpath, maker)
             if hit is None:
                 continue
             file, line, call, raw, holder = hit
             expr = _device_name(file, line, maker, holder)
             if expr is None:
                 continue
-            said = f"{holder}.{mpath.rsplit('.', 1)[-1]}" if holder else mpath
+            said = f"{holder}.{mpath.rsplit('.', 1)[-1]}" if mpath and holder else holder or mpath
             return _fix(file, line, call, raw, expr, said, mpath, was, other), mpath, was
     return None
 
@@ -91,12 +90,13 @@ def _paths(p: Any) -> list[str]:
 
 
 def _module_of(path: str, named: dict[str, torch.nn.Module]) -> str | None:
-    """The outermost module below the root on ``path``'s way (``inference_model`` of ``inference_model.lm_head.w``)."""
+    """The outermost module below the root on ``path``'s way (``inference_model`` of ``inference_model.lm_head.w``);
+    ``""`` for a tensor of the root's own layer (the root is the module moved)."""
     parts = path.split(".")
     for i in range(1, len(parts)):
         if ".".join(parts[:i]) in named:
             return ".".join(parts[:i])
-    return None
+    return "" if len(parts) == 1 else None
 
 
 def _tensors(m: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -127,19 +127,24 @@ def _other_device(p: Any, was: torch.device | None) -> torch.device | None:
     return d if d.type == was.type else None
 
 
-def _bare_line(root: torch.nn.Module, mpath: str) -> tuple[str, int, ast.Call, str, str | None] | None:
-    """The one line of the program's own files that assigns the module (``self.inference_model = ….cuda()``) with a
-    bare move in its value: its file, line, the move's call, the line's text and the name of the object holding the
-    module there (``self``), read from the class files of the modules above it."""
+def _bare_line(root: torch.nn.Module, mpath: str, maker: tuple[str, int] | None
+               ) -> tuple[str, int, ast.Call, str, str | None] | None:
+    """The one line of the program's own files that assigns the module with a bare move in its value — an attribute
+    of the object above it (``self.inference_model = ….cuda()``), read from the class files of the modules above
+    it; the root itself by a name the program holds it by (``copy = nn.Embedding(40, 8).cuda()``), read from the
+    file of the line that made the tensor it met — its file, line, the move's call, the line's text and the name of
+    the object holding the module there (``self``) or the module's own name."""
     import inspect
 
     from torchdoctor._guard.ownfile import own_file
+    from torchdoctor._tracker import held_names
     from torchdoctor._virtual.ownline import source
 
     parts = mpath.split(".")
     leaf = parts[-1]
-    holders = [root] + [root.get_submodule(".".join(parts[:i])) for i in range(1, len(parts))]
-    files: list[str] = []
+    names = {n for n, m in held_names().items() if m is root} if not mpath else set()
+    holders = [root] + [root.get_submodule(".".join(parts[:i])) for i in range(1, len(parts))] if mpath else []
+    files: list[str] = [maker[0]] if not mpath and maker is not None and own_file(maker[0]) else []
     for h in holders:
         cls = type(h)
         try:  # a function of the class first: a program run as __main__ is in no sys.modules under its name
@@ -159,7 +164,8 @@ def _bare_line(root: torch.nn.Module, mpath: str) -> tuple[str, int, ast.Call, s
             if not isinstance(node, ast.Assign) or len(node.targets) != 1 or node.lineno != node.end_lineno:
                 continue
             tgt = node.targets[0]
-            holder = ast.unparse(tgt.value) if isinstance(tgt, ast.Attribute) and tgt.attr == leaf else None
+            holder = ast.unparse(tgt.value) if mpath and isinstance(tgt, ast.Attribute) and tgt.attr == leaf else \
+                tgt.id if not mpath and isinstance(tgt, ast.Name) and tgt.id in names else None
             if holder is None:
                 continue
             bare = [c for c in ast.walk(node.value) if isinstance(c, ast.Call) and _is_bare(c)]
@@ -233,4 +239,4 @@ def _fix(file: str, line: int, call: ast.Call, raw: str, expr: str, named: str, 
     at = f"{short_file(file)}:{line}"
     text = (f"# {at} moves {named} with a bare `{old}`: that is the current device, {device_str(was)}, not the "
             f"program's {device_str(other)} the tensors it meets are on; move it there: {(new or raw).strip()}")
-    return Fix(text, "note", other, diff=diff, sets=((path + ".", other),))
+    return Fix(text, "note", other, diff=diff, sets=((path + "." if path else "*", other),))
