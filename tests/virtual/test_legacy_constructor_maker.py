@@ -73,3 +73,21 @@ def test_run_names_the_line_and_patches_it_in_the_program_s_names(tmp_path: Path
     (tmp_path / "fix.diff").write_text(patch)
     subprocess.run(["git", "apply", "fix.diff"], cwd=tmp_path, check=True, timeout=60)
     assert not run_json(app, "mps")["problems"]
+
+
+def test_the_legacy_classes_still_work_as_torch_s_in_a_run() -> None:
+    import warnings
+
+    before = torch.get_default_dtype()
+    try:
+        with torchdoctor.virtual_devices("cuda", raise_on_exit=False) as sim, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # set_default_tensor_type is deprecated
+            assert torch.ones(2).type(torch.LongTensor).dtype == torch.int64
+            assert torch.ones(2, device="cuda").type(torch.LongTensor).device.type == "cpu"
+            torch.set_default_tensor_type(torch.DoubleTensor)
+            assert torch.get_default_dtype() == torch.float64
+            torch.set_default_tensor_type("torch.FloatTensor")
+            assert torch.get_default_dtype() == torch.float32
+        assert not sim.problems
+    finally:
+        torch.set_default_dtype(before)

@@ -93,6 +93,22 @@ def _host_made(op: str, out: Any) -> Any:
     return out
 
 
+def host_original(t: Any) -> Any:
+    """torch's own class for a run's stand-in (``torch.LongTensor`` given, or named ``'torch.LongTensor'``): what
+    torch's C code takes (``set_default_tensor_type``, ``t.type(...)``); anything else as it is."""
+    if isinstance(t, str) and t.startswith("torch.") and t.count(".") == 1:
+        t = torch.__dict__.get(t[6:], t)
+    return t._td_original if isinstance(t, _HostMeta) else t
+
+
+def default_type_setter(original: Any) -> Any:
+    """``torch.set_default_tensor_type`` taking the run's stand-in classes as torch's own."""
+    def set_default_tensor_type(t: Any) -> Any:
+        return original(host_original(t))
+
+    return set_default_tensor_type
+
+
 def host_types() -> dict[str, Any]:
     """torch's CPU legacy constructors (``torch.FloatTensor``, ``torch.LongTensor`` ...) as classes that name what
     they make in a run (made once per process)."""
@@ -156,6 +172,9 @@ def legacy_type(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str
     # a type of the device type the tensor is on keeps its index, as on the device
     target = _CPU if kind is None else src if src.type == kind else space.norm(kind)
     if not isinstance(self, VirtualTensor) and not is_virtual(target):
+        if isinstance(want, _HostMeta):  # the run's stand-in for torch.LongTensor: torch's C code takes its own
+            args, kwargs = (self, want._td_original, *args[2:]) if len(args) > 1 else args, \
+                dict(kwargs, dtype=want._td_original) if len(args) < 2 else kwargs
         return func(*args, **kwargs)
     return H.MOVE(space, self, target, dtype)
 

@@ -127,10 +127,16 @@ def install(installs: Any) -> None:
         original = getattr(torch, name, None)
         if original is not None:
             installs.set(torch, name, _unseen(name, original))
-    from torchdoctor._virtual.legacy import host_types
+    from torchdoctor._virtual.legacy import default_type_setter, host_types
 
     for name, cls in host_types().items():  # torch.LongTensor([0]): named by its maker and line, as torch.zeros is
         installs.set(torch, name, cls, shared=True)
+    setter = torch.__dict__.get("set_default_tensor_type")
+    if setter is not None and getattr(setter, "__name__", "") == "set_default_tensor_type" and \
+            not hasattr(setter, "__wrapped__"):
+        wrapped = default_type_setter(setter)
+        wrapped.__wrapped__ = setter  # type: ignore[attr-defined]
+        installs.set(torch, "set_default_tensor_type", wrapped, shared=True)
     loading.install(installs)  # torch.load of a GPU checkpoint: its tensors on the virtual device
     hostmade.clear()  # the makers of the model's CPU tensors are this run's
 
