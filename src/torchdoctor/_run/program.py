@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from torchdoctor._run.raised import keep, raised
 from torchdoctor._run.threadend import join_program_threads, threads_now
 from torchdoctor._run.watch import Finding, Located, Watcher, first_own_frame
 
@@ -122,6 +123,7 @@ def execute(script: str | None, module: str | None, args: list[str], watcher: Wa
             print(watcher.missing, file=sys.stderr)
             return 1
         watcher.see("raised", exc)
+        keep(watcher, exc)
         print_program_error(exc)
         return 1
     finally:
@@ -186,6 +188,7 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
             if isinstance(exc, KeyboardInterrupt) or _stopped(exc):
                 raise
             watcher.see("raised", exc)
+            keep(watcher, exc)
             print_program_error(exc)
             code = 1
         watcher.guarded(g)  # what guard recorded and no error named: swallowed, or aligned by fix / warn
@@ -199,6 +202,7 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
         report = RunReport(program, code, [_virtual_advice(f, program) for f in watcher.findings],
                            seconds=time.perf_counter() - start, missing=watcher.missing)
         report.internal = internal
+        report.raised = raised(watcher, False) if report.ok and code != 0 else None
         return report
     kind = session.device.type
     watcher.findings[:] = [_other_kind_advice(f, kind) for f in watcher.findings]
@@ -214,6 +218,7 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
                        _expected(session, profile, sources or {}), watcher.missing, session.where_ran(),
                        session.networks, fixes)
     report.internal = internal
+    report.raised = raised(watcher, True) if report.ok and code != 0 else None
     if report.problems:  # the models the problems are in, by name: one model's tensors are one cause
         report.roots = _roots(session)
         from torchdoctor._run.offhook import hook_notes

@@ -37,6 +37,7 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
         self.networks = networks  # networks patched into a model's forward, by the names the program holds them
         self.fixes = fixes  # the virtual run's fix by parts (``_virtual.prove.Fix``), each proven at the op or not
         self.internal: list[str] = []  # torchdoctor's own warnings while the program ran, one line each
+        self.raised: Any = None  # the error that ended a program with nothing placed wrong (``_run.raised``)
         self.hooks: dict[str, str] = {}  # path -> an offload hook above it that the op went around
         self.roots: list[tuple[str, frozenset[str]]] = []  # outermost modules: class name, parameter/buffer paths
         if any("Recomputed values" in f.error for f in self.findings):  # a checkpoint's recompute in another dtype:
@@ -70,7 +71,8 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
                              for p in self.problems],
                 "causes": [c.to_dict() for c in self._causes()],
                 "fixes": [f.to_dict() for f in self.fixes], "patch": self.patch(),
-                "stopped": self.stopped, "expected": self.expected, "ran": self.ran, "internal": self.internal}
+                "stopped": self.stopped, "expected": self.expected, "ran": self.ran, "internal": self.internal,
+                "raised": self.raised.to_dict() if self.raised is not None else None}
 
     def _causes(self) -> list[Any]:
         """The problems by cause: one line per tensor or model however many ops met it (the JSON keeps each)."""
@@ -97,6 +99,10 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
         where = f" on virtual {self.device}" if self.device else ""
         head = f"torchdoctor run: {' '.join(self.program)}{where} exited with {self.exit_code} ({self.seconds:.1f} s)"
         ran = f"; {self.ran}" if self.ran else ""
+        if self.ok and self.raised is not None:  # never an all-clear after a traceback
+            return "\n".join([f"{head}: {self.raised.lines(self.device)[0]}{ran}", *self.raised.lines(self.device)[1:],
+                              *(f"note: {n} (torchdoctor's own limit; the program ran as without it)"
+                                for n in self.internal)])
         if self.ok:
             return "\n".join([f"{head}: no placement error{ran}",
                               *(f"note: {n} (torchdoctor's own limit; the program ran as without it)"

@@ -25,7 +25,7 @@ from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._virtual import devices_api as api, devrng, dispatch as D, host as H, moveby
 from torchdoctor._virtual import defaultdtype, hardware, hostmade, lengths, makers, outside, ownclass, parallel, replaced
-from torchdoctor._virtual import saved
+from torchdoctor._virtual import collective, exportaside, saved
 from torchdoctor._virtual import storage, takenback, tracecheck, training, whole
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
@@ -351,10 +351,12 @@ def virtual_world(space: Space, profile: DeviceProfile, casts: Any = None) -> It
             api.device_api(installs, profile, space)
             devrng.install(installs, profile, space)  # default generators, seeds, NVTX
             parallel.install(installs)  # DataParallel's copies (Trainer wraps the model when it sees two GPUs)
+            collective.install(installs)  # a process group's collectives refuse the devices its backend cannot move
         installs.set(torch, "Generator", api.VirtualGenerator, shared=True)
         makers.install(installs)  # torch.from_numpy / frombuffer: named by their maker and line
         training.install(installs)  # foreach grouping keyed by the devices the program sees
         tracecheck.install(installs)  # torch.jit.trace's check, as far as the run's values let it
+        exportaside.install(installs)  # the legacy ONNX exporter of a CPU model runs outside the run
         saved.install(installs, VirtualMode)  # saved-tensor hooks (activation offloading) run under this mode
         # pass-through for anything that is not virtual: one wrapper serves every run
         installs.set(torch.Tensor, "_make_subclass", staticmethod(make_subclass), shared=True)
