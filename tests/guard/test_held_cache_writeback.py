@@ -1,4 +1,4 @@
-"""guard explain: a DynamicCache filled in the model's own dtype and then written back by a function of the
+"""guard explain and strict: a DynamicCache filled in the model's own dtype and then written back by a function of the
 program in another dtype (a KV-cache compressor whose helper returns ``.half()``, nexusquant PR #10): the off
 dtype came from that writeback — the program's line that handed the cache over and the cast inside the function are
 named — never "filled ... in float32" of a prefill that was bfloat16."""
@@ -35,18 +35,19 @@ def compress_float(cache: object) -> None:
         layer.keys, layer.values = layer.keys.to(torch.float32), layer.values.to(torch.float32)
 
 
+@pytest.mark.parametrize("mode", ["explain", "strict"])
 @pytest.mark.parametrize(("compress", "cast", "then"), [
     (compress_half, "return (t * 64).round().div(64).half()  # stored small",
      "the model's new entries joined to float16 ones promote them to float32"),
     (compress_float, "layer.keys, layer.values = layer.keys.to(torch.float32), layer.values.to(torch.float32)",
      "which float32 is")])
-def test_the_writeback_is_where_the_cache_s_dtype_came_from(compress: object, cast: str, then: str) -> None:
+def test_the_writeback_is_where_the_cache_s_dtype_came_from(compress: object, cast: str, then: str, mode: str) -> None:
     model, cache = _llama()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model(torch.tensor([[1, 5, 7, 9]]), past_key_values=cache)
         compress(cache)  # type: ignore[operator]
-        with pytest.raises(torchdoctor.PlacementError) as info, torchdoctor.guard(model, mode="explain"):
+        with pytest.raises(torchdoctor.PlacementError) as info, torchdoctor.guard(model, mode=mode):
             model(torch.tensor([[11, 12]]), past_key_values=cache)
     text = str(info.value)
     assert "`cache` was filled at " in text and "(`model(torch.tensor([[1, 5, 7, 9]]), past_key_values=cache)`)\n" \
