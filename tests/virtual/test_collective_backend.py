@@ -71,3 +71,26 @@ def test_ddp_over_gloo_on_cuda_is_not_refused() -> None:
         loss = ddp(torch.randn(4, 8, device="cuda")).pow(2).mean()
         assert loss.device.type == "cuda"
     assert run.problems == []
+
+
+def test_nccl_asked_in_a_virtual_cuda_run_builds_ddp_and_refuses_cpu_tensors_as_nccl_does() -> None:
+    """A GPU build has NCCL, this CPU build has not: the group the program asked for carries the run (gloo stands in
+    for it), and a collective on a cpu tensor is refused as an nccl group refuses it."""
+    store = tempfile.NamedTemporaryFile(delete=False)
+    store.close()
+    with torchdoctor.virtual_devices("cuda", raise_on_exit=False) as run:
+        try:
+            dist.init_process_group("nccl", init_method=f"file://{store.name}", rank=0, world_size=1)
+            model = nn.Linear(8, 1).to("cuda")
+            ddp = DDP(model, device_ids=[0])
+            loss = ddp(torch.randn(4, 8, device="cuda")).pow(2).mean()
+            loss.backward()
+            assert model.weight.grad is not None and model.weight.grad.device.type == "cuda"
+            with pytest.raises(RuntimeError, match=r"^No backend type associated with device type cpu"):
+                dist.all_reduce(torch.ones(2))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(store.name)
+    assert run.problems == []

@@ -6,6 +6,8 @@ virtual tensors' host storage, so the same program trained to its end and was re
 collectives (DDP's parameter check and broadcast, ``dist.all_reduce`` and its kind) look at the backend first: a
 device its backend cannot move raises the backend's own text — gloo's, made by a private one-rank gloo group on a
 meta tensor and said with the device — with the line that made the process group and the backend it chose.
+A program that asks for nccl in a virtual cuda run gets a gloo group standing in for it (a GPU build has NCCL, this
+CPU build has not), refusing what nccl refuses: a cpu tensor.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def install(installs: Any) -> None:
             caller = caller.f_back
         at = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}" if caller is not None else "?"
         _MADE["default"] = (at, str(backend))
+        if _nccl_stand_in(backend):  # a GPU build has NCCL; this CPU one has not: gloo carries the run's storage
+            kwargs = {**kwargs, "backend": "gloo"}
+            args = args[1:] if args else ()
         return init(*args, **kwargs)
 
     installs.set(dist, "init_process_group", init_process_group)
@@ -87,27 +92,39 @@ def _tensors(values: Any) -> list[torch.Tensor]:
 
 
 def _refuse(dist: Any, group: Any, tensors: list[torch.Tensor], op: str, mixed: bool = False) -> None:
-    """Raise as the group's backend does for the first virtual tensor on a device it cannot move."""
-    bad = next((t for t in tensors if isinstance(t, VirtualTensor)), None)
-    if bad is None:
+    """Raise as the group's backend does for the first tensor on a device it cannot move: a virtual one, or a real
+    cpu one where gloo stands in for the program's nccl."""
+    made = _MADE.get("default")
+    stand_in = made is not None and _nccl_stand_in(made[1])
+    if not stand_in and not any(isinstance(t, VirtualTensor) for t in tensors):
         return
     try:
         backend = str(dist.get_backend(group)).lower()
     except Exception:  # no group yet: torch's own error comes from the call itself
         return
-    device = tensor_device(bad)
-    for t in tensors:
-        if isinstance(t, VirtualTensor) and not _moves(backend, tensor_device(t).type):
-            device = tensor_device(t)
-            break
-    else:
+    if stand_in and backend == "gloo" and group in (None, dist.group.WORLD):
+        backend = made[1].lower()  # type: ignore[index]  # the backend the program asked for
+    bad = next((t for t in tensors if (stand_in or isinstance(t, VirtualTensor))
+                and not _moves(backend, tensor_device(t).type)), None)
+    if bad is None:
         return
-    made = _MADE.get("default")
+    device = tensor_device(bad)
     where = f"made at {made[0]} with backend={made[1]!r}" if made else f"backend {backend!r}"
     said = _backend_text(backend, op, device, bad.dtype, mixed)
     raise RuntimeError(f"{said}\n(the process group, {where}, moves {', '.join(_devices(backend))} tensors, not "
-                       f"{device.type}: pick the backend by device — 'gloo' for cpu, 'nccl' for cuda, 'xccl' for xpu "
-                       f"— and on mps run one process without a process group)")
+                       f"{device.type}. Advice, not proven by a re-run: pick the backend by device — 'gloo' for cpu, "
+                       f"'nccl' for cuda, 'xccl' for xpu — and on mps run one process without a process group)")
+
+
+def _nccl_stand_in(backend: Any) -> bool:
+    """The program asked for nccl in a virtual cuda run on a torch built without it: gloo stands in."""
+    import torch.distributed as dist
+
+    from torchdoctor._virtual import tensor as V
+
+    space = V.current_space()
+    return space is not None and space.vtype == "cuda" and "nccl" in str(backend).lower() and \
+        not dist.is_nccl_available()
 
 
 def _moves(backend: str, kind: str) -> bool:
