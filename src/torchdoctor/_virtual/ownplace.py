@@ -32,6 +32,8 @@ def placed_by_hooks(found: Any, device: torch.device) -> str | None:
             name = type(h).__name__
             if name in _OFFLOADING or d.get("offload") or d.get("weights_map") is not None:
                 return f"{name} places its layers per call"
+    if not any(getattr(m, "_forward_pre_hooks", None) for _, m in found.modules):
+        return None  # (the common case, read once per module: no per-layer look at the model's code)
     from torchdoctor._virtual.bareuse import placement_of
 
     for _, root in found.roots:
