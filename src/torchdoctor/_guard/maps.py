@@ -76,25 +76,30 @@ class Maps:
 
     def held_dtype(self) -> torch.dtype | None:
         """The dtype that holds over half of the model's floating elements (float8 storage aside), or None. It
-        speaks for a frozen base (parameters that take no gradient beside trainable ones in another dtype, as
-        adapters are trained on a base) or for whole layers in it (two tensors or more, in layers that hold no
-        other floating dtype: a large denoiser beside a small float32 VAE). One large weight left in another dtype
-        beside its own layer's bias is the odd one, however many elements it holds."""
+        speaks for a frozen base (parameters that take no gradient beside trainable ones in another dtype in its
+        own layer, as adapters are trained on a base: ``q.base_layer.weight`` beside ``q.lora_A.default.weight``)
+        or for whole layers in it (two tensors or more, in layers that hold no other floating dtype: a large
+        denoiser beside a small float32 VAE). One large weight left in another dtype beside its own layer's bias
+        is the odd one, however many elements it holds; so is one frozen weight a merge made in another dtype
+        (a LoRA merged into a dequantized GGUF weight) beside trainable layers of their own."""
         if not hasattr(self, "_held"):
             n: dict[torch.dtype, int] = {}
-            frozen: set[torch.dtype] = set()
-            trained: set[torch.dtype] = set()
+            frozen: dict[torch.dtype, set[str]] = {}  # a dtype -> the layers holding its frozen parameters
+            trained: list[tuple[torch.dtype, str]] = []
             layers: dict[str, list[torch.dtype]] = {}
             for e in self.walk.entries:
                 t = e.tensor
                 if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in FLOAT8_DTYPES:
                     n[t.dtype] = n.get(t.dtype, 0) + t.nelement()
-                    if isinstance(t, nn.Parameter):
-                        (trained if t.requires_grad else frozen).add(t.dtype)
-                    layers.setdefault(e.path.rpartition(".")[0], []).append(t.dtype)
+                    layer = e.path.rpartition(".")[0]
+                    if isinstance(t, nn.Parameter) and t.requires_grad:
+                        trained.append((t.dtype, layer))
+                    elif isinstance(t, nn.Parameter):
+                        frozen.setdefault(t.dtype, set()).add(layer)
+                    layers.setdefault(layer, []).append(t.dtype)
             top = max(n, key=n.__getitem__) if n else None
             whole = sum(len(ds) for ds in layers.values() if all(d == top for d in ds))
-            based = (top in frozen and bool(trained - {top})) or whole >= 2
+            based = top in frozen and any(d != top and _beside(m, frozen[top]) for d, m in trained) or whole >= 2
             self._held = top if top is not None and based and n[top] * 2 > sum(n.values()) else None
         return self._held
 
@@ -311,3 +316,15 @@ def reference(pool: list[tuple[str | None, str, torch.Tensor]], kind: str, value
         if v in real:
             weight[v] = weight.get(v, 0) + c[2].nelement() * c[2].element_size()
     return max(weight, key=weight.__getitem__) if weight else None
+
+
+def _beside(layer: str, bases: set[str]) -> bool:
+    """A trained tensor's layer is one of the frozen ``bases``' layers, or sits in the module above one of them that
+    is no model root (``q`` of ``q.base_layer``): an adapter on that base."""
+    for b in bases:
+        above = b.rpartition(".")[0]
+        if layer == b or (b and layer.startswith(b + ".")) or (above and (layer == above or
+                                                                          layer.startswith(above + "."))):
+            return True
+    return False
+
