@@ -61,7 +61,8 @@ def test_a_swapped_block_the_backward_reads_is_told_by_whether_it_is_trained(fro
     notes = [f for f in sim.fixes if f.code.startswith("# ")]
     assert len(notes) == len(sim.fixes) >= 1, sim.fixes
     code = notes[0].code
-    assert "`_swap_out` at " in code and "test_swap_frozen.py:40 " in code and "moved its parameters to cpu after the forward" in code
+    assert "`_swap_out` at " in code and "test_swap_frozen.py:40 " in code, code
+    assert "moved its parameters to cpu after the forward" in code, code
     if frozen:
         assert "they are frozen, but the backward reads them to carry the gradient through this layer to the " \
             "trained ones before it: bring them back to cuda:0 before its backward (a " \

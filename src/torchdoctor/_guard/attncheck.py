@@ -96,7 +96,8 @@ def _held(frame: Any, odd: list[torch.Tensor]) -> bool:
     if not ptrs:
         return False
     seen: set[int] = set()
-    top = [*loc.values(), *(v for n in code.co_names[:32] if n not in loc and (v := frame.f_globals.get(n)) is not None)]
+    glob = frame.f_globals
+    top = [*loc.values(), *(v for n in code.co_names[:32] if n not in loc and (v := glob.get(n)) is not None)]
     # the objects it is handed or reads by name (``**kwargs``' among them); never the tensors and the tuples of a
     # call's own arguments
     todo = [x for v in top for x in (v.values() if type(v) is dict else (v,)) if _plain(x)]
