@@ -121,3 +121,17 @@ def test_diffusers_gguf_parameter_keeps_quant_type_on_virtual_cuda() -> None:
         y = layer(torch.ones(2, 64, device="cuda"))
         assert isinstance(layer.weight, GGUFParameter) and layer.weight.quant_type == qt
     assert tuple(y.shape) == (2, 64) and run.problems == []
+
+
+def test_tied_weights_moved_by_module_to_stay_one_parameter_and_the_program_goes_on() -> None:
+    """An embedding and a head holding one Parameter: the run's own stand-in for the moved one (``Moved``) is not a
+    program's subclass to keep (that recursed in ``state_dict()``'s detach); the two stay one object."""
+    emb = nn.Embedding(10, 4)
+    head = nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    with torchdoctor.virtual_devices("cuda", raise_on_exit=False) as run:
+        m = nn.ModuleDict({"emb": emb, "head": head}).to("cuda")
+        assert m["emb"].weight is m["head"].weight and type(m["head"].weight).__name__ == "VirtualParameter"
+        assert len(m.state_dict()) == 2
+        y = m["head"](m["emb"](torch.tensor([[1, 2]], device="cuda")))
+    assert y.device.type == "cuda" and run.problems == []
