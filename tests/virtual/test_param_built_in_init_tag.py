@@ -42,7 +42,7 @@ def test_a_parameter_built_in_init_is_tagged_by_its_line() -> None:
             child.to("cuda")
         net(torch.randn(2, 4, device="cuda"))
         tag = _tag(net, "scale")
-    assert tag.startswith("Parameter `scale` built in __init__ at ") and "not moved with its module" in tag, tag
+    assert tag.startswith("torch.nn.Parameter `scale` built in __init__ at ") and "not moved with its module" in tag, tag
     assert "built in forward" not in tag
 
 

@@ -33,7 +33,11 @@ def param_new(cls: type[Any], data: Any = None, requires_grad: bool = True) -> A
     """``Parameter(virtual)`` is a (virtual) ``Parameter``, as ``Parameter(tensor)`` is: accelerate's offload hooks
     rebuild weights with ``type(param)(value)``, which a plain tensor with ``_is_param`` cannot do."""
     if isinstance(data, VirtualTensor) and type(data) in (VirtualTensor, virtual_class(torch.nn.Parameter)):
-        made = replaced.kept(V.current_space(), data, requires_grad) if cls is torch.nn.Parameter else None
+        space = V.current_space()
+        tie = replaced.tied(space, data) if cls is torch.nn.Parameter else None
+        if tie is not None:  # (the successor the first module of a tied pair got: one object, as on the device)
+            return tie
+        made = replaced.kept(space, data, requires_grad) if cls is torch.nn.Parameter else None
         if made is None:  # (else the twin the model held on this device before: a round trip keeps the object)
             own = _own_held(data) if cls is torch.nn.Parameter else None
             made = make_subclass(cls if own is None else type(own), data, requires_grad)
@@ -105,7 +109,8 @@ def _own_held(data: Any) -> Any:
     held = frame.f_locals.get("param") if frame.f_code is replaced._APPLY else None
     if held is None or held is data or not isinstance(held, torch.nn.Parameter):
         return None
-    return held if _real_class(type(held)) is not torch.nn.Parameter else None
+    real = _real_class(type(held))  # (the run's own ``Moved``: a tied weight met again, not the program's class)
+    return held if real is not torch.nn.Parameter and not issubclass(real, replaced.Moved) else None
 
 
 def _real_class(cls: type) -> type:

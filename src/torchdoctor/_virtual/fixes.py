@@ -201,6 +201,13 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                 factories.append(Fix(f"{holder}.to({value_code(target)})  # {p.path} is on {p.found}: {holder} "
                                      "was made before the move, or never moved", "note", sets=((holder + ".", target),)))
             continue
+        if made_from and made_from[0].startswith("factory torch.nn.Parameter ") and \
+                " built in __init__ at " in made_from[0]:  # left behind by a placement of the layers (bareuse
+            if made_from[0] not in named:  # fixes it at its use)
+                named.add(made_from[0])
+                factories.append(Fix(f"# {made_from[0][8:]} (on {p.found}): move it with the layer that owns it, "
+                                     "or where it is used", "note", sets=((made_from[0], target),)))
+            continue
         if made_from and made_from[0].startswith("factory torch.nn.Parameter "):  # a lazy layer
             if made_from[0] not in named:
                 named.add(made_from[0])

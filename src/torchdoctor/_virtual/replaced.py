@@ -129,6 +129,27 @@ def kept(space: Any, data: torch.Tensor, requires_grad: bool) -> Any:
     return None
 
 
+def tied(space: Any, data: torch.Tensor) -> Any:
+    """A ``Parameter`` tied between two modules (an LM's embedding and head) that ``Module._apply`` (a frame or two
+    up) meets again in the second module, after it built the first one's successor on this device: on the machine
+    both modules hold the one object (``.data`` assigned in place), so the second is given that successor; or None."""
+    frame = _apply_frame(2) if space is not None and space.replaced else None
+    if frame is None or not _keeps_objects():
+        return None
+    old = frame.f_locals.get("param")
+    hit = space.replaced.get(id(old)) if old is not None else None
+    new = hit[1]() if hit is not None and hit[0]() is old else None
+    if not isinstance(new, torch.Tensor):
+        return None
+    with torch._C.DisableTorchFunction():  # (a twin the move back left on the cpu is met as ``data`` there)
+        same = _where(new) == _where(data) and new.dtype == data.dtype and new.shape == data.shape
+    return new if same else None
+
+
+def _where(t: torch.Tensor) -> torch.device:
+    return torch.device(t._td_device) if isinstance(t, V.VirtualTensor) else t.device
+
+
 _PARAM = torch.nn.Parameter
 _HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
 _SWAP_FLAG = [torch.__future__.get_swap_module_params_on_conversion]
