@@ -41,7 +41,6 @@ def checked(*args: Any, **kwargs: Any) -> Any:
     return _TORCH(*args, **kwargs)
 
 
-checked.__doc__ = _TORCH.__doc__  # help() on the function while a session runs reads torch's text
 checked.__wrapped__ = _TORCH  # type: ignore[attr-defined]
 
 
@@ -136,6 +135,9 @@ def install(session: Any) -> None:
     """``session`` (strict) checks attention calls in its thread from now on."""
     with _LOCK:
         if not any(_SESSIONS.values()) and F.scaled_dot_product_attention is _TORCH:
+            # help() on the function while a session runs reads torch's text (given here, not at import: its
+            # examples are torch's, on cuda, and no doctest of this module's)
+            checked.__doc__ = _TORCH.__doc__
             F.scaled_dot_product_attention = checked
         _SESSIONS.setdefault(_get_ident(), []).append(session)
 

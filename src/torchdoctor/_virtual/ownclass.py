@@ -37,7 +37,10 @@ def own_function(cls: type) -> tuple[type, Any] | None:
             tf = klass.__dict__.get("__torch_function__")
             if tf is not None:
                 fn = getattr(tf, "__func__", tf)
-                if klass not in _DEFAULT and fn is not torch._C._disabled_torch_function_impl:
+                # torch's own (UninitializedParameter's, which refuses any function it does not list: a lazy layer
+                # moved before its first call) keep torch's answer, as the run's move already gives it
+                if klass not in _DEFAULT and fn is not torch._C._disabled_torch_function_impl and \
+                        not klass.__module__.startswith("torch."):
                     found = (base, tf.__get__(None, base))
                 break
     _OWN[cls] = found
