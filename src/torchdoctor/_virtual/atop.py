@@ -293,6 +293,15 @@ def _at_outputs(fixes: list[Fix], cases: Sequence[Case]) -> None:
             f.sets = ((hit[1], f.target),)
 
 
+def _changed_far(case: Case, names: set[str], profile: Any) -> bool:
+    """Whether every off operand of ``case`` (a dtype its device cannot hold, or a device the others are not on)
+    carries a tensor a fix changes: the op then changes with the fixes, through the ops between."""
+    ops = _operands(case.before)
+    devices = {o.device for o in ops}
+    off = [o for o in ops if not profile.supports(o.meta.dtype, "storage") or len(devices) > 1]
+    return bool(off) and all(names & set(o.tags) for o in off)
+
+
 def _left_over(fixes: list[Fix], results: Sequence[tuple[Case, set[int], str | None, bool]], rules: Any,
                profile: Any) -> None:
     """A fix proven at an op is unproven when the same op at the same line also failed on operands no fix changes
@@ -301,10 +310,14 @@ def _left_over(fixes: list[Fix], results: Sequence[tuple[Case, set[int], str | N
     open_ = {c.where(): c for c, used, _, _ in results if not used}
     if not open_:
         return
+    names = {n for f in fixes for n, _ in f.sets}
     for i, f in enumerate(fixes):
         if not (f.proven and f.at_op):
             continue
-        hit = next((open_[c.where()] for c, used, _, _ in results if i in used and c.where() in open_), None)
+        # an open op whose every off operand carries a tensor some fix changes (a float64 ``sig`` of the fixed cast,
+        # met through a select and a sub) is changed too, only through other ops: not a failure no fix changes
+        hit = next((open_[c.where()] for c, used, _, _ in results if i in used and c.where() in open_
+                    and not _changed_far(open_[c.where()], names, profile)), None)
         if hit is None:
             continue
         found = rules.find(hit.func, *_applied(hit.before, ())[:2], profile)

@@ -35,9 +35,12 @@ class CastMakers(torch.overrides.TorchFunctionMode):
 
     ``recast`` (the proof of a fix at a line): the casts at those (file, line) write the given dtype instead."""
 
-    def __init__(self, recast: dict[tuple[str, int], torch.dtype] | None = None) -> None:
+    def __init__(self, recast: dict[tuple[Any, ...], torch.dtype] | None = None) -> None:
         super().__init__()
-        self.recast = recast or {}
+        self.recast = {k: v for k, v in (recast or {}).items() if len(k) == 2}
+        # a line whose value the fix casts back to the data's dtype (``widened``): in a proof's re-run, each op there
+        # that promotes a tensor of that dtype gives its result back in it, as the line's ``.to(x.dtype)`` would
+        self.widen = {k[:2]: v for k, v in (recast or {}).items() if len(k) == 3}
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -48,8 +51,23 @@ class CastMakers(torch.overrides.TorchFunctionMode):
             _real_made(None, args, None)
         out = func(*args, **kwargs)
         if name not in _CAST_METHODS or not args:
+            if self.widen and isinstance(out, VirtualTensor):
+                out = self._widened(args, kwargs, out)
             return loose_call(name, args, out) if LOOSE[0] else out
         return self._made(args[0], out)
+
+    def _widened(self, args: Any, kwargs: Any, out: Any) -> Any:
+        from torchdoctor._virtual.origin import user_frame
+
+        if not out.is_floating_point():
+            return out
+        f = user_frame(3)
+        want = self.widen.get((f.f_code.co_filename, f.f_lineno)) if f is not None else None
+        if want is None or out.dtype == want or torch.promote_types(want, out.dtype) != out.dtype:
+            return out
+        if any(isinstance(a, torch.Tensor) and a.dtype == want for a in (*args, *kwargs.values())):
+            return out.to(want)
+        return out
 
     def _made(self, t: Any, out: Any) -> Any:
         from torchdoctor._virtual.origin import Made, short_at, user_frame

@@ -53,13 +53,15 @@ class Fix:
     # a library module's output cast where the program's line takes it back: (file, line, class, dtype) (``libout``)
     reout: tuple[str, int, str, torch.dtype] | None = None
     noscale: str | None = None  # a device type trained with bfloat16 autocast and no GradScaler in a re-run (``noscale``)
+    # a line of the program whose value is cast back to the data's dtype: (file, line, dtype) (``widened``)
+    rewiden: tuple[str, int, torch.dtype] | None = None
 
     def applied(self) -> bool:
         """A fix a re-run can apply (advice cannot)."""
         return self.kind in ("path", "line", "apart") or self.remake is not None or self.modcast is not None or \
             bool(self.rebuffer) or self.recall is not None or self.reglobal is not None or \
             self.rebuild is not None or self.reoperand is not None or self.renumpy is not None or \
-            self.reout is not None or self.noscale is not None or (
+            self.reout is not None or self.noscale is not None or self.rewiden is not None or (
             self.kind == "input" and isinstance(self.target, torch.dtype) and self.label.startswith(("input ", "kwarg ")))
 
     def to_dict(self) -> dict[str, Any]:
@@ -157,10 +159,14 @@ def before_move(fixes: Sequence[Fix]) -> list[Fix]:
         isinstance(t, torch.dtype) and n != "*" for n, t in f.sets)]
 
 
-def recasts(fixes: Sequence[Fix]) -> dict[tuple[str, int], torch.dtype]:
-    """The lines a re-run makes cast to the fixed dtype: ``(file, line) -> dtype``."""
-    return {(f.site.file, f.site.lineno): f.target for f in fixes
-            if f.kind == "line" and f.site is not None and isinstance(f.target, torch.dtype)}
+def recasts(fixes: Sequence[Fix]) -> dict[tuple[Any, ...], torch.dtype]:
+    """The lines a re-run makes cast to the fixed dtype: ``(file, line) -> dtype``; and ``(file, line, "widened")
+    -> dtype``, the lines whose promoted values a re-run casts back to the data's dtype (``widened``)."""
+    out: dict[tuple[Any, ...], torch.dtype] = {
+        (f.site.file, f.site.lineno): f.target for f in fixes
+        if f.kind == "line" and f.site is not None and isinstance(f.target, torch.dtype)}
+    out.update({(*f.rewiden[:2], "widened"): f.rewiden[2] for f in fixes if f.rewiden is not None})
+    return out
 
 
 def fixed_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], fixes: Sequence[Fix]

@@ -88,4 +88,6 @@ def widened_fix(key: str, target: Any, lines: dict[str, tuple[str, int]]) -> Any
     said = f"# {w.at}: " + (f"`{got[1].strip()}` " if got is not None else "") + \
         f"promotes {w.name or 'the model data'} ({w.low}) to {w.high} with a tensor the cast at {w.cast} made " \
         f"{w.high}: cast the line's value back to {want} there" + (f": {new.strip()}" if new else "")
-    return Fix(said, "note", target, sets=((key, target),), diff=line_patch(file, line, new) if new else None)
+    diff = line_patch(file, line, new) if new else None
+    return Fix(said, "note", target, sets=((key, target),), diff=diff,
+               rewiden=(file, line, target) if diff is not None else None)
