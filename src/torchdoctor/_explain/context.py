@@ -289,15 +289,9 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
         score[cat] = score.get(cat, 0.0) + weight
         why.setdefault(cat, reason)
     for rule in _passing(rules, (category,), True, flags):
-        words = rule.words
-        if words:
-            word = by_words.get(id(words), _UNSEEN)
-            if word is _UNSEEN:
-                word = by_words[id(words)] = first(words)
-            if word is None:
-                continue
-        else:
-            word = ""
+        word = _word(rule, by_words, first)
+        if word is None:
+            continue
         cat = rule.category or ""  # never None here (``scoring``)
         if scale(word) < 1.0:  # prose alone offers a category as an alternative, never as the diagnosis
             from_prose[cat] = from_prose.get(cat, 0.0) + rule.weight * _PROSE_SCALE
@@ -320,15 +314,9 @@ def rank(category: str, base: tuple[tuple[str, float], ...], alternatives: tuple
     for rule in _passing(rules, (category, top) if top != category else (category,), False, flags):
         if rule.category and rule.category != top:
             continue  # its causes belong to a category that did not win
-        words = rule.words
-        if words:
-            word = by_words.get(id(words), _UNSEEN)
-            if word is _UNSEEN:
-                word = by_words[id(words)] = first(words)
-            if word is None:
-                continue
-        else:
-            word = ""
+        word = _word(rule, by_words, first)
+        if word is None:
+            continue
         for cid, w in rule.boosts:
             scores[cid] = scores.get(cid, 0.0) + w * (scale(word) if w > 0 else 1.0)
         fired.append((rule, word))
@@ -343,6 +331,18 @@ def lookup(context: str, rules: tuple[ContextRule, ...]) -> Present:
 
 
 _UNSEEN: Any = object()
+
+
+def _word(rule: ContextRule, by_words: dict[int, Any], first: Any) -> str | None:
+    """The word of ``rule`` the context holds ("" for a rule of no words), None when it holds none; each word list
+    looked up once per context (``by_words``, by the list's identity)."""
+    words = rule.words
+    if not words:
+        return ""
+    word = by_words.get(id(words), _UNSEEN)
+    if word is _UNSEEN:
+        word = by_words[id(words)] = first(words)
+    return word  # type: ignore[no-any-return]
 _APPLYING: dict[tuple[int, tuple[str, ...], bool], tuple[tuple[ContextRule, ...], tuple[ContextRule, ...]]] = {}
 
 
