@@ -16,11 +16,7 @@ import torch.distributed as dist
 
 from torchdoctor import explain
 
-
-def _first(text: str) -> tuple[str, str]:
-    found = explain(text)
-    assert found, text
-    return found[0].category, found[0].signature
+from support.holdout import first as _first
 
 
 def _quotings(text: str) -> dict[str, str]:

@@ -10,22 +10,14 @@ import pytest
 
 from torchdoctor import explain
 
-HELD = sorted((pathlib.Path(__file__).parent / "holdout").glob("*.txt"))
+from support.holdout import HELD, meta as _meta, ranked as _ranked
+
+
 # tuning texts of the families below, from other threads than the held-out ones; kept out of fixtures/ so that
 # fixtures/' hash split (test_holdout_is_the_fixed_fifth) and the bench log drawn from it (golden_50mb.json) stay put
 TUNING = sorted((pathlib.Path(__file__).parent / "platform_texts").glob("*.txt"))
 SIGNATURE = {"backend_op_missing": "backend.mps_limit", "no_accelerator": "no_accel.hip_arch",
              "mixed_device_model": "mixed.meta_context_load", "device_mismatch": "device.named_pair"}
-
-
-def _meta(path: pathlib.Path) -> tuple[dict[str, str], str]:
-    head, _, body = path.read_text(encoding="utf-8").partition("\n---\n")
-    return dict(line[2:].partition(": ")[::2] for line in head.splitlines()), body
-
-
-def _ranked(text: str) -> list[str]:
-    found = explain(text)
-    return [found[0].category] + [a.category for a in found[0].alternatives] if found else []
 
 
 def test_eleventh_collection_accuracy() -> None:

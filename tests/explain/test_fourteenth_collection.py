@@ -13,23 +13,7 @@ import pytest
 
 from torchdoctor import explain
 
-HELD = sorted((pathlib.Path(__file__).parent / "holdout").glob("*.txt"))
-
-
-def _meta(path: pathlib.Path) -> tuple[dict[str, str], str]:
-    head, _, body = path.read_text(encoding="utf-8").partition("\n---\n")
-    return dict(line[2:].partition(": ")[::2] for line in head.splitlines()), body
-
-
-def _ranked(text: str) -> list[str]:
-    found = explain(text)
-    return [found[0].category] + [a.category for a in found[0].alternatives] if found else []
-
-
-def _first(text: str) -> tuple[str, str]:
-    found = explain(text)
-    assert found, text
-    return found[0].category, found[0].signature
+from support.holdout import HELD, meta as _meta, ranked as _ranked, first as _first
 
 
 def _quotings(text: str) -> dict[str, str]:

@@ -7,17 +7,7 @@ import pathlib
 
 from torchdoctor import explain
 
-HELD = sorted((pathlib.Path(__file__).parent / "holdout").glob("*.txt"))
-
-
-def _meta(path: pathlib.Path) -> tuple[dict[str, str], str]:
-    head, _, body = path.read_text(encoding="utf-8").partition("\n---\n")
-    return dict(line[2:].partition(": ")[::2] for line in head.splitlines()), body
-
-
-def _ranked(text: str) -> list[str]:
-    found = explain(text)
-    return [found[0].category] + [a.category for a in found[0].alternatives] if found else []
+from support.holdout import HELD, meta as _meta, ranked as _ranked
 
 
 def test_tenth_collection_accuracy() -> None:

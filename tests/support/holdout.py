@@ -1,0 +1,29 @@
+"""The held-out texts of explain (``tests/explain/holdout``: a ``# key: value`` header, ``---``, the text as pasted)
+and how the collection tests read explain's answer for them."""
+
+from __future__ import annotations
+
+import pathlib
+
+from torchdoctor import explain
+
+HELD = sorted((pathlib.Path(__file__).parent.parent / "explain" / "holdout").glob("*.txt"))
+
+
+def meta(path: pathlib.Path) -> tuple[dict[str, str], str]:
+    """The header's fields and the text of a held-out file."""
+    head, _, body = path.read_text(encoding="utf-8").partition("\n---\n")
+    return dict(line[2:].partition(": ")[::2] for line in head.splitlines()), body
+
+
+def ranked(text: str) -> list[str]:
+    """The categories explain gives ``text``, its first diagnosis's then its alternatives', best first."""
+    found = explain(text)
+    return [found[0].category] + [a.category for a in found[0].alternatives] if found else []
+
+
+def first(text: str) -> tuple[str, str]:
+    """(category, signature) of the first diagnosis of ``text``; it must have one."""
+    found = explain(text)
+    assert found, text
+    return found[0].category, found[0].signature
