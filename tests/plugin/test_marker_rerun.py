@@ -124,8 +124,12 @@ def test_a_far_cast_fix_the_rerun_still_fails_stays_unproven_in_both(shared: tup
     text = _section(out, "test_promoted")
     assert "# fix unproven: applied in a virtual re-run of the test, which still found: a tensor made by aten.mul" in text
     assert "# fix proven" not in text and "Patch (git apply):" not in text
+    # the API re-runs again with what its re-run found (the line that promotes the cast's data with the float32 K):
+    # the cast's fix alone is never proven; with that line's value cast back both are, together, in one patch
     fixes = _api(folder, "Promoted").to_dict()["fixes"]
-    assert fixes and not any(f["proven"] for f in fixes)
+    assert len(fixes) == 2 and all(f["proven"] for f in fixes), fixes
+    assert "PROMOTED-CAST" in fixes[0]["code"], fixes
+    assert "h = (torch.relu(h * 2 + 1) * K.to(x.device)).to(x.dtype)" in fixes[1]["code"], fixes
 
 
 PROGRAM = '''
