@@ -8,6 +8,7 @@ donor's (``makers``), and a refused cast on a device that cannot hold the dtype 
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 from typing import Any
 
@@ -25,18 +26,24 @@ def donor(frame: Any, dtype: torch.dtype) -> torch.Tensor | None:
     text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
     if not any(f".{name}(" in text for name in _CASTS):
         return None
+    for expr in _read(text):
+        t = _value(expr, frame)
+        if isinstance(t, torch.Tensor) and t.dtype == dtype:
+            return t
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _read(text: str) -> tuple[ast.expr, ...]:
+    """The expressions the casts of a line may read their dtype from (``_dtype_args``), parsed once per line's text
+    for the process (a forward runs its casts on every call); () for a statement over several lines."""
     try:
         tree: ast.AST = ast.parse(text + " pass" if text.endswith(":") else text)
     except SyntaxError:  # a statement over several lines: its dtype is not read here
-        return None
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS):
-            continue
-        for expr in _dtype_args(node):
-            t = _value(expr, frame)
-            if isinstance(t, torch.Tensor) and t.dtype == dtype:
-                return t
-    return None
+        return ()
+    return tuple(expr for node in ast.walk(tree)
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS
+                 for expr in _dtype_args(node))
 
 
 def _dtype_args(call: ast.Call) -> list[ast.expr]:
