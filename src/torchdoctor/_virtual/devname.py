@@ -180,8 +180,12 @@ def _at_maker(key: str, at: str, file: str, line: int, name: str, partner: str, 
     diff = maker_diff(op, at, target, {"device": name})
     if diff is None:
         return None
+    legacy = getattr(getattr(torch, op[6:], None), "dtype", None) if op.startswith("torch.") and \
+        op.endswith("Tensor") else None
+    call = f"torch.tensor(..., dtype={str(legacy)}, device={name}): a legacy constructor takes no device but the " \
+        "cpu" if isinstance(legacy, torch.dtype) else f"{op}(..., device={name})"
     return Fix(f"# {op} made it on cpu at {at}: pass device={name}, the program's name for the device {partner} is "
-               f"on ({where}) ({op}(..., device={name}))", "note", target, sets=((key, target),), diff=diff,
+               f"on ({where}) ({call})", "note", target, sets=((key, target),), diff=diff,
                remake=(file, line, op[6:], target, None))
 
 

@@ -343,8 +343,13 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
     dev, dt = wrong.get("device", (None, None))[1], wrong.get("dtype", (None, None))[1]
     exprs = {k: f"{x}.{k}" if x else value_code(t) for k, t in (("device", dev), ("dtype", dt)) if t is not None}
     found = " and ".join(f"{'on' if k == 'device' else 'in'} {f}" for k, (f, _) in wrong.items())
+    legacy = getattr(getattr(torch, maker[6:], None), "dtype", None) if maker.startswith("torch.") and \
+        maker.endswith("Tensor") else None
     if maker in NO_DEVICE_ARG:
         how = f"move it: {maker}(...).to({', '.join(exprs.values())})"
+    elif isinstance(legacy, torch.dtype) and "device" in exprs:  # a legacy constructor refuses any device but the cpu
+        how = f"a legacy constructor takes no device but the cpu: make it with torch.tensor(..., " \
+            f"dtype=torch.{dtype_str(legacy)}, device={exprs['device']})"
     else:
         args = ", ".join(f"{k}={v}" for k, v in exprs.items())
         kinds = " and ".join(f"{k}=" for k in exprs)
