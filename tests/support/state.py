@@ -290,7 +290,12 @@ def guard(what: str, full: bool = True) -> Iterator[None]:
     import pytest
 
     before = snapshot(full)
+    limit = sys.getrecursionlimit()
     yield
+    # put back without a verdict: torch's inductor raises it to 2,000 on its first compile, by design; a limit left
+    # high lets a runaway recursion of a later test in this worker overflow the C stack (a segfault, the worker lost)
+    # instead of raising RecursionError
+    sys.setrecursionlimit(limit)
     changed = leaks(before, snapshot(full))
     if changed:
         restore(before)
