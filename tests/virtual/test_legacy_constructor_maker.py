@@ -73,8 +73,8 @@ def test_run_names_the_line_and_patches_it_in_the_program_s_names(tmp_path: Path
     # the note says what the patch does: never a device= for the legacy constructor, which refuses it
     code = " | ".join(f["code"] for f in doc["fixes"])
     assert "torch.LongTensor(..., device=" not in code, code
-    assert "a legacy constructor takes no device but the cpu: make it with torch.tensor(..., dtype=torch.int64, " \
-        "device=input_ids.device)" in code, code
+    assert "made it on cpu: make it with torch.tensor(..., dtype=torch.int64, device=input_ids.device): a legacy " \
+        "constructor takes no device but the cpu" in code, code
     (tmp_path / "fix.diff").write_text(patch)
     subprocess.run(["git", "apply", "fix.diff"], cwd=tmp_path, check=True, timeout=60)
     assert not run_json(app, "mps")["problems"]

@@ -196,6 +196,15 @@ def _legacy_diff(file: str, line: int, raw: str, pad: int, call: Any, device: st
     return line_patch(file, line, (raw[:pad + call.col_offset] + new + raw[pad + call.end_col_offset:]).strip())
 
 
+def legacy_call(maker: str, device: str) -> str | None:
+    """``torch.tensor(..., dtype=torch.int64, device=<device>)`` for a legacy constructor's name (``torch.LongTensor``),
+    which refuses any device but the cpu, said as a fix's note says it; None for any other maker."""
+    dtype = getattr(getattr(torch, maker[6:], None), "dtype", None) if maker.startswith("torch.") and \
+        maker.endswith("Tensor") else None
+    return f"torch.tensor(..., dtype={dtype}, device={device}): a legacy constructor takes no device but the cpu" \
+        if isinstance(dtype, torch.dtype) else None
+
+
 def modern_call(call: Any, device: str) -> str | None:
     """``torch.LongTensor([0])`` (an ``ast.Call``) as the factory that takes a device: ``torch.tensor([0],
     dtype=torch.int64, device=<device>)`` for data, ``torch.empty(2, 3, dtype=torch.int64, device=<device>)`` for

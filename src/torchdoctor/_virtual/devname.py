@@ -174,16 +174,13 @@ def _visible(file: str, line: int, made_file: str, made_line: int, root: str) ->
 def _at_maker(key: str, at: str, file: str, line: int, name: str, partner: str, where: str,
               target: torch.device) -> Fix | None:
     """The factory given ``device=<name>``: the name the program moved or made ``partner`` with."""
-    from torchdoctor._virtual.castfix import maker_diff
+    from torchdoctor._virtual.castfix import legacy_call, maker_diff
 
     op = key[8:].partition(" at ")[0].split(" ", 1)[0]
     diff = maker_diff(op, at, target, {"device": name})
     if diff is None:
         return None
-    legacy = getattr(getattr(torch, op[6:], None), "dtype", None) if op.startswith("torch.") and \
-        op.endswith("Tensor") else None
-    call = f"torch.tensor(..., dtype={str(legacy)}, device={name}): a legacy constructor takes no device but the " \
-        "cpu" if isinstance(legacy, torch.dtype) else f"{op}(..., device={name})"
+    call = legacy_call(op, name) or f"{op}(..., device={name})"
     return Fix(f"# {op} made it on cpu at {at}: pass device={name}, the program's name for the device {partner} is "
                f"on ({where}) ({call})", "note", target, sets=((key, target),), diff=diff,
                remake=(file, line, op[6:], target, None))

@@ -28,7 +28,7 @@ from torchdoctor._virtual.apart import (Apart, at_root, find, fix as apart_fix, 
                                         network_fix)
 from torchdoctor._virtual.callsite import caller_fix
 from torchdoctor._virtual.castfix import (NO_DEVICE_ARG, cast_fix, op_moved, each_maker, in_library, library_note,
-                                          maker_diff, storage_fix, traced_note)
+                                          legacy_call, maker_diff, storage_fix, traced_note)
 from torchdoctor._virtual.inplacefix import inplace_fix
 from torchdoctor._virtual.nofix import whole_move
 from torchdoctor._virtual.widened import KEY as WIDENED, widened_fix
@@ -201,18 +201,13 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                 factories.append(Fix(f"{holder}.to({value_code(target)})  # {p.path} is on {p.found}: {holder} "
                                      "was made before the move, or never moved", "note", sets=((holder + ".", target),)))
             continue
-        if made_from and made_from[0].startswith("factory torch.nn.Parameter ") and \
-                " built in __init__ at " in made_from[0]:  # left behind by a placement of the layers (bareuse
-            if made_from[0] not in named:  # fixes it at its use)
+        if made_from and made_from[0].startswith("factory torch.nn.Parameter "):  # a lazy layer, or one built in
+            if made_from[0] not in named:  # __init__ that a placement of the layers left behind (bareuse: its use)
                 named.add(made_from[0])
-                factories.append(Fix(f"# {made_from[0][8:]} (on {p.found}): move it with the layer that owns it, "
-                                     "or where it is used", "note", sets=((made_from[0], target),)))
-            continue
-        if made_from and made_from[0].startswith("factory torch.nn.Parameter "):  # a lazy layer
-            if made_from[0] not in named:
-                named.add(made_from[0])
-                factories.append(Fix(f"# {made_from[0][8:]} (on {p.found}): build it in __init__, or run one "
-                                     "forward before the model's .to so the move takes it", "note",
+                how = "move it with the layer that owns it, or where it is used" if " built in __init__ at " in \
+                    made_from[0] else "build it in __init__, or run one forward before the model's .to so the " \
+                    "move takes it"
+                factories.append(Fix(f"# {made_from[0][8:]} (on {p.found}): {how}", "note",
                                      sets=((made_from[0], target),)))
             continue
         if p.role == "generator" and (drawn := generator_fix(p, made_from)) is not None:
@@ -343,13 +338,11 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
     dev, dt = wrong.get("device", (None, None))[1], wrong.get("dtype", (None, None))[1]
     exprs = {k: f"{x}.{k}" if x else value_code(t) for k, t in (("device", dev), ("dtype", dt)) if t is not None}
     found = " and ".join(f"{'on' if k == 'device' else 'in'} {f}" for k, (f, _) in wrong.items())
-    legacy = getattr(getattr(torch, maker[6:], None), "dtype", None) if maker.startswith("torch.") and \
-        maker.endswith("Tensor") else None
+    legacy = legacy_call(maker, exprs["device"]) if "device" in exprs else None
     if maker in NO_DEVICE_ARG:
         how = f"move it: {maker}(...).to({', '.join(exprs.values())})"
-    elif isinstance(legacy, torch.dtype) and "device" in exprs:  # a legacy constructor refuses any device but the cpu
-        how = f"a legacy constructor takes no device but the cpu: make it with torch.tensor(..., " \
-            f"dtype=torch.{dtype_str(legacy)}, device={exprs['device']})"
+    elif legacy is not None:
+        how = f"make it with {legacy}"
     else:
         args = ", ".join(f"{k}={v}" for k, v in exprs.items())
         kinds = " and ".join(f"{k}=" for k in exprs)

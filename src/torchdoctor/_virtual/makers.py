@@ -167,9 +167,12 @@ def _unseen(name: str, original: Any) -> Any:
     return made
 
 
+PARAM = torch.nn.Parameter  # a real Parameter among an op's arguments: one a forward may have built lazily
+
+
 def _lazy_params(args: Any) -> bool:
     """Cheap test: a real Parameter among the arguments (one a forward may have built lazily)."""
-    return torch.nn.Parameter in map(type, args) if type(args) is tuple else False  # (at C speed: every op asks)
+    return PARAM in map(type, args) if type(args) is tuple else False  # (at C speed: every op asks)
 
 
 def _real_made(name: str | None, args: Any, out: Any) -> Any:

@@ -223,7 +223,6 @@ def _own(out: Any, space: Space, target: torch.device | None) -> Any:
 # Calls answered by torch at once (most calls reach the mode from Module.to and the walker): attributes but the device
 # labels and .data (outside.attribute passes them on), and queries of metadata a twin's C++ side holds as is.
 _METHOD_WRAPPER = type(torch.Tensor.dtype.__get__)  # type: ignore[attr-defined]
-_PARAM = torch.nn.Parameter  # a real Parameter among an op's arguments: one a forward may have built lazily
 _PLAIN_ATTRS = frozenset(v for n, v in vars(torch._C.TensorBase).items() if type(v).__name__ == "getset_descriptor"
                          and n not in outside._LABELLED and n != "data")
 _QUERIES = frozenset(f for f in (T.is_floating_point, T.is_complex, T.size, T.stride, T.storage_offset, T.dim,
@@ -243,7 +242,7 @@ class VirtualMode(TorchFunctionMode):
         if types and replaced.Moved in types:  # a Parameter the model's move replaced: its successor's call
             return replaced.through(self.space, func, args, kwargs or {}, sys._getframe(1), self.__torch_function__)
         if (func.__self__ in _PLAIN_ATTRS if type(func) is _METHOD_WRAPPER else func in _QUERIES) and not kwargs \
-                and (self.casts is None or _PARAM not in map(type, args)):
+                and (self.casts is None or makers.PARAM not in map(type, args)):
             return func(*args)
         if self.casts is None:
             return self.handle(func, args, kwargs or {})
@@ -251,7 +250,7 @@ class VirtualMode(TorchFunctionMode):
         name = getattr(func, "__name__", None)
         if name in makers._REAL_MAKERS:
             return makers._real_made(name, (), self.handle(func, args, kwargs or {}))
-        if _PARAM in map(type, args):  # a real Parameter a forward built (``makers._lazy_params``, inlined)
+        if makers.PARAM in map(type, args):  # a real Parameter a forward built (``makers._lazy_params``, inlined)
             makers._real_made(None, args, None)
         out = self.handle(func, args, kwargs or {})
         if name not in makers._CAST_METHODS or not args or not isinstance(out, VirtualTensor):
