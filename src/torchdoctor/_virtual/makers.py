@@ -198,7 +198,8 @@ def _real_made(name: str | None, args: Any, out: Any) -> Any:
             hit = hostmade.maker(a) if attr is not None else None
             if hit is not None and hit[3]:  # built in its module's __init__ (no lazy layer): a placement of the
                 # model's layers that left it behind; no factory of a forward to fix
-                made = Made(f"torch.nn.Parameter `{attr}` built in __init__ at {hit[1]}, not moved with its module", module)
+                made = Made(f"torch.nn.Parameter `{attr}` built in __init__ at {hit[1]}, not moved with its "
+                            "module", module)
                 made.at = None
                 space.keep_real(a, None, made)
             elif attr is not None:  # the module holds it, yet it is real: built in forward, after the move
