@@ -9,8 +9,9 @@ test again on virtual devices with the fixes that act at a line of the code (a c
 factory call made with the fixed device or dtype, a module cast of the program's own line), through ``simulate``'s
 own re-run (``call=``, the fixes applied there, never to the user's objects: the test builds its own again).
 
-The re-run proves a fix when no problem is left that names its line and none is new; problems other fixes address
-(proven at the op, or advice) may remain. A re-run that raises leaves the fix unproven, saying what it raised.
+The re-run proves a fix when no problem is left that names its line, none is new and every one left is another
+printed fix's (judged at its op, or changing a tensor it names: proven at the op, or advice); a problem left that no
+fix printed here addresses leaves the fix unproven, as ``simulate``'s re-run of every fix together would. A re-run that raises leaves the fix unproven, saying what it raised.
 ``torchdoctor run`` does not re-run a whole program: a program writes files, downloads, prints -- running it twice is
 not free of effects -- so its far fixes keep saying that only a re-run proves them (``simulate(call=...)`` or the marker
 do it).
@@ -80,16 +81,34 @@ def prove_by_rerun(session: Any, call: Callable[[Any], Any], data: str = "cpu") 
     left = [p for p in left if p.kind != "memory"]
     before = {(p.kind, p.path) for p in session.problems}
     new = [p for p in left if (p.kind, p.path) not in before]
+    others = [g for g in session.fixes if not any(g is f for f in fixes)]
     for f in fixes:
         line = _line_of(f)
         still = [p for p in left if line and line in (p.message or "") or f.noscale is not None and str(
             p.op or "").startswith(_UNSCALE)]  # a fix with no GradScaler: no unscale is left
+        still += [p for p in left if p not in still and not any(_covers(g, p) for g in others)]  # nobody's: not gone
         f.rerun, f.at_op = True, False
         f.proven = not new and not still
         f.tried = ("applied in a virtual re-run of the test: no problem left" if not left else
                    "applied in a virtual re-run of the test: what is left is another fix's" if f.proven else
                    f"applied in a virtual re-run of the test, which still found: {(still or new)[0].message}")[:400]
     return True
+
+
+def _covers(g: Any, p: Any) -> bool:
+    """Another printed fix ``g`` addresses the problem ``p`` the re-run left: it was judged at ``p``'s op, or it
+    changes a tensor ``p`` names (its module path, its maker or cast line, as the operand tags quote them)."""
+    if p.op and f"at the failing op {p.op}" in (g.tried or ""):
+        return True
+    text = p.message or ""
+    for name, _ in g.sets:
+        name = str(name)
+        if name == "*" or name == p.path or name.endswith(".") and (p.path + ".").startswith(name):
+            return True
+        at = name.rpartition(" at ")[2]
+        if at and at != name and at in text:
+            return True
+    return False
 
 
 def patch_lines(fixes: Sequence[Any]) -> list[str]:
