@@ -130,6 +130,9 @@ def test_a_far_cast_fix_the_rerun_still_fails_stays_unproven_in_both(shared: tup
     assert len(fixes) == 2 and all(f["proven"] for f in fixes), fixes
     assert "PROMOTED-CAST" in fixes[0]["code"], fixes
     assert "h = (torch.relu(h * 2 + 1) * K.to(x.device)).to(x.dtype)" in fixes[1]["code"], fixes
+    # the float32 tensor that promotes there is K, made before the run: never "a tensor the cast ... made float32"
+    assert "with K (float32, made before the run)" in fixes[1]["code"], fixes
+    assert "the cast at" not in fixes[1]["code"], fixes
 
 
 PROGRAM = '''

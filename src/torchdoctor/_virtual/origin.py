@@ -317,7 +317,8 @@ def made_from(op: str, module: Any, tensors: Any, dtype: Any, device: Any) -> Ma
     if module is not None and cast is not None and cast.is_floating_point() and via.source.site is not None:
         from torchdoctor._virtual.widened import widened_at  # the model's data promoted by a cast's tensor there
 
-        if (w := widened_at(cast, dtype, via.source.site, user_frame(2), short_at, LINES)) is not None:
+        if (w := widened_at(cast, dtype, via.source.site if high is not None and via is high._td_origin else None,
+                            user_frame(2), short_at, LINES)) is not None:
             (m := Made(str(op), module, (f"widened at {w.at}",), 1, via=via, depth=via.depth + 1)).widened = w
             return m
     if via.depth >= DEPTH and via.site is None and not via.paths and via.arg is None and via.at is None:

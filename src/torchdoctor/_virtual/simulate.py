@@ -76,7 +76,8 @@ def simulate(
     (``loss.item()`` in a training step) is run again with ``data="cpu"`` when the object's tensors hold data and
     fit in 2 GiB; ``assume_device`` treats meta tensors as holding data there — by default, a model whose
     parameters are all on meta (built on meta, weights not loaded) is taken as loaded on ``device`` and the report
-    says so (``assume_device=False`` checks them as missing); ``profile`` describes the hardware.
+    says so (``assume_device=False`` checks them as missing); ``profile`` describes the hardware. With no inputs,
+    the device and dtype may follow the model as ``Module.to`` takes them: ``simulate(model, "cuda:1", torch.bfloat16)``.
 
     >>> import torch, torchdoctor
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4))
@@ -89,6 +90,9 @@ def simulate(
     """
     from torchdoctor._walk import walk
 
+    if isinstance(inputs, (str, torch.device)) and (device is None or isinstance(device, torch.dtype) or dtype is None
+                                                    and isinstance(device, str) and _is_dtype(device)):
+        inputs, device, dtype = None, inputs, device if dtype is None else dtype  # simulate(model, "cuda:1", bf16)
     if device is None:
         raise TypeError("simulate needs device=, the device to simulate, e.g. simulate(model, inputs, 'cuda:1')")
     if isinstance(obj, Target):
@@ -281,6 +285,14 @@ def _api_name(exc: BaseException) -> str:
     return name
 
 public_types(SimulationReport)
+
+
+def _is_dtype(name: str) -> bool:
+    try:
+        parse_dtype(name)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _needs_values(problems: list[Any]) -> bool:

@@ -32,7 +32,8 @@ class Widened:
     name: str  # the program's name at that line for the data promoted (a tensor argument of its function), or ""
     low: str  # the data's dtype
     high: str  # what it became
-    cast: str  # the cast that made the wider tensor, "file:line"
+    cast: str  # the cast that made the wider tensor, "file:line"; "" when the run did not make it (made before)
+    wide: str = ""  # the program's name at that line for the wider tensor, where the run did not make it
 
     def describe(self, m: Any, link: str) -> str:
         who = f"{self.name} ({self.low})" if self.name else f"{self.low} data"
@@ -56,10 +57,25 @@ def widened_at(cast: torch.Tensor, dtype: torch.dtype, site: Any, frame: Any, sh
     name = next((n for n in args if n != "self" and isinstance(loc.get(n), torch.Tensor)
                  and loc[n].dtype == cast.dtype), next((n for n, v in loc.items() if v is cast), ""))
     lines[at] = (code.co_filename, frame.f_lineno)
-    w = Widened(at, name, dtype_str(cast.dtype), dtype_str(dtype), getattr(site, "at", "") or "")
+    made = getattr(site, "at", "") or ""
+    w = Widened(at, name, dtype_str(cast.dtype), dtype_str(dtype), made, "" if made else _wide_name(frame, dtype))
     if len(SEEN) < 1024:
         SEEN[at] = w
     return w
+
+
+def _wide_name(frame: Any, dtype: torch.dtype) -> str:
+    """The name the line running in ``frame`` reads a ``dtype`` tensor by (a local or a module global: ``K``), or
+    ""."""
+    import linecache
+    import re
+
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    for scope in (frame.f_locals, frame.f_globals):
+        for n, v in scope.items():
+            if isinstance(v, torch.Tensor) and v.dtype == dtype and re.search(rf"(?<![\w.]){re.escape(n)}\b", line):
+                return n
+    return ""
 
 
 def widened_fix(key: str, target: Any, lines: dict[str, tuple[str, int]]) -> Any:
@@ -86,8 +102,10 @@ def widened_fix(key: str, target: Any, lines: dict[str, tuple[str, int]]) -> Any
             new = raw[:pad + value.col_offset] + (text if atom else f"({text})") + f".to({want})" + \
                 raw[pad + value.end_col_offset:]
     said = f"# {w.at}: " + (f"`{got[1].strip()}` " if got is not None else "") + \
-        f"promotes {w.name or 'the model data'} ({w.low}) to {w.high} with a tensor the cast at {w.cast} made " \
-        f"{w.high}: cast the line's value back to {want} there" + (f": {new.strip()}" if new else "")
+        f"promotes {w.name or 'the model data'} ({w.low}) to {w.high} with " + (
+            f"a tensor the cast at {w.cast} made {w.high}" if w.cast else
+            f"{w.wide or 'a tensor'} ({w.high}, made before the run)") + \
+        f": cast the line's value back to {want} there" + (f": {new.strip()}" if new else "")
     diff = line_patch(file, line, new) if new else None
     return Fix(said, "note", target, sets=((key, target),), diff=diff,
                rewiden=(file, line, target) if diff is not None else None)
