@@ -48,6 +48,9 @@ $(VENV)/bin/python:
 $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -c constraints.txt -e '.[test]'
+	# an editable install compiles nothing: the checkout's bytecode is written now, as pip does for a wheel, so the
+	# first `torchdoctor run` or `virtual_devices` block does not pay ~140 ms of compiling (bench/RESULTS.md)
+	$(PY) -m compileall -q src/torchdoctor
 	touch $(STAMP)
 
 typecheck: $(STAMP)
