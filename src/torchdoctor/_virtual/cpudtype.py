@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
@@ -29,6 +30,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torchdoctor._guard.dispatch import never_compiled
 from torchdoctor._placement import PACKED_DTYPES, dtype_str
 from torchdoctor._report.model import Problem
+from torchdoctor._virtual.cpuasks import asks_accelerator
 from torchdoctor._virtual.cpucasts import CastRecords, cast_words, mixed_words
 from torchdoctor._virtual.origin import where_called
 
@@ -37,7 +39,11 @@ _NO_KERNEL = ("not implemented for", "Unsupported dtype", "doesn't support tenso
               "not supported for", "does not support")
 _NAMES = {torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float64: "Double"}
 # the words of torch's refusals to mix dtypes in one op
-_MISMATCH = ("must have the same dtype", "expected scalar type", "expected both", "but found", "should be the same")
+# (``expected m1 and m2 to have the same dtype``, ``Index put requires the source and destination dtypes match``,
+# ``mixed dtype (CPU): expect parameter to have scalar type of Float``, an in-place op's ``can't be cast to``)
+_MISMATCH = ("same dtype", "expected scalar type", "expected both", "but found", "should be the same", "dtypes match",
+             "to be equal to", "expect parameter to have scalar type", "can't be cast to the desired output type",
+             "but expected")
 _COPIES = ("aten._to_copy", "aten.copy_", "aten.to", "aten.copy", "aten.clone", "aten.detach", "aten.lift_fresh")
 
 
@@ -48,7 +54,10 @@ def _dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = No
     self.ops += 1
     op = str(func.overloadpacket)
     out = self.run(func, args, kwargs, str(func))
-    ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    flat = tree_flatten((args, kwargs))[0]
+    if self.fell and any(isinstance(t, torch.Tensor) and t.is_complex() and self._fell(t) for t in flat):
+        out = self._real_back(out)  # |stft|: the magnitude of a spectrum computed wide for want of a kernel
+    ins = [t for t in flat if isinstance(t, torch.Tensor) and t.is_floating_point()]
     outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if kwargs.get("dtype") is not None or ins and all(self.deliberate(t) for t in ins):
         self.chosen.update((id(t), weakref.ref(t)) for t in outs)  # a dtype the code chose (guard's policy too)
@@ -91,6 +100,9 @@ class Checks(torch.utils._python_dispatch.TorchDispatchMode):
         self.made: dict[int, tuple[weakref.ref[torch.Tensor], str, str | None]] = {}  # default-dtype factories
         self.sources: dict[tuple[str, ...], tuple[str, ...]] = {}  # (kind, path, op, found) -> the factory call
         self.casts = CastRecords(self.where)  # the program's casts to another dtype, named by their line
+        # complex results of an op run wide for want of a kernel (an fft's spectrum) and what is computed from them:
+        # the real values taken from them (``abs``, ``real``) go on in ``dtype``, as on hardware with that kernel
+        self.fell: dict[int, weakref.ref[torch.Tensor]] = {}
 
     def factory(self, t: torch.Tensor) -> tuple[str, str | None] | None:
         """``(torch.ones, file:line)`` of a tensor a factory given no dtype made (the default dtype), or None."""
@@ -124,18 +136,29 @@ class Checks(torch.utils._python_dispatch.TorchDispatchMode):
             if odd and any(s in text for s in _MISMATCH):  # a wider tensor met the dtype where torch refuses a mix
                 self._promoted(op, odd, text)
                 narrow = tree_map(lambda t: t.to(self.dtype) if any(t is o for o in odd) else t, (args, kwargs))
-                return func(*narrow[0], **narrow[1])
+                return self.run(func, narrow[0], narrow[1], op)  # and on, past a missing kernel too
             if not any(s in text for s in _NO_KERNEL) or _NAMES.get(self.dtype, "?") not in text and \
                     dtype_str(self.dtype) not in text and "Low precision" not in text:
                 raise
             self._no_kernel(op, text)
             wide = tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype == self.dtype else t,
                             (args, kwargs))
-            return self._back(func(*wide[0], **wide[1]))
+            return self._real_back(func(*wide[0], **wide[1]))
 
     def _back(self, out: Any) -> Any:
         return tree_map(lambda t: t.to(self.dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
                         out)
+
+    def _fell(self, t: torch.Tensor) -> bool:
+        ref = self.fell.get(id(t))
+        return ref is not None and ref() is t
+
+    def _real_back(self, out: Any) -> Any:
+        """``out`` with its floating tensors cast back to ``dtype`` and its complex ones kept as run wide."""
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.is_complex():
+                self.fell[id(t)] = weakref.ref(t)
+        return self._back(out)
 
     def _no_kernel(self, op: str, text: str) -> None:
         mpath, mtype = self.where()
@@ -168,7 +191,8 @@ class Checks(torch.utils._python_dispatch.TorchDispatchMode):
             site = self.casts.of(t) if path is None and made is None else None
             mix = self.casts.makers_of(t, self.factory) if path is None and made is None and site is None else ()
             what = path or (f"a tensor made by {made[0]} in `{place}`" + (f" at {made[1]}" if made[1] else "") +
-                            " (no dtype given: the default float32)" if made else
+                            f" (no dtype given: {'the default' if t.dtype == torch.get_default_dtype() else 'from its data,'} "
+                            f"{dtype_str(t.dtype)})" if made else
                             cast_words(site, self.casts.place(t))[0] if site is not None else
                             mixed_words(mix)[0] if mix else "a tensor made in forward")
             if site is not None or mix:  # the fix is at that cast (or at the attribute it read), at every maker
@@ -197,7 +221,15 @@ class Calls(torch.overrides.TorchFunctionMode):
         name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
         module = getattr(func, "__module__", None) or "torch"
         out = self.checks.run(func, args, kwargs or {}, f"{module.removeprefix('torch._C.')}.{name}")
+        if getattr(func, "__name__", None) in _FROM_DATA and isinstance(out, torch.Tensor) and out.is_floating_point() and \
+                (kwargs or {}).get("dtype") is None:  # its dtype read from the data: a float64 numpy array's
+            c = self.checks
+            c.chosen.pop(id(out), None)  # (the copy it makes is told that dtype: no choice of the program's)
+            c.made[id(out)] = (weakref.ref(out), f"torch.{func.__name__}", where_called())
         return self.checks.casts.made(func, args, out)
+
+
+_FROM_DATA = frozenset(("tensor", "as_tensor", "from_numpy", "asarray"))  # factories whose dtype follows the data
 
 
 def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype,
@@ -229,14 +261,18 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
     mode.casts.recast = recasts(fixes or [])  # a proof's re-run: the casts at the fixed lines write the fixed dtype
     try:
         # a factory fixed at its line makes its tensor as the fix says in a proof's re-run
-        with remade(fixes or []), torch.no_grad() if call is None else torch.enable_grad(), mode, Calls(mode):
+        with remade(fixes or []), torch.no_grad() if call is None else torch.enable_grad(), mode, Calls(mode), \
+                warnings.catch_warnings():
+            # torch warns that ComplexHalf is experimental when an fft's output is made for half input: a word on
+            # the dtype this check put there, not the program's
+            warnings.filterwarnings("ignore", "ComplexHalf support is experimental")
             try:
                 if call is not None:
                     call(clone)
                 elif args or kwargs:
                     clone(*cast[0], **cast[1])
             except (AssertionError, RuntimeError) as exc:
-                if not _asks_accelerator(exc, mode):
+                if not asks_accelerator(exc, mode):
                     raise
     finally:
         pre.remove()
@@ -244,40 +280,6 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
     SOURCES.clear()
     SOURCES.update(mode.sources)
     return mode.problems, mode.ops, clone
-
-
-def _asks_accelerator(exc: BaseException, mode: Any) -> bool:
-    """The program asked this CPU-only machine for an accelerator (``device="cuda"``: "Torch not compiled with CUDA
-    enabled"): recorded as a device problem at the program's line, with its factory when the line makes the tensor
-    there (fixed at it: ``device=`` the input's), never a traceback out of ``simulate``."""
-    import linecache
-    import re
-
-    from torchdoctor._report.model import Problem
-    from torchdoctor._virtual.escaped import raised_at
-    from torchdoctor._virtual.origin import IN_SCOPE, LINES, short_at
-
-    first = (str(exc).strip().splitlines() or [""])[0]
-    if not re.search(r"not compiled with (CUDA|XPU|MPS)|no (CUDA|XPU) GPUs|Found no NVIDIA driver", first, re.I):
-        return False
-    frame, line = raised_at(exc)
-    if frame is None:
-        return False
-    at = short_at(frame).rsplit(":", 1)[0] + f":{line}"
-    code = frame.f_code
-    LINES[at] = (code.co_filename, line)
-    IN_SCOPE.setdefault(at, next((n for n in code.co_varnames[:code.co_argcount]
-                                  if isinstance(frame.f_locals.get(n), torch.Tensor)), ""))
-    asked = (re.search(r"compiled with (\w+)", first) or re.search(r"no (\w+)", first))
-    found = (asked.group(1) if asked else "cuda").lower()
-    p = Problem("device", "<top level>", "activation", found, "cpu",
-                f"the program asks for {found} at {at} while the run checks the cpu ({type(exc).__name__}: {first}): "
-                "make it on the device of what it meets", op="forward")
-    mode.problems.append(p)
-    made = re.search(r"torch\.(\w+)\([^#]*device\s*=", linecache.getline(code.co_filename, line))
-    if made:
-        mode.sources[(p.kind, p.path, p.op or "", p.found)] = (f"factory torch.{made.group(1)} at {at}",)
-    return True
 
 
 def _copy(obj: Any) -> Any:
