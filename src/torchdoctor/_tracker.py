@@ -39,6 +39,9 @@ class ModuleStack:
         self._missed: set[int] = set()
         self._keep: list[torch.nn.Module] = []  # ids in ``paths`` stay unique while the stack lives
         self.outermost: list[torch.nn.Module] = []  # the modules that started a forward, first first
+        # id(module) -> (module, the keyword arguments of its outermost call), kept while that call runs or after it
+        # failed (a diagnosis re-runs other modules as outermost ones meanwhile); a few at most
+        self.outer_kwargs: dict[int, tuple[torch.nn.Module, dict[str, Any]]] = {}
         self._replaced: Any = None  # positional arguments ``_pre`` replaced for the call starting now
         # name -> module of the callers' own frames when an outermost forward started: ``net`` in
         # ``def main(): net = build(); net(x)``, the name a fix is written with once ``main`` has returned
@@ -100,6 +103,9 @@ class ModuleStack:
         if first:
             self.ran.clear()
             self.bw.clear()
+            # a model called with keywords (``model(input_ids=ids)``, as every Hugging Face model is): its inputs,
+            # for a proof that runs the whole forward again (once per outermost call)
+            self.outer_call(mod, sys._getframe(1))
         stack.append(mod)
         self.inputs.append(args)
         self.ran.append(mod)
@@ -111,6 +117,8 @@ class ModuleStack:
         if stack and stack[-1] is mod:
             stack.pop()
             self.inputs.pop()
+            if not stack:  # returned: its inputs are no longer held for a diagnosis
+                self.outer_kwargs.pop(id(mod), None)
             return
         for i in range(len(stack) - 1, -1, -1):
             if stack[i] is mod:
@@ -139,6 +147,19 @@ class ModuleStack:
             if m is mod:
                 return a
         return ()
+
+    def outer_call(self, mod: torch.nn.Module, frame: Any) -> None:
+        """``mod`` starts as the outermost module (``frame``: the hook's caller's): its keyword arguments kept."""
+        kept = self.outer_kwargs
+        kept.pop(id(mod), None)
+        if len(kept) >= 4:
+            del kept[next(iter(kept))]
+        kept[id(mod)] = (mod, dict(_call_kwargs(mod, frame)))
+
+    def kwargs_of(self, mod: torch.nn.Module) -> dict[str, Any]:
+        """The keyword arguments ``mod`` was called with as the outermost module (running, or failed); else {}."""
+        got = self.outer_kwargs.get(id(mod))
+        return got[1] if got is not None and got[0] is mod else {}
 
     # -- global hooks (the virtual runtime) --------------------------------------------------------------------
     def _hook(self, mod: torch.nn.Module, args: Any) -> Any:

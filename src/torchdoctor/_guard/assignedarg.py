@@ -15,6 +15,7 @@ from torchdoctor._guard.maker import Maker
 __all__ = ["LIBCALL", "assigned_maker"]
 
 LIBCALL = "(...)"  # a Maker's op ends so: the program's call of a callable whose result holds the tensor
+_CASTS = frozenset(("float", "half", "bfloat16", "double", "to", "type"))
 
 
 def assigned_maker(frames: Any, t: torch.Tensor) -> Maker | None:
@@ -48,6 +49,8 @@ def assigned_maker(frames: Any, t: torch.Tensor) -> Maker | None:
         callee = ast.unparse(call.func)
         if callee.startswith("torch."):  # a torch factory: the maker's own finder names it
             continue
+        if isinstance(call.func, ast.Attribute) and call.func.attr in _CASTS:  # ``...(ids).float()``: a cast the
+            continue  # program wrote is its own choice, no library call's result to cast after
         raw = lines[best.lineno - 1].rstrip("\r\n")
         shift = len(raw) - len(raw.lstrip(" \t")) - best.col_offset  # the parse was dedented
         return Maker(f"{callee}{LIBCALL}", file, best.lineno + off, raw.strip(), factory=True,

@@ -162,11 +162,14 @@ def _inside(path: str, prefix: str) -> bool:
     return not prefix or path == prefix or path.startswith(prefix + ".")
 
 
-def odd_groups(entries: Sequence[Any], culprits: Collection[str], value: Any) -> list[str] | None:
+def odd_groups(entries: Sequence[Any], culprits: Collection[str], value: Any,
+               modules: dict[str, Any] | None = None) -> list[str] | None:
     """The submodules that hold the culprits' odd value as a whole (every floating tensor under each is ``value``,
     its parent's are not), with every other such submodule of the model that holds the same odd value (an adapter
     added in float32 to each layer): what a fix casts so that the next layer does not fail the same way. None when
-    a culprit's submodule is not odd as a whole, when the odd tensors hold most of the model, or for over 8."""
+    a culprit's submodule is not odd as a whole, when the odd tensors hold most of the model, or for over 64.
+    ``modules`` (path -> module): the same kind is also a child of a parent of the same class (a LoRA's
+    ``lora_down`` and ``lora_up`` in each of ``to_q``, ``to_k``, ``to_v``: every wrapper the program injected)."""
     floating = [(e.path, e.tensor) for e in entries if isinstance(e.tensor, torch.Tensor)
                 and e.tensor.is_floating_point()]
     if not culprits or not floating:
@@ -194,12 +197,16 @@ def odd_groups(entries: Sequence[Any], culprits: Collection[str], value: Any) ->
     out = [g for g in groups if not any(_inside(g, h) and g != h for h in groups)]
     # beside the culprits' own submodule, only its kind elsewhere (the same place in each layer: an adapter added
     # to every block), never an unrelated odd module the failure did not involve
-    own = {_shape(_parent(g)) for g in out if any(_inside(c, g) for c in culprits)}
-    out = [g for g in out if _shape(_parent(g)) in own]
+    def kinds(g: str) -> set[Any]:
+        parent = (modules or {}).get(_parent(g))
+        return {_shape(_parent(g)), *((type(parent),) if parent is not None else ())}
+
+    own = {k for g in out if any(_inside(c, g) for c in culprits) for k in kinds(g)}
+    out = [g for g in out if kinds(g) & own]
     held = {p for p in odd if any(_inside(p, g) for g in out)}
     if held <= set(culprits) and len({_parent(p) for p in held}) < 2:
         return None  # one layer's own tensors are all it holds: they are the fix (a component of layers: cast whole)
-    return out if 0 < len(out) <= 8 else None
+    return out if 0 < len(out) <= 64 else None
 
 
 def _shape(path: str) -> str:
@@ -208,22 +215,30 @@ def _shape(path: str) -> str:
 
 
 def groups_fix(groups: Sequence[str], target: Any, root: Any, dicts: Collection[str]) -> str:
-    """``model.vae.to(torch.float16)``: one line per odd submodule."""
+    """``model.vae.to(torch.float16)``: one line per odd submodule (a loop over their paths beyond four)."""
     from torchdoctor._guard.maps import code_path, value_code
 
-    return "\n".join(f"{code_path(g, var=var_for(root), dicts=dicts)}.to({value_code(target)})" for g in groups)
+    exprs = [code_path(g, var=var_for(root), dicts=dicts) for g in groups]
+    if len(groups) > 4:  # one loop, not a line per adapter
+        rows = [", ".join(exprs[i:i + 3]) for i in range(0, len(exprs), 3)]
+        return "for m in (" + ",\n          ".join(rows) + f"):\n    m.to({value_code(target)})"
+    return "\n".join(f"{e}.to({value_code(target)})" for e in exprs)
 
 
 def prove_whole(session: Any, root: Any, apply: Any, tried: str, cast: Any = None) -> str | None:
     """Run the whole forward again on a copy of the model with ``apply(copy)`` done (the fix), on the inputs the
     model was called with (``cast``: the floating ones cast to it): a fix that breaks a later op is not proven.
-    None when it cannot be re-run (a pipeline, keyword-only inputs, a model too large to copy): the op's own proof
+    None when it cannot be re-run (a pipeline, no inputs seen, a model too large to copy): the op's own proof
     stands then."""
     inputs = tuple(session.frames.inputs_of(root)) if isinstance(root, nn.Module) else ()
+    of = getattr(session.frames, "kwargs_of", None)  # (a stack of another kind: positional inputs only)
+    kwargs = dict(of(root)) if of is not None and isinstance(root, nn.Module) else {}
     if cast is not None:
         inputs = tuple(x.to(cast[1]) if isinstance(x, torch.Tensor) and x.dtype == cast[0] else x for x in inputs)
+        kwargs = {k: x.to(cast[1]) if isinstance(x, torch.Tensor) and x.dtype == cast[0] else x
+                  for k, x in kwargs.items()}
     frames = session.frames
-    if not isinstance(root, nn.Module) or not inputs or session.replaying:
+    if not isinstance(root, nn.Module) or not (inputs or kwargs) or session.replaying:
         return None
     if not copyable(root):
         return None
@@ -236,7 +251,7 @@ def prove_whole(session: Any, root: Any, apply: Any, tried: str, cast: Any = Non
             warnings.simplefilter("ignore")
             trial = copy.deepcopy(root)
             apply(trial)
-            trial(*inputs)
+            trial(*inputs, **kwargs)
     except Exception as exc:  # the re-run's own failure is the answer, never a crash of the report
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return f"fix unproven: the whole forward re-run with {tried}: {type(exc).__name__}: {first}"[:400]
@@ -310,7 +325,7 @@ def widen(session: Any, maps: Any, root: Any, paths: Sequence[str], target: Any,
     def show(v: Any) -> str:  # (device, dtype): both, as a fix that mends both says them
         return " and ".join(show(x) for x in v) if isinstance(v, tuple) else _ds(v) if isinstance(
             v, torch.dtype) else str(v)
-    groups = odd_groups(maps.walk.entries, set(paths), value)
+    groups = odd_groups(maps.walk.entries, set(paths), value, dict(maps.walk.modules))
     if groups is None:
         if not plain:
             return fix, [], None

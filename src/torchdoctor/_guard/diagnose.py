@@ -315,7 +315,8 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
         lines[-1:-1] = aim.lines + ([aim.proof] if aim.proof else [])
         fix = aim.code or fix
     elif (at := caller_fix(callers, ref, maps.modules, maps.dicts) if maps is not None and not blamed and all(
-            any(t is x for x in session.frames.inputs_of(root)) for _, t in args.values()) else None):
+            any(t is x for x in (*session.frames.inputs_of(root), *session.frames.kwargs_of(root).values()))
+            for _, t in args.values()) else None):
         tried = f"{', '.join(c[1] for c in bad if c[1] in passed)} -> {_show(ref, kind)}"  # the line gives it that
         proof = component.prove_whole(session, root, lambda m: None, tried, (
             next(c[2].dtype for c in bad if c[1] in passed), ref))

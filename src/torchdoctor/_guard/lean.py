@@ -213,6 +213,7 @@ class Lean:
         frames.ran.append(mod)
         frames.stack.append(mod)
         frames.inputs.append(args)
+        frames.outer_call(mod, sys._getframe(2))  # (from the pre hook's caller: Module's call)
         if BARE and s.checks is None and s.g.profile is None and self.pre_id is not None and self._agree(mod):
             try:
                 self.local_pre = mod.register_forward_pre_hook(_RootHook(self._root_pre))

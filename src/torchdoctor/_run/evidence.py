@@ -160,7 +160,7 @@ def culprit_fix(culprit: str | None) -> str | None:
         if line and not line.startswith(" "):
             break
         if line.strip():
-            lines.append(line.strip())
+            lines.append(line[4:] if line.startswith("    ") else line.strip())  # a loop's body keeps its indent
     return "\n".join(lines) or None
 
 

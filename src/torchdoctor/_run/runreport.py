@@ -87,7 +87,9 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
     def patch(self) -> str | None:
         """Every fix that is a change of the program's own files (the virtual run's and guard's), as one unified diff
         that ``git apply`` takes whole: one diff per fix would not apply together where two fixes are near."""
-        diffs = [d for d in [*(getattr(f, "diff", None) for f in self.fixes),
+        from torchdoctor._virtual.prove import refuted
+
+        diffs = [d for d in [*(getattr(f, "diff", None) for f in self.fixes if not refuted(f)),
                              *(f.diff for f in self.findings)] if d]
         if len(diffs) < 2:
             return diffs[0] if diffs else None

@@ -161,6 +161,10 @@ def _check(case: Case, fixes: Sequence[Fix], rules: Any, profile: Any) -> tuple[
     found = rules.find(case.func, args, kwargs, profile)
     if found:
         return used, found[0].problem.message, False
+    if (raw := _stored_operand(case.func, args, kwargs)) is not None:  # meta kernels never refuse it; real ones do
+        from torchdoctor._virtual.prove import STORED
+
+        return used, f"it still computes with {raw} {STORED}", False
     try:
         out = _run(case.func, args, kwargs)
     except NotImplementedError:  # no meta kernel, or its output depends on values (nonzero): the rules judged it
@@ -180,6 +184,23 @@ def _check(case: Case, fixes: Sequence[Fix], rules: Any, profile: Any) -> tuple[
     except Exception:  # what the run went on with is not known: the op itself is still proven
         same = False
     return used, None, same
+
+
+# ops whose kernels refuse integer or float8 storage beside floating operands ("self and mat2 must have the same
+# dtype, but got Float and Byte"): their meta kernels do not check, so the proof does
+_COMPUTE = frozenset(f"aten.{n}" for n in ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "mv", "addmv",
+                                          "dot", "convolution", "_convolution", "conv2d", "conv1d", "conv3d"))
+
+
+def _stored_operand(func: Any, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+    """The dtype of integer or float8 storage among a compute op's operands beside a floating one, or None."""
+    if str(getattr(func, "overloadpacket", func)) not in _COMPUTE:
+        return None
+    from torchdoctor._guard.storageuse import stored
+
+    ts = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+    raw = [t for t in ts if stored(t)]
+    return dtype_str(raw[0].dtype) if raw and any(t.is_floating_point() and not stored(t) for t in ts) else None
 
 
 def prove_at_ops(fixes: list[Fix], cases: Sequence[Case], rules: Any, profile: Any,

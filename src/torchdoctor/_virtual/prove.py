@@ -251,6 +251,7 @@ def proven(fixes: list[Fix], rerun: Callable[[list[Fix]], Sequence[Problem]],
 
 
 NEW = "found a new problem"  # what a fix proven at the op is labelled with when the re-run meets a new failure
+STORED = "storage directly (a layer that dequantizes it is bypassed)"  # what ``atop`` finds still wrong then
 
 
 def judged_at_op(f: Fix) -> bool:
@@ -276,10 +277,12 @@ def patch_of(fixes: Sequence[Fix]) -> list[str]:
 
 
 def refuted(f: Fix) -> bool:
-    """A line fix whose re-run still found a problem at the very line it changes: its diff is never offered (the
-    headline says what the re-run found)."""
+    """A line fix whose re-run still found a problem at the very line it changes, or whose failing op still computes
+    with stored integers with every fix applied: its diff is never offered (the headline says what was found)."""
     if f.proven or not f.diff or "still found" not in f.tried:
         return False
+    if f.at_op and STORED in f.tried:  # the failing op, with every fix applied, still computes with integer storage:
+        return True  # no cast of another operand makes it pass (other refusals there may be a copy's: zeros_like)
     found = f.tried.split("still found", 1)[1]
     lines = f.diff.splitlines()
     name = next((x[6:].rsplit("/", 1)[-1] for x in lines if x.startswith("--- a/")), None)

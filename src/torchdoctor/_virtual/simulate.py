@@ -318,7 +318,8 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
     ``assume_device`` means what it means in ``simulate`` (a model whose parameters are all on meta is taken as
     loaded on ``device``, said so). ``sources``: where device/dtype/profile came from, said in the report."""
     from torchdoctor._scan.scan import scan
-    from torchdoctor._virtual.session import proven_fixes, virtual_devices
+    from torchdoctor._virtual.blockfix import proven_fixes
+    from torchdoctor._virtual.session import virtual_devices
     from torchdoctor._walk import walk
 
     start = time.perf_counter()

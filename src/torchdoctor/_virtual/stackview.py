@@ -21,14 +21,21 @@ class StackView:
 
     def model_dtype(self) -> torch.dtype | None:
         """The model's dtype as the placement policy decides it for the first root (in ``virtual_devices``, the
-        module the user's code called; looked up once, at the first dtype problem): declared, else a vote."""
+        module the user's code called; looked up once, at the first dtype problem): cast so by the program's own
+        code, else declared, else a vote."""
         roots = self.roots or self.modules.outermost
         if self._model_dtype is None and roots:
             from torchdoctor._scan.policy import Policy
             from torchdoctor._walk import walk
 
-            comps = Policy(walk(roots[0]), None, None, False).components
-            self._model_dtype = next((c.dtype for c in reversed(comps) if c.dtype is not None), torch.float32)
+            from torchdoctor._virtual.modcast import declared
+
+            # the program's own cast of the model (layers it adds later, a LoRA's in float32, are the odd ones even
+            # where they are as many as the layers it cast), else the policy's components
+            self._model_dtype = declared(roots[0])
+            if self._model_dtype is None:
+                comps = Policy(walk(roots[0]), None, None, False).components
+                self._model_dtype = next((c.dtype for c in reversed(comps) if c.dtype is not None), torch.float32)
         return self._model_dtype
 
     def running(self) -> Any:

@@ -1,0 +1,57 @@
+"""The fix of a ``virtual_devices`` block (and of ``simulate``'s block of a target), by parts, each proven at the
+failing ops it changes (``atop``): written and imported only for a block that recorded problems."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from torchdoctor._report.model import Problem
+from torchdoctor._virtual.prove import Fix
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchdoctor._virtual.session import VirtualSession
+
+__all__ = ["proven_fixes"]
+
+
+def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = None,
+                 current: Mapping[str, tuple[torch.dtype, torch.device]] | None = None) -> tuple[Fix, ...]:
+    """The fix of a block by parts (of ``problems``, the session's by default), each proven at the failing ops it
+    changes (or saying what was tried). ``current``: the tensors' dtype and device after the run, by path (the
+    outermost module's, by default, when a dtype was asked for): a device fix of a tensor also in the wrong dtype
+    casts it too. The fixes know a patched network by its walk path (``….forward.__self__.…``)."""
+    from torchdoctor._virtual.atop import prove_at_ops  # the proof machinery: only for a block with problems
+    from torchdoctor._virtual.callmove import placed_fixes
+    from torchdoctor._virtual.curdev import bare_move_fixes
+    from torchdoctor._virtual.intrefused import refusal_fixes
+    from torchdoctor._virtual.modcast import at_cast_lines
+    from torchdoctor._virtual.prove import held
+
+    rec = session._rec
+    walked = {new: old for old, new in session.renamed.items()}
+    problems = [replace(p, path=walked[p.path]) if p.path in walked else p
+                for p in (session.problems if problems is None else problems)]
+    roots = rec.modules.outermost
+    # the model: the outermost module holding the most tensors; the others ran apart from it (a pipeline's ControlNet)
+    main = max(roots, key=lambda m: len(m.state_dict(keep_vars=True)), default=None) if roots else None
+    if current is None and main is not None:  # no-op casts left out, a component in another dtype named
+        try:
+            current = held(main)
+        except Exception:  # a strange object: the fix is written without it
+            current = None
+    from torchdoctor._virtual.fixes import fix_items  # the fix is written only for a block that has problems
+    apart = [a for a in rec.entry.outer.values() if a.module() is not None and a.module() is not main]
+    items = at_cast_lines(fix_items(problems, session.device, session.dtype, session.sources, current, None, apart,
+                                    rec.entry.made_args, cases=rec.cases.cases) or [], session._casts, main)
+    items = placed_fixes(items, main, session.device, problems, rec)  # parked arguments moved at the call; hooked
+    items = bare_move_fixes(refusal_fixes(problems, items), problems, main)  # a kernel-refused int, a bare .cuda()
+    try:
+        return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs))
+    except Exception as exc:  # the proof is extra: the fix stands, said unproven, never a crash of the report
+        for f in items:
+            f.proven, f.tried = False, f"the proof at the failing op failed: {type(exc).__name__}: {exc}"[:400]
+        return tuple(items)
