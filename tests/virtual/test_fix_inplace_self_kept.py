@@ -30,7 +30,28 @@ def running_sum(batches):
     return total
 print(running_sum([torch.randn(8, device="cuda") for _ in range(3)]).device)
 '''
+DECAY = """import copy, torch, torch.nn as nn
+class ModelEma(nn.Module):
+    def __init__(self, model, decay=0.99):
+        super().__init__()
+        self.module, self.decay = copy.deepcopy(model), decay
+        self.module.to(device="cpu")  # kept on the cpu on purpose
+    @torch.no_grad()
+    def update(self, model):
+        ema_values, model_values = [], []
+        for e, m in zip(self.module.state_dict().values(), model.state_dict().values()):
+            ema_values.append(e)
+            model_values.append(m)
+        for e, m in zip(ema_values, model_values):
+            e.lerp_(m, 1. - self.decay)
+net = nn.Linear(4, 4).to("cuda")
+ema = ModelEma(net)
+ema.update(net)
+print(ema.module.weight.device)
+"""
+# the weight ``1. - decay`` is a Python float the line computes: no ``.to`` of it (pytorch-image-models#2127, hunt)
 CASES = {"ema lerp_ of a model's parameters": (EMA, "ema[n].lerp_(p.detach().to(ema[n].device), 0.01)"),
+         "ema lerp_ with a weight computed from a float": (DECAY, "e.lerp_(m.to(e.device), 1. - self.decay)"),
          "a running sum's add_ in a function": (TOTAL, "total.add_((b * 2).to(total.device), alpha=0.5)")}
 
 
@@ -42,7 +63,8 @@ def test_in_place_op_reads_at_its_self_device(tmp_path: Path, case: str) -> None
     doc = run_json(app, "cuda")
     assert not doc["ok"]
     [fix] = doc["fixes"]
-    assert fix["code"].startswith(line) and "writes into its self on cpu" in fix["code"]
+    assert fix["code"].startswith(line)
+    assert "writes into its self on cpu" in fix["code"] or "float" in case  # (there: the operand's own fix, alike)
     assert fix["proven"] is True
     codes = fix["code"] + doc["patch"]
     assert '"cpu"' not in doc["patch"].split("+", 1)[-1] and "inside the forward" not in codes
@@ -50,3 +72,15 @@ def test_in_place_op_reads_at_its_self_device(tmp_path: Path, case: str) -> None
     assert line in app.read_text()
     again = run_json(app, "cuda")
     assert again["ok"] and not again["fixes"], again
+
+
+def test_only_the_operands_received_on_another_device_are_moved_never_a_number_the_line_computes() -> None:
+    from torchdoctor._virtual.inplacefix import _moved_args
+
+    # pytorch-image-models#2127's ``e.lerp_(m, 1. - self.decay)``: the weight is a float (no ``.to``)
+    assert _moved_args("        e.lerp_(m, 1. - self.decay)", "lerp_", {0}) == \
+        "        e.lerp_(m.to(e.device), 1. - self.decay)"
+    assert _moved_args("total.add_(b * 2, alpha=w)", "add_", {0, "alpha"}) == \
+        "total.add_((b * 2).to(total.device), alpha=w.to(total.device))"
+    assert _moved_args("total.add_(b * 2, alpha=w)", "add_", set()) is None
+

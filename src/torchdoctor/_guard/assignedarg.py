@@ -54,5 +54,93 @@ def assigned_maker(frames: Any, t: torch.Tensor) -> Maker | None:
         raw = lines[best.lineno - 1].rstrip("\r\n")
         shift = len(raw) - len(raw.lstrip(" \t")) - best.col_offset  # the parse was dedented
         return Maker(f"{callee}{LIBCALL}", file, best.lineno + off, raw.strip(), factory=True,
-                     span=(best.value.col_offset + shift, best.value.end_col_offset + shift))
+                     span=(best.value.col_offset + shift, best.value.end_col_offset + shift),
+                     component=_component(call.func, f))
     return None
+
+
+def _component(func: ast.expr, frame: Any) -> tuple[str, Any] | None:
+    """(the program's name for it, the module) when the call's callee is a module held by a chain of names
+    (``self.text_encoder``, ``pipe.vae``), ``self`` written as the global the program holds the object by; else
+    None. Nothing is called: attributes are read as they are."""
+    chain: list[str] = []
+    node: Any = func
+    while isinstance(node, ast.Attribute):
+        chain.insert(0, node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or not chain:
+        return None
+    loc, glob = frame.f_locals, frame.f_globals
+    head = loc[node.id] if node.id in loc else glob.get(node.id)
+    obj = head
+    for name in chain:
+        obj = vars(obj).get(name) if hasattr(obj, "__dict__") else None
+        if isinstance(obj, torch.nn.Module) or obj is None:
+            obj = obj if obj is not None else getattr(head, "_modules", {}).get(name)
+    if not isinstance(obj, torch.nn.Module):
+        return None
+    first = node.id
+    if node.id in loc and loc is not glob:  # a local (``self``): the program's global for the same object
+        first = next((n for n, v in glob.items() if v is head and not n.startswith("_")), node.id)
+    return ".".join([first, *chain]), obj
+
+
+def component_fix(makers: Any, target: Any) -> Any:
+    """A caller's argument in the other half dtype (float16 / bfloat16) made by a component held whole in it (a
+    pipeline's float16 text encoder feeding its bfloat16 transformer): the component is the odd one out among its
+    neighbours, so the fix loads or casts it, not the data it hands on. A float32 component stays (kept so on
+    purpose, as a VAE is): its output is cast where it is handed over. None when no maker is such a call."""
+    from torchdoctor._guard.maps import value_code
+    from torchdoctor._guard.remedy import Remedy
+
+    half = (torch.float16, torch.bfloat16)
+    for label, m in makers:
+        if m.component is None or target not in half:
+            continue
+        name, mod = m.component
+        kinds = {p.dtype for p in mod.parameters() if p.is_floating_point()}
+        if len(kinds) != 1 or (odd := next(iter(kinds))) == target or odd not in half:
+            continue
+        want = value_code(target)
+        return Remedy(f"{name}.to({want})  # {name} computes in {str(odd)[6:]}, the rest of the pipeline in "
+                      f"{str(target)[6:]}: load or cast it in {str(target)[6:]} (it made {label})", None, None)
+    return None
+
+
+def root_named(fix: str, root: Any, tb: Any) -> str:
+    """``fix`` (``model.to(torch.float16)``, the guarded module as ``model``) written with the program's own
+    expression for that module at the line that called it (``self.image_proj.to(...)`` in a plugin's node, with
+    that line), when the program holds it by no global name; else as it was."""
+    import linecache
+
+    from torchdoctor._guard.frames import lineno, user_frames
+    from torchdoctor._guard.ownfile import own_file
+
+    if not fix.startswith("model.") or not isinstance(root, torch.nn.Module):
+        return fix
+    try:
+        frames = user_frames(tb)
+    except Exception:  # a name is an extra: the fix stands as printed
+        return fix
+    for f in reversed(frames):
+        if f.f_locals.get("self") is root or not own_file(f.f_code.co_filename):
+            continue
+        if any(v is root for v in f.f_globals.values()):
+            return fix  # a global holds it: run writes the fix with that name
+        line = linecache.getline(f.f_code.co_filename, lineno(f)).strip()
+        try:
+            calls = [c for c in ast.walk(ast.parse(line.rstrip(":") if line.endswith(":") else line))
+                     if isinstance(c, ast.Call)]
+        except SyntaxError:
+            continue
+        for c in calls:
+            got = _component(c.func, f)
+            if got is not None and got[1] is root:
+                where = f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{lineno(f)}"
+                first, _, rest = fix.partition("\n")
+                code, _, note = first.partition("  # ")
+                return f"{got[0]}{code[len('model'):]}  # at {where}" + (f"; {note}" if note else "") + (
+                    "\n" + rest if rest else "")
+        return fix
+    return fix
+

@@ -48,6 +48,7 @@ class Maker:
     this: Any = None  # the ``self`` of the forward that made it (a config read as ``self.config.x`` is its own)
     via: str | None = None  # the expression that carried it into the operand (``self.a(x) * gate``)
     runner: Any = None  # a running module whose re-run reaches the maker (its submodule's forward has returned)
+    component: tuple[str, Any] | None = None  # (the program's name, the module) a LIBCALL maker called
 
     @property
     def default_dtype(self) -> bool:
@@ -126,23 +127,6 @@ def _where(holder: Any, attr: str, chain: list[str]) -> tuple[str, type | None]:
         if attr in klass.__dict__:
             return f"class attribute `{klass.__name__}.{attr}`", klass
     return f"`{'.'.join(chain)}`", None
-
-
-def class_attribute_line(klass: type, attr: str) -> tuple[str, int, str] | None:
-    """(file, line, source line) of ``attr = ...`` in the body of ``klass``."""
-    try:
-        lines, start = inspect.getsourcelines(klass)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-        path = inspect.getsourcefile(klass)
-    except (OSError, TypeError, SyntaxError, IndentationError):
-        return None
-    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-    for node in body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, ast.AnnAssign) else []
-        if any(isinstance(t, ast.Name) and t.id == attr for t in targets) and path:
-            return path, start + node.lineno - 1, lines[node.lineno - 1]
-    return None
 
 
 def _dtype_of_call(call: ast.Call, frame: Any) -> tuple[Any, ast.expr | None]:
@@ -257,8 +241,11 @@ def _accepts(call: ast.Call, kind: str, dtype: Any, t: torch.Tensor, assigned: b
     factory, a move, or (where ``t`` was assigned from it) a torch function such as ``torch.cat``; a method of a
     tensor (``.view``, ``.long()``) keeps its tensor's device, so the search goes on to where that came from."""
     factory = _is_factory(call)
-    if kind == "dtype":
-        return dtype == t.dtype or (factory and dtype is None and not (t.is_floating_point() and _ints(call)))
+    if kind == "dtype":  # a factory given no dtype makes the default one, integers, or its data's (a numpy array's)
+        name = call.func.attr if isinstance(call.func, ast.Attribute) else ""
+        return dtype == t.dtype or (factory and dtype is None and not (t.is_floating_point() and (
+            _ints(call) or name in ("randint", "randperm") or t.dtype != torch.get_default_dtype() and
+            name not in ("tensor", "as_tensor", "from_numpy", "asarray", "array") and not name.endswith("_like"))))
     attr = call.func.attr  # type: ignore[attr-defined]
     if attr in ("to", "type") and len(call.args) == 1 and not any(k.arg == "device" for k in call.keywords):
         ch = _chain(call.args[0])

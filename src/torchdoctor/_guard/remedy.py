@@ -20,7 +20,7 @@ from torch import nn
 
 from torchdoctor._report.diff import line_patch
 from torchdoctor._guard.assignedarg import LIBCALL
-from torchdoctor._guard.maker import Maker, class_attribute_line
+from torchdoctor._guard.maker import Maker
 from torchdoctor._guard.maps import code_path, value_code
 from torchdoctor._guard.offer import error_dict, with_patch  # noqa: F401  (where they were)
 from torchdoctor._guard.ownfile import own_file  # noqa: F401  (where it was: its callers import it from here)
@@ -68,6 +68,27 @@ def _moved(m: Maker, target: Any) -> Remedy | None:
         new = raw[:end] + f".to({want})" + raw[end:]
     patch = line_patch(m.file, m.line, new.strip()) if own_file(m.file) else None
     return Remedy(f"{new.strip()}  # {os.path.basename(m.file)}:{m.line}", patch, None)
+
+
+def class_attribute_line(klass: type, attr: str) -> tuple[str, int, str] | None:
+    """(file, line, source line) of ``attr = ...`` in the body of ``klass``."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        lines, start = inspect.getsourcelines(klass)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        path = inspect.getsourcefile(klass)
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    for node in body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == attr for t in targets) and path:
+            return path, start + node.lineno - 1, lines[node.lineno - 1]
+    return None
 
 
 def remedy(m: Maker, target: Any, paths: dict[int, str], dicts: Any = ()) -> Remedy | None:
@@ -364,7 +385,11 @@ def caller_fix(makers: list[tuple[str, Maker]], target: Any, paths: dict[int, st
     """A caller's argument in a wider dtype because the caller's code made it with a factory given no dtype (the
     default float32: ``sigmas = torch.tensor(SCHED, device=device)`` promoting the bf16 latents): the fix is that
     line given the dtype, as strict says at the promoting op. A cast the caller wrote (``.float()``) is its choice:
-    none then."""
+    none then. A component held whole in the other half dtype that made it is cast instead (``component_fix``)."""
+    from torchdoctor._guard.assignedarg import component_fix
+
+    if (whole := component_fix(makers, target)) is not None:
+        return whole
     for _, m in makers:
         if isinstance(target, torch.dtype) and m.default_dtype:
             fix = remedy(m, target, paths, dicts)

@@ -24,6 +24,7 @@ from torchdoctor._virtual.meetsite import made_by, made_pass, meet_fix, written_
 from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage_note
 from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
+from torchdoctor._virtual.devvars import named_device
 from torchdoctor._virtual.apart import (Apart, at_root, find, fix as apart_fix, left_whole, loose_network_fix,
                                         network_fix)
 from torchdoctor._virtual.callsite import caller_fix
@@ -336,7 +337,8 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
     said, _, at = key[8:].partition(" at ")
     maker, x = said.split(" ", 1)[0], IN_SCOPE.get(at)  # the tensor's name in scope at that line
     dev, dt = wrong.get("device", (None, None))[1], wrong.get("dtype", (None, None))[1]
-    exprs = {k: f"{x}.{k}" if x else value_code(t) for k, t in (("device", dev), ("dtype", dt)) if t is not None}
+    exprs = {k: f"{x}.{k}" if x else named_device(at, t) or value_code(t) for k, t in (("device", dev), ("dtype", dt))
+             if t is not None}
     found = " and ".join(f"{'on' if k == 'device' else 'in'} {f}" for k, (f, _) in wrong.items())
     legacy = legacy_call(maker, exprs["device"]) if "device" in exprs else None
     if maker in NO_DEVICE_ARG:
@@ -346,7 +348,8 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
     else:
         args = ", ".join(f"{k}={v}" for k, v in exprs.items())
         kinds = " and ".join(f"{k}=" for k in exprs)
-        how = f"pass {kinds} the input's {' and '.join(exprs)} ({maker}(..., {args}))" if x else \
+        whose = "the module's" if (x or "").startswith("next(") else "the input's"
+        how = f"pass {kinds} {whose} {' and '.join(exprs)} ({maker}(..., {args}))" if x else \
             f"pass {kinds} ({maker}(..., {args}))"
     target = (dev, dt) if dev is not None and dt is not None else dev if dev is not None else dt
     file, line = LINES.get(at, ("", 0))

@@ -43,7 +43,9 @@ def inplace_fix(p: Problem, cases: Sequence[Any]) -> Fix | None:
         return None
     file, line = case.line
     old = linecache.getline(file, line)
-    new = _moved_args(old.rstrip("\r\n"), m.group(1))
+    off = {i for i, o in enumerate(case.before[0][1:]) if _operand(o) and str(o.device) != home} | {
+        k for k, o in case.before[1].items() if _operand(o) and str(o.device) != home}
+    new = _moved_args(old.rstrip("\r\n"), m.group(1), off)
     if new is None:
         return None
     dev = torch.device(home)
@@ -64,9 +66,11 @@ def _operand(o: Any) -> bool:
     return hasattr(o, "tags") and hasattr(o, "device") and hasattr(o, "meta")
 
 
-def _moved_args(text: str, name: str) -> str | None:
-    """``text`` with each tensor-looking argument of its ``<self>.<name>(...)`` call written ``arg.to(<self>.device)``
-    (numbers and keywords' constants kept), or None when the line holds no such call (or cannot be parsed alone)."""
+def _moved_args(text: str, name: str, off: set[Any]) -> str | None:
+    """``text`` with each argument of its ``<self>.<name>(...)`` call that the op received as a tensor on another
+    device (``off``: positions after self, keyword names) written ``arg.to(<self>.device)`` -- never a number the
+    line computes (``1. - self.decay`` is a float: it has no ``.to``) -- or None when the line holds no such call
+    (or cannot be parsed alone)."""
     body = text.lstrip()
     indent = text[:len(text) - len(body)]
     try:
@@ -78,7 +82,8 @@ def _moved_args(text: str, name: str) -> str | None:
     if call is None or not isinstance(call.func, ast.Attribute):
         return None
     self_src = ast.get_source_segment(body, call.func.value)
-    args = [a for a in (*call.args, *(k.value for k in call.keywords)) if not isinstance(a, ast.Constant)]
+    args = [a for i, a in enumerate(call.args) if i in off and not isinstance(a, ast.Constant)] + [
+        k.value for k in call.keywords if k.arg in off and not isinstance(k.value, ast.Constant)]
     if self_src is None or not args or any(isinstance(n, ast.Call) for n in ast.walk(call.func.value)):
         return None
     out = body
