@@ -25,6 +25,7 @@ from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage
 from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
 from torchdoctor._virtual.devvars import named_device
+from torchdoctor._virtual.training import state_fix
 from torchdoctor._virtual.apart import (Apart, at_root, find, fix as apart_fix, left_whole, loose_network_fix,
                                         network_fix)
 from torchdoctor._virtual.callsite import caller_fix
@@ -87,7 +88,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                    for p in problems)  # a TorchScript module ran: its constants are fixed before tracing (a buffer)
     unmoved = left_whole(problems, dict(have), {c[0] for _, c in rooted if c[0]}) if have else None  # a module never moved: one move, whole
     for p, made_from in each_maker(problems, sources or {}):
-        if p.role == "optimizer" and (code := _state_fix(p)) is not None:  # a state loaded off its params' device
+        if p.role == "optimizer" and (code := state_fix(p)) is not None:  # a state loaded off its params' device
             if code not in {f.code for f in factories}:  # (or moved there by the program's own line, not back)
                 factories.append(Fix(code, "note", tried="not re-run: the move back is the program's own code" if
                                      code.startswith("# ") and "was moved to" in code else _LOAD_ORDER if
@@ -161,10 +162,11 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             continue
         if made_from and made_from[0].startswith("read at "):  # .numpy() of a device tensor at the user's line
             from torchdoctor._virtual.hostread import read_fix
-            read = read_fix(made_from[0][8:], p.found)  # proven on a cpu copy of what the line read
-            if read is not None and read.code not in {f.code for f in factories}:
+            read = read_fix(made_from[0][8:], p.found) or Fix(  # proven on a cpu copy of what the line read
+                f"# {made_from[0][8:]} reads a tensor on {p.found} into numpy: .cpu() it first there", "note")
+            if read.code not in {f.code for f in factories}:  # (never its "read at" key written as a path)
                 factories.append(read)
-                continue
+            continue
         if made_from and made_from[0].startswith(NUMPY) and (floated := float_read_fix(made_from[0])) is not None:
             factories.append(Fix(f"{floated[0]}  # numpy has no {p.found}: cast it to float32 first", "note", target,
                                  diff=floated[1], renumpy=floated[2]))  # a re-run reads it so at that line
@@ -229,6 +231,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             for src in made_from:
                 named.add(src)
                 add_culprit(culprits, None if src.startswith(("input ", "kwarg ")) else src, src, p.kind, target)
+            continue
+        if p.path not in (have or {}) and any(not a.prefix and a.holds(p.path) for a in apart):  # a buffer of a
+            add_culprit(culprits, p.path, p.path, p.kind, target)  # module run apart (a loss's class weights)
             continue
         if p.path.startswith(("input ", "kwarg ")):  # the caller's argument itself, by the name the run gave it
             add_culprit(culprits, None, p.path, p.kind, target)
@@ -295,11 +300,6 @@ _STORAGE_NAMES = frozenset(dtype_str(d) for d in (torch.uint8, torch.int8, torch
 
 _LOAD_ORDER = ("not re-run: the load's placement is torch's own (load_state_dict casts each state tensor to its "
                "parameter's device at the time of the load); the fix changes the order of the program's lines")
-
-
-def _state_fix(p: Problem) -> str | None:
-    from torchdoctor._virtual.training import state_fix
-    return state_fix(p)
 
 
 def _at_maker(label: str, target: Any, made_args: Mapping[str, tuple[str, str, str]] | None) -> Fix | None:

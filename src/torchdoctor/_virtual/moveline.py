@@ -158,6 +158,8 @@ def numpy_fix(at: str, found: str, before: str = ".cpu()") -> tuple[str, str] | 
     stmt = _one(body)
     calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
              and n.func.attr == "numpy" and not n.args] if stmt is not None else []
+    if not calls and stmt is not None:  # ``np.asarray(waveform)``, as soundfile and PIL read a tensor: its argument
+        return _array_fix(at, found, before, file, line, raw, body, stmt)
     if len(calls) != 1:
         return None
     func: Any = calls[0].func
@@ -170,6 +172,27 @@ def numpy_fix(at: str, found: str, before: str = ".cpu()") -> tuple[str, str] | 
     if diff is None:
         return None
     return (f"# {at}: {recv}.numpy() reads a tensor on {found}; numpy reads host memory: {recv}{before}.numpy()", diff)
+
+
+def _array_fix(at: str, found: str, before: str, file: str, line: int, raw: str, body: str,
+               stmt: Any) -> tuple[str, str] | None:
+    """(code, diff) of ``np.asarray(x)`` / ``np.array(x)`` of a device tensor at ``at``: ``np.asarray(x.cpu())``;
+    None when the line holds no one such call of a plain name or attribute."""
+    from torchdoctor._report.diff import line_patch
+
+    calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr in ("asarray", "array", "ascontiguousarray") and isinstance(n.func.value, ast.Name)
+             and n.func.value.id in ("np", "numpy") and n.args and isinstance(n.args[0], (ast.Name, ast.Attribute))]
+    if len(calls) != 1 or calls[0].args[0].end_col_offset is None:
+        return None
+    arg = calls[0].args[0]
+    recv = ast.get_source_segment(body, arg)
+    cut = len(raw) - len(body) + int(arg.end_col_offset or 0)
+    diff = line_patch(file, line, raw[:cut] + before + raw[cut:])
+    if recv is None or diff is None:
+        return None
+    call = ast.unparse(calls[0].func)
+    return (f"# {at}: {call}({recv}) reads a tensor on {found}; numpy reads host memory: {call}({recv}{before})", diff)
 
 
 _TAKEN = re.compile(r"\(taken to (\S+) by `([^`]+)` at \S+(?:, held as ([^)]+))?\)")
