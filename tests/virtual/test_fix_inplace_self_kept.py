@@ -84,3 +84,44 @@ def test_only_the_operands_received_on_another_device_are_moved_never_a_number_t
         "total.add_((b * 2).to(total.device), alpha=w.to(total.device))"
     assert _moved_args("total.add_(b * 2, alpha=w)", "add_", set()) is None
 
+
+
+EMA_BF16 = '''import copy, torch, torch.nn as nn
+
+def inplace_lerp(tgt, src, weight):
+    tgt.lerp_(src, weight)
+
+class EMA:
+    def __init__(self, model, beta=0.99):
+        self.ema_model = copy.deepcopy(model)  # kept in float32 on purpose
+        self.beta = beta
+    @torch.no_grad()
+    def update(self, model):
+        for tgt, src in zip(self.ema_model.parameters(), model.parameters()):
+            inplace_lerp(tgt, src, 1. - self.beta)
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 4))
+ema = EMA(model)
+ema.ema_model.to(device)
+model.to(device, torch.bfloat16)
+for step in range(2):
+    model(torch.randn(4, 16, device=device, dtype=torch.bfloat16)).float().square().mean().backward()
+    ema.update(model)
+print("done")
+'''
+
+
+def test_a_float32_ema_of_a_bfloat16_model_casts_what_it_reads_never_the_model(tmp_path: Path) -> None:
+    """lucidrains/ema-pytorch#36: on a virtual device as on this CPU, the EMA keeps its float32 (the written self)
+    and reads the bf16 model cast to it at the lerp_'s line; never ``model[0].weight.data.to(torch.float32)``."""
+    app = tmp_path / "app.py"
+    app.write_text(EMA_BF16)
+    doc = run_json(app, "cuda:0")
+    [fix] = doc["fixes"]
+    assert fix["code"].startswith("tgt.lerp_(src.to(tgt.dtype), weight)"), fix
+    assert "writes into its self in float32" in fix["code"] and fix["proven"] is True, fix
+    assert "model[0]" not in doc["patch"]
+    subprocess.run(["git", "apply", "-"], input=doc["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    again = run_json(app, "cuda:0")
+    assert again["ok"] and not again["fixes"], again

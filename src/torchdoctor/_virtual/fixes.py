@@ -131,7 +131,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
                 factories.append(kf)  # its input (``keptside``)
             continue
         if cases and (kept := inplace_fix(p, cases)) is not None:  # in place: what it reads goes to self's device
-            factories.append(kept)
+            factories += [kept] if kept.code not in {f.code for f in factories} else []  # (one line: one fix)
             continue
         if made_from and made_from[0].startswith(WIDENED) and (w := widened_fix(made_from[0], target, LINES)):
             if w.code not in {f.code for f in factories}:  # a line promoted the model's data: its value cast back

@@ -1,5 +1,6 @@
-"""An in-place op (``ema[n].lerp_(p.detach(), 0.01)``) whose self is on another device than its other operands: the
-op writes into self where it is, so its other operands are moved to self's device at the op's line. A move of self
+"""An in-place op (``ema[n].lerp_(p.detach(), 0.01)``) whose self is on another device (or in another dtype: a
+float32 EMA of a bfloat16 model) than its other operands: the op writes into self where it is, so its other operands
+are moved (cast) to self's device (dtype) at the op's line. A move of self
 there would update a copy the program never reads again, and a move where the program placed self (a cpu EMA kept on
 purpose) undoes its choice; both are never written."""
 
@@ -28,30 +29,36 @@ def inplace_fix(p: Problem, cases: Sequence[Any]) -> Fix | None:
     from torchdoctor._report.diff import line_patch
 
     m = _INPLACE.match(str(p.op or ""))
-    if p.kind != "device" or m is None or m.group(1).startswith("_"):
+    if p.kind not in ("device", "dtype") or m is None or m.group(1).startswith("_"):
         return None
+    attr = p.kind
+
+    def of(o: Any) -> str:
+        return str(o.device) if attr == "device" else str(o.meta.dtype).removeprefix("torch.")
+
     # self on ``p.found`` (a problem said of self) or on ``p.expected`` (said of what it reads: the run kept self)
     case = next((c for c in cases if c.op == p.op and c.line is not None and c.before[0] and
-                 _operand(c.before[0][0]) and str(c.before[0][0].device) in (p.found, p.expected)), None)
+                 _operand(c.before[0][0]) and of(c.before[0][0]) in (p.found, p.expected)), None)
     if case is None or not own_file(case.line[0]):
         return None
-    home = str(case.before[0][0].device)
+    home = of(case.before[0][0])
     others = [o for c in cases if c.op == p.op and c.line == case.line  # each call of that line (a loop's)
               for o in (*c.before[0][1:], *c.before[1].values()) if _operand(o)
-              and str(o.device) != home and _named(o)]
+              and of(o) != home and _named(o) and (attr == "device" or o.meta.dim() > 0)]
     if not others:
         return None
     file, line = case.line
     old = linecache.getline(file, line)
-    off = {i for i, o in enumerate(case.before[0][1:]) if _operand(o) and str(o.device) != home} | {
-        k for k, o in case.before[1].items() if _operand(o) and str(o.device) != home}
-    new = _moved_args(old.rstrip("\r\n"), m.group(1), off)
+    off = {i for i, o in enumerate(case.before[0][1:]) if _operand(o) and of(o) != home} | {
+        k for k, o in case.before[1].items() if _operand(o) and of(o) != home}
+    new = _moved_args(old.rstrip("\r\n"), m.group(1), off, attr)
     if new is None:
         return None
-    dev = torch.device(home)
-    return Fix(f"{new.strip()}  # {case.at}: {m.group(1)} writes into its self on {home}, where the program keeps "
-               f"it: move what it reads to self's device there (never self: the op would update a copy)", "note", dev,
-               sets=tuple(dict.fromkeys((_named(o)[0], dev) for o in others)), diff=line_patch(file, line, new))
+    to: Any = torch.device(home) if attr == "device" else getattr(torch, home)
+    verb, where = ("move", f"on {home}") if attr == "device" else ("cast", f"in {home}")
+    return Fix(f"{new.strip()}  # {case.at}: {m.group(1)} writes into its self {where}, where the program keeps "
+               f"it: {verb} what it reads to self's {attr} there (never self: the op would update a copy)", "note",
+               to, sets=tuple(dict.fromkeys((_named(o)[0], to) for o in others)), diff=line_patch(file, line, new))
 
 
 def _named(o: Any) -> list[str]:
@@ -66,9 +73,10 @@ def _operand(o: Any) -> bool:
     return hasattr(o, "tags") and hasattr(o, "device") and hasattr(o, "meta")
 
 
-def _moved_args(text: str, name: str, off: set[Any]) -> str | None:
+def _moved_args(text: str, name: str, off: set[Any], attr: str = "device") -> str | None:
     """``text`` with each argument of its ``<self>.<name>(...)`` call that the op received as a tensor on another
-    device (``off``: positions after self, keyword names) written ``arg.to(<self>.device)`` -- never a number the
+    device or in another dtype (``off``: positions after self, keyword names) written ``arg.to(<self>.<attr>)`` --
+    never a number the
     line computes (``1. - self.decay`` is a float: it has no ``.to``) -- or None when the line holds no such call
     (or cannot be parsed alone)."""
     body = text.lstrip()
@@ -92,5 +100,5 @@ def _moved_args(text: str, name: str, off: set[Any]) -> str | None:
         if seg is None or a.end_col_offset is None or a.lineno != 1 or a.end_lineno != 1:
             return None
         wrapped = seg if isinstance(a, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) else f"({seg})"
-        out = out[:a.col_offset] + f"{wrapped}.to({self_src}.device)" + out[a.end_col_offset:]
+        out = out[:a.col_offset] + f"{wrapped}.to({self_src}.{attr})" + out[a.end_col_offset:]
     return indent + out

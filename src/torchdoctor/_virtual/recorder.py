@@ -26,7 +26,7 @@ from torchdoctor._virtual.stackview import StackView
 from torchdoctor._virtual.keptside import kept_home, kept_side, kept_tag
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, is_entry as _is_entry, standin
 from torchdoctor._virtual.training import amp_backward
-from torchdoctor._virtual.written import keeps_written
+from torchdoctor._virtual.written import keeps_written, keeps_written_dtype
 from torchdoctor._virtual.argside import computed, local_at, model_made, model_side
 from torchdoctor._virtual.lifted import note_source as swap_source, said as swapped_said, swapped_odd
 from torchdoctor._tracker import ModuleStack
@@ -355,6 +355,8 @@ class _Recorder(MoveChecks, StackView, Hooks):
             # copy of self is no fix), and the op still writes where self is
             self._go_on, self._into = (kept[0], kept[1]), False
             return kept[2], norm_device(call.at(kept[0][0])._td_device)  # ``losses.masked_fill_(mask, 0)``: the written tensor stays; what it reads joins it
+        if p.kind == "dtype" and (kept_dt := keeps_written_dtype(schema, f, call)) is not None:
+            return kept_dt  # an EMA kept in float32 updated in place from a bf16 model: what it reads is cast
         if p.kind == "device" and name in _INDEX_OPS and offenders and offenders[0][0] != 0 and not self._split():
             table = call.at((0, -1))  # a table left behind, indexed with indices on the device
             if _is_entry(table) and not any(_is_entry(call.at(k)) for k in offenders):

@@ -57,3 +57,18 @@ def keeps_written(schema: Any, f: Any, call: Any) -> tuple[list[Any], torch.devi
     if is_entry(own_t) and not all(call.at(k).dim() == 0 for k in odd):
         return None
     return odd, own, [key]
+
+
+def keeps_written_dtype(schema: Any, f: Any, call: Any) -> tuple[list[Any], torch.dtype] | None:
+    """At a dtype mismatch of an op that writes one of its operands (``ema_p.lerp_(p, w)``): the floating operands
+    it reads in another dtype, and the written tensor's dtype, which the op keeps (real PyTorch refuses the mix:
+    "expected dtype Float for `end`"). None for any other op, or when the written tensor is the model's own (the
+    model's dtype decides there), or it reads nothing in another dtype."""
+    key = written_key(schema, call)
+    own_t = call.at(key) if key is not None else None
+    if not isinstance(own_t, torch.Tensor) or not own_t.is_floating_point() or is_entry(own_t):
+        return None
+    odd = [k for k in (list(f.considered) or list(f.offenders)) if k != key and isinstance(t := call.at(k), torch.Tensor)
+           and t.is_floating_point() and t.dim() > 0 and t.dtype != own_t.dtype]
+    return (odd, own_t.dtype) if odd else None
+
