@@ -160,6 +160,10 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             factories.append(Fix(f"# {at} moves {name} to {p.found} {where}: move it to the device of the "
                                  f"tensors it meets (e.g. .to(x.device)) instead", "note", sets=((made_from[0], target),)))
             continue
+        if made_from and made_from[0].startswith("draws at "):  # a sampling op given another device's generator
+            factories += [Fix(f"# {made_from[0][9:]}: pass a generator made on {p.expected} (torch.Generator("
+                              f"device={p.expected!r}), seeded as before), or none", "note", target)]
+            continue
         if made_from and made_from[0].startswith("read at "):  # .numpy() of a device tensor at the user's line
             from torchdoctor._virtual.hostread import read_fix
             read = read_fix(made_from[0][8:], p.found) or Fix(  # proven on a cpu copy of what the line read

@@ -113,6 +113,19 @@ class MoveChecks:
                 self.sources.setdefault(("device", self.problems[-1].path, f"torch.{name}", device_str(device)),
                                         (f"factory torch.{name} at {at}",))
 
+    def drawing(self, func: Any, device: torch.device, generator: Any) -> None:
+        gdev = getattr(generator, "device", None)
+        if not isinstance(gdev, torch.device) or gdev.type == device.type:
+            return
+        at, op = where_called(), f"torch.{getattr(func, '__name__', func)}"
+        self._note("device", None, device_str(gdev), device_str(device),
+                   f"{op}{f' at {at}' if at else ''} draws with a generator on {device_str(gdev)} from tensors on "
+                   f"{device_str(device)}: real PyTorch raises (Expected a '{device.type}' device type for generator "
+                   f"but found '{gdev.type}'); make the generator on their device, torch.Generator(device=...)",
+                   op, "generator", key=f"generator:{at or op}")
+        if at and self.problems:  # fixed where the generator is made or passed: said at the draw's line
+            self.sources.setdefault(("device", self.problems[-1].path, op, device_str(gdev)), (f"draws at {at}",))
+
     def reading(self, tensor: torch.Tensor, what: str) -> None:
         path, dev, at = getattr(tensor, "_td_path", None), getattr(tensor, "_td_device", tensor.device), where_called()
         self._note("device", path, device_str(dev), "cpu", f"{what}() of {path or 'a tensor'} "

@@ -281,6 +281,8 @@ class VirtualMode(TorchFunctionMode):
         handler = _HANDLERS.get(func)
         if handler is not None:
             return handler(space, func, args, kwargs)
+        if kwargs and kwargs.get("generator") is not None and args and isinstance(args[0], VirtualTensor):
+            space.hooks.drawing(func, args[0]._td_device, kwargs["generator"])  # (its virtual label is here only)
         if space.autocast is not None and func in _AUTOCAST_ENTRY:  # before the composite's own dtype checks
             cast = autocast_args(args, space.vtype, space.autocast)  # above autograd here: casts join the graph
             args = tuple(H.through_autograd(a, c) if isinstance(a, VirtualTensor) and a.requires_grad

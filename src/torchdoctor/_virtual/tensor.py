@@ -47,6 +47,10 @@ class Hooks:
     def creating(self, name: str, device: torch.device, kwargs: dict[str, Any], args: tuple[Any, ...] = ()) -> None:
         """A factory is about to create a tensor on a virtual device (``args``: its data, if it takes any)."""
 
+    def drawing(self, func: Any, device: torch.device, generator: Any) -> None:
+        """An op on tensors on virtual ``device`` draws from ``generator`` (``multinomial``, ``bernoulli``,
+        ``normal_``): real PyTorch refuses one of another device type."""
+
     def failed(self, what: str, exc: BaseException | None, hint: str = "") -> None:
         """An op could not run on the inner tensors; may raise to end the simulation."""
 
