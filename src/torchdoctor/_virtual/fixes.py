@@ -32,6 +32,7 @@ from torchdoctor._virtual.callsite import caller_fix
 from torchdoctor._virtual.castfix import (NO_DEVICE_ARG, cast_fix, op_moved, each_maker, in_library, library_note,
                                           legacy_call, maker_diff, storage_fix, traced_note)
 from torchdoctor._virtual.inplacefix import inplace_fix
+from torchdoctor._virtual.hostread import host_fix
 from torchdoctor._virtual.nofix import whole_move
 from torchdoctor._virtual.widened import KEY as WIDENED, widened_fix
 from torchdoctor._virtual.prove import Fix
@@ -160,16 +161,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             factories.append(Fix(f"# {at} moves {name} to {p.found} {where}: move it to the device of the "
                                  f"tensors it meets (e.g. .to(x.device)) instead", "note", sets=((made_from[0], target),)))
             continue
-        if made_from and made_from[0].startswith("draws at "):  # a sampling op given another device's generator
-            factories += [Fix(f"# {made_from[0][9:]}: pass a generator made on {p.expected} (torch.Generator("
-                              f"device={p.expected!r}), seeded as before), or none", "note", target)]
-            continue
-        if made_from and made_from[0].startswith("read at "):  # .numpy() of a device tensor at the user's line
-            from torchdoctor._virtual.hostread import read_fix
-            read = read_fix(made_from[0][8:], p.found) or Fix(  # proven on a cpu copy of what the line read
-                f"# {made_from[0][8:]} reads a tensor on {p.found} into numpy: .cpu() it first there", "note")
-            if read.code not in {f.code for f in factories}:  # (never its "read at" key written as a path)
-                factories.append(read)
+        if made_from and made_from[0].startswith(("draws at ", "read at ")):  # a draw or a numpy read at its line
+            if (hf := host_fix(made_from[0], p.found, p.expected, target)).code not in {f.code for f in factories}:
+                factories.append(hf)  # (never its key written as a model path)
             continue
         if made_from and made_from[0].startswith(NUMPY) and (floated := float_read_fix(made_from[0])) is not None:
             factories.append(Fix(f"{floated[0]}  # numpy has no {p.found}: cast it to float32 first", "note", target,

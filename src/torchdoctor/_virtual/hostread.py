@@ -20,6 +20,19 @@ def note_read(t: torch.Tensor, at: str) -> None:
         READS[at] = (t.dtype, bool(t.requires_grad and torch.is_grad_enabled()))
 
 
+def host_fix(key: str, found: str, expected: str, target: Any) -> Any:
+    """The fix of a problem whose source is ``read at file:line`` (a ``.numpy()`` / ``np.asarray`` of a device
+    tensor: ``read_fix``, else the advice to ``.cpu()`` it there) or ``draws at file:line`` (a sampling op given a
+    generator of another device type: a generator made on ``expected``)."""
+    from torchdoctor._virtual.prove import Fix
+
+    if key.startswith("draws at "):
+        return Fix(f"# {key[9:]}: pass a generator made on {expected} (torch.Generator(device={expected!r}), seeded "
+                   "as before), or none", "note", target)
+    return read_fix(key[8:], found) or Fix(f"# {key[8:]} reads a tensor on {found} into numpy: .cpu() it first there",
+                                           "note")
+
+
 def read_fix(at: str, found: str) -> Any:
     """The fix of a ``.numpy()`` of a tensor on ``found`` at ``at``: the line with the calls a copy of what it read
     needed, proven by running them and ``.numpy()`` on that copy; None when the line cannot be rewritten."""

@@ -48,8 +48,7 @@ class Hooks:
         """A factory is about to create a tensor on a virtual device (``args``: its data, if it takes any)."""
 
     def drawing(self, func: Any, device: torch.device, generator: Any) -> None:
-        """An op on tensors on virtual ``device`` draws from ``generator`` (``multinomial``, ``bernoulli``,
-        ``normal_``): real PyTorch refuses one of another device type."""
+        """An op on tensors on ``device`` draws from ``generator``: real PyTorch refuses one of another type."""
 
     def failed(self, what: str, exc: BaseException | None, hint: str = "") -> None:
         """An op could not run on the inner tensors; may raise to end the simulation."""
