@@ -7,8 +7,8 @@
 - A trainer that picks ``device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")`` and makes a mask
   with no device: ``device=device``, never ``device='cuda:0'`` (which would crash its own cpu fallback); applied,
   the program runs on this cpu and the virtual run is clean.
-- A module-level mask met by a model's output at ``y = h * attn``: moved where it is handed on,
-  ``attn.to(h.device)``, not written with a literal device at its factory.
+- A module-level mask met by a model's output at ``y = h * attn``: made with the program's own ``device`` at its
+  factory, not with a literal device.
 """
 
 from __future__ import annotations
@@ -85,4 +85,4 @@ def test_a_trainers_mask_is_made_with_the_programs_own_device_name(tmp_path: Pat
 
 
 def test_a_module_level_mask_is_moved_where_it_meets_the_models_output(tmp_path: Path) -> None:
-    _fixed_run(tmp_path, USE_LINE, "attn.to(h.device)")
+    _fixed_run(tmp_path, USE_LINE, "torch.ones(..., device=device)")

@@ -103,7 +103,7 @@ def test_each_planted_bug_is_named_at_its_line_and_one_proven_patch_fixes_the_pr
                              text=True, timeout=60)
     assert applied.returncode == 0, applied.stderr
     fixed = script.read_text(encoding="utf-8")
-    assert "torch.rand(4, 48, device='cuda:0')" in fixed and "img.float().cpu().numpy()" in fixed
+    assert "torch.rand(4, 48, device=device)" in fixed and "img.float().cpu().numpy()" in fixed
     again = run("--device", "cuda:0", str(script), cwd=tmp_path)
     assert again.returncode == 0 and "no placement error" in again.stderr, again.stderr
     assert (tmp_path / "out.png").exists()

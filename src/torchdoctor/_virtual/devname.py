@@ -121,15 +121,13 @@ def _chain(node: ast.expr) -> bool:
 
 
 def _argument_spans(tree: ast.Module, name: str) -> list[tuple[int, int]]:
-    """Where ``name`` is handed as it is to a call, positionally or by keyword, or is an operand of an arithmetic
-    operator (``h * attn``); never a call's receiver."""
+    """Where ``name`` is handed as it is to a call, positionally or by keyword (never as a call's receiver)."""
     out = []
     for n in ast.walk(tree):
-        sides = (*n.args, *(k.value for k in n.keywords)) if isinstance(n, ast.Call) else \
-            (n.left, n.right) if isinstance(n, ast.BinOp) else ()
-        for a in sides:
-            if isinstance(a, ast.Name) and a.id == name and a.end_col_offset is not None:
-                out.append((a.col_offset, a.end_col_offset))
+        if isinstance(n, ast.Call):
+            for a in (*n.args, *(k.value for k in n.keywords)):
+                if isinstance(a, ast.Name) and a.id == name and a.end_col_offset is not None:
+                    out.append((a.col_offset, a.end_col_offset))
     return out
 
 

@@ -16,6 +16,8 @@ def device_name(f: Any, args: Any) -> str:
     function on an accelerator now, at the factory's call (an argument still on the cpu there, moved a line later --
     ``h = h.to(self.lin.weight.device)`` -- would give the cpu); else the function's module's parameters
     (``next(self.parameters())``); else its first tensor argument; "" without one."""
+    if not args:  # (a function's f_locals is a snapshot the frame keeps: read only where there are arguments)
+        return ""
     loc = f.f_locals
     ts = [n for n in args if isinstance(loc.get(n), torch.Tensor)]
     on = next((n for n in ts if getattr(loc[n], "_td_device", loc[n].device).type != "cpu"), None)
@@ -33,7 +35,10 @@ def device_vars(f: Any) -> tuple[tuple[str, str], ...]:
     torch.device("cuda" if ... else "cpu")``, ``dev = "cuda"``): the program's own name for it, which a fix writes
     instead of a device written out (a literal would break the program's own fallback on another machine)."""
     out: list[tuple[str, str]] = []
-    for scope in (f.f_locals, f.f_globals) if f.f_locals is not f.f_globals else (f.f_globals,):
+    # a function's locals only where it has arguments: reading ``f_locals`` makes a snapshot the frame keeps, which
+    # would hold what the function deletes later (``del model``) alive
+    local = f.f_code.co_name == "<module>" or f.f_code.co_argcount > 0
+    for scope in (f.f_locals, f.f_globals) if local and f.f_locals is not f.f_globals else (f.f_globals,):
         for n, v in list(scope.items())[:512]:
             if n.startswith("_") or not ("dev" in n.lower() or isinstance(v, torch.device)):
                 continue

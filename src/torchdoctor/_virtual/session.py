@@ -230,10 +230,6 @@ class VirtualSession(MutableRecord):
 
     __str__ = text
 
-    def __repr__(self) -> str:  # the record's fields hold call stacks and every problem: a summary instead
-        return (f"VirtualSession(device={device_str(self.device)!r}, dtype={self.dtype}, ok={self.ok}, "
-                f"problems={len(self.problems)}, fixes={len(self.fixes)}, ops={self.ops})")
-
     def to_dict(self) -> dict[str, Any]:
         """The block's report as JSON: its problems by path and each part of the fix with ``proven``."""
         return {"ok": self.ok, "device": device_str(self.device),
@@ -357,9 +353,12 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     session.culprits = rec.blamed
     session.sources = rec.sources
     session.ops = space.ops
-    from torchdoctor._virtual.blockfix import proven_fixes  # the fix machinery: only for a block with problems
+    if session.problems:  # the fix machinery loads only for a block with problems
+        from torchdoctor._virtual.blockfix import proven_fixes
 
-    session.fixes = proven_fixes(session) if session.problems else ()
+        session.fixes = proven_fixes(session)
+    else:
+        session.fixes = ()
     if raise_on_exit and rec.problems:
         raise session.error() from failure
     if isinstance(failure, AssertionError) and _own_assert(failure):  # the program's own check: never swallowed
