@@ -49,9 +49,48 @@ ema = ModelEma(net)
 ema.update(net)
 print(ema.module.weight.device)
 """
+FOREACH = """import copy, torch, torch.nn as nn
+
+class ModelEmaV3(nn.Module):
+    def __init__(self, model, decay=0.999, device=None):
+        super().__init__()
+        self.module = copy.deepcopy(model)
+        self.module.eval()
+        self.decay = decay
+        self.device = device
+        if self.device is not None:
+            self.module.to(device=device)
+
+    @torch.no_grad()
+    def update(self, model):
+        ema_lerp_values = []
+        model_lerp_values = []
+        for ema_v, model_v in zip(self.module.state_dict().values(), model.state_dict().values()):
+            if ema_v.is_floating_point():
+                ema_lerp_values.append(ema_v)
+                model_lerp_values.append(model_v)
+            else:
+                ema_v.copy_(model_v)
+        torch._foreach_lerp_(ema_lerp_values, model_lerp_values, weight=1. - self.decay)
+
+device = "cuda:0"
+model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Linear(32, 4)).to(device)
+ema = ModelEmaV3(model, decay=0.99, device="cpu")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(2):
+    x = torch.randn(8, 16, device=device)
+    loss = model(x).pow(2).mean()
+    loss.backward(); opt.step(); opt.zero_grad()
+    ema.update(model)
+print("done")
+"""
 # the weight ``1. - decay`` is a Python float the line computes: no ``.to`` of it (pytorch-image-models#2127, hunt)
 CASES = {"ema lerp_ of a model's parameters": (EMA, "ema[n].lerp_(p.detach().to(ema[n].device), 0.01)"),
          "ema lerp_ with a weight computed from a float": (DECAY, "e.lerp_(m.to(e.device), 1. - self.decay)"),
+         "timm's _foreach_lerp_ of a cpu ema (pytorch-image-models#2127)": (FOREACH, "torch._foreach_lerp_(ema_lerp_values, "
+                                                                               "[t.to(ema_lerp_values[0].device) for t "
+                                                                               "in model_lerp_values], weight=1. - "
+                                                                               "self.decay)"),
          "a running sum's add_ in a function": (TOTAL, "total.add_((b * 2).to(total.device), alpha=0.5)")}
 
 

@@ -29,28 +29,32 @@ def inplace_fix(p: Problem, cases: Sequence[Any]) -> Fix | None:
     from torchdoctor._report.diff import line_patch
 
     m = _INPLACE.match(str(p.op or ""))
-    if p.kind not in ("device", "dtype") or m is None or m.group(1).startswith("_"):
+    if p.kind not in ("device", "dtype") or m is None or m.group(1).startswith("_") and \
+            not m.group(1).startswith("_foreach_"):
         return None
     attr = p.kind
 
     def of(o: Any) -> str:
         return str(o.device) if attr == "device" else str(o.meta.dtype).removeprefix("torch.")
 
+    def each(v: Any) -> list[Any]:  # an operand, or a foreach op's list of them
+        return [x for x in (v if isinstance(v, (list, tuple)) else (v,)) if _operand(x)]
+
     # self on ``p.found`` (a problem said of self) or on ``p.expected`` (said of what it reads: the run kept self)
     case = next((c for c in cases if c.op == p.op and c.line is not None and c.before[0] and
-                 _operand(c.before[0][0]) and of(c.before[0][0]) in (p.found, p.expected)), None)
+                 each(c.before[0][0]) and of(each(c.before[0][0])[0]) in (p.found, p.expected)), None)
     if case is None or not own_file(case.line[0]):
         return None
-    home = of(case.before[0][0])
+    home = of(each(case.before[0][0])[0])
     others = [o for c in cases if c.op == p.op and c.line == case.line  # each call of that line (a loop's)
-              for o in (*c.before[0][1:], *c.before[1].values()) if _operand(o)
-              and of(o) != home and _named(o) and (attr == "device" or o.meta.dim() > 0)]
+              for v in (*c.before[0][1:], *c.before[1].values()) for o in each(v)
+              if of(o) != home and _named(o) and (attr == "device" or o.meta.dim() > 0)]
     if not others:
         return None
     file, line = case.line
     old = linecache.getline(file, line)
-    off = {i for i, o in enumerate(case.before[0][1:]) if _operand(o) and of(o) != home} | {
-        k for k, o in case.before[1].items() if _operand(o) and of(o) != home}
+    off = {i for i, v in enumerate(case.before[0][1:]) if any(of(o) != home for o in each(v))} | {
+        k for k, v in case.before[1].items() if any(of(o) != home for o in each(v))}
     new = _moved_args(old.rstrip("\r\n"), m.group(1), off, attr)
     if new is None:
         return None
@@ -89,10 +93,15 @@ def _moved_args(text: str, name: str, off: set[Any], attr: str = "device") -> st
                  n.func.attr == name), None)
     if call is None or not isinstance(call.func, ast.Attribute):
         return None
-    self_src = ast.get_source_segment(body, call.func.value)
-    args = [a for i, a in enumerate(call.args) if i in off and not isinstance(a, ast.Constant)] + [
+    lists = name.startswith("_foreach_")  # ``torch._foreach_lerp_(ema, model, weight=w)``: self is its first list
+    if lists and not call.args:
+        return None
+    head = call.args[0] if lists else call.func.value
+    self_src = ast.get_source_segment(body, head)
+    pos = call.args[1:] if lists else call.args
+    args = [a for i, a in enumerate(pos) if i in off and not isinstance(a, ast.Constant)] + [
         k.value for k in call.keywords if k.arg in off and not isinstance(k.value, ast.Constant)]
-    if self_src is None or not args or any(isinstance(n, ast.Call) for n in ast.walk(call.func.value)):
+    if self_src is None or not args or any(isinstance(n, ast.Call) for n in ast.walk(head)):
         return None
     out = body
     for a in sorted(args, key=lambda a: a.col_offset, reverse=True):  # from the right: offsets stay valid
@@ -100,5 +109,6 @@ def _moved_args(text: str, name: str, off: set[Any], attr: str = "device") -> st
         if seg is None or a.end_col_offset is None or a.lineno != 1 or a.end_lineno != 1:
             return None
         wrapped = seg if isinstance(a, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) else f"({seg})"
-        out = out[:a.col_offset] + f"{wrapped}.to({self_src}.{attr})" + out[a.end_col_offset:]
+        moved = f"[t.to({self_src}[0].{attr}) for t in {seg}]" if lists else f"{wrapped}.to({self_src}.{attr})"
+        out = out[:a.col_offset] + moved + out[a.end_col_offset:]
     return indent + out
