@@ -47,3 +47,26 @@ def test_a_generator_made_on_the_device_is_quiet(tmp_path: Path) -> None:
     proc = run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path)
     report = json.loads(proc.stdout[proc.stdout.index("\n{") + 1:])
     assert report["ok"], report["problems"]
+
+
+LOADER = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    ds = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+    loader = DataLoader(ds, batch_size=4, shuffle=True, generator=torch.Generator(device="cuda"))
+    net = torch.nn.Linear(4, 2).to("cuda")
+    for x, y in loader:  # LOOP
+        net(x.to("cuda")).sum()
+"""
+
+
+def test_a_dataloader_given_a_cuda_generator_is_told_to_take_a_cpu_one(tmp_path: Path) -> None:
+    """zhang-can/CoLA#10: the RandomSampler shuffles on the cpu with the DataLoader's generator; the fix is a cpu
+    generator for the DataLoader, never "move what that call returns" at the loop."""
+    write(tmp_path / "app.py", LOADER)
+    proc = run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path)
+    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert not report["ok"]
+    (fix,) = report["fixes"]
+    assert "the DataLoader's sampler draws on the cpu: give the DataLoader a generator made on the cpu" in fix["code"]
+    assert "move what that call returns" not in fix["code"]

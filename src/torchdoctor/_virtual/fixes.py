@@ -161,7 +161,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             factories.append(Fix(f"# {at} moves {name} to {p.found} {where}: move it to the device of the "
                                  f"tensors it meets (e.g. .to(x.device)) instead", "note", sets=((made_from[0], target),)))
             continue
-        if made_from and made_from[0].startswith(("draws at ", "read at ")):  # a draw or a numpy read at its line
+        if made_from and made_from[0].startswith(("draws at ", "sampler draws at ", "read at ")):  # at its line
             if (hf := host_fix(made_from[0], p.found, p.expected, target)).code not in {f.code for f in factories}:
                 factories.append(hf)  # (never its key written as a model path)
             continue

@@ -26,6 +26,9 @@ def host_fix(key: str, found: str, expected: str, target: Any) -> Any:
     generator of another device type: a generator made on ``expected``)."""
     from torchdoctor._virtual.prove import Fix
 
+    if key.startswith("sampler draws at "):
+        return Fix(f"# {key[17:]}: the DataLoader's sampler draws on the cpu: give the DataLoader a generator made "
+                   "on the cpu (torch.Generator(), seeded as before), or none", "note", target)
     if key.startswith("draws at "):
         return Fix(f"# {key[9:]}: pass a generator made on {expected} (torch.Generator(device={expected!r}), seeded "
                    "as before), or none", "note", target)

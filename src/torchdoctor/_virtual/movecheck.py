@@ -109,9 +109,9 @@ class MoveChecks:
                        f"generator of type {gdev.type}); " + ("pass device=generator.device" if device.type == "cpu" else
                        f"real PyTorch expects a '{device.type}' generator: torch.Generator({device.type!r})"),
                        f"torch.{name}", "generator")
-            if at:  # fixed at that call: device= the generator's
+            if at:  # fixed at that call: device= the generator's; a DataLoader's sampler: a cpu generator given it
                 self.sources.setdefault(("device", self.problems[-1].path, f"torch.{name}", device_str(device)),
-                                        (f"factory torch.{name} at {at}",))
+                                        (f"sampler draws at {at}" if _in_sampler() else f"factory torch.{name} at {at}",))
 
     def drawing(self, func: Any, device: torch.device, generator: Any) -> None:
         gdev = getattr(generator, "device", None)
@@ -192,3 +192,18 @@ def _per_line(dtype: Any) -> str:
     if own is None or first is None or first.f_code.co_filename == own[0]:
         return dtype_str(dtype)
     return f"{dtype_str(dtype)}:{own[2]}"
+
+
+def _in_sampler() -> bool:
+    """The draw is torch.utils.data's own (a ``RandomSampler`` shuffling with the DataLoader's ``generator=``)."""
+    import sys
+
+    f: Any = sys._getframe(2)
+    for _ in range(12):
+        if f is None:
+            return False
+        if f.f_code.co_filename.replace("\\", "/").endswith("torch/utils/data/sampler.py"):
+            return True
+        f = f.f_back
+    return False
+
