@@ -156,6 +156,10 @@ class ModuleStack:
             del kept[next(iter(kept))]
         kept[id(mod)] = (mod, dict(_call_kwargs(mod, frame)))
 
+    def given(self, mod: torch.nn.Module) -> tuple[Any, ...]:
+        """What ``mod`` was called with as the outermost module: its positional arguments, then its keywords'."""
+        return (*self.inputs_of(mod), *self.kwargs_of(mod).values())
+
     def kwargs_of(self, mod: torch.nn.Module) -> dict[str, Any]:
         """The keyword arguments ``mod`` was called with as the outermost module (running, or failed); else {}."""
         got = self.outer_kwargs.get(id(mod))

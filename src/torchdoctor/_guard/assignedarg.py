@@ -85,13 +85,12 @@ def _component(func: ast.expr, frame: Any) -> tuple[str, Any] | None:
     return ".".join([first, *chain]), obj
 
 
-def component_fix(makers: Any, target: Any) -> Any:
+def component_fix(makers: Any, target: Any) -> str | None:
     """A caller's argument in the other half dtype (float16 / bfloat16) made by a component held whole in it (a
     pipeline's float16 text encoder feeding its bfloat16 transformer): the component is the odd one out among its
     neighbours, so the fix loads or casts it, not the data it hands on. A float32 component stays (kept so on
     purpose, as a VAE is): its output is cast where it is handed over. None when no maker is such a call."""
     from torchdoctor._guard.maps import value_code
-    from torchdoctor._guard.remedy import Remedy
 
     half = (torch.float16, torch.bfloat16)
     for label, m in makers:
@@ -102,8 +101,8 @@ def component_fix(makers: Any, target: Any) -> Any:
         if len(kinds) != 1 or (odd := next(iter(kinds))) == target or odd not in half:
             continue
         want = value_code(target)
-        return Remedy(f"{name}.to({want})  # {name} computes in {str(odd)[6:]}, the rest of the pipeline in "
-                      f"{str(target)[6:]}: load or cast it in {str(target)[6:]} (it made {label})", None, None)
+        return (f"{name}.to({want})  # {name} computes in {str(odd)[6:]}, the rest of the pipeline in "
+                f"{str(target)[6:]}: load or cast it in {str(target)[6:]} (it made {label})")
     return None
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from torchdoctor._placement import dtype_str
 
+from torchdoctor._guard.assignedarg import root_named
 from torchdoctor._guard.maps import component_fix
 from torchdoctor._guard.proof import prove
 from torchdoctor._placement import dtype_str
@@ -53,7 +54,7 @@ def var_for(root: Any) -> str:
 
 
 def blame(odd: tuple[str, torch.dtype], lines: Sequence[str], root: Any, dicts: Collection[str],
-          mpath: str | None, mtype: str | None, op: str | None) -> tuple[list[str], str, Problem]:
+          mpath: str | None, mtype: str | None, op: str | None, tb: Any = None) -> tuple[list[str], str, Problem]:
     """(report lines with the component first and its inputs as what fed it, the fix, the component's problem)."""
     comp, want = odd
     name = comp or "<root>"
@@ -65,7 +66,7 @@ def blame(odd: tuple[str, torch.dtype], lines: Sequence[str], root: Any, dicts: 
     problem = Problem("dtype", name, "component", "float32", dtype_str(want),
                       f"`{name}` is float32 in a {dtype_str(want)} {whole}; load or cast it in {dtype_str(want)}",
                       op=op, module_path=mpath, module_type=mtype)
-    fix = component_fix(comp, want, dicts).replace("model", var_for(root), 1)
+    fix = root_named(component_fix(comp, want, dicts).replace("model", var_for(root), 1), root, tb)  # (as held)
     return [first, *rest], fix, problem
 
 

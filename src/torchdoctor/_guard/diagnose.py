@@ -21,7 +21,6 @@ from torchdoctor._guard.assigned import assigned_fix, trace_note as _trace_note
 from torchdoctor._guard.handed import handed_aim
 from torchdoctor._guard.heldarg import aim_made, locals_made
 from torchdoctor._guard.kept import kept_aim, kept_float32, kept_site  # (a component kept in float32 on purpose)
-from torchdoctor._guard.assignedarg import root_named
 from torchdoctor._guard.remedy import Aim, aimed, caller_fix, caller_makers, moved_aim, with_patch
 from torchdoctor._guard.maps import Maps, both, fix_code, module_label, reference
 from torchdoctor._guard.message import kind_of as _kind_of, mentioned as _mentioned, placement_category
@@ -305,8 +304,7 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
         elif odd is not None:  # the component is the odd one out, not the data the rest of the model feeds it
             head = (f"{kind} mismatch in {where}{phase}: `{odd[0] or '<root>'}` runs in float32 while the data "
                     f"flowing in is {dtype_str(odd[1])}")
-            lines, fix, comp = component.blame(odd, lines, root, maps.dicts, mpath, mtype, op)
-            fix = root_named(fix, root, exc.__traceback__ or tb)  # ``self.image_proj``: as the caller holds it
+            lines, fix, comp = component.blame(odd, lines, root, maps.dicts, mpath, mtype, op, exc.__traceback__ or tb)
             lines.insert(-1, component.prove_module(mod, tuple(session.frames.inputs_of(mod)), odd[1]))
         elif isinstance(ref, torch.dtype) and (src := component.feeder(maps.walk, mpath, [c[2] for c in bad], ref)):
             head = f"{kind} mismatch in {where}{phase}: `{src[0]}` computes in {dtype_str(src[1])}, the rest in " \
@@ -316,9 +314,8 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     if aim is not None and not blamed:  # the maker of the operand made in forward: the fix aims at it
         lines[-1:-1] = aim.lines + ([aim.proof] if aim.proof else [])
         fix = aim.code or fix
-    elif (at := caller_fix(callers, ref, maps.modules, maps.dicts) if maps is not None and not blamed and comp is None and all(
-            any(t is x for x in (*session.frames.inputs_of(root), *session.frames.kwargs_of(root).values()))
-            for _, t in args.values()) else None):
+    elif (at := caller_fix(callers, ref, maps.modules, maps.dicts) if maps is not None and not blamed and comp is None
+            and all(any(t is x for x in session.frames.given(root)) for _, t in args.values()) else None):
         tried = f"{', '.join(c[1] for c in bad if c[1] in passed)} -> {_show(ref, kind)}"  # the line gives it that
         proof = component.prove_whole(session, root, lambda m: None, tried, (
             next(c[2].dtype for c in bad if c[1] in passed), ref))

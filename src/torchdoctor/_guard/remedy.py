@@ -389,7 +389,7 @@ def caller_fix(makers: list[tuple[str, Maker]], target: Any, paths: dict[int, st
     from torchdoctor._guard.assignedarg import component_fix
 
     if (whole := component_fix(makers, target)) is not None:
-        return whole
+        return Remedy(whole, None, None)
     for _, m in makers:
         if isinstance(target, torch.dtype) and m.default_dtype:
             fix = remedy(m, target, paths, dicts)

@@ -65,7 +65,7 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
 
         return {"schema": schema("run"), "ok": self.ok, "program": self.program, "exit_code": self.exit_code,
                 "device": self.device, "seconds": round(self.seconds, 3),
-                "findings": [f.to_dict() for f in self.findings],
+                "findings": [{**f.to_dict(), "proven": _proven(f)} for f in self.findings],
                 "problems": [{**p.to_dict(), "where": self._at(p),
                               "trace": self.notes.get(p.path), "hook": self.hooks.get(p.path)}
                              for p in self.problems],
@@ -87,8 +87,8 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
     def patch(self) -> str | None:
         """Every fix that is a change of the program's own files (the virtual run's and guard's), as one unified diff
         that ``git apply`` takes whole: one diff per fix would not apply together where two fixes are near."""
-        from torchdoctor._virtual.prove import refuted
-
+        if self.fixes:  # the proof machinery loads only for a run with fixes
+            from torchdoctor._virtual.prove import refuted
         diffs = [d for d in [*(getattr(f, "diff", None) for f in self.fixes if not refuted(f)),
                              *(f.diff for f in self.findings)] if d]
         if len(diffs) < 2:
@@ -156,3 +156,10 @@ def _once(block: list[str]) -> list[str]:
         seen.add(line)
         out.append(line)
     return out
+
+
+def _proven(f: Any) -> bool | None:
+    """Whether a finding's fix was proven, as its ``fix proven`` / ``fix unproven`` line says; None when none says."""
+    said = [x.strip() for x in (f.culprit or "").splitlines() if x.strip().startswith(("fix proven", "fix unproven"))]
+    return said[0].startswith("fix proven") if said and f.fix else None
+

@@ -53,16 +53,8 @@ class Finding:
         return f"Finding({self.category!r}, {self.error[:80]!r}, where={self.where!r}, count={self.count})"
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in ("how", "error", "category", "title", "fix", "fix_from", "diff", "where",
-                                           "culprit", "trace", "count")}
-        d["proven"] = self.proven()
-        return d
-
-    def proven(self) -> bool | None:
-        """Whether the fix was proven, as its ``fix proven`` / ``fix unproven`` line says; None when none says."""
-        said = [x.strip() for x in (self.culprit or "").splitlines() if x.strip().startswith(("fix proven",
-                                                                                             "fix unproven"))]
-        return said[0].startswith("fix proven") if said and self.fix else None
+        return {k: getattr(self, k) for k in ("how", "error", "category", "title", "fix", "fix_from", "diff", "where",
+                                              "culprit", "trace", "count")}
 
     def text(self) -> str:
         lines = [f"[{self.category}] {self.error}" + (f"  (x{self.count})" if self.count > 1 else ""),

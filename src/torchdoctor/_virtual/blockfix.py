@@ -5,20 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.prove import Fix
 
-if TYPE_CHECKING:  # pragma: no cover
-    from torchdoctor._virtual.session import VirtualSession
-
 __all__ = ["proven_fixes"]
 
 
-def proven_fixes(session: VirtualSession, problems: Sequence[Problem] | None = None,
+def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
                  current: Mapping[str, tuple[torch.dtype, torch.device]] | None = None) -> tuple[Fix, ...]:
     """The fix of a block by parts (of ``problems``, the session's by default), each proven at the failing ops it
     changes (or saying what was tried). ``current``: the tensors' dtype and device after the run, by path (the

@@ -39,8 +39,7 @@ _NO_KERNEL = ("not implemented for", "Unsupported dtype", "doesn't support tenso
               "not supported for", "does not support")
 _NAMES = {torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float64: "Double"}
 # the words of torch's refusals to mix dtypes in one op
-# (``expected m1 and m2 to have the same dtype``, ``Index put requires the source and destination dtypes match``,
-# ``mixed dtype (CPU): expect parameter to have scalar type of Float``, an in-place op's ``can't be cast to``)
+# (``expected m1 and m2 to have the same dtype``, index_put's ``dtypes match``, an in-place op's ``can't be cast to``)
 _MISMATCH = ("same dtype", "expected scalar type", "expected both", "but found", "should be the same", "dtypes match",
              "to be equal to", "expect parameter to have scalar type", "can't be cast to the desired output type",
              "but expected")
@@ -263,9 +262,7 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
         # a factory fixed at its line makes its tensor as the fix says in a proof's re-run
         with remade(fixes or []), torch.no_grad() if call is None else torch.enable_grad(), mode, Calls(mode), \
                 warnings.catch_warnings():
-            # torch warns that ComplexHalf is experimental when an fft's output is made for half input: a word on
-            # the dtype this check put there, not the program's
-            warnings.filterwarnings("ignore", "ComplexHalf support is experimental")
+            warnings.filterwarnings("ignore", "ComplexHalf support is experimental")  # (the check's half, not the program's)
             try:
                 if call is not None:
                     call(clone)

@@ -8,7 +8,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["device_name", "device_vars", "named_device"]
+__all__ = ["DEVICE_NAMES", "device_name", "device_vars", "named_device"]
+
+DEVICE_NAMES: dict[str, tuple[tuple[str, str], ...]] = {}  # "file:line" -> (name, device) of device variables there
 
 
 def device_name(f: Any, args: Any) -> str:
@@ -54,7 +56,6 @@ def device_vars(f: Any) -> tuple[tuple[str, str], ...]:
 def named_device(at: str, t: Any) -> str | None:
     """The program's own variable holding device ``t`` where the factory at ``at`` runs (``device``), or None."""
     from torchdoctor._placement import norm_device
-    from torchdoctor._virtual.origin import DEVICE_NAMES
 
     if not isinstance(t, torch.device):
         return None

@@ -297,3 +297,11 @@ def graphed(before: Any, lifted: list[Any]) -> list[Any]:
 
     return [type(b)(one(x, y) for x, y in zip(b, a)) if isinstance(b, (list, tuple)) and isinstance(a, (list, tuple))
             else one(b, a) for b, a in zip(before, lifted)]
+
+
+def drawn(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A sampling call given ``generator=`` (``torch.multinomial``, ``Tensor.normal_``): told to the hooks with its
+    tensors' virtual device, which only this level sees (dispatch gets the generator without its label)."""
+    if args and isinstance(args[0], VirtualTensor):
+        space.hooks.drawing(func, args[0]._td_device, kwargs["generator"])
+

@@ -49,8 +49,9 @@ def inplace_fix(p: Problem, cases: Sequence[Any]) -> Fix | None:
     others = [o for c in cases if c.op == p.op and c.line == case.line  # each call of that line (a loop's)
               for v in (*c.before[0][1:], *c.before[1].values()) for o in each(v)
               if of(o) != home and _named(o) and (attr == "device" or o.meta.dim() > 0)]
-    if not others:
-        return None
+    tags = [t for o in others for t in o.tags]  # a dtype: only a model's tensor read as it is (a bf16 model into a
+    if not others or attr == "dtype" and (any(t.startswith("cast at ") for t in tags) or all(" " in t for t in tags)):
+        return None  # float32 EMA); a cast that made what it reads is fixed at that cast
     file, line = case.line
     old = linecache.getline(file, line)
     off = {i for i, v in enumerate(case.before[0][1:]) if any(of(o) != home for o in each(v))} | {

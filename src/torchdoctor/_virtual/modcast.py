@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchdoctor._virtual.castlog import ACTIVE
+
 if TYPE_CHECKING:  # pragma: no cover  # the proof machinery loads only when a fix is built
     from torchdoctor._virtual.prove import Fix
 
@@ -108,17 +110,9 @@ def _device_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | 
         return None
 
 
-_ACTIVE: list[Casts] = []  # the runs recording now (runs in threads may end in any order)
+_ACTIVE: list[Casts] = ACTIVE  # the runs recording now (runs in threads may end in any order): ``castlog``'s list
 
 
-def declared(mod: torch.nn.Module) -> torch.dtype | None:
-    """The dtype the program's own code last cast ``mod`` itself to in a run recording now (``unet.to(device,
-    torch.float16)``), or None: the model's dtype as the program declared it."""
-    for casts in reversed(_ACTIVE):
-        last = casts.last(mod)
-        if last is not None:
-            return last[0]
-    return None
 _SAVED: dict[str, Any] = {}  # the methods as torch has them, while patched
 _LOCK = threading.Lock()
 

@@ -227,7 +227,7 @@ def where_called() -> str | None:
     at = short_at(f)
     if at not in IN_SCOPE and len(IN_SCOPE) < 4096:  # the tensor argument by the name its fix can use there
         code = f.f_code
-        from torchdoctor._virtual.devvars import device_name, device_vars
+        from torchdoctor._virtual.devvars import DEVICE_NAMES, device_name, device_vars
 
         IN_SCOPE[at] = device_name(f, code.co_varnames[:code.co_argcount])
         LINES[at] = (code.co_filename, f.f_lineno)
@@ -249,7 +249,6 @@ def maker_of(t: Any, module_path: Callable[[Any], str | None]) -> str | None:
 
 
 IN_SCOPE: dict[str, str] = {}  # "file:line" of a factory call -> the first tensor argument of its function
-DEVICE_NAMES: dict[str, tuple[tuple[str, str], ...]] = {}  # "file:line" -> (name, device) of device variables there
 LINES: dict[str, tuple[str, int]] = {}  # "file:line" as reports write it -> the full file name and the line
 LIKE: dict[str, str] = {}  # "operand x at app.py:9" -> the operand whose device x should take there (a split model)
 

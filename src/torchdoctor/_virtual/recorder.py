@@ -3,7 +3,6 @@ culprits first, and the op going on as if fixed so one run finds every problem."
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +25,7 @@ from torchdoctor._virtual.stackview import StackView
 from torchdoctor._virtual.keptside import kept_home, kept_side, kept_tag
 from torchdoctor._virtual.tensor import Hooks, VirtualTensor, held_by, is_entry as _is_entry, standin
 from torchdoctor._virtual.training import amp_backward
-from torchdoctor._virtual.written import keeps_written, keeps_written_dtype
+from torchdoctor._virtual.written import INT_KERNEL, keeps_written, keeps_written_dtype
 from torchdoctor._virtual.argside import computed, local_at, model_made, model_side
 from torchdoctor._virtual.lifted import note_source as swap_source, said as swapped_said, swapped_odd
 from torchdoctor._tracker import ModuleStack
@@ -178,7 +177,7 @@ class _Recorder(MoveChecks, StackView, Hooks):
         if exc is not None and not isinstance(exc, NotImplementedError) and "meta" not in text.lower() \
                 and "fake impl" not in text:
             return  # a genuine error of the user's code: it propagates
-        if exc is not None and _INT_KERNEL.search(text):  # no kernel for an integer or bool dtype: every device
+        if exc is not None and INT_KERNEL.search(text):  # no kernel for an integer or bool dtype: every device
             return  # refuses it alike (a lerp of an int64 buffer), the program's own error, raised as there
         if not hint and (any(n in what for n in _DATA_OPS) or any(n in text for n in _DATA_TEXTS)):
             hint = "it needs tensor values; simulate with data='cpu'"
@@ -395,8 +394,6 @@ class _Recorder(MoveChecks, StackView, Hooks):
         return self._apart and not any("_hf_hook" in getattr(m, "__dict__", {}) for m in self.modules.stack)
 
 
-# a kernel's dtype dispatch refusing an integer or bool dtype ("lerp_kernel_scalar" not implemented for 'Long')
-_INT_KERNEL = re.compile(r"not implemented for '(Long|Int|Short|Char|Byte|Bool|UInt16|UInt32|UInt64)'")
 _INDEX_OPS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_put", "aten::index_put_",
                         "aten::_index_put_impl_", "aten::_unsafe_index_put"})
 

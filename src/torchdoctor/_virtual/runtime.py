@@ -276,13 +276,11 @@ class VirtualMode(TorchFunctionMode):
             return outside.attribute(space, func, name, args, kwargs)
         if space.relabelled:  # a real tensor with a device label: virtual where it is used
             args, kwargs = H.labelled(args, kwargs, lambda xs: H.graphed(xs, lift_all(xs, space, None)))
-        # read here: inside __torch_dispatch__ the autocast keys are excluded and report "disabled"
-        space.read_autocast()
+        space.read_autocast()  # read here: inside __torch_dispatch__ the autocast keys are excluded (say "disabled")
         handler = _HANDLERS.get(func)
         if handler is not None:
             return handler(space, func, args, kwargs)
-        if kwargs and kwargs.get("generator") is not None and args and isinstance(args[0], VirtualTensor):
-            space.hooks.drawing(func, args[0]._td_device, kwargs["generator"])  # (its virtual label is here only)
+        H.drawn(space, func, args, kwargs) if kwargs and kwargs.get("generator") is not None else None
         if space.autocast is not None and func in _AUTOCAST_ENTRY:  # before the composite's own dtype checks
             cast = autocast_args(args, space.vtype, space.autocast)  # above autograd here: casts join the graph
             args = tuple(H.through_autograd(a, c) if isinstance(a, VirtualTensor) and a.requires_grad

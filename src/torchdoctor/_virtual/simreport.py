@@ -111,3 +111,13 @@ class SimulationReport(HtmlMapMixin):
 def _grouped(problems: tuple[Problem, ...], culprits: int) -> tuple[tuple[Problem, ...], int]:
     shown, n = grouped(problems, culprits)
     return tuple(shown), n
+
+
+def positional(inputs: Any, device: Any, dtype: Any) -> tuple[Any, Any, Any]:
+    """``simulate``'s (inputs, device, dtype), with a device and dtype written where the inputs go as ``Module.to``
+    takes them (``simulate(model, "cuda:1", torch.bfloat16)``): a string or ``torch.device`` is never inputs."""
+    if isinstance(inputs, (str, torch.device)) and (device is None or isinstance(device, torch.dtype) or dtype is None
+                                                    and isinstance(getattr(torch, str(device), None), torch.dtype)):
+        return None, inputs, device if dtype is None else dtype
+    return inputs, device, dtype
+

@@ -23,7 +23,7 @@ from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._report.model import Target, summarize
 from torchdoctor._placement import device_str, norm_device, parse_device, parse_dtype
 from torchdoctor._virtual.copying import virtual_copy
-from torchdoctor._virtual.simreport import SimulationReport
+from torchdoctor._virtual.simreport import SimulationReport, positional
 from torchdoctor._virtual.tensor import Space, is_virtual
 from torchdoctor._virtual.runtime import virtual_world
 from torchdoctor._report.text import public_types
@@ -76,8 +76,7 @@ def simulate(
     (``loss.item()`` in a training step) is run again with ``data="cpu"`` when the object's tensors hold data and
     fit in 2 GiB; ``assume_device`` treats meta tensors as holding data there — by default, a model whose
     parameters are all on meta (built on meta, weights not loaded) is taken as loaded on ``device`` and the report
-    says so (``assume_device=False`` checks them as missing); ``profile`` describes the hardware. With no inputs,
-    the device and dtype may follow the model as ``Module.to`` takes them: ``simulate(model, "cuda:1", torch.bfloat16)``.
+    says so (``assume_device=False`` checks them as missing); ``profile`` describes the hardware (``positional``).
 
     >>> import torch, torchdoctor
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4))
@@ -90,9 +89,7 @@ def simulate(
     """
     from torchdoctor._walk import walk
 
-    if isinstance(inputs, (str, torch.device)) and (device is None or isinstance(device, torch.dtype) or dtype is None
-                                                    and isinstance(device, str) and _is_dtype(device)):
-        inputs, device, dtype = None, inputs, device if dtype is None else dtype  # simulate(model, "cuda:1", bf16)
+    inputs, device, dtype = positional(inputs, device, dtype)  # simulate(model, "cuda:1", torch.bfloat16)
     if device is None:
         raise TypeError("simulate needs device=, the device to simulate, e.g. simulate(model, inputs, 'cuda:1')")
     if isinstance(obj, Target):
@@ -287,14 +284,6 @@ def _api_name(exc: BaseException) -> str:
 public_types(SimulationReport)
 
 
-def _is_dtype(name: str) -> bool:
-    try:
-        parse_dtype(name)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 def _needs_values(problems: list[Any]) -> bool:
     return any(p.kind == "unsupported_op" and "it needs tensor values" in p.message for p in problems)
 
@@ -318,8 +307,7 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
     ``assume_device`` means what it means in ``simulate`` (a model whose parameters are all on meta is taken as
     loaded on ``device``, said so). ``sources``: where device/dtype/profile came from, said in the report."""
     from torchdoctor._scan.scan import scan
-    from torchdoctor._virtual.blockfix import proven_fixes
-    from torchdoctor._virtual.session import virtual_devices
+    from torchdoctor._virtual import blockfix, session as sessions
     from torchdoctor._walk import walk
 
     start = time.perf_counter()
@@ -335,7 +323,7 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
     placed: Any = None
     forward = False
     assumed = None
-    with virtual_devices(dev, dt, profile=profile, limit=limit, raise_on_exit=False, data=data,
+    with sessions.virtual_devices(dev, dt, profile=profile, limit=limit, raise_on_exit=False, data=data,
                          select=select) as session:
         loading = time.perf_counter()
         target = load()
@@ -373,7 +361,7 @@ def simulate_target(load: Callable[[], Any], device: str | torch.device, dtype: 
         left = sum(int(p.found.split()[0]) for p in more) + max(len(kept) - limit, 0)
         problems = kept[:limit] + not_stored(left, limit)
     summary = summarize((info, None) for info in placed.tensors) if placed is not None else ()
-    items = proven_fixes(session, problems, held(obj) if dt is not None else None) if problems else ()  # at the op
+    items = blockfix.proven_fixes(session, problems, held(obj) if dt is not None else None) if problems else ()  # at the op
     if call is None and any(f.applied() and not judged_at_op(f) for f in items):  # met at a layer's entry, not at
         items = tuple(_rerun_fresh(load, list(items), dev, dt, session.profile, limit, assume_device, session.data))
     fix = "\n".join(f.code for f in items) or None

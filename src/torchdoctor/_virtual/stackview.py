@@ -28,7 +28,7 @@ class StackView:
             from torchdoctor._scan.policy import Policy
             from torchdoctor._walk import walk
 
-            from torchdoctor._virtual.modcast import declared
+            from torchdoctor._virtual.castlog import declared
 
             # the program's own cast of the model (layers it adds later, a LoRA's in float32, are the odd ones even
             # where they are as many as the layers it cast), else the policy's components

@@ -8,12 +8,17 @@ a device the program never put them on: gradient findings that real hardware nev
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 
 from torchdoctor._placement import norm_device
 from torchdoctor._virtual.tensor import VirtualTensor, is_entry
+
+
+# a kernel's dtype dispatch refusing an integer or bool dtype ("lerp_kernel_scalar" not implemented for 'Long')
+INT_KERNEL = re.compile(r"not implemented for '(Long|Int|Short|Char|Byte|Bool|UInt16|UInt32|UInt64)'")
 
 
 def written_key(schema: Any, call: Any) -> Any:
@@ -62,13 +67,13 @@ def keeps_written(schema: Any, f: Any, call: Any) -> tuple[list[Any], torch.devi
 def keeps_written_dtype(schema: Any, f: Any, call: Any) -> tuple[list[Any], torch.dtype] | None:
     """At a dtype mismatch of an op that writes one of its operands (``ema_p.lerp_(p, w)``): the floating operands
     it reads in another dtype, and the written tensor's dtype, which the op keeps (real PyTorch refuses the mix:
-    "expected dtype Float for `end`"). None for any other op, or when the written tensor is the model's own (the
-    model's dtype decides there), or it reads nothing in another dtype."""
+    "expected dtype Float for `end`"). None for any other op, when the written tensor is the model's own (the
+    model's dtype decides there), or when no model tensor is read in another dtype (a cast's maker decides)."""
     key = written_key(schema, call)
     own_t = call.at(key) if key is not None else None
     if not isinstance(own_t, torch.Tensor) or not own_t.is_floating_point() or is_entry(own_t):
         return None
     odd = [k for k in (list(f.considered) or list(f.offenders)) if k != key and isinstance(t := call.at(k), torch.Tensor)
            and t.is_floating_point() and t.dim() > 0 and t.dtype != own_t.dtype]
-    return (odd, own_t.dtype) if odd else None
+    return (odd, own_t.dtype) if any(is_entry(call.at(k)) for k in odd) else None  # a model's tensor read
 
