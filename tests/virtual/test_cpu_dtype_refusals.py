@@ -12,11 +12,7 @@ Each claim is checked against the real CPU: the same model really raises in floa
 
 from __future__ import annotations
 
-import importlib.util
-import math
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -24,6 +20,7 @@ import torch
 from torch import nn
 
 import torchdoctor
+from tests.support.apps import load_file
 
 
 class MelOnly(nn.Module):
@@ -99,19 +96,10 @@ class AlibiAttn(nn.Module):
 '''
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_a_float64_tensor_made_from_numpy_data_is_named_at_its_line_and_fixed_there(tmp_path: Path) -> None:
     path = tmp_path / "alibi_app.py"
     path.write_text(PROGRAM, encoding="utf-8")
-    mod = _load(path, "alibi_app")
+    mod = load_file(path)
     x = torch.randn(1, 5, 32)
     assert "same dtype" in _real(mod.AlibiAttn(), x)  # float64 slopes really break the float16 attention here
     report = torchdoctor.simulate(mod.AlibiAttn(), (x,), device="cpu", dtype=torch.float16)
@@ -123,6 +111,4 @@ def test_a_float64_tensor_made_from_numpy_data_is_named_at_its_line_and_fixed_th
     assert fix.proven and fix.diff and "device=x.device, dtype=x.dtype)" in fix.diff
     fixed = tmp_path / "alibi_fixed.py"
     fixed.write_text(PROGRAM.replace("device=x.device)\n", "device=x.device, dtype=x.dtype)\n", 1), encoding="utf-8")
-    assert _real(_load(fixed, "alibi_fixed").AlibiAttn(), x) == ""  # the proven fix really runs in float16 here
-    sys.modules.pop("alibi_app", None)
-    sys.modules.pop("alibi_fixed", None)
+    assert _real(load_file(fixed).AlibiAttn(), x) == ""  # the proven fix really runs in float16 here
