@@ -48,8 +48,11 @@ def test_fifty_megabyte_bench_log_keeps_every_diagnosis(tmp_path: pathlib.Path) 
     # diagnosis since session 11 (two equal "meta device ... no value" rows became one with both counts); 114: a
     # generator on another device is a family of its own (it was told as a CUDA-only call, the wrong way round); 115:
     # autocast's "Current CUDA Device does not support bfloat16" is a family of its own (it was counted with cuBLAS's
-    # bf16 matmul error: one row more, that row's count one less)
-    assert len(want) == 115
+    # bf16 matmul error: one row more, that row's count one less); 117: session 26 added 103 tuning texts to fixtures/,
+    # which redraws the log (every count moves); on that log the explain before session 26 gives 115 rows and this one
+    # the same 115 plus two new families' rows (an MPS kernel refusing int64, an Intel GPU's "Double type is not
+    # supported on this platform" told as float64 on XPU)
+    assert len(want) == 117
     log = bench.synthetic_log(50_000_000)
     assert _rows(_explain.explain(log)) == want
     path = tmp_path / "train.log"

@@ -169,6 +169,9 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
         if (op.startswith("aten::") and backend.split("_")[0] in ACCELERATORS + ("hip",)
                 and backend.upper() not in named):
             flags.add("backend_absent")
+    if (sig_name == "backend.could_not_run" and op.startswith("aten::empty")
+            and (not backend or backend.split("_")[0] in ACCELERATORS + ("hip",))):
+        flags.add("backend_absent")  # not even an empty tensor of the device: the build has no such backend at all
     if f.get("have", "").endswith("+cpu"):
         flags.add("have_cpu")
     if sig_name in ("dtype.out_cast", "unsupported.numpy_dtype", "unsupported.xpu_fp64"):  # the last two: a dtype

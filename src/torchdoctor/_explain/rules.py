@@ -62,7 +62,8 @@ _rule("index_op", ("index_select", "gather", "embedding", "index"), ("cpu_and_ac
       "cpu_gpu_indexing", weight=0.4, why="the failing op indexes a tensor with another tensor")
 _rule("aten_backend_absent", flags=("backend_absent",), applies_to=(_BO,), category=_NA, weight=6.0,
       why="the backend is missing from this torch build altogether", na__backend_not_in_build=6.0)
-_rule("load_backend", ("torch/serialization.py", "_rebuild_device_tensor", "unpickler.load()"), (), (_BO, _NA), _DS,
+_rule("load_backend", ("torch/serialization.py", "_rebuild_device_tensor", "unpickler.load()", "import_ir_module",
+                      "torch.jit.load("), (), (_BO, _NA), _DS,
       weight=7.0, why="torch.load is restoring the tensors: the file holds tensors of a device this process lacks",
       ds__cpu_only_load=6.0)
 _rule("extension_cpu_torch", flags=("have_cpu",), applies_to=(_BO,), category=_NA, weight=2.0,

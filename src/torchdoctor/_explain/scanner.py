@@ -22,7 +22,7 @@ from torchdoctor._explain.plaintext import ANSI, fold
 from torchdoctor._explain.prefilter import EXACT_BELOW, Prefilter, new_memo
 from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
 from torchdoctor._explain.signatures import Signature
-from torchdoctor._explain.windows import DIGITS, Shapes, find_fields, squeeze, uniform
+from torchdoctor._explain.windows import DIGITS, Shapes, find_fields, own_trace, squeeze, uniform
 
 __all__ = ["BLOCK", "Group", "Scanner", "clean", "normalise"]
 
@@ -387,7 +387,7 @@ class Scanner:
         if len(trail) != len(raw_trail):  # U+0130 and the like lower to two characters: positions must not move
             trail = fold(raw_trail).lower()
         # "!!! Exception during processing !!! <message>" (ComfyUI) is followed by its own traceback
-        skip = trail.find("\n", 1) + 1 if "exception during processing" in _plain(text[ls:le]).lower() else 0
+        skip = own_trace(_plain(text[ls:le]), trail)  # its own traceback follows: the stops come after it
         stop = len(trail)  # the first of the stops: each later one is looked for only before the one found
         for s in _STOP:
             i = trail.find(s, skip, stop + len(s) - 1)

@@ -36,7 +36,7 @@ _sig("dtype.same_dtype", "dtype_mismatch", "Matrix multiply with two different d
 # value where the key has the query's dtype), b the query's dtype: what the odd operand is cast to.
 _QKV = r"(?P<{0}>(?:struct )?[\w:]{{1,30}})"
 _sig("dtype.attention_qkv", "dtype_mismatch", "Attention got query, key and value in different dtypes",
-     ("and value to have the same dtype",),
+     ("and value to have the same dtype", "and value.dtype:"),  # the second: the message cut before "but got"
      "Attention (scaled_dot_product_attention) got query, key and value in different dtypes[: the query is {b}, "
      "the {other} {a}]. All three must share one dtype.",
      (("dt.input_not_cast", 2.0), ("dt.module_partially_cast", 1.5)),
@@ -197,19 +197,21 @@ _sig("unsupported.mps_bf16", "unsupported_dtype_on_device", "bfloat16 is not ava
 # bfloat16 answer) is wrong for it
 _sig("unsupported.mps_fp8", "unsupported_dtype_on_device", "MPS has no float8",
      ("to the MPS backend but it does not have support for that dtype", "mps does not support float8",
-      "mps backend does not support float8"),
+      "mps backend does not support float8", "trying to convert float8"),
      "A[ {dtype}] tensor (an fp8 checkpoint's weights) was sent to mps; Apple's MPS has no float8 type on any macOS "
      "or chip.",
      (("ud.mps_fp8", 3.0),),
      r"Trying to convert (?P<dtype>float8_?\w{0,12}) to the MPS backend",
-     r"MPS (?:backend )?does not support (?P<dtype>float8_?\w{0,12})", require_pattern=True, confidence=0.95)
+     r"MPS (?:backend )?does not support (?P<dtype>float8_?\w{0,12})",
+     # the head alone: only MPS words a refused dtype "Trying to convert X to"; the tail may be cut or letter-spaced
+     r"Trying to convert (?P<dtype>float8_?\w{0,12}) to\b", require_pattern=True, confidence=0.95)
 _sig("unsupported.numpy_dtype", "unsupported_dtype_on_device", "numpy has no type for this tensor's dtype",
      ("got unsupported scalartype",),
      "A[ {dtype}] tensor was converted to numpy, which has no such type.",
      (("ud.numpy_dtype", 3.0),),
      r"Got unsupported ScalarType (?P<dtype>\w{1,20})", require_pattern=True, confidence=0.9)
 _sig("unsupported.xpu_fp64", "unsupported_dtype_on_device", "This Intel GPU has no float64",
-     ("required aspect fp64 is not supported",),
+     ("required aspect fp64 is not supported", "double type is not supported on this platform", "uses-fp64-math"),
      "A float64 tensor reached an Intel GPU (XPU) that has no float64 support.",
      (("ud.xpu_fp64", 3.0),), confidence=0.9)
 _sig("unsupported.mps_input_type", "unsupported_dtype_on_device", "An MPS kernel refuses this input dtype",
@@ -242,20 +244,22 @@ _sig("unsupported.fp8_promotion", "unsupported_dtype_on_device", "float8 cannot 
 # --- an op without a kernel for that backend ---------------------------------------------------------------
 _sig("backend.could_not_run", "backend_op_missing", "An operator has no kernel for the backend it was called with",
      ("arguments from the '", 'arguments from the "', "arguments from the `", "is only available for these backends",
-      "with arguments from the "),
+      "with arguments from the ", "could not run 'aten::", "could not run `aten::", 'could not run "aten::'),
      "The operator {op} was called with[ {backend}] tensors but has kernels only for other backends[ "
      "({available_short})].",
      (("bo.kernel_device_only", 1.5),),
      r"Could not run [\"'`]?(?P<op>[^\"'`\s]{1,120}?)[\"'`]? with arguments from the [\"'`]?(?P<backend>\w{1,40})"
      r"[\"'`]? backend",
      r"[\"'`]?(?P<op>[^\"'`\s]{1,120}?)[\"'`]? is only available for these backends: \[(?P<available>[^\]]{0,4000})\]",
-     r"arguments from the [\"'`]?(?P<backend>\w{1,40})[\"'`]? backend", require_pattern=True, after=5000,
+     r"arguments from the [\"'`]?(?P<backend>\w{1,40})[\"'`]? backend",
+     r"Could not run [\"'`](?P<op>aten::[\w.]{1,80})[\"'`]", require_pattern=True, after=5000,
      alternatives=(_NA_ALT, ("unsupported_dtype_on_device", 0.15, "the kernel exists for other dtypes only")))
 _sig("backend.mps_not_implemented", "backend_op_missing", "An operator is not implemented for MPS",
-     ("is not currently implemented for the MPS device", "is not current implemented for the MPS device"),
+     ("not currently implemented for the MPS device", "not current implemented for the MPS device"),
      "The operator {op} has no MPS kernel in this PyTorch.",
      (("bo.mps_fallback", 3.0),),
-     r"The operator '?(?P<op>[^'\s]{1,120}?)'? is not current", r"for the (?P<backend>MPS) device", confidence=0.95,
+     r"The operator '?(?P<op>[^'\s]{1,120}?)'? is not current", r"for the (?P<backend>MPS) device",
+     r"[`'\"](?P<op>\w{1,40}::[\w.]{1,80})[`'\"] (?:is )?not current", confidence=0.95,
      alternatives=(("unsupported_dtype_on_device", 0.3, "MPS lacks some kernels only for some dtypes"),))
 _sig("backend.xformers", "backend_op_missing", "xformers has no kernel for these inputs",
      ("No operator found for `memory_efficient_attention", "No operator found for memory_efficient_attention",

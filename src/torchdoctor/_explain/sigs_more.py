@@ -42,11 +42,12 @@ register_rule(ContextRule(
 
 # --- an op XPU has no kernel for --------------------------------------------------------------------------------
 _sig("backend.xpu_not_implemented", _BO, "An operator is not implemented for XPU",
-     ("is not currently implemented for the xpu device", "is not current implemented for the xpu device"),
+     ("not currently implemented for the xpu device", "not current implemented for the xpu device"),
      "The operator {op} has no XPU kernel in this PyTorch (or was reached through a path that picked a kernel XPU "
      "lacks).",
      (("bo.xpu_fallback", 3.0),),
-     r"The operator '?(?P<op>[^'\s]{1,120}?)'? is not current", r"for the (?P<backend>XPU) device", confidence=0.9,
+     r"The operator '?(?P<op>[^'\s]{1,120}?)'? is not current", r"for the (?P<backend>XPU) device",
+     r"[`'\"](?P<op>\w{1,40}::[\w.]{1,80})[`'\"] (?:is )?not current", confidence=0.9,
      alternatives=((_DEV, 0.3, "a CPU input into an XPU layer reaches CPU-only kernels that XPU lacks"),))
 _c("bo.xpu_fallback",
    "{op} has no XPU kernel in this PyTorch.", "torchdoctor env",

@@ -177,11 +177,13 @@ _sig("partial.cuda_assumed", _NA, "Code that needs a GPU where there is none (sa
       "assumes that a xpu device", "assumes an xpu device is available", "assumes a xpu device is available",
       "assumes xpu is available",
       ".is_available() = false", ".is_available() == false", ".is_available() returns false",
-      ".is_available() is false"),
+      ".is_available() is false", ".is_available()` fails", ".is_available() fails", "._is_compiled` returns",
+      "._is_compiled() returns", "._is_compiled returns"),
      "The text says the code needs a GPU[ ({dev})] on a machine or build without one: it assumes one is there, or "
      "fails where torch reports none.",
      (("na.hardcoded_cuda", 3.0), ("na.cpu_build", 1.0)),
-     r"(?P<dev>cuda|mps|xpu)\.is_available\(\)", r"assumes (?:that )?an? (?P<dev>cuda|mps|xpu) device",
+     r"(?P<dev>cuda|mps|xpu)\.is_available\(\)", r"(?P<dev>cuda|mps|xpu)\._is_compiled\b[^\n]{0,20}?returns\W{0,3}false",
+     r"assumes (?:that )?an? (?P<dev>cuda|mps|xpu) device",
      r"assumes (?P<dev>cuda|mps|xpu) is available", require_pattern=True, confidence=0.5)
 
 # --- torchaudio transforms: nn.Modules whose kernel / window is made on the CPU when they are created -------------

@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 from torchdoctor._explain.signatures import Signature
 
-__all__ = ["DIGITS", "Shapes", "find_fields", "squeeze", "uniform"]
+__all__ = ["DIGITS", "Shapes", "find_fields", "own_trace", "squeeze", "uniform"]
 
 # a quoted reply's prefix after a line end: only then is _WRAP needed (it drops the "> " / "| " prefixes); without
 # one, splitting on whitespace gives the same squeezed window at a fifth of the cost (_WRAP starts with a
@@ -158,3 +158,35 @@ def find_fields(squeezed: str, sig: Signature, shapes: Shapes | None) -> tuple[d
                 if v and k not in found:
                     found[k] = v
     return found, matched
+
+
+_TRACE = "traceback (most recent call last)"
+_SAID = re.compile(r"(\w{0,40}(?:error|exception)\w{0,20}:) (.{24,})")
+
+
+def own_trace(message: str, trail: str) -> int:
+    r"""Where, in ``trail`` (the lower-cased lines after an error line), the stops that end the error's context are
+    looked for: past ComfyUI's "!!! Exception during processing !!!" header, whose traceback follows it; past a
+    traceback (the first after it) that ends in the same words as ``message`` (the message as a title or summary line
+    above the paste), whose frames are this error's; else from the start.
+
+    >>> title = "NotImplementedError: Could not run 'aten::empty' with arguments from the 'CUDA' backend"
+    >>> own_trace(title, "\n```\ntraceback (most recent call last):\n  file x\n" + title.lower() + ". this")
+    49
+    >>> own_trace(title, "\ntraceback (most recent call last):\n  file x\nvalueerror: another")
+    0
+    """
+    low = message.lower()
+    if "exception during processing" in low:
+        return trail.find("\n", 1) + 1
+    at = trail.find(_TRACE)
+    said = _SAID.search(low.split("\n", 1)[0])  # the exception's name and the message's own words after it
+    if at == -1 or said is None:
+        return 0
+    name, head = said.group(1) + " ", said.group(2)[:120]
+    nxt = trail.find(_TRACE, at + len(_TRACE))  # the message must end this traceback, not a later one
+    again = trail.find(name + head, at + len(_TRACE), nxt if nxt != -1 else len(trail))
+    between = trail[at + len(_TRACE): again]  # up to the repeated exception's name
+    if again == -1 or "error: " in between or "\n\n" in between.replace(" ", "").replace("\t", ""):
+        return 0  # another error, or a blank line, ends a traceback: the same words later are another report
+    return again
