@@ -207,6 +207,8 @@ def _diff(a: Apart, want: str) -> str | None:
     if len(calls) != 1 or not body.isascii():
         return None
     end = len(raw) - len(body) + int(calls[0].end_col_offset or 0)
+    if re.match(r"\s*\.\s*(?:to|cuda|cpu|xpu|mps|half|float|bfloat16|type)\s*\(", raw[end:]):
+        return None  # the line places it itself (``TextEncoder().to(te_device)``): a move before that one is undone
     return line_patch(a.file, a.line, (raw[:end] + f".to({want})" + raw[end:]).strip())
 
 

@@ -18,6 +18,7 @@ from torchdoctor._virtual.genfix import generator_fix
 from torchdoctor._virtual.keptfix import KEPT, kept_fix
 from torchdoctor._virtual.keepdtype import FLOATS, narrower_partner
 from torchdoctor._virtual.libout import library_line
+from torchdoctor._virtual.madeline import made_line_fix
 from torchdoctor._virtual.lifted import SOURCE as SWAPPED, swap_fix
 from torchdoctor._virtual.moveline import taken_back
 from torchdoctor._virtual.meetsite import made_by, made_pass, meet_fix, written_follows
@@ -57,7 +58,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
               current: Mapping[str, tuple[torch.dtype, torch.device]] | None = None,
               module_path: Callable[[Any], str | None] | None = None,
               apart: Sequence[Apart] = (), made_args: Mapping[str, tuple[str, str, str]] | None = None,
-              cases: Sequence[Any] = ()) -> list[Fix] | None:
+              cases: Sequence[Any] = (), mapped: frozenset[str] = frozenset()) -> list[Fix] | None:
     """The fix, one ``Fix`` per part, from guard's generator: the named tensors cast or moved (``torchdoctor.move``
     for many), the model tensors a wrong tensor made in the run came from, a cast at a line of the user's code fixed
     there (or at the attribute it read its dtype from), tensors the test made passed on the right device; then what
@@ -70,7 +71,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     the model does not hold but one of them does is fixed on that module, by the program's name for it.
     ``made_args``: an argument's label -> the factory, line and dtype it was made by (the caller's own code): its
     dtype is fixed at that line (a diff), not by a cast of the argument. ``cases``: the run's failing ops (``atop``):
-    what fed them tells the odd component of a pipeline (``feeder``)."""
+    what fed them tells the odd component of a pipeline (``feeder``). ``mapped``: modules a device map's hooks place."""
     from torchdoctor._guard.maps import fix_code, value_code
     from torchdoctor._guard.proof import storage_target
     memory, problems = [p for p in problems if p.kind == "memory"], [p for p in problems if p.kind != "memory"]
@@ -178,8 +179,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
         if made_from and made_from[0].startswith("operand "):  # an operand the op refuses in its dtype: at the call
             from torchdoctor._virtual.makers import operand_fix, reversed_by
             at_line = LINES.get(made_from[0].partition(" at ")[2], ("", 0))[0]
-            fixed = operand_fix(made_from[0], target) if isinstance(target, (torch.dtype, torch.device)) and \
-                (not at_line or _own(at_line)) and not reversed_by(p, problems, sources or {}, have) else None
+            fixed = operand_fix(made_from[0], target, p.module_path) if isinstance(target, (torch.dtype, torch.device)) and \
+                (not at_line or _own(at_line)) and not reversed_by(p, problems, sources or {}, have, mapped) else None
             if fixed is not None and fixed[0] not in {f.code for f in factories}:
                 factories.append(Fix(fixed[0], "note", target, sets=((made_from[0], target),), diff=fixed[1],
                                      reoperand=reoperand(made_from[0], target)))  # a re-run gives it so there
@@ -274,7 +275,8 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     items += [unmoved] if unmoved is not None else []  # after the weights are loaded, if on meta
     if moves:
         items.append(Fix(moves, "path", sets=tuple((c[0], c[3]) for c in culprits if c[0] is not None)))
-    items += [_at_maker(label, t, made_args) or Fix(_pass(label, t), "input", t, label, sets=((label, t),))
+    items += [_at_maker(label, t, made_args) or made_line_fix(label, t) or Fix(_pass(label, t), "input", t, label,
+                                                                               sets=((label, t),))
               for path, label, _, t in culprits if path is None and t is not None]
     items += [*fed, *whole, *factories]
     items += [Fix(f"model.to(torch.{p.expected})  # the code ran with {p.found} weights: cast them so the run "
@@ -389,9 +391,7 @@ def _text(file: str, line: int) -> str:
 
 def _on_line(file: str, line: int, maker: str) -> bool:
     """The factory's name is written on that line of the file (``torch.empty`` inside ``torch.load`` is not)."""
-    import linecache
-
-    text = linecache.getline(file, line)
+    text = _text(file, line)
     return not text or maker.rsplit(".", 1)[-1] + "(" in text
 
 

@@ -94,6 +94,19 @@ def _exec_index(mod: Any) -> int | None:
     return None
 
 
+def mapped_paths(root: Any) -> frozenset[str]:
+    """The module paths of ``root`` a device map's hooks run on more than one device index (``dispatch_model``):
+    their tensors are never moved by hand (``_placed_by_hand``), so no fix of another tensor counts on such a
+    move; empty for anything else."""
+    from torchdoctor._walk import walk
+
+    try:
+        mapped = {m: _exec_index(mod) for m, mod, _ in walk(root).hooks if _exec_index(mod) is not None}
+    except Exception:  # a strange model: nothing is known to be placed by hooks
+        return frozenset()
+    return frozenset(mapped) if len(set(mapped.values())) > 1 else frozenset()
+
+
 def _elsewhere(name: str, target: torch.device, placed: dict[str, int | None]) -> bool:
     """The tensor ``name`` is under a module a hook runs on another device index than ``target``'s."""
     hits = [(m, i) for m, i in placed.items() if i is not None and (not m or name.startswith(m + "."))]

@@ -46,16 +46,20 @@ def inplace_fix(p: Problem, cases: Sequence[Any]) -> Fix | None:
     if case is None or not own_file(case.line[0]):
         return None
     home = of(each(case.before[0][0])[0])
+
+    def off_home(o: Any) -> bool:  # (a dtype: an index tensor, ``tok`` of ``index_add_``, is never cast)
+        return of(o) != home and (attr == "device" or o.meta.is_floating_point())
+
     others = [o for c in cases if c.op == p.op and c.line == case.line  # each call of that line (a loop's)
               for v in (*c.before[0][1:], *c.before[1].values()) for o in each(v)
-              if of(o) != home and _named(o) and (attr == "device" or o.meta.dim() > 0)]
+              if off_home(o) and _named(o) and (attr == "device" or o.meta.dim() > 0)]
     tags = [t for o in others for t in o.tags]  # a dtype: only a model's tensor read as it is (a bf16 model into a
     if not others or attr == "dtype" and (any(t.startswith("cast at ") for t in tags) or all(" " in t for t in tags)):
         return None  # float32 EMA); a cast that made what it reads is fixed at that cast
     file, line = case.line
     old = linecache.getline(file, line)
-    off = {i for i, v in enumerate(case.before[0][1:]) if any(of(o) != home for o in each(v))} | {
-        k for k, v in case.before[1].items() if any(of(o) != home for o in each(v))}
+    off = {i for i, v in enumerate(case.before[0][1:]) if any(off_home(o) for o in each(v))} | {
+        k for k, v in case.before[1].items() if any(off_home(o) for o in each(v))}
     new = _moved_args(old.rstrip("\r\n"), m.group(1), off, attr)
     if new is None:
         return None
@@ -63,7 +67,13 @@ def inplace_fix(p: Problem, cases: Sequence[Any]) -> Fix | None:
     verb, where = ("move", f"on {home}") if attr == "device" else ("cast", f"in {home}")
     return Fix(f"{new.strip()}  # {case.at}: {m.group(1)} writes into its self {where}, where the program keeps "
                f"it: {verb} what it reads to self's {attr} there (never self: the op would update a copy)", "note",
-               to, sets=tuple(dict.fromkeys((_named(o)[0], to) for o in others)), diff=line_patch(file, line, new))
+               to, sets=tuple(dict.fromkeys((_line_name(o), to) for o in others)), diff=line_patch(file, line, new))
+
+
+def _line_name(o: Any) -> str:
+    """The line's own name for operand ``o`` (``operand y at app.py:21``: what the fix casts there, near whatever
+    made it), else its first other name."""
+    return next((t for t in o.tags if t.startswith("operand ")), None) or _named(o)[0]
 
 
 def _named(o: Any) -> list[str]:

@@ -261,11 +261,13 @@ def placed_on(value: Any, device: torch.device | None, dtype: torch.dtype | None
     return value
 
 
-def operand_fix(source: str, target: torch.dtype | torch.device) -> tuple[str, str | None] | None:
+def operand_fix(source: str, target: torch.dtype | torch.device, module: str | None = None) -> tuple[str, str | None] | None:
     """The fix of an operand an op refuses in its dtype (a loss's ``target`` where its input is float32), or on its
     device (between the parts of a model the program split: ``image_features.to(inputs_embeds.device)``), at the
     user's call: ``source`` is ``operand target at app.py:16`` (``origin.operand_at``); the line as it should read,
-    the operand cast or moved there, and its unified diff. None when the line cannot be read back."""
+    the operand cast or moved there, and its unified diff. None when the line cannot be read back. ``module``: the
+    module the failing op ran in; a line that hands the operand to it by name (``self.post(t)``) moves it to that
+    module's device (``t.to(next(self.post.parameters()).device)``), never to a device written out."""
     import linecache
     import re
 
@@ -275,7 +277,8 @@ def operand_fix(source: str, target: torch.dtype | torch.device) -> tuple[str, s
     name, _, at = source.removeprefix("operand ").partition(" at ")
     file, line = LINES.get(at, ("", 0))
     old = linecache.getline(file, line) if file else ""
-    to = target if isinstance(target, torch.dtype) else f"{LIKE[source]}.device" if source in LIKE else repr(str(target))
+    to = target if isinstance(target, torch.dtype) else f"{LIKE[source]}.device" if source in LIKE else \
+        _module_device(old, name, module) or repr(str(target))
     new = re.sub(rf"(?<![\w.]){re.escape(name)}\b(?!\s*=[^=]){_NOT_READ}", f"{name}.to({to})", old.rstrip("\r\n"),
                  count=1)  # the operand itself, never a read of its size or placement (``enc.size(0)``)
     if not old or new == old.rstrip("\r\n"):
@@ -283,16 +286,29 @@ def operand_fix(source: str, target: torch.dtype | torch.device) -> tuple[str, s
     return new.strip(), line_patch(file, line, new)
 
 
+def _module_device(line: str, name: str, module: str | None) -> str | None:
+    """``next(self.post.parameters()).device`` where ``line`` calls the module the op ran in (``post``, by its last
+    name) with ``name`` as its first argument; None otherwise."""
+    import re
+
+    last = (module or "").rsplit(".", 1)[-1]
+    if not last.isidentifier():
+        return None
+    m = re.search(rf"(?<![\w.])((?:\w+\.)*{re.escape(last)})\(\s*{re.escape(name)}\b", line)
+    return f"next({m.group(1)}.parameters()).device" if m else None
+
+
 # what reads a tensor's metadata, not its data: a ``.to()`` there changes nothing the op meets
 _NOT_READ = r"(?!\s*\.\s*(?:size|shape|dim|ndim|ndimension|numel|nelement|device|dtype|stride|get_device|is_\w+)\b)"
 
 
 def reversed_by(p: Any, problems: Sequence[Any], sources: Mapping[tuple[str, ...], tuple[str, ...]],
-                model: Mapping[str, Any]) -> bool:
+                model: Mapping[str, Any], mapped: frozenset[str] = frozenset()) -> bool:
     """A device problem of an operand whose op ran where a tensor of the model (``model``: its paths) was met the
     other way round (a split model's top-level parameter left on cuda:0 made the op run there, and that tensor is
     fixed to the operand's device): the operand moved to the op's device would undo that fix, so it keeps its
     place. An operand met the other way round, not a model's tensor (a second crossing of a split), is no reason."""
     return p.kind == "device" and any(
         q is not p and q.kind == "device" and q.found == p.expected and q.expected == p.found and
-        any(s in model for s in sources.get((q.kind, q.path, q.op or "", q.found), ())) for q in problems)
+        any(s in model and not any(s.startswith(m + ".") or not m for m in mapped)
+            for s in sources.get((q.kind, q.path, q.op or "", q.found), ())) for q in problems)

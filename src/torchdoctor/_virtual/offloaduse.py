@@ -177,7 +177,9 @@ def _at_use(use: Use, upath: str, casts: Any, away: int, n: int, target: torch.d
                 i >= len(casts.trails):
             continue
         load = next(((file, line) for file, line, code in casts.trails[i].frames if code is use.code and
-                     line < use.line), None)
+                     line < use.line), None) or next(((file, line) for file, line, code in casts.trails[i].frames
+                                                     if code.co_name == "<module>" and file == use.file), None)
+        # (a load at the program's top level names globals, which the function that uses the model reads too)
         if load is not None:
             break
     said = (f"`{use.func}` was offloaded to {went} by {by}, and {use.at} uses it again on {device_str(target)} "

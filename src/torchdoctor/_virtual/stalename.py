@@ -25,16 +25,18 @@ def stale_fix(key: str, cases: Sequence[Any], target: Any) -> Fix | None:
     from torchdoctor._guard.ownfile import own_file
     from torchdoctor._virtual.feeder import operands
 
+    met = False  # a failing op before this one read the maker's tensor: it is right for no earlier use
     for c in cases:
         if c.line is None or not any(key in o.tags for o in operands(c.before)):
             continue
+        met, before = True, met
         file, line = c.line
         if not own_file(file):
             continue
         hit = _stale(file, line)
         if hit is not None:
             return _fix(key, file, line, c.at, target, *hit)
-        used = _used_before(key, file, line)
+        used = _used_before(key, file, line) if not before else None
         if used is not None:
             return _at_use(key, file, line, c.at, target, *used)
     return None

@@ -85,6 +85,9 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
             tags.append(("" if o.module is src.module else FAR) +  # made in that module: its output as it is
                         f"{OUTPUT}`{module_paths.get(id(src.module), '')}` {type(src.module).__name__} cast at "
                         f"{src.site.at}")
+        if not path and not o.paths and o.at and str(o.op).startswith(("Tensor.", "torch.")) and \
+                not any("factory " in x for x in tags):  # the op of the
+            tags.append(f"made {o.op} at {o.at}")  # program's line that made it (``madeline``)
         if o.op == "Tensor.to" and o.at and path:
             tags.append(f"moved {path} at {o.at}")
         pb = o.placed_by

@@ -1,0 +1,68 @@
+"""Whole programs from the twenty-sixth session's hunt, each a mechanism the virtual run or its fix had wrong.
+
+- A parameter moved by ``p.data = p.data.to("cuda")`` and then trained: on the device its gradient is where its
+  data is (torch refuses any other), so the optimizer's step is clean. The virtual run left the gradient on the cpu
+  and reported the step (a false positive, and the idiom is one torchdoctor prints itself).
+- One cpu tensor given to a Llama at one line and to ``F.embedding`` at the next: both uses fail on the device, so
+  the fix is ``device=`` where it is made, never a move at the second use that claims the first use was right
+  (that fix was printed as proven while the first use still failed: a false proof).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from run.test_run_cli import run, write
+
+DATA_MOVED = """
+    import torch, torch.nn as nn
+    w = nn.Parameter(torch.randn(4, 4))
+    w.data = w.data.to("cuda")
+    lin = nn.Linear(4, 4)
+    lin.weight.data = lin.weight.data.to("cuda")
+    lin.bias.data = lin.bias.data.to("cuda")
+    opt = torch.optim.AdamW([w, *lin.parameters()], lr=1e-3)
+    for _ in range(2):
+        x = torch.randn(2, 4, device="cuda")
+        lin(x @ w).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    print("grad on", w.device, lin.weight.device)
+"""
+
+TWO_USES = """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    model = LlamaForCausalLM(cfg).to("cuda").eval()
+    ids = torch.tensor([[1, 5, 6]])
+    out = model(input_ids=ids)
+    e = torch.nn.functional.embedding(ids, model.model.embed_tokens.weight)
+    print("done", e.device)
+"""
+
+
+def _report(proc: subprocess.CompletedProcess[str]) -> dict:
+    return json.loads(proc.stdout[proc.stdout.index("\n{") + 1:])
+
+
+def test_a_parameter_moved_by_its_data_trains_clean(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", DATA_MOVED)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert report["ok"] and not report["problems"], report["problems"]
+
+
+def test_a_tensor_both_uses_fail_on_is_made_on_the_device(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    write(tmp_path / "app.py", TWO_USES)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert not any("uses it as it is" in f["code"] for f in report["fixes"]), report["fixes"]
+    assert "-ids = torch.tensor([[1, 5, 6]])\n+ids = torch.tensor([[1, 5, 6]], device=" in report["patch"], report["patch"]
+    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert again["ok"], again["problems"]
