@@ -6,6 +6,9 @@
 - One cpu tensor given to a Llama at one line and to ``F.embedding`` at the next: both uses fail on the device, so
   the fix is ``device=`` where it is made, never a move at the second use that claims the first use was right
   (that fix was printed as proven while the first use still failed: a false proof).
+- An evaluation loop that hands device tensors to numpy at three lines (``np.sum(losses)`` of a list it appended
+  to, ``np.array([x, y])``, ``np.asarray(x)``): each line is its own problem, named at the program's line (never
+  numpy's own file), and fixed there; applied, the run is clean.
 """
 
 from __future__ import annotations
@@ -47,6 +50,25 @@ TWO_USES = """
 """
 
 
+NUMPY_READS = """
+    import numpy as np, torch, torch.nn as nn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.Linear(8, 3).to(device)
+
+    def evaluate():
+        losses = []
+        for _ in range(2):
+            out = model(torch.randn(4, 8, device=device))
+            losses.append(out.pow(2).mean())
+        mean_loss = np.sum(losses) / len(losses)
+        both = np.array([out, out])
+        last = np.asarray(out)
+        return float(mean_loss), both.shape, last.shape
+
+    print("eval", evaluate())
+"""
+
+
 def _report(proc: subprocess.CompletedProcess[str]) -> dict:
     return json.loads(proc.stdout[proc.stdout.index("\n{") + 1:])
 
@@ -63,6 +85,20 @@ def test_a_tensor_both_uses_fail_on_is_made_on_the_device(tmp_path: Path) -> Non
     report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
     assert not any("uses it as it is" in f["code"] for f in report["fixes"]), report["fixes"]
     assert "-ids = torch.tensor([[1, 5, 6]])\n+ids = torch.tensor([[1, 5, 6]], device=" in report["patch"], report["patch"]
+    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert again["ok"], again["problems"]
+
+
+def test_each_line_that_hands_numpy_a_device_tensor_is_named_and_fixed(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", NUMPY_READS)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert sorted(p["path"] for p in report["problems"]) == [f"<numpy read at app.py:{n}>" for n in (11, 12, 13)]
+    assert "fromnumeric" not in json.dumps(report)
+    for want in ("np.sum([t.detach().cpu() for t in losses])", "np.array([out.detach().cpu(), out.detach().cpu()])",
+                 "np.asarray(out.detach().cpu())"):  # (they require grad: numpy refuses them as they are)
+        assert f"+    {want}" in report["patch"].replace("mean_loss = ", "").replace("both = ", "").replace(
+            "last = ", ""), report["patch"]
     subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
     again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
     assert again["ok"], again["problems"]

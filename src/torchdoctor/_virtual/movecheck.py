@@ -127,10 +127,17 @@ class MoveChecks:
             self.sources.setdefault(("device", self.problems[-1].path, op, device_str(gdev)), (f"draws at {at}",))
 
     def reading(self, tensor: torch.Tensor, what: str) -> None:
+        from torchdoctor._virtual.libout import own_frame
+        from torchdoctor._virtual.origin import LINES
+
         path, dev, at = getattr(tensor, "_td_path", None), getattr(tensor, "_td_device", tensor.device), where_called()
-        self._note("device", path, device_str(dev), "cpu", f"{what}() of {path or 'a tensor'} "
+        if (own := own_frame(3)) is not None:  # the program's line, never numpy's own (``np.sum`` of a list)
+            at, LINES[own[2]] = own[2], own[:2]
+        self._note("device", path or (f"<numpy read at {at}>" if at else None), device_str(dev), "cpu",
+                   f"{what}() of {path or 'a tensor'} "
                    f"{compact(tensor.dtype, tuple(tensor.shape), dev)}: can't convert {device_str(dev)} device type "
-                   "tensor to numpy; call .cpu() first" + (f" (at {at})" if at else ""), op=what)
+                   "tensor to numpy; call .cpu() first" + (f" (at {at})" if at else ""), op=what,
+                   key=f"{what}:{path}:{at}")  # each line that reads one is its own problem
         if at:  # what the line read: its fix is proven on a cpu copy of it (``hostread``)
             from torchdoctor._virtual.hostread import note_read
             note_read(tensor, at)

@@ -181,18 +181,49 @@ def _array_fix(at: str, found: str, before: str, file: str, line: int, raw: str,
     from torchdoctor._report.diff import line_patch
 
     calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr in ("asarray", "array", "ascontiguousarray") and isinstance(n.func.value, ast.Name)
-             and n.func.value.id in ("np", "numpy") and n.args and isinstance(n.args[0], (ast.Name, ast.Attribute))]
+             and isinstance(n.func.value, ast.Name) and n.func.value.id in ("np", "numpy") and n.args and
+             isinstance(n.args[0], (ast.Name, ast.Attribute, ast.List, ast.Tuple))]
     if len(calls) != 1 or calls[0].args[0].end_col_offset is None:
         return None
     arg = calls[0].args[0]
     recv = ast.get_source_segment(body, arg)
-    cut = len(raw) - len(body) + int(arg.end_col_offset or 0)
-    diff = line_patch(file, line, raw[:cut] + before + raw[cut:])
-    if recv is None or diff is None:
+    if recv is None:
+        return None
+    if isinstance(arg, (ast.List, ast.Tuple)):  # ``np.array([x, y])``: each tensor it lists
+        if not arg.elts or not all(isinstance(e, (ast.Name, ast.Attribute)) for e in arg.elts):
+            return None
+        moved = recv[0] + ", ".join(f"{ast.unparse(e)}{before}" for e in arg.elts) + recv[-1]
+    elif isinstance(arg, ast.Name) and _listed(file, line, arg.id):  # ``np.sum(losses)`` of a list it appends to
+        moved = f"[t{before} for t in {recv}]"
+    else:
+        moved = recv + before
+    start, cut = len(raw) - len(body) + arg.col_offset, len(raw) - len(body) + int(arg.end_col_offset or 0)
+    diff = line_patch(file, line, raw[:start] + moved + raw[cut:])
+    if diff is None:
         return None
     call = ast.unparse(calls[0].func)
-    return (f"# {at}: {call}({recv}) reads a tensor on {found}; numpy reads host memory: {call}({recv}{before})", diff)
+    return (f"# {at}: {call}({recv}) reads a tensor on {found}; numpy reads host memory: {call}({moved})", diff)
+
+
+def _listed(file: str, line: int, name: str) -> bool:
+    """``name`` is a list in the function holding ``line`` (``losses = []`` then ``losses.append(...)``)."""
+    import linecache
+
+    try:
+        tree = ast.parse("".join(linecache.getlines(file)))
+    except (SyntaxError, ValueError):
+        return False
+    scope = min((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and
+                 n.lineno <= line <= (n.end_lineno or 0)), key=lambda n: (n.end_lineno or 0) - n.lineno, default=tree)
+    for n in ast.walk(scope):
+        if isinstance(n, ast.Assign) and isinstance(n.value, (ast.List, ast.ListComp)) and any(
+                isinstance(t, ast.Name) and t.id == name or isinstance(t, ast.Tuple) and any(
+                    isinstance(e, ast.Name) and e.id == name for e in t.elts) for t in n.targets):
+            return True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("append", "extend") \
+                and isinstance(n.func.value, ast.Name) and n.func.value.id == name:
+            return True
+    return False
 
 
 _TAKEN = re.compile(r"\(taken to (\S+) by `([^`]+)` at \S+(?:, held as ([^)]+))?\)")
