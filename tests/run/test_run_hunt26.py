@@ -9,6 +9,9 @@
 - An evaluation loop that hands device tensors to numpy at three lines (``np.sum(losses)`` of a list it appended
   to, ``np.array([x, y])``, ``np.asarray(x)``): each line is its own problem, named at the program's line (never
   numpy's own file), and fixed there; applied, the run is clean.
+- Latents made with ``device=unet.device`` where accelerate's ``cpu_offload`` keeps the weights on meta (so the
+  model says meta) and runs the model on cuda:0: the factory is fixed with the device it runs on, proven; never
+  the advice to load weights that are not missing.
 """
 
 from __future__ import annotations
@@ -69,6 +72,32 @@ NUMPY_READS = """
 """
 
 
+OFFLOADED = """
+    import torch, torch.nn as nn
+    from accelerate import cpu_offload
+
+    class UNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.out = nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 4, 3, padding=1)
+
+        @property
+        def device(self):
+            return next(self.parameters()).device
+
+        def forward(self, x, t):
+            return self.out(torch.nn.functional.silu(self.inp(x))) * (1 + t)
+
+    unet = UNet()
+    cpu_offload(unet, execution_device=torch.device("cuda:0"))
+    latents = torch.randn(1, 4, 8, 8, device=unet.device)
+    sigmas = torch.linspace(1.0, 0.0, 3, device=unet.device)
+    for i in range(2):
+        latents = latents + (sigmas[i + 1] - sigmas[i]) * unet(latents, sigmas[i])
+    print("done", latents.shape)
+"""
+
+
 def _report(proc: subprocess.CompletedProcess[str]) -> dict:
     return json.loads(proc.stdout[proc.stdout.index("\n{") + 1:])
 
@@ -99,6 +128,19 @@ def test_each_line_that_hands_numpy_a_device_tensor_is_named_and_fixed(tmp_path:
                  "np.asarray(out.detach().cpu())"):  # (they require grad: numpy refuses them as they are)
         assert f"+    {want}" in report["patch"].replace("mean_loss = ", "").replace("both = ", "").replace(
             "last = ", ""), report["patch"]
+    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert again["ok"], again["problems"]
+
+
+def test_a_tensor_made_with_an_offloaded_models_meta_device_is_made_where_it_runs(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    write(tmp_path / "app.py", OFFLOADED)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    fixes = [f for f in report["fixes"] if "made it on meta: pass device=" in f["code"]]
+    assert len(fixes) == 2 and all(f["proven"] for f in fixes), report["fixes"]
+    assert "unet.device is meta: an offload keeps the model's weights there" in fixes[0]["code"]
+    assert not any("load the weights" in f["code"] for f in report["fixes"]), report["fixes"]
     subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
     again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
     assert again["ok"], again["problems"]

@@ -25,6 +25,7 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
     from torchdoctor._virtual.callmove import placed_fixes
     from torchdoctor._virtual.curdev import bare_move_fixes
     from torchdoctor._virtual.hooked import mapped_paths
+    from torchdoctor._virtual.metamade import meta_made
     from torchdoctor._virtual.intrefused import refusal_fixes
     from torchdoctor._virtual.modcast import at_cast_lines
     from torchdoctor._virtual.prove import held
@@ -43,9 +44,11 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
             current = None
     from torchdoctor._virtual.fixes import fix_items  # the fix is written only for a block that has problems
     apart = [a for a in rec.entry.outer.values() if a.module() is not None and a.module() is not main]
-    items = at_cast_lines(fix_items(problems, session.device, session.dtype, session.sources, current, None, apart,
-                                    rec.entry.made_args, cases=rec.cases.cases, mapped=mapped_paths(main)) or [],
-                                    session._casts, main)
+    made, problems = meta_made(problems, session.sources, rec.entry.made_args)  # a factory of the program's on meta
+    items = at_cast_lines(made + (fix_items(problems, session.device, session.dtype, session.sources, current, None,
+                                            apart, rec.entry.made_args, cases=rec.cases.cases,
+                                            mapped=mapped_paths(main)) or [] if problems else []),
+                          session._casts, main)
     items = placed_fixes(items, main, session.device, problems, rec)  # parked arguments moved at the call; hooked
     items = bare_move_fixes(refusal_fixes(problems, items), problems, main)  # a kernel-refused int, a bare .cuda()
     try:
