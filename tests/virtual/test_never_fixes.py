@@ -48,6 +48,9 @@ def test_no_cast_of_activations_to_integer_storage() -> None:
     assert "torch.uint8" not in code and "input 0" not in code
     assert "# uint8 storage computed with directly: dequantize it (scale included) or load its float16 weights; a " \
            "bare cast keeps the stored integers" in code
+    # the bare cast runs, with the stored integers as its values: never said proven
+    [fix] = sim.fixes
+    assert not fix.proven and "a bare cast of stored integers runs with the integers as values" in fix.tried
 
 
 def test_no_cast_of_activations_to_float8() -> None:

@@ -3,6 +3,7 @@ the tensors found by path and the sources of tensors made in the run."""
 
 from __future__ import annotations
 
+import linecache
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -190,8 +191,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             from torchdoctor._guard.maps import code_path
             c, why = code_path(p.path), "cast it before the model moves" if p.found in FLOAT8_NAMES else (
                 f"dequantize it (scale included) or load its {dtype_str(target)} weights; a bare cast keeps the stored integers")
-            factories.append(Fix(f"{c}.data = {c}.data.to(torch.{dtype_str(target)})  # {p.found} storage computed "
-                                 f"with directly: {why}", "path", sets=((p.path, target),)))
+            code, fl8 = f"{c}.data = {c}.data.to(torch.{dtype_str(target)})  # {p.found} storage computed with " \
+                f"directly: {why}", p.found in FLOAT8_NAMES  # integers cast bare run, with the wrong values: unproven
+            factories.append(Fix(code, "path", sets=((p.path, target),)) if fl8 else Fix(code, "note", tried=_BARE))
             continue
         if p.role in _NAMED:
             add_culprit(culprits, p.path, p.path, p.kind, with_dtype(p.path, target, dtype, have))
@@ -298,6 +300,7 @@ _STORAGE_NAMES = frozenset(dtype_str(d) for d in (torch.uint8, torch.int8, torch
                                                   torch.bool, *FLOAT8_DTYPES))
 
 
+_BARE = "not re-run: a bare cast of stored integers runs with the integers as values; only their scale dequantizes"
 _LOAD_ORDER = ("not re-run: the load's placement is torch's own (load_state_dict casts each state tensor to its "
                "parameter's device at the time of the load); the fix changes the order of the program's lines")
 
@@ -384,8 +387,6 @@ def _own(file: str) -> bool:
 
 
 def _text(file: str, line: int) -> str:
-    import linecache
-
     return linecache.getline(file, line)
 
 

@@ -39,8 +39,8 @@ def attribute(space: Space, func: Any, name: str, args: tuple[Any, ...], kwargs:
                 args[0].__dict__["_td_device"] = label
             lifted.follow(args[0], label if label is not None else args[1].device)  # what a backward saved of it
             return out
-    if name == "__get__" and attr == "grad" and args and plain(args[0]) and "_td_device" in args[0].__dict__:
-        return _grad_of(space, args[0], func(*args, **kwargs))
+    if name == "__get__" and attr in ("grad", "data") and args and plain(args[0]) and "_td_device" in args[0].__dict__:
+        return _grad_of(space, args[0], func(*args, **kwargs))  # (its ``.data``: the same data, where it is)
     if name == "__get__" and attr in _LABELLED and args and plain(args[0]):
         label = args[0].__dict__.get("_td_device")
         if label is not None:
@@ -49,9 +49,9 @@ def attribute(space: Space, func: Any, name: str, args: tuple[Any, ...], kwargs:
 
 
 def _grad_of(space: Space, t: torch.Tensor, grad: Any) -> Any:
-    """The gradient of a real tensor that carries a device label (``p.data = p.data.to("cuda")``): on the device it
-    is where its tensor is (torch refuses any other), so it carries the same label; autograd, which runs on the real
-    data, made it on the cpu."""
+    """The gradient (or ``.data``) of a real tensor that carries a device label (``p.data = p.data.to("cuda")``): on
+    the device it is where its tensor is (torch refuses any other gradient), so it carries the same label; autograd,
+    which runs on the real data, made it on the cpu, and ``.data`` is a new tensor object without the label."""
     label = t.__dict__["_td_device"]
     if isinstance(grad, torch.Tensor) and plain(grad) and "_td_device" not in grad.__dict__ and grad.device != label:
         grad.__dict__["_td_device"] = label
