@@ -58,6 +58,10 @@ def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.d
     unsupported = [p for p in unsupported if p not in lib]
     if inside:
         out.append(_instead(inside, device, bool(memory)))
+    held8 = [p for p in unsupported if p.found in FLOAT8_NAMES and p.role in _NAMED and p.op == "Tensor.to"]
+    if held8 and not any(q.kind == "dtype" and q.found in FLOAT8_NAMES for q in problems):  # float8 weights the
+        # device cannot hold, refused at the move, in layers that scale them (else computed with: fixed so above)
+        out.append(_float8_held(held8, device, have or {}))
     outside = {p.found for p in unsupported if p.module_path is None and p.role not in _NAMED}
     for p in unsupported:  # a forward's line cast a tensor to a dtype its device refuses (a rope's
         if p.module_path is not None and p.role not in _NAMED and p.found not in inside and \
@@ -164,6 +168,26 @@ def float8_compute(stored: Sequence[Problem], device: torch.device, cases: Seque
 _SIGN = {"add": "+", "mul": "*", "sub": "-", "div": "/", "matmul": "@"}
 _SAME_SIZE = {"bfloat16": "float16", "float16": "bfloat16", "float64": "float32"}  # float64: none, the next one down
 FLOAT8_NAMES = frozenset(dtype_str(d) for d in FLOAT8_DTYPES)  # storage: dequantized where stored, never run in
+
+
+def _float8_held(held: Sequence[Problem], device: torch.device,
+                 have: Mapping[str, tuple[torch.dtype, torch.device]]) -> Fix:
+    """The float8 weights ``device`` cannot hold (mps), cast to bfloat16 where they are, before the model's move:
+    the values are kept exactly (bfloat16 holds every float8 value); a layer that scales its weight per call
+    still does. One line per tensor, or a loop over the model's tensors for more than four. ``have``: the model's
+    tensors by path (a run stops at the first refused move: the others are cast too)."""
+    from torchdoctor._guard.maps import code_path
+
+    paths = list(dict.fromkeys([*(p.path for p in held), *(n for n, (d, _) in have.items() if d in FLOAT8_DTYPES)]))
+    bf16 = torch.bfloat16
+    why = f"  # {device.type} cannot hold float8: cast before the move (bfloat16 keeps every float8 value)"
+    if len(paths) <= 4:
+        lines = [f"{code_path(n)}.data = {code_path(n)}.data.to(torch.bfloat16)" for n in paths]
+        code = "\n".join([lines[0] + why, *lines[1:]])
+    else:
+        code = ("for t in [*model.parameters(), *model.buffers()]:" + why + "\n    if t.dtype in (torch.float8_e4m3fn, "
+                "torch.float8_e5m2):\n        t.data = t.data.to(torch.bfloat16)")
+    return Fix(code, "path", bf16, sets=tuple((n, bf16) for n in paths))
 
 
 def _instead(unsupported: list[str], device: torch.device, over_memory: bool) -> Fix:
