@@ -113,7 +113,7 @@ def test_float64_tensor_outside_the_model_on_mps_is_never_fixed_with_model_to() 
     assert [p.kind for p in report.problems] == ["unsupported_dtype"]
     assert report.fix is not None and "model.to(" not in report.fix
     assert "# a float64 tensor made outside the model moves to mps:0, which cannot hold float64: cast that tensor " \
-           "to float32 before moving it, at tests/virtual/test_proof_fixes.py:107 where torch.from_numpy makes it" \
+           "to float32 before moving it, at tests/virtual/test_proof_fixes.py:109 where torch.from_numpy makes it" \
            in report.fix  # at its maker's line, never advice alone
     [fix] = report.fixes
     assert fix.kind == "factory" and fix.proven and fix.diff is not None and \
