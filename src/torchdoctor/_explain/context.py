@@ -155,8 +155,14 @@ def derive(sig_name: str, fields: dict[str, str], message: str,
         f["backend_name"] = {"cuda": "CUDA", "xpu": "XPU", "mps": "MPS"}.get(backend, f["backend"])
         if device_name(backend):  # the device a file's tensors name, when torch.load is what ran into it
             f.setdefault("saved", backend)
+    if backend.startswith("quantized") or op.startswith("quantized::"):
+        flags.add("quantized_backend")  # a quantized tensor at a float op, or a float one at a quantized op
+    elif backend == "meta" and op.startswith("aten::"):
+        flags.add("meta_op")  # a core op run on meta placeholders: a model never materialised
     if op.startswith("torch_ipex::"):
         flags.add("op_ipex")
+    if "intel-ext-pt" in f.get("lib", ""):
+        flags.add("ipex_lib")  # IPEX's library does not load: built for another torch
     if op.startswith(("torchvision::", "torchaudio::")):
         flags.add("op_torchvision")
     if "_scaled_mm" in op:

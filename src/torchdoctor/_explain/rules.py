@@ -23,7 +23,7 @@ _MIX, _Q, _NA = "mixed_device_model", "quantization_device", "no_accelerator"
 _BO, _UD, _DS = "backend_op_missing", "unsupported_dtype_on_device", "deserialize_device"
 BNB = ("bitsandbytes", "params4bit", "int8params", "quant_state", "linear4bit", "linear8bitlt", "matmul_4bit",
        "dequantize_4bit", "matmul8bitlt", "load_in_4bit", "load_in_8bit", "bnb_4bit", "bnb.nn", ".scb",
-       "functional_linear_4bits", "nf4", "qlora", "kbit_training")
+       "functional_linear_4bits", "nf4", "qlora", "kbit_training", "detected 4-bit loading", "detected 8-bit loading")
 GPTQ = ("auto_gptq", "gptq", "awq", "exllama", "marlin", "quantize_model", "quantkit", "optimum/quanto",
         "hqq", "torchao")
 PEFT = ("/peft/", "peft_model", "get_peft_model", "loralayer", "lora_a", "lora_b", "tuners/lora", "peftmodel",

@@ -206,7 +206,9 @@ _sig("quant.bnb_to", "quantization_device", ".to() is refused on a bitsandbytes 
       # diffusers' wording when offloading (or .to()) would move a bitsandbytes-quantized component ("... has been
       # loaded in `bitsandbytes` 8bit and moving it to cpu via `.to()` is not supported"); not "bitsandbytes"
       # itself, whose key is in every bitsandbytes frame of a log
-      "and moving it to cpu via", "and moving it to cuda via"),
+      "and moving it to cpu via", "and moving it to cuda via",
+      # its "-bit bitsandbytes models" tail, whatever quotes a retelling puts around the bit width
+      "bit` bitsandbytes models", "bit\" bitsandbytes models", "bit' bitsandbytes models"),
      "`.to()` / `.cuda()` was called on a model quantized with bitsandbytes.",
      (("q.bnb_to", 3.0),), confidence=0.95, alternatives=(_MIX_ALT,))
 _sig("quant.exllama_gpu", "quantization_device", "The GPTQ ExLlama kernels need every module on the GPU",

@@ -71,7 +71,7 @@ _sig("dtype.attn_mask", "dtype_mismatch", "An attention mask in the wrong dtype"
      alternatives=(_UD_ALT,))
 # torch.amp.GradScaler.unscale_ (a model trained in float16 itself, not under autocast)
 _sig("dtype.unscale_fp16", "dtype_mismatch", "GradScaler found float16 gradients",
-     ("Attempting to unscale FP16 gradients",),
+     ("to unscale FP16 gradients",),
      "GradScaler was asked to unscale float16 gradients: the parameters being trained are float16 themselves. "
      "Mixed precision keeps float32 weights and computes in float16 under autocast.",
      (("dt.fp16_master_weights", 3.0),), confidence=0.9)
@@ -277,6 +277,7 @@ _sig("backend.extension_build", "backend_op_missing", "A compiled extension does
      (("bo.extension_mismatch", 3.0),),
      r"built for:? ?PyTorch (?P<built>[\w.+]{1,30})(?: with CUDA \d{1,5})?,? ?\(you have (?P<have>[\w.+]{1,30})",
      r"(?P<lib>xformers|flash_attn\w{0,20}|bitsandbytes|_C)(?:[\w./]{0,60})?\.so: undefined symbol",
+     r"(?P<lib>[\w-]{1,60})\.so[\w.]{0,10}: undefined symbol: _ZN(?:3c10|2at|5torch)",
      r"(?P<lib>bitsandbytes) was compiled without GPU support", r"(?P<lib>xFormers) can't load",
      require_pattern=True, follow=2, confidence=0.85, alternatives=(_NA_ALT,))
 _sig("backend.op_not_exist", "backend_op_missing", "A compiled extension operator is missing",

@@ -36,7 +36,7 @@ _c("dev.conv_input_on_cpu",
    ("Move the input to the layer's device before the call", "x = x.to(next(model.parameters()).device)"),
    ("Find which input (or which layer's weights) stayed behind", 'torchdoctor.scan(model, device={tq})'))
 register_rule(ContextRule(
-    "cpu_conv_kernel", _CPU_CONV, (), (_BO, _NA), _DEV, (("dev.conv_input_on_cpu", 8.0),), ("mps",), 9.0,
+    "cpu_conv_kernel", _CPU_CONV, (), (_BO, _NA), _DEV, (("dev.conv_input_on_cpu", 8.0),), ("mps", "quantized_backend"), 9.0,
     "a CPU-only convolution kernel got accelerator tensors: torch picks a conv's kernel by its input's device, so the "
     "input is on the CPU while the layer's weights are on the GPU"))
 

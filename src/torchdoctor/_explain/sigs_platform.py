@@ -55,7 +55,10 @@ _c("ud.mps_macos",
 
 # ROCm's wording of "no kernel image is available": the HIP build has no code object for the GPU's gfx target
 _sig("no_accel.hip_arch", _NA, "This ROCm PyTorch has no kernels for this AMD GPU",
-     ("hip error: invalid device function", "hiperrorinvaliddevicefunction"),
+     ("hip error: invalid device function", "hiperrorinvaliddevicefunction",
+      # hipErrorNoBinaryForGpu, the HIP runtime's wording when it loads no code object for the GPU at all (the
+      # identifier itself has no lower-case key character: its sentences are the anchors)
+      "unable to find code object for all current devices", "find binary for current devices"),
      "The AMD GPU is there, but the installed ROCm torch (or an extension built for it) has no kernels for its "
      "gfx target.",
      (("na.rocm_arch", 3.0), ("na.arch_not_in_build", 1.0)), confidence=0.85,
@@ -114,8 +117,12 @@ _c("q.bnb_old",
 # an op's own check of two named operands (masked_fill, where, index_put): "expected self and mask to be on the
 # same device, but got mask on cpu and self on cuda:0"
 _sig("device.named_pair", _DEV, "Two operands of one op are on two devices",
-     (" to be on the same device, but got ",),
+     (" to be on the same device, but got ", " to be on the same device, but condition is on"),
      "An operation's operands[ '{x}' and '{y}'] are on two devices[, {a} and {b}].",
      (("dev.created_inside", 2.0), ("dev.inputs_not_moved", 1.5), ("dev.module_not_moved", 1.0)),
      rf"expected (?P<x>\w{{1,20}}) and (?P<y>\w{{1,20}}) to be on the same device, but got \w{{1,20}} on "
-     rf"(?P<a>{DEV}) and \w{{1,20}} on (?P<b>{DEV})", require_pattern=True, confidence=0.9)
+     rf"(?P<a>{DEV}) and \w{{1,20}} on (?P<b>{DEV})",
+     # torch.where: "Expected condition, x and y to be on the same device, but condition is on cuda:0 and x and y are on
+     # cuda:0 and CPU respectively"
+     rf"expected condition, x and y to be on the same device, but condition is on (?P<a>{DEV}) and x and y are on "
+     rf"{DEV} and (?P<b>{DEV})", require_pattern=True, confidence=0.9)
