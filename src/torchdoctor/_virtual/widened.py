@@ -55,13 +55,28 @@ def widened_at(cast: torch.Tensor, dtype: torch.dtype, site: Any, frame: Any, sh
     code, loc = frame.f_code, frame.f_locals
     args = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
     name = next((n for n in args if n != "self" and isinstance(loc.get(n), torch.Tensor)
-                 and loc[n].dtype == cast.dtype), next((n for n, v in loc.items() if v is cast), ""))
+                 and loc[n].dtype == cast.dtype), next((n for n, v in loc.items() if v is cast), "")) or \
+        _own_tensor(loc.get("self"), cast.dtype, frame)  # ``self.weight * x``: the module's own weight's dtype
     lines[at] = (code.co_filename, frame.f_lineno)
     made = getattr(site, "at", "") or ""
     w = Widened(at, name, dtype_str(cast.dtype), dtype_str(dtype), made, "" if made else _wide_name(frame, dtype))
     if len(SEEN) < 1024:
         SEEN[at] = w
     return w
+
+
+def _own_tensor(me: Any, dtype: torch.dtype, frame: Any) -> str:
+    """``self.weight``: a parameter or buffer of the module running (``me``) in ``dtype`` that the line reads, or
+    "" (a fix reads the model's dtype from it: ``.to(self.weight.dtype)`` holds in any dtype the model is cast to)."""
+    import linecache
+    import re
+
+    if not isinstance(me, torch.nn.Module):
+        return ""
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    own = [*me.named_parameters(recurse=False), *me.named_buffers(recurse=False)]
+    return next((f"self.{n}" for n, v in own if v.dtype == dtype and re.search(rf"\bself\.{re.escape(n)}\b", line)),
+                "")
 
 
 def _wide_name(frame: Any, dtype: torch.dtype) -> str:
