@@ -18,6 +18,7 @@ from torchdoctor._virtual.groups import whole_component
 from torchdoctor._virtual.genfix import generator_fix
 from torchdoctor._virtual.keptfix import KEPT, kept_fix
 from torchdoctor._virtual.keepdtype import FLOATS, narrower_partner
+from torchdoctor._virtual.leftwhole import left_whole
 from torchdoctor._virtual.libout import library_line
 from torchdoctor._virtual.madeline import made_line_fix
 from torchdoctor._virtual.lifted import SOURCE as SWAPPED, swap_fix
@@ -28,8 +29,7 @@ from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
 from torchdoctor._virtual.devvars import named_device
 from torchdoctor._virtual.training import state_fix
-from torchdoctor._virtual.apart import (Apart, at_root, find, fix as apart_fix, left_whole, loose_network_fix,
-                                        network_fix)
+from torchdoctor._virtual.apart import Apart, at_root, find, fix as apart_fix, loose_network_fix, network_fix
 from torchdoctor._virtual.callsite import caller_fix
 from torchdoctor._virtual.castfix import (NO_DEVICE_ARG, cast_fix, op_moved, each_maker, in_library, library_note,
                                           legacy_call, maker_diff, storage_fix, traced_note)

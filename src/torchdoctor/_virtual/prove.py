@@ -81,8 +81,15 @@ def apply_fixes(model: Any, fixes: Sequence[Fix]) -> None:
         if f.rebuffer:
             rebuffered(model, f.rebuffer)
         if f.kind == "path":
-            exec(compile(f.code, "<torchdoctor fix>", "exec"), {"model": model, "torch": torch,  # noqa: S102
-                                                                   "torchdoctor": torchdoctor})
+            names: dict[str, Any] = {"model": model, "torch": torch, "torchdoctor": torchdoctor}
+            while True:  # the model by the program's own name for it in the fix (``m`` of a simulate's call=)
+                try:
+                    exec(compile(f.code, "<torchdoctor fix>", "exec"), names)  # noqa: S102
+                    break
+                except NameError as exc:
+                    if not exc.name or exc.name in names or len(names) > 4:
+                        raise
+                    names[exc.name] = model
 
 
 def rebuffered(model: Any, paths: tuple[str, ...]) -> None:
