@@ -12,6 +12,9 @@
 - Latents made with ``device=unet.device`` where accelerate's ``cpu_offload`` keeps the weights on meta (so the
   model says meta) and runs the model on cuda:0: the factory is fixed with the device it runs on, proven; never
   the advice to load weights that are not missing.
+- A trainer that saves a smaller checkpoint with ``model.half().state_dict()`` mid-training casts the live model,
+  and GradScaler then meets float16 gradients: the fix is that line copying the state dict in float16
+  (``{k: v.half() for k, v in model.state_dict().items()}``), a diff; applied, the run is clean.
 """
 
 from __future__ import annotations
@@ -98,8 +101,34 @@ OFFLOADED = """
 """
 
 
+SAVED_HALF = """
+    import torch, torch.nn as nn
+    device = "cuda"
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cuda")
+
+    def save_checkpoint():
+        sd = model.half().state_dict()  # a smaller file
+        return len(sd)
+
+    for step in range(3):
+        x = torch.randn(8, 16, device=device)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = (model(x) - x).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        if step == 0:
+            save_checkpoint()
+    print("done")
+"""
+
+
 def _report(proc: subprocess.CompletedProcess[str]) -> dict:
-    return json.loads(proc.stdout[proc.stdout.index("\n{") + 1:])
+    out = proc.stdout
+    return json.loads(out if out.startswith("{") else out[out.index("\n{") + 1:])
 
 
 def test_a_parameter_moved_by_its_data_trains_clean(tmp_path: Path) -> None:
@@ -141,6 +170,17 @@ def test_a_tensor_made_with_an_offloaded_models_meta_device_is_made_where_it_run
     assert len(fixes) == 2 and all(f["proven"] for f in fixes), report["fixes"]
     assert "unet.device is meta: an offload keeps the model's weights there" in fixes[0]["code"]
     assert not any("load the weights" in f["code"] for f in report["fixes"]), report["fixes"]
+    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert again["ok"], again["problems"]
+
+
+def test_a_live_model_cast_only_to_save_it_is_copied_at_that_line(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", SAVED_HALF)
+    proc = run("--device", "cuda:0", "app.py", cwd=tmp_path)
+    assert "sd = {k: v.half() for k, v in model.state_dict().items()}  # at app.py:9: model.half().state_dict() " \
+        "casts the live model to float16 to save it" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
     subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
     again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
     assert again["ok"], again["problems"]

@@ -96,6 +96,9 @@ def _report(session: Any, dtype: torch.dtype, frames: list[Any], original: str |
                "scaler.scale / unscale_ / step / update)\n# or keep the GradScaler with float32 master weights and "
                f"float16 autocast: {var}.float()")
         said = "bfloat16 needs no GradScaler (CUDA cannot unscale bfloat16 gradients)"
+    saved = _saved(cast, name)  # the live model cast only to save it: that line copies instead (a diff)
+    if saved is not None:
+        fix = saved[0]
     lines = [f"culprit {n}: {_rules._compact(p)}  ({why})" for n, p in half[:3]]
     if len(half) > 3:
         lines.append(f"... and {len(half) - 3} more {name} parameter{'s' if len(half) > 4 else ''}")
@@ -110,7 +113,20 @@ def _report(session: Any, dtype: torch.dtype, frames: list[Any], original: str |
                          problems=problems, fix=fix)
     from torchdoctor._guard.remedy import with_patch
 
-    return with_patch(err, None, lines)
+    return with_patch(err, saved[1] if saved is not None else None, lines)
+
+
+def _saved(cast: Any, name: str) -> tuple[str, str] | None:
+    """(the fix, its diff) where the program's line cast the live model only to save it (``sd =
+    model.half().state_dict()``): the state dict copied in ``name`` there, the model left in float32; else None."""
+    from torchdoctor._virtual.awayline import saved_copy
+
+    got = saved_copy(cast[0], cast[1]) if cast is not None else None
+    if got is None:
+        return None
+    return (f"{got[4]}  # at {os.path.basename(cast[0])}:{cast[1]}: {got[0]} casts the live model to {name} to save "
+            f"it (Module.{got[0].split('.')[-2].split('(')[0]}() casts the module, not a copy): copy the state dict in "
+            f"{name} instead, the model stays float32", got[2])
 
 
 def _prove_plain(params: list[torch.Tensor]) -> str:

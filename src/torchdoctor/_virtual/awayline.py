@@ -62,9 +62,9 @@ def away_fix(f: Fix, casts: Any, root: Any, used: list[Fix] | None = None) -> Fi
     return f
 
 
-def _saved_line(file: str, line: int) -> tuple[str, str, str, str] | None:
-    """(the call as written, its copying form, the line's diff, the module as the line names it) of ``X.cpu().state_dict()`` (or ``X.to("cpu")``)
-    alone on the program's line; None when it is not there."""
+def _saved_line(file: str, line: int) -> tuple[str, str, str, str, str] | None:
+    """(the call as written, its copying form, the line's diff, the module as the line names it, the line rewritten)
+    of ``X.cpu().state_dict()`` (or ``X.to("cpu")``, ``X.half()``) alone on the program's line; None otherwise."""
     from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
 
@@ -79,18 +79,41 @@ def _saved_line(file: str, line: int) -> tuple[str, str, str, str] | None:
     except SyntaxError:
         return None
     hits = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
-            n.func.attr == "state_dict" and _to_cpu(n.func.value)]
+            n.func.attr == "state_dict" and (_to_cpu(n.func.value) or _cast(n.func.value) is not None)]
     if len(hits) != 1 or hits[0].end_col_offset is None:
         return None
     call = hits[0]
-    inner: Any = call.func.value  # type: ignore[attr-defined]  # ``X.cpu()``
+    inner: Any = call.func.value  # type: ignore[attr-defined]  # ``X.cpu()``, ``X.half()``
     holder = ast.unparse(inner.func.value)
     args = ", ".join(ast.unparse(a) for a in [*call.args, *call.keywords])
-    copy = f"{{k: v.cpu() for k, v in {holder}.state_dict({args}).items()}}"
+    each = ".cpu()" if _to_cpu(inner) else _cast(inner)
+    copy = f"{{k: v{each} for k, v in {holder}.state_dict({args}).items()}}"
     pad = len(raw) - len(body)
     new = raw[:pad + call.col_offset] + copy + raw[pad + int(call.end_col_offset or 0):]
     diff = line_patch(file, line, new.strip())
-    return (ast.unparse(call), copy, diff, holder) if diff is not None else None
+    end = pad + int(tree.body[0].end_col_offset or 0) + len(copy) - (int(call.end_col_offset or 0) - call.col_offset)
+    return (ast.unparse(call), copy, diff, holder, new[:end].strip()) if diff is not None else None  # (no comment)
+
+
+def saved_copy(file: str, line: int) -> tuple[str, str, str, str, str] | None:
+    """``_saved_line``'s answer for a cast or move of the live model made only to save it (``model.half().state_dict()``):
+    (the call, its copying form, the diff, the module's name, the line rewritten), or None."""
+    return _saved_line(file, line)
+
+
+_CASTS = {"half": ".half()", "bfloat16": ".bfloat16()", "float": ".float()"}
+
+
+def _cast(node: Any) -> str | None:
+    """``.half()`` for ``X.half()`` (and ``X.to(torch.float16)``: ``.to(torch.float16)``): a module's cast, as each
+    tensor of a copied state dict takes it; None otherwise."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+        return None
+    if node.func.attr in _CASTS and not node.args and not node.keywords:
+        return _CASTS[node.func.attr]
+    text = ast.unparse(node.args[0]) if node.func.attr == "to" and len(node.args) == 1 and not node.keywords else ""
+    return f".to({text})" if text.startswith("torch.") and text[6:] in ("float16", "half", "bfloat16", "float32") \
+        else None
 
 
 def _to_cpu(node: Any) -> bool:
