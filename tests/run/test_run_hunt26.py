@@ -15,17 +15,22 @@
 - A trainer that saves a smaller checkpoint with ``model.half().state_dict()`` mid-training casts the live model,
   and GradScaler then meets float16 gradients: the fix is that line copying the state dict in float16
   (``{k: v.half() for k, v in model.state_dict().items()}``), a diff; applied, the run is clean.
+- A text encoder the program keeps on the cpu on purpose (musubi-tuner's ``--text_encoder_cpu``), whose output is cast
+  where it is handed to the model (``dit(latents, context.to(dit_dtype))``): that cast takes the program's device too
+  (``context.to(device, dit_dtype)``), proven, never a move of the encoder (the old patch inserted a move before the
+  program's own ``.to(te_device)`` on the line that builds it: a no-op).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from run.test_run_cli import run, write
+from run.test_run_cli import ENV, TIMEOUT, run, write
 
 DATA_MOVED = """
     import torch, torch.nn as nn
@@ -126,6 +131,22 @@ SAVED_HALF = """
 """
 
 
+KEPT_ON_CPU = """
+    import torch, torch.nn as nn
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    te_device = torch.device("cpu")  # --text_encoder_cpu
+    dit_dtype = torch.bfloat16
+    te = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 16)).to(te_device)
+    with torch.no_grad():
+        context = te(torch.randint(0, 50, (1, 7), device=te_device))
+    dit = nn.Linear(16, 16).to(device, dit_dtype)
+    with torch.no_grad():
+        for _ in range(2):
+            out = dit(context.to(dit_dtype))
+    print("done", out.shape)
+"""
+
+
 def _report(proc: subprocess.CompletedProcess[str]) -> dict:
     out = proc.stdout
     return json.loads(out if out.startswith("{") else out[out.index("\n{") + 1:])
@@ -184,3 +205,18 @@ def test_a_live_model_cast_only_to_save_it_is_copied_at_that_line(tmp_path: Path
     subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
     again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
     assert again["ok"], again["problems"]
+
+
+def test_the_output_of_a_module_kept_on_the_cpu_is_moved_where_it_is_handed_over(tmp_path: Path) -> None:
+    app = write(tmp_path / "app.py", KEPT_ON_CPU)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = [f for f in report["fixes"] if not f["code"].startswith("# ")]
+    assert fix["code"].startswith("out = dit(context.to(device, dit_dtype))  # a module kept on cpu by the program "
+                                  "(put there by `te = nn.Sequential("), fix
+    assert fix["proven"] and "te.to(" not in json.dumps(report["fixes"]), report["fixes"]
+    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert again["ok"], again["problems"]
+    real = subprocess.run([sys.executable, str(app)], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert real.returncode == 0, real.stderr[-2000:]

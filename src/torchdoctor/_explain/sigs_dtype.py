@@ -116,11 +116,13 @@ _sig("dtype.rnn_input", "dtype_mismatch", "An RNN/LSTM/GRU input in another dtyp
      r"input must have the type (?:torch\.)?(?P<b>\w{1,20}), got type (?:torch\.)?(?P<a>\w{1,20})",
      require_pattern=True, confidence=0.9, alternatives=(_UD_ALT,))
 _sig("dtype.index_type", "dtype_mismatch", "Indices in a floating-point (or wrong integer) dtype",
-     ("'indices' to have", "tensors used as indices must be long"),
+     ("'indices' to have", "argument #1 indices to have", "tensors used as indices must be long"),
      "The indices of an indexing op[ ({op})] must be integer[ ({want})][, but they were {got}].",
      (("dt.index_cast", 3.0), ("dt.input_not_cast", 0.5)),
-     r"'indices' to have (?:one of the following scalar types: |scalar type )(?P<want>[\w, ]{1,30});? but got "
-     r"(?P<got>[\w.]{1,40}) instead(?: \(while checking arguments for (?P<op>\w{1,40})\))?",
+     # also retyped by hand: "for argument #1 indices to have one of the following scalar types Long,Int but got
+     # toech.cuda.floatTensor in stead"
+     r"'?indices'? to have (?:one of the following scalar types:? |scalar type )(?P<want>[\w, ]{1,30});? but got "
+     r"(?P<got>[\w.]{1,40}) in ?stead(?: \(while checking arguments for (?P<op>\w{1,40})\))?",
      r"tensors used as indices must be (?P<want>long, int)", require_pattern=True, confidence=0.9,
      alternatives=(("cpu_gpu_indexing", 0.2, "indexing errors about the index tensor's device read alike"),))
 _sig("dtype.write_source", "dtype_mismatch", "Values written into a tensor of another dtype",

@@ -24,6 +24,7 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
     from torchdoctor._virtual.atop import prove_at_ops  # the proof machinery: only for a block with problems
     from torchdoctor._virtual.callmove import placed_fixes
     from torchdoctor._virtual.curdev import bare_move_fixes
+    from torchdoctor._virtual.handover import handed_fixes
     from torchdoctor._virtual.hooked import mapped_paths
     from torchdoctor._virtual.metamade import meta_made
     from torchdoctor._virtual.intrefused import refusal_fixes
@@ -49,6 +50,7 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
                                             apart, rec.entry.made_args, cases=rec.cases.cases,
                                             mapped=mapped_paths(main)) or [] if problems else []),
                           session._casts, main)
+    items = handed_fixes(items, rec.cases.cases)  # a module kept elsewhere on purpose: its output moved where handed
     items = placed_fixes(items, main, session.device, problems, rec)  # parked arguments moved at the call; hooked
     items = bare_move_fixes(refusal_fixes(problems, items), problems, main)  # a kernel-refused int, a bare .cuda()
     try:

@@ -73,6 +73,10 @@ def cast_site(frame: Any, at: str, dtype: torch.dtype) -> CastSite | None:
     text = linecache.getline(file, lineno).strip()
     site = CastSite(at, file, lineno, text, _written(text), dtype)
     _read_from(site, frame)
+    from torchdoctor._virtual.devvars import DEVICE_NAMES, device_vars
+
+    if at not in DEVICE_NAMES and len(DEVICE_NAMES) < 4096:  # the program's device names there (``handover``)
+        DEVICE_NAMES[at] = device_vars(frame)
     if len(SITES) >= _LIMIT:
         SITES.pop(next(iter(SITES)))
     SITES[at] = site
