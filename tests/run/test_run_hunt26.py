@@ -19,6 +19,9 @@
   where it is handed to the model (``dit(latents, context.to(dit_dtype))``): that cast takes the program's device too
   (``context.to(device, dit_dtype)``), proven, never a move of the encoder (the old patch inserted a move before the
   program's own ``.to(te_device)`` on the line that builds it: a no-op).
+- A ComfyUI-like lowvram load keeps some layers on the cpu and casts their weights per call; a custom node reads
+  one layer's weight directly (``image_embeds @ proj.weight.t() + proj.bias``): the tensors are moved where the
+  node reads them, a diff of the node's file, proven; never a move of the model that undoes the partial load.
 """
 
 from __future__ import annotations
@@ -147,6 +150,51 @@ KEPT_ON_CPU = """
 """
 
 
+LOWVRAM_OPS = """
+    import torch, torch.nn as nn, torch.nn.functional as F
+
+    class Linear(nn.Linear):
+        cast_weights = False
+
+        def forward(self, x):
+            if self.cast_weights:
+                return F.linear(x, self.weight.to(x.device), self.bias.to(x.device))
+            return super().forward(x)
+
+    def load_partially(model, device, budget=1):
+        for n, m in enumerate(m for m in model.modules() if isinstance(m, Linear)):
+            m.cast_weights = n >= budget
+            m.to(device if n < budget else "cpu")
+"""
+LOWVRAM_NODE = """
+    def apply_adapter(model, image_embeds):
+        proj = model.blocks[1]
+        k = image_embeds @ proj.weight.t() + proj.bias
+        return k
+"""
+LOWVRAM_APP = """
+    import torch, torch.nn as nn
+    import ops
+    from custom_nodes.node import apply_adapter
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([ops.Linear(16, 16) for _ in range(3)])
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = torch.nn.functional.gelu(b(x))
+            return x
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = Model()
+    ops.load_partially(model, device)
+    out = model(torch.randn(2, 16, device=device))
+    print("done", apply_adapter(model, out).shape)
+"""
+
+
 def _report(proc: subprocess.CompletedProcess[str]) -> dict:
     out = proc.stdout
     return json.loads(out if out.startswith("{") else out[out.index("\n{") + 1:])
@@ -220,3 +268,20 @@ def test_the_output_of_a_module_kept_on_the_cpu_is_moved_where_it_is_handed_over
     real = subprocess.run([sys.executable, str(app)], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                           timeout=TIMEOUT)
     assert real.returncode == 0, real.stderr[-2000:]
+
+
+def test_a_layer_the_app_keeps_on_the_cpu_read_directly_by_a_node_is_moved_where_it_is_read(tmp_path: Path) -> None:
+    write(tmp_path / "ops.py", LOWVRAM_OPS)
+    (tmp_path / "custom_nodes").mkdir()
+    write(tmp_path / "custom_nodes" / "__init__.py", "")
+    write(tmp_path / "custom_nodes" / "node.py", LOWVRAM_NODE)
+    write(tmp_path / "app.py", LOWVRAM_APP)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = [f for f in report["fixes"] if not f["code"].startswith("# ")]
+    assert fix["code"].startswith("k = image_embeds @ proj.weight.to(image_embeds.device).t() + "
+                                  "proj.bias.to(image_embeds.device)  # custom_nodes/node.py:4 reads blocks.1.weight, "
+                                  "blocks.1.bias directly"), fix
+    assert fix["proven"] and "model.to(" not in json.dumps(report["fixes"]), report["fixes"]
+    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert again["ok"], again["problems"]

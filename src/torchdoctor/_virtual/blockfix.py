@@ -26,6 +26,7 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
     from torchdoctor._virtual.curdev import bare_move_fixes
     from torchdoctor._virtual.handover import handed_fixes
     from torchdoctor._virtual.hooked import mapped_paths
+    from torchdoctor._virtual.directread import direct_reads
     from torchdoctor._virtual.metamade import meta_made
     from torchdoctor._virtual.intrefused import refusal_fixes
     from torchdoctor._virtual.modcast import at_cast_lines
@@ -46,6 +47,8 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
     from torchdoctor._virtual.fixes import fix_items  # the fix is written only for a block that has problems
     apart = [a for a in rec.entry.outer.values() if a.module() is not None and a.module() is not main]
     made, problems = meta_made(problems, session.sources, rec.entry.made_args)  # a factory of the program's on meta
+    read, problems = direct_reads(problems, current, rec.cases.cases)  # a layer's tensor read at the program's line
+    made += read
     items = at_cast_lines(made + (fix_items(problems, session.device, session.dtype, session.sources, current, None,
                                             apart, rec.entry.made_args, cases=rec.cases.cases,
                                             mapped=mapped_paths(main)) or [] if problems else []),
