@@ -175,7 +175,8 @@ def _link(m: Made, module_path: Callable[[Any], str | None]) -> str:
         text = f"{m.site.describe()} in {_where(m.module, module_path)}"
         if m.made_of:
             return f"{text} from {m.made_of[0]}"
-        return text + (f" from a tensor made by {m.via.op} in {_where(m.via.module, module_path)}" if m.via else "")
+        return text + ("" if m.via is None else f" from {m.via.arg}" if m.via.arg else " from an argument" if str(
+            m.via.op) == "argument" else f" from a tensor made by {m.via.op} in {_where(m.via.module, module_path)}")
     text = f"{m.op} in {_where(m.module, module_path)}"
     if m.moves and m.via is not None:  # the program's move of a tensor made before it: both named
         return f"{_link(m.via.source, module_path)}, then moved by the line at {m.at}"
