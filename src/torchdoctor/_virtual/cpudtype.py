@@ -201,8 +201,8 @@ class Checks(torch.utils._python_dispatch.TorchDispatchMode):
                 self.sources[("dtype", place, op, dtype_str(t.dtype))] = (
                     f"factory {made[0]} in `{place}`" + (f" at {made[1]}" if made[1] else ""),)
             how = f"meets {name} in {op}, which refuses the mix: {refused}" if refused else \
-                f"promotes {op} out of {name} into {dtype_str(t.dtype)}: a silent promotion (no error; what follows " \
-                "computes wider)"
+                f"promotes {op} out of {name} into {dtype_str(t.dtype)}: a silent promotion (no error at this op; " \
+                "what follows computes wider, and an op that needs one dtype, a matmul with the model's weights, raises)"
             self.problems.append(Problem("dtype", path or place, role, dtype_str(t.dtype), name,
                                          f"{what} {dtype_str(t.dtype)}{list(t.shape)} {how}{where}", op=op,
                                          module_path=mpath, module_type=mtype))
