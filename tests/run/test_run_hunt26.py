@@ -22,6 +22,9 @@
 - A ComfyUI-like lowvram load keeps some layers on the cpu and casts their weights per call; a custom node reads
   one layer's weight directly (``image_embeds @ proj.weight.t() + proj.bias``): the tensors are moved where the
   node reads them, a diff of the node's file, proven; never a move of the model that undoes the partial load.
+- LoRA layers cast to float16 with the frozen base (``unet.to(device, dtype=weight_dtype)``), then GradScaler: the
+  fix puts the trained parameters alone back in float32 after that line (diffusers' ``cast_training_params``), a
+  diff; never ``unet.float()``, which would cast the frozen base too.
 """
 
 from __future__ import annotations
@@ -195,6 +198,39 @@ LOWVRAM_APP = """
 """
 
 
+LORA_FP16 = """
+    import torch, torch.nn as nn
+    device, weight_dtype = "cuda", torch.float16
+
+    class LoRA(nn.Module):
+        def __init__(self, base, r=4):
+            super().__init__()
+            self.base = base
+            self.down = nn.Linear(base.in_features, r, bias=False)
+            self.up = nn.Linear(r, base.out_features, bias=False)
+
+        def forward(self, x):
+            return self.base(x) + self.up(self.down(x))
+
+    unet = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 16))
+    unet.requires_grad_(False)
+    unet[0] = LoRA(unet[0])
+    unet.to(device, dtype=weight_dtype)
+    params = [p for p in unet.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    scaler = torch.amp.GradScaler("cuda")
+    for step in range(2):
+        with torch.autocast("cuda", dtype=weight_dtype):
+            loss = unet(torch.randn(4, 16, device=device, dtype=weight_dtype)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    print("done")
+"""
+
+
 def _report(proc: subprocess.CompletedProcess[str]) -> dict:
     out = proc.stdout
     return json.loads(out if out.startswith("{") else out[out.index("\n{") + 1:])
@@ -282,6 +318,18 @@ def test_a_layer_the_app_keeps_on_the_cpu_read_directly_by_a_node_is_moved_where
                                   "proj.bias.to(image_embeds.device)  # custom_nodes/node.py:4 reads blocks.1.weight, "
                                   "blocks.1.bias directly"), fix
     assert fix["proven"] and "model.to(" not in json.dumps(report["fixes"]), report["fixes"]
+    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert again["ok"], again["problems"]
+
+
+def test_lora_weights_cast_with_their_frozen_base_are_put_back_in_float32_alone(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", LORA_FP16)
+    proc = run("--device", "cuda:0", "app.py", cwd=tmp_path)
+    assert "for p in unet.parameters():  # only the trained parameters in float32 (the frozen ones stay float16)" \
+        in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert "unet.float()" not in proc.stdout + proc.stderr
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
     subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
     again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
     assert again["ok"], again["problems"]

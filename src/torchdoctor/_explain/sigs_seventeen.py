@@ -7,11 +7,10 @@ type torch.FloatTensor", "expected backend CUDA and dtype Float but got backend 
 cross-check of devices ("MetadataMismatchError: Devices cpu and cuda:0 are not equal!"), a data-parallel wrapper's
 check that its parameters share a device (fairscale's bucket, DDP), a device type this torch does not know ("Expected
 one of cpu, cuda, ... device type at start of device string: npu": the backend's plug-in not imported), a CPU-only
-torch without its CUDA bindings (``torch._C`` has no ``_cuda_memoryStats``), CUDA / HIP errors printed as a number
-("CUDA driver error: 209"), NCCL refusing a dtype ("not supported for NCCL process group: ComplexFloat"); and, weak,
-where the message is missing: a cast retold in words ("casts bf16 inputs to fp16"), two legacy tensor types named as the problem ("LongTensor/FloatTensor"), a CUDA
-deserialization error named in words, a traceback cut inside torch.load's unpickling of a storage, and one cut inside
-the DataLoader's sampler.
+torch without its CUDA bindings (``torch._C`` has no ``_cuda_memoryStats``), NCCL refusing a dtype ("not supported
+for NCCL process group: ComplexFloat"); and, weak, where the message is missing: a cast retold in words ("casts bf16
+inputs to fp16"), a CUDA deserialization error named in words, a traceback cut inside torch.load's unpickling of a
+storage, and one cut inside the DataLoader's sampler.
 
 Every anchor has a key (``prefilter.key_of``). The ``frames.`` and ``partial.`` signatures are weak
 (``sigs_frames.WEAK_PREFIXES``): they speak only where no message does.
@@ -30,7 +29,7 @@ _DEV, _DT, _UD, _MIX = "device_mismatch", "dtype_mismatch", "unsupported_dtype_o
 _DS, _NA = "deserialize_device", "no_accelerator"
 _LEGACY = r"Long|Float|Double|Half|Int|Short|Byte|Char|Bool|BFloat16|ComplexFloat|ComplexDouble"
 
-# --- a sparse tensor's indices and values on two devices --------------------------------------------------------------
+# --- a sparse tensor's indices and values on two devices ------------------------------------------------------------
 # aten/src/ATen/SparseTensorImpl.cpp: "device of indices (0) must match device of values (5)"; before torch 1.9 also
 # raised for indices and values both on cuda:N while cuda:0 was the current device (pytorch#28500, #54075)
 _sig("device.sparse_parts", _DEV, "A sparse tensor's indices and values are on two devices",
@@ -49,12 +48,13 @@ _c("dev.sparse_parts",
    ("On torch before 1.9 with a GPU other than cuda:0, build it with that GPU current",
     "with torch.cuda.device(values.device):\n    s = torch.sparse_coo_tensor(indices, values, size)"))
 
-# --- a CUDA-only op's own check of its input ----------------------------------------------------------------------
+# --- a CUDA-only op's own check of its input ------------------------------------------------------------------------
 # TORCH_CHECK(x.is_cuda()) prints "Expected x.is_cuda() to be true, but got false"; an INTERNAL ASSERT on is_cuda()
 # (sparse addmm / spmm on a CPU sparse and a CUDA dense tensor); Torch-TensorRT's runtime: "Expected input tensors to
 # have device cuda, found device cpu"; extensions' CHECK_CUDA macro: "x must be a CUDA tensor"
 _sig("device.is_cuda_check", _DEV, "A CUDA-only op got a tensor on another device",
-     ("is_cuda() to be true", "is_cuda() internal assert failed", "to have device cuda, found device",
+     # an INTERNAL ASSERT is written in capitals, which hold no key: read from the sentence after it
+     ("is_cuda() to be true", "please report a bug to pytorch", "to have device cuda, found device",
       "must be a cuda tensor"),
      "An op that checks where its inputs are[ ({what})] found a tensor on the wrong device[: {a} where {b} was "
      "expected].",
@@ -72,7 +72,7 @@ _c("dev.cuda_only_op",
    ("Make tensors created inside the model on the device of the data they meet",
     "idx = torch.arange(n, device=x.device)"))
 
-# --- the legacy type wordings of torch 0.4-1.x ------------------------------------------------------------------------
+# --- the legacy type wordings of torch 0.4-1.x ----------------------------------------------------------------------
 # "Expected object of type torch.LongTensor but found type torch.FloatTensor for argument #2 'mat2'" (0.4): the same
 # device prefix on both sides is a dtype mismatch, a "cuda." on one side only is a device mismatch
 _sig("dtype.legacy_type", _DT, "An operation got a tensor of another type (older PyTorch wording)",
@@ -98,16 +98,18 @@ _sig("device.legacy_type", _DEV, "An operation got a tensor on another device (o
      r"and dtype (?P=t)\b", require_pattern=True, confidence=0.85,
      alternatives=(("input_weight_type_mismatch", 0.3, "a layer whose weights were not moved with its input"),))
 
-# --- FakeTensor's cross-check of a kernel's output device ------------------------------------------------------------
+# --- FakeTensor's cross-check of a kernel's output device -----------------------------------------------------------
 _sig("mixed.fake_metadata", _MIX, "FakeTensor tracing found a kernel's output on another device",
-     ("metadatamismatcherror: devices",),
-     "While tracing with fake tensors (torch.compile / export / Torch-TensorRT), the fake result[ of {op}] is on another "
-     "device than the real one[ ({a} and {b})]: a tensor of the traced program sits on another device than the rest.",
+     # the class name is written in CamelCase, which holds no key: read from the sentence's end
+     ("are not equal!",),
+     "While tracing with fake tensors (torch.compile / export / Torch-TensorRT), the fake result[ of {op}] is on "
+     "another device than the real one[ ({a} and {b})]: a tensor of the traced program sits on another device "
+     "than the rest.",
      (("md.fake_input_cpu", 2.0), ("md.fake_tensor", 3.0)),
      rf"Devices (?P<a>{DEV}) and (?P<b>{DEV}) are not equal!?(?: \((?P<op>[\w.]{{1,80}})\))?",
      require_pattern=True, confidence=0.8, alternatives=((_DEV, 0.4, "a plain op with tensors on two devices"),))
 
-# --- a data-parallel wrapper whose parameters sit on several devices --------------------------------------------------
+# --- a data-parallel wrapper whose parameters sit on several devices ------------------------------------------------
 # fairscale ShardedDDP's bucket: "Different devices for the bucket and the param, cannot proceed: cuda:4 - cpu"; DDP:
 # "DistributedDataParallel's input module must be on the same type of devices, but input module parameters locate in
 # {'cpu', 'cuda'}"
@@ -126,7 +128,7 @@ _c("md.wrapper_split",
     "model = model.to(local_rank)\nmodel = DDP(model, device_ids=[local_rank])"),
    ("Register submodules so .to() moves them", "self.blocks = nn.ModuleList(blocks)  # not a plain list"))
 
-# --- a device type this torch does not know ---------------------------------------------------------------------------
+# --- a device type this torch does not know -------------------------------------------------------------------------
 # c10/core/Device.cpp: "Expected one of cpu, cuda, ipu, xpu, ... device type at start of device string: npu"
 _sig("no_accel.device_string", _NA, "This torch does not know the device type",
      ("device type at start of device string",),
@@ -143,35 +145,16 @@ _c("na.device_type_unknown",
     "x = x.to(\"npu:0\")"),
    ("Or install the plug-in built for this torch", "pip install torch-npu==<the release matching torch>"))
 
-# --- a CPU-only torch without its CUDA bindings -------------------------------------------------------------------------
+# --- a CPU-only torch without its CUDA bindings ---------------------------------------------------------------------
 _sig("no_accel.torch_c_cuda", _NA, "This torch has no CUDA bindings",
-     ("has no attribute '_cuda_", "torch._c._cuda_"),
+     # "torch._C" holds a capital: the words form is read from the function's name ("_cuda_memoryStats")
+     ("has no attribute '_cuda_", "._cuda_memory"),
      "A CUDA function of torch's C module[ ({fn})] is missing: the installed torch is a build without CUDA.",
      (("na.cpu_build", 3.0), ("na.hardcoded_cuda", 1.0)),
      r"has no attribute '(?P<fn>_cuda_\w{1,40})'", r"torch\._C\.(?P<fn>_cuda_\w{1,40}) (?:is )?missing",
      require_pattern=True, confidence=0.8)
 
-# --- CUDA / HIP errors printed as a number ------------------------------------------------------------------------------
-# 209: cudaErrorNoKernelImageForDevice / CUDA_ERROR_NO_BINARY_FOR_GPU / hipErrorNoBinaryForGpu; 98:
-# hipErrorInvalidDeviceFunction; 100: no device; 35: driver older than the runtime; 222: PTX newer than the driver
-_sig("no_accel.error_code", _NA, "A CUDA / HIP error given only as its number",
-     ("runtimeerror: cuda driver error", "runtimeerror: hip driver error", "runtimeerror: cuda error code",
-      "runtimeerror: hip error code"),
-     "CUDA (or HIP) failed with an error printed as a number[ ({code})]: the GPU, the driver or the build does not fit.",
-     (("na.error_code", 3.0), ("na.arch_not_in_build", 1.0)),
-     r"(?:CUDA|HIP) (?:driver )?error(?: code)?:? ?(?P<code>209|98|100|35|222)\b", require_pattern=True,
-     confidence=0.75)
-_c("na.error_code",
-   "The error number means: 209, no kernel image for this GPU (the torch or extension build lacks its architecture; on "
-   "ROCm a gfx target outside the build, such as gfx803); 98, an invalid device function (the same on ROCm); 100, "
-   "no device visible; 35, a driver older than the CUDA runtime; 222, a PTX newer than the driver.",
-   "torchdoctor env --probe",
-   ("Install a torch built for this GPU (and its driver)",
-    "python -c \"import torch; print(torch.version.cuda, torch.version.hip, torch.cuda.get_arch_list())\""),
-   ("On ROCm with a gfx target outside the build, override it only to a compatible target",
-    "HSA_OVERRIDE_GFX_VERSION=10.3.0 python main.py"))
-
-# --- NCCL refusing a dtype ---------------------------------------------------------------------------------------------
+# --- NCCL refusing a dtype ------------------------------------------------------------------------------------------
 _sig("unsupported.nccl_dtype", _UD, "NCCL has no such data type",
      ("is not supported for nccl process group",),
      "A collective on the NCCL backend got[ {a}] tensors, a data type NCCL cannot reduce or send.",
@@ -187,20 +170,11 @@ _F = r"bf16|bfloat16|fp16|float16|half|fp32|float32"
 _sig("partial.cast_words", _DT, "A dtype cast named as the problem (said in words)",
      ("inputs to fp16", "inputs to bf16", "inputs to float16", "inputs to bfloat16", "inputs to fp32",
       "inputs to float32", "weights to fp16", "weights to bf16", "weights to fp32", "weights to float32"),
-     "The text says tensors are cast to another dtype[ ({a} to {b})] where they should not be, without PyTorch's own message: two "
-     "dtypes then meet in one operation.",
+     "The text says tensors are cast to another dtype[ ({a} to {b})] where they should not be, without PyTorch's "
+     "own message: two dtypes then meet in one operation.",
      (("dt.input_not_cast", 2.0), ("dt.module_partially_cast", 1.5)),
      rf"cast\w{{0,3}} (?:the )?(?P<a>{_F}) (?:inputs?|weights?) to (?P<b>{_F})", require_pattern=True,
      confidence=0.45)
-_sig("partial.type_pair", _DT, "Two tensor types named as the problem (said in words)",
-     ("longtensor/", "floattensor/", "doubletensor/", "halftensor/", "inttensor/", "bytetensor/", "longtensor vs",
-      "floattensor vs", "doubletensor vs", "halftensor vs", "longtensor和", "floattensor和", "longtensor 和",
-      "floattensor 和"),
-     "The text names two tensor types[ ({a} and {b})] as the problem, without PyTorch's message: an operation got "
-     "operands of two dtypes.",
-     (("dt.input_not_cast", 2.0), ("dt.operand_cast", 1.0)),
-     rf"\b(?:torch\.)?(?:cuda\.)?(?P<a>{_LEGACY})Tensor ?(?:/|vs\.?|和|与) ?(?:torch\.)?(?:cuda\.)?"
-     rf"(?!(?P=a)Tensor)(?P<b>{_LEGACY})Tensor\b", require_pattern=True, confidence=0.45)
 _sig("partial.deserialize_words", _DS, "A CUDA deserialization error named in words",
      ("deserialization error", "deserializing error", "error deserializing", "deserialize error"),
      "The text names an error deserializing CUDA tensors without torch.load's message: a checkpoint saved on a GPU "

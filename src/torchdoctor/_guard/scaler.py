@@ -97,6 +97,9 @@ def _report(session: Any, dtype: torch.dtype, frames: list[Any], original: str |
                f"float16 autocast: {var}.float()")
         said = "bfloat16 needs no GradScaler (CUDA cannot unscale bfloat16 gradients)"
     saved = _saved(cast, name)  # the live model cast only to save it: that line copies instead (a diff)
+    if saved is None and dtype == torch.float16 and cast is not None and any(  # frozen weights share the cast (LoRA)
+            not p.requires_grad and p.dtype == dtype for p in model.parameters()):
+        saved = _trained_up(cast, var)
     if saved is not None:
         fix = saved[0]
     lines = [f"culprit {n}: {_rules._compact(p)}  ({why})" for n, p in half[:3]]
@@ -114,6 +117,26 @@ def _report(session: Any, dtype: torch.dtype, frames: list[Any], original: str |
     from torchdoctor._guard.remedy import with_patch
 
     return with_patch(err, saved[1] if saved is not None else None, lines)
+
+
+def _trained_up(cast: Any, var: str) -> tuple[str, str] | None:
+    """(the fix, its diff): after the program's cast of the whole model to float16 (``unet.to(device,
+    dtype=weight_dtype)``), the trained parameters alone back in float32 (the frozen ones stay float16, as diffusers'
+    ``cast_training_params`` does); None when the line cannot be read."""
+    import linecache
+
+    from torchdoctor._report.diff import line_patch
+
+    raw = linecache.getline(cast[0], cast[1]).rstrip("\r\n")
+    if not raw.strip() or raw.rstrip().endswith(("(", ",", "\\")):
+        return None
+    pad = raw[:len(raw) - len(raw.lstrip())]
+    loop = (f"for p in {var}.parameters():  # only the trained parameters in float32 (the frozen ones stay float16)\n"
+            f"    if p.requires_grad:\n        p.data = p.data.float()")
+    diff = line_patch(cast[0], cast[1], raw + "".join(f"\n{pad}{x}" for x in loop.split("\n")))
+    return (f"{loop}\n# after {os.path.basename(cast[0])}:{cast[1]}, which casts the trained parameters with the "
+            "frozen ones; keep `with torch.autocast(..., dtype=torch.float16)` and the GradScaler", diff) \
+        if diff is not None else None
 
 
 def _saved(cast: Any, name: str) -> tuple[str, str] | None:
