@@ -116,7 +116,7 @@ _sig("dtype.rnn_input", "dtype_mismatch", "An RNN/LSTM/GRU input in another dtyp
      r"input must have the type (?:torch\.)?(?P<b>\w{1,20}), got type (?:torch\.)?(?P<a>\w{1,20})",
      require_pattern=True, confidence=0.9, alternatives=(_UD_ALT,))
 _sig("dtype.index_type", "dtype_mismatch", "Indices in a floating-point (or wrong integer) dtype",
-     ("'indices' to have", "argument #1 indices to have", "tensors used as indices must be long"),
+     ("'indices' to have", "#1 indices to have", "tensors used as indices must be long"),
      "The indices of an indexing op[ ({op})] must be integer[ ({want})][, but they were {got}].",
      (("dt.index_cast", 3.0), ("dt.input_not_cast", 0.5)),
      # also retyped by hand: "for argument #1 indices to have one of the following scalar types Long,Int but got

@@ -19,6 +19,7 @@ Every anchor has a key (``prefilter.key_of``). The ``frames.`` and ``partial.`` 
 from __future__ import annotations
 
 from torchdoctor._explain import causes_device, causes_dtype  # noqa: F401  (causes reused)
+from torchdoctor._explain.causes import ContextRule, register_rule
 from torchdoctor._explain.causes import define_cause as _c
 from torchdoctor._explain.signatures import DEV
 from torchdoctor._explain.signatures import define as _sig
@@ -145,6 +146,12 @@ _c("na.device_type_unknown",
     "x = x.to(\"npu:0\")"),
    ("Or install the plug-in built for this torch", "pip install torch-npu==<the release matching torch>"))
 
+# the message lists every device type torch knows ("cpu, cuda, ipu, xpu, ..., mps"): those words name no platform here
+register_rule(ContextRule(
+    "device_string_list", words=("at start of device string",), applies_to=(_NA,),
+    boosts=(("na.device_type_unknown", 9.0), ("na.xpu_build", -5.0), ("na.mac", -3.0), ("na.cpu_build", -2.0)),
+    why="the device type is one this torch does not know, whatever platform words its list of types holds"))
+
 # --- a CPU-only torch without its CUDA bindings ---------------------------------------------------------------------
 _sig("no_accel.torch_c_cuda", _NA, "This torch has no CUDA bindings",
      # "torch._C" holds a capital: the words form is read from the function's name ("_cuda_memoryStats")
@@ -176,7 +183,7 @@ _sig("partial.cast_words", _DT, "A dtype cast named as the problem (said in word
      rf"cast\w{{0,3}} (?:the )?(?P<a>{_F}) (?:inputs?|weights?) to (?P<b>{_F})", require_pattern=True,
      confidence=0.45)
 _sig("partial.deserialize_words", _DS, "A CUDA deserialization error named in words",
-     ("deserialization error", "deserializing error", "error deserializing", "deserialize error"),
+     ("deserialization error", "deserializing error", "deserialize error"),
      "The text names an error deserializing CUDA tensors without torch.load's message: a checkpoint saved on a GPU "
      "loaded where that GPU is not available.",
      (("ds.cpu_only_load", 3.0),),
@@ -195,4 +202,12 @@ _sig("frames.sampler_generator", _DEV, "From the stack: the DataLoader's sampler
      ("._try_put_index()", ", in _try_put_index", ", in _next_index"),
      "The error message is missing; the stack ends in the DataLoader's sampler drawing the next indices: its "
      "random generator is on the CPU while the default tensor type (or default device) is CUDA.",
-     (("dev.generator_device", 3.0),), confidence=0.4)
+     (("dev.sampler_generator", 3.0), ("dev.generator_device", 1.0)), confidence=0.4)
+_c("dev.sampler_generator",
+   "The program sets CUDA as the default (torch.set_default_tensor_type(torch.cuda.FloatTensor), "
+   "torch.set_default_device(\"cuda\")), so the sampler's torch.randperm makes a CUDA tensor while the DataLoader's "
+   "generator is a CPU one (torch 1.9 and later check this).", "torchdoctor env",
+   ("Give the DataLoader a generator on the default device",
+    "loader = DataLoader(ds, batch_size=bs, shuffle=True, generator=torch.Generator(device=\"cuda\"))"),
+   ("Or keep the CPU as the default and move tensors explicitly",
+    "torch.set_default_tensor_type(torch.FloatTensor)  # instead of torch.cuda.FloatTensor\nx = x.to(\"cuda\")"))
