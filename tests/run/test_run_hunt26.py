@@ -25,6 +25,10 @@
 - LoRA layers cast to float16 with the frozen base (``unet.to(device, dtype=weight_dtype)``), then GradScaler: the
   fix puts the trained parameters alone back in float32 after that line (diffusers' ``cast_training_params``), a
   diff; never ``unet.float()``, which would cast the frozen base too.
+- ``torch.cuda.set_device(1)`` in the main thread and a worker thread that makes ``torch.zeros(n, device="cuda")``:
+  the current device is per thread (the worker's is cuda:0), so the worker's tensors meet the model's cuda:1 and
+  the run says so (it said "no placement error", a false all-clear); the factory's fix never reads the device of
+  a cpu argument (``device=prompt_ids.device`` would be the cpu).
 """
 
 from __future__ import annotations
@@ -231,6 +235,24 @@ LORA_FP16 = """
 """
 
 
+THREAD_DEVICE = """
+    import threading, torch, torch.nn as nn
+    torch.cuda.set_device(1)
+    model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 50)).to("cuda")
+
+    def generate(prompt_ids):
+        ids = prompt_ids.to("cuda")
+        weights = torch.zeros(ids.shape[0], device="cuda")
+        return weights + model(ids)[:, -1].log_softmax(-1).max(-1).values
+
+    out = {}
+    t = threading.Thread(target=lambda: out.update(r=generate(torch.tensor([[1, 2, 3]]))))
+    t.start()
+    t.join()
+    print("main", generate(torch.tensor([[1, 2, 3]])).device)
+"""
+
+
 def _report(proc: subprocess.CompletedProcess[str]) -> dict:
     out = proc.stdout
     return json.loads(out if out.startswith("{") else out[out.index("\n{") + 1:])
@@ -333,3 +355,11 @@ def test_lora_weights_cast_with_their_frozen_base_are_put_back_in_float32_alone(
     subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
     again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
     assert again["ok"], again["problems"]
+
+
+def test_the_current_device_is_per_thread(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", THREAD_DEVICE)
+    report = _report(run("--device", "cuda:1", "--count", "2", "--json", "app.py", cwd=tmp_path))
+    assert not report["ok"] and report["problems"], report
+    assert all(p["found"] == "cuda:0" for p in report["problems"]), report["problems"]
+    assert "prompt_ids.device" not in json.dumps(report["fixes"]), report["fixes"]

@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEVICE_NAMES", "device_name", "device_vars", "named_device"]
+__all__ = ["CPU_ARG", "DEVICE_NAMES", "device_name", "device_vars", "named_device"]
 
 DEVICE_NAMES: dict[str, tuple[tuple[str, str], ...]] = {}  # "file:line" -> (name, device) of device variables there
+CPU_ARG: set[tuple[str, int]] = set()  # (file, line) of a factory whose function's tensor named there was on the cpu
 
 
 def device_name(f: Any, args: Any) -> str:
@@ -29,6 +30,8 @@ def device_name(f: Any, args: Any) -> str:
     p = next(me.parameters(), None) if isinstance(me, torch.nn.Module) else None
     if p is not None and getattr(p, "_td_device", p.device).type != "cpu" and ts:
         return "next(self.parameters())"
+    if ts and len(CPU_ARG) < 4096:  # its device is no name for an accelerator's (``fixes.factory_fix``)
+        CPU_ARG.add((f.f_code.co_filename, f.f_lineno))
     return ts[0] if ts else ""
 
 

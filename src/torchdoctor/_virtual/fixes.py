@@ -27,7 +27,7 @@ from torchdoctor._virtual.meetsite import made_by, made_pass, meet_fix, written_
 from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage_note
 from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
-from torchdoctor._virtual.devvars import named_device
+from torchdoctor._virtual.devvars import CPU_ARG, named_device
 from torchdoctor._virtual.training import state_fix
 from torchdoctor._virtual.apart import Apart, at_root, find, fix as apart_fix, loose_network_fix, network_fix
 from torchdoctor._virtual.callsite import caller_fix
@@ -340,6 +340,7 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
     said, _, at = key[8:].partition(" at ")
     maker, x = said.split(" ", 1)[0], IN_SCOPE.get(at)  # the tensor's name in scope at that line
     dev, dt = wrong.get("device", (None, None))[1], wrong.get("dtype", (None, None))[1]
+    x = None if dev is not None and dt is None and LINES.get(at) in CPU_ARG else x  # a cpu tensor: no device name
     exprs = {k: f"{x}.{k}" if x else named_device(at, t) or value_code(t) for k, t in (("device", dev), ("dtype", dt))
              if t is not None}
     found = " and ".join(f"{'on' if k == 'device' else 'in'} {f}" for k, (f, _) in wrong.items())
@@ -356,12 +357,12 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
             f"pass {kinds} ({maker}(..., {args}))"
     target = (dev, dt) if dev is not None and dt is not None else dev if dev is not None else dt
     file, line = LINES.get(at, ("", 0))
-    if file and _on_line(file, line, "trace") and "jit.trace(" in _text(file, line):  # a trace's example input
+    if file and _on_line(file, line, "trace") and "jit.trace(" in linecache.getline(file, line):  # a trace's example input
         return Fix(f"# {said} at {at} made the example input torch.jit.trace recorded: what the trace computed from "
                    f"it is baked into the traced code as constants {found}; trace on the device it runs on (model and "
                    "example input moved first), or register the tensors the forward reads as buffers", "note",
                    tried="not re-run: a change of the traced code, not of a tensor the program passes")
-    if dev is not None and file and not _own(file) and re.search(r"\bdevice\s*=", _text(file, line)):
+    if dev is not None and file and not _own(file) and re.search(r"\bdevice\s*=", linecache.getline(file, line)):
         return Fix(f"# {said} at {at} (a library's line) already makes its tensor on the device of what it is "
                    f"given (device=...): it was given tensors {found}; fix what the library's call receives, not "
                    "that line", "note", tried="not re-run: the library's line is as it should be")  # never a no-op
@@ -386,13 +387,9 @@ def _own(file: str) -> bool:
     return own_file(file)
 
 
-def _text(file: str, line: int) -> str:
-    return linecache.getline(file, line)
-
-
 def _on_line(file: str, line: int, maker: str) -> bool:
     """The factory's name is written on that line of the file (``torch.empty`` inside ``torch.load`` is not)."""
-    text = _text(file, line)
+    text = linecache.getline(file, line)
     return not text or maker.rsplit(".", 1)[-1] + "(" in text
 
 

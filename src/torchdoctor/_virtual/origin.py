@@ -228,11 +228,11 @@ def where_called() -> str | None:
     at = short_at(f)
     if at not in IN_SCOPE and len(IN_SCOPE) < 4096:  # the tensor argument by the name its fix can use there
         code = f.f_code
-        from torchdoctor._virtual.devvars import DEVICE_NAMES, device_name, device_vars
+        from torchdoctor._virtual.devvars import CPU_ARG, DEVICE_NAMES, device_name, device_vars
 
         IN_SCOPE[at] = device_name(f, code.co_varnames[:code.co_argcount])
         LINES[at] = (code.co_filename, f.f_lineno)
-        if not IN_SCOPE[at]:
+        if not IN_SCOPE[at] or (code.co_filename, f.f_lineno) in CPU_ARG:  # (an argument on the cpu: no device name)
             DEVICE_NAMES[at] = device_vars(f)
     return at
 

@@ -322,7 +322,7 @@ def virtual_devices(device: str | torch.device = "cuda:1", dtype: str | torch.dt
     session._rec = rec
     space = Space(data, profile.type, rec)
     if select:  # as CUDA_VISIBLE_DEVICES plus torch.cuda.set_device(N): the program's own "cuda" is cuda:N
-        space.current[dev.type] = dev.index or 0
+        space.current.select(dev.type, dev.index or 0)
     failure: BaseException | None = None
     # autograd as the program has it: training steps run (backward, optimizers), their tensors checked too
     # CastMakers: a cast in a forward (``h.float()``) is named at its line, as simulate names it

@@ -22,11 +22,12 @@ from typing import Any
 
 import torch
 
+from torchdoctor._virtual.perthread import ThreadCurrent
+
 aten = torch.ops.aten
 SMALL = 1 << 16  # elements: at most this many and a tensor keeps real values even with data="meta"
 _REAL_TYPES = frozenset({"cpu", "meta"})
-_CPU = torch.device("cpu")
-_META = torch.device("meta")
+_CPU, _META = torch.device("cpu"), torch.device("meta")
 
 
 def is_virtual(device: torch.device) -> bool:
@@ -94,8 +95,7 @@ class Space:
             raise ValueError(f"data must be 'meta' or 'cpu', not {data!r}")
         self.data, self.vtype, self.hooks = data, vtype, hooks or Hooks()
         self.inner = _META if data == "meta" else _CPU  # the C++ device of every wrapper of the run
-        self.current: dict[str, int] = {}
-        self.ops = 0
+        self.current, self.ops = ThreadCurrent(), 0  # the current indices: per thread, as the CUDA runtime keeps them
         self.computed: dict[torch.dtype | None, int] = {}  # the dtypes matmul-like ops computed in (casts applied)
         self.autocast: torch.dtype | None = None  # the virtual type's autocast dtype while enabled
         self.amp = False  # autocast was on at some op: a backward's dtype mismatches are the emulation's (recorder)
