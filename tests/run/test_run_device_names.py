@@ -9,6 +9,8 @@
   the program runs on this cpu and the virtual run is clean.
 - A module-level mask met by a model's output at ``y = h * attn``: made with the program's own ``device`` at its
   factory, not with a literal device.
+- A learnable tensor ``accelerator.prepare`` leaves where it is (accelerate #3157): made with
+  ``device=accelerator.device``, the program's own name for its device (hunt of the twenty-sixth session, p03).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from run.test_run_cli import ENV, TIMEOUT, run, write
 
@@ -61,6 +65,16 @@ USE_LINE = """
 """
 
 
+ACCELERATOR = """
+    import torch
+    from accelerate import Accelerator
+    accelerator = Accelerator()
+    w = torch.zeros((1, 1), requires_grad=True)
+    x = torch.ones(2, 1, device=accelerator.device)
+    print("done", (x @ w).shape)
+"""
+
+
 def _fixed_run(tmp_path: Path, text: str, want: str, here: bool = True) -> None:
     app = write(tmp_path / "app.py", text)
     proc = run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path)
@@ -86,3 +100,8 @@ def test_a_trainers_mask_is_made_with_the_programs_own_device_name(tmp_path: Pat
 
 def test_a_module_level_mask_is_moved_where_it_meets_the_models_output(tmp_path: Path) -> None:
     _fixed_run(tmp_path, USE_LINE, "torch.ones(..., device=device)")
+
+
+def test_a_tensor_accelerate_leaves_behind_is_made_on_the_accelerators_device(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    _fixed_run(tmp_path, ACCELERATOR, "torch.zeros(..., device=accelerator.device)")

@@ -45,6 +45,12 @@ def device_vars(f: Any) -> tuple[tuple[str, str], ...]:
     local = f.f_code.co_name == "<module>" or f.f_code.co_argcount > 0
     for scope in (f.f_locals, f.f_globals) if local and f.f_locals is not f.f_globals else (f.f_globals,):
         for n, v in list(scope.items())[:512]:
+            if not n.startswith("_") and type(v).__name__ in _HOLDERS and all(m != f"{n}.device" for m, _ in out):
+                try:  # accelerate's Accelerator / PartialState: the program's own ``accelerator.device``
+                    out.append((f"{n}.device", str(torch.device(v.device))))
+                except Exception:  # a holder without a usable device: no name from it
+                    pass
+                continue
             if n.startswith("_") or not ("dev" in n.lower() or isinstance(v, torch.device)):
                 continue
             try:
@@ -54,6 +60,9 @@ def device_vars(f: Any) -> tuple[tuple[str, str], ...]:
             if d is not None and all(n != m for m, _ in out):
                 out.append((n, str(d)))
     return tuple(out[:8])
+
+
+_HOLDERS = frozenset({"Accelerator", "PartialState", "AcceleratorState"})  # objects whose .device is the program's
 
 
 def named_device(at: str, t: Any) -> str | None:

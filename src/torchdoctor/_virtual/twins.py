@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from torchdoctor._virtual.origin import DEPTH
+from torchdoctor._virtual.origin import DEPTH, LINES
 
 class Operand:
     """A metadata-only twin of one operand and the names a fix may call it by."""
@@ -86,7 +86,7 @@ def tags_of(t: Any, module_paths: dict[int, str]) -> tuple[tuple[str, ...], bool
                         f"{OUTPUT}`{module_paths.get(id(src.module), '')}` {type(src.module).__name__} cast at "
                         f"{src.site.at}")
         if not path and not o.paths and o.at and str(o.op).startswith(("Tensor.", "torch.")) and \
-                not any("factory " in x for x in tags):  # the op of the
+                not any("factory " in x for x in tags) and is_own(LINES.get(o.at, ("", 0))[0]):  # the op of the
             tags.append(f"made {o.op} at {o.at}")  # program's line that made it (``madeline``)
         if o.op == "Tensor.to" and o.at and path:
             tags.append(f"moved {path} at {o.at}")
