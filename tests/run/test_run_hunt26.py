@@ -29,6 +29,9 @@
   the current device is per thread (the worker's is cuda:0), so the worker's tensors meet the model's cuda:1 and
   the run says so (it said "no placement error", a false all-clear); the factory's fix never reads the device of
   a cpu argument (``device=prompt_ids.device`` would be the cpu).
+- A cache's attention mask made with ``device="cuda"`` (cuda:0) for a model on cuda:1 and handed to it (mistral-inference
+  #215): fixed at its factory with the program's own device name (``device=device``), a diff, never "pass input 3
+  as ...".
 """
 
 from __future__ import annotations
@@ -253,6 +256,29 @@ THREAD_DEVICE = """
 """
 
 
+CACHE_MASK = """
+    import torch, torch.nn as nn, torch.nn.functional as F
+
+    class Cache:
+        def mask(self, n):
+            return torch.full((n, n), float("-inf"), device="cuda").triu(1)
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(16, 48)
+
+        def forward(self, x, mask):
+            q, k, v = self.qkv(x).chunk(3, -1)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    device = torch.device("cuda:1")
+    attn = Attn().to(device)
+    x = torch.randn(1, 5, 16, device=device)
+    print("done", attn(x, Cache().mask(5)).shape)
+"""
+
+
 def _report(proc: subprocess.CompletedProcess[str]) -> dict:
     out = proc.stdout
     return json.loads(out if out.startswith("{") else out[out.index("\n{") + 1:])
@@ -363,3 +389,13 @@ def test_the_current_device_is_per_thread(tmp_path: Path) -> None:
     assert not report["ok"] and report["problems"], report
     assert all(p["found"] == "cuda:0" for p in report["problems"]), report["problems"]
     assert "prompt_ids.device" not in json.dumps(report["fixes"]), report["fixes"]
+
+
+def test_an_argument_made_on_the_wrong_gpu_is_fixed_at_its_factory(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", CACHE_MASK)
+    report = _report(run("--device", "cuda:1", "--count", "2", "--json", "app.py", cwd=tmp_path))
+    assert '+        return torch.full((n, n), float("-inf"), device=device).triu(1)' in report["patch"], report
+    assert not any(f["code"].startswith("# pass input") for f in report["fixes"]), report["fixes"]
+    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    again = _report(run("--device", "cuda:1", "--count", "2", "--json", "app.py", cwd=tmp_path))
+    assert again["ok"], again["problems"]

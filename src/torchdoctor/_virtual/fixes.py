@@ -306,15 +306,17 @@ _LOAD_ORDER = ("not re-run: the load's placement is torch's own (load_state_dict
 
 
 def _at_maker(label: str, target: Any, made_args: Mapping[str, tuple[str, str, str]] | None) -> Fix | None:
-    """An argument the caller made with a factory at a line of its own file, in the wrong dtype: that call is
-    fixed (``dtype=``, a diff), never a cast of the argument after it; None when that line cannot be rewritten."""
+    """An argument the caller made with a factory at a line of its own file: that call fixed (``dtype=`` / ``device=``
+    unless the line moves it after; a diff), never a cast or move after it; None when the line cannot be rewritten."""
     hit = (made_args or {}).get(label)
+    moved = hit is not None and re.search(r"\.(?:to|cuda|xpu|cpu)\(", linecache.getline(*LINES.get(hit[1], ("", 0))))
     if hit is not None and isinstance(target, torch.device) and hit[0].startswith("Tensor."):
         return op_moved(label, *hit[:2], target)  # a CPU op's result at the program's line: moved after it there
-    if hit is None or not isinstance(target, torch.dtype):
+    if hit is None or not isinstance(target, torch.dtype) and (moved or not hit[0].startswith("torch.")):
         return None
-    op, at, found = hit
-    fix = factory_fix(f"factory {op} at {at}", {"dtype": (found, target)})
+    op, at, found = hit  # a device: made on it by the factory itself (``device=``, the line does not move it)
+    fix = factory_fix(f"factory {op} at {at}", {"dtype" if isinstance(target, torch.dtype) else "device": (
+        found if isinstance(target, torch.dtype) else "another device", target)})
     fix.sets = ((label, target),)  # it makes the argument in ``target``: judged at the failing op as its cast would be
     return fix if fix.diff is not None else None
 
