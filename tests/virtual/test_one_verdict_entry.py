@@ -1,5 +1,6 @@
 """One verdict for a problem found when a layer starts, not at an op (hunt C2): uint8 codes in a plain Conv3d of an
-fp16 model get the same fix, proven by a virtual re-run, from the API ``simulate`` and the command line."""
+fp16 model get the same fix and the same verdict (unproven: a bare cast of stored integers runs with the wrong values)
+from the API ``simulate`` and the command line."""
 
 from __future__ import annotations
 
@@ -48,5 +49,8 @@ def test_uint8_in_a_plain_conv3d_gets_one_proven_verdict_from_api_and_cli(
     cli = json.loads(capsys.readouterr().out)
     verdicts = [[(f["code"].split("  #")[0], f["proven"], f["tried"]) for f in fixes]
                 for fixes in ([f.to_dict() for f in api.fixes], cli["fixes"])]
-    assert verdicts[0] == verdicts[1] == [(FIX, True, "applied in a virtual re-run: no problem left")], verdicts
+    # one verdict from both entries: a bare cast of stored integers runs, with the integers as its values, so it is
+    # never said proven (the twenty-sixth session's hunt, c10)
+    assert verdicts[0] == verdicts[1] == [(FIX, False, "not re-run: a bare cast of stored integers runs with the "
+                                           "integers as values; only their scale dequantizes")], verdicts
     assert "torch.uint8" not in (api.fix or "")  # the storage is cast, never the activations
