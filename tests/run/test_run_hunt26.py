@@ -284,6 +284,14 @@ def _report(proc: subprocess.CompletedProcess[str]) -> dict:
     return json.loads(out if out.startswith("{") else out[out.index("\n{") + 1:])
 
 
+def _applied_clean(tmp_path: Path, report: dict, *args: str) -> None:
+    """The run's patch applied with ``git apply``, and the program run again under ``run`` (``args``: its device
+    options, ``--device cuda:0`` by default): clean."""
+    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    again = _report(run(*(args or ("--device", "cuda:0")), "--json", "app.py", cwd=tmp_path))
+    assert again["ok"], again["problems"]
+
+
 def test_a_parameter_moved_by_its_data_trains_clean(tmp_path: Path) -> None:
     write(tmp_path / "app.py", DATA_MOVED)
     report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
@@ -296,9 +304,7 @@ def test_a_tensor_both_uses_fail_on_is_made_on_the_device(tmp_path: Path) -> Non
     report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
     assert not any("uses it as it is" in f["code"] for f in report["fixes"]), report["fixes"]
     assert "-ids = torch.tensor([[1, 5, 6]])\n+ids = torch.tensor([[1, 5, 6]], device=" in report["patch"], report["patch"]
-    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
-    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
-    assert again["ok"], again["problems"]
+    _applied_clean(tmp_path, report)
 
 
 def test_each_line_that_hands_numpy_a_device_tensor_is_named_and_fixed(tmp_path: Path) -> None:
@@ -310,9 +316,7 @@ def test_each_line_that_hands_numpy_a_device_tensor_is_named_and_fixed(tmp_path:
                  "np.asarray(out.detach().cpu())"):  # (they require grad: numpy refuses them as they are)
         assert f"+    {want}" in report["patch"].replace("mean_loss = ", "").replace("both = ", "").replace(
             "last = ", ""), report["patch"]
-    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
-    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
-    assert again["ok"], again["problems"]
+    _applied_clean(tmp_path, report)
 
 
 def test_a_tensor_made_with_an_offloaded_models_meta_device_is_made_where_it_runs(tmp_path: Path) -> None:
@@ -323,9 +327,7 @@ def test_a_tensor_made_with_an_offloaded_models_meta_device_is_made_where_it_run
     assert len(fixes) == 2 and all(f["proven"] for f in fixes), report["fixes"]
     assert "unet.device is meta: an offload keeps the model's weights there" in fixes[0]["code"]
     assert not any("load the weights" in f["code"] for f in report["fixes"]), report["fixes"]
-    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
-    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
-    assert again["ok"], again["problems"]
+    _applied_clean(tmp_path, report)
 
 
 def test_a_live_model_cast_only_to_save_it_is_copied_at_that_line(tmp_path: Path) -> None:
@@ -334,9 +336,7 @@ def test_a_live_model_cast_only_to_save_it_is_copied_at_that_line(tmp_path: Path
     assert "sd = {k: v.half() for k, v in model.state_dict().items()}  # at app.py:9: model.half().state_dict() " \
         "casts the live model to float16 to save it" in proc.stdout + proc.stderr, proc.stderr[-3000:]
     report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
-    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
-    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
-    assert again["ok"], again["problems"]
+    _applied_clean(tmp_path, report)
 
 
 def test_the_output_of_a_module_kept_on_the_cpu_is_moved_where_it_is_handed_over(tmp_path: Path) -> None:
@@ -346,9 +346,7 @@ def test_the_output_of_a_module_kept_on_the_cpu_is_moved_where_it_is_handed_over
     assert fix["code"].startswith("out = dit(context.to(device, dit_dtype))  # a module kept on cpu by the program "
                                   "(put there by `te = nn.Sequential("), fix
     assert fix["proven"] and "te.to(" not in json.dumps(report["fixes"]), report["fixes"]
-    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
-    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
-    assert again["ok"], again["problems"]
+    _applied_clean(tmp_path, report)
     real = subprocess.run([sys.executable, str(app)], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                           timeout=TIMEOUT)
     assert real.returncode == 0, real.stderr[-2000:]
@@ -366,9 +364,7 @@ def test_a_layer_the_app_keeps_on_the_cpu_read_directly_by_a_node_is_moved_where
                                   "proj.bias.to(image_embeds.device)  # custom_nodes/node.py:4 reads blocks.1.weight, "
                                   "blocks.1.bias directly"), fix
     assert fix["proven"] and "model.to(" not in json.dumps(report["fixes"]), report["fixes"]
-    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
-    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
-    assert again["ok"], again["problems"]
+    _applied_clean(tmp_path, report)
 
 
 def test_lora_weights_cast_with_their_frozen_base_are_put_back_in_float32_alone(tmp_path: Path) -> None:
@@ -378,9 +374,7 @@ def test_lora_weights_cast_with_their_frozen_base_are_put_back_in_float32_alone(
         in proc.stdout + proc.stderr, proc.stderr[-3000:]
     assert "unet.float()" not in proc.stdout + proc.stderr
     report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
-    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
-    again = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
-    assert again["ok"], again["problems"]
+    _applied_clean(tmp_path, report)
 
 
 def test_the_current_device_is_per_thread(tmp_path: Path) -> None:
@@ -396,6 +390,4 @@ def test_an_argument_made_on_the_wrong_gpu_is_fixed_at_its_factory(tmp_path: Pat
     report = _report(run("--device", "cuda:1", "--count", "2", "--json", "app.py", cwd=tmp_path))
     assert '+        return torch.full((n, n), float("-inf"), device=device).triu(1)' in report["patch"], report
     assert not any(f["code"].startswith("# pass input") for f in report["fixes"]), report["fixes"]
-    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
-    again = _report(run("--device", "cuda:1", "--count", "2", "--json", "app.py", cwd=tmp_path))
-    assert again["ok"], again["problems"]
+    _applied_clean(tmp_path, report, "--device", "cuda:1", "--count", "2")
