@@ -207,15 +207,10 @@ def _array_fix(at: str, found: str, before: str, file: str, line: int, raw: str,
 
 def _listed(file: str, line: int, name: str) -> bool:
     """``name`` is a list in the function holding ``line`` (``losses = []`` then ``losses.append(...)``)."""
-    import linecache
+    from torchdoctor._virtual.devexpr import enclosing
 
-    try:
-        tree = ast.parse("".join(linecache.getlines(file)))
-    except (SyntaxError, ValueError):
-        return False
-    scope = min((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and
-                 n.lineno <= line <= (n.end_lineno or 0)), key=lambda n: (n.end_lineno or 0) - n.lineno, default=tree)
-    for n in ast.walk(scope):
+    scope = enclosing(file, line)
+    for n in ast.walk(scope) if scope is not None else ():
         if isinstance(n, ast.Assign) and isinstance(n.value, (ast.List, ast.ListComp)) and any(
                 isinstance(t, ast.Name) and t.id == name or isinstance(t, ast.Tuple) and any(
                     isinstance(e, ast.Name) and e.id == name for e in t.elts) for t in n.targets):
