@@ -21,6 +21,7 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
     changes (or saying what was tried). ``current``: the tensors' dtype and device after the run, by path (the
     outermost module's, by default, when a dtype was asked for): a device fix of a tensor also in the wrong dtype
     casts it too. The fixes know a patched network by its walk path (``….forward.__self__.…``)."""
+    from torchdoctor._virtual.assigned import assign_fixes
     from torchdoctor._virtual.atop import prove_at_ops  # the proof machinery: only for a block with problems
     from torchdoctor._virtual.callmove import placed_fixes
     from torchdoctor._virtual.curdev import bare_move_fixes
@@ -56,6 +57,7 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
     items = handed_fixes(items, rec.cases.cases)  # a module kept elsewhere on purpose: its output moved where handed
     items = placed_fixes(items, main, session.device, problems, rec)  # parked arguments moved at the call; hooked
     items = bare_move_fixes(refusal_fixes(problems, items), problems, main)  # a kernel-refused int, a bare .cuda()
+    items = assign_fixes(items, main)  # a model a load with assign=True put back on the cpu: that line fixed
     try:
         return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs))
     except Exception as exc:  # the proof is extra: the fix stands, said unproven, never a crash of the report

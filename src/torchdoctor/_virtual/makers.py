@@ -156,6 +156,9 @@ def install(installs: Any) -> None:
         wrapped.__wrapped__ = setter  # type: ignore[attr-defined]
         installs.set(torch, "set_default_tensor_type", wrapped, shared=True)
     loading.install(installs)  # torch.load of a GPU checkpoint: its tensors on the virtual device
+    from torchdoctor._virtual import assigned
+
+    assigned.install(installs)  # load_state_dict(assign=True): the tensors it put in place, by the program's line
     hostmade.clear()  # the makers of the model's CPU tensors are this run's
 
 
