@@ -32,11 +32,24 @@ device / dtype texts rather than the ~108 planned.
 from __future__ import annotations
 
 import hashlib
+import html
+import json
 import pathlib
+
+import pytest
+
+from torchdoctor import explain
+
+from support.holdout import first as _first, ranked as _ranked
 
 HERE = pathlib.Path(__file__).parent
 # sha256 of the collection's sorted "source|category" lines, taken before explain ran on any of its texts
 FROZEN = "0666e8bfe9473fe481c86e8aced171d7df816aede88f2224e0e66ec25aee8207"
+# right in the top two only (test_explain.TOP2_ONLY) or not at all (KNOWN_MISSES; the held-out four are measured only)
+TOP2 = {"device__xtuner_399.txt", "no_accel__pytorch_149953.txt", "quant__ComfyUI-UnetBnbModelLoader_1.txt"}
+KNOWN = {"device__Torch-Pruning_344.txt", "device__pytorch_42358.txt", "dtype__torch_migraphx_74.txt",
+         "deserialize__facexlib_37.txt", "deserialize__foundation-model-stack_251.txt", "dtype__pytorch_2552.txt",
+         "device__SCANimate_8.txt"}
 
 
 def _meta(path: pathlib.Path) -> tuple[dict[str, str], str]:
@@ -60,3 +73,81 @@ def test_labels_frozen_and_split_by_the_fixed_rule() -> None:
         assert path.parent.name == want, path.name
         assert meta["url"].startswith("https://github.com/") and meta["query"][:1] in "qu"
     assert sum(p.parent.name == "holdout" for p, _, _ in COLLECTION) == 15
+
+
+def _quotings(text: str) -> dict[str, str]:
+    return {"plain": text, "json": json.dumps({"error": text}), "html": "<pre>" + html.escape(text) + "</pre>",
+            "quote": "\n".join("> " + line for line in text.split("\n")), "backticks": "`" + text + "`",
+            "crlf": text.replace("\n", "\r\n"), "repr": repr(text)}
+
+
+def _fixes(text: str) -> str:
+    return "\n".join(code for _, code in explain(text)[0].fixes)
+
+
+def test_eighteenth_collection_accuracy() -> None:
+    """Before any change: 65 of 84 right first, 70 in the top two (77.4 % / 83.3 %; the device / dtype texts 53 and
+    58 of 72, the twelve unrelated quiet). After: 74 right first and 77 in the top two, each in plain, JSON, HTML,
+    quoted-reply, backticks, Windows line ends and repr (an unrelated text is right when nothing is said)."""
+    for path, meta, body in COLLECTION:
+        if path.name in KNOWN:
+            continue
+        for how, text in _quotings(body).items():
+            got = _ranked(text)
+            if meta["category"] == "none":
+                assert got == [], (path.name, how, got)
+            elif path.name in TOP2:
+                assert got[1:2] == [meta["category"]], (path.name, how, got)
+            else:
+                assert got[:1] == [meta["category"]], (path.name, how, got)
+
+
+# --- bitsandbytes without its CUDA library -------------------------------------------------------------------------
+@pytest.mark.parametrize("text", [
+    "CUDA SETUP: Loading binary /opt/conda/lib/python3.10/site-packages/bitsandbytes/libbitsandbytes_cudaNone.so...\n"
+    "OSError: libbitsandbytes_cudaNone.so: cannot open shared object file: No such file or directory",
+    "RuntimeError:\n        CUDA Setup failed despite GPU being available. Please run the following command to get "
+    "more information:\n\n        python -m bitsandbytes",
+    "UserWarning: The installed version of bitsandbytes was compiled without GPU support. 8-bit optimizers and GPU "
+    "quantization are unavailable.\nCUDA SETUP: Loading binary C:\\venv\\lib\\site-packages\\bitsandbytes\\"
+    "libbitsandbytes_cpu.dll...\nAttributeError: 'NoneType' object has no attribute 'cdequantize_blockwise_fp32'",
+    "CUDA SETUP: Required library version not found: libbitsandbytes_cuda118.so. Maybe you need to compile it from "
+    "source?",
+])
+def test_bitsandbytes_without_its_cuda_library(text: str) -> None:
+    for how, quoted in _quotings(text).items():
+        assert _first(quoted) == ("no_accelerator", "no_accel.bnb_cuda_setup"), how
+    assert "pip install -U bitsandbytes" in _fixes(text)
+
+
+def test_bitsandbytes_cuda_setup_named_in_words_is_weak() -> None:
+    text = "Training with QLoRA stops: bitsandbytes CUDA setup fails on my WSL machine"
+    assert _first(text) == ("no_accelerator", "partial.bnb_cuda_words")
+    assert _first(text + "\nCUDA Setup failed despite GPU being available.") == (
+        "no_accelerator", "no_accel.bnb_cuda_setup")
+
+
+# --- type promotion without a common dtype (older torch) ----------------------------------------------------------
+@pytest.mark.parametrize("text", [
+    'RuntimeError: common_dtype_ != ScalarType::Undefined INTERNAL ASSERT FAILED at "/opt/pytorch/aten/src/ATen/'
+    'native/TensorIterator.cpp":91, please report a bug to PyTorch.',
+    "  File \"train.py\", line 40, in step\n    loss = (logits.bfloat16() - target.long()).pow(2).mean()\n"
+    "RuntimeError: common_dtype_ != ScalarType::Undefined INTERNAL ASSERT FAILED at /pytorch/aten/src/ATen/native/"
+    "TensorIterator.cpp:89, please report a bug to PyTorch.",
+])
+def test_no_common_dtype_on_older_torch(text: str) -> None:
+    for how, quoted in _quotings(text).items():
+        assert _first(quoted) == ("dtype_mismatch", "dtype.no_common_dtype"), how
+
+
+# --- tensors said not to share a device (weak) --------------------------------------------------------------------
+@pytest.mark.parametrize("text", [
+    "After moving the model to cuda the tensors are not on the same device in the loss, I get an error",
+    "The mask tensor is not mapped to the same device as the logits when running on mps",
+    "The sampler does not use the same devices for tensors: the noise is made on the cpu",
+])
+def test_tensors_said_not_to_share_a_device(text: str) -> None:
+    for how, quoted in _quotings(text).items():
+        assert _first(quoted) == ("device_mismatch", "partial.device_words_apart"), how
+    assert _first(text + "\nRuntimeError: Expected all tensors to be on the same device, but found at least two "
+                  "devices, cuda:0 and cpu!")[1] != "partial.device_words_apart"  # quiet where the message is there
