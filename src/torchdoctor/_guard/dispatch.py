@@ -74,12 +74,6 @@ class CompositeCheck(TorchFunctionMode):
 _T, _P = torch.Tensor, torch.nn.Parameter
 
 
-def _mixed(a: Any, b: Any) -> bool:
-    """Two plain tensors of different dtypes (the cheap test run per binary op; the rest is asked only then)."""
-    ta, tb = type(a), type(b)
-    return (ta is _T or ta is _P) and (tb is _T or tb is _P) and a.dtype is not b.dtype
-
-
 # ops that join a list of tensors into one, promoting the list's dtypes as a binary op does (a ``_foreach_`` op works
 # element by element: a list of mixed dtypes is no promotion there)
 _JOINS = frozenset(getattr(torch.ops.aten, n).default for n in ("cat", "stack", "concat", "concatenate")
@@ -99,28 +93,40 @@ def _mixed_in(values: Any) -> bool:
     return False
 
 
+_OpOverload = torch._ops.OpOverload
+# by id, held alive by _JOINS: an OpOverload hashes in Python, a look-up paid on every op that is no binary mix
+_JOIN_IDS = frozenset(map(id, _JOINS))
+
+
 def _check(self: CheckMode, func: Any, types: Any, args: Sequence[Any] = (),
            kwargs: Mapping[str, Any] | None = None) -> Any:
     if kwargs is None:
         kwargs = _NO_KWARGS
+    # an aten op runs through its C++ handle: OpOverload.__call__ is one more Python frame on every op
+    run = func._op if type(func) is _OpOverload else func
     try:  # no cost until something raises (zero-cost exception handling)
         if func is _UNSCALE and not _simulating():  # bfloat16 gradients: no CUDA kernel, told on any machine
             _scaler.check_unscale(self.session, args)
-        if (len(args) > 1 and _mixed(args[0], args[1]) or func in _JOINS and _mixed_in(args[0])) \
-                and not _simulating():
+        if len(args) > 1:  # two plain tensors of different dtypes: the cheap test run per binary op, inline
+            a, b = args[0], args[1]
+            ta, tb = type(a), type(b)
+            mixed = (ta is _T or ta is _P) and (tb is _T or tb is _P) and a.dtype is not b.dtype
+        else:
+            mixed = False
+        if (mixed or id(func) in _JOIN_IDS and _mixed_in(args[0])) and not _simulating():
             # a binary op that may promote silently (_guard/promotion.py): strict raises it here; fix / warn align
             # the wider operand for this op (the result keeps the model's dtype) and record it
             found = _promotion.findings(self.session, func, args, kwargs, True)
             if found:  # (an op that would fail, an fp32 bias in addmm, is reported as the failure the rules find)
                 return self.session.on_problem(func, args, kwargs, _find(func, args, kwargs, self.profile) or found)
         if self.quick and _quiet(func, args, kwargs):  # most ops: one device, nothing to judge
-            return func(*args, **kwargs)
+            return run(*args, **kwargs)
         if _simulating():  # a simulation checks its own ops with these rules
-            return func(*args, **kwargs)
+            return run(*args, **kwargs)
         found = _find(func, args, kwargs, self.profile)
         if found:
             return self.session.on_problem(func, args, kwargs, found)
-        return func(*args, **kwargs)
+        return run(*args, **kwargs)
     except (RuntimeError, TypeError) as exc:
         # fix / warn: a float8 operand the rules let through (one float8 dtype, or two) still fails in the kernel,
         # with a text that depends on the CPU and device (_guard/float8.py): cast it and run the op again
@@ -159,7 +165,7 @@ class CheckMode(TorchDispatchMode):
         self.quick = self.profile is None  # the schema-based fast path knows no profile limits
         self.aligns = session.mode in ("fix", "warn")
         self.gate = _fastpath.Gate(self._push, self._pop, session.frames.stack, session.chain) \
-            if _fastpath.eligible(session) and not _simulating() else None
+            if session.gated and not _simulating() else None  # (fastpath.eligible, read once by the session)
 
     def __enter__(self) -> CheckMode:
         if self.gate is None:

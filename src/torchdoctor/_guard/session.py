@@ -96,10 +96,12 @@ class Session:
         self.outcome: Outcome | None = None  # the output check when the outermost module (or the model) returns
         self.outcome_model: nn.Module | None = None  # (None: any outermost module)
         self.checks: Callable[[nn.Module, tuple[Any, ...]], None] | None = None  # strict's per-module checks
+        self.gated = False  # strict at the module boundary (_guard/fastpath.py): decided once, at start
 
     # -- lifetime -------------------------------------------------------------------------------------------
     def start(self) -> None:
         try:
+            self.gated = self.mode == "strict" and _gate(self)
             pre, post = self._hooks()
             self.handles.append(register_module_forward_hook(post, with_kwargs=True))
             self.kwarg_hook = self.handles[-1].id  # its handle forgets the with-kwargs mark: removed in stop()
@@ -121,9 +123,9 @@ class Session:
                     self.composite = CompositeCheck(self)
                     self.composite.__enter__()
                 else:  # attention's own C++ check comes before any op: looked at per attention call
-                    from torchdoctor._guard import attncheck
+                    from torchdoctor._guard.attncheck import install
 
-                    attncheck.install(self)
+                    install(self)
         except BaseException:
             self.stop()
             raise
@@ -167,7 +169,7 @@ class Session:
         get_ident, grad_enabled, track = _get_ident, _grad_enabled, self._track
         bw_enter, bw_leave, chain = frames.enter_backward, frames.leave_backward, self.chain
         # explain, and strict at the module boundary, check no op where a forward's own tensors agree: the output
-        outcome = Outcome(self) if self.mode == "explain" or (self.mode == "strict" and _gate(self)) else None
+        outcome = Outcome(self) if self.mode == "explain" or self.gated else None
         simulating: Callable[[], bool] | None = None
         if strict:  # a simulation checks its own ops: a convolution's bias is not checked twice
             from torchdoctor._guard.dispatch import _simulating as simulating
