@@ -82,7 +82,8 @@ def diff(before: Snap, after: Snap) -> list[tuple[str, str, Any, Any]]:
                 out.append(("move", path, old, a))
             continue
         out.append(("add", path, None, a))
-    if len(after) != len(before) or out:
+    # (every path of after found in before, and as many: the same paths, none removed; a whole-model cast)
+    if len(after) != len(before) or (out and by_id is not None):
         after_ids = {v[1] for v in after.values()}
         for path, b in before.items():
             if path not in after and b[1] not in after_ids:
