@@ -5,6 +5,25 @@
   move of the model after the load would run without a crash while the optimizer steps tensors the forward no
   longer reads; the fix is that line without ``assign=True`` (a diff, proven), and applied, the run is clean. A
   model built on meta and loaded with ``assign=True`` (how such a model gets its weights) keeps its own fix.
+- A module the program builds and places on the cpu in one line on purpose (InvokeAI's "run the text encoder on the
+  cpu" toggle: ``te = Encoder().to(device)`` with ``device`` the cpu; a tiled VAE forced to the cpu by a node) and
+  then calls with inputs it sent to the GPU: the inputs are moved to the module where the program calls it (with
+  the placing line's device name in the same function, else the module's own device), every input the call gives
+  on the GPU (a mask its output meets later too), a diff, proven; never a move of the module, which undoes the
+  program's choice. A model trained on the device, moved to the cpu to save and used again keeps its move back.
+- Two ControlNets loaded in float16 into a float32 pipeline whose latents are made with ``dtype=self.unet.weight.dtype``
+  (diffusers#7562): the program chose the latents' dtype there (the unet reads them too), so the ControlNet is the
+  odd one and is cast to the program's dtype, proven; never ``dtype=torch.float16`` written over the expression (the
+  old patch, after which the unet failed). A factory with the dtype written out keeps its fix at the line.
+- ComfyUI's TrainLoraNode: LoRA diff modules built on the cpu after the model was moved, held in a plain list
+  (``m.weight_function = [diff]``, which ``Module.to`` never reaches) and trained: the fix is the line that builds
+  them, moved to the layer whose sizes it reads (``LoraDiff(m.out_features, m.in_features).to(m.weight.device)``),
+  a diff, never ``.data`` lines under an optimizer that holds the parameters.
+- A text encoder that cached its device string when built (``self.device = "cpu"``) and is moved to the GPU by the
+  pipeline to encode: its method's ``.to(self.device)`` is given the module's own device
+  (``.to(next(self.parameters()).device)``), a diff, proven; before, only a comment said so.
+- An EMA copy kept on a second GPU and updated with ``torch._foreach_lerp_`` before it ever ran a forward: its
+  parameter is named as the program holds it (``ema.0.weight``), never "a tensor made in forward".
 """
 
 from __future__ import annotations
@@ -40,6 +59,215 @@ META_ASSIGN = """
     model.load_state_dict(sd, assign=True)
     model(torch.randn(2, 8, device="cuda"))
 """
+
+TE_ON_CPU = """
+    import torch, torch.nn as nn
+
+    def gpu():
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.out = nn.Embedding(50, 16), nn.Linear(16, 16)
+        def forward(self, input_ids, attention_mask):
+            return self.out(self.embed(input_ids)) * attention_mask[..., None]
+
+    def encode(te_on_cpu=True):
+        device = torch.device("cpu") if te_on_cpu else gpu()
+        te = Encoder().to(device)
+        ids = torch.tensor([[3, 4, 5]]).to(gpu())
+        mask = torch.ones_like(ids).to(gpu())
+        cond = te(ids, mask)
+        return cond.to(gpu(), torch.bfloat16)
+
+    print(encode().shape)
+"""
+
+TILED_FORCED = """
+    import torch, torch.nn as nn
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        def forward(self, x):
+            return self.conv(x)
+
+    class Tiled:
+        def __init__(self, net):
+            self.net = net
+        def __call__(self, x):
+            device = torch.device("cuda")
+            out = torch.zeros(1, 4, 8, 8, device=device)
+            for i in (0, 4):
+                tile = x[:, :, i:i + 4].to(device)
+                out[:, :, i:i + 4] = self.net(tile)
+            return out
+
+    vae = Encoder().to("cpu")  # a "force VAE device" node
+    print(Tiled(vae)(torch.rand(1, 3, 8, 8)).device)
+"""
+
+SAVED_THEN_USED = """
+    import torch, torch.nn as nn
+    model = nn.Linear(4, 4).to("cuda")
+    model(torch.randn(2, 4, device="cuda"))
+    torch.save(model.cpu().state_dict(), "ck.pt")
+    model(torch.randn(2, 4, device="cuda"))
+"""
+
+CONTROLNET_FP16 = """
+    import torch, torch.nn as nn
+
+    class ControlNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        def forward(self, sample):
+            return self.conv(sample)
+
+    class Pipe:
+        def __init__(self, controlnet):
+            self.unet = nn.Conv2d(4, 4, 3, padding=1).to("cuda")
+            self.controlnet = controlnet.to("cuda")
+        def __call__(self):
+            latents = torch.randn(1, 4, 8, 8, device="cuda", dtype=self.unet.weight.dtype)
+            res = self.controlnet(latents)
+            return self.unet(latents) + res
+
+    pipe = Pipe(nn.Sequential(ControlNet(), ControlNet()).to(torch.float16))
+    print(pipe().dtype)
+"""
+
+LORA_IN_A_LIST = """
+    import torch, torch.nn as nn, torch.nn.functional as F
+
+    class CastLinear(nn.Linear):
+        weight_function = []
+        def forward(self, x):
+            w = self.weight.to(x.device)
+            for f in self.weight_function:
+                w = f(w)
+            return F.linear(x, w, self.bias.to(x.device))
+
+    class LoraDiff(nn.Module):
+        def __init__(self, out_f, in_f):
+            super().__init__()
+            self.up = nn.Parameter(torch.zeros(out_f, 2))
+            self.down = nn.Parameter(torch.randn(2, in_f))
+        def __call__(self, w):
+            return w + self.up @ self.down
+
+    model = nn.Sequential(CastLinear(4, 8), nn.GELU(), CastLinear(8, 4)).requires_grad_(False).to("cuda")
+    diffs = []
+    for m in model.modules():
+        if isinstance(m, CastLinear):
+            d = LoraDiff(m.out_features, m.in_features)
+            m.weight_function = [d]
+            diffs.append(d)
+    opt = torch.optim.AdamW([p for d in diffs for p in d.parameters()], lr=1e-3)
+    x = torch.randn(2, 4, device="cuda")
+    F.mse_loss(model(x), x).backward()
+    opt.step()
+"""
+
+
+def test_lora_diffs_held_in_a_list_are_moved_where_they_are_built(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", LORA_IN_A_LIST)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    (fix,) = report["fixes"]
+    assert fix["proven"] and ".data" not in fix["code"], fix
+    assert "+        d = LoraDiff(m.out_features, m.in_features).to(m.weight.device)\n" in report["patch"], report
+    _applied_clean(tmp_path, report)
+
+CACHED_DEVICE = """
+    import torch, torch.nn as nn
+
+    class TextEncoder(nn.Module):
+        def __init__(self, device):
+            super().__init__()
+            self.device = device
+            self.emb = nn.Embedding(20, 8)
+        def encode(self, tokens):
+            ids = torch.as_tensor(tokens).to(self.device)
+            return self.emb(ids)
+
+    te = TextEncoder("cpu")
+    te.to("cuda")
+    print(te.encode([[1, 2, 3]]).device)
+"""
+
+
+def test_a_stale_cached_device_in_a_module_method_is_its_own_device(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", CACHED_DEVICE)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    (fix,) = report["fixes"]
+    assert fix["proven"], fix
+    assert "+        ids = torch.as_tensor(tokens).to(next(self.parameters()).device)\n" in report["patch"], report
+    _applied_clean(tmp_path, report)
+
+EMA_SECOND_GPU = """
+    import copy, torch, torch.nn as nn
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4)).to("cuda:0")
+    ema = copy.deepcopy(model).to("cuda:1").requires_grad_(False)
+
+    @torch.no_grad()
+    def update():
+        torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 0.01)
+
+    model(torch.randn(2, 4, device="cuda:0")).sum().backward()
+    update()
+"""
+
+
+def test_an_ema_copy_no_forward_ran_is_named_as_the_program_holds_it(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", EMA_SECOND_GPU)
+    report = _report(run("--device", "cuda:1", "--json", "app.py", cwd=tmp_path))
+    paths = [p["path"] for p in report["problems"]]
+    assert paths and all(p.startswith("ema.") for p in paths), report["problems"]
+    assert not any("made in forward" in p["message"] for p in report["problems"]), report["problems"]
+
+
+def test_a_component_in_another_dtype_than_the_program_reads_is_cast(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", CONTROLNET_FP16)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    (fix,) = report["fixes"]
+    assert fix["proven"], fix
+    assert fix["code"].startswith("torchdoctor.move(pipe.controlnet, torch.float32)  # torch.randn at app.py:16 makes "
+                                  "input 0 (input) in dtype="), fix
+    assert "dtype=torch.float16" not in (report.get("patch") or ""), report["patch"]
+    write(tmp_path / "app.py", CONTROLNET_FP16.replace("dtype=self.unet.weight.dtype", "dtype=torch.float32"))
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert "dtype=torch.float16" in report["patch"], report
+
+
+def test_a_module_kept_on_the_cpu_by_the_program_gets_its_inputs_moved(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", TE_ON_CPU)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    (fix,) = report["fixes"]
+    assert fix["proven"], fix
+    assert fix["code"].startswith("cond = te(ids.to(device), mask.to(device))  # `te` is kept on cpu by the program "
+                                  "(built and placed at app.py:16)"), fix
+    assert "+    cond = te(ids.to(device), mask.to(device))\n" in report["patch"], report["patch"]
+    _applied_clean(tmp_path, report)
+
+
+def test_a_module_forced_to_the_cpu_gets_its_tiles_on_its_own_device(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", TILED_FORCED)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    (fix,) = report["fixes"]
+    assert fix["proven"] and "vae.to(" not in fix["code"] and "self.net.to(" not in fix["code"], fix
+    assert "+            out[:, :, i:i + 4] = self.net(tile.to(next(self.net.parameters()).device))\n" in \
+        report["patch"], report["patch"]
+    _applied_clean(tmp_path, report)
+
+
+def test_a_model_moved_to_the_cpu_to_save_is_still_moved_back(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", SAVED_THEN_USED)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert not any("kept on cpu by the program" in f["code"] for f in report["fixes"]), report["fixes"]
+    assert "{k: v.cpu() for k, v in model.state_dict().items()}" in report["patch"], report["patch"]
 
 
 def test_a_load_with_assign_mid_run_is_fixed_at_its_line(tmp_path: Path) -> None:

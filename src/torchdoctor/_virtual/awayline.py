@@ -51,9 +51,11 @@ def away_fix(f: Fix, casts: Any, root: Any, used: list[Fix] | None = None) -> Fi
         return Fix(f"# {at} moves {saved[3]} to {device_str(went)} in place to save it ({saved[0]}: Module.cpu() moves the "
                    f"module, not a copy), and the run then meets it on {device_str(target)}: copy the state dict to "
                    f"the cpu instead: {saved[1]}", "note", target, sets=f.sets, diff=saved[2])
+    from torchdoctor._virtual.keptplace import built_and_placed
     from torchdoctor._virtual.offloaduse import use_fix
 
-    at_use = use_fix(f, casts, root)
+    # a module the program built there on purpose is no offload: kept there (``handover``, ``keptplace``)
+    at_use = use_fix(f, casts, root) if built_and_placed(file, line) is None else None
     if at_use is not None:
         if used is not None:
             used.append(at_use)

@@ -27,6 +27,7 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
     from torchdoctor._virtual.curdev import bare_move_fixes
     from torchdoctor._virtual.handover import handed_fixes
     from torchdoctor._virtual.hooked import mapped_paths
+    from torchdoctor._virtual.keptplace import kept_fixes
     from torchdoctor._virtual.directread import direct_reads
     from torchdoctor._virtual.metamade import meta_made
     from torchdoctor._virtual.intrefused import refusal_fixes
@@ -55,6 +56,7 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
                                             mapped=mapped_paths(main)) or [] if problems else []),
                           session._casts, main)
     items = handed_fixes(items, rec.cases.cases)  # a module kept elsewhere on purpose: its output moved where handed
+    items = kept_fixes(items, main, rec.cases.cases, rec.entry.given)  # ... and its inputs moved to it where it is called
     items = placed_fixes(items, main, session.device, problems, rec)  # parked arguments moved at the call; hooked
     items = bare_move_fixes(refusal_fixes(problems, items), problems, main)  # a kernel-refused int, a bare .cuda()
     items = assign_fixes(items, main)  # a model a load with assign=True put back on the cpu: that line fixed

@@ -37,8 +37,8 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
     owners = []
     for path, _ in f.sets:
         try:
-            owners.append(root.get_submodule(path.rsplit(".", 1)[0]) if "." in path else None)
-        except AttributeError:
+            owners.append(_held_at(root, path.rsplit(".", 1)[0]) if "." in path else None)
+        except (AttributeError, IndexError, ValueError):
             return None
     # the module's own move fixes only what .to() moves, and only a module left behind whole: every parameter and
     # buffer of it among the tensors fixed (a plain attribute, `blocks.1.shift`, is not moved by moving its block)
@@ -86,7 +86,8 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
     known = {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)} if fn is not None else set()
     exprs = [("device" if "device" in known else value_code(parts[0])) if isinstance(x, torch.device) else
              ("dtype" if "dtype" in known else value_code(x)) for x in parts]
-    if (wrapped := _wrapped(call, owners, parts[0])) is not None:  # the layer it wraps is where it belongs
+    if (wrapped := _wrapped(call, owners, parts[0]) or _read_layer(call, root, [p for p, _ in f.sets], parts[0])) \
+            is not None:  # the layer it wraps (or whose sizes it reads: ``Diff(m.out_features)``) is where it belongs
         exprs = [x if x in ("device", "dtype") else f"{wrapped}.weight.{'device' if i == 0 else 'dtype'}"
                  for i, x in enumerate(exprs)]
     raw, end = lines[call.lineno - 1], int(call.end_col_offset or 0)
@@ -101,6 +102,22 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
     return Fix(f"# {many[0]} built at {short} after the model was moved{cast}, on the cpu: move {many[1]} where "
                f"{many[2]} built ({ast.unparse(call)}{moved})", "note", target,
                sets=tuple((p, target) for p, _ in f.sets), diff=diff, rebuild=(cls, file, call.lineno, parts))
+
+
+def _held_at(root: torch.nn.Module, path: str) -> Any:
+    """The module at ``path`` of ``root``, through submodules and the plain lists a module holds modules in
+    (ComfyUI's ``weight_function = [lora_diff]``, which ``Module.to`` never reaches)."""
+    obj: Any = root
+    for part in path.split("."):
+        if isinstance(obj, torch.nn.Module) and part in obj._modules:
+            obj = obj._modules[part]
+        elif isinstance(obj, (list, tuple)) and part.isdigit():
+            obj = obj[int(part)]
+        else:
+            obj = getattr(obj, part)
+    if not isinstance(obj, torch.nn.Module):
+        raise AttributeError(path)
+    return obj
 
 
 def covered_notes(fixes: Sequence[Fix]) -> list[Fix]:
@@ -181,6 +198,28 @@ def _wrapped(call: ast.Call, owners: Sequence[Any], device: torch.device) -> str
         if len(kids) != 1 or not _there(kids[0].weight, device):
             return None
     return ast.unparse(call.args[0])
+
+
+def _read_layer(call: ast.Call, root: torch.nn.Module, paths: Sequence[str], device: torch.device) -> str | None:
+    """The one name whose attributes the call's arguments read (``m`` of ``LoraDiff(m.out_features,
+    m.in_features)``) when each module built hangs below a layer of the model whose ``weight`` is on ``device``
+    already (the layer ``m`` is, in the program's loop); None otherwise."""
+    names = {n.value.id for a in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(a)
+             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    if len(names) != 1:
+        return None
+    for path in paths:
+        parts = path.split(".")[:-1]
+        holder = None
+        while parts and holder is None:
+            parts.pop()
+            try:
+                holder = root.get_submodule(".".join(parts)) if parts else None
+            except AttributeError:
+                continue
+        if holder is None or not isinstance(w := getattr(holder, "weight", None), torch.Tensor) or not _there(w, device):
+            return None
+    return next(iter(names))
 
 
 class _Moved:

@@ -134,6 +134,7 @@ class EntryCheck:
         # path -> (its last change, when): a copy the program took to the cpu at its own line (``takenback``)
         self.changes: dict[str, tuple[str, float]] = {}
         self.copies: dict[str, str] = {}  # path -> "moved <path> at <line>": a copy handed in there, by its line
+        self.given: dict[int, dict[str, str]] = {}  # id of an outermost module -> its last call's tensors' devices
 
     def __call__(self, mod: nn.Module, path: str, args: Any) -> None:
         if path not in self.inputs and len(self.inputs) < _INPUTS and \
@@ -268,6 +269,10 @@ class EntryCheck:
             pos, varkw = (), None
         who = type(mod).__name__
         out = list(args)
+        if len(self.given) < 64:  # by the caller's label (``input 1 (attention_mask)``): ``keptplace`` moves them
+            self.given[id(mod)] = {(f"input {i} ({pos[i]})" if i < len(pos) else f"input {i}") if isinstance(i, int)
+                                   else f"kwarg {i}": device_str(tensor_device(a)) for i, a in
+                                   [*enumerate(args), *kwargs.items()] if isinstance(a, torch.Tensor)}
         for i, a in enumerate(args):
             if i < len(pos):
                 out[i] = _named(space, a, pos[i], f"input {i} ({{}})", who, _DEPTH, makers=self.made_args)

@@ -21,8 +21,11 @@ from torchdoctor._virtual.keepdtype import FLOATS, narrower_partner
 from torchdoctor._virtual.leftwhole import left_whole
 from torchdoctor._virtual.libout import library_line
 from torchdoctor._virtual.madeline import made_line_fix
+from torchdoctor._virtual.ownline import on_line, own_file
+from torchdoctor._virtual.readdtype import read_dtype_fix
 from torchdoctor._virtual.lifted import SOURCE as SWAPPED, swap_fix
 from torchdoctor._virtual.moveline import taken_back
+from torchdoctor._virtual.movedin import moved_in_fix
 from torchdoctor._virtual.meetsite import made_by, made_pass, meet_fix, written_follows
 from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage_note
 from torchdoctor._virtual.operandfix import reoperand
@@ -160,8 +163,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             if taken_back(factories, p, name, at, made_from[0], target):  # copies the program took back, handed in
                 continue
             where = "inside the forward" if p.module_path is not None else "by name"  # None: outside any module
-            factories.append(Fix(f"# {at} moves {name} to {p.found} {where}: move it to the device of the "
-                                 f"tensors it meets (e.g. .to(x.device)) instead", "note", sets=((made_from[0], target),)))
+            factories.append(moved_in_fix(made_from[0], p.found, target) or Fix(
+                f"# {at} moves {name} to {p.found} {where}: move it to the device of the tensors it meets (e.g. "
+                ".to(x.device)) instead", "note", sets=((made_from[0], target),)))
             continue
         if made_from and made_from[0].startswith(("draws at ", "sampler draws at ", "read at ")):  # at its line
             if (hf := host_fix(made_from[0], p.found, p.expected, target)).code not in {f.code for f in factories}:
@@ -181,7 +185,7 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             from torchdoctor._virtual.makers import operand_fix, reversed_by
             at_line = LINES.get(made_from[0].partition(" at ")[2], ("", 0))[0]
             fixed = operand_fix(made_from[0], target, p.module_path) if isinstance(target, (torch.dtype, torch.device)) and \
-                (not at_line or _own(at_line)) and not reversed_by(p, problems, sources or {}, have, mapped) else None
+                (not at_line or own_file(at_line)) and not reversed_by(p, problems, sources or {}, have, mapped) else None
             if fixed is not None and fixed[0] not in {f.code for f in factories}:
                 factories.append(Fix(fixed[0], "note", target, sets=((made_from[0], target),), diff=fixed[1],
                                      reoperand=reoperand(made_from[0], target)))  # a re-run gives it so there
@@ -309,6 +313,8 @@ def _at_maker(label: str, target: Any, made_args: Mapping[str, tuple[str, str, s
     """An argument the caller made with a factory at a line of its own file: that call fixed (``dtype=`` / ``device=``
     unless the line moves it after; a diff), never a cast or move after it; None when the line cannot be rewritten."""
     hit = (made_args or {}).get(label)
+    if (read := read_dtype_fix(label, target, made_args)) is not None:  # the program's dtype read there: kept
+        return read
     moved = hit is not None and re.search(r"\.(?:to|cuda|xpu|cpu)\(", linecache.getline(*LINES.get(hit[1], ("", 0))))
     if hit is not None and isinstance(target, torch.device) and hit[0].startswith("Tensor."):
         return op_moved(label, *hit[:2], target)  # a CPU op's result at the program's line: moved after it there
@@ -359,12 +365,12 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
             f"pass {kinds} ({maker}(..., {args}))"
     target = (dev, dt) if dev is not None and dt is not None else dev if dev is not None else dt
     file, line = LINES.get(at, ("", 0))
-    if file and _on_line(file, line, "trace") and "jit.trace(" in linecache.getline(file, line):  # a trace's example input
+    if file and on_line(file, line, "trace") and "jit.trace(" in linecache.getline(file, line):  # a trace's example input
         return Fix(f"# {said} at {at} made the example input torch.jit.trace recorded: what the trace computed from "
                    f"it is baked into the traced code as constants {found}; trace on the device it runs on (model and "
                    "example input moved first), or register the tensors the forward reads as buffers", "note",
                    tried="not re-run: a change of the traced code, not of a tensor the program passes")
-    if dev is not None and file and not _own(file) and re.search(r"\bdevice\s*=", linecache.getline(file, line)):
+    if dev is not None and file and not own_file(file) and re.search(r"\bdevice\s*=", linecache.getline(file, line)):
         return Fix(f"# {said} at {at} (a library's line) already makes its tensor on the device of what it is "
                    f"given (device=...): it was given tensors {found}; fix what the library's call receives, not "
                    "that line", "note", tried="not re-run: the library's line is as it should be")  # never a no-op
@@ -374,25 +380,13 @@ def factory_fix(key: str, wrong: dict[str, tuple[str, Any]]) -> Fix:
     wide = parse_dtype(wrong["dtype"][0]) if dev is not None and dt is not None and wrong["dtype"][0] in FLOATS \
         else None
     diff = maker_diff(maker, at, dev if dev is not None else dt, exprs, wide)
-    if diff is None and file and not _on_line(file, line, maker):  # made inside a library call at that line
+    if diff is None and file and not on_line(file, line, maker):  # made inside a library call at that line
         how = f"it was made inside the call at {at} (no {maker} there to change): move what that call returns " \
             f"(.to({', '.join(exprs.values())}))"
     # made so in a re-run where the line holds that one call (the diff found it alone on the line)
     # host-data makers are not seen by a function mode: the re-run follows their call at that line (``remake``)
     remake = (file, line, maker[6:], dev, dt) if file and maker.startswith("torch.") and diff is not None else None
     return Fix(f"# {said} made it {found}: {how}", "note", sets=((key, target),), diff=diff, remake=remake)
-
-
-def _own(file: str) -> bool:
-    from torchdoctor._guard.ownfile import own_file
-
-    return own_file(file)
-
-
-def _on_line(file: str, line: int, maker: str) -> bool:
-    """The factory's name is written on that line of the file (``torch.empty`` inside ``torch.load`` is not)."""
-    text = linecache.getline(file, line)
-    return not text or maker.rsplit(".", 1)[-1] + "(" in text
 
 
 _HELD_APART = ".forward.__self__."  # a module patched into another's forward: the model does not hold it

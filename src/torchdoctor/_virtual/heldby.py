@@ -20,10 +20,11 @@ _MAX_TENSORS = 20_000  # a holder bigger than this is not searched (the answer i
 
 
 def held_by(t: Any) -> str | None:
-    """``holder.path`` of the real tensor a lifted operand came from (``_td_real``), or None."""
+    """``holder.path`` of the real tensor a lifted operand came from (``_td_real``), or of the virtual tensor ``t``
+    itself, or None."""
     real = getattr(t, "_td_real", None)
-    if real is None:
-        return None
+    if real is None:  # a virtual tensor itself (a parameter of a copy no forward ran)
+        real = t
     frame = sys._getframe(1)
     while frame is not None:
         file = frame.f_code.co_filename

@@ -47,3 +47,16 @@ def source(file: str) -> tuple[ast.Module, str] | None:
         return ast.parse(text), text
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
         return None
+
+
+def own_file(file: str) -> bool:
+    """The program's own file (not a library's, not torch's)."""
+    from torchdoctor._guard.ownfile import own_file as own
+
+    return own(file)
+
+
+def on_line(file: str, line: int, maker: str) -> bool:
+    """The factory's name is written on that line of the file (``torch.empty`` inside ``torch.load`` is not)."""
+    text = linecache.getline(file, line)
+    return not text or maker.rsplit(".", 1)[-1] + "(" in text

@@ -329,10 +329,10 @@ def held_by(t: Any) -> str | None:
     """The program's name (``ema.weight``) for a real operand no module of the run holds (``heldby``); asked only
     when a problem is recorded."""
     real = getattr(t, "_td_real", None)
-    if real is None:
-        return None
-    from torchdoctor._virtual.deepheld import held_deep, library_move
     from torchdoctor._virtual.heldby import held_by as find
+    if real is None:  # a virtual leaf no forward named (an EMA copy moved to another GPU): by the program's frames
+        return find(t) if getattr(t, "_td_origin", None) is None else None
+    from torchdoctor._virtual.deepheld import held_deep, library_move
     from torchdoctor._virtual.stackview import held_locally
 
     # a module's tensor (``ema.weight``), else an object's (``ema.shadow_params[0]``), else, moved by a library's
