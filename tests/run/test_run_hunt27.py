@@ -24,11 +24,16 @@
   (``.to(next(self.parameters()).device)``), a diff, proven; before, only a comment said so.
 - An EMA copy kept on a second GPU and updated with ``torch._foreach_lerp_`` before it ever ran a forward: its
   parameter is named as the program holds it (``ema.0.weight``), never "a tensor made in forward".
+- A correct program that moves a Llama and its inputs to the device and calls ``generate`` inside
+  ``torch.inference_mode()``: it runs clean (the run itself raised "Cannot set version_counter for inference tensor"
+  on the mask's slice), and prints its tokens as on the machine.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from run.test_run_cli import run, write
 from run.test_run_hunt26 import _applied_clean, _report
@@ -227,6 +232,29 @@ def test_an_ema_copy_no_forward_ran_is_named_as_the_program_holds_it(tmp_path: P
     paths = [p["path"] for p in report["problems"]]
     assert paths and all(p.startswith("ema.") for p in paths), report["problems"]
     assert not any("made in forward" in p["message"] for p in report["problems"]), report["problems"]
+
+GENERATE_INFERENCE = """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    model = LlamaForCausalLM(cfg).eval().to(device)
+    enc = {"input_ids": torch.tensor([[0, 1, 5, 9]]), "attention_mask": torch.tensor([[0, 1, 1, 1]])}
+    enc = {k: v.to(model.device) for k, v in enc.items()}
+    with torch.inference_mode():
+        out = model.generate(**enc, max_new_tokens=2, do_sample=False)
+    print(out[0, :4])
+"""
+
+
+def test_generate_under_inference_mode_runs_clean(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    write(tmp_path / "app.py", GENERATE_INFERENCE)
+    proc = run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path)
+    report = _report(proc)
+    assert report["ok"] and report["exit_code"] == 0, (report, proc.stderr[-2000:])
+    assert "tensor([0, 1, 5, 9], device='cuda:0')" in proc.stdout, proc.stdout[:500]
 
 
 def test_a_component_in_another_dtype_than_the_program_reads_is_cast(tmp_path: Path) -> None:

@@ -124,7 +124,13 @@ def _pairs(before: Any, after: Any, back: dict[int, VirtualTensor]) -> None:
 
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     with torch._C.DisableTorchFunction():  # VirtualMode is for the user's Python, not for this machinery
+        if _INFERENCE() and func.is_view:  # a view under inference_mode: its wrapper is made as a normal tensor, as
+            with torch.inference_mode(False):  # torch makes a view of one (autograd then sets its version counter,
+                return _dispatch_op(func, args, kwargs)  # which an inference tensor refuses)
         return _dispatch_op(func, args, kwargs)
+
+
+_INFERENCE = torch.is_inference_mode_enabled
 
 
 V._DISPATCH[:] = [dispatch]

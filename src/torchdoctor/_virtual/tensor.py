@@ -245,10 +245,9 @@ class VirtualTensor(torch.Tensor):
     data = property(_get_data, _set_data)  # type: ignore[assignment]
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
-        from torchdoctor._placement import compact
+        from torchdoctor._virtual.shown import shown  # as torch prints it on that device, when it holds values
 
-        where = f", path={self._td_path!r}" if self._td_path else ""
-        return f"VirtualTensor({compact(self.dtype, tuple(self.shape), self._td_device)}{where})"
+        return shown(self)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> VirtualTensor:
         with torch._C.DisableTorchFunction():
