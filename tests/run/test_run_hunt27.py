@@ -27,10 +27,16 @@
 - A correct program that moves a Llama and its inputs to the device and calls ``generate`` inside
   ``torch.inference_mode()``: it runs clean (the run itself raised "Cannot set version_counter for inference tensor"
   on the mask's slice), and prints its tokens as on the machine.
+- A loss built with class weights the program computed on the cpu (pytorch#122757): the loss is moved where it is
+  built with the program's own device pick (``.to(device)``, never ``'cuda:0'``, which crashes the program's cpu
+  fallback), and the weights are said to be computed from ``labels_all`` (never "made by torch.randint as
+  labels_all": they are another tensor).
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -255,6 +261,28 @@ def test_generate_under_inference_mode_runs_clean(tmp_path: Path) -> None:
     report = _report(proc)
     assert report["ok"] and report["exit_code"] == 0, (report, proc.stderr[-2000:])
     assert "tensor([0, 1, 5, 9], device='cuda:0')" in proc.stdout, proc.stdout[:500]
+
+LOSS_WEIGHTS = """
+    import torch, torch.nn as nn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.Linear(8, 3).to(device)
+    labels_all = torch.randint(0, 3, (32,))
+    counts = torch.bincount(labels_all, minlength=3).float() + 1
+    class_weights = counts.sum() / (3 * counts)
+    loss_fn = nn.CrossEntropyLoss(weight=class_weights)
+    x, y = torch.randn(8, 8).to(device), labels_all[:8].to(device)
+    print(float(loss_fn(model(x), y)))
+"""
+
+
+def test_a_loss_built_with_host_weights_is_moved_with_the_programs_device_pick(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", LOSS_WEIGHTS)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    (problem,) = report["problems"]
+    assert "(computed on the host from `labels_all`, made by torch.randint at app.py:5)" in problem["message"], problem
+    assert "+loss_fn = nn.CrossEntropyLoss(weight=class_weights).to(device)\n" in report["patch"], report["patch"]
+    _applied_clean(tmp_path, report)
+    assert subprocess.run([sys.executable, "app.py"], cwd=tmp_path, capture_output=True, timeout=120).returncode == 0
 
 
 def test_a_component_in_another_dtype_than_the_program_reads_is_cast(tmp_path: Path) -> None:

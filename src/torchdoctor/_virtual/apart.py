@@ -173,6 +173,11 @@ def fix(a: Apart, culprits: list[tuple[str | None, str, str, Any]]) -> Fix:
                 targets.append(t)
     targets.sort(key=lambda v: isinstance(v, torch.dtype))  # device first, as .to takes them
     want = value_code(tuple(targets)) if len(targets) > 1 else value_code(targets[0])
+    if a.file and a.line and isinstance(targets[0], torch.device):  # the program's own device pick, never 'cuda:0'
+        from torchdoctor._virtual.devexpr import device_name  # written out (its cpu fallback would crash)
+
+        if (name := device_name(a.file, a.line)) is not None:
+            want = ", ".join([name, *(value_code(t) for t in targets[1:])])
     built = f", built at {_short(a.file)}:{a.line}" if a.file and a.line else ""
     called = f", called at {a.called_at}" if a.called_at else ""
     shown = ", ".join(str(c[0]) for c in culprits[:3])

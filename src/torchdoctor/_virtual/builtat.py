@@ -84,7 +84,10 @@ def build_line_fix(f: Fix, root: Any) -> Fix | None:
         parts = (parts[0], dt)  # (LoRA injected after a .to(device, dtype)): built there in the layer's dtype too
         target, cast = parts, f" and cast to {str(dt).rsplit('.', 1)[-1]}"
     known = {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)} if fn is not None else set()
-    exprs = [("device" if "device" in known else value_code(parts[0])) if isinstance(x, torch.device) else
+    from torchdoctor._virtual.devexpr import device_name
+
+    picked = device_name(file, call.lineno)  # the program's own device pick (never 'cuda:0' written out)
+    exprs = [("device" if "device" in known else picked or value_code(parts[0])) if isinstance(x, torch.device) else
              ("dtype" if "dtype" in known else value_code(x)) for x in parts]
     if (wrapped := _wrapped(call, owners, parts[0]) or _read_layer(call, root, [p for p, _ in f.sets], parts[0])) \
             is not None:  # the layer it wraps (or whose sizes it reads: ``Diff(m.out_features)``) is where it belongs

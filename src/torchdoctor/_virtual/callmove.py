@@ -123,7 +123,9 @@ def _written(where: tuple[str, int, str, Any, list[ast.expr]], parked: Sequence[
     from torchdoctor._report.diff import line_patch
 
     file, line, at, (raw, body, _), args = where
-    name = _device_name(file, line)
+    from torchdoctor._virtual.devexpr import device_name
+
+    name = device_name(file, line)
     if name is None or not body.isascii():
         return None
     pad, new = len(raw) - len(body), raw
@@ -143,23 +145,3 @@ def _written(where: tuple[str, int, str, Any, list[ast.expr]], parked: Sequence[
                f"move them there ({shown}); where they are parked stays as it is", "note", target,
                sets=tuple((f.label, target) for f in parked), diff=diff,
                reoperand=(file, line, simple[0], None, target) if called and len(simple) == 1 else None)
-
-
-def _device_name(file: str, line: int) -> str | None:
-    """The program's name for the device at the use's line: a module-level device pick (``device =
-    torch.device("cuda" if torch.cuda.is_available() else "cpu")``) bound before it that its function does not bind
-    again; None when there is none."""
-    from torchdoctor._virtual.devexpr import enclosing, tree_of
-
-    tree = tree_of(file)
-    fn = enclosing(file, line)
-    if tree is None or fn is None:
-        return None
-    mine = set() if fn is tree else {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)} | {
-        n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and \
-                stmt.lineno < line and stmt.targets[0].id not in mine and "is_available()" in ast.unparse(
-                    stmt.value):
-            return stmt.targets[0].id
-    return None

@@ -297,8 +297,10 @@ def op_moved(label: str, op: str, at: str, target: torch.device) -> Fix | None:
     if len(calls) != 1 or not body.isascii() or calls[0].end_col_offset is None:
         return None
     end = len(raw) - len(body) + int(calls[0].end_col_offset)
+    from torchdoctor._virtual.devexpr import device_name
+
     x = IN_SCOPE.get(at)
-    want = f"{x}.device" if x else value_code(target)
+    want = f"{x}.device" if x else device_name(file, line) or value_code(target)
     diff = line_patch(file, line, (raw[:end] + f".to({want})" + raw[end:]).strip())
     if diff is None:
         return None

@@ -9,7 +9,7 @@ import ast
 import linecache
 from typing import Any
 
-__all__ = ["enclosing", "function_at", "tree_of", "written_device"]
+__all__ = ["device_name", "enclosing", "function_at", "tree_of", "written_device"]
 
 _PARSED: dict[str, ast.Module | None] = {}  # an own file's parse, for the run's process (a fix's lines only)
 
@@ -65,3 +65,19 @@ def written_device(file: str, line: int) -> tuple[str, bool] | None:
     return min(found, key=lambda d: d[1], default=None)
 
 
+def device_name(file: str, line: int) -> str | None:
+    """The program's name for the device at the use's line: a module-level device pick (``device =
+    torch.device("cuda" if torch.cuda.is_available() else "cpu")``) bound before it that its function does not bind
+    again; None when there is none."""
+    tree = tree_of(file)
+    fn = enclosing(file, line)
+    if tree is None or fn is None:
+        return None
+    mine = set() if fn is tree else {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)} | {
+        n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and \
+                stmt.lineno < line and stmt.targets[0].id not in mine and "is_available()" in ast.unparse(
+                    stmt.value):
+            return stmt.targets[0].id
+    return None

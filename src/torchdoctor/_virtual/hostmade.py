@@ -215,7 +215,25 @@ def _computed_note(t: Any) -> str:
             getattr(made, "module", None) is not None:
         return ""
     name = bound_name(at)
+    if name and not _bound_to(name, t):  # computed later from the tensor that name holds (``w = n.sum() / n``)
+        return f" (computed on the host from `{name}`, made by {op} at {at})"
     return f" (made by {op} at {at}" + (f" as `{name}`)" if name else ")")
+
+
+def _bound_to(name: str, t: Any) -> bool:
+    """A live frame of the program binds ``name`` to ``t`` itself (else ``t`` was computed from what it holds);
+    True when no frame binds the name (nothing says otherwise)."""
+    import sys
+
+    f: Any = sys._getframe(2)
+    seen = False
+    while f is not None:
+        if name in f.f_locals:
+            if f.f_locals[name] is t:
+                return True
+            seen = True
+        f = f.f_back
+    return not seen
 
 
 def bound_name(at: str) -> str | None:

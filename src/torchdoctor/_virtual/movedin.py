@@ -40,8 +40,8 @@ def moved_in_fix(tag: str, found: str, target: Any) -> Fix | None:
     raw, body, parsed = read
     moves = [n for n in ast.walk(parsed) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
              n.func.attr == "to" and len(n.args) == 1 and not n.keywords and not _dtype(n.args[0])]
-    if len(moves) != 1 or moves[0].args[0].end_col_offset is None:
-        return None
+    if len(moves) != 1 or moves[0].args[0].end_col_offset is None or not _cached(moves[0].args[0]):
+        return None  # (a device written out is ``moveline``'s: moved to the device of what it meets)
     arg = moves[0].args[0]
     want = "next(self.parameters()).device"
     pad = len(raw) - len(body)
@@ -66,6 +66,13 @@ def _module_method(tree: ast.Module, line: int) -> bool:
                 bases = " ".join(ast.unparse(b) for b in cls.bases)
                 return bool(fn.args.args) and fn.args.args[0].arg == "self" and any(m in bases for m in _MODULES)
     return False
+
+
+def _cached(node: ast.expr) -> bool:
+    """An attribute the module keeps (``self.device``, ``self.config.device``): read from where it was cached."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "self"
 
 
 def _dtype(node: ast.expr) -> bool:
