@@ -31,6 +31,11 @@
   built with the program's own device pick (``.to(device)``, never ``'cuda:0'``, which crashes the program's cpu
   fallback), and the weights are said to be computed from ``labels_all`` (never "made by torch.randint as
   labels_all": they are another tensor).
+- A Llama placed on the program's ``offload_device`` and never loaded before a hand-written sampling loop on the GPU
+  (ComfyUI_YuE#30): parked there, not kept there on purpose, so the model is moved where it is used, to the device
+  of what it is given (``model.to(input_ids.device)(input_ids=...)``); the same model placed on a device the program
+  keeps it on (``lm_device``) has its input moved to it, and the printed fix reads as its patch (``model.device``
+  was rewritten to the program's global ``device``, a no-op).
 """
 
 from __future__ import annotations
@@ -283,6 +288,37 @@ def test_a_loss_built_with_host_weights_is_moved_with_the_programs_device_pick(t
     assert "+loss_fn = nn.CrossEntropyLoss(weight=class_weights).to(device)\n" in report["patch"], report["patch"]
     _applied_clean(tmp_path, report)
     assert subprocess.run([sys.executable, "app.py"], cwd=tmp_path, capture_output=True, timeout=120).returncode == 0
+
+LM_PLACED = """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    {name} = torch.device("cpu")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = LlamaForCausalLM(cfg).eval().to({name})
+
+    def stage(prompt):
+        ids = torch.tensor([prompt], device=device)
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[:, -1]
+        return logits
+
+    print(stage([1, 4, 8]).shape)
+"""
+
+
+@pytest.mark.parametrize("name", ["offload_device", "lm_device"])
+def test_a_model_parked_on_the_offload_device_is_loaded_where_it_is_used(tmp_path: Path, name: str) -> None:
+    pytest.importorskip("transformers")
+    write(tmp_path / "app.py", LM_PLACED.format(name=name))
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    (fix,) = report["fixes"]
+    assert fix["proven"], fix
+    want = "model.to(ids.device)(input_ids=ids)" if name == "offload_device" else "model(input_ids=ids.to(model.device))"
+    assert fix["code"].startswith(f"logits = {want}.logits[:, -1]  # at app.py:13"), fix["code"]
+    assert f"+        logits = {want}.logits[:, -1]\n" in report["patch"], report["patch"]
+    _applied_clean(tmp_path, report)
 
 
 def test_a_component_in_another_dtype_than_the_program_reads_is_cast(tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ def held_name(expr: str, names: Mapping[str, Any]) -> str | None:
     import torch
 
     parts = _parts(expr)
-    if not parts:
+    if not parts or parts[-1] in ("device", "dtype"):  # ``model.device``: what the program's `model` says it is on
         return None
     model = names.get("model", _MISSING)
     if model is not _MISSING and _resolve(model, parts) is not _MISSING:

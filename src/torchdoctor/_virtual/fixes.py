@@ -36,6 +36,7 @@ from torchdoctor._virtual.apart import Apart, at_root, find, fix as apart_fix, l
 from torchdoctor._virtual.callsite import caller_fix
 from torchdoctor._virtual.castfix import (NO_DEVICE_ARG, cast_fix, op_moved, each_maker, in_library, library_note,
                                           legacy_call, maker_diff, storage_fix, traced_note)
+from torchdoctor._virtual.heldby import NEVER_MOVED
 from torchdoctor._virtual.inplacefix import inplace_fix
 from torchdoctor._virtual.hostread import host_fix
 from torchdoctor._virtual.nofix import whole_move
@@ -136,9 +137,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
             if (kf := kept_fix(made_from[0])) is not None and kf.code not in {f.code for f in factories}:
                 factories.append(kf)  # its input (``keptside``)
             continue
-        if cases and (kept := inplace_fix(p, cases)) is not None:  # in place: what it reads goes to self's device
-            factories += [kept] if kept.code not in {f.code for f in factories} else []  # (one line: one fix)
-            continue
+        if cases and NEVER_MOVED not in p.message and (kept := inplace_fix(p, cases)) is not None:  # in place: what
+            factories += [kept] if kept.code not in {f.code for f in factories} else []  # it reads to self's device
+            continue  # (one line: one fix; a copy the program never moved is moved itself, below)
         if made_from and made_from[0].startswith(WIDENED) and (w := widened_fix(made_from[0], target, LINES)):
             if w.code not in {f.code for f in factories}:  # a line promoted the model's data: its value cast back
                 factories.append(w)

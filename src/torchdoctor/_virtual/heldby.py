@@ -47,3 +47,27 @@ def _in_locals(scope: dict[str, Any], real: torch.Tensor) -> str | None:
                 if found > _MAX_TENSORS:
                     break
     return None
+
+
+NEVER_MOVED = "; the program never moved "  # said of a held copy (fixes: its holder moved, never its in-place op's
+
+
+def never_moved(t: Any, path: str) -> str:  # operands)
+    """``; the program never moved ema`` when the holder of ``t`` named ``path`` (found as ``held_by`` finds it) is
+    a module no move of the program's own code touched: an EMA copy made before the model's move. A holder the
+    program moved (``self.module.to(device="cpu")``) is where the program keeps it: ''."""
+    from torchdoctor._virtual.modcast import _ACTIVE
+
+    if not _ACTIVE:
+        return ""
+    holder, frame = None, sys._getframe(1)
+    while frame is not None and holder is None:
+        if not any(s in frame.f_code.co_filename for s in _SKIP):
+            holder = next((m for name, m in list(frame.f_locals.items()) if isinstance(m, torch.nn.Module) and
+                           not name.startswith("__") and path.startswith(name + ".")), None)
+        frame = frame.f_back  # type: ignore[assignment]
+    if holder is None:
+        return ""
+    mods = {id(m) for m in holder.modules()}
+    moved = any((m := x[0]()) is not None and id(m) in mods for casts in list(_ACTIVE) for x in casts.moves)
+    return "" if moved else NEVER_MOVED + path.split(".", 1)[0]

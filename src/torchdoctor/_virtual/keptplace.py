@@ -92,7 +92,8 @@ def built_and_placed(file: str, line: int) -> str | None:
         return None
     if value.func.attr == "cpu" and not value.args:
         return '"cpu"'
-    if value.func.attr == "to" and len(value.args) == 1 and not value.keywords:
+    if value.func.attr == "to" and len(value.args) == 1 and not value.keywords and \
+            "offload" not in ast.unparse(value.args[0]).lower():  # parked on an offload device: loaded before use
         return ast.unparse(value.args[0])
     return None
 

@@ -183,8 +183,19 @@ def _why(comp: torch.nn.Module, kind: str, home: Any, f: Any) -> str | None:
         trail = casts.trails[i] if i < len(casts.trails) else None
         if trail is None or not trail.frames or trail.frames[0][2] is f.f_code:
             continue  # moved away in the function that uses it: that line is the fix (``awayline``)
+        if offload_named(last[2], last[3]):  # put on the program's offload device: to be loaded before its use
+            continue
         return f"{type(comp).__name__} is kept on {device_str(home)} on purpose ({last[4]} puts it there)"
     return None
+
+
+def offload_named(file: str, line: int) -> bool:
+    """The program's line moves a module to a device it names an offload (``.to(offload_device)``,
+    ``.to(self.offload_device)``): parked there between uses, never kept there on purpose."""
+    import linecache
+    import re
+
+    return bool(re.search(r"\.to\(\s*[\w.]*offload", linecache.getline(file, line), re.IGNORECASE))
 
 
 def _makers(f: Any, names: tuple[str, ...], rec: Any, kind: str) -> tuple[str, ...]:

@@ -189,7 +189,9 @@ def _at_use(use: Use, upath: str, casts: Any, away: int, n: int, target: torch.d
         code = (f"{stmt}  # before {use.at}: {said}; load it before each use, as "
                 f"{os.path.basename(load[0])}:{load[1]} did once (moving it back inside the offload would undo it)")
     else:
-        to = f"{use.arg}.device" if use.arg else repr(device_str(target))
+        from torchdoctor._virtual.devexpr import device_name
+
+        to = f"{use.arg}.device" if use.arg else device_name(use.file, use.line) or repr(device_str(target))
         a, b = use.span
         new = body[:a] + f"{use.func}.to({to})" + body[b:]
         code = f"{new}  # at {use.at}: {said}; move it to the device of what it is given where it is used"

@@ -15,6 +15,7 @@ from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
 from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest, policy_blamed
 from torchdoctor._virtual.metaread import offloaded_here
+from torchdoctor._virtual.heldby import never_moved
 from torchdoctor._virtual.movecheck import MoveChecks, not_refused
 from torchdoctor._virtual.patched import apart
 from torchdoctor._virtual.origin import from_origin, operand_at, ran_as_asked, where_called
@@ -96,8 +97,7 @@ class _Recorder(MoveChecks, StackView, Hooks):
     def _root_key(self) -> int:
         """The outermost running module: two roots of a run may hold one path (an Embedding's weight and a
         Linear's, both ``weight``), each its own problem; a tensor's entry finding and the ops that meet it, one."""
-        stack = self.modules.stack
-        return id(stack[0]) if stack else 0
+        return id(self.modules.stack[0]) if self.modules.stack else 0
 
     def culprits_first(self, problems: list[Problem], roots: list[Any]) -> list[Problem]:
         """Culprits first, the ops where problems surfaced second: the model tensors the policy finds off (scan's
@@ -162,8 +162,7 @@ class _Recorder(MoveChecks, StackView, Hooks):
         return ((*tags, f"operand {at}") if at is not None else tags), named
 
     def _promoted(self, f: Any, call: OpArgs) -> None:
-        """A model tensor of a wider floating dtype promotes what it meets: named by its path, as the model holds
-        it (its dtype problem is then recorded as any other)."""
+        """A model tensor of a wider floating dtype promotes what it meets: named by its path, as the model holds it."""
         for k in f.offenders:
             t = call.at(k)
             hit = self.promotions.path(t)
@@ -307,6 +306,7 @@ class _Recorder(MoveChecks, StackView, Hooks):
                 (p.kind, path, self._root_key()) if entry else (p.kind, net[2], found) if net else (p.kind, place, op, found)
             held = path is not None and t is not None and not t._td_path  # named by the program (``heldby``)
             role = self.roles.get(path or "", "held" if held else "activation")
+            message += never_moved(t, path) if held and role == "held" else ""  # an EMA copy made before the move
             if named_at is not None:  # fixed where the call passes it
                 self.sources.setdefault((p.kind, path or place, op, found), (f"operand {named_at}",))
             if not quiet:

@@ -81,7 +81,7 @@ def _calls(file: str, line: int) -> tuple[tuple[str, int, int, str], ...] | None
         for n in ast.walk(tree):
             if isinstance(n, ast.Call) and (_chain(n.func) is not None or _getter(n.func)) and \
                     n.func.end_col_offset is not None:
-                first = n.args[0] if n.args else None
+                first = n.args[0] if n.args else next((k.value for k in n.keywords if k.arg), None)  # (input_ids=)
                 arg = ast.unparse(first) if first is not None and _chain(first) is not None else ""
                 found.append((ast.unparse(n.func), n.func.col_offset, n.func.end_col_offset, arg))
         out = tuple(found)
