@@ -56,7 +56,7 @@ def never_moved(t: Any, path: str) -> str:  # operands)
     """``; the program never moved ema`` when the holder of ``t`` named ``path`` (found as ``held_by`` finds it) is
     a module no move of the program's own code touched: an EMA copy made before the model's move. A holder the
     program moved (``self.module.to(device="cpu")``) is where the program keeps it: ''."""
-    from torchdoctor._virtual.modcast import _ACTIVE
+    from torchdoctor._virtual.castlog import ACTIVE as _ACTIVE
 
     if not _ACTIVE:
         return ""
