@@ -54,6 +54,15 @@ KNOWN_MISSES = {
     "device__Torch-Pruning_344": "the device mismatch is said only in Chinese words, which hold no prefilter key",
     "device__pytorch_42358": "a reporter's words on an fc layer made after model.to(device); no message is quoted",
     "dtype__torch_migraphx_74": "MIGraphX's own 'same_type: add: Types do not match' of converted benchmark models",
+    # the nineteenth collection's fixtures left after sigs_nineteen (one thread each, no message to read)
+    "backend_op__intel-extension-for-pytorch_865": "the IPEX/torch version error is only a screenshot",
+    "device__elastic-ai.creator_267": "the title names 'CUDA tensors'; the traceback stops before the message",
+    "device__pytorch_geometric_9479": "'fails when using cuda device' with the traceback cut before the message",
+    "no_accel__FasterLivePortrait_57": "the docker container's missing GPU is said only in Chinese",
+    "no_accel__pytorch_143996": "the XPU example's traceback stops before its message",
+    "no_accel__pytorch_157775": "torch.xpu.is_available() crashes the process (exit code 0xC0000005); no message",
+    "no_accel__pytorch_194576": "a title naming mem_get_info's RuntimeError on WSL2; the message is not quoted",
+    "no_accel__stable-diffusion-webui_14461": "'--use-ipex doesn't appear to do anything' and install commands",
 }
 # Texts where the thread's category is the first alternative: nothing in the text points at quantization.
 TOP2_ONLY = {
@@ -66,6 +75,7 @@ TOP2_ONLY = {
 TOP2_OTHER = {
     "device__xtuner_399": "'qlora' is named beside 'cuda:6 and cuda:7'; one visible GPU fixed it",
     "no_accel__pytorch_149953": "'UR error' on a dtype cast is read as the XPU refusing the dtype; here every op failed",
+    "device__vllm_2108": "'load_in_4bit' is named beside 'cuda:0 and cuda:1'; the 4-bit model's inputs were on cuda:0",
 }
 
 

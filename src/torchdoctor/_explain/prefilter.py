@@ -17,7 +17,7 @@ all-capitals paste is read; logs over ``EXACT_BELOW`` characters take the fast p
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from torchdoctor._explain.escapes import unescape
@@ -26,10 +26,11 @@ from torchdoctor._explain.plaintext import clean_position, fold, raw_position, s
 __all__ = ["EXACT_BELOW", "Memo", "Prefilter", "key_of", "new_memo"]
 
 EXACT_BELOW = 1 << 18
-# Words real texts write in capitals anywhere (CUDA, CPU, BFloat16, PyTorch, FakeTensor ...): never part of a key.
+# Words real texts write in capitals anywhere (CUDA, CPU, BFloat16, PyTorch, FakeTensor, Python's False and None,
+# which rich also colours: "returns \x1b[1;36mFalse") ...: never part of a key.
 _CASED = re.compile(r"(?<![a-z])(?:cuda|cpu|xpu|mps|gpu|hpu|npu|nvidia|float|half|double|long|bool|int\d|bfloat|"
                     r"bf16|fp16|fp8|flash|torch|pytorch|python|macos|c\+\+|faketensor|params|int8params|xformers|"
-                    r"cublas|ipex|intel|apple|metal)")
+                    r"cublas|ipex|intel|apple|metal|(?:false|none)(?![a-z]))")
 # Each pass is one regular expression that starts with one literal character: Python's ``re`` then skips to the
 # next occurrence of that character in a C loop, where a pattern that starts with a character class costs about 7 ns
 # a character. So every key starts with (or holds) one of a few characters. A pass costs about the same whatever its
@@ -183,17 +184,16 @@ def new_memo() -> Memo:
 class Prefilter:
     """The anchors' keys as one pattern per pass character; ``hits`` yields where anchors are, one look per line."""
 
-    def __init__(self, anchors: Sequence[str]) -> None:
+    def __init__(self, anchors: Sequence[str], written: Mapping[str, str] | None = None) -> None:
         self.anchors = tuple(anchors)
         keys: dict[str, dict[tuple[str, str], set[int]]] = {c: {} for c in _PASSES}
         without: list[str] = []
         danger = set(self.anchors)  # what must not start inside a stripped prefix (``_inert``)
         for i, a in enumerate(self.anchors):
             ok = _stable(a)
-            # identifiers and titles are written in capitals too (CUBLAS_STATUS_NOT_SUPPORTED, Unhandled FakeTensor
-            # Device Propagation): the upper-case and title-case forms get a key where one holds a pass
-            # character, at no extra pass
-            for n, form in enumerate((a, a.upper(), a.title())):
+            # identifiers and titles are written in capitals (CUBLAS_STATUS_NOT_SUPPORTED, Unhandled FakeTensor Device
+            # Propagation), camelCase ones as ``written`` spells them: those forms get keys too, at no extra pass
+            for n, form in enumerate((a, a.upper(), a.title(), (written or {}).get(a, a))):
                 span = _key_span(form, ok)
                 if span is None:
                     if n == 0:

@@ -21,7 +21,7 @@ from torchdoctor._explain.escapes import unescape
 from torchdoctor._explain.plaintext import ANSI, fold
 from torchdoctor._explain.prefilter import EXACT_BELOW, Prefilter, new_memo
 from torchdoctor._explain.sigs_frames import WEAK_PREFIXES
-from torchdoctor._explain.signatures import Signature
+from torchdoctor._explain.signatures import WRITTEN, Signature
 from torchdoctor._explain.windows import DIGITS, Shapes, find_fields, own_trace, squeeze, uniform
 
 __all__ = ["BLOCK", "Group", "Scanner", "clean", "normalise"]
@@ -93,7 +93,7 @@ def _anchor_table() -> tuple[Prefilter, list[tuple[Signature, ...]]]:
         for sig in signatures():
             for a in sig.anchors:
                 table.setdefault(a, []).append(sig)
-        _ANCHORS = (Prefilter(list(table)), [tuple(s) for s in table.values()])
+        _ANCHORS = (Prefilter(list(table), WRITTEN), [tuple(s) for s in table.values()])
     return _ANCHORS
 
 

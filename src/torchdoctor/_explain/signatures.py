@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["CATEGORIES", "DEV", "DT", "Signature", "define", "register", "signatures"]
+__all__ = ["CATEGORIES", "DEV", "DT", "WRITTEN", "Signature", "define", "register", "signatures"]
 
 CATEGORIES = (
     "device_mismatch",
@@ -67,6 +67,10 @@ class Signature:
 
 _COMPILED: dict[tuple[str, ...], tuple[re.Pattern[str], ...]] = {}
 _REGISTRY: dict[str, Signature] = {}
+# An anchor that is one camelCase identifier (cudaErrorNoKernelImageForDevice, LoweringException) as its table
+# writes it: identifiers are never re-capitalised, so the prefilter keys that spelling (the lower-case one is no key)
+WRITTEN: dict[str, str] = {}
+_CAMEL = re.compile(r"[A-Za-z][a-z0-9]*(?:[A-Z][a-z0-9]+)+")
 
 
 def register(sig: Signature) -> Signature:
@@ -87,6 +91,8 @@ def signatures() -> tuple[Signature, ...]:
 
 def define(name: str, category: str, title: str, anchors: tuple[str, ...], what: str,
            causes: tuple[tuple[str, float], ...], *patterns: str, **kw: object) -> None:
-    """Register one signature; anchors may be written in any case (they are stored lower-case)."""
+    """Register one signature; anchors may be written in any case (they are stored lower-case; a camelCase
+    identifier's spelling is kept in ``WRITTEN``)."""
+    WRITTEN.update((a.lower(), a) for a in anchors if _CAMEL.fullmatch(a))
     anchors = tuple(a.lower() for a in anchors)
     register(Signature(name, category, title, anchors, what, causes, tuple(patterns), **kw))  # type: ignore[arg-type]

@@ -132,10 +132,14 @@ _sig("input_weight.types", "input_weight_type_mismatch", "Layer input and its we
      require_pattern=True, before=20, after=300)
 _sig("input_weight.legacy", "input_weight_type_mismatch", "Layer input and its weights differ (older wording)",
      ("to have the same type as tensor for argument",),
-     "A conv/linear layer (or its backward) got[ '{arg}'][ of type {input}] but its {param}[ is {weight}][: {diff}].",
+     "A conv/linear layer (or its backward) got[ '{arg}'][ of type {input}], not the type of its {param}[ "
+     "({weight})][: {diff}].",
      (("iw.model_not_on_device", 2.0), ("dt.input_not_cast", 1.5)),
      r"argument #\d{1,2} '?(?P<arg>\w{1,40})'? to have the same type as tensor for argument #\d{1,2} "
      r"'?(?P<param>\w{1,40})'?;? but type (?P<input>[\w.:]{1,40}) does not equal (?P<weight>[\w.:]{1,40})",
+     # the message cut before its types (a paste cut at the window's edge): the pair of arguments still says it
+     r"argument #\d{1,2} '(?P<arg>\w{1,40})' to have the same type as tensor for argument #\d{1,2} "
+     r"'(?P<param>\w{1,40})'",
      require_pattern=True, before=200, after=500)
 
 # --- loading a checkpoint saved on a device this machine lacks ---------------------------------------------
