@@ -55,8 +55,10 @@ def test_a_state_loaded_before_the_move_is_one_finding_with_its_fix() -> None:
     assert "optimizer state on cpu while its parameter is on cuda:0 (Adam opt)" in p.message
     fix = state_fix(p)
     assert fix is not None
-    assert "opt.load_state_dict(...)  # after model.to('cuda:0')" in fix
-    assert "torchdoctor.move(model, 'cuda:0', optimizer=opt)" in fix
+    # the program's own lines, swapped (``tests/run/test_run_s28.py`` applies the patch)
+    assert fix.startswith("# opt.load_state_dict(torch.load(buf)) ran before model.to('cuda')"), fix
+    assert "model.to('cuda')\nopt.load_state_dict(torch.load(buf))  # after the move" in fix
+    assert "torchdoctor.move(model, 'cuda:0', optimizer=opt)" in p.message  # the other way, said
 
 
 def test_the_fix_names_the_model_the_optimizer_trains() -> None:

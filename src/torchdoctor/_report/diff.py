@@ -124,6 +124,38 @@ def line_patch(path: str, lineno: int, new_line: str) -> str | None:
     return "".join(out)
 
 
+def move_patch(path: str, lo: int, hi: int, after: int) -> str | None:
+    """A unified diff of ``path`` with lines ``lo``..``hi`` (1-based, inclusive) moved to just after line ``after``
+    (below them), as they are; None when the file is not a readable text file, the lines do not exist, or a line
+    of the hunk has no line ending.
+
+    >>> import pathlib, tempfile
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "app.py").write_text("a\\nload\\nb\\nmove\\nc\\n")
+    >>> print(move_patch(str(folder / "app.py"), 2, 2, 4), end="")
+    --- a/app.py
+    +++ b/app.py
+    @@ -1,5 +1,5 @@
+     a
+    -load
+     b
+     move
+    +load
+     c
+    """
+    lines = _read_lines(path)
+    if lines is None or not 1 <= lo <= hi < after <= len(lines):
+        return None
+    start, end = max(1, lo - CONTEXT), min(len(lines), after + CONTEXT)
+    if not all(x.endswith("\n") for x in lines[start - 1: end]):
+        return None
+    name, size = repo_path(path), end - start + 1
+    out = [f"--- a/{name}\n", f"+++ b/{name}\n", f"@@ -{start},{size} +{start},{size} @@\n"]
+    out += [" " + x for x in lines[start - 1: lo - 1]] + ["-" + x for x in lines[lo - 1: hi]]
+    out += [" " + x for x in lines[hi: after]] + ["+" + x for x in lines[lo - 1: hi]]
+    return "".join(out + [" " + x for x in lines[after: end]])
+
+
 def merged(diffs: list[str]) -> str | None:
     """The one-line diffs ``line_patch`` writes, of one file or several, as one patch that ``git apply`` takes whole:
     two fixes three lines apart each quote the other's old line as context, so applied one after the other the second

@@ -31,13 +31,14 @@ from torchdoctor._virtual.intread import NUMPY, STORAGE, float_read_fix, storage
 from torchdoctor._virtual.operandfix import reoperand
 from torchdoctor._virtual.origin import IN_SCOPE, LINES
 from torchdoctor._virtual.devvars import CPU_ARG, named_device
-from torchdoctor._virtual.training import state_fix
+from torchdoctor._virtual.training import state_diff, state_fix
 from torchdoctor._virtual.apart import Apart, at_root, find, fix as apart_fix, loose_network_fix, network_fix
 from torchdoctor._virtual.callsite import caller_fix
 from torchdoctor._virtual.castfix import (NO_DEVICE_ARG, cast_fix, op_moved, each_maker, in_library, library_note,
                                           legacy_call, maker_diff, storage_fix, traced_note)
 from torchdoctor._virtual.heldby import NEVER_MOVED
 from torchdoctor._virtual.inplacefix import inplace_fix
+from torchdoctor._virtual.loadorder import swapped_load
 from torchdoctor._virtual.hostread import host_fix
 from torchdoctor._virtual.nofix import whole_move
 from torchdoctor._virtual.widened import KEY as WIDENED, widened_fix
@@ -96,7 +97,9 @@ def fix_items(problems: Sequence[Problem], device: torch.device, dtype: torch.dt
     unmoved = left_whole(problems, dict(have), {c[0] for _, c in rooted if c[0]}) if have else None  # a module never moved: one move, whole
     for p, made_from in each_maker(problems, sources or {}):
         if p.role == "optimizer" and (code := state_fix(p)) is not None:  # a state loaded off its params' device
-            if code not in {f.code for f in factories}:  # (or moved there by the program's own line, not back)
+            if code not in {f.code for f in factories} and (swap := state_diff(p)):  # the program's lines swapped
+                factories.append(swapped_load(code, swap, p, problems))
+            elif code not in {f.code for f in factories}:  # (or moved there by the program's own line, not back)
                 factories.append(Fix(code, "note", tried="not re-run: the move back is the program's own code" if
                                      code.startswith("# ") and "was moved to" in code else _LOAD_ORDER if
                                      code.startswith("# load ") else "not re-run: both ways "

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from torchdoctor._placement import compact, device_str, dtype_str, tensor_device
+from torchdoctor._virtual.loadorder import load_after_move, own_frame_file
 
 
 def _param_paths(rec: Any) -> dict[int, str]:
@@ -71,7 +72,11 @@ def _state_off(rec: Any, optimizer: Any,
     path = f"optimizer.state[{first}].{key}"
     more = f" and {len(off) - 1} more ({keys} of {params} parameter(s))" if len(off) > 1 else ""
     to = device_str(where)
-    fix = (f"# the state stays where it was loaded ({device_str(here)}): Module.to moves only the model\n"
+    order = load_after_move(file, held, model) if (file := own_frame_file()) else None
+    fix = (f"# {order[0]} ran before {order[1]}: the state stays where it was loaded ({device_str(here)}); Module.to "
+           f"moves only the model\n{order[1]}\n{order[0]}  # after the move: torch puts each state tensor on its "
+           "parameter's device") if order else (
+           f"# the state stays where it was loaded ({device_str(here)}): Module.to moves only the model\n"
            f"{held}.load_state_dict(...)  # after {model}.to({to!r}): torch puts each state tensor on its parameter's "
            f"device\n# or move the model and the state together, in place of {model}.to({to!r}):\n"
            f"torchdoctor.move({model}, {to!r}, optimizer={held})")
@@ -83,8 +88,11 @@ def _state_off(rec: Any, optimizer: Any,
     if moved is not None:  # the program's own offload between steps, or a load while a block was swapped out
         message, fix = f"{path} {compact(v.dtype, tuple(v.shape), here)}{more}: {moved[0]}", moved[1]
     STATE_FIXES[message] = fix
+    if order is not None and moved is None:  # the swap, as a patch of the program's file
+        STATE_DIFFS[message] = order[2]
     while len(STATE_FIXES) > 64:
-        STATE_FIXES.pop(next(iter(STATE_FIXES)))
+        STATE_DIFFS.pop(oldest := next(iter(STATE_FIXES)), None)
+        STATE_FIXES.pop(oldest)
     rec._note("device", path, device_str(here), to, message, op="Optimizer.step", role="optimizer",
               key=f"step:state:{id(optimizer)}")
     for _, k, t, dev, state, _ in off:  # as after the fix: each state tensor on its parameter's device
@@ -117,11 +125,17 @@ def _moved_away(v: torch.Tensor, param: torch.Tensor, key: str, held: str, to: s
 
 # a finding's message -> its fix as code (the optimizer named as the program holds it), for ``state_fix``
 STATE_FIXES: dict[str, str] = {}
+STATE_DIFFS: dict[str, str] = {}  # of a fix that swaps the program's load and move lines (``loadorder``)
 
 
 def state_fix(problem: Any) -> str | None:
     """The fix of an optimizer state left on another device (``check_step``'s finding), or None."""
     return STATE_FIXES.get(problem.message) if problem.role == "optimizer" else None
+
+
+def state_diff(problem: Any) -> str | None:
+    """The patch of that fix where it swaps the program's load and move lines, or None."""
+    return STATE_DIFFS.get(problem.message) if problem.role == "optimizer" else None
 
 
 def heldby_name(obj: Any) -> str | None:

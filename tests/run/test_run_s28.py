@@ -1,0 +1,130 @@
+"""Whole programs from the twenty-eighth session, each a mechanism the virtual run or its fix had wrong.
+
+- A training script that resumes from a checkpoint and loads the optimizer's state before it moves the model
+  (``opt.load_state_dict(ckpt["opt"])`` then ``model.to(device)``): torch puts each state tensor on its parameter's
+  device when the state is loaded, so the state stays on the cpu and the first step on the GPU raises. The fix is
+  the program's own two lines swapped (a diff, proven at the step, where the run put the state where the swapped
+  load puts it); applied, the run is clean. In a function, too. Where a line between reads the optimizer (a
+  scheduler built on it), the swap could change what that line sees: the fix stays advice, unproven, no patch.
+- An EMA copy made before the model's move and never moved (``ema = copy.deepcopy(model)``), updated in place:
+  the copy is moved (``ema.to(...)``), never the update's operands to the cpu "where the program keeps it" -- the
+  program never put it there (``tests/virtual/test_rt_training_apps.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from run.test_run_cli import run, write
+from run.test_run_hunt26 import _applied_clean, _report
+
+RESUME = """
+    import os, tempfile
+    import torch
+    from torch import nn
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    path = os.path.join(tempfile.mkdtemp(), "ckpt.pt")
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    net(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, path)
+
+    net2 = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt2 = torch.optim.AdamW(net2.parameters(), lr=1e-3)
+    ckpt = torch.load(path)
+    net2.load_state_dict(ckpt["model"])
+    opt2.load_state_dict(ckpt["opt"])
+    net2.to(device)
+    for _ in range(2):
+        loss = net2(torch.randn(4, 8, device=device)).sum()
+        opt2.zero_grad()
+        loss.backward()
+        opt2.step()
+    print("done")
+"""
+
+IN_FUNCTION = """
+    import io
+    import torch
+    from torch import nn
+
+    def resume(blob, device):
+        model = nn.Linear(8, 2)
+        optimizer = torch.optim.Adam(model.parameters())
+        state = torch.load(io.BytesIO(blob))
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        model = model.to(device)
+        return model, optimizer
+
+    m = nn.Linear(8, 2)
+    o = torch.optim.Adam(m.parameters())
+    m(torch.randn(2, 8)).sum().backward()
+    o.step()
+    buf = io.BytesIO()
+    torch.save({"model": m.state_dict(), "optimizer": o.state_dict()}, buf)
+    model, optimizer = resume(buf.getvalue(), torch.device("cuda"))
+    model(torch.randn(2, 8, device="cuda")).sum().backward()
+    optimizer.step()
+"""
+
+SCHEDULER_BETWEEN = """
+    import io
+    import torch
+    from torch import nn
+
+    m = nn.Linear(8, 2)
+    o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    m(torch.randn(2, 8)).sum().backward()
+    o.step()
+    buf = io.BytesIO()
+    torch.save(o.state_dict(), buf)
+    buf.seek(0)
+
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt.load_state_dict(torch.load(buf))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    model.cuda()
+    model(torch.randn(2, 8, device="cuda")).sum().backward()
+    opt.step()
+    sched.step()
+"""
+
+
+def test_a_state_loaded_before_the_move_is_loaded_after_it_by_a_proven_swap(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", RESUME)
+    report = _report(run("--device", "cuda:1", "--json", "app.py", cwd=tmp_path))
+    assert not report["ok"]
+    [p] = report["problems"]
+    assert p["role"] == "optimizer" and p["found"] == "cpu", p
+    [fix] = report["fixes"]
+    assert fix["proven"] is True, fix
+    assert fix["code"].startswith("# opt2.load_state_dict(ckpt['opt']) ran before net2.to(device)"), fix["code"]
+    assert "net2.to(device)\nopt2.load_state_dict(ckpt['opt'])  # after the move" in fix["code"], fix["code"]
+    assert '-opt2.load_state_dict(ckpt["opt"])\n net2.to(device)\n+opt2.load_state_dict(ckpt["opt"])\n' in \
+        report["patch"], report["patch"]
+    _applied_clean(tmp_path, report, "--device", "cuda:1")
+    assert "done" in run("app.py", cwd=tmp_path).stdout  # and on the cpu, as before
+
+
+def test_the_swap_in_a_function_and_an_assigned_move(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", IN_FUNCTION)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = report["fixes"]
+    assert fix["proven"] is True, fix
+    assert '-    optimizer.load_state_dict(state["optimizer"])\n     model = model.to(device)\n' \
+        '+    optimizer.load_state_dict(state["optimizer"])\n' in report["patch"], report["patch"]
+    _applied_clean(tmp_path, report)
+
+
+def test_a_line_between_that_reads_the_optimizer_keeps_the_fix_advice(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", SCHEDULER_BETWEEN)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [p] = report["problems"]
+    assert p["role"] == "optimizer", p
+    [fix] = report["fixes"]
+    assert fix["proven"] is False and not report["patch"], (fix, report["patch"])
+    assert "opt.load_state_dict(...)  # after model.to('cuda:0')" in fix["code"], fix["code"]
