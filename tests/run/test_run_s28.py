@@ -6,6 +6,11 @@
   the program's own two lines swapped (a diff, proven at the step, where the run put the state where the swapped
   load puts it); applied, the run is clean. In a function, too. Where a line between reads the optimizer (a
   scheduler built on it), the swap could change what that line sees: the fix stays advice, unproven, no patch.
+- A training loop's noise made on the cpu (``noise = torch.randn(latents.shape)``) and handed to a diffusers
+  scheduler's ``add_noise`` and then to the loss: it fails inside the library first and again at the loss line, so a
+  move where the loss line hands it on fixed one use of two (the old patch, "proven" on the library's op as well).
+  The maker is given the program's own device name (``device=device``, read from ``latents``' maker), proven at
+  every op; applied, the run is clean. A tensor handed on at one line only keeps its fix at that line.
 - An EMA copy made before the model's move and never moved (``ema = copy.deepcopy(model)``), updated in place:
   the copy is moved (``ema.to(...)``), never the update's operands to the cpu "where the program keeps it" -- the
   program never put it there (``tests/virtual/test_rt_training_apps.py``).
@@ -14,6 +19,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from run.test_run_cli import run, write
 from run.test_run_hunt26 import _applied_clean, _report
@@ -92,6 +99,39 @@ SCHEDULER_BETWEEN = """
     opt.step()
     sched.step()
 """
+
+
+NOISE_TWO_USES = """
+    import torch
+    from diffusers import DDPMScheduler
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sched = DDPMScheduler(num_train_timesteps=100)
+    unet = torch.nn.Conv2d(4, 4, 3, padding=1).to(device)
+    opt = torch.optim.AdamW(unet.parameters(), lr=1e-4)
+    for step in range(2):
+        latents = torch.randn(2, 4, 8, 8, device=device)
+        noise = torch.randn(latents.shape)
+        timesteps = torch.randint(0, 100, (2,), device=device)
+        noisy = sched.add_noise(latents, noise, timesteps)
+        loss = torch.nn.functional.mse_loss(unet(noisy), noise)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_a_tensor_handed_on_at_two_lines_is_made_on_the_device(tmp_path: Path) -> None:
+    pytest.importorskip("diffusers")
+    write(tmp_path / "app.py", NOISE_TWO_USES)
+    report = _report(run("--device", "cuda:1", "--json", "app.py", cwd=tmp_path))
+    assert not report["ok"]
+    [fix] = report["fixes"]
+    assert fix["proven"] is True, fix
+    assert "-    noise = torch.randn(latents.shape)\n+    noise = torch.randn(latents.shape, device=device)\n" in \
+        report["patch"], report["patch"]
+    assert "noise.to(" not in report["patch"]
+    _applied_clean(tmp_path, report, "--device", "cuda:1")
 
 
 def test_a_state_loaded_before_the_move_is_loaded_after_it_by_a_proven_swap(tmp_path: Path) -> None:

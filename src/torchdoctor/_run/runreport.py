@@ -35,7 +35,9 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
         self.missing = missing  # `-m NAME` named no runnable module (python's line): the program never ran
         self.ran = ran  # where a virtual run's work really ran ("ran on cuda:1", or the device the program picked)
         self.networks = networks  # networks patched into a model's forward, by the names the program holds them
-        self.fixes = fixes  # the virtual run's fix by parts (``_virtual.prove.Fix``), each proven at the op or not
+        # the virtual run's fix by parts (``_virtual.prove.Fix``), each proven at the op or not; one fix found by two
+        # problems of one cause (a tensor that reaches two ops) is listed once
+        self.fixes = tuple({(f.code, f.diff, f.proven): f for f in fixes}.values())
         self.internal: list[str] = []  # torchdoctor's own warnings while the program ran, one line each
         self.raised: Any = None  # the error that ended a program with nothing placed wrong (``_run.raised``)
         self.hooks: dict[str, str] = {}  # path -> an offload hook above it that the op went around

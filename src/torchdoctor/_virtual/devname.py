@@ -44,16 +44,22 @@ def named_fix(key: str, cases: Sequence[Any], target: torch.device) -> Fix | Non
     if not key.startswith("factory torch.") or not made_file or IN_SCOPE.get(at) or not own_file(made_file) or \
             _takes_device(made_file, made_line):
         return None
+    # the lines where the tensor is handed on by a name: one line is fixed at its use; more (a library's call,
+    # then the program's loss) would each need one, so the maker is fixed (``noise = torch.randn(..., device=d)``)
+    uses = {c.line for c in cases if c.line is not None and any(
+        key in n.tags and n.device != target for n in getattr(c, "names", ()))}
+    alone = len(uses) <= 1
     for c in cases:
         names = getattr(c, "names", ())
-        if c.line is None or not names or not own_file(c.line[0]):
+        if c.line is None or not names:
             continue
+        own = alone and own_file(c.line[0])
         wrong = [n for n in names if key in n.tags and n.device != target]
-        if len(wrong) != 1 or not wrong[0].local:
+        if len(wrong) != 1 or not wrong[0].local and own:
             continue
         w = wrong[0]
         file, line = c.line
-        moved = _moved_with(file, line, w.name)
+        moved = _moved_with(file, line, w.name) if own else None
         if moved is not None:  # the line moves its other tensors with the program's name: this one too
             fix = _at_use(key, c, w.name, moved, target, f"the line moves {moved[1]} with .to({moved[0]}) already")
             if fix is not None:
@@ -63,7 +69,7 @@ def named_fix(key: str, cases: Sequence[Any], target: torch.device) -> Fix | Non
             name = _named_device(p.tags, made_file, made_line)
             if name is not None:
                 return _at_maker(key, at, made_file, made_line, name[0], p.name, name[1], target)
-        if partners and partners[0].local:
+        if own and partners and partners[0].local:
             p = partners[0]
             return _at_use(key, c, w.name, (f"{p.name}.device", p.name), target,
                            f"it follows the device of {p.name}, wherever the program puts it")
