@@ -11,6 +11,14 @@
   move where the loss line hands it on fixed one use of two (the old patch, "proven" on the library's op as well).
   The maker is given the program's own device name (``device=device``, read from ``latents``' maker), proven at
   every op; applied, the run is clean. A tensor handed on at one line only keeps its fix at that line.
+- ``torch.arange`` on the cpu meeting a model on the GPU the program picked (``cuda:0``) while the run was asked for
+  another index (``--device cuda:1``): nanoGPT's ``pos = torch.arange(T)`` in forward and a caller's
+  ``position_ids`` into a Llama. The program's pick is the side to meet (the weights were blamed and moved to the
+  cpu, or the whole model "moved to cuda:1"); the maker is given the device, proven; applied, the run is clean.
+- A checkpoint loaded with ``map_location="cpu"`` whose class weights meet the GPU, and a draw from a generator on
+  the GPU with no ``device=``: the patch writes the program's own names (``map_location=device``,
+  ``device=generator.device``), never ``'cuda:0'`` (which crashes the program's cpu fallback); ``torch.load`` is
+  said to take ``map_location=``, never ``device=``.
 - An EMA copy made before the model's move and never moved (``ema = copy.deepcopy(model)``), updated in place:
   the copy is moved (``ema.to(...)``), never the update's operands to the cpu "where the program keeps it" -- the
   program never put it there (``tests/virtual/test_rt_training_apps.py``).
@@ -18,6 +26,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -168,3 +177,88 @@ def test_a_line_between_that_reads_the_optimizer_keeps_the_fix_advice(tmp_path: 
     [fix] = report["fixes"]
     assert fix["proven"] is False and not report["patch"], (fix, report["patch"])
     assert "opt.load_state_dict(...)  # after model.to('cuda:0')" in fix["code"], fix["code"]
+
+
+GPT_POS = """
+    import torch, torch.nn as nn
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    class TinyGPT(nn.Module):
+        def __init__(self, vocab=50, dim=16, ctx=16):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(ctx, dim)
+            self.head = nn.Linear(dim, vocab)
+
+        def forward(self, idx):
+            pos = torch.arange(idx.shape[1])
+            return self.head(self.tok(idx) + self.pos(pos))
+
+    model = TinyGPT().to(device)
+    print(model(torch.randint(0, 50, (2, 12), device=device)).shape)
+"""
+
+LLAMA_POSITIONS = """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).to(device)
+    batch = torch.randint(3, 128, (2, 12))
+    input_ids = batch.to(device)
+    position_ids = torch.arange(batch.shape[1]).unsqueeze(0).expand(2, -1)
+    model(input_ids=input_ids, position_ids=position_ids, labels=input_ids).loss.backward()
+"""
+
+
+@pytest.mark.parametrize("text, old, new", [
+    (GPT_POS, "        pos = torch.arange(idx.shape[1])\n", "        pos = torch.arange(idx.shape[1], device=idx.device)\n"),
+    (LLAMA_POSITIONS, "position_ids = torch.arange(batch.shape[1]).unsqueeze(0)",
+     "position_ids = torch.arange(batch.shape[1], device=device).unsqueeze(0)")], ids=["nanogpt pos", "llama position_ids"])
+def test_a_cpu_arange_meets_the_device_the_program_picked(tmp_path: Path, text: str, old: str, new: str) -> None:
+    if "transformers" in text:
+        pytest.importorskip("transformers")
+    write(tmp_path / "app.py", text)
+    report = _report(run("--device", "cuda:1", "--json", "app.py", cwd=tmp_path))
+    assert not report["ok"]
+    assert all(p["found"] == "cpu" and p["expected"] == "cuda:0" for p in report["problems"]), report["problems"]
+    assert not any(".data" in f["code"] or "move(model" in f["code"] for f in report["fixes"]), report["fixes"]
+    assert all(f["proven"] for f in report["fixes"]), report["fixes"]
+    assert f"-{old}" in report["patch"] and f"+{new}" in report["patch"], report["patch"]
+    _applied_clean(tmp_path, report, "--device", "cuda:1")
+
+
+CLASS_WEIGHTS = """
+    import io, torch, torch.nn as nn, torch.nn.functional as F
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    buf = io.BytesIO()
+    torch.save({"class_weights": torch.tensor([1.0, 2.0, 0.5])}, buf)
+    buf.seek(0)
+    ckpt = torch.load(buf, map_location="cpu", weights_only=True)
+    model = nn.Linear(12, 3).to(device)
+    x, y = torch.randn(8, 12, device=device), torch.randint(0, 3, (8,), device=device)
+    print(F.cross_entropy(model(x), y, weight=ckpt["class_weights"]).item())
+"""
+
+GENERATOR = """
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    generator = torch.Generator(device=device).manual_seed(42)
+    latents = torch.randn((1, 3, 8, 8), generator=generator)
+    print(latents.to(device).sum().item())
+"""
+
+
+@pytest.mark.parametrize("text, new, said", [
+    (CLASS_WEIGHTS, 'ckpt = torch.load(buf, map_location=device, weights_only=True)', "map_location=device"),
+    (GENERATOR, "latents = torch.randn((1, 3, 8, 8), generator=generator, device=generator.device).to('cpu')",
+     "device=generator.device")], ids=["map_location", "generator"])
+def test_a_patch_writes_the_programs_own_device_names(tmp_path: Path, text: str, new: str, said: str) -> None:
+    write(tmp_path / "app.py", text)
+    report = _report(run("--device", "cuda:1", "--json", "app.py", cwd=tmp_path))
+    assert not report["ok"]
+    assert f"+{new}\n" in report["patch"] and "cuda:0" not in report["patch"], report["patch"]
+    assert any(said in f["code"] for f in report["fixes"]) and not any(
+        "torch.load(..., device=" in f["code"] for f in report["fixes"]), report["fixes"]
+    subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
+    assert run("app.py", cwd=tmp_path).returncode == 0  # the program, patched, still runs on this cpu

@@ -44,11 +44,11 @@ def test_the_draw_is_made_on_the_generator_and_moved(tmp_path: Path) -> None:
     (fix,) = doc["fixes"]
     assert fix["code"].startswith("# app.py:3: torch.randn draws from a generator on cpu: draw on the generator's "
                                   "device and move the draw to cuda:0"), fix
-    assert "+lat = torch.randn(1, 4, 8, 8, generator=g, device='cpu').to('cuda')" in doc["patch"], doc["patch"]
+    assert "+lat = torch.randn(1, 4, 8, 8, generator=g, device=g.device).to('cuda')" in doc["patch"], doc["patch"]
     assert "no placement error" in again and "cuda:0" in again, again
 
 
 def test_a_device_read_from_the_input_is_where_the_draw_goes(tmp_path: Path) -> None:
     doc, again = _applied(tmp_path, LIKE_INPUT)
-    assert "+    return torch.rand(x.shape, generator=gen, device='cpu', dtype=x.dtype).to(x.device)" in doc["patch"]
+    assert "+    return torch.rand(x.shape, generator=gen, device=gen.device, dtype=x.dtype).to(x.device)" in doc["patch"]
     assert "no placement error" in again, again

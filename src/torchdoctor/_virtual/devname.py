@@ -186,8 +186,9 @@ def _at_maker(key: str, at: str, file: str, line: int, name: str, partner: str, 
     diff = maker_diff(op, at, target, {"device": name})
     if diff is None:
         return None
-    call = legacy_call(op, name) or f"{op}(..., device={name})"
-    return Fix(f"# {op} made it on cpu at {at}: pass device={name}, the program's name for the device {partner} is "
+    kw = "map_location" if op == "torch.load" else "device"  # (torch.load has no device=)
+    call = legacy_call(op, name) or f"{op}(..., {kw}={name})"
+    return Fix(f"# {op} made it on cpu at {at}: pass {kw}={name}, the program's name for the device {partner} is "
                f"on ({where}) ({call})", "note", target, sets=((key, target),), diff=diff,
                remake=(file, line, op[6:], target, None))
 

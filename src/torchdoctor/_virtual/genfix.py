@@ -40,12 +40,13 @@ def generator_fix(p: Problem, made_from: tuple[str, ...]) -> Fix | None:
     given = next((k.value for k in call.keywords if k.arg == "device"), None)
     to = ast.unparse(given) if given is not None else repr(p.found)
     end = pad + int(call.end_col_offset or 0)
-    if given is not None and given.end_col_offset is not None:
-        new = raw[:pad + given.col_offset] + repr(p.expected) + raw[pad + given.end_col_offset:end] + f".to({to})" + \
-            raw[end:]
+    gen = next(k.value for k in call.keywords if k.arg == "generator")  # its device as the program names it: the
+    home = f"{ast.unparse(gen)}.device" if isinstance(gen, (ast.Name, ast.Attribute)) else repr(p.expected)  # same
+    if given is not None and given.end_col_offset is not None:  # line on a machine whose generator is on the cpu
+        new = raw[:pad + given.col_offset] + home + raw[pad + given.end_col_offset:end] + f".to({to})" + raw[end:]
     else:
         sep = "" if raw[:end - 1].rstrip().endswith("(") else ", "
-        new = raw[:end - 1] + f"{sep}device={p.expected!r})" + f".to({to})" + raw[end:]
+        new = raw[:end - 1] + f"{sep}device={home})" + f".to({to})" + raw[end:]
     diff = line_patch(file, line, new.strip())
     if diff is None:
         return None

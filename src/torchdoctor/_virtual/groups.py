@@ -153,3 +153,14 @@ def policy_blamed(problems: list[Problem], roots: list[Any], have: set[str], spl
     except Exception:  # provenance is extra: the problems stand without it
         return []
     return blamed
+
+
+def picked(groups: Mapping[Any, Any], asked: torch.device) -> torch.device:
+    """The device a mismatch is judged against: the one asked for where an operand is on it, else the one of its
+    kind the program picked itself (``cuda:0`` under ``--device cuda:1``) where every other operand is on the cpu
+    (a caller's ``torch.arange`` meeting the model's side), else the one asked for."""
+    if asked in groups:
+        return asked
+    same = [v for v in groups if isinstance(v, torch.device) and v.type == asked.type]
+    rest = [v for v in groups if v not in same]
+    return same[0] if len(same) == 1 and rest and all(v.type == "cpu" for v in rest) else asked

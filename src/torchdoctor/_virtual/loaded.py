@@ -360,7 +360,9 @@ def map_diff(at: str, dev: Any) -> tuple[str, str] | None:
         ast.unparse(n.func).rsplit(".", 1)[-1] == function)]
     if len(calls) != 1 or calls[0].end_col_offset is None:
         return None
-    call, pad, want = calls[0], len(raw) - len(body), value_code(dev)
+    from torchdoctor._virtual.devexpr import device_name  # the program's own device pick, never 'cuda:0' written
+
+    call, pad, want = calls[0], len(raw) - len(body), device_name(file, line) or value_code(dev)
     given = next((k.value for k in call.keywords if k.arg == param), None)
     if given is not None and given.end_col_offset is not None:
         new = raw[:pad + given.col_offset] + want + raw[pad + given.end_col_offset:]

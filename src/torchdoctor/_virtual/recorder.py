@@ -13,7 +13,8 @@ from torchdoctor._rules.profile import DeviceProfile
 from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
-from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest, policy_blamed
+from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest, picked, \
+    policy_blamed
 from torchdoctor._virtual.metaread import offloaded_here
 from torchdoctor._virtual.heldby import never_moved
 from torchdoctor._virtual.movecheck import MoveChecks, not_refused
@@ -94,9 +95,8 @@ class _Recorder(MoveChecks, StackView, Hooks):
                           module_path=mpath, module_type=mtype, tensors=(f"{path}: {shown}",)),
                   key=(kind, path, self._root_key()))
 
-    def _root_key(self) -> int:
-        """The outermost running module: two roots of a run may hold one path (an Embedding's weight and a
-        Linear's, both ``weight``), each its own problem; a tensor's entry finding and the ops that meet it, one."""
+    def _root_key(self) -> int:  # two roots of a run may hold one path (an Embedding's and a Linear's ``weight``)
+        """The outermost running module: each root its own problem; a tensor's entry finding and its ops, one."""
         return id(self.modules.stack[0]) if self.modules.stack else 0
 
     def culprits_first(self, problems: list[Problem], roots: list[Any]) -> list[Problem]:
@@ -376,10 +376,11 @@ class _Recorder(MoveChecks, StackView, Hooks):
             return side  # a component kept so on purpose: the input handed to it is the odd one (``keptside``)
         if p.kind == "device" and len(groups) == 2 and len(with_entries) == 1:
             other = next(v for v in groups if v != with_entries[0])
-            if with_entries[0] == self.device and not self._dispatched():
-                return groups[other], self.device
+            if (with_entries[0] == self.device or with_entries[0].type == self.device.type and other.type == "cpu") \
+                    and not self._dispatched():  # (or on the index the program picked: cuda:0 for cuda:1)
+                return groups[other], with_entries[0]
             return groups[with_entries[0]], other
-        prefer = self.device if p.kind == "device" else self.dtype or self.model_dtype()
+        prefer = picked(groups, self.device) if p.kind == "device" else self.dtype or self.model_dtype()
         if prefer is not None and prefer in groups:  # the requested device / dtype, else the model's own dtype
             return [k for v, ks in groups.items() if v != prefer for k in ks], prefer
         return offenders, f.target
