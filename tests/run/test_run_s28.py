@@ -19,6 +19,10 @@
   the GPU with no ``device=``: the patch writes the program's own names (``map_location=device``,
   ``device=generator.device``), never ``'cuda:0'`` (which crashes the program's cpu fallback); ``torch.load`` is
   said to take ``map_location=``, never ``device=``.
+- A min-SNR weight that indexes a diffusers scheduler's cpu table with the GPU's timesteps
+  (``sched.alphas_cumprod[timesteps]``): the table is the odd one (the timesteps were moved to the cpu, which the
+  unet then met), moved to its indices' device where the program's line reads it, a diff, proven; never a
+  ``device=`` inside the library's ``linspace``.
 - An EMA copy made before the model's move and never moved (``ema = copy.deepcopy(model)``), updated in place:
   the copy is moved (``ema.to(...)``), never the update's operands to the cpu "where the program keeps it" -- the
   program never put it there (``tests/virtual/test_rt_training_apps.py``).
@@ -262,3 +266,35 @@ def test_a_patch_writes_the_programs_own_device_names(tmp_path: Path, text: str,
         "torch.load(..., device=" in f["code"] for f in report["fixes"]), report["fixes"]
     subprocess.run(["git", "apply", "-"], input=report["patch"], cwd=tmp_path, text=True, check=True, timeout=60)
     assert run("app.py", cwd=tmp_path).returncode == 0  # the program, patched, still runs on this cpu
+
+
+MIN_SNR = """
+    import torch
+    from diffusers import DDPMScheduler
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sched = DDPMScheduler(num_train_timesteps=100)
+
+    def min_snr_weights(timesteps, gamma=5.0):
+        alphas = sched.alphas_cumprod[timesteps]
+        snr = alphas / (1 - alphas)
+        return torch.clamp(snr, max=gamma) / snr
+
+    x0 = torch.randn(2, 3, 8, 8, device=device)
+    t = torch.randint(0, 100, (2,), device=device)
+    w = min_snr_weights(t)  # (before add_noise, which moves the scheduler's table to the samples' device for good)
+    noisy = sched.add_noise(x0, torch.randn_like(x0), t)
+    print((noisy.mean(dim=(1, 2, 3)) * w).sum().item())
+"""
+
+
+def test_a_librarys_cpu_table_indexed_on_the_device_is_moved_where_the_line_reads_it(tmp_path: Path) -> None:
+    pytest.importorskip("diffusers")
+    write(tmp_path / "app.py", MIN_SNR)
+    report = _report(run("--device", "cuda:1", "--json", "app.py", cwd=tmp_path))
+    assert not report["ok"]
+    [fix] = report["fixes"]
+    assert fix["proven"] is True and fix["code"].startswith(
+        "alphas = sched.alphas_cumprod.to(timesteps.device)[timesteps]  # app.py:8: "), fix
+    assert "+    alphas = sched.alphas_cumprod.to(timesteps.device)[timesteps]\n" in report["patch"], report["patch"]
+    assert "device='cpu'" not in report["patch"]
+    _applied_clean(tmp_path, report, "--device", "cuda:1")

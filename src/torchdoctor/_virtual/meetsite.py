@@ -107,8 +107,9 @@ def meet_fix(key: str, cases: Sequence[Any], target: torch.device) -> Fix | None
     else, when the program has a name for the device its tensors go to, the fix written with that name
     (``devname``); None otherwise."""
     from torchdoctor._virtual.devname import named_fix
+    from torchdoctor._virtual.tablefix import table_fix
 
-    return _meet(key, cases, target) or named_fix(key, cases, target)
+    return _meet(key, cases, target) or table_fix(key, cases, target) or named_fix(key, cases, target)
 
 
 def _meet(key: str, cases: Sequence[Any], target: torch.device) -> Fix | None:

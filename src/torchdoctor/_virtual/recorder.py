@@ -358,8 +358,8 @@ class _Recorder(MoveChecks, StackView, Hooks):
             return kept_dt  # an EMA kept in float32 updated in place from a bf16 model: what it reads is cast
         if p.kind == "device" and name in _INDEX_OPS and offenders and offenders[0][0] != 0 and not self._split():
             table = call.at((0, -1))  # a table left behind, indexed with indices on the device
-            if _is_entry(table) and not any(_is_entry(call.at(k)) for k in offenders):
-                return [(0, -1)], call.at(offenders[0])._td_device
+            if (_is_entry(table) or table._td_device.type == "cpu") and not any(_is_entry(call.at(k)) for k in offenders):
+                return [(0, -1)], call.at(offenders[0])._td_device  # (a scheduler's cpu table: moved at the line)
         value = (lambda t: norm_device(t._td_device)) if p.kind == "device" else (lambda t: t.dtype)
         groups: dict[Any, list[Any]] = {}
         for k in list(f.considered) or offenders:
