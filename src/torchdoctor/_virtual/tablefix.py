@@ -42,7 +42,7 @@ def table_fix(key: str, cases: Sequence[Any], target: torch.device) -> Fix | Non
             return None
         sub, pad = subs[0], len(raw) - len(body)
         idx = ast.unparse(sub.slice)
-        end = pad + sub.value.end_col_offset
+        end = pad + int(sub.value.end_col_offset or 0)
         new = raw[:end] + f".to({idx}.device)" + raw[end:]
         diff = line_patch(c.line[0], c.line[1], new.strip())
         if diff is None:
