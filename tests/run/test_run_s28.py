@@ -23,6 +23,9 @@
   (``sched.alphas_cumprod[timesteps]``): the table is the odd one (the timesteps were moved to the cpu, which the
   unet then met), moved to its indices' device where the program's line reads it, a diff, proven; never a
   ``device=`` inside the library's ``linspace``.
+- A ComfyUI-style model manager that unloads the text encoder to load the unet, and a second prompt encoded
+  after it: the encoder is moved back where the manager's unload put it away (named), never a move where it is
+  built (the old patch, "proven", which the unload undoes: the patched run failed the same way).
 - An EMA copy made before the model's move and never moved (``ema = copy.deepcopy(model)``), updated in place:
   the copy is moved (``ema.to(...)``), never the update's operands to the cpu "where the program keeps it" -- the
   program never put it there (``tests/virtual/test_rt_training_apps.py``).
@@ -298,3 +301,40 @@ def test_a_librarys_cpu_table_indexed_on_the_device_is_moved_where_the_line_read
     assert "+    alphas = sched.alphas_cumprod.to(timesteps.device)[timesteps]\n" in report["patch"], report["patch"]
     assert "device='cpu'" not in report["patch"]
     _applied_clean(tmp_path, report, "--device", "cuda:1")
+
+
+MANAGER = """
+    import torch, torch.nn as nn
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    class ModelManager:
+        def __init__(self):
+            self.loaded = []
+        def load_gpu(self, *models):
+            for m in list(self.loaded):
+                if m not in models:
+                    m.to("cpu"); self.loaded.remove(m)
+            for m in models:
+                if m not in self.loaded:
+                    m.to(device); self.loaded.append(m)
+
+    mm = ModelManager()
+    clip = nn.Sequential(nn.Embedding(100, 16), nn.Linear(16, 16))
+    unet = nn.Sequential(nn.Linear(16, 32), nn.SiLU(), nn.Linear(32, 16))
+    mm.load_gpu(clip)
+    ids = torch.randint(0, 100, (1, 8), device=device)
+    unet_in = clip(ids)
+    mm.load_gpu(unet)
+    unet(unet_in)
+    unet(clip(ids))  # the second prompt: load_gpu(unet) unloaded the encoder
+"""
+
+
+def test_a_module_a_manager_unloaded_is_never_moved_where_it_is_built(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", MANAGER)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert not report["ok"]
+    assert not report["patch"] or "nn.Linear(16, 16)).to(" not in report["patch"], report["patch"]
+    [fix] = report["fixes"]
+    assert fix["code"].startswith("clip.to(device)") and "put on cpu by `m.to(\"cpu\"); self.loaded.remove(m)`" in \
+        fix["code"], fix["code"]

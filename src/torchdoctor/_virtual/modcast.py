@@ -259,10 +259,11 @@ def _put_apart(f: Fix, casts: Casts, root: Any) -> Fix:
         return f
     inside = {id(m) for m in root.modules()} if isinstance(root, torch.nn.Module) else set()
     hit = next((x for x in reversed(casts.moves) if (m := x[0]()) is not None and id(m) not in inside and
-                x[1].type != target.type and (type(m).__name__ == f.label if held is None else re.search(
+                (type(m).__name__ == f.label if held is None else re.search(
                     rf"(?<![\w.]){re.escape(held)}\b", linecache.getline(x[2], x[3])))), None)
-    if hit is None:
+    if hit is None or hit[1].type == target.type:  # its last move by the program: to another kind of device
         return f
+    f.diff = None  # a move where it is built is undone by that line (a manager's unload): advice, where it is used
     text = re.sub(r"\s+#[^'\"]*$", "", linecache.getline(hit[2], hit[3]).strip())  # the code, not its comment
     put = f"put on {hit[1]} by `{text}` at {hit[4]}" if text else f"put on {hit[1]} at {hit[4]}"
     for was in (f": {held} was made before the move, or never moved", "; move it where it is built"):
