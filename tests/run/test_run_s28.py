@@ -26,6 +26,9 @@
 - A ComfyUI-style model manager that unloads the text encoder to load the unet, and a second prompt encoded
   after it: the encoder is moved back where the manager's unload put it away (named), never a move where it is
   built (the old patch, "proven", which the unload undoes: the patched run failed the same way).
+- A ``.float()`` in the forward of a model the program puts in ``float16`` on a GPU and ``bfloat16`` on the cpu:
+  the cast is written with the layer's dtype as the program names it (``self.fc1(h.to(self.fc1.weight.dtype))``),
+  never ``torch.float16`` written out (which broke the program's bf16 branch on the cpu).
 - An EMA copy made before the model's move and never moved (``ema = copy.deepcopy(model)``), updated in place:
   the copy is moved (``ema.to(...)``), never the update's operands to the cpu "where the program keeps it" -- the
   program never put it there (``tests/virtual/test_rt_training_apps.py``).
@@ -338,3 +341,33 @@ def test_a_module_a_manager_unloaded_is_never_moved_where_it_is_built(tmp_path: 
     [fix] = report["fixes"]
     assert fix["code"].startswith("clip.to(device)") and "put on cpu by `m.to(\"cpu\"); self.loaded.remove(m)`" in \
         fix["code"], fix["code"]
+
+
+UPCAST = """
+    import torch, torch.nn as nn
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+
+    class Head(nn.Module):
+        def __init__(self, dim=16):
+            super().__init__()
+            self.norm, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 32), nn.Linear(32, 4)
+
+        def forward(self, x):
+            h = self.norm(x)
+            h = self.fc1(h.float())
+            return self.fc2(torch.relu(h))
+
+    model = Head().to(device, dtype).eval()
+    with torch.no_grad():
+        print(model(torch.randn(3, 16, device=device, dtype=dtype)).dtype)
+"""
+
+
+def test_a_cast_into_a_layer_is_written_with_the_layers_own_dtype(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", UPCAST)
+    report = _report(run("--device", "cuda:1", "--json", "app.py", cwd=tmp_path))
+    assert not report["ok"]
+    assert "+        h = self.fc1(h.to(self.fc1.weight.dtype))\n" in report["patch"], report["patch"]
+    _applied_clean(tmp_path, report, "--device", "cuda:1")
+    assert "bfloat16" in run("app.py", cwd=tmp_path).stdout  # the cpu branch, patched, runs

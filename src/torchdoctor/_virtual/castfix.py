@@ -61,7 +61,7 @@ def cast_fix(p: Problem, at: str, target: Any, module_path: Callable[[Any], str 
     src = f" (dtype read from {site.read_from})" if site.read_from else ""
     return Fix(f"# {site.at}: `{site.text}` casts to {dtype_str(site.dtype)}{src} where {p.op} computes in "
                f"{dtype_str(target)}: cast to {dtype_str(target)} there (or to the dtype of the tensor it meets, "
-               "x.to(other.dtype))", "line", target, site=site, diff=_diff(site, target),
+               "x.to(other.dtype))", "line", target, site=site, diff=_diff(site, target, p.module_path),
                sets=((f"cast at {at}", target),))
 
 
@@ -92,7 +92,7 @@ def library_note(fix: Fix) -> Fix:
                f"{dtype_str(fix.target)}, never that line", "note", fix.target, site=site)
 
 
-def _diff(site: Any, target: torch.dtype) -> str | None:
+def _diff(site: Any, target: torch.dtype, layer: str | None = None) -> str | None:
     """The cast's line rewritten to ``target`` as a unified diff, when the line is in the user's own file."""
     from torchdoctor._guard.ownfile import own_file
     from torchdoctor._report.diff import line_patch
@@ -100,7 +100,7 @@ def _diff(site: Any, target: torch.dtype) -> str | None:
 
     if not own_file(site.file):
         return None
-    new = patched_line(site, target)
+    new = patched_line(site, target, layer)
     return line_patch(site.file, site.lineno, new) if new is not None else None
 
 

@@ -123,13 +123,18 @@ def _read_from(site: CastSite, frame: Any) -> None:
         site.attr, site.module = attr, weakref.ref(obj)
 
 
-def patched_line(site: CastSite, want: torch.dtype) -> str | None:
+def patched_line(site: CastSite, want: torch.dtype, layer: str | None = None) -> str | None:
     """The cast's line with the cast writing ``want`` instead (``h.float()`` -> ``h.to(torch.bfloat16)``), for the
-    diff; None when the line holds no cast this can rewrite."""
+    diff; None when the line holds no cast this can rewrite. Where the cast feeds a layer of the module whose forward
+    casts (``self.fc1(h.float())``) held in ``want`` (``layer``: the path of the layer whose op failed), the layer's
+    dtype as the program names it (``h.to(self.fc1.weight.dtype)``): right under whatever dtype the program picks."""
     from torchdoctor._placement import dtype_str
 
     line = linecache.getline(site.file, site.lineno).rstrip("\r\n")
-    new = f".to(torch.{dtype_str(want)})"
+    named = _layer_dtype(site, line, want, layer)
+    new = f".to({named or 'torch.' + dtype_str(want)})"
+    if named is not None and re.search(_METHOD, line):
+        return re.sub(_METHOD, new, line, count=1)
     if re.search(_METHOD, line):
         return re.sub(_METHOD, new, line, count=1)
     m = re.search(_TO, line)
@@ -159,3 +164,15 @@ def _dtype_only(args: str, want: str) -> str | None:
     if node is None or node.end_col_offset is None:
         return None
     return args[:node.col_offset - 2] + want + args[node.end_col_offset - 2:]
+
+
+def _layer_dtype(site: CastSite, line: str, want: torch.dtype, layer: str | None) -> str | None:
+    """``self.fc1.weight.dtype`` where the line hands the cast to ``self.fc1(...)``, the layer whose op failed in
+    ``want`` (or, its module known, a layer whose weight is in ``want``); else None."""
+    m = re.search(r"\bself\.(\w+)\(([^()]*(?:\([^()]*\))?[^()]*)\)", line)
+    if m is None or site.cast not in m.group(2):
+        return None
+    owner = site.owner()
+    weight = getattr(getattr(owner, m.group(1), None), "weight", None) if owner is not None else None
+    ok = weight.dtype == want if isinstance(weight, torch.Tensor) else (layer or "").rsplit(".", 1)[-1] == m.group(1)
+    return f"self.{m.group(1)}.weight.dtype" if ok else None
