@@ -96,7 +96,9 @@ def test_each_planted_bug_is_named_at_its_line_and_one_proven_patch_fixes_the_pr
     assert trace.rstrip().endswith("^") and 'app.py", line 37, in <module>' in trace and "_virtual" not in trace
     assert numpy["where"] == "app.py:37 in <module>" and numpy["fix_from"] == "guard"
     assert "fix proven" in numpy["culprit"] and "img.float().cpu().numpy()" in numpy["fix"]
-    assert [f["proven"] for f in report["fixes"]] == [True, True] and all(f["diff"] for f in report["fixes"])
+    # the virtual run's two fixes, then the raised error's (kind "finding"), each proven, each a diff
+    assert [(f["kind"] == "finding", f["proven"]) for f in report["fixes"]] == [(False, True), (False, True), (True, True)]
+    assert all(f["diff"] for f in report["fixes"])
     # one patch for the three fixes: the per-fix diffs quote each other's old lines and do not apply one after another
     (tmp_path / "all.patch").write_text(report["patch"], encoding="utf-8")
     applied = subprocess.run(["git", "apply", "--unsafe-paths", "all.patch"], cwd=tmp_path, capture_output=True,

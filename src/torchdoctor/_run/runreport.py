@@ -72,7 +72,8 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
                               "trace": self.notes.get(p.path), "hook": self.hooks.get(p.path)}
                              for p in self.problems],
                 "causes": [c.to_dict() for c in self._causes()],
-                "fixes": [f.to_dict() for f in self.fixes], "patch": self.patch(),
+                "fixes": [f.to_dict() for f in self.fixes] + [_finding_fix(f) for f in self.findings if f.fix],
+                "patch": self.patch(),
                 "stopped": self.stopped, "expected": self.expected, "ran": self.ran, "internal": self.internal,
                 "raised": self.raised.to_dict() if self.raised is not None else None}
 
@@ -161,7 +162,17 @@ def _once(block: list[str]) -> list[str]:
 
 
 def _proven(f: Any) -> bool | None:
-    """Whether a finding's fix was proven, as its ``fix proven`` / ``fix unproven`` line says; None when none says."""
-    said = [x.strip() for x in (f.culprit or "").splitlines() if x.strip().startswith(("fix proven", "fix unproven"))]
+    """Whether a finding's fix was proven, as its ``fix proven`` / ``fix unproven`` line says (in the culprit's text
+    or the fix's, as a comment or not); None when none says."""
+    lines = (x.strip().removeprefix("#").strip() for x in f"{f.culprit or ''}\n{f.fix or ''}".splitlines())
+    said = [x for x in lines if x.startswith(("fix proven", "fix unproven"))]
     return said[0].startswith("fix proven") if said and f.fix else None
+
+
+def _finding_fix(f: Any) -> dict[str, Any]:
+    """A raised error's fix in the JSON's ``fixes``, as the virtual run's are listed (``kind``: ``finding``)."""
+    out: dict[str, Any] = {"code": f.fix, "kind": "finding", "proven": bool(_proven(f)), "tried": ""}
+    if f.diff:
+        out["diff"] = f.diff
+    return out
 
