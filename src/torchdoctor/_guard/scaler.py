@@ -82,8 +82,9 @@ def _report(session: Any, dtype: torch.dtype, frames: list[Any], original: str |
                 f"trained parameter{'s are' if many else ' is'} float16 themselves")
         why = "trained in float16: expected float32 master weights"
         proof = _prove([p for _, p in half])
-        fix = (f"{var}.float()  # float32 master weights; keep `with torch.autocast(..., dtype=torch.float16)` around "
-               "the forward and the GradScaler\n# or train in bfloat16 with no GradScaler: "
+        fix = (f"{var}.float()  # float32 master weights; run the forward under `with torch.autocast(..., "
+               "dtype=torch.float16)` (keep it, or add it: float16 inputs then meet float32 weights in float16 ops) "
+               "and keep the GradScaler\n# or train in bfloat16 with no GradScaler: "
                f"{var}.to(torch.bfloat16)")
         said = "GradScaler needs float32 master weights (autocast computes in float16)"
     else:
@@ -204,7 +205,8 @@ def _prove(params: list[torch.Tensor]) -> str:
     if fixed is not None:
         return f"fix unproven: GradScaler.unscale_ of float32 copies of the {n} raised {type(fixed).__name__}: {fixed}"
     return (f"fix proven: a GradScaler unscales float32 copies of the {n} and their gradients (float32 master "
-            "weights)" + (", and refuses the float16 ones as the program's did" if again is not None else ""))
+            "weights)" + (", and refuses the float16 ones as the program's did" if again is not None else "") +
+            " (the step; the forward's dtypes are autocast's)")
 
 
 def _cast_line(frames: list[Any], model: torch.nn.Module, dtype: torch.dtype = torch.float16,
