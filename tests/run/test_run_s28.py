@@ -29,6 +29,10 @@
 - A ``.float()`` in the forward of a model the program puts in ``float16`` on a GPU and ``bfloat16`` on the cpu:
   the cast is written with the layer's dtype as the program names it (``self.fc1(h.to(self.fc1.weight.dtype))``),
   never ``torch.float16`` written out (which broke the program's bf16 branch on the cpu).
+- A Forge-style low-vram model whose blocks a forward pre-hook of the program's own moves to the GPU per call,
+  and whose root holds a ``pos_embed`` Parameter no hook moves: the run never saw the model moved, so the
+  parameter was taken for an activation ("the tensors made on cpu ... tensor.to('cuda:0')", no patch); it is the
+  root's own parameter, moved where the forward reads it (``self.pos_embed.to(x.device)``), a diff, proven.
 - An EMA copy made before the model's move and never moved (``ema = copy.deepcopy(model)``), updated in place:
   the copy is moved (``ema.to(...)``), never the update's operands to the cpu "where the program keeps it" -- the
   program never put it there (``tests/virtual/test_rt_training_apps.py``).
@@ -371,3 +375,39 @@ def test_a_cast_into_a_layer_is_written_with_the_layers_own_dtype(tmp_path: Path
     assert "+        h = self.fc1(h.to(self.fc1.weight.dtype))\n" in report["patch"], report["patch"]
     _applied_clean(tmp_path, report, "--device", "cuda:1")
     assert "bfloat16" in run("app.py", cwd=tmp_path).stdout  # the cpu branch, patched, runs
+
+
+LOWVRAM = """
+    import torch, torch.nn as nn
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    class DiT(nn.Module):
+        def __init__(self, d=16, n=3):
+            super().__init__()
+            self.pos_embed = nn.Parameter(torch.zeros(1, 8, d))
+            self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d)) for _ in range(n))
+        def forward(self, x):
+            x = x + self.pos_embed
+            for b in self.blocks:
+                x = x + b(x)
+            return x
+
+    model = DiT()
+    for blk in model.blocks:
+        blk.register_forward_pre_hook(lambda module, args: module.to(device))
+        blk.register_forward_hook(lambda module, args, out: module.to("cpu"))
+    with torch.no_grad():
+        print(model(torch.randn(2, 8, 16, device=device)).shape)
+"""
+
+
+def test_a_roots_own_parameter_beside_hook_placed_blocks_is_moved_where_it_is_read(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", LOWVRAM)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    assert not report["ok"]
+    [p] = report["problems"]
+    assert (p["path"], p["role"]) == ("pos_embed", "parameter"), p
+    [fix] = report["fixes"]
+    assert fix["proven"] is True and fix["code"].startswith("x = x + self.pos_embed.to(x.device)"), fix
+    assert "+        x = x + self.pos_embed.to(x.device)\n" in report["patch"], report["patch"]
+    _applied_clean(tmp_path, report)

@@ -164,3 +164,16 @@ def picked(groups: Mapping[Any, Any], asked: torch.device) -> torch.device:
     same = [v for v in groups if isinstance(v, torch.device) and v.type == asked.type]
     rest = [v for v in groups if v not in same]
     return same[0] if len(same) == 1 and rest and all(v.type == "cpu" for v in rest) else asked
+
+
+def root_holds(stack: Sequence[Any], path: str) -> bool:
+    """The outermost running module holds a Parameter at ``path``: a model the run never saw moved (its layers
+    placed by hooks of the program's own) still names its own parameters as parameters."""
+    if not stack or not isinstance(stack[0], torch.nn.Module):
+        return False
+    owner, _, name = path.rpartition(".")
+    try:
+        mod = stack[0].get_submodule(owner) if owner else stack[0]
+    except AttributeError:
+        return False
+    return name in getattr(mod, "_parameters", {})

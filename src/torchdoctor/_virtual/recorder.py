@@ -14,7 +14,7 @@ from torchdoctor._rules.registry import OpArgs
 from torchdoctor._report.model import Problem
 from torchdoctor._placement import FLOAT8_DTYPES, norm_device, compact, device_str, dtype_str, parse_device
 from torchdoctor._virtual.groups import at_entry as _at_entry, culprits_then_rest as _culprits_then_rest, picked, \
-    policy_blamed
+    policy_blamed, root_holds
 from torchdoctor._virtual.metaread import offloaded_here
 from torchdoctor._virtual.heldby import never_moved
 from torchdoctor._virtual.movecheck import MoveChecks, not_refused
@@ -265,8 +265,7 @@ class _Recorder(MoveChecks, StackView, Hooks):
                 message += library_line(1) or ""
             if p.kind == "unsupported_dtype" and origin is not None and origin.source.at:  # its maker's line
                 message += f"; the operand is {origin.describe(self.modules.path_of)}"
-            if anchor is not None:
-                expected = device_str(anchor) if on_device else dtype_str(anchor)
+            expected = (device_str(anchor) if on_device else dtype_str(anchor)) if anchor is not None else expected
             if t is not None and p.kind != "unsupported_dtype":
                 found = device_str(t._td_device) if on_device else dtype_str(t.dtype)
                 net = apart(origin.source, self.roots or self.modules.outermost) if origin is not None else None
@@ -305,7 +304,8 @@ class _Recorder(MoveChecks, StackView, Hooks):
             key = (p.kind, found, "op") if p.kind == "unsupported_dtype" else \
                 (p.kind, path, self._root_key()) if entry else (p.kind, net[2], found) if net else (p.kind, place, op, found)
             held = path is not None and t is not None and not t._td_path  # named by the program (``heldby``)
-            role = self.roles.get(path or "", "held" if held else "activation")
+            role = self.roles.get(path or "", "held" if held else "parameter" if t is not None and t._td_path and
+                                  root_holds(self.modules.stack, t._td_path) else "activation")  # (never moved)
             message += never_moved(t, str(path)) if held and role == "held" else ""  # an EMA copy made before the move
             if named_at is not None:  # fixed where the call passes it
                 self.sources.setdefault((p.kind, path or place, op, found), (f"operand {named_at}",))
