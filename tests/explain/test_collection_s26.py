@@ -10,34 +10,20 @@ Run once before any change: 103 of 123 right first, 104 in the top two (83.7 % /
 from __future__ import annotations
 
 import hashlib
-import html
-import json
 import pathlib
 
 import pytest
 
 from torchdoctor import explain
+from support.holdout import collection as _collection, first as _first, quotings as _quotings, ranked as _ranked
 
-from support.holdout import ranked as _ranked, first as _first
 
 HERE = pathlib.Path(__file__).parent
 # sha256 of the collection's sorted "source|category" lines, taken before explain ran on any of its texts
 FROZEN = "8c2b4feba586252fa7e9930db19f1beadc8312d65ac346fa98596ce5efcb718f"
 
 
-def _meta(path: pathlib.Path) -> tuple[dict[str, str], str]:
-    head, _, body = path.read_text(encoding="utf-8").partition("\n---\n")
-    return dict(line[2:].partition(": ")[::2] for line in head.splitlines()), body
-
-
-COLLECTION = [(p, *_meta(p)) for d in ("fixtures", "holdout") for p in sorted((HERE / d).glob("*.txt"))
-              if _meta(p)[0].get("collection") == "15"]
-
-
-def _quotings(text: str) -> dict[str, str]:
-    return {"plain": text, "json": json.dumps({"error": text}), "html": "<pre>" + html.escape(text) + "</pre>",
-            "quote": "\n".join("> " + line for line in text.split("\n")), "backticks": "`" + text + "`",
-            "crlf": text.replace("\n", "\r\n"), "repr": repr(text)}
+COLLECTION = _collection("15", ("fixtures", "holdout"))
 
 
 def test_labels_frozen_and_split_by_the_fixed_rule() -> None:

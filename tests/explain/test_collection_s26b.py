@@ -10,38 +10,21 @@ in every quoting below.
 from __future__ import annotations
 
 import hashlib
-import html
-import json
 import pathlib
 
 import pytest
 
 from torchdoctor import explain
+from support.holdout import (collection as _collection, first as _first, fix_codes as _fixes, quotings as _quotings,
+                             ranked as _ranked)
 
-from support.holdout import first as _first, ranked as _ranked
 
 HERE = pathlib.Path(__file__).parent
 # sha256 of the collection's sorted "source|category" lines, taken before explain ran on any of its texts
 FROZEN = "2c0fd2def6a051a2ce0e78850667aa40e907dddf5c78fdc2e949805649fc36ca"
 
 
-def _meta(path: pathlib.Path) -> tuple[dict[str, str], str]:
-    head, _, body = path.read_text(encoding="utf-8").partition("\n---\n")
-    return dict(line[2:].partition(": ")[::2] for line in head.splitlines()), body
-
-
-COLLECTION = [(p, *_meta(p)) for d in ("fixtures", "holdout") for p in sorted((HERE / d).glob("*.txt"))
-              if _meta(p)[0].get("collection") == "16"]
-
-
-def _quotings(text: str) -> dict[str, str]:
-    return {"plain": text, "json": json.dumps({"error": text}), "html": "<pre>" + html.escape(text) + "</pre>",
-            "quote": "\n".join("> " + line for line in text.split("\n")), "backticks": "`" + text + "`",
-            "crlf": text.replace("\n", "\r\n"), "repr": repr(text)}
-
-
-def _fixes(text: str) -> str:
-    return "\n".join(code for _, code in explain(text)[0].fixes)
+COLLECTION = _collection("16", ("fixtures", "holdout"))
 
 
 def test_labels_frozen_and_split_by_the_fixed_rule() -> None:

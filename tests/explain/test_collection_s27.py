@@ -32,15 +32,14 @@ device / dtype texts rather than the ~108 planned.
 from __future__ import annotations
 
 import hashlib
-import html
-import json
 import pathlib
 
 import pytest
 
 from torchdoctor import explain
+from support.holdout import (collection as _collection, first as _first, fix_codes as _fixes, quotings as _quotings,
+                             ranked as _ranked)
 
-from support.holdout import first as _first, ranked as _ranked
 
 HERE = pathlib.Path(__file__).parent
 # sha256 of the collection's sorted "source|category" lines, taken before explain ran on any of its texts
@@ -52,13 +51,7 @@ KNOWN = {"device__Torch-Pruning_344.txt", "device__pytorch_42358.txt", "dtype__t
          "device__SCANimate_8.txt"}
 
 
-def _meta(path: pathlib.Path) -> tuple[dict[str, str], str]:
-    head, _, body = path.read_text(encoding="utf-8").partition("\n---\n")
-    return dict(line[2:].partition(": ")[::2] for line in head.splitlines()), body
-
-
-COLLECTION = [(p, *_meta(p)) for d in ("fixtures", "holdout", "unrelated") for p in sorted((HERE / d).glob("*.txt"))
-              if _meta(p)[0].get("collection") == "18"]
+COLLECTION = _collection("18")
 
 
 def test_labels_frozen_and_split_by_the_fixed_rule() -> None:
@@ -73,16 +66,6 @@ def test_labels_frozen_and_split_by_the_fixed_rule() -> None:
         assert path.parent.name == want, path.name
         assert meta["url"].startswith("https://github.com/") and meta["query"][:1] in "qu"
     assert sum(p.parent.name == "holdout" for p, _, _ in COLLECTION) == 15
-
-
-def _quotings(text: str) -> dict[str, str]:
-    return {"plain": text, "json": json.dumps({"error": text}), "html": "<pre>" + html.escape(text) + "</pre>",
-            "quote": "\n".join("> " + line for line in text.split("\n")), "backticks": "`" + text + "`",
-            "crlf": text.replace("\n", "\r\n"), "repr": repr(text)}
-
-
-def _fixes(text: str) -> str:
-    return "\n".join(code for _, code in explain(text)[0].fixes)
 
 
 def test_eighteenth_collection_accuracy() -> None:

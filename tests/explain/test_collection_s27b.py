@@ -32,19 +32,14 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+from support.holdout import collection as _collection
 
 HERE = pathlib.Path(__file__).parent
 # sha256 of the collection's sorted "source|category" lines, taken before explain ran on any of its texts
 FROZEN = "f89cac2ce6c28e425bc38f8d4ca16d4dd289da195143f8fb65984e22ed32098c"
 
 
-def _meta(path: pathlib.Path) -> tuple[dict[str, str], str]:
-    head, _, body = path.read_text(encoding="utf-8").partition("\n---\n")
-    return dict(line[2:].partition(": ")[::2] for line in head.splitlines()), body
-
-
-COLLECTION = [(p, *_meta(p)) for d in ("fixtures", "holdout", "unrelated") for p in sorted((HERE / d).glob("*.txt"))
-              if _meta(p)[0].get("collection") == "19"]
+COLLECTION = _collection("19")
 
 
 def test_labels_frozen_and_split_by_the_fixed_rule() -> None:

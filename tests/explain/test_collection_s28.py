@@ -9,15 +9,14 @@ hash 8 and 8. After the families of ``_explain/sigs_nineteen.py``: 88 first and 
 
 from __future__ import annotations
 
-import html
-import json
 import pathlib
 
 import pytest
 
 from torchdoctor import explain
+from support.holdout import (collection as _collection, first as _first, fix_codes as _fixes, quotings as _quotings,
+                             ranked as _ranked)
 
-from support.holdout import first as _first, ranked as _ranked
 
 HERE = pathlib.Path(__file__).parent
 # right in the top two only (test_explain.TOP2_OTHER) or not at all (KNOWN_MISSES; the held-out three are measured only)
@@ -29,23 +28,7 @@ KNOWN = {"backend_op__intel-extension-for-pytorch_865.txt", "device__elastic-ai.
          "unsupported_dtype__FAMBench_40.txt"}
 
 
-def _meta(path: pathlib.Path) -> tuple[dict[str, str], str]:
-    head, _, body = path.read_text(encoding="utf-8").partition("\n---\n")
-    return dict(line[2:].partition(": ")[::2] for line in head.splitlines()), body
-
-
-COLLECTION = [(p, *_meta(p)) for d in ("fixtures", "holdout", "unrelated") for p in sorted((HERE / d).glob("*.txt"))
-              if _meta(p)[0].get("collection") == "19"]
-
-
-def _quotings(text: str) -> dict[str, str]:
-    return {"plain": text, "json": json.dumps({"error": text}), "html": "<pre>" + html.escape(text) + "</pre>",
-            "quote": "\n".join("> " + line for line in text.split("\n")), "backticks": "`" + text + "`",
-            "crlf": text.replace("\n", "\r\n"), "repr": repr(text)}
-
-
-def _fixes(text: str) -> str:
-    return "\n".join(code for _, code in explain(text)[0].fixes)
+COLLECTION = _collection("19")
 
 
 def test_nineteenth_collection_accuracy() -> None:

@@ -27,3 +27,27 @@ def first(text: str) -> tuple[str, str]:
     found = explain(text)
     assert found, text
     return found[0].category, found[0].signature
+
+
+def collection(number: str, folders: tuple[str, ...] = ("fixtures", "holdout", "unrelated")) -> list[
+        tuple[pathlib.Path, dict[str, str], str]]:
+    """(path, header, text) of every text of one collection (``# collection: N``), by folder then name."""
+    here = pathlib.Path(__file__).parent.parent / "explain"
+    return [(p, *meta(p)) for d in folders for p in sorted((here / d).glob("*.txt"))
+            if meta(p)[0].get("collection") == number]
+
+
+def quotings(text: str) -> dict[str, str]:
+    """``text`` as users paste it: plain, in JSON, in HTML, as a quoted reply, in backticks, with Windows line ends,
+    as a repr."""
+    import html
+    import json
+
+    return {"plain": text, "json": json.dumps({"error": text}), "html": "<pre>" + html.escape(text) + "</pre>",
+            "quote": "\n".join("> " + line for line in text.split("\n")), "backticks": "`" + text + "`",
+            "crlf": text.replace("\n", "\r\n"), "repr": repr(text)}
+
+
+def fix_codes(text: str) -> str:
+    """The code of every fix of the first diagnosis of ``text``, one per line."""
+    return "\n".join(code for _, code in explain(text)[0].fixes)
