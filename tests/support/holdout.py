@@ -51,3 +51,16 @@ def quotings(text: str) -> dict[str, str]:
 def fix_codes(text: str) -> str:
     """The code of every fix of the first diagnosis of ``text``, one per line."""
     return "\n".join(code for _, code in explain(text)[0].fixes)
+
+
+def right_in_every_quoting(name: str, category: str, body: str, top2: set[str] | dict[str, str]) -> None:
+    """``body`` gets ``category`` first (second where ``name`` is in ``top2``; nothing for ``none``) in every
+    quoting users paste it in."""
+    for how, text in quotings(body).items():
+        got = ranked(text)
+        if category == "none":
+            assert got == [], (name, how, got)
+        elif name in top2:
+            assert got[1:2] == [category], (name, how, got)
+        else:
+            assert got[:1] == [category], (name, how, got)
