@@ -202,7 +202,10 @@ def test_control_image_made_float32_by_the_caller_is_named_as_its_argument() -> 
     cond = torch.rand(1, 3, 16, 16)
     err = _fail(module, lambda: module(cond))
     assert err.problems[0].path == "cond" and "culprit cond (an argument of the _LLLite call)" in str(err), str(err)
-    assert err.fix == "# pass cond as tensor.to(torch.bfloat16)"
+    # the program's own line that hands it over, cast to the module's dtype there (a diff of that line)
+    assert err.fix.startswith("err = _fail(module, lambda: module(cond.to(next(module.parameters()).dtype)))  # cond "
+                              "handed to module in float32"), err.fix
+    assert err.patch is not None and "+    err = _fail(module, lambda: module(cond.to(" in err.patch
     _quiet(module, lambda: module(cond.to(BF)))
 
 

@@ -60,3 +60,25 @@ def proof_line(session: Any, mod: Any, root: Any, culprits: Sequence[tuple[str, 
     tried = f"{', '.join(name for name, _ in culprits)} -> {dtype_str(want)}"
     whole = component.prove_whole(session, root, lambda m: None, tried, (next(iter(found)), want))
     return whole if whole is not None and whole.startswith("fix proven") else line
+
+
+def at_call(proof: str, tb: Any, mod: Any, kind: str, odd: Any, aim: Any, fix: str | None) -> tuple[Any, str | None]:
+    """(aim, fix) with the caller's argument fixed where the program's own line hands it to the model (``model(
+    images.to(next(model.parameters()).dtype))``, a diff) when ``proof`` proved the failing module runs with it so;
+    else as they were. ``odd``: the argument's tensor."""
+    if not proof.startswith("fix proven") or aim is not None or not isinstance(odd, torch.Tensor):
+        return aim, fix
+    from torchdoctor._guard.remedy import Aim
+    from torchdoctor._guard.usecall import use_site
+    from torchdoctor._placement import norm_device, tensor_device
+    from torchdoctor._report.diff import line_patch
+
+    other = odd.dtype if kind == "dtype" else norm_device(tensor_device(odd))
+    site = use_site(tb, mod, kind, other)
+    patch = line_patch(site.file, site.line, site.new) if site is not None and not site.cast else None
+    if site is None or patch is None:
+        return aim, fix
+    said = dtype_str(other) if kind == "dtype" else device_str(other)
+    verb = "cast to its dtype" if kind == "dtype" else "moved to its device"
+    code = f"{site.new}  # {', '.join(site.names)} handed to {site.recv} in {said}: {verb} where the program hands it over"
+    return Aim([], code, patch, proof, []), code

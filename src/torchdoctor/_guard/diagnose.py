@@ -16,7 +16,7 @@ from torch import nn
 from torchdoctor._rules import registry as _rules
 from torchdoctor._guard import compiled as graph, component, provenance
 from torchdoctor._guard.float8 import is_float8_message
-from torchdoctor._guard.argproof import proof_line
+from torchdoctor._guard.argproof import at_call, proof_line
 from torchdoctor._guard.assigned import assigned_fix, trace_note as _trace_note
 from torchdoctor._guard.handed import handed_aim
 from torchdoctor._guard.heldarg import aim_made, locals_made
@@ -331,7 +331,8 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     if (fix or "").startswith("# pass") and ref is not None and not any(
             x.startswith(("fix proven", "fix unproven")) for x in lines) and (handed := [c for c in bad if c[1] in passed]):
         # the caller's argument handed over in another dtype or device: the failing module re-run with it sent there
-        lines.insert(-1, proof_line(session, mod, root, [(c[1], c[2]) for c in handed], ref))
+        lines.insert(-1, proof := proof_line(session, mod, root, [(c[1], c[2]) for c in handed], ref))
+        aim, fix = at_call(proof, exc.__traceback__ or tb, mod, kind, handed[0][2], aim, fix)  # at the program's call
     problems = [replace(b.problem, op=op) for b in blamed] + ([comp] if comp is not None else [])
     problems += [Problem(kind, c[1], roles.get(c[1], "input"), _show(value(c[2]), kind), expected,
                          f"{c[1]} is {_show(value(c[2]), kind)} in {where}, expected {expected}", op=op,
@@ -348,8 +349,7 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
 
 
 def _own_kind(session: Session, exc: BaseException, tb: Any, category: str, message: str) -> Any:
-    """Errors of a kind of their own, explained at their line: numpy has no bfloat16 / float8 (``_guard/tonumpy``),
-    a GradScaler met float16 gradients (``_guard/scaler``); None for every other error."""
+    """Errors of their own kind at their line: numpy's bfloat16 / float8 (``tonumpy``), GradScaler's float16 (``scaler``)."""
     if category == "unsupported_dtype_on_device" and "ScalarType" in message:
         from torchdoctor._guard.tonumpy import explain_numpy
 
