@@ -73,7 +73,7 @@ def at_call(proof: str, tb: Any, mod: Any, kind: str, odd: Any, aim: Any, fix: s
     from torchdoctor._placement import norm_device, tensor_device
     from torchdoctor._report.diff import line_patch
 
-    other = odd.dtype if kind == "dtype" else norm_device(tensor_device(odd))
+    other: Any = odd.dtype if kind == "dtype" else norm_device(tensor_device(odd))
     site = use_site(tb, mod, kind, other)
     patch = line_patch(site.file, site.line, site.new) if site is not None and not site.cast else None
     if site is None or patch is None:
