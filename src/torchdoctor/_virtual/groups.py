@@ -167,8 +167,8 @@ def picked(groups: Mapping[Any, Any], asked: torch.device) -> torch.device:
 
 
 def root_holds(stack: Sequence[Any], path: str) -> bool:
-    """The outermost running module holds a Parameter at ``path``: a model the run never saw moved (its layers
-    placed by hooks of the program's own) still names its own parameters as parameters."""
+    """The outermost running module holds a Parameter at ``path``: asked when no model of the run was seen moved
+    (its layers placed by hooks of the program's own), whose own parameters are still parameters."""
     if not stack or not isinstance(stack[0], torch.nn.Module):
         return False
     owner, _, name = path.rpartition(".")

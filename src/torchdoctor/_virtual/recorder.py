@@ -305,7 +305,7 @@ class _Recorder(MoveChecks, StackView, Hooks):
                 (p.kind, path, self._root_key()) if entry else (p.kind, net[2], found) if net else (p.kind, place, op, found)
             held = path is not None and t is not None and not t._td_path  # named by the program (``heldby``)
             role = self.roles.get(path or "", "held" if held else "parameter" if t is not None and t._td_path and
-                                  root_holds(self.modules.stack, t._td_path) else "activation")  # (never moved)
+                                  not self.roles and root_holds(self.modules.stack, t._td_path) else "activation")
             message += never_moved(t, str(path)) if held and role == "held" else ""  # an EMA copy made before the move
             if named_at is not None:  # fixed where the call passes it
                 self.sources.setdefault((p.kind, path or place, op, found), (f"operand {named_at}",))
