@@ -49,10 +49,11 @@ def _in_locals(scope: dict[str, Any], real: torch.Tensor) -> str | None:
     return None
 
 
-NEVER_MOVED = "; the program never moved "  # said of a held copy (fixes: its holder moved, never its in-place op's
+# said of a held copy the program never moved: the fix moves its holder, never its in-place op's operands
+NEVER_MOVED = "; the program never moved "
 
 
-def never_moved(t: Any, path: str) -> str:  # operands)
+def never_moved(t: Any, path: str) -> str:
     """``; the program never moved ema`` when the holder of ``t`` named ``path`` (found as ``held_by`` finds it) is
     a module no move of the program's own code touched: an EMA copy made before the model's move. A holder the
     program moved (``self.module.to(device="cpu")``) is where the program keeps it: ''."""

@@ -14,8 +14,9 @@ import ast
 import sys
 from typing import Any
 
+from torchdoctor._virtual.heldby import _SKIP  # frames of machinery, not the program
+
 _MOVES = frozenset({"to", "cuda", "xpu", "mps", "npu"})
-_SKIP = ("/torch/", "/torchdoctor/", "site-packages", "dist-packages", "<frozen")
 
 
 def own_frame_file() -> str | None:
