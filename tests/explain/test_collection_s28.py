@@ -22,7 +22,7 @@ HERE = pathlib.Path(__file__).parent
 # right in the top two only (test_explain.TOP2_OTHER) or not at all (KNOWN_MISSES; the held-out three are measured only)
 TOP2 = {"device__vllm_2108.txt"}
 KNOWN = {"backend_op__intel-extension-for-pytorch_865.txt", "device__elastic-ai.creator_267.txt",
-         "device__pytorch_geometric_9479.txt", "no_accel__FasterLivePortrait_57.txt", "no_accel__pytorch_143996.txt",
+         "device__pytorch_geometric_9479.txt", "no_accel__pytorch_143996.txt",
          "no_accel__pytorch_157775.txt", "no_accel__pytorch_194576.txt", "no_accel__stable-diffusion-webui_14461.txt",
          "backend_op__intel-extension-for-pytorch_338.txt", "device__pytorch-lightning_17806.txt",
          "unsupported_dtype__FAMBench_40.txt"}
@@ -33,7 +33,8 @@ COLLECTION = _collection("19")
 
 def test_nineteenth_collection_accuracy() -> None:
     """After: 88 of 100 right first and 89 in the top two, each in plain, JSON, HTML, quoted-reply, backticks, Windows
-    line ends and repr (an unrelated text is right when nothing is said); the eleven left say nothing."""
+    line ends and repr (an unrelated text is right when nothing is said); the eleven left say nothing. Session 29's
+    sigs_twenty reads a GPU said not to be found in Chinese: 89 first (FasterLivePortrait#57), ten left."""
     assert len(COLLECTION) == 100
     right = 0
     for path, meta, body in COLLECTION:
@@ -42,7 +43,7 @@ def test_nineteenth_collection_accuracy() -> None:
             continue
         _every(path.name, meta["category"], body, TOP2)
         right += path.name not in TOP2
-    assert right == 88
+    assert right == 89
 
 
 # --- camelCase identifiers: found in a long log as in a paste -------------------------------------------------------
