@@ -136,7 +136,30 @@ def as_held(fixes: Sequence[Any], names: Mapping[str, Any] | None) -> tuple[Any,
     for f in fixes:
         if getattr(f, "kind", None) in ("path", "note", "apart") and f.code:
             f.code = held_code(f.code, names)
-    return tuple(fixes)
+    return tuple(f for f in fixes if not (names and _no_op(getattr(f, "code", "") or "", names)))
+
+
+# a whole module cast, as a fix writes it: ``torchdoctor.move(unet, torch.bfloat16)``, ``vae.to(torch.float16)``
+_CAST = re.compile(r"(?:torchdoctor\.move\(([A-Za-z_][\w.]*), torch\.(\w+)\)|([A-Za-z_][\w.]*)\.to\(torch\.(\w+)\))\s*(?:#|$)")
+
+
+def _no_op(code: str, names: Mapping[str, Any]) -> bool:
+    """Is ``code`` one cast of a module the program holds whose every floating tensor already has that dtype (the
+    fix would change nothing: never printed)?"""
+    import torch
+
+    m = _CAST.match(code.split("\n", 1)[0].strip())
+    if m is None:
+        return False
+    name, dtype = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    parts = name.split(".")
+    mod = _resolve(names.get(parts[0], _MISSING), _parts("." + ".".join(parts[1:]))) if parts[0] in names \
+        else _MISSING
+    want = getattr(torch, dtype, None)
+    if not isinstance(mod, torch.nn.Module) or not isinstance(want, torch.dtype):
+        return False
+    floats = [t.dtype for t in (*mod.parameters(), *mod.buffers()) if t.is_floating_point()]
+    return bool(floats) and all(d == want for d in floats)
 
 
 def program_names(exc: BaseException | None, result: Any = None) -> dict[str, Any]:

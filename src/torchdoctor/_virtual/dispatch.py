@@ -376,7 +376,24 @@ def _wrap(out: Any, dev: torch.device, owner: dict[int, VirtualTensor], path: st
             return make(VirtualTensor, out, dev, path)
         if same._td_elem is not out:  # an in-place op ran on the meta twin of a small real tensor
             same._td_elem = out
+        if same.shape != out.shape or same.stride() != out.stride():
+            _reshaped(same, out)
         return same
     if isinstance(out, (tuple, list)):
         return type(out)(_wrap(o, dev, owner, path) for o in out)
     return out
+
+
+def _reshaped(t: VirtualTensor, out: torch.Tensor) -> None:
+    """An in-place op that changes the shape of the tensor it returns (``transpose_``, ``unsqueeze_``, ``t_``,
+    ``resize_``; ``nn.GRU`` / ``nn.RNN`` with ``batch_first`` end with ``output.transpose_(0, 1)``): the wrapper the
+    program holds takes the inner tensor's new shape and strides, as the real tensor would (autograd recorded the op
+    already; this changes only the wrapper's metadata, below it)."""
+    size, stride, offset = out.size(), out.stride(), out.storage_offset()
+    need = 0 if 0 in size else (offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1) * out.element_size()
+    with torch._C._DisableTorchDispatch(), torch._C._AutoDispatchBelowAutograd():
+        storage = torch._C.TensorBase.untyped_storage(t)
+        if storage.nbytes() < need:  # a wrapper's storage is sized by its first shape: ``resize_`` may outgrow it
+            torch._C.TensorBase.set_(t, torch.UntypedStorage(need, device=storage.device), offset, size, stride)
+        else:
+            torch._C.TensorBase.as_strided_(t, size, stride, offset)

@@ -182,6 +182,9 @@ def _at_use(use: Use, upath: str, casts: Any, away: int, n: int, target: torch.d
         # (a load at the program's top level names globals, which the function that uses the model reads too)
         if load is not None:
             break
+    if load is not None and any((file, line) == load for file, line, _ in frames):
+        load = None  # the call that loads it also moved it away (a helper that places, then offloads): calling it
+        # again before the use would offload it again
     said = (f"`{use.func}` was offloaded to {went} by {by}, and {use.at} uses it again on {device_str(target)} "
             "without loading it")
     if load is not None and (stmt := _call_stmt(*load)) is not None:

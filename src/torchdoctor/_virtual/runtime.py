@@ -23,25 +23,21 @@ from torch.overrides import TorchFunctionMode
 
 from torchdoctor._placement import tensor_device
 from torchdoctor._rules.profile import DeviceProfile
-from torchdoctor._virtual import devices_api as api, devrng, dispatch as D, host as H, moveby
-from torchdoctor._virtual import defaultdtype, hardware, hostmade, lengths, makers, outside, ownclass, parallel, replaced
-from torchdoctor._virtual import collective, exportaside, saved
-from torchdoctor._virtual import storage, takenback, tracecheck, training, whole
+from torchdoctor._virtual import collective, cpuautocast, defaultdtype, devices_api as api, devrng, dispatch as D
+from torchdoctor._virtual import exportaside, hardware, host as H, hostmade, lengths, makers, moveby, outside, ownclass
+from torchdoctor._virtual import parallel, replaced, saved, storage, takenback, tracecheck, training, whole, tensor as V
 from torchdoctor._virtual.backward import handlers
 from torchdoctor._virtual.construct import make_subclass, param_new, restore_default_device
 from torchdoctor._virtual.ctors import constructors
 from torchdoctor._virtual.deferred import deferred_imports
 from torchdoctor._virtual.legacy import legacy_type
-from torchdoctor._virtual import tensor as V
 from torchdoctor._virtual.dispatch import autocast_args, lift_all, plain
 from torchdoctor._virtual.origin import Made
 from torchdoctor._virtual.tensor import SMALL, Space, VirtualTensor, host_values, is_virtual, make, with_class_of
 
 _CPU = torch.device("cpu")
 
-
 # -- moves, factories and data access (a TorchFunctionMode) --------------------------------------------------------
-
 
 _device_of = tensor_device  # the one device reading (a virtual tensor's label, else its device)
 
@@ -230,6 +226,7 @@ _QUERIES = frozenset(f for f in (T.is_floating_point, T.is_complex, T.size, T.st
                                  torch._C._set_grad_enabled, torch.is_grad_enabled, outside._ORIG_COMPATIBLE))
 
 
+
 class VirtualMode(TorchFunctionMode):
     """The run's one function mode. ``casts`` (``makers.CastMakers``) names the casts of a forward from inside this
     mode: a second mode stacked on it made every torch call two Python hops (14-25 % of a simulate)."""
@@ -277,6 +274,9 @@ class VirtualMode(TorchFunctionMode):
         if space.relabelled:  # a real tensor with a device label: virtual where it is used
             args, kwargs = H.labelled(args, kwargs, lambda xs: H.graphed(xs, lift_all(xs, space, None)))
         space.read_autocast()  # read here: inside __torch_dispatch__ the autocast keys are excluded (say "disabled")
+        if space.vtype != "cpu" and torch.is_autocast_enabled("cpu") and cpuautocast.touches(args):
+            with cpuautocast.off():  # the CPU's autocast never casts the device's ops (cpuautocast.py)
+                return self.handle(func, args, kwargs)
         handler = _HANDLERS.get(func)
         if handler is not None:
             return handler(space, func, args, kwargs)
