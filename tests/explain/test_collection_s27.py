@@ -31,12 +31,12 @@ device / dtype texts rather than the ~108 planned.
 
 from __future__ import annotations
 
-import hashlib
 import pathlib
 
 import pytest
 
 from torchdoctor import explain
+from support.holdout import frozen_and_split
 from support.holdout import (collection as _collection, first as _first, fix_codes as _fixes, quotings as _quotings,
                              right_in_every_quoting as _every)
 
@@ -57,14 +57,7 @@ COLLECTION = _collection("18")
 def test_labels_frozen_and_split_by_the_fixed_rule() -> None:
     """The labels are those frozen before explain ran; a device or dtype text is held out when the sha256 of its
     source line starts below "33" (the third collection's rule); the texts of no such family live in unrelated/."""
-    rows = sorted(f"{m['source']}|{m['category']}" for _, m, _ in COLLECTION)
-    assert len(rows) == 84
-    assert hashlib.sha256("\n".join(rows).encode()).hexdigest() == FROZEN
-    for path, meta, _ in COLLECTION:
-        held = hashlib.sha256(f"# source: {meta['source']}".encode()).hexdigest()[:2] < "33"
-        want = "unrelated" if meta["category"] == "none" else "holdout" if held else "fixtures"
-        assert path.parent.name == want, path.name
-        assert meta["url"].startswith("https://github.com/") and meta["query"][:1] in "qu"
+    frozen_and_split(COLLECTION, 84, FROZEN)
     assert sum(p.parent.name == "holdout" for p, _, _ in COLLECTION) == 15
 
 

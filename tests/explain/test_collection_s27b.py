@@ -30,9 +30,8 @@ are taken, category "none". The text is the thread's title, then its first post 
 
 from __future__ import annotations
 
-import hashlib
 import pathlib
-from support.holdout import collection as _collection
+from support.holdout import collection as _collection, frozen_and_split
 
 HERE = pathlib.Path(__file__).parent
 # sha256 of the collection's sorted "source|category" lines, taken before explain ran on any of its texts
@@ -45,12 +44,5 @@ COLLECTION = _collection("19")
 def test_labels_frozen_and_split_by_the_fixed_rule() -> None:
     """The labels are those frozen before explain ran; a device or dtype text is held out when the sha256 of its
     source line starts below "33" (the third collection's rule); the texts of no such family live in unrelated/."""
-    rows = sorted(f"{m['source']}|{m['category']}" for _, m, _ in COLLECTION)
-    assert len(rows) == 100
-    assert hashlib.sha256("\n".join(rows).encode()).hexdigest() == FROZEN
-    for path, meta, _ in COLLECTION:
-        held = hashlib.sha256(f"# source: {meta['source']}".encode()).hexdigest()[:2] < "33"
-        want = "unrelated" if meta["category"] == "none" else "holdout" if held else "fixtures"
-        assert path.parent.name == want, path.name
-        assert meta["url"].startswith("https://github.com/") and meta["query"][:1] in "qu"
+    frozen_and_split(COLLECTION, 100, FROZEN)
     assert sum(p.parent.name == "holdout" for p, _, _ in COLLECTION) == 13

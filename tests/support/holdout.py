@@ -64,3 +64,20 @@ def right_in_every_quoting(name: str, category: str, body: str, top2: set[str] |
             assert got[1:2] == [category], (name, how, got)
         else:
             assert got[:1] == [category], (name, how, got)
+
+
+def frozen_and_split(coll: list[tuple[pathlib.Path, dict[str, str], str]], count: int, frozen: str,
+                     queried: bool = True) -> None:
+    """A collection's labels are those frozen before explain ran (the sha256 of its sorted "source|category" lines);
+    a device or dtype text is held out when the sha256 of its source line starts below "33" (the third collection's
+    rule); the texts of no such family live in unrelated/. ``queried``: each text names the query that found it."""
+    import hashlib
+
+    rows = sorted(f"{m['source']}|{m['category']}" for _, m, _ in coll)
+    assert len(rows) == count
+    assert hashlib.sha256("\n".join(rows).encode()).hexdigest() == frozen
+    for path, m, _ in coll:
+        held = hashlib.sha256(f"# source: {m['source']}".encode()).hexdigest()[:2] < "33"
+        want = "unrelated" if m["category"] == "none" else "holdout" if held else "fixtures"
+        assert path.parent.name == want, path.name
+        assert m["url"].startswith("https://github.com/") and (not queried or m["query"][:1] in "qu")
