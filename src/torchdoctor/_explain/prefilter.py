@@ -16,6 +16,7 @@ all-capitals paste is read; logs over ``EXACT_BELOW`` characters take the fast p
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -213,6 +214,14 @@ class Prefilter:
         index = {a: i for i, a in enumerate(self.anchors)}
         self.plain = [(piece, tuple(index[a] for a in of)) for piece, of in _plain_keys(without)]
         danger.update(piece for piece, _ in self.plain)
+        # a line is marked by a key, or by what plain pieces that begin alike share (the Chinese "找不到..."
+        # wordings): one pass for them all, a pattern (on a UCS-2 log faster than ``str.find``); a line so marked
+        # alone holds no anchor, and reading it finds none (``_segments`` looks for the pieces themselves)
+        alike: dict[str, list[str]] = {}
+        for piece, _ in self.plain:
+            alike.setdefault(piece[:3], []).append(piece)
+        self._marking = [rx.search for rx, _ in self.passes] + [
+            re.compile(re.escape(os.path.commonprefix(g))).search for g in alike.values()]
         self._danger = tuple(sorted({re.sub("[1-9]", "0", d) for d in danger}))
         self._inert_memo: dict[bytes, bool] = {}
 
@@ -264,8 +273,7 @@ class Prefilter:
         # text, and what it holds is remembered by the line's text: a log repeats its error lines
         marked: dict[int, int] = {}
         tfind, trfind = text.find, text.rfind
-        for rx, _ in self.passes:  # one search per marked line, which it then skips
-            search = rx.search
+        for search in self._marking:  # one search per marked line, which it then skips
             m = search(source, start, cut)
             while m is not None:
                 p = m.start()
@@ -276,16 +284,6 @@ class Prefilter:
                     le = cut
                 marked[ls] = le
                 m = search(source, le + 1, cut)
-        for piece, _ in self.plain:
-            p = source.find(piece, start, cut)
-            while p != -1:
-                nl = trfind("\n", start, p)
-                ls = nl + 1 if nl != -1 else start
-                le = tfind("\n", p, cut)
-                if le == -1:
-                    le = cut
-                marked[ls] = le
-                p = source.find(piece, le + 1, cut)
         lines = memo[exact]
         prefix = None if exact else _PREFIX.match
         for ls in sorted(marked):

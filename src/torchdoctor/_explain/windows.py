@@ -123,6 +123,50 @@ def uniform(sig: Signature) -> bool:
     return got
 
 
+def _literal(rx: re.Pattern[str]) -> tuple[str, int]:
+    """The first run of four or more ASCII literal characters at the top of ``rx`` (lower case) that every match
+    holds, and how far after a match's start it begins at most (-1: no bound); ``("", -1)`` where there is none."""
+    items = _sre_parse.parse(rx.pattern, rx.flags)
+    back, i = 0, 0
+    while i < len(items):
+        j = i
+        while j < len(items) and str(items[j][0]) == "LITERAL":
+            j += 1
+        run = "".join(chr(av) for _, av in items[i:j])
+        if len(run) >= 4 and run.isascii():
+            return run.lower(), back
+        if j > i:
+            back += len(run)
+            i = j
+            continue
+        high = _sre_parse.SubPattern(items.state, [items[i]]).getwidth()[1]
+        back = -1 if back == -1 or high >= _sre_parse.MAXREPEAT else back + high
+        i += 1
+    return "", -1
+
+
+def _search(rx: re.Pattern[str], text: str, low: str | None) -> re.Match[str] | None:
+    """``rx.search(text)``, started where a match can begin: a match holds the pattern's literal (``_literal``) at
+    most ``back`` characters after its start, so none starts before the literal's first place less ``back``, and
+    none at all where the literal is absent. Read on ``low``, the window lower-cased, only for an ASCII window: there
+    ``re.IGNORECASE`` matches an ASCII letter as its two cases only. ``re`` itself tries every place of a pattern
+    that starts with a class or a cased letter (every signature's pattern ignores case): a few of them cost most of
+    the windows' time in a log of errors."""
+    plan = _PLANS.get(rx)
+    if plan is None:
+        plan = _PLANS[rx] = _literal(rx)
+    if low is None or not plan[0]:
+        return rx.search(text)
+    at = low.find(plan[0])
+    if at == -1:
+        return None
+    back = plan[1]
+    return rx.search(text, at - back if 0 <= back < at else 0)
+
+
+_PLANS: dict[re.Pattern[str], tuple[str, int]] = {}
+
+
 def find_fields(squeezed: str, sig: Signature, shapes: Shapes | None) -> tuple[dict[str, str], bool]:
     """The fields the patterns of ``sig`` find in the squeezed window (a group's first non-empty value, patterns in
     order) and whether one matched; remembered in ``shapes`` by the window's shape where ``sig`` is ``uniform``."""
@@ -133,8 +177,9 @@ def find_fields(squeezed: str, sig: Signature, shapes: Shapes | None) -> tuple[d
         if got is None:
             taken: dict[str, tuple[str, int, int]] = {}
             matched = False
+            low = squeezed.lower() if squeezed.isascii() else None
             for rx in sig.compiled():
-                m = rx.search(squeezed)
+                m = _search(rx, squeezed, low)
                 if m:
                     matched = True
                     for k in m.groupdict():
@@ -150,8 +195,9 @@ def find_fields(squeezed: str, sig: Signature, shapes: Shapes | None) -> tuple[d
         return {k: squeezed[a:b] for k, a, b in got[1]}, got[0]
     found: dict[str, str] = {}
     matched = False
+    low = squeezed.lower() if squeezed.isascii() else None
     for rx in sig.compiled():
-        m = rx.search(squeezed)
+        m = _search(rx, squeezed, low)
         if m:
             matched = True
             for k, v in m.groupdict().items():
