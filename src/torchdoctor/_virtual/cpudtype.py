@@ -16,7 +16,6 @@ has kernels for, same size first: float16 -> bfloat16 -> float32; the promoting 
 
 from __future__ import annotations
 
-import copy
 import time
 import warnings
 import weakref
@@ -32,6 +31,7 @@ from torchdoctor._placement import PACKED_DTYPES, dtype_str
 from torchdoctor._report.model import Problem
 from torchdoctor._virtual.cpuasks import asks_accelerator
 from torchdoctor._virtual.cpucasts import CastRecords, cast_words, mixed_words
+from torchdoctor._virtual.cpucopy import copied
 from torchdoctor._virtual.origin import where_called
 
 # the words torch's CPU kernels use when a dtype has no kernel
@@ -58,8 +58,8 @@ def _dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = No
         out = self._real_back(out)  # |stft|: the magnitude of a spectrum computed wide for want of a kernel
     ins = [t for t in flat if isinstance(t, torch.Tensor) and t.is_floating_point()]
     outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if kwargs.get("dtype") is not None or ins and all(self.deliberate(t) for t in ins):
-        self.chosen.update((id(t), weakref.ref(t)) for t in outs)  # a dtype the code chose (guard's policy too)
+    if kwargs.get("dtype") is not None or ins and self.carried(ins):  # a dtype the code chose (guard's policy too)
+        self.chosen.update((id(t), weakref.ref(t)) for t in outs if t.dtype != self.dtype or not self.wide(ins))
     elif outs and (not ins and not any(isinstance(a, torch.Tensor) for a in args) or ins and all(
             self.factory(t) for t in ins)):  # a factory given no dtype (``dtype=None`` too), and what only it made
         made = self.factory(ins[0]) if ins else (f"torch.{op.removeprefix('aten.')}", where_called())
@@ -111,6 +111,15 @@ class Checks(torch.utils._python_dispatch.TorchDispatchMode):
     def deliberate(self, t: torch.Tensor) -> bool:
         ref = self.chosen.get(id(t))
         return ref is not None and ref() is t and self.names.get(id(t)) is None
+
+    def wide(self, ins: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [t for t in ins if t.dtype != self.dtype]
+
+    def carried(self, ins: list[torch.Tensor]) -> bool:
+        """Every input chosen so, or every one out of the run's dtype: a stream the program keeps wider on purpose
+        (Mamba's ``residual = residual.float()``, then ``hidden + residual`` each block) stays the program's choice;
+        a model tensor or a factory given no dtype among them never is."""
+        return all(self.deliberate(t) for t in self.wide(ins) or ins)
 
     def where(self) -> tuple[str | None, str | None]:
         if not self.stack:
@@ -238,7 +247,7 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
     from torchdoctor._virtual.remake import remade
     from torchdoctor._walk import walk
 
-    clone = _copy(obj)
+    clone = copied(obj)
     cast = tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
                     (args, kwargs))
     if call is None and isinstance(clone, torch.nn.Module):  # float8 and packed storage kept, as the program holds it
@@ -277,25 +286,6 @@ def check_cpu(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: to
     SOURCES.clear()
     SOURCES.update(mode.sources)
     return mode.problems, mode.ops, clone
-
-
-def _copy(obj: Any) -> Any:
-    """A deep copy of ``obj``. A tensor computed with autograd that the object holds (``torch.nn.utils.weight_norm``
-    keeps ``weight`` so, remade from ``weight_g`` and ``weight_v`` before every call) refuses deepcopy: it is copied
-    detached, as the value it holds."""
-    try:
-        return copy.deepcopy(obj)
-    except RuntimeError as exc:
-        if "graph leaves" not in str(exc):
-            raise
-    from torchdoctor._walk import walk
-
-    memo: dict[int, Any] = {}
-    held = [e.tensor for e in walk(obj).entries if e.tensor.grad_fn is not None]
-    for t in held:
-        memo[id(t)] = t.detach().clone()
-    memo[id(memo)] = held  # keep-alive, as copy.deepcopy does
-    return copy.deepcopy(obj, memo)
 
 
 SOURCES: dict[tuple[str, ...], tuple[str, ...]] = {}  # the last check_cpu's factory calls, read by simulate_cpu
