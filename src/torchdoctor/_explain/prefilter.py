@@ -19,41 +19,17 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
 
 from torchdoctor._explain.escapes import unescape
+from torchdoctor._explain.keys import _BACK, _PASSES, _key_span, _plain_keys, _stable, _trie, key_of
 from torchdoctor._explain.plaintext import clean_position, fold, raw_position, strip
 
 __all__ = ["EXACT_BELOW", "Memo", "Prefilter", "key_of", "new_memo"]
 
 EXACT_BELOW = 1 << 18
-# Words real texts write in capitals anywhere (CUDA, CPU, BFloat16, PyTorch, FakeTensor, Python's False and None,
-# which rich also colours: "returns \x1b[1;36mFalse") ...: never part of a key.
-_CASED = re.compile(r"(?<![a-z])(?:cuda|cpu|xpu|mps|gpu|hpu|npu|nvidia|float|half|double|long|bool|int\d|bfloat|"
-                    r"bf16|fp16|fp8|flash|torch|pytorch|python|macos|c\+\+|faketensor|params|int8params|xformers|"
-                    r"cublas|ipex|intel|apple|metal|(?:false|none)(?![a-z]))")
-# Each pass is one regular expression that starts with one literal character: Python's ``re`` then skips to the
-# next occurrence of that character in a C loop, where a pattern that starts with a character class costs about 7 ns
-# a character. So every key starts with (or holds) one of a few characters. A pass costs about the same whatever its
-# character (reading the text, ~0.8 ns a character, outweighs ~30 ns at each occurrence), so the set is the fewest
-# whose keys cover every anchor: "t", "l" and "f" every anchor's lower-case form, "_" the forms written in capitals
-# (CUBLAS_STATUS_NOT_SUPPORTED, CUDA_R_16BF: no lower-case character left). Four passes replaced six ("t v b _ u"
-# and a plain search for "/ops/fmha"): a sixth less time on a typical app log, the same lines marked.
-_PASSES = "tlf_"
-_RAREST = "f_lt"
-_MIN, _MIN_INSIDE, _MIN_BEHIND, _MAX = 8, 6, 5, 14
-_BACK = 96  # an anchor starts at most this far before its key
 _PER_LINE = 32  # keys looked up one by one on one line
 _MEMO_LINE = 3000  # longer marked lines are not remembered
 _LINES = 8192  # distinct lines whose anchors are remembered (a log of errors repeats a few hundred; 1024 thrashed)
-# Characters a key never contains: terminal colours in logs sit next to them (rich highlights brackets, quotes,
-# ``name=`` and numbers; loggers colour whole lines or level names), so a key stays whole between escape sequences
-# and a log needs no colour removal before the passes (see ``strip``).
-_KEY_BREAK = frozenset("()[]{}'\"`<>=")
-# A number standing alone ("16/32-bit floats") is coloured by rich as a whole: a key never spans one either.
-_NUMBER = re.compile(r"(?<![a-z_])\d+(?:\.\d+)?")
-# The first letter of a message is capitalised, also after "Error: " inside an anchor.
-_SENTENCE = re.compile(r"(?:^|[:.!?] )([a-z])")
 # What a logger writes before each line of a log (a time stamp, a rank tag): a log of errors repeats its lines under
 # a new one each time, so a marked line's anchors are remembered by the text after it (with the blank after it and
 # a level name: "ERROR about ..." may start an anchor), where the prefix is inert (``Prefilter._inert``).
@@ -61,115 +37,7 @@ _PREFIX = re.compile(r"(?:\[?(?:[0-9]{4}-[0-9]{2}-[0-9]{2}[T ])?[0-9]{2}:[0-9]{2
                      r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?\]?(?: -| \|)?|\[rank[0-9]{1,5}\]:)+")
 _DIGITS = bytes.maketrans(b"123456789", b"000000000")  # over ASCII bytes: a C table look-up
 _PREFIXED = frozenset("0123456789[")
-
-
-def _stable(anchor: str) -> list[bool]:
-    ok = [True] * len(anchor)
-    for m in _SENTENCE.finditer(anchor):  # the first letter of a message is capitalised
-        ok[m.start(1)] = False
-    ok[0] = False
-    for m in _CASED.finditer(anchor):
-        ok[m.start(): m.end()] = [False] * (m.end() - m.start())
-    for m in _NUMBER.finditer(anchor):
-        ok[m.start(): m.end()] = [False] * (m.end() - m.start())
-    for i, ch in enumerate(anchor):
-        if ch in _KEY_BREAK:
-            ok[i] = False
-    return ok
-
-
-def key_of(anchor: str) -> str:
-    """The key of one anchor: the longest case-stable piece of it that starts with a pass character; else a
-    piece that holds one (found from that character, its start checked by a look-behind); "" when it has
-    neither (the anchor is then found by a plain search). A key inside a word may be shorter (``_MIN_INSIDE``)
-    than one that starts a word (``_MIN``).
-
-    >>> key_of("expected all tensors to be on the same device")
-    'ted all tensor'
-    >>> key_of("and weight type (")
-    't type '
-    >>> key_of("undefined symbol")
-    'fined symbol'
-    >>> key_of("xformers/ops/fmha")
-    '/ops/fmha'
-    """
-    span = _key_span(anchor, _stable(anchor))
-    return anchor[span[0]: span[1]] if span else ""
-
-
-def _key_span(form: str, ok: list[bool]) -> tuple[int, int, int] | None:
-    """``(start, end, where the pass character is)`` of the key of one form of an anchor."""
-    best: tuple[tuple[bool, int], tuple[int, int, int]] | None = None
-    for i, ch in enumerate(form[:_BACK]):
-        if not ok[i] or ch not in _PASSES:
-            continue
-        j = i
-        while j < len(form) and ok[j] and j - i < _MAX:
-            j += 1
-        # a key that starts inside a word first: real texts capitalise words at will ("Float8 Types is not ..."),
-        # and a piece of a word is rarer in logs than a whole common word, so it may be shorter
-        inside = i > 0 and form[i - 1].isalpha()
-        score = (inside, j - i)
-        if j - i >= (_MIN_INSIDE if inside else _MIN) and (best is None or score > best[0]):
-            best = (score, (i, j, i))
-    if best:
-        return best[1]
-    for ch in _RAREST:  # no key starts with a pass character: one that holds the rarest of them
-        at = form.find(ch)
-        while 0 <= at < _BACK:
-            i = j = at
-            while i > 0 and ok[i - 1] and at - i < _MAX // 2:
-                i -= 1
-            while j < len(form) and ok[j] and j - i < _MAX:
-                j += 1
-            if ok[at] and j - i >= _MIN_BEHIND and j - at > 2:  # a look-behind tried after two more characters
-                return i, j, at
-            at = form.find(ch, at + 1)
-    return None
-
-
-def _plain_keys(anchors: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
-    """Few lower-case pieces that together cover the anchors without a key: each is one ``str.find`` pass, so a
-    piece shared by several anchors is chosen first."""
-    pieces: dict[str, set[str]] = {}
-    for a in anchors:
-        ok = _stable(a)
-        for i in range(len(a)):
-            for j in range(i + 8, len(a) + 1):
-                if not all(ok[i:j]):
-                    break
-                pieces.setdefault(a[i:j], set()).add(a)
-    left: set[str] = set(anchors)
-    out: list[tuple[str, tuple[str, ...]]] = []
-    while left and pieces:
-        best = max(pieces, key=lambda p: (len(pieces[p] & left), len(p)))
-        if not pieces[best] & left:
-            break
-        out.append((best, tuple(sorted(pieces[best] & left))))
-        left -= pieces[best]
-    out.extend((a, (a,)) for a in sorted(left))  # an anchor without an 8-character stable piece: itself
-    return out
-
-
-def _trie(items: Sequence[tuple[str, str]]) -> str:
-    """One pattern for ``(rest, key)`` items: the text after the pass character, then, for a key that starts
-    before it, a look-behind for the whole key."""
-    root: dict[str, Any] = {}
-    for rest, key in items:
-        node = root
-        for ch in rest:
-            node = node.setdefault(ch, {})
-        node.setdefault("", set()).add(key)
-
-    def emit(node: dict[str, Any], done: str) -> str:
-        ends: set[str] = node.get("", set())
-        if any(len(k) == len(done) + 1 for k in ends):  # a key ends here whole: it already marks the line
-            return ""
-        alts = [f"(?<={re.escape(k)})" for k in sorted(ends)]
-        alts += [re.escape(ch) + emit(node[ch], done + ch) for ch in sorted(node) if ch]
-        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
-
-    return emit(root, "")
+_RARE, _RARE_FROM = 400, 1 << 13  # a pass character met more often than once in _RARE characters is common
 
 
 # what marked lines held, by their text: for a log's blocks, and for short (lower-cased) texts apart; a log's lines
@@ -204,6 +72,7 @@ class Prefilter:
                 keys[form[at]].setdefault((form[at + 1: e], form[s: e]), set()).add(i)
                 danger.add(form[s: e].lower())
         self.passes: list[tuple[re.Pattern[str], dict[str, tuple[int, ...]]]] = []
+        self._marking: list[tuple[str, re.Pattern[str]]] = []  # (the character every match starts with, pattern)
         for ch, ks in keys.items():
             if not ks:
                 continue
@@ -211,6 +80,7 @@ class Prefilter:
             by_match = {ch + rest: tuple(sorted({i for (other, _), of in ks.items() if other.startswith(rest)
                                                  for i in of})) for rest, _ in ks}
             self.passes.append((re.compile(re.escape(ch) + _trie(sorted(ks))), by_match))
+            self._marking.append((ch, self.passes[-1][0]))
         index = {a: i for i, a in enumerate(self.anchors)}
         self.plain = [(piece, tuple(index[a] for a in of)) for piece, of in _plain_keys(without)]
         danger.update(piece for piece, _ in self.plain)
@@ -220,8 +90,8 @@ class Prefilter:
         alike: dict[str, list[str]] = {}
         for piece, _ in self.plain:
             alike.setdefault(piece[:3], []).append(piece)
-        self._marking = [rx.search for rx, _ in self.passes] + [
-            re.compile(re.escape(os.path.commonprefix(g))).search for g in alike.values()]
+        self._marking += [(os.path.commonprefix(g)[0], re.compile(re.escape(os.path.commonprefix(g))))
+                          for g in alike.values()]
         self._danger = tuple(sorted({re.sub("[1-9]", "0", d) for d in danger}))
         self._inert_memo: dict[bytes, bool] = {}
 
@@ -273,17 +143,36 @@ class Prefilter:
         # text, and what it holds is remembered by the line's text: a log repeats its error lines
         marked: dict[int, int] = {}
         tfind, trfind = text.find, text.rfind
-        for search in self._marking:  # one search per marked line, which it then skips
-            m = search(source, start, cut)
-            while m is not None:
-                p = m.start()
+        sfind = source.find
+        for ch, rx in self._marking:  # one search per marked line, which it then skips
+            search, match = rx.search, rx.match
+            # every match starts with ``ch``: while it is rare in a long text it is found by ``str.find`` (memchr,
+            # ~0.05 ns a character where ``re``'s own skip loop reads ~0.7 on a UCS-2 log) and the pattern tried
+            # there (~0.4 us a place, ``re`` ~0.03-0.13); once common ("t", "l"), the pattern's own loop goes on.
+            # The same leftmost match either way: the same lines marked
+            rare, tries, p = cut - start >= _RARE_FROM, 0, start
+            while True:
+                if rare:
+                    p = sfind(ch, p, cut)
+                    if p == -1:
+                        break
+                    tries += 1
+                    rare = tries * _RARE < p - start + _RARE_FROM
+                    if match(source, p, cut) is None:
+                        p += 1
+                        continue
+                else:
+                    m = search(source, p, cut)
+                    if m is None:
+                        break
+                    p = m.start()
                 nl = trfind("\n", start, p)
                 ls = nl + 1 if nl != -1 else start
                 le = tfind("\n", p, cut)
                 if le == -1:
                     le = cut
                 marked[ls] = le
-                m = search(source, le + 1, cut)
+                p = le + 1
         lines = memo[exact]
         prefix = None if exact else _PREFIX.match
         for ls in sorted(marked):
