@@ -2,9 +2,9 @@
 
 ``check(op, args, kwargs, profile)`` judges one op call before it runs, as ``guard(mode="strict")`` and
 ``simulate`` see it from a ``TorchDispatchMode``. The rules are directional: a norm accepts a bf16 input
-with fp32 weight and bias but not the reverse; mm/linear/conv need equal dtypes; a CPU 0-dim scalar may join
-a device op; indexing accepts CPU indices; copies cross devices. A meta tensor meeting real data is always a
-problem: on CPU, linear/matmul/conv with a meta weight silently return uninitialised memory.
+with fp32 weight and bias but not the reverse; mm/linear/conv need equal dtypes; a CPU 0-dim scalar may join an
+elementwise device op, not index_select/gather/embedding; x[idx] accepts CPU indices; copies cross devices. A meta
+tensor meeting real data is always a problem: on CPU, linear/matmul/conv with a meta weight return uninitialised memory.
 
 The table itself lives in ``_rules_table`` (registered on import); this module is the machinery. Rules are
 registered per op family by ``@rule`` (which refuses duplicates); ``RULES.merged({...})`` gives a
@@ -81,7 +81,7 @@ class Rule(FrozenRecord):
 
     family: str
     ops: tuple[str, ...]
-    device: str  # "same" | "index" | "copy" | "free"
+    device: str  # a key of DEVICE_POLICIES: "same" | "all" | "index" | "copy" | "free" ...
     dtype: Check | None
     support: str = "storage"  # DeviceProfile.supports family (matmul, conv, norm, sdpa, scaled_mm, storage)
     uniform_too: bool = False  # judge even when every tensor shares device and dtype (float embedding indices)

@@ -1,9 +1,11 @@
 """The strict rule table: the device policies and the dtype rule of each aten op family (data for ``_rules``).
 
 Directional on purpose: a norm accepts a bf16 input with fp32 weight and bias but not the reverse
-(measured on CPU kernels: ``layer_norm(x bf16, w fp32)`` runs, the reverse raises); mm/linear/conv need equal dtypes; a CPU 0-dim scalar may join a device op; ``x_cuda[idx_cpu]``
-is legal and ``x_cpu[idx_cuda]`` is not; copies cross devices but nothing is read out of meta; a meta tensor
-meeting real data is always a problem. ``tests/test_rules.py`` checks every dtype rule against the real CPU kernels.
+(measured on CPU kernels: ``layer_norm(x bf16, w fp32)`` runs, the reverse raises); mm/linear/conv need equal dtypes;
+a CPU 0-dim scalar may join an elementwise device op (never index_select, gather, scatter or embedding);
+``x_cuda[idx_cpu]`` is legal and ``x_cpu[idx_cuda]`` is not; copies cross devices but nothing is read out of meta; a
+meta tensor meeting real data is always a problem. ``tests/test_rules.py`` checks every dtype rule against the real CPU
+kernels.
 """
 
 from __future__ import annotations
@@ -123,8 +125,13 @@ def _foreach_device(c: _Call) -> list[Finding]:
 DEVICE_POLICIES.update({
     "same": lambda c: _device_findings(c, c.tensors),
     "ctc": lambda c: _device_findings(c, [(k, t) for k, t in c.tensors if c.name_of(k) not in _CTC_FREE]),
-    # cat / stack copy every input into one output: no TensorIterator, so a CPU 0-dim tensor is no scalar there
+    # cat / stack copy every input into one output: no TensorIterator, so a CPU 0-dim tensor is no scalar there; nor
+    # in the ops that select or write by an index (families index_read, index_write below)
     "all": lambda c: _device_findings(c, c.tensors, scalars=False),
+    # index_fill_'s value tensor is read with ``.item()`` (any device); its index goes through a TensorIterator that
+    # allows no CPU scalar (it is restrided to the filled tensor's rank first)
+    "index_fill": lambda c: _device_findings(c, [(k, t) for k, t in c.tensors if c.name_of(k) != "value"],
+                                             scalars=False),
     "index": _index_device,
     "copy": _copy_device,
     "free": lambda c: [],
@@ -218,7 +225,8 @@ def _sdpa_dtypes(c: _Call) -> list[Finding]:
     return out
 
 
-@rule("embedding", ("embedding", "embedding_bag", "_embedding_bag", "_embedding_bag_forward_only"), uniform_too=True)
+@rule("embedding", ("embedding", "embedding_bag", "_embedding_bag", "_embedding_bag_forward_only"), device="all",
+      uniform_too=True)
 def _embedding_dtypes(c: _Call) -> list[Finding]:
     """Any float weight; indices must be integers."""
     idx = [(k, t) for k, t in c.tensors if c.name_of(k) == "indices"]
@@ -271,9 +279,21 @@ rule("scaled_mm", ("_scaled_mm", "_scaled_mm_v2", "_scaled_grouped_mm"), support
 rule("index", ("index", "_unsafe_index"), device="index")(None)
 rule("ctc", ("ctc_loss", "_ctc_loss", "_ctc_loss_backward"), device="ctc")(None)
 rule("index_put", ("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put"), device="index")(_self_source)
-rule("write_source", ("index_add", "index_add_", "scatter", "scatter_", "scatter_add", "scatter_add_", "scatter_reduce",
-                      "scatter_reduce_", "index_copy", "index_copy_", "masked_scatter", "masked_scatter_", "lerp",
-                      "lerp_", "prelu", "_prelu_kernel", "index_reduce", "index_reduce_"))(_self_source)
+rule("write_source", ("masked_scatter", "masked_scatter_", "lerp", "lerp_", "prelu", "_prelu_kernel"))(_self_source)
+# The ops that select or write by an index take no CPU 0-dim tensor beside a device one (a scheduler's
+# ``torch.tensor(5)`` timestep fed to ``nn.Embedding`` on cuda raises). Their CUDA and XPU kernels keep
+# native_functions.yaml's default ``device_check: ExactSame``, for which torchgen (``gen_device_check``) makes the
+# wrapper call ``check_and_update_common_device`` on every positional tensor, and that check (ATen's
+# ``op_registration/adaption.h``) compares devices with no exemption: "Expected all tensors to be on the same device
+# ... (when checking argument for argument index in method wrapper_CUDA__index_select)". ``embedding`` is composite,
+# ``weight.index_select(0, indices.reshape(-1))``. The CPU-scalar exemption is TensorIterator's (``device_check:
+# NoCheck`` ops: elementwise, comparisons); ``index.Tensor`` and ``index_put`` are NoCheck and move CPU indices
+# themselves (policy "index").
+rule("index_write", ("index_add", "index_add_", "scatter", "scatter_", "scatter_add", "scatter_add_", "scatter_reduce",
+                     "scatter_reduce_", "index_copy", "index_copy_", "index_reduce", "index_reduce_"),
+     device="all")(_self_source)
+rule("index_read", ("index_select", "gather", "take", "put", "put_"), device="all")(None)
+rule("index_fill", ("index_fill", "index_fill_"), device="index_fill")(None)
 rule("copy", ("_to_copy", "copy_", "to", "_copy_from", "_copy_from_and_resize", "lift_fresh", "lift_fresh_copy",
               "detach", "alias", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
               "randint_like", "new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided", "clone",
