@@ -6,7 +6,7 @@ clear, or whose tensors the module was not handed directly, is labelled unproven
 
 from __future__ import annotations
 
-import copy
+from torchdoctor._guard import trialcopy as copy
 from collections.abc import Sequence
 from typing import Any
 

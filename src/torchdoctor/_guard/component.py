@@ -9,7 +9,7 @@ cast down and called on its inputs. Neither touches the user's component.
 
 from __future__ import annotations
 
-import copy
+from torchdoctor._guard import trialcopy as copy
 import logging
 import re
 import threading

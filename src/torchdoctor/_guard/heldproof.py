@@ -113,7 +113,7 @@ def prove_module(chain: list[tuple[Any, int]], frame: Any, holder: Any, name: st
                   ref: torch.dtype) -> str | None:
     """The failing module run again on a copy, on the arguments its call got (``Module._call_impl``'s frame on the
     traceback), ``holder`` replaced by a copy whose ``odd`` tensors are cast; None when the call is not found."""
-    import copy
+    from torchdoctor._guard import trialcopy as copy
 
     from torchdoctor._guard.component import copyable
 

@@ -13,7 +13,7 @@ it. A model whose output is wider because its forward casts it so (``logits.floa
 
 from __future__ import annotations
 
-import copy
+from torchdoctor._guard import trialcopy as copy
 import logging
 import warnings
 from typing import TYPE_CHECKING, Any

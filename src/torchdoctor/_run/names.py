@@ -87,13 +87,18 @@ def held_name(expr: str, names: Mapping[str, Any]) -> str | None:
     return found[0] + _spelled(parts) if found else None
 
 
-def held_code(code: str, names: Mapping[str, Any] | None) -> str:
+def held_code(code: str, names: Mapping[str, Any] | None, spell: bool = True) -> str:
     """``code`` with each ``model.<path>`` the program holds under another name written with that name, and a module
     named by a method's locals when it started (``s.text_encoder``, ``s`` the pipeline's ``self``) by the program's
-    own global name for it (``pipe.text_encoder``)."""
-    if names:
-        code = _global_named(code, names)
-    if not names or "model" not in code:
+    own global name for it (``pipe.text_encoder``); ``spell``: a device or dtype written out too, by the program's
+    name for it (``_run.spelled``)."""
+    if not names:
+        return code
+    from torchdoctor._run.spelled import spelled
+
+    code = _global_named(code, names)
+    code = spelled(code, names) if spell else code
+    if "model" not in code:
         return code
     try:
         return _EXPR.sub(lambda m: held_name(m.group(1), names) or m.group(0), code)
@@ -133,10 +138,15 @@ def _table(obj: Any) -> dict[str, Any]:
 
 def as_held(fixes: Sequence[Any], names: Mapping[str, Any] | None) -> tuple[Any, ...]:
     """The fixes with each ``model.<path>`` the program holds under another name written with that name."""
+    from torchdoctor._run.spelled import spelled_fix
+
     for f in fixes:
         if getattr(f, "kind", None) in ("path", "note", "apart") and f.code:
-            f.code = held_code(f.code, names)
-    return tuple(f for f in fixes if not (names and _no_op(getattr(f, "code", "") or "", names)))
+            f.code = held_code(f.code, names, spell=False)
+    kept = tuple(f for f in fixes if not (names and _no_op(getattr(f, "code", "") or "", names)))
+    for f in kept:
+        spelled_fix(f, names)  # the program's names for its device and dtype, in the code and its patch alike
+    return kept
 
 
 # a whole module cast, as a fix writes it: ``torchdoctor.move(unet, torch.bfloat16)``, ``vae.to(torch.float16)``

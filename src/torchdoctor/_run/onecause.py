@@ -60,15 +60,16 @@ def _own(path: str) -> str:
     return path[5:] if path.startswith("self.") else path
 
 
-def causes(problems: Sequence[Any], roots: Sequence[tuple[str, frozenset[str]]] = ()) -> list[Cause]:
+def causes(problems: Sequence[Any], roots: Sequence[tuple[Any, ...]] = ()) -> list[Cause]:
     """``problems`` (already folded by module type) as causes, in the order their first member came.
-    ``roots``: the run's outermost modules, each as (class name, its parameter and buffer paths)."""
+    ``roots``: the run's outermost modules, each as (class name, its parameter and buffer paths[, the devices they
+    are on])."""
     owner: dict[int, int] = {}  # problem index -> index of the root that holds all its tensors
     for i, p in enumerate(problems):
         if p.kind != "device" or not (p.role in _ROLES or p.path.startswith("self.")):
             continue
         paths = [_own(x) for x in _paths(p)]
-        hit = [r for r, (_, names) in enumerate(roots) if all(x in names for x in paths)]
+        hit = [r for r, root in enumerate(roots) if all(x in root[1] for x in paths)]
         if len(hit) == 1:
             owner[i] = hit[0]
     keys: dict[tuple[Any, ...], list[int]] = {}
@@ -114,7 +115,7 @@ def causes(problems: Sequence[Any], roots: Sequence[tuple[str, frozenset[str]]] 
 
 
 def _causes_of(problems: Sequence[Any], key: tuple[Any, ...], ix: list[int],
-               roots: Sequence[tuple[str, frozenset[str]]]) -> Cause:
+               roots: Sequence[tuple[Any, ...]]) -> Cause:
     """The one cause of ``problems[ix]`` under ``key``, shown as ``causes`` shows it."""
     members = [problems[i] for i in ix]
     paths = [x for p in members for x in _paths(p)]
@@ -250,11 +251,16 @@ def _refused(members: list[Any], found: str, to: str) -> Any:
     return replace(first, message=message, tensors=tuple(p.path for p in members))
 
 
-def _model(members: list[Any], paths: list[str], root: tuple[str, frozenset[str]]) -> Any:
+def _model(members: list[Any], paths: list[str], root: tuple[Any, ...]) -> Any:
     first = members[0]
     own = list(dict.fromkeys(_own(x) for x in paths))
     shown = ", ".join(own[:_SHOWN]) + (", ..." if len(own) > _SHOWN else "")
     whole = len(own) == len(root[1])
+    if not whole and len(root) > 2 and root[2] == {first.found}:  # all of it there, some of it read (``vae.decode``)
+        message = (f"the {root[0]} model is on {first.found} (all its {len(root[1])} tensors; {len(own)} read here) "
+                   f"while the run is on {first.expected}: it was left there (offloaded, or not moved, before this "
+                   f"use); one cause, {len(members)} line(s) folded; e.g. {shown}")
+        return replace(first, path=root[0], message=message, tensors=tuple(paths))
     # some of them only: the rest of the model was moved, so these were skipped (a placement of its layers that
     # leaves out the Parameters no layer owns), not the model left behind
     why = f"the {root[0]} model was left there (offloaded, or not moved, before this use)" if whole else \

@@ -227,14 +227,15 @@ def run(script: str | None = None, args: list[str] | None = None, *, module: str
     return report
 
 
-def _roots(session: Any) -> list[tuple[str, frozenset[str]]]:
+def _roots(session: Any) -> list[tuple[str, frozenset[str], frozenset[str]]]:
     import torch
 
     out = []
     for m in list(getattr(session.problems, "roots", None) or ())[:16]:
         if isinstance(m, torch.nn.Module):
-            names = [n for n, _ in m.named_parameters(remove_duplicate=False)]
-            out.append((type(m).__name__, frozenset(names + [n for n, _ in m.named_buffers(remove_duplicate=False)])))
+            held = [*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False)]
+            # (and the devices they are on at the end: a model moved away whole is told from one a move missed)
+            out.append((type(m).__name__, frozenset(n for n, _ in held), frozenset(str(t.device) for _, t in held)))
     return out
 
 

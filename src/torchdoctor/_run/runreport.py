@@ -41,7 +41,8 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
         self.internal: list[str] = []  # torchdoctor's own warnings while the program ran, one line each
         self.raised: Any = None  # the error that ended a program with nothing placed wrong (``_run.raised``)
         self.hooks: dict[str, str] = {}  # path -> an offload hook above it that the op went around
-        self.roots: list[tuple[str, frozenset[str]]] = []  # outermost modules: class name, parameter/buffer paths
+        self.roots: list[tuple[str, frozenset[str], frozenset[str]]] = []  # outermost modules: class name,
+        # parameter/buffer paths, the devices they are on at the end
         if any("Recomputed values" in f.error for f in self.findings):  # a checkpoint's recompute in another dtype:
             from torchdoctor._virtual.defaultdtype import aim  # the default-dtype factory the run noted, if any
 

@@ -77,9 +77,11 @@ def seen(mod: torch.nn.Module) -> Apart:
         if not any(s in file for s in _SKIP):
             name = _name_in(frame.f_locals, mod)
             if name is not None:
-                from torchdoctor._virtual.origin import short_at
+                from torchdoctor._virtual.origin import LINES, short_at
 
                 out.name, out.called_at, out.file = name, short_at(frame), frame.f_code.co_filename
+                if len(LINES) < 4096:  # the line that called it, for a fix written there (``handout``)
+                    LINES.setdefault(out.called_at, (out.file, frame.f_lineno))
                 out.line = _built_at(out.file, name, out.cls)
                 if len(NAMES) < 256:  # the name it started under, for a fix written once the program has ended
                     NAMES[id(mod)] = (weakref.ref(mod), name)

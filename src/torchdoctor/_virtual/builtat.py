@@ -125,8 +125,13 @@ def _held_at(root: torch.nn.Module, path: str) -> Any:
 
 def covered_notes(fixes: Sequence[Fix]) -> list[Fix]:
     """``fixes`` without the generic "made in <dtype> ... no line that made them was recorded" notes where a fix
-    builds the modules at their line in the dtype those tensors lacked (the same tensors: one cause, one fix)."""
+    builds the modules at their line in the dtype those tensors lacked, or moves model tensors and casts them to it
+    (the same tensors: one cause, one fix)."""
     built = {str(f.rebuild[3][1]).rsplit(".", 1)[-1] for f in fixes if f.rebuild is not None and len(f.rebuild[3]) > 1}
+    # (and where a fix moves model tensors and casts them to that dtype: ``torchdoctor.move(model.proj, device,
+    # torch.float16)`` for a layer attached after the model's move; its tensors' dtype problems are that cause)
+    built |= {str(t).rsplit(".", 1)[-1] for f in fixes if f.kind in ("path", "apart") and f.sets
+              for t in (f.target if isinstance(f.target, tuple) else (f.target,)) if isinstance(t, torch.dtype)}
     return [f for f in fixes if not (f.kind == "input" and "no line that made them was recorded" in f.code and any(
         f"cast them where they are made (tensor.to(torch.{d}))" in f.code for d in built))] if built else list(fixes)
 

@@ -75,9 +75,14 @@ def device_name(file: str, line: int) -> str | None:
         return None
     mine = set() if fn is tree else {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)} | {
         n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    written = []
     for stmt in tree.body:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and \
-                stmt.lineno < line and stmt.targets[0].id not in mine and "is_available()" in ast.unparse(
-                    stmt.value):
-            return stmt.targets[0].id
-    return None
+                stmt.lineno < line and stmt.targets[0].id not in mine:
+            if "is_available()" in ast.unparse(stmt.value):
+                return stmt.targets[0].id
+            if "dev" in stmt.targets[0].id.lower() and _literal(stmt.value) and (
+                    text := ast.unparse(stmt.value).strip("'\"")).startswith(("cuda", "xpu", "mps", "torch.device(")) \
+                    and "cpu" not in text and "meta" not in text:  # ``device = "cuda"``: the program's own name
+                written.append(stmt.targets[0].id)
+    return written[0] if len(set(written)) == 1 else None

@@ -100,11 +100,18 @@ def entry_check(fixes: list[Fix], entries: dict[str, tuple[int, list[Any]]]) -> 
         if all(w is None for w in want):  # a fix by tensors: what it sets on them
             want = tuple(dict.fromkeys(t for _, t in f.sets if isinstance(t, (torch.device, torch.dtype))))
         for layer in layers:
+            if not any(x is f for x in fixes):  # replaced by the move of its module's output
+                break
             for o in entries[layer][1]:
                 wrong = _wrong(o, want, prefix, fixes)
                 if wrong is None:
                     continue
                 extra = _joined(o, tuple(t for t in want if t is not None))
+                if extra is None and f.kind == "apart" and isinstance(f.target, torch.device):
+                    from torchdoctor._virtual.handout import hand_out  # kept there with its inputs: its output moved
+
+                    if hand_out(fixes, f, layer, wrong):
+                        break
                 if extra is None:
                     f.proven = False
                     f.tried = (f"{f.tried}; but {layer} would then be given a tensor {wrong} (from outside it, not "

@@ -85,19 +85,24 @@ def use_fix(f: Fix, casts: Any, root: Any) -> Fix | None:
     if found is None:
         return None
     upath, use, away = found
+    hook = next(((p, c) for p in _above(upath)[1:] if (c := offloading_hook(vars(root.get_submodule(p)).get("_hf_hook")))),
+                None)
+    outer = use.outer
+    owner = outer.owner() if outer is not None and outer.owner is not None else None
+    if hook is None and outer is not None and owner is not None and id(owner) in paths and \
+            (a := _away(outer, casts, owner, held, paths, target)) is not None:  # ``vae.decode(z)`` of the
+        upath, use, away = paths[id(owner)], outer, a  # program, whose ``decode`` calls ``self.dec``: fixed there
     n = use.moved_in(casts) or 0
     deep = held if held.startswith(upath + ".") or not upath else upath  # what the program moved: at or above it
     # its tensors, the module as a whole, and what the offloading line moved (views of a weight a layer reads
     # without calling its owner: ``out_proj.weight`` in ``nn.MultiheadAttention``)
     moved = (f"moved a tensor at {casts.moves[away][4]}", target)
     sets = (*f.sets, ("*" if not upath else upath + ".", target), moved)
-    hook = next(((p, c) for p in _above(upath)[1:] if (c := offloading_hook(vars(root.get_submodule(p)).get("_hf_hook")))),
-                None)
     trail = casts.trails[away] if away < len(casts.trails) else None
     if hook is not None:
         out: Fix | None = _own_hook(use, upath, root.get_submodule(upath), hook, casts, away, target, sets)
-    elif trail is None or not trail.frames or trail.frames[0][2] is use.code:
-        return None  # the program moved it away in the function that uses it: that line is named (``awayline``)
+    elif trail is None or not trail.frames:
+        return None
     elif trail.thread != use.thread:
         out = _raced(use, deep, casts, away, n, target, sets, paths)
     else:
@@ -186,18 +191,22 @@ def _at_use(use: Use, upath: str, casts: Any, away: int, n: int, target: torch.d
         load = None  # the call that loads it also moved it away (a helper that places, then offloads): calling it
         # again before the use would offload it again
     said = (f"`{use.func}` was offloaded to {went} by {by}, and {use.at} uses it again on {device_str(target)} "
-            "without loading it")
+            "without loading it") if frames[0][2] is not use.code else (  # the program's own move, in that function
+        f"`{use.func}` was moved to {went} at {casts.moves[away][4]}, and {use.at} uses it again on "
+        f"{device_str(target)} without moving it back")
     if load is not None and (stmt := _call_stmt(*load)) is not None:
         new = f"{stmt}\n{body}"
         code = (f"{stmt}  # before {use.at}: {said}; load it before each use, as "
-                f"{os.path.basename(load[0])}:{load[1]} did once (moving it back inside the offload would undo it)")
+                f"{os.path.basename(load[0])}:{load[1]} did once" + (
+                    " (moving it back inside the offload would undo it)" if frames[0][2] is not use.code else ""))
     else:
         from torchdoctor._virtual.devexpr import device_name
 
         to = f"{use.arg}.device" if use.arg else device_name(use.file, use.line) or repr(device_str(target))
         a, b = use.span
         new = body[:a] + f"{use.func}.to({to})" + body[b:]
-        code = f"{new}  # at {use.at}: {said}; move it to the device of what it is given where it is used"
+        code = f"{new}  # at {use.at}: {said}; " + ("move it to the device of what it is given where it is used"
+                                                     if use.arg else f"move it to {to} where it is used")
     diff = line_patch(use.file, use.line, new)
     return Fix(code, "note", target, sets=tuple(sets), diff=diff)
 

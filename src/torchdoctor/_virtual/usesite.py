@@ -33,7 +33,8 @@ class Use:
     compile its methods at import, on the path of every virtual run. ``lines``: the line each of ``callers`` was
     at."""
 
-    __slots__ = ("file", "line", "at", "code", "func", "span", "arg", "indent", "moved", "callers", "thread", "lines")
+    __slots__ = ("file", "line", "at", "code", "func", "span", "arg", "indent", "moved", "callers", "thread", "lines",
+                 "outer", "owner")
 
     def __init__(self, file: str, line: int, at: str, code: Any, func: str, span: tuple[int, int], arg: str,
                  indent: str, moved: tuple[tuple[Any, int], ...] = (), callers: tuple[Any, ...] = (),
@@ -42,6 +43,8 @@ class Use:
         self.span, self.arg, self.indent, self.moved, self.callers, self.thread = span, arg, indent, moved, callers, \
             thread
         self.lines = lines
+        self.outer: Use | None = None  # a use in a method of the model (``decode``): the program's call of it
+        self.owner: Any = None  # (on such an outer use) a weak reference to that model
 
     def moved_in(self, casts: Any) -> int | None:
         """How many module moves ``casts`` had recorded when this use started; None when it was not recording."""
@@ -116,6 +119,20 @@ def _under(text: str, mod: torch.nn.Module, frame_locals: Any, frame_globals: An
     return isinstance(owner, torch.nn.Module) and any(m is mod for _, m in zip(range(4096), owner.modules()))
 
 
+def _method(calls: Any, mod: torch.nn.Module, frame_locals: Any, frame_globals: Any) -> tuple[Any, Any]:
+    """(the call as ``_calls`` gives it, cut to the model it is called on, and that model) for a call of a method
+    (``vae.decode(z)``, ``pipe.unet.forward(x)``) of a module that holds ``mod``; (None, mod) when there is none."""
+    for text, start, _, arg in calls:
+        owner_text, _, name = text.rpartition(".")
+        if not owner_text or owner_text.endswith("()"):
+            continue
+        owner = resolve(owner_text, frame_locals, frame_globals)
+        if isinstance(owner, torch.nn.Module) and name not in owner._modules and \
+                any(m is mod for _, m in zip(range(4096), owner.modules())):
+            return (owner_text, start, start + len(owner_text), arg), owner
+    return None, mod
+
+
 def resolve(text: str, frame_locals: Any, frame_globals: Any) -> Any:
     """The object ``a.b.c`` names in a frame, read from instance dicts and submodules only; ``_MISSING`` when not."""
     parts = text.split(".")
@@ -143,31 +160,50 @@ def note(mod: torch.nn.Module, moved: tuple[tuple[Any, int], ...], depth: int = 
             f, n = f.f_back, n + 1
         if f is None or n >= 40:
             return
-        file, line = f.f_code.co_filename, f.f_lineno
-        calls = _calls(file, line)
+        calls = _calls(f.f_code.co_filename, f.f_lineno)
         if not calls:
             return
+        key = mod
         hit = next((c for c in calls if resolve(c[0], f.f_locals, f.f_globals) is mod), None) or next(
             (c for c in calls if _under(c[0], mod, f.f_locals, f.f_globals)), None)
+        outer = None
+        if hit is None:  # a method of a model that holds it (``vae.decode(z)``): the use is that model's
+            hit, key = _method(calls, mod, f.f_locals, f.f_globals)
+        elif f.f_code.co_name != "forward" and isinstance(me := f.f_locals.get("self"), torch.nn.Module):
+            g = f.f_back  # the model's own method (``def decode(self, z): return self.dec(z)``) called by the
+            while g is not None and not own_cached(g.f_code.co_filename):  # program: that call is the use too
+                g = g.f_back
+            up = _method(_calls(g.f_code.co_filename, g.f_lineno) or (), mod, g.f_locals, g.f_globals) \
+                if g is not None else (None, mod)
+            outer = _use(g, up[0], moved) if up[0] is not None and up[1] is me else None
+            if outer is not None:
+                outer.owner = weakref.ref(me)
         if hit is None:
             return
-        arg = hit[3] if hit[3] and isinstance(resolve(hit[3], f.f_locals, f.f_globals), torch.Tensor) else ""
-        raw = linecache.getline(file, line).rstrip("\r\n")
-        from torchdoctor._virtual.origin import short_at
-
-        callers: list[Any] = []
-        lines: list[int] = []
-        g, n = f.f_back, 0
-        while g is not None and n < 32 and len(callers) < 8:
-            if own_cached(g.f_code.co_filename):
-                callers.append(g.f_code)
-                lines.append(g.f_lineno)
-            g, n = g.f_back, n + 1
-        _USES[mod] = Use(file, line, short_at(f), f.f_code, hit[0], (hit[1], hit[2]), arg,
-                         raw[:len(raw) - len(raw.lstrip(" \t"))], moved, tuple(callers),
-                         threading.get_ident(), tuple(lines))
+        use = _use(f, hit, moved)
+        use.outer = outer
+        _USES[key] = use
     except Exception:  # a diagnostic never breaks the program it watches: no use is noted
         return
+
+
+def _use(f: Any, hit: tuple[str, int, int, str], moved: tuple[tuple[Any, int], ...]) -> Use:
+    """The use at frame ``f``'s line of the call ``hit`` (as ``_calls`` gives it)."""
+    from torchdoctor._virtual.origin import short_at
+
+    file, line = f.f_code.co_filename, f.f_lineno
+    arg = hit[3] if hit[3] and isinstance(resolve(hit[3], f.f_locals, f.f_globals), torch.Tensor) else ""
+    raw = linecache.getline(file, line).rstrip("\r\n")
+    callers: list[Any] = []
+    lines: list[int] = []
+    g, n = f.f_back, 0
+    while g is not None and n < 32 and len(callers) < 8:
+        if own_cached(g.f_code.co_filename):
+            callers.append(g.f_code)
+            lines.append(g.f_lineno)
+        g, n = g.f_back, n + 1
+    return Use(file, line, short_at(f), f.f_code, hit[0], (hit[1], hit[2]), arg,
+               raw[:len(raw) - len(raw.lstrip(" \t"))], moved, tuple(callers), threading.get_ident(), tuple(lines))
 
 
 def use_of(mod: Any) -> Use | None:
