@@ -221,6 +221,23 @@ def _subscript() -> tuple[Any, Any]:
     return seeded(lambda: Indexed("subscript")), forward()
 
 
+class TimestepEmbed(nn.Module):
+    """A timestep embedding given a scheduler's 0-dim CPU step: ``embedding`` is ``index_select`` underneath, whose
+    device check has no exemption for a 0-dim CPU tensor (only the elementwise kernels take one as a scalar)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.temb = nn.Linear(8, 8), nn.Embedding(10, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.temb(torch.tensor(5))  # made on the CPU, 0-dim
+
+
+@case("cpu_0dim_index_embedding", "a 0-dim CPU index into a device embedding", "raises", kind="device")
+def _emb_0dim() -> tuple[Any, Any]:
+    return seeded(TimestepEmbed), forward()
+
+
 class MadeInside(nn.Module):
     def __init__(self, how: str) -> None:
         super().__init__()

@@ -281,3 +281,71 @@ def test_an_encoder_kept_on_the_cpu_with_its_inputs_has_its_output_moved(tmp_pat
     assert "TextEncoder().to(" not in report["patch"], report["patch"]
     _applied_clean(tmp_path, report)
     _cpu_run(tmp_path)
+
+
+# a float32 ControlNet in a bfloat16 pipeline; the program casts the ControlNet's inputs to its dtype by name
+CONTROLNET_INPUTS_BY_NAME = """
+    import torch
+    from diffusers import ControlNetModel, UNet2DConditionModel
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = dict(block_out_channels=(8, 16), layers_per_block=1, in_channels=4, cross_attention_dim=16,
+               down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), attention_head_dim=2, norm_num_groups=4)
+    unet = UNet2DConditionModel(sample_size=8, out_channels=4, up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), **cfg)
+    controlnet = ControlNetModel(conditioning_embedding_out_channels=(4, 8), **cfg)
+    unet.to(device, torch.bfloat16)
+    controlnet.to(device)
+    latents = torch.randn(1, 4, 8, 8, device=device, dtype=torch.bfloat16)
+    cond = torch.randn(1, 3, 16, 16, device=device)
+    text = torch.randn(1, 3, 16, device=device, dtype=torch.bfloat16)
+    t = torch.tensor([10], device=device)
+    with torch.no_grad():
+        down, mid = controlnet(latents.to(controlnet.dtype), t, encoder_hidden_states=text.to(controlnet.dtype),
+                               controlnet_cond=cond.to(controlnet.dtype), return_dict=False)
+        out = unet(latents, t, encoder_hidden_states=text, down_block_additional_residuals=down,
+                   mid_block_additional_residual=mid).sample
+    print(out.dtype)
+"""
+
+
+def test_a_float32_controlnet_is_cast_and_proven_with_no_cast_of_the_integer_timestep(tmp_path: Path) -> None:
+    # the ControlNet's inputs are cast to `controlnet.dtype` at the program's line: they follow the cast, so the
+    # fix is proven at the ControlNet's layers' entries; the int64 timestep (which the models make float) is never
+    # cast to bfloat16 ("pass input 1 (timestep) as tensor.to(torch.bfloat16)" rounds 999 to 1000)
+    pytest.importorskip("diffusers")
+    write(tmp_path / "app.py", CONTROLNET_INPUTS_BY_NAME)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    fixes = report["fixes"]
+    assert [f["code"].split("  #", 1)[0] for f in fixes] == ["controlnet.to(torch.bfloat16)"], fixes
+    assert fixes[0]["proven"], fixes[0]["tried"]
+    assert not any("timestep" in f["code"] for f in fixes), fixes
+
+
+# a forward hook that returns its module's output moved to the cpu to collect features
+HOOK_RETURNS_MOVED = """
+    import torch
+    import torch.nn as nn
+
+    DEVICE = "cpu"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to(device)
+
+    def collect(mod, inp, out):
+        return out.to(DEVICE)
+
+    model[0].register_forward_hook(collect)
+    with torch.no_grad():
+        y = model(torch.randn(3, 4, device=device))
+    print(tuple(y.shape))
+"""
+
+
+def test_a_forward_hook_that_returns_the_output_moved_away_returns_it_as_it_is(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", HOOK_RETURNS_MOVED)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = report["fixes"]
+    assert fix["code"].startswith("return out  # at app.py:10: `collect` is a forward hook, and what it returns "
+                                  "replaces the module's output: `out.to(DEVICE)` sent the model's data to cpu"), fix
+    assert fix["proven"], fix["tried"]
+    assert "-    return out.to(DEVICE)\n+    return out\n" in report["patch"], report["patch"]
+    _applied_clean(tmp_path, report)

@@ -60,8 +60,9 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
     items = placed_fixes(items, main, session.device, problems, rec)  # parked arguments moved at the call; hooked
     items = bare_move_fixes(refusal_fixes(problems, items), problems, main)  # a kernel-refused int, a bare .cuda()
     items = assign_fixes(items, main)  # a model a load with assign=True put back on the cpu: that line fixed
-    try:
-        return tuple(prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs))
+    try:  # (a caller's integer argument, a timestep the model makes float itself, is never cast to a float dtype)
+        return tuple(f for f in prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs)
+                     if not (f.kind == "input" and isinstance(f.target, torch.dtype) and f.label in rec.entry.ints))
     except Exception as exc:  # the proof is extra: the fix stands, said unproven, never a crash of the report
         for f in items:
             f.proven, f.tried = False, f"the proof at the failing op failed: {type(exc).__name__}: {exc}"[:400]

@@ -135,6 +135,7 @@ class EntryCheck:
         self.changes: dict[str, tuple[str, float]] = {}
         self.copies: dict[str, str] = {}  # path -> "moved <path> at <line>": a copy handed in there, by its line
         self.given: dict[int, dict[str, str]] = {}  # id of an outermost module -> its last call's tensors' devices
+        self.ints: set[str] = set()  # the caller's integer arguments by label: no fix casts one to a float dtype
 
     def __call__(self, mod: nn.Module, path: str, args: Any) -> None:
         if path not in self.inputs and len(self.inputs) < _INPUTS and \
@@ -273,6 +274,8 @@ class EntryCheck:
             self.given[id(mod)] = {(f"input {i} ({pos[i]})" if i < len(pos) else f"input {i}") if isinstance(i, int)
                                    else f"kwarg {i}": device_str(tensor_device(a)) for i, a in
                                    [*enumerate(args), *kwargs.items()] if isinstance(a, torch.Tensor)}
+            self.ints.update(label for label, a in zip(self.given[id(mod)], [a for a in (*args, *kwargs.values()) if
+                             isinstance(a, torch.Tensor)]) if not (a.is_floating_point() or a.is_complex()))
         for i, a in enumerate(args):
             if i < len(pos):
                 out[i] = _named(space, a, pos[i], f"input {i} ({{}})", who, _DEPTH, makers=self.made_args)

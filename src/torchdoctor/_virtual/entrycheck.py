@@ -55,19 +55,39 @@ def _covered(fix: Fix, entries: dict[str, tuple[int, list[Any]]]) -> tuple[str, 
     return (prefix, layers) if layers else None
 
 
-def _wrong(o: Any, wants: tuple[Any, ...], prefix: str, fixes: list[Fix]) -> str | None:
-    """What is wrong with operand ``o`` once ``wants`` apply to the layer it is given to (None: nothing)."""
+def _wrong(o: Any, wants: tuple[Any, ...], prefix: str, fixes: list[Fix], name: str = "",
+           own: frozenset[str] = frozenset()) -> str | None:
+    """What is wrong with operand ``o`` once ``wants`` apply to the layer it is given to (None: nothing). ``name``:
+    the module the fix casts, as the program names it (an input cast to ``name.dtype`` at the program's line follows
+    the fix: ``latents.to(controlnet.dtype)``); ``own``: its tensors' paths (what they alone made follows it too)."""
     if prefix and any(t.startswith(prefix) for t in o.tags):
         return None  # made inside the component: the fix changes it too
     changed = [t for f in fixes for t in targets(o, f)]
     for want in wants:
         if isinstance(want, torch.dtype) and o.meta.dtype != want and o.meta.is_floating_point() and \
-                not any(isinstance(t, torch.dtype) and t == want for t in changed):
+                not any(isinstance(t, torch.dtype) and t == want for t in changed) and not _follows(o, name, own):
             return f"{dtype_str(o.meta.dtype)}, not {dtype_str(want)}"
         if isinstance(want, torch.device) and o.device != want and o.meta.dim() > 0 and \
                 not any(isinstance(t, torch.device) and t == want for t in changed):
             return f"on {device_str(o.device)}, not {device_str(want)}"
     return None
+
+
+def _follows(o: Any, name: str, own: frozenset[str]) -> bool:
+    """``o`` was made from the module's own tensors alone (``own``), or cast at the program's line to the dtype of
+    the module ``name`` (``x.to(controlnet.dtype)``)."""
+    if not name:
+        return False
+    if o.tags and all(t.removeprefix("far ") in own for t in o.tags):
+        return True
+    from torchdoctor._virtual.castsites import SITES
+
+    for tag in o.tags:
+        at = tag.removeprefix("far ")
+        site = SITES.get(at[8:]) if at.startswith("cast at ") else None
+        if site is not None and f"{name}.dtype" in site.cast.replace(" ", ""):
+            return True
+    return False
 
 
 def _joined(o: Any, want: tuple[Any, ...]) -> Fix | None:
@@ -103,7 +123,8 @@ def entry_check(fixes: list[Fix], entries: dict[str, tuple[int, list[Any]]]) -> 
             if not any(x is f for x in fixes):  # replaced by the move of its module's output
                 break
             for o in entries[layer][1]:
-                wrong = _wrong(o, want, prefix, fixes)
+                wrong = _wrong(o, want, prefix, fixes, f.code.split(".to(", 1)[0] if f.kind == "apart" else "",
+                               frozenset(n for n, _ in f.sets))
                 if wrong is None:
                     continue
                 extra = _joined(o, tuple(t for t in want if t is not None))

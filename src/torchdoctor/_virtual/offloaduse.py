@@ -101,8 +101,8 @@ def use_fix(f: Fix, casts: Any, root: Any) -> Fix | None:
     trail = casts.trails[away] if away < len(casts.trails) else None
     if hook is not None:
         out: Fix | None = _own_hook(use, upath, root.get_submodule(upath), hook, casts, away, target, sets)
-    elif trail is None or not trail.frames:
-        return None
+    elif trail is None or not trail.frames or trail.frames[0][2] is use.code and not _offloads(use, casts, away):
+        return None  # moved away in the function that uses it, on purpose: that line is named (``awayline``)
     elif trail.thread != use.thread:
         out = _raced(use, deep, casts, away, n, target, sets, paths)
     else:
@@ -110,6 +110,23 @@ def use_fix(f: Fix, casts: Any, root: Any) -> Fix | None:
     if out is not None and out.diff is None:  # advice: a move at that line is not what it changes (``moveline``)
         out.sets = tuple(s for s in out.sets if s is not moved)
     return out
+
+
+def _offloads(use: Use, casts: Any, away: int) -> bool:
+    """The program's line that moved the model away, in the function that uses it, is an offload written out
+    (``vae.to("cpu")``, ``vae.cpu()``), and the use hands it nothing moved there (``m.seg(image.to(node_device))``
+    is a placement the program chose: kept)."""
+    from torchdoctor._virtual.ownline import own_line
+
+    here, used = own_line(casts.moves[away][2], casts.moves[away][3]), own_line(use.file, use.line)
+    if here is None or used is None:
+        return False
+    calls = [n for n in ast.walk(here[2]) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    offload = any(c.func.attr == "cpu" and not c.args or c.func.attr == "to" and len(c.args) == 1 and  # type: ignore
+                  ast.unparse(c.args[0]) in ("'cpu'", '"cpu"', "torch.device('cpu')") for c in calls)
+    handed = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cpu")
+                 for n in ast.walk(used[2]))
+    return offload and not handed
 
 
 def _away(use: Use, casts: Any, mod: torch.nn.Module, upath: str, paths: dict[int, str],
