@@ -349,3 +349,33 @@ def test_a_forward_hook_that_returns_the_output_moved_away_returns_it_as_it_is(t
     assert fix["proven"], fix["tried"]
     assert "-    return out.to(DEVICE)\n+    return out\n" in report["patch"], report["patch"]
     _applied_clean(tmp_path, report)
+
+
+# a LoRA weight re-initialised on the cpu after the model's move (get_peft_model moved the adapters before that)
+LORA_RESET_ON_CPU = """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    model.to(device)
+    model.base_model.model.model.layers[0].self_attn.q_proj.lora_A.default.weight.data = torch.randn(4, 32)
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(0, 64, (1, 7), device=device))
+    print(tuple(out.logits.shape))
+"""
+
+
+def test_a_weight_replaced_after_the_move_never_names_an_earlier_move_as_the_cause(tmp_path: Path) -> None:
+    # the adapters' last move (``model.to(device)``) brought them to the device: the line before it that peft's
+    # get_peft_model moved them at is no "moved to cpu in place" cause
+    pytest.importorskip("peft")
+    write(tmp_path / "app.py", LORA_RESET_ON_CPU)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = report["fixes"]
+    assert "in place at app.py:" not in fix["code"] and "move it back after" not in fix["code"], fix["code"]
+    assert fix["code"].endswith(".lora_A.default.weight.data.to(device)"), fix["code"]
+    assert fix["proven"], fix["tried"]

@@ -33,12 +33,12 @@ def away_fix(f: Fix, casts: Any, root: Any, used: list[Fix] | None = None) -> Fi
     hit = None
     for x in reversed(casts.moves):
         m = x[0]()
-        if m is None or id(m) not in names or x[1].type == target.type:
+        if m is None or id(m) not in names:
             continue
         prefix = names[id(m)] + "." if names[id(m)] else ""
-        if all(n.startswith(prefix) or n == "*" for n, _ in f.sets):
-            hit = (m, names[id(m)], x)
-            break
+        if all(n.startswith(prefix) or n == "*" for n, _ in f.sets):  # the last move of a module holding them:
+            hit = (m, names[id(m)], x) if x[1].type != target.type else None  # one that brought them there is no
+            break  # away move (what changed them since is another line: a ``.data =`` on the cpu)
     if hit is None:
         return None
     _, path, (_, went, file, line, at, _) = hit
