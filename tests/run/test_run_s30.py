@@ -249,6 +249,8 @@ def test_a_list_held_head_is_moved_with_the_program_s_device(tmp_path: Path) -> 
     codes = [f["code"] for f in report["fixes"]]
     assert codes[0].startswith("torchdoctor.move(model.heads, device)  #"), codes
     assert report["fixes"][0]["proven"], report["fixes"][0]["tried"]
+    [cause] = report["causes"]  # (a plain list has no .to: never `heads.to(...)` in the summary either)
+    assert "it was not moved (torchdoctor.move(heads, 'cuda:0'))" in cause["message"], cause
 
 
 def test_a_patch_writes_the_program_s_dtype_name(tmp_path: Path) -> None:
@@ -379,3 +381,38 @@ def test_a_weight_replaced_after_the_move_never_names_an_earlier_move_as_the_cau
     assert "in place at app.py:" not in fix["code"] and "move it back after" not in fix["code"], fix["code"]
     assert fix["code"].endswith(".lora_A.default.weight.data.to(device)"), fix["code"]
     assert fix["proven"], fix["tried"]
+
+
+# a float32 projector's output fed to a bfloat16 LM as inputs_embeds
+PROJECTOR_INTO_LM = """
+    import torch
+    import torch.nn as nn
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    lm = LlamaForCausalLM(cfg).to(device, torch.bfloat16)
+    projector = nn.Linear(24, 32).to(device)
+    feats = torch.randn(1, 6, 24, device=device)
+    with torch.no_grad():
+        embeds = projector(feats)
+        out = lm(inputs_embeds=embeds)
+    print(tuple(out.logits.shape))
+"""
+
+
+def test_a_float32_projector_into_a_bfloat16_lm_is_one_cause_and_one_fix_at_the_program_s_line(tmp_path: Path) -> None:
+    # the layers that met the float32 stream are one cause (was one per layer: 13), and the fixes of transformers'
+    # own cache line (`torch.tensor(..., dtype=key_states.dtype)` in cache_utils.py) are never printed beside it
+    pytest.importorskip("transformers")
+    write(tmp_path / "app.py", PROJECTOR_INTO_LM)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = report["fixes"]
+    assert fix["code"].startswith("out = lm(inputs_embeds=embeds.to(lm.dtype))  # at app.py:14"), fix["code"]
+    assert fix["proven"], fix["tried"]
+    first = report["causes"][0]["message"]
+    assert first.startswith("tensors computed from aten.addmm in `<root>` from bias and weight are float32 while the "
+                            "ops compute in bfloat16: one cause, "), first
+    assert len(report["causes"]) <= 3, [c["message"] for c in report["causes"]]
+    _applied_clean(tmp_path, report)

@@ -27,6 +27,7 @@ _OPERAND = re.compile(r"^(?P<desc>.+?) (?P<form>[a-z0-9_]+\[[^\]]*\]@\S+) is (?:
 _FROM = re.compile(r" from (?P<path>[\w.]+) \((?P<found>[^)]+)\)")  # a tensor made in forward from a named one
 _MADE_AT = re.compile(r" at \S+:\d+")  # a description that names the line its tensor was made at
 _IN = re.compile(r" in `[^`]*`")  # the module an op's view was taken in: one tensor, many modules
+_AFTER = re.compile(r", \d+ ops? after (?P<src>aten\.\w+ in `[^`]*` from .+)$")  # the op whose output it came from
 _ARG = re.compile(r"(?P<name>[\w.]+) \(an argument of the (?P<call>\S+) call, made by (?P<maker>`[^`]*`|\S+) at "
                   r"(?P<at>\S+:\d+)\)")  # what a tensor made in the model came from: the caller's argument
 _ROLES = ("parameter", "buffer")
@@ -91,6 +92,10 @@ def causes(problems: Sequence[Any], roots: Sequence[tuple[Any, ...]] = ()) -> li
             keys.setdefault(("attribute", p.kind, p.module_type, attr, m.group("op") if m else "", p.found,
                              p.expected), []).append(i)
             continue
+        after = _AFTER.search(m.group("desc")) if m is not None and p.role not in _ROLES else None
+        if m is not None and after is not None and not _MADE_AT.search(m.group("desc")):  # views of what one op
+            keys.setdefault(("after", p.kind, after.group("src"), p.found, m.group("on")), []).append(i)
+            continue  # made, met by many layers (a projector's float32 output in a bfloat16 model's stream): one cause
         if p.role in _ROLES or m is None or not _MADE_AT.search(m.group("desc")):
             keys.setdefault(("one", i), []).append(i)
             continue
@@ -129,6 +134,8 @@ def _causes_of(problems: Sequence[Any], key: tuple[Any, ...], ix: list[int],
         return Cause(_state(members, str(key[1])), paths, members[0])
     if key[0] == "refused":
         return Cause(_refused(members, str(key[1]), str(key[2])), paths, members[0])
+    if key[0] == "after":
+        return Cause(_after(members, str(key[2]), str(key[3]), str(key[4]), str(key[1])), paths, members[0])
     if key[0] == "model":
         return Cause(_model(members, paths, roots[key[1]]), paths, members[0])
     return Cause(_operand(members, key[2], key[3], key[4], key[1]), paths, members[0])
@@ -290,6 +297,17 @@ def _operand(members: list[Any], desc: str, form: str, on: str, kind: str = "dev
     name = re.search(r"(?:^| from )([\w.]+) \(", desc)  # the operand as the call names it (an argument)
     return replace(first, path=name.group(1) if name else first.path, message=message,
                    tensors=tuple(x for p in members for x in _paths(p)))
+
+
+def _after(members: list[Any], src: str, found: str, on: str, kind: str) -> Any:
+    """Tensors computed from the output of one op (``aten.addmm in `<root>` from bias and weight``), met by many
+    layers downstream: one cause, said once with the layers it reached."""
+    first = members[0]
+    where = list(dict.fromkeys(p.module_path or p.path for p in members))
+    said = f"on {found} while the run is on {on}" if kind == "device" else f"{found} while the ops compute in {on}"
+    message = (f"tensors computed from {src} are {said}: one cause, {len(members)} ops reached in "
+               f"{', '.join(where[:_SHOWN])}{', ...' if len(where) > _SHOWN else ''}")
+    return replace(first, message=message, tensors=tuple(x for p in members for x in _paths(p)))
 
 
 def _arguments(members: list[Any], call: str, maker: str, at: str, found: str, on: str) -> Any:

@@ -60,6 +60,7 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
     items = placed_fixes(items, main, session.device, problems, rec)  # parked arguments moved at the call; hooked
     items = bare_move_fixes(refusal_fixes(problems, items), problems, main)  # a kernel-refused int, a bare .cuda()
     items = assign_fixes(items, main)  # a model a load with assign=True put back on the cpu: that line fixed
+    items = _beside_library(items)  # a library's own factory line is never the fix beside one at the program's line
     try:  # (a caller's integer argument, a timestep the model makes float itself, is never cast to a float dtype)
         return tuple(f for f in prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs)
                      if not (f.kind == "input" and isinstance(f.target, torch.dtype) and f.label in rec.entry.ints))
@@ -67,3 +68,18 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
         for f in items:
             f.proven, f.tried = False, f"the proof at the failing op failed: {type(exc).__name__}: {exc}"[:400]
         return tuple(items)
+
+
+def _beside_library(items: list[Any]) -> list[Any]:
+    """``items`` without the fixes of factories at an installed library's line (``torch.tensor`` in transformers'
+    cache, fed a float32 stream) when a fix at the program's own line is among them (the odd input cast where the
+    model is handed it): the library's line only follows that stream, and its code is not the program's to edit."""
+    from torchdoctor._virtual.libout import library_line
+
+    def library(f: Any) -> bool:
+        keys = [k for k, _ in f.sets] if f.sets else []
+        return bool(keys) and all(isinstance(k, str) and k.startswith("factory ") and " at " in k and
+                                  library_line(k.rpartition(" at ")[2]) for k in keys)
+
+    own = [f for f in items if not library(f)]
+    return own if any(getattr(f, "diff", None) for f in own) else items

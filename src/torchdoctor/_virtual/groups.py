@@ -69,6 +69,8 @@ def _one(p: Problem, paths: list[str], networks: Sequence[str] = ()) -> Problem:
         f"{p.module_type} modules of " if p.module_type else ""
     shown = ", ".join(paths[:_SHOWN]) + (", ..." if len(paths) > _SHOWN else "")
     fix = f"{owner}.to({p.expected!r})" if owner else f"model.to({p.expected!r})"
+    if owner and all(x[len(owner) + 1:].split(".", 1)[0].isdigit() for x in paths):  # numbered: a plain list has no
+        fix = f"torchdoctor.move({owner}, {p.expected!r})"  # .to (``self.heads = [nn.Linear(...), ...]``)
     if via:
         fix = f"network.to({p.expected!r}) where the network is built"
     message = (f"{len(paths)} tensors of the {what}{held}{via} are on {p.found} while the run is on {p.expected}: "
