@@ -69,4 +69,4 @@ def test_a_waveform_handed_to_numpy_on_the_device_is_read_to_the_cpu_at_that_lin
 
 
 def test_a_weighted_losss_cpu_class_weights_move_with_the_loss_module(tmp_path: Path) -> None:
-    _fixed(tmp_path, LOSS, "loss_fn.to('cuda:0')")
+    _fixed(tmp_path, LOSS, "loss_fn.to(device)")  # (the program's name for its device)

@@ -52,6 +52,8 @@ def _line(text: str, names: Mapping[str, Any], bound: frozenset[str]) -> str:
     """One line of code (its comment left as it is) with the program's names."""
     import torch
 
+    if text.lstrip().startswith("#"):  # advice in words (``# pass input 0 (x) as tensor.to(torch.bfloat16)``, a
+        return text  # rule quoted from the program's line): kept as written
     code, sep, comment = text.partition("  # ")
 
     def device(m: re.Match[str]) -> str:
