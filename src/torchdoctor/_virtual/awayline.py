@@ -36,6 +36,8 @@ def away_fix(f: Fix, casts: Any, root: Any, used: list[Fix] | None = None) -> Fi
         if m is None or id(m) not in names:
             continue
         prefix = names[id(m)] + "." if names[id(m)] else ""
+        if x[1].type == target.type and "_hf_hook" in vars(m):
+            continue  # an offload hook's own onload: the program's away move is before it
         if all(n.startswith(prefix) or n == "*" for n, _ in f.sets):  # the last move of a module holding them:
             hit = (m, names[id(m)], x) if x[1].type != target.type else None  # one that brought them there is no
             break  # away move (what changed them since is another line: a ``.data =`` on the cpu)
