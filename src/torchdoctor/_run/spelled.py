@@ -107,10 +107,10 @@ def _bound_in_functions(script: str, diff: str) -> frozenset[str] | None:
     head = next((x for x in diff.split("\n") if x.startswith("+++ ")), "")
     if not script or not head or os.path.basename(head[4:].strip()) != os.path.basename(script):
         return None
-    try:
-        with open(script, encoding="utf-8") as fh:
-            tree = ast.parse(fh.read())
-    except (OSError, SyntaxError, ValueError):
+    from torchdoctor._virtual.devexpr import tree_of  # (parsed once per file for the process)
+
+    tree = tree_of(script)
+    if tree is None:
         return None
     out: set[str] = set()
     for fn in ast.walk(tree):
