@@ -67,7 +67,8 @@ def site_call(frame: Any, line: int, layer: torch.nn.Module, kind: str, other: A
             want = f"{recv}.{kind}" if isinstance(getattr(type(comp), kind, None), property) else \
                 f"next({recv}.parameters()).{kind}"
             if not spots:
-                return _cast_arg(node, kind, want, body, comp, recv, file, line)
+                return _cast_arg(node, kind, want, body, comp, recv, file, line) or \
+                    _made_inline(node, kind, other, want, body, comp, recv, file, line, frame)
             new = body
             for n in sorted(spots, key=lambda n: n.col_offset, reverse=True):
                 new = new[:n.col_offset] + f"{n.id}.to({want})" + new[n.end_col_offset or n.col_offset:]
@@ -89,6 +90,27 @@ def _cast_arg(node: ast.Call, kind: str, want: str, body: str, comp: torch.nn.Mo
             continue
         new = body[:dt.col_offset] + want + body[dt.end_col_offset:]
         return Site(comp, recv, (ast.unparse(a.func.value),), new, file, line, cast=True)
+    return None
+
+
+def _made_inline(node: ast.Call, kind: str, other: Any, want: str, body: str, comp: torch.nn.Module, recv: str,
+                 file: str, line: int, frame: Any) -> Site | None:
+    """The call's argument is another component's output made on that line (``lm(inputs_embeds=projector(feats))``):
+    that call, whose module is whole in ``other``, wrapped as it is handed over (``projector(feats).to(lm.dtype)``);
+    None when no argument is such a call."""
+    for a in (*node.args, *(k.value for k in node.keywords)):
+        if not isinstance(a, ast.Call) or not _chain(a.func) or a.end_col_offset is None:
+            continue
+        made = _resolve(ast.unparse(a.func), frame)
+        if not isinstance(made, torch.nn.Module) or any(m is comp for m in made.modules()) or \
+                any(m is made for m in comp.modules()):
+            continue
+        own = [t for t in (*made.parameters(), *made.buffers()) if kind == "device" or t.is_floating_point()]
+        if not own or not all(_odd(t, kind, other) for t in own):
+            continue
+        text = body[a.col_offset:a.end_col_offset]
+        new = body[:a.col_offset] + f"{text}.to({want})" + body[a.end_col_offset:]
+        return Site(comp, recv, (f"{ast.unparse(a.func)}(...)",), new, file, line)
     return None
 
 

@@ -60,7 +60,8 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
     items = placed_fixes(items, main, session.device, problems, rec)  # parked arguments moved at the call; hooked
     items = bare_move_fixes(refusal_fixes(problems, items), problems, main)  # a kernel-refused int, a bare .cuda()
     items = assign_fixes(items, main)  # a model a load with assign=True put back on the cpu: that line fixed
-    items = _beside_library(items)  # a library's own factory line is never the fix beside one at the program's line
+    items = _beside_library(_against_kept(items))  # a library's own factory line is never the fix beside one at the
+    # program's line; a model kept in its dtype on purpose is never cast out of it beside the fix of its input
     try:  # (a caller's integer argument, a timestep the model makes float itself, is never cast to a float dtype)
         return tuple(f for f in prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs)
                      if not (f.kind == "input" and isinstance(f.target, torch.dtype) and f.label in rec.entry.ints))
@@ -83,3 +84,18 @@ def _beside_library(items: list[Any]) -> list[Any]:
 
     own = [f for f in items if not library(f)]
     return own if any(getattr(f, "diff", None) for f in own) else items
+
+
+def _against_kept(items: list[Any]) -> list[Any]:
+    """``items`` without casts of model tensors away from the dtype a component is kept in on purpose, when the fix
+    of the input handed to it is among them (``keptside``): what its ops met was that input's stream, and casting
+    its weights to the stream's dtype undoes the program's own choice."""
+    from torchdoctor._virtual.keptfix import KEPT
+
+    kept = {f.target for f in items if isinstance(f.target, torch.dtype) and
+            any(isinstance(k, str) and k.startswith(KEPT) for k, _ in f.sets or ())}
+    if len(kept) != 1:
+        return items
+    (home,) = kept
+    return [f for f in items if not (f.kind == "path" and f.sets and
+                                     all(isinstance(t, torch.dtype) and t != home for _, t in f.sets))]

@@ -61,11 +61,34 @@ def reoperated(fixes: Sequence[Any]) -> Iterator[None]:
         yield
         return
     handle = torch.nn.modules.module.register_module_forward_pre_hook(_ModuleArgs(sites))
+    outs = {at: made for at, wants in sites.items() if (made := [w for w in wants if w[0].endswith("(...)")])}
+    out = torch.nn.modules.module.register_module_forward_hook(_MadeOutputs(outs)) if outs else None
     try:
         with _Operands(sites):
             yield
     finally:
         handle.remove()
+        if out is not None:
+            out.remove()
+
+
+class _MadeOutputs:
+    """A global forward hook: a module called at a fixed line whose output the fixed line casts or moves as it hands
+    it on (``lm(inputs_embeds=projector(feats).to(lm.dtype))``: the fix names it ``projector(...)``) returns it so."""
+
+    def __init__(self, sites: dict[tuple[str, int], list[tuple[str, str | None, Any]]]) -> None:
+        self.sites = sites
+
+    def __call__(self, module: Any, args: Any, output: Any) -> Any:
+        from torchdoctor._virtual.origin import user_frame
+        from torchdoctor._virtual.usesite import resolve
+
+        f = user_frame(1)
+        wants = self.sites.get((f.f_code.co_filename, f.f_lineno)) if f is not None else None
+        for name, _, target in wants or ():
+            if isinstance(output, torch.Tensor) and resolve(name[:-5], f.f_locals, f.f_globals) is module:
+                return output.to(target)
+        return None
 
 
 class _ModuleArgs:
