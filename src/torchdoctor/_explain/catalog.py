@@ -10,7 +10,7 @@ from __future__ import annotations
 from torchdoctor._explain import (apps, causes_device, causes_dtype, causes_extra, rules, sigs_device, sigs_dtype,
                                   sigs_fifteen, sigs_frames, sigs_more, sigs_own, sigs_platform, sigs_rare,
                                   sigs_eighteen, sigs_nineteen, sigs_seventeen, sigs_sixteen, sigs_thirteen,
-                                  sigs_twelve, sigs_twenty)
+                                  sigs_twelve, sigs_twenty, sigs_twentyone)
 from torchdoctor._explain.causes import Cause, ContextRule, causes, context_rules
 from torchdoctor._explain.signatures import CATEGORIES, Signature, signatures
 
@@ -18,4 +18,4 @@ __all__ = ["CATEGORIES", "Cause", "ContextRule", "Signature", "causes", "context
 
 _TABLES = (sigs_device, sigs_dtype, sigs_frames, sigs_more, sigs_own, sigs_platform, sigs_rare, sigs_twelve,
            sigs_thirteen, sigs_fifteen, sigs_sixteen, sigs_seventeen, sigs_eighteen, sigs_nineteen, sigs_twenty,
-           causes_device, causes_dtype, causes_extra, rules, apps)  # imported for their registrations
+           sigs_twentyone, causes_device, causes_dtype, causes_extra, rules, apps)  # imported for their registrations

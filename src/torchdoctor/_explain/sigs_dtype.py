@@ -142,8 +142,10 @@ _sig("unsupported.kernel", "unsupported_dtype_on_device", "No kernel for this dt
      "The kernel {kernel} has no implementation[ for {dtype}][ on {device}].",
      (("ud.half_on_cpu", 2.0), ("ud.kernel_missing", 1.0)),
      # the kernel and the dtype come quoted in every way a paste or a markdown editor quotes them
-     # a dispatch key in the dtype's place ("... is not implemented for `SparseMPS`") is a layout, not a dtype
-     r"[\"'`]?(?P<kernel>\w{1,80})[\"'`]? not implemented for [\"'`]?(?P<dtype>(?!Sparse)\w{1,30})[\"'`]?",
+     # a dispatch key in the dtype's place ("... is not implemented for `SparseMPS`") is a layout, not a dtype, and
+     # an attention implementation there (transformers' "Sliding Window Attention is enabled but not implemented for
+     # `sdpa`", a warning in every Qwen2 log) is none either
+     r"[\"'`]?(?P<kernel>\w{1,80})[\"'`]? not implemented for [\"'`]?(?P<dtype>(?!Sparse|sdpa\b)\w{1,30})[\"'`]?",
      require_pattern=True,
      alternatives=(_DT_ALT, ("backend_op_missing", 0.25, "the op has no kernel for this device at all")))
 # the kernel's message retold in words ("Slow conv2d cpu not implemented in half."): no quotes, spaces for the
