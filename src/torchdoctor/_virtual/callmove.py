@@ -50,7 +50,7 @@ def _at_call(items: list[Fix], main: Any, made_args: Mapping[str, tuple[str, str
     use = use_of(main) if parked and isinstance(main, torch.nn.Module) else None
     if use is None:
         return items
-    fix = _fix(use, parked)
+    fix = _fix(use, parked, all(_unmade(f.label, problems) for f in parked))
     if fix is None:
         return items
     first = items.index(parked[0])
@@ -66,11 +66,20 @@ def _parked(label: str, made_args: Mapping[str, tuple[str, str, str]], problems:
     if made_args.get(label, ("",))[0] in _PARKED:
         return True
     name = label.partition(" (")[2].rstrip(")")
-    said = re.compile(rf"\b{re.escape(name)} \(an argument of the \S+ call, made by Tensor\.(?:to|cpu) at \S+:\d+\)")
+    said = re.compile(rf"\b{re.escape(name)} \(an argument of the \S+ call, (?:made by Tensor\.(?:to|cpu) at \S+:\d+|"
+                      r"made before the run)\)")
     return bool(name) and any(p.kind == "device" and p.found == "cpu" and said.search(p.message) for p in problems)
 
 
-def _fix(use: Any, parked: Sequence[Fix]) -> Fix | None:
+def _unmade(label: str, problems: Sequence[Any]) -> bool:
+    """The argument ``label`` names came from no factory or move the run saw (a library's plain cpu tensor: a
+    scheduler's ``timesteps``, iterated by the program): not parked, handed over as it was made."""
+    name = label.partition(" (")[2].rstrip(")")
+    return bool(name) and any(f"{name} (an argument of the " in p.message and ", made before the run)" in p.message
+                              for p in problems if p.kind == "device")
+
+
+def _fix(use: Any, parked: Sequence[Fix], unmade: bool = False) -> Fix | None:
     """One fix moving each parked argument at the use's line — or at the line that called the use's function, when
     the use only hands on its own parameters (a pipeline's ``__call__``) — ; None when a line or name is not read."""
     from torchdoctor._virtual.ownline import own_line
@@ -85,7 +94,7 @@ def _fix(use: Any, parked: Sequence[Fix]) -> Fix | None:
     args = [call.args[int(i)] for i in index]
     where = (use.file, use.line, use.at, read, args)
     up = _caller(use, args)
-    return _written(up or where, parked, use.func, up is None)
+    return _written(up or where, parked, use.func, up is None, unmade)
 
 
 def _caller(use: Any, args: Sequence[ast.expr]) -> tuple[str, int, str, Any, list[ast.expr]] | None:
@@ -119,7 +128,7 @@ def _caller(use: Any, args: Sequence[ast.expr]) -> tuple[str, int, str, Any, lis
 
 
 def _written(where: tuple[str, int, str, Any, list[ast.expr]], parked: Sequence[Fix], func: str,
-             called: bool) -> Fix | None:
+             called: bool, unmade: bool = False) -> Fix | None:
     from torchdoctor._report.diff import line_patch
 
     file, line, at, (raw, body, _), args = where
@@ -141,7 +150,41 @@ def _written(where: tuple[str, int, str, Any, list[ast.expr]], parked: Sequence[
     shown = ", ".join(f"{body[a.col_offset:a.end_col_offset]}.to({name})" for a in args)
     simple = [ast.unparse(a) for a in args if isinstance(a, ast.Name)]
     how = f"handed to {func} at {at}" if called else f"handed on at {at} to {func}"
-    return Fix(f"# {', '.join(f.label for f in parked)}: parked on the cpu by the program and {how} as they are: "
-               f"move them there ({shown}); where they are parked stays as it is", "note", target,
+    labels = ", ".join(f.label for f in parked)
+    one = len(parked) == 1
+    said = (f"# {labels}: on the cpu{_came_from(file, line, simple)} and {how} as {'it is' if one else 'they are'}: "
+            f"move {'it' if one else 'them'} there ({shown})") if unmade else (
+        f"# {labels}: parked on the cpu by the program and {how} as they are: move them there ({shown}); where "
+        "they are parked stays as it is")
+    return Fix(said, "note", target,
                sets=tuple((f.label, target) for f in parked), diff=diff,
                reoperand=(file, line, simple[0], None, target) if called and len(simple) == 1 else None)
+
+
+def _came_from(file: str, line: int, names: Sequence[str]) -> str:
+    """``", taken from sched.timesteps at app.py:20"``: where the program's function got the one argument ``names``
+    holds (the loop or assignment before ``line`` that binds it); "" when it cannot be read."""
+    import os
+
+    from torchdoctor._virtual.devexpr import enclosing, tree_of
+
+    if len(names) != 1:
+        return ""
+    fn = enclosing(file, line)
+    scope = fn if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else tree_of(file)
+    found = None
+    for n in ast.walk(scope) if scope is not None else ():
+        if getattr(n, "lineno", line) >= line:
+            continue
+        if isinstance(n, (ast.For, ast.AsyncFor)) and isinstance(n.target, ast.Name) and n.target.id == names[0]:
+            hit = n.iter
+        elif isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == names[0] for t in n.targets):
+            hit = n.value
+        else:
+            continue
+        if found is None or n.lineno > found[1]:
+            found = (hit, n.lineno)
+    if found is None:
+        return ""
+    text = ast.unparse(found[0])
+    return f", taken from {text if len(text) <= 60 else text[:57] + '...'} at {os.path.basename(file)}:{found[1]}"
