@@ -8,6 +8,25 @@
 - A diffusers scheduler's timesteps left on the cpu (``set_timesteps(5)`` with no ``device=``), iterated and handed
   to a model whose ``nn.Embedding`` reads them: the fix was a comment, ``# pass input 1 (t) as tensor.to('cuda:0')``.
   It is the program's call now, ``model(x, t.to(device))``, a proven patch that says where ``t`` came from.
+- The classic ``x.to(device)`` on a line of its own (``Tensor.to`` returns a new tensor): the fix went to the factory
+  (``torch.randn(..., device=device)``) and left the dead line. The fix is that line assigned now, ``x =
+  x.to(device)``, for moves and casts (``feats.half()``) alike.
+- An upcast attention (``(q.float() @ k.float().transpose(-1, -2))``) whose float32 probabilities meet bfloat16
+  ``v``: the patch rewrote one of the line's two casts (``q.to(torch.bfloat16) @ k.float()``) and the patched
+  program failed a line earlier. The fix keeps the island and casts its result back where it meets ``v``.
+- A text encoder's outputs cached on the cpu (sd-scripts' cache) and handed twice to one call (``unet(latents,
+  enc[None], enc[None])``): the patch moved the key only, and the patched program failed on the value. Both are
+  moved in one patch now.
+- ``out.pin_memory()`` of a tensor on the GPU raises on a real GPU ("cannot pin 'CUDAFloatType' only dense CPU
+  tensors can be pinned") and passed silently under ``run``: it raises there too now, and is named.
+- A router kept in float32 with ``torch.autocast(..., enabled=False)`` inside a bfloat16 autocast region, fed the
+  region's bfloat16 output: the fix was a note about "a cache or state filled before" the cast. It is the block's
+  input cast where the block reads it now (``self.router(h.float())``), proven, the island kept.
+- ``nn.DataParallel(net, device_ids=[0, 1])`` with ``net`` left on the cpu: the culprit was the input (on cuda:0,
+  where it must be) and the fix moved it to the cpu, printed though its own re-run failed. The error says where the
+  parameters must be (``device_ids[0]``); they are the culprits now and the fix moves them there, proven.
+- A layer attached after accelerate's ``cpu_offload`` has no hook: the fix was "keep the hooks and give them cuda:0",
+  which they already had. The layer is moved as any module now, proven.
 """
 
 from __future__ import annotations
@@ -87,3 +106,217 @@ def test_a_scheduler_timestep_left_on_the_cpu_is_moved_where_the_program_hands_i
     assert fix["proven"], fix["tried"]
     assert "-        eps = model(x, t)\n+        eps = model(x, t.to(device))" in report["patch"], report["patch"]
     _applied_clean(tmp_path, report)
+
+
+DROPPED_MOVE = """
+    import torch, torch.nn as nn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.Sequential(nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 1))
+    model.to(device)
+    x = torch.randn(5, 10)
+    x.to(device)  # meant to move x
+    print(tuple(model(x).shape))
+"""
+
+DROPPED_CAST = """
+    import torch
+    import torch.nn as nn
+
+
+    def main(device):
+        model = nn.Linear(8, 4).to(device).half()
+        feats = torch.randn(3, 8, device=device)
+        feats.half()
+        return model(feats)
+
+
+    print(tuple(main("cuda" if torch.cuda.is_available() else "cpu").shape))
+"""
+
+
+@pytest.mark.parametrize(("source", "line", "fixed"), [(DROPPED_MOVE, 7, "x = x.to(device)"),
+                                                       (DROPPED_CAST, 9, "feats = feats.half()")])
+def test_a_move_whose_result_the_program_drops_is_fixed_at_that_line(tmp_path: Path, source: str, line: int,
+                                                                    fixed: str) -> None:
+    write(tmp_path / "app.py", source)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = report["fixes"]
+    name, _, call = fixed.partition(" = ")
+    assert fix["code"].startswith(f"{fixed}  # app.py:{line}: Tensor.{call.split('.')[1].split('(')[0]} returns a new "
+                                  f"tensor and never changes {name} in place"), fix["code"]
+    assert fix["proven"], fix["tried"]
+    assert f"+{' ' * (4 if 'feats' in name else 0)}{fixed}" in report["patch"], report["patch"]
+    assert not [x for x in report["patch"].splitlines() if x.startswith(("+", "-")) and "randn" in x], report["patch"]
+    _applied_clean(tmp_path, report)
+
+
+UPCAST_ATTENTION = """
+    import torch, torch.nn as nn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    class Attn(nn.Module):
+        def __init__(self, d=16):
+            super().__init__()
+            self.qkv = nn.Linear(d, 3 * d)
+            self.o = nn.Linear(d, d)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).chunk(3, -1)
+            scores = (q.float() @ k.float().transpose(-1, -2)) / q.shape[-1] ** 0.5
+            probs = scores.softmax(-1)
+            return self.o(probs @ v)
+
+    m = Attn().to(device, torch.bfloat16)
+    print(tuple(m(torch.randn(2, 5, 16, device=device, dtype=torch.bfloat16)).shape))
+"""
+
+
+def test_an_upcast_island_is_kept_and_its_result_cast_back_where_it_meets_the_data(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", UPCAST_ATTENTION)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = report["fixes"]
+    assert fix["code"].startswith("return self.o(probs.to(v.dtype) @ v)  # app.py:15: probs is float32 from "
+                                  "app.py:13, which casts both operands up on purpose"), fix["code"]
+    assert fix["proven"], fix["tried"]
+    assert "q.float() @ k.float()" not in "".join(x for x in report["patch"].splitlines() if x.startswith("+"))
+    _applied_clean(tmp_path, report)
+
+
+CACHED_TWICE = """
+    import torch, torch.nn as nn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    text_encoder = nn.Sequential(nn.Embedding(100, 16), nn.Linear(16, 16)).to(device)
+    unet = nn.MultiheadAttention(16, 2, batch_first=True).to(device)
+    captions = [torch.randint(0, 100, (7,)) for _ in range(2)]
+    cache = []
+    with torch.no_grad():
+        for ids in captions:
+            cache.append(text_encoder(ids.to(device)).to("cpu"))
+    for enc in cache:
+        latents = torch.randn(1, 9, 16, device=device)
+        out, _ = unet(latents, enc[None], enc[None])
+    print(tuple(out.shape))
+"""
+
+
+def test_one_parked_tensor_handed_twice_to_a_call_is_moved_in_both_places(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", CACHED_TWICE)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = report["fixes"]
+    assert fix["code"].startswith("# input 1 (key), input 2 (value): parked on the cpu by the program"), fix["code"]
+    assert fix["proven"], fix["tried"]
+    assert "+    out, _ = unet(latents, enc[None].to(device), enc[None].to(device))" in report["patch"], report["patch"]
+    _applied_clean(tmp_path, report)
+
+
+PINNED_ON_DEVICE = """
+    import torch, torch.nn as nn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.Linear(8, 8).to(device)
+    with torch.no_grad():
+        out = model(torch.randn(4, 8, device=device))
+    staged = out.pin_memory() if torch.cuda.is_available() else out
+    print(float(staged.sum()))
+"""
+
+
+def test_pinning_a_tensor_already_on_the_device_fails_as_on_a_gpu_and_is_named(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", PINNED_ON_DEVICE)
+    proc = run("--device", "cuda:0", "app.py", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "RuntimeError: cannot pin 'CUDAFloatType' only dense CPU tensors can be pinned" in proc.stderr + proc.stdout
+    said = proc.stdout + proc.stderr
+    assert "pin_memory() was called on a tensor that is not on the CPU" in said, said
+    assert "raised at app.py:7" in said, said
+
+
+AUTOCAST_OFF = """
+    import torch, torch.nn as nn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(16, 16)
+            self.router = nn.Linear(16, 4)
+
+        def forward(self, x):
+            h = self.body(x)
+            with torch.autocast(device_type=h.device.type, enabled=False):
+                logits = self.router(h)
+            return logits.softmax(-1)
+
+    m = Head().to(device)
+    with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
+        out = m(torch.randn(4, 16, device=device))
+    print(out.dtype)
+"""
+
+
+def test_a_block_run_with_autocast_off_gets_its_input_cast_where_it_reads_it(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", AUTOCAST_OFF)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = report["fixes"]
+    assert fix["code"].startswith("logits = self.router(h.float())  # app.py:14: autocast is off in this block "
+                                  "(app.py:13), so it computes in float32 while h comes bfloat16"), fix["code"]
+    assert fix["proven"], fix["tried"]
+    _applied_clean(tmp_path, report)
+
+
+DATA_PARALLEL_ON_CPU = """
+    import torch, torch.nn as nn
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    if torch.cuda.device_count() > 1:
+        net = nn.DataParallel(net, device_ids=[0, 1])
+        dev = "cuda:0"
+    else:
+        dev = "cpu"
+    x = torch.randn(6, 8, device=dev)
+    print(tuple(net(x).shape))
+"""
+
+
+def test_a_data_parallel_model_left_on_the_cpu_is_the_culprit_not_its_input(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", DATA_PARALLEL_ON_CPU)
+    proc = run("--device", "cuda:0", "--count", "2", "app.py", cwd=tmp_path)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 1, said
+    assert "culprit module.0.weight: f32[16,8]@cpu  (expected cuda:0)" in said, said
+    assert "culprit input 0" not in said and "tensor.to('cpu')" not in said, said
+    assert "net.module[0].weight.data = net.module[0].weight.data.to(dev)" in said, said
+    assert "fix proven" in said, said
+
+
+ATTACHED_AFTER_OFFLOAD = """
+    import torch, torch.nn as nn
+    from accelerate import cpu_offload
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+
+    class Denoiser(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = nn.Linear(8, 16)
+            self.out = nn.Linear(16, 8)
+            self.adapter = None
+
+        def forward(self, x):
+            h = torch.relu(self.inp(x))
+            if self.adapter is not None:
+                h = h + self.adapter(h)
+            return self.out(h)
+
+    model = Denoiser()
+    if device.type == "cuda":
+        cpu_offload(model, execution_device=device)
+    model.adapter = nn.Linear(16, 16)
+    print(tuple(model(torch.randn(2, 8, device=device)).shape))
+"""
+
+
+def test_a_layer_attached_after_cpu_offload_is_moved_not_left_to_hooks_it_does_not_have(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    write(tmp_path / "app.py", ATTACHED_AFTER_OFFLOAD)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = report["fixes"]
+    assert fix["code"].startswith("torchdoctor.move(model.adapter, device)"), fix["code"]
+    assert "give them" not in fix["code"] and fix["proven"], fix

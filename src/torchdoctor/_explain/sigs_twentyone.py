@@ -177,3 +177,20 @@ _sig("frames.meta_context_load", _MIX, "From the code: from_pretrained under a m
      (("md.meta_context_load", 3.0),),
      r"with torch\.device\([\"']meta[\"']\):[\s\S]{0,300}?\.from_pretrained\(", require_pattern=True,
      confidence=0.45)
+
+# --- pin_memory of a tensor already on an accelerator (session 31's hunt: a40) ------------------------------------
+# aten/src/ATen/native/Memory.cpp, _pin_memory: "cannot pin '" << self.toString() << "' only dense CPU tensors can be
+# pinned" (toString: the dispatch key and scalar type, ``CUDAFloatType``; torch 1.x wrote ``torch.cuda.FloatTensor``)
+_sig("device.pin_not_cpu", _DEV, "pin_memory() was called on a tensor that is not on the CPU",
+     ("only dense cpu tensors can be pinned",),
+     "pin_memory() pins host memory, and the tensor[ ({what})] is already on an accelerator (or sparse): only a dense "
+     "CPU tensor can be pinned.",
+     (("dev.pin_not_cpu", 3.0),), r"cannot pin '(?P<what>[\w.]{1,60})'", confidence=0.9)
+_c("dev.pin_not_cpu",
+   "A tensor already on the GPU was pinned: pinning is for a CPU tensor about to be copied to the device (or a "
+   "DataLoader's pin_memory=True met a batch its collate_fn or dataset already moved to the GPU). Pin before the "
+   "move, or drop pin_memory for what is already on the device.", "torchdoctor run app.py --device cuda:0",
+   ("Pin the CPU tensor, then copy it", "x = x.pin_memory().to(device, non_blocking=True)"),
+   ("Or skip pinning for a tensor already on the device", "staged = out if out.device.type != 'cpu' else out.pin_memory()"),
+   ("Or keep the dataset and collate_fn on the CPU when the DataLoader pins",
+    "loader = DataLoader(ds, batch_size=8, pin_memory=True)  # collate_fn returns CPU tensors"))

@@ -60,7 +60,12 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
     items = placed_fixes(items, main, session.device, problems, rec)  # parked arguments moved at the call; hooked
     items = bare_move_fixes(refusal_fixes(problems, items), problems, main)  # a kernel-refused int, a bare .cuda()
     items = assign_fixes(items, main)  # a model a load with assign=True put back on the cpu: that line fixed
-    items = _beside_library(_against_kept(items))  # a library's own factory line is never the fix beside one at the
+    from torchdoctor._virtual.dropped import dropped_fixes
+
+    from torchdoctor._virtual.island import autocast_off_fixes, island_fixes
+
+    items = island_fixes(dropped_fixes(_beside_library(_against_kept(items))), rec.cases.cases)
+    items = autocast_off_fixes(items, rec.cases.cases)  # a block run with autocast off: its input cast there  # a library's own factory line is never the fix beside one at the
     # program's line; a model kept in its dtype on purpose is never cast out of it beside the fix of its input
     try:  # (a caller's integer argument, a timestep the model makes float itself, is never cast to a float dtype)
         return tuple(f for f in prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs)

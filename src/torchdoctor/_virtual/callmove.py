@@ -50,7 +50,7 @@ def _at_call(items: list[Fix], main: Any, made_args: Mapping[str, tuple[str, str
     use = use_of(main) if parked and isinstance(main, torch.nn.Module) else None
     if use is None:
         return items
-    fix = _fix(use, parked, all(_unmade(f.label, problems) for f in parked))
+    fix = _fix(use, parked, all(_unmade(f.label, problems) for f in parked), main)
     if fix is None:
         return items
     first = items.index(parked[0])
@@ -79,7 +79,7 @@ def _unmade(label: str, problems: Sequence[Any]) -> bool:
                               for p in problems if p.kind == "device")
 
 
-def _fix(use: Any, parked: Sequence[Fix], unmade: bool = False) -> Fix | None:
+def _fix(use: Any, parked: Sequence[Fix], unmade: bool = False, main: Any = None) -> Fix | None:
     """One fix moving each parked argument at the use's line — or at the line that called the use's function, when
     the use only hands on its own parameters (a pipeline's ``__call__``) — ; None when a line or name is not read."""
     from torchdoctor._virtual.ownline import own_line
@@ -92,6 +92,24 @@ def _fix(use: Any, parked: Sequence[Fix], unmade: bool = False) -> Fix | None:
     if call is None or not all(i.isdigit() and int(i) < len(call.args) for i in index):
         return None
     args = [call.args[int(i)] for i in index]
+    roots = {_root(a) for a in args} - {None}
+    # an argument made from the same parked name (``unet(latents, enc[None], enc[None])``): its op fails after the
+    # first one's, so no fix names it; moved at the call with it
+    more = [(i, a) for i, a in enumerate(call.args) if str(i) not in index and _root(a) in roots]
+    if more:
+        from dataclasses import replace
+
+        from torchdoctor._virtual.callargs import signature_of
+
+        try:
+            pos = signature_of(main)[0] if main is not None else ()
+        except (TypeError, ValueError):  # no signature: the caller's positions
+            pos = ()
+        if any(f.label != f"input {i} ({pos[int(i)] if int(i) < len(pos) else ''})" for f, i in zip(parked, index)):
+            pos = ()  # the call is not of the model's own forward (a pipeline's): its positions only
+        parked = [*parked, *(replace(parked[0], label=f"input {i} ({pos[i]})" if i < len(pos) else f"input {i}")
+                             for i, _ in more)]
+        args = [*args, *(a for _, a in more)]
     where = (use.file, use.line, use.at, read, args)
     up = _caller(use, args)
     return _written(up or where, parked, use.func, up is None, unmade)
@@ -188,3 +206,10 @@ def _came_from(file: str, line: int, names: Sequence[str]) -> str:
         return ""
     text = ast.unparse(found[0])
     return f", taken from {text if len(text) <= 60 else text[:57] + '...'} at {os.path.basename(file)}:{found[1]}"
+
+
+def _root(node: ast.expr) -> str | None:
+    """The name an argument expression is read from (``enc`` of ``enc[None]``, ``enc.unsqueeze(0)``), or None."""
+    while isinstance(node, (ast.Subscript, ast.Attribute, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None

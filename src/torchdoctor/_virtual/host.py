@@ -232,6 +232,12 @@ def host(space: Space, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
                 return getattr(self, "_td_pinned", False) if name == "is_pinned" else self
             return _pinned_copy(space, self)
         return func(*args, **kwargs)
+    if name == "pin_memory" and self._td_device.type != "cpu":  # as ATen's ``_pin_memory`` refuses it
+        scalar = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+                  torch.int64: "Long", torch.int32: "Int", torch.uint8: "Byte", torch.int8: "Char",
+                  torch.int16: "Short", torch.bool: "Bool"}.get(self.dtype, str(self.dtype)[6:])
+        raise RuntimeError(f"cannot pin '{self._td_device.type.upper()}{scalar}Type' only dense CPU tensors can be "
+                           "pinned")
     if name == "data_ptr":  # distinct tensors, distinct pointers (meta says 0 for all)
         return id(self._td_elem) if self._td_elem.device.type == "meta" else self._td_elem.data_ptr()
     return {"is_pinned": False, "record_stream": None}.get(name, self)
