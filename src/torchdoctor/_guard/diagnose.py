@@ -22,7 +22,7 @@ from torchdoctor._guard.handed import handed_aim
 from torchdoctor._guard.heldarg import aim_made, locals_made
 from torchdoctor._guard.kept import kept_aim, kept_float32, kept_site  # (a component kept in float32 on purpose)
 from torchdoctor._guard.remedy import Aim, aimed, caller_fix, caller_makers, moved_aim, with_patch
-from torchdoctor._guard.maps import Maps, both, fix_code, module_label, reference
+from torchdoctor._guard.maps import Maps, both, fix_code, module_label, reference, stated
 from torchdoctor._guard.message import kind_of as _kind_of, mentioned as _mentioned, placement_category
 from torchdoctor._guard.record import Note
 from torchdoctor._guard.session import Session
@@ -182,7 +182,7 @@ def explain_error(session: Session, exc: BaseException, tb: types.TracebackType 
     value: Callable[[torch.Tensor], Any] = (lambda t: t.dtype) if kind in ("dtype", "unsupported_dtype") else (
         lambda t: _rules._norm(_rules.tensor_device(t)))
     pool = [c for c in cands if kind not in ("dtype", "unsupported_dtype") or c[2].is_floating_point()]
-    ref = reference(pool, kind, value, maps, _mentioned(message, kind), mpath)
+    ref = stated(message, kind) or reference(pool, kind, value, maps, _mentioned(message, kind), mpath)
     if kind == "meta":
         bad = [c for c in pool if c[2].device.type == "meta"]
     elif kind == "unsupported_dtype":

@@ -318,6 +318,23 @@ def reference(pool: list[tuple[str | None, str, torch.Tensor]], kind: str, value
     return max(weight, key=weight.__getitem__) if weight else None
 
 
+def stated(message: str, kind: str) -> Any:
+    """The device an error says the tensors must be on, where it says so outright (``nn.DataParallel``: "module must
+    have its parameters and buffers on device cuda:0 (device_ids[0]) but found one of them on device: cpu"): what the
+    culprits disagree with, whatever most of them hold; None otherwise."""
+    import re
+
+    m = re.search(r"must have its parameters and buffers on device (\w+(?::\d+)?)", message) if kind == "device" else None
+    if m is None:
+        return None
+    from torchdoctor._placement import norm_device, parse_device
+
+    try:
+        return norm_device(parse_device(m.group(1)))
+    except (ValueError, RuntimeError):  # not a device torch knows: as before
+        return None
+
+
 def _beside(layer: str, bases: set[str]) -> bool:
     """A trained tensor's layer is one of the frozen ``bases``' layers, or sits in the module above one of them that
     is no model root (``q`` of ``q.base_layer``): an adapter on that base."""

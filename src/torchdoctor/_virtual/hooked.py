@@ -80,6 +80,12 @@ def _plain(root: torch.nn.Module, paths: Any, device: torch.device) -> list[tupl
     return out
 
 
+def _unhooked(f: Fix, covered: set[str]) -> bool:
+    """Every tensor ``f`` moves is held by a module no hook places (``covered``: the hooked modules' paths)."""
+    return bool(f.sets) and all(isinstance(n, str) and n != "*" and "." in n and n.rpartition(".")[0] not in covered
+                                for n, _ in f.sets)
+
+
 def _exec_index(mod: Any) -> int | None:
     """The device index a module's accelerate hook runs it on (``execution_device``: an int, ``"cuda:1"`` or a
     device), read without parsing a device (a virtual run's answers need none); None without one."""
@@ -175,7 +181,11 @@ def under_hooks(items: list[Fix], root: Any, device: torch.device, paths: Any = 
             if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and dev is not None \
                     and dev.type != device.type and (why != "Module.to" or f"{mpath}.{name}" in paths):
                 attrs.setdefault((type(mod), name), []).append((f"{mpath}.{name}" if mpath else name, mod))
-    out = [f for f in items if not (f.code.startswith("torchdoctor.move(") or f.code.startswith("# lasting fix:"))]
+    covered = {m for m, _ in hooked}
+    # a module attached after the hooks (``model.adapter = nn.Linear(...)`` after ``cpu_offload``) has none: its
+    # tensors are moved as any module's, the hooks never onload them
+    out = [f for f in items if not (f.code.startswith("torchdoctor.move(") and not _unhooked(f, covered) or
+                                    f.code.startswith("# lasting fix:"))]
     placed = _placed_by_hand(out, hooked, why)
     if placed is not None:  # a part of a model the hooks place (a device map's layer): never moved by hand
         out = [f for f in out if not any(f is g for g in placed[0])]
