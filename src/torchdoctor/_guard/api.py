@@ -154,10 +154,11 @@ class guard:  # noqa: N801 - reads like torch.no_grad
             return None
         try:
             from torchdoctor._guard.diagnose import explain_error  # the explanation is loaded by the first error
+            from torchdoctor._guard import rawarg
 
             if session.lean is not None:  # a no-grad forward's running modules, from the traceback
                 session.lean.rebuild(exc.__traceback__ or tb)
-            explained = explain_error(session, exc, tb)
+            explained = rawarg.amend(session, exc, tb, explain_error(session, exc, tb))
         except Exception:  # never let the explanation replace the user's error
             log.debug("guard could not explain %r", exc, exc_info=True)
             return None
@@ -315,12 +316,13 @@ def explain_running(g: guard, exc: BaseException) -> str | None:
     sessions = getattr(g._local, "sessions", None)
     if not sessions or exc.__traceback__ is None:
         return None
+    from torchdoctor._guard import rawarg
     from torchdoctor._guard.diagnose import explain_error
 
     session = sessions[-1]
     filled = session.lean is not None and session.lean.rebuild(exc.__traceback__)
     try:
-        explained = explain_error(session, exc, exc.__traceback__)
+        explained = rawarg.amend(session, exc, exc.__traceback__, explain_error(session, exc, exc.__traceback__))
     finally:
         if filled:  # the program may go on: its next forward starts from an empty stack, as the post hooks leave it
             session.lean.clear()
