@@ -359,7 +359,8 @@ def test_malicious_pickle_never_runs(tmp_path, how):
     modules_before = set(sys.modules)
     report = scan_checkpoint(path)
     assert not marker.exists()
-    assert set(sys.modules) == modules_before
+    # nothing the pickle names was imported (torchdoctor's own readers load lazily, in whatever order tests ran)
+    assert {m for m in set(sys.modules) - modules_before if not m.startswith("torchdoctor.")} == set()
     (p,) = [p for p in report.problems if p.kind == "unsafe_global"]
     assert p.found == f"{os.system.__module__}.system"
     assert f"touch {marker}" in p.message and "do not load this file" in p.message

@@ -27,6 +27,11 @@
   parameters must be (``device_ids[0]``); they are the culprits now and the fix moves them there, proven.
 - A layer attached after accelerate's ``cpu_offload`` has no hook: the fix was "keep the hooks and give them cuda:0",
   which they already had. The layer is moved as any module now, proven.
+- An optimizer stepped once on the cpu (a warm-up) before ``model.to(device)``: the fix said the state "stays where it
+  was loaded" (nothing loads it) and had no patch. It names the step and reloads the state after the move
+  (``opt.load_state_dict(opt.state_dict())``, which puts each state tensor on its parameter's device), a patch.
+- ``torch._scaled_mm`` in float8 on an A100 profile: the advice said the GPU "cannot hold" float8 and to cast before
+  the move. An A100 holds float8; it has no float8 matmul kernel (capability 8.9+). The advice says so now.
 """
 
 from __future__ import annotations
@@ -320,3 +325,53 @@ def test_a_layer_attached_after_cpu_offload_is_moved_not_left_to_hooks_it_does_n
     [fix] = report["fixes"]
     assert fix["code"].startswith("torchdoctor.move(model.adapter, device)"), fix["code"]
     assert "give them" not in fix["code"] and fix["proven"], fix
+
+
+STEPPED_BEFORE_MOVE = """
+    import torch, torch.nn as nn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 8)).sum().backward(); opt.step(); opt.zero_grad()
+    model.to(device)
+    for step in range(2):
+        loss = model(torch.randn(4, 8, device=device)).pow(2).mean()
+        loss.backward()
+        opt.step(); opt.zero_grad()
+    print(float(loss))
+"""
+
+
+def test_an_optimizer_stepped_before_the_move_has_its_state_reloaded_after_it(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", STEPPED_BEFORE_MOVE)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = report["fixes"]
+    assert fix["code"].startswith("# opt.step() at line 6 made the state on cpu before model.to(device) at line 7"), \
+        fix["code"]
+    assert "stays where it was loaded" not in fix["code"] and fix["proven"], fix
+    assert " model.to(device)\n+opt.load_state_dict(opt.state_dict())" in report["patch"], report["patch"]
+    _applied_clean(tmp_path, report)
+
+
+SCALED_MM = """
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(16, 32, device=device)
+    w = torch.randn(64, 32, device=device)
+    sx, sw = x.abs().max() / 448, w.abs().max() / 448
+    x8 = (x / sx).to(torch.float8_e4m3fn)
+    w8 = (w / sw).to(torch.float8_e4m3fn)
+    y = torch._scaled_mm(x8, w8.t(), scale_a=sx.float(), scale_b=sw.float(), out_dtype=torch.bfloat16)
+    print(tuple(y.shape))
+"""
+
+
+def test_a_float8_matmul_on_a_gpu_without_its_kernel_says_it_holds_float8_but_cannot_compute_it(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", SCALED_MM)
+    report = _report(run("--device", "cuda:0", "--profile", "a100", "--json", "app.py", cwd=tmp_path))
+    [fix] = report["fixes"]
+    assert fix["code"].startswith("# cuda:0 (capability 8.0) holds float8_e4m3fn tensors but has no float8_e4m3fn "
+                                  "kernel for scaled_mm"), fix["code"]
+    assert "get_device_capability() >= (8, 9)" in fix["code"] and "cannot hold" not in fix["code"], fix["code"]
+    quiet = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))  # an H100 has the kernel
+    assert quiet["ok"], quiet["problems"]

@@ -101,3 +101,41 @@ def swapped_load(code: str, diff: str, p: Any, problems: Any) -> Any:
                  "puts it; the step then ran with no problem" if not others else
                  f"the step still found: {others[0].message}"[:400])
     return fix
+
+
+def stepped_before_move(file: str, held: str, model: str) -> tuple[str, int, str, int, str] | None:
+    """(the step's source, its line, the move's source, its line, the diff) where ``file`` steps ``held`` (which
+    makes its state where the parameters are then) before it moves ``model`` in one block of statements, and no
+    state is loaded between: the diff reloads the state after the move (``opt.load_state_dict(opt.state_dict())``,
+    which puts each state tensor on its parameter's device). None otherwise."""
+    import linecache
+
+    from torchdoctor._report.diff import line_patch
+    from torchdoctor._virtual.devexpr import tree_of
+
+    tree = tree_of(file)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        steps = [i for i, s in enumerate(body) if any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step" and
+            ast.unparse(n.func.value) == held for n in ast.walk(s)) and not isinstance(s, (ast.For, ast.While))]
+        moves = [i for i, s in enumerate(body) if _calls(s, model, _MOVES)]
+        for i in steps:
+            j = next((j for j in moves if j > i), None)
+            if j is None or any(_calls(s, held, {"load_state_dict"}) for s in body[i + 1: j]):
+                continue
+            move = body[j]
+            line = move.end_lineno or move.lineno
+            raw = linecache.getline(file, line).rstrip("\r\n")
+            if move.lineno != line or not raw.strip():
+                return None
+            diff = line_patch(file, line, f"{raw.strip()}\n{held}.load_state_dict({held}.state_dict())  # the state "
+                                          "on each parameter's device")
+            if diff is not None:  # the move's line kept as context, not removed and added again
+                diff = diff.replace(f"\n-{raw}\n+{raw}\n", f"\n {raw}\n", 1)
+                return ast.unparse(body[i]).splitlines()[0], body[i].lineno, ast.unparse(move), line, diff
+    return None

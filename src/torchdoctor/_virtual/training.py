@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from torchdoctor._placement import compact, device_str, dtype_str, tensor_device
-from torchdoctor._virtual.loadorder import load_after_move, own_frame_file
+from torchdoctor._virtual.loadorder import load_after_move, stepped_before_move, own_frame_file
 
 
 def _param_paths(rec: Any) -> dict[int, str]:
@@ -73,13 +73,20 @@ def _state_off(rec: Any, optimizer: Any,
     more = f" and {len(off) - 1} more ({keys} of {params} parameter(s))" if len(off) > 1 else ""
     to = device_str(where)
     order = load_after_move(file, held, model) if (file := own_frame_file()) else None
-    fix = (f"# {order[0]} ran before {order[1]}: the state stays where it was loaded ({device_str(here)}); Module.to "
-           f"moves only the model\n{order[1]}\n{order[0]}  # after the move: torch puts each state tensor on its "
-           "parameter's device") if order else (
-           f"# the state stays where it was loaded ({device_str(here)}): Module.to moves only the model\n"
-           f"{held}.load_state_dict(...)  # after {model}.to({to!r}): torch puts each state tensor on its parameter's "
-           f"device\n# or move the model and the state together, in place of {model}.to({to!r}):\n"
-           f"torchdoctor.move({model}, {to!r}, optimizer={held})")
+    stepped = stepped_before_move(file, held, model) if file and order is None else None
+    if stepped is not None:  # the state made by a step before the move (a warm-up on the cpu): reloaded after it
+        order = (f"{held}.load_state_dict({held}.state_dict())", stepped[2], stepped[4])
+        fix = (f"# {stepped[0]} at line {stepped[1]} made the state on {device_str(here)} before {stepped[2]} at "
+               f"line {stepped[3]}: Module.to moves only the model\n{stepped[2]}\n{order[0]}  # after the move: torch "
+               "puts each state tensor on its parameter's device")
+    else:
+        fix = (f"# {order[0]} ran before {order[1]}: the state stays where it was loaded ({device_str(here)}); "
+               f"Module.to moves only the model\n{order[1]}\n{order[0]}  # after the move: torch puts each state "
+               "tensor on its parameter's device") if order else (
+               f"# the state stays where it was loaded ({device_str(here)}): Module.to moves only the model\n"
+               f"{held}.load_state_dict(...)  # after {model}.to({to!r}): torch puts each state tensor on its "
+               f"parameter's device\n# or move the model and the state together, in place of {model}.to({to!r}):\n"
+               f"torchdoctor.move({model}, {to!r}, optimizer={held})")
     message = (f"{path} {compact(v.dtype, tuple(v.shape), here)}{more}: optimizer state on {device_str(here)} while "
                f"its parameter is on {to} ({type(optimizer).__name__} {held}); the step raises on real hardware. "
                f"Load it after the model's move ({held}.load_state_dict after {model}.to), or move it with the model: "
