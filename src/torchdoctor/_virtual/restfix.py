@@ -69,14 +69,17 @@ def rest(problems: Sequence[Problem], memory: Sequence[Problem], device: torch.d
             f = _at_cast(cast[0], parse_dtype(_SAME_SIZE.get(p.found, "float32")), p, cast[1])
             if f is not None and f.code not in {g.code for g in out}:
                 out.append(f)  # never a move of the model, which is there already
-    ran = {m.group(2): (m.group(1), p) for p in unsupported if p.found in FLOAT8_NAMES and
-           (m := re.search(r"\(capability (\d+\.\d+)\) cannot run _?scaled_\w*mm in (float8\w*)", p.message))}
-    for name, (cap, p) in sorted(ran.items()):  # a float8 kernel the GPU lacks: it holds float8, it cannot compute
-        op = re.search(r"cannot run (\w+) in", p.message)  # (_scaled_mm: the one float8 matmul torch has)
+    ran: dict[str, tuple[str, str]] = {}  # a float8 name -> (the capability, the op) of a float8 matmul refused
+    for q in unsupported:
+        said = re.search(r"\(capability (\d+\.\d+)\) cannot run (_?scaled_\w*mm) in (float8\w*)", q.message) \
+            if q.found in FLOAT8_NAMES else None  # (_scaled_mm: the one float8 matmul torch has)
+        if said is not None:
+            ran.setdefault(said.group(3), (said.group(1), said.group(2)))
+    for name, (cap, op) in sorted(ran.items()):  # a float8 kernel the GPU lacks: it holds float8, it cannot compute
         out.append(Fix(f"# {device_str(device)} (capability {cap}) holds {name} tensors but has no {name} kernel for "
-                       f"{op.group(1) if op else 'this op'} (float8 matmuls need capability 8.9+: Ada, Hopper, "
-                       "Blackwell): take the float8 path only where torch.cuda.get_device_capability() >= (8, 9), "
-                       "else compute in bfloat16 (x.to(torch.bfloat16) @ w.to(torch.bfloat16).t())", "note"))
+                       f"{op} (float8 matmuls need capability 8.9+: Ada, Hopper, Blackwell): take the float8 path "
+                       "only where torch.cuda.get_device_capability() >= (8, 9), else compute in bfloat16 "
+                       "(x.to(torch.bfloat16) @ w.to(torch.bfloat16).t())", "note"))
         outside.discard(name)
     for name in sorted(outside - set(inside)):  # made outside the model: that tensor, not it
         other = _SAME_SIZE.get(name, "float32")
