@@ -140,3 +140,48 @@ def test_guard_in_the_users_code_fixes_the_line_in_a_forward_and_an_expression(t
     assert out.count("PROOF fix proven: `") == 2, out
     assert "+        stem(img.permute(2, 0, 1)[None].float())" in out, out
     assert "+        return self.out(self.emb(ids.long()))" in out, out
+
+
+LOADED = """\
+    import numpy as np, torch, torch.nn as nn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    stem = nn.Conv2d(3, 8, 3, padding=1).to(device)
+
+    def load():
+        img = (np.random.rand(32, 32, 3) * 255).astype(np.uint8)
+        return torch.from_numpy(img).permute(2, 0, 1)[None].to(device)
+
+    feat = stem(load())
+    print("ok", feat.shape)
+"""
+
+UNREAD = """\
+    import numpy as np, torch, torch.nn.functional as F
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    w = torch.randn(8, 3, 3, 3, device=device)
+
+    def load():
+        img = (np.random.rand(32, 32, 3) * 255).astype(np.uint8)
+        return torch.from_numpy(img).permute(2, 0, 1)[None].to(device)
+
+    feat = F.conv2d(load(), w)
+"""
+
+
+def test_a_modules_input_made_by_a_call_is_read_from_what_the_module_got(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", LOADED)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [finding] = report["findings"]
+    assert finding["fix"] == "feat = stem(load().float())  # app.py:9" and finding["proven"] is True, finding
+    _applied_clean(tmp_path, report)
+
+
+def test_an_operand_guard_cannot_read_again_gets_words_never_a_name_the_program_lacks(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", UNREAD)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [finding] = report["findings"]
+    assert finding["fix_from"] == "guard" and finding["proven"] is False, finding
+    assert finding["fix"] == ("# cast the integer data to float32 where app.py:9 hands it over (`feat = "
+                              "F.conv2d(load(), w)`); not written: no operand of that line is a name or a torch "
+                              "expression guard can read again"), finding["fix"]
+    assert "fix unproven: not re-run" in finding["culprit"] and report["patch"] is None

@@ -33,6 +33,7 @@ from torchdoctor._placement import dtype_str
 
 _INDICES = re.compile(r"'indices'|\bindices\b|Long, Int|scalar type Long|expected scalar type Long|index",
                       re.IGNORECASE)
+_INTEGER = re.compile(r"unsigned char|\b(?:char|short|long|int|Byte|Char|Short|Long|Int)\b")  # C++'s names
 _ASKED = re.compile(r"expected dtype (\S+) for `(\w+)`")
 _MODES = ("__torch_dispatch__", "__torch_function__")
 _BIG = 256 << 20  # a module over this many bytes is not copied for a proof
@@ -44,7 +45,7 @@ def amend(session: Any, exc: BaseException, tb: Any, err: Any) -> Any:
     try:
         if err is not None and (getattr(err, "fix", None) or getattr(err, "patch", None)):
             return err
-        new = _report(exc, tb, err)
+        new = _report(session, exc, tb, err)
     except Exception:  # the fix is extra: the report stays as diagnose made it
         logging.getLogger("torchdoctor.guard").debug("rawarg failed", exc_info=True)
         return err
@@ -154,6 +155,10 @@ def _read(node: ast.expr, frame: Any) -> Any:
         return _lookup(frame, node.id) if node.id in frame.f_locals or node.id in frame.f_globals else None
     if isinstance(node, ast.Constant):
         return None
+    if isinstance(node, ast.Attribute) and (chain := _chain(node)) is not None:  # ``self.ids``, ``batch.pixels``
+        held = _resolve(chain, frame)
+        if isinstance(held, torch.Tensor) or _tensors(held) is not None:
+            return held
     from torchdoctor._guard import useline
 
     try:
@@ -163,12 +168,24 @@ def _read(node: ast.expr, frame: Any) -> Any:
         return None
 
 
-def _value(node: ast.expr, frame: Any, cast: dict[int, Any]) -> Any:
+def _given(session: Any, fn: Any, call: ast.Call) -> dict[int, Any]:
+    """The call's positional argument nodes (no starred one) with the inputs the running module ``fn`` got."""
+    if not isinstance(fn, nn.Module) or any(isinstance(a, ast.Starred) for a in call.args):
+        return {}
+    try:
+        inputs = tuple(session.frames.inputs_of(fn))
+    except Exception:  # no record of the module's call
+        return {}
+    return {id(a): v for a, v in zip(call.args, inputs)} if len(inputs) == len(call.args) else {}
+
+
+def _value(node: ast.expr, frame: Any, cast: dict[int, Any], known: dict[int, Any]) -> Any:
     """A copy of what the line passes at ``node`` (a name, an expression of torch calls, a constant), cast where
     ``cast`` (by node) says; else _NotRun."""
     if isinstance(node, ast.Constant):
         return node.value
     v = _read(node, frame)
+    v = known.get(id(node)) if v is None else v
     if isinstance(v, torch.Tensor):
         v = v.detach().clone()
         return v.to(cast[id(node)]) if id(node) in cast else v
@@ -187,12 +204,12 @@ class _NotRun(Exception):
     pass
 
 
-def _trial(call: ast.Call, fn: Any, frame: Any, cast: dict[int, Any]) -> BaseException | None:
+def _trial(call: ast.Call, fn: Any, frame: Any, cast: dict[int, Any], known: dict[int, Any]) -> BaseException | None:
     """Run the call once on copies (a module on a deep copy); its error, or None when it ran."""
     from torchdoctor._guard import trialcopy
 
-    args = [_value(a, frame, cast) for a in call.args]
-    kwargs = {k.arg: _value(k.value, frame, cast) for k in call.keywords if k.arg}
+    args = [_value(a, frame, cast, known) for a in call.args]
+    kwargs = {k.arg: _value(k.value, frame, cast, known) for k in call.keywords if k.arg}
     target = fn
     if isinstance(fn, nn.Module):
         size = sum(t.numel() * t.element_size() for t in (*fn.parameters(), *fn.buffers()))
@@ -207,7 +224,7 @@ def _trial(call: ast.Call, fn: Any, frame: Any, cast: dict[int, Any]) -> BaseExc
     return None
 
 
-def _report(exc: BaseException, tb: Any, err: Any) -> tuple[Any, list[Any], Any] | None:
+def _report(session: Any, exc: BaseException, tb: Any, err: Any) -> tuple[Any, list[Any], Any] | None:
     from torchdoctor._guard.message import kind_of, placement_category
     from torchdoctor._guard.ownfile import own_file
 
@@ -234,18 +251,59 @@ def _report(exc: BaseException, tb: Any, err: Any) -> tuple[Any, list[Any], Any]
         if not (isinstance(fn, nn.Module) or _torch_fn(fn)):
             continue
         spots = []
+        given = _given(session, fn, call)  # a module's inputs as its call got them (``stem(load())``)
         for a in (*call.args, *(k.value for k in call.keywords)):
-            if (odd := _odd(v := _read(a, frame), message, fn)) is not None and a.end_col_offset is not None:
+            v = _read(a, frame)
+            if v is None and id(a) in given:
+                v = given[id(a)]
+            if (odd := _odd(v, message, fn)) is not None and a.end_col_offset is not None:
                 spots.append((a, body[a.col_offset:a.end_col_offset], v, odd))
         if not spots:
             continue
-        if (told := _told(exc, err, frame, file, lineno, raw, body, shift, call, fn, spots)) is not None:
+        if (told := _told(exc, err, frame, file, lineno, raw, body, shift, call, fn, spots,
+                           given)) is not None:
             return told
-    return None
+    return _unwritten(exc, err, f"{os.path.basename(file)}:{lineno}", body, message)
+
+
+def _unwritten(exc: BaseException, err: Any, where: str, body: str, message: str) -> tuple[Any, list[Any], Any] | None:
+    """No call of the line hands over an operand guard can read again and prove: the fix says so, unproven, in
+    words (never explain's recipe, which names a ``t`` or an ``inputs`` the program lacks); None for other errors."""
+    from torchdoctor._guard.message import mentioned
+    from torchdoctor._guard.offer import with_patch
+    from torchdoctor._guard.record import Note
+    from torchdoctor._report.model import PlacementError
+    from torchdoctor._report.text import format_error
+
+    named = mentioned(message, "dtype")
+    floats = sorted(dtype_str(d) for d in named if d.is_floating_point)
+    asked = _ASKED.search(message)
+    if _INDICES.search(message) and floats:
+        what = "the floating-point indices to int64 (`.long()`)"
+    elif (_INTEGER.search(message) or any(not d.is_floating_point and not d.is_complex and d != torch.bool
+                                          for d in named)) and len(floats) == 1:
+        what = f"the integer data to {floats[0]}"
+    elif asked and "_foreach_" in body and len(floats) == 1:
+        what = f"each tensor of the list the op reads as `{asked.group(2)}` to {floats[0]} (a list comprehension)"
+    else:
+        return None
+    fix = f"# cast {what} where {where} hands it over (`{body}`); not written: no operand of that line is a name " \
+          f"or a torch expression guard can read again"
+    proof = "fix unproven: not re-run (the operand the op refused is not one guard can read from the line)"
+    told = str(err).splitlines() if err is not None else [f"dtype mismatch at {where}"]
+    lines = [x[2:] if x.startswith("  ") else x for x in told[1:] if not x.startswith("  original error:")]
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    lines += [] if f"line: {body}" in lines else [f"line: {body}"]
+    lines += [proof, f"original error: {type(exc).__name__}: {first}"]
+    problems = list(getattr(err, "problems", None) or [])
+    out = PlacementError(format_error(told[0], lines, fix), module_path=getattr(err, "module_path", None),
+                         module_type=getattr(err, "module_type", None), op=getattr(err, "op", None),
+                         tensors=list(getattr(err, "tensors", None) or []), problems=problems, fix=fix)
+    return with_patch(out, None, lines), problems, Note(None, fix, proof, None)
 
 
 def _told(exc: BaseException, err: Any, frame: Any, file: str, lineno: int, raw: str, body: str, shift: int,
-          call: ast.Call, fn: Any, spots: list[Any]) -> tuple[Any, list[Any], Any] | None:
+          call: ast.Call, fn: Any, spots: list[Any], known: dict[int, Any]) -> tuple[Any, list[Any], Any] | None:
     """The report of ``call`` at the line with ``spots`` (node, text, value, (how, dtype, what)) cast, when a copy of
     the call fails as the program's did (else None: not the call that raised)."""
     from torchdoctor._guard.offer import with_patch
@@ -260,13 +318,13 @@ def _told(exc: BaseException, err: Any, frame: Any, file: str, lineno: int, raw:
     label = f"{callee} ({type(fn).__name__})" if isinstance(fn, nn.Module) else f"`{callee}`"
     shown = f"`{ast.unparse(call)}`"
     try:
-        before = _trial(call, fn, frame, {})
+        before = _trial(call, fn, frame, {}, known)
         if before is None:  # this call runs as it is: not the one that raised
             return None
         # each odd operand alone first (``torch.gather(x, 1, idx)``: only ``idx`` is the index), then all of them
         after: BaseException | None = before
         for chosen in ([[s] for s in spots] if len(spots) > 1 else []) + [spots]:
-            after = _trial(call, fn, frame, {id(a): odd[1] for a, _, _, odd in chosen})
+            after = _trial(call, fn, frame, {id(a): odd[1] for a, _, _, odd in chosen}, known)
             if after is None:
                 spots = chosen
                 break
