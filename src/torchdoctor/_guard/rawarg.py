@@ -114,7 +114,7 @@ def _odd(value: Any, message: str, callee: Any) -> tuple[str, Any, str] | None:
         if value.is_floating_point() and _INDICES.search(message):
             return "long", torch.int64, "floating-point indices"
         if not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool \
-                and not _INDICES.search(message):
+                and not _INDICES.search(message) and _INTEGER.search(message):  # the error names integer data
             want = _float_dtype(callee) if isinstance(callee, nn.Module) else None
             if want is None:
                 from torchdoctor._guard.message import mentioned
@@ -260,8 +260,10 @@ def _report(session: Any, exc: BaseException, tb: Any, err: Any) -> tuple[Any, l
                 spots.append((a, body[a.col_offset:a.end_col_offset], v, odd))
         if not spots:
             continue
-        if (told := _told(exc, err, frame, file, lineno, raw, body, shift, call, fn, spots,
-                           given)) is not None:
+        told = _told(exc, err, frame, file, lineno, raw, body, shift, call, fn, spots, given)
+        if told is False:  # the cast was tried and did not clear the error: nothing to say of it
+            return None
+        if isinstance(told, tuple):
             return told
     return _unwritten(exc, err, f"{os.path.basename(file)}:{lineno}", body, message)
 
@@ -303,9 +305,10 @@ def _unwritten(exc: BaseException, err: Any, where: str, body: str, message: str
 
 
 def _told(exc: BaseException, err: Any, frame: Any, file: str, lineno: int, raw: str, body: str, shift: int,
-          call: ast.Call, fn: Any, spots: list[Any], known: dict[int, Any]) -> tuple[Any, list[Any], Any] | None:
+          call: ast.Call, fn: Any, spots: list[Any], known: dict[int, Any]
+          ) -> tuple[Any, list[Any], Any] | bool | None:
     """The report of ``call`` at the line with ``spots`` (node, text, value, (how, dtype, what)) cast, when a copy of
-    the call fails as the program's did (else None: not the call that raised)."""
+    the call fails as the program's did (else None: not the call that raised; False: the cast does not clear it)."""
     from torchdoctor._guard.offer import with_patch
     from torchdoctor._guard.record import Note
     from torchdoctor._report.diff import line_patch
@@ -334,11 +337,9 @@ def _told(exc: BaseException, err: Any, frame: Any, file: str, lineno: int, raw:
         proof = f"fix unproven: {shown} not re-run: {type(e).__name__}: {str(e).strip()[:200]}"
     else:
         tried = ", ".join(f"{text} -> {dtype_str(odd[1])}" for _, text, _, odd in spots)
-        if after is not None:
-            first = (str(after).strip().splitlines() or [""])[0]
-            proof = f"fix unproven: {shown} re-run on copies with {tried}: {type(after).__name__}: {first}"[:400]
-        else:
-            proof = f"fix proven: {shown} fails on copies of what the line passes and runs with {tried}"
+        if after is not None:  # the cast does not clear it: this is not the operand the op refused
+            return False
+        proof = f"fix proven: {shown} fails on copies of what the line passes and runs with {tried}"
     new = raw
     for a, text, _, (how, want, _) in sorted(spots, key=lambda s: s[0].col_offset, reverse=True):
         start, end = a.col_offset + shift, (a.end_col_offset or a.col_offset) + shift
