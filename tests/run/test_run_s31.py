@@ -32,6 +32,9 @@
   (``opt.load_state_dict(opt.state_dict())``, which puts each state tensor on its parameter's device), a patch.
 - ``torch._scaled_mm`` in float8 on an A100 profile: the advice said the GPU "cannot hold" float8 and to cast before
   the move. An A100 holds float8; it has no float8 matmul kernel (capability 8.9+). The advice says so now.
+- A decoder's upsample done in float32 on purpose (``h = F.interpolate(h.float(), ...)``) then a bfloat16 conv: the
+  patch rewrote the cast to bfloat16, removing the precision the line is for. The line's value is cast back to
+  ``h``'s dtype now (``....to(h.dtype)``), proven at the conv.
 """
 
 from __future__ import annotations
@@ -375,3 +378,34 @@ def test_a_float8_matmul_on_a_gpu_without_its_kernel_says_it_holds_float8_but_ca
     assert "get_device_capability() >= (8, 9)" in fix["code"] and "cannot hold" not in fix["code"], fix["code"]
     quiet = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))  # an H100 has the kernel
     assert quiet["ok"], quiet["problems"]
+
+
+UPSAMPLE_IN_FLOAT32 = """
+    import torch, torch.nn as nn, torch.nn.functional as F
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    class Upsample(nn.Module):
+        def __init__(self, ch):
+            super().__init__()
+            self.conv = nn.Conv2d(ch, ch, 3, padding=1)
+
+        def forward(self, h):
+            h = F.interpolate(h.float(), scale_factor=2.0, mode="nearest")
+            return self.conv(h)
+
+    dec = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), Upsample(8), nn.Conv2d(8, 3, 3, padding=1))
+    dec = dec.to(device, torch.bfloat16)
+    with torch.no_grad():
+        img = dec(torch.randn(1, 4, 8, 8, device=device, dtype=torch.bfloat16))
+    print(tuple(img.shape))
+"""
+
+
+def test_a_call_computed_in_float32_on_purpose_has_its_value_cast_back_at_its_line(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", UPSAMPLE_IN_FLOAT32)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = report["fixes"]
+    assert fix["code"].startswith('h = F.interpolate(h.float(), scale_factor=2.0, mode="nearest").to(h.dtype)  # '
+                                  "app.py:11: h.float() computes F.interpolate in float32 on purpose"), fix["code"]
+    assert fix["proven"], fix["tried"]
+    _applied_clean(tmp_path, report)

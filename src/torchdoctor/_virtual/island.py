@@ -24,15 +24,59 @@ def island_fixes(items: Sequence[Any], cases: Sequence[Any]) -> list[Any]:
     replaced by the cast back where the island's result meets the data (module doc); as they were otherwise."""
     out = list(items)
     for i, f in enumerate(out):
-        if f.kind != "line" or f.diff is not None or f.site is None or not isinstance(f.target, torch.dtype):
+        if f.kind != "line" or f.site is None or not isinstance(f.target, torch.dtype):
             continue
         try:
-            new = _met(f, cases)
+            new = _met(f, cases) if f.diff is None else _cast_back(f, cases)
         except Exception:  # a diagnostic never breaks the report: the fix as it was
             new = None
         if new is not None:
             out[i] = new
     return out
+
+
+def _cast_back(f: Any, cases: Sequence[Any]) -> Any:
+    """``h = F.interpolate(h.float(), ...)``: the cast is an argument of the call the line computes in float32 on
+    purpose, and the line assigns the name it cast: its value cast back to that name's dtype as it was (``h =
+    F.interpolate(h.float(), ...).to(h.dtype)``), a diff proven at the failing op; None for any other line."""
+    import ast
+
+    from torchdoctor._report.diff import line_patch
+    from torchdoctor._virtual.feeder import operands
+    from torchdoctor._virtual.prove import Fix
+
+    raw = linecache.getline(f.site.file, f.site.lineno).rstrip("\r\n")
+    try:
+        stmt = ast.parse(raw.strip()).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name) or \
+            not isinstance(stmt.value, ast.Call):
+        return None
+    name = stmt.targets[0].id
+    casts = [n for n in ast.walk(stmt.value) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
+             n.func.attr in ("float", "double", "to") and isinstance(n.func.value, ast.Name) and
+             n.func.value.id == name]
+    if len(casts) != 1 or casts[0] is stmt.value:
+        return None  # the line is the cast itself (``h = h.float()``): its own fix stands
+    value = raw.strip()[stmt.value.col_offset:stmt.value.end_col_offset]
+    new = f"{name} = {value}.to({name}.dtype)"
+    diff = line_patch(f.site.file, f.site.lineno, new)
+    if diff is None:
+        return None
+    tag = f"cast at {f.site.at}"
+    key = f"island {name} at {f.site.at}"
+    hit = False
+    for c in cases:
+        for o in operands(c.before):
+            if (tag in o.tags or tag in o.far) and o.meta.dtype != f.target and key not in o.tags:
+                o.tags, hit = (*o.tags, key), True
+    if not hit:
+        return None
+    code = (f"{new}  # {f.site.at}: {ast.unparse(casts[0])} computes {ast.unparse(stmt.value.func)} in "
+            f"{str(f.site.dtype)[6:]} on purpose: its result cast back to {name}'s dtype there, where it returns into "
+            "the model's flow (rewriting the cast drops the precision the line is for)")
+    return Fix(code, "note", f.target, sets=((key, f.target),), diff=diff)
 
 
 def _met(f: Any, cases: Sequence[Any]) -> Any:
