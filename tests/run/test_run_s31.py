@@ -35,6 +35,8 @@
 - A decoder's upsample done in float32 on purpose (``h = F.interpolate(h.float(), ...)``) then a bfloat16 conv: the
   patch rewrote the cast to bfloat16, removing the precision the line is for. The line's value is cast back to
   ``h``'s dtype now (``....to(h.dtype)``), proven at the conv.
+- Float ids into an ``nn.Embedding``: beside the raised error's proven fix (``emb(ids.long())``) the report printed
+  "# no fix found" for the op the virtual run recorded. A raised error's proven fix covers it now.
 """
 
 from __future__ import annotations
@@ -409,3 +411,23 @@ def test_a_call_computed_in_float32_on_purpose_has_its_value_cast_back_at_its_li
                                   "app.py:11: h.float() computes F.interpolate in float32 on purpose"), fix["code"]
     assert fix["proven"], fix["tried"]
     _applied_clean(tmp_path, report)
+
+
+FLOAT_IDS = """
+    import torch, torch.nn as nn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    emb = nn.Embedding(100, 8).to(device)
+    ids = torch.randint(0, 100, (2, 6), device=device)
+    keep = torch.rand(2, 6, device=device) > 0.2
+    ids = ids * keep.float()
+    print(tuple(emb(ids).shape))
+"""
+
+
+def test_a_raised_error_s_proven_fix_is_never_printed_beside_no_fix_found(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", FLOAT_IDS)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    codes = [f["code"] for f in report["fixes"]]
+    assert not [c for c in codes if c.startswith("# no fix found")], codes
+    assert any(c.startswith("print(tuple(emb(ids.long()).shape))") and f["proven"]
+               for c, f in zip(codes, report["fixes"])), report["fixes"]

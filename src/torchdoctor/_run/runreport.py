@@ -38,6 +38,8 @@ class RunReport:  # a plain class: a dataclass compiles its methods at import, b
         # the virtual run's fix by parts (``_virtual.prove.Fix``), each proven at the op or not; one fix found by two
         # problems of one cause (a tensor that reaches two ops) is listed once
         self.fixes = tuple({(f.code, f.diff, f.proven): f for f in fixes}.values())
+        if any(f.fix and _proven(f) for f in self.findings):  # the raised error's proven fix covers what no fix
+            self.fixes = tuple(f for f in self.fixes if not f.code.startswith("# no fix found"))  # was found for
         self.internal: list[str] = []  # torchdoctor's own warnings while the program ran, one line each
         self.raised: Any = None  # the error that ended a program with nothing placed wrong (``_run.raised``)
         self.hooks: dict[str, str] = {}  # path -> an offload hook above it that the op went around
