@@ -37,6 +37,9 @@
   ``h``'s dtype now (``....to(h.dtype)``), proven at the conv.
 - Float ids into an ``nn.Embedding``: beside the raised error's proven fix (``emb(ids.long())``) the report printed
   "# no fix found" for the op the virtual run recorded. A raised error's proven fix covers it now.
+- An embedding table kept on the cpu inside the model, its output moved by the very line that calls it
+  (``self.table(ids).to(device)``), given ids on the device: the fix moved the table to the device (undoing the
+  program's choice). The line's own move says the table computes where it is: the ids are moved to it there.
 """
 
 from __future__ import annotations
@@ -431,3 +434,40 @@ def test_a_raised_error_s_proven_fix_is_never_printed_beside_no_fix_found(tmp_pa
     assert not [c for c in codes if c.startswith("# no fix found")], codes
     assert any(c.startswith("print(tuple(emb(ids.long()).shape))") and f["proven"]
                for c, f in zip(codes, report["fixes"])), report["fixes"]
+
+
+TABLE_KEPT_ON_CPU = """
+    import torch, torch.nn as nn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    class Recommender(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Embedding(5000, 16)
+            self.mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+
+        def place(self, device):
+            self.mlp.to(device)
+            return self
+
+        def forward(self, ids):
+            rows = self.table(ids).to(device)
+            return self.mlp(rows.mean(1))
+
+    rec = Recommender().place(device)
+    ids = torch.randint(0, 5000, (4, 10), device=device)
+    print(tuple(rec(ids).shape))
+"""
+
+
+def test_a_layer_whose_output_the_line_moves_keeps_its_place_and_gets_its_input_moved(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", TABLE_KEPT_ON_CPU)
+    report = _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))
+    [fix] = report["fixes"]
+    assert fix["code"].startswith("rows = self.table(ids.to(next(self.table.parameters()).device)).to(device)  # "
+                                  "app.py:16: the line moves self.table's output to device as it returns"), fix["code"]
+    assert fix["proven"], fix["tried"]
+    assert "table.weight.data" not in fix["code"]
+    _applied_clean(tmp_path, report)
+    write(tmp_path / "app.py", TABLE_KEPT_ON_CPU.replace("self.table(ids)", "self.table(ids.cpu())"))
+    assert _report(run("--device", "cuda:0", "--json", "app.py", cwd=tmp_path))["ok"]  # the right program: quiet

@@ -65,7 +65,10 @@ def proven_fixes(session: Any, problems: Sequence[Problem] | None = None,
     from torchdoctor._virtual.island import autocast_off_fixes, island_fixes
 
     items = island_fixes(dropped_fixes(_beside_library(_against_kept(items))), rec.cases.cases)
-    items = autocast_off_fixes(items, rec.cases.cases)  # a block run with autocast off: its input cast there  # a library's own factory line is never the fix beside one at the
+    items = autocast_off_fixes(items, rec.cases.cases)  # a block run with autocast off: its input cast there
+    from torchdoctor._virtual.keptcall import kept_call_fixes
+
+    items = kept_call_fixes(items, rec.cases.cases)  # a layer whose output the line moves at once: its input moved  # a library's own factory line is never the fix beside one at the
     # program's line; a model kept in its dtype on purpose is never cast out of it beside the fix of its input
     try:  # (a caller's integer argument, a timestep the model makes float itself, is never cast to a float dtype)
         return tuple(f for f in prove_at_ops(items, rec.cases.cases, rec.rules, rec.profile, rec.entry.inputs)
