@@ -131,8 +131,10 @@ def patched_line(site: CastSite, want: torch.dtype, layer: str | None = None) ->
     from torchdoctor._placement import dtype_str
 
     line = linecache.getline(site.file, site.lineno).rstrip("\r\n")
-    if len(re.findall(_METHOD, line)) + len(re.findall(_TO, line)) > 1:
-        return None  # both operands cast on purpose (``q.float() @ k.float()``): one rewritten mixes them
+    if len(re.findall(_METHOD, line)) + sum(bool(re.search(r"dtype|float|half|bfloat16|double", a))
+                                            for a in re.findall(_TO, line)) > 1:
+        return None  # both operands cast on purpose (``q.float() @ k.float()``): one rewritten mixes them (a move,
+        # ``.to(x.device)``, is no cast)
     named = _layer_dtype(site, line, want, layer)
     new = f".to({named or 'torch.' + dtype_str(want)})"
     if named is not None and re.search(_METHOD, line):

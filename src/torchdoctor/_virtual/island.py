@@ -57,8 +57,9 @@ def _cast_back(f: Any, cases: Sequence[Any]) -> Any:
     casts = [n for n in ast.walk(stmt.value) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
              n.func.attr in ("float", "double", "to") and isinstance(n.func.value, ast.Name) and
              n.func.value.id == name]
-    if len(casts) != 1 or casts[0] is stmt.value:
-        return None  # the line is the cast itself (``h = h.float()``): its own fix stands
+    if len(casts) != 1 or casts[0] is stmt.value or ast.unparse(stmt.value.func).startswith("self."):
+        return None  # the line is the cast itself (``h = h.float()``), or it feeds a layer (``self.fc1(h.float())``,
+        # which fails on it before any cast back): its own fix stands
     value = raw.strip()[stmt.value.col_offset:stmt.value.end_col_offset]
     new = f"{name} = {value}.to({name}.dtype)"
     diff = line_patch(f.site.file, f.site.lineno, new)
@@ -68,6 +69,8 @@ def _cast_back(f: Any, cases: Sequence[Any]) -> Any:
     key = f"island {name} at {f.site.at}"
     hit = False
     for c in cases:
+        if c.line == (f.site.file, f.site.lineno):
+            return None  # an op of the cast's own line failed: no cast after it reaches that op
         for o in operands(c.before):
             if (tag in o.tags or tag in o.far) and o.meta.dtype != f.target and key not in o.tags:
                 o.tags, hit = (*o.tags, key), True
