@@ -98,8 +98,7 @@ def _met(f: Any, cases: Sequence[Any]) -> Any:
             continue
         w, d = wide[0].name, data[0].name
         raw = linecache.getline(c.line[0], c.line[1]).rstrip("\r\n")
-        new = re.sub(rf"(?<![\w.]){re.escape(w)}\b(?!\s*=[^=])(?!\s*\.\s*(?:shape|size|dtype|device)\b)",
-                     f"{w}.to({d}.dtype)", raw, count=1)
+        new = _operand_cast(raw, w, f".to({d}.dtype)")
         if new == raw:
             continue
         diff = line_patch(c.line[0], c.line[1], new.strip())
@@ -166,8 +165,7 @@ def _off_block(c: Any) -> Any:
     n = odd[0]
     cast = ".float()" if want == torch.float32 else f".to(torch.{str(want)[6:]})"
     raw = linecache.getline(file, line).rstrip("\r\n")
-    new = re.sub(rf"(?<![\w.]){re.escape(n.name)}\b(?!\s*=[^=])(?!\s*\.\s*(?:shape|size|dtype|device)\b)",
-                 f"{n.name}{cast}", raw, count=1)
+    new = _operand_cast(raw, n.name, cast)
     diff = line_patch(file, line, new.strip()) if new != raw else None
     if diff is None:
         return None
@@ -191,3 +189,11 @@ def _autocast_off(node: Any) -> bool:
     name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
     return name == "autocast" and any(k.arg == "enabled" and isinstance(k.value, ast.Constant) and
                                       k.value.value is False for k in node.keywords)
+
+
+def _operand_cast(line: str, name: str, cast: str) -> str:
+    """``line`` with its first read of ``name`` as an operand given ``cast`` (never an assignment to it, nor a read
+    of its metadata: ``makers``' rule for an operand fixed at the program's call)."""
+    from torchdoctor._virtual.makers import _NOT_READ
+
+    return re.sub(rf"(?<![\w.]){re.escape(name)}\b(?!\s*=[^=]){_NOT_READ}", f"{name}{cast}", line, count=1)
